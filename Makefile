@@ -1,0 +1,134 @@
+# lendbox - hand-written GNU Makefile. Builds with pkg-config alone; `./configure` (autoconf)
+# may write config.mak.autogen, which is read when present (git's pattern).
+#
+#   make            build build/lendboxd and build/lendbox-supervise
+#   make run        install missing Debian packages, build, start lendboxd on 127.0.0.1:8787
+#   make check      install missing Debian packages, build, run every test
+#   make asan       the same tests against an ASan+UBSan build (in build-asan/)
+#   make install    FHS install (PREFIX=/usr/local, DESTDIR supported)
+#   make bench      scripts/bench against a fresh daemon
+
+-include config.mak.autogen
+-include config.mak
+
+PREFIX ?= /usr/local
+SBINDIR ?= $(PREFIX)/sbin
+LIBEXECDIR ?= $(PREFIX)/libexec
+SYSCONFDIR ?= /etc
+UNITDIR ?= /lib/systemd/system
+DOCDIR ?= $(PREFIX)/share/doc/lendbox
+
+VERSION := 0.1.0
+BUILD ?= build
+CC ?= cc
+PKG_CONFIG ?= pkg-config
+PKGS := libmicrohttpd jansson sqlite3 libcurl libsystemd inih libcrypto
+
+OPT ?= -O2 -g
+SAN ?=
+CFLAGS_BASE := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wformat=2 \
+	-Wno-unused-parameter -fno-strict-aliasing -pthread -Isrc \
+	-DLB_VERSION='"$(VERSION)"'
+ifeq ($(SAN),1)
+CFLAGS_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+DEPCFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+DEPLIBS = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lm
+CHECK_CFLAGS = $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
+CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
+ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS_SAN) $(DEPCFLAGS) $(CFLAGS) -MMD -MP
+ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
+
+# Everything but main.c and the supervisor goes into one internal library.
+LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/pool/*.c \
+	src/lend/*.c src/http/*.c src/routes/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+UNIT_SRCS := $(sort $(wildcard tests/unit/check_*.c))
+E2E_SRCS := $(sort $(wildcard tests/e2e/test_*.c))
+E2E_LIB_SRCS := tests/e2e/harness.c
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+E2E_BINS := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/%)
+
+DAEMON := $(BUILD)/lendboxd
+SUPERVISE := $(BUILD)/lendbox-supervise
+LIB := $(BUILD)/liblendbox.a
+
+.PHONY: all run check asan install deps test unit e2e bench clean format
+all: $(DAEMON) $(SUPERVISE)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(DAEMON): $(BUILD)/src/main.o $(LIB)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(DEPLIBS)
+
+# The supervisor runs inside every sandbox image: static, libc only, no sanitizers.
+$(SUPERVISE): src/supervisor/supervise.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -o $@ $<
+
+$(BUILD)/tests/check_%: tests/unit/check_%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(LIB) $(DEPLIBS) $(CHECK_LIBS)
+
+$(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
+		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
+
+deps:
+	@scripts/install-deps
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-dev
+
+# Tests find the binaries through these variables.
+export LENDBOXD := $(abspath $(DAEMON))
+export LENDBOX_SUPERVISE := $(abspath $(SUPERVISE))
+export LENDBOX_SRCDIR := $(CURDIR)
+
+unit: all $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; CK_FORK=yes $$t; done
+
+e2e: all $(E2E_BINS)
+	@set -e; for t in $(E2E_BINS); do echo "== $$t"; $$t; done
+	@echo "== tests/readme-walkthrough"; tests/readme-walkthrough
+
+test: unit e2e
+
+check: deps
+	@$(MAKE) --no-print-directory test
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT='-O1 -g' test
+
+bench: all
+	@scripts/bench
+
+install: all
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/lendboxd
+	install -m 0755 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
+	install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf
+	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+		systemd/lendboxd.service > $(DESTDIR)$(UNITDIR)/lendboxd.service
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+$(BUILD)/lendbox-bench: scripts/bench.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
