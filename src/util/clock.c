@@ -1,0 +1,30 @@
+/* clock.c - see clock.h. */
+#include "util/clock.h"
+
+#include <stdio.h>
+#include <time.h>
+
+int64_t clock_now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec;
+}
+
+int64_t clock_mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len)
+{
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+
+    gmtime_r(&t, &tm);
+    strftime(out, out_len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}

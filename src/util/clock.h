@@ -1,0 +1,18 @@
+/*
+ * clock.h - time helpers. Wall-clock times are Unix seconds (int64_t); intervals use the
+ * monotonic clock in milliseconds. Thread-safe.
+ */
+#ifndef LB_CLOCK_H
+#define LB_CLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Wall clock, Unix seconds. */
+int64_t clock_now_s(void);
+/* Monotonic clock, milliseconds since an arbitrary origin. */
+int64_t clock_mono_ms(void);
+/* Format Unix seconds as RFC 3339 UTC ("2026-11-29T08:34:01Z") into out (>= 21 bytes). */
+void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len);
+
+#endif

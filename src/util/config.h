@@ -1,0 +1,73 @@
+/*
+ * config.h - lendboxd's configuration: built-in defaults, then the INI file (inih), then
+ * command-line flags and `--set SECTION.KEY=VALUE`. Every key is listed, with its default and
+ * meaning, in etc/lendbox.conf; config.c holds the one table that defines them.
+ *
+ * Not thread-safe while being filled; read-only (and so shareable) once the daemon runs.
+ */
+#ifndef LB_CONFIG_H
+#define LB_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+struct lb_config {
+    /* [server] */
+    char *listen;           /* "HOST:PORT"; port 0 picks a free one */
+    char *state_dir;        /* SQLite file, admin token, listen file, sandbox dirs */
+    char *admin_token_file; /* NULL: <state_dir>/admin.token */
+    char *public_url;       /* base_url handed to harnesses; NULL: http://<bound address> */
+    char *log_level;
+    int64_t http_threads;
+    int64_t workers;
+    int64_t queue_max;
+    int64_t connection_timeout_s;
+    /* [lending] */
+    int64_t stop_concurrency;
+    int64_t stop_timeout_s;
+    int64_t default_ttl_s; /* 0: no TTL */
+    int64_t max_ttl_s;     /* 0: no cap */
+    bool shutdown_sweep;
+    int64_t retry_base_s;
+    int64_t retry_max_s;
+    int64_t sweep_interval_s;
+    int64_t max_sandboxes;
+    int64_t retention_s;
+    char *default_image;
+    char *workdir;
+    int64_t create_timeout_s;
+    /* [limits] */
+    int64_t max_body_bytes;
+    int64_t max_file_bytes;
+    int64_t max_output_bytes;
+    int64_t max_json_depth;
+    int64_t max_exec_timeout_s;
+    /* [provider] */
+    char *provider;
+    /* [local] */
+    char *bwrap_path;
+    char *supervise_path;
+    char *images_dir;
+    char *cgroup_parent;
+    int64_t uid_base;
+    int64_t uid_count;
+    /* [faults] */
+    char *faults_spec;
+};
+
+/* Fill cfg with the built-in defaults. Returns 0 or -ENOMEM. */
+int config_init(struct lb_config *cfg);
+/* Free every string; cfg may be re-initialised afterwards. */
+void config_release(struct lb_config *cfg);
+/* Read an INI file into cfg. -ENOENT if missing, -EINVAL (with line) on bad syntax/key/value. */
+int config_load_file(struct lb_config *cfg, const char *path, struct lb_error *err);
+/* Set one key from "section.key=value" (the --set flag). -EINVAL on an unknown key or value. */
+int config_set_assignment(struct lb_config *cfg, const char *assignment, struct lb_error *err);
+/* Set one key by section and name. -EINVAL on an unknown key or a bad value. */
+int config_set(struct lb_config *cfg, const char *section, const char *key, const char *value,
+               struct lb_error *err);
+
+#endif

@@ -1,0 +1,52 @@
+/*
+ * error.h - errors as values.
+ *
+ * Every fallible lendbox function returns int: 0 on success or a negative errno. When the caller
+ * passes a non-NULL struct lb_error, the function also fills in a readable one-sentence message.
+ * The HTTP layer turns the errno into a status with lb_error_http_status() (the mapping is the
+ * contract below, so modules choose their errno with the client-visible status in mind):
+ *
+ *   -EINVAL, -EISDIR, -ENOTDIR, -EROFS, -ENAMETOOLONG, -ELOOP  400 bad_request
+ *   -ENOKEY                                                    401 unauthorized
+ *   -EACCES, -EPERM                                            403 forbidden
+ *   -ENOENT, -ESRCH                                            404 not_found
+ *   -EEXIST, -EBUSY, -EALREADY                                 409 conflict
+ *   -EFBIG, -EMSGSIZE                                          413 payload_too_large
+ *   -EOPNOTSUPP                                                422 unenforceable
+ *   -EAGAIN, -EUSERS                                           429 overloaded
+ *   -EREMOTEIO, -ETIMEDOUT, -ECONNREFUSED, -EIO, -ECHILD       502 provider_error
+ *   -ESHUTDOWN                                                 503 draining
+ *   -ENOSYS                                                    501 not_implemented
+ *   anything else                                              500 internal
+ *
+ * Thread-safety: a struct lb_error belongs to its caller; the functions here touch only it.
+ */
+#ifndef LB_ERROR_H
+#define LB_ERROR_H
+
+#include <stddef.h>
+
+#define LB_ERROR_MESSAGE_MAX 512
+
+struct lb_error {
+    int code;                           /* negative errno, 0 when unset */
+    char message[LB_ERROR_MESSAGE_MAX]; /* one readable sentence, NUL-terminated */
+};
+
+/* Set err (if non-NULL) to code and a printf-formatted message. Returns code, so a caller can
+ * write `return lb_error_set(err, -EINVAL, "bad path '%s'", p);`. code must be negative. */
+int lb_error_set(struct lb_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Like lb_error_set, but keeps an earlier message if err already holds one (code != 0).
+ * Useful on cleanup paths where the first failure is the interesting one. */
+int lb_error_keep(struct lb_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Reset err to "no error". NULL is accepted. */
+void lb_error_clear(struct lb_error *err);
+
+/* HTTP status and API error code (static string, e.g. "bad_request") for a negative errno. */
+int lb_error_http_status(int code, const char **api_code);
+
+#endif

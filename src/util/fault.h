@@ -1,0 +1,35 @@
+/*
+ * fault.h - named fault injection (the way SQLite tests its failure paths).
+ *
+ * A spec is a comma-separated list of OP=ACTION[:ARG]:
+ *   fail        every call of OP fails
+ *   fail:N      the next N calls of OP fail, later ones succeed
+ *   hang        calls of OP block until the operation's own deadline passes, then fail
+ *               with -ETIMEDOUT (as a provider that never answers would)
+ *   delay:MS    calls of OP wait MS milliseconds, then proceed normally
+ * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
+ * provider.file_open, provider.list, store.write.
+ * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
+ *
+ * Off unless a spec is loaded. Thread-safe.
+ */
+#ifndef LB_FAULT_H
+#define LB_FAULT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+/* Load spec (NULL or "" turns injection off). -EINVAL with a message on a bad spec. */
+int fault_load(const char *spec, struct lb_error *err);
+/* Is any fault configured? */
+bool fault_enabled(void);
+/* Apply the fault configured for op, if any. deadline_ms bounds a hang (<= 0: 30 s).
+ * Returns 0 (proceed), -EIO (injected failure) or -ETIMEDOUT (hang ran out); err says it was
+ * injected. */
+int fault_hit(const char *op, int64_t deadline_ms, struct lb_error *err);
+/* Free the loaded spec. */
+void fault_reset(void);
+
+#endif

@@ -1,0 +1,148 @@
+/* metrics.c - see metrics.h. */
+#include "util/metrics.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name, *labels, *help;
+} counter_info[LB_M_COUNTERS] = {
+    [LB_M_SEEDS_OK] = {"lendbox_seeds_total", "result=\"ok\"", "Seeds by result."},
+    [LB_M_SEEDS_REUSED] = {"lendbox_seeds_total", "result=\"reused\"", NULL},
+    [LB_M_SEEDS_FAILED] = {"lendbox_seeds_total", "result=\"failed\"", NULL},
+    [LB_M_RELEASES_OK] = {"lendbox_releases_total", "result=\"ok\"", "Releases by result."},
+    [LB_M_RELEASES_FAILED] = {"lendbox_releases_total", "result=\"failed\"", NULL},
+    [LB_M_STOPS_OK] = {"lendbox_stops_total", "result=\"ok\"", "Provider stops by result."},
+    [LB_M_STOPS_FAILED] = {"lendbox_stops_total", "result=\"failed\"", NULL},
+    [LB_M_STOP_RETRIES] = {"lendbox_stop_retries_total", NULL, "Stops retried after a failure."},
+    [LB_M_EXECS] = {"lendbox_execs_total", NULL, "Commands run through exec."},
+    [LB_M_EXEC_TIMEOUTS] = {"lendbox_exec_timeouts_total", NULL, "Execs killed at their timeout."},
+    [LB_M_HTTP_REQUESTS] = {"lendbox_http_requests_total", NULL, "HTTP requests answered."},
+    [LB_M_HTTP_ERRORS_4XX] = {"lendbox_http_errors_total", "class=\"4xx\"", "HTTP errors."},
+    [LB_M_HTTP_ERRORS_5XX] = {"lendbox_http_errors_total", "class=\"5xx\"", NULL},
+    [LB_M_HTTP_OVERLOADED] = {"lendbox_http_overloaded_total", NULL, "Requests refused 429."},
+};
+
+static atomic_uint_fast64_t counters[LB_M_COUNTERS];
+
+/* Bucket upper bounds in milliseconds; the last bucket is +Inf. */
+static const int64_t bucket_ms[] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000,
+                                    30000, 60000, 300000};
+#define N_BUCKETS (sizeof(bucket_ms) / sizeof(bucket_ms[0]) + 1)
+
+struct route_hist {
+    const char *label;
+    atomic_uint_fast64_t buckets[N_BUCKETS];
+    atomic_uint_fast64_t count, sum_ms;
+};
+
+static struct route_hist routes[LB_METRICS_MAX_ROUTES + 1]; /* last: unmatched */
+static atomic_int n_routes;
+
+void metrics_add(enum lb_counter c, uint64_t n)
+{
+    atomic_fetch_add(&counters[c], n);
+}
+
+uint64_t metrics_get(enum lb_counter c)
+{
+    return atomic_load(&counters[c]);
+}
+
+int metrics_route_register(const char *label)
+{
+    int n = atomic_load(&n_routes);
+
+    for (int i = 0; i < n; i++)
+        if (!strcmp(routes[i].label, label))
+            return i;
+    if (n >= LB_METRICS_MAX_ROUTES)
+        return -1;
+    routes[n].label = label;
+    atomic_store(&n_routes, n + 1);
+    return n;
+}
+
+void metrics_observe_request(int route, int64_t duration_ms)
+{
+    struct route_hist *h = &routes[route >= 0 && route < LB_METRICS_MAX_ROUTES
+                                       ? route
+                                       : LB_METRICS_MAX_ROUTES];
+    size_t b = 0;
+
+    while (b < N_BUCKETS - 1 && duration_ms > bucket_ms[b])
+        b++;
+    atomic_fetch_add(&h->buckets[b], 1);
+    atomic_fetch_add(&h->count, 1);
+    atomic_fetch_add(&h->sum_ms, (uint64_t)(duration_ms < 0 ? 0 : duration_ms));
+}
+
+static int metrics_printf(struct lb_buf *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int metrics_printf(struct lb_buf *out, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return -EINVAL;
+    return lb_buf_append(out, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+}
+
+int metrics_render(struct lb_buf *out)
+{
+    int r = 0;
+
+    for (int c = 0; c < LB_M_COUNTERS && r == 0; c++) {
+        if (counter_info[c].help)
+            r = metrics_printf(out, "# HELP %s %s\n# TYPE %s counter\n", counter_info[c].name,
+                               counter_info[c].help, counter_info[c].name);
+        if (r == 0)
+            r = metrics_printf(out, "%s%s%s%s %llu\n", counter_info[c].name,
+                               counter_info[c].labels ? "{" : "",
+                               counter_info[c].labels ? counter_info[c].labels : "",
+                               counter_info[c].labels ? "}" : "",
+                               (unsigned long long)atomic_load(&counters[c]));
+    }
+    if (r == 0)
+        r = metrics_printf(out, "# HELP lendbox_http_request_duration_seconds Request latency by "
+                                "route.\n# TYPE lendbox_http_request_duration_seconds histogram\n");
+    for (int i = 0; i <= LB_METRICS_MAX_ROUTES && r == 0; i++) {
+        struct route_hist *h = &routes[i];
+        const char *label = i == LB_METRICS_MAX_ROUTES ? "unmatched" : h->label;
+        uint64_t cum = 0;
+
+        if (i < LB_METRICS_MAX_ROUTES && i >= atomic_load(&n_routes))
+            continue;
+        if (atomic_load(&h->count) == 0)
+            continue;
+        for (size_t b = 0; b < N_BUCKETS && r == 0; b++) {
+            cum += atomic_load(&h->buckets[b]);
+            if (b < N_BUCKETS - 1)
+                r = metrics_printf(out,
+                                   "lendbox_http_request_duration_seconds_bucket{route=\"%s\","
+                                   "le=\"%g\"} %llu\n",
+                                   label, (double)bucket_ms[b] / 1000.0, (unsigned long long)cum);
+            else
+                r = metrics_printf(out,
+                                   "lendbox_http_request_duration_seconds_bucket{route=\"%s\","
+                                   "le=\"+Inf\"} %llu\n",
+                                   label, (unsigned long long)cum);
+        }
+        if (r == 0)
+            r = metrics_printf(out,
+                               "lendbox_http_request_duration_seconds_sum{route=\"%s\"} %.3f\n"
+                               "lendbox_http_request_duration_seconds_count{route=\"%s\"} %llu\n",
+                               label, (double)atomic_load(&h->sum_ms) / 1000.0, label,
+                               (unsigned long long)atomic_load(&h->count));
+    }
+    return r;
+}

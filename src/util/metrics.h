@@ -1,0 +1,46 @@
+/*
+ * metrics.h - process-wide counters and latency histograms, rendered as Prometheus text.
+ *
+ * Counters are atomics; a histogram is a fixed array of atomic buckets. All functions are
+ * thread-safe and lock-free except metrics_render.
+ */
+#ifndef LB_METRICS_H
+#define LB_METRICS_H
+
+#include <stdint.h>
+
+#include "util/buf.h"
+
+enum lb_counter {
+    LB_M_SEEDS_OK,
+    LB_M_SEEDS_REUSED,
+    LB_M_SEEDS_FAILED,
+    LB_M_RELEASES_OK,
+    LB_M_RELEASES_FAILED,
+    LB_M_STOPS_OK,
+    LB_M_STOPS_FAILED,
+    LB_M_STOP_RETRIES,
+    LB_M_EXECS,
+    LB_M_EXEC_TIMEOUTS,
+    LB_M_HTTP_REQUESTS,
+    LB_M_HTTP_ERRORS_4XX,
+    LB_M_HTTP_ERRORS_5XX,
+    LB_M_HTTP_OVERLOADED,
+    LB_M_COUNTERS
+};
+
+#define LB_METRICS_MAX_ROUTES 64
+
+void metrics_add(enum lb_counter c, uint64_t n);
+uint64_t metrics_get(enum lb_counter c);
+
+/* Register a route label (static string) and get its index; call before serving. */
+int metrics_route_register(const char *label);
+/* Record one request of route index (or -1 for "unmatched") taking duration_ms. */
+void metrics_observe_request(int route, int64_t duration_ms);
+
+/* Append the Prometheus text of every counter and histogram to out. Gauges are the caller's.
+ * Returns 0 or -ENOMEM. */
+int metrics_render(struct lb_buf *out);
+
+#endif

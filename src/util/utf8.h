@@ -1,0 +1,17 @@
+/*
+ * utf8.h - make arbitrary bytes valid UTF-8 for JSON output.
+ */
+#ifndef LB_UTF8_H
+#define LB_UTF8_H
+
+#include <stddef.h>
+
+#include "util/buf.h"
+
+/* Append data to out, replacing every invalid UTF-8 sequence (bad lead or continuation bytes,
+ * overlong forms, surrogates, code points past U+10FFFF, a sequence cut at the end) with
+ * U+FFFD, one replacement per maximal invalid subpart (as the Unicode standard recommends).
+ * Returns 0 or -ENOMEM. out must have no max (or a large enough one). */
+int utf8_sanitize(const char *data, size_t len, struct lb_buf *out);
+
+#endif
