@@ -1,0 +1,964 @@
+/*
+ * store.c - see store.h.
+ *
+ * Locking: the connection is opened with SQLITE_OPEN_NOMUTEX and every use of it happens with
+ * st->lock held. Our own mutex rather than SQLite's serialized mode because an operation is more
+ * than one SQLite call (bind, step, sqlite3_errmsg, sqlite3_changes, reset): the message and the
+ * change count belong to the connection, and another thread's statement must not overwrite them
+ * between our step and our read. The lock is never held across anything but SQLite calls and
+ * malloc, so holders are brief.
+ *
+ * Durability: journal_mode=WAL with synchronous=NORMAL. In WAL mode a committed transaction is in
+ * the WAL file (in the kernel's page cache) before sqlite3_step returns, so a crash of lendboxd,
+ * even kill -9 mid-write, loses nothing: the next open replays the WAL. NORMAL skips only the
+ * fsync at each commit, so what can be lost is the last transactions before a power loss or a
+ * kernel crash; those also kill every sandbox, and the records that survive (an older state of
+ * the same sandboxes) are reconciled against reality at the next start like any other record.
+ * The database is never corrupted by it either way.
+ *
+ * File descriptors: SQLite opens its files with O_CLOEXEC, so no sandbox inherits them. The
+ * database file is created here with mode 0600; SQLite gives its -wal and -shm files the mode of
+ * the database file.
+ */
+#include "store/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "util/clock.h"
+#include "util/fault.h"
+#include "util/log.h"
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define BUSY_TIMEOUT_MS 5000
+
+static const char *const state_names[] = {
+    [LB_STATE_STARTING] = "starting",       [LB_STATE_LENT] = "lent",
+    [LB_STATE_STOPPING] = "stopping",       [LB_STATE_STOPPED] = "stopped",
+    [LB_STATE_FAILED_SEED] = "failed_seed", [LB_STATE_STOP_FAILED] = "stop_failed",
+};
+_Static_assert(ARRAY_LEN(state_names) == 6, "store_count_by_state takes an array of 6");
+
+const char *store_state_name(enum lb_record_state s)
+{
+    if ((unsigned)s >= ARRAY_LEN(state_names))
+        return "unknown";
+    return state_names[s];
+}
+
+int store_state_parse(const char *name, enum lb_record_state *out)
+{
+    if (!name)
+        return -EINVAL;
+    for (size_t i = 0; i < ARRAY_LEN(state_names); i++) {
+        if (strcmp(name, state_names[i]) == 0) {
+            *out = (enum lb_record_state)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/*
+ * Schema migrations: migrations[i] takes the database from user_version i to i + 1. Append only;
+ * never edit one that has shipped.
+ */
+static const char *const migrations[] = {
+    /* 1: sandbox records. */
+    "CREATE TABLE sandboxes ("
+    "  id TEXT PRIMARY KEY,"
+    "  rsid TEXT,"
+    "  task_id TEXT,"
+    "  provider TEXT NOT NULL,"
+    "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
+    "                                      'failed_seed', 'stop_failed')),"
+    "  spec_json TEXT,"
+    "  descriptor_json TEXT,"
+    "  token_hash TEXT,"
+    "  created_at INTEGER NOT NULL,"
+    "  expires_at INTEGER,"
+    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
+    "  next_attempt_at INTEGER,"
+    "  last_error TEXT,"
+    "  stop_reason TEXT,"
+    "  updated_at INTEGER NOT NULL"
+    ");"
+    /* Invariant 2: one live sandbox per resources session. */
+    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
+    "  WHERE state IN ('starting', 'lent');"
+    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
+    "CREATE INDEX sandboxes_state ON sandboxes (state);"
+    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);",
+};
+
+/* The column order every SELECT returns and record_from_row reads. */
+#define RECORD_COLUMNS                                                                             \
+    "id, rsid, task_id, provider, state, spec_json, descriptor_json, token_hash, created_at, "     \
+    "expires_at, updated_at, stop_attempts, next_attempt_at, last_error, stop_reason"
+enum {
+    COL_ID,
+    COL_RSID,
+    COL_TASK_ID,
+    COL_PROVIDER,
+    COL_STATE,
+    COL_SPEC,
+    COL_DESCRIPTOR,
+    COL_TOKEN_HASH,
+    COL_CREATED_AT,
+    COL_EXPIRES_AT,
+    COL_UPDATED_AT,
+    COL_STOP_ATTEMPTS,
+    COL_NEXT_ATTEMPT_AT,
+    COL_LAST_ERROR,
+    COL_STOP_REASON,
+};
+
+enum stmt_id {
+    STMT_INSERT,
+    STMT_GET,
+    STMT_GET_LIVE,
+    STMT_GET_TOKEN,
+    STMT_STATE_OF,
+    STMT_MARK_LENT,
+    STMT_SET_DESCRIPTOR,
+    STMT_MARK_STOPPING,
+    STMT_MARK_STOPPED,
+    STMT_MARK_STOP_FAILED,
+    STMT_COUNT,
+    STMT_PURGE,
+    STMT__COUNT,
+};
+
+static const char *const stmt_sql[STMT__COUNT] = {
+    [STMT_INSERT] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") VALUES "
+                    "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    [STMT_GET] = "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE id = ?1",
+    [STMT_GET_LIVE] = "SELECT " RECORD_COLUMNS " FROM sandboxes "
+                      "WHERE rsid = ?1 AND state IN ('starting', 'lent')",
+    [STMT_GET_TOKEN] = "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE token_hash = ?1 "
+                       "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+    [STMT_STATE_OF] = "SELECT state FROM sandboxes WHERE id = ?1",
+    /* Only from starting: anything else (a shutdown sweep marked it stopping) must not be
+     * resurrected into the live set. */
+    [STMT_MARK_LENT] = "UPDATE sandboxes SET state = 'lent', "
+                       "descriptor_json = COALESCE(?2, descriptor_json), "
+                       "token_hash = COALESCE(?3, token_hash), updated_at = ?4 "
+                       "WHERE id = ?1 AND state = 'starting'",
+    [STMT_SET_DESCRIPTOR] = "UPDATE sandboxes SET descriptor_json = ?2, updated_at = ?3 "
+                            "WHERE id = ?1",
+    [STMT_MARK_STOPPING] = "UPDATE sandboxes SET state = 'stopping', "
+                           "stop_reason = COALESCE(?2, stop_reason), updated_at = ?3 "
+                           "WHERE id = ?1",
+    [STMT_MARK_STOPPED] = "UPDATE sandboxes SET state = 'stopped', "
+                          "stop_reason = COALESCE(?2, stop_reason), next_attempt_at = NULL, "
+                          "updated_at = ?3 WHERE id = ?1",
+    [STMT_MARK_STOP_FAILED] = "UPDATE sandboxes SET state = ?2, "
+                              "stop_attempts = stop_attempts + 1, "
+                              "last_error = COALESCE(?3, last_error), next_attempt_at = ?4, "
+                              "updated_at = ?5 WHERE id = ?1",
+    [STMT_COUNT] = "SELECT state, COUNT(*) FROM sandboxes GROUP BY state",
+    [STMT_PURGE] = "DELETE FROM sandboxes WHERE state = 'stopped' AND updated_at < ?1",
+};
+
+struct lb_store {
+    pthread_mutex_t lock;
+    bool lock_ready;
+    sqlite3 *db;
+    sqlite3_stmt *stmts[STMT__COUNT];
+};
+
+/* Map the connection's last failure to an errno and a message. Call with the lock held. */
+static int db_fail(struct lb_store *st, struct lb_error *err, const char *what)
+{
+    int code = sqlite3_errcode(st->db) == SQLITE_NOMEM ? -ENOMEM : -EIO;
+
+    return lb_error_set(err, code, "store: %s: %s", what, sqlite3_errmsg(st->db));
+}
+
+static void stmt_done(sqlite3_stmt *s)
+{
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+}
+
+/* Text parameter; NULL binds SQL NULL. The value must outlive the step (SQLITE_STATIC). */
+static int bind_text(sqlite3_stmt *s, int i, const char *v)
+{
+    return sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC);
+}
+
+/* A time where 0 means "none": stored as SQL NULL. */
+static int bind_time(sqlite3_stmt *s, int i, int64_t t)
+{
+    return t ? sqlite3_bind_int64(s, i, t) : sqlite3_bind_null(s, i);
+}
+
+static int col_dup(sqlite3_stmt *s, int col, char **out)
+{
+    const unsigned char *t;
+
+    *out = NULL;
+    if (sqlite3_column_type(s, col) == SQLITE_NULL)
+        return 0;
+    t = sqlite3_column_text(s, col);
+    if (!t)
+        return -ENOMEM;
+    *out = strdup((const char *)t);
+    return *out ? 0 : -ENOMEM;
+}
+
+/* Copy a text column into a fixed array; NULL becomes "". -EIO if it does not fit. */
+static int col_copy(sqlite3_stmt *s, int col, char *dst, size_t cap)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    int n = sqlite3_column_bytes(s, col);
+
+    dst[0] = '\0';
+    if (!t)
+        return sqlite3_column_type(s, col) == SQLITE_NULL ? 0 : -ENOMEM;
+    if (n < 0 || (size_t)n >= cap)
+        return -EIO;
+    memcpy(dst, t, (size_t)n);
+    dst[n] = '\0';
+    return 0;
+}
+
+static int64_t col_time(sqlite3_stmt *s, int col)
+{
+    return sqlite3_column_type(s, col) == SQLITE_NULL ? 0 : sqlite3_column_int64(s, col);
+}
+
+/* Fill *out (zeroed first) from the current row. On failure *out holds nothing. */
+static int record_from_row(sqlite3_stmt *s, struct lb_record *out, struct lb_error *err)
+{
+    const char *state = (const char *)sqlite3_column_text(s, COL_STATE);
+    int ret;
+
+    memset(out, 0, sizeof(*out));
+    ret = col_copy(s, COL_ID, out->id, sizeof(out->id));
+    if (ret == 0)
+        ret = col_copy(s, COL_TOKEN_HASH, out->token_hash, sizeof(out->token_hash));
+    if (ret == -EIO) {
+        lb_error_set(err, -EIO, "store: a record has an over-long id or token hash");
+        goto cleanup;
+    }
+    if (ret == 0 && store_state_parse(state, &out->state) < 0) {
+        ret = lb_error_set(err, -EIO, "store: record %s has unknown state '%s'", out->id,
+                           state ? state : "(null)");
+        goto cleanup;
+    }
+    if (ret == 0)
+        ret = col_dup(s, COL_RSID, &out->rsid);
+    if (ret == 0)
+        ret = col_dup(s, COL_TASK_ID, &out->task_id);
+    if (ret == 0)
+        ret = col_dup(s, COL_PROVIDER, &out->provider);
+    if (ret == 0)
+        ret = col_dup(s, COL_SPEC, &out->spec_json);
+    if (ret == 0)
+        ret = col_dup(s, COL_DESCRIPTOR, &out->descriptor_json);
+    if (ret == 0)
+        ret = col_dup(s, COL_LAST_ERROR, &out->last_error);
+    if (ret == 0)
+        ret = col_dup(s, COL_STOP_REASON, &out->stop_reason);
+    if (ret < 0) {
+        lb_error_set(err, ret, "store: out of memory reading a record");
+        goto cleanup;
+    }
+    out->created_at = sqlite3_column_int64(s, COL_CREATED_AT);
+    out->expires_at = col_time(s, COL_EXPIRES_AT);
+    out->updated_at = sqlite3_column_int64(s, COL_UPDATED_AT);
+    out->stop_attempts = sqlite3_column_int(s, COL_STOP_ATTEMPTS);
+    out->next_attempt_at = col_time(s, COL_NEXT_ATTEMPT_AT);
+    return 0;
+
+cleanup:
+    store_record_release(out);
+    memset(out, 0, sizeof(*out));
+    return ret;
+}
+
+void store_record_release(struct lb_record *r)
+{
+    if (!r)
+        return;
+    free(r->rsid);
+    free(r->task_id);
+    free(r->provider);
+    free(r->spec_json);
+    free(r->descriptor_json);
+    free(r->last_error);
+    free(r->stop_reason);
+    r->rsid = r->task_id = r->provider = r->spec_json = r->descriptor_json = NULL;
+    r->last_error = r->stop_reason = NULL;
+}
+
+void store_records_free(struct lb_record *recs, size_t n)
+{
+    for (size_t i = 0; recs && i < n; i++)
+        store_record_release(&recs[i]);
+    free(recs);
+}
+
+/* ---- open, configure, migrate, close ---- */
+
+/* Create the database file with mode 0600 before SQLite sees it (SQLite would create it 0644
+ * less the umask), and tighten an existing file that is looser. */
+static int create_private_file(const char *path, struct lb_error *err)
+{
+    char ebuf[128];
+    struct stat sb;
+    int fd, ret = 0;
+
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return lb_error_set(err, -EIO, "store: cannot open database %s: %s", path,
+                            strerror_r(errno, ebuf, sizeof(ebuf)));
+    if (fstat(fd, &sb) < 0) {
+        ret = lb_error_set(err, -EIO, "store: cannot stat database %s: %s", path,
+                           strerror_r(errno, ebuf, sizeof(ebuf)));
+        goto cleanup;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        ret = lb_error_set(err, -EIO, "store: database %s is not a regular file", path);
+        goto cleanup;
+    }
+    if ((sb.st_mode & 07777) != 0600) {
+        if (fchmod(fd, 0600) < 0) {
+            ret = lb_error_set(err, -EIO, "store: cannot chmod database %s to 0600: %s", path,
+                               strerror_r(errno, ebuf, sizeof(ebuf)));
+            goto cleanup;
+        }
+        if (sb.st_size > 0)
+            log_warn("store: database %s had mode %04o; changed it to 0600", path,
+                     (unsigned)(sb.st_mode & 07777));
+    }
+
+cleanup:
+    close(fd);
+    return ret;
+}
+
+static int exec_sql(struct lb_store *st, const char *sql, const char *what, struct lb_error *err)
+{
+    if (sqlite3_exec(st->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+        return db_fail(st, err, what);
+    return 0;
+}
+
+static int configure(struct lb_store *st, const char *path, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    const char *mode;
+    int ret = 0;
+
+    if (sqlite3_busy_timeout(st->db, BUSY_TIMEOUT_MS) != SQLITE_OK)
+        return db_fail(st, err, "busy_timeout");
+    if (sqlite3_prepare_v2(st->db, "PRAGMA journal_mode = WAL", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_step(s) != SQLITE_ROW) {
+        ret = db_fail(st, err, "journal_mode=WAL");
+        goto cleanup;
+    }
+    mode = (const char *)sqlite3_column_text(s, 0);
+    if (!mode || strcasecmp(mode, "wal") != 0) {
+        ret = lb_error_set(err, -EIO, "store: %s: cannot enable WAL mode (journal mode is %s)",
+                           path, mode ? mode : "unknown");
+        goto cleanup;
+    }
+    ret = exec_sql(st, "PRAGMA synchronous = NORMAL", "synchronous=NORMAL", err);
+    if (ret == 0)
+        ret = exec_sql(st, "PRAGMA foreign_keys = ON", "foreign_keys=ON", err);
+
+cleanup:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+static int read_user_version(struct lb_store *st, int *out, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = 0;
+
+    if (sqlite3_prepare_v2(st->db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_step(s) != SQLITE_ROW) {
+        ret = db_fail(st, err, "reading user_version");
+        goto cleanup;
+    }
+    *out = sqlite3_column_int(s, 0);
+
+cleanup:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+static int too_new(const char *path, int version, struct lb_error *err)
+{
+    return lb_error_set(err, -EIO,
+                        "store: %s: database schema version %d is newer than this lendboxd "
+                        "supports (%zu)",
+                        path, version, ARRAY_LEN(migrations));
+}
+
+/* Apply each pending migration in its own IMMEDIATE transaction, re-reading user_version inside
+ * it so that two processes opening the same file cannot both apply one. */
+static int migrate(struct lb_store *st, const char *path, struct lb_error *err)
+{
+    const int known = (int)ARRAY_LEN(migrations);
+    char sql[64];
+    bool in_txn = false;
+    int version = 0, ret;
+
+    ret = read_user_version(st, &version, err);
+    if (ret < 0)
+        return ret;
+    if (version > known)
+        return too_new(path, version, err);
+    while (version < known) {
+        ret = exec_sql(st, "BEGIN IMMEDIATE", "beginning a migration", err);
+        if (ret < 0)
+            goto cleanup;
+        in_txn = true;
+        ret = read_user_version(st, &version, err);
+        if (ret < 0)
+            goto cleanup;
+        if (version > known) {
+            ret = too_new(path, version, err);
+            goto cleanup;
+        }
+        if (version == known)
+            break;
+        ret = exec_sql(st, migrations[version], "applying a migration", err);
+        if (ret < 0)
+            goto cleanup;
+        snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", version + 1);
+        ret = exec_sql(st, sql, "setting user_version", err);
+        if (ret < 0)
+            goto cleanup;
+        ret = exec_sql(st, "COMMIT", "committing a migration", err);
+        if (ret < 0)
+            goto cleanup;
+        in_txn = false;
+        version++;
+        log_info("store: %s: applied schema migration %d", path, version);
+    }
+
+cleanup:
+    if (in_txn)
+        sqlite3_exec(st->db, ret < 0 ? "ROLLBACK" : "COMMIT", NULL, NULL, NULL);
+    return ret;
+}
+
+int store_open(const char *path, struct lb_store **out, struct lb_error *err)
+{
+    struct lb_store *st = NULL;
+    int ret, rc;
+
+    if (!path || !*path || !out)
+        return lb_error_set(err, -EINVAL, "store: no database path");
+    *out = NULL;
+    ret = create_private_file(path, err);
+    if (ret < 0)
+        return ret;
+    st = calloc(1, sizeof(*st));
+    if (!st)
+        return lb_error_set(err, -ENOMEM, "store: out of memory");
+    rc = pthread_mutex_init(&st->lock, NULL);
+    if (rc != 0) {
+        ret = lb_error_set(err, -rc, "store: cannot create a mutex");
+        goto cleanup;
+    }
+    st->lock_ready = true;
+    /* No SQLITE_OPEN_CREATE: create_private_file made the file with the right mode. */
+    rc = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        ret = lb_error_set(err, rc == SQLITE_NOMEM ? -ENOMEM : -EIO, "store: cannot open %s: %s",
+                           path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+        goto cleanup;
+    }
+    sqlite3_extended_result_codes(st->db, 1);
+    ret = configure(st, path, err);
+    if (ret < 0)
+        goto cleanup;
+    ret = migrate(st, path, err);
+    if (ret < 0)
+        goto cleanup;
+    for (size_t i = 0; i < STMT__COUNT; i++) {
+        if (sqlite3_prepare_v3(st->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st->stmts[i],
+                               NULL) != SQLITE_OK) {
+            ret = db_fail(st, err, "preparing a statement");
+            goto cleanup;
+        }
+    }
+    *out = st;
+    st = NULL;
+
+cleanup:
+    store_close(st);
+    return ret;
+}
+
+void store_close(struct lb_store *st)
+{
+    if (!st)
+        return;
+    for (size_t i = 0; i < STMT__COUNT; i++)
+        sqlite3_finalize(st->stmts[i]);
+    if (st->db && sqlite3_close(st->db) != SQLITE_OK)
+        log_error("store: close: %s", sqlite3_errmsg(st->db));
+    if (st->lock_ready)
+        pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+/* ---- records ---- */
+
+static bool fits(const char *s, size_t cap)
+{
+    return strnlen(s, cap) < cap;
+}
+
+int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int64_t now = clock_now_s();
+    int ret = 0, rc;
+
+    if (!r || !r->id[0] || !fits(r->id, sizeof(r->id)))
+        return lb_error_set(err, -EINVAL, "store: a record needs an id shorter than %d bytes",
+                            LB_ID_MAX);
+    if (!r->provider || !r->provider[0])
+        return lb_error_set(err, -EINVAL, "store: record %s has no provider", r->id);
+    if ((unsigned)r->state >= ARRAY_LEN(state_names))
+        return lb_error_set(err, -EINVAL, "store: record %s has an invalid state %d", r->id,
+                            (int)r->state);
+    if (!fits(r->token_hash, sizeof(r->token_hash)) || r->stop_attempts < 0)
+        return lb_error_set(err, -EINVAL, "store: record %s is malformed", r->id);
+
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_INSERT];
+    if (bind_text(s, 1, r->id) || bind_text(s, 2, r->rsid) || bind_text(s, 3, r->task_id) ||
+        bind_text(s, 4, r->provider) || bind_text(s, 5, state_names[r->state]) ||
+        bind_text(s, 6, r->spec_json) || bind_text(s, 7, r->descriptor_json) ||
+        bind_text(s, 8, r->token_hash[0] ? r->token_hash : NULL) ||
+        sqlite3_bind_int64(s, 9, r->created_at ? r->created_at : now) ||
+        bind_time(s, 10, r->expires_at) || sqlite3_bind_int64(s, 11, now) ||
+        sqlite3_bind_int(s, 12, r->stop_attempts) || bind_time(s, 13, r->next_attempt_at) ||
+        bind_text(s, 14, r->last_error) || bind_text(s, 15, r->stop_reason)) {
+        ret = db_fail(st, err, "binding an insert");
+        goto cleanup;
+    }
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_CONSTRAINT_PRIMARYKEY)
+        ret = lb_error_set(err, -EEXIST, "sandbox %s already exists", r->id);
+    else if (rc == SQLITE_CONSTRAINT_UNIQUE)
+        ret = lb_error_set(err, -EEXIST, "resources session %s already has a live sandbox",
+                           r->rsid ? r->rsid : "(none)");
+    else if (rc != SQLITE_DONE)
+        ret = db_fail(st, err, "inserting a sandbox record");
+
+cleanup:
+    stmt_done(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+/* Run a one-row lookup keyed by one text parameter. */
+static int get_one(struct lb_store *st, enum stmt_id id, const char *key, struct lb_record *out,
+                   struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int ret = 0, rc;
+
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[id];
+    if (bind_text(s, 1, key)) {
+        ret = db_fail(st, err, "binding a lookup");
+        goto cleanup;
+    }
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        ret = record_from_row(s, out, err);
+    else if (rc == SQLITE_DONE)
+        ret = -ENOENT; /* the caller words the message */
+    else
+        ret = db_fail(st, err, "reading a sandbox record");
+
+cleanup:
+    stmt_done(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out,
+                      struct lb_error *err)
+{
+    int ret;
+
+    memset(out, 0, sizeof(*out));
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = get_one(st, STMT_GET, id, out, err);
+    if (ret == -ENOENT)
+        lb_error_set(err, ret, "no sandbox %s", id);
+    return ret;
+}
+
+int store_get_live_by_rsid(struct lb_store *st, const char *rsid, struct lb_record *out,
+                           struct lb_error *err)
+{
+    int ret;
+
+    memset(out, 0, sizeof(*out));
+    if (!rsid)
+        return lb_error_set(err, -EINVAL, "store: no resources session id");
+    ret = get_one(st, STMT_GET_LIVE, rsid, out, err);
+    if (ret == -ENOENT)
+        lb_error_set(err, ret, "resources session %s has no live sandbox", rsid);
+    return ret;
+}
+
+int store_get_by_token_hash(struct lb_store *st, const char *token_hash, struct lb_record *out,
+                            struct lb_error *err)
+{
+    int ret = -ENOENT;
+
+    memset(out, 0, sizeof(*out));
+    if (!token_hash)
+        return lb_error_set(err, -EINVAL, "store: no token hash");
+    if (token_hash[0])
+        ret = get_one(st, STMT_GET_TOKEN, token_hash, out, err);
+    if (ret == -ENOENT)
+        lb_error_set(err, ret, "no sandbox has that operate token");
+    return ret;
+}
+
+/* Append a constant SQL fragment (never a value) to buf. */
+static int sql_append(char *buf, size_t cap, size_t *len, const char *frag)
+{
+    size_t n = strlen(frag);
+
+    if (*len + n >= cap)
+        return -EOVERFLOW;
+    memcpy(buf + *len, frag, n + 1);
+    *len += n;
+    return 0;
+}
+
+int store_list_sandboxes(struct lb_store *st, const struct lb_record_filter *f,
+                         struct lb_record **out, size_t *n_out, struct lb_error *err)
+{
+    static const struct lb_record_filter all = {.state = -1};
+    struct lb_record *recs = NULL, *grown;
+    size_t n = 0, cap = 0, len = 0;
+    sqlite3_stmt *s = NULL;
+    char sql[1024];
+    int ret = 0, rc;
+
+    *out = NULL;
+    *n_out = 0;
+    if (!f)
+        f = &all;
+    if (f->state < -1 || f->state >= (int)ARRAY_LEN(state_names))
+        return lb_error_set(err, -EINVAL, "store: invalid state filter %d", f->state);
+
+    /* Parameters keep fixed numbers (?1 rsid, ?2 state, ?3 now, ?4 limit) whichever appear. */
+    ret = sql_append(sql, sizeof(sql), &len, "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE 1");
+    if (ret == 0 && f->rsid)
+        ret = sql_append(sql, sizeof(sql), &len, " AND rsid = ?1");
+    if (ret == 0 && f->state >= 0)
+        ret = sql_append(sql, sizeof(sql), &len, " AND state = ?2");
+    if (ret == 0 && f->live_only)
+        ret = sql_append(sql, sizeof(sql), &len, " AND state IN ('starting', 'lent')");
+    if (ret == 0 && f->pending_stop_only)
+        ret = sql_append(sql, sizeof(sql), &len,
+                         " AND state IN ('stopping', 'failed_seed', 'stop_failed')");
+    /* No retry scheduled (NULL) counts as due: a stop interrupted by a crash is retried now. */
+    if (ret == 0 && f->due_only)
+        ret = sql_append(sql, sizeof(sql), &len,
+                         " AND (next_attempt_at IS NULL OR next_attempt_at <= ?3)");
+    if (ret == 0 && f->expired_only)
+        ret = sql_append(sql, sizeof(sql), &len,
+                         " AND state = 'lent' AND expires_at > 0 AND expires_at <= ?3");
+    if (ret == 0)
+        ret = sql_append(sql, sizeof(sql), &len, " ORDER BY created_at, rowid");
+    if (ret == 0 && f->limit)
+        ret = sql_append(sql, sizeof(sql), &len, " LIMIT ?4");
+    if (ret < 0)
+        return lb_error_set(err, ret, "store: list query too long");
+
+    pthread_mutex_lock(&st->lock);
+    if (sqlite3_prepare_v2(st->db, sql, -1, &s, NULL) != SQLITE_OK) {
+        ret = db_fail(st, err, "preparing a list query");
+        goto cleanup;
+    }
+    if ((f->rsid && bind_text(s, 1, f->rsid)) ||
+        (f->state >= 0 && bind_text(s, 2, state_names[f->state])) ||
+        ((f->due_only || f->expired_only) && sqlite3_bind_int64(s, 3, f->now_s)) ||
+        (f->limit &&
+         sqlite3_bind_int64(s, 4, f->limit > INT64_MAX ? INT64_MAX : (int64_t)f->limit))) {
+        ret = db_fail(st, err, "binding a list query");
+        goto cleanup;
+    }
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            grown = realloc(recs, cap * sizeof(*recs));
+            if (!grown) {
+                ret = lb_error_set(err, -ENOMEM, "store: out of memory listing records");
+                goto cleanup;
+            }
+            recs = grown;
+        }
+        ret = record_from_row(s, &recs[n], err);
+        if (ret < 0)
+            goto cleanup;
+        n++;
+    }
+    if (rc != SQLITE_DONE) {
+        ret = db_fail(st, err, "listing sandbox records");
+        goto cleanup;
+    }
+    *out = recs;
+    *n_out = n;
+    recs = NULL;
+    n = 0;
+
+cleanup:
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->lock);
+    store_records_free(recs, n);
+    return ret;
+}
+
+/* Step a bound UPDATE/DELETE. Returns the number of rows changed, or a negative errno. Call with
+ * the lock held; resets the statement. */
+static int step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, struct lb_error *err)
+{
+    int ret;
+
+    if (sqlite3_step(s) == SQLITE_DONE)
+        ret = sqlite3_changes(st->db);
+    else
+        ret = db_fail(st, err, what);
+    stmt_done(s);
+    return ret;
+}
+
+int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
+                    const char *token_hash, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    const char *state;
+    int ret;
+
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    if (token_hash && !fits(token_hash, LB_TOKEN_HASH_HEX + 1))
+        return lb_error_set(err, -EINVAL, "store: token hash longer than %d characters",
+                            LB_TOKEN_HASH_HEX);
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_MARK_LENT];
+    if (bind_text(s, 1, id) || bind_text(s, 2, descriptor_json) ||
+        bind_text(s, 3, token_hash && token_hash[0] ? token_hash : NULL) ||
+        sqlite3_bind_int64(s, 4, clock_now_s())) {
+        ret = db_fail(st, err, "binding mark_lent");
+        stmt_done(s);
+        goto cleanup;
+    }
+    ret = step_write(st, s, "marking a sandbox lent", err);
+    if (ret != 0)
+        goto cleanup;
+    /* Nothing changed: tell a missing record from one that is no longer starting. */
+    s = st->stmts[STMT_STATE_OF];
+    if (bind_text(s, 1, id)) {
+        ret = db_fail(st, err, "binding a state lookup");
+    } else {
+        switch (sqlite3_step(s)) {
+        case SQLITE_ROW:
+            state = (const char *)sqlite3_column_text(s, 0);
+            ret = lb_error_set(err, -EBUSY, "sandbox %s is %s, not starting", id,
+                               state ? state : "in an unknown state");
+            break;
+        case SQLITE_DONE:
+            ret = lb_error_set(err, -ENOENT, "no sandbox %s", id);
+            break;
+        default:
+            ret = db_fail(st, err, "reading a sandbox state");
+            break;
+        }
+    }
+    stmt_done(s);
+
+cleanup:
+    pthread_mutex_unlock(&st->lock);
+    return ret < 0 ? ret : 0;
+}
+
+/* Finish an UPDATE keyed by id whose parameters are bound (bind_failed: they could not be). Call
+ * with the lock held; resets the statement. */
+static int finish_transition(struct lb_store *st, sqlite3_stmt *s, bool bind_failed, const char *id,
+                             const char *what, struct lb_error *err)
+{
+    int ret;
+
+    if (bind_failed) {
+        ret = db_fail(st, err, what);
+        stmt_done(s);
+    } else {
+        ret = step_write(st, s, what, err);
+        if (ret == 0)
+            ret = lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    }
+    return ret < 0 ? ret : 0;
+}
+
+int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,
+                         struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    bool bad;
+    int ret;
+
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_SET_DESCRIPTOR];
+    bad = bind_text(s, 1, id) || bind_text(s, 2, descriptor_json) ||
+          sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = finish_transition(st, s, bad, id, "storing a descriptor", err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
+                        struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    bool bad;
+    int ret;
+
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_MARK_STOPPING];
+    bad = bind_text(s, 1, id) || bind_text(s, 2, reason) || sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = finish_transition(st, s, bad, id, "marking a sandbox stopping", err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
+                       struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    bool bad;
+    int ret;
+
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_MARK_STOPPED];
+    bad = bind_text(s, 1, id) || bind_text(s, 2, reason) || sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = finish_transition(st, s, bad, id, "marking a sandbox stopped", err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
+                           const char *last_error, int64_t next_attempt_at, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    bool bad;
+    int ret;
+
+    if (!id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    if (state != LB_STATE_FAILED_SEED && state != LB_STATE_STOP_FAILED)
+        return lb_error_set(err, -EINVAL,
+                            "store: a failed stop leaves failed_seed or "
+                            "stop_failed, not %s",
+                            store_state_name(state));
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_MARK_STOP_FAILED];
+    bad = bind_text(s, 1, id) || bind_text(s, 2, state_names[state]) ||
+          bind_text(s, 3, last_error) || bind_time(s, 4, next_attempt_at) ||
+          sqlite3_bind_int64(s, 5, clock_now_s());
+    ret = finish_transition(st, s, bad, id, "recording a failed stop", err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err)
+{
+    enum lb_record_state state;
+    sqlite3_stmt *s;
+    const char *name;
+    int ret = 0, rc;
+
+    memset(counts, 0, 6 * sizeof(counts[0]));
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_COUNT];
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        name = (const char *)sqlite3_column_text(s, 0);
+        if (store_state_parse(name, &state) < 0) {
+            ret = lb_error_set(err, -EIO, "store: records in unknown state '%s'",
+                               name ? name : "(null)");
+            goto cleanup;
+        }
+        counts[state] = sqlite3_column_int64(s, 1);
+    }
+    if (rc != SQLITE_DONE)
+        ret = db_fail(st, err, "counting sandbox records");
+
+cleanup:
+    stmt_done(s);
+    pthread_mutex_unlock(&st->lock);
+    if (ret < 0)
+        memset(counts, 0, 6 * sizeof(counts[0]));
+    return ret;
+}
+
+int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int ret;
+
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_PURGE];
+    if (sqlite3_bind_int64(s, 1, cutoff_s)) {
+        ret = db_fail(st, err, "binding a purge");
+        stmt_done(s);
+    } else {
+        ret = step_write(st, s, "purging stopped records", err);
+    }
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}

@@ -1,0 +1,134 @@
+/*
+ * store.h - SQLite records of every sandbox lendbox started. The only SQL in lendbox.
+ *
+ * One table of sandbox records (DESIGN.md "Records"), in WAL mode with a busy timeout,
+ * numbered migrations kept in PRAGMA user_version, prepared statements. A record is written
+ * before the provider acts (state "starting", "stopping") and leaves the live set only when the
+ * provider confirmed the sandbox gone ("stopped"). Stopped records stay for a retention period
+ * so "already released" can be told from "never existed".
+ *
+ * States: starting -> lent -> stopping -> stopped, plus the retryable side states
+ * failed_seed (a seed's rollback stop failed) and stop_failed (a release/delete stop failed).
+ * At most one record per resources session is "live" (starting or lent): a partial unique index.
+ *
+ * Times are Unix seconds; 0 means "none" (expires_at, next_attempt_at).
+ *
+ * Thread-safety: a struct lb_store is one connection guarded by a mutex; every function may be
+ * called from any thread. Records returned are copies the caller owns (store_record_release).
+ */
+#ifndef LB_STORE_H
+#define LB_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/error.h"
+
+enum lb_record_state {
+    LB_STATE_STARTING,
+    LB_STATE_LENT,
+    LB_STATE_STOPPING,
+    LB_STATE_STOPPED,
+    LB_STATE_FAILED_SEED,
+    LB_STATE_STOP_FAILED,
+};
+
+/* "starting", "lent", ...; store_state_parse returns 0 or -EINVAL. */
+const char *store_state_name(enum lb_record_state s);
+int store_state_parse(const char *name, enum lb_record_state *out);
+
+#define LB_ID_MAX 64
+#define LB_TOKEN_HASH_HEX 64
+
+struct lb_record {
+    char id[LB_ID_MAX];          /* "sbx-..." */
+    char *rsid;                  /* resources session id; NULL for a sandbox lent to none */
+    char *task_id;
+    char *provider;              /* provider name */
+    enum lb_record_state state;
+    char *spec_json;             /* the seed's spec as stored (image, workdir, env, ...) */
+    char *descriptor_json;       /* provider descriptor, NULL until create returned */
+    char token_hash[LB_TOKEN_HASH_HEX + 1]; /* hex SHA-256 of the operate token, or "" */
+    int64_t created_at;
+    int64_t expires_at;          /* 0: no TTL */
+    int64_t updated_at;
+    int stop_attempts;
+    int64_t next_attempt_at;     /* 0: no retry scheduled */
+    char *last_error;            /* NULL or the last stop failure */
+    char *stop_reason;           /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted */
+};
+
+/* Free the strings a record holds (not the struct); safe on a zeroed record. */
+void store_record_release(struct lb_record *r);
+
+struct lb_store;
+
+/* Open (creating if needed) the database file at path (mode 0600), enable WAL, set
+ * busy_timeout, run pending migrations. *out is owned by the caller (store_close).
+ * Errors: -EIO with the SQLite message, -ENOMEM. */
+int store_open(const char *path, struct lb_store **out, struct lb_error *err);
+void store_close(struct lb_store *st);
+
+/* Insert a new record (normally state starting). -EEXIST if the session already has a live
+ * (starting or lent) record, or the id exists. */
+int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct lb_error *err);
+
+/* Fetch by sandbox id into *out. -ENOENT if no such record. */
+int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out,
+                      struct lb_error *err);
+
+/* The session's live (starting or lent) record. -ENOENT if none. */
+int store_get_live_by_rsid(struct lb_store *st, const char *rsid, struct lb_record *out,
+                           struct lb_error *err);
+
+/* The sandbox whose operate token hashes to token_hash (any state). -ENOENT if none. */
+int store_get_by_token_hash(struct lb_store *st, const char *token_hash, struct lb_record *out,
+                            struct lb_error *err);
+
+struct lb_record_filter {
+    const char *rsid;            /* NULL: any session */
+    int state;                   /* -1: any; else an enum lb_record_state */
+    bool live_only;              /* only starting, lent */
+    bool pending_stop_only;      /* only stopping, failed_seed, stop_failed */
+    bool due_only;               /* with pending_stop_only: next_attempt_at <= now_s */
+    bool expired_only;           /* only lent with 0 < expires_at <= now_s */
+    int64_t now_s;
+    size_t limit;                /* 0: no limit */
+};
+
+/* Records matching filter, oldest first. *out is a malloc'd array of *n_out records the caller
+ * frees with store_records_free. */
+int store_list_sandboxes(struct lb_store *st, const struct lb_record_filter *f,
+                         struct lb_record **out, size_t *n_out, struct lb_error *err);
+void store_records_free(struct lb_record *recs, size_t n);
+
+/* starting -> lent: store the provider descriptor and the operate token hash. -ENOENT. */
+int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
+                    const char *token_hash, struct lb_error *err);
+
+/* Record the descriptor without changing state (a create that returned before a failure). */
+int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,
+                         struct lb_error *err);
+
+/* Any state -> stopping with a stop reason (keeps an earlier reason if reason is NULL). */
+int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
+                        struct lb_error *err);
+
+/* -> stopped (the provider confirmed the sandbox gone). reason NULL keeps the earlier one. */
+int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
+                       struct lb_error *err);
+
+/* A stop failed: -> state (LB_STATE_FAILED_SEED or LB_STATE_STOP_FAILED), stop_attempts+1,
+ * last_error, next_attempt_at. */
+int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
+                           const char *last_error, int64_t next_attempt_at,
+                           struct lb_error *err);
+
+/* Count records by state: counts[i] for every enum lb_record_state i (array of 6). */
+int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err);
+
+/* Delete stopped records last updated before cutoff_s. Returns the number deleted (>= 0). */
+int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err);
+
+#endif

@@ -1,0 +1,759 @@
+/* check_store.c - unit tests for src/store (SQLite sandbox records). */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "store/store.h"
+#include "util/clock.h"
+
+static char tmpdir[64];
+static char dbpath[128];
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/check_store.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(dbpath, sizeof(dbpath), "%s/lendbox.db", tmpdir);
+}
+
+static void teardown(void)
+{
+    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
+    char p[160];
+
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        snprintf(p, sizeof(p), "%s%s", dbpath, suffixes[i]);
+        unlink(p);
+    }
+    rmdir(tmpdir);
+}
+
+static struct lb_store *open_store(void)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = NULL;
+    int ret = store_open(dbpath, &st, &err);
+
+    ck_assert_msg(ret == 0, "store_open: %d %s", ret, err.message);
+    ck_assert_ptr_nonnull(st);
+    return st;
+}
+
+/* A minimal record: only what NOT NULL columns need. */
+static struct lb_record mkrec(const char *id, const char *rsid)
+{
+    struct lb_record r = {0};
+
+    snprintf(r.id, sizeof(r.id), "%s", id);
+    r.rsid = (char *)rsid;
+    r.provider = "local";
+    r.state = LB_STATE_STARTING;
+    return r;
+}
+
+static void insert_ok(struct lb_store *st, const struct lb_record *r)
+{
+    struct lb_error err = {0};
+    int ret = store_insert_sandbox(st, r, &err);
+
+    ck_assert_msg(ret == 0, "insert %s: %d %s", r->id, ret, err.message);
+}
+
+/* Run one query on a second, raw connection and return the first column of the first row. */
+static int64_t raw_int(const char *sql)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    int64_t v;
+
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    ck_assert_msg(sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK, "%s: %s", sql,
+                  sqlite3_errmsg(db));
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return v;
+}
+
+static void raw_exec(const char *sql)
+{
+    sqlite3 *db = NULL;
+
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
+                     SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    ck_assert_msg(sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK, "%s: %s", sql,
+                  sqlite3_errmsg(db));
+    sqlite3_close(db);
+}
+
+static enum lb_record_state state_of(struct lb_store *st, const char *id)
+{
+    struct lb_error err = {0};
+    struct lb_record r;
+    enum lb_record_state s;
+
+    ck_assert_int_eq(store_get_sandbox(st, id, &r, &err), 0);
+    s = r.state;
+    store_record_release(&r);
+    return s;
+}
+
+START_TEST(test_state_names)
+{
+    enum lb_record_state s;
+
+    for (int i = LB_STATE_STARTING; i <= LB_STATE_STOP_FAILED; i++) {
+        ck_assert_int_eq(store_state_parse(store_state_name((enum lb_record_state)i), &s), 0);
+        ck_assert_int_eq((int)s, i);
+    }
+    ck_assert_str_eq(store_state_name(LB_STATE_FAILED_SEED), "failed_seed");
+    ck_assert_int_eq(store_state_parse("bogus", &s), -EINVAL);
+    ck_assert_int_eq(store_state_parse(NULL, &s), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_open_close_reopen)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-1", "rs-1"), got;
+
+    insert_ok(st, &r);
+    store_close(st);
+    st = open_store();
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-1", &got, &err), 0);
+    ck_assert_str_eq(got.rsid, "rs-1");
+    store_record_release(&got);
+    store_close(st);
+    store_close(NULL);
+}
+END_TEST
+
+START_TEST(test_migration_sets_user_version)
+{
+    struct lb_store *st = open_store();
+
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 1);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
+                             "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
+                             "'sandboxes_state', 'sandboxes_state_next_attempt')"),
+                     4);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM pragma_journal_mode WHERE "
+                             "journal_mode = 'wal'"),
+                     1);
+    store_close(st);
+    /* Reopening an up-to-date database applies nothing and keeps the version. */
+    st = open_store();
+    store_close(st);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 1);
+}
+END_TEST
+
+START_TEST(test_too_new_schema_refused)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = (struct lb_store *)&err; /* must be reset to NULL */
+
+    raw_exec("PRAGMA user_version = 99");
+    ck_assert_int_eq(store_open(dbpath, &st, &err), -EIO);
+    ck_assert_ptr_null(st);
+    ck_assert_int_eq(err.code, -EIO);
+    ck_assert_msg(strstr(err.message, "database schema version 99 is newer than this lendboxd "
+                                      "supports") != NULL,
+                  "message: %s", err.message);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 99);
+}
+END_TEST
+
+START_TEST(test_round_trip_every_field)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = {0}, got;
+    int64_t before = clock_now_s();
+
+    snprintf(r.id, sizeof(r.id), "sbx-full");
+    r.rsid = "rs-full";
+    r.task_id = "task-7";
+    r.provider = "docker";
+    r.state = LB_STATE_STARTING;
+    r.spec_json = "{\"image\":\"host\"}";
+    r.descriptor_json = "{\"pid\":42}";
+    memset(r.token_hash, 'a', LB_TOKEN_HASH_HEX);
+    r.created_at = 1700000000;
+    r.expires_at = 1700003600;
+    r.updated_at = 5; /* ignored: the store sets it */
+    r.stop_attempts = 3;
+    r.next_attempt_at = 1700000100;
+    r.last_error = "boom";
+    r.stop_reason = "ttl";
+    insert_ok(st, &r);
+
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-full", &got, &err), 0);
+    ck_assert_str_eq(got.id, "sbx-full");
+    ck_assert_str_eq(got.rsid, "rs-full");
+    ck_assert_str_eq(got.task_id, "task-7");
+    ck_assert_str_eq(got.provider, "docker");
+    ck_assert_int_eq(got.state, LB_STATE_STARTING);
+    ck_assert_str_eq(got.spec_json, "{\"image\":\"host\"}");
+    ck_assert_str_eq(got.descriptor_json, "{\"pid\":42}");
+    ck_assert_str_eq(got.token_hash, r.token_hash);
+    ck_assert_int_eq(strlen(got.token_hash), LB_TOKEN_HASH_HEX);
+    ck_assert_int_eq(got.created_at, 1700000000);
+    ck_assert_int_eq(got.expires_at, 1700003600);
+    ck_assert_int_ge(got.updated_at, before);
+    ck_assert_int_le(got.updated_at, clock_now_s());
+    ck_assert_int_eq(got.stop_attempts, 3);
+    ck_assert_int_eq(got.next_attempt_at, 1700000100);
+    ck_assert_str_eq(got.last_error, "boom");
+    ck_assert_str_eq(got.stop_reason, "ttl");
+    store_record_release(&got);
+    store_record_release(&got); /* idempotent */
+
+    /* The minimal record: NULL columns come back as NULL pointers, "" and 0. */
+    r = mkrec("sbx-min", NULL);
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-min", &got, &err), 0);
+    ck_assert_ptr_null(got.rsid);
+    ck_assert_ptr_null(got.task_id);
+    ck_assert_str_eq(got.provider, "local");
+    ck_assert_ptr_null(got.spec_json);
+    ck_assert_ptr_null(got.descriptor_json);
+    ck_assert_str_eq(got.token_hash, "");
+    ck_assert_int_ge(got.created_at, before); /* 0 means "now" */
+    ck_assert_int_eq(got.expires_at, 0);
+    ck_assert_int_eq(got.stop_attempts, 0);
+    ck_assert_int_eq(got.next_attempt_at, 0);
+    ck_assert_ptr_null(got.last_error);
+    ck_assert_ptr_null(got.stop_reason);
+    store_record_release(&got);
+    ck_assert_int_eq(raw_int("SELECT expires_at IS NULL AND next_attempt_at IS NULL AND "
+                             "token_hash IS NULL FROM sandboxes WHERE id = 'sbx-min'"),
+                     1);
+
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-none", &got, &err), -ENOENT);
+    ck_assert_int_eq(err.code, -ENOENT);
+    ck_assert_ptr_null(got.rsid);
+
+    /* Malformed records are refused before SQL. */
+    r = mkrec("sbx-bad", "rs-bad");
+    r.provider = NULL;
+    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    r = mkrec("", "rs-bad");
+    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    r = mkrec("sbx-bad", "rs-bad");
+    r.state = (enum lb_record_state)17;
+    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_one_live_per_rsid)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-a", "rs-1"), b = mkrec("sbx-b", "rs-1"),
+                     c = mkrec("sbx-c", "rs-1"), got;
+
+    insert_ok(st, &a);
+    ck_assert_int_eq(store_insert_sandbox(st, &b, &err), -EEXIST);
+    ck_assert_msg(strstr(err.message, "rs-1") && strstr(err.message, "live"), "%s", err.message);
+    /* Same id, other session: the primary key. */
+    a.rsid = "rs-2";
+    ck_assert_int_eq(store_insert_sandbox(st, &a, &err), -EEXIST);
+    ck_assert_msg(strstr(err.message, "sbx-a") && strstr(err.message, "already exists"), "%s",
+                  err.message);
+
+    /* Lent is live too. */
+    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", NULL, &err), 0);
+    ck_assert_int_eq(store_insert_sandbox(st, &b, &err), -EEXIST);
+    /* stopping is not live (the record left the live set once a stop was intended). */
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-a", "released", &err), 0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-a", NULL, &err), 0);
+    insert_ok(st, &b);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-1", &got, &err), 0);
+    ck_assert_str_eq(got.id, "sbx-b");
+    store_record_release(&got);
+
+    ck_assert_int_eq(
+        store_mark_stop_failed(st, "sbx-b", LB_STATE_FAILED_SEED, "rollback failed", 0, &err), 0);
+    insert_ok(st, &c);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-1", &got, &err), 0);
+    ck_assert_str_eq(got.id, "sbx-c");
+    store_record_release(&got);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-none", &got, &err), -ENOENT);
+
+    /* Sandboxes lent to no session do not collide. */
+    a = mkrec("sbx-n1", NULL);
+    b = mkrec("sbx-n2", NULL);
+    insert_ok(st, &a);
+    insert_ok(st, &b);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_transitions)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-t", "rs-t"), got;
+    char hash[LB_TOKEN_HASH_HEX + 1];
+
+    memset(hash, 'f', LB_TOKEN_HASH_HEX);
+    hash[LB_TOKEN_HASH_HEX] = '\0';
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_set_descriptor(st, "sbx-t", "{\"pid\":1}", &err), 0);
+    ck_assert_int_eq(state_of(st, "sbx-t"), LB_STATE_STARTING);
+
+    ck_assert_int_eq(store_mark_lent(st, "sbx-t", "{\"pid\":2}", hash, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-t", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_LENT);
+    ck_assert_str_eq(got.descriptor_json, "{\"pid\":2}");
+    ck_assert_str_eq(got.token_hash, hash);
+    store_record_release(&got);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-t", &got, &err), 0);
+    store_record_release(&got);
+
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-t", "released", &err), 0);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-t", &got, &err), -ENOENT);
+    /* No longer starting: cannot be lent again. */
+    ck_assert_int_eq(store_mark_lent(st, "sbx-t", NULL, NULL, &err), -EBUSY);
+    ck_assert_int_eq(state_of(st, "sbx-t"), LB_STATE_STOPPING);
+
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-t", NULL, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-t", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOPPED);
+    ck_assert_str_eq(got.stop_reason, "released"); /* NULL kept the earlier reason */
+    ck_assert_str_eq(got.descriptor_json, "{\"pid\":2}");
+    store_record_release(&got);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-t", "deleted", &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-t", &got, &err), 0);
+    ck_assert_str_eq(got.stop_reason, "deleted");
+    store_record_release(&got);
+
+    /* Every transition on a missing id is -ENOENT. */
+    ck_assert_int_eq(store_mark_lent(st, "sbx-x", NULL, NULL, &err), -ENOENT);
+    ck_assert_int_eq(err.code, -ENOENT);
+    ck_assert_int_eq(store_set_descriptor(st, "sbx-x", "{}", &err), -ENOENT);
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-x", NULL, &err), -ENOENT);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-x", NULL, &err), -ENOENT);
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-x", LB_STATE_STOP_FAILED, "e", 0, &err),
+                     -ENOENT);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sandboxes"), 1);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_updated_at_on_write)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-u", "rs-u"), got;
+
+    insert_ok(st, &r);
+    raw_exec("UPDATE sandboxes SET updated_at = 1");
+    ck_assert_int_eq(store_mark_lent(st, "sbx-u", NULL, NULL, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-u", &got, &err), 0);
+    ck_assert_int_gt(got.updated_at, 1000);
+    store_record_release(&got);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_stop_failed)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-f", "rs-f"), got;
+
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-f", "released", &err), 0);
+    ck_assert_int_eq(
+        store_mark_stop_failed(st, "sbx-f", LB_STATE_STOP_FAILED, "kill: EPERM", 1000, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-f", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOP_FAILED);
+    ck_assert_int_eq(got.stop_attempts, 1);
+    ck_assert_str_eq(got.last_error, "kill: EPERM");
+    ck_assert_int_eq(got.next_attempt_at, 1000);
+    ck_assert_str_eq(got.stop_reason, "released");
+    store_record_release(&got);
+
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-f", NULL, &err), 0);
+    ck_assert_int_eq(
+        store_mark_stop_failed(st, "sbx-f", LB_STATE_STOP_FAILED, "timed out", 2000, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-f", &got, &err), 0);
+    ck_assert_int_eq(got.stop_attempts, 2);
+    ck_assert_str_eq(got.last_error, "timed out");
+    ck_assert_int_eq(got.next_attempt_at, 2000);
+    store_record_release(&got);
+
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-f", LB_STATE_LENT, "x", 0, &err), -EINVAL);
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-f", LB_STATE_FAILED_SEED, "x", 0, &err), 0);
+    ck_assert_int_eq(raw_int("SELECT next_attempt_at IS NULL AND stop_attempts = 3 "
+                             "FROM sandboxes WHERE id = 'sbx-f'"),
+                     1);
+    /* stopped clears the retry schedule. */
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-f", LB_STATE_FAILED_SEED, "again", 3000, &err),
+                     0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-f", NULL, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-f", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOPPED);
+    ck_assert_int_eq(got.next_attempt_at, 0);
+    ck_assert_int_eq(got.stop_attempts, 4);
+    store_record_release(&got);
+    store_close(st);
+}
+END_TEST
+
+/* Insert a record with a given state and times (created_at orders the listing). */
+static void put(struct lb_store *st, const char *id, const char *rsid, enum lb_record_state state,
+                int64_t created, int64_t expires, int64_t next_attempt)
+{
+    struct lb_record r = mkrec(id, rsid);
+
+    r.state = state;
+    r.created_at = created;
+    r.expires_at = expires;
+    r.next_attempt_at = next_attempt;
+    insert_ok(st, &r);
+}
+
+/* Assert that the listing holds exactly the ids in the space-separated list, in order. */
+static void expect_ids(struct lb_store *st, const struct lb_record_filter *f, const char *want)
+{
+    struct lb_error err = {0};
+    struct lb_record *recs = NULL;
+    size_t n = 99;
+    char got[512] = "";
+    int ret = store_list_sandboxes(st, f, &recs, &n, &err);
+
+    ck_assert_msg(ret == 0, "list: %d %s", ret, err.message);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            strcat(got, " ");
+        strcat(got, recs[i].id);
+    }
+    store_records_free(recs, n);
+    ck_assert_str_eq(got, want);
+}
+
+START_TEST(test_filters)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record_filter f;
+    struct lb_record *recs = (struct lb_record *)&err;
+    size_t n = 7;
+
+    /* Inserted out of order to prove the ordering is by created_at. */
+    put(st, "s3", "r3", LB_STATE_STOPPING, 300, 0, 0);
+    put(st, "s1", "r1", LB_STATE_STARTING, 100, 0, 0);
+    put(st, "s2", "r2", LB_STATE_LENT, 200, 500, 0);
+    put(st, "s4", "r1", LB_STATE_STOP_FAILED, 400, 0, 1000);
+    put(st, "s5", "r5", LB_STATE_FAILED_SEED, 500, 0, 2000);
+    put(st, "s6", "r1", LB_STATE_STOPPED, 600, 0, 0);
+    put(st, "s7", "r7", LB_STATE_LENT, 700, 5000, 0);
+    put(st, "s8", NULL, LB_STATE_LENT, 800, 0, 0);
+
+    expect_ids(st, NULL, "s1 s2 s3 s4 s5 s6 s7 s8");
+    f = (struct lb_record_filter){.state = -1};
+    expect_ids(st, &f, "s1 s2 s3 s4 s5 s6 s7 s8");
+    f = (struct lb_record_filter){.state = -1, .rsid = "r1"};
+    expect_ids(st, &f, "s1 s4 s6");
+    f = (struct lb_record_filter){.state = LB_STATE_LENT};
+    expect_ids(st, &f, "s2 s7 s8");
+    f = (struct lb_record_filter){.state = LB_STATE_STOPPED, .rsid = "r1"};
+    expect_ids(st, &f, "s6");
+    f = (struct lb_record_filter){.state = -1, .live_only = true};
+    expect_ids(st, &f, "s1 s2 s7 s8");
+    f = (struct lb_record_filter){.state = -1, .live_only = true, .rsid = "r1"};
+    expect_ids(st, &f, "s1");
+    f = (struct lb_record_filter){.state = -1, .pending_stop_only = true};
+    expect_ids(st, &f, "s3 s4 s5");
+    /* due: no retry scheduled (s3) or scheduled at or before now. */
+    f = (struct lb_record_filter){
+        .state = -1, .pending_stop_only = true, .due_only = true, .now_s = 999};
+    expect_ids(st, &f, "s3");
+    f.now_s = 1000;
+    expect_ids(st, &f, "s3 s4");
+    f.now_s = 5000;
+    expect_ids(st, &f, "s3 s4 s5");
+    f = (struct lb_record_filter){.state = -1, .expired_only = true, .now_s = 499};
+    expect_ids(st, &f, "");
+    f.now_s = 500;
+    expect_ids(st, &f, "s2");
+    f.now_s = 100000;
+    expect_ids(st, &f, "s2 s7"); /* s8 has no TTL */
+    f = (struct lb_record_filter){.state = -1, .limit = 3};
+    expect_ids(st, &f, "s1 s2 s3");
+    f = (struct lb_record_filter){.state = -1, .pending_stop_only = true, .limit = 2};
+    expect_ids(st, &f, "s3 s4");
+    f = (struct lb_record_filter){.state = -1, .rsid = "nobody"};
+    expect_ids(st, &f, "");
+    /* A hostile rsid is a value, not SQL. */
+    f = (struct lb_record_filter){.state = -1, .rsid = "r1' OR '1'='1"};
+    expect_ids(st, &f, "");
+
+    f = (struct lb_record_filter){.state = 6};
+    ck_assert_int_eq(store_list_sandboxes(st, &f, &recs, &n, &err), -EINVAL);
+    ck_assert_ptr_null(recs);
+    ck_assert_uint_eq(n, 0);
+    f = (struct lb_record_filter){.state = -2};
+    ck_assert_int_eq(store_list_sandboxes(st, &f, &recs, &n, &err), -EINVAL);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_token_hash_lookup)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-a", "rs-a"), b = mkrec("sbx-b", "rs-b"), got;
+
+    insert_ok(st, &a);
+    insert_ok(st, &b);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", "aaaa", &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-b", "{}", "bbbb", &err), 0);
+    ck_assert_int_eq(store_get_by_token_hash(st, "bbbb", &got, &err), 0);
+    ck_assert_str_eq(got.id, "sbx-b");
+    ck_assert_int_eq(got.state, LB_STATE_LENT);
+    store_record_release(&got);
+    /* Any state. */
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-a", "released", &err), 0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-a", NULL, &err), 0);
+    ck_assert_int_eq(store_get_by_token_hash(st, "aaaa", &got, &err), 0);
+    ck_assert_str_eq(got.id, "sbx-a");
+    ck_assert_int_eq(got.state, LB_STATE_STOPPED);
+    store_record_release(&got);
+
+    ck_assert_int_eq(store_get_by_token_hash(st, "cccc", &got, &err), -ENOENT);
+    ck_assert_int_eq(store_get_by_token_hash(st, "", &got, &err), -ENOENT);
+    ck_assert_int_eq(err.code, -ENOENT);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_count_by_state)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    int64_t counts[6];
+
+    ck_assert_int_eq(store_count_by_state(st, counts, &err), 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(counts[i], 0);
+    put(st, "s1", "r1", LB_STATE_STARTING, 1, 0, 0);
+    put(st, "s2", "r2", LB_STATE_LENT, 2, 0, 0);
+    put(st, "s3", "r3", LB_STATE_LENT, 3, 0, 0);
+    put(st, "s4", "r4", LB_STATE_STOPPED, 4, 0, 0);
+    put(st, "s5", "r4", LB_STATE_STOPPED, 5, 0, 0);
+    put(st, "s6", "r4", LB_STATE_STOPPED, 6, 0, 0);
+    put(st, "s7", "r7", LB_STATE_STOP_FAILED, 7, 0, 0);
+    ck_assert_int_eq(store_count_by_state(st, counts, &err), 0);
+    ck_assert_int_eq(counts[LB_STATE_STARTING], 1);
+    ck_assert_int_eq(counts[LB_STATE_LENT], 2);
+    ck_assert_int_eq(counts[LB_STATE_STOPPING], 0);
+    ck_assert_int_eq(counts[LB_STATE_STOPPED], 3);
+    ck_assert_int_eq(counts[LB_STATE_FAILED_SEED], 0);
+    ck_assert_int_eq(counts[LB_STATE_STOP_FAILED], 1);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_purge_stopped)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    int64_t now = clock_now_s();
+
+    put(st, "old-stopped", "r1", LB_STATE_STOPPED, 1, 0, 0);
+    put(st, "new-stopped", "r1", LB_STATE_STOPPED, 2, 0, 0);
+    put(st, "old-lent", "r2", LB_STATE_LENT, 3, 0, 0);
+    put(st, "old-failed", "r3", LB_STATE_STOP_FAILED, 4, 0, 0);
+    raw_exec("UPDATE sandboxes SET updated_at = 1000 "
+             "WHERE id IN ('old-stopped', 'old-lent', 'old-failed')");
+
+    ck_assert_int_eq(store_purge_stopped(st, 1000, &err), 0); /* strictly before the cutoff */
+    ck_assert_int_eq(store_purge_stopped(st, now - 60, &err), 1);
+    expect_ids(st, NULL, "new-stopped old-lent old-failed");
+    ck_assert_int_eq(store_purge_stopped(st, now - 60, &err), 0);
+    ck_assert_int_eq(store_purge_stopped(st, now + 60, &err), 1);
+    expect_ids(st, NULL, "old-lent old-failed");
+    store_close(st);
+}
+END_TEST
+
+#define N_THREADS 8
+
+struct race {
+    struct lb_store *st;
+    pthread_barrier_t *barrier;
+    int index;
+    bool same_rsid;
+    int ret;
+};
+
+static void *race_insert(void *arg)
+{
+    struct race *r = arg;
+    struct lb_error err = {0};
+    char id[32], rsid[32];
+    struct lb_record rec;
+
+    snprintf(id, sizeof(id), "sbx-%d", r->index);
+    snprintf(rsid, sizeof(rsid), "rs-%d", r->same_rsid ? 0 : r->index);
+    rec = mkrec(id, rsid);
+    pthread_barrier_wait(r->barrier);
+    r->ret = store_insert_sandbox(r->st, &rec, &err);
+    return NULL;
+}
+
+static void run_race(struct lb_store *st, bool same_rsid, int *ok, int *eexist)
+{
+    pthread_barrier_t barrier;
+    pthread_t threads[N_THREADS];
+    struct race races[N_THREADS];
+
+    *ok = *eexist = 0;
+    ck_assert_int_eq(pthread_barrier_init(&barrier, NULL, N_THREADS), 0);
+    for (int i = 0; i < N_THREADS; i++) {
+        races[i] = (struct race){
+            .st = st, .barrier = &barrier, .index = i, .same_rsid = same_rsid, .ret = 1};
+        ck_assert_int_eq(pthread_create(&threads[i], NULL, race_insert, &races[i]), 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(threads[i], NULL);
+        *ok += races[i].ret == 0;
+        *eexist += races[i].ret == -EEXIST;
+    }
+    pthread_barrier_destroy(&barrier);
+}
+
+START_TEST(test_concurrent_distinct_rsids)
+{
+    struct lb_store *st = open_store();
+    int ok, eexist;
+
+    run_race(st, false, &ok, &eexist);
+    ck_assert_int_eq(ok, N_THREADS);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sandboxes"), N_THREADS);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_concurrent_one_rsid)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record got;
+    int ok, eexist;
+
+    run_race(st, true, &ok, &eexist);
+    ck_assert_int_eq(ok, 1);
+    ck_assert_int_eq(eexist, N_THREADS - 1);
+    ck_assert_int_eq(store_get_live_by_rsid(st, "rs-0", &got, &err), 0);
+    store_record_release(&got);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sandboxes"), 1);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_file_mode_0600)
+{
+    struct lb_store *st;
+    struct stat sb;
+    char wal[160];
+    mode_t old = umask(0);
+    FILE *f;
+
+    st = open_store();
+    umask(old);
+    ck_assert_int_eq(stat(dbpath, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 07777, 0600);
+    snprintf(wal, sizeof(wal), "%s-wal", dbpath);
+    ck_assert_int_eq(stat(wal, &sb), 0); /* WAL mode, and the WAL is private too */
+    ck_assert_int_eq(sb.st_mode & 07777, 0600);
+    store_close(st);
+
+    /* A pre-existing, looser (empty) file is tightened. */
+    unlink(dbpath);
+    f = fopen(dbpath, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(chmod(dbpath, 0644), 0);
+    st = open_store();
+    ck_assert_int_eq(stat(dbpath, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 07777, 0600);
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_open_errors)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = NULL;
+
+    ck_assert_int_eq(store_open("/nonexistent-dir/lendbox.db", &st, &err), -EIO);
+    ck_assert_ptr_null(st);
+    ck_assert_msg(strstr(err.message, "/nonexistent-dir/lendbox.db") != NULL, "%s", err.message);
+    /* Not a database. */
+    {
+        FILE *f = fopen(dbpath, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fputs("this is not an SQLite database, not even a little bit; padding padding\n", f);
+        fclose(f);
+    }
+    ck_assert_int_eq(store_open(dbpath, &st, &err), -EIO);
+    ck_assert_ptr_null(st);
+}
+END_TEST
+
+static Suite *store_suite(void)
+{
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_state_names);
+    tcase_add_test(tc, test_open_close_reopen);
+    tcase_add_test(tc, test_migration_sets_user_version);
+    tcase_add_test(tc, test_too_new_schema_refused);
+    tcase_add_test(tc, test_round_trip_every_field);
+    tcase_add_test(tc, test_one_live_per_rsid);
+    tcase_add_test(tc, test_transitions);
+    tcase_add_test(tc, test_updated_at_on_write);
+    tcase_add_test(tc, test_stop_failed);
+    tcase_add_test(tc, test_filters);
+    tcase_add_test(tc, test_token_hash_lookup);
+    tcase_add_test(tc, test_count_by_state);
+    tcase_add_test(tc, test_purge_stopped);
+    tcase_add_test(tc, test_concurrent_distinct_rsids);
+    tcase_add_test(tc, test_concurrent_one_rsid);
+    tcase_add_test(tc, test_file_mode_0600);
+    tcase_add_test(tc, test_open_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(store_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
