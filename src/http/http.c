@@ -1,0 +1,693 @@
+/*
+ * http.c - the libmicrohttpd adapter (see http.h).
+ *
+ * Life of a request:
+ *   1st call (no body yet): make the request context, match the route (404/405), authorize
+ *      (401/403), check Content-Length against the route's limit (413).
+ *   upload calls: append the body, counting bytes; past the limit the request turns into 413
+ *      (so chunked bodies and bodies longer than announced are caught too).
+ *   last call: run the handler. It sets a response, or defers: the connection is suspended, the
+ *      job runs on the pool and sets the response, then resumes the connection; MHD calls us
+ *      again and the response is queued.
+ */
+#include "http/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "util/token.h"
+
+#define HTTP_MAX_PARAMS 4
+
+struct lb_http {
+    struct MHD_Daemon *mhd;
+    struct lb_http_config cfg;
+    int listen_fd;
+    char bound[128];
+    int *route_metric; /* metrics index per route */
+    atomic_uint_fast64_t next_request;
+};
+
+enum request_phase {
+    PHASE_NEW,
+    PHASE_BODY,
+    PHASE_DEFERRED,
+    PHASE_DONE,
+};
+
+struct lb_request {
+    struct lb_http *http;
+    struct MHD_Connection *conn;
+    const struct lb_route *route;
+    int route_index;
+    enum request_phase phase;
+    char request_id[64];
+    char *params[HTTP_MAX_PARAMS];
+    const char *method;
+    enum lb_principal principal;
+    struct lb_buf body;
+    bool too_large;
+    int64_t start_ms;
+    struct MHD_Response *response;
+    unsigned status;
+    /* deferred job */
+    lb_http_job_fn job;
+    void *job_arg;
+    void (*job_free)(void *);
+};
+
+/* ---------- responses ---------- */
+
+static void request_set_response(struct lb_request *req, unsigned status, struct MHD_Response *r)
+{
+    if (req->response)
+        MHD_destroy_response(req->response);
+    req->response = r;
+    req->status = status;
+    if (r) {
+        MHD_add_response_header(r, "X-Request-Id", req->request_id);
+        MHD_add_response_header(r, "Cache-Control", "no-store");
+    }
+}
+
+void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
+                       char *data, size_t len)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, data ? data : (char *)"", data ? MHD_RESPMEM_MUST_FREE
+                                                                            : MHD_RESPMEM_PERSISTENT);
+
+    if (r && content_type)
+        MHD_add_response_header(r, "Content-Type", content_type);
+    request_set_response(req, status, r);
+}
+
+void http_respond_json(struct lb_request *req, unsigned status, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+
+    json_decref(body);
+    if (!text) {
+        static char fallback[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
+
+        request_set_response(req, 500,
+                             MHD_create_response_from_buffer(strlen(fallback), fallback,
+                                                             MHD_RESPMEM_PERSISTENT));
+        return;
+    }
+    size_t n = strlen(text);
+
+    text[n] = '\0';
+    http_respond_text(req, status, "application/json", text, n);
+}
+
+void http_respond_error(struct lb_request *req, const struct lb_error *err)
+{
+    const char *code = "internal";
+    int status = lb_error_http_status(err->code ? err->code : -EIO, &code);
+    const char *msg = err->message[0] ? err->message : "internal error";
+    json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg);
+
+    if (status >= 500)
+        log_error("request %s %s: %d %s: %s", req->request_id, req->route ? req->route->name : "-",
+                  status, code, msg);
+    else
+        log_debug("request %s: %d %s: %s", req->request_id, status, code, msg);
+    if (status == 429)
+        metrics_add(LB_M_HTTP_OVERLOADED, 1);
+    http_respond_json(req, (unsigned)status, body);
+    if (status == 401)
+        http_response_header(req, "WWW-Authenticate", "Bearer");
+}
+
+void http_respond_empty(struct lb_request *req, unsigned status)
+{
+    request_set_response(req, status,
+                         MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT));
+}
+
+void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size)
+{
+    struct MHD_Response *r = MHD_create_response_from_fd64(size, fd);
+
+    if (!r) {
+        close(fd);
+        struct lb_error e;
+        lb_error_set(&e, -ENOMEM, "cannot create response");
+        http_respond_error(req, &e);
+        return;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/octet-stream");
+    request_set_response(req, status, r);
+}
+
+void http_response_header(struct lb_request *req, const char *name, const char *value)
+{
+    if (req->response)
+        MHD_add_response_header(req->response, name, value);
+}
+
+/* ---------- accessors ---------- */
+
+void *http_app(struct lb_request *req)
+{
+    return req->http->cfg.app;
+}
+
+const char *http_method(struct lb_request *req)
+{
+    return req->method;
+}
+
+const char *http_param(struct lb_request *req, unsigned i)
+{
+    return i < HTTP_MAX_PARAMS ? req->params[i] : NULL;
+}
+
+const char *http_query(struct lb_request *req, const char *key)
+{
+    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
+}
+
+const char *http_header(struct lb_request *req, const char *name)
+{
+    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+enum lb_principal http_principal(struct lb_request *req)
+{
+    return req->principal;
+}
+
+const char *http_request_id(struct lb_request *req)
+{
+    return req->request_id;
+}
+
+const struct lb_buf *http_body(struct lb_request *req)
+{
+    return &req->body;
+}
+
+static int json_depth(const json_t *j, int limit)
+{
+    int deepest = 0;
+
+    if (limit <= 0)
+        return 1;
+    if (json_is_object(j)) {
+        const char *k;
+        json_t *v;
+
+        json_object_foreach((json_t *)j, k, v) {
+            int d = json_depth(v, limit - 1);
+            if (d > deepest)
+                deepest = d;
+        }
+    } else if (json_is_array(j)) {
+        size_t i;
+        json_t *v;
+
+        json_array_foreach(j, i, v) {
+            int d = json_depth(v, limit - 1);
+            if (d > deepest)
+                deepest = d;
+        }
+    } else {
+        return 0;
+    }
+    return deepest + 1;
+}
+
+int http_body_json(struct lb_request *req, bool allow_empty, json_t **out, struct lb_error *err)
+{
+    json_error_t jerr;
+    json_t *j;
+    int limit = req->http->cfg.max_json_depth;
+
+    if (req->body.len == 0) {
+        if (!allow_empty)
+            return lb_error_set(err, -EINVAL, "a JSON object body is required");
+        *out = json_object();
+        return *out ? 0 : -ENOMEM;
+    }
+    j = json_loadb(req->body.data, req->body.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!j)
+        return lb_error_set(err, -EINVAL, "malformed JSON at line %d column %d: %s", jerr.line,
+                            jerr.column, jerr.text);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return lb_error_set(err, -EINVAL, "the body must be a JSON object");
+    }
+    if (json_depth(j, limit + 1) > limit) {
+        json_decref(j);
+        return lb_error_set(err, -EINVAL, "JSON nested deeper than %d levels", limit);
+    }
+    *out = j;
+    return 0;
+}
+
+/* ---------- routing ---------- */
+
+/* Match path against pattern, collecting '*' segments into params (malloc'd). 1 on match. */
+static int route_match(const char *pattern, const char *path, char **params)
+{
+    const char *p = pattern, *s = path;
+    unsigned n = 0;
+
+    while (*p && *s) {
+        if (*p == '*') {
+            const char *end = strchr(s, '/');
+            size_t len = end ? (size_t)(end - s) : strlen(s);
+
+            if (len == 0 || n >= HTTP_MAX_PARAMS)
+                goto nomatch;
+            params[n] = strndup(s, len);
+            if (!params[n])
+                goto nomatch;
+            n++;
+            s += len;
+            p++;
+        } else if (*p == *s) {
+            p++, s++;
+        } else {
+            goto nomatch;
+        }
+    }
+    if (*p == '\0' && *s == '\0')
+        return 1;
+nomatch:
+    for (unsigned i = 0; i < n; i++) {
+        free(params[i]);
+        params[i] = NULL;
+    }
+    return 0;
+}
+
+static int request_route(struct lb_request *req, const char *url, struct lb_error *err)
+{
+    const struct lb_route *routes = req->http->cfg.routes;
+    bool path_known = false;
+    char allow[128] = "";
+
+    for (int i = 0; routes[i].method; i++) {
+        char *params[HTTP_MAX_PARAMS] = {0};
+
+        if (!route_match(routes[i].pattern, url, params))
+            continue;
+        if (!strcmp(routes[i].method, req->method)) {
+            for (unsigned k = 0; k < HTTP_MAX_PARAMS; k++) {
+                free(req->params[k]);
+                req->params[k] = params[k];
+            }
+            req->route = &routes[i];
+            req->route_index = i;
+            return 0;
+        }
+        for (unsigned k = 0; k < HTTP_MAX_PARAMS; k++)
+            free(params[k]);
+        if (!path_known || strlen(allow) + strlen(routes[i].method) + 3 < sizeof(allow)) {
+            if (path_known)
+                strcat(allow, ", ");
+            strcat(allow, routes[i].method);
+        }
+        path_known = true;
+    }
+    if (path_known)
+        return lb_error_set(err, -EPROTONOSUPPORT, "%s is not allowed on %s (allowed: %s)",
+                            req->method, url, allow);
+    return lb_error_set(err, -ENOENT, "no route %s %s", req->method, url);
+}
+
+/* ---------- MHD callbacks ---------- */
+
+static enum MHD_Result request_queue(struct lb_request *req)
+{
+    enum MHD_Result r;
+
+    if (!req->response) {
+        struct lb_error e;
+
+        lb_error_set(&e, -EIO, "the handler set no response");
+        http_respond_error(req, &e);
+    }
+    r = MHD_queue_response(req->conn, req->status, req->response);
+    req->phase = PHASE_DONE;
+    return r;
+}
+
+/* Error before the handler ran; 405 has no errno of its own in util/error.h. */
+static enum MHD_Result request_fail(struct lb_request *req, const struct lb_error *err)
+{
+    if (err->code == -EPROTONOSUPPORT) {
+        json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", "method_not_allowed",
+                                 "message", err->message);
+
+        http_respond_json(req, 405, body);
+    } else {
+        http_respond_error(req, err);
+    }
+    return request_queue(req);
+}
+
+static void request_set_id(struct lb_request *req)
+{
+    const char *given = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = given ? strlen(given) : 0;
+    bool ok = n > 0 && n < sizeof(req->request_id);
+
+    for (size_t i = 0; ok && i < n; i++)
+        ok = given[i] > 32 && given[i] < 127;
+    if (ok) {
+        memcpy(req->request_id, given, n + 1);
+        return;
+    }
+    if (token_random_hex(8, req->request_id) < 0)
+        snprintf(req->request_id, sizeof(req->request_id), "r%llu",
+                 (unsigned long long)atomic_fetch_add(&req->http->next_request, 1));
+}
+
+static int request_authorize(struct lb_request *req, struct lb_error *err)
+{
+    const char *auth = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Authorization");
+    const char *token = NULL;
+
+    if (req->route->auth == LB_AUTH_NONE)
+        return 0;
+    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
+        token = auth + 7;
+        while (*token == ' ')
+            token++;
+    }
+    if (!token || !*token)
+        return lb_error_set(err, -ENOKEY, "a bearer token is required (Authorization: Bearer ...)");
+    return req->http->cfg.authorize(req->http->cfg.app, token, req->route->auth,
+                                    req->route->auth == LB_AUTH_SANDBOX ? req->params[0] : NULL,
+                                    &req->principal, err);
+}
+
+static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                   const char *method, const char *version,
+                                   const char *upload_data, size_t *upload_data_size,
+                                   void **con_cls)
+{
+    struct lb_http *h = cls;
+    struct lb_request *req = *con_cls;
+    struct lb_error err = {0};
+
+    if (!req) {
+        const char *clen;
+        size_t limit;
+
+        req = calloc(1, sizeof(*req));
+        if (!req)
+            return MHD_NO;
+        *con_cls = req;
+        req->http = h;
+        req->conn = conn;
+        req->method = method;
+        req->route_index = -1;
+        req->start_ms = clock_mono_ms();
+        request_set_id(req);
+        if (request_route(req, url, &err) < 0)
+            return request_fail(req, &err);
+        if (request_authorize(req, &err) < 0)
+            return request_fail(req, &err);
+        limit = req->route->raw_body ? h->cfg.max_file_bytes : h->cfg.max_body_bytes;
+        lb_buf_init(&req->body, limit);
+        clen = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (clen) {
+            char *end;
+            unsigned long long n = strtoull(clen, &end, 10);
+
+            if (*end == '\0' && n > limit) {
+                lb_error_set(&err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
+                return request_fail(req, &err);
+            }
+        }
+        req->phase = PHASE_BODY;
+        return MHD_YES;
+    }
+
+    if (req->phase == PHASE_DONE) {
+        /* A response is queued but MHD still hands us the rest of the body: drop it. */
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        if (!req->too_large && lb_buf_append(&req->body, upload_data, *upload_data_size) < 0) {
+            req->too_large = true;
+            lb_buf_release(&req->body);
+        }
+        *upload_data_size = 0;
+        if (req->too_large) {
+            lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes",
+                         req->body.max);
+            return request_fail(req, &err);
+        }
+        return MHD_YES;
+    }
+    if (req->phase == PHASE_DEFERRED)
+        return request_queue(req); /* resumed: the job has set the response */
+
+    /* The whole body is here: run the handler. */
+    if (req->route->handle(req, &err) < 0) {
+        if (err.code == 0)
+            lb_error_set(&err, -EIO, "handler failed");
+        http_respond_error(req, &err);
+    }
+    if (req->phase == PHASE_DEFERRED)
+        return MHD_YES; /* suspended; the job resumes us */
+    return request_queue(req);
+}
+
+static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                           enum MHD_RequestTerminationCode toe)
+{
+    struct lb_request *req = *con_cls;
+
+    (void)cls;
+    (void)conn;
+    if (!req)
+        return;
+    metrics_add(LB_M_HTTP_REQUESTS, 1);
+    if (req->status >= 500)
+        metrics_add(LB_M_HTTP_ERRORS_5XX, 1);
+    else if (req->status >= 400)
+        metrics_add(LB_M_HTTP_ERRORS_4XX, 1);
+    if (req->route && req->http->route_metric)
+        metrics_observe_request(req->http->route_metric[req->route_index],
+                                clock_mono_ms() - req->start_ms);
+    else
+        metrics_observe_request(-1, clock_mono_ms() - req->start_ms);
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        log_debug("request %s ended early (%d)", req->request_id, (int)toe);
+    if (req->response)
+        MHD_destroy_response(req->response);
+    for (unsigned i = 0; i < HTTP_MAX_PARAMS; i++)
+        free(req->params[i]);
+    lb_buf_release(&req->body);
+    free(req);
+    *con_cls = NULL;
+}
+
+/* ---------- deferral ---------- */
+
+static void http_job_run(void *arg)
+{
+    struct lb_request *req = arg;
+
+    req->job(req, req->job_arg);
+    if (req->job_free)
+        req->job_free(req->job_arg);
+    req->job_arg = NULL;
+    MHD_resume_connection(req->conn);
+}
+
+int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
+               struct lb_error *err)
+{
+    int r;
+
+    req->job = job;
+    req->job_arg = arg;
+    req->job_free = free_arg;
+    /* Suspend first: the job may finish (and resume) before pool_submit returns. */
+    MHD_suspend_connection(req->conn);
+    req->phase = PHASE_DEFERRED;
+    r = pool_submit(req->http->cfg.pool, http_job_run, req);
+    if (r < 0) {
+        req->phase = PHASE_BODY;
+        req->job_arg = NULL;
+        MHD_resume_connection(req->conn);
+        if (free_arg)
+            free_arg(arg);
+        if (r == -EAGAIN)
+            return lb_error_set(err, -EAGAIN, "the worker queue is full; retry later");
+        return lb_error_set(err, r, "the daemon is shutting down");
+    }
+    return 0;
+}
+
+/* ---------- start/stop ---------- */
+
+static void http_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+
+    (void)cls;
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    log_warn("libmicrohttpd: %s", line);
+}
+
+int http_bind(const char *listen_spec, int *fd_out, char *bound, size_t bound_len,
+              struct lb_error *err)
+{
+    char host[256], port[16];
+    const char *colon = strrchr(listen_spec, ':');
+    struct addrinfo hints = {0}, *ai = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int fd = -1, r, one = 1;
+    size_t hl;
+
+    if (!colon || colon == listen_spec || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+        return lb_error_set(err, -EINVAL, "listen address must be HOST:PORT, not '%s'",
+                            listen_spec);
+    hl = (size_t)(colon - listen_spec);
+    if (listen_spec[0] == '[' && hl >= 2 && listen_spec[hl - 1] == ']')
+        memcpy(host, listen_spec + 1, hl - 2), host[hl - 2] = '\0';
+    else if (hl < sizeof(host))
+        memcpy(host, listen_spec, hl), host[hl] = '\0';
+    else
+        return lb_error_set(err, -EINVAL, "listen host too long");
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    r = getaddrinfo(host, port, &hints, &ai);
+    if (r != 0)
+        return lb_error_set(err, -EINVAL, "cannot resolve listen address '%s': %s", listen_spec,
+                            gai_strerror(r));
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        r = lb_error_set(err, -errno, "socket: %s", strerror(errno));
+        goto out;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
+        r = lb_error_set(err, -errno, "cannot listen on %s: %s", listen_spec, strerror(errno));
+        goto out;
+    }
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        char a[INET6_ADDRSTRLEN] = "?";
+
+        if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof(a));
+            snprintf(bound, bound_len, "[%s]:%u", a, ntohs(s6->sin6_port));
+        } else {
+            struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &s4->sin_addr, a, sizeof(a));
+            snprintf(bound, bound_len, "%s:%u", a, ntohs(s4->sin_port));
+        }
+    }
+    *fd_out = fd;
+    fd = -1;
+    r = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    return r;
+}
+
+int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb_error *err)
+{
+    struct lb_http *h = calloc(1, sizeof(*h));
+    int r, n = 0;
+
+    if (!h) {
+        close(cfg->listen_fd);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    h->cfg = *cfg;
+    h->listen_fd = cfg->listen_fd;
+    while (cfg->routes[n].method)
+        n++;
+    h->route_metric = calloc((size_t)n + 1, sizeof(int));
+    if (!h->route_metric) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        h->route_metric[i] = metrics_route_register(cfg->routes[i].name);
+    {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        char a[INET6_ADDRSTRLEN] = "?";
+
+        if (getsockname(h->listen_fd, (struct sockaddr *)&ss, &sl) == 0 &&
+            ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof(a));
+            snprintf(h->bound, sizeof(h->bound), "[%s]:%u", a, ntohs(s6->sin6_port));
+        } else if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &s4->sin_addr, a, sizeof(a));
+            snprintf(h->bound, sizeof(h->bound), "%s:%u", a, ntohs(s4->sin_port));
+        }
+    }
+    h->mhd = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG,
+        0, NULL, NULL, http_access, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg->connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000,
+        MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log,
+        h, MHD_OPTION_END);
+    if (!h->mhd) {
+        r = lb_error_set(err, -EIO, "libmicrohttpd failed to start on %s", h->bound);
+        goto fail;
+    }
+    h->listen_fd = -1; /* MHD owns and closes the listening socket now */
+    *out = h;
+    return 0;
+fail:
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    free(h->route_metric);
+    free(h);
+    return r;
+}
+
+const char *http_bound_address(struct lb_http *h)
+{
+    return h->bound;
+}
+
+void http_stop(struct lb_http *h)
+{
+    if (!h)
+        return;
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    free(h->route_metric);
+    free(h);
+}

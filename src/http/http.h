@@ -1,0 +1,122 @@
+/*
+ * http.h - lendbox's HTTP front end: the one adapter around libmicrohttpd.
+ *
+ * It owns the listening socket, routing (method + path pattern, 404/405), bearer-token
+ * authentication (through the app's authorize hook), request-body limits (413, also for
+ * chunked bodies and bodies longer than announced), JSON errors, X-Request-Id and latency
+ * metrics. Handlers never block: long work goes through http_defer, which suspends the MHD
+ * connection, runs the job on the worker pool and resumes the connection when the job has set
+ * a response. A job runs to its end even if the client hangs up (stops are never abandoned).
+ *
+ * Thread-safety: handlers run on MHD's threads, jobs on pool workers; a request is touched by
+ * one thread at a time. http_* functions on a server may be called from any thread.
+ */
+#ifndef LB_HTTP_H
+#define LB_HTTP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool/pool.h"
+#include "util/buf.h"
+#include "util/error.h"
+
+struct lb_request;
+struct lb_http;
+
+enum lb_auth_need {
+    LB_AUTH_NONE,    /* /healthz, /readyz, /metrics */
+    LB_AUTH_ADMIN,   /* admin token only; an operate token gets 403 */
+    LB_AUTH_SANDBOX, /* admin, or the operate token of the sandbox named by param 0 */
+};
+
+enum lb_principal {
+    LB_PRINCIPAL_ANONYMOUS,
+    LB_PRINCIPAL_ADMIN,
+    LB_PRINCIPAL_OPERATE,
+};
+
+struct lb_route {
+    const char *method;  /* "GET", "POST", "PUT", "DELETE" */
+    const char *pattern; /* "/v1/sessions/ * /seed" without spaces: '*' matches one segment */
+    enum lb_auth_need auth;
+    bool raw_body;       /* the body is file bytes (max_file_bytes), not JSON (max_body_bytes) */
+    /* Answer the request: set a response with http_respond_* or hand off with http_defer,
+     * and return 0; or return a negative errno (message in err) for a JSON error response. */
+    int (*handle)(struct lb_request *req, struct lb_error *err);
+    const char *name;    /* metrics label */
+};
+
+/* The app decides who a bearer token is. Return 0 and set *who, or -ENOKEY (401: missing or
+ * unknown token) or -EACCES (403: valid but not for this sandbox). sandbox_id is param 0 for
+ * LB_AUTH_SANDBOX routes, else NULL. Called on an MHD thread: must not block on a provider. */
+typedef int (*lb_authorize_fn)(void *app, const char *token, enum lb_auth_need need,
+                               const char *sandbox_id, enum lb_principal *who,
+                               struct lb_error *err);
+
+struct lb_http_config {
+    int listen_fd;            /* from http_bind; http_start takes it over */
+    unsigned threads;         /* MHD thread pool size */
+    unsigned connection_timeout_s;
+    size_t max_body_bytes;    /* JSON bodies */
+    size_t max_file_bytes;    /* raw file bodies */
+    int max_json_depth;
+    const struct lb_route *routes; /* terminated by a route with method NULL */
+    lb_authorize_fn authorize;
+    void *app;
+    struct lb_pool *pool;
+};
+
+/* Make the listening socket for listen ("HOST:PORT": IPv4, [IPv6] or a name; port 0 picks a
+ * free port) and write the address as bound ("127.0.0.1:41234") into bound. *fd_out is the
+ * caller's until http_start takes it. Errors: -EINVAL (bad address), -EADDRINUSE, -errno. */
+int http_bind(const char *listen, int *fd_out, char *bound, size_t bound_len,
+              struct lb_error *err);
+
+/* Start serving on cfg->listen_fd (always consumed, also on failure). *out owned by the
+ * caller (http_stop). Errors: -ENOMEM, -EIO. */
+int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb_error *err);
+/* "127.0.0.1:8787" as actually bound (port 0 resolved). Owned by the server. */
+const char *http_bound_address(struct lb_http *h);
+/* Stop listening and serving; every deferred job must have finished (pool_stop first). */
+void http_stop(struct lb_http *h);
+
+/* --- used by handlers and jobs --- */
+
+void *http_app(struct lb_request *req);
+const char *http_method(struct lb_request *req);
+/* The i-th '*' segment of the matched pattern, or NULL. */
+const char *http_param(struct lb_request *req, unsigned i);
+/* A query argument or request header (NULL if absent). Only valid on MHD threads (handler). */
+const char *http_query(struct lb_request *req, const char *key);
+const char *http_header(struct lb_request *req, const char *name);
+enum lb_principal http_principal(struct lb_request *req);
+const char *http_request_id(struct lb_request *req);
+/* The whole request body. */
+const struct lb_buf *http_body(struct lb_request *req);
+/* Parse the body as one JSON object (depth-limited). -EINVAL with a message if not. The
+ * caller owns *out. An empty body parses as {} when allow_empty. */
+int http_body_json(struct lb_request *req, bool allow_empty, json_t **out, struct lb_error *err);
+
+/* Responses: each sets the request's one response (a second call replaces the first). */
+void http_respond_json(struct lb_request *req, unsigned status, json_t *body); /* steals body */
+void http_respond_error(struct lb_request *req, const struct lb_error *err);
+void http_respond_empty(struct lb_request *req, unsigned status);
+void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
+                       char *data, size_t len); /* steals data (malloc'd) */
+/* Serve size bytes from fd (which the response then owns and closes). */
+void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size);
+/* Add a header to the response set last. */
+void http_response_header(struct lb_request *req, const char *name, const char *value);
+
+/* Run job(req, arg) on the pool and answer with the response it sets (it must set one).
+ * Returns 0, or -EAGAIN (queue full: 429) / -ESHUTDOWN. On error the job is not run and the
+ * handler should return the error. free_arg (may be NULL) is called on arg after the job or
+ * when it could not be queued. */
+typedef void (*lb_http_job_fn)(struct lb_request *req, void *arg);
+int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
+               struct lb_error *err);
+
+#endif

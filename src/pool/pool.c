@@ -1,0 +1,148 @@
+/* pool.c - see pool.h. A ring buffer of jobs under one mutex and two condition variables. */
+#include "pool/pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+struct pool_job {
+    lb_job_fn fn;
+    void *arg;
+};
+
+struct lb_pool {
+    pthread_mutex_t lock;
+    pthread_cond_t has_job;
+    struct pool_job *ring;
+    size_t cap, head, count, running;
+    bool stopping, stopped;
+    pthread_t *threads;
+    size_t n_threads;
+};
+
+static void *pool_worker(void *arg)
+{
+    struct lb_pool *p = arg;
+
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        struct pool_job job;
+
+        while (p->count == 0 && !p->stopping)
+            pthread_cond_wait(&p->has_job, &p->lock);
+        if (p->count == 0 && p->stopping)
+            break;
+        job = p->ring[p->head];
+        p->head = (p->head + 1) % p->cap;
+        p->count--;
+        p->running++;
+        pthread_mutex_unlock(&p->lock);
+        job.fn(job.arg);
+        pthread_mutex_lock(&p->lock);
+        p->running--;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+int pool_new(size_t n_workers, size_t queue_max, struct lb_pool **out)
+{
+    struct lb_pool *p;
+    int r = 0;
+
+    if (n_workers == 0 || queue_max == 0)
+        return -EINVAL;
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->has_job, NULL);
+    p->cap = queue_max;
+    p->ring = calloc(queue_max, sizeof(*p->ring));
+    p->threads = calloc(n_workers, sizeof(*p->threads));
+    if (!p->ring || !p->threads) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    for (; p->n_threads < n_workers; p->n_threads++) {
+        pthread_attr_t attr;
+
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        r = -pthread_create(&p->threads[p->n_threads], &attr, pool_worker, p);
+        pthread_attr_destroy(&attr);
+        if (r < 0)
+            goto fail;
+    }
+    *out = p;
+    return 0;
+fail:
+    pool_destroy(p);
+    return r;
+}
+
+int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&p->lock);
+    if (p->stopping)
+        r = -ESHUTDOWN;
+    else if (p->count == p->cap)
+        r = -EAGAIN;
+    else {
+        p->ring[(p->head + p->count) % p->cap] = (struct pool_job){fn, arg};
+        p->count++;
+        pthread_cond_signal(&p->has_job);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+size_t pool_queued(struct lb_pool *p)
+{
+    size_t n;
+
+    pthread_mutex_lock(&p->lock);
+    n = p->count;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+size_t pool_running(struct lb_pool *p)
+{
+    size_t n;
+
+    pthread_mutex_lock(&p->lock);
+    n = p->running;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+void pool_stop(struct lb_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->stopped) {
+        pthread_mutex_unlock(&p->lock);
+        return;
+    }
+    p->stopping = true;
+    p->stopped = true;
+    pthread_cond_broadcast(&p->has_job);
+    pthread_mutex_unlock(&p->lock);
+    for (size_t i = 0; i < p->n_threads; i++)
+        pthread_join(p->threads[i], NULL);
+}
+
+void pool_destroy(struct lb_pool *p)
+{
+    if (!p)
+        return;
+    pool_stop(p);
+    pthread_cond_destroy(&p->has_job);
+    pthread_mutex_destroy(&p->lock);
+    free(p->ring);
+    free(p->threads);
+    free(p);
+}

@@ -1,0 +1,37 @@
+/*
+ * pool.h - a fixed set of worker threads taking jobs from one bounded FIFO queue.
+ *
+ * HTTP threads never wait on a provider (DESIGN.md invariant 4): they submit the blocking part
+ * of a request here and get the connection resumed when the job ends. A full queue is refused
+ * at once (the HTTP layer answers 429 overloaded).
+ *
+ * Thread-safety: every function may be called from any thread, except pool_destroy, which must
+ * run once, after the last submit.
+ */
+#ifndef LB_POOL_H
+#define LB_POOL_H
+
+#include <stddef.h>
+
+struct lb_pool;
+
+typedef void (*lb_job_fn)(void *arg);
+
+/* Start n_workers threads with a queue of at most queue_max waiting jobs. *out owned by the
+ * caller. Errors: -EINVAL (zero sizes), -ENOMEM, -EAGAIN (thread creation failed). */
+int pool_new(size_t n_workers, size_t queue_max, struct lb_pool **out);
+
+/* Queue fn(arg). Returns 0, -EAGAIN when the queue is full, -ESHUTDOWN after pool_stop. */
+int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg);
+
+/* Jobs waiting in the queue, and jobs running now (for /metrics). */
+size_t pool_queued(struct lb_pool *p);
+size_t pool_running(struct lb_pool *p);
+
+/* Refuse new jobs, let the workers finish every queued and running job, join them. */
+void pool_stop(struct lb_pool *p);
+
+/* pool_stop if not done yet, then free. NULL is accepted. */
+void pool_destroy(struct lb_pool *p);
+
+#endif
