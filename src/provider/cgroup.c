@@ -1,0 +1,595 @@
+/* cgroup.c - see cgroup.h. */
+#include "provider/cgroup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/magic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+
+#define CGROUP_MOUNT "/sys/fs/cgroup"
+#define CPU_PERIOD_US 100000
+#define POLL_STEP_MS 10
+
+static const char *const v1_controllers[LB_CGROUP_MAX_DIRS] = {"memory", "pids", "cpu",
+                                                               "freezer"};
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static bool fs_is(const char *path, long magic)
+{
+    struct statfs st;
+
+    return statfs(path, &st) == 0 && (long)st.f_type == magic;
+}
+
+static int read_small(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[4352];
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    n = read(fd, buf, size - 1);
+    if (n < 0) {
+        n = -errno;
+        close(fd);
+        return (int)n;
+    }
+    close(fd);
+    buf[n] = '\0';
+    return 0;
+}
+
+static int write_small(const char *dir, const char *name, const char *value)
+{
+    char path[4352];
+    size_t len = strlen(value);
+    ssize_t n;
+    int fd, r = 0;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    n = write(fd, value, len);
+    if (n < 0)
+        r = -errno;
+    else if ((size_t)n != len)
+        r = -EIO;
+    close(fd);
+    return r;
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char path[4352];
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* The daemon's own cgroup path in the hierarchy holding ctrl ("" selects the v2 line). */
+static int own_cgroup(const char *ctrl, char *out, size_t size)
+{
+    char line[4352];
+    int r = -ENOENT;
+    FILE *f;
+
+    f = fopen("/proc/self/cgroup", "re");
+    if (!f)
+        return -errno;
+    while (fgets(line, sizeof(line), f)) {
+        char *ctrls = strchr(line, ':'), *path, *tok, *save = NULL;
+
+        if (!ctrls)
+            continue;
+        ctrls++;
+        path = strchr(ctrls, ':');
+        if (!path)
+            continue;
+        *path++ = '\0';
+        path[strcspn(path, "\n")] = '\0';
+        if (!*ctrl) {
+            if (*ctrls)
+                continue;
+        } else {
+            bool found = false;
+
+            for (tok = strtok_r(ctrls, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+                found = found || strcmp(tok, ctrl) == 0;
+            if (!found)
+                continue;
+        }
+        snprintf(out, size, "%s", path);
+        r = 0;
+        break;
+    }
+    fclose(f);
+    return r;
+}
+
+/* mount + own + "/" + parent (or mount + parent when parent is absolute), single slashes. */
+static char *join_base(const char *mount, const char *own, const char *parent)
+{
+    char tmp[8704], *out;
+    size_t i, j = 0;
+
+    if (parent[0] == '/')
+        snprintf(tmp, sizeof(tmp), "%s/%s", mount, parent);
+    else
+        snprintf(tmp, sizeof(tmp), "%s/%s/%s", mount, own, parent);
+    out = malloc(strlen(tmp) + 1);
+    if (!out)
+        return NULL;
+    for (i = 0; tmp[i]; i++) {
+        if (tmp[i] == '/' && j > 0 && out[j - 1] == '/')
+            continue;
+        out[j++] = tmp[i];
+    }
+    while (j > 1 && out[j - 1] == '/')
+        j--;
+    out[j] = '\0';
+    return out;
+}
+
+static bool parent_is_valid(const char *parent)
+{
+    const char *p;
+
+    if (!*parent || strlen(parent) > 256)
+        return false;
+    for (p = parent; *p; p++) {
+        if (!(('a' <= *p && *p <= 'z') || ('A' <= *p && *p <= 'Z') || ('0' <= *p && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == '.' || *p == '/'))
+            return false;
+    }
+    return strstr(parent, "..") == NULL;
+}
+
+int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
+{
+    char own[4352];
+    int i;
+
+    memset(h, 0, sizeof(*h));
+    if (!parent)
+        parent = "lendbox";
+    if (!parent_is_valid(parent)) {
+        log_warn("cgroup parent '%s' is not a plain path, sandboxes get no cgroups", parent);
+        return 0;
+    }
+    if (fs_is(CGROUP_MOUNT, CGROUP2_SUPER_MAGIC)) {
+        if (own_cgroup("", own, sizeof(own)) < 0)
+            snprintf(own, sizeof(own), "/");
+        h->base[0] = join_base(CGROUP_MOUNT, own, parent);
+        if (!h->base[0])
+            return -ENOMEM;
+        h->ctrl[0] = "unified";
+        h->nbase = 1;
+        h->version = 2;
+        return 0;
+    }
+    for (i = 0; i < LB_CGROUP_MAX_DIRS; i++) {
+        char mount[64];
+
+        snprintf(mount, sizeof(mount), CGROUP_MOUNT "/%s", v1_controllers[i]);
+        if (!fs_is(mount, CGROUP_SUPER_MAGIC))
+            continue;
+        if (own_cgroup(v1_controllers[i], own, sizeof(own)) < 0)
+            snprintf(own, sizeof(own), "/");
+        h->base[h->nbase] = join_base(mount, own, parent);
+        if (!h->base[h->nbase]) {
+            cgroup_host_release(h);
+            return -ENOMEM;
+        }
+        h->ctrl[h->nbase++] = v1_controllers[i];
+    }
+    h->version = h->nbase ? 1 : 0;
+    return 0;
+}
+
+void cgroup_host_release(struct lb_cgroup_host *h)
+{
+    int i;
+
+    for (i = 0; i < h->nbase; i++)
+        free(h->base[i]);
+    memset(h, 0, sizeof(*h));
+}
+
+void cgroup_release(struct lb_cgroup *cg)
+{
+    int i;
+
+    for (i = 0; i < cg->ndirs; i++)
+        free(cg->dirs[i]);
+    memset(cg, 0, sizeof(*cg));
+}
+
+static int mkdir_p(const char *path)
+{
+    char tmp[4352];
+    char *p;
+
+    if (strlen(path) >= sizeof(tmp))
+        return -ENAMETOOLONG;
+    strcpy(tmp, path);
+    for (p = tmp + 1;; p++) {
+        if (*p == '/' || !*p) {
+            char c = *p;
+
+            *p = '\0';
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST)
+                return -errno;
+            *p = c;
+            if (!c)
+                return 0;
+        }
+    }
+}
+
+/* v2: turn on the controllers the limits need in every ancestor of base (best effort; a
+ * cgroup that holds processes refuses, and then the limit files are simply missing). */
+static void v2_enable_controllers(const char *base)
+{
+    static const char *const want[] = {"cpu", "memory", "pids"};
+    char dir[4352], avail[512];
+    size_t len = strlen(CGROUP_MOUNT);
+    size_t i;
+
+    snprintf(dir, sizeof(dir), "%s", base);
+    for (;;) {
+        char save = dir[len];
+
+        dir[len] = '\0';
+        if (read_small(dir, "cgroup.controllers", avail, sizeof(avail)) == 0) {
+            for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+                char op[32];
+                int r;
+
+                if (!strstr(avail, want[i]))
+                    continue;
+                snprintf(op, sizeof(op), "+%s", want[i]);
+                r = write_small(dir, "cgroup.subtree_control", op);
+                if (r < 0)
+                    log_debug("cgroup: cannot enable %s in %s: %s", want[i], dir, strerror(-r));
+            }
+        }
+        dir[len] = save;
+        if (!save)
+            break;
+        len += 1 + strcspn(dir + len + 1, "/");
+    }
+}
+
+static int add_dir(struct lb_cgroup *cg, const char *base, const char *id)
+{
+    char *d;
+
+    if (asprintf(&d, "%s/%s", base, id) < 0)
+        return -ENOMEM;
+    cg->dirs[cg->ndirs++] = d;
+    return 0;
+}
+
+int cgroup_guess(const struct lb_cgroup_host *h, const char *id, struct lb_cgroup *out)
+{
+    int i, r;
+
+    memset(out, 0, sizeof(*out));
+    out->version = h->version;
+    for (i = 0; i < h->nbase; i++) {
+        r = add_dir(out, h->base[i], id);
+        if (r < 0) {
+            cgroup_release(out);
+            return r;
+        }
+    }
+    return 0;
+}
+
+/* The dir of cg that carries file (a controller's interface file), or NULL. */
+static const char *dir_with(const struct lb_cgroup *cg, const char *file)
+{
+    int i;
+
+    for (i = 0; i < cg->ndirs; i++) {
+        if (file_exists(cg->dirs[i], file))
+            return cg->dirs[i];
+    }
+    return NULL;
+}
+
+static int set_limit(const struct lb_cgroup *cg, const char *what, const char *file,
+                     const char *value, struct lb_error *err)
+{
+    const char *dir = dir_with(cg, file);
+    int r;
+
+    if (!dir)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "cannot enforce the %s limit: no cgroup with %s on this host", what,
+                            file);
+    r = write_small(dir, file, value);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot set %s/%s to %s: %s", dir, file, value,
+                            strerror(-r));
+    return 0;
+}
+
+static int apply_limits(const struct lb_cgroup *cg, const struct lb_resources *res,
+                        struct lb_error *err)
+{
+    char v[64];
+    int r;
+
+    if (res->memory_mib > 0) {
+        int64_t bytes = res->memory_mib * 1024 * 1024;
+
+        snprintf(v, sizeof(v), "%" PRId64, bytes);
+        if (cg->version == 2) {
+            r = set_limit(cg, "memory", "memory.max", v, err);
+            if (r == 0 && dir_with(cg, "memory.swap.max"))
+                r = set_limit(cg, "memory", "memory.swap.max", "0", err);
+        } else {
+            r = set_limit(cg, "memory", "memory.limit_in_bytes", v, err);
+            if (r == 0 && dir_with(cg, "memory.memsw.limit_in_bytes"))
+                r = set_limit(cg, "memory", "memory.memsw.limit_in_bytes", v, err);
+        }
+        if (r < 0)
+            return r;
+    }
+    if (res->pids > 0) {
+        snprintf(v, sizeof(v), "%" PRId64, res->pids);
+        r = set_limit(cg, "pids", "pids.max", v, err);
+        if (r < 0)
+            return r;
+    }
+    if (res->cpu > 0) {
+        int64_t quota = (int64_t)(res->cpu * CPU_PERIOD_US);
+
+        if (quota < 1000)
+            quota = 1000;
+        if (cg->version == 2) {
+            snprintf(v, sizeof(v), "%" PRId64 " %d", quota, CPU_PERIOD_US);
+            r = set_limit(cg, "cpu", "cpu.max", v, err);
+        } else {
+            snprintf(v, sizeof(v), "%d", CPU_PERIOD_US);
+            r = set_limit(cg, "cpu", "cpu.cfs_period_us", v, err);
+            snprintf(v, sizeof(v), "%" PRId64, quota);
+            if (r == 0)
+                r = set_limit(cg, "cpu", "cpu.cfs_quota_us", v, err);
+        }
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+int cgroup_create(const struct lb_cgroup_host *h, const char *id, const struct lb_resources *res,
+                  struct lb_cgroup *out, struct lb_error *err)
+{
+    bool limits = res->memory_mib > 0 || res->pids > 0 || res->cpu > 0;
+    int i, r;
+
+    memset(out, 0, sizeof(*out));
+    if (h->version == 0) {
+        if (limits)
+            return lb_error_set(err, -EOPNOTSUPP,
+                                "resource limits need cgroups, and none are usable here");
+        return 0;
+    }
+    out->version = h->version;
+    for (i = 0; i < h->nbase; i++) {
+        char dir[4352];
+
+        r = mkdir_p(h->base[i]);
+        if (r == 0 && h->version == 2)
+            v2_enable_controllers(h->base[i]);
+        snprintf(dir, sizeof(dir), "%s/%s", h->base[i], id);
+        if (r == 0 && mkdir(dir, 0755) < 0 && errno != EEXIST)
+            r = -errno;
+        if (r < 0) {
+            log_warn("sbx=%s cannot make cgroup '%s': %s, ignoring", id, dir, strerror(-r));
+            continue;
+        }
+        r = add_dir(out, h->base[i], id);
+        if (r < 0)
+            goto fail;
+    }
+    if (out->ndirs == 0)
+        out->version = 0;
+    if (limits && out->ndirs == 0) {
+        r = lb_error_set(err, -EOPNOTSUPP, "resource limits need cgroups, and none could be made");
+        goto fail;
+    }
+    r = apply_limits(out, res, err);
+    if (r < 0)
+        goto fail;
+    return 0;
+
+fail:
+    (void)cgroup_remove(out, clock_mono_ms(), NULL);
+    cgroup_release(out);
+    if (r == -ENOMEM)
+        lb_error_keep(err, r, "out of memory");
+    return r;
+}
+
+json_t *cgroup_to_json(const struct lb_cgroup *cg)
+{
+    json_t *o, *dirs;
+    int i;
+
+    if (cg->version == 0 || cg->ndirs == 0)
+        return json_null();
+    dirs = json_array();
+    for (i = 0; dirs && i < cg->ndirs; i++) {
+        if (json_array_append_new(dirs, json_string(cg->dirs[i])) < 0) {
+            json_decref(dirs);
+            return NULL;
+        }
+    }
+    o = json_pack("{s:i,s:o}", "version", cg->version, "dirs", dirs);
+    return o;
+}
+
+int cgroup_from_json(const json_t *j, const char *id, struct lb_cgroup *out)
+{
+    size_t idlen = strlen(id), i;
+    json_t *dirs, *v;
+    json_int_t version;
+
+    memset(out, 0, sizeof(*out));
+    if (!j || json_is_null(j))
+        return 0;
+    if (json_unpack((json_t *)j, "{s:I,s:o}", "version", &version, "dirs", &dirs) < 0 ||
+        (version != 1 && version != 2) || !json_is_array(dirs) ||
+        json_array_size(dirs) > LB_CGROUP_MAX_DIRS)
+        return -EINVAL;
+    out->version = (int)version;
+    json_array_foreach(dirs, i, v)
+    {
+        const char *d = json_string_value(v);
+        size_t len = d ? strlen(d) : 0;
+
+        if (!d || !provider_path_is_valid(d) ||
+            strncmp(d, CGROUP_MOUNT "/", sizeof(CGROUP_MOUNT)) != 0 || len <= idlen + 1 ||
+            d[len - idlen - 1] != '/' || strcmp(d + len - idlen, id) != 0) {
+            cgroup_release(out);
+            return -EINVAL;
+        }
+        out->dirs[out->ndirs] = strdup(d);
+        if (!out->dirs[out->ndirs]) {
+            cgroup_release(out);
+            return -ENOMEM;
+        }
+        out->ndirs++;
+    }
+    return 0;
+}
+
+int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], int *n)
+{
+    char path[4352];
+    int i, r;
+
+    *n = 0;
+    for (i = 0; i < cg->ndirs; i++) {
+        snprintf(path, sizeof(path), "%s/cgroup.procs", cg->dirs[i]);
+        fds[i] = open(path, O_WRONLY | O_CLOEXEC);
+        if (fds[i] < 0) {
+            r = -errno;
+            while (i-- > 0)
+                close(fds[i]);
+            return r;
+        }
+    }
+    *n = cg->ndirs;
+    return 0;
+}
+
+/* The freezer dir and the file that shows/sets its state. */
+static const char *freezer(const struct lb_cgroup *cg, const char **file)
+{
+    *file = cg->version == 2 ? "cgroup.freeze" : "freezer.state";
+    return dir_with(cg, *file);
+}
+
+void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out)
+{
+    const char *file, *dir = freezer(cg, &file);
+    char buf[64];
+
+    *out = false;
+    if (!dir || read_small(dir, file, buf, sizeof(buf)) < 0)
+        return;
+    if (cg->version == 2)
+        *out = buf[0] == '1';
+    else
+        *out = strncmp(buf, "FROZEN", 6) == 0 || strncmp(buf, "FREEZING", 8) == 0;
+}
+
+/* Has the kernel finished freezing (or thawing)? */
+static bool freeze_settled(const struct lb_cgroup *cg, const char *dir, bool frozen)
+{
+    char buf[512];
+
+    if (cg->version == 2) {
+        const char *p;
+
+        if (read_small(dir, "cgroup.events", buf, sizeof(buf)) < 0)
+            return false;
+        p = strstr(buf, "frozen ");
+        return p && (p[7] == '1') == frozen;
+    }
+    if (read_small(dir, "freezer.state", buf, sizeof(buf)) < 0)
+        return false;
+    return strncmp(buf, frozen ? "FROZEN" : "THAWED", 6) == 0;
+}
+
+int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_ms,
+                      struct lb_error *err)
+{
+    const char *file, *dir = freezer(cg, &file);
+    int64_t deadline = clock_mono_ms() + timeout_ms;
+    const char *value;
+    int r;
+
+    if (!dir)
+        return lb_error_set(err, -ENOSYS, "this sandbox has no cgroup freezer");
+    if (cg->version == 2)
+        value = frozen ? "1" : "0";
+    else
+        value = frozen ? "FROZEN" : "THAWED";
+    r = write_small(dir, file, value);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot write %s to %s/%s: %s", value, dir, file,
+                            strerror(-r));
+    while (!freeze_settled(cg, dir, frozen)) {
+        if (clock_mono_ms() >= deadline)
+            return lb_error_set(err, -ETIMEDOUT, "the sandbox did not %s in time",
+                                frozen ? "freeze" : "thaw");
+        /* v1 retries a stuck freeze when FROZEN is written again */
+        if (cg->version == 1 && frozen)
+            (void)write_small(dir, file, value);
+        sleep_ms(POLL_STEP_MS);
+    }
+    return 0;
+}
+
+int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err)
+{
+    int i;
+
+    for (i = 0; i < cg->ndirs; i++) {
+        while (rmdir(cg->dirs[i]) < 0 && errno != ENOENT) {
+            if (errno != EBUSY)
+                return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s",
+                                    cg->dirs[i], strerror(errno));
+            if (clock_mono_ms() >= deadline_ms)
+                return lb_error_set(err, -ETIMEDOUT, "cgroup '%s' is still busy", cg->dirs[i]);
+            sleep_ms(POLL_STEP_MS);
+        }
+    }
+    return 0;
+}

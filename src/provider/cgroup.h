@@ -1,0 +1,79 @@
+/*
+ * cgroup.h - the local provider's cgroups: one cgroup per sandbox for limits, freezing and
+ * grouping, on cgroup v2 or v1 (private to src/provider/).
+ *
+ * v2 (production: /sys/fs/cgroup is cgroup2): <mount><base>/<id>, where the controllers the
+ * limits need are enabled (best effort) in every ancestor's cgroup.subtree_control.
+ * v1 (this machine is a v1/v2 hybrid whose v2 holds no controllers): the same relative path
+ * in each of the memory, pids, cpu and freezer hierarchies.
+ * <base> is cgroup_parent when it starts with '/', else cgroup_parent below the daemon's own
+ * cgroup in that hierarchy (so the sandboxes stay inside whatever bounds the daemon).
+ *
+ * Thread-safety: a struct lb_cgroup_host is read-only after cgroup_host_detect; the functions
+ * touch only their arguments and the cgroup filesystem.
+ */
+#ifndef LB_PROVIDER_CGROUP_H
+#define LB_PROVIDER_CGROUP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "provider/provider.h"
+#include "util/error.h"
+
+#define LB_CGROUP_MAX_DIRS 4
+
+/* The host's cgroup layout: where new sandbox cgroups go. version 0: none usable. */
+struct lb_cgroup_host {
+    int version;
+    int nbase;
+    char *base[LB_CGROUP_MAX_DIRS]; /* absolute parent dirs of the sandbox cgroups */
+    const char *ctrl[LB_CGROUP_MAX_DIRS]; /* v1: the controller of each base; v2: "unified" */
+};
+
+/* One sandbox's cgroup directories (one on v2, one per hierarchy on v1). */
+struct lb_cgroup {
+    int version; /* 0: the sandbox has no cgroup */
+    int ndirs;
+    char *dirs[LB_CGROUP_MAX_DIRS];
+};
+
+/* Find the cgroup hierarchies and the parent dirs for parent (e.g. "lendbox" or
+ * "/lendbox"). Never fails hard: without usable cgroups h->version is 0. Returns 0 or
+ * -ENOMEM. */
+int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent);
+void cgroup_host_release(struct lb_cgroup_host *h);
+
+/* Make the sandbox cgroup(s) for id and apply res. -EOPNOTSUPP when a requested limit cannot
+ * be enforced; other failures are -EREMOTEIO. Nothing is left behind on failure. */
+int cgroup_create(const struct lb_cgroup_host *h, const char *id, const struct lb_resources *res,
+                  struct lb_cgroup *out, struct lb_error *err);
+
+/* Where id's cgroups would be on this host (for cleaning up without a descriptor). */
+int cgroup_guess(const struct lb_cgroup_host *h, const char *id, struct lb_cgroup *out);
+
+/* JSON form for the descriptor: null (no cgroup) or {"version": N, "dirs": [...]}. New ref. */
+json_t *cgroup_to_json(const struct lb_cgroup *cg);
+/* Parse and check a descriptor's cgroup (dirs must be under /sys/fs/cgroup and end in /id).
+ * j NULL or null gives version 0. -EINVAL on a malformed value, -ENOMEM. */
+int cgroup_from_json(const json_t *j, const char *id, struct lb_cgroup *out);
+
+/* Open each dir's cgroup.procs for writing (O_CLOEXEC) into fds[0..*n). A process joins by
+ * writing "0" to each (async-signal-safe). On failure nothing stays open. */
+int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], int *n);
+
+/* Freeze or thaw every process in the cgroup and wait (bounded by timeout_ms) until the
+ * kernel says it is done. -ENOSYS without a freezer. */
+int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_ms,
+                      struct lb_error *err);
+/* *out = whether the cgroup is frozen (false without a freezer). */
+void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out);
+
+/* Remove the cgroup dirs (already-gone counts as done), retrying while they are busy until
+ * deadline_ms (monotonic). -ETIMEDOUT if still busy, -EREMOTEIO on other failures. */
+int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err);
+
+void cgroup_release(struct lb_cgroup *cg);
+
+#endif

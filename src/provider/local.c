@@ -1,0 +1,884 @@
+/*
+ * local.c - the local provider (see local.h): the provider object, uid allocation,
+ * descriptors, status, list, stop, pause/resume. create, exec and the file operations live in
+ * local_create.c, local_exec.c and local_files.c (local_internal.h ties them together).
+ *
+ * A sandbox is identified by its init's pid plus that process's start time, so a reused pid
+ * is never mistaken for it. Every process of a sandbox runs as the sandbox's own host uid,
+ * which stop uses as the final sweep: after the init (and with it its pid namespace) is
+ * killed, every remaining process with that uid (bwrap's outer monitor, a half-started exec)
+ * is killed too.
+ */
+#include "provider/local_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+
+#define UID_COUNT_MAX (1u << 22)
+#define SWEEP_STEP_MS 10
+#define FREEZE_TIMEOUT_MS 5000
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* ---- ids, dirs, uids ------------------------------------------------------------------ */
+
+bool local_id_is_valid(const char *id)
+{
+    size_t i, n;
+
+    if (!id)
+        return false;
+    n = strnlen(id, 129);
+    if (n == 0 || n > 128 || id[0] == '.')
+        return false;
+    for (i = 0; i < n; i++) {
+        char c = id[i];
+
+        if (!(('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/%s", lp->sandboxes_dir, id);
+}
+
+bool local_uid_in_range(const struct local_provider *lp, uint32_t uid)
+{
+    return uid >= lp->uid_base && uid - lp->uid_base < lp->uid_count;
+}
+
+int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
+{
+    uint32_t i, bit;
+    int r = -EUSERS;
+
+    pthread_mutex_lock(&lp->lock);
+    for (i = 0; i < lp->uid_count; i++) {
+        bit = (lp->uid_next + i) % lp->uid_count;
+        if (!(lp->uid_used[bit / 8] & (1u << (bit % 8)))) {
+            lp->uid_used[bit / 8] |= (uint8_t)(1u << (bit % 8));
+            lp->uid_next = (bit + 1) % lp->uid_count;
+            *uid = lp->uid_base + bit;
+            r = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lp->lock);
+    return r;
+}
+
+void local_uid_mark(struct local_provider *lp, uint32_t uid)
+{
+    uint32_t bit = uid - lp->uid_base;
+
+    if (!local_uid_in_range(lp, uid))
+        return;
+    pthread_mutex_lock(&lp->lock);
+    lp->uid_used[bit / 8] |= (uint8_t)(1u << (bit % 8));
+    pthread_mutex_unlock(&lp->lock);
+}
+
+void local_uid_free(struct local_provider *lp, uint32_t uid)
+{
+    uint32_t bit = uid - lp->uid_base;
+
+    if (!local_uid_in_range(lp, uid))
+        return;
+    pthread_mutex_lock(&lp->lock);
+    lp->uid_used[bit / 8] &= (uint8_t) ~(1u << (bit % 8));
+    pthread_mutex_unlock(&lp->lock);
+}
+
+/* ---- /proc ---------------------------------------------------------------------------- */
+
+int local_proc_stat(pid_t pid, uint64_t *start_time, pid_t *ppid)
+{
+    char path[64], buf[1024];
+    unsigned long long st;
+    const char *p;
+    ssize_t n;
+    int fd, pp;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -ENOENT;
+    buf[n] = '\0';
+    /* comm may hold spaces and ')'; fields after it start at the last ')' (field 3). */
+    p = strrchr(buf, ')');
+    if (!p || sscanf(p + 1, " %*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                            "%*d %*d %llu",
+                     &pp, &st) != 2)
+        return -EIO;
+    if (start_time)
+        *start_time = st;
+    if (ppid)
+        *ppid = pp;
+    return 0;
+}
+
+bool local_desc_alive(const struct local_desc *d)
+{
+    uint64_t st;
+
+    return d->pid > 0 && local_proc_stat(d->pid, &st, NULL) == 0 && st == d->start_time;
+}
+
+/* Real uid and state of pid from /proc/<pid>/status; -ENOENT when gone. */
+static int proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
+{
+    char path[64], buf[2048];
+    unsigned int u;
+    const char *p;
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -ENOENT;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -ENOENT;
+    buf[n] = '\0';
+    p = strstr(buf, "\nUid:");
+    if (!p || sscanf(p + 5, "%u", &u) != 1)
+        return -EIO;
+    p = strstr(buf, "\nState:");
+    *zombie = p && (strncmp(p + 7, "\tZ", 2) == 0 || strncmp(p + 7, "\tX", 2) == 0);
+    *uid = u;
+    return 0;
+}
+
+/* SIGKILL every live process whose real uid is uid. Returns how many were still alive. A pid
+ * is pinned with a pidfd and its uid read again before the kill, so a reused pid is safe. */
+static int kill_uid(uint32_t uid)
+{
+    struct dirent *de;
+    int alive = 0;
+    DIR *d;
+
+    d = opendir("/proc");
+    if (!d)
+        return -errno;
+    while ((de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        uint32_t u;
+        bool zombie;
+        int pfd;
+
+        if (*end || pid <= 0 || pid > INT_MAX)
+            continue;
+        if (proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid || zombie)
+            continue;
+        pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (pfd < 0)
+            continue;
+        if (proc_uid((pid_t)pid, &u, &zombie) == 0 && u == uid && !zombie) {
+            alive++;
+            (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+        }
+        close(pfd);
+    }
+    closedir(d);
+    return alive;
+}
+
+/* ---- descriptors ---------------------------------------------------------------------- */
+
+void local_desc_release(struct local_desc *d)
+{
+    cgroup_release(&d->cg);
+}
+
+int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
+{
+    json_int_t pid = 0, st = 0, uid = 0;
+    const char *workdir = LOCAL_DEFAULT_WORKDIR;
+    json_t *cg = NULL;
+    int r;
+
+    memset(d, 0, sizeof(*d));
+    if (!json_is_object(j) ||
+        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o}", "pid", &pid, "start_time", &st, "uid",
+                    &uid, "workdir", &workdir, "cgroup", &cg) < 0)
+        return -EINVAL;
+    if (pid < 0 || pid > INT_MAX || st < 0 || uid <= 0 || uid > UINT32_MAX ||
+        !provider_path_is_valid(workdir) || strlen(workdir) >= sizeof(d->workdir))
+        return -EINVAL;
+    r = cgroup_from_json(cg, id, &d->cg);
+    if (r < 0)
+        return r;
+    d->pid = (pid_t)pid;
+    d->start_time = (uint64_t)st;
+    d->uid = (uint32_t)uid;
+    snprintf(d->workdir, sizeof(d->workdir), "%s", workdir);
+    return 0;
+}
+
+json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
+{
+    json_t *o, *cg = cgroup_to_json(&d->cg);
+
+    if (!cg)
+        return NULL;
+    o = json_pack("{s:I,s:I,s:I,s:s,s:s,s:o}", "pid", (json_int_t)d->pid, "start_time",
+                  (json_int_t)d->start_time, "uid", (json_int_t)d->uid, "dir", dir, "workdir",
+                  d->workdir, "cgroup", cg);
+    if (o && d->pid == 0) {
+        /* not started (yet): no pid at all rather than a misleading 0 */
+        json_object_del(o, "pid");
+        json_object_del(o, "start_time");
+    }
+    return o;
+}
+
+int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err)
+{
+    char path[4352], tmp[4352];
+    json_t *j = local_desc_to_json(d, dir);
+    char *text = NULL;
+    size_t len, off = 0;
+    int fd = -1, r = 0;
+
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!text)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    len = strlen(text);
+    snprintf(path, sizeof(path), "%s/" LOCAL_DESCRIPTOR_FILE, dir);
+    snprintf(tmp, sizeof(tmp), "%s/." LOCAL_DESCRIPTOR_FILE ".tmp", dir);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot write '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    while (off < len) {
+        ssize_t n = write(fd, text + off, len - off);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot write '%s': %s", tmp, strerror(errno));
+            goto out;
+        }
+        off += (size_t)n;
+    }
+    if (fsync(fd) < 0 || rename(tmp, path) < 0)
+        r = lb_error_set(err, -EREMOTEIO, "cannot save '%s': %s", path, strerror(errno));
+out:
+    if (fd >= 0)
+        close(fd);
+    if (r < 0)
+        (void)unlink(tmp);
+    free(text);
+    return r;
+}
+
+/* Parse <dir>/descriptor.json. -ENOENT when it does not exist. */
+static int desc_read_file(const char *dir, const char *id, struct local_desc *d, json_t **raw)
+{
+    char path[4352];
+    json_error_t jerr;
+    json_t *j;
+    int r;
+
+    snprintf(path, sizeof(path), "%s/" LOCAL_DESCRIPTOR_FILE, dir);
+    j = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!j)
+        return access(path, F_OK) < 0 && errno == ENOENT ? -ENOENT : -EINVAL;
+    r = local_desc_from_json(j, id, d);
+    if (r == 0 && raw)
+        *raw = j;
+    else
+        json_decref(j);
+    return r;
+}
+
+int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                    struct local_desc *d, struct lb_error *err)
+{
+    char dir[4352];
+    struct stat st;
+    int r;
+
+    memset(d, 0, sizeof(*d));
+    if (!ref || !local_id_is_valid(ref->id))
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    if (ref->descriptor) {
+        r = local_desc_from_json(ref->descriptor, ref->id, d);
+        if (r < 0)
+            return lb_error_set(err, r == -ENOMEM ? r : -EINVAL,
+                                "sandbox '%s' has a malformed descriptor", ref->id);
+        local_uid_mark(lp, d->uid);
+        return 0;
+    }
+    local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+    if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+        return lb_error_set(err, -ENOENT, "no such sandbox '%s'", ref->id);
+    r = desc_read_file(dir, ref->id, d, NULL);
+    if (r < 0) {
+        /* The directory exists but create never got as far as a descriptor: nothing ran. */
+        memset(d, 0, sizeof(*d));
+        snprintf(d->workdir, sizeof(d->workdir), "%s", LOCAL_DEFAULT_WORKDIR);
+        return 0;
+    }
+    local_uid_mark(lp, d->uid);
+    return 0;
+}
+
+/* ---- removal -------------------------------------------------------------------------- */
+
+/* rm -r without following symlinks and with O(1) fds and stack, however deep the tree: the
+ * walk descends into a non-empty directory, and climbs back with ".." once it is empty. Only
+ * runs after every process that could change the tree is dead. */
+static int rmtree(const char *path)
+{
+    int depth = 0, fd, r = 0;
+
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    for (;;) {
+        bool descended = false;
+        struct dirent *de;
+        DIR *d = fdopendir(fd);
+
+        if (!d) {
+            r = -errno;
+            close(fd);
+            return r;
+        }
+        while ((de = readdir(d))) {
+            const char *name = de->d_name;
+            int child;
+
+            if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+                continue;
+            if (unlinkat(dirfd(d), name, 0) == 0 || errno == ENOENT)
+                continue;
+            if (errno != EISDIR && errno != EPERM) {
+                r = -errno;
+                break;
+            }
+            if (unlinkat(dirfd(d), name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+                continue;
+            if (errno != ENOTEMPTY && errno != EEXIST) {
+                r = -errno;
+                break;
+            }
+            child = openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child < 0) {
+                r = -errno;
+                break;
+            }
+            fd = child;
+            descended = true;
+            depth++;
+            break;
+        }
+        if (descended) {
+            closedir(d);
+            continue;
+        }
+        if (r < 0 || depth == 0) {
+            closedir(d);
+            break;
+        }
+        /* empty now: back up; the parent's rescan removes it */
+        fd = openat(dirfd(d), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        closedir(d);
+        if (fd < 0)
+            return -errno;
+        depth--;
+    }
+    if (r == 0 && rmdir(path) < 0 && errno != ENOENT)
+        r = -errno;
+    return r;
+}
+
+/* Wait until pidfd's process has exited or deadline passes. */
+static bool wait_pidfd(int pidfd, int64_t deadline_ms)
+{
+    for (;;) {
+        struct pollfd p = {.fd = pidfd, .events = POLLIN};
+        int64_t left = deadline_ms - clock_mono_ms();
+        int n;
+
+        if (left < 0)
+            left = 0;
+        n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+        if (n > 0)
+            return true;
+        if (n == 0)
+            return false;
+        if (errno != EINTR)
+            return false;
+    }
+}
+
+int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err)
+{
+    struct lb_cgroup guess = {0};
+    char dir[4352];
+    int pidfd = -1, r = 0, left;
+
+    /* 1. the init: SIGKILL to a pid namespace's init kills every process in it */
+    if (d->pid > 0 && local_desc_alive(d)) {
+        pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
+        if (pidfd >= 0 && !local_desc_alive(d)) {
+            close(pidfd);
+            pidfd = -1;
+        }
+        if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0 &&
+            errno != ESRCH) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot kill sandbox '%s' (pid %d): %s", id,
+                             (int)d->pid, strerror(errno));
+            goto out;
+        }
+    }
+    /* a frozen v1 task only dies once thawed */
+    if (d->cg.version) {
+        bool frozen;
+
+        cgroup_is_frozen(&d->cg, &frozen);
+        if (frozen)
+            (void)cgroup_set_frozen(&d->cg, false, 0, NULL);
+    }
+    if (pidfd >= 0 && !wait_pidfd(pidfd, deadline_ms)) {
+        r = lb_error_set(err, -ETIMEDOUT, "sandbox '%s' (pid %d) did not die in time", id,
+                         (int)d->pid);
+        goto out;
+    }
+    /* 2. everything else running as the sandbox's uid (bwrap's monitor, stragglers) */
+    if (local_uid_in_range(lp, d->uid)) {
+        while ((left = kill_uid(d->uid)) > 0) {
+            if (clock_mono_ms() >= deadline_ms) {
+                r = lb_error_set(err, -ETIMEDOUT,
+                                 "%d process(es) of sandbox '%s' (uid %" PRIu32
+                                 ") did not die in time",
+                                 left, id, d->uid);
+                goto out;
+            }
+            sleep_ms(SWEEP_STEP_MS);
+        }
+    } else if (d->uid) {
+        log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
+    }
+    /* 3. cgroups: the descriptor's and wherever this host would have put them */
+    r = cgroup_remove(&d->cg, deadline_ms, err);
+    if (r < 0)
+        goto out;
+    r = cgroup_guess(&lp->cg, id, &guess);
+    if (r == 0)
+        r = cgroup_remove(&guess, deadline_ms, err);
+    else
+        lb_error_set(err, r, "out of memory");
+    if (r < 0)
+        goto out;
+    /* 4. the directory */
+    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    r = rmtree(dir);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", dir, strerror(-r));
+        goto out;
+    }
+    local_uid_free(lp, d->uid);
+out:
+    cgroup_release(&guess);
+    if (pidfd >= 0)
+        close(pidfd);
+    return r;
+}
+
+/* ---- ops ------------------------------------------------------------------------------- */
+
+static int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                      struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_desc d;
+    int r;
+
+    r = local_desc_load(lp, ref, &d, err);
+    if (r == -ENOENT) {
+        lb_error_clear(err);
+        return 0;
+    }
+    if (r < 0)
+        return r;
+    if (timeout_ms <= 0)
+        timeout_ms = 1;
+    r = local_destroy_sandbox(lp, ref->id, &d, clock_mono_ms() + timeout_ms, err);
+    local_desc_release(&d);
+    return r;
+}
+
+static int local_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                        enum lb_sandbox_status *out, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_desc d;
+    bool frozen = false;
+    int r;
+
+    r = local_desc_load(lp, ref, &d, err);
+    if (r == -ENOENT) {
+        lb_error_clear(err);
+        *out = LB_STATUS_STOPPED;
+        return 0;
+    }
+    if (r < 0)
+        return r;
+    if (local_desc_alive(&d)) {
+        cgroup_is_frozen(&d.cg, &frozen);
+        *out = frozen ? LB_STATUS_PAUSED : LB_STATUS_RUNNING;
+    } else {
+        *out = LB_STATUS_STOPPED;
+    }
+    local_desc_release(&d);
+    return 0;
+}
+
+static int local_list(struct lb_provider *p, json_t **out, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct dirent *de;
+    json_t *arr;
+    DIR *dir;
+    int r = 0;
+
+    arr = json_array();
+    if (!arr)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    dir = opendir(lp->sandboxes_dir);
+    if (!dir) {
+        json_decref(arr);
+        return lb_error_set(err, -EREMOTEIO, "cannot read '%s': %s", lp->sandboxes_dir,
+                            strerror(errno));
+    }
+    while ((de = readdir(dir))) {
+        char path[4352];
+        struct local_desc d;
+        json_t *raw = NULL, *item;
+        struct stat st;
+
+        if (!local_id_is_valid(de->d_name))
+            continue;
+        local_sandbox_dir(lp, de->d_name, path, sizeof(path));
+        if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (desc_read_file(path, de->d_name, &d, &raw) == 0) {
+            local_uid_mark(lp, d.uid);
+            local_desc_release(&d);
+        }
+        item = json_pack("{s:s,s:o}", "sandbox_id", de->d_name, "descriptor",
+                         raw ? raw : json_null());
+        if (!item || json_array_append_new(arr, item) < 0) {
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+            break;
+        }
+    }
+    closedir(dir);
+    if (r < 0) {
+        json_decref(arr);
+        return r;
+    }
+    *out = arr;
+    return 0;
+}
+
+static int set_frozen(struct lb_provider *p, const struct lb_sandbox_ref *ref, bool frozen,
+                      struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_desc d;
+    int r;
+
+    r = local_desc_load(lp, ref, &d, err);
+    if (r < 0)
+        return r;
+    if (!local_desc_alive(&d))
+        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    else if (d.cg.version == 0)
+        r = lb_error_set(err, -ENOSYS, "sandbox '%s' has no cgroup to freeze", ref->id);
+    else
+        r = cgroup_set_frozen(&d.cg, frozen, FREEZE_TIMEOUT_MS, err);
+    local_desc_release(&d);
+    return r;
+}
+
+static int local_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                       struct lb_error *err)
+{
+    return set_frozen(p, ref, true, err);
+}
+
+static int local_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                        struct lb_error *err)
+{
+    return set_frozen(p, ref, false, err);
+}
+
+static void local_destroy(struct lb_provider *p)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+
+    if (!lp)
+        return;
+    cgroup_host_release(&lp->cg);
+    pthread_mutex_destroy(&lp->lock);
+    free(lp->uid_used);
+    free(lp->sandboxes_dir);
+    free(lp->state_dir);
+    free(lp->bwrap_path);
+    free(lp->supervise_path);
+    free(lp->images_dir);
+    free(lp);
+}
+
+static const struct lb_provider_ops local_ops = {
+    .name = "local",
+    .create = local_create,
+    .stop = local_stop,
+    .status = local_status,
+    .exec = local_exec,
+    .file_write = local_file_write,
+    .file_open = local_file_open,
+    .list = local_list,
+    .pause = local_pause,
+    .resume = local_resume,
+    .destroy = local_destroy,
+};
+
+/* ---- construction ---------------------------------------------------------------------- */
+
+/* name with '/' must be executable as is; else the first executable match in $PATH. */
+static char *find_program(const char *name)
+{
+    const char *path = getenv("PATH");
+    char buf[4352];
+
+    if (strchr(name, '/'))
+        return access(name, X_OK) == 0 ? realpath(name, NULL) : NULL;
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+
+        if (n > 0 && n < sizeof(buf) - 256) {
+            snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, path, name);
+            if (access(buf, X_OK) == 0)
+                return realpath(buf, NULL);
+        }
+        path += n;
+        if (*path == ':')
+            path++;
+    }
+    return NULL;
+}
+
+/* bwrap runs as the sandbox's uid and resolves every bind source with realpath(), also
+ * the /proc/self/fd/N of --bind-fd: each directory above path must be searchable by others. */
+static int check_searchable(const char *path, struct lb_error *err)
+{
+    char buf[4352];
+    char *slash;
+
+    snprintf(buf, sizeof(buf), "%s", path);
+    while ((slash = strrchr(buf, '/'))) {
+        struct stat st;
+
+        slash[slash == buf ? 1 : 0] = '\0';
+        if (stat(buf, &st) < 0 || !(st.st_mode & S_IXOTH))
+            return lb_error_set(err, -EINVAL,
+                                "'%s' must be searchable by other users (o+x): bwrap runs as "
+                                "the sandbox's uid and has to reach '%s'",
+                                buf, path);
+        if (slash == buf)
+            break;
+    }
+    return 0;
+}
+
+int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
+                       struct lb_error *err)
+{
+    struct local_provider *lp;
+    json_t *all = NULL;
+    int r;
+
+    if (!cfg || !cfg->state_dir || !cfg->supervise_path || cfg->uid_base == 0 ||
+        cfg->uid_count == 0 || cfg->uid_count > UID_COUNT_MAX ||
+        cfg->uid_base > UINT32_MAX - 1 - cfg->uid_count)
+        return lb_error_set(err, -EINVAL,
+                            "local provider: state_dir, supervise_path and a uid range "
+                            "(1 <= uid_count <= %u) are required",
+                            UID_COUNT_MAX);
+    lp = calloc(1, sizeof(*lp));
+    if (!lp)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    lp->base.ops = &local_ops;
+    lp->uid_base = cfg->uid_base;
+    lp->uid_count = cfg->uid_count;
+    pthread_mutex_init(&lp->lock, NULL);
+    lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);
+    if (!lp->uid_used) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+
+    lp->bwrap_path = find_program(cfg->bwrap_path ? cfg->bwrap_path : "bwrap");
+    if (!lp->bwrap_path) {
+        r = lb_error_set(err, -ENOENT, "bubblewrap ('%s') not found",
+                         cfg->bwrap_path ? cfg->bwrap_path : "bwrap");
+        goto fail;
+    }
+    lp->supervise_path = find_program(cfg->supervise_path);
+    if (!lp->supervise_path || !strchr(cfg->supervise_path, '/')) {
+        r = lb_error_set(err, -ENOENT, "lendbox-supervise ('%s') not found or not executable",
+                         cfg->supervise_path);
+        goto fail;
+    }
+    if (mkdir(cfg->state_dir, 0755) < 0 && errno != EEXIST) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", cfg->state_dir,
+                         strerror(errno));
+        goto fail;
+    }
+    lp->state_dir = realpath(cfg->state_dir, NULL);
+    if (!lp->state_dir || strlen(lp->state_dir) > 2048 ||
+        asprintf(&lp->sandboxes_dir, "%s/sandboxes", lp->state_dir) < 0) {
+        lp->sandboxes_dir = NULL;
+        r = lb_error_set(err, -EREMOTEIO, "cannot resolve '%s' (or its path is over 2048 bytes)",
+                         cfg->state_dir);
+        goto fail;
+    }
+    if ((mkdir(lp->sandboxes_dir, 0711) < 0 && errno != EEXIST) ||
+        chmod(lp->sandboxes_dir, 0711) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", lp->sandboxes_dir,
+                         strerror(errno));
+        goto fail;
+    }
+    r = check_searchable(lp->sandboxes_dir, err);
+    if (r == 0)
+        r = check_searchable(lp->supervise_path, err);
+    if (r < 0)
+        goto fail;
+    if (cfg->images_dir) {
+        lp->images_dir = realpath(cfg->images_dir, NULL);
+        if (!lp->images_dir)
+            log_warn("images dir '%s' is unusable (%s), only image 'host' is available",
+                     cfg->images_dir, strerror(errno));
+    }
+    r = cgroup_host_detect(&lp->cg, cfg->cgroup_parent);
+    if (r < 0) {
+        r = lb_error_set(err, r, "out of memory");
+        goto fail;
+    }
+    if (lp->cg.version == 0)
+        log_warn("no usable cgroups: sandboxes get no resource limits and cannot be paused");
+    /* sandboxes of an earlier run keep their uids */
+    r = local_list(&lp->base, &all, err);
+    if (r < 0)
+        goto fail;
+    json_decref(all);
+    *out = &lp->base;
+    return 0;
+
+fail:
+    local_destroy(&lp->base);
+    return r;
+}
+
+/* ---- helpers for forked children (async-signal-safe only) ------------------------------ */
+
+int local_child_place_fds(const int *fds, int n)
+{
+    int tmp[16], i;
+
+    if (n > 16)
+        return -EINVAL;
+    /* first out of the way (above n), so moving one never clobbers another */
+    for (i = 0; i < n; i++) {
+        tmp[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, n);
+        if (tmp[i] < 0)
+            return -errno;
+    }
+    for (i = 0; i < n; i++) {
+        if (dup2(tmp[i], i) < 0)
+            return -errno;
+    }
+    return 0;
+}
+
+void local_child_reset_signals(void)
+{
+    struct sigaction sa;
+    sigset_t none;
+    int s;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_DFL;
+    for (s = 1; s < NSIG; s++) {
+        if (s != SIGKILL && s != SIGSTOP)
+            (void)sigaction(s, &sa, NULL);
+    }
+    sigemptyset(&none);
+    (void)sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+void local_child_report(int fd, const char *msg, int err_no)
+{
+    char buf[256], num[16];
+    size_t n = 0, k = 0;
+    const char *e = ": errno ";
+
+    while (*msg && n < sizeof(buf) - 32)
+        buf[n++] = *msg++;
+    while (*e)
+        buf[n++] = *e++;
+    if (err_no <= 0)
+        err_no = 0;
+    do {
+        num[k++] = (char)('0' + err_no % 10);
+        err_no /= 10;
+    } while (err_no && k < sizeof(num));
+    while (k)
+        buf[n++] = num[--k];
+    buf[n++] = '\n';
+    (void)!write(fd, buf, n);
+}

@@ -1,0 +1,34 @@
+/*
+ * local.h - the embedded default provider: Linux-namespace sandboxes on this machine, made
+ * with bubblewrap (DESIGN.md "The local provider").
+ *
+ * One sandbox = one bwrap-started init (lendbox-supervise --init, pid 1 of a new pid
+ * namespace) in new user, pid, mount, uts, ipc and net namespaces, running as a host uid of
+ * its own taken from [uid_base, uid_base + uid_count) (the sandbox's root maps to it, so no
+ * sandbox process is ever host root). Its directory <state_dir>/sandboxes/<id>/ holds the
+ * writable workspace and descriptor.json. Sandboxes are not tied to the daemon's life: a
+ * restarted daemon execs in and stops them through their descriptor (pid + start time).
+ */
+#ifndef LB_PROVIDER_LOCAL_H
+#define LB_PROVIDER_LOCAL_H
+
+#include <stdint.h>
+
+#include "provider/provider.h"
+
+struct lb_local_config {
+    const char *state_dir;      /* daemon state dir; sandboxes live in <state_dir>/sandboxes */
+    const char *bwrap_path;     /* "bwrap" is looked up in PATH */
+    const char *supervise_path; /* the static lendbox-supervise binary */
+    const char *images_dir;     /* directory of image root trees; NULL: only "host" */
+    const char *cgroup_parent;  /* cgroup name for sandboxes, e.g. "lendbox" */
+    uint32_t uid_base;          /* first host uid for sandboxes, e.g. 1000000000 */
+    uint32_t uid_count;         /* how many (= max concurrent sandboxes), e.g. 65536 */
+};
+
+/* Make a local provider. Checks bwrap and the supervisor exist. *out is owned by the caller
+ * (provider_destroy). Errors: -ENOENT (bwrap or supervisor missing), -ENOMEM. */
+int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
+                       struct lb_error *err);
+
+#endif

@@ -1,0 +1,611 @@
+/*
+ * local_create.c - the local provider's create: make the sandbox directory and cgroup, build
+ * the bwrap command line, start bwrap from a double fork as the sandbox's uid, and wait until
+ * lendbox-supervise --init runs as the sandbox's pid 1.
+ *
+ * Spawning from a multi-threaded daemon: every string, fd and argv array is made before
+ * fork; the children only make raw syscalls and async-signal-safe calls. The daemon's fds are
+ * all O_CLOEXEC, and the grandchild closes everything above the fds it hands to bwrap anyway.
+ * setgroups/setresgid/setresuid are raw syscalls: the glibc wrappers would try to broadcast
+ * the change to threads that do not exist in the child.
+ *
+ * fds handed to bwrap: 0 /dev/null, 1 /dev/null, 2 a pipe that captures bwrap's errors,
+ * 3 --info-fd (bwrap writes {"child-pid": N}), 4 the ready pipe (the init writes one byte),
+ * 5 an O_PATH fd of the workspace (--bind-fd), 6 an O_PATH fd of the supervisor
+ * (--ro-bind-fd). bwrap 0.8 still realpath()s /proc/self/fd/N as the sandbox's uid, so the
+ * path to the workspace must be searchable by others: the sandbox dir is 0711 and the
+ * workspace 0700 (owned by the sandbox's uid), so nobody else can list or enter either.
+ */
+#include "provider/local_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util/buf.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#define READY_TIMEOUT_MS 10000
+#define STDERR_GRACE_MS 500
+#define STDERR_MAX 2048
+#define INFO_MAX 4096
+#define CHILD_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+enum { FD_STDIN, FD_STDOUT, FD_STDERR, FD_INFO, FD_READY, FD_WORKSPACE, FD_SUPERVISE, FD_COUNT };
+
+/* A growable NULL-terminated argv of owned strings. */
+struct strv {
+    char **v;
+    size_t n, cap;
+    bool oom;
+};
+
+static void strv_add(struct strv *s, const char *str)
+{
+    char *copy;
+
+    if (s->oom)
+        return;
+    if (s->n + 2 > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        char **nv = realloc(s->v, cap * sizeof(*nv));
+
+        if (!nv) {
+            s->oom = true;
+            return;
+        }
+        s->v = nv;
+        s->cap = cap;
+    }
+    copy = strdup(str);
+    if (!copy) {
+        s->oom = true;
+        return;
+    }
+    s->v[s->n++] = copy;
+    s->v[s->n] = NULL;
+}
+
+static void strv_add2(struct strv *s, const char *a, const char *b)
+{
+    strv_add(s, a);
+    strv_add(s, b);
+}
+
+static void strv_add3(struct strv *s, const char *a, const char *b, const char *c)
+{
+    strv_add(s, a);
+    strv_add(s, b);
+    strv_add(s, c);
+}
+
+static void strv_free(struct strv *s)
+{
+    size_t i;
+
+    for (i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    memset(s, 0, sizeof(*s));
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool image_name_is_valid(const char *name)
+{
+    return local_id_is_valid(name);
+}
+
+/* The single component of workdir when it is "/NAME", else NULL. */
+static const char *top_level_name(const char *path)
+{
+    return path[0] == '/' && path[1] && !strchr(path + 1, '/') ? path + 1 : NULL;
+}
+
+/* Is the first component of path one of the top-level entries root_names binds? */
+static bool path_is_bound(const char *path, char **names, size_t n)
+{
+    size_t i, len = strcspn(path + 1, "/");
+
+    for (i = 0; i < n; i++) {
+        if (strlen(names[i]) == len && strncmp(names[i], path + 1, len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The root filesystem: a tmpfs with every top-level entry of root bound read-only (or
+ * recreated as the same symlink), except what the sandbox gets privately. */
+static int add_root(struct strv *a, const char *root, const char *workdir, const char *state_dir,
+                    struct lb_error *err)
+{
+    static const char *const skip[] = {"proc", "dev", "tmp", "run", "lost+found"};
+    const char *wd_name = top_level_name(workdir);
+    char **names = NULL, **nn;
+    size_t n = 0, cap = 0, i, k;
+    struct dirent *de;
+    DIR *d;
+    int r = 0;
+
+    d = opendir(root);
+    if (!d)
+        return lb_error_set(err, -EREMOTEIO, "cannot read image root '%s': %s", root,
+                            strerror(errno));
+    while ((de = readdir(d))) {
+        bool skipped = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+                       (wd_name && strcmp(de->d_name, wd_name) == 0);
+
+        for (k = 0; k < sizeof(skip) / sizeof(skip[0]); k++)
+            skipped = skipped || strcmp(de->d_name, skip[k]) == 0;
+        if (skipped)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 32;
+            nn = realloc(names, cap * sizeof(*nn));
+            if (!nn) {
+                r = -ENOMEM;
+                break;
+            }
+            names = nn;
+        }
+        names[n] = strdup(de->d_name);
+        if (!names[n]) {
+            r = -ENOMEM;
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (r < 0)
+        goto out;
+    qsort(names, n, sizeof(*names), cmp_str);
+
+    strv_add2(a, "--tmpfs", "/");
+    for (i = 0; i < n; i++) {
+        char src[4352], dst[512], target[4097];
+        struct stat st;
+        ssize_t len;
+
+        if (snprintf(src, sizeof(src), "%s%s%s", root, strcmp(root, "/") ? "/" : "",
+                     names[i]) >= (int)sizeof(src) ||
+            snprintf(dst, sizeof(dst), "/%s", names[i]) >= (int)sizeof(dst))
+            continue; /* cannot be named; leave it out */
+        if (lstat(src, &st) < 0)
+            continue; /* vanished meanwhile */
+        if (S_ISLNK(st.st_mode)) {
+            len = readlink(src, target, sizeof(target) - 1);
+            if (len < 0)
+                continue;
+            target[len] = '\0';
+            strv_add3(a, "--symlink", target, dst);
+        } else {
+            strv_add3(a, "--ro-bind", src, dst);
+        }
+    }
+    strv_add2(a, "--proc", "/proc");
+    strv_add2(a, "--dev", "/dev");
+    strv_add2(a, "--tmpfs", "/tmp");
+    strv_add2(a, "--tmpfs", "/run");
+    /* hide the daemon's state (tokens, database, other sandboxes) if the binds expose it */
+    if (strcmp(root, "/") == 0 && path_is_bound(state_dir, names, n))
+        strv_add2(a, "--tmpfs", state_dir);
+out:
+    for (i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    if (r < 0)
+        return lb_error_set(err, r, "out of memory");
+    return 0;
+}
+
+static int build_argv(struct local_provider *lp, const char *id, const char *root,
+                      const char *workdir, struct strv *a, struct lb_error *err)
+{
+    char num[16], host[64];
+    int r;
+
+    snprintf(host, sizeof(host), "%.63s", id);
+    strv_add(a, lp->bwrap_path);
+    strv_add(a, "--unshare-user");
+    strv_add2(a, "--uid", "0");
+    strv_add2(a, "--gid", "0");
+    strv_add(a, "--unshare-pid");
+    strv_add(a, "--unshare-net");
+    strv_add(a, "--unshare-ipc");
+    strv_add(a, "--unshare-uts");
+    strv_add(a, "--new-session");
+    strv_add(a, "--as-pid-1");
+    strv_add2(a, "--hostname", host);
+    r = add_root(a, root, workdir, lp->state_dir, err);
+    if (r < 0)
+        return r;
+    snprintf(num, sizeof(num), "%d", FD_WORKSPACE);
+    strv_add3(a, "--bind-fd", num, workdir);
+    snprintf(num, sizeof(num), "%d", FD_SUPERVISE);
+    strv_add3(a, "--ro-bind-fd", num, LOCAL_SUPERVISE_PATH);
+    strv_add2(a, "--remount-ro", "/");
+    snprintf(num, sizeof(num), "%d", FD_INFO);
+    strv_add2(a, "--info-fd", num);
+    strv_add2(a, "--", LOCAL_SUPERVISE_PATH);
+    strv_add(a, "--init");
+    snprintf(num, sizeof(num), "%d", FD_READY);
+    strv_add2(a, "--ready-fd", num);
+    if (a->oom)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    return 0;
+}
+
+struct spawn {
+    int fds[FD_COUNT];     /* what bwrap gets, see the top comment */
+    int info_r, ready_r, err_r;
+    int cg_fds[LB_CGROUP_MAX_DIRS];
+    int ncg;
+    uid_t uid;
+};
+
+/* The grandchild: join the cgroup, become the sandbox's uid, exec bwrap. Never returns. */
+static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
+{
+    int i;
+
+    local_child_reset_signals();
+    (void)syscall(SYS_setsid);
+    for (i = 0; i < s->ncg; i++) {
+        if (write(s->cg_fds[i], "0", 1) != 1) {
+            local_child_report(s->fds[FD_STDERR], "lendbox: cannot join the sandbox cgroup",
+                               errno);
+            _exit(126);
+        }
+    }
+    if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
+        syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
+        _exit(126);
+    }
+    if (local_child_place_fds(s->fds, FD_COUNT) < 0) {
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set up fds", errno);
+        _exit(126);
+    }
+    (void)syscall(SYS_close_range, FD_COUNT, ~0U, 0);
+    execve(argv[0], argv, envp);
+    local_child_report(FD_STDERR, "lendbox: cannot execute bwrap", errno);
+    _exit(127);
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+static void spawn_close(struct spawn *s)
+{
+    int i;
+
+    for (i = 0; i < FD_COUNT; i++)
+        close_fd(&s->fds[i]);
+    close_fd(&s->info_r);
+    close_fd(&s->ready_r);
+    close_fd(&s->err_r);
+    for (i = 0; i < s->ncg; i++)
+        close_fd(&s->cg_fds[i]);
+    s->ncg = 0;
+}
+
+static int make_pipe(int *r, int *w)
+{
+    int p[2];
+
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    *r = p[0];
+    *w = p[1];
+    return 0;
+}
+
+/* Trimmed text of what bwrap said, for an error message. */
+static const char *stderr_text(struct lb_buf *b)
+{
+    size_t n;
+
+    if (!b->data)
+        return "(no output)";
+    n = b->len;
+    while (n > 0 && (b->data[n - 1] == '\n' || b->data[n - 1] == ' '))
+        n--;
+    b->data[n] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (b->data[i] == '\n')
+            b->data[i] = ' ';
+    }
+    return n ? b->data : "(no output)";
+}
+
+/* Read what is readable from fd into b; false at EOF or error. */
+static bool read_into(int fd, struct lb_buf *b)
+{
+    char chunk[1024];
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+
+    if (n < 0 && errno == EINTR)
+        return true;
+    if (n <= 0)
+        return false;
+    (void)lb_buf_append_capped(b, chunk, (size_t)n);
+    return true;
+}
+
+/* Wait for bwrap's info (the init's pid) and the init's ready byte. */
+static int wait_ready(struct spawn *s, pid_t *pid_out, struct lb_error *err)
+{
+    int64_t deadline = clock_mono_ms() + READY_TIMEOUT_MS, grace_end;
+    struct lb_buf info, errs;
+    bool ready = false, failed = false;
+    json_int_t child = 0;
+    int r = 0;
+
+    lb_buf_init(&info, INFO_MAX);
+    lb_buf_init(&errs, STDERR_MAX);
+    while (!(ready && child > 0)) {
+        struct pollfd p[3] = {{.fd = s->info_r, .events = POLLIN},
+                              {.fd = s->ready_r, .events = POLLIN},
+                              {.fd = s->err_r, .events = POLLIN}};
+        int64_t left = deadline - clock_mono_ms();
+        int n;
+
+        if (left <= 0) {
+            r = lb_error_set(err, -EREMOTEIO, "sandbox did not start within %d ms: %s",
+                             READY_TIMEOUT_MS, stderr_text(&errs));
+            goto out;
+        }
+        n = poll(p, 3, (int)left);
+        if (n < 0 && errno != EINTR) {
+            r = lb_error_set(err, -EREMOTEIO, "poll: %s", strerror(errno));
+            goto out;
+        }
+        if (p[0].revents && !read_into(s->info_r, &info))
+            close_fd(&s->info_r);
+        if (p[1].revents) {
+            char c;
+            ssize_t k = read(s->ready_r, &c, 1);
+
+            if (k == 1)
+                ready = true;
+            else if (k == 0 || errno != EINTR)
+                failed = true;
+        }
+        if (p[2].revents && !read_into(s->err_r, &errs))
+            close_fd(&s->err_r);
+        if (!child && info.data) {
+            json_t *j = json_loadb(info.data, info.len, JSON_DISABLE_EOF_CHECK, NULL);
+
+            if (j && json_unpack(j, "{s:I}", "child-pid", &child) < 0)
+                child = -1;
+            json_decref(j);
+        }
+        if (failed || child < 0 || (s->info_r < 0 && !child))
+            break;
+    }
+    if (ready && child > 0 && child <= INT_MAX) {
+        *pid_out = (pid_t)child;
+        goto out;
+    }
+    /* bwrap failed: let it finish saying why */
+    grace_end = clock_mono_ms() + STDERR_GRACE_MS;
+    while (s->err_r >= 0 && clock_mono_ms() < grace_end) {
+        struct pollfd p = {.fd = s->err_r, .events = POLLIN};
+
+        if (poll(&p, 1, (int)(grace_end - clock_mono_ms())) <= 0 || !read_into(s->err_r, &errs))
+            break;
+    }
+    r = lb_error_set(err, -EREMOTEIO, "sandbox failed to start: %s", stderr_text(&errs));
+    if (child > 0 && child <= INT_MAX)
+        *pid_out = (pid_t)child; /* so the caller can kill it */
+out:
+    lb_buf_release(&info);
+    lb_buf_release(&errs);
+    return r;
+}
+
+/* Start bwrap; on success *pid is the sandbox's init. On failure *pid may still name a
+ * process to kill (or 0). */
+static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, char **argv,
+                         const char *workspace, pid_t *pid, struct lb_error *err)
+{
+    char *envp[] = {CHILD_ENV_PATH, NULL};
+    struct spawn s;
+    pid_t mid;
+    int i, r, st;
+
+    memset(&s, 0, sizeof(s));
+    for (i = 0; i < FD_COUNT; i++)
+        s.fds[i] = -1;
+    s.info_r = s.ready_r = s.err_r = -1;
+    s.uid = d->uid;
+    *pid = 0;
+
+    s.fds[FD_STDIN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    s.fds[FD_STDOUT] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    s.fds[FD_WORKSPACE] = open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    s.fds[FD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
+    if (s.fds[FD_STDIN] < 0 || s.fds[FD_STDOUT] < 0 || s.fds[FD_WORKSPACE] < 0 ||
+        s.fds[FD_SUPERVISE] < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's files: %s",
+                         strerror(errno));
+        goto out;
+    }
+    if ((r = make_pipe(&s.info_r, &s.fds[FD_INFO])) < 0 ||
+        (r = make_pipe(&s.ready_r, &s.fds[FD_READY])) < 0 ||
+        (r = make_pipe(&s.err_r, &s.fds[FD_STDERR])) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
+        goto out;
+    }
+    r = cgroup_open_procs(&d->cg, s.cg_fds, &s.ncg);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));
+        goto out;
+    }
+
+    mid = fork();
+    if (mid < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "fork: %s", strerror(errno));
+        goto out;
+    }
+    if (mid == 0) {
+        /* intermediate: fork bwrap's parent-to-be and vanish, so bwrap is not our child */
+        pid_t g = fork();
+
+        if (g == 0)
+            child_exec_bwrap(&s, argv, envp);
+        if (g < 0)
+            local_child_report(s.fds[FD_STDERR], "lendbox: fork", errno);
+        _exit(g < 0 ? 1 : 0);
+    }
+    /* only bwrap (and the init) keep the write ends */
+    for (i = 0; i < FD_COUNT; i++)
+        close_fd(&s.fds[i]);
+    for (i = 0; i < s.ncg; i++)
+        close_fd(&s.cg_fds[i]);
+    s.ncg = 0;
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
+        ;
+    r = wait_ready(&s, pid, err);
+out:
+    spawn_close(&s);
+    return r;
+}
+
+/* Where the image's root tree is: "/" for host, else <images_dir>/<name>. */
+static int image_root(struct local_provider *lp, const char *image, char *buf, size_t size,
+                      struct lb_error *err)
+{
+    struct stat st;
+
+    if (strcmp(image, "host") == 0) {
+        snprintf(buf, size, "/");
+        return 0;
+    }
+    if (!image_name_is_valid(image) || !lp->images_dir)
+        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+    snprintf(buf, size, "%s/%s", lp->images_dir, image);
+    if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
+        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+    return 0;
+}
+
+int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                 struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    const char *image = spec && spec->image ? spec->image : "host";
+    const char *workdir = spec && spec->workdir ? spec->workdir : LOCAL_DEFAULT_WORKDIR;
+    struct lb_resources none = {0};
+    const struct lb_resources *res = spec ? &spec->resources : &none;
+    char root[4352], dir[4352], workspace[4352];
+    struct strv argv = {0};
+    struct local_desc d;
+    bool made_dir = false;
+    pid_t pid = 0;
+    int r;
+
+    memset(&d, 0, sizeof(d));
+    *descriptor_out = NULL;
+    if (!ref || !local_id_is_valid(ref->id))
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    if (!provider_path_is_valid(workdir) || strcmp(workdir, "/") == 0 ||
+        strlen(workdir) >= sizeof(d.workdir) || strncmp(workdir, "/proc", 5) == 0 ||
+        strcmp(workdir, LOCAL_SUPERVISE_PATH) == 0)
+        return lb_error_set(err, -EINVAL, "invalid workdir '%s'", workdir);
+    if (res->cpu < 0 || res->memory_mib < 0 || res->pids < 0)
+        return lb_error_set(err, -EINVAL, "resource limits must not be negative");
+    r = image_root(lp, image, root, sizeof(root), err);
+    if (r < 0)
+        return r;
+    snprintf(d.workdir, sizeof(d.workdir), "%s", workdir);
+    local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+    if (snprintf(workspace, sizeof(workspace), "%s/workspace", dir) >= (int)sizeof(workspace))
+        return lb_error_set(err, -ENAMETOOLONG, "state directory path is too long");
+    r = local_uid_alloc(lp, &d.uid);
+    if (r < 0)
+        return lb_error_set(err, r, "no free sandbox uid (all %" PRIu32 " in use)",
+                            lp->uid_count);
+
+    /* dir 0711 and workspace 0700: bwrap (as the uid) can reach the workspace, nobody
+     * else can list or enter anything */
+    if (mkdir(dir, 0711) < 0) {
+        r = errno == EEXIST ? lb_error_set(err, -EEXIST, "sandbox '%s' already exists", ref->id)
+                            : lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dir,
+                                           strerror(errno));
+        local_uid_free(lp, d.uid);
+        return r;
+    }
+    made_dir = true;
+    if (mkdir(workspace, 0700) < 0 || chown(workspace, d.uid, d.uid) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", workspace, strerror(errno));
+        goto fail;
+    }
+    r = cgroup_create(&lp->cg, ref->id, res, &d.cg, err);
+    if (r < 0)
+        goto fail;
+    /* A descriptor without a pid first: a crash from here on leaves enough to clean up. */
+    r = local_desc_save(&d, dir, err);
+    if (r < 0)
+        goto fail;
+    r = build_argv(lp, ref->id, root, workdir, &argv, err);
+    if (r < 0)
+        goto fail;
+    r = spawn_sandbox(lp, &d, argv.v, workspace, &pid, err);
+    if (r < 0)
+        goto fail;
+    d.pid = pid;
+    r = local_proc_stat(pid, &d.start_time, NULL);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "sandbox init (pid %d) vanished right after start",
+                         (int)pid);
+        goto fail;
+    }
+    r = local_desc_save(&d, dir, err);
+    if (r < 0)
+        goto fail;
+    *descriptor_out = local_desc_to_json(&d, dir);
+    if (!*descriptor_out) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    log_debug("sbx=%s started: pid %d uid %" PRIu32, ref->id, (int)pid, d.uid);
+    strv_free(&argv);
+    local_desc_release(&d);
+    return 0;
+
+fail:
+    if (made_dir) {
+        struct lb_error ignored;
+
+        /* pid may be unknown or not yet verified: the uid sweep gets everything */
+        d.pid = 0;
+        if (local_destroy_sandbox(lp, ref->id, &d, clock_mono_ms() + READY_TIMEOUT_MS,
+                                  &ignored) < 0)
+            log_warn("sbx=%s cleanup after a failed create: %s", ref->id, ignored.message);
+    }
+    strv_free(&argv);
+    local_desc_release(&d);
+    return r;
+}

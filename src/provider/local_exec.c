@@ -1,0 +1,499 @@
+/*
+ * local_exec.c - the local provider's exec: enter the sandbox's namespaces the way nsenter
+ * does (fork, setns, fork) and run the command under lendbox-supervise, which owns the
+ * timeout and the process tree (see src/supervisor/supervise.c for the status protocol).
+ *
+ * Process shape: the daemon forks a child that joins the sandbox's cgroup, enters its user
+ * namespace first (which grants the capabilities needed for the rest), then mnt, pid, net,
+ * uts and ipc, and becomes the namespace's root (= the sandbox's host uid). It forks the
+ * supervisor, which is thereby inside the pid namespace, closes every fd and waits for it.
+ * The child must not exit early: an orphan is adopted by a reaper of the *parent's* pid
+ * namespace (the host's init), and a zombie left to a slow host init holds up the pid
+ * namespace's teardown at stop (measured: ~2 s). Background processes the supervisor leaves
+ * behind (--keep-background) are adopted by the sandbox's pid 1, which reaps them. The daemon
+ * waits for its child once the supervisor is done, and talks to the supervisor through four
+ * pipes: stdin, stdout, stderr, and the status pipe (fd 3 in the supervisor).
+ *
+ * The daemon side never blocks on the sandbox: stdin is written non-blocking, stdout and
+ * stderr are read (and past the cap, dropped) as they come, and a backstop deadline of
+ * timeout + 10 s ends the wait even if the supervisor never answers.
+ */
+#include "provider/local_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+
+#define BACKSTOP_MS 10000
+#define DEFAULT_OUTPUT_MAX (1024 * 1024)
+#define STATUS_MAX 2048
+#define READ_CHUNK 65536
+
+enum { NS_USER, NS_MNT, NS_PID, NS_NET, NS_UTS, NS_IPC, NS_COUNT };
+static const char *const ns_names[NS_COUNT] = {"user", "mnt", "pid", "net", "uts", "ipc"};
+static const int ns_types[NS_COUNT] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
+                                       CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
+
+/* The supervisor's fds, in order: 0 stdin, 1 stdout, 2 stderr, 3 status. */
+enum { CH_STDIN, CH_STDOUT, CH_STDERR, CH_STATUS, CH_COUNT };
+
+struct exec_fds {
+    int ns[NS_COUNT];
+    int cg[LB_CGROUP_MAX_DIRS];
+    int ncg;
+    int child[CH_COUNT]; /* the supervisor's ends */
+    int in_w, out_r, err_r, status_r;
+};
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+static void exec_fds_init(struct exec_fds *f)
+{
+    int i;
+
+    memset(f, 0, sizeof(*f));
+    for (i = 0; i < NS_COUNT; i++)
+        f->ns[i] = -1;
+    for (i = 0; i < CH_COUNT; i++)
+        f->child[i] = -1;
+    f->in_w = f->out_r = f->err_r = f->status_r = -1;
+}
+
+static void exec_fds_close_child(struct exec_fds *f)
+{
+    int i;
+
+    for (i = 0; i < NS_COUNT; i++)
+        close_fd(&f->ns[i]);
+    for (i = 0; i < f->ncg; i++)
+        close_fd(&f->cg[i]);
+    f->ncg = 0;
+    for (i = 0; i < CH_COUNT; i++)
+        close_fd(&f->child[i]);
+}
+
+static void exec_fds_close(struct exec_fds *f)
+{
+    exec_fds_close_child(f);
+    close_fd(&f->in_w);
+    close_fd(&f->out_r);
+    close_fd(&f->err_r);
+    close_fd(&f->status_r);
+}
+
+static int make_pipe(int *r, int *w)
+{
+    int p[2];
+
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    *r = p[0];
+    *w = p[1];
+    return 0;
+}
+
+/* The forked child: enter the sandbox and fork the supervisor. Never returns. */
+static void child_enter(const struct exec_fds *f, char *const *argv, char *const *envp)
+{
+    int st = f->child[CH_STATUS], i;
+    pid_t g;
+
+    local_child_reset_signals();
+    if (syscall(SYS_setgroups, 0, NULL) < 0) {
+        local_child_report(st, "error cannot drop supplementary groups", errno);
+        _exit(1);
+    }
+    for (i = 0; i < f->ncg; i++) {
+        if (write(f->cg[i], "0", 1) != 1) {
+            local_child_report(st, "error cannot join the sandbox cgroup", errno);
+            _exit(1);
+        }
+    }
+    for (i = 0; i < NS_COUNT; i++) {
+        if (syscall(SYS_setns, f->ns[i], ns_types[i]) < 0) {
+            local_child_report(st, "error cannot enter the sandbox namespaces", errno);
+            _exit(1);
+        }
+    }
+    /* uid/gid 0 of the sandbox's user namespace: its host uid, never host root */
+    if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0) {
+        local_child_report(st, "error cannot become the sandbox's root", errno);
+        _exit(1);
+    }
+    g = fork();
+    if (g == 0) {
+        if (local_child_place_fds(f->child, CH_COUNT) < 0) {
+            local_child_report(st, "error cannot set up the supervisor's fds", errno);
+            _exit(127);
+        }
+        (void)syscall(SYS_close_range, CH_COUNT, ~0U, 0);
+        execve(argv[0], argv, envp);
+        local_child_report(CH_STATUS, "error cannot execute " LOCAL_SUPERVISE_PATH, errno);
+        _exit(127);
+    }
+    if (g < 0) {
+        local_child_report(st, "error fork inside the sandbox failed", errno);
+        _exit(1);
+    }
+    /* Stay the supervisor's parent: an orphan is adopted in the *parent's* pid namespace
+     * (the host's init, which may reap late and so hold up the sandbox's teardown), not by
+     * the sandbox's pid 1. Keep no pipe open meanwhile. */
+    (void)syscall(SYS_close_range, 0, ~0U, 0);
+    while (waitpid(g, NULL, 0) < 0 && errno == EINTR)
+        ;
+    _exit(0);
+}
+
+/* Open the namespaces of the sandbox's init, and make sure they are its. */
+static int open_namespaces(const struct local_desc *d, const char *id, struct exec_fds *f,
+                           struct lb_error *err)
+{
+    char path[64];
+    int i;
+
+    for (i = 0; i < NS_COUNT; i++) {
+        snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)d->pid, ns_names[i]);
+        f->ns[i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (f->ns[i] < 0) {
+            if (errno == ENOENT || errno == ESRCH)
+                return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", id);
+            return lb_error_set(err, -EREMOTEIO, "cannot open %s: %s", path, strerror(errno));
+        }
+    }
+    /* the pid may have been reused between the first check and the opens */
+    if (!local_desc_alive(d))
+        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", id);
+    return 0;
+}
+
+/* argv for the supervisor; strings are borrowed from req and num. */
+static const char **supervise_argv(const struct lb_exec_request *req, const char *cwd,
+                                   const char *num)
+{
+    size_t n = 0, i = 0, k;
+    const char **v;
+
+    while (req->argv[n])
+        n++;
+    v = calloc(n + 12, sizeof(*v));
+    if (!v)
+        return NULL;
+    v[i++] = LOCAL_SUPERVISE_PATH;
+    v[i++] = "--status-fd";
+    v[i++] = "3";
+    v[i++] = "--timeout-ms";
+    v[i++] = num;
+    v[i++] = "--cwd";
+    v[i++] = cwd;
+    if (req->preserve_background)
+        v[i++] = "--keep-background";
+    v[i++] = "--";
+    for (k = 0; k < n; k++)
+        v[i++] = req->argv[k];
+    v[i] = NULL;
+    return v;
+}
+
+static void set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Read once from *fd into b (dropping past its cap); closes *fd at EOF or error. */
+static void pump_read(int *fd, struct lb_buf *b, char *chunk)
+{
+    ssize_t n = read(*fd, chunk, READ_CHUNK);
+
+    if (n > 0) {
+        if (lb_buf_append_capped(b, chunk, (size_t)n) < 0)
+            b->truncated = true; /* out of memory: keep draining, drop the bytes */
+        return;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    close_fd(fd);
+}
+
+struct exec_io {
+    const char *in;
+    size_t in_len, in_off;
+    struct lb_buf status;
+    bool backstop; /* gave up waiting */
+};
+
+/* Move data until the status pipe closes or the backstop deadline passes. */
+static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_result *res,
+                      int64_t deadline, char *chunk)
+{
+    while (f->status_r >= 0) {
+        struct pollfd p[4];
+        int idx_in = -1, idx_out = -1, idx_err = -1, idx_st, np = 0, n;
+        int64_t left = deadline - clock_mono_ms();
+
+        if (left <= 0) {
+            io->backstop = true;
+            return;
+        }
+        if (f->in_w >= 0) {
+            idx_in = np;
+            p[np++] = (struct pollfd){.fd = f->in_w, .events = POLLOUT};
+        }
+        if (f->out_r >= 0) {
+            idx_out = np;
+            p[np++] = (struct pollfd){.fd = f->out_r, .events = POLLIN};
+        }
+        if (f->err_r >= 0) {
+            idx_err = np;
+            p[np++] = (struct pollfd){.fd = f->err_r, .events = POLLIN};
+        }
+        idx_st = np;
+        p[np++] = (struct pollfd){.fd = f->status_r, .events = POLLIN};
+        n = poll(p, (nfds_t)np, left > INT_MAX ? INT_MAX : (int)left);
+        if (n < 0 && errno != EINTR) {
+            io->backstop = true;
+            return;
+        }
+        if (n <= 0)
+            continue;
+        if (idx_in >= 0 && p[idx_in].revents) {
+            ssize_t w = write(f->in_w, io->in + io->in_off, io->in_len - io->in_off);
+
+            if (w > 0)
+                io->in_off += (size_t)w;
+            if ((w < 0 && errno != EAGAIN && errno != EINTR) || io->in_off == io->in_len)
+                close_fd(&f->in_w); /* EPIPE: the command does not read; EOF otherwise */
+        }
+        if (idx_out >= 0 && p[idx_out].revents)
+            pump_read(&f->out_r, &res->out, chunk);
+        if (idx_err >= 0 && p[idx_err].revents)
+            pump_read(&f->err_r, &res->err, chunk);
+        if (p[idx_st].revents)
+            pump_read(&f->status_r, &io->status, chunk);
+    }
+    /* The supervisor is gone. What the command wrote is in the pipes already; anything
+     * still holding them is a background process left running on purpose: take what is
+     * there, do not wait for more. */
+    close_fd(&f->in_w);
+    if (f->out_r >= 0)
+        set_nonblock(f->out_r);
+    if (f->err_r >= 0)
+        set_nonblock(f->err_r);
+    while (f->out_r >= 0 || f->err_r >= 0) {
+        size_t before = res->out.len + res->err.len;
+        bool trunc = res->out.truncated || res->err.truncated;
+
+        if (f->out_r >= 0)
+            pump_read(&f->out_r, &res->out, chunk);
+        if (f->err_r >= 0)
+            pump_read(&f->err_r, &res->err, chunk);
+        if (res->out.len + res->err.len == before && trunc == (res->out.truncated ||
+                                                               res->err.truncated))
+            break; /* nothing new (EAGAIN on both) */
+    }
+}
+
+static void append_message(struct lb_buf *b, const char *msg)
+{
+    if (b->len > 0 && b->data[b->len - 1] != '\n')
+        (void)lb_buf_append_capped(b, "\n", 1);
+    (void)lb_buf_append_capped(b, msg, strlen(msg));
+    (void)lb_buf_append_capped(b, "\n", 1);
+}
+
+/* Turn the status line into the result. 1 when there was no status at all. */
+static int parse_status(struct exec_io *io, struct lb_exec_result *res)
+{
+    char *line = io->status.data;
+    long v;
+
+    if (!line || !*line)
+        return 1;
+    line[strcspn(line, "\n")] = '\0';
+    res->return_code = LB_RETURN_CODE_RUNTIME;
+    if (sscanf(line, "exit %ld", &v) == 1) {
+        res->return_code = (int)v;
+        res->error_type = LB_EXEC_OK;
+    } else if (sscanf(line, "signal %ld", &v) == 1) {
+        res->return_code = 128 + (int)v;
+        res->error_type = LB_EXEC_OK;
+    } else if (strcmp(line, "timeout") == 0) {
+        res->error_type = LB_EXEC_TIMEOUT;
+    } else if (strncmp(line, "error ", 6) == 0) {
+        res->error_type = LB_EXEC_SANDBOX;
+        append_message(&res->err, line + 6);
+    } else {
+        res->error_type = LB_EXEC_SANDBOX;
+        append_message(&res->err, "lendbox: unreadable status from the supervisor");
+    }
+    return 0;
+}
+
+static bool user_is_root(const char *user)
+{
+    return !user || strcmp(user, "root") == 0 || strcmp(user, "0") == 0;
+}
+
+int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+               const struct lb_exec_request *req, struct lb_exec_result *res,
+               struct lb_error *err)
+{
+    static const char *const default_env[] = {
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+        "LANG=C.UTF-8", NULL};
+    struct local_provider *lp = (struct local_provider *)p;
+    size_t out_max = req && req->max_output_bytes ? req->max_output_bytes : DEFAULT_OUTPUT_MAX;
+    struct exec_io io = {0};
+    struct exec_fds f;
+    struct local_desc d;
+    sigset_t pipe_set, old_mask, pending;
+    bool pipe_was_pending, masked = false;
+    const char **argv = NULL;
+    char num[32], *chunk = NULL;
+    int64_t start, deadline;
+    bool frozen;
+    pid_t mid;
+    int r, st;
+
+    exec_fds_init(&f);
+    memset(res, 0, sizeof(*res));
+    lb_buf_init(&res->out, out_max);
+    lb_buf_init(&res->err, out_max);
+    lb_buf_init(&io.status, STATUS_MAX);
+    memset(&d, 0, sizeof(d));
+
+    if (!req || !req->argv || !req->argv[0])
+        return lb_error_set(err, -EINVAL, "argv must hold at least the program");
+    if (req->timeout_ms <= 0)
+        return lb_error_set(err, -EINVAL, "timeout must be positive");
+    if (!user_is_root(req->user))
+        return lb_error_set(err, -EINVAL, "only user root is mapped in this sandbox");
+    if (req->cwd && !provider_path_is_valid(req->cwd))
+        return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path",
+                            req->cwd);
+    r = local_desc_load(lp, ref, &d, err);
+    if (r < 0)
+        return r;
+    if (!local_desc_alive(&d)) {
+        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+        goto out;
+    }
+    cgroup_is_frozen(&d.cg, &frozen);
+    if (frozen) {
+        r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
+        goto out;
+    }
+    r = open_namespaces(&d, ref->id, &f, err);
+    if (r < 0)
+        goto out;
+    r = cgroup_open_procs(&d.cg, f.cg, &f.ncg);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));
+        goto out;
+    }
+    if (req->stdin_data) {
+        r = make_pipe(&f.child[CH_STDIN], &f.in_w);
+        if (r == 0)
+            set_nonblock(f.in_w);
+    } else {
+        f.child[CH_STDIN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        r = f.child[CH_STDIN] < 0 ? -errno : 0;
+    }
+    if (r < 0 || (r = make_pipe(&f.out_r, &f.child[CH_STDOUT])) < 0 ||
+        (r = make_pipe(&f.err_r, &f.child[CH_STDERR])) < 0 ||
+        (r = make_pipe(&f.status_r, &f.child[CH_STATUS])) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make pipes: %s", strerror(-r));
+        goto out;
+    }
+    snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
+    argv = supervise_argv(req, req->cwd ? req->cwd : d.workdir, num);
+    chunk = malloc(READ_CHUNK);
+    if (!argv || !chunk) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    io.in = req->stdin_data;
+    io.in_len = req->stdin_len;
+    if (f.in_w >= 0 && io.in_len == 0)
+        close_fd(&f.in_w);
+
+    /* a command that does not read its stdin must not kill us with SIGPIPE */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    pipe_was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+    masked = true;
+
+    start = clock_mono_ms();
+    mid = fork();
+    if (mid < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "fork: %s", strerror(errno));
+        goto out;
+    }
+    if (mid == 0)
+        child_enter(&f, (char *const *)argv,
+                    (char *const *)(req->env ? req->env : (const char *const *)default_env));
+    exec_fds_close_child(&f);
+    deadline = start + req->timeout_ms + BACKSTOP_MS;
+    exec_pump(&f, &io, res, deadline, chunk);
+    res->duration_ms = clock_mono_ms() - start;
+    /* the child exits right after the supervisor; only a hung one is cut loose */
+    if (io.backstop)
+        (void)kill(mid, SIGKILL);
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
+        ;
+
+    if (io.backstop) {
+        res->return_code = LB_RETURN_CODE_RUNTIME;
+        res->error_type = LB_EXEC_SANDBOX;
+        append_message(&res->err, "lendbox: no result from the sandbox in time");
+        r = 0;
+    } else if (parse_status(&io, res) != 0) {
+        if (!local_desc_alive(&d)) {
+            r = lb_error_set(err, -ENOENT, "sandbox '%s' stopped during the exec", ref->id);
+            goto out;
+        }
+        res->return_code = LB_RETURN_CODE_RUNTIME;
+        res->error_type = LB_EXEC_SANDBOX;
+        append_message(&res->err, "lendbox: the supervisor exited without a status");
+    }
+    r = 0;
+out:
+    exec_fds_close(&f);
+    if (masked) {
+        struct timespec zero = {0, 0};
+
+        sigpending(&pending);
+        if (!pipe_was_pending && sigismember(&pending, SIGPIPE))
+            (void)sigtimedwait(&pipe_set, NULL, &zero);
+        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    }
+    free(chunk);
+    free(argv);
+    lb_buf_release(&io.status);
+    local_desc_release(&d);
+    if (r < 0)
+        provider_exec_result_release(res);
+    return r;
+}

@@ -1,0 +1,334 @@
+/*
+ * local_files.c - the local provider's file_write / file_open.
+ *
+ * The daemon does the I/O itself, through the sandbox's root: /proc/<init>/root is opened
+ * (as root, after the identity check), and every path is resolved from it with
+ * openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so ".." stops at the sandbox's "/" and an
+ * absolute symlink means the sandbox's "/", never the host's. For the duration of the
+ * operation the calling thread takes the sandbox's file-system identity: setfsuid/setfsgid to
+ * the sandbox's host uid, and an empty effective capability set (both are per-thread), so the
+ * daemon's root privileges never read or write what the sandbox's own root could not (host
+ * /etc/shadow is EACCES, a read-only bind is EROFS). Both are restored on every path.
+ * Requires that the daemon has dropped its supplementary groups (they would count).
+ *
+ * Writes go to a temporary name in the target directory and are renamed into place, so a
+ * reader never sees half a file and a symlink at the target is replaced, not followed.
+ */
+#include "provider/local_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define OPENAT2_RETRIES 16
+
+/* The calling thread's identity while it acts for a sandbox. */
+struct fs_identity {
+    int old_fsuid, old_fsgid;
+    struct __user_cap_header_struct cap_hdr;
+    struct __user_cap_data_struct caps[2];
+    bool active;
+};
+
+/* Become the sandbox (uid) for file-system purposes, on this thread only. */
+static int fs_enter(struct fs_identity *id, uint32_t uid, struct lb_error *err)
+{
+    struct __user_cap_data_struct none[2];
+
+    memset(id, 0, sizeof(*id));
+    if (getgroups(0, NULL) != 0)
+        return lb_error_set(err, -EREMOTEIO,
+                            "the daemon still has supplementary groups; it must drop them "
+                            "(setgroups(0, NULL)) at startup");
+    id->cap_hdr.version = _LINUX_CAPABILITY_VERSION_3;
+    id->cap_hdr.pid = 0;
+    if (syscall(SYS_capget, &id->cap_hdr, id->caps) < 0)
+        return lb_error_set(err, -EREMOTEIO, "capget: %s", strerror(errno));
+    id->old_fsgid = (int)syscall(SYS_setfsgid, uid);
+    id->old_fsuid = (int)syscall(SYS_setfsuid, uid);
+    id->active = true;
+    memcpy(none, id->caps, sizeof(none));
+    none[0].effective = none[1].effective = 0;
+    if ((uint32_t)syscall(SYS_setfsuid, -1) != uid || (uint32_t)syscall(SYS_setfsgid, -1) != uid ||
+        syscall(SYS_capset, &id->cap_hdr, none) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot take the sandbox's file-system identity");
+    return 0;
+}
+
+static void fs_leave(struct fs_identity *id)
+{
+    if (!id->active)
+        return;
+    (void)syscall(SYS_capset, &id->cap_hdr, id->caps);
+    (void)syscall(SYS_setfsuid, id->old_fsuid);
+    (void)syscall(SYS_setfsgid, id->old_fsgid);
+    id->active = false;
+}
+
+static int open_in_root(int rootfd, const char *path, uint64_t flags, uint64_t mode)
+{
+    struct open_how how = {
+        .flags = flags | O_CLOEXEC,
+        .mode = mode,
+        .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    int i, fd = -1;
+
+    /* EAGAIN: a concurrent rename inside the root; the kernel asks for a retry */
+    for (i = 0; i < OPENAT2_RETRIES; i++) {
+        fd = (int)syscall(SYS_openat2, rootfd, path, &how, sizeof(how));
+        if (fd >= 0 || errno != EAGAIN)
+            break;
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+static int map_errno(int e, const char *path, struct lb_error *err)
+{
+    switch (e) {
+    case ENOENT:
+        return lb_error_set(err, -ENOENT, "no such file '%s'", path);
+    case EISDIR:
+        return lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+    case ENOTDIR:
+        return lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
+    case EROFS:
+        return lb_error_set(err, -EROFS, "'%s' is on a read-only file system", path);
+    case EACCES:
+    case EPERM:
+        return lb_error_set(err, -EACCES, "permission denied for '%s'", path);
+    case ELOOP:
+        return lb_error_set(err, -ELOOP, "too many symlinks (or a /proc magic link) in '%s'",
+                            path);
+    case ENAMETOOLONG:
+        return lb_error_set(err, -ENAMETOOLONG, "path '%s' is too long", path);
+    case ENOSPC:
+    case EDQUOT:
+        return lb_error_set(err, -EFBIG, "no space left for '%s'", path);
+    default:
+        return lb_error_set(err, -EREMOTEIO, "cannot access '%s': %s", path, strerror(e));
+    }
+}
+
+/* Open the running sandbox's root (as the daemon), after checking it is the sandbox. */
+static int open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                     struct local_desc *d, const char *path, int *rootfd, struct lb_error *err)
+{
+    char proc[64];
+    int r;
+
+    *rootfd = -1;
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "invalid path");
+    r = local_desc_load(lp, ref, d, err);
+    if (r < 0)
+        return r;
+    if (!local_desc_alive(d))
+        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    snprintf(proc, sizeof(proc), "/proc/%d/root", (int)d->pid);
+    *rootfd = open(proc, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (*rootfd < 0)
+        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    if (!local_desc_alive(d)) {
+        close(*rootfd);
+        *rootfd = -1;
+        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    }
+    return 0;
+}
+
+/* Open (O_PATH) the directory dir inside the root, creating missing components (0755) one
+ * at a time, each resolved inside the root. Returns an fd or -errno. */
+static int open_parent(int rootfd, const char *dir)
+{
+    char prefix[4097];
+    const char *c;
+    int cur, next;
+
+    cur = open_in_root(rootfd, dir, O_PATH | O_DIRECTORY, 0);
+    if (cur != -ENOENT)
+        return cur;
+    cur = open_in_root(rootfd, "/", O_PATH | O_DIRECTORY, 0);
+    if (cur < 0)
+        return cur;
+    for (c = dir + 1; *c;) {
+        size_t n = strcspn(c, "/"), plen = (size_t)(c - dir) + n;
+        char name[256];
+
+        if (n >= sizeof(name) || plen >= sizeof(prefix)) {
+            close(cur);
+            return -ENAMETOOLONG;
+        }
+        memcpy(name, c, n);
+        name[n] = '\0';
+        memcpy(prefix, dir, plen);
+        prefix[plen] = '\0';
+        next = open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
+        if (next == -ENOENT) {
+            if (mkdirat(cur, name, 0755) < 0 && errno != EEXIST) {
+                next = -errno;
+                close(cur);
+                return next;
+            }
+            next = open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
+        }
+        close(cur);
+        if (next < 0)
+            return next;
+        cur = next;
+        c += n;
+        if (*c == '/')
+            c++;
+    }
+    return cur;
+}
+
+static int write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     const void *data, size_t len, int mode, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    char dir[4097], tmp[64];
+    const char *name;
+    struct fs_identity id = {0};
+    struct local_desc d;
+    unsigned char rnd[8];
+    struct stat st;
+    int rootfd = -1, dfd = -1, fd = -1, r;
+    bool made_tmp = false;
+
+    memset(&d, 0, sizeof(d));
+    r = open_root(lp, ref, &d, path, &rootfd, err);
+    if (r < 0)
+        goto out;
+    name = strrchr(path, '/') + 1;
+    snprintf(dir, sizeof(dir), "%.*s", (int)(name - path > 1 ? name - path - 1 : 1), path);
+    if (strlen(name) > 255) {
+        r = lb_error_set(err, -ENAMETOOLONG, "file name in '%s' is too long", path);
+        goto out;
+    }
+    r = fs_enter(&id, d.uid, err);
+    if (r < 0)
+        goto out;
+    dfd = open_parent(rootfd, dir);
+    if (dfd < 0) {
+        r = map_errno(-dfd, path, err);
+        goto out;
+    }
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+        r = map_errno(EISDIR, path, err);
+        goto out;
+    }
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        r = lb_error_set(err, -EREMOTEIO, "getrandom: %s", strerror(errno));
+        goto out;
+    }
+    snprintf(tmp, sizeof(tmp), ".lendbox-%02x%02x%02x%02x%02x%02x%02x%02x.tmp", rnd[0], rnd[1],
+             rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        r = map_errno(errno, path, err);
+        goto out;
+    }
+    made_tmp = true;
+    r = write_all(fd, data, len);
+    if (r == 0 && fchmod(fd, (mode_t)(mode < 0 ? 0644 : mode & 0777)) < 0)
+        r = -errno;
+    if (r < 0) {
+        r = map_errno(-r, path, err);
+        goto out;
+    }
+    if (renameat(dfd, tmp, dfd, name) < 0) {
+        r = map_errno(errno, path, err);
+        goto out;
+    }
+    made_tmp = false;
+    r = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    if (made_tmp)
+        (void)unlinkat(dfd, tmp, 0);
+    if (dfd >= 0)
+        close(dfd);
+    fs_leave(&id);
+    if (rootfd >= 0)
+        close(rootfd);
+    local_desc_release(&d);
+    return r;
+}
+
+int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                    int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct fs_identity id = {0};
+    struct local_desc d;
+    struct stat st;
+    int rootfd = -1, fd = -1, r;
+
+    *fd_out = -1;
+    memset(&d, 0, sizeof(d));
+    r = open_root(lp, ref, &d, path, &rootfd, err);
+    if (r < 0)
+        goto out;
+    r = fs_enter(&id, d.uid, err);
+    if (r < 0)
+        goto out;
+    /* O_NONBLOCK: a FIFO must not hang us; it is refused below anyway */
+    fd = open_in_root(rootfd, path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+    if (fd < 0) {
+        r = map_errno(-fd, path, err);
+        fd = -1;
+        goto out;
+    }
+    if (fstat(fd, &st) < 0) {
+        r = map_errno(errno, path, err);
+        goto out;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        r = map_errno(EISDIR, path, err);
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        r = lb_error_set(err, -EINVAL, "'%s' is not a regular file", path);
+        goto out;
+    }
+    (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    *fd_out = fd;
+    *size_out = (uint64_t)st.st_size;
+    fd = -1;
+    r = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    fs_leave(&id);
+    if (rootfd >= 0)
+        close(rootfd);
+    local_desc_release(&d);
+    return r;
+}

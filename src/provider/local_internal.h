@@ -1,0 +1,100 @@
+/*
+ * local_internal.h - shared pieces of the local provider (private to src/provider/local*.c).
+ *
+ * local.c        provider object, uid allocation, descriptors, status, list, stop, pause
+ * local_create.c create: bwrap argv, the double-fork spawn, waiting for the init
+ * local_exec.c   exec: entering the namespaces and running lendbox-supervise
+ * local_files.c  file_write / file_open through /proc/<init>/root with openat2
+ */
+#ifndef LB_PROVIDER_LOCAL_INTERNAL_H
+#define LB_PROVIDER_LOCAL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "provider/cgroup.h"
+#include "provider/local.h"
+
+/* Where the supervisor appears inside every sandbox. */
+#define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
+#define LOCAL_DEFAULT_WORKDIR "/workspace"
+#define LOCAL_DESCRIPTOR_FILE "descriptor.json"
+
+struct local_provider {
+    struct lb_provider base;
+    char *sandboxes_dir;  /* <state_dir>/sandboxes, absolute */
+    char *state_dir;      /* realpath of the state dir */
+    char *bwrap_path;     /* absolute */
+    char *supervise_path; /* absolute */
+    char *images_dir;     /* NULL: only "host" */
+    struct lb_cgroup_host cg;
+    uint32_t uid_base, uid_count;
+
+    pthread_mutex_t lock; /* guards the fields below */
+    uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
+    uint32_t uid_next;    /* next-fit cursor */
+};
+
+/* A parsed descriptor. pid 0: the init never (or not yet) started. */
+struct local_desc {
+    pid_t pid;
+    uint64_t start_time; /* field 22 of /proc/<pid>/stat */
+    uint32_t uid;
+    char workdir[4097];
+    struct lb_cgroup cg;
+};
+
+/* Is id usable as a directory name ([A-Za-z0-9._-], 1..128, no leading '.')? */
+bool local_id_is_valid(const char *id);
+/* <sandboxes_dir>/<id> into buf. */
+void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
+
+/* Take a free uid (-EUSERS when all are in use) / mark one used / give one back. */
+int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
+void local_uid_mark(struct local_provider *lp, uint32_t uid);
+void local_uid_free(struct local_provider *lp, uint32_t uid);
+bool local_uid_in_range(const struct local_provider *lp, uint32_t uid);
+
+/* Load ref's descriptor (ref->descriptor, else <dir>/descriptor.json) and mark its uid used.
+ * -ENOENT when there is neither (the sandbox is gone), -EINVAL when malformed. */
+int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                    struct local_desc *d, struct lb_error *err);
+int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d);
+json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
+void local_desc_release(struct local_desc *d);
+/* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
+int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err);
+
+/* Start time (field 22) and parent (field 4) of pid from /proc; -ENOENT when gone. */
+int local_proc_stat(pid_t pid, uint64_t *start_time, pid_t *ppid);
+/* Is the sandbox's init the very process the descriptor names (pid + start time)? */
+bool local_desc_alive(const struct local_desc *d);
+
+/* Kill the sandbox: SIGKILL the init and every process running as its uid, thaw, wait until
+ * they are gone, remove its cgroups and its directory, free the uid. Idempotent. */
+int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err);
+
+/* Ops implemented in the other files. */
+int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                 struct lb_error *err);
+int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+               const struct lb_exec_request *req, struct lb_exec_result *res,
+               struct lb_error *err);
+int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     const void *data, size_t len, int mode, struct lb_error *err);
+int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                    int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+/* Helpers for the forked children: only async-signal-safe work. */
+/* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
+int local_child_place_fds(const int *fds, int n);
+/* Default dispositions and an empty mask for every signal. */
+void local_child_reset_signals(void);
+/* Write a fixed message plus an errno number to fd. */
+void local_child_report(int fd, const char *msg, int err_no);
+
+#endif

@@ -1,0 +1,127 @@
+/* provider.c - see provider.h: call-through helpers and small shared pieces. */
+#include "provider/provider.h"
+
+#include <errno.h>
+#include <string.h>
+
+const char *provider_status_name(enum lb_sandbox_status s)
+{
+    switch (s) {
+    case LB_STATUS_STARTING:
+        return "starting";
+    case LB_STATUS_RUNNING:
+        return "running";
+    case LB_STATUS_PAUSED:
+        return "paused";
+    case LB_STATUS_STOPPED:
+        return "stopped";
+    case LB_STATUS_ERROR:
+        return "error";
+    case LB_STATUS_UNKNOWN:
+        break;
+    }
+    return "unknown";
+}
+
+void provider_exec_result_release(struct lb_exec_result *res)
+{
+    if (!res)
+        return;
+    lb_buf_release(&res->out);
+    lb_buf_release(&res->err);
+}
+
+static int no_op(struct lb_provider *p, const char *what, struct lb_error *err)
+{
+    return lb_error_set(err, -ENOSYS, "provider '%s' does not support %s",
+                        p && p->ops && p->ops->name ? p->ops->name : "?", what);
+}
+
+int provider_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                    const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                    struct lb_error *err)
+{
+    if (!p || !p->ops->create)
+        return no_op(p, "create", err);
+    return p->ops->create(p, ref, spec, descriptor_out, err);
+}
+
+int provider_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                  struct lb_error *err)
+{
+    if (!p || !p->ops->stop)
+        return no_op(p, "stop", err);
+    return p->ops->stop(p, ref, timeout_ms, err);
+}
+
+int provider_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                    enum lb_sandbox_status *out, struct lb_error *err)
+{
+    if (!p || !p->ops->status)
+        return no_op(p, "status", err);
+    return p->ops->status(p, ref, out, err);
+}
+
+int provider_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_exec_request *req, struct lb_exec_result *res,
+                  struct lb_error *err)
+{
+    if (!p || !p->ops->exec)
+        return no_op(p, "exec", err);
+    return p->ops->exec(p, ref, req, res, err);
+}
+
+int provider_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        const void *data, size_t len, int mode, struct lb_error *err)
+{
+    if (!p || !p->ops->file_write)
+        return no_op(p, "file writes", err);
+    return p->ops->file_write(p, ref, path, data, len, mode, err);
+}
+
+int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                       int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    if (!p || !p->ops->file_open)
+        return no_op(p, "file reads", err);
+    return p->ops->file_open(p, ref, path, fd_out, size_out, err);
+}
+
+int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
+{
+    if (!p || !p->ops->list)
+        return no_op(p, "list", err);
+    return p->ops->list(p, out, err);
+}
+
+void provider_destroy(struct lb_provider *p)
+{
+    if (p && p->ops->destroy)
+        p->ops->destroy(p);
+}
+
+bool provider_path_is_valid(const char *path)
+{
+    const char *c;
+    size_t len;
+
+    if (!path || path[0] != '/')
+        return false;
+    len = strnlen(path, 4097);
+    if (len > 4096)
+        return false;
+    if (len == 1)
+        return true;
+    if (path[len - 1] == '/')
+        return false;
+    /* Every component (between slashes) is non-empty and neither "." nor "..". */
+    for (c = path; *c;) {
+        const char *start = c + 1, *end = strchr(start, '/');
+        size_t n = end ? (size_t)(end - start) : strlen(start);
+
+        if (n == 0 || (n == 1 && start[0] == '.') || (n == 2 && start[0] == '.' && start[1] == '.'))
+            return false;
+        c = start + n;
+    }
+    return true;
+}

@@ -1,0 +1,178 @@
+/*
+ * provider.h - the one interface behind which every kind of sandbox lives.
+ *
+ * A provider creates, runs commands in, moves files in and out of, reports on and stops
+ * sandboxes. It mirrors NeMo Gym's SandboxProvider protocol (create/exec/upload_file/
+ * download_file/status/close; nemo_gym/sandbox/providers/base.py): create returns only when
+ * the sandbox can run commands and take files, exec never fails because the command failed
+ * (a non-zero exit is a result), and stop treats "already gone" as success.
+ *
+ * Identity. The daemon names every sandbox (struct lb_sandbox_ref.id, "sbx-..."). create
+ * returns a provider-specific JSON descriptor (pid, uid, container id, ...) that the daemon
+ * stores in SQLite and hands back on every later call, also after a daemon restart. A provider
+ * must also be able to find and stop a sandbox from its id alone (descriptor NULL), because a
+ * crash can happen between create and the record update (DESIGN.md invariant 1).
+ *
+ * Errors. Functions return 0 or a negative errno and fill the optional struct lb_error. The
+ * errno decides the HTTP status (see util/error.h): -ENOENT "no such sandbox / file" (404),
+ * -EINVAL/-EISDIR/-ENOTDIR/-EROFS for a bad path or argument (400), -EACCES (403),
+ * -EFBIG (413), -EOPNOTSUPP for an unenforceable request (422), -ENOSYS for a capability the
+ * provider lacks (501), -EREMOTEIO for every failure of the provider itself (502).
+ *
+ * Thread-safety: every operation may be called from several worker threads at once, also on
+ * the same sandbox; a provider guards its own shared state.
+ */
+#ifndef LB_PROVIDER_H
+#define LB_PROVIDER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/buf.h"
+#include "util/error.h"
+
+enum lb_sandbox_status {
+    LB_STATUS_STARTING,
+    LB_STATUS_RUNNING,
+    LB_STATUS_PAUSED,
+    LB_STATUS_STOPPED, /* gone; also what a vanished sandbox reports */
+    LB_STATUS_ERROR,
+    LB_STATUS_UNKNOWN,
+};
+
+/* "starting", "running", ... (static string). */
+const char *provider_status_name(enum lb_sandbox_status s);
+
+/* Resource limits for a new sandbox; 0 means "no limit requested". */
+struct lb_resources {
+    double cpu;         /* CPUs, may be fractional */
+    int64_t memory_mib; /* memory (and swap) limit */
+    int64_t pids;       /* max processes */
+};
+
+struct lb_sandbox_spec {
+    const char *image;   /* "host" (the host's / read-only) or a name under images_dir */
+    const char *workdir; /* absolute; the private writable directory, "/workspace" */
+    struct lb_resources resources;
+};
+
+/* Which sandbox an operation is about. */
+struct lb_sandbox_ref {
+    const char *id;               /* daemon-made sandbox id, never NULL */
+    const json_t *descriptor;     /* what create returned, or NULL when unknown */
+};
+
+enum lb_exec_error {
+    LB_EXEC_OK = 0,      /* the command ran; return_code is its exit status */
+    LB_EXEC_TIMEOUT,     /* killed at timeout_ms; return_code 125 */
+    LB_EXEC_SANDBOX,     /* the sandbox failed to run it (bad cwd, ...); return_code 125 */
+};
+
+/* NeMo Gym's SANDBOX_RUNTIME_RETURN_CODE: a result that is not a process exit status. */
+#define LB_RETURN_CODE_RUNTIME 125
+
+struct lb_exec_request {
+    const char *const *argv; /* NULL-terminated, argv[0] non-NULL; searched in $PATH */
+    const char *cwd;         /* absolute; NULL means the spec's workdir */
+    const char *const *env;  /* NULL-terminated "K=V": the command's whole environment */
+    const char *user;        /* NULL, "root" or "0": the sandbox's root; others may be -EINVAL */
+    const void *stdin_data;  /* bytes for stdin, then EOF; NULL: stdin is /dev/null */
+    size_t stdin_len;
+    int64_t timeout_ms;        /* > 0; the whole process tree is killed when it passes */
+    size_t max_output_bytes;   /* per stream; bytes past it are read and dropped */
+    bool preserve_background;  /* leave background descendants running after the command */
+};
+
+struct lb_exec_result {
+    int return_code;               /* exit status, 128+signal, or LB_RETURN_CODE_RUNTIME */
+    enum lb_exec_error error_type;
+    struct lb_buf out, err;        /* captured stdout/stderr; .truncated says if cut */
+    int64_t duration_ms;
+};
+
+/* Free what an exec result holds (safe on a zeroed or half-filled result). */
+void provider_exec_result_release(struct lb_exec_result *res);
+
+struct lb_provider;
+
+struct lb_provider_ops {
+    const char *name; /* "local", "docker", ... */
+
+    /* Start a sandbox named ref->id (ref->descriptor is NULL). On success *descriptor_out is
+     * a new JSON object the caller owns. On failure nothing the call made is left running. */
+    int (*create)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                  struct lb_error *err);
+
+    /* Stop the sandbox and remove everything the provider made for it (processes,
+     * directories, cgroups). Idempotent: a sandbox that is already gone is success. Gives up
+     * with -ETIMEDOUT after timeout_ms. */
+    int (*stop)(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                struct lb_error *err);
+
+    /* Current status; a sandbox that is gone is LB_STATUS_STOPPED (not an error). */
+    int (*status)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  enum lb_sandbox_status *out, struct lb_error *err);
+
+    /* Run one command under lendbox-supervise. Fills *res (caller releases it) and returns
+     * 0 whenever a result exists, including timeouts and LB_EXEC_SANDBOX results; returns
+     * -ENOENT if the sandbox is gone, -EREMOTEIO if the exec transport failed. */
+    int (*exec)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_exec_request *req, struct lb_exec_result *res,
+                struct lb_error *err);
+
+    /* Write len bytes to the absolute, normalised path inside the sandbox, creating parent
+     * directories, replacing an existing file; mode < 0 means 0644. The file belongs to the
+     * sandbox's root. Paths resolve inside the sandbox's own root: ".." and symlinks never
+     * reach host files. */
+    int (*file_write)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                      const void *data, size_t len, int mode, struct lb_error *err);
+
+    /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
+     * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
+     * directory, -EACCES if the sandbox's own root could not read it either. */
+    int (*file_open)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+    /* Sandboxes of this provider that belong to this daemon instance: a new JSON array of
+     * {"sandbox_id": ..., "descriptor": {...}} the caller owns. Used by reconciliation. */
+    int (*list)(struct lb_provider *p, json_t **out, struct lb_error *err);
+
+    /* Freeze / thaw every process of the sandbox. May be NULL (-ENOSYS). */
+    int (*pause)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+    int (*resume)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+
+    /* Release the provider and its memory; sandboxes keep running. */
+    void (*destroy)(struct lb_provider *p);
+};
+
+/* Every provider struct starts with this header. */
+struct lb_provider {
+    const struct lb_provider_ops *ops;
+};
+
+/* Call-through helpers: NULL-safe on optional ops (-ENOSYS). Same contracts as the ops. */
+int provider_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                    const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                    struct lb_error *err);
+int provider_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                  struct lb_error *err);
+int provider_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                    enum lb_sandbox_status *out, struct lb_error *err);
+int provider_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_exec_request *req, struct lb_exec_result *res,
+                  struct lb_error *err);
+int provider_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        const void *data, size_t len, int mode, struct lb_error *err);
+int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                       int *fd_out, uint64_t *size_out, struct lb_error *err);
+int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
+void provider_destroy(struct lb_provider *p);
+
+/* Is path absolute and normalised: starts with '/', no "." or ".." component, no "//", no
+ * trailing '/' (except "/" itself), no NUL, at most 4096 bytes? */
+bool provider_path_is_valid(const char *path);
+
+#endif
