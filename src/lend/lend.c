@@ -1,0 +1,1043 @@
+/*
+ * lend.c - see lend.h.
+ *
+ * A stop always goes: record "stopping" (with its reason) -> provider_stop -> record
+ * "stopped"; or, when the provider fails, "stop_failed"/"failed_seed" with the error, the
+ * attempt count and the time of the next retry (exponential backoff). Nothing leaves the live
+ * set before the provider said the sandbox is gone.
+ */
+#include "lend/lend.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "util/token.h"
+
+struct session_lock {
+    char *rsid;
+    pthread_mutex_t mutex;
+    int refs;
+    UT_hash_handle hh;
+};
+
+struct lb_lend {
+    struct lb_lend_config cfg;
+    char *default_image, *workdir, *public_url, *admin_token_hash;
+    unsigned char *operate_key;
+    struct lb_store *store;
+    struct lb_provider *prov;
+    atomic_bool draining;
+    pthread_mutex_t locks_mutex;
+    struct session_lock *locks;
+};
+
+/* ---------- session locks ---------- */
+
+static struct session_lock *session_lock(struct lb_lend *l, const char *rsid)
+{
+    struct session_lock *s;
+
+    pthread_mutex_lock(&l->locks_mutex);
+    HASH_FIND_STR(l->locks, rsid, s);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || !(s->rsid = strdup(rsid))) {
+            free(s);
+            pthread_mutex_unlock(&l->locks_mutex);
+            return NULL;
+        }
+        pthread_mutex_init(&s->mutex, NULL);
+        HASH_ADD_KEYPTR(hh, l->locks, s->rsid, strlen(s->rsid), s);
+    }
+    s->refs++;
+    pthread_mutex_unlock(&l->locks_mutex);
+    pthread_mutex_lock(&s->mutex);
+    return s;
+}
+
+static void session_unlock(struct lb_lend *l, struct session_lock *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_unlock(&s->mutex);
+    pthread_mutex_lock(&l->locks_mutex);
+    if (--s->refs == 0) {
+        HASH_DEL(l->locks, s);
+        pthread_mutex_destroy(&s->mutex);
+        free(s->rsid);
+        free(s);
+    }
+    pthread_mutex_unlock(&l->locks_mutex);
+}
+
+/* ---------- setup ---------- */
+
+int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_provider *prov,
+             struct lb_lend **out, struct lb_error *err)
+{
+    struct lb_lend *l = calloc(1, sizeof(*l));
+
+    if (!l)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    l->cfg = *cfg;
+    l->default_image = strdup(cfg->default_image ? cfg->default_image : "host");
+    l->workdir = strdup(cfg->workdir ? cfg->workdir : "/workspace");
+    l->public_url = strdup(cfg->public_url ? cfg->public_url : "");
+    l->admin_token_hash = strdup(cfg->admin_token_hash ? cfg->admin_token_hash : "");
+    l->operate_key = malloc(cfg->operate_key_len ? cfg->operate_key_len : 1);
+    if (!l->default_image || !l->workdir || !l->public_url || !l->admin_token_hash ||
+        !l->operate_key) {
+        lend_free(l);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    memcpy(l->operate_key, cfg->operate_key, cfg->operate_key_len);
+    l->cfg.default_image = l->default_image;
+    l->cfg.workdir = l->workdir;
+    l->cfg.public_url = l->public_url;
+    l->cfg.admin_token_hash = l->admin_token_hash;
+    l->cfg.operate_key = l->operate_key;
+    l->store = st;
+    l->prov = prov;
+    pthread_mutex_init(&l->locks_mutex, NULL);
+    *out = l;
+    return 0;
+}
+
+void lend_free(struct lb_lend *l)
+{
+    if (!l)
+        return;
+    free(l->default_image);
+    free(l->workdir);
+    free(l->public_url);
+    free(l->admin_token_hash);
+    free(l->operate_key);
+    pthread_mutex_destroy(&l->locks_mutex);
+    free(l);
+}
+
+void lend_set_draining(struct lb_lend *l, bool draining)
+{
+    atomic_store(&l->draining, draining);
+}
+
+bool lend_is_draining(struct lb_lend *l)
+{
+    return atomic_load(&l->draining);
+}
+
+/* ---------- rendering ---------- */
+
+static json_t *json_time(int64_t unix_s)
+{
+    char buf[32];
+
+    if (unix_s <= 0)
+        return json_null();
+    clock_format_rfc3339(unix_s, buf, sizeof(buf));
+    return json_string(buf);
+}
+
+static int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65])
+{
+    char mac[LB_SHA256_HEX + 1];
+    int r = token_hmac_hex(l->operate_key, l->cfg.operate_key_len, id, mac);
+
+    if (r < 0)
+        return r;
+    snprintf(token, 4 + 65, "lbo_%s", mac);
+    return 0;
+}
+
+static const char *spec_string(const struct lb_record *r, const char *key, const char *def,
+                               json_t **holder)
+{
+    json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    const char *v = spec ? json_string_value(json_object_get(spec, key)) : NULL;
+
+    *holder = spec;
+    return v ? v : def;
+}
+
+static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
+{
+    char token[4 + 65] = "";
+    json_t *spec = NULL, *lease;
+    const char *image = spec_string(r, "image", l->cfg.default_image, &spec);
+    const char *workdir = json_string_value(json_object_get(spec, "workdir"));
+
+    if (lend_operate_token(l, r->id, token) < 0)
+        token[0] = '\0';
+    lease = json_pack("{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}",
+                      "resources_session_id", r->rsid, "task_id", r->task_id, "sandbox_id", r->id,
+                      "state", store_state_name(r->state), "provider", r->provider, "image", image,
+                      "created_at", json_time(r->created_at), "expires_at",
+                      json_time(r->expires_at), "reused", reused, "access", "sandbox_id", r->id,
+                      "scope", "operate", "token", token, "base_url", l->cfg.public_url,
+                      "workdir", workdir ? workdir : l->cfg.workdir);
+    json_decref(spec);
+    return lease;
+}
+
+static const char *record_status_guess(enum lb_record_state s)
+{
+    switch (s) {
+    case LB_STATE_STARTING:
+        return "starting";
+    case LB_STATE_LENT:
+    case LB_STATE_STOPPING:
+        return "running";
+    case LB_STATE_STOPPED:
+        return "stopped";
+    default:
+        return "error";
+    }
+}
+
+static json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool details)
+{
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s?,s:o,s:o,s:s?}", "sandbox_id", r->id, "status",
+                          status ? status : record_status_guess(r->state), "state",
+                          store_state_name(r->state), "provider", r->provider, "created_at",
+                          json_time(r->created_at), "expires_at", json_time(r->expires_at),
+                          "resources_session_id", r->rsid);
+
+    if (j && details) {
+        json_object_set_new(j, "task_id", r->task_id ? json_string(r->task_id) : json_null());
+        json_object_set_new(j, "stop_reason",
+                            r->stop_reason ? json_string(r->stop_reason) : json_null());
+        json_object_set_new(j, "stop_attempts", json_integer(r->stop_attempts));
+        json_object_set_new(j, "last_error",
+                            r->last_error ? json_string(r->last_error) : json_null());
+        json_object_set_new(j, "next_attempt_at", json_time(r->next_attempt_at));
+        json_object_set_new(j, "updated_at", json_time(r->updated_at));
+    }
+    return j;
+}
+
+/* ---------- stops ---------- */
+
+static int64_t lend_backoff_s(struct lb_lend *l, int attempts)
+{
+    int64_t d = l->cfg.retry_base_s;
+
+    for (int i = 1; i < attempts && d < l->cfg.retry_max_s; i++)
+        d *= 2;
+    return d < l->cfg.retry_max_s ? d : l->cfg.retry_max_s;
+}
+
+/* Stop the sandbox of record r: stopping -> provider -> stopped, or fail_state on failure. */
+static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
+                            enum lb_record_state fail_state, struct lb_error *err)
+{
+    struct lb_error perr = {0};
+    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+    int rc;
+
+    if (r->state == LB_STATE_STOP_FAILED || r->state == LB_STATE_FAILED_SEED)
+        metrics_add(LB_M_STOP_RETRIES, 1);
+    rc = store_mark_stopping(l->store, r->id, reason, err);
+    if (rc < 0)
+        goto out;
+    rc = provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+    if (rc < 0) {
+        int attempts = r->stop_attempts + 1;
+
+        metrics_add(LB_M_STOPS_FAILED, 1);
+        log_warn("stop of sandbox %s failed (attempt %d): %s", r->id, attempts, perr.message);
+        store_mark_stop_failed(l->store, r->id, fail_state, perr.message,
+                               clock_now_s() + lend_backoff_s(l, attempts), NULL);
+        rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id,
+                          perr.message);
+        goto out;
+    }
+    metrics_add(LB_M_STOPS_OK, 1);
+    rc = store_mark_stopped(l->store, r->id, NULL, err);
+    log_info("sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
+out:
+    json_decref(desc);
+    return rc;
+}
+
+/* Retry the stops a session left pending (failed seed, failed release). Returns 0 when none
+ * is left, or the first failure. *n_stopped counts the ones that succeeded. */
+static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped,
+                              char *stopped_id, size_t stopped_id_len, struct lb_error *err)
+{
+    struct lb_record_filter f = {.rsid = rsid, .state = -1, .pending_stop_only = true};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        enum lb_record_state fail = recs[i].state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                                            : LB_STATE_STOP_FAILED;
+        r = lend_stop_record(l, &recs[i], NULL, fail, err);
+        if (r == 0) {
+            (*n_stopped)++;
+            if (stopped_id)
+                snprintf(stopped_id, stopped_id_len, "%s", recs[i].id);
+        }
+    }
+    store_records_free(recs, n);
+    return r;
+}
+
+/* ---------- seed ---------- */
+
+static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req,
+                              const char *image)
+{
+    json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir",
+                             l->cfg.workdir, "env", req->env, "network", req->network, "labels",
+                             req->labels);
+
+    if (spec && (req->resources.cpu > 0 || req->resources.memory_mib > 0 ||
+                 req->resources.pids > 0)) {
+        json_t *res = json_object();
+
+        if (req->resources.cpu > 0)
+            json_object_set_new(res, "cpu", json_real(req->resources.cpu));
+        if (req->resources.memory_mib > 0)
+            json_object_set_new(res, "memory_mib", json_integer(req->resources.memory_mib));
+        if (req->resources.pids > 0)
+            json_object_set_new(res, "pids", json_integer(req->resources.pids));
+        json_object_set_new(spec, "resources", res);
+    }
+    return spec;
+}
+
+static int lend_check_network(const struct lb_seed_request *req, struct lb_error *err)
+{
+    const char *access = req->network ? json_string_value(json_object_get(req->network, "access"))
+                                      : NULL;
+
+    if (!access || !strcmp(access, "inherit"))
+        return 0;
+    return lb_error_set(err, -EOPNOTSUPP,
+                        "network access '%s' cannot be enforced by this provider yet", access);
+}
+
+/* The part of a seed that starts a new sandbox; the session lock is held. */
+static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+                         json_t **lease_out, struct lb_error *err)
+{
+    struct lb_record rec = {0}, got = {0};
+    struct lb_error perr = {0};
+    const char *image = req->image ? req->image : l->cfg.default_image;
+    struct lb_sandbox_spec spec = {image, l->cfg.workdir, req->resources};
+    struct lb_sandbox_ref ref = {rec.id, NULL};
+    json_t *spec_json = NULL, *desc = NULL;
+    char *spec_text = NULL, *desc_text = NULL;
+    char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
+    int64_t counts[6] = {0}, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
+    int r;
+
+    r = lend_check_network(req, err);
+    if (r < 0)
+        goto out;
+    if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
+        ttl = l->cfg.max_ttl_s;
+    r = store_count_by_state(l->store, counts, err);
+    if (r < 0)
+        goto out;
+    if (counts[LB_STATE_STARTING] + counts[LB_STATE_LENT] >= l->cfg.max_sandboxes) {
+        r = lb_error_set(err, -EUSERS, "max_sandboxes (%lld) reached",
+                         (long long)l->cfg.max_sandboxes);
+        goto out;
+    }
+    r = token_new_sandbox_id(rec.id);
+    if (r < 0)
+        goto out;
+    spec_json = lend_spec_json(l, req, image);
+    spec_text = spec_json ? json_dumps(spec_json, JSON_COMPACT) : NULL;
+    if (!spec_text) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    rec.rsid = (char *)rsid;
+    rec.task_id = (char *)req->task_id;
+    rec.provider = (char *)l->prov->ops->name;
+    rec.state = LB_STATE_STARTING;
+    rec.spec_json = spec_text;
+    rec.created_at = clock_now_s();
+    rec.expires_at = ttl > 0 ? rec.created_at + ttl : 0;
+    /* Intent before action: the record exists before the provider makes anything. */
+    r = store_insert_sandbox(l->store, &rec, err);
+    if (r < 0)
+        goto out;
+    r = provider_create(l->prov, &ref, &spec, &desc, &perr);
+    if (r < 0) {
+        r = lb_error_set(err, r == -EINVAL || r == -EOPNOTSUPP ? r : -EREMOTEIO,
+                         "sandbox could not start: %s", perr.message);
+        goto rollback;
+    }
+    desc_text = json_dumps(desc, JSON_COMPACT);
+    if (!desc_text || store_set_descriptor(l->store, rec.id, desc_text, err) < 0) {
+        r = lb_error_keep(err, -EIO, "cannot record the sandbox descriptor");
+        goto rollback;
+    }
+    ref.descriptor = desc;
+    for (size_t i = 0; i < req->n_files; i++) {
+        const struct lb_seed_file *f = &req->files[i];
+
+        lb_error_clear(&perr);
+        r = provider_file_write(l->prov, &ref, f->path, f->data, f->len, f->mode, &perr);
+        if (r < 0) {
+            r = lb_error_set(err, r, "seed file '%s' could not be written: %s", f->path,
+                             perr.message);
+            goto rollback;
+        }
+    }
+    r = lend_operate_token(l, rec.id, token);
+    if (r < 0) {
+        r = lb_error_set(err, r, "cannot mint the operate token");
+        goto rollback;
+    }
+    token_sha256_hex(token, strlen(token), token_hash);
+    r = store_mark_lent(l->store, rec.id, desc_text, token_hash, err);
+    if (r < 0)
+        goto rollback;
+    r = store_get_sandbox(l->store, rec.id, &got, err);
+    if (r < 0)
+        goto out;
+    *lease_out = lend_render_lease(l, &got, false);
+    metrics_add(LB_M_SEEDS_OK, 1);
+    log_info("session %s: lent sandbox %s (task %s)", rsid, rec.id, req->task_id);
+    goto out;
+
+rollback:
+    /* Nothing is lent: stop what may have started; a failed stop leaves a failed seed. */
+    metrics_add(LB_M_SEEDS_FAILED, 1);
+    if (store_get_sandbox(l->store, rec.id, &got, NULL) == 0) {
+        struct lb_error serr = {0};
+
+        if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
+            log_error("session %s: failed seed's sandbox %s could not be stopped: %s", rsid,
+                      rec.id, serr.message);
+    }
+out:
+    store_record_release(&got);
+    json_decref(spec_json);
+    json_decref(desc);
+    free(spec_text);
+    free(desc_text);
+    return r;
+}
+
+int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+              json_t **lease_out, struct lb_error *err)
+{
+    struct session_lock *lock;
+    struct lb_record live = {0};
+    int r, n_stopped = 0;
+
+    if (lend_is_draining(l))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
+    lock = session_lock(l, rsid);
+    if (!lock)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = store_get_live_by_rsid(l->store, rsid, &live, NULL);
+    if (r == 0) {
+        if (live.task_id && strcmp(live.task_id, req->task_id) == 0 &&
+            live.state == LB_STATE_LENT) {
+            *lease_out = lend_render_lease(l, &live, true);
+            metrics_add(LB_M_SEEDS_REUSED, 1);
+        } else {
+            r = lb_error_set(err, -EEXIST,
+                             "session %s already has sandbox %s for task '%s', not '%s'", rsid,
+                             live.id, live.task_id ? live.task_id : "", req->task_id);
+        }
+        goto out;
+    }
+    /* A failed seed (or failed release) of this session must be stopped before a new start. */
+    r = lend_retry_pending(l, rsid, &n_stopped, NULL, 0, err);
+    if (r < 0) {
+        metrics_add(LB_M_SEEDS_FAILED, 1);
+        goto out;
+    }
+    if (lend_is_draining(l)) {
+        r = lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
+        goto out;
+    }
+    r = lend_seed_new(l, rsid, req, lease_out, err);
+out:
+    store_record_release(&live);
+    session_unlock(l, lock);
+    return r;
+}
+
+/* ---------- lookups ---------- */
+
+int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    int r = store_get_live_by_rsid(l->store, rsid, &rec, NULL);
+
+    if (r < 0)
+        return lb_error_set(err, -ENOENT, "session %s has no lent sandbox", rsid);
+    *lease_out = lend_render_lease(l, &rec, false);
+    store_record_release(&rec);
+    return *lease_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+static int lend_parse_state(const char *state, int *out, struct lb_error *err)
+{
+    enum lb_record_state s;
+
+    *out = -1;
+    if (!state)
+        return 0;
+    if (store_state_parse(state, &s) < 0)
+        return lb_error_set(err, -EINVAL,
+                            "unknown state '%s' (starting, lent, stopping, stopped, failed_seed, "
+                            "stop_failed)",
+                            state);
+    *out = (int)s;
+    return 0;
+}
+
+int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
+{
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    json_t *arr;
+    int r = lend_parse_state(state, &f.state, err);
+
+    if (r < 0)
+        return r;
+    if (f.state < 0)
+        f.live_only = true;
+    r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+    if (r < 0)
+        return r;
+    arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        if (recs[i].rsid)
+            json_array_append_new(arr, lend_render_lease(l, &recs[i], false));
+    store_records_free(recs, n);
+    *out = json_pack("{s:o}", "sessions", arr);
+    return 0;
+}
+
+int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
+{
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    json_t *arr;
+    int r = lend_parse_state(state, &f.state, err);
+
+    if (r < 0)
+        return r;
+    r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+    if (r < 0)
+        return r;
+    arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, lend_render_sandbox(&recs[i], NULL, true));
+    store_records_free(recs, n);
+    *out = json_pack("{s:o}", "sandboxes", arr);
+    return 0;
+}
+
+int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    const char *status = NULL;
+    int r = store_get_sandbox(l->store, id, &rec, NULL);
+
+    if (r < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (rec.state == LB_STATE_LENT) {
+        json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
+        struct lb_sandbox_ref ref = {rec.id, desc};
+        enum lb_sandbox_status st;
+
+        status = provider_status(l->prov, &ref, &st, NULL) == 0 ? provider_status_name(st)
+                                                                : "unknown";
+        json_decref(desc);
+    }
+    *out = lend_render_sandbox(&rec, status, false);
+    store_record_release(&rec);
+    return 0;
+}
+
+/* ---------- release / delete ---------- */
+
+int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err)
+{
+    struct session_lock *lock = session_lock(l, rsid);
+    struct lb_record live = {0};
+    char stopped_id[LB_ID_MAX] = "";
+    int r, n_stopped = 0;
+
+    if (!lock)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (store_get_live_by_rsid(l->store, rsid, &live, NULL) == 0) {
+        r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
+        if (r < 0) {
+            metrics_add(LB_M_RELEASES_FAILED, 1);
+            goto out;
+        }
+        n_stopped++;
+        snprintf(stopped_id, sizeof(stopped_id), "%s", live.id);
+    }
+    r = lend_retry_pending(l, rsid, &n_stopped, stopped_id[0] ? NULL : stopped_id,
+                           sizeof(stopped_id), err);
+    if (r < 0) {
+        metrics_add(LB_M_RELEASES_FAILED, 1);
+        goto out;
+    }
+    metrics_add(LB_M_RELEASES_OK, 1);
+    if (n_stopped > 0)
+        *out = json_pack("{s:b,s:s}", "released", 1, "sandbox_id", stopped_id);
+    else
+        *out = json_pack("{s:b}", "released", 0);
+out:
+    store_record_release(&live);
+    session_unlock(l, lock);
+    return r;
+}
+
+int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    struct session_lock *lock = NULL;
+    int r = store_get_sandbox(l->store, id, &rec, NULL);
+
+    if (r < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (rec.rsid) {
+        lock = session_lock(l, rec.rsid);
+        if (!lock) {
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+            goto out;
+        }
+        store_record_release(&rec);
+        r = store_get_sandbox(l->store, id, &rec, err); /* re-read under the lock */
+        if (r < 0)
+            goto out;
+    }
+    if (rec.state == LB_STATE_STOPPED) {
+        *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
+        goto out;
+    }
+    r = lend_stop_record(l, &rec, "deleted",
+                         rec.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                           : LB_STATE_STOP_FAILED,
+                         err);
+    if (r == 0)
+        *out = json_pack("{s:b,s:s}", "deleted", 1, "sandbox_id", id);
+out:
+    store_record_release(&rec);
+    session_unlock(l, lock);
+    return r;
+}
+
+/* ---------- per-sandbox operations ---------- */
+
+/* Load a lent sandbox's record and parsed descriptor. -ENOENT if not lent. */
+static int lend_load_lent(struct lb_lend *l, const char *id, struct lb_record *rec,
+                          json_t **desc, struct lb_error *err)
+{
+    int r = store_get_sandbox(l->store, id, rec, NULL);
+
+    if (r < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (rec->state != LB_STATE_LENT) {
+        r = lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
+                         store_state_name(rec->state));
+        store_record_release(rec);
+        return r;
+    }
+    *desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL) : NULL;
+    return 0;
+}
+
+/* Build "K=V" environment: defaults < the seed's env < the request's env. */
+static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
+{
+    json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "PATH",
+                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME",
+                            "/root", "LANG", "C.UTF-8", "LENDBOX_WORKDIR", workdir);
+    json_t *spec = rec->spec_json ? json_loads(rec->spec_json, 0, NULL) : NULL;
+    json_t *seed_env = json_object_get(spec, "env");
+    const char *k;
+    json_t *v;
+    char **out = NULL;
+    size_t i = 0;
+
+    if (!env)
+        goto out;
+    if (json_is_object(seed_env))
+        json_object_update(env, seed_env);
+    if (json_is_object(req_env))
+        json_object_update(env, req_env);
+    out = calloc(json_object_size(env) + 1, sizeof(char *));
+    if (!out)
+        goto out;
+    json_object_foreach(env, k, v) {
+        const char *s = json_string_value(v);
+
+        if (!s || asprintf(&out[i], "%s=%s", k, s) < 0) {
+            out[i] = NULL;
+            continue;
+        }
+        i++;
+    }
+out:
+    json_decref(spec);
+    json_decref(env);
+    return out;
+}
+
+int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
+              struct lb_exec_result *res, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL, *spec = NULL;
+    char **env = NULL;
+    const char *workdir;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    workdir = spec_string(&rec, "workdir", l->cfg.workdir, &spec);
+    env = lend_exec_env(&rec, workdir, p->env);
+    if (!env) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    struct lb_exec_request req = {
+        .argv = (const char *const *)p->argv,
+        .cwd = p->cwd ? p->cwd : workdir,
+        .env = (const char *const *)env,
+        .user = p->user,
+        .stdin_data = p->stdin_data,
+        .stdin_len = p->stdin_len,
+        .timeout_ms = p->timeout_ms,
+        .max_output_bytes = l->cfg.max_output_bytes,
+        .preserve_background = p->preserve_background,
+    };
+    metrics_add(LB_M_EXECS, 1);
+    r = provider_exec(l->prov, &ref, &req, res, err);
+    if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
+        metrics_add(LB_M_EXEC_TIMEOUTS, 1);
+out:
+    if (env)
+        for (size_t i = 0; env[i]; i++)
+            free(env[i]);
+    free(env);
+    json_decref(spec);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
+int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
+                    size_t len, int mode, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = provider_file_write(l->prov, &ref, path, data, len, mode, err);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
+int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
+                   uint64_t *size_out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = provider_file_open(l->prov, &ref, path, fd_out, size_out, err);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
+/* ---------- auth ---------- */
+
+int lend_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
+                   enum lb_principal *who, struct lb_error *err)
+{
+    struct lb_lend *l = app;
+    char hash[LB_SHA256_HEX + 1];
+    struct lb_record rec = {0};
+    int r;
+
+    token_sha256_hex(token, strlen(token), hash);
+    if (token_equal(hash, l->cfg.admin_token_hash)) {
+        *who = LB_PRINCIPAL_ADMIN;
+        return 0;
+    }
+    if (need == LB_AUTH_SANDBOX && sandbox_id &&
+        store_get_sandbox(l->store, sandbox_id, &rec, NULL) == 0) {
+        bool ok = rec.token_hash[0] && token_equal(hash, rec.token_hash);
+
+        store_record_release(&rec);
+        if (ok) {
+            *who = LB_PRINCIPAL_OPERATE;
+            return 0;
+        }
+    }
+    r = store_get_by_token_hash(l->store, hash, &rec, NULL);
+    store_record_release(&rec);
+    if (r == 0)
+        return lb_error_set(err, -EACCES,
+                            need == LB_AUTH_ADMIN
+                                ? "an operate token may not do this; it needs the admin token"
+                                : "this operate token belongs to another sandbox");
+    return lb_error_set(err, -ENOKEY, "unknown bearer token");
+}
+
+/* ---------- sweeper and shutdown ---------- */
+
+int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
+{
+    struct lb_record_filter due = {.state = -1, .pending_stop_only = true, .due_only = true,
+                                   .now_s = clock_now_s(), .limit = 256};
+    struct lb_record_filter expired = {.state = -1, .expired_only = true, .now_s = due.now_s,
+                                       .limit = 256};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int attempted = 0, r;
+
+    r = store_list_sandboxes(l->store, &due, &recs, &n, err);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
+        struct lb_record cur = {0};
+
+        /* Re-read under the lock: a seed or release may have handled it meanwhile. */
+        if (store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+            (cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
+             cur.state == LB_STATE_STOPPING)) {
+            enum lb_record_state fail = cur.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                                           : LB_STATE_STOP_FAILED;
+            attempted++;
+            lend_stop_record(l, &cur, NULL, fail, NULL);
+        }
+        store_record_release(&cur);
+        session_unlock(l, lock);
+    }
+    store_records_free(recs, n);
+    recs = NULL, n = 0;
+    if (r == 0)
+        r = store_list_sandboxes(l->store, &expired, &recs, &n, err);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
+        struct lb_record cur = {0};
+
+        if (store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+            cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= due.now_s) {
+            attempted++;
+            log_info("sandbox %s reached its TTL", cur.id);
+            lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL);
+        }
+        store_record_release(&cur);
+        session_unlock(l, lock);
+    }
+    store_records_free(recs, n);
+    if (r == 0 && l->cfg.retention_s > 0)
+        store_purge_stopped(l->store, clock_now_s() - l->cfg.retention_s, NULL);
+    return r < 0 ? r : attempted;
+}
+
+struct stop_all_ctx {
+    struct lb_lend *l;
+    struct lb_record *recs;
+    size_t n, next;
+    const char *reason;
+    pthread_mutex_t mutex;
+    int failed;
+    int in_flight, max_in_flight;
+};
+
+static void *stop_all_worker(void *arg)
+{
+    struct stop_all_ctx *c = arg;
+
+    for (;;) {
+        size_t i;
+        struct lb_record *r;
+        enum lb_record_state fail;
+
+        pthread_mutex_lock(&c->mutex);
+        if (c->next >= c->n) {
+            pthread_mutex_unlock(&c->mutex);
+            break;
+        }
+        i = c->next++;
+        c->in_flight++;
+        if (c->in_flight > c->max_in_flight)
+            c->max_in_flight = c->in_flight;
+        pthread_mutex_unlock(&c->mutex);
+        r = &c->recs[i];
+        fail = r->state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED;
+        int rc = lend_stop_record(c->l, r, r->state == LB_STATE_LENT ? c->reason : NULL, fail,
+                                  NULL);
+        pthread_mutex_lock(&c->mutex);
+        c->in_flight--;
+        if (rc < 0)
+            c->failed++;
+        pthread_mutex_unlock(&c->mutex);
+    }
+    return NULL;
+}
+
+int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
+{
+    struct stop_all_ctx c = {.l = l, .reason = reason};
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *all = NULL;
+    size_t n_all = 0, n_threads;
+    pthread_t *threads;
+    int64_t t0 = clock_mono_ms();
+
+    if (store_list_sandboxes(l->store, &f, &all, &n_all, NULL) < 0)
+        return -1;
+    /* Keep what is not stopped (live and failed ones). */
+    c.recs = calloc(n_all + 1, sizeof(*c.recs));
+    for (size_t i = 0; c.recs && i < n_all; i++) {
+        if (all[i].state != LB_STATE_STOPPED) {
+            c.recs[c.n++] = all[i];
+            memset(&all[i], 0, sizeof(all[i]));
+        }
+    }
+    store_records_free(all, n_all);
+    if (!c.recs)
+        return -1;
+    n_threads = c.n < concurrency ? c.n : concurrency;
+    threads = calloc(n_threads + 1, sizeof(*threads));
+    pthread_mutex_init(&c.mutex, NULL);
+    size_t started = 0;
+    for (; threads && started < n_threads; started++)
+        if (pthread_create(&threads[started], NULL, stop_all_worker, &c) != 0)
+            break;
+    if (started == 0)
+        stop_all_worker(&c);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    log_info("shutdown sweep: %zu sandboxes, %d failed, at most %d stops in flight, %lld ms", c.n,
+             c.failed, c.max_in_flight, (long long)(clock_mono_ms() - t0));
+    pthread_mutex_destroy(&c.mutex);
+    free(threads);
+    store_records_free(c.recs, c.n);
+    return c.failed;
+}
+
+int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
+{
+    int64_t counts[6] = {0};
+    char line[160];
+    int r = store_count_by_state(l->store, counts, NULL);
+
+    if (r < 0)
+        return r;
+    r = lb_buf_append(out, "# HELP lendbox_sandboxes Sandbox records by state.\n"
+                           "# TYPE lendbox_sandboxes gauge\n",
+                      strlen("# HELP lendbox_sandboxes Sandbox records by state.\n"
+                             "# TYPE lendbox_sandboxes gauge\n"));
+    for (int s = 0; r == 0 && s < 6; s++) {
+        int n = snprintf(line, sizeof(line), "lendbox_sandboxes{state=\"%s\"} %lld\n",
+                         store_state_name((enum lb_record_state)s), (long long)counts[s]);
+        r = lb_buf_append(out, line, (size_t)n);
+    }
+    return r;
+}
+
+/* ---------- startup reconciliation ---------- */
+
+int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err)
+{
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    json_t *found = NULL, *item;
+    size_t idx;
+    int r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+
+    memset(stats, 0, sizeof(*stats));
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < n; i++) {
+        struct lb_record *rec = &recs[i];
+
+        if (rec->state == LB_STATE_STOPPED)
+            continue;
+        if (rec->state == LB_STATE_LENT) {
+            json_t *desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL)
+                                                : NULL;
+            struct lb_sandbox_ref ref = {rec->id, desc};
+            enum lb_sandbox_status st = LB_STATUS_UNKNOWN;
+            int sr = provider_status(l->prov, &ref, &st, NULL);
+
+            json_decref(desc);
+            if (sr == 0 && st == LB_STATUS_STOPPED) {
+                /* Gone while we were away: clean up what is left, then record it. */
+                if (lend_stop_record(l, rec, "vanished", LB_STATE_STOP_FAILED, NULL) == 0)
+                    stats->vanished++;
+                else
+                    stats->failed++;
+            } else {
+                stats->adopted++;
+            }
+            continue;
+        }
+        /* starting, stopping, failed_seed, stop_failed: finish the stop. */
+        if (lend_stop_record(l, rec,
+                             rec->state == LB_STATE_STARTING ? "seed_failed" : NULL,
+                             rec->state == LB_STATE_FAILED_SEED || rec->state == LB_STATE_STARTING
+                                 ? LB_STATE_FAILED_SEED
+                                 : LB_STATE_STOP_FAILED,
+                             NULL) == 0)
+            stats->stopped++;
+        else
+            stats->failed++;
+    }
+    /* Sandboxes of ours with no record at all (a crash between create and insert is not
+     * possible, since the record comes first; this catches records purged or lost). */
+    if (provider_list(l->prov, &found, NULL) == 0) {
+        json_array_foreach(found, idx, item) {
+            const char *id = json_string_value(json_object_get(item, "sandbox_id"));
+            struct lb_record cur = {0};
+
+            if (!id || store_get_sandbox(l->store, id, &cur, NULL) == 0) {
+                store_record_release(&cur);
+                continue;
+            }
+            struct lb_sandbox_ref ref = {id, json_object_get(item, "descriptor")};
+            if (provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0) {
+                stats->orphans_stopped++;
+                log_warn("stopped sandbox %s that had no record", id);
+            } else {
+                stats->failed++;
+            }
+        }
+        json_decref(found);
+    }
+    store_records_free(recs, n);
+    return 0;
+}

@@ -1,0 +1,151 @@
+/*
+ * lend.h - lending: one sandbox per resources session, and the operations on lent sandboxes.
+ *
+ * Mirrors NeMo Gym's LentSandboxes (nemo_gym/server_runtime/sandbox_lending): seed lends the
+ * session a sandbox (starting it on the first call only), release stops it, a failed seed's
+ * sandbox whose stop also failed is kept apart and retried by the session's next seed or
+ * release, the sweeper and the shutdown sweep. It also serves the per-sandbox operations of
+ * AsyncSandbox (exec, files, status) for the admin and for the sandbox's operate token.
+ *
+ * Every state change is written to the store before the provider acts (DESIGN.md invariant 1);
+ * seed/release/delete of one session run one at a time (a lock per session id), different
+ * sessions in parallel. Functions that call the provider block: call them from pool workers.
+ *
+ * Returned JSON objects are new references the caller owns. Errors are negative errnos with
+ * the status mapping of util/error.h.
+ */
+#ifndef LB_LEND_H
+#define LB_LEND_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "http/http.h"
+#include "provider/provider.h"
+#include "store/store.h"
+
+struct lb_lend_config {
+    int64_t stop_timeout_s;
+    int64_t create_timeout_s;
+    int64_t default_ttl_s; /* 0: none */
+    int64_t max_ttl_s;     /* 0: no cap */
+    int64_t retry_base_s;
+    int64_t retry_max_s;
+    int64_t max_sandboxes;
+    int64_t retention_s;
+    size_t max_output_bytes;
+    const char *default_image;
+    const char *workdir;
+    const char *public_url;     /* base_url in the lease's access */
+    const char *admin_token_hash; /* hex SHA-256 of the admin token */
+    const unsigned char *operate_key; /* HMAC key operate tokens derive from */
+    size_t operate_key_len;
+};
+
+struct lb_lend;
+
+/* Make the lending service over store and provider (both stay the caller's). The config's
+ * strings are copied. Errors: -ENOMEM. */
+int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_provider *prov,
+             struct lb_lend **out, struct lb_error *err);
+void lend_free(struct lb_lend *l);
+
+/* While draining, seeds fail with -ESHUTDOWN (503 draining). Thread-safe. */
+void lend_set_draining(struct lb_lend *l, bool draining);
+bool lend_is_draining(struct lb_lend *l);
+
+struct lb_seed_file {
+    char *path;          /* absolute, normalised */
+    unsigned char *data; /* decoded bytes */
+    size_t len;
+    int mode;            /* -1: 0644 */
+};
+
+struct lb_seed_request {
+    const char *task_id;
+    const char *image;   /* NULL: default image */
+    json_t *env;         /* object of strings, or NULL */
+    int64_t ttl_s;       /* -1: default_ttl_s */
+    struct lb_resources resources;
+    json_t *network;     /* validated object or NULL */
+    json_t *labels;      /* object of strings or NULL */
+    struct lb_seed_file *files;
+    size_t n_files;
+};
+
+/* Lend the session a sandbox, or return the one it has. *lease_out is the lease of API.md.
+ * -EEXIST (409) for a live session seeded with another task_id, -EREMOTEIO (502) when the
+ * sandbox cannot start or a failed seed's stop fails again, -EINVAL/-EISDIR/... (400) for a
+ * file that cannot be written, -EUSERS (429) at max_sandboxes, -ESHUTDOWN (503) while draining,
+ * -EOPNOTSUPP (422) for a network policy this provider cannot enforce. */
+int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+              json_t **lease_out, struct lb_error *err);
+
+/* The session's lease (live sandbox). -ENOENT if the session has none. */
+int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out,
+                   struct lb_error *err);
+/* {"sessions": [lease...]}; state NULL or a record state name (else -EINVAL). */
+int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err);
+
+/* Stop the session's sandbox and any failed-seed sandbox of it. *out is {"released": true,
+ * "sandbox_id"} or {"released": false}. -EREMOTEIO (502) when a stop fails (record kept). */
+int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err);
+
+/* Stop one sandbox by id (reason "deleted"). *out {"deleted": bool, "sandbox_id"}. -ENOENT. */
+int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);
+
+/* GET /v1/sandboxes/{id}: record plus the provider's status for live ones. -ENOENT. */
+int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);
+/* {"sandboxes": [...]} of every record (with stop details); state filter as above. */
+int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out,
+                        struct lb_error *err);
+
+struct lb_exec_params {
+    char **argv;         /* NULL-terminated */
+    const char *cwd;     /* NULL: workdir */
+    json_t *env;         /* object of strings or NULL; merged over the seed's env */
+    const char *user;
+    const unsigned char *stdin_data;
+    size_t stdin_len;
+    int64_t timeout_ms;
+    bool preserve_background;
+};
+
+/* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */
+int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
+              struct lb_exec_result *res, struct lb_error *err);
+int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
+                    size_t len, int mode, struct lb_error *err);
+int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
+                   uint64_t *size_out, struct lb_error *err);
+
+/* The http layer's authorize hook (see lb_authorize_fn). Reads the store; never the provider. */
+int lend_authorize(void *lend, const char *token, enum lb_auth_need need, const char *sandbox_id,
+                   enum lb_principal *who, struct lb_error *err);
+
+/* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, purge old
+ * stopped records. Returns the number of stops attempted (>= 0). */
+int lend_sweep_once(struct lb_lend *l, struct lb_error *err);
+
+/* Stop every live and failed sandbox (the shutdown sweep) with at most concurrency stops in
+ * flight. Returns the number that failed to stop (kept recorded for the next start). */
+int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency);
+
+struct lb_reconcile_stats {
+    int adopted;         /* lent and still running */
+    int vanished;        /* lent but gone: recorded stopped, reason vanished */
+    int stopped;         /* starting/stopping/failed records whose stop now succeeded */
+    int orphans_stopped; /* provider sandboxes of this instance with no record */
+    int failed;          /* stops that failed again (kept for the retry loop) */
+};
+
+/* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
+ * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */
+int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
+
+/* Gauges for /metrics: append Prometheus text of sandboxes by state. */
+int lend_render_metrics(struct lb_lend *l, struct lb_buf *out);
+
+#endif

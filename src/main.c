@@ -1,0 +1,480 @@
+/*
+ * main.c - lendboxd: wires config, store, provider, lending, worker pool and HTTP together,
+ * runs startup reconciliation, the sweeper thread, and the shutdown sweep on SIGTERM/SIGINT.
+ * The only file that sees every module.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <libgen.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "http/http.h"
+#include "lend/lend.h"
+#include "pool/pool.h"
+#include "provider/fault.h"
+#include "provider/local.h"
+#include "routes/routes.h"
+#include "store/store.h"
+#include "util/clock.h"
+#include "util/config.h"
+#include "util/fault.h"
+#include "util/log.h"
+#include "util/token.h"
+
+#define OPERATE_KEY_BYTES 32
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: lendboxd [--config FILE] [--listen HOST:PORT] [--state-dir DIR]\n"
+            "                [--admin-token-file FILE] [--log-level LEVEL]\n"
+            "                [--set SECTION.KEY=VALUE]... [--no-shutdown-sweep]\n"
+            "                [--version] [--help]\n\n"
+            "Lends Linux-namespace sandboxes to resources servers over HTTP (API: docs/api.md).\n"
+            "Flags override the config file; --set sets any key of etc/lendbox.conf.\n"
+            "LENDBOX_FAULTS=OP=ACTION[,...] injects failures (tests and rehearsals only).\n");
+}
+
+struct sweeper {
+    pthread_t thread;
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    bool stop;
+    struct lb_lend *lend;
+    int64_t interval_s;
+};
+
+static void *sweeper_main(void *arg)
+{
+    struct sweeper *s = arg;
+
+    pthread_mutex_lock(&s->mutex);
+    while (!s->stop) {
+        struct timespec until;
+
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += s->interval_s;
+        pthread_cond_timedwait(&s->cond, &s->mutex, &until);
+        if (s->stop)
+            break;
+        pthread_mutex_unlock(&s->mutex);
+        lend_sweep_once(s->lend, NULL);
+        pthread_mutex_lock(&s->mutex);
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return NULL;
+}
+
+/* Read a whole small file (<= 4 KiB), trimmed of trailing whitespace. Caller frees. */
+static int read_small_file(const char *path, char **out, struct lb_error *err)
+{
+    char buf[4097];
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return lb_error_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n < 0)
+        return lb_error_set(err, -errno, "cannot read '%s': %s", path, strerror(errno));
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\r'))
+        n--;
+    buf[n] = '\0';
+    *out = strdup(buf);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+/* Create path with a fresh random hex secret of n_bytes (mode 0600) unless it exists. */
+static int ensure_secret_file(const char *path, size_t n_bytes, struct lb_error *err)
+{
+    char hex[2 * 64 + 2];
+    int fd, r;
+
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return 0;
+        return lb_error_set(err, -errno, "cannot create '%s': %s", path, strerror(errno));
+    }
+    r = token_random_hex(n_bytes, hex);
+    if (r == 0) {
+        size_t len = strlen(hex);
+
+        hex[len++] = '\n';
+        if (write(fd, hex, len) != (ssize_t)len || fsync(fd) < 0)
+            r = -errno;
+    }
+    close(fd);
+    if (r < 0) {
+        unlink(path);
+        return lb_error_set(err, r, "cannot write '%s'", path);
+    }
+    return 0;
+}
+
+static int write_listen_file(const char *state_dir, const char *addr)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/listen", state_dir);
+    snprintf(tmp, sizeof(tmp), "%s/.listen.tmp", state_dir);
+    f = fopen(tmp, "we");
+    if (!f)
+        return -errno;
+    fprintf(f, "%s\n", addr);
+    if (fclose(f) != 0 || rename(tmp, path) < 0)
+        return -errno;
+    return 0;
+}
+
+static char *default_supervise_path(void)
+{
+    char exe[PATH_MAX], cand[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    char *dir;
+
+    if (n <= 0)
+        return NULL;
+    exe[n] = '\0';
+    dir = dirname(exe);
+    snprintf(cand, sizeof(cand), "%s/lendbox-supervise", dir);
+    if (access(cand, X_OK) == 0)
+        return strdup(cand);
+    snprintf(cand, sizeof(cand), "%s/../libexec/lendbox/lendbox-supervise", dir);
+    if (access(cand, X_OK) == 0)
+        return realpath(cand, NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"listen", required_argument, NULL, 'l'},
+        {"state-dir", required_argument, NULL, 's'},
+        {"admin-token-file", required_argument, NULL, 'a'},
+        {"log-level", required_argument, NULL, 'L'},
+        {"set", required_argument, NULL, 'S'},
+        {"no-shutdown-sweep", no_argument, NULL, 'N'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct lb_config cfg;
+    struct lb_error err = {0};
+    const char *config_file = NULL;
+    char **sets = calloc((size_t)argc + 1, sizeof(char *));
+    int n_sets = 0, c, rc = 1, lock_fd = -1;
+    struct lb_store *store = NULL;
+    struct lb_provider *prov = NULL;
+    struct lb_lend *lend = NULL;
+    struct lb_pool *pool = NULL;
+    struct lb_http *http = NULL;
+    struct lb_app app = {0};
+    struct sweeper sw = {.mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    bool sweeper_started = false;
+    char *admin_token = NULL, *operate_hex = NULL, *supervise = NULL, *public_url = NULL;
+    char path[PATH_MAX], admin_hash[LB_SHA256_HEX + 1];
+    unsigned char operate_key[OPERATE_KEY_BYTES];
+    sigset_t sigs;
+    enum lb_log_level level;
+    struct lb_reconcile_stats rs;
+
+    if (!sets || config_init(&cfg) < 0) {
+        fprintf(stderr, "lendboxd: out of memory\n");
+        return 1;
+    }
+    /* Flags override the file, so collect them first and apply them after loading it. */
+    while ((c = getopt_long(argc, argv, "c:l:s:a:L:S:NVh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            config_file = optarg;
+            break;
+        case 'l':
+        case 's':
+        case 'a':
+        case 'L': {
+            const char *key = c == 'l'   ? "server.listen="
+                              : c == 's' ? "server.state_dir="
+                              : c == 'a' ? "server.admin_token_file="
+                                         : "server.log_level=";
+            if (asprintf(&sets[n_sets++], "%s%s", key, optarg) < 0)
+                goto out;
+            break;
+        }
+        case 'S':
+            sets[n_sets++] = strdup(optarg);
+            break;
+        case 'N':
+            sets[n_sets++] = strdup("lending.shutdown_sweep=no");
+            break;
+        case 'V':
+            printf("lendboxd %s\n", LB_VERSION);
+            rc = 0;
+            goto out;
+        case 'h':
+            usage(stdout);
+            rc = 0;
+            goto out;
+        default:
+            usage(stderr);
+            rc = 2;
+            goto out;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "lendboxd: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        rc = 2;
+        goto out;
+    }
+    if (config_file && config_load_file(&cfg, config_file, &err) < 0)
+        goto fail;
+    for (int i = 0; i < n_sets; i++)
+        if (!sets[i] || config_set_assignment(&cfg, sets[i], &err) < 0)
+            goto fail;
+    if (log_parse_level(cfg.log_level, &level) < 0) {
+        lb_error_set(&err, -EINVAL, "unknown log level '%s'", cfg.log_level);
+        goto fail;
+    }
+    log_set_level(level);
+    {
+        const char *faults = getenv("LENDBOX_FAULTS") ? getenv("LENDBOX_FAULTS") : cfg.faults_spec;
+
+        if (fault_load(faults, &err) < 0)
+            goto fail;
+        if (fault_enabled())
+            log_warn("FAULT INJECTION IS ON (%s): this daemon will fail on purpose", faults);
+    }
+
+    /* Process-wide setup before any thread exists. */
+    umask(077);
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* File operations run with a sandbox's fsuid; root's supplementary groups must not come
+     * along (they would open group-readable host files). */
+    if (getuid() == 0 && setgroups(0, NULL) < 0)
+        log_warn("cannot drop supplementary groups: %s", strerror(errno));
+
+    /* State dir, lock, secrets. */
+    /* 0711: the sandboxes' own uids must reach their directories below it; nothing in it can
+     * be listed, and every secret in it is 0600. */
+    if ((mkdir(cfg.state_dir, 0711) < 0 && errno != EEXIST) || chmod(cfg.state_dir, 0711) < 0) {
+        lb_error_set(&err, -errno, "cannot create state dir '%s': %s", cfg.state_dir,
+                     strerror(errno));
+        goto fail;
+    }
+    snprintf(path, sizeof(path), "%s/lendboxd.lock", cfg.state_dir);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        lb_error_set(&err, -EBUSY, "state dir '%s' is in use by another lendboxd (%s)",
+                     cfg.state_dir, strerror(errno));
+        goto fail;
+    }
+    if (cfg.admin_token_file)
+        snprintf(path, sizeof(path), "%s", cfg.admin_token_file);
+    else
+        snprintf(path, sizeof(path), "%s/admin.token", cfg.state_dir);
+    if (ensure_secret_file(path, 32, &err) < 0 || read_small_file(path, &admin_token, &err) < 0)
+        goto fail;
+    if (strlen(admin_token) < 16) {
+        lb_error_set(&err, -EINVAL, "admin token in '%s' is shorter than 16 characters", path);
+        goto fail;
+    }
+    token_sha256_hex(admin_token, strlen(admin_token), admin_hash);
+    log_info("admin token: %s", path);
+    snprintf(path, sizeof(path), "%s/operate.key", cfg.state_dir);
+    if (ensure_secret_file(path, OPERATE_KEY_BYTES, &err) < 0 ||
+        read_small_file(path, &operate_hex, &err) < 0)
+        goto fail;
+    if (strlen(operate_hex) != 2 * OPERATE_KEY_BYTES) {
+        lb_error_set(&err, -EINVAL, "'%s' is damaged (want %d hex digits)", path,
+                     2 * OPERATE_KEY_BYTES);
+        goto fail;
+    }
+    for (int i = 0; i < OPERATE_KEY_BYTES; i++)
+        sscanf(operate_hex + 2 * i, "%2hhx", &operate_key[i]);
+
+    /* Store, provider. */
+    snprintf(path, sizeof(path), "%s/lendbox.db", cfg.state_dir);
+    if (store_open(path, &store, &err) < 0)
+        goto fail;
+    if (strcmp(cfg.provider, "local") != 0) {
+        lb_error_set(&err, -EINVAL, "unknown provider '%s' (this build has: local)", cfg.provider);
+        goto fail;
+    }
+    supervise = cfg.supervise_path ? strdup(cfg.supervise_path) : default_supervise_path();
+    if (!supervise) {
+        lb_error_set(&err, -ENOENT, "lendbox-supervise not found; set local.supervise");
+        goto fail;
+    }
+    struct lb_local_config lc = {
+        .state_dir = cfg.state_dir,
+        .bwrap_path = cfg.bwrap_path,
+        .supervise_path = supervise,
+        .images_dir = cfg.images_dir,
+        .cgroup_parent = cfg.cgroup_parent,
+        .uid_base = (uint32_t)cfg.uid_base,
+        .uid_count = (uint32_t)cfg.uid_count,
+    };
+    if (provider_local_new(&lc, &prov, &err) < 0)
+        goto fail;
+    if (fault_enabled()) {
+        struct lb_provider *wrapped = NULL;
+
+        if (provider_fault_wrap(prov, cfg.create_timeout_s * 1000, &wrapped) < 0) {
+            lb_error_set(&err, -ENOMEM, "out of memory");
+            goto fail;
+        }
+        prov = wrapped;
+    }
+
+    /* Workers and HTTP. Readiness stays 503 until reconciliation is done. */
+    if (pool_new((size_t)cfg.workers, (size_t)cfg.queue_max, &pool) < 0) {
+        lb_error_set(&err, -ENOMEM, "cannot start %lld workers", (long long)cfg.workers);
+        goto fail;
+    }
+    app.pool = pool;
+    app.max_exec_timeout_s = cfg.max_exec_timeout_s;
+    app.default_exec_timeout_s = 180;
+    char bound[128] = "";
+    int listen_fd = -1;
+
+    if (http_bind(cfg.listen, &listen_fd, bound, sizeof(bound), &err) < 0)
+        goto fail;
+    if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {
+        close(listen_fd);
+        goto fail;
+    }
+    struct lb_http_config hc = {
+        .listen_fd = listen_fd,
+        .threads = (unsigned)cfg.http_threads,
+        .connection_timeout_s = (unsigned)cfg.connection_timeout_s,
+        .max_body_bytes = (size_t)cfg.max_body_bytes,
+        .max_file_bytes = (size_t)cfg.max_file_bytes,
+        .max_json_depth = (int)cfg.max_json_depth,
+        .routes = lb_routes,
+        .authorize = routes_authorize,
+        .app = &app,
+        .pool = pool,
+    };
+    struct lb_lend_config lcfg = {
+        .stop_timeout_s = cfg.stop_timeout_s,
+        .create_timeout_s = cfg.create_timeout_s,
+        .default_ttl_s = cfg.default_ttl_s,
+        .max_ttl_s = cfg.max_ttl_s,
+        .retry_base_s = cfg.retry_base_s,
+        .retry_max_s = cfg.retry_max_s,
+        .max_sandboxes = cfg.max_sandboxes,
+        .retention_s = cfg.retention_s,
+        .max_output_bytes = (size_t)cfg.max_output_bytes,
+        .default_image = cfg.default_image,
+        .workdir = cfg.workdir,
+        .public_url = cfg.public_url ? cfg.public_url : public_url,
+        .admin_token_hash = admin_hash,
+        .operate_key = operate_key,
+        .operate_key_len = OPERATE_KEY_BYTES,
+    };
+    if (lend_new(&lcfg, store, prov, &lend, &err) < 0) {
+        close(listen_fd);
+        goto fail;
+    }
+    app.lend = lend;
+    /* Seeds are refused (503) until reconciliation is done. */
+    lend_set_draining(lend, true);
+    if (http_start(&hc, &http, &err) < 0)
+        goto fail;
+    if (write_listen_file(cfg.state_dir, http_bound_address(http)) < 0)
+        log_warn("cannot write %s/listen", cfg.state_dir);
+    log_info("lendboxd %s listening on http://%s (state dir %s)", LB_VERSION,
+             http_bound_address(http), cfg.state_dir);
+
+    /* Startup reconciliation, then ready. */
+    {
+        int64_t t0 = clock_mono_ms();
+
+        if (lend_reconcile(lend, &rs, &err) < 0)
+            goto fail;
+        log_info("reconciled in %lld ms: %d adopted, %d vanished, %d stopped, %d orphans "
+                 "stopped, %d failed",
+                 (long long)(clock_mono_ms() - t0), rs.adopted, rs.vanished, rs.stopped,
+                 rs.orphans_stopped, rs.failed);
+    }
+    sw.lend = lend;
+    sw.interval_s = cfg.sweep_interval_s;
+    if (pthread_create(&sw.thread, NULL, sweeper_main, &sw) == 0)
+        sweeper_started = true;
+    lend_set_draining(lend, false);
+    atomic_store(&app.ready, true);
+    sd_notify(0, "READY=1");
+
+    for (;;) {
+        int sig = 0;
+
+        sigwait(&sigs, &sig);
+        if (sig == SIGHUP) {
+            log_info("SIGHUP: logs go to stderr and need no reopening; nothing to reload");
+            continue;
+        }
+        log_info("signal %d: draining", sig);
+        break;
+    }
+    sd_notify(0, "STOPPING=1");
+    atomic_store(&app.ready, false);
+    lend_set_draining(lend, true);
+    if (sweeper_started) {
+        pthread_mutex_lock(&sw.mutex);
+        sw.stop = true;
+        pthread_cond_signal(&sw.cond);
+        pthread_mutex_unlock(&sw.mutex);
+        pthread_join(sw.thread, NULL);
+    }
+    pool_stop(pool); /* in-flight requests finish */
+    if (cfg.shutdown_sweep) {
+        int failed = lend_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
+
+        if (failed > 0)
+            log_warn("shutdown sweep: %d sandboxes failed to stop; they stay recorded", failed);
+    } else {
+        log_info("shutdown_sweep = no: leaving lent sandboxes running");
+    }
+    rc = 0;
+    goto out;
+fail:
+    log_error("%s", err.message[0] ? err.message : "startup failed");
+    rc = 1;
+out:
+    http_stop(http);
+    pool_destroy(pool);
+    lend_free(lend);
+    provider_destroy(prov);
+    store_close(store);
+    if (lock_fd >= 0)
+        close(lock_fd);
+    for (int i = 0; i < n_sets; i++)
+        free(sets[i]);
+    free(sets);
+    free(admin_token);
+    free(operate_hex);
+    free(supervise);
+    free(public_url);
+    config_release(&cfg);
+    return rc;
+}

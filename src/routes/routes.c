@@ -1,0 +1,113 @@
+/* routes.c - the route table and what the route files share. */
+#include "routes/routes.h"
+
+#include <errno.h>
+#include <string.h>
+
+const struct lb_route lb_routes[] = {
+    {"GET", "/healthz", LB_AUTH_NONE, false, route_healthz, "healthz"},
+    {"GET", "/readyz", LB_AUTH_NONE, false, route_readyz, "readyz"},
+    {"GET", "/metrics", LB_AUTH_NONE, false, route_metrics, "metrics"},
+    {"GET", "/v1/sessions", LB_AUTH_ADMIN, false, route_sessions_list, "sessions_list"},
+    {"GET", "/v1/sessions/*", LB_AUTH_ADMIN, false, route_session_get, "session_get"},
+    {"POST", "/v1/sessions/*/seed", LB_AUTH_ADMIN, false, route_seed, "seed"},
+    {"POST", "/v1/sessions/*/release", LB_AUTH_ADMIN, false, route_release, "release"},
+    {"POST", "/v1/sessions/*/execute", LB_AUTH_ADMIN, false, routes_not_implemented, "execute"},
+    {"POST", "/v1/sessions/*/close", LB_AUTH_ADMIN, false, routes_not_implemented, "close"},
+    {"GET", "/v1/sessions/*/activation", LB_AUTH_ADMIN, false, routes_not_implemented,
+     "activation"},
+    {"GET", "/v1/sandboxes", LB_AUTH_ADMIN, false, route_sandboxes_list, "sandboxes_list"},
+    {"GET", "/v1/sandboxes/*", LB_AUTH_SANDBOX, false, route_sandbox_get, "sandbox_get"},
+    {"DELETE", "/v1/sandboxes/*", LB_AUTH_ADMIN, false, route_sandbox_delete, "sandbox_delete"},
+    {"POST", "/v1/sandboxes/*/exec", LB_AUTH_SANDBOX, false, route_exec, "exec"},
+    {"PUT", "/v1/sandboxes/*/files", LB_AUTH_SANDBOX, true, route_file_put, "file_put"},
+    {"GET", "/v1/sandboxes/*/files", LB_AUTH_SANDBOX, false, route_file_get, "file_get"},
+    {"POST", "/v1/sandboxes/*/pause", LB_AUTH_SANDBOX, false, routes_not_implemented, "pause"},
+    {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, routes_not_implemented, "resume"},
+    {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, routes_not_implemented,
+     "endpoints"},
+    {"POST", "/v1/sandboxes/*/pty", LB_AUTH_SANDBOX, false, routes_not_implemented, "pty_create"},
+    {"GET", "/v1/pty/*/output", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_output"},
+    {"POST", "/v1/pty/*/input", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_input"},
+    {"POST", "/v1/pty/*/resize", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_resize"},
+    {"POST", "/v1/pty/*/signal", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_signal"},
+    {"POST", "/v1/pty/*/attach", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_attach"},
+    {"GET", "/v1/pty/*/wait", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_wait"},
+    {"DELETE", "/v1/pty/*", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_delete"},
+    {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL},
+};
+
+int routes_authorize(void *app, const char *token, enum lb_auth_need need,
+                     const char *sandbox_id, enum lb_principal *who, struct lb_error *err)
+{
+    return lend_authorize(((struct lb_app *)app)->lend, token, need, sandbox_id, who, err);
+}
+
+int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,
+                        struct lb_error *err)
+{
+    const char *key;
+    json_t *v;
+
+    json_object_foreach(obj, key, v) {
+        bool ok = false;
+
+        for (size_t i = 0; allowed[i] && !ok; i++)
+            ok = strcmp(key, allowed[i]) == 0;
+        if (!ok)
+            return lb_error_set(err, -EINVAL, "unknown field '%s' in %s", key, what);
+    }
+    return 0;
+}
+
+bool routes_rsid_is_valid(const char *rsid)
+{
+    size_t n = strlen(rsid);
+
+    if (n == 0 || n > 128)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = rsid[i];
+
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_error *err)
+{
+    json_t *m = json_object_get(obj, key);
+    const char *k;
+    json_t *v;
+
+    *out = NULL;
+    if (!m || json_is_null(m))
+        return 0;
+    if (!json_is_object(m))
+        return lb_error_set(err, -EINVAL, "'%s' must be an object of strings", key);
+    json_object_foreach(m, k, v) {
+        if (!json_is_string(v))
+            return lb_error_set(err, -EINVAL, "'%s.%s' must be a string", key, k);
+    }
+    *out = m;
+    return 0;
+}
+
+void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
+                    const struct lb_error *err)
+{
+    if (r < 0) {
+        json_decref(body);
+        http_respond_error(req, err);
+        return;
+    }
+    http_respond_json(req, status, body);
+}
+
+int routes_not_implemented(struct lb_request *req, struct lb_error *err)
+{
+    (void)req;
+    return lb_error_set(err, -ENOSYS, "this route is part of the contract but not built yet");
+}

@@ -1,0 +1,63 @@
+/*
+ * routes.h - the HTTP contract of API.md mapped onto the services: one file per resource
+ * (sessions.c, sandboxes.c, ops.c), each parsing and validating input, calling lend_* and
+ * rendering. No provider or SQL code here.
+ */
+#ifndef LB_ROUTES_H
+#define LB_ROUTES_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "http/http.h"
+#include "lend/lend.h"
+#include "pool/pool.h"
+
+/* What every handler can reach (http_app(req)). */
+struct lb_app {
+    struct lb_lend *lend;
+    struct lb_pool *pool;
+    atomic_bool ready;          /* startup reconciliation done and not draining */
+    int64_t max_exec_timeout_s;
+    int64_t default_exec_timeout_s;
+};
+
+/* The route table (terminated by {NULL}) for http_start. */
+extern const struct lb_route lb_routes[];
+
+/* The authorize hook for http_start; app is a struct lb_app. */
+int routes_authorize(void *app, const char *token, enum lb_auth_need need,
+                     const char *sandbox_id, enum lb_principal *who, struct lb_error *err);
+
+/* --- shared by the route files --- */
+
+/* Reject keys of obj not in allowed (NULL-terminated): -EINVAL "unknown field 'x'". */
+int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,
+                        struct lb_error *err);
+/* A resources session id: 1-128 characters of [A-Za-z0-9._:-]. */
+bool routes_rsid_is_valid(const char *rsid);
+/* obj[key] must be absent, or an object whose values are all strings. */
+int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_error *err);
+/* Answer the JSON object a job made, or its error. Steals body. */
+void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
+                    const struct lb_error *err);
+/* The "not built yet" handler: 501 not_implemented. */
+int routes_not_implemented(struct lb_request *req, struct lb_error *err);
+
+int route_seed(struct lb_request *req, struct lb_error *err);
+int route_session_get(struct lb_request *req, struct lb_error *err);
+int route_sessions_list(struct lb_request *req, struct lb_error *err);
+int route_release(struct lb_request *req, struct lb_error *err);
+int route_sandbox_get(struct lb_request *req, struct lb_error *err);
+int route_sandboxes_list(struct lb_request *req, struct lb_error *err);
+int route_sandbox_delete(struct lb_request *req, struct lb_error *err);
+int route_exec(struct lb_request *req, struct lb_error *err);
+int route_file_put(struct lb_request *req, struct lb_error *err);
+int route_file_get(struct lb_request *req, struct lb_error *err);
+int route_healthz(struct lb_request *req, struct lb_error *err);
+int route_readyz(struct lb_request *req, struct lb_error *err);
+int route_metrics(struct lb_request *req, struct lb_error *err);
+
+#endif

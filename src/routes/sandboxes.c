@@ -1,0 +1,363 @@
+/* sandboxes.c - /v1/sandboxes: status, list, delete, exec, files (NeMo Gym AsyncSandbox). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "provider/provider.h"
+#include "routes/routes.h"
+#include "util/token.h"
+#include "util/utf8.h"
+
+/* ---------- status, list, delete ---------- */
+
+static void sandbox_get_run(struct lb_request *req, void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_sandbox_status(app->lend, arg, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+static int sandbox_defer_with_id(struct lb_request *req, lb_http_job_fn fn, struct lb_error *err)
+{
+    char *id = strdup(http_param(req, 0));
+
+    if (!id)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    return http_defer(req, fn, id, free, err);
+}
+
+int route_sandbox_get(struct lb_request *req, struct lb_error *err)
+{
+    return sandbox_defer_with_id(req, sandbox_get_run, err);
+}
+
+int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    json_t *out = NULL;
+    int r = lend_list_sandboxes(app->lend, http_query(req, "state"), &out, err);
+
+    if (r == 0)
+        http_respond_json(req, 200, out);
+    return r;
+}
+
+static void sandbox_delete_run(struct lb_request *req, void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_delete_sandbox(app->lend, arg, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+int route_sandbox_delete(struct lb_request *req, struct lb_error *err)
+{
+    return sandbox_defer_with_id(req, sandbox_delete_run, err);
+}
+
+/* ---------- exec ---------- */
+
+struct exec_job {
+    char *id;
+    json_t *body;
+    struct lb_exec_params p;
+    bool base64;
+};
+
+static void exec_job_free(void *arg)
+{
+    struct exec_job *j = arg;
+
+    if (!j)
+        return;
+    if (j->p.argv)
+        for (size_t i = 0; j->p.argv[i]; i++)
+            free(j->p.argv[i]);
+    free(j->p.argv);
+    json_decref(j->body);
+    free(j->id);
+    free(j);
+}
+
+static int exec_parse_argv(json_t *body, struct exec_job *j, struct lb_error *err)
+{
+    json_t *command = json_object_get(body, "command"), *argv = json_object_get(body, "argv");
+    json_t *v;
+    size_t i;
+
+    if (command && json_is_null(command))
+        command = NULL;
+    if (argv && json_is_null(argv))
+        argv = NULL;
+    if ((command != NULL) == (argv != NULL))
+        return lb_error_set(err, -EINVAL, "give exactly one of 'command' (string) or 'argv'");
+    if (command) {
+        if (!json_is_string(command))
+            return lb_error_set(err, -EINVAL, "'command' must be a string");
+        j->p.argv = calloc(4, sizeof(char *));
+        if (!j->p.argv || !(j->p.argv[0] = strdup("/bin/sh")) || !(j->p.argv[1] = strdup("-c")) ||
+            !(j->p.argv[2] = strndup(json_string_value(command), json_string_length(command))))
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        if (strlen(j->p.argv[2]) != json_string_length(command))
+            return lb_error_set(err, -EINVAL, "'command' must not contain NUL");
+        return 0;
+    }
+    if (!json_is_array(argv) || json_array_size(argv) == 0)
+        return lb_error_set(err, -EINVAL, "'argv' must be a non-empty array of strings");
+    j->p.argv = calloc(json_array_size(argv) + 1, sizeof(char *));
+    if (!j->p.argv)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_array_foreach(argv, i, v) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+            return lb_error_set(err, -EINVAL, "'argv' must hold strings without NUL");
+        j->p.argv[i] = strdup(json_string_value(v));
+        if (!j->p.argv[i])
+            return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (!j->p.argv[0][0])
+        return lb_error_set(err, -EINVAL, "'argv[0]' must not be empty");
+    return 0;
+}
+
+static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, struct lb_error *err)
+{
+    static const char *const fields[] = {"command", "argv",     "cwd",
+                                         "env",     "user",     "stdin",
+                                         "timeout_s", "preserve_background_services",
+                                         "encoding", NULL};
+    json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
+    json_t *in = json_object_get(body, "stdin"), *timeout = json_object_get(body, "timeout_s");
+    json_t *keep = json_object_get(body, "preserve_background_services");
+    json_t *enc = json_object_get(body, "encoding");
+    double t = (double)app->default_exec_timeout_s;
+    int r = routes_check_fields(body, fields, "the exec request", err);
+
+    if (r == 0)
+        r = exec_parse_argv(body, j, err);
+    if (r == 0)
+        r = routes_string_map(body, "env", &j->p.env, err);
+    if (r < 0)
+        return r;
+    if (j->p.env) {
+        const char *k;
+        json_t *v;
+
+        json_object_foreach(j->p.env, k, v) {
+            if (!*k || strchr(k, '='))
+                return lb_error_set(err, -EINVAL, "env name '%s' is invalid", k);
+        }
+    }
+    if (cwd && !json_is_null(cwd)) {
+        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
+            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
+        j->p.cwd = json_string_value(cwd);
+    }
+    if (user && !json_is_null(user)) {
+        if (!json_is_string(user) || json_string_length(user) == 0)
+            return lb_error_set(err, -EINVAL, "'user' must be a non-empty string");
+        j->p.user = json_string_value(user);
+    }
+    if (in && !json_is_null(in)) {
+        if (!json_is_string(in))
+            return lb_error_set(err, -EINVAL, "'stdin' must be a string");
+        j->p.stdin_data = (const unsigned char *)json_string_value(in);
+        j->p.stdin_len = json_string_length(in);
+    }
+    if (timeout && !json_is_null(timeout)) {
+        if (!json_is_number(timeout) || !(json_number_value(timeout) > 0) ||
+            !isfinite(json_number_value(timeout)))
+            return lb_error_set(err, -EINVAL, "'timeout_s' must be a number > 0");
+        t = json_number_value(timeout);
+        if (t > (double)app->max_exec_timeout_s)
+            return lb_error_set(err, -EINVAL, "'timeout_s' must be at most %lld",
+                                (long long)app->max_exec_timeout_s);
+    }
+    j->p.timeout_ms = (int64_t)ceil(t * 1000.0);
+    if (keep && !json_is_null(keep)) {
+        if (!json_is_boolean(keep))
+            return lb_error_set(err, -EINVAL, "'preserve_background_services' must be a boolean");
+        j->p.preserve_background = json_is_true(keep);
+    }
+    if (enc && !json_is_null(enc)) {
+        const char *e = json_string_value(enc);
+
+        if (!e || (strcmp(e, "utf-8") && strcmp(e, "base64")))
+            return lb_error_set(err, -EINVAL, "'encoding' must be \"utf-8\" or \"base64\"");
+        j->base64 = strcmp(e, "base64") == 0;
+    }
+    return 0;
+}
+
+static json_t *exec_render_stream(const struct lb_buf *b, bool base64)
+{
+    struct lb_buf clean;
+    json_t *s;
+
+    if (base64) {
+        char *text = NULL;
+        size_t n = 0;
+
+        if (token_base64_encode(b->data ? b->data : "", b->len, &text, &n) < 0)
+            return NULL;
+        s = json_stringn_nocheck(text, n);
+        free(text);
+        return s;
+    }
+    lb_buf_init(&clean, 0);
+    if (utf8_sanitize(b->data ? b->data : "", b->len, &clean) < 0) {
+        lb_buf_release(&clean);
+        return NULL;
+    }
+    s = json_stringn(clean.data ? clean.data : "", clean.len);
+    lb_buf_release(&clean);
+    return s;
+}
+
+static void exec_run(struct lb_request *req, void *arg)
+{
+    static const char *const error_names[] = {NULL, "timeout", "sandbox"};
+    struct exec_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_exec_result res = {0};
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_exec(app->lend, j->id, &j->p, &res, &err);
+
+    if (r == 0) {
+        const char *et = error_names[res.error_type];
+
+        out = json_pack("{s:i,s:o*,s:o*,s:s?,s:b,s:b,s:I}", "return_code", res.return_code,
+                        "stdout", exec_render_stream(&res.out, j->base64), "stderr",
+                        exec_render_stream(&res.err, j->base64), "error_type", et,
+                        "stdout_truncated", res.out.truncated, "stderr_truncated",
+                        res.err.truncated, "duration_ms", (json_int_t)res.duration_ms);
+        if (!out)
+            r = lb_error_set(&err, -ENOMEM, "cannot render the exec result");
+    }
+    provider_exec_result_release(&res);
+    routes_respond(req, r, 200, out, &err);
+}
+
+int route_exec(struct lb_request *req, struct lb_error *err)
+{
+    struct exec_job *j = calloc(1, sizeof(*j));
+    int r;
+
+    if (!j || !(j->id = strdup(http_param(req, 0)))) {
+        free(j);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    r = http_body_json(req, false, &j->body, err);
+    if (r == 0)
+        r = exec_parse(http_app(req), j->body, j, err);
+    if (r < 0) {
+        exec_job_free(j);
+        return r;
+    }
+    return http_defer(req, exec_run, j, exec_job_free, err);
+}
+
+/* ---------- files ---------- */
+
+struct file_job {
+    char *id;
+    char *path;
+    int mode;
+};
+
+static void file_job_free(void *arg)
+{
+    struct file_job *j = arg;
+
+    if (!j)
+        return;
+    free(j->id);
+    free(j->path);
+    free(j);
+}
+
+static int file_job_new(struct lb_request *req, bool with_mode, struct file_job **out,
+                        struct lb_error *err)
+{
+    const char *path = http_query(req, "path"), *mode = http_query(req, "mode");
+    struct file_job *j;
+
+    if (!path || !provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL,
+                            "query 'path' must be an absolute, normalised path (no '..')");
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->id = strdup(http_param(req, 0))) || !(j->path = strdup(path))) {
+        file_job_free(j);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    j->mode = -1;
+    if (mode && with_mode) {
+        char *end = NULL;
+        long m = strtol(mode, &end, 8);
+
+        if (!*mode || *end || m < 0 || m > 07777) {
+            file_job_free(j);
+            return lb_error_set(err, -EINVAL, "query 'mode' must be octal 0000-7777");
+        }
+        j->mode = (int)m;
+    }
+    *out = j;
+    return 0;
+}
+
+static void file_put_run(struct lb_request *req, void *arg)
+{
+    struct file_job *j = arg;
+    struct lb_app *app = http_app(req);
+    const struct lb_buf *body = http_body(req);
+    struct lb_error err = {0};
+    int r = lend_file_write(app->lend, j->id, j->path, body->data ? body->data : "", body->len,
+                            j->mode, &err);
+
+    if (r < 0)
+        http_respond_error(req, &err);
+    else
+        http_respond_empty(req, 204);
+}
+
+int route_file_put(struct lb_request *req, struct lb_error *err)
+{
+    struct file_job *j = NULL;
+    int r = file_job_new(req, true, &j, err);
+
+    if (r < 0)
+        return r;
+    return http_defer(req, file_put_run, j, file_job_free, err);
+}
+
+static void file_get_run(struct lb_request *req, void *arg)
+{
+    struct file_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    uint64_t size = 0;
+    int fd = -1;
+    int r = lend_file_open(app->lend, j->id, j->path, &fd, &size, &err);
+
+    if (r < 0)
+        http_respond_error(req, &err);
+    else
+        http_respond_fd(req, 200, fd, size);
+}
+
+int route_file_get(struct lb_request *req, struct lb_error *err)
+{
+    struct file_job *j = NULL;
+    int r = file_job_new(req, false, &j, err);
+
+    if (r < 0)
+        return r;
+    return http_defer(req, file_get_run, j, file_job_free, err);
+}

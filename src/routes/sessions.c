@@ -1,0 +1,305 @@
+/* sessions.c - /v1/sessions: seed, get, list, release (NeMo Gym LentSandboxes). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "provider/provider.h"
+#include "routes/routes.h"
+#include "util/token.h"
+
+struct seed_job {
+    char *rsid;
+    json_t *body; /* keeps the strings the request points into alive */
+    struct lb_seed_request req;
+};
+
+static void seed_job_free(void *arg)
+{
+    struct seed_job *j = arg;
+
+    if (!j)
+        return;
+    for (size_t i = 0; i < j->req.n_files; i++) {
+        free(j->req.files[i].path);
+        free(j->req.files[i].data);
+    }
+    free(j->req.files);
+    json_decref(j->body);
+    free(j->rsid);
+    free(j);
+}
+
+static int seed_parse_file(const char *path, json_t *v, struct lb_seed_file *f,
+                           struct lb_error *err)
+{
+    static const char *const fields[] = {"base64", "mode", NULL};
+    int r;
+
+    if (!provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL,
+                            "file path '%s' must be absolute and normalised (no '..')", path);
+    f->mode = -1;
+    if (json_is_string(v)) {
+        f->len = json_string_length(v);
+        f->data = malloc(f->len + 1);
+        if (!f->data)
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        memcpy(f->data, json_string_value(v), f->len);
+    } else if (json_is_object(v)) {
+        json_t *b64 = json_object_get(v, "base64"), *mode = json_object_get(v, "mode");
+
+        r = routes_check_fields(v, fields, "a seed file", err);
+        if (r < 0)
+            return r;
+        if (!json_is_string(b64))
+            return lb_error_set(err, -EINVAL, "file '%s' needs a 'base64' string", path);
+        if (token_base64_decode(json_string_value(b64), json_string_length(b64), &f->data,
+                                &f->len) < 0)
+            return lb_error_set(err, -EINVAL, "file '%s' has malformed base64", path);
+        if (mode) {
+            if (!json_is_integer(mode) || json_integer_value(mode) < 0 ||
+                json_integer_value(mode) > 07777)
+                return lb_error_set(err, -EINVAL, "file '%s' mode must be 0..4095 (07777)", path);
+            f->mode = (int)json_integer_value(mode);
+        }
+    } else {
+        return lb_error_set(err, -EINVAL, "file '%s' must be a string or {\"base64\", \"mode\"}",
+                            path);
+    }
+    f->path = strdup(path);
+    return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
+{
+    static const char *const fields[] = {"cpu", "memory_mib", "pids", NULL};
+    json_t *cpu, *mem, *pids;
+    int r;
+
+    if (!res || json_is_null(res))
+        return 0;
+    if (!json_is_object(res))
+        return lb_error_set(err, -EINVAL, "'resources' must be an object");
+    r = routes_check_fields(res, fields, "resources", err);
+    if (r < 0)
+        return r;
+    cpu = json_object_get(res, "cpu");
+    mem = json_object_get(res, "memory_mib");
+    pids = json_object_get(res, "pids");
+    if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) > 0) ||
+                !isfinite(json_number_value(cpu))))
+        return lb_error_set(err, -EINVAL, "'resources.cpu' must be a number > 0");
+    if (mem && (!json_is_integer(mem) || json_integer_value(mem) <= 0))
+        return lb_error_set(err, -EINVAL, "'resources.memory_mib' must be an integer > 0");
+    if (pids && (!json_is_integer(pids) || json_integer_value(pids) <= 0))
+        return lb_error_set(err, -EINVAL, "'resources.pids' must be an integer > 0");
+    out->cpu = cpu ? json_number_value(cpu) : 0;
+    out->memory_mib = mem ? json_integer_value(mem) : 0;
+    out->pids = pids ? json_integer_value(pids) : 0;
+    return 0;
+}
+
+static int seed_parse_network(json_t *net, struct lb_error *err)
+{
+    static const char *const fields[] = {"access", "model_server", "tool_servers", NULL};
+    json_t *access, *model, *tools, *v;
+    size_t i;
+    int r;
+
+    if (!net || json_is_null(net))
+        return 0;
+    if (!json_is_object(net))
+        return lb_error_set(err, -EINVAL, "'network' must be an object");
+    r = routes_check_fields(net, fields, "network", err);
+    if (r < 0)
+        return r;
+    access = json_object_get(net, "access");
+    model = json_object_get(net, "model_server");
+    tools = json_object_get(net, "tool_servers");
+    if (access && (!json_is_string(access) ||
+                   (strcmp(json_string_value(access), "inherit") &&
+                    strcmp(json_string_value(access), "model_only") &&
+                    strcmp(json_string_value(access), "model_and_tools"))))
+        return lb_error_set(err, -EINVAL,
+                            "'network.access' must be inherit, model_only or model_and_tools");
+    if (model && !json_is_null(model) && !json_is_string(model))
+        return lb_error_set(err, -EINVAL, "'network.model_server' must be a URL string");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return lb_error_set(err, -EINVAL, "'network.tool_servers' must be an array of URLs");
+        json_array_foreach(tools, i, v) {
+            if (!json_is_string(v))
+                return lb_error_set(err, -EINVAL, "'network.tool_servers' must hold strings");
+        }
+    }
+    return 0;
+}
+
+static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error *err)
+{
+    static const char *const fields[] = {"task_id", "files",   "image",   "env",    "ttl_s",
+                                         "resources", "network", "labels", NULL};
+    json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
+    json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
+    const char *path;
+    json_t *v;
+    int r = routes_check_fields(body, fields, "the seed request", err);
+
+    if (r < 0)
+        return r;
+    if (!json_is_string(task) || json_string_length(task) == 0 || json_string_length(task) > 1024)
+        return lb_error_set(err, -EINVAL, "'task_id' is required: a string of 1-1024 bytes");
+    req->task_id = json_string_value(task);
+    if (image && !json_is_null(image)) {
+        if (!json_is_string(image) || json_string_length(image) == 0)
+            return lb_error_set(err, -EINVAL, "'image' must be a non-empty string");
+        req->image = json_string_value(image);
+    }
+    req->ttl_s = -1;
+    if (ttl && !json_is_null(ttl)) {
+        if (!json_is_number(ttl) || !(json_number_value(ttl) > 0) ||
+            json_number_value(ttl) > 31536000.0)
+            return lb_error_set(err, -EINVAL, "'ttl_s' must be a number of seconds > 0");
+        req->ttl_s = (int64_t)ceil(json_number_value(ttl));
+    }
+    r = routes_string_map(body, "env", &req->env, err);
+    if (r == 0)
+        r = routes_string_map(body, "labels", &req->labels, err);
+    if (r == 0)
+        r = seed_parse_resources(json_object_get(body, "resources"), &req->resources, err);
+    if (r == 0)
+        r = seed_parse_network(json_object_get(body, "network"), err);
+    if (r < 0)
+        return r;
+    if (req->env) {
+        const char *k;
+
+        json_object_foreach(req->env, k, v) {
+            if (!*k || strchr(k, '='))
+                return lb_error_set(err, -EINVAL, "env name '%s' is invalid", k);
+        }
+    }
+    req->network = json_object_get(body, "network");
+    if (json_is_null(req->network))
+        req->network = NULL;
+    if (!files || json_is_null(files))
+        return 0;
+    if (!json_is_object(files))
+        return lb_error_set(err, -EINVAL, "'files' must be an object of path -> content");
+    req->files = calloc(json_object_size(files) + 1, sizeof(*req->files));
+    if (!req->files)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_object_foreach(files, path, v) {
+        r = seed_parse_file(path, v, &req->files[req->n_files], err);
+        if (r < 0) {
+            free(req->files[req->n_files].data);
+            free(req->files[req->n_files].path);
+            return r;
+        }
+        req->n_files++;
+    }
+    return 0;
+}
+
+static void seed_run(struct lb_request *req, void *arg)
+{
+    struct seed_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *lease = NULL;
+    int r = lend_seed(app->lend, j->rsid, &j->req, &lease, &err);
+
+    routes_respond(req, r, 200, lease, &err);
+}
+
+static int session_param(struct lb_request *req, const char **rsid, struct lb_error *err)
+{
+    *rsid = http_param(req, 0);
+    if (!*rsid || !routes_rsid_is_valid(*rsid))
+        return lb_error_set(err, -EINVAL,
+                            "invalid resources session id: 1-128 characters of [A-Za-z0-9._:-]");
+    return 0;
+}
+
+int route_seed(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    struct seed_job *j;
+    const char *rsid;
+    int r = session_param(req, &rsid, err);
+
+    if (r < 0)
+        return r;
+    if (lend_is_draining(app->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->rsid = strdup(rsid))) {
+        free(j);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    r = http_body_json(req, false, &j->body, err);
+    if (r == 0)
+        r = seed_parse(j->body, &j->req, err);
+    if (r < 0) {
+        seed_job_free(j);
+        return r;
+    }
+    return http_defer(req, seed_run, j, seed_job_free, err);
+}
+
+int route_session_get(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    json_t *lease = NULL;
+    const char *rsid;
+    int r = session_param(req, &rsid, err);
+
+    if (r == 0)
+        r = lend_get_lease(app->lend, rsid, &lease, err);
+    if (r == 0)
+        http_respond_json(req, 200, lease);
+    return r;
+}
+
+int route_sessions_list(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    json_t *out = NULL;
+    int r = lend_list_leases(app->lend, http_query(req, "state"), &out, err);
+
+    if (r == 0)
+        http_respond_json(req, 200, out);
+    return r;
+}
+
+static void release_run(struct lb_request *req, void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_release(app->lend, arg, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+int route_release(struct lb_request *req, struct lb_error *err)
+{
+    const char *rsid;
+    char *copy;
+    json_t *body = NULL;
+    int r = session_param(req, &rsid, err);
+    static const char *const fields[] = {NULL};
+
+    if (r == 0)
+        r = http_body_json(req, true, &body, err);
+    if (r == 0)
+        r = routes_check_fields(body, fields, "the release request", err);
+    json_decref(body);
+    if (r < 0)
+        return r;
+    copy = strdup(rsid);
+    if (!copy)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    return http_defer(req, release_run, copy, free, err);
+}
