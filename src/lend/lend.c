@@ -248,7 +248,10 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
     rc = store_mark_stopping(l->store, r->id, reason, err);
     if (rc < 0)
         goto out;
+    metrics_add(LB_M_STOPS_IN_FLIGHT, 1);
+    metrics_max(LB_M_STOPS_IN_FLIGHT_MAX, metrics_get(LB_M_STOPS_IN_FLIGHT));
     rc = provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+    metrics_sub(LB_M_STOPS_IN_FLIGHT, 1);
     if (rc < 0) {
         int attempts = r->stop_attempts + 1;
 
@@ -824,6 +827,7 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
     struct lb_record *recs = NULL;
     size_t n = 0;
     int attempted = 0, r;
+    int64_t t_start = clock_mono_ms();
 
     r = store_list_sandboxes(l->store, &due, &recs, &n, err);
     for (size_t i = 0; r == 0 && i < n; i++) {
@@ -854,7 +858,8 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
             cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= due.now_s) {
             attempted++;
             log_info("sandbox %s reached its TTL", cur.id);
-            lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL);
+            if (lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL) == 0)
+                metrics_add(LB_M_TTL_REAPED, 1);
         }
         store_record_release(&cur);
         session_unlock(l, lock);
@@ -862,6 +867,8 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
     store_records_free(recs, n);
     if (r == 0 && l->cfg.retention_s > 0)
         store_purge_stopped(l->store, clock_now_s() - l->cfg.retention_s, NULL);
+    metrics_add(LB_M_SWEEPS, 1);
+    metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
     return r < 0 ? r : attempted;
 }
 
@@ -940,6 +947,7 @@ int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
         stop_all_worker(&c);
     for (size_t i = 0; i < started; i++)
         pthread_join(threads[i], NULL);
+    metrics_set(LB_M_SHUTDOWN_SWEEP_MS, (uint64_t)(clock_mono_ms() - t0));
     log_info("shutdown sweep: %zu sandboxes, %d failed, at most %d stops in flight, %lld ms", c.n,
              c.failed, c.max_in_flight, (long long)(clock_mono_ms() - t0));
     pthread_mutex_destroy(&c.mutex);
@@ -1039,5 +1047,9 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
         json_decref(found);
     }
     store_records_free(recs, n);
+    metrics_add(LB_M_RECONCILE_ADOPTED, (uint64_t)stats->adopted);
+    metrics_add(LB_M_RECONCILE_VANISHED, (uint64_t)stats->vanished);
+    metrics_add(LB_M_RECONCILE_STOPPED, (uint64_t)stats->stopped);
+    metrics_add(LB_M_RECONCILE_ORPHANS, (uint64_t)stats->orphans_stopped);
     return 0;
 }

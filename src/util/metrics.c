@@ -4,11 +4,13 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 static const struct {
     const char *name, *labels, *help;
+    bool gauge;
 } counter_info[LB_M_COUNTERS] = {
     [LB_M_SEEDS_OK] = {"lendbox_seeds_total", "result=\"ok\"", "Seeds by result."},
     [LB_M_SEEDS_REUSED] = {"lendbox_seeds_total", "result=\"reused\"", NULL},
@@ -24,6 +26,21 @@ static const struct {
     [LB_M_HTTP_ERRORS_4XX] = {"lendbox_http_errors_total", "class=\"4xx\"", "HTTP errors."},
     [LB_M_HTTP_ERRORS_5XX] = {"lendbox_http_errors_total", "class=\"5xx\"", NULL},
     [LB_M_HTTP_OVERLOADED] = {"lendbox_http_overloaded_total", NULL, "Requests refused 429."},
+    [LB_M_TTL_REAPED] = {"lendbox_ttl_reaped_total", NULL, "Sandboxes stopped at their TTL."},
+    [LB_M_RECONCILE_ADOPTED] = {"lendbox_reconciled_total", "result=\"adopted\"",
+                                "Startup reconciliation outcomes."},
+    [LB_M_RECONCILE_VANISHED] = {"lendbox_reconciled_total", "result=\"vanished\"", NULL},
+    [LB_M_RECONCILE_STOPPED] = {"lendbox_reconciled_total", "result=\"stopped\"", NULL},
+    [LB_M_RECONCILE_ORPHANS] = {"lendbox_reconciled_total", "result=\"orphan_stopped\"", NULL},
+    [LB_M_SWEEPS] = {"lendbox_sweeps_total", NULL, "Sweeper passes (retries, TTL, purge)."},
+    [LB_M_SWEEP_LAST_MS] = {"lendbox_sweep_last_duration_ms", NULL,
+                            "Duration of the last sweeper pass.", true},
+    [LB_M_STOPS_IN_FLIGHT] = {"lendbox_stops_in_flight", NULL, "Provider stops running now.",
+                              true},
+    [LB_M_STOPS_IN_FLIGHT_MAX] = {"lendbox_stops_in_flight_max", NULL,
+                                  "Most provider stops ever in flight at once.", true},
+    [LB_M_SHUTDOWN_SWEEP_MS] = {"lendbox_shutdown_sweep_duration_ms", NULL,
+                                "Duration of the shutdown sweep.", true},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];
@@ -45,6 +62,24 @@ static atomic_int n_routes;
 void metrics_add(enum lb_counter c, uint64_t n)
 {
     atomic_fetch_add(&counters[c], n);
+}
+
+void metrics_set(enum lb_counter c, uint64_t v)
+{
+    atomic_store(&counters[c], v);
+}
+
+void metrics_sub(enum lb_counter c, uint64_t n)
+{
+    atomic_fetch_sub(&counters[c], n);
+}
+
+void metrics_max(enum lb_counter c, uint64_t v)
+{
+    uint_fast64_t cur = atomic_load(&counters[c]);
+
+    while (cur < v && !atomic_compare_exchange_weak(&counters[c], &cur, v))
+        ;
 }
 
 uint64_t metrics_get(enum lb_counter c)
@@ -103,8 +138,9 @@ int metrics_render(struct lb_buf *out)
 
     for (int c = 0; c < LB_M_COUNTERS && r == 0; c++) {
         if (counter_info[c].help)
-            r = metrics_printf(out, "# HELP %s %s\n# TYPE %s counter\n", counter_info[c].name,
-                               counter_info[c].help, counter_info[c].name);
+            r = metrics_printf(out, "# HELP %s %s\n# TYPE %s %s\n", counter_info[c].name,
+                               counter_info[c].help, counter_info[c].name,
+                               counter_info[c].gauge ? "gauge" : "counter");
         if (r == 0)
             r = metrics_printf(out, "%s%s%s%s %llu\n", counter_info[c].name,
                                counter_info[c].labels ? "{" : "",

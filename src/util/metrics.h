@@ -26,12 +26,26 @@ enum lb_counter {
     LB_M_HTTP_ERRORS_4XX,
     LB_M_HTTP_ERRORS_5XX,
     LB_M_HTTP_OVERLOADED,
+    LB_M_TTL_REAPED,
+    LB_M_RECONCILE_ADOPTED,
+    LB_M_RECONCILE_VANISHED,
+    LB_M_RECONCILE_STOPPED,
+    LB_M_RECONCILE_ORPHANS,
+    LB_M_SWEEPS,
+    LB_M_SWEEP_LAST_MS,      /* gauge: duration of the last sweeper pass */
+    LB_M_STOPS_IN_FLIGHT,    /* gauge: provider stops running now */
+    LB_M_STOPS_IN_FLIGHT_MAX,/* gauge: the most stops ever in flight at once */
+    LB_M_SHUTDOWN_SWEEP_MS,  /* gauge: duration of the shutdown sweep */
     LB_M_COUNTERS
 };
 
 #define LB_METRICS_MAX_ROUTES 64
 
 void metrics_add(enum lb_counter c, uint64_t n);
+/* Gauges: set, add a signed delta, or raise to at least v. */
+void metrics_set(enum lb_counter c, uint64_t v);
+void metrics_sub(enum lb_counter c, uint64_t n);
+void metrics_max(enum lb_counter c, uint64_t v);
 uint64_t metrics_get(enum lb_counter c);
 
 /* Register a route label (static string) and get its index; call before serving. */
