@@ -16,12 +16,13 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#ifndef CGROUP_MOUNT /* overridable to exercise v2 code on a hybrid host */
 #define CGROUP_MOUNT "/sys/fs/cgroup"
+#endif
 #define CPU_PERIOD_US 100000
 #define POLL_STEP_MS 10
 
-static const char *const v1_controllers[LB_CGROUP_MAX_DIRS] = {"memory", "pids", "cpu",
-                                                               "freezer"};
+static const char *const v1_controllers[LB_CGROUP_MAX_DIRS] = {"memory", "pids", "cpu", "freezer"};
 
 static void sleep_ms(int64_t ms)
 {
@@ -87,56 +88,13 @@ static bool file_exists(const char *dir, const char *name)
     return access(path, F_OK) == 0;
 }
 
-/* The daemon's own cgroup path in the hierarchy holding ctrl ("" selects the v2 line). */
-static int own_cgroup(const char *ctrl, char *out, size_t size)
+/* mount + "/" + parent with single slashes and no trailing one. */
+static char *join_base(const char *mount, const char *parent)
 {
-    char line[4352];
-    int r = -ENOENT;
-    FILE *f;
-
-    f = fopen("/proc/self/cgroup", "re");
-    if (!f)
-        return -errno;
-    while (fgets(line, sizeof(line), f)) {
-        char *ctrls = strchr(line, ':'), *path, *tok, *save = NULL;
-
-        if (!ctrls)
-            continue;
-        ctrls++;
-        path = strchr(ctrls, ':');
-        if (!path)
-            continue;
-        *path++ = '\0';
-        path[strcspn(path, "\n")] = '\0';
-        if (!*ctrl) {
-            if (*ctrls)
-                continue;
-        } else {
-            bool found = false;
-
-            for (tok = strtok_r(ctrls, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-                found = found || strcmp(tok, ctrl) == 0;
-            if (!found)
-                continue;
-        }
-        snprintf(out, size, "%s", path);
-        r = 0;
-        break;
-    }
-    fclose(f);
-    return r;
-}
-
-/* mount + own + "/" + parent (or mount + parent when parent is absolute), single slashes. */
-static char *join_base(const char *mount, const char *own, const char *parent)
-{
-    char tmp[8704], *out;
+    char tmp[4352], *out;
     size_t i, j = 0;
 
-    if (parent[0] == '/')
-        snprintf(tmp, sizeof(tmp), "%s/%s", mount, parent);
-    else
-        snprintf(tmp, sizeof(tmp), "%s/%s/%s", mount, own, parent);
+    snprintf(tmp, sizeof(tmp), "%s/%s", mount, parent);
     out = malloc(strlen(tmp) + 1);
     if (!out)
         return NULL;
@@ -167,7 +125,6 @@ static bool parent_is_valid(const char *parent)
 
 int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
 {
-    char own[4352];
     int i;
 
     memset(h, 0, sizeof(*h));
@@ -178,9 +135,7 @@ int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
         return 0;
     }
     if (fs_is(CGROUP_MOUNT, CGROUP2_SUPER_MAGIC)) {
-        if (own_cgroup("", own, sizeof(own)) < 0)
-            snprintf(own, sizeof(own), "/");
-        h->base[0] = join_base(CGROUP_MOUNT, own, parent);
+        h->base[0] = join_base(CGROUP_MOUNT, parent);
         if (!h->base[0])
             return -ENOMEM;
         h->ctrl[0] = "unified";
@@ -194,9 +149,7 @@ int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
         snprintf(mount, sizeof(mount), CGROUP_MOUNT "/%s", v1_controllers[i]);
         if (!fs_is(mount, CGROUP_SUPER_MAGIC))
             continue;
-        if (own_cgroup(v1_controllers[i], own, sizeof(own)) < 0)
-            snprintf(own, sizeof(own), "/");
-        h->base[h->nbase] = join_base(mount, own, parent);
+        h->base[h->nbase] = join_base(mount, parent);
         if (!h->base[h->nbase]) {
             cgroup_host_release(h);
             return -ENOMEM;
@@ -584,8 +537,8 @@ int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_err
     for (i = 0; i < cg->ndirs; i++) {
         while (rmdir(cg->dirs[i]) < 0 && errno != ENOENT) {
             if (errno != EBUSY)
-                return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s",
-                                    cg->dirs[i], strerror(errno));
+                return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s", cg->dirs[i],
+                                    strerror(errno));
             if (clock_mono_ms() >= deadline_ms)
                 return lb_error_set(err, -ETIMEDOUT, "cgroup '%s' is still busy", cg->dirs[i]);
             sleep_ms(POLL_STEP_MS);

@@ -6,8 +6,9 @@
  * limits need are enabled (best effort) in every ancestor's cgroup.subtree_control.
  * v1 (this machine is a v1/v2 hybrid whose v2 holds no controllers): the same relative path
  * in each of the memory, pids, cpu and freezer hierarchies.
- * <base> is cgroup_parent when it starts with '/', else cgroup_parent below the daemon's own
- * cgroup in that hierarchy (so the sandboxes stay inside whatever bounds the daemon).
+ * <base> is cgroup_parent (a leading '/' is optional) below the hierarchy's root: outside
+ * the daemon's own (systemd service) cgroup, so stopping or restarting the service does not
+ * kill the sandboxes (DESIGN.md invariant 6), and neither do its limits bound them.
  *
  * Thread-safety: a struct lb_cgroup_host is read-only after cgroup_host_detect; the functions
  * touch only their arguments and the cgroup filesystem.
@@ -28,7 +29,7 @@
 struct lb_cgroup_host {
     int version;
     int nbase;
-    char *base[LB_CGROUP_MAX_DIRS]; /* absolute parent dirs of the sandbox cgroups */
+    char *base[LB_CGROUP_MAX_DIRS];       /* absolute parent dirs of the sandbox cgroups */
     const char *ctrl[LB_CGROUP_MAX_DIRS]; /* v1: the controller of each base; v2: "unified" */
 };
 
@@ -39,8 +40,8 @@ struct lb_cgroup {
     char *dirs[LB_CGROUP_MAX_DIRS];
 };
 
-/* Find the cgroup hierarchies and the parent dirs for parent (e.g. "lendbox" or
- * "/lendbox"). Never fails hard: without usable cgroups h->version is 0. Returns 0 or
+/* Find the cgroup hierarchies and the parent dirs for parent (e.g. "lendbox"; NULL means
+ * "lendbox"). Never fails hard: without usable cgroups h->version is 0. Returns 0 or
  * -ENOMEM. */
 int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent);
 void cgroup_host_release(struct lb_cgroup_host *h);

@@ -32,6 +32,7 @@
 #define UID_COUNT_MAX (1u << 22)
 #define SWEEP_STEP_MS 10
 #define FREEZE_TIMEOUT_MS 5000
+#define DESCRIPTOR_MAX 16384
 
 static void sleep_ms(int64_t ms)
 {
@@ -67,7 +68,7 @@ void local_sandbox_dir(const struct local_provider *lp, const char *id, char *bu
     snprintf(buf, size, "%s/%s", lp->sandboxes_dir, id);
 }
 
-bool local_uid_in_range(const struct local_provider *lp, uint32_t uid)
+static bool local_uid_in_range(const struct local_provider *lp, uint32_t uid)
 {
     return uid >= lp->uid_base && uid - lp->uid_base < lp->uid_count;
 }
@@ -92,7 +93,7 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
     return r;
 }
 
-void local_uid_mark(struct local_provider *lp, uint32_t uid)
+static void local_uid_mark(struct local_provider *lp, uint32_t uid)
 {
     uint32_t bit = uid - lp->uid_base;
 
@@ -116,13 +117,13 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
 
 /* ---- /proc ---------------------------------------------------------------------------- */
 
-int local_proc_stat(pid_t pid, uint64_t *start_time, pid_t *ppid)
+int local_proc_start_time(pid_t pid, uint64_t *start_time)
 {
-    char path[64], buf[1024];
+    char path[64], buf[1024], state;
     unsigned long long st;
     const char *p;
     ssize_t n;
-    int fd, pp;
+    int fd;
 
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -135,14 +136,14 @@ int local_proc_stat(pid_t pid, uint64_t *start_time, pid_t *ppid)
     buf[n] = '\0';
     /* comm may hold spaces and ')'; fields after it start at the last ')' (field 3). */
     p = strrchr(buf, ')');
-    if (!p || sscanf(p + 1, " %*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                            "%*d %*d %llu",
-                     &pp, &st) != 2)
+    if (!p || sscanf(p + 1,
+                     " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     "%*d %*d %llu",
+                     &state, &st) != 2)
         return -EIO;
-    if (start_time)
-        *start_time = st;
-    if (ppid)
-        *ppid = pp;
+    if (state == 'Z' || state == 'X')
+        return -ENOENT; /* dead, only not yet reaped */
+    *start_time = st;
     return 0;
 }
 
@@ -150,7 +151,7 @@ bool local_desc_alive(const struct local_desc *d)
 {
     uint64_t st;
 
-    return d->pid > 0 && local_proc_stat(d->pid, &st, NULL) == 0 && st == d->start_time;
+    return d->pid > 0 && local_proc_start_time(d->pid, &st) == 0 && st == d->start_time;
 }
 
 /* Real uid and state of pid from /proc/<pid>/status; -ENOENT when gone. */
@@ -222,7 +223,7 @@ void local_desc_release(struct local_desc *d)
     cgroup_release(&d->cg);
 }
 
-int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
+static int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
 {
     json_int_t pid = 0, st = 0, uid = 0;
     const char *workdir = LOCAL_DEFAULT_WORKDIR;
@@ -311,15 +312,30 @@ out:
 /* Parse <dir>/descriptor.json. -ENOENT when it does not exist. */
 static int desc_read_file(const char *dir, const char *id, struct local_desc *d, json_t **raw)
 {
-    char path[4352];
-    json_error_t jerr;
+    char path[4352], buf[DESCRIPTOR_MAX];
+    size_t len = 0;
     json_t *j;
-    int r;
+    int fd, r;
 
     snprintf(path, sizeof(path), "%s/" LOCAL_DESCRIPTOR_FILE, dir);
-    j = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? -ENOENT : -EINVAL;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, sizeof(buf) - len);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        if (len == sizeof(buf))
+            break;
+    }
+    close(fd);
+    j = len < sizeof(buf) ? json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL) : NULL;
     if (!j)
-        return access(path, F_OK) < 0 && errno == ENOENT ? -ENOENT : -EINVAL;
+        return -EINVAL;
     r = local_desc_from_json(j, id, d);
     if (r == 0 && raw)
         *raw = j;
@@ -343,7 +359,10 @@ int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
         if (r < 0)
             return lb_error_set(err, r == -ENOMEM ? r : -EINVAL,
                                 "sandbox '%s' has a malformed descriptor", ref->id);
-        local_uid_mark(lp, d->uid);
+        /* a stale descriptor of a removed sandbox must not claim a uid reused since */
+        local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+        if (lstat(dir, &st) == 0)
+            local_uid_mark(lp, d->uid);
         return 0;
     }
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
@@ -456,6 +475,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     struct lb_cgroup guess = {0};
     char dir[4352];
     int pidfd = -1, r = 0, left;
+    bool has_dir;
+
+    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    has_dir = access(dir, F_OK) == 0;
 
     /* 1. the init: SIGKILL to a pid namespace's init kills every process in it */
     if (d->pid > 0 && local_desc_alive(d)) {
@@ -485,7 +508,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         goto out;
     }
     /* 2. everything else running as the sandbox's uid (bwrap's monitor, stragglers) */
-    if (local_uid_in_range(lp, d->uid)) {
+    if (has_dir && local_uid_in_range(lp, d->uid)) {
         while ((left = kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
@@ -496,7 +519,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             }
             sleep_ms(SWEEP_STEP_MS);
         }
-    } else if (d->uid) {
+    } else if (has_dir && d->uid) {
         log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
     }
     /* 3. cgroups: the descriptor's and wherever this host would have put them */
@@ -510,8 +533,9 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         lb_error_set(err, r, "out of memory");
     if (r < 0)
         goto out;
-    /* 4. the directory */
-    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    /* 4. the directory, and then the uid is free */
+    if (!has_dir)
+        goto out;
     r = rmtree(dir);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", dir, strerror(-r));
@@ -527,24 +551,83 @@ out:
 
 /* ---- ops ------------------------------------------------------------------------------- */
 
+static ssize_t stopping_find(const struct local_provider *lp, const char *id)
+{
+    size_t i;
+
+    for (i = 0; i < lp->nstopping; i++) {
+        if (strcmp(lp->stopping[i], id) == 0)
+            return (ssize_t)i;
+    }
+    return -1;
+}
+
+/* Enter / leave the one stop of id allowed at a time. */
+static int stopping_enter(struct local_provider *lp, const char *id)
+{
+    char *copy = strdup(id);
+    int r = 0;
+
+    if (!copy)
+        return -ENOMEM;
+    pthread_mutex_lock(&lp->lock);
+    while (stopping_find(lp, id) >= 0)
+        pthread_cond_wait(&lp->stopped, &lp->lock);
+    if (lp->nstopping == lp->stopping_cap) {
+        size_t cap = lp->stopping_cap ? lp->stopping_cap * 2 : 16;
+        char **nv = realloc(lp->stopping, cap * sizeof(*nv));
+
+        if (nv) {
+            lp->stopping = nv;
+            lp->stopping_cap = cap;
+        }
+    }
+    if (lp->nstopping < lp->stopping_cap)
+        lp->stopping[lp->nstopping++] = copy;
+    else
+        r = -ENOMEM;
+    pthread_mutex_unlock(&lp->lock);
+    if (r < 0)
+        free(copy);
+    return r;
+}
+
+static void stopping_leave(struct local_provider *lp, const char *id)
+{
+    ssize_t i;
+
+    pthread_mutex_lock(&lp->lock);
+    i = stopping_find(lp, id);
+    if (i >= 0) {
+        free(lp->stopping[i]);
+        lp->stopping[i] = lp->stopping[--lp->nstopping];
+    }
+    pthread_cond_broadcast(&lp->stopped);
+    pthread_mutex_unlock(&lp->lock);
+}
+
 static int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                       struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
+    int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
     struct local_desc d;
     int r;
 
+    if (!ref || !local_id_is_valid(ref->id))
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    r = stopping_enter(lp, ref->id);
+    if (r < 0)
+        return lb_error_set(err, r, "out of memory");
     r = local_desc_load(lp, ref, &d, err);
     if (r == -ENOENT) {
         lb_error_clear(err);
-        return 0;
+        r = 0;
+    } else if (r == 0) {
+        r = local_destroy_sandbox(lp, ref->id, &d, deadline, err);
+        local_desc_release(&d);
     }
-    if (r < 0)
-        return r;
-    if (timeout_ms <= 0)
-        timeout_ms = 1;
-    r = local_destroy_sandbox(lp, ref->id, &d, clock_mono_ms() + timeout_ms, err);
-    local_desc_release(&d);
+    stopping_leave(lp, ref->id);
     return r;
 }
 
@@ -606,8 +689,8 @@ static int local_list(struct lb_provider *p, json_t **out, struct lb_error *err)
             local_uid_mark(lp, d.uid);
             local_desc_release(&d);
         }
-        item = json_pack("{s:s,s:o}", "sandbox_id", de->d_name, "descriptor",
-                         raw ? raw : json_null());
+        item =
+            json_pack("{s:s,s:o}", "sandbox_id", de->d_name, "descriptor", raw ? raw : json_null());
         if (!item || json_array_append_new(arr, item) < 0) {
             r = lb_error_set(err, -ENOMEM, "out of memory");
             break;
@@ -661,6 +744,8 @@ static void local_destroy(struct lb_provider *p)
     if (!lp)
         return;
     cgroup_host_release(&lp->cg);
+    free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
+    pthread_cond_destroy(&lp->stopped);
     pthread_mutex_destroy(&lp->lock);
     free(lp->uid_used);
     free(lp->sandboxes_dir);
@@ -756,6 +841,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->uid_base = cfg->uid_base;
     lp->uid_count = cfg->uid_count;
     pthread_mutex_init(&lp->lock, NULL);
+    pthread_cond_init(&lp->stopped, NULL);
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);
     if (!lp->uid_used) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -775,8 +861,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     }
     if (mkdir(cfg->state_dir, 0755) < 0 && errno != EEXIST) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", cfg->state_dir,
-                         strerror(errno));
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", cfg->state_dir, strerror(errno));
         goto fail;
     }
     lp->state_dir = realpath(cfg->state_dir, NULL);
@@ -822,6 +907,24 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
 fail:
     local_destroy(&lp->base);
     return r;
+}
+
+int local_pipe(int *r, int *w)
+{
+    int p[2];
+
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    *r = p[0];
+    *w = p[1];
+    return 0;
+}
+
+void local_close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
 }
 
 /* ---- helpers for forked children (async-signal-safe only) ------------------------------ */

@@ -107,11 +107,6 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static bool image_name_is_valid(const char *name)
-{
-    return local_id_is_valid(name);
-}
-
 /* The single component of workdir when it is "/NAME", else NULL. */
 static const char *top_level_name(const char *path)
 {
@@ -182,8 +177,8 @@ static int add_root(struct strv *a, const char *root, const char *workdir, const
         struct stat st;
         ssize_t len;
 
-        if (snprintf(src, sizeof(src), "%s%s%s", root, strcmp(root, "/") ? "/" : "",
-                     names[i]) >= (int)sizeof(src) ||
+        if (snprintf(src, sizeof(src), "%s%s%s", root, strcmp(root, "/") ? "/" : "", names[i]) >=
+                (int)sizeof(src) ||
             snprintf(dst, sizeof(dst), "/%s", names[i]) >= (int)sizeof(dst))
             continue; /* cannot be named; leave it out */
         if (lstat(src, &st) < 0)
@@ -252,7 +247,7 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
 }
 
 struct spawn {
-    int fds[FD_COUNT];     /* what bwrap gets, see the top comment */
+    int fds[FD_COUNT]; /* what bwrap gets, see the top comment */
     int info_r, ready_r, err_r;
     int cg_fds[LB_CGROUP_MAX_DIRS];
     int ncg;
@@ -268,8 +263,7 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
     (void)syscall(SYS_setsid);
     for (i = 0; i < s->ncg; i++) {
         if (write(s->cg_fds[i], "0", 1) != 1) {
-            local_child_report(s->fds[FD_STDERR], "lendbox: cannot join the sandbox cgroup",
-                               errno);
+            local_child_report(s->fds[FD_STDERR], "lendbox: cannot join the sandbox cgroup", errno);
             _exit(126);
         }
     }
@@ -288,36 +282,18 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
     _exit(127);
 }
 
-static void close_fd(int *fd)
-{
-    if (*fd >= 0)
-        close(*fd);
-    *fd = -1;
-}
-
 static void spawn_close(struct spawn *s)
 {
     int i;
 
     for (i = 0; i < FD_COUNT; i++)
-        close_fd(&s->fds[i]);
-    close_fd(&s->info_r);
-    close_fd(&s->ready_r);
-    close_fd(&s->err_r);
+        local_close_fd(&s->fds[i]);
+    local_close_fd(&s->info_r);
+    local_close_fd(&s->ready_r);
+    local_close_fd(&s->err_r);
     for (i = 0; i < s->ncg; i++)
-        close_fd(&s->cg_fds[i]);
+        local_close_fd(&s->cg_fds[i]);
     s->ncg = 0;
-}
-
-static int make_pipe(int *r, int *w)
-{
-    int p[2];
-
-    if (pipe2(p, O_CLOEXEC) < 0)
-        return -errno;
-    *r = p[0];
-    *w = p[1];
-    return 0;
 }
 
 /* Trimmed text of what bwrap said, for an error message. */
@@ -381,7 +357,7 @@ static int wait_ready(struct spawn *s, pid_t *pid_out, struct lb_error *err)
             goto out;
         }
         if (p[0].revents && !read_into(s->info_r, &info))
-            close_fd(&s->info_r);
+            local_close_fd(&s->info_r);
         if (p[1].revents) {
             char c;
             ssize_t k = read(s->ready_r, &c, 1);
@@ -392,7 +368,7 @@ static int wait_ready(struct spawn *s, pid_t *pid_out, struct lb_error *err)
                 failed = true;
         }
         if (p[2].revents && !read_into(s->err_r, &errs))
-            close_fd(&s->err_r);
+            local_close_fd(&s->err_r);
         if (!child && info.data) {
             json_t *j = json_loadb(info.data, info.len, JSON_DISABLE_EOF_CHECK, NULL);
 
@@ -447,13 +423,12 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     s.fds[FD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
     if (s.fds[FD_STDIN] < 0 || s.fds[FD_STDOUT] < 0 || s.fds[FD_WORKSPACE] < 0 ||
         s.fds[FD_SUPERVISE] < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's files: %s",
-                         strerror(errno));
+        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's files: %s", strerror(errno));
         goto out;
     }
-    if ((r = make_pipe(&s.info_r, &s.fds[FD_INFO])) < 0 ||
-        (r = make_pipe(&s.ready_r, &s.fds[FD_READY])) < 0 ||
-        (r = make_pipe(&s.err_r, &s.fds[FD_STDERR])) < 0) {
+    if ((r = local_pipe(&s.info_r, &s.fds[FD_INFO])) < 0 ||
+        (r = local_pipe(&s.ready_r, &s.fds[FD_READY])) < 0 ||
+        (r = local_pipe(&s.err_r, &s.fds[FD_STDERR])) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
         goto out;
     }
@@ -480,9 +455,9 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     }
     /* only bwrap (and the init) keep the write ends */
     for (i = 0; i < FD_COUNT; i++)
-        close_fd(&s.fds[i]);
+        local_close_fd(&s.fds[i]);
     for (i = 0; i < s.ncg; i++)
-        close_fd(&s.cg_fds[i]);
+        local_close_fd(&s.cg_fds[i]);
     s.ncg = 0;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
@@ -502,7 +477,7 @@ static int image_root(struct local_provider *lp, const char *image, char *buf, s
         snprintf(buf, size, "/");
         return 0;
     }
-    if (!image_name_is_valid(image) || !lp->images_dir)
+    if (!local_id_is_valid(image) || !lp->images_dir)
         return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
     snprintf(buf, size, "%s/%s", lp->images_dir, image);
     if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
@@ -511,8 +486,7 @@ static int image_root(struct local_provider *lp, const char *image, char *buf, s
 }
 
 int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                 const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                 struct lb_error *err)
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
     const char *image = spec && spec->image ? spec->image : "host";
@@ -545,15 +519,14 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return lb_error_set(err, -ENAMETOOLONG, "state directory path is too long");
     r = local_uid_alloc(lp, &d.uid);
     if (r < 0)
-        return lb_error_set(err, r, "no free sandbox uid (all %" PRIu32 " in use)",
-                            lp->uid_count);
+        return lb_error_set(err, r, "no free sandbox uid (all %" PRIu32 " in use)", lp->uid_count);
 
     /* dir 0711 and workspace 0700: bwrap (as the uid) can reach the workspace, nobody
      * else can list or enter anything */
     if (mkdir(dir, 0711) < 0) {
-        r = errno == EEXIST ? lb_error_set(err, -EEXIST, "sandbox '%s' already exists", ref->id)
-                            : lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dir,
-                                           strerror(errno));
+        r = errno == EEXIST
+                ? lb_error_set(err, -EEXIST, "sandbox '%s' already exists", ref->id)
+                : lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dir, strerror(errno));
         local_uid_free(lp, d.uid);
         return r;
     }
@@ -576,7 +549,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (r < 0)
         goto fail;
     d.pid = pid;
-    r = local_proc_stat(pid, &d.start_time, NULL);
+    r = local_proc_start_time(pid, &d.start_time);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "sandbox init (pid %d) vanished right after start",
                          (int)pid);
@@ -601,8 +574,8 @@ fail:
 
         /* pid may be unknown or not yet verified: the uid sweep gets everything */
         d.pid = 0;
-        if (local_destroy_sandbox(lp, ref->id, &d, clock_mono_ms() + READY_TIMEOUT_MS,
-                                  &ignored) < 0)
+        if (local_destroy_sandbox(lp, ref->id, &d, clock_mono_ms() + READY_TIMEOUT_MS, &ignored) <
+            0)
             log_warn("sbx=%s cleanup after a failed create: %s", ref->id, ignored.message);
     }
     strv_free(&argv);

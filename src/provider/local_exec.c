@@ -41,6 +41,7 @@
 #define DEFAULT_OUTPUT_MAX (1024 * 1024)
 #define STATUS_MAX 2048
 #define READ_CHUNK 65536
+#define DRAIN_MS 200
 
 enum { NS_USER, NS_MNT, NS_PID, NS_NET, NS_UTS, NS_IPC, NS_COUNT };
 static const char *const ns_names[NS_COUNT] = {"user", "mnt", "pid", "net", "uts", "ipc"};
@@ -57,13 +58,6 @@ struct exec_fds {
     int child[CH_COUNT]; /* the supervisor's ends */
     int in_w, out_r, err_r, status_r;
 };
-
-static void close_fd(int *fd)
-{
-    if (*fd >= 0)
-        close(*fd);
-    *fd = -1;
-}
 
 static void exec_fds_init(struct exec_fds *f)
 {
@@ -82,32 +76,21 @@ static void exec_fds_close_child(struct exec_fds *f)
     int i;
 
     for (i = 0; i < NS_COUNT; i++)
-        close_fd(&f->ns[i]);
+        local_close_fd(&f->ns[i]);
     for (i = 0; i < f->ncg; i++)
-        close_fd(&f->cg[i]);
+        local_close_fd(&f->cg[i]);
     f->ncg = 0;
     for (i = 0; i < CH_COUNT; i++)
-        close_fd(&f->child[i]);
+        local_close_fd(&f->child[i]);
 }
 
 static void exec_fds_close(struct exec_fds *f)
 {
     exec_fds_close_child(f);
-    close_fd(&f->in_w);
-    close_fd(&f->out_r);
-    close_fd(&f->err_r);
-    close_fd(&f->status_r);
-}
-
-static int make_pipe(int *r, int *w)
-{
-    int p[2];
-
-    if (pipe2(p, O_CLOEXEC) < 0)
-        return -errno;
-    *r = p[0];
-    *w = p[1];
-    return 0;
+    local_close_fd(&f->in_w);
+    local_close_fd(&f->out_r);
+    local_close_fd(&f->err_r);
+    local_close_fd(&f->status_r);
 }
 
 /* The forked child: enter the sandbox and fork the supervisor. Never returns. */
@@ -232,7 +215,7 @@ static void pump_read(int *fd, struct lb_buf *b, char *chunk)
     }
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         return;
-    close_fd(fd);
+    local_close_fd(fd);
 }
 
 struct exec_io {
@@ -246,6 +229,8 @@ struct exec_io {
 static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_result *res,
                       int64_t deadline, char *chunk)
 {
+    int64_t drain_end;
+
     while (f->status_r >= 0) {
         struct pollfd p[4];
         int idx_in = -1, idx_out = -1, idx_err = -1, idx_st, np = 0, n;
@@ -282,7 +267,7 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
             if (w > 0)
                 io->in_off += (size_t)w;
             if ((w < 0 && errno != EAGAIN && errno != EINTR) || io->in_off == io->in_len)
-                close_fd(&f->in_w); /* EPIPE: the command does not read; EOF otherwise */
+                local_close_fd(&f->in_w); /* EPIPE: the command does not read; EOF otherwise */
         }
         if (idx_out >= 0 && p[idx_out].revents)
             pump_read(&f->out_r, &res->out, chunk);
@@ -293,13 +278,14 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
     }
     /* The supervisor is gone. What the command wrote is in the pipes already; anything
      * still holding them is a background process left running on purpose: take what is
-     * there, do not wait for more. */
-    close_fd(&f->in_w);
+     * there (for at most DRAIN_MS, in case it keeps writing), do not wait for more. */
+    local_close_fd(&f->in_w);
     if (f->out_r >= 0)
         set_nonblock(f->out_r);
     if (f->err_r >= 0)
         set_nonblock(f->err_r);
-    while (f->out_r >= 0 || f->err_r >= 0) {
+    drain_end = clock_mono_ms() + DRAIN_MS;
+    while ((f->out_r >= 0 || f->err_r >= 0) && clock_mono_ms() < drain_end) {
         size_t before = res->out.len + res->err.len;
         bool trunc = res->out.truncated || res->err.truncated;
 
@@ -307,8 +293,8 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
             pump_read(&f->out_r, &res->out, chunk);
         if (f->err_r >= 0)
             pump_read(&f->err_r, &res->err, chunk);
-        if (res->out.len + res->err.len == before && trunc == (res->out.truncated ||
-                                                               res->err.truncated))
+        if (res->out.len + res->err.len == before &&
+            trunc == (res->out.truncated || res->err.truncated))
             break; /* nothing new (EAGAIN on both) */
     }
 }
@@ -355,8 +341,7 @@ static bool user_is_root(const char *user)
 }
 
 int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-               const struct lb_exec_request *req, struct lb_exec_result *res,
-               struct lb_error *err)
+               const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
     static const char *const default_env[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
@@ -367,7 +352,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     struct exec_fds f;
     struct local_desc d;
     sigset_t pipe_set, old_mask, pending;
-    bool pipe_was_pending, masked = false;
+    bool pipe_was_pending = false, masked = false;
     const char **argv = NULL;
     char num[32], *chunk = NULL;
     int64_t start, deadline;
@@ -389,8 +374,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (!user_is_root(req->user))
         return lb_error_set(err, -EINVAL, "only user root is mapped in this sandbox");
     if (req->cwd && !provider_path_is_valid(req->cwd))
-        return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path",
-                            req->cwd);
+        return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path", req->cwd);
     r = local_desc_load(lp, ref, &d, err);
     if (r < 0)
         return r;
@@ -408,20 +392,23 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     r = cgroup_open_procs(&d.cg, f.cg, &f.ncg);
     if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));
+        if (!local_desc_alive(&d)) /* a stop got there first */
+            r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+        else
+            r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));
         goto out;
     }
     if (req->stdin_data) {
-        r = make_pipe(&f.child[CH_STDIN], &f.in_w);
+        r = local_pipe(&f.child[CH_STDIN], &f.in_w);
         if (r == 0)
             set_nonblock(f.in_w);
     } else {
         f.child[CH_STDIN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
         r = f.child[CH_STDIN] < 0 ? -errno : 0;
     }
-    if (r < 0 || (r = make_pipe(&f.out_r, &f.child[CH_STDOUT])) < 0 ||
-        (r = make_pipe(&f.err_r, &f.child[CH_STDERR])) < 0 ||
-        (r = make_pipe(&f.status_r, &f.child[CH_STATUS])) < 0) {
+    if (r < 0 || (r = local_pipe(&f.out_r, &f.child[CH_STDOUT])) < 0 ||
+        (r = local_pipe(&f.err_r, &f.child[CH_STDERR])) < 0 ||
+        (r = local_pipe(&f.status_r, &f.child[CH_STATUS])) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot make pipes: %s", strerror(-r));
         goto out;
     }
@@ -435,7 +422,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     io.in = req->stdin_data;
     io.in_len = req->stdin_len;
     if (f.in_w >= 0 && io.in_len == 0)
-        close_fd(&f.in_w);
+        local_close_fd(&f.in_w);
 
     /* a command that does not read its stdin must not kill us with SIGPIPE */
     sigemptyset(&pipe_set);
@@ -468,7 +455,6 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         res->return_code = LB_RETURN_CODE_RUNTIME;
         res->error_type = LB_EXEC_SANDBOX;
         append_message(&res->err, "lendbox: no result from the sandbox in time");
-        r = 0;
     } else if (parse_status(&io, res) != 0) {
         if (!local_desc_alive(&d)) {
             r = lb_error_set(err, -ENOENT, "sandbox '%s' stopped during the exec", ref->id);

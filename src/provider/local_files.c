@@ -106,8 +106,7 @@ static int map_errno(int e, const char *path, struct lb_error *err)
     case EPERM:
         return lb_error_set(err, -EACCES, "permission denied for '%s'", path);
     case ELOOP:
-        return lb_error_set(err, -ELOOP, "too many symlinks (or a /proc magic link) in '%s'",
-                            path);
+        return lb_error_set(err, -ELOOP, "too many symlinks (or a /proc magic link) in '%s'", path);
     case ENAMETOOLONG:
         return lb_error_set(err, -ENAMETOOLONG, "path '%s' is too long", path);
     case ENOSPC:

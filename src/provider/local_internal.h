@@ -35,6 +35,9 @@ struct local_provider {
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
     uint32_t uid_next;    /* next-fit cursor */
+    char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
+    size_t nstopping, stopping_cap;
+    pthread_cond_t stopped; /* signalled when an id leaves stopping */
 };
 
 /* A parsed descriptor. pid 0: the init never (or not yet) started. */
@@ -51,43 +54,47 @@ bool local_id_is_valid(const char *id);
 /* <sandboxes_dir>/<id> into buf. */
 void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
 
-/* Take a free uid (-EUSERS when all are in use) / mark one used / give one back. */
+/* Take a free uid (-EUSERS when all are in use) / give one back. */
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
-void local_uid_mark(struct local_provider *lp, uint32_t uid);
 void local_uid_free(struct local_provider *lp, uint32_t uid);
-bool local_uid_in_range(const struct local_provider *lp, uint32_t uid);
 
-/* Load ref's descriptor (ref->descriptor, else <dir>/descriptor.json) and mark its uid used.
- * -ENOENT when there is neither (the sandbox is gone), -EINVAL when malformed. */
+/* Load ref's descriptor (ref->descriptor, else <dir>/descriptor.json) and, while the
+ * sandbox's directory exists, mark its uid used. -ENOENT when there is neither (the sandbox
+ * is gone), -EINVAL when malformed. */
 int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
                     struct local_desc *d, struct lb_error *err);
-int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d);
 json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
 void local_desc_release(struct local_desc *d);
 /* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
 int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err);
 
-/* Start time (field 22) and parent (field 4) of pid from /proc; -ENOENT when gone. */
-int local_proc_stat(pid_t pid, uint64_t *start_time, pid_t *ppid);
+/* Start time (field 22 of /proc/<pid>/stat) of pid; -ENOENT when gone (a zombie counts as
+ * gone). */
+int local_proc_start_time(pid_t pid, uint64_t *start_time);
 /* Is the sandbox's init the very process the descriptor names (pid + start time)? */
 bool local_desc_alive(const struct local_desc *d);
 
 /* Kill the sandbox: SIGKILL the init and every process running as its uid, thaw, wait until
- * they are gone, remove its cgroups and its directory, free the uid. Idempotent. */
+ * they are gone, remove its cgroups and its directory, free the uid. Idempotent. The uid is
+ * only swept and freed while the directory exists: once it is gone the uid may already belong
+ * to a newer sandbox. The caller serialises calls for one id. */
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err);
 
 /* Ops implemented in the other files. */
 int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                 const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                 struct lb_error *err);
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err);
 int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-               const struct lb_exec_request *req, struct lb_exec_result *res,
-               struct lb_error *err);
+               const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      const void *data, size_t len, int mode, struct lb_error *err);
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+/* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
+int local_pipe(int *r, int *w);
+/* close(*fd) if open, then *fd = -1. */
+void local_close_fd(int *fd);
 
 /* Helpers for the forked children: only async-signal-safe work. */
 /* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */

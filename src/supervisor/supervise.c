@@ -116,8 +116,7 @@ static int parse_options(int argc, char **argv, struct options *o)
         } else if (strcmp(a, "--status-fd") == 0 && parse_int64(val, 0, INT_MAX, &v) == 0) {
             o->status_fd = (int)v;
             i++;
-        } else if (strcmp(a, "--timeout-ms") == 0 &&
-                   parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
+        } else if (strcmp(a, "--timeout-ms") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->timeout_ms = v;
             i++;
         } else if (strcmp(a, "--cwd") == 0 && val) {
@@ -164,6 +163,9 @@ static int run_init(int ready_fd)
     if (ready_fd > 3)
         (void)close_range(3, (unsigned)ready_fd - 1, 0);
     (void)close_range((unsigned)ready_fd + 1, ~0U, 0);
+    if (write(ready_fd, "R", 1) != 1)
+        return 1;
+    (void)close(ready_fd);
     fd = open("/dev/null", O_RDWR);
     if (fd >= 0) {
         for (i = 0; i < 3; i++) {
@@ -184,10 +186,6 @@ static int run_init(int ready_fd)
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     (void)sigprocmask(SIG_BLOCK, &chld, NULL);
-
-    if (write(ready_fd, "R", 1) != 1)
-        return 1;
-    (void)close(ready_fd);
 
     for (;;) {
         /* SIGCHLD stays pending while blocked, so no exit is missed between the two. */
@@ -531,8 +529,7 @@ static int run_command(const struct options *o)
     } else if (WIFEXITED(cmd.status)) {
         write_status(o->status_fd, "exit %d", WEXITSTATUS(cmd.status));
     } else {
-        write_status(o->status_fd, "signal %d",
-                     WIFSIGNALED(cmd.status) ? WTERMSIG(cmd.status) : 0);
+        write_status(o->status_fd, "signal %d", WIFSIGNALED(cmd.status) ? WTERMSIG(cmd.status) : 0);
     }
     return 0;
 }

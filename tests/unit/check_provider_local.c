@@ -27,8 +27,9 @@
 #define MIB (1024 * 1024)
 #define UIDS_PER_TEST 16
 
-static char state_dir[128];
-static char images_dir[160];
+static char base_dir[96];   /* per test run, made in the runner (parent) process */
+static char state_dir[160]; /* per test: <base_dir>/t<pid> */
+static char images_dir[192];
 static struct lb_local_config cfg;
 static struct lb_provider *prov;
 static int next_id;
@@ -53,6 +54,19 @@ static const char *supervise_path(void)
     return s && *s ? s : "build/lendbox-supervise";
 }
 
+/* The config of the test running in process pid (its own uid range). */
+static void config_for(struct lb_local_config *c, long pid, const char *dir, const char *images)
+{
+    memset(c, 0, sizeof(*c));
+    c->state_dir = dir;
+    c->bwrap_path = "bwrap";
+    c->supervise_path = supervise_path();
+    c->images_dir = images;
+    c->cgroup_parent = "lendbox-test";
+    c->uid_base = 1600000000u + (uint32_t)(pid % 100000) * UIDS_PER_TEST;
+    c->uid_count = UIDS_PER_TEST;
+}
+
 static struct lb_provider *new_provider(void)
 {
     struct lb_error err = {0};
@@ -63,42 +77,71 @@ static struct lb_provider *new_provider(void)
     return p;
 }
 
+/* Stop every sandbox under dir (a failed test skips its teardown in fork mode). */
+static void stop_all(struct lb_provider *p)
+{
+    json_t *all = NULL, *item;
+    size_t i;
+
+    if (provider_list(p, &all, NULL) < 0)
+        return;
+    json_array_foreach(all, i, item)
+    {
+        struct lb_sandbox_ref ref = {.id = json_string_value(json_object_get(item, "sandbox_id"))};
+
+        (void)provider_stop(p, &ref, 10000, NULL);
+    }
+    json_decref(all);
+}
+
+/* Runner process, once per TCase. */
+static void run_setup(void)
+{
+    snprintf(base_dir, sizeof(base_dir), "/tmp/lendbox-ptest.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(base_dir));
+    ck_assert_int_eq(chmod(base_dir, 0711), 0); /* bwrap must reach the workspaces */
+}
+
+static void run_teardown(void)
+{
+    struct dirent *de;
+    DIR *d = opendir(base_dir);
+
+    while (d && (de = readdir(d))) {
+        struct lb_local_config c;
+        struct lb_provider *p = NULL;
+        char dir[sizeof(base_dir) + 300];
+
+        if (de->d_name[0] != 't')
+            continue;
+        snprintf(dir, sizeof(dir), "%s/%s", base_dir, de->d_name);
+        config_for(&c, strtol(de->d_name + 1, NULL, 10), dir, NULL);
+        if (provider_local_new(&c, &p, NULL) == 0) {
+            stop_all(p);
+            provider_destroy(p);
+        }
+    }
+    if (d)
+        closedir(d);
+    rm_rf(base_dir);
+}
+
+/* Each test (in its own process). */
 static void setup(void)
 {
     ck_assert_int_eq(setgroups(0, NULL), 0);
-    snprintf(state_dir, sizeof(state_dir), "/tmp/lendbox-ptest.XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(state_dir));
-    ck_assert_int_eq(chmod(state_dir, 0711), 0); /* bwrap must reach the workspace */
+    snprintf(state_dir, sizeof(state_dir), "%s/t%ld", base_dir, (long)getpid());
+    ck_assert_int_eq(mkdir(state_dir, 0711), 0);
     snprintf(images_dir, sizeof(images_dir), "%s/images", state_dir);
     ck_assert_int_eq(mkdir(images_dir, 0755), 0);
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.state_dir = state_dir;
-    cfg.bwrap_path = "bwrap";
-    cfg.supervise_path = supervise_path();
-    cfg.images_dir = images_dir;
-    cfg.cgroup_parent = "lendbox-test";
-    cfg.uid_base = 1600000000u + (uint32_t)(getpid() % 100000) * UIDS_PER_TEST;
-    cfg.uid_count = UIDS_PER_TEST;
+    config_for(&cfg, getpid(), state_dir, images_dir);
     prov = new_provider();
 }
 
 static void teardown(void)
 {
-    json_t *all = NULL;
-    size_t i;
-    json_t *item;
-
-    /* stop whatever a failed test left behind */
-    if (prov && provider_list(prov, &all, NULL) == 0) {
-        json_array_foreach(all, i, item)
-        {
-            struct lb_sandbox_ref ref = {
-                .id = json_string_value(json_object_get(item, "sandbox_id"))};
-
-            (void)provider_stop(prov, &ref, 10000, NULL);
-        }
-        json_decref(all);
-    }
+    if (prov)
+        stop_all(prov);
     provider_destroy(prov);
     prov = NULL;
     rm_rf(state_dir);
@@ -332,10 +375,8 @@ START_TEST(test_exec_basics)
     /* stdin, env, cwd */
     {
         const char *env[] = {"FOO=bar", "PATH=/usr/bin:/bin", NULL};
-        struct run_opts o = {.stdin_data = "line1\nline2\n",
-                             .stdin_len = 12,
-                             .env = env,
-                             .cwd = "/tmp"};
+        struct run_opts o = {
+            .stdin_data = "line1\nline2\n", .stdin_len = 12, .env = env, .cwd = "/tmp"};
 
         run(&s, "cat; echo \"$FOO\"; pwd", &o, &res);
         ck_assert_int_eq(res.return_code, 0);
@@ -432,6 +473,9 @@ START_TEST(test_exec_timeout_kills_tree)
     o.keep_bg = true;
     run(&s, "setsid sleep 1000 >/dev/null 2>&1 & echo ok", &o, &res);
     ck_assert_int_eq(res.return_code, 0);
+    /* it may still be between fork and exec of sleep */
+    for (int i = 0; i < 200 && count_uid_procs(s.uid, "sleep") == 0; i++)
+        usleep(10000);
     ck_assert_int_eq(count_uid_procs(s.uid, "sleep"), 1);
     provider_exec_result_release(&res);
 
@@ -547,13 +591,14 @@ END_TEST
 
 START_TEST(test_files_symlink_escape)
 {
-    char host_file[] = "/tmp/lendbox-host-secret.XXXXXX", cmd[512];
+    char host_file[sizeof(base_dir) + 32], cmd[512];
     struct lb_exec_result res = {0};
     char *data = NULL, buf[64];
     size_t len;
     struct sbx s;
     int fd;
 
+    snprintf(host_file, sizeof(host_file), "%s/host-secret.XXXXXX", base_dir);
     fd = mkstemp(host_file);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(write(fd, "host-secret", 11), 11);
@@ -673,16 +718,13 @@ START_TEST(test_stop)
     ck_assert(!path_exists(dir));
     json_array_foreach(dirs, i, v)
     {
-        ck_assert_msg(!path_exists(json_string_value(v)), "cgroup %s left",
-                      json_string_value(v));
+        ck_assert_msg(!path_exists(json_string_value(v)), "cgroup %s left", json_string_value(v));
     }
     /* idempotent, and gone means gone */
     ck_assert_int_eq(provider_stop(prov, &s.ref, 10000, &err), 0);
     ck_assert_int_eq(run_argv(&s, argv, NULL, &res, &err), -ENOENT);
-    ck_assert_int_eq(provider_file_open(prov, &s.ref, "/etc/hostname", &fd, &size, &err),
-                     -ENOENT);
-    ck_assert_int_eq(provider_file_write(prov, &s.ref, "/workspace/x", "x", 1, -1, &err),
-                     -ENOENT);
+    ck_assert_int_eq(provider_file_open(prov, &s.ref, "/etc/hostname", &fd, &size, &err), -ENOENT);
+    ck_assert_int_eq(provider_file_write(prov, &s.ref, "/workspace/x", "x", 1, -1, &err), -ENOENT);
     ck_assert_int_eq(provider_status(prov, &s.ref, &st, &err), 0);
     ck_assert_int_eq(st, LB_STATUS_STOPPED);
     /* unknown ids are gone too */
@@ -785,7 +827,7 @@ START_TEST(test_limits)
         .image = "host", .workdir = "/workspace", .resources = {.pids = 40, .memory_mib = 64}};
     struct lb_exec_result res = {0};
     json_t *dirs, *v;
-    bool saw_pids = false;
+    bool saw_pids = false, saw_mem = false;
     size_t i;
     struct sbx s;
 
@@ -807,6 +849,25 @@ START_TEST(test_limits)
         saw_pids = true;
     }
     ck_assert(saw_pids);
+    json_array_foreach(dirs, i, v)
+    {
+        char path[512], buf[64] = "";
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/memory.limit_in_bytes", json_string_value(v));
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            snprintf(path, sizeof(path), "%s/memory.max", json_string_value(v));
+        if (fd < 0)
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ck_assert_int_gt(read(fd, buf, sizeof(buf) - 1), 0);
+        close(fd);
+        ck_assert_str_eq(buf, "67108864\n");
+        saw_mem = true;
+    }
+    ck_assert(saw_mem);
     /* the limit holds for exec'd commands */
     run(&s, "for i in $(seq 60); do sleep 5 & done 2>/dev/null; echo n=$(jobs -p | wc -l)",
         &(struct run_opts){.timeout_ms = 20000}, &res);
@@ -886,6 +947,85 @@ START_TEST(test_failed_create_cleans_up)
 }
 END_TEST
 
+/* A stale descriptor (stop retried after success) must not hurt a newer sandbox that got the
+ * same uid; and stops of one sandbox from several threads at once all succeed. */
+struct stopper {
+    struct lb_sandbox_ref ref;
+    int r;
+};
+
+static void *stop_thread(void *arg)
+{
+    struct stopper *st = arg;
+
+    st->r = provider_stop(prov, &st->ref, 10000, NULL);
+    return NULL;
+}
+
+START_TEST(test_stale_stop_and_uid_reuse)
+{
+    struct lb_exec_result res = {0};
+    struct stopper st[4];
+    pthread_t th[4];
+    struct sbx a, b;
+    int i;
+
+    provider_destroy(prov);
+    cfg.uid_count = 1;
+    prov = new_provider();
+    sbx_create(&a);
+    for (i = 0; i < 4; i++) {
+        st[i] = (struct stopper){.ref = a.ref, .r = -1};
+        if (i % 2)
+            st[i].ref.descriptor = NULL;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, stop_thread, &st[i]), 0);
+    }
+    for (i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(st[i].r, 0);
+    }
+    sbx_create(&b);
+    ck_assert_uint_eq(a.uid, b.uid);
+    /* the stale stop of a, with and without its descriptor */
+    sbx_stop(&a);
+    a.ref.descriptor = NULL;
+    sbx_stop(&a);
+    run(&b, "echo still here", NULL, &res);
+    ck_assert_str_eq(out_of(&res.out), "still here\n");
+    provider_exec_result_release(&res);
+    sbx_stop(&b);
+    sbx_free(&a);
+    sbx_free(&b);
+}
+END_TEST
+
+/* A state dir the host image's binds would expose (under /var) is covered by a tmpfs. */
+START_TEST(test_state_dir_hidden)
+{
+    struct lb_exec_result res = {0};
+    struct lb_provider *main_prov = prov;
+    char dir[96], cmd[200];
+    struct sbx s;
+
+    snprintf(dir, sizeof(dir), "/var/tmp/lendbox-ptest.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0711), 0);
+    cfg.state_dir = dir;
+    prov = new_provider();
+    sbx_create(&s);
+    snprintf(cmd, sizeof(cmd), "ls -A %s; ls -d /var/tmp", dir);
+    run(&s, cmd, NULL, &res);
+    ck_assert_int_eq(res.return_code, 0);
+    ck_assert_str_eq(out_of(&res.out), "/var/tmp\n");
+    provider_exec_result_release(&res);
+    sbx_stop(&s);
+    sbx_free(&s);
+    provider_destroy(prov);
+    prov = main_prov;
+    rm_rf(dir);
+}
+END_TEST
+
 struct par {
     struct sbx *s;
     int ok;
@@ -901,8 +1041,8 @@ static void *par_exec(void *arg)
         const char *argv[] = {"sh", "-c", "echo $((6 * 7))", NULL};
         struct lb_error err = {0};
 
-        if (run_argv(pa->s, argv, NULL, &res, &err) == 0 && res.return_code == 0 &&
-            res.out.data && strcmp(res.out.data, "42\n") == 0)
+        if (run_argv(pa->s, argv, NULL, &res, &err) == 0 && res.return_code == 0 && res.out.data &&
+            strcmp(res.out.data, "42\n") == 0)
             pa->ok++;
         provider_exec_result_release(&res);
     }
@@ -961,8 +1101,9 @@ START_TEST(test_timing)
         st += clock_mono_ms() - t;
         sbx_free(&s);
     }
-    fprintf(stderr, "local provider timing (mean of %d): create %" PRId64 " ms, exec %" PRId64
-                    " ms, stop %" PRId64 " ms\n",
+    fprintf(stderr,
+            "local provider timing (mean of %d): create %" PRId64 " ms, exec %" PRId64
+            " ms, stop %" PRId64 " ms\n",
             n, c / n, e / n, st / n);
 }
 END_TEST
@@ -993,6 +1134,7 @@ static Suite *suite(void)
     tcase_add_test(pure, test_path_is_valid);
     suite_add_tcase(s, pure);
 
+    tcase_add_unchecked_fixture(tc, run_setup, run_teardown);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_exec_basics);
@@ -1008,6 +1150,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_pause_resume);
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_image_dir);
+    tcase_add_test(tc, test_state_dir_hidden);
+    tcase_add_test(tc, test_stale_stop_and_uid_reuse);
     tcase_add_test(tc, test_failed_create_cleans_up);
     tcase_add_test(tc, test_parallel);
     tcase_add_test(tc, test_timing);
