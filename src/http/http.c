@@ -655,11 +655,11 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
     h->mhd = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
             MHD_USE_ERROR_LOG,
-        0, NULL, NULL, http_access, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
+        0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, h,
+        MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)cfg->connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000,
-        MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log,
-        h, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_END);
     if (!h->mhd) {
         r = lb_error_set(err, -EIO, "libmicrohttpd failed to start on %s", h->bound);
         goto fail;

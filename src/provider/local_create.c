@@ -531,7 +531,9 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return r;
     }
     made_dir = true;
-    if (mkdir(workspace, 0700) < 0 || chown(workspace, d.uid, d.uid) < 0) {
+    /* chmod: the daemon runs with umask 077, which mkdir's mode does not override */
+    if (chmod(dir, 0711) < 0 || mkdir(workspace, 0700) < 0 ||
+        chown(workspace, d.uid, d.uid) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", workspace, strerror(errno));
         goto fail;
     }

@@ -177,6 +177,8 @@ static int open_parent(int rootfd, const char *dir)
                 close(cur);
                 return next;
             }
+            /* the daemon's umask (077) must not decide the sandbox's directory modes */
+            (void)fchmodat(cur, name, 0755, AT_SYMLINK_NOFOLLOW);
             next = open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
         }
         close(cur);

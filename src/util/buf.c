@@ -17,7 +17,7 @@ static int buf_reserve(struct lb_buf *b, size_t need)
     size_t cap = b->cap ? b->cap : 256;
     char *p;
 
-    if (need <= b->cap)
+    if (need <= b->cap && b->data)
         return 0;
     while (cap < need)
         cap = cap > SIZE_MAX / 2 ? need : cap * 2;
