@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -272,6 +273,11 @@ int main(int argc, char **argv)
      * along (they would open group-readable host files). */
     if (getuid() == 0 && setgroups(0, NULL) < 0)
         log_warn("cannot drop supplementary groups: %s", strerror(errno));
+    /* bubblewrap's monitor processes outlive the short-lived forks that start them; as a child
+     * subreaper lendboxd inherits them and the provider reaps them when it stops a sandbox
+     * (instead of leaving zombies for pid 1). After a restart pid 1 reaps the old ones. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+        log_warn("cannot become a child subreaper: %s", strerror(errno));
 
     /* State dir, lock, secrets. */
     /* 0711: the sandboxes' own uids must reach their directories below it; nothing in it can
@@ -283,9 +289,20 @@ int main(int argc, char **argv)
     }
     snprintf(path, sizeof(path), "%s/lendboxd.lock", cfg.state_dir);
     lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) < 0) {
-        lb_error_set(&err, -EBUSY, "state dir '%s' is in use by another lendboxd (%s)",
-                     cfg.state_dir, strerror(errno));
+    /* After a crash, a fork of the old daemon may hold the lock for a moment (until its exec
+     * or exit): wait a little before calling the state dir taken. */
+    for (int tries = 0; lock_fd >= 0 && flock(lock_fd, LOCK_EX | LOCK_NB) < 0; tries++) {
+        if (errno != EWOULDBLOCK || tries == 100) {
+            lb_error_set(&err, -EBUSY, "state dir '%s' is in use by another lendboxd (%s)",
+                         cfg.state_dir, strerror(errno));
+            goto fail;
+        }
+        if (tries == 0)
+            log_info("waiting for the lock on %s", path);
+        usleep(100 * 1000);
+    }
+    if (lock_fd < 0) {
+        lb_error_set(&err, -errno, "cannot open '%s': %s", path, strerror(errno));
         goto fail;
     }
     if (cfg.admin_token_file)

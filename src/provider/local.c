@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -214,6 +215,48 @@ static int kill_uid(uint32_t uid)
     }
     closedir(d);
     return alive;
+}
+
+/* Reap this process's zombie children that ran as uid (bwrap's monitor process: lendboxd is a
+ * child subreaper, so the monitor of a sandbox it started becomes its child). Returns how many
+ * zombies of that uid whose parent is someone else remain, and how many of ours are alive. */
+static void reap_uid_children(uint32_t uid, int *ours_alive)
+{
+    struct dirent *de;
+    pid_t self = getpid();
+    DIR *d = opendir("/proc");
+
+    *ours_alive = 0;
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        char path[64], buf[512], *close_paren;
+        long pid = strtol(de->d_name, NULL, 10);
+        uint32_t u;
+        bool zombie;
+        int fd, ppid = 0;
+        ssize_t n;
+
+        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        close_paren = strrchr(buf, ')');
+        if (!close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1 || ppid != self)
+            continue;
+        if (zombie)
+            (void)waitpid((pid_t)pid, NULL, WNOHANG);
+        else
+            (*ours_alive)++;
+    }
+    closedir(d);
 }
 
 /* ---- descriptors ---------------------------------------------------------------------- */
@@ -521,6 +564,19 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         }
     } else if (has_dir && d->uid) {
         log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
+    }
+    /* Reap the monitor processes that are our children (see reap_uid_children); they exit right
+     * after the init, so wait a little for them, but a slow one is no failure. */
+    if (has_dir && local_uid_in_range(lp, d->uid)) {
+        int64_t until = clock_mono_ms() + 1000;
+        int alive;
+
+        for (;;) {
+            reap_uid_children(d->uid, &alive);
+            if (alive == 0 || clock_mono_ms() >= until || clock_mono_ms() >= deadline_ms)
+                break;
+            sleep_ms(SWEEP_STEP_MS);
+        }
     }
     /* 3. cgroups: the descriptor's and wherever this host would have put them */
     r = cgroup_remove(&d->cg, deadline_ms, err);
