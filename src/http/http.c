@@ -55,6 +55,7 @@ struct lb_request {
     int route_index;
     enum request_phase phase;
     char request_id[64];
+    char allow[64]; /* methods of the matched path, for 405 */
     char *params[HTTP_MAX_PARAMS];
     const char *method;
     enum lb_principal principal;
@@ -301,7 +302,8 @@ static int request_route(struct lb_request *req, const char *url, struct lb_erro
 {
     const struct lb_route *routes = req->http->cfg.routes;
     bool path_known = false;
-    char allow[128] = "";
+    char *allow = req->allow;
+    size_t allow_len = sizeof(req->allow);
 
     for (int i = 0; routes[i].method; i++) {
         char *params[HTTP_MAX_PARAMS] = {0};
@@ -319,7 +321,7 @@ static int request_route(struct lb_request *req, const char *url, struct lb_erro
         }
         for (unsigned k = 0; k < HTTP_MAX_PARAMS; k++)
             free(params[k]);
-        if (!path_known || strlen(allow) + strlen(routes[i].method) + 3 < sizeof(allow)) {
+        if (strlen(allow) + strlen(routes[i].method) + 3 < allow_len) {
             if (path_known)
                 strcat(allow, ", ");
             strcat(allow, routes[i].method);
@@ -357,6 +359,7 @@ static enum MHD_Result request_fail(struct lb_request *req, const struct lb_erro
                                  "message", err->message);
 
         http_respond_json(req, 405, body);
+        http_response_header(req, "Allow", req->allow);
     } else {
         http_respond_error(req, err);
     }

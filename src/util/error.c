@@ -87,7 +87,6 @@ int lb_error_http_status(int code, const char **api_code)
     case EREMOTEIO:
     case ETIMEDOUT:
     case ECONNREFUSED:
-    case EIO:
     case ECHILD:
         status = 502, name = "provider_error";
         break;

@@ -14,10 +14,10 @@
  *   -EFBIG, -EMSGSIZE                                          413 payload_too_large
  *   -EOPNOTSUPP                                                422 unenforceable
  *   -EAGAIN, -EUSERS                                           429 overloaded
- *   -EREMOTEIO, -ETIMEDOUT, -ECONNREFUSED, -EIO, -ECHILD       502 provider_error
+ *   -EREMOTEIO, -ETIMEDOUT, -ECONNREFUSED, -ECHILD             502 provider_error
  *   -ESHUTDOWN                                                 503 draining
  *   -ENOSYS                                                    501 not_implemented
- *   anything else                                              500 internal
+ *   anything else (-EIO: the store failed, -ENOMEM, ...)       500 internal
  *
  * Thread-safety: a struct lb_error belongs to its caller; the functions here touch only it.
  */
