@@ -1,0 +1,272 @@
+/* check_util.c - unit tests of the small util modules: buf, utf8, token, config, fault, pool,
+ * error mapping. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pool/pool.h"
+#include "provider/provider.h"
+#include "util/buf.h"
+#include "util/config.h"
+#include "util/error.h"
+#include "util/fault.h"
+#include "util/token.h"
+#include "util/utf8.h"
+
+START_TEST(test_buf_limits)
+{
+    struct lb_buf b;
+
+    lb_buf_init(&b, 8);
+    ck_assert_int_eq(lb_buf_append(&b, "", 0), 0);
+    ck_assert_ptr_nonnull(b.data);
+    ck_assert_str_eq(b.data, "");
+    ck_assert_int_eq(lb_buf_append(&b, "12345", 5), 0);
+    ck_assert_int_eq(lb_buf_append(&b, "6789", 4), -EFBIG);
+    ck_assert_uint_eq(b.len, 5);
+    ck_assert_int_eq(lb_buf_append_capped(&b, "6789", 4), 0);
+    ck_assert_uint_eq(b.len, 8);
+    ck_assert(b.truncated);
+    ck_assert_str_eq(b.data, "12345678");
+    lb_buf_release(&b);
+    ck_assert_ptr_null(b.data);
+}
+END_TEST
+
+static void check_sanitize_n(const char *in, size_t n, const char *want, size_t want_len)
+{
+    struct lb_buf out;
+
+    lb_buf_init(&out, 0);
+    ck_assert_int_eq(utf8_sanitize(in, n, &out), 0);
+    ck_assert_uint_eq(out.len, want_len);
+    ck_assert_mem_eq(out.data, want, out.len);
+    lb_buf_release(&out);
+}
+
+static void check_sanitize(const char *in, size_t n, const char *want)
+{
+    check_sanitize_n(in, n, want, strlen(want));
+}
+
+START_TEST(test_utf8)
+{
+    check_sanitize("plain", 5, "plain");
+    check_sanitize("h\xc3\xa9llo", 6, "h\xc3\xa9llo");                /* é stays */
+    check_sanitize("\xff\xfeok", 4, "\xef\xbf\xbd\xef\xbf\xbdok");    /* two bad bytes */
+    check_sanitize("\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd");        /* overlong */
+    check_sanitize("\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"); /* surrogate */
+    check_sanitize("a\xe2\x82", 3, "a\xef\xbf\xbd");                  /* cut at the end */
+    check_sanitize("\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80");         /* emoji */
+    check_sanitize_n("a\0b", 3, "a\0b", 3);                           /* NUL is valid */
+}
+END_TEST
+
+START_TEST(test_base64_round_trip)
+{
+    unsigned char all[256], *back = NULL;
+    char *text = NULL;
+    size_t n = 0, len = 0;
+
+    for (int i = 0; i < 256; i++)
+        all[i] = (unsigned char)i;
+    for (size_t k = 0; k <= 256; k += (k < 8 ? 1 : 61)) {
+        ck_assert_int_eq(token_base64_encode(all, k, &text, &len), 0);
+        ck_assert_int_eq(token_base64_decode(text, len, &back, &n), 0);
+        ck_assert_uint_eq(n, k);
+        if (k)
+            ck_assert_mem_eq(back, all, k);
+        free(text);
+        free(back);
+    }
+    ck_assert_int_eq(token_base64_decode("abc", 3, &back, &n), -EINVAL);
+    ck_assert_int_eq(token_base64_decode("ab=c", 4, &back, &n), -EINVAL);
+    ck_assert_int_eq(token_base64_decode("a b=", 4, &back, &n), -EINVAL);
+    ck_assert_int_eq(token_base64_decode("aGk=", 4, &back, &n), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_mem_eq(back, "hi", 2);
+    free(back);
+}
+END_TEST
+
+START_TEST(test_ids_and_tokens)
+{
+    char a[31], b[31], h1[65], h2[65];
+
+    ck_assert_int_eq(token_new_sandbox_id(a), 0);
+    ck_assert_int_eq(token_new_sandbox_id(b), 0);
+    ck_assert_uint_eq(strlen(a), 30);
+    ck_assert(strncmp(a, "sbx-", 4) == 0);
+    ck_assert_str_ne(a, b);
+    for (int i = 4; i < 30; i++)
+        ck_assert_ptr_nonnull(strchr("0123456789abcdefghjkmnpqrstvwxyz", a[i]));
+    token_sha256_hex("abc", 3, h1);
+    ck_assert_str_eq(h1, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    ck_assert_int_eq(token_hmac_hex("key", 3, "sbx-1", h1), 0);
+    ck_assert_int_eq(token_hmac_hex("key", 3, "sbx-1", h2), 0);
+    ck_assert_str_eq(h1, h2);
+    ck_assert_int_eq(token_hmac_hex("key", 3, "sbx-2", h2), 0);
+    ck_assert_str_ne(h1, h2);
+    ck_assert(token_equal("abc", "abc"));
+    ck_assert(!token_equal("abc", "abd"));
+    ck_assert(!token_equal("abc", "abcd"));
+}
+END_TEST
+
+START_TEST(test_config)
+{
+    struct lb_config cfg;
+    struct lb_error err = {0};
+    char path[] = "/tmp/lendbox-conf-XXXXXX";
+    int fd = mkstemp(path);
+    const char *text = "[lending]\nstop_concurrency = 8\nshutdown_sweep = no\n"
+                       "[server]\nlisten = 127.0.0.1:0\n";
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (int)strlen(text));
+    close(fd);
+    ck_assert_int_eq(config_init(&cfg), 0);
+    ck_assert_int_eq(cfg.stop_concurrency, 64);
+    ck_assert_int_eq(cfg.stop_timeout_s, 120);
+    ck_assert(cfg.shutdown_sweep);
+    ck_assert_int_eq(config_load_file(&cfg, path, &err), 0);
+    ck_assert_int_eq(cfg.stop_concurrency, 8);
+    ck_assert(!cfg.shutdown_sweep);
+    ck_assert_str_eq(cfg.listen, "127.0.0.1:0");
+    ck_assert_int_eq(config_set_assignment(&cfg, "limits.max_output_bytes=4096", &err), 0);
+    ck_assert_int_eq(cfg.max_output_bytes, 4096);
+    ck_assert_int_eq(config_set_assignment(&cfg, "lending.nope=1", &err), -EINVAL);
+    ck_assert(strstr(err.message, "lending.nope") != NULL);
+    ck_assert_int_eq(config_set_assignment(&cfg, "lending.stop_concurrency=0", &err), -EINVAL);
+    ck_assert_int_eq(config_set_assignment(&cfg, "lending.stop_concurrency=x", &err), -EINVAL);
+    ck_assert_int_eq(config_set_assignment(&cfg, "nodot=1", &err), -EINVAL);
+    ck_assert_int_eq(config_load_file(&cfg, "/nonexistent/lendbox.conf", &err), -ENOENT);
+    /* a bad key in a file names the line */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    ck_assert_int_eq(write(fd, "[lending]\n\nbogus = 1\n", 21), 21);
+    close(fd);
+    ck_assert_int_eq(config_load_file(&cfg, path, &err), -EINVAL);
+    ck_assert(strstr(err.message, "line 3") != NULL);
+    unlink(path);
+    config_release(&cfg);
+}
+END_TEST
+
+START_TEST(test_fault_spec)
+{
+    struct lb_error err = {0};
+
+    ck_assert_int_eq(fault_load("provider.stop=fail:2,provider.create=delay:1", &err), 0);
+    ck_assert(fault_enabled());
+    ck_assert_int_eq(fault_hit("provider.stop", 0, &err), -EIO);
+    ck_assert_int_eq(fault_hit("provider.stop", 0, &err), -EIO);
+    ck_assert_int_eq(fault_hit("provider.stop", 0, &err), 0);
+    ck_assert_int_eq(fault_hit("provider.create", 0, &err), 0);
+    ck_assert_int_eq(fault_hit("provider.exec", 0, &err), 0);
+    ck_assert_int_eq(fault_load("store.write=hang", &err), 0);
+    ck_assert_int_eq(fault_hit("store.write", 10, &err), -ETIMEDOUT);
+    ck_assert_int_eq(fault_load("provider.stop=explode", &err), -EINVAL);
+    ck_assert_int_eq(fault_load("provider.stop=fail:0", &err), -EINVAL);
+    ck_assert_int_eq(fault_load("=fail", &err), -EINVAL);
+    ck_assert_int_eq(fault_load("", &err), 0);
+    ck_assert(!fault_enabled());
+}
+END_TEST
+
+START_TEST(test_error_mapping)
+{
+    const char *code;
+
+    ck_assert_int_eq(lb_error_http_status(-EINVAL, &code), 400);
+    ck_assert_str_eq(code, "bad_request");
+    ck_assert_int_eq(lb_error_http_status(-ENOKEY, &code), 401);
+    ck_assert_int_eq(lb_error_http_status(-EACCES, &code), 403);
+    ck_assert_int_eq(lb_error_http_status(-ENOENT, &code), 404);
+    ck_assert_int_eq(lb_error_http_status(-EEXIST, &code), 409);
+    ck_assert_str_eq(code, "conflict");
+    ck_assert_int_eq(lb_error_http_status(-EFBIG, &code), 413);
+    ck_assert_int_eq(lb_error_http_status(-EOPNOTSUPP, &code), 422);
+    ck_assert_int_eq(lb_error_http_status(-EAGAIN, &code), 429);
+    ck_assert_int_eq(lb_error_http_status(-EREMOTEIO, &code), 502);
+    ck_assert_int_eq(lb_error_http_status(-ESHUTDOWN, &code), 503);
+    ck_assert_int_eq(lb_error_http_status(-ENOSYS, &code), 501);
+    ck_assert_int_eq(lb_error_http_status(-EIO, &code), 500);
+    ck_assert_str_eq(code, "internal");
+}
+END_TEST
+
+START_TEST(test_paths)
+{
+    ck_assert(provider_path_is_valid("/"));
+    ck_assert(provider_path_is_valid("/workspace/a.txt"));
+    ck_assert(!provider_path_is_valid("workspace"));
+    ck_assert(!provider_path_is_valid("/a/../b"));
+    ck_assert(!provider_path_is_valid("/a/./b"));
+    ck_assert(!provider_path_is_valid("/a//b"));
+    ck_assert(!provider_path_is_valid("/a/"));
+    ck_assert(!provider_path_is_valid("/.."));
+    ck_assert(!provider_path_is_valid(""));
+}
+END_TEST
+
+static atomic_int pool_ran;
+
+static void pool_job(void *arg)
+{
+    (void)arg;
+    usleep(20000);
+    atomic_fetch_add(&pool_ran, 1);
+}
+
+START_TEST(test_pool_bounded)
+{
+    struct lb_pool *p = NULL;
+    int accepted = 0, refused = 0;
+
+    ck_assert_int_eq(pool_new(1, 2, &p), 0);
+    for (int i = 0; i < 10; i++) {
+        int r = pool_submit(p, pool_job, NULL);
+
+        if (r == 0)
+            accepted++;
+        else {
+            ck_assert_int_eq(r, -EAGAIN);
+            refused++;
+        }
+    }
+    ck_assert_int_ge(refused, 1);
+    pool_stop(p);
+    ck_assert_int_eq(atomic_load(&pool_ran), accepted);
+    ck_assert_int_eq(pool_submit(p, pool_job, NULL), -ESHUTDOWN);
+    pool_destroy(p);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("util");
+    TCase *tc = tcase_create("util");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_test(tc, test_buf_limits);
+    tcase_add_test(tc, test_utf8);
+    tcase_add_test(tc, test_base64_round_trip);
+    tcase_add_test(tc, test_ids_and_tokens);
+    tcase_add_test(tc, test_config);
+    tcase_add_test(tc, test_fault_spec);
+    tcase_add_test(tc, test_error_mapping);
+    tcase_add_test(tc, test_paths);
+    tcase_add_test(tc, test_pool_bounded);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
