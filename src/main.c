@@ -141,6 +141,26 @@ static int write_listen_file(const char *state_dir, const char *addr)
     return 0;
 }
 
+/* The default uid range of the local provider: derived from the state dir, so that two
+ * lendboxd with different state dirs get different ranges (a stop kills what runs as the
+ * sandbox's uid). 17000 slots of uid_count uids from 10^9, all below 2^31. */
+static uint32_t default_uid_base(const char *state_dir, uint32_t uid_count)
+{
+    char *real = realpath(state_dir, NULL);
+    const char *p = real ? real : state_dir;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint64_t slots = (2147483647ull - 1000000000ull) / (uid_count ? uid_count : 1);
+
+    for (; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    free(real);
+    if (slots > 17000)
+        slots = 17000;
+    if (slots == 0)
+        slots = 1;
+    return (uint32_t)(1000000000ull + (h % slots) * uid_count);
+}
+
 static char *default_supervise_path(void)
 {
     char exe[PATH_MAX], cand[PATH_MAX + 64];
@@ -348,11 +368,13 @@ int main(int argc, char **argv)
         .supervise_path = supervise,
         .images_dir = cfg.images_dir,
         .cgroup_parent = cfg.cgroup_parent,
-        .uid_base = (uint32_t)cfg.uid_base,
+        .uid_base = cfg.uid_base ? (uint32_t)cfg.uid_base
+                                 : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
         .uid_count = (uint32_t)cfg.uid_count,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;
+    log_info("local provider: sandbox uids %u..%u", lc.uid_base, lc.uid_base + lc.uid_count - 1);
     if (fault_enabled()) {
         struct lb_provider *wrapped = NULL;
 

@@ -455,16 +455,19 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
             req->too_large = true;
             lb_buf_release(&req->body);
         }
+        /* Past the limit the rest is read and dropped: libmicrohttpd cannot queue a
+         * response while a body is still arriving (a chunked one has no Content-Length to
+         * refuse it up front), so the 413 goes out once the body has ended. */
         *upload_data_size = 0;
-        if (req->too_large) {
-            lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes",
-                         req->body.max);
-            return request_fail(req, &err);
-        }
         return MHD_YES;
     }
     if (req->phase == PHASE_DEFERRED)
         return request_queue(req); /* resumed: the job has set the response */
+    if (req->too_large) {
+        lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes",
+                     req->body.max);
+        return request_fail(req, &err);
+    }
 
     /* The whole body is here: run the handler. */
     if (req->route->handle(req, &err) < 0) {

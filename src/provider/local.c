@@ -885,10 +885,11 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
 
     if (!cfg || !cfg->state_dir || !cfg->supervise_path || cfg->uid_base == 0 ||
         cfg->uid_count == 0 || cfg->uid_count > UID_COUNT_MAX ||
-        cfg->uid_base > UINT32_MAX - 1 - cfg->uid_count)
+        cfg->uid_base > (uint32_t)INT32_MAX - cfg->uid_count)
         return lb_error_set(err, -EINVAL,
                             "local provider: state_dir, supervise_path and a uid range "
-                            "(1 <= uid_count <= %u) are required",
+                            "(1 <= uid_count <= %u, uid_base + uid_count <= 2^31 - 1, as "
+                            "bubblewrap writes uid maps as signed ints) are required",
                             UID_COUNT_MAX);
     lp = calloc(1, sizeof(*lp));
     if (!lp)

@@ -1,0 +1,580 @@
+/*
+ * test_durability.c - issue #3: no sandbox is ever leaked or forgotten. Failed stops are
+ * retried, failed seeds are stopped before a new start, clients that hang up do not cancel,
+ * SIGKILL and restart reconcile, TTLs reap, SIGTERM sweeps with bounded concurrency, and two
+ * daemons never touch each other's sandboxes. Faults come from the daemon's own switch
+ * (faults.spec, the same text as LENDBOX_FAULTS).
+ *
+ * Every test starts its own daemon(s) with its own uid range and cgroup parent, so the
+ * processes and cgroups it counts are its own.
+ */
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define UID_COUNT 512
+
+/* A daemon of this test with its own uid range [base, base + UID_COUNT) and cgroup parent. */
+struct dur {
+    struct lbt_daemon d;
+    uid_t uid_base;
+    char cgroup[64];
+    char args[8][128];
+    const char *argv[24];
+};
+
+static void dur_args(struct dur *x, int slot, const char *const *extra)
+{
+    int n = 0, a = 0;
+
+    /* bwrap writes uid maps as signed ints: stay below 2^31 */
+    x->uid_base = 1600000000u + (uid_t)((getpid() % 1000) * 4 + slot) * 100000u;
+    snprintf(x->cgroup, sizeof(x->cgroup), "lendbox-dur-%d-%d", (int)getpid(), slot);
+    snprintf(x->args[a], sizeof(x->args[a]), "local.uid_base=%u", (unsigned)x->uid_base);
+    x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
+    snprintf(x->args[a], sizeof(x->args[a]), "local.uid_count=%d", UID_COUNT);
+    x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
+    snprintf(x->args[a], sizeof(x->args[a]), "local.cgroup_parent=%s", x->cgroup);
+    x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
+    for (int i = 0; extra && extra[i] && n < 22; i++)
+        x->argv[n++] = extra[i];
+    x->argv[n] = NULL;
+}
+
+static void dur_start(struct dur *x, int slot, const char *const *extra)
+{
+    dur_args(x, slot, extra);
+    lbt_daemon_start(&x->d, x->argv);
+}
+
+static void dur_restart(struct dur *x, int slot, const char *const *extra)
+{
+    dur_args(x, slot, extra);
+    lbt_daemon_restart(&x->d, x->argv);
+}
+
+/* Live processes with a uid in this daemon's range. */
+static int dur_live_procs(struct dur *x)
+{
+    uid_t uids[UID_COUNT];
+    int n = lbt_uids_in_range(x->uid_base, x->uid_base + UID_COUNT, uids, UID_COUNT), total = 0;
+
+    for (int i = 0; i < n; i++)
+        total += lbt_count_live_procs_of_uid(uids[i]);
+    return total;
+}
+
+static int dur_sandbox_dirs(struct dur *x)
+{
+    char cmd[512];
+    FILE *p;
+    int n = -1;
+
+    snprintf(cmd, sizeof(cmd), "find '%s/sandboxes' -mindepth 1 -maxdepth 1 2>/dev/null | wc -l",
+             x->d.state_dir);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+static void dur_cleanup(struct dur *x)
+{
+    lbt_daemon_cleanup(&x->d);
+}
+
+/* The record of id, as a new reference (NULL if none). */
+static json_t *dur_record(struct dur *x, const char *id)
+{
+    json_t *all = lbt_list_sandboxes(&x->d), *rec = json_incref(lbt_find_record(all, id));
+
+    json_decref(all);
+    return rec;
+}
+
+/* Poll until the record of id is in state (at most timeout_s); returns the record. */
+static json_t *dur_wait_state(struct dur *x, const char *id, const char *state, double timeout_s)
+{
+    double until = lbt_now() + timeout_s;
+
+    for (;;) {
+        json_t *rec = dur_record(x, id);
+        const char *s = json_string_value(json_object_get(rec, "state"));
+
+        if (s && !strcmp(s, state))
+            return rec;
+        if (lbt_now() > until)
+            ck_abort_msg("sandbox %s did not reach state %s (is %s)", id, state, s ? s : "none");
+        json_decref(rec);
+        lbt_sleep_ms(100);
+    }
+}
+
+static char *dur_metric_line(struct dur *x, const char *prefix)
+{
+    struct lbt_resp r;
+    char *line = NULL, *p;
+
+    lbt_request(&x->d, "GET", "/metrics", NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (p = strtok(r.body, "\n"); p; p = strtok(NULL, "\n"))
+        if (!strncmp(p, prefix, strlen(prefix))) {
+            line = strdup(p);
+            break;
+        }
+    lbt_resp_free(&r);
+    return line;
+}
+
+static double dur_metric(struct dur *x, const char *prefix)
+{
+    char *line = dur_metric_line(x, prefix);
+    double v;
+
+    ck_assert_msg(line != NULL, "metric %s missing", prefix);
+    v = atof(strrchr(line, ' ') + 1);
+    free(line);
+    return v;
+}
+
+/* --- a stop that fails twice, then succeeds, without further requests --- */
+START_TEST(test_stop_retried_by_sweeper)
+{
+    static const char *const extra[] = {"--set", "faults.spec=provider.stop=fail:2",
+                                        "--set", "lending.retry_base_s=1",
+                                        "--set", "lending.retry_max_s=1", NULL};
+    struct dur x;
+    struct lbt_resp r;
+    json_t *lease, *rec;
+    const char *id;
+    uid_t uid;
+
+    dur_start(&x, 0, extra);
+    lease = lbt_seed(&x.d, "retry-1", "t", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    uid = lbt_sandbox_uid(&x.d, id);
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(uid), 0);
+    lbt_json(&x.d, "POST", "/v1/sessions/retry-1/release", "", NULL, &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    lbt_resp_free(&r);
+    rec = dur_record(&x, id);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stop_failed");
+    ck_assert_int_eq(json_integer_value(json_object_get(rec, "stop_attempts")), 1);
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(rec, "last_error")),
+                                 "injected fault"));
+    ck_assert(json_is_string(json_object_get(rec, "next_attempt_at")));
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(uid), 0); /* kept, not abandoned */
+    json_decref(rec);
+    /* no further request: the retry loop fails once more, then stops it */
+    rec = dur_wait_state(&x, id, "stopped", 20);
+    ck_assert_int_eq(json_integer_value(json_object_get(rec, "stop_attempts")), 2);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "released");
+    json_decref(rec);
+    ck_assert_int_eq(lbt_count_live_procs_of_uid(uid), 0);
+    ck_assert_int_eq(dur_sandbox_dirs(&x), 0);
+    ck_assert_double_ge(dur_metric(&x, "lendbox_stop_retries_total"), 2);
+    ck_assert_double_eq(dur_metric(&x, "lendbox_stops_total{result=\"failed\"}"), 2);
+    ck_assert_double_eq(dur_metric(&x, "lendbox_stops_total{result=\"ok\"}"), 1);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- a seed that fails and whose rollback stop fails: failed_seed, retried first --- */
+START_TEST(test_failed_seed_retried_before_new_start)
+{
+    /* the retry loop is kept out of the way (1 h backoff) so the seeds do the retries */
+    static const char *const extra[] = {"--set", "faults.spec=provider.stop=fail:2",
+                                        "--set", "lending.retry_base_s=3600", NULL};
+    struct dur x;
+    struct lbt_resp r;
+    json_t *all, *rec;
+    const char *failed_id = NULL;
+    uid_t failed_uid;
+
+    dur_start(&x, 0, extra);
+    /* the sandbox starts, its file cannot be written (a directory), the rollback stop fails */
+    lbt_json(&x.d, "POST", "/v1/sessions/fs-1/seed", "",
+             "{\"task_id\":\"t\",\"files\":{\"/workspace\":\"x\"}}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    all = lbt_list_sandboxes(&x.d);
+    ck_assert_int_eq(json_array_size(all), 1);
+    rec = json_array_get(all, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "failed_seed");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "seed_failed");
+    failed_id = strdup(json_string_value(json_object_get(rec, "sandbox_id")));
+    json_decref(all);
+    failed_uid = lbt_sandbox_uid(&x.d, failed_id);
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(failed_uid), 0); /* a real sandbox is running */
+    lbt_json(&x.d, "GET", "/v1/sessions/fs-1", "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found"); /* nothing is lent */
+    lbt_resp_free(&r);
+
+    /* the next seed retries that stop first; it fails again, so nothing new starts */
+    lbt_json(&x.d, "POST", "/v1/sessions/fs-1/seed", "", "{\"task_id\":\"t\"}", &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    lbt_resp_free(&r);
+    all = lbt_list_sandboxes(&x.d);
+    ck_assert_int_eq(json_array_size(all), 1);
+    rec = json_array_get(all, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "failed_seed");
+    ck_assert_int_eq(json_integer_value(json_object_get(rec, "stop_attempts")), 2);
+    json_decref(all);
+
+    /* the third seed's retry succeeds: the failed seed's sandbox is gone, a new one is lent */
+    json_t *lease = lbt_seed(&x.d, "fs-1", "t", NULL);
+    ck_assert_str_ne(json_string_value(json_object_get(lease, "sandbox_id")), failed_id);
+    rec = dur_record(&x, failed_id);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    json_decref(rec);
+    ck_assert_int_eq(lbt_count_live_procs_of_uid(failed_uid), 0);
+    json_decref(lease);
+    free((char *)failed_id);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- a client that hangs up 50 ms into a slow seed does not leave an unrecorded sandbox --- */
+START_TEST(test_disconnect_during_slow_seed)
+{
+    static const char *const extra[] = {"--set", "faults.spec=provider.create=delay:2000", NULL};
+    struct dur x;
+    CURL *c;
+    char url[300], auth[300];
+    struct curl_slist *h = NULL;
+    json_t *all, *rec;
+
+    dur_start(&x, 0, extra);
+    c = curl_easy_init();
+    snprintf(url, sizeof(url), "%s/v1/sessions/slow-1/seed", x.d.base_url);
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", x.d.admin_token);
+    h = curl_slist_append(h, auth);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{\"task_id\":\"t\"}");
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 50L);
+    ck_assert_int_eq(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    lbt_sleep_ms(3500);
+    all = lbt_list_sandboxes(&x.d);
+    ck_assert_int_eq(json_array_size(all), 1);
+    rec = json_array_get(all, 0);
+    /* the seed ran to its end: lent and recorded, with the one running sandbox */
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "lent");
+    ck_assert_int_eq(dur_sandbox_dirs(&x), 1);
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(
+                         lbt_sandbox_uid(&x.d, json_string_value(json_object_get(rec, "sandbox_id")))),
+                     0);
+    json_decref(all);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- SIGKILL while a create is in flight; the restart leaves nothing unrecorded running --- */
+START_TEST(test_sigkill_during_create)
+{
+    static const char *const slow[] = {"--set", "faults.spec=provider.create=delay:1500", NULL};
+    struct dur x;
+    struct lbt_async *a;
+    struct lbt_resp r;
+    json_t *all;
+
+    dur_start(&x, 0, slow);
+    a = lbt_async_json(&x.d, "POST", "/v1/sessions/kill-1/seed", "", "{\"task_id\":\"t\"}");
+    lbt_sleep_ms(400);
+    lbt_daemon_kill(&x.d);
+    lbt_async_join(a, &r);
+    ck_assert_int_ne(r.status, 200);
+    lbt_resp_free(&r);
+    dur_restart(&x, 0, NULL); /* returns once /readyz is 200 */
+    all = lbt_list_sandboxes(&x.d);
+    ck_assert_int_eq(json_array_size(all), 1);
+    /* the record written before the create is settled: stopped, as a failed seed */
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 0), "state")),
+                     "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 0), "stop_reason")),
+                     "seed_failed");
+    json_decref(all);
+    ck_assert_int_eq(dur_sandbox_dirs(&x), 0);
+    ck_assert_int_eq(dur_live_procs(&x), 0);
+    /* the session can be seeded again */
+    json_decref(lbt_seed(&x.d, "kill-1", "t", NULL));
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- five concurrent releases: all 200, one stop --- */
+START_TEST(test_concurrent_releases_one_stop)
+{
+    struct dur x;
+    struct lbt_async *a[5];
+    int released = 0;
+    double stops_before;
+
+    dur_start(&x, 0, NULL);
+    json_decref(lbt_seed(&x.d, "rel-1", "t", NULL));
+    stops_before = dur_metric(&x, "lendbox_stops_total{result=\"ok\"}");
+    for (int i = 0; i < 5; i++)
+        a[i] = lbt_async_json(&x.d, "POST", "/v1/sessions/rel-1/release", "", NULL);
+    for (int i = 0; i < 5; i++) {
+        struct lbt_resp r;
+
+        lbt_async_join(a[i], &r);
+        ck_assert_int_eq(r.status, 200);
+        if (json_is_true(json_object_get(r.json, "released")))
+            released++;
+        lbt_resp_free(&r);
+    }
+    ck_assert_int_eq(released, 1);
+    ck_assert_double_eq(dur_metric(&x, "lendbox_stops_total{result=\"ok\"}"), stops_before + 1);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- TTL: reaped after expiry with reason ttl; a busy sandbox within its TTL is untouched --- */
+START_TEST(test_ttl)
+{
+    struct dur x;
+    json_t *short_lease, *long_lease, *rec, *res;
+    const char *short_id, *long_id;
+    uid_t uid;
+
+    dur_start(&x, 0, NULL);
+    short_lease = lbt_seed(&x.d, "ttl-short", "t", "\"ttl_s\": 2");
+    long_lease = lbt_seed(&x.d, "ttl-long", "t", "\"ttl_s\": 60");
+    short_id = json_string_value(json_object_get(short_lease, "sandbox_id"));
+    long_id = json_string_value(json_object_get(long_lease, "sandbox_id"));
+    ck_assert(json_is_string(json_object_get(short_lease, "expires_at")));
+    uid = lbt_sandbox_uid(&x.d, short_id);
+    /* a repeated seed does not reset the deadline */
+    {
+        json_t *again = lbt_seed(&x.d, "ttl-short", "t", "\"ttl_s\": 600");
+
+        ck_assert(json_equal(json_object_get(again, "expires_at"),
+                             json_object_get(short_lease, "expires_at")));
+        json_decref(again);
+    }
+    /* a 5 s exec in the 60 s sandbox runs to its end while the short one is reaped */
+    res = lbt_exec_ok(&x.d, long_id, "", "{\"command\": \"sleep 5; echo done\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "done\n");
+    json_decref(res);
+    /* 2 s TTL + 1 s sweep period, and the exec took 5 s: it must be gone by now */
+    rec = dur_wait_state(&x, short_id, "stopped", 3);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "ttl");
+    json_decref(rec);
+    ck_assert_int_eq(lbt_count_live_procs_of_uid(uid), 0);
+    rec = dur_record(&x, long_id);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "lent");
+    json_decref(rec);
+    ck_assert_double_ge(dur_metric(&x, "lendbox_ttl_reaped_total"), 1);
+    json_decref(short_lease);
+    json_decref(long_lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
+struct seed_range {
+    struct lbt_daemon *d;
+    int from, to;
+};
+
+static void *seed_range_main(void *arg)
+{
+    struct seed_range *s = arg;
+
+    for (int i = s->from; i < s->to; i++) {
+        char rsid[64];
+
+        snprintf(rsid, sizeof(rsid), "many-%d", i);
+        json_decref(lbt_seed(s->d, rsid, "t", NULL));
+    }
+    return NULL;
+}
+
+/* --- 300 lent sandboxes and SIGTERM: all stopped, at most stop_concurrency at once --- */
+START_TEST(test_sigterm_sweep_bounded)
+{
+    static const char *const extra[] = {"--set", "lending.stop_concurrency=8", NULL};
+    enum { N = 300, T = 6 };
+    struct dur x;
+    pthread_t th[T];
+    struct seed_range sr[T];
+    char cmd[600];
+    FILE *p;
+    int max_in_flight = -1, n_swept = -1, failed = -1;
+    double t0;
+
+    dur_start(&x, 0, extra);
+    for (int i = 0; i < T; i++) {
+        sr[i] = (struct seed_range){&x.d, i * N / T, (i + 1) * N / T};
+        pthread_create(&th[i], NULL, seed_range_main, &sr[i]);
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_int_eq(dur_sandbox_dirs(&x), N);
+    t0 = lbt_now();
+    ck_assert_int_eq(lbt_daemon_stop(&x.d), 0); /* SIGTERM; exit status 0 */
+    ck_assert_double_lt(lbt_now() - t0, 120.0); /* within the stop bound */
+    snprintf(cmd, sizeof(cmd), "grep -o 'shutdown sweep: [0-9]* sandboxes, [0-9]* failed, at most "
+                               "[0-9]* stops' '%s' | tail -1",
+             x.d.log_path);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(fscanf(p, "shutdown sweep: %d sandboxes, %d failed, at most %d stops",
+                            &n_swept, &failed, &max_in_flight),
+                     3);
+    pclose(p);
+    ck_assert_int_eq(n_swept, N);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_int_ge(max_in_flight, 1);
+    ck_assert_int_le(max_in_flight, 8);
+    ck_assert_int_eq(dur_sandbox_dirs(&x), 0);
+    ck_assert_int_eq(dur_live_procs(&x), 0);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- SIGTERM drains: in-flight requests finish, new seeds get 503 draining --- */
+START_TEST(test_sigterm_drains)
+{
+    struct dur x;
+    struct lbt_async *a;
+    struct lbt_resp r;
+    json_t *lease;
+    char path[128];
+
+    dur_start(&x, 0, NULL);
+    lease = lbt_seed(&x.d, "drain-1", "t", NULL);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
+             json_string_value(json_object_get(lease, "sandbox_id")));
+    a = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 2; echo finished\"}");
+    lbt_sleep_ms(500);
+    kill(x.d.pid, SIGTERM);
+    lbt_sleep_ms(200);
+    lbt_json(&x.d, "POST", "/v1/sessions/drain-2/seed", "", "{\"task_id\":\"t\"}", &r);
+    lbt_assert_error(&r, 503, "draining");
+    lbt_resp_free(&r);
+    lbt_json(&x.d, "GET", "/readyz", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 503);
+    lbt_resp_free(&r);
+    lbt_async_join(a, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "stdout")), "finished\n");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(lbt_daemon_stop(&x.d), 0);
+    ck_assert_int_eq(dur_live_procs(&x), 0);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- shutdown_sweep = no leaves sandboxes for the next start to adopt --- */
+START_TEST(test_no_shutdown_sweep_then_adopt)
+{
+    static const char *const extra[] = {"--no-shutdown-sweep", NULL};
+    struct dur x;
+    json_t *lease, *res;
+    const char *id;
+    uid_t uid;
+
+    dur_start(&x, 0, extra);
+    lease = lbt_seed(&x.d, "keep-1", "t", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    uid = lbt_sandbox_uid(&x.d, id);
+    ck_assert_int_eq(lbt_daemon_stop(&x.d), 0);
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(uid), 0);
+    dur_restart(&x, 0, NULL);
+    res = lbt_exec_ok(&x.d, id, "", "{\"command\":\"echo still here\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "still here\n");
+    json_decref(res);
+    ck_assert_double_ge(dur_metric(&x, "lendbox_reconciled_total{result=\"adopted\"}"), 1);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- a lent sandbox that vanished while the daemon was down is recorded as vanished --- */
+START_TEST(test_vanished_while_down)
+{
+    struct dur x;
+    json_t *lease, *rec, *desc;
+    const char *id;
+
+    dur_start(&x, 0, NULL);
+    lease = lbt_seed(&x.d, "gone-1", "t", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    desc = lbt_read_descriptor(&x.d, id);
+    lbt_daemon_kill(&x.d);
+    kill((pid_t)json_integer_value(json_object_get(desc, "pid")), SIGKILL);
+    lbt_sleep_ms(200);
+    dur_restart(&x, 0, NULL);
+    rec = dur_record(&x, id);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "vanished");
+    ck_assert_int_eq(dur_sandbox_dirs(&x), 0);
+    json_decref(rec);
+    json_decref(desc);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
+/* --- two daemons with separate state dirs never stop each other's sandboxes --- */
+START_TEST(test_two_daemons_isolated)
+{
+    struct dur a, b;
+    json_t *la, *lb_, *res;
+    uid_t ua, ub;
+
+    dur_start(&a, 0, NULL);
+    dur_start(&b, 1, NULL);
+    la = lbt_seed(&a.d, "same-name", "t", NULL);
+    lb_ = lbt_seed(&b.d, "same-name", "t", NULL);
+    ua = lbt_sandbox_uid(&a.d, json_string_value(json_object_get(la, "sandbox_id")));
+    ub = lbt_sandbox_uid(&b.d, json_string_value(json_object_get(lb_, "sandbox_id")));
+    ck_assert_int_ne(ua, ub);
+    ck_assert_int_eq(lbt_daemon_stop(&a.d), 0); /* sweeps a's sandboxes */
+    ck_assert_int_eq(lbt_count_live_procs_of_uid(ua), 0);
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(ub), 0);
+    res = lbt_exec_ok(&b.d, json_string_value(json_object_get(lb_, "sandbox_id")), "",
+                      "{\"command\":\"echo alive\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "alive\n");
+    json_decref(res);
+    json_decref(la);
+    json_decref(lb_);
+    dur_cleanup(&a);
+    dur_cleanup(&b);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("durability");
+    TCase *tc = tcase_create("durability");
+
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_stop_retried_by_sweeper);
+    tcase_add_test(tc, test_failed_seed_retried_before_new_start);
+    tcase_add_test(tc, test_disconnect_during_slow_seed);
+    tcase_add_test(tc, test_sigkill_during_create);
+    tcase_add_test(tc, test_concurrent_releases_one_stop);
+    tcase_add_test(tc, test_ttl);
+    tcase_add_test(tc, test_sigterm_sweep_bounded);
+    tcase_add_test(tc, test_sigterm_drains);
+    tcase_add_test(tc, test_no_shutdown_sweep_then_adopt);
+    tcase_add_test(tc, test_vanished_while_down);
+    tcase_add_test(tc, test_two_daemons_isolated);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
