@@ -217,46 +217,64 @@ static int kill_uid(uint32_t uid)
     return alive;
 }
 
+/* Parent pid of pid from /proc/<pid>/stat, or -1. */
+static pid_t proc_ppid(pid_t pid)
+{
+    char path[64], buf[512], *close_paren;
+    int fd, ppid = -1;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    close_paren = strrchr(buf, ')');
+    if (!close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1)
+        return -1;
+    return (pid_t)ppid;
+}
+
 /* Reap this process's zombie children that ran as uid (bwrap's monitor process: lendboxd is a
- * child subreaper, so the monitor of a sandbox it started becomes its child). Returns how many
- * zombies of that uid whose parent is someone else remain, and how many of ours are alive. */
-static void reap_uid_children(uint32_t uid, int *ours_alive)
+ * child subreaper, so the monitor of a sandbox it started becomes its child). */
+static void reap_uid_children(uint32_t uid)
 {
     struct dirent *de;
     pid_t self = getpid();
     DIR *d = opendir("/proc");
 
-    *ours_alive = 0;
     if (!d)
         return;
     while ((de = readdir(d))) {
-        char path[64], buf[512], *close_paren;
         long pid = strtol(de->d_name, NULL, 10);
         uint32_t u;
         bool zombie;
-        int fd, ppid = 0;
-        ssize_t n;
 
-        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid)
+        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid || !zombie)
             continue;
-        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-            continue;
-        buf[n] = '\0';
-        close_paren = strrchr(buf, ')');
-        if (!close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1 || ppid != self)
-            continue;
-        if (zombie)
+        if (proc_ppid((pid_t)pid) == self)
             (void)waitpid((pid_t)pid, NULL, WNOHANG);
-        else
-            (*ours_alive)++;
     }
     closedir(d);
+}
+
+/* Wait (until deadline_ms) for our child pid to exit, and reap it. */
+static void reap_child(pid_t pid, int64_t deadline_ms)
+{
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+
+    if (fd >= 0) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int64_t left = deadline_ms - clock_mono_ms();
+
+        (void)poll(&p, 1, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
+        close(fd);
+    }
+    (void)waitpid(pid, NULL, WNOHANG);
 }
 
 /* ---- descriptors ---------------------------------------------------------------------- */
@@ -341,7 +359,9 @@ int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error
         }
         off += (size_t)n;
     }
-    if (fsync(fd) < 0 || rename(tmp, path) < 0)
+    /* No fsync: the file must survive a crash of lendboxd (the page cache does that); a power
+     * loss takes the sandboxes with it. */
+    if (rename(tmp, path) < 0)
         r = lb_error_set(err, -EREMOTEIO, "cannot save '%s': %s", path, strerror(errno));
 out:
     if (fd >= 0)
@@ -518,17 +538,21 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     struct lb_cgroup guess = {0};
     char dir[4352];
     int pidfd = -1, r = 0, left;
+    pid_t monitor = -1;
     bool has_dir;
 
     local_sandbox_dir(lp, id, dir, sizeof(dir));
     has_dir = access(dir, F_OK) == 0;
 
-    /* 1. the init: SIGKILL to a pid namespace's init kills every process in it */
+    /* 1. the init: SIGKILL to a pid namespace's init kills every process in it, and the
+     * init's exit (what its pidfd reports) waits until they are all gone */
     if (d->pid > 0 && local_desc_alive(d)) {
+        monitor = proc_ppid(d->pid); /* bwrap's monitor, outside the namespace */
         pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
         if (pidfd >= 0 && !local_desc_alive(d)) {
             close(pidfd);
             pidfd = -1;
+            monitor = -1;
         }
         if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0 &&
             errno != ESRCH) {
@@ -550,8 +574,9 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
                          (int)d->pid);
         goto out;
     }
-    /* 2. everything else running as the sandbox's uid (bwrap's monitor, stragglers) */
-    if (has_dir && local_uid_in_range(lp, d->uid)) {
+    /* 2. without a live init to kill (a sandbox half made when a daemon crashed, or one whose
+     * init died) sweep everything running as the sandbox's uid instead */
+    if (pidfd < 0 && has_dir && local_uid_in_range(lp, d->uid)) {
         while ((left = kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
@@ -562,22 +587,15 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             }
             sleep_ms(SWEEP_STEP_MS);
         }
-    } else if (has_dir && d->uid) {
+        reap_uid_children(d->uid);
+    } else if (pidfd < 0 && has_dir && d->uid) {
         log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
     }
-    /* Reap the monitor processes that are our children (see reap_uid_children); they exit right
-     * after the init, so wait a little for them, but a slow one is no failure. */
-    if (has_dir && local_uid_in_range(lp, d->uid)) {
-        int64_t until = clock_mono_ms() + 1000;
-        int alive;
-
-        for (;;) {
-            reap_uid_children(d->uid, &alive);
-            if (alive == 0 || clock_mono_ms() >= until || clock_mono_ms() >= deadline_ms)
-                break;
-            sleep_ms(SWEEP_STEP_MS);
-        }
-    }
+    /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
+     * reap it rather than leave a zombie. A slow one is no failure. */
+    if (monitor > 1 && proc_ppid(monitor) == getpid())
+        reap_child(monitor, clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000
+                                                                 : deadline_ms);
     /* 3. cgroups: the descriptor's and wherever this host would have put them */
     r = cgroup_remove(&d->cg, deadline_ms, err);
     if (r < 0)

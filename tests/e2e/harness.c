@@ -2,14 +2,17 @@
 #include "harness.h"
 
 #include <curl/curl.h>
+#include <pthread.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -45,12 +48,62 @@ static char *lbt_read_file(const char *path)
     return buf;
 }
 
+/* <state_dir>.pid holds the pid of the daemon last spawned on that state dir, so that a
+ * daemon restarted inside a forked test can still be stopped by the fixture's teardown. */
+static void lbt_write_pid_file(const struct lbt_daemon *d)
+{
+    char path[300];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s.pid", d->state_dir);
+    f = fopen(path, "we");
+    if (f) {
+        fprintf(f, "%d\n", (int)d->pid);
+        fclose(f);
+    }
+}
+
+/* Is pid alive (not a zombie) and a lendboxd on state_dir? */
+static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
+{
+    char path[64], buf[4096], stat_buf[512];
+    ssize_t len;
+    int fd;
+    const char *p;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    len = read(fd, stat_buf, sizeof(stat_buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    stat_buf[len] = '\0';
+    p = strrchr(stat_buf, ')');
+    if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    for (ssize_t i = 0; i < len; i++)
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    buf[len] = '\0';
+    return strstr(buf, "lendboxd") && strstr(buf, state_dir);
+}
+
 static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
 {
     const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
     const char *sup = getenv("LENDBOX_SUPERVISE");
     const char *argv[64];
-    char listen_path[300], sup_set[512];
+    char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
     int n = 0, fd;
 
     snprintf(listen_path, sizeof(listen_path), "%s/listen", d->state_dir);
@@ -64,6 +117,12 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     argv[n++] = "debug";
     argv[n++] = "--set";
     argv[n++] = "lending.sweep_interval_s=1";
+    snprintf(uid_base, sizeof(uid_base), "local.uid_base=%u", d->uid_base);
+    snprintf(uid_count, sizeof(uid_count), "local.uid_count=%u", d->uid_count);
+    argv[n++] = "--set";
+    argv[n++] = uid_base;
+    argv[n++] = "--set";
+    argv[n++] = uid_count;
     if (sup) {
         snprintf(sup_set, sizeof(sup_set), "local.supervise=%s", sup);
         argv[n++] = "--set";
@@ -77,12 +136,16 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     d->pid = fork();
     ck_assert_int_ge(d->pid, 0);
     if (d->pid == 0) {
+        /* Own process group: Check kills a forked test's group when the test ends, and a
+         * daemon restarted by a test must outlive it until the fixture's teardown. */
+        setpgid(0, 0);
         dup2(fd, 1);
         dup2(fd, 2);
         execv(bin, (char *const *)argv);
         _exit(127);
     }
     close(fd);
+    lbt_write_pid_file(d);
     /* Wait for the listen file, then for readiness. */
     for (int i = 0; i < 400; i++) {
         char *addr = lbt_read_file(listen_path);
@@ -121,6 +184,40 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     ck_abort_msg("lendboxd never became ready (see %s)", d->log_path);
 }
 
+/* Daemons started by this process and not cleaned up yet: an unchecked fixture whose setup
+ * fails after starting its daemon never runs its teardown, so they are cleaned up at exit
+ * (only by the process that started them, not by the forked tests). */
+#define LBT_MAX_DAEMONS 16
+static struct lbt_daemon *lbt_live[LBT_MAX_DAEMONS];
+static pid_t lbt_live_owner;
+
+static void lbt_atexit_cleanup(void)
+{
+    if (getpid() != lbt_live_owner)
+        return;
+    for (int i = 0; i < LBT_MAX_DAEMONS; i++)
+        if (lbt_live[i])
+            lbt_daemon_cleanup(lbt_live[i]);
+}
+
+static void lbt_track(struct lbt_daemon *d, bool add)
+{
+    if (add && lbt_live_owner != getpid()) {
+        memset(lbt_live, 0, sizeof(lbt_live));
+        if (lbt_live_owner == 0)
+            atexit(lbt_atexit_cleanup);
+        lbt_live_owner = getpid();
+    }
+    for (int i = 0; i < LBT_MAX_DAEMONS; i++) {
+        if (!add && lbt_live[i] == d)
+            lbt_live[i] = NULL;
+        if (add && !lbt_live[i]) {
+            lbt_live[i] = d;
+            return;
+        }
+    }
+}
+
 void lbt_daemon_start(struct lbt_daemon *d, const char *const *extra_args)
 {
     memset(d, 0, sizeof(*d));
@@ -128,6 +225,16 @@ void lbt_daemon_start(struct lbt_daemon *d, const char *const *extra_args)
     ck_assert_ptr_nonnull(mkdtemp(d->state_dir));
     snprintf(d->log_path, sizeof(d->log_path), "%s.log", d->state_dir);
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    lbt_track(d, true);
+    {
+        unsigned r = 0;
+
+        if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+            r = (unsigned)getpid() * 2654435761u;
+        d->uid_count = 4096;
+        /* below 2^31: bubblewrap writes uid maps as signed ints */
+        d->uid_base = 1100000000u + 4096u * (r % 200000u);
+    }
     lbt_spawn(d, extra_args);
 }
 
@@ -135,6 +242,33 @@ void lbt_daemon_restart(struct lbt_daemon *d, const char *const *extra_args)
 {
     d->base_url[0] = '\0';
     lbt_spawn(d, extra_args);
+}
+
+/* Has pid ended? Reaps it when it is our child; a process that is not (a daemon a forked test
+ * started, or the fixture's daemon seen from a forked test) counts as ended once it is gone
+ * or a zombie. *status gets the wait status when it was reaped here. */
+static bool lbt_pid_ended(pid_t pid, int *status)
+{
+    char path[64], buf[512];
+    const char *p;
+    ssize_t len;
+    int fd;
+
+    if (waitpid(pid, status, WNOHANG) == pid)
+        return true;
+    if (errno != ECHILD)
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return true;
+    len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return true;
+    buf[len] = '\0';
+    p = strrchr(buf, ')');
+    return !p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X';
 }
 
 int lbt_daemon_stop(struct lbt_daemon *d)
@@ -145,8 +279,12 @@ int lbt_daemon_stop(struct lbt_daemon *d)
         return 0;
     kill(d->pid, SIGTERM);
     for (int i = 0; i < 1200; i++) {
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+        errno = 0;
+        status = -1;
+        if (lbt_pid_ended(d->pid, &status)) {
             d->pid = 0;
+            if (status == -1)
+                return 0; /* not our child: its exit status is not ours to see */
             return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
         lbt_sleep_ms(50);
@@ -159,19 +297,72 @@ int lbt_daemon_stop(struct lbt_daemon *d)
 
 void lbt_daemon_kill(struct lbt_daemon *d)
 {
+    int status;
+
     if (d->pid <= 0)
         return;
     kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
+    for (int i = 0; i < 1000; i++) {
+        errno = 0;
+        if (lbt_pid_ended(d->pid, &status))
+            break;
+        lbt_sleep_ms(10);
+    }
     d->pid = 0;
+}
+
+static bool lbt_has_sandbox_dirs(const struct lbt_daemon *d)
+{
+    char path[300];
+    DIR *dir;
+    struct dirent *e;
+    bool any = false;
+
+    snprintf(path, sizeof(path), "%s/sandboxes", d->state_dir);
+    dir = opendir(path);
+    if (!dir)
+        return false;
+    while (!any && (e = readdir(dir)))
+        any = e->d_name[0] != '.';
+    closedir(dir);
+    return any;
 }
 
 void lbt_daemon_cleanup(struct lbt_daemon *d)
 {
     char cmd[600];
 
+    char pid_path[300];
+    FILE *f;
+    int other = 0;
+
+    lbt_track(d, false);
     if (d->pid > 0)
         lbt_daemon_stop(d);
+    /* A daemon (re)started by a forked test is not our child: stop it by its pid file. */
+    snprintf(pid_path, sizeof(pid_path), "%s.pid", d->state_dir);
+    f = d->state_dir[0] ? fopen(pid_path, "re") : NULL;
+    if (f) {
+        if (fscanf(f, "%d", &other) != 1)
+            other = 0;
+        fclose(f);
+        unlink(pid_path);
+    }
+    if (other > 0 && lbt_pid_is_daemon(other, d->state_dir)) {
+        kill(other, SIGTERM);
+        for (int i = 0; i < 1200 && lbt_pid_is_daemon(other, d->state_dir); i++)
+            lbt_sleep_ms(50);
+        if (lbt_pid_is_daemon(other, d->state_dir))
+            kill(other, SIGKILL);
+    }
+    /* Sandboxes left behind (a test failed half-way): a daemon on the same state dir adopts
+     * them and its shutdown sweep stops them. */
+    if (d->state_dir[0] && d->base_url[0] && lbt_has_sandbox_dirs(d)) {
+        fprintf(stderr, "harness: sandboxes left in %s; stopping them\n", d->state_dir);
+        lbt_daemon_restart(d, NULL);
+        lbt_daemon_stop(d);
+        unlink(pid_path);
+    }
     if (d->state_dir[0] && !getenv("LBT_KEEP")) {
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->state_dir);
         if (system(cmd) != 0)
@@ -181,19 +372,28 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
 
 struct lbt_sink {
     char *data;
-    size_t len;
+    size_t len, cap;
 };
 
 static size_t lbt_write(char *p, size_t size, size_t n, void *user)
 {
     struct lbt_sink *s = user;
     size_t add = size * n;
-    char *q = realloc(s->data, s->len + add + 1);
 
-    if (!q)
-        return 0;
-    memcpy(q + s->len, p, add);
-    s->data = q;
+    if (s->len + add + 1 > s->cap) {
+        /* geometric growth: a 64 MiB download must not be quadratic (ASan's realloc copies) */
+        size_t cap = s->cap ? s->cap : 4096;
+        char *q;
+
+        while (cap < s->len + add + 1)
+            cap *= 2;
+        q = realloc(s->data, cap);
+        if (!q)
+            return 0;
+        s->data = q;
+        s->cap = cap;
+    }
+    memcpy(s->data + s->len, p, add);
     s->len += add;
     s->data[s->len] = '\0';
     return add;
@@ -224,13 +424,33 @@ static size_t lbt_header(char *p, size_t size, size_t n, void *user)
     return add;
 }
 
-void lbt_request(struct lbt_daemon *d, const char *method, const char *path, const char *token,
-                 const void *body, size_t body_len, const char *content_type,
-                 struct lbt_resp *resp)
+struct lbt_upload {
+    const char *data;
+    size_t len, off;
+};
+
+static size_t lbt_read_body(char *p, size_t size, size_t n, void *user)
+{
+    struct lbt_upload *u = user;
+    size_t want = size * n, left = u->len - u->off;
+
+    if (want > left)
+        want = left;
+    if (want > 1000)
+        want = 1000; /* several chunks */
+    memcpy(p, u->data + u->off, want);
+    u->off += want;
+    return want;
+}
+
+void lbt_request_ex(struct lbt_daemon *d, const char *method, const char *path, const char *token,
+                    const void *body, size_t body_len, const char *content_type,
+                    const char *const *headers, bool chunked, struct lbt_resp *resp)
 {
     CURL *c = curl_easy_init();
     struct curl_slist *hdrs = NULL;
     struct lbt_sink sink = {0};
+    struct lbt_upload up = {body, body_len, 0};
     char url[4096], h[600];
     CURLcode cc;
 
@@ -238,7 +458,6 @@ void lbt_request(struct lbt_daemon *d, const char *method, const char *path, con
     ck_assert_ptr_nonnull(c);
     snprintf(url, sizeof(url), "%s%s", d->base_url, path);
     curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, lbt_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, lbt_header);
@@ -249,12 +468,23 @@ void lbt_request(struct lbt_daemon *d, const char *method, const char *path, con
         snprintf(h, sizeof(h), "Authorization: Bearer %s", *token ? token : d->admin_token);
         hdrs = curl_slist_append(hdrs, h);
     }
+    for (size_t i = 0; headers && headers[i]; i++)
+        hdrs = curl_slist_append(hdrs, headers[i]);
     if (body) {
-        snprintf(h, sizeof(h), "Content-Type: %s", content_type ? content_type : "application/json");
+        snprintf(h, sizeof(h), "Content-Type: %s",
+                 content_type ? content_type : "application/json");
         hdrs = curl_slist_append(hdrs, h);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        if (chunked) {
+            curl_easy_setopt(c, CURLOPT_POST, 1L);
+            curl_easy_setopt(c, CURLOPT_READFUNCTION, lbt_read_body);
+            curl_easy_setopt(c, CURLOPT_READDATA, &up);
+            hdrs = curl_slist_append(hdrs, "Transfer-Encoding: chunked");
+        } else {
+            curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+            curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
+        }
     }
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     hdrs = curl_slist_append(hdrs, "Expect:");
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     if (!strcmp(method, "HEAD"))
@@ -270,6 +500,12 @@ void lbt_request(struct lbt_daemon *d, const char *method, const char *path, con
     resp->len = sink.len;
     if (resp->len > 0 && resp->body[0] == '{')
         resp->json = json_loadb(resp->body, resp->len, 0, NULL);
+}
+
+void lbt_request(struct lbt_daemon *d, const char *method, const char *path, const char *token,
+                 const void *body, size_t body_len, const char *content_type, struct lbt_resp *resp)
+{
+    lbt_request_ex(d, method, path, token, body, body_len, content_type, NULL, false, resp);
 }
 
 void lbt_json(struct lbt_daemon *d, const char *method, const char *path, const char *token,
@@ -293,8 +529,8 @@ json_t *lbt_seed(struct lbt_daemon *d, const char *rsid, const char *task_id,
     json_t *lease;
 
     snprintf(path, sizeof(path), "/v1/sessions/%s/seed", rsid);
-    snprintf(body, sizeof(body), "{\"task_id\": \"%s\"%s%s}", task_id,
-             extra_members ? ", " : "", extra_members ? extra_members : "");
+    snprintf(body, sizeof(body), "{\"task_id\": \"%s\"%s%s}", task_id, extra_members ? ", " : "",
+             extra_members ? extra_members : "");
     lbt_json(d, "POST", path, "", body, &r);
     ck_assert_msg(r.status == 200, "seed %s: status %ld body %s", rsid, r.status, r.body);
     lease = json_incref(r.json);
@@ -305,8 +541,8 @@ json_t *lbt_seed(struct lbt_daemon *d, const char *rsid, const char *task_id,
 
 const char *lbt_error_code(const struct lbt_resp *resp)
 {
-    const char *code = json_string_value(
-        json_object_get(json_object_get(resp->json, "error"), "code"));
+    const char *code =
+        json_string_value(json_object_get(json_object_get(resp->json, "error"), "code"));
 
     return code ? code : "";
 }
@@ -395,4 +631,474 @@ uid_t lbt_sandbox_uid(struct lbt_daemon *d, const char *sandbox_id)
     json_decref(desc);
     ck_assert_uint_gt(uid, 0);
     return uid;
+}
+
+/* ---------- additions for the acceptance tests ---------- */
+
+struct lbt_async {
+    pthread_t thread;
+    struct lbt_daemon *d;
+    char *method, *path, *token, *body;
+    struct lbt_resp resp;
+    atomic_bool done;
+};
+
+static void *lbt_async_main(void *arg)
+{
+    struct lbt_async *a = arg;
+
+    lbt_json(a->d, a->method, a->path, a->token, a->body, &a->resp);
+    atomic_store(&a->done, true);
+    return NULL;
+}
+
+bool lbt_async_done(struct lbt_async *a)
+{
+    return atomic_load(&a->done);
+}
+
+struct lbt_async *lbt_async_json(struct lbt_daemon *d, const char *method, const char *path,
+                                 const char *token, const char *body_json)
+{
+    struct lbt_async *a = calloc(1, sizeof(*a));
+
+    ck_assert_ptr_nonnull(a);
+    a->d = d;
+    a->method = strdup(method);
+    a->path = strdup(path);
+    a->token = token ? strdup(token) : NULL;
+    a->body = body_json ? strdup(body_json) : NULL;
+    ck_assert_int_eq(pthread_create(&a->thread, NULL, lbt_async_main, a), 0);
+    return a;
+}
+
+void lbt_async_join(struct lbt_async *a, struct lbt_resp *resp)
+{
+    pthread_join(a->thread, NULL);
+    *resp = a->resp;
+    free(a->method);
+    free(a->path);
+    free(a->token);
+    free(a->body);
+    free(a);
+}
+
+void lbt_exec(struct lbt_daemon *d, const char *sandbox_id, const char *token,
+              const char *body_json, struct lbt_resp *resp)
+{
+    char path[300];
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sandbox_id);
+    lbt_json(d, "POST", path, token, body_json, resp);
+}
+
+json_t *lbt_exec_ok(struct lbt_daemon *d, const char *sandbox_id, const char *token,
+                    const char *body_json)
+{
+    struct lbt_resp r;
+    json_t *out;
+
+    lbt_exec(d, sandbox_id, token, body_json, &r);
+    ck_assert_msg(r.status == 200 && r.json, "exec %s: status %ld body %.2000s", body_json,
+                  r.status, r.body);
+    lbt_assert_request_id(&r, NULL);
+    out = json_incref(r.json);
+    lbt_resp_free(&r);
+    return out;
+}
+
+char *lbt_sh(struct lbt_daemon *d, const char *sandbox_id, const char *command)
+{
+    json_t *body = json_pack("{s:s}", "command", command);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_t *res = lbt_exec_ok(d, sandbox_id, "", text);
+    json_t *rc = json_object_get(res, "return_code");
+    const char *out = json_string_value(json_object_get(res, "stdout"));
+    char *dump = json_dumps(res, JSON_COMPACT), *copy;
+
+    ck_assert_msg(json_is_integer(rc) && json_integer_value(rc) == 0 && out,
+                  "command %s failed: %.2000s", command, dump ? dump : "?");
+    copy = strdup(out);
+    free(dump);
+    json_decref(res);
+    json_decref(body);
+    free(text);
+    return copy;
+}
+
+static void lbt_files_path(const char *sandbox_id, const char *path, const char *mode, char *buf,
+                           size_t size)
+{
+    char *esc = curl_easy_escape(NULL, path, 0);
+
+    ck_assert_ptr_nonnull(esc);
+    snprintf(buf, size, "/v1/sandboxes/%s/files?path=%s%s%s", sandbox_id, esc, mode ? "&mode=" : "",
+             mode ? mode : "");
+    curl_free(esc);
+}
+
+void lbt_file_put(struct lbt_daemon *d, const char *sandbox_id, const char *token, const char *path,
+                  const char *mode, const void *data, size_t len, struct lbt_resp *resp)
+{
+    char url[4096];
+
+    lbt_files_path(sandbox_id, path, mode, url, sizeof(url));
+    lbt_request(d, "PUT", url, token, data ? data : "", len, "application/octet-stream", resp);
+}
+
+void lbt_file_get(struct lbt_daemon *d, const char *sandbox_id, const char *token, const char *path,
+                  struct lbt_resp *resp)
+{
+    char url[4096];
+
+    lbt_files_path(sandbox_id, path, NULL, url, sizeof(url));
+    lbt_request(d, "GET", url, token, NULL, 0, NULL, resp);
+}
+
+void lbt_assert_request_id(const struct lbt_resp *resp, const char *want)
+{
+    ck_assert_msg(resp->request_id[0], "no X-Request-Id in the response (headers: %s)",
+                  resp->headers);
+    if (want)
+        ck_assert_str_eq(resp->request_id, want);
+}
+
+void lbt_assert_error(const struct lbt_resp *resp, long status, const char *code)
+{
+    json_t *err;
+    const char *msg;
+
+    ck_assert_msg(resp->status == status, "expected %ld %s, got %ld: %.1000s", status, code,
+                  resp->status, resp->body);
+    ck_assert_msg(resp->json != NULL, "error body is not JSON: %.1000s", resp->body);
+    ck_assert_msg(strstr(resp->headers, "application/json") != NULL,
+                  "error is not application/json: %s", resp->headers);
+    ck_assert_int_eq(json_object_size(resp->json), 1);
+    err = json_object_get(resp->json, "error");
+    ck_assert_msg(json_is_object(err), "no error object: %s", resp->body);
+    ck_assert_int_eq(json_object_size(err), 2);
+    ck_assert_str_eq(lbt_error_code(resp), code);
+    msg = json_string_value(json_object_get(err, "message"));
+    ck_assert_msg(msg && *msg, "error without a message: %s", resp->body);
+    lbt_assert_request_id(resp, NULL);
+}
+
+json_t *lbt_list_sandboxes(struct lbt_daemon *d)
+{
+    struct lbt_resp r;
+    json_t *arr;
+
+    lbt_json(d, "GET", "/v1/sandboxes", "", NULL, &r);
+    ck_assert_msg(r.status == 200, "GET /v1/sandboxes: %ld %s", r.status, r.body);
+    arr = json_object_get(r.json, "sandboxes");
+    ck_assert_msg(json_is_array(arr), "GET /v1/sandboxes: %s", r.body);
+    json_incref(arr);
+    lbt_resp_free(&r);
+    return arr;
+}
+
+json_t *lbt_find_record(json_t *sandboxes, const char *id)
+{
+    size_t i;
+    json_t *v;
+
+    json_array_foreach(sandboxes, i, v)
+    {
+        const char *sid = json_string_value(json_object_get(v, "sandbox_id"));
+
+        if (sid && !strcmp(sid, id))
+            return v;
+    }
+    return NULL;
+}
+
+int lbt_count_records_of_session(json_t *sandboxes, const char *rsid)
+{
+    size_t i;
+    json_t *v;
+    int n = 0;
+
+    json_array_foreach(sandboxes, i, v)
+    {
+        const char *s = json_string_value(json_object_get(v, "resources_session_id"));
+
+        if (s && !strcmp(s, rsid))
+            n++;
+    }
+    return n;
+}
+
+void lbt_assert_healthy(struct lbt_daemon *d)
+{
+    struct lbt_resp r;
+
+    lbt_json(d, "GET", "/healthz", NULL, NULL, &r);
+    ck_assert_msg(r.status == 200, "/healthz: %ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "status")), "ok");
+    lbt_resp_free(&r);
+}
+
+json_t *lbt_read_descriptor(struct lbt_daemon *d, const char *sandbox_id)
+{
+    char path[400];
+
+    snprintf(path, sizeof(path), "%s/sandboxes/%s/descriptor.json", d->state_dir, sandbox_id);
+    return json_load_file(path, 0, NULL);
+}
+
+static int lbt_cgroup_walk(const char *dir, const char *needle, int depth)
+{
+    DIR *d;
+    struct dirent *e;
+    int n = 0;
+
+    if (depth > 16 || !(d = opendir(dir)))
+        return 0;
+    while ((e = readdir(d))) {
+        char sub[4096];
+        struct stat st;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+        if (lstat(sub, &st) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (strstr(e->d_name, needle))
+            n++;
+        n += lbt_cgroup_walk(sub, needle, depth + 1);
+    }
+    closedir(d);
+    return n;
+}
+
+int lbt_count_cgroup_dirs(const char *needle)
+{
+    return lbt_cgroup_walk("/sys/fs/cgroup", needle, 0);
+}
+
+/* Real uid and whether pid is a zombie, from /proc/PID/status. */
+static bool lbt_proc_status_uid(const char *pid, uid_t *uid, bool *zombie)
+{
+    char path[300], buf[4096];
+    const char *p;
+    ssize_t len;
+    unsigned u;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%s/status", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    buf[len] = '\0';
+    p = strstr(buf, "\nUid:");
+    if (!p || sscanf(p + 5, "%u", &u) != 1)
+        return false;
+    *uid = u;
+    p = strstr(buf, "\nState:");
+    *zombie = p && (strncmp(p + 7, "\tZ", 2) == 0 || strncmp(p + 7, "\tX", 2) == 0);
+    return true;
+}
+
+int lbt_count_live_procs_of_uid(uid_t uid)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(dir);
+    while ((e = readdir(dir))) {
+        uid_t u;
+        bool z;
+
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        if (lbt_proc_status_uid(e->d_name, &u, &z) && u == uid && !z)
+            n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+int lbt_count_procs_exact(const char *cmdline)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(dir);
+    while ((e = readdir(dir))) {
+        char path[300], buf[4096];
+        ssize_t len;
+        int fd;
+
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        len = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (len <= 0)
+            continue;
+        while (len > 0 && buf[len - 1] == '\0')
+            len--;
+        for (ssize_t i = 0; i < len; i++)
+            if (buf[i] == '\0')
+                buf[i] = ' ';
+        buf[len] = '\0';
+        if (!strcmp(buf, cmdline))
+            n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+static int lbt_cmp_uid(const void *a, const void *b)
+{
+    uid_t x = *(const uid_t *)a, y = *(const uid_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(dir);
+    while ((e = readdir(dir))) {
+        uid_t u;
+        bool z, seen = false;
+
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        if (!lbt_proc_status_uid(e->d_name, &u, &z) || z || u < lo || u >= hi)
+            continue;
+        for (int i = 0; i < n && !seen; i++)
+            seen = out[i] == u;
+        if (!seen && n < max)
+            out[n++] = u;
+    }
+    closedir(dir);
+    qsort(out, (size_t)n, sizeof(*out), lbt_cmp_uid);
+    return n;
+}
+
+long lbt_proc_status_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    size_t flen = strlen(field);
+    long v = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        if (!strncmp(line, field, flen) && line[flen] == ':') {
+            v = strtol(line + flen + 1, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+static const char lbt_b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *lbt_b64_encode(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+
+    ck_assert_ptr_nonnull(out);
+    for (size_t i = 0; i < len; i += 3) {
+        unsigned v = (unsigned)p[i] << 16;
+
+        if (i + 1 < len)
+            v |= (unsigned)p[i + 1] << 8;
+        if (i + 2 < len)
+            v |= p[i + 2];
+        *o++ = lbt_b64[(v >> 18) & 63];
+        *o++ = lbt_b64[(v >> 12) & 63];
+        *o++ = i + 1 < len ? lbt_b64[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < len ? lbt_b64[v & 63] : '=';
+    }
+    *o = '\0';
+    return out;
+}
+
+unsigned char *lbt_b64_decode(const char *text, size_t *len_out)
+{
+    size_t n = strlen(text), o = 0;
+    unsigned char *out;
+
+    if (n % 4)
+        return NULL;
+    out = malloc(n / 4 * 3 + 1);
+    ck_assert_ptr_nonnull(out);
+    for (size_t i = 0; i < n; i += 4) {
+        unsigned v = 0;
+        int pad = 0;
+
+        for (int k = 0; k < 4; k++) {
+            const char *c = strchr(lbt_b64, text[i + k]);
+
+            v <<= 6;
+            if (text[i + k] == '=' && i + 4 == n && k >= 2) {
+                pad++;
+            } else if (!text[i + k] || !c || pad) {
+                free(out);
+                return NULL;
+            } else {
+                v |= (unsigned)(c - lbt_b64);
+            }
+        }
+        out[o++] = (unsigned char)(v >> 16);
+        if (pad < 2)
+            out[o++] = (unsigned char)(v >> 8);
+        if (pad < 1)
+            out[o++] = (unsigned char)v;
+    }
+    *len_out = o;
+    return out;
+}
+
+double lbt_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void lbt_fill_random(void *buf, size_t len, unsigned seed)
+{
+    unsigned char *p = buf;
+    unsigned long long x = 0x9e3779b97f4a7c15ULL ^ seed;
+
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (unsigned char)(x >> 24);
+    }
+}
+
+int lbt_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

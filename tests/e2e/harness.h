@@ -20,6 +20,9 @@ struct lbt_daemon {
     char base_url[128];
     char admin_token[256];
     char log_path[300];
+    /* the local provider's uid range, picked at random per daemon so that daemons running
+     * at the same time on this machine never share a sandbox uid */
+    unsigned uid_base, uid_count;
 };
 
 struct lbt_resp {
@@ -68,5 +71,76 @@ bool lbt_path_exists(const char *path);
 uid_t lbt_sandbox_uid(struct lbt_daemon *d, const char *sandbox_id);
 /* Sleep milliseconds. */
 void lbt_sleep_ms(long ms);
+
+/* ---------- additions for the acceptance tests ---------- */
+
+/* lbt_request with extra headers ("Name: value", NULL-terminated list, may be NULL). With
+ * chunked, the body is sent with "Transfer-Encoding: chunked" and no Content-Length (through a
+ * read callback). */
+void lbt_request_ex(struct lbt_daemon *d, const char *method, const char *path, const char *token,
+                    const void *body, size_t body_len, const char *content_type,
+                    const char *const *headers, bool chunked, struct lbt_resp *resp);
+
+/* A request run on its own thread with its own curl handle; join to get the response. */
+struct lbt_async;
+struct lbt_async *lbt_async_json(struct lbt_daemon *d, const char *method, const char *path,
+                                 const char *token, const char *body_json);
+void lbt_async_join(struct lbt_async *a, struct lbt_resp *resp);
+/* Has the response arrived (join will not block)? */
+bool lbt_async_done(struct lbt_async *a);
+
+/* POST /v1/sandboxes/{id}/exec with a JSON body. */
+void lbt_exec(struct lbt_daemon *d, const char *sandbox_id, const char *token,
+              const char *body_json, struct lbt_resp *resp);
+/* Same, asserting 200 and a JSON body; returns the result (caller decrefs). */
+json_t *lbt_exec_ok(struct lbt_daemon *d, const char *sandbox_id, const char *token,
+                    const char *body_json);
+/* Run a shell command as admin, assert 200 and return code 0, return a malloc'd stdout. */
+char *lbt_sh(struct lbt_daemon *d, const char *sandbox_id, const char *command);
+
+/* PUT / GET /v1/sandboxes/{id}/files?path=...[&mode=...] (path URL-encoded here). */
+void lbt_file_put(struct lbt_daemon *d, const char *sandbox_id, const char *token, const char *path,
+                  const char *mode, const void *data, size_t len, struct lbt_resp *resp);
+void lbt_file_get(struct lbt_daemon *d, const char *sandbox_id, const char *token, const char *path,
+                  struct lbt_resp *resp);
+
+/* Assert an error response: status, {"error": {"code": code, "message": non-empty}} and nothing
+ * else, and an X-Request-Id header. */
+void lbt_assert_error(const struct lbt_resp *resp, long status, const char *code);
+/* Assert that the response carries an X-Request-Id (equal to want unless want is NULL). */
+void lbt_assert_request_id(const struct lbt_resp *resp, const char *want);
+
+/* GET /v1/sandboxes as admin (asserts 200); returns the "sandboxes" array (caller decrefs). */
+json_t *lbt_list_sandboxes(struct lbt_daemon *d);
+/* The record with sandbox_id id in a list (borrowed), or NULL. */
+json_t *lbt_find_record(json_t *sandboxes, const char *id);
+/* How many records of the list belong to resources session rsid. */
+int lbt_count_records_of_session(json_t *sandboxes, const char *rsid);
+/* GET /healthz is 200 {"status":"ok"}. */
+void lbt_assert_healthy(struct lbt_daemon *d);
+
+/* <state_dir>/sandboxes/<id>/descriptor.json, or NULL when it does not exist. */
+json_t *lbt_read_descriptor(struct lbt_daemon *d, const char *sandbox_id);
+/* Directories anywhere under /sys/fs/cgroup whose name contains needle. */
+int lbt_count_cgroup_dirs(const char *needle);
+/* Live (not zombie) processes of uid. */
+int lbt_count_live_procs_of_uid(uid_t uid);
+/* Processes whose whole command line (arguments joined by spaces) equals cmdline. */
+int lbt_count_procs_exact(const char *cmdline);
+/* Distinct uids in [lo, hi) of live processes, sorted, into out (at most max); returns count. */
+int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
+/* A numeric field of /proc/PID/status in kB (e.g. "VmRSS"), -1 if unreadable. */
+long lbt_proc_status_kb(pid_t pid, const char *field);
+
+/* Base64 (standard alphabet, padded). Results are malloc'd; decode returns NULL on bad input. */
+char *lbt_b64_encode(const void *data, size_t len);
+unsigned char *lbt_b64_decode(const char *text, size_t *len_out);
+/* Monotonic clock in seconds. */
+double lbt_now(void);
+/* Fill buf with deterministic pseudo-random bytes from seed. */
+void lbt_fill_random(void *buf, size_t len, unsigned seed);
+
+/* Run one suite (each program's main). */
+int lbt_run_suite(Suite *s);
 
 #endif

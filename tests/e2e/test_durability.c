@@ -530,31 +530,35 @@ START_TEST(test_vanished_while_down)
 }
 END_TEST
 
-/* --- two daemons with separate state dirs never stop each other's sandboxes --- */
+/* --- two daemons with separate state dirs (default config: each derives its own uid range
+ * from its state dir) never stop each other's sandboxes --- */
 START_TEST(test_two_daemons_isolated)
 {
-    struct dur a, b;
+    /* undo the harness's explicit ranges: both daemons use the built-in default */
+    static const char *const defaults[] = {"--set", "local.uid_base=0", "--set",
+                                           "local.uid_count=65536", NULL};
+    struct lbt_daemon a, b;
     json_t *la, *lb_, *res;
     uid_t ua, ub;
 
-    dur_start(&a, 0, NULL);
-    dur_start(&b, 1, NULL);
-    la = lbt_seed(&a.d, "same-name", "t", NULL);
-    lb_ = lbt_seed(&b.d, "same-name", "t", NULL);
-    ua = lbt_sandbox_uid(&a.d, json_string_value(json_object_get(la, "sandbox_id")));
-    ub = lbt_sandbox_uid(&b.d, json_string_value(json_object_get(lb_, "sandbox_id")));
-    ck_assert_int_ne(ua, ub);
-    ck_assert_int_eq(lbt_daemon_stop(&a.d), 0); /* sweeps a's sandboxes */
+    lbt_daemon_start(&a, defaults);
+    lbt_daemon_start(&b, defaults);
+    la = lbt_seed(&a, "same-name", "t", NULL);
+    lb_ = lbt_seed(&b, "same-name", "t", NULL);
+    ua = lbt_sandbox_uid(&a, json_string_value(json_object_get(la, "sandbox_id")));
+    ub = lbt_sandbox_uid(&b, json_string_value(json_object_get(lb_, "sandbox_id")));
+    ck_assert_uint_ne(ua, ub);
+    ck_assert_int_eq(lbt_daemon_stop(&a), 0); /* sweeps a's sandboxes */
     ck_assert_int_eq(lbt_count_live_procs_of_uid(ua), 0);
     ck_assert_int_gt(lbt_count_live_procs_of_uid(ub), 0);
-    res = lbt_exec_ok(&b.d, json_string_value(json_object_get(lb_, "sandbox_id")), "",
+    res = lbt_exec_ok(&b, json_string_value(json_object_get(lb_, "sandbox_id")), "",
                       "{\"command\":\"echo alive\"}");
     ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "alive\n");
     json_decref(res);
     json_decref(la);
     json_decref(lb_);
-    dur_cleanup(&a);
-    dur_cleanup(&b);
+    lbt_daemon_cleanup(&a);
+    lbt_daemon_cleanup(&b);
 }
 END_TEST
 

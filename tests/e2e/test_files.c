@@ -1,0 +1,326 @@
+/*
+ * test_files.c - acceptance: PUT/GET /v1/sandboxes/{id}/files round trips byte-exact (all byte
+ * values, NULs, empty, 1 MiB, 64 MiB), parents are created, missing files are 404, invalid
+ * paths are 400, symlinks and ".." never reach the host, and the host's /etc/shadow is refused.
+ */
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+static char SBX[128];
+
+/* The host-side files of test_symlink_to_host: named by the fixture (this process) and
+ * removed by its teardown, however the forked test ends. */
+static char HOST_FILE[64], HOST_DIR[64], HOST_VICTIM[128];
+
+static void remove_host_files(void)
+{
+    if (HOST_VICTIM[0])
+        unlink(HOST_VICTIM);
+    if (HOST_FILE[0])
+        unlink(HOST_FILE);
+    if (HOST_DIR[0])
+        rmdir(HOST_DIR);
+}
+
+static void setup(void)
+{
+    json_t *lease;
+
+    snprintf(HOST_FILE, sizeof(HOST_FILE), "/tmp/lbt-host-secret-%d", (int)getpid());
+    snprintf(HOST_DIR, sizeof(HOST_DIR), "/tmp/lbt-host-dir-%d", (int)getpid());
+    snprintf(HOST_VICTIM, sizeof(HOST_VICTIM), "%s/planted.txt", HOST_DIR);
+    remove_host_files();
+    lbt_daemon_start(&D, NULL);
+    lease = lbt_seed(&D, "files-1", "task-files", NULL);
+    snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+}
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+    remove_host_files();
+}
+
+static void sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char md[SHA256_DIGEST_LENGTH];
+
+    SHA256(data, len, md);
+    for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
+        sprintf(out + 2 * i, "%02x", md[i]);
+}
+
+/* PUT data at path, GET it back, and check the size and hash the sandbox itself sees. */
+static void round_trip(const char *path, const void *data, size_t len)
+{
+    struct lbt_resp r;
+    char cmd[600], want[128], hex[65];
+    char *out;
+
+    lbt_file_put(&D, SBX, "", path, NULL, data, len, &r);
+    ck_assert_msg(r.status == 204, "PUT %s (%zu bytes): %ld %.500s", path, len, r.status, r.body);
+    ck_assert_uint_eq(r.len, 0);
+    lbt_assert_request_id(&r, NULL);
+    lbt_resp_free(&r);
+    lbt_file_get(&D, SBX, "", path, &r);
+    ck_assert_msg(r.status == 200, "GET %s: %ld %.500s", path, r.status, r.body);
+    ck_assert_msg(strstr(r.headers, "application/octet-stream") != NULL, "headers: %s", r.headers);
+    ck_assert_uint_eq(r.len, len);
+    ck_assert(len == 0 || memcmp(r.body, data, len) == 0);
+    lbt_resp_free(&r);
+    sha256_hex(data, len, hex);
+    snprintf(cmd, sizeof(cmd), "wc -c < '%s'; sha256sum < '%s' | cut -d' ' -f1", path, path);
+    out = lbt_sh(&D, SBX, cmd);
+    snprintf(want, sizeof(want), "%zu\n%s\n", len, hex);
+    ck_assert_str_eq(out, want);
+    free(out);
+}
+
+START_TEST(test_all_byte_values)
+{
+    unsigned char buf[256 * 4];
+
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (unsigned char)(i % 256);
+    round_trip("/workspace/bytes.bin", buf, sizeof(buf));
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (unsigned char)(255 - i % 256);
+    round_trip("/tmp/bytes-reversed.bin", buf, sizeof(buf));
+}
+END_TEST
+
+START_TEST(test_nuls_and_empty)
+{
+    unsigned char nuls[4096] = {0};
+
+    nuls[100] = 'x';
+    round_trip("/workspace/nuls.bin", nuls, sizeof(nuls));
+    round_trip("/workspace/only-nuls.bin", nuls, 100);
+    round_trip("/workspace/empty.bin", "", 0);
+    /* overwriting with less leaves exactly the new content */
+    round_trip("/workspace/nuls.bin", "\0", 1);
+}
+END_TEST
+
+START_TEST(test_one_mib)
+{
+    size_t len = 1024 * 1024;
+    unsigned char *buf = malloc(len);
+
+    ck_assert_ptr_nonnull(buf);
+    lbt_fill_random(buf, len, 1);
+    round_trip("/workspace/one-mib.bin", buf, len);
+    free(buf);
+}
+END_TEST
+
+START_TEST(test_64_mib)
+{
+    size_t len = 64 * 1024 * 1024;
+    unsigned char *buf = malloc(len);
+
+    ck_assert_ptr_nonnull(buf);
+    lbt_fill_random(buf, len, 64);
+    round_trip("/workspace/big/64-mib.bin", buf, len);
+    free(buf);
+    free(lbt_sh(&D, SBX, "rm /workspace/big/64-mib.bin"));
+}
+END_TEST
+
+START_TEST(test_parents_created_and_mode)
+{
+    struct lbt_resp r;
+    char *out;
+
+    round_trip("/workspace/deep/a/b/c/file.txt", "deep\n", 5);
+    out = lbt_sh(&D, SBX, "test -d /workspace/deep/a/b/c && cat /workspace/deep/a/b/c/file.txt");
+    ck_assert_str_eq(out, "deep\n");
+    free(out);
+    lbt_file_put(&D, SBX, "", "/workspace/tool.sh", "0755", "#!/bin/sh\necho tool\n", 20, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, SBX, "stat -c %a /workspace/tool.sh; /workspace/tool.sh");
+    ck_assert_str_eq(out, "755\ntool\n");
+    free(out);
+}
+END_TEST
+
+START_TEST(test_missing_file)
+{
+    struct lbt_resp r;
+
+    lbt_file_get(&D, SBX, "", "/workspace/does-not-exist.txt", &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    lbt_file_get(&D, SBX, "", "/no/such/dir/file", &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+START_TEST(test_invalid_paths)
+{
+    static const char *const bad[] = {"/workspace/../etc/passwd",
+                                      "/workspace/a/../../x",
+                                      "/..",
+                                      "workspace/rel.txt",
+                                      "rel.txt",
+                                      ""};
+    struct lbt_resp r;
+    char url[300];
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        lbt_file_get(&D, SBX, "", bad[i], &r);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+        lbt_file_put(&D, SBX, "", bad[i], NULL, "x", 1, &r);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+    }
+    /* no path at all */
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files", SBX);
+    lbt_request(&D, "GET", url, "", NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    /* nothing was written by the refused PUTs */
+    ck_assert(!lbt_path_exists("/x"));
+    lbt_file_get(&D, SBX, "", "/x", &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "re");
+    char *buf = calloc(1, 4096);
+
+    ck_assert_ptr_nonnull(f);
+    *len = fread(buf, 1, 4095, f);
+    fclose(f);
+    return buf;
+}
+
+START_TEST(test_symlink_to_host)
+{
+    const char *host_file = HOST_FILE, *host_dir = HOST_DIR, *victim = HOST_VICTIM;
+    const char secret[] = "host secret\n";
+    char cmd[600];
+    struct lbt_resp r;
+    struct stat before, after;
+    size_t len;
+    char *out, *content;
+    int fd = open(host_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, secret, strlen(secret)), (int)strlen(secret));
+    close(fd);
+    ck_assert_int_eq(mkdir(host_dir, 0700), 0);
+    /* readable and writable by anyone, as much of the host's /tmp is: only the way paths are
+     * resolved can keep the sandbox out */
+    ck_assert_int_eq(chmod(host_file, 0666), 0);
+    ck_assert_int_eq(chmod(host_dir, 0777), 0);
+    ck_assert_int_eq(stat(host_file, &before), 0);
+
+    /* the sandbox's /tmp is its own: the host file is not there */
+    snprintf(cmd, sizeof(cmd), "test ! -e %s && test ! -e %s && echo private", host_file, host_dir);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "private\n");
+    free(out);
+    /* symlinks made inside the sandbox, absolute and relative, to the host-only paths */
+    snprintf(cmd, sizeof(cmd),
+             "ln -s %s /workspace/link && ln -s ../../../../../..%s /workspace/rel-link && "
+             "ln -s %s /workspace/dir-link && ln -s %s /tmp/tmp-link && echo made",
+             host_file, host_file, host_dir, host_file);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "made\n");
+    free(out);
+
+    /* read through them: 404, never the host's bytes */
+    static const char *const links[] = {"/workspace/link", "/workspace/rel-link", "/tmp/tmp-link"};
+    for (size_t i = 0; i < 3; i++) {
+        lbt_file_get(&D, SBX, "", links[i], &r);
+        lbt_assert_error(&r, 404, "not_found");
+        ck_assert(strstr(r.body, "host secret") == NULL);
+        lbt_resp_free(&r);
+    }
+    /* write through them: whatever the status, the host file stays as it was */
+    for (size_t i = 0; i < 3; i++) {
+        lbt_file_put(&D, SBX, "", links[i], NULL, "pwned\n", 6, &r);
+        ck_assert_msg(r.status == 204 || (r.status >= 400 && r.status < 500), "PUT %s: %ld",
+                      links[i], r.status);
+        lbt_assert_request_id(&r, NULL);
+        lbt_resp_free(&r);
+    }
+    lbt_file_put(&D, SBX, "", "/workspace/dir-link/planted.txt", NULL, "pwned\n", 6, &r);
+    ck_assert_msg(r.status == 204 || (r.status >= 400 && r.status < 500), "PUT: %ld", r.status);
+    lbt_resp_free(&r);
+    content = slurp(host_file, &len);
+    ck_assert_uint_eq(len, strlen(secret));
+    ck_assert_str_eq(content, secret);
+    free(content);
+    ck_assert_int_eq(stat(host_file, &after), 0);
+    ck_assert_uint_eq(after.st_ino, before.st_ino);
+    ck_assert_int_eq(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+    ck_assert_int_eq(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+    ck_assert_msg(!lbt_path_exists(victim), "%s appeared on the host", victim);
+}
+END_TEST
+
+START_TEST(test_host_shadow_refused)
+{
+    struct lbt_resp r;
+    struct stat before, after;
+    char *out;
+
+    ck_assert_int_eq(stat("/etc/shadow", &before), 0);
+    /* the sandbox's root cannot read it either: it is not host root */
+    out = lbt_sh(&D, SBX, "cat /etc/shadow >/dev/null 2>&1; echo $?");
+    ck_assert_str_ne(out, "0\n");
+    free(out);
+    lbt_file_get(&D, SBX, "", "/etc/shadow", &r);
+    lbt_assert_error(&r, 403, "forbidden");
+    lbt_resp_free(&r);
+    lbt_file_put(&D, SBX, "", "/etc/shadow", NULL, "root::0:0:::::\n", 15, &r);
+    ck_assert_msg(r.status == 400 || r.status == 403, "PUT /etc/shadow: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_file_put(&D, SBX, "", "/etc/lbt-planted", NULL, "x", 1, &r);
+    ck_assert_msg(r.status == 400 || r.status == 403, "PUT /etc/lbt-planted: %ld %s", r.status,
+                  r.body);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(stat("/etc/shadow", &after), 0);
+    ck_assert_int_eq(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+    ck_assert_int_eq(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+    ck_assert_int_eq(after.st_size, before.st_size);
+    ck_assert(!lbt_path_exists("/etc/lbt-planted"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("files");
+    TCase *tc = tcase_create("files");
+
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_all_byte_values);
+    tcase_add_test(tc, test_nuls_and_empty);
+    tcase_add_test(tc, test_one_mib);
+    tcase_add_test(tc, test_64_mib);
+    tcase_add_test(tc, test_parents_created_and_mode);
+    tcase_add_test(tc, test_missing_file);
+    tcase_add_test(tc, test_invalid_paths);
+    tcase_add_test(tc, test_symlink_to_host);
+    tcase_add_test(tc, test_host_shadow_refused);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}

@@ -1,0 +1,187 @@
+/*
+ * test_isolation.c - acceptance: a sandbox sees only its own processes, cannot write the host's
+ * /usr, runs as an unprivileged host uid while being root inside, and has only loopback.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+static char SBX[128];
+
+static void setup(void)
+{
+    json_t *lease;
+
+    lbt_daemon_start(&D, NULL);
+    lease = lbt_seed(&D, "iso-1", "task-iso", NULL);
+    snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+}
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+}
+
+START_TEST(test_own_processes_only)
+{
+    char *out, *line, *save = NULL, pidbuf[32];
+    int n = 0, host_procs;
+
+    /* every process visible inside, one "PID ARGS" per line */
+    out = lbt_sh(&D, SBX,
+                 "for p in /proc/[0-9]*; do printf '%s ' ${p#/proc/}; tr '\\0' ' ' < $p/cmdline; "
+                 "echo; done 2>/dev/null");
+    snprintf(pidbuf, sizeof(pidbuf), "%d ", (int)D.pid);
+    for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        n++;
+        ck_assert_msg(strstr(line, "lendboxd") == NULL, "the daemon is visible: %s", line);
+        ck_assert_msg(strncmp(line, pidbuf, strlen(pidbuf)) != 0, "daemon pid visible: %s", line);
+    }
+    free(out);
+    ck_assert_msg(n >= 2 && n <= 8, "%d processes visible inside the sandbox", n);
+    /* the host sees more: the daemon, this test, and the sandbox's processes too */
+    host_procs = lbt_count_procs_cmdline("");
+    ck_assert_int_gt(host_procs, n);
+    /* ps agrees, and pid 1 is the sandbox's own init */
+    out = lbt_sh(&D, SBX, "ps ax -o pid= | wc -l; cat /proc/1/cmdline | tr '\\0' ' '");
+    ck_assert_msg(atoi(out) >= 2 && atoi(out) <= 8, "ps: %s", out);
+    ck_assert_msg(strstr(out, "supervise") != NULL, "pid 1 is not the sandbox init: %s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_usr_read_only)
+{
+    json_t *res = lbt_exec_ok(&D, SBX, "", "{\"command\": \"touch /usr/lbt-probe\"}");
+    const char *err = json_string_value(json_object_get(res, "stderr"));
+
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert(json_is_null(json_object_get(res, "error_type")));
+    ck_assert_msg(err && strstr(err, "Read-only"), "stderr: %s", err ? err : "(null)");
+    json_decref(res);
+    ck_assert(!lbt_path_exists("/usr/lbt-probe"));
+    res = lbt_exec_ok(&D, SBX, "", "{\"command\": \"echo x > /usr/bin/lbt-probe\"}");
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    err = json_string_value(json_object_get(res, "stderr"));
+    ck_assert_msg(err && strstr(err, "Read-only"), "stderr: %s", err ? err : "(null)");
+    json_decref(res);
+    ck_assert(!lbt_path_exists("/usr/bin/lbt-probe"));
+    /* the workspace and /tmp are writable */
+    free(lbt_sh(&D, SBX, "echo ok > /workspace/w && echo ok > /tmp/t"));
+}
+END_TEST
+
+/* uid fields (real, effective, saved, fs) of pid from /proc/PID/status */
+static void proc_uids(pid_t pid, unsigned u[4])
+{
+    char path[64], line[256];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    f = fopen(path, "re");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, "Uid:", 4))
+            ck_assert_int_eq(sscanf(line + 4, "%u %u %u %u", &u[0], &u[1], &u[2], &u[3]), 4);
+    fclose(f);
+}
+
+START_TEST(test_unprivileged_uid)
+{
+    char path[300];
+    struct lbt_async *a;
+    struct lbt_resp r;
+    uid_t uid = lbt_sandbox_uid(&D, SBX);
+    char *out;
+    int found = 0;
+
+    ck_assert_uint_ne(uid, 0);
+    ck_assert_uint_ne(uid, getuid());
+    out = lbt_sh(&D, SBX, "id -u; id -g");
+    ck_assert_str_eq(out, "0\n0\n");
+    free(out);
+    /* a command running right now: on the host it is the sandbox's uid, in every field */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", SBX);
+    a = lbt_async_json(&D, "POST", path, "",
+                       "{\"command\": \"exec sleep 1013\", \"timeout_s\": 3}");
+    for (int k = 0; k < 200 && !found; k++) {
+        DIR *dir = opendir("/proc");
+        struct dirent *e;
+
+        while (dir && (e = readdir(dir))) {
+            char cmd[300], buf[64] = "";
+            FILE *f;
+
+            if (e->d_name[0] < '0' || e->d_name[0] > '9')
+                continue;
+            snprintf(cmd, sizeof(cmd), "/proc/%s/cmdline", e->d_name);
+            f = fopen(cmd, "re");
+            if (!f)
+                continue;
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            if (len == 11 && !memcmp(buf, "sleep\0001013", 11)) {
+                unsigned u[4];
+
+                proc_uids(atoi(e->d_name), u);
+                for (int i = 0; i < 4; i++)
+                    ck_assert_uint_eq(u[i], uid);
+                found++;
+            }
+        }
+        if (dir)
+            closedir(dir);
+        if (!found)
+            lbt_sleep_ms(10);
+    }
+    lbt_async_join(a, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "error_type")), "timeout");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(found, 1);
+    /* and nothing of the sandbox runs as host root */
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(uid), 0);
+}
+END_TEST
+
+START_TEST(test_loopback_only)
+{
+    char *out, host_ns[64] = "", *nl;
+    ssize_t n;
+
+    out = lbt_sh(&D, SBX, "sed -n '3,$p' /proc/net/dev | cut -d: -f1 | tr -d ' '");
+    ck_assert_str_eq(out, "lo\n");
+    free(out);
+    /* its own network namespace, not the host's */
+    n = readlink("/proc/self/ns/net", host_ns, sizeof(host_ns) - 1);
+    ck_assert_int_gt(n, 0);
+    host_ns[n] = '\0';
+    out = lbt_sh(&D, SBX, "readlink /proc/self/ns/net");
+    nl = strchr(out, '\n');
+    ck_assert_ptr_nonnull(nl);
+    *nl = '\0';
+    ck_assert_str_ne(out, host_ns);
+    free(out);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("isolation");
+    TCase *tc = tcase_create("isolation");
+
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_own_processes_only);
+    tcase_add_test(tc, test_usr_read_only);
+    tcase_add_test(tc, test_unprivileged_uid);
+    tcase_add_test(tc, test_loopback_only);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
