@@ -486,8 +486,11 @@ int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, stru
     struct lb_record rec = {0};
     int r = store_get_live_by_rsid(l->store, rsid, &rec, NULL);
 
-    if (r < 0)
+    /* a seed still starting has nothing to lend yet */
+    if (r < 0 || rec.state != LB_STATE_LENT) {
+        store_record_release(&rec);
         return lb_error_set(err, -ENOENT, "session %s has no lent sandbox", rsid);
+    }
     *lease_out = lend_render_lease(l, &rec, false);
     store_record_release(&rec);
     return *lease_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
@@ -520,7 +523,7 @@ int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct 
     if (r < 0)
         return r;
     if (f.state < 0)
-        f.live_only = true;
+        f.state = LB_STATE_LENT; /* the sessions that have a lease */
     r = store_list_sandboxes(l->store, &f, &recs, &n, err);
     if (r < 0)
         return r;

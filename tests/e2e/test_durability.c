@@ -562,6 +562,47 @@ START_TEST(test_two_daemons_isolated)
 }
 END_TEST
 
+/* --- SIGHUP reloads the fault switch (and log level) from the config file --- */
+static void write_conf(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(test_sighup_reloads_faults)
+{
+    char conf[] = "/tmp/lendbox-hup-XXXXXX";
+    int fd = mkstemp(conf);
+    const char *extra[] = {"--config", conf, NULL};
+    struct dur x;
+    struct lbt_resp r;
+
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    write_conf(conf, "[server]\nlog_level = debug\n");
+    dur_start(&x, 0, extra);
+    json_decref(lbt_seed(&x.d, "hup-1", "t", NULL));
+    write_conf(conf, "[server]\nlog_level = debug\n[faults]\nspec = provider.create=fail\n");
+    kill(x.d.pid, SIGHUP);
+    lbt_sleep_ms(300);
+    lbt_json(&x.d, "POST", "/v1/sessions/hup-2/seed", "", "{\"task_id\":\"t\"}", &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(
+                                     json_object_get(r.json, "error"), "message")),
+                                 "injected fault"));
+    lbt_resp_free(&r);
+    write_conf(conf, "[server]\nlog_level = debug\n");
+    kill(x.d.pid, SIGHUP);
+    lbt_sleep_ms(300);
+    json_decref(lbt_seed(&x.d, "hup-3", "t", NULL));
+    unlink(conf);
+    dur_cleanup(&x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("durability");
@@ -579,6 +620,7 @@ int main(void)
     tcase_add_test(tc, test_no_shutdown_sweep_then_adopt);
     tcase_add_test(tc, test_vanished_while_down);
     tcase_add_test(tc, test_two_daemons_isolated);
+    tcase_add_test(tc, test_sighup_reloads_faults);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
