@@ -404,6 +404,7 @@ int main(int argc, char **argv)
         .uid_base = cfg.uid_base ? (uint32_t)cfg.uid_base
                                  : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
         .uid_count = (uint32_t)cfg.uid_count,
+        .create_timeout_ms = cfg.create_timeout_s * 1000,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;

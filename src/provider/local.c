@@ -915,6 +915,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->base.ops = &local_ops;
     lp->uid_base = cfg->uid_base;
     lp->uid_count = cfg->uid_count;
+    lp->create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 10000;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_cond_init(&lp->stopped, NULL);
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);

@@ -24,6 +24,7 @@ struct lb_local_config {
     const char *cgroup_parent;  /* cgroup name for sandboxes, e.g. "lendbox" */
     uint32_t uid_base;          /* first host uid for sandboxes, e.g. 1000000000 */
     uint32_t uid_count;         /* how many (= max concurrent sandboxes), e.g. 65536 */
+    int64_t create_timeout_ms;  /* bound on a sandbox becoming ready; <= 0: 10000 */
 };
 
 /* Make a local provider. Checks bwrap and the supervisor exist. *out is owned by the caller

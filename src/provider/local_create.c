@@ -38,6 +38,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+/* bound on the cleanup of a sandbox that failed to start */
 #define READY_TIMEOUT_MS 10000
 #define STDERR_GRACE_MS 500
 #define STDERR_MAX 2048
@@ -329,9 +330,9 @@ static bool read_into(int fd, struct lb_buf *b)
 }
 
 /* Wait for bwrap's info (the init's pid) and the init's ready byte. */
-static int wait_ready(struct spawn *s, pid_t *pid_out, struct lb_error *err)
+static int wait_ready(struct spawn *s, pid_t *pid_out, int64_t timeout_ms, struct lb_error *err)
 {
-    int64_t deadline = clock_mono_ms() + READY_TIMEOUT_MS, grace_end;
+    int64_t deadline = clock_mono_ms() + timeout_ms, grace_end;
     struct lb_buf info, errs;
     bool ready = false, failed = false;
     json_int_t child = 0;
@@ -347,8 +348,8 @@ static int wait_ready(struct spawn *s, pid_t *pid_out, struct lb_error *err)
         int n;
 
         if (left <= 0) {
-            r = lb_error_set(err, -EREMOTEIO, "sandbox did not start within %d ms: %s",
-                             READY_TIMEOUT_MS, stderr_text(&errs));
+            r = lb_error_set(err, -EREMOTEIO, "sandbox did not start within %lld ms: %s",
+                             (long long)timeout_ms, stderr_text(&errs));
             goto out;
         }
         n = poll(p, 3, (int)left);
@@ -461,7 +462,7 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     s.ncg = 0;
     while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
         ;
-    r = wait_ready(&s, pid, err);
+    r = wait_ready(&s, pid, lp->create_timeout_ms, err);
 out:
     spawn_close(&s);
     return r;

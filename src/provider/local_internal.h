@@ -31,6 +31,7 @@ struct local_provider {
     char *images_dir;     /* NULL: only "host" */
     struct lb_cgroup_host cg;
     uint32_t uid_base, uid_count;
+    int64_t create_timeout_ms;
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
