@@ -363,8 +363,20 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
         lbt_daemon_stop(d);
         unlink(pid_path);
     }
+    /* A sanitizer report in the daemon's log fails the test (make asan). */
+    if (d->log_path[0]) {
+        snprintf(cmd, sizeof(cmd),
+                 "grep -q -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' '%s'", d->log_path);
+        if (system(cmd) == 0) {
+            snprintf(cmd, sizeof(cmd),
+                     "grep -A30 -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' '%s' >&2",
+                     d->log_path);
+            (void)!system(cmd);
+            ck_abort_msg("sanitizer report in %s", d->log_path);
+        }
+    }
     if (d->state_dir[0] && !getenv("LBT_KEEP")) {
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->state_dir);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", d->state_dir, d->log_path);
         if (system(cmd) != 0)
             fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
     }
