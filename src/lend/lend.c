@@ -342,7 +342,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     json_t *spec_json = NULL, *desc = NULL;
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
-    int64_t counts[6] = {0}, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
+    int64_t live = 0, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
     int r;
 
     r = lend_check_network(req, err);
@@ -350,10 +350,10 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
         ttl = l->cfg.max_ttl_s;
-    r = store_count_by_state(l->store, counts, err);
+    r = store_count_live(l->store, &live, err);
     if (r < 0)
         goto out;
-    if (counts[LB_STATE_STARTING] + counts[LB_STATE_LENT] >= l->cfg.max_sandboxes) {
+    if (live >= l->cfg.max_sandboxes) {
         r = lb_error_set(err, -EUSERS, "max_sandboxes (%lld) reached",
                          (long long)l->cfg.max_sandboxes);
         goto out;

@@ -135,6 +135,7 @@ enum stmt_id {
     STMT_MARK_STOPPED,
     STMT_MARK_STOP_FAILED,
     STMT_COUNT,
+    STMT_COUNT_LIVE,
     STMT_PURGE,
     STMT__COUNT,
 };
@@ -167,6 +168,7 @@ static const char *const stmt_sql[STMT__COUNT] = {
                               "last_error = COALESCE(?3, last_error), next_attempt_at = ?4, "
                               "updated_at = ?5 WHERE id = ?1",
     [STMT_COUNT] = "SELECT state, COUNT(*) FROM sandboxes GROUP BY state",
+    [STMT_COUNT_LIVE] = "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent')",
     [STMT_PURGE] = "DELETE FROM sandboxes WHERE state = 'stopped' AND updated_at < ?1",
 };
 
@@ -943,6 +945,22 @@ cleanup:
     pthread_mutex_unlock(&st->lock);
     if (ret < 0)
         memset(counts, 0, 6 * sizeof(counts[0]));
+    return ret;
+}
+
+int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int ret = 0;
+
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_COUNT_LIVE];
+    if (sqlite3_step(s) == SQLITE_ROW)
+        *out = sqlite3_column_int64(s, 0);
+    else
+        ret = db_fail(st, err, "counting live sandboxes");
+    stmt_done(s);
+    pthread_mutex_unlock(&st->lock);
     return ret;
 }
 

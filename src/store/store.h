@@ -128,6 +128,9 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
 /* Count records by state: counts[i] for every enum lb_record_state i (array of 6). */
 int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err);
 
+/* Live (starting or lent) records: an index range, cheap however many stopped rows are kept. */
+int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
+
 /* Delete stopped records last updated before cutoff_s. Returns the number deleted (>= 0). */
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err);
 
