@@ -512,7 +512,11 @@ static int lend_parse_state(const char *state, int *out, struct lb_error *err)
     return 0;
 }
 
-int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
+/* Records in state (a name, or NULL for default_state: -1 for all) as a JSON array made by
+ * render, under key. */
+static int lend_list(struct lb_lend *l, const char *state, int default_state, const char *key,
+                     json_t *(*render)(struct lb_lend *, const struct lb_record *), json_t **out,
+                     struct lb_error *err)
 {
     struct lb_record_filter f = {.state = -1};
     struct lb_record *recs = NULL;
@@ -522,39 +526,43 @@ int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct 
 
     if (r < 0)
         return r;
-    if (f.state < 0)
-        f.state = LB_STATE_LENT; /* the sessions that have a lease */
+    if (!state)
+        f.state = default_state;
     r = store_list_sandboxes(l->store, &f, &recs, &n, err);
     if (r < 0)
         return r;
     arr = json_array();
-    for (size_t i = 0; i < n; i++)
-        if (recs[i].rsid)
-            json_array_append_new(arr, lend_render_lease(l, &recs[i], false));
+    for (size_t i = 0; i < n; i++) {
+        json_t *item = render(l, &recs[i]);
+
+        if (item)
+            json_array_append_new(arr, item);
+    }
     store_records_free(recs, n);
-    *out = json_pack("{s:o}", "sessions", arr);
-    return 0;
+    *out = json_pack("{s:o}", key, arr);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+static json_t *lend_render_listed_lease(struct lb_lend *l, const struct lb_record *r)
+{
+    return r->rsid ? lend_render_lease(l, r, false) : NULL;
+}
+
+static json_t *lend_render_listed_sandbox(struct lb_lend *l, const struct lb_record *r)
+{
+    (void)l;
+    return lend_render_sandbox(r, NULL, true);
+}
+
+int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
+{
+    /* without a filter: the sessions that have a lease */
+    return lend_list(l, state, LB_STATE_LENT, "sessions", lend_render_listed_lease, out, err);
 }
 
 int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
 {
-    struct lb_record_filter f = {.state = -1};
-    struct lb_record *recs = NULL;
-    size_t n = 0;
-    json_t *arr;
-    int r = lend_parse_state(state, &f.state, err);
-
-    if (r < 0)
-        return r;
-    r = store_list_sandboxes(l->store, &f, &recs, &n, err);
-    if (r < 0)
-        return r;
-    arr = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(arr, lend_render_sandbox(&recs[i], NULL, true));
-    store_records_free(recs, n);
-    *out = json_pack("{s:o}", "sandboxes", arr);
-    return 0;
+    return lend_list(l, state, -1, "sandboxes", lend_render_listed_sandbox, out, err);
 }
 
 int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
@@ -821,58 +829,63 @@ int lend_authorize(void *app, const char *token, enum lb_auth_need need, const c
 
 /* ---------- sweeper and shutdown ---------- */
 
+/* One sweeper pass over the records f selects: each is re-read under its session's lock (a
+ * seed or release may have handled it meanwhile) and stopped if still wanted. ttl: the pass of
+ * expired lent sandboxes; else the pass of due retries. Returns the stops attempted. */
+static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, bool ttl,
+                           struct lb_error *err)
+{
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int attempted = 0, r = store_list_sandboxes(l->store, f, &recs, &n, err);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
+        struct lb_record cur = {0};
+        bool wanted = store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+                      (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 &&
+                                 cur.expires_at <= f->now_s
+                           : cur.state == LB_STATE_FAILED_SEED ||
+                                 cur.state == LB_STATE_STOP_FAILED ||
+                                 cur.state == LB_STATE_STOPPING);
+
+        if (wanted) {
+            attempted++;
+            if (ttl) {
+                log_info("sandbox %s reached its TTL", cur.id);
+                if (lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL) == 0)
+                    metrics_add(LB_M_TTL_REAPED, 1);
+            } else {
+                lend_stop_record(l, &cur, NULL,
+                                 cur.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                                   : LB_STATE_STOP_FAILED,
+                                 NULL);
+            }
+        }
+        store_record_release(&cur);
+        session_unlock(l, lock);
+    }
+    store_records_free(recs, n);
+    return r < 0 ? r : attempted;
+}
+
 int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
 {
     struct lb_record_filter due = {.state = -1, .pending_stop_only = true, .due_only = true,
                                    .now_s = clock_now_s(), .limit = 256};
     struct lb_record_filter expired = {.state = -1, .expired_only = true, .now_s = due.now_s,
                                        .limit = 256};
-    struct lb_record *recs = NULL;
-    size_t n = 0;
-    int attempted = 0, r;
     int64_t t_start = clock_mono_ms();
+    int retried = lend_sweep_pass(l, &due, false, err);
+    int reaped = retried < 0 ? 0 : lend_sweep_pass(l, &expired, true, err);
 
-    r = store_list_sandboxes(l->store, &due, &recs, &n, err);
-    for (size_t i = 0; r == 0 && i < n; i++) {
-        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
-        struct lb_record cur = {0};
-
-        /* Re-read under the lock: a seed or release may have handled it meanwhile. */
-        if (store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
-            (cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
-             cur.state == LB_STATE_STOPPING)) {
-            enum lb_record_state fail = cur.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
-                                                                           : LB_STATE_STOP_FAILED;
-            attempted++;
-            lend_stop_record(l, &cur, NULL, fail, NULL);
-        }
-        store_record_release(&cur);
-        session_unlock(l, lock);
-    }
-    store_records_free(recs, n);
-    recs = NULL, n = 0;
-    if (r == 0)
-        r = store_list_sandboxes(l->store, &expired, &recs, &n, err);
-    for (size_t i = 0; r == 0 && i < n; i++) {
-        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
-        struct lb_record cur = {0};
-
-        if (store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
-            cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= due.now_s) {
-            attempted++;
-            log_info("sandbox %s reached its TTL", cur.id);
-            if (lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL) == 0)
-                metrics_add(LB_M_TTL_REAPED, 1);
-        }
-        store_record_release(&cur);
-        session_unlock(l, lock);
-    }
-    store_records_free(recs, n);
-    if (r == 0 && l->cfg.retention_s > 0)
+    if (retried >= 0 && reaped >= 0 && l->cfg.retention_s > 0)
         store_purge_stopped(l->store, clock_now_s() - l->cfg.retention_s, NULL);
     metrics_add(LB_M_SWEEPS, 1);
     metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
-    return r < 0 ? r : attempted;
+    if (retried < 0)
+        return retried;
+    return reaped < 0 ? reaped : retried + reaped;
 }
 
 struct stop_all_ctx {
