@@ -117,7 +117,12 @@ install: all
 		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/lendboxd
 	install -m 0755 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
-	install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf
+	@# an existing configuration is the operator's: install the new one beside it
+	if [ -e $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf ]; then \
+		install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf.dist; \
+	else \
+		install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf; \
+	fi
 	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 		systemd/lendboxd.service > $(DESTDIR)$(UNITDIR)/lendboxd.service
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
