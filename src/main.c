@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "http/http.h"
+#include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
 #include "provider/fault.h"
@@ -235,6 +236,7 @@ int main(int argc, char **argv)
     struct lb_store *store = NULL;
     struct lb_provider *prov = NULL;
     struct lb_lend *lend = NULL;
+    struct lb_activations *acts = NULL;
     struct lb_pool *pool = NULL;
     struct lb_http *http = NULL;
     struct lb_app app = {0};
@@ -472,6 +474,21 @@ int main(int argc, char **argv)
         goto fail;
     }
     app.lend = lend;
+    {
+        /* Artifacts come back the way stage files go in: at most a request body each. */
+        struct lb_activation_config acfg = {
+            .max_artifact_bytes = (size_t)cfg.max_body_bytes,
+            .max_artifacts_bytes = 4 * (size_t)cfg.max_body_bytes,
+            .max_log_bytes = (size_t)cfg.max_output_bytes,
+        };
+
+        if (activations_new(&acfg, store, lend, &acts, &err) < 0) {
+            close(listen_fd);
+            goto fail;
+        }
+        app.acts = acts;
+        lend_set_release_hook(lend, activation_release_hook, acts);
+    }
     /* Seeds are refused (503) until reconciliation is done. */
     lend_set_draining(lend, true);
     if (http_start(&hc, &http, &err) < 0)
@@ -538,6 +555,7 @@ fail:
 out:
     http_stop(http);
     pool_destroy(pool);
+    activations_free(acts);
     lend_free(lend);
     provider_destroy(prov);
     store_close(store);

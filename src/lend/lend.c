@@ -37,6 +37,8 @@ struct lb_lend {
     atomic_bool draining;
     pthread_mutex_t locks_mutex;
     struct session_lock *locks;
+    lb_lend_release_hook release_hook;
+    void *release_ctx;
 };
 
 /* ---------- session locks ---------- */
@@ -132,6 +134,19 @@ void lend_set_draining(struct lb_lend *l, bool draining)
 bool lend_is_draining(struct lb_lend *l)
 {
     return atomic_load(&l->draining);
+}
+
+void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *ctx)
+{
+    l->release_hook = hook;
+    l->release_ctx = ctx;
+}
+
+/* Let the activation service close the harness of a lent sandbox about to be stopped. */
+static void lend_before_stop(struct lb_lend *l, const struct lb_record *r)
+{
+    if (l->release_hook && r->rsid && r->state == LB_STATE_LENT)
+        l->release_hook(l->release_ctx, r->rsid, r->id);
 }
 
 /* ---------- rendering ---------- */
@@ -599,6 +614,7 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     if (!lock)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (store_get_live_by_rsid(l->store, rsid, &live, NULL) == 0) {
+        lend_before_stop(l, &live);
         r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
         if (r < 0) {
             metrics_add(LB_M_RELEASES_FAILED, 1);
@@ -647,6 +663,7 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
         *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
         goto out;
     }
+    lend_before_stop(l, &rec);
     r = lend_stop_record(l, &rec, "deleted",
                          rec.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
                                                            : LB_STATE_STOP_FAILED,
@@ -787,6 +804,24 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
         return r;
     struct lb_sandbox_ref ref = {rec.id, desc};
     r = provider_file_open(l->prov, &ref, path, fd_out, size_out, err);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
+int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
+                    struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = pause ? provider_pause(l->prov, &ref, err) : provider_resume(l->prov, &ref, err);
+    if (r == 0)
+        r = lend_sandbox_status(l, id, out, err);
     json_decref(desc);
     store_record_release(&rec);
     return r;

@@ -121,6 +121,19 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err);
 
+/* Freeze (pause true) or thaw every process of a lent sandbox through the provider (the
+ * cgroup freezer); idempotent. *out is the status object of lend_sandbox_status ("paused" or
+ * "running"). -ENOENT (404) if the sandbox is not lent, -ENOSYS (501) without a freezer. */
+int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
+                    struct lb_error *err);
+
+/* Called by release and delete before a lent sandbox is stopped, with the session's lock held,
+ * so that the activation service can close a running harness first (and collect its
+ * artifacts). The hook logs its own failures; the stop goes ahead either way. It must not
+ * call lend_seed, lend_release or lend_delete_sandbox. Set once, before serving. */
+typedef void (*lb_lend_release_hook)(void *ctx, const char *rsid, const char *sandbox_id);
+void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *ctx);
+
 /* The http layer's authorize hook (see lb_authorize_fn). Reads the store; never the provider. */
 int lend_authorize(void *lend, const char *token, enum lb_auth_need need, const char *sandbox_id,
                    enum lb_principal *who, struct lb_error *err);

@@ -94,6 +94,20 @@ int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     return p->ops->list(p, out, err);
 }
 
+int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    if (!p || !p->ops->pause)
+        return no_op(p, "pause", err);
+    return p->ops->pause(p, ref, err);
+}
+
+int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    if (!p || !p->ops->resume)
+        return no_op(p, "resume", err);
+    return p->ops->resume(p, ref, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

@@ -169,6 +169,8 @@ int provider_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                        int *fd_out, uint64_t *size_out, struct lb_error *err);
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
+int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 
 /* Is path absolute and normalised: starts with '/', no "." or ".." component, no "//", no

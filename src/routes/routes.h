@@ -1,7 +1,7 @@
 /*
  * routes.h - the HTTP contract of API.md mapped onto the services: one file per resource
- * (sessions.c, sandboxes.c, ops.c), each parsing and validating input, calling lend_* and
- * rendering. No provider or SQL code here.
+ * (sessions.c, activations.c, sandboxes.c, ops.c), each parsing and validating input, calling
+ * lend_* and rendering. No provider or SQL code here.
  */
 #ifndef LB_ROUTES_H
 #define LB_ROUTES_H
@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "http/http.h"
+#include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
 
@@ -22,6 +23,7 @@ struct lb_app {
     atomic_bool ready;          /* startup reconciliation done and not draining */
     int64_t max_exec_timeout_s;
     int64_t default_exec_timeout_s;
+    struct lb_activations *acts;
 };
 
 /* The route table (terminated by {NULL}) for http_start. */
@@ -43,6 +45,9 @@ int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_erro
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);
+/* One file of a seed's "files" or an execute's "stage": a string (UTF-8 text) or {"base64",
+ * "mode"}, at an absolute normalised path. Fills *f (the caller frees f->path and f->data). */
+int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err);
 /* The "not built yet" handler: 501 not_implemented. */
 int routes_not_implemented(struct lb_request *req, struct lb_error *err);
 
@@ -56,6 +61,11 @@ int route_sandbox_delete(struct lb_request *req, struct lb_error *err);
 int route_exec(struct lb_request *req, struct lb_error *err);
 int route_file_put(struct lb_request *req, struct lb_error *err);
 int route_file_get(struct lb_request *req, struct lb_error *err);
+int route_execute(struct lb_request *req, struct lb_error *err);
+int route_close(struct lb_request *req, struct lb_error *err);
+int route_activation_get(struct lb_request *req, struct lb_error *err);
+int route_pause(struct lb_request *req, struct lb_error *err);
+int route_resume(struct lb_request *req, struct lb_error *err);
 int route_healthz(struct lb_request *req, struct lb_error *err);
 int route_readyz(struct lb_request *req, struct lb_error *err);
 int route_metrics(struct lb_request *req, struct lb_error *err);

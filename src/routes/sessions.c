@@ -71,6 +71,11 @@ static int seed_parse_file(const char *path, json_t *v, struct lb_seed_file *f,
     return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
+int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err)
+{
+    return seed_parse_file(path, v, f, err);
+}
+
 static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
 {
     static const char *const fields[] = {"cpu", "memory_mib", "pids", NULL};

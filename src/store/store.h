@@ -1,8 +1,9 @@
 /*
  * store.h - SQLite records of every sandbox lendbox started. The only SQL in lendbox.
  *
- * One table of sandbox records (DESIGN.md "Records"), in WAL mode with a busy timeout,
- * numbered migrations kept in PRAGMA user_version, prepared statements. A record is written
+ * A table of sandbox records (DESIGN.md "Records") and one of harness activations, in WAL
+ * mode with a busy timeout, numbered migrations kept in PRAGMA user_version, prepared
+ * statements. A record is written
  * before the provider acts (state "starting", "stopping") and leaves the live set only when the
  * provider confirmed the sandbox gone ("stopped"). Stopped records stay for a retention period
  * so "already released" can be told from "never existed".
@@ -133,5 +134,63 @@ int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
 
 /* Delete stopped records last updated before cutoff_s. Returns the number deleted (>= 0). */
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err);
+
+/* ---- harness activations (NeMo Gym SandboxSession records) ----
+ *
+ * One activation per lent sandbox (a unique index on sandbox_id), deleted with its sandbox
+ * record when that is purged. States: staging -> running -> closing -> closed; a close may
+ * also go staging -> closing. The receipt is the in-sandbox supervisor's JSON; the capture
+ * (artifacts, capture error, output log) is recorded at most once. */
+enum lb_act_state {
+    LB_ACT_STAGING,
+    LB_ACT_RUNNING,
+    LB_ACT_CLOSING,
+    LB_ACT_CLOSED,
+};
+#define LB_ACT_MASK(s) (1u << (s))
+
+/* "staging", "running", "closing", "closed" (static string). */
+const char *store_act_state_name(enum lb_act_state s);
+
+struct lb_activation {
+    char id[LB_ID_MAX]; /* "act-..." */
+    char *rsid;
+    char sandbox_id[LB_ID_MAX];
+    enum lb_act_state state;
+    char *spec_json;      /* what execute asked for */
+    char *receipt_json;   /* the supervisor's receipt, NULL until read */
+    char *artifacts_json; /* NULL until the capture ran; then an object */
+    char *capture_error;  /* NULL or why (part of) the capture failed */
+    unsigned char *log;   /* the output log (tail) kept at capture; NULL before */
+    size_t log_len;
+    int64_t output_log_bytes; /* size of the whole output log at capture; -1 unknown */
+    int64_t created_at;
+    int64_t updated_at;
+};
+
+/* Free what an activation holds (not the struct); safe on a zeroed one. */
+void store_activation_release(struct lb_activation *a);
+
+/* Insert a new activation (state as given, normally staging). -EEXIST if its sandbox already
+ * has one or the id exists; -ENOENT if there is no sandbox record sandbox_id. */
+int store_insert_activation(struct lb_store *st, const struct lb_activation *a,
+                            struct lb_error *err);
+/* The activation of a sandbox / the newest activation of a session. -ENOENT if none. */
+int store_get_activation_by_sandbox(struct lb_store *st, const char *sandbox_id,
+                                    struct lb_activation *out, struct lb_error *err);
+int store_get_latest_activation(struct lb_store *st, const char *rsid, struct lb_activation *out,
+                                struct lb_error *err);
+/* Move to state to, but only from a state in from_mask (LB_ACT_MASK bits): -EBUSY when the
+ * activation is in another state, -ENOENT when there is none. */
+int store_activation_set_state(struct lb_store *st, const char *id, enum lb_act_state to,
+                               unsigned from_mask, struct lb_error *err);
+/* Store the receipt text (replacing an earlier one). -ENOENT. */
+int store_activation_set_receipt(struct lb_store *st, const char *id, const char *receipt_json,
+                                 struct lb_error *err);
+/* Record the capture, once: -EALREADY if one is recorded already, -ENOENT. artifacts_json
+ * must not be NULL; capture_error and log may be. */
+int store_activation_set_capture(struct lb_store *st, const char *id, const char *artifacts_json,
+                                 const char *capture_error, const void *log, size_t log_len,
+                                 int64_t output_log_bytes, struct lb_error *err);
 
 #endif

@@ -34,6 +34,39 @@
  *
  * No line at all (EOF) means the supervisor itself died. The supervisor's exit status is 0
  * when a status line was written and 2 on bad usage.
+ *
+ * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). Every file
+ * lives in the activation's directory DIR inside the sandbox:
+ *
+ *   launch.claim    symlink whose target is "launch" or "stop": whoever creates it first wins,
+ *                   so a stop that arrives before the launch fences it
+ *   stop.request    created by a stop; the harness supervisor polls for it every 50 ms
+ *   supervisor.pid  the harness supervisor's pid (in the sandbox's pid namespace)
+ *   output.log      the supervisor's and the harness's combined stdout and stderr
+ *   receipt.json    written atomically (temp file + rename) once cleanup is over:
+ *                   {"cleanup_confirmed", "return_code", "timed_out", "error", "launched",
+ *                    "stop_requested"}
+ *
+ *   lendbox-supervise --harness-launch DIR --timeout-ms MS --cleanup-timeout-ms MS -- ARGV...
+ *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
+ *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
+ *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
+ *       that is set up, so the harness outlives the exec that started it (run that exec with
+ *       --keep-background). Prints "launched PID" and exits 0; prints "fenced" and exits 3 when
+ *       a stop claimed first; exits 4 when already launched, 1 on errors (stderr says why).
+ *       The harness supervisor ends the harness when it exits, when stop.request appears (or
+ *       the supervisor gets SIGTERM), or when MS passes (timed_out): SIGTERM to the harness's
+ *       process group, up to the cleanup timeout for it to exit, SIGKILL to the group, up to
+ *       the cleanup timeout for its status, then SIGKILL to every remaining descendant until
+ *       none is left or a third cleanup timeout passes (then cleanup_confirmed is false).
+ *       argv[0] that cannot be run gives return_code 127 (not found) or 126 and an error.
+ *
+ *   lendbox-supervise --harness-stop DIR
+ *       Requests the stop: exits 0 at once when the receipt exists; else creates stop.request
+ *       and tries to claim the launch for "stop". If that wins (nothing was launched) it writes
+ *       a confirmed receipt with a null return code itself ("fenced"); otherwise the running
+ *       harness supervisor sees the request and writes the receipt ("requested"). The caller
+ *       polls receipt.json. Exits 1 when the request cannot be made.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +82,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,6 +90,7 @@
 
 #define GRACE_MS 500
 #define KILL_POLL_MS 10
+#define HARNESS_POLL_MS 50
 
 struct options {
     bool init;
@@ -64,6 +99,9 @@ struct options {
     int64_t timeout_ms;
     const char *cwd;
     bool keep_background;
+    const char *harness_launch; /* DIR of --harness-launch */
+    const char *harness_stop;   /* DIR of --harness-stop */
+    int64_t cleanup_timeout_ms;
     char **argv;
 };
 
@@ -99,6 +137,7 @@ static int parse_options(int argc, char **argv, struct options *o)
     o->ready_fd = -1;
     o->status_fd = -1;
     o->timeout_ms = -1;
+    o->cleanup_timeout_ms = -1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -122,12 +161,30 @@ static int parse_options(int argc, char **argv, struct options *o)
         } else if (strcmp(a, "--cwd") == 0 && val) {
             o->cwd = val;
             i++;
+        } else if (strcmp(a, "--harness-launch") == 0 && val && val[0] == '/') {
+            o->harness_launch = val;
+            i++;
+        } else if (strcmp(a, "--harness-stop") == 0 && val && val[0] == '/') {
+            o->harness_stop = val;
+            i++;
+        } else if (strcmp(a, "--cleanup-timeout-ms") == 0 &&
+                   parse_int64(val, 1, INT64_MAX / 8, &v) == 0) {
+            o->cleanup_timeout_ms = v;
+            i++;
         } else {
             return -EINVAL;
         }
     }
     if (o->init)
         return o->ready_fd >= 0 ? 0 : -EINVAL;
+    if (o->harness_stop)
+        return o->harness_launch || o->argv ? -EINVAL : 0;
+    if (o->harness_launch) {
+        if (strlen(o->harness_launch) > PATH_MAX - 64 || o->timeout_ms < 0 ||
+            o->cleanup_timeout_ms < 0 || !o->argv || !o->argv[0])
+            return -EINVAL;
+        return 0;
+    }
     if (o->status_fd < 0 || o->timeout_ms < 0 || !o->argv || !o->argv[0])
         return -EINVAL;
     return 0;
@@ -534,6 +591,435 @@ static int run_command(const struct options *o)
     return 0;
 }
 
+/* ---- harness mode --------------------------------------------------------------------- */
+
+struct receipt {
+    bool confirmed;
+    bool have_rc;
+    int rc;
+    bool timed_out;
+    bool launched;
+    bool stop_requested;
+    char error[512]; /* "" is null */
+};
+
+static void harness_path(char *buf, const char *dir, const char *name)
+{
+    snprintf(buf, PATH_MAX, "%s/%s", dir, name);
+}
+
+static bool harness_exists(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    struct stat st;
+
+    harness_path(path, dir, name);
+    return lstat(path, &st) == 0;
+}
+
+/* mkdir -p with mode 0700 for what it creates. 0 or -errno. */
+static int mkdir_p(const char *dir)
+{
+    char path[PATH_MAX];
+    size_t n = strlen(dir);
+
+    if (n == 0 || n >= sizeof(path))
+        return -ENAMETOOLONG;
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        path[i] = '\0';
+        if (mkdir(path, 0700) < 0 && errno != EEXIST)
+            return -errno;
+        path[i] = i < n ? '/' : '\0';
+    }
+    return 0;
+}
+
+/* Write len bytes to DIR/name through a temp file and a rename. 0 or -errno. */
+static int write_atomic(const char *dir, const char *name, const char *data, size_t len)
+{
+    char tmp[PATH_MAX], path[PATH_MAX];
+    size_t off = 0;
+    int fd, e = 0;
+
+    snprintf(tmp, sizeof(tmp), "%s/.%s.%d.tmp", dir, name, (int)getpid());
+    harness_path(path, dir, name);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    while (off < len) {
+        ssize_t w = write(fd, data + off, len - off);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        off += (size_t)w;
+    }
+    if (close(fd) < 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, path) < 0)
+        e = errno;
+    if (e)
+        (void)unlink(tmp);
+    return -e;
+}
+
+/* JSON string body of s: quotes, backslashes and control characters escaped, bytes outside
+ * ASCII replaced by '?' so the receipt is always valid UTF-8. */
+static void json_escape(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+
+    for (; *s && o + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = c < 0x80 ? (char)c : '?';
+        }
+    }
+    out[o] = '\0';
+}
+
+static int write_receipt(const char *dir, const struct receipt *r)
+{
+    char rc[32] = "null", err[1100] = "null", esc[1024], json[2048];
+    int n;
+
+    if (r->have_rc)
+        snprintf(rc, sizeof(rc), "%d", r->rc);
+    if (r->error[0]) {
+        json_escape(r->error, esc, sizeof(esc));
+        snprintf(err, sizeof(err), "\"%s\"", esc);
+    }
+    n = snprintf(json, sizeof(json),
+                 "{\"cleanup_confirmed\": %s, \"return_code\": %s, \"timed_out\": %s, "
+                 "\"error\": %s, \"launched\": %s, \"stop_requested\": %s}\n",
+                 r->confirmed ? "true" : "false", rc, r->timed_out ? "true" : "false", err,
+                 r->launched ? "true" : "false", r->stop_requested ? "true" : "false");
+    return write_atomic(dir, "receipt.json", json, (size_t)n);
+}
+
+static void set_error(struct receipt *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void set_error(struct receipt *r, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (r->error[0])
+        return; /* the first failure is the interesting one */
+    va_start(ap, fmt);
+    vsnprintf(r->error, sizeof(r->error), fmt, ap);
+    va_end(ap);
+}
+
+/* Reap until the harness is done or ms passes. */
+static void wait_harness(struct child_state *cmd, int sfd, int64_t ms)
+{
+    int64_t deadline = mono_ms() + ms;
+
+    for (;;) {
+        int64_t left;
+
+        if (reap(cmd) || cmd->done)
+            return;
+        left = deadline - mono_ms();
+        if (left <= 0)
+            return;
+        wait_signal(sfd, left < KILL_POLL_MS * 5 ? left : KILL_POLL_MS * 5, NULL);
+    }
+}
+
+/* The three cleanup phases: TERM and wait, KILL and wait, drain every descendant. */
+static void harness_cleanup(struct child_state *cmd, int sfd, int64_t phase, struct receipt *r)
+{
+    const char *fail = NULL;
+    int64_t deadline;
+
+    if (!cmd->done) {
+        (void)kill(-cmd->pid, SIGTERM);
+        wait_harness(cmd, sfd, phase);
+    }
+    if (!cmd->done) {
+        (void)kill(-cmd->pid, SIGKILL);
+        wait_harness(cmd, sfd, phase);
+        if (!cmd->done)
+            fail = "the harness did not exit after SIGKILL";
+    }
+    deadline = mono_ms() + phase;
+    for (;;) {
+        if (!cmd->done) /* after the leader is reaped its pid may be reused */
+            (void)kill(-cmd->pid, SIGKILL);
+        (void)signal_descendants(SIGKILL);
+        if (reap(cmd))
+            break; /* no child (and, as a subreaper, no descendant) left */
+        if (mono_ms() >= deadline) {
+            fail = "sandbox processes of the harness remain alive";
+            break;
+        }
+        wait_signal(sfd, KILL_POLL_MS, NULL);
+    }
+    if (cmd->done) {
+        r->have_rc = true;
+        r->rc = WIFEXITED(cmd->status)
+                    ? WEXITSTATUS(cmd->status)
+                    : 128 + (WIFSIGNALED(cmd->status) ? WTERMSIG(cmd->status) : 0);
+    }
+    r->confirmed = !fail;
+    if (fail && r->error[0]) {
+        size_t len = strlen(r->error);
+
+        snprintf(r->error + len, sizeof(r->error) - len, "; cleanup: %s", fail);
+    } else if (fail) {
+        set_error(r, "cleanup: %s", fail);
+    }
+}
+
+static void exec_harness(char **argv, int err_fd)
+{
+    int e;
+
+    setpgid(0, 0);
+    reset_signals();
+    execvp(argv[0], argv);
+    e = errno;
+    if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
+        /* the supervisor then reports the exit status alone */
+    }
+    dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+/* Point 0 at /dev/null and 1, 2 at DIR/output.log; close every other fd but keep. */
+static int harness_stdio(const char *dir, int keep)
+{
+    char path[PATH_MAX];
+    int log_fd, null_fd;
+
+    harness_path(path, dir, "output.log");
+    log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0)
+        return -errno;
+    null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0)
+        return -errno;
+    if (keep > 3)
+        (void)close_range(3, (unsigned)keep - 1, 0);
+    (void)close_range((unsigned)keep + 1, ~0U, 0);
+    return 0;
+}
+
+/* The harness supervisor (a child of the launcher). Reports setup with one byte on ready_fd.
+ * Returns its exit status. */
+static int run_harness(const struct options *o, int ready_fd)
+{
+    struct child_state cmd = {.pid = -1};
+    struct receipt r = {0};
+    char pid_text[32];
+    int terminating = 0, err_pipe[2], e = 0, sfd, n;
+    bool timed_out = false;
+    int64_t deadline;
+    sigset_t set;
+    ssize_t got;
+
+    (void)setsid();
+    (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    if ((e = harness_stdio(o->harness_launch, ready_fd)) < 0) {
+        set_error(&r, "the harness supervisor cannot open its output log: %s", strerror(-e));
+        r.confirmed = true;
+        (void)write_receipt(o->harness_launch, &r);
+        return 1;
+    }
+    n = snprintf(pid_text, sizeof(pid_text), "%d\n", (int)getpid());
+    (void)write_atomic(o->harness_launch, "supervisor.pid", pid_text, (size_t)n);
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    (void)sigprocmask(SIG_BLOCK, &set, NULL);
+    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
+        set_error(&r, "the harness supervisor cannot start: %s", strerror(errno));
+        r.confirmed = true;
+        (void)write_receipt(o->harness_launch, &r);
+        return 1;
+    }
+    if (write(ready_fd, "R", 1) != 1) {
+        /* the launcher is gone; carry on, the receipt tells the rest */
+    }
+    (void)close(ready_fd);
+
+    if (harness_exists(o->harness_launch, "stop.request")) {
+        r.stop_requested = true;
+        r.confirmed = true;
+        dprintf(2, "lendbox-supervise: stop requested before the harness started\n");
+        return write_receipt(o->harness_launch, &r) < 0;
+    }
+    r.launched = true;
+    deadline = mono_ms() + o->timeout_ms;
+    cmd.pid = fork();
+    if (cmd.pid < 0) {
+        set_error(&r, "fork failed: %s", strerror(errno));
+        r.confirmed = true;
+        return write_receipt(o->harness_launch, &r) < 0;
+    }
+    if (cmd.pid == 0) {
+        (void)close(err_pipe[0]);
+        exec_harness(o->argv, err_pipe[1]);
+    }
+    (void)setpgid(cmd.pid, cmd.pid);
+    (void)close(err_pipe[1]);
+    do
+        got = read(err_pipe[0], &e, sizeof(e));
+    while (got < 0 && errno == EINTR);
+    (void)close(err_pipe[0]);
+    if (got == (ssize_t)sizeof(e)) {
+        set_error(&r, "cannot run '%s': %s", o->argv[0], strerror(e));
+        /* it exits right after reporting: take its status before any signal can reach it */
+        while (waitpid(cmd.pid, &cmd.status, 0) < 0 && errno == EINTR)
+            ;
+        cmd.done = true;
+    }
+
+    while (!r.error[0]) {
+        int64_t left;
+
+        reap(&cmd);
+        if (cmd.done)
+            break;
+        if (terminating || harness_exists(o->harness_launch, "stop.request")) {
+            r.stop_requested = true;
+            break;
+        }
+        left = deadline - mono_ms();
+        if (left <= 0) {
+            timed_out = true;
+            break;
+        }
+        wait_signal(sfd, left < HARNESS_POLL_MS ? left : HARNESS_POLL_MS, &terminating);
+    }
+    if (r.stop_requested)
+        dprintf(2, "lendbox-supervise: stop requested; ending the harness\n");
+    else if (timed_out)
+        dprintf(2, "lendbox-supervise: the harness timed out after %lld ms; ending it\n",
+                (long long)o->timeout_ms);
+    r.timed_out = timed_out;
+    harness_cleanup(&cmd, sfd, o->cleanup_timeout_ms, &r);
+    return write_receipt(o->harness_launch, &r) < 0;
+}
+
+static int run_harness_launch(const struct options *o)
+{
+    char claim[PATH_MAX], target[16], b;
+    int ready[2], e;
+    ssize_t n;
+    pid_t pid;
+
+    e = mkdir_p(o->harness_launch);
+    if (e < 0) {
+        fprintf(stderr, "lendbox-supervise: cannot create '%s': %s\n", o->harness_launch,
+                strerror(-e));
+        return 1;
+    }
+    harness_path(claim, o->harness_launch, "launch.claim");
+    if (symlink("launch", claim) < 0) {
+        if (errno != EEXIST) {
+            fprintf(stderr, "lendbox-supervise: cannot claim the launch: %s\n", strerror(errno));
+            return 1;
+        }
+        n = readlink(claim, target, sizeof(target) - 1);
+        if (n == 4 && memcmp(target, "stop", 4) == 0) {
+            printf("fenced\n");
+            return 3;
+        }
+        printf("already launched\n");
+        return 4;
+    }
+    if (pipe2(ready, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+        struct receipt r = {.confirmed = true};
+
+        set_error(&r, "cannot start the harness supervisor: %s", strerror(errno));
+        (void)write_receipt(o->harness_launch, &r);
+        fprintf(stderr, "lendbox-supervise: %s\n", r.error);
+        return 1;
+    }
+    if (pid == 0) {
+        (void)close(ready[0]);
+        _exit(run_harness(o, ready[1]));
+    }
+    (void)close(ready[1]);
+    do
+        n = read(ready[0], &b, 1);
+    while (n < 0 && errno == EINTR);
+    if (n != 1) {
+        fprintf(stderr, "lendbox-supervise: the harness supervisor failed to start (see %s)\n",
+                "output.log and receipt.json");
+        return 1;
+    }
+    printf("launched %d\n", (int)pid);
+    return 0;
+}
+
+static int run_harness_stop(const char *dir)
+{
+    char path[PATH_MAX], target[16];
+    ssize_t n;
+    int fd, e;
+
+    e = mkdir_p(dir);
+    if (e < 0) {
+        fprintf(stderr, "lendbox-supervise: cannot create '%s': %s\n", dir, strerror(-e));
+        return 1;
+    }
+    if (harness_exists(dir, "receipt.json")) {
+        printf("done\n");
+        return 0;
+    }
+    harness_path(path, dir, "stop.request");
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "lendbox-supervise: cannot request the stop: %s\n", strerror(errno));
+        return 1;
+    }
+    (void)close(fd);
+    harness_path(path, dir, "launch.claim");
+    if (symlink("stop", path) < 0) {
+        if (errno != EEXIST) {
+            fprintf(stderr, "lendbox-supervise: cannot claim the launch: %s\n", strerror(errno));
+            return 1;
+        }
+        n = readlink(path, target, sizeof(target) - 1);
+        if (n != 4 || memcmp(target, "stop", 4) != 0) {
+            printf("requested\n"); /* the harness supervisor writes the receipt */
+            return 0;
+        }
+    }
+    /* The stop won the claim: nothing was or will be launched. */
+    if (!harness_exists(dir, "receipt.json")) {
+        struct receipt r = {.confirmed = true, .stop_requested = true};
+
+        e = write_receipt(dir, &r);
+        if (e < 0) {
+            fprintf(stderr, "lendbox-supervise: cannot write the receipt: %s\n", strerror(-e));
+            return 1;
+        }
+    }
+    printf("fenced\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct options o;
@@ -541,12 +1027,19 @@ int main(int argc, char **argv)
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(stderr, "usage: lendbox-supervise --init --ready-fd N\n"
                         "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-                        "[--keep-background] -- ARGV...\n");
+                        "[--keep-background] -- ARGV...\n"
+                        "       lendbox-supervise --harness-launch DIR --timeout-ms MS "
+                        "--cleanup-timeout-ms MS -- ARGV...\n"
+                        "       lendbox-supervise --harness-stop DIR\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
         return 2;
     }
     if (o.init)
         return run_init(o.ready_fd);
+    if (o.harness_launch)
+        return run_harness_launch(&o);
+    if (o.harness_stop)
+        return run_harness_stop(o.harness_stop);
     return run_command(&o);
 }

@@ -403,7 +403,7 @@ START_TEST(test_request_id)
         {"DELETE", "/v1/sessions", "", NULL, 405},
         {"POST", "/v1/sessions/in-x/seed", "", "{", 400},
         {"POST", "/v1/sessions/auth-a/seed", "", "{\"task_id\": \"other\"}", 409},
-        {"POST", "/v1/sessions/auth-a/execute", "", "{\"argv\": [\"true\"]}", 501},
+        {"POST", "/v1/sessions/auth-none/execute", "", "{\"argv\": [\"true\"]}", 404},
     };
     struct lbt_resp r, r2;
 

@@ -159,12 +159,6 @@ START_TEST(test_not_implemented)
     static const struct {
         const char *method, *path, *body;
     } routes[] = {
-        {"POST", "/v1/sessions/ops-1/execute", "{\"argv\": [\"true\"]}"},
-        {"POST", "/v1/sessions/ops-1/close", "{}"},
-        {"GET", "/v1/sessions/ops-1/activation", NULL},
-        {"GET", "/v1/sessions/ops-1/activation?log=1", NULL},
-        {"POST", "/v1/sandboxes/sbx-00000000000000000000000000/pause", NULL},
-        {"POST", "/v1/sandboxes/sbx-00000000000000000000000000/resume", NULL},
         {"GET", "/v1/sandboxes/sbx-00000000000000000000000000/endpoints/8080", NULL},
         {"POST", "/v1/sandboxes/sbx-00000000000000000000000000/pty",
          "{\"rows\": 24, \"cols\": 80, \"pty\": true}"},

@@ -143,7 +143,7 @@ START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 1);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
                              "'sandboxes_state', 'sandboxes_state_next_attempt')"),
@@ -155,7 +155,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 1);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
 }
 END_TEST
 
@@ -719,6 +719,103 @@ START_TEST(test_open_errors)
 }
 END_TEST
 
+/* ---- activations ---- */
+
+static struct lb_activation mkact(const char *id, const char *sandbox_id)
+{
+    struct lb_activation a = {0};
+
+    snprintf(a.id, sizeof(a.id), "%s", id);
+    snprintf(a.sandbox_id, sizeof(a.sandbox_id), "%s", sandbox_id);
+    a.rsid = "rs-a";
+    a.state = LB_ACT_STAGING;
+    a.spec_json = "{\"argv\":[\"true\"]}";
+    a.output_log_bytes = -1;
+    return a;
+}
+
+START_TEST(test_activation_round_trip)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-a", "rs-a");
+    struct lb_activation a = mkact("act-1", "sbx-a"), got;
+
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_insert_activation(st, &a, &err), 0);
+    ck_assert_int_eq(store_get_activation_by_sandbox(st, "sbx-a", &got, &err), 0);
+    ck_assert_str_eq(got.id, "act-1");
+    ck_assert_str_eq(got.rsid, "rs-a");
+    ck_assert_int_eq(got.state, LB_ACT_STAGING);
+    ck_assert_str_eq(got.spec_json, "{\"argv\":[\"true\"]}");
+    ck_assert_ptr_null(got.receipt_json);
+    ck_assert_ptr_null(got.artifacts_json);
+    ck_assert_ptr_null(got.log);
+    ck_assert_int_eq(got.output_log_bytes, -1);
+    ck_assert_int_gt(got.created_at, 0);
+    store_activation_release(&got);
+    ck_assert_int_eq(store_get_latest_activation(st, "rs-a", &got, &err), 0);
+    ck_assert_str_eq(got.id, "act-1");
+    store_activation_release(&got);
+    ck_assert_int_eq(store_get_latest_activation(st, "rs-none", &got, &err), -ENOENT);
+    ck_assert_int_eq(store_get_activation_by_sandbox(st, "sbx-none", &got, &err), -ENOENT);
+    /* one per sandbox; the sandbox must exist */
+    a = mkact("act-2", "sbx-a");
+    ck_assert_int_eq(store_insert_activation(st, &a, &err), -EEXIST);
+    a = mkact("act-3", "sbx-missing");
+    ck_assert_int_eq(store_insert_activation(st, &a, &err), -ENOENT);
+    ck_assert_str_eq(store_act_state_name(LB_ACT_CLOSING), "closing");
+    store_close(st);
+}
+END_TEST
+
+START_TEST(test_activation_transitions_and_capture)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r = mkrec("sbx-b", "rs-b");
+    struct lb_activation a = mkact("act-b", "sbx-b"), got;
+    const unsigned from_staging = LB_ACT_MASK(LB_ACT_STAGING);
+
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_insert_activation(st, &a, &err), 0);
+    ck_assert_int_eq(
+        store_activation_set_state(st, "act-b", LB_ACT_CLOSING,
+                                   LB_ACT_MASK(LB_ACT_STAGING) | LB_ACT_MASK(LB_ACT_RUNNING), &err),
+        0);
+    /* a launch after a close: refused */
+    ck_assert_int_eq(store_activation_set_state(st, "act-b", LB_ACT_RUNNING, from_staging, &err),
+                     -EBUSY);
+    ck_assert_int_eq(store_activation_set_state(st, "act-none", LB_ACT_RUNNING, from_staging, &err),
+                     -ENOENT);
+    ck_assert_int_eq(
+        store_activation_set_receipt(st, "act-b", "{\"cleanup_confirmed\":true}", &err), 0);
+    ck_assert_int_eq(
+        store_activation_set_capture(st, "act-b", "{\"/x\":null}", "oops", "log\0x", 5, 5, &err),
+        0);
+    /* at most once */
+    ck_assert_int_eq(store_activation_set_capture(st, "act-b", "{}", NULL, NULL, 0, 0, &err),
+                     -EALREADY);
+    ck_assert_int_eq(store_get_activation_by_sandbox(st, "sbx-b", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_ACT_CLOSING);
+    ck_assert_str_eq(got.receipt_json, "{\"cleanup_confirmed\":true}");
+    ck_assert_str_eq(got.artifacts_json, "{\"/x\":null}");
+    ck_assert_str_eq(got.capture_error, "oops");
+    ck_assert_uint_eq(got.log_len, 5);
+    ck_assert(memcmp(got.log, "log\0x", 5) == 0);
+    ck_assert_int_eq(got.output_log_bytes, 5);
+    store_activation_release(&got);
+    ck_assert_int_eq(
+        store_activation_set_state(st, "act-b", LB_ACT_CLOSED, LB_ACT_MASK(LB_ACT_CLOSING), &err),
+        0);
+    /* purging the stopped sandbox takes its activation along */
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-b", "released", &err), 0);
+    ck_assert_int_eq(store_purge_stopped(st, clock_now_s() + 60, &err), 1);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM activations"), 0);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -743,6 +840,8 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_concurrent_one_rsid);
     tcase_add_test(tc, test_file_mode_0600);
     tcase_add_test(tc, test_open_errors);
+    tcase_add_test(tc, test_activation_round_trip);
+    tcase_add_test(tc, test_activation_transitions_and_capture);
     suite_add_tcase(s, tc);
     return s;
 }

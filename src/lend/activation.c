@@ -1,0 +1,1097 @@
+/*
+ * activation.c - see activation.h.
+ *
+ * The pieces, in the order an activation meets them:
+ *
+ *   execute   record "staging" (intent first) -> write the stage files -> "running" (only from
+ *             staging: a close that got in first fences the launch here) -> launch exec
+ *             (lendbox-supervise --harness-launch, with --keep-background so the harness
+ *             supervisor outlives the exec) -> poll receipt.json -> finalize.
+ *   finalize  (one at a time per activation) for a close: record "closing" first; then, unless
+ *             a confirmed receipt is held: read the receipt, else run the stop exec
+ *             (--harness-stop: stop request plus launch claim, so a launch that has not
+ *             happened never will) and poll for the receipt within the close budget; then,
+ *             once, collect the artifacts and the output log's tail into the record; for a
+ *             close, record "closed". A failure leaves the record as it is, so the next close
+ *             starts over; the capture's "at most once" is also held by the store.
+ *
+ * The in-sandbox directory is /run/lendbox/<activation id>: /run is the sandbox's own tmpfs,
+ * and the sandbox (not the daemon) keeps it, so it survives a daemon restart.
+ */
+#include "lend/activation.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uthash.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/token.h"
+#include "util/utf8.h"
+
+#define SUPERVISE_PATH "/run/lendbox/supervise"
+#define ACT_DIR_PARENT "/run/lendbox"
+#define LAUNCH_TIMEOUT_MS 30000
+#define STOP_EXEC_TIMEOUT_MS 15000
+#define RECEIPT_SLACK_MS 5000  /* a close waits close_timeout + this for the receipt */
+#define EXECUTE_SLACK_MS 30000 /* NeMo Gym's 30 s for start-up, polling and receipt I/O */
+#define RECEIPT_MAX 65536
+#define RESULT_LOG_TAIL 4096
+#define POLL_FIRST_MS 50
+#define POLL_MAX_MS 250
+
+enum fin_mode {
+    FIN_EXECUTE, /* after the harness ended (or its deadline passed): stop if needed, capture */
+    FIN_CLOSE,   /* the same, then closed; records "closing" first */
+};
+
+/* In-memory state of one activation while someone works on it (keyed by sandbox id). */
+struct act_entry {
+    char sandbox_id[LB_ID_MAX];
+    int refs;
+    bool finalizing;
+    uint64_t gen; /* finalizations ended */
+    int last_rc;  /* outcome of the last one */
+    enum fin_mode last_mode;
+    struct lb_error last_err;
+    UT_hash_handle hh;
+};
+
+struct lb_activations {
+    struct lb_activation_config cfg;
+    struct lb_store *store;
+    struct lb_lend *lend;
+    pthread_mutex_t mutex; /* guards entries and every entry's fields */
+    pthread_cond_t cond;   /* a finalization ended */
+    struct act_entry *entries;
+};
+
+int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
+                    struct lb_lend *lend, struct lb_activations **out, struct lb_error *err)
+{
+    struct lb_activations *a = calloc(1, sizeof(*a));
+
+    if (!a)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    a->cfg = *cfg;
+    if (!a->cfg.max_artifact_bytes)
+        a->cfg.max_artifact_bytes = 16 * 1024 * 1024;
+    if (!a->cfg.max_artifacts_bytes)
+        a->cfg.max_artifacts_bytes = 4 * a->cfg.max_artifact_bytes;
+    if (!a->cfg.max_log_bytes)
+        a->cfg.max_log_bytes = 1024 * 1024;
+    a->store = st;
+    a->lend = lend;
+    pthread_mutex_init(&a->mutex, NULL);
+    pthread_cond_init(&a->cond, NULL);
+    *out = a;
+    return 0;
+}
+
+void activations_free(struct lb_activations *a)
+{
+    struct act_entry *e, *tmp;
+
+    if (!a)
+        return;
+    HASH_ITER(hh, a->entries, e, tmp) {
+        HASH_DEL(a->entries, e);
+        free(e);
+    }
+    pthread_cond_destroy(&a->cond);
+    pthread_mutex_destroy(&a->mutex);
+    free(a);
+}
+
+static struct act_entry *entry_get(struct lb_activations *a, const char *sandbox_id)
+{
+    struct act_entry *e;
+
+    pthread_mutex_lock(&a->mutex);
+    HASH_FIND_STR(a->entries, sandbox_id, e);
+    if (!e) {
+        e = calloc(1, sizeof(*e));
+        if (e) {
+            snprintf(e->sandbox_id, sizeof(e->sandbox_id), "%s", sandbox_id);
+            HASH_ADD_STR(a->entries, sandbox_id, e);
+        }
+    }
+    if (e)
+        e->refs++;
+    pthread_mutex_unlock(&a->mutex);
+    return e;
+}
+
+static void entry_put(struct lb_activations *a, struct act_entry *e)
+{
+    pthread_mutex_lock(&a->mutex);
+    if (--e->refs == 0) {
+        HASH_DEL(a->entries, e);
+        free(e);
+    }
+    pthread_mutex_unlock(&a->mutex);
+}
+
+/* ---------- small helpers ---------- */
+
+static json_t *json_time(int64_t unix_s)
+{
+    char buf[32];
+
+    if (unix_s <= 0)
+        return json_null();
+    clock_format_rfc3339(unix_s, buf, sizeof(buf));
+    return json_string(buf);
+}
+
+/* Valid UTF-8 text of len bytes (invalid sequences become U+FFFD). */
+static json_t *json_text(const void *data, size_t len)
+{
+    struct lb_buf clean;
+    json_t *s;
+
+    lb_buf_init(&clean, 0);
+    if (utf8_sanitize(data ? data : "", len, &clean) < 0) {
+        lb_buf_release(&clean);
+        return NULL;
+    }
+    s = json_stringn(clean.data ? clean.data : "", clean.len);
+    lb_buf_release(&clean);
+    return s;
+}
+
+static bool sandbox_is_lent(struct lb_activations *a, const char *sandbox_id)
+{
+    struct lb_record rec = {0};
+    bool lent =
+        store_get_sandbox(a->store, sandbox_id, &rec, NULL) == 0 && rec.state == LB_STATE_LENT;
+
+    store_record_release(&rec);
+    return lent;
+}
+
+static void act_path(char *buf, size_t size, const struct lb_activation *act, const char *name)
+{
+    snprintf(buf, size, "%s/%s/%s", ACT_DIR_PARENT, act->id, name);
+}
+
+/* Read path inside the sandbox: all of it (-EFBIG past max, with *size set), or with tail
+ * the last max bytes. *data is malloc'd and NUL-terminated; *size is the file's size. */
+static int sbx_read(struct lb_activations *a, const char *sandbox_id, const char *path, size_t max,
+                    bool tail, unsigned char **data, size_t *len, uint64_t *size,
+                    struct lb_error *err)
+{
+    unsigned char *buf = NULL;
+    uint64_t sz = 0, off = 0;
+    size_t want, got = 0;
+    int fd = -1, r;
+
+    *data = NULL;
+    *len = 0;
+    *size = 0;
+    r = lend_file_open(a->lend, sandbox_id, path, &fd, &sz, err);
+    if (r < 0)
+        return r;
+    *size = sz;
+    if (sz > max && !tail) {
+        r = lb_error_set(err, -EFBIG, "'%s' is %llu bytes, over the %zu-byte limit", path,
+                         (unsigned long long)sz, max);
+        goto out;
+    }
+    want = sz > max ? max : (size_t)sz;
+    off = sz > max ? sz - max : 0;
+    buf = malloc(want + 1);
+    if (!buf) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    while (got < want) {
+        ssize_t n = pread(fd, buf + got, want - got, (off_t)(off + got));
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = lb_error_set(err, -EIO, "cannot read '%s': %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    *data = buf;
+    buf = NULL;
+    *len = got;
+out:
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
+/* The receipt in the sandbox: 0 and *out (an object), -ENOENT while there is none, -EIO when
+ * it cannot be parsed. */
+static int read_receipt(struct lb_activations *a, const struct lb_activation *act, json_t **out,
+                        struct lb_error *err)
+{
+    char path[256];
+    unsigned char *data = NULL;
+    size_t len = 0;
+    uint64_t size = 0;
+    json_t *j;
+    int r;
+
+    *out = NULL;
+    act_path(path, sizeof(path), act, "receipt.json");
+    r = sbx_read(a, act->sandbox_id, path, RECEIPT_MAX, false, &data, &len, &size, err);
+    if (r < 0)
+        return r == -EFBIG ? lb_error_set(err, -EIO, "the harness receipt is too big") : r;
+    j = json_loadb((const char *)data, len, 0, NULL);
+    free(data);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return lb_error_set(err, -EIO,
+                            "the harness receipt is unreadable; the launch outcome "
+                            "is unknown");
+    }
+    *out = j;
+    return 0;
+}
+
+static bool receipt_confirmed(const json_t *receipt)
+{
+    return json_is_true(json_object_get(receipt, "cleanup_confirmed"));
+}
+
+/* API.md's cleanup object from a receipt; malformed diagnostic fields get defaults. */
+static json_t *render_cleanup(const json_t *receipt)
+{
+    json_t *rc = json_object_get(receipt, "return_code"), *e = json_object_get(receipt, "error");
+
+    if (!receipt)
+        return json_null();
+    return json_pack("{s:b,s:o,s:b,s:o}", "cleanup_confirmed", receipt_confirmed(receipt),
+                     "return_code", json_is_integer(rc) ? json_copy(rc) : json_null(), "timed_out",
+                     json_is_true(json_object_get(receipt, "timed_out")), "error",
+                     json_is_string(e) ? json_copy(e) : json_null());
+}
+
+/* finished / timed_out / failed, and for failed why. */
+static const char *outcome(const json_t *receipt, const char **why)
+{
+    const json_t *launched = json_object_get(receipt, "launched");
+    const char *e = json_string_value(json_object_get(receipt, "error"));
+
+    *why = NULL;
+    if (!receipt) {
+        *why = "the harness supervisor left no receipt";
+        return "failed";
+    }
+    if (json_is_false(launched)) {
+        *why = "the activation was closed before the harness was launched";
+        return "failed";
+    }
+    if (json_is_true(json_object_get(receipt, "timed_out")))
+        return "timed_out";
+    if (e) {
+        *why = e;
+        return "failed";
+    }
+    if (!receipt_confirmed(receipt)) {
+        *why = "the harness's cleanup was not confirmed";
+        return "failed";
+    }
+    if (json_is_true(json_object_get(receipt, "stop_requested"))) {
+        *why = "the harness was stopped by a close before it ended";
+        return "failed";
+    }
+    return "finished";
+}
+
+/* Re-read the activation of a sandbox into *act (released first). */
+static int act_reload(struct lb_activations *a, const char *sandbox_id, struct lb_activation *act,
+                      struct lb_error *err)
+{
+    char id[LB_ID_MAX];
+
+    snprintf(id, sizeof(id), "%s", sandbox_id); /* sandbox_id may point into *act */
+    store_activation_release(act);
+    return store_get_activation_by_sandbox(a->store, id, act, err);
+}
+
+/* The session's activation: of its lent sandbox if it has one, else its newest. */
+static int act_find(struct lb_activations *a, const char *rsid, struct lb_activation *act,
+                    struct lb_error *err)
+{
+    struct lb_record live = {0};
+    int r;
+
+    if (store_get_live_by_rsid(a->store, rsid, &live, NULL) == 0) {
+        r = store_get_activation_by_sandbox(a->store, live.id, act, NULL);
+        store_record_release(&live);
+    } else {
+        r = store_get_latest_activation(a->store, rsid, act, NULL);
+    }
+    if (r == -ENOENT)
+        return lb_error_set(err, -ENOENT, "session %s has no harness activation", rsid);
+    return r < 0 ? lb_error_set(err, r, "cannot read the activation of session %s", rsid) : 0;
+}
+
+/* ---------- stop and capture ---------- */
+
+/* Hold a confirmed receipt: read it, or request the stop and wait for it within budget_ms.
+ * The receipt read is stored. 0 and *out, or -EREMOTEIO (502) when cleanup is unconfirmed. */
+static int act_stop(struct lb_activations *a, const struct lb_activation *act, int64_t budget_ms,
+                    json_t **out, struct lb_error *err)
+{
+    struct lb_error rerr = {0};
+    int64_t deadline = clock_mono_ms() + budget_ms + RECEIPT_SLACK_MS, wait = POLL_FIRST_MS;
+    json_t *receipt = NULL;
+    char *text = NULL;
+    int r = read_receipt(a, act, &receipt, &rerr);
+
+    if (r == -ENOENT) {
+        char dir[200];
+        char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
+        struct lb_exec_params p = {.argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS};
+        struct lb_exec_result res = {0};
+
+        snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act->id);
+        log_info("activation %s: requesting the harness's stop", act->id);
+        r = lend_exec(a->lend, act->sandbox_id, &p, &res, err);
+        if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))
+            r = lb_error_set(err, -EREMOTEIO, "the stop request failed (exit %d): %.200s",
+                             res.return_code, res.err.data ? res.err.data : "");
+        provider_exec_result_release(&res);
+        if (r < 0)
+            goto out;
+        for (;;) {
+            lb_error_clear(&rerr);
+            r = read_receipt(a, act, &receipt, &rerr);
+            if (r != -ENOENT || clock_mono_ms() >= deadline)
+                break;
+            usleep((useconds_t)wait * 1000);
+            wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
+        }
+        if (r == -ENOENT) {
+            r = lb_error_set(err, -EREMOTEIO,
+                             "the harness supervisor wrote no receipt within %.1f s; its "
+                             "cleanup is unconfirmed (close again to retry)",
+                             (double)(budget_ms + RECEIPT_SLACK_MS) / 1000.0);
+            goto out;
+        }
+    }
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "%s; cleanup cannot be confirmed", rerr.message);
+        goto out;
+    }
+    text = json_dumps(receipt, JSON_COMPACT);
+    r = text ? store_activation_set_receipt(a->store, act->id, text, err)
+             : lb_error_set(err, -ENOMEM, "out of memory");
+    if (r < 0)
+        goto out;
+    if (!receipt_confirmed(receipt)) {
+        const char *e = json_string_value(json_object_get(receipt, "error"));
+
+        r = lb_error_set(err, -EREMOTEIO, "the harness's cleanup was not confirmed: %s",
+                         e ? e : "no reason given");
+        goto out;
+    }
+    *out = receipt;
+    receipt = NULL;
+out:
+    free(text);
+    json_decref(receipt);
+    return r;
+}
+
+/* Append "; msg" (or msg) to a capture error. */
+static void capture_note(struct lb_buf *b, const char *msg)
+{
+    if (b->len)
+        (void)lb_buf_append_capped(b, "; ", 2);
+    (void)lb_buf_append_capped(b, msg, strlen(msg));
+}
+
+/* Collect every listed path and the output log's tail into the record, once. */
+static int act_capture(struct lb_activations *a, const struct lb_activation *act, json_t *spec,
+                       const json_t *receipt, struct lb_error *err)
+{
+    json_t *collect = json_object_get(spec, "collect"), *v, *artifacts = json_object();
+    bool launched = !json_is_false(json_object_get(receipt, "launched"));
+    struct lb_buf cap_err;
+    unsigned char *log = NULL;
+    size_t log_len = 0, total = 0, idx, n_got = 0;
+    uint64_t log_size = 0;
+    char *text = NULL, path[256];
+    int r = 0;
+
+    lb_buf_init(&cap_err, 4096);
+    if (!artifacts) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    log_info("activation %s: collecting artifacts", act->id);
+    json_array_foreach(collect, idx, v) {
+        const char *p = json_string_value(v);
+        struct lb_error ferr = {0};
+        unsigned char *data = NULL;
+        size_t len = 0;
+        uint64_t size = 0;
+        char *b64 = NULL;
+        size_t b64_len = 0;
+        int fr;
+
+        if (!p)
+            continue;
+        if (!launched) {
+            json_object_set_new(artifacts, p, json_null());
+            continue;
+        }
+        fr = sbx_read(a, act->sandbox_id, p, a->cfg.max_artifact_bytes, false, &data, &len, &size,
+                      &ferr);
+        if (fr == 0 && total + len > a->cfg.max_artifacts_bytes)
+            fr = lb_error_set(&ferr, -EFBIG, "'%s' would pass the %zu-byte limit of all artifacts",
+                              p, a->cfg.max_artifacts_bytes);
+        if (fr == 0 && token_base64_encode(data, len, &b64, &b64_len) < 0)
+            fr = lb_error_set(&ferr, -ENOMEM, "out of memory encoding '%s'", p);
+        if (fr == 0) {
+            total += len;
+            n_got++;
+            json_object_set_new(artifacts, p, json_pack("{s:s%}", "base64", b64, b64_len));
+        } else {
+            json_object_set_new(artifacts, p, json_null());
+            if (fr != -ENOENT) {
+                char msg[LB_ERROR_MESSAGE_MAX + 300];
+
+                snprintf(msg, sizeof(msg), "'%s': %s", p, ferr.message);
+                capture_note(&cap_err, msg);
+            }
+        }
+        free(b64);
+        free(data);
+    }
+    act_path(path, sizeof(path), act, "output.log");
+    {
+        struct lb_error lerr = {0};
+
+        if (sbx_read(a, act->sandbox_id, path, a->cfg.max_log_bytes, true, &log, &log_len,
+                     &log_size, &lerr) < 0) {
+            log = NULL;
+            log_len = 0;
+            log_size = 0;
+        }
+    }
+    text = json_dumps(artifacts, JSON_COMPACT);
+    if (!text) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    r = store_activation_set_capture(a->store, act->id, text, cap_err.len ? cap_err.data : NULL,
+                                     log ? log : (const unsigned char *)"", log_len,
+                                     (int64_t)log_size, err);
+    if (r == 0)
+        log_info("activation %s: collected %zu of %zu artifacts%s%s", act->id, n_got,
+                 json_array_size(collect), cap_err.len ? "; " : "",
+                 cap_err.len ? cap_err.data : "");
+out:
+    free(text);
+    free(log);
+    lb_buf_release(&cap_err);
+    json_decref(artifacts);
+    return r;
+}
+
+/* Record a capture that could not happen (sandbox gone, forced stop), unless one exists. */
+static void act_capture_unavailable(struct lb_activations *a, const struct lb_activation *act,
+                                    json_t *spec, const char *why)
+{
+    json_t *collect = json_object_get(spec, "collect"), *v, *artifacts = json_object();
+    char *text;
+    size_t idx;
+
+    json_array_foreach(collect, idx, v)
+        if (json_is_string(v))
+            json_object_set_new(artifacts, json_string_value(v), json_null());
+    text = json_dumps(artifacts, JSON_COMPACT);
+    if (text)
+        (void)store_activation_set_capture(a->store, act->id, text, why, NULL, 0, -1, NULL);
+    free(text);
+    json_decref(artifacts);
+}
+
+/* One finalization. The caller holds the activation's finalizing flag. */
+static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, enum fin_mode mode,
+                             int64_t budget_ms, struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    json_t *spec = NULL, *receipt = NULL;
+    int r = store_get_activation_by_sandbox(a->store, sandbox_id, &act, err);
+
+    if (r < 0)
+        goto out;
+    if (act.state == LB_ACT_CLOSED)
+        goto out;
+    if (mode == FIN_CLOSE && act.state != LB_ACT_CLOSING) {
+        r = store_activation_set_state(a->store, act.id, LB_ACT_CLOSING,
+                                       LB_ACT_MASK(LB_ACT_STAGING) | LB_ACT_MASK(LB_ACT_RUNNING) |
+                                           LB_ACT_MASK(LB_ACT_CLOSING),
+                                       err);
+        if (r < 0)
+            goto out;
+        log_info("activation %s: closing", act.id);
+    }
+    spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
+    if (!sandbox_is_lent(a, sandbox_id)) {
+        /* The sandbox is gone, and every process of it with it. */
+        if (mode == FIN_EXECUTE) {
+            r = lb_error_set(err, -ENOENT, "sandbox %s was stopped while the harness ran",
+                             sandbox_id);
+            goto out;
+        }
+        if (!act.artifacts_json)
+            act_capture_unavailable(a, &act, spec, "sandbox stopped before artifact capture");
+        goto close;
+    }
+    receipt = act.receipt_json ? json_loads(act.receipt_json, 0, NULL) : NULL;
+    if (!receipt_confirmed(receipt)) {
+        json_decref(receipt);
+        receipt = NULL;
+        r = act_stop(a, &act, budget_ms, &receipt, err);
+        if (r < 0)
+            goto out;
+    }
+    if (!act.artifacts_json) {
+        r = act_capture(a, &act, spec, receipt, err);
+        if (r == -EALREADY)
+            r = 0;
+        if (r < 0)
+            goto out;
+    }
+close:
+    if (mode == FIN_CLOSE) {
+        r = store_activation_set_state(a->store, act.id, LB_ACT_CLOSED,
+                                       LB_ACT_MASK(LB_ACT_CLOSING) | LB_ACT_MASK(LB_ACT_CLOSED),
+                                       err);
+        if (r == 0)
+            log_info("activation %s: closed", act.id);
+    }
+out:
+    json_decref(receipt);
+    json_decref(spec);
+    store_activation_release(&act);
+    return r;
+}
+
+/* Run a finalization, or join the one running: a close that joins a failed one shares its
+ * failure; otherwise the joiner runs its own (which finds the work done and returns). */
+static int act_finalize(struct lb_activations *a, const char *sandbox_id, enum fin_mode mode,
+                        int64_t budget_ms, struct lb_error *err)
+{
+    struct act_entry *e = entry_get(a, sandbox_id);
+    int r;
+
+    if (!e)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    pthread_mutex_lock(&a->mutex);
+    while (e->finalizing) {
+        uint64_t gen = e->gen;
+
+        while (e->finalizing && e->gen == gen)
+            pthread_cond_wait(&a->cond, &a->mutex);
+        if (mode == FIN_CLOSE && e->last_mode == FIN_CLOSE && e->last_rc < 0 && !e->finalizing) {
+            r = e->last_rc;
+            if (err)
+                *err = e->last_err;
+            pthread_mutex_unlock(&a->mutex);
+            entry_put(a, e);
+            return r;
+        }
+    }
+    e->finalizing = true;
+    pthread_mutex_unlock(&a->mutex);
+
+    r = act_finalize_once(a, sandbox_id, mode, budget_ms, err);
+
+    pthread_mutex_lock(&a->mutex);
+    e->finalizing = false;
+    e->gen++;
+    e->last_rc = r;
+    e->last_mode = mode;
+    lb_error_clear(&e->last_err);
+    if (r < 0 && err)
+        e->last_err = *err;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mutex);
+    entry_put(a, e);
+    return r;
+}
+
+static int64_t spec_ms(const json_t *spec, const char *key, int64_t def)
+{
+    json_t *v = json_object_get(spec, key);
+
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (int64_t)json_integer_value(v) : def;
+}
+
+/* ---------- rendering ---------- */
+
+static json_t *stored_artifacts(const struct lb_activation *act, json_t *spec)
+{
+    json_t *art = act->artifacts_json ? json_loads(act->artifacts_json, 0, NULL) : NULL;
+    json_t *collect = json_object_get(spec, "collect"), *v;
+    size_t idx;
+
+    if (art)
+        return art;
+    art = json_object(); /* not collected (yet): every path null */
+    json_array_foreach(collect, idx, v)
+        if (json_is_string(v))
+            json_object_set_new(art, json_string_value(v), json_null());
+    return art;
+}
+
+/* The execute result of API.md from the record. why overrides the receipt's reason. */
+static json_t *render_result(const struct lb_activation *act, const char *why_override)
+{
+    json_t *receipt = act->receipt_json ? json_loads(act->receipt_json, 0, NULL) : NULL;
+    json_t *spec = act->spec_json ? json_loads(act->spec_json, 0, NULL) : NULL;
+    json_t *rc = json_object_get(receipt, "return_code"), *out;
+    const char *why, *state = outcome(receipt, &why);
+
+    if (why_override) {
+        state = "failed";
+        why = why_override;
+    }
+    out = json_pack("{s:s,s:s,s:o,s:o,s:s?,s:o,s:I,s:s?}", "activation_id", act->id, "state", state,
+                    "return_code", json_is_integer(rc) ? json_copy(rc) : json_null(), "artifacts",
+                    stored_artifacts(act, spec), "capture_error", act->capture_error, "cleanup",
+                    render_cleanup(receipt), "output_log_bytes",
+                    (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0), "error",
+                    why);
+    if (out && strcmp(state, "finished") != 0) {
+        size_t n = act->log_len > RESULT_LOG_TAIL ? RESULT_LOG_TAIL : act->log_len;
+
+        json_object_set_new(out, "output_log_tail",
+                            json_text(act->log ? act->log + act->log_len - n : NULL, n));
+    }
+    json_decref(receipt);
+    json_decref(spec);
+    return out;
+}
+
+static json_t *render_close(const struct lb_activation *act)
+{
+    json_t *receipt = act->receipt_json ? json_loads(act->receipt_json, 0, NULL) : NULL;
+    json_t *spec = act->spec_json ? json_loads(act->spec_json, 0, NULL) : NULL;
+    json_t *out = json_pack("{s:b,s:s,s:s,s:o,s:s?,s:o,s:I}", "closed", 1, "activation_id", act->id,
+                            "state", store_act_state_name(act->state), "artifacts",
+                            stored_artifacts(act, spec), "capture_error", act->capture_error,
+                            "cleanup", render_cleanup(receipt), "output_log_bytes",
+                            (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0));
+
+    json_decref(receipt);
+    json_decref(spec);
+    return out;
+}
+
+/* ---------- execute ---------- */
+
+static json_t *execute_spec(const struct lb_execute_request *req, const char *dir)
+{
+    json_t *argv = json_array(), *collect = json_array(), *stage = json_array(), *spec;
+
+    for (size_t i = 0; req->argv[i]; i++)
+        json_array_append_new(argv, json_string(req->argv[i]));
+    for (size_t i = 0; req->collect && req->collect[i]; i++)
+        json_array_append_new(collect, json_string(req->collect[i]));
+    for (size_t i = 0; i < req->n_stage; i++)
+        json_array_append_new(stage, json_string(req->stage[i].path));
+    spec = json_pack("{s:o,s:s?,s:O?,s:s?,s:o,s:o,s:I,s:I,s:s}", "argv", argv, "cwd", req->cwd,
+                     "env", req->env, "user", req->user, "collect", collect, "stage", stage,
+                     "timeout_ms", (json_int_t)req->timeout_ms, "close_timeout_ms",
+                     (json_int_t)req->close_timeout_ms, "dir", dir);
+    return spec;
+}
+
+/* Launch the harness. 0 launched, -EALREADY fenced by a close, else *why says what failed
+ * (and the outcome is unknown when the transport failed). */
+static int execute_launch(struct lb_activations *a, const struct lb_activation *act,
+                          const struct lb_execute_request *req, const char *dir, char *why,
+                          size_t why_len)
+{
+    struct lb_exec_result res = {0};
+    struct lb_error err = {0};
+    char t_ms[32], c_ms[32];
+    size_t n = 0, k = 0;
+    char **argv;
+    int r;
+
+    while (req->argv[n])
+        n++;
+    argv = calloc(n + 10, sizeof(*argv));
+    if (!argv) {
+        snprintf(why, why_len, "out of memory");
+        return -ENOMEM;
+    }
+    snprintf(t_ms, sizeof(t_ms), "%lld", (long long)req->timeout_ms);
+    snprintf(c_ms, sizeof(c_ms), "%lld",
+             (long long)(req->close_timeout_ms / 3 > 0 ? req->close_timeout_ms / 3 : 1));
+    argv[k++] = SUPERVISE_PATH;
+    argv[k++] = "--harness-launch";
+    argv[k++] = (char *)dir;
+    argv[k++] = "--timeout-ms";
+    argv[k++] = t_ms;
+    argv[k++] = "--cleanup-timeout-ms";
+    argv[k++] = c_ms;
+    argv[k++] = "--";
+    for (size_t i = 0; i < n; i++)
+        argv[k++] = req->argv[i];
+    argv[k] = NULL;
+
+    struct lb_exec_params p = {
+        .argv = argv,
+        .cwd = req->cwd,
+        .env = req->env,
+        .user = req->user,
+        .timeout_ms = LAUNCH_TIMEOUT_MS,
+        .preserve_background = true,
+    };
+    r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
+    if (r < 0) {
+        snprintf(why, why_len, "the launch failed: %s", err.message);
+    } else if (res.error_type == LB_EXEC_OK && res.return_code == 0) {
+        log_info("activation %s: launched (%.*s)", act->id,
+                 (int)strcspn(res.out.data ? res.out.data : "", "\n"),
+                 res.out.data ? res.out.data : "");
+    } else if (res.error_type == LB_EXEC_OK && res.return_code == 3) {
+        r = -EALREADY;
+        snprintf(why, why_len, "the activation was closed before the harness was launched");
+    } else {
+        const char *msg = res.err.data && res.err.len ? res.err.data : res.out.data;
+
+        r = -EREMOTEIO;
+        snprintf(why, why_len, "the launch failed (exit %d): %.400s", res.return_code,
+                 msg ? msg : "");
+        why[strcspn(why, "\n")] = '\0';
+    }
+    provider_exec_result_release(&res);
+    free(argv);
+    return r;
+}
+
+/* Wait for the receipt until deadline_ms: 0 when it is there, -ETIMEDOUT, -ESHUTDOWN
+ * (draining) or -ENOENT (the sandbox is gone). */
+static int execute_wait(struct lb_activations *a, const struct lb_activation *act,
+                        int64_t deadline_ms)
+{
+    int64_t wait = POLL_FIRST_MS;
+
+    for (;;) {
+        json_t *receipt = NULL;
+        int r = read_receipt(a, act, &receipt, NULL);
+
+        json_decref(receipt);
+        if (r != -ENOENT)
+            return 0; /* there (readable or not: finalization judges it) */
+        if (!sandbox_is_lent(a, act->sandbox_id))
+            return -ENOENT;
+        if (lend_is_draining(a->lend))
+            return -ESHUTDOWN;
+        if (clock_mono_ms() >= deadline_ms)
+            return -ETIMEDOUT;
+        usleep((useconds_t)wait * 1000);
+        wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
+    }
+}
+
+/* Stage the files; stops early (-EALREADY) when a close got in. */
+static int execute_stage(struct lb_activations *a, const struct lb_activation *act,
+                         const struct lb_execute_request *req, struct lb_error *err)
+{
+    for (size_t i = 0; i < req->n_stage; i++) {
+        const struct lb_seed_file *f = &req->stage[i];
+        struct lb_activation cur = {0};
+        bool closing =
+            store_get_activation_by_sandbox(a->store, act->sandbox_id, &cur, NULL) == 0 &&
+            cur.state != LB_ACT_STAGING;
+        int r;
+
+        store_activation_release(&cur);
+        if (closing)
+            return lb_error_set(err, -EALREADY, "activation %s was closed while staging", act->id);
+        struct lb_error werr = {0};
+
+        r = lend_file_write(a->lend, act->sandbox_id, f->path, f->data, f->len, f->mode, &werr);
+        if (r < 0)
+            return lb_error_set(err, r, "staging '%s' failed: %s", f->path, werr.message);
+    }
+    return 0;
+}
+
+int activation_execute(struct lb_activations *a, const char *rsid,
+                       const struct lb_execute_request *req, json_t **out, struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    struct lb_record live = {0};
+    struct lb_error ferr = {0};
+    json_t *spec = NULL, *status = NULL;
+    char *spec_text = NULL, dir[200], why[600] = "", sid[31];
+    const char *st;
+    int64_t phase_ms, deadline;
+    int r;
+
+    *out = NULL;
+    if (lend_is_draining(a->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new activations");
+    if (store_get_live_by_rsid(a->store, rsid, &live, NULL) < 0 || live.state != LB_STATE_LENT) {
+        r = lb_error_set(err, -ENOENT, "session %s has no lent sandbox", rsid);
+        goto out;
+    }
+    if (lend_sandbox_status(a->lend, live.id, &status, NULL) == 0 &&
+        (st = json_string_value(json_object_get(status, "status"))) && !strcmp(st, "paused")) {
+        r = lb_error_set(err, -EBUSY, "sandbox %s is paused; resume it first", live.id);
+        goto out;
+    }
+    r = token_new_sandbox_id(sid);
+    if (r < 0) {
+        r = lb_error_set(err, r, "cannot make an activation id");
+        goto out;
+    }
+    snprintf(act.id, sizeof(act.id), "act-%s", sid + 4);
+    snprintf(act.sandbox_id, sizeof(act.sandbox_id), "%s", live.id);
+    snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act.id);
+    act.rsid = (char *)rsid;
+    act.state = LB_ACT_STAGING;
+    act.output_log_bytes = -1;
+    spec = execute_spec(req, dir);
+    spec_text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+    if (!spec_text) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        act.rsid = NULL;
+        goto out;
+    }
+    act.spec_json = spec_text;
+    /* Intent first; the unique index makes a second execute of this sandbox a 409. */
+    r = store_insert_activation(a->store, &act, err);
+    act.rsid = NULL;
+    act.spec_json = NULL;
+    if (r == -EEXIST) {
+        r = lb_error_set(err, -EEXIST,
+                         "session %s already ran a harness in sandbox %s (one activation per "
+                         "lent sandbox)",
+                         rsid, live.id);
+        goto out;
+    }
+    if (r < 0)
+        goto out;
+    log_info("activation %s: staging %zu files in sandbox %s (session %s)", act.id, req->n_stage,
+             live.id, rsid);
+    r = execute_stage(a, &act, req, err);
+    if (r < 0)
+        goto out;
+    r = store_activation_set_state(a->store, act.id, LB_ACT_RUNNING, LB_ACT_MASK(LB_ACT_STAGING),
+                                   err);
+    if (r == -EBUSY) {
+        r = lb_error_set(err, -EALREADY, "activation %s was closed before the launch", act.id);
+        goto out;
+    }
+    if (r < 0)
+        goto out;
+
+    phase_ms = req->close_timeout_ms / 3 > 0 ? req->close_timeout_ms / 3 : 1;
+    deadline = clock_mono_ms() + req->timeout_ms + 3 * phase_ms + EXECUTE_SLACK_MS;
+    r = execute_launch(a, &act, req, dir, why, sizeof(why));
+    if (r == -EALREADY) {
+        r = lb_error_set(err, -EALREADY, "activation %s: %s", act.id, why);
+        goto out;
+    }
+    if (r < 0) {
+        /* Launched or not, end it (the stop's claim fences a launch that has not happened). */
+        log_warn("activation %s: %s", act.id, why);
+    } else {
+        r = execute_wait(a, &act, deadline);
+        if (r == -ESHUTDOWN) {
+            r = lb_error_set(err, -ESHUTDOWN,
+                             "the daemon is shutting down before activation %s ended; after "
+                             "the restart, GET the activation or close it",
+                             act.id);
+            goto out;
+        }
+        if (r == -ENOENT) {
+            /* Stopped under us; a release closed the activation first, if it ran. */
+            r = act_reload(a, act.sandbox_id, &act, err);
+            if (r == 0)
+                *out = render_result(&act, act.receipt_json ? NULL
+                                                            : "the sandbox was stopped before "
+                                                              "the harness ended");
+            goto out;
+        }
+        if (r == -ETIMEDOUT) {
+            log_warn("activation %s: no receipt by the execution deadline; stopping it", act.id);
+            snprintf(why, sizeof(why), "the harness supervisor exceeded its execution deadline");
+        }
+    }
+    r = act_finalize(a, act.sandbox_id, FIN_EXECUTE, req->close_timeout_ms, &ferr);
+    if (r < 0 && why[0]) {
+        r = lb_error_set(err, -EREMOTEIO, "%s; and then %s", why, ferr.message);
+        goto out;
+    }
+    if (r < 0) {
+        r = lb_error_set(err, r, "%s", ferr.message);
+        goto out;
+    }
+    r = act_reload(a, act.sandbox_id, &act, err);
+    if (r == 0) {
+        *out = render_result(&act, why[0] ? why : NULL);
+        log_info("activation %s: %s", act.id,
+                 *out ? json_string_value(json_object_get(*out, "state")) : "?");
+    }
+out:
+    if (r == 0 && !*out)
+        r = lb_error_set(err, -ENOMEM, "cannot render the activation result");
+    json_decref(status);
+    json_decref(spec);
+    free(spec_text);
+    store_activation_release(&act);
+    store_record_release(&live);
+    return r;
+}
+
+/* ---------- close, get, release ---------- */
+
+int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, json_t **out,
+                     struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    json_t *spec = NULL;
+    int r = act_find(a, rsid, &act, err);
+
+    *out = NULL;
+    if (r == -ENOENT) {
+        *out = json_pack("{s:b}", "closed", 0);
+        return 0;
+    }
+    if (r < 0)
+        return r;
+    if (act.state != LB_ACT_CLOSED) {
+        spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
+        if (timeout_ms <= 0)
+            timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
+        r = act_finalize(a, act.sandbox_id, FIN_CLOSE, timeout_ms, err);
+        if (r == 0)
+            r = act_reload(a, act.sandbox_id, &act, err);
+    }
+    if (r == 0) {
+        *out = render_close(&act);
+        if (!*out)
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    json_decref(spec);
+    store_activation_release(&act);
+    return r;
+}
+
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
+                   struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    json_t *spec = NULL, *receipt = NULL, *res = NULL;
+    bool live;
+    int r = act_find(a, rsid, &act, err);
+
+    if (r < 0)
+        return r;
+    live = act.state != LB_ACT_CLOSED && sandbox_is_lent(a, act.sandbox_id);
+    if (live && !act.receipt_json && act.state != LB_ACT_STAGING &&
+        read_receipt(a, &act, &receipt, NULL) == 0)
+        act.receipt_json = json_dumps(receipt, JSON_COMPACT); /* a look, not a record */
+    spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
+    res = render_result(&act, NULL);
+    if (!res) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (!act.receipt_json) {
+        json_object_set_new(res, "state", json_null());
+        json_object_set_new(res, "error", json_null());
+    }
+    json_object_set_new(res, "outcome", json_incref(json_object_get(res, "state")));
+    json_object_set_new(res, "state", json_string(store_act_state_name(act.state)));
+    json_object_del(res, "output_log_tail");
+    if (!act.artifacts_json)
+        json_object_set_new(res, "artifacts", json_null());
+    json_object_set_new(res, "artifacts_collected", json_boolean(act.artifacts_json != NULL));
+    json_object_set_new(res, "resources_session_id", json_string(act.rsid ? act.rsid : ""));
+    json_object_set_new(res, "sandbox_id", json_string(act.sandbox_id));
+    json_object_set_new(res, "argv", json_incref(json_object_get(spec, "argv")));
+    json_object_set_new(res, "collect", json_incref(json_object_get(spec, "collect")));
+    json_object_set_new(res, "timeout_s",
+                        json_real((double)spec_ms(spec, "timeout_ms", 0) / 1000.0));
+    json_object_set_new(res, "close_timeout_s",
+                        json_real((double)spec_ms(spec, "close_timeout_ms", 0) / 1000.0));
+    json_object_set_new(res, "created_at", json_time(act.created_at));
+    json_object_set_new(res, "updated_at", json_time(act.updated_at));
+    if (with_log) {
+        unsigned char *log = NULL;
+        size_t len = 0;
+        uint64_t size = 0;
+        char path[256];
+
+        act_path(path, sizeof(path), &act, "output.log");
+        if (live && sbx_read(a, act.sandbox_id, path, a->cfg.max_log_bytes, true, &log, &len, &size,
+                             NULL) == 0) {
+            json_object_set_new(res, "log", json_text(log, len));
+            json_object_set_new(res, "log_truncated", json_boolean(size > len));
+            json_object_set_new(res, "output_log_bytes", json_integer((json_int_t)size));
+        } else {
+            json_object_set_new(res, "log", json_text(act.log, act.log_len));
+            json_object_set_new(res, "log_truncated",
+                                json_boolean(act.output_log_bytes > (int64_t)act.log_len));
+        }
+        free(log);
+    }
+    *out = res;
+    res = NULL;
+out:
+    json_decref(res);
+    json_decref(receipt);
+    json_decref(spec);
+    store_activation_release(&act);
+    return r;
+}
+
+void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id)
+{
+    struct lb_activations *a = ctx;
+    struct lb_activation act = {0};
+    struct lb_error err = {0};
+    json_t *spec = NULL;
+    int r;
+
+    if (store_get_activation_by_sandbox(a->store, sandbox_id, &act, NULL) < 0)
+        return;
+    if (act.state == LB_ACT_CLOSED)
+        goto out;
+    spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
+    log_info("session %s: closing activation %s before the release", rsid, act.id);
+    r = act_finalize(a, sandbox_id, FIN_CLOSE, spec_ms(spec, "close_timeout_ms", 60000), &err);
+    if (r < 0) {
+        /* The sandbox's stop ends every process of it: the teardown is the authority. */
+        log_warn("activation %s: close before the release failed: %s; the stop goes ahead", act.id,
+                 err.message);
+        act_capture_unavailable(a, &act, spec, "artifact capture unavailable during forced stop");
+        (void)store_activation_set_state(a->store, act.id, LB_ACT_CLOSED,
+                                         LB_ACT_MASK(LB_ACT_STAGING) | LB_ACT_MASK(LB_ACT_RUNNING) |
+                                             LB_ACT_MASK(LB_ACT_CLOSING),
+                                         NULL);
+    }
+out:
+    json_decref(spec);
+    store_activation_release(&act);
+}

@@ -1,0 +1,93 @@
+/*
+ * activation.h - harness activations: NeMo Gym's SandboxSession on a session's lent sandbox.
+ *
+ * execute stages files, launches the harness under lendbox-supervise's harness mode (which
+ * lives inside the sandbox, detached from the exec that started it), waits for the
+ * supervisor's receipt or the deadline, collects the listed paths once and returns. close
+ * stops the harness (stop request, TERM, KILL, descendant drain), collects once if that has not
+ * happened and marks the activation closed. Everything the activation knows is in the store
+ * (table activations), so GET .../activation and close work after a daemon restart; the
+ * in-sandbox files live in /run/lendbox/<activation id>/ (see src/supervisor/supervise.c).
+ *
+ * Budget, as NeMo Gym's: one cleanup phase is close_timeout_s / 3 (the supervisor has three:
+ * TERM grace, harness reap, descendant drain); execute waits at most timeout_s + 3 x phase +
+ * 30 s for the receipt. A close waits for the receipt at most its timeout (default the
+ * activation's close_timeout_s) + 5 s; without a confirmed receipt it fails with -EREMOTEIO
+ * (502) and the activation stays "closing", so the next close retries.
+ *
+ * Concurrency: at most one finalization (stop + capture [+ close]) of an activation runs at a
+ * time; a close that arrives meanwhile waits for it and shares its outcome, so concurrent
+ * closes collect once. Functions block on the provider: call them from pool workers. All
+ * functions are thread-safe.
+ *
+ * Returned JSON objects are new references the caller owns. Errors are negative errnos with
+ * the status mapping of util/error.h.
+ */
+#ifndef LB_ACTIVATION_H
+#define LB_ACTIVATION_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lend/lend.h"
+#include "store/store.h"
+
+struct lb_activation_config {
+    size_t max_artifact_bytes;  /* one collected file; a bigger one is null + capture_error */
+    size_t max_artifacts_bytes; /* all files of one capture together */
+    size_t max_log_bytes;       /* output log tail kept at capture and served by ?log=1 */
+};
+
+struct lb_activations;
+
+/* Make the service over store and lend (both stay the caller's). Errors: -ENOMEM. */
+int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
+                    struct lb_lend *lend, struct lb_activations **out, struct lb_error *err);
+/* No call may be running. NULL is accepted. */
+void activations_free(struct lb_activations *a);
+
+struct lb_execute_request {
+    char **argv;                      /* NULL-terminated; argv[0] non-empty */
+    const char *cwd;                  /* NULL: the sandbox's workdir */
+    json_t *env;                      /* object of strings or NULL; merged over the seed's env */
+    const char *user;                 /* NULL or root */
+    const struct lb_seed_file *stage; /* written before the launch */
+    size_t n_stage;
+    char **collect;           /* NULL-terminated absolute, normalised paths */
+    int64_t timeout_ms;       /* > 0: the harness's own deadline */
+    int64_t close_timeout_ms; /* > 0: three cleanup phases */
+};
+
+/* Run the harness once in the session's lent sandbox and wait for it. *out is the result of
+ * API.md ({"activation_id", "state", "return_code", "artifacts", "capture_error", "cleanup",
+ * "output_log_bytes", "error"}, plus "output_log_tail" unless finished). Errors: -ENOENT (404)
+ * no lent sandbox; -EEXIST (409) the sandbox has an activation already; -EALREADY (409) a
+ * close came before the launch; -EBUSY (409) the sandbox is paused; -ESHUTDOWN (503) the
+ * daemon is draining (the harness keeps running); -EREMOTEIO (502) the launch failed and its
+ * cleanup could not be confirmed, or the harness's cleanup was not confirmed; staging errors
+ * as lend_file_write. A client that hangs up does not stop the harness. */
+int activation_execute(struct lb_activations *a, const char *rsid,
+                       const struct lb_execute_request *req, json_t **out, struct lb_error *err);
+
+/* Close the session's activation (timeout_ms <= 0: its close_timeout_s). Idempotent: *out is
+ * {"closed": true, "activation_id", "artifacts", "capture_error", "cleanup",
+ * "output_log_bytes"}, the same for every close; {"closed": false} when the session has no
+ * activation. -EREMOTEIO (502) when cleanup cannot be confirmed (the activation stays
+ * "closing"), -EBUSY (409) when the sandbox is paused. */
+int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, json_t **out,
+                     struct lb_error *err);
+
+/* The session's activation (of its lent sandbox, else its newest one): state, receipt,
+ * artifacts; with_log adds "log" (the output log's tail as text) and "log_truncated".
+ * -ENOENT when there is none. */
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
+                   struct lb_error *err);
+
+/* lend's release hook (ctx is the struct lb_activations): close the sandbox's activation
+ * before the sandbox is stopped; when that fails the activation is recorded closed anyway
+ * (the stop ends every process). */
+void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id);
+
+#endif

@@ -1,0 +1,911 @@
+/*
+ * test_activation.c - issue #4: harness activations (execute / close / activation) exactly as
+ * NeMo Gym's SandboxSession runs them, preserve_background_services on exec, and pause/resume.
+ *
+ * Real daemon, real sandboxes. Most tests share one daemon (each uses its own session and so
+ * its own sandbox); the ones that need a fault switch or a SIGKILL start their own. Nothing
+ * here asserts on tight timings: waits are polls with generous bounds.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+
+static void setup(void)
+{
+    lbt_daemon_start(&D, NULL);
+}
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+}
+
+/* ---------- helpers ---------- */
+
+/* Seed rsid on d; returns the sandbox id (static buffer per call site is the caller's). */
+static void seed(struct lbt_daemon *d, const char *rsid, char *sbx, size_t len)
+{
+    json_t *lease = lbt_seed(d, rsid, "task-act", NULL);
+
+    snprintf(sbx, len, "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+}
+
+static char *dumps(json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+
+    json_decref(j);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+static void session_path(char *buf, size_t len, const char *rsid, const char *what)
+{
+    snprintf(buf, len, "/v1/sessions/%s/%s", rsid, what);
+}
+
+/* POST .../execute with body; returns the response (caller frees). */
+static void execute(struct lbt_daemon *d, const char *rsid, const char *body, struct lbt_resp *r)
+{
+    char path[300];
+
+    session_path(path, sizeof(path), rsid, "execute");
+    lbt_json(d, "POST", path, "", body, r);
+}
+
+static struct lbt_async *execute_async(struct lbt_daemon *d, const char *rsid, const char *body)
+{
+    char path[300];
+
+    session_path(path, sizeof(path), rsid, "execute");
+    return lbt_async_json(d, "POST", path, "", body);
+}
+
+static void close_session(struct lbt_daemon *d, const char *rsid, struct lbt_resp *r)
+{
+    char path[300];
+
+    session_path(path, sizeof(path), rsid, "close");
+    lbt_json(d, "POST", path, "", "{}", r);
+}
+
+static json_t *get_activation(struct lbt_daemon *d, const char *rsid, bool log)
+{
+    char path[300];
+    struct lbt_resp r;
+    json_t *out;
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/activation%s", rsid, log ? "?log=1" : "");
+    lbt_json(d, "GET", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "activation of %s: %ld %s", rsid, r.status, r.body);
+    out = json_incref(r.json);
+    lbt_resp_free(&r);
+    return out;
+}
+
+static const char *str(json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+
+    return s ? s : "";
+}
+
+/* The decoded bytes of artifact path in a result, NUL-terminated (NULL when null). */
+static char *artifact(json_t *res, const char *path)
+{
+    json_t *a = json_object_get(json_object_get(res, "artifacts"), path);
+    unsigned char *bytes;
+    size_t len = 0;
+    char *out;
+
+    ck_assert_msg(a != NULL, "no artifact entry for %s", path);
+    if (json_is_null(a))
+        return NULL;
+    bytes = lbt_b64_decode(json_string_value(json_object_get(a, "base64")), &len);
+    ck_assert_ptr_nonnull(bytes);
+    out = calloc(1, len + 1);
+    memcpy(out, bytes, len);
+    free(bytes);
+    return out;
+}
+
+static void assert_artifact(json_t *res, const char *path, const char *want)
+{
+    char *got = artifact(res, path);
+
+    ck_assert_msg(got != NULL, "artifact %s is null", path);
+    ck_assert_str_eq(got, want);
+    free(got);
+}
+
+static void assert_cleanup_confirmed(json_t *res)
+{
+    json_t *c = json_object_get(res, "cleanup");
+
+    ck_assert_msg(json_is_object(c), "no cleanup object");
+    ck_assert(json_is_true(json_object_get(c, "cleanup_confirmed")));
+}
+
+/* Processes inside the sandbox whose command line matches the grep -E pattern (write it so
+ * that it does not match itself, e.g. "slee[p] 1000"). */
+static int sbx_count(struct lbt_daemon *d, const char *sbx, const char *pattern)
+{
+    char cmd[512], *out;
+    int n;
+
+    snprintf(cmd, sizeof(cmd),
+             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | "
+             "grep -cE '%s' || true",
+             pattern);
+    out = lbt_sh(d, sbx, cmd);
+    n = atoi(out);
+    free(out);
+    return n;
+}
+
+/* Contents of a file inside the sandbox, or NULL when it does not exist. */
+static char *sbx_file(struct lbt_daemon *d, const char *sbx, const char *path)
+{
+    struct lbt_resp r;
+    char *out = NULL;
+
+    lbt_file_get(d, sbx, "", path, &r);
+    if (r.status == 200)
+        out = strndup(r.body, r.len);
+    else
+        ck_assert_msg(r.status == 404, "GET %s: %ld", path, r.status);
+    lbt_resp_free(&r);
+    return out;
+}
+
+/* Poll until the sandbox file holds want (a prefix match), at most timeout_s. */
+static void wait_file(struct lbt_daemon *d, const char *sbx, const char *path, const char *want,
+                      double timeout_s)
+{
+    double until = lbt_now() + timeout_s;
+
+    for (;;) {
+        char *got = sbx_file(d, sbx, path);
+        bool ok = got && !strncmp(got, want, strlen(want));
+
+        free(got);
+        if (ok)
+            return;
+        ck_assert_msg(lbt_now() < until, "%s never held '%s'", path, want);
+        lbt_sleep_ms(50);
+    }
+}
+
+/* Lines of the daemon's log that contain needle. */
+static int log_count(struct lbt_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char line[4096];
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        if (strstr(line, needle))
+            n++;
+    fclose(f);
+    return n;
+}
+
+static int collections(struct lbt_daemon *d, const char *activation_id)
+{
+    char needle[160];
+
+    snprintf(needle, sizeof(needle), "activation %s: collecting artifacts", activation_id);
+    return log_count(d, needle);
+}
+
+/* ---------- the acceptance cases ---------- */
+
+/* A harness that writes /workspace/out.txt and exits 0: finished, rc 0, the artifact's bytes,
+ * cleanup confirmed; close returns the same artifacts without collecting again. */
+START_TEST(test_finished_then_close)
+{
+    char sbx[64], *body, *out;
+    struct lbt_resp r, c1, c2;
+    json_t *res, *act;
+    char id[64];
+
+    seed(&D, "act-fin", sbx, sizeof(sbx));
+    body = dumps(json_pack("{s:[s,s,s],s:{s:s,s:{s:s,s:i}},s:[s,s]}", "argv", "sh", "-c",
+                           "echo harness says hi; cat /workspace/in.txt > /workspace/out.txt; "
+                           "printf ' and more' >> /workspace/out.txt; test -x /workspace/bin/tool",
+                           "stage", "/workspace/in.txt", "staged input", "/workspace/bin/tool",
+                           "base64", "IyEvYmluL3NoCg==", "mode", 0755, "collect",
+                           "/workspace/out.txt", "/workspace/never-written"));
+    execute(&D, "act-fin", body, &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    res = r.json;
+    ck_assert_str_eq(str(res, "state"), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert(json_is_integer(json_object_get(res, "return_code")));
+    assert_artifact(res, "/workspace/out.txt", "staged input and more");
+    ck_assert(json_is_null(
+        json_object_get(json_object_get(res, "artifacts"), "/workspace/never-written")));
+    ck_assert(json_is_null(json_object_get(res, "capture_error")));
+    assert_cleanup_confirmed(res);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(res, "cleanup"), "return_code")), 0);
+    ck_assert(json_is_false(json_object_get(json_object_get(res, "cleanup"), "timed_out")));
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "output_log_bytes")),
+                     (json_int_t)strlen("harness says hi\n"));
+    snprintf(id, sizeof(id), "%s", str(res, "activation_id"));
+    ck_assert_int_eq(strncmp(id, "act-", 4), 0);
+    ck_assert_int_eq(collections(&D, id), 1);
+
+    /* The activation record: still running (not closed), the harness's outcome, the log. */
+    act = get_activation(&D, "act-fin", true);
+    ck_assert_str_eq(str(act, "state"), "running");
+    ck_assert_str_eq(str(act, "outcome"), "finished");
+    ck_assert_str_eq(str(act, "log"), "harness says hi\n");
+    ck_assert(json_is_true(json_object_get(act, "artifacts_collected")));
+    json_decref(act);
+
+    /* Change the file: a close that collected again would see it. */
+    out = lbt_sh(&D, sbx, "echo changed > /workspace/out.txt");
+    free(out);
+    close_session(&D, "act-fin", &c1);
+    ck_assert_msg(c1.status == 200, "close: %ld %s", c1.status, c1.body);
+    ck_assert(json_is_true(json_object_get(c1.json, "closed")));
+    ck_assert(json_equal(json_object_get(c1.json, "artifacts"), json_object_get(res, "artifacts")));
+    ck_assert(json_equal(json_object_get(c1.json, "cleanup"), json_object_get(res, "cleanup")));
+    ck_assert_int_eq(collections(&D, id), 1);
+    /* idempotent */
+    close_session(&D, "act-fin", &c2);
+    ck_assert_int_eq(c2.status, 200);
+    ck_assert(json_equal(c1.json, c2.json));
+    act = get_activation(&D, "act-fin", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    json_decref(act);
+
+    /* one activation per lent sandbox */
+    lbt_resp_free(&r);
+    execute(&D, "act-fin", "{\"argv\": [\"true\"]}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_resp_free(&c1);
+    lbt_resp_free(&c2);
+    free(body);
+}
+END_TEST
+
+/* A harness that runs forever, timeout_s 2: timed_out, nothing of it remains, the partial
+ * artifacts are collected. */
+START_TEST(test_timeout)
+{
+    char sbx[64];
+    struct lbt_resp r;
+    json_t *res;
+
+    seed(&D, "act-timeout", sbx, sizeof(sbx));
+    execute(&D, "act-timeout",
+            "{\"argv\": [\"sh\", \"-c\", \"echo partial > /workspace/partial.txt; sleep 1000 & "
+            "while :; do sleep 1; done\"], \"timeout_s\": 2, \"close_timeout_s\": 6, "
+            "\"collect\": [\"/workspace/partial.txt\"]}",
+            &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    res = r.json;
+    ck_assert_str_eq(str(res, "state"), "timed_out");
+    ck_assert(json_is_true(json_object_get(json_object_get(res, "cleanup"), "timed_out")));
+    assert_cleanup_confirmed(res);
+    assert_artifact(res, "/workspace/partial.txt", "partial\n");
+    ck_assert_ptr_nonnull(strstr(str(res, "output_log_tail"), "timed out"));
+    ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 1000|while :; d[o]"), 0);
+    ck_assert_int_eq(sbx_count(&D, sbx, "--harness-launc[h]"), 0);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* TERM comes before KILL: a harness that traps TERM and writes "graceful" before exiting. */
+START_TEST(test_close_mid_run_terms_first)
+{
+    char sbx[64], *state;
+    struct lbt_async *ex;
+    struct lbt_resp r, c;
+
+    seed(&D, "act-term", sbx, sizeof(sbx));
+    ex = execute_async(&D, "act-term",
+                       "{\"argv\": [\"sh\", \"-c\", \"trap 'echo graceful > "
+                       "/workspace/state.txt; exit 0' TERM; echo running > "
+                       "/workspace/state.txt; while :; do sleep 0.1; done\"], "
+                       "\"collect\": [\"/workspace/state.txt\"]}");
+    wait_file(&D, sbx, "/workspace/state.txt", "running", 30);
+    close_session(&D, "act-term", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    assert_artifact(c.json, "/workspace/state.txt", "graceful\n");
+    assert_cleanup_confirmed(c.json);
+    state = sbx_file(&D, sbx, "/workspace/state.txt");
+    ck_assert_str_eq(state, "graceful\n");
+    free(state);
+    /* the execute that was waiting answers too, with the same artifacts */
+    lbt_async_join(ex, &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "failed");
+    ck_assert(
+        json_equal(json_object_get(r.json, "artifacts"), json_object_get(c.json, "artifacts")));
+    ck_assert_int_eq(collections(&D, str(r.json, "activation_id")), 1);
+    ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 0.1"), 0);
+    lbt_resp_free(&r);
+    lbt_resp_free(&c);
+}
+END_TEST
+
+/* A harness that double-forks a sleep (its own session, reparented to the subreaper) and
+ * exits: after execute no sleep remains. */
+START_TEST(test_descendant_drain)
+{
+    char sbx[64];
+    struct lbt_resp r;
+
+    seed(&D, "act-drain", sbx, sizeof(sbx));
+    execute(&D, "act-drain",
+            "{\"argv\": [\"sh\", \"-c\", \"(setsid sleep 1000 >/dev/null 2>&1 &); "
+            "sleep 1001 & echo forked; exit 0\"]}",
+            &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 0);
+    assert_cleanup_confirmed(r.json);
+    ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 100[01]"), 0);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* argv[0] not found: failed, with the exit code and the log. */
+START_TEST(test_missing_interpreter)
+{
+    char sbx[64];
+    struct lbt_resp r, c;
+    json_t *act;
+
+    seed(&D, "act-missing", sbx, sizeof(sbx));
+    execute(&D, "act-missing",
+            "{\"argv\": [\"/nonexistent/python9\", \"-c\", \"print(1)\"], "
+            "\"collect\": [\"/workspace/out.txt\"]}",
+            &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "failed");
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 127);
+    ck_assert_ptr_nonnull(strstr(str(r.json, "error"), "/nonexistent/python9"));
+    ck_assert_ptr_nonnull(strstr(str(r.json, "output_log_tail"), "cannot run"));
+    ck_assert_int_gt(json_integer_value(json_object_get(r.json, "output_log_bytes")), 0);
+    assert_cleanup_confirmed(r.json);
+    act = get_activation(&D, "act-missing", true);
+    ck_assert_str_eq(str(act, "outcome"), "failed");
+    ck_assert_ptr_nonnull(strstr(str(act, "log"), "No such file or directory"));
+    json_decref(act);
+    close_session(&D, "act-missing", &c);
+    ck_assert_int_eq(c.status, 200);
+    lbt_resp_free(&c);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* Three concurrent closes: one finalization, the artifacts collected once, all 200. */
+START_TEST(test_concurrent_closes)
+{
+    char sbx[64], path[300], *out;
+    struct lbt_async *ex, *cl[3];
+    struct lbt_resp r, c[3], again;
+
+    seed(&D, "act-conc", sbx, sizeof(sbx));
+    ex = execute_async(&D, "act-conc",
+                       "{\"argv\": [\"sh\", \"-c\", \"i=0; while :; do i=$((i+1)); echo $i > "
+                       "/workspace/t.tmp; mv /workspace/t.tmp /workspace/t.txt; sleep 0.05; "
+                       "done\"], \"collect\": [\"/workspace/t.txt\"]}");
+    wait_file(&D, sbx, "/workspace/t.txt", "", 30);
+    session_path(path, sizeof(path), "act-conc", "close");
+    for (int i = 0; i < 3; i++)
+        cl[i] = lbt_async_json(&D, "POST", path, "", "{}");
+    for (int i = 0; i < 3; i++) {
+        lbt_async_join(cl[i], &c[i]);
+        ck_assert_msg(c[i].status == 200, "close %d: %ld %s", i, c[i].status, c[i].body);
+        ck_assert(json_is_true(json_object_get(c[i].json, "closed")));
+        assert_cleanup_confirmed(c[i].json);
+        out = artifact(c[i].json, "/workspace/t.txt");
+        ck_assert_msg(out != NULL, "no transcript");
+        free(out);
+    }
+    ck_assert(json_equal(c[0].json, c[1].json));
+    ck_assert(json_equal(c[0].json, c[2].json));
+    lbt_async_join(ex, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(collections(&D, str(c[0].json, "activation_id")), 1);
+    /* one finalization: one stop request, one move to closing */
+    snprintf(path, sizeof(path), "activation %s: requesting the harness's stop",
+             str(c[0].json, "activation_id"));
+    ck_assert_int_eq(log_count(&D, path), 1);
+    snprintf(path, sizeof(path), "activation %s: closing", str(c[0].json, "activation_id"));
+    ck_assert_int_eq(log_count(&D, path), 1);
+    /* and a later close neither collects again nor changes the answer */
+    out = lbt_sh(&D, sbx, "echo rewritten > /workspace/t.txt");
+    free(out);
+    close_session(&D, "act-conc", &again);
+    ck_assert_int_eq(again.status, 200);
+    ck_assert(json_equal(c[0].json, again.json));
+    ck_assert_int_eq(collections(&D, str(c[0].json, "activation_id")), 1);
+    for (int i = 0; i < 3; i++)
+        lbt_resp_free(&c[i]);
+    lbt_resp_free(&again);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* Cleanup that cannot be confirmed (the supervisor died, no receipt): close is 502 and the
+ * activation stays closing; once a confirmed receipt is there the next close collects. */
+START_TEST(test_unconfirmed_cleanup_retries)
+{
+    char sbx[64], *out;
+    struct lbt_async *ex;
+    struct lbt_resp r, c;
+    json_t *act;
+
+    seed(&D, "act-unconf", sbx, sizeof(sbx));
+    ex = execute_async(&D, "act-unconf",
+                       "{\"argv\": [\"sh\", \"-c\", \"echo running > /workspace/s.txt; "
+                       "while :; do sleep 0.1; done\"], \"close_timeout_s\": 3, "
+                       "\"collect\": [\"/workspace/s.txt\"]}");
+    wait_file(&D, sbx, "/workspace/s.txt", "running", 30);
+    out = lbt_sh(&D, sbx, "kill -9 $(cat /run/lendbox/act-*/supervisor.pid)");
+    free(out);
+    for (int i = 0; i < 2; i++) {
+        lbt_json(&D, "POST", "/v1/sessions/act-unconf/close", "", "{\"timeout_s\": 0.5}", &c);
+        lbt_assert_error(&c, 502, "provider_error");
+        lbt_resp_free(&c);
+        act = get_activation(&D, "act-unconf", false);
+        ck_assert_str_eq(str(act, "state"), "closing");
+        ck_assert(json_is_false(json_object_get(act, "artifacts_collected")));
+        json_decref(act);
+    }
+    out = lbt_sh(&D, sbx,
+                 "cd /run/lendbox/act-* && printf '%s' '{\"cleanup_confirmed\": true, "
+                 "\"return_code\": null, \"timed_out\": false, \"error\": null, "
+                 "\"launched\": true, \"stop_requested\": true}' > receipt.json");
+    free(out);
+    close_session(&D, "act-unconf", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    assert_artifact(c.json, "/workspace/s.txt", "running\n");
+    ck_assert_int_eq(collections(&D, str(c.json, "activation_id")), 1);
+    lbt_async_join(ex, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    lbt_resp_free(&c);
+}
+END_TEST
+
+/* Releasing the session closes a running activation first (TERM, then collect). */
+START_TEST(test_release_closes_first)
+{
+    char sbx[64];
+    struct lbt_async *ex;
+    struct lbt_resp r, rel;
+    json_t *act;
+
+    seed(&D, "act-release", sbx, sizeof(sbx));
+    ex = execute_async(&D, "act-release",
+                       "{\"argv\": [\"sh\", \"-c\", \"trap 'echo graceful > "
+                       "/workspace/state.txt; exit 0' TERM; echo running > "
+                       "/workspace/state.txt; while :; do sleep 0.1; done\"], "
+                       "\"collect\": [\"/workspace/state.txt\"]}");
+    wait_file(&D, sbx, "/workspace/state.txt", "running", 30);
+    lbt_json(&D, "POST", "/v1/sessions/act-release/release", "", NULL, &rel);
+    ck_assert_int_eq(rel.status, 200);
+    ck_assert(json_is_true(json_object_get(rel.json, "released")));
+    act = get_activation(&D, "act-release", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    assert_artifact(act, "/workspace/state.txt", "graceful\n");
+    json_decref(act);
+    lbt_async_join(ex, &r);
+    ck_assert_int_eq(r.status, 200);
+    assert_artifact(r.json, "/workspace/state.txt", "graceful\n");
+    lbt_resp_free(&r);
+    lbt_resp_free(&rel);
+}
+END_TEST
+
+/* Send a request and hang up at once, without reading the answer. */
+static void post_and_hang_up(struct lbt_daemon *d, const char *path, const char *body)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    char req[2048];
+    int fd, port = 0, n;
+
+    ck_assert_int_eq(sscanf(d->base_url, "http://127.0.0.1:%d", &port), 1);
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    n = snprintf(req, sizeof(req),
+                 "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+                 "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                 path, d->admin_token, strlen(body), body);
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    lbt_sleep_ms(200); /* let the daemon take it in */
+    close(fd);
+}
+
+/* A client that disconnects does not stop the harness: it runs to its end and is collected. */
+START_TEST(test_client_disconnect)
+{
+    char sbx[64], path[300];
+    json_t *act = NULL;
+    double until;
+
+    seed(&D, "act-hangup", sbx, sizeof(sbx));
+    session_path(path, sizeof(path), "act-hangup", "execute");
+    post_and_hang_up(&D, path,
+                     "{\"argv\": [\"sh\", \"-c\", \"sleep 1; echo done > /workspace/done.txt\"], "
+                     "\"collect\": [\"/workspace/done.txt\"]}");
+    until = lbt_now() + 60;
+    for (;;) {
+        json_decref(act);
+        act = get_activation(&D, "act-hangup", false);
+        if (json_is_true(json_object_get(act, "artifacts_collected")))
+            break;
+        ck_assert_msg(lbt_now() < until, "the harness was never collected");
+        lbt_sleep_ms(100);
+    }
+    ck_assert_str_eq(str(act, "outcome"), "finished");
+    assert_artifact(act, "/workspace/done.txt", "done\n");
+    json_decref(act);
+}
+END_TEST
+
+START_TEST(test_input_and_errors)
+{
+    static const char *const bad[] = {
+        "{}",
+        "{\"argv\": []}",
+        "{\"argv\": [\"\"]}",
+        "{\"argv\": \"true\"}",
+        "{\"argv\": [\"true\"], \"bogus\": 1}",
+        "{\"argv\": [\"true\"], \"collect\": [\"relative/path\"]}",
+        "{\"argv\": [\"true\"], \"collect\": [\"/a/../b\"]}",
+        "{\"argv\": [\"true\"], \"timeout_s\": 0}",
+        "{\"argv\": [\"true\"], \"close_timeout_s\": -1}",
+        "{\"argv\": [\"true\"], \"stage\": {\"rel\": \"x\"}}",
+        "{\"argv\": [\"true\"], \"stage\": {\"/x\": {\"base64\": \"!!\"}}}",
+        "{\"argv\": [\"true\"], \"env\": {\"A=B\": \"x\"}}",
+        "{\"argv\": [\"true\"], \"cwd\": \"tmp\"}",
+    };
+    struct lbt_resp r;
+    json_t *lease;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        execute(&D, "act-input", bad[i], &r);
+        ck_assert_msg(r.status == 400, "%s: %ld", bad[i], r.status);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+    }
+    /* no lent sandbox */
+    execute(&D, "act-nobody", "{\"argv\": [\"true\"]}", &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    lbt_json(&D, "GET", "/v1/sessions/act-nobody/activation", "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    close_session(&D, "act-nobody", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(json_is_false(json_object_get(r.json, "closed")));
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/act-nobody/close", "", "{\"timeout_s\": 0}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_json(&D, "GET", "/v1/sessions/act-nobody/activation?log=yes", "", NULL, &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    /* admin only: an operate token gets 403 */
+    lease = lbt_seed(&D, "act-input", "task-act", NULL);
+    {
+        const char *tok =
+            json_string_value(json_object_get(json_object_get(lease, "access"), "token"));
+
+        lbt_json(&D, "POST", "/v1/sessions/act-input/execute", tok, "{\"argv\": [\"true\"]}", &r);
+        lbt_assert_error(&r, 403, "forbidden");
+        lbt_resp_free(&r);
+        lbt_json(&D, "POST", "/v1/sessions/act-input/close", tok, "{}", &r);
+        lbt_assert_error(&r, 403, "forbidden");
+        lbt_resp_free(&r);
+        lbt_json(&D, "GET", "/v1/sessions/act-input/activation", tok, NULL, &r);
+        lbt_assert_error(&r, 403, "forbidden");
+        lbt_resp_free(&r);
+    }
+    /* a bad cwd fails the launch: failed, with why */
+    execute(&D, "act-input", "{\"argv\": [\"true\"], \"cwd\": \"/nope\"}", &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "failed");
+    ck_assert_ptr_nonnull(strstr(str(r.json, "error"), "/nope"));
+    lbt_resp_free(&r);
+    json_decref(lease);
+}
+END_TEST
+
+/* ---------- preserve_background_services ---------- */
+
+/* A listener on port that stays in the foreground: python3's http.server, else perl. */
+static void listener_command(char *buf, size_t len, int port)
+{
+    snprintf(buf, len,
+             "if command -v python3 >/dev/null 2>&1; then exec python3 -m http.server %d; "
+             "else exec perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "
+             "\"127.0.0.1:%d\", Listen => 5, ReuseAddr => 1) or die; while ($c = $s->accept) "
+             "{ close $c }' lbt-listen-%d; fi",
+             port, port, port);
+}
+
+/* Exec a probe of port: tries for up to tries x 100 ms; returns its exit code. */
+static int probe_port(const char *sbx, int port, int tries)
+{
+    char cmd[512];
+    json_t *res;
+    char *body;
+    int rc;
+
+    snprintf(cmd, sizeof(cmd),
+             "for i in $(seq %d); do bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null && "
+             "exit 0; sleep 0.1; done; exit 1",
+             tries, port);
+    body = dumps(json_pack("{s:s}", "command", cmd));
+    res = lbt_exec_ok(&D, sbx, "", body);
+    free(body);
+    rc = (int)json_integer_value(json_object_get(res, "return_code"));
+    json_decref(res);
+    return rc;
+}
+
+START_TEST(test_preserve_background_services)
+{
+    char sbx[64], listen[512], cmd[700], pattern[96], *body;
+    json_t *res;
+
+    seed(&D, "act-bg", sbx, sizeof(sbx));
+    /* with the flag the server outlives the exec */
+    listener_command(listen, sizeof(listen), 8000);
+    snprintf(cmd, sizeof(cmd), "(%s) >/dev/null 2>&1 &", listen);
+    body = dumps(json_pack("{s:s,s:b}", "command", cmd, "preserve_background_services", 1));
+    res = lbt_exec_ok(&D, sbx, "", body);
+    free(body);
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    ck_assert_int_eq(probe_port(sbx, 8000, 150), 0);
+    ck_assert_int_eq(probe_port(sbx, 8000, 1), 0); /* still there for a later exec */
+
+    /* without it every descendant dies with the exec */
+    listener_command(listen, sizeof(listen), 8001);
+    snprintf(cmd, sizeof(cmd), "(%s) >/dev/null 2>&1 & sleep 1", listen);
+    body = dumps(json_pack("{s:s}", "command", cmd));
+    res = lbt_exec_ok(&D, sbx, "", body);
+    free(body);
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    snprintf(pattern, sizeof(pattern), "http.serve[r] 8001|lbt-liste[n]-8001");
+    ck_assert_int_eq(sbx_count(&D, sbx, pattern), 0);
+    ck_assert_int_ne(probe_port(sbx, 8001, 1), 0);
+    /* the preserved one is unaffected */
+    ck_assert_int_eq(probe_port(sbx, 8000, 1), 0);
+}
+END_TEST
+
+/* ---------- pause / resume ---------- */
+
+static long counter(const char *sbx)
+{
+    char *c = sbx_file(&D, sbx, "/workspace/count");
+    long v = c ? atol(c) : -1;
+
+    free(c);
+    return v;
+}
+
+START_TEST(test_pause_resume)
+{
+    char sbx[64], path[300];
+    struct lbt_resp r;
+    json_t *lease, *res;
+    const char *tok;
+    long a, b;
+    double until;
+
+    lease = lbt_seed(&D, "act-pause", "task-act", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    tok = json_string_value(json_object_get(json_object_get(lease, "access"), "token"));
+    res = lbt_exec_ok(&D, sbx, "",
+                      "{\"command\": \"(i=0; while :; do i=$((i+1)); echo $i > /workspace/c.tmp; "
+                      "mv /workspace/c.tmp /workspace/count; sleep 0.02; done) >/dev/null 2>&1 "
+                      "&\", \"preserve_background_services\": true}");
+    json_decref(res);
+    wait_file(&D, sbx, "/workspace/count", "", 30);
+    a = counter(sbx);
+    until = lbt_now() + 30;
+    while (counter(sbx) <= a + 2 && lbt_now() < until)
+        lbt_sleep_ms(50);
+    ck_assert_int_gt(counter(sbx), a + 2);
+
+    /* pause (the operate token may): status paused, no progress, exec 409 */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
+    lbt_json(&D, "POST", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", path, "", NULL, &r); /* again: still paused */
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
+    lbt_resp_free(&r);
+    a = counter(sbx);
+    lbt_sleep_ms(600);
+    b = counter(sbx);
+    ck_assert_int_eq(a, b);
+    lbt_exec(&D, sbx, "", "{\"command\": \"true\"}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    execute(&D, "act-pause", "{\"argv\": [\"true\"]}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+
+    /* resume: running, progress again, exec works */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", sbx);
+    lbt_json(&D, "POST", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "resume: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "status"), "running");
+    lbt_resp_free(&r);
+    until = lbt_now() + 30;
+    while (counter(sbx) <= b + 2 && lbt_now() < until)
+        lbt_sleep_ms(50);
+    ck_assert_int_gt(counter(sbx), b + 2);
+    res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"true\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+
+    /* unknown sandbox: 404; released sandbox: 404 */
+    lbt_json(&D, "POST", "/v1/sandboxes/sbx-00000000000000000000000000/pause", "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    json_decref(lease);
+}
+END_TEST
+
+/* ---------- cases with a daemon of their own ---------- */
+
+/* Close before the launch (staging still running): nothing is launched, close returns closed. */
+START_TEST(test_close_before_launch)
+{
+    static const char *const extra[] = {"--set", "faults.spec=provider.file_write=delay:5000",
+                                        NULL};
+    struct lbt_daemon d;
+    char sbx[64], *out;
+    struct lbt_async *ex;
+    struct lbt_resp r, c;
+    json_t *act;
+    double until;
+
+    lbt_daemon_start(&d, extra);
+    seed(&d, "act-early", sbx, sizeof(sbx));
+    ex = execute_async(&d, "act-early",
+                       "{\"argv\": [\"sh\", \"-c\", \"touch /workspace/launched\"], "
+                       "\"stage\": {\"/workspace/in.txt\": \"slow to stage\"}, "
+                       "\"collect\": [\"/workspace/in.txt\"]}");
+    until = lbt_now() + 30;
+    for (;;) {
+        char p[128];
+
+        lbt_json(&d, "GET", "/v1/sessions/act-early/activation", "", NULL, &r);
+        snprintf(p, sizeof(p), "%s", r.json ? str(r.json, "state") : "");
+        lbt_resp_free(&r);
+        if (!strcmp(p, "staging"))
+            break;
+        ck_assert_msg(lbt_now() < until, "the activation never showed staging");
+        lbt_sleep_ms(20);
+    }
+    close_session(&d, "act-early", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    ck_assert(json_is_true(json_object_get(c.json, "closed")));
+    ck_assert_str_eq(str(c.json, "state"), "closed");
+    assert_cleanup_confirmed(c.json);
+    ck_assert(json_is_null(json_object_get(json_object_get(c.json, "cleanup"), "return_code")));
+    lbt_async_join(ex, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_sleep_ms(300);
+    out = lbt_sh(&d, sbx,
+                 "test -e /workspace/launched && echo yes || echo no; "
+                 "readlink /run/lendbox/act-*/launch.claim");
+    ck_assert_str_eq(out, "no\nstop\n");
+    free(out);
+    act = get_activation(&d, "act-early", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    json_decref(act);
+    lbt_resp_free(&c);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* SIGKILL the daemon while a harness runs, restart: close stops the harness and collects. */
+START_TEST(test_daemon_restart)
+{
+    struct lbt_daemon d;
+    char sbx[64], *state;
+    struct lbt_async *ex;
+    struct lbt_resp r, c;
+    json_t *act;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "act-restart", sbx, sizeof(sbx));
+    ex = execute_async(&d, "act-restart",
+                       "{\"argv\": [\"sh\", \"-c\", \"trap 'echo graceful > "
+                       "/workspace/state.txt; exit 0' TERM; echo running > "
+                       "/workspace/state.txt; while :; do sleep 0.1; done\"], "
+                       "\"collect\": [\"/workspace/state.txt\"]}");
+    wait_file(&d, sbx, "/workspace/state.txt", "running", 30);
+    lbt_daemon_kill(&d);
+    lbt_async_join(ex, &r); /* the connection died with the daemon */
+    ck_assert_int_ne(r.status, 200);
+    lbt_resp_free(&r);
+    lbt_daemon_restart(&d, NULL);
+
+    act = get_activation(&d, "act-restart", true);
+    ck_assert_str_eq(str(act, "state"), "running");
+    ck_assert(json_is_null(json_object_get(act, "outcome")));
+    json_decref(act);
+    ck_assert_int_gt(sbx_count(&d, sbx, "slee[p] 0.1|--harness-launc[h]"), 0);
+    state = sbx_file(&d, sbx, "/workspace/state.txt");
+    ck_assert_str_eq(state, "running\n");
+    free(state);
+
+    close_session(&d, "act-restart", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    assert_artifact(c.json, "/workspace/state.txt", "graceful\n");
+    assert_cleanup_confirmed(c.json);
+    ck_assert_int_eq(sbx_count(&d, sbx, "slee[p] 0.1|--harness-launc[h]"), 0);
+    act = get_activation(&d, "act-restart", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    json_decref(act);
+    lbt_resp_free(&c);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("activation");
+    TCase *shared = tcase_create("shared_daemon");
+    TCase *own = tcase_create("own_daemon");
+
+    tcase_add_unchecked_fixture(shared, setup, teardown);
+    tcase_set_timeout(shared, 240);
+    tcase_add_test(shared, test_finished_then_close);
+    tcase_add_test(shared, test_timeout);
+    tcase_add_test(shared, test_close_mid_run_terms_first);
+    tcase_add_test(shared, test_descendant_drain);
+    tcase_add_test(shared, test_missing_interpreter);
+    tcase_add_test(shared, test_concurrent_closes);
+    tcase_add_test(shared, test_unconfirmed_cleanup_retries);
+    tcase_add_test(shared, test_release_closes_first);
+    tcase_add_test(shared, test_client_disconnect);
+    tcase_add_test(shared, test_input_and_errors);
+    tcase_add_test(shared, test_preserve_background_services);
+    tcase_add_test(shared, test_pause_resume);
+    suite_add_tcase(s, shared);
+    tcase_set_timeout(own, 240);
+    tcase_add_test(own, test_close_before_launch);
+    tcase_add_test(own, test_daemon_restart);
+    suite_add_tcase(s, own);
+    return lbt_run_suite(s);
+}
