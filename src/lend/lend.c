@@ -1029,53 +1029,85 @@ int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
 
 /* ---------- startup reconciliation ---------- */
 
+/* Finish the stop of a record that should not be running (startup reconciliation). */
+static void lend_reconcile_stop(struct lb_lend *l, const struct lb_record *rec,
+                                struct lb_reconcile_stats *stats)
+{
+    bool starting = rec->state == LB_STATE_STARTING;
+
+    if (lend_stop_record(l, rec, starting ? "seed_failed" : NULL,
+                         starting || rec->state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                                        : LB_STATE_STOP_FAILED,
+                         NULL) == 0)
+        stats->stopped++;
+    else
+        stats->failed++;
+}
+
 int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err)
 {
-    struct lb_record_filter f = {.state = -1};
+    struct lb_record_filter live = {.state = -1, .live_only = true};
+    struct lb_record_filter pending = {.state = -1, .pending_stop_only = true};
     struct lb_record *recs = NULL;
-    size_t n = 0;
+    const char **vanished = NULL;
+    size_t n = 0, n_vanished = 0;
     json_t *found = NULL, *item;
     size_t idx;
-    int r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+    int r;
 
     memset(stats, 0, sizeof(*stats));
+    /* 1. starting and lent records: adopt what runs, record what vanished */
+    r = store_list_sandboxes(l->store, &live, &recs, &n, err);
     if (r < 0)
         return r;
+    vanished = calloc(n + 1, sizeof(*vanished));
+    if (!vanished) {
+        store_records_free(recs, n);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
     for (size_t i = 0; i < n; i++) {
         struct lb_record *rec = &recs[i];
+        json_t *desc;
+        enum lb_sandbox_status st = LB_STATUS_UNKNOWN;
+        int sr;
 
-        if (rec->state == LB_STATE_STOPPED)
-            continue;
-        if (rec->state == LB_STATE_LENT) {
-            json_t *desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL)
-                                                : NULL;
-            struct lb_sandbox_ref ref = {rec->id, desc};
-            enum lb_sandbox_status st = LB_STATUS_UNKNOWN;
-            int sr = provider_status(l->prov, &ref, &st, NULL);
-
-            json_decref(desc);
-            if (sr == 0 && st == LB_STATUS_STOPPED) {
-                /* Gone while we were away: clean up what is left, then record it. */
-                if (lend_stop_record(l, rec, "vanished", LB_STATE_STOP_FAILED, NULL) == 0)
-                    stats->vanished++;
-                else
-                    stats->failed++;
-            } else {
-                stats->adopted++;
-            }
+        if (rec->state != LB_STATE_LENT) {
+            lend_reconcile_stop(l, rec, stats);
             continue;
         }
-        /* starting, stopping, failed_seed, stop_failed: finish the stop. */
-        if (lend_stop_record(l, rec,
-                             rec->state == LB_STATE_STARTING ? "seed_failed" : NULL,
-                             rec->state == LB_STATE_FAILED_SEED || rec->state == LB_STATE_STARTING
-                                 ? LB_STATE_FAILED_SEED
-                                 : LB_STATE_STOP_FAILED,
-                             NULL) == 0)
-            stats->stopped++;
+        desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL) : NULL;
+        struct lb_sandbox_ref ref = {rec->id, desc};
+        sr = provider_status(l->prov, &ref, &st, NULL);
+        /* Gone while we were away: clean up what may be left (idempotent), and record it
+         * below in one transaction; a crash before that only repeats this on the next start. */
+        if (sr == 0 && st == LB_STATUS_STOPPED &&
+            provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0)
+            vanished[n_vanished++] = rec->id;
+        else if (sr == 0 && st == LB_STATUS_STOPPED)
+            lend_reconcile_stop(l, rec, stats); /* leftovers would not go: retry loop */
         else
-            stats->failed++;
+            stats->adopted++;
+        json_decref(desc);
     }
+    for (size_t i = 0; i < n_vanished; i += 512) {
+        size_t chunk = n_vanished - i < 512 ? n_vanished - i : 512;
+
+        if (store_mark_stopped_many(l->store, vanished + i, chunk, "vanished", err) == 0)
+            stats->vanished += (int)chunk;
+        else
+            stats->failed += (int)chunk;
+    }
+    free(vanished);
+    store_records_free(recs, n);
+    recs = NULL, n = 0;
+    /* 2. stopping, failed_seed, stop_failed: finish the stop */
+    r = store_list_sandboxes(l->store, &pending, &recs, &n, err);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < n; i++)
+        lend_reconcile_stop(l, &recs[i], stats);
+    store_records_free(recs, n);
+    recs = NULL, n = 0;
     /* Sandboxes of ours with no record at all (a crash between create and insert is not
      * possible, since the record comes first; this catches records purged or lost). */
     if (provider_list(l->prov, &found, NULL) == 0) {

@@ -936,6 +936,34 @@ int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
     return ret;
 }
 
+int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,
+                            const char *reason, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int ret;
+
+    if (n == 0)
+        return 0;
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = exec_sql(st, "BEGIN IMMEDIATE", "beginning a batch", err);
+    s = st->stmts[STMT_MARK_STOPPED];
+    for (size_t i = 0; ret == 0 && i < n; i++) {
+        bool bad = bind_text(s, 1, ids[i]) || bind_text(s, 2, reason) ||
+                   sqlite3_bind_int64(s, 3, clock_now_s());
+
+        ret = finish_transition(st, s, bad, ids[i], "marking sandboxes stopped", err);
+    }
+    if (ret == 0)
+        ret = exec_sql(st, "COMMIT", "committing a batch", err);
+    else
+        sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
                            const char *last_error, int64_t next_attempt_at, struct lb_error *err)
 {

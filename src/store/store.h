@@ -120,6 +120,11 @@ int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
 int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
                        struct lb_error *err);
 
+/* Mark n records stopped (reason as above) in one transaction: all or none. -ENOENT (nothing
+ * changed) if one is missing. For startup reconciliation of many vanished sandboxes. */
+int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,
+                            const char *reason, struct lb_error *err);
+
 /* A stop failed: -> state (LB_STATE_FAILED_SEED or LB_STATE_STOP_FAILED), stop_attempts+1,
  * last_error, next_attempt_at. */
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,

@@ -570,6 +570,33 @@ START_TEST(test_count_by_state)
 }
 END_TEST
 
+START_TEST(test_count_live_and_batch_stop)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    const char *ids[] = {"b1", "b2", "b3"}, *with_missing[] = {"b4", "nope"};
+    int64_t live = -1;
+
+    put(st, "b1", "r1", LB_STATE_LENT, 1, 0, 0);
+    put(st, "b2", "r2", LB_STATE_LENT, 2, 0, 0);
+    put(st, "b3", "r3", LB_STATE_STARTING, 3, 0, 0);
+    put(st, "b4", "r4", LB_STATE_LENT, 4, 0, 0);
+    put(st, "b5", "r5", LB_STATE_STOPPED, 5, 0, 0);
+    ck_assert_int_eq(store_count_live(st, &live, &err), 0);
+    ck_assert_int_eq(live, 4);
+    ck_assert_int_eq(store_mark_stopped_many(st, ids, 3, "vanished", &err), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(state_of(st, ids[i]), LB_STATE_STOPPED);
+    ck_assert_int_eq(store_count_live(st, &live, &err), 0);
+    ck_assert_int_eq(live, 1);
+    /* all or nothing: a missing id rolls the whole batch back */
+    ck_assert_int_eq(store_mark_stopped_many(st, with_missing, 2, "vanished", &err), -ENOENT);
+    ck_assert_int_eq(state_of(st, "b4"), LB_STATE_LENT);
+    ck_assert_int_eq(store_mark_stopped_many(st, NULL, 0, "vanished", &err), 0);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_purge_stopped)
 {
     struct lb_error err = {0};
@@ -836,6 +863,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_token_hash_lookup);
     tcase_add_test(tc, test_count_by_state);
     tcase_add_test(tc, test_purge_stopped);
+    tcase_add_test(tc, test_count_live_and_batch_stop);
     tcase_add_test(tc, test_concurrent_distinct_rsids);
     tcase_add_test(tc, test_concurrent_one_rsid);
     tcase_add_test(tc, test_file_mode_0600);
