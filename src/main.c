@@ -407,6 +407,7 @@ int main(int argc, char **argv)
                                  : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
         .uid_count = (uint32_t)cfg.uid_count,
         .create_timeout_ms = cfg.create_timeout_s * 1000,
+        .tmp_size_mib = cfg.tmp_size_mib,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;
@@ -460,6 +461,7 @@ int main(int argc, char **argv)
         .retry_base_s = cfg.retry_base_s,
         .retry_max_s = cfg.retry_max_s,
         .max_sandboxes = cfg.max_sandboxes,
+        .default_pids = cfg.default_pids,
         .retention_s = cfg.retention_s,
         .max_output_bytes = (size_t)cfg.max_output_bytes,
         .default_image = cfg.default_image,

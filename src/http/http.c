@@ -17,6 +17,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,12 +141,37 @@ void http_respond_empty(struct lb_request *req, unsigned status)
                          MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT));
 }
 
+/* Read callback of http_respond_fd: a file that turns out shorter than announced (truncated
+ * meanwhile) ends the response with an error, so the client sees a cut connection instead of
+ * waiting for bytes that never come. */
+static ssize_t http_fd_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    int fd = (int)(intptr_t)cls;
+    ssize_t n;
+
+    do
+        n = pread(fd, buf, max, (off_t)pos);
+    while (n < 0 && errno == EINTR);
+    return n > 0 ? n : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void http_fd_free(void *cls)
+{
+    close((int)(intptr_t)cls);
+}
+
 void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size)
 {
-    struct MHD_Response *r = MHD_create_response_from_fd64(size, fd);
+    struct MHD_Response *r =
+        size == 0 ? MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT)
+                  : MHD_create_response_from_callback(size, 256 * 1024, http_fd_reader,
+                                                      (void *)(intptr_t)fd, http_fd_free);
 
-    if (!r) {
+    if (size == 0)
         close(fd);
+    if (!r) {
+        if (size != 0)
+            close(fd);
         struct lb_error e;
         lb_error_set(&e, -ENOMEM, "cannot create response");
         http_respond_error(req, &e);
@@ -180,7 +206,15 @@ const char *http_param(struct lb_request *req, unsigned i)
 
 const char *http_query(struct lb_request *req, const char *key)
 {
-    return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
+    const char *value = NULL;
+    size_t len = 0;
+
+    if (MHD_lookup_connection_value_n(req->conn, MHD_GET_ARGUMENT_KIND, key, strlen(key), &value,
+                                      &len) != MHD_YES || !value)
+        return NULL;
+    /* "%00" decodes to a NUL that would silently cut the value short (a path!): give the
+     * caller an empty value, which every query parameter rejects */
+    return strlen(value) == len ? value : "";
 }
 
 const char *http_header(struct lb_request *req, const char *name)

@@ -89,7 +89,8 @@ void *http_app(struct lb_request *req);
 const char *http_method(struct lb_request *req);
 /* The i-th '*' segment of the matched pattern, or NULL. */
 const char *http_param(struct lb_request *req, unsigned i);
-/* A query argument or request header (NULL if absent). Only valid on MHD threads (handler). */
+/* A query argument or request header (NULL if absent; "" for a query value holding a NUL, so
+ * that it is rejected, not cut short). Only valid on MHD threads (handler). */
 const char *http_query(struct lb_request *req, const char *key);
 const char *http_header(struct lb_request *req, const char *name);
 enum lb_principal http_principal(struct lb_request *req);

@@ -363,6 +363,8 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = lend_check_network(req, err);
     if (r < 0)
         goto out;
+    if (spec.resources.pids == 0)
+        spec.resources.pids = l->cfg.default_pids; /* a fork bomb must not take the host's pids */
     if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
         ttl = l->cfg.max_ttl_s;
     r = store_count_live(l->store, &live, err);
@@ -395,7 +397,8 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     r = provider_create(l->prov, &ref, &spec, &desc, &perr);
     if (r < 0) {
-        r = lb_error_set(err, r == -EINVAL || r == -EOPNOTSUPP ? r : -EREMOTEIO,
+        /* bad input, an unenforceable request or no free sandbox uid keep their status */
+        r = lb_error_set(err, r == -EINVAL || r == -EOPNOTSUPP || r == -EUSERS ? r : -EREMOTEIO,
                          "sandbox could not start: %s", perr.message);
         goto rollback;
     }

@@ -34,6 +34,7 @@ struct lb_lend_config {
     int64_t retry_base_s;
     int64_t retry_max_s;
     int64_t max_sandboxes;
+    int64_t default_pids; /* pids limit for seeds that set none; 0: none */
     int64_t retention_s;
     size_t max_output_bytes;
     const char *default_image;

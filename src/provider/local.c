@@ -569,11 +569,26 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         if (frozen)
             (void)cgroup_set_frozen(&d->cg, false, 0, NULL);
     }
-    if (pidfd >= 0 && !wait_pidfd(pidfd, deadline_ms)) {
-        r = lb_error_set(err, -ETIMEDOUT, "sandbox '%s' (pid %d) did not die in time", id,
-                         (int)d->pid);
-        goto out;
+    /* The init's exit waits until every process of its namespace is reaped. One whose parent
+     * died outside the namespace (an exec helper killed by the sandbox's OOM killer) was
+     * adopted by lendboxd, the subreaper: reap such zombies while waiting, or the init would
+     * wait for them forever. */
+    while (pidfd >= 0) {
+        int64_t step = clock_mono_ms() + 100;
+
+        if (wait_pidfd(pidfd, step < deadline_ms ? step : deadline_ms))
+            break;
+        if (clock_mono_ms() >= deadline_ms) {
+            r = lb_error_set(err, -ETIMEDOUT, "sandbox '%s' (pid %d) did not die in time", id,
+                             (int)d->pid);
+            goto out;
+        }
+        if (local_uid_in_range(lp, d->uid))
+            reap_uid_children(d->uid);
     }
+    /* If the monitor died before the init, the init is our child now: reap it too. */
+    if (pidfd >= 0 && proc_ppid(d->pid) == getpid())
+        (void)waitpid(d->pid, NULL, WNOHANG);
     /* 2. without a live init to kill (a sandbox half made when a daemon crashed, or one whose
      * init died) sweep everything running as the sandbox's uid instead */
     if (pidfd < 0 && has_dir && local_uid_in_range(lp, d->uid)) {
@@ -916,6 +931,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->uid_base = cfg->uid_base;
     lp->uid_count = cfg->uid_count;
     lp->create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 10000;
+    lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_cond_init(&lp->stopped, NULL);
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);

@@ -25,6 +25,7 @@ struct lb_local_config {
     uint32_t uid_base;          /* first host uid for sandboxes, e.g. 1000000000 */
     uint32_t uid_count;         /* how many (= max concurrent sandboxes), e.g. 65536 */
     int64_t create_timeout_ms;  /* bound on a sandbox becoming ready; <= 0: 10000 */
+    int64_t tmp_size_mib;       /* size of the sandbox's /tmp tmpfs; <= 0: 1024 (/run: 64) */
 };
 
 /* Make a local provider. Checks bwrap and the supervisor exist. *out is owned by the caller

@@ -129,8 +129,10 @@ static bool path_is_bound(const char *path, char **names, size_t n)
 /* The root filesystem: a tmpfs with every top-level entry of root bound read-only (or
  * recreated as the same symlink), except what the sandbox gets privately. */
 static int add_root(struct strv *a, const char *root, const char *workdir, const char *state_dir,
-                    struct lb_error *err)
+                    int64_t tmp_size_mib, struct lb_error *err)
 {
+    char tmp_size[32];
+
     static const char *const skip[] = {"proc", "dev", "tmp", "run", "lost+found"};
     const char *wd_name = top_level_name(workdir);
     char **names = NULL, **nn;
@@ -196,7 +198,12 @@ static int add_root(struct strv *a, const char *root, const char *workdir, const
     }
     strv_add2(a, "--proc", "/proc");
     strv_add2(a, "--dev", "/dev");
+    /* tmpfs memory is not charged to the sandbox's cgroup when the daemon writes files there,
+     * so size them (the kernel default is half the host's RAM) */
+    snprintf(tmp_size, sizeof(tmp_size), "%lld", (long long)tmp_size_mib * 1024 * 1024);
+    strv_add2(a, "--size", tmp_size);
     strv_add2(a, "--tmpfs", "/tmp");
+    strv_add2(a, "--size", "67108864");
     strv_add2(a, "--tmpfs", "/run");
     /* hide the daemon's state (tokens, database, other sandboxes) if the binds expose it */
     if (strcmp(root, "/") == 0 && path_is_bound(state_dir, names, n))
@@ -228,7 +235,7 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     strv_add(a, "--new-session");
     strv_add(a, "--as-pid-1");
     strv_add2(a, "--hostname", host);
-    r = add_root(a, root, workdir, lp->state_dir, err);
+    r = add_root(a, root, workdir, lp->state_dir, lp->tmp_size_mib, err);
     if (r < 0)
         return r;
     snprintf(num, sizeof(num), "%d", FD_WORKSPACE);
@@ -273,6 +280,7 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
         _exit(126);
     }
+    (void)syscall(SYS_umask, 022); /* the sandbox's files: not the daemon's umask 077 */
     if (local_child_place_fds(s->fds, FD_COUNT) < 0) {
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot set up fds", errno);
         _exit(126);

@@ -29,6 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -93,6 +96,24 @@ static void exec_fds_close(struct exec_fds *f)
     local_close_fd(&f->status_r);
 }
 
+/* Drop every capability: the bounding set (so an exec cannot regain them as uid 0), the
+ * ambient set, then the effective/permitted/inheritable sets; and no new privileges. Raw
+ * syscalls only (a forked child of a threaded process). 0 or -1 with errno. */
+static int child_drop_capabilities(void)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+    for (int cap = 0; cap <= 63; cap++)
+        if (syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            return -1;
+    (void)syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        return -1;
+    return (int)syscall(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
 /* The forked child: enter the sandbox and fork the supervisor. Never returns. */
 static void child_enter(const struct exec_fds *f, char *const *argv, char *const *envp)
 {
@@ -121,6 +142,14 @@ static void child_enter(const struct exec_fds *f, char *const *argv, char *const
         local_child_report(st, "error cannot become the sandbox's root", errno);
         _exit(1);
     }
+    /* Entering the user namespace gave us every capability in it; the sandbox's own processes
+     * (bwrap's init) have none. Drop them all, for good: else a command could remount the
+     * read-only host directories writable or bind-mount over the supervisor. */
+    if (child_drop_capabilities() < 0) {
+        local_child_report(st, "error cannot drop capabilities", errno);
+        _exit(1);
+    }
+    (void)syscall(SYS_umask, 022); /* the daemon's 077 is not the sandbox's business */
     g = fork();
     if (g == 0) {
         if (local_child_place_fds(f->child, CH_COUNT) < 0) {

@@ -24,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -209,6 +211,21 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
+/* Is dfd/name (not followed) the root of a mount other than its directory's? */
+static bool is_mount_point(int dfd, const char *name)
+{
+    struct statx parent, target;
+
+    if (statx(dfd, name, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &target) < 0)
+        return false; /* does not exist (yet) */
+    if (statx(dfd, "", AT_EMPTY_PATH, STATX_MNT_ID, &parent) < 0)
+        return true; /* cannot tell: refuse */
+    if (!(target.stx_mask & STATX_MNT_ID) || !(parent.stx_mask & STATX_MNT_ID))
+        return target.stx_dev_major != parent.stx_dev_major ||
+               target.stx_dev_minor != parent.stx_dev_minor;
+    return target.stx_mnt_id != parent.stx_mnt_id;
+}
+
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      const void *data, size_t len, int mode, struct lb_error *err)
 {
@@ -242,6 +259,14 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     }
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
         r = map_errno(EISDIR, path, err);
+        goto out;
+    }
+    /* Never replace what the sandbox has mounted there (the supervisor, /dev/null, ...): the
+     * rename happens in the daemon's mount namespace, where it would silently detach the
+     * sandbox's mount. */
+    if (is_mount_point(dfd, name)) {
+        r = lb_error_set(err, -EACCES, "'%s' is a mount point of the sandbox; it cannot be "
+                                       "replaced", path);
         goto out;
     }
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
@@ -318,6 +343,18 @@ int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, con
     if (!S_ISREG(st.st_mode)) {
         r = lb_error_set(err, -EINVAL, "'%s' is not a regular file", path);
         goto out;
+    }
+    /* proc and sysfs files claim sizes (0, 4096) they do not have: not files to transfer */
+    {
+        struct statfs fs;
+
+        if (fstatfs(fd, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
+                                      fs.f_type == DEBUGFS_MAGIC || fs.f_type == CGROUP_SUPER_MAGIC ||
+                                      fs.f_type == CGROUP2_SUPER_MAGIC)) {
+            r = lb_error_set(err, -EINVAL, "'%s' is a kernel pseudo-file, not a file to download",
+                             path);
+            goto out;
+        }
     }
     (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     *fd_out = fd;

@@ -32,6 +32,7 @@ struct local_provider {
     struct lb_cgroup_host cg;
     uint32_t uid_base, uid_count;
     int64_t create_timeout_ms;
+    int64_t tmp_size_mib;
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */

@@ -92,13 +92,17 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
     cpu = json_object_get(res, "cpu");
     mem = json_object_get(res, "memory_mib");
     pids = json_object_get(res, "pids");
-    if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) > 0) ||
-                !isfinite(json_number_value(cpu))))
-        return lb_error_set(err, -EINVAL, "'resources.cpu' must be a number > 0");
-    if (mem && (!json_is_integer(mem) || json_integer_value(mem) <= 0))
-        return lb_error_set(err, -EINVAL, "'resources.memory_mib' must be an integer > 0");
-    if (pids && (!json_is_integer(pids) || json_integer_value(pids) <= 0))
-        return lb_error_set(err, -EINVAL, "'resources.pids' must be an integer > 0");
+    /* bounds keep the cgroup arithmetic far from overflow */
+    if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) >= 0.01) ||
+                !(json_number_value(cpu) <= 1024)))
+        return lb_error_set(err, -EINVAL, "'resources.cpu' must be a number from 0.01 to 1024");
+    if (mem && (!json_is_integer(mem) || json_integer_value(mem) <= 0 ||
+                json_integer_value(mem) > 16777216))
+        return lb_error_set(err, -EINVAL,
+                            "'resources.memory_mib' must be an integer from 1 to 16777216");
+    if (pids && (!json_is_integer(pids) || json_integer_value(pids) <= 0 ||
+                 json_integer_value(pids) > 4194304))
+        return lb_error_set(err, -EINVAL, "'resources.pids' must be an integer from 1 to 4194304");
     out->cpu = cpu ? json_number_value(cpu) : 0;
     out->memory_mib = mem ? json_integer_value(mem) : 0;
     out->pids = pids ? json_integer_value(pids) : 0;
@@ -165,7 +169,8 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
     if (ttl && !json_is_null(ttl)) {
         if (!json_is_number(ttl) || !(json_number_value(ttl) > 0) ||
             json_number_value(ttl) > 31536000.0)
-            return lb_error_set(err, -EINVAL, "'ttl_s' must be a number of seconds > 0");
+            return lb_error_set(err, -EINVAL,
+                                "'ttl_s' must be a number of seconds > 0 and at most 31536000");
         req->ttl_s = (int64_t)ceil(json_number_value(ttl));
     }
     r = routes_string_map(body, "env", &req->env, err);

@@ -35,7 +35,7 @@ static const struct config_key config_keys[] = {
     INT("server", "http_threads", http_threads, "4", 1, 256),
     INT("server", "workers", workers, "64", 1, 4096),
     INT("server", "queue_max", queue_max, "1024", 1, 1000000),
-    INT("server", "connection_timeout_s", connection_timeout_s, "900", 1, 86400),
+    INT("server", "connection_timeout_s", connection_timeout_s, "60", 1, 86400),
     INT("lending", "stop_concurrency", stop_concurrency, "64", 1, 4096),
     INT("lending", "stop_timeout_s", stop_timeout_s, "120", 1, 86400),
     INT("lending", "default_ttl_s", default_ttl_s, "0", 0, 31536000),
@@ -49,8 +49,9 @@ static const struct config_key config_keys[] = {
     STR("lending", "default_image", default_image, "host"),
     STR("lending", "workdir", workdir, "/workspace"),
     INT("lending", "create_timeout_s", create_timeout_s, "30", 1, 3600),
+    INT("lending", "default_pids", default_pids, "4096", 0, 4194304),
     INT("limits", "max_body_bytes", max_body_bytes, "16777216", 1024, INT64_C(1) << 40),
-    INT("limits", "max_file_bytes", max_file_bytes, "1073741824", 1024, INT64_C(1) << 40),
+    INT("limits", "max_file_bytes", max_file_bytes, "134217728", 1024, INT64_C(1) << 40),
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),
     INT("limits", "max_json_depth", max_json_depth, "32", 2, 1024),
     INT("limits", "max_exec_timeout_s", max_exec_timeout_s, "86400", 1, 31536000),
@@ -61,6 +62,7 @@ static const struct config_key config_keys[] = {
     STR("local", "cgroup_parent", cgroup_parent, "lendbox"),
     INT("local", "uid_base", uid_base, "0", 0, 2147483647),
     INT("local", "uid_count", uid_count, "65536", 1, 1000000),
+    INT("local", "tmp_size_mib", tmp_size_mib, "1024", 1, 1048576),
     STR("faults", "spec", faults_spec, NULL),
 };
 

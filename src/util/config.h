@@ -39,6 +39,7 @@ struct lb_config {
     char *default_image;
     char *workdir;
     int64_t create_timeout_s;
+    int64_t default_pids;
     /* [limits] */
     int64_t max_body_bytes;
     int64_t max_file_bytes;
@@ -54,6 +55,7 @@ struct lb_config {
     char *cgroup_parent;
     int64_t uid_base;
     int64_t uid_count;
+    int64_t tmp_size_mib;
     /* [faults] */
     char *faults_spec;
 };

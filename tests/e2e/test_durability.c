@@ -603,6 +603,55 @@ START_TEST(test_sighup_reloads_faults)
 }
 END_TEST
 
+/* --- an exec helper killed from outside (as the sandbox's OOM killer may do) leaves its
+ * supervisor to lendboxd, the subreaper; release must still stop the sandbox promptly --- */
+START_TEST(test_release_after_exec_helper_killed)
+{
+    struct dur x;
+    json_t *lease;
+    struct lbt_async *a;
+    struct lbt_resp r;
+    char path[128], cmd[256];
+    uid_t uid;
+    double t0;
+    int killed = 0;
+
+    dur_start(&x, 0, NULL);
+    lease = lbt_seed(&x.d, "helper-1", "t", NULL);
+    uid = lbt_sandbox_uid(&x.d, json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
+             json_string_value(json_object_get(lease, "sandbox_id")));
+    a = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 30\"}");
+    /* the helper is a fork of lendboxd (same comm) running as the sandbox's uid */
+    for (int i = 0; i < 100 && !killed; i++) {
+        FILE *p;
+        int pid;
+
+        lbt_sleep_ms(50);
+        snprintf(cmd, sizeof(cmd), "ps -eo pid=,uid=,comm= | awk '$2 == %u && $3 == \"lendboxd\" "
+                                   "{ print $1 }'",
+                 (unsigned)uid);
+        p = popen(cmd, "r");
+        while (p && fscanf(p, "%d", &pid) == 1)
+            killed += kill(pid, SIGKILL) == 0;
+        if (p)
+            pclose(p);
+    }
+    ck_assert_int_gt(killed, 0);
+    lbt_async_join(a, &r);
+    lbt_resp_free(&r);
+    t0 = lbt_now();
+    lbt_json(&x.d, "POST", "/v1/sessions/helper-1/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(json_is_true(json_object_get(r.json, "released")));
+    lbt_resp_free(&r);
+    ck_assert_double_lt(lbt_now() - t0, 20.0); /* not the 120 s stop timeout */
+    ck_assert_int_eq(lbt_count_live_procs_of_uid(uid), 0);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("durability");
@@ -621,6 +670,7 @@ int main(void)
     tcase_add_test(tc, test_vanished_while_down);
     tcase_add_test(tc, test_two_daemons_isolated);
     tcase_add_test(tc, test_sighup_reloads_faults);
+    tcase_add_test(tc, test_release_after_exec_helper_killed);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

@@ -171,6 +171,84 @@ START_TEST(test_loopback_only)
 }
 END_TEST
 
+/* Commands have no capabilities, even in the sandbox's user namespace: they cannot remount
+ * the read-only host directories or mount over the supervisor. */
+START_TEST(test_no_capabilities)
+{
+    char *out = lbt_sh(&D, SBX, "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; umask");
+    json_t *res;
+
+    ck_assert_ptr_nonnull(strstr(out, "CapEff:\t0000000000000000"));
+    ck_assert_ptr_nonnull(strstr(out, "CapPrm:\t0000000000000000"));
+    ck_assert_ptr_nonnull(strstr(out, "CapBnd:\t0000000000000000"));
+    ck_assert_ptr_nonnull(strstr(out, "0022"));
+    free(out);
+    unlink("/var/tmp/lendbox-iso-escape");
+    res = lbt_exec_ok(&D, SBX, "",
+                      "{\"command\": \"mount -o remount,bind,rw /var && "
+                      "touch /var/tmp/lendbox-iso-escape\"}");
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    ck_assert(!lbt_path_exists("/var/tmp/lendbox-iso-escape"));
+    res = lbt_exec_ok(&D, SBX, "",
+                      "{\"command\": \"echo x > /workspace/f && mount --bind /workspace/f "
+                      "/run/lendbox/supervise\"}");
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    out = lbt_sh(&D, SBX, "echo still supervised");
+    ck_assert_str_eq(out, "still supervised\n");
+    free(out);
+}
+END_TEST
+
+/* The files API cannot replace what is mounted in the sandbox (the supervisor, /dev/null),
+ * nor read kernel pseudo-files, nor be cut short by an encoded NUL. */
+START_TEST(test_files_api_mount_points_and_pseudo_files)
+{
+    struct lbt_resp r;
+    char path[512];
+    char *out;
+
+    lbt_file_put(&D, SBX, "", "/run/lendbox/supervise", "0755", "#!/bin/sh\n", 10, &r);
+    lbt_assert_error(&r, 403, "forbidden");
+    lbt_resp_free(&r);
+    lbt_file_put(&D, SBX, "", "/dev/null", NULL, "x", 1, &r);
+    lbt_assert_error(&r, 403, "forbidden");
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, SBX, "test -c /dev/null && echo char device");
+    ck_assert_str_eq(out, "char device\n");
+    free(out);
+    lbt_file_get(&D, SBX, "", "/proc/version", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/etc/hostname%%00/x", SBX);
+    lbt_request(&D, "GET", path, "", NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* Resource limits are bounded, and a seed without one still gets a pids limit. */
+START_TEST(test_resource_bounds)
+{
+    struct lbt_resp r;
+    char *out;
+
+    lbt_json(&D, "POST", "/v1/sessions/iso-big/seed", "",
+             "{\"task_id\":\"t\",\"resources\":{\"memory_mib\":17592186044417}}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/iso-big/seed", "",
+             "{\"task_id\":\"t\",\"resources\":{\"cpu\":1e300}}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    /* /tmp is a bounded tmpfs (1 GiB by default), not half the host's memory */
+    out = lbt_sh(&D, SBX, "df -k /tmp | awk 'NR == 2 { print $2 }'");
+    ck_assert_int_eq(atol(out), 1024 * 1024);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("isolation");
@@ -182,6 +260,9 @@ int main(void)
     tcase_add_test(tc, test_usr_read_only);
     tcase_add_test(tc, test_unprivileged_uid);
     tcase_add_test(tc, test_loopback_only);
+    tcase_add_test(tc, test_no_capabilities);
+    tcase_add_test(tc, test_files_api_mount_points_and_pseudo_files);
+    tcase_add_test(tc, test_resource_bounds);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
