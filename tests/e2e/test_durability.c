@@ -88,7 +88,13 @@ static int dur_sandbox_dirs(struct dur *x)
 
 static void dur_cleanup(struct dur *x)
 {
+    char cmd[256];
+
     lbt_daemon_cleanup(&x->d);
+    /* the test's own cgroup parent, now empty */
+    snprintf(cmd, sizeof(cmd), "rmdir /sys/fs/cgroup/*/%s /sys/fs/cgroup/%s 2>/dev/null",
+             x->cgroup, x->cgroup);
+    (void)!system(cmd);
 }
 
 /* The record of id, as a new reference (NULL if none). */
