@@ -113,7 +113,7 @@ static void *episode_worker(void *arg)
         b->exec_ms[i] = t2 - t1;
         b->release_ms[i] = t3 - t2;
         continue;
-fail:
+    fail:
         pthread_mutex_lock(&b->mutex);
         b->failures++;
         pthread_mutex_unlock(&b->mutex);
@@ -175,8 +175,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < conc; i++)
         pthread_join(t[i], NULL);
     elapsed = now_ms() - t0;
-    printf("concurrency %d: %d episodes in %.2f s = %.1f episodes/s, %d failed\n", conc,
-           b.episodes, elapsed / 1000.0, b.episodes * 1000.0 / elapsed, b.failures);
+    printf("concurrency %d: %d episodes in %.2f s = %.1f episodes/s, %d failed\n", conc, b.episodes,
+           elapsed / 1000.0, b.episodes * 1000.0 / elapsed, b.failures);
     report("seed", b.seed_ms, b.episodes);
     report("exec", b.exec_ms, b.episodes);
     report("release", b.release_ms, b.episodes);

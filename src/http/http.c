@@ -88,9 +88,8 @@ static void request_set_response(struct lb_request *req, unsigned status, struct
 void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
                        char *data, size_t len)
 {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, data ? data : (char *)"", data ? MHD_RESPMEM_MUST_FREE
-                                                                            : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, data ? data : (char *)"", data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
 
     if (r && content_type)
         MHD_add_response_header(r, "Content-Type", content_type);
@@ -103,11 +102,12 @@ void http_respond_json(struct lb_request *req, unsigned status, json_t *body)
 
     json_decref(body);
     if (!text) {
-        static char fallback[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
+        static char fallback[] =
+            "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
 
-        request_set_response(req, 500,
-                             MHD_create_response_from_buffer(strlen(fallback), fallback,
-                                                             MHD_RESPMEM_PERSISTENT));
+        request_set_response(
+            req, 500,
+            MHD_create_response_from_buffer(strlen(fallback), fallback, MHD_RESPMEM_PERSISTENT));
         return;
     }
     size_t n = strlen(text);
@@ -210,7 +210,8 @@ const char *http_query(struct lb_request *req, const char *key)
     size_t len = 0;
 
     if (MHD_lookup_connection_value_n(req->conn, MHD_GET_ARGUMENT_KIND, key, strlen(key), &value,
-                                      &len) != MHD_YES || !value)
+                                      &len) != MHD_YES ||
+        !value)
         return NULL;
     /* "%00" decodes to a NUL that would silently cut the value short (a path!): give the
      * caller an empty value, which every query parameter rejects */
@@ -389,8 +390,8 @@ static enum MHD_Result request_queue(struct lb_request *req)
 static enum MHD_Result request_fail(struct lb_request *req, const struct lb_error *err)
 {
     if (err->code == -EPROTONOSUPPORT) {
-        json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", "method_not_allowed",
-                                 "message", err->message);
+        json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", "method_not_allowed", "message",
+                                 err->message);
 
         http_respond_json(req, 405, body);
         http_response_header(req, "Allow", req->allow);
@@ -437,9 +438,8 @@ static int request_authorize(struct lb_request *req, struct lb_error *err)
 }
 
 static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const char *url,
-                                   const char *method, const char *version,
-                                   const char *upload_data, size_t *upload_data_size,
-                                   void **con_cls)
+                                   const char *method, const char *version, const char *upload_data,
+                                   size_t *upload_data_size, void **con_cls)
 {
     struct lb_http *h = cls;
     struct lb_request *req = *con_cls;
@@ -498,8 +498,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
     if (req->phase == PHASE_DEFERRED)
         return request_queue(req); /* resumed: the job has set the response */
     if (req->too_large) {
-        lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes",
-                     req->body.max);
+        lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes", req->body.max);
         return request_fail(req, &err);
     }
 
@@ -605,7 +604,8 @@ int http_bind(const char *listen_spec, int *fd_out, char *bound, size_t bound_le
     int fd = -1, r, one = 1;
     size_t hl;
 
-    if (!colon || colon == listen_spec || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+    if (!colon || colon == listen_spec || strlen(colon + 1) == 0 ||
+        strlen(colon + 1) >= sizeof(port))
         return lb_error_set(err, -EINVAL, "listen address must be HOST:PORT, not '%s'",
                             listen_spec);
     hl = (size_t)(colon - listen_spec);
@@ -692,14 +692,14 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
             snprintf(h->bound, sizeof(h->bound), "%s:%u", a, ntohs(s4->sin_port));
         }
     }
-    h->mhd = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-            MHD_USE_ERROR_LOG,
-        0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, h,
-        MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)cfg->connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000,
-        MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                                  MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+                              0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER,
+                              http_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
+                              MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000,
+                              MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_END);
     if (!h->mhd) {
         r = lb_error_set(err, -EIO, "libmicrohttpd failed to start on %s", h->bound);
         goto fail;

@@ -42,11 +42,11 @@ struct lb_route {
     const char *method;  /* "GET", "POST", "PUT", "DELETE" */
     const char *pattern; /* "/v1/sessions/ * /seed" without spaces: '*' matches one segment */
     enum lb_auth_need auth;
-    bool raw_body;       /* the body is file bytes (max_file_bytes), not JSON (max_body_bytes) */
+    bool raw_body; /* the body is file bytes (max_file_bytes), not JSON (max_body_bytes) */
     /* Answer the request: set a response with http_respond_* or hand off with http_defer,
      * and return 0; or return a negative errno (message in err) for a JSON error response. */
     int (*handle)(struct lb_request *req, struct lb_error *err);
-    const char *name;    /* metrics label */
+    const char *name; /* metrics label */
 };
 
 /* The app decides who a bearer token is. Return 0 and set *who, or -ENOKEY (401: missing or
@@ -57,11 +57,11 @@ typedef int (*lb_authorize_fn)(void *app, const char *token, enum lb_auth_need n
                                struct lb_error *err);
 
 struct lb_http_config {
-    int listen_fd;            /* from http_bind; http_start takes it over */
-    unsigned threads;         /* MHD thread pool size */
+    int listen_fd;    /* from http_bind; http_start takes it over */
+    unsigned threads; /* MHD thread pool size */
     unsigned connection_timeout_s;
-    size_t max_body_bytes;    /* JSON bodies */
-    size_t max_file_bytes;    /* raw file bodies */
+    size_t max_body_bytes; /* JSON bodies */
+    size_t max_file_bytes; /* raw file bodies */
     int max_json_depth;
     const struct lb_route *routes; /* terminated by a route with method NULL */
     lb_authorize_fn authorize;
@@ -72,8 +72,7 @@ struct lb_http_config {
 /* Make the listening socket for listen ("HOST:PORT": IPv4, [IPv6] or a name; port 0 picks a
  * free port) and write the address as bound ("127.0.0.1:41234") into bound. *fd_out is the
  * caller's until http_start takes it. Errors: -EINVAL (bad address), -EADDRINUSE, -errno. */
-int http_bind(const char *listen, int *fd_out, char *bound, size_t bound_len,
-              struct lb_error *err);
+int http_bind(const char *listen, int *fd_out, char *bound, size_t bound_len, struct lb_error *err);
 
 /* Start serving on cfg->listen_fd (always consumed, also on failure). *out owned by the
  * caller (http_stop). Errors: -ENOMEM, -EIO. */

@@ -196,8 +196,8 @@ static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, b
                       "state", store_state_name(r->state), "provider", r->provider, "image", image,
                       "created_at", json_time(r->created_at), "expires_at",
                       json_time(r->expires_at), "reused", reused, "access", "sandbox_id", r->id,
-                      "scope", "operate", "token", token, "base_url", l->cfg.public_url,
-                      "workdir", workdir ? workdir : l->cfg.workdir);
+                      "scope", "operate", "token", token, "base_url", l->cfg.public_url, "workdir",
+                      workdir ? workdir : l->cfg.workdir);
     json_decref(spec);
     return lease;
 }
@@ -274,8 +274,7 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
         log_warn("stop of sandbox %s failed (attempt %d): %s", r->id, attempts, perr.message);
         store_mark_stop_failed(l->store, r->id, fail_state, perr.message,
                                clock_now_s() + lend_backoff_s(l, attempts), NULL);
-        rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id,
-                          perr.message);
+        rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id, perr.message);
         goto out;
     }
     metrics_add(LB_M_STOPS_OK, 1);
@@ -288,8 +287,8 @@ out:
 
 /* Retry the stops a session left pending (failed seed, failed release). Returns 0 when none
  * is left, or the first failure. *n_stopped counts the ones that succeeded. */
-static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped,
-                              char *stopped_id, size_t stopped_id_len, struct lb_error *err)
+static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char *stopped_id,
+                              size_t stopped_id_len, struct lb_error *err)
 {
     struct lb_record_filter f = {.rsid = rsid, .state = -1, .pending_stop_only = true};
     struct lb_record *recs = NULL;
@@ -297,8 +296,8 @@ static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stoppe
     int r = store_list_sandboxes(l->store, &f, &recs, &n, err);
 
     for (size_t i = 0; r == 0 && i < n; i++) {
-        enum lb_record_state fail = recs[i].state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
-                                                                            : LB_STATE_STOP_FAILED;
+        enum lb_record_state fail =
+            recs[i].state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED;
         r = lend_stop_record(l, &recs[i], NULL, fail, err);
         if (r == 0) {
             (*n_stopped)++;
@@ -315,12 +314,11 @@ static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stoppe
 static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req,
                               const char *image)
 {
-    json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir",
-                             l->cfg.workdir, "env", req->env, "network", req->network, "labels",
-                             req->labels);
+    json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir", l->cfg.workdir,
+                             "env", req->env, "network", req->network, "labels", req->labels);
 
-    if (spec && (req->resources.cpu > 0 || req->resources.memory_mib > 0 ||
-                 req->resources.pids > 0)) {
+    if (spec &&
+        (req->resources.cpu > 0 || req->resources.memory_mib > 0 || req->resources.pids > 0)) {
         json_t *res = json_object();
 
         if (req->resources.cpu > 0)
@@ -336,8 +334,8 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
 
 static int lend_check_network(const struct lb_seed_request *req, struct lb_error *err)
 {
-    const char *access = req->network ? json_string_value(json_object_get(req->network, "access"))
-                                      : NULL;
+    const char *access =
+        req->network ? json_string_value(json_object_get(req->network, "access")) : NULL;
 
     if (!access || !strcmp(access, "inherit"))
         return 0;
@@ -443,8 +441,8 @@ rollback:
         struct lb_error serr = {0};
 
         if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
-            log_error("session %s: failed seed's sandbox %s could not be stopped: %s", rsid,
-                      rec.id, serr.message);
+            log_error("session %s: failed seed's sandbox %s could not be stopped: %s", rsid, rec.id,
+                      serr.message);
     }
 out:
     store_record_release(&got);
@@ -596,8 +594,8 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
         struct lb_sandbox_ref ref = {rec.id, desc};
         enum lb_sandbox_status st;
 
-        status = provider_status(l->prov, &ref, &st, NULL) == 0 ? provider_status_name(st)
-                                                                : "unknown";
+        status =
+            provider_status(l->prov, &ref, &st, NULL) == 0 ? provider_status_name(st) : "unknown";
         json_decref(desc);
     }
     *out = lend_render_sandbox(&rec, status, false);
@@ -667,10 +665,9 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
         goto out;
     }
     lend_before_stop(l, &rec);
-    r = lend_stop_record(l, &rec, "deleted",
-                         rec.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
-                                                           : LB_STATE_STOP_FAILED,
-                         err);
+    r = lend_stop_record(
+        l, &rec, "deleted",
+        rec.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED, err);
     if (r == 0)
         *out = json_pack("{s:b,s:s}", "deleted", 1, "sandbox_id", id);
 out:
@@ -682,8 +679,8 @@ out:
 /* ---------- per-sandbox operations ---------- */
 
 /* Load a lent sandbox's record and parsed descriptor. -ENOENT if not lent. */
-static int lend_load_lent(struct lb_lend *l, const char *id, struct lb_record *rec,
-                          json_t **desc, struct lb_error *err)
+static int lend_load_lent(struct lb_lend *l, const char *id, struct lb_record *rec, json_t **desc,
+                          struct lb_error *err)
 {
     int r = store_get_sandbox(l->store, id, rec, NULL);
 
@@ -880,12 +877,11 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
     for (size_t i = 0; r == 0 && i < n; i++) {
         struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
         struct lb_record cur = {0};
-        bool wanted = store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
-                      (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 &&
-                                 cur.expires_at <= f->now_s
-                           : cur.state == LB_STATE_FAILED_SEED ||
-                                 cur.state == LB_STATE_STOP_FAILED ||
-                                 cur.state == LB_STATE_STOPPING);
+        bool wanted =
+            store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+            (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= f->now_s
+                 : cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
+                       cur.state == LB_STATE_STOPPING);
 
         if (wanted) {
             attempted++;
@@ -909,10 +905,13 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
 
 int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
 {
-    struct lb_record_filter due = {.state = -1, .pending_stop_only = true, .due_only = true,
-                                   .now_s = clock_now_s(), .limit = 256};
-    struct lb_record_filter expired = {.state = -1, .expired_only = true, .now_s = due.now_s,
-                                       .limit = 256};
+    struct lb_record_filter due = {.state = -1,
+                                   .pending_stop_only = true,
+                                   .due_only = true,
+                                   .now_s = clock_now_s(),
+                                   .limit = 256};
+    struct lb_record_filter expired = {
+        .state = -1, .expired_only = true, .now_s = due.now_s, .limit = 256};
     int64_t t_start = clock_mono_ms();
     int retried = lend_sweep_pass(l, &due, false, err);
     int reaped = retried < 0 ? 0 : lend_sweep_pass(l, &expired, true, err);
@@ -957,8 +956,8 @@ static void *stop_all_worker(void *arg)
         pthread_mutex_unlock(&c->mutex);
         r = &c->recs[i];
         fail = r->state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED;
-        int rc = lend_stop_record(c->l, r, r->state == LB_STATE_LENT ? c->reason : NULL, fail,
-                                  NULL);
+        int rc =
+            lend_stop_record(c->l, r, r->state == LB_STATE_LENT ? c->reason : NULL, fail, NULL);
         pthread_mutex_lock(&c->mutex);
         c->in_flight--;
         if (rc < 0)
@@ -1018,8 +1017,9 @@ int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
 
     if (r < 0)
         return r;
-    r = lb_buf_append(out, "# HELP lendbox_sandboxes Sandbox records by state.\n"
-                           "# TYPE lendbox_sandboxes gauge\n",
+    r = lb_buf_append(out,
+                      "# HELP lendbox_sandboxes Sandbox records by state.\n"
+                      "# TYPE lendbox_sandboxes gauge\n",
                       strlen("# HELP lendbox_sandboxes Sandbox records by state.\n"
                              "# TYPE lendbox_sandboxes gauge\n"));
     for (int s = 0; r == 0 && s < 6; s++) {

@@ -39,8 +39,8 @@ struct lb_lend_config {
     size_t max_output_bytes;
     const char *default_image;
     const char *workdir;
-    const char *public_url;     /* base_url in the lease's access */
-    const char *admin_token_hash; /* hex SHA-256 of the admin token */
+    const char *public_url;           /* base_url in the lease's access */
+    const char *admin_token_hash;     /* hex SHA-256 of the admin token */
     const unsigned char *operate_key; /* HMAC key operate tokens derive from */
     size_t operate_key_len;
 };
@@ -61,17 +61,17 @@ struct lb_seed_file {
     char *path;          /* absolute, normalised */
     unsigned char *data; /* decoded bytes */
     size_t len;
-    int mode;            /* -1: 0644 */
+    int mode; /* -1: 0644 */
 };
 
 struct lb_seed_request {
     const char *task_id;
-    const char *image;   /* NULL: default image */
-    json_t *env;         /* object of strings, or NULL */
-    int64_t ttl_s;       /* -1: default_ttl_s */
+    const char *image; /* NULL: default image */
+    json_t *env;       /* object of strings, or NULL */
+    int64_t ttl_s;     /* -1: default_ttl_s */
     struct lb_resources resources;
-    json_t *network;     /* validated object or NULL */
-    json_t *labels;      /* object of strings or NULL */
+    json_t *network; /* validated object or NULL */
+    json_t *labels;  /* object of strings or NULL */
     struct lb_seed_file *files;
     size_t n_files;
 };
@@ -85,8 +85,7 @@ int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request 
               json_t **lease_out, struct lb_error *err);
 
 /* The session's lease (live sandbox). -ENOENT if the session has none. */
-int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out,
-                   struct lb_error *err);
+int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err);
 /* {"sessions": [lease...]}; state NULL or a record state name (else -EINVAL). */
 int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err);
 
@@ -100,13 +99,12 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
 /* GET /v1/sandboxes/{id}: record plus the provider's status for live ones. -ENOENT. */
 int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);
 /* {"sandboxes": [...]} of every record (with stop details); state filter as above. */
-int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out,
-                        struct lb_error *err);
+int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err);
 
 struct lb_exec_params {
-    char **argv;         /* NULL-terminated */
-    const char *cwd;     /* NULL: workdir */
-    json_t *env;         /* object of strings or NULL; merged over the seed's env */
+    char **argv;     /* NULL-terminated */
+    const char *cwd; /* NULL: workdir */
+    json_t *env;     /* object of strings or NULL; merged over the seed's env */
     const char *user;
     const unsigned char *stdin_data;
     size_t stdin_len;

@@ -420,8 +420,7 @@ int cgroup_from_json(const json_t *j, const char *id, struct lb_cgroup *out)
         json_array_size(dirs) > LB_CGROUP_MAX_DIRS)
         return -EINVAL;
     out->version = (int)version;
-    json_array_foreach(dirs, i, v)
-    {
+    json_array_foreach(dirs, i, v) {
         const char *d = json_string_value(v);
         size_t len = d ? strlen(d) : 0;
 

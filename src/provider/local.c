@@ -609,8 +609,8 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
      * reap it rather than leave a zombie. A slow one is no failure. */
     if (monitor > 1 && proc_ppid(monitor) == getpid())
-        reap_child(monitor, clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000
-                                                                 : deadline_ms);
+        reap_child(monitor,
+                   clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000 : deadline_ms);
     /* 3. cgroups: the descriptor's and wherever this host would have put them */
     r = cgroup_remove(&d->cg, deadline_ms, err);
     if (r < 0)

@@ -541,8 +541,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     made_dir = true;
     /* chmod: the daemon runs with umask 077, which mkdir's mode does not override */
-    if (chmod(dir, 0711) < 0 || mkdir(workspace, 0700) < 0 ||
-        chown(workspace, d.uid, d.uid) < 0) {
+    if (chmod(dir, 0711) < 0 || mkdir(workspace, 0700) < 0 || chown(workspace, d.uid, d.uid) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", workspace, strerror(errno));
         goto fail;
     }

@@ -265,8 +265,10 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
      * rename happens in the daemon's mount namespace, where it would silently detach the
      * sandbox's mount. */
     if (is_mount_point(dfd, name)) {
-        r = lb_error_set(err, -EACCES, "'%s' is a mount point of the sandbox; it cannot be "
-                                       "replaced", path);
+        r = lb_error_set(err, -EACCES,
+                         "'%s' is a mount point of the sandbox; it cannot be "
+                         "replaced",
+                         path);
         goto out;
     }
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
@@ -348,9 +350,10 @@ int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, con
     {
         struct statfs fs;
 
-        if (fstatfs(fd, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
-                                      fs.f_type == DEBUGFS_MAGIC || fs.f_type == CGROUP_SUPER_MAGIC ||
-                                      fs.f_type == CGROUP2_SUPER_MAGIC)) {
+        if (fstatfs(fd, &fs) == 0 &&
+            (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
+             fs.f_type == DEBUGFS_MAGIC || fs.f_type == CGROUP_SUPER_MAGIC ||
+             fs.f_type == CGROUP2_SUPER_MAGIC)) {
             r = lb_error_set(err, -EINVAL, "'%s' is a kernel pseudo-file, not a file to download",
                              path);
             goto out;

@@ -60,14 +60,14 @@ struct lb_sandbox_spec {
 
 /* Which sandbox an operation is about. */
 struct lb_sandbox_ref {
-    const char *id;               /* daemon-made sandbox id, never NULL */
-    const json_t *descriptor;     /* what create returned, or NULL when unknown */
+    const char *id;           /* daemon-made sandbox id, never NULL */
+    const json_t *descriptor; /* what create returned, or NULL when unknown */
 };
 
 enum lb_exec_error {
-    LB_EXEC_OK = 0,      /* the command ran; return_code is its exit status */
-    LB_EXEC_TIMEOUT,     /* killed at timeout_ms; return_code 125 */
-    LB_EXEC_SANDBOX,     /* the sandbox failed to run it (bad cwd, ...); return_code 125 */
+    LB_EXEC_OK = 0,  /* the command ran; return_code is its exit status */
+    LB_EXEC_TIMEOUT, /* killed at timeout_ms; return_code 125 */
+    LB_EXEC_SANDBOX, /* the sandbox failed to run it (bad cwd, ...); return_code 125 */
 };
 
 /* NeMo Gym's SANDBOX_RUNTIME_RETURN_CODE: a result that is not a process exit status. */
@@ -80,15 +80,15 @@ struct lb_exec_request {
     const char *user;        /* NULL, "root" or "0": the sandbox's root; others may be -EINVAL */
     const void *stdin_data;  /* bytes for stdin, then EOF; NULL: stdin is /dev/null */
     size_t stdin_len;
-    int64_t timeout_ms;        /* > 0; the whole process tree is killed when it passes */
-    size_t max_output_bytes;   /* per stream; bytes past it are read and dropped */
-    bool preserve_background;  /* leave background descendants running after the command */
+    int64_t timeout_ms;       /* > 0; the whole process tree is killed when it passes */
+    size_t max_output_bytes;  /* per stream; bytes past it are read and dropped */
+    bool preserve_background; /* leave background descendants running after the command */
 };
 
 struct lb_exec_result {
-    int return_code;               /* exit status, 128+signal, or LB_RETURN_CODE_RUNTIME */
+    int return_code; /* exit status, 128+signal, or LB_RETURN_CODE_RUNTIME */
     enum lb_exec_error error_type;
-    struct lb_buf out, err;        /* captured stdout/stderr; .truncated says if cut */
+    struct lb_buf out, err; /* captured stdout/stderr; .truncated says if cut */
     int64_t duration_ms;
 };
 

@@ -18,9 +18,9 @@ int route_readyz(struct lb_request *req, struct lb_error *err)
     struct lb_app *app = http_app(req);
 
     if (!atomic_load(&app->ready) || lend_is_draining(app->lend))
-        return lb_error_set(err, -ESHUTDOWN, lend_is_draining(app->lend)
-                                                 ? "the daemon is draining"
-                                                 : "startup reconciliation is not done yet");
+        return lb_error_set(err, -ESHUTDOWN,
+                            lend_is_draining(app->lend) ? "the daemon is draining"
+                                                        : "startup reconciliation is not done yet");
     http_respond_json(req, 200, json_pack("{s:s}", "status", "ready"));
     return 0;
 }

@@ -36,8 +36,8 @@ const struct lb_route lb_routes[] = {
     {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL},
 };
 
-int routes_authorize(void *app, const char *token, enum lb_auth_need need,
-                     const char *sandbox_id, enum lb_principal *who, struct lb_error *err)
+int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
+                     enum lb_principal *who, struct lb_error *err)
 {
     return lend_authorize(((struct lb_app *)app)->lend, token, need, sandbox_id, who, err);
 }

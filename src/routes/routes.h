@@ -20,7 +20,7 @@
 struct lb_app {
     struct lb_lend *lend;
     struct lb_pool *pool;
-    atomic_bool ready;          /* startup reconciliation done and not draining */
+    atomic_bool ready; /* startup reconciliation done and not draining */
     int64_t max_exec_timeout_s;
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
@@ -30,8 +30,8 @@ struct lb_app {
 extern const struct lb_route lb_routes[];
 
 /* The authorize hook for http_start; app is a struct lb_app. */
-int routes_authorize(void *app, const char *token, enum lb_auth_need need,
-                     const char *sandbox_id, enum lb_principal *who, struct lb_error *err);
+int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
+                     enum lb_principal *who, struct lb_error *err);
 
 /* --- shared by the route files --- */
 

@@ -128,10 +128,10 @@ static int exec_parse_argv(json_t *body, struct exec_job *j, struct lb_error *er
 
 static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, struct lb_error *err)
 {
-    static const char *const fields[] = {"command", "argv",     "cwd",
-                                         "env",     "user",     "stdin",
-                                         "timeout_s", "preserve_background_services",
-                                         "encoding", NULL};
+    static const char *const fields[] = {
+        "command",  "argv",  "cwd",       "env",
+        "user",     "stdin", "timeout_s", "preserve_background_services",
+        "encoding", NULL};
     json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
     json_t *in = json_object_get(body, "stdin"), *timeout = json_object_get(body, "timeout_s");
     json_t *keep = json_object_get(body, "preserve_background_services");

@@ -126,10 +126,10 @@ static int seed_parse_network(json_t *net, struct lb_error *err)
     access = json_object_get(net, "access");
     model = json_object_get(net, "model_server");
     tools = json_object_get(net, "tool_servers");
-    if (access && (!json_is_string(access) ||
-                   (strcmp(json_string_value(access), "inherit") &&
-                    strcmp(json_string_value(access), "model_only") &&
-                    strcmp(json_string_value(access), "model_and_tools"))))
+    if (access &&
+        (!json_is_string(access) || (strcmp(json_string_value(access), "inherit") &&
+                                     strcmp(json_string_value(access), "model_only") &&
+                                     strcmp(json_string_value(access), "model_and_tools"))))
         return lb_error_set(err, -EINVAL,
                             "'network.access' must be inherit, model_only or model_and_tools");
     if (model && !json_is_null(model) && !json_is_string(model))
@@ -147,7 +147,7 @@ static int seed_parse_network(json_t *net, struct lb_error *err)
 
 static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error *err)
 {
-    static const char *const fields[] = {"task_id", "files",   "image",   "env",    "ttl_s",
+    static const char *const fields[] = {"task_id",   "files",   "image",  "env", "ttl_s",
                                          "resources", "network", "labels", NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");

@@ -43,21 +43,21 @@ int store_state_parse(const char *name, enum lb_record_state *out);
 #define LB_TOKEN_HASH_HEX 64
 
 struct lb_record {
-    char id[LB_ID_MAX];          /* "sbx-..." */
-    char *rsid;                  /* resources session id; NULL for a sandbox lent to none */
+    char id[LB_ID_MAX]; /* "sbx-..." */
+    char *rsid;         /* resources session id; NULL for a sandbox lent to none */
     char *task_id;
-    char *provider;              /* provider name */
+    char *provider; /* provider name */
     enum lb_record_state state;
-    char *spec_json;             /* the seed's spec as stored (image, workdir, env, ...) */
-    char *descriptor_json;       /* provider descriptor, NULL until create returned */
+    char *spec_json;       /* the seed's spec as stored (image, workdir, env, ...) */
+    char *descriptor_json; /* provider descriptor, NULL until create returned */
     char token_hash[LB_TOKEN_HASH_HEX + 1]; /* hex SHA-256 of the operate token, or "" */
     int64_t created_at;
-    int64_t expires_at;          /* 0: no TTL */
+    int64_t expires_at; /* 0: no TTL */
     int64_t updated_at;
     int stop_attempts;
-    int64_t next_attempt_at;     /* 0: no retry scheduled */
-    char *last_error;            /* NULL or the last stop failure */
-    char *stop_reason;           /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted */
+    int64_t next_attempt_at; /* 0: no retry scheduled */
+    char *last_error;        /* NULL or the last stop failure */
+    char *stop_reason;       /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted */
 };
 
 /* Free the strings a record holds (not the struct); safe on a zeroed record. */
@@ -88,14 +88,14 @@ int store_get_by_token_hash(struct lb_store *st, const char *token_hash, struct 
                             struct lb_error *err);
 
 struct lb_record_filter {
-    const char *rsid;            /* NULL: any session */
-    int state;                   /* -1: any; else an enum lb_record_state */
-    bool live_only;              /* only starting, lent */
-    bool pending_stop_only;      /* only stopping, failed_seed, stop_failed */
-    bool due_only;               /* with pending_stop_only: next_attempt_at <= now_s */
-    bool expired_only;           /* only lent with 0 < expires_at <= now_s */
+    const char *rsid;       /* NULL: any session */
+    int state;              /* -1: any; else an enum lb_record_state */
+    bool live_only;         /* only starting, lent */
+    bool pending_stop_only; /* only stopping, failed_seed, stop_failed */
+    bool due_only;          /* with pending_stop_only: next_attempt_at <= now_s */
+    bool expired_only;      /* only lent with 0 < expires_at <= now_s */
     int64_t now_s;
-    size_t limit;                /* 0: no limit */
+    size_t limit; /* 0: no limit */
 };
 
 /* Records matching filter, oldest first. *out is a malloc'd array of *n_out records the caller
@@ -128,8 +128,7 @@ int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t 
 /* A stop failed: -> state (LB_STATE_FAILED_SEED or LB_STATE_STOP_FAILED), stop_attempts+1,
  * last_error, next_attempt_at. */
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
-                           const char *last_error, int64_t next_attempt_at,
-                           struct lb_error *err);
+                           const char *last_error, int64_t next_attempt_at, struct lb_error *err);
 
 /* Count records by state: counts[i] for every enum lb_record_state i (array of 6). */
 int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err);

@@ -22,9 +22,18 @@ struct config_key {
     int64_t min, max;
 };
 
-#define STR(sec, k, field, d) {sec, k, CT_STR, offsetof(struct lb_config, field), d, 0, 0}
-#define INT(sec, k, field, d, lo, hi) {sec, k, CT_INT, offsetof(struct lb_config, field), d, lo, hi}
-#define BOOL(sec, k, field, d) {sec, k, CT_BOOL, offsetof(struct lb_config, field), d, 0, 1}
+#define STR(sec, k, field, d)                                                                      \
+    {                                                                                              \
+        sec, k, CT_STR, offsetof(struct lb_config, field), d, 0, 0                                 \
+    }
+#define INT(sec, k, field, d, lo, hi)                                                              \
+    {                                                                                              \
+        sec, k, CT_INT, offsetof(struct lb_config, field), d, lo, hi                               \
+    }
+#define BOOL(sec, k, field, d)                                                                     \
+    {                                                                                              \
+        sec, k, CT_BOOL, offsetof(struct lb_config, field), d, 0, 1                                \
+    }
 
 static const struct config_key config_keys[] = {
     STR("server", "listen", listen, "127.0.0.1:8787"),
@@ -92,9 +101,8 @@ static int config_apply(struct lb_config *cfg, const struct config_key *k, const
         v = strtoll(value, &end, 10);
         if (errno || end == value || *end != '\0' || v < k->min || v > k->max)
             return lb_error_set(err, -EINVAL,
-                                "%s.%s must be an integer from %lld to %lld, not '%s'",
-                                k->section, k->key, (long long)k->min, (long long)k->max,
-                                value);
+                                "%s.%s must be an integer from %lld to %lld, not '%s'", k->section,
+                                k->key, (long long)k->min, (long long)k->max, value);
         *(int64_t *)(void *)base = v;
         return 0;
     }
@@ -102,8 +110,8 @@ static int config_apply(struct lb_config *cfg, const struct config_key *k, const
         if (!strcasecmp(value, "yes") || !strcasecmp(value, "true") || !strcmp(value, "1") ||
             !strcasecmp(value, "on"))
             *(bool *)(void *)base = true;
-        else if (!strcasecmp(value, "no") || !strcasecmp(value, "false") ||
-                 !strcmp(value, "0") || !strcasecmp(value, "off"))
+        else if (!strcasecmp(value, "no") || !strcasecmp(value, "false") || !strcmp(value, "0") ||
+                 !strcasecmp(value, "off"))
             *(bool *)(void *)base = false;
         else
             return lb_error_set(err, -EINVAL, "%s.%s must be yes or no, not '%s'", k->section,
@@ -157,8 +165,7 @@ struct config_load_ctx {
     int r;
 };
 
-static int config_ini_handler(void *user, const char *section, const char *name,
-                              const char *value)
+static int config_ini_handler(void *user, const char *section, const char *name, const char *value)
 {
     struct config_load_ctx *ctx = user;
     int r = config_set(ctx->cfg, section, name, value, ctx->err);

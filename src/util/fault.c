@@ -14,7 +14,7 @@ enum fault_action { FAULT_FAIL, FAULT_HANG, FAULT_DELAY };
 struct fault_rule {
     char op[64];
     enum fault_action action;
-    long arg;       /* fail: remaining count (-1 = always); delay: ms */
+    long arg; /* fail: remaining count (-1 = always); delay: ms */
 };
 
 #define FAULT_MAX_RULES 32

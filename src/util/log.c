@@ -19,8 +19,11 @@ int log_parse_level(const char *name, enum lb_log_level *out)
     static const struct {
         const char *name;
         enum lb_log_level level;
-    } names[] = {{"error", LB_LOG_ERROR}, {"warn", LB_LOG_WARN},   {"warning", LB_LOG_WARN},
-                 {"info", LB_LOG_INFO},   {"debug", LB_LOG_DEBUG}};
+    } names[] = {{"error", LB_LOG_ERROR},
+                 {"warn", LB_LOG_WARN},
+                 {"warning", LB_LOG_WARN},
+                 {"info", LB_LOG_INFO},
+                 {"debug", LB_LOG_DEBUG}};
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcasecmp(name, names[i].name) == 0) {
@@ -65,9 +68,10 @@ void lb_log(enum lb_log_level level, const char *fmt, ...)
 
         clock_gettime(CLOCK_REALTIME, &ts);
         gmtime_r(&ts.tv_sec, &tm);
-        n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s lendboxd: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, names[level & 7]);
+        n = snprintf(line, sizeof(line),
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s lendboxd: ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level & 7]);
     }
     va_start(ap, fmt);
     n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);

@@ -35,8 +35,7 @@ static const struct {
     [LB_M_SWEEPS] = {"lendbox_sweeps_total", NULL, "Sweeper passes (retries, TTL, purge)."},
     [LB_M_SWEEP_LAST_MS] = {"lendbox_sweep_last_duration_ms", NULL,
                             "Duration of the last sweeper pass.", true},
-    [LB_M_STOPS_IN_FLIGHT] = {"lendbox_stops_in_flight", NULL, "Provider stops running now.",
-                              true},
+    [LB_M_STOPS_IN_FLIGHT] = {"lendbox_stops_in_flight", NULL, "Provider stops running now.", true},
     [LB_M_STOPS_IN_FLIGHT_MAX] = {"lendbox_stops_in_flight_max", NULL,
                                   "Most provider stops ever in flight at once.", true},
     [LB_M_SHUTDOWN_SWEEP_MS] = {"lendbox_shutdown_sweep_duration_ms", NULL,
@@ -46,8 +45,8 @@ static const struct {
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];
 
 /* Bucket upper bounds in milliseconds; the last bucket is +Inf. */
-static const int64_t bucket_ms[] = {1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000,
-                                    30000, 60000, 300000};
+static const int64_t bucket_ms[] = {1,   2,    5,    10,   25,    50,    100,   250,
+                                    500, 1000, 2500, 5000, 10000, 30000, 60000, 300000};
 #define N_BUCKETS (sizeof(bucket_ms) / sizeof(bucket_ms[0]) + 1)
 
 struct route_hist {
@@ -103,9 +102,8 @@ int metrics_route_register(const char *label)
 
 void metrics_observe_request(int route, int64_t duration_ms)
 {
-    struct route_hist *h = &routes[route >= 0 && route < LB_METRICS_MAX_ROUTES
-                                       ? route
-                                       : LB_METRICS_MAX_ROUTES];
+    struct route_hist *h =
+        &routes[route >= 0 && route < LB_METRICS_MAX_ROUTES ? route : LB_METRICS_MAX_ROUTES];
     size_t b = 0;
 
     while (b < N_BUCKETS - 1 && duration_ms > bucket_ms[b])
@@ -142,11 +140,10 @@ int metrics_render(struct lb_buf *out)
                                counter_info[c].help, counter_info[c].name,
                                counter_info[c].gauge ? "gauge" : "counter");
         if (r == 0)
-            r = metrics_printf(out, "%s%s%s%s %llu\n", counter_info[c].name,
-                               counter_info[c].labels ? "{" : "",
-                               counter_info[c].labels ? counter_info[c].labels : "",
-                               counter_info[c].labels ? "}" : "",
-                               (unsigned long long)atomic_load(&counters[c]));
+            r = metrics_printf(
+                out, "%s%s%s%s %llu\n", counter_info[c].name, counter_info[c].labels ? "{" : "",
+                counter_info[c].labels ? counter_info[c].labels : "",
+                counter_info[c].labels ? "}" : "", (unsigned long long)atomic_load(&counters[c]));
     }
     if (r == 0)
         r = metrics_printf(out, "# HELP lendbox_http_request_duration_seconds Request latency by "

@@ -64,8 +64,7 @@ void token_sha256_hex(const void *data, size_t len, char out[LB_SHA256_HEX + 1])
     token_hex(md, sizeof(md), out);
 }
 
-int token_hmac_hex(const void *key, size_t key_len, const char *msg,
-                   char out[LB_SHA256_HEX + 1])
+int token_hmac_hex(const void *key, size_t key_len, const char *msg, char out[LB_SHA256_HEX + 1])
 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int md_len = 0;
@@ -134,8 +133,7 @@ int token_base64_encode(const void *data, size_t len, char **out, size_t *out_le
     return 0;
 }
 
-int token_base64_decode(const char *text, size_t text_len, unsigned char **out,
-                        size_t *out_len)
+int token_base64_decode(const char *text, size_t text_len, unsigned char **out, size_t *out_len)
 {
     unsigned char *p;
     size_t pad = 0;

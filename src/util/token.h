@@ -20,8 +20,7 @@ int token_random_hex(size_t n_bytes, char *out);
 void token_sha256_hex(const void *data, size_t len, char out[LB_SHA256_HEX + 1]);
 
 /* Hex HMAC-SHA-256 of msg under key (out: LB_SHA256_HEX + 1). 0 or -EIO. */
-int token_hmac_hex(const void *key, size_t key_len, const char *msg,
-                   char out[LB_SHA256_HEX + 1]);
+int token_hmac_hex(const void *key, size_t key_len, const char *msg, char out[LB_SHA256_HEX + 1]);
 
 /* Constant-time equality of two NUL-terminated strings of equal length (unequal lengths are
  * unequal, and that is the only thing the timing may tell). */
@@ -35,7 +34,6 @@ int token_new_sandbox_id(char out[31]);
 int token_base64_encode(const void *data, size_t len, char **out, size_t *out_len);
 /* Decode standard base64 (padding required, no whitespace). -EINVAL if malformed. The result
  * is malloc'd (caller frees). */
-int token_base64_decode(const char *text, size_t text_len, unsigned char **out,
-                        size_t *out_len);
+int token_base64_decode(const char *text, size_t text_len, unsigned char **out, size_t *out_len);
 
 #endif

@@ -814,8 +814,7 @@ json_t *lbt_find_record(json_t *sandboxes, const char *id)
     size_t i;
     json_t *v;
 
-    json_array_foreach(sandboxes, i, v)
-    {
+    json_array_foreach(sandboxes, i, v) {
         const char *sid = json_string_value(json_object_get(v, "sandbox_id"));
 
         if (sid && !strcmp(sid, id))
@@ -830,8 +829,7 @@ int lbt_count_records_of_session(json_t *sandboxes, const char *rsid)
     json_t *v;
     int n = 0;
 
-    json_array_foreach(sandboxes, i, v)
-    {
+    json_array_foreach(sandboxes, i, v) {
         const char *s = json_string_value(json_object_get(v, "resources_session_id"));
 
         if (s && !strcmp(s, rsid))

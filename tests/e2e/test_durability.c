@@ -92,8 +92,8 @@ static void dur_cleanup(struct dur *x)
 
     lbt_daemon_cleanup(&x->d);
     /* the test's own cgroup parent, now empty */
-    snprintf(cmd, sizeof(cmd), "rmdir /sys/fs/cgroup/*/%s /sys/fs/cgroup/%s 2>/dev/null",
-             x->cgroup, x->cgroup);
+    snprintf(cmd, sizeof(cmd), "rmdir /sys/fs/cgroup/*/%s /sys/fs/cgroup/%s 2>/dev/null", x->cgroup,
+             x->cgroup);
     (void)!system(cmd);
 }
 
@@ -156,7 +156,8 @@ START_TEST(test_stop_retried_by_sweeper)
 {
     static const char *const extra[] = {"--set", "faults.spec=provider.stop=fail:2",
                                         "--set", "lending.retry_base_s=1",
-                                        "--set", "lending.retry_max_s=1", NULL};
+                                        "--set", "lending.retry_max_s=1",
+                                        NULL};
     struct dur x;
     struct lbt_resp r;
     json_t *lease, *rec;
@@ -174,8 +175,8 @@ START_TEST(test_stop_retried_by_sweeper)
     rec = dur_record(&x, id);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stop_failed");
     ck_assert_int_eq(json_integer_value(json_object_get(rec, "stop_attempts")), 1);
-    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(rec, "last_error")),
-                                 "injected fault"));
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(rec, "last_error")), "injected fault"));
     ck_assert(json_is_string(json_object_get(rec, "next_attempt_at")));
     ck_assert_int_gt(lbt_count_live_procs_of_uid(uid), 0); /* kept, not abandoned */
     json_decref(rec);
@@ -198,8 +199,8 @@ END_TEST
 START_TEST(test_failed_seed_retried_before_new_start)
 {
     /* the retry loop is kept out of the way (1 h backoff) so the seeds do the retries */
-    static const char *const extra[] = {"--set", "faults.spec=provider.stop=fail:2",
-                                        "--set", "lending.retry_base_s=3600", NULL};
+    static const char *const extra[] = {"--set", "faults.spec=provider.stop=fail:2", "--set",
+                                        "lending.retry_base_s=3600", NULL};
     struct dur x;
     struct lbt_resp r;
     json_t *all, *rec;
@@ -278,8 +279,8 @@ START_TEST(test_disconnect_during_slow_seed)
     /* the seed ran to its end: lent and recorded, with the one running sandbox */
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "lent");
     ck_assert_int_eq(dur_sandbox_dirs(&x), 1);
-    ck_assert_int_gt(lbt_count_live_procs_of_uid(
-                         lbt_sandbox_uid(&x.d, json_string_value(json_object_get(rec, "sandbox_id")))),
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(lbt_sandbox_uid(
+                         &x.d, json_string_value(json_object_get(rec, "sandbox_id")))),
                      0);
     json_decref(all);
     dur_cleanup(&x);
@@ -432,8 +433,9 @@ START_TEST(test_sigterm_sweep_bounded)
     t0 = lbt_now();
     ck_assert_int_eq(lbt_daemon_stop(&x.d), 0); /* SIGTERM; exit status 0 */
     ck_assert_double_lt(lbt_now() - t0, 120.0); /* within the stop bound */
-    snprintf(cmd, sizeof(cmd), "grep -o 'shutdown sweep: [0-9]* sandboxes, [0-9]* failed, at most "
-                               "[0-9]* stops' '%s' | tail -1",
+    snprintf(cmd, sizeof(cmd),
+             "grep -o 'shutdown sweep: [0-9]* sandboxes, [0-9]* failed, at most "
+             "[0-9]* stops' '%s' | tail -1",
              x.d.log_path);
     p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
@@ -596,9 +598,9 @@ START_TEST(test_sighup_reloads_faults)
     lbt_sleep_ms(300);
     lbt_json(&x.d, "POST", "/v1/sessions/hup-2/seed", "", "{\"task_id\":\"t\"}", &r);
     lbt_assert_error(&r, 502, "provider_error");
-    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(
-                                     json_object_get(r.json, "error"), "message")),
-                                 "injected fault"));
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),
+               "injected fault"));
     lbt_resp_free(&r);
     write_conf(conf, "[server]\nlog_level = debug\n");
     kill(x.d.pid, SIGHUP);
@@ -634,8 +636,9 @@ START_TEST(test_release_after_exec_helper_killed)
         int pid;
 
         lbt_sleep_ms(50);
-        snprintf(cmd, sizeof(cmd), "ps -eo pid=,uid=,comm= | awk '$2 == %u && $3 == \"lendboxd\" "
-                                   "{ print $1 }'",
+        snprintf(cmd, sizeof(cmd),
+                 "ps -eo pid=,uid=,comm= | awk '$2 == %u && $3 == \"lendboxd\" "
+                 "{ print $1 }'",
                  (unsigned)uid);
         p = popen(cmd, "r");
         while (p && fscanf(p, "%d", &pid) == 1)

@@ -163,8 +163,7 @@ START_TEST(test_release)
     json_t *cg_dirs = json_object_get(json_object_get(desc, "cgroup"), "dirs");
     size_t i;
     json_t *v;
-    json_array_foreach(cg_dirs, i, v)
-    {
+    json_array_foreach(cg_dirs, i, v) {
         ck_assert_msg(lbt_path_exists(json_string_value(v)), "cgroup %s missing",
                       json_string_value(v));
     }
@@ -296,8 +295,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
     /* the sandbox that was started for it is recorded as stopped, seed_failed */
     list = lbt_list_sandboxes(&D);
     ck_assert_int_eq(lbt_count_records_of_session(list, rsid), 1);
-    json_array_foreach(list, i, v)
-    {
+    json_array_foreach(list, i, v) {
         const char *s = json_string_value(json_object_get(v, "resources_session_id"));
         if (s && !strcmp(s, rsid))
             rec = v;

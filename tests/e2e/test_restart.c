@@ -101,8 +101,7 @@ START_TEST(test_kill_and_restart)
     for (int k = 0; k < N; k++) {
         bool found = false;
 
-        json_array_foreach(sessions, i, v)
-        {
+        json_array_foreach(sessions, i, v) {
             if (!strcmp(json_string_value(json_object_get(v, "resources_session_id")), rsids[k])) {
                 ck_assert_str_eq(json_string_value(json_object_get(v, "sandbox_id")), ids[k]);
                 ck_assert_str_eq(json_string_value(json_object_get(v, "state")), "lent");

@@ -85,8 +85,7 @@ static void stop_all(struct lb_provider *p)
 
     if (provider_list(p, &all, NULL) < 0)
         return;
-    json_array_foreach(all, i, item)
-    {
+    json_array_foreach(all, i, item) {
         struct lb_sandbox_ref ref = {.id = json_string_value(json_object_get(item, "sandbox_id"))};
 
         (void)provider_stop(p, &ref, 10000, NULL);
@@ -716,8 +715,7 @@ START_TEST(test_stop)
     sbx_stop(&s);
     ck_assert_int_eq(count_uid_procs(s.uid, NULL), 0);
     ck_assert(!path_exists(dir));
-    json_array_foreach(dirs, i, v)
-    {
+    json_array_foreach(dirs, i, v) {
         ck_assert_msg(!path_exists(json_string_value(v)), "cgroup %s left", json_string_value(v));
     }
     /* idempotent, and gone means gone */
@@ -756,8 +754,7 @@ START_TEST(test_restart_adopts)
     provider_destroy(prov);
     prov = second = new_provider();
     ck_assert_int_eq(provider_list(prov, &all, &err), 0);
-    json_array_foreach(all, i, item)
-    {
+    json_array_foreach(all, i, item) {
         if (strcmp(json_string_value(json_object_get(item, "sandbox_id")), s.id) == 0) {
             found = true;
             ck_assert(json_equal(json_object_get(item, "descriptor"), s.desc));
@@ -834,8 +831,7 @@ START_TEST(test_limits)
     sbx_create_spec(&s, &spec);
     dirs = json_object_get(json_object_get(s.desc, "cgroup"), "dirs");
     ck_assert_uint_gt(json_array_size(dirs), 0);
-    json_array_foreach(dirs, i, v)
-    {
+    json_array_foreach(dirs, i, v) {
         char path[512], buf[64] = "";
         int fd;
 
@@ -849,8 +845,7 @@ START_TEST(test_limits)
         saw_pids = true;
     }
     ck_assert(saw_pids);
-    json_array_foreach(dirs, i, v)
-    {
+    json_array_foreach(dirs, i, v) {
         char path[512], buf[64] = "";
         int fd;
 

@@ -57,13 +57,13 @@ static void check_sanitize(const char *in, size_t n, const char *want)
 START_TEST(test_utf8)
 {
     check_sanitize("plain", 5, "plain");
-    check_sanitize("h\xc3\xa9llo", 6, "h\xc3\xa9llo");                /* é stays */
-    check_sanitize("\xff\xfeok", 4, "\xef\xbf\xbd\xef\xbf\xbdok");    /* two bad bytes */
-    check_sanitize("\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd");        /* overlong */
+    check_sanitize("h\xc3\xa9llo", 6, "h\xc3\xa9llo");                         /* é stays */
+    check_sanitize("\xff\xfeok", 4, "\xef\xbf\xbd\xef\xbf\xbdok");             /* two bad bytes */
+    check_sanitize("\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd");                 /* overlong */
     check_sanitize("\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"); /* surrogate */
-    check_sanitize("a\xe2\x82", 3, "a\xef\xbf\xbd");                  /* cut at the end */
-    check_sanitize("\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80");         /* emoji */
-    check_sanitize_n("a\0b", 3, "a\0b", 3);                           /* NUL is valid */
+    check_sanitize("a\xe2\x82", 3, "a\xef\xbf\xbd");                           /* cut at the end */
+    check_sanitize("\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80");                 /* emoji */
+    check_sanitize_n("a\0b", 3, "a\0b", 3);                                    /* NUL is valid */
 }
 END_TEST
 
