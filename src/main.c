@@ -237,7 +237,7 @@ int main(int argc, char **argv)
     struct lb_provider *prov = NULL;
     struct lb_lend *lend = NULL;
     struct lb_activations *acts = NULL;
-    struct lb_pool *pool = NULL;
+    struct lb_pool *pool = NULL, *control_pool = NULL;
     struct lb_http *http = NULL;
     struct lb_app app = {0};
     struct sweeper sw = {.mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -425,7 +425,9 @@ int main(int argc, char **argv)
     }
 
     /* Workers and HTTP. Readiness stays 503 until reconciliation is done. */
-    if (pool_new((size_t)cfg.workers, (size_t)cfg.queue_max, &pool) < 0) {
+    if (pool_new((size_t)cfg.workers, (size_t)cfg.queue_max, &pool) < 0 ||
+        pool_new((size_t)(cfg.workers / 4 > 4 ? cfg.workers / 4 : 4), (size_t)cfg.queue_max,
+                 &control_pool) < 0) {
         lb_error_set(&err, -ENOMEM, "cannot start %lld workers", (long long)cfg.workers);
         goto fail;
     }
@@ -452,6 +454,7 @@ int main(int argc, char **argv)
         .authorize = routes_authorize,
         .app = &app,
         .pool = pool,
+        .control_pool = control_pool,
     };
     struct lb_lend_config lcfg = {
         .stop_timeout_s = cfg.stop_timeout_s,
@@ -541,6 +544,7 @@ int main(int argc, char **argv)
         pthread_join(sw.thread, NULL);
     }
     pool_stop(pool); /* in-flight requests finish */
+    pool_stop(control_pool);
     if (cfg.shutdown_sweep) {
         int failed = lend_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
 
@@ -557,6 +561,7 @@ fail:
 out:
     http_stop(http);
     pool_destroy(pool);
+    pool_destroy(control_pool);
     activations_free(acts);
     lend_free(lend);
     provider_destroy(prov);

@@ -567,7 +567,9 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
     /* Suspend first: the job may finish (and resume) before pool_submit returns. */
     MHD_suspend_connection(req->conn);
     req->phase = PHASE_DEFERRED;
-    r = pool_submit(req->http->cfg.pool, http_job_run, req);
+    r = pool_submit(req->route->control && req->http->cfg.control_pool ? req->http->cfg.control_pool
+                                                                       : req->http->cfg.pool,
+                    http_job_run, req);
     if (r < 0) {
         req->phase = PHASE_BODY;
         req->job_arg = NULL;

@@ -47,6 +47,8 @@ struct lb_route {
      * and return 0; or return a negative errno (message in err) for a JSON error response. */
     int (*handle)(struct lb_request *req, struct lb_error *err);
     const char *name; /* metrics label */
+    bool control;     /* lifecycle work (seed, release, close, delete): runs on the control
+                       * pool, so long execs holding every worker cannot hold up a stop */
 };
 
 /* The app decides who a bearer token is. Return 0 and set *who, or -ENOKEY (401: missing or
@@ -66,7 +68,8 @@ struct lb_http_config {
     const struct lb_route *routes; /* terminated by a route with method NULL */
     lb_authorize_fn authorize;
     void *app;
-    struct lb_pool *pool;
+    struct lb_pool *pool;         /* deferred work */
+    struct lb_pool *control_pool; /* deferred work of control routes; NULL: pool */
 };
 
 /* Make the listening socket for listen ("HOST:PORT": IPv4, [IPv6] or a name; port 0 picks a

@@ -661,6 +661,43 @@ START_TEST(test_release_after_exec_helper_killed)
 }
 END_TEST
 
+/* --- execs holding every worker do not hold up a release (control routes have their own
+ * workers) --- */
+START_TEST(test_release_not_starved_by_execs)
+{
+    static const char *const extra[] = {"--set", "server.workers=2", NULL};
+    struct dur x;
+    json_t *busy, *other;
+    struct lbt_async *a[3];
+    struct lbt_resp r;
+    char path[128];
+    double t0;
+
+    dur_start(&x, 0, extra);
+    busy = lbt_seed(&x.d, "busy-1", "t", NULL);
+    other = lbt_seed(&x.d, "other-1", "t", NULL);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
+             json_string_value(json_object_get(busy, "sandbox_id")));
+    for (int i = 0; i < 3; i++) /* two hold both workers, one waits in the queue */
+        a[i] = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 6\"}");
+    lbt_sleep_ms(500);
+    t0 = lbt_now();
+    lbt_json(&x.d, "POST", "/v1/sessions/other-1/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(json_is_true(json_object_get(r.json, "released")));
+    lbt_resp_free(&r);
+    ck_assert_double_lt(lbt_now() - t0, 4.0); /* not after the 6 s execs */
+    for (int i = 0; i < 3; i++) {
+        lbt_async_join(a[i], &r);
+        ck_assert_int_eq(r.status, 200);
+        lbt_resp_free(&r);
+    }
+    json_decref(busy);
+    json_decref(other);
+    dur_cleanup(&x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("durability");
@@ -680,6 +717,7 @@ int main(void)
     tcase_add_test(tc, test_two_daemons_isolated);
     tcase_add_test(tc, test_sighup_reloads_faults);
     tcase_add_test(tc, test_release_after_exec_helper_killed);
+    tcase_add_test(tc, test_release_not_starved_by_execs);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
