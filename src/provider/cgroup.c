@@ -355,6 +355,13 @@ int cgroup_create(const struct lb_cgroup_host *h, const char *id, const struct l
     for (i = 0; i < h->nbase; i++) {
         char dir[4352];
 
+        /* v1: a memory or cpu cgroup only when that limit is asked for. Every exec moves its
+         * process into each of the sandbox's cgroups, and each v1 move waits for an RCU grace
+         * period: fewer hierarchies, faster execs. (pids and freezer are always needed.) */
+        if (h->version == 1 && h->ctrl[i] &&
+            ((!strcmp(h->ctrl[i], "memory") && res->memory_mib <= 0) ||
+             (!strcmp(h->ctrl[i], "cpu") && res->cpu <= 0)))
+            continue;
         r = mkdir_p(h->base[i]);
         if (r == 0 && h->version == 2)
             v2_enable_controllers(h->base[i]);
