@@ -571,56 +571,67 @@ static bool lbt_proc_uid(const char *pid, uid_t *uid)
     return true;
 }
 
-int lbt_count_procs_of_uid(uid_t uid)
+/* How many /proc entries match(pid, ctx). */
+static int lbt_count_procs_where(bool (*match)(const char *pid, const void *ctx), const void *ctx)
 {
     DIR *dir = opendir("/proc");
     struct dirent *e;
     int n = 0;
 
     ck_assert_ptr_nonnull(dir);
-    while ((e = readdir(dir))) {
-        uid_t u;
-
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        if (lbt_proc_uid(e->d_name, &u) && u == uid)
+    while ((e = readdir(dir)))
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && match(e->d_name, ctx))
             n++;
-    }
     closedir(dir);
     return n;
 }
 
+/* The command line of pid, arguments joined by spaces, into buf; false if unreadable/empty. */
+static bool lbt_proc_cmdline(const char *pid, char *buf, size_t size)
+{
+    char path[300];
+    ssize_t len;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%s/cmdline", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    len = read(fd, buf, size - 1);
+    close(fd);
+    while (len > 0 && buf[len - 1] == '\0')
+        len--;
+    if (len <= 0)
+        return false;
+    for (ssize_t i = 0; i < len; i++)
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    buf[len] = '\0';
+    return true;
+}
+
+static bool lbt_match_uid(const char *pid, const void *ctx)
+{
+    uid_t u;
+
+    return lbt_proc_uid(pid, &u) && u == *(const uid_t *)ctx;
+}
+
+int lbt_count_procs_of_uid(uid_t uid)
+{
+    return lbt_count_procs_where(lbt_match_uid, &uid);
+}
+
+static bool lbt_match_cmdline_has(const char *pid, const void *ctx)
+{
+    char buf[4096];
+
+    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && strstr(buf, ctx);
+}
+
 int lbt_count_procs_cmdline(const char *needle)
 {
-    DIR *dir = opendir("/proc");
-    struct dirent *e;
-    int n = 0;
-
-    ck_assert_ptr_nonnull(dir);
-    while ((e = readdir(dir))) {
-        char path[300], buf[4096];
-        ssize_t len;
-        int fd;
-
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        len = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        for (ssize_t i = 0; i < len; i++)
-            if (buf[i] == '\0')
-                buf[i] = ' ';
-        buf[len] = '\0';
-        if (strstr(buf, needle))
-            n++;
-    }
-    closedir(dir);
-    return n;
+    return lbt_count_procs_where(lbt_match_cmdline_has, needle);
 }
 
 bool lbt_path_exists(const char *path)
@@ -913,59 +924,29 @@ static bool lbt_proc_status_uid(const char *pid, uid_t *uid, bool *zombie)
     return true;
 }
 
+static bool lbt_match_live_uid(const char *pid, const void *ctx)
+{
+    uid_t u;
+    bool z;
+
+    return lbt_proc_status_uid(pid, &u, &z) && u == *(const uid_t *)ctx && !z;
+}
+
 int lbt_count_live_procs_of_uid(uid_t uid)
 {
-    DIR *dir = opendir("/proc");
-    struct dirent *e;
-    int n = 0;
+    return lbt_count_procs_where(lbt_match_live_uid, &uid);
+}
 
-    ck_assert_ptr_nonnull(dir);
-    while ((e = readdir(dir))) {
-        uid_t u;
-        bool z;
+static bool lbt_match_cmdline_is(const char *pid, const void *ctx)
+{
+    char buf[4096];
 
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        if (lbt_proc_status_uid(e->d_name, &u, &z) && u == uid && !z)
-            n++;
-    }
-    closedir(dir);
-    return n;
+    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, ctx);
 }
 
 int lbt_count_procs_exact(const char *cmdline)
 {
-    DIR *dir = opendir("/proc");
-    struct dirent *e;
-    int n = 0;
-
-    ck_assert_ptr_nonnull(dir);
-    while ((e = readdir(dir))) {
-        char path[300], buf[4096];
-        ssize_t len;
-        int fd;
-
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        len = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        while (len > 0 && buf[len - 1] == '\0')
-            len--;
-        for (ssize_t i = 0; i < len; i++)
-            if (buf[i] == '\0')
-                buf[i] = ' ';
-        buf[len] = '\0';
-        if (!strcmp(buf, cmdline))
-            n++;
-    }
-    closedir(dir);
-    return n;
+    return lbt_count_procs_where(lbt_match_cmdline_is, cmdline);
 }
 
 static int lbt_cmp_uid(const void *a, const void *b)
