@@ -118,13 +118,16 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
 
 /* ---- /proc ---------------------------------------------------------------------------- */
 
-int local_proc_start_time(pid_t pid, uint64_t *start_time)
+/* Fields of /proc/<pid>/stat after the command name (which may hold spaces and ')', so they
+ * start after the last ')'): state (field 3), parent pid (4), start time (22). 0, -ENOENT when
+ * the process is gone, -EIO when the line does not parse. */
+static int proc_stat(pid_t pid, char *state, pid_t *ppid, uint64_t *start_time)
 {
-    char path[64], buf[1024], state;
+    char path[64], buf[1024];
     unsigned long long st;
     const char *p;
     ssize_t n;
-    int fd;
+    int fd, pp;
 
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -135,17 +138,26 @@ int local_proc_start_time(pid_t pid, uint64_t *start_time)
     if (n <= 0)
         return -ENOENT;
     buf[n] = '\0';
-    /* comm may hold spaces and ')'; fields after it start at the last ')' (field 3). */
     p = strrchr(buf, ')');
     if (!p || sscanf(p + 1,
-                     " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
                      "%*d %*d %llu",
-                     &state, &st) != 2)
+                     state, &pp, &st) != 3)
         return -EIO;
-    if (state == 'Z' || state == 'X')
-        return -ENOENT; /* dead, only not yet reaped */
+    *ppid = (pid_t)pp;
     *start_time = st;
     return 0;
+}
+
+int local_proc_start_time(pid_t pid, uint64_t *start_time)
+{
+    char state;
+    pid_t ppid;
+    int r = proc_stat(pid, &state, &ppid, start_time);
+
+    if (r == 0 && (state == 'Z' || state == 'X'))
+        return -ENOENT; /* dead, only not yet reaped */
+    return r;
 }
 
 bool local_desc_alive(const struct local_desc *d)
@@ -217,26 +229,14 @@ static int kill_uid(uint32_t uid)
     return alive;
 }
 
-/* Parent pid of pid from /proc/<pid>/stat, or -1. */
+/* Parent pid of pid (also of a zombie), or -1. */
 static pid_t proc_ppid(pid_t pid)
 {
-    char path[64], buf[512], *close_paren;
-    int fd, ppid = -1;
-    ssize_t n;
+    uint64_t start_time;
+    pid_t ppid;
+    char state;
 
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    close_paren = strrchr(buf, ')');
-    if (!close_paren || sscanf(close_paren + 2, "%*c %d", &ppid) != 1)
-        return -1;
-    return (pid_t)ppid;
+    return proc_stat(pid, &state, &ppid, &start_time) == 0 ? ppid : -1;
 }
 
 /* Reap this process's zombie children that ran as uid (bwrap's monitor process: lendboxd is a

@@ -63,27 +63,17 @@ static void lbt_write_pid_file(const struct lbt_daemon *d)
     }
 }
 
-/* Is pid alive (not a zombie) and a lendboxd on state_dir? */
-static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
+static bool lbt_proc_cmdline(const char *pid, char *buf, size_t size);
+
+/* Is pid a running process (present, and not a zombie)? */
+static bool lbt_pid_live(pid_t pid)
 {
-    char path[64], buf[4096], stat_buf[512];
+    char path[64], buf[512];
+    const char *p;
     ssize_t len;
     int fd;
-    const char *p;
 
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    len = read(fd, stat_buf, sizeof(stat_buf) - 1);
-    close(fd);
-    if (len <= 0)
-        return false;
-    stat_buf[len] = '\0';
-    p = strrchr(stat_buf, ')');
-    if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
-        return false;
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return false;
@@ -91,11 +81,19 @@ static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
     close(fd);
     if (len <= 0)
         return false;
-    for (ssize_t i = 0; i < len; i++)
-        if (buf[i] == '\0')
-            buf[i] = ' ';
     buf[len] = '\0';
-    return strstr(buf, "lendboxd") && strstr(buf, state_dir);
+    p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+/* Is pid alive (not a zombie) and a lendboxd on state_dir? */
+static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
+{
+    char name[32], buf[4096];
+
+    snprintf(name, sizeof(name), "%d", (int)pid);
+    return lbt_pid_live(pid) && lbt_proc_cmdline(name, buf, sizeof(buf)) &&
+           strstr(buf, "lendboxd") && strstr(buf, state_dir);
 }
 
 static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
@@ -249,26 +247,11 @@ void lbt_daemon_restart(struct lbt_daemon *d, const char *const *extra_args)
  * or a zombie. *status gets the wait status when it was reaped here. */
 static bool lbt_pid_ended(pid_t pid, int *status)
 {
-    char path[64], buf[512];
-    const char *p;
-    ssize_t len;
-    int fd;
-
     if (waitpid(pid, status, WNOHANG) == pid)
         return true;
     if (errno != ECHILD)
         return false;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return true;
-    len = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (len <= 0)
-        return true;
-    buf[len] = '\0';
-    p = strrchr(buf, ')');
-    return !p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X';
+    return !lbt_pid_live(pid);
 }
 
 int lbt_daemon_stop(struct lbt_daemon *d)
