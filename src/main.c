@@ -386,8 +386,15 @@ int main(int argc, char **argv)
 
     /* Store, provider. */
     snprintf(path, sizeof(path), "%s/lendbox.db", cfg.state_dir);
-    if (store_open(path, &store, &err) < 0)
+    if (store_open(path, &store, &err) < 0 ||
+        store_reserve_init(store, cfg.store_reserve_mib * 1024 * 1024, &err) < 0)
         goto fail;
+    if (cfg.default_disk_mib > cfg.max_disk_mib) {
+        lb_error_set(&err, -EINVAL,
+                     "limits.default_disk_mib (%lld) is over limits.max_disk_mib (%lld)",
+                     (long long)cfg.default_disk_mib, (long long)cfg.max_disk_mib);
+        goto fail;
+    }
     if (strcmp(cfg.provider, "local") != 0) {
         lb_error_set(&err, -EINVAL, "unknown provider '%s' (this build has: local)", cfg.provider);
         goto fail;
@@ -408,6 +415,8 @@ int main(int argc, char **argv)
         .uid_count = (uint32_t)cfg.uid_count,
         .create_timeout_ms = cfg.create_timeout_s * 1000,
         .tmp_size_mib = cfg.tmp_size_mib,
+        .storage = cfg.storage,
+        .data_dir = cfg.data_dir,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;
@@ -465,6 +474,9 @@ int main(int argc, char **argv)
         .retry_max_s = cfg.retry_max_s,
         .max_sandboxes = cfg.max_sandboxes,
         .default_pids = cfg.default_pids,
+        /* storage dir has no per-sandbox quota: only a seed that asks gets a 422 */
+        .default_disk_mib = strcmp(cfg.storage, "dir") == 0 ? 0 : cfg.default_disk_mib,
+        .max_disk_mib = cfg.max_disk_mib,
         .retention_s = cfg.retention_s,
         .max_output_bytes = (size_t)cfg.max_output_bytes,
         .default_image = cfg.default_image,

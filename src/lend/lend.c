@@ -312,13 +312,13 @@ static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stoppe
 /* ---------- seed ---------- */
 
 static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req,
-                              const char *image)
+                              const char *image, int64_t disk_mib)
 {
     json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir", l->cfg.workdir,
                              "env", req->env, "network", req->network, "labels", req->labels);
 
-    if (spec &&
-        (req->resources.cpu > 0 || req->resources.memory_mib > 0 || req->resources.pids > 0)) {
+    if (spec && (req->resources.cpu > 0 || req->resources.memory_mib > 0 ||
+                 req->resources.pids > 0 || disk_mib > 0)) {
         json_t *res = json_object();
 
         if (req->resources.cpu > 0)
@@ -327,6 +327,8 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
             json_object_set_new(res, "memory_mib", json_integer(req->resources.memory_mib));
         if (req->resources.pids > 0)
             json_object_set_new(res, "pids", json_integer(req->resources.pids));
+        if (disk_mib > 0)
+            json_object_set_new(res, "disk_mib", json_integer(disk_mib));
         json_object_set_new(spec, "resources", res);
     }
     return spec;
@@ -341,6 +343,20 @@ static int lend_check_network(const struct lb_seed_request *req, struct lb_error
         return 0;
     return lb_error_set(err, -EOPNOTSUPP,
                         "network access '%s' cannot be enforced by this provider yet", access);
+}
+
+/* resources.disk_mib: at most max_disk_mib (400), default_disk_mib when unset, so every
+ * sandbox's storage is bounded. */
+static int lend_check_disk(struct lb_lend *l, struct lb_resources *res, struct lb_error *err)
+{
+    if (l->cfg.max_disk_mib > 0 && res->disk_mib > l->cfg.max_disk_mib)
+        return lb_error_set(err, -EINVAL,
+                            "'resources.disk_mib' %lld is over this daemon's limit of %lld "
+                            "(limits.max_disk_mib)",
+                            (long long)res->disk_mib, (long long)l->cfg.max_disk_mib);
+    if (res->disk_mib == 0)
+        res->disk_mib = l->cfg.default_disk_mib;
+    return 0;
 }
 
 /* The part of a seed that starts a new sandbox; the session lock is held. */
@@ -363,6 +379,9 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     if (spec.resources.pids == 0)
         spec.resources.pids = l->cfg.default_pids; /* a fork bomb must not take the host's pids */
+    r = lend_check_disk(l, &spec.resources, err);
+    if (r < 0)
+        goto out;
     if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
         ttl = l->cfg.max_ttl_s;
     r = store_count_live(l->store, &live, err);
@@ -376,7 +395,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = token_new_sandbox_id(rec.id);
     if (r < 0)
         goto out;
-    spec_json = lend_spec_json(l, req, image);
+    spec_json = lend_spec_json(l, req, image, spec.resources.disk_mib);
     spec_text = spec_json ? json_dumps(spec_json, JSON_COMPACT) : NULL;
     if (!spec_text) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -903,6 +922,11 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
     return r < 0 ? r : attempted;
 }
 
+int lend_check_store(struct lb_lend *l, struct lb_error *err)
+{
+    return store_check_writable(l->store, err);
+}
+
 int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
 {
     struct lb_record_filter due = {.state = -1,
@@ -918,6 +942,7 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
 
     if (retried >= 0 && reaped >= 0 && l->cfg.retention_s > 0)
         store_purge_stopped(l->store, clock_now_s() - l->cfg.retention_s, NULL);
+    (void)store_check_writable(l->store, NULL); /* makes a spent space reserve again */
     metrics_add(LB_M_SWEEPS, 1);
     metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
     if (retried < 0)

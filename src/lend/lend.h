@@ -34,7 +34,9 @@ struct lb_lend_config {
     int64_t retry_base_s;
     int64_t retry_max_s;
     int64_t max_sandboxes;
-    int64_t default_pids; /* pids limit for seeds that set none; 0: none */
+    int64_t default_pids;     /* pids limit for seeds that set none; 0: none */
+    int64_t default_disk_mib; /* disk_mib for seeds that set none; 0: none (unenforceable) */
+    int64_t max_disk_mib;     /* largest disk_mib a seed may ask for (400 past it); 0: no cap */
     int64_t retention_s;
     size_t max_output_bytes;
     const char *default_image;
@@ -152,6 +154,10 @@ struct lb_reconcile_stats {
     int orphans_stopped; /* provider sandboxes of this instance with no record */
     int failed;          /* stops that failed again (kept for the retry loop) */
 };
+
+/* Can the store record anything (/readyz)? 0, or -ENOSPC/-EROFS/-EIO with a message (see
+ * store_check_writable). Cheap; thread-safe. */
+int lend_check_store(struct lb_lend *l, struct lb_error *err);
 
 /* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
  * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */

@@ -287,18 +287,24 @@ void local_desc_release(struct local_desc *d)
 static int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
 {
     json_int_t pid = 0, st = 0, uid = 0;
-    const char *workdir = LOCAL_DEFAULT_WORKDIR;
+    const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base;
     json_t *cg = NULL;
     int r;
 
     memset(d, 0, sizeof(*d));
     if (!json_is_object(j) ||
-        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o}", "pid", &pid, "start_time", &st, "uid",
-                    &uid, "workdir", &workdir, "cgroup", &cg) < 0)
+        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s}", "pid", &pid, "start_time", &st, "uid",
+                    &uid, "workdir", &workdir, "cgroup", &cg, "data", &data) < 0)
         return -EINVAL;
     if (pid < 0 || pid > INT_MAX || st < 0 || uid <= 0 || uid > UINT32_MAX ||
         !provider_path_is_valid(workdir) || strlen(workdir) >= sizeof(d->workdir))
         return -EINVAL;
+    /* a data directory is removed at stop: only ever <some dir>/<this id> */
+    if (data && (!provider_path_is_valid(data) || strlen(data) >= sizeof(d->data) ||
+                 !(base = strrchr(data, '/')) || strcmp(base + 1, id) != 0))
+        return -EINVAL;
+    if (data)
+        snprintf(d->data, sizeof(d->data), "%s", data);
     r = cgroup_from_json(cg, id, &d->cg);
     if (r < 0)
         return r;
@@ -318,6 +324,10 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
     o = json_pack("{s:I,s:I,s:I,s:s,s:s,s:o}", "pid", (json_int_t)d->pid, "start_time",
                   (json_int_t)d->start_time, "uid", (json_int_t)d->uid, "dir", dir, "workdir",
                   d->workdir, "cgroup", cg);
+    if (o && d->data[0] && json_object_set_new(o, "data", json_string(d->data)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     if (o && d->pid == 0) {
         /* not started (yet): no pid at all rather than a misleading 0 */
         json_object_del(o, "pid");
@@ -532,6 +542,27 @@ static bool wait_pidfd(int pidfd, int64_t deadline_ms)
     }
 }
 
+/* Remove a storage-dir sandbox's data: the descriptor's directory, and <data_dir>/<id> of the
+ * current configuration (a sandbox that crashed before its descriptor named one). Only runs
+ * once every process of the sandbox is dead. */
+static int remove_data(struct local_provider *lp, const char *id, const struct local_desc *d,
+                       struct lb_error *err)
+{
+    char guess[4352];
+    int r = 0;
+
+    if (d->data[0])
+        r = rmtree(d->data);
+    if (r == 0 && lp->data_dir) {
+        snprintf(guess, sizeof(guess), "%s/%s", lp->data_dir, id);
+        r = rmtree(guess);
+    }
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot remove the data of sandbox '%s': %s", id,
+                            strerror(-r));
+    return 0;
+}
+
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err)
 {
@@ -622,8 +653,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         lb_error_set(err, r, "out of memory");
     if (r < 0)
         goto out;
-    /* 4. the directory, and then the uid is free */
-    if (!has_dir)
+    /* 4. the data directory (storage dir), then the sandbox's directory, and then the uid is
+     * free; in this order, so a sandbox directory outlives what it accounts for */
+    r = remove_data(lp, id, d, err);
+    if (r < 0 || !has_dir)
         goto out;
     r = rmtree(dir);
     if (r < 0) {
@@ -842,6 +875,7 @@ static void local_destroy(struct lb_provider *p)
     free(lp->bwrap_path);
     free(lp->supervise_path);
     free(lp->images_dir);
+    free(lp->data_dir);
     free(lp);
 }
 
@@ -909,6 +943,49 @@ static int check_searchable(const char *path, struct lb_error *err)
     return 0;
 }
 
+/* local.storage and local.data_dir. tmpfs needs nothing on the host. dir makes the data dir
+ * (0711: bwrap, as each sandbox's uid, must reach <data_dir>/<id>; nobody can list it) and
+ * warns when it shares a file system with the state dir. */
+static int setup_storage(struct local_provider *lp, const struct lb_local_config *cfg,
+                         struct lb_error *err)
+{
+    char def[4352], child[4352];
+    struct stat a, b;
+    const char *dir;
+
+    if (!cfg->storage || strcmp(cfg->storage, "tmpfs") == 0) {
+        lp->storage = LOCAL_STORAGE_TMPFS;
+        log_info("local provider: each sandbox's workdir is a tmpfs of its resources.disk_mib");
+        return 0;
+    }
+    if (strcmp(cfg->storage, "dir") != 0)
+        return lb_error_set(err, -EINVAL, "local.storage must be tmpfs or dir, not '%s'",
+                            cfg->storage);
+    lp->storage = LOCAL_STORAGE_DIR;
+    snprintf(def, sizeof(def), "%s/data", lp->state_dir);
+    dir = cfg->data_dir ? cfg->data_dir : def;
+    if (mkdir(dir, 0711) < 0 && errno != EEXIST)
+        return lb_error_set(err, -EREMOTEIO, "cannot make data dir '%s': %s", dir, strerror(errno));
+    lp->data_dir = realpath(dir, NULL);
+    if (!lp->data_dir || strlen(lp->data_dir) > 2048)
+        return lb_error_set(err, -EREMOTEIO,
+                            "cannot resolve data dir '%s' (or it is over 2048 bytes)", dir);
+    if (chmod(lp->data_dir, 0711) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot chmod data dir '%s': %s", lp->data_dir,
+                            strerror(errno));
+    snprintf(child, sizeof(child), "%s/sbx", lp->data_dir);
+    if (check_searchable(child, err) < 0)
+        return -EINVAL;
+    if (stat(lp->state_dir, &a) == 0 && stat(lp->data_dir, &b) == 0 && a.st_dev == b.st_dev)
+        log_warn("local.data_dir '%s' is on the state dir's file system: a sandbox that fills its "
+                 "workdir fills the records' disk too (stops still finish on the store's "
+                 "reserve); give it a file system of its own",
+                 lp->data_dir);
+    log_info("local provider: sandbox workdirs are directories under %s (no per-sandbox quota)",
+             lp->data_dir);
+    return 0;
+}
+
 int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
                        struct lb_error *err)
 {
@@ -973,6 +1050,8 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     r = check_searchable(lp->sandboxes_dir, err);
     if (r == 0)
         r = check_searchable(lp->supervise_path, err);
+    if (r == 0)
+        r = setup_storage(lp, cfg, err);
     if (r < 0)
         goto fail;
     if (cfg->images_dir) {

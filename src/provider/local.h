@@ -5,9 +5,12 @@
  * One sandbox = one bwrap-started init (lendbox-supervise --init, pid 1 of a new pid
  * namespace) in new user, pid, mount, uts, ipc and net namespaces, running as a host uid of
  * its own taken from [uid_base, uid_base + uid_count) (the sandbox's root maps to it, so no
- * sandbox process is ever host root). Its directory <state_dir>/sandboxes/<id>/ holds the
- * writable workspace and descriptor.json. Sandboxes are not tied to the daemon's life: a
- * restarted daemon execs in and stops them through their descriptor (pid + start time).
+ * sandbox process is ever host root). Its directory <state_dir>/sandboxes/<id>/ holds
+ * descriptor.json. Its writable storage never lives on the state dir's file system: the
+ * workdir is a tmpfs of resources.disk_mib inside the sandbox's mount namespace (storage
+ * "tmpfs", the default), or a directory <data_dir>/<id> bind-mounted there (storage "dir").
+ * Sandboxes are not tied to the daemon's life: a restarted daemon execs in and stops them
+ * through their descriptor (pid + start time).
  */
 #ifndef LB_PROVIDER_LOCAL_H
 #define LB_PROVIDER_LOCAL_H
@@ -26,6 +29,8 @@ struct lb_local_config {
     uint32_t uid_count;         /* how many (= max concurrent sandboxes), e.g. 65536 */
     int64_t create_timeout_ms;  /* bound on a sandbox becoming ready; <= 0: 10000 */
     int64_t tmp_size_mib;       /* size of the sandbox's /tmp tmpfs; <= 0: 1024 (/run: 64) */
+    const char *storage;        /* the workdir: "tmpfs" (NULL: the default) or "dir" */
+    const char *data_dir;       /* storage "dir": where workdirs live; NULL: <state_dir>/data */
 };
 
 /* Make a local provider. Checks bwrap and the supervisor exist. *out is owned by the caller

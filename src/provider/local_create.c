@@ -11,10 +11,18 @@
  *
  * fds handed to bwrap: 0 /dev/null, 1 /dev/null, 2 a pipe that captures bwrap's errors,
  * 3 --info-fd (bwrap writes {"child-pid": N}), 4 the ready pipe (the init writes one byte),
- * 5 an O_PATH fd of the workspace (--bind-fd), 6 an O_PATH fd of the supervisor
- * (--ro-bind-fd). bwrap 0.8 still realpath()s /proc/self/fd/N as the sandbox's uid, so the
- * path to the workspace must be searchable by others: the sandbox dir is 0711 and the
- * workspace 0700 (owned by the sandbox's uid), so nobody else can list or enter either.
+ * 5 an O_PATH fd of the workdir's data directory (--bind-fd; storage dir) or /dev/null (storage
+ * tmpfs: unused), 6 an O_PATH fd of the supervisor (--ro-bind-fd). bwrap 0.8 still realpath()s
+ * /proc/self/fd/N as the sandbox's uid, so the path to the data directory must be searchable
+ * by others: the data dir is 0711 and <data_dir>/<id> 0700 (owned by the sandbox's uid), so
+ * nobody else can list or enter either.
+ *
+ * Storage: nothing a sandbox writes lands on the state dir's file system. Every writable
+ * mount is a tmpfs sized from the sandbox's limits (mount_sizes below), made by bwrap inside
+ * the sandbox's mount namespace: the kernel frees it when the namespace dies, a restarted
+ * daemon reaches it through /proc/<init>/root like any other file, and pages a sandbox
+ * process writes are charged to the sandbox's memory cgroup. / and /dev are read-only.
+ * A future writable root layer (an overlay upper dir) belongs on such a sized tmpfs too.
  */
 #include "provider/local_internal.h"
 
@@ -126,13 +134,68 @@ static bool path_is_bound(const char *path, char **names, size_t n)
     return false;
 }
 
+/* ---- sizes of the writable mounts ----
+ *
+ * Every writable mount of a sandbox has a size derived from its limits (docs/operations.md,
+ * "Sandbox storage"). C is resources.disk_mib (storage tmpfs; LOCAL_DEFAULT_DISK_MIB when the
+ * spec sets none), or local.tmp_size_mib with storage dir (whose workdir has no quota):
+ *   workdir   C (storage tmpfs)
+ *   /tmp      min(local.tmp_size_mib, C)
+ *   /run      min(64, C)
+ *   /dev/shm  min(memory_mib, C) when memory_mib is set, else C
+ *   /, /dev   read-only (bwrap's --dev is an unsized tmpfs); the tmpfs hiding the state and
+ *             data dirs is read-only too
+ */
+struct mount_sizes {
+    int64_t workdir_mib, tmp_mib, run_mib, shm_mib;
+};
+
+#define RUN_SIZE_MIB 64
+
+static int64_t min_mib(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static void mount_sizes(const struct local_provider *lp, const struct lb_resources *res,
+                        struct mount_sizes *m)
+{
+    int64_t cap = lp->storage == LOCAL_STORAGE_TMPFS
+                      ? (res->disk_mib > 0 ? res->disk_mib : LOCAL_DEFAULT_DISK_MIB)
+                      : (res->disk_mib > 0 ? res->disk_mib : lp->tmp_size_mib);
+
+    m->workdir_mib = lp->storage == LOCAL_STORAGE_TMPFS ? cap : 0;
+    m->tmp_mib = min_mib(lp->tmp_size_mib, cap);
+    m->run_mib = min_mib(RUN_SIZE_MIB, cap);
+    m->shm_mib = res->memory_mib > 0 ? min_mib(res->memory_mib, cap) : cap;
+}
+
+/* --size BYTES --tmpfs DEST */
+static void add_sized_tmpfs(struct strv *a, const char *dest, int64_t mib)
+{
+    char bytes[32];
+
+    snprintf(bytes, sizeof(bytes), "%lld", (long long)mib * 1024 * 1024);
+    strv_add2(a, "--size", bytes);
+    strv_add2(a, "--tmpfs", dest);
+}
+
+/* Hide a host directory the binds expose (the state dir, the data dir) behind an empty,
+ * read-only tmpfs. */
+static void add_hider(struct strv *a, const char *root, const char *dir, char **names, size_t n)
+{
+    if (dir && strcmp(root, "/") == 0 && path_is_bound(dir, names, n)) {
+        strv_add2(a, "--tmpfs", dir);
+        strv_add2(a, "--remount-ro", dir);
+    }
+}
+
 /* The root filesystem: a tmpfs with every top-level entry of root bound read-only (or
  * recreated as the same symlink), except what the sandbox gets privately. */
-static int add_root(struct strv *a, const char *root, const char *workdir, const char *state_dir,
-                    int64_t tmp_size_mib, struct lb_error *err)
+static int add_root(struct strv *a, const char *root, const char *workdir,
+                    const struct local_provider *lp, const struct mount_sizes *sizes,
+                    struct lb_error *err)
 {
-    char tmp_size[32];
-
     static const char *const skip[] = {"proc", "dev", "tmp", "run", "lost+found"};
     const char *wd_name = top_level_name(workdir);
     char **names = NULL, **nn;
@@ -197,17 +260,17 @@ static int add_root(struct strv *a, const char *root, const char *workdir, const
         }
     }
     strv_add2(a, "--proc", "/proc");
+    /* tmpfs pages the daemon writes (the files API) are not charged to the sandbox's cgroup,
+     * so every writable mount is sized (the kernel default is half the host's RAM); /dev is
+     * bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its own */
     strv_add2(a, "--dev", "/dev");
-    /* tmpfs memory is not charged to the sandbox's cgroup when the daemon writes files there,
-     * so size them (the kernel default is half the host's RAM) */
-    snprintf(tmp_size, sizeof(tmp_size), "%lld", (long long)tmp_size_mib * 1024 * 1024);
-    strv_add2(a, "--size", tmp_size);
-    strv_add2(a, "--tmpfs", "/tmp");
-    strv_add2(a, "--size", "67108864");
-    strv_add2(a, "--tmpfs", "/run");
-    /* hide the daemon's state (tokens, database, other sandboxes) if the binds expose it */
-    if (strcmp(root, "/") == 0 && path_is_bound(state_dir, names, n))
-        strv_add2(a, "--tmpfs", state_dir);
+    strv_add2(a, "--remount-ro", "/dev");
+    add_sized_tmpfs(a, "/dev/shm", sizes->shm_mib);
+    add_sized_tmpfs(a, "/tmp", sizes->tmp_mib);
+    add_sized_tmpfs(a, "/run", sizes->run_mib);
+    /* hide the daemon's state (tokens, database, other sandboxes' data) if the binds expose it */
+    add_hider(a, root, lp->state_dir, names, n);
+    add_hider(a, root, lp->data_dir, names, n);
 out:
     for (i = 0; i < n; i++)
         free(names[i]);
@@ -218,10 +281,14 @@ out:
 }
 
 static int build_argv(struct local_provider *lp, const char *id, const char *root,
-                      const char *workdir, struct strv *a, struct lb_error *err)
+                      const char *workdir, const struct lb_resources *res, struct strv *a,
+                      struct lb_error *err)
 {
     char num[16], host[64];
+    struct mount_sizes sizes;
     int r;
+
+    mount_sizes(lp, res, &sizes);
 
     snprintf(host, sizeof(host), "%.63s", id);
     strv_add(a, lp->bwrap_path);
@@ -235,11 +302,15 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     strv_add(a, "--new-session");
     strv_add(a, "--as-pid-1");
     strv_add2(a, "--hostname", host);
-    r = add_root(a, root, workdir, lp->state_dir, lp->tmp_size_mib, err);
+    r = add_root(a, root, workdir, lp, &sizes, err);
     if (r < 0)
         return r;
-    snprintf(num, sizeof(num), "%d", FD_WORKSPACE);
-    strv_add3(a, "--bind-fd", num, workdir);
+    if (lp->storage == LOCAL_STORAGE_TMPFS) {
+        add_sized_tmpfs(a, workdir, sizes.workdir_mib);
+    } else {
+        snprintf(num, sizeof(num), "%d", FD_WORKSPACE);
+        strv_add3(a, "--bind-fd", num, workdir);
+    }
     snprintf(num, sizeof(num), "%d", FD_SUPERVISE);
     strv_add3(a, "--ro-bind-fd", num, LOCAL_SUPERVISE_PATH);
     strv_add2(a, "--remount-ro", "/");
@@ -410,7 +481,8 @@ out:
 }
 
 /* Start bwrap; on success *pid is the sandbox's init. On failure *pid may still name a
- * process to kill (or 0). */
+ * process to kill (or 0). workspace: the data directory to bind at the workdir, NULL with
+ * storage tmpfs. */
 static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, char **argv,
                          const char *workspace, pid_t *pid, struct lb_error *err)
 {
@@ -428,7 +500,8 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
 
     s.fds[FD_STDIN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s.fds[FD_STDOUT] = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    s.fds[FD_WORKSPACE] = open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    s.fds[FD_WORKSPACE] = workspace ? open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                                    : open("/dev/null", O_PATH | O_CLOEXEC);
     s.fds[FD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
     if (s.fds[FD_STDIN] < 0 || s.fds[FD_STDOUT] < 0 || s.fds[FD_WORKSPACE] < 0 ||
         s.fds[FD_SUPERVISE] < 0) {
@@ -502,7 +575,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     const char *workdir = spec && spec->workdir ? spec->workdir : LOCAL_DEFAULT_WORKDIR;
     struct lb_resources none = {0};
     const struct lb_resources *res = spec ? &spec->resources : &none;
-    char root[4352], dir[4352], workspace[4352];
+    char root[4352], dir[4352];
     struct strv argv = {0};
     struct local_desc d;
     bool made_dir = false;
@@ -517,21 +590,25 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         strlen(workdir) >= sizeof(d.workdir) || strncmp(workdir, "/proc", 5) == 0 ||
         strcmp(workdir, LOCAL_SUPERVISE_PATH) == 0)
         return lb_error_set(err, -EINVAL, "invalid workdir '%s'", workdir);
-    if (res->cpu < 0 || res->memory_mib < 0 || res->pids < 0)
+    if (res->cpu < 0 || res->memory_mib < 0 || res->pids < 0 || res->disk_mib < 0)
         return lb_error_set(err, -EINVAL, "resource limits must not be negative");
+    if (lp->storage == LOCAL_STORAGE_DIR && res->disk_mib > 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "resources.disk_mib cannot be enforced: sandbox workdirs are plain "
+                            "directories (local.storage = dir)");
     r = image_root(lp, image, root, sizeof(root), err);
     if (r < 0)
         return r;
     snprintf(d.workdir, sizeof(d.workdir), "%s", workdir);
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
-    if (snprintf(workspace, sizeof(workspace), "%s/workspace", dir) >= (int)sizeof(workspace))
-        return lb_error_set(err, -ENAMETOOLONG, "state directory path is too long");
+    if (lp->storage == LOCAL_STORAGE_DIR &&
+        snprintf(d.data, sizeof(d.data), "%s/%s", lp->data_dir, ref->id) >= (int)sizeof(d.data))
+        return lb_error_set(err, -ENAMETOOLONG, "data directory path is too long");
     r = local_uid_alloc(lp, &d.uid);
     if (r < 0)
         return lb_error_set(err, r, "no free sandbox uid (all %" PRIu32 " in use)", lp->uid_count);
 
-    /* dir 0711 and workspace 0700: bwrap (as the uid) can reach the workspace, nobody
-     * else can list or enter anything */
+    /* the sandbox dir (descriptor only) first: it accounts for everything made after it */
     if (mkdir(dir, 0711) < 0) {
         r = errno == EEXIST
                 ? lb_error_set(err, -EEXIST, "sandbox '%s' already exists", ref->id)
@@ -540,9 +617,14 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return r;
     }
     made_dir = true;
-    /* chmod: the daemon runs with umask 077, which mkdir's mode does not override */
-    if (chmod(dir, 0711) < 0 || mkdir(workspace, 0700) < 0 || chown(workspace, d.uid, d.uid) < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", workspace, strerror(errno));
+    if (chmod(dir, 0711) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot chmod '%s': %s", dir, strerror(errno));
+        goto fail;
+    }
+    /* storage dir: <data_dir>/<id>, 0700 and the sandbox's own, so only bwrap (as the uid)
+     * can enter it */
+    if (d.data[0] && (mkdir(d.data, 0700) < 0 || chown(d.data, d.uid, d.uid) < 0)) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", d.data, strerror(errno));
         goto fail;
     }
     r = cgroup_create(&lp->cg, ref->id, res, &d.cg, err);
@@ -552,10 +634,10 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = local_desc_save(&d, dir, err);
     if (r < 0)
         goto fail;
-    r = build_argv(lp, ref->id, root, workdir, &argv, err);
+    r = build_argv(lp, ref->id, root, workdir, res, &argv, err);
     if (r < 0)
         goto fail;
-    r = spawn_sandbox(lp, &d, argv.v, workspace, &pid, err);
+    r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL, &pid, err);
     if (r < 0)
         goto fail;
     d.pid = pid;

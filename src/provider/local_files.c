@@ -211,6 +211,21 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
+/* A write that found its file system full: every writable mount of a sandbox is sized from
+ * its limits (resources.disk_mib, memory_mib), so name the size it ran into. -EFBIG (413). */
+static int no_space(int dfd, size_t len, const char *path, struct lb_error *err)
+{
+    struct statfs fs;
+
+    if (fstatfs(dfd, &fs) < 0)
+        return lb_error_set(err, -EFBIG, "no space left for '%s'", path);
+    return lb_error_set(err, -EFBIG,
+                        "%zu bytes do not fit at '%s': the sandbox's file system there is full "
+                        "(%llu MiB, sized from the sandbox's resources.disk_mib / memory_mib)",
+                        len, path,
+                        (unsigned long long)fs.f_blocks * (unsigned long long)fs.f_bsize >> 20);
+}
+
 /* Is dfd/name (not followed) the root of a mount other than its directory's? */
 static bool is_mount_point(int dfd, const char *name)
 {
@@ -286,6 +301,10 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     r = write_all(fd, data, len);
     if (r == 0 && fchmod(fd, (mode_t)(mode < 0 ? 0644 : mode & 0777)) < 0)
         r = -errno;
+    if (r == -ENOSPC || r == -EDQUOT) {
+        r = no_space(dfd, len, path, err);
+        goto out;
+    }
     if (r < 0) {
         r = map_errno(-r, path, err);
         goto out;

@@ -21,6 +21,14 @@
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LOCAL_DEFAULT_WORKDIR "/workspace"
 #define LOCAL_DESCRIPTOR_FILE "descriptor.json"
+/* disk_mib of a sandbox whose spec sets none (lend normally fills in limits.default_disk_mib) */
+#define LOCAL_DEFAULT_DISK_MIB 1024
+
+/* Where a sandbox's workdir lives (local.storage). */
+enum local_storage {
+    LOCAL_STORAGE_TMPFS, /* a tmpfs of disk_mib inside the sandbox's mount namespace */
+    LOCAL_STORAGE_DIR,   /* <data_dir>/<id> on the host, bind-mounted; no per-sandbox quota */
+};
 
 struct local_provider {
     struct lb_provider base;
@@ -33,6 +41,8 @@ struct local_provider {
     uint32_t uid_base, uid_count;
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
+    enum local_storage storage;
+    char *data_dir; /* storage dir: realpath of the data dir; else NULL */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
@@ -48,6 +58,7 @@ struct local_desc {
     uint64_t start_time; /* field 22 of /proc/<pid>/stat */
     uint32_t uid;
     char workdir[4097];
+    char data[4352]; /* storage dir: the host directory bound at workdir; "" for tmpfs */
     struct lb_cgroup cg;
 };
 

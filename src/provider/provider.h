@@ -50,6 +50,7 @@ struct lb_resources {
     double cpu;         /* CPUs, may be fractional */
     int64_t memory_mib; /* memory (and swap) limit */
     int64_t pids;       /* max processes */
+    int64_t disk_mib;   /* the sandbox's writable storage: the workdir and each tmpfs mount */
 };
 
 struct lb_sandbox_spec {

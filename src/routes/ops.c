@@ -16,11 +16,15 @@ int route_healthz(struct lb_request *req, struct lb_error *err)
 int route_readyz(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
+    struct lb_error why = {0};
 
     if (!atomic_load(&app->ready) || lend_is_draining(app->lend))
         return lb_error_set(err, -ESHUTDOWN,
                             lend_is_draining(app->lend) ? "the daemon is draining"
                                                         : "startup reconciliation is not done yet");
+    /* not ready while the records cannot be written (a full or read-only state dir) */
+    if (lend_check_store(app->lend, &why) < 0)
+        return lb_error_set(err, -ESHUTDOWN, "%s", why.message);
     http_respond_json(req, 200, json_pack("{s:s}", "status", "ready"));
     return 0;
 }

@@ -78,8 +78,8 @@ int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struc
 
 static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
 {
-    static const char *const fields[] = {"cpu", "memory_mib", "pids", NULL};
-    json_t *cpu, *mem, *pids;
+    static const char *const fields[] = {"cpu", "memory_mib", "pids", "disk_mib", NULL};
+    json_t *cpu, *mem, *pids, *disk;
     int r;
 
     if (!res || json_is_null(res))
@@ -92,6 +92,7 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
     cpu = json_object_get(res, "cpu");
     mem = json_object_get(res, "memory_mib");
     pids = json_object_get(res, "pids");
+    disk = json_object_get(res, "disk_mib");
     /* bounds keep the cgroup arithmetic far from overflow */
     if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) >= 0.01) ||
                 !(json_number_value(cpu) <= 1024)))
@@ -103,9 +104,15 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
     if (pids && (!json_is_integer(pids) || json_integer_value(pids) <= 0 ||
                  json_integer_value(pids) > 4194304))
         return lb_error_set(err, -EINVAL, "'resources.pids' must be an integer from 1 to 4194304");
+    /* the daemon's limits.max_disk_mib is checked by lend */
+    if (disk && (!json_is_integer(disk) || json_integer_value(disk) <= 0 ||
+                 json_integer_value(disk) > 16777216))
+        return lb_error_set(err, -EINVAL,
+                            "'resources.disk_mib' must be an integer from 1 to 16777216");
     out->cpu = cpu ? json_number_value(cpu) : 0;
     out->memory_mib = mem ? json_integer_value(mem) : 0;
     out->pids = pids ? json_integer_value(pids) : 0;
+    out->disk_mib = disk ? json_integer_value(disk) : 0;
     return 0;
 }
 

@@ -30,7 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
@@ -222,12 +224,23 @@ struct lb_store {
     bool lock_ready;
     sqlite3 *db;
     sqlite3_stmt *stmts[STMT__COUNT];
+    char *path; /* the database file */
+    /* the space reserve and the write check (see "the space reserve"); under lock */
+    char *reserve_path;
+    int64_t reserve_bytes; /* 0: no reserve */
+    bool reserve_present;
+    int64_t reserve_tried_ms; /* last attempt to make it */
+    int64_t probed_ms;        /* last write check after a failed write */
+    atomic_bool write_failed; /* the last write failed for lack of space or an I/O error */
 };
+
+static bool rc_is_full(struct lb_store *st, int rc);
 
 /* Map the connection's last failure to an errno and a message. Call with the lock held. */
 static int db_fail(struct lb_store *st, struct lb_error *err, const char *what)
 {
-    int code = sqlite3_errcode(st->db) == SQLITE_NOMEM ? -ENOMEM : -EIO;
+    int rc = sqlite3_errcode(st->db);
+    int code = rc == SQLITE_NOMEM ? -ENOMEM : rc_is_full(st, rc) ? -ENOSPC : -EIO;
 
     return lb_error_set(err, code, "store: %s: %s", what, sqlite3_errmsg(st->db));
 }
@@ -525,6 +538,11 @@ int store_open(const char *path, struct lb_store **out, struct lb_error *err)
         goto cleanup;
     }
     st->lock_ready = true;
+    if (!(st->path = strdup(path)) || asprintf(&st->reserve_path, "%s.reserve", path) < 0) {
+        st->reserve_path = NULL;
+        ret = lb_error_set(err, -ENOMEM, "store: out of memory");
+        goto cleanup;
+    }
     /* No SQLITE_OPEN_CREATE: create_private_file made the file with the right mode. */
     rc = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
@@ -564,7 +582,190 @@ void store_close(struct lb_store *st)
         log_error("store: close: %s", sqlite3_errmsg(st->db));
     if (st->lock_ready)
         pthread_mutex_destroy(&st->lock);
+    free(st->path);
+    free(st->reserve_path);
     free(st);
+}
+
+/* ---- the space reserve ----
+ *
+ * A full file system must not keep the daemon from recording stops: a stop frees space, and its
+ * record update must not be starved by whoever filled the disk. store_reserve_init makes
+ * <database>.reserve, a file of reserve_bytes allocated up front (posix_fallocate). A stop's
+ * record update (stopping, stopped, stop failed) that fails with SQLITE_FULL deletes it, which
+ * frees its blocks at once (nothing holds it open), and is retried. Other writes never spend
+ * it: while it is gone and cannot be made again, new sandbox records are refused (-ENOSPC)
+ * rather than eat the space stops need. It is made again once the file system has twice its
+ * size free (store_check_writable: /readyz and the sweeper call it; and before an insert).
+ */
+
+#define RESERVE_RETRY_MS 1000
+#define PROBE_INTERVAL_MS 1000
+#define LOW_WATER_BYTES (1024 * 1024) /* less free than this: the store counts as unwritable */
+
+/* Did a step fail for lack of space? Call with the lock held. */
+static bool rc_is_full(struct lb_store *st, int rc)
+{
+    return (rc & 0xff) == SQLITE_FULL ||
+           ((rc & 0xff) == SQLITE_IOERR && sqlite3_system_errno(st->db) == ENOSPC);
+}
+
+/* Free bytes on the database's file system (lendboxd is root: blocks reserved for root count);
+ * -errno when it cannot be read, -EROFS when it is read-only. */
+static int64_t fs_free_bytes(const char *path)
+{
+    struct statvfs v;
+
+    if (statvfs(path, &v) < 0)
+        return -errno;
+    if (v.f_flag & ST_RDONLY)
+        return -EROFS;
+    return (int64_t)v.f_bfree * (int64_t)v.f_frsize;
+}
+
+/* Make the reserve if it is missing and there is room: twice its size free, so that what is
+ * left beside it is at least as much. Rate-limited. 0 when it is in place (or none is
+ * configured), -ENOSPC otherwise. Call with the lock held. */
+static int reserve_make(struct lb_store *st)
+{
+    int64_t now = clock_mono_ms(), free_bytes;
+    int fd, r;
+
+    if (st->reserve_bytes == 0 || st->reserve_present)
+        return 0;
+    if (st->reserve_tried_ms && now - st->reserve_tried_ms < RESERVE_RETRY_MS)
+        return -ENOSPC;
+    st->reserve_tried_ms = now;
+    free_bytes = fs_free_bytes(st->path);
+    if (free_bytes < 2 * st->reserve_bytes)
+        return -ENOSPC;
+    fd = open(st->reserve_path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        log_warn("store: cannot make the space reserve %s: %s", st->reserve_path, strerror(errno));
+        return -ENOSPC;
+    }
+    r = posix_fallocate(fd, 0, st->reserve_bytes);
+    close(fd);
+    if (r != 0) {
+        (void)unlink(st->reserve_path);
+        log_warn("store: cannot allocate the space reserve %s: %s", st->reserve_path, strerror(r));
+        return -ENOSPC;
+    }
+    st->reserve_present = true;
+    log_info("store: space reserve %s in place (%lld bytes)", st->reserve_path,
+             (long long)st->reserve_bytes);
+    return 0;
+}
+
+/* Give the reserve's space back to the file system. false if there was none to give. Call with
+ * the lock held. */
+static bool reserve_spend(struct lb_store *st)
+{
+    if (!st->reserve_present)
+        return false;
+    st->reserve_present = false;
+    st->reserve_tried_ms = clock_mono_ms(); /* not made again right away */
+    if (unlink(st->reserve_path) < 0 && errno != ENOENT) {
+        log_error("store: cannot delete the space reserve %s: %s", st->reserve_path,
+                  strerror(errno));
+        return false;
+    }
+    log_warn("store: the file system of %s is full: spent the space reserve (%lld bytes) on a "
+             "stop's record",
+             st->path, (long long)st->reserve_bytes);
+    return true;
+}
+
+/* Step a bound write. stop: it records a stop, and may spend the reserve (then it is run
+ * again). Notes whether the store could write. Returns SQLite's code. Call with the lock held. */
+static int step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop)
+{
+    int rc = sqlite3_step(s);
+
+    if (stop && rc_is_full(st, rc) && reserve_spend(st)) {
+        sqlite3_reset(s); /* bindings stay */
+        rc = sqlite3_step(s);
+    }
+    if (rc == SQLITE_DONE)
+        atomic_store(&st->write_failed, false);
+    else if (rc_is_full(st, rc) || (rc & 0xff) == SQLITE_IOERR || (rc & 0xff) == SQLITE_READONLY)
+        atomic_store(&st->write_failed, true);
+    return rc;
+}
+
+/* A real write (user_version set to what it is), after a write failed. Lock held. */
+static int probe_write(struct lb_store *st, struct lb_error *err)
+{
+    char sql[64];
+    int version = 0, r;
+
+    r = read_user_version(st, &version, err);
+    if (r < 0)
+        return r;
+    snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", version);
+    r = exec_sql(st, sql, "write check", err);
+    if (r == 0)
+        atomic_store(&st->write_failed, false);
+    return r;
+}
+
+int store_reserve_init(struct lb_store *st, int64_t reserve_bytes, struct lb_error *err)
+{
+    struct stat sb;
+    int r = 0;
+
+    if (reserve_bytes < 0)
+        return lb_error_set(err, -EINVAL, "store: the space reserve must not be negative");
+    pthread_mutex_lock(&st->lock);
+    st->reserve_bytes = reserve_bytes;
+    if (reserve_bytes == 0) {
+        (void)unlink(st->reserve_path); /* one of an earlier configuration */
+        goto out;
+    }
+    /* one kept from an earlier run counts if it is whole */
+    st->reserve_present = stat(st->reserve_path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+                          sb.st_size >= reserve_bytes &&
+                          (int64_t)sb.st_blocks * 512 >= reserve_bytes;
+    if (!st->reserve_present && reserve_make(st) < 0)
+        log_warn("store: no space for the space reserve (%lld bytes) next to %s: stops on a full "
+                 "disk may fail to be recorded until space returns",
+                 (long long)reserve_bytes, st->path);
+out:
+    pthread_mutex_unlock(&st->lock);
+    return r;
+}
+
+int store_check_writable(struct lb_store *st, struct lb_error *err)
+{
+    int64_t now = clock_mono_ms(), free_bytes;
+    int r = 0;
+
+    pthread_mutex_lock(&st->lock);
+    free_bytes = fs_free_bytes(st->path);
+    if (free_bytes < 0) {
+        r = lb_error_set(err, free_bytes == -EROFS ? -EROFS : -EIO,
+                         "store cannot write: the file system of %s is %s", st->path,
+                         free_bytes == -EROFS ? "read-only" : "unreadable");
+    } else if (reserve_make(st) < 0) {
+        r = lb_error_set(err, -ENOSPC,
+                         "store cannot write: the file system of %s is full (its space reserve "
+                         "for stops is spent and needs %lld bytes free to be made again)",
+                         st->path, (long long)(2 * st->reserve_bytes));
+    } else if (free_bytes < LOW_WATER_BYTES) {
+        r = lb_error_set(err, -ENOSPC,
+                         "store cannot write: the file system of %s is full (%lld bytes free)",
+                         st->path, (long long)free_bytes);
+    } else if (atomic_load(&st->write_failed)) {
+        /* the last write failed: only a write that succeeds tells it works again */
+        if (now - st->probed_ms >= PROBE_INTERVAL_MS) {
+            st->probed_ms = now;
+            (void)probe_write(st, NULL);
+        }
+        if (atomic_load(&st->write_failed))
+            r = lb_error_set(err, -EIO, "store cannot write: the last write failed");
+    }
+    pthread_mutex_unlock(&st->lock);
+    return r;
 }
 
 /* ---- records ---- */
@@ -595,6 +796,15 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
+    /* a spent reserve is the stops': no new records until it is back */
+    if (reserve_make(st) < 0) {
+        ret = lb_error_set(err, -ENOSPC,
+                           "store: the file system of %s is full (its space reserve for stops "
+                           "is spent); no new sandboxes until space returns",
+                           st->path);
+        pthread_mutex_unlock(&st->lock);
+        return ret;
+    }
     s = st->stmts[STMT_INSERT];
     if (bind_text(s, 1, r->id) || bind_text(s, 2, r->rsid) || bind_text(s, 3, r->task_id) ||
         bind_text(s, 4, r->provider) || bind_text(s, 5, state_names[r->state]) ||
@@ -607,7 +817,7 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
         ret = db_fail(st, err, "binding an insert");
         goto cleanup;
     }
-    rc = sqlite3_step(s);
+    rc = step_writing(st, s, false);
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY)
         ret = lb_error_set(err, -EEXIST, "sandbox %s already exists", r->id);
     else if (rc == SQLITE_CONSTRAINT_UNIQUE)
@@ -790,18 +1000,24 @@ cleanup:
     return ret;
 }
 
-/* Step a bound UPDATE/DELETE. Returns the number of rows changed, or a negative errno. Call with
- * the lock held; resets the statement. */
-static int step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, struct lb_error *err)
+/* Step a bound UPDATE/DELETE (stop: a stop's record, which may spend the reserve). Returns the
+ * number of rows changed, or a negative errno. Call with the lock held; resets the statement. */
+static int step_write_ex(struct lb_store *st, sqlite3_stmt *s, bool stop, const char *what,
+                         struct lb_error *err)
 {
     int ret;
 
-    if (sqlite3_step(s) == SQLITE_DONE)
+    if (step_writing(st, s, stop) == SQLITE_DONE)
         ret = sqlite3_changes(st->db);
     else
         ret = db_fail(st, err, what);
     stmt_done(s);
     return ret;
+}
+
+static int step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, struct lb_error *err)
+{
+    return step_write_ex(st, s, false, what, err);
 }
 
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
@@ -859,8 +1075,8 @@ cleanup:
 
 /* Finish an UPDATE keyed by id whose parameters are bound (bind_failed: they could not be). Call
  * with the lock held; resets the statement. */
-static int finish_transition(struct lb_store *st, sqlite3_stmt *s, bool bind_failed, const char *id,
-                             const char *what, struct lb_error *err)
+static int finish_transition(struct lb_store *st, sqlite3_stmt *s, bool bind_failed, bool stop,
+                             const char *id, const char *what, struct lb_error *err)
 {
     int ret;
 
@@ -868,7 +1084,7 @@ static int finish_transition(struct lb_store *st, sqlite3_stmt *s, bool bind_fai
         ret = db_fail(st, err, what);
         stmt_done(s);
     } else {
-        ret = step_write(st, s, what, err);
+        ret = step_write_ex(st, s, stop, what, err);
         if (ret == 0)
             ret = lb_error_set(err, -ENOENT, "no sandbox %s", id);
     }
@@ -891,7 +1107,7 @@ int store_set_descriptor(struct lb_store *st, const char *id, const char *descri
     s = st->stmts[STMT_SET_DESCRIPTOR];
     bad = bind_text(s, 1, id) || bind_text(s, 2, descriptor_json) ||
           sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, id, "storing a descriptor", err);
+    ret = finish_transition(st, s, bad, false, id, "storing a descriptor", err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -911,7 +1127,7 @@ int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_MARK_STOPPING];
     bad = bind_text(s, 1, id) || bind_text(s, 2, reason) || sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, id, "marking a sandbox stopping", err);
+    ret = finish_transition(st, s, bad, true, id, "marking a sandbox stopping", err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -931,7 +1147,7 @@ int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_MARK_STOPPED];
     bad = bind_text(s, 1, id) || bind_text(s, 2, reason) || sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, id, "marking a sandbox stopped", err);
+    ret = finish_transition(st, s, bad, true, id, "marking a sandbox stopped", err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -948,18 +1164,30 @@ int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t 
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    ret = exec_sql(st, "BEGIN IMMEDIATE", "beginning a batch", err);
     s = st->stmts[STMT_MARK_STOPPED];
-    for (size_t i = 0; ret == 0 && i < n; i++) {
-        bool bad = bind_text(s, 1, ids[i]) || bind_text(s, 2, reason) ||
-                   sqlite3_bind_int64(s, 3, clock_now_s());
+    /* stops' records: a batch that finds the disk full is rolled back, spends the reserve and
+     * runs once more */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        ret = exec_sql(st, "BEGIN IMMEDIATE", "beginning a batch", err);
+        for (size_t i = 0; ret == 0 && i < n; i++) {
+            bool bad = bind_text(s, 1, ids[i]) || bind_text(s, 2, reason) ||
+                       sqlite3_bind_int64(s, 3, clock_now_s());
 
-        ret = finish_transition(st, s, bad, ids[i], "marking sandboxes stopped", err);
+            ret = finish_transition(st, s, bad, false, ids[i], "marking sandboxes stopped", err);
+        }
+        if (ret == 0)
+            ret = exec_sql(st, "COMMIT", "committing a batch", err);
+        if (ret == 0) {
+            atomic_store(&st->write_failed, false);
+            break;
+        }
+        if (!sqlite3_get_autocommit(st->db))
+            sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        if (ret != -ENOSPC || attempt > 0 || !reserve_spend(st))
+            break;
     }
-    if (ret == 0)
-        ret = exec_sql(st, "COMMIT", "committing a batch", err);
-    else
-        sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+    if (ret == -ENOSPC)
+        atomic_store(&st->write_failed, true);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -986,7 +1214,7 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
     bad = bind_text(s, 1, id) || bind_text(s, 2, state_names[state]) ||
           bind_text(s, 3, last_error) || bind_time(s, 4, next_attempt_at) ||
           sqlite3_bind_int64(s, 5, clock_now_s());
-    ret = finish_transition(st, s, bad, id, "recording a failed stop", err);
+    ret = finish_transition(st, s, bad, true, id, "recording a failed stop", err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -1181,7 +1409,7 @@ int store_insert_activation(struct lb_store *st, const struct lb_activation *a,
         ret = db_fail(st, err, "binding an activation insert");
         goto cleanup;
     }
-    rc = sqlite3_step(s);
+    rc = step_writing(st, s, false);
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE)
         ret = lb_error_set(err, -EEXIST, "sandbox %s already has an activation", a->sandbox_id);
     else if (rc == SQLITE_CONSTRAINT_FOREIGNKEY)

@@ -14,6 +14,9 @@
  *
  * Times are Unix seconds; 0 means "none" (expires_at, next_attempt_at).
  *
+ * A write that fails for lack of space returns -ENOSPC. The record updates of stops (stopping,
+ * stopped, stop failed) first spend a space reserve kept for them (store_reserve_init).
+ *
  * Thread-safety: a struct lb_store is one connection guarded by a mutex; every function may be
  * called from any thread. Records returned are copies the caller owns (store_record_release).
  */
@@ -71,8 +74,20 @@ struct lb_store;
 int store_open(const char *path, struct lb_store **out, struct lb_error *err);
 void store_close(struct lb_store *st);
 
+/* The space reserve (see store.c): keep reserve_bytes (0: none) allocated in <path>.reserve, for
+ * the record updates of stops when the file system is full. Made now if there is room (a warning
+ * if not). Errors: -EINVAL. Call once, before other threads use st. */
+int store_reserve_init(struct lb_store *st, int64_t reserve_bytes, struct lb_error *err);
+
+/* Can the store write? 0, or -ENOSPC (the file system is full: under 1 MiB free, or the space
+ * reserve is spent and cannot be made again), -EROFS (read-only) or -EIO (the last write failed
+ * and a write check, at most one a second, still fails), with a message. Makes a spent reserve
+ * again when there is room (at most one try a second). A statvfs otherwise: cheap enough for
+ * every /readyz. Thread-safe. */
+int store_check_writable(struct lb_store *st, struct lb_error *err);
+
 /* Insert a new record (normally state starting). -EEXIST if the session already has a live
- * (starting or lent) record, or the id exists. */
+ * (starting or lent) record, or the id exists; -ENOSPC while the space reserve is spent. */
 int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct lb_error *err);
 
 /* Fetch by sandbox id into *out. -ENOENT if no such record. */

@@ -45,6 +45,7 @@ static const struct config_key config_keys[] = {
     INT("server", "workers", workers, "64", 1, 4096),
     INT("server", "queue_max", queue_max, "1024", 1, 1000000),
     INT("server", "connection_timeout_s", connection_timeout_s, "60", 1, 86400),
+    INT("server", "store_reserve_mib", store_reserve_mib, "8", 0, 4096),
     INT("lending", "stop_concurrency", stop_concurrency, "64", 1, 4096),
     INT("lending", "stop_timeout_s", stop_timeout_s, "120", 1, 86400),
     INT("lending", "default_ttl_s", default_ttl_s, "0", 0, 31536000),
@@ -64,6 +65,8 @@ static const struct config_key config_keys[] = {
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),
     INT("limits", "max_json_depth", max_json_depth, "32", 2, 1024),
     INT("limits", "max_exec_timeout_s", max_exec_timeout_s, "86400", 1, 31536000),
+    INT("limits", "default_disk_mib", default_disk_mib, "1024", 1, 16777216),
+    INT("limits", "max_disk_mib", max_disk_mib, "16384", 1, 16777216),
     STR("provider", "name", provider, "local"),
     STR("local", "bwrap", bwrap_path, "bwrap"),
     STR("local", "supervise", supervise_path, NULL),
@@ -72,6 +75,8 @@ static const struct config_key config_keys[] = {
     INT("local", "uid_base", uid_base, "0", 0, 2147483647),
     INT("local", "uid_count", uid_count, "65536", 1, 1000000),
     INT("local", "tmp_size_mib", tmp_size_mib, "1024", 1, 1048576),
+    STR("local", "storage", storage, "tmpfs"),
+    STR("local", "data_dir", data_dir, NULL),
     STR("faults", "spec", faults_spec, NULL),
 };
 

@@ -25,6 +25,7 @@ struct lb_config {
     int64_t workers;
     int64_t queue_max;
     int64_t connection_timeout_s;
+    int64_t store_reserve_mib;
     /* [lending] */
     int64_t stop_concurrency;
     int64_t stop_timeout_s;
@@ -46,6 +47,8 @@ struct lb_config {
     int64_t max_output_bytes;
     int64_t max_json_depth;
     int64_t max_exec_timeout_s;
+    int64_t default_disk_mib;
+    int64_t max_disk_mib;
     /* [provider] */
     char *provider;
     /* [local] */
@@ -56,6 +59,8 @@ struct lb_config {
     int64_t uid_base;
     int64_t uid_count;
     int64_t tmp_size_mib;
+    char *storage;  /* "tmpfs" or "dir" */
+    char *data_dir; /* storage dir: NULL means <state_dir>/data */
     /* [faults] */
     char *faults_spec;
 };

@@ -91,6 +91,7 @@ int lb_error_http_status(int code, const char **api_code)
         status = 502, name = "provider_error";
         break;
     case ESHUTDOWN:
+    case ENOSPC: /* the state dir's file system is full: retry once space returns */
         status = 503, name = "draining";
         break;
     case ENOSYS:
