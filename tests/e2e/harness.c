@@ -218,10 +218,22 @@ static void lbt_track(struct lbt_daemon *d, bool add)
 
 void lbt_daemon_start(struct lbt_daemon *d, const char *const *extra_args)
 {
+    char dir[] = "/tmp/lendbox-e2e-XXXXXX";
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    lbt_daemon_start_at(d, dir, NULL, extra_args);
+}
+
+void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char *log_path,
+                         const char *const *extra_args)
+{
     memset(d, 0, sizeof(*d));
-    snprintf(d->state_dir, sizeof(d->state_dir), "/tmp/lendbox-e2e-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(d->state_dir));
-    snprintf(d->log_path, sizeof(d->log_path), "%s.log", d->state_dir);
+    ck_assert_uint_lt(strlen(state_dir), sizeof(d->state_dir));
+    snprintf(d->state_dir, sizeof(d->state_dir), "%s", state_dir);
+    if (log_path)
+        snprintf(d->log_path, sizeof(d->log_path), "%s", log_path);
+    else
+        snprintf(d->log_path, sizeof(d->log_path), "%s.log", d->state_dir);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     lbt_track(d, true);
     {

@@ -37,6 +37,10 @@ struct lbt_resp {
 /* Start lendboxd with a fresh state dir under /tmp and extra arguments (NULL-terminated list
  * of strings, may be NULL); wait until /readyz is 200. */
 void lbt_daemon_start(struct lbt_daemon *d, const char *const *extra_args);
+/* Same, on a state dir the test made (e.g. on a small tmpfs it mounted; removed by
+ * lbt_daemon_cleanup), logging to log_path (NULL: <state_dir>.log). */
+void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char *log_path,
+                         const char *const *extra_args);
 /* Same, reusing d->state_dir (a restart after lbt_daemon_kill). */
 void lbt_daemon_restart(struct lbt_daemon *d, const char *const *extra_args);
 /* SIGTERM and wait; returns the exit status (or -1 if it had to be killed). */
