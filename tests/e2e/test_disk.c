@@ -307,6 +307,20 @@ START_TEST(test_shm_upload_limit)
     ck_assert_int_eq(r.status, 204);
     lbt_resp_free(&r);
     free(data);
+    /* tmpfs pages a sandbox writes are charged to its memory cgroup: 100 MiB into the 1 GiB
+     * workdir is stopped by memory_mib 64 (the writer is killed) */
+    {
+        json_t *res = lbt_exec_ok(&D, sbx, "",
+                                  "{\"command\": \"dd if=/dev/zero of=/workspace/f bs=1M "
+                                  "count=100 2>/dev/null; echo rc=$?; stat -c %s /workspace/f\"}");
+        const char *o = json_string_value(json_object_get(res, "stdout"));
+        long long size = -1;
+
+        ck_assert_msg(strncmp(o, "rc=137\n", 7) == 0, "stdout: %s", o);
+        ck_assert_int_eq(sscanf(o + 7, "%lld", &size), 1);
+        ck_assert_msg(size > 0 && size <= 64ll << 20, "size %lld", size);
+        json_decref(res);
+    }
     release_ok(&D, "disk-shm", sbx);
 }
 END_TEST
