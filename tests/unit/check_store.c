@@ -25,7 +25,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
+    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal", ".reserve"};
     char p[160];
 
     for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
@@ -843,6 +843,34 @@ START_TEST(test_activation_transitions_and_capture)
 }
 END_TEST
 
+/* The space reserve: a whole, allocated, private file next to the database; kept across
+ * opens; removed when turned off. The store counts as writable on a healthy file system. */
+START_TEST(test_space_reserve)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    char path[160];
+    struct stat sb;
+
+    snprintf(path, sizeof(path), "%s.reserve", dbpath);
+    ck_assert_int_eq(store_reserve_init(st, -1, &err), -EINVAL);
+    ck_assert_int_eq(store_reserve_init(st, 1 << 20, &err), 0);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(sb.st_size, 1 << 20);
+    ck_assert_int_ge((long long)sb.st_blocks * 512, 1 << 20);
+    ck_assert_int_eq(sb.st_mode & 07777, 0600);
+    ck_assert_msg(store_check_writable(st, &err) == 0, "%s", err.message);
+    store_close(st);
+    st = open_store();
+    ck_assert_int_eq(store_reserve_init(st, 1 << 20, &err), 0);
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(store_reserve_init(st, 0, &err), 0);
+    ck_assert_int_eq(stat(path, &sb), -1);
+    ck_assert_int_eq(store_check_writable(st, &err), 0);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -870,6 +898,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_open_errors);
     tcase_add_test(tc, test_activation_round_trip);
     tcase_add_test(tc, test_activation_transitions_and_capture);
+    tcase_add_test(tc, test_space_reserve);
     suite_add_tcase(s, tc);
     return s;
 }
