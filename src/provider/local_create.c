@@ -180,6 +180,14 @@ static void add_sized_tmpfs(struct strv *a, const char *dest, int64_t mib)
     strv_add2(a, "--tmpfs", dest);
 }
 
+/* Is path dir itself or below it? */
+static bool path_is_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
 /* Hide a host directory the binds expose (the state dir, the data dir) behind an empty,
  * read-only tmpfs. */
 static void add_hider(struct strv *a, const char *root, const char *dir, char **names, size_t n)
@@ -270,7 +278,8 @@ static int add_root(struct strv *a, const char *root, const char *workdir,
     add_sized_tmpfs(a, "/run", sizes->run_mib);
     /* hide the daemon's state (tokens, database, other sandboxes' data) if the binds expose it */
     add_hider(a, root, lp->state_dir, names, n);
-    add_hider(a, root, lp->data_dir, names, n);
+    if (lp->data_dir && !path_is_under(lp->data_dir, lp->state_dir)) /* else hidden already */
+        add_hider(a, root, lp->data_dir, names, n);
 out:
     for (i = 0; i < n; i++)
         free(names[i]);

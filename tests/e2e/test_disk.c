@@ -490,26 +490,39 @@ START_TEST(test_full_state_dir)
 }
 END_TEST
 
-/* local.storage = dir: the workdir is <data_dir>/<id> on the host, owned by the sandbox's uid;
- * disk_mib cannot be enforced there (422); release removes it. */
-START_TEST(test_storage_dir)
+/* local.storage = dir: the workdir is <data_dir>/<id> on the host, owned by the sandbox's uid
+ * and hidden from other sandboxes; disk_mib cannot be enforced there (422); release removes
+ * it. Once with the default data dir (<state_dir>/data), once with one of its own; both
+ * under /var/tmp, which the sandboxes' host binds expose. */
+static void storage_dir_case(bool own_data_dir)
 {
-    char data[] = "/tmp/lbt-data-XXXXXX", set_dir[96], sbx[128], host[256];
-    const char *args[] = {"--set", "local.storage=dir", "--set", set_dir, NULL};
+    char state[] = "/var/tmp/lendbox-e2e-XXXXXX", data[64] = "/var/tmp/lbt-data-XXXXXX";
+    char set_dir[96], sbx[128], host[256], cmd[512], *out;
+    const char *args[] = {"--set", "local.storage=dir", own_data_dir ? "--set" : NULL, set_dir,
+                          NULL};
     struct lbt_daemon G;
     struct stat sb;
     json_t *lease;
-    char *out;
 
-    ck_assert_ptr_nonnull(mkdtemp(data));
+    ck_assert_ptr_nonnull(mkdtemp(state));
+    if (own_data_dir)
+        ck_assert_ptr_nonnull(mkdtemp(data));
+    else
+        snprintf(data, sizeof(data), "%s/data", state);
     snprintf(set_dir, sizeof(set_dir), "local.data_dir=%s", data);
-    lbt_daemon_start(&G, args);
+    lbt_daemon_start_at(&G, state, NULL, args);
     seed_expect(&G, "dir-1", "{\"disk_mib\": 64}", 422, "unenforceable");
     lease = lbt_seed(&G, "dir-1", "t", NULL);
     snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     json_decref(lease);
-    out = lbt_sh(&G, sbx, "echo hi > /workspace/f && findmnt -rn -o FSTYPE /workspace");
-    ck_assert_str_ne(out, "tmpfs\n");
+    snprintf(cmd, sizeof(cmd),
+             "echo hi > /workspace/f && findmnt -rn -o FSTYPE /workspace; "
+             "findmnt -rn -o FSTYPE,OPTIONS %s | cut -d, -f1",
+             own_data_dir ? data : state);
+    out = lbt_sh(&G, sbx, cmd);
+    /* a host directory at the workdir; the data (or state) dir behind an empty ro tmpfs */
+    ck_assert_msg(strncmp(out, "tmpfs\n", 6) != 0 && strstr(out, "\ntmpfs ro\n") != NULL, "%s",
+                  out);
     free(out);
     snprintf(host, sizeof(host), "%s/%s/f", data, sbx);
     ck_assert_int_eq(stat(host, &sb), 0);
@@ -519,7 +532,14 @@ START_TEST(test_storage_dir)
     snprintf(host, sizeof(host), "%s/%s", data, sbx);
     ck_assert_msg(!lbt_path_exists(host), "%s is left", host);
     lbt_daemon_cleanup(&G);
-    ck_assert_int_eq(rmdir(data), 0);
+    if (own_data_dir)
+        ck_assert_int_eq(rmdir(data), 0);
+}
+
+START_TEST(test_storage_dir)
+{
+    storage_dir_case(false);
+    storage_dir_case(true);
 }
 END_TEST
 
