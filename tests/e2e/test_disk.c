@@ -423,21 +423,65 @@ static void record_is(json_t *list, const char *id, const char *state, const cha
     ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), reason);
 }
 
+/* The paths of the full_state_dir tcase are made by its unchecked fixture, in the parent
+ * process, so that a test failing half-way still gets its daemons stopped (through their pid
+ * files: the shutdown sweep stops their sandboxes), its tmpfs unmounted and its directories
+ * removed. */
+static char MNT[32], DIR_STATE[2][32], DIR_DATA[32];
+
+static void setup_full(void)
+{
+    snprintf(MNT, sizeof(MNT), "/tmp/lbt-disk-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(MNT));
+    ck_assert_int_eq(mount("tmpfs", MNT, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0711"), 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(DIR_STATE[i], sizeof(DIR_STATE[i]), "/var/tmp/lendbox-e2e-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(DIR_STATE[i]));
+    }
+    snprintf(DIR_DATA, sizeof(DIR_DATA), "/var/tmp/lbt-data-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(DIR_DATA));
+}
+
+static void stop_leftover(const char *state_dir, const char *log_path)
+{
+    struct lbt_daemon d;
+
+    if (!lbt_path_exists(state_dir))
+        return; /* the test cleaned up after itself */
+    memset(&d, 0, sizeof(d));
+    snprintf(d.state_dir, sizeof(d.state_dir), "%s", state_dir);
+    snprintf(d.log_path, sizeof(d.log_path), "%s.log", log_path ? log_path : state_dir);
+    lbt_daemon_cleanup(&d);
+}
+
+static void teardown_full(void)
+{
+    char path[64];
+
+    snprintf(path, sizeof(path), "%s/filler", MNT);
+    (void)unlink(path);
+    snprintf(path, sizeof(path), "%s/state", MNT);
+    stop_leftover(path, MNT);
+    if (umount2(MNT, MNT_DETACH) < 0 || rmdir(MNT) < 0)
+        fprintf(stderr, "test_disk: cannot remove %s: %s\n", MNT, strerror(errno));
+    for (int i = 0; i < 2; i++)
+        stop_leftover(DIR_STATE[i], NULL);
+    (void)rmdir(DIR_DATA);
+}
+
 START_TEST(test_full_state_dir)
 {
     static const char *const args[] = {"--set", "server.store_reserve_mib=4", NULL};
-    char mnt[] = "/tmp/lbt-disk-XXXXXX", state[64], log[64], filler[64], reserve[96];
+    char state[64], log[64], filler[64], reserve[96];
     char s1[128], s2[128], s3[128], s4[128], msg[1024], path[256];
     struct lbt_daemon F;
     struct lbt_resp r;
     struct stat sb;
     json_t *lease, *list;
 
-    ck_assert_ptr_nonnull(mkdtemp(mnt));
-    ck_assert_int_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0711"), 0);
-    snprintf(state, sizeof(state), "%s/state", mnt);
-    snprintf(log, sizeof(log), "%s.log", mnt); /* outside the tmpfs */
-    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    snprintf(state, sizeof(state), "%s/state", MNT);
+    snprintf(log, sizeof(log), "%s.log", MNT); /* outside the tmpfs */
+    snprintf(filler, sizeof(filler), "%s/filler", MNT);
     snprintf(reserve, sizeof(reserve), "%s/lendbox.db.reserve", state);
     lbt_daemon_start_at(&F, state, log, args);
     ck_assert_int_eq(stat(reserve, &sb), 0);
@@ -485,8 +529,6 @@ START_TEST(test_full_state_dir)
     release_ok(&F, "full-4", s4);
 
     lbt_daemon_cleanup(&F);
-    ck_assert_int_eq(umount(mnt), 0);
-    ck_assert_int_eq(rmdir(mnt), 0);
 }
 END_TEST
 
@@ -496,17 +538,16 @@ END_TEST
  * under /var/tmp, which the sandboxes' host binds expose. */
 static void storage_dir_case(bool own_data_dir)
 {
-    char state[] = "/var/tmp/lendbox-e2e-XXXXXX", data[64] = "/var/tmp/lbt-data-XXXXXX";
-    char set_dir[96], sbx[128], host[256], cmd[512], *out;
+    const char *state = DIR_STATE[own_data_dir ? 1 : 0];
+    char data[64], set_dir[96], sbx[128], host[256], cmd[512], *out;
     const char *args[] = {"--set", "local.storage=dir", own_data_dir ? "--set" : NULL, set_dir,
                           NULL};
     struct lbt_daemon G;
     struct stat sb;
     json_t *lease;
 
-    ck_assert_ptr_nonnull(mkdtemp(state));
     if (own_data_dir)
-        ck_assert_ptr_nonnull(mkdtemp(data));
+        snprintf(data, sizeof(data), "%s", DIR_DATA);
     else
         snprintf(data, sizeof(data), "%s/data", state);
     snprintf(set_dir, sizeof(set_dir), "local.data_dir=%s", data);
@@ -532,8 +573,6 @@ static void storage_dir_case(bool own_data_dir)
     snprintf(host, sizeof(host), "%s/%s", data, sbx);
     ck_assert_msg(!lbt_path_exists(host), "%s is left", host);
     lbt_daemon_cleanup(&G);
-    if (own_data_dir)
-        ck_assert_int_eq(rmdir(data), 0);
 }
 
 START_TEST(test_storage_dir)
@@ -557,6 +596,7 @@ int main(void)
     tcase_add_test(tc, test_shm_upload_limit);
     tcase_add_test(tc, test_put_past_quota);
     suite_add_tcase(s, tc);
+    tcase_add_unchecked_fixture(full, setup_full, teardown_full);
     tcase_set_timeout(full, 180);
     tcase_add_test(full, test_full_state_dir);
     tcase_add_test(full, test_storage_dir);
