@@ -22,7 +22,7 @@ VERSION := 0.1.0
 BUILD ?= build
 CC ?= cc
 PKG_CONFIG ?= pkg-config
-PKGS := libmicrohttpd jansson sqlite3 libcurl libsystemd inih libcrypto
+PKGS := libmicrohttpd jansson sqlite3 libcurl libsystemd inih libcrypto libseccomp
 
 OPT ?= -O2 -g
 SAN ?=
@@ -71,6 +71,8 @@ $(DAEMON): $(BUILD)/src/main.o $(LIB)
 $(SUPERVISE): src/supervisor/supervise.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -o $@ $<
+	@# exec-only: a sandbox uid cannot read it, so the kernel makes it non-dumpable at exec
+	chmod 0711 $@
 
 $(BUILD)/tests/check_%: tests/unit/check_%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -116,7 +118,7 @@ install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
 		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/lendboxd
-	install -m 0755 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
+	install -m 0711 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
 	@# an existing configuration is the operator's: install the new one beside it
 	if [ -e $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf ]; then \
 		install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf.dist; \

@@ -417,6 +417,8 @@ int main(int argc, char **argv)
         .tmp_size_mib = cfg.tmp_size_mib,
         .storage = cfg.storage,
         .data_dir = cfg.data_dir,
+        .seccomp_off = !cfg.seccomp,
+        .seccomp_deny = cfg.seccomp_deny,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;

@@ -410,6 +410,29 @@ out:
     return r;
 }
 
+/* Before a close collects the artifacts: stop every sandbox process but its init (an
+ * exclusive exec), so nothing the agent left running can still write what is collected. The
+ * exec itself is a --harness-stop, which finds the receipt and exits 0 at once. */
+static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
+                     struct lb_error *err)
+{
+    char dir[200];
+    char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
+    struct lb_exec_params p = {.argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true};
+    struct lb_exec_result res = {0};
+    int r;
+
+    snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act->id);
+    r = lend_exec(a->lend, act->sandbox_id, &p, &res, err);
+    if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))
+        r = lb_error_set(err, -EREMOTEIO, "the sweep before artifact capture failed (exit %d)",
+                         res.return_code);
+    provider_exec_result_release(&res);
+    if (r == 0)
+        log_info("activation %s: every sandbox process but init stopped before capture", act->id);
+    return r;
+}
+
 /* Append "; msg" (or msg) to a capture error. */
 static void capture_note(struct lb_buf *b, const char *msg)
 {
@@ -563,6 +586,11 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
         json_decref(receipt);
         receipt = NULL;
         r = act_stop(a, &act, budget_ms, &receipt, err);
+        if (r < 0)
+            goto out;
+    }
+    if (!act.artifacts_json && mode == FIN_CLOSE) {
+        r = act_sweep(a, &act, err);
         if (r < 0)
             goto out;
     }

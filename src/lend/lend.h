@@ -112,6 +112,8 @@ struct lb_exec_params {
     size_t stdin_len;
     int64_t timeout_ms;
     bool preserve_background;
+    bool exclusive; /* stop every sandbox process but its init first (-EBUSY while another
+                       exclusive exec runs in the sandbox, or for others while one does) */
 };
 
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */

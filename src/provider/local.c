@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/keyctl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -867,6 +868,7 @@ static void local_destroy(struct lb_provider *p)
         return;
     cgroup_host_release(&lp->cg);
     free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
+    local_exec_gates_release(lp);
     pthread_cond_destroy(&lp->stopped);
     pthread_mutex_destroy(&lp->lock);
     free(lp->uid_used);
@@ -876,6 +878,7 @@ static void local_destroy(struct lb_provider *p)
     free(lp->supervise_path);
     free(lp->images_dir);
     free(lp->data_dir);
+    seccomp_filter_release(&lp->seccomp);
     free(lp);
 }
 
@@ -986,6 +989,18 @@ static int setup_storage(struct local_provider *lp, const struct lb_local_config
     return 0;
 }
 
+/* A supervisor that sandbox uids can read is dumpable for the moment between its exec and its
+ * PR_SET_DUMPABLE call: say how to close that window (see src/supervisor/supervise.c). */
+static void warn_readable_supervisor(const char *path)
+{
+    struct stat st;
+
+    if (stat(path, &st) == 0 && (st.st_uid != 0 || (st.st_mode & (S_IROTH | S_IWOTH))))
+        log_warn("'%s' should be owned by root with mode 0711 (exec-only): readable by sandbox "
+                 "uids it is dumpable for an instant after each exec",
+                 path);
+}
+
 int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
                        struct lb_error *err)
 {
@@ -1054,6 +1069,15 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         r = setup_storage(lp, cfg, err);
     if (r < 0)
         goto fail;
+    warn_readable_supervisor(lp->supervise_path);
+    if (!cfg->seccomp_off) {
+        r = seccomp_filter_build(cfg->seccomp_deny, &lp->seccomp, err);
+        if (r < 0)
+            goto fail;
+    } else {
+        log_warn("the seccomp filter is off ([security] seccomp = no): sandbox processes may "
+                 "use keyctl, ptrace, bpf, nested user namespaces and the rest of the kernel");
+    }
     if (cfg->images_dir) {
         lp->images_dir = realpath(cfg->images_dir, NULL);
         if (!lp->images_dir)
@@ -1133,6 +1157,13 @@ void local_child_reset_signals(void)
     }
     sigemptyset(&none);
     (void)sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+int local_child_new_session_keyring(void)
+{
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0 && errno != ENOSYS)
+        return -1;
+    return 0;
 }
 
 void local_child_report(int fd, const char *msg, int err_no)

@@ -31,10 +31,13 @@ struct lb_local_config {
     int64_t tmp_size_mib;       /* size of the sandbox's /tmp tmpfs; <= 0: 1024 (/run: 64) */
     const char *storage;        /* the workdir: "tmpfs" (NULL: the default) or "dir" */
     const char *data_dir;       /* storage "dir": where workdirs live; NULL: <state_dir>/data */
+    bool seccomp_off;           /* true: no seccomp filter (the default filter is on) */
+    const char *seccomp_deny;   /* extra syscalls to refuse, see provider/seccomp.h */
 };
 
-/* Make a local provider. Checks bwrap and the supervisor exist. *out is owned by the caller
- * (provider_destroy). Errors: -ENOENT (bwrap or supervisor missing), -ENOMEM. */
+/* Make a local provider. Checks bwrap and the supervisor exist and builds the seccomp filter.
+ * *out is owned by the caller (provider_destroy). Errors: -ENOENT (bwrap or supervisor
+ * missing), -EINVAL (bad config, e.g. an unknown name in seccomp_deny), -ENOMEM. */
 int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
                        struct lb_error *err);
 

@@ -12,7 +12,9 @@
  * fds handed to bwrap: 0 /dev/null, 1 /dev/null, 2 a pipe that captures bwrap's errors,
  * 3 --info-fd (bwrap writes {"child-pid": N}), 4 the ready pipe (the init writes one byte),
  * 5 an O_PATH fd of the workdir's data directory (--bind-fd; storage dir) or /dev/null (storage
- * tmpfs: unused), 6 an O_PATH fd of the supervisor (--ro-bind-fd). bwrap 0.8 still realpath()s
+ * tmpfs: unused), 6 an O_PATH fd of the supervisor (--ro-bind-fd), 7 a memfd with the seccomp
+ * filter (--seccomp, loaded by bwrap right before it execs the init; /dev/null when the filter
+ * is off). bwrap 0.8 still realpath()s
  * /proc/self/fd/N as the sandbox's uid, so the path to the data directory must be searchable
  * by others: the data dir is 0711 and <data_dir>/<id> 0700 (owned by the sandbox's uid), so
  * nobody else can list or enter either.
@@ -53,7 +55,17 @@
 #define INFO_MAX 4096
 #define CHILD_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-enum { FD_STDIN, FD_STDOUT, FD_STDERR, FD_INFO, FD_READY, FD_WORKSPACE, FD_SUPERVISE, FD_COUNT };
+enum {
+    FD_STDIN,
+    FD_STDOUT,
+    FD_STDERR,
+    FD_INFO,
+    FD_READY,
+    FD_WORKSPACE,
+    FD_SUPERVISE,
+    FD_SECCOMP,
+    FD_COUNT
+};
 
 /* A growable NULL-terminated argv of owned strings. */
 struct strv {
@@ -325,6 +337,11 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     strv_add2(a, "--remount-ro", "/");
     snprintf(num, sizeof(num), "%d", FD_INFO);
     strv_add2(a, "--info-fd", num);
+    /* security (issue 7, fault 4): the init runs under the seccomp filter every exec gets */
+    if (lp->seccomp.prog.len > 0) {
+        snprintf(num, sizeof(num), "%d", FD_SECCOMP);
+        strv_add2(a, "--seccomp", num);
+    }
     strv_add2(a, "--", LOCAL_SUPERVISE_PATH);
     strv_add(a, "--init");
     snprintf(num, sizeof(num), "%d", FD_READY);
@@ -358,6 +375,11 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
         syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
+        _exit(126);
+    }
+    /* the sandbox's own session keyring, never the daemon's */
+    if (local_child_new_session_keyring() < 0) {
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", errno);
         _exit(126);
     }
     (void)syscall(SYS_umask, 022); /* the sandbox's files: not the daemon's umask 077 */
@@ -512,8 +534,16 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     s.fds[FD_WORKSPACE] = workspace ? open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                                     : open("/dev/null", O_PATH | O_CLOEXEC);
     s.fds[FD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
+    if (lp->seccomp.prog.len > 0) {
+        r = seccomp_filter_memfd(&lp->seccomp);
+        s.fds[FD_SECCOMP] = r;
+        if (r < 0)
+            errno = -r;
+    } else {
+        s.fds[FD_SECCOMP] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
     if (s.fds[FD_STDIN] < 0 || s.fds[FD_STDOUT] < 0 || s.fds[FD_WORKSPACE] < 0 ||
-        s.fds[FD_SUPERVISE] < 0) {
+        s.fds[FD_SUPERVISE] < 0 || s.fds[FD_SECCOMP] < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's files: %s", strerror(errno));
         goto out;
     }

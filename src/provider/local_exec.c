@@ -45,6 +45,8 @@
 #define STATUS_MAX 2048
 #define READ_CHUNK 65536
 #define DRAIN_MS 200
+#define QUIESCE_MS 10000    /* bound on an exclusive exec's sweep */
+#define HELPER_EXIT_MS 2000 /* bound on the helper's exit once the status is in */
 
 enum { NS_USER, NS_MNT, NS_PID, NS_NET, NS_UTS, NS_IPC, NS_COUNT };
 static const char *const ns_names[NS_COUNT] = {"user", "mnt", "pid", "net", "uts", "ipc"};
@@ -115,7 +117,8 @@ static int child_drop_capabilities(void)
 }
 
 /* The forked child: enter the sandbox and fork the supervisor. Never returns. */
-static void child_enter(const struct exec_fds *f, char *const *argv, char *const *envp)
+static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filter,
+                        char *const *argv, char *const *envp)
 {
     int st = f->child[CH_STATUS], i;
     pid_t g;
@@ -142,11 +145,21 @@ static void child_enter(const struct exec_fds *f, char *const *argv, char *const
         local_child_report(st, "error cannot become the sandbox's root", errno);
         _exit(1);
     }
+    /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
+    if (local_child_new_session_keyring() < 0) {
+        local_child_report(st, "error cannot make a session keyring", errno);
+        _exit(1);
+    }
     /* Entering the user namespace gave us every capability in it; the sandbox's own processes
      * (bwrap's init) have none. Drop them all, for good: else a command could remount the
      * read-only host directories writable or bind-mount over the supervisor. */
     if (child_drop_capabilities() < 0) {
         local_child_report(st, "error cannot drop capabilities", errno);
+        _exit(1);
+    }
+    /* last: the filter refuses keyctl, which the keyring above needed */
+    if (seccomp_filter_install(filter) < 0) {
+        local_child_report(st, "error cannot install the seccomp filter", errno);
         _exit(1);
     }
     (void)syscall(SYS_umask, 022); /* the daemon's 077 is not the sandbox's business */
@@ -302,8 +315,13 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
             pump_read(&f->out_r, &res->out, chunk);
         if (idx_err >= 0 && p[idx_err].revents)
             pump_read(&f->err_r, &res->err, chunk);
-        if (p[idx_st].revents)
+        if (p[idx_st].revents) {
             pump_read(&f->status_r, &io->status, chunk);
+            /* one line is the whole status: do not wait for EOF (nor for whoever might
+             * hold the pipe) once it is in */
+            if (io->status.data && memchr(io->status.data, '\n', io->status.len))
+                local_close_fd(&f->status_r);
+        }
     }
     /* The supervisor is gone. What the command wrote is in the pipes already; anything
      * still holding them is a background process left running on purpose: take what is
@@ -325,6 +343,28 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
         if (res->out.len + res->err.len == before &&
             trunc == (res->out.truncated || res->err.truncated))
             break; /* nothing new (EAGAIN on both) */
+    }
+}
+
+/* Wait for the exec helper. It exits as soon as the supervisor does; a supervisor stopped by
+ * a sandbox process (SIGSTOP from the same uid) must not hold the worker: after
+ * HELPER_EXIT_MS the helper is killed (the supervisor then belongs to the host's init). */
+static void reap_helper(pid_t mid, int *st)
+{
+    int64_t end = clock_mono_ms() + HELPER_EXIT_MS;
+
+    for (;;) {
+        pid_t w = waitpid(mid, st, WNOHANG);
+
+        if (w == mid || (w < 0 && errno != EINTR))
+            return;
+        if (w == 0 && clock_mono_ms() >= end) {
+            (void)kill(mid, SIGKILL);
+            while (waitpid(mid, st, 0) < 0 && errno == EINTR)
+                ;
+            return;
+        }
+        usleep(2000);
     }
 }
 
@@ -385,7 +425,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     const char **argv = NULL;
     char num[32], *chunk = NULL;
     int64_t start, deadline;
-    bool frozen;
+    bool frozen, gated = false;
     pid_t mid;
     int r, st;
 
@@ -415,6 +455,15 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (frozen) {
         r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
         goto out;
+    }
+    r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
+    if (r < 0)
+        goto out;
+    gated = true;
+    if (req->exclusive) {
+        r = local_sandbox_quiesce(lp, ref->id, &d, clock_mono_ms() + QUIESCE_MS, err);
+        if (r < 0)
+            goto out;
     }
     r = open_namespaces(&d, ref->id, &f, err);
     if (r < 0)
@@ -468,7 +517,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     if (mid == 0)
-        child_enter(&f, (char *const *)argv,
+        child_enter(&f, &lp->seccomp, (char *const *)argv,
                     (char *const *)(req->env ? req->env : (const char *const *)default_env));
     exec_fds_close_child(&f);
     deadline = start + req->timeout_ms + BACKSTOP_MS;
@@ -477,8 +526,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     /* the child exits right after the supervisor; only a hung one is cut loose */
     if (io.backstop)
         (void)kill(mid, SIGKILL);
-    while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
-        ;
+    reap_helper(mid, &st);
 
     if (io.backstop) {
         res->return_code = LB_RETURN_CODE_RUNTIME;
@@ -495,6 +543,8 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     r = 0;
 out:
+    if (gated)
+        local_exec_gate_leave(lp, ref->id, req->exclusive);
     exec_fds_close(&f);
     if (masked) {
         struct timespec zero = {0, 0};

@@ -16,6 +16,7 @@
 
 #include "provider/cgroup.h"
 #include "provider/local.h"
+#include "provider/seccomp.h"
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
@@ -30,6 +31,8 @@ enum local_storage {
     LOCAL_STORAGE_DIR,   /* <data_dir>/<id> on the host, bind-mounted; no per-sandbox quota */
 };
 
+struct local_gate;
+
 struct local_provider {
     struct lb_provider base;
     char *sandboxes_dir;  /* <state_dir>/sandboxes, absolute */
@@ -42,14 +45,17 @@ struct local_provider {
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
     enum local_storage storage;
-    char *data_dir; /* storage dir: realpath of the data dir; else NULL */
+    char *data_dir;            /* storage dir: realpath of the data dir; else NULL */
+    struct lb_seccomp seccomp; /* installed in every sandbox process; len 0 when off */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
     uint32_t uid_next;    /* next-fit cursor */
     char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
-    pthread_cond_t stopped; /* signalled when an id leaves stopping */
+    pthread_cond_t stopped;   /* signalled when an id leaves stopping */
+    struct local_gate *gates; /* execs in flight per sandbox (local_exclusive.c) */
+    size_t ngates, gates_cap;
 };
 
 /* A parsed descriptor. pid 0: the init never (or not yet) started. */
@@ -116,5 +122,27 @@ int local_child_place_fds(const int *fds, int n);
 void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */
 void local_child_report(int fd, const char *msg, int err_no);
+/* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the
+ * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call as
+ * the sandbox's uid (the keyring is charged to it). A kernel without keys (ENOSYS) counts as
+ * done. 0 or -1 with errno. */
+int local_child_new_session_keyring(void);
+
+/* Exec admission, per sandbox (local_exclusive.c). An exclusive exec runs alone: while it
+ * runs, others are refused (-EBUSY, "an exclusive exec is running"), and an exclusive exec
+ * that finds one running is refused too. Every successful enter is paired with a leave with
+ * the same arguments. 0, -EBUSY or -ENOMEM. Thread-safe (lp->lock). */
+int local_exec_gate_enter(struct local_provider *lp, const char *id, bool exclusive,
+                          struct lb_error *err);
+void local_exec_gate_leave(struct local_provider *lp, const char *id, bool exclusive);
+/* Free the gate table (at destroy, when no exec runs). */
+void local_exec_gates_release(struct local_provider *lp);
+/* Stop every process of the sandbox but its init, for an exclusive exec that holds the gate:
+ * freeze the cgroup (when there is a freezer), SIGKILL every process in the init's pid
+ * namespace except the init, thaw; again until none is left and no other exec of the sandbox
+ * is in flight, or deadline_ms (monotonic) passes (-ETIMEDOUT). Processes of the daemon (the
+ * exec helpers, which stay in the host's pid namespace) are never touched. */
+int local_sandbox_quiesce(struct local_provider *lp, const char *id, const struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err);
 
 #endif

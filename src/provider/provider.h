@@ -84,6 +84,8 @@ struct lb_exec_request {
     int64_t timeout_ms;       /* > 0; the whole process tree is killed when it passes */
     size_t max_output_bytes;  /* per stream; bytes past it are read and dropped */
     bool preserve_background; /* leave background descendants running after the command */
+    bool exclusive;           /* first stop every sandbox process but its init; no other exec of the
+                                 sandbox runs meanwhile (they get -EBUSY) */
 };
 
 struct lb_exec_result {

@@ -129,13 +129,14 @@ static int exec_parse_argv(json_t *body, struct exec_job *j, struct lb_error *er
 static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, struct lb_error *err)
 {
     static const char *const fields[] = {
-        "command",  "argv",  "cwd",       "env",
-        "user",     "stdin", "timeout_s", "preserve_background_services",
-        "encoding", NULL};
+        "command",  "argv",      "cwd",       "env",
+        "user",     "stdin",     "timeout_s", "preserve_background_services",
+        "encoding", "exclusive", NULL};
     json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
     json_t *in = json_object_get(body, "stdin"), *timeout = json_object_get(body, "timeout_s");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
+    json_t *excl = json_object_get(body, "exclusive");
     double t = (double)app->default_exec_timeout_s;
     int r = routes_check_fields(body, fields, "the exec request", err);
 
@@ -184,6 +185,11 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         if (!json_is_boolean(keep))
             return lb_error_set(err, -EINVAL, "'preserve_background_services' must be a boolean");
         j->p.preserve_background = json_is_true(keep);
+    }
+    if (excl && !json_is_null(excl)) {
+        if (!json_is_boolean(excl))
+            return lb_error_set(err, -EINVAL, "'exclusive' must be a boolean");
+        j->p.exclusive = json_is_true(excl);
     }
     if (enc && !json_is_null(enc)) {
         const char *e = json_string_value(enc);

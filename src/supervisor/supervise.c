@@ -35,6 +35,14 @@
  * No line at all (EOF) means the supervisor itself died. The supervisor's exit status is 0
  * when a status line was written and 2 on bad usage.
  *
+ * Channels. Every process in a sandbox runs as the same uid, so the supervisor must keep the
+ * others away from what it holds: it is non-dumpable in every mode (PR_SET_DUMPABLE 0 as the
+ * first call; installed exec-only, mode 0711 owned by host root, the kernel makes it
+ * non-dumpable at exec already), so no sandbox process can ptrace it, take its fds with
+ * pidfd_getfd, open /proc/<pid>/fd/N or /proc/<pid>/mem. The status fd is close-on-exec and
+ * closed in the command's child before exec: no command or background process ever holds it,
+ * and its one line comes from the supervisor alone.
+ *
  * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). Every file
  * lives in the activation's directory DIR inside the sandbox:
  *
@@ -505,10 +513,12 @@ static void report_cwd_error(int fd, const char *cwd, int e)
         write_status(fd, "error cannot enter cwd '%s': %s", cwd, strerror(e));
 }
 
-static void exec_command(char **argv)
+static void exec_command(char **argv, int status_fd)
 {
     int e;
 
+    /* the status channel is the supervisor's alone: never the command's (it is CLOEXEC too) */
+    (void)close(status_fd);
     setpgid(0, 0);
     reset_signals();
     execvp(argv[0], argv);
@@ -527,6 +537,12 @@ static int run_command(const struct options *o)
     int sfd;
 
     (void)fcntl(o->status_fd, F_SETFD, FD_CLOEXEC);
+    /* nothing but stdin, stdout and stderr reaches the command (the status fd is CLOEXEC) */
+    if (o->status_fd >= 3) {
+        if (o->status_fd > 3)
+            (void)close_range(3, (unsigned)o->status_fd - 1, 0);
+        (void)close_range((unsigned)o->status_fd + 1, ~0U, 0);
+    }
     (void)setsid();
     (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
@@ -555,7 +571,7 @@ static int run_command(const struct options *o)
         return 0;
     }
     if (cmd.pid == 0)
-        exec_command(o->argv);
+        exec_command(o->argv, o->status_fd);
     (void)setpgid(cmd.pid, cmd.pid);
 
     for (;;) {
@@ -1024,6 +1040,13 @@ int main(int argc, char **argv)
 {
     struct options o;
 
+    /* First, before anything else: nothing else in the sandbox runs as another uid, so only
+     * this keeps its processes from ptrace, pidfd_getfd, /proc/<pid>/fd and /proc/<pid>/mem on
+     * us (and on the status, stdout and stderr channels we hold). Installed exec-only (mode
+     * 0711, owned by host root) the binary is non-dumpable from the exec on, with no window
+     * at all; this call covers a readable copy. Inherited by forks, reset by exec, so the
+     * commands we run are not affected. */
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(stderr, "usage: lendbox-supervise --init --ready-fd N\n"
                         "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "

@@ -61,6 +61,9 @@ struct lb_config {
     int64_t tmp_size_mib;
     char *storage;  /* "tmpfs" or "dir" */
     char *data_dir; /* storage dir: NULL means <state_dir>/data */
+    /* [security] */
+    bool seccomp;       /* the default seccomp filter for every sandbox process */
+    char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */
     /* [faults] */
     char *faults_spec;
 };
