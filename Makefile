@@ -83,6 +83,12 @@ $(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
 		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
 
+# The hostile probe test_forgery uploads into sandboxes: static, like the supervisor.
+$(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -o $@ $<
+$(BUILD)/tests/test_forgery: $(BUILD)/tests/lbt-probe
+
 deps:
 	@scripts/install-deps
 

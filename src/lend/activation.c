@@ -589,7 +589,7 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
         if (r < 0)
             goto out;
     }
-    if (!act.artifacts_json && mode == FIN_CLOSE) {
+    if (mode == FIN_CLOSE) {
         r = act_sweep(a, &act, err);
         if (r < 0)
             goto out;

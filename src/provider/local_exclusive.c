@@ -127,8 +127,9 @@ static int gate_running(struct local_provider *lp, const char *id)
     return n;
 }
 
-/* Is pid in the pid namespace ns (device + inode of /proc/<init>/ns/pid), and not a zombie? */
-static bool proc_in_ns(pid_t pid, const struct stat *ns)
+/* Is pid in the pid namespace ns (device + inode of /proc/<init>/ns/pid)? *zombie says whether
+ * it has exited but is not reaped yet. */
+static bool proc_in_ns(pid_t pid, const struct stat *ns, bool *zombie)
 {
     char path[64], buf[512];
     struct stat st;
@@ -149,10 +150,15 @@ static bool proc_in_ns(pid_t pid, const struct stat *ns)
         return false;
     buf[n] = '\0';
     p = strrchr(buf, ')');
-    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+    if (!p || p[1] != ' ' || p[2] == 'X')
+        return false;
+    *zombie = p[2] == 'Z';
+    return true;
 }
 
-/* SIGKILL every live process of the namespace but the init. Returns how many were found. */
+/* SIGKILL every live process of the namespace but the init. Returns how many were found,
+ * zombies included (a sweep is only done once their parents reaped them, so a command never
+ * even sees the agent's dead). */
 static int kill_pass(pid_t init, const struct stat *ns)
 {
     struct dirent *de;
@@ -164,15 +170,18 @@ static int kill_pass(pid_t init, const struct stat *ns)
     while ((de = readdir(dir))) {
         char *end;
         long v = strtol(de->d_name, &end, 10);
+        bool zombie = false;
         int pfd;
 
-        if (*end || v <= 0 || v == init || !proc_in_ns((pid_t)v, ns))
+        if (*end || v <= 0 || v == init || !proc_in_ns((pid_t)v, ns, &zombie))
             continue;
         found++;
+        if (zombie)
+            continue;
         pfd = (int)syscall(SYS_pidfd_open, (pid_t)v, 0);
         if (pfd < 0)
             continue; /* gone meanwhile */
-        if (proc_in_ns((pid_t)v, ns))
+        if (proc_in_ns((pid_t)v, ns, &zombie))
             (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
         close(pfd);
     }

@@ -1,0 +1,584 @@
+/*
+ * test_forgery.c - issue 7, faults 3 and 4, as kinds: nothing running inside a sandbox can
+ * read, write or hold a supervisor's channels (so a leftover agent process cannot forge or
+ * stall a grader's exec), `exclusive` execs and activation close leave nothing of the agent
+ * alive, every sandbox and exec has a session keyring of its own, and the default seccomp
+ * filter refuses what sandboxes do not need while normal commands keep working.
+ *
+ * The hostile program is build/tests/lbt-probe (tests/e2e/lbt_probe.c), uploaded into each
+ * sandbox through the files API and started with the sandbox's operate token, as an agent
+ * would.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <linux/keyctl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+/* ---------- helpers ---------- */
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    buf[n] = '\0';
+    *len = (size_t)n;
+    return buf;
+}
+
+/* build/tests/lbt-probe, next to the daemon's build directory. */
+static void probe_path(char *buf, size_t size)
+{
+    const char *daemon = getenv("LENDBOXD");
+    char copy[1024];
+
+    ck_assert_msg(daemon != NULL, "LENDBOXD is not set");
+    snprintf(copy, sizeof(copy), "%s", daemon);
+    snprintf(buf, size, "%s/tests/lbt-probe", dirname(copy));
+}
+
+static void upload_probe(struct lbt_daemon *d, const char *sbx)
+{
+    char path[1024];
+    struct lbt_resp r;
+    size_t len;
+    char *data;
+
+    probe_path(path, sizeof(path));
+    data = read_file(path, &len);
+    lbt_file_put(d, sbx, "", "/workspace/lbt-probe", "0755", data, len, &r);
+    ck_assert_msg(r.status == 204, "upload of the probe: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(data);
+}
+
+/* Seed rsid; sandbox id into sbx, operate token into op. */
+static void seed(struct lbt_daemon *d, const char *rsid, char *sbx, size_t sbx_len, char *op,
+                 size_t op_len)
+{
+    json_t *lease = lbt_seed(d, rsid, "task-forgery", NULL);
+
+    snprintf(sbx, sbx_len, "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    if (op)
+        snprintf(op, op_len, "%s",
+                 json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+}
+
+/* As the agent (operate token): start the forger in the background, left running with
+ * preserve_background_services; returns its pid inside the sandbox. */
+static int start_forger(struct lbt_daemon *d, const char *sbx, const char *op, const char *log,
+                        const char *mode)
+{
+    char body[1024], cmd[600];
+    json_t *res;
+    char *out;
+    int pid;
+
+    snprintf(cmd, sizeof(cmd),
+             "/workspace/lbt-probe forge %s %s </dev/null >/dev/null 2>&1 & "
+             "while [ ! -s %s.pid ]; do sleep 0.01; done",
+             log, mode, log);
+    snprintf(body, sizeof(body),
+             "{\"command\": \"%s\", \"preserve_background_services\": true, \"timeout_s\": 30}",
+             cmd);
+    res = lbt_exec_ok(d, sbx, op, body);
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    snprintf(cmd, sizeof(cmd), "cat %s.pid", log);
+    out = lbt_sh(d, sbx, cmd);
+    pid = atoi(out);
+    free(out);
+    ck_assert_int_gt(pid, 1);
+    return pid;
+}
+
+/* The grader's exec (admin): must come back with its true code and output. */
+static void assert_true_result(struct lbt_daemon *d, const char *sbx, const char *extra)
+{
+    char body[512];
+    json_t *res;
+
+    snprintf(body, sizeof(body),
+             "{\"command\": \"sleep 0.3; echo true-output; exit 7\", \"timeout_s\": 20%s}", extra);
+    res = lbt_exec_ok(d, sbx, "", body);
+    ck_assert_msg(json_is_null(json_object_get(res, "error_type")), "error_type %s (stderr %s)",
+                  json_string_value(json_object_get(res, "error_type")),
+                  json_string_value(json_object_get(res, "stderr")));
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 7);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "true-output\n");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stderr")), "");
+    json_decref(res);
+}
+
+/* Every attempt on a supervisor in the forger's log failed; returns how many distinct
+ * supervisors it attacked. */
+static int assert_attacks_failed(struct lbt_daemon *d, const char *sbx, const char *log)
+{
+    static const char *const attempts[] = {"pidfd_getfd0", "pidfd_getfd1", "pidfd_getfd2",
+                                           "pidfd_getfd3", "proc_fd1",     "proc_fd3",
+                                           "proc_fd_dir",  "proc_mem",     "ptrace"};
+    char cmd[300], *text, *line, *save = NULL;
+    int supervisors = 0, checked = 0;
+
+    snprintf(cmd, sizeof(cmd), "cat %s", log);
+    text = lbt_sh(d, sbx, cmd);
+    for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char what[64] = "", result[64] = "";
+        int pid;
+
+        if (sscanf(line, "%d %63s %63s", &pid, what, result) != 3)
+            continue;
+        for (size_t i = 0; i < sizeof(attempts) / sizeof(attempts[0]); i++) {
+            if (strcmp(what, attempts[i]) == 0) {
+                ck_assert_msg(strcmp(result, "ok") != 0, "the forger succeeded: %s", line);
+                checked++;
+            }
+        }
+        if (strcmp(what, "ptrace") == 0)
+            supervisors++;
+    }
+    free(text);
+    ck_assert_int_eq(checked, supervisors * 9);
+    return supervisors;
+}
+
+/* Is pid alive inside the sandbox (as its own namespace numbers it)? */
+static bool alive_inside(struct lbt_daemon *d, const char *sbx, int pid)
+{
+    char cmd[200], *out;
+    bool alive;
+
+    snprintf(cmd, sizeof(cmd), "if [ -d /proc/%d ]; then echo yes; else echo no; fi", pid);
+    out = lbt_sh(d, sbx, cmd);
+    alive = strncmp(out, "yes", 3) == 0;
+    free(out);
+    return alive;
+}
+
+/* ---------- fault 3: the forger ---------- */
+
+static void forgery_scenario(const char *const *daemon_args)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256];
+    int pid, attacked;
+
+    lbt_daemon_start(&d, daemon_args);
+    seed(&d, "forge-1", sbx, sizeof(sbx), op, sizeof(op));
+    upload_probe(&d, sbx);
+    pid = start_forger(&d, sbx, op, "/workspace/forge.log", "");
+    for (int i = 0; i < 3; i++)
+        assert_true_result(&d, sbx, "");
+    ck_assert(alive_inside(&d, sbx, pid));
+    /* the forger saw and attacked the supervisor that started it and each grader's */
+    attacked = assert_attacks_failed(&d, sbx, "/workspace/forge.log");
+    ck_assert_int_ge(attacked, 4);
+    lbt_daemon_cleanup(&d);
+}
+
+/* The supervisor's own protection (non-dumpable, exec-only, status fd never in the command),
+ * without the seccomp filter's help. */
+START_TEST(test_forger_fails_without_seccomp)
+{
+    const char *const args[] = {"--set", "security.seccomp=no", NULL};
+
+    forgery_scenario(args);
+}
+END_TEST
+
+/* And with the default configuration (both walls). */
+START_TEST(test_forger_fails_by_default)
+{
+    forgery_scenario(NULL);
+}
+END_TEST
+
+/* A process holding the command's stdout and stderr (stolen with pidfd_getfd, which only
+ * works without the seccomp filter, or simply inherited by a background child) does not stall
+ * the exec: the result comes with the supervisor's status, not at the backstop (which would
+ * answer 125 "sandbox"). */
+START_TEST(test_held_pipes_do_not_stall)
+{
+    const char *const args[] = {"--set", "security.seccomp=no", NULL};
+    struct lbt_daemon d;
+    char sbx[128], op[256], *log;
+    json_t *res;
+
+    lbt_daemon_start(&d, args);
+    seed(&d, "forge-hold", sbx, sizeof(sbx), op, sizeof(op));
+    upload_probe(&d, sbx);
+    start_forger(&d, sbx, op, "/workspace/hold.log", "--hold");
+    assert_true_result(&d, sbx, "");
+    log = lbt_sh(&d, sbx, "grep -c 'hold_fd1 ok' /workspace/hold.log || true");
+    ck_assert_msg(atoi(log) >= 1, "the forger held no command's stdout: %s", log);
+    free(log);
+    /* the exec's own background child keeps stdout open for 60 s */
+    res = lbt_exec_ok(&d, sbx, "",
+                      "{\"command\": \"sleep 60 & echo true-output; exit 7\", "
+                      "\"preserve_background_services\": true, \"timeout_s\": 20}");
+    ck_assert(json_is_null(json_object_get(res, "error_type")));
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 7);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "true-output\n");
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* exclusive: every agent process is gone before the grader's command starts, the forger
+ * included (it writes into every command's stdout it can reach). */
+START_TEST(test_exclusive_leaves_no_agent_process)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256], cmd[300], *out, *line, *save = NULL;
+    int forger, sleeper, looper, n = 0;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-excl", sbx, sizeof(sbx), op, sizeof(op));
+    upload_probe(&d, sbx);
+    forger = start_forger(&d, sbx, op, "/workspace/excl.log", "--write");
+    /* more of the agent: a sleeper and a loop that keeps forking */
+    res = lbt_exec_ok(&d, sbx, op,
+                      "{\"command\": \"sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "
+                      "/workspace/sleeper.pid; (while :; do sleep 0.01; done) </dev/null "
+                      ">/dev/null 2>&1 & echo $! > /workspace/looper.pid\", "
+                      "\"preserve_background_services\": true}");
+    json_decref(res);
+    out = lbt_sh(&d, sbx, "cat /workspace/sleeper.pid");
+    sleeper = atoi(out);
+    free(out);
+    out = lbt_sh(&d, sbx, "cat /workspace/looper.pid");
+    looper = atoi(out);
+    free(out);
+    ck_assert(alive_inside(&d, sbx, forger));
+    ck_assert(alive_inside(&d, sbx, sleeper));
+    ck_assert(alive_inside(&d, sbx, looper));
+
+    /* the exclusive command itself lists what is alive: the init, its own supervisor, its
+     * shell and what the shell runs, nothing else */
+    res = lbt_exec_ok(&d, sbx, "",
+                      "{\"exclusive\": true, \"command\": \"for p in /proc/[0-9]*; do "
+                      "echo ${p#/proc/} $(cat $p/comm 2>/dev/null); done\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    out = strdup(json_string_value(json_object_get(res, "stdout")));
+    json_decref(res);
+    for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int pid = atoi(line);
+
+        n++;
+        ck_assert_msg(pid != forger && pid != sleeper && pid != looper,
+                      "agent process alive under exclusive: %s", line);
+        ck_assert_msg(strstr(line, "lbt-probe") == NULL && strstr(line, " sleep") == NULL,
+                      "agent process alive under exclusive: %s", line);
+    }
+    free(out);
+    ck_assert_msg(n >= 3 && n <= 5, "%d processes under exclusive", n);
+    ck_assert(!alive_inside(&d, sbx, forger));
+    ck_assert(!alive_inside(&d, sbx, sleeper));
+    ck_assert(!alive_inside(&d, sbx, looper));
+    snprintf(cmd, sizeof(cmd), "/workspace/lbt-probe forge /workspace/excl.log");
+    ck_assert_int_eq(lbt_count_procs_cmdline(cmd), 0);
+    /* a forger started before an exclusive grader cannot touch its result */
+    start_forger(&d, sbx, op, "/workspace/excl2.log", "--write");
+    assert_true_result(&d, sbx, ", \"exclusive\": true");
+    /* the sandbox itself lives on */
+    free(lbt_sh(&d, sbx, "true"));
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* While an exclusive exec runs, no other exec enters the sandbox (409); an exec that was
+ * running when it started is ended (its processes are the agent's too). */
+START_TEST(test_exclusive_runs_alone)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256], path[200];
+    struct lbt_async *before, *excl;
+    struct lbt_resp r;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-alone", sbx, sizeof(sbx), op, sizeof(op));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    before = lbt_async_json(&d, "POST", path, op, "{\"command\": \"sleep 30; exit 3\"}");
+    lbt_sleep_ms(500);
+    excl = lbt_async_json(&d, "POST", path, "",
+                          "{\"exclusive\": true, \"command\": \"sleep 2; exit 5\"}");
+    lbt_async_join(before, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_ne(json_integer_value(json_object_get(r.json, "return_code")), 3);
+    ck_assert_int_ne(json_integer_value(json_object_get(r.json, "return_code")), 0);
+    lbt_resp_free(&r);
+    lbt_sleep_ms(300);
+    ck_assert(!lbt_async_done(excl));
+    lbt_exec(&d, sbx, op, "{\"command\": \"true\"}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_async_join(excl, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 5);
+    lbt_resp_free(&r);
+    /* afterwards anyone may exec again */
+    free(lbt_sh(&d, sbx, "true"));
+    lbt_exec(&d, sbx, "", "{\"command\": \"true\", \"exclusive\": 1}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* Activation close stops every sandbox process but init before it collects the artifacts. */
+START_TEST(test_close_stops_agent_processes)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256], *out;
+    struct lbt_resp r;
+    int sleeper;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-close", sbx, sizeof(sbx), op, sizeof(op));
+    res = lbt_exec_ok(&d, sbx, op,
+                      "{\"command\": \"sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > "
+                      "/workspace/sleeper.pid\", \"preserve_background_services\": true}");
+    json_decref(res);
+    out = lbt_sh(&d, sbx, "cat /workspace/sleeper.pid");
+    sleeper = atoi(out);
+    free(out);
+    lbt_json(&d, "POST", "/v1/sessions/forge-close/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo done > /workspace/result.txt\"], "
+             "\"collect\": [\"/workspace/result.txt\"]}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    ck_assert(alive_inside(&d, sbx, sleeper)); /* finishing the harness leaves it */
+    lbt_json(&d, "POST", "/v1/sessions/forge-close/close", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    ck_assert(!alive_inside(&d, sbx, sleeper));
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* ---------- fault 4: keyrings and seccomp ---------- */
+
+static const char *keyctl_out(json_t *res)
+{
+    return json_string_value(json_object_get(res, "stdout"));
+}
+
+/* The daemon has a session keyring (as under systemd) holding a key of its own; without the
+ * seccomp filter (so keyctl works at all) no sandbox and no exec reaches it or each other's. */
+START_TEST(test_session_keyring_per_sandbox_and_exec)
+{
+    const char *const args[] = {"--set", "security.seccomp=no", NULL};
+    struct lbt_daemon d;
+    char a[128], b[128];
+    json_t *res;
+
+    /* the test process (Check forks one per test) joins a session keyring; the daemon inherits
+     * it, as `keyctl session` would give it */
+    ck_assert_int_ge(syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, "lbt-forgery"), 0);
+    ck_assert_int_ge(
+        syscall(SYS_add_key, "user", "lbt-daemon", "secret", 6, KEY_SPEC_SESSION_KEYRING), 0);
+    lbt_daemon_start(&d, args);
+    seed(&d, "keys-a", a, sizeof(a), NULL, 0);
+    seed(&d, "keys-b", b, sizeof(b), NULL, 0);
+    res = lbt_exec_ok(&d, a, "",
+                      "{\"command\": \"keyctl add user lbt-a secret-a @s >/dev/null && "
+                      "keyctl search @s user lbt-a >/dev/null && echo found\"}");
+    ck_assert_str_eq(keyctl_out(res), "found\n");
+    json_decref(res);
+    /* not in another sandbox, not in the next exec of the same sandbox, never the daemon's */
+    res = lbt_exec_ok(&d, b, "", "{\"command\": \"keyctl search @s user lbt-a || echo absent\"}");
+    ck_assert_str_eq(keyctl_out(res), "absent\n");
+    json_decref(res);
+    res = lbt_exec_ok(&d, a, "", "{\"command\": \"keyctl search @s user lbt-a || echo absent\"}");
+    ck_assert_str_eq(keyctl_out(res), "absent\n");
+    json_decref(res);
+    res = lbt_exec_ok(&d, b, "",
+                      "{\"command\": \"keyctl search @s user lbt-daemon || echo absent\"}");
+    ck_assert_str_eq(keyctl_out(res), "absent\n");
+    json_decref(res);
+    /* and the init's session is not the daemon's either (its processes get one of their own) */
+    res = lbt_exec_ok(&d, a, "",
+                      "{\"command\": \"keyctl describe @s | grep -c lbt-forgery || true\"}");
+    ck_assert_str_eq(keyctl_out(res), "0\n");
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* Each refused call answers EPERM inside the sandbox (clone3 ENOSYS), for the exec and, as
+ * /proc shows, for the init and the supervisor too; plain fork and threads work. */
+START_TEST(test_seccomp_refuses_with_eperm)
+{
+    struct lbt_daemon d;
+    char sbx[128], *out, *line, *save = NULL;
+    int n = 0;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "sec-1", sbx, sizeof(sbx), NULL, 0);
+    upload_probe(&d, sbx);
+    out = lbt_sh(&d, sbx, "/workspace/lbt-probe syscalls");
+    for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[64], result[32];
+
+        ck_assert_int_eq(sscanf(line, "%63s %31s", name, result), 2);
+        n++;
+        if (strcmp(name, "clone3") == 0)
+            ck_assert_msg(strcmp(result, "ENOSYS") == 0, "%s", line);
+        else if (strcmp(name, "fork") == 0 || strcmp(name, "getpid") == 0)
+            ck_assert_msg(strcmp(result, "ok") == 0, "%s", line);
+        else
+            ck_assert_msg(strcmp(result, "EPERM") == 0, "%s", line);
+    }
+    free(out);
+    ck_assert_int_ge(n, 38);
+    /* the init (pid 1) and this exec's supervisor (the shell's parent) run filtered */
+    res = lbt_exec_ok(&d, sbx, "",
+                      "{\"command\": \"grep '^Seccomp:' /proc/1/status /proc/$PPID/status "
+                      "/proc/self/status | cut -f2 | tr -d ' '\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "2\n2\n2\n");
+    json_decref(res);
+    /* keyctl(1) as a user meets it */
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"keyctl add user k v @s\"}");
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(res, "stderr")), "Operation not permitted"));
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* Without the filter the same probes do other things: the test above can fail. */
+START_TEST(test_seccomp_off_allows)
+{
+    const char *const args[] = {"--set", "security.seccomp=no", NULL};
+    struct lbt_daemon d;
+    char sbx[128], *out;
+
+    lbt_daemon_start(&d, args);
+    seed(&d, "sec-off", sbx, sizeof(sbx), NULL, 0);
+    upload_probe(&d, sbx);
+    out = lbt_sh(&d, sbx,
+                 "/workspace/lbt-probe syscalls keyctl unshare_user pidfd_getfd "
+                 "process_vm_readv; grep '^Seccomp:' /proc/self/status | cut -f2");
+    ck_assert_str_eq(out, "keyctl ok\nunshare_user ok\npidfd_getfd ok\nprocess_vm_readv ok\n0\n");
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* Normal work is unaffected: shells, python3 with threads, cp, tar, pipes. */
+START_TEST(test_seccomp_normal_commands)
+{
+    struct lbt_daemon d;
+    char sbx[128], *out;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "sec-normal", sbx, sizeof(sbx), NULL, 0);
+    out = lbt_sh(&d, sbx,
+                 "cd /workspace && mkdir -p src && echo hello > src/a.txt && cp -r src copy && "
+                 "tar czf t.tgz copy && rm -rf copy && tar xzf t.tgz && cat copy/a.txt && "
+                 "echo $(echo sub | tr a-z A-Z) | sed s/U/u/ && "
+                 "sh -c 'sleep 0.1 & wait; echo waited'");
+    ck_assert_str_eq(out, "hello\nSuB\nwaited\n");
+    free(out);
+    if (access("/usr/bin/python3", X_OK) == 0) {
+        out = lbt_sh(&d, sbx,
+                     "/usr/bin/python3 -c 'import threading, subprocess; r = []; "
+                     "t = threading.Thread(target=lambda: r.append(subprocess.run([\"echo\", "
+                     "\"py\"], capture_output=True).stdout)); t.start(); t.join(); "
+                     "print(r[0].decode().strip())'");
+        ck_assert_str_eq(out, "py\n");
+        free(out);
+    }
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* [security] seccomp_deny adds names; an unknown name stops the daemon at start. */
+START_TEST(test_seccomp_deny_config)
+{
+    const char *const args[] = {"--set", "security.seccomp_deny=uname, getcpu", NULL};
+    const char *daemon = getenv("LENDBOXD"), *sup = getenv("LENDBOX_SUPERVISE");
+    char dir[] = "/tmp/lbt-forgery-XXXXXX", cmd[2048], buf[4096];
+    struct lbt_daemon d;
+    char sbx[128];
+    size_t got;
+    json_t *res;
+    FILE *p;
+    int st;
+
+    lbt_daemon_start(&d, args);
+    seed(&d, "sec-deny", sbx, sizeof(sbx), NULL, 0);
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"uname -s\"}");
+    ck_assert_int_ne(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(res, "stderr")), "Operation not permitted"));
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+
+    ck_assert_ptr_nonnull(daemon);
+    ck_assert_ptr_nonnull(sup);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "'%s' --state-dir '%s' --listen 127.0.0.1:0 --set local.supervise='%s' "
+             "--set local.uid_base=1900000000 --set security.seccomp_deny=no_such_call 2>&1",
+             daemon, dir, sup);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    got = fread(buf, 1, sizeof(buf) - 1, p);
+    buf[got] = '\0';
+    st = pclose(p);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "daemon started: %s", buf);
+    ck_assert_msg(strstr(buf, "no_such_call") != NULL, "output: %s", buf);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("forgery");
+    TCase *forge = tcase_create("forgery");
+    TCase *sec = tcase_create("seccomp");
+
+    tcase_set_timeout(forge, 180);
+    tcase_add_test(forge, test_forger_fails_without_seccomp);
+    tcase_add_test(forge, test_forger_fails_by_default);
+    tcase_add_test(forge, test_held_pipes_do_not_stall);
+    tcase_add_test(forge, test_exclusive_leaves_no_agent_process);
+    tcase_add_test(forge, test_exclusive_runs_alone);
+    tcase_add_test(forge, test_close_stops_agent_processes);
+    suite_add_tcase(s, forge);
+    tcase_set_timeout(sec, 180);
+    tcase_add_test(sec, test_session_keyring_per_sandbox_and_exec);
+    tcase_add_test(sec, test_seccomp_refuses_with_eperm);
+    tcase_add_test(sec, test_seccomp_off_allows);
+    tcase_add_test(sec, test_seccomp_normal_commands);
+    tcase_add_test(sec, test_seccomp_deny_config);
+    suite_add_tcase(s, sec);
+    return lbt_run_suite(s);
+}
