@@ -372,14 +372,14 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
             _exit(126);
         }
     }
-    if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
-        syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
-        local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
-        _exit(126);
-    }
     /* the sandbox's own session keyring, never the daemon's */
     if (local_child_new_session_keyring() < 0) {
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", errno);
+        _exit(126);
+    }
+    if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
+        syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
         _exit(126);
     }
     (void)syscall(SYS_umask, 022); /* the sandbox's files: not the daemon's umask 077 */

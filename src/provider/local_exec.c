@@ -134,6 +134,11 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
             _exit(1);
         }
     }
+    /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
+    if (local_child_new_session_keyring() < 0) {
+        local_child_report(st, "error cannot make a session keyring", errno);
+        _exit(1);
+    }
     for (i = 0; i < NS_COUNT; i++) {
         if (syscall(SYS_setns, f->ns[i], ns_types[i]) < 0) {
             local_child_report(st, "error cannot enter the sandbox namespaces", errno);
@@ -143,11 +148,6 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
     /* uid/gid 0 of the sandbox's user namespace: its host uid, never host root */
     if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0) {
         local_child_report(st, "error cannot become the sandbox's root", errno);
-        _exit(1);
-    }
-    /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
-    if (local_child_new_session_keyring() < 0) {
-        local_child_report(st, "error cannot make a session keyring", errno);
         _exit(1);
     }
     /* Entering the user namespace gave us every capability in it; the sandbox's own processes

@@ -123,9 +123,12 @@ void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */
 void local_child_report(int fd, const char *msg, int err_no);
 /* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the
- * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call as
- * the sandbox's uid (the keyring is charged to it). A kernel without keys (ENOSYS) counts as
- * done. 0 or -1 with errno. */
+ * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call while
+ * still host root, before entering the sandbox's user namespace: the keyring then belongs to
+ * root and counts against root's key quota, not the sandbox uid's 200 keys (else 200 live
+ * background processes of separate execs would block every further exec), and only its
+ * possessors (this process and its descendants) may use it. A kernel without keys (ENOSYS)
+ * counts as done. 0 or -1 with errno. */
 int local_child_new_session_keyring(void);
 
 /* Exec admission, per sandbox (local_exclusive.c). An exclusive exec runs alone: while it
