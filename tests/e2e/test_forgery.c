@@ -48,10 +48,9 @@ static char *read_file(const char *path, size_t *len)
 /* build/tests/lbt-probe, next to the daemon's build directory. */
 static void probe_path(char *buf, size_t size)
 {
-    const char *daemon = getenv("LENDBOXD");
+    const char *daemon = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
     char copy[1024];
 
-    ck_assert_msg(daemon != NULL, "LENDBOXD is not set");
     snprintf(copy, sizeof(copy), "%s", daemon);
     snprintf(buf, size, "%s/tests/lbt-probe", dirname(copy));
 }
@@ -428,6 +427,30 @@ START_TEST(test_session_keyring_per_sandbox_and_exec)
 }
 END_TEST
 
+/* Each exec's keyring counts against root's key quota, not the sandbox uid's 200 keys: 210
+ * background processes left by 210 execs (each holding its exec's keyring) do not make the
+ * next exec fail. */
+START_TEST(test_keyrings_do_not_exhaust_the_sandbox_quota)
+{
+    struct lbt_daemon d;
+    char sbx[128];
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "keys-quota", sbx, sizeof(sbx), NULL, 0);
+    for (int i = 0; i < 210; i++) {
+        res = lbt_exec_ok(&d, sbx, "",
+                          "{\"command\": \"sleep 1000 >/dev/null 2>&1 &\", "
+                          "\"preserve_background_services\": true}");
+        ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == 0, "exec %d: %s",
+                      i, json_string_value(json_object_get(res, "stderr")));
+        json_decref(res);
+    }
+    free(lbt_sh(&d, sbx, "true"));
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* Each refused call answers EPERM inside the sandbox (clone3 ENOSYS), for the exec and, as
  * /proc shows, for the init and the supervisor too; plain fork and threads work. */
 START_TEST(test_seccomp_refuses_with_eperm)
@@ -522,7 +545,9 @@ END_TEST
 START_TEST(test_seccomp_deny_config)
 {
     const char *const args[] = {"--set", "security.seccomp_deny=uname, getcpu", NULL};
-    const char *daemon = getenv("LENDBOXD"), *sup = getenv("LENDBOX_SUPERVISE");
+    const char *daemon = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
+    const char *sup =
+        getenv("LENDBOX_SUPERVISE") ? getenv("LENDBOX_SUPERVISE") : "build/lendbox-supervise";
     char dir[] = "/tmp/lbt-forgery-XXXXXX", cmd[2048], buf[4096];
     struct lbt_daemon d;
     char sbx[128];
@@ -540,8 +565,6 @@ START_TEST(test_seccomp_deny_config)
     json_decref(res);
     lbt_daemon_cleanup(&d);
 
-    ck_assert_ptr_nonnull(daemon);
-    ck_assert_ptr_nonnull(sup);
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(cmd, sizeof(cmd),
              "'%s' --state-dir '%s' --listen 127.0.0.1:0 --set local.supervise='%s' "
@@ -575,6 +598,7 @@ int main(void)
     suite_add_tcase(s, forge);
     tcase_set_timeout(sec, 180);
     tcase_add_test(sec, test_session_keyring_per_sandbox_and_exec);
+    tcase_add_test(sec, test_keyrings_do_not_exhaust_the_sandbox_quota);
     tcase_add_test(sec, test_seccomp_refuses_with_eperm);
     tcase_add_test(sec, test_seccomp_off_allows);
     tcase_add_test(sec, test_seccomp_normal_commands);

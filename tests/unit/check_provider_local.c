@@ -22,6 +22,7 @@
 
 #include "provider/local.h"
 #include "provider/provider.h"
+#include "provider/seccomp.h"
 #include "util/clock.h"
 
 #define MIB (1024 * 1024)
@@ -1120,6 +1121,36 @@ START_TEST(test_path_is_valid)
 }
 END_TEST
 
+/* The default filter builds, extra names add rules, unknown names are refused with the name in
+ * the message, and the memfd holds the same program. */
+START_TEST(test_seccomp_filter_build)
+{
+    struct lb_seccomp f, g;
+    struct lb_error err = {0};
+    char buf[65536];
+    ssize_t n;
+    int fd;
+
+    ck_assert_int_eq(seccomp_filter_build(NULL, &f, &err), 0);
+    ck_assert_uint_gt(f.prog.len, 10);
+    ck_assert_uint_eq(f.size_bytes, f.prog.len * sizeof(struct sock_filter));
+    ck_assert_int_eq(seccomp_filter_build("uname, getcpu personality", &g, &err), 0);
+    ck_assert_uint_gt(g.prog.len, f.prog.len);
+    seccomp_filter_release(&g);
+    ck_assert_int_eq(seccomp_filter_build("uname no_such_call", &g, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.message, "no_such_call"));
+    ck_assert_uint_eq(g.prog.len, 0);
+    fd = seccomp_filter_memfd(&f);
+    ck_assert_int_ge(fd, 0);
+    n = read(fd, buf, sizeof(buf));
+    ck_assert_int_eq(n, (ssize_t)f.size_bytes);
+    ck_assert_int_eq(memcmp(buf, f.prog.filter, f.size_bytes), 0);
+    close(fd);
+    seccomp_filter_release(&f);
+    seccomp_filter_release(&f); /* twice is harmless */
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("provider_local");
@@ -1127,6 +1158,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("bwrap");
 
     tcase_add_test(pure, test_path_is_valid);
+    tcase_add_test(pure, test_seccomp_filter_build);
     suite_add_tcase(s, pure);
 
     tcase_add_unchecked_fixture(tc, run_setup, run_teardown);
