@@ -428,6 +428,20 @@ static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
         r = lb_error_set(err, -EREMOTEIO, "the sweep before artifact capture failed (exit %d)",
                          res.return_code);
     provider_exec_result_release(&res);
+    if (r == -EBUSY) {
+        /* paused: frozen processes write nothing while the capture reads */
+        json_t *st = NULL;
+        const char *s;
+
+        if (lend_sandbox_status(a->lend, act->sandbox_id, &st, NULL) == 0 &&
+            (s = json_string_value(json_object_get(st, "status"))) && strcmp(s, "paused") == 0) {
+            log_info("activation %s: the sandbox is paused; capturing without the sweep", act->id);
+            r = 0;
+        }
+        json_decref(st);
+        if (r == 0)
+            return 0;
+    }
     if (r == 0)
         log_info("activation %s: every sandbox process but init stopped before capture", act->id);
     return r;
