@@ -5,7 +5,9 @@
 #   make run        install missing Debian packages, build, start lendboxd on 127.0.0.1:8787
 #   make check      install missing Debian packages, build, run every test
 #   make asan       the same tests against an ASan+UBSan build (in build-asan/)
-#   make install    FHS install (PREFIX=/usr/local, DESTDIR supported)
+#   make install    FHS install (PREFIX=/usr/local, DESTDIR supported; unit into UNITDIR)
+#   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
+#   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
 
 -include config.mak.autogen
@@ -15,8 +17,11 @@ PREFIX ?= /usr/local
 SBINDIR ?= $(PREFIX)/sbin
 LIBEXECDIR ?= $(PREFIX)/libexec
 SYSCONFDIR ?= /etc
-UNITDIR ?= /lib/systemd/system
+# The admin's unit dir by default; packagers set UNITDIR=$$(pkg-config systemd --variable
+# systemdsystemunitdir) (/lib/systemd/system on Debian 12).
+UNITDIR ?= /etc/systemd/system
 DOCDIR ?= $(PREFIX)/share/doc/lendbox
+MANDIR ?= $(PREFIX)/share/man
 
 VERSION := 0.1.0
 BUILD ?= build
@@ -53,7 +58,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan install deps test unit e2e bench clean format
+.PHONY: all run check asan install uninstall systemd-test deps test unit e2e bench clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -113,6 +118,11 @@ test: unit e2e
 
 check: deps
 	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory systemd-test
+
+# The unit under a real systemd (systemd-nspawn of a cached debootstrap root); needs root.
+systemd-test: all
+	@echo "== tests/systemd-unit"; tests/systemd-unit
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT='-O1 -g' test
@@ -122,7 +132,7 @@ bench: all
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
-		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/lendboxd
 	install -m 0711 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
 	@# an existing configuration is the operator's: install the new one beside it
@@ -132,8 +142,23 @@ install: all
 		install -m 0644 etc/lendbox.conf $(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf; \
 	fi
 	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
-		systemd/lendboxd.service > $(DESTDIR)$(UNITDIR)/lendboxd.service
+		-e 's|@DOCDIR@|$(DOCDIR)|g' systemd/lendboxd.service > $(DESTDIR)$(UNITDIR)/lendboxd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/lendboxd.service
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(DOCDIR)/
+	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+		-e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@LIBEXECDIR@|$(LIBEXECDIR)|g' \
+		-e 's|@VERSION@|$(VERSION)|g' docs/lendboxd.8 > $(DESTDIR)$(MANDIR)/man8/lendboxd.8
+	chmod 0644 $(DESTDIR)$(MANDIR)/man8/lendboxd.8
+
+# Exactly what install put, and the directories it made if they are empty now. The operator's
+# lendbox.conf stays (lendbox.conf.dist, ours, goes); so does the state dir.
+uninstall:
+	rm -f $(DESTDIR)$(SBINDIR)/lendboxd $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise \
+		$(DESTDIR)$(UNITDIR)/lendboxd.service $(DESTDIR)$(MANDIR)/man8/lendboxd.8 \
+		$(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf.dist \
+		$(addprefix $(DESTDIR)$(DOCDIR)/,README.md $(notdir $(wildcard docs/*.md)))
+	rmdir $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(DOCDIR) 2>/dev/null || true
+	rmdir $(DESTDIR)$(SYSCONFDIR)/lendbox 2>/dev/null || true
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -419,6 +419,7 @@ int main(int argc, char **argv)
         .data_dir = cfg.data_dir,
         .seccomp_off = !cfg.seccomp,
         .seccomp_deny = cfg.seccomp_deny,
+        .sandbox_nofile = cfg.sandbox_nofile,
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;

@@ -124,10 +124,10 @@ void http_respond_error(struct lb_request *req, const struct lb_error *err)
     json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg);
 
     if (status >= 500)
-        log_error("request %s %s: %d %s: %s", req->request_id, req->route ? req->route->name : "-",
-                  status, code, msg);
+        log_error_req(req->request_id, "request %s %s: %d %s: %s", req->request_id,
+                      req->route ? req->route->name : "-", status, code, msg);
     else
-        log_debug("request %s: %d %s: %s", req->request_id, status, code, msg);
+        log_debug_req(req->request_id, "request %s: %d %s: %s", req->request_id, status, code, msg);
     if (status == 429)
         metrics_add(LB_M_HTTP_OVERLOADED, 1);
     http_respond_json(req, (unsigned)status, body);

@@ -271,7 +271,8 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
         int attempts = r->stop_attempts + 1;
 
         metrics_add(LB_M_STOPS_FAILED, 1);
-        log_warn("stop of sandbox %s failed (attempt %d): %s", r->id, attempts, perr.message);
+        log_warn_sbx(r->id, "stop of sandbox %s failed (attempt %d): %s", r->id, attempts,
+                     perr.message);
         store_mark_stop_failed(l->store, r->id, fail_state, perr.message,
                                clock_now_s() + lend_backoff_s(l, attempts), NULL);
         rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id, perr.message);
@@ -279,7 +280,7 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
     }
     metrics_add(LB_M_STOPS_OK, 1);
     rc = store_mark_stopped(l->store, r->id, NULL, err);
-    log_info("sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
+    log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
 out:
     json_decref(desc);
     return rc;
@@ -450,7 +451,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     *lease_out = lend_render_lease(l, &got, false);
     metrics_add(LB_M_SEEDS_OK, 1);
-    log_info("session %s: lent sandbox %s (task %s)", rsid, rec.id, req->task_id);
+    log_info_sbx(rec.id, "session %s: lent sandbox %s (task %s)", rsid, rec.id, req->task_id);
     goto out;
 
 rollback:
@@ -460,8 +461,8 @@ rollback:
         struct lb_error serr = {0};
 
         if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
-            log_error("session %s: failed seed's sandbox %s could not be stopped: %s", rsid, rec.id,
-                      serr.message);
+            log_error_sbx(rec.id, "session %s: failed seed's sandbox %s could not be stopped: %s",
+                          rsid, rec.id, serr.message);
     }
 out:
     store_record_release(&got);
@@ -906,7 +907,7 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
         if (wanted) {
             attempted++;
             if (ttl) {
-                log_info("sandbox %s reached its TTL", cur.id);
+                log_info_sbx(cur.id, "sandbox %s reached its TTL", cur.id);
                 if (lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL) == 0)
                     metrics_add(LB_M_TTL_REAPED, 1);
             } else {
@@ -1151,7 +1152,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
             struct lb_sandbox_ref ref = {id, json_object_get(item, "descriptor")};
             if (provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0) {
                 stats->orphans_stopped++;
-                log_warn("stopped sandbox %s that had no record", id);
+                log_warn_sbx(id, "stopped sandbox %s that had no record", id);
             } else {
                 stats->failed++;
             }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,7 +23,12 @@
 #define CPU_PERIOD_US 100000
 #define POLL_STEP_MS 10
 
-static const char *const v1_controllers[LB_CGROUP_MAX_DIRS] = {"memory", "pids", "cpu", "freezer"};
+static const char *const v1_controllers[] = {"memory", "pids", "cpu", "freezer"};
+/* v1/hybrid hierarchies without controllers that systemd tracks units' processes by. */
+static const struct {
+    const char *name;
+    long magic;
+} v1_tracking[] = {{"systemd", CGROUP_SUPER_MAGIC}, {"unified", CGROUP2_SUPER_MAGIC}};
 
 static void sleep_ms(int64_t ms)
 {
@@ -123,9 +129,56 @@ static bool parent_is_valid(const char *parent)
     return strstr(parent, "..") == NULL;
 }
 
+static int mkdir_p(const char *path);
+
+/* Can sandbox cgroups be made under base in the hierarchy mounted at mount? Makes base. A
+ * read-only mount (nspawn mounts v1 controllers so in containers) or a base that cannot be
+ * made is logged and refused: using it would only fail seeds, and stops on dirs that can
+ * never be removed. */
+static bool hierarchy_usable(const char *mount, const char *base, const char *ctrl)
+{
+    struct statvfs sv;
+    int r;
+
+    if (statvfs(mount, &sv) == 0 && (sv.f_flag & ST_RDONLY)) {
+        log_warn("cgroup hierarchy %s (%s) is mounted read-only: not used, so sandboxes get no "
+                 "%s cgroup",
+                 mount, ctrl, ctrl);
+        return false;
+    }
+    r = mkdir_p(base);
+    if (r < 0) {
+        log_warn("cgroup hierarchy %s (%s) is unusable: cannot make %s: %s; not used", mount, ctrl,
+                 base, strerror(-r));
+        return false;
+    }
+    return true;
+}
+
+/* Add the hierarchy mounted at mount to h if it is usable. 0 (added or not) or -ENOMEM. */
+static int host_add(struct lb_cgroup_host *h, const char *mount, const char *parent,
+                    const char *ctrl)
+{
+    char *base;
+
+    if (h->nbase >= LB_CGROUP_MAX_DIRS)
+        return 0;
+    base = join_base(mount, parent);
+    if (!base)
+        return -ENOMEM;
+    if (!hierarchy_usable(mount, base, ctrl)) {
+        free(base);
+        return 0;
+    }
+    h->base[h->nbase] = base;
+    h->ctrl[h->nbase++] = ctrl;
+    return 0;
+}
+
 int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
 {
-    int i;
+    size_t i;
+    int r;
 
     memset(h, 0, sizeof(*h));
     if (!parent)
@@ -135,29 +188,37 @@ int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
         return 0;
     }
     if (fs_is(CGROUP_MOUNT, CGROUP2_SUPER_MAGIC)) {
-        h->base[0] = join_base(CGROUP_MOUNT, parent);
-        if (!h->base[0])
-            return -ENOMEM;
-        h->ctrl[0] = "unified";
-        h->nbase = 1;
-        h->version = 2;
-        return 0;
+        r = host_add(h, CGROUP_MOUNT, parent, "unified");
+        h->version = h->nbase ? 2 : 0;
+        return r;
     }
-    for (i = 0; i < LB_CGROUP_MAX_DIRS; i++) {
+    for (i = 0; i < sizeof(v1_controllers) / sizeof(v1_controllers[0]); i++) {
         char mount[64];
 
         snprintf(mount, sizeof(mount), CGROUP_MOUNT "/%s", v1_controllers[i]);
         if (!fs_is(mount, CGROUP_SUPER_MAGIC))
             continue;
-        h->base[h->nbase] = join_base(mount, parent);
-        if (!h->base[h->nbase]) {
-            cgroup_host_release(h);
-            return -ENOMEM;
-        }
-        h->ctrl[h->nbase++] = v1_controllers[i];
+        r = host_add(h, mount, parent, v1_controllers[i]);
+        if (r < 0)
+            goto fail;
+    }
+    /* Only alongside a controller: these alone enforce nothing. */
+    for (i = 0; h->nbase > 0 && i < sizeof(v1_tracking) / sizeof(v1_tracking[0]); i++) {
+        char mount[64];
+
+        snprintf(mount, sizeof(mount), CGROUP_MOUNT "/%s", v1_tracking[i].name);
+        if (!fs_is(mount, v1_tracking[i].magic))
+            continue;
+        r = host_add(h, mount, parent, v1_tracking[i].name);
+        if (r < 0)
+            goto fail;
     }
     h->version = h->nbase ? 1 : 0;
     return 0;
+
+fail:
+    cgroup_host_release(h);
+    return r;
 }
 
 void cgroup_host_release(struct lb_cgroup_host *h)
@@ -536,12 +597,27 @@ int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_m
     return 0;
 }
 
+/* rmdir said EROFS: the cgroup file system is read-only (rmdir checks that before it looks
+ * the name up, so even a dir that does not exist gets EROFS). Not a stop failure either way:
+ * a missing dir was never made, and an existing one cannot be removed by any retry. */
+static void remove_read_only(const char *dir)
+{
+    struct stat st;
+
+    if (stat(dir, &st) == 0)
+        log_warn("cgroup '%s' is on a read-only file system: left in place", dir);
+}
+
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err)
 {
     int i;
 
     for (i = 0; i < cg->ndirs; i++) {
         while (rmdir(cg->dirs[i]) < 0 && errno != ENOENT) {
+            if (errno == EROFS) {
+                remove_read_only(cg->dirs[i]);
+                break;
+            }
             if (errno != EBUSY)
                 return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s", cg->dirs[i],
                                     strerror(errno));

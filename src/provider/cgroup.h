@@ -5,7 +5,12 @@
  * v2 (production: /sys/fs/cgroup is cgroup2): <mount><base>/<id>, where the controllers the
  * limits need are enabled (best effort) in every ancestor's cgroup.subtree_control.
  * v1 (this machine is a v1/v2 hybrid whose v2 holds no controllers): the same relative path
- * in each of the memory, pids, cpu and freezer hierarchies.
+ * in each of the memory, pids, cpu and freezer hierarchies, and also in the controller-less
+ * hierarchies systemd tracks its units' processes by (name=systemd, and the hybrid layout's
+ * cgroup2 "unified"), so that no sandbox process is counted, signalled or warned about as one
+ * of the lendboxd unit's.
+ * A hierarchy that is mounted read-only or where the base cannot be made is left out, with a
+ * warning, at detection.
  * <base> is cgroup_parent (a leading '/' is optional) below the hierarchy's root: outside
  * the daemon's own (systemd service) cgroup, so stopping or restarting the service does not
  * kill the sandboxes (DESIGN.md invariant 6), and neither do its limits bound them.
@@ -23,14 +28,16 @@
 #include "provider/provider.h"
 #include "util/error.h"
 
-#define LB_CGROUP_MAX_DIRS 4
+#define LB_CGROUP_MAX_DIRS 6
 
 /* The host's cgroup layout: where new sandbox cgroups go. version 0: none usable. */
 struct lb_cgroup_host {
     int version;
     int nbase;
-    char *base[LB_CGROUP_MAX_DIRS];       /* absolute parent dirs of the sandbox cgroups */
-    const char *ctrl[LB_CGROUP_MAX_DIRS]; /* v1: the controller of each base; v2: "unified" */
+    char *base[LB_CGROUP_MAX_DIRS]; /* absolute parent dirs of the sandbox cgroups */
+    /* v1: the controller of each base, or "systemd"/"unified" for the tracking-only ones;
+     * v2: "unified" */
+    const char *ctrl[LB_CGROUP_MAX_DIRS];
 };
 
 /* One sandbox's cgroup directories (one on v2, one per hierarchy on v1). */
@@ -41,8 +48,9 @@ struct lb_cgroup {
 };
 
 /* Find the cgroup hierarchies and the parent dirs for parent (e.g. "lendbox"; NULL means
- * "lendbox"). Never fails hard: without usable cgroups h->version is 0. Returns 0 or
- * -ENOMEM. */
+ * "lendbox"), and make those parent dirs. A read-only or otherwise unusable hierarchy is
+ * logged (warn) and left out. Never fails hard: without usable cgroups h->version is 0.
+ * Returns 0 or -ENOMEM. */
 int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent);
 void cgroup_host_release(struct lb_cgroup_host *h);
 
@@ -72,7 +80,9 @@ int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_m
 void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out);
 
 /* Remove the cgroup dirs (already-gone counts as done), retrying while they are busy until
- * deadline_ms (monotonic). -ETIMEDOUT if still busy, -EREMOTEIO on other failures. */
+ * deadline_ms (monotonic). A dir on a read-only cgroup file system is not a failure: one that
+ * does not exist was never made, one that does is left (warn) since no retry can remove it.
+ * -ETIMEDOUT if still busy, -EREMOTEIO on other failures. */
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err);
 
 void cgroup_release(struct lb_cgroup *cg);

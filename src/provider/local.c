@@ -1024,6 +1024,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->uid_count = cfg->uid_count;
     lp->create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 10000;
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
+    lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_cond_init(&lp->stopped, NULL);
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);

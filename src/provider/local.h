@@ -33,6 +33,7 @@ struct lb_local_config {
     const char *data_dir;       /* storage "dir": where workdirs live; NULL: <state_dir>/data */
     bool seccomp_off;           /* true: no seccomp filter (the default filter is on) */
     const char *seccomp_deny;   /* extra syscalls to refuse, see provider/seccomp.h */
+    int64_t sandbox_nofile; /* RLIMIT_NOFILE of sandbox processes (not the daemon's); <= 0: 1024 */
 };
 
 /* Make a local provider. Checks bwrap and the supervisor exist and builds the seccomp filter.

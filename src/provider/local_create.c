@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -357,6 +358,7 @@ struct spawn {
     int cg_fds[LB_CGROUP_MAX_DIRS];
     int ncg;
     uid_t uid;
+    struct rlimit nofile; /* the sandbox's RLIMIT_NOFILE, not the daemon's */
 };
 
 /* The grandchild: join the cgroup, become the sandbox's uid, exec bwrap. Never returns. */
@@ -375,6 +377,11 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
     /* the sandbox's own session keyring, never the daemon's */
     if (local_child_new_session_keyring() < 0) {
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", errno);
+        _exit(126);
+    }
+    if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &s->nofile, NULL) < 0) {
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set the sandbox's open-file limit",
+                           errno);
         _exit(126);
     }
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
@@ -527,6 +534,7 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
         s.fds[i] = -1;
     s.info_r = s.ready_r = s.err_r = -1;
     s.uid = d->uid;
+    s.nofile.rlim_cur = s.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
     *pid = 0;
 
     s.fds[FD_STDIN] = open("/dev/null", O_RDONLY | O_CLOEXEC);

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -70,7 +71,8 @@ struct exec_fds {
     int ns[NS_COUNT];
     int cg[LB_CGROUP_MAX_DIRS];
     int ncg;
-    int child[CH_COUNT]; /* the supervisor's ends */
+    struct rlimit nofile; /* the sandbox's RLIMIT_NOFILE, not the daemon's */
+    int child[CH_COUNT];  /* the supervisor's ends */
     int in_w, out_r, err_r, status_r;
 };
 
@@ -147,6 +149,10 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
     /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
     if (local_child_new_session_keyring() < 0) {
         local_child_report(st, "error cannot make a session keyring", errno);
+        _exit(1);
+    }
+    if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &f->nofile, NULL) < 0) {
+        local_child_report(st, "error cannot set the sandbox's open-file limit", errno);
         _exit(1);
     }
     for (i = 0; i < NS_COUNT; i++) {
@@ -440,6 +446,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     int r, st;
 
     exec_fds_init(&f);
+    f.nofile.rlim_cur = f.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
     memset(res, 0, sizeof(*res));
     lb_buf_init(&res->out, out_max);
     lb_buf_init(&res->err, out_max);

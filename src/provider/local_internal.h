@@ -47,6 +47,7 @@ struct local_provider {
     enum local_storage storage;
     char *data_dir;            /* storage dir: realpath of the data dir; else NULL */
     struct lb_seccomp seccomp; /* installed in every sandbox process; len 0 when off */
+    int64_t sandbox_nofile;    /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */

@@ -77,6 +77,7 @@ static const struct config_key config_keys[] = {
     INT("local", "tmp_size_mib", tmp_size_mib, "1024", 1, 1048576),
     STR("local", "storage", storage, "tmpfs"),
     STR("local", "data_dir", data_dir, NULL),
+    INT("local", "sandbox_nofile", sandbox_nofile, "1024", 64, 1048576),
     BOOL("security", "seccomp", seccomp, "yes"),
     STR("security", "seccomp_deny", seccomp_deny, NULL),
     STR("faults", "spec", faults_spec, NULL),

@@ -59,8 +59,9 @@ struct lb_config {
     int64_t uid_base;
     int64_t uid_count;
     int64_t tmp_size_mib;
-    char *storage;  /* "tmpfs" or "dir" */
-    char *data_dir; /* storage dir: NULL means <state_dir>/data */
+    char *storage;          /* "tmpfs" or "dir" */
+    char *data_dir;         /* storage dir: NULL means <state_dir>/data */
+    int64_t sandbox_nofile; /* RLIMIT_NOFILE (soft and hard) of sandbox processes */
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */
