@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Names follow Prometheus' rules (promtool check metrics): counters end in _total, durations
+ * are in seconds and end in _seconds (kept in milliseconds here, converted when rendered: ms). */
 static const struct {
     const char *name, *labels, *help;
-    bool gauge;
+    bool gauge, ms;
 } counter_info[LB_M_COUNTERS] = {
     [LB_M_SEEDS_OK] = {"lendbox_seeds_total", "result=\"ok\"", "Seeds by result."},
     [LB_M_SEEDS_REUSED] = {"lendbox_seeds_total", "result=\"reused\"", NULL},
@@ -33,13 +35,13 @@ static const struct {
     [LB_M_RECONCILE_STOPPED] = {"lendbox_reconciled_total", "result=\"stopped\"", NULL},
     [LB_M_RECONCILE_ORPHANS] = {"lendbox_reconciled_total", "result=\"orphan_stopped\"", NULL},
     [LB_M_SWEEPS] = {"lendbox_sweeps_total", NULL, "Sweeper passes (retries, TTL, purge)."},
-    [LB_M_SWEEP_LAST_MS] = {"lendbox_sweep_last_duration_ms", NULL,
-                            "Duration of the last sweeper pass.", true},
+    [LB_M_SWEEP_LAST_MS] = {"lendbox_sweep_last_duration_seconds", NULL,
+                            "Duration of the last sweeper pass.", true, true},
     [LB_M_STOPS_IN_FLIGHT] = {"lendbox_stops_in_flight", NULL, "Provider stops running now.", true},
     [LB_M_STOPS_IN_FLIGHT_MAX] = {"lendbox_stops_in_flight_max", NULL,
                                   "Most provider stops ever in flight at once.", true},
-    [LB_M_SHUTDOWN_SWEEP_MS] = {"lendbox_shutdown_sweep_duration_ms", NULL,
-                                "Duration of the shutdown sweep.", true},
+    [LB_M_SHUTDOWN_SWEEP_MS] = {"lendbox_shutdown_sweep_duration_seconds", NULL,
+                                "Duration of the shutdown sweep (0 until one ran).", true, true},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];
@@ -139,7 +141,10 @@ int metrics_render(struct lb_buf *out)
             r = metrics_printf(out, "# HELP %s %s\n# TYPE %s %s\n", counter_info[c].name,
                                counter_info[c].help, counter_info[c].name,
                                counter_info[c].gauge ? "gauge" : "counter");
-        if (r == 0)
+        if (r == 0 && counter_info[c].ms)
+            r = metrics_printf(out, "%s %.3f\n", counter_info[c].name,
+                               (double)atomic_load(&counters[c]) / 1000.0);
+        else if (r == 0)
             r = metrics_printf(
                 out, "%s%s%s%s %llu\n", counter_info[c].name, counter_info[c].labels ? "{" : "",
                 counter_info[c].labels ? counter_info[c].labels : "",

@@ -32,10 +32,10 @@ enum lb_counter {
     LB_M_RECONCILE_STOPPED,
     LB_M_RECONCILE_ORPHANS,
     LB_M_SWEEPS,
-    LB_M_SWEEP_LAST_MS,       /* gauge: duration of the last sweeper pass */
+    LB_M_SWEEP_LAST_MS,       /* gauge, ms (rendered in seconds): the last sweeper pass */
     LB_M_STOPS_IN_FLIGHT,     /* gauge: provider stops running now */
     LB_M_STOPS_IN_FLIGHT_MAX, /* gauge: the most stops ever in flight at once */
-    LB_M_SHUTDOWN_SWEEP_MS,   /* gauge: duration of the shutdown sweep */
+    LB_M_SHUTDOWN_SWEEP_MS,   /* gauge, ms (rendered in seconds): the shutdown sweep */
     LB_M_COUNTERS
 };
 

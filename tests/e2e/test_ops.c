@@ -4,6 +4,7 @@
  * (501 not_implemented).
  */
 #include <ctype.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,125 @@ START_TEST(test_metrics_text)
 }
 END_TEST
 
+/* Does name end with suffix? */
+static bool ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
+/* Prometheus' naming rules, as promtool check metrics applies them: every family has HELP and
+ * TYPE, names are snake_case, counters end in _total (and nothing else does), units are base
+ * units spelled out (durations in _seconds, no _ms), histograms are durations in seconds with
+ * increasing numeric le bounds ending in +Inf, and every sample belongs to a declared family. */
+static void assert_promtool_rules(const char *text)
+{
+    static const char *const bad_units[] = {
+        "ms",      "msec",  "millis", "milliseconds", "us",  "usec", "micros", "microseconds",
+        "ns",      "nsec",  "nanos",  "nanoseconds",  "sec", "secs", "min",    "mins",
+        "minutes", "hours", "kb",     "mb",           "kib", "mib",  "gib",    "kilobytes"};
+    char families[64][128], types[64][16];
+    int nfam = 0, helps = 0, samples = 0;
+    double last_le = -1;
+    char *copy = strdup(text), *save = NULL;
+
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[128], type[16];
+
+        if (sscanf(line, "# TYPE %127s %15s", name, type) == 2) {
+            ck_assert_int_lt(nfam, 64);
+            for (const char *p = name; *p; p++)
+                ck_assert_msg(islower((unsigned char)*p) || isdigit((unsigned char)*p) || *p == '_',
+                              "not snake_case: %s", name);
+            ck_assert_msg(!strcmp(type, "counter") == ends_with(name, "_total"),
+                          "%s %s: counters and only counters end in _total", type, name);
+            if (!strcmp(type, "histogram"))
+                ck_assert_msg(ends_with(name, "_seconds"), "histogram %s is not in seconds", name);
+            else
+                ck_assert_msg(!ends_with(name, "_bucket") && !ends_with(name, "_sum") &&
+                                  !ends_with(name, "_count"),
+                              "%s %s has a histogram suffix", type, name);
+            char tmp[130], *tsave = NULL;
+
+            snprintf(tmp, sizeof(tmp), "%s", name);
+            for (char *w = strtok_r(tmp, "_", &tsave); w; w = strtok_r(NULL, "_", &tsave))
+                for (size_t i = 0; i < sizeof(bad_units) / sizeof(bad_units[0]); i++)
+                    ck_assert_msg(strcmp(w, bad_units[i]) != 0,
+                                  "%s: abbreviated or non-base unit '%s'", name, w);
+            snprintf(families[nfam], sizeof(families[nfam]), "%s", name);
+            snprintf(types[nfam++], sizeof(types[0]), "%s", type);
+            continue;
+        }
+        if (sscanf(line, "# HELP %127s", name) == 1) {
+            helps++;
+            continue;
+        }
+        /* a sample: its family is declared, by name or as a histogram's _bucket/_sum/_count */
+        size_t len = strcspn(line, "{ ");
+        bool found = false;
+
+        ck_assert_uint_lt(len, sizeof(name));
+        memcpy(name, line, len);
+        name[len] = '\0';
+        for (int f = 0; f < nfam && !found; f++) {
+            size_t fl = strlen(families[f]);
+
+            if (!strcmp(name, families[f]))
+                found = strcmp(types[f], "histogram") != 0;
+            else if (!strcmp(types[f], "histogram") && !strncmp(name, families[f], fl) &&
+                     (!strcmp(name + fl, "_bucket") || !strcmp(name + fl, "_sum") ||
+                      !strcmp(name + fl, "_count")))
+                found = true;
+        }
+        ck_assert_msg(found, "sample of an undeclared family (or without TYPE first): %s", line);
+        if (ends_with(name, "_bucket")) {
+            const char *le = strstr(line, "le=\"");
+
+            ck_assert_msg(le != NULL, "bucket without le: %s", line);
+            if (!strncmp(le + 4, "+Inf\"", 5)) {
+                last_le = -1;
+            } else {
+                char *end;
+                double v = strtod(le + 4, &end);
+
+                ck_assert_msg(end != le + 4 && *end == '"', "le is not a number: %s", line);
+                ck_assert_msg(v > last_le, "le bounds do not increase: %s", line);
+                last_le = v;
+            }
+        }
+        samples++;
+    }
+    ck_assert_int_eq(helps, nfam);
+    ck_assert_int_gt(samples, nfam);
+    free(copy);
+}
+
+START_TEST(test_metrics_names_follow_prometheus_rules)
+{
+    struct lbt_resp r;
+    json_t *lease;
+    char *text;
+
+    /* a seed and a release, so every histogram route has samples to check */
+    lease = lbt_seed(&D, "ops-names", "task-n", NULL);
+    json_decref(lease);
+    lbt_json(&D, "POST", "/v1/sessions/ops-names/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    text = get_metrics();
+    assert_promtool_rules(text);
+    ck_assert_msg(strstr(text, "# TYPE lendbox_sweep_last_duration_seconds gauge") != NULL, "%s",
+                  text);
+    ck_assert_msg(strstr(text, "# TYPE lendbox_shutdown_sweep_duration_seconds gauge") != NULL,
+                  "%s", text);
+    ck_assert_msg(strstr(text, "_ms") == NULL, "a metric in milliseconds: %s", text);
+    ck_assert_msg(strstr(text, "le=\"0.001\"") != NULL, "histogram buckets not in seconds: %s",
+                  text);
+    free(text);
+}
+END_TEST
+
 START_TEST(test_metrics_follow_seeds)
 {
     char *before = get_metrics(), *during, *after;
@@ -198,6 +318,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_healthz_readyz);
     tcase_add_test(tc, test_metrics_text);
+    tcase_add_test(tc, test_metrics_names_follow_prometheus_rules);
     tcase_add_test(tc, test_not_implemented);
     tcase_add_test(tc, test_metrics_follow_seeds);
     suite_add_tcase(s, tc);
