@@ -112,6 +112,7 @@ unit: all $(UNIT_BINS)
 e2e: all $(E2E_BINS)
 	@set -e; for t in $(E2E_BINS); do echo "== $$t"; $$t; done
 	@echo "== tests/readme-walkthrough"; tests/readme-walkthrough
+	@echo "== tests/install-uninstall"; tests/install-uninstall
 	@echo "== scripts/chaos (short run)"; scripts/chaos
 
 test: unit e2e
