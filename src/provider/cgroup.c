@@ -178,7 +178,7 @@ static int host_add(struct lb_cgroup_host *h, const char *mount, const char *par
 int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
 {
     size_t i;
-    int r;
+    int r, ncontrollers;
 
     memset(h, 0, sizeof(*h));
     if (!parent)
@@ -202,8 +202,9 @@ int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
         if (r < 0)
             goto fail;
     }
-    /* Only alongside a controller: these alone enforce nothing. */
-    for (i = 0; h->nbase > 0 && i < sizeof(v1_tracking) / sizeof(v1_tracking[0]); i++) {
+    ncontrollers = h->nbase;
+    /* Even without a usable controller: they keep the sandboxes out of the unit's cgroup. */
+    for (i = 0; i < sizeof(v1_tracking) / sizeof(v1_tracking[0]); i++) {
         char mount[64];
 
         snprintf(mount, sizeof(mount), CGROUP_MOUNT "/%s", v1_tracking[i].name);
@@ -213,6 +214,9 @@ int cgroup_host_detect(struct lb_cgroup_host *h, const char *parent)
         if (r < 0)
             goto fail;
     }
+    if (ncontrollers == 0 && h->nbase > 0)
+        log_warn("no usable cgroup controller (memory, pids, cpu, freezer): sandboxes get no "
+                 "resource limits and cannot be paused");
     h->version = h->nbase ? 1 : 0;
     return 0;
 

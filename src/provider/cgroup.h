@@ -8,7 +8,7 @@
  * in each of the memory, pids, cpu and freezer hierarchies, and also in the controller-less
  * hierarchies systemd tracks its units' processes by (name=systemd, and the hybrid layout's
  * cgroup2 "unified"), so that no sandbox process is counted, signalled or warned about as one
- * of the lendboxd unit's.
+ * of the lendboxd unit's (these two also when no controller is usable; they limit nothing).
  * A hierarchy that is mounted read-only or where the base cannot be made is left out, with a
  * warning, at detection.
  * <base> is cgroup_parent (a leading '/' is optional) below the hierarchy's root: outside
