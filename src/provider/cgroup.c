@@ -612,6 +612,75 @@ static void remove_read_only(const char *dir)
         log_warn("cgroup '%s' is on a read-only file system: left in place", dir);
 }
 
+int cgroup_unfreeze_procs(const struct lb_cgroup *cg, const pid_t *pids, size_t n)
+{
+    const char *file, *dir = freezer(cg, &file);
+    char parent[4352], *slash;
+    size_t i;
+    int failed = 0;
+
+    if (!dir || cg->version != 1)
+        return 0;
+    snprintf(parent, sizeof(parent), "%s", dir);
+    slash = strrchr(parent, '/');
+    if (!slash || slash == parent)
+        return (int)n;
+    *slash = '\0';
+    for (i = 0; i < n; i++) {
+        char num[32];
+        int r;
+
+        snprintf(num, sizeof(num), "%d", (int)pids[i]);
+        r = write_small(parent, "cgroup.procs", num);
+        if (r < 0 && r != -ESRCH)
+            failed++;
+    }
+    return failed;
+}
+
+/* The number after "key " on a line of text, or -1. */
+static int64_t keyed_value(const char *text, const char *key)
+{
+    size_t len = strlen(key);
+    const char *p = text;
+
+    while (p && *p) {
+        if (strncmp(p, key, len) == 0 && p[len] == ' ')
+            return strtoll(p + len + 1, NULL, 10);
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return -1;
+}
+
+int cgroup_read_oom_kills(const struct lb_cgroup *cg, uint64_t *count, int64_t *limit_bytes)
+{
+    const char *events = cg->version == 2 ? "memory.events" : "memory.oom_control";
+    const char *limit = cg->version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    const char *dir = dir_with(cg, events);
+    char buf[1024];
+    int64_t v;
+
+    if (!dir)
+        return -ENOENT;
+    if (read_small(dir, events, buf, sizeof(buf)) < 0 || (v = keyed_value(buf, "oom_kill")) < 0)
+        return -EIO;
+    if (count)
+        *count = (uint64_t)v;
+    if (limit_bytes) {
+        *limit_bytes = 0;
+        /* "max" (v2) or a page-rounded huge number (v1) mean no limit */
+        if (read_small(dir, limit, buf, sizeof(buf)) == 0 && buf[0] >= '0' && buf[0] <= '9') {
+            long long b = strtoll(buf, NULL, 10);
+
+            if (b > 0 && b < (1LL << 60))
+                *limit_bytes = b;
+        }
+    }
+    return 0;
+}
+
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err)
 {
     int i;

@@ -24,6 +24,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "provider/provider.h"
 #include "util/error.h"
@@ -78,6 +79,20 @@ int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_m
                       struct lb_error *err);
 /* *out = whether the cgroup is frozen (false without a freezer). */
 void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out);
+
+/* Let the processes pids[0..n) of a frozen sandbox run again, without thawing the rest of it,
+ * so that a kill can end them: on v1, whose freezer keeps even a SIGKILLed task frozen, each
+ * is moved into the (never frozen) parent of the sandbox's freezer cgroup; on v2 a fatal
+ * signal ends a frozen task anyway, and nothing is done. Best effort: returns how many could
+ * not be moved (a process already gone counts as moved). */
+int cgroup_unfreeze_procs(const struct lb_cgroup *cg, const pid_t *pids, size_t n);
+
+/* How many times the kernel's OOM killer ended a process of the cgroup because of its memory
+ * limit (v1 memory.oom_control, v2 memory.events: "oom_kill"), into *count; and the memory
+ * limit in bytes into *limit_bytes (0: none). -ENOENT when the sandbox has no memory cgroup
+ * (no memory limit was asked for), -EIO when the files cannot be read. Either out may be
+ * NULL. */
+int cgroup_read_oom_kills(const struct lb_cgroup *cg, uint64_t *count, int64_t *limit_bytes);
 
 /* Remove the cgroup dirs (already-gone counts as done), retrying while they are busy until
  * deadline_ms (monotonic). A dir on a read-only cgroup file system is not a failure: one that

@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 #define UID_COUNT_MAX (1u << 22)
 #define SWEEP_STEP_MS 10
 #define FREEZE_TIMEOUT_MS 5000
+#define THAW_WAIT_MS 2000
 #define DESCRIPTOR_MAX 16384
 
 static void sleep_ms(int64_t ms)
@@ -263,19 +265,159 @@ static void reap_uid_children(uint32_t uid)
     closedir(d);
 }
 
+int local_wait_child(pid_t pid, int64_t deadline_ms, int *status)
+{
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0), st = 0;
+    pid_t w;
+
+    if (fd >= 0) {
+        for (;;) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            int64_t left = deadline_ms - clock_mono_ms();
+            int n = poll(&p, 1, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
+
+            if (n >= 0 || errno != EINTR)
+                break;
+        }
+        close(fd);
+    }
+    while ((w = waitpid(pid, &st, WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (w == 0)
+        return -ETIMEDOUT;
+    if (w < 0)
+        return -errno;
+    if (status)
+        *status = st;
+    return 0;
+}
+
+static void *reaper_main(void *arg)
+{
+    pid_t pid = (pid_t)(intptr_t)arg;
+
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+void local_reap_later(pid_t pid)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (pthread_create(&t, &attr, reaper_main, (void *)(intptr_t)pid) != 0)
+        log_warn("cannot start a reaper for process %d; it stays a zombie once it exits", (int)pid);
+    pthread_attr_destroy(&attr);
+}
+
 /* Wait (until deadline_ms) for our child pid to exit, and reap it. */
 static void reap_child(pid_t pid, int64_t deadline_ms)
 {
-    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    (void)local_wait_child(pid, deadline_ms, NULL);
+}
 
-    if (fd >= 0) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int64_t left = deadline_ms - clock_mono_ms();
+int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
+{
+    pid_t *pids = NULL, *parents = NULL;
+    uint64_t *starts = NULL;
+    size_t n = 0, nall = 0, cap = 0, i;
+    struct dirent *de;
+    bool grew = true;
+    int killed = 0;
+    DIR *d;
 
-        (void)poll(&p, 1, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
-        close(fd);
+    /* one snapshot of (pid, parent) for every process; then the closure from root */
+    d = opendir("/proc");
+    if (!d)
+        return -errno;
+    while ((de = readdir(d))) {
+        char *end, state;
+        long pid = strtol(de->d_name, &end, 10);
+        uint64_t st;
+        pid_t pp;
+
+        if (*end || pid <= 0 || pid > INT_MAX || proc_stat((pid_t)pid, &state, &pp, &st) < 0)
+            continue;
+        if (state == 'Z' || state == 'X')
+            continue;
+        if (nall == cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            pid_t *np = realloc(pids, nc * sizeof(*np)), *nq;
+            uint64_t *ns;
+
+            if (np)
+                pids = np;
+            nq = np ? realloc(parents, nc * sizeof(*nq)) : NULL;
+            if (nq)
+                parents = nq;
+            ns = nq ? realloc(starts, nc * sizeof(*ns)) : NULL;
+            if (!ns) {
+                closedir(d);
+                killed = -ENOMEM;
+                goto out;
+            }
+            starts = ns;
+            cap = nc;
+        }
+        pids[nall] = (pid_t)pid;
+        parents[nall] = pp;
+        starts[nall++] = st;
     }
-    (void)waitpid(pid, NULL, WNOHANG);
+    closedir(d);
+    /* move the members of the tree to the front: [0, n) */
+    for (i = 0; i < nall; i++) {
+        if (pids[i] == root) {
+            pid_t tp = pids[n], tq = parents[n];
+            uint64_t ts = starts[n];
+
+            pids[n] = pids[i], parents[n] = parents[i], starts[n] = starts[i];
+            pids[i] = tp, parents[i] = tq, starts[i] = ts;
+            n++;
+            break;
+        }
+    }
+    while (grew && n > 0) {
+        grew = false;
+        for (i = n; i < nall; i++) {
+            bool child = false;
+
+            for (size_t k = 0; k < n && !child; k++)
+                child = parents[i] == pids[k];
+            if (child) {
+                pid_t tp = pids[n], tq = parents[n];
+                uint64_t ts = starts[n];
+
+                pids[n] = pids[i], parents[n] = parents[i], starts[n] = starts[i];
+                pids[i] = tp, parents[i] = tq, starts[i] = ts;
+                n++;
+                grew = true;
+            }
+        }
+    }
+    /* A frozen task does not die (v1): let the tree's processes run for their kill. */
+    if (cg && cg->version)
+        (void)cgroup_unfreeze_procs(cg, pids, n);
+    for (i = 0; i < n; i++) {
+        int pfd = (int)syscall(SYS_pidfd_open, pids[i], 0);
+        uint64_t st;
+
+        if (pfd < 0)
+            continue;
+        /* the pid is pinned now: is it still the process of the snapshot? */
+        if (local_proc_start_time(pids[i], &st) == 0 && st == starts[i] &&
+            syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) == 0)
+            killed++;
+        close(pfd);
+    }
+out:
+    free(pids);
+    free(parents);
+    free(starts);
+    return killed;
 }
 
 /* ---- descriptors ---------------------------------------------------------------------- */
@@ -564,6 +706,24 @@ static int remove_data(struct local_provider *lp, const char *id, const struct l
     return 0;
 }
 
+/* Thaw the sandbox's freezer if it is frozen, waiting (at most THAW_WAIT_MS, and never past
+ * deadline_ms) until the kernel says it is thawed. */
+static void sandbox_thaw(const struct local_desc *d, int64_t deadline_ms)
+{
+    int64_t left = deadline_ms - clock_mono_ms();
+    bool frozen = false;
+
+    if (!d->cg.version)
+        return;
+    cgroup_is_frozen(&d->cg, &frozen);
+    if (frozen)
+        (void)cgroup_set_frozen(&d->cg, false,
+                                left < 0              ? 0
+                                : left < THAW_WAIT_MS ? left
+                                                      : THAW_WAIT_MS,
+                                NULL);
+}
+
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err)
 {
@@ -576,6 +736,9 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     local_sandbox_dir(lp, id, dir, sizeof(dir));
     has_dir = access(dir, F_OK) == 0;
 
+    /* 0. thaw first: a frozen v1 task does not die, not even of SIGKILL, and a paused
+     * sandbox's processes must be able to */
+    sandbox_thaw(d, deadline_ms);
     /* 1. the init: SIGKILL to a pid namespace's init kills every process in it, and the
      * init's exit (what its pidfd reports) waits until they are all gone */
     if (d->pid > 0 && local_desc_alive(d)) {
@@ -593,14 +756,8 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             goto out;
         }
     }
-    /* a frozen v1 task only dies once thawed */
-    if (d->cg.version) {
-        bool frozen;
-
-        cgroup_is_frozen(&d->cg, &frozen);
-        if (frozen)
-            (void)cgroup_set_frozen(&d->cg, false, 0, NULL);
-    }
+    /* a pause that raced the kill: thaw again (the kill is pending, they die at once) */
+    sandbox_thaw(d, deadline_ms);
     /* The init's exit waits until every process of its namespace is reaped. One whose parent
      * died outside the namespace (an exec helper killed by the sandbox's OOM killer) was
      * adopted by lendboxd, the subreaper: reap such zombies while waiting, or the init would
@@ -685,17 +842,26 @@ static ssize_t stopping_find(const struct local_provider *lp, const char *id)
     return -1;
 }
 
-/* Enter / leave the one stop of id allowed at a time. */
-static int stopping_enter(struct local_provider *lp, const char *id)
+/* Enter / leave the one stop of id allowed at a time. Waiting for a stop of the same id is
+ * bounded by deadline_ms (monotonic): -ETIMEDOUT past it. */
+static int stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms)
 {
+    struct timespec until = {.tv_sec = deadline_ms / 1000,
+                             .tv_nsec = (long)(deadline_ms % 1000) * 1000000L};
     char *copy = strdup(id);
     int r = 0;
 
     if (!copy)
         return -ENOMEM;
     pthread_mutex_lock(&lp->lock);
-    while (stopping_find(lp, id) >= 0)
-        pthread_cond_wait(&lp->stopped, &lp->lock);
+    while (stopping_find(lp, id) >= 0) {
+        if (pthread_cond_timedwait(&lp->stopped, &lp->lock, &until) == ETIMEDOUT &&
+            stopping_find(lp, id) >= 0) {
+            pthread_mutex_unlock(&lp->lock);
+            free(copy);
+            return -ETIMEDOUT;
+        }
+    }
     if (lp->nstopping == lp->stopping_cap) {
         size_t cap = lp->stopping_cap ? lp->stopping_cap * 2 : 16;
         char **nv = realloc(lp->stopping, cap * sizeof(*nv));
@@ -739,7 +905,9 @@ static int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, i
 
     if (!ref || !local_id_is_valid(ref->id))
         return lb_error_set(err, -EINVAL, "invalid sandbox id");
-    r = stopping_enter(lp, ref->id);
+    r = stopping_enter(lp, ref->id, deadline);
+    if (r == -ETIMEDOUT)
+        return lb_error_set(err, r, "another stop of sandbox '%s' did not end in time", ref->id);
     if (r < 0)
         return lb_error_set(err, r, "out of memory");
     r = local_desc_load(lp, ref, &d, err);
@@ -1026,7 +1194,15 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
     pthread_mutex_init(&lp->lock, NULL);
-    pthread_cond_init(&lp->stopped, NULL);
+    {
+        pthread_condattr_t ca;
+
+        /* stopping_enter's deadlines are monotonic */
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&lp->stopped, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);
     if (!lp->uid_used) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -1187,4 +1363,85 @@ void local_child_report(int fd, const char *msg, int err_no)
         buf[n++] = num[--k];
     buf[n++] = '\n';
     (void)!write(fd, buf, n);
+}
+
+/* ---- messages --------------------------------------------------------------------------- */
+
+/* The kernel's per-string bound on execve's arguments and environment (MAX_ARG_STRLEN). */
+static long arg_strlen_max(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+
+    return 32 * (page > 0 ? page : 4096);
+}
+
+void local_describe_e2big(char *buf, size_t size)
+{
+    long all = sysconf(_SC_ARG_MAX);
+
+    snprintf(buf, size,
+             "argument list too long (limit %ld bytes for the arguments and environment "
+             "together, %ld bytes for one argument or variable)",
+             all > 0 ? all : 131072L, arg_strlen_max());
+}
+
+void local_errno_text(const char *in, char *out, size_t size)
+{
+    static const char marker[] = ": errno ";
+    size_t o = 0;
+
+    if (size == 0)
+        return;
+    while (*in && o + 1 < size) {
+        if (strncmp(in, marker, sizeof(marker) - 1) == 0 && in[sizeof(marker) - 1] >= '0' &&
+            in[sizeof(marker) - 1] <= '9') {
+            char *end, text[320];
+            long e = strtol(in + sizeof(marker) - 1, &end, 10);
+
+            if (e == E2BIG)
+                local_describe_e2big(text, sizeof(text));
+            else
+                snprintf(text, sizeof(text), "%s", e > 0 ? strerror((int)e) : "unknown error");
+            o += (size_t)snprintf(out + o, size - o, ": %s", text);
+            if (o >= size)
+                o = size - 1;
+            in = end;
+            continue;
+        }
+        out[o++] = *in++;
+    }
+    out[o] = '\0';
+}
+
+int local_check_exec_args(const char *const *argv, const char *const *envp, char *why,
+                          size_t why_len)
+{
+    const char *const *lists[2] = {argv, envp};
+    long all = sysconf(_SC_ARG_MAX), one = arg_strlen_max();
+    size_t total = 0, longest = 0;
+
+    for (int l = 0; l < 2; l++) {
+        for (size_t i = 0; lists[l] && lists[l][i]; i++) {
+            size_t n = strlen(lists[l][i]) + 1;
+
+            total += n + sizeof(char *);
+            if (n > longest)
+                longest = n;
+        }
+    }
+    if ((long)longest > one) {
+        snprintf(why, why_len,
+                 "argument list too long: one argument or environment variable is %zu bytes "
+                 "(limit %ld bytes each)",
+                 longest - 1, one);
+        return -E2BIG;
+    }
+    if (all > 0 && (long)total > all) {
+        snprintf(why, why_len,
+                 "argument list too long: the arguments and environment take %zu bytes (limit "
+                 "%ld bytes together)",
+                 total, all);
+        return -E2BIG;
+    }
+    return 0;
 }

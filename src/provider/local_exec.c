@@ -52,6 +52,9 @@
 #include "util/log.h"
 
 #define BACKSTOP_MS 10000
+#define PAUSED_KILL_MS 2000 /* past the timeout, a paused (frozen) exec is killed by the daemon */
+#define FROZEN_CHECK_MS 500
+#define REAP_MS 5000 /* wait for the exec's helper to exit after its kill */
 #define DEFAULT_OUTPUT_MAX (1024 * 1024)
 #define STATUS_MAX 2048
 #define READ_CHUNK 65536
@@ -132,7 +135,7 @@ static int child_drop_capabilities(void)
 static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filter,
                         char *const *argv, char *const *envp)
 {
-    int st = f->child[CH_STATUS], i;
+    int st = f->child[CH_STATUS], i, ws = 0;
     pid_t g;
 
     local_child_reset_signals();
@@ -198,9 +201,10 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
      * (the host's init, which may reap late and so hold up the sandbox's teardown), not by
      * the sandbox's pid 1. Keep no pipe open meanwhile. */
     (void)syscall(SYS_close_range, 0, ~0U, 0);
-    while (waitpid(g, NULL, 0) < 0 && errno == EINTR)
+    while (waitpid(g, &ws, 0) < 0 && errno == EINTR)
         ;
-    _exit(0);
+    /* 128 + N tells the daemon that signal N killed the supervisor */
+    _exit(WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 0);
 }
 
 /* Open the namespaces of the sandbox's init, and make sure they are its. */
@@ -280,24 +284,41 @@ struct exec_io {
     const char *in;
     size_t in_len, in_off;
     struct lb_buf status;
+    int64_t paused_kill_at; /* the timeout plus grace: a frozen exec is ended then */
+    int64_t backstop_at;    /* give up waiting, whatever the sandbox's state */
+    const struct lb_cgroup *cg;
     bool backstop; /* gave up waiting */
+    bool paused;   /* the sandbox was frozen past the timeout */
 };
 
-/* Move data until the status pipe closes or the backstop deadline passes. */
+/* Move data until the status pipe closes, the sandbox is found frozen past the timeout (the
+ * supervisor cannot enforce it then), or the backstop deadline passes. */
 static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_result *res,
-                      int64_t deadline, char *chunk)
+                      char *chunk)
 {
-    int64_t drain_end;
+    int64_t next_check = io->paused_kill_at;
 
     while (f->status_r >= 0) {
         struct pollfd p[4];
         int idx_in = -1, idx_out = -1, idx_err = -1, idx_st, np = 0, n;
-        int64_t left = deadline - clock_mono_ms();
+        int64_t now = clock_mono_ms(), left = io->backstop_at - now;
 
         if (left <= 0) {
             io->backstop = true;
             return;
         }
+        if (now >= next_check) {
+            bool frozen = false;
+
+            cgroup_is_frozen(io->cg, &frozen);
+            if (frozen) {
+                io->paused = true;
+                return;
+            }
+            next_check = now + FROZEN_CHECK_MS;
+        }
+        if (next_check - now < left)
+            left = next_check - now;
         if (f->in_w >= 0) {
             idx_in = np;
             p[np++] = (struct pollfd){.fd = f->in_w, .events = POLLOUT};
@@ -339,9 +360,15 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
                 local_close_fd(&f->status_r);
         }
     }
-    /* The supervisor is gone. What the command wrote is in the pipes already; anything
-     * still holding them is a background process left running on purpose: take what is
-     * there (for at most DRAIN_MS, in case it keeps writing), do not wait for more. */
+}
+
+/* The supervisor is gone (or killed). What the command wrote is in the pipes already;
+ * anything still holding them is a background process left running on purpose: take what is
+ * there (for at most DRAIN_MS, in case it keeps writing), do not wait for more. */
+static void exec_drain(struct exec_fds *f, struct lb_exec_result *res, char *chunk)
+{
+    int64_t drain_end;
+
     local_close_fd(&f->in_w);
     if (f->out_r >= 0)
         set_nonblock(f->out_r);
@@ -362,34 +389,25 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
     }
 }
 
-/* Wait for the exec helper. It exits as soon as the supervisor does; a supervisor stopped by
- * a sandbox process (SIGSTOP from the same uid) must not hold the worker: after
- * HELPER_EXIT_MS the helper is killed (the supervisor then belongs to the host's init). */
-static void reap_helper(pid_t mid, int *st)
-{
-    int64_t end = clock_mono_ms() + HELPER_EXIT_MS;
-
-    for (;;) {
-        pid_t w = waitpid(mid, st, WNOHANG);
-
-        if (w == mid || (w < 0 && errno != EINTR))
-            return;
-        if (w == 0 && clock_mono_ms() >= end) {
-            (void)kill(mid, SIGKILL);
-            while (waitpid(mid, st, 0) < 0 && errno == EINTR)
-                ;
-            return;
-        }
-        usleep(2000);
-    }
-}
-
 static void append_message(struct lb_buf *b, const char *msg)
 {
     if (b->len > 0 && b->data[b->len - 1] != '\n')
         (void)lb_buf_append_capped(b, "\n", 1);
     (void)lb_buf_append_capped(b, msg, strlen(msg));
     (void)lb_buf_append_capped(b, "\n", 1);
+}
+
+/* A result that is not the command's: return code 125, error_type type, why in the message
+ * and (prefixed "lendbox: ") as a line of stderr. */
+static void set_runtime_result(struct lb_exec_result *res, enum lb_exec_error type, const char *why)
+{
+    char line[sizeof(res->message) + 16];
+
+    res->return_code = LB_RETURN_CODE_RUNTIME;
+    res->error_type = type;
+    snprintf(res->message, sizeof(res->message), "%s", why);
+    snprintf(line, sizeof(line), "lendbox: %s", why);
+    append_message(&res->err, line);
 }
 
 /* Turn the status line into the result. 1 when there was no status at all. */
@@ -410,14 +428,74 @@ static int parse_status(struct exec_io *io, struct lb_exec_result *res)
         res->error_type = LB_EXEC_OK;
     } else if (strcmp(line, "timeout") == 0) {
         res->error_type = LB_EXEC_TIMEOUT;
+        snprintf(res->message, sizeof(res->message),
+                 "the command did not end within its timeout; its process tree was killed");
     } else if (strncmp(line, "error ", 6) == 0) {
         res->error_type = LB_EXEC_SANDBOX;
-        append_message(&res->err, line + 6);
+        local_errno_text(line + 6, res->message, sizeof(res->message));
+        append_message(&res->err, res->message);
     } else {
-        res->error_type = LB_EXEC_SANDBOX;
-        append_message(&res->err, "lendbox: unreadable status from the supervisor");
+        set_runtime_result(res, LB_EXEC_SANDBOX, "unreadable status from the supervisor");
     }
     return 0;
+}
+
+/* A memory-limit kill ended the command: the sandbox's OOM-kill count grew during the exec
+ * and the command died of SIGKILL (128 + 9, also as a shell's exit status). */
+static void check_oom(const struct lb_cgroup *cg, bool have_before, uint64_t before,
+                      struct lb_exec_result *res)
+{
+    uint64_t after = 0;
+    int64_t limit = 0;
+
+    if (!have_before || res->error_type != LB_EXEC_OK || res->return_code != 128 + SIGKILL ||
+        cgroup_read_oom_kills(cg, &after, &limit) < 0 || after <= before)
+        return;
+    res->error_type = LB_EXEC_OOM;
+    if (limit > 0)
+        snprintf(res->message, sizeof(res->message),
+                 "the command was killed by the out-of-memory killer: it reached the sandbox's "
+                 "memory limit of %lld MiB",
+                 (long long)(limit / (1024 * 1024)));
+    else
+        snprintf(res->message, sizeof(res->message),
+                 "the command was killed by the out-of-memory killer");
+    {
+        char line[sizeof(res->message) + 16];
+
+        snprintf(line, sizeof(line), "lendbox: %s", res->message);
+        append_message(&res->err, line);
+    }
+}
+
+/* The supervisor ended without a status: why, from the helper's exit status (128 + N: signal
+ * N killed it) and the sandbox's OOM-kill count. */
+static void supervisor_lost(const struct lb_cgroup *cg, bool have_oom, uint64_t oom_before,
+                            bool have_status, int st, struct lb_exec_result *res)
+{
+    char why[sizeof(res->message)];
+    uint64_t after = 0;
+    int64_t limit = 0;
+
+    if (have_status && WIFEXITED(st) && WEXITSTATUS(st) > 128) {
+        int sig = WEXITSTATUS(st) - 128;
+        const char *name = sigabbrev_np(sig), *descr = sigdescr_np(sig);
+
+        if (sig == SIGKILL && have_oom && cgroup_read_oom_kills(cg, &after, &limit) == 0 &&
+            after > oom_before)
+            snprintf(why, sizeof(why),
+                     "the exec's supervisor was killed by the out-of-memory killer (the "
+                     "sandbox's memory limit is %lld MiB); the command's outcome is unknown",
+                     (long long)(limit / (1024 * 1024)));
+        else
+            snprintf(why, sizeof(why),
+                     "the exec's supervisor was killed by signal %d (SIG%s, %s); the command's "
+                     "outcome is unknown",
+                     sig, name ? name : "?", descr ? descr : "unknown signal");
+    } else {
+        snprintf(why, sizeof(why), "the supervisor exited without a status");
+    }
+    set_runtime_result(res, LB_EXEC_SANDBOX, why);
 }
 
 static bool user_is_root(const char *user)
@@ -440,10 +518,12 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     bool pipe_was_pending = false, masked = false;
     const char **argv = NULL;
     char num[32], *chunk = NULL;
-    int64_t start, deadline;
-    bool frozen, gated = false;
+    int64_t start;
+    bool frozen, gated = false, have_oom, have_st = false;
+    uint64_t oom_before = 0;
+    char why[sizeof(res->message)];
     pid_t mid;
-    int r, st;
+    int r, st = 0, w;
 
     exec_fds_init(&f);
     f.nofile.rlim_cur = f.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
@@ -518,6 +598,14 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     io.in_len = req->stdin_len;
     if (f.in_w >= 0 && io.in_len == 0)
         local_close_fd(&f.in_w);
+    /* execve would refuse it inside the sandbox: say which limit, without starting anything */
+    if (local_check_exec_args(argv, req->env ? req->env : (const char *const *)default_env, why,
+                              sizeof(why)) < 0) {
+        set_runtime_result(res, LB_EXEC_SANDBOX, why);
+        r = 0;
+        goto out;
+    }
+    have_oom = cgroup_read_oom_kills(&d.cg, &oom_before, NULL) == 0;
 
     /* a command that does not read its stdin must not kill us with SIGPIPE */
     sigemptyset(&pipe_set);
@@ -537,27 +625,54 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         child_enter(&f, &lp->seccomp, (char *const *)argv,
                     (char *const *)(req->env ? req->env : (const char *const *)default_env));
     exec_fds_close_child(&f);
-    deadline = start + req->timeout_ms + BACKSTOP_MS;
-    exec_pump(&f, &io, res, deadline, chunk);
+    io.paused_kill_at = start + req->timeout_ms + PAUSED_KILL_MS;
+    io.backstop_at = start + req->timeout_ms + BACKSTOP_MS;
+    io.cg = &d.cg;
+    exec_pump(&f, &io, res, chunk);
+    /* Past the timeout in a frozen sandbox (the supervisor cannot act: paused), or past the
+     * backstop: the daemon ends the exec itself. Its processes are let out of the freezer
+     * first, so they die even on cgroup v1; the rest of the sandbox stays as it is. */
+    if (io.paused || io.backstop)
+        (void)local_kill_tree(mid, &d.cg);
+    exec_drain(&f, res, chunk);
     res->duration_ms = clock_mono_ms() - start;
-    /* the child exits right after the supervisor; only a hung one is cut loose */
-    if (io.backstop)
+    /* The helper exits as soon as the supervisor does. Every wait on it is bounded: a
+     * supervisor stopped by a sandbox process (SIGSTOP from the same uid) or a helper frozen
+     * by a pause that came just then must not hold the worker. After HELPER_EXIT_MS the
+     * helper is let out of the freezer and killed (the supervisor then belongs to lendboxd, a
+     * subreaper, and dies with the sandbox); one that does not die even then is reaped later,
+     * on a thread of its own. */
+    w = local_wait_child(mid, clock_mono_ms() + HELPER_EXIT_MS, &st);
+    if (w == -ETIMEDOUT) {
+        (void)cgroup_unfreeze_procs(&d.cg, &mid, 1);
         (void)kill(mid, SIGKILL);
-    reap_helper(mid, &st);
+        w = local_wait_child(mid, clock_mono_ms() + REAP_MS, &st);
+    }
+    if (w == -ETIMEDOUT) {
+        log_warn("sbx=%s the exec's helper (pid %d) did not exit after SIGKILL; reaping it later",
+                 ref->id, (int)mid);
+        local_reap_later(mid);
+    }
+    have_st = w == 0;
 
-    if (io.backstop) {
-        res->return_code = LB_RETURN_CODE_RUNTIME;
-        res->error_type = LB_EXEC_SANDBOX;
-        append_message(&res->err, "lendbox: no result from the sandbox in time");
+    if (io.paused) {
+        set_runtime_result(res, LB_EXEC_TIMEOUT,
+                           "the sandbox was paused when the timeout passed: lendbox killed the "
+                           "command's processes (the rest of the sandbox stays paused)");
+    } else if (io.backstop) {
+        set_runtime_result(res, LB_EXEC_SANDBOX, "no result from the sandbox in time");
     } else if (parse_status(&io, res) != 0) {
         if (!local_desc_alive(&d)) {
             r = lb_error_set(err, -ENOENT, "sandbox '%s' stopped during the exec", ref->id);
             goto out;
         }
-        res->return_code = LB_RETURN_CODE_RUNTIME;
-        res->error_type = LB_EXEC_SANDBOX;
-        append_message(&res->err, "lendbox: the supervisor exited without a status");
+        supervisor_lost(&d.cg, have_oom, oom_before, have_st, st, res);
+    } else {
+        check_oom(&d.cg, have_oom, oom_before, res);
     }
+    if (w == -ETIMEDOUT && res->error_type == LB_EXEC_OK)
+        set_runtime_result(res, LB_EXEC_SANDBOX,
+                           "the exec's helper process did not exit, even after SIGKILL");
     r = 0;
 out:
     if (gated)

@@ -111,6 +111,28 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                     int *fd_out, uint64_t *size_out, struct lb_error *err);
 
+/* Wait until deadline_ms (monotonic) for our child pid to exit and reap it; *status (may be
+ * NULL) gets its wait status. 0, -ETIMEDOUT when it is still running (not reaped), -ECHILD
+ * when it is not our child. */
+int local_wait_child(pid_t pid, int64_t deadline_ms, int *status);
+/* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
+ * within a bound and must not be waited for inline). */
+void local_reap_later(pid_t pid);
+/* SIGKILL root and every descendant of it (one snapshot of /proc). The tree's processes are
+ * first let out of cg's freezer (cgroup_unfreeze_procs; cg may be NULL) so that even frozen
+ * ones die. Returns how many were signalled, or -errno. */
+int local_kill_tree(pid_t root, const struct lb_cgroup *cg);
+
+/* Copy in to out, replacing every ": errno N" (what the forked children report, as they
+ * cannot call strerror) with ": " and the error's text; E2BIG names the kernel's limits. */
+void local_errno_text(const char *in, char *out, size_t size);
+/* "argument list too long (limit ...)": E2BIG with the limits that apply, into buf. */
+void local_describe_e2big(char *buf, size_t size);
+/* Would execve(argv, envp) fail with E2BIG? 0, or -E2BIG with a sentence naming the limit
+ * that is passed in why. */
+int local_check_exec_args(const char *const *argv, const char *const *envp, char *why,
+                          size_t why_len);
+
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
 int local_pipe(int *r, int *w);
 /* close(*fd) if open, then *fd = -1. */

@@ -69,6 +69,8 @@ enum lb_exec_error {
     LB_EXEC_OK = 0,  /* the command ran; return_code is its exit status */
     LB_EXEC_TIMEOUT, /* killed at timeout_ms; return_code 125 */
     LB_EXEC_SANDBOX, /* the sandbox failed to run it (bad cwd, ...); return_code 125 */
+    LB_EXEC_OOM,     /* the sandbox's memory limit killed it (OOM killer); return_code its
+                      * status, usually 137 */
 };
 
 /* NeMo Gym's SANDBOX_RUNTIME_RETURN_CODE: a result that is not a process exit status. */
@@ -93,6 +95,8 @@ struct lb_exec_result {
     enum lb_exec_error error_type;
     struct lb_buf out, err; /* captured stdout/stderr; .truncated says if cut */
     int64_t duration_ms;
+    char message[512]; /* why, when error_type is not LB_EXEC_OK: one readable sentence, "" if
+                        * none is known */
 };
 
 /* Free what an exec result holds (safe on a zeroed or half-filled result). */

@@ -228,7 +228,7 @@ static json_t *exec_render_stream(const struct lb_buf *b, bool base64)
 
 static void exec_run(struct lb_request *req, void *arg)
 {
-    static const char *const error_names[] = {NULL, "timeout", "sandbox"};
+    static const char *const error_names[] = {NULL, "timeout", "sandbox", "oom"};
     struct exec_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_exec_result res = {0};
@@ -244,6 +244,15 @@ static void exec_run(struct lb_request *req, void *arg)
                         exec_render_stream(&res.err, j->base64), "error_type", et,
                         "stdout_truncated", res.out.truncated, "stderr_truncated",
                         res.err.truncated, "duration_ms", (json_int_t)res.duration_ms);
+        /* why an error_type is set, as one sentence (null for a plain exit) */
+        if (out) {
+            struct lb_buf m = {.data = res.message, .len = strlen(res.message)};
+
+            json_object_set_new(out, "message",
+                                res.error_type != LB_EXEC_OK && m.len
+                                    ? exec_render_stream(&m, false)
+                                    : json_null());
+        }
         if (!out)
             r = lb_error_set(&err, -ENOMEM, "cannot render the exec result");
     }
