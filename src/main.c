@@ -481,6 +481,7 @@ int main(int argc, char **argv)
         .default_disk_mib = strcmp(cfg.storage, "dir") == 0 ? 0 : cfg.default_disk_mib,
         .max_disk_mib = cfg.max_disk_mib,
         .retention_s = cfg.retention_s,
+        .session_lock_wait_s = cfg.session_lock_wait_s,
         .max_output_bytes = (size_t)cfg.max_output_bytes,
         .default_image = cfg.default_image,
         .workdir = cfg.workdir,

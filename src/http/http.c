@@ -69,7 +69,11 @@ struct lb_request {
     lb_http_job_fn job;
     void *job_arg;
     void (*job_free)(void *);
+    char serial_key[192]; /* "": none; see http_set_serial_key */
 };
+
+/* Jobs of one serial key (one resources session) that may wait behind its running one. */
+#define HTTP_SERIAL_BACKLOG_MAX 64
 
 /* ---------- responses ---------- */
 
@@ -556,6 +560,11 @@ static void http_job_run(void *arg)
     MHD_resume_connection(req->conn);
 }
 
+void http_set_serial_key(struct lb_request *req, const char *key)
+{
+    snprintf(req->serial_key, sizeof(req->serial_key), "%s", key ? key : "");
+}
+
 int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
                struct lb_error *err)
 {
@@ -567,9 +576,10 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
     /* Suspend first: the job may finish (and resume) before pool_submit returns. */
     MHD_suspend_connection(req->conn);
     req->phase = PHASE_DEFERRED;
-    r = pool_submit(req->route->control && req->http->cfg.control_pool ? req->http->cfg.control_pool
-                                                                       : req->http->cfg.pool,
-                    http_job_run, req);
+    r = pool_submit_keyed(
+        req->route->control && req->http->cfg.control_pool ? req->http->cfg.control_pool
+                                                           : req->http->cfg.pool,
+        req->serial_key[0] ? req->serial_key : NULL, HTTP_SERIAL_BACKLOG_MAX, http_job_run, req);
     if (r < 0) {
         req->phase = PHASE_BODY;
         req->job_arg = NULL;
@@ -578,6 +588,11 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
             free_arg(arg);
         if (r == -EAGAIN)
             return lb_error_set(err, -EAGAIN, "the worker queue is full; retry later");
+        if (r == -EBUSY)
+            return lb_error_set(err, -EAGAIN,
+                                "%d requests for '%s' are already waiting for an earlier one to "
+                                "finish; retry later",
+                                HTTP_SERIAL_BACKLOG_MAX, req->serial_key);
         return lb_error_set(err, r, "the daemon is shutting down");
     }
     return 0;

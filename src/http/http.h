@@ -114,6 +114,13 @@ void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t s
 /* Add a header to the response set last. */
 void http_response_header(struct lb_request *req, const char *name, const char *value);
 
+/* Give the request's deferred job a serial key (copied; at most 191 bytes are kept; NULL or ""
+ * clears it): jobs with the same key run one at a time in arrival order, and one waiting for
+ * an earlier job of its key holds no worker, so the requests of one busy resources session
+ * cannot occupy the whole pool. Past 64 waiting jobs of a key http_defer fails with -EAGAIN
+ * (429). Call before http_defer. */
+void http_set_serial_key(struct lb_request *req, const char *key);
+
 /* Run job(req, arg) on the pool and answer with the response it sets (it must set one).
  * Returns 0, or -EAGAIN (queue full: 429) / -ESHUTDOWN. On error the job is not run and the
  * handler should return the error. free_arg (may be NULL) is called on arg after the job or

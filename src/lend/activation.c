@@ -175,6 +175,18 @@ static bool sandbox_is_lent(struct lb_activations *a, const char *sandbox_id)
     return lent;
 }
 
+static bool sandbox_is_paused(struct lb_activations *a, const char *sandbox_id)
+{
+    json_t *status = NULL;
+    const char *st;
+    bool paused = lend_sandbox_status(a->lend, sandbox_id, &status, NULL) == 0 &&
+                  (st = json_string_value(json_object_get(status, "status"))) &&
+                  !strcmp(st, "paused");
+
+    json_decref(status);
+    return paused;
+}
+
 static void act_path(char *buf, size_t size, const struct lb_activation *act, const char *name)
 {
     snprintf(buf, size, "%s/%s/%s", ACT_DIR_PARENT, act->id, name);
@@ -362,6 +374,22 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         struct lb_exec_result res = {0};
 
         snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act->id);
+        /* A paused sandbox's harness cannot run its TERM handler, nor can the stop request
+         * be made (exec refuses a paused sandbox): resume it first. */
+        if (sandbox_is_paused(a, act->sandbox_id)) {
+            struct lb_error perr = {0};
+            json_t *st = NULL;
+
+            log_info("activation %s: sandbox %s is paused; resuming it to stop the harness",
+                     act->id, act->sandbox_id);
+            r = lend_set_paused(a->lend, act->sandbox_id, false, &st, &perr);
+            json_decref(st);
+            if (r < 0) {
+                r = lb_error_set(err, -EREMOTEIO, "cannot resume the paused sandbox: %s",
+                                 perr.message);
+                goto out;
+            }
+        }
         log_info("activation %s: requesting the harness's stop", act->id);
         r = lend_exec(a->lend, act->sandbox_id, &p, &res, err);
         if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))

@@ -43,33 +43,8 @@ struct lb_lend {
 
 /* ---------- session locks ---------- */
 
-static struct session_lock *session_lock(struct lb_lend *l, const char *rsid)
+static void session_lock_put(struct lb_lend *l, struct session_lock *s)
 {
-    struct session_lock *s;
-
-    pthread_mutex_lock(&l->locks_mutex);
-    HASH_FIND_STR(l->locks, rsid, s);
-    if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s || !(s->rsid = strdup(rsid))) {
-            free(s);
-            pthread_mutex_unlock(&l->locks_mutex);
-            return NULL;
-        }
-        pthread_mutex_init(&s->mutex, NULL);
-        HASH_ADD_KEYPTR(hh, l->locks, s->rsid, strlen(s->rsid), s);
-    }
-    s->refs++;
-    pthread_mutex_unlock(&l->locks_mutex);
-    pthread_mutex_lock(&s->mutex);
-    return s;
-}
-
-static void session_unlock(struct lb_lend *l, struct session_lock *s)
-{
-    if (!s)
-        return;
-    pthread_mutex_unlock(&s->mutex);
     pthread_mutex_lock(&l->locks_mutex);
     if (--s->refs == 0) {
         HASH_DEL(l->locks, s);
@@ -78,6 +53,65 @@ static void session_unlock(struct lb_lend *l, struct session_lock *s)
         free(s);
     }
     pthread_mutex_unlock(&l->locks_mutex);
+}
+
+/* Take the session's lock, waiting at most session_lock_wait_s (try_only: not at all): no
+ * request waits without bound behind another that holds it (a stop is bounded by
+ * stop_timeout_s, but a holder may be stuck in ways nobody foresaw). -EBUSY (409) past the
+ * bound, -ENOMEM. */
+static int session_lock_take(struct lb_lend *l, const char *rsid, bool try_only,
+                             struct session_lock **out, struct lb_error *err)
+{
+    int64_t wait_s = try_only                         ? 0
+                     : l->cfg.session_lock_wait_s > 0 ? l->cfg.session_lock_wait_s
+                                                      : 30;
+    struct session_lock *s;
+    struct timespec until;
+    int r;
+
+    *out = NULL;
+    pthread_mutex_lock(&l->locks_mutex);
+    HASH_FIND_STR(l->locks, rsid, s);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s || !(s->rsid = strdup(rsid))) {
+            free(s);
+            pthread_mutex_unlock(&l->locks_mutex);
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        }
+        pthread_mutex_init(&s->mutex, NULL);
+        HASH_ADD_KEYPTR(hh, l->locks, s->rsid, strlen(s->rsid), s);
+    }
+    s->refs++;
+    pthread_mutex_unlock(&l->locks_mutex);
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)wait_s;
+    r = try_only ? pthread_mutex_trylock(&s->mutex)
+                 : pthread_mutex_clocklock(&s->mutex, CLOCK_MONOTONIC, &until);
+    if (r != 0 && try_only) {
+        session_lock_put(l, s);
+        return lb_error_set(err, -EBUSY, "session %s is busy", rsid);
+    }
+    if (r != 0) {
+        session_lock_put(l, s);
+        metrics_add(LB_M_SESSION_LOCK_TIMEOUTS, 1);
+        log_warn("session %s: its lock stayed busy for %lld s; the request gives up", rsid,
+                 (long long)wait_s);
+        return lb_error_set(err, -EBUSY,
+                            "session %s is busy: another seed, release or delete of it has "
+                            "held it for %lld s; retry later",
+                            rsid, (long long)wait_s);
+    }
+    *out = s;
+    return 0;
+}
+
+static void session_unlock(struct lb_lend *l, struct session_lock *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_unlock(&s->mutex);
+    session_lock_put(l, s);
 }
 
 /* ---------- setup ---------- */
@@ -482,9 +516,9 @@ int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request 
 
     if (lend_is_draining(l))
         return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
-    lock = session_lock(l, rsid);
-    if (!lock)
-        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = session_lock_take(l, rsid, false, &lock, err);
+    if (r < 0)
+        return r;
     r = store_get_live_by_rsid(l->store, rsid, &live, NULL);
     if (r == 0) {
         if (live.task_id && strcmp(live.task_id, req->task_id) == 0 &&
@@ -627,13 +661,13 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
 
 int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err)
 {
-    struct session_lock *lock = session_lock(l, rsid);
+    struct session_lock *lock = NULL;
     struct lb_record live = {0};
     char stopped_id[LB_ID_MAX] = "";
-    int r, n_stopped = 0;
+    int r = session_lock_take(l, rsid, false, &lock, err), n_stopped = 0;
 
-    if (!lock)
-        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (r < 0)
+        return r;
     if (store_get_live_by_rsid(l->store, rsid, &live, NULL) == 0) {
         lend_before_stop(l, &live);
         r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
@@ -661,6 +695,19 @@ out:
     return r;
 }
 
+int lend_sandbox_rsid(struct lb_lend *l, const char *id, char *rsid, size_t len)
+{
+    struct lb_record rec = {0};
+    int r = store_get_sandbox(l->store, id, &rec, NULL);
+
+    if (r == 0 && !rec.rsid)
+        r = -ENOENT;
+    if (r == 0 && (size_t)snprintf(rsid, len, "%s", rec.rsid) >= len)
+        r = -ENAMETOOLONG;
+    store_record_release(&rec);
+    return r < 0 ? r : 0;
+}
+
 int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
 {
     struct lb_record rec = {0};
@@ -670,11 +717,9 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
     if (r < 0)
         return lb_error_set(err, -ENOENT, "no sandbox %s", id);
     if (rec.rsid) {
-        lock = session_lock(l, rec.rsid);
-        if (!lock) {
-            r = lb_error_set(err, -ENOMEM, "out of memory");
+        r = session_lock_take(l, rec.rsid, false, &lock, err);
+        if (r < 0)
             goto out;
-        }
         store_record_release(&rec);
         r = store_get_sandbox(l->store, id, &rec, err); /* re-read under the lock */
         if (r < 0)
@@ -896,10 +941,12 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
     int attempted = 0, r = store_list_sandboxes(l->store, f, &recs, &n, err);
 
     for (size_t i = 0; r == 0 && i < n; i++) {
-        struct session_lock *lock = recs[i].rsid ? session_lock(l, recs[i].rsid) : NULL;
+        struct session_lock *lock = NULL;
         struct lb_record cur = {0};
+        /* a busy session is skipped: its holder handles it, or the next pass does */
+        bool busy = recs[i].rsid && session_lock_take(l, recs[i].rsid, true, &lock, NULL) < 0;
         bool wanted =
-            store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+            !busy && store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
             (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= f->now_s
                  : cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
                        cur.state == LB_STATE_STOPPING);

@@ -38,6 +38,7 @@ struct lb_lend_config {
     int64_t default_disk_mib; /* disk_mib for seeds that set none; 0: none (unenforceable) */
     int64_t max_disk_mib;     /* largest disk_mib a seed may ask for (400 past it); 0: no cap */
     int64_t retention_s;
+    int64_t session_lock_wait_s; /* bound on waiting for a session's lock; <= 0: 30 */
     size_t max_output_bytes;
     const char *default_image;
     const char *workdir;
@@ -97,6 +98,10 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
 
 /* Stop one sandbox by id (reason "deleted"). *out {"deleted": bool, "sandbox_id"}. -ENOENT. */
 int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);
+
+/* The resources session of sandbox id into rsid (a record read, no provider call: fine on an
+ * HTTP thread). -ENOENT for an unknown id or one lent to no session, -ENAMETOOLONG. */
+int lend_sandbox_rsid(struct lb_lend *l, const char *id, char *rsid, size_t len);
 
 /* GET /v1/sandboxes/{id}: record plus the provider's status for live ones. -ENOENT. */
 int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);

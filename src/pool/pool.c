@@ -1,14 +1,32 @@
-/* pool.c - see pool.h. A ring buffer of jobs under one mutex and two condition variables. */
+/* pool.c - see pool.h. A ring buffer of jobs under one mutex and a condition variable; keyed
+ * jobs wait in a FIFO per key (not in the ring) while an earlier job of their key runs. */
 #include "pool/pool.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
+#include <uthash.h>
+
+struct key_job {
+    lb_job_fn fn;
+    void *arg;
+    struct key_job *next;
+};
+
+/* A key with a job queued in the ring or running (running), and the ones waiting behind it. */
+struct key_queue {
+    char *key;
+    struct key_job *head, *tail;
+    size_t n_waiting;
+    UT_hash_handle hh;
+};
 
 struct pool_job {
     lb_job_fn fn;
     void *arg;
+    struct key_queue *key; /* NULL: not keyed */
 };
 
 struct lb_pool {
@@ -16,10 +34,40 @@ struct lb_pool {
     pthread_cond_t has_job;
     struct pool_job *ring;
     size_t cap, head, count, running;
+    size_t keyed_waiting; /* jobs in the key queues: count + keyed_waiting <= cap */
+    struct key_queue *keys;
     bool stopping, stopped;
     pthread_t *threads;
     size_t n_threads;
 };
+
+/* Put a job into the ring; the caller holds the lock and made sure there is room. */
+static void ring_push(struct lb_pool *p, lb_job_fn fn, void *arg, struct key_queue *k)
+{
+    p->ring[(p->head + p->count) % p->cap] = (struct pool_job){fn, arg, k};
+    p->count++;
+    pthread_cond_signal(&p->has_job);
+}
+
+/* A job of key k ended: start the next one of k, or forget k. Lock held. */
+static void key_job_done(struct lb_pool *p, struct key_queue *k)
+{
+    struct key_job *next = k->head;
+
+    if (!next) {
+        HASH_DEL(p->keys, k);
+        free(k->key);
+        free(k);
+        return;
+    }
+    k->head = next->next;
+    if (!k->head)
+        k->tail = NULL;
+    k->n_waiting--;
+    p->keyed_waiting--;
+    ring_push(p, next->fn, next->arg, k);
+    free(next);
+}
 
 static void *pool_worker(void *arg)
 {
@@ -41,6 +89,8 @@ static void *pool_worker(void *arg)
         job.fn(job.arg);
         pthread_mutex_lock(&p->lock);
         p->running--;
+        if (job.key)
+            key_job_done(p, job.key);
     }
     pthread_mutex_unlock(&p->lock);
     return NULL;
@@ -89,12 +139,52 @@ int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg)
     pthread_mutex_lock(&p->lock);
     if (p->stopping)
         r = -ESHUTDOWN;
-    else if (p->count == p->cap)
+    else if (p->count + p->keyed_waiting >= p->cap)
         r = -EAGAIN;
-    else {
-        p->ring[(p->head + p->count) % p->cap] = (struct pool_job){fn, arg};
-        p->count++;
-        pthread_cond_signal(&p->has_job);
+    else
+        ring_push(p, fn, arg, NULL);
+    pthread_mutex_unlock(&p->lock);
+    return r;
+}
+
+int pool_submit_keyed(struct lb_pool *p, const char *key, size_t key_max, lb_job_fn fn, void *arg)
+{
+    struct key_queue *k;
+    struct key_job *j = NULL;
+    int r = 0;
+
+    if (!key)
+        return pool_submit(p, fn, arg);
+    pthread_mutex_lock(&p->lock);
+    HASH_FIND_STR(p->keys, key, k);
+    if (p->stopping) {
+        r = -ESHUTDOWN;
+    } else if (p->count + p->keyed_waiting >= p->cap) {
+        r = -EAGAIN;
+    } else if (k && key_max && k->n_waiting >= key_max) {
+        r = -EBUSY;
+    } else if (!k) {
+        k = calloc(1, sizeof(*k));
+        if (!k || !(k->key = strdup(key))) {
+            free(k);
+            r = -ENOMEM;
+        } else {
+            HASH_ADD_KEYPTR(hh, p->keys, k->key, strlen(k->key), k);
+            ring_push(p, fn, arg, k);
+        }
+    } else if (!(j = calloc(1, sizeof(*j)))) {
+        r = -ENOMEM;
+    } else {
+        /* an earlier job of this key is queued or running: wait behind it, off the ring */
+        j->fn = fn;
+        j->arg = arg;
+        if (k->tail)
+            k->tail->next = j;
+        else
+            k->head = j;
+        k->tail = j;
+        k->n_waiting++;
+        p->keyed_waiting++;
     }
     pthread_mutex_unlock(&p->lock);
     return r;
@@ -105,7 +195,7 @@ size_t pool_queued(struct lb_pool *p)
     size_t n;
 
     pthread_mutex_lock(&p->lock);
-    n = p->count;
+    n = p->count + p->keyed_waiting;
     pthread_mutex_unlock(&p->lock);
     return n;
 }

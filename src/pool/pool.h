@@ -24,7 +24,15 @@ int pool_new(size_t n_workers, size_t queue_max, struct lb_pool **out);
 /* Queue fn(arg). Returns 0, -EAGAIN when the queue is full, -ESHUTDOWN after pool_stop. */
 int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg);
 
-/* Jobs waiting in the queue, and jobs running now (for /metrics). */
+/* Queue fn(arg) so that jobs of the same key run one at a time, in submission order, and a job
+ * waiting for an earlier one of its key occupies no worker (different keys run in parallel).
+ * key NULL is pool_submit. Returns 0, -EAGAIN when the queue (keyed waiters included) is full,
+ * -EBUSY when key_max (> 0) jobs of this key are already waiting, -ESHUTDOWN after pool_stop,
+ * -ENOMEM. The key is copied. */
+int pool_submit_keyed(struct lb_pool *p, const char *key, size_t key_max, lb_job_fn fn, void *arg);
+
+/* Jobs waiting (in the queue or behind a job of their key), and jobs running now (for
+ * /metrics). */
 size_t pool_queued(struct lb_pool *p);
 size_t pool_running(struct lb_pool *p);
 

@@ -144,14 +144,8 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                           &j->req.close_timeout_ms, err);
     if (r < 0)
         return r;
-    if (j->req.env) {
-        const char *k;
-
-        json_object_foreach(j->req.env, k, v) {
-            if (!*k || strchr(k, '='))
-                return lb_error_set(err, -EINVAL, "env name '%s' is invalid", k);
-        }
-    }
+    if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
+        return r;
     if (cwd && !json_is_null(cwd)) {
         if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
@@ -262,6 +256,7 @@ int route_close(struct lb_request *req, struct lb_error *err)
         close_job_free(j);
         return r;
     }
+    routes_serialize_session(req, j->rsid);
     return http_defer(req, close_run, j, close_job_free, err);
 }
 

@@ -2,6 +2,7 @@
 #include "routes/routes.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 const struct lb_route lb_routes[] = {
@@ -106,6 +107,43 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
         return;
     }
     http_respond_json(req, status, body);
+}
+
+void routes_serialize_session(struct lb_request *req, const char *rsid)
+{
+    char key[160];
+
+    snprintf(key, sizeof(key), "session:%s", rsid);
+    http_set_serial_key(req, key);
+}
+
+int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)
+{
+    const char *k;
+    size_t klen;
+    json_t *v;
+
+    json_object_keylen_foreach(env, k, klen, v)
+    {
+        const unsigned char *c;
+
+        if (klen == 0)
+            return lb_error_set(err, -EINVAL, "'%s' has an empty variable name", what);
+        /* a NUL inside a name would cut it short in the "NAME=value" string */
+        if (strlen(k) != klen)
+            return lb_error_set(err, -EINVAL, "'%s' has a variable name with a NUL byte", what);
+        for (c = (const unsigned char *)k; *c; c++) {
+            if (*c == '=')
+                return lb_error_set(err, -EINVAL,
+                                    "'%s' name '%s' contains '=' (the name ends at the first '=')",
+                                    what, k);
+            if (*c < 0x20 || *c == 0x7f)
+                return lb_error_set(err, -EINVAL,
+                                    "'%s' name '%s' contains the control character 0x%02x", what, k,
+                                    (unsigned)*c);
+        }
+    }
+    return 0;
 }
 
 int routes_not_implemented(struct lb_request *req, struct lb_error *err)

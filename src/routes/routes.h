@@ -51,6 +51,15 @@ int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struc
 /* The "not built yet" handler: 501 not_implemented. */
 int routes_not_implemented(struct lb_request *req, struct lb_error *err);
 
+/* Serialise the request's deferred job with every other seed, release, close and delete of
+ * resources session rsid (http_set_serial_key): a waiting one holds no worker. */
+void routes_serialize_session(struct lb_request *req, const char *rsid);
+
+/* Check the names of an env object (NULL is fine): non-empty, no '=', no control character
+ * (bytes 1-31 and 127), no NUL. -EINVAL
+ * (400) naming the field (what, e.g. "env") otherwise. */
+int routes_check_env_names(json_t *env, const char *what, struct lb_error *err);
+
 int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);

@@ -59,6 +59,12 @@ static void sandbox_delete_run(struct lb_request *req, void *arg)
 
 int route_sandbox_delete(struct lb_request *req, struct lb_error *err)
 {
+    char rsid[160];
+
+    /* one at a time with the seeds, releases and closes of the sandbox's session */
+    if (lend_sandbox_rsid(((struct lb_app *)http_app(req))->lend, http_param(req, 0), rsid,
+                          sizeof(rsid)) == 0)
+        routes_serialize_session(req, rsid);
     return sandbox_defer_with_id(req, sandbox_delete_run, err);
 }
 
@@ -146,15 +152,8 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         r = routes_string_map(body, "env", &j->p.env, err);
     if (r < 0)
         return r;
-    if (j->p.env) {
-        const char *k;
-        json_t *v;
-
-        json_object_foreach(j->p.env, k, v) {
-            if (!*k || strchr(k, '='))
-                return lb_error_set(err, -EINVAL, "env name '%s' is invalid", k);
-        }
-    }
+    if (j->p.env && (r = routes_check_env_names(j->p.env, "env", err)) < 0)
+        return r;
     if (cwd && !json_is_null(cwd)) {
         if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");

@@ -189,14 +189,8 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
         r = seed_parse_network(json_object_get(body, "network"), err);
     if (r < 0)
         return r;
-    if (req->env) {
-        const char *k;
-
-        json_object_foreach(req->env, k, v) {
-            if (!*k || strchr(k, '='))
-                return lb_error_set(err, -EINVAL, "env name '%s' is invalid", k);
-        }
-    }
+    if (req->env && (r = routes_check_env_names(req->env, "env", err)) < 0)
+        return r;
     req->network = json_object_get(body, "network");
     if (json_is_null(req->network))
         req->network = NULL;
@@ -262,6 +256,7 @@ int route_seed(struct lb_request *req, struct lb_error *err)
         seed_job_free(j);
         return r;
     }
+    routes_serialize_session(req, rsid);
     return http_defer(req, seed_run, j, seed_job_free, err);
 }
 
@@ -318,5 +313,6 @@ int route_release(struct lb_request *req, struct lb_error *err)
     copy = strdup(rsid);
     if (!copy)
         return lb_error_set(err, -ENOMEM, "out of memory");
+    routes_serialize_session(req, rsid);
     return http_defer(req, release_run, copy, free, err);
 }

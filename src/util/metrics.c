@@ -42,6 +42,8 @@ static const struct {
                                   "Most provider stops ever in flight at once.", true},
     [LB_M_SHUTDOWN_SWEEP_MS] = {"lendbox_shutdown_sweep_duration_seconds", NULL,
                                 "Duration of the shutdown sweep (0 until one ran).", true, true},
+    [LB_M_SESSION_LOCK_TIMEOUTS] = {"lendbox_session_lock_timeouts_total", NULL,
+                                    "Requests that gave up waiting for a busy session (409)."},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];

@@ -36,6 +36,7 @@ enum lb_counter {
     LB_M_STOPS_IN_FLIGHT,     /* gauge: provider stops running now */
     LB_M_STOPS_IN_FLIGHT_MAX, /* gauge: the most stops ever in flight at once */
     LB_M_SHUTDOWN_SWEEP_MS,   /* gauge, ms (rendered in seconds): the shutdown sweep */
+    LB_M_SESSION_LOCK_TIMEOUTS,
     LB_M_COUNTERS
 };
 

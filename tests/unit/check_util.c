@@ -3,6 +3,9 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +250,77 @@ START_TEST(test_pool_bounded)
 }
 END_TEST
 
+/* Keyed jobs: one key runs one at a time (in order), and jobs waiting behind it hold no
+ * worker, so another key's job runs at once on the second worker. */
+static atomic_int key_running, key_max_running, key_order_bad, key_last;
+static atomic_int other_ran;
+static pthread_mutex_t gate_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+
+static void keyed_job(void *arg)
+{
+    int seq = (int)(intptr_t)arg, now = atomic_fetch_add(&key_running, 1) + 1;
+
+    if (now > atomic_load(&key_max_running))
+        atomic_store(&key_max_running, now);
+    if (seq != atomic_load(&key_last) + 1)
+        atomic_fetch_add(&key_order_bad, 1);
+    atomic_store(&key_last, seq);
+    if (seq == 1) { /* the first holds its key until the other key's job has run */
+        pthread_mutex_lock(&gate_mutex);
+        while (!gate_open)
+            pthread_cond_wait(&gate_cond, &gate_mutex);
+        pthread_mutex_unlock(&gate_mutex);
+    }
+    atomic_fetch_sub(&key_running, 1);
+}
+
+static void other_job(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&other_ran, 1);
+    pthread_mutex_lock(&gate_mutex);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cond);
+    pthread_mutex_unlock(&gate_mutex);
+}
+
+START_TEST(test_pool_keyed)
+{
+    struct lb_pool *p = NULL;
+
+    ck_assert_int_eq(pool_new(2, 100, &p), 0);
+    for (int i = 1; i <= 20; i++)
+        ck_assert_int_eq(pool_submit_keyed(p, "session:a", 30, keyed_job, (void *)(intptr_t)i), 0);
+    ck_assert_int_eq(pool_queued(p) + pool_running(p), 20);
+    /* the first "a" job blocks until this one ran: it must not wait behind the 19 others */
+    ck_assert_int_eq(pool_submit_keyed(p, "session:b", 30, other_job, NULL), 0);
+    pool_stop(p);
+    ck_assert_int_eq(atomic_load(&other_ran), 1);
+    ck_assert_int_eq(atomic_load(&key_max_running), 1);
+    ck_assert_int_eq(atomic_load(&key_order_bad), 0);
+    ck_assert_int_eq(atomic_load(&key_last), 20);
+    pool_destroy(p);
+
+    /* per-key backlog bound: past key_max waiting jobs of one key, -EBUSY */
+    gate_open = false;
+    atomic_store(&key_last, 0);
+    ck_assert_int_eq(pool_new(2, 8, &p), 0);
+    ck_assert_int_eq(pool_submit_keyed(p, "k", 2, keyed_job, (void *)(intptr_t)1), 0);
+    while (atomic_load(&key_running) == 0)
+        usleep(1000);
+    ck_assert_int_eq(pool_submit_keyed(p, "k", 2, keyed_job, (void *)(intptr_t)2), 0);
+    ck_assert_int_eq(pool_submit_keyed(p, "k", 2, keyed_job, (void *)(intptr_t)3), 0);
+    ck_assert_int_eq(pool_submit_keyed(p, "k", 2, keyed_job, (void *)(intptr_t)4), -EBUSY);
+    ck_assert_int_eq(pool_queued(p), 2);
+    ck_assert_int_eq(pool_submit(p, other_job, NULL), 0); /* the other worker: opens the gate */
+    pool_stop(p);
+    ck_assert_int_eq(atomic_load(&key_last), 3);
+    pool_destroy(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("util");
@@ -263,6 +337,7 @@ int main(void)
     tcase_add_test(tc, test_error_mapping);
     tcase_add_test(tc, test_paths);
     tcase_add_test(tc, test_pool_bounded);
+    tcase_add_test(tc, test_pool_keyed);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
