@@ -425,11 +425,25 @@ static const char *stderr_text(struct lb_buf *b)
     while (n > 0 && (b->data[n - 1] == '\n' || b->data[n - 1] == ' '))
         n--;
     b->data[n] = '\0';
+    b->len = n;
     for (size_t i = 0; i < n; i++) {
         if (b->data[i] == '\n')
             b->data[i] = ' ';
     }
-    return n ? b->data : "(no output)";
+    /* our forked children report "errno N" (no strerror there): say it in words */
+    if (strstr(b->data, ": errno ")) {
+        size_t cap = n + 1024;
+        char *t = malloc(cap);
+
+        if (t) {
+            local_errno_text(b->data, t, cap);
+            b->len = 0;
+            b->max = b->len + cap; /* the text only grew by the error names */
+            (void)lb_buf_append_capped(b, t, strlen(t));
+            free(t);
+        }
+    }
+    return b->len ? b->data : "(no output)";
 }
 
 /* Read what is readable from fd into b; false at EOF or error. */

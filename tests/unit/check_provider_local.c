@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "provider/local.h"
+#include "provider/local_internal.h"
 #include "provider/provider.h"
 #include "provider/seccomp.h"
 #include "util/clock.h"
@@ -1151,6 +1152,39 @@ START_TEST(test_seccomp_filter_build)
 }
 END_TEST
 
+/* What forked children report as "errno N" reaches users as words, E2BIG with its limits. */
+START_TEST(test_errno_text)
+{
+    char out[512];
+    const char *argv[] = {"/bin/sh", "-c", "true", NULL};
+    const char *env[] = {"PATH=/bin", NULL};
+    char *big = malloc(200001);
+
+    local_errno_text("error cannot execute /run/lendbox/supervise: errno 7", out, sizeof(out));
+    ck_assert_msg(strstr(out, "cannot execute /run/lendbox/supervise: argument list too long "
+                              "(limit ") &&
+                      strstr(out, "131072 bytes for one argument"),
+                  "%s", out);
+    ck_assert_ptr_null(strstr(out, "errno"));
+    local_errno_text("lendbox: fork: errno 11", out, sizeof(out));
+    ck_assert_str_eq(out, "lendbox: fork: Resource temporarily unavailable");
+    local_errno_text("no number here: errno x", out, sizeof(out));
+    ck_assert_str_eq(out, "no number here: errno x");
+    local_errno_text("a: errno 2, b: errno 13", out, 24); /* cut, still terminated */
+    ck_assert_uint_eq(strlen(out), 23);
+
+    ck_assert_int_eq(local_check_exec_args(argv, env, out, sizeof(out)), 0);
+    ck_assert_ptr_nonnull(big);
+    memset(big, 'x', 200000);
+    big[200000] = '\0';
+    argv[2] = big;
+    ck_assert_int_eq(local_check_exec_args(argv, env, out, sizeof(out)), -E2BIG);
+    ck_assert_str_eq(out, "argument list too long: one argument or environment variable is "
+                          "200000 bytes (limit 131072 bytes each)");
+    free(big);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("provider_local");
@@ -1159,6 +1193,7 @@ static Suite *suite(void)
 
     tcase_add_test(pure, test_path_is_valid);
     tcase_add_test(pure, test_seccomp_filter_build);
+    tcase_add_test(pure, test_errno_text);
     suite_add_tcase(s, pure);
 
     tcase_add_unchecked_fixture(tc, run_setup, run_teardown);
