@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <uthash.h>
 
@@ -44,6 +45,7 @@
 #define RESULT_LOG_TAIL 4096
 #define POLL_FIRST_MS 50
 #define POLL_MAX_MS 250
+#define JOIN_SLACK_MS 60000 /* a close joining a running finalization: past its own budget */
 
 enum fin_mode {
     FIN_EXECUTE, /* after the harness ended (or its deadline passed): stop if needed, capture */
@@ -88,7 +90,14 @@ int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
     a->store = st;
     a->lend = lend;
     pthread_mutex_init(&a->mutex, NULL);
-    pthread_cond_init(&a->cond, NULL);
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* act_finalize's deadlines */
+        pthread_cond_init(&a->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     *out = a;
     return 0;
 }
@@ -664,6 +673,12 @@ static int act_finalize(struct lb_activations *a, const char *sandbox_id, enum f
                         int64_t budget_ms, struct lb_error *err)
 {
     struct act_entry *e = entry_get(a, sandbox_id);
+    /* the running finalization is bounded (its stop exec, its receipt wait, the capture): wait
+     * for it no longer than a finalization of our own could take, plus a margin */
+    int64_t until_ms =
+        clock_mono_ms() + budget_ms + RECEIPT_SLACK_MS + STOP_EXEC_TIMEOUT_MS + JOIN_SLACK_MS;
+    struct timespec until = {.tv_sec = until_ms / 1000,
+                             .tv_nsec = (long)(until_ms % 1000) * 1000000L};
     int r;
 
     if (!e)
@@ -672,8 +687,17 @@ static int act_finalize(struct lb_activations *a, const char *sandbox_id, enum f
     while (e->finalizing) {
         uint64_t gen = e->gen;
 
-        while (e->finalizing && e->gen == gen)
-            pthread_cond_wait(&a->cond, &a->mutex);
+        while (e->finalizing && e->gen == gen) {
+            if (pthread_cond_timedwait(&a->cond, &a->mutex, &until) == ETIMEDOUT && e->finalizing &&
+                e->gen == gen) {
+                pthread_mutex_unlock(&a->mutex);
+                entry_put(a, e);
+                return lb_error_set(err, -EBUSY,
+                                    "another close of the harness in sandbox %s is still "
+                                    "running; retry later",
+                                    sandbox_id);
+            }
+        }
         if (mode == FIN_CLOSE && e->last_mode == FIN_CLOSE && e->last_rc < 0 && !e->finalizing) {
             r = e->last_rc;
             if (err)

@@ -602,8 +602,11 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     for (i = 0; i < s.ncg; i++)
         local_close_fd(&s.cg_fds[i]);
     s.ncg = 0;
-    while (waitpid(mid, &st, 0) < 0 && errno == EINTR)
-        ;
+    /* the intermediate exits right after its fork; still, never wait for it without bound */
+    if (local_wait_child(mid, clock_mono_ms() + lp->create_timeout_ms, &st) == -ETIMEDOUT) {
+        (void)kill(mid, SIGKILL);
+        local_reap_later(mid);
+    }
     r = wait_ready(&s, pid, lp->create_timeout_ms, err);
 out:
     spawn_close(&s);
