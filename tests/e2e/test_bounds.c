@@ -396,10 +396,8 @@ END_TEST
  * answer at once, because requests waiting for their session hold no worker. */
 START_TEST(test_stuck_session_does_not_starve_others)
 {
-    static const char *const extra[] = {"--set", "server.workers=4",
-                                        "--set", "faults.spec=provider.stop=delay:12000",
-                                        "--set", "lending.session_lock_wait_s=60",
-                                        NULL};
+    static const char *const extra[] = {"--set", "server.workers=4", "--set",
+                                        "faults.spec=provider.stop=delay:12000", NULL};
     enum { N_RETRIES = 12, N_OTHERS = 5 };
     struct lbt_async *rel, *retry[N_RETRIES];
     struct lbt_daemon d;
