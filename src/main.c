@@ -384,6 +384,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < OPERATE_KEY_BYTES; i++)
         sscanf(operate_hex + 2 * i, "%2hhx", &operate_key[i]);
 
+    /* The API's socket first: the provider refuses its port to every sandbox. */
+    char bound[128] = "";
+    int listen_fd = -1;
+
+    if (http_bind(cfg.listen, &listen_fd, bound, sizeof(bound), &err) < 0)
+        goto fail;
+
     /* Store, provider. */
     snprintf(path, sizeof(path), "%s/lendbox.db", cfg.state_dir);
     if (store_open(path, &store, &err) < 0 ||
@@ -420,6 +427,10 @@ int main(int argc, char **argv)
         .seccomp_off = !cfg.seccomp,
         .seccomp_deny = cfg.seccomp_deny,
         .sandbox_nofile = cfg.sandbox_nofile,
+        .net = {.range = cfg.net_range,
+                .inherit = cfg.net_inherit,
+                .nft_table = cfg.net_nft_table,
+                .api_port = strrchr(bound, ':') ? atoi(strrchr(bound, ':') + 1) : 0},
     };
     if (provider_local_new(&lc, &prov, &err) < 0)
         goto fail;
@@ -446,11 +457,6 @@ int main(int argc, char **argv)
     app.pool = pool;
     app.max_exec_timeout_s = cfg.max_exec_timeout_s;
     app.default_exec_timeout_s = 180;
-    char bound[128] = "";
-    int listen_fd = -1;
-
-    if (http_bind(cfg.listen, &listen_fd, bound, sizeof(bound), &err) < 0)
-        goto fail;
     if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {
         close(listen_fd);
         goto fail;

@@ -352,6 +352,14 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
     json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir", l->cfg.workdir,
                              "env", req->env, "network", req->network, "labels", req->labels);
 
+    if (spec && req->n_ports > 0) {
+        json_t *ports = json_array();
+
+        for (size_t i = 0; i < req->n_ports; i++)
+            json_array_append_new(ports, json_integer(req->ports[i]));
+        json_object_set_new(spec, "ports", ports);
+    }
+
     if (spec && (req->resources.cpu > 0 || req->resources.memory_mib > 0 ||
                  req->resources.pids > 0 || disk_mib > 0)) {
         json_t *res = json_object();
@@ -369,15 +377,31 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
     return spec;
 }
 
-static int lend_check_network(const struct lb_seed_request *req, struct lb_error *err)
+/* The seed's network object as the provider's request; strings are borrowed from req, the
+ * tool_servers array is new (free it). The provider decides what it can enforce. */
+static int lend_network_request(const struct lb_seed_request *req, struct lb_network_request *out,
+                                const char ***tools_out)
 {
-    const char *access =
-        req->network ? json_string_value(json_object_get(req->network, "access")) : NULL;
+    json_t *tools = req->network ? json_object_get(req->network, "tool_servers") : NULL;
+    const char **v = NULL;
+    size_t i, n = json_is_array(tools) ? json_array_size(tools) : 0;
 
-    if (!access || !strcmp(access, "inherit"))
+    memset(out, 0, sizeof(*out));
+    *tools_out = NULL;
+    if (!req->network)
         return 0;
-    return lb_error_set(err, -EOPNOTSUPP,
-                        "network access '%s' cannot be enforced by this provider yet", access);
+    out->access = json_string_value(json_object_get(req->network, "access"));
+    out->model_server = json_string_value(json_object_get(req->network, "model_server"));
+    if (n > 0) {
+        v = calloc(n + 1, sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        for (i = 0; i < n; i++)
+            v[i] = json_string_value(json_array_get(tools, i));
+        out->tool_servers = v;
+    }
+    *tools_out = v;
+    return 0;
 }
 
 /* resources.disk_mib: at most max_disk_mib (400), default_disk_mib when unset, so every
@@ -401,7 +425,9 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     struct lb_record rec = {0}, got = {0};
     struct lb_error perr = {0};
     const char *image = req->image ? req->image : l->cfg.default_image;
-    struct lb_sandbox_spec spec = {image, l->cfg.workdir, req->resources};
+    struct lb_sandbox_spec spec = {
+        .image = image, .workdir = l->cfg.workdir, .resources = req->resources};
+    const char **tools = NULL;
     struct lb_sandbox_ref ref = {rec.id, NULL};
     json_t *spec_json = NULL, *desc = NULL;
     char *spec_text = NULL, *desc_text = NULL;
@@ -409,9 +435,12 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     int64_t live = 0, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
     int r;
 
-    r = lend_check_network(req, err);
-    if (r < 0)
+    if (lend_network_request(req, &spec.network, &tools) < 0) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
+    }
+    spec.ports = req->ports;
+    spec.n_ports = req->n_ports;
     if (spec.resources.pids == 0)
         spec.resources.pids = l->cfg.default_pids; /* a fork bomb must not take the host's pids */
     r = lend_check_disk(l, &spec.resources, err);
@@ -504,6 +533,7 @@ out:
     json_decref(desc);
     free(spec_text);
     free(desc_text);
+    free(tools);
     return r;
 }
 

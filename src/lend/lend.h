@@ -75,6 +75,8 @@ struct lb_seed_request {
     struct lb_resources resources;
     json_t *network; /* validated object or NULL */
     json_t *labels;  /* object of strings or NULL */
+    int *ports;      /* declared service ports, 1..65535, no duplicates; NULL: none */
+    size_t n_ports;
     struct lb_seed_file *files;
     size_t n_files;
 };

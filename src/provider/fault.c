@@ -95,6 +95,12 @@ static int fault_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     return in->ops->resume ? in->ops->resume(INNER(p), ref, err) : -ENOSYS;
 }
 
+static int fault_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
+                          char **url_out, struct lb_error *err)
+{
+    return provider_endpoint(INNER(p), ref, port, url_out, err);
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
     provider_destroy(INNER(p));
@@ -121,6 +127,7 @@ int provider_fault_wrap(struct lb_provider *inner, int64_t create_timeout_ms,
         .list = fault_list,
         .pause = fault_pause,
         .resume = fault_resume,
+        .endpoint = fault_endpoint,
         .destroy = fault_destroy,
     };
     f->base.ops = &f->ops;

@@ -425,19 +425,22 @@ out:
 void local_desc_release(struct local_desc *d)
 {
     cgroup_release(&d->cg);
+    local_net_release(&d->net);
 }
 
 static int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
 {
     json_int_t pid = 0, st = 0, uid = 0;
     const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base;
-    json_t *cg = NULL;
+    json_t *cg = NULL, *net = NULL;
     int r;
 
     memset(d, 0, sizeof(*d));
-    if (!json_is_object(j) ||
-        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s}", "pid", &pid, "start_time", &st, "uid",
-                    &uid, "workdir", &workdir, "cgroup", &cg, "data", &data) < 0)
+    if (!json_is_object(j) || json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s,s?o}", "pid", &pid,
+                                          "start_time", &st, "uid", &uid, "workdir", &workdir,
+                                          "cgroup", &cg, "data", &data, "net", &net) < 0)
+        return -EINVAL;
+    if (local_net_from_json(net, &d->net) < 0)
         return -EINVAL;
     if (pid < 0 || pid > INT_MAX || st < 0 || uid <= 0 || uid > UINT32_MAX ||
         !provider_path_is_valid(workdir) || strlen(workdir) >= sizeof(d->workdir))
@@ -470,6 +473,14 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
     if (o && d->data[0] && json_object_set_new(o, "data", json_string(d->data)) < 0) {
         json_decref(o);
         return NULL;
+    }
+    if (o && d->net.mode != LOCAL_NET_NONE) {
+        json_t *net = local_net_to_json(&d->net);
+
+        if (!net || json_object_set_new(o, "net", net) < 0) {
+            json_decref(o);
+            return NULL;
+        }
     }
     if (o && d->pid == 0) {
         /* not started (yet): no pid at all rather than a misleading 0 */
@@ -577,8 +588,10 @@ int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
                                 "sandbox '%s' has a malformed descriptor", ref->id);
         /* a stale descriptor of a removed sandbox must not claim a uid reused since */
         local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
-        if (lstat(dir, &st) == 0)
+        if (lstat(dir, &st) == 0) {
             local_uid_mark(lp, d->uid);
+            local_net_mark_slot(lp, &d->net);
+        }
         return 0;
     }
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
@@ -592,6 +605,7 @@ int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
         return 0;
     }
     local_uid_mark(lp, d->uid);
+    local_net_mark_slot(lp, &d->net);
     return 0;
 }
 
@@ -811,8 +825,13 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         lb_error_set(err, r, "out of memory");
     if (r < 0)
         goto out;
-    /* 4. the data directory (storage dir), then the sandbox's directory, and then the uid is
-     * free; in this order, so a sandbox directory outlives what it accounts for */
+    /* 3b. the network link and its rules (the link usually went with the netns already) */
+    r = local_net_detach(lp, id, &d->net, err);
+    if (r < 0)
+        goto out;
+    /* 4. the data directory (storage dir), then the sandbox's directory, and then the uid and
+     * the address are free; in this order, so a sandbox directory outlives what it accounts
+     * for */
     r = remove_data(lp, id, d, err);
     if (r < 0 || !has_dir)
         goto out;
@@ -822,6 +841,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         goto out;
     }
     local_uid_free(lp, d->uid);
+    local_net_free_slot(lp, &d->net);
 out:
     cgroup_release(&guess);
     if (pidfd >= 0)
@@ -978,6 +998,7 @@ static int local_list(struct lb_provider *p, json_t **out, struct lb_error *err)
             continue;
         if (desc_read_file(path, de->d_name, &d, &raw) == 0) {
             local_uid_mark(lp, d.uid);
+            local_net_mark_slot(lp, &d.net);
             local_desc_release(&d);
         }
         item =
@@ -1028,12 +1049,30 @@ static int local_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     return set_frozen(p, ref, false, err);
 }
 
+static int local_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
+                          char **url_out, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_desc d;
+    int r = local_desc_load(lp, ref, &d, err);
+
+    if (r < 0)
+        return r;
+    if (!local_desc_alive(&d))
+        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    else
+        r = local_net_endpoint(&d.net, port, url_out, err);
+    local_desc_release(&d);
+    return r;
+}
+
 static void local_destroy(struct lb_provider *p)
 {
     struct local_provider *lp = (struct local_provider *)p;
 
     if (!lp)
         return;
+    local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
     free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
     local_exec_gates_release(lp);
@@ -1061,6 +1100,7 @@ static const struct lb_provider_ops local_ops = {
     .list = local_list,
     .pause = local_pause,
     .resume = local_resume,
+    .endpoint = local_endpoint,
     .destroy = local_destroy,
 };
 
@@ -1261,6 +1301,9 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
             log_warn("images dir '%s' is unusable (%s), only image 'host' is available",
                      cfg->images_dir, strerror(errno));
     }
+    r = local_net_init(lp, &cfg->net, err);
+    if (r < 0)
+        goto fail;
     r = cgroup_host_detect(&lp->cg, cfg->cgroup_parent);
     if (r < 0) {
         r = lb_error_set(err, r, "out of memory");

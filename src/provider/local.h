@@ -19,6 +19,14 @@
 
 #include "provider/provider.h"
 
+/* [network]: per-sandbox links and egress rules (see local_net.h). */
+struct lb_local_net_config {
+    const char *range;     /* IPv4 CIDR the /31 of each link comes from; NULL: 10.213.0.0/16 */
+    const char *inherit;   /* what access "inherit" means: "none" (loopback only) or "nat" */
+    const char *nft_table; /* name of the nftables inet table; NULL: "lendbox" */
+    int api_port;          /* the daemon's API port, refused to every sandbox; 0: none */
+};
+
 struct lb_local_config {
     const char *state_dir;      /* daemon state dir; sandboxes live in <state_dir>/sandboxes */
     const char *bwrap_path;     /* "bwrap" is looked up in PATH */
@@ -34,6 +42,7 @@ struct lb_local_config {
     bool seccomp_off;           /* true: no seccomp filter (the default filter is on) */
     const char *seccomp_deny;   /* extra syscalls to refuse, see provider/seccomp.h */
     int64_t sandbox_nofile; /* RLIMIT_NOFILE of sandbox processes (not the daemon's); <= 0: 1024 */
+    struct lb_local_net_config net;
 };
 
 /* Make a local provider. Checks bwrap and the supervisor exist and builds the seccomp filter.

@@ -303,8 +303,8 @@ out:
 }
 
 static int build_argv(struct local_provider *lp, const char *id, const char *root,
-                      const char *workdir, const struct lb_resources *res, struct strv *a,
-                      struct lb_error *err)
+                      const char *workdir, const struct lb_resources *res, const char *hosts,
+                      struct strv *a, struct lb_error *err)
 {
     char num[16], host[64];
     struct mount_sizes sizes;
@@ -327,6 +327,8 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     r = add_root(a, root, workdir, lp, &sizes, err);
     if (r < 0)
         return r;
+    if (hosts && *hosts) /* a networked sandbox's names (local_net.c) */
+        strv_add3(a, "--ro-bind", hosts, "/etc/hosts");
     if (lp->storage == LOCAL_STORAGE_TMPFS) {
         add_sized_tmpfs(a, workdir, sizes.workdir_mib);
     } else {
@@ -639,7 +641,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     const char *workdir = spec && spec->workdir ? spec->workdir : LOCAL_DEFAULT_WORKDIR;
     struct lb_resources none = {0};
     const struct lb_resources *res = spec ? &spec->resources : &none;
-    char root[4352], dir[4352];
+    char root[4352], dir[4352], hosts[4352] = "";
     struct strv argv = {0};
     struct local_desc d;
     bool made_dir = false;
@@ -663,14 +665,24 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = image_root(lp, image, root, sizeof(root), err);
     if (r < 0)
         return r;
+    /* the network first: an unenforceable request (422) makes nothing */
+    r = local_net_prepare(lp, ref->id, spec ? &spec->network : NULL, &d.net, err);
+    if (r < 0)
+        return r;
     snprintf(d.workdir, sizeof(d.workdir), "%s", workdir);
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
     if (lp->storage == LOCAL_STORAGE_DIR &&
-        snprintf(d.data, sizeof(d.data), "%s/%s", lp->data_dir, ref->id) >= (int)sizeof(d.data))
+        snprintf(d.data, sizeof(d.data), "%s/%s", lp->data_dir, ref->id) >= (int)sizeof(d.data)) {
+        local_net_free_slot(lp, &d.net);
+        local_desc_release(&d);
         return lb_error_set(err, -ENAMETOOLONG, "data directory path is too long");
+    }
     r = local_uid_alloc(lp, &d.uid);
-    if (r < 0)
+    if (r < 0) {
+        local_net_free_slot(lp, &d.net);
+        local_desc_release(&d);
         return lb_error_set(err, r, "no free sandbox uid (all %" PRIu32 " in use)", lp->uid_count);
+    }
 
     /* the sandbox dir (descriptor only) first: it accounts for everything made after it */
     if (mkdir(dir, 0711) < 0) {
@@ -678,6 +690,8 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 ? lb_error_set(err, -EEXIST, "sandbox '%s' already exists", ref->id)
                 : lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dir, strerror(errno));
         local_uid_free(lp, d.uid);
+        local_net_free_slot(lp, &d.net);
+        local_desc_release(&d);
         return r;
     }
     made_dir = true;
@@ -698,10 +712,17 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = local_desc_save(&d, dir, err);
     if (r < 0)
         goto fail;
-    r = build_argv(lp, ref->id, root, workdir, res, &argv, err);
+    r = local_net_write_hosts(&d.net, dir, hosts, sizeof(hosts), err);
+    if (r < 0)
+        goto fail;
+    r = build_argv(lp, ref->id, root, workdir, res, hosts, &argv, err);
     if (r < 0)
         goto fail;
     r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL, &pid, err);
+    if (r < 0)
+        goto fail;
+    /* the link and its rules, before the seed returns */
+    r = local_net_attach(lp, &d.net, pid, err);
     if (r < 0)
         goto fail;
     d.pid = pid;

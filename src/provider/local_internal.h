@@ -5,6 +5,7 @@
  * local_create.c create: bwrap argv, the double-fork spawn, waiting for the init
  * local_exec.c   exec: entering the namespaces and running lendbox-supervise
  * local_files.c  file_write / file_open through /proc/<init>/root with openat2
+ * local_net.c    per-sandbox veth links and nftables egress rules
  */
 #ifndef LB_PROVIDER_LOCAL_INTERNAL_H
 #define LB_PROVIDER_LOCAL_INTERNAL_H
@@ -17,6 +18,7 @@
 #include "provider/cgroup.h"
 #include "provider/local.h"
 #include "provider/seccomp.h"
+#include "provider/local_net.h"
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
@@ -45,9 +47,10 @@ struct local_provider {
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
     enum local_storage storage;
-    char *data_dir;            /* storage dir: realpath of the data dir; else NULL */
-    struct lb_seccomp seccomp; /* installed in every sandbox process; len 0 when off */
-    int64_t sandbox_nofile;    /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
+    char *data_dir;             /* storage dir: realpath of the data dir; else NULL */
+    struct lb_seccomp seccomp;  /* installed in every sandbox process; len 0 when off */
+    int64_t sandbox_nofile;     /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
+    struct local_net_host *net; /* links and egress rules (local_net.c) */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
@@ -67,6 +70,7 @@ struct local_desc {
     char workdir[4097];
     char data[4352]; /* storage dir: the host directory bound at workdir; "" for tmpfs */
     struct lb_cgroup cg;
+    struct local_net net; /* mode LOCAL_NET_NONE: loopback only */
 };
 
 /* Is id usable as a directory name ([A-Za-z0-9._-], 1..128, no leading '.')? */

@@ -108,6 +108,14 @@ int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, str
     return p->ops->resume(p, ref, err);
 }
 
+int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
+                      char **url_out, struct lb_error *err)
+{
+    if (!p || !p->ops->endpoint)
+        return no_op(p, "service endpoints", err);
+    return p->ops->endpoint(p, ref, port, url_out, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

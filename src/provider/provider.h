@@ -53,10 +53,24 @@ struct lb_resources {
     int64_t disk_mib;   /* the sandbox's writable storage: the workdir and each tmpfs mount */
 };
 
+/* The network a sandbox asks for (the seed's "network" object). The provider decides whether
+ * it can enforce it: create answers -EOPNOTSUPP (422 unenforceable) with a message saying what
+ * is missing, never a sandbox with a weaker rule. */
+struct lb_network_request {
+    const char *access;              /* NULL or "inherit", "model_only", "model_and_tools" */
+    const char *model_server;        /* URL or host[:port]; NULL: none */
+    const char *const *tool_servers; /* NULL-terminated URLs or host[:port]; NULL: none */
+};
+
+#define LB_MAX_PORTS 64
+
 struct lb_sandbox_spec {
     const char *image;   /* "host" (the host's / read-only) or a name under images_dir */
     const char *workdir; /* absolute; the private writable directory, "/workspace" */
     struct lb_resources resources;
+    struct lb_network_request network;
+    const int *ports; /* declared service ports (1..65535) for endpoints; NULL: none */
+    size_t n_ports;
 };
 
 /* Which sandbox an operation is about. */
@@ -151,6 +165,12 @@ struct lb_provider_ops {
     int (*pause)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
     int (*resume)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 
+    /* A URL reaching the TCP port a server listens on inside the sandbox, from the daemon's
+     * host: *url_out is a new string the caller frees. The caller checked the port was
+     * declared. May be NULL (-ENOSYS). -ENOENT if the sandbox is gone. */
+    int (*endpoint)(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
+                    char **url_out, struct lb_error *err);
+
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
 };
@@ -178,6 +198,8 @@ int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
+                      char **url_out, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 
 /* Is path absolute and normalised: starts with '/', no "." or ".." component, no "//", no

@@ -25,6 +25,7 @@ static void seed_job_free(void *arg)
         free(j->req.files[i].data);
     }
     free(j->req.files);
+    free(j->req.ports);
     json_decref(j->body);
     free(j->rsid);
     free(j);
@@ -141,21 +142,62 @@ static int seed_parse_network(json_t *net, struct lb_error *err)
                             "'network.access' must be inherit, model_only or model_and_tools");
     if (model && !json_is_null(model) && !json_is_string(model))
         return lb_error_set(err, -EINVAL, "'network.model_server' must be a URL string");
+    if (model && json_is_string(model) &&
+        (json_string_length(model) == 0 || json_string_length(model) > 2048))
+        return lb_error_set(err, -EINVAL, "'network.model_server' must be 1-2048 bytes");
     if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools))
-            return lb_error_set(err, -EINVAL, "'network.tool_servers' must be an array of URLs");
+        if (!json_is_array(tools) || json_array_size(tools) > 16)
+            return lb_error_set(err, -EINVAL,
+                                "'network.tool_servers' must be an array of at most 16 URLs");
         json_array_foreach(tools, i, v) {
-            if (!json_is_string(v))
-                return lb_error_set(err, -EINVAL, "'network.tool_servers' must hold strings");
+            if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 2048)
+                return lb_error_set(err, -EINVAL,
+                                    "'network.tool_servers' must hold strings of 1-2048 bytes");
         }
+    }
+    if (access && strcmp(json_string_value(access), "inherit") && !json_is_string(model))
+        return lb_error_set(err, -EINVAL, "network access '%s' needs 'network.model_server'",
+                            json_string_value(access));
+    if (json_array_size(tools) > 0 &&
+        !(access && strcmp(json_string_value(access), "model_and_tools") == 0))
+        return lb_error_set(err, -EINVAL,
+                            "'network.tool_servers' is only allowed with access model_and_tools");
+    return 0;
+}
+
+/* "ports": [int] (declared service ports): each 1..65535, no duplicates, at most
+ * LB_MAX_PORTS. Fills req->ports (owned by the request). */
+static int seed_parse_ports(json_t *ports, struct lb_seed_request *req, struct lb_error *err)
+{
+    json_t *v;
+    size_t i, k;
+
+    if (!ports || json_is_null(ports))
+        return 0;
+    if (!json_is_array(ports) || json_array_size(ports) > LB_MAX_PORTS)
+        return lb_error_set(err, -EINVAL, "'ports' must be an array of at most %d TCP ports",
+                            LB_MAX_PORTS);
+    req->ports = calloc(json_array_size(ports) + 1, sizeof(*req->ports));
+    if (!req->ports)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_array_foreach(ports, i, v) {
+        json_int_t p = json_is_integer(v) ? json_integer_value(v) : 0;
+
+        if (p < 1 || p > 65535)
+            return lb_error_set(err, -EINVAL, "'ports' must hold integers from 1 to 65535");
+        for (k = 0; k < req->n_ports; k++) {
+            if (req->ports[k] == (int)p)
+                return lb_error_set(err, -EINVAL, "port %d is listed twice in 'ports'", (int)p);
+        }
+        req->ports[req->n_ports++] = (int)p;
     }
     return 0;
 }
 
 static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error *err)
 {
-    static const char *const fields[] = {"task_id",   "files",   "image",  "env", "ttl_s",
-                                         "resources", "network", "labels", NULL};
+    static const char *const fields[] = {"task_id",   "files",   "image",  "env",   "ttl_s",
+                                         "resources", "network", "labels", "ports", NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
     const char *path;
@@ -187,6 +229,8 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
         r = seed_parse_resources(json_object_get(body, "resources"), &req->resources, err);
     if (r == 0)
         r = seed_parse_network(json_object_get(body, "network"), err);
+    if (r == 0)
+        r = seed_parse_ports(json_object_get(body, "ports"), req, err);
     if (r < 0)
         return r;
     if (req->env && (r = routes_check_env_names(req->env, "env", err)) < 0)

@@ -81,6 +81,9 @@ static const struct config_key config_keys[] = {
     INT("local", "sandbox_nofile", sandbox_nofile, "1024", 64, 1048576),
     BOOL("security", "seccomp", seccomp, "yes"),
     STR("security", "seccomp_deny", seccomp_deny, NULL),
+    STR("network", "range", net_range, "10.213.0.0/16"),
+    STR("network", "inherit", net_inherit, "none"),
+    STR("network", "nft_table", net_nft_table, "lendbox"),
     STR("faults", "spec", faults_spec, NULL),
 };
 

@@ -66,6 +66,10 @@ struct lb_config {
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */
+    /* [network] */
+    char *net_range;
+    char *net_inherit;
+    char *net_nft_table;
     /* [faults] */
     char *faults_spec;
 };

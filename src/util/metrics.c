@@ -44,6 +44,15 @@ static const struct {
                                 "Duration of the shutdown sweep (0 until one ran).", true, true},
     [LB_M_SESSION_LOCK_TIMEOUTS] = {"lendbox_session_lock_timeouts_total", NULL,
                                     "Requests that gave up waiting for a busy session (409)."},
+    [LB_M_NET_MODEL_ONLY] = {"lendbox_network_sandboxes", "mode=\"model_only\"",
+                             "Sandboxes with a network link, by network mode.", true},
+    [LB_M_NET_MODEL_AND_TOOLS] = {"lendbox_network_sandboxes", "mode=\"model_and_tools\"", NULL,
+                                  true},
+    [LB_M_NET_NAT] = {"lendbox_network_sandboxes", "mode=\"nat\"", NULL, true},
+    [LB_M_NET_RULE_FAILURES] = {"lendbox_network_rule_failures_total", NULL,
+                                "Links or egress rules that could not be installed."},
+    [LB_M_NET_UNENFORCEABLE] = {"lendbox_network_unenforceable_total", NULL,
+                                "Network requests refused as unenforceable (422)."},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];

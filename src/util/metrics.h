@@ -37,6 +37,11 @@ enum lb_counter {
     LB_M_STOPS_IN_FLIGHT_MAX, /* gauge: the most stops ever in flight at once */
     LB_M_SHUTDOWN_SWEEP_MS,   /* gauge, ms (rendered in seconds): the shutdown sweep */
     LB_M_SESSION_LOCK_TIMEOUTS,
+    LB_M_NET_MODEL_ONLY,      /* gauge: sandboxes with a model_only link */
+    LB_M_NET_MODEL_AND_TOOLS, /* gauge: sandboxes with a model_and_tools link */
+    LB_M_NET_NAT,             /* gauge: sandboxes with a nat link (inherit = nat) */
+    LB_M_NET_RULE_FAILURES,   /* links or egress rules that could not be installed */
+    LB_M_NET_UNENFORCEABLE,   /* network requests refused 422 */
     LB_M_COUNTERS
 };
 
