@@ -923,6 +923,41 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
     return r;
 }
 
+int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL, *spec = NULL, *v;
+    char *url = NULL;
+    bool declared = false;
+    size_t i;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    spec = rec.spec_json ? json_loads(rec.spec_json, 0, NULL) : NULL;
+    json_array_foreach(json_object_get(spec, "ports"), i, v) {
+        if (json_integer_value(v) == port)
+            declared = true;
+    }
+    if (!declared) {
+        r = lb_error_set(err, -ENOENT, "port %d was not declared in the seed's 'ports'", port);
+        goto out;
+    }
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = provider_endpoint(l->prov, &ref, port, &url, err);
+    if (r < 0)
+        goto out;
+    *out = json_pack("{s:s,s:{}}", "endpoint", url, "headers");
+    if (!*out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    free(url);
+    json_decref(spec);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
 /* ---------- auth ---------- */
 
 int lend_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,

@@ -137,6 +137,12 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
 int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
                     struct lb_error *err);
 
+/* GET /v1/sandboxes/{id}/endpoints/{port}: *out {"endpoint": url, "headers": {}} reaching a
+ * server on that TCP port inside the sandbox from the daemon's host. -ENOENT (404) if the
+ * sandbox is not lent or the port was not declared in the seed's "ports", -ENOSYS (501) if
+ * the provider cannot serve endpoints. */
+int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, struct lb_error *err);
+
 /* Called by release and delete before a lent sandbox is stopped, with the session's lock held,
  * so that the activation service can close a running harness first (and collect its
  * artifacts). The hook logs its own failures; the stop goes ahead either way. It must not

@@ -9,9 +9,11 @@
  *          hostside4 ifname . ipv4_addr          the host end's own address (host.lendbox.internal)
  *          lport4    ifname . inet_service       host.lendbox.internal ports
  *   map    lmap4     ifname . inet_service : ipv4_addr   where such a port goes (127.x)
- *   chains input/forward (filter) jump to sbx_in/sbx_fwd for packets from a sandbox,
- *          prerouting (dstnat) DNATs host.lendbox.internal ports, postrouting masquerades
- *          forwarded sandbox traffic.
+ *   chains filter_pre (filter, prerouting) sends every packet from a sandbox through chain
+ *          sbx, which decides before routing: a refused packet is rejected at once even where
+ *          the host would drop it silently (IPv4 forwarding off); forward rejects new
+ *          connections into sandboxes from anywhere (other sandboxes too); nat_pre DNATs
+ *          host.lendbox.internal ports, nat_post masquerades forwarded sandbox traffic.
  *
  * The static rules are rewritten at every start (flush + add in one transaction, so there is
  * no moment without them); the sets keep their elements, so adopted sandboxes keep their
@@ -183,7 +185,8 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
     int r, len;
 
     if (h->api_port > 0)
-        snprintf(api, sizeof(api), "add rule inet %s sbx_in tcp dport %d reject with tcp reset\n",
+        snprintf(api, sizeof(api),
+                 "add rule inet %s sbx fib daddr type local tcp dport %d reject with tcp reset\n",
                  t, h->api_port);
     len = asprintf(
         &cmds,
@@ -194,45 +197,39 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
         "add set inet %1$s hostside4 { type ifname . ipv4_addr; }\n"
         "add set inet %1$s lport4 { type ifname . inet_service; }\n"
         "add map inet %1$s lmap4 { type ifname . inet_service : ipv4_addr; }\n"
-        "add chain inet %1$s input { type filter hook input priority filter; policy accept; }\n"
+        "add chain inet %1$s filter_pre { type filter hook prerouting priority filter; policy "
+        "accept; }\n"
         "add chain inet %1$s forward { type filter hook forward priority filter; policy accept; "
         "}\n"
-        "add chain inet %1$s prerouting { type nat hook prerouting priority dstnat; policy "
+        "add chain inet %1$s nat_pre { type nat hook prerouting priority dstnat; policy "
         "accept; }\n"
-        "add chain inet %1$s postrouting { type nat hook postrouting priority srcnat; policy "
+        "add chain inet %1$s nat_post { type nat hook postrouting priority srcnat; policy "
         "accept; }\n"
-        "add chain inet %1$s sbx_in\n"
-        "add chain inet %1$s sbx_fwd\n"
-        "flush chain inet %1$s input\n"
+        "add chain inet %1$s sbx\n"
+        "flush chain inet %1$s filter_pre\n"
         "flush chain inet %1$s forward\n"
-        "flush chain inet %1$s prerouting\n"
-        "flush chain inet %1$s postrouting\n"
-        "flush chain inet %1$s sbx_in\n"
-        "flush chain inet %1$s sbx_fwd\n"
-        "add rule inet %1$s input iifname @ifs jump sbx_in\n"
-        "add rule inet %1$s sbx_in ct state established,related accept\n"
+        "flush chain inet %1$s nat_pre\n"
+        "flush chain inet %1$s nat_post\n"
+        "flush chain inet %1$s sbx\n"
+        "add rule inet %1$s nat_pre meta l4proto tcp iifname . ip daddr @hostside4 dnat ip to "
+        "iifname . tcp dport map @lmap4\n"
+        "add rule inet %1$s filter_pre iifname @ifs jump sbx\n"
+        "add rule inet %1$s sbx ct state established,related accept\n"
         "%2$s"
-        "add rule inet %1$s sbx_in meta l4proto { tcp, udp } th dport 53 reject\n"
-        "add rule inet %1$s sbx_in ip daddr 127.0.0.0/8 ct status dnat iifname . tcp dport "
+        "add rule inet %1$s sbx meta l4proto { tcp, udp } th dport 53 reject\n"
+        "add rule inet %1$s sbx ip daddr 127.0.0.0/8 ct status dnat iifname . tcp dport "
         "@lport4 accept\n"
-        "add rule inet %1$s sbx_in iifname . ip daddr @allow4 accept\n"
-        "add rule inet %1$s sbx_in meta l4proto tcp reject with tcp reset\n"
-        "add rule inet %1$s sbx_in reject with icmpx admin-prohibited\n"
-        "add rule inet %1$s forward iifname @ifs jump sbx_fwd\n"
+        "add rule inet %1$s sbx iifname . ip daddr @allow4 accept\n"
+        "add rule inet %1$s sbx iifname @nat_ifs fib daddr type local reject with icmpx "
+        "admin-prohibited\n"
+        "add rule inet %1$s sbx iifname @nat_ifs ip daddr { 169.254.0.0/16, %3$s } reject "
+        "with icmpx admin-prohibited\n"
+        "add rule inet %1$s sbx iifname @nat_ifs meta nfproto ipv4 accept\n"
+        "add rule inet %1$s sbx meta l4proto tcp reject with tcp reset\n"
+        "add rule inet %1$s sbx reject with icmpx admin-prohibited\n"
         "add rule inet %1$s forward oifname @ifs ct state established,related accept\n"
         "add rule inet %1$s forward oifname @ifs reject with icmpx admin-prohibited\n"
-        "add rule inet %1$s sbx_fwd ct state established,related accept\n"
-        "add rule inet %1$s sbx_fwd meta l4proto { tcp, udp } th dport 53 reject\n"
-        "add rule inet %1$s sbx_fwd oifname @ifs reject with icmpx admin-prohibited\n"
-        "add rule inet %1$s sbx_fwd iifname . ip daddr @allow4 accept\n"
-        "add rule inet %1$s sbx_fwd iifname @nat_ifs ip daddr { 169.254.0.0/16, %3$s } reject "
-        "with icmpx admin-prohibited\n"
-        "add rule inet %1$s sbx_fwd iifname @nat_ifs meta nfproto ipv4 accept\n"
-        "add rule inet %1$s sbx_fwd meta l4proto tcp reject with tcp reset\n"
-        "add rule inet %1$s sbx_fwd reject with icmpx admin-prohibited\n"
-        "add rule inet %1$s prerouting meta l4proto tcp iifname . ip daddr @hostside4 dnat ip to "
-        "iifname . tcp dport map @lmap4\n"
-        "add rule inet %1$s postrouting iifname @ifs oifname != @ifs masquerade\n",
+        "add rule inet %1$s nat_post iifname @ifs oifname != @ifs masquerade\n",
         t, api, h->range);
     if (len < 0)
         return lb_error_set(err, -ENOMEM, "out of memory");

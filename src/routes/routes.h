@@ -75,6 +75,7 @@ int route_close(struct lb_request *req, struct lb_error *err);
 int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
+int route_endpoint(struct lb_request *req, struct lb_error *err);
 int route_healthz(struct lb_request *req, struct lb_error *err);
 int route_readyz(struct lb_request *req, struct lb_error *err);
 int route_metrics(struct lb_request *req, struct lb_error *err);

@@ -1,0 +1,753 @@
+/*
+ * test_network.c - acceptance for network access (issue 8): model_only / model_and_tools /
+ * inherit, enforced by host-side nftables rules on a per-sandbox veth; endpoints.
+ *
+ * Network safety: every address dialled is on this machine. The test hosts are addresses this
+ * test adds to the host's lo (198.18.A.1-3 and fd00:1db8:A::1, A from the pid) before anything
+ * dials them and removes afterwards; the servers on them are python3 http.server / a UDP echo
+ * started by the test. The sandboxes' own addresses come from 10.213.A.0/24 and exist only on
+ * the veths the daemon makes. Each daemon gets its own nftables table (lbt<pid>), deleted at
+ * teardown.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+static int A;                               /* this run's third octet */
+static char MODEL[32], TOOL[32], OTHER[32]; /* test hosts on lo */
+static char V6[64];                         /* an IPv6 test host on lo */
+static char RANGE[32], TABLE[32];
+static char HOSTSIDE0[32], SBX1[32];         /* host end of the first link, the second sandbox */
+static int P1, P2, PLOOP, PLOOP_OTHER, PUDP; /* server ports */
+static pid_t servers[16];
+static int n_servers;
+static bool added[4];
+
+static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sh(const char *fmt, ...)
+{
+    char cmd[1024];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_network: '%s' failed\n", cmd);
+}
+
+static int sh_rc(const char *cmd)
+{
+    int st = system(cmd);
+
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Start argv as a host process of the test (its own session); remembered for teardown. */
+static void spawn(const char *const *argv)
+{
+    pid_t pid = fork();
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open("/dev/null", 2);
+
+        setsid();
+        dup2(fd, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    servers[n_servers++] = pid;
+}
+
+/* Wait until addr:port (TCP) accepts. */
+static void wait_listening(const char *addr, int port)
+{
+    for (int i = 0; i < 100; i++) {
+        struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        struct sockaddr_in6 in6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+        bool v6 = strchr(addr, ':') != NULL;
+        int s = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+        if (v6)
+            inet_pton(AF_INET6, addr, &in6.sin6_addr);
+        else
+            inet_pton(AF_INET, addr, &in.sin_addr);
+        ok = connect(s, v6 ? (struct sockaddr *)&in6 : (struct sockaddr *)&in,
+                     v6 ? sizeof(in6) : sizeof(in)) == 0;
+        close(s);
+        if (ok)
+            return;
+        lbt_sleep_ms(50);
+    }
+    ck_abort_msg("test server %s:%d did not start", addr, port);
+}
+
+static void http_server(const char *addr, int port)
+{
+    char p[16];
+    const char *argv[] = {"python3", "-m",          "http.server", p,   "--bind",
+                          addr,      "--directory", "/tmp",        NULL};
+
+    snprintf(p, sizeof(p), "%d", port);
+    spawn(argv);
+}
+
+static void add_lo_addr(int i, const char *addr, const char *prefix)
+{
+    char cmd[256];
+
+    /* the address must not exist yet: then it is this test's own */
+    snprintf(cmd, sizeof(cmd), "ip -o addr show dev lo | grep -qw '%s'", addr);
+    ck_assert_msg(sh_rc(cmd) != 0, "test host address %s already exists", addr);
+    snprintf(cmd, sizeof(cmd), "ip addr add %s/%s dev lo", addr, prefix);
+    ck_assert_msg(sh_rc(cmd) == 0, "cannot add %s to lo", addr);
+    added[i] = true;
+}
+
+static void hosts_up(void)
+{
+    const char *udp[] = {"python3",
+                         "-c",
+                         "import socket,sys\n"
+                         "socks=[]\n"
+                         "for port in (53, int(sys.argv[2])):\n"
+                         "  s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                         "  s.bind((sys.argv[1],port)); socks.append(s)\n"
+                         "import select\n"
+                         "while True:\n"
+                         "  r,_,_=select.select(socks,[],[])\n"
+                         "  for s in r:\n"
+                         "    d,a=s.recvfrom(512); s.sendto(d,a)\n",
+                         MODEL,
+                         NULL,
+                         NULL};
+    char pudp[16];
+
+    A = (int)(getpid() % 200) + 20;
+    P1 = 20000 + (int)(getpid() % 5000) * 2;
+    P2 = P1 + 1;
+    PLOOP = 30000 + (int)(getpid() % 5000) * 2;
+    PLOOP_OTHER = PLOOP + 1;
+    PUDP = 40000 + (int)(getpid() % 5000);
+    snprintf(MODEL, sizeof(MODEL), "198.18.%d.1", A);
+    snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
+    snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
+    snprintf(V6, sizeof(V6), "fd00:1db8:%x::1", A);
+    snprintf(RANGE, sizeof(RANGE), "10.213.%d.0/24", A);
+    snprintf(HOSTSIDE0, sizeof(HOSTSIDE0), "10.213.%d.0", A);
+    snprintf(SBX1, sizeof(SBX1), "10.213.%d.3", A);
+    snprintf(TABLE, sizeof(TABLE), "lbt%d", (int)getpid());
+    add_lo_addr(0, MODEL, "32");
+    add_lo_addr(1, TOOL, "32");
+    add_lo_addr(2, OTHER, "32");
+    add_lo_addr(3, V6, "128");
+    http_server(MODEL, P1);
+    http_server(MODEL, P2);
+    http_server(TOOL, P1);
+    http_server(OTHER, P1);
+    http_server(V6, P1);
+    http_server("127.0.0.1", PLOOP);
+    http_server("127.0.0.1", PLOOP_OTHER);
+    snprintf(pudp, sizeof(pudp), "%d", PUDP);
+    udp[3] = MODEL;
+    udp[4] = pudp;
+    spawn(udp);
+    wait_listening(MODEL, P1);
+    wait_listening(MODEL, P2);
+    wait_listening(TOOL, P1);
+    wait_listening(OTHER, P1);
+    wait_listening(V6, P1);
+    wait_listening("127.0.0.1", PLOOP);
+    wait_listening("127.0.0.1", PLOOP_OTHER);
+}
+
+static void hosts_down(void)
+{
+    const char *addrs[4] = {MODEL, TOOL, OTHER, V6};
+    const char *prefix[4] = {"32", "32", "32", "128"};
+
+    for (int i = 0; i < n_servers; i++) {
+        kill(servers[i], SIGKILL);
+        waitpid(servers[i], NULL, 0);
+    }
+    n_servers = 0;
+    for (int i = 0; i < 4; i++) {
+        if (added[i])
+            sh("ip addr del %s/%s dev lo", addrs[i], prefix[i]);
+        added[i] = false;
+    }
+}
+
+static void daemon_start(const char *listen, const char *faults)
+{
+    char range[64], table[64], l[64], f[160];
+    const char *args[12];
+    int n = 0;
+
+    snprintf(range, sizeof(range), "network.range=%s", RANGE);
+    snprintf(table, sizeof(table), "network.nft_table=%s", TABLE);
+    args[n++] = "--set";
+    args[n++] = range;
+    args[n++] = "--set";
+    args[n++] = table;
+    if (listen) {
+        snprintf(l, sizeof(l), "%s", listen);
+        args[n++] = "--listen";
+        args[n++] = l;
+    }
+    if (faults) {
+        snprintf(f, sizeof(f), "faults.spec=%s", faults);
+        args[n++] = "--set";
+        args[n++] = f;
+    }
+    args[n] = NULL;
+    lbt_daemon_start(&D, args);
+}
+
+/* Everything the test made goes, also when an assertion ends the test early (a failed check
+ * exits the forked test process, which skips the checked teardown but runs atexit). */
+static bool cleaned;
+
+static void cleanup(void)
+{
+    if (cleaned)
+        return;
+    cleaned = true;
+    /* the daemon's own shutdown sweep removes the sandboxes, with this run's network settings */
+    if (D.pid > 0)
+        lbt_daemon_stop(&D);
+    lbt_daemon_cleanup(&D);
+    hosts_down();
+    sh("nft delete table inet %s 2>/dev/null || true", TABLE);
+}
+
+static void setup(void)
+{
+    atexit(cleanup);
+    hosts_up();
+}
+
+static void teardown(void)
+{
+    cleanup();
+}
+
+/* ---------- helpers ---------- */
+
+static json_t *seed_net(const char *rsid, const char *network_json, const char *more)
+{
+    char extra[2048];
+
+    snprintf(extra, sizeof(extra), "\"network\": %s%s%s", network_json, more ? ", " : "",
+             more ? more : "");
+    return lbt_seed(&D, rsid, "t", extra);
+}
+
+static char *model_only(void)
+{
+    static char buf[256];
+
+    snprintf(buf, sizeof(buf), "{\"access\": \"model_only\", \"model_server\": \"http://%s:%d\"}",
+             MODEL, P1);
+    return buf;
+}
+
+/* curl from inside the sandbox: "<http code> <seconds>" (000 when refused). */
+static void sbx_curl(const char *id, const char *url, char *code, double *secs)
+{
+    char cmd[512];
+    char *out;
+
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -m 5 -o /dev/null -w '%%{http_code} %%{time_total}' '%s'; true", url);
+    out = lbt_sh(&D, id, cmd);
+    ck_assert_msg(sscanf(out, "%3s %lf", code, secs) == 2, "curl said '%s'", out);
+    free(out);
+}
+
+static void assert_reaches(const char *id, const char *url)
+{
+    char code[8];
+    double s;
+
+    sbx_curl(id, url, code, &s);
+    ck_assert_msg(strcmp(code, "200") == 0, "%s from %s: %s, want 200", url, id, code);
+}
+
+static void assert_refused(const char *id, const char *url)
+{
+    char code[8];
+    double s;
+
+    sbx_curl(id, url, code, &s);
+    ck_assert_msg(strcmp(code, "000") == 0, "%s from %s: %s, want refused", url, id, code);
+    ck_assert_msg(s < 1.0, "%s from %s took %.3f s to be refused (want < 1 s)", url, id, s);
+}
+
+static char *url(const char *host, int port)
+{
+    static char bufs[8][128];
+    static int i;
+    char *b = bufs[i++ % 8];
+
+    snprintf(b, 128, strchr(host, ':') ? "http://[%s]:%d/" : "http://%s:%d/", host, port);
+    return b;
+}
+
+static int api_port(void)
+{
+    const char *c = strrchr(D.base_url, ':');
+
+    return c ? atoi(c + 1) : 0;
+}
+
+/* Lines of `cmd` output on the host. */
+static int count_lines(const char *cmd)
+{
+    char buf[512];
+    int n = 0;
+    FILE *p = popen(cmd, "r");
+
+    ck_assert_ptr_nonnull(p);
+    while (fgets(buf, sizeof(buf), p))
+        n++;
+    pclose(p);
+    return n;
+}
+
+/* Elements in the table's sets and map (one per line of JSON-free listing). */
+static int count_nft_elements(void)
+{
+    char cmd[256];
+
+    snprintf(cmd, sizeof(cmd),
+             "for s in ifs nat_ifs allow4 hostside4 lport4; do nft list set inet %s $s; done "
+             "2>/dev/null | grep -o '\"lb[0-9a-z]*\"' ; nft list map inet %s lmap4 2>/dev/null "
+             "| grep -o '\"lb[0-9a-z]*\"'",
+             TABLE, TABLE);
+    return count_lines(cmd);
+}
+
+/* Host-side link addresses in this run's range (one per link). */
+static int count_links(void)
+{
+    char cmd[128];
+
+    snprintf(cmd, sizeof(cmd), "ip -o -4 addr show | grep ' 10\\.213\\.%d\\.'", A);
+    return count_lines(cmd);
+}
+
+static const char *ifname_of(const char *id, char *buf, size_t size)
+{
+    json_t *desc = lbt_read_descriptor(&D, id);
+    const char *n;
+
+    ck_assert_ptr_nonnull(desc);
+    n = json_string_value(json_object_get(json_object_get(desc, "net"), "ifname"));
+    ck_assert_ptr_nonnull(n);
+    snprintf(buf, size, "%s", n);
+    json_decref(desc);
+    return buf;
+}
+
+static void release(const char *rsid)
+{
+    char path[256];
+    struct lbt_resp r;
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
+    lbt_json(&D, "POST", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+
+/* ---------- tests ---------- */
+
+START_TEST(test_model_only)
+{
+    json_t *lease;
+    const char *id;
+    char *out, cmd[512], net[512];
+
+    daemon_start(NULL, NULL);
+    lease = seed_net("mo", model_only(), NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    /* the model host, on two ports (every port of an allowed host is open) */
+    assert_reaches(id, url(MODEL, P1));
+    assert_reaches(id, url(MODEL, P2));
+    /* other hosts are refused at once, the tool host too under model_only */
+    assert_refused(id, url(OTHER, P1));
+    assert_refused(id, url(TOOL, P1));
+    /* loopback servers of the host are not reachable without being listed */
+    assert_refused(id, url(HOSTSIDE0, PLOOP));
+    /* DNS: UDP to port 53 of the allowed host is refused, another UDP port of it answers */
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"import socket\n"
+             "for port in (%d, 53):\n"
+             "  s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)\n"
+             "  s.connect(('%s', port)); s.send(b'q')\n"
+             "  try: print(port, s.recv(16))\n"
+             "  except OSError as e: print(port, 'error', e.errno)\n\"",
+             PUDP, MODEL);
+    out = lbt_sh(&D, id, cmd);
+    snprintf(net, sizeof(net), "%d b'q'\n53 error %d\n", PUDP, ECONNREFUSED);
+    ck_assert_str_eq(out, net);
+    free(out);
+    /* IPv6 is closed: the test host's IPv6 address fails at once */
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -m 5 -o /dev/null -w '%%{http_code} %%{time_total}' '%s'; echo \" $?\"",
+             url(V6, P1));
+    out = lbt_sh(&D, id, cmd);
+    ck_assert_msg(strncmp(out, "000 ", 4) == 0, "IPv6 connect: %s", out);
+    free(out);
+    /* no DNS: the names the sandbox knows are in its /etc/hosts */
+    out = lbt_sh(&D, id, "grep -c host.lendbox.internal /etc/hosts");
+    ck_assert_str_eq(out, "1\n");
+    free(out);
+    json_decref(lease);
+    release("mo");
+}
+END_TEST
+
+START_TEST(test_loopback_model_server)
+{
+    json_t *lease;
+    const char *id;
+    char net[256];
+
+    daemon_start(NULL, NULL);
+    snprintf(net, sizeof(net),
+             "{\"access\": \"model_only\", \"model_server\": \"http://localhost:%d/v1\"}", PLOOP);
+    lease = seed_net("loop", net, NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    assert_reaches(id, url("host.lendbox.internal", PLOOP));
+    /* only the listed port: another loopback server of the host, the API, other hosts */
+    assert_refused(id, url("host.lendbox.internal", PLOOP_OTHER));
+    assert_refused(id, url("host.lendbox.internal", api_port()));
+    assert_refused(id, url(MODEL, P1));
+    json_decref(lease);
+    release("loop");
+}
+END_TEST
+
+START_TEST(test_model_and_tools)
+{
+    json_t *a, *b;
+    char net[512];
+
+    daemon_start(NULL, NULL);
+    snprintf(net, sizeof(net),
+             "{\"access\": \"model_and_tools\", \"model_server\": \"%s:%d\", "
+             "\"tool_servers\": [\"http://%s:%d/mcp\"]}",
+             MODEL, P1, TOOL, P1);
+    a = seed_net("mt", net, NULL);
+    b = seed_net("mo", model_only(), NULL);
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(TOOL, P1));
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(MODEL, P2));
+    assert_refused(json_string_value(json_object_get(a, "sandbox_id")), url(OTHER, P1));
+    assert_refused(json_string_value(json_object_get(b, "sandbox_id")), url(TOOL, P1));
+    /* one sandbox cannot reach another's address */
+    assert_refused(json_string_value(json_object_get(a, "sandbox_id")), url(SBX1, P1));
+    json_decref(a);
+    json_decref(b);
+    release("mt");
+    release("mo");
+}
+END_TEST
+
+START_TEST(test_sandbox_root_cannot_change_policy)
+{
+    json_t *lease;
+    const char *id;
+    char *out, cmd[512];
+
+    daemon_start(NULL, NULL);
+    lease = seed_net("root", model_only(), NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    snprintf(cmd, sizeof(cmd),
+             "id -u; ip link set eth0 down 2>/dev/null; echo link $?; "
+             "ip addr add %s/32 dev eth0 2>/dev/null; echo addr $?; "
+             "ip route add %s/32 dev eth0 2>/dev/null; echo route $?; "
+             "nft flush ruleset 2>/dev/null; echo nft $?; "
+             "ip link add x0 type dummy 2>/dev/null; echo newlink $?",
+             OTHER, OTHER);
+    out = lbt_sh(&D, id, cmd);
+    ck_assert_str_eq(out, "0\nlink 2\naddr 2\nroute 2\nnft 1\nnewlink 2\n");
+    free(out);
+    /* the policy holds */
+    assert_reaches(id, url(MODEL, P1));
+    assert_refused(id, url(OTHER, P1));
+    json_decref(lease);
+    release("root");
+}
+END_TEST
+
+START_TEST(test_api_port_unreachable)
+{
+    json_t *mo, *none, *loop;
+    char net[256], target[128];
+    int port;
+
+    /* the API on every address of the host: the model host's address serves it too */
+    daemon_start("0.0.0.0:0", NULL);
+    port = api_port();
+    mo = seed_net("api-mo", model_only(), NULL);
+    snprintf(net, sizeof(net),
+             "{\"access\": \"model_only\", \"model_server\": \"http://127.0.0.1:%d\"}", PLOOP);
+    loop = seed_net("api-loop", net, NULL);
+    none = lbt_seed(&D, "api-none", "t", NULL);
+    /* from the host the API answers on the model host's address */
+    snprintf(target, sizeof(target), "curl -s -o /dev/null %s", url(MODEL, port));
+    ck_assert_int_eq(sh_rc(target), 0);
+    assert_reaches(json_string_value(json_object_get(mo, "sandbox_id")), url(MODEL, P1));
+    assert_refused(json_string_value(json_object_get(mo, "sandbox_id")), url(MODEL, port));
+    assert_refused(json_string_value(json_object_get(mo, "sandbox_id")), url(HOSTSIDE0, port));
+    assert_refused(json_string_value(json_object_get(loop, "sandbox_id")),
+                   url("host.lendbox.internal", port));
+    assert_refused(json_string_value(json_object_get(none, "sandbox_id")), url("127.0.0.1", port));
+    assert_refused(json_string_value(json_object_get(none, "sandbox_id")), url(MODEL, port));
+    json_decref(mo);
+    json_decref(loop);
+    json_decref(none);
+}
+END_TEST
+
+START_TEST(test_inherit_none_is_loopback_only)
+{
+    json_t *lease;
+    const char *id;
+    char *out;
+
+    daemon_start(NULL, NULL);
+    lease = seed_net("inh", "{\"access\": \"inherit\"}", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    out = lbt_sh(&D, id, "ip -o link | cut -d: -f2");
+    ck_assert_str_eq(out, " lo\n");
+    free(out);
+    assert_refused(id, url(MODEL, P1));
+    {
+        json_t *desc = lbt_read_descriptor(&D, id);
+
+        ck_assert_ptr_null(json_object_get(desc, "net"));
+        json_decref(desc);
+    }
+    json_decref(lease);
+}
+END_TEST
+
+START_TEST(test_unenforceable)
+{
+    struct lbt_resp r;
+    char body[512];
+
+    daemon_start(NULL, "network.enforce=fail");
+    snprintf(body, sizeof(body), "{\"task_id\": \"t\", \"network\": %s}", model_only());
+    lbt_json(&D, "POST", "/v1/sessions/u1/seed", "", body, &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),
+               "nftables is not available"));
+    lbt_resp_free(&r);
+    /* inherit (none) needs nothing and still works */
+    json_decref(lbt_seed(&D, "u2", "t", "\"network\": {\"access\": \"inherit\"}"));
+}
+END_TEST
+
+START_TEST(test_unenforceable_requests)
+{
+    struct lbt_resp r;
+    char body[512];
+
+    daemon_start(NULL, NULL);
+    /* an IPv6-only model host */
+    snprintf(body, sizeof(body),
+             "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+             "\"model_server\": \"http://[%s]:%d\"}}",
+             V6, P1);
+    lbt_json(&D, "POST", "/v1/sessions/v6/seed", "", body, &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_ptr_nonnull(strstr(r.body, "IPv6"));
+    lbt_resp_free(&r);
+    /* a loopback model server without a port */
+    lbt_json(&D, "POST", "/v1/sessions/lp/seed", "",
+             "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+             "\"model_server\": \"127.0.0.1\"}}",
+             &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    lbt_resp_free(&r);
+    /* bad input is 400 */
+    lbt_json(&D, "POST", "/v1/sessions/b1/seed", "",
+             "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\"}}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/b2/seed", "",
+             "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+             "\"model_server\": \"http://x:1\", \"tool_servers\": [\"y:2\"]}}",
+             &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/b3/seed", "", "{\"task_id\": \"t\", \"ports\": [0]}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/b4/seed", "",
+             "{\"task_id\": \"t\", \"ports\": [8080, 8080]}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+#define N_KILL 20
+
+START_TEST(test_kill9_adopt_then_release_leaves_nothing)
+{
+    char ids[N_KILL][64], ifnames[N_KILL][16], rsid[32], cmd[512];
+    int links0, elems0;
+
+    daemon_start(NULL, NULL);
+    links0 = count_links();
+    elems0 = count_nft_elements();
+    for (int i = 0; i < N_KILL; i++) {
+        json_t *lease;
+
+        snprintf(rsid, sizeof(rsid), "k%d", i);
+        lease = seed_net(rsid, model_only(), NULL);
+        snprintf(ids[i], sizeof(ids[i]), "%s",
+                 json_string_value(json_object_get(lease, "sandbox_id")));
+        ifname_of(ids[i], ifnames[i], sizeof(ifnames[i]));
+        json_decref(lease);
+    }
+    ck_assert_int_eq(count_links(), links0 + N_KILL);
+    lbt_daemon_kill(&D);
+    {
+        char range[64], table[64];
+        const char *args[] = {"--set", range, "--set", table, NULL};
+
+        snprintf(range, sizeof(range), "network.range=%s", RANGE);
+        snprintf(table, sizeof(table), "network.nft_table=%s", TABLE);
+        lbt_daemon_restart(&D, args);
+    }
+    for (int i = 0; i < N_KILL; i++) {
+        assert_reaches(ids[i], url(MODEL, P2));
+        assert_refused(ids[i], url(OTHER, P1));
+    }
+    /* a new seed after the restart gets an address no adopted sandbox has */
+    {
+        json_t *lease = seed_net("k-new", model_only(), NULL), *desc;
+        const char *addr;
+
+        desc = lbt_read_descriptor(&D, json_string_value(json_object_get(lease, "sandbox_id")));
+        addr = json_string_value(json_object_get(json_object_get(desc, "net"), "addr"));
+        for (int i = 0; i < N_KILL; i++) {
+            json_t *d2 = lbt_read_descriptor(&D, ids[i]);
+
+            ck_assert_str_ne(
+                addr, json_string_value(json_object_get(json_object_get(d2, "net"), "addr")));
+            json_decref(d2);
+        }
+        json_decref(desc);
+        json_decref(lease);
+        release("k-new");
+    }
+    for (int i = 0; i < N_KILL; i++) {
+        snprintf(rsid, sizeof(rsid), "k%d", i);
+        release(rsid);
+    }
+    ck_assert_int_eq(count_links(), links0);
+    ck_assert_int_eq(count_nft_elements(), elems0);
+    for (int i = 0; i < N_KILL; i++) {
+        snprintf(cmd, sizeof(cmd), "ip link show %s >/dev/null 2>&1", ifnames[i]);
+        ck_assert_int_ne(sh_rc(cmd), 0);
+    }
+}
+END_TEST
+
+START_TEST(test_episodes_return_to_baseline)
+{
+    int links0, elems0;
+
+    daemon_start(NULL, NULL);
+    links0 = count_links();
+    elems0 = count_nft_elements();
+    for (int i = 0; i < 200; i++) {
+        json_decref(seed_net("ep", model_only(), NULL));
+        release("ep");
+    }
+    ck_assert_int_eq(count_links(), links0);
+    ck_assert_int_eq(count_nft_elements(), elems0);
+}
+END_TEST
+
+START_TEST(test_endpoint)
+{
+    json_t *lease;
+    const char *id;
+    char path[256], cmd[512];
+    struct lbt_resp r;
+    const char *endpoint;
+
+    daemon_start(NULL, NULL);
+    lease = seed_net("ep", model_only(), "\"ports\": [8080]");
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    json_decref(
+        lbt_exec_ok(&D, id, "",
+                    "{\"command\": \"echo hello-endpoint > /workspace/index.html; "
+                    "setsid python3 -m http.server 8080 --directory /workspace "
+                    ">/dev/null 2>&1 & sleep 1\", \"preserve_background_services\": true}"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8080", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    endpoint = json_string_value(json_object_get(r.json, "endpoint"));
+    ck_assert_ptr_nonnull(endpoint);
+    ck_assert(json_is_object(json_object_get(r.json, "headers")));
+    snprintf(cmd, sizeof(cmd), "curl -sf -m 5 %s/index.html | grep -qx hello-endpoint", endpoint);
+    ck_assert_msg(sh_rc(cmd) == 0, "cannot fetch %s from the host", endpoint);
+    lbt_resp_free(&r);
+    /* an undeclared port */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/9090", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/0", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    json_decref(lease);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("network");
+    TCase *tc = tcase_create("network");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_model_only);
+    tcase_add_test(tc, test_loopback_model_server);
+    tcase_add_test(tc, test_model_and_tools);
+    tcase_add_test(tc, test_sandbox_root_cannot_change_policy);
+    tcase_add_test(tc, test_api_port_unreachable);
+    tcase_add_test(tc, test_inherit_none_is_loopback_only);
+    tcase_add_test(tc, test_unenforceable);
+    tcase_add_test(tc, test_unenforceable_requests);
+    tcase_add_test(tc, test_kill9_adopt_then_release_leaves_nothing);
+    tcase_add_test(tc, test_episodes_return_to_baseline);
+    tcase_add_test(tc, test_endpoint);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
