@@ -749,6 +749,8 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
 
     local_sandbox_dir(lp, id, dir, sizeof(dir));
     has_dir = access(dir, F_OK) == 0;
+    /* 0. endpoint relays (their sockets would keep the netns alive) */
+    local_relay_close(lp, id);
 
     /* 0. thaw first: a frozen v1 task does not die, not even of SIGKILL, and a paused
      * sandbox's processes must be able to */
@@ -1060,6 +1062,8 @@ static int local_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *re
         return r;
     if (!local_desc_alive(&d))
         r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    else if (d.net.mode == LOCAL_NET_NONE)
+        r = local_relay_endpoint(lp, ref->id, &d, port, url_out, err);
     else
         r = local_net_endpoint(&d.net, port, url_out, err);
     local_desc_release(&d);
@@ -1072,6 +1076,7 @@ static void local_destroy(struct lb_provider *p)
 
     if (!lp)
         return;
+    local_relay_destroy(lp);
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
     free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
@@ -1300,6 +1305,10 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         if (!lp->images_dir)
             log_warn("images dir '%s' is unusable (%s), only image 'host' is available",
                      cfg->images_dir, strerror(errno));
+    }
+    if (local_relay_init(lp) < 0) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
     }
     r = local_net_init(lp, &cfg->net, err);
     if (r < 0)

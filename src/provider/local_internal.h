@@ -6,6 +6,7 @@
  * local_exec.c   exec: entering the namespaces and running lendbox-supervise
  * local_files.c  file_write / file_open through /proc/<init>/root with openat2
  * local_net.c    per-sandbox veth links and nftables egress rules
+ * local_relay.c  endpoint relays for sandboxes without a link
  */
 #ifndef LB_PROVIDER_LOCAL_INTERNAL_H
 #define LB_PROVIDER_LOCAL_INTERNAL_H
@@ -51,6 +52,7 @@ struct local_provider {
     struct lb_seccomp seccomp;  /* installed in every sandbox process; len 0 when off */
     int64_t sandbox_nofile;     /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
     struct local_net_host *net; /* links and egress rules (local_net.c) */
+    struct relay_host *relays;  /* endpoint relays of sandboxes without a link (local_relay.c) */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
@@ -136,6 +138,16 @@ void local_describe_e2big(char *buf, size_t size);
  * that is passed in why. */
 int local_check_exec_args(const char *const *argv, const char *const *envp, char *why,
                           size_t why_len);
+
+/* Endpoint relays (local_relay.c). init: -ENOMEM. endpoint: the URL of the relay of (id,
+ * port), made on first use; *url_out is the caller's; -EREMOTEIO when it cannot be made.
+ * close: end the relays of id (NULL: all) and wait for their threads. count: live relays. */
+int local_relay_init(struct local_provider *lp);
+int local_relay_endpoint(struct local_provider *lp, const char *id, const struct local_desc *d,
+                         int port, char **url_out, struct lb_error *err);
+void local_relay_close(struct local_provider *lp, const char *id);
+int local_relay_count(struct local_provider *lp);
+void local_relay_destroy(struct local_provider *lp);
 
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
 int local_pipe(int *r, int *w);

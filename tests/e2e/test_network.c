@@ -730,6 +730,79 @@ START_TEST(test_endpoint)
 }
 END_TEST
 
+START_TEST(test_endpoint_relay)
+{
+    json_t *lease;
+    const char *id;
+    char path[256], cmd[512], endpoint[256];
+    struct lbt_resp r;
+
+    daemon_start(NULL, NULL);
+    /* no network: the daemon relays from the host's loopback into the sandbox's */
+    lease = lbt_seed(&D, "relay", "t", "\"ports\": [8080, 8081]");
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    json_decref(
+        lbt_exec_ok(&D, id, "",
+                    "{\"command\": \"echo hello-relay > /workspace/index.html; "
+                    "setsid python3 -m http.server 8080 --bind 127.0.0.1 --directory /workspace "
+                    ">/dev/null 2>&1 & sleep 1\", \"preserve_background_services\": true}"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8080", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    snprintf(endpoint, sizeof(endpoint), "%s",
+             json_string_value(json_object_get(r.json, "endpoint")));
+    ck_assert_msg(strncmp(endpoint, "http://127.0.0.1:", 17) == 0, "endpoint %s", endpoint);
+    lbt_resp_free(&r);
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "curl -sf -m 5 %s/index.html | grep -qx hello-relay", endpoint);
+        ck_assert_msg(sh_rc(cmd) == 0, "cannot fetch %s from the host", endpoint);
+    }
+    /* the same relay answers a second request for the port */
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "endpoint")), endpoint);
+    lbt_resp_free(&r);
+    /* a declared port nobody listens on: the relayed connection is closed */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8081", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    snprintf(cmd, sizeof(cmd), "curl -sf -m 5 %s/ >/dev/null",
+             json_string_value(json_object_get(r.json, "endpoint")));
+    ck_assert_int_ne(sh_rc(cmd), 0);
+    lbt_resp_free(&r);
+    json_decref(lease);
+    /* the relay ends with the sandbox */
+    release("relay");
+    snprintf(cmd, sizeof(cmd), "curl -s -m 5 %s/ >/dev/null", endpoint);
+    ck_assert_int_eq(sh_rc(cmd), 7); /* could not connect */
+}
+END_TEST
+
+START_TEST(test_inherit_nat_needs_forwarding)
+{
+    struct lbt_resp r;
+    char c = '1';
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_forward", "re");
+    const char *args[] = {"--set", NULL, "--set", NULL, "--set", "network.inherit=nat", NULL};
+    char range[64], table[64];
+
+    if (f) {
+        c = (char)fgetc(f);
+        fclose(f);
+    }
+    if (c != '0')
+        return; /* forwarding on: nat would need an off-host test network (not built here) */
+    snprintf(range, sizeof(range), "network.range=%s", RANGE);
+    snprintf(table, sizeof(table), "network.nft_table=%s", TABLE);
+    args[1] = range;
+    args[3] = table;
+    lbt_daemon_start(&D, args);
+    lbt_json(&D, "POST", "/v1/sessions/nat/seed", "", "{\"task_id\": \"t\"}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_ptr_nonnull(strstr(r.body, "ip_forward"));
+    lbt_resp_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("network");
@@ -748,6 +821,8 @@ int main(void)
     tcase_add_test(tc, test_kill9_adopt_then_release_leaves_nothing);
     tcase_add_test(tc, test_episodes_return_to_baseline);
     tcase_add_test(tc, test_endpoint);
+    tcase_add_test(tc, test_endpoint_relay);
+    tcase_add_test(tc, test_inherit_nat_needs_forwarding);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
