@@ -279,7 +279,6 @@ START_TEST(test_not_implemented)
     static const struct {
         const char *method, *path, *body;
     } routes[] = {
-        {"GET", "/v1/sandboxes/sbx-00000000000000000000000000/endpoints/8080", NULL},
         {"POST", "/v1/sandboxes/sbx-00000000000000000000000000/pty",
          "{\"rows\": 24, \"cols\": 80, \"pty\": true}"},
         {"GET", "/v1/pty/pty-1/output?since=0&wait_ms=10", NULL},
