@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 struct bench {
-    const char *url, *token, *label;
+    const char *url, *token, *label, *seed_body;
     int episodes, next, failures;
     double *seed_ms, *exec_ms, *release_ms;
     pthread_mutex_t mutex;
@@ -88,7 +88,7 @@ static void *episode_worker(void *arg)
         snprintf(url, sizeof(url), "%s/v1/sessions/bench-%s-%d-%d/seed", b->url, b->label,
                  (int)getpid(), i);
         t0 = now_ms();
-        if (post(c, url, b->token, "{\"task_id\":\"bench\"}", s) != 200 ||
+        if (post(c, url, b->token, b->seed_body, s) != 200 ||
             !(p = strstr(s->buf, "\"sandbox_id\":\""))) {
             fprintf(stderr, "seed failed: %s\n", s->buf);
             goto fail;
@@ -163,6 +163,9 @@ int main(int argc, char **argv)
     b.episodes = atoi(argv[3]);
     conc = atoi(argv[4]);
     b.label = argc > 5 ? argv[5] : "c";
+    /* LENDBOX_BENCH_SEED: the seed body, e.g. with a network object */
+    b.seed_body =
+        getenv("LENDBOX_BENCH_SEED") ? getenv("LENDBOX_BENCH_SEED") : "{\"task_id\":\"bench\"}";
     b.seed_ms = calloc((size_t)b.episodes, sizeof(double));
     b.exec_ms = calloc((size_t)b.episodes, sizeof(double));
     b.release_ms = calloc((size_t)b.episodes, sizeof(double));

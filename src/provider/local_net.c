@@ -54,6 +54,7 @@
 #include <nftables/libnftables.h>
 
 #include "provider/local_internal.h"
+#include "util/clock.h"
 #include "util/fault.h"
 #include "util/log.h"
 #include "util/metrics.h"
@@ -936,6 +937,7 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
         return 0;
     if (!h || h->unavailable[0])
         return lb_error_set(err, -EOPNOTSUPP, "networking is unavailable");
+    int64_t t0 = clock_mono_ms(), t1 = 0, t2 = 0, t3 = 0, t4 = 0;
     /* 1. the policy, before the link exists */
     r = nft_elements(h, n, "add", cmds, sizeof(cmds), &off);
     if (r == 0)
@@ -952,7 +954,9 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
         r = lb_error_set(err, -EREMOTEIO, "netlink socket: %s", nl_geterror(r));
         goto out;
     }
+    t1 = clock_mono_ms();
     r = rtnl_link_veth_add(s, n->ifname, "eth0", pid);
+    t2 = clock_mono_ms();
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot make veth %s: %s", n->ifname, nl_geterror(r));
         goto out;
@@ -974,6 +978,7 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
         r = lb_error_set(err, -EREMOTEIO, "cannot configure %s: %s", n->ifname, nl_geterror(r));
         goto out;
     }
+    t3 = clock_mono_ms();
     /* 3. the sandbox's end, from a thread inside its netns */
     snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)pid);
     job.netns_fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -986,6 +991,10 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
         goto out;
     }
     pthread_join(t, NULL);
+    t4 = clock_mono_ms();
+    log_debug("%s attached in ms: rules %lld, veth %lld, host end %lld, sandbox end %lld",
+              n->ifname, (long long)(t1 - t0), (long long)(t2 - t1), (long long)(t3 - t2),
+              (long long)(t4 - t3));
     if (job.r < 0)
         r = lb_error_set(err, -EREMOTEIO, "cannot configure the sandbox's eth0: %s", job.what);
 out:
