@@ -1056,17 +1056,26 @@ static int local_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *re
 {
     struct local_provider *lp = (struct local_provider *)p;
     struct local_desc d;
-    int r = local_desc_load(lp, ref, &d, err);
+    int r;
 
+    if (!ref || !local_id_is_valid(ref->id))
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    /* as a stop of the same id does: a relay made now is closed by any later stop, and none
+     * is made for a sandbox a stop just removed */
+    r = stopping_enter(lp, ref->id);
     if (r < 0)
-        return r;
-    if (!local_desc_alive(&d))
-        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-    else if (d.net.mode == LOCAL_NET_NONE)
-        r = local_relay_endpoint(lp, ref->id, &d, port, url_out, err);
-    else
-        r = local_net_endpoint(&d.net, port, url_out, err);
-    local_desc_release(&d);
+        return lb_error_set(err, r, "out of memory");
+    r = local_desc_load(lp, ref, &d, err);
+    if (r == 0) {
+        if (!local_desc_alive(&d))
+            r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+        else if (d.net.mode == LOCAL_NET_NONE)
+            r = local_relay_endpoint(lp, ref->id, &d, port, url_out, err);
+        else
+            r = local_net_endpoint(&d.net, port, url_out, err);
+        local_desc_release(&d);
+    }
+    stopping_leave(lp, ref->id);
     return r;
 }
 
