@@ -645,9 +645,9 @@ out:
     return r;
 }
 
-int local_net_prepare(struct local_provider *lp, const char *id,
-                      const struct lb_network_request *req, struct local_net *n,
-                      struct lb_error *err)
+static int net_prepare(struct local_provider *lp, const char *id,
+                       const struct lb_network_request *req, struct local_net *n,
+                       struct lb_error *err)
 {
     struct local_net_host *h = lp->net;
     const char *access = req && req->access ? req->access : "inherit";
@@ -738,6 +738,19 @@ fail:
     if (r == -EOPNOTSUPP)
         metrics_add(LB_M_NET_UNENFORCEABLE, 1);
     n->mode = LOCAL_NET_NONE;
+    return r;
+}
+
+int local_net_prepare(struct local_provider *lp, const char *id,
+                      const struct lb_network_request *req, struct local_net *n,
+                      struct lb_error *err)
+{
+    int r = net_prepare(lp, id, req, n, err);
+
+    if (r < 0) { /* nothing taken: the caller has no network to undo */
+        n->mode = LOCAL_NET_NONE;
+        n->slot = -1;
+    }
     return r;
 }
 
