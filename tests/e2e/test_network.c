@@ -138,12 +138,13 @@ static void hosts_up(void)
                          NULL};
     char pudp[16];
 
+    /* ports below the ephemeral range (32768-60999), so no outgoing connection holds them */
     A = (int)(getpid() % 200) + 20;
-    P1 = 20000 + (int)(getpid() % 5000) * 2;
+    P1 = 20000 + (int)(getpid() % 4000) * 2;
     P2 = P1 + 1;
-    PLOOP = 30000 + (int)(getpid() % 5000) * 2;
+    PLOOP = 12000 + (int)(getpid() % 4000) * 2;
     PLOOP_OTHER = PLOOP + 1;
-    PUDP = 40000 + (int)(getpid() % 5000);
+    PUDP = 28000 + (int)(getpid() % 4000);
     snprintf(MODEL, sizeof(MODEL), "198.18.%d.1", A);
     snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
     snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
