@@ -55,6 +55,9 @@ static int sh_rc(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+static void hosts_down(void);
+static void registry_add(const struct lbt_daemon *d);
+
 /* Start argv as a host process of the test (its own session); remembered for teardown. */
 static void spawn(const char *const *argv)
 {
@@ -94,6 +97,7 @@ static void wait_listening(const char *addr, int port)
             return;
         lbt_sleep_ms(50);
     }
+    hosts_down();
     ck_abort_msg("test server %s:%d did not start", addr, port);
 }
 
@@ -113,9 +117,15 @@ static void add_lo_addr(int i, const char *addr, const char *prefix)
 
     /* the address must not exist yet: then it is this test's own */
     snprintf(cmd, sizeof(cmd), "ip -o addr show dev lo | grep -qw '%s'", addr);
-    ck_assert_msg(sh_rc(cmd) != 0, "test host address %s already exists", addr);
+    if (sh_rc(cmd) == 0) {
+        hosts_down();
+        ck_abort_msg("test host address %s already exists", addr);
+    }
     snprintf(cmd, sizeof(cmd), "ip addr add %s/%s dev lo", addr, prefix);
-    ck_assert_msg(sh_rc(cmd) == 0, "cannot add %s to lo", addr);
+    if (sh_rc(cmd) != 0) {
+        hosts_down();
+        ck_abort_msg("cannot add %s to lo", addr);
+    }
     added[i] = true;
 }
 
@@ -218,34 +228,106 @@ static void daemon_start(const char *listen, const char *faults)
     }
     args[n] = NULL;
     lbt_daemon_start(&D, args);
+    registry_add(&D);
 }
 
-/* Everything the test made goes, also when an assertion ends the test early (a failed check
- * exits the forked test process, which skips the checked teardown but runs atexit). */
-static bool cleaned;
+/*
+ * Cleanup when a check fails: Check ends a failed test's process without its checked teardown
+ * (and without atexit), so what must go is handled from places that still run. The test hosts
+ * belong to the unchecked fixture, in the parent process, whose teardown runs after every test
+ * whatever happened. Each test's daemon is written to a registry file; the next test's setup
+ * and the parent's teardown stop any daemon still running (SIGTERM: its shutdown sweep removes
+ * its sandboxes, links and rule elements) and remove its state dir.
+ */
+static char REGISTRY[64];
 
-static void cleanup(void)
+static void registry_add(const struct lbt_daemon *d)
 {
-    if (cleaned)
+    FILE *f = fopen(REGISTRY, "ae");
+
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s\n", d->state_dir);
+    fclose(f);
+}
+
+static bool pid_runs_daemon_of(pid_t pid, const char *state_dir)
+{
+    char path[64], buf[4096];
+    size_t n;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    f = fopen(path, "re");
+    if (!f)
+        return false;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = buf[i] ? buf[i] : ' ';
+    buf[n] = '\0';
+    return strstr(buf, "lendboxd") && strstr(buf, state_dir);
+}
+
+static void registry_reap(void)
+{
+    char dir[512], path[600];
+    FILE *f = fopen(REGISTRY, "re");
+
+    if (!f)
         return;
-    cleaned = true;
-    /* the daemon's own shutdown sweep removes the sandboxes, with this run's network settings */
-    if (D.pid > 0)
-        lbt_daemon_stop(&D);
-    lbt_daemon_cleanup(&D);
+    while (fgets(dir, sizeof(dir), f)) {
+        FILE *pf;
+        int pid = 0;
+
+        dir[strcspn(dir, "\n")] = '\0';
+        if (strncmp(dir, "/tmp/lendbox-e2e-", 17) != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s.pid", dir);
+        pf = fopen(path, "re");
+        if (pf) {
+            if (fscanf(pf, "%d", &pid) != 1)
+                pid = 0;
+            fclose(pf);
+        }
+        if (pid > 0 && pid_runs_daemon_of(pid, dir)) {
+            fprintf(stderr, "test_network: stopping daemon %d of a failed test\n", pid);
+            kill(pid, SIGTERM);
+            for (int i = 0; i < 1200 && pid_runs_daemon_of(pid, dir); i++)
+                lbt_sleep_ms(50);
+        }
+        sh("rm -rf '%s' '%s.log' '%s.pid'", dir, dir, dir);
+    }
+    fclose(f);
+    f = fopen(REGISTRY, "we");
+    if (f)
+        fclose(f);
+}
+
+static void setup_hosts(void)
+{
+    snprintf(REGISTRY, sizeof(REGISTRY), "/tmp/lbt-network-%d.daemons", (int)getpid());
+    hosts_up();
+}
+
+static void teardown_hosts(void)
+{
+    registry_reap();
+    unlink(REGISTRY);
     hosts_down();
     sh("nft delete table inet %s 2>/dev/null || true", TABLE);
 }
 
 static void setup(void)
 {
-    atexit(cleanup);
-    hosts_up();
+    registry_reap(); /* what a failed test before this one left running */
 }
 
 static void teardown(void)
 {
-    cleanup();
+    /* the daemon's own shutdown sweep removes the sandboxes, with this run's network settings */
+    if (D.pid > 0)
+        lbt_daemon_stop(&D);
+    lbt_daemon_cleanup(&D);
 }
 
 /* ---------- helpers ---------- */
@@ -811,6 +893,7 @@ START_TEST(test_inherit_nat_needs_forwarding)
     args[1] = range;
     args[3] = table;
     lbt_daemon_start(&D, args);
+    registry_add(&D);
     lbt_json(&D, "POST", "/v1/sessions/nat/seed", "", "{\"task_id\": \"t\"}", &r);
     lbt_assert_error(&r, 422, "unenforceable");
     ck_assert_ptr_nonnull(strstr(r.body, "ip_forward"));
@@ -823,6 +906,7 @@ int main(void)
     Suite *s = suite_create("network");
     TCase *tc = tcase_create("network");
 
+    tcase_add_unchecked_fixture(tc, setup_hosts, teardown_hosts);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_model_only);
