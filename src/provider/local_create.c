@@ -669,6 +669,21 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = local_net_prepare(lp, ref->id, spec ? &spec->network : NULL, &d.net, err);
     if (r < 0)
         return r;
+    if (d.net.mode != LOCAL_NET_NONE) {
+        struct stat hst;
+        char etc_hosts[4400];
+
+        /* the sandbox's names go over the image's /etc/hosts (a read-only bind needs it) */
+        snprintf(etc_hosts, sizeof(etc_hosts), "%s/etc/hosts", strcmp(root, "/") ? root : "");
+        if (stat(etc_hosts, &hst) < 0 || !S_ISREG(hst.st_mode)) {
+            local_net_free_slot(lp, &d.net);
+            local_desc_release(&d);
+            return lb_error_set(err, -EOPNOTSUPP,
+                                "image '%s' has no /etc/hosts file, so the sandbox's network "
+                                "names (" LOCAL_NET_HOST_NAME ", servers) cannot be given to it",
+                                image);
+        }
+    }
     snprintf(d.workdir, sizeof(d.workdir), "%s", workdir);
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
     if (lp->storage == LOCAL_STORAGE_DIR &&
