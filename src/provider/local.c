@@ -1062,7 +1062,9 @@ static int local_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *re
         return lb_error_set(err, -EINVAL, "invalid sandbox id");
     /* as a stop of the same id does: a relay made now is closed by any later stop, and none
      * is made for a sandbox a stop just removed */
-    r = stopping_enter(lp, ref->id);
+    r = stopping_enter(lp, ref->id, clock_mono_ms() + 5000);
+    if (r == -ETIMEDOUT)
+        return lb_error_set(err, -EREMOTEIO, "a stop of sandbox '%s' is under way", ref->id);
     if (r < 0)
         return lb_error_set(err, r, "out of memory");
     r = local_desc_load(lp, ref, &d, err);
