@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -319,6 +320,10 @@ static const char *outcome(const json_t *receipt, const char **why)
     }
     if (json_is_true(json_object_get(receipt, "timed_out")))
         return "timed_out";
+    if (json_is_string(json_object_get(receipt, "oom_message"))) {
+        *why = json_string_value(json_object_get(receipt, "oom_message"));
+        return "failed";
+    }
     if (e) {
         *why = e;
         return "failed";
@@ -364,6 +369,38 @@ static int act_find(struct lb_activations *a, const char *rsid, struct lb_activa
 }
 
 /* ---------- stop and capture ---------- */
+
+/* A memory-limit kill ended the harness: it died of SIGKILL (128 + 9) on its own (no timeout,
+ * no stop request) and the sandbox's OOM-kill count, stored in the spec when execute began,
+ * has grown since. Then the receipt gets "oom_message" (stored with it, so the verdict
+ * survives the sandbox and a restart). The count is the sandbox's: the harness's own
+ * SIGKILL is what ties the kill to it, as for execs. */
+static void act_note_oom(struct lb_activations *a, const struct lb_activation *act, json_t *receipt)
+{
+    json_t *spec = act->spec_json ? json_loads(act->spec_json, 0, NULL) : NULL;
+    json_t *base = json_object_get(spec, "oom_kills_at_launch");
+    json_t *rc = json_object_get(receipt, "return_code");
+    uint64_t now = 0;
+    int64_t limit = 0;
+    char msg[200];
+
+    if (json_is_integer(base) && json_is_integer(rc) && json_integer_value(rc) == 128 + SIGKILL &&
+        !json_is_true(json_object_get(receipt, "timed_out")) &&
+        !json_is_true(json_object_get(receipt, "stop_requested")) &&
+        lend_sandbox_oom_kills(a->lend, act->sandbox_id, &now, &limit, NULL) == 0 &&
+        now > (uint64_t)json_integer_value(base)) {
+        if (limit > 0)
+            snprintf(msg, sizeof(msg),
+                     "the harness was killed by the out-of-memory killer: it reached the "
+                     "sandbox's memory limit of %lld MiB",
+                     (long long)(limit / (1024 * 1024)));
+        else
+            snprintf(msg, sizeof(msg), "the harness was killed by the out-of-memory killer");
+        json_object_set_new(receipt, "oom_message", json_string(msg));
+        log_info("activation %s: %s", act->id, msg);
+    }
+    json_decref(spec);
+}
 
 /* Hold a confirmed receipt: read it, or request the stop and wait for it within budget_ms.
  * The receipt read is stored. 0 and *out, or -EREMOTEIO (502) when cleanup is unconfirmed. */
@@ -427,6 +464,7 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         r = lb_error_set(err, -EREMOTEIO, "%s; cleanup cannot be confirmed", rerr.message);
         goto out;
     }
+    act_note_oom(a, act, receipt);
     text = json_dumps(receipt, JSON_COMPACT);
     r = text ? store_activation_set_receipt(a->store, act->id, text, err)
              : lb_error_set(err, -ENOMEM, "out of memory");
@@ -750,6 +788,15 @@ static json_t *stored_artifacts(const struct lb_activation *act, json_t *spec)
     return art;
 }
 
+/* "oom" when a memory-limit kill ended the harness (act_note_oom), else NULL (JSON null). */
+static const char *receipt_error_type(const json_t *receipt, const char *why_override)
+{
+    return !why_override && !json_is_true(json_object_get(receipt, "timed_out")) &&
+                   json_is_string(json_object_get(receipt, "oom_message"))
+               ? "oom"
+               : NULL;
+}
+
 /* The execute result of API.md from the record. why overrides the receipt's reason. */
 static json_t *render_result(const struct lb_activation *act, const char *why_override)
 {
@@ -762,12 +809,12 @@ static json_t *render_result(const struct lb_activation *act, const char *why_ov
         state = "failed";
         why = why_override;
     }
-    out = json_pack("{s:s,s:s,s:o,s:o,s:s?,s:o,s:I,s:s?}", "activation_id", act->id, "state", state,
-                    "return_code", json_is_integer(rc) ? json_copy(rc) : json_null(), "artifacts",
-                    stored_artifacts(act, spec), "capture_error", act->capture_error, "cleanup",
-                    render_cleanup(receipt), "output_log_bytes",
+    out = json_pack("{s:s,s:s,s:o,s:o,s:s?,s:o,s:I,s:s?,s:s?}", "activation_id", act->id, "state",
+                    state, "return_code", json_is_integer(rc) ? json_copy(rc) : json_null(),
+                    "artifacts", stored_artifacts(act, spec), "capture_error", act->capture_error,
+                    "cleanup", render_cleanup(receipt), "output_log_bytes",
                     (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0), "error",
-                    why);
+                    why, "error_type", receipt_error_type(receipt, why_override));
     if (out && strcmp(state, "finished") != 0) {
         size_t n = act->log_len > RESULT_LOG_TAIL ? RESULT_LOG_TAIL : act->log_len;
 
@@ -783,11 +830,12 @@ static json_t *render_close(const struct lb_activation *act)
 {
     json_t *receipt = act->receipt_json ? json_loads(act->receipt_json, 0, NULL) : NULL;
     json_t *spec = act->spec_json ? json_loads(act->spec_json, 0, NULL) : NULL;
-    json_t *out = json_pack("{s:b,s:s,s:s,s:o,s:s?,s:o,s:I}", "closed", 1, "activation_id", act->id,
-                            "state", store_act_state_name(act->state), "artifacts",
+    json_t *out = json_pack("{s:b,s:s,s:s,s:o,s:s?,s:o,s:I,s:s?}", "closed", 1, "activation_id",
+                            act->id, "state", store_act_state_name(act->state), "artifacts",
                             stored_artifacts(act, spec), "capture_error", act->capture_error,
                             "cleanup", render_cleanup(receipt), "output_log_bytes",
-                            (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0));
+                            (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0),
+                            "error_type", receipt_error_type(receipt, NULL));
 
     json_decref(receipt);
     json_decref(spec);
@@ -964,6 +1012,13 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     act.state = LB_ACT_STAGING;
     act.output_log_bytes = -1;
     spec = execute_spec(req, dir);
+    {
+        /* the OOM-kill count now, kept with the spec: act_note_oom compares at the end */
+        uint64_t oom_kills = 0;
+
+        if (spec && lend_sandbox_oom_kills(a->lend, live.id, &oom_kills, NULL, NULL) == 0)
+            json_object_set_new(spec, "oom_kills_at_launch", json_integer((json_int_t)oom_kills));
+    }
     spec_text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     if (!spec_text) {
         r = lb_error_set(err, -ENOMEM, "out of memory");

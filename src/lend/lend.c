@@ -958,6 +958,22 @@ out:
     return r;
 }
 
+int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, int64_t *limit_bytes,
+                           struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    if (r < 0)
+        return r;
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = provider_oom_kills(l->prov, &ref, count, limit_bytes, err);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
 /* ---------- auth ---------- */
 
 int lend_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,

@@ -143,6 +143,12 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
  * the provider cannot serve endpoints. */
 int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, struct lb_error *err);
 
+/* The OOM-kill count of a lent sandbox's cgroup (provider oom_kills) into *count, its memory
+ * limit in bytes into *limit_bytes (may be NULL; 0 when unlimited). -ENOENT if the sandbox is
+ * not lent or is gone, -ENOSYS if the provider cannot tell; err may be NULL. Thread-safe. */
+int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, int64_t *limit_bytes,
+                           struct lb_error *err);
+
 /* Called by release and delete before a lent sandbox is stopped, with the session's lock held,
  * so that the activation service can close a running harness first (and collect its
  * artifacts). The hook logs its own failures; the stop goes ahead either way. It must not

@@ -101,6 +101,12 @@ static int fault_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *re
     return provider_endpoint(INNER(p), ref, port, url_out, err);
 }
 
+static int fault_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
+                           int64_t *limit_bytes, struct lb_error *err)
+{
+    return provider_oom_kills(INNER(p), ref, count, limit_bytes, err);
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
     provider_destroy(INNER(p));
@@ -128,6 +134,7 @@ int provider_fault_wrap(struct lb_provider *inner, int64_t create_timeout_ms,
         .pause = fault_pause,
         .resume = fault_resume,
         .endpoint = fault_endpoint,
+        .oom_kills = fault_oom_kills,
         .destroy = fault_destroy,
     };
     f->base.ops = &f->ops;

@@ -970,6 +970,24 @@ static int local_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     return 0;
 }
 
+static int local_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
+                           int64_t *limit_bytes, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_desc d;
+    int r = local_desc_load(lp, ref, &d, err);
+
+    if (r < 0)
+        return r;
+    if (!local_desc_alive(&d))
+        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    else if ((r = cgroup_read_oom_kills(&d.cg, count, limit_bytes)) < 0)
+        r = lb_error_set(err, r, "cannot read the OOM-kill count of sandbox '%s': %s", ref->id,
+                         strerror(-r));
+    local_desc_release(&d);
+    return r;
+}
+
 static int local_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
@@ -1117,6 +1135,7 @@ static const struct lb_provider_ops local_ops = {
     .pause = local_pause,
     .resume = local_resume,
     .endpoint = local_endpoint,
+    .oom_kills = local_oom_kills,
     .destroy = local_destroy,
 };
 

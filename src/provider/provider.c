@@ -116,6 +116,14 @@ int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, i
     return p->ops->endpoint(p, ref, port, url_out, err);
 }
 
+int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
+                       int64_t *limit_bytes, struct lb_error *err)
+{
+    if (!p || !p->ops->oom_kills)
+        return no_op(p, "oom_kills", err);
+    return p->ops->oom_kills(p, ref, count, limit_bytes, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

@@ -171,6 +171,12 @@ struct lb_provider_ops {
     int (*endpoint)(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
                     char **url_out, struct lb_error *err);
 
+    /* How many processes of the sandbox the OOM killer has ended so far, into *count, and
+     * its memory limit in bytes into *limit_bytes (NULL: not wanted; 0 when unlimited).
+     * -ENOENT when the sandbox is gone. May be NULL (-ENOSYS). */
+    int (*oom_kills)(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
+                     int64_t *limit_bytes, struct lb_error *err);
+
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
 };
@@ -200,6 +206,8 @@ int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, stru
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
                       char **url_out, struct lb_error *err);
+int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
+                       int64_t *limit_bytes, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 
 /* Is path absolute and normalised: starts with '/', no "." or ".." component, no "//", no

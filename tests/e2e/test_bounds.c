@@ -588,6 +588,53 @@ START_TEST(test_supervisor_killed)
 }
 END_TEST
 
+/* A harness the OOM killer ends: the activation is failed with error_type "oom" and an error
+ * naming the limit (in the execute answer, the close answer and GET); a harness that SIGKILLs
+ * itself in a sandbox with a memory limit stays a plain 137 with no error_type. */
+START_TEST(test_activation_oom)
+{
+    char sbx[64];
+    struct lbt_resp r;
+
+    seed(&D, "bounds-act-oom", "\"resources\": {\"memory_mib\": 64}", sbx, sizeof(sbx));
+    lbt_json(&D, "POST", "/v1/sessions/bounds-act-oom/execute", "",
+             "{\"argv\": [\"python3\", \"-c\", \"b = bytearray(512 * 1024 * 1024)\"], "
+             "\"timeout_s\": 60}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_msg(!strcmp(str(r.json, "state"), "failed"), "execute: %s", r.body);
+    ck_assert_int_eq(num(r.json, "return_code"), 137);
+    ck_assert_str_eq(str(r.json, "error_type"), "oom");
+    ck_assert_msg(strstr(str(r.json, "error"), "out-of-memory killer") &&
+                      strstr(str(r.json, "error"), "64 MiB"),
+                  "error: %s", str(r.json, "error"));
+    lbt_resp_free(&r);
+    lbt_json(&D, "GET", "/v1/sessions/bounds-act-oom/activation", "", NULL, &r);
+    ck_assert_msg(r.status == 200, "get: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "error_type"), "oom");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-act-oom/close", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "error_type"), "oom");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-act-oom/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+
+    /* not the OOM killer: a plain 137, no error_type */
+    seed(&D, "bounds-act-kill", "\"resources\": {\"memory_mib\": 64}", sbx, sizeof(sbx));
+    lbt_json(&D, "POST", "/v1/sessions/bounds-act-kill/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"kill -9 $$\"]}", &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_int_eq(num(r.json, "return_code"), 137);
+    ck_assert(json_is_null(json_object_get(r.json, "error_type")));
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-act-kill/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* Arguments past the kernel's limits: a sandbox failure that names the limit, never "errno". */
 START_TEST(test_argument_list_too_long)
 {
@@ -662,6 +709,7 @@ int main(void)
     Suite *s = suite_create("bounds");
     TCase *shared = tcase_create("shared_daemon");
     TCase *own = tcase_create("own_daemon");
+    TCase *followup = tcase_create("followup");
 
     tcase_add_unchecked_fixture(shared, setup, teardown);
     tcase_set_timeout(shared, 240);
@@ -680,5 +728,9 @@ int main(void)
     tcase_add_test(own, test_session_lock_wait_is_bounded);
     tcase_add_test(own, test_sigterm_with_paused_sandboxes);
     suite_add_tcase(s, own);
+    tcase_add_unchecked_fixture(followup, setup, teardown);
+    tcase_set_timeout(followup, 240);
+    tcase_add_test(followup, test_activation_oom);
+    suite_add_tcase(s, followup);
     return lbt_run_suite(s);
 }
