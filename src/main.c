@@ -57,6 +57,38 @@ struct sweeper {
     int64_t interval_s;
 };
 
+/* On SIGTERM: in-flight execs get lending.drain_timeout_s, then the provider ends them. */
+struct drain_watchdog {
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    bool done;
+    int64_t timeout_s;
+    struct lb_provider *prov;
+    pthread_t thread;
+};
+
+static void *drain_watchdog_main(void *arg)
+{
+    struct drain_watchdog *w = arg;
+    struct timespec until;
+    bool expired = false;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)w->timeout_s;
+    pthread_mutex_lock(&w->mutex);
+    while (!w->done && !expired)
+        expired = pthread_cond_timedwait(&w->cond, &w->mutex, &until) == ETIMEDOUT;
+    pthread_mutex_unlock(&w->mutex);
+    if (expired && !w->done) {
+        int n = provider_end_execs(w->prov);
+
+        log_warn("drain: in-flight requests still running after drain_timeout_s = %lld; ended "
+                 "%d execs",
+                 (long long)w->timeout_s, n);
+    }
+    return NULL;
+}
+
 static void *sweeper_main(void *arg)
 {
     struct sweeper *s = arg;
@@ -242,6 +274,9 @@ int main(int argc, char **argv)
     struct lb_app app = {0};
     struct sweeper sw = {.mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     bool sweeper_started = false;
+    struct drain_watchdog dw = {.mutex = PTHREAD_MUTEX_INITIALIZER,
+                                .cond = PTHREAD_COND_INITIALIZER};
+    bool dw_started = false;
     char *admin_token = NULL, *operate_hex = NULL, *supervise = NULL, *public_url = NULL;
     char path[PATH_MAX], admin_hash[LB_SHA256_HEX + 1];
     unsigned char operate_key[OPERATE_KEY_BYTES];
@@ -565,8 +600,21 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&sw.mutex);
         pthread_join(sw.thread, NULL);
     }
-    pool_stop(pool); /* in-flight requests finish */
+    /* in-flight requests finish; execs still running after drain_timeout_s are ended */
+    dw.timeout_s = cfg.drain_timeout_s;
+    dw.prov = prov;
+    dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;
+    if (!dw_started)
+        (void)provider_end_execs(prov);
+    pool_stop(pool);
     pool_stop(control_pool);
+    if (dw_started) {
+        pthread_mutex_lock(&dw.mutex);
+        dw.done = true;
+        pthread_cond_signal(&dw.cond);
+        pthread_mutex_unlock(&dw.mutex);
+        pthread_join(dw.thread, NULL);
+    }
     if (cfg.shutdown_sweep) {
         int failed = lend_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
 

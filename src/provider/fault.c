@@ -107,6 +107,11 @@ static int fault_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *r
     return provider_oom_kills(INNER(p), ref, count, limit_bytes, err);
 }
 
+static int fault_end_execs(struct lb_provider *p)
+{
+    return provider_end_execs(INNER(p));
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
     provider_destroy(INNER(p));
@@ -135,6 +140,7 @@ int provider_fault_wrap(struct lb_provider *inner, int64_t create_timeout_ms,
         .resume = fault_resume,
         .endpoint = fault_endpoint,
         .oom_kills = fault_oom_kills,
+        .end_execs = fault_end_execs,
         .destroy = fault_destroy,
     };
     f->base.ops = &f->ops;

@@ -1136,6 +1136,7 @@ static const struct lb_provider_ops local_ops = {
     .resume = local_resume,
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
+    .end_execs = local_end_execs,
     .destroy = local_destroy,
 };
 

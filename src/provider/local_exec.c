@@ -498,6 +498,59 @@ static void supervisor_lost(const struct lb_cgroup *cg, bool have_oom, uint64_t 
     set_runtime_result(res, LB_EXEC_SANDBOX, why);
 }
 
+#define ENDED_MESSAGE                                                                              \
+    "the daemon is shutting down and stopped waiting for the command "                             \
+    "(lending.drain_timeout_s): lendbox killed its process tree"
+
+/* Link e (helper running) into the provider's list; false when the daemon already ended its
+ * execs (the caller kills the tree: it started too late). */
+static bool running_add(struct local_provider *lp, struct local_running_exec *e)
+{
+    bool ok;
+
+    pthread_mutex_lock(&lp->lock);
+    ok = !lp->execs_ended;
+    e->ended = !ok;
+    e->next = lp->running;
+    lp->running = e;
+    pthread_mutex_unlock(&lp->lock);
+    return ok;
+}
+
+/* Unlink e; whether local_end_execs ended it. */
+static bool running_remove(struct local_provider *lp, struct local_running_exec *e)
+{
+    bool ended;
+
+    pthread_mutex_lock(&lp->lock);
+    ended = e->ended;
+    for (struct local_running_exec **pp = &lp->running; *pp; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lp->lock);
+    return ended;
+}
+
+int local_end_execs(struct lb_provider *p)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    int n = 0;
+
+    pthread_mutex_lock(&lp->lock);
+    lp->execs_ended = true;
+    for (struct local_running_exec *e = lp->running; e; e = e->next) {
+        /* linked means not reaped yet (unlinked before the wait): the pid is still the helper */
+        e->ended = true;
+        (void)local_kill_tree(e->helper, e->cg);
+        n++;
+    }
+    pthread_mutex_unlock(&lp->lock);
+    return n;
+}
+
 static bool user_is_root(const char *user)
 {
     return !user || strcmp(user, "root") == 0 || strcmp(user, "0") == 0;
@@ -512,6 +565,8 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     struct local_provider *lp = (struct local_provider *)p;
     size_t out_max = req && req->max_output_bytes ? req->max_output_bytes : DEFAULT_OUTPUT_MAX;
     struct exec_io io = {0};
+    struct local_running_exec running = {0};
+    bool linked = false, ended = false;
     struct exec_fds f;
     struct local_desc d;
     sigset_t pipe_set, old_mask, pending;
@@ -625,6 +680,11 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         child_enter(&f, &lp->seccomp, (char *const *)argv,
                     (char *const *)(req->env ? req->env : (const char *const *)default_env));
     exec_fds_close_child(&f);
+    running.helper = mid;
+    running.cg = &d.cg;
+    linked = true;
+    if (!running_add(lp, &running))
+        (void)local_kill_tree(mid, &d.cg);
     io.paused_kill_at = start + req->timeout_ms + PAUSED_KILL_MS;
     io.backstop_at = start + req->timeout_ms + BACKSTOP_MS;
     io.cg = &d.cg;
@@ -635,6 +695,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (io.paused || io.backstop)
         (void)local_kill_tree(mid, &d.cg);
     exec_drain(&f, res, chunk);
+    /* unlinked before the helper is reaped, so its pid is never reused under local_end_execs */
+    ended = running_remove(lp, &running);
+    linked = false;
     res->duration_ms = clock_mono_ms() - start;
     /* The helper exits as soon as the supervisor does. Every wait on it is bounded: a
      * supervisor stopped by a sandbox process (SIGSTOP from the same uid) or a helper frozen
@@ -654,8 +717,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         local_reap_later(mid);
     }
     have_st = w == 0;
-
-    if (io.paused) {
+    if (ended) {
+        set_runtime_result(res, LB_EXEC_SANDBOX, ENDED_MESSAGE);
+    } else if (io.paused) {
         set_runtime_result(res, LB_EXEC_TIMEOUT,
                            "the sandbox was paused when the timeout passed: lendbox killed the "
                            "command's processes (the rest of the sandbox stays paused)");
@@ -675,6 +739,8 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                            "the exec's helper process did not exit, even after SIGKILL");
     r = 0;
 out:
+    if (linked)
+        running_remove(lp, &running);
     if (gated)
         local_exec_gate_leave(lp, ref->id, req->exclusive);
     exec_fds_close(&f);

@@ -62,6 +62,16 @@ struct local_provider {
     pthread_cond_t stopped;   /* signalled when an id leaves stopping */
     struct local_gate *gates; /* execs in flight per sandbox (local_exclusive.c) */
     size_t ngates, gates_cap;
+    struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
+    bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
+};
+
+/* One exec whose helper process runs, on its worker's stack (linked while it runs). */
+struct local_running_exec {
+    pid_t helper;
+    const struct lb_cgroup *cg;
+    bool ended; /* local_end_execs killed its process tree */
+    struct local_running_exec *next;
 };
 
 /* A parsed descriptor. pid 0: the init never (or not yet) started. */
@@ -110,6 +120,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
 /* Ops implemented in the other files. */
 int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                  const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err);
+int local_end_execs(struct lb_provider *p);
 int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -116,6 +116,11 @@ int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, i
     return p->ops->endpoint(p, ref, port, url_out, err);
 }
 
+int provider_end_execs(struct lb_provider *p)
+{
+    return p && p->ops->end_execs ? p->ops->end_execs(p) : 0;
+}
+
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err)
 {

@@ -177,6 +177,12 @@ struct lb_provider_ops {
     int (*oom_kills)(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                      int64_t *limit_bytes, struct lb_error *err);
 
+    /* The daemon is shutting down and will not wait for its execs any longer: kill the
+     * process tree of every exec in flight (each answers LB_EXEC_SANDBOX, "the daemon is
+     * shutting down ..."), and every exec started from now on answers so at once. Returns
+     * how many execs were ended. May be NULL (nothing is ended). Thread-safe. */
+    int (*end_execs)(struct lb_provider *p);
+
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
 };
@@ -206,6 +212,7 @@ int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, stru
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
                       char **url_out, struct lb_error *err);
+int provider_end_execs(struct lb_provider *p);
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);

@@ -61,6 +61,7 @@ static const struct config_key config_keys[] = {
     INT("lending", "create_timeout_s", create_timeout_s, "30", 1, 3600),
     INT("lending", "default_pids", default_pids, "4096", 0, 4194304),
     INT("lending", "session_lock_wait_s", session_lock_wait_s, "30", 1, 86400),
+    INT("lending", "drain_timeout_s", drain_timeout_s, "30", 0, 86400),
     INT("limits", "max_body_bytes", max_body_bytes, "16777216", 1024, INT64_C(1) << 40),
     INT("limits", "max_file_bytes", max_file_bytes, "134217728", 1024, INT64_C(1) << 40),
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),

@@ -42,6 +42,7 @@ struct lb_config {
     int64_t create_timeout_s;
     int64_t default_pids;
     int64_t session_lock_wait_s; /* longest wait for a busy session's lock (409 past it) */
+    int64_t drain_timeout_s;     /* on SIGTERM: longest wait for in-flight execs, then killed */
     /* [limits] */
     int64_t max_body_bytes;
     int64_t max_file_bytes;

@@ -536,6 +536,49 @@ START_TEST(test_sigterm_with_paused_sandboxes)
 }
 END_TEST
 
+/* SIGTERM with an exec that would run for 10 minutes: the drain waits lending.drain_timeout_s
+ * (2 s here), then the exec's process tree is killed and its client gets a defined answer
+ * (125, "sandbox", the daemon is shutting down); the sweep runs and the daemon exits 0. */
+START_TEST(test_sigterm_drain_is_bounded)
+{
+    static const char *const extra[] = {"--set", "lending.drain_timeout_s=2", NULL};
+    struct lbt_daemon d;
+    char sbx[64];
+    struct lbt_async *ex;
+    struct lbt_resp r;
+    double t0, took;
+    uid_t uid;
+    int rc;
+
+    lbt_daemon_start(&d, extra);
+    seed(&d, "drain-a", NULL, sbx, sizeof(sbx));
+    uid = lbt_sandbox_uid(&d, sbx);
+    ex =
+        exec_async(&d, sbx, "{\"command\": \"sleep 600.417 & sleep 600.419\", \"timeout_s\": 900}");
+    t0 = lbt_now() + 30;
+    while (count_procs(uid, "sleep 600.419") == 0) {
+        ck_assert_msg(lbt_now() < t0, "the exec never started");
+        lbt_sleep_ms(50);
+    }
+    t0 = lbt_now();
+    rc = lbt_daemon_stop(&d); /* SIGTERM, and wait */
+    took = lbt_now() - t0;
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(took >= 1.5, "SIGTERM took only %.1f s: the drain did not wait", took);
+    ck_assert_msg(took < 2 + 30, "SIGTERM took %.1f s", took);
+    lbt_async_join(ex, &r);
+    ck_assert_msg(r.status == 200, "exec: %ld %s", r.status, r.body);
+    ck_assert_int_eq(num(r.json, "return_code"), 125);
+    ck_assert_str_eq(str(r.json, "error_type"), "sandbox");
+    ck_assert_msg(strstr(str(r.json, "message"), "daemon is shutting down"), "message: %s",
+                  str(r.json, "message"));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_procs(uid, "sleep 600.41"), 0);
+    assert_sandbox_gone(&d, sbx, uid);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---------- fault 9: errors users can act on ---------- */
 
 /* A memory-limit kill is error_type "oom" (from the cgroup's OOM-kill count), with a message
@@ -731,6 +774,7 @@ int main(void)
     tcase_add_unchecked_fixture(followup, setup, teardown);
     tcase_set_timeout(followup, 240);
     tcase_add_test(followup, test_activation_oom);
+    tcase_add_test(followup, test_sigterm_drain_is_bounded);
     suite_add_tcase(s, followup);
     return lbt_run_suite(s);
 }
