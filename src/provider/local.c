@@ -124,13 +124,24 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
 /* Fields of /proc/<pid>/stat after the command name (which may hold spaces and ')', so they
  * start after the last ')'): state (field 3), parent pid (4), start time (22). 0, -ENOENT when
  * the process is gone, -EIO when the line does not parse. */
+static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
+                             uint64_t *start_time);
+
 static int proc_stat(pid_t pid, char *state, pid_t *ppid, uint64_t *start_time)
+{
+    return proc_stat_session(pid, state, ppid, NULL, start_time);
+}
+
+/* Fields 3 (state), 4 (ppid), 6 (session, as the host sees it) and 22 (start time) of
+ * /proc/<pid>/stat; session may be NULL. -ENOENT when gone. */
+static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
+                             uint64_t *start_time)
 {
     char path[64], buf[1024];
     unsigned long long st;
     const char *p;
     ssize_t n;
-    int fd, pp;
+    int fd, pp, sid;
 
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -143,11 +154,13 @@ static int proc_stat(pid_t pid, char *state, pid_t *ppid, uint64_t *start_time)
     buf[n] = '\0';
     p = strrchr(buf, ')');
     if (!p || sscanf(p + 1,
-                     " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     " %c %d %*d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
                      "%*d %*d %llu",
-                     state, &pp, &st) != 3)
+                     state, &pp, &sid, &st) != 4)
         return -EIO;
     *ppid = (pid_t)pp;
+    if (session)
+        *session = (pid_t)sid;
     *start_time = st;
     return 0;
 }
@@ -320,7 +333,39 @@ static void reap_child(pid_t pid, int64_t deadline_ms)
     (void)local_wait_child(pid, deadline_ms, NULL);
 }
 
+/* Is pid in the pid namespace whose inode is pidns? */
+static bool proc_in_pidns(pid_t pid, ino_t pidns)
+{
+    char path[64];
+    struct stat sb;
+
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
+    return stat(path, &sb) == 0 && sb.st_ino == pidns;
+}
+
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg);
+
 int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
+{
+    return kill_closure(root, 0, 0, cg);
+}
+
+int local_kill_session(const struct local_desc *d, pid_t sid)
+{
+    char path[64];
+    struct stat sb;
+
+    if (sid <= 0 || d->pid <= 0)
+        return -EINVAL;
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)d->pid);
+    if (stat(path, &sb) < 0)
+        return -errno;
+    return kill_closure(0, sid, sb.st_ino, &d->cg);
+}
+
+/* SIGKILL root (0: none) and the members of session sid (0: none) that live in the pid
+ * namespace pidns, and every descendant of them; how many were signalled, or -errno. */
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg)
 {
     pid_t *pids = NULL, *parents = NULL;
     uint64_t *starts = NULL;
@@ -330,7 +375,7 @@ int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
     int killed = 0;
     DIR *d;
 
-    /* one snapshot of (pid, parent) for every process; then the closure from root */
+    /* one snapshot of (pid, parent) for every process; then the closure from the seeds */
     d = opendir("/proc");
     if (!d)
         return -errno;
@@ -338,9 +383,10 @@ int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
         char *end, state;
         long pid = strtol(de->d_name, &end, 10);
         uint64_t st;
-        pid_t pp;
+        pid_t pp, ps;
 
-        if (*end || pid <= 0 || pid > INT_MAX || proc_stat((pid_t)pid, &state, &pp, &st) < 0)
+        if (*end || pid <= 0 || pid > INT_MAX ||
+            proc_stat_session((pid_t)pid, &state, &pp, &ps, &st) < 0)
             continue;
         if (state == 'Z' || state == 'X')
             continue;
@@ -364,20 +410,20 @@ int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
             cap = nc;
         }
         pids[nall] = (pid_t)pid;
-        parents[nall] = pp;
+        /* a member of the session is a seed, whatever its parent: -1 marks it */
+        parents[nall] = sid > 0 && ps == sid && proc_in_pidns((pid_t)pid, pidns) ? -1 : pp;
         starts[nall++] = st;
     }
     closedir(d);
-    /* move the members of the tree to the front: [0, n) */
+    /* move the seeds (root, the session's members) to the front: [0, n) */
     for (i = 0; i < nall; i++) {
-        if (pids[i] == root) {
+        if (pids[i] == root || parents[i] == -1) {
             pid_t tp = pids[n], tq = parents[n];
             uint64_t ts = starts[n];
 
             pids[n] = pids[i], parents[n] = parents[i], starts[n] = starts[i];
             pids[i] = tp, parents[i] = tq, starts[i] = ts;
             n++;
-            break;
         }
     }
     while (grew && n > 0) {

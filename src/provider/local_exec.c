@@ -197,6 +197,23 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
         local_child_report(st, "error fork inside the sandbox failed", errno);
         _exit(1);
     }
+    {
+        /* "supervisor PID": the daemon's handle on what is left should the supervisor be
+         * killed (it leads its own session). One write, so one line; any order with the
+         * supervisor's own status line (parse_status takes it out). */
+        char line[32] = "supervisor ", num[12];
+        size_t n = 11, k = 0;
+        unsigned v = (unsigned)g;
+
+        do {
+            num[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v && k < sizeof(num));
+        while (k)
+            line[n++] = num[--k];
+        line[n++] = '\n';
+        (void)!write(st, line, n);
+    }
     /* Stay the supervisor's parent: an orphan is adopted in the *parent's* pid namespace
      * (the host's init, which may reap late and so hold up the sandbox's teardown), not by
      * the sandbox's pid 1. Keep no pipe open meanwhile. */
@@ -280,6 +297,27 @@ static void pump_read(int *fd, struct lb_buf *b, char *chunk)
     local_close_fd(fd);
 }
 
+/* Take the helper's "supervisor PID" line out of the status text; the pid, or 0. */
+static pid_t take_supervisor_pid(struct lb_buf *status)
+{
+    char *p = status->data, *nl;
+    long v = 0;
+
+    while (p && *p) {
+        nl = strchr(p, '\n');
+        if (strncmp(p, "supervisor ", 11) == 0) {
+            size_t line = nl ? (size_t)(nl - p) + 1 : strlen(p);
+
+            v = strtol(p + 11, NULL, 10);
+            memmove(p, p + line, strlen(p + line) + 1);
+            status->len -= line;
+            break;
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    return v > 0 && v <= INT_MAX ? (pid_t)v : 0;
+}
+
 struct exec_io {
     const char *in;
     size_t in_len, in_off;
@@ -287,8 +325,9 @@ struct exec_io {
     int64_t paused_kill_at; /* the timeout plus grace: a frozen exec is ended then */
     int64_t backstop_at;    /* give up waiting, whatever the sandbox's state */
     const struct lb_cgroup *cg;
-    bool backstop; /* gave up waiting */
-    bool paused;   /* the sandbox was frozen past the timeout */
+    bool backstop;    /* gave up waiting */
+    bool paused;      /* the sandbox was frozen past the timeout */
+    pid_t supervisor; /* its pid (the helper's "supervisor PID" line), 0 until known */
 };
 
 /* Move data until the status pipe closes, the sandbox is found frozen past the timeout (the
@@ -354,6 +393,8 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
             pump_read(&f->err_r, &res->err, chunk);
         if (p[idx_st].revents) {
             pump_read(&f->status_r, &io->status, chunk);
+            if (!io->supervisor)
+                io->supervisor = take_supervisor_pid(&io->status);
             /* one line is the whole status: do not wait for EOF (nor for whoever might
              * hold the pipe) once it is in */
             if (io->status.data && memchr(io->status.data, '\n', io->status.len))
@@ -471,7 +512,7 @@ static void check_oom(const struct lb_cgroup *cg, bool have_before, uint64_t bef
 /* The supervisor ended without a status: why, from the helper's exit status (128 + N: signal
  * N killed it) and the sandbox's OOM-kill count. */
 static void supervisor_lost(const struct lb_cgroup *cg, bool have_oom, uint64_t oom_before,
-                            bool have_status, int st, struct lb_exec_result *res)
+                            bool have_status, int st, int n_killed, struct lb_exec_result *res)
 {
     char why[sizeof(res->message)];
     uint64_t after = 0;
@@ -494,6 +535,12 @@ static void supervisor_lost(const struct lb_cgroup *cg, bool have_oom, uint64_t 
                      sig, name ? name : "?", descr ? descr : "unknown signal");
     } else {
         snprintf(why, sizeof(why), "the supervisor exited without a status");
+    }
+    if (n_killed > 0) {
+        size_t len = strlen(why);
+
+        snprintf(why + len, sizeof(why) - len,
+                 "; lendbox killed the %d processes the exec left running", n_killed);
     }
     set_runtime_result(res, LB_EXEC_SANDBOX, why);
 }
@@ -578,7 +625,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     uint64_t oom_before = 0;
     char why[sizeof(res->message)];
     pid_t mid;
-    int r, st = 0, w;
+    int r, st = 0, w, n_killed;
 
     exec_fds_init(&f);
     f.nofile.rlim_cur = f.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
@@ -730,7 +777,14 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
             r = lb_error_set(err, -ENOENT, "sandbox '%s' stopped during the exec", ref->id);
             goto out;
         }
-        supervisor_lost(&d.cg, have_oom, oom_before, have_st, st, res);
+        /* Nobody enforces the exec's timeout now: end what is left of it (its session), as a
+         * timeout would, background processes included (preserve_background_services keeps
+         * them only after the command's own exit, and its outcome is unknown here). */
+        n_killed = io.supervisor ? local_kill_session(&d, io.supervisor) : 0;
+        if (n_killed > 0)
+            log_info("sbx=%s the exec's supervisor died: killed the %d processes it left", ref->id,
+                     n_killed);
+        supervisor_lost(&d.cg, have_oom, oom_before, have_st, st, n_killed, res);
     } else {
         check_oom(&d.cg, have_oom, oom_before, res);
     }

@@ -139,6 +139,10 @@ void local_reap_later(pid_t pid);
  * first let out of cg's freezer (cgroup_unfreeze_procs; cg may be NULL) so that even frozen
  * ones die. Returns how many were signalled, or -errno. */
 int local_kill_tree(pid_t root, const struct lb_cgroup *cg);
+/* SIGKILL every process of session sid (its leader's pid as the host sees it; the leader is
+ * gone) that lives in the sandbox d's pid namespace, and their descendants: what is left of
+ * an exec whose supervisor died. How many were signalled, or -errno. */
+int local_kill_session(const struct local_desc *d, pid_t sid);
 
 /* Copy in to out, replacing every ": errno N" (what the forked children report, as they
  * cannot call strerror) with ": " and the error's text; E2BIG names the kernel's limits. */

@@ -678,6 +678,55 @@ START_TEST(test_activation_oom)
 }
 END_TEST
 
+/* Wait (at most 10 s) until no live process of uid has needle in its command line. */
+static void wait_no_procs(uid_t uid, const char *needle)
+{
+    double until = lbt_now() + 10;
+
+    while (count_procs(uid, needle) > 0 && lbt_now() < until)
+        lbt_sleep_ms(50);
+    ck_assert_msg(count_procs(uid, needle) == 0, "'%s' is still running", needle);
+}
+
+/* The supervisor killed under the command: what the exec left running (the command, its
+ * background children, also with preserve_background_services) is killed, and the answer
+ * says so; a service an earlier exec preserved (another session) is left alone. */
+START_TEST(test_supervisor_killed_ends_its_processes)
+{
+    static const char *const bodies[] = {
+        "{\"command\": \"sleep 600.613 >/dev/null 2>&1 & kill -9 $PPID; sleep 600.617\"}",
+        "{\"command\": \"sleep 600.613 >/dev/null 2>&1 & kill -9 $PPID; sleep 600.617\", "
+        "\"preserve_background_services\": true}",
+        NULL};
+    char sbx[64];
+    json_t *res;
+    uid_t uid;
+
+    seed(&D, "bounds-superkill-tree", NULL, sbx, sizeof(sbx));
+    uid = lbt_sandbox_uid(&D, sbx);
+    res = lbt_exec_ok(&D, sbx, "",
+                      "{\"command\": \"sleep 600.611 >/dev/null 2>&1 &\", "
+                      "\"preserve_background_services\": true}");
+    ck_assert_int_eq(num(res, "return_code"), 0);
+    json_decref(res);
+    for (int i = 0; bodies[i]; i++) {
+        res = lbt_exec_ok(&D, sbx, "", bodies[i]);
+        ck_assert_int_eq(num(res, "return_code"), 125);
+        ck_assert_str_eq(str(res, "error_type"), "sandbox");
+        ck_assert_msg(strstr(str(res, "message"), "supervisor was killed by signal 9") &&
+                          strstr(str(res, "message"), "processes the exec left running"),
+                      "message: %s", str(res, "message"));
+        json_decref(res);
+        wait_no_procs(uid, "sleep 600.613");
+        wait_no_procs(uid, "sleep 600.617");
+        ck_assert_int_eq(count_procs(uid, "sleep 600.611"), 1);
+    }
+    res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"echo ok\"}");
+    ck_assert_str_eq(str(res, "stdout"), "ok\n");
+    json_decref(res);
+}
+END_TEST
+
 /* Arguments past the kernel's limits: a sandbox failure that names the limit, never "errno". */
 START_TEST(test_argument_list_too_long)
 {
@@ -774,6 +823,7 @@ int main(void)
     tcase_add_unchecked_fixture(followup, setup, teardown);
     tcase_set_timeout(followup, 240);
     tcase_add_test(followup, test_activation_oom);
+    tcase_add_test(followup, test_supervisor_killed_ends_its_processes);
     tcase_add_test(followup, test_sigterm_drain_is_bounded);
     suite_add_tcase(s, followup);
     return lbt_run_suite(s);
