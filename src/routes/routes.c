@@ -69,6 +69,10 @@ bool routes_rsid_is_valid(const char *rsid)
 
     if (n == 0 || n > 128)
         return false;
+    /* "." and ".." match the character set but are path segments to every HTTP client, which
+     * rewrite /v1/sessions/../release to /v1/release: such a session could not be released */
+    if (strcmp(rsid, ".") == 0 || strcmp(rsid, "..") == 0)
+        return false;
     for (size_t i = 0; i < n; i++) {
         char c = rsid[i];
 

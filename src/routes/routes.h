@@ -38,7 +38,7 @@ int routes_authorize(void *app, const char *token, enum lb_auth_need need, const
 /* Reject keys of obj not in allowed (NULL-terminated): -EINVAL "unknown field 'x'". */
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,
                         struct lb_error *err);
-/* A resources session id: 1-128 characters of [A-Za-z0-9._:-]. */
+/* A resources session id: 1-128 characters of [A-Za-z0-9._:-], not "." or "..". */
 bool routes_rsid_is_valid(const char *rsid);
 /* obj[key] must be absent, or an object whose values are all strings. */
 int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_error *err);

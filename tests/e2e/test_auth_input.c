@@ -313,6 +313,10 @@ START_TEST(test_invalid_session_id)
     bad("GET", "/v1/sessions/bad%20id%21", NULL, 400, "bad_request");
     bad("POST", "/v1/sessions/bad%20id%21/release", NULL, 400, "bad_request");
     bad("POST", "/v1/sessions/semi%3Bcolon/seed", "{\"task_id\": \"t\"}", 400, "bad_request");
+    /* "." and ".." are path segments to HTTP clients: refused as session ids */
+    bad("POST", "/v1/sessions/%2e/seed", "{\"task_id\": \"t\"}", 400, "bad_request");
+    bad("POST", "/v1/sessions/%2e%2e/seed", "{\"task_id\": \"t\"}", 400, "bad_request");
+    bad("POST", "/v1/sessions/%2E%2E/release", NULL, 400, "bad_request");
     memset(long_id, 'a', 129);
     long_id[129] = '\0';
     snprintf(p, sizeof(p), "/v1/sessions/%s/seed", long_id);
