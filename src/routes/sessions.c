@@ -167,6 +167,31 @@ static int seed_parse_network(json_t *net, struct lb_error *err)
 
 /* "ports": [int] (declared service ports): each 1..65535, no duplicates, at most
  * LB_MAX_PORTS. Fills req->ports (owned by the request). */
+/* Labels are stored with every record and rendered by every listing: bounded, so one seed
+ * cannot make each GET /v1/sessions slow (a hostile review sent 300,000 labels). */
+#define SEED_LABELS_MAX 64
+#define SEED_LABEL_KEY_MAX 128
+#define SEED_LABEL_VALUE_MAX 1024
+
+static int seed_check_labels(json_t *labels, struct lb_error *err)
+{
+    const char *k;
+    json_t *v;
+
+    if (json_object_size(labels) > SEED_LABELS_MAX)
+        return lb_error_set(err, -EINVAL, "'labels' has %zu entries; at most %d are allowed",
+                            json_object_size(labels), SEED_LABELS_MAX);
+    json_object_foreach(labels, k, v) {
+        if (!*k || strlen(k) > SEED_LABEL_KEY_MAX)
+            return lb_error_set(err, -EINVAL, "a label name must be 1 to %d bytes",
+                                SEED_LABEL_KEY_MAX);
+        if (json_string_length(v) > SEED_LABEL_VALUE_MAX)
+            return lb_error_set(err, -EINVAL, "label '%s' is longer than %d bytes", k,
+                                SEED_LABEL_VALUE_MAX);
+    }
+    return 0;
+}
+
 static int seed_parse_ports(json_t *ports, struct lb_seed_request *req, struct lb_error *err)
 {
     json_t *v;
@@ -234,6 +259,8 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
     if (r < 0)
         return r;
     if (req->env && (r = routes_check_env_names(req->env, "env", err)) < 0)
+        return r;
+    if (req->labels && (r = seed_check_labels(req->labels, err)) < 0)
         return r;
     req->network = json_object_get(body, "network");
     if (json_is_null(req->network))

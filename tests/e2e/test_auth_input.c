@@ -335,6 +335,24 @@ START_TEST(test_invalid_session_id)
 }
 END_TEST
 
+START_TEST(test_label_bounds)
+{
+    char body[4096];
+    int n = snprintf(body, sizeof(body), "{\"task_id\": \"t\", \"labels\": {");
+
+    for (int i = 0; i < 65; i++)
+        n += snprintf(body + n, sizeof(body) - (size_t)n, "%s\"k%d\": \"v\"", i ? "," : "", i);
+    snprintf(body + n, sizeof(body) - (size_t)n, "}}");
+    bad("POST", "/v1/sessions/in-labels/seed", body, 400, "bad_request");
+    bad("POST", "/v1/sessions/in-labels/seed", "{\"task_id\": \"t\", \"labels\": {\"\": \"v\"}}",
+        400, "bad_request");
+    n = snprintf(body, sizeof(body), "{\"task_id\": \"t\", \"labels\": {\"k\": \"");
+    memset(body + n, 'x', 1025); /* one byte over the bound */
+    snprintf(body + n + 1025, sizeof(body) - (size_t)n - 1025, "\"}}");
+    bad("POST", "/v1/sessions/in-labels/seed", body, 400, "bad_request");
+}
+END_TEST
+
 START_TEST(test_timeout_not_positive)
 {
     char p[300];
@@ -560,6 +578,7 @@ int main(void)
     tcase_add_test(input, test_unknown_fields);
     tcase_add_test(input, test_wrong_types_and_values);
     tcase_add_test(input, test_invalid_session_id);
+    tcase_add_test(input, test_label_bounds);
     tcase_add_test(input, test_timeout_not_positive);
     tcase_add_test(input, test_unknown_route);
     tcase_add_test(input, test_wrong_method);
