@@ -1279,16 +1279,76 @@ static int setup_storage(struct local_provider *lp, const struct lb_local_config
     return 0;
 }
 
-/* A supervisor that sandbox uids can read is dumpable for the moment between its exec and its
- * PR_SET_DUMPABLE call: say how to close that window (see src/supervisor/supervise.c). */
-static void warn_readable_supervisor(const char *path)
+/* Sandboxes run lendbox-supervise from a copy the daemon makes at start in its own state dir,
+ * owned by root with mode 0711 (exec-only): a binary its user cannot read is non-dumpable from
+ * its exec on, so no sandbox process can ptrace it or take its descriptors in the instant before
+ * its own PR_SET_DUMPABLE call (see src/supervisor/supervise.c). Copying does not depend on how
+ * the installed file's mode was set (a build tree's 0755, a packager's 0755). The copy replaces
+ * the last one by rename: running sandboxes keep the inode they were started with. On success
+ * *path is replaced by the copy's path (malloc'd). */
+static int install_private_supervisor(const char *state_dir, char **path, struct lb_error *err)
 {
+    char *dst = NULL, *tmp = NULL;
+    int in = -1, out = -1, r = 0;
     struct stat st;
 
-    if (stat(path, &st) == 0 && (st.st_uid != 0 || (st.st_mode & (S_IROTH | S_IWOTH))))
-        log_warn("'%s' should be owned by root with mode 0711 (exec-only): readable by sandbox "
-                 "uids it is dumpable for an instant after each exec",
-                 path);
+    if (asprintf(&dst, "%s/lendbox-supervise", state_dir) < 0) {
+        dst = NULL;
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (asprintf(&tmp, "%s/.lendbox-supervise.tmp", state_dir) < 0) {
+        tmp = NULL;
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    in = open(*path, O_RDONLY | O_CLOEXEC);
+    if (in < 0 || fstat(in, &st) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot read '%s': %s", *path, strerror(errno));
+        goto out;
+    }
+    (void)unlink(tmp);
+    out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+    if (out < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot create '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    for (off_t left = st.st_size; left > 0;) {
+        ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)left, 0);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot copy '%s' to '%s': %s", *path, tmp,
+                             n < 0 ? strerror(errno) : "short file");
+            goto out;
+        }
+        left -= n;
+    }
+    if (fchown(out, 0, 0) < 0 || fchmod(out, 0711) < 0 || close(out) < 0) {
+        out = -1;
+        r = lb_error_set(err, -EREMOTEIO, "cannot make '%s' root-owned and exec-only: %s", tmp,
+                         strerror(errno));
+        goto out;
+    }
+    out = -1;
+    if (rename(tmp, dst) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot rename '%s' to '%s': %s", tmp, dst,
+                         strerror(errno));
+        goto out;
+    }
+    free(*path);
+    *path = dst;
+    dst = NULL;
+out:
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    if (r < 0 && tmp)
+        (void)unlink(tmp);
+    free(tmp);
+    free(dst);
+    return r;
 }
 
 int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
@@ -1363,12 +1423,13 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     }
     r = check_searchable(lp->sandboxes_dir, err);
     if (r == 0)
+        r = install_private_supervisor(lp->state_dir, &lp->supervise_path, err);
+    if (r == 0)
         r = check_searchable(lp->supervise_path, err);
     if (r == 0)
         r = setup_storage(lp, cfg, err);
     if (r < 0)
         goto fail;
-    warn_readable_supervisor(lp->supervise_path);
     if (!cfg->seccomp_off) {
         r = seccomp_filter_build(cfg->seccomp_deny, &lp->seccomp, err);
         if (r < 0)

@@ -541,6 +541,36 @@ START_TEST(test_seccomp_normal_commands)
 }
 END_TEST
 
+/* The supervisor sandboxes run is the daemon's own root-owned 0711 copy, whatever the mode of
+ * the configured file: a readable supervisor would be dumpable for an instant after each exec. */
+START_TEST(test_supervisor_copy_is_exec_only)
+{
+    const char *sup =
+        getenv("LENDBOX_SUPERVISE") ? getenv("LENDBOX_SUPERVISE") : "build/lendbox-supervise";
+    char dir[] = "/tmp/lbt-supcopy-XXXXXX", cmd[2048], set[1100], sbx[128];
+    const char *args[] = {"--set", set, NULL};
+    struct lbt_daemon d;
+    json_t *res;
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0711), 0);
+    snprintf(cmd, sizeof(cmd), "cp '%s' '%s/sup' && chmod 0755 '%s/sup'", sup, dir, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(set, sizeof(set), "local.supervise=%s/sup", dir);
+    lbt_daemon_start(&d, args);
+    seed(&d, "sup-copy", sbx, sizeof(sbx), NULL, 0);
+    res = lbt_exec_ok(&d, sbx, "",
+                      "{\"command\": \"stat -c %a /run/lendbox/supervise; "
+                      "cat /run/lendbox/supervise >/dev/null 2>&1 && echo readable || echo "
+                      "unreadable\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "711\nunreadable\n");
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* [security] seccomp_deny adds names; an unknown name stops the daemon at start. */
 START_TEST(test_seccomp_deny_config)
 {
@@ -594,6 +624,7 @@ int main(void)
     tcase_add_test(forge, test_held_pipes_do_not_stall);
     tcase_add_test(forge, test_exclusive_leaves_no_agent_process);
     tcase_add_test(forge, test_exclusive_runs_alone);
+    tcase_add_test(forge, test_supervisor_copy_is_exec_only);
     tcase_add_test(forge, test_close_stops_agent_processes);
     suite_add_tcase(s, forge);
     tcase_set_timeout(sec, 180);
