@@ -5,6 +5,7 @@
 #   make run        install missing Debian packages, build, start lendboxd on 127.0.0.1:8787
 #   make check      install missing Debian packages, build, run every test
 #   make asan       the same tests against an ASan+UBSan build (in build-asan/)
+#   make tsan       the e2e tests against a ThreadSanitizer build (in build-tsan/)
 #   make install    FHS install (PREFIX=/usr/local, DESTDIR supported; unit into UNITDIR)
 #   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
@@ -37,6 +38,9 @@ CFLAGS_BASE := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wformat=2 
 ifeq ($(SAN),1)
 CFLAGS_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
+ifeq ($(SAN),thread)
+CFLAGS_SAN := -fsanitize=thread -fno-omit-frame-pointer
+endif
 DEPCFLAGS = $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 DEPLIBS = $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null) -lm
 CHECK_CFLAGS = $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
@@ -58,7 +62,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan install uninstall systemd-test deps test unit e2e bench clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e bench clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -128,6 +132,18 @@ systemd-test: all
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT='-O1 -g' test
 
+# ThreadSanitizer: every race report of the daemon or a test program is written to
+# $(TSAN_DIR)/tsan.<pid> (the daemon's stderr goes to a log the tests delete); the run fails if
+# any report was written. tests/tsan.supp lists races inside libraries only.
+TSAN_DIR = $(abspath build-tsan)/reports
+tsan: deps
+	@rm -rf $(TSAN_DIR) && mkdir -p $(TSAN_DIR)
+	@TSAN_OPTIONS="log_path=$(TSAN_DIR)/tsan second_deadlock_stack=1 \
+		suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
+		$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT='-O1 -g' e2e; \
+		rc=$$?; if ls $(TSAN_DIR)/tsan.* >/dev/null 2>&1; then \
+		echo "ThreadSanitizer reports:"; cat $(TSAN_DIR)/tsan.*; exit 1; fi; exit $$rc
+
 bench: all
 	@scripts/bench
 
@@ -165,7 +181,7 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

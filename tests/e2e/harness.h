@@ -14,6 +14,16 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+/* Built with ASan or TSan (their shadow memory makes RSS bounds meaningless; tests that bound
+ * the daemon's memory bound its growth instead). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LBT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LBT_SANITIZED 1
+#endif
+#endif
+
 struct lbt_daemon {
     pid_t pid;
     char state_dir[256];

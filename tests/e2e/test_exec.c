@@ -3,6 +3,7 @@
  * tree, output caps with bounded daemon memory, invalid UTF-8 and base64 output.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,17 +204,9 @@ START_TEST(test_timeout_kills_tree)
 }
 END_TEST
 
-#if defined(__SANITIZE_ADDRESS__)
-#define LBT_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LBT_ASAN 1
-#endif
-#endif
-
 struct rss_sampler {
     pthread_t thread;
-    volatile int stop;
+    atomic_int stop;
     long max_kb;
 };
 
@@ -221,7 +214,7 @@ static void *rss_sample(void *arg)
 {
     struct rss_sampler *s = arg;
 
-    while (!s->stop) {
+    while (!atomic_load(&s->stop)) {
         long kb = lbt_proc_status_kb(D.pid, "VmRSS");
 
         if (kb > s->max_kb)
@@ -239,8 +232,8 @@ START_TEST(test_output_cap_and_memory)
     long base_kb = lbt_proc_status_kb(D.pid, "VmRSS"), limit_kb = 64 * 1024;
 
     ck_assert_int_gt(base_kb, 0);
-#ifdef LBT_ASAN
-    /* ASan's shadow memory and allocator quarantine: bound the growth instead */
+#ifdef LBT_SANITIZED
+    /* a sanitizer's shadow memory and allocator quarantine: bound the growth instead */
     limit_kb += base_kb;
 #endif
     ck_assert_int_eq(pthread_create(&s.thread, NULL, rss_sample, &s), 0);
@@ -256,7 +249,7 @@ START_TEST(test_output_cap_and_memory)
         ck_assert(json_is_false(json_object_get(res, "stderr_truncated")));
         json_decref(res);
     }
-    s.stop = 1;
+    atomic_store(&s.stop, 1);
     pthread_join(s.thread, NULL);
     fprintf(stderr, "test_exec: daemon VmRSS %ld kB before, at most %ld kB during (limit %ld)\n",
             base_kb, s.max_kb, limit_kb);
