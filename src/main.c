@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <malloc.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -227,6 +229,99 @@ fail:
     config_release(&fresh);
 }
 
+/* A secret file must be the daemon's alone: owned by its user, no group or world bits. */
+static int check_secret_file(const char *path, const char *what, struct lb_error *err)
+{
+    struct stat st;
+
+    if (stat(path, &st) < 0)
+        return lb_error_set(err, -errno, "cannot stat %s '%s': %s", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return lb_error_set(err, -EINVAL, "%s '%s' is not a regular file", what, path);
+    if (st.st_uid != geteuid())
+        return lb_error_set(err, -EPERM,
+                            "%s '%s' is owned by uid %u, not by the daemon's user (%u)", what, path,
+                            (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & 077)
+        return lb_error_set(err, -EPERM,
+                            "%s '%s' has mode %04o: group and others must have no access "
+                            "(chmod 600 it)",
+                            what, path, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+/* The state dir holds the secrets and every sandbox's directory. Created 0711; an existing one
+ * must be the daemon's and must not be listable or writable by group or others (mode at most
+ * 0711: traverse is what the sandboxes' uids need to reach their own directories, and is
+ * added if missing). */
+static int prepare_state_dir(const char *dir, struct lb_error *err)
+{
+    struct stat st;
+
+    if (mkdir(dir, 0711) < 0 && errno != EEXIST)
+        return lb_error_set(err, -errno, "cannot create state dir '%s': %s", dir, strerror(errno));
+    if (stat(dir, &st) < 0)
+        return lb_error_set(err, -errno, "cannot stat state dir '%s': %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return lb_error_set(err, -ENOTDIR, "state dir '%s' is not a directory", dir);
+    if (st.st_uid != geteuid())
+        return lb_error_set(err, -EPERM,
+                            "state dir '%s' is owned by uid %u, not by the daemon's user (%u)", dir,
+                            (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & 066)
+        return lb_error_set(err, -EPERM,
+                            "state dir '%s' has mode %04o: group and others may at most traverse "
+                            "it (chmod 711 it)",
+                            dir, (unsigned)(st.st_mode & 07777));
+    if ((st.st_mode & 07777) != 0711 && chmod(dir, 0711) < 0)
+        return lb_error_set(err, -errno, "cannot chmod state dir '%s': %s", dir, strerror(errno));
+    return 0;
+}
+
+/* Connections may use what the fd limit leaves after a reserve for sandboxes and the store
+ * (each worker's exec or file transfer, SQLite, cgroup files); each connection counts twice,
+ * as an upload or download holds a file beside its socket. The soft limit is raised to the hard
+ * one first. */
+static void plan_connections(struct lb_config *cfg, unsigned *max_conn, unsigned *per_ip)
+{
+    struct rlimit rl;
+    uint64_t fds = 1024, reserve, conns;
+    int64_t workers = cfg->workers + (cfg->workers / 4 > 4 ? cfg->workers / 4 : 4);
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rlim_t old = rl.rlim_cur;
+
+            rl.rlim_cur = rl.rlim_max;
+            if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+                log_warn("cannot raise the fd limit from %llu to %llu: %s", (unsigned long long)old,
+                         (unsigned long long)rl.rlim_max, strerror(errno));
+                rl.rlim_cur = old;
+            }
+        }
+        fds = rl.rlim_cur == RLIM_INFINITY ? 1048576 : (uint64_t)rl.rlim_cur;
+    }
+    reserve = cfg->fd_reserve ? (uint64_t)cfg->fd_reserve : 64 + 16 * (uint64_t)workers;
+    if (reserve + 64 > fds) {
+        log_warn("the fd limit (%llu) leaves little beside the reserve for %lld workers (%llu); "
+                 "raise LimitNOFILE / ulimit -n",
+                 (unsigned long long)fds, (long long)workers, (unsigned long long)reserve);
+        reserve = fds > 64 ? fds - 64 : fds / 2;
+    }
+    conns = (fds - reserve) / 2;
+    if (conns > 65536)
+        conns = 65536;
+    if (conns < 2)
+        conns = 2;
+    if (cfg->max_connections)
+        conns = (uint64_t)cfg->max_connections;
+    *max_conn = (unsigned)conns;
+    *per_ip = cfg->per_ip_connections ? (unsigned)cfg->per_ip_connections
+                                      : (unsigned)(conns / 2 > 0 ? conns / 2 : 1);
+    log_info("fd limit %llu: at most %u connections (%u per client address), %llu fds reserved",
+             (unsigned long long)fds, *max_conn, *per_ip, (unsigned long long)reserve);
+}
+
 static char *default_supervise_path(void)
 {
     char exe[PATH_MAX], cand[PATH_MAX + 64];
@@ -283,6 +378,7 @@ int main(int argc, char **argv)
     sigset_t sigs;
     enum lb_log_level level;
     struct lb_reconcile_stats rs;
+    unsigned max_conn = 0, per_ip = 0;
 
     if (!sets || config_init(&cfg) < 0) {
         fprintf(stderr, "lendboxd: out of memory\n");
@@ -369,14 +465,18 @@ int main(int argc, char **argv)
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
         log_warn("cannot become a child subreaper: %s", strerror(errno));
 
+    /* Large buffers (exec output, rendered responses) come from mmap and go back to the
+     * system when freed, instead of staying in the heap at the size of the largest burst: a
+     * fixed threshold also turns off glibc's raising it after each free. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+    plan_connections(&cfg, &max_conn, &per_ip);
+
     /* State dir, lock, secrets. */
     /* 0711: the sandboxes' own uids must reach their directories below it; nothing in it can
      * be listed, and every secret in it is 0600. */
-    if ((mkdir(cfg.state_dir, 0711) < 0 && errno != EEXIST) || chmod(cfg.state_dir, 0711) < 0) {
-        lb_error_set(&err, -errno, "cannot create state dir '%s': %s", cfg.state_dir,
-                     strerror(errno));
+    if (prepare_state_dir(cfg.state_dir, &err) < 0)
         goto fail;
-    }
     snprintf(path, sizeof(path), "%s/lendboxd.lock", cfg.state_dir);
     lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     /* After a crash, a fork of the old daemon may hold the lock for a moment (until its exec
@@ -399,7 +499,9 @@ int main(int argc, char **argv)
         snprintf(path, sizeof(path), "%s", cfg.admin_token_file);
     else
         snprintf(path, sizeof(path), "%s/admin.token", cfg.state_dir);
-    if (ensure_secret_file(path, 32, &err) < 0 || read_small_file(path, &admin_token, &err) < 0)
+    if (ensure_secret_file(path, 32, &err) < 0 ||
+        check_secret_file(path, "admin token file", &err) < 0 ||
+        read_small_file(path, &admin_token, &err) < 0)
         goto fail;
     if (strlen(admin_token) < 16) {
         lb_error_set(&err, -EINVAL, "admin token in '%s' is shorter than 16 characters", path);
@@ -409,6 +511,7 @@ int main(int argc, char **argv)
     log_info("admin token: %s", path);
     snprintf(path, sizeof(path), "%s/operate.key", cfg.state_dir);
     if (ensure_secret_file(path, OPERATE_KEY_BYTES, &err) < 0 ||
+        check_secret_file(path, "operate-token key", &err) < 0 ||
         read_small_file(path, &operate_hex, &err) < 0)
         goto fail;
     if (strlen(operate_hex) != 2 * OPERATE_KEY_BYTES) {
@@ -500,8 +603,12 @@ int main(int argc, char **argv)
         .listen_fd = listen_fd,
         .threads = (unsigned)cfg.http_threads,
         .connection_timeout_s = (unsigned)cfg.connection_timeout_s,
+        .header_timeout_s = (unsigned)cfg.header_timeout_s,
+        .max_connections = max_conn,
+        .per_ip_connections = per_ip,
         .max_body_bytes = (size_t)cfg.max_body_bytes,
         .max_file_bytes = (size_t)cfg.max_file_bytes,
+        .max_inflight_bytes = (size_t)cfg.max_inflight_bytes,
         .max_json_depth = (int)cfg.max_json_depth,
         .routes = lb_routes,
         .authorize = routes_authorize,

@@ -3,12 +3,22 @@
  *
  * Life of a request:
  *   1st call (no body yet): make the request context, match the route (404/405), authorize
- *      (401/403), check Content-Length against the route's limit (413).
- *   upload calls: append the body, counting bytes; past the limit the request turns into 413
- *      (so chunked bodies and bodies longer than announced are caught too).
+ *      (401/403), check Content-Length against the route's limit (413) and take it from the
+ *      in-flight budget (429).
+ *   upload calls: append the body, counting bytes; past the limit the request turns into 413,
+ *      past the in-flight budget into 429 (so chunked bodies and bodies longer than announced
+ *      are caught too).
  *   last call: run the handler. It sets a response, or defers: the connection is suspended, the
  *      job runs on the pool and sets the response, then resumes the connection; MHD calls us
  *      again and the response is queued.
+ * A streamed body (raw_body routes) runs the handler at the 1st call instead: its job opens a
+ * sink (suspended meanwhile, so no body byte is read before there is somewhere to put it);
+ * upload calls write each chunk to the sink's fd; the last call defers the sink's finish job.
+ * A body that does not arrive whole aborts the sink (request completion callback).
+ *
+ * Timeouts: a connection that has no request under way (before its first, between keep-alive
+ * requests) is closed after header_timeout_s idle; while a request is under way
+ * connection_timeout_s applies (suspended connections, waiting for a job, never time out).
  */
 #include "http/http.h"
 
@@ -40,12 +50,15 @@ struct lb_http {
     char bound[128];
     int *route_metric; /* metrics index per route */
     atomic_uint_fast64_t next_request;
+    atomic_size_t inflight_bytes; /* buffered request-body bytes held right now */
 };
 
 enum request_phase {
     PHASE_NEW,
-    PHASE_BODY,
-    PHASE_DEFERRED,
+    PHASE_BODY,     /* a JSON body is arriving (buffered) */
+    PHASE_OPENING,  /* streamed body: the handler's job is opening its sink; suspended */
+    PHASE_STREAM,   /* streamed body: chunks go to the sink as they arrive */
+    PHASE_DEFERRED, /* the whole body is here; a job is making the response; suspended */
     PHASE_DONE,
 };
 
@@ -62,6 +75,12 @@ struct lb_request {
     enum lb_principal principal;
     struct lb_buf body;
     bool too_large;
+    bool overloaded;          /* the in-flight byte budget ran out while the body arrived */
+    size_t reserved;          /* bytes of the in-flight budget this request holds */
+    struct lb_body_sink sink; /* streamed body; sink.fd >= 0 while open */
+    bool sink_open;
+    uint64_t streamed_bytes;
+    struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
     struct MHD_Response *response;
     unsigned status;
@@ -145,36 +164,52 @@ void http_respond_empty(struct lb_request *req, unsigned status)
                          MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT));
 }
 
+/* A file served from offset; the response owns fd. */
+struct fd_source {
+    int fd;
+    uint64_t offset;
+};
+
 /* Read callback of http_respond_fd: a file that turns out shorter than announced (truncated
  * meanwhile) ends the response with an error, so the client sees a cut connection instead of
  * waiting for bytes that never come. */
 static ssize_t http_fd_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
-    int fd = (int)(intptr_t)cls;
+    struct fd_source *src = cls;
     ssize_t n;
 
     do
-        n = pread(fd, buf, max, (off_t)pos);
+        n = pread(src->fd, buf, max, (off_t)(src->offset + pos));
     while (n < 0 && errno == EINTR);
     return n > 0 ? n : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void http_fd_free(void *cls)
 {
-    close((int)(intptr_t)cls);
+    struct fd_source *src = cls;
+
+    close(src->fd);
+    free(src);
 }
 
-void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size)
+void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
+                           uint64_t len)
 {
-    struct MHD_Response *r =
-        size == 0 ? MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT)
-                  : MHD_create_response_from_callback(size, 256 * 1024, http_fd_reader,
-                                                      (void *)(intptr_t)fd, http_fd_free);
+    struct fd_source *src = len ? malloc(sizeof(*src)) : NULL;
+    struct MHD_Response *r = NULL;
 
-    if (size == 0)
+    if (len == 0) {
         close(fd);
+        r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
+    } else if (src) {
+        src->fd = fd;
+        src->offset = offset;
+        r = MHD_create_response_from_callback(len, 256 * 1024, http_fd_reader, src, http_fd_free);
+        if (!r)
+            free(src);
+    }
     if (!r) {
-        if (size != 0)
+        if (len != 0)
             close(fd);
         struct lb_error e;
         lb_error_set(&e, -ENOMEM, "cannot create response");
@@ -183,6 +218,11 @@ void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t s
     }
     MHD_add_response_header(r, "Content-Type", "application/octet-stream");
     request_set_response(req, status, r);
+}
+
+void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size)
+{
+    http_respond_fd_range(req, status, fd, 0, size);
 }
 
 void http_response_header(struct lb_request *req, const char *name, const char *value)
@@ -349,7 +389,9 @@ static int request_route(struct lb_request *req, const char *url, struct lb_erro
 
         if (!route_match(routes[i].pattern, url, params))
             continue;
-        if (!strcmp(routes[i].method, req->method)) {
+        /* HEAD is GET without the body (libmicrohttpd leaves the body out) */
+        if (!strcmp(routes[i].method, req->method) ||
+            (!strcmp(req->method, "HEAD") && !strcmp(routes[i].method, "GET"))) {
             for (unsigned k = 0; k < HTTP_MAX_PARAMS; k++) {
                 free(req->params[k]);
                 req->params[k] = params[k];
@@ -441,6 +483,176 @@ static int request_authorize(struct lb_request *req, struct lb_error *err)
                                     &req->principal, err);
 }
 
+/* ---------- request-body budget ---------- */
+
+/* Take n bytes of the in-flight budget (max_inflight_bytes; 0: unlimited). */
+static bool inflight_take(struct lb_request *req, size_t n)
+{
+    struct lb_http *h = req->http;
+    size_t cap = h->cfg.max_inflight_bytes, cur = atomic_load(&h->inflight_bytes);
+
+    do {
+        if (cap && (n > cap || cur > cap - n))
+            return false;
+    } while (!atomic_compare_exchange_weak(&h->inflight_bytes, &cur, cur + n));
+    req->reserved += n;
+    return true;
+}
+
+static void inflight_give_back(struct lb_request *req)
+{
+    if (req->reserved)
+        atomic_fetch_sub(&req->http->inflight_bytes, req->reserved);
+    req->reserved = 0;
+}
+
+static int inflight_error(struct lb_request *req, struct lb_error *err)
+{
+    return lb_error_set(err, -EAGAIN,
+                        "too many request-body bytes in flight (limit %zu); retry later",
+                        req->http->cfg.max_inflight_bytes);
+}
+
+/* Buffer a chunk of a JSON body; past the route's limit or the in-flight budget the request
+ * turns into a 413 or 429, answered once the body has ended. */
+static void body_append(struct lb_request *req, const char *data, size_t n)
+{
+    if (req->too_large || req->overloaded)
+        return;
+    /* a body announced with Content-Length reserved its size up front */
+    if (req->body.len + n > req->reserved && !inflight_take(req, req->body.len + n - req->reserved))
+        req->overloaded = true;
+    else if (lb_buf_append(&req->body, data, n) < 0)
+        req->too_large = true;
+    if (req->too_large || req->overloaded) {
+        lb_buf_release(&req->body);
+        inflight_give_back(req);
+    }
+}
+
+/* ---------- streamed bodies ---------- */
+
+void http_body_sink(struct lb_request *req, const struct lb_body_sink *sink)
+{
+    req->sink = *sink;
+    req->sink_open = true;
+}
+
+/* The body will not be complete: the sink's owner removes what it made. */
+static void sink_abort(struct lb_request *req)
+{
+    if (!req->sink_open)
+        return;
+    req->sink_open = false;
+    if (req->sink.abort)
+        req->sink.abort(req->sink.arg);
+}
+
+static void sink_write(struct lb_request *req, const char *data, size_t n)
+{
+    size_t limit = req->http->cfg.max_file_bytes;
+
+    if (!req->sink_open)
+        return; /* failed earlier: the rest is read and dropped */
+    if (n > limit - req->streamed_bytes) {
+        lb_error_set(&req->sink_err, -EFBIG, "the body is larger than the limit of %zu bytes",
+                     limit);
+        sink_abort(req);
+        return;
+    }
+    req->streamed_bytes += n;
+    while (n > 0) {
+        ssize_t w = write(req->sink.fd, data, n);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG)
+                lb_error_set(&req->sink_err, -EFBIG,
+                             "the upload does not fit: the sandbox's file system there is full "
+                             "after %llu bytes (sized from its resources)",
+                             (unsigned long long)(req->streamed_bytes - n));
+            else
+                lb_error_set(&req->sink_err, -EREMOTEIO, "writing the upload failed: %s",
+                             strerror(errno));
+            sink_abort(req);
+            return;
+        }
+        data += w;
+        n -= (size_t)w;
+    }
+}
+
+static void http_finish_job(struct lb_request *req, void *arg)
+{
+    req->sink.finish(req, arg);
+}
+
+/* The whole streamed body has arrived: the sink's finish job makes the response. */
+static int sink_finish(struct lb_request *req, struct lb_error *err)
+{
+    int r;
+
+    if (!req->sink_open)
+        return lb_error_set(err, req->sink_err.code ? req->sink_err.code : -EIO, "%s",
+                            req->sink_err.message[0] ? req->sink_err.message : "the upload failed");
+    req->sink_open = false;
+    r = http_defer(req, http_finish_job, req->sink.arg, NULL, err);
+    if (r < 0 && req->sink.abort)
+        req->sink.abort(req->sink.arg);
+    return r;
+}
+
+/* ---------- the access handler ---------- */
+
+/* First call: the headers are complete. */
+static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, const char *url,
+                                     struct lb_error *err)
+{
+    const char *clen;
+    size_t limit;
+
+    /* a request is under way: the longer timeout applies until it completes */
+    MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)h->cfg.connection_timeout_s);
+    if (request_route(req, url, err) < 0)
+        return request_fail(req, err);
+    if (request_authorize(req, err) < 0)
+        return request_fail(req, err);
+    limit = req->route->raw_body ? h->cfg.max_file_bytes : h->cfg.max_body_bytes;
+    lb_buf_init(&req->body, limit);
+    clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
+    if (clen) {
+        char *end;
+        unsigned long long n = strtoull(clen, &end, 10);
+
+        if (*end == '\0' && n > limit) {
+            lb_error_set(err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
+            return request_fail(req, err);
+        }
+        if (*end == '\0' && !req->route->raw_body && !inflight_take(req, (size_t)n)) {
+            inflight_error(req, err);
+            return request_fail(req, err);
+        }
+    }
+    if (!req->route->raw_body) {
+        req->phase = PHASE_BODY;
+        return MHD_YES;
+    }
+    /* A streamed body: the handler runs now, before any of the body is read, and its job
+     * opens the sink (or answers with an error, and the body is never read). */
+    req->phase = PHASE_OPENING;
+    if (req->route->handle(req, err) < 0) {
+        if (err->code == 0)
+            lb_error_set(err, -EIO, "handler failed");
+        req->phase = PHASE_BODY;
+        return request_fail(req, err);
+    }
+    if (req->phase == PHASE_DEFERRED)
+        req->phase = PHASE_OPENING; /* suspended until the job has opened the sink */
+    return MHD_YES;
+}
+
 static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const char *url,
                                    const char *method, const char *version, const char *upload_data,
                                    size_t *upload_data_size, void **con_cls)
@@ -450,9 +662,6 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
     struct lb_error err = {0};
 
     if (!req) {
-        const char *clen;
-        size_t limit;
-
         req = calloc(1, sizeof(*req));
         if (!req)
             return MHD_NO;
@@ -462,51 +671,58 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         req->method = method;
         req->route_index = -1;
         req->start_ms = clock_mono_ms();
+        req->sink.fd = -1;
         request_set_id(req);
-        if (request_route(req, url, &err) < 0)
-            return request_fail(req, &err);
-        if (request_authorize(req, &err) < 0)
-            return request_fail(req, &err);
-        limit = req->route->raw_body ? h->cfg.max_file_bytes : h->cfg.max_body_bytes;
-        lb_buf_init(&req->body, limit);
-        clen = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-        if (clen) {
-            char *end;
-            unsigned long long n = strtoull(clen, &end, 10);
-
-            if (*end == '\0' && n > limit) {
-                lb_error_set(&err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
-                return request_fail(req, &err);
-            }
-        }
-        req->phase = PHASE_BODY;
-        return MHD_YES;
+        return request_begin(h, req, url, &err);
     }
 
-    if (req->phase == PHASE_DONE) {
+    switch (req->phase) {
+    case PHASE_DONE:
         /* A response is queued but MHD still hands us the rest of the body: drop it. */
         *upload_data_size = 0;
         return MHD_YES;
+    case PHASE_OPENING:
+        /* Resumed: the job opened the sink, or set an error response (body left unread).
+         * libmicrohttpd repeats its headers call after a resume in that state (no body bytes
+         * yet): the body, and its end, come in the calls after this one. */
+        if (!req->sink_open)
+            return request_queue(req);
+        req->phase = PHASE_STREAM;
+        return MHD_YES;
+    case PHASE_DEFERRED:
+        if (*upload_data_size == 0)
+            return request_queue(req); /* resumed: the job has set the response */
+        *upload_data_size = 0;
+        return MHD_YES;
+    default:
+        break;
     }
     if (*upload_data_size > 0) {
-        if (!req->too_large && lb_buf_append(&req->body, upload_data, *upload_data_size) < 0) {
-            req->too_large = true;
-            lb_buf_release(&req->body);
-        }
-        /* Past the limit the rest is read and dropped: libmicrohttpd cannot queue a
-         * response while a body is still arriving (a chunked one has no Content-Length to
-         * refuse it up front), so the 413 goes out once the body has ended. */
+        if (req->phase == PHASE_STREAM)
+            sink_write(req, upload_data, *upload_data_size);
+        else
+            body_append(req, upload_data, *upload_data_size);
+        /* Past a limit the rest is read and dropped: libmicrohttpd cannot queue a response
+         * while a body is still arriving (a chunked one has no Content-Length to refuse it up
+         * front), so the error goes out once the body has ended. */
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (req->phase == PHASE_DEFERRED)
-        return request_queue(req); /* resumed: the job has set the response */
+
+    /* The whole body is here. */
+    if (req->phase == PHASE_STREAM) {
+        if (sink_finish(req, &err) < 0)
+            return request_fail(req, &err);
+        return MHD_YES; /* suspended; the finish job resumes us */
+    }
     if (req->too_large) {
         lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes", req->body.max);
         return request_fail(req, &err);
     }
-
-    /* The whole body is here: run the handler. */
+    if (req->overloaded) {
+        inflight_error(req, &err);
+        return request_fail(req, &err);
+    }
     if (req->route->handle(req, &err) < 0) {
         if (err.code == 0)
             lb_error_set(&err, -EIO, "handler failed");
@@ -520,12 +736,16 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
 static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                            enum MHD_RequestTerminationCode toe)
 {
+    struct lb_http *h = cls;
     struct lb_request *req = *con_cls;
 
-    (void)cls;
-    (void)conn;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        /* the connection stays open for the next request: the short timeout again */
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)h->cfg.header_timeout_s);
     if (!req)
         return;
+    sink_abort(req); /* the body never ended: client gone, or the daemon stops */
     metrics_add(LB_M_HTTP_REQUESTS, 1);
     if (req->status >= 500)
         metrics_add(LB_M_HTTP_ERRORS_5XX, 1);
@@ -543,6 +763,7 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cl
     for (unsigned i = 0; i < HTTP_MAX_PARAMS; i++)
         free(req->params[i]);
     lb_buf_release(&req->body);
+    inflight_give_back(req);
     free(req);
     *con_cls = NULL;
 }
@@ -714,8 +935,11 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
                               0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER,
                               http_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000,
+                              /* a connection between requests (or before its first) gets the
+                               * short timeout; a request under way the longer one */
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->header_timeout_s,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->per_ip_connections,
                               MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_END);
     if (!h->mhd) {
         r = lb_error_set(err, -EIO, "libmicrohttpd failed to start on %s", h->bound);

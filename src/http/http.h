@@ -42,7 +42,8 @@ struct lb_route {
     const char *method;  /* "GET", "POST", "PUT", "DELETE" */
     const char *pattern; /* "/v1/sessions/ * /seed" without spaces: '*' matches one segment */
     enum lb_auth_need auth;
-    bool raw_body; /* the body is file bytes (max_file_bytes), not JSON (max_body_bytes) */
+    bool raw_body; /* the body is file bytes (max_file_bytes), streamed (http_body_sink), not
+                    * JSON (max_body_bytes, buffered) */
     /* Answer the request: set a response with http_respond_* or hand off with http_defer,
      * and return 0; or return a negative errno (message in err) for a JSON error response. */
     int (*handle)(struct lb_request *req, struct lb_error *err);
@@ -59,11 +60,15 @@ typedef int (*lb_authorize_fn)(void *app, const char *token, enum lb_auth_need n
                                struct lb_error *err);
 
 struct lb_http_config {
-    int listen_fd;    /* from http_bind; http_start takes it over */
-    unsigned threads; /* MHD thread pool size */
-    unsigned connection_timeout_s;
-    size_t max_body_bytes; /* JSON bodies */
-    size_t max_file_bytes; /* raw file bodies */
+    int listen_fd;                 /* from http_bind; http_start takes it over */
+    unsigned threads;              /* MHD thread pool size */
+    unsigned connection_timeout_s; /* idle bound while a request is under way */
+    unsigned header_timeout_s;     /* idle bound of a connection with no request under way */
+    unsigned max_connections;      /* open connections at most; more are closed at accept */
+    unsigned per_ip_connections;   /* open connections from one client address at most */
+    size_t max_body_bytes;         /* JSON bodies */
+    size_t max_file_bytes;         /* raw file bodies (streamed) */
+    size_t max_inflight_bytes;     /* buffered body bytes of all requests together; 0: no cap */
     int max_json_depth;
     const struct lb_route *routes; /* terminated by a route with method NULL */
     lb_authorize_fn authorize;
@@ -111,6 +116,9 @@ void http_respond_text(struct lb_request *req, unsigned status, const char *cont
                        char *data, size_t len); /* steals data (malloc'd) */
 /* Serve size bytes from fd (which the response then owns and closes). */
 void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size);
+/* Serve len bytes of fd from offset (fd owned and closed by the response). */
+void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
+                           uint64_t len);
 /* Add a header to the response set last. */
 void http_response_header(struct lb_request *req, const char *name, const char *value);
 
@@ -128,5 +136,22 @@ void http_set_serial_key(struct lb_request *req, const char *key);
 typedef void (*lb_http_job_fn)(struct lb_request *req, void *arg);
 int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
                struct lb_error *err);
+
+/* Streamed bodies (routes with raw_body). Their handler runs as soon as the headers are
+ * complete, before any body byte is read, and defers a job as other handlers do. That job
+ * either sets an error response (the body is then never read) or calls http_body_sink to take
+ * the body: each chunk is written to sink->fd on the MHD thread as it arrives (plain write()s;
+ * the body is never held in memory), and once all of it is there, finish(req, arg) runs on the
+ * pool and sets the response. A body that does not arrive whole (client gone, larger than
+ * max_file_bytes, a failed write, the daemon stopping) calls abort(arg) instead, on an MHD
+ * thread: it must not block. Exactly one of finish and abort runs, once; it owns arg. The
+ * sink's fd stays the caller's (close it in finish/abort). Call only from the opening job. */
+struct lb_body_sink {
+    int fd;
+    lb_http_job_fn finish;
+    void (*abort)(void *arg);
+    void *arg;
+};
+void http_body_sink(struct lb_request *req, const struct lb_body_sink *sink);
 
 #endif

@@ -889,6 +889,35 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
     return r;
 }
 
+int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
+                      struct lb_upload **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    json_t *desc = NULL;
+    int r = lend_load_lent(l, id, &rec, &desc, err);
+
+    *out = NULL;
+    if (r < 0)
+        return r;
+    struct lb_sandbox_ref ref = {rec.id, desc};
+    r = provider_upload_begin(l->prov, &ref, path, mode, out, err);
+    json_decref(desc);
+    store_record_release(&rec);
+    return r;
+}
+
+int lend_upload_commit(struct lb_lend *l, struct lb_upload *u, struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_commit(u, err);
+}
+
+void lend_upload_abort(struct lb_lend *l, struct lb_upload *u)
+{
+    (void)l;
+    provider_upload_abort(u);
+}
+
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err)
 {

@@ -64,6 +64,16 @@ static int fault_file_write(struct lb_provider *p, const struct lb_sandbox_ref *
                  : provider_file_write(INNER(p), ref, path, data, len, mode, err);
 }
 
+static int fault_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                              const char *path, int mode, struct lb_upload **out,
+                              struct lb_error *err)
+{
+    int r = fault_hit("provider.file_write", 0, err);
+
+    return r < 0 ? fault_as_provider(r)
+                 : provider_upload_begin(INNER(p), ref, path, mode, out, err);
+}
+
 static int fault_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                            const char *path, int *fd, uint64_t *size, struct lb_error *err)
 {
@@ -134,6 +144,7 @@ int provider_fault_wrap(struct lb_provider *inner, int64_t create_timeout_ms,
         .status = fault_status,
         .exec = fault_exec,
         .file_write = fault_file_write,
+        .upload_begin = fault_upload_begin,
         .file_open = fault_file_open,
         .list = fault_list,
         .pause = fault_pause,

@@ -1,5 +1,5 @@
 /*
- * local_files.c - the local provider's file_write / file_open.
+ * local_files.c - the local provider's file_write, streamed uploads and file_open.
  *
  * The daemon does the I/O itself, through the sandbox's root: /proc/<init>/root is opened
  * (as root, after the identity check), and every path is resolved from it with
@@ -12,7 +12,9 @@
  * Requires that the daemon has dropped its supplementary groups (they would count).
  *
  * Writes go to a temporary name in the target directory and are renamed into place, so a
- * reader never sees half a file and a symlink at the target is replaced, not followed.
+ * reader never sees half a file and a symlink at the target is replaced, not followed. A
+ * streamed upload (upload_begin) keeps that temporary file open for the HTTP front end to fill
+ * chunk by chunk; commit renames it, abort removes it.
  */
 #include "provider/local_internal.h"
 
@@ -241,19 +243,71 @@ static bool is_mount_point(int dfd, const char *name)
     return target.stx_mnt_id != parent.stx_mnt_id;
 }
 
-int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                     const void *data, size_t len, int mode, struct lb_error *err)
+/* A streamed upload of the local provider: the temporary file lives in the destination's
+ * directory (dfd), so the rename at commit never crosses a file system. */
+struct local_upload {
+    struct lb_upload base;
+    int dfd;      /* O_PATH of the destination's directory, resolved inside the root */
+    uint32_t uid; /* the sandbox's host uid: commit and abort act as it */
+    int mode;     /* final mode */
+    char tmp[64]; /* temporary name in dfd */
+    char name[256];
+    char path[4097]; /* for messages */
+};
+
+static void upload_free(struct local_upload *u)
+{
+    if (u->base.fd >= 0)
+        close(u->base.fd);
+    if (u->dfd >= 0)
+        close(u->dfd);
+    free(u);
+}
+
+void local_upload_abort(struct lb_upload *base)
+{
+    struct local_upload *u = (struct local_upload *)base;
+    struct fs_identity id = {0};
+
+    if (!u)
+        return;
+    /* as the sandbox, so a sandbox that swapped the name for something else cannot make the
+     * daemon remove what its own root could not */
+    if (fs_enter(&id, u->uid, NULL) == 0)
+        (void)unlinkat(u->dfd, u->tmp, 0);
+    fs_leave(&id);
+    upload_free(u);
+}
+
+/* Refuse a destination that is a directory or a mount point of the sandbox. */
+static int check_destination(int dfd, const char *name, const char *path, struct lb_error *err)
+{
+    struct stat st;
+
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+        return map_errno(EISDIR, path, err);
+    /* Never replace what the sandbox has mounted there (the supervisor, /dev/null, ...): the
+     * rename happens in the daemon's mount namespace, where it would silently detach the
+     * sandbox's mount. */
+    if (is_mount_point(dfd, name))
+        return lb_error_set(err, -EACCES,
+                            "'%s' is a mount point of the sandbox; it cannot be replaced", path);
+    return 0;
+}
+
+int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                       int mode, struct lb_upload **out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
-    char dir[4097], tmp[64];
+    char dir[4097];
     const char *name;
     struct fs_identity id = {0};
     struct local_desc d;
     unsigned char rnd[8];
-    struct stat st;
-    int rootfd = -1, dfd = -1, fd = -1, r;
-    bool made_tmp = false;
+    struct local_upload *u = NULL;
+    int rootfd = -1, r;
 
+    *out = NULL;
     memset(&d, 0, sizeof(d));
     r = open_root(lp, ref, &d, path, &rootfd, err);
     if (r < 0)
@@ -264,69 +318,89 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = lb_error_set(err, -ENAMETOOLONG, "file name in '%s' is too long", path);
         goto out;
     }
+    u = calloc(1, sizeof(*u));
+    if (!u) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    u->base.provider = p;
+    u->base.fd = u->dfd = -1;
+    u->uid = d.uid;
+    u->mode = mode < 0 ? 0644 : mode & 0777;
+    snprintf(u->name, sizeof(u->name), "%s", name);
+    snprintf(u->path, sizeof(u->path), "%s", path);
     r = fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
-    dfd = open_parent(rootfd, dir);
-    if (dfd < 0) {
-        r = map_errno(-dfd, path, err);
+    u->dfd = open_parent(rootfd, dir);
+    if (u->dfd < 0) {
+        r = map_errno(-u->dfd, path, err);
         goto out;
     }
-    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-        r = map_errno(EISDIR, path, err);
+    r = check_destination(u->dfd, name, path, err);
+    if (r < 0)
         goto out;
-    }
-    /* Never replace what the sandbox has mounted there (the supervisor, /dev/null, ...): the
-     * rename happens in the daemon's mount namespace, where it would silently detach the
-     * sandbox's mount. */
-    if (is_mount_point(dfd, name)) {
-        r = lb_error_set(err, -EACCES,
-                         "'%s' is a mount point of the sandbox; it cannot be "
-                         "replaced",
-                         path);
-        goto out;
-    }
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
         r = lb_error_set(err, -EREMOTEIO, "getrandom: %s", strerror(errno));
         goto out;
     }
-    snprintf(tmp, sizeof(tmp), ".lendbox-%02x%02x%02x%02x%02x%02x%02x%02x.tmp", rnd[0], rnd[1],
-             rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-    fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    snprintf(u->tmp, sizeof(u->tmp), ".lendbox-%02x%02x%02x%02x%02x%02x%02x%02x.tmp", rnd[0],
+             rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    u->base.fd = openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (u->base.fd < 0) {
         r = map_errno(errno, path, err);
         goto out;
     }
-    made_tmp = true;
-    r = write_all(fd, data, len);
-    if (r == 0 && fchmod(fd, (mode_t)(mode < 0 ? 0644 : mode & 0777)) < 0)
-        r = -errno;
-    if (r == -ENOSPC || r == -EDQUOT) {
-        r = no_space(dfd, len, path, err);
-        goto out;
-    }
-    if (r < 0) {
-        r = map_errno(-r, path, err);
-        goto out;
-    }
-    if (renameat(dfd, tmp, dfd, name) < 0) {
-        r = map_errno(errno, path, err);
-        goto out;
-    }
-    made_tmp = false;
+    *out = &u->base;
+    u = NULL;
     r = 0;
 out:
-    if (fd >= 0)
-        close(fd);
-    if (made_tmp)
-        (void)unlinkat(dfd, tmp, 0);
-    if (dfd >= 0)
-        close(dfd);
     fs_leave(&id);
+    if (u)
+        upload_free(u);
     if (rootfd >= 0)
         close(rootfd);
     local_desc_release(&d);
     return r;
+}
+
+int local_upload_commit(struct lb_upload *base, struct lb_error *err)
+{
+    struct local_upload *u = (struct local_upload *)base;
+    struct fs_identity id = {0};
+    int r = fs_enter(&id, u->uid, err);
+
+    if (r == 0 && fchmod(u->base.fd, (mode_t)u->mode) < 0)
+        r = map_errno(errno, u->path, err);
+    if (r == 0)
+        r = check_destination(u->dfd, u->name, u->path, err);
+    if (r == 0 && renameat(u->dfd, u->tmp, u->dfd, u->name) < 0)
+        r = map_errno(errno, u->path, err);
+    if (r < 0)
+        (void)unlinkat(u->dfd, u->tmp, 0);
+    fs_leave(&id);
+    upload_free(u);
+    return r;
+}
+
+int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     const void *data, size_t len, int mode, struct lb_error *err)
+{
+    struct lb_upload *u = NULL;
+    int r = local_upload_begin(p, ref, path, mode, &u, err);
+
+    if (r < 0)
+        return r;
+    r = write_all(u->fd, data, len);
+    if (r == -ENOSPC || r == -EDQUOT)
+        r = no_space(((struct local_upload *)u)->dfd, len, path, err);
+    else if (r < 0)
+        r = map_errno(-r, path, err);
+    if (r < 0) {
+        local_upload_abort(u);
+        return r;
+    }
+    return local_upload_commit(u, err);
 }
 
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -125,6 +125,10 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      const void *data, size_t len, int mode, struct lb_error *err);
+int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                       int mode, struct lb_upload **out, struct lb_error *err);
+int local_upload_commit(struct lb_upload *u, struct lb_error *err);
+void local_upload_abort(struct lb_upload *u);
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                     int *fd_out, uint64_t *size_out, struct lb_error *err);
 

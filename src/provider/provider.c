@@ -87,6 +87,26 @@ int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     return p->ops->file_open(p, ref, path, fd_out, size_out, err);
 }
 
+int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                          int mode, struct lb_upload **out, struct lb_error *err)
+{
+    *out = NULL;
+    if (!p || !p->ops->upload_begin)
+        return no_op(p, "streamed uploads", err);
+    return p->ops->upload_begin(p, ref, path, mode, out, err);
+}
+
+int provider_upload_commit(struct lb_upload *u, struct lb_error *err)
+{
+    return u->provider->ops->upload_commit(u, err);
+}
+
+void provider_upload_abort(struct lb_upload *u)
+{
+    if (u)
+        u->provider->ops->upload_abort(u);
+}
+
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
     if (!p || !p->ops->list)

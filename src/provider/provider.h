@@ -118,6 +118,16 @@ void provider_exec_result_release(struct lb_exec_result *res);
 
 struct lb_provider;
 
+/* A streamed upload (upload_begin): a new temporary file inside the sandbox, in the directory
+ * of its destination, that the caller fills through fd and then commits (renamed into place)
+ * or aborts (removed). The bytes land in the sandbox's own file system, so its limits apply.
+ * Providers embed this struct first in their own. One thread at a time per upload; commit or
+ * abort may run on another thread than begin. */
+struct lb_upload {
+    struct lb_provider *provider; /* the provider whose upload_commit/upload_abort apply */
+    int fd;                       /* O_WRONLY|O_CLOEXEC, blocking; owned by the upload */
+};
+
 struct lb_provider_ops {
     const char *name; /* "local", "docker", ... */
 
@@ -150,6 +160,17 @@ struct lb_provider_ops {
      * reach host files. */
     int (*file_write)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                       const void *data, size_t len, int mode, struct lb_error *err);
+
+    /* Streamed file_write: open a temporary file beside path (parents created, owned by the
+     * sandbox's root, same path rules as file_write) and return it as *out (the caller
+     * commits or aborts it). Errors as file_write. May be NULL (-ENOSYS). */
+    int (*upload_begin)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        int mode, struct lb_upload **out, struct lb_error *err);
+    /* Give the file its mode and rename it to its path (replacing a file there). Consumes u:
+     * on failure the temporary file is removed. */
+    int (*upload_commit)(struct lb_upload *u, struct lb_error *err);
+    /* Remove the temporary file and free u. Does not block on the sandbox. */
+    void (*upload_abort)(struct lb_upload *u);
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
@@ -207,6 +228,11 @@ int provider_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                         const void *data, size_t len, int mode, struct lb_error *err);
 int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                        int *fd_out, uint64_t *size_out, struct lb_error *err);
+/* Streamed uploads (see the ops). commit and abort consume u; abort is NULL-safe. */
+int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                          int mode, struct lb_upload **out, struct lb_error *err);
+int provider_upload_commit(struct lb_upload *u, struct lb_error *err);
+void provider_upload_abort(struct lb_upload *u);
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);

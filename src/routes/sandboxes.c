@@ -326,19 +326,53 @@ static int file_job_new(struct lb_request *req, bool with_mode, struct file_job 
     return 0;
 }
 
-static void file_put_run(struct lb_request *req, void *arg)
-{
-    struct file_job *j = arg;
-    struct lb_app *app = http_app(req);
-    const struct lb_buf *body = http_body(req);
-    struct lb_error err = {0};
-    int r = lend_file_write(app->lend, j->id, j->path, body->data ? body->data : "", body->len,
-                            j->mode, &err);
+/* PUT: the body streams into a temporary file inside the sandbox (lend_upload_begin), opened
+ * by a job before any body byte is read; the finish job renames it into place. The body is
+ * never whole in the daemon's memory. */
+struct upload_job {
+    struct lb_lend *lend;
+    struct lb_upload *upload;
+};
 
+static void upload_finish(struct lb_request *req, void *arg)
+{
+    struct upload_job *u = arg;
+    struct lb_error err = {0};
+    int r = lend_upload_commit(u->lend, u->upload, &err);
+
+    free(u);
     if (r < 0)
         http_respond_error(req, &err);
     else
         http_respond_empty(req, 204);
+}
+
+static void upload_abort(void *arg)
+{
+    struct upload_job *u = arg;
+
+    lend_upload_abort(u->lend, u->upload);
+    free(u);
+}
+
+static void file_put_open(struct lb_request *req, void *arg)
+{
+    struct file_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    struct upload_job *u = calloc(1, sizeof(*u));
+    int r = u ? lend_upload_begin(app->lend, j->id, j->path, j->mode, &u->upload, &err)
+              : lb_error_set(&err, -ENOMEM, "out of memory");
+
+    if (r < 0) {
+        free(u);
+        http_respond_error(req, &err);
+        return;
+    }
+    u->lend = app->lend;
+    http_body_sink(
+        req, &(struct lb_body_sink){
+                 .fd = u->upload->fd, .finish = upload_finish, .abort = upload_abort, .arg = u});
 }
 
 int route_file_put(struct lb_request *req, struct lb_error *err)
@@ -348,7 +382,7 @@ int route_file_put(struct lb_request *req, struct lb_error *err)
 
     if (r < 0)
         return r;
-    return http_defer(req, file_put_run, j, file_job_free, err);
+    return http_defer(req, file_put_open, j, file_job_free, err);
 }
 
 static void file_get_run(struct lb_request *req, void *arg)

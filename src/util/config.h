@@ -26,6 +26,10 @@ struct lb_config {
     int64_t queue_max;
     int64_t connection_timeout_s;
     int64_t store_reserve_mib;
+    int64_t header_timeout_s;   /* idle connections with no request under way */
+    int64_t max_connections;    /* 0: from the fd limit (see main.c) */
+    int64_t per_ip_connections; /* 0: max_connections / 2 */
+    int64_t fd_reserve;         /* fds kept from connections; 0: from workers */
     /* [lending] */
     int64_t stop_concurrency;
     int64_t stop_timeout_s;
@@ -46,6 +50,7 @@ struct lb_config {
     /* [limits] */
     int64_t max_body_bytes;
     int64_t max_file_bytes;
+    int64_t max_inflight_bytes; /* buffered request bodies together; 0: no cap */
     int64_t max_output_bytes;
     int64_t max_json_depth;
     int64_t max_exec_timeout_s;
