@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "provider/provider.h"
 #include "routes/routes.h"
@@ -280,10 +281,17 @@ int route_exec(struct lb_request *req, struct lb_error *err)
 
 /* ---------- files ---------- */
 
+/* A Range request (bytes=a-b, a- or -n); kind NONE serves the whole file. */
+struct byte_range {
+    enum { RANGE_NONE, RANGE_FROM, RANGE_SUFFIX } kind;
+    uint64_t first, last; /* FROM: first..last (last UINT64_MAX: to the end); SUFFIX: last n */
+};
+
 struct file_job {
     char *id;
     char *path;
     int mode;
+    struct byte_range range;
 };
 
 static void file_job_free(void *arg)
@@ -385,19 +393,90 @@ int route_file_put(struct lb_request *req, struct lb_error *err)
     return http_defer(req, file_put_open, j, file_job_free, err);
 }
 
+/* Parse a Range header. Only one range of bytes is served; anything else (other units, several
+ * ranges, bad syntax) is ignored and the whole file served, as RFC 9110 allows. */
+static void range_parse(const char *h, struct byte_range *r)
+{
+    const char *p;
+    char *end;
+
+    r->kind = RANGE_NONE;
+    if (!h || strncmp(h, "bytes=", 6) != 0 || strchr(h, ','))
+        return;
+    p = h + 6;
+    while (*p == ' ')
+        p++;
+    if (*p == '-') {
+        if (p[1] < '0' || p[1] > '9')
+            return;
+        errno = 0;
+        r->last = strtoull(p + 1, &end, 10);
+        if (errno || (*end && *end != ' '))
+            return;
+        r->kind = RANGE_SUFFIX;
+        return;
+    }
+    if (*p < '0' || *p > '9')
+        return;
+    errno = 0;
+    r->first = strtoull(p, &end, 10);
+    if (errno || *end != '-')
+        return;
+    p = end + 1;
+    r->last = UINT64_MAX;
+    if (*p >= '0' && *p <= '9') {
+        r->last = strtoull(p, &end, 10);
+        if (errno || r->last < r->first)
+            return;
+        p = end;
+    }
+    while (*p == ' ')
+        p++;
+    if (*p)
+        return;
+    r->kind = RANGE_FROM;
+}
+
 static void file_get_run(struct lb_request *req, void *arg)
 {
     struct file_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
-    uint64_t size = 0;
+    uint64_t size = 0, first = 0, len;
+    char header[96];
     int fd = -1;
     int r = lend_file_open(app->lend, j->id, j->path, &fd, &size, &err);
 
-    if (r < 0)
+    if (r < 0) {
         http_respond_error(req, &err);
-    else
+        return;
+    }
+    if (j->range.kind == RANGE_NONE) {
         http_respond_fd(req, 200, fd, size);
+        http_response_header(req, "Accept-Ranges", "bytes");
+        return;
+    }
+    if (j->range.kind == RANGE_SUFFIX) {
+        len = j->range.last < size ? j->range.last : size;
+        first = size - len;
+    } else {
+        first = j->range.first;
+        len = first < size ? (j->range.last < size - 1 ? j->range.last : size - 1) - first + 1 : 0;
+    }
+    if (len == 0) {
+        close(fd);
+        http_respond_json(req, 416,
+                          json_pack("{s:{s:s,s:s}}", "error", "code", "range_not_satisfiable",
+                                    "message", "the requested range is outside the file"));
+        snprintf(header, sizeof(header), "bytes */%llu", (unsigned long long)size);
+        http_response_header(req, "Content-Range", header);
+        return;
+    }
+    http_respond_fd_range(req, 206, fd, first, len);
+    snprintf(header, sizeof(header), "bytes %llu-%llu/%llu", (unsigned long long)first,
+             (unsigned long long)(first + len - 1), (unsigned long long)size);
+    http_response_header(req, "Content-Range", header);
+    http_response_header(req, "Accept-Ranges", "bytes");
 }
 
 int route_file_get(struct lb_request *req, struct lb_error *err)
@@ -407,5 +486,6 @@ int route_file_get(struct lb_request *req, struct lb_error *err)
 
     if (r < 0)
         return r;
+    range_parse(http_header(req, "Range"), &j->range);
     return http_defer(req, file_get_run, j, file_job_free, err);
 }

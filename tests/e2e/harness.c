@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -96,6 +97,13 @@ static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
            strstr(buf, "lendboxd") && strstr(buf, state_dir);
 }
 
+static unsigned long lbt_spawn_nofile;
+
+void lbt_set_daemon_fd_limit(unsigned long n)
+{
+    lbt_spawn_nofile = n;
+}
+
 static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
 {
     const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
@@ -139,6 +147,12 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
         setpgid(0, 0);
         dup2(fd, 1);
         dup2(fd, 2);
+        if (lbt_spawn_nofile) {
+            struct rlimit rl = {lbt_spawn_nofile, lbt_spawn_nofile};
+
+            if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                _exit(126);
+        }
         execv(bin, (char *const *)argv);
         _exit(127);
     }

@@ -53,6 +53,9 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
                          const char *const *extra_args);
 /* Same, reusing d->state_dir (a restart after lbt_daemon_kill). */
 void lbt_daemon_restart(struct lbt_daemon *d, const char *const *extra_args);
+/* Daemons spawned from now on by this process get RLIMIT_NOFILE n (soft and hard; 0: the
+ * test's own). */
+void lbt_set_daemon_fd_limit(unsigned long n);
 /* SIGTERM and wait; returns the exit status (or -1 if it had to be killed). */
 int lbt_daemon_stop(struct lbt_daemon *d);
 /* SIGKILL and reap. */

@@ -1,0 +1,716 @@
+/*
+ * test_limits.c - acceptance for the daemon's own resource bounds (issue 7, faults 6-8):
+ *
+ * memory       uploads stream into the sandbox: one larger than the in-flight budget arrives
+ *              byte-exact, 8 concurrent 128 MB uploads keep the daemon's peak RSS (VmHWM) low,
+ *              an aborted or over-limit upload leaves no temporary file, buffered JSON bodies
+ *              past the in-flight budget get 429 overloaded.
+ * connections  10,000 idle connections from 127.0.0.2 do not keep /healthz or an exec from
+ *              127.0.0.1 from answering within 1 s; connections that never complete a request
+ *              are closed after header_timeout_s; with the daemon's fd limit at 1024 a flood does
+ *              not make seeds, execs or file transfers fail with "Too many open files".
+ * secrets      a group/world-readable admin token file or state dir refuses the start; the
+ *              admin token is not readable through the files API with an operate token.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <openssl/sha.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+static char SBX[128], OPERATE[256];
+
+static void start_with(const char *const *args)
+{
+    json_t *lease;
+
+    lbt_daemon_start(&D, args);
+    lease = lbt_seed(&D, "limits-1", "task-limits", NULL);
+    snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(OPERATE, sizeof(OPERATE), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+}
+
+static void setup_memory(void)
+{
+    static const char *const args[] = {"--set", "limits.max_inflight_bytes=1048576", "--set",
+                                       "limits.max_file_bytes=314572800", NULL};
+
+    start_with(args);
+}
+
+static void setup_connections(void)
+{
+    static const char *const args[] = {"--set", "server.header_timeout_s=3", NULL};
+
+    start_with(args);
+}
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+}
+
+static void sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char md[SHA256_DIGEST_LENGTH];
+
+    SHA256(data, len, md);
+    for (int i = 0; i < SHA256_DIGEST_LENGTH; i++)
+        sprintf(out + 2 * i, "%02x", md[i]);
+}
+
+/* Size and sha256 of path as the sandbox itself sees it. */
+static void assert_sandbox_file(const char *path, const void *data, size_t len)
+{
+    char cmd[600], want[128], hex[65];
+    char *out;
+
+    sha256_hex(data, len, hex);
+    snprintf(cmd, sizeof(cmd), "wc -c < '%s'; sha256sum < '%s' | cut -d' ' -f1", path, path);
+    out = lbt_sh(&D, SBX, cmd);
+    snprintf(want, sizeof(want), "%zu\n%s\n", len, hex);
+    ck_assert_str_eq(out, want);
+    free(out);
+}
+
+/* Names of the upload temporary files in dir inside the sandbox ("" when none). */
+static char *temp_files_in(const char *dir)
+{
+    char cmd[600];
+
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' 2>/dev/null | grep '^\\.lendbox-' || true", dir);
+    return lbt_sh(&D, SBX, cmd);
+}
+
+/* ---------- memory ---------- */
+
+START_TEST(test_upload_larger_than_budget_streams)
+{
+    size_t len = 256u << 20; /* 256 times the in-flight budget of 1 MiB */
+    unsigned char *buf = malloc(len);
+    struct lbt_resp r;
+    char *tmp;
+
+    ck_assert_ptr_nonnull(buf);
+    lbt_fill_random(buf, len, 7);
+    lbt_file_put(&D, SBX, OPERATE, "/workspace/big/upload.bin", NULL, buf, len, &r);
+    ck_assert_msg(r.status == 204, "PUT 256 MB: %ld %.300s", r.status, r.body);
+    lbt_resp_free(&r);
+    assert_sandbox_file("/workspace/big/upload.bin", buf, len);
+    tmp = temp_files_in("/workspace/big");
+    ck_assert_str_eq(tmp, "");
+    free(tmp);
+    free(buf);
+}
+END_TEST
+
+struct put_arg {
+    pthread_t thread;
+    const void *data;
+    size_t len;
+    char path[64];
+    long status;
+};
+
+static void *put_thread(void *arg)
+{
+    struct put_arg *p = arg;
+    struct lbt_resp r;
+
+    lbt_file_put(&D, SBX, OPERATE, p->path, NULL, p->data, p->len, &r);
+    p->status = r.status;
+    lbt_resp_free(&r);
+    return NULL;
+}
+
+START_TEST(test_concurrent_uploads_bounded_rss)
+{
+    size_t len = 128u << 20;
+    unsigned char *buf = malloc(len);
+    struct put_arg puts[8];
+    long idle_kb = lbt_proc_status_kb(D.pid, "VmRSS"), peak_kb, bound_kb = 96 * 1024;
+
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_gt(idle_kb, 0);
+#ifdef LBT_SANITIZED
+    bound_kb *= 2; /* shadow memory of what the daemon does touch */
+#endif
+    lbt_fill_random(buf, len, 8);
+    for (int i = 0; i < 8; i++) {
+        puts[i].data = buf;
+        puts[i].len = len;
+        snprintf(puts[i].path, sizeof(puts[i].path), "/workspace/c/upload-%d.bin", i);
+        ck_assert_int_eq(pthread_create(&puts[i].thread, NULL, put_thread, &puts[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(puts[i].thread, NULL);
+        ck_assert_msg(puts[i].status == 204, "upload %d: %ld", i, puts[i].status);
+    }
+    /* VmHWM: the peak resident size since the daemon started */
+    peak_kb = lbt_proc_status_kb(D.pid, "VmHWM");
+    fprintf(stderr,
+            "test_limits: daemon VmRSS idle %ld kB, VmHWM after 8 x 128 MB uploads %ld kB\n",
+            idle_kb, peak_kb);
+    ck_assert_msg(peak_kb - idle_kb < bound_kb,
+                  "8 concurrent 128 MB uploads took the daemon from %ld kB to a peak of %ld kB",
+                  idle_kb, peak_kb);
+    assert_sandbox_file("/workspace/c/upload-7.bin", buf, len);
+    free(buf);
+}
+END_TEST
+
+static int connect_from(const char *src_ip, const struct lbt_daemon *d, bool nonblock)
+{
+    struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET};
+    const char *hostport = d->base_url + strlen("http://");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+
+    ck_assert_int_ge(fd, 0);
+    inet_pton(AF_INET, src_ip, &src.sin_addr);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(strrchr(hostport, ':') + 1));
+    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) < 0)
+        ck_assert_msg(nonblock && errno == EINPROGRESS, "connect: %s", strerror(errno));
+    return fd;
+}
+
+static void send_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+
+        ck_assert_msg(n > 0, "send: %s", strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+START_TEST(test_aborted_upload_leaves_no_temp_file)
+{
+    char head[1024], *tmp = NULL;
+    static char chunk[1 << 20];
+    int fd = connect_from("127.0.0.1", &D, false);
+
+    memset(chunk, 'x', sizeof(chunk));
+    snprintf(head, sizeof(head),
+             "PUT /v1/sandboxes/%s/files?path=/workspace/ab/file.bin HTTP/1.1\r\n"
+             "Host: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
+             SBX, OPERATE, 64 << 20);
+    send_all(fd, head, strlen(head));
+    send_all(fd, chunk, sizeof(chunk));
+    /* the bytes sent so far are in a temporary file inside the sandbox ... */
+    for (int i = 0; i < 100; i++) {
+        free(tmp);
+        tmp = temp_files_in("/workspace/ab");
+        if (*tmp)
+            break;
+        lbt_sleep_ms(50);
+    }
+    ck_assert_msg(*tmp, "no temporary file while the upload is under way");
+    free(tmp);
+    tmp = NULL;
+    /* ... and gone once the client hangs up mid-body */
+    close(fd);
+    for (int i = 0; i < 100; i++) {
+        free(tmp);
+        tmp = temp_files_in("/workspace/ab");
+        if (!*tmp)
+            break;
+        lbt_sleep_ms(50);
+    }
+    ck_assert_msg(!*tmp, "temporary file left after an aborted upload: %s", tmp);
+    free(tmp);
+    tmp = lbt_sh(&D, SBX, "ls -A /workspace/ab");
+    ck_assert_str_eq(tmp, ""); /* and the destination was never created */
+    free(tmp);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
+START_TEST(test_over_limit_upload_leaves_no_temp_file)
+{
+    size_t len = (300u << 20) + 1024; /* max_file_bytes is 300 MiB */
+    unsigned char *buf = calloc(1, len);
+    struct lbt_resp r;
+    char *tmp;
+
+    ck_assert_ptr_nonnull(buf);
+    /* chunked: no Content-Length to refuse up front, so the body streams until it passes */
+    {
+        char path[256];
+
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/workspace/ol/f.bin", SBX);
+        lbt_request_ex(&D, "PUT", path, OPERATE, buf, len, "application/octet-stream", NULL, true,
+                       &r);
+    }
+    lbt_assert_error(&r, 413, "payload_too_large");
+    lbt_resp_free(&r);
+    tmp = lbt_sh(&D, SBX, "ls -A /workspace/ol");
+    ck_assert_str_eq(tmp, "");
+    free(tmp);
+    free(buf);
+}
+END_TEST
+
+START_TEST(test_inflight_budget_429)
+{
+    size_t len = 2u << 20; /* over the 1 MiB budget, under max_body_bytes (16 MiB) */
+    char *body = malloc(len + 64);
+    char path[256];
+    struct lbt_resp r;
+
+    ck_assert_ptr_nonnull(body);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", SBX);
+    /* {"command": "true", "env": {"PAD": "xxxx..."}} */
+    strcpy(body, "{\"command\": \"true\", \"env\": {\"PAD\": \"");
+    size_t n = strlen(body);
+    memset(body + n, 'x', len - n - 3);
+    memcpy(body + len - 3, "\"}}", 4);
+    lbt_request_ex(&D, "POST", path, OPERATE, body, len, NULL, NULL, false, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+    /* chunked: refused as it passes the budget */
+    lbt_request_ex(&D, "POST", path, OPERATE, body, len, NULL, NULL, true, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+    /* the budget is given back: a small body goes through */
+    lbt_exec(&D, SBX, OPERATE, "{\"command\": \"true\"}", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    free(body);
+}
+END_TEST
+
+/* ---------- connections ---------- */
+
+static void raise_own_fd_limit(rlim_t want)
+{
+    struct rlimit rl = {want, want};
+
+    ck_assert_msg(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit(%llu): %s",
+                  (unsigned long long)want, strerror(errno));
+}
+
+/* Open n connections from src_ip to the daemon and wait until each is connected or refused.
+ * Returns the fds (-1 for refused ones); *connected counts the others. */
+static int *flood(const struct lbt_daemon *d, const char *src_ip, int n, int *connected)
+{
+    int *fds = malloc(sizeof(int) * (size_t)n);
+    struct pollfd *pfd = calloc((size_t)n, sizeof(*pfd));
+    int pending = n;
+    double deadline = lbt_now() + 60;
+
+    ck_assert_ptr_nonnull(fds);
+    ck_assert_ptr_nonnull(pfd);
+    for (int i = 0; i < n; i++) {
+        fds[i] = connect_from(src_ip, d, true);
+        pfd[i].fd = fds[i];
+        pfd[i].events = POLLOUT;
+    }
+    *connected = 0;
+    while (pending > 0 && lbt_now() < deadline) {
+        ck_assert_int_ge(poll(pfd, (nfds_t)n, 1000), 0);
+        for (int i = 0; i < n; i++) {
+            int e = 0;
+            socklen_t el = sizeof(e);
+
+            if (pfd[i].fd < 0 || !pfd[i].revents)
+                continue;
+            getsockopt(pfd[i].fd, SOL_SOCKET, SO_ERROR, &e, &el);
+            if (e == 0) {
+                (*connected)++;
+            } else {
+                close(fds[i]);
+                fds[i] = -1;
+            }
+            pfd[i].fd = -1;
+            pending--;
+        }
+    }
+    ck_assert_msg(pending == 0, "%d connects still pending after 60 s", pending);
+    free(pfd);
+    return fds;
+}
+
+/* How many of the fds the daemon has closed (EOF or reset) by now. */
+static int count_closed(const int *fds, int n, int *open_out)
+{
+    int closed = 0, open = 0;
+
+    for (int i = 0; i < n; i++) {
+        char c;
+        ssize_t r;
+
+        if (fds[i] < 0)
+            continue;
+        r = recv(fds[i], &c, 1, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            closed++;
+        else
+            open++;
+    }
+    if (open_out)
+        *open_out = open;
+    return closed;
+}
+
+START_TEST(test_idle_flood_healthz_and_exec_answer)
+{
+    const int n = 10000;
+    int connected = 0, open = 0, *fds;
+    double t0, dt;
+    struct lbt_resp r;
+    json_t *res;
+
+    raise_own_fd_limit(n + 1024);
+    fds = flood(&D, "127.0.0.2", n, &connected);
+    fprintf(stderr, "test_limits: %d of %d idle connections from 127.0.0.2 connected\n", connected,
+            n);
+    ck_assert_int_gt(connected, 0);
+    /* half-requests on a few of them: a request line, never the end of the headers */
+    for (int i = 0, sent = 0; i < n && sent < 10; i++)
+        if (fds[i] >= 0 && send(fds[i], "GET /healthz HTTP/1.1\r\n", 23, MSG_NOSIGNAL) == 23)
+            sent++;
+
+    t0 = lbt_now();
+    lbt_request(&D, "GET", "/healthz", NULL, NULL, 0, NULL, &r);
+    dt = lbt_now() - t0;
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert_msg(dt < 1.0, "/healthz took %.3f s under 10,000 idle connections", dt);
+    t0 = lbt_now();
+    res = lbt_exec_ok(&D, SBX, OPERATE, "{\"command\": \"echo ok\"}");
+    dt = lbt_now() - t0;
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "ok\n");
+    json_decref(res);
+    ck_assert_msg(dt < 1.0, "an exec took %.3f s under 10,000 idle connections", dt);
+    fprintf(stderr, "test_limits: healthz and exec answered under the flood\n");
+
+    /* every idle connection is closed after header_timeout_s (3 s) */
+    t0 = lbt_now();
+    while (count_closed(fds, n, &open) >= 0 && open > 0 && lbt_now() - t0 < 15)
+        lbt_sleep_ms(250);
+    ck_assert_msg(open == 0, "%d idle connections still open %.1f s after the flood", open,
+                  lbt_now() - t0);
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
+/* The daemon of test_low_fd_limit_flood, started by the (forked) test itself. */
+static struct lbt_daemon LOW;
+
+static void teardown_low(void)
+{
+    lbt_daemon_cleanup(&LOW);
+}
+
+START_TEST(test_low_fd_limit_flood)
+{
+    int connected = 0, *fds;
+    struct lbt_resp r;
+    json_t *lease, *res;
+    char sbx[128], *log = NULL;
+    static const char *const args[] = {NULL};
+
+    /* a daemon started with an fd limit of 1024 (soft and hard: it cannot raise it) */
+    lbt_set_daemon_fd_limit(1024);
+    lbt_daemon_start(&LOW, args);
+    lbt_set_daemon_fd_limit(0);
+    raise_own_fd_limit(4096);
+    {
+        char path[64], *limits;
+        FILE *f;
+        size_t cap = 0;
+        bool seen = false;
+
+        snprintf(path, sizeof(path), "/proc/%d/limits", (int)LOW.pid);
+        f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        limits = NULL;
+        while (getline(&limits, &cap, f) > 0)
+            seen = seen || (strstr(limits, "Max open files") && strstr(limits, " 1024 "));
+        fclose(f);
+        free(limits);
+        ck_assert_msg(seen, "the daemon's fd limit is not 1024");
+    }
+#define D LOW
+
+    fds = flood(&LOW, "127.0.0.2", 1500, &connected);
+    fprintf(stderr, "test_limits: %d of 1500 connections connected (daemon fd limit 1024)\n",
+            connected);
+    lease = lbt_seed(&D, "limits-fd", "task-fd", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    for (int i = 0; i < 8; i++) {
+        res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"echo ok\"}");
+        ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+        json_decref(res);
+    }
+    lbt_file_put(&D, sbx, "", "/workspace/f.txt", NULL, "hello", 5, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_file_get(&D, sbx, "", "/workspace/f.txt", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, 5);
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/limits-fd/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    for (int i = 0; i < 1500; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    {
+        FILE *f = fopen(D.log_path, "re");
+        size_t cap = 0;
+        ssize_t got;
+        bool emfile = false;
+
+        ck_assert_ptr_nonnull(f);
+        while ((got = getline(&log, &cap, f)) > 0)
+            emfile = emfile || strstr(log, "Too many open files") != NULL;
+        fclose(f);
+        free(log);
+        ck_assert_msg(!emfile, "the daemon ran out of fds (see %s)", D.log_path);
+    }
+#undef D
+}
+END_TEST
+
+/* ---------- secrets ---------- */
+
+/* Run lendboxd with args (state dir, listen, supervisor added) and expect it to refuse to
+ * start: returns its exit status; its output goes to out. */
+static int run_expect_refusal(const char *state_dir, const char *const *extra, char *out,
+                              size_t out_len)
+{
+    const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
+    const char *argv[32];
+    int n = 0, pipefd[2], status = 0;
+    size_t got = 0;
+    pid_t pid;
+
+    argv[n++] = bin;
+    argv[n++] = "--state-dir";
+    argv[n++] = state_dir;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        dup2(pipefd[1], 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    /* read its output until EOF (it exited) or 10 s (it started: not what the test wants) */
+    for (double end = lbt_now() + 10; lbt_now() < end;) {
+        struct pollfd p = {pipefd[0], POLLIN, 0};
+        ssize_t r;
+
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        r = read(pipefd[0], out + got, out_len - 1 - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    out[got] = '\0';
+    close(pipefd[0]);
+    for (int i = 0; i < 50 && waitpid(pid, &status, WNOHANG) != pid; i++)
+        lbt_sleep_ms(100);
+    if (kill(pid, 0) == 0 && waitpid(pid, &status, WNOHANG) != pid) {
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+        return 0;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static char TMPDIR_[64];
+
+static void setup_secrets(void)
+{
+    snprintf(TMPDIR_, sizeof(TMPDIR_), "/tmp/lbt-secrets-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(TMPDIR_));
+}
+
+static void teardown_secrets(void)
+{
+    char cmd[128];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", TMPDIR_);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_refuses_readable_token_file)
+{
+    char state[128], token[128], out[8192];
+    const char *args[] = {"--admin-token-file", token, NULL};
+    int fd;
+
+    snprintf(state, sizeof(state), "%s/state", TMPDIR_);
+    snprintf(token, sizeof(token), "%s/admin.token", TMPDIR_);
+    fd = open(token, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "0123456789abcdef0123456789abcdef\n", 33), 33);
+    close(fd);
+    ck_assert_int_eq(chmod(token, 0644), 0);
+    ck_assert_msg(run_expect_refusal(state, args, out, sizeof(out)) != 0, "started: %s", out);
+    ck_assert_msg(strstr(out, "admin token file") && strstr(out, "0644") && strstr(out, token),
+                  "unclear refusal: %s", out);
+    /* group-writable is refused too */
+    ck_assert_int_eq(chmod(token, 0620), 0);
+    ck_assert_int_ne(run_expect_refusal(state, args, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "0620"), "unclear refusal: %s", out);
+    /* the default token file in a state dir is also checked */
+    ck_assert_int_eq(chmod(token, 0600), 0);
+    {
+        char def[160];
+        const char *none[] = {NULL};
+
+        snprintf(def, sizeof(def), "%s/admin.token", state);
+        fd = open(def, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        ck_assert_int_eq(chmod(def, 0640), 0);
+        ck_assert_int_ne(run_expect_refusal(state, none, out, sizeof(out)), 0);
+        ck_assert_msg(strstr(out, def) && strstr(out, "0640"), "unclear refusal: %s", out);
+    }
+}
+END_TEST
+
+START_TEST(test_refuses_open_state_dir)
+{
+    static const mode_t bad[] = {0755, 0733, 0711 | 0040, 0777};
+    char state[128], out[8192];
+    const char *none[] = {NULL};
+
+    snprintf(state, sizeof(state), "%s/state", TMPDIR_);
+    ck_assert_int_eq(mkdir(state, 0700), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char mode[8];
+
+        ck_assert_int_eq(chmod(state, bad[i]), 0);
+        ck_assert_int_ne(run_expect_refusal(state, none, out, sizeof(out)), 0);
+        snprintf(mode, sizeof(mode), "%04o", (unsigned)bad[i]);
+        ck_assert_msg(strstr(out, "state dir") && strstr(out, mode), "unclear refusal: %s", out);
+        /* and nothing was made in it */
+        {
+            char p[200];
+
+            snprintf(p, sizeof(p), "%s/admin.token", state);
+            ck_assert(!lbt_path_exists(p));
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_token_not_readable_through_files)
+{
+    static const char *const args[] = {NULL};
+    char path[512], token_file[160];
+    struct lbt_resp r;
+    const char *secrets[] = {"admin.token", "operate.key", "lendbox.db"};
+    const char *restart[] = {"--admin-token-file", token_file, NULL};
+    int fd;
+
+    lbt_daemon_start(&D, args);
+    {
+        json_t *lease = lbt_seed(&D, "secrets-1", "task", NULL);
+
+        snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+        snprintf(OPERATE, sizeof(OPERATE), "%s",
+                 json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+        json_decref(lease);
+    }
+    /* the state dir is not visible inside sandboxes at all */
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", D.state_dir, secrets[i]);
+        lbt_file_get(&D, SBX, OPERATE, path, &r);
+        ck_assert_msg(r.status == 404, "GET %s with an operate token: %ld", path, r.status);
+        lbt_resp_free(&r);
+    }
+    /* a token file elsewhere on the host (visible read-only in the sandbox) is 0600, so the
+     * sandbox's uid cannot read it */
+    snprintf(token_file, sizeof(token_file), "/var/tmp/lbt-admin-token-%d", (int)getpid());
+    fd = open(token_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, D.admin_token, strlen(D.admin_token)),
+                     (ssize_t)strlen(D.admin_token));
+    close(fd);
+    lbt_daemon_kill(&D); /* no shutdown sweep: the sandbox stays for the restart to adopt */
+    lbt_daemon_restart(&D, restart);
+    lbt_file_get(&D, SBX, OPERATE, token_file, &r);
+    unlink(token_file);
+    lbt_assert_error(&r, 403, "forbidden");
+    ck_assert(strstr(r.body, D.admin_token) == NULL);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("limits");
+    TCase *mem = tcase_create("memory"), *conn = tcase_create("connections"),
+          *sec = tcase_create("secrets"), *sec2 = tcase_create("secrets_files"),
+          *low = tcase_create("low_fd_limit");
+
+    tcase_add_unchecked_fixture(mem, setup_memory, teardown);
+    tcase_set_timeout(mem, 300);
+    tcase_add_test(mem, test_upload_larger_than_budget_streams);
+    tcase_add_test(mem, test_concurrent_uploads_bounded_rss);
+    tcase_add_test(mem, test_aborted_upload_leaves_no_temp_file);
+    tcase_add_test(mem, test_over_limit_upload_leaves_no_temp_file);
+    tcase_add_test(mem, test_inflight_budget_429);
+    suite_add_tcase(s, mem);
+
+    tcase_add_unchecked_fixture(conn, setup_connections, teardown);
+    tcase_set_timeout(conn, 180);
+    tcase_add_test(conn, test_idle_flood_healthz_and_exec_answer);
+    suite_add_tcase(s, conn);
+
+    tcase_add_checked_fixture(low, NULL, teardown_low);
+    tcase_set_timeout(low, 180);
+    tcase_add_test(low, test_low_fd_limit_flood);
+    suite_add_tcase(s, low);
+
+    tcase_add_checked_fixture(sec, setup_secrets, teardown_secrets);
+    tcase_add_test(sec, test_refuses_readable_token_file);
+    tcase_add_test(sec, test_refuses_open_state_dir);
+    suite_add_tcase(s, sec);
+
+    tcase_add_checked_fixture(sec2, NULL, teardown);
+    tcase_set_timeout(sec2, 120);
+    tcase_add_test(sec2, test_token_not_readable_through_files);
+    suite_add_tcase(s, sec2);
+    return lbt_run_suite(s);
+}
