@@ -305,6 +305,79 @@ START_TEST(test_host_shadow_refused)
 }
 END_TEST
 
+/* GET with a Range header; returns the response (caller frees). */
+static void get_range(const char *path, const char *range, const char *method, struct lbt_resp *r)
+{
+    char url[600], hdr[128];
+    const char *headers[] = {hdr, NULL};
+
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=%s", SBX, path);
+    snprintf(hdr, sizeof(hdr), "Range: %s", range);
+    lbt_request_ex(&D, method, url, "", NULL, 0, NULL, range ? headers : NULL, false, r);
+}
+
+START_TEST(test_range_and_head)
+{
+    static const struct {
+        const char *range;
+        long status;
+        const char *body, *content_range;
+    } cases[] = {
+        {"bytes=2-4", 206, "234", "Content-Range: bytes 2-4/10"},
+        {"bytes=5-", 206, "56789", "Content-Range: bytes 5-9/10"},
+        {"bytes=-3", 206, "789", "Content-Range: bytes 7-9/10"},
+        {"bytes=-30", 206, "0123456789", "Content-Range: bytes 0-9/10"},
+        {"bytes=8-100", 206, "89", "Content-Range: bytes 8-9/10"},
+        {"bytes=0-0", 206, "0", "Content-Range: bytes 0-0/10"},
+        /* not one satisfiable byte range: ignored, the whole file (RFC 9110) */
+        {"bytes=1-2,4-5", 200, "0123456789", NULL},
+        {"items=1-2", 200, "0123456789", NULL},
+        {"bytes=4-2", 200, "0123456789", NULL},
+    };
+    struct lbt_resp r;
+
+    lbt_file_put(&D, SBX, "", "/workspace/range.txt", NULL, "0123456789", 10, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        get_range("/workspace/range.txt", cases[i].range, "GET", &r);
+        ck_assert_msg(r.status == cases[i].status, "%s: %ld %s", cases[i].range, r.status, r.body);
+        ck_assert_uint_eq(r.len, strlen(cases[i].body));
+        ck_assert(memcmp(r.body, cases[i].body, r.len) == 0);
+        if (cases[i].content_range)
+            ck_assert_msg(strcasestr(r.headers, cases[i].content_range), "%s: headers %s",
+                          cases[i].range, r.headers);
+        else
+            ck_assert(!strcasestr(r.headers, "Content-Range"));
+        ck_assert(strcasestr(r.headers, "Accept-Ranges: bytes"));
+        lbt_resp_free(&r);
+    }
+    /* unsatisfiable: 416 with the size, as a JSON error */
+    get_range("/workspace/range.txt", "bytes=10-", "GET", &r);
+    lbt_assert_error(&r, 416, "range_not_satisfiable");
+    ck_assert(strcasestr(r.headers, "Content-Range: bytes */10"));
+    lbt_resp_free(&r);
+    get_range("/workspace/range.txt", "bytes=-0", "GET", &r);
+    lbt_assert_error(&r, 416, "range_not_satisfiable");
+    lbt_resp_free(&r);
+    /* HEAD: the headers of the GET, no body */
+    get_range("/workspace/range.txt", NULL, "HEAD", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, 0);
+    ck_assert_msg(strcasestr(r.headers, "Content-Length: 10"), "headers: %s", r.headers);
+    lbt_resp_free(&r);
+    get_range("/workspace/range.txt", "bytes=2-4", "HEAD", &r);
+    ck_assert_int_eq(r.status, 206);
+    ck_assert_uint_eq(r.len, 0);
+    ck_assert(strcasestr(r.headers, "Content-Length: 3"));
+    lbt_resp_free(&r);
+    get_range("/workspace/missing.txt", NULL, "HEAD", &r);
+    ck_assert_int_eq(r.status, 404);
+    ck_assert_uint_eq(r.len, 0);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("files");
@@ -321,6 +394,7 @@ int main(void)
     tcase_add_test(tc, test_invalid_paths);
     tcase_add_test(tc, test_symlink_to_host);
     tcase_add_test(tc, test_host_shadow_refused);
+    tcase_add_test(tc, test_range_and_head);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
