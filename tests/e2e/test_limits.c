@@ -175,6 +175,60 @@ START_TEST(test_concurrent_uploads_bounded_rss)
 }
 END_TEST
 
+struct exec_arg {
+    pthread_t thread;
+    long status;
+    bool truncated;
+};
+
+static void *flood_exec_thread(void *arg)
+{
+    struct exec_arg *e = arg;
+    struct lbt_resp r;
+
+    lbt_exec(&D, SBX, OPERATE, "{\"command\": \"yes | head -c 50000000\"}", &r);
+    e->status = r.status;
+    e->truncated = r.json && json_is_true(json_object_get(r.json, "stdout_truncated"));
+    lbt_resp_free(&r);
+    return NULL;
+}
+
+/* 24 concurrent output floods, three times: the daemon's peak stays bounded (at most
+ * max_output_bytes kept per stream), and the buffers go back to the system afterwards. */
+START_TEST(test_output_floods_bounded_and_returned)
+{
+    struct exec_arg ex[24];
+    long idle_kb = lbt_proc_status_kb(D.pid, "VmRSS"), peak_kb, after_kb;
+    long peak_bound_kb = 128 * 1024, after_bound_kb = 16 * 1024;
+
+#ifdef LBT_SANITIZED
+    peak_bound_kb *= 3;
+    after_bound_kb *= 4;
+#endif
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 24; i++)
+            ck_assert_int_eq(pthread_create(&ex[i].thread, NULL, flood_exec_thread, &ex[i]), 0);
+        for (int i = 0; i < 24; i++) {
+            pthread_join(ex[i].thread, NULL);
+            ck_assert_int_eq(ex[i].status, 200);
+            ck_assert(ex[i].truncated);
+        }
+    }
+    lbt_sleep_ms(500);
+    after_kb = lbt_proc_status_kb(D.pid, "VmRSS");
+    peak_kb = lbt_proc_status_kb(D.pid, "VmHWM");
+    fprintf(stderr,
+            "test_limits: daemon VmRSS idle %ld kB, after 3 x 24 output floods %ld kB, VmHWM %ld "
+            "kB\n",
+            idle_kb, after_kb, peak_kb);
+    ck_assert_msg(peak_kb - idle_kb < peak_bound_kb, "peak %ld kB from idle %ld kB", peak_kb,
+                  idle_kb);
+    ck_assert_msg(after_kb - idle_kb < after_bound_kb,
+                  "the daemon kept %ld kB after the floods (idle %ld kB)", after_kb - idle_kb,
+                  idle_kb);
+}
+END_TEST
+
 static int connect_from(const char *src_ip, const struct lbt_daemon *d, bool nonblock)
 {
     struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET};
@@ -426,6 +480,50 @@ static void teardown_low(void)
 {
     lbt_daemon_cleanup(&LOW);
 }
+
+/* The per-client limit the daemon logged at start. */
+static int logged_per_ip_limit(const struct lbt_daemon *d)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char *line = NULL, *p;
+    size_t cap = 0;
+    unsigned conns = 0, per_ip = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (getline(&line, &cap, f) > 0)
+        if ((p = strstr(line, "at most ")) && strstr(line, "per client address"))
+            sscanf(p, "at most %u connections (%u per client address)", &conns, &per_ip);
+    fclose(f);
+    free(line);
+    ck_assert_uint_gt(per_ip, 0);
+    return (int)per_ip;
+}
+
+START_TEST(test_per_client_limit)
+{
+    int per_ip = logged_per_ip_limit(&D), n = per_ip + 200, connected = 0, open = 0, closed, *fds;
+    double t0;
+
+    raise_own_fd_limit((rlim_t)n + 1024);
+    t0 = lbt_now();
+    fds = flood(&D, "127.0.0.3", n, &connected);
+    lbt_sleep_ms(300);
+    closed = count_closed(fds, n, &open);
+    fprintf(stderr, "test_limits: %d connections from 127.0.0.3 (limit %d): %d closed, %d open\n",
+            n, per_ip, closed, open);
+    /* well before header_timeout_s (3 s): only the per-client limit closes connections */
+    if (lbt_now() - t0 < 2.5) {
+        ck_assert_int_ge(closed, n - per_ip);
+        ck_assert_int_le(open, per_ip);
+        ck_assert_int_ge(open, per_ip / 2);
+    }
+    lbt_assert_healthy(&D);
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+}
+END_TEST
 
 START_TEST(test_low_fd_limit_flood)
 {
@@ -690,6 +788,7 @@ int main(void)
     tcase_set_timeout(mem, 300);
     tcase_add_test(mem, test_upload_larger_than_budget_streams);
     tcase_add_test(mem, test_concurrent_uploads_bounded_rss);
+    tcase_add_test(mem, test_output_floods_bounded_and_returned);
     tcase_add_test(mem, test_aborted_upload_leaves_no_temp_file);
     tcase_add_test(mem, test_over_limit_upload_leaves_no_temp_file);
     tcase_add_test(mem, test_inflight_budget_429);
@@ -698,6 +797,7 @@ int main(void)
     tcase_add_unchecked_fixture(conn, setup_connections, teardown);
     tcase_set_timeout(conn, 180);
     tcase_add_test(conn, test_idle_flood_healthz_and_exec_answer);
+    tcase_add_test(conn, test_per_client_limit);
     suite_add_tcase(s, conn);
 
     tcase_add_checked_fixture(low, NULL, teardown_low);
