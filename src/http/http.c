@@ -77,7 +77,7 @@ struct lb_request {
     bool too_large;
     bool overloaded;          /* the in-flight byte budget ran out while the body arrived */
     size_t reserved;          /* bytes of the in-flight budget this request holds */
-    struct lb_body_sink sink; /* streamed body; sink.fd >= 0 while open */
+    struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
     struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */

@@ -102,7 +102,7 @@ const char *http_query(struct lb_request *req, const char *key);
 const char *http_header(struct lb_request *req, const char *name);
 enum lb_principal http_principal(struct lb_request *req);
 const char *http_request_id(struct lb_request *req);
-/* The whole request body. */
+/* The whole request body (empty for raw_body routes: theirs streams, see http_body_sink). */
 const struct lb_buf *http_body(struct lb_request *req);
 /* Parse the body as one JSON object (depth-limited). -EINVAL with a message if not. The
  * caller owns *out. An empty body parses as {} when allow_empty. */
