@@ -567,14 +567,15 @@ static void sink_write(struct lb_request *req, const char *data, size_t n)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
-            if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG)
-                lb_error_set(&req->sink_err, -EFBIG,
-                             "the upload does not fit: the sandbox's file system there is full "
-                             "after %llu bytes (sized from its resources)",
-                             (unsigned long long)(req->streamed_bytes - n));
+            int e = errno;
+
+            if (req->sink.write_failed)
+                req->sink.write_failed(req->sink.arg, e, req->streamed_bytes, &req->sink_err);
+            else if (e == ENOSPC || e == EDQUOT || e == EFBIG)
+                lb_error_set(&req->sink_err, -EFBIG, "no space left for the upload");
             else
                 lb_error_set(&req->sink_err, -EREMOTEIO, "writing the upload failed: %s",
-                             strerror(errno));
+                             strerror(e));
             sink_abort(req);
             return;
         }

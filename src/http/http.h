@@ -150,6 +150,9 @@ struct lb_body_sink {
     int fd;
     lb_http_job_fn finish;
     void (*abort)(void *arg);
+    /* Optional, before abort when a write to fd failed (errnum, bytes written or tried): the
+     * error to answer with (e.g. -EFBIG naming the limit that was hit). */
+    int (*write_failed)(void *arg, int errnum, uint64_t bytes, struct lb_error *err);
     void *arg;
 };
 void http_body_sink(struct lb_request *req, const struct lb_body_sink *sink);

@@ -918,6 +918,13 @@ void lend_upload_abort(struct lb_lend *l, struct lb_upload *u)
     provider_upload_abort(u);
 }
 
+int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64_t bytes,
+                      struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_error(u, errnum, bytes, err);
+}
+
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err)
 {

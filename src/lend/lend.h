@@ -136,6 +136,9 @@ int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int m
                       struct lb_upload **out, struct lb_error *err);
 int lend_upload_commit(struct lb_lend *l, struct lb_upload *u, struct lb_error *err);
 void lend_upload_abort(struct lb_lend *l, struct lb_upload *u);
+/* The error of a failed write to u->fd (errnum, bytes written or tried): see provider.h. */
+int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64_t bytes,
+                      struct lb_error *err);
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err);
 

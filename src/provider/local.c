@@ -1179,6 +1179,7 @@ static const struct lb_provider_ops local_ops = {
     .upload_begin = local_upload_begin,
     .upload_commit = local_upload_commit,
     .upload_abort = local_upload_abort,
+    .upload_error = local_upload_error,
     .file_open = local_file_open,
     .list = local_list,
     .pause = local_pause,

@@ -364,6 +364,15 @@ out:
     return r;
 }
 
+int local_upload_error(struct lb_upload *base, int errnum, uint64_t bytes, struct lb_error *err)
+{
+    struct local_upload *u = (struct local_upload *)base;
+
+    if (errnum == ENOSPC || errnum == EDQUOT)
+        return no_space(u->dfd, (size_t)bytes, u->path, err);
+    return map_errno(errnum, u->path, err);
+}
+
 int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;

@@ -107,6 +107,16 @@ void provider_upload_abort(struct lb_upload *u)
         u->provider->ops->upload_abort(u);
 }
 
+int provider_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err)
+{
+    if (u->provider->ops->upload_error)
+        return u->provider->ops->upload_error(u, errnum, bytes, err);
+    if (errnum == ENOSPC || errnum == EDQUOT || errnum == EFBIG)
+        return lb_error_set(err, -EFBIG, "no space left in the sandbox after %llu bytes",
+                            (unsigned long long)bytes);
+    return lb_error_set(err, -EREMOTEIO, "writing the upload failed: %s", strerror(errnum));
+}
+
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
     if (!p || !p->ops->list)

@@ -171,6 +171,9 @@ struct lb_provider_ops {
     int (*upload_commit)(struct lb_upload *u, struct lb_error *err);
     /* Remove the temporary file and free u. Does not block on the sandbox. */
     void (*upload_abort)(struct lb_upload *u);
+    /* Describe a failed write(2) to u->fd (errnum, with bytes written or tried so far) as this
+     * provider's error: no space is -EFBIG naming the limit that was hit. May be NULL. */
+    int (*upload_error)(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
@@ -233,6 +236,7 @@ int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *re
                           int mode, struct lb_upload **out, struct lb_error *err);
 int provider_upload_commit(struct lb_upload *u, struct lb_error *err);
 void provider_upload_abort(struct lb_upload *u);
+int provider_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);

@@ -363,6 +363,13 @@ static void upload_abort(void *arg)
     free(u);
 }
 
+static int upload_write_failed(void *arg, int errnum, uint64_t bytes, struct lb_error *err)
+{
+    struct upload_job *u = arg;
+
+    return lend_upload_error(u->lend, u->upload, errnum, bytes, err);
+}
+
 static void file_put_open(struct lb_request *req, void *arg)
 {
     struct file_job *j = arg;
@@ -378,9 +385,11 @@ static void file_put_open(struct lb_request *req, void *arg)
         return;
     }
     u->lend = app->lend;
-    http_body_sink(
-        req, &(struct lb_body_sink){
-                 .fd = u->upload->fd, .finish = upload_finish, .abort = upload_abort, .arg = u});
+    http_body_sink(req, &(struct lb_body_sink){.fd = u->upload->fd,
+                                               .finish = upload_finish,
+                                               .abort = upload_abort,
+                                               .write_failed = upload_write_failed,
+                                               .arg = u});
 }
 
 int route_file_put(struct lb_request *req, struct lb_error *err)
