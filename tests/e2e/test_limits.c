@@ -49,7 +49,10 @@ static void start_with(const char *const *args)
 static void setup_memory(void)
 {
     static const char *const args[] = {"--set", "limits.max_inflight_bytes=1048576", "--set",
-                                       "limits.max_file_bytes=314572800", NULL};
+                                       "limits.max_file_bytes=314572800",
+                                       /* the workdir is a tmpfs of default_disk_mib: room for
+                                        * 8 x 128 MB at once */
+                                       "--set", "limits.default_disk_mib=1536", NULL};
 
     start_with(args);
 }
@@ -117,6 +120,7 @@ START_TEST(test_upload_larger_than_budget_streams)
     ck_assert_str_eq(tmp, "");
     free(tmp);
     free(buf);
+    free(lbt_sh(&D, SBX, "rm -r /workspace/big")); /* the workdir's room, for the next tests */
 }
 END_TEST
 
@@ -172,6 +176,7 @@ START_TEST(test_concurrent_uploads_bounded_rss)
                   idle_kb, peak_kb);
     assert_sandbox_file("/workspace/c/upload-7.bin", buf, len);
     free(buf);
+    free(lbt_sh(&D, SBX, "rm -r /workspace/c"));
 }
 END_TEST
 
