@@ -381,11 +381,6 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", errno);
         _exit(126);
     }
-    if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &s->nofile, NULL) < 0) {
-        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set the sandbox's open-file limit",
-                           errno);
-        _exit(126);
-    }
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
         syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
         local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
@@ -397,6 +392,12 @@ static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
         _exit(126);
     }
     (void)syscall(SYS_close_range, FD_COUNT, ~0U, 0);
+    /* only now: with many connections open, the daemon's fds (inherited until here) go past
+     * the sandbox's limit, and placing ours needs free numbers below it */
+    if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &s->nofile, NULL) < 0) {
+        local_child_report(FD_STDERR, "lendbox: cannot set the sandbox's open-file limit", errno);
+        _exit(126);
+    }
     execve(argv[0], argv, envp);
     local_child_report(FD_STDERR, "lendbox: cannot execute bwrap", errno);
     _exit(127);

@@ -154,10 +154,6 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
         local_child_report(st, "error cannot make a session keyring", errno);
         _exit(1);
     }
-    if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &f->nofile, NULL) < 0) {
-        local_child_report(st, "error cannot set the sandbox's open-file limit", errno);
-        _exit(1);
-    }
     for (i = 0; i < NS_COUNT; i++) {
         if (syscall(SYS_setns, f->ns[i], ns_types[i]) < 0) {
             local_child_report(st, "error cannot enter the sandbox namespaces", errno);
@@ -189,6 +185,12 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
             _exit(127);
         }
         (void)syscall(SYS_close_range, CH_COUNT, ~0U, 0);
+        /* only now: with many connections open, the daemon's fds (inherited until here) go
+         * past the sandbox's limit, and placing ours needs free numbers below it */
+        if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &f->nofile, NULL) < 0) {
+            local_child_report(CH_STATUS, "error cannot set the sandbox's open-file limit", errno);
+            _exit(127);
+        }
         execve(argv[0], argv, envp);
         local_child_report(CH_STATUS, "error cannot execute " LOCAL_SUPERVISE_PATH, errno);
         _exit(127);

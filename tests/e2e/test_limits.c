@@ -460,7 +460,13 @@ START_TEST(test_idle_flood_healthz_and_exec_answer)
     t0 = lbt_now();
     res = lbt_exec_ok(&D, SBX, OPERATE, "{\"command\": \"echo ok\"}");
     dt = lbt_now() - t0;
-    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "ok\n");
+    {
+        char *text = json_dumps(res, JSON_COMPACT);
+
+        ck_assert_msg(!strcmp(json_string_value(json_object_get(res, "stdout")), "ok\n"),
+                      "exec under the flood: %s", text);
+        free(text);
+    }
     json_decref(res);
     ck_assert_msg(dt < 1.0, "an exec took %.3f s under 10,000 idle connections", dt);
     fprintf(stderr, "test_limits: healthz and exec answered under the flood\n");
@@ -476,6 +482,37 @@ START_TEST(test_idle_flood_healthz_and_exec_answer)
             close(fds[i]);
     free(fds);
     lbt_assert_healthy(&D);
+}
+END_TEST
+
+/* 1500 open connections take every fd number below 1024 in the daemon: a new sandbox and an
+ * exec, whose processes get an fd limit of 1024 (local.sandbox_nofile), still start. */
+START_TEST(test_seed_and_exec_above_fd_1024)
+{
+    int connected = 0, *fds;
+    char sbx[128];
+    json_t *lease, *res;
+
+    raise_own_fd_limit(4096);
+    fds = flood(&D, "127.0.0.4", 1500, &connected);
+    ck_assert_int_eq(connected, 1500);
+    lbt_sleep_ms(200);
+    lease = lbt_seed(&D, "limits-highfd", "task", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"echo ok; ulimit -n\"}");
+    {
+        char *text = json_dumps(res, JSON_COMPACT);
+
+        ck_assert_msg(!strcmp(json_string_value(json_object_get(res, "stdout")), "ok\n1024\n"),
+                      "exec with 1500 connections open: %s", text);
+        free(text);
+    }
+    json_decref(res);
+    for (int i = 0; i < 1500; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
 }
 END_TEST
 
@@ -804,6 +841,7 @@ int main(void)
     tcase_set_timeout(conn, 180);
     tcase_add_test(conn, test_idle_flood_healthz_and_exec_answer);
     tcase_add_test(conn, test_per_client_limit);
+    tcase_add_test(conn, test_seed_and_exec_above_fd_1024);
     suite_add_tcase(s, conn);
 
     tcase_add_checked_fixture(low, NULL, teardown_low);
