@@ -855,6 +855,10 @@ int http_bind(const char *listen_spec, int *fd_out, char *bound, size_t bound_le
     else
         return lb_error_set(err, -EINVAL, "listen host too long");
     snprintf(port, sizeof(port), "%s", colon + 1);
+    /* getaddrinfo takes "99999" and the port silently wraps (to 34463): refuse it instead */
+    if (strspn(port, "0123456789") != strlen(port) || strtoul(port, NULL, 10) > 65535)
+        return lb_error_set(err, -EINVAL, "listen port must be a number from 0 to 65535, not '%s'",
+                            port);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;

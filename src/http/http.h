@@ -77,8 +77,8 @@ struct lb_http_config {
     struct lb_pool *control_pool; /* deferred work of control routes; NULL: pool */
 };
 
-/* Make the listening socket for listen ("HOST:PORT": IPv4, [IPv6] or a name; port 0 picks a
- * free port) and write the address as bound ("127.0.0.1:41234") into bound. *fd_out is the
+/* Make the listening socket for listen ("HOST:PORT": IPv4, [IPv6] or a name; PORT 0-65535, 0 picks
+ * a free port) and write the address as bound ("127.0.0.1:41234") into bound. *fd_out is the
  * caller's until http_start takes it. Errors: -EINVAL (bad address), -EADDRINUSE, -errno. */
 int http_bind(const char *listen, int *fd_out, char *bound, size_t bound_len, struct lb_error *err);
 

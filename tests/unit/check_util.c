@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "http/http.h"
 #include "pool/pool.h"
 #include "provider/provider.h"
 #include "util/buf.h"
@@ -226,6 +227,29 @@ static void pool_job(void *arg)
     atomic_fetch_add(&pool_ran, 1);
 }
 
+/* --listen takes HOST:PORT with a port from 0 to 65535; nothing wraps silently. */
+START_TEST(test_listen_spec)
+{
+    static const char *const bad[] = {"127.0.0.1:99999", "127.0.0.1:65536",
+                                      "127.0.0.1:-1",    "127.0.0.1:8a",
+                                      "127.0.0.1:",      "8787",
+                                      ":8787",           NULL};
+    char bound[128];
+    int fd = -1;
+
+    for (int i = 0; bad[i]; i++) {
+        struct lb_error e = {0};
+
+        ck_assert_msg(http_bind(bad[i], &fd, bound, sizeof(bound), &e) == -EINVAL, "%s", bad[i]);
+        ck_assert_int_eq(fd, -1);
+    }
+    ck_assert_int_eq(http_bind("127.0.0.1:0", &fd, bound, sizeof(bound), NULL), 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_ptr_nonnull(strstr(bound, "127.0.0.1:"));
+    close(fd);
+}
+END_TEST
+
 START_TEST(test_pool_bounded)
 {
     struct lb_pool *p = NULL;
@@ -336,6 +360,7 @@ int main(void)
     tcase_add_test(tc, test_fault_spec);
     tcase_add_test(tc, test_error_mapping);
     tcase_add_test(tc, test_paths);
+    tcase_add_test(tc, test_listen_spec);
     tcase_add_test(tc, test_pool_bounded);
     tcase_add_test(tc, test_pool_keyed);
     suite_add_tcase(s, tc);
