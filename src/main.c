@@ -29,6 +29,7 @@
 #include "provider/fault.h"
 #include "provider/local.h"
 #include "routes/routes.h"
+#include "image/image.h"
 #include "store/store.h"
 #include "util/clock.h"
 #include "util/config.h"
@@ -341,6 +342,78 @@ static char *default_supervise_path(void)
     return NULL;
 }
 
+/* local.images_dir, or <state_dir>/images. Returns a malloc'd path or NULL. */
+static char *images_dir_of(const struct lb_config *cfg)
+{
+    char *p = NULL;
+
+    if (cfg->images_dir)
+        return strdup(cfg->images_dir);
+    return asprintf(&p, "%s/images", cfg->state_dir) < 0 ? NULL : p;
+}
+
+/* lendboxd image import SOURCE NAME | list | rm NAME. Returns the exit status. */
+static int image_command(const struct lb_config *cfg, int argc, char **argv)
+{
+    char *dir = images_dir_of(cfg), path[PATH_MAX];
+    struct lb_error err = {0};
+    struct lb_image_info info, *all = NULL;
+    struct lb_store *store = NULL;
+    int64_t users = 0;
+    size_t n = 0, i;
+    bool existed;
+    int rc = 1;
+
+    umask(022);
+    if (!dir) {
+        fprintf(stderr, "lendboxd: out of memory\n");
+        return 1;
+    }
+    if (argc == 3 && strcmp(argv[0], "import") == 0) {
+        if (image_import(dir, argv[1], argv[2], &info, &existed, &err) < 0)
+            goto fail;
+        printf("%s %s %lld%s\n", info.name, info.digest, (long long)info.size_bytes,
+               existed ? " (already stored)" : "");
+        rc = 0;
+    } else if (argc == 1 && strcmp(argv[0], "list") == 0) {
+        if (image_list(dir, &all, &n, &err) < 0)
+            goto fail;
+        for (i = 0; i < n; i++)
+            printf("%s %s %lld %lld\n", all[i].name, all[i].digest, (long long)all[i].size_bytes,
+                   (long long)all[i].created_at);
+        rc = 0;
+    } else if (argc == 2 && strcmp(argv[0], "rm") == 0) {
+        /* refused while a record not yet stopped names it (the daemon may be running) */
+        snprintf(path, sizeof(path), "%s/lendbox.db", cfg->state_dir);
+        if (image_get(dir, argv[1], &info, &err) < 0 || store_open(path, &store, &err) < 0 ||
+            store_count_using_image(store, argv[1], &users, &err) < 0)
+            goto fail;
+        if (users > 0) {
+            lb_error_set(&err, -EBUSY, "image '%s' is in use by %lld sandbox(es)", argv[1],
+                         (long long)users);
+            goto fail;
+        }
+        if (image_remove(dir, argv[1], &err) < 0)
+            goto fail;
+        rc = 0;
+    } else {
+        fprintf(stderr, "usage: lendboxd [OPTIONS] image import SOURCE NAME\n"
+                        "       lendboxd [OPTIONS] image list\n"
+                        "       lendboxd [OPTIONS] image rm NAME\n"
+                        "SOURCE: docker-archive:PATH, oci-archive:PATH, oci:DIR[:TAG] or a path\n");
+        rc = 2;
+    }
+    goto out;
+fail:
+    fprintf(stderr, "lendboxd: image: %s\n", err.message);
+out:
+    if (store)
+        store_close(store);
+    free(all);
+    free(dir);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -373,6 +446,7 @@ int main(int argc, char **argv)
                                 .cond = PTHREAD_COND_INITIALIZER};
     bool dw_started = false;
     char *admin_token = NULL, *operate_hex = NULL, *supervise = NULL, *public_url = NULL;
+    char *images_dir = NULL;
     char path[PATH_MAX], admin_hash[LB_SHA256_HEX + 1];
     unsigned char operate_key[OPERATE_KEY_BYTES];
     sigset_t sigs;
@@ -422,7 +496,7 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (optind < argc) {
+    if (optind < argc && strcmp(argv[optind], "image") != 0) {
         fprintf(stderr, "lendboxd: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         rc = 2;
@@ -445,6 +519,11 @@ int main(int argc, char **argv)
             goto fail;
         if (fault_enabled())
             log_warn("FAULT INJECTION IS ON (%s): this daemon will fail on purpose", faults);
+    }
+
+    if (optind < argc) { /* "image ...": the image store subcommand, no daemon */
+        rc = image_command(&cfg, argc - optind - 1, argv + optind + 1);
+        goto out;
     }
 
     /* Process-wide setup before any thread exists. */
@@ -549,11 +628,18 @@ int main(int argc, char **argv)
         lb_error_set(&err, -ENOENT, "lendbox-supervise not found; set local.supervise");
         goto fail;
     }
+    images_dir = images_dir_of(&cfg);
+    if (!images_dir || image_store_init(images_dir, &err) < 0 ||
+        image_store_clean_tmp(images_dir, &err) < 0) {
+        if (!images_dir)
+            lb_error_set(&err, -ENOMEM, "out of memory");
+        goto fail;
+    }
     struct lb_local_config lc = {
         .state_dir = cfg.state_dir,
         .bwrap_path = cfg.bwrap_path,
         .supervise_path = supervise,
-        .images_dir = cfg.images_dir,
+        .images_dir = images_dir,
         .cgroup_parent = cfg.cgroup_parent,
         .uid_base = cfg.uid_base ? (uint32_t)cfg.uid_base
                                  : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
@@ -751,6 +837,7 @@ out:
     free(admin_token);
     free(operate_hex);
     free(supervise);
+    free(images_dir);
     free(public_url);
     config_release(&cfg);
     return rc;

@@ -1,0 +1,226 @@
+/*
+ * test_images.c - issue 9, the image store: images built on this machine from the
+ * busybox-static package (tests/images/make-test-image), nothing from a registry.
+ *
+ * - `lendboxd image import` from a docker-save tarball, an OCI archive and an OCI layout;
+ *   importing the same image again unpacks nothing ("already stored") and leaves the stored
+ *   tree byte-identical; `image list` shows names, digests and sizes; `image rm` removes the
+ *   name and, with its last name, the tree; bad names, registry sources and unknown images
+ *   are refused
+ * - a seed naming an imported image runs on it (the image's /etc/os-release, not the host's);
+ *   `image rm` is refused while the sandbox is live and works after its release
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static char img_dir[64]; /* made by make-test-image */
+static char state[64];   /* a state dir for the subcommand-only tests */
+
+static void build_image(void)
+{
+    char cmd[512];
+
+    snprintf(img_dir, sizeof(img_dir), "/tmp/lbt-img-%d", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "%s/tests/images/make-test-image %s lbt-marker-%d >/dev/null",
+             getenv("LENDBOX_SRCDIR"), img_dir, (int)getpid());
+    ck_assert_msg(system(cmd) == 0, "make-test-image failed");
+}
+
+static void setup(void)
+{
+    build_image();
+    snprintf(state, sizeof(state), "/tmp/lbt-imgstate-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(state));
+}
+
+static void teardown(void)
+{
+    char cmd[256];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf %s %s", img_dir, state);
+    (void)system(cmd);
+}
+
+/* Run `lendboxd -s state_dir image ARGS`; *out gets stdout+stderr (caller frees); returns the
+ * exit status. */
+static int image_cli(const char *state_dir, const char *args, char **out)
+{
+    char cmd[1024], buf[4096];
+    size_t n;
+    FILE *p;
+    int st;
+
+    snprintf(cmd, sizeof(cmd), "%s -s %s image %s 2>&1", getenv("LENDBOXD"), state_dir, args);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    n = fread(buf, 1, sizeof(buf) - 1, p);
+    buf[n] = '\0';
+    st = pclose(p);
+    *out = strdup(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* sha256 over every path, mode, owner and content of a tree */
+static char *tree_sum(const char *dir)
+{
+    char cmd[512], buf[128] = "";
+    FILE *p;
+
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && find . -printf '%%p %%m %%U %%G %%l\\n' | sort | sha256sum; "
+             "find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum",
+             dir);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    ck_assert(fread(buf, 1, sizeof(buf) - 1, p) > 64);
+    pclose(p);
+    return strdup(buf);
+}
+
+static void assert_has(const char *text, const char *needle)
+{
+    ck_assert_msg(strstr(text, needle), "'%s' not in: %s", needle, text);
+}
+
+START_TEST(test_import_list_rm)
+{
+    char args[512], path[256], *out, *sum1, *sum2, digest[80];
+    struct stat st;
+
+    /* docker-save tarball */
+    snprintf(args, sizeof(args), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 0);
+    assert_has(out, "busy sha256:");
+    ck_assert_ptr_null(strstr(out, "already stored"));
+    ck_assert_int_eq(sscanf(strstr(out, "sha256:"), "%79s", digest), 1);
+    free(out);
+    snprintf(path, sizeof(path), "%s/images/busy", state);
+    sum1 = tree_sum(path);
+    snprintf(path, sizeof(path), "%s/images/busy/etc/os-release", state);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_uid, 0); /* owned as the image says, not by the importer */
+
+    /* again: nothing unpacked, the tree unchanged */
+    snprintf(args, sizeof(args), "import docker-archive:%s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 0);
+    assert_has(out, "(already stored)");
+    assert_has(out, digest);
+    free(out);
+    snprintf(path, sizeof(path), "%s/images/busy", state);
+    sum2 = tree_sum(path);
+    ck_assert_str_eq(sum1, sum2);
+    free(sum2);
+
+    /* OCI archive and OCI layout: the same OCI image, one tree for both names */
+    snprintf(args, sizeof(args), "import oci-archive:%s/image.oci.tar busy-oci", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 0);
+    ck_assert_ptr_null(strstr(out, "already stored"));
+    free(out);
+    snprintf(args, sizeof(args), "import %s/layout busy-layout", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 0);
+    assert_has(out, "(already stored)");
+    free(out);
+
+    ck_assert_int_eq(image_cli(state, "list", &out), 0);
+    assert_has(out, "busy sha256:");
+    assert_has(out, "busy-layout sha256:");
+    assert_has(out, "busy-oci sha256:");
+    free(out);
+
+    /* refused: bad names, registry sources, missing sources, unknown images */
+    snprintf(args, sizeof(args), "import %s/image.tar host", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 1);
+    assert_has(out, "invalid image name");
+    free(out);
+    snprintf(args, sizeof(args), "import %s/image.tar ../x", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 1);
+    free(out);
+    ck_assert_int_eq(image_cli(state, "import docker://debian:12 deb", &out), 1);
+    assert_has(out, "unsupported image source");
+    free(out);
+    ck_assert_int_eq(image_cli(state, "import /nonexistent/image.tar x", &out), 1);
+    free(out);
+    snprintf(args, sizeof(args), "import %s/layout/index.json bad", img_dir);
+    ck_assert_int_eq(image_cli(state, args, &out), 1);
+    free(out);
+    ck_assert_int_eq(image_cli(state, "rm nope", &out), 1);
+    assert_has(out, "no image 'nope'");
+    free(out);
+
+    /* no half import is left behind */
+    snprintf(args, sizeof(args), "ls -A %s/images/.store/tmp | wc -l | grep -qx 0", state);
+    ck_assert_int_eq(system(args), 0);
+
+    /* rm: the name goes; the shared tree stays until its last name goes */
+    ck_assert_int_eq(image_cli(state, "rm busy-oci", &out), 0);
+    free(out);
+    snprintf(path, sizeof(path), "%s/images/busy-layout/etc/os-release", state);
+    ck_assert(lbt_path_exists(path));
+    ck_assert_int_eq(image_cli(state, "rm busy-layout", &out), 0);
+    free(out);
+    ck_assert_int_eq(image_cli(state, "rm busy", &out), 0);
+    free(out);
+    ck_assert_int_eq(image_cli(state, "list", &out), 0);
+    ck_assert_str_eq(out, "");
+    free(out);
+    snprintf(args, sizeof(args), "ls -A %s/images/.store/sha256 | wc -l | grep -qx 0", state);
+    ck_assert_int_eq(system(args), 0);
+    free(sum1);
+}
+END_TEST
+
+START_TEST(test_seed_on_image_and_rm_in_use)
+{
+    struct lbt_daemon d;
+    char args[512], *out, *text, sbx[64];
+    json_t *lease;
+    struct lbt_resp r;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(args, sizeof(args), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
+
+    lease = lbt_seed(&d, "rs-img", "task-img", "\"image\": \"busy\"");
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "busy");
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    text = lbt_sh(&d, sbx, "cat /etc/os-release");
+    snprintf(args, sizeof(args), "ID=lbt-marker-%d", (int)getpid());
+    assert_has(text, args);
+    free(text);
+
+    ck_assert_int_eq(image_cli(d.state_dir, "rm busy", &out), 1);
+    assert_has(out, "in use");
+    free(out);
+    ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
+    assert_has(out, "busy sha256:");
+    free(out);
+
+    lbt_json(&d, "POST", "/v1/sessions/rs-img/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(image_cli(d.state_dir, "rm busy", &out), 0);
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("images");
+    TCase *tc = tcase_create("store");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_import_list_rm);
+    tcase_add_test(tc, test_seed_on_image_and_rm_in_use);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
