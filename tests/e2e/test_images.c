@@ -212,6 +212,106 @@ START_TEST(test_seed_on_image_and_rm_in_use)
 }
 END_TEST
 
+/* mounts of the host's mount table whose line contains needle */
+static int count_mounts(const char *needle)
+{
+    char line[8192];
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+static void seed_on(struct lbt_daemon *d, const char *rsid, const char *extra, char *sbx,
+                    size_t size)
+{
+    json_t *lease = lbt_seed(d, rsid, "task-img", extra);
+
+    snprintf(sbx, size, "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+}
+
+static void release(struct lbt_daemon *d, const char *rsid)
+{
+    struct lbt_resp r;
+    char path[128];
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
+    lbt_json(d, "POST", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
+    lbt_resp_free(&r);
+}
+
+START_TEST(test_writable_root)
+{
+    struct lbt_daemon d;
+    char args[512], path[512], host_marker[128], a[64], b[64], *out, *text, *before, *after;
+    json_t *res;
+    FILE *f;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(args, sizeof(args), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
+    snprintf(path, sizeof(path), "%s/images/busy", d.state_dir);
+    before = tree_sum(path);
+    /* a host-only file under the host's /root */
+    snprintf(host_marker, sizeof(host_marker), "/root/lbt-host-marker-%d", (int)getpid());
+    f = fopen(host_marker, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("host\n", f);
+    fclose(f);
+
+    seed_on(&d, "rs-img-a", "\"image\": \"busy\"", a, sizeof(a));
+    seed_on(&d, "rs-img-b", "\"image\": \"busy\"", b, sizeof(b));
+    /* the image's root, owned by the sandbox's root; no host file */
+    text = lbt_sh(&d, a, "stat -c %u /etc/os-release /bin/busybox; ls -A /root; echo end");
+    ck_assert_str_eq(text, "0\n0\nend\n");
+    free(text);
+    /* apt-get-style writes into /usr/local/bin and /etc succeed as the sandbox's root */
+    text = lbt_sh(&d, a,
+                  "echo 'echo tool-ran' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool && "
+                  "echo changed > /etc/os-release && echo new > /etc/new.conf && "
+                  "rm /bin/ls && tool && cat /etc/os-release");
+    ck_assert_str_eq(text, "tool-ran\nchanged\n");
+    free(text);
+    /* ... privately: the other sandbox on the same image sees the image */
+    text = lbt_sh(&d, b,
+                  "ls /usr/local/bin /etc/new.conf 2>&1; test -e /bin/ls && echo has-ls; "
+                  "cat /etc/os-release");
+    ck_assert_ptr_nonnull(strstr(text, "No such file"));
+    ck_assert_ptr_nonnull(strstr(text, "has-ls"));
+    snprintf(args, sizeof(args), "ID=lbt-marker-%d", (int)getpid());
+    ck_assert_ptr_nonnull(strstr(text, args));
+    free(text);
+    /* the writable root is sized by resources.disk_mib */
+    release(&d, "rs-img-b");
+    seed_on(&d, "rs-img-c", "\"image\": \"busy\", \"resources\": {\"disk_mib\": 8}", b, sizeof(b));
+    res = lbt_exec_ok(&d, b, "",
+                      "{\"command\": \"dd if=/dev/zero of=/big bs=1M count=16 2>&1; echo rc=$?\"}");
+    text = (char *)json_string_value(json_object_get(res, "stdout"));
+    ck_assert_msg(strstr(text, "No space left on device") && strstr(text, "rc=1"), "%s", text);
+    json_decref(res);
+
+    /* the daemon killed -9 and restarted: a release still unmounts everything */
+    lbt_daemon_kill(&d);
+    lbt_daemon_restart(&d, NULL);
+    release(&d, "rs-img-a");
+    release(&d, "rs-img-c");
+    ck_assert_int_eq(count_mounts(d.state_dir), 0);
+    after = tree_sum(path);
+    ck_assert_str_eq(before, after); /* the image is byte-identical */
+    free(before);
+    free(after);
+    unlink(host_marker);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("images");
@@ -221,6 +321,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_import_list_rm);
     tcase_add_test(tc, test_seed_on_image_and_rm_in_use);
+    tcase_add_test(tc, test_writable_root);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
