@@ -479,7 +479,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = provider_create(l->prov, &ref, &spec, &desc, &perr);
     if (r < 0) {
         /* bad input, an unenforceable request or no free sandbox uid keep their status */
-        r = lb_error_set(err, r == -EINVAL || r == -EOPNOTSUPP || r == -EUSERS ? r : -EREMOTEIO,
+        r = lb_error_set(err,
+                         r == -EINVAL || r == -EOPNOTSUPP || r == -EUSERS ||
+                                 r == -LB_E_IMAGE_NOT_FOUND
+                             ? r
+                             : -EREMOTEIO,
                          "sandbox could not start: %s", perr.message);
         goto rollback;
     }

@@ -646,10 +646,10 @@ static int image_root(struct local_provider *lp, const char *image, char *buf, s
         return 0;
     }
     if (!local_id_is_valid(image) || !lp->images_dir)
-        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     snprintf(buf, size, "%s/%s", lp->images_dir, image);
     if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
-        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     return 0;
 }
 

@@ -187,6 +187,15 @@ START_TEST(test_seed_on_image_and_rm_in_use)
     ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
     free(out);
 
+    /* unknown image: 404 image_not_found, nothing lent */
+    lbt_json(&d, "POST", "/v1/sessions/rs-noimg/seed", "",
+             "{\"task_id\": \"t\", \"image\": \"no-such-image\"}", &r);
+    lbt_assert_error(&r, 404, "image_not_found");
+    lbt_resp_free(&r);
+    lbt_json(&d, "GET", "/v1/sessions/rs-noimg", "", NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+
     lease = lbt_seed(&d, "rs-img", "task-img", "\"image\": \"busy\"");
     ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "busy");
     snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
