@@ -718,6 +718,7 @@ int main(int argc, char **argv)
         .session_lock_wait_s = cfg.session_lock_wait_s,
         .max_output_bytes = (size_t)cfg.max_output_bytes,
         .default_image = cfg.default_image,
+        .images_dir = images_dir,
         .workdir = cfg.workdir,
         .public_url = cfg.public_url ? cfg.public_url : public_url,
         .admin_token_hash = admin_hash,

@@ -484,6 +484,40 @@ int image_get(const char *images_dir, const char *name, struct lb_image_info *ou
     return read_info(images_dir, name, hex, out, err);
 }
 
+int image_read_config(const char *images_dir, const char *name, json_t **env_out,
+                      char **working_dir_out, struct lb_error *err)
+{
+    char hex[65], p[IMAGE_PATH_MAX + 128];
+    json_error_t je;
+    json_t *j, *env, *wd;
+    int r;
+
+    if (env_out)
+        *env_out = NULL;
+    if (working_dir_out)
+        *working_dir_out = NULL;
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    j = json_load_file(p, 0, &je);
+    if (!j)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    env = json_object_get(j, "env");
+    wd = json_object_get(j, "working_dir");
+    if (env_out && json_is_array(env))
+        *env_out = json_incref(env);
+    if (working_dir_out && json_is_string(wd) && json_string_length(wd) > 0) {
+        *working_dir_out = strdup(json_string_value(wd));
+        if (!*working_dir_out)
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    json_decref(j);
+    return r;
+}
+
 static int cmp_info(const void *a, const void *b)
 {
     return strcmp(((const struct lb_image_info *)a)->name, ((const struct lb_image_info *)b)->name);

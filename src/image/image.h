@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#include <jansson.h>
+
 #include "util/error.h"
 
 #define LB_IMAGE_NAME_MAX 128
@@ -70,6 +72,13 @@ int image_import(const char *images_dir, const char *source, const char *name,
  * directory placed by hand is not an imported image), or a negative errno. */
 int image_get(const char *images_dir, const char *name, struct lb_image_info *out,
               struct lb_error *err);
+
+/* The run config of the imported image name: *env_out (may be NULL) gets its config Env (a
+ * JSON array of "K=V" strings, or NULL when it has none; the caller decrefs), *working_dir_out
+ * (may be NULL) its WorkingDir (malloc'd, NULL when it has none). Returns 0, -ENOENT (not an
+ * imported image, e.g. a tree placed by hand: no config), or a negative errno. */
+int image_read_config(const char *images_dir, const char *name, json_t **env_out,
+                      char **working_dir_out, struct lb_error *err);
 
 /* Every named imported image, sorted by name. *out is a malloc'd array of *n entries (the
  * caller frees it); empty store: *out NULL, *n 0. Returns 0 or a negative errno. */

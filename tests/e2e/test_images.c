@@ -281,6 +281,17 @@ START_TEST(test_writable_root)
     text = lbt_sh(&d, a, "stat -c %u /etc/os-release /bin/busybox; ls -A /root; echo end");
     ck_assert_str_eq(text, "0\n0\nend\n");
     free(text);
+    /* the image's Env and WorkingDir apply to exec; explicit env and cwd override them */
+    text = lbt_sh(&d, a, "pwd; echo $LB_IMAGE_VAR; echo $PATH");
+    snprintf(path, sizeof(path), "/srv\nlbt-marker-%d\n/usr/local/bin:/bin\n", (int)getpid());
+    ck_assert_str_eq(text, path);
+    free(text);
+    res = lbt_exec_ok(&d, a, "",
+                      "{\"command\": \"pwd; echo $LB_IMAGE_VAR\", \"cwd\": \"/workspace\", "
+                      "\"env\": {\"LB_IMAGE_VAR\": \"mine\"}}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "/workspace\nmine\n");
+    json_decref(res);
+    snprintf(path, sizeof(path), "%s/images/busy", d.state_dir);
     /* apt-get-style writes into /usr/local/bin and /etc succeed as the sandbox's root */
     text = lbt_sh(&d, a,
                   "echo 'echo tool-ran' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool && "
