@@ -679,6 +679,8 @@ int main(int argc, char **argv)
         goto fail;
     }
     app.pool = pool;
+    app.store = store;
+    app.images_dir = images_dir;
     app.max_exec_timeout_s = cfg.max_exec_timeout_s;
     app.default_exec_timeout_s = 180;
     if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {

@@ -208,6 +208,29 @@ START_TEST(test_seed_on_image_and_rm_in_use)
     ck_assert_int_eq(image_cli(d.state_dir, "rm busy", &out), 1);
     assert_has(out, "in use");
     free(out);
+    /* the same over HTTP: listed, DELETE refused while in use, upload import not built yet */
+    lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    {
+        json_t *imgs = json_object_get(r.json, "images"), *img = json_array_get(imgs, 0);
+
+        ck_assert_int_eq(json_array_size(imgs), 1);
+        ck_assert_str_eq(json_string_value(json_object_get(img, "name")), "busy");
+        ck_assert_int_eq(strncmp(json_string_value(json_object_get(img, "digest")), "sha256:", 7),
+                         0);
+        ck_assert_int_gt(json_integer_value(json_object_get(img, "size_bytes")), 1000000);
+        ck_assert_int_gt(json_integer_value(json_object_get(img, "created_at")), 0);
+    }
+    lbt_resp_free(&r);
+    lbt_request(&d, "DELETE", "/v1/images/busy", "", NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_request(&d, "POST", "/v1/images?name=x", "", "abc", 3, "application/x-tar", &r);
+    lbt_assert_error(&r, 501, "not_implemented");
+    lbt_resp_free(&r);
+    lbt_request(&d, "GET", "/v1/images", NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
     ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
     assert_has(out, "busy sha256:");
     free(out);
@@ -215,7 +238,17 @@ START_TEST(test_seed_on_image_and_rm_in_use)
     lbt_json(&d, "POST", "/v1/sessions/rs-img/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     lbt_resp_free(&r);
-    ck_assert_int_eq(image_cli(d.state_dir, "rm busy", &out), 0);
+    lbt_request(&d, "DELETE", "/v1/images/busy", "", NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_request(&d, "DELETE", "/v1/images/busy", "", NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 404, "image_not_found");
+    lbt_resp_free(&r);
+    lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
+    ck_assert_int_eq(json_array_size(json_object_get(r.json, "images")), 0);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
+    ck_assert_str_eq(out, "");
     free(out);
     lbt_daemon_cleanup(&d);
 }
