@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/fault.h"
 #include "util/log.h"
 
 #define STORE ".store"
@@ -445,6 +446,8 @@ int image_import(const char *images_dir, const char *source, const char *name,
     had = stat(stored, &st) == 0;
     if (!had) {
         r = unpack_image(layout, entry, work, digest, config, err);
+        if (r == 0) /* tests: a crash (delay + kill -9) or failure right before publishing */
+            r = fault_hit("image.publish", 0, err);
         if (r < 0)
             goto out;
         if (rename(entry, stored) < 0 && errno != EEXIST && errno != ENOTEMPTY) {

@@ -10,6 +10,7 @@
  * - a seed naming an imported image runs on it (the image's /etc/os-release, not the host's);
  *   `image rm` is refused while the sandbox is live and works after its release
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,63 @@ START_TEST(test_seed_on_image_and_rm_in_use)
 }
 END_TEST
 
+START_TEST(test_interrupted_import)
+{
+    char cmd[1024], *out;
+    struct lbt_daemon d;
+    pid_t pid;
+    int st;
+
+    /* a failure right before publishing: nothing named, nothing stored, nothing left */
+    snprintf(cmd, sizeof(cmd),
+             "LENDBOX_FAULTS=image.publish=fail %s -s %s image import %s/image.tar busy "
+             ">/dev/null 2>&1",
+             getenv("LENDBOXD"), state, img_dir);
+    st = system(cmd);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    ck_assert_int_eq(image_cli(state, "list", &out), 0);
+    ck_assert_str_eq(out, "");
+    free(out);
+    snprintf(cmd, sizeof(cmd),
+             "test -z \"$(find %s/images/.store/tmp %s/images/.store/sha256 -mindepth 1)\"", state,
+             state);
+    ck_assert_int_eq(system(cmd), 0);
+
+    /* kill -9 while unpacked but not published: no half image visible; the daemon's start
+     * removes what the import left */
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char src[128];
+
+        snprintf(src, sizeof(src), "%s/image.tar", img_dir);
+        setenv("LENDBOX_FAULTS", "image.publish=delay:60000", 1);
+        execl(getenv("LENDBOXD"), "lendboxd", "-s", state, "image", "import", src, "busy",
+              (char *)NULL);
+        _exit(127);
+    }
+    snprintf(cmd, sizeof(cmd), "ls %s/images/.store/tmp/*/entry/image.json >/dev/null 2>&1", state);
+    for (int i = 0; i < 400 && system(cmd) != 0; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(system(cmd), 0); /* unpacked, waiting to publish */
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    ck_assert_int_eq(image_cli(state, "list", &out), 0);
+    ck_assert_str_eq(out, "");
+    free(out);
+    lbt_daemon_start_at(&d, state, NULL, NULL);
+    snprintf(cmd, sizeof(cmd),
+             "test -z \"$(find %s/images/.store/tmp %s/images/.store/sha256 -mindepth 1)\"", state,
+             state);
+    ck_assert_int_eq(system(cmd), 0);
+    /* and an import afterwards works */
+    snprintf(cmd, sizeof(cmd), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(state, cmd, &out), 0);
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* mounts of the host's mount table whose line contains needle */
 static int count_mounts(const char *needle)
 {
@@ -375,6 +433,7 @@ int main(void)
     tcase_add_test(tc, test_import_list_rm);
     tcase_add_test(tc, test_seed_on_image_and_rm_in_use);
     tcase_add_test(tc, test_writable_root);
+    tcase_add_test(tc, test_interrupted_import);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
