@@ -55,13 +55,13 @@ int image_store_init(const char *images_dir, struct lb_error *err)
     char p[IMAGE_PATH_MAX];
     int r;
 
-    r = mkdir_mode(images_dir, 0711);
+    r = mkdir_mode(images_dir, 0700);
     snprintf(p, sizeof(p), "%s/" STORE, images_dir);
     if (r == 0)
-        r = mkdir_mode(p, 0711);
+        r = mkdir_mode(p, 0700);
     snprintf(p, sizeof(p), "%s/" STORE "/sha256", images_dir);
     if (r == 0)
-        r = mkdir_mode(p, 0711);
+        r = mkdir_mode(p, 0700);
     snprintf(p, sizeof(p), "%s/" STORE "/tmp", images_dir);
     if (r == 0)
         r = mkdir_mode(p, 0700);
@@ -322,7 +322,7 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
     snprintf(rootfs, sizeof(rootfs), "%s/rootfs", entry);
     snprintf(log_path, sizeof(log_path), "%s/umoci.log", work);
     snprintf(meta, sizeof(meta), "%s/image.json", entry);
-    if (mkdir(entry, 0711) < 0)
+    if (mkdir(entry, 0700) < 0)
         return lb_error_set(err, -errno, "cannot make '%s': %s", entry, strerror(errno));
     r = run_tool(argv, log_path, work, err);
     if (r < 0)

@@ -48,7 +48,9 @@ struct lb_image_info {
  * LB_IMAGE_NAME_MAX bytes, and not "host" (the host's root is not a stored image). */
 bool image_name_is_valid(const char *name);
 
-/* Make images_dir (0711: sandbox uids must reach image trees below it) and its .store dirs.
+/* Make images_dir and its .store dirs, 0700: only root reaches the trees (their setuid files and
+ * device nodes are root's as the image says; sandboxes see them only through the nosuid, nodev
+ * mounts local_image_mount makes).
  * Returns 0 or a negative errno with err set. */
 int image_store_init(const char *images_dir, struct lb_error *err);
 

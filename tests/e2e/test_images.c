@@ -372,6 +372,19 @@ START_TEST(test_writable_root)
     text = lbt_sh(&d, a, "stat -c %u /etc/os-release /bin/busybox; ls -A /root; echo end");
     ck_assert_str_eq(text, "0\n0\nend\n");
     free(text);
+    /* setuid bits and device nodes of the image grant nothing: / is nosuid, nodev; the
+     * store itself is root's alone */
+    text = lbt_sh(&d, a, "grep ' / / ' /proc/self/mountinfo");
+    ck_assert_msg(strstr(text, "nosuid") && strstr(text, "nodev"), "%s", text);
+    free(text);
+    {
+        struct stat sst;
+        char store[300];
+
+        snprintf(store, sizeof(store), "%s/images", d.state_dir);
+        ck_assert_int_eq(stat(store, &sst), 0);
+        ck_assert_int_eq(sst.st_mode & 07777, 0700);
+    }
     /* the image's Env and WorkingDir apply to exec; explicit env and cwd override them */
     text = lbt_sh(&d, a, "pwd; echo $LB_IMAGE_VAR; echo $PATH");
     snprintf(path, sizeof(path), "/srv\nlbt-marker-%d\n/usr/local/bin:/bin\n", (int)getpid());
