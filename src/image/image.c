@@ -558,7 +558,8 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
             cnt++;
     }
     closedir(d);
-    qsort(v, cnt, sizeof(*v), cmp_info);
+    if (cnt > 1)
+        qsort(v, cnt, sizeof(*v), cmp_info);
     *out = v;
     *n = cnt;
     return 0;
