@@ -629,11 +629,14 @@ int main(int argc, char **argv)
         goto fail;
     }
     images_dir = images_dir_of(&cfg);
-    if (!images_dir || image_store_init(images_dir, &err) < 0 ||
-        image_store_clean_tmp(images_dir, &err) < 0) {
-        if (!images_dir)
-            lb_error_set(&err, -ENOMEM, "out of memory");
+    if (!images_dir) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
         goto fail;
+    }
+    /* an unusable image store leaves image "host" (as before it existed): warn, go on */
+    if (image_store_init(images_dir, &err) < 0 || image_store_clean_tmp(images_dir, &err) < 0) {
+        log_warn("image store: %s", err.message);
+        lb_error_clear(&err);
     }
     struct lb_local_config lc = {
         .state_dir = cfg.state_dir,
