@@ -45,7 +45,8 @@ static void usage(FILE *f)
             "usage: lendboxd [--config FILE] [--listen HOST:PORT] [--state-dir DIR]\n"
             "                [--admin-token-file FILE] [--log-level LEVEL]\n"
             "                [--set SECTION.KEY=VALUE]... [--no-shutdown-sweep]\n"
-            "                [--version] [--help]\n\n"
+            "                [--version] [--help]\n"
+            "       lendboxd [OPTIONS] image import SOURCE NAME | image list | image rm NAME\n\n"
             "Lends Linux-namespace sandboxes to resources servers over HTTP (API: docs/api.md).\n"
             "Flags override the config file; --set sets any key of etc/lendbox.conf.\n"
             "LENDBOX_FAULTS=OP=ACTION[,...] injects failures (tests and rehearsals only).\n");
