@@ -366,6 +366,9 @@ static int image_command(const struct lb_config *cfg, int argc, char **argv)
     int rc = 1;
 
     umask(022);
+    /* the default store is under the state dir, which a daemon may not have made yet */
+    if (!cfg->images_dir && mkdir(cfg->state_dir, 0711) < 0 && errno != EEXIST)
+        fprintf(stderr, "lendboxd: cannot make '%s': %s\n", cfg->state_dir, strerror(errno));
     if (!dir) {
         fprintf(stderr, "lendboxd: out of memory\n");
         return 1;

@@ -107,6 +107,14 @@ START_TEST(test_import_list_rm)
     ck_assert_int_eq(stat(path, &st), 0);
     ck_assert_int_eq(st.st_uid, 0); /* owned as the image says, not by the importer */
 
+    /* into a state dir no daemon has made yet */
+    snprintf(path, sizeof(path), "%s/fresh", state);
+    snprintf(args, sizeof(args), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(path, args, &out), 0);
+    free(out);
+    snprintf(path, sizeof(path), "%s/fresh/images/busy/etc/os-release", state);
+    ck_assert(lbt_path_exists(path));
+
     /* again: nothing unpacked, the tree unchanged */
     snprintf(args, sizeof(args), "import docker-archive:%s/image.tar busy", img_dir);
     ck_assert_int_eq(image_cli(state, args, &out), 0);
