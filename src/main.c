@@ -29,6 +29,7 @@
 #include "provider/fault.h"
 #include "provider/local.h"
 #include "routes/routes.h"
+#include "image/image.h"
 #include "store/store.h"
 #include "util/clock.h"
 #include "util/config.h"
@@ -44,7 +45,8 @@ static void usage(FILE *f)
             "usage: lendboxd [--config FILE] [--listen HOST:PORT] [--state-dir DIR]\n"
             "                [--admin-token-file FILE] [--log-level LEVEL]\n"
             "                [--set SECTION.KEY=VALUE]... [--no-shutdown-sweep]\n"
-            "                [--version] [--help]\n\n"
+            "                [--version] [--help]\n"
+            "       lendboxd [OPTIONS] image import SOURCE NAME | image list | image rm NAME\n\n"
             "Lends Linux-namespace sandboxes to resources servers over HTTP (API: docs/api.md).\n"
             "Flags override the config file; --set sets any key of etc/lendbox.conf.\n"
             "LENDBOX_FAULTS=OP=ACTION[,...] injects failures (tests and rehearsals only).\n");
@@ -341,6 +343,81 @@ static char *default_supervise_path(void)
     return NULL;
 }
 
+/* local.images_dir, or <state_dir>/images. Returns a malloc'd path or NULL. */
+static char *images_dir_of(const struct lb_config *cfg)
+{
+    char *p = NULL;
+
+    if (cfg->images_dir)
+        return strdup(cfg->images_dir);
+    return asprintf(&p, "%s/images", cfg->state_dir) < 0 ? NULL : p;
+}
+
+/* lendboxd image import SOURCE NAME | list | rm NAME. Returns the exit status. */
+static int image_command(const struct lb_config *cfg, int argc, char **argv)
+{
+    char *dir = images_dir_of(cfg), path[PATH_MAX];
+    struct lb_error err = {0};
+    struct lb_image_info info, *all = NULL;
+    struct lb_store *store = NULL;
+    int64_t users = 0;
+    size_t n = 0, i;
+    bool existed;
+    int rc = 1;
+
+    umask(022);
+    /* the default store is under the state dir, which a daemon may not have made yet */
+    if (!cfg->images_dir && mkdir(cfg->state_dir, 0711) < 0 && errno != EEXIST)
+        fprintf(stderr, "lendboxd: cannot make '%s': %s\n", cfg->state_dir, strerror(errno));
+    if (!dir) {
+        fprintf(stderr, "lendboxd: out of memory\n");
+        return 1;
+    }
+    if (argc == 3 && strcmp(argv[0], "import") == 0) {
+        if (image_import(dir, argv[1], argv[2], &info, &existed, &err) < 0)
+            goto fail;
+        printf("%s %s %lld%s\n", info.name, info.digest, (long long)info.size_bytes,
+               existed ? " (already stored)" : "");
+        rc = 0;
+    } else if (argc == 1 && strcmp(argv[0], "list") == 0) {
+        if (image_list(dir, &all, &n, &err) < 0)
+            goto fail;
+        for (i = 0; i < n; i++)
+            printf("%s %s %lld %lld\n", all[i].name, all[i].digest, (long long)all[i].size_bytes,
+                   (long long)all[i].created_at);
+        rc = 0;
+    } else if (argc == 2 && strcmp(argv[0], "rm") == 0) {
+        /* refused while a record not yet stopped names it (the daemon may be running) */
+        snprintf(path, sizeof(path), "%s/lendbox.db", cfg->state_dir);
+        if (image_get(dir, argv[1], &info, &err) < 0 || store_open(path, &store, &err) < 0 ||
+            store_count_using_image(store, argv[1], &users, &err) < 0)
+            goto fail;
+        if (users > 0) {
+            lb_error_set(&err, -EBUSY, "image '%s' is in use by %lld sandbox(es)", argv[1],
+                         (long long)users);
+            goto fail;
+        }
+        if (image_remove(dir, argv[1], &err) < 0)
+            goto fail;
+        rc = 0;
+    } else {
+        fprintf(stderr, "usage: lendboxd [OPTIONS] image import SOURCE NAME\n"
+                        "       lendboxd [OPTIONS] image list\n"
+                        "       lendboxd [OPTIONS] image rm NAME\n"
+                        "SOURCE: docker-archive:PATH, oci-archive:PATH, oci:DIR[:TAG] or a path\n");
+        rc = 2;
+    }
+    goto out;
+fail:
+    fprintf(stderr, "lendboxd: image: %s\n", err.message);
+out:
+    if (store)
+        store_close(store);
+    free(all);
+    free(dir);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -373,6 +450,7 @@ int main(int argc, char **argv)
                                 .cond = PTHREAD_COND_INITIALIZER};
     bool dw_started = false;
     char *admin_token = NULL, *operate_hex = NULL, *supervise = NULL, *public_url = NULL;
+    char *images_dir = NULL;
     char path[PATH_MAX], admin_hash[LB_SHA256_HEX + 1];
     unsigned char operate_key[OPERATE_KEY_BYTES];
     sigset_t sigs;
@@ -422,7 +500,7 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (optind < argc) {
+    if (optind < argc && strcmp(argv[optind], "image") != 0) {
         fprintf(stderr, "lendboxd: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         rc = 2;
@@ -445,6 +523,11 @@ int main(int argc, char **argv)
             goto fail;
         if (fault_enabled())
             log_warn("FAULT INJECTION IS ON (%s): this daemon will fail on purpose", faults);
+    }
+
+    if (optind < argc) { /* "image ...": the image store subcommand, no daemon */
+        rc = image_command(&cfg, argc - optind - 1, argv + optind + 1);
+        goto out;
     }
 
     /* Process-wide setup before any thread exists. */
@@ -549,11 +632,21 @@ int main(int argc, char **argv)
         lb_error_set(&err, -ENOENT, "lendbox-supervise not found; set local.supervise");
         goto fail;
     }
+    images_dir = images_dir_of(&cfg);
+    if (!images_dir) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    /* an unusable image store leaves image "host" (as before it existed): warn, go on */
+    if (image_store_init(images_dir, &err) < 0 || image_store_clean_tmp(images_dir, &err) < 0) {
+        log_warn("image store: %s", err.message);
+        lb_error_clear(&err);
+    }
     struct lb_local_config lc = {
         .state_dir = cfg.state_dir,
         .bwrap_path = cfg.bwrap_path,
         .supervise_path = supervise,
-        .images_dir = cfg.images_dir,
+        .images_dir = images_dir,
         .cgroup_parent = cfg.cgroup_parent,
         .uid_base = cfg.uid_base ? (uint32_t)cfg.uid_base
                                  : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
@@ -593,6 +686,8 @@ int main(int argc, char **argv)
         goto fail;
     }
     app.pool = pool;
+    app.store = store;
+    app.images_dir = images_dir;
     app.max_exec_timeout_s = cfg.max_exec_timeout_s;
     app.default_exec_timeout_s = 180;
     if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {
@@ -632,6 +727,7 @@ int main(int argc, char **argv)
         .session_lock_wait_s = cfg.session_lock_wait_s,
         .max_output_bytes = (size_t)cfg.max_output_bytes,
         .default_image = cfg.default_image,
+        .images_dir = images_dir,
         .workdir = cfg.workdir,
         .public_url = cfg.public_url ? cfg.public_url : public_url,
         .admin_token_hash = admin_hash,
@@ -751,6 +847,7 @@ out:
     free(admin_token);
     free(operate_hex);
     free(supervise);
+    free(images_dir);
     free(public_url);
     config_release(&cfg);
     return rc;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <uthash.h>
 
+#include "image/image.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
@@ -31,6 +32,7 @@ struct session_lock {
 struct lb_lend {
     struct lb_lend_config cfg;
     char *default_image, *workdir, *public_url, *admin_token_hash;
+    char *images_dir;
     unsigned char *operate_key;
     struct lb_store *store;
     struct lb_provider *prov;
@@ -125,6 +127,8 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_pr
         return lb_error_set(err, -ENOMEM, "out of memory");
     l->cfg = *cfg;
     l->default_image = strdup(cfg->default_image ? cfg->default_image : "host");
+    l->images_dir = cfg->images_dir ? strdup(cfg->images_dir) : NULL;
+    l->cfg.images_dir = l->images_dir;
     l->workdir = strdup(cfg->workdir ? cfg->workdir : "/workspace");
     l->public_url = strdup(cfg->public_url ? cfg->public_url : "");
     l->admin_token_hash = strdup(cfg->admin_token_hash ? cfg->admin_token_hash : "");
@@ -152,6 +156,7 @@ void lend_free(struct lb_lend *l)
     if (!l)
         return;
     free(l->default_image);
+    free(l->images_dir);
     free(l->workdir);
     free(l->public_url);
     free(l->admin_token_hash);
@@ -374,6 +379,20 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
             json_object_set_new(res, "disk_mib", json_integer(disk_mib));
         json_object_set_new(spec, "resources", res);
     }
+    /* an imported image's Env and WorkingDir, recorded with the sandbox so that a later
+     * re-import of the name does not change a running sandbox's execs */
+    if (spec && l->cfg.images_dir && strcmp(image, "host") != 0) {
+        json_t *env = NULL;
+        char *wd = NULL;
+
+        if (image_read_config(l->cfg.images_dir, image, &env, &wd, NULL) == 0) {
+            if (env)
+                json_object_set_new(spec, "image_env", env);
+            if (wd)
+                json_object_set_new(spec, "image_working_dir", json_string(wd));
+            free(wd);
+        }
+    }
     return spec;
 }
 
@@ -479,7 +498,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = provider_create(l->prov, &ref, &spec, &desc, &perr);
     if (r < 0) {
         /* bad input, an unenforceable request or no free sandbox uid keep their status */
-        r = lb_error_set(err, r == -EINVAL || r == -EOPNOTSUPP || r == -EUSERS ? r : -EREMOTEIO,
+        r = lb_error_set(err,
+                         r == -EINVAL || r == -EOPNOTSUPP || r == -EUSERS ||
+                                 r == -LB_E_IMAGE_NOT_FOUND
+                             ? r
+                             : -EREMOTEIO,
                          "sandbox could not start: %s", perr.message);
         goto rollback;
     }
@@ -791,7 +814,7 @@ static int lend_load_lent(struct lb_lend *l, const char *id, struct lb_record *r
     return 0;
 }
 
-/* Build "K=V" environment: defaults < the seed's env < the request's env. */
+/* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
 static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
 {
     json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "PATH",
@@ -804,8 +827,17 @@ static char **lend_exec_env(const struct lb_record *rec, const char *workdir, js
     char **out = NULL;
     size_t i = 0;
 
+    json_t *image_env = json_object_get(spec, "image_env");
+
     if (!env)
         goto out;
+    json_array_foreach(image_env, i, v) {
+        const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
+
+        if (eq && eq != kv)
+            json_object_setn_new(env, kv, (size_t)(eq - kv), json_string(eq + 1));
+    }
+    i = 0;
     if (json_is_object(seed_env))
         json_object_update(env, seed_env);
     if (json_is_object(req_env))
@@ -834,12 +866,13 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     struct lb_record rec = {0};
     json_t *desc = NULL, *spec = NULL;
     char **env = NULL;
-    const char *workdir;
+    const char *workdir, *image_wd;
     int r = lend_load_lent(l, id, &rec, &desc, err);
 
     if (r < 0)
         return r;
     workdir = spec_string(&rec, "workdir", l->cfg.workdir, &spec);
+    image_wd = json_string_value(json_object_get(spec, "image_working_dir"));
     env = lend_exec_env(&rec, workdir, p->env);
     if (!env) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -848,7 +881,9 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     struct lb_sandbox_ref ref = {rec.id, desc};
     struct lb_exec_request req = {
         .argv = (const char *const *)p->argv,
-        .cwd = p->cwd ? p->cwd : workdir,
+        .cwd = p->cwd     ? p->cwd
+               : image_wd ? image_wd
+                          : workdir,
         .env = (const char *const *)env,
         .user = p->user,
         .stdin_data = p->stdin_data,

@@ -41,6 +41,8 @@ struct lb_lend_config {
     int64_t session_lock_wait_s; /* bound on waiting for a session's lock; <= 0: 30 */
     size_t max_output_bytes;
     const char *default_image;
+    const char *images_dir; /* the image store (image/image.h): imported images' Env and
+                               WorkingDir apply to execs; NULL: none */
     const char *workdir;
     const char *public_url;           /* base_url in the lease's access */
     const char *admin_token_hash;     /* hex SHA-256 of the admin token */

@@ -883,6 +883,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     r = remove_data(lp, id, d, err);
     if (r < 0 || !has_dir)
         goto out;
+    /* an image's root mounts first: rmtree must never walk into them */
+    r = local_image_unmount(dir, err);
+    if (r < 0)
+        goto out;
     r = rmtree(dir);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", dir, strerror(-r));

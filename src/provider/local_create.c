@@ -161,6 +161,7 @@ static bool path_is_bound(const char *path, char **names, size_t n)
  */
 struct mount_sizes {
     int64_t workdir_mib, tmp_mib, run_mib, shm_mib;
+    int64_t root_mib; /* an image's writable root (its overlay upper dir): C */
 };
 
 #define RUN_SIZE_MIB 64
@@ -178,6 +179,7 @@ static void mount_sizes(const struct local_provider *lp, const struct lb_resourc
                       : (res->disk_mib > 0 ? res->disk_mib : lp->tmp_size_mib);
 
     m->workdir_mib = lp->storage == LOCAL_STORAGE_TMPFS ? cap : 0;
+    m->root_mib = cap;
     m->tmp_mib = min_mib(lp->tmp_size_mib, cap);
     m->run_mib = min_mib(RUN_SIZE_MIB, cap);
     m->shm_mib = res->memory_mib > 0 ? min_mib(res->memory_mib, cap) : cap;
@@ -302,9 +304,24 @@ out:
     return 0;
 }
 
+/* Images (issue 9): the root is the overlay local_image_mount made (writable, copy-on-write
+ * over the image), bound whole as /; the rest of the mounts are the same as add_root's. */
+static void add_image_root(struct strv *a, const char *overlay_root,
+                           const struct mount_sizes *sizes)
+{
+    strv_add3(a, "--bind", overlay_root, "/");
+    strv_add2(a, "--proc", "/proc");
+    strv_add2(a, "--dev", "/dev");
+    strv_add2(a, "--remount-ro", "/dev");
+    add_sized_tmpfs(a, "/dev/shm", sizes->shm_mib);
+    add_sized_tmpfs(a, "/tmp", sizes->tmp_mib);
+    add_sized_tmpfs(a, "/run", sizes->run_mib);
+}
+
+/* overlay_root: the image's writable root (NULL: root, read-only, as for host) */
 static int build_argv(struct local_provider *lp, const char *id, const char *root,
-                      const char *workdir, const struct lb_resources *res, const char *hosts,
-                      struct strv *a, struct lb_error *err)
+                      const char *overlay_root, const char *workdir, const struct lb_resources *res,
+                      const char *hosts, struct strv *a, struct lb_error *err)
 {
     char num[16], host[64];
     struct mount_sizes sizes;
@@ -324,8 +341,9 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     strv_add(a, "--new-session");
     strv_add(a, "--as-pid-1");
     strv_add2(a, "--hostname", host);
-    r = add_root(a, root, workdir, lp, &sizes, err);
-    if (r < 0)
+    if (overlay_root)
+        add_image_root(a, overlay_root, &sizes);
+    else if ((r = add_root(a, root, workdir, lp, &sizes, err)) < 0)
         return r;
     if (hosts && *hosts) /* a networked sandbox's names (local_net.c) */
         strv_add3(a, "--ro-bind", hosts, "/etc/hosts");
@@ -337,7 +355,8 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     }
     snprintf(num, sizeof(num), "%d", FD_SUPERVISE);
     strv_add3(a, "--ro-bind-fd", num, LOCAL_SUPERVISE_PATH);
-    strv_add2(a, "--remount-ro", "/");
+    if (!overlay_root)
+        strv_add2(a, "--remount-ro", "/");
     snprintf(num, sizeof(num), "%d", FD_INFO);
     strv_add2(a, "--info-fd", num);
     /* security (issue 7, fault 4): the init runs under the seccomp filter every exec gets */
@@ -627,10 +646,10 @@ static int image_root(struct local_provider *lp, const char *image, char *buf, s
         return 0;
     }
     if (!local_id_is_valid(image) || !lp->images_dir)
-        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     snprintf(buf, size, "%s/%s", lp->images_dir, image);
     if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
-        return lb_error_set(err, -EINVAL, "unknown image '%s'", image);
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     return 0;
 }
 
@@ -642,7 +661,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     const char *workdir = spec && spec->workdir ? spec->workdir : LOCAL_DEFAULT_WORKDIR;
     struct lb_resources none = {0};
     const struct lb_resources *res = spec ? &spec->resources : &none;
-    char root[4352], dir[4352], hosts[4352] = "";
+    char root[4352], dir[4352], hosts[4352] = "", overlay[4400] = "";
     struct strv argv = {0};
     struct local_desc d;
     bool made_dir = false;
@@ -731,7 +750,17 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = local_net_write_hosts(&d.net, dir, hosts, sizeof(hosts), err);
     if (r < 0)
         goto fail;
-    r = build_argv(lp, ref->id, root, workdir, res, hosts, &argv, err);
+    /* images (issue 9): a writable copy-on-write root over the image, on a tmpfs of the
+     * sandbox's disk size; host stays the host's / read-only */
+    if (strcmp(image, "host") != 0) {
+        struct mount_sizes sizes;
+
+        mount_sizes(lp, res, &sizes);
+        r = local_image_mount(dir, root, d.uid, sizes.root_mib, overlay, sizeof(overlay), err);
+        if (r < 0)
+            goto fail;
+    }
+    r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, workdir, res, hosts, &argv, err);
     if (r < 0)
         goto fail;
     r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL, &pid, err);

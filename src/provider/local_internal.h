@@ -117,6 +117,17 @@ bool local_desc_alive(const struct local_desc *d);
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err);
 
+/* Images (local_image.c): a writable copy-on-write root for the sandbox in dir. Mounts, in the
+ * daemon's mount namespace, image_root read-only and idmapped 0 -> uid at <dir>/img-lower, a
+ * tmpfs of upper_mib MiB owned by uid at <dir>/img-upper, and overlayfs of the two at
+ * <dir>/img-root, whose path goes into root_out. On error err is set and what was mounted
+ * stays for local_image_unmount. Returns 0 or a negative errno. */
+int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
+                      char *root_out, size_t size, struct lb_error *err);
+/* Detach and remove whatever local_image_mount left under dir (none of it: 0). Returns 0 or
+ * -EREMOTEIO with err set. */
+int local_image_unmount(const char *dir, struct lb_error *err);
+
 /* Ops implemented in the other files. */
 int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                  const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err);

@@ -24,6 +24,8 @@ struct lb_app {
     int64_t max_exec_timeout_s;
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
+    struct lb_store *store; /* the records (images in use) */
+    const char *images_dir; /* the image store (image/image.h) */
 };
 
 /* The route table (terminated by {NULL}) for http_start. */
@@ -66,6 +68,10 @@ int route_sessions_list(struct lb_request *req, struct lb_error *err);
 int route_release(struct lb_request *req, struct lb_error *err);
 int route_sandbox_get(struct lb_request *req, struct lb_error *err);
 int route_sandboxes_list(struct lb_request *req, struct lb_error *err);
+/* images.c: GET /v1/images, DELETE /v1/images/NAME, POST /v1/images (501 for now) */
+int route_images_list(struct lb_request *req, struct lb_error *err);
+int route_image_delete(struct lb_request *req, struct lb_error *err);
+int route_image_import(struct lb_request *req, struct lb_error *err);
 int route_sandbox_delete(struct lb_request *req, struct lb_error *err);
 int route_exec(struct lb_request *req, struct lb_error *err);
 int route_file_put(struct lb_request *req, struct lb_error *err);

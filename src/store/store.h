@@ -151,6 +151,12 @@ int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error
 /* Live (starting or lent) records: an index range, cheap however many stopped rows are kept. */
 int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
 
+/* *out = how many records not yet stopped (starting, lent, stopping, stop_failed) name image
+ * in their spec: an image they use or may still hold mounted. Thread-safe.
+ * Returns 0 or a negative errno with err set. */
+int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
+                            struct lb_error *err);
+
 /* Delete stopped records last updated before cutoff_s. Returns the number deleted (>= 0). */
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err);
 

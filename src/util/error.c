@@ -68,6 +68,9 @@ int lb_error_http_status(int code, const char **api_code)
     case ESRCH:
         status = 404, name = "not_found";
         break;
+    case LB_E_IMAGE_NOT_FOUND:
+        status = 404, name = "image_not_found";
+        break;
     case EEXIST:
     case EBUSY:
     case EALREADY:

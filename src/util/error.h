@@ -46,6 +46,9 @@ int lb_error_keep(struct lb_error *err, int code, const char *fmt, ...)
 /* Reset err to "no error". NULL is accepted. */
 void lb_error_clear(struct lb_error *err);
 
+/* The errno that names an unknown image (404 image_not_found). */
+#define LB_E_IMAGE_NOT_FOUND ENOMEDIUM
+
 /* HTTP status and API error code (static string, e.g. "bad_request") for a negative errno. */
 int lb_error_http_status(int code, const char **api_code);
 

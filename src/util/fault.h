@@ -8,7 +8,8 @@
  *               with -ETIMEDOUT (as a provider that never answers would)
  *   delay:MS    calls of OP wait MS milliseconds, then proceed normally
  * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
- * provider.file_open, provider.list, store.write.
+ * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
+ * before its tree is published).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

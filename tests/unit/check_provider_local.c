@@ -899,7 +899,7 @@ START_TEST(test_image_dir)
     ck_assert_int_eq(write(fd, "mini\n", 5), 5);
     close(fd);
 
-    ck_assert_int_eq(provider_create(prov, &ref, &bad, &desc, &err), -EINVAL);
+    ck_assert_int_eq(provider_create(prov, &ref, &bad, &desc, &err), -LB_E_IMAGE_NOT_FOUND);
     ck_assert_ptr_nonnull(strstr(err.message, "unknown image"));
 
     sbx_create_spec(&s, &spec);

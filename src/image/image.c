@@ -1,0 +1,602 @@
+/*
+ * image.c - the image store (see image.h): skopeo copies a source into a temporary OCI
+ * layout, umoci unpacks it, renames publish it.
+ */
+#include "image/image.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/fault.h"
+#include "util/log.h"
+
+#define STORE ".store"
+#define TOOL_LOG_MAX 1024
+#define IMAGE_PATH_MAX 4096
+
+bool image_name_is_valid(const char *name)
+{
+    size_t i, n = name ? strlen(name) : 0;
+
+    if (n == 0 || n > LB_IMAGE_NAME_MAX || strcmp(name, "host") == 0)
+        return false;
+    for (i = 0; i < n; i++) {
+        char c = name[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+
+        if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-')))
+            return false;
+    }
+    return true;
+}
+
+static int mkdir_mode(const char *path, mode_t mode)
+{
+    if (mkdir(path, mode) < 0 && errno != EEXIST)
+        return -errno;
+    return chmod(path, mode) < 0 ? -errno : 0;
+}
+
+int image_store_init(const char *images_dir, struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX];
+    int r;
+
+    r = mkdir_mode(images_dir, 0700);
+    snprintf(p, sizeof(p), "%s/" STORE, images_dir);
+    if (r == 0)
+        r = mkdir_mode(p, 0700);
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256", images_dir);
+    if (r == 0)
+        r = mkdir_mode(p, 0700);
+    snprintf(p, sizeof(p), "%s/" STORE "/tmp", images_dir);
+    if (r == 0)
+        r = mkdir_mode(p, 0700);
+    if (r < 0)
+        return lb_error_set(err, r, "cannot make the image store '%s': %s", images_dir,
+                            strerror(-r));
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_DP)
+        return rmdir(path) < 0 && errno != ENOENT ? -1 : 0;
+    return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* rm -rf path (no symlinks followed). */
+static int remove_tree(const char *path)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlink(path) < 0 ? -errno : 0;
+    return nftw(path, rm_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 ? -errno : 0;
+}
+
+int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
+{
+    char tmp[IMAGE_PATH_MAX], p[IMAGE_PATH_MAX + 256];
+    struct dirent *de;
+    DIR *d;
+    int r = 0;
+
+    snprintf(tmp, sizeof(tmp), "%s/" STORE "/tmp", images_dir);
+    d = opendir(tmp);
+    if (!d)
+        return errno == ENOENT
+                   ? 0
+                   : lb_error_set(err, -errno, "cannot read '%s': %s", tmp, strerror(errno));
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", tmp, de->d_name);
+        if (remove_tree(p) < 0 && r == 0)
+            r = lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
+        else
+            log_info("image store: removed an interrupted import (%s)", p);
+    }
+    closedir(d);
+    return r;
+}
+
+/* Run argv (argv[0] looked up in PATH) with stdin /dev/null and stdout+stderr into log_path,
+ * TMPDIR set to tmpdir. Returns 0 on exit status 0, else -EPROTO with err holding the end of
+ * the tool's output. */
+static int run_tool(char *const argv[], const char *log_path, const char *tmpdir,
+                    struct lb_error *err)
+{
+    extern char **environ;
+    posix_spawn_file_actions_t fa;
+    char tmpenv[IMAGE_PATH_MAX + 8], out[TOOL_LOG_MAX + 1];
+    char *envp[64];
+    size_t ne = 0, i;
+    pid_t pid;
+    int r, status, fd;
+    ssize_t n;
+
+    snprintf(tmpenv, sizeof(tmpenv), "TMPDIR=%s", tmpdir);
+    envp[ne++] = tmpenv;
+    for (i = 0; environ[i] && ne < 62; i++)
+        if (strncmp(environ[i], "TMPDIR=", 7) != 0)
+            envp[ne++] = environ[i];
+    envp[ne] = NULL;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    if (r != 0)
+        return lb_error_set(err, -r, "cannot run %s: %s", argv[0], strerror(r));
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return lb_error_set(err, -errno, "waiting for %s: %s", argv[0], strerror(errno));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    out[0] = '\0';
+    fd = open(log_path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        off_t end = lseek(fd, 0, SEEK_END);
+
+        (void)lseek(fd, end > TOOL_LOG_MAX ? end - TOOL_LOG_MAX : 0, SEEK_SET);
+        n = read(fd, out, TOOL_LOG_MAX);
+        out[n > 0 ? n : 0] = '\0';
+        close(fd);
+        for (i = strlen(out); i > 0 && (out[i - 1] == '\n' || out[i - 1] == ' '); i--)
+            out[i - 1] = '\0';
+    }
+    return lb_error_set(err, -EPROTO, "%s failed (%s %d): %s", argv[0],
+                        WIFEXITED(status) ? "exit" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+}
+
+/* skopeo copy src oci:layout:img */
+static int copy_source(const char *src, const char *layout, const char *work, struct lb_error *err)
+{
+    char dest[IMAGE_PATH_MAX + 16], log_path[IMAGE_PATH_MAX + 16];
+    char *argv[] = {"skopeo", "--insecure-policy", "copy", "--quiet", (char *)src, dest, NULL};
+
+    snprintf(dest, sizeof(dest), "oci:%s:img", layout);
+    snprintf(log_path, sizeof(log_path), "%s/skopeo.log", work);
+    return run_tool(argv, log_path, work, err);
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* Copy source (see image_import) into layout. */
+static int copy_any(const char *source, const char *layout, const char *work, struct lb_error *err)
+{
+    char src[IMAGE_PATH_MAX + 32];
+    struct stat st;
+    int r;
+
+    if (has_prefix(source, "docker-archive:") || has_prefix(source, "oci-archive:") ||
+        has_prefix(source, "oci:"))
+        return copy_source(source, layout, work, err);
+    if (strchr(source, ':') && source[0] != '/' && source[0] != '.')
+        return lb_error_set(err, -EINVAL,
+                            "unsupported image source '%s' (use docker-archive:, oci-archive:, "
+                            "oci: or a path; registries are not used)",
+                            source);
+    if (stat(source, &st) < 0)
+        return lb_error_set(err, -ENOENT, "image source '%s': %s", source, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(src, sizeof(src), "oci:%s", source);
+        return copy_source(src, layout, work, err);
+    }
+    snprintf(src, sizeof(src), "docker-archive:%s", source);
+    r = copy_source(src, layout, work, err);
+    if (r != -EPROTO)
+        return r;
+    (void)remove_tree(layout);
+    lb_error_clear(err);
+    snprintf(src, sizeof(src), "oci-archive:%s", source);
+    return copy_source(src, layout, work, err);
+}
+
+static bool is_sha256_digest(const char *d)
+{
+    size_t i;
+
+    if (!d || strncmp(d, "sha256:", 7) != 0 || strlen(d) != 7 + 64)
+        return false;
+    for (i = 7; d[i]; i++)
+        if (!((d[i] >= '0' && d[i] <= '9') || (d[i] >= 'a' && d[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static json_t *load_blob(const char *layout, const char *digest, struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 128];
+    json_error_t je;
+    json_t *j;
+
+    if (!is_sha256_digest(digest)) {
+        lb_error_set(err, -EPROTO, "the image names an invalid blob digest");
+        return NULL;
+    }
+    snprintf(p, sizeof(p), "%s/blobs/sha256/%s", layout, digest + 7);
+    j = json_load_file(p, 0, &je);
+    if (!j)
+        lb_error_set(err, -EPROTO, "cannot read image blob %s: %s", digest, je.text);
+    return j;
+}
+
+/* The config of the layout's single image: *config_out (caller decrefs) and its digest. */
+static int read_config(const char *layout, json_t **config_out, char *digest, size_t size,
+                       struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 32];
+    json_error_t je;
+    json_t *index, *manifest = NULL, *config = NULL;
+    const char *mdigest, *cdigest;
+    int r = 0;
+
+    snprintf(p, sizeof(p), "%s/index.json", layout);
+    index = json_load_file(p, 0, &je);
+    if (!index)
+        return lb_error_set(err, -EPROTO, "cannot read the image index: %s", je.text);
+    mdigest = json_string_value(
+        json_object_get(json_array_get(json_object_get(index, "manifests"), 0), "digest"));
+    manifest = load_blob(layout, mdigest, err);
+    if (!manifest) {
+        r = -EPROTO;
+        goto out;
+    }
+    cdigest = json_string_value(json_object_get(json_object_get(manifest, "config"), "digest"));
+    config = load_blob(layout, cdigest, err);
+    if (!config) {
+        r = -EPROTO;
+        goto out;
+    }
+    snprintf(digest, size, "%s", cdigest);
+    *config_out = config;
+    config = NULL;
+out:
+    json_decref(config);
+    json_decref(manifest);
+    json_decref(index);
+    return r;
+}
+
+static int64_t tree_bytes;
+
+static int add_size(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)path;
+    (void)ftw;
+    if (flag == FTW_F && S_ISREG(st->st_mode))
+        tree_bytes += st->st_size;
+    return 0;
+}
+
+/* nftw has no context argument: sizes are summed under a lock. */
+static pthread_mutex_t size_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t tree_size(const char *path)
+{
+    int64_t n;
+
+    pthread_mutex_lock(&size_lock);
+    tree_bytes = 0;
+    (void)nftw(path, add_size, 32, FTW_PHYS | FTW_MOUNT);
+    n = tree_bytes;
+    pthread_mutex_unlock(&size_lock);
+    return n;
+}
+
+/* Unpack layout into entry/rootfs and write entry/image.json. */
+static int unpack_image(const char *layout, const char *entry, const char *work, const char *digest,
+                        json_t *config, struct lb_error *err)
+{
+    char image_ref[IMAGE_PATH_MAX + 64], rootfs[IMAGE_PATH_MAX + 64];
+    char log_path[IMAGE_PATH_MAX + 64], meta[IMAGE_PATH_MAX + 64];
+    char *argv[] = {"umoci", "raw", "unpack", "--image", image_ref, rootfs, NULL};
+    json_t *c = json_object_get(config, "config"), *info;
+    int r;
+
+    snprintf(image_ref, sizeof(image_ref), "%s:img", layout);
+    snprintf(rootfs, sizeof(rootfs), "%s/rootfs", entry);
+    snprintf(log_path, sizeof(log_path), "%s/umoci.log", work);
+    snprintf(meta, sizeof(meta), "%s/image.json", entry);
+    if (mkdir(entry, 0700) < 0)
+        return lb_error_set(err, -errno, "cannot make '%s': %s", entry, strerror(errno));
+    r = run_tool(argv, log_path, work, err);
+    if (r < 0)
+        return r;
+    if (chmod(rootfs, 0755) < 0)
+        return lb_error_set(err, -errno, "cannot chmod '%s': %s", rootfs, strerror(errno));
+    info = json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
+                     json_object_get(config, "architecture"), "os", json_object_get(config, "os"),
+                     "env", json_object_get(c, "Env"), "working_dir",
+                     json_object_get(c, "WorkingDir"), "size_bytes", (json_int_t)tree_size(rootfs),
+                     "created_at", (json_int_t)time(NULL));
+    if (!info)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = json_dump_file(info, meta, JSON_COMPACT);
+    json_decref(info);
+    if (r < 0)
+        return lb_error_set(err, -EIO, "cannot write '%s'", meta);
+    return 0;
+}
+
+/* Point images_dir/name at the digest's tree, atomically. */
+static int link_name(const char *images_dir, const char *name, const char *hex,
+                     struct lb_error *err)
+{
+    char target[128], tmp[IMAGE_PATH_MAX + 64], dst[IMAGE_PATH_MAX + 256];
+    struct stat st;
+
+    snprintf(target, sizeof(target), STORE "/sha256/%s/rootfs", hex);
+    snprintf(tmp, sizeof(tmp), "%s/" STORE "/tmp/link-%d-%ld", images_dir, (int)getpid(),
+             (long)random());
+    snprintf(dst, sizeof(dst), "%s/%s", images_dir, name);
+    if (lstat(dst, &st) == 0 && !S_ISLNK(st.st_mode))
+        return lb_error_set(err, -EEXIST,
+                            "'%s' is a plain image directory placed by hand; not replaced", name);
+    if (symlink(target, tmp) < 0)
+        return lb_error_set(err, -errno, "cannot make '%s': %s", tmp, strerror(errno));
+    if (rename(tmp, dst) < 0) {
+        int e = errno;
+
+        (void)unlink(tmp);
+        return lb_error_set(err, -e, "cannot name the image '%s': %s", name, strerror(e));
+    }
+    return 0;
+}
+
+/* The digest hex an imported name points to, from its symlink. */
+static int name_hex(const char *images_dir, const char *name, char hex[65])
+{
+    char p[IMAGE_PATH_MAX + 256], target[256];
+    ssize_t n;
+
+    snprintf(p, sizeof(p), "%s/%s", images_dir, name);
+    n = readlink(p, target, sizeof(target) - 1);
+    if (n < 0)
+        return errno == EINVAL || errno == ENOENT ? -ENOENT : -errno;
+    target[n] = '\0';
+    if (n != (ssize_t)strlen(STORE "/sha256/") + 64 + 7 ||
+        strncmp(target, STORE "/sha256/", strlen(STORE "/sha256/")) != 0 ||
+        strcmp(target + n - 7, "/rootfs") != 0)
+        return -ENOENT;
+    memcpy(hex, target + strlen(STORE "/sha256/"), 64);
+    hex[64] = '\0';
+    return 0;
+}
+
+static int read_info(const char *images_dir, const char *name, const char *hex,
+                     struct lb_image_info *out, struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 128];
+    json_error_t je;
+    json_t *j;
+
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    j = json_load_file(p, 0, &je);
+    if (!j)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    snprintf(out->digest, sizeof(out->digest), "sha256:%s", hex);
+    out->size_bytes = json_integer_value(json_object_get(j, "size_bytes"));
+    out->created_at = json_integer_value(json_object_get(j, "created_at"));
+    json_decref(j);
+    return 0;
+}
+
+int image_import(const char *images_dir, const char *source, const char *name,
+                 struct lb_image_info *out, bool *existed, struct lb_error *err)
+{
+    char work[IMAGE_PATH_MAX], layout[IMAGE_PATH_MAX + 16], entry[IMAGE_PATH_MAX + 16];
+    char stored[IMAGE_PATH_MAX + 128], digest[LB_IMAGE_DIGEST_MAX];
+    struct lb_image_info info;
+    json_t *config = NULL;
+    struct stat st;
+    bool had = false;
+    int r;
+
+    if (existed)
+        *existed = false;
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -EINVAL,
+                            "invalid image name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
+                            "%d bytes, not 'host')",
+                            name ? name : "", LB_IMAGE_NAME_MAX);
+    r = image_store_init(images_dir, err);
+    if (r < 0)
+        return r;
+    if (snprintf(work, sizeof(work), "%s/" STORE "/tmp/import-XXXXXX", images_dir) >=
+        (int)sizeof(work))
+        return lb_error_set(err, -ENAMETOOLONG, "images dir path is too long");
+    if (!mkdtemp(work))
+        return lb_error_set(err, -errno, "cannot make '%s': %s", work, strerror(errno));
+    snprintf(layout, sizeof(layout), "%s/layout", work);
+    snprintf(entry, sizeof(entry), "%s/entry", work);
+    r = copy_any(source, layout, work, err);
+    if (r < 0)
+        goto out;
+    r = read_config(layout, &config, digest, sizeof(digest), err);
+    if (r < 0)
+        goto out;
+    snprintf(stored, sizeof(stored), "%s/" STORE "/sha256/%s", images_dir, digest + 7);
+    had = stat(stored, &st) == 0;
+    if (!had) {
+        r = unpack_image(layout, entry, work, digest, config, err);
+        if (r == 0) /* tests: a crash (delay + kill -9) or failure right before publishing */
+            r = fault_hit("image.publish", 0, err);
+        if (r < 0)
+            goto out;
+        if (rename(entry, stored) < 0 && errno != EEXIST && errno != ENOTEMPTY) {
+            r = lb_error_set(err, -errno, "cannot store the image: %s", strerror(errno));
+            goto out;
+        }
+    }
+    r = link_name(images_dir, name, digest + 7, err);
+    if (r < 0)
+        goto out;
+    r = read_info(images_dir, name, digest + 7, &info, err);
+    if (r < 0)
+        goto out;
+    if (out)
+        *out = info;
+    if (existed)
+        *existed = had;
+    log_info("image store: %s -> %s (%s)", name, digest, had ? "already stored" : "unpacked");
+out:
+    json_decref(config);
+    if (remove_tree(work) < 0)
+        log_warn("image store: cannot remove '%s': %s", work, strerror(errno));
+    return r;
+}
+
+int image_get(const char *images_dir, const char *name, struct lb_image_info *out,
+              struct lb_error *err)
+{
+    char hex[65];
+    int r;
+
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    return read_info(images_dir, name, hex, out, err);
+}
+
+int image_read_config(const char *images_dir, const char *name, json_t **env_out,
+                      char **working_dir_out, struct lb_error *err)
+{
+    char hex[65], p[IMAGE_PATH_MAX + 128];
+    json_error_t je;
+    json_t *j, *env, *wd;
+    int r;
+
+    if (env_out)
+        *env_out = NULL;
+    if (working_dir_out)
+        *working_dir_out = NULL;
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    j = json_load_file(p, 0, &je);
+    if (!j)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    env = json_object_get(j, "env");
+    wd = json_object_get(j, "working_dir");
+    if (env_out && json_is_array(env))
+        *env_out = json_incref(env);
+    if (working_dir_out && json_is_string(wd) && json_string_length(wd) > 0) {
+        *working_dir_out = strdup(json_string_value(wd));
+        if (!*working_dir_out)
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    json_decref(j);
+    return r;
+}
+
+static int cmp_info(const void *a, const void *b)
+{
+    return strcmp(((const struct lb_image_info *)a)->name, ((const struct lb_image_info *)b)->name);
+}
+
+int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, struct lb_error *err)
+{
+    struct lb_image_info *v = NULL, *nv;
+    size_t cnt = 0, cap = 0;
+    struct dirent *de;
+    DIR *d;
+    char hex[65];
+
+    *out = NULL;
+    *n = 0;
+    d = opendir(images_dir);
+    if (!d)
+        return errno == ENOENT
+                   ? 0
+                   : lb_error_set(err, -errno, "cannot read '%s': %s", images_dir, strerror(errno));
+    while ((de = readdir(d))) {
+        if (!image_name_is_valid(de->d_name) || name_hex(images_dir, de->d_name, hex) < 0)
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            nv = realloc(v, cap * sizeof(*v));
+            if (!nv) {
+                closedir(d);
+                free(v);
+                return lb_error_set(err, -ENOMEM, "out of memory");
+            }
+            v = nv;
+        }
+        if (read_info(images_dir, de->d_name, hex, &v[cnt], NULL) == 0)
+            cnt++;
+    }
+    closedir(d);
+    if (cnt > 1)
+        qsort(v, cnt, sizeof(*v), cmp_info);
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+int image_remove(const char *images_dir, const char *name, struct lb_error *err)
+{
+    char hex[65], other[65], p[IMAGE_PATH_MAX + 256], gone[IMAGE_PATH_MAX + 64];
+    struct dirent *de;
+    bool shared = false;
+    DIR *d;
+    int r;
+
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    snprintf(p, sizeof(p), "%s/%s", images_dir, name);
+    if (unlink(p) < 0)
+        return lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
+    d = opendir(images_dir);
+    while (d && (de = readdir(d)))
+        if (image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
+            strcmp(other, hex) == 0)
+            shared = true;
+    if (d)
+        closedir(d);
+    if (shared)
+        return 0;
+    /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s", images_dir, hex);
+    snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/rm-%s", images_dir, hex);
+    if (rename(p, gone) < 0)
+        return lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
+    if (remove_tree(gone) < 0)
+        return lb_error_set(err, -errno, "cannot remove '%s': %s", gone, strerror(errno));
+    log_info("image store: removed %s (sha256:%s)", name, hex);
+    return 0;
+}

@@ -1,0 +1,93 @@
+/*
+ * image.h - the image store: OCI/Docker images imported with skopeo and unpacked with umoci,
+ * kept by digest, named by symlinks.
+ *
+ * Layout of an images dir (local.images_dir, default <state_dir>/images):
+ *   NAME                          symlink -> .store/sha256/<hex>/rootfs (a name of the image)
+ *   .store/sha256/<hex>/rootfs/   the unpacked root tree, owned as the image says (root-owned)
+ *   .store/sha256/<hex>/image.json {"digest","architecture","os","env","working_dir",
+ *                                   "size_bytes","created_at"}
+ *   .store/tmp/                   imports in progress; never visible under a name
+ * Because a name is a directory (through its symlink), the provider's plain-directory images
+ * (a tree placed under images_dir by hand) and imported images are named the same way.
+ *
+ * The digest of an image is the digest of its OCI config blob as skopeo writes it into an OCI
+ * layout (for an OCI source, the source's own config digest; skopeo converts a docker-save
+ * config, so the same image saved both ways may get two digests). An import copies the source
+ * into a temporary OCI layout (skopeo), reads the config digest, and
+ * unpacks (umoci raw unpack) only when no image of that digest is stored; the finished tree is
+ * renamed into place, then the name's symlink is replaced atomically (rename). A crash leaves
+ * only a directory under .store/tmp, removed by image_store_clean_tmp.
+ *
+ * Thread-safety: the functions only touch the file system and the arguments; concurrent
+ * imports of the same digest are safe (the first rename wins, the others discard theirs).
+ * Removing a name while a seed resolves it is not serialised here (the caller checks use).
+ */
+#ifndef LB_IMAGE_H
+#define LB_IMAGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "util/error.h"
+
+#define LB_IMAGE_NAME_MAX 128
+#define LB_IMAGE_DIGEST_MAX 72 /* "sha256:" + 64 hex + NUL */
+
+struct lb_image_info {
+    char name[LB_IMAGE_NAME_MAX + 1];
+    char digest[LB_IMAGE_DIGEST_MAX];
+    int64_t size_bytes; /* total of the regular files' sizes in the root tree */
+    int64_t created_at; /* unix seconds of the unpack */
+};
+
+/* true if name is usable as an image name: [A-Za-z0-9][A-Za-z0-9._-]*, at most
+ * LB_IMAGE_NAME_MAX bytes, and not "host" (the host's root is not a stored image). */
+bool image_name_is_valid(const char *name);
+
+/* Make images_dir and its .store dirs, 0700: only root reaches the trees (their setuid files and
+ * device nodes are root's as the image says; sandboxes see them only through the nosuid, nodev
+ * mounts local_image_mount makes).
+ * Returns 0 or a negative errno with err set. */
+int image_store_init(const char *images_dir, struct lb_error *err);
+
+/* Remove every leftover of an interrupted import under .store/tmp. Call with no import
+ * running (the daemon's start). Returns 0 or a negative errno with err set. */
+int image_store_clean_tmp(const char *images_dir, struct lb_error *err);
+
+/*
+ * Import source as name. source is "docker-archive:PATH", "oci-archive:PATH", "oci:DIR[:REF]"
+ * or a bare path: a directory is an OCI layout, a file a docker-save or OCI archive (tried in
+ * that order). Registry transports are refused (-EINVAL). Runs skopeo and umoci, found in PATH.
+ * out (may be NULL) gets the image's name, digest, size and creation time; *existed (may be
+ * NULL) is true when the digest was already stored (nothing was unpacked).
+ * Returns 0, -EINVAL (bad name or source), -ENOENT (source missing), -EPROTO (the tools
+ * refused the source; err has their message), or another negative errno.
+ */
+int image_import(const char *images_dir, const char *source, const char *name,
+                 struct lb_image_info *out, bool *existed, struct lb_error *err);
+
+/* The stored image name: fills out. Returns 0, -ENOENT (no such imported image; a plain
+ * directory placed by hand is not an imported image), or a negative errno. */
+int image_get(const char *images_dir, const char *name, struct lb_image_info *out,
+              struct lb_error *err);
+
+/* The run config of the imported image name: *env_out (may be NULL) gets its config Env (a
+ * JSON array of "K=V" strings, or NULL when it has none; the caller decrefs), *working_dir_out
+ * (may be NULL) its WorkingDir (malloc'd, NULL when it has none). Returns 0, -ENOENT (not an
+ * imported image, e.g. a tree placed by hand: no config), or a negative errno. */
+int image_read_config(const char *images_dir, const char *name, json_t **env_out,
+                      char **working_dir_out, struct lb_error *err);
+
+/* Every named imported image, sorted by name. *out is a malloc'd array of *n entries (the
+ * caller frees it); empty store: *out NULL, *n 0. Returns 0 or a negative errno. */
+int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, struct lb_error *err);
+
+/* Remove the name; the digest's tree goes too when no other name points to it. The caller
+ * checks first that no live sandbox uses the image. Returns 0, -ENOENT, or a negative errno. */
+int image_remove(const char *images_dir, const char *name, struct lb_error *err);
+
+#endif
