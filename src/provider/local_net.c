@@ -30,6 +30,8 @@
 #include <ifaddrs.h>
 #include <inttypes.h>
 #include <linux/if.h>
+#include <linux/ip.h>
+#include <linux/if_link.h>
 #include <linux/rtnetlink.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -47,6 +49,8 @@
 #include <netlink/netlink.h>
 #include <netlink/route/addr.h>
 #include <netlink/route/link.h>
+#include <netlink/route/link/inet.h>
+#include <netlink/route/link/inet6.h>
 #include <netlink/route/link/veth.h>
 #include <netlink/route/nexthop.h>
 #include <netlink/route/route.h>
@@ -870,19 +874,30 @@ static int nl_default_route(struct nl_sock *s, int ifindex, uint32_t gw)
     return r;
 }
 
-/* Write value to /proc/sys/<path> (in the calling thread's network namespace). */
-static int sysctl_write(const char *path, const char *value)
+/* Set per-link settings through netlink (RTM_SETLINK with IFLA_AF_SPEC), so lendboxd needs no
+ * writable /proc/sys (the shipped unit has ProtectKernelTunables=yes). With route_localnet the
+ * link's IPv4 route_localnet is set to 1 (the DNAT to loopback needs it); without, IPv6 address
+ * generation is turned off instead (IN6_ADDR_GEN_MODE_NONE: no link-local address, so the link
+ * sends no router solicitation or other IPv6 of its own; the nft rules reject IPv6 anyway). Call
+ * before the link is up. Returns 0 or a negative libnl error. */
+static int nl_link_set_conf(struct nl_sock *s, const char *name, bool route_localnet)
 {
-    char full[256];
-    int fd, r = 0;
+    struct rtnl_link *orig = NULL, *change = rtnl_link_alloc();
+    int r = -NLE_NOMEM;
 
-    snprintf(full, sizeof(full), "/proc/sys/%s", path);
-    fd = open(full, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    if (write(fd, value, strlen(value)) < 0)
-        r = -errno;
-    close(fd);
+    if (change) {
+        r = rtnl_link_get_kernel(s, 0, name, &orig);
+        if (r == 0) {
+            if (route_localnet)
+                r = rtnl_link_inet_set_conf(change, IPV4_DEVCONF_ROUTE_LOCALNET, 1);
+            else
+                r = rtnl_link_inet6_set_addr_gen_mode(change, IN6_ADDR_GEN_MODE_NONE);
+        }
+        if (r == 0)
+            r = rtnl_link_change(s, orig, change, 0);
+    }
+    rtnl_link_put(orig);
+    rtnl_link_put(change);
     return r;
 }
 
@@ -911,8 +926,9 @@ static void *inside_configure(void *arg)
         snprintf(j->what, sizeof(j->what), "netlink socket: %s", nl_geterror(r));
         goto out;
     }
-    /* no IPv6 on the link unless ever needed: no link-local addresses, no router solicitation */
-    (void)sysctl_write("net/ipv6/conf/eth0/disable_ipv6", "1");
+    /* no IPv6 on the link unless ever needed: no link-local address, no router solicitation;
+     * best effort (fails on a kernel without IPv6, which needs nothing) */
+    (void)nl_link_set_conf(s, "eth0", false);
     r = nl_link_up(s, "lo", &ifindex);
     if (r == 0)
         r = nl_link_up(s, "eth0", &ifindex);
@@ -974,15 +990,11 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
         r = lb_error_set(err, -EREMOTEIO, "cannot make veth %s: %s", n->ifname, nl_geterror(r));
         goto out;
     }
-    snprintf(path, sizeof(path), "net/ipv6/conf/%s/disable_ipv6", n->ifname);
-    (void)sysctl_write(path, "1");
-    if (n->n_local > 0) {
-        snprintf(path, sizeof(path), "net/ipv4/conf/%s/route_localnet", n->ifname);
-        if ((r = sysctl_write(path, "1")) < 0) {
-            r = lb_error_set(err, -EREMOTEIO, "cannot set route_localnet on %s: %s", n->ifname,
-                             strerror(-r));
-            goto out;
-        }
+    (void)nl_link_set_conf(s, n->ifname, false);
+    if (n->n_local > 0 && (r = nl_link_set_conf(s, n->ifname, true)) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot set route_localnet on %s: %s", n->ifname,
+                         nl_geterror(r));
+        goto out;
     }
     r = nl_link_up(s, n->ifname, &ifindex);
     if (r == 0)
