@@ -1310,7 +1310,7 @@ static int install_private_supervisor(const char *state_dir, char **path, struct
         goto out;
     }
     in = open(*path, O_RDONLY | O_CLOEXEC);
-    if (in < 0 || fstat(in, &st) < 0) {
+    if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode)) {
         r = lb_error_set(err, -EREMOTEIO, "cannot read '%s': %s", *path, strerror(errno));
         goto out;
     }
@@ -1320,17 +1320,30 @@ static int install_private_supervisor(const char *state_dir, char **path, struct
         r = lb_error_set(err, -EREMOTEIO, "cannot create '%s': %s", tmp, strerror(errno));
         goto out;
     }
-    for (off_t left = st.st_size; left > 0;) {
-        ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)left, 0);
+    /* read/write, not copy_file_range: that answers EXDEV across file system types */
+    for (;;) {
+        char buf[65536];
+        ssize_t n = read(in, buf, sizeof(buf)), w = 0;
 
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {
-            r = lb_error_set(err, -EREMOTEIO, "cannot copy '%s' to '%s': %s", *path, tmp,
-                             n < 0 ? strerror(errno) : "short file");
+        if (n < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot read '%s': %s", *path, strerror(errno));
             goto out;
         }
-        left -= n;
+        if (n == 0)
+            break;
+        while (w < n) {
+            ssize_t k = write(out, buf + w, (size_t)(n - w));
+
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0) {
+                r = lb_error_set(err, -EREMOTEIO, "cannot write '%s': %s", tmp, strerror(errno));
+                goto out;
+            }
+            w += k;
+        }
     }
     if (fchown(out, 0, 0) < 0 || fchmod(out, 0711) < 0 || close(out) < 0) {
         out = -1;
