@@ -689,6 +689,9 @@ int main(int argc, char **argv)
     app.store = store;
     app.images_dir = images_dir;
     app.max_exec_timeout_s = cfg.max_exec_timeout_s;
+    app.max_execs_per_sandbox = cfg.max_execs_per_sandbox > 0
+                                    ? cfg.max_execs_per_sandbox
+                                    : (cfg.workers / 4 > 1 ? cfg.workers / 4 : 1);
     app.default_exec_timeout_s = 180;
     if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {
         close(listen_fd);

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdatomic.h>
@@ -88,7 +89,9 @@ struct lb_request {
     lb_http_job_fn job;
     void *job_arg;
     void (*job_free)(void *);
-    char serial_key[192]; /* "": none; see http_set_serial_key */
+    char serial_key[192];   /* "": none; see http_set_serial_key / http_set_fair_key */
+    size_t key_active_max;  /* jobs of serial_key queued or running at once */
+    size_t key_waiting_max; /* more that may wait behind them */
 };
 
 /* Jobs of one serial key (one resources session) that may wait behind its running one. */
@@ -771,11 +774,38 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cl
 
 /* ---------- deferral ---------- */
 
+/* Whether the client of a suspended request has closed its side (or reset) the connection:
+ * nobody is left to read an answer. */
+static bool request_client_gone(struct lb_request *req)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct pollfd pfd;
+
+    if (!ci)
+        return false;
+    pfd = (struct pollfd){.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) <= 0)
+        return false;
+    return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 static void http_job_run(void *arg)
 {
     struct lb_request *req = arg;
 
-    req->job(req, req->job_arg);
+    if (request_client_gone(req)) {
+        /* Abandoned while it waited in the queue: do not start it (a job already running keeps
+         * running to its own end). */
+        struct lb_error err = {0};
+
+        log_info("request %s dropped before it started: the client has disconnected",
+                 req->request_id);
+        lb_error_set(&err, -EAGAIN, "the client disconnected before the request started");
+        http_respond_error(req, &err);
+    } else {
+        req->job(req, req->job_arg);
+    }
     if (req->job_free)
         req->job_free(req->job_arg);
     req->job_arg = NULL;
@@ -785,6 +815,15 @@ static void http_job_run(void *arg)
 void http_set_serial_key(struct lb_request *req, const char *key)
 {
     snprintf(req->serial_key, sizeof(req->serial_key), "%s", key ? key : "");
+    req->key_active_max = 1;
+    req->key_waiting_max = HTTP_SERIAL_BACKLOG_MAX;
+}
+
+void http_set_fair_key(struct lb_request *req, const char *key, size_t max_jobs)
+{
+    snprintf(req->serial_key, sizeof(req->serial_key), "%s", key ? key : "");
+    req->key_active_max = max_jobs ? max_jobs : 1;
+    req->key_waiting_max = 0;
 }
 
 int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
@@ -798,10 +837,11 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
     /* Suspend first: the job may finish (and resume) before pool_submit returns. */
     MHD_suspend_connection(req->conn);
     req->phase = PHASE_DEFERRED;
-    r = pool_submit_keyed(
-        req->route->control && req->http->cfg.control_pool ? req->http->cfg.control_pool
-                                                           : req->http->cfg.pool,
-        req->serial_key[0] ? req->serial_key : NULL, HTTP_SERIAL_BACKLOG_MAX, http_job_run, req);
+    r = pool_submit_shared(req->route->control && req->http->cfg.control_pool
+                               ? req->http->cfg.control_pool
+                               : req->http->cfg.pool,
+                           req->serial_key[0] ? req->serial_key : NULL, req->key_active_max,
+                           req->key_waiting_max, http_job_run, req);
     if (r < 0) {
         req->phase = PHASE_BODY;
         req->job_arg = NULL;
@@ -810,6 +850,11 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
             free_arg(arg);
         if (r == -EAGAIN)
             return lb_error_set(err, -EAGAIN, "the worker queue is full; retry later");
+        if (r == -EBUSY && req->key_waiting_max == 0)
+            return lb_error_set(err, -EAGAIN,
+                                "%zu requests for '%s' are already queued or running (the limit "
+                                "per sandbox); retry later",
+                                req->key_active_max, req->serial_key);
         if (r == -EBUSY)
             return lb_error_set(err, -EAGAIN,
                                 "%d requests for '%s' are already waiting for an earlier one to "

@@ -129,7 +129,15 @@ void http_response_header(struct lb_request *req, const char *name, const char *
  * (429). Call before http_defer. */
 void http_set_serial_key(struct lb_request *req, const char *key);
 
+/* Give the request's deferred job a fair-share key (copied, as above): at most max_jobs (0 is
+ * taken as 1) jobs of one key are queued or running at once, each holding at most one worker,
+ * so one busy key (a sandbox) can never take more than max_jobs workers; past it http_defer
+ * fails with -EAGAIN (429) at once. Call before http_defer; replaces a serial key. */
+void http_set_fair_key(struct lb_request *req, const char *key, size_t max_jobs);
+
 /* Run job(req, arg) on the pool and answer with the response it sets (it must set one).
+ * A job whose client has closed its connection by the time a worker picks it up is not run
+ * (free_arg still is); one already running is not interrupted.
  * Returns 0, or -EAGAIN (queue full: 429) / -ESHUTDOWN. On error the job is not run and the
  * handler should return the error. free_arg (may be NULL) is called on arg after the job or
  * when it could not be queued. */

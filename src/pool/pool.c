@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uthash.h>
@@ -15,11 +16,13 @@ struct key_job {
     struct key_job *next;
 };
 
-/* A key with a job queued in the ring or running (running), and the ones waiting behind it. */
+/* A key with jobs queued in the ring or running (active, at most active_max), and the ones
+ * waiting behind them. */
 struct key_queue {
     char *key;
     struct key_job *head, *tail;
     size_t n_waiting;
+    size_t active, active_max;
     UT_hash_handle hh;
 };
 
@@ -54,7 +57,10 @@ static void key_job_done(struct lb_pool *p, struct key_queue *k)
 {
     struct key_job *next = k->head;
 
+    k->active--;
     if (!next) {
+        if (k->active > 0)
+            return;
         HASH_DEL(p->keys, k);
         free(k->key);
         free(k);
@@ -65,6 +71,7 @@ static void key_job_done(struct lb_pool *p, struct key_queue *k)
         k->tail = NULL;
     k->n_waiting--;
     p->keyed_waiting--;
+    k->active++;
     ring_push(p, next->fn, next->arg, k);
     free(next);
 }
@@ -149,19 +156,27 @@ int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg)
 
 int pool_submit_keyed(struct lb_pool *p, const char *key, size_t key_max, lb_job_fn fn, void *arg)
 {
+    return pool_submit_shared(p, key, 1, key_max ? key_max : SIZE_MAX, fn, arg);
+}
+
+int pool_submit_shared(struct lb_pool *p, const char *key, size_t active_max, size_t waiting_max,
+                       lb_job_fn fn, void *arg)
+{
     struct key_queue *k;
     struct key_job *j = NULL;
     int r = 0;
 
     if (!key)
         return pool_submit(p, fn, arg);
+    if (active_max == 0)
+        return -EINVAL;
     pthread_mutex_lock(&p->lock);
     HASH_FIND_STR(p->keys, key, k);
     if (p->stopping) {
         r = -ESHUTDOWN;
     } else if (p->count + p->keyed_waiting >= p->cap) {
         r = -EAGAIN;
-    } else if (k && key_max && k->n_waiting >= key_max) {
+    } else if (k && k->active >= k->active_max && k->n_waiting >= waiting_max) {
         r = -EBUSY;
     } else if (!k) {
         k = calloc(1, sizeof(*k));
@@ -169,13 +184,18 @@ int pool_submit_keyed(struct lb_pool *p, const char *key, size_t key_max, lb_job
             free(k);
             r = -ENOMEM;
         } else {
+            k->active = 1;
+            k->active_max = active_max;
             HASH_ADD_KEYPTR(hh, p->keys, k->key, strlen(k->key), k);
             ring_push(p, fn, arg, k);
         }
+    } else if (k->active < k->active_max) {
+        k->active++;
+        ring_push(p, fn, arg, k);
     } else if (!(j = calloc(1, sizeof(*j)))) {
         r = -ENOMEM;
     } else {
-        /* an earlier job of this key is queued or running: wait behind it, off the ring */
+        /* active_max jobs of this key are queued or running: wait behind them, off the ring */
         j->fn = fn;
         j->arg = arg;
         if (k->tail)

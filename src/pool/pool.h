@@ -31,6 +31,16 @@ int pool_submit(struct lb_pool *p, lb_job_fn fn, void *arg);
  * -ENOMEM. The key is copied. */
 int pool_submit_keyed(struct lb_pool *p, const char *key, size_t key_max, lb_job_fn fn, void *arg);
 
+/* Queue fn(arg) so that at most active_max (> 0) jobs of key are queued on the ring or running
+ * at once; more wait behind them off the ring (occupying no worker and no place ahead of other
+ * keys' jobs), at most waiting_max of them (SIZE_MAX: no bound but the queue's). So one busy key
+ * can hold at most active_max workers. pool_submit_keyed is active_max 1. The active_max of
+ * the key's first job holds while the key has jobs. key NULL is pool_submit. Returns 0,
+ * -EAGAIN (queue full), -EBUSY (active_max running/queued and waiting_max waiting), -EINVAL
+ * (active_max 0), -ESHUTDOWN after pool_stop, -ENOMEM. The key is copied. */
+int pool_submit_shared(struct lb_pool *p, const char *key, size_t active_max, size_t waiting_max,
+                       lb_job_fn fn, void *arg);
+
 /* Jobs waiting (in the queue or behind a job of their key), and jobs running now (for
  * /metrics). */
 size_t pool_queued(struct lb_pool *p);

@@ -8,6 +8,7 @@
  *          allow4    ifname . ipv4_addr          allowed destinations (every port)
  *          hostside4 ifname . ipv4_addr          the host end's own address (host.lendbox.internal)
  *          lport4    ifname . inet_service       host.lendbox.internal ports
+ *          allowp4   ifname . ipv4_addr . inet_service   host-local servers: listed ports only
  *   map    lmap4     ifname . inet_service : ipv4_addr   where such a port goes (127.x)
  *   chains filter_pre (filter, prerouting) sends every packet from a sandbox through chain
  *          sbx, which decides before routing: a refused packet is rejected at once even where
@@ -201,6 +202,7 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
         "add set inet %1$s allow4 { type ifname . ipv4_addr; }\n"
         "add set inet %1$s hostside4 { type ifname . ipv4_addr; }\n"
         "add set inet %1$s lport4 { type ifname . inet_service; }\n"
+        "add set inet %1$s allowp4 { type ifname . ipv4_addr . inet_service; }\n"
         "add map inet %1$s lmap4 { type ifname . inet_service : ipv4_addr; }\n"
         "add chain inet %1$s filter_pre { type filter hook prerouting priority filter; policy "
         "accept; }\n"
@@ -225,6 +227,7 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
         "add rule inet %1$s sbx ip daddr 127.0.0.0/8 ct status dnat iifname . tcp dport "
         "@lport4 accept\n"
         "add rule inet %1$s sbx iifname . ip daddr @allow4 accept\n"
+        "add rule inet %1$s sbx meta l4proto tcp iifname . ip daddr . tcp dport @allowp4 accept\n"
         "add rule inet %1$s sbx iifname @nat_ifs fib daddr type local reject with icmpx "
         "admin-prohibited\n"
         "add rule inet %1$s sbx iifname @nat_ifs ip daddr { 169.254.0.0/16, %3$s } reject "
@@ -269,6 +272,11 @@ static int nft_elements(struct local_net_host *h, const struct local_net *n, con
     for (k = 0; k < n->n_allow; k++) {
         addr_text(n->allow[k], a);
         EMIT("%s element inet %s allow4 { \"%s\" . %s }\n", verb, t, i, a);
+    }
+    for (k = 0; k < n->n_hostport; k++) {
+        addr_text(n->hostport[k].addr, a);
+        EMIT("%s element inet %s allowp4 { \"%s\" . %s . %u }\n", verb, t, i, a,
+             n->hostport[k].port);
     }
     for (k = 0; k < n->n_local; k++) {
         addr_text(n->local[k].target, b);
@@ -568,8 +576,42 @@ static void allow_add(struct local_net *n, uint32_t a)
 }
 
 /* Resolve one server and add what it allows to n; hosts lines to hosts. */
-static int server_add(const char *server, struct local_net *n, char *hosts, size_t *hosts_len,
-                      bool *needs_forwarding, struct lb_error *err)
+static void hostport_add(struct local_net *n, uint32_t a, int port)
+{
+    for (size_t k = 0; k < n->n_hostport; k++) {
+        if (n->hostport[k].addr == a && n->hostport[k].port == port)
+            return;
+    }
+    if (n->n_hostport < LOCAL_NET_MAX_LOCAL) {
+        n->hostport[n->n_hostport].addr = a;
+        n->hostport[n->n_hostport++].port = (uint16_t)port;
+    }
+}
+
+/* Refuse a server the sandbox must never reach: the daemon's own API, or an address of the
+ * sandbox range (other sandboxes, the host ends of their links). */
+static int server_check_forbidden(const struct local_net_host *h, const char *server, uint32_t a,
+                                  int port, bool on_host, struct lb_error *err)
+{
+    uint32_t mask = h->prefix ? ~UINT32_C(0) << (32 - h->prefix) : 0;
+    char text[INET_ADDRSTRLEN];
+
+    addr_text(a, text);
+    if ((a & mask) == (h->base & mask))
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "'%s' (%s) is inside network.range %s, the daemon's own sandbox "
+                            "addresses; a sandbox may not reach other sandboxes",
+                            server, text, h->range);
+    if (on_host && h->api_port > 0 && port == h->api_port)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "'%s' (%s:%d) is the lendbox daemon's own API; a sandbox may not "
+                            "reach it",
+                            server, text, port);
+    return 0;
+}
+
+static int server_add(const struct local_net_host *h, const char *server, struct local_net *n,
+                      char *hosts, size_t *hosts_len, bool *needs_forwarding, struct lb_error *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL, *ai;
     struct in_addr probe;
@@ -589,6 +631,7 @@ static int server_add(const char *server, struct local_net *n, char *hosts, size
     }
     for (ai = res; ai; ai = ai->ai_next) {
         uint32_t a;
+        bool on_host;
 
         if (ai->ai_family == AF_INET6)
             any6 = true;
@@ -600,6 +643,10 @@ static int server_add(const char *server, struct local_net *n, char *hosts, size
             r = lb_error_set(err, -EOPNOTSUPP, "'%s' resolves to 0.0.0.0", server);
             goto out;
         }
+        on_host = is_loopback(a) || addr_is_local(a);
+        r = server_check_forbidden(h, server, a, port, on_host, err);
+        if (r < 0)
+            goto out;
         if (is_loopback(a)) {
             size_t k;
 
@@ -626,9 +673,22 @@ static int server_add(const char *server, struct local_net *n, char *hosts, size
             }
             continue;
         }
-        if (!addr_is_local(a))
+        if (on_host) {
+            /* An address of the daemon's host: every host port would be open through it, so
+             * only the listed port is, as for loopback servers. */
+            if (port <= 0) {
+                addr_text(a, text);
+                r = lb_error_set(err, -EOPNOTSUPP,
+                                 "'%s' (%s) is an address of this host: give its port (the "
+                                 "sandbox reaches only listed ports of the daemon's host)",
+                                 server, text);
+                goto out;
+            }
+            hostport_add(n, a, port);
+        } else {
             *needs_forwarding = true;
-        allow_add(n, a);
+            allow_add(n, a);
+        }
         if (!literal && *hosts_len < HOSTS_MAX - 512) {
             addr_text(a, text);
             *hosts_len += (size_t)snprintf(hosts + *hosts_len, HOSTS_MAX - *hosts_len, "%s\t%s\n",
@@ -707,11 +767,11 @@ static int net_prepare(struct local_provider *lp, const char *id,
                                  "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost "
                                  "ip6-loopback\n");
     if (n->mode != LOCAL_NET_NAT) {
-        r = server_add(req->model_server, n, hosts, &hosts_len, &needs_forwarding, err);
+        r = server_add(h, req->model_server, n, hosts, &hosts_len, &needs_forwarding, err);
         for (size_t i = 0; r == 0 && n->mode == LOCAL_NET_MODEL_AND_TOOLS && req->tool_servers &&
                            req->tool_servers[i];
              i++)
-            r = server_add(req->tool_servers[i], n, hosts, &hosts_len, &needs_forwarding, err);
+            r = server_add(h, req->tool_servers[i], n, hosts, &hosts_len, &needs_forwarding, err);
         if (r < 0)
             goto fail;
     } else {
@@ -1097,7 +1157,7 @@ int local_net_endpoint(const struct local_net *n, int port, char **url_out, stru
 json_t *local_net_to_json(const struct local_net *n)
 {
     char a[INET_ADDRSTRLEN], b[INET_ADDRSTRLEN];
-    json_t *o, *allow, *local;
+    json_t *o, *allow, *local, *hostports;
 
     if (n->mode == LOCAL_NET_NONE)
         return NULL;
@@ -1120,13 +1180,27 @@ json_t *local_net_to_json(const struct local_net *n)
     o = json_pack("{s:s,s:i,s:s,s:s,s:s,s:o*,s:o*}", "mode", mode_names[n->mode], "slot",
                   (int)n->slot, "ifname", n->ifname, "host", a, "addr", b, "allow", allow, "local",
                   local);
+    if (o && n->n_hostport) {
+        hostports = json_array();
+        for (size_t k = 0; hostports && k < n->n_hostport; k++) {
+            char t[INET_ADDRSTRLEN];
+
+            addr_text(n->hostport[k].addr, t);
+            json_array_append_new(hostports,
+                                  json_pack("{s:s,s:i}", "addr", t, "port", n->hostport[k].port));
+        }
+        if (!hostports || json_object_set_new(o, "hostports", hostports) < 0) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
     return o;
 }
 
 int local_net_from_json(const json_t *j, struct local_net *n)
 {
     const char *mode = NULL, *ifname = NULL, *host = NULL, *addr = NULL;
-    json_t *allow = NULL, *local = NULL, *v;
+    json_t *allow = NULL, *local = NULL, *hostports, *v;
     json_int_t slot = -1;
     size_t k;
     int m;
@@ -1161,6 +1235,18 @@ int local_net_from_json(const json_t *j, struct local_net *n)
             port > 65535 || !addr_parse(target, &n->local[n->n_local].target))
             return -EINVAL;
         n->local[n->n_local++].port = (uint16_t)port;
+    }
+    hostports = json_object_get(j, "hostports");
+    if (json_array_size(hostports) > LOCAL_NET_MAX_LOCAL)
+        return -EINVAL;
+    json_array_foreach(hostports, k, v) {
+        json_int_t port = 0;
+        const char *target = NULL;
+
+        if (json_unpack(v, "{s:s,s:I}", "addr", &target, "port", &port) < 0 || port < 1 ||
+            port > 65535 || !addr_parse(target, &n->hostport[n->n_hostport].addr))
+            return -EINVAL;
+        n->hostport[n->n_hostport++].port = (uint16_t)port;
     }
     return 0;
 }

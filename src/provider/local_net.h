@@ -65,6 +65,11 @@ struct local_net {
         uint32_t target;          /* loopback address the port is forwarded to */
     } local[LOCAL_NET_MAX_LOCAL]; /* host.lendbox.internal ports */
     size_t n_local;
+    struct {
+        uint32_t addr; /* a non-loopback address of the daemon's host */
+        uint16_t port;
+    } hostport[LOCAL_NET_MAX_LOCAL]; /* allowed (address, TCP port) pairs on the host itself */
+    size_t n_hostport;
     char *hosts_text; /* /etc/hosts for the sandbox, only between prepare and create */
 };
 

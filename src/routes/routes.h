@@ -22,6 +22,7 @@ struct lb_app {
     struct lb_pool *pool;
     atomic_bool ready; /* startup reconciliation done and not draining */
     int64_t max_exec_timeout_s;
+    int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
     struct lb_store *store; /* the records (images in use) */

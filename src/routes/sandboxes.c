@@ -276,6 +276,14 @@ int route_exec(struct lb_request *req, struct lb_error *err)
         exec_job_free(j);
         return r;
     }
+    /* one sandbox's execs hold at most max_execs_per_sandbox workers and queue places */
+    {
+        char key[160];
+
+        snprintf(key, sizeof(key), "exec:%s", j->id);
+        http_set_fair_key(req, key,
+                          (size_t)((struct lb_app *)http_app(req))->max_execs_per_sandbox);
+    }
     return http_defer(req, exec_run, j, exec_job_free, err);
 }
 

@@ -72,6 +72,7 @@ static const struct config_key config_keys[] = {
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),
     INT("limits", "max_json_depth", max_json_depth, "32", 2, 1024),
     INT("limits", "max_exec_timeout_s", max_exec_timeout_s, "86400", 1, 31536000),
+    INT("limits", "max_execs_per_sandbox", max_execs_per_sandbox, "0", 0, 1000000),
     INT("limits", "default_disk_mib", default_disk_mib, "1024", 1, 16777216),
     INT("limits", "max_disk_mib", max_disk_mib, "16384", 1, 16777216),
     STR("provider", "name", provider, "local"),

@@ -54,6 +54,7 @@ struct lb_config {
     int64_t max_output_bytes;
     int64_t max_json_depth;
     int64_t max_exec_timeout_s;
+    int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running; 0: workers / 4 */
     int64_t default_disk_mib;
     int64_t max_disk_mib;
     /* [provider] */

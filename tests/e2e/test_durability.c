@@ -665,7 +665,10 @@ END_TEST
  * workers) --- */
 START_TEST(test_release_not_starved_by_execs)
 {
-    static const char *const extra[] = {"--set", "server.workers=2", NULL};
+    /* one sandbox may hold every worker here (limits.max_execs_per_sandbox past its default
+     * of workers / 4) */
+    static const char *const extra[] = {"--set", "server.workers=2", "--set",
+                                        "limits.max_execs_per_sandbox=3", NULL};
     struct dur x;
     json_t *busy, *other;
     struct lbt_async *a[3];

@@ -52,7 +52,9 @@ static void setup_memory(void)
                                        "limits.max_file_bytes=314572800",
                                        /* the workdir is a tmpfs of default_disk_mib: room for
                                         * 8 x 128 MB at once */
-                                       "--set", "limits.default_disk_mib=1536", NULL};
+                                       "--set", "limits.default_disk_mib=1536",
+                                       /* 24 concurrent output floods into one sandbox */
+                                       "--set", "limits.max_execs_per_sandbox=24", NULL};
 
     start_with(args);
 }

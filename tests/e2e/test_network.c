@@ -8,6 +8,10 @@
  * started by the test. The sandboxes' own addresses come from 10.213.A.0/24 and exist only on
  * the veths the daemon makes. Each daemon gets its own nftables table (lbt<pid>), deleted at
  * teardown.
+ *
+ * The test hosts are addresses of this machine (on lo), so the daemon treats them as host-local
+ * servers: only their listed ports are open (a remote host's every port would be, but with
+ * IPv4 forwarding off here no test host can be remote).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,12 +32,13 @@ static struct lbt_daemon D;
 static int A;                               /* this run's third octet */
 static char MODEL[32], TOOL[32], OTHER[32]; /* test hosts on lo */
 static char V6[64];                         /* an IPv6 test host on lo */
+static char HOSTLOCAL[32]; /* 192.0.2.A on lo: a non-loopback address of this host */
 static char RANGE[32], TABLE[32];
 static char HOSTSIDE0[32], SBX1[32];         /* host end of the first link, the second sandbox */
 static int P1, P2, PLOOP, PLOOP_OTHER, PUDP; /* server ports */
 static pid_t servers[16];
 static int n_servers;
-static bool added[4];
+static bool added[5];
 
 static void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void sh(const char *fmt, ...)
@@ -159,6 +164,7 @@ static void hosts_up(void)
     snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
     snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
     snprintf(V6, sizeof(V6), "fd00:1db8:%x::1", A);
+    snprintf(HOSTLOCAL, sizeof(HOSTLOCAL), "192.0.2.%d", A);
     snprintf(RANGE, sizeof(RANGE), "10.213.%d.0/24", A);
     snprintf(HOSTSIDE0, sizeof(HOSTSIDE0), "10.213.%d.0", A);
     snprintf(SBX1, sizeof(SBX1), "10.213.%d.3", A);
@@ -167,11 +173,14 @@ static void hosts_up(void)
     add_lo_addr(1, TOOL, "32");
     add_lo_addr(2, OTHER, "32");
     add_lo_addr(3, V6, "128");
+    add_lo_addr(4, HOSTLOCAL, "32");
     http_server(MODEL, P1);
     http_server(MODEL, P2);
     http_server(TOOL, P1);
     http_server(OTHER, P1);
     http_server(V6, P1);
+    http_server(HOSTLOCAL, P1);
+    http_server(HOSTLOCAL, P2);
     http_server("127.0.0.1", PLOOP);
     http_server("127.0.0.1", PLOOP_OTHER);
     snprintf(pudp, sizeof(pudp), "%d", PUDP);
@@ -183,21 +192,23 @@ static void hosts_up(void)
     wait_listening(TOOL, P1);
     wait_listening(OTHER, P1);
     wait_listening(V6, P1);
+    wait_listening(HOSTLOCAL, P1);
+    wait_listening(HOSTLOCAL, P2);
     wait_listening("127.0.0.1", PLOOP);
     wait_listening("127.0.0.1", PLOOP_OTHER);
 }
 
 static void hosts_down(void)
 {
-    const char *addrs[4] = {MODEL, TOOL, OTHER, V6};
-    const char *prefix[4] = {"32", "32", "32", "128"};
+    const char *addrs[5] = {MODEL, TOOL, OTHER, V6, HOSTLOCAL};
+    const char *prefix[5] = {"32", "32", "32", "128", "32"};
 
     for (int i = 0; i < n_servers; i++) {
         kill(servers[i], SIGKILL);
         waitpid(servers[i], NULL, 0);
     }
     n_servers = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (added[i])
             sh("ip addr del %s/%s dev lo", addrs[i], prefix[i]);
         added[i] = false;
@@ -418,11 +429,12 @@ static int count_nft_elements(void)
 {
     char cmd[256];
 
-    snprintf(cmd, sizeof(cmd),
-             "for s in ifs nat_ifs allow4 hostside4 lport4; do nft list set inet %s $s; done "
-             "2>/dev/null | grep -o '\"lb[0-9a-z]*\"' ; nft list map inet %s lmap4 2>/dev/null "
-             "| grep -o '\"lb[0-9a-z]*\"'",
-             TABLE, TABLE);
+    snprintf(
+        cmd, sizeof(cmd),
+        "for s in ifs nat_ifs allow4 allowp4 hostside4 lport4; do nft list set inet %s $s; done "
+        "2>/dev/null | grep -o '\"lb[0-9a-z]*\"' ; nft list map inet %s lmap4 2>/dev/null "
+        "| grep -o '\"lb[0-9a-z]*\"'",
+        TABLE, TABLE);
     return count_lines(cmd);
 }
 
@@ -470,15 +482,17 @@ START_TEST(test_model_only)
     daemon_start(NULL, NULL);
     lease = seed_net("mo", model_only(), NULL);
     id = json_string_value(json_object_get(lease, "sandbox_id"));
-    /* the model host, on two ports (every port of an allowed host is open) */
+    /* the model host on its listed port; it is an address of this host, so its other ports
+     * are closed */
     assert_reaches(id, url(MODEL, P1));
-    assert_reaches(id, url(MODEL, P2));
+    assert_refused(id, url(MODEL, P2));
     /* other hosts are refused at once, the tool host too under model_only */
     assert_refused(id, url(OTHER, P1));
     assert_refused(id, url(TOOL, P1));
     /* loopback servers of the host are not reachable without being listed */
     assert_refused(id, url(HOSTSIDE0, PLOOP));
-    /* DNS: UDP to port 53 of the allowed host is refused, another UDP port of it answers */
+    /* DNS: UDP to port 53 of the allowed host is refused, as is any UDP port of it that is not
+     * listed (a host-local server: its listed TCP port only) */
     snprintf(cmd, sizeof(cmd),
              "python3 -c \"import socket\n"
              "for port in (%d, 53):\n"
@@ -488,8 +502,10 @@ START_TEST(test_model_only)
              "  except OSError as e: print(port, 'error', e.errno)\n\"",
              PUDP, MODEL);
     out = lbt_sh(&D, id, cmd);
-    snprintf(net, sizeof(net), "%d b'q'\n53 error %d\n", PUDP, ECONNREFUSED);
-    ck_assert_str_eq(out, net);
+    snprintf(net, sizeof(net), "%d error ", PUDP);
+    ck_assert_msg(strncmp(out, net, strlen(net)) == 0, "UDP to an unlisted port: %s", out);
+    snprintf(net, sizeof(net), "\n53 error %d\n", ECONNREFUSED);
+    ck_assert_msg(strstr(out, net) != NULL, "UDP to port 53: %s", out);
     free(out);
     /* IPv6 is closed: the test host's IPv6 address fails at once */
     snprintf(cmd, sizeof(cmd),
@@ -541,7 +557,9 @@ START_TEST(test_model_and_tools)
     a = seed_net("mt", net, NULL);
     b = seed_net("mo", model_only(), NULL);
     assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(TOOL, P1));
-    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(MODEL, P2));
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(MODEL, P1));
+    /* both are addresses of this host: their listed ports only */
+    assert_refused(json_string_value(json_object_get(a, "sandbox_id")), url(MODEL, P2));
     assert_refused(json_string_value(json_object_get(a, "sandbox_id")), url(OTHER, P1));
     assert_refused(json_string_value(json_object_get(b, "sandbox_id")), url(TOOL, P1));
     /* one sandbox cannot reach another's address */
@@ -694,6 +712,60 @@ START_TEST(test_unenforceable_requests)
 }
 END_TEST
 
+/* A model server on a non-loopback address of the daemon's own host (finding B of the hostile
+ * review: it opened every port of the host): only its listed port is reachable; such a server
+ * without a port, the daemon's own API and addresses of the sandbox range are refused 422.
+ * The address is one from TEST-NET-1 that this test adds to lo and removes at the end. */
+START_TEST(test_host_local_model_server)
+{
+    char host[32], net[256], body[512];
+    const char *id;
+    struct lbt_resp r;
+    json_t *lease;
+
+    /* HOSTLOCAL (192.0.2.A, TEST-NET-1) is on lo with servers on P1 and P2 (hosts_up) */
+    snprintf(host, sizeof(host), "%s", HOSTLOCAL);
+    daemon_start(NULL, NULL);
+    snprintf(net, sizeof(net), "{\"access\": \"model_only\", \"model_server\": \"%s:%d\"}", host,
+             P1);
+    lease = seed_net("hl", net, NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    assert_reaches(id, url(host, P1));
+    assert_refused(id, url(host, P2));
+    assert_refused(id, url(host, api_port()));
+    json_decref(lease);
+    release("hl");
+    /* refused at seed: no port, the API itself (loopback and host-local), the sandbox range */
+    {
+        const char *const bad[][2] = {{"", "give its port"},
+                                      {":API", "daemon's own API"},
+                                      {"127.0.0.1:API", "daemon's own API"},
+                                      {"RANGE", "network.range"}};
+
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            char server[64];
+
+            if (!strcmp(bad[i][0], ""))
+                snprintf(server, sizeof(server), "%s", host);
+            else if (!strcmp(bad[i][0], ":API"))
+                snprintf(server, sizeof(server), "%s:%d", host, api_port());
+            else if (!strcmp(bad[i][0], "127.0.0.1:API"))
+                snprintf(server, sizeof(server), "http://127.0.0.1:%d/v1", api_port());
+            else
+                snprintf(server, sizeof(server), "10.213.%d.9:8000", A);
+            snprintf(body, sizeof(body),
+                     "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+                     "\"model_server\": \"%s\"}}",
+                     server);
+            lbt_json(&D, "POST", "/v1/sessions/hl-bad/seed", "", body, &r);
+            lbt_assert_error(&r, 422, "unenforceable");
+            ck_assert_msg(strstr(r.body, bad[i][1]), "%s: %s", server, r.body);
+            lbt_resp_free(&r);
+        }
+    }
+}
+END_TEST
+
 #define N_KILL 20
 
 START_TEST(test_kill9_adopt_then_release_leaves_nothing)
@@ -739,7 +811,9 @@ START_TEST(test_kill9_adopt_then_release_leaves_nothing)
     ck_assert_int_ne(sh_rc(cmd), 0);
     ck_assert_int_eq(count_links(), links0 + N_KILL - 1);
     for (int i = 1; i < N_KILL; i++) {
-        assert_reaches(ids[i], url(MODEL, P2));
+        /* adopted sandboxes keep their policy: the listed port, not another one */
+        assert_reaches(ids[i], url(MODEL, P1));
+        assert_refused(ids[i], url(MODEL, P2));
         assert_refused(ids[i], url(OTHER, P1));
     }
     /* a new seed after the restart gets an address no adopted sandbox has */
@@ -917,6 +991,7 @@ int main(void)
     tcase_add_test(tc, test_inherit_none_is_loopback_only);
     tcase_add_test(tc, test_unenforceable);
     tcase_add_test(tc, test_unenforceable_requests);
+    tcase_add_test(tc, test_host_local_model_server);
     tcase_add_test(tc, test_kill9_adopt_then_release_leaves_nothing);
     tcase_add_test(tc, test_episodes_return_to_baseline);
     tcase_add_test(tc, test_endpoint);

@@ -345,6 +345,68 @@ START_TEST(test_pool_keyed)
 }
 END_TEST
 
+static atomic_int shared_running, shared_max, shared_done;
+static atomic_bool shared_gate;
+
+static void shared_job(void *arg)
+{
+    int n = atomic_fetch_add(&shared_running, 1) + 1, m = atomic_load(&shared_max);
+
+    (void)arg;
+    while (n > m && !atomic_compare_exchange_weak(&shared_max, &m, n))
+        ;
+    while (!atomic_load(&shared_gate))
+        usleep(1000);
+    atomic_fetch_sub(&shared_running, 1);
+    atomic_fetch_add(&shared_done, 1);
+}
+
+static void shared_gate_job(void *arg)
+{
+    (void)arg;
+    atomic_store(&shared_gate, true);
+}
+
+/* pool_submit_shared: at most active_max jobs of a key hold workers, the rest wait off the ring
+ * (bounded by waiting_max: -EBUSY past it), and other jobs still get the free workers. */
+START_TEST(test_pool_shared)
+{
+    struct lb_pool *p = NULL;
+
+    atomic_store(&shared_gate, false);
+    ck_assert_int_eq(pool_new(4, 100, &p), 0);
+    ck_assert_int_eq(pool_submit_shared(p, "x", 2, 0, shared_job, NULL), 0);
+    ck_assert_int_eq(pool_submit_shared(p, "x", 2, 0, shared_job, NULL), 0);
+    ck_assert_int_eq(pool_submit_shared(p, "x", 2, 0, shared_job, NULL), -EBUSY);
+    ck_assert_int_eq(pool_submit_shared(p, "x", 0, 0, shared_job, NULL), -EINVAL);
+    /* a free worker runs another key's job while "x" holds two */
+    ck_assert_int_eq(pool_submit_shared(p, "y", 2, 0, shared_gate_job, NULL), 0);
+    pool_stop(p);
+    ck_assert_int_eq(atomic_load(&shared_done), 2);
+    ck_assert_int_eq(atomic_load(&shared_max), 2);
+    pool_destroy(p);
+
+    atomic_store(&shared_gate, false);
+    atomic_store(&shared_done, 0);
+    atomic_store(&shared_max, 0);
+    ck_assert_int_eq(pool_new(4, 100, &p), 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(pool_submit_shared(p, "x", 2, 4, shared_job, NULL), 0);
+    ck_assert_int_eq(pool_submit_shared(p, "x", 2, 4, shared_job, NULL), -EBUSY);
+    while (atomic_load(&shared_running) < 2)
+        usleep(1000);
+    usleep(50000);
+    /* four workers, but only two run "x"; four wait off the ring */
+    ck_assert_int_eq(atomic_load(&shared_running), 2);
+    ck_assert_int_eq(pool_queued(p), 4);
+    ck_assert_int_eq(pool_submit(p, shared_gate_job, NULL), 0);
+    pool_stop(p);
+    ck_assert_int_eq(atomic_load(&shared_done), 6);
+    ck_assert_int_eq(atomic_load(&shared_max), 2);
+    pool_destroy(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("util");
@@ -363,6 +425,7 @@ int main(void)
     tcase_add_test(tc, test_listen_spec);
     tcase_add_test(tc, test_pool_bounded);
     tcase_add_test(tc, test_pool_keyed);
+    tcase_add_test(tc, test_pool_shared);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
