@@ -11,7 +11,8 @@
  *       inside the sandbox cannot kill it (pid 1 of a pid namespace only gets signals it has
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
- *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background] -- ARGV...
+ *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
+ *                     [--pass-fd P] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
  *       search; 127 if not found, 126 if not executable, like a shell) in its own process
  *       group with default signal dispositions and an empty signal mask. When the command
@@ -21,7 +22,9 @@
  *       grace, then SIGKILL to all of them until none is left. Descendants are found by
  *       scanning /proc for processes whose parent chain leads here (as a subreaper, orphans
  *       come to us, so that chain never breaks). A SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
- *       supervisor itself is treated like a timeout but reported as an error.
+ *       supervisor itself is treated like a timeout but reported as an error. --pass-fd P
+ *       keeps fd P open for the command alone (the daemon's receipt fd for a harness
+ *       launcher); the supervisor itself holds it close-on-exec.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -43,19 +46,25 @@
  * closed in the command's child before exec: no command or background process ever holds it,
  * and its one line comes from the supervisor alone.
  *
- * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). Every file
- * lives in the activation's directory DIR inside the sandbox:
+ * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). The files
+ * live in the activation's directory DIR inside the sandbox, where every sandbox process can
+ * write them, so the daemon trusts none of them for a result:
  *
  *   launch.claim    symlink whose target is "launch" or "stop": whoever creates it first wins,
  *                   so a stop that arrives before the launch fences it
  *   stop.request    created by a stop; the harness supervisor polls for it every 50 ms
- *   supervisor.pid  the harness supervisor's pid (in the sandbox's pid namespace)
+ *   supervisor.pid  the harness supervisor's pid (in the sandbox's pid namespace; informative)
  *   output.log      the supervisor's and the harness's combined stdout and stderr
- *   receipt.json    written atomically (temp file + rename) once cleanup is over:
- *                   {"cleanup_confirmed", "return_code", "timed_out", "error", "launched",
- *                    "stop_requested"}
  *
- *   lendbox-supervise --harness-launch DIR --timeout-ms MS --cleanup-timeout-ms MS -- ARGV...
+ * The receipt {"cleanup_confirmed", "return_code", "timed_out", "error", "launched",
+ * "stop_requested"} goes to fd --receipt-fd: a file the daemon made on the host, outside the
+ * sandbox, passed through the command-mode supervisor (--pass-fd) to the launcher alone. The
+ * harness supervisor keeps it close-on-exec and is non-dumpable, so no sandbox process can
+ * reach it. It is written once, after cleanup: one pwrite at offset 0 of the object and a
+ * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
+ *
+ *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
+ *                     --cleanup-timeout-ms MS -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -70,11 +79,10 @@
  *       argv[0] that cannot be run gives return_code 127 (not found) or 126 and an error.
  *
  *   lendbox-supervise --harness-stop DIR
- *       Requests the stop: exits 0 at once when the receipt exists; else creates stop.request
- *       and tries to claim the launch for "stop". If that wins (nothing was launched) it writes
- *       a confirmed receipt with a null return code itself ("fenced"); otherwise the running
- *       harness supervisor sees the request and writes the receipt ("requested"). The caller
- *       polls receipt.json. Exits 1 when the request cannot be made.
+ *       Requests the stop: creates stop.request and tries to claim the launch for "stop". If
+ *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
+ *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
+ *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -1089,9 +1097,9 @@ int main(int argc, char **argv)
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(stderr, "usage: lendbox-supervise --init --ready-fd N\n"
                         "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-                        "[--keep-background] -- ARGV...\n"
-                        "       lendbox-supervise --harness-launch DIR --timeout-ms MS "
-                        "--cleanup-timeout-ms MS -- ARGV...\n"
+                        "[--keep-background] [--pass-fd P] -- ARGV...\n"
+                        "       lendbox-supervise --harness-launch DIR --receipt-fd N "
+                        "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
                         "       lendbox-supervise --harness-stop DIR\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
