@@ -286,7 +286,8 @@ static int receipt_create(const struct lb_activations *a, const char *act_id)
 }
 
 /* The daemon's own receipt, for an activation whose harness was never launched (a stop won
- * the launch claim): written only while the file is empty (no supervisor ever held it). */
+ * the launch claim): written only while the file is empty or missing (no supervisor ever held
+ * it). */
 static void receipt_write_unlaunched(const struct lb_activations *a, const char *act_id,
                                      const char *error)
 {
@@ -298,7 +299,8 @@ static void receipt_write_unlaunched(const struct lb_activations *a, const char 
     int fd;
 
     receipt_path(a, act_id, path, sizeof(path));
-    fd = text ? open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    /* a close during staging comes before the launch made the file */
+    fd = text ? open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
     if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size == 0) {
         size_t len = strlen(text);
 
