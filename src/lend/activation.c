@@ -1067,6 +1067,17 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
         json_decref(receipt);
         if (r != -ENOENT)
             return 0; /* there (readable or not: finalization judges it) */
+        {
+            /* a close (or a GET) may have recorded it first; a closed one's file is gone */
+            struct lb_activation cur = {0};
+            bool held =
+                store_get_activation_by_sandbox(a->store, act->sandbox_id, &cur, NULL) == 0 &&
+                (cur.receipt_json || cur.state == LB_ACT_CLOSED);
+
+            store_activation_release(&cur);
+            if (held)
+                return 0;
+        }
         if (!sandbox_is_lent(a, act->sandbox_id))
             return -ENOENT;
         if (lend_is_draining(a->lend))
