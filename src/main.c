@@ -744,12 +744,21 @@ int main(int argc, char **argv)
     app.lend = lend;
     {
         /* Artifacts come back the way stage files go in: at most a request body each. */
+        char receipts_dir[PATH_MAX];
         struct lb_activation_config acfg = {
+            .receipts_dir = receipts_dir,
             .max_artifact_bytes = (size_t)cfg.max_body_bytes,
             .max_artifacts_bytes = 4 * (size_t)cfg.max_body_bytes,
             .max_log_bytes = (size_t)cfg.max_output_bytes,
         };
 
+        /* receipts of harness supervisors: host side, so no sandbox process can forge one */
+        snprintf(receipts_dir, sizeof(receipts_dir), "%s/activations", cfg.state_dir);
+        if ((mkdir(receipts_dir, 0700) < 0 && errno != EEXIST) || chmod(receipts_dir, 0700) < 0) {
+            lb_error_set(&err, -errno, "cannot create '%s': %s", receipts_dir, strerror(errno));
+            close(listen_fd);
+            goto fail;
+        }
         if (activations_new(&acfg, store, lend, &acts, &err) < 0) {
             close(listen_fd);
             goto fail;

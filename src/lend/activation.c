@@ -21,12 +21,15 @@
 #include "lend/activation.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <uthash.h>
@@ -72,6 +75,7 @@ struct lb_activations {
     pthread_mutex_t mutex; /* guards entries and every entry's fields */
     pthread_cond_t cond;   /* a finalization ended */
     struct act_entry *entries;
+    char *receipts_dir;
 };
 
 int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
@@ -90,6 +94,11 @@ int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
         a->cfg.max_log_bytes = 1024 * 1024;
     a->store = st;
     a->lend = lend;
+    if (cfg->receipts_dir && !(a->receipts_dir = strdup(cfg->receipts_dir))) {
+        free(a);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    a->cfg.receipts_dir = a->receipts_dir;
     pthread_mutex_init(&a->mutex, NULL);
     {
         pthread_condattr_t ca;
@@ -115,6 +124,7 @@ void activations_free(struct lb_activations *a)
     }
     pthread_cond_destroy(&a->cond);
     pthread_mutex_destroy(&a->mutex);
+    free(a->receipts_dir);
     free(a);
 }
 
@@ -256,24 +266,99 @@ out:
     return r;
 }
 
-/* The receipt in the sandbox: 0 and *out (an object), -ENOENT while there is none, -EIO when
- * it cannot be parsed. */
+/* The activation's receipt file on the host: <receipts_dir>/<id>.receipt. */
+static void receipt_path(const struct lb_activations *a, const char *act_id, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/%s.receipt", a->receipts_dir ? a->receipts_dir : ".", act_id);
+}
+
+/* Create the (empty) receipt file of a new activation; the fd (O_RDWR) or -errno. */
+static int receipt_create(const struct lb_activations *a, const char *act_id)
+{
+    char path[PATH_MAX];
+    int fd;
+
+    if (!a->receipts_dir)
+        return -ENOSYS;
+    receipt_path(a, act_id, path, sizeof(path));
+    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    return fd < 0 ? -errno : fd;
+}
+
+/* The daemon's own receipt, for an activation whose harness was never launched (a stop won
+ * the launch claim): written only while the file is empty or missing (no supervisor ever held
+ * it). */
+static void receipt_write_unlaunched(const struct lb_activations *a, const char *act_id,
+                                     const char *error)
+{
+    char path[PATH_MAX];
+    json_t *j = json_pack("{s:b,s:n,s:b,s:s?,s:b,s:b}", "cleanup_confirmed", 1, "return_code",
+                          "timed_out", 0, "error", error, "launched", 0, "stop_requested", 1);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    struct stat st;
+    int fd;
+
+    receipt_path(a, act_id, path, sizeof(path));
+    /* a close during staging comes before the launch made the file */
+    fd = text ? open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600) : -1;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size == 0) {
+        size_t len = strlen(text);
+
+        if (pwrite(fd, text, len, 0) != (ssize_t)len || pwrite(fd, "\n", 1, (off_t)len) != 1)
+            log_warn("activation %s: cannot write its receipt: %s", act_id, strerror(errno));
+        else
+            (void)fsync(fd);
+    }
+    if (fd >= 0)
+        close(fd);
+    free(text);
+    json_decref(j);
+}
+
+/* The receipt of the harness supervisor, from the host-side file it was handed at launch
+ * (nothing in the sandbox can reach it): 0 and *out (an object), -ENOENT while there is none
+ * or it is not complete yet (a complete one ends in a newline), -EIO when it cannot be
+ * parsed. Nothing under the sandbox's /run/lendbox is read. */
 static int read_receipt(struct lb_activations *a, const struct lb_activation *act, json_t **out,
                         struct lb_error *err)
 {
-    char path[256];
-    unsigned char *data = NULL;
+    char path[PATH_MAX], *data = NULL;
+    ssize_t n;
     size_t len = 0;
-    uint64_t size = 0;
     json_t *j;
-    int r;
+    int fd, r = 0;
 
     *out = NULL;
-    act_path(path, sizeof(path), act, "receipt.json");
-    r = sbx_read(a, act->sandbox_id, path, RECEIPT_MAX, false, &data, &len, &size, err);
-    if (r < 0)
-        return r == -EFBIG ? lb_error_set(err, -EIO, "the harness receipt is too big") : r;
-    j = json_loadb((const char *)data, len, 0, NULL);
+    receipt_path(a, act->id, path, sizeof(path));
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT ? -ENOENT
+                               : lb_error_set(err, -EIO, "cannot open the harness receipt: %s",
+                                              strerror(errno));
+    data = malloc(RECEIPT_MAX + 1);
+    if (!data) {
+        close(fd);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    while (len < RECEIPT_MAX && (n = pread(fd, data + len, RECEIPT_MAX - len, (off_t)len)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = lb_error_set(err, -EIO, "cannot read the harness receipt: %s", strerror(errno));
+            break;
+        }
+        len += (size_t)n;
+    }
+    close(fd);
+    if (r == 0 && len == RECEIPT_MAX)
+        r = lb_error_set(err, -EIO, "the harness receipt is too big");
+    if (r == 0 && (len == 0 || data[len - 1] != '\n'))
+        r = -ENOENT; /* none yet, or still being written */
+    if (r < 0) {
+        free(data);
+        return r;
+    }
+    j = json_loadb(data, len, 0, NULL);
     free(data);
     if (!json_is_object(j)) {
         json_decref(j);
@@ -402,6 +487,23 @@ static void act_note_oom(struct lb_activations *a, const struct lb_activation *a
     json_decref(spec);
 }
 
+/* Store a receipt read from the file (with its OOM verdict): from then on the record's state
+ * reads as the receipt's outcome. The file is written once, so storing it again (a GET and a
+ * finalization at the same time) stores the same. 0 or an error of the store. */
+static int act_record_receipt(struct lb_activations *a, const struct lb_activation *act,
+                              json_t *receipt, struct lb_error *err)
+{
+    char *text;
+    int r;
+
+    act_note_oom(a, act, receipt);
+    text = json_dumps(receipt, JSON_COMPACT);
+    r = text ? store_activation_set_receipt(a->store, act->id, text, err)
+             : lb_error_set(err, -ENOMEM, "out of memory");
+    free(text);
+    return r;
+}
+
 /* Hold a confirmed receipt: read it, or request the stop and wait for it within budget_ms.
  * The receipt read is stored. 0 and *out, or -EREMOTEIO (502) when cleanup is unconfirmed. */
 static int act_stop(struct lb_activations *a, const struct lb_activation *act, int64_t budget_ms,
@@ -410,7 +512,6 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
     struct lb_error rerr = {0};
     int64_t deadline = clock_mono_ms() + budget_ms + RECEIPT_SLACK_MS, wait = POLL_FIRST_MS;
     json_t *receipt = NULL;
-    char *text = NULL;
     int r = read_receipt(a, act, &receipt, &rerr);
 
     if (r == -ENOENT) {
@@ -441,6 +542,8 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))
             r = lb_error_set(err, -EREMOTEIO, "the stop request failed (exit %d): %.200s",
                              res.return_code, res.err.data ? res.err.data : "");
+        if (r == 0 && res.out.data && strncmp(res.out.data, "fenced", 6) == 0)
+            receipt_write_unlaunched(a, act->id, NULL); /* nothing was or will be launched */
         provider_exec_result_release(&res);
         if (r < 0)
             goto out;
@@ -464,10 +567,7 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         r = lb_error_set(err, -EREMOTEIO, "%s; cleanup cannot be confirmed", rerr.message);
         goto out;
     }
-    act_note_oom(a, act, receipt);
-    text = json_dumps(receipt, JSON_COMPACT);
-    r = text ? store_activation_set_receipt(a->store, act->id, text, err)
-             : lb_error_set(err, -ENOMEM, "out of memory");
+    r = act_record_receipt(a, act, receipt, err);
     if (r < 0)
         goto out;
     if (!receipt_confirmed(receipt)) {
@@ -480,7 +580,6 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
     *out = receipt;
     receipt = NULL;
 out:
-    free(text);
     json_decref(receipt);
     return r;
 }
@@ -695,8 +794,13 @@ close:
         r = store_activation_set_state(a->store, act.id, LB_ACT_CLOSED,
                                        LB_ACT_MASK(LB_ACT_CLOSING) | LB_ACT_MASK(LB_ACT_CLOSED),
                                        err);
-        if (r == 0)
+        if (r == 0) {
+            char path[PATH_MAX];
+
+            receipt_path(a, act.id, path, sizeof(path));
+            (void)unlink(path); /* its content is in the record */
             log_info("activation %s: closed", act.id);
+        }
     }
 out:
     json_decref(receipt);
@@ -836,6 +940,10 @@ static json_t *render_close(const struct lb_activation *act)
                             "cleanup", render_cleanup(receipt), "output_log_bytes",
                             (json_int_t)(act->output_log_bytes > 0 ? act->output_log_bytes : 0),
                             "error_type", receipt_error_type(receipt, NULL));
+    json_t *rc = json_object_get(receipt, "return_code");
+
+    if (out) /* the same return code as execute and GET report */
+        json_object_set_new(out, "return_code", json_is_integer(rc) ? json_copy(rc) : json_null());
 
     json_decref(receipt);
     json_decref(spec);
@@ -867,6 +975,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
                           const struct lb_execute_request *req, const char *dir, char *why,
                           size_t why_len)
 {
+    int receipt_fd = receipt_create(a, act->id);
     struct lb_exec_result res = {0};
     struct lb_error err = {0};
     char t_ms[32], c_ms[32];
@@ -874,10 +983,15 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     char **argv;
     int r;
 
+    if (receipt_fd < 0) {
+        snprintf(why, why_len, "cannot create the receipt file: %s", strerror(-receipt_fd));
+        return receipt_fd;
+    }
     while (req->argv[n])
         n++;
-    argv = calloc(n + 10, sizeof(*argv));
+    argv = calloc(n + 12, sizeof(*argv));
     if (!argv) {
+        close(receipt_fd);
         snprintf(why, why_len, "out of memory");
         return -ENOMEM;
     }
@@ -891,6 +1005,8 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     argv[k++] = t_ms;
     argv[k++] = "--cleanup-timeout-ms";
     argv[k++] = c_ms;
+    argv[k++] = "--receipt-fd"; /* the host-side receipt, passed as fd 4 */
+    argv[k++] = "4";
     argv[k++] = "--";
     for (size_t i = 0; i < n; i++)
         argv[k++] = req->argv[i];
@@ -903,16 +1019,25 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         .user = req->user,
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
+        .pass_fd = receipt_fd,
     };
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
     if (r < 0) {
         snprintf(why, why_len, "the launch failed: %s", err.message);
+    } else if (res.error_type == LB_EXEC_OK && res.return_code == 4) {
+        /* we launch once: a claim there before us was made by a sandbox process */
+        r = -EREMOTEIO;
+        snprintf(why, why_len,
+                 "a sandbox process took the launch claim; the harness was not "
+                 "launched");
+        receipt_write_unlaunched(a, act->id, why);
     } else if (res.error_type == LB_EXEC_OK && res.return_code == 0) {
         log_info("activation %s: launched (%.*s)", act->id,
                  (int)strcspn(res.out.data ? res.out.data : "", "\n"),
                  res.out.data ? res.out.data : "");
     } else if (res.error_type == LB_EXEC_OK && res.return_code == 3) {
         r = -EALREADY;
+        receipt_write_unlaunched(a, act->id, NULL);
         snprintf(why, why_len, "the activation was closed before the harness was launched");
     } else {
         const char *msg = res.err.data && res.err.len ? res.err.data : res.out.data;
@@ -924,6 +1049,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     }
     provider_exec_result_release(&res);
     free(argv);
+    close(receipt_fd); /* the harness supervisor holds its own */
     return r;
 }
 
@@ -941,6 +1067,17 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
         json_decref(receipt);
         if (r != -ENOENT)
             return 0; /* there (readable or not: finalization judges it) */
+        {
+            /* a close (or a GET) may have recorded it first; a closed one's file is gone */
+            struct lb_activation cur = {0};
+            bool held =
+                store_get_activation_by_sandbox(a->store, act->sandbox_id, &cur, NULL) == 0 &&
+                (cur.receipt_json || cur.state == LB_ACT_CLOSED);
+
+            store_activation_release(&cur);
+            if (held)
+                return 0;
+        }
         if (!sandbox_is_lent(a, act->sandbox_id))
             return -ENOENT;
         if (lend_is_draining(a->lend))
@@ -1157,9 +1294,12 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, js
     if (r < 0)
         return r;
     live = act.state != LB_ACT_CLOSED && sandbox_is_lent(a, act.sandbox_id);
-    if (live && !act.receipt_json && act.state != LB_ACT_STAGING &&
-        read_receipt(a, &act, &receipt, NULL) == 0)
-        act.receipt_json = json_dumps(receipt, JSON_COMPACT); /* a look, not a record */
+    /* A receipt that came while nobody waited (the execute's caller went away, the daemon
+     * was restarted): recorded now, so the state follows it from here on. */
+    if (!act.receipt_json && (act.state == LB_ACT_RUNNING || act.state == LB_ACT_CLOSING) &&
+        read_receipt(a, &act, &receipt, NULL) == 0 &&
+        act_record_receipt(a, &act, receipt, NULL) == 0)
+        act.receipt_json = json_dumps(receipt, JSON_COMPACT);
     spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
     res = render_result(&act, NULL);
     if (!res) {
@@ -1171,7 +1311,9 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, js
         json_object_set_new(res, "error", json_null());
     }
     json_object_set_new(res, "outcome", json_incref(json_object_get(res, "state")));
-    json_object_set_new(res, "state", json_string(store_act_state_name(act.state)));
+    /* running with a receipt: the harness has ended, and the state says how (as execute did) */
+    if (act.state != LB_ACT_RUNNING || !act.receipt_json)
+        json_object_set_new(res, "state", json_string(store_act_state_name(act.state)));
     json_object_del(res, "output_log_tail");
     if (!act.artifacts_json)
         json_object_set_new(res, "artifacts", json_null());
@@ -1239,6 +1381,12 @@ void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id
                                          LB_ACT_MASK(LB_ACT_STAGING) | LB_ACT_MASK(LB_ACT_RUNNING) |
                                              LB_ACT_MASK(LB_ACT_CLOSING),
                                          NULL);
+        {
+            char path[PATH_MAX];
+
+            receipt_path(a, act.id, path, sizeof(path));
+            (void)unlink(path); /* the sandbox's stop ends its supervisor */
+        }
     }
 out:
     json_decref(spec);

@@ -38,6 +38,8 @@ struct lb_activation_config {
     size_t max_artifact_bytes;  /* one collected file; a bigger one is null + capture_error */
     size_t max_artifacts_bytes; /* all files of one capture together */
     size_t max_log_bytes;       /* output log tail kept at capture and served by ?log=1 */
+    const char *receipts_dir;   /* host directory (mode 0700, hidden from every sandbox) for the
+                                   receipt files <id>.receipt; copied. NULL: execute refuses */
 };
 
 struct lb_activations;

@@ -892,6 +892,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .max_output_bytes = l->cfg.max_output_bytes,
         .preserve_background = p->preserve_background,
         .exclusive = p->exclusive,
+        .pass_fd = p->pass_fd,
     };
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(l->prov, &ref, &req, res, err);

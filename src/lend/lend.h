@@ -123,6 +123,7 @@ struct lb_exec_params {
     bool preserve_background;
     bool exclusive; /* stop every sandbox process but its init first (-EBUSY while another
                        exclusive exec runs in the sandbox, or for others while one does) */
+    int pass_fd;    /* > 0: given to the command alone as its fd 4 (provider pass_fd); borrowed */
 };
 
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */

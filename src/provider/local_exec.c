@@ -67,15 +67,17 @@ static const char *const ns_names[NS_COUNT] = {"user", "mnt", "pid", "net", "uts
 static const int ns_types[NS_COUNT] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
                                        CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
 
-/* The supervisor's fds, in order: 0 stdin, 1 stdout, 2 stderr, 3 status. */
-enum { CH_STDIN, CH_STDOUT, CH_STDERR, CH_STATUS, CH_COUNT };
+/* The supervisor's fds, in order: 0 stdin, 1 stdout, 2 stderr, 3 status, and with a pass fd
+ * 4 that (the supervisor hands it to the command alone). */
+enum { CH_STDIN, CH_STDOUT, CH_STDERR, CH_STATUS, CH_COUNT, CH_PASS = CH_COUNT, CH_MAX };
 
 struct exec_fds {
     int ns[NS_COUNT];
     int cg[LB_CGROUP_MAX_DIRS];
     int ncg;
     struct rlimit nofile; /* the sandbox's RLIMIT_NOFILE, not the daemon's */
-    int child[CH_COUNT];  /* the supervisor's ends */
+    int child[CH_MAX];    /* the supervisor's ends */
+    int nchild;           /* CH_COUNT, or CH_MAX with a pass fd */
     int in_w, out_r, err_r, status_r;
 };
 
@@ -86,8 +88,9 @@ static void exec_fds_init(struct exec_fds *f)
     memset(f, 0, sizeof(*f));
     for (i = 0; i < NS_COUNT; i++)
         f->ns[i] = -1;
-    for (i = 0; i < CH_COUNT; i++)
+    for (i = 0; i < CH_MAX; i++)
         f->child[i] = -1;
+    f->nchild = CH_COUNT;
     f->in_w = f->out_r = f->err_r = f->status_r = -1;
 }
 
@@ -100,7 +103,7 @@ static void exec_fds_close_child(struct exec_fds *f)
     for (i = 0; i < f->ncg; i++)
         local_close_fd(&f->cg[i]);
     f->ncg = 0;
-    for (i = 0; i < CH_COUNT; i++)
+    for (i = 0; i < CH_MAX; i++)
         local_close_fd(&f->child[i]);
 }
 
@@ -180,11 +183,11 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
     (void)syscall(SYS_umask, 022); /* the daemon's 077 is not the sandbox's business */
     g = fork();
     if (g == 0) {
-        if (local_child_place_fds(f->child, CH_COUNT) < 0) {
+        if (local_child_place_fds(f->child, f->nchild) < 0) {
             local_child_report(st, "error cannot set up the supervisor's fds", errno);
             _exit(127);
         }
-        (void)syscall(SYS_close_range, CH_COUNT, ~0U, 0);
+        (void)syscall(SYS_close_range, f->nchild, ~0U, 0);
         /* only now: with many connections open, the daemon's fds (inherited until here) go
          * past the sandbox's limit, and placing ours needs free numbers below it */
         if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &f->nofile, NULL) < 0) {
@@ -269,6 +272,10 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
     v[i++] = cwd;
     if (req->preserve_background)
         v[i++] = "--keep-background";
+    if (req->pass_fd > 0) {
+        v[i++] = "--pass-fd";
+        v[i++] = "4"; /* CH_PASS */
+    }
     v[i++] = "--";
     for (k = 0; k < n; k++)
         v[i++] = req->argv[k];
@@ -690,6 +697,14 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         (r = local_pipe(&f.status_r, &f.child[CH_STATUS])) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot make pipes: %s", strerror(-r));
         goto out;
+    }
+    if (req->pass_fd > 0) {
+        f.child[CH_PASS] = fcntl(req->pass_fd, F_DUPFD_CLOEXEC, 3);
+        if (f.child[CH_PASS] < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot pass an fd: %s", strerror(errno));
+            goto out;
+        }
+        f.nchild = CH_MAX;
     }
     snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
     argv = supervise_argv(req, req->cwd ? req->cwd : d.workdir, num);

@@ -102,6 +102,10 @@ struct lb_exec_request {
     bool preserve_background; /* leave background descendants running after the command */
     bool exclusive;           /* first stop every sandbox process but its init; no other exec of the
                                  sandbox runs meanwhile (they get -EBUSY) */
+    int pass_fd; /* > 0: a daemon fd given to the command alone as its fd 4 (the supervisor gets
+                    --pass-fd 4 and keeps it from every other process); 0: none. Borrowed: the
+                    caller keeps and closes it. A provider that cannot pass fds answers
+                    -ENOSYS. */
 };
 
 struct lb_exec_result {

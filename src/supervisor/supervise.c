@@ -11,7 +11,8 @@
  *       inside the sandbox cannot kill it (pid 1 of a pid namespace only gets signals it has
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
- *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background] -- ARGV...
+ *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
+ *                     [--pass-fd P] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
  *       search; 127 if not found, 126 if not executable, like a shell) in its own process
  *       group with default signal dispositions and an empty signal mask. When the command
@@ -21,7 +22,9 @@
  *       grace, then SIGKILL to all of them until none is left. Descendants are found by
  *       scanning /proc for processes whose parent chain leads here (as a subreaper, orphans
  *       come to us, so that chain never breaks). A SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
- *       supervisor itself is treated like a timeout but reported as an error.
+ *       supervisor itself is treated like a timeout but reported as an error. --pass-fd P
+ *       keeps fd P open for the command alone (the daemon's receipt fd for a harness
+ *       launcher); the supervisor itself holds it close-on-exec.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -43,19 +46,25 @@
  * closed in the command's child before exec: no command or background process ever holds it,
  * and its one line comes from the supervisor alone.
  *
- * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). Every file
- * lives in the activation's directory DIR inside the sandbox:
+ * Harness mode (one supervised harness activation, NeMo Gym's process supervisor). The files
+ * live in the activation's directory DIR inside the sandbox, where every sandbox process can
+ * write them, so the daemon trusts none of them for a result:
  *
  *   launch.claim    symlink whose target is "launch" or "stop": whoever creates it first wins,
  *                   so a stop that arrives before the launch fences it
  *   stop.request    created by a stop; the harness supervisor polls for it every 50 ms
- *   supervisor.pid  the harness supervisor's pid (in the sandbox's pid namespace)
+ *   supervisor.pid  the harness supervisor's pid (in the sandbox's pid namespace; informative)
  *   output.log      the supervisor's and the harness's combined stdout and stderr
- *   receipt.json    written atomically (temp file + rename) once cleanup is over:
- *                   {"cleanup_confirmed", "return_code", "timed_out", "error", "launched",
- *                    "stop_requested"}
  *
- *   lendbox-supervise --harness-launch DIR --timeout-ms MS --cleanup-timeout-ms MS -- ARGV...
+ * The receipt {"cleanup_confirmed", "return_code", "timed_out", "error", "launched",
+ * "stop_requested"} goes to fd --receipt-fd: a file the daemon made on the host, outside the
+ * sandbox, passed through the command-mode supervisor (--pass-fd) to the launcher alone. The
+ * harness supervisor keeps it close-on-exec and is non-dumpable, so no sandbox process can
+ * reach it. It is written once, after cleanup: one pwrite at offset 0 of the object and a
+ * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
+ *
+ *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
+ *                     --cleanup-timeout-ms MS -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -70,11 +79,10 @@
  *       argv[0] that cannot be run gives return_code 127 (not found) or 126 and an error.
  *
  *   lendbox-supervise --harness-stop DIR
- *       Requests the stop: exits 0 at once when the receipt exists; else creates stop.request
- *       and tries to claim the launch for "stop". If that wins (nothing was launched) it writes
- *       a confirmed receipt with a null return code itself ("fenced"); otherwise the running
- *       harness supervisor sees the request and writes the receipt ("requested"). The caller
- *       polls receipt.json. Exits 1 when the request cannot be made.
+ *       Requests the stop: creates stop.request and tries to claim the launch for "stop". If
+ *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
+ *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
+ *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -109,6 +117,8 @@ struct options {
     bool keep_background;
     const char *harness_launch; /* DIR of --harness-launch */
     const char *harness_stop;   /* DIR of --harness-stop */
+    int pass_fd;                /* command mode: an fd the command alone inherits */
+    int receipt_fd;             /* harness mode: the host-side receipt, write end */
     int64_t cleanup_timeout_ms;
     char **argv;
 };
@@ -119,6 +129,25 @@ static int64_t mono_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Close every fd from 3 on but a and b (either may be -1). */
+static void close_all_but(int a, int b)
+{
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+    unsigned from = 3;
+
+    if (lo >= 3) {
+        if ((unsigned)lo > from)
+            (void)close_range(from, (unsigned)lo - 1, 0);
+        from = (unsigned)lo + 1;
+    }
+    if (hi >= 3) {
+        if ((unsigned)hi > from)
+            (void)close_range(from, (unsigned)hi - 1, 0);
+        from = (unsigned)hi + 1;
+    }
+    (void)close_range(from, ~0U, 0);
 }
 
 static int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out)
@@ -146,6 +175,8 @@ static int parse_options(int argc, char **argv, struct options *o)
     o->status_fd = -1;
     o->timeout_ms = -1;
     o->cleanup_timeout_ms = -1;
+    o->pass_fd = -1;
+    o->receipt_fd = -1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -162,6 +193,12 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--status-fd") == 0 && parse_int64(val, 0, INT_MAX, &v) == 0) {
             o->status_fd = (int)v;
+            i++;
+        } else if (strcmp(a, "--pass-fd") == 0 && parse_int64(val, 3, INT_MAX, &v) == 0) {
+            o->pass_fd = (int)v;
+            i++;
+        } else if (strcmp(a, "--receipt-fd") == 0 && parse_int64(val, 3, INT_MAX, &v) == 0) {
+            o->receipt_fd = (int)v;
             i++;
         } else if (strcmp(a, "--timeout-ms") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->timeout_ms = v;
@@ -189,11 +226,12 @@ static int parse_options(int argc, char **argv, struct options *o)
         return o->harness_launch || o->argv ? -EINVAL : 0;
     if (o->harness_launch) {
         if (strlen(o->harness_launch) > PATH_MAX - 64 || o->timeout_ms < 0 ||
-            o->cleanup_timeout_ms < 0 || !o->argv || !o->argv[0])
+            o->cleanup_timeout_ms < 0 || o->receipt_fd < 0 || !o->argv || !o->argv[0])
             return -EINVAL;
         return 0;
     }
-    if (o->status_fd < 0 || o->timeout_ms < 0 || !o->argv || !o->argv[0])
+    if (o->status_fd < 0 || o->timeout_ms < 0 || !o->argv || !o->argv[0] ||
+        o->pass_fd == o->status_fd)
         return -EINVAL;
     return 0;
 }
@@ -513,12 +551,14 @@ static void report_cwd_error(int fd, const char *cwd, int e)
         write_status(fd, "error cannot enter cwd '%s': %s", cwd, strerror(e));
 }
 
-static void exec_command(char **argv, int status_fd)
+static void exec_command(char **argv, int status_fd, int pass_fd)
 {
     int e;
 
     /* the status channel is the supervisor's alone: never the command's (it is CLOEXEC too) */
     (void)close(status_fd);
+    if (pass_fd >= 0) /* the daemon's channel for the command (a harness launcher) */
+        (void)fcntl(pass_fd, F_SETFD, 0);
     setpgid(0, 0);
     reset_signals();
     execvp(argv[0], argv);
@@ -537,12 +577,11 @@ static int run_command(const struct options *o)
     int sfd;
 
     (void)fcntl(o->status_fd, F_SETFD, FD_CLOEXEC);
-    /* nothing but stdin, stdout and stderr reaches the command (the status fd is CLOEXEC) */
-    if (o->status_fd >= 3) {
-        if (o->status_fd > 3)
-            (void)close_range(3, (unsigned)o->status_fd - 1, 0);
-        (void)close_range((unsigned)o->status_fd + 1, ~0U, 0);
-    }
+    if (o->pass_fd >= 0)
+        (void)fcntl(o->pass_fd, F_SETFD, FD_CLOEXEC);
+    /* nothing but stdin, stdout, stderr (and the pass fd) reaches the command (the status fd
+     * is CLOEXEC) */
+    close_all_but(o->status_fd, o->pass_fd);
     (void)setsid();
     (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
@@ -571,7 +610,7 @@ static int run_command(const struct options *o)
         return 0;
     }
     if (cmd.pid == 0)
-        exec_command(o->argv, o->status_fd);
+        exec_command(o->argv, o->status_fd, o->pass_fd);
     (void)setpgid(cmd.pid, cmd.pid);
 
     for (;;) {
@@ -706,11 +745,18 @@ static void json_escape(const char *s, char *out, size_t cap)
     out[o] = '\0';
 }
 
-static int write_receipt(const char *dir, const struct receipt *r)
+/* The receipt goes to the host-side file the daemon made and handed us as fd (no sandbox
+ * process can reach it: the file is outside the sandbox and this process is non-dumpable).
+ * One pwrite at offset 0 of the whole JSON and its terminating newline, then fsync: the
+ * daemon takes only a newline-terminated object as complete. Written once. 0 or -errno. */
+static int write_receipt(int fd, const struct receipt *r)
 {
     char rc[32] = "null", err[1100] = "null", esc[1024], json[2048];
+    size_t off = 0;
     int n;
 
+    if (fd < 0)
+        return -EBADF;
     if (r->have_rc)
         snprintf(rc, sizeof(rc), "%d", r->rc);
     if (r->error[0]) {
@@ -722,7 +768,16 @@ static int write_receipt(const char *dir, const struct receipt *r)
                  "\"error\": %s, \"launched\": %s, \"stop_requested\": %s}\n",
                  r->confirmed ? "true" : "false", rc, r->timed_out ? "true" : "false", err,
                  r->launched ? "true" : "false", r->stop_requested ? "true" : "false");
-    return write_atomic(dir, "receipt.json", json, (size_t)n);
+    while (off < (size_t)n) {
+        ssize_t w = pwrite(fd, json + off, (size_t)n - off, (off_t)off);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        off += (size_t)w;
+    }
+    return fsync(fd) < 0 && errno != EINVAL ? -errno : 0;
 }
 
 static void set_error(struct receipt *r, const char *fmt, ...)
@@ -815,8 +870,9 @@ static void exec_harness(char **argv, int err_fd)
     _exit(e == ENOENT ? 127 : 126);
 }
 
-/* Point 0 at /dev/null and 1, 2 at DIR/output.log; close every other fd but keep. */
-static int harness_stdio(const char *dir, int keep)
+/* Point 0 at /dev/null and 1, 2 at DIR/output.log; close every other fd but keep and
+ * keep2. */
+static int harness_stdio(const char *dir, int keep, int keep2)
 {
     char path[PATH_MAX];
     int log_fd, null_fd;
@@ -828,9 +884,7 @@ static int harness_stdio(const char *dir, int keep)
     null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0)
         return -errno;
-    if (keep > 3)
-        (void)close_range(3, (unsigned)keep - 1, 0);
-    (void)close_range((unsigned)keep + 1, ~0U, 0);
+    close_all_but(keep, keep2);
     return 0;
 }
 
@@ -849,10 +903,10 @@ static int run_harness(const struct options *o, int ready_fd)
 
     (void)setsid();
     (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    if ((e = harness_stdio(o->harness_launch, ready_fd)) < 0) {
+    if ((e = harness_stdio(o->harness_launch, ready_fd, o->receipt_fd)) < 0) {
         set_error(&r, "the harness supervisor cannot open its output log: %s", strerror(-e));
         r.confirmed = true;
-        (void)write_receipt(o->harness_launch, &r);
+        (void)write_receipt(o->receipt_fd, &r);
         return 1;
     }
     n = snprintf(pid_text, sizeof(pid_text), "%d\n", (int)getpid());
@@ -869,7 +923,7 @@ static int run_harness(const struct options *o, int ready_fd)
     if (sfd < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
         set_error(&r, "the harness supervisor cannot start: %s", strerror(errno));
         r.confirmed = true;
-        (void)write_receipt(o->harness_launch, &r);
+        (void)write_receipt(o->receipt_fd, &r);
         return 1;
     }
     if (write(ready_fd, "R", 1) != 1) {
@@ -881,7 +935,7 @@ static int run_harness(const struct options *o, int ready_fd)
         r.stop_requested = true;
         r.confirmed = true;
         dprintf(2, "lendbox-supervise: stop requested before the harness started\n");
-        return write_receipt(o->harness_launch, &r) < 0;
+        return write_receipt(o->receipt_fd, &r) < 0;
     }
     r.launched = true;
     deadline = mono_ms() + o->timeout_ms;
@@ -889,7 +943,7 @@ static int run_harness(const struct options *o, int ready_fd)
     if (cmd.pid < 0) {
         set_error(&r, "fork failed: %s", strerror(errno));
         r.confirmed = true;
-        return write_receipt(o->harness_launch, &r) < 0;
+        return write_receipt(o->receipt_fd, &r) < 0;
     }
     if (cmd.pid == 0) {
         (void)close(err_pipe[0]);
@@ -933,7 +987,7 @@ static int run_harness(const struct options *o, int ready_fd)
                 (long long)o->timeout_ms);
     r.timed_out = timed_out;
     harness_cleanup(&cmd, sfd, o->cleanup_timeout_ms, &r);
-    return write_receipt(o->harness_launch, &r) < 0;
+    return write_receipt(o->receipt_fd, &r) < 0;
 }
 
 static int run_harness_launch(const struct options *o)
@@ -947,6 +1001,12 @@ static int run_harness_launch(const struct options *o)
     if (e < 0) {
         fprintf(stderr, "lendbox-supervise: cannot create '%s': %s\n", o->harness_launch,
                 strerror(-e));
+        return 1;
+    }
+    /* the receipt channel is the harness supervisor's alone, never the harness's */
+    if (fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
+        fprintf(stderr, "lendbox-supervise: no receipt fd %d: %s\n", o->receipt_fd,
+                strerror(errno));
         return 1;
     }
     harness_path(claim, o->harness_launch, "launch.claim");
@@ -967,7 +1027,7 @@ static int run_harness_launch(const struct options *o)
         struct receipt r = {.confirmed = true};
 
         set_error(&r, "cannot start the harness supervisor: %s", strerror(errno));
-        (void)write_receipt(o->harness_launch, &r);
+        (void)write_receipt(o->receipt_fd, &r);
         fprintf(stderr, "lendbox-supervise: %s\n", r.error);
         return 1;
     }
@@ -999,10 +1059,6 @@ static int run_harness_stop(const char *dir)
         fprintf(stderr, "lendbox-supervise: cannot create '%s': %s\n", dir, strerror(-e));
         return 1;
     }
-    if (harness_exists(dir, "receipt.json")) {
-        printf("done\n");
-        return 0;
-    }
     harness_path(path, dir, "stop.request");
     fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -1022,16 +1078,7 @@ static int run_harness_stop(const char *dir)
             return 0;
         }
     }
-    /* The stop won the claim: nothing was or will be launched. */
-    if (!harness_exists(dir, "receipt.json")) {
-        struct receipt r = {.confirmed = true, .stop_requested = true};
-
-        e = write_receipt(dir, &r);
-        if (e < 0) {
-            fprintf(stderr, "lendbox-supervise: cannot write the receipt: %s\n", strerror(-e));
-            return 1;
-        }
-    }
+    /* The stop won the claim: nothing was or will be launched (the daemon records it). */
     printf("fenced\n");
     return 0;
 }
@@ -1050,9 +1097,9 @@ int main(int argc, char **argv)
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(stderr, "usage: lendbox-supervise --init --ready-fd N\n"
                         "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-                        "[--keep-background] -- ARGV...\n"
-                        "       lendbox-supervise --harness-launch DIR --timeout-ms MS "
-                        "--cleanup-timeout-ms MS -- ARGV...\n"
+                        "[--keep-background] [--pass-fd P] -- ARGV...\n"
+                        "       lendbox-supervise --harness-launch DIR --receipt-fd N "
+                        "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
                         "       lendbox-supervise --harness-stop DIR\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");

@@ -246,9 +246,11 @@ START_TEST(test_finished_then_close)
     ck_assert_int_eq(strncmp(id, "act-", 4), 0);
     ck_assert_int_eq(collections(&D, id), 1);
 
-    /* The activation record: still running (not closed), the harness's outcome, the log. */
+    /* The activation record: not closed; its state is the harness's outcome, as execute
+     * answered (not "running"), with the same return code; the log. */
     act = get_activation(&D, "act-fin", true);
-    ck_assert_str_eq(str(act, "state"), "running");
+    ck_assert_str_eq(str(act, "state"), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(act, "return_code")), 0);
     ck_assert_str_eq(str(act, "outcome"), "finished");
     ck_assert_str_eq(str(act, "log"), "harness says hi\n");
     ck_assert(json_is_true(json_object_get(act, "artifacts_collected")));
@@ -445,12 +447,13 @@ START_TEST(test_concurrent_closes)
 END_TEST
 
 /* Cleanup that cannot be confirmed (the supervisor died, no receipt): close is 502 and the
- * activation stays closing; once a confirmed receipt is there the next close collects. */
+ * activation stays closing, every time; a receipt written inside the sandbox (where the
+ * supervisor's used to be) changes nothing; the release's stop is the authority. */
 START_TEST(test_unconfirmed_cleanup_retries)
 {
     char sbx[64], *out;
     struct lbt_async *ex;
-    struct lbt_resp r, c;
+    struct lbt_resp r, c, rel;
     json_t *act;
 
     seed(&D, "act-unconf", sbx, sizeof(sbx));
@@ -461,28 +464,35 @@ START_TEST(test_unconfirmed_cleanup_retries)
     wait_file(&D, sbx, "/workspace/s.txt", "running", 30);
     out = lbt_sh(&D, sbx, "kill -9 $(cat /run/lendbox/act-*/supervisor.pid)");
     free(out);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) {
+            out = lbt_sh(&D, sbx,
+                         "cd /run/lendbox/act-* && printf '%s\\n' '{\"cleanup_confirmed\": "
+                         "true, \"return_code\": 0, \"timed_out\": false, \"error\": null, "
+                         "\"launched\": true, \"stop_requested\": true}' > receipt.json");
+            free(out);
+        }
         lbt_json(&D, "POST", "/v1/sessions/act-unconf/close", "", "{\"timeout_s\": 0.5}", &c);
         lbt_assert_error(&c, 502, "provider_error");
         lbt_resp_free(&c);
         act = get_activation(&D, "act-unconf", false);
         ck_assert_str_eq(str(act, "state"), "closing");
+        ck_assert(json_is_null(json_object_get(act, "return_code")));
         ck_assert(json_is_false(json_object_get(act, "artifacts_collected")));
         json_decref(act);
     }
-    out = lbt_sh(&D, sbx,
-                 "cd /run/lendbox/act-* && printf '%s' '{\"cleanup_confirmed\": true, "
-                 "\"return_code\": null, \"timed_out\": false, \"error\": null, "
-                 "\"launched\": true, \"stop_requested\": true}' > receipt.json");
-    free(out);
-    close_session(&D, "act-unconf", &c);
-    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
-    assert_artifact(c.json, "/workspace/s.txt", "running\n");
-    ck_assert_int_eq(collections(&D, str(c.json, "activation_id")), 1);
+    lbt_json(&D, "POST", "/v1/sessions/act-unconf/release", "", NULL, &rel);
+    ck_assert_int_eq(rel.status, 200);
+    act = get_activation(&D, "act-unconf", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    ck_assert(json_is_null(json_object_get(act, "return_code")));
+    json_decref(act);
     lbt_async_join(ex, &r);
     ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "state"), "failed");
+    ck_assert(json_is_null(json_object_get(r.json, "return_code")));
     lbt_resp_free(&r);
-    lbt_resp_free(&c);
+    lbt_resp_free(&rel);
 }
 END_TEST
 
@@ -882,6 +892,59 @@ START_TEST(test_daemon_restart)
 }
 END_TEST
 
+/* The daemon is SIGKILLed while execute waits, and the harness ends (rc 3) while it is down:
+ * after the restart the activation reads as finished with that return code (GET), and the
+ * close reports the same code. */
+START_TEST(test_restart_harness_ended_meanwhile)
+{
+    struct lbt_daemon d;
+    char sbx[64];
+    struct lbt_async *ex;
+    struct lbt_resp r, c;
+    json_t *act = NULL, *cl;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "act-restart-rc", sbx, sizeof(sbx));
+    ex = execute_async(&d, "act-restart-rc",
+                       "{\"argv\": [\"sh\", \"-c\", \"echo running > /workspace/state.txt; "
+                       "sleep 2; echo ended > /workspace/state.txt; exit 3\"], "
+                       "\"collect\": [\"/workspace/state.txt\"]}");
+    wait_file(&d, sbx, "/workspace/state.txt", "running", 30);
+    lbt_daemon_kill(&d);
+    lbt_async_join(ex, &r);
+    ck_assert_int_ne(r.status, 200);
+    lbt_resp_free(&r);
+    lbt_sleep_ms(3000); /* the harness ends while no daemon runs */
+    lbt_daemon_restart(&d, NULL);
+    for (int i = 0; i < 150; i++) { /* its receipt is on the host already; allow slow start */
+        json_decref(act);
+        act = get_activation(&d, "act-restart-rc", false);
+        if (strcmp(str(act, "state"), "running") != 0)
+            break;
+        lbt_sleep_ms(200);
+    }
+    ck_assert_str_eq(str(act, "state"), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(act, "return_code")), 3);
+    json_decref(act);
+    act = get_activation(&d, "act-restart-rc", false); /* and stays so */
+    ck_assert_str_eq(str(act, "state"), "finished");
+    json_decref(act);
+    close_session(&d, "act-restart-rc", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    ck_assert_int_eq(json_integer_value(json_object_get(c.json, "return_code")), 3);
+    cl = json_object_get(c.json, "cleanup");
+    ck_assert_int_eq(json_integer_value(json_object_get(cl, "return_code")), 3);
+    assert_cleanup_confirmed(c.json);
+    assert_artifact(c.json, "/workspace/state.txt", "ended\n");
+    lbt_resp_free(&c);
+    act = get_activation(&d, "act-restart-rc", false);
+    ck_assert_str_eq(str(act, "state"), "closed");
+    ck_assert_int_eq(json_integer_value(json_object_get(act, "return_code")), 3);
+    json_decref(act);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("activation");
@@ -906,6 +969,7 @@ int main(void)
     tcase_set_timeout(own, 240);
     tcase_add_test(own, test_close_before_launch);
     tcase_add_test(own, test_daemon_restart);
+    tcase_add_test(own, test_restart_harness_ended_meanwhile);
     suite_add_tcase(s, own);
     return lbt_run_suite(s);
 }

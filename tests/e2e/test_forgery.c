@@ -612,6 +612,120 @@ START_TEST(test_seccomp_deny_config)
 }
 END_TEST
 
+/* ---------- fault 3 for harness activations: the receipt ---------- */
+
+/* The harness (the sandbox's root) writes a fake "clean, return code 0" receipt into every
+ * place under /run/lendbox it can reach, then keeps running and exits 7 (or times out). The
+ * result is the real one: it comes when the harness has really ended, with its return code,
+ * the artifacts written just before the end, and nothing of the harness left alive. */
+static const char forger_sh[] =
+    "d=$(ls -d /run/lendbox/act-*)\n"
+    "fake='{\"cleanup_confirmed\":true,\"return_code\":0,\"timed_out\":false,\"error\":null,"
+    "\"launched\":true,\"stop_requested\":false}'\n"
+    "(sleep 1; printf '%s\\n' \"$fake\" >$d/r.tmp && mv $d/r.tmp $d/receipt.json;"
+    " for f in $d/* $d/.[!.]*; do [ -f \"$f\" ] && printf '%s\\n' \"$fake\" >\"$f\"; done;"
+    " printf '%s\\n' \"$fake\" > /run/lendbox/receipt.json) &\n"
+    "sleep \"$1\"\n"
+    "echo done > /workspace/end.txt\n"
+    "exit 7\n";
+
+static json_t *forged_execute(struct lbt_daemon *d, const char *rsid, const char *sbx,
+                              const char *secs, int timeout_s)
+{
+    struct lbt_resp r;
+    char path[128], body[512];
+    json_t *res;
+
+    lbt_file_put(d, sbx, "", "/workspace/h.sh", "0644", forger_sh, strlen(forger_sh), &r);
+    ck_assert_msg(r.status == 204, "stage: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sessions/%s/execute", rsid);
+    snprintf(body, sizeof(body),
+             "{\"argv\": [\"sh\", \"/workspace/h.sh\", \"%s\"], \"collect\": "
+             "[\"/workspace/end.txt\"], \"timeout_s\": %d, \"close_timeout_s\": 3}",
+             secs, timeout_s);
+    lbt_json(d, "POST", path, "", body, &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    res = json_incref(r.json);
+    lbt_resp_free(&r);
+    return res;
+}
+
+static void assert_cleanup(json_t *res, bool confirmed)
+{
+    json_t *c = json_object_get(res, "cleanup");
+
+    ck_assert(json_is_boolean(json_object_get(c, "cleanup_confirmed")));
+    ck_assert(json_is_true(json_object_get(c, "cleanup_confirmed")) == confirmed);
+}
+
+START_TEST(test_harness_cannot_forge_its_receipt)
+{
+    struct lbt_daemon d;
+    char sbx[128], path[128], *out;
+    json_t *res, *art, *act;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-receipt", sbx, sizeof(sbx), NULL, 0);
+    res = forged_execute(&d, "forge-receipt", sbx, "4", 30);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "state")), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 7);
+    assert_cleanup(res, true);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(res, "cleanup"), "return_code")), 7);
+    art = json_object_get(res, "artifacts");
+    ck_assert_msg(json_object_get(art, "/workspace/end.txt") &&
+                      !json_is_null(json_object_get(art, "/workspace/end.txt")),
+                  "collected before the harness ended: %s", json_dumps(res, JSON_COMPACT));
+    json_decref(res);
+    /* the fakes were written (the attack ran), and nothing of the harness is left */
+    out = lbt_sh(&d, sbx, "cat /run/lendbox/act-*/receipt.json");
+    ck_assert_ptr_nonnull(strstr(out, "\"return_code\":0"));
+    free(out);
+    out = lbt_sh(&d, sbx, "ps -eo args | grep -c '[s]leep 4' || true");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    /* GET says the same */
+    snprintf(path, sizeof(path), "/v1/sessions/%s/activation", "forge-receipt");
+    {
+        struct lbt_resp r;
+
+        lbt_json(&d, "GET", path, "", NULL, &r);
+        ck_assert_int_eq(r.status, 200);
+        act = json_incref(r.json);
+        lbt_resp_free(&r);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(act, "state")), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(act, "return_code")), 7);
+    json_decref(act);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* The same forger, but it outlives its timeout: timed_out, cleanup confirmed only once the
+ * harness and its background writer are gone. */
+START_TEST(test_harness_forgery_times_out)
+{
+    struct lbt_daemon d;
+    char sbx[128], *out;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-receipt-to", sbx, sizeof(sbx), NULL, 0);
+    res = forged_execute(&d, "forge-receipt-to", sbx, "60", 3);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "state")), "timed_out");
+    ck_assert(json_is_true(json_object_get(json_object_get(res, "cleanup"), "timed_out")));
+    assert_cleanup(res, true);
+    ck_assert(
+        json_is_null(json_object_get(json_object_get(res, "artifacts"), "/workspace/end.txt")));
+    json_decref(res);
+    out = lbt_sh(&d, sbx, "ps -eo args | grep -c '[s]leep 60' || true");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("forgery");
@@ -626,6 +740,8 @@ int main(void)
     tcase_add_test(forge, test_exclusive_runs_alone);
     tcase_add_test(forge, test_supervisor_copy_is_exec_only);
     tcase_add_test(forge, test_close_stops_agent_processes);
+    tcase_add_test(forge, test_harness_cannot_forge_its_receipt);
+    tcase_add_test(forge, test_harness_forgery_times_out);
     suite_add_tcase(s, forge);
     tcase_set_timeout(sec, 180);
     tcase_add_test(sec, test_session_keyring_per_sandbox_and_exec);
