@@ -9,9 +9,11 @@
  * the veths the daemon makes. Each daemon gets its own nftables table (lbt<pid>), deleted at
  * teardown.
  *
- * The test hosts are addresses of this machine (on lo), so the daemon treats them as host-local
- * servers: only their listed ports are open (a remote host's every port would be, but with
- * IPv4 forwarding off here no test host can be remote).
+ * The test hosts on lo are addresses of this machine, so the daemon treats them as host-local
+ * servers: only their listed ports are open. Remote hosts (every port open) are made in a
+ * network namespace of this test's own (lbtn<pid>) behind a veth (lbtv<pid>h on the host) with
+ * 198.51.100.B/29 (TEST-NET-2): forwarding is turned on for that veth only (the daemon turns it
+ * on for its sandbox veths), never the host-wide net.ipv4.ip_forward; deleted at teardown.
  */
 #include <arpa/inet.h>
 #include <errno.h>
