@@ -507,6 +507,52 @@ static bool forwarding_on(void)
     return c == '1';
 }
 
+/* Is IPv4 forwarding on for the interface the host reaches a through (the one a's replies come
+ * in on, which the kernel asks before forwarding them into the sandbox's link)? The interface
+ * is the one holding the source address the kernel picks for a (a connected UDP socket sends
+ * nothing). The global net.ipv4.ip_forward = 1 sets every interface's switch too. On false,
+ * ifname holds the interface's name when known ("" else). */
+static bool uplink_forwarding_on(uint32_t a, char ifname[IFNAMSIZ])
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(9)}, src = {0};
+    socklen_t len = sizeof(src);
+    struct ifaddrs *all = NULL, *i;
+    char path[96], c = '0';
+    int s, fd;
+
+    ifname[0] = '\0';
+    dst.sin_addr.s_addr = htonl(a);
+    s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return false;
+    if (connect(s, (struct sockaddr *)&dst, sizeof(dst)) < 0 ||
+        getsockname(s, (struct sockaddr *)&src, &len) < 0) {
+        close(s);
+        return false;
+    }
+    close(s);
+    if (getifaddrs(&all) < 0)
+        return false;
+    for (i = all; i; i = i->ifa_next) {
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr.s_addr == src.sin_addr.s_addr) {
+            snprintf(ifname, IFNAMSIZ, "%s", i->ifa_name);
+            break;
+        }
+    }
+    freeifaddrs(all);
+    if (!ifname[0])
+        return false;
+    snprintf(path, sizeof(path), "/proc/sys/net/ipv4/conf/%s/forwarding", ifname);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &c, 1) != 1)
+            c = '0';
+        close(fd);
+    }
+    return c == '1';
+}
+
 /* Is a assigned to one of this host's interfaces? */
 static bool addr_is_local(uint32_t a)
 {
@@ -611,7 +657,7 @@ static int server_check_forbidden(const struct local_net_host *h, const char *se
 }
 
 static int server_add(const struct local_net_host *h, const char *server, struct local_net *n,
-                      char *hosts, size_t *hosts_len, bool *needs_forwarding, struct lb_error *err)
+                      char *hosts, size_t *hosts_len, struct lb_error *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL, *ai;
     struct in_addr probe;
@@ -686,7 +732,20 @@ static int server_add(const struct local_net_host *h, const char *server, struct
             }
             hostport_add(n, a, port);
         } else {
-            *needs_forwarding = true;
+            char uplink[IFNAMSIZ];
+
+            /* the sandbox's own link forwards (set at attach); the replies need forwarding
+             * on the interface they come in on */
+            if (!uplink_forwarding_on(a, uplink)) {
+                addr_text(a, text);
+                r = lb_error_set(err, -EOPNOTSUPP,
+                                 "'%s' (%s) is not on this host and IPv4 forwarding is off on "
+                                 "the interface it is reached through (%s): set "
+                                 "net.ipv4.conf.%s.forwarding = 1 or net.ipv4.ip_forward = 1",
+                                 server, text, uplink[0] ? uplink : "unknown",
+                                 uplink[0] ? uplink : "<uplink>");
+                goto out;
+            }
             allow_add(n, a);
         }
         if (!literal && *hosts_len < HOSTS_MAX - 512) {
@@ -767,11 +826,11 @@ static int net_prepare(struct local_provider *lp, const char *id,
                                  "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost "
                                  "ip6-loopback\n");
     if (n->mode != LOCAL_NET_NAT) {
-        r = server_add(h, req->model_server, n, hosts, &hosts_len, &needs_forwarding, err);
+        r = server_add(h, req->model_server, n, hosts, &hosts_len, err);
         for (size_t i = 0; r == 0 && n->mode == LOCAL_NET_MODEL_AND_TOOLS && req->tool_servers &&
                            req->tool_servers[i];
              i++)
-            r = server_add(h, req->tool_servers[i], n, hosts, &hosts_len, &needs_forwarding, err);
+            r = server_add(h, req->tool_servers[i], n, hosts, &hosts_len, err);
         if (r < 0)
             goto fail;
     } else {
@@ -940,6 +999,27 @@ static int nl_default_route(struct nl_sock *s, int ifindex, uint32_t gw)
  * generation is turned off instead (IN6_ADDR_GEN_MODE_NONE: no link-local address, so the link
  * sends no router solicitation or other IPv6 of its own; the nft rules reject IPv6 anyway). Call
  * before the link is up. Returns 0 or a negative libnl error. */
+/* Turn IPv4 forwarding on for one link only (net.ipv4.conf.<name>.forwarding = 1, through
+ * netlink like nl_link_set_conf): the kernel decides forwarding by the input interface, so
+ * packets from the sandbox may be forwarded without the host-wide net.ipv4.ip_forward.
+ * Returns 0 or a negative libnl error. */
+static int nl_link_set_forwarding(struct nl_sock *s, const char *name)
+{
+    struct rtnl_link *orig = NULL, *change = rtnl_link_alloc();
+    int r = -NLE_NOMEM;
+
+    if (change) {
+        r = rtnl_link_get_kernel(s, 0, name, &orig);
+        if (r == 0)
+            r = rtnl_link_inet_set_conf(change, IPV4_DEVCONF_FORWARDING, 1);
+        if (r == 0)
+            r = rtnl_link_change(s, orig, change, 0);
+    }
+    rtnl_link_put(orig);
+    rtnl_link_put(change);
+    return r;
+}
+
 static int nl_link_set_conf(struct nl_sock *s, const char *name, bool route_localnet)
 {
     struct rtnl_link *orig = NULL, *change = rtnl_link_alloc();
@@ -1053,6 +1133,12 @@ int local_net_attach(struct local_provider *lp, const struct local_net *n, pid_t
     (void)nl_link_set_conf(s, n->ifname, false);
     if (n->n_local > 0 && (r = nl_link_set_conf(s, n->ifname, true)) < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot set route_localnet on %s: %s", n->ifname,
+                         nl_geterror(r));
+        goto out;
+    }
+    if ((n->n_allow > 0 || n->mode == LOCAL_NET_NAT) &&
+        (r = nl_link_set_forwarding(s, n->ifname)) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot turn on forwarding on %s: %s", n->ifname,
                          nl_geterror(r));
         goto out;
     }

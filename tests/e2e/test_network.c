@@ -9,9 +9,11 @@
  * the veths the daemon makes. Each daemon gets its own nftables table (lbt<pid>), deleted at
  * teardown.
  *
- * The test hosts are addresses of this machine (on lo), so the daemon treats them as host-local
- * servers: only their listed ports are open (a remote host's every port would be, but with
- * IPv4 forwarding off here no test host can be remote).
+ * The test hosts on lo are addresses of this machine, so the daemon treats them as host-local
+ * servers: only their listed ports are open. Remote hosts (every port open) are made in a
+ * network namespace of this test's own (lbtn<pid>) behind a veth (lbtv<pid>h on the host) with
+ * 198.51.100.B/29 (TEST-NET-2): forwarding is turned on for that veth only (the daemon turns it
+ * on for its sandbox veths), never the host-wide net.ipv4.ip_forward; deleted at teardown.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -36,7 +38,7 @@ static char HOSTLOCAL[32]; /* 192.0.2.A on lo: a non-loopback address of this ho
 static char RANGE[32], TABLE[32];
 static char HOSTSIDE0[32], SBX1[32];         /* host end of the first link, the second sandbox */
 static int P1, P2, PLOOP, PLOOP_OTHER, PUDP; /* server ports */
-static pid_t servers[16];
+static pid_t servers[24];
 static int n_servers;
 static bool added[5];
 
@@ -61,6 +63,8 @@ static int sh_rc(const char *cmd)
 }
 
 static void hosts_down(void);
+static void netns_down(void);
+static void netns_up(void);
 static void registry_add(const struct lbt_daemon *d);
 
 /* Start argv as a host process of the test (its own session); remembered for teardown. */
@@ -82,10 +86,10 @@ static void spawn(const char *const *argv)
     servers[n_servers++] = pid;
 }
 
-/* Wait until addr:port (TCP) accepts. */
+/* Wait until addr:port (TCP) accepts (up to 20 s: python3 starts slowly on a loaded machine). */
 static void wait_listening(const char *addr, int port)
 {
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < 400; i++) {
         struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         struct sockaddr_in6 in6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
         bool v6 = strchr(addr, ':') != NULL;
@@ -196,6 +200,78 @@ static void hosts_up(void)
     wait_listening(HOSTLOCAL, P2);
     wait_listening("127.0.0.1", PLOOP);
     wait_listening("127.0.0.1", PLOOP_OTHER);
+    netns_up();
+}
+
+/* The remote test hosts: a network namespace NETNS of this test's own, reached over a veth
+ * pair VETH (host end) / VETH_NS, addresses from 198.51.100.0/24 (TEST-NET-2, used by nothing
+ * else here): 198.51.100.B+1 the host end, +2 the model host, +3 a host nobody allows, +4 the
+ * tool host, /29. Forwarding is turned on for VETH only (the replies come in there); the
+ * host-wide net.ipv4.ip_forward is left as it is. */
+static char NETNS[32], VETH[16], VETH_NS[16], NS_HOSTEND[32], NS_MODEL[32], NS_OTHER[32],
+    NS_TOOL[32];
+static bool netns_made;
+
+static void netns_server(const char *addr, int port)
+{
+    char p[16];
+    const char *argv[] = {"ip", "netns",  "exec", NETNS,         "python3", "-m", "http.server",
+                          p,    "--bind", addr,   "--directory", "/tmp",    NULL};
+
+    snprintf(p, sizeof(p), "%d", port);
+    spawn(argv);
+}
+
+static void netns_up(void)
+{
+    char cmd[1024], path[64];
+    int b = (int)(getpid() % 30) * 8;
+
+    snprintf(NETNS, sizeof(NETNS), "lbtn%d", (int)getpid());
+    snprintf(VETH, sizeof(VETH), "lbtv%dh", (int)getpid());
+    snprintf(VETH_NS, sizeof(VETH_NS), "lbtv%dn", (int)getpid());
+    snprintf(NS_HOSTEND, sizeof(NS_HOSTEND), "198.51.100.%d", b + 1);
+    snprintf(NS_MODEL, sizeof(NS_MODEL), "198.51.100.%d", b + 2);
+    snprintf(NS_OTHER, sizeof(NS_OTHER), "198.51.100.%d", b + 3);
+    snprintf(NS_TOOL, sizeof(NS_TOOL), "198.51.100.%d", b + 4);
+    /* nothing of ours may exist yet, and no address of the /29 either */
+    snprintf(cmd, sizeof(cmd), "ip -o addr show | grep -q ' 198\\.51\\.100\\.%d/29'", b + 1);
+    snprintf(path, sizeof(path), "/run/netns/%s", NETNS);
+    if (sh_rc(cmd) == 0 || access(path, F_OK) == 0) {
+        hosts_down();
+        ck_abort_msg("test network 198.51.100.%d/29 already exists", b);
+    }
+    netns_made = true;
+    snprintf(cmd, sizeof(cmd),
+             "set -e; ip netns add %1$s; ip link add %2$s type veth peer name %3$s netns %1$s; "
+             "ip addr add %4$s/29 dev %2$s; ip link set %2$s up; "
+             "echo 1 > /proc/sys/net/ipv4/conf/%2$s/forwarding; "
+             "ip -n %1$s link set lo up; ip -n %1$s link set %3$s up; "
+             "ip -n %1$s addr add %5$s/29 dev %3$s; ip -n %1$s addr add %6$s/29 dev %3$s; "
+             "ip -n %1$s addr add %7$s/29 dev %3$s; ip -n %1$s route add default via %4$s",
+             NETNS, VETH, VETH_NS, NS_HOSTEND, NS_MODEL, NS_OTHER, NS_TOOL);
+    if (sh_rc(cmd) != 0) {
+        hosts_down();
+        ck_abort_msg("cannot make the test network namespace %s", NETNS);
+    }
+    netns_server(NS_MODEL, P1);
+    netns_server(NS_MODEL, P2);
+    netns_server(NS_OTHER, P1);
+    netns_server(NS_TOOL, P1);
+    netns_server(NS_TOOL, P2);
+    wait_listening(NS_MODEL, P1);
+    wait_listening(NS_MODEL, P2);
+    wait_listening(NS_OTHER, P1);
+    wait_listening(NS_TOOL, P1);
+    wait_listening(NS_TOOL, P2);
+}
+
+static void netns_down(void)
+{
+    if (!netns_made)
+        return;
+    sh("ip link del %s 2>/dev/null; ip netns del %s 2>/dev/null; true", VETH, NETNS);
+    netns_made = false;
 }
 
 static void hosts_down(void)
@@ -208,6 +284,7 @@ static void hosts_down(void)
         waitpid(servers[i], NULL, 0);
     }
     n_servers = 0;
+    netns_down();
     for (int i = 0; i < 5; i++) {
         if (added[i])
             sh("ip addr del %s/%s dev lo", addrs[i], prefix[i]);
@@ -975,6 +1052,67 @@ START_TEST(test_inherit_nat_needs_forwarding)
 }
 END_TEST
 
+/* A remote model host (in the test's netns, reached through the host by forwarding on the
+ * sandbox's link and the test's veth only): every port of it is open, other hosts are not. */
+START_TEST(test_remote_model_host_every_port)
+{
+    json_t *lease;
+    const char *id;
+    char net[256];
+    struct lbt_resp r;
+
+    daemon_start(NULL, NULL);
+    snprintf(net, sizeof(net), "{\"access\": \"model_only\", \"model_server\": \"http://%s:%d\"}",
+             NS_MODEL, P1);
+    lease = seed_net("rmo", net, NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    assert_reaches(id, url(NS_MODEL, P1));
+    assert_reaches(id, url(NS_MODEL, P2));
+    assert_refused(id, url(NS_OTHER, P1));
+    assert_refused(id, url(NS_TOOL, P1));
+    assert_refused(id, url(NS_HOSTEND, P1));
+    json_decref(lease);
+    release("rmo");
+    /* forwarding off where the replies would come in: refused 422, no sandbox */
+    sh("echo 0 > /proc/sys/net/ipv4/conf/%s/forwarding", VETH);
+    snprintf(net, sizeof(net),
+             "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+             "\"model_server\": \"http://%s:%d\"}}",
+             NS_MODEL, P1);
+    lbt_json(&D, "POST", "/v1/sessions/rmo2/seed", "", net, &r);
+    sh("echo 1 > /proc/sys/net/ipv4/conf/%s/forwarding", VETH);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_msg(strstr(r.body, VETH) != NULL, "422 names the uplink: %s", r.body);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+START_TEST(test_remote_tool_host)
+{
+    json_t *a, *b;
+    char net[512];
+
+    daemon_start(NULL, NULL);
+    snprintf(net, sizeof(net),
+             "{\"access\": \"model_and_tools\", \"model_server\": \"%s:%d\", "
+             "\"tool_servers\": [\"http://%s:%d/mcp\"]}",
+             NS_MODEL, P1, NS_TOOL, P1);
+    a = seed_net("rmt", net, NULL);
+    snprintf(net, sizeof(net), "{\"access\": \"model_only\", \"model_server\": \"%s:%d\"}",
+             NS_MODEL, P1);
+    b = seed_net("rmo", net, NULL);
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(NS_TOOL, P1));
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(NS_TOOL, P2));
+    assert_reaches(json_string_value(json_object_get(a, "sandbox_id")), url(NS_MODEL, P2));
+    assert_refused(json_string_value(json_object_get(a, "sandbox_id")), url(NS_OTHER, P1));
+    assert_refused(json_string_value(json_object_get(b, "sandbox_id")), url(NS_TOOL, P1));
+    json_decref(a);
+    json_decref(b);
+    release("rmt");
+    release("rmo");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("network");
@@ -997,6 +1135,8 @@ int main(void)
     tcase_add_test(tc, test_endpoint);
     tcase_add_test(tc, test_endpoint_relay);
     tcase_add_test(tc, test_inherit_nat_needs_forwarding);
+    tcase_add_test(tc, test_remote_model_host_every_port);
+    tcase_add_test(tc, test_remote_tool_host);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
