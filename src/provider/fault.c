@@ -2,7 +2,9 @@
 #include "provider/fault.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util/fault.h"
 
@@ -10,57 +12,74 @@ struct fault_provider {
     struct lb_provider base;
     struct lb_provider *inner;
     int64_t create_timeout_ms;
+    bool owns_inner;
+    char points[16]; /* the fault points' prefix: "provider" (provider.create, ...) */
+    char name[32];
     struct lb_provider_ops ops;
 };
 
 #define INNER(p) (((struct fault_provider *)(p))->inner)
 
-/* Injected failures look like provider failures. */
-static int fault_as_provider(int r)
+/* Apply the fault configured for this wrapper's point "<prefix>.<op>". */
+static int fault_point(struct lb_provider *p, const char *op, int64_t deadline_ms,
+                       struct lb_error *err)
 {
-    return r == -ETIMEDOUT ? r : -EREMOTEIO;
+    char point[48];
+
+    snprintf(point, sizeof(point), "%s.%s", ((struct fault_provider *)p)->points, op);
+    return fault_hit(point, deadline_ms, err);
+}
+
+/* Injected failures look like provider failures (the error's code too: it decides the HTTP
+ * status). */
+static int fault_as_provider(int r, struct lb_error *err)
+{
+    r = r == -ETIMEDOUT ? r : -EREMOTEIO;
+    if (err)
+        err->code = r;
+    return r;
 }
 
 static int fault_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                         const struct lb_sandbox_spec *spec, json_t **out, struct lb_error *err)
 {
-    int r = fault_hit("provider.create", ((struct fault_provider *)p)->create_timeout_ms, err);
+    int r = fault_point(p, "create", ((struct fault_provider *)p)->create_timeout_ms, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_create(INNER(p), ref, spec, out, err);
+    return r < 0 ? fault_as_provider(r, err) : provider_create(INNER(p), ref, spec, out, err);
 }
 
 static int fault_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                       struct lb_error *err)
 {
-    int r = fault_hit("provider.stop", timeout_ms, err);
+    int r = fault_point(p, "stop", timeout_ms, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_stop(INNER(p), ref, timeout_ms, err);
+    return r < 0 ? fault_as_provider(r, err) : provider_stop(INNER(p), ref, timeout_ms, err);
 }
 
 static int fault_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                         enum lb_sandbox_status *out, struct lb_error *err)
 {
-    int r = fault_hit("provider.status", 0, err);
+    int r = fault_point(p, "status", 0, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_status(INNER(p), ref, out, err);
+    return r < 0 ? fault_as_provider(r, err) : provider_status(INNER(p), ref, out, err);
 }
 
 static int fault_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                       const struct lb_exec_request *req, struct lb_exec_result *res,
                       struct lb_error *err)
 {
-    int r = fault_hit("provider.exec", req->timeout_ms, err);
+    int r = fault_point(p, "exec", req->timeout_ms, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_exec(INNER(p), ref, req, res, err);
+    return r < 0 ? fault_as_provider(r, err) : provider_exec(INNER(p), ref, req, res, err);
 }
 
 static int fault_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                             const char *path, const void *data, size_t len, int mode,
                             struct lb_error *err)
 {
-    int r = fault_hit("provider.file_write", 0, err);
+    int r = fault_point(p, "file_write", 0, err);
 
-    return r < 0 ? fault_as_provider(r)
+    return r < 0 ? fault_as_provider(r, err)
                  : provider_file_write(INNER(p), ref, path, data, len, mode, err);
 }
 
@@ -68,25 +87,26 @@ static int fault_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref
                               const char *path, int mode, struct lb_upload **out,
                               struct lb_error *err)
 {
-    int r = fault_hit("provider.file_write", 0, err);
+    int r = fault_point(p, "file_write", 0, err);
 
-    return r < 0 ? fault_as_provider(r)
+    return r < 0 ? fault_as_provider(r, err)
                  : provider_upload_begin(INNER(p), ref, path, mode, out, err);
 }
 
 static int fault_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                            const char *path, int *fd, uint64_t *size, struct lb_error *err)
 {
-    int r = fault_hit("provider.file_open", 0, err);
+    int r = fault_point(p, "file_open", 0, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_file_open(INNER(p), ref, path, fd, size, err);
+    return r < 0 ? fault_as_provider(r, err)
+                 : provider_file_open(INNER(p), ref, path, fd, size, err);
 }
 
 static int fault_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
-    int r = fault_hit("provider.list", 0, err);
+    int r = fault_point(p, "list", 0, err);
 
-    return r < 0 ? fault_as_provider(r) : provider_list(INNER(p), out, err);
+    return r < 0 ? fault_as_provider(r, err) : provider_list(INNER(p), out, err);
 }
 
 static int fault_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
@@ -122,23 +142,46 @@ static int fault_end_execs(struct lb_provider *p)
     return provider_end_execs(INNER(p));
 }
 
+static void fault_caps(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    provider_caps(INNER(p), out);
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
-    provider_destroy(INNER(p));
+    if (((struct fault_provider *)p)->owns_inner)
+        provider_destroy(INNER(p));
     free(p);
 }
 
 int provider_fault_wrap(struct lb_provider *inner, int64_t create_timeout_ms,
                         struct lb_provider **out)
 {
+    /* records keep the real provider's name */
+    return provider_fault_wrap_as(inner, create_timeout_ms, inner->ops->name, "provider", true,
+                                  out);
+}
+
+int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms, const char *name,
+                           const char *points, bool owns_inner, struct lb_provider **out)
+{
     struct fault_provider *f = calloc(1, sizeof(*f));
 
     if (!f)
         return -ENOMEM;
+    if (strlen(name) >= sizeof(f->name) || strlen(points) >= sizeof(f->points)) {
+        free(f);
+        return -EINVAL;
+    }
     f->inner = inner;
     f->create_timeout_ms = create_timeout_ms;
+    f->owns_inner = owns_inner;
+    snprintf(f->name, sizeof(f->name), "%s", name);
+    snprintf(f->points, sizeof(f->points), "%s", points);
     f->ops = (struct lb_provider_ops){
-        .name = inner->ops->name, /* records keep the real provider's name */
+        .name = f->name,
+        .version = LB_PROVIDER_OPS_VERSION,
+        .caps = fault_caps,
         .create = fault_create,
         .stop = fault_stop,
         .status = fault_status,

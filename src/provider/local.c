@@ -1173,8 +1173,30 @@ static void local_destroy(struct lb_provider *p)
     free(lp);
 }
 
+/* Everything but GPUs and terminals; no disk limit where workdirs are plain directories. */
+static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    const struct local_provider *lp = (const struct local_provider *)p;
+
+    *out = (struct lb_provider_caps){
+        .network_modes = LB_NET_LOOPBACK | LB_NET_NAT | LB_NET_MODEL_ONLY | LB_NET_MODEL_AND_TOOLS,
+        .cpu_limit = true,
+        .memory_limit = true,
+        .pids_limit = true,
+        .disk_limit = lp->storage != LOCAL_STORAGE_DIR,
+        .images = true,
+        .users = true,
+        .pause = true,
+        .endpoints = true,
+        .pass_fd = true,
+        .exclusive = true,
+    };
+}
+
 static const struct lb_provider_ops local_ops = {
     .name = "local",
+    .version = LB_PROVIDER_OPS_VERSION,
+    .caps = local_caps,
     .create = local_create,
     .stop = local_stop,
     .status = local_status,

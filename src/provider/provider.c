@@ -190,3 +190,44 @@ bool provider_path_is_valid(const char *path)
     }
     return true;
 }
+
+void provider_caps(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (p && p->ops->caps)
+        p->ops->caps(p, out);
+}
+
+int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spec,
+                        struct lb_error *err)
+{
+    const char *name = p && p->ops->name ? p->ops->name : "?";
+    const char *access = spec->network.access;
+    const struct lb_resources *res = &spec->resources;
+    struct lb_provider_caps c;
+    const char *field = NULL;
+
+    provider_caps(p, &c);
+    if (res->cpu > 0 && !c.cpu_limit)
+        field = "resources.cpu";
+    else if (res->memory_mib > 0 && !c.memory_limit)
+        field = "resources.memory_mib";
+    else if (res->pids > 0 && !c.pids_limit)
+        field = "resources.pids";
+    else if (res->disk_mib > 0 && !c.disk_limit)
+        field = "resources.disk_mib";
+    else if (spec->n_ports > 0 && !c.endpoints)
+        field = "ports";
+    else if (spec->image && strcmp(spec->image, "host") != 0 && !c.images)
+        field = "image";
+    if (field)
+        return lb_error_set(err, -EOPNOTSUPP, "%s cannot be enforced by provider '%s'", field,
+                            name);
+    if (access &&
+        ((!strcmp(access, "model_only") && !(c.network_modes & LB_NET_MODEL_ONLY)) ||
+         (!strcmp(access, "model_and_tools") && !(c.network_modes & LB_NET_MODEL_AND_TOOLS))))
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network access '%s' cannot be enforced by provider '%s'", access,
+                            name);
+    return 0;
+}

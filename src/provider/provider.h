@@ -13,11 +13,40 @@
  * must also be able to find and stop a sandbox from its id alone (descriptor NULL), because a
  * crash can happen between create and the record update (DESIGN.md invariant 1).
  *
- * Errors. Functions return 0 or a negative errno and fill the optional struct lb_error. The
- * errno decides the HTTP status (see util/error.h): -ENOENT "no such sandbox / file" (404),
- * -EINVAL/-EISDIR/-ENOTDIR/-EROFS for a bad path or argument (400), -EACCES (403),
- * -EFBIG (413), -EOPNOTSUPP for an unenforceable request (422), -ENOSYS for a capability the
- * provider lacks (501), -EREMOTEIO for every failure of the provider itself (502).
+ * Errors. Functions return 0 or a negative errno and fill the optional struct lb_error (one
+ * readable sentence: it becomes the HTTP error's message). The errno decides the HTTP status
+ * (see util/error.h). Checklist for a new provider, per operation:
+ *   [ ] the sandbox (or the file) is not there            -> -ENOENT      404
+ *   [ ] a bad path or argument (not absolute, a directory,
+ *       not a directory, read-only)                        -> -EINVAL, -EISDIR, -ENOTDIR,
+ *                                                             -EROFS       400
+ *   [ ] the sandbox's own root may not do it               -> -EACCES      403
+ *   [ ] a size or space limit was hit                      -> -EFBIG       413
+ *   [ ] a spec field this provider cannot honour (network
+ *       mode, disk limit, gpu, ...): refuse, never weaken  -> -EOPNOTSUPP  422 unenforceable
+ *   [ ] an unknown image                                   -> -LB_E_IMAGE_NOT_FOUND 404
+ *   [ ] no free slot (uids, ...)                           -> -EUSERS      429
+ *   [ ] a whole capability it lacks (pause, endpoints,
+ *       pass_fd, ...): leave the op NULL or answer          -> -ENOSYS      501
+ *   [ ] every failure of the provider itself (engine down,
+ *       transport broken, unexpected answer)              -> -EREMOTEIO   502
+ *   [ ] a bounded wait ran out (stop, create)              -> -ETIMEDOUT   502
+ *   [ ] stop of a sandbox that is already gone             -> 0 (success)
+ *   [ ] exec of a command that failed or timed out         -> 0 with the result filled
+ * Any other errno becomes 500: do not let a raw errno of a syscall escape.
+ *
+ * Capabilities. ops->caps says what the provider can honour (struct lb_provider_caps). The
+ * rule: a spec field whose capability is missing is refused by lending before anything is
+ * recorded, with -EOPNOTSUPP (422 unenforceable) naming the field and the provider
+ * (provider_check_spec); an operation whose whole capability is missing (pause, endpoints,
+ * pty) answers -ENOSYS (501). The provider's own create still refuses what it cannot enforce in
+ * detail (a network server it cannot reach, ...): the caps are the coarse, early answer.
+ *
+ * Adding a provider: write its ops (fill version = LB_PROVIDER_OPS_VERSION and caps), its
+ * config keys as rows of util/config.c's table under its own section ("[docker] socket"), and
+ * one row in provider/registry.c's table naming it and its constructor (registry.h). Nothing
+ * else in the daemon changes: records store the provider's name and every later call on a
+ * sandbox goes to the provider that made it.
  *
  * Thread-safety: every operation may be called from several worker threads at once, also on
  * the same sandbox; a provider guards its own shared state.
@@ -132,8 +161,39 @@ struct lb_upload {
     int fd;                       /* O_WRONLY|O_CLOEXEC, blocking; owned by the upload */
 };
 
+/* What a provider can honour (ops->caps). Zeroed means "nothing optional". */
+#define LB_NET_LOOPBACK (1u << 0)        /* access "inherit" when it means loopback only */
+#define LB_NET_NAT (1u << 1)             /* access "inherit" when it means nat */
+#define LB_NET_MODEL_ONLY (1u << 2)      /* access "model_only" */
+#define LB_NET_MODEL_AND_TOOLS (1u << 3) /* access "model_and_tools" */
+
+struct lb_provider_caps {
+    unsigned network_modes; /* LB_NET_* bits it can enforce */
+    bool cpu_limit;         /* resources.cpu */
+    bool memory_limit;      /* resources.memory_mib */
+    bool pids_limit;        /* resources.pids */
+    bool disk_limit;        /* resources.disk_mib */
+    bool gpu;               /* resources.gpu */
+    bool images;            /* images other than "host" */
+    bool users;             /* exec as users other than root (names or uids) */
+    bool pause;             /* pause/resume */
+    bool endpoints;         /* declared ports reachable through endpoint */
+    bool pty;               /* interactive terminals */
+    bool pass_fd;           /* exec pass_fd (activations' stop-request channel) */
+    bool exclusive;         /* exec exclusive */
+};
+
+/* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
+ * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
+#define LB_PROVIDER_OPS_VERSION 1u
+
 struct lb_provider_ops {
-    const char *name; /* "local", "docker", ... */
+    const char *name; /* "local", "docker", ... (what records store) */
+    unsigned version; /* LB_PROVIDER_OPS_VERSION */
+
+    /* Fill *out with what this provider (as configured) can honour. May be NULL (nothing
+     * optional). Cheap, no I/O; the answer does not change while the provider lives. */
+    void (*caps)(struct lb_provider *p, struct lb_provider_caps *out);
 
     /* Start a sandbox named ref->id (ref->descriptor is NULL). On success *descriptor_out is
      * a new JSON object the caller owns. On failure nothing the call made is left running. */
@@ -250,6 +310,13 @@ int provider_end_execs(struct lb_provider *p);
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
+/* The provider's capabilities into *out (zeroed when ops->caps is NULL). Thread-safe. */
+void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);
+/* Refuse a spec field the provider's capabilities lack: 0, or -EOPNOTSUPP (422) with a message
+ * naming the field and the provider. Access "inherit" is the provider's own to interpret; it
+ * does not check what only create can (servers' addresses, an image's contents). */
+int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spec,
+                        struct lb_error *err);
 
 /* Is path absolute and normalised: starts with '/', no "." or ".." component, no "//", no
  * trailing '/' (except "/" itself), no NUL, at most 4096 bytes? */
