@@ -26,8 +26,7 @@
 #include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
-#include "provider/fault.h"
-#include "provider/local.h"
+#include "provider/registry.h"
 #include "routes/routes.h"
 #include "image/image.h"
 #include "store/store.h"
@@ -67,7 +66,7 @@ struct drain_watchdog {
     pthread_cond_t cond;
     bool done;
     int64_t timeout_s;
-    struct lb_provider *prov;
+    struct lb_registry *providers;
     pthread_t thread;
 };
 
@@ -84,7 +83,7 @@ static void *drain_watchdog_main(void *arg)
         expired = pthread_cond_timedwait(&w->cond, &w->mutex, &until) == ETIMEDOUT;
     pthread_mutex_unlock(&w->mutex);
     if (expired && !w->done) {
-        int n = provider_end_execs(w->prov);
+        int n = registry_end_execs(w->providers);
 
         log_warn("drain: in-flight requests still running after drain_timeout_s = %lld; ended "
                  "%d execs",
@@ -176,26 +175,6 @@ static int write_listen_file(const char *state_dir, const char *addr)
     if (fclose(f) != 0 || rename(tmp, path) < 0)
         return -errno;
     return 0;
-}
-
-/* The default uid range of the local provider: derived from the state dir, so that two
- * lendboxd with different state dirs get different ranges (a stop kills what runs as the
- * sandbox's uid). 17000 slots of uid_count uids from 10^9, all below 2^31. */
-static uint32_t default_uid_base(const char *state_dir, uint32_t uid_count)
-{
-    char *real = realpath(state_dir, NULL);
-    const char *p = real ? real : state_dir;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    uint64_t slots = (2147483647ull - 1000000000ull) / (uid_count ? uid_count : 1);
-
-    for (; *p; p++)
-        h = (h ^ (unsigned char)*p) * 1099511628211ull;
-    free(real);
-    if (slots > 17000)
-        slots = 17000;
-    if (slots == 0)
-        slots = 1;
-    return (uint32_t)(1000000000ull + (h % slots) * uid_count);
 }
 
 /* SIGHUP: logs go to stderr (journald or a redirect), so there is nothing to reopen; reload what
@@ -438,7 +417,7 @@ int main(int argc, char **argv)
     char **sets = calloc((size_t)argc + 1, sizeof(char *));
     int n_sets = 0, c, rc = 1, lock_fd = -1;
     struct lb_store *store = NULL;
-    struct lb_provider *prov = NULL;
+    struct lb_registry *providers = NULL;
     struct lb_lend *lend = NULL;
     struct lb_activations *acts = NULL;
     struct lb_pool *pool = NULL, *control_pool = NULL;
@@ -623,10 +602,6 @@ int main(int argc, char **argv)
                      (long long)cfg.default_disk_mib, (long long)cfg.max_disk_mib);
         goto fail;
     }
-    if (strcmp(cfg.provider, "local") != 0) {
-        lb_error_set(&err, -EINVAL, "unknown provider '%s' (this build has: local)", cfg.provider);
-        goto fail;
-    }
     supervise = cfg.supervise_path ? strdup(cfg.supervise_path) : default_supervise_path();
     if (!supervise) {
         lb_error_set(&err, -ENOENT, "lendbox-supervise not found; set local.supervise");
@@ -642,40 +617,16 @@ int main(int argc, char **argv)
         log_warn("image store: %s", err.message);
         lb_error_clear(&err);
     }
-    struct lb_local_config lc = {
-        .state_dir = cfg.state_dir,
-        .bwrap_path = cfg.bwrap_path,
-        .supervise_path = supervise,
-        .images_dir = images_dir,
-        .cgroup_parent = cfg.cgroup_parent,
-        .uid_base = cfg.uid_base ? (uint32_t)cfg.uid_base
-                                 : default_uid_base(cfg.state_dir, (uint32_t)cfg.uid_count),
-        .uid_count = (uint32_t)cfg.uid_count,
-        .create_timeout_ms = cfg.create_timeout_s * 1000,
-        .tmp_size_mib = cfg.tmp_size_mib,
-        .storage = cfg.storage,
-        .data_dir = cfg.data_dir,
-        .seccomp_off = !cfg.seccomp,
-        .seccomp_deny = cfg.seccomp_deny,
-        .sandbox_nofile = cfg.sandbox_nofile,
-        .net = {.range = cfg.net_range,
-                .inherit = cfg.net_inherit,
-                .nft_table = cfg.net_nft_table,
-                .api_port = strrchr(bound, ':') ? atoi(strrchr(bound, ':') + 1) : 0},
-    };
-    if (provider_local_new(&lc, &prov, &err) < 0)
-        goto fail;
-    log_info("local provider: sandbox uids %u..%u", lc.uid_base, lc.uid_base + lc.uid_count - 1);
-    /* Always behind the fault switch (a no-op while no fault is set), so SIGHUP can turn
-     * faults on and off. */
     {
-        struct lb_provider *wrapped = NULL;
+        struct lb_provider_env penv = {
+            .cfg = &cfg,
+            .supervise_path = supervise,
+            .images_dir = images_dir,
+            .api_port = strrchr(bound, ':') ? atoi(strrchr(bound, ':') + 1) : 0,
+        };
 
-        if (provider_fault_wrap(prov, cfg.create_timeout_s * 1000, &wrapped) < 0) {
-            lb_error_set(&err, -ENOMEM, "out of memory");
+        if (registry_open(&penv, &providers, &err) < 0)
             goto fail;
-        }
-        prov = wrapped;
     }
 
     /* Workers and HTTP. Readiness stays 503 until reconciliation is done. */
@@ -723,8 +674,9 @@ int main(int argc, char **argv)
         .retry_max_s = cfg.retry_max_s,
         .max_sandboxes = cfg.max_sandboxes,
         .default_pids = cfg.default_pids,
-        /* storage dir has no per-sandbox quota: only a seed that asks gets a 422 */
-        .default_disk_mib = strcmp(cfg.storage, "dir") == 0 ? 0 : cfg.default_disk_mib,
+        /* where the provider has no disk limit (local storage dir) only a seed that asks for
+         * one gets a 422 */
+        .default_disk_mib = cfg.default_disk_mib,
         .max_disk_mib = cfg.max_disk_mib,
         .retention_s = cfg.retention_s,
         .session_lock_wait_s = cfg.session_lock_wait_s,
@@ -737,7 +689,7 @@ int main(int argc, char **argv)
         .operate_key = operate_key,
         .operate_key_len = OPERATE_KEY_BYTES,
     };
-    if (lend_new(&lcfg, store, prov, &lend, &err) < 0) {
+    if (lend_new(&lcfg, store, providers, &lend, &err) < 0) {
         close(listen_fd);
         goto fail;
     }
@@ -817,10 +769,10 @@ int main(int argc, char **argv)
     }
     /* in-flight requests finish; execs still running after drain_timeout_s are ended */
     dw.timeout_s = cfg.drain_timeout_s;
-    dw.prov = prov;
+    dw.providers = providers;
     dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;
     if (!dw_started)
-        (void)provider_end_execs(prov);
+        (void)registry_end_execs(providers);
     pool_stop(pool);
     pool_stop(control_pool);
     if (dw_started) {
@@ -849,7 +801,7 @@ out:
     pool_destroy(control_pool);
     activations_free(acts);
     lend_free(lend);
-    provider_destroy(prov);
+    registry_free(providers);
     store_close(store);
     if (lock_fd >= 0)
         close(lock_fd);

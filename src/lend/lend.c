@@ -17,6 +17,7 @@
 #include <uthash.h>
 
 #include "image/image.h"
+#include "provider/registry.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
@@ -35,7 +36,7 @@ struct lb_lend {
     char *images_dir;
     unsigned char *operate_key;
     struct lb_store *store;
-    struct lb_provider *prov;
+    struct lb_registry *providers;
     atomic_bool draining;
     pthread_mutex_t locks_mutex;
     struct session_lock *locks;
@@ -118,7 +119,7 @@ static void session_unlock(struct lb_lend *l, struct session_lock *s)
 
 /* ---------- setup ---------- */
 
-int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_provider *prov,
+int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_registry *providers,
              struct lb_lend **out, struct lb_error *err)
 {
     struct lb_lend *l = calloc(1, sizeof(*l));
@@ -145,7 +146,7 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_pr
     l->cfg.admin_token_hash = l->admin_token_hash;
     l->cfg.operate_key = l->operate_key;
     l->store = st;
-    l->prov = prov;
+    l->providers = providers;
     pthread_mutex_init(&l->locks_mutex, NULL);
     *out = l;
     return 0;
@@ -277,6 +278,56 @@ static json_t *lend_render_sandbox(const struct lb_record *r, const char *status
     return j;
 }
 
+/* ---------- providers ---------- */
+
+/* The provider that made the sandbox of record r (borrowed), or NULL with -EREMOTEIO in err
+ * when it is not enabled on this daemon (the record is kept; its stops are retried). */
+static struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *r,
+                                            struct lb_error *err)
+{
+    struct lb_provider *p = registry_get(l->providers, r->provider);
+
+    if (!p)
+        lb_error_set(err, -EREMOTEIO,
+                     "sandbox %s belongs to provider '%s', which is not enabled on this daemon",
+                     r->id, r->provider ? r->provider : "?");
+    return p;
+}
+
+/* A lent sandbox about to get a provider call: its record, parsed descriptor and provider. */
+struct lend_target {
+    struct lb_record rec;
+    json_t *desc;
+    struct lb_sandbox_ref ref;
+    struct lb_provider *prov;
+};
+
+static void lend_target_release(struct lend_target *t)
+{
+    json_decref(t->desc);
+    store_record_release(&t->rec);
+    memset(t, 0, sizeof(*t));
+}
+
+/* Load the lent sandbox id into t (release it with lend_target_release, also on failure).
+ * -ENOENT if it is not lent, -EREMOTEIO if its provider is not enabled. */
+static int lend_target_load(struct lb_lend *l, const char *id, struct lend_target *t,
+                            struct lb_error *err)
+{
+    memset(t, 0, sizeof(*t));
+    if (store_get_sandbox(l->store, id, &t->rec, NULL) < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (t->rec.state != LB_STATE_LENT)
+        return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
+                            store_state_name(t->rec.state));
+    t->prov = lend_provider_of(l, &t->rec, err);
+    if (!t->prov)
+        return -EREMOTEIO;
+    t->desc = t->rec.descriptor_json ? json_loads(t->rec.descriptor_json, 0, NULL) : NULL;
+    t->ref = (struct lb_sandbox_ref){t->rec.id, t->desc};
+    return 0;
+}
+
 /* ---------- stops ---------- */
 
 static int64_t lend_backoff_s(struct lb_lend *l, int attempts)
@@ -295,6 +346,7 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
     struct lb_error perr = {0};
     json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {r->id, desc};
+    struct lb_provider *prov;
     int rc;
 
     if (r->state == LB_STATE_STOP_FAILED || r->state == LB_STATE_FAILED_SEED)
@@ -304,7 +356,8 @@ static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const 
         goto out;
     metrics_add(LB_M_STOPS_IN_FLIGHT, 1);
     metrics_max(LB_M_STOPS_IN_FLIGHT_MAX, metrics_get(LB_M_STOPS_IN_FLIGHT));
-    rc = provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+    prov = lend_provider_of(l, r, &perr);
+    rc = prov ? provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr) : -EREMOTEIO;
     metrics_sub(LB_M_STOPS_IN_FLIGHT, 1);
     if (rc < 0) {
         int attempts = r->stop_attempts + 1;
@@ -424,16 +477,23 @@ static int lend_network_request(const struct lb_seed_request *req, struct lb_net
 }
 
 /* resources.disk_mib: at most max_disk_mib (400), default_disk_mib when unset, so every
- * sandbox's storage is bounded. */
-static int lend_check_disk(struct lb_lend *l, struct lb_resources *res, struct lb_error *err)
+ * sandbox's storage is bounded. The defaults (disk, pids) apply where the provider can
+ * enforce them; what a seed asks for itself is checked by provider_check_spec. */
+static int lend_check_resources(struct lb_lend *l, struct lb_provider *prov,
+                                struct lb_resources *res, struct lb_error *err)
 {
+    struct lb_provider_caps caps;
+
     if (l->cfg.max_disk_mib > 0 && res->disk_mib > l->cfg.max_disk_mib)
         return lb_error_set(err, -EINVAL,
                             "'resources.disk_mib' %lld is over this daemon's limit of %lld "
                             "(limits.max_disk_mib)",
                             (long long)res->disk_mib, (long long)l->cfg.max_disk_mib);
-    if (res->disk_mib == 0)
+    provider_caps(prov, &caps);
+    if (res->disk_mib == 0 && caps.disk_limit)
         res->disk_mib = l->cfg.default_disk_mib;
+    if (res->pids == 0 && caps.pids_limit)
+        res->pids = l->cfg.default_pids; /* a fork bomb must not take the host's pids */
     return 0;
 }
 
@@ -452,6 +512,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
     int64_t live = 0, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
+    struct lb_provider *prov = NULL;
     int r;
 
     if (lend_network_request(req, &spec.network, &tools) < 0) {
@@ -460,9 +521,13 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     }
     spec.ports = req->ports;
     spec.n_ports = req->n_ports;
-    if (spec.resources.pids == 0)
-        spec.resources.pids = l->cfg.default_pids; /* a fork bomb must not take the host's pids */
-    r = lend_check_disk(l, &spec.resources, err);
+    /* the provider is the seed's choice among the enabled ones; what it cannot enforce is
+     * refused (422) before anything is recorded */
+    r = registry_choose(l->providers, req->provider, &prov, err);
+    if (r == 0)
+        r = lend_check_resources(l, prov, &spec.resources, err);
+    if (r == 0)
+        r = provider_check_spec(prov, &spec, err);
     if (r < 0)
         goto out;
     if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
@@ -486,7 +551,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     }
     rec.rsid = (char *)rsid;
     rec.task_id = (char *)req->task_id;
-    rec.provider = (char *)l->prov->ops->name;
+    rec.provider = (char *)prov->ops->name;
     rec.state = LB_STATE_STARTING;
     rec.spec_json = spec_text;
     rec.created_at = clock_now_s();
@@ -495,7 +560,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = store_insert_sandbox(l->store, &rec, err);
     if (r < 0)
         goto out;
-    r = provider_create(l->prov, &ref, &spec, &desc, &perr);
+    r = provider_create(prov, &ref, &spec, &desc, &perr);
     if (r < 0) {
         /* bad input, an unenforceable request or no free sandbox uid keep their status */
         r = lb_error_set(err,
@@ -516,7 +581,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         const struct lb_seed_file *f = &req->files[i];
 
         lb_error_clear(&perr);
-        r = provider_file_write(l->prov, &ref, f->path, f->data, f->len, f->mode, &perr);
+        r = provider_file_write(prov, &ref, f->path, f->data, f->len, f->mode, &perr);
         if (r < 0) {
             r = lb_error_set(err, r, "seed file '%s' could not be written: %s", f->path,
                              perr.message);
@@ -699,10 +764,11 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
     if (rec.state == LB_STATE_LENT) {
         json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
         struct lb_sandbox_ref ref = {rec.id, desc};
+        struct lb_provider *prov = lend_provider_of(l, &rec, NULL);
         enum lb_sandbox_status st;
 
-        status =
-            provider_status(l->prov, &ref, &st, NULL) == 0 ? provider_status_name(st) : "unknown";
+        status = prov && provider_status(prov, &ref, &st, NULL) == 0 ? provider_status_name(st)
+                                                                     : "unknown";
         json_decref(desc);
     }
     *out = lend_render_sandbox(&rec, status, false);
@@ -796,24 +862,6 @@ out:
 
 /* ---------- per-sandbox operations ---------- */
 
-/* Load a lent sandbox's record and parsed descriptor. -ENOENT if not lent. */
-static int lend_load_lent(struct lb_lend *l, const char *id, struct lb_record *rec, json_t **desc,
-                          struct lb_error *err)
-{
-    int r = store_get_sandbox(l->store, id, rec, NULL);
-
-    if (r < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
-    if (rec->state != LB_STATE_LENT) {
-        r = lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
-                         store_state_name(rec->state));
-        store_record_release(rec);
-        return r;
-    }
-    *desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL) : NULL;
-    return 0;
-}
-
 /* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
 static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
 {
@@ -863,22 +911,21 @@ out:
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL, *spec = NULL;
+    struct lend_target t;
+    json_t *spec = NULL;
     char **env = NULL;
     const char *workdir, *image_wd;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    int r = lend_target_load(l, id, &t, err);
 
     if (r < 0)
-        return r;
-    workdir = spec_string(&rec, "workdir", l->cfg.workdir, &spec);
+        goto out;
+    workdir = spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
     image_wd = json_string_value(json_object_get(spec, "image_working_dir"));
-    env = lend_exec_env(&rec, workdir, p->env);
+    env = lend_exec_env(&t.rec, workdir, p->env);
     if (!env) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    struct lb_sandbox_ref ref = {rec.id, desc};
     struct lb_exec_request req = {
         .argv = (const char *const *)p->argv,
         .cwd = p->cwd     ? p->cwd
@@ -895,7 +942,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .pass_fd = p->pass_fd,
     };
     metrics_add(LB_M_EXECS, 1);
-    r = provider_exec(l->prov, &ref, &req, res, err);
+    r = provider_exec(t.prov, &t.ref, &req, res, err);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
@@ -904,41 +951,32 @@ out:
             free(env[i]);
     free(env);
     json_decref(spec);
-    json_decref(desc);
-    store_record_release(&rec);
+    lend_target_release(&t);
     return r;
 }
 
 int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
                     size_t len, int mode, struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
 
-    if (r < 0)
-        return r;
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = provider_file_write(l->prov, &ref, path, data, len, mode, err);
-    json_decref(desc);
-    store_record_release(&rec);
+    if (r == 0)
+        r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
+    lend_target_release(&t);
     return r;
 }
 
 int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
                       struct lb_upload **out, struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
 
     *out = NULL;
-    if (r < 0)
-        return r;
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = provider_upload_begin(l->prov, &ref, path, mode, out, err);
-    json_decref(desc);
-    store_record_release(&rec);
+    if (r == 0)
+        r = provider_upload_begin(t.prov, &t.ref, path, mode, out, err);
+    lend_target_release(&t);
     return r;
 }
 
@@ -964,49 +1002,41 @@ int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
 
-    if (r < 0)
-        return r;
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = provider_file_open(l->prov, &ref, path, fd_out, size_out, err);
-    json_decref(desc);
-    store_record_release(&rec);
+    if (r == 0)
+        r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
+    lend_target_release(&t);
     return r;
 }
 
 int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
                     struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
 
-    if (r < 0)
-        return r;
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = pause ? provider_pause(l->prov, &ref, err) : provider_resume(l->prov, &ref, err);
+    if (r == 0)
+        r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
     if (r == 0)
         r = lend_sandbox_status(l, id, out, err);
-    json_decref(desc);
-    store_record_release(&rec);
+    lend_target_release(&t);
     return r;
 }
 
 int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL, *spec = NULL, *v;
+    struct lend_target t;
+    json_t *spec = NULL, *v;
     char *url = NULL;
     bool declared = false;
     size_t i;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    int r = lend_target_load(l, id, &t, err);
 
     if (r < 0)
-        return r;
-    spec = rec.spec_json ? json_loads(rec.spec_json, 0, NULL) : NULL;
+        goto out;
+    spec = t.rec.spec_json ? json_loads(t.rec.spec_json, 0, NULL) : NULL;
     json_array_foreach(json_object_get(spec, "ports"), i, v) {
         if (json_integer_value(v) == port)
             declared = true;
@@ -1015,8 +1045,7 @@ int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, str
         r = lb_error_set(err, -ENOENT, "port %d was not declared in the seed's 'ports'", port);
         goto out;
     }
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = provider_endpoint(l->prov, &ref, port, &url, err);
+    r = provider_endpoint(t.prov, &t.ref, port, &url, err);
     if (r < 0)
         goto out;
     *out = json_pack("{s:s,s:{}}", "endpoint", url, "headers");
@@ -1025,24 +1054,19 @@ int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, str
 out:
     free(url);
     json_decref(spec);
-    json_decref(desc);
-    store_record_release(&rec);
+    lend_target_release(&t);
     return r;
 }
 
 int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, int64_t *limit_bytes,
                            struct lb_error *err)
 {
-    struct lb_record rec = {0};
-    json_t *desc = NULL;
-    int r = lend_load_lent(l, id, &rec, &desc, err);
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
 
-    if (r < 0)
-        return r;
-    struct lb_sandbox_ref ref = {rec.id, desc};
-    r = provider_oom_kills(l->prov, &ref, count, limit_bytes, err);
-    json_decref(desc);
-    store_record_release(&rec);
+    if (r == 0)
+        r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
+    lend_target_release(&t);
     return r;
 }
 
@@ -1297,6 +1321,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     }
     for (size_t i = 0; i < n; i++) {
         struct lb_record *rec = &recs[i];
+        struct lb_provider *prov;
         json_t *desc;
         enum lb_sandbox_status st = LB_STATUS_UNKNOWN;
         int sr;
@@ -1305,13 +1330,23 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
             lend_reconcile_stop(l, rec, stats);
             continue;
         }
+        prov = lend_provider_of(l, rec, NULL);
+        if (!prov) {
+            /* its provider is not enabled now: left as it is, served again once it is */
+            log_warn_sbx(rec->id,
+                         "sandbox %s of provider '%s' left alone: that provider is "
+                         "not enabled",
+                         rec->id, rec->provider);
+            stats->failed++;
+            continue;
+        }
         desc = rec->descriptor_json ? json_loads(rec->descriptor_json, 0, NULL) : NULL;
         struct lb_sandbox_ref ref = {rec->id, desc};
-        sr = provider_status(l->prov, &ref, &st, NULL);
+        sr = provider_status(prov, &ref, &st, NULL);
         /* Gone while we were away: clean up what may be left (idempotent), and record it
          * below in one transaction; a crash before that only repeats this on the next start. */
         if (sr == 0 && st == LB_STATUS_STOPPED &&
-            provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0)
+            provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0)
             vanished[n_vanished++] = rec->id;
         else if (sr == 0 && st == LB_STATUS_STOPPED)
             lend_reconcile_stop(l, rec, stats); /* leftovers would not go: retry loop */
@@ -1339,8 +1374,13 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     store_records_free(recs, n);
     recs = NULL, n = 0;
     /* Sandboxes of ours with no record at all (a crash between create and insert is not
-     * possible, since the record comes first; this catches records purged or lost). */
-    if (provider_list(l->prov, &found, NULL) == 0) {
+     * possible, since the record comes first; this catches records purged or lost), asked of
+     * every enabled provider. */
+    for (size_t p = 0; p < registry_count(l->providers); p++) {
+        struct lb_provider *prov = registry_at(l->providers, p);
+
+        if (provider_list(prov, &found, NULL) < 0)
+            continue;
         json_array_foreach(found, idx, item) {
             const char *id = json_string_value(json_object_get(item, "sandbox_id"));
             struct lb_record cur = {0};
@@ -1350,7 +1390,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
                 continue;
             }
             struct lb_sandbox_ref ref = {id, json_object_get(item, "descriptor")};
-            if (provider_stop(l->prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0) {
+            if (provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0) {
                 stats->orphans_stopped++;
                 log_warn_sbx(id, "stopped sandbox %s that had no record", id);
             } else {
@@ -1358,6 +1398,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
             }
         }
         json_decref(found);
+        found = NULL;
     }
     store_records_free(recs, n);
     metrics_add(LB_M_RECONCILE_ADOPTED, (uint64_t)stats->adopted);

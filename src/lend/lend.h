@@ -24,6 +24,7 @@
 
 #include "http/http.h"
 #include "provider/provider.h"
+#include "provider/registry.h"
 #include "store/store.h"
 
 struct lb_lend_config {
@@ -52,9 +53,10 @@ struct lb_lend_config {
 
 struct lb_lend;
 
-/* Make the lending service over store and provider (both stay the caller's). The config's
- * strings are copied. Errors: -ENOMEM. */
-int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_provider *prov,
+/* Make the lending service over store and the enabled providers (both stay the caller's).
+ * A new sandbox goes to the seed's provider (or the registry's default); every later call on
+ * it goes to the provider its record names. The config's strings are copied. -ENOMEM. */
+int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_registry *providers,
              struct lb_lend **out, struct lb_error *err);
 void lend_free(struct lb_lend *l);
 
@@ -71,9 +73,10 @@ struct lb_seed_file {
 
 struct lb_seed_request {
     const char *task_id;
-    const char *image; /* NULL: default image */
-    json_t *env;       /* object of strings, or NULL */
-    int64_t ttl_s;     /* -1: default_ttl_s */
+    const char *provider; /* an enabled provider's name; NULL: the default provider */
+    const char *image;    /* NULL: default image */
+    json_t *env;          /* object of strings, or NULL */
+    int64_t ttl_s;        /* -1: default_ttl_s */
     struct lb_resources resources;
     json_t *network; /* validated object or NULL */
     json_t *labels;  /* object of strings or NULL */
@@ -87,7 +90,8 @@ struct lb_seed_request {
  * -EEXIST (409) for a live session seeded with another task_id, -EREMOTEIO (502) when the
  * sandbox cannot start or a failed seed's stop fails again, -EINVAL/-EISDIR/... (400) for a
  * file that cannot be written, -EUSERS (429) at max_sandboxes, -ESHUTDOWN (503) while draining,
- * -EOPNOTSUPP (422) for a network policy this provider cannot enforce. */
+ * -EOPNOTSUPP (422) for a provider that is not enabled, or a spec field (network policy,
+ * resource limit, ports) the chosen provider cannot enforce. */
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err);
 

@@ -219,10 +219,22 @@ static int seed_parse_ports(json_t *ports, struct lb_seed_request *req, struct l
     return 0;
 }
 
+/* "provider": one of the enabled providers' names (lending says which are: 422 otherwise). */
+static int seed_parse_provider(json_t *v, struct lb_seed_request *req, struct lb_error *err)
+{
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 64)
+        return lb_error_set(err, -EINVAL, "'provider' must be a provider's name (1-64 bytes)");
+    req->provider = json_string_value(v);
+    return 0;
+}
+
 static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error *err)
 {
-    static const char *const fields[] = {"task_id",   "files",   "image",  "env",   "ttl_s",
-                                         "resources", "network", "labels", "ports", NULL};
+    static const char *const fields[] = {"task_id", "files",     "image",   "env",
+                                         "ttl_s",   "resources", "network", "labels",
+                                         "ports",   "provider",  NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
     const char *path;
@@ -239,6 +251,9 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
             return lb_error_set(err, -EINVAL, "'image' must be a non-empty string");
         req->image = json_string_value(image);
     }
+    r = seed_parse_provider(json_object_get(body, "provider"), req, err);
+    if (r < 0)
+        return r;
     req->ttl_s = -1;
     if (ttl && !json_is_null(ttl)) {
         if (!json_is_number(ttl) || !(json_number_value(ttl) > 0) ||

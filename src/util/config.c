@@ -76,6 +76,7 @@ static const struct config_key config_keys[] = {
     INT("limits", "default_disk_mib", default_disk_mib, "1024", 1, 16777216),
     INT("limits", "max_disk_mib", max_disk_mib, "16384", 1, 16777216),
     STR("provider", "name", provider, "local"),
+    STR("provider", "enabled", providers_enabled, NULL),
     STR("local", "bwrap", bwrap_path, "bwrap"),
     STR("local", "supervise", supervise_path, NULL),
     STR("local", "images_dir", images_dir, NULL),

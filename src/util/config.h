@@ -58,7 +58,8 @@ struct lb_config {
     int64_t default_disk_mib;
     int64_t max_disk_mib;
     /* [provider] */
-    char *provider;
+    char *provider;          /* the default provider (provider/registry.h) */
+    char *providers_enabled; /* more providers seeds may name; NULL: only the default */
     /* [local] */
     char *bwrap_path;
     char *supervise_path;

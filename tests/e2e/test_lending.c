@@ -1,6 +1,7 @@
 /*
  * test_lending.c - acceptance: seed reuse and conflicts, concurrent seeds of one session,
- * release (and what it leaves behind: nothing), delete, and a seed whose file cannot be written.
+ * release (and what it leaves behind: nothing), delete, a seed whose file cannot be written,
+ * and the seed's choice of provider (two providers side by side: local and fault).
  */
 #include <dirent.h>
 #include <pthread.h>
@@ -334,6 +335,137 @@ START_TEST(test_seed_file_unwritable)
 }
 END_TEST
 
+static void release_on(struct lbt_daemon *d, const char *rsid, const char *id)
+{
+    struct lbt_resp r;
+    char path[400];
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
+    lbt_json(d, "POST", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
+    ck_assert(json_is_true(json_object_get(r.json, "released")));
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "sandbox_id")), id);
+    lbt_resp_free(&r);
+}
+/* A seed may name its provider among the enabled ones ("provider"): an unknown or not enabled
+ * one is 422 with the enabled ones named and records nothing; the default's name is a seed. */
+START_TEST(test_seed_provider_choice)
+{
+    struct lbt_resp r;
+    json_t *list;
+
+    seed_raw("lend-prov-1", "{\"task_id\": \"t\", \"provider\": \"nosuch\"}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),
+        "provider 'nosuch' is not enabled on this daemon (enabled: local)");
+    lbt_resp_free(&r);
+    /* a kind this build has, but not enabled here */
+    seed_raw("lend-prov-1", "{\"task_id\": \"t\", \"provider\": \"fault\"}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    lbt_resp_free(&r);
+    seed_raw("lend-prov-1", "{\"task_id\": \"t\", \"provider\": 7}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    list = lbt_list_sandboxes(&D);
+    ck_assert_int_eq(lbt_count_records_of_session(list, "lend-prov-1"), 0);
+    json_decref(list);
+    seed_raw("lend-prov-1", "{\"task_id\": \"t\", \"provider\": \"local\"}", &r);
+    ck_assert_msg(r.status == 200, "seed: %ld %s", r.status, r.body);
+    assert_lease(r.json, "lend-prov-1", "t", false);
+    lbt_resp_free(&r);
+    release("lend-prov-1", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+static void exec_expect(struct lbt_daemon *d, const char *id, long status, const char *code)
+{
+    struct lbt_resp r;
+
+    lbt_exec(d, id, "", "{\"command\": \"echo hi\"}", &r);
+    ck_assert_msg(r.status == status, "exec %s: %ld %s", id, r.status, r.body);
+    if (code)
+        lbt_assert_error(&r, status, code);
+    else
+        ck_assert_str_eq(json_string_value(json_object_get(r.json, "stdout")), "hi\n");
+    lbt_resp_free(&r);
+}
+
+static const char *record_field(struct lbt_daemon *d, const char *id, const char *key, char *buf,
+                                size_t len)
+{
+    json_t *list = lbt_list_sandboxes(d), *rec = lbt_find_record(list, id);
+
+    ck_assert_ptr_nonnull(rec);
+    snprintf(buf, len, "%s", json_string_value(json_object_get(rec, key)));
+    json_decref(list);
+    return buf;
+}
+
+/* Two providers side by side: "local" and "fault" (the local provider under another name with
+ * its own fault points, fault.*). Every call on a sandbox goes to the provider its record names:
+ * with fault.exec failing, execs of the fault sandbox fail and those of the local one do not,
+ * also after kill -9 and a restart (adoption asks each record's provider); a restart without
+ * "fault" enabled leaves its sandbox recorded and running (calls 502), and a restart with it
+ * enabled again serves and releases it. */
+START_TEST(test_two_providers)
+{
+    static const char *const both[] = {"--set", "provider.enabled=fault", "--set",
+                                       "faults.spec=fault.exec=fail", NULL};
+    struct lbt_daemon d2;
+    struct lbt_resp r;
+    char a[64], b[64], buf[64];
+    json_t *lease;
+    uid_t uid_b;
+    int n = -1;
+
+    lbt_daemon_start(&d2, both);
+    lease = lbt_seed(&d2, "two-a", "t", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "provider")), "local");
+    snprintf(a, sizeof(a), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    lease = lbt_seed(&d2, "two-b", "t", "\"provider\": \"fault\"");
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "provider")), "fault");
+    snprintf(b, sizeof(b), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    ck_assert_str_eq(record_field(&d2, b, "provider", buf, sizeof(buf)), "fault");
+    ck_assert_str_eq(record_field(&d2, a, "provider", buf, sizeof(buf)), "local");
+    uid_b = lbt_sandbox_uid(&d2, b);
+    exec_expect(&d2, a, 200, NULL);
+    exec_expect(&d2, b, 502, "provider_error");
+
+    lbt_daemon_kill(&d2);
+    lbt_daemon_restart(&d2, both);
+    ck_assert_str_eq(record_field(&d2, a, "state", buf, sizeof(buf)), "lent");
+    ck_assert_str_eq(record_field(&d2, b, "state", buf, sizeof(buf)), "lent");
+    exec_expect(&d2, a, 200, NULL);
+    exec_expect(&d2, b, 502, "provider_error");
+
+    /* without "fault": its sandbox is neither adopted as local's nor stopped as an orphan */
+    lbt_daemon_kill(&d2);
+    lbt_daemon_restart(&d2, NULL);
+    ck_assert_str_eq(record_field(&d2, b, "state", buf, sizeof(buf)), "lent");
+    ck_assert_int_gt(lbt_count_live_procs_of_uid(uid_b), 0);
+    lbt_exec(&d2, b, "", "{\"command\": \"echo hi\"}", &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    ck_assert_ptr_nonnull(strstr(r.body, "not enabled"));
+    lbt_resp_free(&r);
+    exec_expect(&d2, a, 200, NULL);
+
+    lbt_daemon_kill(&d2);
+    lbt_daemon_restart(&d2, both);
+    release_on(&d2, "two-b", b);
+    for (int t = 0; t < 250 && (n = lbt_count_live_procs_of_uid(uid_b)) > 0; t++)
+        lbt_sleep_ms(20);
+    ck_assert_int_eq(n, 0);
+    ck_assert_str_eq(record_field(&d2, b, "state", buf, sizeof(buf)), "stopped");
+    release_on(&d2, "two-a", a);
+    lbt_daemon_cleanup(&d2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("lending");
@@ -346,6 +478,8 @@ int main(void)
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_delete);
     tcase_add_test(tc, test_seed_file_unwritable);
+    tcase_add_test(tc, test_seed_provider_choice);
+    tcase_add_test(tc, test_two_providers);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
