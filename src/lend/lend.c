@@ -7,6 +7,7 @@
  * set before the provider said the sandbox is gone.
  */
 #include "lend/lend.h"
+#include "lend/lend_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -23,7 +24,7 @@
 #include "util/metrics.h"
 #include "util/token.h"
 
-struct session_lock {
+struct lend_session_lock {
     char *rsid;
     pthread_mutex_t mutex;
     int refs;
@@ -39,14 +40,14 @@ struct lb_lend {
     struct lb_registry *providers;
     atomic_bool draining;
     pthread_mutex_t locks_mutex;
-    struct session_lock *locks;
+    struct lend_session_lock *locks;
     lb_lend_release_hook release_hook;
     void *release_ctx;
 };
 
 /* ---------- session locks ---------- */
 
-static void session_lock_put(struct lb_lend *l, struct session_lock *s)
+static void session_lock_put(struct lb_lend *l, struct lend_session_lock *s)
 {
     pthread_mutex_lock(&l->locks_mutex);
     if (--s->refs == 0) {
@@ -58,17 +59,14 @@ static void session_lock_put(struct lb_lend *l, struct session_lock *s)
     pthread_mutex_unlock(&l->locks_mutex);
 }
 
-/* Take the session's lock, waiting at most session_lock_wait_s (try_only: not at all): no
- * request waits without bound behind another that holds it (a stop is bounded by
- * stop_timeout_s, but a holder may be stuck in ways nobody foresaw). -EBUSY (409) past the
- * bound, -ENOMEM. */
-static int session_lock_take(struct lb_lend *l, const char *rsid, bool try_only,
-                             struct session_lock **out, struct lb_error *err)
+/* see lend_internal.h */
+int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
+                      struct lend_session_lock **out, struct lb_error *err)
 {
     int64_t wait_s = try_only                         ? 0
                      : l->cfg.session_lock_wait_s > 0 ? l->cfg.session_lock_wait_s
                                                       : 30;
-    struct session_lock *s;
+    struct lend_session_lock *s;
     struct timespec until;
     int r;
 
@@ -109,7 +107,7 @@ static int session_lock_take(struct lb_lend *l, const char *rsid, bool try_only,
     return 0;
 }
 
-static void session_unlock(struct lb_lend *l, struct session_lock *s)
+void lend_session_unlock(struct lb_lend *l, struct lend_session_lock *s)
 {
     if (!s)
         return;
@@ -280,10 +278,9 @@ static json_t *lend_render_sandbox(const struct lb_record *r, const char *status
 
 /* ---------- providers ---------- */
 
-/* The provider that made the sandbox of record r (borrowed), or NULL with -EREMOTEIO in err
- * when it is not enabled on this daemon (the record is kept; its stops are retried). */
-static struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *r,
-                                            struct lb_error *err)
+/* see lend_internal.h */
+struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *r,
+                                     struct lb_error *err)
 {
     struct lb_provider *p = registry_get(l->providers, r->provider);
 
@@ -339,9 +336,9 @@ static int64_t lend_backoff_s(struct lb_lend *l, int attempts)
     return d < l->cfg.retry_max_s ? d : l->cfg.retry_max_s;
 }
 
-/* Stop the sandbox of record r: stopping -> provider -> stopped, or fail_state on failure. */
-static int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
-                            enum lb_record_state fail_state, struct lb_error *err)
+/* see lend_internal.h */
+int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
+                     enum lb_record_state fail_state, struct lb_error *err)
 {
     struct lb_error perr = {0};
     json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
@@ -628,13 +625,13 @@ out:
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err)
 {
-    struct session_lock *lock;
+    struct lend_session_lock *lock;
     struct lb_record live = {0};
     int r, n_stopped = 0;
 
     if (lend_is_draining(l))
         return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
-    r = session_lock_take(l, rsid, false, &lock, err);
+    r = lend_session_lock(l, rsid, false, &lock, err);
     if (r < 0)
         return r;
     r = store_get_live_by_rsid(l->store, rsid, &live, NULL);
@@ -663,7 +660,7 @@ int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request 
     r = lend_seed_new(l, rsid, req, lease_out, err);
 out:
     store_record_release(&live);
-    session_unlock(l, lock);
+    lend_session_unlock(l, lock);
     return r;
 }
 
@@ -780,10 +777,10 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
 
 int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err)
 {
-    struct session_lock *lock = NULL;
+    struct lend_session_lock *lock = NULL;
     struct lb_record live = {0};
     char stopped_id[LB_ID_MAX] = "";
-    int r = session_lock_take(l, rsid, false, &lock, err), n_stopped = 0;
+    int r = lend_session_lock(l, rsid, false, &lock, err), n_stopped = 0;
 
     if (r < 0)
         return r;
@@ -810,7 +807,7 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
         *out = json_pack("{s:b}", "released", 0);
 out:
     store_record_release(&live);
-    session_unlock(l, lock);
+    lend_session_unlock(l, lock);
     return r;
 }
 
@@ -830,13 +827,13 @@ int lend_sandbox_rsid(struct lb_lend *l, const char *id, char *rsid, size_t len)
 int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
 {
     struct lb_record rec = {0};
-    struct session_lock *lock = NULL;
+    struct lend_session_lock *lock = NULL;
     int r = store_get_sandbox(l->store, id, &rec, NULL);
 
     if (r < 0)
         return lb_error_set(err, -ENOENT, "no sandbox %s", id);
     if (rec.rsid) {
-        r = session_lock_take(l, rec.rsid, false, &lock, err);
+        r = lend_session_lock(l, rec.rsid, false, &lock, err);
         if (r < 0)
             goto out;
         store_record_release(&rec);
@@ -856,7 +853,7 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
         *out = json_pack("{s:b,s:s}", "deleted", 1, "sandbox_id", id);
 out:
     store_record_release(&rec);
-    session_unlock(l, lock);
+    lend_session_unlock(l, lock);
     return r;
 }
 
@@ -1105,6 +1102,51 @@ int lend_authorize(void *app, const char *token, enum lb_auth_need need, const c
     return lb_error_set(err, -ENOKEY, "unknown bearer token");
 }
 
+/* ---------- for the sweeper (lend_internal.h) ---------- */
+
+struct lb_store *lend_store(struct lb_lend *l)
+{
+    return l->store;
+}
+
+struct lb_registry *lend_providers(struct lb_lend *l)
+{
+    return l->providers;
+}
+
+const struct lb_lend_config *lend_config(struct lb_lend *l)
+{
+    return &l->cfg;
+}
+
+/* ---------- store checks and metrics ---------- */
+
+int lend_check_store(struct lb_lend *l, struct lb_error *err)
+{
+    return store_check_writable(l->store, err);
+}
+
+int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
+{
+    int64_t counts[6] = {0};
+    char line[160];
+    int r = store_count_by_state(l->store, counts, NULL);
+
+    if (r < 0)
+        return r;
+    r = lb_buf_append(out,
+                      "# HELP lendbox_sandboxes Sandbox records by state.\n"
+                      "# TYPE lendbox_sandboxes gauge\n",
+                      strlen("# HELP lendbox_sandboxes Sandbox records by state.\n"
+                             "# TYPE lendbox_sandboxes gauge\n"));
+    for (int s = 0; r == 0 && s < 6; s++) {
+        int n = snprintf(line, sizeof(line), "lendbox_sandboxes{state=\"%s\"} %lld\n",
+                         store_state_name((enum lb_record_state)s), (long long)counts[s]);
+        r = lb_buf_append(out, line, (size_t)n);
+    }
+    return r;
+}
+
 /* ---------- sweeper and shutdown ---------- */
 
 /* One sweeper pass over the records f selects: each is re-read under its session's lock (a
@@ -1115,15 +1157,15 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
 {
     struct lb_record *recs = NULL;
     size_t n = 0;
-    int attempted = 0, r = store_list_sandboxes(l->store, f, &recs, &n, err);
+    int attempted = 0, r = store_list_sandboxes(lend_store(l), f, &recs, &n, err);
 
     for (size_t i = 0; r == 0 && i < n; i++) {
-        struct session_lock *lock = NULL;
+        struct lend_session_lock *lock = NULL;
         struct lb_record cur = {0};
         /* a busy session is skipped: its holder handles it, or the next pass does */
-        bool busy = recs[i].rsid && session_lock_take(l, recs[i].rsid, true, &lock, NULL) < 0;
+        bool busy = recs[i].rsid && lend_session_lock(l, recs[i].rsid, true, &lock, NULL) < 0;
         bool wanted =
-            !busy && store_get_sandbox(l->store, recs[i].id, &cur, NULL) == 0 &&
+            !busy && store_get_sandbox(lend_store(l), recs[i].id, &cur, NULL) == 0 &&
             (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= f->now_s
                  : cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
                        cur.state == LB_STATE_STOPPING);
@@ -1142,15 +1184,10 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
             }
         }
         store_record_release(&cur);
-        session_unlock(l, lock);
+        lend_session_unlock(l, lock);
     }
     store_records_free(recs, n);
     return r < 0 ? r : attempted;
-}
-
-int lend_check_store(struct lb_lend *l, struct lb_error *err)
-{
-    return store_check_writable(l->store, err);
 }
 
 int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
@@ -1166,9 +1203,9 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
     int retried = lend_sweep_pass(l, &due, false, err);
     int reaped = retried < 0 ? 0 : lend_sweep_pass(l, &expired, true, err);
 
-    if (retried >= 0 && reaped >= 0 && l->cfg.retention_s > 0)
-        store_purge_stopped(l->store, clock_now_s() - l->cfg.retention_s, NULL);
-    (void)store_check_writable(l->store, NULL); /* makes a spent space reserve again */
+    if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
+        store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);
+    (void)store_check_writable(lend_store(l), NULL); /* makes a spent space reserve again */
     metrics_add(LB_M_SWEEPS, 1);
     metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
     if (retried < 0)
@@ -1227,7 +1264,7 @@ int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
     pthread_t *threads;
     int64_t t0 = clock_mono_ms();
 
-    if (store_list_sandboxes(l->store, &f, &all, &n_all, NULL) < 0)
+    if (store_list_sandboxes(lend_store(l), &f, &all, &n_all, NULL) < 0)
         return -1;
     /* Keep what is not stopped (live and failed ones). */
     c.recs = calloc(n_all + 1, sizeof(*c.recs));
@@ -1260,27 +1297,6 @@ int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
     return c.failed;
 }
 
-int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
-{
-    int64_t counts[6] = {0};
-    char line[160];
-    int r = store_count_by_state(l->store, counts, NULL);
-
-    if (r < 0)
-        return r;
-    r = lb_buf_append(out,
-                      "# HELP lendbox_sandboxes Sandbox records by state.\n"
-                      "# TYPE lendbox_sandboxes gauge\n",
-                      strlen("# HELP lendbox_sandboxes Sandbox records by state.\n"
-                             "# TYPE lendbox_sandboxes gauge\n"));
-    for (int s = 0; r == 0 && s < 6; s++) {
-        int n = snprintf(line, sizeof(line), "lendbox_sandboxes{state=\"%s\"} %lld\n",
-                         store_state_name((enum lb_record_state)s), (long long)counts[s]);
-        r = lb_buf_append(out, line, (size_t)n);
-    }
-    return r;
-}
-
 /* ---------- startup reconciliation ---------- */
 
 /* Finish the stop of a record that should not be running (startup reconciliation). */
@@ -1311,7 +1327,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
 
     memset(stats, 0, sizeof(*stats));
     /* 1. starting and lent records: adopt what runs, record what vanished */
-    r = store_list_sandboxes(l->store, &live, &recs, &n, err);
+    r = store_list_sandboxes(lend_store(l), &live, &recs, &n, err);
     if (r < 0)
         return r;
     vanished = calloc(n + 1, sizeof(*vanished));
@@ -1346,7 +1362,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
         /* Gone while we were away: clean up what may be left (idempotent), and record it
          * below in one transaction; a crash before that only repeats this on the next start. */
         if (sr == 0 && st == LB_STATUS_STOPPED &&
-            provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0)
+            provider_stop(prov, &ref, lend_config(l)->stop_timeout_s * 1000, NULL) == 0)
             vanished[n_vanished++] = rec->id;
         else if (sr == 0 && st == LB_STATUS_STOPPED)
             lend_reconcile_stop(l, rec, stats); /* leftovers would not go: retry loop */
@@ -1357,7 +1373,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     for (size_t i = 0; i < n_vanished; i += 512) {
         size_t chunk = n_vanished - i < 512 ? n_vanished - i : 512;
 
-        if (store_mark_stopped_many(l->store, vanished + i, chunk, "vanished", err) == 0)
+        if (store_mark_stopped_many(lend_store(l), vanished + i, chunk, "vanished", err) == 0)
             stats->vanished += (int)chunk;
         else
             stats->failed += (int)chunk;
@@ -1366,7 +1382,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     store_records_free(recs, n);
     recs = NULL, n = 0;
     /* 2. stopping, failed_seed, stop_failed: finish the stop */
-    r = store_list_sandboxes(l->store, &pending, &recs, &n, err);
+    r = store_list_sandboxes(lend_store(l), &pending, &recs, &n, err);
     if (r < 0)
         return r;
     for (size_t i = 0; i < n; i++)
@@ -1376,8 +1392,8 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     /* Sandboxes of ours with no record at all (a crash between create and insert is not
      * possible, since the record comes first; this catches records purged or lost), asked of
      * every enabled provider. */
-    for (size_t p = 0; p < registry_count(l->providers); p++) {
-        struct lb_provider *prov = registry_at(l->providers, p);
+    for (size_t p = 0; p < registry_count(lend_providers(l)); p++) {
+        struct lb_provider *prov = registry_at(lend_providers(l), p);
 
         if (provider_list(prov, &found, NULL) < 0)
             continue;
@@ -1385,12 +1401,12 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
             const char *id = json_string_value(json_object_get(item, "sandbox_id"));
             struct lb_record cur = {0};
 
-            if (!id || store_get_sandbox(l->store, id, &cur, NULL) == 0) {
+            if (!id || store_get_sandbox(lend_store(l), id, &cur, NULL) == 0) {
                 store_record_release(&cur);
                 continue;
             }
             struct lb_sandbox_ref ref = {id, json_object_get(item, "descriptor")};
-            if (provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, NULL) == 0) {
+            if (provider_stop(prov, &ref, lend_config(l)->stop_timeout_s * 1000, NULL) == 0) {
                 stats->orphans_stopped++;
                 log_warn_sbx(id, "stopped sandbox %s that had no record", id);
             } else {
