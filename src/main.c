@@ -30,6 +30,7 @@
 #include "routes/routes.h"
 #include "image/image.h"
 #include "store/store.h"
+#include "sweeper/sweeper.h"
 #include "util/clock.h"
 #include "util/config.h"
 #include "util/fault.h"

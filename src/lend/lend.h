@@ -178,29 +178,9 @@ void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *c
 int lend_authorize(void *lend, const char *token, enum lb_auth_need need, const char *sandbox_id,
                    enum lb_principal *who, struct lb_error *err);
 
-/* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, purge old
- * stopped records. Returns the number of stops attempted (>= 0). */
-int lend_sweep_once(struct lb_lend *l, struct lb_error *err);
-
-/* Stop every live and failed sandbox (the shutdown sweep) with at most concurrency stops in
- * flight. Returns the number that failed to stop (kept recorded for the next start). */
-int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency);
-
-struct lb_reconcile_stats {
-    int adopted;         /* lent and still running */
-    int vanished;        /* lent but gone: recorded stopped, reason vanished */
-    int stopped;         /* starting/stopping/failed records whose stop now succeeded */
-    int orphans_stopped; /* provider sandboxes of this instance with no record */
-    int failed;          /* stops that failed again (kept for the retry loop) */
-};
-
 /* Can the store record anything (/readyz)? 0, or -ENOSPC/-EROFS/-EIO with a message (see
  * store_check_writable). Cheap; thread-safe. */
 int lend_check_store(struct lb_lend *l, struct lb_error *err);
-
-/* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
- * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */
-int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
 
 /* Gauges for /metrics: append Prometheus text of sandboxes by state. */
 int lend_render_metrics(struct lb_lend *l, struct lb_buf *out);

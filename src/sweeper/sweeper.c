@@ -1,0 +1,79 @@
+/* sweeper.c - see sweeper.h: one sweeper pass (retries due, TTL stops, purge). */
+#include "sweeper/sweeper.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lend/lend_internal.h"
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/metrics.h"
+
+/* ---------- sweeper and shutdown ---------- */
+
+/* One sweeper pass over the records f selects: each is re-read under its session's lock (a
+ * seed or release may have handled it meanwhile) and stopped if still wanted. ttl: the pass of
+ * expired lent sandboxes; else the pass of due retries. Returns the stops attempted. */
+static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, bool ttl,
+                           struct lb_error *err)
+{
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int attempted = 0, r = store_list_sandboxes(lend_store(l), f, &recs, &n, err);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        struct lend_session_lock *lock = NULL;
+        struct lb_record cur = {0};
+        /* a busy session is skipped: its holder handles it, or the next pass does */
+        bool busy = recs[i].rsid && lend_session_lock(l, recs[i].rsid, true, &lock, NULL) < 0;
+        bool wanted =
+            !busy && store_get_sandbox(lend_store(l), recs[i].id, &cur, NULL) == 0 &&
+            (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= f->now_s
+                 : cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
+                       cur.state == LB_STATE_STOPPING);
+
+        if (wanted) {
+            attempted++;
+            if (ttl) {
+                log_info_sbx(cur.id, "sandbox %s reached its TTL", cur.id);
+                if (lend_stop_record(l, &cur, "ttl", LB_STATE_STOP_FAILED, NULL) == 0)
+                    metrics_add(LB_M_TTL_REAPED, 1);
+            } else {
+                lend_stop_record(l, &cur, NULL,
+                                 cur.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED
+                                                                   : LB_STATE_STOP_FAILED,
+                                 NULL);
+            }
+        }
+        store_record_release(&cur);
+        lend_session_unlock(l, lock);
+    }
+    store_records_free(recs, n);
+    return r < 0 ? r : attempted;
+}
+
+int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
+{
+    struct lb_record_filter due = {.state = -1,
+                                   .pending_stop_only = true,
+                                   .due_only = true,
+                                   .now_s = clock_now_s(),
+                                   .limit = 256};
+    struct lb_record_filter expired = {
+        .state = -1, .expired_only = true, .now_s = due.now_s, .limit = 256};
+    int64_t t_start = clock_mono_ms();
+    int retried = lend_sweep_pass(l, &due, false, err);
+    int reaped = retried < 0 ? 0 : lend_sweep_pass(l, &expired, true, err);
+
+    if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
+        store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);
+    (void)store_check_writable(lend_store(l), NULL); /* makes a spent space reserve again */
+    metrics_add(LB_M_SWEEPS, 1);
+    metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
+    if (retried < 0)
+        return retried;
+    return reaped < 0 ? reaped : retried + reaped;
+}

@@ -1,0 +1,36 @@
+/*
+ * sweeper.h - what keeps records and sandboxes in step outside requests: the sweeper pass
+ * (retry due failed stops, stop expired sandboxes, purge old records), the shutdown sweep, and
+ * startup reconciliation. All of them stop sandboxes the way lending does (lend_internal.h):
+ * under the session's lock, record first.
+ *
+ * Functions call providers and block: run them from the sweeper thread or main.
+ */
+#ifndef LB_SWEEPER_H
+#define LB_SWEEPER_H
+
+#include <stddef.h>
+
+#include "lend/lend.h"
+
+/* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, purge old
+ * stopped records. Returns the number of stops attempted (>= 0). */
+int lend_sweep_once(struct lb_lend *l, struct lb_error *err);
+
+/* Stop every live and failed sandbox (the shutdown sweep) with at most concurrency stops in
+ * flight. Returns the number that failed to stop (kept recorded for the next start). */
+int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency);
+
+struct lb_reconcile_stats {
+    int adopted;         /* lent and still running */
+    int vanished;        /* lent but gone: recorded stopped, reason vanished */
+    int stopped;         /* starting/stopping/failed records whose stop now succeeded */
+    int orphans_stopped; /* provider sandboxes of this instance with no record */
+    int failed;          /* stops that failed again (kept for the retry loop) */
+};
+
+/* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
+ * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */
+int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
+
+#endif
