@@ -52,15 +52,6 @@ static void usage(FILE *f)
             "LENDBOX_FAULTS=OP=ACTION[,...] injects failures (tests and rehearsals only).\n");
 }
 
-struct sweeper {
-    pthread_t thread;
-    pthread_mutex_t mutex;
-    pthread_cond_t cond;
-    bool stop;
-    struct lb_lend *lend;
-    int64_t interval_s;
-};
-
 /* On SIGTERM: in-flight execs get lending.drain_timeout_s, then the provider ends them. */
 struct drain_watchdog {
     pthread_mutex_t mutex;
@@ -90,27 +81,6 @@ static void *drain_watchdog_main(void *arg)
                  "%d execs",
                  (long long)w->timeout_s, n);
     }
-    return NULL;
-}
-
-static void *sweeper_main(void *arg)
-{
-    struct sweeper *s = arg;
-
-    pthread_mutex_lock(&s->mutex);
-    while (!s->stop) {
-        struct timespec until;
-
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += s->interval_s;
-        pthread_cond_timedwait(&s->cond, &s->mutex, &until);
-        if (s->stop)
-            break;
-        pthread_mutex_unlock(&s->mutex);
-        lend_sweep_once(s->lend, NULL);
-        pthread_mutex_lock(&s->mutex);
-    }
-    pthread_mutex_unlock(&s->mutex);
     return NULL;
 }
 
@@ -424,8 +394,7 @@ int main(int argc, char **argv)
     struct lb_pool *pool = NULL, *control_pool = NULL;
     struct lb_http *http = NULL;
     struct lb_app app = {0};
-    struct sweeper sw = {.mutex = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    bool sweeper_started = false;
+    struct lb_sweeper *sweeper = NULL;
     struct drain_watchdog dw = {.mutex = PTHREAD_MUTEX_INITIALIZER,
                                 .cond = PTHREAD_COND_INITIALIZER};
     bool dw_started = false;
@@ -732,17 +701,15 @@ int main(int argc, char **argv)
     {
         int64_t t0 = clock_mono_ms();
 
-        if (lend_reconcile(lend, &rs, &err) < 0)
+        if (sweeper_reconcile(lend, &rs, &err) < 0)
             goto fail;
         log_info("reconciled in %lld ms: %d adopted, %d vanished, %d stopped, %d orphans "
                  "stopped, %d failed",
                  (long long)(clock_mono_ms() - t0), rs.adopted, rs.vanished, rs.stopped,
                  rs.orphans_stopped, rs.failed);
     }
-    sw.lend = lend;
-    sw.interval_s = cfg.sweep_interval_s;
-    if (pthread_create(&sw.thread, NULL, sweeper_main, &sw) == 0)
-        sweeper_started = true;
+    if (sweeper_start(lend, cfg.sweep_interval_s, &sweeper) < 0)
+        log_error("cannot start the sweeper thread: no retries or TTL stops until a restart");
     lend_set_draining(lend, false);
     atomic_store(&app.ready, true);
     sd_notify(0, "READY=1");
@@ -761,13 +728,7 @@ int main(int argc, char **argv)
     sd_notify(0, "STOPPING=1");
     atomic_store(&app.ready, false);
     lend_set_draining(lend, true);
-    if (sweeper_started) {
-        pthread_mutex_lock(&sw.mutex);
-        sw.stop = true;
-        pthread_cond_signal(&sw.cond);
-        pthread_mutex_unlock(&sw.mutex);
-        pthread_join(sw.thread, NULL);
-    }
+    sweeper_stop(sweeper);
     /* in-flight requests finish; execs still running after drain_timeout_s are ended */
     dw.timeout_s = cfg.drain_timeout_s;
     dw.providers = providers;
@@ -784,7 +745,7 @@ int main(int argc, char **argv)
         pthread_join(dw.thread, NULL);
     }
     if (cfg.shutdown_sweep) {
-        int failed = lend_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
+        int failed = sweeper_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
 
         if (failed > 0)
             log_warn("shutdown sweep: %d sandboxes failed to stop; they stay recorded", failed);

@@ -15,8 +15,8 @@
 /* ---------- startup reconciliation ---------- */
 
 /* Finish the stop of a record that should not be running (startup reconciliation). */
-static void lend_reconcile_stop(struct lb_lend *l, const struct lb_record *rec,
-                                struct lb_reconcile_stats *stats)
+static void reconcile_stop_record(struct lb_lend *l, const struct lb_record *rec,
+                                  struct lb_reconcile_stats *stats)
 {
     bool starting = rec->state == LB_STATE_STARTING;
 
@@ -29,7 +29,7 @@ static void lend_reconcile_stop(struct lb_lend *l, const struct lb_record *rec,
         stats->failed++;
 }
 
-int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err)
+int sweeper_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err)
 {
     struct lb_record_filter live = {.state = -1, .live_only = true};
     struct lb_record_filter pending = {.state = -1, .pending_stop_only = true};
@@ -58,7 +58,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
         int sr;
 
         if (rec->state != LB_STATE_LENT) {
-            lend_reconcile_stop(l, rec, stats);
+            reconcile_stop_record(l, rec, stats);
             continue;
         }
         prov = lend_provider_of(l, rec, NULL);
@@ -80,7 +80,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
             provider_stop(prov, &ref, lend_config(l)->stop_timeout_s * 1000, NULL) == 0)
             vanished[n_vanished++] = rec->id;
         else if (sr == 0 && st == LB_STATUS_STOPPED)
-            lend_reconcile_stop(l, rec, stats); /* leftovers would not go: retry loop */
+            reconcile_stop_record(l, rec, stats); /* leftovers would not go: retry loop */
         else
             stats->adopted++;
         json_decref(desc);
@@ -101,7 +101,7 @@ int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct l
     if (r < 0)
         return r;
     for (size_t i = 0; i < n; i++)
-        lend_reconcile_stop(l, &recs[i], stats);
+        reconcile_stop_record(l, &recs[i], stats);
     store_records_free(recs, n);
     recs = NULL, n = 0;
     /* Sandboxes of ours with no record at all (a crash between create and insert is not

@@ -55,7 +55,7 @@ static void *stop_all_worker(void *arg)
     return NULL;
 }
 
-int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
+int sweeper_stop_all(struct lb_lend *l, const char *reason, size_t concurrency)
 {
     struct stop_all_ctx c = {.l = l, .reason = reason};
     struct lb_record_filter f = {.state = -1};

@@ -1,4 +1,4 @@
-/* sweeper.c - see sweeper.h: one sweeper pass (retries due, TTL stops, purge). */
+/* sweeper.c - see sweeper.h: the sweeper thread and its pass (retries due, TTL stops, purge). */
 #include "sweeper/sweeper.h"
 
 #include <errno.h>
@@ -17,8 +17,8 @@
 /* One sweeper pass over the records f selects: each is re-read under its session's lock (a
  * seed or release may have handled it meanwhile) and stopped if still wanted. ttl: the pass of
  * expired lent sandboxes; else the pass of due retries. Returns the stops attempted. */
-static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, bool ttl,
-                           struct lb_error *err)
+static int sweeper_pass(struct lb_lend *l, const struct lb_record_filter *f, bool ttl,
+                        struct lb_error *err)
 {
     struct lb_record *recs = NULL;
     size_t n = 0;
@@ -55,7 +55,7 @@ static int lend_sweep_pass(struct lb_lend *l, const struct lb_record_filter *f, 
     return r < 0 ? r : attempted;
 }
 
-int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
+int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err)
 {
     struct lb_record_filter due = {.state = -1,
                                    .pending_stop_only = true,
@@ -65,8 +65,8 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
     struct lb_record_filter expired = {
         .state = -1, .expired_only = true, .now_s = due.now_s, .limit = 256};
     int64_t t_start = clock_mono_ms();
-    int retried = lend_sweep_pass(l, &due, false, err);
-    int reaped = retried < 0 ? 0 : lend_sweep_pass(l, &expired, true, err);
+    int retried = sweeper_pass(l, &due, false, err);
+    int reaped = retried < 0 ? 0 : sweeper_pass(l, &expired, true, err);
 
     if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
         store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);
@@ -76,4 +76,73 @@ int lend_sweep_once(struct lb_lend *l, struct lb_error *err)
     if (retried < 0)
         return retried;
     return reaped < 0 ? reaped : retried + reaped;
+}
+
+/* ---------- the thread ---------- */
+
+struct lb_sweeper {
+    pthread_t thread;
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+    bool stop;
+    struct lb_lend *lend;
+    int64_t interval_s;
+};
+
+static void *sweeper_main(void *arg)
+{
+    struct lb_sweeper *s = arg;
+
+    pthread_mutex_lock(&s->mutex);
+    while (!s->stop) {
+        struct timespec until;
+
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += s->interval_s;
+        pthread_cond_timedwait(&s->cond, &s->mutex, &until);
+        if (s->stop)
+            break;
+        pthread_mutex_unlock(&s->mutex);
+        sweeper_sweep_once(s->lend, NULL);
+        pthread_mutex_lock(&s->mutex);
+    }
+    pthread_mutex_unlock(&s->mutex);
+    return NULL;
+}
+
+int sweeper_start(struct lb_lend *l, int64_t interval_s, struct lb_sweeper **out)
+{
+    struct lb_sweeper *s = calloc(1, sizeof(*s));
+    int r;
+
+    *out = NULL;
+    if (!s)
+        return -ENOMEM;
+    pthread_mutex_init(&s->mutex, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    s->lend = l;
+    s->interval_s = interval_s > 0 ? interval_s : 5;
+    r = pthread_create(&s->thread, NULL, sweeper_main, s);
+    if (r != 0) {
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->mutex);
+        free(s);
+        return -r;
+    }
+    *out = s;
+    return 0;
+}
+
+void sweeper_stop(struct lb_sweeper *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mutex);
+    s->stop = true;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mutex);
+    pthread_join(s->thread, NULL);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mutex);
+    free(s);
 }

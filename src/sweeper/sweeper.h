@@ -4,22 +4,31 @@
  * startup reconciliation. All of them stop sandboxes the way lending does (lend_internal.h):
  * under the session's lock, record first.
  *
- * Functions call providers and block: run them from the sweeper thread or main.
+ * Functions call providers and block: run them from the sweeper thread or main. Thread-safe
+ * against requests (they take the sessions' locks).
  */
 #ifndef LB_SWEEPER_H
 #define LB_SWEEPER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "lend/lend.h"
 
+/* The sweeper thread: one sweeper_sweep_once every interval_s seconds (<= 0: 5). *out is the
+ * caller's (sweeper_stop). -ENOMEM, or the errno of pthread_create. */
+struct lb_sweeper;
+int sweeper_start(struct lb_lend *l, int64_t interval_s, struct lb_sweeper **out);
+/* Stop the thread (a pass under way finishes first), wait for it and free s; NULL-safe. */
+void sweeper_stop(struct lb_sweeper *s);
+
 /* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, purge old
  * stopped records. Returns the number of stops attempted (>= 0). */
-int lend_sweep_once(struct lb_lend *l, struct lb_error *err);
+int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err);
 
 /* Stop every live and failed sandbox (the shutdown sweep) with at most concurrency stops in
  * flight. Returns the number that failed to stop (kept recorded for the next start). */
-int lend_stop_all(struct lb_lend *l, const char *reason, size_t concurrency);
+int sweeper_stop_all(struct lb_lend *l, const char *reason, size_t concurrency);
 
 struct lb_reconcile_stats {
     int adopted;         /* lent and still running */
@@ -31,6 +40,6 @@ struct lb_reconcile_stats {
 
 /* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
  * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */
-int lend_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
+int sweeper_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
 
 #endif
