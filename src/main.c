@@ -22,6 +22,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "auth/auth.h"
 #include "http/http.h"
 #include "lend/activation.h"
 #include "lend/lend.h"
@@ -391,6 +392,7 @@ int main(int argc, char **argv)
     struct lb_registry *providers = NULL;
     struct lb_lend *lend = NULL;
     struct lb_activations *acts = NULL;
+    struct lb_auth *auth = NULL;
     struct lb_pool *pool = NULL, *control_pool = NULL;
     struct lb_http *http = NULL;
     struct lb_app app = {0};
@@ -608,6 +610,11 @@ int main(int argc, char **argv)
     }
     app.pool = pool;
     app.store = store;
+    if (auth_new(admin_hash, store, &auth, &err) < 0) {
+        close(listen_fd);
+        goto fail;
+    }
+    app.auth = auth;
     app.images_dir = images_dir;
     app.max_exec_timeout_s = cfg.max_exec_timeout_s;
     app.max_execs_per_sandbox = cfg.max_execs_per_sandbox > 0
@@ -655,7 +662,6 @@ int main(int argc, char **argv)
         .images_dir = images_dir,
         .workdir = cfg.workdir,
         .public_url = cfg.public_url ? cfg.public_url : public_url,
-        .admin_token_hash = admin_hash,
         .operate_key = operate_key,
         .operate_key_len = OPERATE_KEY_BYTES,
     };
@@ -763,6 +769,7 @@ out:
     pool_destroy(control_pool);
     activations_free(acts);
     lend_free(lend);
+    auth_free(auth);
     registry_free(providers);
     store_close(store);
     if (lock_fd >= 0)

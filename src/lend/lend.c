@@ -33,7 +33,7 @@ struct lend_session_lock {
 
 struct lb_lend {
     struct lb_lend_config cfg;
-    char *default_image, *workdir, *public_url, *admin_token_hash;
+    char *default_image, *workdir, *public_url;
     char *images_dir;
     unsigned char *operate_key;
     struct lb_store *store;
@@ -130,10 +130,8 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     l->cfg.images_dir = l->images_dir;
     l->workdir = strdup(cfg->workdir ? cfg->workdir : "/workspace");
     l->public_url = strdup(cfg->public_url ? cfg->public_url : "");
-    l->admin_token_hash = strdup(cfg->admin_token_hash ? cfg->admin_token_hash : "");
     l->operate_key = malloc(cfg->operate_key_len ? cfg->operate_key_len : 1);
-    if (!l->default_image || !l->workdir || !l->public_url || !l->admin_token_hash ||
-        !l->operate_key) {
+    if (!l->default_image || !l->workdir || !l->public_url || !l->operate_key) {
         lend_free(l);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
@@ -141,7 +139,6 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     l->cfg.default_image = l->default_image;
     l->cfg.workdir = l->workdir;
     l->cfg.public_url = l->public_url;
-    l->cfg.admin_token_hash = l->admin_token_hash;
     l->cfg.operate_key = l->operate_key;
     l->store = st;
     l->providers = providers;
@@ -158,7 +155,6 @@ void lend_free(struct lb_lend *l)
     free(l->images_dir);
     free(l->workdir);
     free(l->public_url);
-    free(l->admin_token_hash);
     free(l->operate_key);
     pthread_mutex_destroy(&l->locks_mutex);
     free(l);
@@ -1065,41 +1061,6 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
         r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
     lend_target_release(&t);
     return r;
-}
-
-/* ---------- auth ---------- */
-
-int lend_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
-                   enum lb_principal *who, struct lb_error *err)
-{
-    struct lb_lend *l = app;
-    char hash[LB_SHA256_HEX + 1];
-    struct lb_record rec = {0};
-    int r;
-
-    token_sha256_hex(token, strlen(token), hash);
-    if (token_equal(hash, l->cfg.admin_token_hash)) {
-        *who = LB_PRINCIPAL_ADMIN;
-        return 0;
-    }
-    if (need == LB_AUTH_SANDBOX && sandbox_id &&
-        store_get_sandbox(l->store, sandbox_id, &rec, NULL) == 0) {
-        bool ok = rec.token_hash[0] && token_equal(hash, rec.token_hash);
-
-        store_record_release(&rec);
-        if (ok) {
-            *who = LB_PRINCIPAL_OPERATE;
-            return 0;
-        }
-    }
-    r = store_get_by_token_hash(l->store, hash, &rec, NULL);
-    store_record_release(&rec);
-    if (r == 0)
-        return lb_error_set(err, -EACCES,
-                            need == LB_AUTH_ADMIN
-                                ? "an operate token may not do this; it needs the admin token"
-                                : "this operate token belongs to another sandbox");
-    return lb_error_set(err, -ENOKEY, "unknown bearer token");
 }
 
 /* ---------- for the sweeper (lend_internal.h) ---------- */

@@ -22,7 +22,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/http.h"
 #include "provider/provider.h"
 #include "provider/registry.h"
 #include "store/store.h"
@@ -46,7 +45,6 @@ struct lb_lend_config {
                                WorkingDir apply to execs; NULL: none */
     const char *workdir;
     const char *public_url;           /* base_url in the lease's access */
-    const char *admin_token_hash;     /* hex SHA-256 of the admin token */
     const unsigned char *operate_key; /* HMAC key operate tokens derive from */
     size_t operate_key_len;
 };
@@ -173,10 +171,6 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
  * call lend_seed, lend_release or lend_delete_sandbox. Set once, before serving. */
 typedef void (*lb_lend_release_hook)(void *ctx, const char *rsid, const char *sandbox_id);
 void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *ctx);
-
-/* The http layer's authorize hook (see lb_authorize_fn). Reads the store; never the provider. */
-int lend_authorize(void *lend, const char *token, enum lb_auth_need need, const char *sandbox_id,
-                   enum lb_principal *who, struct lb_error *err);
 
 /* Can the store record anything (/readyz)? 0, or -ENOSPC/-EROFS/-EIO with a message (see
  * store_check_writable). Cheap; thread-safe. */

@@ -46,7 +46,7 @@ const struct lb_route lb_routes[] = {
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
                      enum lb_principal *who, struct lb_error *err)
 {
-    return lend_authorize(((struct lb_app *)app)->lend, token, need, sandbox_id, who, err);
+    return auth_authorize(((struct lb_app *)app)->auth, token, need, sandbox_id, who, err);
 }
 
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "auth/auth.h"
 #include "http/http.h"
 #include "lend/activation.h"
 #include "lend/lend.h"
@@ -19,6 +20,7 @@
 /* What every handler can reach (http_app(req)). */
 struct lb_app {
     struct lb_lend *lend;
+    struct lb_auth *auth; /* who a bearer token is */
     struct lb_pool *pool;
     atomic_bool ready; /* startup reconciliation done and not draining */
     int64_t max_exec_timeout_s;
