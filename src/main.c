@@ -1,7 +1,8 @@
 /*
- * main.c - lendboxd: wires config, store, provider, lending, worker pool and HTTP together,
+ * main.c - lendboxd: wires config, store, providers, lending, worker pool and HTTP together,
  * runs startup reconciliation, the sweeper thread, and the shutdown sweep on SIGTERM/SIGINT.
- * The only file that sees every module.
+ * The only file that sees every module. main() calls the daemon_* wiring functions in order;
+ * daemon_map_config is the one place where lb_config becomes each component's config.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -369,7 +370,102 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv)
+/* Everything one daemon runs, made by the wiring functions below in this order and released
+ * by daemon_close in reverse. */
+struct daemon {
+    struct lb_config cfg;
+    const char *config_file;
+    char **sets; /* --set and flag assignments, applied over the file (and again on SIGHUP) */
+    int n_sets;
+    sigset_t sigs;
+    unsigned max_conn, per_ip;
+    int lock_fd;
+    char admin_hash[LB_SHA256_HEX + 1];
+    unsigned char operate_key[OPERATE_KEY_BYTES];
+    int listen_fd; /* until http_start takes it over */
+    char bound[128];
+    char *supervise, *images_dir, *public_url;
+    char receipts_dir[PATH_MAX];
+    struct lb_store *store;
+    struct lb_registry *providers;
+    struct lb_auth *auth;
+    struct lb_pool *pool, *control_pool;
+    struct lb_lend *lend;
+    struct lb_activations *acts;
+    struct lb_http *http;
+    struct lb_app app;
+    struct lb_sweeper *sweeper;
+};
+
+/* The API's defaults that are not configuration keys (API.md): an exec without timeout_s. */
+#define API_DEFAULT_EXEC_TIMEOUT_S 180
+
+/* The one place where lb_config becomes each component's configuration (the providers' own:
+ * provider/registry.c, one mapping per kind). Strings are borrowed from d. */
+static void daemon_map_config(struct daemon *d, struct lb_http_config *hc,
+                              struct lb_lend_config *lc, struct lb_activation_config *ac)
+{
+    const struct lb_config *cfg = &d->cfg;
+
+    *hc = (struct lb_http_config){
+        .listen_fd = d->listen_fd,
+        .threads = (unsigned)cfg->http_threads,
+        .connection_timeout_s = (unsigned)cfg->connection_timeout_s,
+        .header_timeout_s = (unsigned)cfg->header_timeout_s,
+        .max_connections = d->max_conn,
+        .per_ip_connections = d->per_ip,
+        .max_body_bytes = (size_t)cfg->max_body_bytes,
+        .max_file_bytes = (size_t)cfg->max_file_bytes,
+        .max_inflight_bytes = (size_t)cfg->max_inflight_bytes,
+        .max_json_depth = (int)cfg->max_json_depth,
+        .routes = lb_routes,
+        .authorize = routes_authorize,
+        .app = &d->app,
+        .pool = d->pool,
+        .control_pool = d->control_pool,
+    };
+    *lc = (struct lb_lend_config){
+        .stop_timeout_s = cfg->stop_timeout_s,
+        .create_timeout_s = cfg->create_timeout_s,
+        .default_ttl_s = cfg->default_ttl_s,
+        .max_ttl_s = cfg->max_ttl_s,
+        .retry_base_s = cfg->retry_base_s,
+        .retry_max_s = cfg->retry_max_s,
+        .max_sandboxes = cfg->max_sandboxes,
+        .default_pids = cfg->default_pids,
+        /* where the provider has no disk limit (local storage dir) only a seed that asks for
+         * one gets a 422 */
+        .default_disk_mib = cfg->default_disk_mib,
+        .max_disk_mib = cfg->max_disk_mib,
+        .retention_s = cfg->retention_s,
+        .session_lock_wait_s = cfg->session_lock_wait_s,
+        .max_output_bytes = (size_t)cfg->max_output_bytes,
+        .default_image = cfg->default_image,
+        .images_dir = d->images_dir,
+        .workdir = cfg->workdir,
+        .public_url = cfg->public_url ? cfg->public_url : d->public_url,
+        .operate_key = d->operate_key,
+        .operate_key_len = OPERATE_KEY_BYTES,
+    };
+    /* receipts of harness supervisors: host side, so no sandbox process can forge one.
+     * Artifacts come back the way stage files go in: at most a request body each. */
+    snprintf(d->receipts_dir, sizeof(d->receipts_dir), "%s/activations", cfg->state_dir);
+    *ac = (struct lb_activation_config){
+        .receipts_dir = d->receipts_dir,
+        .max_artifact_bytes = (size_t)cfg->max_body_bytes,
+        .max_artifacts_bytes = 4 * (size_t)cfg->max_body_bytes,
+        .max_log_bytes = (size_t)cfg->max_output_bytes,
+    };
+    d->app.max_exec_timeout_s = cfg->max_exec_timeout_s;
+    d->app.max_execs_per_sandbox = cfg->max_execs_per_sandbox > 0
+                                       ? cfg->max_execs_per_sandbox
+                                       : (cfg->workers / 4 > 1 ? cfg->workers / 4 : 1);
+    d->app.default_exec_timeout_s = API_DEFAULT_EXEC_TIMEOUT_S;
+}
+
+/* Command line: flags become assignments applied over the config file. Returns -1 to go on,
+ * else the exit status (0 for --version/--help, 1 out of memory, 2 for a usage error). */
+static int daemon_parse_args(struct daemon *d, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -383,41 +479,13 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct lb_config cfg;
-    struct lb_error err = {0};
-    const char *config_file = NULL;
-    char **sets = calloc((size_t)argc + 1, sizeof(char *));
-    int n_sets = 0, c, rc = 1, lock_fd = -1;
-    struct lb_store *store = NULL;
-    struct lb_registry *providers = NULL;
-    struct lb_lend *lend = NULL;
-    struct lb_activations *acts = NULL;
-    struct lb_auth *auth = NULL;
-    struct lb_pool *pool = NULL, *control_pool = NULL;
-    struct lb_http *http = NULL;
-    struct lb_app app = {0};
-    struct lb_sweeper *sweeper = NULL;
-    struct drain_watchdog dw = {.mutex = PTHREAD_MUTEX_INITIALIZER,
-                                .cond = PTHREAD_COND_INITIALIZER};
-    bool dw_started = false;
-    char *admin_token = NULL, *operate_hex = NULL, *supervise = NULL, *public_url = NULL;
-    char *images_dir = NULL;
-    char path[PATH_MAX], admin_hash[LB_SHA256_HEX + 1];
-    unsigned char operate_key[OPERATE_KEY_BYTES];
-    sigset_t sigs;
-    enum lb_log_level level;
-    struct lb_reconcile_stats rs;
-    unsigned max_conn = 0, per_ip = 0;
+    int c;
 
-    if (!sets || config_init(&cfg) < 0) {
-        fprintf(stderr, "lendboxd: out of memory\n");
-        return 1;
-    }
     /* Flags override the file, so collect them first and apply them after loading it. */
     while ((c = getopt_long(argc, argv, "c:l:s:a:L:S:NVh", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
-            config_file = optarg;
+            d->config_file = optarg;
             break;
         case 'l':
         case 's':
@@ -427,68 +495,73 @@ int main(int argc, char **argv)
                               : c == 's' ? "server.state_dir="
                               : c == 'a' ? "server.admin_token_file="
                                          : "server.log_level=";
-            if (asprintf(&sets[n_sets++], "%s%s", key, optarg) < 0)
-                goto out;
+            if (asprintf(&d->sets[d->n_sets++], "%s%s", key, optarg) < 0) {
+                d->sets[--d->n_sets] = NULL;
+                fprintf(stderr, "lendboxd: out of memory\n");
+                return 1;
+            }
             break;
         }
         case 'S':
-            sets[n_sets++] = strdup(optarg);
+            d->sets[d->n_sets++] = strdup(optarg);
             break;
         case 'N':
-            sets[n_sets++] = strdup("lending.shutdown_sweep=no");
+            d->sets[d->n_sets++] = strdup("lending.shutdown_sweep=no");
             break;
         case 'V':
             printf("lendboxd %s\n", LB_VERSION);
-            rc = 0;
-            goto out;
+            return 0;
         case 'h':
             usage(stdout);
-            rc = 0;
-            goto out;
+            return 0;
         default:
             usage(stderr);
-            rc = 2;
-            goto out;
+            return 2;
         }
     }
     if (optind < argc && strcmp(argv[optind], "image") != 0) {
         fprintf(stderr, "lendboxd: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
-        rc = 2;
-        goto out;
+        return 2;
     }
-    if (config_file && config_load_file(&cfg, config_file, &err) < 0)
-        goto fail;
-    for (int i = 0; i < n_sets; i++)
-        if (!sets[i] || config_set_assignment(&cfg, sets[i], &err) < 0)
-            goto fail;
-    if (log_parse_level(cfg.log_level, &level) < 0) {
-        lb_error_set(&err, -EINVAL, "unknown log level '%s'", cfg.log_level);
-        goto fail;
-    }
+    return -1;
+}
+
+/* The config file, then the assignments; the log level and the fault switch. */
+static int daemon_load_config(struct daemon *d, struct lb_error *err)
+{
+    struct lb_config *cfg = &d->cfg;
+    enum lb_log_level level;
+    const char *faults;
+    int r = d->config_file ? config_load_file(cfg, d->config_file, err) : 0;
+
+    for (int i = 0; r == 0 && i < d->n_sets; i++)
+        r = d->sets[i] ? config_set_assignment(cfg, d->sets[i], err)
+                       : lb_error_set(err, -ENOMEM, "out of memory");
+    if (r < 0)
+        return r;
+    if (log_parse_level(cfg->log_level, &level) < 0)
+        return lb_error_set(err, -EINVAL, "unknown log level '%s'", cfg->log_level);
     log_set_level(level);
-    {
-        const char *faults = getenv("LENDBOX_FAULTS") ? getenv("LENDBOX_FAULTS") : cfg.faults_spec;
+    faults = getenv("LENDBOX_FAULTS") ? getenv("LENDBOX_FAULTS") : cfg->faults_spec;
+    r = fault_load(faults, err);
+    if (r < 0)
+        return r;
+    if (fault_enabled())
+        log_warn("FAULT INJECTION IS ON (%s): this daemon will fail on purpose", faults);
+    return 0;
+}
 
-        if (fault_load(faults, &err) < 0)
-            goto fail;
-        if (fault_enabled())
-            log_warn("FAULT INJECTION IS ON (%s): this daemon will fail on purpose", faults);
-    }
-
-    if (optind < argc) { /* "image ...": the image store subcommand, no daemon */
-        rc = image_command(&cfg, argc - optind - 1, argv + optind + 1);
-        goto out;
-    }
-
-    /* Process-wide setup before any thread exists. */
+/* Process-wide setup before any thread exists. */
+static void daemon_setup_process(struct daemon *d)
+{
     umask(077);
     signal(SIGPIPE, SIG_IGN);
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    sigemptyset(&d->sigs);
+    sigaddset(&d->sigs, SIGTERM);
+    sigaddset(&d->sigs, SIGINT);
+    sigaddset(&d->sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &d->sigs, NULL);
     /* File operations run with a sandbox's fsuid; root's supplementary groups must not come
      * along (they would open group-readable host files). */
     if (getuid() == 0 && setgroups(0, NULL) < 0)
@@ -504,245 +577,215 @@ int main(int argc, char **argv)
      * fixed threshold also turns off glibc's raising it after each free. */
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
-    plan_connections(&cfg, &max_conn, &per_ip);
+    plan_connections(&d->cfg, &d->max_conn, &d->per_ip);
+}
 
-    /* State dir, lock, secrets. */
+/* State dir, its lock, the admin token and the operate-token key. */
+static int daemon_open_state(struct daemon *d, struct lb_error *err)
+{
+    const struct lb_config *cfg = &d->cfg;
+    char path[PATH_MAX], *admin_token = NULL, *operate_hex = NULL;
+    int r;
+
     /* 0711: the sandboxes' own uids must reach their directories below it; nothing in it can
      * be listed, and every secret in it is 0600. */
-    if (prepare_state_dir(cfg.state_dir, &err) < 0)
-        goto fail;
-    snprintf(path, sizeof(path), "%s/lendboxd.lock", cfg.state_dir);
-    lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    r = prepare_state_dir(cfg->state_dir, err);
+    if (r < 0)
+        return r;
+    snprintf(path, sizeof(path), "%s/lendboxd.lock", cfg->state_dir);
+    d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->lock_fd < 0)
+        return lb_error_set(err, -errno, "cannot open '%s': %s", path, strerror(errno));
     /* After a crash, a fork of the old daemon may hold the lock for a moment (until its exec
      * or exit): wait a little before calling the state dir taken. */
-    for (int tries = 0; lock_fd >= 0 && flock(lock_fd, LOCK_EX | LOCK_NB) < 0; tries++) {
-        if (errno != EWOULDBLOCK || tries == 100) {
-            lb_error_set(&err, -EBUSY, "state dir '%s' is in use by another lendboxd (%s)",
-                         cfg.state_dir, strerror(errno));
-            goto fail;
-        }
+    for (int tries = 0; flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0; tries++) {
+        if (errno != EWOULDBLOCK || tries == 100)
+            return lb_error_set(err, -EBUSY, "state dir '%s' is in use by another lendboxd (%s)",
+                                cfg->state_dir, strerror(errno));
         if (tries == 0)
             log_info("waiting for the lock on %s", path);
         usleep(100 * 1000);
     }
-    if (lock_fd < 0) {
-        lb_error_set(&err, -errno, "cannot open '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    if (cfg.admin_token_file)
-        snprintf(path, sizeof(path), "%s", cfg.admin_token_file);
+    if (cfg->admin_token_file)
+        snprintf(path, sizeof(path), "%s", cfg->admin_token_file);
     else
-        snprintf(path, sizeof(path), "%s/admin.token", cfg.state_dir);
-    if (ensure_secret_file(path, 32, &err) < 0 ||
-        check_secret_file(path, "admin token file", &err) < 0 ||
-        read_small_file(path, &admin_token, &err) < 0)
-        goto fail;
-    if (strlen(admin_token) < 16) {
-        lb_error_set(&err, -EINVAL, "admin token in '%s' is shorter than 16 characters", path);
-        goto fail;
-    }
-    token_sha256_hex(admin_token, strlen(admin_token), admin_hash);
+        snprintf(path, sizeof(path), "%s/admin.token", cfg->state_dir);
+    r = ensure_secret_file(path, 32, err);
+    if (r == 0)
+        r = check_secret_file(path, "admin token file", err);
+    if (r == 0)
+        r = read_small_file(path, &admin_token, err);
+    if (r == 0 && strlen(admin_token) < 16)
+        r = lb_error_set(err, -EINVAL, "admin token in '%s' is shorter than 16 characters", path);
+    if (r < 0)
+        goto out;
+    token_sha256_hex(admin_token, strlen(admin_token), d->admin_hash);
     log_info("admin token: %s", path);
-    snprintf(path, sizeof(path), "%s/operate.key", cfg.state_dir);
-    if (ensure_secret_file(path, OPERATE_KEY_BYTES, &err) < 0 ||
-        check_secret_file(path, "operate-token key", &err) < 0 ||
-        read_small_file(path, &operate_hex, &err) < 0)
-        goto fail;
-    if (strlen(operate_hex) != 2 * OPERATE_KEY_BYTES) {
-        lb_error_set(&err, -EINVAL, "'%s' is damaged (want %d hex digits)", path,
-                     2 * OPERATE_KEY_BYTES);
-        goto fail;
-    }
+    snprintf(path, sizeof(path), "%s/operate.key", cfg->state_dir);
+    r = ensure_secret_file(path, OPERATE_KEY_BYTES, err);
+    if (r == 0)
+        r = check_secret_file(path, "operate-token key", err);
+    if (r == 0)
+        r = read_small_file(path, &operate_hex, err);
+    if (r == 0 && strlen(operate_hex) != 2 * OPERATE_KEY_BYTES)
+        r = lb_error_set(err, -EINVAL, "'%s' is damaged (want %d hex digits)", path,
+                         2 * OPERATE_KEY_BYTES);
+    if (r < 0)
+        goto out;
     for (int i = 0; i < OPERATE_KEY_BYTES; i++)
-        sscanf(operate_hex + 2 * i, "%2hhx", &operate_key[i]);
+        sscanf(operate_hex + 2 * i, "%2hhx", &d->operate_key[i]);
+out:
+    free(admin_token);
+    free(operate_hex);
+    return r;
+}
 
-    /* The API's socket first: the provider refuses its port to every sandbox. */
-    char bound[128] = "";
-    int listen_fd = -1;
+/* The API's socket (before the providers: the local one refuses its port to every sandbox),
+ * the store, the image store and the providers. */
+static int daemon_open_backends(struct daemon *d, struct lb_error *err)
+{
+    const struct lb_config *cfg = &d->cfg;
+    char path[PATH_MAX];
+    int r = http_bind(cfg->listen, &d->listen_fd, d->bound, sizeof(d->bound), err);
 
-    if (http_bind(cfg.listen, &listen_fd, bound, sizeof(bound), &err) < 0)
-        goto fail;
-
-    /* Store, provider. */
-    snprintf(path, sizeof(path), "%s/lendbox.db", cfg.state_dir);
-    if (store_open(path, &store, &err) < 0 ||
-        store_reserve_init(store, cfg.store_reserve_mib * 1024 * 1024, &err) < 0)
-        goto fail;
-    if (cfg.default_disk_mib > cfg.max_disk_mib) {
-        lb_error_set(&err, -EINVAL,
-                     "limits.default_disk_mib (%lld) is over limits.max_disk_mib (%lld)",
-                     (long long)cfg.default_disk_mib, (long long)cfg.max_disk_mib);
-        goto fail;
-    }
-    supervise = cfg.supervise_path ? strdup(cfg.supervise_path) : default_supervise_path();
-    if (!supervise) {
-        lb_error_set(&err, -ENOENT, "lendbox-supervise not found; set local.supervise");
-        goto fail;
-    }
-    images_dir = images_dir_of(&cfg);
-    if (!images_dir) {
-        lb_error_set(&err, -ENOMEM, "out of memory");
-        goto fail;
-    }
+    if (r < 0)
+        return r;
+    snprintf(path, sizeof(path), "%s/lendbox.db", cfg->state_dir);
+    r = store_open(path, &d->store, err);
+    if (r == 0)
+        r = store_reserve_init(d->store, cfg->store_reserve_mib * 1024 * 1024, err);
+    if (r < 0)
+        return r;
+    if (cfg->default_disk_mib > cfg->max_disk_mib)
+        return lb_error_set(err, -EINVAL,
+                            "limits.default_disk_mib (%lld) is over limits.max_disk_mib (%lld)",
+                            (long long)cfg->default_disk_mib, (long long)cfg->max_disk_mib);
+    d->supervise = cfg->supervise_path ? strdup(cfg->supervise_path) : default_supervise_path();
+    if (!d->supervise)
+        return lb_error_set(err, -ENOENT, "lendbox-supervise not found; set local.supervise");
+    d->images_dir = images_dir_of(cfg);
+    if (!d->images_dir)
+        return lb_error_set(err, -ENOMEM, "out of memory");
     /* an unusable image store leaves image "host" (as before it existed): warn, go on */
-    if (image_store_init(images_dir, &err) < 0 || image_store_clean_tmp(images_dir, &err) < 0) {
-        log_warn("image store: %s", err.message);
-        lb_error_clear(&err);
+    if (image_store_init(d->images_dir, err) < 0 || image_store_clean_tmp(d->images_dir, err) < 0) {
+        log_warn("image store: %s", err->message);
+        lb_error_clear(err);
     }
-    {
-        struct lb_provider_env penv = {
-            .cfg = &cfg,
-            .supervise_path = supervise,
-            .images_dir = images_dir,
-            .api_port = strrchr(bound, ':') ? atoi(strrchr(bound, ':') + 1) : 0,
-        };
-
-        if (registry_open(&penv, &providers, &err) < 0)
-            goto fail;
-    }
-
-    /* Workers and HTTP. Readiness stays 503 until reconciliation is done. */
-    if (pool_new((size_t)cfg.workers, (size_t)cfg.queue_max, &pool) < 0 ||
-        pool_new((size_t)(cfg.workers / 4 > 4 ? cfg.workers / 4 : 4), (size_t)cfg.queue_max,
-                 &control_pool) < 0) {
-        lb_error_set(&err, -ENOMEM, "cannot start %lld workers", (long long)cfg.workers);
-        goto fail;
-    }
-    app.pool = pool;
-    app.store = store;
-    if (auth_new(admin_hash, store, &auth, &err) < 0) {
-        close(listen_fd);
-        goto fail;
-    }
-    app.auth = auth;
-    app.images_dir = images_dir;
-    app.max_exec_timeout_s = cfg.max_exec_timeout_s;
-    app.max_execs_per_sandbox = cfg.max_execs_per_sandbox > 0
-                                    ? cfg.max_execs_per_sandbox
-                                    : (cfg.workers / 4 > 1 ? cfg.workers / 4 : 1);
-    app.default_exec_timeout_s = 180;
-    if (!cfg.public_url && asprintf(&public_url, "http://%s", bound) < 0) {
-        close(listen_fd);
-        goto fail;
-    }
-    struct lb_http_config hc = {
-        .listen_fd = listen_fd,
-        .threads = (unsigned)cfg.http_threads,
-        .connection_timeout_s = (unsigned)cfg.connection_timeout_s,
-        .header_timeout_s = (unsigned)cfg.header_timeout_s,
-        .max_connections = max_conn,
-        .per_ip_connections = per_ip,
-        .max_body_bytes = (size_t)cfg.max_body_bytes,
-        .max_file_bytes = (size_t)cfg.max_file_bytes,
-        .max_inflight_bytes = (size_t)cfg.max_inflight_bytes,
-        .max_json_depth = (int)cfg.max_json_depth,
-        .routes = lb_routes,
-        .authorize = routes_authorize,
-        .app = &app,
-        .pool = pool,
-        .control_pool = control_pool,
+    struct lb_provider_env penv = {
+        .cfg = cfg,
+        .supervise_path = d->supervise,
+        .images_dir = d->images_dir,
+        .api_port = strrchr(d->bound, ':') ? atoi(strrchr(d->bound, ':') + 1) : 0,
     };
-    struct lb_lend_config lcfg = {
-        .stop_timeout_s = cfg.stop_timeout_s,
-        .create_timeout_s = cfg.create_timeout_s,
-        .default_ttl_s = cfg.default_ttl_s,
-        .max_ttl_s = cfg.max_ttl_s,
-        .retry_base_s = cfg.retry_base_s,
-        .retry_max_s = cfg.retry_max_s,
-        .max_sandboxes = cfg.max_sandboxes,
-        .default_pids = cfg.default_pids,
-        /* where the provider has no disk limit (local storage dir) only a seed that asks for
-         * one gets a 422 */
-        .default_disk_mib = cfg.default_disk_mib,
-        .max_disk_mib = cfg.max_disk_mib,
-        .retention_s = cfg.retention_s,
-        .session_lock_wait_s = cfg.session_lock_wait_s,
-        .max_output_bytes = (size_t)cfg.max_output_bytes,
-        .default_image = cfg.default_image,
-        .images_dir = images_dir,
-        .workdir = cfg.workdir,
-        .public_url = cfg.public_url ? cfg.public_url : public_url,
-        .operate_key = operate_key,
-        .operate_key_len = OPERATE_KEY_BYTES,
-    };
-    if (lend_new(&lcfg, store, providers, &lend, &err) < 0) {
-        close(listen_fd);
-        goto fail;
-    }
-    app.lend = lend;
-    {
-        /* Artifacts come back the way stage files go in: at most a request body each. */
-        char receipts_dir[PATH_MAX];
-        struct lb_activation_config acfg = {
-            .receipts_dir = receipts_dir,
-            .max_artifact_bytes = (size_t)cfg.max_body_bytes,
-            .max_artifacts_bytes = 4 * (size_t)cfg.max_body_bytes,
-            .max_log_bytes = (size_t)cfg.max_output_bytes,
-        };
+    return registry_open(&penv, &d->providers, err);
+}
 
-        /* receipts of harness supervisors: host side, so no sandbox process can forge one */
-        snprintf(receipts_dir, sizeof(receipts_dir), "%s/activations", cfg.state_dir);
-        if ((mkdir(receipts_dir, 0700) < 0 && errno != EEXIST) || chmod(receipts_dir, 0700) < 0) {
-            lb_error_set(&err, -errno, "cannot create '%s': %s", receipts_dir, strerror(errno));
-            close(listen_fd);
-            goto fail;
-        }
-        if (activations_new(&acfg, store, lend, &acts, &err) < 0) {
-            close(listen_fd);
-            goto fail;
-        }
-        app.acts = acts;
-        lend_set_release_hook(lend, activation_release_hook, acts);
+/* Workers, auth, lending, activations and HTTP. Readiness stays 503 and seeds are refused
+ * until reconciliation is done. */
+static int daemon_start_services(struct daemon *d, struct lb_error *err)
+{
+    const struct lb_config *cfg = &d->cfg;
+    struct lb_http_config hc;
+    struct lb_lend_config lc;
+    struct lb_activation_config ac;
+    int r;
+
+    if (pool_new((size_t)cfg->workers, (size_t)cfg->queue_max, &d->pool) < 0 ||
+        pool_new((size_t)(cfg->workers / 4 > 4 ? cfg->workers / 4 : 4), (size_t)cfg->queue_max,
+                 &d->control_pool) < 0)
+        return lb_error_set(err, -ENOMEM, "cannot start %lld workers", (long long)cfg->workers);
+    if (!cfg->public_url && asprintf(&d->public_url, "http://%s", d->bound) < 0) {
+        d->public_url = NULL;
+        return lb_error_set(err, -ENOMEM, "out of memory");
     }
-    /* Seeds are refused (503) until reconciliation is done. */
-    lend_set_draining(lend, true);
-    if (http_start(&hc, &http, &err) < 0)
-        goto fail;
-    if (write_listen_file(cfg.state_dir, http_bound_address(http)) < 0)
-        log_warn("cannot write %s/listen", cfg.state_dir);
+    daemon_map_config(d, &hc, &lc, &ac);
+    r = auth_new(d->admin_hash, d->store, &d->auth, err);
+    if (r == 0)
+        r = lend_new(&lc, d->store, d->providers, &d->lend, err);
+    if (r < 0)
+        return r;
+    if ((mkdir(ac.receipts_dir, 0700) < 0 && errno != EEXIST) || chmod(ac.receipts_dir, 0700) < 0)
+        return lb_error_set(err, -errno, "cannot create '%s': %s", ac.receipts_dir,
+                            strerror(errno));
+    r = activations_new(&ac, d->store, d->lend, &d->acts, err);
+    if (r < 0)
+        return r;
+    lend_set_release_hook(d->lend, activation_release_hook, d->acts);
+    d->app.pool = d->pool;
+    d->app.store = d->store;
+    d->app.images_dir = d->images_dir;
+    d->app.auth = d->auth;
+    d->app.lend = d->lend;
+    d->app.acts = d->acts;
+    lend_set_draining(d->lend, true);
+    d->listen_fd = -1; /* http_start takes it over */
+    r = http_start(&hc, &d->http, err);
+    if (r < 0)
+        return r;
+    if (write_listen_file(cfg->state_dir, http_bound_address(d->http)) < 0)
+        log_warn("cannot write %s/listen", cfg->state_dir);
     log_info("lendboxd %s listening on http://%s (state dir %s)", LB_VERSION,
-             http_bound_address(http), cfg.state_dir);
+             http_bound_address(d->http), cfg->state_dir);
+    return 0;
+}
 
-    /* Startup reconciliation, then ready. */
-    {
-        int64_t t0 = clock_mono_ms();
+/* Startup reconciliation, the sweeper, then ready. */
+static int daemon_become_ready(struct daemon *d, struct lb_error *err)
+{
+    struct lb_reconcile_stats rs;
+    int64_t t0 = clock_mono_ms();
+    int r = sweeper_reconcile(d->lend, &rs, err);
 
-        if (sweeper_reconcile(lend, &rs, &err) < 0)
-            goto fail;
-        log_info("reconciled in %lld ms: %d adopted, %d vanished, %d stopped, %d orphans "
-                 "stopped, %d failed",
-                 (long long)(clock_mono_ms() - t0), rs.adopted, rs.vanished, rs.stopped,
-                 rs.orphans_stopped, rs.failed);
-    }
-    if (sweeper_start(lend, cfg.sweep_interval_s, &sweeper) < 0)
+    if (r < 0)
+        return r;
+    log_info("reconciled in %lld ms: %d adopted, %d vanished, %d stopped, %d orphans "
+             "stopped, %d failed",
+             (long long)(clock_mono_ms() - t0), rs.adopted, rs.vanished, rs.stopped,
+             rs.orphans_stopped, rs.failed);
+    if (sweeper_start(d->lend, d->cfg.sweep_interval_s, &d->sweeper) < 0)
         log_error("cannot start the sweeper thread: no retries or TTL stops until a restart");
-    lend_set_draining(lend, false);
-    atomic_store(&app.ready, true);
+    lend_set_draining(d->lend, false);
+    atomic_store(&d->app.ready, true);
     sd_notify(0, "READY=1");
+    return 0;
+}
 
+/* Serve until SIGTERM/SIGINT; SIGHUP reloads what can change at run time. */
+static void daemon_wait_for_signal(struct daemon *d)
+{
     for (;;) {
         int sig = 0;
 
-        sigwait(&sigs, &sig);
+        sigwait(&d->sigs, &sig);
         if (sig == SIGHUP) {
-            reload_config(config_file, (const char *const *)sets, n_sets);
+            reload_config(d->config_file, (const char *const *)d->sets, d->n_sets);
             continue;
         }
         log_info("signal %d: draining", sig);
         break;
     }
+}
+
+/* Drain: no new seeds, no sweeper, in-flight requests finish (execs still running after
+ * drain_timeout_s are ended), then the shutdown sweep. */
+static void daemon_drain(struct daemon *d)
+{
+    struct drain_watchdog dw = {.mutex = PTHREAD_MUTEX_INITIALIZER,
+                                .cond = PTHREAD_COND_INITIALIZER,
+                                .timeout_s = d->cfg.drain_timeout_s,
+                                .providers = d->providers};
+    bool dw_started;
+
     sd_notify(0, "STOPPING=1");
-    atomic_store(&app.ready, false);
-    lend_set_draining(lend, true);
-    sweeper_stop(sweeper);
-    /* in-flight requests finish; execs still running after drain_timeout_s are ended */
-    dw.timeout_s = cfg.drain_timeout_s;
-    dw.providers = providers;
+    atomic_store(&d->app.ready, false);
+    lend_set_draining(d->lend, true);
+    sweeper_stop(d->sweeper);
+    d->sweeper = NULL;
     dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;
     if (!dw_started)
-        (void)registry_end_execs(providers);
-    pool_stop(pool);
-    pool_stop(control_pool);
+        (void)registry_end_execs(d->providers);
+    pool_stop(d->pool);
+    pool_stop(d->control_pool);
     if (dw_started) {
         pthread_mutex_lock(&dw.mutex);
         dw.done = true;
@@ -750,38 +793,74 @@ int main(int argc, char **argv)
         pthread_mutex_unlock(&dw.mutex);
         pthread_join(dw.thread, NULL);
     }
-    if (cfg.shutdown_sweep) {
-        int failed = sweeper_stop_all(lend, "shutdown", (size_t)cfg.stop_concurrency);
+    if (d->cfg.shutdown_sweep) {
+        int failed = sweeper_stop_all(d->lend, "shutdown", (size_t)d->cfg.stop_concurrency);
 
         if (failed > 0)
             log_warn("shutdown sweep: %d sandboxes failed to stop; they stay recorded", failed);
     } else {
         log_info("shutdown_sweep = no: leaving lent sandboxes running");
     }
+}
+
+/* Release everything, in reverse order of making; safe on a half-made daemon. */
+static void daemon_close(struct daemon *d)
+{
+    sweeper_stop(d->sweeper);
+    http_stop(d->http);
+    pool_destroy(d->pool);
+    pool_destroy(d->control_pool);
+    activations_free(d->acts);
+    lend_free(d->lend);
+    auth_free(d->auth);
+    registry_free(d->providers);
+    store_close(d->store);
+    if (d->listen_fd >= 0)
+        close(d->listen_fd);
+    if (d->lock_fd >= 0)
+        close(d->lock_fd);
+    for (int i = 0; d->sets && i < d->n_sets; i++)
+        free(d->sets[i]);
+    free(d->sets);
+    free(d->supervise);
+    free(d->images_dir);
+    free(d->public_url);
+    config_release(&d->cfg);
+}
+
+int main(int argc, char **argv)
+{
+    static struct daemon d = {.lock_fd = -1, .listen_fd = -1};
+    struct lb_error err = {0};
+    int rc;
+
+    d.sets = calloc((size_t)argc + 1, sizeof(char *));
+    if (!d.sets || config_init(&d.cfg) < 0) {
+        fprintf(stderr, "lendboxd: out of memory\n");
+        free(d.sets);
+        return 1;
+    }
+    rc = daemon_parse_args(&d, argc, argv);
+    if (rc >= 0)
+        goto out;
+    if (daemon_load_config(&d, &err) < 0)
+        goto fail;
+    if (optind < argc) { /* "image ...": the image store subcommand, no daemon */
+        rc = image_command(&d.cfg, argc - optind - 1, argv + optind + 1);
+        goto out;
+    }
+    daemon_setup_process(&d);
+    if (daemon_open_state(&d, &err) < 0 || daemon_open_backends(&d, &err) < 0 ||
+        daemon_start_services(&d, &err) < 0 || daemon_become_ready(&d, &err) < 0)
+        goto fail;
+    daemon_wait_for_signal(&d);
+    daemon_drain(&d);
     rc = 0;
     goto out;
 fail:
     log_error("%s", err.message[0] ? err.message : "startup failed");
     rc = 1;
 out:
-    http_stop(http);
-    pool_destroy(pool);
-    pool_destroy(control_pool);
-    activations_free(acts);
-    lend_free(lend);
-    auth_free(auth);
-    registry_free(providers);
-    store_close(store);
-    if (lock_fd >= 0)
-        close(lock_fd);
-    for (int i = 0; i < n_sets; i++)
-        free(sets[i]);
-    free(sets);
-    free(admin_token);
-    free(operate_hex);
-    free(supervise);
-    free(images_dir);
-    free(public_url);
-    config_release(&cfg);
+    daemon_close(&d);
     return rc;
 }
