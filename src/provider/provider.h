@@ -241,7 +241,9 @@ struct lb_provider_ops {
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
-     * directory, -EACCES if the sandbox's own root could not read it either. */
+     * directory, -EACCES if the sandbox's own root could not read it either. A provider with
+     * no host path to the file (a container engine's archive API) meets this with a memfd or
+     * an unlinked temporary file filled from the engine's stream, then rewound. */
     int (*file_open)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 

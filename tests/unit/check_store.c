@@ -258,6 +258,62 @@ START_TEST(test_round_trip_every_field)
 }
 END_TEST
 
+/* Every record names the provider that made its sandbox (a daemon with several providers
+ * sends each later call there): the name survives every transition and a reopen, is what
+ * lists return, and a record without one is refused. The column is in the first schema, so no
+ * migration was needed for several providers. */
+START_TEST(test_records_carry_provider)
+{
+    static const char *const ids[] = {"sbx-p1", "sbx-p2", "sbx-p3"};
+    static const char *const provs[] = {"local", "fault", "docker"};
+    struct lb_record_filter all = {.state = -1}, pending = {.state = -1, .pending_stop_only = true};
+    struct lb_store *st = open_store();
+    struct lb_error err = {0};
+    struct lb_record got = {0}, *recs = NULL, bad = mkrec("sbx-p0", "rs-p0");
+    size_t n = 0;
+
+    for (int i = 0; i < 3; i++) {
+        char rsid[16];
+        struct lb_record r;
+
+        snprintf(rsid, sizeof(rsid), "rs-p%d", i + 1);
+        r = mkrec(ids[i], rsid);
+        r.provider = (char *)provs[i];
+        insert_ok(st, &r);
+        ck_assert_int_eq(store_mark_lent(st, ids[i], "{}", "h", &err), 0);
+    }
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-p2", "released", &err), 0);
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-p2", LB_STATE_STOP_FAILED, "down", 1, &err),
+                     0);
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-p3", "released", &err), 0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-p3", NULL, &err), 0);
+    store_close(st);
+    st = open_store();
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(store_get_sandbox(st, ids[i], &got, &err), 0);
+        ck_assert_str_eq(got.provider, provs[i]);
+        store_record_release(&got);
+    }
+    ck_assert_int_eq(store_list_sandboxes(st, &pending, &recs, &n, &err), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(recs[0].id, "sbx-p2");
+    ck_assert_str_eq(recs[0].provider, "fault");
+    store_records_free(recs, n);
+    ck_assert_int_eq(store_list_sandboxes(st, &all, &recs, &n, &err), 0);
+    ck_assert_uint_eq(n, 3);
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(recs[i].id, ids[k]))
+                ck_assert_str_eq(recs[i].provider, provs[k]);
+    store_records_free(recs, n);
+    bad.provider = NULL;
+    ck_assert_int_eq(store_insert_sandbox(st, &bad, &err), -EINVAL);
+    bad.provider = "";
+    ck_assert_int_eq(store_insert_sandbox(st, &bad, &err), -EINVAL);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_one_live_per_rsid)
 {
     struct lb_error err = {0};
@@ -883,6 +939,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_migration_sets_user_version);
     tcase_add_test(tc, test_too_new_schema_refused);
     tcase_add_test(tc, test_round_trip_every_field);
+    tcase_add_test(tc, test_records_carry_provider);
     tcase_add_test(tc, test_one_live_per_rsid);
     tcase_add_test(tc, test_transitions);
     tcase_add_test(tc, test_updated_at_on_write);
