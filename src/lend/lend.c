@@ -496,9 +496,9 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
 {
     struct lb_record rec = {0}, got = {0};
     struct lb_error perr = {0};
-    const char *image = req->image ? req->image : l->cfg.default_image;
-    struct lb_sandbox_spec spec = {
-        .image = image, .workdir = l->cfg.workdir, .resources = req->resources};
+    const char *image = NULL;
+    struct lb_sandbox_spec spec = {.workdir = l->cfg.workdir, .resources = req->resources};
+    struct lb_provider_caps caps;
     const char **tools = NULL;
     struct lb_sandbox_ref ref = {rec.id, NULL};
     json_t *spec_json = NULL, *desc = NULL;
@@ -517,8 +517,14 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     /* the provider is the seed's choice among the enabled ones; what it cannot enforce is
      * refused (422) before anything is recorded */
     r = registry_choose(l->providers, req->provider, &prov, err);
-    if (r == 0)
-        r = lend_check_resources(l, prov, &spec.resources, err);
+    if (r < 0)
+        goto out;
+    provider_caps(prov, &caps);
+    image = req->image           ? req->image
+            : caps.default_image ? caps.default_image
+                                 : l->cfg.default_image;
+    spec.image = image;
+    r = lend_check_resources(l, prov, &spec.resources, err);
     if (r == 0)
         r = provider_check_spec(prov, &spec, err);
     if (r < 0)

@@ -168,19 +168,22 @@ struct lb_upload {
 #define LB_NET_MODEL_AND_TOOLS (1u << 3) /* access "model_and_tools" */
 
 struct lb_provider_caps {
-    unsigned network_modes; /* LB_NET_* bits it can enforce */
-    bool cpu_limit;         /* resources.cpu */
-    bool memory_limit;      /* resources.memory_mib */
-    bool pids_limit;        /* resources.pids */
-    bool disk_limit;        /* resources.disk_mib */
-    bool gpu;               /* resources.gpu */
-    bool images;            /* images other than "host" */
-    bool users;             /* exec as users other than root (names or uids) */
-    bool pause;             /* pause/resume */
-    bool endpoints;         /* declared ports reachable through endpoint */
-    bool pty;               /* interactive terminals */
-    bool pass_fd;           /* exec pass_fd (activations' stop-request channel) */
-    bool exclusive;         /* exec exclusive */
+    unsigned network_modes;    /* LB_NET_* bits it can enforce */
+    bool cpu_limit;            /* resources.cpu */
+    bool memory_limit;         /* resources.memory_mib */
+    bool pids_limit;           /* resources.pids */
+    bool disk_limit;           /* resources.disk_mib */
+    bool gpu;                  /* resources.gpu */
+    bool images;               /* images other than "host" */
+    bool users;                /* exec as users other than root (names or uids) */
+    bool pause;                /* pause/resume */
+    bool endpoints;            /* declared ports reachable through endpoint */
+    bool pty;                  /* interactive terminals */
+    bool pass_fd;              /* exec pass_fd (activations' stop-request channel) */
+    bool exclusive;            /* exec exclusive */
+    const char *default_image; /* the image of a seed that names none, when this provider has
+                                  its own (docker.default_image); NULL: lending.default_image.
+                                  Owned by the provider. */
 };
 
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
@@ -241,9 +244,7 @@ struct lb_provider_ops {
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
-     * directory, -EACCES if the sandbox's own root could not read it either. A provider with
-     * no host path to the file (a container engine's archive API) meets this with a memfd or
-     * an unlinked temporary file filled from the engine's stream, then rewound. */
+     * directory, -EACCES if the sandbox's own root could not read it either. */
     int (*file_open)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 
