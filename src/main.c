@@ -305,6 +305,14 @@ static char *images_dir_of(const struct lb_config *cfg)
     return asprintf(&p, "%s/images", cfg->state_dir) < 0 ? NULL : p;
 }
 
+/* image_gc's question: does a live sandbox record hold this digest? (errors: yes) */
+static bool image_digest_in_use(void *store, const char *digest)
+{
+    int64_t n = 0;
+
+    return store_count_using_image_digest(store, digest, &n, NULL) < 0 || n > 0;
+}
+
 /* lendboxd image import SOURCE NAME | list | rm NAME. Returns the exit status. */
 static int image_command(const struct lb_config *cfg, int argc, char **argv)
 {
@@ -327,6 +335,13 @@ static int image_command(const struct lb_config *cfg, int argc, char **argv)
     }
     if (argc == 3 && strcmp(argv[0], "import") == 0) {
         if (image_import(dir, argv[1], argv[2], &info, &existed, &err) < 0)
+            goto fail;
+        /* a name imported anew leaves its old tree unnamed: collect it unless a sandbox
+         * recorded in the state dir (the daemon may be running) still uses it */
+        snprintf(path, sizeof(path), "%s/lendbox.db", cfg->state_dir);
+        if (access(path, F_OK) == 0 && store_open(path, &store, &err) < 0)
+            goto fail;
+        if (store && image_gc(dir, image_digest_in_use, store, &err) < 0)
             goto fail;
         printf("%s %s %lld%s\n", info.name, info.digest, (long long)info.size_bytes,
                existed ? " (already stored)" : "");
@@ -416,6 +431,8 @@ static void daemon_map_config(struct daemon *d, struct lb_http_config *hc,
         .per_ip_connections = d->per_ip,
         .max_body_bytes = (size_t)cfg->max_body_bytes,
         .max_file_bytes = (size_t)cfg->max_file_bytes,
+        .max_archive_bytes = (size_t)cfg->max_image_bytes,
+        .archive_route = "image_import",
         .max_inflight_bytes = (size_t)cfg->max_inflight_bytes,
         .max_json_depth = (int)cfg->max_json_depth,
         .routes = lb_routes,
@@ -667,7 +684,8 @@ static int daemon_open_backends(struct daemon *d, struct lb_error *err)
     if (!d->images_dir)
         return lb_error_set(err, -ENOMEM, "out of memory");
     /* an unusable image store leaves image "host" (as before it existed): warn, go on */
-    if (image_store_init(d->images_dir, err) < 0 || image_store_clean_tmp(d->images_dir, err) < 0) {
+    if (image_store_init(d->images_dir, err) < 0 || image_store_clean_tmp(d->images_dir, err) < 0 ||
+        image_gc(d->images_dir, image_digest_in_use, d->store, err) < 0) {
         log_warn("image store: %s", err->message);
         lb_error_clear(err);
     }

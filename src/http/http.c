@@ -551,9 +551,19 @@ static void sink_abort(struct lb_request *req)
         req->sink.abort(req->sink.arg);
 }
 
+/* The bound of a raw (streamed) body. */
+static size_t raw_limit(const struct lb_request *req)
+{
+    const struct lb_http_config *c = &req->http->cfg;
+
+    return c->archive_route && strcmp(req->route->name, c->archive_route) == 0
+               ? c->max_archive_bytes
+               : c->max_file_bytes;
+}
+
 static void sink_write(struct lb_request *req, const char *data, size_t n)
 {
-    size_t limit = req->http->cfg.max_file_bytes;
+    size_t limit = raw_limit(req);
 
     if (!req->sink_open)
         return; /* failed earlier: the rest is read and dropped */
@@ -623,7 +633,7 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         return request_fail(req, err);
     if (request_authorize(req, err) < 0)
         return request_fail(req, err);
-    limit = req->route->raw_body ? h->cfg.max_file_bytes : h->cfg.max_body_bytes;
+    limit = req->route->raw_body ? raw_limit(req) : h->cfg.max_body_bytes;
     lb_buf_init(&req->body, limit);
     clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
     if (clen) {

@@ -68,6 +68,10 @@ struct lb_http_config {
     unsigned per_ip_connections;   /* open connections from one client address at most */
     size_t max_body_bytes;         /* JSON bodies */
     size_t max_file_bytes;         /* raw file bodies (streamed) */
+    size_t max_archive_bytes;      /* the raw body of the route named archive_route */
+    const char *archive_route;     /* a raw_body route's name (metrics label) whose body is an
+                                    * archive bounded by max_archive_bytes, not max_file_bytes;
+                                    * NULL: none */
     size_t max_inflight_bytes;     /* buffered body bytes of all requests together; 0: no cap */
     int max_json_depth;
     const struct lb_route *routes; /* terminated by a route with method NULL */

@@ -15,7 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -282,6 +285,46 @@ out:
     return r;
 }
 
+const char *image_host_architecture(void)
+{
+    static const struct {
+        const char *machine, *oci;
+    } names[] = {{"x86_64", "amd64"},   {"aarch64", "arm64"}, {"armv7l", "arm"},
+                 {"armv6l", "arm"},     {"i686", "386"},      {"i386", "386"},
+                 {"ppc64le", "ppc64le"}, {"s390x", "s390x"},   {"riscv64", "riscv64"}};
+    static char other[65];
+    struct utsname u;
+
+    if (uname(&u) < 0)
+        return "unknown";
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(u.machine, names[i].machine) == 0)
+            return names[i].oci;
+    snprintf(other, sizeof(other), "%s", u.machine);
+    return other;
+}
+
+/* The image must run here: config os linux (or unset) and the host's architecture. */
+static int check_platform(json_t *config, struct lb_error *err)
+{
+    const char *arch = json_string_value(json_object_get(config, "architecture"));
+    const char *os = json_string_value(json_object_get(config, "os"));
+    const char *host = image_host_architecture();
+
+    if (os && *os && strcmp(os, "linux") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the image is for os '%s'; this host runs linux on %s", os, host);
+    if (!arch || !*arch)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the image's config names no architecture; this host is %s", host);
+    if (strcmp(arch, host) != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the image's architecture is %s, this host's is %s: its programs "
+                            "cannot run here",
+                            arch, host);
+    return 0;
+}
+
 static int64_t tree_bytes;
 
 static int add_size(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -329,11 +372,12 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
         return r;
     if (chmod(rootfs, 0755) < 0)
         return lb_error_set(err, -errno, "cannot chmod '%s': %s", rootfs, strerror(errno));
-    info = json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
+    info = json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
                      json_object_get(config, "architecture"), "os", json_object_get(config, "os"),
                      "env", json_object_get(c, "Env"), "working_dir",
-                     json_object_get(c, "WorkingDir"), "size_bytes", (json_int_t)tree_size(rootfs),
-                     "created_at", (json_int_t)time(NULL));
+                     json_object_get(c, "WorkingDir"), "user", json_object_get(c, "User"),
+                     "size_bytes", (json_int_t)tree_size(rootfs), "created_at",
+                     (json_int_t)time(NULL));
     if (!info)
         return lb_error_set(err, -ENOMEM, "out of memory");
     r = json_dump_file(info, meta, JSON_COMPACT);
@@ -440,6 +484,8 @@ int image_import(const char *images_dir, const char *source, const char *name,
     if (r < 0)
         goto out;
     r = read_config(layout, &config, digest, sizeof(digest), err);
+    if (r == 0)
+        r = check_platform(config, err);
     if (r < 0)
         goto out;
     snprintf(stored, sizeof(stored), "%s/" STORE "/sha256/%s", images_dir, digest + 7);
@@ -599,4 +645,210 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
         return lb_error_set(err, -errno, "cannot remove '%s': %s", gone, strerror(errno));
     log_info("image store: removed %s (sha256:%s)", name, hex);
     return 0;
+}
+
+/* Read up to max bytes of root/rel, resolved inside root (symlinks cannot climb out). The
+ * caller frees *out (NUL-terminated). */
+static int read_in_root(const char *root, const char *rel, size_t max, char **out)
+{
+    struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW,
+                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+    char *buf;
+    ssize_t n;
+    size_t len = 0;
+    int dfd, fd, r = 0;
+
+    *out = NULL;
+    dfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    how.flags = O_RDONLY | O_CLOEXEC;
+    fd = (int)syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
+    r = fd < 0 ? -errno : 0;
+    close(dfd);
+    if (r < 0)
+        return r;
+    buf = malloc(max + 1);
+    if (!buf) {
+        close(fd);
+        return -ENOMEM;
+    }
+    while (len < max && (n = read(fd, buf + len, max - len)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = -errno;
+            break;
+        }
+        len += (size_t)n;
+    }
+    close(fd);
+    if (r < 0) {
+        free(buf);
+        return r;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    return 0;
+}
+
+/* The id of name in an /etc/passwd or /etc/group text (field 3), or -1. */
+static long lookup_id(const char *db, const char *name)
+{
+    size_t nl = strlen(name);
+
+    for (const char *line = db; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *f;
+
+        if (strncmp(line, name, nl) != 0 || line[nl] != ':')
+            continue;
+        f = strchr(line + nl + 1, ':'); /* past the password field */
+        if (!f)
+            return -1;
+        return strtol(f + 1, NULL, 10);
+    }
+    return -1;
+}
+
+/* part as a number, or looked up in the image's file (etc/passwd or etc/group); -1: unknown */
+static long resolve_id(const char *rootfs, const char *file, const char *part)
+{
+    char *end, *db = NULL;
+    long id;
+
+    if (*part >= '0' && *part <= '9') {
+        id = strtol(part, &end, 10);
+        return *end ? -1 : id;
+    }
+    if (read_in_root(rootfs, file, 1 << 20, &db) < 0)
+        return -1;
+    id = lookup_id(db, part);
+    free(db);
+    return id;
+}
+
+int image_resolve_user(const char *images_dir, const char *name, char **user_out,
+                       struct lb_error *err)
+{
+    char hex[65], p[IMAGE_PATH_MAX + 128], rootfs[IMAGE_PATH_MAX + 128], spec[256];
+    const char *user;
+    char *group;
+    json_error_t je;
+    json_t *j;
+    long uid, gid = 0;
+    int r;
+
+    *user_out = NULL;
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir, hex);
+    j = json_load_file(p, 0, &je);
+    if (!j)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    user = json_string_value(json_object_get(j, "user"));
+    if (!user || !*user) {
+        json_decref(j);
+        return 0; /* none: root, as for every image */
+    }
+    snprintf(spec, sizeof(spec), "%s", user);
+    json_decref(j);
+    group = strchr(spec, ':');
+    if (group)
+        *group++ = '\0';
+    uid = resolve_id(rootfs, "etc/passwd", spec);
+    if (uid < 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "image '%s' runs as user '%s', which its /etc/passwd does not name",
+                            name, spec);
+    if (group && *group) {
+        gid = resolve_id(rootfs, "etc/group", group);
+        if (gid < 0)
+            return lb_error_set(err, -EOPNOTSUPP,
+                                "image '%s' runs as group '%s', which its /etc/group does not "
+                                "name",
+                                name, group);
+    }
+    if (uid != 0 || gid != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "image '%s' runs as user '%s' (uid %ld, gid %ld), which is not mapped "
+                            "in a sandbox: only its root is (uid 0); use an image whose User is "
+                            "root or empty",
+                            name, user ? spec : "", uid, gid);
+    *user_out = strdup("0");
+    return *user_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+/* Does a mount of this process's mount table show the digest's tree? */
+static bool tree_is_mounted(const char *hex)
+{
+    char line[8192], needle[128];
+    bool found = false;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    if (!f)
+        return true; /* cannot tell: keep it */
+    snprintf(needle, sizeof(needle), "/" STORE "/sha256/%s/rootfs", hex);
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Is hex named by an image name under images_dir? */
+static bool hex_is_named(const char *images_dir, const char *hex)
+{
+    struct dirent *de;
+    char other[65];
+    bool named = false;
+    DIR *d = opendir(images_dir);
+
+    if (!d)
+        return true; /* cannot tell: keep it */
+    while (!named && (de = readdir(d)))
+        named = image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
+                strcmp(other, hex) == 0;
+    closedir(d);
+    return named;
+}
+
+int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
+             struct lb_error *err)
+{
+    char dir[IMAGE_PATH_MAX], p[IMAGE_PATH_MAX + 128], gone[IMAGE_PATH_MAX + 128];
+    char digest[LB_IMAGE_DIGEST_MAX];
+    struct dirent *de;
+    int removed = 0, r = 0;
+    DIR *d;
+
+    snprintf(dir, sizeof(dir), "%s/" STORE "/sha256", images_dir);
+    d = opendir(dir);
+    if (!d)
+        return errno == ENOENT
+                   ? 0
+                   : lb_error_set(err, -errno, "cannot read '%s': %s", dir, strerror(errno));
+    while ((de = readdir(d))) {
+        snprintf(digest, sizeof(digest), "sha256:%.64s", de->d_name);
+        if (!is_sha256_digest(digest) || strlen(de->d_name) != 64)
+            continue;
+        if (hex_is_named(images_dir, de->d_name) || tree_is_mounted(de->d_name) ||
+            (in_use && in_use(ctx, digest)))
+            continue;
+        /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/gc-%s", images_dir, de->d_name);
+        if (rename(p, gone) < 0 || remove_tree(gone) < 0) {
+            if (r == 0)
+                r = lb_error_set(err, -errno, "cannot remove the unnamed image %s: %s", digest,
+                                 strerror(errno));
+            continue;
+        }
+        log_info("image store: removed %s (no name and no live sandbox uses it)", digest);
+        removed++;
+    }
+    closedir(d);
+    return r < 0 ? r : removed;
 }

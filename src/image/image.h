@@ -90,4 +90,27 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
  * checks first that no live sandbox uses the image. Returns 0, -ENOENT, or a negative errno. */
 int image_remove(const char *images_dir, const char *name, struct lb_error *err);
 
+/* The image's config User resolved for running in a sandbox. Only the sandbox's root (uid and
+ * gid 0) is mapped in a sandbox (per-sandbox uid ranges are issue 12), so: no User (or "") →
+ * 0 with *user_out NULL; a User that resolves to uid 0 (and gid 0 when it names a group),
+ * by number or through the image's /etc/passwd and /etc/group (read inside the image's root)
+ * → 0 with *user_out a malloc'd "0" (the caller frees); any other user → -EOPNOTSUPP naming it
+ * (never run silently as another user). -ENOENT: not an imported image (a tree placed by
+ * hand has no config). Thread-safe. */
+int image_resolve_user(const char *images_dir, const char *name, char **user_out,
+                       struct lb_error *err);
+
+/* The host's architecture as OCI names it ("amd64", "arm64", ...; else uname's machine).
+ * Imports refuse (-EOPNOTSUPP) an image whose config names another architecture or an os
+ * other than linux. Returns a static string. Thread-safe. */
+const char *image_host_architecture(void);
+
+/* Garbage-collect the store: remove every stored digest that no name points to, that no mount
+ * of this process's mount table shows, and for which in_use(ctx, "sha256:<hex>") (may be NULL)
+ * is false (the caller answers from its records: a live sandbox's digest). Call it with no
+ * import or removal running on images_dir. Returns the number of trees removed, or a negative
+ * errno with err set (the others are still tried). */
+int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
+             struct lb_error *err);
+
 #endif

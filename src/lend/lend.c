@@ -442,6 +442,34 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
     return spec;
 }
 
+/* An imported image's User and digest into spec (image_user, image_digest): an image whose
+ * User is not mapped in a sandbox is refused (422) before anything is made, and the digest
+ * keeps the stored tree from garbage collection while the sandbox lives. A tree placed by
+ * hand (no config) passes. */
+static int lend_image_check(struct lb_lend *l, const char *image, json_t *spec,
+                            struct lb_error *err)
+{
+    struct lb_image_info info;
+    char *user = NULL;
+    int r;
+
+    if (!l->cfg.images_dir || strcmp(image, "host") == 0)
+        return 0;
+    r = image_resolve_user(l->cfg.images_dir, image, &user, err);
+    if (r == -ENOENT) {
+        lb_error_clear(err);
+        return 0;
+    }
+    if (r < 0)
+        return r;
+    if (user)
+        json_object_set_new(spec, "image_user", json_string(user));
+    free(user);
+    if (image_get(l->cfg.images_dir, image, &info, NULL) == 0)
+        json_object_set_new(spec, "image_digest", json_string(info.digest));
+    return 0;
+}
+
 /* The seed's network object as the provider's request; strings are borrowed from req, the
  * tool_servers array is new (free it). The provider decides what it can enforce. */
 static int lend_network_request(const struct lb_seed_request *req, struct lb_network_request *out,
@@ -543,6 +571,9 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto out;
     spec_json = lend_spec_json(l, req, image, spec.resources.disk_mib);
+    r = spec_json ? lend_image_check(l, image, spec_json, err) : 0;
+    if (r < 0)
+        goto out;
     spec_text = spec_json ? json_dumps(spec_json, JSON_COMPACT) : NULL;
     if (!spec_text) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -931,7 +962,9 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
                : image_wd ? image_wd
                           : workdir,
         .env = (const char *const *)env,
-        .user = p->user,
+        /* the image's User (resolved at seed; only a mapped one gets that far) unless the
+         * exec names its own */
+        .user = p->user ? p->user : json_string_value(json_object_get(spec, "image_user")),
         .stdin_data = p->stdin_data,
         .stdin_len = p->stdin_len,
         .timeout_ms = p->timeout_ms,

@@ -1,16 +1,48 @@
 /*
- * images.c - the image store over HTTP (admin): GET /v1/images, DELETE /v1/images/NAME.
- * POST /v1/images (import of an uploaded archive) answers 501 until request bodies can be
- * streamed to disk: an image must never be held whole in memory. `lendboxd image import`
- * imports meanwhile.
+ * images.c - the image store over HTTP (admin): GET /v1/images, DELETE /v1/images/NAME and
+ * POST /v1/images?name=NAME, whose body (a docker-save or OCI archive) streams into a
+ * temporary file in the store (.store/tmp, removed at the daemon's start if a crash left it)
+ * and is imported on a pool worker. Imports and removals run one at a time (serial key
+ * "images"), and each ends with a garbage collection of the digests nothing uses any more.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "image/image.h"
 #include "routes/routes.h"
 #include "store/store.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+static json_t *image_json(const struct lb_image_info *info)
+{
+    char created[32];
+
+    clock_format_rfc3339(info->created_at, created, sizeof(created));
+    return json_pack("{s:s,s:s,s:I,s:s}", "name", info->name, "digest", info->digest,
+                     "size_bytes", (json_int_t)info->size_bytes, "created_at", created);
+}
+
+/* image_gc's question: does a live sandbox record hold this digest? (errors: yes) */
+static bool digest_in_use(void *ctx, const char *digest)
+{
+    int64_t n = 0;
+
+    return store_count_using_image_digest(ctx, digest, &n, NULL) < 0 || n > 0;
+}
+
+/* Remove the stored trees nothing uses any more (a name re-imported, a removal). */
+static void images_gc(struct lb_app *app)
+{
+    struct lb_error err = {0};
+
+    if (image_gc(app->images_dir, digest_in_use, app->store, &err) < 0)
+        log_warn("image store: garbage collection: %s", err.message);
+}
 
 static void images_list_run(struct lb_request *req, void *arg)
 {
@@ -26,10 +58,7 @@ static void images_list_run(struct lb_request *req, void *arg)
     if (r == 0) {
         arr = json_array();
         for (i = 0; arr && i < n; i++)
-            if (json_array_append_new(arr, json_pack("{s:s,s:s,s:I,s:I}", "name", all[i].name,
-                                                     "digest", all[i].digest, "size_bytes",
-                                                     (json_int_t)all[i].size_bytes, "created_at",
-                                                     (json_int_t)all[i].created_at)) < 0)
+            if (json_array_append_new(arr, image_json(&all[i])) < 0)
                 break;
         out = arr && i == n ? json_pack("{s:o}", "images", arr) : NULL;
         if (!out) {
@@ -70,6 +99,7 @@ static void image_delete_run(struct lb_request *req, void *arg)
         http_respond_error(req, &err);
         return;
     }
+    images_gc(app);
     http_respond_empty(req, 204);
 }
 
@@ -87,10 +117,120 @@ int route_image_delete(struct lb_request *req, struct lb_error *err)
     return http_defer(req, image_delete_run, copy, free, err);
 }
 
+/* POST: the opening job makes the temporary file and hands it to the body sink; the finish
+ * job imports it. Either way the temporary file is gone when the request ends. */
+struct import_job {
+    char name[LB_IMAGE_NAME_MAX + 1];
+    char path[4096];
+    int fd;
+    bool sinking; /* handed to the body sink, which frees it (finish or abort) */
+};
+
+static void import_job_free(struct import_job *j)
+{
+    if (j->fd >= 0)
+        close(j->fd);
+    if (j->path[0])
+        (void)unlink(j->path);
+    free(j);
+}
+
+static void import_finish(struct lb_request *req, void *arg)
+{
+    struct import_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_image_info info;
+    struct lb_error err = {0};
+    bool existed = false;
+    json_t *out;
+    int r;
+
+    close(j->fd);
+    j->fd = -1;
+    r = image_import(app->images_dir, j->path, j->name, &info, &existed, &err);
+    if (r == -EPROTO || r == -ENOENT) {
+        struct lb_error why = err;
+
+        lb_error_clear(&err);
+        r = lb_error_set(&err, -EINVAL,
+                         "the body is not an image archive lendbox can import (a docker-save or "
+                         "OCI archive): %s",
+                         why.message);
+    }
+    import_job_free(j);
+    if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
+    images_gc(app);
+    out = image_json(&info);
+    if (out)
+        json_object_set_new(out, "already_stored", json_boolean(existed));
+    if (!out) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    http_respond_json(req, 201, out);
+}
+
+/* http_defer's free_arg: j unless the sink has it */
+static void import_job_release(void *arg)
+{
+    struct import_job *j = arg;
+
+    if (!j->sinking)
+        import_job_free(j);
+}
+
+static void import_abort(void *arg)
+{
+    import_job_free(arg); /* close and unlink: no blocking */
+}
+
+static void import_open(struct lb_request *req, void *arg)
+{
+    struct import_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    int r = image_store_init(app->images_dir, &err);
+
+    if (r == 0 &&
+        snprintf(j->path, sizeof(j->path), "%s/.store/tmp/upload-XXXXXX", app->images_dir) >=
+            (int)sizeof(j->path))
+        r = lb_error_set(&err, -ENAMETOOLONG, "images dir path is too long");
+    if (r == 0) {
+        j->fd = mkostemp(j->path, O_CLOEXEC);
+        if (j->fd < 0) {
+            j->path[0] = '\0';
+            r = lb_error_set(&err, -EIO, "cannot make the upload's file in the image store: %s",
+                             strerror(errno));
+        }
+    }
+    if (r < 0) {
+        http_respond_error(req, &err); /* j freed by import_job_release */
+        return;
+    }
+    j->sinking = true;
+    http_body_sink(req, &(struct lb_body_sink){
+                            .fd = j->fd, .finish = import_finish, .abort = import_abort, .arg = j});
+}
+
 int route_image_import(struct lb_request *req, struct lb_error *err)
 {
-    (void)req;
-    return lb_error_set(err, -ENOSYS,
-                        "importing over HTTP is not built yet (uploads are not streamed to disk "
-                        "yet); use `lendboxd image import SOURCE NAME` on the daemon's host");
+    const char *name = http_query(req, "name");
+    struct import_job *j;
+
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -EINVAL,
+                            "query 'name' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at "
+                            "most %d bytes, not 'host')",
+                            LB_IMAGE_NAME_MAX);
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    j->fd = -1;
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    http_set_serial_key(req, "images"); /* imports and removals one at a time */
+    return http_defer(req, import_open, j, import_job_release, err);
 }

@@ -38,7 +38,7 @@ const struct lb_route lb_routes[] = {
     {"GET", "/v1/pty/*/wait", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_wait", false},
     {"DELETE", "/v1/pty/*", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_delete", false},
     {"GET", "/v1/images", LB_AUTH_ADMIN, false, route_images_list, "images_list", false},
-    {"POST", "/v1/images", LB_AUTH_ADMIN, false, route_image_import, "image_import", false},
+    {"POST", "/v1/images", LB_AUTH_ADMIN, true, route_image_import, "image_import", false},
     {"DELETE", "/v1/images/*", LB_AUTH_ADMIN, false, route_image_delete, "image_delete", true},
     {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL, false},
 };

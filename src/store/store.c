@@ -1289,6 +1289,30 @@ int store_count_using_image(struct lb_store *st, const char *image, int64_t *out
     return ret;
 }
 
+int store_count_using_image_digest(struct lb_store *st, const char *digest, int64_t *out,
+                                   struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = 0;
+
+    *out = 0;
+    pthread_mutex_lock(&st->lock);
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
+                           "'stopping', 'stop_failed') AND json_valid(spec_json) AND "
+                           "json_extract(spec_json, '$.image_digest') = ?1",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, digest, -1, SQLITE_TRANSIENT) != SQLITE_OK)
+        ret = db_fail(st, err, "counting the sandboxes of an image digest");
+    else if (sqlite3_step(s) == SQLITE_ROW)
+        *out = sqlite3_column_int64(s, 0);
+    else
+        ret = db_fail(st, err, "counting the sandboxes of an image digest");
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err)
 {
     sqlite3_stmt *s;

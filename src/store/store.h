@@ -157,6 +157,12 @@ int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
 int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
                             struct lb_error *err);
 
+/* *out = how many records not yet stopped recorded digest ("sha256:...") as their image's
+ * digest (spec image_digest): the stored tree they mount, whatever name points where now.
+ * Thread-safe. Returns 0 or a negative errno with err set. */
+int store_count_using_image_digest(struct lb_store *st, const char *digest, int64_t *out,
+                                   struct lb_error *err);
+
 /* Delete stopped records last updated before cutoff_s. Returns the number deleted (>= 0). */
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err);
 

@@ -68,6 +68,7 @@ static const struct config_key config_keys[] = {
     INT("lending", "drain_timeout_s", drain_timeout_s, "30", 0, 86400),
     INT("limits", "max_body_bytes", max_body_bytes, "16777216", 1024, INT64_C(1) << 40),
     INT("limits", "max_file_bytes", max_file_bytes, "1073741824", 1024, INT64_C(1) << 40),
+    INT("limits", "max_image_bytes", max_image_bytes, "4294967296", 1024, INT64_C(1) << 42),
     INT("limits", "max_inflight_bytes", max_inflight_bytes, "134217728", 0, INT64_C(1) << 40),
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),
     INT("limits", "max_json_depth", max_json_depth, "32", 2, 1024),
