@@ -196,12 +196,14 @@ static int copy_any(const char *source, const char *layout, const char *work, st
     int r;
 
     if (has_prefix(source, "docker-archive:") || has_prefix(source, "oci-archive:") ||
-        has_prefix(source, "oci:"))
+        has_prefix(source, "oci:") || has_prefix(source, "containers-storage:") ||
+        has_prefix(source, "docker-daemon:"))
         return copy_source(source, layout, work, err);
     if (strchr(source, ':') && source[0] != '/' && source[0] != '.')
         return lb_error_set(err, -EINVAL,
                             "unsupported image source '%s' (use docker-archive:, oci-archive:, "
-                            "oci: or a path; registries are not used)",
+                            "oci:, containers-storage:, docker-daemon: or a path; registries "
+                            "are not used)",
                             source);
     if (stat(source, &st) < 0)
         return lb_error_set(err, -ENOENT, "image source '%s': %s", source, strerror(errno));
@@ -289,8 +291,8 @@ const char *image_host_architecture(void)
 {
     static const struct {
         const char *machine, *oci;
-    } names[] = {{"x86_64", "amd64"},   {"aarch64", "arm64"}, {"armv7l", "arm"},
-                 {"armv6l", "arm"},     {"i686", "386"},      {"i386", "386"},
+    } names[] = {{"x86_64", "amd64"},    {"aarch64", "arm64"}, {"armv7l", "arm"},
+                 {"armv6l", "arm"},      {"i686", "386"},      {"i386", "386"},
                  {"ppc64le", "ppc64le"}, {"s390x", "s390x"},   {"riscv64", "riscv64"}};
     static char other[65];
     struct utsname u;
@@ -336,6 +338,19 @@ static int add_size(const char *path, const struct stat *st, int flag, struct FT
     return 0;
 }
 
+static int64_t devices_skipped;
+
+static int drop_device(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag == FTW_F && (S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode))) {
+        if (unlink(path) < 0)
+            return -1;
+        devices_skipped++;
+    }
+    return 0;
+}
+
 /* nftw has no context argument: sizes are summed under a lock. */
 static pthread_mutex_t size_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -351,6 +366,21 @@ static int64_t tree_size(const char *path)
     return n;
 }
 
+/* Device nodes are skipped: removed from the unpacked tree (the overlay is nodev anyway, and
+ * a sandbox's /dev is its own). Returns how many, or -errno. */
+static int64_t drop_devices(const char *rootfs)
+{
+    int64_t n;
+    int r;
+
+    pthread_mutex_lock(&size_lock);
+    devices_skipped = 0;
+    r = nftw(rootfs, drop_device, 32, FTW_PHYS | FTW_MOUNT);
+    n = r < 0 ? -errno : devices_skipped;
+    pthread_mutex_unlock(&size_lock);
+    return n;
+}
+
 /* Unpack layout into entry/rootfs and write entry/image.json. */
 static int unpack_image(const char *layout, const char *entry, const char *work, const char *digest,
                         json_t *config, struct lb_error *err)
@@ -359,6 +389,7 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
     char log_path[IMAGE_PATH_MAX + 64], meta[IMAGE_PATH_MAX + 64];
     char *argv[] = {"umoci", "raw", "unpack", "--image", image_ref, rootfs, NULL};
     json_t *c = json_object_get(config, "config"), *info;
+    int64_t devices;
     int r;
 
     snprintf(image_ref, sizeof(image_ref), "%s:img", layout);
@@ -372,12 +403,18 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
         return r;
     if (chmod(rootfs, 0755) < 0)
         return lb_error_set(err, -errno, "cannot chmod '%s': %s", rootfs, strerror(errno));
-    info = json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
-                     json_object_get(config, "architecture"), "os", json_object_get(config, "os"),
-                     "env", json_object_get(c, "Env"), "working_dir",
-                     json_object_get(c, "WorkingDir"), "user", json_object_get(c, "User"),
-                     "size_bytes", (json_int_t)tree_size(rootfs), "created_at",
-                     (json_int_t)time(NULL));
+    devices = drop_devices(rootfs);
+    if (devices < 0)
+        return lb_error_set(err, (int)devices, "cannot remove the image's device nodes: %s",
+                            strerror((int)-devices));
+    if (devices > 0)
+        log_info("image store: %s: skipped %lld device node(s)", digest, (long long)devices);
+    info =
+        json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
+                  json_object_get(config, "architecture"), "os", json_object_get(config, "os"),
+                  "env", json_object_get(c, "Env"), "working_dir", json_object_get(c, "WorkingDir"),
+                  "user", json_object_get(c, "User"), "size_bytes", (json_int_t)tree_size(rootfs),
+                  "created_at", (json_int_t)time(NULL));
     if (!info)
         return lb_error_set(err, -ENOMEM, "out of memory");
     r = json_dump_file(info, meta, JSON_COMPACT);
@@ -697,7 +734,8 @@ static long lookup_id(const char *db, const char *name)
 {
     size_t nl = strlen(name);
 
-    for (const char *line = db; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    for (const char *line = db; line && *line;
+         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         const char *f;
 
         if (strncmp(line, name, nl) != 0 || line[nl] != ':')

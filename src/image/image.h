@@ -59,9 +59,13 @@ int image_store_init(const char *images_dir, struct lb_error *err);
 int image_store_clean_tmp(const char *images_dir, struct lb_error *err);
 
 /*
- * Import source as name. source is "docker-archive:PATH", "oci-archive:PATH", "oci:DIR[:REF]"
- * or a bare path: a directory is an OCI layout, a file a docker-save or OCI archive (tried in
- * that order). Registry transports are refused (-EINVAL). Runs skopeo and umoci, found in PATH.
+ * Import source as name. source is "docker-archive:PATH", "oci-archive:PATH", "oci:DIR[:REF]",
+ * a local engine's image store ("containers-storage:[DRIVER@ROOT+RUNROOT]IMAGE" for podman /
+ * CRI-O, "docker-daemon:IMAGE" for a Docker engine's socket), or a bare path: a directory is an
+ * OCI layout, a file a docker-save or OCI archive (tried in that order). Registry transports
+ * are refused (-EINVAL). Runs skopeo and umoci, found in PATH. The image must be for linux on
+ * the host's architecture (else -EOPNOTSUPP, nothing stored). Device nodes in its layers are
+ * skipped (removed from the unpacked tree, logged).
  * out (may be NULL) gets the image's name, digest, size and creation time; *existed (may be
  * NULL) is true when the digest was already stored (nothing was unpacked).
  * Returns 0, -EINVAL (bad name or source), -ENOENT (source missing), -EPROTO (the tools

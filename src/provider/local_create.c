@@ -318,10 +318,12 @@ static void add_image_root(struct strv *a, const char *overlay_root,
     add_sized_tmpfs(a, "/run", sizes->run_mib);
 }
 
-/* overlay_root: the image's writable root (NULL: root, read-only, as for host) */
+/* overlay_root: the image's writable root (NULL: root, read-only, as for host); image_ws: the
+ * directory on the writable root's tmpfs to bind as the workdir (NULL: a tmpfs of its own) */
 static int build_argv(struct local_provider *lp, const char *id, const char *root,
-                      const char *overlay_root, const char *workdir, const struct lb_resources *res,
-                      const char *hosts, struct strv *a, struct lb_error *err)
+                      const char *overlay_root, const char *image_ws, const char *workdir,
+                      const struct lb_resources *res, const char *hosts, struct strv *a,
+                      struct lb_error *err)
 {
     char num[16], host[64];
     struct mount_sizes sizes;
@@ -347,7 +349,9 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
         return r;
     if (hosts && *hosts) /* a networked sandbox's names (local_net.c) */
         strv_add3(a, "--ro-bind", hosts, "/etc/hosts");
-    if (lp->storage == LOCAL_STORAGE_TMPFS) {
+    if (lp->storage == LOCAL_STORAGE_TMPFS && image_ws) {
+        strv_add3(a, "--bind", image_ws, workdir); /* disk_mib shared with the root's writes */
+    } else if (lp->storage == LOCAL_STORAGE_TMPFS) {
         add_sized_tmpfs(a, workdir, sizes.workdir_mib);
     } else {
         snprintf(num, sizeof(num), "%d", FD_WORKSPACE);
@@ -661,7 +665,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     const char *workdir = spec && spec->workdir ? spec->workdir : LOCAL_DEFAULT_WORKDIR;
     struct lb_resources none = {0};
     const struct lb_resources *res = spec ? &spec->resources : &none;
-    char root[4352], dir[4352], hosts[4352] = "", overlay[4400] = "";
+    char root[4352], dir[4352], hosts[4352] = "", overlay[4400] = "", image_ws[4416] = "";
     struct strv argv = {0};
     struct local_desc d;
     bool made_dir = false;
@@ -760,7 +764,10 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         if (r < 0)
             goto fail;
     }
-    r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, workdir, res, hosts, &argv, err);
+    if (overlay[0])
+        snprintf(image_ws, sizeof(image_ws), "%s/img-upper/" LOCAL_IMAGE_WORKSPACE, dir);
+    r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, image_ws[0] ? image_ws : NULL,
+                   workdir, res, hosts, &argv, err);
     if (r < 0)
         goto fail;
     r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL, &pid, err);

@@ -6,8 +6,10 @@
  *                    (mount_setattr MOUNT_ATTR_IDMAP, read-only) with a user namespace that
  *                    maps 0 -> the sandbox's uid, so the image's root-owned files belong to
  *                    the sandbox's root without a copy or a chown
- *   <dir>/img-upper  a tmpfs of the sandbox's disk size holding upper/ and work/, owned by
- *                    the sandbox's uid: every write to / lands here and counts against it
+ *   <dir>/img-upper  a tmpfs of the sandbox's disk size holding upper/, work/ and
+ *                    workspace/, owned by the sandbox's uid: every write to / lands here and
+ *                    counts against it, and so does /workspace (bwrap binds workspace/ there
+ *                    with storage tmpfs): one disk_mib budget for both
  *   <dir>/img-root   overlayfs lowerdir=img-lower, upperdir=img-upper/upper,
  *                    workdir=img-upper/work; bwrap binds it as the sandbox's /
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
@@ -56,8 +58,8 @@ static int userns_for_uid(uid_t uid)
         r = -errno;
         goto out;
     }
-    if (pid == 0) { /* async-signal-safe calls only */
-        close(go[1]);  /* else read below never sees the parent's close */
+    if (pid == 0) {   /* async-signal-safe calls only */
+        close(go[1]); /* else read below never sees the parent's close */
         c = syscall(SYS_unshare, CLONE_NEWUSER) == 0 ? 'u' : 'e';
         (void)write(ready[1], &c, 1);
         (void)read(go[0], &c, 1); /* until the parent closes go[1] */
@@ -137,7 +139,7 @@ out:
 int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
                       char *root_out, size_t size, struct lb_error *err)
 {
-    char p[3][4400], up[4416], work[4416], opts[4416 * 3 + 64];
+    char p[3][4400], up[4416], work[4416], ws[4416], opts[4416 * 3 + 64];
     int r;
 
     for (int i = 0; i < 3; i++) {
@@ -152,8 +154,9 @@ int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_
                             strerror(errno));
     snprintf(up, sizeof(up), "%s/upper", p[2]);
     snprintf(work, sizeof(work), "%s/work", p[2]);
+    snprintf(ws, sizeof(ws), "%s/" LOCAL_IMAGE_WORKSPACE, p[2]);
     if (mkdir(up, 0755) < 0 || chown(up, uid, uid) < 0 || mkdir(work, 0700) < 0 ||
-        chown(work, uid, uid) < 0)
+        chown(work, uid, uid) < 0 || mkdir(ws, 0755) < 0 || chown(ws, uid, uid) < 0)
         return lb_error_set(err, -EREMOTEIO, "cannot make the root's upper dir: %s",
                             strerror(errno));
     r = mount_idmapped(image_root, p[1], uid, err);

@@ -117,6 +117,10 @@ bool local_desc_alive(const struct local_desc *d);
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err);
 
+/* The image sandbox's workspace: <dir>/img-upper/LOCAL_IMAGE_WORKSPACE, on the tmpfs of its
+ * writable root (one disk budget for both). */
+#define LOCAL_IMAGE_WORKSPACE "workspace"
+
 /* Images (local_image.c): a writable copy-on-write root for the sandbox in dir. Mounts, in the
  * daemon's mount namespace, image_root read-only and idmapped 0 -> uid at <dir>/img-lower, a
  * tmpfs of upper_mib MiB owned by uid at <dir>/img-upper, and overlayfs of the two at

@@ -23,8 +23,8 @@ static json_t *image_json(const struct lb_image_info *info)
     char created[32];
 
     clock_format_rfc3339(info->created_at, created, sizeof(created));
-    return json_pack("{s:s,s:s,s:I,s:s}", "name", info->name, "digest", info->digest,
-                     "size_bytes", (json_int_t)info->size_bytes, "created_at", created);
+    return json_pack("{s:s,s:s,s:I,s:s}", "name", info->name, "digest", info->digest, "size_bytes",
+                     (json_int_t)info->size_bytes, "created_at", created);
 }
 
 /* image_gc's question: does a live sandbox record hold this digest? (errors: yes) */
@@ -195,9 +195,8 @@ static void import_open(struct lb_request *req, void *arg)
     struct lb_error err = {0};
     int r = image_store_init(app->images_dir, &err);
 
-    if (r == 0 &&
-        snprintf(j->path, sizeof(j->path), "%s/.store/tmp/upload-XXXXXX", app->images_dir) >=
-            (int)sizeof(j->path))
+    if (r == 0 && snprintf(j->path, sizeof(j->path), "%s/.store/tmp/upload-XXXXXX",
+                           app->images_dir) >= (int)sizeof(j->path))
         r = lb_error_set(&err, -ENAMETOOLONG, "images dir path is too long");
     if (r == 0) {
         j->fd = mkostemp(j->path, O_CLOEXEC);

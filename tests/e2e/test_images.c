@@ -99,7 +99,7 @@ START_TEST(test_import_list_rm)
     ck_assert_int_eq(image_cli(state, args, &out), 0);
     assert_has(out, "busy sha256:");
     ck_assert_ptr_null(strstr(out, "already stored"));
-    ck_assert_int_eq(sscanf(strstr(out, "sha256:"), "%79s", digest), 1);
+    ck_assert_int_eq(sscanf(strstr(out, "busy sha256:") + 5, "%79s", digest), 1);
     free(out);
     snprintf(path, sizeof(path), "%s/images/busy", state);
     sum1 = tree_sum(path);
@@ -217,7 +217,7 @@ START_TEST(test_seed_on_image_and_rm_in_use)
     ck_assert_int_eq(image_cli(d.state_dir, "rm busy", &out), 1);
     assert_has(out, "in use");
     free(out);
-    /* the same over HTTP: listed, DELETE refused while in use, upload import not built yet */
+    /* the same over HTTP: listed, DELETE refused while in use */
     lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     {
@@ -228,14 +228,13 @@ START_TEST(test_seed_on_image_and_rm_in_use)
         ck_assert_int_eq(strncmp(json_string_value(json_object_get(img, "digest")), "sha256:", 7),
                          0);
         ck_assert_int_gt(json_integer_value(json_object_get(img, "size_bytes")), 1000000);
-        ck_assert_int_gt(json_integer_value(json_object_get(img, "created_at")), 0);
+        /* RFC 3339 UTC, as every timestamp of the API */
+        ck_assert_int_eq(strlen(json_string_value(json_object_get(img, "created_at"))), 20);
+        ck_assert_int_eq(json_string_value(json_object_get(img, "created_at"))[19], 'Z');
     }
     lbt_resp_free(&r);
     lbt_request(&d, "DELETE", "/v1/images/busy", "", NULL, 0, NULL, &r);
     lbt_assert_error(&r, 409, "conflict");
-    lbt_resp_free(&r);
-    lbt_request(&d, "POST", "/v1/images?name=x", "", "abc", 3, "application/x-tar", &r);
-    lbt_assert_error(&r, 501, "not_implemented");
     lbt_resp_free(&r);
     lbt_request(&d, "GET", "/v1/images", NULL, NULL, 0, NULL, &r);
     ck_assert_int_eq(r.status, 401);
@@ -444,6 +443,466 @@ START_TEST(test_writable_root)
 }
 END_TEST
 
+/* The whole file at path (malloc'd; *len its size). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* POST /v1/images?name=NAME with the file at path as the body */
+static void post_image(struct lbt_daemon *d, const char *name, const char *path, bool chunked,
+                       struct lbt_resp *r)
+{
+    char url[256];
+    size_t len;
+    char *body = slurp(path, &len);
+
+    snprintf(url, sizeof(url), "/v1/images?name=%s", name);
+    lbt_request_ex(d, "POST", url, "", body, len, "application/x-tar", NULL, chunked, r);
+    free(body);
+}
+
+/* how many entries a directory has (find -mindepth 1 -maxdepth 1) */
+static int count_entries(const char *dir)
+{
+    char cmd[512], buf[32] = "";
+    FILE *p;
+
+    snprintf(cmd, sizeof(cmd), "find %s -mindepth 1 -maxdepth 1 | wc -l", dir);
+    p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_ptr_nonnull(fgets(buf, sizeof(buf), p));
+    pclose(p);
+    return atoi(buf);
+}
+
+/* Make OUT (a docker-archive, or an OCI archive with oci) from the test layout with umoci
+ * config ARGS applied. */
+static void variant_image(const char *config_args, const char *out, bool oci)
+{
+    char cmd[1024];
+
+    snprintf(cmd, sizeof(cmd),
+             "set -e; rm -rf %s/v; cp -a %s/layout %s/v; umoci config --image %s/v:img --tag v %s;"
+             " skopeo --insecure-policy copy -q oci:%s/v:v %s:%s%s; rm -rf %s/v",
+             img_dir, img_dir, img_dir, img_dir, config_args, img_dir,
+             oci ? "oci-archive" : "docker-archive", out, oci ? ":v" : ":lbvariant:latest",
+             img_dir);
+    ck_assert_msg(system(cmd) == 0, "%s", cmd);
+}
+
+START_TEST(test_http_import)
+{
+    const char *args[] = {"--set", "limits.max_image_bytes=2097152", NULL};
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char path[512], digest[80], tmp[600], *out;
+    const char *created;
+
+    lbt_daemon_start(&d, args);
+    snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", d.state_dir);
+
+    /* an OCI archive (1.4 MB): 201 with name, digest, size, created_at */
+    snprintf(path, sizeof(path), "%s/image.oci.tar", img_dir);
+    post_image(&d, "busy", path, false, &r);
+    ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "name")), "busy");
+    snprintf(digest, sizeof(digest), "%s", json_string_value(json_object_get(r.json, "digest")));
+    ck_assert_int_eq(strlen(digest), 71);
+    ck_assert_int_gt(json_integer_value(json_object_get(r.json, "size_bytes")), 1000000);
+    created = json_string_value(json_object_get(r.json, "created_at"));
+    ck_assert_msg(created && strlen(created) == 20 && created[19] == 'Z', "%s", r.body);
+    ck_assert(json_is_false(json_object_get(r.json, "already_stored")));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
+    assert_has(out, digest);
+    free(out);
+    /* again, streamed chunked: a no-op, the same digest */
+    post_image(&d, "busy", path, true, &r);
+    ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "digest")), digest);
+    ck_assert(json_is_true(json_object_get(r.json, "already_stored")));
+    lbt_resp_free(&r);
+    /* the daemon's list over HTTP */
+    lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
+    ck_assert_int_eq(json_array_size(json_object_get(r.json, "images")), 1);
+    lbt_resp_free(&r);
+
+    /* past limits.max_image_bytes (the docker-save tarball is 2.8 MB): 413, announced or
+     * streamed, and nothing is left */
+    snprintf(path, sizeof(path), "%s/image.tar", img_dir);
+    post_image(&d, "big", path, false, &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    lbt_resp_free(&r);
+    post_image(&d, "big", path, true, &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    assert_has(r.body, "2097152");
+    lbt_resp_free(&r);
+
+    /* not an archive: 400 with the reason; a bad or missing name: 400 */
+    lbt_request(&d, "POST", "/v1/images?name=junk", "", "not a tarball at all", 20,
+                "application/x-tar", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    assert_has(r.body, "not an image archive");
+    lbt_resp_free(&r);
+    lbt_request(&d, "POST", "/v1/images?name=host", "", "x", 1, "application/x-tar", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_request(&d, "POST", "/v1/images", "", "x", 1, "application/x-tar", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    /* admin only */
+    lbt_request(&d, "POST", "/v1/images?name=x", NULL, "x", 1, "application/x-tar", &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
+
+    /* another architecture: 422, nothing stored */
+    snprintf(path, sizeof(path), "%s/arm.tar", img_dir);
+    variant_image("--architecture arm64", path, true);
+    post_image(&d, "armimg", path, false, &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    assert_has(r.body, "architecture is arm64");
+    lbt_resp_free(&r);
+    snprintf(tmp, sizeof(tmp), "import %s armimg", path); /* the same from the command line */
+    ck_assert_int_eq(image_cli(d.state_dir, tmp, &out), 1);
+    assert_has(out, "architecture is arm64");
+    free(out);
+    lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
+    ck_assert_int_eq(json_array_size(json_object_get(r.json, "images")), 1);
+    lbt_resp_free(&r);
+    snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", d.state_dir);
+    ck_assert_int_eq(count_entries(tmp), 0); /* no upload or import left behind */
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_http_import_killed)
+{
+    const char *slow[] = {"--set", "faults.spec=image.publish=delay:60000", NULL};
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char cmd[2048], tmp[300], *out;
+    pid_t pid;
+    int st;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", d.state_dir);
+    /* killed mid-upload: half the archive sent, the rest held back */
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        snprintf(cmd, sizeof(cmd),
+                 "(head -c 1000000 %s/image.tar; sleep 30) | curl -s -o /dev/null -X POST -T - "
+                 "-H 'Authorization: Bearer %s' '%s/v1/images?name=busy'",
+                 img_dir, d.admin_token, d.base_url);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(cmd, sizeof(cmd), "test \"$(stat -c %%s %s/upload-* 2>/dev/null)\" -gt 0 2>/dev/null",
+             tmp);
+    for (int i = 0; i < 200 && system(cmd) != 0; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(system(cmd), 0); /* the body is streaming into the store */
+    lbt_daemon_kill(&d);
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
+    ck_assert_str_eq(out, ""); /* nothing half-visible */
+    free(out);
+    /* restarted with the import slowed right before it publishes */
+    lbt_daemon_restart(&d, slow);
+    ck_assert_int_eq(count_entries(tmp), 0); /* the start removed the partial upload */
+    {
+        char path[512];
+
+        snprintf(path, sizeof(path), "%s/image.oci.tar", img_dir);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            snprintf(cmd, sizeof(cmd),
+                     "curl -s -o /dev/null -X POST --data-binary @%s "
+                     "-H 'Authorization: Bearer %s' '%s/v1/images?name=busy'",
+                     path, d.admin_token, d.base_url);
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+    }
+    snprintf(cmd, sizeof(cmd), "ls %s/*/entry/image.json >/dev/null 2>&1", tmp);
+    for (int i = 0; i < 400 && system(cmd) != 0; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(system(cmd), 0); /* unpacked, waiting to publish */
+    lbt_daemon_kill(&d);
+    waitpid(pid, &st, 0);
+    ck_assert_int_eq(image_cli(d.state_dir, "list", &out), 0);
+    ck_assert_str_eq(out, "");
+    free(out);
+    lbt_daemon_restart(&d, NULL);
+    ck_assert_int_eq(count_entries(tmp), 0);
+    snprintf(tmp, sizeof(tmp), "%s/images/.store/sha256", d.state_dir);
+    ck_assert_int_eq(count_entries(tmp), 0);
+    lbt_json(&d, "GET", "/v1/images", "", NULL, &r);
+    ck_assert_int_eq(json_array_size(json_object_get(r.json, "images")), 0);
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* podman save (a docker-archive podman wrote) and podman's own image store
+ * (containers-storage:), with podman in a private --root/--runroot (vfs, runc, cgroupfs) */
+START_TEST(test_podman_sources)
+{
+    char pod[128], cmd[2048], *out, *a, *b;
+    snprintf(pod, sizeof(pod), "%s/podman", img_dir);
+    snprintf(cmd, sizeof(cmd),
+             "set -e; P='podman --root %s/root --runroot %s/run --storage-driver vfs --runtime "
+             "runc --cgroup-manager cgroupfs --events-backend file'; $P load -q -i %s/image.tar "
+             ">/dev/null; $P save -q -o %s/podman.tar localhost/lbtest:latest 2>/dev/null || "
+             "$P save -q -o %s/podman.tar docker.io/library/lbtest:latest",
+             pod, pod, img_dir, img_dir, img_dir);
+    ck_assert_msg(system(cmd) == 0, "podman load/save failed");
+
+    snprintf(cmd, sizeof(cmd), "import %s/podman.tar from-podman-save", img_dir);
+    ck_assert_int_eq(image_cli(state, cmd, &out), 0);
+    assert_has(out, "from-podman-save sha256:");
+    free(out);
+    snprintf(cmd, sizeof(cmd),
+             "import containers-storage:[vfs@%s/root+%s/run]docker.io/library/lbtest:latest "
+             "from-podman-store",
+             pod, pod);
+    ck_assert_int_eq(image_cli(state, cmd, &out), 0);
+    assert_has(out, "from-podman-store sha256:");
+    free(out);
+    /* the same files as the docker-save import of the same image */
+    snprintf(cmd, sizeof(cmd), "import %s/image.tar from-docker-save", img_dir);
+    ck_assert_int_eq(image_cli(state, cmd, &out), 0);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/images/from-podman-save", state);
+    a = tree_sum(cmd);
+    snprintf(cmd, sizeof(cmd), "%s/images/from-docker-save", state);
+    b = tree_sum(cmd);
+    ck_assert_str_eq(a, b);
+    free(b);
+    snprintf(cmd, sizeof(cmd), "%s/images/from-podman-store", state);
+    b = tree_sum(cmd);
+    ck_assert_str_eq(a, b);
+    free(a);
+    free(b);
+    snprintf(cmd, sizeof(cmd), "%s/images/from-podman-store/etc/os-release", state);
+    ck_assert(lbt_path_exists(cmd));
+}
+END_TEST
+
+/* What the layers hold, seen from a sandbox: whiteouts, links, setuid, devices, ownership */
+START_TEST(test_image_layers)
+{
+    struct lbt_daemon d;
+    char args[512], sbx[64], dir[512], cmd[1024], *out, *text;
+    uid_t uid;
+    struct stat st;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(args, sizeof(args), "import %s/image.tar busy", img_dir);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    assert_has(out, "skipped 2 device node(s)"); /* devices: skipped at import, logged */
+    free(out);
+    seed_on(&d, "rs-layers", "\"image\": \"busy\"", sbx, sizeof(sbx));
+    uid = lbt_sandbox_uid(&d, sbx);
+
+    /* whiteout: deleted in layer 3; layer 3's own file is there */
+    text = lbt_sh(&d, sbx, "test -e /etc/gone.txt && echo present; cat /srv/layer3.txt");
+    ck_assert_str_eq(text, "layer3\n");
+    free(text);
+    /* a symlink and a hard link */
+    snprintf(args, sizeof(args), "os-release\nID=lbt-marker-%d\n", (int)getpid());
+    text = lbt_sh(&d, sbx, "readlink /etc/os-link; grep ID= /etc/os-link");
+    ck_assert_str_eq(text, args);
+    free(text);
+    text = lbt_sh(&d, sbx,
+                  "test $(stat -c %i /srv/data.txt) = $(stat -c %i /srv/data-hard.txt) && "
+                  "stat -c %h /srv/data.txt && cat /srv/data-hard.txt");
+    ck_assert_str_eq(text, "2\ndata\n");
+    free(text);
+    /* device nodes: skipped */
+    text = lbt_sh(&d, sbx, "ls -A /dev-test; echo end");
+    ck_assert_str_eq(text, "end\n");
+    free(text);
+    /* ownership: the image root's files belong to the sandbox's root; on the host the same
+     * files (through the sandbox's idmapped mount) belong to the sandbox's own uid, never 0 */
+    text = lbt_sh(&d, sbx, "stat -c '%u %g %a' /opt/suid/euid /etc/passwd /srv");
+    ck_assert_str_eq(text, "0 0 4755\n0 0 644\n0 0 755\n");
+    free(text);
+    snprintf(dir, sizeof(dir), "%s/sandboxes/%s/img-root", d.state_dir, sbx);
+    snprintf(cmd, sizeof(cmd), "%s/opt/suid/euid", dir);
+    if (stat(cmd, &st) == 0) { /* the daemon's mounts are visible here (no private mount ns) */
+        ck_assert_int_eq(st.st_uid, uid);
+        ck_assert_int_ne(st.st_uid, 0);
+    }
+    /* setuid grants no host privilege: the store is root's alone (0700), so a host user
+     * cannot reach its setuid-root binary; the copy seen through the sandbox's mounts is
+     * owned by the sandbox's uid (not root) on a nosuid mount */
+    /* (a shell as host user nobody: setpriv itself would still hold root's capabilities
+     * while it resolves the path) */
+    snprintf(cmd, sizeof(cmd),
+             "setpriv --reuid=65534 --regid=65534 --clear-groups /bin/sh -c "
+             "'%s/images/busy/opt/suid/euid' 2>&1",
+             d.state_dir);
+    {
+        FILE *p = popen(cmd, "r");
+        char buf[256] = "";
+        size_t n;
+
+        ck_assert_ptr_nonnull(p);
+        n = fread(buf, 1, sizeof(buf) - 1, p);
+        buf[n] = '\0';
+        pclose(p);
+        ck_assert_msg(strstr(buf, "Permission denied") && !strstr(buf, "\n0\n"), "%s", buf);
+    }
+    snprintf(cmd, sizeof(cmd), "%s/opt/suid/euid", dir);
+    if (lbt_path_exists(cmd)) {
+        snprintf(cmd, sizeof(cmd),
+                 "out=$(setpriv --reuid=65534 --regid=65534 --clear-groups /bin/sh -c "
+                 "'%s/opt/suid/euid' 2>&1); echo \"$out\"; "
+                 "test \"$out\" = 65534 || echo \"$out\" | grep -q 'Permission denied'",
+                 dir);
+        ck_assert_int_eq(system(cmd), 0); /* nosuid: neither root nor the sandbox's uid */
+    }
+    /* every mount the daemon made for the sandbox's root is nosuid and nodev */
+    {
+        char line[8192], needle[128];
+        FILE *f = fopen("/proc/self/mountinfo", "r");
+        int n = 0;
+
+        snprintf(needle, sizeof(needle), "/%s/img-", sbx);
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f)) {
+            if (!strstr(line, needle))
+                continue;
+            n++;
+            ck_assert_msg(strstr(line, "nosuid") && strstr(line, "nodev"), "%s", line);
+        }
+        fclose(f);
+        ck_assert_int_eq(n, 3); /* img-upper, img-lower, img-root */
+    }
+    /* inside: the setuid binary runs as the sandbox's root, which is the sandbox's host uid */
+    text = lbt_sh(&d, sbx,
+                  "/opt/suid/euid; grep -c nosuid /proc/self/mountinfo >/dev/null "
+                  "&& grep ' / / ' /proc/self/mountinfo | grep -c nosuid");
+    ck_assert_str_eq(text, "0\n1\n");
+    free(text);
+    release(&d, "rs-layers");
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* The image's User: root (or 0:0) applies; an unmapped user is refused at seed (422) */
+START_TEST(test_image_user)
+{
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char path[512], args[600], sbx[64], *out, *text;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(path, sizeof(path), "%s/user-nobody.tar", img_dir);
+    variant_image("--config.user nobody", path, false);
+    snprintf(args, sizeof(args), "import %s nobody-img", path);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
+    snprintf(path, sizeof(path), "%s/user-num.tar", img_dir);
+    variant_image("--config.user 1234:1234", path, false);
+    snprintf(args, sizeof(args), "import %s num-img", path);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
+    snprintf(path, sizeof(path), "%s/user-root.tar", img_dir);
+    variant_image("--config.user root:root", path, false);
+    snprintf(args, sizeof(args), "import %s root-img", path);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
+
+    lbt_json(&d, "POST", "/v1/sessions/rs-nobody/seed", "",
+             "{\"task_id\": \"t\", \"image\": \"nobody-img\"}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    assert_has(r.body, "'nobody' (uid 65534");
+    lbt_resp_free(&r);
+    lbt_json(&d, "POST", "/v1/sessions/rs-num/seed", "",
+             "{\"task_id\": \"t\", \"image\": \"num-img\"}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    assert_has(r.body, "1234");
+    lbt_resp_free(&r);
+    lbt_json(&d, "GET", "/v1/sessions/rs-nobody", "", NULL, &r);
+    ck_assert_int_eq(r.status, 404); /* nothing lent */
+    lbt_resp_free(&r);
+
+    seed_on(&d, "rs-root", "\"image\": \"root-img\"", sbx, sizeof(sbx));
+    text = lbt_sh(&d, sbx, "id -u; id -g");
+    ck_assert_str_eq(text, "0\n0\n");
+    free(text);
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"root\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
+    json_decref(res);
+    lbt_exec(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"nobody\"}", &r);
+    ck_assert_int_eq(r.status, 400); /* an explicit user overrides, and is checked itself */
+    lbt_resp_free(&r);
+    release(&d, "rs-root");
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* A name imported anew: its old tree stays while a sandbox uses it, then is collected */
+START_TEST(test_reimport_gc)
+{
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char path[512], old_hex[80], store[300], sbx[64], args[600], *text;
+
+    lbt_daemon_start(&d, NULL);
+    snprintf(store, sizeof(store), "%s/images/.store/sha256", d.state_dir);
+    snprintf(path, sizeof(path), "%s/image.oci.tar", img_dir);
+    post_image(&d, "busy", path, false, &r);
+    ck_assert_int_eq(r.status, 201);
+    snprintf(old_hex, sizeof(old_hex), "%s",
+             json_string_value(json_object_get(r.json, "digest")) + 7);
+    lbt_resp_free(&r);
+    seed_on(&d, "rs-gc", "\"image\": \"busy\"", sbx, sizeof(sbx));
+
+    /* busy re-imported as another image (its config differs) */
+    snprintf(path, sizeof(path), "%s/other.tar", img_dir);
+    variant_image("--config.env LB_OTHER=1", path, true);
+    post_image(&d, "busy", path, false, &r);
+    ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+    ck_assert_str_ne(json_string_value(json_object_get(r.json, "digest")) + 7, old_hex);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_entries(store), 2); /* the old tree: in use by the live sandbox */
+    snprintf(args, sizeof(args), "ID=lbt-marker-%d\n", (int)getpid());
+    text = lbt_sh(&d, sbx, "grep ID= /etc/os-release");
+    ck_assert_str_eq(text, args);
+    free(text);
+    release(&d, "rs-gc");
+    /* the next import (or removal, or start) collects it */
+    post_image(&d, "busy", path, false, &r);
+    ck_assert_int_eq(r.status, 201);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_entries(store), 1);
+    snprintf(path, sizeof(path), "%s/%s", store, old_hex);
+    ck_assert(!lbt_path_exists(path));
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("images");
@@ -455,6 +914,12 @@ int main(void)
     tcase_add_test(tc, test_seed_on_image_and_rm_in_use);
     tcase_add_test(tc, test_writable_root);
     tcase_add_test(tc, test_interrupted_import);
+    tcase_add_test(tc, test_http_import);
+    tcase_add_test(tc, test_http_import_killed);
+    tcase_add_test(tc, test_podman_sources);
+    tcase_add_test(tc, test_image_layers);
+    tcase_add_test(tc, test_image_user);
+    tcase_add_test(tc, test_reimport_gc);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
