@@ -419,14 +419,29 @@ START_TEST(test_writable_root)
     snprintf(args, sizeof(args), "ID=lbt-marker-%d", (int)getpid());
     ck_assert_ptr_nonnull(strstr(text, args));
     free(text);
-    /* the writable root is sized by resources.disk_mib */
+    /* the writable root and /workspace share one budget, resources.disk_mib: 100 MiB do not
+     * fit in 64, nor do 40 in / and 40 more in /workspace */
     release(&d, "rs-img-b");
-    seed_on(&d, "rs-img-c", "\"image\": \"busy\", \"resources\": {\"disk_mib\": 8}", b, sizeof(b));
-    res = lbt_exec_ok(&d, b, "",
-                      "{\"command\": \"dd if=/dev/zero of=/big bs=1M count=16 2>&1; echo rc=$?\"}");
+    seed_on(&d, "rs-img-c", "\"image\": \"busy\", \"resources\": {\"disk_mib\": 64}", b, sizeof(b));
+    res = lbt_exec_ok(
+        &d, b, "", "{\"command\": \"dd if=/dev/zero of=/big bs=1M count=100 2>&1; echo rc=$?\"}");
     text = (char *)json_string_value(json_object_get(res, "stdout"));
     ck_assert_msg(strstr(text, "No space left on device") && strstr(text, "rc=1"), "%s", text);
     json_decref(res);
+    res = lbt_exec_ok(&d, b, "",
+                      "{\"command\": \"rm /big; dd if=/dev/zero of=/big bs=1M count=40 2>/dev/null "
+                      "&& echo root-ok; dd if=/dev/zero of=/workspace/big bs=1M count=40 2>&1; "
+                      "echo rc=$?\"}");
+    text = (char *)json_string_value(json_object_get(res, "stdout"));
+    ck_assert_msg(strstr(text, "root-ok") && strstr(text, "No space left on device") &&
+                      strstr(text, "rc=1"),
+                  "%s", text);
+    json_decref(res);
+    /* ... and nobody else is affected: the other sandbox writes, the daemon answers */
+    text = lbt_sh(&d, a, "dd if=/dev/zero of=/workspace/f bs=1M count=8 2>/dev/null && echo ok");
+    ck_assert_str_eq(text, "ok\n");
+    free(text);
+    lbt_assert_healthy(&d);
 
     /* the daemon killed -9 and restarted: a release still unmounts everything */
     lbt_daemon_kill(&d);
