@@ -765,7 +765,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
             goto fail;
     }
     if (overlay[0])
-        snprintf(image_ws, sizeof(image_ws), "%s/img-upper/" LOCAL_IMAGE_WORKSPACE, dir);
+        local_image_workspace(dir, image_ws, sizeof(image_ws));
     r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, image_ws[0] ? image_ws : NULL,
                    workdir, res, hosts, &argv, err);
     if (r < 0)

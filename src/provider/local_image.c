@@ -1,21 +1,24 @@
 /*
  * local_image.c - a writable copy-on-write root over a read-only image tree (issue 9).
  *
- * In the daemon's mount namespace, under the sandbox's directory:
- *   <dir>/img-lower  the image tree, cloned (open_tree OPEN_TREE_CLONE) and idmapped
- *                    (mount_setattr MOUNT_ATTR_IDMAP, read-only) with a user namespace that
- *                    maps 0 -> the sandbox's uid, so the image's root-owned files belong to
- *                    the sandbox's root without a copy or a chown
- *   <dir>/img-upper  a tmpfs of the sandbox's disk size holding upper/, work/ and
- *                    workspace/, owned by the sandbox's uid: every write to / lands here and
- *                    counts against it, and so does /workspace (bwrap binds workspace/ there
- *                    with storage tmpfs): one disk_mib budget for both
- *   <dir>/img-root   overlayfs lowerdir=img-lower, upperdir=img-upper/upper,
- *                    workdir=img-upper/work; bwrap binds it as the sandbox's /
+ * In the daemon's mount namespace, under the sandbox's directory, one tmpfs holds it all:
+ *   <dir>/img            a tmpfs of the sandbox's disk size, owned by the sandbox's uid, with
+ *     upper/ work/       the overlay's upper and work dirs: every write to / lands here
+ *     workspace/         the sandbox's workdir (bwrap binds it there with storage tmpfs), so
+ *                        / and /workspace share one disk_mib budget
+ *     lower/             the image tree, cloned (open_tree OPEN_TREE_CLONE) and idmapped
+ *                        (mount_setattr MOUNT_ATTR_IDMAP, read-only, nosuid, nodev) with a user
+ *                        namespace that maps 0 -> the sandbox's uid, so the image's root-owned
+ *                        files belong to the sandbox's root without a copy or a chown
+ *     root/              overlayfs lowerdir=lower, upperdir=upper, workdir=work; bwrap binds
+ *                        it as the sandbox's /
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
- * copies are detached (umount2 MNT_DETACH) when the sandbox is destroyed, and the kernel frees
- * the tmpfs when the last namespace holding it dies. The image tree itself is never written:
- * its mount is read-only and overlayfs writes only to the upper dir.
+ * copies are detached when the sandbox is destroyed, all three with one umount2(MNT_DETACH) of
+ * <dir>/img (a lazy unmount takes the mounts below it along: one grace period of the kernel's
+ * mount lock instead of three), and the kernel frees the tmpfs when the last namespace holding
+ * it dies. The image tree itself is never written: its mount is read-only and overlayfs writes
+ * only to the upper dir. (Sandboxes made before this layout have img-root, img-lower and
+ * img-upper mounts of their own; local_image_unmount detaches those too.)
  */
 #include "provider/local_internal.h"
 
@@ -25,6 +28,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -35,46 +39,42 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-static const char *const mount_names[] = {"img-root", "img-lower", "img-upper"};
+#define IMG_DIR "img"
+static const char *const legacy_names[] = {"img-root", "img-lower", "img-upper"};
+
+/* The helper that holds a fresh user namespace while the daemon writes its maps: cloned with
+ * CLONE_VM (no copy of the daemon's page tables: a fork of a large daemon cost tens of ms)
+ * straight into a new user namespace, on a small stack of its own. It shares the daemon's
+ * memory, so it touches nothing (not even errno): it waits for the SIGKILL that ends it. */
+static int userns_child_main(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return 0;
+}
 
 /* An fd of a user namespace mapping uid and gid 0 to uid (one id), or a negative errno. */
 static int userns_for_uid(uid_t uid)
 {
+    static const size_t stack_size = 64 * 1024;
+    static const char *const files[] = {"uid_map", "gid_map"};
     char path[64], map[64];
-    int go[2], ready[2], fd = -1, r, st, mfd;
+    int fd = -1, r = 0, st, mfd;
+    char *stack = malloc(stack_size);
     pid_t pid;
-    char c;
 
-    if (pipe2(go, O_CLOEXEC) < 0)
-        return -errno;
-    if (pipe2(ready, O_CLOEXEC) < 0) {
-        r = -errno;
-        close(go[0]);
-        close(go[1]);
-        return r;
-    }
-    pid = fork();
+    if (!stack)
+        return -ENOMEM;
+    pid = clone(userns_child_main, stack + stack_size, CLONE_VM | CLONE_NEWUSER | SIGCHLD, NULL);
     if (pid < 0) {
         r = -errno;
-        goto out;
+        free(stack);
+        return r;
     }
-    if (pid == 0) {   /* async-signal-safe calls only */
-        close(go[1]); /* else read below never sees the parent's close */
-        c = syscall(SYS_unshare, CLONE_NEWUSER) == 0 ? 'u' : 'e';
-        (void)write(ready[1], &c, 1);
-        (void)read(go[0], &c, 1); /* until the parent closes go[1] */
-        _exit(0);
-    }
-    close(ready[1]);
-    ready[1] = -1;
-    if (read(ready[0], &c, 1) != 1 || c != 'u') {
-        r = -EPERM;
-        goto kill;
-    }
-    r = 0;
+    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)uid);
     for (int i = 0; i < 2 && r == 0; i++) {
-        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, i ? "gid_map" : "uid_map");
-        snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)uid);
+        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, files[i]);
         mfd = open(path, O_WRONLY | O_CLOEXEC);
         if (mfd < 0 || write(mfd, map, strlen(map)) != (ssize_t)strlen(map))
             r = -errno;
@@ -87,19 +87,10 @@ static int userns_for_uid(uid_t uid)
         if (fd < 0)
             r = -errno;
     }
-kill:
-    close(go[1]);
-    go[1] = -1;
+    kill(pid, SIGKILL);
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
-out:
-    if (go[0] >= 0)
-        close(go[0]);
-    if (go[1] >= 0)
-        close(go[1]);
-    close(ready[0]);
-    if (ready[1] >= 0)
-        close(ready[1]);
+    free(stack); /* the child is gone: its stack is free */
     return r < 0 ? r : fd;
 }
 
@@ -139,50 +130,61 @@ out:
 int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
                       char *root_out, size_t size, struct lb_error *err)
 {
-    char p[3][4400], up[4416], work[4416], ws[4416], opts[4416 * 3 + 64];
+    static const char *const subdirs[] = {"upper", "work", LOCAL_IMAGE_WORKSPACE, "lower", "root"};
+    char img[4400], p[5][4416], opts[4416 * 3 + 64];
     int r;
 
-    for (int i = 0; i < 3; i++) {
-        snprintf(p[i], sizeof(p[i]), "%s/%s", dir, mount_names[i]);
-        if (mkdir(p[i], 0711) < 0 && errno != EEXIST)
-            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
-    }
+    snprintf(img, sizeof(img), "%s/" IMG_DIR, dir);
+    if (mkdir(img, 0711) < 0 && errno != EEXIST)
+        return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", img, strerror(errno));
     snprintf(opts, sizeof(opts), "size=%lldm,mode=0700,uid=%u,gid=%u", (long long)upper_mib,
              (unsigned)uid, (unsigned)uid);
-    if (mount("tmpfs", p[2], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot mount the root's upper tmpfs: %s",
-                            strerror(errno));
-    snprintf(up, sizeof(up), "%s/upper", p[2]);
-    snprintf(work, sizeof(work), "%s/work", p[2]);
-    snprintf(ws, sizeof(ws), "%s/" LOCAL_IMAGE_WORKSPACE, p[2]);
-    if (mkdir(up, 0755) < 0 || chown(up, uid, uid) < 0 || mkdir(work, 0700) < 0 ||
-        chown(work, uid, uid) < 0 || mkdir(ws, 0755) < 0 || chown(ws, uid, uid) < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot make the root's upper dir: %s",
-                            strerror(errno));
-    r = mount_idmapped(image_root, p[1], uid, err);
+    if (mount("tmpfs", img, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot mount the root's tmpfs: %s", strerror(errno));
+    for (int i = 0; i < 5; i++) {
+        snprintf(p[i], sizeof(p[i]), "%s/%s", img, subdirs[i]);
+        if (mkdir(p[i], i == 1 ? 0700 : 0755) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
+            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
+    }
+    r = mount_idmapped(image_root, p[3], uid, err);
     if (r < 0)
         return r;
-    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", p[1], up, work);
-    if (mount("overlay", p[0], "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", p[3], p[0], p[1]);
+    if (mount("overlay", p[4], "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
         return lb_error_set(err, -EREMOTEIO, "cannot mount the overlay root: %s", strerror(errno));
-    snprintf(root_out, size, "%s", p[0]);
+    snprintf(root_out, size, "%s", p[4]);
+    return 0;
+}
+
+/* Detach every mount at path (a retried create may have stacked more than one) and remove
+ * the directory. */
+static int detach_and_remove(const char *path, struct lb_error *err)
+{
+    while (umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
+        ;
+    if (errno != EINVAL && errno != ENOENT)
+        return lb_error_set(err, -EREMOTEIO, "cannot unmount '%s': %s", path, strerror(errno));
+    if (rmdir(path) < 0 && errno != ENOENT)
+        return lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", path, strerror(errno));
     return 0;
 }
 
 int local_image_unmount(const char *dir, struct lb_error *err)
 {
     char p[4400];
-    int r = 0;
+    int r;
 
+    snprintf(p, sizeof(p), "%s/" IMG_DIR, dir);
+    r = detach_and_remove(p, err); /* the tmpfs and the two mounts on it */
     for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof(p), "%s/%s", dir, mount_names[i]);
-        /* a mount point may hold more than one mount (a retried create): detach them all */
-        while (umount2(p, MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
-            ;
-        if (errno != EINVAL && errno != ENOENT && r == 0)
-            r = lb_error_set(err, -EREMOTEIO, "cannot unmount '%s': %s", p, strerror(errno));
-        if (rmdir(p) < 0 && errno != ENOENT && r == 0)
-            r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", p, strerror(errno));
+        snprintf(p, sizeof(p), "%s/%s", dir, legacy_names[i]);
+        if (detach_and_remove(p, r < 0 ? NULL : err) < 0 && r == 0)
+            r = -EREMOTEIO;
     }
     return r;
+}
+
+void local_image_workspace(const char *dir, char *out, size_t size)
+{
+    snprintf(out, size, "%s/" IMG_DIR "/" LOCAL_IMAGE_WORKSPACE, dir);
 }

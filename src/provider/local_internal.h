@@ -117,20 +117,23 @@ bool local_desc_alive(const struct local_desc *d);
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err);
 
-/* The image sandbox's workspace: <dir>/img-upper/LOCAL_IMAGE_WORKSPACE, on the tmpfs of its
- * writable root (one disk budget for both). */
 #define LOCAL_IMAGE_WORKSPACE "workspace"
 
 /* Images (local_image.c): a writable copy-on-write root for the sandbox in dir. Mounts, in the
- * daemon's mount namespace, image_root read-only and idmapped 0 -> uid at <dir>/img-lower, a
- * tmpfs of upper_mib MiB owned by uid at <dir>/img-upper, and overlayfs of the two at
- * <dir>/img-root, whose path goes into root_out. On error err is set and what was mounted
- * stays for local_image_unmount. Returns 0 or a negative errno. */
+ * daemon's mount namespace, a tmpfs of upper_mib MiB owned by uid at <dir>/img holding the
+ * overlay's upper and work dirs and the sandbox's workspace; image_root read-only, nosuid,
+ * nodev and idmapped 0 -> uid at <dir>/img/lower; and overlayfs of the two at <dir>/img/root,
+ * whose path goes into root_out. On error err is set and what was mounted stays for
+ * local_image_unmount. Not thread-safe for one dir; different dirs in parallel are fine.
+ * Returns 0 or a negative errno. */
 int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
                       char *root_out, size_t size, struct lb_error *err);
-/* Detach and remove whatever local_image_mount left under dir (none of it: 0). Returns 0 or
- * -EREMOTEIO with err set. */
+/* Detach (one lazy unmount) and remove whatever local_image_mount left under dir (none of it:
+ * 0). Returns 0 or a negative errno. */
 int local_image_unmount(const char *dir, struct lb_error *err);
+/* The workspace directory on an image sandbox's root tmpfs (bound at the workdir with storage
+ * tmpfs, so / and the workdir share the sandbox's disk size) into out. */
+void local_image_workspace(const char *dir, char *out, size_t size);
 
 /* Ops implemented in the other files. */
 int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -760,7 +760,7 @@ START_TEST(test_image_layers)
     text = lbt_sh(&d, sbx, "stat -c '%u %g %a' /opt/suid/euid /etc/passwd /srv");
     ck_assert_str_eq(text, "0 0 4755\n0 0 644\n0 0 755\n");
     free(text);
-    snprintf(dir, sizeof(dir), "%s/sandboxes/%s/img-root", d.state_dir, sbx);
+    snprintf(dir, sizeof(dir), "%s/sandboxes/%s/img/root", d.state_dir, sbx);
     snprintf(cmd, sizeof(cmd), "%s/opt/suid/euid", dir);
     if (stat(cmd, &st) == 0) { /* the daemon's mounts are visible here (no private mount ns) */
         ck_assert_int_eq(st.st_uid, uid);
@@ -801,7 +801,7 @@ START_TEST(test_image_layers)
         FILE *f = fopen("/proc/self/mountinfo", "r");
         int n = 0;
 
-        snprintf(needle, sizeof(needle), "/%s/img-", sbx);
+        snprintf(needle, sizeof(needle), "/%s/img", sbx);
         ck_assert_ptr_nonnull(f);
         while (fgets(line, sizeof(line), f)) {
             if (!strstr(line, needle))
@@ -810,7 +810,7 @@ START_TEST(test_image_layers)
             ck_assert_msg(strstr(line, "nosuid") && strstr(line, "nodev"), "%s", line);
         }
         fclose(f);
-        ck_assert_int_eq(n, 3); /* img-upper, img-lower, img-root */
+        ck_assert_int_eq(n, 3); /* img (the tmpfs), img/lower, img/root */
     }
     /* inside: the setuid binary runs as the sandbox's root, which is the sandbox's host uid */
     text = lbt_sh(&d, sbx,
