@@ -364,7 +364,8 @@ static int image_command(const struct lb_config *cfg, int argc, char **argv)
                          (long long)users);
             goto fail;
         }
-        if (image_remove(dir, argv[1], &err) < 0)
+        if (image_remove(dir, argv[1], &err) < 0 ||
+            image_gc(dir, image_digest_in_use, store, &err) < 0)
             goto fail;
         rc = 0;
     } else {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/openat2.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -119,6 +120,30 @@ int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
     }
     closedir(d);
     return r;
+}
+
+/* The store's lock (flock on .store/lock), held while names and trees change: an import's
+ * publish and naming, a removal, a garbage collection, so that a collection by the daemon never
+ * removes a tree that a concurrent `lendboxd image import` has stored but not yet named.
+ * Returns the fd to close to unlock, or a negative errno. */
+static int store_lock(const char *images_dir)
+{
+    char p[IMAGE_PATH_MAX + 32];
+    int fd;
+
+    snprintf(p, sizeof(p), "%s/" STORE "/lock", images_dir);
+    fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -errno;
+    while (flock(fd, LOCK_EX) < 0) {
+        if (errno != EINTR) {
+            int e = errno;
+
+            close(fd);
+            return -e;
+        }
+    }
+    return fd;
 }
 
 /* Run argv (argv[0] looked up in PATH) with stdin /dev/null and stdout+stderr into log_path,
@@ -498,7 +523,7 @@ int image_import(const char *images_dir, const char *source, const char *name,
     json_t *config = NULL;
     struct stat st;
     bool had = false;
-    int r;
+    int r, lock = -1;
 
     if (existed)
         *existed = false;
@@ -533,10 +558,15 @@ int image_import(const char *images_dir, const char *source, const char *name,
             r = fault_hit("image.publish", 0, err);
         if (r < 0)
             goto out;
-        if (rename(entry, stored) < 0 && errno != EEXIST && errno != ENOTEMPTY) {
-            r = lb_error_set(err, -errno, "cannot store the image: %s", strerror(errno));
-            goto out;
-        }
+    }
+    lock = store_lock(images_dir);
+    if (lock < 0) {
+        r = lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
+        goto out;
+    }
+    if (!had && rename(entry, stored) < 0 && errno != EEXIST && errno != ENOTEMPTY) {
+        r = lb_error_set(err, -errno, "cannot store the image: %s", strerror(errno));
+        goto out;
     }
     r = link_name(images_dir, name, digest + 7, err);
     if (r < 0)
@@ -550,6 +580,8 @@ int image_import(const char *images_dir, const char *source, const char *name,
         *existed = had;
     log_info("image store: %s -> %s (%s)", name, digest, had ? "already stored" : "unpacked");
 out:
+    if (lock >= 0)
+        close(lock);
     json_decref(config);
     if (remove_tree(work) < 0)
         log_warn("image store: cannot remove '%s': %s", work, strerror(errno));
@@ -650,38 +682,23 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
 
 int image_remove(const char *images_dir, const char *name, struct lb_error *err)
 {
-    char hex[65], other[65], p[IMAGE_PATH_MAX + 256], gone[IMAGE_PATH_MAX + 64];
-    struct dirent *de;
-    bool shared = false;
-    DIR *d;
-    int r;
+    char hex[65], p[IMAGE_PATH_MAX + 256];
+    int r, lock;
 
     if (!image_name_is_valid(name))
         return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
     r = name_hex(images_dir, name, hex);
     if (r < 0)
         return lb_error_set(err, r, "no image '%s'", name);
+    lock = store_lock(images_dir);
+    if (lock < 0)
+        return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
     snprintf(p, sizeof(p), "%s/%s", images_dir, name);
-    if (unlink(p) < 0)
-        return lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
-    d = opendir(images_dir);
-    while (d && (de = readdir(d)))
-        if (image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
-            strcmp(other, hex) == 0)
-            shared = true;
-    if (d)
-        closedir(d);
-    if (shared)
-        return 0;
-    /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s", images_dir, hex);
-    snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/rm-%s", images_dir, hex);
-    if (rename(p, gone) < 0)
-        return lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
-    if (remove_tree(gone) < 0)
-        return lb_error_set(err, -errno, "cannot remove '%s': %s", gone, strerror(errno));
-    log_info("image store: removed %s (sha256:%s)", name, hex);
-    return 0;
+    r = unlink(p) < 0 ? lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno)) : 0;
+    close(lock);
+    if (r == 0)
+        log_info("image store: removed the name %s (sha256:%s)", name, hex);
+    return r;
 }
 
 /* Read up to max bytes of root/rel, resolved inside root (symlinks cannot climb out). The
@@ -829,7 +846,7 @@ static bool tree_is_mounted(const char *hex)
 
     if (!f)
         return true; /* cannot tell: keep it */
-    snprintf(needle, sizeof(needle), "/" STORE "/sha256/%s/rootfs", hex);
+    snprintf(needle, sizeof(needle), "/" STORE "/sha256/%.64s/rootfs", hex);
     while (!found && fgets(line, sizeof(line), f))
         found = strstr(line, needle) != NULL;
     fclose(f);
@@ -859,7 +876,7 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
     char dir[IMAGE_PATH_MAX], p[IMAGE_PATH_MAX + 128], gone[IMAGE_PATH_MAX + 128];
     char digest[LB_IMAGE_DIGEST_MAX];
     struct dirent *de;
-    int removed = 0, r = 0;
+    int removed = 0, r = 0, lock;
     DIR *d;
 
     snprintf(dir, sizeof(dir), "%s/" STORE "/sha256", images_dir);
@@ -868,6 +885,11 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
         return errno == ENOENT
                    ? 0
                    : lb_error_set(err, -errno, "cannot read '%s': %s", dir, strerror(errno));
+    lock = store_lock(images_dir);
+    if (lock < 0) {
+        closedir(d);
+        return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
+    }
     while ((de = readdir(d))) {
         snprintf(digest, sizeof(digest), "sha256:%.64s", de->d_name);
         if (!is_sha256_digest(digest) || strlen(de->d_name) != 64)
@@ -876,8 +898,8 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
             (in_use && in_use(ctx, digest)))
             continue;
         /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
-        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
-        snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/gc-%s", images_dir, de->d_name);
+        snprintf(p, sizeof(p), "%s/%.64s", dir, de->d_name);
+        snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/gc-%.64s", images_dir, de->d_name);
         if (rename(p, gone) < 0 || remove_tree(gone) < 0) {
             if (r == 0)
                 r = lb_error_set(err, -errno, "cannot remove the unnamed image %s: %s", digest,
@@ -888,5 +910,6 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
         removed++;
     }
     closedir(d);
+    close(lock);
     return r < 0 ? r : removed;
 }

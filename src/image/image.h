@@ -17,7 +17,9 @@
  * into a temporary OCI layout (skopeo), reads the config digest, and
  * unpacks (umoci raw unpack) only when no image of that digest is stored; the finished tree is
  * renamed into place, then the name's symlink is replaced atomically (rename). A crash leaves
- * only a directory under .store/tmp, removed by image_store_clean_tmp.
+ * only a directory under .store/tmp, removed by image_store_clean_tmp. Publishing and naming,
+ * removals and garbage collection hold the store's lock (flock on .store/lock), also across
+ * processes (the daemon and `lendboxd image`).
  *
  * Thread-safety: the functions only touch the file system and the arguments; concurrent
  * imports of the same digest are safe (the first rename wins, the others discard theirs).
@@ -90,8 +92,9 @@ int image_read_config(const char *images_dir, const char *name, json_t **env_out
  * caller frees it); empty store: *out NULL, *n 0. Returns 0 or a negative errno. */
 int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, struct lb_error *err);
 
-/* Remove the name; the digest's tree goes too when no other name points to it. The caller
- * checks first that no live sandbox uses the image. Returns 0, -ENOENT, or a negative errno. */
+/* Remove the name (its tree stays for image_gc, which removes it once nothing uses it). The
+ * caller checks first that no live sandbox uses the image. Returns 0, -ENOENT, or a negative
+ * errno. */
 int image_remove(const char *images_dir, const char *name, struct lb_error *err);
 
 /* The image's config User resolved for running in a sandbox. Only the sandbox's root (uid and
