@@ -571,7 +571,10 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto out;
     spec_json = lend_spec_json(l, req, image, spec.resources.disk_mib);
-    r = spec_json ? lend_image_check(l, image, spec_json, err) : 0;
+    /* the image store is the local provider's */
+    r = spec_json && strcmp(prov->ops->name, "local") == 0
+            ? lend_image_check(l, image, spec_json, err)
+            : 0;
     if (r < 0)
         goto out;
     spec_text = spec_json ? json_dumps(spec_json, JSON_COMPACT) : NULL;
