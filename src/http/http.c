@@ -16,6 +16,23 @@
  * upload calls write each chunk to the sink's fd; the last call defers the sink's finish job.
  * A body that does not arrive whole aborts the sink (request completion callback).
  *
+ * Parked requests (http_park): the handler suspends the connection without a job and links
+ * the request into the server's parked list. It leaves that list exactly once, under
+ * park_lock: woken (any thread), past its deadline or with its client gone (the park thread,
+ * which sleeps until the nearest deadline and looks for hung-up clients every second), or at
+ * shutdown. Leaving resumes the connection; MHD calls us again and the park's answer callback
+ * renders the response on the MHD thread. A suspended connection cannot complete, so the
+ * request is alive for as long as it is in the list. The handle is reference-counted (http's
+ * and the waker's), so a late http_wake is harmless.
+ *
+ * Streamed responses (http_stream_begin, from a deferred job): the job sets a response whose
+ * body comes from a callback reading the stream's buffer, and resumes the connection at once;
+ * the job keeps writing. With nothing to send and the body not ended, the callback suspends
+ * the connection (returning 0) and the next write or the end resumes it, all under the
+ * stream's lock, so a wake-up is never lost. The stream is shared by the job and the response
+ * (reference-counted); when the response goes (client gone, request done), writes turn into
+ * -EPIPE.
+ *
  * Timeouts: a connection that has no request under way (before its first, between keep-alive
  * requests) is closed after header_timeout_s idle; while a request is under way
  * connection_timeout_s applies (suspended connections, waiting for a job, never time out).
@@ -35,6 +52,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/clock.h"
@@ -43,6 +61,19 @@
 #include "util/token.h"
 
 #define HTTP_MAX_PARAMS 4
+#define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
+#define PARK_END_WAIT_MS 5000   /* shutdown waits this long for parked requests' answers */
+#define STREAM_BLOCK_BYTES (64 * 1024)
+
+struct lb_park {
+    struct lb_http *h;
+    struct lb_request *req; /* valid while !ended: the connection is suspended */
+    int64_t deadline_ms;
+    enum lb_park_end why;
+    bool ended;
+    int refs; /* under h->park_lock: http's (until answered) and the waker's */
+    struct lb_park *prev, *next;
+};
 
 struct lb_http {
     struct MHD_Daemon *mhd;
@@ -52,6 +83,17 @@ struct lb_http {
     int *route_metric; /* metrics index per route */
     atomic_uint_fast64_t next_request;
     atomic_size_t inflight_bytes; /* buffered request-body bytes held right now */
+    /* parked requests */
+    pthread_mutex_t park_lock;
+    pthread_cond_t park_cond;    /* wakes the park thread (monotonic clock) */
+    pthread_cond_t park_drained; /* park_live fell to 0 (monotonic clock) */
+    struct lb_park *parked;      /* waiting */
+    size_t park_waiting;         /* in the list */
+    size_t park_live;            /* parked and not answered yet */
+    int64_t park_next_at;        /* when the park thread wakes up next */
+    bool park_stopping, park_thread_stop;
+    bool park_thread_started;
+    pthread_t park_thread;
 };
 
 enum request_phase {
@@ -60,6 +102,7 @@ enum request_phase {
     PHASE_OPENING,  /* streamed body: the handler's job is opening its sink; suspended */
     PHASE_STREAM,   /* streamed body: chunks go to the sink as they arrive */
     PHASE_DEFERRED, /* the whole body is here; a job is making the response; suspended */
+    PHASE_PARKED,   /* the whole body is here; waiting for a wake or deadline; suspended */
     PHASE_DONE,
 };
 
@@ -89,6 +132,10 @@ struct lb_request {
     lb_http_job_fn job;
     void *job_arg;
     void (*job_free)(void *);
+    struct http_job_ctx *job_ctx; /* while the job runs and has not streamed */
+    struct lb_park *park;         /* parked (http's reference) */
+    bool parked;                  /* counted in park_live until the request completes */
+    lb_http_park_fn park_answer;
     char serial_key[192];   /* "": none; see http_set_serial_key / http_set_fair_key */
     size_t key_active_max;  /* jobs of serial_key queued or running at once */
     size_t key_waiting_max; /* more that may wait behind them */
@@ -619,6 +666,9 @@ static int sink_finish(struct lb_request *req, struct lb_error *err)
 
 /* ---------- the access handler ---------- */
 
+static enum MHD_Result park_answer(struct lb_request *req);
+static void park_forget(struct lb_request *req);
+
 /* First call: the headers are complete. */
 static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, const char *url,
                                      struct lb_error *err)
@@ -708,6 +758,11 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
             return request_queue(req); /* resumed: the job has set the response */
         *upload_data_size = 0;
         return MHD_YES;
+    case PHASE_PARKED:
+        if (*upload_data_size == 0)
+            return park_answer(req); /* resumed: woken, deadline, client gone or shutdown */
+        *upload_data_size = 0;
+        return MHD_YES;
     default:
         break;
     }
@@ -742,8 +797,8 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
             lb_error_set(&err, -EIO, "handler failed");
         http_respond_error(req, &err);
     }
-    if (req->phase == PHASE_DEFERRED)
-        return MHD_YES; /* suspended; the job resumes us */
+    if (req->phase == PHASE_DEFERRED || req->phase == PHASE_PARKED)
+        return MHD_YES; /* suspended; the job, or the park's end, resumes us */
     return request_queue(req);
 }
 
@@ -760,6 +815,7 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cl
     if (!req)
         return;
     sink_abort(req); /* the body never ended: client gone, or the daemon stops */
+    park_forget(req);
     metrics_add(LB_M_HTTP_REQUESTS, 1);
     if (req->status >= 500)
         metrics_add(LB_M_HTTP_ERRORS_5XX, 1);
@@ -800,9 +856,20 @@ static bool request_client_gone(struct lb_request *req)
     return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+/* What a running job shares with http_stream_begin (on the worker's stack). */
+struct http_job_ctx {
+    struct lb_stream *stream; /* began: req is no longer the job's */
+};
+
+static void stream_put(struct lb_stream *s);
+
 static void http_job_run(void *arg)
 {
     struct lb_request *req = arg;
+    struct http_job_ctx ctx = {0};
+    struct MHD_Connection *conn = req->conn;
+    void *job_arg = req->job_arg;
+    void (*job_free)(void *) = req->job_free;
 
     if (request_client_gone(req)) {
         /* Abandoned while it waited in the queue: do not start it (a job already running keeps
@@ -814,12 +881,20 @@ static void http_job_run(void *arg)
         lb_error_set(&err, -EAGAIN, "the client disconnected before the request started");
         http_respond_error(req, &err);
     } else {
-        req->job(req, req->job_arg);
+        req->job_ctx = &ctx;
+        req->job(req, job_arg);
     }
-    if (req->job_free)
-        req->job_free(req->job_arg);
+    if (job_free)
+        job_free(job_arg);
+    if (ctx.stream) {
+        /* streamed: the connection was resumed by http_stream_begin and req may be gone */
+        http_stream_end(ctx.stream);
+        stream_put(ctx.stream);
+        return;
+    }
+    req->job_ctx = NULL;
     req->job_arg = NULL;
-    MHD_resume_connection(req->conn);
+    MHD_resume_connection(conn);
 }
 
 void http_set_serial_key(struct lb_request *req, const char *key)
@@ -873,6 +948,387 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
         return lb_error_set(err, r, "the daemon is shutting down");
     }
     return 0;
+}
+
+/* ---------- parking ---------- */
+
+static void park_put_locked(struct lb_park *p)
+{
+    if (--p->refs == 0)
+        free(p);
+}
+
+/* Take p out of the parked list for reason why and resume its connection; false if it had
+ * ended already. Under park_lock. */
+static bool park_end_locked(struct lb_park *p, enum lb_park_end why)
+{
+    struct lb_http *h = p->h;
+
+    if (p->ended)
+        return false;
+    p->ended = true;
+    p->why = why;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        h->parked = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    p->prev = p->next = NULL;
+    h->park_waiting--;
+    MHD_resume_connection(p->req->conn);
+    return true;
+}
+
+int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answer, void *arg,
+              void (*free_arg)(void *), struct lb_park **park_out, struct lb_error *err)
+{
+    struct lb_http *h = req->http;
+    struct lb_park *p = calloc(1, sizeof(*p));
+
+    if (park_out)
+        *park_out = NULL;
+    if (!p) {
+        if (free_arg)
+            free_arg(arg);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    p->h = h;
+    p->req = req;
+    p->deadline_ms = deadline_ms;
+    p->refs = park_out ? 2 : 1;
+    pthread_mutex_lock(&h->park_lock);
+    if (h->park_stopping) {
+        pthread_mutex_unlock(&h->park_lock);
+        free(p);
+        if (free_arg)
+            free_arg(arg);
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is shutting down");
+    }
+    req->park = p;
+    req->park_answer = answer;
+    req->job_arg = arg;
+    req->job_free = free_arg;
+    req->phase = PHASE_PARKED;
+    /* suspended before anyone can wake it: a wake may come before the handler returns */
+    MHD_suspend_connection(req->conn);
+    p->next = h->parked;
+    if (h->parked)
+        h->parked->prev = p;
+    h->parked = p;
+    h->park_waiting++;
+    h->park_live++;
+    req->parked = true;
+    if (deadline_ms < h->park_next_at)
+        pthread_cond_signal(&h->park_cond);
+    if (park_out)
+        *park_out = p;
+    pthread_mutex_unlock(&h->park_lock);
+    return 0;
+}
+
+bool http_wake(struct lb_park *p)
+{
+    bool ended;
+
+    if (!p)
+        return false;
+    pthread_mutex_lock(&p->h->park_lock);
+    ended = park_end_locked(p, LB_PARK_WOKEN);
+    pthread_mutex_unlock(&p->h->park_lock);
+    return ended;
+}
+
+void http_park_release(struct lb_park *p)
+{
+    struct lb_http *h;
+
+    if (!p)
+        return;
+    h = p->h;
+    pthread_mutex_lock(&h->park_lock);
+    park_put_locked(p);
+    pthread_mutex_unlock(&h->park_lock);
+}
+
+size_t http_parked_count(struct lb_http *h)
+{
+    size_t n;
+
+    pthread_mutex_lock(&h->park_lock);
+    n = h->park_waiting;
+    pthread_mutex_unlock(&h->park_lock);
+    return n;
+}
+
+/* http's part of a park is over (answered, or the request ended without an answer). */
+static void park_done(struct lb_request *req)
+{
+    struct lb_http *h = req->http;
+    struct lb_park *p = req->park;
+
+    req->park = NULL;
+    pthread_mutex_lock(&h->park_lock);
+    if (!p->ended) /* only if libmicrohttpd ended a suspended request itself */
+        park_end_locked(p, LB_PARK_SHUTDOWN);
+    park_put_locked(p);
+    pthread_mutex_unlock(&h->park_lock);
+}
+
+/* Request completion of a request that was parked: its answer went out (or the connection
+ * is gone), so shutdown need not wait for it any more. */
+static void park_completed(struct lb_request *req)
+{
+    struct lb_http *h = req->http;
+
+    if (!req->parked)
+        return;
+    req->parked = false;
+    pthread_mutex_lock(&h->park_lock);
+    if (--h->park_live == 0)
+        pthread_cond_broadcast(&h->park_drained);
+    pthread_mutex_unlock(&h->park_lock);
+}
+
+/* MHD thread, after the park ended and the connection was resumed: render the answer. */
+static enum MHD_Result park_answer(struct lb_request *req)
+{
+    struct lb_http *h = req->http;
+    enum lb_park_end why;
+
+    pthread_mutex_lock(&h->park_lock);
+    why = req->park->why;
+    pthread_mutex_unlock(&h->park_lock);
+    req->park_answer(req, req->job_arg, why);
+    if (req->job_free)
+        req->job_free(req->job_arg);
+    req->job_arg = NULL;
+    req->job_free = NULL;
+    park_done(req);
+    return request_queue(req);
+}
+
+/* Request completion with a park still held: never answered (should not happen: a parked
+ * connection is suspended, and http_stop ends every park before stopping libmicrohttpd). */
+static void park_forget(struct lb_request *req)
+{
+    if (req->park) {
+        if (req->job_free)
+            req->job_free(req->job_arg);
+        req->job_arg = NULL;
+        park_done(req);
+    }
+    park_completed(req);
+}
+
+static void *park_main(void *arg)
+{
+    struct lb_http *h = arg;
+    int64_t next_gone_check = 0;
+
+    pthread_mutex_lock(&h->park_lock);
+    while (!h->park_thread_stop) {
+        int64_t now = clock_mono_ms(), wake_at;
+        bool check_gone = now >= next_gone_check;
+        struct lb_park *p, *next;
+        struct timespec ts;
+
+        if (check_gone)
+            next_gone_check = now + PARK_GONE_CHECK_MS;
+        wake_at = next_gone_check;
+        for (p = h->parked; p; p = next) {
+            next = p->next;
+            if (p->deadline_ms <= now)
+                park_end_locked(p, LB_PARK_DEADLINE);
+            else if (check_gone && request_client_gone(p->req))
+                park_end_locked(p, LB_PARK_GONE);
+            else if (p->deadline_ms < wake_at)
+                wake_at = p->deadline_ms;
+        }
+        h->park_next_at = wake_at;
+        ts.tv_sec = (time_t)(wake_at / 1000);
+        ts.tv_nsec = (long)(wake_at % 1000) * 1000000L;
+        pthread_cond_timedwait(&h->park_cond, &h->park_lock, &ts);
+    }
+    pthread_mutex_unlock(&h->park_lock);
+    return NULL;
+}
+
+void http_end_parked(struct lb_http *h)
+{
+    int64_t until = clock_mono_ms() + PARK_END_WAIT_MS;
+    struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000L};
+
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->park_lock);
+    h->park_stopping = true;
+    while (h->parked)
+        park_end_locked(h->parked, LB_PARK_SHUTDOWN);
+    while (h->park_live > 0)
+        if (pthread_cond_timedwait(&h->park_drained, &h->park_lock, &ts) == ETIMEDOUT) {
+            log_warn("%zu parked requests were not answered within %d ms of shutdown", h->park_live,
+                     PARK_END_WAIT_MS);
+            break;
+        }
+    pthread_mutex_unlock(&h->park_lock);
+}
+
+/* ---------- streamed responses ---------- */
+
+struct lb_stream {
+    pthread_mutex_t lock;
+    struct MHD_Connection *conn; /* valid while !gone */
+    char *data;                  /* bytes not yet read by libmicrohttpd: data[off..len) */
+    size_t len, off, cap;
+    bool waiting; /* the reader found nothing and suspended the connection */
+    bool ended, gone;
+    int refs; /* the job's and the response's */
+};
+
+static void stream_put(struct lb_stream *s)
+{
+    int left;
+
+    pthread_mutex_lock(&s->lock);
+    left = --s->refs;
+    pthread_mutex_unlock(&s->lock);
+    if (left > 0)
+        return;
+    pthread_mutex_destroy(&s->lock);
+    free(s->data);
+    free(s);
+}
+
+/* Content reader (MHD thread): the next bytes, the end, or nothing yet (suspend until a write
+ * or the end resumes us: returning 0 without suspending would spin the MHD thread). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct lb_stream *s = cls;
+    ssize_t n;
+
+    (void)pos;
+    pthread_mutex_lock(&s->lock);
+    if (s->len > s->off) {
+        size_t k = s->len - s->off < max ? s->len - s->off : max;
+
+        memcpy(buf, s->data + s->off, k);
+        s->off += k;
+        if (s->off == s->len)
+            s->off = s->len = 0;
+        n = (ssize_t)k;
+    } else if (s->ended) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        s->waiting = true;
+        MHD_suspend_connection(s->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+/* The response is gone (request done or connection closed). */
+static void stream_free(void *cls)
+{
+    struct lb_stream *s = cls;
+
+    pthread_mutex_lock(&s->lock);
+    s->gone = true;
+    s->waiting = false;
+    free(s->data);
+    s->data = NULL;
+    s->len = s->off = s->cap = 0;
+    pthread_mutex_unlock(&s->lock);
+    stream_put(s);
+}
+
+/* Under s->lock: let the reader go on if it waits. */
+static void stream_kick_locked(struct lb_stream *s)
+{
+    if (s->waiting && !s->gone) {
+        s->waiting = false;
+        MHD_resume_connection(s->conn);
+    }
+}
+
+struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
+                                    const char *content_type)
+{
+    struct http_job_ctx *ctx = req->job_ctx;
+    struct lb_stream *s;
+    struct MHD_Response *r;
+
+    if (!ctx || ctx->stream)
+        return NULL;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    pthread_mutex_init(&s->lock, NULL);
+    s->conn = req->conn;
+    s->refs = 2;
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_read, s,
+                                          stream_free);
+    if (!r) {
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        return NULL;
+    }
+    if (content_type)
+        MHD_add_response_header(r, "Content-Type", content_type);
+    request_set_response(req, status, r);
+    ctx->stream = s;
+    req->job_ctx = NULL;
+    req->job_arg = NULL;
+    /* from here on the request is libmicrohttpd's: it queues the response and reads the body */
+    MHD_resume_connection(req->conn);
+    return s;
+}
+
+int http_stream_write(struct lb_stream *s, const void *data, size_t len)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&s->lock);
+    if (s->gone || s->ended) {
+        r = -EPIPE;
+    } else if (len > 0) {
+        if (s->off > 0 && s->len + len > s->cap) { /* reuse the space already read */
+            memmove(s->data, s->data + s->off, s->len - s->off);
+            s->len -= s->off;
+            s->off = 0;
+        }
+        if (s->len + len > s->cap) {
+            size_t cap = s->cap ? s->cap : 4096;
+            char *d;
+
+            while (cap < s->len + len)
+                cap *= 2;
+            d = realloc(s->data, cap);
+            if (!d) {
+                r = -ENOMEM;
+                goto out;
+            }
+            s->data = d;
+            s->cap = cap;
+        }
+        memcpy(s->data + s->len, data, len);
+        s->len += len;
+        stream_kick_locked(s);
+    }
+out:
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+void http_stream_end(struct lb_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (!s->ended) {
+        s->ended = true;
+        stream_kick_locked(s);
+    }
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* ---------- start/stop ---------- */
@@ -954,6 +1410,23 @@ out:
     return r;
 }
 
+/* The park thread and what http_start made besides libmicrohttpd. */
+static void http_free(struct lb_http *h)
+{
+    if (h->park_thread_started) {
+        pthread_mutex_lock(&h->park_lock);
+        h->park_thread_stop = true;
+        pthread_cond_signal(&h->park_cond);
+        pthread_mutex_unlock(&h->park_lock);
+        pthread_join(h->park_thread, NULL);
+    }
+    pthread_cond_destroy(&h->park_cond);
+    pthread_cond_destroy(&h->park_drained);
+    pthread_mutex_destroy(&h->park_lock);
+    free(h->route_metric);
+    free(h);
+}
+
 int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb_error *err)
 {
     struct lb_http *h = calloc(1, sizeof(*h));
@@ -965,6 +1438,22 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
     }
     h->cfg = *cfg;
     h->listen_fd = cfg->listen_fd;
+    pthread_mutex_init(&h->park_lock, NULL);
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&h->park_cond, &ca);
+        pthread_cond_init(&h->park_drained, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    h->park_next_at = INT64_MAX;
+    if (pthread_create(&h->park_thread, NULL, park_main, h) != 0) {
+        r = lb_error_set(err, -ENOMEM, "cannot start the park thread");
+        goto fail;
+    }
+    h->park_thread_started = true;
     while (cfg->routes[n].method)
         n++;
     h->route_metric = calloc((size_t)n + 1, sizeof(int));
@@ -1011,8 +1500,7 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
 fail:
     if (h->listen_fd >= 0)
         close(h->listen_fd);
-    free(h->route_metric);
-    free(h);
+    http_free(h);
     return r;
 }
 
@@ -1025,10 +1513,11 @@ void http_stop(struct lb_http *h)
 {
     if (!h)
         return;
+    /* libmicrohttpd must not be stopped with suspended connections: answer the parked first */
+    http_end_parked(h);
     if (h->mhd)
         MHD_stop_daemon(h->mhd);
     if (h->listen_fd >= 0)
         close(h->listen_fd);
-    free(h->route_metric);
-    free(h);
+    http_free(h);
 }

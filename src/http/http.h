@@ -8,6 +8,14 @@
  * connection, runs the job on the worker pool and resumes the connection when the job has set
  * a response. A job runs to its end even if the client hangs up (stops are never abandoned).
  *
+ * The rule: the pool is for work that computes or blocks on a provider; waiting is parked.
+ * A request that waits for something to happen (a long-poll, output that is not there yet)
+ * holds no worker: its handler parks it (http_park: suspended, no job, a deadline) and
+ * whoever makes the event wakes it (http_wake, from any thread); its answer is then rendered
+ * on an MHD thread from memory. A job that produces a body over time (streamed exec output)
+ * starts a streamed response (http_stream_begin) and writes to it; the connection is suspended
+ * whenever it has nothing to send, and a slow client never blocks the writer.
+ *
  * Thread-safety: handlers run on MHD's threads, jobs on pool workers; a request is touched by
  * one thread at a time. http_* functions on a server may be called from any thread.
  */
@@ -91,7 +99,8 @@ int http_bind(const char *listen, int *fd_out, char *bound, size_t bound_len, st
 int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb_error *err);
 /* "127.0.0.1:8787" as actually bound (port 0 resolved). Owned by the server. */
 const char *http_bound_address(struct lb_http *h);
-/* Stop listening and serving; every deferred job must have finished (pool_stop first). */
+/* Stop listening and serving; every deferred job must have finished (pool_stop first). Parked
+ * requests are ended first (http_end_parked). */
 void http_stop(struct lb_http *h);
 
 /* --- used by handlers and jobs --- */
@@ -148,6 +157,74 @@ void http_set_fair_key(struct lb_request *req, const char *key, size_t max_jobs)
 typedef void (*lb_http_job_fn)(struct lb_request *req, void *arg);
 int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*free_arg)(void *),
                struct lb_error *err);
+
+/* ---------- parking: waiting without a worker ---------- */
+
+/* Why a parked request is being answered. */
+enum lb_park_end {
+    LB_PARK_WOKEN,    /* http_wake */
+    LB_PARK_DEADLINE, /* its deadline passed */
+    LB_PARK_GONE,     /* the client closed its connection (nobody will read the answer) */
+    LB_PARK_SHUTDOWN, /* the daemon is stopping (http_end_parked / http_stop) */
+};
+
+/* The handle of a parked request, shared by http and the waker. */
+struct lb_park;
+
+/* Answer a parked request: set its response with http_respond_* (as a handler would). Runs
+ * once, on an MHD thread, after the park ended for reason why: it must not block (render
+ * from memory; never wait on a provider). arg is the one given to http_park; free_arg runs
+ * right after. */
+typedef void (*lb_http_park_fn)(struct lb_request *req, void *arg, enum lb_park_end why);
+
+/* From a handler: park req until http_wake(*park_out), deadline_ms (absolute, the
+ * clock_mono_ms clock; <= now ends it at once) or shutdown, whichever comes first; then
+ * answer(req, arg, why) sets the response. The connection is suspended meanwhile: no worker
+ * is held, no connection timeout runs. A client that hangs up is noticed within about a
+ * second (LB_PARK_GONE).
+ * park_out (may be NULL) receives a reference for the waker, which must drop it with
+ * http_park_release once it will not call http_wake any more (the handle stays valid, and
+ * http_wake harmless, until then). Register it where the event's producer finds it before
+ * checking, under the producer's lock, that the event has not already happened, so no wake
+ * is lost; it is safe for http_wake to run before the handler returns.
+ * Returns 0, or -ESHUTDOWN (503-worthy: the daemon is stopping) with nothing parked and
+ * free_arg already called on arg. The handler returns what http_park returned. */
+int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answer, void *arg,
+              void (*free_arg)(void *), struct lb_park **park_out, struct lb_error *err);
+/* End the park (reason LB_PARK_WOKEN) so the request gets answered. Any thread, any number of
+ * times: true only for the call that ended it (false if a deadline, the client or shutdown
+ * ended it first). Does not block beyond a short lock; never calls answer itself. */
+bool http_wake(struct lb_park *park);
+/* Drop the waker's reference (NULL-safe). Any thread. */
+void http_park_release(struct lb_park *park);
+/* Requests parked right now (for metrics and tests). */
+size_t http_parked_count(struct lb_http *h);
+/* Shutdown: refuse new parks (-ESHUTDOWN) and end every parked request (LB_PARK_SHUTDOWN),
+ * waiting up to about 5 s for their answers to go out. http_stop calls it before
+ * stopping libmicrohttpd; call it earlier (when draining starts) so long-polls are answered at
+ * once. Idempotent. */
+void http_end_parked(struct lb_http *h);
+
+/* ---------- streamed responses ---------- */
+
+/* A response body written over time by a deferred job (chunked transfer encoding). */
+struct lb_stream;
+
+/* From a deferred job: answer req now with status, content_type and a body the job then writes
+ * with http_stream_write. After this call the job must not touch req again (the client may
+ * finish with it at any time); the stream stays the job's until it returns, when http ends the
+ * body if http_stream_end was not called. Returns the stream, or NULL (out of memory: then
+ * nothing was sent and the job answers as usual). Call at most once per request. */
+struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
+                                    const char *content_type);
+/* Queue len bytes for the client. Never blocks on the client: bytes wait in memory until it
+ * reads them, so the writer bounds the total it writes (streamed exec: the output caps).
+ * Returns 0, -EPIPE once the client is gone (the bytes are dropped; the job may carry on or
+ * stop, nobody reads), -ENOMEM. Only from the job that began the stream. */
+int http_stream_write(struct lb_stream *s, const void *data, size_t len);
+/* End the body (the client gets the end once it has read the rest). Later writes are
+ * -EPIPE. */
+void http_stream_end(struct lb_stream *s);
 
 /* Streamed bodies (routes with raw_body). Their handler runs as soon as the headers are
  * complete, before any body byte is read, and defers a job as other handlers do. That job

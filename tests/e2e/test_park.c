@@ -1,0 +1,334 @@
+/*
+ * test_park.c - the HTTP layer's park/wake (issue 12 item 1), over real HTTP on loopback.
+ *
+ * The server is lendbox's own src/http (libmicrohttpd, the real worker pool) started in this
+ * process on port 0 with a small route table of its own: GET /park?ms=N parks the request
+ * until a wake (from this test's thread), its deadline, its client's hang-up or shutdown;
+ * GET /work is an ordinary deferred job on the pool. Nothing is mocked; the routes are the
+ * test's because no daemon route parks yet (the activation long-poll is another branch's).
+ * Proves: parked requests hold no worker (POOL_WORKERS + 50 parked, a job still completes),
+ * a wake from another thread answers, a deadline answers, a client that hangs up is dropped,
+ * and shutdown with parked requests answers every one of them and frees everything (make asan).
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "http/http.h"
+#include "pool/pool.h"
+#include "util/clock.h"
+
+#define POOL_WORKERS 2
+#define N_PARKED (POOL_WORKERS + 50)
+
+struct server {
+    struct lb_http *http;
+    struct lb_pool *pool;
+    char url[160];
+    pthread_mutex_t lock;
+    struct lb_park *parks[256]; /* the waker's references */
+    size_t n_parks;
+    int answered[4]; /* by enum lb_park_end */
+};
+
+static struct server S;
+
+static const char *why_name(enum lb_park_end why)
+{
+    switch (why) {
+    case LB_PARK_WOKEN:
+        return "woken";
+    case LB_PARK_DEADLINE:
+        return "deadline";
+    case LB_PARK_GONE:
+        return "gone";
+    case LB_PARK_SHUTDOWN:
+        return "shutdown";
+    }
+    return "?";
+}
+
+static void park_answer(struct lb_request *req, void *arg, enum lb_park_end why)
+{
+    struct server *s = arg;
+
+    pthread_mutex_lock(&s->lock);
+    s->answered[why]++;
+    pthread_mutex_unlock(&s->lock);
+    http_respond_json(req, why == LB_PARK_SHUTDOWN ? 503 : 200,
+                      json_pack("{s:s}", "why", why_name(why)));
+}
+
+static int route_park(struct lb_request *req, struct lb_error *err)
+{
+    const char *ms = http_query(req, "ms");
+    struct lb_park *park = NULL;
+    int r;
+
+    pthread_mutex_lock(&S.lock);
+    r = http_park(req, clock_mono_ms() + (ms ? atol(ms) : 30000), park_answer, &S, NULL, &park,
+                  err);
+    if (r == 0 && S.n_parks < sizeof(S.parks) / sizeof(S.parks[0]))
+        S.parks[S.n_parks++] = park;
+    else if (r == 0)
+        http_park_release(park);
+    pthread_mutex_unlock(&S.lock);
+    return r;
+}
+
+static void work_job(struct lb_request *req, void *arg)
+{
+    (void)arg;
+    http_respond_json(req, 200, json_pack("{s:b}", "worked", 1));
+}
+
+static int route_work(struct lb_request *req, struct lb_error *err)
+{
+    return http_defer(req, work_job, NULL, NULL, err);
+}
+
+static const struct lb_route ROUTES[] = {
+    {"GET", "/park", LB_AUTH_NONE, false, route_park, "park", false},
+    {"GET", "/work", LB_AUTH_NONE, false, route_work, "work", false},
+    {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL, false},
+};
+
+static int no_authorize(void *app, const char *token, enum lb_auth_need need,
+                        const char *sandbox_id, enum lb_principal *who, struct lb_error *err)
+{
+    (void)app, (void)token, (void)need, (void)sandbox_id, (void)err;
+    *who = LB_PRINCIPAL_ADMIN;
+    return 0;
+}
+
+static void server_start(void)
+{
+    struct lb_http_config cfg = {0};
+    struct lb_error err = {0};
+    char bound[128];
+    int fd = -1;
+
+    memset(&S, 0, sizeof(S));
+    pthread_mutex_init(&S.lock, NULL);
+    ck_assert_int_eq(pool_new(POOL_WORKERS, 64, &S.pool), 0);
+    ck_assert_int_eq(http_bind("127.0.0.1:0", &fd, bound, sizeof(bound), &err), 0);
+    cfg.listen_fd = fd;
+    cfg.threads = 2;
+    cfg.connection_timeout_s = 60;
+    cfg.header_timeout_s = 60;
+    cfg.max_connections = 1000;
+    cfg.per_ip_connections = 0;
+    cfg.max_body_bytes = 4096;
+    cfg.max_file_bytes = 4096;
+    cfg.max_json_depth = 8;
+    cfg.routes = ROUTES;
+    cfg.authorize = no_authorize;
+    cfg.pool = S.pool;
+    ck_assert_msg(http_start(&cfg, &S.http, &err) == 0, "http_start: %s", err.message);
+    snprintf(S.url, sizeof(S.url), "http://%s", http_bound_address(S.http));
+}
+
+/* Stop as lendboxd does: the pool first (deferred jobs finish), then http (parks end). */
+static void server_stop(void)
+{
+    pool_stop(S.pool);
+    http_stop(S.http);
+    pool_destroy(S.pool);
+    for (size_t i = 0; i < S.n_parks; i++)
+        http_park_release(S.parks[i]);
+    S.n_parks = 0;
+    pthread_mutex_destroy(&S.lock);
+}
+
+static void wait_parked(size_t n)
+{
+    double until = lbt_now() + 20;
+
+    while (http_parked_count(S.http) != n && lbt_now() < until)
+        lbt_sleep_ms(20);
+    ck_assert_uint_eq(http_parked_count(S.http), n);
+}
+
+/* One GET on its own thread. */
+struct get {
+    pthread_t thread;
+    char url[256];
+    long timeout_ms; /* 0: none */
+    long status;
+    char body[256];
+    size_t len;
+    CURLcode rc;
+};
+
+static size_t get_write(char *p, size_t sz, size_t n, void *ud)
+{
+    struct get *g = ud;
+    size_t k = sz * n;
+
+    if (g->len + k < sizeof(g->body)) {
+        memcpy(g->body + g->len, p, k);
+        g->len += k;
+    }
+    return k;
+}
+
+static void *get_main(void *arg)
+{
+    struct get *g = arg;
+    CURL *c = curl_easy_init();
+
+    curl_easy_setopt(c, CURLOPT_URL, g->url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, get_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, g);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (g->timeout_ms)
+        curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, g->timeout_ms);
+    g->rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &g->status);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+static struct get *get_start(const char *path, long timeout_ms)
+{
+    struct get *g = calloc(1, sizeof(*g));
+
+    ck_assert_ptr_nonnull(g);
+    snprintf(g->url, sizeof(g->url), "%s%s", S.url, path);
+    g->timeout_ms = timeout_ms;
+    ck_assert_int_eq(pthread_create(&g->thread, NULL, get_main, g), 0);
+    return g;
+}
+
+static void get_join(struct get *g)
+{
+    pthread_join(g->thread, NULL);
+}
+
+static void assert_why(struct get *g, long status, const char *why)
+{
+    char want[64];
+
+    ck_assert_int_eq(g->rc, CURLE_OK);
+    ck_assert_int_eq(g->status, status);
+    snprintf(want, sizeof(want), "{\"why\":\"%s\"}", why);
+    ck_assert_str_eq(g->body, want);
+}
+
+START_TEST(test_parked_hold_no_worker)
+{
+    struct get *g[N_PARKED], *work;
+
+    server_start();
+    for (int i = 0; i < N_PARKED; i++)
+        g[i] = get_start("/park", 0);
+    wait_parked(N_PARKED);
+    /* every worker would be taken many times over if parking held one */
+    work = get_start("/work", 20000);
+    get_join(work);
+    ck_assert_int_eq(work->rc, CURLE_OK);
+    ck_assert_int_eq(work->status, 200);
+    ck_assert_str_eq(work->body, "{\"worked\":true}");
+    free(work);
+    ck_assert_uint_eq(http_parked_count(S.http), N_PARKED);
+    /* wake every one from this (non-MHD, non-pool) thread; a second wake is a no-op */
+    pthread_mutex_lock(&S.lock);
+    for (size_t i = 0; i < S.n_parks; i++)
+        ck_assert(http_wake(S.parks[i]));
+    for (size_t i = 0; i < S.n_parks; i++)
+        ck_assert(!http_wake(S.parks[i]));
+    pthread_mutex_unlock(&S.lock);
+    for (int i = 0; i < N_PARKED; i++) {
+        get_join(g[i]);
+        assert_why(g[i], 200, "woken");
+        free(g[i]);
+    }
+    ck_assert_uint_eq(http_parked_count(S.http), 0);
+    ck_assert_int_eq(S.answered[LB_PARK_WOKEN], N_PARKED);
+    server_stop();
+}
+END_TEST
+
+START_TEST(test_deadline_answers)
+{
+    double t0;
+    struct get *g;
+
+    server_start();
+    t0 = lbt_now();
+    g = get_start("/park?ms=400", 20000);
+    get_join(g);
+    assert_why(g, 200, "deadline");
+    /* not before its deadline (the bound that matters; no upper speed bound) */
+    ck_assert_msg(lbt_now() - t0 >= 0.39, "answered after %.3f s", lbt_now() - t0);
+    ck_assert_uint_eq(http_parked_count(S.http), 0);
+    /* a wake after the deadline ended it is a no-op on a still-valid handle */
+    pthread_mutex_lock(&S.lock);
+    ck_assert_uint_eq(S.n_parks, 1);
+    ck_assert(!http_wake(S.parks[0]));
+    pthread_mutex_unlock(&S.lock);
+    free(g);
+    server_stop();
+}
+END_TEST
+
+START_TEST(test_client_gone_unparks)
+{
+    struct get *g;
+    double until;
+
+    server_start();
+    g = get_start("/park?ms=60000", 300); /* the client gives up after 300 ms */
+    get_join(g);
+    ck_assert_int_eq(g->rc, CURLE_OPERATION_TIMEDOUT);
+    until = lbt_now() + 10;
+    while (http_parked_count(S.http) > 0 && lbt_now() < until)
+        lbt_sleep_ms(50);
+    ck_assert_uint_eq(http_parked_count(S.http), 0);
+    pthread_mutex_lock(&S.lock);
+    ck_assert_int_eq(S.answered[LB_PARK_GONE], 1);
+    pthread_mutex_unlock(&S.lock);
+    free(g);
+    server_stop();
+}
+END_TEST
+
+START_TEST(test_shutdown_ends_parked)
+{
+    struct get *g[20];
+
+    server_start();
+    for (int i = 0; i < 20; i++)
+        g[i] = get_start("/park?ms=60000", 20000);
+    wait_parked(20);
+    server_stop(); /* must answer all 20 and stop libmicrohttpd cleanly */
+    for (int i = 0; i < 20; i++) {
+        get_join(g[i]);
+        assert_why(g[i], 503, "shutdown");
+        free(g[i]);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("park");
+    TCase *tc = tcase_create("park");
+    int r;
+
+    curl_global_init(CURL_GLOBAL_ALL);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_parked_hold_no_worker);
+    tcase_add_test(tc, test_deadline_answers);
+    tcase_add_test(tc, test_client_gone_unparks);
+    tcase_add_test(tc, test_shutdown_ends_parked);
+    suite_add_tcase(s, tc);
+    r = lbt_run_suite(s);
+    curl_global_cleanup();
+    return r;
+}
