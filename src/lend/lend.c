@@ -975,6 +975,8 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .preserve_background = p->preserve_background,
         .exclusive = p->exclusive,
         .pass_fd = p->pass_fd,
+        .on_output = p->on_output,
+        .output_ctx = p->output_ctx,
     };
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(t.prov, &t.ref, &req, res, err);

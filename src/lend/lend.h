@@ -126,6 +126,9 @@ struct lb_exec_params {
     bool exclusive; /* stop every sandbox process but its init first (-EBUSY while another
                        exclusive exec runs in the sandbox, or for others while one does) */
     int pass_fd;    /* > 0: given to the command alone as its fd 4 (provider pass_fd); borrowed */
+    /* output as it is produced (provider.h lb_exec_request.on_output); NULL: none */
+    void (*on_output)(void *ctx, int stream, const char *data, size_t len);
+    void *output_ctx;
 };
 
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */

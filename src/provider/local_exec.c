@@ -291,14 +291,26 @@ static void set_nonblock(int fd)
         (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-/* Read once from *fd into b (dropping past its cap); closes *fd at EOF or error. */
-static void pump_read(int *fd, struct lb_buf *b, char *chunk)
+/* Whom to tell about output as it comes (streamed exec): the request's on_output. */
+struct exec_tell {
+    const struct lb_exec_request *req;
+    int stream; /* LB_EXEC_STDOUT / LB_EXEC_STDERR; 0: nobody (the status pipe) */
+};
+
+/* Read once from *fd into b (dropping past its cap), reporting the kept bytes to tell;
+ * closes *fd at EOF or error. */
+static void pump_read(int *fd, struct lb_buf *b, char *chunk, struct exec_tell tell)
 {
     ssize_t n = read(*fd, chunk, READ_CHUNK);
 
     if (n > 0) {
+        size_t before = b->len;
+
         if (lb_buf_append_capped(b, chunk, (size_t)n) < 0)
             b->truncated = true; /* out of memory: keep draining, drop the bytes */
+        if (tell.stream && tell.req->on_output && b->len > before)
+            tell.req->on_output(tell.req->output_ctx, tell.stream, b->data + before,
+                                b->len - before);
         return;
     }
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -337,6 +349,7 @@ struct exec_io {
     bool backstop;    /* gave up waiting */
     bool paused;      /* the sandbox was frozen past the timeout */
     pid_t supervisor; /* its pid (the helper's "supervisor PID" line), 0 until known */
+    const struct lb_exec_request *req; /* on_output: told about output as it is read */
 };
 
 /* Move data until the status pipe closes, the sandbox is found frozen past the timeout (the
@@ -397,11 +410,11 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
                 local_close_fd(&f->in_w); /* EPIPE: the command does not read; EOF otherwise */
         }
         if (idx_out >= 0 && p[idx_out].revents)
-            pump_read(&f->out_r, &res->out, chunk);
+            pump_read(&f->out_r, &res->out, chunk, (struct exec_tell){io->req, LB_EXEC_STDOUT});
         if (idx_err >= 0 && p[idx_err].revents)
-            pump_read(&f->err_r, &res->err, chunk);
+            pump_read(&f->err_r, &res->err, chunk, (struct exec_tell){io->req, LB_EXEC_STDERR});
         if (p[idx_st].revents) {
-            pump_read(&f->status_r, &io->status, chunk);
+            pump_read(&f->status_r, &io->status, chunk, (struct exec_tell){0});
             if (!io->supervisor)
                 io->supervisor = take_supervisor_pid(&io->status);
             /* one line is the whole status: do not wait for EOF (nor for whoever might
@@ -415,7 +428,8 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
 /* The supervisor is gone (or killed). What the command wrote is in the pipes already;
  * anything still holding them is a background process left running on purpose: take what is
  * there (for at most DRAIN_MS, in case it keeps writing), do not wait for more. */
-static void exec_drain(struct exec_fds *f, struct lb_exec_result *res, char *chunk)
+static void exec_drain(struct exec_fds *f, const struct lb_exec_request *req,
+                       struct lb_exec_result *res, char *chunk)
 {
     int64_t drain_end;
 
@@ -430,9 +444,9 @@ static void exec_drain(struct exec_fds *f, struct lb_exec_result *res, char *chu
         bool trunc = res->out.truncated || res->err.truncated;
 
         if (f->out_r >= 0)
-            pump_read(&f->out_r, &res->out, chunk);
+            pump_read(&f->out_r, &res->out, chunk, (struct exec_tell){req, LB_EXEC_STDOUT});
         if (f->err_r >= 0)
-            pump_read(&f->err_r, &res->err, chunk);
+            pump_read(&f->err_r, &res->err, chunk, (struct exec_tell){req, LB_EXEC_STDERR});
         if (res->out.len + res->err.len == before &&
             trunc == (res->out.truncated || res->err.truncated))
             break; /* nothing new (EAGAIN on both) */
@@ -715,6 +729,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     io.in = req->stdin_data;
     io.in_len = req->stdin_len;
+    io.req = req;
     if (f.in_w >= 0 && io.in_len == 0)
         local_close_fd(&f.in_w);
     /* execve would refuse it inside the sandbox: say which limit, without starting anything */
@@ -758,7 +773,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
      * first, so they die even on cgroup v1; the rest of the sandbox stays as it is. */
     if (io.paused || io.backstop)
         (void)local_kill_tree(mid, &d.cg);
-    exec_drain(&f, res, chunk);
+    exec_drain(&f, req, res, chunk);
     /* unlinked before the helper is reaped, so its pid is never reused under local_end_execs */
     ended = running_remove(lp, &running);
     linked = false;

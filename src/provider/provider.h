@@ -135,7 +135,16 @@ struct lb_exec_request {
                     --pass-fd 4 and keeps it from every other process); 0: none. Borrowed: the
                     caller keeps and closes it. A provider that cannot pass fds answers
                     -ENOSYS. */
+    /* Optional (NULL: none): called on the exec's thread with output as it is read, before
+     * the exec ends: stream LB_EXEC_STDOUT or LB_EXEC_STDERR, the bytes that were kept in
+     * the result (so never past max_output_bytes; what the result holds is exactly what was
+     * reported, plus anything the provider appends after the command, e.g. a "lendbox: ..."
+     * line). Must not block. A provider that cannot report early just does not call it. */
+    void (*on_output)(void *ctx, int stream, const char *data, size_t len);
+    void *output_ctx;
 };
+
+enum { LB_EXEC_STDOUT = 1, LB_EXEC_STDERR = 2 };
 
 struct lb_exec_result {
     int return_code; /* exit status, 128+signal, or LB_RETURN_CODE_RUNTIME */

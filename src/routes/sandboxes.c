@@ -76,6 +76,7 @@ struct exec_job {
     json_t *body;
     struct lb_exec_params p;
     bool base64;
+    bool ndjson; /* Accept: application/x-ndjson: stream the output */
 };
 
 static void exec_job_free(void *arg)
@@ -226,33 +227,165 @@ static json_t *exec_render_stream(const struct lb_buf *b, bool base64)
     return s;
 }
 
-static void exec_run(struct lb_request *req, void *arg)
+/* The result object; stdout and stderr are null when with_output is false (streamed: the
+ * output went out in the chunks). NULL when out of memory. */
+static json_t *exec_result_json(const struct lb_exec_result *res, bool base64, bool with_output)
 {
     static const char *const error_names[] = {NULL, "timeout", "sandbox", "oom"};
+    const char *et = error_names[res->error_type];
+    json_t *out =
+        json_pack("{s:i,s:o*,s:o*,s:s?,s:b,s:b,s:I}", "return_code", res->return_code, "stdout",
+                  with_output ? exec_render_stream(&res->out, base64) : json_null(), "stderr",
+                  with_output ? exec_render_stream(&res->err, base64) : json_null(), "error_type",
+                  et, "stdout_truncated", res->out.truncated, "stderr_truncated",
+                  res->err.truncated, "duration_ms", (json_int_t)res->duration_ms);
+
+    /* why an error_type is set, as one sentence (null for a plain exit) */
+    if (out) {
+        struct lb_buf m = {.data = (char *)res->message, .len = strlen(res->message)};
+
+        json_object_set_new(out, "message",
+                            res->error_type != LB_EXEC_OK && m.len ? exec_render_stream(&m, false)
+                                                                   : json_null());
+    }
+    return out;
+}
+
+/*
+ * Streamed exec (Accept: application/x-ndjson): one JSON object per line, {"stream":
+ * "stdout"|"stderr", "data": text} as output is read, then the result object (stdout and stderr
+ * null) or, for a failure after the stream began, {"error": {...}}. The response begins with
+ * the first output (or at the end for a silent command), so errors found before the command
+ * runs keep their status. data is the chunk as UTF-8 (invalid bytes become U+FFFD; a sequence
+ * cut between two reads is held back for the next chunk, so the chunks concatenate to the text
+ * a plain exec returns) or, with "encoding": "base64", the chunk's bytes in base64. Runs on
+ * the exec's worker; the client is never waited for (http_stream_write queues).
+ */
+struct exec_ndjson {
+    struct lb_request *req; /* until the stream begins */
+    struct lb_stream *stream;
+    bool base64;
+    bool plain;       /* the stream could not begin: answer with the plain object at the end */
+    bool gone;        /* the client hung up: the exec runs on, its output is dropped */
+    size_t sent[3];   /* bytes of [LB_EXEC_STDOUT] / [LB_EXEC_STDERR] taken so far */
+    char carry[3][4]; /* a UTF-8 sequence cut short at the end of the last chunk */
+    size_t carry_len[3];
+};
+
+static void ndjson_write(struct exec_ndjson *x, json_t *line)
+{
+    char *text;
+
+    if (!x->stream && !x->plain && !x->gone) {
+        x->stream = http_stream_begin(x->req, 200, "application/x-ndjson");
+        x->plain = !x->stream;
+    }
+    if (!x->stream || x->gone || !line) {
+        json_decref(line);
+        return;
+    }
+    text = json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(line);
+    if (!text || http_stream_write(x->stream, text, strlen(text)) < 0 ||
+        http_stream_write(x->stream, "\n", 1) < 0)
+        x->gone = true;
+    free(text);
+}
+
+/* One chunk line for stream st (1 stdout, 2 stderr); last: flush what is held back. */
+static void ndjson_chunk(struct exec_ndjson *x, int st, const char *data, size_t len, bool last)
+{
+    size_t n = x->carry_len[st] + len, keep = 0;
+    char *all = malloc(n + 1);
+    json_t *text;
+
+    if (!all) {
+        x->gone = true; /* cannot render: stop streaming rather than send a gap */
+        return;
+    }
+    memcpy(all, x->carry[st], x->carry_len[st]);
+    if (len)
+        memcpy(all + x->carry_len[st], data, len);
+    if (!x->base64 && !last)
+        keep = utf8_incomplete_tail(all, n);
+    memcpy(x->carry[st], all + n - keep, keep);
+    x->carry_len[st] = keep;
+    n -= keep;
+    if (n > 0) {
+        struct lb_buf b = {.data = all, .len = n};
+
+        text = exec_render_stream(&b, x->base64);
+        ndjson_write(x, text ? json_pack("{s:s,s:o}", "stream",
+                                         st == LB_EXEC_STDOUT ? "stdout" : "stderr", "data", text)
+                             : NULL);
+        if (!text)
+            x->gone = true;
+    }
+    free(all);
+}
+
+/* provider on_output (the exec's worker thread) */
+static void exec_on_output(void *ctx, int st, const char *data, size_t len)
+{
+    struct exec_ndjson *x = ctx;
+
+    x->sent[st] += len;
+    if (!x->plain && !x->gone)
+        ndjson_chunk(x, st, data, len, false);
+}
+
+/* The exec is over: what the provider did not report as it came (a provider without
+ * on_output, lendbox's own stderr lines), the held-back bytes, then the last line. */
+static void exec_ndjson_finish(struct exec_ndjson *x, int r, const struct lb_exec_result *res,
+                               const struct lb_error *err)
+{
+    const struct lb_buf *bufs[3] = {NULL, &res->out, &res->err};
+
+    for (int st = LB_EXEC_STDOUT; r == 0 && st <= LB_EXEC_STDERR; st++) {
+        if (bufs[st]->len > x->sent[st])
+            ndjson_chunk(x, st, bufs[st]->data + x->sent[st], bufs[st]->len - x->sent[st], true);
+        else if (x->carry_len[st])
+            ndjson_chunk(x, st, NULL, 0, true);
+    }
+    if (r == 0) {
+        ndjson_write(x, exec_result_json(res, x->base64, false));
+    } else {
+        const char *code = "internal";
+
+        lb_error_http_status(err->code ? err->code : -EIO, &code);
+        ndjson_write(x, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message",
+                                  err->message[0] ? err->message : "internal error"));
+    }
+    http_stream_end(x->stream);
+}
+
+static void exec_run(struct lb_request *req, void *arg)
+{
     struct exec_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_exec_result res = {0};
     struct lb_error err = {0};
+    struct exec_ndjson x = {.req = req, .base64 = j->base64};
     json_t *out = NULL;
-    int r = lend_exec(app->lend, j->id, &j->p, &res, &err);
+    int r;
 
-    if (r == 0) {
-        const char *et = error_names[res.error_type];
-
-        out = json_pack("{s:i,s:o*,s:o*,s:s?,s:b,s:b,s:I}", "return_code", res.return_code,
-                        "stdout", exec_render_stream(&res.out, j->base64), "stderr",
-                        exec_render_stream(&res.err, j->base64), "error_type", et,
-                        "stdout_truncated", res.out.truncated, "stderr_truncated",
-                        res.err.truncated, "duration_ms", (json_int_t)res.duration_ms);
-        /* why an error_type is set, as one sentence (null for a plain exit) */
-        if (out) {
-            struct lb_buf m = {.data = res.message, .len = strlen(res.message)};
-
-            json_object_set_new(out, "message",
-                                res.error_type != LB_EXEC_OK && m.len
-                                    ? exec_render_stream(&m, false)
-                                    : json_null());
+    if (j->ndjson) {
+        j->p.on_output = exec_on_output;
+        j->p.output_ctx = &x;
+    }
+    r = lend_exec(app->lend, j->id, &j->p, &res, &err);
+    if (j->ndjson && !x.plain && (x.stream || r == 0)) {
+        /* streamed (or a silent command's whole answer): req is not ours once begun */
+        if (!x.stream)
+            ndjson_write(&x, NULL);
+        if (x.stream) {
+            exec_ndjson_finish(&x, r, &res, &err);
+            provider_exec_result_release(&res);
+            return;
         }
+    }
+    if (r == 0) {
+        out = exec_result_json(&res, j->base64, true);
         if (!out)
             r = lb_error_set(&err, -ENOMEM, "cannot render the exec result");
     }
@@ -272,6 +405,11 @@ int route_exec(struct lb_request *req, struct lb_error *err)
     r = http_body_json(req, false, &j->body, err);
     if (r == 0)
         r = exec_parse(http_app(req), j->body, j, err);
+    {
+        const char *accept = http_header(req, "Accept");
+
+        j->ndjson = accept && strcasestr(accept, "application/x-ndjson");
+    }
     if (r < 0) {
         exec_job_free(j);
         return r;

@@ -67,3 +67,21 @@ int utf8_sanitize(const char *data, size_t len, struct lb_buf *out)
         r = lb_buf_append(out, data + start, len - start);
     return r;
 }
+
+size_t utf8_incomplete_tail(const char *data, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)data;
+
+    for (size_t k = 1; k <= 3 && k <= len; k++) {
+        unsigned char c = p[len - k];
+        size_t bad = 0;
+
+        if ((c & 0xc0) == 0x80)
+            continue; /* a continuation byte: the lead may be further back */
+        if (c < 0xc2 || c > 0xf4)
+            return 0; /* ASCII, or no lead byte at all */
+        /* a lead byte: cut short exactly when the sequence runs out at the end */
+        return utf8_sequence(p + len - k, k, &bad) == 0 && bad == k ? k : 0;
+    }
+    return 0;
+}

@@ -14,4 +14,9 @@
  * Returns 0 or -ENOMEM. out must have no max (or a large enough one). */
 int utf8_sanitize(const char *data, size_t len, struct lb_buf *out);
 
+/* How many bytes at the end of data (0..3) are the valid beginning of a UTF-8 sequence that
+ * is cut short: what a stream of chunks keeps back for the next chunk, so that sanitizing
+ * chunk by chunk gives the same text as sanitizing the whole. */
+size_t utf8_incomplete_tail(const char *data, size_t len);
+
 #endif
