@@ -798,6 +798,7 @@ static void daemon_drain(struct daemon *d)
     sd_notify(0, "STOPPING=1");
     atomic_store(&d->app.ready, false);
     lend_set_draining(d->lend, true);
+    http_end_parked(d->http); /* long-polls get their answer now, not after the stop sweep */
     sweeper_stop(d->sweeper);
     d->sweeper = NULL;
     dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;

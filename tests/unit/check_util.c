@@ -71,6 +71,23 @@ START_TEST(test_utf8)
 }
 END_TEST
 
+/* The bytes a streamed chunk holds back: only a valid sequence cut short at the end. */
+START_TEST(test_utf8_incomplete_tail)
+{
+    ck_assert_uint_eq(utf8_incomplete_tail("", 0), 0);
+    ck_assert_uint_eq(utf8_incomplete_tail("abc", 3), 0);
+    ck_assert_uint_eq(utf8_incomplete_tail("a\xc3", 2), 1);            /* é's first byte */
+    ck_assert_uint_eq(utf8_incomplete_tail("a\xc3\xa9", 3), 0);        /* whole é */
+    ck_assert_uint_eq(utf8_incomplete_tail("a\xe2\x82", 3), 2);        /* € cut after 2 */
+    ck_assert_uint_eq(utf8_incomplete_tail("\xf0\x9f\x98", 3), 3);     /* emoji cut after 3 */
+    ck_assert_uint_eq(utf8_incomplete_tail("\xf0\x9f\x98\x80", 4), 0); /* whole emoji */
+    ck_assert_uint_eq(utf8_incomplete_tail("a\xff", 2), 0);            /* never valid */
+    ck_assert_uint_eq(utf8_incomplete_tail("a\xa9", 2), 0);            /* stray continuation */
+    ck_assert_uint_eq(utf8_incomplete_tail("\xe0\x80", 2), 0);         /* overlong: invalid */
+    ck_assert_uint_eq(utf8_incomplete_tail("\xed\xa0", 2), 0);         /* surrogate: invalid */
+}
+END_TEST
+
 START_TEST(test_base64_round_trip)
 {
     unsigned char all[256], *back = NULL;
@@ -416,6 +433,7 @@ int main(void)
 
     tcase_add_test(tc, test_buf_limits);
     tcase_add_test(tc, test_utf8);
+    tcase_add_test(tc, test_utf8_incomplete_tail);
     tcase_add_test(tc, test_base64_round_trip);
     tcase_add_test(tc, test_ids_and_tokens);
     tcase_add_test(tc, test_config);
