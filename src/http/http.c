@@ -136,6 +136,8 @@ struct lb_request {
     struct lb_park *park;         /* parked (http's reference) */
     bool parked;                  /* counted in park_live until the request completes */
     lb_http_park_fn park_answer;
+    void *park_arg;
+    void (*park_free)(void *);
     char serial_key[192];   /* "": none; see http_set_serial_key / http_set_fair_key */
     size_t key_active_max;  /* jobs of serial_key queued or running at once */
     size_t key_waiting_max; /* more that may wait behind them */
@@ -1007,8 +1009,8 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
     }
     req->park = p;
     req->park_answer = answer;
-    req->job_arg = arg;
-    req->job_free = free_arg;
+    req->park_arg = arg;
+    req->park_free = free_arg;
     req->phase = PHASE_PARKED;
     /* suspended before anyone can wake it: a wake may come before the handler returns */
     MHD_suspend_connection(req->conn);
@@ -1099,12 +1101,15 @@ static enum MHD_Result park_answer(struct lb_request *req)
     pthread_mutex_lock(&h->park_lock);
     why = req->park->why;
     pthread_mutex_unlock(&h->park_lock);
-    req->park_answer(req, req->job_arg, why);
-    if (req->job_free)
-        req->job_free(req->job_arg);
-    req->job_arg = NULL;
-    req->job_free = NULL;
+    req->phase = PHASE_BODY; /* the answer may defer a job, as a handler would */
+    req->park_answer(req, req->park_arg, why);
+    if (req->park_free)
+        req->park_free(req->park_arg);
+    req->park_arg = NULL;
+    req->park_free = NULL;
     park_done(req);
+    if (req->phase == PHASE_DEFERRED)
+        return MHD_YES; /* suspended again; the job resumes us */
     return request_queue(req);
 }
 
@@ -1113,9 +1118,9 @@ static enum MHD_Result park_answer(struct lb_request *req)
 static void park_forget(struct lb_request *req)
 {
     if (req->park) {
-        if (req->job_free)
-            req->job_free(req->job_arg);
-        req->job_arg = NULL;
+        if (req->park_free)
+            req->park_free(req->park_arg);
+        req->park_arg = NULL;
         park_done(req);
     }
     park_completed(req);

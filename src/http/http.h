@@ -171,10 +171,11 @@ enum lb_park_end {
 /* The handle of a parked request, shared by http and the waker. */
 struct lb_park;
 
-/* Answer a parked request: set its response with http_respond_* (as a handler would). Runs
- * once, on an MHD thread, after the park ended for reason why: it must not block (render
- * from memory; never wait on a provider). arg is the one given to http_park; free_arg runs
- * right after. */
+/* Answer a parked request: set its response with http_respond_* (as a handler would), or hand
+ * the rest to a worker with http_defer (e.g. to collect results from a provider once the wait
+ * is over; an http_defer error is answered by setting an error response). Runs once, on an MHD
+ * thread, after the park ended for reason why: it must not block (render from memory; never
+ * wait on a provider). arg is the one given to http_park; free_arg runs right after. */
 typedef void (*lb_http_park_fn)(struct lb_request *req, void *arg, enum lb_park_end why);
 
 /* From a handler: park req until http_wake(*park_out), deadline_ms (absolute, the

@@ -329,6 +329,8 @@ static void exec_on_output(void *ctx, int st, const char *data, size_t len)
 {
     struct exec_ndjson *x = ctx;
 
+    if (st != LB_EXEC_STDOUT && st != LB_EXEC_STDERR)
+        return;
     x->sent[st] += len;
     if (!x->plain && !x->gone)
         ndjson_chunk(x, st, data, len, false);

@@ -64,6 +64,21 @@ static void park_answer(struct lb_request *req, void *arg, enum lb_park_end why)
                       json_pack("{s:s}", "why", why_name(why)));
 }
 
+static void after_park_job(struct lb_request *req, void *arg)
+{
+    http_respond_json(req, 200, json_pack("{s:s,s:b}", "why", (const char *)arg, "worked", 1));
+}
+
+/* GET /park?then=work: once the wait is over, the rest runs on a worker. */
+static void park_answer_then_work(struct lb_request *req, void *arg, enum lb_park_end why)
+{
+    struct lb_error err = {0};
+
+    park_answer(req, arg, why);
+    if (http_defer(req, after_park_job, (void *)why_name(why), NULL, &err) < 0)
+        http_respond_error(req, &err);
+}
+
 static int route_park(struct lb_request *req, struct lb_error *err)
 {
     const char *ms = http_query(req, "ms");
@@ -71,7 +86,8 @@ static int route_park(struct lb_request *req, struct lb_error *err)
     int r;
 
     pthread_mutex_lock(&S.lock);
-    r = http_park(req, clock_mono_ms() + (ms ? atol(ms) : 30000), park_answer, &S, NULL, &park,
+    r = http_park(req, clock_mono_ms() + (ms ? atol(ms) : 30000),
+                  http_query(req, "then") ? park_answer_then_work : park_answer, &S, NULL, &park,
                   err);
     if (r == 0 && S.n_parks < sizeof(S.parks) / sizeof(S.parks[0]))
         S.parks[S.n_parks++] = park;
@@ -277,6 +293,21 @@ START_TEST(test_deadline_answers)
 }
 END_TEST
 
+START_TEST(test_answer_may_defer)
+{
+    struct get *g;
+
+    server_start();
+    g = get_start("/park?ms=100&then=work", 20000);
+    get_join(g);
+    ck_assert_int_eq(g->rc, CURLE_OK);
+    ck_assert_int_eq(g->status, 200);
+    ck_assert_str_eq(g->body, "{\"why\":\"deadline\",\"worked\":true}");
+    free(g);
+    server_stop();
+}
+END_TEST
+
 START_TEST(test_client_gone_unparks)
 {
     struct get *g;
@@ -325,6 +356,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_parked_hold_no_worker);
     tcase_add_test(tc, test_deadline_answers);
+    tcase_add_test(tc, test_answer_may_defer);
     tcase_add_test(tc, test_client_gone_unparks);
     tcase_add_test(tc, test_shutdown_ends_parked);
     suite_add_tcase(s, tc);
