@@ -91,6 +91,8 @@ struct lb_http {
     size_t park_waiting;         /* in the list */
     size_t park_live;            /* parked and not answered yet */
     int64_t park_next_at;        /* when the park thread wakes up next */
+    size_t park_handles;         /* lb_park objects alive: h is freed after the last one */
+    bool stopped;                /* http_stop is done with h */
     bool park_stopping, park_thread_stop;
     bool park_thread_started;
     pthread_t park_thread;
@@ -954,10 +956,18 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
 
 /* ---------- parking ---------- */
 
-static void park_put_locked(struct lb_park *p)
+static void http_release(struct lb_http *h);
+
+/* Drop a reference; true when that freed the last handle of a stopped server (the caller
+ * frees it with http_release once it has unlocked). */
+static bool park_put_locked(struct lb_park *p)
 {
-    if (--p->refs == 0)
-        free(p);
+    struct lb_http *h = p->h;
+
+    if (--p->refs > 0)
+        return false;
+    free(p);
+    return --h->park_handles == 0 && h->stopped;
 }
 
 /* Take p out of the parked list for reason why and resume its connection; false if it had
@@ -1000,7 +1010,9 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
     p->deadline_ms = deadline_ms;
     p->refs = park_out ? 2 : 1;
     pthread_mutex_lock(&h->park_lock);
+    h->park_handles++;
     if (h->park_stopping) {
+        h->park_handles--;
         pthread_mutex_unlock(&h->park_lock);
         free(p);
         if (free_arg)
@@ -1044,13 +1056,16 @@ bool http_wake(struct lb_park *p)
 void http_park_release(struct lb_park *p)
 {
     struct lb_http *h;
+    bool last;
 
     if (!p)
         return;
     h = p->h;
     pthread_mutex_lock(&h->park_lock);
-    park_put_locked(p);
+    last = park_put_locked(p);
     pthread_mutex_unlock(&h->park_lock);
+    if (last)
+        http_release(h); /* the server stopped before its last waker let go */
 }
 
 size_t http_parked_count(struct lb_http *h)
@@ -1073,7 +1088,7 @@ static void park_done(struct lb_request *req)
     pthread_mutex_lock(&h->park_lock);
     if (!p->ended) /* only if libmicrohttpd ended a suspended request itself */
         park_end_locked(p, LB_PARK_SHUTDOWN);
-    park_put_locked(p);
+    (void)park_put_locked(p); /* never the last: http_stop has not finished with h */
     pthread_mutex_unlock(&h->park_lock);
 }
 
@@ -1415,9 +1430,22 @@ out:
     return r;
 }
 
-/* The park thread and what http_start made besides libmicrohttpd. */
+/* Free h's memory (no thread uses it any more). */
+static void http_release(struct lb_http *h)
+{
+    pthread_cond_destroy(&h->park_cond);
+    pthread_cond_destroy(&h->park_drained);
+    pthread_mutex_destroy(&h->park_lock);
+    free(h->route_metric);
+    free(h);
+}
+
+/* Stop the park thread and free h, or leave the freeing to the last park handle's release
+ * (a waker may still hold one: its http_wake must keep working, as a no-op). */
 static void http_free(struct lb_http *h)
 {
+    bool now;
+
     if (h->park_thread_started) {
         pthread_mutex_lock(&h->park_lock);
         h->park_thread_stop = true;
@@ -1425,11 +1453,12 @@ static void http_free(struct lb_http *h)
         pthread_mutex_unlock(&h->park_lock);
         pthread_join(h->park_thread, NULL);
     }
-    pthread_cond_destroy(&h->park_cond);
-    pthread_cond_destroy(&h->park_drained);
-    pthread_mutex_destroy(&h->park_lock);
-    free(h->route_metric);
-    free(h);
+    pthread_mutex_lock(&h->park_lock);
+    h->stopped = true;
+    now = h->park_handles == 0;
+    pthread_mutex_unlock(&h->park_lock);
+    if (now)
+        http_release(h);
 }
 
 int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb_error *err)

@@ -196,7 +196,8 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
  * times: true only for the call that ended it (false if a deadline, the client or shutdown
  * ended it first). Does not block beyond a short lock; never calls answer itself. */
 bool http_wake(struct lb_park *park);
-/* Drop the waker's reference (NULL-safe). Any thread. */
+/* Drop the waker's reference (NULL-safe). Any thread, also after http_stop (the server's
+ * memory is freed with its last handle). */
 void http_park_release(struct lb_park *park);
 /* Requests parked right now (for metrics and tests). */
 size_t http_parked_count(struct lb_http *h);
