@@ -73,6 +73,12 @@ struct lb_park {
     bool ended;
     int refs; /* under h->park_lock: http's (until answered) and the waker's */
     struct lb_park *prev, *next;
+    /* polled parks (http_park_poll): the condition, asked on the poll thread */
+    bool (*ready)(void *arg);
+    void *poll_arg;
+    void (*poll_free)(void *arg); /* when the handle is freed */
+    int64_t poll_every_ms, poll_max_ms, next_poll_at;
+    bool polling; /* ready() is running (the poll thread holds a reference) */
 };
 
 struct lb_http {
@@ -87,12 +93,15 @@ struct lb_http {
     pthread_mutex_t park_lock;
     pthread_cond_t park_cond;    /* wakes the park thread (monotonic clock) */
     pthread_cond_t park_drained; /* park_live fell to 0 (monotonic clock) */
-    struct lb_park *parked;      /* waiting */
-    size_t park_waiting;         /* in the list */
-    size_t park_live;            /* parked and not answered yet */
-    int64_t park_next_at;        /* when the park thread wakes up next */
-    size_t park_handles;         /* lb_park objects alive: h is freed after the last one */
-    bool stopped;                /* http_stop is done with h */
+    pthread_cond_t poll_cond;    /* wakes the poll thread (monotonic clock) */
+    pthread_t poll_thread;
+    bool poll_thread_started;
+    struct lb_park *parked; /* waiting */
+    size_t park_waiting;    /* in the list */
+    size_t park_live;       /* parked and not answered yet */
+    int64_t park_next_at;   /* when the park thread wakes up next */
+    size_t park_handles;    /* lb_park objects alive: h is freed after the last one */
+    bool stopped;           /* http_stop is done with h */
     bool park_stopping, park_thread_stop;
     bool park_thread_started;
     pthread_t park_thread;
@@ -137,6 +146,10 @@ struct lb_request {
     struct http_job_ctx *job_ctx; /* while the job runs and has not streamed */
     struct lb_park *park;         /* parked (http's reference) */
     bool parked;                  /* counted in park_live until the request completes */
+    /* Set on the MHD thread when the handler (or a park's answer) deferred or parked: the
+     * connection is suspended and someone else answers. Read there instead of phase, which a
+     * job that parks may be writing at that moment. */
+    bool handed_off;
     lb_http_park_fn park_answer;
     void *park_arg;
     void (*park_free)(void *);
@@ -796,12 +809,13 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         inflight_error(req, &err);
         return request_fail(req, &err);
     }
+    req->handed_off = false;
     if (req->route->handle(req, &err) < 0) {
         if (err.code == 0)
             lb_error_set(&err, -EIO, "handler failed");
         http_respond_error(req, &err);
     }
-    if (req->phase == PHASE_DEFERRED || req->phase == PHASE_PARKED)
+    if (req->handed_off)
         return MHD_YES; /* suspended; the job, or the park's end, resumes us */
     return request_queue(req);
 }
@@ -863,6 +877,7 @@ static bool request_client_gone(struct lb_request *req)
 /* What a running job shares with http_stream_begin (on the worker's stack). */
 struct http_job_ctx {
     struct lb_stream *stream; /* began: req is no longer the job's */
+    bool parked;              /* the job parked req: it is no longer the job's */
 };
 
 static void stream_put(struct lb_stream *s);
@@ -890,6 +905,8 @@ static void http_job_run(void *arg)
     }
     if (job_free)
         job_free(job_arg);
+    if (ctx.parked)
+        return; /* still suspended; the park's end resumes it (maybe did already) */
     if (ctx.stream) {
         /* streamed: the connection was resumed by http_stream_begin and req may be gone */
         http_stream_end(ctx.stream);
@@ -926,6 +943,7 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
     /* Suspend first: the job may finish (and resume) before pool_submit returns. */
     MHD_suspend_connection(req->conn);
     req->phase = PHASE_DEFERRED;
+    req->handed_off = true;
     r = pool_submit_shared(req->route->control && req->http->cfg.control_pool
                                ? req->http->cfg.control_pool
                                : req->http->cfg.pool,
@@ -933,6 +951,7 @@ int http_defer(struct lb_request *req, lb_http_job_fn job, void *arg, void (*fre
                            req->key_waiting_max, http_job_run, req);
     if (r < 0) {
         req->phase = PHASE_BODY;
+        req->handed_off = false;
         req->job_arg = NULL;
         MHD_resume_connection(req->conn);
         if (free_arg)
@@ -966,6 +985,8 @@ static bool park_put_locked(struct lb_park *p)
 
     if (--p->refs > 0)
         return false;
+    if (p->poll_free)
+        p->poll_free(p->poll_arg);
     free(p);
     return --h->park_handles == 0 && h->stopped;
 }
@@ -992,8 +1013,9 @@ static bool park_end_locked(struct lb_park *p, enum lb_park_end why)
     return true;
 }
 
-int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answer, void *arg,
-              void (*free_arg)(void *), struct lb_park **park_out, struct lb_error *err)
+static int park_common(struct lb_request *req, int64_t deadline_ms, const struct lb_park_poll *poll,
+                       lb_http_park_fn answer, void *arg, void (*free_arg)(void *),
+                       struct lb_park **park_out, struct lb_error *err)
 {
     struct lb_http *h = req->http;
     struct lb_park *p = calloc(1, sizeof(*p));
@@ -1003,17 +1025,29 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
     if (!p) {
         if (free_arg)
             free_arg(arg);
+        if (poll && poll->free_arg)
+            poll->free_arg(poll->arg);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     p->h = h;
     p->req = req;
     p->deadline_ms = deadline_ms;
     p->refs = park_out ? 2 : 1;
+    if (poll) {
+        p->ready = poll->ready;
+        p->poll_arg = poll->arg;
+        p->poll_free = poll->free_arg;
+        p->poll_every_ms = poll->first_ms > 0 ? poll->first_ms : 1;
+        p->poll_max_ms = poll->max_ms > p->poll_every_ms ? poll->max_ms : p->poll_every_ms;
+        p->next_poll_at = clock_mono_ms() + p->poll_every_ms;
+    }
     pthread_mutex_lock(&h->park_lock);
     h->park_handles++;
     if (h->park_stopping) {
         h->park_handles--;
         pthread_mutex_unlock(&h->park_lock);
+        if (p->poll_free)
+            p->poll_free(p->poll_arg);
         free(p);
         if (free_arg)
             free_arg(arg);
@@ -1024,8 +1058,16 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
     req->park_arg = arg;
     req->park_free = free_arg;
     req->phase = PHASE_PARKED;
-    /* suspended before anyone can wake it: a wake may come before the handler returns */
-    MHD_suspend_connection(req->conn);
+    if (req->job_ctx) {
+        /* from a deferred job: the connection is suspended already, and stays so when the
+         * job returns */
+        req->job_ctx->parked = true;
+        req->job_ctx = NULL;
+    } else {
+        /* suspended before anyone can wake it: a wake may come before the handler returns */
+        MHD_suspend_connection(req->conn);
+        req->handed_off = true;
+    }
     p->next = h->parked;
     if (h->parked)
         h->parked->prev = p;
@@ -1035,10 +1077,80 @@ int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answe
     req->parked = true;
     if (deadline_ms < h->park_next_at)
         pthread_cond_signal(&h->park_cond);
+    if (poll)
+        pthread_cond_signal(&h->poll_cond);
     if (park_out)
         *park_out = p;
     pthread_mutex_unlock(&h->park_lock);
     return 0;
+}
+
+int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answer, void *arg,
+              void (*free_arg)(void *), struct lb_park **park_out, struct lb_error *err)
+{
+    return park_common(req, deadline_ms, NULL, answer, arg, free_arg, park_out, err);
+}
+
+int http_park_poll(struct lb_request *req, int64_t deadline_ms, const struct lb_park_poll *poll,
+                   lb_http_park_fn answer, void *arg, void (*free_arg)(void *),
+                   struct lb_error *err)
+{
+    return park_common(req, deadline_ms, poll, answer, arg, free_arg, NULL, err);
+}
+
+/* The poll thread: asks every polled park's ready() when it is due (without park_lock held,
+ * with a reference on the handle), ends the ready ones, backs the others off (doubling, up to
+ * their max). At most POLL_BATCH per round, so a long list is worked through in turns. */
+#define POLL_BATCH 64
+static void *poll_main(void *arg)
+{
+    struct lb_http *h = arg;
+
+    pthread_mutex_lock(&h->park_lock);
+    while (!h->park_thread_stop) {
+        struct lb_park *due[POLL_BATCH];
+        bool ok[POLL_BATCH];
+        int64_t now = clock_mono_ms(), next = now + 1000;
+        size_t n = 0;
+
+        for (struct lb_park *p = h->parked; p; p = p->next) {
+            if (!p->ready || p->polling)
+                continue;
+            if (p->next_poll_at <= now && n < POLL_BATCH) {
+                p->polling = true;
+                p->refs++;
+                due[n++] = p;
+            } else if (p->next_poll_at < next) {
+                next = p->next_poll_at;
+            }
+        }
+        if (n == 0) {
+            struct timespec ts = {(time_t)(next / 1000), (long)(next % 1000) * 1000000L};
+
+            pthread_cond_timedwait(&h->poll_cond, &h->park_lock, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&h->park_lock);
+        for (size_t i = 0; i < n; i++)
+            ok[i] = due[i]->ready(due[i]->poll_arg);
+        pthread_mutex_lock(&h->park_lock);
+        now = clock_mono_ms();
+        for (size_t i = 0; i < n; i++) {
+            struct lb_park *p = due[i];
+
+            p->polling = false;
+            if (ok[i]) {
+                park_end_locked(p, LB_PARK_WOKEN);
+            } else {
+                p->poll_every_ms =
+                    p->poll_every_ms * 2 > p->poll_max_ms ? p->poll_max_ms : p->poll_every_ms * 2;
+                p->next_poll_at = now + p->poll_every_ms;
+            }
+            (void)park_put_locked(p); /* never the last: http_stop joins us first */
+        }
+    }
+    pthread_mutex_unlock(&h->park_lock);
+    return NULL;
 }
 
 bool http_wake(struct lb_park *p)
@@ -1117,13 +1229,14 @@ static enum MHD_Result park_answer(struct lb_request *req)
     why = req->park->why;
     pthread_mutex_unlock(&h->park_lock);
     req->phase = PHASE_BODY; /* the answer may defer a job, as a handler would */
+    req->handed_off = false;
     req->park_answer(req, req->park_arg, why);
     if (req->park_free)
         req->park_free(req->park_arg);
     req->park_arg = NULL;
     req->park_free = NULL;
     park_done(req);
-    if (req->phase == PHASE_DEFERRED)
+    if (req->handed_off)
         return MHD_YES; /* suspended again; the job resumes us */
     return request_queue(req);
 }
@@ -1435,6 +1548,7 @@ static void http_release(struct lb_http *h)
 {
     pthread_cond_destroy(&h->park_cond);
     pthread_cond_destroy(&h->park_drained);
+    pthread_cond_destroy(&h->poll_cond);
     pthread_mutex_destroy(&h->park_lock);
     free(h->route_metric);
     free(h);
@@ -1446,13 +1560,15 @@ static void http_free(struct lb_http *h)
 {
     bool now;
 
-    if (h->park_thread_started) {
-        pthread_mutex_lock(&h->park_lock);
-        h->park_thread_stop = true;
-        pthread_cond_signal(&h->park_cond);
-        pthread_mutex_unlock(&h->park_lock);
+    pthread_mutex_lock(&h->park_lock);
+    h->park_thread_stop = true;
+    pthread_cond_signal(&h->park_cond);
+    pthread_cond_signal(&h->poll_cond);
+    pthread_mutex_unlock(&h->park_lock);
+    if (h->park_thread_started)
         pthread_join(h->park_thread, NULL);
-    }
+    if (h->poll_thread_started)
+        pthread_join(h->poll_thread, NULL);
     pthread_mutex_lock(&h->park_lock);
     h->stopped = true;
     now = h->park_handles == 0;
@@ -1480,6 +1596,7 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_cond_init(&h->park_cond, &ca);
         pthread_cond_init(&h->park_drained, &ca);
+        pthread_cond_init(&h->poll_cond, &ca);
         pthread_condattr_destroy(&ca);
     }
     h->park_next_at = INT64_MAX;
@@ -1488,6 +1605,11 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
         goto fail;
     }
     h->park_thread_started = true;
+    if (pthread_create(&h->poll_thread, NULL, poll_main, h) != 0) {
+        r = lb_error_set(err, -ENOMEM, "cannot start the park poll thread");
+        goto fail;
+    }
+    h->poll_thread_started = true;
     while (cfg->routes[n].method)
         n++;
     h->route_metric = calloc((size_t)n + 1, sizeof(int));

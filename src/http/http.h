@@ -178,7 +178,8 @@ struct lb_park;
  * wait on a provider). arg is the one given to http_park; free_arg runs right after. */
 typedef void (*lb_http_park_fn)(struct lb_request *req, void *arg, enum lb_park_end why);
 
-/* From a handler: park req until http_wake(*park_out), deadline_ms (absolute, the
+/* From a handler, or from a deferred job that finds it has to wait (checking needed a worker):
+ * park req until http_wake(*park_out), deadline_ms (absolute, the
  * clock_mono_ms clock; <= now ends it at once) or shutdown, whichever comes first; then
  * answer(req, arg, why) sets the response. The connection is suspended meanwhile: no worker
  * is held, no connection timeout runs. A client that hangs up is noticed within about a
@@ -188,10 +189,31 @@ typedef void (*lb_http_park_fn)(struct lb_request *req, void *arg, enum lb_park_
  * http_wake harmless, until then). Register it where the event's producer finds it before
  * checking, under the producer's lock, that the event has not already happened, so no wake
  * is lost; it is safe for http_wake to run before the handler returns.
- * Returns 0, or -ESHUTDOWN (503-worthy: the daemon is stopping) with nothing parked and
- * free_arg already called on arg. The handler returns what http_park returned. */
+ * Returns 0, or -ESHUTDOWN (503-worthy: the daemon is stopping) or -ENOMEM with nothing
+ * parked and free_arg already called on arg. A handler returns what http_park returned; a job
+ * answers an error itself. After a successful call from a job, the job must not touch req
+ * again (the park may end, and the request be answered, at once). Not for raw_body routes. */
 int http_park(struct lb_request *req, int64_t deadline_ms, lb_http_park_fn answer, void *arg,
               void (*free_arg)(void *), struct lb_park **park_out, struct lb_error *err);
+/* A park whose event has no producer inside the daemon (a file written in a sandbox): http's
+ * poll thread calls ready(arg) every first_ms, doubling up to max_ms, until it returns true
+ * (the park ends as LB_PARK_WOKEN) or the park ends otherwise. ready runs without http's locks,
+ * one park at a time on one thread shared by all polled parks: it may read the store or a
+ * file, but must be quick and must not wait on a provider. free_arg(arg) runs when the
+ * handle is freed (after the last ready), under http's lock: it must only free. */
+struct lb_park_poll {
+    bool (*ready)(void *arg);
+    void *arg;
+    void (*free_arg)(void *arg);
+    int64_t first_ms, max_ms;
+};
+
+/* http_park with a polled condition instead of a waker's handle (see struct lb_park_poll);
+ * same answer, deadline, errors and ownership of arg. */
+int http_park_poll(struct lb_request *req, int64_t deadline_ms, const struct lb_park_poll *poll,
+                   lb_http_park_fn answer, void *arg, void (*free_arg)(void *),
+                   struct lb_error *err);
+
 /* End the park (reason LB_PARK_WOKEN) so the request gets answered. Any thread, any number of
  * times: true only for the call that ended it (false if a deadline, the client or shutdown
  * ended it first). Does not block beyond a short lock; never calls answer itself. */

@@ -34,6 +34,7 @@ struct server {
     struct lb_park *parks[256]; /* the waker's references */
     size_t n_parks;
     int answered[4]; /* by enum lb_park_end */
+    int polls, poll_frees;
 };
 
 static struct server S;
@@ -108,7 +109,63 @@ static int route_work(struct lb_request *req, struct lb_error *err)
     return http_defer(req, work_job, NULL, NULL, err);
 }
 
+/* GET /jobpoll?ready_ms=R&ms=D: a job finds it must wait and parks with a polled condition
+ * (true R ms after the job ran), deadline D ms. */
+struct poll_cond {
+    int64_t ready_at;
+};
+
+static bool poll_ready(void *arg)
+{
+    struct poll_cond *c = arg;
+
+    pthread_mutex_lock(&S.lock);
+    S.polls++;
+    pthread_mutex_unlock(&S.lock);
+    return clock_mono_ms() >= c->ready_at;
+}
+
+static void poll_free(void *arg)
+{
+    S.poll_frees++; /* under http's lock; only this test's count */
+    free(arg);
+}
+
+struct jobpoll {
+    int64_t ready_ms, ms;
+};
+
+static void jobpoll_job(struct lb_request *req, void *arg)
+{
+    struct jobpoll *j = arg;
+    struct poll_cond *c = malloc(sizeof(*c));
+    struct lb_park_poll poll = {poll_ready, c, poll_free, 10, 100};
+    struct lb_error err = {0};
+
+    if (!c) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    c->ready_at = clock_mono_ms() + j->ready_ms;
+    if (http_park_poll(req, clock_mono_ms() + j->ms, &poll, park_answer, &S, NULL, &err) < 0)
+        http_respond_error(req, &err);
+    /* parked: req is not ours any more */
+}
+
+static int route_jobpoll(struct lb_request *req, struct lb_error *err)
+{
+    struct jobpoll *j = calloc(1, sizeof(*j));
+
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    j->ready_ms = http_query(req, "ready_ms") ? atol(http_query(req, "ready_ms")) : 0;
+    j->ms = http_query(req, "ms") ? atol(http_query(req, "ms")) : 30000;
+    return http_defer(req, jobpoll_job, j, free, err);
+}
+
 static const struct lb_route ROUTES[] = {
+    {"GET", "/jobpoll", LB_AUTH_NONE, false, route_jobpoll, "jobpoll", false},
     {"GET", "/park", LB_AUTH_NONE, false, route_park, "park", false},
     {"GET", "/work", LB_AUTH_NONE, false, route_work, "work", false},
     {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL, false},
@@ -308,6 +365,40 @@ START_TEST(test_answer_may_defer)
 }
 END_TEST
 
+/* A job that has to wait parks (its worker is free at once) with a polled condition. */
+START_TEST(test_job_parks_polled)
+{
+    struct get *g[N_PARKED], *work, *late;
+
+    server_start();
+    for (int i = 0; i < N_PARKED; i++)
+        g[i] = get_start("/jobpoll?ready_ms=1500", 0);
+    late = get_start("/jobpoll?ready_ms=60000&ms=300", 20000); /* the deadline comes first */
+    wait_parked(N_PARKED + 1);
+    work = get_start("/work", 20000);
+    get_join(work);
+    ck_assert_int_eq(work->status, 200);
+    ck_assert_str_eq(work->body, "{\"worked\":true}");
+    free(work);
+    for (int i = 0; i < N_PARKED; i++) {
+        get_join(g[i]);
+        assert_why(g[i], 200, "woken");
+        free(g[i]);
+    }
+    get_join(late);
+    assert_why(late, 200, "deadline");
+    free(late);
+    wait_parked(0);
+    pthread_mutex_lock(&S.lock);
+    ck_assert_int_ge(S.polls, N_PARKED + 1);
+    ck_assert_int_eq(S.answered[LB_PARK_WOKEN], N_PARKED);
+    ck_assert_int_eq(S.answered[LB_PARK_DEADLINE], 1);
+    pthread_mutex_unlock(&S.lock);
+    server_stop();
+    ck_assert_int_eq(S.poll_frees, N_PARKED + 1); /* every condition freed with its handle */
+}
+END_TEST
+
 START_TEST(test_client_gone_unparks)
 {
     struct get *g;
@@ -357,6 +448,7 @@ int main(void)
     tcase_add_test(tc, test_parked_hold_no_worker);
     tcase_add_test(tc, test_deadline_answers);
     tcase_add_test(tc, test_answer_may_defer);
+    tcase_add_test(tc, test_job_parks_polled);
     tcase_add_test(tc, test_client_gone_unparks);
     tcase_add_test(tc, test_shutdown_ends_parked);
     suite_add_tcase(s, tc);
