@@ -305,6 +305,11 @@ void *http_app(struct lb_request *req)
     return req->http->cfg.app;
 }
 
+struct lb_http *http_server(struct lb_request *req)
+{
+    return req->http;
+}
+
 const char *http_method(struct lb_request *req)
 {
     return req->method;

@@ -106,6 +106,8 @@ void http_stop(struct lb_http *h);
 /* --- used by handlers and jobs --- */
 
 void *http_app(struct lb_request *req);
+/* The server the request came to. */
+struct lb_http *http_server(struct lb_request *req);
 const char *http_method(struct lb_request *req);
 /* The i-th '*' segment of the matched pattern, or NULL. */
 const char *http_param(struct lb_request *req, unsigned i);

@@ -33,7 +33,7 @@ int route_metrics(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     struct lb_buf out;
-    char line[256];
+    char line[512];
     int r, n;
 
     lb_buf_init(&out, 0);
@@ -45,8 +45,11 @@ int route_metrics(struct lb_request *req, struct lb_error *err)
                      "# HELP lendbox_worker_queue_depth Jobs waiting for a worker.\n"
                      "# TYPE lendbox_worker_queue_depth gauge\nlendbox_worker_queue_depth %zu\n"
                      "# HELP lendbox_workers_busy Workers running a job.\n"
-                     "# TYPE lendbox_workers_busy gauge\nlendbox_workers_busy %zu\n",
-                     pool_queued(app->pool), pool_running(app->pool));
+                     "# TYPE lendbox_workers_busy gauge\nlendbox_workers_busy %zu\n"
+                     "# HELP lendbox_http_parked Requests waiting parked (no worker held).\n"
+                     "# TYPE lendbox_http_parked gauge\nlendbox_http_parked %zu\n",
+                     pool_queued(app->pool), pool_running(app->pool),
+                     http_parked_count(http_server(req)));
         r = lb_buf_append(&out, line, (size_t)n);
     }
     if (r < 0) {
