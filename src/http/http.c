@@ -16,14 +16,17 @@
  * upload calls write each chunk to the sink's fd; the last call defers the sink's finish job.
  * A body that does not arrive whole aborts the sink (request completion callback).
  *
- * Parked requests (http_park): the handler suspends the connection without a job and links
- * the request into the server's parked list. It leaves that list exactly once, under
- * park_lock: woken (any thread), past its deadline or with its client gone (the park thread,
- * which sleeps until the nearest deadline and looks for hung-up clients every second), or at
- * shutdown. Leaving resumes the connection; MHD calls us again and the park's answer callback
- * renders the response on the MHD thread. A suspended connection cannot complete, so the
- * request is alive for as long as it is in the list. The handle is reference-counted (http's
- * and the waker's), so a late http_wake is harmless.
+ * Parked requests (http_park): the handler suspends the connection without a job (or a
+ * deferred job parks its already suspended request and returns without resuming it) and
+ * links the request into the server's parked list. It leaves that list exactly once, under
+ * park_lock: woken (any thread, or the poll thread once a polled park's condition holds),
+ * past its deadline or with its client gone (the park thread, which sleeps until the nearest
+ * deadline and looks for hung-up clients every second), or at shutdown. Leaving resumes the
+ * connection; MHD calls us again and the park's answer callback renders the response on the
+ * MHD thread (or defers a job). A suspended connection cannot complete, so the request is
+ * alive for as long as it is in the list. The handle is reference-counted (http's, the
+ * waker's, the poll thread's while it asks), so a late http_wake is harmless, and the server's
+ * own memory stays until the last handle goes.
  *
  * Streamed responses (http_stream_begin, from a deferred job): the job sets a response whose
  * body comes from a callback reading the stream's buffer, and resumes the connection at once;
