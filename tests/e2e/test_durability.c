@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -250,30 +251,65 @@ START_TEST(test_failed_seed_retried_before_new_start)
 }
 END_TEST
 
-/* --- a client that hangs up 50 ms into a slow seed does not leave an unrecorded sandbox --- */
+/* --- a client that hangs up during a slow seed does not leave an unrecorded sandbox --- */
 START_TEST(test_disconnect_during_slow_seed)
 {
-    static const char *const extra[] = {"--set", "faults.spec=provider.create=delay:2000", NULL};
+    static const char *const extra[] = {"--set", "faults.spec=provider.create=delay:4000", NULL};
     struct dur x;
     CURL *c;
+    CURLM *m;
     char url[300], auth[300];
     struct curl_slist *h = NULL;
     json_t *all, *rec;
+    bool hung_up = false;
+    int running = 1;
 
     dur_start(&x, 0, extra);
     c = curl_easy_init();
+    m = curl_multi_init();
     snprintf(url, sizeof(url), "%s/v1/sessions/slow-1/seed", x.d.base_url);
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s", x.d.admin_token);
     h = curl_slist_append(h, auth);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{\"task_id\":\"t\"}");
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 50L);
-    ck_assert_int_eq(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
-    curl_slist_free_all(h);
+    curl_multi_add_handle(m, c);
+    /* hang up once the daemon has the seed in hand: its record exists and is still starting
+     * (the injected 4 s create delay holds it there) */
+    for (double until = lbt_now() + 60; running && !hung_up;) {
+        const char *state;
+
+        ck_assert_int_eq(curl_multi_perform(m, &running), CURLM_OK);
+        ck_assert_msg(running, "the seed answered before the client hung up");
+        curl_multi_poll(m, NULL, 0, 100, NULL);
+        all = lbt_list_sandboxes(&x.d);
+        state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
+        ck_assert_msg(!state || !strcmp(state, "starting"),
+                      "the seed settled (%s) before the "
+                      "client hung up",
+                      state);
+        hung_up = state != NULL;
+        json_decref(all);
+        ck_assert_msg(hung_up || lbt_now() < until, "the seed's record did not appear");
+    }
+    curl_multi_remove_handle(m, c);
     curl_easy_cleanup(c);
-    lbt_sleep_ms(3500);
-    all = lbt_list_sandboxes(&x.d);
+    curl_multi_cleanup(m);
+    curl_slist_free_all(h);
+    /* wait for the seed to settle (the 4 s injected delay plus a create that takes seconds on
+     * a loaded host): its one record leaves "starting" */
+    for (double until = lbt_now() + 90;; lbt_sleep_ms(100)) {
+        const char *state;
+
+        all = lbt_list_sandboxes(&x.d);
+        ck_assert_int_le(json_array_size(all), 1);
+        state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
+        if (state && strcmp(state, "starting"))
+            break;
+        ck_assert_msg(lbt_now() < until, "the seed's record did not settle (state %s)",
+                      state ? state : "none");
+        json_decref(all);
+    }
     ck_assert_int_eq(json_array_size(all), 1);
     rec = json_array_get(all, 0);
     /* the seed ran to its end: lent and recorded, with the one running sandbox */
@@ -290,7 +326,7 @@ END_TEST
 /* --- SIGKILL while a create is in flight; the restart leaves nothing unrecorded running --- */
 START_TEST(test_sigkill_during_create)
 {
-    static const char *const slow[] = {"--set", "faults.spec=provider.create=delay:1500", NULL};
+    static const char *const slow[] = {"--set", "faults.spec=provider.create=delay:4000", NULL};
     struct dur x;
     struct lbt_async *a;
     struct lbt_resp r;
@@ -298,7 +334,22 @@ START_TEST(test_sigkill_during_create)
 
     dur_start(&x, 0, slow);
     a = lbt_async_json(&x.d, "POST", "/v1/sessions/kill-1/seed", "", "{\"task_id\":\"t\"}");
-    lbt_sleep_ms(400);
+    /* kill once the seed is in flight: its record exists and is still starting (the injected
+     * 4 s create delay holds it there), however long the request took to arrive */
+    for (double until = lbt_now() + 60;; lbt_sleep_ms(50)) {
+        const char *state;
+        bool starting;
+
+        all = lbt_list_sandboxes(&x.d);
+        state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
+        ck_assert_msg(!state || !strcmp(state, "starting"), "the seed settled (%s) before the kill",
+                      state);
+        starting = state != NULL;
+        json_decref(all);
+        if (starting)
+            break;
+        ck_assert_msg(lbt_now() < until, "the seed's record did not appear");
+    }
     lbt_daemon_kill(&x.d);
     lbt_async_join(a, &r);
     ck_assert_int_ne(r.status, 200);
@@ -348,42 +399,103 @@ START_TEST(test_concurrent_releases_one_stop)
 }
 END_TEST
 
+/* Seconds since the epoch of an RFC 3339 UTC time string ("2026-01-02T03:04:05Z"). */
+static double dur_unix_s(json_t *rfc3339)
+{
+    const char *t = json_string_value(rfc3339);
+    struct tm tm = {0};
+
+    ck_assert_msg(t && sscanf(t, "%d-%d-%dT%d:%d:%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                              &tm.tm_hour, &tm.tm_min, &tm.tm_sec) == 6,
+                  "not an RFC 3339 time: %s", t ? t : "(none)");
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    return (double)timegm(&tm);
+}
+
+/* Poll until the file at path exists in sandbox id (at most timeout_s). */
+static void dur_wait_file(struct dur *x, const char *id, const char *path, double timeout_s)
+{
+    double until = lbt_now() + timeout_s;
+
+    for (;;) {
+        struct lbt_resp r;
+        long status;
+
+        lbt_file_get(&x->d, id, "", path, &r);
+        status = r.status;
+        lbt_resp_free(&r);
+        if (status == 200)
+            return;
+        if (lbt_now() > until)
+            ck_abort_msg("%s did not appear in %s (last status %ld)", path, id, status);
+        lbt_sleep_ms(100);
+    }
+}
+
 /* --- TTL: reaped after expiry with reason ttl; a busy sandbox within its TTL is untouched --- */
+/* Seeds take seconds on a loaded host and a TTL runs from created_at (set before the create),
+ * so the short TTL leaves room for its own seed and the repeated seed; every wait is for an
+ * event, bounded by the record's own expires_at plus a generous margin. */
 START_TEST(test_ttl)
 {
+    enum { SHORT_TTL_S = 20 };
     struct dur x;
-    json_t *short_lease, *long_lease, *rec, *res;
+    json_t *short_lease, *long_lease, *rec;
     const char *short_id, *long_id;
+    struct lbt_async *busy;
+    struct lbt_resp r;
+    char path[128];
+    double expires_at;
     uid_t uid;
 
     dur_start(&x, 0, NULL);
-    short_lease = lbt_seed(&x.d, "ttl-short", "t", "\"ttl_s\": 2");
-    long_lease = lbt_seed(&x.d, "ttl-long", "t", "\"ttl_s\": 60");
-    short_id = json_string_value(json_object_get(short_lease, "sandbox_id"));
+    long_lease = lbt_seed(&x.d, "ttl-long", "t", "\"ttl_s\": 600");
     long_id = json_string_value(json_object_get(long_lease, "sandbox_id"));
+    /* the 600 s sandbox is busy before the short one exists: an exec that runs until the test
+     * writes /workspace/go, so it spans the short sandbox's whole life and its reaping */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", long_id);
+    busy = lbt_async_json(&x.d, "POST", path, "",
+                          "{\"command\": \"touch /workspace/started; while [ ! -e /workspace/go "
+                          "]; do sleep 0.1; done; echo done\", \"timeout_s\": 220}");
+    dur_wait_file(&x, long_id, "/workspace/started", 60);
+    ck_assert(!lbt_async_done(busy));
+
+    short_lease = lbt_seed(&x.d, "ttl-short", "t", "\"ttl_s\": 20");
+    short_id = json_string_value(json_object_get(short_lease, "sandbox_id"));
     ck_assert(json_is_string(json_object_get(short_lease, "expires_at")));
+    expires_at = dur_unix_s(json_object_get(short_lease, "expires_at"));
+    ck_assert_double_eq(expires_at - dur_unix_s(json_object_get(short_lease, "created_at")),
+                        SHORT_TTL_S);
     uid = lbt_sandbox_uid(&x.d, short_id);
-    /* a repeated seed does not reset the deadline */
+    /* a repeated seed does not reset the deadline: the same sandbox, the same expires_at */
     {
         json_t *again = lbt_seed(&x.d, "ttl-short", "t", "\"ttl_s\": 600");
 
+        ck_assert_str_eq(json_string_value(json_object_get(again, "sandbox_id")), short_id);
         ck_assert(json_equal(json_object_get(again, "expires_at"),
                              json_object_get(short_lease, "expires_at")));
         json_decref(again);
     }
-    /* a 5 s exec in the 60 s sandbox runs to its end while the short one is reaped */
-    res = lbt_exec_ok(&x.d, long_id, "", "{\"command\": \"sleep 5; echo done\"}");
-    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
-    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "done\n");
-    json_decref(res);
-    /* 2 s TTL + 1 s sweep period, and the exec took 5 s: it must be gone by now */
-    rec = dur_wait_state(&x, short_id, "stopped", 3);
+    /* reaped once its own expires_at has passed (1 s sweep period, 60 s of margin for load) */
+    rec = dur_wait_state(&x, short_id, "stopped", expires_at - (double)time(NULL) + 60);
+    ck_assert_double_ge((double)time(NULL), expires_at);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "ttl");
     json_decref(rec);
     ck_assert_int_eq(lbt_count_live_procs_of_uid(uid), 0);
+    /* the busy sandbox within its TTL is untouched: still lent, its exec still running */
     rec = dur_record(&x, long_id);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "lent");
     json_decref(rec);
+    ck_assert(!lbt_async_done(busy));
+    lbt_file_put(&x.d, long_id, "", "/workspace/go", NULL, "x", 1, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_async_join(busy, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "stdout")), "done\n");
+    lbt_resp_free(&r);
     ck_assert_double_ge(dur_metric(&x, "lendbox_ttl_reaped_total"), 1);
     json_decref(short_lease);
     json_decref(long_lease);
