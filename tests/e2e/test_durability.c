@@ -9,6 +9,7 @@
  * processes and cgroups it counts are its own.
  */
 #include <curl/curl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -572,22 +573,49 @@ START_TEST(test_sigterm_drains)
     struct lbt_async *a;
     struct lbt_resp r;
     json_t *lease;
-    char path[128];
+    char path[128], hold[96];
 
     dur_start(&x, 0, NULL);
     lease = lbt_seed(&x.d, "drain-1", "t", NULL);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
              json_string_value(json_object_get(lease, "sandbox_id")));
-    a = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 2; echo finished\"}");
-    lbt_sleep_ms(500);
+    /* the exec is in flight (it wrote /workspace/started) before the SIGTERM, and it ends only
+     * when the test removes /workspace/hold from the host (through the sandbox's
+     * /proc/PID/root, as the daemon's own file access does), after the draining checks */
+    a = lbt_async_json(&x.d, "POST", path, "",
+                       "{\"command\":\"touch /workspace/hold /workspace/started; while [ -e "
+                       "/workspace/hold ]; do sleep 0.1; done; echo finished\", \"timeout_s\": "
+                       "200}");
+    dur_wait_file(&x, json_string_value(json_object_get(lease, "sandbox_id")), "/workspace/started",
+                  60);
+    {
+        json_t *desc =
+            lbt_read_descriptor(&x.d, json_string_value(json_object_get(lease, "sandbox_id")));
+
+        ck_assert_ptr_nonnull(desc);
+        ck_assert_int_gt(json_integer_value(json_object_get(desc, "pid")), 0);
+        snprintf(hold, sizeof(hold), "/proc/%lld/root/workspace/hold",
+                 (long long)json_integer_value(json_object_get(desc, "pid")));
+        json_decref(desc);
+    }
     kill(x.d.pid, SIGTERM);
-    lbt_sleep_ms(200);
+    /* draining starts: /readyz turns 503 (bounded poll), then new seeds get 503 draining */
+    for (double until = lbt_now() + 60;; lbt_sleep_ms(50)) {
+        long status;
+
+        lbt_json(&x.d, "GET", "/readyz", NULL, NULL, &r);
+        status = r.status;
+        lbt_resp_free(&r);
+        if (status == 503)
+            break;
+        ck_assert_int_eq(status, 200);
+        ck_assert_msg(lbt_now() < until, "/readyz never turned 503 after SIGTERM");
+    }
     lbt_json(&x.d, "POST", "/v1/sessions/drain-2/seed", "", "{\"task_id\":\"t\"}", &r);
     lbt_assert_error(&r, 503, "draining");
     lbt_resp_free(&r);
-    lbt_json(&x.d, "GET", "/readyz", NULL, NULL, &r);
-    ck_assert_int_eq(r.status, 503);
-    lbt_resp_free(&r);
+    ck_assert(!lbt_async_done(a));
+    ck_assert_msg(unlink(hold) == 0, "cannot remove %s: %s", hold, strerror(errno));
     lbt_async_join(a, &r);
     ck_assert_int_eq(r.status, 200);
     ck_assert_str_eq(json_string_value(json_object_get(r.json, "stdout")), "finished\n");
