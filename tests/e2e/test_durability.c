@@ -813,23 +813,55 @@ START_TEST(test_release_not_starved_by_execs)
     json_t *busy, *other;
     struct lbt_async *a[3];
     struct lbt_resp r;
-    char path[128];
-    double t0;
+    char path[128], dir[96], hold[128];
+    double until;
 
     dur_start(&x, 0, extra);
-    busy = lbt_seed(&x.d, "busy-1", "t", NULL);
+    busy = lbt_seed(&x.d, "busy-1", "t", "\"files\": {\"/workspace/hold\": \"x\"}");
     other = lbt_seed(&x.d, "other-1", "t", NULL);
+    {
+        json_t *desc =
+            lbt_read_descriptor(&x.d, json_string_value(json_object_get(busy, "sandbox_id")));
+
+        ck_assert_ptr_nonnull(desc);
+        ck_assert_int_gt(json_integer_value(json_object_get(desc, "pid")), 0);
+        snprintf(dir, sizeof(dir), "/proc/%lld/root/workspace",
+                 (long long)json_integer_value(json_object_get(desc, "pid")));
+        json_decref(desc);
+    }
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
              json_string_value(json_object_get(busy, "sandbox_id")));
-    for (int i = 0; i < 3; i++) /* two hold both workers, one waits in the queue */
-        a[i] = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 6\"}");
-    lbt_sleep_ms(500);
-    t0 = lbt_now();
+    /* two hold both workers, one waits in the queue; each runs until the test removes
+     * /workspace/hold (from the host, through the sandbox's /proc/PID/root) */
+    for (int i = 0; i < 3; i++)
+        a[i] = lbt_async_json(&x.d, "POST", path, "",
+                              "{\"command\":\"touch /workspace/started.$$; while [ -e "
+                              "/workspace/hold ]; do sleep 0.1; done\", \"timeout_s\": 200}");
+    /* both workers are taken: two execs are running (counted on the host, not through a
+     * route that might need a worker) */
+    for (until = lbt_now() + 60;; lbt_sleep_ms(50)) {
+        char cmd[200];
+        FILE *p;
+        int n = -1;
+
+        snprintf(cmd, sizeof(cmd), "ls '%s' | grep -c '^started\\.'", dir);
+        p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(fscanf(p, "%d", &n), 1);
+        pclose(p);
+        if (n >= 2)
+            break;
+        ck_assert_msg(lbt_now() < until, "the execs did not start (%d running)", n);
+    }
     lbt_json(&x.d, "POST", "/v1/sessions/other-1/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     ck_assert(json_is_true(json_object_get(r.json, "released")));
     lbt_resp_free(&r);
-    ck_assert_double_lt(lbt_now() - t0, 4.0); /* not after the 6 s execs */
+    /* the release answered while every exec still holds its worker or its queue place */
+    for (int i = 0; i < 3; i++)
+        ck_assert(!lbt_async_done(a[i]));
+    ck_assert_msg(unlink(hold) == 0, "cannot remove %s: %s", hold, strerror(errno));
     for (int i = 0; i < 3; i++) {
         lbt_async_join(a[i], &r);
         ck_assert_int_eq(r.status, 200);
