@@ -96,6 +96,14 @@ static int count_procs(uid_t uid, const char *needle)
     return n;
 }
 
+/* Poll until a live process of uid has needle in its command line (an exec's command has
+ * started; a loaded host may take seconds). */
+static void wait_procs(uid_t uid, const char *needle)
+{
+    for (double until = lbt_now() + 60; count_procs(uid, needle) == 0; lbt_sleep_ms(50))
+        ck_assert_msg(lbt_now() < until, "'%s' did not start", needle);
+}
+
 /* Seed rsid (extra JSON members or NULL); the sandbox id into sbx. */
 static void seed(struct lbt_daemon *d, const char *rsid, const char *extra, char *sbx, size_t len)
 {
@@ -222,7 +230,7 @@ START_TEST(test_exec_paused_past_its_timeout)
     t0 = lbt_now();
     a = exec_async(&D, sbx,
                    "{\"command\": \"echo started; exec sleep 300.772\", \"timeout_s\": 2}");
-    lbt_sleep_ms(500);
+    wait_procs(uid, "sleep 300.772");
     pause_sandbox(&D, sbx, true);
     lbt_async_join(a, &r);
     took = lbt_now() - t0;
@@ -273,7 +281,7 @@ START_TEST(test_release_paused_during_exec)
     seed(&D, "bounds-release", NULL, sbx, sizeof(sbx));
     uid = lbt_sandbox_uid(&D, sbx);
     a = exec_async(&D, sbx, "{\"command\": \"sleep 300.773\", \"timeout_s\": 60}");
-    lbt_sleep_ms(500);
+    wait_procs(uid, "sleep 300.773");
     pause_sandbox(&D, sbx, true);
     t0 = lbt_now();
     lbt_json(&D, "POST", "/v1/sessions/bounds-release/release", "", NULL, &r);
@@ -518,7 +526,7 @@ START_TEST(test_sigterm_with_paused_sandboxes)
     ub = lbt_sandbox_uid(&d, b);
     pause_sandbox(&d, a, true);
     ex = exec_async(&d, b, "{\"command\": \"sleep 300.775\", \"timeout_s\": 3}");
-    lbt_sleep_ms(500);
+    wait_procs(ub, "sleep 300.775");
     pause_sandbox(&d, b, true);
     t0 = lbt_now();
     rc = lbt_daemon_stop(&d); /* SIGTERM, and wait */
