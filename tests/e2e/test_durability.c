@@ -327,7 +327,8 @@ END_TEST
 /* --- SIGKILL while a create is in flight; the restart leaves nothing unrecorded running --- */
 START_TEST(test_sigkill_during_create)
 {
-    static const char *const slow[] = {"--set", "faults.spec=provider.create=delay:4000", NULL};
+    /* the delay is far longer than the test waits: the kill lands before the create itself */
+    static const char *const slow[] = {"--set", "faults.spec=provider.create=delay:60000", NULL};
     struct dur x;
     struct lbt_async *a;
     struct lbt_resp r;
@@ -336,7 +337,7 @@ START_TEST(test_sigkill_during_create)
     dur_start(&x, 0, slow);
     a = lbt_async_json(&x.d, "POST", "/v1/sessions/kill-1/seed", "", "{\"task_id\":\"t\"}");
     /* kill once the seed is in flight: its record exists and is still starting (the injected
-     * 4 s create delay holds it there), however long the request took to arrive */
+     * create delay holds it there), however long the request took to arrive */
     for (double until = lbt_now() + 60;; lbt_sleep_ms(50)) {
         const char *state;
         bool starting;
