@@ -28,7 +28,7 @@ VERSION := 0.1.0
 BUILD ?= build
 CC ?= cc
 PKG_CONFIG ?= pkg-config
-PKGS := libmicrohttpd jansson sqlite3 libcurl libsystemd inih libcrypto libseccomp libnftables libnl-route-3.0
+PKGS := libmicrohttpd jansson sqlite3 libcurl libsystemd inih libcrypto libseccomp libnftables libnl-route-3.0 libarchive
 
 OPT ?= -O2 -g
 SAN ?=

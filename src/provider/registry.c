@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "provider/docker.h"
 #include "provider/fault.h"
 #include "provider/local.h"
 #include "util/log.h"
@@ -94,9 +95,28 @@ static int fault_open(const struct lb_provider_env *env, struct lb_provider **ou
     return r < 0 ? lb_error_set(err, r, "cannot make the fault provider") : 0;
 }
 
+/* [docker] (and [network] inherit, which only "none" satisfies) -> struct lb_docker_config. */
+static int docker_open(const struct lb_provider_env *env, struct lb_provider **out,
+                       struct lb_error *err)
+{
+    const struct lb_config *cfg = env->cfg;
+    struct lb_docker_config dc = {
+        .socket = cfg->docker_socket,
+        .default_image = cfg->docker_default_image,
+        .instance = cfg->docker_instance,
+        .state_dir = cfg->state_dir,
+        .supervise_path = env->supervise_path,
+        .net_inherit = cfg->net_inherit,
+        .create_timeout_ms = cfg->create_timeout_s * 1000,
+    };
+
+    return provider_docker_new(&dc, out, err);
+}
+
 /* One row per kind, in the order they are opened. */
 static const struct lb_provider_kind registry_kinds[] = {
     {.name = "local", .section = "local", .open = local_open},
+    {.name = "docker", .section = "docker", .open = docker_open},
     {.name = "fault", .section = NULL, .open = fault_open, .fault_wrapped = true},
 };
 

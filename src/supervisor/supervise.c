@@ -38,6 +38,23 @@
  * No line at all (EOF) means the supervisor itself died. The supervisor's exit status is 0
  * when a status line was written and 2 on bad usage.
  *
+ * Framed mode (the exec protocol of engine providers: docker, later LXD). An engine's exec API
+ * gives a command stdout and stderr (streamed, or recorded to files) but no extra fds, so the
+ * whole result travels on stdout as frames:
+ *
+ *   lendbox-supervise --framed --max-output BYTES --timeout-ms MS [--cwd DIR]
+ *                     [--keep-background] [--stdin-file PATH] -- ARGV...
+ *       Forks the command-mode supervisor above (status fd, timeout, tree kill unchanged)
+ *       with the command's stdout and stderr on pipes, and stdin from PATH (opened, then
+ *       unlinked; default /dev/null). It relays them as frames on its own stdout: one byte
+ *       type, a 4-byte big-endian length, the payload. 'o' stdout bytes, 'e' stderr bytes
+ *       (each stream relayed up to BYTES, the rest read and dropped), 'T' payload "o" or "e":
+ *       that stream was cut, and last 's': the status line (protocol above, without the
+ *       newline). Once the status arrives (the tree is gone) what is left in the pipes is
+ *       drained and the frames end: background processes kept with --keep-background cannot
+ *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
+ *       No 's' frame means the supervisor died. Exit status 0; 2 on bad usage.
+ *
  * Channels. Every process in a sandbox runs as the same uid, so the supervisor must keep the
  * others away from what it holds: it is non-dumpable in every mode (PR_SET_DUMPABLE 0 as the
  * first call; installed exec-only, mode 0711 owned by host root, the kernel makes it
@@ -120,6 +137,9 @@ struct options {
     int pass_fd;                /* command mode: an fd the command alone inherits */
     int receipt_fd;             /* harness mode: the host-side receipt, write end */
     int64_t cleanup_timeout_ms;
+    bool framed;            /* --framed: the result as frames on stdout */
+    int64_t max_output;     /* framed: bytes relayed per stream */
+    const char *stdin_file; /* framed: stdin from this file (unlinked once open) */
     char **argv;
 };
 
@@ -186,6 +206,14 @@ static int parse_options(int argc, char **argv, struct options *o)
             break;
         } else if (strcmp(a, "--init") == 0) {
             o->init = true;
+        } else if (strcmp(a, "--framed") == 0) {
+            o->framed = true;
+        } else if (strcmp(a, "--max-output") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
+            o->max_output = v;
+            i++;
+        } else if (strcmp(a, "--stdin-file") == 0 && val && val[0] == '/') {
+            o->stdin_file = val;
+            i++;
         } else if (strcmp(a, "--keep-background") == 0) {
             o->keep_background = true;
         } else if (strcmp(a, "--ready-fd") == 0 && parse_int64(val, 0, INT_MAX, &v) == 0) {
@@ -230,6 +258,10 @@ static int parse_options(int argc, char **argv, struct options *o)
             return -EINVAL;
         return 0;
     }
+    if (o->framed)
+        return o->status_fd < 0 && o->max_output > 0 && o->timeout_ms > 0 && o->argv && o->argv[0]
+                   ? 0
+                   : -EINVAL;
     if (o->status_fd < 0 || o->timeout_ms < 0 || !o->argv || !o->argv[0] ||
         o->pass_fd == o->status_fd)
         return -EINVAL;
@@ -643,6 +675,157 @@ static int run_command(const struct options *o)
     } else {
         write_status(o->status_fd, "signal %d", WIFSIGNALED(cmd.status) ? WTERMSIG(cmd.status) : 0);
     }
+    return 0;
+}
+
+/* ---- framed mode ------------------------------------------------------------------- */
+
+/* Write all of a frame (type, big-endian length, payload) to fd 1; false when it is gone. */
+static bool write_frame(char type, const void *data, size_t len)
+{
+    unsigned char hdr[5] = {(unsigned char)type, (unsigned char)(len >> 24),
+                            (unsigned char)(len >> 16), (unsigned char)(len >> 8),
+                            (unsigned char)len};
+    const unsigned char *parts[2] = {hdr, data};
+    size_t sizes[2] = {sizeof(hdr), len};
+
+    for (int p = 0; p < 2; p++) {
+        size_t off = 0;
+
+        while (off < sizes[p]) {
+            ssize_t w = write(1, parts[p] + off, sizes[p] - off);
+
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                return false;
+            off += (size_t)w;
+        }
+    }
+    return true;
+}
+
+struct framed_stream {
+    int fd;
+    char type;
+    int64_t sent;
+    bool cut;
+};
+
+/* Read what fd has (one read) and relay it within the cap; false at EOF or error. */
+static bool relay_once(struct framed_stream *st, int64_t max)
+{
+    char buf[65536];
+    ssize_t n = read(st->fd, buf, sizeof(buf));
+
+    if (n < 0 && errno == EINTR)
+        return true;
+    if (n <= 0) /* EOF, error, or (draining) nothing left */
+        return false;
+    if (st->sent < max) {
+        size_t room = (size_t)(max - st->sent), k = (size_t)n < room ? (size_t)n : room;
+
+        (void)write_frame(st->type, buf, k);
+        st->sent += (int64_t)k;
+        if ((size_t)n > k)
+            st->cut = true;
+    } else {
+        st->cut = true;
+    }
+    return true;
+}
+
+static int run_framed(const struct options *o)
+{
+    int out[2], err[2], status[2], in = -1;
+    struct framed_stream streams[2];
+    char line[1100];
+    size_t line_len = 0;
+    struct options child_opts = *o;
+    pid_t pid;
+
+    (void)signal(SIGPIPE, SIG_IGN);
+    if (o->stdin_file) {
+        in = open(o->stdin_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (in >= 0)
+            (void)unlink(o->stdin_file);
+    } else {
+        in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (in < 0) {
+        snprintf(line, sizeof(line), "error cannot open stdin: %s", strerror(errno));
+        (void)write_frame('s', line, strlen(line));
+        return 0;
+    }
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
+        snprintf(line, sizeof(line), "error pipe failed: %s", strerror(errno));
+        (void)write_frame('s', line, strlen(line));
+        return 0;
+    }
+    pid = fork();
+    if (pid < 0) {
+        snprintf(line, sizeof(line), "error fork failed: %s", strerror(errno));
+        (void)write_frame('s', line, strlen(line));
+        return 0;
+    }
+    if (pid == 0) {
+        (void)signal(SIGPIPE, SIG_DFL);
+        if (dup2(in, 0) < 0 || dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0)
+            _exit(1);
+        child_opts.framed = false;
+        child_opts.status_fd = status[1];
+        /* run_command closes every fd above 2 but the status fd */
+        _exit(run_command(&child_opts));
+    }
+    (void)close(in);
+    (void)close(out[1]);
+    (void)close(err[1]);
+    (void)close(status[1]);
+    streams[0] = (struct framed_stream){.fd = out[0], .type = 'o'};
+    streams[1] = (struct framed_stream){.fd = err[0], .type = 'e'};
+    bool open_fds[3] = {true, true, true};
+
+    while (open_fds[2]) {
+        struct pollfd pfd[3];
+
+        for (int i = 0; i < 2; i++)
+            pfd[i] = (struct pollfd){.fd = open_fds[i] ? streams[i].fd : -1, .events = POLLIN};
+        pfd[2] = (struct pollfd){.fd = status[0], .events = POLLIN};
+        if (poll(pfd, 3, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (open_fds[i] && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                open_fds[i] = relay_once(&streams[i], o->max_output);
+        }
+        if (pfd[2].revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t n = read(status[0], line + line_len, sizeof(line) - 1 - line_len);
+
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                open_fds[2] = false;
+            else
+                line_len += (size_t)n;
+            if (line_len >= sizeof(line) - 1)
+                open_fds[2] = false;
+        }
+    }
+    /* the tree is gone (or left on purpose): take what the pipes already hold, then stop */
+    for (int i = 0; i < 2; i++) {
+        (void)fcntl(streams[i].fd, F_SETFL, O_NONBLOCK);
+        while (open_fds[i] && relay_once(&streams[i], o->max_output))
+            ;
+        if (streams[i].cut)
+            (void)write_frame('T', &streams[i].type, 1);
+    }
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    while (line_len && line[line_len - 1] == '\n')
+        line_len--;
+    (void)write_frame('s', line, line_len);
     return 0;
 }
 
@@ -1100,7 +1283,9 @@ int main(int argc, char **argv)
                         "[--keep-background] [--pass-fd P] -- ARGV...\n"
                         "       lendbox-supervise --harness-launch DIR --receipt-fd N "
                         "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
-                        "       lendbox-supervise --harness-stop DIR\n");
+                        "       lendbox-supervise --harness-stop DIR\n"
+                        "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
+                        "[--cwd DIR] [--keep-background] [--stdin-file PATH] -- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
         return 2;
@@ -1111,5 +1296,7 @@ int main(int argc, char **argv)
         return run_harness_launch(&o);
     if (o.harness_stop)
         return run_harness_stop(o.harness_stop);
+    if (o.framed)
+        return run_framed(&o);
     return run_command(&o);
 }

@@ -72,6 +72,10 @@ struct lb_config {
     char *storage;          /* "tmpfs" or "dir" */
     char *data_dir;         /* storage dir: NULL means <state_dir>/data */
     int64_t sandbox_nofile; /* RLIMIT_NOFILE (soft and hard) of sandbox processes */
+    /* [docker] */
+    char *docker_socket;        /* the engine's unix socket */
+    char *docker_default_image; /* image of a seed without one; NULL: none */
+    char *docker_instance;      /* container label value; NULL: derived from the state dir */
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */

@@ -1,0 +1,600 @@
+/*
+ * docker.c - the Docker Engine API provider (see docker.h): containers, status, pause, list.
+ * Exec is in docker_exec.c, files in docker_files.c.
+ */
+#include "provider/docker_internal.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/fault.h"
+#include "util/log.h"
+#include "util/token.h"
+
+#define API_MAX_MAJOR 1
+#define API_MAX_MINOR 43
+#define API_MIN_MINOR 40
+#define SMALL_BODY_BYTES (4 * 1024 * 1024)
+
+void docker_instance_of(const char *state_dir, char *buf, size_t size)
+{
+    char hex[LB_SHA256_HEX + 1];
+
+    token_sha256_hex(state_dir, strlen(state_dir), hex);
+    snprintf(buf, size, "%.12s", hex);
+}
+
+void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size)
+{
+    snprintf(buf, size, "lendbox-%s-%s", d->instance, id);
+}
+
+int docker_call(struct lb_docker *d, const char *method, const char *path, const json_t *body,
+                int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = method,
+                                   .path = path,
+                                   .timeout_ms = timeout_ms,
+                                   .max_body_bytes = SMALL_BODY_BYTES};
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    int r;
+
+    if (body && !text)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (text) {
+        req.body = text;
+        req.body_len = strlen(text);
+    }
+    r = httpc_do(d->http, &req, resp, err);
+    free(text);
+    return r < 0 ? docker_transport_error(r, err) : 0;
+}
+
+int docker_transport_error(int r, struct lb_error *err)
+{
+    if (r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
+        return r;
+    return lb_error_keep(err, -EREMOTEIO, "the docker engine cannot be reached");
+}
+
+const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size)
+{
+    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
+    const char *m = json_string_value(json_object_get(j, "message"));
+
+    snprintf(buf, size, "%s", m ? m : "(no message)");
+    json_decref(j);
+    return buf;
+}
+
+/* The engine's answer as an error: 404 -ENOENT, else -EREMOTEIO naming what was tried. */
+static int engine_error(const struct lb_httpc_response *resp, const char *what,
+                        struct lb_error *err)
+{
+    char m[300];
+
+    docker_engine_message(resp, m, sizeof(m));
+    return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
+                        "docker engine: %s failed (HTTP %ld): %s", what, resp->status, m);
+}
+
+static json_t *new_descriptor(const char *name, const char *cid)
+{
+    return json_pack("{s:s,s:s}", "container", name, "container_id", cid ? cid : "");
+}
+
+/* The container of a sandbox, found by name: its Id if it carries our labels. 0, -ENOENT
+ * (no such container) or -EREMOTEIO (an engine failure or a container that is not ours). */
+static int find_own(struct lb_docker *d, const char *id, char *cid, size_t cid_size,
+                    struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[512], name[256];
+    json_t *j = NULL, *labels;
+    int r;
+
+    docker_name(d, id, name, sizeof(name));
+    snprintf(path, sizeof(path), "/containers/%s/json", name);
+    r = docker_call(d, "GET", path, NULL, d->cfg.create_timeout_ms, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        r = engine_error(&resp, "inspect", err);
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    labels = json_object_get(json_object_get(j, "Config"), "Labels");
+    if (!json_is_string(json_object_get(j, "Id")) ||
+        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE)) ?: "",
+               d->instance) != 0 ||
+        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX)) ?: "", id) != 0) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "container '%s' exists but does not carry this daemon's labels", name);
+        goto out;
+    }
+    snprintf(cid, cid_size, "%s", json_string_value(json_object_get(j, "Id")));
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int remove_container(struct lb_docker *d, const char *name, int64_t timeout_ms,
+                            struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[512];
+    int r;
+
+    snprintf(path, sizeof(path), "/containers/%s?force=true&v=true", name);
+    r = docker_call(d, "DELETE", path, NULL, timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 204 && resp.status != 200 && resp.status != 404)
+        r = engine_error(&resp, "remove", err);
+    httpc_response_release(&resp);
+    return r == -ENOENT ? 0 : r;
+}
+
+/* The network part of the spec: "none" is all this provider can enforce. */
+static int check_network(struct lb_docker *d, const struct lb_sandbox_spec *spec,
+                         struct lb_error *err)
+{
+    const char *a = spec->network.access;
+
+    if (a && strcmp(a, "inherit") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network access '%s' cannot be enforced by the docker provider "
+                            "(it has no per-sandbox egress filter; only no network at all)",
+                            a);
+    if (d->cfg.net_inherit && strcmp(d->cfg.net_inherit, "none") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network.inherit '%s' cannot be enforced by the docker provider "
+                            "(only 'none')",
+                            d->cfg.net_inherit);
+    if (spec->n_ports > 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the docker provider cannot expose ports: its containers have no "
+                            "network");
+    return 0;
+}
+
+static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_sandbox_spec *spec,
+                           const char *image)
+{
+    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
+    json_t *body = NULL, *host, *tmpfs, *binds;
+    char opt[64], bind[PATH_MAX + 64];
+
+    snprintf(bind, sizeof(bind), "%s:%s:ro", d->cfg.supervise_path, DOCKER_SUPERVISE_PATH);
+    if (spec->resources.disk_mib > 0)
+        snprintf(opt, sizeof(opt), "rw,size=%lldm,mode=1777", (long long)spec->resources.disk_mib);
+    else
+        snprintf(opt, sizeof(opt), "rw,mode=1777");
+    tmpfs = json_object();
+    binds = json_pack("[s]", bind);
+    host = json_object();
+    if (!tmpfs || !binds || !host)
+        goto fail;
+    json_object_set_new(tmpfs, workdir, json_string(opt));
+    if (strcmp(workdir, "/tmp") != 0)
+        json_object_set_new(tmpfs, "/tmp", json_string(opt));
+    json_object_set_new(host, "Binds", binds);
+    binds = NULL;
+    json_object_set_new(host, "Tmpfs", tmpfs);
+    tmpfs = NULL;
+    json_object_set_new(host, "NetworkMode", json_string("none"));
+    if (spec->resources.cpu > 0)
+        json_object_set_new(host, "NanoCpus",
+                            json_integer((json_int_t)(spec->resources.cpu * 1e9)));
+    if (spec->resources.memory_mib > 0) {
+        json_object_set_new(host, "Memory",
+                            json_integer((json_int_t)spec->resources.memory_mib << 20));
+        json_object_set_new(host, "MemorySwap",
+                            json_integer((json_int_t)spec->resources.memory_mib << 20));
+    }
+    if (spec->resources.pids > 0)
+        json_object_set_new(host, "PidsLimit", json_integer(spec->resources.pids));
+    body = json_pack("{s:s,s:[s,s,s,s],s:s,s:{s:s,s:s},s:b,s:o}", "Image", image, "Cmd",
+                     DOCKER_SUPERVISE_PATH, "--init", "--ready-fd", "1", "WorkingDir", workdir,
+                     "Labels", DOCKER_LABEL_INSTANCE, d->instance, DOCKER_LABEL_SANDBOX, id,
+                     "NetworkDisabled", 1, "HostConfig", host);
+    if (body)
+        json_object_set_new(body, "Entrypoint", json_array()); /* the image's would wrap ours */
+    return body;
+fail:
+    json_decref(tmpfs);
+    json_decref(binds);
+    json_decref(host);
+    return NULL;
+}
+
+static int docker_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                         const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                         struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    const char *image =
+        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : d->cfg.default_image;
+    struct lb_httpc_response resp = {0};
+    char name[256], path[512], cid[128] = "", m[300];
+    json_t *body = NULL, *j = NULL;
+    bool made = false;
+    int r;
+
+    if (!image)
+        return lb_error_set(err, -EINVAL, "no image given and docker.default_image is not set");
+    r = check_network(d, spec, err);
+    if (r < 0)
+        return r;
+    docker_name(d, ref->id, name, sizeof(name));
+    body = create_body(d, ref->id, spec, image);
+    if (!body)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/containers/create?name=%s", name);
+    r = docker_call(d, "POST", path, body, d->cfg.create_timeout_ms, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status == 201) {
+        j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        snprintf(cid, sizeof(cid), "%s", json_string_value(json_object_get(j, "Id")) ?: "");
+        made = true;
+    } else if (resp.status == 409 ||
+               (resp.status == 500 &&
+                strstr(docker_engine_message(&resp, m, sizeof(m)), "already in use"))) {
+        /* a create retried after a crash: the first container is the sandbox */
+        r = find_own(d, ref->id, cid, sizeof(cid), err);
+        if (r < 0)
+            goto out;
+        made = true;
+        log_info_sbx(ref->id, "docker: container %s already exists; using it", name);
+    } else if (resp.status == 404) {
+        r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "docker engine has no image '%s': %s", image,
+                         docker_engine_message(&resp, m, sizeof(m)));
+        goto out;
+    } else {
+        r = engine_error(&resp, "container create", err);
+        if (r == -ENOENT)
+            r = -EREMOTEIO;
+        goto out;
+    }
+    /* a crash here leaves a container whose record is "starting": the next start stops it */
+    r = fault_hit("docker.created", d->cfg.create_timeout_ms, err);
+    if (r < 0) {
+        r = -EREMOTEIO;
+        goto out;
+    }
+    httpc_response_release(&resp);
+    snprintf(path, sizeof(path), "/containers/%s/start", name);
+    r = docker_call(d, "POST", path, NULL, d->cfg.create_timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 204 && resp.status != 304) {
+        r = engine_error(&resp, "container start", err);
+        r = -EREMOTEIO;
+    }
+    if (r < 0)
+        goto out;
+    *descriptor_out = new_descriptor(name, cid);
+    if (!*descriptor_out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    if (r < 0 && made) {
+        struct lb_error rerr = {0};
+
+        if (remove_container(d, name, d->cfg.create_timeout_ms, &rerr) < 0)
+            log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s", name,
+                         rerr.message);
+    }
+    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
+        r = -EREMOTEIO;
+    json_decref(j);
+    json_decref(body);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                       struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    char name[256];
+
+    docker_name(d, ref->id, name, sizeof(name));
+    return remove_container(d, name, timeout_ms > 0 ? timeout_ms : 120000, err);
+}
+
+int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
+                 struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[512], name[256];
+    const char *s;
+    json_t *j = NULL;
+    int r;
+
+    docker_name(d, id, name, sizeof(name));
+    snprintf(path, sizeof(path), "/containers/%s/json", name);
+    r = docker_call(d, "GET", path, NULL, 30000, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status == 404) {
+        *out = LB_STATUS_STOPPED;
+        goto out;
+    }
+    if (resp.status != 200) {
+        r = engine_error(&resp, "inspect", err);
+        r = -EREMOTEIO;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    s = json_string_value(json_object_get(json_object_get(j, "State"), "Status")) ?: "";
+    *out = !strcmp(s, "running")                               ? LB_STATUS_RUNNING
+           : !strcmp(s, "paused")                              ? LB_STATUS_PAUSED
+           : !strcmp(s, "created") || !strcmp(s, "configured") ? LB_STATUS_STARTING
+           : !strcmp(s, "exited") || !strcmp(s, "dead") || !strcmp(s, "stopped")
+               ? LB_STATUS_ERROR
+               : LB_STATUS_UNKNOWN;
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int docker_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                         enum lb_sandbox_status *out, struct lb_error *err)
+{
+    return docker_state((struct lb_docker *)p, ref->id, out, err);
+}
+
+static int pause_or_resume(struct lb_docker *d, const char *id, bool pause, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    enum lb_sandbox_status st;
+    char path[512], name[256];
+    int r;
+
+    docker_name(d, id, name, sizeof(name));
+    snprintf(path, sizeof(path), "/containers/%s/%s", name, pause ? "pause" : "unpause");
+    r = docker_call(d, "POST", path, NULL, 30000, &resp, err);
+    if (r == 0 && resp.status != 204 && resp.status != 200) {
+        if (resp.status == 404) {
+            r = lb_error_set(err, -ENOENT, "no such sandbox");
+        } else if (docker_state(d, id, &st, NULL) == 0 &&
+                   st == (pause ? LB_STATUS_PAUSED : LB_STATUS_RUNNING)) {
+            r = 0; /* already so: idempotent */
+        } else {
+            r = engine_error(&resp, pause ? "pause" : "unpause", err);
+            r = r == -ENOENT ? r : -EREMOTEIO;
+        }
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int docker_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                        struct lb_error *err)
+{
+    return pause_or_resume((struct lb_docker *)p, ref->id, true, err);
+}
+
+static int docker_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                         struct lb_error *err)
+{
+    return pause_or_resume((struct lb_docker *)p, ref->id, false, err);
+}
+
+static int docker_list(struct lb_provider *p, json_t **out, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_httpc_response resp;
+    char filter[256], path[1024], *enc;
+    json_t *j = NULL, *arr = NULL, *c;
+    size_t i;
+    int r;
+
+    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, d->instance);
+    enc = curl_easy_escape(NULL, filter, 0);
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/containers/json?all=true&filters=%s", enc);
+    curl_free(enc);
+    r = docker_call(d, "GET", path, NULL, 60000, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        r = engine_error(&resp, "container list", err);
+        r = -EREMOTEIO;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    arr = json_array();
+    if (!json_is_array(j) || !arr) {
+        r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
+        goto out;
+    }
+    json_array_foreach(j, i, c) {
+        json_t *labels = json_object_get(c, "Labels");
+        const char *id = json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX));
+        const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
+        char name[256];
+
+        if (!id || !inst || strcmp(inst, d->instance) != 0)
+            continue;
+        docker_name(d, id, name, sizeof(name));
+        json_array_append_new(
+            arr, json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
+                           new_descriptor(name, json_string_value(json_object_get(c, "Id")))));
+    }
+    *out = arr;
+    arr = NULL;
+out:
+    json_decref(arr);
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int docker_end_execs(struct lb_provider *p)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+
+    atomic_store(&d->ending, true);
+    return atomic_load(&d->execs_in_flight);
+}
+
+static void docker_destroy(struct lb_provider *p)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+
+    if (!d)
+        return;
+    httpc_free(d->http);
+    free(d->socket);
+    free(d->default_image);
+    free(d->supervise_path);
+    free(d->net_inherit);
+    free(d->spool_dir);
+    free(d);
+}
+
+/* What a container can honour: no network but none (and only when "inherit" means none),
+ * no endpoints, no GPUs, no terminals; disk_mib bounds its tmpfs workdir and /tmp. */
+static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    const struct lb_docker *d = (const struct lb_docker *)p;
+
+    *out = (struct lb_provider_caps){
+        .network_modes = strcmp(d->net_inherit, "none") == 0 ? LB_NET_LOOPBACK : 0,
+        .cpu_limit = true,
+        .memory_limit = true,
+        .pids_limit = true,
+        .disk_limit = true,
+        .images = true,
+        .users = true,
+        .pause = true,
+        .default_image = d->default_image,
+    };
+}
+
+static const struct lb_provider_ops docker_ops = {
+    .name = "docker",
+    .version = LB_PROVIDER_OPS_VERSION,
+    .caps = docker_caps,
+    .create = docker_create,
+    .stop = docker_stop,
+    .status = docker_status,
+    .exec = docker_exec,
+    .file_write = docker_file_write,
+    .upload_begin = docker_upload_begin,
+    .upload_commit = docker_upload_commit,
+    .upload_abort = docker_upload_abort,
+    .file_open = docker_file_open,
+    .list = docker_list,
+    .pause = docker_pause,
+    .resume = docker_resume,
+    .end_execs = docker_end_execs,
+    .destroy = docker_destroy,
+};
+
+/* /_ping, then the version: the engine's API version, capped at what this code knows. */
+static int negotiate(struct lb_docker *d, struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = "GET",
+                                   .path = "/_ping",
+                                   .timeout_ms = 10000,
+                                   .max_body_bytes = 4096,
+                                   .want_header = "Api-Version"};
+    struct lb_httpc_response resp;
+    int major = 0, minor = 0, r;
+    char base[32];
+
+    r = httpc_do(d->http, &req, &resp, err);
+    if (r < 0) {
+        r = lb_error_keep(err, -EREMOTEIO, "cannot reach the docker engine");
+        goto out;
+    }
+    if (resp.status != 200 || !resp.header_value ||
+        sscanf(resp.header_value, "%d.%d", &major, &minor) != 2) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "%s does not answer /_ping like a Docker engine (HTTP %ld)", d->socket,
+                         resp.status);
+        goto out;
+    }
+    if (major > API_MAX_MAJOR || (major == API_MAX_MAJOR && minor > API_MAX_MINOR))
+        major = API_MAX_MAJOR, minor = API_MAX_MINOR;
+    if (major < 1 || (major == 1 && minor < API_MIN_MINOR)) {
+        r = lb_error_set(err, -EREMOTEIO, "the docker engine's API %d.%d is older than 1.%d", major,
+                         minor, API_MIN_MINOR);
+        goto out;
+    }
+    snprintf(base, sizeof(base), "/v%d.%d", major, minor);
+    if (httpc_set_base_path(d->http, base) < 0) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    log_info("docker provider: engine at %s, API %d.%d", d->socket, major, minor);
+out:
+    httpc_response_release(&resp);
+    return r;
+}
+
+int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
+                        struct lb_error *err)
+{
+    struct lb_docker *d;
+    int r;
+
+    if (!cfg->socket || !cfg->supervise_path || !cfg->state_dir)
+        return lb_error_set(err, -EINVAL,
+                            "the docker provider needs docker.socket, the "
+                            "supervisor and a state dir");
+    if (httpc_global_init() < 0)
+        return lb_error_set(err, -EIO, "cannot initialise libcurl");
+    d = calloc(1, sizeof(*d));
+    if (!d)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    d->base.ops = &docker_ops;
+    d->cfg = *cfg;
+    d->socket = strdup(cfg->socket);
+    d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
+    d->supervise_path = strdup(cfg->supervise_path);
+    d->net_inherit = strdup(cfg->net_inherit ? cfg->net_inherit : "none");
+    if (cfg->instance)
+        snprintf(d->instance, sizeof(d->instance), "%s", cfg->instance);
+    else
+        docker_instance_of(cfg->state_dir, d->instance, sizeof(d->instance));
+    if (asprintf(&d->spool_dir, "%s/docker-spool", cfg->state_dir) < 0)
+        d->spool_dir = NULL;
+    d->cfg.socket = d->socket;
+    d->cfg.default_image = d->default_image;
+    d->cfg.supervise_path = d->supervise_path;
+    d->cfg.net_inherit = d->net_inherit;
+    d->cfg.instance = d->instance;
+    if (d->cfg.create_timeout_ms <= 0)
+        d->cfg.create_timeout_ms = 30000;
+    if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir ||
+        (cfg->default_image && !d->default_image)) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (mkdir(d->spool_dir, 0700) < 0 && errno != EEXIST) {
+        r = lb_error_set(err, -errno, "cannot make '%s': %s", d->spool_dir, strerror(errno));
+        goto fail;
+    }
+    r = httpc_new(d->socket, "", &d->http, err);
+    if (r < 0)
+        goto fail;
+    r = negotiate(d, err);
+    if (r < 0)
+        goto fail;
+    log_info("docker provider: instance %s, default image %s", d->instance,
+             d->default_image ? d->default_image : "(none)");
+    *out = &d->base;
+    return 0;
+fail:
+    docker_destroy(&d->base);
+    return r;
+}

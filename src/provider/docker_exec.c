@@ -1,0 +1,333 @@
+/*
+ * docker_exec.c - exec on the docker provider: exec create + exec start of the supervisor in
+ * framed mode (the protocol is described in docker.h and supervise.c, "Framed mode").
+ */
+#include "provider/docker_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/clock.h"
+#include "util/token.h"
+
+#define STATUS_MAX 1100
+#define DIAG_MAX 4096
+#define EXEC_SLACK_MS 30000 /* the engine's own start-up and tear-down, past the timeout */
+
+/* The reader of the engine's multiplexed stream (8-byte headers: stream, 0, 0, 0, size BE)
+ * whose stdout carries the supervisor's frames (type, size BE32, payload). */
+struct exec_reader {
+    struct lb_exec_result *res;
+    unsigned char mux_hdr[8];
+    size_t mux_have;
+    uint32_t mux_left;
+    int mux_stream;
+    unsigned char fr_hdr[5];
+    size_t fr_have;
+    uint32_t fr_left;
+    char fr_type;
+    char status[STATUS_MAX];
+    size_t status_len;
+    bool have_status;
+    struct lb_buf diag; /* the exec's own stderr: the engine's or the supervisor's complaints */
+    bool bad;           /* a frame that is not the protocol's */
+};
+
+static void frame_bytes(struct exec_reader *x, const unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        if (x->fr_left == 0 && x->fr_have < 5) {
+            x->fr_hdr[x->fr_have++] = *p++;
+            n--;
+            if (x->fr_have == 5) {
+                x->fr_type = (char)x->fr_hdr[0];
+                x->fr_left = (uint32_t)x->fr_hdr[1] << 24 | (uint32_t)x->fr_hdr[2] << 16 |
+                             (uint32_t)x->fr_hdr[3] << 8 | x->fr_hdr[4];
+                if (x->fr_type == 's')
+                    x->have_status = true;
+                if (!strchr("oeTs", x->fr_type))
+                    x->bad = true;
+                if (x->fr_left == 0)
+                    x->fr_have = 0;
+            }
+            continue;
+        }
+        size_t k = n < x->fr_left ? n : x->fr_left;
+
+        switch (x->fr_type) {
+        case 'o':
+            (void)lb_buf_append_capped(&x->res->out, p, k);
+            break;
+        case 'e':
+            (void)lb_buf_append_capped(&x->res->err, p, k);
+            break;
+        case 'T':
+            if (*p == 'o')
+                x->res->out.truncated = true;
+            else if (*p == 'e')
+                x->res->err.truncated = true;
+            break;
+        case 's': {
+            size_t room = sizeof(x->status) - 1 - x->status_len, c = k < room ? k : room;
+
+            memcpy(x->status + x->status_len, p, c);
+            x->status_len += c;
+            x->status[x->status_len] = '\0';
+            break;
+        }
+        default:
+            break;
+        }
+        p += k;
+        n -= k;
+        x->fr_left -= (uint32_t)k;
+        if (x->fr_left == 0)
+            x->fr_have = 0;
+    }
+}
+
+static int on_stream(const void *data, size_t n, void *arg)
+{
+    struct exec_reader *x = arg;
+    const unsigned char *p = data;
+
+    while (n > 0) {
+        if (x->mux_left == 0) {
+            x->mux_hdr[x->mux_have++] = *p++;
+            n--;
+            if (x->mux_have == 8) {
+                x->mux_stream = x->mux_hdr[0];
+                x->mux_left = (uint32_t)x->mux_hdr[4] << 24 | (uint32_t)x->mux_hdr[5] << 16 |
+                              (uint32_t)x->mux_hdr[6] << 8 | x->mux_hdr[7];
+                x->mux_have = 0;
+            }
+            continue;
+        }
+        size_t k = n < x->mux_left ? n : x->mux_left;
+
+        if (x->mux_stream == 1)
+            frame_bytes(x, p, k);
+        else
+            (void)lb_buf_append_capped(&x->diag, p, k);
+        p += k;
+        n -= k;
+        x->mux_left -= (uint32_t)k;
+    }
+    return 0;
+}
+
+static void set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
+{
+    va_list ap;
+
+    res->return_code = LB_RETURN_CODE_RUNTIME;
+    res->error_type = type;
+    va_start(ap, fmt);
+    vsnprintf(res->message, sizeof(res->message), fmt, ap);
+    va_end(ap);
+}
+
+/* The supervisor's status line as a result (same meaning as on the local provider). */
+static void apply_status(struct exec_reader *x)
+{
+    struct lb_exec_result *res = x->res;
+    const char *line = x->status;
+    long v;
+
+    res->return_code = LB_RETURN_CODE_RUNTIME;
+    if (sscanf(line, "exit %ld", &v) == 1) {
+        res->return_code = (int)v;
+        res->error_type = LB_EXEC_OK;
+    } else if (sscanf(line, "signal %ld", &v) == 1) {
+        res->return_code = 128 + (int)v;
+        res->error_type = LB_EXEC_OK;
+    } else if (strcmp(line, "timeout") == 0) {
+        set_runtime(res, LB_EXEC_TIMEOUT,
+                    "the command did not end within its timeout; its process tree was killed%s",
+                    "");
+    } else if (strncmp(line, "error ", 6) == 0) {
+        set_runtime(res, LB_EXEC_SANDBOX, "%.500s", line + 6);
+        (void)lb_buf_append_capped(&res->err, line + 6, strlen(line + 6));
+        (void)lb_buf_append_capped(&res->err, "\n", 1);
+    } else {
+        set_runtime(res, LB_EXEC_SANDBOX, "unreadable status from the supervisor: %.300s", line);
+    }
+}
+
+/* Put stdin bytes into the container as a file the supervisor opens and unlinks. */
+static int put_stdin(struct lb_docker *d, const char *id, const struct lb_exec_request *req,
+                     char *path, size_t size, struct lb_error *err)
+{
+    char rnd[LB_SHA256_HEX + 1], seed[128];
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(seed, sizeof(seed), "%s-%lld-%ld-%p", id, (long long)ts.tv_sec, ts.tv_nsec,
+             (void *)req);
+    token_sha256_hex(seed, strlen(seed), rnd);
+    snprintf(path, size, "/tmp/.lendbox-stdin-%.24s", rnd);
+    return docker_put_file(d, id, path, -1, req->stdin_data, req->stdin_len, 0600, err);
+}
+
+static json_t *exec_body(struct lb_docker *d, const struct lb_exec_request *req,
+                         const char *stdin_path)
+{
+    json_t *cmd = json_array(), *env = json_array(), *body;
+    char num[32];
+
+    if (!cmd || !env)
+        goto fail;
+    json_array_append_new(cmd, json_string(DOCKER_SUPERVISE_PATH));
+    json_array_append_new(cmd, json_string("--framed"));
+    json_array_append_new(cmd, json_string("--max-output"));
+    snprintf(num, sizeof(num), "%zu", req->max_output_bytes > 0 ? req->max_output_bytes : 1);
+    json_array_append_new(cmd, json_string(num));
+    json_array_append_new(cmd, json_string("--timeout-ms"));
+    snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
+    json_array_append_new(cmd, json_string(num));
+    if (req->cwd) {
+        json_array_append_new(cmd, json_string("--cwd"));
+        json_array_append_new(cmd, json_string(req->cwd));
+    }
+    if (req->preserve_background)
+        json_array_append_new(cmd, json_string("--keep-background"));
+    if (stdin_path) {
+        json_array_append_new(cmd, json_string("--stdin-file"));
+        json_array_append_new(cmd, json_string(stdin_path));
+    }
+    json_array_append_new(cmd, json_string("--"));
+    for (size_t i = 0; req->argv[i]; i++)
+        json_array_append_new(cmd, json_string(req->argv[i]));
+    for (size_t i = 0; req->env && req->env[i]; i++)
+        json_array_append_new(env, json_string(req->env[i]));
+    body = json_pack("{s:b,s:b,s:b,s:b,s:o,s:o}", "AttachStdin", 0, "AttachStdout", 1,
+                     "AttachStderr", 1, "Tty", 0, "Cmd", cmd, "Env", env);
+    if (body && req->user && strcmp(req->user, "root") != 0 && strcmp(req->user, "0") != 0)
+        json_object_set_new(body, "User", json_string(req->user));
+    return body;
+fail:
+    json_decref(cmd);
+    json_decref(env);
+    return NULL;
+}
+
+int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    struct exec_reader x = {.res = res};
+    struct lb_httpc_response resp = {0};
+    char name[256], path[512], stdin_path[128], m[300];
+    enum lb_sandbox_status st;
+    json_t *body = NULL, *j = NULL;
+    const char *exec_id;
+    int64_t t0 = clock_mono_ms();
+    int r;
+
+    memset(res, 0, sizeof(*res));
+    lb_buf_init(&res->out, req->max_output_bytes);
+    lb_buf_init(&res->err, req->max_output_bytes);
+    lb_buf_init(&x.diag, DIAG_MAX);
+    if (req->pass_fd > 0)
+        return lb_error_set(err, -ENOSYS,
+                            "the docker provider cannot pass a file descriptor into a "
+                            "container (harness activations need it)");
+    if (req->exclusive)
+        return lb_error_set(err, -ENOSYS, "the docker provider has no exclusive exec");
+    if (atomic_load(&d->ending)) {
+        set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                    "the daemon is shutting down and no longer runs commands");
+        return 0;
+    }
+    atomic_fetch_add(&d->execs_in_flight, 1);
+    docker_name(d, ref->id, name, sizeof(name));
+    if (req->stdin_data) {
+        r = put_stdin(d, ref->id, req, stdin_path, sizeof(stdin_path), err);
+        if (r < 0)
+            goto out;
+    }
+    body = exec_body(d, req, req->stdin_data ? stdin_path : NULL);
+    if (!body) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/containers/%s/exec", name);
+    r = docker_call(d, "POST", path, body, 30000, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status == 404) {
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+        goto out;
+    }
+    if (resp.status == 409 || (resp.status != 201 && resp.status != 200)) {
+        /* paused or not running: a sandbox-runtime result, like the local provider's */
+        set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
+                    docker_engine_message(&resp, m, sizeof(m)));
+        r = 0;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    exec_id = json_string_value(json_object_get(j, "Id"));
+    if (!exec_id) {
+        r = lb_error_set(err, -EREMOTEIO, "docker engine: exec create answered no Id");
+        goto out;
+    }
+    httpc_response_release(&resp);
+    snprintf(path, sizeof(path), "/exec/%s/start", exec_id);
+    {
+        struct lb_httpc_request sreq = {.method = "POST",
+                                        .path = path,
+                                        .body = "{\"Detach\":false,\"Tty\":false}",
+                                        .body_len = strlen("{\"Detach\":false,\"Tty\":false}"),
+                                        .timeout_ms = req->timeout_ms + EXEC_SLACK_MS,
+                                        .max_body_bytes = DIAG_MAX,
+                                        .sink = on_stream,
+                                        .sink_arg = &x,
+                                        .abort = &d->ending};
+
+        r = httpc_do(d->http, &sreq, &resp, err);
+    }
+    if (r == -ECANCELED) {
+        lb_error_clear(err);
+        set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                    "the daemon is shutting down and no longer waits for this command");
+        r = 0;
+        goto out;
+    }
+    if (r == 0 && resp.status == 404) {
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+        goto out;
+    }
+    if (x.have_status && !x.bad && r == 0) {
+        apply_status(&x);
+        goto out;
+    }
+    /* no status: the supervisor died, the container went away, or the transport failed */
+    if (docker_state(d, ref->id, &st, NULL) == 0 && st == LB_STATUS_STOPPED) {
+        lb_error_clear(err);
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+        goto out;
+    }
+    if (r < 0) {
+        r = lb_error_keep(err, -EREMOTEIO, "the exec transport failed");
+        r = -EREMOTEIO;
+        goto out;
+    }
+    set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
+                x.diag.data ? x.diag.data : "no output from the engine");
+    r = 0;
+out:
+    res->duration_ms = clock_mono_ms() - t0;
+    atomic_fetch_sub(&d->execs_in_flight, 1);
+    lb_buf_release(&x.diag);
+    json_decref(body);
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}

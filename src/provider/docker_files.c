@@ -1,0 +1,404 @@
+/*
+ * docker_files.c - files on the docker provider: the archive API (PUT/HEAD/GET
+ * /containers/{name}/archive) with tar streams written and read by libarchive, spooled
+ * through unlinked temporary files on the host (see docker.h).
+ */
+#include "provider/docker_internal.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/token.h"
+
+#define ARCHIVE_TIMEOUT_MS (30 * 60 * 1000)
+#define GO_MODE_DIR (1U << 31)
+
+struct docker_upload {
+    struct lb_upload base;
+    struct lb_docker *d;
+    char *id, *path;
+    int mode;
+};
+
+/* An unlinked read-write temporary file in the spool dir, or -errno. */
+static int spool_file(struct lb_docker *d)
+{
+    int fd = open(d->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+    return fd < 0 ? -errno : fd;
+}
+
+static char *escape(const char *s)
+{
+    return curl_easy_escape(NULL, s, 0);
+}
+
+/* Write a one-file tar (entry path without the leading '/') into tar_fd. */
+static int make_tar(int tar_fd, const char *path, int src_fd, const void *data, uint64_t len,
+                    int mode, struct lb_error *err)
+{
+    struct archive *a = archive_write_new();
+    struct archive_entry *e = archive_entry_new();
+    char buf[65536];
+    uint64_t off = 0;
+    int r = 0;
+
+    if (!a || !e) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (archive_write_set_format_pax_restricted(a) != ARCHIVE_OK ||
+        archive_write_open_fd(a, tar_fd) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EIO, "cannot start a tar stream: %s", archive_error_string(a));
+        goto out;
+    }
+    archive_entry_set_pathname(e, path + 1);
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, (mode_t)(mode < 0 ? 0644 : mode) & 07777);
+    archive_entry_set_size(e, (la_int64_t)len);
+    archive_entry_set_uid(e, 0);
+    archive_entry_set_gid(e, 0);
+    archive_entry_set_mtime(e, time(NULL), 0);
+    if (archive_write_header(a, e) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EIO, "cannot write a tar header: %s", archive_error_string(a));
+        goto out;
+    }
+    while (off < len) {
+        size_t want = len - off < sizeof(buf) ? (size_t)(len - off) : sizeof(buf);
+        const void *chunk = data ? (const char *)data + off : buf;
+        ssize_t got = (ssize_t)want;
+
+        if (!data) {
+            got = pread(src_fd, buf, want, (off_t)off);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                r = lb_error_set(err, -EIO, "cannot read the spooled upload: %s",
+                                 got < 0 ? strerror(errno) : "short file");
+                goto out;
+            }
+        }
+        if (archive_write_data(a, chunk, (size_t)got) != got) {
+            r = lb_error_set(err, -EIO, "cannot write the tar stream: %s", archive_error_string(a));
+            goto out;
+        }
+        off += (uint64_t)got;
+    }
+    if (archive_write_close(a) != ARCHIVE_OK)
+        r = lb_error_set(err, -EIO, "cannot finish the tar stream: %s", archive_error_string(a));
+out:
+    archive_entry_free(e);
+    archive_write_free(a);
+    return r;
+}
+
+int docker_put_file(struct lb_docker *d, const char *id, const char *path, int fd, const void *data,
+                    uint64_t len, int mode, struct lb_error *err)
+{
+    struct lb_httpc_response resp = {0};
+    char name[256], url[512], m[300];
+    int tar_fd = spool_file(d), r;
+    struct stat stt;
+
+    if (tar_fd < 0)
+        return lb_error_set(err, tar_fd, "cannot make a spool file in '%s': %s", d->spool_dir,
+                            strerror(-tar_fd));
+    r = make_tar(tar_fd, path, fd, data, len, mode, err);
+    if (r < 0)
+        goto out;
+    if (fstat(tar_fd, &stt) < 0 || lseek(tar_fd, 0, SEEK_SET) < 0) {
+        r = lb_error_set(err, -EIO, "cannot rewind the spooled tar: %s", strerror(errno));
+        goto out;
+    }
+    docker_name(d, id, name, sizeof(name));
+    snprintf(url, sizeof(url), "/containers/%s/archive?path=%%2F", name);
+    {
+        struct lb_httpc_request req = {.method = "PUT",
+                                       .path = url,
+                                       .content_type = "application/x-tar",
+                                       .body_fd = tar_fd,
+                                       .body_fd_len = (uint64_t)stt.st_size,
+                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
+                                       .max_body_bytes = 65536};
+
+        r = httpc_do(d->http, &req, &resp, err);
+    }
+    if (r < 0) {
+        r = docker_transport_error(r, err);
+        goto out;
+    }
+    if (resp.status == 200 || resp.status == 204)
+        goto out;
+    docker_engine_message(&resp, m, sizeof(m));
+    if (resp.status == 404)
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+    else if (strstr(m, "not a directory"))
+        r = lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
+    else if (strstr(m, "is a directory") || strstr(m, "file exists"))
+        r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+    else if (resp.status == 403 || strstr(m, "read-only"))
+        r = lb_error_set(err, -EROFS, "'%s' is on a read-only file system", path);
+    else if (strstr(m, "no space"))
+        r = lb_error_set(err, -EFBIG, "no space left for '%s' in the sandbox", path);
+    else if (resp.status == 400)
+        r = lb_error_set(err, -EINVAL, "cannot write '%s': %s", path, m);
+    else
+        r = lb_error_set(err, -EREMOTEIO, "docker engine: archive upload failed (HTTP %ld): %s",
+                         resp.status, m);
+out:
+    close(tar_fd);
+    httpc_response_release(&resp);
+    return r;
+}
+
+int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                      const void *data, size_t len, int mode, struct lb_error *err)
+{
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    return docker_put_file((struct lb_docker *)p, ref->id, path, -1, data ? data : "", len, mode,
+                           err);
+}
+
+int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        int mode, struct lb_upload **out, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    struct docker_upload *u;
+    enum lb_sandbox_status st;
+    int r;
+
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    r = docker_state(d, ref->id, &st, err);
+    if (r < 0)
+        return r;
+    if (st == LB_STATUS_STOPPED)
+        return lb_error_set(err, -ENOENT, "no such sandbox");
+    u = calloc(1, sizeof(*u));
+    if (!u || !(u->id = strdup(ref->id)) || !(u->path = strdup(path))) {
+        if (u)
+            free(u->id);
+        free(u);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    u->base.provider = p;
+    u->base.fd = spool_file(d);
+    if (u->base.fd < 0) {
+        r = lb_error_set(err, u->base.fd, "cannot make a spool file in '%s': %s", d->spool_dir,
+                         strerror(-u->base.fd));
+        free(u->id);
+        free(u->path);
+        free(u);
+        return r;
+    }
+    u->d = d;
+    u->mode = mode;
+    *out = &u->base;
+    return 0;
+}
+
+void docker_upload_abort(struct lb_upload *base)
+{
+    struct docker_upload *u = (struct docker_upload *)base;
+
+    if (!u)
+        return;
+    if (u->base.fd >= 0)
+        close(u->base.fd);
+    free(u->id);
+    free(u->path);
+    free(u);
+}
+
+int docker_upload_commit(struct lb_upload *base, struct lb_error *err)
+{
+    struct docker_upload *u = (struct docker_upload *)base;
+    struct stat st;
+    int r;
+
+    if (fstat(u->base.fd, &st) < 0) {
+        r = lb_error_set(err, -EIO, "cannot stat the spooled upload: %s", strerror(errno));
+        goto out;
+    }
+    r = docker_put_file(u->d, u->id, u->path, u->base.fd, NULL, (uint64_t)st.st_size, u->mode, err);
+out:
+    docker_upload_abort(base);
+    return r;
+}
+
+/* The path's stat from HEAD .../archive: the engine resolves symlinks inside the container
+ * (linkTarget). */
+static int stat_path(struct lb_docker *d, const char *name, const char *path, char *target,
+                     size_t target_size, struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = "HEAD",
+                                   .timeout_ms = 30000,
+                                   .max_body_bytes = 65536,
+                                   .want_header = "X-Docker-Container-Path-Stat"};
+    struct lb_httpc_response resp = {0};
+    char url[8192], *enc = escape(path);
+    unsigned char *raw = NULL;
+    size_t raw_len = 0;
+    json_t *j = NULL;
+    const char *link;
+    json_int_t mode;
+    int r;
+
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
+    curl_free(enc);
+    req.path = url;
+    r = httpc_do(d->http, &req, &resp, err);
+    if (r < 0) {
+        r = docker_transport_error(r, err);
+        goto out;
+    }
+    if (resp.status == 404) {
+        r = lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
+        goto out;
+    }
+    if (resp.status != 200 || !resp.header_value ||
+        token_base64_decode(resp.header_value, strlen(resp.header_value), &raw, &raw_len) < 0 ||
+        !(j = json_loadb((const char *)raw, raw_len, 0, NULL))) {
+        r = lb_error_set(err, resp.status == 400 ? -EINVAL : -EREMOTEIO,
+                         "docker engine: cannot stat '%s' (HTTP %ld)", path, resp.status);
+        goto out;
+    }
+    mode = json_integer_value(json_object_get(j, "mode"));
+    if (json_is_true(json_object_get(j, "isDir")) || ((uint64_t)mode & GO_MODE_DIR)) {
+        r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+        goto out;
+    }
+    link = json_string_value(json_object_get(j, "linkTarget"));
+    snprintf(target, target_size, "%s", link && link[0] == '/' ? link : path);
+out:
+    json_decref(j);
+    free(raw);
+    httpc_response_release(&resp);
+    return r;
+}
+
+struct fd_sink {
+    int fd;
+};
+
+static int to_fd(const void *data, size_t n, void *arg)
+{
+    struct fd_sink *s = arg;
+    const char *p = data;
+
+    while (n > 0) {
+        ssize_t w = write(s->fd, p, n);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_httpc_response resp = {0};
+    char name[256], url[8192], target[4200], *enc = NULL;
+    struct archive *a = NULL;
+    struct archive_entry *e;
+    int tar_fd = -1, out_fd = -1, r;
+    struct stat st;
+
+    if (!provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    docker_name(d, ref->id, name, sizeof(name));
+    r = stat_path(d, name, path, target, sizeof(target), err);
+    if (r < 0)
+        return r;
+    tar_fd = spool_file(d);
+    out_fd = spool_file(d);
+    enc = escape(target);
+    if (tar_fd < 0 || out_fd < 0 || !enc) {
+        r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->spool_dir);
+        goto out;
+    }
+    snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
+    {
+        struct fd_sink sink = {tar_fd};
+        struct lb_httpc_request req = {.method = "GET",
+                                       .path = url,
+                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
+                                       .max_body_bytes = 65536,
+                                       .sink = to_fd,
+                                       .sink_arg = &sink};
+
+        r = httpc_do(d->http, &req, &resp, err);
+    }
+    if (r < 0) {
+        r = docker_transport_error(r, err);
+        goto out;
+    }
+    if (resp.status == 404) {
+        r = lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
+        goto out;
+    }
+    if (resp.status != 200) {
+        r = lb_error_set(err, -EREMOTEIO, "docker engine: archive download failed (HTTP %ld)",
+                         resp.status);
+        goto out;
+    }
+    if (lseek(tar_fd, 0, SEEK_SET) < 0 || !(a = archive_read_new()) ||
+        archive_read_support_format_tar(a) != ARCHIVE_OK ||
+        archive_read_open_fd(a, tar_fd, 65536) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot read the engine's tar stream");
+        goto out;
+    }
+    if (archive_read_next_header(a, &e) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EREMOTEIO, "the engine's tar stream is empty or damaged: %s",
+                         archive_error_string(a));
+        goto out;
+    }
+    if (archive_entry_filetype(e) == AE_IFDIR) {
+        r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+        goto out;
+    }
+    if (archive_entry_filetype(e) != AE_IFREG) {
+        r = lb_error_set(err, -EINVAL, "'%s' is not a regular file", path);
+        goto out;
+    }
+    if (archive_read_data_into_fd(a, out_fd) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot extract '%s' from the engine's tar stream: %s",
+                         path, archive_error_string(a));
+        goto out;
+    }
+    if (fstat(out_fd, &st) < 0 || lseek(out_fd, 0, SEEK_SET) < 0) {
+        r = lb_error_set(err, -EIO, "cannot rewind the downloaded file: %s", strerror(errno));
+        goto out;
+    }
+    *fd_out = out_fd;
+    *size_out = (uint64_t)st.st_size;
+    out_fd = -1;
+out:
+    if (a)
+        archive_read_free(a);
+    curl_free(enc);
+    if (tar_fd >= 0)
+        close(tar_fd);
+    if (out_fd >= 0)
+        close(out_fd);
+    httpc_response_release(&resp);
+    return r;
+}

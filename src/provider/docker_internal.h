@@ -1,0 +1,57 @@
+/*
+ * docker_internal.h - what docker.c, docker_exec.c and docker_files.c share. Not a public
+ * interface.
+ */
+#ifndef LB_DOCKER_INTERNAL_H
+#define LB_DOCKER_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "provider/docker.h"
+#include "provider/httpc.h"
+
+#define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
+#define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
+#define DOCKER_SUPERVISE_PATH "/run/lendbox/supervise"
+
+struct lb_docker {
+    struct lb_provider base;
+    struct lb_docker_config cfg; /* strings point at the copies below */
+    char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
+    char instance[64];
+    struct lb_httpc *http;
+    atomic_bool ending; /* end_execs was called */
+    atomic_int execs_in_flight;
+};
+
+/* "lendbox-<instance>-<id>" into buf. */
+void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size);
+/* One engine request with a small JSON body (or none) and a buffered answer of at most 4 MiB.
+ * 0 when an answer came (any status), else -EREMOTEIO (engine unreachable), -ETIMEDOUT. */
+int docker_call(struct lb_docker *d, const char *method, const char *path, const json_t *body,
+                int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
+/* An httpc failure as this provider's error (unreachable engine: -EREMOTEIO). */
+int docker_transport_error(int r, struct lb_error *err);
+/* The "message" of an engine's JSON error into buf. Returns buf. */
+const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size);
+/* The container's state (404: LB_STATUS_STOPPED). */
+int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
+                 struct lb_error *err);
+
+int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_exec_request *req, struct lb_exec_result *res,
+                struct lb_error *err);
+int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                      const void *data, size_t len, int mode, struct lb_error *err);
+int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        int mode, struct lb_upload **out, struct lb_error *err);
+int docker_upload_commit(struct lb_upload *u, struct lb_error *err);
+void docker_upload_abort(struct lb_upload *u);
+int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+/* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at the
+ * absolute path inside the sandbox, parents created. */
+int docker_put_file(struct lb_docker *d, const char *id, const char *path, int fd, const void *data,
+                    uint64_t len, int mode, struct lb_error *err);
+
+#endif
