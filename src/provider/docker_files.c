@@ -388,9 +388,20 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = lb_error_set(err, -EIO, "cannot rewind the downloaded file: %s", strerror(errno));
         goto out;
     }
-    *fd_out = out_fd;
+    {
+        /* the contract's O_RDONLY descriptor: the unlinked file reopened read-only */
+        char self[64];
+        int ro;
+
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", out_fd);
+        ro = open(self, O_RDONLY | O_CLOEXEC);
+        if (ro < 0) {
+            r = lb_error_set(err, -EIO, "cannot reopen the downloaded file: %s", strerror(errno));
+            goto out;
+        }
+        *fd_out = ro;
+    }
     *size_out = (uint64_t)st.st_size;
-    out_fd = -1;
 out:
     if (a)
         archive_read_free(a);

@@ -223,7 +223,9 @@ struct lb_provider_ops {
     int (*status)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err);
 
-    /* Run one command under lendbox-supervise. Fills *res (caller releases it) and returns
+    /* Run one command under lendbox-supervise (local: command mode with a status fd; engines
+     * without fd passing, docker: framed mode, the result as frames on stdout, see
+     * supervise.c and docker.h). Fills *res (caller releases it) and returns
      * 0 whenever a result exists, including timeouts and LB_EXEC_SANDBOX results; returns
      * -ENOENT if the sandbox is gone, -EREMOTEIO if the exec transport failed. */
     int (*exec)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
@@ -252,8 +254,11 @@ struct lb_provider_ops {
     int (*upload_error)(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
-     * descriptor the caller owns and *size_out its size. -ENOENT if missing, -EISDIR if a
-     * directory, -EACCES if the sandbox's own root could not read it either. */
+     * descriptor the caller owns and *size_out its size. It need not be the sandbox's file
+     * itself: a remote provider (docker) extracts the file from the engine's tar stream into
+     * an unlinked temporary file on the daemon's host and returns that, reopened read-only. -ENOENT
+     * if missing, -EISDIR if a directory, -EACCES if the sandbox's own root could not read it
+     * either. */
     int (*file_open)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 

@@ -322,6 +322,9 @@ START_TEST(test_unenforceable)
     lbt_resp_free(&r);
     ck_assert_int_eq(dk_count_containers(x.inst), 0);
     lease = seed_ok(&x, "ep-a", NULL);
+    lbt_exec(&x.d, sid_of(lease), "", "{\"command\": \"true\", \"exclusive\": true}", &r);
+    lbt_assert_error(&r, 501, "not_implemented");
+    lbt_resp_free(&r);
     lbt_json(&x.d, "POST", "/v1/sessions/ep-a/execute", "",
              "{\"argv\": [\"sh\", \"-c\", \"true\"], \"timeout_s\": 10}", &r);
     /* not yet 501: the activation fails at launch, saying why (see docs/operations.md) */
