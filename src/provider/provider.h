@@ -256,9 +256,9 @@ struct lb_provider_ops {
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. It need not be the sandbox's file
      * itself: a remote provider (docker) extracts the file from the engine's tar stream into
-     * an unlinked temporary file on the daemon's host and returns that, reopened read-only. -ENOENT
-     * if missing, -EISDIR if a directory, -EACCES if the sandbox's own root could not read it
-     * either. */
+     * an unlinked temporary file on the daemon's host and returns that, reopened read-only.
+     * -ENOENT if missing, -EISDIR if a directory, -EACCES if the sandbox's own root could not
+     * read it either. */
     int (*file_open)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 
