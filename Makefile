@@ -188,3 +188,7 @@ clean:
 $(BUILD)/lendbox-bench: scripts/bench.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
+
+$(BUILD)/lendbox-bench-docker: scripts/bench-docker.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
