@@ -204,6 +204,26 @@ START_TEST(test_shutdown_sweep)
     ck_assert_int_eq(dk_count_containers(x.inst), 8);
     ck_assert_int_eq(lbt_daemon_stop(&x.d), 0);
     ck_assert_int_eq(dk_count_containers(x.inst), 0);
+    /* the sweep's own account: 8 sandboxes, none failed, at most 3 stops at once */
+    {
+        FILE *f = fopen(x.d.log_path, "r");
+        char line[1024];
+        int n = -1, failed = -1, inflight = -1;
+
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f)) {
+            const char *p = strstr(line, "shutdown sweep: ");
+
+            if (p)
+                sscanf(p, "shutdown sweep: %d sandboxes, %d failed, at most %d stops in flight", &n,
+                       &failed, &inflight);
+        }
+        fclose(f);
+        ck_assert_int_eq(n, 8);
+        ck_assert_int_eq(failed, 0);
+        ck_assert_int_ge(inflight, 1);
+        ck_assert_int_le(inflight, 3);
+    }
     dk_restart(&x, "sw", conc);
     all = lbt_list_sandboxes(&x.d);
     ck_assert_uint_eq(json_array_size(all), 8);
