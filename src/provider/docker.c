@@ -5,6 +5,8 @@
 #include "provider/docker_internal.h"
 
 #include <curl/curl.h>
+#include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -28,6 +30,29 @@ void docker_instance_of(const char *state_dir, char *buf, size_t size)
 
     token_sha256_hex(state_dir, strlen(state_dir), hex);
     snprintf(buf, size, "%.12s", hex);
+}
+
+void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/%s", d->pass_dir, id);
+}
+
+/* Remove a sandbox's pass dir and the links left in it (idempotent). */
+static void remove_pass_dir(const struct lb_docker *d, const char *id)
+{
+    char dir[PATH_MAX];
+    struct dirent *e;
+    DIR *dp;
+
+    docker_pass_dir(d, id, dir, sizeof(dir));
+    dp = opendir(dir);
+    if (!dp)
+        return;
+    while ((e = readdir(dp)))
+        if (e->d_name[0] != '.')
+            (void)unlinkat(dirfd(dp), e->d_name, 0);
+    closedir(dp);
+    (void)rmdir(dir);
 }
 
 void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size)
@@ -170,13 +195,17 @@ static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_
     json_t *body = NULL, *host, *tmpfs, *binds;
     char opt[64], bind[PATH_MAX + 64];
 
+    char pass[PATH_MAX + 64], pass_dir[PATH_MAX];
+
     snprintf(bind, sizeof(bind), "%s:%s:ro", d->cfg.supervise_path, DOCKER_SUPERVISE_PATH);
+    docker_pass_dir(d, id, pass_dir, sizeof(pass_dir));
+    snprintf(pass, sizeof(pass), "%s:%s:rw", pass_dir, DOCKER_PASS_PATH);
     if (spec->resources.disk_mib > 0)
         snprintf(opt, sizeof(opt), "rw,size=%lldm,mode=1777", (long long)spec->resources.disk_mib);
     else
         snprintf(opt, sizeof(opt), "rw,mode=1777");
     tmpfs = json_object();
-    binds = json_pack("[s]", bind);
+    binds = json_pack("[s,s]", bind, pass);
     host = json_object();
     if (!tmpfs || !binds || !host)
         goto fail;
@@ -232,6 +261,13 @@ static int docker_create(struct lb_provider *p, const struct lb_sandbox_ref *ref
     if (r < 0)
         return r;
     docker_name(d, ref->id, name, sizeof(name));
+    {
+        char pass_dir[PATH_MAX];
+
+        docker_pass_dir(d, ref->id, pass_dir, sizeof(pass_dir));
+        if (mkdir(pass_dir, 0700) < 0 && errno != EEXIST)
+            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", pass_dir, strerror(errno));
+    }
     body = create_body(d, ref->id, spec, image);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
@@ -288,6 +324,8 @@ out:
             log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s", name,
                          rerr.message);
     }
+    if (r < 0 && !made)
+        remove_pass_dir(d, ref->id);
     if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
         r = -EREMOTEIO;
     json_decref(j);
@@ -302,8 +340,13 @@ static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     struct lb_docker *d = (struct lb_docker *)p;
     char name[256];
 
+    int r;
+
     docker_name(d, ref->id, name, sizeof(name));
-    return remove_container(d, name, timeout_ms > 0 ? timeout_ms : 120000, err);
+    r = remove_container(d, name, timeout_ms > 0 ? timeout_ms : 120000, err);
+    if (r == 0)
+        remove_pass_dir(d, ref->id);
+    return r;
 }
 
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
@@ -452,11 +495,19 @@ static void docker_destroy(struct lb_provider *p)
     if (!d)
         return;
     httpc_free(d->http);
+    while (d->gates) {
+        struct docker_gate *g = d->gates;
+
+        d->gates = g->next;
+        free(g);
+    }
+    pthread_mutex_destroy(&d->gate_mutex);
     free(d->socket);
     free(d->default_image);
     free(d->supervise_path);
     free(d->net_inherit);
     free(d->spool_dir);
+    free(d->pass_dir);
     free(d);
 }
 
@@ -557,6 +608,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     if (!d)
         return lb_error_set(err, -ENOMEM, "out of memory");
     d->base.ops = &docker_ops;
+    pthread_mutex_init(&d->gate_mutex, NULL);
     d->cfg = *cfg;
     d->socket = strdup(cfg->socket);
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
@@ -568,6 +620,8 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         docker_instance_of(cfg->state_dir, d->instance, sizeof(d->instance));
     if (asprintf(&d->spool_dir, "%s/docker-spool", cfg->state_dir) < 0)
         d->spool_dir = NULL;
+    if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)
+        d->pass_dir = NULL;
     d->cfg.socket = d->socket;
     d->cfg.default_image = d->default_image;
     d->cfg.supervise_path = d->supervise_path;
@@ -575,13 +629,15 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d->cfg.instance = d->instance;
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
-    if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir ||
+    if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
         (cfg->default_image && !d->default_image)) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    if (mkdir(d->spool_dir, 0700) < 0 && errno != EEXIST) {
-        r = lb_error_set(err, -errno, "cannot make '%s': %s", d->spool_dir, strerror(errno));
+    if ((mkdir(d->spool_dir, 0700) < 0 && errno != EEXIST) ||
+        (mkdir(d->pass_dir, 0700) < 0 && errno != EEXIST)) {
+        r = lb_error_set(err, -errno, "cannot make '%s' or '%s': %s", d->spool_dir, d->pass_dir,
+                         strerror(errno));
         goto fail;
     }
     r = httpc_new(d->socket, "", &d->http, err);

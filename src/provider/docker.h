@@ -26,8 +26,12 @@
  * status frame (see supervise.c, "Framed mode"), so the timeout kills the whole process tree
  * inside the container, output is capped inside the container already, and the result fields
  * are those of the local provider. stdin bytes go in first as a file under /tmp through the
- * archive API (--stdin-file; the supervisor unlinks it). No fd can be passed (pass_fd, hence
- * harness activations, is -ENOSYS) and exclusive execs are -ENOSYS.
+ * archive API (--stdin-file; the supervisor unlinks it). pass_fd: the daemon's file is
+ * hard-linked into the sandbox's own host directory <state_dir>/docker-pass/<id>, bind-mounted
+ * at /run/lendbox/pass, under a random name; the supervisor (--pass-file) opens and unlinks it
+ * and gives it to the command as fd 4 (a sandbox process racing that unlink could open it
+ * too). exclusive: the supervisor (--exclusive) first kills every process but the init; other
+ * execs of the sandbox get -EBUSY meanwhile.
  *
  * Files go through the archive API with tar streams made and read by libarchive: a write is
  * a one-file tar PUT at "/" (the engine creates missing parents and resolves the path inside

@@ -5,6 +5,9 @@
 #include "provider/docker_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,23 +163,63 @@ static void apply_status(struct exec_reader *x)
     }
 }
 
+/* A fresh unguessable file name (24 hex digits) into buf. */
+static int random_name(char *buf, size_t size, struct lb_error *err)
+{
+    char hex[2 * 12 + 1];
+    int r = token_random_hex(12, hex);
+
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "no random bytes: %s", strerror(-r));
+    snprintf(buf, size, "%s", hex);
+    return 0;
+}
+
 /* Put stdin bytes into the container as a file the supervisor opens and unlinks. */
 static int put_stdin(struct lb_docker *d, const char *id, const struct lb_exec_request *req,
                      char *path, size_t size, struct lb_error *err)
 {
-    char rnd[LB_SHA256_HEX + 1], seed[128];
-    struct timespec ts;
+    char name[32];
+    int r = random_name(name, sizeof(name), err);
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(seed, sizeof(seed), "%s-%lld-%ld-%p", id, (long long)ts.tv_sec, ts.tv_nsec,
-             (void *)req);
-    token_sha256_hex(seed, strlen(seed), rnd);
-    snprintf(path, size, "/tmp/.lendbox-stdin-%.24s", rnd);
+    if (r < 0)
+        return r;
+    snprintf(path, size, "/tmp/.lendbox-stdin-%s", name);
     return docker_put_file(d, id, path, -1, req->stdin_data, req->stdin_len, 0600, err);
 }
 
+/* pass_fd without fd passing: hard-link the daemon's file into the sandbox's bind-mounted
+ * pass dir under a fresh name; the supervisor opens it as the command's fd 4 and unlinks it
+ * (host_path is unlinked again after the exec, in case it never ran). -ENOSYS when the file
+ * cannot be linked there (another file system). */
+static int link_pass_file(struct lb_docker *d, const char *id, int fd, char *host_path,
+                          size_t host_size, char *path, size_t size, struct lb_error *err)
+{
+    char name[32], dir[PATH_MAX - 64], self[64];
+    int r = random_name(name, sizeof(name), err);
+
+    if (r < 0)
+        return r;
+    docker_pass_dir(d, id, dir, sizeof(dir));
+    if (snprintf(host_path, host_size, "%s/%s", dir, name) >= (int)host_size)
+        return lb_error_set(err, -ENOSYS, "the pass directory's path is too long");
+    snprintf(path, size, "%s/%s", DOCKER_PASS_PATH, name);
+    if (linkat(fd, "", AT_FDCWD, host_path, AT_EMPTY_PATH) == 0)
+        return 0;
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+    if (linkat(AT_FDCWD, self, AT_FDCWD, host_path, AT_SYMLINK_FOLLOW) == 0)
+        return 0;
+    r = errno;
+    host_path[0] = '\0';
+    return lb_error_set(err, r == ENOENT ? -ENOENT : -ENOSYS,
+                        r == ENOENT ? "no such sandbox (its pass directory is gone)"
+                                    : "the docker provider cannot pass this file into the "
+                                      "container: %s",
+                        strerror(r));
+}
+
 static json_t *exec_body(struct lb_docker *d, const struct lb_exec_request *req,
-                         const char *stdin_path)
+                         const char *stdin_path, const char *pass_path)
 {
     json_t *cmd = json_array(), *env = json_array(), *body;
     char num[32];
@@ -197,9 +240,15 @@ static json_t *exec_body(struct lb_docker *d, const struct lb_exec_request *req,
     }
     if (req->preserve_background)
         json_array_append_new(cmd, json_string("--keep-background"));
+    if (req->exclusive)
+        json_array_append_new(cmd, json_string("--exclusive"));
     if (stdin_path) {
         json_array_append_new(cmd, json_string("--stdin-file"));
         json_array_append_new(cmd, json_string(stdin_path));
+    }
+    if (pass_path) {
+        json_array_append_new(cmd, json_string("--pass-file"));
+        json_array_append_new(cmd, json_string(pass_path));
     }
     json_array_append_new(cmd, json_string("--"));
     for (size_t i = 0; req->argv[i]; i++)
@@ -217,13 +266,60 @@ fail:
     return NULL;
 }
 
+/* Admit an exec of sandbox id: -EBUSY while an exclusive one runs, or (exclusive) while
+ * another exclusive one runs; a running plain exec does not keep an exclusive one out (its
+ * processes are killed by it, as on the local provider). */
+static int gate_enter(struct lb_docker *d, const char *id, bool exclusive, struct lb_error *err)
+{
+    struct docker_gate *g;
+    int r = 0;
+
+    pthread_mutex_lock(&d->gate_mutex);
+    for (g = d->gates; g && strcmp(g->id, id) != 0; g = g->next)
+        ;
+    if (!g && (g = calloc(1, sizeof(*g)))) {
+        snprintf(g->id, sizeof(g->id), "%s", id);
+        g->next = d->gates;
+        d->gates = g;
+    }
+    if (!g)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else if (g->exclusive)
+        r = lb_error_set(err, -EBUSY, "an exclusive exec is running in this sandbox");
+    else if (exclusive)
+        g->exclusive = true;
+    if (r == 0)
+        g->running++;
+    pthread_mutex_unlock(&d->gate_mutex);
+    return r;
+}
+
+static void gate_leave(struct lb_docker *d, const char *id, bool exclusive)
+{
+    struct docker_gate **pp, *g;
+
+    pthread_mutex_lock(&d->gate_mutex);
+    for (pp = &d->gates; (g = *pp) && strcmp(g->id, id) != 0; pp = &g->next)
+        ;
+    if (g) {
+        g->running--;
+        if (exclusive)
+            g->exclusive = false;
+        if (g->running == 0) {
+            *pp = g->next;
+            free(g);
+        }
+    }
+    pthread_mutex_unlock(&d->gate_mutex);
+}
+
 int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
     struct lb_docker *d = (struct lb_docker *)p;
     struct exec_reader x = {.res = res};
     struct lb_httpc_response resp = {0};
-    char name[256], path[512], stdin_path[128], m[300];
+    char name[256], path[512], stdin_path[128], m[300], pass_path[128], pass_host[PATH_MAX] = "";
     enum lb_sandbox_status st;
     json_t *body = NULL, *j = NULL;
     const char *exec_id;
@@ -234,17 +330,14 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     lb_buf_init(&res->out, req->max_output_bytes);
     lb_buf_init(&res->err, req->max_output_bytes);
     lb_buf_init(&x.diag, DIAG_MAX);
-    if (req->pass_fd > 0)
-        return lb_error_set(err, -ENOSYS,
-                            "the docker provider cannot pass a file descriptor into a "
-                            "container (harness activations need it)");
-    if (req->exclusive)
-        return lb_error_set(err, -ENOSYS, "the docker provider has no exclusive exec");
     if (atomic_load(&d->ending)) {
         set_runtime(res, LB_EXEC_SANDBOX, "%s",
                     "the daemon is shutting down and no longer runs commands");
         return 0;
     }
+    r = gate_enter(d, ref->id, req->exclusive, err);
+    if (r < 0)
+        return r;
     atomic_fetch_add(&d->execs_in_flight, 1);
     docker_name(d, ref->id, name, sizeof(name));
     if (req->stdin_data) {
@@ -252,7 +345,14 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         if (r < 0)
             goto out;
     }
-    body = exec_body(d, req, req->stdin_data ? stdin_path : NULL);
+    if (req->pass_fd > 0) {
+        r = link_pass_file(d, ref->id, req->pass_fd, pass_host, sizeof(pass_host), pass_path,
+                           sizeof(pass_path), err);
+        if (r < 0)
+            goto out;
+    }
+    body =
+        exec_body(d, req, req->stdin_data ? stdin_path : NULL, req->pass_fd > 0 ? pass_path : NULL);
     if (!body) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
@@ -323,8 +423,11 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 x.diag.data ? x.diag.data : "no output from the engine");
     r = 0;
 out:
+    if (pass_host[0])
+        (void)unlink(pass_host); /* gone already when the supervisor opened it */
     res->duration_ms = clock_mono_ms() - t0;
     atomic_fetch_sub(&d->execs_in_flight, 1);
+    gate_leave(d, ref->id, req->exclusive);
     lb_buf_release(&x.diag);
     json_decref(body);
     json_decref(j);

@@ -5,6 +5,7 @@
 #ifndef LB_DOCKER_INTERNAL_H
 #define LB_DOCKER_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "provider/docker.h"
@@ -13,17 +14,31 @@
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
 #define DOCKER_SUPERVISE_PATH "/run/lendbox/supervise"
+#define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
+
+/* Exec admission of one sandbox: exclusive execs run alone (others get -EBUSY). */
+struct docker_gate {
+    struct docker_gate *next;
+    char id[129];
+    int running;
+    bool exclusive;
+};
 
 struct lb_docker {
     struct lb_provider base;
     struct lb_docker_config cfg; /* strings point at the copies below */
     char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
+    char *pass_dir; /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
     char instance[64];
     struct lb_httpc *http;
-    atomic_bool ending; /* end_execs was called */
+    atomic_bool ending;         /* end_execs was called */
+    pthread_mutex_t gate_mutex; /* guards gates */
+    struct docker_gate *gates;  /* execs in flight per sandbox (a list; few entries) */
     atomic_int execs_in_flight;
 };
 
+/* <pass_dir>/<id> into buf. */
+void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size);
 /* "lendbox-<instance>-<id>" into buf. */
 void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size);
 /* One engine request with a small JSON body (or none) and a buffered answer of at most 4 MiB.

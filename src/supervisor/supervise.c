@@ -50,7 +50,14 @@
  *       type, a 4-byte big-endian length, the payload. 'o' stdout bytes, 'e' stderr bytes
  *       (each stream relayed up to BYTES, the rest read and dropped), 'T' payload "o" or "e":
  *       that stream was cut, and last 's': the status line (protocol above, without the
- *       newline). Once the status arrives (the tree is gone) what is left in the pipes is
+ *       newline). --pass-file PATH: the file is opened read-write, unlinked, and given to the
+ *       command alone as fd 4 (command mode's --pass-fd 4): the docker provider's stand-in for
+ *       passing a daemon fd (a host file hard-linked into a bind-mounted directory).
+ *       --exclusive: before anything else, SIGKILL every process of the pid namespace but
+ *       pid 1 (the sandbox's init) and this one, pass after pass until a pass finds none (a
+ *       process forking meanwhile is caught by the next pass; at most 200 passes, else the
+ *       status is "error"): the engine providers' exclusive exec.
+ *       Once the status arrives (the tree is gone) what is left in the pipes is
  *       drained and the frames end: background processes kept with --keep-background cannot
  *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
  *       No 's' frame means the supervisor died. Exit status 0; 2 on bad usage.
@@ -140,6 +147,8 @@ struct options {
     bool framed;            /* --framed: the result as frames on stdout */
     int64_t max_output;     /* framed: bytes relayed per stream */
     const char *stdin_file; /* framed: stdin from this file (unlinked once open) */
+    const char *pass_file;  /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
+    bool exclusive;         /* framed: first SIGKILL every process of the pid namespace but 1 */
     char **argv;
 };
 
@@ -208,11 +217,16 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->init = true;
         } else if (strcmp(a, "--framed") == 0) {
             o->framed = true;
+        } else if (strcmp(a, "--exclusive") == 0) {
+            o->exclusive = true;
         } else if (strcmp(a, "--max-output") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->max_output = v;
             i++;
         } else if (strcmp(a, "--stdin-file") == 0 && val && val[0] == '/') {
             o->stdin_file = val;
+            i++;
+        } else if (strcmp(a, "--pass-file") == 0 && val && val[0] == '/') {
+            o->pass_file = val;
             i++;
         } else if (strcmp(a, "--keep-background") == 0) {
             o->keep_background = true;
@@ -259,7 +273,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         return 0;
     }
     if (o->framed)
-        return o->status_fd < 0 && o->max_output > 0 && o->timeout_ms > 0 && o->argv && o->argv[0]
+        return o->status_fd < 0 && o->pass_fd < 0 && o->max_output > 0 && o->timeout_ms > 0 &&
+                       o->argv && o->argv[0]
                    ? 0
                    : -EINVAL;
     if (o->status_fd < 0 || o->timeout_ms < 0 || !o->argv || !o->argv[0] ||
@@ -735,9 +750,58 @@ static bool relay_once(struct framed_stream *st, int64_t max)
     return true;
 }
 
+/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left. 0 or -1. */
+static int kill_all_but_init(void)
+{
+    pid_t self = getpid();
+
+    for (int pass = 0; pass < 200; pass++) {
+        DIR *dp = opendir("/proc");
+        struct dirent *e;
+        int found = 0;
+
+        if (!dp)
+            return -1;
+        while ((e = readdir(dp))) {
+            char *end;
+            long pid = strtol(e->d_name, &end, 10);
+
+            char path[64], stat[512];
+            ssize_t n;
+            int fd;
+
+            if (*end || pid <= 1 || pid == self)
+                continue;
+            /* a zombie is dead already (init reaps it): do not wait for it */
+            snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            n = fd >= 0 ? read(fd, stat, sizeof(stat) - 1) : -1;
+            if (fd >= 0)
+                close(fd);
+            if (n > 0) {
+                stat[n] = '\0';
+                const char *rp = strrchr(stat, ')');
+
+                if (rp && rp[1] == ' ' && rp[2] == 'Z')
+                    continue;
+            }
+            if (kill((pid_t)pid, SIGKILL) == 0)
+                found++;
+        }
+        closedir(dp);
+        if (!found)
+            return 0;
+        /* zombies of ours do not exist yet; others' are reaped by init */
+        struct timespec ts = {0, KILL_POLL_MS * 1000000L};
+
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
 static int run_framed(const struct options *o)
 {
-    int out[2], err[2], status[2], in = -1;
+    int out[2], err[2], status[2], in = -1, pass = -1;
     struct framed_stream streams[2];
     char line[1100];
     size_t line_len = 0;
@@ -745,6 +809,11 @@ static int run_framed(const struct options *o)
     pid_t pid;
 
     (void)signal(SIGPIPE, SIG_IGN);
+    if (o->exclusive && kill_all_but_init() < 0) {
+        snprintf(line, sizeof(line), "error the other processes of the sandbox would not end");
+        (void)write_frame('s', line, strlen(line));
+        return 0;
+    }
     if (o->stdin_file) {
         in = open(o->stdin_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
         if (in >= 0)
@@ -756,6 +825,15 @@ static int run_framed(const struct options *o)
         snprintf(line, sizeof(line), "error cannot open stdin: %s", strerror(errno));
         (void)write_frame('s', line, strlen(line));
         return 0;
+    }
+    if (o->pass_file) {
+        pass = open(o->pass_file, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (pass < 0) {
+            snprintf(line, sizeof(line), "error cannot open the pass file: %s", strerror(errno));
+            (void)write_frame('s', line, strlen(line));
+            return 0;
+        }
+        (void)unlink(o->pass_file);
     }
     if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
         snprintf(line, sizeof(line), "error pipe failed: %s", strerror(errno));
@@ -774,10 +852,21 @@ static int run_framed(const struct options *o)
             _exit(1);
         child_opts.framed = false;
         child_opts.status_fd = status[1];
+        if (pass >= 0) {
+            /* fd 4 for the command: move the status pipe out of its way first */
+            int st = fcntl(status[1], F_DUPFD_CLOEXEC, 10);
+
+            if (st < 0 || dup2(pass, 4) < 0)
+                _exit(1);
+            child_opts.status_fd = st;
+            child_opts.pass_fd = 4;
+        }
         /* run_command closes every fd above 2 but the status fd */
         _exit(run_command(&child_opts));
     }
     (void)close(in);
+    if (pass >= 0)
+        (void)close(pass);
     (void)close(out[1]);
     (void)close(err[1]);
     (void)close(status[1]);
@@ -1278,14 +1367,17 @@ int main(int argc, char **argv)
      * commands we run are not affected. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (parse_options(argc, argv, &o) < 0) {
-        fprintf(stderr, "usage: lendbox-supervise --init --ready-fd N\n"
-                        "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-                        "[--keep-background] [--pass-fd P] -- ARGV...\n"
-                        "       lendbox-supervise --harness-launch DIR --receipt-fd N "
-                        "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
-                        "       lendbox-supervise --harness-stop DIR\n"
-                        "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
-                        "[--cwd DIR] [--keep-background] [--stdin-file PATH] -- ARGV...\n");
+        fprintf(
+            stderr,
+            "usage: lendbox-supervise --init --ready-fd N\n"
+            "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
+            "[--keep-background] [--pass-fd P] -- ARGV...\n"
+            "       lendbox-supervise --harness-launch DIR --receipt-fd N "
+            "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
+            "       lendbox-supervise --harness-stop DIR\n"
+            "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
+            "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] [--exclusive] "
+            "-- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
         return 2;

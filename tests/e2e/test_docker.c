@@ -305,8 +305,8 @@ START_TEST(test_pause_resume_limits)
 END_TEST
 
 /* What the docker provider cannot honour: a network policy (422 unenforceable, no container
- * left), ports (422), an unknown image (404 image_not_found), harness activations (they need
- * a host fd passed to the harness supervisor: the activation fails at launch, saying so). */
+ * left), ports (422), an unknown image (404 image_not_found); and an exclusive exec, which it
+ * can (the supervisor kills every other process first). */
 START_TEST(test_unenforceable)
 {
     struct dk_daemon x;
@@ -330,19 +330,108 @@ START_TEST(test_unenforceable)
     lbt_resp_free(&r);
     ck_assert_int_eq(dk_count_containers(x.inst), 0);
     lease = seed_ok(&x, "ep-a", NULL);
-    lbt_exec(&x.d, sid_of(lease), "", "{\"command\": \"true\", \"exclusive\": true}", &r);
-    lbt_assert_error(&r, 501, "not_implemented");
-    lbt_resp_free(&r);
-    lbt_json(&x.d, "POST", "/v1/sessions/ep-a/execute", "",
-             "{\"argv\": [\"sh\", \"-c\", \"true\"], \"timeout_s\": 10}", &r);
-    /* not yet 501: the activation fails at launch, saying why (see docs/operations.md) */
-    ck_assert_int_eq(r.status, 200);
-    ck_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "failed");
-    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(r.json, "error")),
-                                 "docker provider cannot pass a file descriptor"));
-    lbt_resp_free(&r);
+    /* an exclusive exec runs with nothing else left in the container but its init */
+    {
+        json_t *res = lbt_exec_ok(&x.d, sid_of(lease), "",
+                                  "{\"command\": \"sleep 1000 > /dev/null 2>&1 &\", "
+                                  "\"preserve_background_services\": true}");
+
+        json_decref(res);
+        res = lbt_exec_ok(&x.d, sid_of(lease), "",
+                          "{\"command\": \"cat /proc/[0-9]*/cmdline | tr '\\\\000' ' ' | grep -c "
+                          "'[s]leep 1000' || true\"}");
+        ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "1\n");
+        json_decref(res);
+        res = lbt_exec_ok(&x.d, sid_of(lease), "",
+                          "{\"command\": \"cat /proc/[0-9]*/cmdline | tr '\\\\000' ' ' | grep -c "
+                          "'[s]leep 1000' || true\", \"exclusive\": true}");
+        ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
+        json_decref(res);
+    }
     json_decref(lease);
     lbt_daemon_cleanup(&x.d);
+}
+END_TEST
+
+/* Harness activations: the receipt file is passed as the launcher's fd 4 through the
+ * bind-mounted pass dir. A finished harness (return code, artifact, confirmed cleanup), then a
+ * timed-out one whose whole tree is gone, then a close mid-run (TERM first). */
+START_TEST(test_activations)
+{
+    struct dk_daemon x;
+    struct lbt_resp r, c;
+    struct lbt_async *ex;
+    json_t *lease, *art;
+    char *out;
+
+    dk_start(&x, "act", NULL);
+    lease = seed_ok(&x, "ep-a", NULL);
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-a/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo hi > /workspace/out.txt; exit 3\"], "
+             "\"timeout_s\": 30, \"collect\": [\"/workspace/out.txt\"]}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 3);
+    ck_assert(
+        json_is_true(json_object_get(json_object_get(r.json, "cleanup"), "cleanup_confirmed")));
+    art = json_object_get(json_object_get(r.json, "artifacts"), "/workspace/out.txt");
+    ck_assert_str_eq(json_string_value(json_object_get(art, "base64")), "aGkK");
+    lbt_resp_free(&r);
+    /* the link into the pass dir is gone: nothing in the container can open the receipt */
+    out = lbt_sh(&x.d, sid_of(lease), "ls -A /run/lendbox/pass | wc -l");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-a/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    json_decref(lease);
+
+    /* timed out: the whole tree goes */
+    lease = seed_ok(&x, "ep-b", NULL);
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-b/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"setsid sleep 1000 & while :; do sleep 1; done\"], "
+             "\"timeout_s\": 2, \"close_timeout_s\": 6}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "timed_out");
+    lbt_resp_free(&r);
+    out = lbt_sh(&x.d, sid_of(lease),
+                 "cat /proc/[0-9]*/cmdline | tr '\\000' ' ' | grep -c '[s]leep' || true");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    json_decref(lease);
+
+    /* close mid-run: TERM first, the waiting execute answers with the same artifacts */
+    lease = seed_ok(&x, "ep-c", NULL);
+    ex = lbt_async_json(&x.d, "POST", "/v1/sessions/ep-c/execute", "",
+                        "{\"argv\": [\"sh\", \"-c\", \"trap 'echo graceful > "
+                        "/workspace/state.txt; exit 0' TERM; echo running > /workspace/state.txt; "
+                        "while :; do sleep 0.1; done\"], \"collect\": [\"/workspace/state.txt\"]}");
+    for (int i = 0; i < 300; i++) {
+        lbt_file_get(&x.d, sid_of(lease), "", "/workspace/state.txt", &r);
+        bool running = r.status == 200 && strcmp(r.body, "running\n") == 0;
+
+        lbt_resp_free(&r);
+        if (running)
+            break;
+        lbt_sleep_ms(100);
+    }
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-c/close", "", "{}", &c);
+    ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
+    art = json_object_get(json_object_get(c.json, "artifacts"), "/workspace/state.txt");
+    ck_assert_str_eq(json_string_value(json_object_get(art, "base64")), "Z3JhY2VmdWwK");
+    ck_assert(
+        json_is_true(json_object_get(json_object_get(c.json, "cleanup"), "cleanup_confirmed")));
+    lbt_async_join(ex, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(
+        json_equal(json_object_get(r.json, "artifacts"), json_object_get(c.json, "artifacts")));
+    lbt_resp_free(&r);
+    lbt_resp_free(&c);
+    json_decref(lease);
+    lbt_daemon_cleanup(&x.d);
+    ck_assert_int_eq(dk_count_containers(x.inst), 0);
 }
 END_TEST
 
@@ -362,6 +451,7 @@ int main(void)
     tcase_add_test(tc, test_concurrent_seeds_one_container);
     tcase_add_test(tc, test_pause_resume_limits);
     tcase_add_test(tc, test_unenforceable);
+    tcase_add_test(tc, test_activations);
     suite_add_tcase(s, tc);
     rc = lbt_run_suite(s);
     dk_teardown();
