@@ -526,6 +526,8 @@ static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .images = true,
         .users = true,
         .pause = true,
+        .pass_fd = true,
+        .exclusive = true,
         .default_image = d->default_image,
     };
 }

@@ -435,6 +435,42 @@ START_TEST(test_activations)
 }
 END_TEST
 
+/* A daemon whose default is local with docker enabled: a seed naming "provider": "docker" gets
+ * a container, one naming none a local sandbox; each record keeps its provider; release of each
+ * goes to the provider that made it. */
+START_TEST(test_seed_chooses_provider)
+{
+    static const char *const both[] = {"--set", "provider.name=local", "--set",
+                                       "provider.enabled=docker", NULL};
+    struct dk_daemon x;
+    struct lbt_resp r;
+    json_t *dk, *loc;
+    char *out;
+
+    dk_start(&x, "both", both);
+    dk = lbt_seed(&x.d, "ep-d", "t", "\"provider\": \"docker\"");
+    loc = lbt_seed(&x.d, "ep-l", "t", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(dk, "provider")), "docker");
+    ck_assert_str_eq(json_string_value(json_object_get(dk, "image")), "lbtest:latest");
+    ck_assert_str_eq(json_string_value(json_object_get(loc, "provider")), "local");
+    ck_assert_int_eq(dk_count_containers(x.inst), 1);
+    /* the docker sandbox runs the image */
+    out = lbt_sh(&x.d, sid_of(dk), ". /etc/os-release; echo $ID");
+    ck_assert_str_eq(out, "lbtest\n");
+    free(out);
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-d/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(dk_count_containers(x.inst), 0);
+    lbt_json(&x.d, "POST", "/v1/sessions/ep-l/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    json_decref(dk);
+    json_decref(loc);
+    lbt_daemon_cleanup(&x.d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("docker");
@@ -452,6 +488,7 @@ int main(void)
     tcase_add_test(tc, test_pause_resume_limits);
     tcase_add_test(tc, test_unenforceable);
     tcase_add_test(tc, test_activations);
+    tcase_add_test(tc, test_seed_chooses_provider);
     suite_add_tcase(s, tc);
     rc = lbt_run_suite(s);
     dk_teardown();
