@@ -6,7 +6,6 @@
 
 #include "provider/provider.h"
 #include "routes/routes.h"
-#include "util/token.h"
 
 struct seed_job {
     char *rsid;
@@ -29,52 +28,6 @@ static void seed_job_free(void *arg)
     json_decref(j->body);
     free(j->rsid);
     free(j);
-}
-
-static int seed_parse_file(const char *path, json_t *v, struct lb_seed_file *f,
-                           struct lb_error *err)
-{
-    static const char *const fields[] = {"base64", "mode", NULL};
-    int r;
-
-    if (!provider_path_is_valid(path))
-        return lb_error_set(err, -EINVAL,
-                            "file path '%s' must be absolute and normalised (no '..')", path);
-    f->mode = -1;
-    if (json_is_string(v)) {
-        f->len = json_string_length(v);
-        f->data = malloc(f->len + 1);
-        if (!f->data)
-            return lb_error_set(err, -ENOMEM, "out of memory");
-        memcpy(f->data, json_string_value(v), f->len);
-    } else if (json_is_object(v)) {
-        json_t *b64 = json_object_get(v, "base64"), *mode = json_object_get(v, "mode");
-
-        r = routes_check_fields(v, fields, "a seed file", err);
-        if (r < 0)
-            return r;
-        if (!json_is_string(b64))
-            return lb_error_set(err, -EINVAL, "file '%s' needs a 'base64' string", path);
-        if (token_base64_decode(json_string_value(b64), json_string_length(b64), &f->data,
-                                &f->len) < 0)
-            return lb_error_set(err, -EINVAL, "file '%s' has malformed base64", path);
-        if (mode) {
-            if (!json_is_integer(mode) || json_integer_value(mode) < 0 ||
-                json_integer_value(mode) > 07777)
-                return lb_error_set(err, -EINVAL, "file '%s' mode must be 0..4095 (07777)", path);
-            f->mode = (int)json_integer_value(mode);
-        }
-    } else {
-        return lb_error_set(err, -EINVAL, "file '%s' must be a string or {\"base64\", \"mode\"}",
-                            path);
-    }
-    f->path = strdup(path);
-    return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
-}
-
-int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err)
-{
-    return seed_parse_file(path, v, f, err);
 }
 
 static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
@@ -288,7 +241,7 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
     if (!req->files)
         return lb_error_set(err, -ENOMEM, "out of memory");
     json_object_foreach(files, path, v) {
-        r = seed_parse_file(path, v, &req->files[req->n_files], err);
+        r = routes_parse_file(path, v, &req->files[req->n_files], err);
         if (r < 0) {
             free(req->files[req->n_files].data);
             free(req->files[req->n_files].path);
@@ -310,21 +263,12 @@ static void seed_run(struct lb_request *req, void *arg)
     routes_respond(req, r, 200, lease, &err);
 }
 
-static int session_param(struct lb_request *req, const char **rsid, struct lb_error *err)
-{
-    *rsid = http_param(req, 0);
-    if (!*rsid || !routes_rsid_is_valid(*rsid))
-        return lb_error_set(err, -EINVAL,
-                            "invalid resources session id: 1-128 characters of [A-Za-z0-9._:-]");
-    return 0;
-}
-
 int route_seed(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     struct seed_job *j;
     const char *rsid;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
 
     if (r < 0)
         return r;
@@ -351,7 +295,7 @@ int route_session_get(struct lb_request *req, struct lb_error *err)
     struct lb_app *app = http_app(req);
     json_t *lease = NULL;
     const char *rsid;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
 
     if (r == 0)
         r = lend_get_lease(app->lend, rsid, &lease, err);
@@ -386,7 +330,7 @@ int route_release(struct lb_request *req, struct lb_error *err)
     const char *rsid;
     char *copy;
     json_t *body = NULL;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
     static const char *const fields[] = {NULL};
 
     if (r == 0)
