@@ -1,7 +1,8 @@
 /*
  * activations.c - harness activations (NeMo Gym SandboxSession): POST
- * /v1/sessions/{rsid}/execute, POST /v1/sessions/{rsid}/close, GET
- * /v1/sessions/{rsid}/activation.
+ * /v1/sessions/{rsid}/execute, POST /v1/sessions/{rsid}/close, POST
+ * /v1/sessions/{rsid}/stop_harness, GET /v1/sessions/{rsid}/activation[?log=1][&wait_ms=N].
+ * Auth LB_AUTH_SESSION: the admin token or the operate token of the session's sandbox.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -56,8 +57,10 @@ static void execute_job_free(void *arg)
 
 static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_error *err)
 {
-    static const char *const fields[] = {
-        "argv", "cwd", "env", "user", "stage", "collect", "timeout_s", "close_timeout_s", NULL};
+    static const char *const fields[] = {"argv",  "cwd",     "env",       "user",
+                                         "stage", "collect", "timeout_s", "close_timeout_s",
+                                         "wait",  NULL};
+    json_t *wait = json_object_get(j->body, "wait");
     json_t *body = j->body, *cwd = json_object_get(body, "cwd");
     json_t *user = json_object_get(body, "user"), *stage = json_object_get(body, "stage"), *v;
     const char *path;
@@ -81,6 +84,11 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                  app->max_exec_timeout_s, &j->req.close_timeout_ms, err);
     if (r < 0)
         return r;
+    if (wait && !json_is_null(wait)) {
+        if (!json_is_boolean(wait))
+            return lb_error_set(err, -EINVAL, "'wait' must be a boolean");
+        j->req.nowait = json_is_false(wait);
+    }
     if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
         return r;
     if (cwd && !json_is_null(cwd)) {
@@ -118,7 +126,7 @@ static void execute_run(struct lb_request *req, void *arg)
     json_t *out = NULL;
     int r = activation_execute(app->acts, j->rsid, &j->req, &out, &err);
 
-    routes_respond(req, r, 200, out, &err);
+    routes_respond(req, r, j->req.nowait ? 202 : 200, out, &err);
 }
 
 int route_execute(struct lb_request *req, struct lb_error *err)
@@ -203,6 +211,7 @@ int route_close(struct lb_request *req, struct lb_error *err)
 struct get_job {
     char *rsid;
     bool with_log;
+    int64_t wait_ms; /* long-poll: 0 answers at once */
 };
 
 static void get_job_free(void *arg)
@@ -220,14 +229,14 @@ static void activation_get_run(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    int r = activation_get(app->acts, j->rsid, j->with_log, &out, &err);
+    int r = activation_get(app->acts, j->rsid, j->with_log, j->wait_ms, &out, &err);
 
     routes_respond(req, r, 200, out, &err);
 }
 
 int route_activation_get(struct lb_request *req, struct lb_error *err)
 {
-    const char *log = http_query(req, "log");
+    const char *log = http_query(req, "log"), *wait = http_query(req, "wait_ms");
     struct get_job *j = calloc(1, sizeof(*j));
     int r;
 
@@ -240,9 +249,63 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
         else if (strcmp(log, "0") && strcmp(log, "false"))
             r = lb_error_set(err, -EINVAL, "query 'log' must be 1 or 0");
     }
+    if (r == 0 && wait) {
+        struct lb_app *app = http_app(req);
+        char *end = NULL;
+        long long ms;
+
+        errno = 0;
+        ms = strtoll(wait, &end, 10);
+        if (!*wait || *end || errno || ms < 0 || wait[0] == '+' || wait[0] == ' ')
+            r = lb_error_set(err, -EINVAL,
+                             "query 'wait_ms' must be an integer number of milliseconds >= 0");
+        /* bounded: a waiting long-poll holds a worker until issue 12 parks it */
+        j->wait_ms = ms > app->max_wait_ms ? app->max_wait_ms : ms;
+    }
     if (r < 0) {
         get_job_free(j);
         return r;
     }
     return http_defer(req, activation_get_run, j, get_job_free, err);
+}
+
+/* ---------- stop_harness ---------- */
+
+static void stop_harness_run(struct lb_request *req, void *arg)
+{
+    struct close_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = activation_stop_harness(app->acts, j->rsid, j->timeout_ms, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+int route_stop_harness(struct lb_request *req, struct lb_error *err)
+{
+    static const char *const fields[] = {"timeout_s", NULL};
+    struct lb_app *app = http_app(req);
+    struct close_job *j = calloc(1, sizeof(*j));
+    json_t *body = NULL;
+    int r;
+
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = session_rsid(req, &j->rsid, err);
+    if (r == 0)
+        r = http_body_json(req, true, &body, err);
+    if (r == 0)
+        r = routes_check_fields(body, fields, "the stop_harness request", err);
+    if (r == 0 && json_object_get(body, "timeout_s") &&
+        !json_is_null(json_object_get(body, "timeout_s")))
+        r = routes_parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms,
+                                 err);
+    json_decref(body);
+    if (r < 0) {
+        close_job_free(j);
+        return r;
+    }
+    routes_serialize_session(req, j->rsid);
+    return http_defer(req, stop_harness_run, j, close_job_free, err);
 }

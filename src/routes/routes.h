@@ -27,8 +27,10 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store; /* the records (images in use) */
-    const char *images_dir; /* the image store (image/image.h) */
+    struct lb_store *store;   /* the records (images in use) */
+    const char *images_dir;   /* the image store (image/image.h) */
+    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
+    int64_t stop_concurrency; /* releases in flight at once in release_all */
 };
 
 /* The route table (terminated by {NULL}) for http_start. */
@@ -75,6 +77,13 @@ void routes_free_strings(char **v);
  * (a non-empty array of strings, argv[0] non-empty), no NUL anywhere. *argv_out is a
  * NULL-terminated vector, set even on failure (free with routes_free_strings). -EINVAL, -ENOMEM. */
 int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err);
+/* The body of a seed or a create (POST /v1/sandboxes): NeMo Gym's SandboxSpec fields and the
+ * seed's own, into *req (strings borrowed from body, which must outlive req; release req
+ * with routes_spec_release, also after a failure). task_id is required for a seed only.
+ * -EINVAL (400), -EOPNOTSUPP (422: entrypoint), -ENOMEM. */
+int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
+                      struct lb_error *err);
+void routes_spec_release(struct lb_seed_request *req);
 /* The "not built yet" handler: 501 not_implemented. */
 int routes_not_implemented(struct lb_request *req, struct lb_error *err);
 
@@ -91,6 +100,9 @@ int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);
 int route_release(struct lb_request *req, struct lb_error *err);
+int route_release_all(struct lb_request *req, struct lb_error *err);
+int route_sandbox_create(struct lb_request *req, struct lb_error *err);
+int route_stop_harness(struct lb_request *req, struct lb_error *err);
 int route_sandbox_get(struct lb_request *req, struct lb_error *err);
 int route_sandboxes_list(struct lb_request *req, struct lb_error *err);
 /* images.c: GET /v1/images, DELETE /v1/images/NAME, POST /v1/images (501 for now) */

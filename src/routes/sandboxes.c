@@ -49,6 +49,55 @@ int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
     return r;
 }
 
+/* POST /v1/sandboxes: a sandbox lent to no session (NeMo Gym's AsyncSandbox.start). */
+struct create_job {
+    json_t *body; /* keeps the strings req points into alive */
+    struct lb_seed_request req;
+};
+
+static void create_job_free(void *arg)
+{
+    struct create_job *j = arg;
+
+    if (!j)
+        return;
+    routes_spec_release(&j->req);
+    json_decref(j->body);
+    free(j);
+}
+
+static void sandbox_create_run(struct lb_request *req, void *arg)
+{
+    struct create_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *lease = NULL;
+    int r = lend_create_sandbox(app->lend, &j->req, &lease, &err);
+
+    routes_respond(req, r, 201, lease, &err);
+}
+
+int route_sandbox_create(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    struct create_job *j;
+    int r;
+
+    if (lend_is_draining(app->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new sandboxes");
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = http_body_json(req, false, &j->body, err);
+    if (r == 0)
+        r = routes_parse_spec(j->body, &j->req, false, err);
+    if (r < 0) {
+        create_job_free(j);
+        return r;
+    }
+    return http_defer(req, sandbox_create_run, j, create_job_free, err);
+}
+
 static void sandbox_delete_run(struct lb_request *req, void *arg)
 {
     struct lb_app *app = http_app(req);
