@@ -142,7 +142,8 @@ START_TEST(test_create_lifecycle)
     lbt_daemon_start(&d, NULL);
     lease = create_ok(&d, "{\"workdir\": \"/repo\", \"env\": {\"GYM_A\": \"one\"}, "
                           "\"metadata\": {\"purpose\": \"test\"}, \"ttl_s\": 3600, "
-                          "\"ports\": [8080], \"files\": {\"/repo/task.txt\": \"hello\"}}");
+                          "\"ports\": [8080], \"files\": {\"/repo/task.txt\": \"hello\"}, "
+                          "\"resources\": {\"disk_mib\": 64, \"pids\": 256}}");
     ck_assert(json_is_null(json_object_get(lease, "resources_session_id")));
     ck_assert(json_is_null(json_object_get(lease, "task_id")));
     ck_assert_str_eq(str(lease, "state"), "lent");
@@ -162,6 +163,10 @@ START_TEST(test_create_lifecycle)
     /* the operate token runs commands: cwd is the workdir, env and files are there */
     res = lbt_exec_ok(&d, idbuf, op, "{\"command\": \"pwd; echo $GYM_A; cat task.txt\"}");
     ck_assert_str_eq(str(res, "stdout"), "/repo\none\nhello");
+    json_decref(res);
+    /* resources: the workdir is a tmpfs of disk_mib */
+    res = lbt_exec_ok(&d, idbuf, op, "{\"command\": \"df -k /repo | awk 'NR==2{print $2}'\"}");
+    ck_assert_str_eq(str(res, "stdout"), "65536\n");
     json_decref(res);
     got = sandbox_get(&d, idbuf, op);
     ck_assert(json_is_null(json_object_get(got, "resources_session_id")));
@@ -378,6 +383,23 @@ START_TEST(test_seed_spec_fields)
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/9000", id);
     lbt_json(&D, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    /* the seed's env and workdir are an activation's defaults too */
+    lbt_json(&D, "POST", "/v1/sessions/spec-seed/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo $(pwd) $GYM_B > /app/act.txt\"], "
+             "\"collect\": [\"/app/act.txt\"]}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    {
+        json_t *a = json_object_get(json_object_get(r.json, "artifacts"), "/app/act.txt");
+        size_t n = 0;
+        unsigned char *b = lbt_b64_decode(str(a, "base64"), &n);
+
+        ck_assert_ptr_nonnull(b);
+        ck_assert_int_eq(n, strlen("/app two\n"));
+        ck_assert(memcmp(b, "/app two\n", n) == 0);
+        free(b);
+    }
     lbt_resp_free(&r);
     lbt_json(&D, "POST", "/v1/sessions/spec-seed/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
