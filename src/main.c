@@ -479,6 +479,8 @@ static void daemon_map_config(struct daemon *d, struct lb_http_config *hc,
                                        ? cfg->max_execs_per_sandbox
                                        : (cfg->workers / 4 > 1 ? cfg->workers / 4 : 1);
     d->app.default_exec_timeout_s = API_DEFAULT_EXEC_TIMEOUT_S;
+    d->app.max_wait_ms = cfg->max_wait_ms;
+    d->app.stop_concurrency = cfg->stop_concurrency;
 }
 
 /* Command line: flags become assignments applied over the config file. Returns -1 to go on,

@@ -34,6 +34,29 @@ void auth_free(struct lb_auth *a)
     free(a);
 }
 
+/* LB_AUTH_SESSION: the operate token (hash) of the session's live sandbox, or, when the
+ * session has none, of any sandbox the session had (its last activation stays readable to the
+ * agent that ran it). */
+static int auth_authorize_session(struct lb_auth *a, const char *hash, const char *rsid,
+                                  enum lb_principal *who, struct lb_error *err)
+{
+    struct lb_record mine = {0}, live = {0};
+    int r = store_get_by_token_hash(a->store, hash, &mine, NULL);
+
+    if (r < 0)
+        return lb_error_set(err, -ENOKEY, "unknown bearer token");
+    if (rsid && mine.rsid && strcmp(mine.rsid, rsid) == 0 &&
+        (store_get_live_by_rsid(a->store, rsid, &live, NULL) < 0 || strcmp(live.id, mine.id) == 0))
+        *who = LB_PRINCIPAL_OPERATE;
+    else
+        r = lb_error_set(err, -EACCES,
+                         "this operate token belongs to a sandbox not lent to session %s",
+                         rsid ? rsid : "");
+    store_record_release(&mine);
+    store_record_release(&live);
+    return r;
+}
+
 int auth_authorize(void *auth, const char *token, enum lb_auth_need need, const char *sandbox_id,
                    enum lb_principal *who, struct lb_error *err)
 {
@@ -47,6 +70,8 @@ int auth_authorize(void *auth, const char *token, enum lb_auth_need need, const 
         *who = LB_PRINCIPAL_ADMIN;
         return 0;
     }
+    if (need == LB_AUTH_SESSION) /* sandbox_id is the path's resources session id */
+        return auth_authorize_session(a, hash, sandbox_id, who, err);
     if (need == LB_AUTH_SANDBOX && sandbox_id &&
         store_get_sandbox(a->store, sandbox_id, &rec, NULL) == 0) {
         bool ok = rec.token_hash[0] && token_equal(hash, rec.token_hash);

@@ -23,7 +23,9 @@ void auth_free(struct lb_auth *a);
 
 /* The http layer's authorize hook (lb_authorize_fn) over auth (a struct lb_auth): 0 and *who,
  * -ENOKEY (401) for a missing or unknown token, -EACCES (403) for an operate token on an admin
- * route or on another sandbox. */
+ * route or on another sandbox. For LB_AUTH_SESSION routes sandbox_id is the path's resources
+ * session id: the operate token of the session's live sandbox passes, or (when the session has
+ * no live sandbox) that of any sandbox the session had; another operate token is -EACCES. */
 int auth_authorize(void *auth, const char *token, enum lb_auth_need need, const char *sandbox_id,
                    enum lb_principal *who, struct lb_error *err);
 

@@ -49,11 +49,13 @@
 #define RESULT_LOG_TAIL 4096
 #define POLL_FIRST_MS 50
 #define POLL_MAX_MS 250
-#define JOIN_SLACK_MS 60000 /* a close joining a running finalization: past its own budget */
+#define LONG_POLL_MAX_MS 500 /* a long-poll GET checks at most this far apart */
+#define JOIN_SLACK_MS 60000  /* a close joining a running finalization: past its own budget */
 
 enum fin_mode {
     FIN_EXECUTE, /* after the harness ended (or its deadline passed): stop if needed, capture */
     FIN_CLOSE,   /* the same, then closed; records "closing" first */
+    FIN_STOP,    /* stop_harness: stop if needed and hold the confirmed receipt; no capture */
 };
 
 /* In-memory state of one activation while someone works on it (keyed by sandbox id). */
@@ -760,6 +762,8 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
     spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
     if (!sandbox_is_lent(a, sandbox_id)) {
         /* The sandbox is gone, and every process of it with it. */
+        if (mode == FIN_STOP)
+            goto out;
         if (mode == FIN_EXECUTE) {
             r = lb_error_set(err, -ENOENT, "sandbox %s was stopped while the harness ran",
                              sandbox_id);
@@ -777,6 +781,8 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
         if (r < 0)
             goto out;
     }
+    if (mode == FIN_STOP) /* NeMo Gym's stop_harness: the capture is close's (or a GET's) */
+        goto out;
     if (mode == FIN_CLOSE) {
         r = act_sweep(a, &act, err);
         if (r < 0)
@@ -966,6 +972,8 @@ static json_t *execute_spec(const struct lb_execute_request *req, const char *di
                      "env", req->env, "user", req->user, "collect", collect, "stage", stage,
                      "timeout_ms", (json_int_t)req->timeout_ms, "close_timeout_ms",
                      (json_int_t)req->close_timeout_ms, "dir", dir);
+    if (spec && req->nowait)
+        json_object_set_new(spec, "nowait", json_true());
     return spec;
 }
 
@@ -1012,10 +1020,24 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         argv[k++] = req->argv[i];
     argv[k] = NULL;
 
+    /* the harness's environment: the request's, then where its stop request appears (NeMo
+     * Gym's stop_request_path) */
+    json_t *env = req->env ? json_deep_copy(req->env) : json_object();
+    char stop_path[256];
+
+    snprintf(stop_path, sizeof(stop_path), "%s/stop.request", dir);
+    if (!env || json_object_set_new(env, "LENDBOX_STOP_REQUEST", json_string(stop_path)) < 0 ||
+        json_object_set_new(env, "LENDBOX_ACTIVATION_ID", json_string(act->id)) < 0) {
+        json_decref(env);
+        free(argv);
+        close(receipt_fd);
+        snprintf(why, why_len, "out of memory");
+        return -ENOMEM;
+    }
     struct lb_exec_params p = {
         .argv = argv,
         .cwd = req->cwd,
-        .env = req->env,
+        .env = env,
         .user = req->user,
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
@@ -1048,6 +1070,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         why[strcspn(why, "\n")] = '\0';
     }
     provider_exec_result_release(&res);
+    json_decref(env);
     free(argv);
     close(receipt_fd); /* the harness supervisor holds its own */
     return r;
@@ -1200,6 +1223,11 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     if (r < 0) {
         /* Launched or not, end it (the stop's claim fences a launch that has not happened). */
         log_warn("activation %s: %s", act.id, why);
+    } else if (req->nowait) {
+        /* "wait": false: the client polls GET .../activation, which collects; the harness's
+         * own supervisor enforces its timeout inside the sandbox */
+        *out = json_pack("{s:s,s:s}", "activation_id", act.id, "state", "running");
+        goto out;
     } else {
         r = execute_wait(a, &act, deadline);
         if (r == -ESHUTDOWN) {
@@ -1233,7 +1261,10 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         goto out;
     }
     r = act_reload(a, act.sandbox_id, &act, err);
-    if (r == 0) {
+    if (r == 0 && req->nowait) {
+        /* the launch failed: known already, and GET says why */
+        *out = json_pack("{s:s,s:s}", "activation_id", act.id, "state", "failed");
+    } else if (r == 0) {
         *out = render_result(&act, why[0] ? why : NULL);
         log_info("activation %s: %s", act.id,
                  *out ? json_string_value(json_object_get(*out, "state")) : "?");
@@ -1283,8 +1314,49 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
     return r;
 }
 
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
-                   struct lb_error *err)
+/* Has the harness of act not ended yet, as far as the record and its receipt file tell? */
+static bool act_open(struct lb_activations *a, const struct lb_activation *act)
+{
+    json_t *receipt = NULL;
+    bool open = !act->receipt_json && act->state != LB_ACT_CLOSED &&
+                read_receipt(a, act, &receipt, NULL) == -ENOENT;
+
+    json_decref(receipt);
+    return open;
+}
+
+/* The long-poll of GET ...?wait_ms: while the harness runs, wait (this worker) until its
+ * receipt comes, the record's state changes, the sandbox stops, the daemon drains or wait_ms
+ * passes. A parked long-poll that holds no worker is issue 12's. */
+static void act_long_poll(struct lb_activations *a, const struct lb_activation *act,
+                          int64_t wait_ms)
+{
+    int64_t deadline = clock_mono_ms() + wait_ms, step = POLL_FIRST_MS;
+    char sandbox_id[LB_ID_MAX];
+
+    snprintf(sandbox_id, sizeof(sandbox_id), "%s", act->sandbox_id);
+    if (wait_ms <= 0 || !act_open(a, act))
+        return;
+    for (;;) {
+        struct lb_activation cur = {0};
+        int64_t left = deadline - clock_mono_ms();
+        bool changed;
+
+        if (left <= 0 || lend_is_draining(a->lend))
+            return;
+        usleep((useconds_t)(step < left ? step : left) * 1000);
+        step = step * 2 > LONG_POLL_MAX_MS ? LONG_POLL_MAX_MS : step * 2;
+        changed = store_get_activation_by_sandbox(a->store, sandbox_id, &cur, NULL) < 0 ||
+                  strcmp(cur.id, act->id) != 0 || cur.state != act->state || !act_open(a, &cur) ||
+                  !sandbox_is_lent(a, sandbox_id);
+        store_activation_release(&cur);
+        if (changed)
+            return;
+    }
+}
+
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL, *res = NULL;
@@ -1293,6 +1365,12 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, js
 
     if (r < 0)
         return r;
+    if (wait_ms > 0 && act_open(a, &act)) {
+        act_long_poll(a, &act, wait_ms);
+        r = act_reload(a, act.sandbox_id, &act, err);
+        if (r < 0)
+            goto out;
+    }
     live = act.state != LB_ACT_CLOSED && sandbox_is_lent(a, act.sandbox_id);
     /* A receipt that came while nobody waited (the execute's caller went away, the daemon
      * was restarted): recorded now, so the state follows it from here on. */
@@ -1301,6 +1379,23 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, js
         act_record_receipt(a, &act, receipt, NULL) == 0)
         act.receipt_json = json_dumps(receipt, JSON_COMPACT);
     spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
+    /* "wait": false: nobody waits to collect, so the first GET that finds the harness ended
+     * (its cleanup confirmed) collects, once, as execute would have */
+    if (json_is_true(json_object_get(spec, "nowait")) && act.state == LB_ACT_RUNNING &&
+        !act.artifacts_json && act.receipt_json && live) {
+        json_t *held = json_loads(act.receipt_json, 0, NULL);
+        struct lb_error ferr = {0};
+
+        if (receipt_confirmed(held) &&
+            act_finalize(a, act.sandbox_id, FIN_EXECUTE, spec_ms(spec, "close_timeout_ms", 60000),
+                         &ferr) < 0)
+            log_warn("activation %s: collecting after the harness ended failed: %s", act.id,
+                     ferr.message);
+        json_decref(held);
+        r = act_reload(a, act.sandbox_id, &act, err);
+        if (r < 0)
+            goto out;
+    }
     res = render_result(&act, NULL);
     if (!res) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -1326,6 +1421,14 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, js
                         json_real((double)spec_ms(spec, "timeout_ms", 0) / 1000.0));
     json_object_set_new(res, "close_timeout_s",
                         json_real((double)spec_ms(spec, "close_timeout_ms", 0) / 1000.0));
+    {
+        char stop_path[256];
+
+        act_path(stop_path, sizeof(stop_path), &act, "stop.request");
+        json_object_set_new(res, "stop_request_path", json_string(stop_path));
+        json_object_set_new(res, "wait",
+                            json_boolean(!json_is_true(json_object_get(spec, "nowait"))));
+    }
     json_object_set_new(res, "created_at", json_time(act.created_at));
     json_object_set_new(res, "updated_at", json_time(act.updated_at));
     if (with_log) {
@@ -1355,6 +1458,31 @@ out:
     json_decref(spec);
     store_activation_release(&act);
     return r;
+}
+
+int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
+                            json_t **out, struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    json_t *spec = NULL;
+    int r = act_find(a, rsid, &act, err);
+
+    *out = NULL;
+    if (r < 0)
+        return r;
+    /* nothing to do once the receipt is held, the activation closed or the sandbox gone */
+    if (act.state != LB_ACT_CLOSED && !act.receipt_json && sandbox_is_lent(a, act.sandbox_id)) {
+        spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
+        if (timeout_ms <= 0)
+            timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
+        log_info("activation %s: stop_harness", act.id);
+        r = act_finalize(a, act.sandbox_id, FIN_STOP, timeout_ms, err);
+    }
+    json_decref(spec);
+    store_activation_release(&act);
+    if (r < 0)
+        return r;
+    return activation_get(a, rsid, false, 0, out, err);
 }
 
 void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id)

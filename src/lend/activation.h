@@ -60,6 +60,8 @@ struct lb_execute_request {
     char **collect;           /* NULL-terminated absolute, normalised paths */
     int64_t timeout_ms;       /* > 0: the harness's own deadline */
     int64_t close_timeout_ms; /* > 0: three cleanup phases */
+    bool nowait; /* "wait": false: return {"activation_id", "state": "running"} once the harness
+                  * is launched ("failed" when the launch failed); GET collects later */
 };
 
 /* Run the harness once in the session's lent sandbox and wait for it. *out is the result of
@@ -82,10 +84,22 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
                      struct lb_error *err);
 
 /* The session's activation (of its lent sandbox, else its newest one): state, receipt,
- * artifacts; with_log adds "log" (the output log's tail as text) and "log_truncated".
- * -ENOENT when there is none. */
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
-                   struct lb_error *err);
+ * artifacts, stop_request_path, wait; with_log adds "log" (the output log's tail as text)
+ * and "log_truncated". wait_ms > 0: while the harness has not ended, first wait (blocking
+ * this thread) at most wait_ms for its receipt, a change of the record's state or the
+ * sandbox's stop. An activation started with nowait whose confirmed receipt is found here
+ * has its artifacts collected here (once). -ENOENT when there is none. */
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, struct lb_error *err);
+
+/* NeMo Gym's stop_harness: unless the receipt is held (or the activation is closed, or its
+ * sandbox stopped), stop the harness (stop request, TERM, KILL, drain; a harness not launched
+ * yet never will be) and wait for its confirmed receipt within timeout_ms (<= 0: the
+ * activation's close_timeout_s) + 5 s. No capture, no close. *out is activation_get's object
+ * (without log). -ENOENT (404) no activation, -EREMOTEIO (502) cleanup unconfirmed, -EBUSY
+ * (409) another finalization still running past its budget. */
+int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
+                            json_t **out, struct lb_error *err);
 
 /* lend's release hook (ctx is the struct lb_activations): close the sandbox's activation
  * before the sandbox is stopped; when that fails the activation is recorded closed anyway

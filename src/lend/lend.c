@@ -216,6 +216,14 @@ static const char *spec_string(const struct lb_record *r, const char *key, const
     return v ? v : def;
 }
 
+/* The record's labels (a seed's "labels" or "metadata") as a new object; {} when none. */
+static json_t *lend_spec_labels(json_t *spec)
+{
+    json_t *labels = json_object_get(spec, "labels");
+
+    return json_is_object(labels) ? json_deep_copy(labels) : json_object();
+}
+
 static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
 {
     char token[4 + 65] = "";
@@ -232,6 +240,8 @@ static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, b
                       json_time(r->expires_at), "reused", reused, "access", "sandbox_id", r->id,
                       "scope", "operate", "token", token, "base_url", l->cfg.public_url, "workdir",
                       workdir ? workdir : l->cfg.workdir);
+    if (lease)
+        json_object_set_new(lease, "metadata", lend_spec_labels(spec));
     json_decref(spec);
     return lease;
 }
@@ -259,6 +269,14 @@ static json_t *lend_render_sandbox(const struct lb_record *r, const char *status
                           json_time(r->created_at), "expires_at", json_time(r->expires_at),
                           "resources_session_id", r->rsid);
 
+    if (j) {
+        json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+        const char *wd = json_string_value(json_object_get(spec, "workdir"));
+
+        json_object_set_new(j, "metadata", lend_spec_labels(spec));
+        json_object_set_new(j, "workdir", wd ? json_string(wd) : json_null());
+        json_decref(spec);
+    }
     if (j && details) {
         json_object_set_new(j, "task_id", r->task_id ? json_string(r->task_id) : json_null());
         json_object_set_new(j, "stop_reason",
@@ -400,8 +418,9 @@ static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stoppe
 static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req,
                               const char *image, int64_t disk_mib)
 {
-    json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir", l->cfg.workdir,
-                             "env", req->env, "network", req->network, "labels", req->labels);
+    json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir",
+                             req->workdir ? req->workdir : l->cfg.workdir, "env", req->env,
+                             "network", req->network, "labels", req->labels);
 
     if (spec && req->n_ports > 0) {
         json_t *ports = json_array();
@@ -411,6 +430,8 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
         json_object_set_new(spec, "ports", ports);
     }
 
+    if (spec && req->ready_timeout_ms > 0)
+        json_object_set_new(spec, "ready_timeout_ms", json_integer(req->ready_timeout_ms));
     if (spec && (req->resources.cpu > 0 || req->resources.memory_mib > 0 ||
                  req->resources.pids > 0 || disk_mib > 0)) {
         json_t *res = json_object();
@@ -423,6 +444,8 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
             json_object_set_new(res, "pids", json_integer(req->resources.pids));
         if (disk_mib > 0)
             json_object_set_new(res, "disk_mib", json_integer(disk_mib));
+        if (req->resources.gpu > 0)
+            json_object_set_new(res, "gpu", json_integer(req->resources.gpu));
         json_object_set_new(spec, "resources", res);
     }
     /* an imported image's Env and WorkingDir, recorded with the sandbox so that a later
@@ -434,7 +457,8 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
         if (image_read_config(l->cfg.images_dir, image, &env, &wd, NULL) == 0) {
             if (env)
                 json_object_set_new(spec, "image_env", env);
-            if (wd)
+            /* a workdir the request names is the default cwd (NeMo Gym's SandboxSpec) */
+            if (wd && !req->workdir)
                 json_object_set_new(spec, "image_working_dir", json_string(wd));
             free(wd);
         }
@@ -525,7 +549,9 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     struct lb_record rec = {0}, got = {0};
     struct lb_error perr = {0};
     const char *image = NULL;
-    struct lb_sandbox_spec spec = {.workdir = l->cfg.workdir, .resources = req->resources};
+    struct lb_sandbox_spec spec = {.workdir = req->workdir ? req->workdir : l->cfg.workdir,
+                                   .resources = req->resources,
+                                   .ready_timeout_ms = req->ready_timeout_ms};
     struct lb_provider_caps caps;
     const char **tools = NULL;
     struct lb_sandbox_ref ref = {rec.id, NULL};
@@ -635,7 +661,10 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     *lease_out = lend_render_lease(l, &got, false);
     metrics_add(LB_M_SEEDS_OK, 1);
-    log_info_sbx(rec.id, "session %s: lent sandbox %s (task %s)", rsid, rec.id, req->task_id);
+    if (rsid)
+        log_info_sbx(rec.id, "session %s: lent sandbox %s (task %s)", rsid, rec.id, req->task_id);
+    else
+        log_info_sbx(rec.id, "started sandbox %s (lent to no session)", rec.id);
     goto out;
 
 rollback:
@@ -646,7 +675,7 @@ rollback:
 
         if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
             log_error_sbx(rec.id, "session %s: failed seed's sandbox %s could not be stopped: %s",
-                          rsid, rec.id, serr.message);
+                          rsid ? rsid : "(none)", rec.id, serr.message);
     }
 out:
     store_record_release(&got);
@@ -698,6 +727,15 @@ out:
     store_record_release(&live);
     lend_session_unlock(l, lock);
     return r;
+}
+
+int lend_create_sandbox(struct lb_lend *l, const struct lb_seed_request *req, json_t **lease_out,
+                        struct lb_error *err)
+{
+    if (lend_is_draining(l))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new sandboxes");
+    /* no session: no session lock, no pending stops to retry, no reuse */
+    return lend_seed_new(l, NULL, req, lease_out, err);
 }
 
 /* ---------- lookups ---------- */
@@ -844,6 +882,169 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
 out:
     store_record_release(&live);
     lend_session_unlock(l, lock);
+    return r;
+}
+
+/* ---------- release_all ---------- */
+
+/* Does the record's labels object hold every name of want with the same value? */
+static bool lend_labels_match(const struct lb_record *r, json_t *want)
+{
+    json_t *spec, *have;
+    const char *k;
+    json_t *v;
+    bool ok = true;
+
+    if (!json_is_object(want) || json_object_size(want) == 0)
+        return true;
+    spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    have = json_object_get(spec, "labels");
+    json_object_foreach(want, k, v) {
+        const char *got = json_string_value(json_object_get(have, k));
+
+        if (!got || !json_is_string(v) || strcmp(got, json_string_value(v)) != 0) {
+            ok = false;
+            break;
+        }
+    }
+    json_decref(spec);
+    return ok;
+}
+
+struct release_all_item {
+    char *rsid;
+    char sandbox_id[LB_ID_MAX];
+    int rc;
+    bool released;
+    struct lb_error err;
+};
+
+struct release_all_ctx {
+    struct lb_lend *l;
+    struct release_all_item *items;
+    size_t n, next;
+    pthread_mutex_t mutex;
+};
+
+static void *release_all_worker(void *arg)
+{
+    struct release_all_ctx *c = arg;
+
+    for (;;) {
+        struct release_all_item *it;
+        json_t *out = NULL;
+
+        pthread_mutex_lock(&c->mutex);
+        it = c->next < c->n ? &c->items[c->next++] : NULL;
+        pthread_mutex_unlock(&c->mutex);
+        if (!it)
+            break;
+        /* each item is this thread's alone from here */
+        it->rc = lend_release(c->l, it->rsid, &out, &it->err);
+        it->released = it->rc == 0 && json_is_true(json_object_get(out, "released"));
+        json_decref(out);
+    }
+    return NULL;
+}
+
+int lend_release_all(struct lb_lend *l, json_t *labels, size_t concurrency, json_t **out,
+                     struct lb_error *err)
+{
+    struct release_all_ctx c = {.l = l};
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *recs = NULL;
+    size_t n = 0, n_threads, started = 0, i, k;
+    pthread_t *threads = NULL;
+    json_t *released = NULL, *failed = NULL;
+    int r;
+
+    *out = NULL;
+    if (lend_is_draining(l))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining");
+    r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+    if (r < 0)
+        return r;
+    c.items = calloc(n + 1, sizeof(*c.items));
+    if (!c.items) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    /* one item per session with something to stop, oldest record first; its sandbox is the
+     * live one if there is one, else the first pending one */
+    for (i = 0; i < n; i++) {
+        const struct lb_record *rec = &recs[i];
+        bool live = rec->state == LB_STATE_STARTING || rec->state == LB_STATE_LENT;
+
+        if (!rec->rsid || rec->state == LB_STATE_STOPPED || !lend_labels_match(rec, labels))
+            continue;
+        for (k = 0; k < c.n && strcmp(c.items[k].rsid, rec->rsid) != 0; k++)
+            ;
+        if (k == c.n) {
+            c.items[k].rsid = strdup(rec->rsid);
+            if (!c.items[k].rsid) {
+                r = lb_error_set(err, -ENOMEM, "out of memory");
+                goto out;
+            }
+            c.n++;
+        } else if (!live) {
+            continue;
+        }
+        snprintf(c.items[k].sandbox_id, sizeof(c.items[k].sandbox_id), "%s", rec->id);
+    }
+    store_records_free(recs, n);
+    recs = NULL;
+    n = 0;
+
+    if (concurrency == 0)
+        concurrency = 1;
+    n_threads = c.n < concurrency ? c.n : concurrency;
+    pthread_mutex_init(&c.mutex, NULL);
+    threads = n_threads ? calloc(n_threads, sizeof(*threads)) : NULL;
+    for (; threads && started < n_threads; started++)
+        if (pthread_create(&threads[started], NULL, release_all_worker, &c) != 0)
+            break;
+    if (started == 0)
+        release_all_worker(&c); /* no thread could start: one at a time here */
+    for (i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    pthread_mutex_destroy(&c.mutex);
+
+    released = json_array();
+    failed = json_array();
+    if (!released || !failed) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (i = 0; i < c.n; i++) {
+        struct release_all_item *it = &c.items[i];
+        const char *code = NULL;
+
+        if (it->rc == 0) {
+            if (it->released)
+                json_array_append_new(released, json_string(it->rsid));
+            continue;
+        }
+        (void)lb_error_http_status(it->rc, &code);
+        json_array_append_new(failed,
+                              json_pack("{s:s,s:s?,s:{s:s,s:s}}", "resources_session_id", it->rsid,
+                                        "sandbox_id", it->sandbox_id[0] ? it->sandbox_id : NULL,
+                                        "error", "code", code ? code : "internal", "message",
+                                        it->err.message[0] ? it->err.message : "release failed"));
+    }
+    log_info("release_all: %zu sessions, %zu released, %zu failed", c.n, json_array_size(released),
+             json_array_size(failed));
+    *out = json_pack("{s:o,s:o}", "released", released, "failed", failed);
+    released = failed = NULL;
+    if (!*out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    json_decref(released);
+    json_decref(failed);
+    for (i = 0; c.items && i < c.n; i++)
+        free(c.items[i].rsid);
+    free(c.items);
+    free(threads);
+    store_records_free(recs, n);
     return r;
 }
 

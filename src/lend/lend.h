@@ -82,6 +82,8 @@ struct lb_seed_request {
     size_t n_ports;
     struct lb_seed_file *files;
     size_t n_files;
+    const char *workdir;      /* absolute, normalised; NULL: lending.workdir */
+    int64_t ready_timeout_ms; /* > 0: the provider's readiness wait; 0: create_timeout_s */
 };
 
 /* Lend the session a sandbox, or return the one it has. *lease_out is the lease of API.md.
@@ -92,6 +94,22 @@ struct lb_seed_request {
  * resource limit, ports) the chosen provider cannot enforce. */
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err);
+
+/* Start a sandbox lent to no session (POST /v1/sandboxes, NeMo Gym's AsyncSandbox.start):
+ * the same record, TTL, durability and rollback as a seed's new sandbox, with rsid NULL;
+ * req->task_id may be NULL. *lease_out is the lease (resources_session_id null). Errors as
+ * lend_seed's start (no 409: every call starts a new sandbox). Blocks on the provider. */
+int lend_create_sandbox(struct lb_lend *l, const struct lb_seed_request *req, json_t **lease_out,
+                        struct lb_error *err);
+
+/* POST /v1/sessions/release_all: release (as lend_release) every session that has a live
+ * sandbox or a pending stop and, when labels is a non-empty object, whose record's labels hold
+ * every name of it with the same value; at most concurrency releases at once. *out is
+ * {"released": [rsid...], "failed": [{"resources_session_id", "sandbox_id", "error": {"code",
+ * "message"}}...]} (oldest record first). Returns 0 even when some failed; -ESHUTDOWN while
+ * draining, -ENOMEM. Blocks (runs up to concurrency threads). */
+int lend_release_all(struct lb_lend *l, json_t *labels, size_t concurrency, json_t **out,
+                     struct lb_error *err);
 
 /* The session's lease (live sandbox). -ENOENT if the session has none. */
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err);

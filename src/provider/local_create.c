@@ -135,6 +135,30 @@ static const char *top_level_name(const char *path)
     return path[0] == '/' && path[1] && !strchr(path + 1, '/') ? path + 1 : NULL;
 }
 
+/* A workdir the local provider can mount its storage at: not "/", not the supervisor, and not
+ * in a system directory of the root, whose contents the workdir's tmpfs would hide (a
+ * top-level workdir replaces that entry of the image). -EINVAL (400) otherwise. */
+static int workdir_check(const char *workdir, struct lb_error *err)
+{
+    static const char *const system_dirs[] = {"bin",   "boot",  "dev",    "etc",  "lib",
+                                              "lib32", "lib64", "libx32", "proc", "run",
+                                              "sbin",  "sys",   "tmp",    "usr",  "var"};
+    size_t i, len = strcspn(workdir + 1, "/");
+
+    if (!provider_path_is_valid(workdir) || strcmp(workdir, "/") == 0 ||
+        strlen(workdir) >= sizeof(((struct local_desc *)0)->workdir) ||
+        strcmp(workdir, LOCAL_SUPERVISE_PATH) == 0)
+        return lb_error_set(err, -EINVAL, "invalid workdir '%s'", workdir);
+    for (i = 0; i < sizeof(system_dirs) / sizeof(system_dirs[0]); i++) {
+        if (strlen(system_dirs[i]) == len && strncmp(workdir + 1, system_dirs[i], len) == 0)
+            return lb_error_set(err, -EINVAL,
+                                "workdir '%s' is in the system directory /%s, which the "
+                                "sandbox's storage would hide",
+                                workdir, system_dirs[i]);
+    }
+    return 0;
+}
+
 /* Is the first component of path one of the top-level entries root_names binds? */
 static bool path_is_bound(const char *path, char **names, size_t n)
 {
@@ -505,7 +529,9 @@ static int wait_ready(struct spawn *s, pid_t *pid_out, int64_t timeout_ms, struc
         int n;
 
         if (left <= 0) {
-            r = lb_error_set(err, -EREMOTEIO, "sandbox did not start within %lld ms: %s",
+            r = lb_error_set(err, -EREMOTEIO,
+                             "sandbox was not ready within %lld ms (ready_timeout_s, else "
+                             "lending.create_timeout_s): %s",
                              (long long)timeout_ms, stderr_text(&errs));
             goto out;
         }
@@ -562,7 +588,8 @@ out:
  * process to kill (or 0). workspace: the data directory to bind at the workdir, NULL with
  * storage tmpfs. */
 static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, char **argv,
-                         const char *workspace, pid_t *pid, struct lb_error *err)
+                         const char *workspace, int64_t timeout_ms, pid_t *pid,
+                         struct lb_error *err)
 {
     char *envp[] = {CHILD_ENV_PATH, NULL};
     struct spawn s;
@@ -629,11 +656,11 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
         local_close_fd(&s.cg_fds[i]);
     s.ncg = 0;
     /* the intermediate exits right after its fork; still, never wait for it without bound */
-    if (local_wait_child(mid, clock_mono_ms() + lp->create_timeout_ms, &st) == -ETIMEDOUT) {
+    if (local_wait_child(mid, clock_mono_ms() + timeout_ms, &st) == -ETIMEDOUT) {
         (void)kill(mid, SIGKILL);
         local_reap_later(mid);
     }
-    r = wait_ready(&s, pid, lp->create_timeout_ms, err);
+    r = wait_ready(&s, pid, timeout_ms, err);
 out:
     spawn_close(&s);
     return r;
@@ -676,12 +703,15 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     *descriptor_out = NULL;
     if (!ref || !local_id_is_valid(ref->id))
         return lb_error_set(err, -EINVAL, "invalid sandbox id");
-    if (!provider_path_is_valid(workdir) || strcmp(workdir, "/") == 0 ||
-        strlen(workdir) >= sizeof(d.workdir) || strncmp(workdir, "/proc", 5) == 0 ||
-        strcmp(workdir, LOCAL_SUPERVISE_PATH) == 0)
-        return lb_error_set(err, -EINVAL, "invalid workdir '%s'", workdir);
-    if (res->cpu < 0 || res->memory_mib < 0 || res->pids < 0 || res->disk_mib < 0)
+    r = workdir_check(workdir, err);
+    if (r < 0)
+        return r;
+    if (res->cpu < 0 || res->memory_mib < 0 || res->pids < 0 || res->disk_mib < 0 || res->gpu < 0)
         return lb_error_set(err, -EINVAL, "resource limits must not be negative");
+    if (res->gpu > 0 || res->gpu_type)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "resources.gpu/gpu_type cannot be enforced: the local provider has "
+                            "no GPUs");
     if (lp->storage == LOCAL_STORAGE_DIR && res->disk_mib > 0)
         return lb_error_set(err, -EOPNOTSUPP,
                             "resources.disk_mib cannot be enforced: sandbox workdirs are plain "
@@ -689,6 +719,18 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = image_root(lp, image, root, sizeof(root), err);
     if (r < 0)
         return r;
+    /* host's / is bound read-only, so bwrap cannot make a deeper workdir's mount point there
+     * (a top-level one lives in bwrap's own root tmpfs; an image's root is writable) */
+    if (strcmp(image, "host") == 0 && !top_level_name(workdir)) {
+        struct stat wst;
+
+        if (stat(workdir, &wst) < 0 || !S_ISDIR(wst.st_mode))
+            return lb_error_set(err, -EOPNOTSUPP,
+                                "workdir '%s' does not exist in image 'host', whose root is "
+                                "read-only: use a top-level workdir (e.g. /app) or an existing "
+                                "directory",
+                                workdir);
+    }
     /* the network first: an unenforceable request (422) makes nothing */
     r = local_net_prepare(lp, ref->id, spec ? &spec->network : NULL, &d.net, err);
     if (r < 0)
@@ -770,7 +812,10 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                    workdir, res, hosts, &argv, err);
     if (r < 0)
         goto fail;
-    r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL, &pid, err);
+    r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL,
+                      spec && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
+                                                         : lp->create_timeout_ms,
+                      &pid, err);
     if (r < 0)
         goto fail;
     /* the link and its rules, before the seed returns */

@@ -216,6 +216,10 @@ int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spe
         field = "resources.pids";
     else if (res->disk_mib > 0 && !c.disk_limit)
         field = "resources.disk_mib";
+    else if (res->gpu > 0 && !c.gpu)
+        field = "resources.gpu";
+    else if (res->gpu_type && !c.gpu)
+        field = "resources.gpu_type";
     else if (spec->n_ports > 0 && !c.endpoints)
         field = "ports";
     else if (spec->image && strcmp(spec->image, "host") != 0 && !c.images)

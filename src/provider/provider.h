@@ -76,10 +76,13 @@ const char *provider_status_name(enum lb_sandbox_status s);
 
 /* Resource limits for a new sandbox; 0 means "no limit requested". */
 struct lb_resources {
-    double cpu;         /* CPUs, may be fractional */
-    int64_t memory_mib; /* memory (and swap) limit */
-    int64_t pids;       /* max processes */
-    int64_t disk_mib;   /* the sandbox's writable storage: the workdir and each tmpfs mount */
+    double cpu;           /* CPUs, may be fractional */
+    int64_t memory_mib;   /* memory (and swap) limit */
+    int64_t pids;         /* max processes */
+    int64_t disk_mib;     /* the sandbox's writable storage: the workdir and each tmpfs mount */
+    int64_t gpu;          /* GPUs asked for (NeMo Gym's SandboxResources.gpu); 0: none. A
+                           * provider without GPUs answers -EOPNOTSUPP (422) past 0 */
+    const char *gpu_type; /* GPU model asked for, or NULL; borrowed. -EOPNOTSUPP likewise */
 };
 
 /* The network a sandbox asks for (the seed's "network" object). The provider decides whether
@@ -100,6 +103,8 @@ struct lb_sandbox_spec {
     struct lb_network_request network;
     const int *ports; /* declared service ports (1..65535) for endpoints; NULL: none */
     size_t n_ports;
+    int64_t ready_timeout_ms; /* > 0: how long create may wait for the sandbox to be ready
+                               * (NeMo Gym's ready_timeout_s); 0: the provider's default */
 };
 
 /* Which sandbox an operation is about. */

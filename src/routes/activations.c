@@ -1,11 +1,10 @@
 /*
  * activations.c - harness activations (NeMo Gym SandboxSession): POST
- * /v1/sessions/{rsid}/execute, POST /v1/sessions/{rsid}/close, GET
- * /v1/sessions/{rsid}/activation; and pause/resume of a sandbox (POST
- * /v1/sandboxes/{id}/pause, /resume).
+ * /v1/sessions/{rsid}/execute, POST /v1/sessions/{rsid}/close, POST
+ * /v1/sessions/{rsid}/stop_harness, GET /v1/sessions/{rsid}/activation[?log=1][&wait_ms=N].
+ * Auth LB_AUTH_SESSION: the admin token or the operate token of the session's sandbox.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,77 +16,16 @@
 #define DEFAULT_CLOSE_TIMEOUT_S 60.0
 #define MAX_COLLECT 1024
 
+/* The session of the path as a copy (the job outlives the request's parsing). */
 static int session_rsid(struct lb_request *req, char **out, struct lb_error *err)
 {
-    const char *rsid = http_param(req, 0);
+    const char *rsid;
+    int r = routes_session_param(req, &rsid, err);
 
-    if (!rsid || !routes_rsid_is_valid(rsid))
-        return lb_error_set(err, -EINVAL,
-                            "invalid resources session id: 1-128 characters of [A-Za-z0-9._:-]");
+    if (r < 0)
+        return r;
     *out = strdup(rsid);
     return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
-}
-
-/* obj[key]: absent/null gives def; else a finite number in (0, max] seconds, in ms. */
-static int parse_seconds(json_t *obj, const char *key, double def, int64_t max_s, int64_t *ms,
-                         struct lb_error *err)
-{
-    json_t *v = json_object_get(obj, key);
-    double t = def;
-
-    if (v && !json_is_null(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-            return lb_error_set(err, -EINVAL, "'%s' must be a number > 0", key);
-        t = json_number_value(v);
-        if (max_s > 0 && t > (double)max_s)
-            return lb_error_set(err, -EINVAL, "'%s' must be at most %lld", key, (long long)max_s);
-    }
-    *ms = (int64_t)ceil(t * 1000.0);
-    return 0;
-}
-
-/* A NULL-terminated copy of a JSON array of strings; paths: each an absolute normalised path. */
-static int parse_strings(json_t *arr, const char *key, bool paths, bool required, size_t max,
-                         char ***out, struct lb_error *err)
-{
-    json_t *v;
-    size_t i;
-
-    *out = NULL;
-    if (!arr || json_is_null(arr)) {
-        if (required)
-            return lb_error_set(err, -EINVAL, "'%s' is required", key);
-        *out = calloc(1, sizeof(char *));
-        return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    if (!json_is_array(arr) || (required && json_array_size(arr) == 0))
-        return lb_error_set(err, -EINVAL, "'%s' must be a%s array of strings", key,
-                            required ? " non-empty" : "n");
-    if (json_array_size(arr) > max)
-        return lb_error_set(err, -EINVAL, "'%s' may hold at most %zu entries", key, max);
-    *out = calloc(json_array_size(arr) + 1, sizeof(char *));
-    if (!*out)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    json_array_foreach(arr, i, v) {
-        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
-            return lb_error_set(err, -EINVAL, "'%s' must hold strings without NUL", key);
-        if (paths && !provider_path_is_valid(json_string_value(v)))
-            return lb_error_set(err, -EINVAL,
-                                "'%s' entry '%s' must be an absolute, normalised "
-                                "path",
-                                key, json_string_value(v));
-        (*out)[i] = strdup(json_string_value(v));
-        if (!(*out)[i])
-            return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    return 0;
-}
-
-static void free_strings(char **v)
-{
-    for (size_t i = 0; v && v[i]; i++)
-        free(v[i]);
-    free(v);
 }
 
 /* ---------- execute ---------- */
@@ -110,8 +48,8 @@ static void execute_job_free(void *arg)
         free(j->stage[i].data);
     }
     free(j->stage);
-    free_strings(j->req.argv);
-    free_strings(j->req.collect);
+    routes_free_strings(j->req.argv);
+    routes_free_strings(j->req.collect);
     json_decref(j->body);
     free(j->rsid);
     free(j);
@@ -119,31 +57,38 @@ static void execute_job_free(void *arg)
 
 static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_error *err)
 {
-    static const char *const fields[] = {
-        "argv", "cwd", "env", "user", "stage", "collect", "timeout_s", "close_timeout_s", NULL};
+    static const char *const fields[] = {"argv",  "cwd",     "env",       "user",
+                                         "stage", "collect", "timeout_s", "close_timeout_s",
+                                         "wait",  NULL};
+    json_t *wait = json_object_get(j->body, "wait");
     json_t *body = j->body, *cwd = json_object_get(body, "cwd");
     json_t *user = json_object_get(body, "user"), *stage = json_object_get(body, "stage"), *v;
     const char *path;
     int r = routes_check_fields(body, fields, "the execute request", err);
 
     if (r == 0)
-        r = parse_strings(json_object_get(body, "argv"), "argv", false, true, 4096, &j->req.argv,
-                          err);
+        r = routes_parse_strings(json_object_get(body, "argv"), "argv", false, true, 4096,
+                                 &j->req.argv, err);
     if (r == 0 && !j->req.argv[0][0])
         r = lb_error_set(err, -EINVAL, "'argv[0]' must not be empty");
     if (r == 0)
-        r = parse_strings(json_object_get(body, "collect"), "collect", true, false, MAX_COLLECT,
-                          &j->req.collect, err);
+        r = routes_parse_strings(json_object_get(body, "collect"), "collect", true, false,
+                                 MAX_COLLECT, &j->req.collect, err);
     if (r == 0)
         r = routes_string_map(body, "env", &j->req.env, err);
     if (r == 0)
-        r = parse_seconds(body, "timeout_s", DEFAULT_TIMEOUT_S, app->max_exec_timeout_s,
-                          &j->req.timeout_ms, err);
+        r = routes_parse_seconds(body, "timeout_s", DEFAULT_TIMEOUT_S, app->max_exec_timeout_s,
+                                 &j->req.timeout_ms, err);
     if (r == 0)
-        r = parse_seconds(body, "close_timeout_s", DEFAULT_CLOSE_TIMEOUT_S, app->max_exec_timeout_s,
-                          &j->req.close_timeout_ms, err);
+        r = routes_parse_seconds(body, "close_timeout_s", DEFAULT_CLOSE_TIMEOUT_S,
+                                 app->max_exec_timeout_s, &j->req.close_timeout_ms, err);
     if (r < 0)
         return r;
+    if (wait && !json_is_null(wait)) {
+        if (!json_is_boolean(wait))
+            return lb_error_set(err, -EINVAL, "'wait' must be a boolean");
+        j->req.nowait = json_is_false(wait);
+    }
     if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
         return r;
     if (cwd && !json_is_null(cwd)) {
@@ -181,7 +126,7 @@ static void execute_run(struct lb_request *req, void *arg)
     json_t *out = NULL;
     int r = activation_execute(app->acts, j->rsid, &j->req, &out, &err);
 
-    routes_respond(req, r, 200, out, &err);
+    routes_respond(req, r, j->req.nowait ? 202 : 200, out, &err);
 }
 
 int route_execute(struct lb_request *req, struct lb_error *err)
@@ -250,7 +195,8 @@ int route_close(struct lb_request *req, struct lb_error *err)
         r = routes_check_fields(body, fields, "the close request", err);
     if (r == 0 && json_object_get(body, "timeout_s") &&
         !json_is_null(json_object_get(body, "timeout_s")))
-        r = parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms, err);
+        r = routes_parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms,
+                                 err);
     json_decref(body);
     if (r < 0) {
         close_job_free(j);
@@ -265,6 +211,7 @@ int route_close(struct lb_request *req, struct lb_error *err)
 struct get_job {
     char *rsid;
     bool with_log;
+    int64_t wait_ms; /* long-poll: 0 answers at once */
 };
 
 static void get_job_free(void *arg)
@@ -282,14 +229,14 @@ static void activation_get_run(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    int r = activation_get(app->acts, j->rsid, j->with_log, &out, &err);
+    int r = activation_get(app->acts, j->rsid, j->with_log, j->wait_ms, &out, &err);
 
     routes_respond(req, r, 200, out, &err);
 }
 
 int route_activation_get(struct lb_request *req, struct lb_error *err)
 {
-    const char *log = http_query(req, "log");
+    const char *log = http_query(req, "log"), *wait = http_query(req, "wait_ms");
     struct get_job *j = calloc(1, sizeof(*j));
     int r;
 
@@ -302,6 +249,19 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
         else if (strcmp(log, "0") && strcmp(log, "false"))
             r = lb_error_set(err, -EINVAL, "query 'log' must be 1 or 0");
     }
+    if (r == 0 && wait) {
+        struct lb_app *app = http_app(req);
+        char *end = NULL;
+        long long ms;
+
+        errno = 0;
+        ms = strtoll(wait, &end, 10);
+        if (!*wait || *end || errno || ms < 0 || wait[0] == '+' || wait[0] == ' ')
+            r = lb_error_set(err, -EINVAL,
+                             "query 'wait_ms' must be an integer number of milliseconds >= 0");
+        /* bounded: a waiting long-poll holds a worker until issue 12 parks it */
+        j->wait_ms = ms > app->max_wait_ms ? app->max_wait_ms : ms;
+    }
     if (r < 0) {
         get_job_free(j);
         return r;
@@ -309,38 +269,43 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
     return http_defer(req, activation_get_run, j, get_job_free, err);
 }
 
-/* ---------- pause / resume ---------- */
+/* ---------- stop_harness ---------- */
 
-static void pause_run(struct lb_request *req, void *arg)
+static void stop_harness_run(struct lb_request *req, void *arg)
 {
+    struct close_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    const char *which_id = arg;
-    int r = lend_set_paused(app->lend, which_id + 1, which_id[0] == 'p', &out, &err);
+    int r = activation_stop_harness(app->acts, j->rsid, j->timeout_ms, &out, &err);
 
     routes_respond(req, r, 200, out, &err);
 }
 
-/* arg is "p<id>" or "r<id>". */
-static int pause_defer(struct lb_request *req, char which, struct lb_error *err)
+int route_stop_harness(struct lb_request *req, struct lb_error *err)
 {
-    const char *id = http_param(req, 0);
-    char *arg = malloc(strlen(id) + 2);
+    static const char *const fields[] = {"timeout_s", NULL};
+    struct lb_app *app = http_app(req);
+    struct close_job *j = calloc(1, sizeof(*j));
+    json_t *body = NULL;
+    int r;
 
-    if (!arg)
+    if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    arg[0] = which;
-    strcpy(arg + 1, id);
-    return http_defer(req, pause_run, arg, free, err);
-}
-
-int route_pause(struct lb_request *req, struct lb_error *err)
-{
-    return pause_defer(req, 'p', err);
-}
-
-int route_resume(struct lb_request *req, struct lb_error *err)
-{
-    return pause_defer(req, 'r', err);
+    r = session_rsid(req, &j->rsid, err);
+    if (r == 0)
+        r = http_body_json(req, true, &body, err);
+    if (r == 0)
+        r = routes_check_fields(body, fields, "the stop_harness request", err);
+    if (r == 0 && json_object_get(body, "timeout_s") &&
+        !json_is_null(json_object_get(body, "timeout_s")))
+        r = routes_parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms,
+                                 err);
+    json_decref(body);
+    if (r < 0) {
+        close_job_free(j);
+        return r;
+    }
+    routes_serialize_session(req, j->rsid);
+    return http_defer(req, stop_harness_run, j, close_job_free, err);
 }

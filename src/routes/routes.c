@@ -2,8 +2,13 @@
 #include "routes/routes.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "provider/provider.h"
+#include "util/token.h"
 
 const struct lb_route lb_routes[] = {
     {"GET", "/healthz", LB_AUTH_NONE, false, route_healthz, "healthz", false},
@@ -13,11 +18,16 @@ const struct lb_route lb_routes[] = {
     {"GET", "/v1/sessions/*", LB_AUTH_ADMIN, false, route_session_get, "session_get", false},
     {"POST", "/v1/sessions/*/seed", LB_AUTH_ADMIN, false, route_seed, "seed", true},
     {"POST", "/v1/sessions/*/release", LB_AUTH_ADMIN, false, route_release, "release", true},
-    {"POST", "/v1/sessions/*/execute", LB_AUTH_ADMIN, false, route_execute, "execute", false},
-    {"POST", "/v1/sessions/*/close", LB_AUTH_ADMIN, false, route_close, "close", true},
-    {"GET", "/v1/sessions/*/activation", LB_AUTH_ADMIN, false, route_activation_get, "activation",
+    {"POST", "/v1/sessions/release_all", LB_AUTH_ADMIN, false, route_release_all, "release_all",
+     true},
+    {"POST", "/v1/sessions/*/execute", LB_AUTH_SESSION, false, route_execute, "execute", false},
+    {"POST", "/v1/sessions/*/close", LB_AUTH_SESSION, false, route_close, "close", true},
+    {"POST", "/v1/sessions/*/stop_harness", LB_AUTH_SESSION, false, route_stop_harness,
+     "stop_harness", true},
+    {"GET", "/v1/sessions/*/activation", LB_AUTH_SESSION, false, route_activation_get, "activation",
      false},
     {"GET", "/v1/sandboxes", LB_AUTH_ADMIN, false, route_sandboxes_list, "sandboxes_list", false},
+    {"POST", "/v1/sandboxes", LB_AUTH_ADMIN, false, route_sandbox_create, "sandbox_create", true},
     {"GET", "/v1/sandboxes/*", LB_AUTH_SANDBOX, false, route_sandbox_get, "sandbox_get", false},
     {"DELETE", "/v1/sandboxes/*", LB_AUTH_ADMIN, false, route_sandbox_delete, "sandbox_delete",
      true},
@@ -151,6 +161,156 @@ int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)
         }
     }
     return 0;
+}
+
+int routes_session_param(struct lb_request *req, const char **rsid, struct lb_error *err)
+{
+    *rsid = http_param(req, 0);
+    if (!*rsid || !routes_rsid_is_valid(*rsid))
+        return lb_error_set(err, -EINVAL,
+                            "invalid resources session id: 1-128 characters of [A-Za-z0-9._:-]");
+    return 0;
+}
+
+int routes_parse_seconds(json_t *obj, const char *key, double def, int64_t max_s, int64_t *ms,
+                         struct lb_error *err)
+{
+    json_t *v = json_object_get(obj, key);
+    double t = def;
+
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+            return lb_error_set(err, -EINVAL, "'%s' must be a number > 0", key);
+        t = json_number_value(v);
+        if (max_s > 0 && t > (double)max_s)
+            return lb_error_set(err, -EINVAL, "'%s' must be at most %lld", key, (long long)max_s);
+    }
+    *ms = (int64_t)ceil(t * 1000.0);
+    return 0;
+}
+
+int routes_parse_strings(json_t *arr, const char *key, bool paths, bool required, size_t max,
+                         char ***out, struct lb_error *err)
+{
+    json_t *v;
+    size_t i;
+
+    *out = NULL;
+    if (!arr || json_is_null(arr)) {
+        if (required)
+            return lb_error_set(err, -EINVAL, "'%s' is required", key);
+        *out = calloc(1, sizeof(char *));
+        return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (!json_is_array(arr) || (required && json_array_size(arr) == 0))
+        return lb_error_set(err, -EINVAL, "'%s' must be a%s array of strings", key,
+                            required ? " non-empty" : "n");
+    if (json_array_size(arr) > max)
+        return lb_error_set(err, -EINVAL, "'%s' may hold at most %zu entries", key, max);
+    *out = calloc(json_array_size(arr) + 1, sizeof(char *));
+    if (!*out)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_array_foreach(arr, i, v) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+            return lb_error_set(err, -EINVAL, "'%s' must hold strings without NUL", key);
+        if (paths && !provider_path_is_valid(json_string_value(v)))
+            return lb_error_set(err, -EINVAL,
+                                "'%s' entry '%s' must be an absolute, normalised "
+                                "path",
+                                key, json_string_value(v));
+        (*out)[i] = strdup(json_string_value(v));
+        if (!(*out)[i])
+            return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+void routes_free_strings(char **v)
+{
+    for (size_t i = 0; v && v[i]; i++)
+        free(v[i]);
+    free(v);
+}
+
+int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err)
+{
+    json_t *command = json_object_get(body, "command"), *argv = json_object_get(body, "argv");
+    json_t *v;
+    char **a;
+    size_t i;
+
+    if (command && json_is_null(command))
+        command = NULL;
+    if (argv && json_is_null(argv))
+        argv = NULL;
+    if ((command != NULL) == (argv != NULL))
+        return lb_error_set(err, -EINVAL, "give exactly one of 'command' (string) or 'argv'");
+    if (command) {
+        if (!json_is_string(command))
+            return lb_error_set(err, -EINVAL, "'command' must be a string");
+        a = *argv_out = calloc(4, sizeof(char *));
+        if (!a || !(a[0] = strdup("/bin/sh")) || !(a[1] = strdup("-c")) ||
+            !(a[2] = strndup(json_string_value(command), json_string_length(command))))
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        if (strlen(a[2]) != json_string_length(command))
+            return lb_error_set(err, -EINVAL, "'command' must not contain NUL");
+        return 0;
+    }
+    if (!json_is_array(argv) || json_array_size(argv) == 0)
+        return lb_error_set(err, -EINVAL, "'argv' must be a non-empty array of strings");
+    a = *argv_out = calloc(json_array_size(argv) + 1, sizeof(char *));
+    if (!a)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_array_foreach(argv, i, v) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+            return lb_error_set(err, -EINVAL, "'argv' must hold strings without NUL");
+        a[i] = strdup(json_string_value(v));
+        if (!a[i])
+            return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (!a[0][0])
+        return lb_error_set(err, -EINVAL, "'argv[0]' must not be empty");
+    return 0;
+}
+
+int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err)
+{
+    static const char *const fields[] = {"base64", "mode", NULL};
+    int r;
+
+    if (!provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL,
+                            "file path '%s' must be absolute and normalised (no '..')", path);
+    f->mode = -1;
+    if (json_is_string(v)) {
+        f->len = json_string_length(v);
+        f->data = malloc(f->len + 1);
+        if (!f->data)
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        memcpy(f->data, json_string_value(v), f->len);
+    } else if (json_is_object(v)) {
+        json_t *b64 = json_object_get(v, "base64"), *mode = json_object_get(v, "mode");
+
+        r = routes_check_fields(v, fields, "a seed file", err);
+        if (r < 0)
+            return r;
+        if (!json_is_string(b64))
+            return lb_error_set(err, -EINVAL, "file '%s' needs a 'base64' string", path);
+        if (token_base64_decode(json_string_value(b64), json_string_length(b64), &f->data,
+                                &f->len) < 0)
+            return lb_error_set(err, -EINVAL, "file '%s' has malformed base64", path);
+        if (mode) {
+            if (!json_is_integer(mode) || json_integer_value(mode) < 0 ||
+                json_integer_value(mode) > 07777)
+                return lb_error_set(err, -EINVAL, "file '%s' mode must be 0..4095 (07777)", path);
+            f->mode = (int)json_integer_value(mode);
+        }
+    } else {
+        return lb_error_set(err, -EINVAL, "file '%s' must be a string or {\"base64\", \"mode\"}",
+                            path);
+    }
+    f->path = strdup(path);
+    return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 int routes_not_implemented(struct lb_request *req, struct lb_error *err)

@@ -27,8 +27,10 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store; /* the records (images in use) */
-    const char *images_dir; /* the image store (image/image.h) */
+    struct lb_store *store;   /* the records (images in use) */
+    const char *images_dir;   /* the image store (image/image.h) */
+    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
+    int64_t stop_concurrency; /* releases in flight at once in release_all */
 };
 
 /* The route table (terminated by {NULL}) for http_start. */
@@ -50,9 +52,38 @@ int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_erro
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);
+/* --- the one parsing dialect of routes/: every route file parses with these --- */
+
 /* One file of a seed's "files" or an execute's "stage": a string (UTF-8 text) or {"base64",
- * "mode"}, at an absolute normalised path. Fills *f (the caller frees f->path and f->data). */
+ * "mode"}, at an absolute normalised path. Fills *f (the caller frees f->path and f->data,
+ * also after a failure). -EINVAL (400) with a message, -ENOMEM. */
 int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err);
+/* Path parameter 0 as a resources session id into *rsid (borrowed from the request; valid
+ * while it lives). -EINVAL (400) when it is not a valid rsid. */
+int routes_session_param(struct lb_request *req, const char **rsid, struct lb_error *err);
+/* obj[key] in seconds: absent or null gives def; else a finite number > 0 and (max_s > 0) at
+ * most max_s, else -EINVAL (400). *ms is the value in milliseconds, rounded up. */
+int routes_parse_seconds(json_t *obj, const char *key, double def, int64_t max_s, int64_t *ms,
+                         struct lb_error *err);
+/* A NULL-terminated copy of arr, a JSON array of strings without NUL (key names it in
+ * messages): absent/null is an empty vector unless required (then -EINVAL); required also
+ * needs a non-empty array; at most max entries; paths: each an absolute, normalised path.
+ * *out is set even on failure (free it with routes_free_strings). -EINVAL (400), -ENOMEM. */
+int routes_parse_strings(json_t *arr, const char *key, bool paths, bool required, size_t max,
+                         char ***out, struct lb_error *err);
+/* Free a vector of routes_parse_strings / routes_parse_command; NULL is fine. */
+void routes_free_strings(char **v);
+/* An exec's command: exactly one of body.command (a string, run as /bin/sh -c) and body.argv
+ * (a non-empty array of strings, argv[0] non-empty), no NUL anywhere. *argv_out is a
+ * NULL-terminated vector, set even on failure (free with routes_free_strings). -EINVAL, -ENOMEM. */
+int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err);
+/* The body of a seed or a create (POST /v1/sandboxes): NeMo Gym's SandboxSpec fields and the
+ * seed's own, into *req (strings borrowed from body, which must outlive req; release req
+ * with routes_spec_release, also after a failure). task_id is required for a seed only.
+ * -EINVAL (400), -EOPNOTSUPP (422: entrypoint), -ENOMEM. */
+int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
+                      struct lb_error *err);
+void routes_spec_release(struct lb_seed_request *req);
 /* The "not built yet" handler: 501 not_implemented. */
 int routes_not_implemented(struct lb_request *req, struct lb_error *err);
 
@@ -69,6 +100,9 @@ int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);
 int route_release(struct lb_request *req, struct lb_error *err);
+int route_release_all(struct lb_request *req, struct lb_error *err);
+int route_sandbox_create(struct lb_request *req, struct lb_error *err);
+int route_stop_harness(struct lb_request *req, struct lb_error *err);
 int route_sandbox_get(struct lb_request *req, struct lb_error *err);
 int route_sandboxes_list(struct lb_request *req, struct lb_error *err);
 /* images.c: GET /v1/images, DELETE /v1/images/NAME, POST /v1/images (501 for now) */

@@ -1,4 +1,5 @@
-/* sandboxes.c - /v1/sandboxes: status, list, delete, exec, files (NeMo Gym AsyncSandbox). */
+/* sandboxes.c - /v1/sandboxes: status, list, delete, pause/resume, exec, files (NeMo Gym
+ * AsyncSandbox). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -48,6 +49,55 @@ int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
     return r;
 }
 
+/* POST /v1/sandboxes: a sandbox lent to no session (NeMo Gym's AsyncSandbox.start). */
+struct create_job {
+    json_t *body; /* keeps the strings req points into alive */
+    struct lb_seed_request req;
+};
+
+static void create_job_free(void *arg)
+{
+    struct create_job *j = arg;
+
+    if (!j)
+        return;
+    routes_spec_release(&j->req);
+    json_decref(j->body);
+    free(j);
+}
+
+static void sandbox_create_run(struct lb_request *req, void *arg)
+{
+    struct create_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *lease = NULL;
+    int r = lend_create_sandbox(app->lend, &j->req, &lease, &err);
+
+    routes_respond(req, r, 201, lease, &err);
+}
+
+int route_sandbox_create(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    struct create_job *j;
+    int r;
+
+    if (lend_is_draining(app->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new sandboxes");
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = http_body_json(req, false, &j->body, err);
+    if (r == 0)
+        r = routes_parse_spec(j->body, &j->req, false, err);
+    if (r < 0) {
+        create_job_free(j);
+        return r;
+    }
+    return http_defer(req, sandbox_create_run, j, create_job_free, err);
+}
+
 static void sandbox_delete_run(struct lb_request *req, void *arg)
 {
     struct lb_app *app = http_app(req);
@@ -69,6 +119,42 @@ int route_sandbox_delete(struct lb_request *req, struct lb_error *err)
     return sandbox_defer_with_id(req, sandbox_delete_run, err);
 }
 
+/* ---------- pause / resume ---------- */
+
+static void pause_run(struct lb_request *req, void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    const char *which_id = arg;
+    int r = lend_set_paused(app->lend, which_id + 1, which_id[0] == 'p', &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+/* arg is "p<id>" or "r<id>". */
+static int pause_defer(struct lb_request *req, char which, struct lb_error *err)
+{
+    const char *id = http_param(req, 0);
+    size_t n = strlen(id) + 2;
+    char *arg = malloc(n);
+
+    if (!arg)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(arg, n, "%c%s", which, id);
+    return http_defer(req, pause_run, arg, free, err);
+}
+
+int route_pause(struct lb_request *req, struct lb_error *err)
+{
+    return pause_defer(req, 'p', err);
+}
+
+int route_resume(struct lb_request *req, struct lb_error *err)
+{
+    return pause_defer(req, 'r', err);
+}
+
 /* ---------- exec ---------- */
 
 struct exec_job {
@@ -85,53 +171,10 @@ static void exec_job_free(void *arg)
 
     if (!j)
         return;
-    if (j->p.argv)
-        for (size_t i = 0; j->p.argv[i]; i++)
-            free(j->p.argv[i]);
-    free(j->p.argv);
+    routes_free_strings(j->p.argv);
     json_decref(j->body);
     free(j->id);
     free(j);
-}
-
-static int exec_parse_argv(json_t *body, struct exec_job *j, struct lb_error *err)
-{
-    json_t *command = json_object_get(body, "command"), *argv = json_object_get(body, "argv");
-    json_t *v;
-    size_t i;
-
-    if (command && json_is_null(command))
-        command = NULL;
-    if (argv && json_is_null(argv))
-        argv = NULL;
-    if ((command != NULL) == (argv != NULL))
-        return lb_error_set(err, -EINVAL, "give exactly one of 'command' (string) or 'argv'");
-    if (command) {
-        if (!json_is_string(command))
-            return lb_error_set(err, -EINVAL, "'command' must be a string");
-        j->p.argv = calloc(4, sizeof(char *));
-        if (!j->p.argv || !(j->p.argv[0] = strdup("/bin/sh")) || !(j->p.argv[1] = strdup("-c")) ||
-            !(j->p.argv[2] = strndup(json_string_value(command), json_string_length(command))))
-            return lb_error_set(err, -ENOMEM, "out of memory");
-        if (strlen(j->p.argv[2]) != json_string_length(command))
-            return lb_error_set(err, -EINVAL, "'command' must not contain NUL");
-        return 0;
-    }
-    if (!json_is_array(argv) || json_array_size(argv) == 0)
-        return lb_error_set(err, -EINVAL, "'argv' must be a non-empty array of strings");
-    j->p.argv = calloc(json_array_size(argv) + 1, sizeof(char *));
-    if (!j->p.argv)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    json_array_foreach(argv, i, v) {
-        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
-            return lb_error_set(err, -EINVAL, "'argv' must hold strings without NUL");
-        j->p.argv[i] = strdup(json_string_value(v));
-        if (!j->p.argv[i])
-            return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    if (!j->p.argv[0][0])
-        return lb_error_set(err, -EINVAL, "'argv[0]' must not be empty");
-    return 0;
 }
 
 static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, struct lb_error *err)
@@ -141,15 +184,14 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         "user",     "stdin",     "timeout_s", "preserve_background_services",
         "encoding", "exclusive", NULL};
     json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
-    json_t *in = json_object_get(body, "stdin"), *timeout = json_object_get(body, "timeout_s");
+    json_t *in = json_object_get(body, "stdin");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
     json_t *excl = json_object_get(body, "exclusive");
-    double t = (double)app->default_exec_timeout_s;
     int r = routes_check_fields(body, fields, "the exec request", err);
 
     if (r == 0)
-        r = exec_parse_argv(body, j, err);
+        r = routes_parse_command(body, &j->p.argv, err);
     if (r == 0)
         r = routes_string_map(body, "env", &j->p.env, err);
     if (r < 0)
@@ -172,16 +214,10 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         j->p.stdin_data = (const unsigned char *)json_string_value(in);
         j->p.stdin_len = json_string_length(in);
     }
-    if (timeout && !json_is_null(timeout)) {
-        if (!json_is_number(timeout) || !(json_number_value(timeout) > 0) ||
-            !isfinite(json_number_value(timeout)))
-            return lb_error_set(err, -EINVAL, "'timeout_s' must be a number > 0");
-        t = json_number_value(timeout);
-        if (t > (double)app->max_exec_timeout_s)
-            return lb_error_set(err, -EINVAL, "'timeout_s' must be at most %lld",
-                                (long long)app->max_exec_timeout_s);
-    }
-    j->p.timeout_ms = (int64_t)ceil(t * 1000.0);
+    r = routes_parse_seconds(body, "timeout_s", (double)app->default_exec_timeout_s,
+                             app->max_exec_timeout_s, &j->p.timeout_ms, err);
+    if (r < 0)
+        return r;
     if (keep && !json_is_null(keep)) {
         if (!json_is_boolean(keep))
             return lb_error_set(err, -EINVAL, "'preserve_background_services' must be a boolean");

@@ -6,7 +6,6 @@
 
 #include "provider/provider.h"
 #include "routes/routes.h"
-#include "util/token.h"
 
 struct seed_job {
     char *rsid;
@@ -14,73 +13,34 @@ struct seed_job {
     struct lb_seed_request req;
 };
 
+void routes_spec_release(struct lb_seed_request *req)
+{
+    for (size_t i = 0; i < req->n_files; i++) {
+        free(req->files[i].path);
+        free(req->files[i].data);
+    }
+    free(req->files);
+    free(req->ports);
+    memset(req, 0, sizeof(*req));
+}
+
 static void seed_job_free(void *arg)
 {
     struct seed_job *j = arg;
 
     if (!j)
         return;
-    for (size_t i = 0; i < j->req.n_files; i++) {
-        free(j->req.files[i].path);
-        free(j->req.files[i].data);
-    }
-    free(j->req.files);
-    free(j->req.ports);
+    routes_spec_release(&j->req);
     json_decref(j->body);
     free(j->rsid);
     free(j);
 }
 
-static int seed_parse_file(const char *path, json_t *v, struct lb_seed_file *f,
-                           struct lb_error *err)
-{
-    static const char *const fields[] = {"base64", "mode", NULL};
-    int r;
-
-    if (!provider_path_is_valid(path))
-        return lb_error_set(err, -EINVAL,
-                            "file path '%s' must be absolute and normalised (no '..')", path);
-    f->mode = -1;
-    if (json_is_string(v)) {
-        f->len = json_string_length(v);
-        f->data = malloc(f->len + 1);
-        if (!f->data)
-            return lb_error_set(err, -ENOMEM, "out of memory");
-        memcpy(f->data, json_string_value(v), f->len);
-    } else if (json_is_object(v)) {
-        json_t *b64 = json_object_get(v, "base64"), *mode = json_object_get(v, "mode");
-
-        r = routes_check_fields(v, fields, "a seed file", err);
-        if (r < 0)
-            return r;
-        if (!json_is_string(b64))
-            return lb_error_set(err, -EINVAL, "file '%s' needs a 'base64' string", path);
-        if (token_base64_decode(json_string_value(b64), json_string_length(b64), &f->data,
-                                &f->len) < 0)
-            return lb_error_set(err, -EINVAL, "file '%s' has malformed base64", path);
-        if (mode) {
-            if (!json_is_integer(mode) || json_integer_value(mode) < 0 ||
-                json_integer_value(mode) > 07777)
-                return lb_error_set(err, -EINVAL, "file '%s' mode must be 0..4095 (07777)", path);
-            f->mode = (int)json_integer_value(mode);
-        }
-    } else {
-        return lb_error_set(err, -EINVAL, "file '%s' must be a string or {\"base64\", \"mode\"}",
-                            path);
-    }
-    f->path = strdup(path);
-    return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
-}
-
-int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err)
-{
-    return seed_parse_file(path, v, f, err);
-}
-
 static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
 {
-    static const char *const fields[] = {"cpu", "memory_mib", "pids", "disk_mib", NULL};
-    json_t *cpu, *mem, *pids, *disk;
+    static const char *const fields[] = {"cpu", "memory_mib", "pids", "disk_mib",
+                                         "gpu", "gpu_type",   NULL};
+    json_t *cpu, *mem, *pids, *disk, *gpu, *gpu_type;
     int r;
 
     if (!res || json_is_null(res))
@@ -94,6 +54,8 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
     mem = json_object_get(res, "memory_mib");
     pids = json_object_get(res, "pids");
     disk = json_object_get(res, "disk_mib");
+    gpu = json_object_get(res, "gpu");
+    gpu_type = json_object_get(res, "gpu_type");
     /* bounds keep the cgroup arithmetic far from overflow */
     if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) >= 0.01) ||
                 !(json_number_value(cpu) <= 1024)))
@@ -110,6 +72,16 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
                  json_integer_value(disk) > 16777216))
         return lb_error_set(err, -EINVAL,
                             "'resources.disk_mib' must be an integer from 1 to 16777216");
+    /* NeMo Gym's SandboxResources: null means none; the provider decides what it can give */
+    if (gpu && !json_is_null(gpu) &&
+        (!json_is_integer(gpu) || json_integer_value(gpu) < 0 || json_integer_value(gpu) > 1024))
+        return lb_error_set(err, -EINVAL, "'resources.gpu' must be an integer from 0 to 1024");
+    if (gpu_type && !json_is_null(gpu_type) &&
+        (!json_is_string(gpu_type) || json_string_length(gpu_type) == 0 ||
+         json_string_length(gpu_type) > 128))
+        return lb_error_set(err, -EINVAL, "'resources.gpu_type' must be a string of 1-128 bytes");
+    out->gpu = json_is_integer(gpu) ? json_integer_value(gpu) : 0;
+    out->gpu_type = json_is_string(gpu_type) ? json_string_value(gpu_type) : NULL;
     out->cpu = cpu ? json_number_value(cpu) : 0;
     out->memory_mib = mem ? json_integer_value(mem) : 0;
     out->pids = pids ? json_integer_value(pids) : 0;
@@ -230,22 +202,69 @@ static int seed_parse_provider(json_t *v, struct lb_seed_request *req, struct lb
     return 0;
 }
 
-static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error *err)
+/* NeMo Gym's SandboxSpec fields beyond the seed's own: workdir, metadata (= labels),
+ * ready_timeout_s, entrypoint. */
+static int seed_parse_gym(json_t *body, struct lb_seed_request *req, struct lb_error *err)
 {
-    static const char *const fields[] = {"task_id", "files",     "image",   "env",
-                                         "ttl_s",   "resources", "network", "labels",
-                                         "ports",   "provider",  NULL};
+    json_t *workdir = json_object_get(body, "workdir"),
+           *entry = json_object_get(body, "entrypoint");
+    json_t *metadata = NULL;
+    int r = routes_string_map(body, "metadata", &metadata, err);
+
+    if (r < 0)
+        return r;
+    if (metadata && req->labels)
+        return lb_error_set(err, -EINVAL, "give 'metadata' or 'labels' (the same thing), not both");
+    if (metadata)
+        req->labels = metadata;
+    if (workdir && !json_is_null(workdir)) {
+        if (!json_is_string(workdir) || json_string_length(workdir) > 4096 ||
+            strlen(json_string_value(workdir)) != json_string_length(workdir) ||
+            !provider_path_is_valid(json_string_value(workdir)) ||
+            strcmp(json_string_value(workdir), "/") == 0)
+            return lb_error_set(err, -EINVAL,
+                                "'workdir' must be an absolute, normalised path other than '/' "
+                                "(at most 4096 bytes)");
+        req->workdir = json_string_value(workdir);
+    }
+    r = routes_parse_seconds(body, "ready_timeout_s", 0, 3600, &req->ready_timeout_ms, err);
+    if (r < 0)
+        return r;
+    if (entry && !json_is_null(entry)) {
+        if (!json_is_array(entry))
+            return lb_error_set(err, -EINVAL, "'entrypoint' must be an array of strings or null");
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "'entrypoint' cannot be honoured: the local provider's sandbox init "
+                            "is lendbox's own; start services with an exec and "
+                            "preserve_background_services");
+    }
+    return 0;
+}
+
+int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
+                      struct lb_error *err)
+{
+    static const char *const fields[] = {"task_id",    "files",     "image",    "env",
+                                         "ttl_s",      "resources", "network",  "labels",
+                                         "ports",      "workdir",   "metadata", "ready_timeout_s",
+                                         "entrypoint", "provider",  NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
     const char *path;
     json_t *v;
-    int r = routes_check_fields(body, fields, "the seed request", err);
+    int r = routes_check_fields(body, fields,
+                                task_required ? "the seed request" : "the create request", err);
 
     if (r < 0)
         return r;
-    if (!json_is_string(task) || json_string_length(task) == 0 || json_string_length(task) > 1024)
-        return lb_error_set(err, -EINVAL, "'task_id' is required: a string of 1-1024 bytes");
-    req->task_id = json_string_value(task);
+    if (task_required || (task && !json_is_null(task))) {
+        if (!json_is_string(task) || json_string_length(task) == 0 ||
+            json_string_length(task) > 1024)
+            return lb_error_set(err, -EINVAL,
+                                task_required ? "'task_id' is required: a string of 1-1024 bytes"
+                                              : "'task_id' must be a string of 1-1024 bytes");
+        req->task_id = json_string_value(task);
+    }
     if (image && !json_is_null(image)) {
         if (!json_is_string(image) || json_string_length(image) == 0)
             return lb_error_set(err, -EINVAL, "'image' must be a non-empty string");
@@ -271,6 +290,8 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
         r = seed_parse_network(json_object_get(body, "network"), err);
     if (r == 0)
         r = seed_parse_ports(json_object_get(body, "ports"), req, err);
+    if (r == 0)
+        r = seed_parse_gym(body, req, err);
     if (r < 0)
         return r;
     if (req->env && (r = routes_check_env_names(req->env, "env", err)) < 0)
@@ -288,7 +309,7 @@ static int seed_parse(json_t *body, struct lb_seed_request *req, struct lb_error
     if (!req->files)
         return lb_error_set(err, -ENOMEM, "out of memory");
     json_object_foreach(files, path, v) {
-        r = seed_parse_file(path, v, &req->files[req->n_files], err);
+        r = routes_parse_file(path, v, &req->files[req->n_files], err);
         if (r < 0) {
             free(req->files[req->n_files].data);
             free(req->files[req->n_files].path);
@@ -310,21 +331,12 @@ static void seed_run(struct lb_request *req, void *arg)
     routes_respond(req, r, 200, lease, &err);
 }
 
-static int session_param(struct lb_request *req, const char **rsid, struct lb_error *err)
-{
-    *rsid = http_param(req, 0);
-    if (!*rsid || !routes_rsid_is_valid(*rsid))
-        return lb_error_set(err, -EINVAL,
-                            "invalid resources session id: 1-128 characters of [A-Za-z0-9._:-]");
-    return 0;
-}
-
 int route_seed(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     struct seed_job *j;
     const char *rsid;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
 
     if (r < 0)
         return r;
@@ -337,7 +349,7 @@ int route_seed(struct lb_request *req, struct lb_error *err)
     }
     r = http_body_json(req, false, &j->body, err);
     if (r == 0)
-        r = seed_parse(j->body, &j->req, err);
+        r = routes_parse_spec(j->body, &j->req, true, err);
     if (r < 0) {
         seed_job_free(j);
         return r;
@@ -351,7 +363,7 @@ int route_session_get(struct lb_request *req, struct lb_error *err)
     struct lb_app *app = http_app(req);
     json_t *lease = NULL;
     const char *rsid;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
 
     if (r == 0)
         r = lend_get_lease(app->lend, rsid, &lease, err);
@@ -386,7 +398,7 @@ int route_release(struct lb_request *req, struct lb_error *err)
     const char *rsid;
     char *copy;
     json_t *body = NULL;
-    int r = session_param(req, &rsid, err);
+    int r = routes_session_param(req, &rsid, err);
     static const char *const fields[] = {NULL};
 
     if (r == 0)
@@ -401,4 +413,45 @@ int route_release(struct lb_request *req, struct lb_error *err)
         return lb_error_set(err, -ENOMEM, "out of memory");
     routes_serialize_session(req, rsid);
     return http_defer(req, release_run, copy, free, err);
+}
+
+/* ---------- release_all ---------- */
+
+static void release_all_run(struct lb_request *req, void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_release_all(app->lend, arg, (size_t)app->stop_concurrency, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+static void release_all_free(void *arg)
+{
+    json_decref(arg);
+}
+
+int route_release_all(struct lb_request *req, struct lb_error *err)
+{
+    static const char *const fields[] = {"labels", NULL};
+    struct lb_app *app = http_app(req);
+    json_t *body = NULL, *labels = NULL;
+    int r = http_body_json(req, true, &body, err);
+
+    if (r == 0)
+        r = routes_check_fields(body, fields, "the release_all request", err);
+    if (r == 0)
+        r = routes_string_map(body, "labels", &labels, err);
+    if (r == 0 && labels)
+        r = seed_check_labels(labels, err);
+    if (r == 0 && lend_is_draining(app->lend))
+        r = lb_error_set(err, -ESHUTDOWN, "the daemon is draining");
+    if (r < 0) {
+        json_decref(body);
+        return r;
+    }
+    json_incref(labels); /* NULL-safe; the job owns it */
+    json_decref(body);
+    return http_defer(req, release_all_run, labels, release_all_free, err);
 }

@@ -76,6 +76,7 @@ static const struct config_key config_keys[] = {
     INT("limits", "max_execs_per_sandbox", max_execs_per_sandbox, "0", 0, 1000000),
     INT("limits", "default_disk_mib", default_disk_mib, "1024", 1, 16777216),
     INT("limits", "max_disk_mib", max_disk_mib, "16384", 1, 16777216),
+    INT("limits", "max_wait_ms", max_wait_ms, "30000", 0, 3600000),
     STR("provider", "name", provider, "local"),
     STR("provider", "enabled", providers_enabled, NULL),
     STR("local", "bwrap", bwrap_path, "bwrap"),

@@ -593,7 +593,7 @@ START_TEST(test_input_and_errors)
         "{\"argv\": [\"true\"], \"cwd\": \"tmp\"}",
     };
     struct lbt_resp r;
-    json_t *lease;
+    json_t *lease, *other;
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         execute(&D, "act-input", bad[i], &r);
@@ -618,11 +618,13 @@ START_TEST(test_input_and_errors)
     lbt_json(&D, "GET", "/v1/sessions/act-nobody/activation?log=yes", "", NULL, &r);
     lbt_assert_error(&r, 400, "bad_request");
     lbt_resp_free(&r);
-    /* admin only: an operate token gets 403 */
+    /* admin, or the session's own operate token (test_operate_token_activation): another
+     * sandbox's operate token gets 403 */
     lease = lbt_seed(&D, "act-input", "task-act", NULL);
+    other = lbt_seed(&D, "act-input-other", "task-act", NULL);
     {
         const char *tok =
-            json_string_value(json_object_get(json_object_get(lease, "access"), "token"));
+            json_string_value(json_object_get(json_object_get(other, "access"), "token"));
 
         lbt_json(&D, "POST", "/v1/sessions/act-input/execute", tok, "{\"argv\": [\"true\"]}", &r);
         lbt_assert_error(&r, 403, "forbidden");
@@ -641,6 +643,7 @@ START_TEST(test_input_and_errors)
     ck_assert_ptr_nonnull(strstr(str(r.json, "error"), "/nope"));
     lbt_resp_free(&r);
     json_decref(lease);
+    json_decref(other);
 }
 END_TEST
 
@@ -945,6 +948,218 @@ START_TEST(test_restart_harness_ended_meanwhile)
 }
 END_TEST
 
+/* ---------- issue #10: the agent side (operate token), wait:false, long-poll, stop ---------- */
+
+/* Seed rsid and return its operate token too. */
+static void seed_op(struct lbt_daemon *d, const char *rsid, char *sbx, size_t len, char *tok,
+                    size_t tok_len)
+{
+    json_t *lease = lbt_seed(d, rsid, "task-act", NULL);
+
+    snprintf(sbx, len, "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(tok, tok_len, "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+}
+
+/* A request on a session route with token; returns the status, the response in *r. */
+static long session_req(struct lbt_daemon *d, const char *method, const char *rsid,
+                        const char *what, const char *token, const char *body, struct lbt_resp *r)
+{
+    char path[300];
+
+    session_path(path, sizeof(path), rsid, what);
+    lbt_json(d, method, path, token, body, r);
+    return r->status;
+}
+
+/* The operate token of a session's sandbox may execute, read and close that session's
+ * activation (2xx); another sandbox's token is 403 on every activation route. The harness's
+ * environment names its stop-request file (LENDBOX_STOP_REQUEST), as GET does. */
+START_TEST(test_operate_token_activation)
+{
+    char sa[64], ta[128], sb[64], tb[128], want[200];
+    struct lbt_resp r;
+    json_t *act;
+
+    seed_op(&D, "act-op-a", sa, sizeof(sa), ta, sizeof(ta));
+    seed_op(&D, "act-op-b", sb, sizeof(sb), tb, sizeof(tb));
+    /* another sandbox's token: 403 everywhere, before anything runs */
+    ck_assert_int_eq(
+        session_req(&D, "POST", "act-op-a", "execute", tb, "{\"argv\": [\"true\"]}", &r), 403);
+    lbt_assert_error(&r, 403, "forbidden");
+    lbt_resp_free(&r);
+
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "execute", ta,
+                                 "{\"argv\": [\"sh\", \"-c\", \"echo $LENDBOX_STOP_REQUEST "
+                                 "$LENDBOX_ACTIVATION_ID > /workspace/env.txt\"], "
+                                 "\"collect\": [\"/workspace/env.txt\"]}",
+                                 &r),
+                     200);
+    ck_assert_str_eq(str(r.json, "state"), "finished");
+    snprintf(want, sizeof(want), "/run/lendbox/%s/stop.request %s\n", str(r.json, "activation_id"),
+             str(r.json, "activation_id"));
+    assert_artifact(r.json, "/workspace/env.txt", want);
+    lbt_resp_free(&r);
+
+    ck_assert_int_eq(session_req(&D, "GET", "act-op-a", "activation", tb, NULL, &r), 403);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "GET", "act-op-a", "activation?log=1", ta, NULL, &r), 200);
+    want[strlen(want) - 1] = '\0';
+    *strchr(want, ' ') = '\0';
+    ck_assert_str_eq(str(r.json, "stop_request_path"), want);
+    ck_assert(json_is_true(json_object_get(r.json, "wait")));
+    ck_assert(json_is_string(json_object_get(r.json, "log")));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "stop_harness", tb, "{}", &r), 403);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "close", tb, "{}", &r), 403);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "close", ta, "{}", &r), 200);
+    ck_assert(json_is_true(json_object_get(r.json, "closed")));
+    lbt_resp_free(&r);
+    /* the session's other routes stay admin's */
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "release", ta, NULL, &r), 403);
+    lbt_resp_free(&r);
+    /* a token of no sandbox is 401 */
+    ck_assert_int_eq(session_req(&D, "GET", "act-op-a", "activation", "lbo_nope", NULL, &r), 401);
+    lbt_resp_free(&r);
+    /* released: the session has no live sandbox; its old token still reads its activation,
+     * the other session's token still does not */
+    ck_assert_int_eq(session_req(&D, "POST", "act-op-a", "release", "", NULL, &r), 200);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "GET", "act-op-a", "activation", ta, NULL, &r), 200);
+    ck_assert_str_eq(str(r.json, "state"), "closed");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "GET", "act-op-a", "activation", tb, NULL, &r), 403);
+    lbt_resp_free(&r);
+    act = get_activation(&D, "act-op-a", false);
+    json_decref(act);
+}
+END_TEST
+
+/* "wait": false answers 202 with the activation id; GET polls (running, outcome null), a
+ * long-poll returns when the harness ends, with the artifacts collected then; close gives
+ * the same result. Bad wait_ms is 400; a long-poll that times out answers the same state. */
+START_TEST(test_nowait_and_long_poll)
+{
+    char sbx[64], tok[128], id[64];
+    struct lbt_resp r;
+
+    seed_op(&D, "act-nowait", sbx, sizeof(sbx), tok, sizeof(tok));
+    ck_assert_int_eq(session_req(&D, "POST", "act-nowait", "execute", tok,
+                                 "{\"wait\": false, \"argv\": [\"sh\", \"-c\", \"echo started > "
+                                 "/workspace/s.txt; sleep 2; echo done > /workspace/out.txt; "
+                                 "exit 5\"], \"collect\": [\"/workspace/out.txt\"]}",
+                                 &r),
+                     202);
+    ck_assert_str_eq(str(r.json, "state"), "running");
+    snprintf(id, sizeof(id), "%s", str(r.json, "activation_id"));
+    ck_assert(!strncmp(id, "act-", 4));
+    ck_assert_int_eq(json_object_size(r.json), 2);
+    lbt_resp_free(&r);
+
+    ck_assert_int_eq(session_req(&D, "GET", "act-nowait", "activation", tok, NULL, &r), 200);
+    ck_assert_str_eq(str(r.json, "activation_id"), id);
+    ck_assert_str_eq(str(r.json, "state"), "running");
+    ck_assert(json_is_null(json_object_get(r.json, "outcome")));
+    ck_assert(json_is_false(json_object_get(r.json, "wait")));
+    lbt_resp_free(&r);
+    /* a short long-poll ends with nothing new */
+    ck_assert_int_eq(session_req(&D, "GET", "act-nowait", "activation?wait_ms=200", tok, NULL, &r),
+                     200);
+    ck_assert(json_is_null(json_object_get(r.json, "outcome")));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "GET", "act-nowait", "activation?wait_ms=x", tok, NULL, &r),
+                     400);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "GET", "act-nowait", "activation?wait_ms=-5", "", NULL, &r),
+                     400);
+    lbt_resp_free(&r);
+    /* the long-poll returns once the harness ended, and that answer collected */
+    {
+        double until = lbt_now() + 60;
+
+        for (;;) {
+            ck_assert_int_eq(
+                session_req(&D, "GET", "act-nowait", "activation?wait_ms=30000", tok, NULL, &r),
+                200);
+            if (!json_is_null(json_object_get(r.json, "outcome")))
+                break;
+            ck_assert_msg(lbt_now() < until, "the harness never ended");
+            lbt_resp_free(&r);
+        }
+    }
+    ck_assert_str_eq(str(r.json, "outcome"), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 5);
+    ck_assert(json_is_true(json_object_get(r.json, "artifacts_collected")));
+    assert_artifact(r.json, "/workspace/out.txt", "done\n");
+    assert_cleanup_confirmed(r.json);
+    lbt_resp_free(&r);
+    /* an ended harness answers at once */
+    ck_assert_int_eq(session_req(&D, "GET", "act-nowait", "activation?wait_ms=30000", "", NULL, &r),
+                     200);
+    ck_assert_str_eq(str(r.json, "outcome"), "finished");
+    lbt_resp_free(&r);
+    close_session(&D, "act-nowait", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 5);
+    assert_artifact(r.json, "/workspace/out.txt", "done\n");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&D, "POST", "act-nowait", "execute", "",
+                                 "{\"wait\": \"no\", \"argv\": [\"true\"]}", &r),
+                     400);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* stop_harness (NeMo Gym's): a harness that watches $LENDBOX_STOP_REQUEST (and ignores TERM)
+ * sees the file and exits by itself with its own code; cleanup confirmed; no capture until
+ * a GET (wait:false) or close; repeated, it answers the same. */
+START_TEST(test_stop_harness)
+{
+    char sbx[64], tok[128], *got;
+    struct lbt_resp r;
+
+    seed_op(&D, "act-stop", sbx, sizeof(sbx), tok, sizeof(tok));
+    ck_assert_int_eq(session_req(&D, "POST", "act-stop", "stop_harness", tok, "{}", &r), 404);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(
+        session_req(&D, "POST", "act-stop", "execute", tok,
+                    "{\"wait\": false, \"close_timeout_s\": 30, \"argv\": [\"sh\", \"-c\", "
+                    "\"trap '' TERM; echo watching > /workspace/w.txt; "
+                    "while [ ! -e \\\"$LENDBOX_STOP_REQUEST\\\" ]; do sleep 0.05; done; "
+                    "echo saw-stop > /workspace/stop.txt; exit 7\"], "
+                    "\"collect\": [\"/workspace/stop.txt\"]}",
+                    &r),
+        202);
+    lbt_resp_free(&r);
+    wait_file(&D, sbx, "/workspace/w.txt", "watching", 30);
+    ck_assert_int_eq(session_req(&D, "POST", "act-stop", "stop_harness", tok, "{\"x\": 1}", &r),
+                     400);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(
+        session_req(&D, "POST", "act-stop", "stop_harness", tok, "{\"timeout_s\": 30}", &r), 200);
+    /* it exited by itself (7), not by the KILL 10 s after the TERM it ignored (137) */
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 7);
+    ck_assert_str_eq(str(r.json, "outcome"), "failed"); /* stopped before it ended */
+    assert_cleanup_confirmed(r.json);
+    lbt_resp_free(&r);
+    got = sbx_file(&D, sbx, "/workspace/stop.txt");
+    ck_assert_str_eq(got, "saw-stop\n");
+    free(got);
+    ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 0.05"), 0);
+    /* repeated: nothing to do, same answer */
+    ck_assert_int_eq(session_req(&D, "POST", "act-stop", "stop_harness", "", NULL, &r), 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 7);
+    lbt_resp_free(&r);
+    close_session(&D, "act-stop", &r);
+    ck_assert_int_eq(r.status, 200);
+    assert_artifact(r.json, "/workspace/stop.txt", "saw-stop\n");
+    lbt_resp_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("activation");
@@ -965,6 +1180,9 @@ int main(void)
     tcase_add_test(shared, test_input_and_errors);
     tcase_add_test(shared, test_preserve_background_services);
     tcase_add_test(shared, test_pause_resume);
+    tcase_add_test(shared, test_operate_token_activation);
+    tcase_add_test(shared, test_nowait_and_long_poll);
+    tcase_add_test(shared, test_stop_harness);
     suite_add_tcase(s, shared);
     tcase_set_timeout(own, 240);
     tcase_add_test(own, test_close_before_launch);
