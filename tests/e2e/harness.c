@@ -126,7 +126,7 @@ static void lbt_variant_image_store(void)
 
     if (lbt_variant_hex[0])
         return;
-    if (dir)
+    if (dir && *dir)
         snprintf(lbt_variant_store, sizeof(lbt_variant_store), "%s", dir);
     else
         snprintf(lbt_variant_store, sizeof(lbt_variant_store), "%s/build/e2e-image", src);
