@@ -171,6 +171,10 @@ bool lbt_variant_is(const char *name);
 /* The image a seed that names none runs on in this variant ("host", or the test image's name);
  * what its lease's "image" says. A static string. */
 const char *lbt_variant_image(void);
+/* Do seeds that name no image run on the host's root (lbt_variant_image() is "host")? Tests that
+ * assert what the host's root looks like from inside (read-only /, host files visible) check
+ * this and assert the image's behaviour otherwise. */
+bool lbt_variant_on_host(void);
 /* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
 void lbt_skip_note(const char *test, const char *why);
 /* In a test body: on variant name, print why and end the test (it counts as passed). Only for

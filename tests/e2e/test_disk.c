@@ -190,7 +190,7 @@ static void check_mounts(const char *sbx, struct want_size *want, size_t n_want)
     bool root_ro = false, dev_ro = false;
     /* on an image (the image variant) / is the writable overlay over it, its upper dir a tmpfs
      * of disk_mib (the workdir's size): statfs of / shows that tmpfs */
-    bool image = strcmp(lbt_variant_image(), "host") != 0;
+    bool image = !lbt_variant_on_host();
 
     for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char target[1024], fstype[64], opts[1024];
@@ -265,7 +265,7 @@ START_TEST(test_mount_sizes)
              "findmnt -rn -o FSTYPE,OPTIONS %s | cut -d, -f1; ls -A %s | wc -l",
              D.state_dir, D.state_dir, D.state_dir);
     out = lbt_sh(&D, sbx, hider);
-    ck_assert_str_eq(out, strcmp(lbt_variant_image(), "host") == 0 ? "tmpfs ro\n0\n" : "absent\n");
+    ck_assert_str_eq(out, lbt_variant_on_host() ? "tmpfs ro\n0\n" : "absent\n");
     free(out);
     release_ok(&D, "disk-m1", sbx);
 
@@ -578,10 +578,9 @@ static void storage_dir_case(bool own_data_dir)
     out = lbt_sh(&G, sbx, cmd);
     /* a host directory at the workdir; the data (or state) dir behind an empty ro tmpfs (on an
      * image the host's directories are not there at all) */
-    ck_assert_msg(
-        strncmp(out, "tmpfs\n", 6) != 0 &&
-            strstr(out, strcmp(lbt_variant_image(), "host") == 0 ? "\ntmpfs ro\n" : "\nabsent\n"),
-        "%s", out);
+    ck_assert_msg(strncmp(out, "tmpfs\n", 6) != 0 &&
+                      strstr(out, lbt_variant_on_host() ? "\ntmpfs ro\n" : "\nabsent\n"),
+                  "%s", out);
     free(out);
     snprintf(host, sizeof(host), "%s/%s/f", data, sbx);
     ck_assert_int_eq(stat(host, &sb), 0);
