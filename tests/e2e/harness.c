@@ -106,7 +106,8 @@ static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
 struct lbt_variant_def {
     const char *name;
     const char *default_image; /* what a seed without "image" runs on */
-    /* add arguments to argv[*n...] (at most LBT_VARIANT_MAX_ARGS) and prepare d's state dir */
+    /* add arguments to argv[*n...] (at most LBT_VARIANT_MAX_ARGS) and prepare d's state dir;
+     * NULL: nothing to do */
     void (*prepare)(struct lbt_daemon *d, const char **argv, int *n);
 };
 #define LBT_VARIANT_MAX_ARGS 8
@@ -229,7 +230,7 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
 {
     const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
     const char *sup = getenv("LENDBOX_SUPERVISE");
-    const char *argv[64];
+    const char *argv[64 + LBT_VARIANT_MAX_ARGS];
     char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
     int n = 0, fd;
 
@@ -255,9 +256,13 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
         argv[n++] = "--set";
         argv[n++] = sup_set;
     }
-    if (lbt_variant_def()->prepare)
+    if (lbt_variant_def()->prepare) {
+        int before = n;
+
         lbt_variant_def()->prepare(d, argv, &n);
-    for (int i = 0; extra && extra[i] && n < 62; i++)
+        ck_assert_int_le(n - before, LBT_VARIANT_MAX_ARGS);
+    }
+    for (int i = 0; extra && extra[i] && n < 62 + LBT_VARIANT_MAX_ARGS; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
     fd = open(d->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
