@@ -867,12 +867,9 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     /* If the monitor died before the init, the init is our child now: reap it too. */
     if (pidfd >= 0 && proc_ppid(d->pid) == getpid())
         (void)waitpid(d->pid, NULL, WNOHANG);
-    /* 2. everything else running as the sandbox's uid: all of it without a live init to kill
-     * (a sandbox half made when a daemon crashed, or one whose init died), else what lives
-     * outside the sandbox's pid namespace (bwrap's monitor, a file helper that entered only its
-     * mount namespace), which the init's death does not take along; seen left over by the
-     * stops of sandboxes on images under load */
-    if (has_dir && local_uid_in_range(lp, d->uid)) {
+    /* 2. without a live init to kill (a sandbox half made when a daemon crashed, or one whose
+     * init died) sweep everything running as the sandbox's uid instead */
+    if (pidfd < 0 && has_dir && local_uid_in_range(lp, d->uid)) {
         while ((left = kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
