@@ -79,9 +79,9 @@ static int count_big_files(const char *dir, long long min_bytes, const char *ski
     int n = 0;
 
     /* on dir's own file system: an image root's mounts under a sandbox's directory are not
-     * host disk (its upper dir is a tmpfs, img-lower the read-only image) */
+     * host disk (its upper dir is a tmpfs, lower the read-only image) */
     snprintf(cmd, sizeof(cmd),
-             "find '%s' -xdev -name img-lower -prune -o -type f -size +%lldc ! -name '%s' "
+             "find '%s' -xdev -name lower -prune -o -type f -size +%lldc ! -name '%s' "
              "-print | wc -l",
              dir, min_bytes - 1, skip);
     p = popen(cmd, "r");

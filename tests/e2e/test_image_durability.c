@@ -245,7 +245,7 @@ START_TEST(test_kill_during_seed_on_image)
     seed(&d, "rs-k", "\"image\": \"busy\"", sbx, sizeof(sbx));
     ck_assert_int_eq(count_mounts_under(d.state_dir), 3);
     sandbox_dir(&d, sbx, path, sizeof(path));
-    strcat(path, "/img-upper");
+    strcat(path, "/img/upper");
     ck_assert(lbt_path_exists(path));
     release(&d, "rs-k");
     ck_assert_int_eq(count_mounts_under(d.state_dir), 0);
