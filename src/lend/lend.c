@@ -10,11 +10,13 @@
 #include "lend/lend_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <uthash.h>
 
 #include "image/image.h"
@@ -117,6 +119,65 @@ void lend_session_unlock(struct lb_lend *l, struct lend_session_lock *s)
 
 /* ---------- setup ---------- */
 
+#define DEFAULT_IMAGE_SEPS " \t,"
+
+/* Is list ("NAME", or "NAME NAME ... [host]") a usable default image? */
+static bool lend_default_image_is_valid(const char *list)
+{
+    size_t n = 0;
+
+    for (const char *p = list; *p;) {
+        char name[LB_IMAGE_NAME_MAX + 1];
+        size_t len;
+
+        p += strspn(p, DEFAULT_IMAGE_SEPS);
+        len = strcspn(p, DEFAULT_IMAGE_SEPS);
+        if (len == 0)
+            break;
+        if (len > LB_IMAGE_NAME_MAX)
+            return false;
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (strcmp(name, "host") != 0 && !image_name_is_valid(name))
+            return false;
+        p += len;
+        n++;
+    }
+    return n > 0;
+}
+
+/* The image of a seed that names none: the first name of list (the provider's default image,
+ * else lending.default_image; "NAME" or "NAME NAME ... [host]") that is "host" or
+ * present under the images dir now, else the list's first name (the seed then answers 404
+ * image_not_found naming it). Written into buf. */
+static const char *lend_default_image(const struct lb_lend *l, const char *list, char *buf,
+                                      size_t size)
+{
+    buf[0] = '\0';
+    for (const char *p = list; *p;) {
+        char name[LB_IMAGE_NAME_MAX + 1], path[PATH_MAX];
+        struct stat st;
+        size_t len;
+
+        p += strspn(p, DEFAULT_IMAGE_SEPS);
+        len = strcspn(p, DEFAULT_IMAGE_SEPS);
+        if (len == 0 || len >= sizeof(name))
+            break;
+        snprintf(name, sizeof(name), "%.*s", (int)len, p);
+        p += len;
+        if (!buf[0])
+            snprintf(buf, size, "%s", name);
+        if (strcmp(name, "host") == 0 ||
+            (l->cfg.images_dir &&
+             snprintf(path, sizeof(path), "%s/%s", l->cfg.images_dir, name) < (int)sizeof(path) &&
+             stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+            snprintf(buf, size, "%s", name);
+            return buf;
+        }
+    }
+    return buf[0] ? buf : "host";
+}
+
 int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_registry *providers,
              struct lb_lend **out, struct lb_error *err)
 {
@@ -136,6 +197,13 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     memcpy(l->operate_key, cfg->operate_key, cfg->operate_key_len);
+    if (!lend_default_image_is_valid(l->default_image)) {
+        lend_free(l);
+        return lb_error_set(err, -EINVAL,
+                            "default image '%s': want 'host', an image name, or a list of them "
+                            "separated by spaces or commas",
+                            cfg->default_image);
+    }
     l->cfg.default_image = l->default_image;
     l->cfg.workdir = l->workdir;
     l->cfg.public_url = l->public_url;
@@ -228,7 +296,7 @@ static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, b
 {
     char token[4 + 65] = "";
     json_t *spec = NULL, *lease;
-    const char *image = spec_string(r, "image", l->cfg.default_image, &spec);
+    const char *image = spec_string(r, "image", "host", &spec); /* older records: host */
     const char *workdir = json_string_value(json_object_get(spec, "workdir"));
 
     if (lend_operate_token(l, r->id, token) < 0)
@@ -261,6 +329,19 @@ static const char *record_status_guess(enum lb_record_state s)
     }
 }
 
+/* The record's image reference: "image" (the name the seed resolved to) and "image_digest"
+ * (the stored tree it named then; null for host and trees placed by hand). */
+static void lend_render_image_ref(json_t *j, const struct lb_record *r)
+{
+    json_t *spec = NULL;
+    const char *image = spec_string(r, "image", "host", &spec);
+    const char *digest = json_string_value(json_object_get(spec, "image_digest"));
+
+    json_object_set_new(j, "image", json_string(image));
+    json_object_set_new(j, "image_digest", digest ? json_string(digest) : json_null());
+    json_decref(spec);
+}
+
 static json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool details)
 {
     json_t *j = json_pack("{s:s,s:s,s:s,s:s?,s:o,s:o,s:s?}", "sandbox_id", r->id, "status",
@@ -286,6 +367,7 @@ static json_t *lend_render_sandbox(const struct lb_record *r, const char *status
                             r->last_error ? json_string(r->last_error) : json_null());
         json_object_set_new(j, "next_attempt_at", json_time(r->next_attempt_at));
         json_object_set_new(j, "updated_at", json_time(r->updated_at));
+        lend_render_image_ref(j, r);
     }
     return j;
 }
@@ -454,6 +536,11 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
         json_t *env = NULL;
         char *wd = NULL;
 
+        struct lb_image_info info;
+
+        /* which tree the name meant at seed time (image rm and re-imports look at names) */
+        if (image_get(l->cfg.images_dir, image, &info, NULL) == 0)
+            json_object_set_new(spec, "image_digest", json_string(info.digest));
         if (image_read_config(l->cfg.images_dir, image, &env, &wd, NULL) == 0) {
             if (env)
                 json_object_set_new(spec, "image_env", env);
@@ -548,6 +635,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
 {
     struct lb_record rec = {0}, got = {0};
     struct lb_error perr = {0};
+    char default_image[LB_IMAGE_NAME_MAX + 1];
     const char *image = NULL;
     struct lb_sandbox_spec spec = {.workdir = req->workdir ? req->workdir : l->cfg.workdir,
                                    .resources = req->resources,
@@ -574,9 +662,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto out;
     provider_caps(prov, &caps);
-    image = req->image           ? req->image
-            : caps.default_image ? caps.default_image
-                                 : l->cfg.default_image;
+    image = req->image ? req->image
+                       : lend_default_image(l,
+                                            caps.default_image ? caps.default_image
+                                                               : l->cfg.default_image,
+                                            default_image, sizeof(default_image));
     spec.image = image;
     r = lend_check_resources(l, prov, &spec.resources, err);
     if (r == 0)

@@ -183,6 +183,33 @@ bool local_desc_alive(const struct local_desc *d)
     return d->pid > 0 && local_proc_start_time(d->pid, &st) == 0 && st == d->start_time;
 }
 
+bool local_desc_exiting(const struct local_desc *d)
+{
+    char path[64], buf[1024];
+    unsigned long flags;
+    const char *p;
+    ssize_t n;
+    int fd;
+
+    if (!local_desc_alive(d))
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    p = strrchr(buf, ')');
+    /* field 9, the kernel's task flags; PF_EXITING (0x4) is set as the exit begins, before a
+     * pid namespace's init kills the rest of its namespace */
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+        return false;
+    return (flags & 0x4) != 0;
+}
+
 /* Real uid and state of pid from /proc/<pid>/status; -ENOENT when gone. */
 static int proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
 {

@@ -47,6 +47,7 @@
 
 #include "util/buf.h"
 #include "util/clock.h"
+#include "util/fault.h"
 #include "util/log.h"
 
 /* bound on the cleanup of a sandbox that failed to start */
@@ -803,6 +804,8 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 
         mount_sizes(lp, res, &sizes);
         r = local_image_mount(dir, root, d.uid, sizes.root_mib, overlay, sizeof(overlay), err);
+        if (r == 0) /* tests: a crash (delay + kill -9) with the root mounted, no init yet */
+            r = fault_hit("image.mounted", 0, err);
         if (r < 0)
             goto fail;
     }

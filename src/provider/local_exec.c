@@ -805,7 +805,8 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     } else if (io.backstop) {
         set_runtime_result(res, LB_EXEC_SANDBOX, "no result from the sandbox in time");
     } else if (parse_status(&io, res) != 0) {
-        if (!local_desc_alive(&d)) {
+        /* an init still exiting counts as gone: the stop killed the supervisor */
+        if (!local_desc_alive(&d) || local_desc_exiting(&d)) {
             r = lb_error_set(err, -ENOENT, "sandbox '%s' stopped during the exec", ref->id);
             goto out;
         }

@@ -109,6 +109,9 @@ int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error
 int local_proc_start_time(pid_t pid, uint64_t *start_time);
 /* Is the sandbox's init the very process the descriptor names (pid + start time)? */
 bool local_desc_alive(const struct local_desc *d);
+/* Is that init alive but already exiting (killed: its namespace's processes are being killed,
+ * and the namespace's teardown, e.g. an image root's mounts, may keep it a while)? */
+bool local_desc_exiting(const struct local_desc *d);
 
 /* Kill the sandbox: SIGKILL the init and every process running as its uid, thaw, wait until
  * they are gone, remove its cgroups and its directory, free the uid. Idempotent. The uid is

@@ -82,6 +82,7 @@ static const struct config_key config_keys[] = {
     STR("local", "bwrap", bwrap_path, "bwrap"),
     STR("local", "supervise", supervise_path, NULL),
     STR("local", "images_dir", images_dir, NULL),
+    STR("local", "default_image", local_default_image, NULL),
     STR("local", "cgroup_parent", cgroup_parent, "lendbox"),
     INT("local", "uid_base", uid_base, "0", 0, 2147483647),
     INT("local", "uid_count", uid_count, "65536", 1, 1000000),

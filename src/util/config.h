@@ -66,6 +66,9 @@ struct lb_config {
     char *bwrap_path;
     char *supervise_path;
     char *images_dir;
+    /* image for seeds that name none: NAME, or a list "NAME NAME ... [host]" of which the first
+     * present in the image store at seed time wins; NULL: lending.default_image */
+    char *local_default_image;
     char *cgroup_parent;
     int64_t uid_base;
     int64_t uid_count;

@@ -9,7 +9,8 @@
  *   delay:MS    calls of OP wait MS milliseconds, then proceed normally
  * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
  * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
- * before its tree is published).
+ * before its tree is published), image.mounted (a seed on an image: its root's mounts made,
+ * right before the sandbox's init starts).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

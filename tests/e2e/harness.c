@@ -97,6 +97,128 @@ static bool lbt_pid_is_daemon(pid_t pid, const char *state_dir)
            strstr(buf, "lendboxd") && strstr(buf, state_dir);
 }
 
+/* ---------- variants (LENDBOX_E2E_VARIANT) ----------
+ * A variant changes what every daemon the harness starts runs its sandboxes on. Each has a
+ * name, the image seeds get by default, and a prepare step run before each spawn (also a
+ * restart) that may set up the state dir and add "--set" arguments ahead of the test's own
+ * (which therefore win). To add one (docker, a warm pool): a prepare function and a row in
+ * lbt_variants[]. */
+struct lbt_variant_def {
+    const char *name;
+    const char *default_image; /* what a seed without "image" runs on */
+    /* add arguments to argv[*n...] (at most LBT_VARIANT_MAX_ARGS) and prepare d's state dir;
+     * NULL: nothing to do */
+    void (*prepare)(struct lbt_daemon *d, const char **argv, int *n);
+};
+#define LBT_VARIANT_MAX_ARGS 8
+
+#define LBT_VARIANT_IMAGE "lbt-variant"
+
+/* The image variant's pre-imported store: built once (tests/images/make-variant-image,
+ * cached and locked), shared read-only by every daemon; its digest's hex. */
+static char lbt_variant_store[512], lbt_variant_hex[65];
+
+static void lbt_variant_image_store(void)
+{
+    char cmd[1536], link[1024], target[256];
+    const char *dir = getenv("LENDBOX_E2E_IMAGE_DIR");
+    const char *src = getenv("LENDBOX_SRCDIR") ? getenv("LENDBOX_SRCDIR") : ".";
+    ssize_t len;
+
+    if (lbt_variant_hex[0])
+        return;
+    if (dir && *dir)
+        snprintf(lbt_variant_store, sizeof(lbt_variant_store), "%s", dir);
+    else
+        snprintf(lbt_variant_store, sizeof(lbt_variant_store), "%s/build/e2e-image", src);
+    snprintf(link, sizeof(link), "%s/state/images/" LBT_VARIANT_IMAGE, lbt_variant_store);
+    snprintf(cmd, sizeof(cmd), "%s/stamp", lbt_variant_store);
+    /* built once (make e2e-image builds it first); never rebuilt under running tests */
+    if (!lbt_path_exists(cmd) || readlink(link, target, sizeof(target) - 1) <= 0) {
+        snprintf(cmd, sizeof(cmd), "'%s/tests/images/make-variant-image' '%s' >&2", src,
+                 lbt_variant_store);
+        ck_assert_msg(system(cmd) == 0, "variant image: %s failed", cmd);
+    }
+    len = readlink(link, target, sizeof(target) - 1);
+    ck_assert_msg(len > 0, "variant image: no %s", link);
+    target[len] = '\0';
+    /* .store/sha256/<hex>/rootfs */
+    ck_assert_msg(len == 14 + 64 + 7 && strncmp(target, ".store/sha256/", 14) == 0,
+                  "variant image: unexpected link %s", target);
+    memcpy(lbt_variant_hex, target + 14, 64);
+    lbt_variant_hex[64] = '\0';
+}
+
+/* images/.store/sha256/<hex> -> the shared store's tree, images/lbt-variant -> it: the daemon
+ * sees an imported image (config and all) without an import of its own. */
+static void lbt_variant_image_prepare(struct lbt_daemon *d, const char **argv, int *n)
+{
+    static const char *const subdirs[] = {"images", "images/.store", "images/.store/sha256"};
+    char path[1024], target[1024];
+
+    lbt_variant_image_store();
+    mkdir(d->state_dir, 0711);
+    for (size_t i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", d->state_dir, subdirs[i]);
+        ck_assert_msg(mkdir(path, 0700) == 0 || errno == EEXIST, "mkdir %s", path);
+    }
+    snprintf(path, sizeof(path), "%s/images/.store/sha256/%s", d->state_dir, lbt_variant_hex);
+    snprintf(target, sizeof(target), "%s/state/images/.store/sha256/%s", lbt_variant_store,
+             lbt_variant_hex);
+    ck_assert_msg(symlink(target, path) == 0 || errno == EEXIST, "symlink %s", path);
+    snprintf(path, sizeof(path), "%s/images/" LBT_VARIANT_IMAGE, d->state_dir);
+    snprintf(target, sizeof(target), ".store/sha256/%s/rootfs", lbt_variant_hex);
+    ck_assert_msg(symlink(target, path) == 0 || errno == EEXIST, "symlink %s", path);
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = "local.default_image=" LBT_VARIANT_IMAGE;
+}
+
+static const struct lbt_variant_def lbt_variants[] = {
+    {"host", "host", NULL},
+    {"image", LBT_VARIANT_IMAGE, lbt_variant_image_prepare},
+};
+
+static const struct lbt_variant_def *lbt_variant_def(void)
+{
+    const char *want = getenv("LENDBOX_E2E_VARIANT");
+
+    if (!want || !*want)
+        want = "host";
+    for (size_t i = 0; i < sizeof(lbt_variants) / sizeof(lbt_variants[0]); i++)
+        if (strcmp(lbt_variants[i].name, want) == 0)
+            return &lbt_variants[i];
+    fprintf(stderr, "harness: unknown LENDBOX_E2E_VARIANT '%s' (have:", want);
+    for (size_t i = 0; i < sizeof(lbt_variants) / sizeof(lbt_variants[0]); i++)
+        fprintf(stderr, " %s", lbt_variants[i].name);
+    fprintf(stderr, ")\n");
+    exit(2);
+}
+
+const char *lbt_variant(void)
+{
+    return lbt_variant_def()->name;
+}
+
+bool lbt_variant_is(const char *name)
+{
+    return strcmp(lbt_variant(), name) == 0;
+}
+
+const char *lbt_variant_image(void)
+{
+    return lbt_variant_def()->default_image;
+}
+
+bool lbt_variant_on_host(void)
+{
+    return strcmp(lbt_variant_image(), "host") == 0;
+}
+
+void lbt_skip_note(const char *test, const char *why)
+{
+    fprintf(stderr, "SKIP %s on variant %s: %s\n", test, lbt_variant(), why);
+}
+
 static unsigned long lbt_spawn_nofile;
 
 void lbt_set_daemon_fd_limit(unsigned long n)
@@ -108,7 +230,7 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
 {
     const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
     const char *sup = getenv("LENDBOX_SUPERVISE");
-    const char *argv[64];
+    const char *argv[64 + LBT_VARIANT_MAX_ARGS];
     char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
     int n = 0, fd;
 
@@ -134,7 +256,13 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
         argv[n++] = "--set";
         argv[n++] = sup_set;
     }
-    for (int i = 0; extra && extra[i] && n < 62; i++)
+    if (lbt_variant_def()->prepare) {
+        int before = n;
+
+        lbt_variant_def()->prepare(d, argv, &n);
+        ck_assert_int_le(n - before, LBT_VARIANT_MAX_ARGS);
+    }
+    for (int i = 0; extra && extra[i] && n < 62 + LBT_VARIANT_MAX_ARGS; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
     fd = open(d->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -1097,6 +1225,9 @@ int lbt_run_suite(Suite *s)
     SRunner *sr = srunner_create(s);
     int failed;
 
+    if (!lbt_variant_is("host"))
+        fprintf(stderr, "harness: variant %s (seeds run on image '%s')\n", lbt_variant(),
+                lbt_variant_image());
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

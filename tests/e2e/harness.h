@@ -157,6 +157,36 @@ double lbt_now(void);
 /* Fill buf with deterministic pseudo-random bytes from seed. */
 void lbt_fill_random(void *buf, size_t len, unsigned seed);
 
+/* ---------- variants ----------
+ * LENDBOX_E2E_VARIANT picks what every daemon started by the harness runs its sandboxes on:
+ * "host" (the default: the host's / read-only) or "image" (local.default_image = a test image
+ * built from this machine's Debian files by tests/images/make-variant-image, pre-imported once
+ * and linked into each daemon's image store; LENDBOX_E2E_IMAGE_DIR says where, default
+ * $LENDBOX_SRCDIR/build/e2e-image). An unknown name exits the test program (status 2). */
+
+/* The variant's name ("host", "image"); a static string. Thread-safe. */
+const char *lbt_variant(void);
+/* Is the variant name? */
+bool lbt_variant_is(const char *name);
+/* The image a seed that names none runs on in this variant ("host", or the test image's name);
+ * what its lease's "image" says. A static string. */
+const char *lbt_variant_image(void);
+/* Do seeds that name no image run on the host's root (lbt_variant_image() is "host")? Tests that
+ * assert what the host's root looks like from inside (read-only /, host files visible) check
+ * this and assert the image's behaviour otherwise. */
+bool lbt_variant_on_host(void);
+/* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
+void lbt_skip_note(const char *test, const char *why);
+/* In a test body: on variant name, print why and end the test (it counts as passed). Only for
+ * what the variant cannot do by design, never to hide a bug. */
+#define LBT_SKIP_ON_VARIANT(name, why)                                                             \
+    do {                                                                                           \
+        if (lbt_variant_is(name)) {                                                                \
+            lbt_skip_note(__func__, why);                                                          \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
 /* Run one suite (each program's main). */
 int lbt_run_suite(Suite *s);
 

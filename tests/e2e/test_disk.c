@@ -78,8 +78,12 @@ static int count_big_files(const char *dir, long long min_bytes, const char *ski
     FILE *p;
     int n = 0;
 
-    snprintf(cmd, sizeof(cmd), "find '%s' -type f -size +%lldc ! -name '%s' | wc -l", dir,
-             min_bytes - 1, skip);
+    /* on dir's own file system: an image root's mounts under a sandbox's directory are not
+     * host disk (its upper dir is a tmpfs, lower the read-only image) */
+    snprintf(cmd, sizeof(cmd),
+             "find '%s' -xdev -name lower -prune -o -type f -size +%lldc ! -name '%s' "
+             "-print | wc -l",
+             dir, min_bytes - 1, skip);
     p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     if (fgets(buf, sizeof(buf), p))
@@ -184,6 +188,9 @@ static void check_mounts(const char *sbx, struct want_size *want, size_t n_want)
                                           "/dev/random", "/dev/urandom", "/dev/tty"};
     char *save = NULL, *line;
     bool root_ro = false, dev_ro = false;
+    /* on an image (the image variant) / is the writable overlay over it, its upper dir a tmpfs
+     * of disk_mib (the workdir's size): statfs of / shows that tmpfs */
+    bool image = !lbt_variant_on_host();
 
     for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char target[1024], fstype[64], opts[1024];
@@ -207,6 +214,12 @@ static void check_mounts(const char *sbx, struct want_size *want, size_t n_want)
                 ck_assert_msg(strstr(opts, size) != NULL, "%s: want %s in %s", target, size, opts);
                 want[i].seen = ok = true;
             }
+        } else if (strcmp(fstype, "overlay") == 0 && image && strcmp(target, "/") == 0) {
+            char *size = lbt_sh(&D, sbx, "df -k --output=size / | tail -1 | tr -d ' '");
+
+            ck_assert_int_eq(atol(size), want[0].mib * 1024);
+            free(size);
+            root_ro = ok = true; /* writable, but only within its own quota */
         } else if (strcmp(fstype, "proc") == 0) {
             ok = strcmp(target, "/proc") == 0;
         } else if (strcmp(fstype, "devpts") == 0) {
@@ -227,7 +240,7 @@ static void check_mounts(const char *sbx, struct want_size *want, size_t n_want)
  * /run = min(64, disk_mib); /dev/shm = min(memory_mib, disk_mib), or disk_mib. */
 START_TEST(test_mount_sizes)
 {
-    char sbx[128], hider[700];
+    char sbx[128], hider[1200];
     struct want_size a[] = {{"/workspace", 100, false},
                             {"/tmp", TMP_SIZE_MIB, false},
                             {"/run", 64, false},
@@ -246,12 +259,13 @@ START_TEST(test_mount_sizes)
     lease = seed_with(&D, "disk-m1", "{\"disk_mib\": 100, \"memory_mib\": 32}", sbx, sizeof(sbx));
     json_decref(lease);
     check_mounts(sbx, a, 4);
-    /* the state dir is behind an empty, read-only tmpfs */
+    /* the state dir is behind an empty, read-only tmpfs (on an image: not there at all) */
     snprintf(hider, sizeof(hider),
-             "findmnt -rn -o FSTYPE,OPTIONS %s | cut -d, -f1; ls -A %s | wc -l", D.state_dir,
-             D.state_dir);
+             "test -e %s || { echo absent; exit 0; }; "
+             "findmnt -rn -o FSTYPE,OPTIONS %s | cut -d, -f1; ls -A %s | wc -l",
+             D.state_dir, D.state_dir, D.state_dir);
     out = lbt_sh(&D, sbx, hider);
-    ck_assert_str_eq(out, "tmpfs ro\n0\n");
+    ck_assert_str_eq(out, lbt_variant_on_host() ? "tmpfs ro\n0\n" : "absent\n");
     free(out);
     release_ok(&D, "disk-m1", sbx);
 
@@ -539,7 +553,7 @@ END_TEST
 static void storage_dir_case(bool own_data_dir)
 {
     const char *state = DIR_STATE[own_data_dir ? 1 : 0];
-    char data[64], set_dir[96], sbx[128], host[256], cmd[512], *out;
+    char data[64], set_dir[96], sbx[128], host[256], cmd[1024], *out;
     const char *args[] = {"--set", "local.storage=dir", own_data_dir ? "--set" : NULL, set_dir,
                           NULL};
     struct lbt_daemon G;
@@ -558,12 +572,15 @@ static void storage_dir_case(bool own_data_dir)
     json_decref(lease);
     snprintf(cmd, sizeof(cmd),
              "echo hi > /workspace/f && findmnt -rn -o FSTYPE /workspace; "
+             "test -e %s || { echo absent; exit 0; }; "
              "findmnt -rn -o FSTYPE,OPTIONS %s | cut -d, -f1",
-             own_data_dir ? data : state);
+             own_data_dir ? data : state, own_data_dir ? data : state);
     out = lbt_sh(&G, sbx, cmd);
-    /* a host directory at the workdir; the data (or state) dir behind an empty ro tmpfs */
-    ck_assert_msg(strncmp(out, "tmpfs\n", 6) != 0 && strstr(out, "\ntmpfs ro\n") != NULL, "%s",
-                  out);
+    /* a host directory at the workdir; the data (or state) dir behind an empty ro tmpfs (on an
+     * image the host's directories are not there at all) */
+    ck_assert_msg(strncmp(out, "tmpfs\n", 6) != 0 &&
+                      strstr(out, lbt_variant_on_host() ? "\ntmpfs ro\n" : "\nabsent\n"),
+                  "%s", out);
     free(out);
     snprintf(host, sizeof(host), "%s/%s/f", data, sbx);
     ck_assert_int_eq(stat(host, &sb), 0);

@@ -39,7 +39,7 @@ static void assert_lease(json_t *lease, const char *rsid, const char *task_id, b
     ck_assert_str_eq(str(lease, "task_id"), task_id);
     ck_assert_str_eq(str(lease, "state"), "lent");
     ck_assert_str_eq(str(lease, "provider"), "local");
-    ck_assert_str_eq(str(lease, "image"), "host");
+    ck_assert_str_eq(str(lease, "image"), lbt_variant_image()); /* the default image */
     ck_assert_msg(strncmp(str(lease, "sandbox_id"), "sbx-", 4) == 0, "sandbox_id %s",
                   str(lease, "sandbox_id"));
     ck_assert_int_ge(strlen(str(lease, "created_at")), 20);
