@@ -43,6 +43,14 @@ const struct lb_route lb_routes[] = {
     {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL, false},
 };
 
+void routes_print(FILE *f)
+{
+    static const char *const auth_names[] = {"none", "admin", "sandbox"};
+
+    for (const struct lb_route *r = lb_routes; r->method; r++)
+        fprintf(f, "%s %s %s %s\n", r->method, r->pattern, auth_names[r->auth], r->name);
+}
+
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
                      enum lb_principal *who, struct lb_error *err)
 {
