@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import lendbox
-from conftest import needs_i10_http, openapi, sandbox_dir_exists
+from conftest import needs_create, openapi, sandbox_dir_exists
 
 
 def test_seed_exec_files_release(daemon):
@@ -135,7 +135,7 @@ def test_client_covers_every_route():
                        ("POST", "/v1/sessions/*/stop_harness")}, pending
 
 
-@needs_i10_http
+@needs_create
 async def test_create_sandbox_and_release_all(daemon):
     async with daemon.async_client() as c:
         made = await c.create_sandbox(extra={"workdir": "/repo", "metadata": {"k": "v"}})

@@ -66,7 +66,7 @@ from typing import (
 )
 
 from .client import AsyncClient
-from .errors import LendboxError, MethodNotAllowed, NotFound
+from .errors import BadRequest, Draining, LendboxError, MethodNotAllowed, NotFound, TransportError
 
 __all__ = [
     "SANDBOX_RUNTIME_RETURN_CODE",
@@ -231,7 +231,7 @@ class SandboxSpec:
         if self.files:
             body["files"] = {p: _file_content(v) for p, v in self.files.items()}
         if self.metadata:
-            body["metadata"] = dict(self.metadata)
+            body["labels"] = dict(self.metadata)  # lendboxd's name for Gym's metadata
         res = self.resources.to_api()
         if res:
             body["resources"] = res
@@ -1179,13 +1179,29 @@ class SandboxSession(Generic[Artifacts]):
         client = self.sandbox.client
         try:
             self.launch_started = True
-            started = await client.execute(rsid, list(command.argv), cwd=self.workdir,
-                                           timeout_s=timeout, close_timeout_s=close_timeout,
-                                           wait=False)
+            try:
+                started = await client.execute(rsid, list(command.argv), cwd=self.workdir,
+                                               timeout_s=timeout, close_timeout_s=close_timeout,
+                                               wait=False)
+            except BadRequest as e:
+                if "'wait'" not in e.message:
+                    raise
+                # a daemon before "wait": false: the execute answers when the harness ended
+                started = await client.execute(rsid, list(command.argv), cwd=self.workdir,
+                                               timeout_s=timeout, close_timeout_s=close_timeout)
             act: Dict[str, Any] = dict(started)
+            # the daemon may restart meanwhile (the harness lives on in the sandbox): poll on
+            # through transport errors and 503s until the harness's own deadline has passed
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout + close_timeout + 60.0
             while act.get("outcome") is None and act.get("state") not in ("finished", "timed_out",
                                                                             "failed", "closed"):
-                act = await client.get_activation(rsid, wait_ms=30000)
+                try:
+                    act = await client.get_activation(rsid, wait_ms=30000)
+                except (TransportError, Draining):
+                    if loop.time() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
             self._record(act)
         except BaseException:
             try:
@@ -1234,7 +1250,13 @@ class SandboxSession(Generic[Artifacts]):
         if not self.launch_started or self.sandbox_stopped or self._receipt_confirmed():
             return
         rsid = await self._session_id()
-        act = await self.sandbox.client.stop_harness(rsid, timeout_s=timeout)
+        try:
+            act = await self.sandbox.client.stop_harness(rsid, timeout_s=timeout)
+        except (NotFound, MethodNotAllowed) as e:
+            if "route" not in e.message and e.status != 405:
+                raise
+            # a daemon without the stop_harness route: close stops the harness too
+            act = await self.sandbox.client.close_activation(rsid, timeout_s=timeout)
         self._record(act)
         if not self._receipt_confirmed():
             raise RuntimeError(f"{self.harness} sandbox cleanup was not confirmed: "
