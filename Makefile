@@ -62,7 +62,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e bench clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e pytest bench clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -119,7 +119,13 @@ e2e: all $(E2E_BINS)
 	@echo "== tests/install-uninstall"; tests/install-uninstall
 	@echo "== scripts/chaos (short run)"; scripts/chaos
 
-test: unit e2e
+# The Python client (clients/python) against real daemons: Debian's python3 and pytest, never
+# the python3 first on PATH (it may be a pyenv build without Debian's python3-* packages).
+PYTHON ?= /usr/bin/python3
+pytest: all
+	@echo "== tests/python (pytest)"; cd tests/python && $(PYTHON) -m pytest -q -p no:cacheprovider
+
+test: unit e2e pytest
 
 check: deps
 	@$(MAKE) --no-print-directory test
