@@ -23,7 +23,9 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-import httpx
+import urllib.error
+import urllib.request
+
 import jsonschema
 import pytest
 import yaml
@@ -122,28 +124,15 @@ def openapi() -> OpenAPI:
     return _openapi
 
 
-def _check(response: httpx.Response) -> None:
-    req = response.request
-    openapi().validate(req.method, req.url.path, response.status_code,
+def _check(method: str, path: str, response) -> None:
+    openapi().validate(method, path, response.status_code,
                        response.headers.get("content-type", ""), response.content)
 
 
-def sync_hook(response: httpx.Response) -> None:
-    response.read()
-    _check(response)
-
-
-async def async_hook(response: httpx.Response) -> None:
-    await response.aread()
-    _check(response)
-
-
 def hooked(client):
-    """Make every answer `client` (a lendbox Client or AsyncClient) gets validated."""
-    if isinstance(client, lendbox.AsyncClient):
-        client._http.event_hooks = {"request": [], "response": [async_hook]}
-    else:
-        client._http.event_hooks = {"request": [], "response": [sync_hook]}
+    """Make every answer `client` (a lendbox Client or AsyncClient) gets validated: the
+    clients call ``_on_response(method, path, answer)`` for each answer before decoding it."""
+    client._on_response = _check
     return client
 
 
@@ -199,10 +188,11 @@ class Daemon:
                 self.listen = listen.read_text().strip()  # a restart keeps the port
                 self.url = "http://" + self.listen
                 try:
-                    if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                        self.token = pathlib.Path(self.state_dir, "admin.token").read_text().strip()
-                        return
-                except httpx.TransportError:
+                    with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
+                        if r.status == 200:
+                            self.token = pathlib.Path(self.state_dir, "admin.token").read_text().strip()
+                            return
+                except (urllib.error.URLError, OSError):
                     pass
             time.sleep(0.05)
         raise RuntimeError(f"lendboxd never became ready: {self.tail()}")

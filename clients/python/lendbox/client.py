@@ -12,9 +12,10 @@ more times, with exponential backoff from ``backoff_s``, on a transport failure 
 refused or reset, timeout) or a 429 ``overloaded`` / 503 ``draining`` answer. exec, execute,
 create and the PTY routes are sent exactly once.
 
-Both clients are safe to share between threads (``Client``) or tasks (``AsyncClient``); each
-keeps one pool of keep-alive connections. Close them with ``close()`` / ``aclose()`` or use them
-as (async) context managers.
+Both clients are safe to share between threads (``Client``: one keep-alive connection per
+thread, over the standard library's ``http.client``) or tasks (``AsyncClient``: a pool of
+keep-alive connections per event loop, over ``aiohttp``). Close them with ``close()`` /
+``aclose()`` or use them as (async) context managers.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import http.client
+import json
 import os
+import select
+import socket
+import threading
 import time
+import weakref
 from typing import (
     Any,
     Callable,
@@ -36,14 +43,18 @@ from typing import (
     Tuple,
     Union,
 )
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 try:  # typing.TypedDict is 3.8+
     from typing import TypedDict
 except ImportError:  # pragma: no cover
     from typing_extensions import TypedDict  # type: ignore
 
-import httpx
+try:  # AsyncClient's transport; Client needs only the standard library
+    import aiohttp
+    import yarl
+except ImportError:  # pragma: no cover - aiohttp is a declared dependency
+    aiohttp = None  # type: ignore[assignment]
 
 from .errors import LendboxError, TransportError, error_for
 
@@ -731,7 +742,26 @@ class _Routes:
         )
 
 
-def _decode(call: _Call, resp: httpx.Response) -> Any:
+class _Response:
+    """One answer: status, reason, headers (case-insensitive ``get``) and the whole body."""
+
+    __slots__ = ("status_code", "reason_phrase", "headers", "content")
+
+    def __init__(self, status_code: int, reason_phrase: str, headers: Any, content: bytes):
+        self.status_code = status_code
+        self.reason_phrase = reason_phrase
+        self.headers = headers
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _decode(call: _Call, resp: _Response) -> Any:
     if resp.status_code not in call.ok:
         _raise_for(resp)
     kind = call.result
@@ -754,7 +784,7 @@ def _decode(call: _Call, resp: httpx.Response) -> Any:
     return data
 
 
-def _raise_for(resp: httpx.Response) -> None:
+def _raise_for(resp: _Response) -> None:
     rid = resp.headers.get("X-Request-Id")
     code, message = "http_%d" % resp.status_code, resp.reason_phrase or "error"
     try:
@@ -775,6 +805,25 @@ def _should_retry(call: _Call, exc: LendboxError) -> bool:
     return isinstance(exc, TransportError) or exc.status in _RETRY_STATUSES
 
 
+def _query_value(v: Any) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    return str(v)
+
+
+class _Request(NamedTuple):
+    """A call ready for the wire: method, target (path and query), body, headers, timeout."""
+
+    method: str
+    target: str  # path (with the base URL's path prefix) and query string
+    body: Optional[bytes]
+    headers: Mapping[str, str]
+    read_timeout_s: Optional[float]  # None: no limit
+    idempotent: bool
+
+
 class _Base(_Routes):
     def __init__(
         self,
@@ -793,39 +842,75 @@ class _Base(_Routes):
         self.connect_timeout_s = connect_timeout_s
         self.retries = max(0, int(retries))
         self.backoff_s = backoff_s
+        u = urlsplit(self.base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"base_url must be http(s)://HOST[:PORT][/PREFIX], not {base_url!r}")
+        self._scheme = u.scheme
+        self._host = u.hostname
+        self._port = u.port or (443 if u.scheme == "https" else 80)
+        self._prefix = u.path.rstrip("/")
         h = {"User-Agent": "lendbox-python/0.1"}
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         if headers:
             h.update(headers)
         self._headers = h
+        self._json_headers = {**h, "Content-Type": "application/json"}
+        self._bytes_headers = {**h, "Content-Type": "application/octet-stream"}
+        # Called with (method, path, answer) for every answer received, before it is decoded
+        # (the tests validate answers against docs/openapi.yaml with it). Not public API.
+        self._on_response: Optional[Callable[[str, str, _Response], None]] = None
 
-    def _timeout(self, call: _Call) -> httpx.Timeout:
+    def _read_timeout_s(self, call: _Call) -> Optional[float]:
         rt = self.timeout_s if call.read_timeout_s is None else call.read_timeout_s
         if rt == float("inf"):
-            rt = None
-        elif rt is not None and call.read_timeout_s is not None:
+            return None
+        if call.read_timeout_s is not None:
             rt = max(rt, self.timeout_s)
-        return httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, read=rt)
+        return rt
 
-    def _request_args(self, call: _Call) -> Dict[str, Any]:
+    def _prepare(self, call: _Call) -> _Request:
         route = ROUTES[call.name]
-        args: Dict[str, Any] = {
-            "method": route.method,
-            "url": call.path,
-            "params": call.params,
-            "timeout": self._timeout(call),
-        }
+        target = self._prefix + call.path
+        if call.params:
+            target += "?" + urlencode(
+                [(k, _query_value(v)) for k, v in call.params.items() if v is not None]
+            )
         if call.json is not None:
-            args["json"] = call.json
+            body: Optional[bytes] = json.dumps(call.json, separators=(",", ":")).encode("utf-8")
+            headers = self._json_headers
         elif call.content is not None:
-            args["content"] = call.content
-            args["headers"] = {"Content-Type": "application/octet-stream"}
-        return args
+            body, headers = call.content, self._bytes_headers
+        else:
+            body, headers = None, self._headers
+        if body is None and route.method in ("POST", "PUT"):
+            body = b""  # Content-Length: 0
+        return _Request(
+            route.method, target, body, headers, self._read_timeout_s(call), route.idempotent
+        )
+
+    def _answer(self, call: _Call, req: _Request, resp: _Response) -> Any:
+        if self._on_response is not None:
+            self._on_response(req.method, req.target.split("?", 1)[0], resp)
+        return _decode(call, resp)
+
+
+def _has_input(sock: socket.socket) -> bool:
+    """Is a kept-alive socket readable before a request was sent? Then the server closed it
+    (EOF) or sent something unasked: either way it cannot carry the next request."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
 
 
 class Client(_Base):
     """Blocking client of lendboxd.
+
+    Each thread that calls it uses its own keep-alive HTTP/1.1 connection (the standard
+    library's ``http.client``), opened on its first call. A kept-alive connection the daemon has
+    closed (idle timeout, restart) is noticed before a request is sent and replaced; one that
+    breaks while a request is in flight is re-dialled at once for idempotent routes only
+    (then the usual retries apply), never for exec, execute, create or the PTY writes.
 
     Args:
         base_url: e.g. ``"http://127.0.0.1:8787"``; default ``$LENDBOX_URL``, else that.
@@ -837,31 +922,73 @@ class Client(_Base):
         retries: extra attempts of idempotent routes (see the module docs); 0 disables.
         backoff_s: first retry delay in seconds, doubled for each later one.
         headers: extra headers for every request (e.g. ``X-Request-Id``).
+
+    Raises ValueError when ``base_url`` is not an http(s) URL.
     """
 
     def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None, **kw: Any):
         super().__init__(base_url, token, **kw)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers)
+        self._local = threading.local()
+        # every connection a thread opened (weakly: one dies with its thread), for close()
+        self._conns: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()
+        self._conns_lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the connection pool (the route ``POST …/close`` is :meth:`close_activation`)."""
-        self._http.close()
+        """Close every thread's connection (the route ``POST …/close`` is
+        :meth:`close_activation`). A later call opens a new one."""
+        with self._conns_lock:
+            conns = list(self._conns)
+        for c in conns:
+            c.close()
 
     def __enter__(self) -> "Client":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._http.close()
+        self.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPConnection
+            if self._scheme == "https":
+                cls = http.client.HTTPSConnection
+            conn = cls(self._host, self._port, timeout=self.connect_timeout_s)
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.add(conn)
+        return conn
+
+    def _exchange(self, req: _Request) -> _Response:
+        conn = self._connection()
+        while True:
+            reused = conn.sock is not None
+            if reused and _has_input(conn.sock):
+                conn.close()
+                reused = False
+            try:
+                if conn.sock is None:
+                    conn.timeout = self.connect_timeout_s
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.sock.settimeout(req.read_timeout_s)
+                # headers and a bytes body leave in one send
+                conn.request(req.method, req.target, body=req.body, headers=req.headers)
+                r = conn.getresponse()
+                content = r.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if reused and req.idempotent and not isinstance(e, socket.timeout):
+                    continue  # the kept-alive connection broke: once more on a new one
+                raise TransportError(f"{req.method} {req.target}: {e!r}") from e
+            return _Response(r.status, r.reason, r.headers, content)
 
     def _run(self, call: _Call) -> Any:
+        req = self._prepare(call)
         attempt = 0
         while True:
             try:
-                try:
-                    resp = self._http.request(**self._request_args(call))
-                except httpx.TransportError as e:
-                    raise TransportError(f"{ROUTES[call.name].method} {call.path}: {e!r}") from e
-                return _decode(call, resp)
+                return self._answer(call, req, self._exchange(req))
             except LendboxError as e:
                 if attempt >= self.retries or not _should_retry(call, e):
                     raise
@@ -871,31 +998,81 @@ class Client(_Base):
 
 class AsyncClient(_Base):
     """asyncio client of lendboxd: the same methods as :class:`Client` (and the same arguments),
-    each a coroutine function. ``aclose()`` closes the connection pool."""
+    each a coroutine function. Requests go through an ``aiohttp`` session with a pool of
+    keep-alive connections (at most 100), one session per event loop the client is used on,
+    made on the first call in that loop. ``aclose()`` closes the pools."""
 
     def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None, **kw: Any):
+        if aiohttp is None:
+            raise ImportError("lendbox.AsyncClient needs aiohttp (Debian: python3-aiohttp)")
         super().__init__(base_url, token, **kw)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers)
+        # one session (connection pool) per event loop the client is used on
+        self._sessions: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self._origin = f"{self._scheme}://{self._host}:{self._port}"
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pools (the current loop's at once; another loop's is closed in
+        that loop if it still runs)."""
+        current = asyncio.get_running_loop()
+        for loop, session in list(self._sessions.items()):
+            if session.closed:
+                continue
+            if loop is current:
+                await session.close()
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(session.close(), loop)
+        self._sessions = weakref.WeakKeyDictionary()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._http.aclose()
+        await self.aclose()
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        s = self._sessions.get(loop)
+        if s is None or s.closed:
+            s = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=100),
+                auto_decompress=False,
+                skip_auto_headers=("Accept-Encoding",),
+            )
+            self._sessions[loop] = s
+        return s
+
+    async def _exchange(self, req: _Request) -> _Response:
+        session = self._session()
+        url = yarl.URL(self._origin + req.target, encoded=True)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.connect_timeout_s, sock_read=req.read_timeout_s
+        )
+        again = req.idempotent
+        while True:
+            try:
+                async with session.request(
+                    req.method, url, data=req.body, headers=req.headers, timeout=timeout,
+                    allow_redirects=False,
+                ) as r:
+                    content = await r.read()
+                    return _Response(r.status, r.reason or "", r.headers, content)
+            except aiohttp.ClientConnectorError as e:  # no connection was made
+                raise TransportError(f"{req.method} {req.target}: {e!r}") from e
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                # a kept-alive connection the daemon closed: once more on a new one
+                if again:
+                    again = False
+                    continue
+                raise TransportError(f"{req.method} {req.target}: {e!r}") from e
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                raise TransportError(f"{req.method} {req.target}: {e!r}") from e
 
     async def _run(self, call: _Call) -> Any:  # type: ignore[override]
+        req = self._prepare(call)
         attempt = 0
         while True:
             try:
-                try:
-                    resp = await self._http.request(**self._request_args(call))
-                except httpx.TransportError as e:
-                    raise TransportError(f"{ROUTES[call.name].method} {call.path}: {e!r}") from e
-                return _decode(call, resp)
+                return self._answer(call, req, await self._exchange(req))
             except LendboxError as e:
                 if attempt >= self.retries or not _should_retry(call, e):
                     raise
