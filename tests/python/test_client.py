@@ -116,6 +116,19 @@ def test_stop_failure_is_provider_error(own_daemon):
     assert c.release("s-1")["released"] is True
 
 
+def test_exec_transport_failure_is_502(own_daemon):
+    # an exec the provider cannot carry out is ProviderError (502 provider_error), not internal
+    d = own_daemon(env={"LENDBOX_FAULTS": "provider.exec=fail:1"})
+    c = d.client()
+    sid = c.seed("x-1", "t")["sandbox_id"]
+    with pytest.raises(lendbox.ProviderError) as e:
+        c.exec(sid, "true")
+    assert (e.value.status, e.value.code) == (502, "provider_error")
+    assert "injected fault: provider.exec failed" in e.value.message
+    assert c.exec(sid, "echo ok")["stdout"] == "ok\n"  # sent once: the fault was used up by it
+    assert c.release("x-1")["released"] is True
+
+
 def test_transport_error_and_no_retry_of_exec(daemon):
     c = lendbox.Client("http://127.0.0.1:1", "x", retries=1, backoff_s=0.01)
     with pytest.raises(lendbox.TransportError) as e:
