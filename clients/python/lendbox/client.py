@@ -1035,6 +1035,7 @@ class AsyncClient(_Base):
         if s is None or s.closed:
             s = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=100),
+                cookie_jar=aiohttp.DummyCookieJar(),  # lendboxd sets no cookies
                 auto_decompress=False,
                 skip_auto_headers=("Accept-Encoding",),
             )
