@@ -63,7 +63,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image bench clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image pytest bench clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -139,7 +139,13 @@ e2e-image: all $(E2E_IMAGE_BINS)
 	@set -e; for t in $(E2E_IMAGE_BINS); do echo "== $$t (variant image)"; \
 		LENDBOX_E2E_VARIANT=image LENDBOX_E2E_IMAGE_DIR=$(abspath $(BUILD))/e2e-image $$t; done
 
-test: unit e2e e2e-image
+# The Python client (clients/python) against real daemons: Debian's python3 and pytest, never
+# the python3 first on PATH (it may be a pyenv build without Debian's python3-* packages).
+PYTHON ?= /usr/bin/python3
+pytest: all
+	@echo "== tests/python (pytest)"; cd tests/python && $(PYTHON) -m pytest -q -p no:cacheprovider
+
+test: unit e2e e2e-image pytest
 
 check: deps
 	@$(MAKE) --no-print-directory test

@@ -48,7 +48,8 @@ static void usage(FILE *f)
             "                [--admin-token-file FILE] [--log-level LEVEL]\n"
             "                [--set SECTION.KEY=VALUE]... [--no-shutdown-sweep]\n"
             "                [--version] [--help]\n"
-            "       lendboxd [OPTIONS] image import SOURCE NAME | image list | image rm NAME\n\n"
+            "       lendboxd [OPTIONS] image import SOURCE NAME | image list | image rm NAME\n"
+            "       lendboxd routes   (print the route table: METHOD PATTERN AUTH NAME)\n\n"
             "Lends Linux-namespace sandboxes to resources servers over HTTP (API: docs/api.md).\n"
             "Flags override the config file; --set sets any key of etc/lendbox.conf.\n"
             "LENDBOX_FAULTS=OP=ACTION[,...] injects failures (tests and rehearsals only).\n");
@@ -539,6 +540,10 @@ static int daemon_parse_args(struct daemon *d, int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (optind < argc && strcmp(argv[optind], "routes") == 0 && optind + 1 == argc) {
+        routes_print(stdout);
+        return 0;
     }
     if (optind < argc && strcmp(argv[optind], "image") != 0) {
         fprintf(stderr, "lendboxd: unexpected argument '%s'\n", argv[optind]);

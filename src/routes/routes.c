@@ -53,6 +53,18 @@ const struct lb_route lb_routes[] = {
     {NULL, NULL, LB_AUTH_NONE, false, NULL, NULL, false},
 };
 
+void routes_print(FILE *f)
+{
+    /* index 3: the session-operate level (admin, or the operate token of the session's
+     * sandbox) that the activation routes get with issue 10 */
+    static const char *const auth_names[] = {"none", "admin", "sandbox", "session"};
+    const size_t n_names = sizeof(auth_names) / sizeof(auth_names[0]);
+
+    for (const struct lb_route *r = lb_routes; r->method; r++)
+        fprintf(f, "%s %s %s %s\n", r->method, r->pattern,
+                (size_t)r->auth < n_names ? auth_names[r->auth] : "other", r->name);
+}
+
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
                      enum lb_principal *who, struct lb_error *err)
 {

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "auth/auth.h"
 #include "http/http.h"
@@ -35,6 +36,11 @@ struct lb_app {
 
 /* The route table (terminated by {NULL}) for http_start. */
 extern const struct lb_route lb_routes[];
+
+/* Print the route table to f, one route a line: "METHOD PATTERN AUTH NAME" (AUTH is none, admin,
+ * sandbox or session; '*' in PATTERN matches one path segment). For `lendboxd routes` and the test
+ * that compares the table with docs/openapi.yaml. Thread-safe (reads the constant table only). */
+void routes_print(FILE *f);
 
 /* The authorize hook for http_start; app is a struct lb_app. */
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,

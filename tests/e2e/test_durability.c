@@ -752,6 +752,33 @@ START_TEST(test_sighup_reloads_faults)
 }
 END_TEST
 
+/* --- an injected exec failure is a provider failure: 502 provider_error, as API.md says for
+ * exec transport errors (not 500 internal); the next exec, past the fault, runs --- */
+START_TEST(test_exec_fault_is_provider_error)
+{
+    static const char *const extra[] = {"--set", "faults.spec=provider.exec=fail:1", NULL};
+    struct dur x;
+    struct lbt_resp r;
+    json_t *lease, *out;
+    const char *id;
+
+    dur_start(&x, 0, extra);
+    lease = lbt_seed(&x.d, "xfault-1", "t", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    lbt_exec(&x.d, id, "", "{\"argv\":[\"true\"]}", &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),
+               "injected fault: provider.exec failed"));
+    lbt_resp_free(&r);
+    out = lbt_exec_ok(&x.d, id, "", "{\"argv\":[\"true\"]}");
+    ck_assert_int_eq(json_integer_value(json_object_get(out, "return_code")), 0);
+    json_decref(out);
+    json_decref(lease);
+    dur_cleanup(&x);
+}
+END_TEST
+
 /* --- an exec helper killed from outside (as the sandbox's OOM killer may do) leaves its
  * supervisor to lendboxd, the subreaper; release must still stop the sandbox promptly --- */
 START_TEST(test_release_after_exec_helper_killed)
@@ -892,6 +919,7 @@ int main(void)
     tcase_add_test(tc, test_vanished_while_down);
     tcase_add_test(tc, test_two_daemons_isolated);
     tcase_add_test(tc, test_sighup_reloads_faults);
+    tcase_add_test(tc, test_exec_fault_is_provider_error);
     tcase_add_test(tc, test_release_after_exec_helper_killed);
     tcase_add_test(tc, test_release_not_starved_by_execs);
     suite_add_tcase(s, tc);
