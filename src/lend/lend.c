@@ -1199,6 +1199,11 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
         *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
         goto out;
     }
+    /* a warm one is claimed first: a seed may be taking it right now (src/warm/) */
+    if (rec.state == LB_STATE_WARM && store_claim_warm(l->store, id, "deleted", NULL) < 0) {
+        r = lb_error_set(err, -EBUSY, "sandbox %s was just lent from the warm pool; retry", id);
+        goto out;
+    }
     lend_before_stop(l, &rec);
     r = lend_stop_record(
         l, &rec, "deleted",
