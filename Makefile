@@ -11,6 +11,7 @@
 #   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
+#   make bench-warm scripts/bench-warm: a warm pool against none, interleaved
 
 -include config.mak.autogen
 -include config.mak
@@ -63,7 +64,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image pytest bench clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image pytest bench bench-warm clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -172,6 +173,9 @@ tsan: deps
 
 bench: all
 	@scripts/bench
+
+bench-warm: all
+	@scripts/bench-warm
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
