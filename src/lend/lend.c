@@ -575,8 +575,7 @@ json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req, con
  * User is not mapped in a sandbox is refused (422) before anything is made, and the digest
  * keeps the stored tree from garbage collection while the sandbox lives. A tree placed by
  * hand (no config) passes. */
-static int lend_image_check(struct lb_lend *l, const char *image, json_t *spec,
-                            struct lb_error *err)
+int lend_image_check(struct lb_lend *l, const char *image, json_t *spec, struct lb_error *err)
 {
     struct lb_image_info info;
     char *user = NULL;

@@ -70,6 +70,9 @@ json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reu
  * with disk_mib); a new reference, NULL without memory. */
 json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req, const char *image,
                        int64_t disk_mib);
+/* An imported image's User and digest into spec (image_user, image_digest); -EOPNOTSUPP (422)
+ * for an image whose User is not mapped. For the local provider's sandboxes only. */
+int lend_image_check(struct lb_lend *l, const char *image, json_t *spec, struct lb_error *err);
 /* Check a seed's resources against the daemon's limits and fill in the defaults (pids, disk)
  * the provider can enforce. -EINVAL (400) past limits.max_disk_mib. */
 int lend_check_resources(struct lb_lend *l, struct lb_provider *prov, struct lb_resources *res,

@@ -1548,7 +1548,7 @@ int store_count_using_image_digest(struct lb_store *st, const char *digest, int6
     pthread_mutex_lock(&st->lock);
     if (sqlite3_prepare_v2(st->db,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
-                           "'stopping', 'stop_failed') AND json_valid(spec_json) AND "
+                           "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
                            "json_extract(spec_json, '$.image_digest') = ?1",
                            -1, &s, NULL) != SQLITE_OK ||
         sqlite3_bind_text(s, 1, digest, -1, SQLITE_TRANSIENT) != SQLITE_OK)

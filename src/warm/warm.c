@@ -64,6 +64,10 @@ static int warm_take(void *ctx, const char *rsid, const struct lb_seed_request *
     if (r < 0)
         return r;
     spec = lend_spec_json(l, req, image, res.disk_mib);
+    /* the image store is the local provider's (as for a seed) */
+    r = spec && strcmp(prov->ops->name, "local") == 0 ? lend_image_check(l, image, spec, err) : 0;
+    if (r < 0)
+        goto out;
     spec_text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     if (!spec_text) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -168,6 +172,11 @@ static void warm_make_one(struct lb_warm_pool *w)
     if (r == 0)
         r = token_new_sandbox_id(rec.id);
     spec_json = r == 0 ? lend_spec_json(l, &req, w->image, spec.resources.disk_mib) : NULL;
+    if (spec_json && strcmp(w->prov->ops->name, "local") == 0 &&
+        lend_image_check(l, w->image, spec_json, &err) < 0) {
+        log_warn("warm pool: %s", err.message);
+        goto failed;
+    }
     spec_text = spec_json ? json_dumps(spec_json, JSON_COMPACT) : NULL;
     if (!spec_text) {
         log_warn("warm pool: cannot make a record: %s", r < 0 ? err.message : "out of memory");
