@@ -1448,8 +1448,8 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
     int ret, rc;
 
     memset(out, 0, sizeof(*out));
-    if (!t || !t->pool_class || !t->rsid || !t->token_hash)
-        return lb_error_set(err, -EINVAL, "store: a warm take needs a class, session and token");
+    if (!t || !t->pool_class || !t->token_hash)
+        return lb_error_set(err, -EINVAL, "store: a warm take needs a class and a token");
     ret = fault_hit("store.write", 0, err);
     if (ret < 0)
         return ret;

@@ -167,11 +167,11 @@ int store_mark_warm(struct lb_store *st, const char *id, const char *descriptor_
 typedef int (*lb_store_token_hash_fn)(void *ctx, const char *id, char *hash);
 
 struct lb_warm_take {
-    const char *pool_class; /* only a sandbox of this class */
-    int64_t now_s;          /* only one with expires_at > now_s (or none) */
-    const char *rsid, *task_id;
-    const char *spec_json; /* replaces the warm record's spec (the seed's env, labels) */
-    int64_t expires_at;    /* the lease's; 0: no TTL */
+    const char *pool_class;     /* only a sandbox of this class */
+    int64_t now_s;              /* only one with expires_at > now_s (or none) */
+    const char *rsid, *task_id; /* rsid NULL: a sandbox lent to no session (POST /v1/sandboxes) */
+    const char *spec_json;      /* replaces the warm record's spec (the seed's env, labels) */
+    int64_t expires_at;         /* the lease's; 0: no TTL */
     lb_store_token_hash_fn token_hash;
     void *token_ctx;
 };
