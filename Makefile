@@ -11,6 +11,7 @@
 #   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
+#   make bench-warm scripts/bench-warm: a warm pool against none, interleaved
 
 -include config.mak.autogen
 -include config.mak
@@ -51,7 +52,7 @@ ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 
 # Everything but main.c and the supervisor goes into one internal library.
 LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/pool/*.c src/auth/*.c \
-	src/lend/*.c src/sweeper/*.c src/http/*.c src/routes/*.c src/image/*.c))
+	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(sort $(wildcard tests/unit/check_*.c))
 E2E_SRCS := $(sort $(wildcard tests/e2e/test_*.c))
@@ -63,7 +64,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image pytest bench clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image pytest bench bench-warm clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -172,6 +173,9 @@ tsan: deps
 
 bench: all
 	@scripts/bench
+
+bench-warm: all
+	@scripts/bench-warm
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \

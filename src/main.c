@@ -33,6 +33,7 @@
 #include "image/image.h"
 #include "store/store.h"
 #include "sweeper/sweeper.h"
+#include "warm/warm.h"
 #include "util/clock.h"
 #include "util/config.h"
 #include "util/fault.h"
@@ -412,6 +413,7 @@ struct daemon {
     struct lb_http *http;
     struct lb_app app;
     struct lb_sweeper *sweeper;
+    struct lb_warm_pool *warm;
 };
 
 /* The API's defaults that are not configuration keys (API.md): an exec without timeout_s. */
@@ -451,6 +453,7 @@ static void daemon_map_config(struct daemon *d, struct lb_http_config *hc,
         .retry_base_s = cfg->retry_base_s,
         .retry_max_s = cfg->retry_max_s,
         .max_sandboxes = cfg->max_sandboxes,
+        .pool_adopt = cfg->pool_adopt && cfg->pool_size > 0,
         .default_pids = cfg->default_pids,
         /* where the provider has no disk limit (local storage dir) only a seed that asks for
          * one gets a 422 */
@@ -771,6 +774,12 @@ static int daemon_become_ready(struct daemon *d, struct lb_error *err)
              rs.orphans_stopped, rs.failed);
     if (sweeper_start(d->lend, d->cfg.sweep_interval_s, &d->sweeper) < 0)
         log_error("cannot start the sweeper thread: no retries or TTL stops until a restart");
+    struct lb_warm_config wc = {.size = d->cfg.pool_size,
+                                .max_age_s = d->cfg.pool_max_age_s,
+                                .refill_concurrency = d->cfg.pool_refill_concurrency};
+    r = warm_start(&wc, d->lend, &d->warm, err);
+    if (r < 0)
+        return r;
     lend_set_draining(d->lend, false);
     atomic_store(&d->app.ready, true);
     sd_notify(0, "READY=1");
@@ -814,6 +823,8 @@ static void daemon_drain(struct daemon *d)
         (void)registry_end_execs(d->providers);
     pool_stop(d->pool);
     pool_stop(d->control_pool);
+    warm_stop(d->warm); /* no refills during the sweep; warm sandboxes are swept like lent ones */
+    d->warm = NULL;
     if (dw_started) {
         pthread_mutex_lock(&dw.mutex);
         dw.done = true;
@@ -827,13 +838,14 @@ static void daemon_drain(struct daemon *d)
         if (failed > 0)
             log_warn("shutdown sweep: %d sandboxes failed to stop; they stay recorded", failed);
     } else {
-        log_info("shutdown_sweep = no: leaving lent sandboxes running");
+        log_info("shutdown_sweep = no: leaving lent (and warm) sandboxes running");
     }
 }
 
 /* Release everything, in reverse order of making; safe on a half-made daemon. */
 static void daemon_close(struct daemon *d)
 {
+    warm_stop(d->warm);
     sweeper_stop(d->sweeper);
     http_stop(d->http);
     pool_destroy(d->pool);

@@ -45,6 +45,7 @@ struct lb_lend {
     struct lend_session_lock *locks;
     lb_lend_release_hook release_hook;
     void *release_ctx;
+    struct lend_pool_hooks pool; /* a warm pool's (src/warm/); zero: none */
 };
 
 /* ---------- session locks ---------- */
@@ -263,6 +264,11 @@ static json_t *json_time(int64_t unix_s)
     return json_string(buf);
 }
 
+void lend_set_pool(struct lb_lend *l, const struct lend_pool_hooks *hooks)
+{
+    l->pool = hooks ? *hooks : (struct lend_pool_hooks){0};
+}
+
 static int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65])
 {
     char mac[LB_SHA256_HEX + 1];
@@ -292,7 +298,18 @@ static json_t *lend_spec_labels(json_t *spec)
     return json_is_object(labels) ? json_deep_copy(labels) : json_object();
 }
 
-static json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
+/* see lend_internal.h */
+int lend_operate_token_hash(void *lend, const char *id, char *hash)
+{
+    char token[4 + 65];
+    int r = lend_operate_token(lend, id, token);
+
+    if (r == 0)
+        token_sha256_hex(token, strlen(token), hash);
+    return r;
+}
+
+json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
 {
     char token[4 + 65] = "";
     json_t *spec = NULL, *lease;
@@ -321,6 +338,7 @@ static const char *record_status_guess(enum lb_record_state s)
         return "starting";
     case LB_STATE_LENT:
     case LB_STATE_STOPPING:
+    case LB_STATE_WARM:
         return "running";
     case LB_STATE_STOPPED:
         return "stopped";
@@ -497,8 +515,8 @@ static int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stoppe
 
 /* ---------- seed ---------- */
 
-static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req,
-                              const char *image, int64_t disk_mib)
+json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req, const char *image,
+                       int64_t disk_mib)
 {
     json_t *spec = json_pack("{s:s,s:s,s:O?,s:O?,s:O?}", "image", image, "workdir",
                              req->workdir ? req->workdir : l->cfg.workdir, "env", req->env,
@@ -557,8 +575,7 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
  * User is not mapped in a sandbox is refused (422) before anything is made, and the digest
  * keeps the stored tree from garbage collection while the sandbox lives. A tree placed by
  * hand (no config) passes. */
-static int lend_image_check(struct lb_lend *l, const char *image, json_t *spec,
-                            struct lb_error *err)
+int lend_image_check(struct lb_lend *l, const char *image, json_t *spec, struct lb_error *err)
 {
     struct lb_image_info info;
     char *user = NULL;
@@ -611,8 +628,8 @@ static int lend_network_request(const struct lb_seed_request *req, struct lb_net
 /* resources.disk_mib: at most max_disk_mib (400), default_disk_mib when unset, so every
  * sandbox's storage is bounded. The defaults (disk, pids) apply where the provider can
  * enforce them; what a seed asks for itself is checked by provider_check_spec. */
-static int lend_check_resources(struct lb_lend *l, struct lb_provider *prov,
-                                struct lb_resources *res, struct lb_error *err)
+int lend_check_resources(struct lb_lend *l, struct lb_provider *prov, struct lb_resources *res,
+                         struct lb_error *err)
 {
     struct lb_provider_caps caps;
 
@@ -675,9 +692,18 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto out;
     if (l->cfg.max_ttl_s > 0 && ttl > l->cfg.max_ttl_s)
         ttl = l->cfg.max_ttl_s;
+    /* a warm pool of this seed's class serves it (-ENOENT: a miss, start one as always) */
+    if (l->pool.take) {
+        r = l->pool.take(l->pool.ctx, rsid, req, prov, image, ttl, lease_out, err);
+        if (r != -ENOENT)
+            goto out;
+    }
     r = store_count_live(l->store, &live, err);
     if (r < 0)
         goto out;
+    /* warm sandboxes hold capacity for seeds, not against them: one gives its place */
+    if (live >= l->cfg.max_sandboxes && l->pool.evict && l->pool.evict(l->pool.ctx) == 0)
+        live--;
     if (live >= l->cfg.max_sandboxes) {
         r = lb_error_set(err, -EUSERS, "max_sandboxes (%lld) reached",
                          (long long)l->cfg.max_sandboxes);
@@ -855,7 +881,7 @@ static int lend_parse_state(const char *state, int *out, struct lb_error *err)
     if (store_state_parse(state, &s) < 0)
         return lb_error_set(err, -EINVAL,
                             "unknown state '%s' (starting, lent, stopping, stopped, failed_seed, "
-                            "stop_failed)",
+                            "stop_failed, warm)",
                             state);
     *out = (int)s;
     return 0;
@@ -1172,6 +1198,11 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
         *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
         goto out;
     }
+    /* a warm one is claimed first: a seed may be taking it right now (src/warm/) */
+    if (rec.state == LB_STATE_WARM && store_claim_warm(l->store, id, "deleted", NULL) < 0) {
+        r = lb_error_set(err, -EBUSY, "sandbox %s was just lent from the warm pool; retry", id);
+        goto out;
+    }
     lend_before_stop(l, &rec);
     r = lend_stop_record(
         l, &rec, "deleted",
@@ -1424,7 +1455,7 @@ int lend_check_store(struct lb_lend *l, struct lb_error *err)
 
 int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
 {
-    int64_t counts[6] = {0};
+    int64_t counts[LB_STATE_COUNT] = {0};
     char line[160];
     int r = store_count_by_state(l->store, counts, NULL);
 
@@ -1435,7 +1466,7 @@ int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
                       "# TYPE lendbox_sandboxes gauge\n",
                       strlen("# HELP lendbox_sandboxes Sandbox records by state.\n"
                              "# TYPE lendbox_sandboxes gauge\n"));
-    for (int s = 0; r == 0 && s < 6; s++) {
+    for (int s = 0; r == 0 && s < LB_STATE_COUNT; s++) {
         int n = snprintf(line, sizeof(line), "lendbox_sandboxes{state=\"%s\"} %lld\n",
                          store_state_name((enum lb_record_state)s), (long long)counts[s]);
         r = lb_buf_append(out, line, (size_t)n);

@@ -39,6 +39,8 @@ struct lb_lend_config {
     int64_t max_disk_mib;     /* largest disk_mib a seed may ask for (400 past it); 0: no cap */
     int64_t retention_s;
     int64_t session_lock_wait_s; /* bound on waiting for a session's lock; <= 0: 30 */
+    bool pool_adopt; /* startup: warm sandboxes that still run go back into the pool (else
+                        they are stopped, reason not_adopted); see src/warm/ */
     size_t max_output_bytes;
     const char *default_image;
     const char *images_dir; /* the image store (image/image.h): imported images' Env and

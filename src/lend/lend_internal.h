@@ -45,4 +45,37 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err);
 
+/* ---- for warm pools (src/warm/) ---- */
+
+/* What a warm pool does for lending. take: serve a seed (the session's lock held, spec checked,
+ * image and TTL resolved) from the pool: 0 with *lease_out, -ENOENT for a miss (nothing set;
+ * the seed starts a sandbox), or the seed's error. evict: stop one warm sandbox to make room for
+ * a seed at max_sandboxes: 0 if one was stopped. Both thread-safe. */
+struct lend_pool_hooks {
+    int (*take)(void *ctx, const char *rsid, const struct lb_seed_request *req,
+                struct lb_provider *prov, const char *image, int64_t ttl_s, json_t **lease_out,
+                struct lb_error *err);
+    int (*evict)(void *ctx);
+    void *ctx;
+};
+/* Set (or with NULL clear) the pool's hooks; once, before serving or after the pool stopped. */
+void lend_set_pool(struct lb_lend *l, const struct lend_pool_hooks *hooks);
+
+/* The hex SHA-256 of sandbox id's operate token into hash (LB_TOKEN_HASH_HEX + 1 bytes); lend
+ * is a struct lb_lend * (an lb_store_token_hash_fn). 0 or < 0. */
+int lend_operate_token_hash(void *lend, const char *id, char *hash);
+/* The lease of record r (API.md); a new reference, NULL without memory. */
+json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused);
+/* The spec the record of a seed keeps (image, workdir, env, network, labels, ports, resources
+ * with disk_mib); a new reference, NULL without memory. */
+json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req, const char *image,
+                       int64_t disk_mib);
+/* An imported image's User and digest into spec (image_user, image_digest); -EOPNOTSUPP (422)
+ * for an image whose User is not mapped. For the local provider's sandboxes only. */
+int lend_image_check(struct lb_lend *l, const char *image, json_t *spec, struct lb_error *err);
+/* Check a seed's resources against the daemon's limits and fill in the defaults (pids, disk)
+ * the provider can enforce. -EINVAL (400) past limits.max_disk_mib. */
+int lend_check_resources(struct lb_lend *l, struct lb_provider *prov, struct lb_resources *res,
+                         struct lb_error *err);
+
 #endif

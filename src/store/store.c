@@ -45,11 +45,15 @@
 #define BUSY_TIMEOUT_MS 5000
 
 static const char *const state_names[] = {
-    [LB_STATE_STARTING] = "starting",       [LB_STATE_LENT] = "lent",
-    [LB_STATE_STOPPING] = "stopping",       [LB_STATE_STOPPED] = "stopped",
-    [LB_STATE_FAILED_SEED] = "failed_seed", [LB_STATE_STOP_FAILED] = "stop_failed",
+    [LB_STATE_STARTING] = "starting",
+    [LB_STATE_LENT] = "lent",
+    [LB_STATE_STOPPING] = "stopping",
+    [LB_STATE_STOPPED] = "stopped",
+    [LB_STATE_FAILED_SEED] = "failed_seed",
+    [LB_STATE_STOP_FAILED] = "stop_failed",
+    [LB_STATE_WARM] = "warm",
 };
-_Static_assert(ARRAY_LEN(state_names) == 6, "store_count_by_state takes an array of 6");
+_Static_assert(ARRAY_LEN(state_names) == LB_STATE_COUNT, "store_count_by_state's array");
 
 const char *store_state_name(enum lb_record_state s)
 {
@@ -118,12 +122,69 @@ static const char *const migrations[] = {
     ");"
     "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
     "CREATE INDEX activations_rsid ON activations (rsid, created_at);",
+    /* 3: warm pools (src/warm/): state 'warm' and the pool class a warm sandbox was made for.
+     * The state CHECK needs a new table; foreign_keys is on (and cannot be turned off inside
+     * the migration's transaction), so the activations that reference it are moved aside
+     * first and put back after, with their table made again as migration 2 made it. */
+    "CREATE TABLE sandboxes_v3 ("
+    "  id TEXT PRIMARY KEY,"
+    "  rsid TEXT,"
+    "  task_id TEXT,"
+    "  provider TEXT NOT NULL,"
+    "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
+    "                                      'failed_seed', 'stop_failed', 'warm')),"
+    "  spec_json TEXT,"
+    "  descriptor_json TEXT,"
+    "  token_hash TEXT,"
+    "  created_at INTEGER NOT NULL,"
+    "  expires_at INTEGER,"
+    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
+    "  next_attempt_at INTEGER,"
+    "  last_error TEXT,"
+    "  stop_reason TEXT,"
+    "  updated_at INTEGER NOT NULL,"
+    "  pool_class TEXT"
+    ");"
+    "INSERT INTO sandboxes_v3 (id, rsid, task_id, provider, state, spec_json, descriptor_json,"
+    "  token_hash, created_at, expires_at, stop_attempts, next_attempt_at, last_error,"
+    "  stop_reason, updated_at)"
+    "  SELECT id, rsid, task_id, provider, state, spec_json, descriptor_json, token_hash,"
+    "  created_at, expires_at, stop_attempts, next_attempt_at, last_error, stop_reason,"
+    "  updated_at FROM sandboxes ORDER BY rowid;"
+    "CREATE TABLE activations_v3_copy AS SELECT * FROM activations;"
+    "DROP TABLE activations;"
+    "DROP TABLE sandboxes;"
+    "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;"
+    "CREATE TABLE activations ("
+    "  id TEXT PRIMARY KEY,"
+    "  rsid TEXT NOT NULL,"
+    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
+    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
+    "  spec_json TEXT,"
+    "  receipt_json TEXT,"
+    "  artifacts_json TEXT,"
+    "  capture_error TEXT,"
+    "  output_log BLOB,"
+    "  output_log_bytes INTEGER,"
+    "  created_at INTEGER NOT NULL,"
+    "  updated_at INTEGER NOT NULL"
+    ");"
+    "INSERT INTO activations SELECT * FROM activations_v3_copy ORDER BY rowid;"
+    "DROP TABLE activations_v3_copy;"
+    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
+    "CREATE INDEX activations_rsid ON activations (rsid, created_at);"
+    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
+    "  WHERE state IN ('starting', 'lent');"
+    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
+    "CREATE INDEX sandboxes_state ON sandboxes (state);"
+    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);"
+    "CREATE INDEX sandboxes_warm ON sandboxes (pool_class, created_at) WHERE state = 'warm';",
 };
 
 /* The column order every SELECT returns and record_from_row reads. */
 #define RECORD_COLUMNS                                                                             \
     "id, rsid, task_id, provider, state, spec_json, descriptor_json, token_hash, created_at, "     \
-    "expires_at, updated_at, stop_attempts, next_attempt_at, last_error, stop_reason"
+    "expires_at, updated_at, stop_attempts, next_attempt_at, last_error, stop_reason, pool_class"
 enum {
     COL_ID,
     COL_RSID,
@@ -140,6 +201,7 @@ enum {
     COL_NEXT_ATTEMPT_AT,
     COL_LAST_ERROR,
     COL_STOP_REASON,
+    COL_POOL_CLASS,
 };
 
 enum stmt_id {
@@ -173,7 +235,7 @@ enum stmt_id {
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_INSERT] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") VALUES "
-                    "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                    "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     [STMT_GET] = "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE id = ?1",
     [STMT_GET_LIVE] = "SELECT " RECORD_COLUMNS " FROM sandboxes "
                       "WHERE rsid = ?1 AND state IN ('starting', 'lent')",
@@ -199,7 +261,8 @@ static const char *const stmt_sql[STMT__COUNT] = {
                               "last_error = COALESCE(?3, last_error), next_attempt_at = ?4, "
                               "updated_at = ?5 WHERE id = ?1",
     [STMT_COUNT] = "SELECT state, COUNT(*) FROM sandboxes GROUP BY state",
-    [STMT_COUNT_LIVE] = "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent')",
+    [STMT_COUNT_LIVE] = "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
+                        "'warm')",
     [STMT_PURGE] = "DELETE FROM sandboxes WHERE state = 'stopped' AND updated_at < ?1",
     [STMT_ACT_INSERT] = "INSERT INTO activations (" ACT_COLUMNS ") VALUES "
                         "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
@@ -331,6 +394,8 @@ static int record_from_row(sqlite3_stmt *s, struct lb_record *out, struct lb_err
         ret = col_dup(s, COL_LAST_ERROR, &out->last_error);
     if (ret == 0)
         ret = col_dup(s, COL_STOP_REASON, &out->stop_reason);
+    if (ret == 0)
+        ret = col_dup(s, COL_POOL_CLASS, &out->pool_class);
     if (ret < 0) {
         lb_error_set(err, ret, "store: out of memory reading a record");
         goto cleanup;
@@ -359,8 +424,9 @@ void store_record_release(struct lb_record *r)
     free(r->descriptor_json);
     free(r->last_error);
     free(r->stop_reason);
+    free(r->pool_class);
     r->rsid = r->task_id = r->provider = r->spec_json = r->descriptor_json = NULL;
-    r->last_error = r->stop_reason = NULL;
+    r->last_error = r->stop_reason = r->pool_class = NULL;
 }
 
 void store_records_free(struct lb_record *recs, size_t n)
@@ -813,7 +879,8 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
         sqlite3_bind_int64(s, 9, r->created_at ? r->created_at : now) ||
         bind_time(s, 10, r->expires_at) || sqlite3_bind_int64(s, 11, now) ||
         sqlite3_bind_int(s, 12, r->stop_attempts) || bind_time(s, 13, r->next_attempt_at) ||
-        bind_text(s, 14, r->last_error) || bind_text(s, 15, r->stop_reason)) {
+        bind_text(s, 14, r->last_error) || bind_text(s, 15, r->stop_reason) ||
+        bind_text(s, 16, r->pool_class)) {
         ret = db_fail(st, err, "binding an insert");
         goto cleanup;
     }
@@ -938,7 +1005,7 @@ int store_list_sandboxes(struct lb_store *st, const struct lb_record_filter *f,
     if (ret == 0 && f->state >= 0)
         ret = sql_append(sql, sizeof(sql), &len, " AND state = ?2");
     if (ret == 0 && f->live_only)
-        ret = sql_append(sql, sizeof(sql), &len, " AND state IN ('starting', 'lent')");
+        ret = sql_append(sql, sizeof(sql), &len, " AND state IN ('starting', 'lent', 'warm')");
     if (ret == 0 && f->pending_stop_only)
         ret = sql_append(sql, sizeof(sql), &len,
                          " AND state IN ('stopping', 'failed_seed', 'stop_failed')");
@@ -948,7 +1015,8 @@ int store_list_sandboxes(struct lb_store *st, const struct lb_record_filter *f,
                          " AND (next_attempt_at IS NULL OR next_attempt_at <= ?3)");
     if (ret == 0 && f->expired_only)
         ret = sql_append(sql, sizeof(sql), &len,
-                         " AND state = 'lent' AND expires_at > 0 AND expires_at <= ?3");
+                         " AND state IN ('lent', 'warm') AND expires_at > 0 AND "
+                         "expires_at <= ?3");
     if (ret == 0)
         ret = sql_append(sql, sizeof(sql), &len, " ORDER BY created_at, rowid");
     if (ret == 0 && f->limit)
@@ -1219,14 +1287,14 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
     return ret;
 }
 
-int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err)
+int store_count_by_state(struct lb_store *st, int64_t counts[LB_STATE_COUNT], struct lb_error *err)
 {
     enum lb_record_state state;
     sqlite3_stmt *s;
     const char *name;
     int ret = 0, rc;
 
-    memset(counts, 0, 6 * sizeof(counts[0]));
+    memset(counts, 0, LB_STATE_COUNT * sizeof(counts[0]));
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_COUNT];
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -1245,7 +1313,7 @@ cleanup:
     stmt_done(s);
     pthread_mutex_unlock(&st->lock);
     if (ret < 0)
-        memset(counts, 0, 6 * sizeof(counts[0]));
+        memset(counts, 0, LB_STATE_COUNT * sizeof(counts[0]));
     return ret;
 }
 
@@ -1265,6 +1333,187 @@ int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err)
     return ret;
 }
 
+/* ---- warm pools ---- */
+
+/* An ad-hoc UPDATE keyed by ?1 = id whose other parameters bind() sets; the number of rows it
+ * changed (0 or 1), or < 0. Lock held. */
+static int warm_update(struct lb_store *st, const char *sql, const char *id,
+                       int (*bind)(sqlite3_stmt *, const void *), const void *ctx, bool stop,
+                       const char *what, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret;
+
+    if (sqlite3_prepare_v2(st->db, sql, -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, id, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        (bind && bind(s, ctx) != SQLITE_OK)) {
+        ret = db_fail(st, err, what);
+        sqlite3_finalize(s);
+        return ret;
+    }
+    if (step_writing(st, s, stop) == SQLITE_DONE)
+        ret = sqlite3_changes(st->db);
+    else
+        ret = db_fail(st, err, what);
+    sqlite3_finalize(s);
+    return ret;
+}
+
+struct mark_warm_args {
+    const char *descriptor_json;
+    int64_t expires_at;
+};
+
+static int bind_mark_warm(sqlite3_stmt *s, const void *ctx)
+{
+    const struct mark_warm_args *a = ctx;
+    int rc = sqlite3_bind_text(s, 2, a->descriptor_json, -1, SQLITE_TRANSIENT);
+
+    if (rc == SQLITE_OK)
+        rc = bind_time(s, 3, a->expires_at);
+    return rc == SQLITE_OK ? sqlite3_bind_int64(s, 4, clock_now_s()) : rc;
+}
+
+int store_mark_warm(struct lb_store *st, const char *id, const char *descriptor_json,
+                    int64_t expires_at, struct lb_error *err)
+{
+    struct mark_warm_args a = {descriptor_json, expires_at};
+    int ret = fault_hit("store.write", 0, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = warm_update(st,
+                      "UPDATE sandboxes SET state = 'warm', descriptor_json = ?2, expires_at = ?3, "
+                      "updated_at = ?4 WHERE id = ?1 AND state = 'starting'",
+                      id, bind_mark_warm, &a, false, "marking a sandbox warm", err);
+    pthread_mutex_unlock(&st->lock);
+    if (ret == 0)
+        return lb_error_set(err, -EBUSY, "sandbox %s is no longer starting", id);
+    return ret < 0 ? ret : 0;
+}
+
+static int bind_claim(sqlite3_stmt *s, const void *ctx)
+{
+    int rc = sqlite3_bind_text(s, 2, ctx, -1, SQLITE_TRANSIENT);
+
+    return rc == SQLITE_OK ? sqlite3_bind_int64(s, 3, clock_now_s()) : rc;
+}
+
+int store_claim_warm(struct lb_store *st, const char *id, const char *reason, struct lb_error *err)
+{
+    int ret = fault_hit("store.write", 0, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = warm_update(st,
+                      "UPDATE sandboxes SET state = 'stopping', stop_reason = ?2, updated_at = ?3 "
+                      "WHERE id = ?1 AND state = 'warm'",
+                      id, bind_claim, reason, true, "claiming a warm sandbox", err);
+    pthread_mutex_unlock(&st->lock);
+    if (ret == 0)
+        return lb_error_set(err, -EBUSY, "sandbox %s is not warm", id);
+    return ret < 0 ? ret : 0;
+}
+
+struct take_args {
+    const struct lb_warm_take *t;
+    const char *token_hash;
+};
+
+static int bind_take(sqlite3_stmt *s, const void *ctx)
+{
+    const struct take_args *a = ctx;
+    int rc = sqlite3_bind_text(s, 2, a->t->rsid, -1, SQLITE_TRANSIENT);
+
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 3, a->t->task_id, -1, SQLITE_TRANSIENT);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 4, a->t->spec_json, -1, SQLITE_TRANSIENT);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(s, 5, a->token_hash, -1, SQLITE_TRANSIENT);
+    if (rc == SQLITE_OK)
+        rc = bind_time(s, 6, a->t->expires_at);
+    return rc == SQLITE_OK ? sqlite3_bind_int64(s, 7, clock_now_s()) : rc;
+}
+
+int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb_record *out,
+                    struct lb_error *err)
+{
+    char id[LB_ID_MAX] = "", hash[LB_TOKEN_HASH_HEX + 1];
+    struct take_args a = {t, hash};
+    sqlite3_stmt *s = NULL;
+    bool in_txn = false;
+    int ret, rc;
+
+    memset(out, 0, sizeof(*out));
+    if (!t || !t->pool_class || !t->token_hash)
+        return lb_error_set(err, -EINVAL, "store: a warm take needs a class and a token");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = exec_sql(st, "BEGIN IMMEDIATE", "beginning a warm take", err);
+    if (ret < 0)
+        goto cleanup;
+    in_txn = true;
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT id FROM sandboxes WHERE state = 'warm' AND pool_class = ?1 AND "
+                           "(expires_at IS NULL OR expires_at > ?2) "
+                           "ORDER BY created_at, rowid LIMIT 1",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, t->pool_class, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_int64(s, 2, t->now_s) != SQLITE_OK) {
+        ret = db_fail(st, err, "finding a warm sandbox");
+        goto cleanup;
+    }
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_DONE) {
+        ret = -ENOENT; /* a miss: no message needed */
+        goto cleanup;
+    }
+    if (rc != SQLITE_ROW) {
+        ret = db_fail(st, err, "finding a warm sandbox");
+        goto cleanup;
+    }
+    if (col_copy(s, 0, id, sizeof(id)) < 0) {
+        ret = lb_error_set(err, -EIO, "store: a warm record has an over-long id");
+        goto cleanup;
+    }
+    sqlite3_finalize(s);
+    s = NULL;
+    ret = t->token_hash(t->token_ctx, id, hash);
+    if (ret < 0) {
+        lb_error_set(err, ret, "cannot mint the operate token");
+        goto cleanup;
+    }
+    ret = warm_update(st,
+                      "UPDATE sandboxes SET state = 'lent', rsid = ?2, task_id = ?3, "
+                      "spec_json = ?4, token_hash = ?5, expires_at = ?6, updated_at = ?7 "
+                      "WHERE id = ?1 AND state = 'warm'",
+                      id, bind_take, &a, false, "taking a warm sandbox", err);
+    if (ret < 0 && (sqlite3_extended_errcode(st->db) == SQLITE_CONSTRAINT_UNIQUE))
+        ret = lb_error_set(err, -EEXIST, "session %s already has a live sandbox", t->rsid);
+    if (ret == 0)
+        ret = lb_error_set(err, -EIO, "store: warm sandbox %s changed inside a transaction", id);
+    if (ret < 0)
+        goto cleanup;
+    ret = exec_sql(st, "COMMIT", "committing a warm take", err);
+    if (ret < 0)
+        goto cleanup;
+    in_txn = false;
+    ret = 0;
+cleanup:
+    sqlite3_finalize(s);
+    if (in_txn)
+        sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_unlock(&st->lock);
+    if (ret == 0)
+        ret = store_get_sandbox(st, id, out, err);
+    return ret;
+}
+
 int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
                             struct lb_error *err)
 {
@@ -1275,7 +1524,7 @@ int store_count_using_image(struct lb_store *st, const char *image, int64_t *out
     pthread_mutex_lock(&st->lock);
     if (sqlite3_prepare_v2(st->db,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
-                           "'stopping', 'stop_failed') AND json_valid(spec_json) AND "
+                           "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
                            "json_extract(spec_json, '$.image') = ?1",
                            -1, &s, NULL) != SQLITE_OK ||
         sqlite3_bind_text(s, 1, image, -1, SQLITE_TRANSIENT) != SQLITE_OK)
@@ -1299,7 +1548,7 @@ int store_count_using_image_digest(struct lb_store *st, const char *digest, int6
     pthread_mutex_lock(&st->lock);
     if (sqlite3_prepare_v2(st->db,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
-                           "'stopping', 'stop_failed') AND json_valid(spec_json) AND "
+                           "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
                            "json_extract(spec_json, '$.image_digest') = ?1",
                            -1, &s, NULL) != SQLITE_OK ||
         sqlite3_bind_text(s, 1, digest, -1, SQLITE_TRANSIENT) != SQLITE_OK)

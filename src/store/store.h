@@ -36,6 +36,8 @@ enum lb_record_state {
     LB_STATE_STOPPED,
     LB_STATE_FAILED_SEED,
     LB_STATE_STOP_FAILED,
+    LB_STATE_WARM, /* a warm pool's sandbox (src/warm/): running, lent to nobody yet */
+    LB_STATE_COUNT
 };
 
 /* "starting", "lent", ...; store_state_parse returns 0 or -EINVAL. */
@@ -60,7 +62,9 @@ struct lb_record {
     int stop_attempts;
     int64_t next_attempt_at; /* 0: no retry scheduled */
     char *last_error;        /* NULL or the last stop failure */
-    char *stop_reason;       /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted */
+    char *stop_reason;       /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted,
+                                max_age, not_adopted, pool_shrunk, evicted */
+    char *pool_class;        /* the warm pool class it was made for (src/warm/); NULL: none */
 };
 
 /* Free the strings a record holds (not the struct); safe on a zeroed record. */
@@ -105,10 +109,10 @@ int store_get_by_token_hash(struct lb_store *st, const char *token_hash, struct 
 struct lb_record_filter {
     const char *rsid;       /* NULL: any session */
     int state;              /* -1: any; else an enum lb_record_state */
-    bool live_only;         /* only starting, lent */
+    bool live_only;         /* only starting, lent, warm */
     bool pending_stop_only; /* only stopping, failed_seed, stop_failed */
     bool due_only;          /* with pending_stop_only: next_attempt_at <= now_s */
-    bool expired_only;      /* only lent with 0 < expires_at <= now_s */
+    bool expired_only;      /* only lent or warm with 0 < expires_at <= now_s */
     int64_t now_s;
     size_t limit; /* 0: no limit */
 };
@@ -145,10 +149,47 @@ int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t 
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
                            const char *last_error, int64_t next_attempt_at, struct lb_error *err);
 
-/* Count records by state: counts[i] for every enum lb_record_state i (array of 6). */
-int store_count_by_state(struct lb_store *st, int64_t counts[6], struct lb_error *err);
+/* Count records by state: counts[i] for every enum lb_record_state i (LB_STATE_COUNT). */
+int store_count_by_state(struct lb_store *st, int64_t counts[LB_STATE_COUNT], struct lb_error *err);
 
-/* Live (starting or lent) records: an index range, cheap however many stopped rows are kept. */
+/* ---- warm pools (src/warm/) ----
+ * A warm sandbox is inserted "starting" with its pool_class and no session, made by the
+ * provider, then marked "warm" (expires_at: its max age). A seed takes one in one transaction;
+ * everything else that ends one claims it first (warm -> stopping), so that a sandbox is
+ * either taken or stopped, never both. */
+
+/* starting -> warm with the provider descriptor and expires_at (0: none). -EBUSY if the record
+ * is no longer starting (a shutdown sweep claimed it), -ENOENT. */
+int store_mark_warm(struct lb_store *st, const char *id, const char *descriptor_json,
+                    int64_t expires_at, struct lb_error *err);
+
+/* The operate token hash of sandbox id into hash (LB_TOKEN_HASH_HEX + 1 bytes): 0 or < 0. */
+typedef int (*lb_store_token_hash_fn)(void *ctx, const char *id, char *hash);
+
+struct lb_warm_take {
+    const char *pool_class;     /* only a sandbox of this class */
+    int64_t now_s;              /* only one with expires_at > now_s (or none) */
+    const char *rsid, *task_id; /* rsid NULL: a sandbox lent to no session (POST /v1/sandboxes) */
+    const char *spec_json;      /* replaces the warm record's spec (the seed's env, labels) */
+    int64_t expires_at;         /* the lease's; 0: no TTL */
+    lb_store_token_hash_fn token_hash;
+    void *token_ctx;
+};
+
+/* Take the oldest unexpired warm sandbox of t->pool_class for session t->rsid in one IMMEDIATE
+ * transaction: warm -> lent with rsid, task_id, spec, expires_at and the token hash of its id.
+ * *out is the record as lent (the caller releases it). -ENOENT when the class has none,
+ * -EEXIST if the session has a live record, -ENOSPC/-EIO. Thread-safe: two takes never get the
+ * same sandbox. */
+int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb_record *out,
+                    struct lb_error *err);
+
+/* Claim warm sandbox id for a stop: warm -> stopping with reason. 0, or -EBUSY when it is not
+ * warm any more (a seed took it), -ENOSPC/-EIO. */
+int store_claim_warm(struct lb_store *st, const char *id, const char *reason, struct lb_error *err);
+
+/* Live (starting, lent or warm) records: an index range, cheap however many stopped rows are
+ * kept. */
 int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
 
 /* *out = how many records not yet stopped (starting, lent, stopping, stop_failed) name image

@@ -57,7 +57,16 @@ int sweeper_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struc
         enum lb_sandbox_status st = LB_STATUS_UNKNOWN;
         int sr;
 
-        if (rec->state != LB_STATE_LENT) {
+        /* a warm pool's sandbox: back into the pool (checked below like a lent one) only
+         * when pool.adopt is on */
+        if (rec->state == LB_STATE_WARM && !lend_config(l)->pool_adopt) {
+            if (lend_stop_record(l, rec, "not_adopted", LB_STATE_STOP_FAILED, NULL) == 0)
+                stats->stopped++;
+            else
+                stats->failed++;
+            continue;
+        }
+        if (rec->state != LB_STATE_LENT && rec->state != LB_STATE_WARM) {
             reconcile_stop_record(l, rec, stats);
             continue;
         }

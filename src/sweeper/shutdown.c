@@ -44,8 +44,9 @@ static void *stop_all_worker(void *arg)
         pthread_mutex_unlock(&c->mutex);
         r = &c->recs[i];
         fail = r->state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED;
-        int rc =
-            lend_stop_record(c->l, r, r->state == LB_STATE_LENT ? c->reason : NULL, fail, NULL);
+        int rc = lend_stop_record(
+            c->l, r, r->state == LB_STATE_LENT || r->state == LB_STATE_WARM ? c->reason : NULL,
+            fail, NULL);
         pthread_mutex_lock(&c->mutex);
         c->in_flight--;
         if (rc < 0)

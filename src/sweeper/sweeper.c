@@ -31,11 +31,19 @@ static int sweeper_pass(struct lb_lend *l, const struct lb_record_filter *f, boo
         bool busy = recs[i].rsid && lend_session_lock(l, recs[i].rsid, true, &lock, NULL) < 0;
         bool wanted =
             !busy && store_get_sandbox(lend_store(l), recs[i].id, &cur, NULL) == 0 &&
-            (ttl ? cur.state == LB_STATE_LENT && cur.expires_at > 0 && cur.expires_at <= f->now_s
+            (ttl ? (cur.state == LB_STATE_LENT || cur.state == LB_STATE_WARM) &&
+                       cur.expires_at > 0 && cur.expires_at <= f->now_s
                  : cur.state == LB_STATE_FAILED_SEED || cur.state == LB_STATE_STOP_FAILED ||
                        cur.state == LB_STATE_STOPPING);
 
-        if (wanted) {
+        /* a warm sandbox past its max age: claimed first, so no seed takes it meanwhile */
+        if (wanted && cur.state == LB_STATE_WARM) {
+            attempted++;
+            if (store_claim_warm(lend_store(l), cur.id, "max_age", NULL) == 0) {
+                log_info_sbx(cur.id, "warm sandbox %s reached its max age", cur.id);
+                lend_stop_record(l, &cur, NULL, LB_STATE_STOP_FAILED, NULL);
+            }
+        } else if (wanted) {
             attempted++;
             if (ttl) {
                 log_info_sbx(cur.id, "sandbox %s reached its TTL", cur.id);

@@ -98,6 +98,10 @@ static const struct config_key config_keys[] = {
     STR("network", "range", net_range, "10.213.0.0/16"),
     STR("network", "inherit", net_inherit, "none"),
     STR("network", "nft_table", net_nft_table, "lendbox"),
+    INT("pool", "size", pool_size, "0", 0, 1000000),
+    INT("pool", "max_age_s", pool_max_age_s, "3600", 0, 31536000),
+    BOOL("pool", "adopt", pool_adopt, "yes"),
+    INT("pool", "refill_concurrency", pool_refill_concurrency, "2", 1, 64),
     STR("faults", "spec", faults_spec, NULL),
 };
 

@@ -87,6 +87,11 @@ struct lb_config {
     char *net_range;
     char *net_inherit;
     char *net_nft_table;
+    /* [pool] warm pools (src/warm/) */
+    int64_t pool_size;               /* warm sandboxes of the default class; 0: no pool */
+    int64_t pool_max_age_s;          /* replaced past this age; 0: never */
+    bool pool_adopt;                 /* startup: warm sandboxes that run go back in the pool */
+    int64_t pool_refill_concurrency; /* warm sandboxes made at once */
     /* [faults] */
     char *faults_spec;
 };

@@ -53,6 +53,17 @@ static const struct {
                                 "Links or egress rules that could not be installed."},
     [LB_M_NET_UNENFORCEABLE] = {"lendbox_network_unenforceable_total", NULL,
                                 "Network requests refused as unenforceable (422)."},
+    [LB_M_WARM_HITS] = {"lendbox_warm_seeds_total", "result=\"hit\"",
+                        "Seeds while a warm pool is on, by result."},
+    [LB_M_WARM_MISSES] = {"lendbox_warm_seeds_total", "result=\"miss\"", NULL},
+    [LB_M_WARM_OTHER_CLASS] = {"lendbox_warm_seeds_total", "result=\"other_class\"", NULL},
+    [LB_M_WARM_REFILLS] = {"lendbox_warm_refills_total", "result=\"ok\"",
+                           "Warm sandboxes made, by result."},
+    [LB_M_WARM_REFILLS_FAILED] = {"lendbox_warm_refills_total", "result=\"failed\"", NULL},
+    [LB_M_WARM_REFILL_MS] = {"lendbox_warm_refill_seconds_total", NULL,
+                             "Time spent making warm sandboxes.", false, true},
+    [LB_M_WARM_REFILL_LAST_MS] = {"lendbox_warm_refill_last_duration_seconds", NULL,
+                                  "Time the last warm sandbox took to make.", true, true},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];

@@ -42,6 +42,13 @@ enum lb_counter {
     LB_M_NET_NAT,             /* gauge: sandboxes with a nat link (inherit = nat) */
     LB_M_NET_RULE_FAILURES,   /* links or egress rules that could not be installed */
     LB_M_NET_UNENFORCEABLE,   /* network requests refused 422 */
+    LB_M_WARM_HITS,           /* seeds served from a warm pool (src/warm/) */
+    LB_M_WARM_MISSES,         /* seeds of the pool's class that found it empty */
+    LB_M_WARM_OTHER_CLASS,    /* seeds of another class (started fresh) */
+    LB_M_WARM_REFILLS,        /* warm sandboxes made */
+    LB_M_WARM_REFILLS_FAILED, /* warm sandboxes that could not be made */
+    LB_M_WARM_REFILL_MS,      /* ms (rendered in seconds): time spent making warm sandboxes */
+    LB_M_WARM_REFILL_LAST_MS, /* gauge, ms (rendered in seconds): the last one made */
     LB_M_COUNTERS
 };
 

@@ -112,7 +112,7 @@ START_TEST(test_state_names)
 {
     enum lb_record_state s;
 
-    for (int i = LB_STATE_STARTING; i <= LB_STATE_STOP_FAILED; i++) {
+    for (int i = LB_STATE_STARTING; i < LB_STATE_COUNT; i++) {
         ck_assert_int_eq(store_state_parse(store_state_name((enum lb_record_state)i), &s), 0);
         ck_assert_int_eq((int)s, i);
     }
@@ -143,11 +143,12 @@ START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
-                             "'sandboxes_state', 'sandboxes_state_next_attempt')"),
-                     4);
+                             "'sandboxes_state', 'sandboxes_state_next_attempt', "
+                             "'sandboxes_warm', 'activations_sandbox', 'activations_rsid')"),
+                     7);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM pragma_journal_mode WHERE "
                              "journal_mode = 'wal'"),
                      1);
@@ -155,7 +156,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
 }
 END_TEST
 
@@ -560,7 +561,7 @@ START_TEST(test_filters)
     f = (struct lb_record_filter){.state = -1, .rsid = "r1' OR '1'='1"};
     expect_ids(st, &f, "");
 
-    f = (struct lb_record_filter){.state = 6};
+    f = (struct lb_record_filter){.state = LB_STATE_COUNT};
     ck_assert_int_eq(store_list_sandboxes(st, &f, &recs, &n, &err), -EINVAL);
     ck_assert_ptr_null(recs);
     ck_assert_uint_eq(n, 0);
@@ -603,10 +604,10 @@ START_TEST(test_count_by_state)
 {
     struct lb_error err = {0};
     struct lb_store *st = open_store();
-    int64_t counts[6];
+    int64_t counts[LB_STATE_COUNT];
 
     ck_assert_int_eq(store_count_by_state(st, counts, &err), 0);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < LB_STATE_COUNT; i++)
         ck_assert_int_eq(counts[i], 0);
     put(st, "s1", "r1", LB_STATE_STARTING, 1, 0, 0);
     put(st, "s2", "r2", LB_STATE_LENT, 2, 0, 0);
@@ -927,6 +928,216 @@ START_TEST(test_space_reserve)
 }
 END_TEST
 
+/* ---- warm pools (migration 3, take, claim) ---- */
+
+/* A database as lendboxd made it before migration 3 (schema version 2). */
+static void make_v2_database(void)
+{
+    raw_exec("CREATE TABLE sandboxes (id TEXT PRIMARY KEY, rsid TEXT, task_id TEXT,"
+             " provider TEXT NOT NULL, state TEXT NOT NULL CHECK (state IN ('starting', 'lent',"
+             " 'stopping', 'stopped', 'failed_seed', 'stop_failed')), spec_json TEXT,"
+             " descriptor_json TEXT, token_hash TEXT, created_at INTEGER NOT NULL,"
+             " expires_at INTEGER, stop_attempts INTEGER NOT NULL DEFAULT 0,"
+             " next_attempt_at INTEGER, last_error TEXT, stop_reason TEXT,"
+             " updated_at INTEGER NOT NULL);"
+             "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
+             " WHERE state IN ('starting', 'lent');"
+             "CREATE TABLE activations (id TEXT PRIMARY KEY, rsid TEXT NOT NULL,"
+             " sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
+             " state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
+             " spec_json TEXT, receipt_json TEXT, artifacts_json TEXT, capture_error TEXT,"
+             " output_log BLOB, output_log_bytes INTEGER, created_at INTEGER NOT NULL,"
+             " updated_at INTEGER NOT NULL);"
+             "INSERT INTO sandboxes (id, rsid, task_id, provider, state, spec_json, token_hash,"
+             " created_at, expires_at, updated_at, stop_reason) VALUES"
+             " ('sbx-old', 'rs-old', 't1', 'local', 'lent', '{\"image\":\"host\"}', 'abc', 11,"
+             " 99, 12, NULL),"
+             " ('sbx-gone', 'rs-gone', 't2', 'local', 'stopped', NULL, NULL, 13, NULL, 14,"
+             " 'released');"
+             "INSERT INTO activations VALUES ('act-1', 'rs-old', 'sbx-old', 'running', '{}',"
+             " NULL, NULL, NULL, x'6869', 2, 15, 16);"
+             "PRAGMA user_version = 2;");
+}
+
+START_TEST(test_migration_3_keeps_records_and_activations)
+{
+    struct lb_error err = {0};
+    struct lb_store *st;
+    struct lb_record r;
+    struct lb_activation a;
+
+    make_v2_database();
+    st = open_store();
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-old", &r, &err), 0);
+    ck_assert_int_eq(r.state, LB_STATE_LENT);
+    ck_assert_str_eq(r.rsid, "rs-old");
+    ck_assert_str_eq(r.spec_json, "{\"image\":\"host\"}");
+    ck_assert_str_eq(r.token_hash, "abc");
+    ck_assert_int_eq(r.created_at, 11);
+    ck_assert_int_eq(r.expires_at, 99);
+    ck_assert_ptr_null(r.pool_class);
+    store_record_release(&r);
+    ck_assert_int_eq(state_of(st, "sbx-gone"), LB_STATE_STOPPED);
+    /* the activation survived the table's rebuild, still tied to its sandbox */
+    ck_assert_int_eq(store_get_activation_by_sandbox(st, "sbx-old", &a, &err), 0);
+    ck_assert_str_eq(a.id, "act-1");
+    ck_assert_int_eq(a.state, LB_ACT_RUNNING);
+    ck_assert_uint_eq(a.log_len, 2);
+    store_activation_release(&a);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM pragma_foreign_key_list('activations') "
+                             "WHERE \"table\" = 'sandboxes'"),
+                     1);
+    /* the one-live-per-session index is back */
+    struct lb_record dup = mkrec("sbx-dup", "rs-old");
+    ck_assert_int_eq(store_insert_sandbox(st, &dup, &err), -EEXIST);
+    /* and a warm record is allowed now */
+    struct lb_record w = mkrec("sbx-w", NULL);
+    w.pool_class = "local:host";
+    insert_ok(st, &w);
+    ck_assert_int_eq(store_mark_warm(st, "sbx-w", "{}", 0, &err), 0);
+    ck_assert_int_eq(state_of(st, "sbx-w"), LB_STATE_WARM);
+    store_close(st);
+}
+END_TEST
+
+static int fake_hash(void *ctx, const char *id, char *hash)
+{
+    (void)ctx;
+    snprintf(hash, LB_TOKEN_HASH_HEX + 1, "h-%s", id);
+    return 0;
+}
+
+static void put_warm(struct lb_store *st, const char *id, const char *cls, int64_t created,
+                     int64_t expires)
+{
+    struct lb_error err = {0};
+    struct lb_record r = mkrec(id, NULL);
+
+    r.pool_class = (char *)cls;
+    r.created_at = created;
+    insert_ok(st, &r);
+    ck_assert_int_eq(store_mark_warm(st, id, "{\"pid\":1}", expires, &err), 0);
+}
+
+static int take(struct lb_store *st, const char *cls, const char *rsid, int64_t now,
+                struct lb_record *out)
+{
+    struct lb_error err = {0};
+    struct lb_warm_take t = {.pool_class = cls,
+                             .now_s = now,
+                             .rsid = rsid,
+                             .task_id = "task",
+                             .spec_json = "{\"image\":\"host\",\"env\":{\"A\":\"1\"}}",
+                             .expires_at = now + 60,
+                             .token_hash = fake_hash};
+
+    return store_take_warm(st, &t, out, &err);
+}
+
+START_TEST(test_warm_take_and_claim)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record r;
+    int64_t live = 0, now = clock_now_s();
+
+    put_warm(st, "w-old", "local:host", now - 30, now - 1); /* past its max age */
+    put_warm(st, "w-1", "local:host", now - 20, now + 100);
+    put_warm(st, "w-2", "local:host", now - 10, 0);
+    put_warm(st, "w-other", "local:img", now - 40, 0);
+    ck_assert_int_eq(store_count_live(st, &live, &err), 0);
+    ck_assert_int_eq(live, 4); /* warm ones hold capacity */
+    /* the oldest unexpired one of the class, lent to the session with its token */
+    ck_assert_int_eq(take(st, "local:host", "rs-a", now, &r), 0);
+    ck_assert_str_eq(r.id, "w-1");
+    ck_assert_int_eq(r.state, LB_STATE_LENT);
+    ck_assert_str_eq(r.rsid, "rs-a");
+    ck_assert_str_eq(r.task_id, "task");
+    ck_assert_str_eq(r.token_hash, "h-w-1");
+    ck_assert_str_eq(r.descriptor_json, "{\"pid\":1}");
+    ck_assert_int_eq(r.expires_at, now + 60);
+    ck_assert_int_eq(r.created_at, now - 20); /* started before the take */
+    ck_assert_ptr_nonnull(strstr(r.spec_json, "\"A\""));
+    store_record_release(&r);
+    /* a session with a live sandbox cannot take another */
+    ck_assert_int_eq(take(st, "local:host", "rs-a", now, &r), -EEXIST);
+    ck_assert_int_eq(state_of(st, "w-2"), LB_STATE_WARM);
+    ck_assert_int_eq(take(st, "local:host", "rs-b", now, &r), 0);
+    ck_assert_str_eq(r.id, "w-2");
+    store_record_release(&r);
+    /* nothing left of the class: the expired one and the other class are not handed out */
+    ck_assert_int_eq(take(st, "local:host", "rs-c", now, &r), -ENOENT);
+    ck_assert_int_eq(state_of(st, "w-old"), LB_STATE_WARM);
+    ck_assert_int_eq(state_of(st, "w-other"), LB_STATE_WARM);
+    /* claims: a taken one is not warm any more; a warm one goes to stopping with a reason */
+    ck_assert_int_eq(store_claim_warm(st, "w-1", "max_age", &err), -EBUSY);
+    ck_assert_int_eq(store_claim_warm(st, "w-old", "max_age", &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "w-old", &r, &err), 0);
+    ck_assert_int_eq(r.state, LB_STATE_STOPPING);
+    ck_assert_str_eq(r.stop_reason, "max_age");
+    store_record_release(&r);
+    ck_assert_int_eq(store_claim_warm(st, "w-old", "max_age", &err), -EBUSY);
+    /* mark_warm only from starting */
+    ck_assert_int_eq(store_mark_warm(st, "w-1", "{}", 0, &err), -EBUSY);
+    store_close(st);
+}
+END_TEST
+
+#define TAKERS 8
+struct taker {
+    struct lb_store *st;
+    int idx, rc;
+    char id[LB_ID_MAX];
+};
+
+static void *taker_main(void *arg)
+{
+    struct taker *t = arg;
+    struct lb_record r = {0};
+    char rsid[32];
+
+    snprintf(rsid, sizeof(rsid), "rs-%d", t->idx);
+    t->rc = take(t->st, "local:host", rsid, clock_now_s(), &r);
+    if (t->rc == 0)
+        snprintf(t->id, sizeof(t->id), "%s", r.id);
+    store_record_release(&r);
+    return NULL;
+}
+
+START_TEST(test_warm_take_concurrent_never_twice)
+{
+    struct lb_store *st = open_store();
+    struct taker t[TAKERS];
+    pthread_t th[TAKERS];
+    int ok = 0;
+    int64_t now = clock_now_s();
+    char id[16];
+
+    for (int i = 0; i < 5; i++) {
+        snprintf(id, sizeof(id), "w-%d", i);
+        put_warm(st, id, "local:host", now - 10 + i, 0);
+    }
+    for (int i = 0; i < TAKERS; i++) {
+        t[i] = (struct taker){.st = st, .idx = i};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, taker_main, &t[i]), 0);
+    }
+    for (int i = 0; i < TAKERS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < TAKERS; i++) {
+        if (t[i].rc != 0) {
+            ck_assert_int_eq(t[i].rc, -ENOENT);
+            continue;
+        }
+        ok++;
+        for (int j = 0; j < i; j++)
+            ck_assert_msg(t[j].rc != 0 || strcmp(t[j].id, t[i].id) != 0, "%s taken twice", t[i].id);
+    }
+    ck_assert_int_eq(ok, 5);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -956,6 +1167,9 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_activation_round_trip);
     tcase_add_test(tc, test_activation_transitions_and_capture);
     tcase_add_test(tc, test_space_reserve);
+    tcase_add_test(tc, test_migration_3_keeps_records_and_activations);
+    tcase_add_test(tc, test_warm_take_and_claim);
+    tcase_add_test(tc, test_warm_take_concurrent_never_twice);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,53 @@
+/*
+ * warm.h - warm pools: sandboxes started ahead of the seeds that will take them.
+ *
+ * One pool of the default class: the default provider's default image, no resource limits
+ * beyond the daemon's defaults (pids, disk), the default network, no ports. A seed of that
+ * class (no "provider" or the default one, no "image" or that image, no "resources", no
+ * "network", no "ports") takes the oldest warm sandbox in one store transaction (warm -> lent,
+ * operate token minted), then gets its files written; any other seed starts a sandbox as
+ * always. A warm sandbox is handed out at most once and only to its class.
+ *
+ * Warm sandboxes are records like lent ones (store.h): inserted "starting" with their pool
+ * class before the provider makes them, "warm" once they run, with expires_at = their max age,
+ * so that the sweeper replaces old ones (reason max_age), startup reconciliation adopts them
+ * (lending.pool_adopt) or stops them (not_adopted), and the shutdown sweep stops them.
+ *
+ * Refills run on the pool's own threads (refill_concurrency of them, so at most that many
+ * creations at once), never on a request's path, and only while lending is not draining. The
+ * pool and the live sandboxes together never exceed lending.max_sandboxes: a refill waits for
+ * room, and a seed of another class at the limit makes a warm sandbox give its place.
+ *
+ * Thread-safety: every function may be called from any thread; warm_new/warm_free once.
+ */
+#ifndef LB_WARM_H
+#define LB_WARM_H
+
+#include <stdint.h>
+
+#include "lend/lend.h"
+
+struct lb_warm_config {
+    int64_t size;               /* warm sandboxes kept ready; 0: no pool */
+    int64_t max_age_s;          /* a warm sandbox older than this is replaced; 0: never */
+    int64_t refill_concurrency; /* warm sandboxes made at once; <= 0: 2 */
+};
+
+struct lb_warm_pool;
+
+/* Make the pool for lending l (which stays the caller's and must outlive the pool) and start
+ * its refill threads; its sandboxes are made once l stops draining. With cfg->size 0, *out is
+ * NULL and nothing runs. -EINVAL if the default provider cannot be chosen, -ENOMEM, or the
+ * errno of pthread_create. */
+int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_warm_pool **out,
+               struct lb_error *err);
+
+/* Stop the refill threads (creations under way finish first), detach the pool from lending
+ * and free it. Warm sandboxes stay recorded and running: the shutdown sweep (or the next
+ * start's reconciliation) deals with them. NULL-safe. */
+void warm_stop(struct lb_warm_pool *w);
+
+/* Wake the refill threads (after a take, or a stop of a warm sandbox). NULL-safe. */
+void warm_kick(struct lb_warm_pool *w);
+
+#endif

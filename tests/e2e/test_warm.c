@@ -1,0 +1,507 @@
+/*
+ * test_warm.c - acceptance for warm pools ([pool], src/warm/): a seed of the pool's class gets
+ * a sandbox started before its request, other classes do not take it, concurrent seeds never
+ * share one, kill -9 leaves nothing leaked (adopted or stopped per pool.adopt), the shutdown
+ * sweep stops warm sandboxes (shutdown_sweep = no keeps them), old ones are replaced, and
+ * pool.size = 0 means no pool.
+ *
+ * Other daemons run on this machine: everything counted here is this test's daemon's (its
+ * records, the init pids in its descriptors).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+}
+
+#define MAX_IDS 64
+struct ids {
+    int n;
+    char id[MAX_IDS][64];
+};
+
+static bool ids_has(const struct ids *s, const char *id)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->id[i], id) == 0)
+            return true;
+    return false;
+}
+
+/* The daemon's records in state (GET /v1/sandboxes?state=...). */
+static void records_in_state(const char *state, struct ids *out)
+{
+    char path[128];
+    struct lbt_resp r;
+    size_t i;
+    json_t *v;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes?state=%s", state);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    out->n = 0;
+    json_array_foreach(json_object_get(r.json, "sandboxes"), i, v) {
+        ck_assert_str_eq(json_string_value(json_object_get(v, "state")), state);
+        if (out->n < MAX_IDS)
+            snprintf(out->id[out->n++], sizeof(out->id[0]), "%s",
+                     json_string_value(json_object_get(v, "sandbox_id")));
+    }
+    lbt_resp_free(&r);
+}
+
+/* Wait (up to timeout_s) until exactly n records are warm; returns them. */
+static void wait_warm(int n, int timeout_s, struct ids *out)
+{
+    double until = lbt_now() + timeout_s;
+
+    for (;;) {
+        records_in_state("warm", out);
+        if (out->n == n || lbt_now() > until)
+            break;
+        lbt_sleep_ms(100);
+    }
+    ck_assert_msg(out->n == n, "%d warm sandboxes, wanted %d", out->n, n);
+}
+
+/* The sandbox's init pid from its descriptor (0 if it has none). */
+static pid_t init_pid(const char *id)
+{
+    json_t *desc = lbt_read_descriptor(&D, id);
+    pid_t pid = desc ? (pid_t)json_integer_value(json_object_get(desc, "pid")) : 0;
+
+    json_decref(desc);
+    return pid;
+}
+
+static bool pid_alive(pid_t pid)
+{
+    char path[64], buf[512];
+    FILE *f;
+    const char *p;
+    bool alive = false;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    f = fopen(path, "re");
+    if (!f)
+        return false;
+    if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')))
+        alive = p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+    fclose(f);
+    return alive;
+}
+
+static bool wait_pid_gone(pid_t pid, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms / 20 && pid_alive(pid); t++)
+        lbt_sleep_ms(20);
+    return !pid_alive(pid);
+}
+
+static json_t *record(const char *id)
+{
+    json_t *all = lbt_list_sandboxes(&D), *r = lbt_find_record(all, id);
+
+    json_incref(r);
+    json_decref(all);
+    return r;
+}
+
+static time_t parse_time(const char *rfc3339)
+{
+    struct tm tm = {0};
+
+    ck_assert_ptr_nonnull(rfc3339);
+    ck_assert_ptr_nonnull(strptime(rfc3339, "%Y-%m-%dT%H:%M:%S", &tm));
+    return timegm(&tm);
+}
+
+/* A counter's value in /metrics (the line "name value"). */
+static long metric(const char *name)
+{
+    struct lbt_resp r;
+    long v = -1;
+    const char *p;
+
+    lbt_json(&D, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    p = strstr(r.body, name);
+    while (p && p != r.body && p[-1] != '\n')
+        p = strstr(p + 1, name);
+    if (p)
+        v = strtol(p + strlen(name), NULL, 10);
+    lbt_resp_free(&r);
+    return v;
+}
+
+#define HITS "lendbox_warm_seeds_total{result=\"hit\"} "
+#define MISSES "lendbox_warm_seeds_total{result=\"miss\"} "
+#define OTHER "lendbox_warm_seeds_total{result=\"other_class\"} "
+
+static void start_with(const char *const *extra)
+{
+    lbt_daemon_start(&D, extra);
+}
+
+START_TEST(test_seed_takes_a_warm_sandbox)
+{
+    static const char *const args[] = {"--set", "pool.size=2", NULL};
+    struct ids warm, after;
+    json_t *lease, *rec;
+    char *out;
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    /* warm ones are listed with their state, lent to no session */
+    rec = record(warm.id[0]);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "warm");
+    ck_assert(json_is_null(json_object_get(rec, "resources_session_id")));
+    json_decref(rec);
+    ck_assert(pid_alive(init_pid(warm.id[0])));
+    lbt_sleep_ms(1100); /* created_at has whole seconds */
+    time_t asked = time(NULL);
+
+    lease = lbt_seed(&D, "warm-1", "task-w",
+                     "\"files\": {\"/workspace/in.txt\": \"from the seed\"}, "
+                     "\"env\": {\"WARM_ENV\": \"yes\"}, \"ttl_s\": 600");
+    const char *id = json_string_value(json_object_get(lease, "sandbox_id"));
+    /* the oldest warm one, started before the request */
+    ck_assert_msg(ids_has(&warm, id), "lent %s, not a warm one", id);
+    ck_assert_str_eq(id, warm.id[0]);
+    ck_assert_int_lt(parse_time(json_string_value(json_object_get(lease, "created_at"))), asked);
+    ck_assert_int_ge(parse_time(json_string_value(json_object_get(lease, "expires_at"))),
+                     asked + 599);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "state")), "lent");
+    ck_assert(json_is_false(json_object_get(lease, "reused")));
+    /* the seed's files and env, and its operate token works */
+    out = lbt_sh(&D, id, "cat /workspace/in.txt; echo; echo $WARM_ENV");
+    ck_assert_str_eq(out, "from the seed\nyes\n");
+    free(out);
+    const char *token =
+        json_string_value(json_object_get(json_object_get(lease, "access"), "token"));
+    json_t *res = lbt_exec_ok(&D, id, token, "{\"argv\": [\"true\"]}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    ck_assert_int_eq(metric(HITS), 1);
+    ck_assert_int_eq(metric(MISSES), 0);
+    /* refilled: two warm again, neither the lent one */
+    wait_warm(2, 60, &after);
+    ck_assert(!ids_has(&after, id));
+    ck_assert_int_ge(metric("lendbox_warm_refills_total{result=\"ok\"} "), 3);
+    /* a repeated seed is the same lease, release stops it */
+    json_t *again = lbt_seed(&D, "warm-1", "task-w", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(again, "sandbox_id")), id);
+    ck_assert(json_is_true(json_object_get(again, "reused")));
+    json_decref(again);
+    pid_t pid = init_pid(id);
+    struct lbt_resp r;
+    lbt_json(&D, "POST", "/v1/sessions/warm-1/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert(json_is_true(json_object_get(r.json, "released")));
+    lbt_resp_free(&r);
+    ck_assert(wait_pid_gone(pid, 5000));
+    json_decref(lease);
+}
+END_TEST
+
+START_TEST(test_other_class_does_not_take_it)
+{
+    static const char *const args[] = {"--set", "pool.size=2", NULL};
+    struct ids warm, after;
+    json_t *lease;
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    /* resource limits, a network request or declared ports: another class */
+    lease = lbt_seed(&D, "other-1", "t", "\"resources\": {\"pids\": 200}");
+    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    json_decref(lease);
+    lease = lbt_seed(&D, "other-2", "t", "\"ports\": [8080]");
+    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    json_decref(lease);
+    records_in_state("warm", &after);
+    ck_assert_int_eq(after.n, 2);
+    ck_assert(ids_has(&after, warm.id[0]) && ids_has(&after, warm.id[1]));
+    ck_assert_int_eq(metric(OTHER), 2);
+    ck_assert_int_eq(metric(HITS), 0);
+    /* naming the class's image (host, the default) is the class */
+    lease = lbt_seed(&D, "same-1", "t", "\"image\": \"host\"");
+    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    json_decref(lease);
+}
+END_TEST
+
+#define BURST 50
+#define POOL 10
+
+START_TEST(test_burst_of_50_against_10)
+{
+    static const char *const args[] = {"--set", "pool.size=10", NULL};
+    struct lbt_async *a[BURST];
+    struct ids warm, after;
+    char ids[BURST][64], path[64], body[64];
+    int from_pool = 0;
+
+    start_with(args);
+    wait_warm(POOL, 120, &warm);
+    for (int i = 0; i < BURST; i++) {
+        snprintf(path, sizeof(path), "/v1/sessions/burst-%d/seed", i);
+        snprintf(body, sizeof(body), "{\"task_id\": \"t%d\"}", i);
+        a[i] = lbt_async_json(&D, "POST", path, "", body);
+    }
+    for (int i = 0; i < BURST; i++) {
+        struct lbt_resp r;
+
+        lbt_async_join(a[i], &r);
+        ck_assert_msg(r.status == 200, "seed %d: %ld %s", i, r.status, r.body);
+        snprintf(ids[i], sizeof(ids[i]), "%s",
+                 json_string_value(json_object_get(r.json, "sandbox_id")));
+        lbt_resp_free(&r);
+    }
+    for (int i = 0; i < BURST; i++) {
+        for (int j = 0; j < i; j++)
+            ck_assert_msg(strcmp(ids[i], ids[j]) != 0, "%s lent twice", ids[i]);
+        from_pool += ids_has(&warm, ids[i]);
+    }
+    /* every pre-started one went to exactly one seed; the other 40 were started after the
+     * burst began (fresh, or refills made during it: the hit counter tells) */
+    ck_assert_int_eq(from_pool, POOL);
+    ck_assert_int_ge(metric(HITS), POOL);
+    ck_assert_int_eq(metric(HITS) + metric(MISSES), BURST);
+    /* 50 lent, and the pool refilled to 10 with none of them */
+    wait_warm(POOL, 180, &after);
+    for (int i = 0; i < BURST; i++)
+        ck_assert(!ids_has(&after, ids[i]));
+    struct ids lent;
+    records_in_state("lent", &lent);
+    ck_assert_int_eq(lent.n, BURST);
+}
+END_TEST
+
+START_TEST(test_kill9_adopts_warm_sandboxes)
+{
+    static const char *const args[] = {"--set", "pool.size=3", NULL};
+    struct ids warm, after;
+    pid_t pids[3];
+
+    start_with(args);
+    wait_warm(3, 60, &warm);
+    for (int i = 0; i < 3; i++)
+        pids[i] = init_pid(warm.id[i]);
+    lbt_daemon_kill(&D);
+    lbt_sleep_ms(200);
+    for (int i = 0; i < 3; i++)
+        ck_assert(pid_alive(pids[i]));
+    lbt_daemon_restart(&D, args); /* pool.adopt = yes is the default */
+    records_in_state("warm", &after);
+    ck_assert_int_eq(after.n, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert(ids_has(&after, warm.id[i]));
+        ck_assert(pid_alive(pids[i]));
+    }
+    lbt_sleep_ms(1500); /* no extra ones are made: the pool is full */
+    records_in_state("warm", &after);
+    ck_assert_int_eq(after.n, 3);
+    /* an adopted one serves a seed */
+    json_t *lease = lbt_seed(&D, "adopted-1", "t", NULL);
+    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    char *out = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "echo ok");
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    json_decref(lease);
+}
+END_TEST
+
+START_TEST(test_kill9_without_adopt_stops_them)
+{
+    static const char *const args[] = {"--set", "pool.size=3", "--set", "pool.adopt=no", NULL};
+    struct ids warm, after;
+    pid_t pids[3];
+
+    start_with(args);
+    wait_warm(3, 60, &warm);
+    for (int i = 0; i < 3; i++)
+        pids[i] = init_pid(warm.id[i]);
+    lbt_daemon_kill(&D);
+    lbt_daemon_restart(&D, args);
+    /* reconciled before ready: stopped, recorded with their reason, processes gone */
+    for (int i = 0; i < 3; i++) {
+        json_t *rec = record(warm.id[i]);
+
+        ck_assert_ptr_nonnull(rec);
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "not_adopted");
+        json_decref(rec);
+        ck_assert(wait_pid_gone(pids[i], 5000));
+        char dir[512];
+        snprintf(dir, sizeof(dir), "%s/sandboxes/%s", D.state_dir, warm.id[i]);
+        ck_assert_msg(!lbt_path_exists(dir), "%s left behind", dir);
+    }
+    /* and the pool is made again */
+    wait_warm(3, 60, &after);
+    for (int i = 0; i < 3; i++)
+        ck_assert(!ids_has(&warm, after.id[i]));
+}
+END_TEST
+
+START_TEST(test_shutdown_sweep_stops_warm)
+{
+    static const char *const args[] = {"--set", "pool.size=2", NULL};
+    struct ids warm;
+    pid_t pids[2];
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    for (int i = 0; i < 2; i++)
+        pids[i] = init_pid(warm.id[i]);
+    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(!pid_alive(pids[i]), "warm sandbox %s outlived the shutdown sweep",
+                      warm.id[i]);
+}
+END_TEST
+
+START_TEST(test_shutdown_sweep_no_keeps_warm)
+{
+    static const char *const args[] = {"--set", "pool.size=2", "--set", "lending.shutdown_sweep=no",
+                                       NULL};
+    static const char *const off[] = {"--set", "pool.size=0", NULL};
+    struct ids warm;
+    pid_t pids[2];
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    for (int i = 0; i < 2; i++)
+        pids[i] = init_pid(warm.id[i]);
+    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(pid_alive(pids[i]), "warm sandbox %s stopped despite shutdown_sweep=no",
+                      warm.id[i]);
+    /* a start without a pool does not adopt them: stopped, never leaked */
+    lbt_daemon_restart(&D, off);
+    for (int i = 0; i < 2; i++) {
+        json_t *rec = record(warm.id[i]);
+
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "not_adopted");
+        json_decref(rec);
+        ck_assert(wait_pid_gone(pids[i], 5000));
+    }
+}
+END_TEST
+
+START_TEST(test_max_age_replaces)
+{
+    static const char *const args[] = {"--set", "pool.size=1", "--set", "pool.max_age_s=2", NULL};
+    struct ids warm, now;
+    json_t *rec = NULL;
+    pid_t pid;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    pid = init_pid(warm.id[0]);
+    for (int t = 0; t < 200; t++) {
+        json_decref(rec);
+        rec = record(warm.id[0]);
+        if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped"))
+            break;
+        lbt_sleep_ms(100);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "max_age");
+    json_decref(rec);
+    ck_assert(wait_pid_gone(pid, 5000));
+    /* replaced by a new one */
+    for (int t = 0; t < 100; t++) {
+        records_in_state("warm", &now);
+        if (now.n == 1 && strcmp(now.id[0], warm.id[0]) != 0)
+            break;
+        lbt_sleep_ms(100);
+    }
+    ck_assert_int_eq(now.n, 1);
+    ck_assert_str_ne(now.id[0], warm.id[0]);
+}
+END_TEST
+
+START_TEST(test_size_0_disables)
+{
+    struct ids warm;
+    json_t *lease;
+
+    start_with(NULL); /* pool.size = 0 is the default */
+    lease = lbt_seed(&D, "nopool-1", "t", NULL);
+    json_decref(lease);
+    lbt_sleep_ms(1500);
+    records_in_state("warm", &warm);
+    ck_assert_int_eq(warm.n, 0);
+    records_in_state("starting", &warm);
+    ck_assert_int_eq(warm.n, 0);
+    ck_assert_int_eq(metric(HITS), 0);
+    ck_assert_int_eq(metric(MISSES), 0);
+    ck_assert_int_eq(metric("lendbox_warm_refills_total{result=\"ok\"} "), 0);
+}
+END_TEST
+
+START_TEST(test_pool_never_exceeds_max_sandboxes)
+{
+    static const char *const args[] = {"--set", "pool.size=3", "--set", "lending.max_sandboxes=3",
+                                       NULL};
+    struct ids warm, after;
+    json_t *lease;
+    struct lbt_resp r;
+
+    start_with(args);
+    wait_warm(3, 60, &warm);
+    /* another class at the limit: the oldest warm one gives its place */
+    lease = lbt_seed(&D, "cap-1", "t", "\"resources\": {\"pids\": 100}");
+    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    json_decref(lease);
+    json_t *rec = record(warm.id[0]);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "evicted");
+    json_decref(rec);
+    lbt_sleep_ms(1500);
+    records_in_state("warm", &after);
+    ck_assert_int_eq(after.n, 2);             /* 1 lent + 2 warm = max_sandboxes */
+    lease = lbt_seed(&D, "cap-2", "t", NULL); /* takes a warm one */
+    json_decref(lease);
+    lease = lbt_seed(&D, "cap-3", "t", NULL);
+    json_decref(lease);
+    /* 3 lent: full, nothing warm, and a 4th seed is refused as before */
+    lbt_sleep_ms(1500);
+    records_in_state("warm", &after);
+    ck_assert_int_eq(after.n, 0);
+    lbt_json(&D, "POST", "/v1/sessions/cap-4/seed", "", "{\"task_id\": \"t\"}", &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("warm");
+    TCase *tc = tcase_create("warm");
+
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 400);
+    tcase_add_test(tc, test_seed_takes_a_warm_sandbox);
+    tcase_add_test(tc, test_other_class_does_not_take_it);
+    tcase_add_test(tc, test_burst_of_50_against_10);
+    tcase_add_test(tc, test_kill9_adopts_warm_sandboxes);
+    tcase_add_test(tc, test_kill9_without_adopt_stops_them);
+    tcase_add_test(tc, test_shutdown_sweep_stops_warm);
+    tcase_add_test(tc, test_shutdown_sweep_no_keeps_warm);
+    tcase_add_test(tc, test_max_age_replaces);
+    tcase_add_test(tc, test_size_0_disables);
+    tcase_add_test(tc, test_pool_never_exceeds_max_sandboxes);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
