@@ -159,10 +159,12 @@ void lbt_fill_random(void *buf, size_t len, unsigned seed);
 
 /* ---------- variants ----------
  * LENDBOX_E2E_VARIANT picks what every daemon started by the harness runs its sandboxes on:
- * "host" (the default: the host's / read-only) or "image" (local.default_image = a test image
+ * "host" (the default: the host's / read-only), "image" (local.default_image = a test image
  * built from this machine's Debian files by tests/images/make-variant-image, pre-imported once
  * and linked into each daemon's image store; LENDBOX_E2E_IMAGE_DIR says where, default
- * $LENDBOX_SRCDIR/build/e2e-image). An unknown name exits the test program (status 2). */
+ * $LENDBOX_SRCDIR/build/e2e-image) or "docker" (provider.name = docker against a private podman
+ * API service and its busybox test image lbtest:latest; where podman cannot run, the program
+ * prints SKIP and passes). An unknown name exits the test program (status 2). */
 
 /* The variant's name ("host", "image"); a static string. Thread-safe. */
 const char *lbt_variant(void);
