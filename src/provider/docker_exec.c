@@ -365,8 +365,13 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -ENOENT, "no such sandbox");
         goto out;
     }
+    if (strstr(docker_engine_message(&resp, m, sizeof(m)), "is paused")) {
+        /* as the local provider (and API.md): an exec on a paused sandbox is 409 conflict */
+        r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
+        goto out;
+    }
     if (resp.status == 409 || (resp.status != 201 && resp.status != 200)) {
-        /* paused or not running: a sandbox-runtime result, like the local provider's */
+        /* not running: a sandbox-runtime result, like the local provider's */
         set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
                     docker_engine_message(&resp, m, sizeof(m)));
         r = 0;

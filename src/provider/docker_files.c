@@ -143,8 +143,13 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
         r = lb_error_set(err, -ENOENT, "no such sandbox");
     else if (strstr(m, "not a directory"))
         r = lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
-    else if (strstr(m, "is a directory") || strstr(m, "file exists"))
+    else if (strstr(m, "is a directory") || strstr(m, "file exists") ||
+             strstr(m, "removing item to be overwritten"))
+        /* podman: a directory (or a mount point such as /tmp) cannot be replaced by a file */
         r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+    else if (strstr(m, "no such file or directory"))
+        /* a parent that does not resolve inside the container (a dangling symlink) */
+        r = lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
     else if (resp.status == 403 || strstr(m, "read-only"))
         r = lb_error_set(err, -EROFS, "'%s' is on a read-only file system", path);
     else if (strstr(m, "no space"))

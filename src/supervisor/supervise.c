@@ -1239,8 +1239,13 @@ static int run_harness(const struct options *o, int ready_fd)
         int64_t left;
 
         reap(&cmd);
-        if (cmd.done)
+        if (cmd.done) {
+            /* a harness that ended on seeing the stop request (its stop_request_path) may be
+             * reaped before this loop saw the request: it was still stopped by it */
+            if (harness_exists(o->harness_launch, "stop.request"))
+                r.stop_requested = true;
             break;
+        }
         if (terminating || harness_exists(o->harness_launch, "stop.request")) {
             r.stop_requested = true;
             break;

@@ -109,6 +109,11 @@ struct lbt_variant_def {
     /* add arguments to argv[*n...] (at most LBT_VARIANT_MAX_ARGS) and prepare d's state dir;
      * NULL: nothing to do */
     void (*prepare)(struct lbt_daemon *d, const char **argv, int *n);
+    /* once per test program, before its suite runs (in the parent of the forked tests):
+     * false when the variant cannot run here (printed; the program then passes as skipped);
+     * NULL: nothing to do */
+    bool (*setup)(const char *prog);
+    void (*teardown)(void); /* after the suite; NULL: nothing */
 };
 #define LBT_VARIANT_MAX_ARGS 8
 
@@ -173,9 +178,144 @@ static void lbt_variant_image_prepare(struct lbt_daemon *d, const char **argv, i
     argv[(*n)++] = "local.default_image=" LBT_VARIANT_IMAGE;
 }
 
+/* The docker variant: one private podman API service per test program (tests/podman-service:
+ * its own storage, runc, the test image lbtest:latest), started before the suite in the parent
+ * so every forked test and every daemon of the program shares it; or the one named by
+ * LENDBOX_E2E_PODMAN_DIR (already started, e.g. by make e2e-docker, and left running). */
+#define LBT_VARIANT_DOCKER_IMAGE "lbtest:latest"
+static char lbt_podman_dir[256], lbt_podman_socket_set[320];
+static bool lbt_podman_owned;
+
+static int lbt_podman_service(const char *cmd)
+{
+    char line[1024];
+    const char *src = getenv("LENDBOX_SRCDIR") ? getenv("LENDBOX_SRCDIR") : ".";
+    int st;
+
+    snprintf(line, sizeof(line), "'%s/tests/podman-service' %s '%s' >&2", src, cmd, lbt_podman_dir);
+    st = system(line);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+static bool lbt_variant_docker_setup(const char *prog)
+{
+    const char *dir = getenv("LENDBOX_E2E_PODMAN_DIR");
+    char sock[300];
+
+    if (dir && *dir) {
+        snprintf(lbt_podman_dir, sizeof(lbt_podman_dir), "%s", dir);
+        snprintf(sock, sizeof(sock), "%s/podman.sock", dir);
+        if (!lbt_path_exists(sock)) {
+            printf("%s: SKIP: no podman service at %s (podman cannot run here?); the docker "
+                   "variant was not tested\n",
+                   prog, dir);
+            return false;
+        }
+    } else {
+        snprintf(lbt_podman_dir, sizeof(lbt_podman_dir), "/tmp/lbt-podman-%d-XXXXXX",
+                 (int)getpid());
+        if (!mkdtemp(lbt_podman_dir)) {
+            printf("%s: SKIP: cannot make a temp dir for podman\n", prog);
+            return false;
+        }
+        lbt_podman_owned = true;
+        if (lbt_podman_service("start") != 0) {
+            printf("%s: SKIP: podman cannot run here (see the message above); the docker "
+                   "variant was not tested\n",
+                   prog);
+            lbt_podman_service("stop");
+            return false;
+        }
+    }
+    snprintf(lbt_podman_socket_set, sizeof(lbt_podman_socket_set), "docker.socket=%s/podman.sock",
+             lbt_podman_dir);
+    return true;
+}
+
+static void lbt_variant_docker_teardown(void)
+{
+    char line[600];
+
+    if (!lbt_podman_owned)
+        return;
+    lbt_podman_service("stop");
+    snprintf(line, sizeof(line), "rm -rf '%s' 2>/dev/null", lbt_podman_dir);
+    if (system(line) != 0) {
+        /* leftovers of a vfs storage in /tmp are harmless */
+    }
+}
+
+/* provider.name = docker on the program's service; the instance label defaults to one derived
+ * from the state dir, so daemons (and their containers) never mix. */
+static void lbt_variant_docker_prepare(struct lbt_daemon *d, const char **argv, int *n)
+{
+    (void)d;
+    ck_assert_msg(lbt_podman_socket_set[0], "docker variant: no podman service set up");
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = "provider.name=docker";
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = lbt_podman_socket_set;
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = "docker.default_image=" LBT_VARIANT_DOCKER_IMAGE;
+}
+
+struct lbt_engine_body {
+    char *data;
+    size_t len;
+};
+
+static size_t lbt_engine_on_body(char *p, size_t size, size_t nmemb, void *arg)
+{
+    struct lbt_engine_body *b = arg;
+    char *grown = realloc(b->data, b->len + size * nmemb + 1);
+
+    if (!grown)
+        return 0;
+    b->data = grown;
+    memcpy(b->data + b->len, p, size * nmemb);
+    b->len += size * nmemb;
+    b->data[b->len] = '\0';
+    return size * nmemb;
+}
+
+int lbt_variant_count_containers(const char *needle, bool running_only)
+{
+    struct lbt_engine_body b = {0};
+    char url[1024], filter[300], sock[300], *enc;
+    json_t *j = NULL;
+    int n = -1;
+    CURL *h;
+
+    if (!lbt_podman_socket_set[0])
+        return -1;
+    snprintf(sock, sizeof(sock), "%s/podman.sock", lbt_podman_dir);
+    snprintf(filter, sizeof(filter), "{\"name\":[\"%s\"]}", needle);
+    h = curl_easy_init();
+    ck_assert_ptr_nonnull(h);
+    enc = curl_easy_escape(h, filter, 0);
+    snprintf(url, sizeof(url), "http://d/v1.41/containers/json?all=%s&filters=%s",
+             running_only ? "false" : "true", enc);
+    curl_free(enc);
+    curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, sock);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, lbt_engine_on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+    if (curl_easy_perform(h) == CURLE_OK && b.data)
+        j = json_loads(b.data, 0, NULL);
+    curl_easy_cleanup(h);
+    free(b.data);
+    if (json_is_array(j))
+        n = (int)json_array_size(j);
+    json_decref(j);
+    return n;
+}
+
 static const struct lbt_variant_def lbt_variants[] = {
-    {"host", "host", NULL},
-    {"image", LBT_VARIANT_IMAGE, lbt_variant_image_prepare},
+    {"host", "host", NULL, NULL, NULL},
+    {"image", LBT_VARIANT_IMAGE, lbt_variant_image_prepare, NULL, NULL},
+    {"docker", LBT_VARIANT_DOCKER_IMAGE, lbt_variant_docker_prepare, lbt_variant_docker_setup,
+     lbt_variant_docker_teardown},
 };
 
 static const struct lbt_variant_def *lbt_variant_def(void)
@@ -207,6 +347,11 @@ bool lbt_variant_is(const char *name)
 const char *lbt_variant_image(void)
 {
     return lbt_variant_def()->default_image;
+}
+
+const char *lbt_variant_provider(void)
+{
+    return lbt_variant_is("docker") ? "docker" : "local";
 }
 
 bool lbt_variant_on_host(void)
@@ -1228,8 +1373,14 @@ int lbt_run_suite(Suite *s)
     if (!lbt_variant_is("host"))
         fprintf(stderr, "harness: variant %s (seeds run on image '%s')\n", lbt_variant(),
                 lbt_variant_image());
+    if (lbt_variant_def()->setup && !lbt_variant_def()->setup(program_invocation_short_name)) {
+        srunner_free(sr);
+        return EXIT_SUCCESS;
+    }
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    if (lbt_variant_def()->teardown)
+        lbt_variant_def()->teardown();
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -159,10 +159,12 @@ void lbt_fill_random(void *buf, size_t len, unsigned seed);
 
 /* ---------- variants ----------
  * LENDBOX_E2E_VARIANT picks what every daemon started by the harness runs its sandboxes on:
- * "host" (the default: the host's / read-only) or "image" (local.default_image = a test image
+ * "host" (the default: the host's / read-only), "image" (local.default_image = a test image
  * built from this machine's Debian files by tests/images/make-variant-image, pre-imported once
  * and linked into each daemon's image store; LENDBOX_E2E_IMAGE_DIR says where, default
- * $LENDBOX_SRCDIR/build/e2e-image). An unknown name exits the test program (status 2). */
+ * $LENDBOX_SRCDIR/build/e2e-image) or "docker" (provider.name = docker against a private podman
+ * API service and its busybox test image lbtest:latest; where podman cannot run, the program
+ * prints SKIP and passes). An unknown name exits the test program (status 2). */
 
 /* The variant's name ("host", "image"); a static string. Thread-safe. */
 const char *lbt_variant(void);
@@ -175,6 +177,15 @@ const char *lbt_variant_image(void);
  * assert what the host's root looks like from inside (read-only /, host files visible) check
  * this and assert the image's behaviour otherwise. */
 bool lbt_variant_on_host(void);
+/* The provider every daemon's seeds run on in this variant: "local", or "docker" (variant
+ * "docker": provider.name = docker against a private podman API service, tests/podman-service;
+ * LENDBOX_E2E_PODMAN_DIR names one already started, else each program starts its own). A static
+ * string. Thread-safe. */
+const char *lbt_variant_provider(void);
+/* Variant docker: the containers whose name contains needle (a sandbox id: lendbox names them
+ * lendbox-<instance>-<sandbox id>), in any state or (running_only) running, as the engine lists
+ * them; -1 on other variants or when the engine does not answer. */
+int lbt_variant_count_containers(const char *needle, bool running_only);
 /* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
 void lbt_skip_note(const char *test, const char *why);
 /* In a test body: on variant name, print why and end the test (it counts as passed). Only for

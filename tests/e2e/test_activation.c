@@ -649,15 +649,17 @@ END_TEST
 
 /* ---------- preserve_background_services ---------- */
 
-/* A listener on port that stays in the foreground: python3's http.server, else perl. */
+/* A listener on port that stays in the foreground: python3's http.server, else perl, else
+ * (a busybox image, the docker variant's) busybox nc as a persistent server. */
 static void listener_command(char *buf, size_t len, int port)
 {
     snprintf(buf, len,
              "if command -v python3 >/dev/null 2>&1; then exec python3 -m http.server %d; "
-             "else exec perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "
+             "elif command -v perl >/dev/null 2>&1; then "
+             "exec perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "
              "\"127.0.0.1:%d\", Listen => 5, ReuseAddr => 1) or die; while ($c = $s->accept) "
-             "{ close $c }' lbt-listen-%d; fi",
-             port, port, port);
+             "{ close $c }' lbt-listen-%d; else exec nc -ll -p %d -e true; fi",
+             port, port, port, port);
 }
 
 /* Exec a probe of port: tries for up to tries x 100 ms; returns its exit code. */
@@ -669,9 +671,11 @@ static int probe_port(const char *sbx, int port, int tries)
     int rc;
 
     snprintf(cmd, sizeof(cmd),
-             "for i in $(seq %d); do bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null && "
-             "exit 0; sleep 0.1; done; exit 1",
-             tries, port);
+             "if command -v bash >/dev/null 2>&1; then p() { bash -c 'exec "
+             "3<>/dev/tcp/127.0.0.1/%d' 2>/dev/null; }; else p() { nc -w 1 127.0.0.1 %d "
+             "</dev/null >/dev/null 2>&1; }; fi; "
+             "for i in $(seq %d); do p && exit 0; sleep 0.1; done; exit 1",
+             port, port, tries);
     body = dumps(json_pack("{s:s}", "command", cmd));
     res = lbt_exec_ok(&D, sbx, "", body);
     free(body);
@@ -705,7 +709,7 @@ START_TEST(test_preserve_background_services)
     free(body);
     ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
     json_decref(res);
-    snprintf(pattern, sizeof(pattern), "http.serve[r] 8001|lbt-liste[n]-8001");
+    snprintf(pattern, sizeof(pattern), "http.serve[r] 8001|lbt-liste[n]-8001|n[c] -ll -p 8001");
     ck_assert_int_eq(sbx_count(&D, sbx, pattern), 0);
     ck_assert_int_ne(probe_port(sbx, 8001, 1), 0);
     /* the preserved one is unaffected */

@@ -262,7 +262,8 @@ START_TEST(test_symlink_to_host)
         lbt_resp_free(&r);
     }
     lbt_file_put(&D, SBX, "", "/workspace/dir-link/planted.txt", NULL, "pwned\n", 6, &r);
-    ck_assert_msg(r.status == 204 || (r.status >= 400 && r.status < 500), "PUT: %ld", r.status);
+    ck_assert_msg(r.status == 204 || (r.status >= 400 && r.status < 500), "PUT: %ld %s", r.status,
+                  r.body);
     lbt_resp_free(&r);
     content = slurp(host_file, &len);
     ck_assert_uint_eq(len, strlen(secret));
