@@ -1327,7 +1327,8 @@ static bool act_open(struct lb_activations *a, const struct lb_activation *act)
 
 /* The long-poll of GET ...?wait_ms: while the harness runs, wait (this worker) until its
  * receipt comes, the record's state changes, the sandbox stops, the daemon drains or wait_ms
- * passes. A parked long-poll that holds no worker is issue 12's. */
+ * passes. The HTTP route does not use it (it parks with activation_watch_*, holding no worker);
+ * kept for in-process callers of activation_get with wait_ms > 0. */
 static void act_long_poll(struct lb_activations *a, const struct lb_activation *act,
                           int64_t wait_ms)
 {

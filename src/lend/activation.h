@@ -86,9 +86,10 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
 /* The session's activation (of its lent sandbox, else its newest one): state, receipt,
  * artifacts, stop_request_path, wait; with_log adds "log" (the output log's tail as text)
  * and "log_truncated". wait_ms > 0: while the harness has not ended, first wait (blocking
- * this thread) at most wait_ms for its receipt, a change of the record's state or the
- * sandbox's stop. An activation started with nowait whose confirmed receipt is found here
- * has its artifacts collected here (once). -ENOENT when there is none. */
+ * this thread: the HTTP route parks with activation_watch_* instead) at most wait_ms for its
+ * receipt, a change of the record's state or the sandbox's stop. An activation started with nowait
+ * whose confirmed receipt is found here has its artifacts collected here (once). -ENOENT when there
+ * is none. */
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
                    json_t **out, struct lb_error *err);
 
