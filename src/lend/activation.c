@@ -1327,7 +1327,8 @@ static bool act_open(struct lb_activations *a, const struct lb_activation *act)
 
 /* The long-poll of GET ...?wait_ms: while the harness runs, wait (this worker) until its
  * receipt comes, the record's state changes, the sandbox stops, the daemon drains or wait_ms
- * passes. A parked long-poll that holds no worker is issue 12's. */
+ * passes. The HTTP route does not use it (it parks with activation_watch_*, holding no worker);
+ * kept for in-process callers of activation_get with wait_ms > 0. */
 static void act_long_poll(struct lb_activations *a, const struct lb_activation *act,
                           int64_t wait_ms)
 {
@@ -1353,6 +1354,59 @@ static void act_long_poll(struct lb_activations *a, const struct lb_activation *
         if (changed)
             return;
     }
+}
+
+struct lb_activation_watch {
+    struct lb_activations *a;
+    char act_id[LB_ID_MAX];
+    char sandbox_id[LB_ID_MAX];
+    enum lb_act_state state;
+};
+
+int activation_watch_begin(struct lb_activations *a, const char *rsid,
+                           struct lb_activation_watch **out, struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    struct lb_activation_watch *w = NULL;
+    int r = act_find(a, rsid, &act, err);
+
+    *out = NULL;
+    if (r < 0)
+        return r;
+    if (act_open(a, &act) && !lend_is_draining(a->lend)) {
+        w = calloc(1, sizeof(*w));
+        if (!w) {
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+            goto out;
+        }
+        w->a = a;
+        w->state = act.state;
+        snprintf(w->act_id, sizeof(w->act_id), "%s", act.id);
+        snprintf(w->sandbox_id, sizeof(w->sandbox_id), "%s", act.sandbox_id);
+        *out = w;
+    }
+out:
+    store_activation_release(&act);
+    return r;
+}
+
+bool activation_watch_changed(struct lb_activation_watch *w)
+{
+    struct lb_activation cur = {0};
+    bool changed;
+
+    if (lend_is_draining(w->a->lend))
+        return true;
+    changed = store_get_activation_by_sandbox(w->a->store, w->sandbox_id, &cur, NULL) < 0 ||
+              strcmp(cur.id, w->act_id) != 0 || cur.state != w->state || !act_open(w->a, &cur) ||
+              !sandbox_is_lent(w->a, w->sandbox_id);
+    store_activation_release(&cur);
+    return changed;
+}
+
+void activation_watch_free(struct lb_activation_watch *w)
+{
+    free(w);
 }
 
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,

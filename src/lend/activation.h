@@ -86,11 +86,29 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
 /* The session's activation (of its lent sandbox, else its newest one): state, receipt,
  * artifacts, stop_request_path, wait; with_log adds "log" (the output log's tail as text)
  * and "log_truncated". wait_ms > 0: while the harness has not ended, first wait (blocking
- * this thread) at most wait_ms for its receipt, a change of the record's state or the
- * sandbox's stop. An activation started with nowait whose confirmed receipt is found here
- * has its artifacts collected here (once). -ENOENT when there is none. */
+ * this thread: the HTTP route parks with activation_watch_* instead) at most wait_ms for its
+ * receipt, a change of the record's state or the sandbox's stop. An activation started with nowait
+ * whose confirmed receipt is found here has its artifacts collected here (once). -ENOENT when there
+ * is none. */
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
                    json_t **out, struct lb_error *err);
+
+/* A long-poll's watch on the session's activation, for waiting without a worker (the route
+ * parks the request and polls activation_watch_changed). */
+struct lb_activation_watch;
+
+/* Snapshot the session's activation (as activation_get finds it). *out (the caller's, freed
+ * with activation_watch_free) is NULL when there is nothing to wait for: the harness has ended,
+ * or the daemon drains; then answer at once. Reads the store and the receipt file; never waits
+ * on a provider. Errors as activation_get (-ENOENT: no activation). Thread-safe. */
+int activation_watch_begin(struct lb_activations *a, const char *rsid,
+                           struct lb_activation_watch **out, struct lb_error *err);
+/* True once the harness ended (receipt), the record's state changed, another activation took
+ * its place, the sandbox stopped or the daemon drains. Quick (a store read and a receipt
+ * file read); any thread, one caller per watch at a time. */
+bool activation_watch_changed(struct lb_activation_watch *w);
+/* NULL-safe. */
+void activation_watch_free(struct lb_activation_watch *w);
 
 /* NeMo Gym's stop_harness: unless the receipt is held (or the activation is closed, or its
  * sandbox stopped), stop the harness (stop request, TERM, KILL, drain; a harness not launched

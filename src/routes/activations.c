@@ -5,12 +5,14 @@
  * Auth LB_AUTH_SESSION: the admin token or the operate token of the session's sandbox.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lend/activation.h"
 #include "provider/provider.h"
 #include "routes/routes.h"
+#include "util/clock.h"
 
 #define DEFAULT_TIMEOUT_S 600.0
 #define DEFAULT_CLOSE_TIMEOUT_S 60.0
@@ -223,14 +225,92 @@ static void get_job_free(void *arg)
     free(j);
 }
 
+static struct get_job *get_job_copy(const struct get_job *j)
+{
+    struct get_job *c = calloc(1, sizeof(*c));
+
+    if (c && !(c->rsid = strdup(j->rsid))) {
+        free(c);
+        c = NULL;
+    }
+    if (c)
+        c->with_log = j->with_log;
+    return c;
+}
+
+static void activation_get_run(struct lb_request *req, void *arg);
+
+static bool activation_watch_ready(void *arg)
+{
+    return activation_watch_changed(arg);
+}
+
+static void activation_watch_release(void *arg)
+{
+    activation_watch_free(arg);
+}
+
+/* The long-poll's wait is over (changed, deadline, draining): render the answer as wait_ms=0
+ * does, on a worker (rendering reads the store and may collect a nowait activation). */
+static void activation_get_parked(struct lb_request *req, void *arg, enum lb_park_end why)
+{
+    struct get_job *c = why == LB_PARK_GONE ? NULL : get_job_copy(arg);
+    struct lb_error err = {0};
+    int r;
+
+    if (why == LB_PARK_GONE) {
+        http_respond_empty(req, 204); /* nobody reads it */
+        return;
+    }
+    if (!c) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    r = http_defer(req, activation_get_run, c, get_job_free, &err);
+    if (r < 0)
+        http_respond_error(req, &err);
+}
+
 static void activation_get_run(struct lb_request *req, void *arg)
 {
     struct get_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    int r = activation_get(app->acts, j->rsid, j->with_log, j->wait_ms, &out, &err);
+    int r = 0;
 
+    if (j->wait_ms > 0) {
+        /* a long-poll holds no worker while it waits: park it, and poll the record */
+        struct lb_activation_watch *w = NULL;
+
+        r = activation_watch_begin(app->acts, j->rsid, &w, &err);
+        if (r == 0 && w) {
+            struct get_job *c = get_job_copy(j);
+            struct lb_park_poll poll = {
+                .ready = activation_watch_ready,
+                .arg = w,
+                .free_arg = activation_watch_release,
+                .first_ms = 50,
+                .max_ms = 500,
+            };
+
+            if (!c) {
+                activation_watch_free(w);
+                r = lb_error_set(&err, -ENOMEM, "out of memory");
+            } else {
+                r = http_park_poll(req, clock_mono_ms() + j->wait_ms, &poll, activation_get_parked,
+                                   c, get_job_free, &err);
+                if (r == 0)
+                    return; /* req is the park's now */
+            }
+        }
+        if (r < 0) {
+            routes_respond(req, r, 200, NULL, &err);
+            return;
+        }
+    }
+    r = activation_get(app->acts, j->rsid, j->with_log, 0, &out, &err);
     routes_respond(req, r, 200, out, &err);
 }
 
@@ -256,10 +336,13 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
 
         errno = 0;
         ms = strtoll(wait, &end, 10);
+        /* a number too large for int64 is lowered to the maximum like any other large one */
+        if (errno == ERANGE && ms == LLONG_MAX && wait[0] != '-')
+            errno = 0;
         if (!*wait || *end || errno || ms < 0 || wait[0] == '+' || wait[0] == ' ')
             r = lb_error_set(err, -EINVAL,
                              "query 'wait_ms' must be an integer number of milliseconds >= 0");
-        /* bounded: a waiting long-poll holds a worker until issue 12 parks it */
+        /* bounded; a waiting long-poll is parked (holds no worker) */
         j->wait_ms = ms > app->max_wait_ms ? app->max_wait_ms : ms;
     }
     if (r < 0) {

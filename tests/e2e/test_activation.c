@@ -1164,6 +1164,99 @@ START_TEST(test_stop_harness)
 }
 END_TEST
 
+/* Long-polls are parked, not held on a worker: with 2 workers, 20 long-polls (wait_ms 20000)
+ * on a running harness leave an exec on another sandbox free to answer while they still wait;
+ * the harness then ends and every poll answers with the ended state. A wait_ms too large for
+ * int64 is lowered to limits.max_wait_ms (200), not refused. */
+#define PARKED_POLLS 20
+START_TEST(test_long_polls_hold_no_worker)
+{
+    static const char *const extra[] = {"--set", "server.workers=2", NULL};
+    struct lbt_daemon d;
+    struct lbt_async *polls[PARKED_POLLS];
+    char sa[64], ta[128], sb[64], tb[128], path[300];
+    struct lbt_resp r;
+    double t0;
+    json_t *ex;
+
+    lbt_daemon_start(&d, extra);
+    seed_op(&d, "act-park-a", sa, sizeof(sa), ta, sizeof(ta));
+    seed_op(&d, "act-park-b", sb, sizeof(sb), tb, sizeof(tb));
+    ck_assert_int_eq(session_req(&d, "POST", "act-park-a", "execute", ta,
+                                 "{\"wait\": false, \"argv\": [\"sh\", \"-c\", \"echo up > "
+                                 "/workspace/up.txt; while [ ! -e /workspace/go ]; do sleep 0.05; "
+                                 "done; exit 3\"]}",
+                                 &r),
+                     202);
+    lbt_resp_free(&r);
+    wait_file(&d, sa, "/workspace/up.txt", "up", 30);
+    session_path(path, sizeof(path), "act-park-a", "activation?wait_ms=20000");
+    for (int i = 0; i < PARKED_POLLS; i++)
+        polls[i] = lbt_async_json(&d, "GET", path, i % 2 ? ta : "", NULL);
+    lbt_sleep_ms(1000); /* let them all arrive and wait */
+    t0 = lbt_now();
+    ex = lbt_exec_ok(&d, sb, tb, "{\"argv\": [\"echo\", \"free\"]}");
+    ck_assert_str_eq(str(ex, "stdout"), "free\n");
+    json_decref(ex);
+    /* generous: without parking the exec waited for the 20 s polls to end */
+    ck_assert_msg(lbt_now() - t0 < 10, "exec took %.1f s behind the long-polls", lbt_now() - t0);
+    for (int i = 0; i < PARKED_POLLS; i++)
+        ck_assert_msg(!lbt_async_done(polls[i]), "long-poll %d answered before the harness ended",
+                      i);
+    /* the harness ends: every poll answers with the ended state, well before 20 s */
+    t0 = lbt_now();
+    lbt_file_put(&d, sa, "", "/workspace/go", NULL, "1", 1, &r);
+    ck_assert_int_lt(r.status, 300);
+    lbt_resp_free(&r);
+    for (int i = 0; i < PARKED_POLLS; i++) {
+        lbt_async_join(polls[i], &r);
+        ck_assert_int_eq(r.status, 200);
+        ck_assert_msg(json_integer_value(json_object_get(r.json, "return_code")) == 3,
+                      "poll %d: %s", i, r.body);
+        lbt_resp_free(&r);
+    }
+    ck_assert_msg(lbt_now() - t0 < 15, "polls answered only after %.1f s", lbt_now() - t0);
+    ck_assert_int_eq(session_req(&d, "GET", "act-park-a", "activation?wait_ms=0", ta, NULL, &r),
+                     200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 3);
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* wait_ms above int64 is lowered to the maximum (the docs' rule), negative/non-numeric 400. */
+START_TEST(test_wait_ms_huge_lowered)
+{
+    static const char *const extra[] = {"--set", "limits.max_wait_ms=300", NULL};
+    struct lbt_daemon d;
+    char sa[64], ta[128];
+    struct lbt_resp r;
+    double t0;
+
+    lbt_daemon_start(&d, extra);
+    seed_op(&d, "act-huge", sa, sizeof(sa), ta, sizeof(ta));
+    ck_assert_int_eq(session_req(&d, "POST", "act-huge", "execute", ta,
+                                 "{\"wait\": false, \"argv\": [\"sleep\", \"60\"]}", &r),
+                     202);
+    lbt_resp_free(&r);
+    t0 = lbt_now();
+    ck_assert_int_eq(
+        session_req(&d, "GET", "act-huge", "activation?wait_ms=99999999999999999999", ta, NULL, &r),
+        200);
+    ck_assert_str_eq(str(r.json, "state"), "running");
+    lbt_resp_free(&r);
+    ck_assert_msg(lbt_now() - t0 < 10, "not lowered to max_wait_ms");
+    ck_assert_int_eq(session_req(&d, "GET", "act-huge", "activation?wait_ms=-99999999999999999999",
+                                 ta, NULL, &r),
+                     400);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(session_req(&d, "GET", "act-huge", "activation?wait_ms=1e3", ta, NULL, &r),
+                     400);
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("activation");
@@ -1192,6 +1285,8 @@ int main(void)
     tcase_add_test(own, test_close_before_launch);
     tcase_add_test(own, test_daemon_restart);
     tcase_add_test(own, test_restart_harness_ended_meanwhile);
+    tcase_add_test(own, test_long_polls_hold_no_worker);
+    tcase_add_test(own, test_wait_ms_huge_lowered);
     suite_add_tcase(s, own);
     return lbt_run_suite(s);
 }
