@@ -138,9 +138,19 @@ static int child_drop_capabilities(void)
 static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filter,
                         char *const *argv, char *const *envp)
 {
-    int st = f->child[CH_STATUS], i, ws = 0;
+    int st = f->child[CH_STATUS], i, ws = 0, keep[CH_MAX + NS_COUNT + LB_CGROUP_MAX_DIRS], nk = 0;
     pid_t g;
 
+    /* First, before joining the cgroup a pause may freeze: drop every daemon fd (lock file,
+     * database, listen socket) but the ones this helper uses, so a helper frozen (or stuck)
+     * in the sandbox never holds the state dir's lock across a daemon restart. */
+    for (i = 0; i < f->nchild; i++)
+        keep[nk++] = f->child[i];
+    for (i = 0; i < NS_COUNT; i++)
+        keep[nk++] = f->ns[i];
+    for (i = 0; i < f->ncg; i++)
+        keep[nk++] = f->cg[i];
+    (void)local_child_close_fds_except(keep, nk);
     local_child_reset_signals();
     if (syscall(SYS_setgroups, 0, NULL) < 0) {
         local_child_report(st, "error cannot drop supplementary groups", errno);

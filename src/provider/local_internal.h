@@ -198,6 +198,10 @@ void local_close_fd(int *fd);
 /* Helpers for the forked children: only async-signal-safe work. */
 /* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
 int local_child_place_fds(const int *fds, int n);
+/* Close every fd from 3 up except the n in keep (any order, n <= 32; negative entries are
+ * ignored): a forked helper must hold none of the daemon's own (lock file, database, listen
+ * socket), else a helper frozen or stuck in a sandbox blocks a daemon restart. 0 or -EINVAL. */
+int local_child_close_fds_except(const int *keep, int n);
 /* Default dispositions and an empty mask for every signal. */
 void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */

@@ -7,6 +7,7 @@
  * here asserts on tight timings: waits are polls with generous bounds.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -899,6 +900,96 @@ START_TEST(test_daemon_restart)
 }
 END_TEST
 
+/* Processes other than the daemon itself holding the state dir's lock file open. */
+static int lock_holders(const struct lbt_daemon *d)
+{
+    char lock[300], dir[64], link[340], target[300];
+    struct dirent *pe, *fe;
+    DIR *proc = opendir("/proc"), *fds;
+    int n = 0;
+    ssize_t k;
+
+    ck_assert_ptr_nonnull(proc);
+    snprintf(lock, sizeof(lock), "%s/lendboxd.lock", d->state_dir);
+    while ((pe = readdir(proc))) {
+        int pid = atoi(pe->d_name);
+
+        if (pid <= 0 || pid == (int)d->pid)
+            continue;
+        snprintf(dir, sizeof(dir), "/proc/%d/fd", pid);
+        if (!(fds = opendir(dir)))
+            continue;
+        while ((fe = readdir(fds))) {
+            snprintf(link, sizeof(link), "%s/%s", dir, fe->d_name);
+            k = readlink(link, target, sizeof(target) - 1);
+            if (k > 0) {
+                target[k] = '\0';
+                if (strcmp(target, lock) == 0) {
+                    fprintf(stderr, "pid %d holds %s\n", pid, lock);
+                    n++;
+                }
+            }
+        }
+        closedir(fds);
+    }
+    closedir(proc);
+    return n;
+}
+
+/* Hostile-tester finding: execute and an immediate pause, racing. Every execute answers (200
+ * or 409 "paused"), no process but the daemon holds its lock file even while the sandboxes
+ * stay frozen (a helper frozen mid-launch kept the daemon's fds), and after a SIGKILL the
+ * daemon restarts on the same state dir. */
+START_TEST(test_execute_pause_race)
+{
+    enum { N = 8 };
+    struct lbt_daemon d;
+    char sbx[N][64], rsid[N][32], path[600];
+    struct lbt_async *ex[N];
+    struct lbt_resp r;
+    double until;
+    int i;
+
+    lbt_daemon_start(&d, NULL);
+    for (i = 0; i < N; i++) {
+        snprintf(rsid[i], sizeof(rsid[i]), "act-race-%d", i);
+        seed(&d, rsid[i], sbx[i], sizeof(sbx[i]));
+    }
+    for (i = 0; i < N; i++) {
+        ex[i] = execute_async(&d, rsid[i], "{\"argv\": [\"sleep\", \"1\"]}");
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx[i]);
+        lbt_json(&d, "POST", path, "", NULL, &r);
+        ck_assert_msg(r.status == 200 || r.status == 409, "pause: %ld %s", r.status, r.body);
+        lbt_resp_free(&r);
+    }
+    lbt_sleep_ms(1500); /* frozen a while: any helper caught mid-launch is in the freezer */
+    ck_assert_int_eq(lock_holders(&d), 0);
+    for (i = 0; i < N; i++) {
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", sbx[i]);
+        lbt_json(&d, "POST", path, "", NULL, &r);
+        ck_assert_msg(r.status == 200, "resume: %ld %s", r.status, r.body);
+        lbt_resp_free(&r);
+    }
+    until = lbt_now() + 90;
+    for (i = 0; i < N; i++) {
+        while (!lbt_async_done(ex[i]) && lbt_now() < until)
+            lbt_sleep_ms(50);
+        ck_assert_msg(lbt_async_done(ex[i]), "execute %d never answered", i);
+        lbt_async_join(ex[i], &r);
+        ck_assert_msg(r.status == 200 || r.status == 409, "execute %d: %ld %s", i, r.status,
+                      r.body);
+        lbt_resp_free(&r);
+    }
+    ck_assert_int_eq(lock_holders(&d), 0);
+    lbt_daemon_kill(&d);
+    lbt_daemon_restart(&d, NULL);
+    lbt_json(&d, "GET", "/v1/sandboxes", "", NULL, &r);
+    ck_assert_msg(r.status == 200, "after restart: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* The daemon is SIGKILLed while execute waits, and the harness ends (rc 3) while it is down:
  * after the restart the activation reads as finished with that return code (GET), and the
  * close reports the same code. */
@@ -1284,6 +1375,7 @@ int main(void)
     tcase_set_timeout(own, 240);
     tcase_add_test(own, test_close_before_launch);
     tcase_add_test(own, test_daemon_restart);
+    tcase_add_test(own, test_execute_pause_race);
     tcase_add_test(own, test_restart_harness_ended_meanwhile);
     tcase_add_test(own, test_long_polls_hold_no_worker);
     tcase_add_test(own, test_wait_ms_huge_lowered);
