@@ -11,7 +11,7 @@
  * Warm sandboxes are records like lent ones (store.h): inserted "starting" with their pool
  * class before the provider makes them, "warm" once they run, with expires_at = their max age,
  * so that the sweeper replaces old ones (reason max_age), startup reconciliation adopts them
- * (lending.pool_adopt) or stops them (not_adopted), and the shutdown sweep stops them.
+ * ([pool] adopt) or stops them (not_adopted), and the shutdown sweep stops them.
  *
  * Refills run on the pool's own threads (refill_concurrency of them, so at most that many
  * creations at once), never on a request's path, and only while lending is not draining. The
