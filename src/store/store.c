@@ -1514,8 +1514,9 @@ cleanup:
     return ret;
 }
 
-int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
-                            struct lb_error *err)
+/* The number of live (and warm) records whose spec's JSON field at path equals value. */
+static int count_live_by_spec(struct lb_store *st, const char *path, const char *value,
+                              const char *what, int64_t *out, struct lb_error *err)
 {
     sqlite3_stmt *s = NULL;
     int ret = 0;
@@ -1525,41 +1526,31 @@ int store_count_using_image(struct lb_store *st, const char *image, int64_t *out
     if (sqlite3_prepare_v2(st->db,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
                            "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
-                           "json_extract(spec_json, '$.image') = ?1",
+                           "json_extract(spec_json, ?2) = ?1",
                            -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, image, -1, SQLITE_TRANSIENT) != SQLITE_OK)
-        ret = db_fail(st, err, "counting the sandboxes of an image");
+        sqlite3_bind_text(s, 1, value, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(s, 2, path, -1, SQLITE_STATIC) != SQLITE_OK)
+        ret = db_fail(st, err, what);
     else if (sqlite3_step(s) == SQLITE_ROW)
         *out = sqlite3_column_int64(s, 0);
     else
-        ret = db_fail(st, err, "counting the sandboxes of an image");
+        ret = db_fail(st, err, what);
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
 
+int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
+                            struct lb_error *err)
+{
+    return count_live_by_spec(st, "$.image", image, "counting the sandboxes of an image", out, err);
+}
+
 int store_count_using_image_digest(struct lb_store *st, const char *digest, int64_t *out,
                                    struct lb_error *err)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
-
-    *out = 0;
-    pthread_mutex_lock(&st->lock);
-    if (sqlite3_prepare_v2(st->db,
-                           "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
-                           "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
-                           "json_extract(spec_json, '$.image_digest') = ?1",
-                           -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, digest, -1, SQLITE_TRANSIENT) != SQLITE_OK)
-        ret = db_fail(st, err, "counting the sandboxes of an image digest");
-    else if (sqlite3_step(s) == SQLITE_ROW)
-        *out = sqlite3_column_int64(s, 0);
-    else
-        ret = db_fail(st, err, "counting the sandboxes of an image digest");
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+    return count_live_by_spec(st, "$.image_digest", digest,
+                              "counting the sandboxes of an image digest", out, err);
 }
 
 int store_purge_stopped(struct lb_store *st, int64_t cutoff_s, struct lb_error *err)
