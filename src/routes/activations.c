@@ -180,7 +180,10 @@ static void close_run(struct lb_request *req, void *arg)
     routes_respond(req, r, 200, out, &err);
 }
 
-int route_close(struct lb_request *req, struct lb_error *err)
+/* Parse a close-shaped request ({"timeout_s"?} on a session) and defer run with it; what
+ * names the request in error messages. */
+static int defer_close_job(struct lb_request *req, const char *what, lb_http_job_fn run,
+                           struct lb_error *err)
 {
     static const char *const fields[] = {"timeout_s", NULL};
     struct lb_app *app = http_app(req);
@@ -194,7 +197,7 @@ int route_close(struct lb_request *req, struct lb_error *err)
     if (r == 0)
         r = http_body_json(req, true, &body, err);
     if (r == 0)
-        r = routes_check_fields(body, fields, "the close request", err);
+        r = routes_check_fields(body, fields, what, err);
     if (r == 0 && json_object_get(body, "timeout_s") &&
         !json_is_null(json_object_get(body, "timeout_s")))
         r = routes_parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms,
@@ -205,7 +208,12 @@ int route_close(struct lb_request *req, struct lb_error *err)
         return r;
     }
     routes_serialize_session(req, j->rsid);
-    return http_defer(req, close_run, j, close_job_free, err);
+    return http_defer(req, run, j, close_job_free, err);
+}
+
+int route_close(struct lb_request *req, struct lb_error *err)
+{
+    return defer_close_job(req, "the close request", close_run, err);
 }
 
 /* ---------- activation ---------- */
@@ -367,28 +375,5 @@ static void stop_harness_run(struct lb_request *req, void *arg)
 
 int route_stop_harness(struct lb_request *req, struct lb_error *err)
 {
-    static const char *const fields[] = {"timeout_s", NULL};
-    struct lb_app *app = http_app(req);
-    struct close_job *j = calloc(1, sizeof(*j));
-    json_t *body = NULL;
-    int r;
-
-    if (!j)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    r = session_rsid(req, &j->rsid, err);
-    if (r == 0)
-        r = http_body_json(req, true, &body, err);
-    if (r == 0)
-        r = routes_check_fields(body, fields, "the stop_harness request", err);
-    if (r == 0 && json_object_get(body, "timeout_s") &&
-        !json_is_null(json_object_get(body, "timeout_s")))
-        r = routes_parse_seconds(body, "timeout_s", 0, app->max_exec_timeout_s, &j->timeout_ms,
-                                 err);
-    json_decref(body);
-    if (r < 0) {
-        close_job_free(j);
-        return r;
-    }
-    routes_serialize_session(req, j->rsid);
-    return http_defer(req, stop_harness_run, j, close_job_free, err);
+    return defer_close_job(req, "the stop_harness request", stop_harness_run, err);
 }
