@@ -663,7 +663,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     json_t *spec_json = NULL, *desc = NULL;
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
-    int64_t live = 0, ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
+    int64_t ttl = req->ttl_s >= 0 ? req->ttl_s : l->cfg.default_ttl_s;
     struct lb_provider *prov = NULL;
     int r;
 
@@ -679,11 +679,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto out;
     provider_caps(prov, &caps);
-    image = req->image ? req->image
-                       : lend_default_image(l,
-                                            caps.default_image ? caps.default_image
-                                                               : l->cfg.default_image,
-                                            default_image, sizeof(default_image));
+    image =
+        req->image
+            ? req->image
+            : lend_default_image(l, caps.default_image ? caps.default_image : l->cfg.default_image,
+                                 default_image, sizeof(default_image));
     spec.image = image;
     r = lend_check_resources(l, prov, &spec.resources, err);
     if (r == 0)
@@ -697,17 +697,6 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         r = l->pool.take(l->pool.ctx, rsid, req, prov, image, ttl, lease_out, err);
         if (r != -ENOENT)
             goto out;
-    }
-    r = store_count_live(l->store, &live, err);
-    if (r < 0)
-        goto out;
-    /* warm sandboxes hold capacity for seeds, not against them: one gives its place */
-    if (live >= l->cfg.max_sandboxes && l->pool.evict && l->pool.evict(l->pool.ctx) == 0)
-        live--;
-    if (live >= l->cfg.max_sandboxes) {
-        r = lb_error_set(err, -EUSERS, "max_sandboxes (%lld) reached",
-                         (long long)l->cfg.max_sandboxes);
-        goto out;
     }
     r = token_new_sandbox_id(rec.id);
     if (r < 0)
@@ -731,8 +720,15 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     rec.spec_json = spec_text;
     rec.created_at = clock_now_s();
     rec.expires_at = ttl > 0 ? rec.created_at + ttl : 0;
-    /* Intent before action: the record exists before the provider makes anything. */
-    r = store_insert_sandbox(l->store, &rec, err);
+    /* Intent before action: the record exists before the provider makes anything. The
+     * capacity check and the insert are one statement, so concurrent seeds never pass
+     * max_sandboxes; warm sandboxes hold capacity for seeds, not against them: one gives its
+     * place, and the insert is tried once more. */
+    r = store_insert_sandbox(l->store, &rec, l->cfg.max_sandboxes, err);
+    if (r == -EUSERS && l->pool.evict && l->pool.evict(l->pool.ctx) == 0) {
+        lb_error_clear(err);
+        r = store_insert_sandbox(l->store, &rec, l->cfg.max_sandboxes, err);
+    }
     if (r < 0)
         goto out;
     r = provider_create(prov, &ref, &spec, &desc, &perr);
@@ -746,8 +742,12 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
                          "sandbox could not start: %s", perr.message);
         goto rollback;
     }
+    /* The descriptor is written once: with the lease (mark_lent) when nothing else comes in
+     * between, or first thing when seed files are written (so a failure or crash while they are
+     * written can still find the sandbox; mark_lent then leaves it as it is). */
     desc_text = json_dumps(desc, JSON_COMPACT);
-    if (!desc_text || store_set_descriptor(l->store, rec.id, desc_text, err) < 0) {
+    if (!desc_text ||
+        (req->n_files > 0 && store_set_descriptor(l->store, rec.id, desc_text, err) < 0)) {
         r = lb_error_keep(err, -EIO, "cannot record the sandbox descriptor");
         goto rollback;
     }
@@ -769,7 +769,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto rollback;
     }
     token_sha256_hex(token, strlen(token), token_hash);
-    r = store_mark_lent(l->store, rec.id, desc_text, token_hash, err);
+    r = store_mark_lent(l->store, rec.id, req->n_files > 0 ? NULL : desc_text, token_hash, err);
     if (r < 0)
         goto rollback;
     r = store_get_sandbox(l->store, rec.id, &got, err);
@@ -788,6 +788,10 @@ rollback:
     metrics_add(LB_M_SEEDS_FAILED, 1);
     if (store_get_sandbox(l->store, rec.id, &got, NULL) == 0) {
         struct lb_error serr = {0};
+
+        /* not recorded yet (it comes with the lease): stop with the one create returned */
+        if (!got.descriptor_json && desc_text)
+            got.descriptor_json = strdup(desc_text);
 
         if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
             log_error_sbx(rec.id, "session %s: failed seed's sandbox %s could not be stopped: %s",

@@ -206,6 +206,7 @@ enum {
 
 enum stmt_id {
     STMT_INSERT,
+    STMT_INSERT_CAPPED,
     STMT_GET,
     STMT_GET_LIVE,
     STMT_GET_TOKEN,
@@ -236,6 +237,12 @@ enum stmt_id {
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_INSERT] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") VALUES "
                     "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    /* the capacity check and the insert in one statement, so one transaction: concurrent
+     * seeds cannot both see the last free place */
+    [STMT_INSERT_CAPPED] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") SELECT "
+                           "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16 "
+                           "WHERE (SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', "
+                           "'lent', 'warm')) < ?17",
     [STMT_GET] = "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE id = ?1",
     [STMT_GET_LIVE] = "SELECT " RECORD_COLUMNS " FROM sandboxes "
                       "WHERE rsid = ?1 AND state IN ('starting', 'lent')",
@@ -841,7 +848,8 @@ static bool fits(const char *s, size_t cap)
     return strnlen(s, cap) < cap;
 }
 
-int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct lb_error *err)
+int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                         struct lb_error *err)
 {
     sqlite3_stmt *s;
     int64_t now = clock_now_s();
@@ -871,7 +879,7 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
         pthread_mutex_unlock(&st->lock);
         return ret;
     }
-    s = st->stmts[STMT_INSERT];
+    s = st->stmts[max_live > 0 ? STMT_INSERT_CAPPED : STMT_INSERT];
     if (bind_text(s, 1, r->id) || bind_text(s, 2, r->rsid) || bind_text(s, 3, r->task_id) ||
         bind_text(s, 4, r->provider) || bind_text(s, 5, state_names[r->state]) ||
         bind_text(s, 6, r->spec_json) || bind_text(s, 7, r->descriptor_json) ||
@@ -880,7 +888,7 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
         bind_time(s, 10, r->expires_at) || sqlite3_bind_int64(s, 11, now) ||
         sqlite3_bind_int(s, 12, r->stop_attempts) || bind_time(s, 13, r->next_attempt_at) ||
         bind_text(s, 14, r->last_error) || bind_text(s, 15, r->stop_reason) ||
-        bind_text(s, 16, r->pool_class)) {
+        bind_text(s, 16, r->pool_class) || (max_live > 0 && sqlite3_bind_int64(s, 17, max_live))) {
         ret = db_fail(st, err, "binding an insert");
         goto cleanup;
     }
@@ -892,6 +900,8 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct 
                            r->rsid ? r->rsid : "(none)");
     else if (rc != SQLITE_DONE)
         ret = db_fail(st, err, "inserting a sandbox record");
+    else if (max_live > 0 && sqlite3_changes(st->db) == 0)
+        ret = lb_error_set(err, -EUSERS, "max_sandboxes (%lld) reached", (long long)max_live);
 
 cleanup:
     stmt_done(s);

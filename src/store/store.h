@@ -90,9 +90,12 @@ int store_reserve_init(struct lb_store *st, int64_t reserve_bytes, struct lb_err
  * every /readyz. Thread-safe. */
 int store_check_writable(struct lb_store *st, struct lb_error *err);
 
-/* Insert a new record (normally state starting). -EEXIST if the session already has a live
- * (starting or lent) record, or the id exists; -ENOSPC while the space reserve is spent. */
-int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, struct lb_error *err);
+/* Insert a new record (normally state starting). max_live > 0: only while fewer than max_live
+ * records are live (starting, lent, warm), checked and inserted in one statement (one
+ * transaction), else -EUSERS; 0: no cap. -EEXIST if the session already has a live (starting
+ * or lent) record, or the id exists; -ENOSPC while the space reserve is spent. Thread-safe. */
+int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                         struct lb_error *err);
 
 /* Fetch by sandbox id into *out. -ENOENT if no such record. */
 int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out,

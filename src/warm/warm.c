@@ -188,7 +188,7 @@ static void warm_make_one(struct lb_warm_pool *w)
     rec.pool_class = w->pool_class;
     rec.created_at = clock_now_s();
     /* Intent before action, as for a seed. */
-    if (store_insert_sandbox(lend_store(l), &rec, &err) < 0) {
+    if (store_insert_sandbox(lend_store(l), &rec, lend_config(l)->max_sandboxes, &err) < 0) {
         log_warn("warm pool: cannot record a warm sandbox: %s", err.message);
         goto failed;
     }

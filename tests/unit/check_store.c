@@ -61,7 +61,7 @@ static struct lb_record mkrec(const char *id, const char *rsid)
 static void insert_ok(struct lb_store *st, const struct lb_record *r)
 {
     struct lb_error err = {0};
-    int ret = store_insert_sandbox(st, r, &err);
+    int ret = store_insert_sandbox(st, r, 0, &err);
 
     ck_assert_msg(ret == 0, "insert %s: %d %s", r->id, ret, err.message);
 }
@@ -249,12 +249,12 @@ START_TEST(test_round_trip_every_field)
     /* Malformed records are refused before SQL. */
     r = mkrec("sbx-bad", "rs-bad");
     r.provider = NULL;
-    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    ck_assert_int_eq(store_insert_sandbox(st, &r, 0, &err), -EINVAL);
     r = mkrec("", "rs-bad");
-    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    ck_assert_int_eq(store_insert_sandbox(st, &r, 0, &err), -EINVAL);
     r = mkrec("sbx-bad", "rs-bad");
     r.state = (enum lb_record_state)17;
-    ck_assert_int_eq(store_insert_sandbox(st, &r, &err), -EINVAL);
+    ck_assert_int_eq(store_insert_sandbox(st, &r, 0, &err), -EINVAL);
     store_close(st);
 }
 END_TEST
@@ -308,9 +308,9 @@ START_TEST(test_records_carry_provider)
                 ck_assert_str_eq(recs[i].provider, provs[k]);
     store_records_free(recs, n);
     bad.provider = NULL;
-    ck_assert_int_eq(store_insert_sandbox(st, &bad, &err), -EINVAL);
+    ck_assert_int_eq(store_insert_sandbox(st, &bad, 0, &err), -EINVAL);
     bad.provider = "";
-    ck_assert_int_eq(store_insert_sandbox(st, &bad, &err), -EINVAL);
+    ck_assert_int_eq(store_insert_sandbox(st, &bad, 0, &err), -EINVAL);
     store_close(st);
 }
 END_TEST
@@ -323,17 +323,17 @@ START_TEST(test_one_live_per_rsid)
                      c = mkrec("sbx-c", "rs-1"), got;
 
     insert_ok(st, &a);
-    ck_assert_int_eq(store_insert_sandbox(st, &b, &err), -EEXIST);
+    ck_assert_int_eq(store_insert_sandbox(st, &b, 0, &err), -EEXIST);
     ck_assert_msg(strstr(err.message, "rs-1") && strstr(err.message, "live"), "%s", err.message);
     /* Same id, other session: the primary key. */
     a.rsid = "rs-2";
-    ck_assert_int_eq(store_insert_sandbox(st, &a, &err), -EEXIST);
+    ck_assert_int_eq(store_insert_sandbox(st, &a, 0, &err), -EEXIST);
     ck_assert_msg(strstr(err.message, "sbx-a") && strstr(err.message, "already exists"), "%s",
                   err.message);
 
     /* Lent is live too. */
     ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", NULL, &err), 0);
-    ck_assert_int_eq(store_insert_sandbox(st, &b, &err), -EEXIST);
+    ck_assert_int_eq(store_insert_sandbox(st, &b, 0, &err), -EEXIST);
     /* stopping is not live (the record left the live set once a stop was intended). */
     ck_assert_int_eq(store_mark_stopping(st, "sbx-a", "released", &err), 0);
     ck_assert_int_eq(store_mark_stopped(st, "sbx-a", NULL, &err), 0);
@@ -654,6 +654,29 @@ START_TEST(test_count_live_and_batch_stop)
 }
 END_TEST
 
+/* A capped insert counts and inserts in one statement: the cap holds, stopped records do not
+ * count, and a refused insert leaves nothing behind. */
+START_TEST(test_insert_capped)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("c1", "q1"), b = mkrec("c2", "q2"), c = mkrec("c3", "q3");
+    int64_t live = -1;
+
+    put(st, "c0", "q0", LB_STATE_STOPPED, 1, 0, 0);
+    ck_assert_int_eq(store_insert_sandbox(st, &a, 2, &err), 0);
+    ck_assert_int_eq(store_insert_sandbox(st, &b, 2, &err), 0);
+    ck_assert_int_eq(store_insert_sandbox(st, &c, 2, &err), -EUSERS);
+    ck_assert_ptr_nonnull(strstr(err.message, "max_sandboxes (2) reached"));
+    ck_assert_int_eq(store_count_live(st, &live, &err), 0);
+    ck_assert_int_eq(live, 2);
+    ck_assert_int_eq(store_get_sandbox(st, "c3", &(struct lb_record){0}, &err), -ENOENT);
+    ck_assert_int_eq(store_mark_stopped_many(st, (const char *[]){"c1"}, 1, "test", &err), 0);
+    ck_assert_int_eq(store_insert_sandbox(st, &c, 2, &err), 0);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_purge_stopped)
 {
     struct lb_error err = {0};
@@ -698,7 +721,7 @@ static void *race_insert(void *arg)
     snprintf(rsid, sizeof(rsid), "rs-%d", r->same_rsid ? 0 : r->index);
     rec = mkrec(id, rsid);
     pthread_barrier_wait(r->barrier);
-    r->ret = store_insert_sandbox(r->st, &rec, &err);
+    r->ret = store_insert_sandbox(r->st, &rec, 0, &err);
     return NULL;
 }
 
@@ -990,7 +1013,7 @@ START_TEST(test_migration_3_keeps_records_and_activations)
                      1);
     /* the one-live-per-session index is back */
     struct lb_record dup = mkrec("sbx-dup", "rs-old");
-    ck_assert_int_eq(store_insert_sandbox(st, &dup, &err), -EEXIST);
+    ck_assert_int_eq(store_insert_sandbox(st, &dup, 0, &err), -EEXIST);
     /* and a warm record is allowed now */
     struct lb_record w = mkrec("sbx-w", NULL);
     w.pool_class = "local:host";
@@ -1160,6 +1183,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_count_by_state);
     tcase_add_test(tc, test_purge_stopped);
     tcase_add_test(tc, test_count_live_and_batch_stop);
+    tcase_add_test(tc, test_insert_capped);
     tcase_add_test(tc, test_concurrent_distinct_rsids);
     tcase_add_test(tc, test_concurrent_one_rsid);
     tcase_add_test(tc, test_file_mode_0600);
