@@ -1563,9 +1563,9 @@ void local_close_fd(int *fd)
 
 int local_child_place_fds(const int *fds, int n)
 {
-    int tmp[16], i;
+    int tmp[32], i;
 
-    if (n > 16)
+    if (n > 32)
         return -EINVAL;
     /* first out of the way (above n), so moving one never clobbers another */
     for (i = 0; i < n; i++) {

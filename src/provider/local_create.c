@@ -1,11 +1,11 @@
 /*
  * local_create.c - the local provider's create: make the sandbox directory and cgroup, build
- * the bwrap command line, start bwrap from a double fork as the sandbox's uid, and wait until
- * lendbox-supervise --init runs as the sandbox's pid 1.
+ * the bwrap command line, start bwrap as the sandbox's uid (spawn_vfork: no copy of the
+ * daemon), and wait until lendbox-supervise --init runs as the sandbox's pid 1.
  *
- * Spawning from a multi-threaded daemon: every string, fd and argv array is made before
- * fork; the children only make raw syscalls and async-signal-safe calls. The daemon's fds are
- * all O_CLOEXEC, and the grandchild closes everything above the fds it hands to bwrap anyway.
+ * Spawning from a multi-threaded daemon: every string, fd and argv array is made before the
+ * spawn; the child only makes raw syscalls and async-signal-safe calls. The daemon's fds are
+ * all O_CLOEXEC, and the child closes everything above the fds it hands to bwrap anyway.
  * setgroups/setresgid/setresuid are raw syscalls: the glibc wrappers would try to broadcast
  * the change to threads that do not exist in the child.
  *
@@ -27,6 +27,7 @@
  * A future writable root layer (an overlay upper dir) belongs on such a sized tmpfs too.
  */
 #include "provider/local_internal.h"
+#include "provider/spawn.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -411,44 +412,60 @@ struct spawn {
     struct rlimit nofile; /* the sandbox's RLIMIT_NOFILE, not the daemon's */
 };
 
-/* The grandchild: join the cgroup, become the sandbox's uid, exec bwrap. Never returns. */
-static void child_exec_bwrap(const struct spawn *s, char **argv, char **envp)
+struct bwrap_child {
+    const struct spawn *s;
+    char **argv, **envp;
+};
+
+/* The spawned child (spawn.h: it shares the daemon's memory until execve): join the fresh
+ * sandbox's cgroup, become its uid, exec bwrap. Returns an errno value (after saying why on
+ * bwrap's stderr pipe) only on failure. No sandbox process exists yet that could signal it as
+ * that uid, and a sandbox being created cannot be paused. */
+static int child_exec_bwrap(void *arg)
 {
-    int i;
+    const struct bwrap_child *c = arg;
+    const struct spawn *s = c->s;
+    int i, e;
 
     local_child_reset_signals();
     (void)syscall(SYS_setsid);
     for (i = 0; i < s->ncg; i++) {
         if (write(s->cg_fds[i], "0", 1) != 1) {
-            local_child_report(s->fds[FD_STDERR], "lendbox: cannot join the sandbox cgroup", errno);
-            _exit(126);
+            e = errno;
+            local_child_report(s->fds[FD_STDERR], "lendbox: cannot join the sandbox cgroup", e);
+            return e;
         }
     }
     /* the sandbox's own session keyring, never the daemon's */
     if (local_child_new_session_keyring() < 0) {
-        local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", errno);
-        _exit(126);
+        e = errno;
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot make a session keyring", e);
+        return e;
     }
     if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, s->uid, s->uid, s->uid) < 0 ||
         syscall(SYS_setresuid, s->uid, s->uid, s->uid) < 0) {
-        local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", errno);
-        _exit(126);
+        e = errno;
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot switch to the sandbox uid", e);
+        return e;
     }
     (void)syscall(SYS_umask, 022); /* the sandbox's files: not the daemon's umask 077 */
     if (local_child_place_fds(s->fds, FD_COUNT) < 0) {
-        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set up fds", errno);
-        _exit(126);
+        e = errno;
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set up fds", e);
+        return e;
     }
     (void)syscall(SYS_close_range, FD_COUNT, ~0U, 0);
     /* only now: with many connections open, the daemon's fds (inherited until here) go past
      * the sandbox's limit, and placing ours needs free numbers below it */
     if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &s->nofile, NULL) < 0) {
-        local_child_report(FD_STDERR, "lendbox: cannot set the sandbox's open-file limit", errno);
-        _exit(126);
+        e = errno;
+        local_child_report(FD_STDERR, "lendbox: cannot set the sandbox's open-file limit", e);
+        return e;
     }
-    execve(argv[0], argv, envp);
-    local_child_report(FD_STDERR, "lendbox: cannot execute bwrap", errno);
-    _exit(127);
+    execve(c->argv[0], c->argv, c->envp);
+    e = errno;
+    local_child_report(FD_STDERR, "lendbox: cannot execute bwrap", e);
+    return e;
 }
 
 static void spawn_close(struct spawn *s)
@@ -593,9 +610,10 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
                          struct lb_error *err)
 {
     char *envp[] = {CHILD_ENV_PATH, NULL};
+    struct bwrap_child bc;
     struct spawn s;
-    pid_t mid;
-    int i, r, st;
+    pid_t bwrap = 0;
+    int i, r;
 
     memset(&s, 0, sizeof(s));
     for (i = 0; i < FD_COUNT; i++)
@@ -635,32 +653,19 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
         goto out;
     }
 
-    mid = fork();
-    if (mid < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "fork: %s", strerror(errno));
-        goto out;
-    }
-    if (mid == 0) {
-        /* intermediate: fork bwrap's parent-to-be and vanish, so bwrap is not our child */
-        pid_t g = fork();
-
-        if (g == 0)
-            child_exec_bwrap(&s, argv, envp);
-        if (g < 0)
-            local_child_report(s.fds[FD_STDERR], "lendbox: fork", errno);
-        _exit(g < 0 ? 1 : 0);
-    }
+    /* bwrap is our child (its monitor process would come to us anyway: lendboxd is a child
+     * subreaper); local_stop reaps it (reap_uid_children). A child that failed before its
+     * execve said why on the stderr pipe, which wait_ready reads. */
+    bc = (struct bwrap_child){&s, argv, envp};
+    r = spawn_vfork(child_exec_bwrap, &bc, &bwrap);
+    if (r < 0) /* wait_ready fails at once (no write end is left) with the child's report */
+        log_warn("cannot start bwrap: %s", strerror(-r));
     /* only bwrap (and the init) keep the write ends */
     for (i = 0; i < FD_COUNT; i++)
         local_close_fd(&s.fds[i]);
     for (i = 0; i < s.ncg; i++)
         local_close_fd(&s.cg_fds[i]);
     s.ncg = 0;
-    /* the intermediate exits right after its fork; still, never wait for it without bound */
-    if (local_wait_child(mid, clock_mono_ms() + timeout_ms, &st) == -ETIMEDOUT) {
-        (void)kill(mid, SIGKILL);
-        local_reap_later(mid);
-    }
     r = wait_ready(&s, pid, timeout_ms, err);
 out:
     spawn_close(&s);

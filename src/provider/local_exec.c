@@ -1,18 +1,23 @@
 /*
  * local_exec.c - the local provider's exec: enter the sandbox's namespaces the way nsenter
- * does (fork, setns, fork) and run the command under lendbox-supervise, which owns the
- * timeout and the process tree (see src/supervisor/supervise.c for the status protocol).
+ * does (setns, fork) and run the command under lendbox-supervise, which owns the timeout and
+ * the process tree (see src/supervisor/supervise.c for the status protocol).
  *
- * Process shape: the daemon forks a child that joins the sandbox's cgroup, enters its user
- * namespace first (which grants the capabilities needed for the rest), then mnt, pid, net,
- * uts and ipc, and becomes the namespace's root (= the sandbox's host uid). It forks the
- * supervisor, which is thereby inside the pid namespace, closes every fd and waits for it.
- * The child must not exit early: an orphan is adopted by a reaper of the *parent's* pid
- * namespace (the host's init), and a zombie left to a slow host init holds up the pid
- * namespace's teardown at stop (measured: ~2 s). Background processes the supervisor leaves
- * behind (--keep-background) are adopted by the sandbox's pid 1, which reaps them. The daemon
- * waits for its child once the supervisor is done, and talks to the supervisor through four
- * pipes: stdin, stdout, stderr, and the status pipe (fd 3 in the supervisor).
+ * Process shape: the daemon spawns (spawn_vfork: no copy of the daemon) lendbox-supervise
+ * --enter as host root with the namespace, cgroup and filter fds. That helper, a process with
+ * a memory of its own, joins the sandbox's cgroup, enters its user namespace first (which
+ * grants the capabilities needed for the rest), then mnt, pid, net, uts and ipc, and becomes
+ * the namespace's root (= the sandbox's host uid). It forks the supervisor, which is thereby
+ * inside the pid namespace, closes every fd and waits for it. Nothing that shares the
+ * daemon's memory ever enters the sandbox: a sandbox process can SIGSTOP the supervisor (same
+ * uid, same pid namespace) and a pause freezes the helper, but neither holds a daemon thread
+ * beyond the bounded waits below. The helper must not exit early: an orphan is adopted by a
+ * reaper of the *parent's* pid namespace (the host's init), and a zombie left to a slow host
+ * init holds up the pid namespace's teardown at stop (measured: ~2 s). Background processes
+ * the supervisor leaves behind (--keep-background) are adopted by the sandbox's pid 1, which
+ * reaps them. The daemon waits for the helper once the supervisor is done, and talks to the
+ * supervisor through four pipes: stdin, stdout, stderr, and the status pipe (fd 3 in the
+ * supervisor).
  *
  * The daemon side never blocks on the sandbox: stdin is written non-blocking, stdout and
  * stderr are read (and past the cap, dropped) as they come, and a backstop deadline of
@@ -24,11 +29,12 @@
  * one status line: once the line is in, nothing more is awaited on the status pipe, and
  * stdout/stderr are drained for at most DRAIN_MS, so whatever holds a copy of a pipe cannot
  * stall the exec. The helper joins a fresh session keyring before it enters the sandbox and
- * installs the seccomp filter last, after dropping its capabilities; the supervisor and the
- * command inherit both. An exclusive exec first takes the sandbox's exec gate and sweeps every
- * sandbox process but the init (local_exclusive.c).
+ * installs the seccomp filter (passed as a memfd) last, after dropping its capabilities; the
+ * supervisor and the command inherit both. An exclusive exec first takes the sandbox's exec gate
+ * and sweeps every sandbox process but the init (local_exclusive.c).
  */
 #include "provider/local_internal.h"
+#include "provider/spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -64,8 +70,6 @@
 
 enum { NS_USER, NS_MNT, NS_PID, NS_NET, NS_UTS, NS_IPC, NS_COUNT };
 static const char *const ns_names[NS_COUNT] = {"user", "mnt", "pid", "net", "uts", "ipc"};
-static const int ns_types[NS_COUNT] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
-                                       CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
 
 /* The supervisor's fds, in order: 0 stdin, 1 stdout, 2 stderr, 3 status, and with a pass fd
  * 4 that (the supervisor hands it to the command alone). */
@@ -116,127 +120,78 @@ static void exec_fds_close(struct exec_fds *f)
     local_close_fd(&f->status_r);
 }
 
-/* Drop every capability: the bounding set (so an exec cannot regain them as uid 0), the
- * ambient set, then the effective/permitted/inheritable sets; and no new privileges. Raw
- * syscalls only (a forked child of a threaded process). 0 or -1 with errno. */
-static int child_drop_capabilities(void)
-{
-    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+/* What the spawned child (spawn.h: it shares the daemon's memory until execve) needs. */
+struct helper_child {
+    const struct exec_fds *f;
+    int seccomp_fd;          /* -1: no filter */
+    const char *helper_path; /* lendbox-supervise on the host */
+    char *const *argv;       /* lendbox-supervise --enter ... */
+};
 
-    for (int cap = 0; cap <= 63; cap++)
-        if (syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-            return -1;
-    (void)syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    memset(data, 0, sizeof(data));
-    if (syscall(SYS_capset, &hdr, data) < 0)
-        return -1;
-    return (int)syscall(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+/* The spawned child: place the helper's fds (the supervisor's, then the namespaces, the
+ * cgroup.procs files and the filter), close the rest and exec lendbox-supervise --enter as
+ * host root, outside the sandbox: it enters the sandbox in a memory of its own, so nothing
+ * that shares the daemon's memory is ever visible to, or freezable with, sandbox processes.
+ * Returns an errno value (after reporting on the status pipe) only on failure. */
+static int child_exec_helper(void *arg)
+{
+    static char *const no_env[] = {NULL};
+    const struct helper_child *c = arg;
+    const struct exec_fds *f = c->f;
+    int fds[CH_MAX + NS_COUNT + LB_CGROUP_MAX_DIRS + 1], n = 0, i, r;
+
+    local_child_reset_signals();
+    for (i = 0; i < f->nchild; i++)
+        fds[n++] = f->child[i];
+    for (i = 0; i < NS_COUNT; i++)
+        fds[n++] = f->ns[i];
+    for (i = 0; i < f->ncg; i++)
+        fds[n++] = f->cg[i];
+    if (c->seccomp_fd >= 0)
+        fds[n++] = c->seccomp_fd;
+    r = local_child_place_fds(fds, n);
+    if (r < 0) {
+        local_child_report(f->child[CH_STATUS], "error cannot set up the exec helper's fds", -r);
+        return -r;
+    }
+    (void)syscall(SYS_close_range, n, ~0U, 0);
+    execve(c->helper_path, c->argv, no_env);
+    r = errno;
+    local_child_report(CH_STATUS, "error cannot execute the exec helper", r);
+    return r;
 }
 
-/* The forked child: enter the sandbox and fork the supervisor. Never returns. */
-static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filter,
-                        char *const *argv, char *const *envp)
+/* argv of lendbox-supervise --enter (see src/supervisor/supervise.c): numbers in nums (5
+ * strings of 24 bytes), env and the supervisor's argv borrowed. NULL when out of memory. */
+static char **helper_argv(const char *path, const struct exec_fds *f, int seccomp_fd,
+                          const char *const *env, const char **sup, char nums[5][24])
 {
-    int st = f->child[CH_STATUS], i, ws = 0, keep[CH_MAX + NS_COUNT + LB_CGROUP_MAX_DIRS], nk = 0;
-    pid_t g;
+    size_t nenv = 0, nsup = 0, i = 0;
+    char **v;
 
-    /* First, before joining the cgroup a pause may freeze: drop every daemon fd (lock file,
-     * database, listen socket) but the ones this helper uses, so a helper frozen (or stuck)
-     * in the sandbox never holds the state dir's lock across a daemon restart. */
-    for (i = 0; i < f->nchild; i++)
-        keep[nk++] = f->child[i];
-    for (i = 0; i < NS_COUNT; i++)
-        keep[nk++] = f->ns[i];
-    for (i = 0; i < f->ncg; i++)
-        keep[nk++] = f->cg[i];
-    (void)local_child_close_fds_except(keep, nk);
-    local_child_reset_signals();
-    if (syscall(SYS_setgroups, 0, NULL) < 0) {
-        local_child_report(st, "error cannot drop supplementary groups", errno);
-        _exit(1);
-    }
-    for (i = 0; i < f->ncg; i++) {
-        if (write(f->cg[i], "0", 1) != 1) {
-            local_child_report(st, "error cannot join the sandbox cgroup", errno);
-            _exit(1);
-        }
-    }
-    /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
-    if (local_child_new_session_keyring() < 0) {
-        local_child_report(st, "error cannot make a session keyring", errno);
-        _exit(1);
-    }
-    for (i = 0; i < NS_COUNT; i++) {
-        if (syscall(SYS_setns, f->ns[i], ns_types[i]) < 0) {
-            local_child_report(st, "error cannot enter the sandbox namespaces", errno);
-            _exit(1);
-        }
-    }
-    /* uid/gid 0 of the sandbox's user namespace: its host uid, never host root */
-    if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0) {
-        local_child_report(st, "error cannot become the sandbox's root", errno);
-        _exit(1);
-    }
-    /* Entering the user namespace gave us every capability in it; the sandbox's own processes
-     * (bwrap's init) have none. Drop them all, for good: else a command could remount the
-     * read-only host directories writable or bind-mount over the supervisor. */
-    if (child_drop_capabilities() < 0) {
-        local_child_report(st, "error cannot drop capabilities", errno);
-        _exit(1);
-    }
-    /* last: the filter refuses keyctl, which the keyring above needed */
-    if (seccomp_filter_install(filter) < 0) {
-        local_child_report(st, "error cannot install the seccomp filter", errno);
-        _exit(1);
-    }
-    (void)syscall(SYS_umask, 022); /* the daemon's 077 is not the sandbox's business */
-    g = fork();
-    if (g == 0) {
-        if (local_child_place_fds(f->child, f->nchild) < 0) {
-            local_child_report(st, "error cannot set up the supervisor's fds", errno);
-            _exit(127);
-        }
-        (void)syscall(SYS_close_range, f->nchild, ~0U, 0);
-        /* only now: with many connections open, the daemon's fds (inherited until here) go
-         * past the sandbox's limit, and placing ours needs free numbers below it */
-        if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &f->nofile, NULL) < 0) {
-            local_child_report(CH_STATUS, "error cannot set the sandbox's open-file limit", errno);
-            _exit(127);
-        }
-        execve(argv[0], argv, envp);
-        local_child_report(CH_STATUS, "error cannot execute " LOCAL_SUPERVISE_PATH, errno);
-        _exit(127);
-    }
-    if (g < 0) {
-        local_child_report(st, "error fork inside the sandbox failed", errno);
-        _exit(1);
-    }
-    {
-        /* "supervisor PID": the daemon's handle on what is left should the supervisor be
-         * killed (it leads its own session). One write, so one line; any order with the
-         * supervisor's own status line (parse_status takes it out). */
-        char line[32] = "supervisor ", num[12];
-        size_t n = 11, k = 0;
-        unsigned v = (unsigned)g;
-
-        do {
-            num[k++] = (char)('0' + v % 10);
-            v /= 10;
-        } while (v && k < sizeof(num));
-        while (k)
-            line[n++] = num[--k];
-        line[n++] = '\n';
-        (void)!write(st, line, n);
-    }
-    /* Stay the supervisor's parent: an orphan is adopted in the *parent's* pid namespace
-     * (the host's init, which may reap late and so hold up the sandbox's teardown), not by
-     * the sandbox's pid 1. Keep no pipe open meanwhile. */
-    (void)syscall(SYS_close_range, 0, ~0U, 0);
-    while (waitpid(g, &ws, 0) < 0 && errno == EINTR)
-        ;
-    /* 128 + N tells the daemon that signal N killed the supervisor */
-    _exit(WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 0);
+    while (env[nenv])
+        nenv++;
+    while (sup[nsup])
+        nsup++;
+    v = calloc(7 + nenv + 1 + nsup + 1, sizeof(*v));
+    if (!v)
+        return NULL;
+    snprintf(nums[0], 24, "%d", f->nchild);
+    snprintf(nums[1], 24, "%d", f->ncg);
+    snprintf(nums[2], 24, "%d", seccomp_fd >= 0 ? f->nchild + NS_COUNT + f->ncg : -1);
+    snprintf(nums[3], 24, "%llu", (unsigned long long)f->nofile.rlim_cur);
+    snprintf(nums[4], 24, "%zu", nenv);
+    v[i++] = (char *)path;
+    v[i++] = "--enter";
+    for (int k = 0; k < 5; k++)
+        v[i++] = nums[k];
+    for (size_t k = 0; k < nenv; k++)
+        v[i++] = (char *)env[k];
+    v[i++] = "--";
+    for (size_t k = 0; k < nsup; k++)
+        v[i++] = (char *)sup[k];
+    v[i] = NULL;
+    return v;
 }
 
 /* Open the namespaces of the sandbox's init, and make sure they are its. */
@@ -657,8 +612,10 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     bool frozen, gated = false, have_oom, have_st = false;
     uint64_t oom_before = 0;
     char why[sizeof(res->message)];
-    pid_t mid;
-    int r, st = 0, w, n_killed;
+    struct helper_child hc;
+    char **hargv = NULL, nums[5][24];
+    pid_t mid = 0;
+    int r, st = 0, w, n_killed, seccomp_fd = -1;
 
     exec_fds_init(&f);
     f.nofile.rlim_cur = f.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
@@ -759,15 +716,28 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
     masked = true;
 
-    start = clock_mono_ms();
-    mid = fork();
-    if (mid < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "fork: %s", strerror(errno));
+    if (lp->seccomp.prog.len > 0) {
+        seccomp_fd = seccomp_filter_memfd(&lp->seccomp);
+        if (seccomp_fd < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot pass the seccomp filter: %s",
+                             strerror(-seccomp_fd));
+            goto out;
+        }
+    }
+    hargv = helper_argv(lp->supervise_path, &f, seccomp_fd,
+                        req->env ? req->env : (const char *const *)default_env, argv, nums);
+    if (!hargv) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    if (mid == 0)
-        child_enter(&f, &lp->seccomp, (char *const *)argv,
-                    (char *const *)(req->env ? req->env : (const char *const *)default_env));
+    hc = (struct helper_child){&f, seccomp_fd, lp->supervise_path, hargv};
+    start = clock_mono_ms();
+    r = spawn_vfork(child_exec_helper, &hc, &mid);
+    local_close_fd(&seccomp_fd);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot start the exec helper: %s", strerror(-r));
+        goto out;
+    }
     exec_fds_close_child(&f);
     running.helper = mid;
     running.cg = &d.cg;
@@ -849,7 +819,9 @@ out:
             (void)sigtimedwait(&pipe_set, NULL, &zero);
         pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     }
+    local_close_fd(&seccomp_fd);
     free(chunk);
+    free(hargv);
     free(argv);
     lb_buf_release(&io.status);
     local_desc_release(&d);

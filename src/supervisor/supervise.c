@@ -107,6 +107,25 @@
  *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
  *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
  *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
+ *
+ * Enter mode (the local provider's exec helper; run by the daemon as host root, outside the
+ * sandbox, from a vfork-style spawn that shares the daemon's memory until this exec):
+ *
+ *   lendbox-supervise --enter NCHILD NCG SECCOMP_FD NOFILE NENV ENV... -- ARGV...
+ *       fds 0..NCHILD-1 are the command-mode supervisor's (0 stdin, 1 stdout, 2 stderr,
+ *       3 status, 4 the pass fd), NCHILD..NCHILD+5 the sandbox init's user, mnt, pid, net, uts
+ *       and ipc namespaces, the next NCG its cgroup.procs files, SECCOMP_FD (-1: none) a memfd
+ *       with the classic BPF filter. Joins the cgroups and a fresh session keyring, enters the
+ *       namespaces (user first), becomes uid/gid 0 there (the sandbox's host uid), drops every
+ *       capability, sets no_new_privs, installs the filter and umask 022, then forks ARGV (the
+ *       command-mode supervisor, inside the sandbox's pid namespace) with fds 0..NCHILD-1, the
+ *       open-file limit NOFILE and the environment ENV..., writes "supervisor PID" on fd 3,
+ *       closes every fd and waits for it: exit 0, or 128 + N when signal N killed it. It stays
+ *       the supervisor's parent (an orphan would go to the host's init, whose late reaping
+ *       holds up the pid namespace's teardown). Failures: "error WHAT: errno N" on fd 3, exit
+ *       1. This process is never visible in the sandbox's pid namespace, so no sandbox
+ *       process can signal it; its memory is its own (a stopped or frozen helper never stops
+ *       a daemon thread).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -120,7 +139,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -1360,6 +1384,130 @@ static int run_harness_stop(const char *dir)
     return 0;
 }
 
+/* ---- enter mode (the local provider's exec helper) ---- */
+
+#define ENTER_STATUS_FD 3
+#define ENTER_NS 6
+#define ENTER_SECCOMP_MAX (64 * 1024)
+
+static void enter_fail(const char *what)
+{
+    write_status(ENTER_STATUS_FD, "error %s: errno %d", what, errno);
+    _exit(1);
+}
+
+/* Every capability gone (bounding, ambient, effective/permitted/inheritable) and no new
+ * privileges: as uid 0 of the sandbox's user namespace we got all of them by entering it. */
+static int enter_drop_capabilities(void)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+    for (int cap = 0; cap <= 63; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            return -1;
+    (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        return -1;
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
+static int enter_install_seccomp(int fd)
+{
+    static struct sock_filter prog[ENTER_SECCOMP_MAX / sizeof(struct sock_filter)];
+    struct sock_fprog fprog;
+    size_t off = 0;
+    ssize_t n;
+
+    while ((n = pread(fd, (char *)prog + off, sizeof(prog) - off, (off_t)off)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        off += (size_t)n;
+        if (off == sizeof(prog)) {
+            errno = E2BIG;
+            return -1;
+        }
+    }
+    if (off == 0 || off % sizeof(struct sock_filter)) {
+        errno = EINVAL;
+        return -1;
+    }
+    fprog.len = (unsigned short)(off / sizeof(struct sock_filter));
+    fprog.filter = prog;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
+}
+
+static int run_enter(int argc, char **argv)
+{
+    static const int ns_types[ENTER_NS] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
+                                           CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
+    int64_t nchild, ncg, seccomp_fd, nofile, nenv;
+    struct rlimit lim;
+    char **env, **cmd;
+    int i, ws = 0;
+    pid_t g;
+
+    if (argc < 8 || parse_int64(argv[2], 4, 5, &nchild) < 0 ||
+        parse_int64(argv[3], 0, 16, &ncg) < 0 || parse_int64(argv[4], -1, 64, &seccomp_fd) < 0 ||
+        parse_int64(argv[5], 1, INT_MAX, &nofile) < 0 || parse_int64(argv[6], 0, argc, &nenv) < 0 ||
+        7 + nenv + 1 >= argc || strcmp(argv[7 + nenv], "--") != 0) {
+        write_status(ENTER_STATUS_FD, "error bad lendbox-supervise --enter arguments");
+        return 2;
+    }
+    env = argv + 7;
+    argv[7 + nenv] = NULL; /* ends env */
+    cmd = argv + 7 + nenv + 1;
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        enter_fail("cannot drop supplementary groups");
+    for (i = 0; i < ncg; i++) {
+        if (write((int)nchild + ENTER_NS + i, "0", 1) != 1)
+            enter_fail("cannot join the sandbox cgroup");
+    }
+    /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
+    if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL, 0, 0, 0) < 0 &&
+        errno != ENOSYS)
+        enter_fail("cannot make a session keyring");
+    for (i = 0; i < ENTER_NS; i++) {
+        if (syscall(SYS_setns, (int)nchild + i, ns_types[i]) < 0)
+            enter_fail("cannot enter the sandbox namespaces");
+    }
+    /* uid/gid 0 of the sandbox's user namespace: its host uid, never host root */
+    if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
+        enter_fail("cannot become the sandbox's root");
+    /* else a command could remount the read-only host directories writable or bind-mount
+     * over the supervisor */
+    if (enter_drop_capabilities() < 0)
+        enter_fail("cannot drop capabilities");
+    /* last: the filter refuses keyctl, which the keyring above needed */
+    if (seccomp_fd >= 0 && enter_install_seccomp((int)seccomp_fd) < 0)
+        enter_fail("cannot install the seccomp filter");
+    umask(022); /* the daemon's 077 is not the sandbox's business */
+    g = fork();
+    if (g == 0) {
+        (void)syscall(SYS_close_range, (unsigned)nchild, ~0U, 0);
+        lim.rlim_cur = lim.rlim_max = (rlim_t)nofile;
+        if (setrlimit(RLIMIT_NOFILE, &lim) < 0) {
+            write_status(ENTER_STATUS_FD,
+                         "error cannot set the sandbox's open-file limit: errno %d", errno);
+            _exit(127);
+        }
+        execve(cmd[0], cmd, env);
+        write_status(ENTER_STATUS_FD, "error cannot execute %s: errno %d", cmd[0], errno);
+        _exit(127);
+    }
+    if (g < 0)
+        enter_fail("fork inside the sandbox failed");
+    /* one write, so one line; any order with the supervisor's own status line */
+    write_status(ENTER_STATUS_FD, "supervisor %d", (int)g);
+    (void)syscall(SYS_close_range, 0, ~0U, 0);
+    while (waitpid(g, &ws, 0) < 0 && errno == EINTR)
+        ;
+    return WIFSIGNALED(ws) ? 128 + WTERMSIG(ws) : 0;
+}
+
 int main(int argc, char **argv)
 {
     struct options o;
@@ -1371,6 +1519,8 @@ int main(int argc, char **argv)
      * at all; this call covers a readable copy. Inherited by forks, reset by exec, so the
      * commands we run are not affected. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (argc > 1 && strcmp(argv[1], "--enter") == 0)
+        return run_enter(argc, argv);
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(
             stderr,

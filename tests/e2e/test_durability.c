@@ -847,14 +847,15 @@ START_TEST(test_release_after_exec_helper_killed)
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
              json_string_value(json_object_get(lease, "sandbox_id")));
     a = lbt_async_json(&x.d, "POST", path, "", "{\"command\":\"sleep 30\"}");
-    /* the helper is a fork of lendboxd (same comm) running as the sandbox's uid */
+    /* the helper is lendbox-supervise --enter (comm "lendbox-supervi", 15 characters; the
+     * supervisor inside the sandbox is "supervise") running as the sandbox's uid */
     for (int i = 0; i < 100 && !killed; i++) {
         FILE *p;
         int pid;
 
         lbt_sleep_ms(50);
         snprintf(cmd, sizeof(cmd),
-                 "ps -eo pid=,uid=,comm= | awk '$2 == %u && $3 == \"lendboxd\" "
+                 "ps -eo pid=,uid=,comm= | awk '$2 == %u && $3 == \"lendbox-supervi\" "
                  "{ print $1 }'",
                  (unsigned)uid);
         p = popen(cmd, "r");

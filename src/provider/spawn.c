@@ -1,0 +1,65 @@
+/*
+ * spawn.c - spawn_vfork: clone(CLONE_VM | CLONE_VFORK) with a stack of the call's own (see
+ * spawn.h for the rules a child follows).
+ */
+#include "provider/spawn.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SPAWN_STACK_BYTES (64 * 1024)
+
+struct spawn_call {
+    spawn_child_fn fn;
+    void *arg;
+    volatile int child_errno; /* set by the child when fn gave up; read after it released us */
+};
+
+static int spawn_trampoline(void *p)
+{
+    struct spawn_call *c = p;
+    int e = c->fn(c->arg);
+
+    c->child_errno = e > 0 ? e : EINVAL;
+    _exit(127);
+}
+
+int spawn_vfork(spawn_child_fn fn, void *arg, pid_t *pid_out)
+{
+    struct spawn_call call = {fn, arg, 0};
+    sigset_t all, old;
+    int dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), r = 0, e;
+    char *stack;
+    pid_t pid;
+
+    *pid_out = 0;
+    stack = malloc(SPAWN_STACK_BYTES);
+    if (!stack)
+        return -ENOMEM;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* the stack grows down on every architecture lendbox runs on */
+    pid =
+        clone(spawn_trampoline, stack + SPAWN_STACK_BYTES, CLONE_VM | CLONE_VFORK | SIGCHLD, &call);
+    e = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* a uid change in the child cleared the dumpable flag of the memory it shared with us */
+    if (dumpable == 1 && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 1)
+        (void)prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    free(stack);
+    if (pid < 0)
+        return -e;
+    if (call.child_errno) {
+        r = -call.child_errno;
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        return r;
+    }
+    *pid_out = pid;
+    return 0;
+}

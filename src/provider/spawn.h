@@ -1,0 +1,38 @@
+/*
+ * spawn.h - start a program from the multi-threaded daemon without copying it: the child
+ * shares the daemon's memory (clone CLONE_VM | CLONE_VFORK, what posix_spawn does) and the
+ * calling thread waits until the child has called execve (or given up). A fork copies the
+ * daemon's page tables and makes every page it touches afterwards copy-on-write; measured in
+ * docs/perf.md, that was the largest daemon-side cost of an episode.
+ *
+ * What a child may do before its execve (the rules of vfork):
+ *   - only async-signal-safe calls and raw syscalls; no malloc, no locks, no stdio;
+ *   - nothing that could block for long or be stopped from outside: the calling thread (a
+ *     daemon worker) is suspended until the child execs. In particular a child must never
+ *     enter a sandbox (its uid, user/pid namespace or cgroup) before execve, where a sandbox
+ *     process could SIGSTOP or a pause could freeze it. The exec path therefore execs a
+ *     separate helper (lendbox-supervise --enter) that enters the sandbox in its own memory;
+ *     bwrap's child only takes the fresh sandbox's uid and cgroup, which no sandbox process
+ *     can reach yet;
+ *   - setresuid in the child also clears the dumpable flag of the shared memory (the kernel
+ *     does it on every uid change): spawn_vfork restores it for the daemon afterwards.
+ * All signals are blocked in the child until it unblocks them (local_child_reset_signals), so
+ * no daemon signal handler runs on the shared memory.
+ */
+#ifndef LB_SPAWN_H
+#define LB_SPAWN_H
+
+#include <sys/types.h>
+
+/* The child's work: runs in the child on a stack of its own; it ends in execve (never
+ * returns) or returns an errno value (> 0) after reporting the failure itself, and the child
+ * then exits with status 127. */
+typedef int (*spawn_child_fn)(void *arg);
+
+/* Start fn(arg) in a vfork-style child (SIGCHLD on exit, so the caller reaps it). Returns 0
+ * with *pid_out once the child exec'd; -errno when clone failed, or the child's own errno
+ * when fn gave up (the child is reaped then, *pid_out = 0). Thread-safe: each call has its
+ * own stack; only the calling thread waits. */
+int spawn_vfork(spawn_child_fn fn, void *arg, pid_t *pid_out);
+
+#endif

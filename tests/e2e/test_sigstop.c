@@ -1,0 +1,106 @@
+/*
+ * test_sigstop.c - a sandbox that stops everything it can see (`kill -STOP -1` in a loop)
+ * must not wedge the daemon's workers. The exec path spawns its helper with a vfork-style
+ * clone that shares the daemon's memory until execve (src/provider/spawn.h); whatever enters
+ * the sandbox (its cgroup, its uid, its pid namespace) must be a process of its own, else a
+ * stopped child would hold a worker forever. With server.workers = 2: several execs into the
+ * stopping sandbox all answer (a result, usually timeout or sandbox error) instead of hanging,
+ * an exec into another sandbox still completes, and both sandboxes release.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define WORKERS 2
+#define ROUNDS 2
+
+static struct lbt_daemon D;
+
+static void teardown(void)
+{
+    lbt_daemon_cleanup(&D);
+}
+
+static const char *sandbox_of(json_t *lease)
+{
+    const char *id = json_string_value(json_object_get(lease, "sandbox_id"));
+
+    ck_assert_ptr_nonnull(id);
+    return id;
+}
+
+START_TEST(test_stop_loop_does_not_wedge_workers)
+{
+    /* both workers may serve the stopping sandbox at once (the default allows half) */
+    static const char *const args[] = {"--set", "server.workers=2", "--set",
+                                       "limits.max_execs_per_sandbox=2", NULL};
+    json_t *bad = NULL, *good = NULL, *res;
+    struct lbt_async *a[WORKERS];
+    char path[128], bad_id[64], good_id[64];
+    struct lbt_resp r;
+
+    lbt_daemon_start(&D, args);
+    bad = lbt_seed(&D, "stopper", "t", NULL);
+    good = lbt_seed(&D, "bystander", "t", NULL);
+    snprintf(bad_id, sizeof(bad_id), "%s", sandbox_of(bad));
+    snprintf(good_id, sizeof(good_id), "%s", sandbox_of(good));
+
+    /* the loop outlives its exec; the exec itself may be stopped by it too: any answer */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", bad_id);
+    lbt_json(&D, "POST", path, "",
+             "{\"command\": \"(while :; do kill -STOP -1; done) >/dev/null 2>&1 &\", "
+             "\"preserve_background_services\": true, \"timeout_s\": 2}",
+             &r);
+    ck_assert_msg(r.status == 200, "starting the loop: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+
+    /* rounds of as many execs as there are workers, all into the stopping sandbox: each
+     * must come back (a stopped supervisor ends at the backstop, timeout + 10 s) */
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < WORKERS; i++)
+            a[i] =
+                lbt_async_json(&D, "POST", path, "", "{\"command\": \"true\", \"timeout_s\": 1}");
+        for (int i = 0; i < WORKERS; i++) {
+            json_t *rc;
+
+            lbt_async_join(a[i], &r);
+            ck_assert_msg(r.status == 200, "round %d, exec %d into the stopping sandbox: %ld %s",
+                          round, i, r.status, r.body);
+            fprintf(stderr, "round %d exec %d: %.200s\n", round, i, r.body);
+            rc = json_object_get(r.json, "return_code");
+            ck_assert_msg(json_is_integer(rc), "no return_code: %s", r.body);
+            lbt_resp_free(&r);
+        }
+    }
+
+    /* the workers are free: another sandbox's exec completes */
+    res = lbt_exec_ok(&D, good_id, "", "{\"command\": \"echo still here\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "still here\n");
+    json_decref(res);
+
+    /* and both release: the stopped processes die with their sandbox */
+    lbt_json(&D, "POST", "/v1/sessions/stopper/release", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "release stopper: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/bystander/release", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "release bystander: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_assert_healthy(&D);
+    json_decref(bad);
+    json_decref(good);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("sigstop");
+    TCase *tc = tcase_create("sigstop");
+
+    tcase_add_checked_fixture(tc, NULL, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_stop_loop_does_not_wedge_workers);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
