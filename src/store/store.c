@@ -1098,6 +1098,16 @@ static int step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, st
     return step_write_ex(st, s, false, what, err);
 }
 
+/* The connection runs at synchronous = NORMAL: a commit is in the WAL (safe from a daemon
+ * crash) but fsync waits for a checkpoint. The commit that hands out a lease is made at FULL,
+ * which syncs the WAL, so the lease and every record written before it are on disk before the
+ * lease is returned (docs/operations.md, "Durability"). Lock held. */
+static void sync_full(struct lb_store *st, bool on)
+{
+    (void)sqlite3_exec(st->db, on ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
+                       NULL, NULL, NULL);
+}
+
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
                     const char *token_hash, struct lb_error *err)
 {
@@ -1122,7 +1132,9 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
         stmt_done(s);
         goto cleanup;
     }
+    sync_full(st, true);
     ret = step_write(st, s, "marking a sandbox lent", err);
+    sync_full(st, false);
     if (ret != 0)
         goto cleanup;
     /* Nothing changed: tell a missing record from one that is no longer starting. */
@@ -1509,7 +1521,9 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
         ret = lb_error_set(err, -EIO, "store: warm sandbox %s changed inside a transaction", id);
     if (ret < 0)
         goto cleanup;
+    sync_full(st, true); /* the lease is durable before it is returned */
     ret = exec_sql(st, "COMMIT", "committing a warm take", err);
+    sync_full(st, false);
     if (ret < 0)
         goto cleanup;
     in_txn = false;
