@@ -39,6 +39,7 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
     struct lbt_async *a[WORKERS];
     char path[128], bad_id[64], good_id[64];
     struct lbt_resp r;
+    int stopped = 0;
 
     lbt_daemon_start(&D, args);
     bad = lbt_seed(&D, "stopper", "t", NULL);
@@ -46,14 +47,17 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
     snprintf(bad_id, sizeof(bad_id), "%s", sandbox_of(bad));
     snprintf(good_id, sizeof(good_id), "%s", sandbox_of(good));
 
-    /* the loop outlives its exec; the exec itself may be stopped by it too: any answer */
+    /* the loop outlives its exec and starts once that exec is over (a supervisor stopped at
+     * its backstop has its whole session killed, the loop with it) */
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", bad_id);
     lbt_json(&D, "POST", path, "",
-             "{\"command\": \"(while :; do kill -STOP -1; done) >/dev/null 2>&1 &\", "
-             "\"preserve_background_services\": true, \"timeout_s\": 2}",
+             "{\"command\": \"(sleep 1; while :; do kill -STOP -1; done) >/dev/null 2>&1 &\", "
+             "\"preserve_background_services\": true, \"timeout_s\": 30}",
              &r);
     ck_assert_msg(r.status == 200, "starting the loop: %ld %s", r.status, r.body);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 0);
     lbt_resp_free(&r);
+    lbt_sleep_ms(2000);
 
     /* rounds of as many execs as there are workers, all into the stopping sandbox: each
      * must come back (a stopped supervisor ends at the backstop, timeout + 10 s) */
@@ -70,9 +74,13 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
             fprintf(stderr, "round %d exec %d: %.200s\n", round, i, r.body);
             rc = json_object_get(r.json, "return_code");
             ck_assert_msg(json_is_integer(rc), "no return_code: %s", r.body);
+            stopped += json_integer_value(rc) == 125;
             lbt_resp_free(&r);
         }
     }
+
+    /* the loop did stop supervisors (else this test proves nothing) */
+    ck_assert_msg(stopped > 0, "no exec was stopped: the loop is not running");
 
     /* the workers are free: another sandbox's exec completes */
     res = lbt_exec_ok(&D, good_id, "", "{\"command\": \"echo still here\"}");
