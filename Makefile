@@ -61,6 +61,10 @@ E2E_LIB_SRCS := tests/e2e/harness.c
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 E2E_BINS := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/%)
 
+# The bench programs (scripts/bench*; not tests): built by `make unit` (so `make check`
+# compiles them, -Werror) and by the bench targets.
+BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker
+
 DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
@@ -95,6 +99,10 @@ $(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
 		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
 
+$(BENCH_BINS): $(BUILD)/lendbox-%: scripts/%.c scripts/bench-common.c scripts/bench-common.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< scripts/bench-common.c $(DEPLIBS)
+
 # The hostile probe test_forgery uploads into sandboxes: static, like the supervisor.
 $(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
 	@mkdir -p $(dir $@)
@@ -113,7 +121,7 @@ export LENDBOXD := $(abspath $(DAEMON))
 export LENDBOX_SUPERVISE := $(abspath $(SUPERVISE))
 export LENDBOX_SRCDIR := $(CURDIR)
 
-unit: all $(UNIT_BINS)
+unit: all $(UNIT_BINS) $(BENCH_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; CK_FORK=yes $$t; done
 
 e2e: all $(E2E_BINS)
@@ -188,10 +196,10 @@ tsan: deps
 		rc=$$?; if ls $(TSAN_DIR)/tsan.* >/dev/null 2>&1; then \
 		echo "ThreadSanitizer reports:"; cat $(TSAN_DIR)/tsan.*; exit 1; fi; exit $$rc
 
-bench: all
+bench: all $(BENCH_BINS)
 	@scripts/bench
 
-bench-warm: all
+bench-warm: all $(BENCH_BINS)
 	@scripts/bench-warm
 
 install: all
@@ -231,11 +239,3 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
-
-$(BUILD)/lendbox-bench: scripts/bench.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
-
-$(BUILD)/lendbox-bench-docker: scripts/bench-docker.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
