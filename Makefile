@@ -13,6 +13,9 @@
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
 #   make bench-warm scripts/bench-warm: a warm pool against none, interleaved
+#   make bench-side scripts/bench-side: the bwrap floor, a container per episode (podman when
+#                   installed), lendbox without and with a warm pool, interleaved; then idle
+#                   memory, the shutdown sweep and reconciliation (BENCH_SIDE_ARGS: options)
 
 -include config.mak.autogen
 -include config.mak
@@ -63,13 +66,13 @@ E2E_BINS := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/%)
 
 # The bench programs (scripts/bench*; not tests): built by `make unit` (so `make check`
 # compiles them, -Werror) and by the bench targets.
-BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker
+BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker $(BUILD)/lendbox-bench-side
 
 DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm bench-side clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -201,6 +204,10 @@ bench: all $(BENCH_BINS)
 
 bench-warm: all $(BENCH_BINS)
 	@scripts/bench-warm
+
+BENCH_SIDE_ARGS ?= $(if $(shell command -v podman 2>/dev/null),--podman)
+bench-side: all $(BENCH_BINS)
+	@scripts/bench-side $(BENCH_SIDE_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \

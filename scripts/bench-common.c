@@ -68,6 +68,15 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The index of the pct-th percentile of m sorted samples (nearest rank: the smallest sample
+ * with at least pct% of the samples at or below it). */
+static int nearest_rank(int m, int pct)
+{
+    int rank = (m * pct + 99) / 100;
+
+    return rank > 0 ? rank - 1 : 0;
+}
+
 void bench_stat_of(double *v, int n, struct bench_stat *st)
 {
     int m = 0;
@@ -75,10 +84,12 @@ void bench_stat_of(double *v, int n, struct bench_stat *st)
     for (int i = 0; i < n; i++)
         if (v[i] >= 0)
             v[m++] = v[i];
+    for (int i = m; i < n; i++)
+        v[i] = -1; /* so that a second call sees the same samples */
     qsort(v, (size_t)m, sizeof(double), cmp_double);
     st->n_ok = m;
-    st->p50_ms = m ? v[m / 2] : 0;
-    st->p99_ms = m ? v[(int)((m - 1) * 0.99)] : 0;
+    st->p50_ms = m ? v[nearest_rank(m, 50)] : 0;
+    st->p99_ms = m ? v[nearest_rank(m, 99)] : 0;
     st->max_ms = m ? v[m - 1] : 0;
 }
 
