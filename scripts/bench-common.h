@@ -30,9 +30,9 @@ struct bench_sink {
 long bench_http(CURL *c, const char *method, const char *url, const char *body, const char *token,
                 const char *unix_socket, struct bench_sink *s);
 
-/* Percentiles (nearest rank) of the samples of v[0..n) that are >= 0 (a failed episode records -1). v is
- * compacted and sorted in place: the kept samples first, then -1s (so calling again gives the
- * same answer). n_ok: how many were kept. */
+/* Percentiles (nearest rank) of the samples of v[0..n) that are >= 0 (a failed episode
+ * records -1). v is compacted and sorted in place: the kept samples first, then -1s (so calling
+ * again gives the same answer). n_ok: how many were kept. */
 struct bench_stat {
     int n_ok;
     double p50_ms, p99_ms, max_ms;
