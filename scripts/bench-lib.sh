@@ -35,12 +35,13 @@ bench_url() { echo "http://$(cat "$WORK/$1/listen")"; }
 bench_token() { cat "$WORK/$1/admin.token"; }
 bench_pid() { cat "$WORK/$1.pid"; }
 
-# bench_lend NAME N [BODY]: lend N sandboxes (sessions idle-0 .. idle-N-1), 16 seeds at a time.
+# bench_lend NAME N [BODY [FIRST]]: lend sandboxes to sessions idle-FIRST .. idle-(N-1)
+# (FIRST: 0), 16 seeds at a time; BODY: the seeds' JSON ({"task_id":"idle"}).
 bench_lend() {
     _url=$(bench_url "$1")
     _tok=$(bench_token "$1")
     _body=${3:-'{"task_id":"idle"}'}
-    _i=0
+    _i=${4:-0}
     _pids=""
     while [ $_i -lt "$2" ]; do
         curl -sf -X POST -H "Authorization: Bearer $_tok" -d "$_body" \
@@ -141,11 +142,16 @@ SQL
     grep -h "reconciled in" "$WORK/$1.log" | tail -1 | sed 's/^.*lendboxd: /  /'
 }
 
-# Stop every daemon still running (the shutdown sweep stops their sandboxes), then remove the
-# cgroup parents they made and WORK.
-bench_cleanup() {
+# Stop every daemon still running (the shutdown sweep stops their sandboxes).
+bench_cleanup_daemons() {
     for _p in $BENCH_PIDS; do kill -TERM "$_p" 2>/dev/null || true; done
     for _p in $BENCH_PIDS; do wait "$_p" 2>/dev/null || true; done
+    BENCH_PIDS=""
+}
+
+# bench_cleanup_daemons, then remove the cgroup parents the daemons made and WORK.
+bench_cleanup() {
+    bench_cleanup_daemons
     for _cg in $BENCH_CGROUPS; do
         for _d in /sys/fs/cgroup/*/"$_cg" /sys/fs/cgroup/"$_cg"; do
             [ -d "$_d" ] && rmdir "$_d" 2>/dev/null || true
