@@ -397,6 +397,7 @@ int main(int argc, char **argv)
     struct contender pool_c = {.name = "pool", .kind = LENDBOX, .lb.seed_body = seed_body};
     struct contender *cs[4], *floor_p = NULL, *docker_p = NULL, *lend_p = NULL, *pool_p = NULL;
     int episodes = 50, rounds = 5, conc[MAX_CONC_LEVELS], nconc = 0, ncs = 0, failed = 0, o;
+    int max_conc = 1;
     bool have_floor = false;
     char *list = NULL, *tok, *save = NULL;
 
@@ -483,9 +484,11 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
+    for (int i = 0; i < nconc; i++)
+        max_conc = conc[i] > max_conc ? conc[i] : max_conc;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     for (int k = 0; k < ncs; k++) {
-        for (int t = 0; t < MAX_THREADS; t++) {
+        for (int t = 0; t < max_conc; t++) {
             cs[k]->curl[t] = curl_easy_init();
             cs[k]->sink[t] = malloc(sizeof(struct bench_sink));
         }
@@ -560,5 +563,20 @@ int main(int argc, char **argv)
         printf("\nwarm pool counters (refills happened between batches, untimed):\n");
         print_warm_metrics(pool_p);
     }
+    for (int k = 0; k < ncs; k++) {
+        for (int t = 0; t < max_conc; t++) {
+            curl_easy_cleanup(cs[k]->curl[t]);
+            free(cs[k]->sink[t]);
+        }
+        for (int l = 0; l < nconc; l++)
+            for (int s = 0; s < 4; s++)
+                free(cs[k]->res[l].ms[s]);
+    }
+    if (floor_argv) {
+        for (char **p = floor_argv; *p; p++)
+            free(*p);
+        free(floor_argv);
+    }
+    curl_global_cleanup();
     return failed ? 1 : 0;
 }
