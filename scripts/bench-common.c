@@ -16,17 +16,42 @@ double bench_now_ms(void)
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Room for add more bytes and the NUL. */
+static int sink_reserve(struct bench_sink *s, size_t add)
+{
+    size_t cap = s->cap ? s->cap : 4096;
+    char *p;
+
+    while (cap < s->len + add + 1)
+        cap *= 2;
+    if (cap == s->cap)
+        return 0;
+    p = realloc(s->buf, cap);
+    if (!p)
+        return -1;
+    s->buf = p;
+    s->cap = cap;
+    return 0;
+}
+
 static size_t sink_write(char *p, size_t size, size_t n, void *user)
 {
     struct bench_sink *s = user;
     size_t add = size * n;
 
-    if (s->len + add < sizeof(s->buf)) {
-        memcpy(s->buf + s->len, p, add);
-        s->len += add;
-        s->buf[s->len] = '\0';
-    }
+    if (sink_reserve(s, add) < 0)
+        return 0; /* curl fails the transfer */
+    memcpy(s->buf + s->len, p, add);
+    s->len += add;
+    s->buf[s->len] = '\0';
     return add;
+}
+
+void bench_sink_release(struct bench_sink *s)
+{
+    free(s->buf);
+    s->buf = NULL;
+    s->len = s->cap = 0;
 }
 
 long bench_http(CURL *c, const char *method, const char *url, const char *body, const char *token,
@@ -37,6 +62,8 @@ long bench_http(CURL *c, const char *method, const char *url, const char *body, 
     long code = 0;
 
     s->len = 0;
+    if (sink_reserve(s, 0) < 0)
+        return 0;
     s->buf[0] = '\0';
     curl_easy_reset(c);
     if (token) {

@@ -16,17 +16,19 @@
 /* CLOCK_MONOTONIC in milliseconds. */
 double bench_now_ms(void);
 
-/* A response body, cut (not overflowed) at 64 KiB; always NUL-terminated. */
+/* A response body, grown as needed (a list of thousands of records); buf is NUL-terminated
+ * after bench_http. Zero-initialize; bench_sink_release frees buf. */
 struct bench_sink {
-    char buf[65536];
-    size_t len;
+    char *buf;
+    size_t len, cap;
 };
+void bench_sink_release(struct bench_sink *s);
 
 /* One HTTP request on c (curl_easy_reset first, so the connection cache stays): method
  * ("POST", "DELETE", ...), url, body (NULL: none), token (NULL: no Authorization header),
  * unix_socket (NULL: TCP; else the engine's socket, and the connection is not reused, as a
  * docker client would not: exec start hijacks it). The body lands in s.
- * Returns the HTTP status, or 0 when the request failed. */
+ * Returns the HTTP status, or 0 when the request failed (also when memory ran out). */
 long bench_http(CURL *c, const char *method, const char *url, const char *body, const char *token,
                 const char *unix_socket, struct bench_sink *s);
 

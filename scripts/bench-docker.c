@@ -47,6 +47,7 @@ int main(int argc, char **argv)
     bench_print_stat("exec", exec, n);
     bench_print_stat("release", rel, n);
     curl_easy_cleanup(c);
+    bench_sink_release(&s);
     free(seed);
     free(exec);
     free(rel);

@@ -490,7 +490,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < ncs; k++) {
         for (int t = 0; t < max_conc; t++) {
             cs[k]->curl[t] = curl_easy_init();
-            cs[k]->sink[t] = malloc(sizeof(struct bench_sink));
+            cs[k]->sink[t] = calloc(1, sizeof(struct bench_sink));
         }
         for (int l = 0; l < nconc; l++)
             for (int s = 0; s < 4; s++)
@@ -566,6 +566,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < ncs; k++) {
         for (int t = 0; t < max_conc; t++) {
             curl_easy_cleanup(cs[k]->curl[t]);
+            bench_sink_release(cs[k]->sink[t]);
             free(cs[k]->sink[t]);
         }
         for (int l = 0; l < nconc; l++)

@@ -24,7 +24,7 @@ static void *episode_worker(void *arg)
 {
     struct bench *b = arg;
     CURL *c = curl_easy_init();
-    struct bench_sink *s = malloc(sizeof(*s));
+    struct bench_sink *s = calloc(1, sizeof(*s));
     char session[128];
     double ms[3];
 
@@ -47,6 +47,7 @@ static void *episode_worker(void *arg)
         b->exec_ms[i] = ms[1];
         b->release_ms[i] = ms[2];
     }
+    bench_sink_release(s);
     free(s);
     curl_easy_cleanup(c);
     return NULL;
