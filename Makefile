@@ -13,6 +13,9 @@
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
 #   make bench-warm scripts/bench-warm: a warm pool against none, interleaved
+#   make bench-side scripts/bench-side: the bwrap floor, a container per episode (podman when
+#                   installed), lendbox without and with a warm pool, interleaved; then idle
+#                   memory, the shutdown sweep and reconciliation (BENCH_SIDE_ARGS: options)
 
 -include config.mak.autogen
 -include config.mak
@@ -61,11 +64,15 @@ E2E_LIB_SRCS := tests/e2e/harness.c
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 E2E_BINS := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/%)
 
+# The bench programs (scripts/bench*; not tests): built by `make unit` (so `make check`
+# compiles them, -Werror) and by the bench targets.
+BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker $(BUILD)/lendbox-bench-side
+
 DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm bench-side clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -95,6 +102,10 @@ $(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
 		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
 
+$(BENCH_BINS): $(BUILD)/lendbox-%: scripts/%.c scripts/bench-common.c scripts/bench-common.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< scripts/bench-common.c $(DEPLIBS)
+
 # The hostile probe test_forgery uploads into sandboxes: static, like the supervisor.
 $(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
 	@mkdir -p $(dir $@)
@@ -113,7 +124,7 @@ export LENDBOXD := $(abspath $(DAEMON))
 export LENDBOX_SUPERVISE := $(abspath $(SUPERVISE))
 export LENDBOX_SRCDIR := $(CURDIR)
 
-unit: all $(UNIT_BINS)
+unit: all $(UNIT_BINS) $(BENCH_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; CK_FORK=yes $$t; done
 
 e2e: all $(E2E_BINS)
@@ -188,11 +199,15 @@ tsan: deps
 		rc=$$?; if ls $(TSAN_DIR)/tsan.* >/dev/null 2>&1; then \
 		echo "ThreadSanitizer reports:"; cat $(TSAN_DIR)/tsan.*; exit 1; fi; exit $$rc
 
-bench: all
+bench: all $(BENCH_BINS)
 	@scripts/bench
 
-bench-warm: all
+bench-warm: all $(BENCH_BINS)
 	@scripts/bench-warm
+
+BENCH_SIDE_ARGS ?= $(if $(shell command -v podman 2>/dev/null),--podman)
+bench-side: all $(BENCH_BINS)
+	@scripts/bench-side $(BENCH_SIDE_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
@@ -231,11 +246,3 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
-
-$(BUILD)/lendbox-bench: scripts/bench.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
-
-$(BUILD)/lendbox-bench-docker: scripts/bench-docker.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(DEPLIBS)
