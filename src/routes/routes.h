@@ -32,6 +32,7 @@ struct lb_app {
     const char *images_dir;   /* the image store (image/image.h) */
     int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
     int64_t stop_concurrency; /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;     /* PTY sessions and detached execs (lend/pty.h) */
 };
 
 /* The route table (terminated by {NULL}) for http_start. */
@@ -125,6 +126,15 @@ int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
+/* pty.c: PTY sessions and detached execs */
+int route_pty_create(struct lb_request *req, struct lb_error *err);
+int route_pty_output(struct lb_request *req, struct lb_error *err);
+int route_pty_input(struct lb_request *req, struct lb_error *err);
+int route_pty_resize(struct lb_request *req, struct lb_error *err);
+int route_pty_signal(struct lb_request *req, struct lb_error *err);
+int route_pty_attach(struct lb_request *req, struct lb_error *err);
+int route_pty_wait(struct lb_request *req, struct lb_error *err);
+int route_pty_delete(struct lb_request *req, struct lb_error *err);
 int route_healthz(struct lb_request *req, struct lb_error *err);
 int route_readyz(struct lb_request *req, struct lb_error *err);
 int route_metrics(struct lb_request *req, struct lb_error *err);
