@@ -107,6 +107,25 @@
  *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
  *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
  *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
+ *
+ * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
+ * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
+ * that only the daemon and this fd reach:
+ *
+ *   lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] -- ARGV...
+ *       Forks the holder, which leaves the caller's session (setsid), becomes a child
+ *       subreaper, points 0/1/2 at /dev/null, makes the FIFOs "in" (raw input) and "ctl"
+ *       (lines "resize R C", "signal N", "kill", "eof") in the directory, opens a terminal
+ *       (R x C; --no-pty: three pipes) and runs ARGV on it in a new session with the terminal as
+ *       its controlling tty. The launcher prints "launched PID" once that is set up and exits 0
+ *       (1 on errors). The holder writes the command's output to segment files out.K (err.K
+ *       for stderr with --no-pty) of 256 KiB of logical offset K*256 KiB each, keeping the 5
+ *       newest; once the command exited and its output is drained (the terminal reads EIO, the
+ *       pipes EOF, or 1 s passes without a byte while a background process holds them) it kills
+ *       what is left of the tree and renames the exit code (128+N for signal N) into "exit":
+ *       its presence means every output byte is in. "signal N" goes to the terminal's
+ *       foreground process group and the command's group; "kill" (or SIGTERM to the holder)
+ *       kills the tree.
  */
 #include <dirent.h>
 #include <errno.h>
