@@ -257,6 +257,15 @@ int http_stream_write(struct lb_stream *s, const void *data, size_t len);
 /* End the body (the client gets the end once it has read the rest). Later writes are
  * -EPIPE. */
 void http_stream_end(struct lb_stream *s);
+/* From the job that began the stream: keep it past the job's return (the job's return does
+ * not end the body), for a writer that produces the rest without a worker (a follower thread
+ * woken by file events). The keeper owns a reference: it may then write and end the stream
+ * from any one thread at a time, and must end it and drop the reference with
+ * http_stream_release. End every kept stream before http_stop (a stream waiting for bytes
+ * holds its connection suspended). */
+void http_stream_keep(struct lb_stream *s);
+/* Drop a keeper's reference (NULL-safe); any thread. */
+void http_stream_release(struct lb_stream *s);
 
 /* Streamed bodies (routes with raw_body). Their handler runs as soon as the headers are
  * complete, before any body byte is read, and defers a job as other handlers do. That job
