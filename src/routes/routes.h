@@ -28,12 +28,31 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store;   /* the records (images in use) */
-    const char *images_dir;   /* the image store (image/image.h) */
-    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
-    int64_t stop_concurrency; /* releases in flight at once in release_all */
-    struct lb_ptys *ptys;     /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_store *store;     /* the records (images in use) */
+    const char *images_dir;     /* the image store (image/image.h) */
+    int64_t max_wait_ms;        /* longest long-poll (limits.max_wait_ms) */
+    int64_t stop_concurrency;   /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;       /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_follows *follows; /* followed activation logs (follow.c) */
 };
+
+/* follow.c: GET .../activation with Accept: application/x-ndjson streams the activation's
+ * output log as {"stream": "log", "data"} lines while the harness runs, then the activation
+ * object; one follower thread serves all of them (no worker held while waiting). */
+struct lb_follows;
+/* Start the follower thread. app must outlive it. -ENOMEM, -errno. */
+int follows_new(struct lb_app *app, struct lb_follows **out);
+/* Follow fd (the log, owned from now on) into s (a kept stream, http_stream_keep: the
+ * reference is the follower's), until watch (owned; NULL: the harness has ended) says the
+ * harness ended; then the final line is written on app->pool and the stream ended. On failure
+ * the stream is ended with an error line. Thread-safe. 0, -ENOMEM, -ESHUTDOWN. */
+int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *rsid,
+                struct lb_activation_watch *watch);
+/* End every follow (an error line "draining") and the thread; later adds are ended at once.
+ * Call before http_stop (and before pool_stop: no new final jobs). Idempotent, NULL-safe. */
+void follows_stop(struct lb_follows *fs);
+/* follows_stop, then free (NULL-safe). */
+void follows_free(struct lb_follows *fs);
 
 /* The route table (terminated by {NULL}) for http_start. */
 extern const struct lb_route lb_routes[];
