@@ -92,17 +92,21 @@ static void remove_session_dir(const struct lb_ptys *p, const char *sid)
     char path[PATH_MAX];
     DIR *d;
     struct dirent *e;
+    int tries = 0;
 
     session_path(p, sid, NULL, path, sizeof(path));
-    d = opendir(path);
-    if (d) {
-        while ((e = readdir(d))) {
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-                (void)unlinkat(dirfd(d), e->d_name, 0);
+    /* a holder still ending (DELETE) may add its exit file meanwhile: a few passes */
+    do {
+        d = opendir(path);
+        if (d) {
+            while ((e = readdir(d))) {
+                if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                    (void)unlinkat(dirfd(d), e->d_name, 0);
+            }
+            closedir(d);
         }
-        closedir(d);
-    }
-    if (rmdir(path) < 0 && errno != ENOENT)
+    } while (rmdir(path) < 0 && errno == ENOTEMPTY && ++tries < 5);
+    if (access(path, F_OK) == 0)
         log_warn("pty: cannot remove %s: %s", path, strerror(errno));
 }
 
@@ -419,6 +423,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
 {
     struct lb_provider_caps caps;
     struct lb_exec_result res = {0};
+    json_t *env = NULL;
     struct session *s, *tmp;
     char sid[LB_PTY_SID_MAX] = "pty-", path[PATH_MAX], rows[16], cols[16], *meta = NULL;
     char *argv[16];
@@ -496,10 +501,18 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     argv[k++] = "-c";
     argv[k++] = (char *)(c->command ? c->command : LOGIN_SHELL);
     argv[k] = NULL;
+    /* a terminal gets a TERM unless the request names one (as terminal servers do) */
+    env = c->env ? json_copy(c->env) : json_object();
+    if (!env) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (c->pty && !json_object_get(env, "TERM"))
+        json_object_set_new(env, "TERM", json_string("xterm-256color"));
     struct lb_exec_params ep = {
         .argv = argv,
         .cwd = c->cwd,
-        .env = c->env,
+        .env = env,
         .user = c->user,
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true, /* the holder outlives the launch exec */
@@ -521,6 +534,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     r = 0;
 out:
     provider_exec_result_release(&res);
+    json_decref(env);
     if (dir_fd >= 0)
         close(dir_fd);
     free(meta);

@@ -246,11 +246,30 @@ START_TEST(test_size_tty_and_echo)
     reader_until(&D, sid, &rd, "echo typed-'in'put");
     reader_until(&D, sid, &rd, "typed-input\r\n");
 
+    /* a terminal gets a TERM */
+    pty_input(&D, sid, "echo \"term=$TERM\"\n");
+    reader_until(&D, sid, &rd, "term=xterm-256color\r\n");
+
     pty_input(&D, sid, "exit 0\n");
     reader_until_exit(&D, sid, false, &rd);
     ck_assert_int_eq(rd.exit_code, 0);
     reader_free(&rd);
     pty_delete(&D, sid);
+
+    /* user goes through the exec path: root works, an unknown user is refused */
+    pty_create(&D, SBX, OP, "{\"command\": \"id -u\", \"user\": \"root\"}", sid, sizeof(sid));
+    reader_until_exit(&D, sid, false, &rd);
+    ck_assert_str_eq(rd.buf, "0\r\n");
+    reader_free(&rd);
+    pty_delete(&D, sid);
+    {
+        char path[256];
+
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", SBX);
+        lbt_json(&D, "POST", path, OP, "{\"user\": \"no-such-user-here\"}", &r);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+    }
 }
 END_TEST
 
