@@ -229,6 +229,8 @@ START_TEST(test_size_tty_and_echo)
     struct lbt_resp r;
     char sid[64];
 
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
+
     /* no command: a login shell */
     pty_create(&D, SBX, OP, "{\"rows\": 30, \"cols\": 100}", sid, sizeof(sid));
     pty_input(&D, sid, "stty size; tty\n");
@@ -278,6 +280,8 @@ START_TEST(test_tail_and_replay)
     struct reader rd = {0}, again = {0};
     struct lbt_resp r;
     char sid[64], path[300];
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
 
     /* the last bytes before the exit are all delivered, then the exit code */
     pty_create(&D, SBX, OP, "{\"command\": \"printf '%05000d' 0; exit 3\"}", sid, sizeof(sid));
@@ -332,6 +336,8 @@ START_TEST(test_window_410)
     struct lbt_resp r;
     char sid[64];
 
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
+
     pty_create(&D, SBX, OP,
                "{\"command\": \"head -c 3000000 /dev/zero | tr '\\\\0' a\", \"pty\": false}", sid,
                sizeof(sid));
@@ -356,6 +362,8 @@ START_TEST(test_attach_takeover)
 {
     struct lbt_resp r;
     char sid[64], tok1[80], tok2[80];
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
 
     pty_create(&D, SBX, OP, "{\"command\": \"cat\"}", sid, sizeof(sid));
     pty_post(&D, sid, "attach", "{}", 2, NULL, NULL, &r);
@@ -399,6 +407,8 @@ START_TEST(test_errors)
 {
     char sbx2[128], op2[256], sid[64], path[300], sids[MAX_SESSIONS][64];
     struct lbt_resp r;
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
 
     /* unknown session: 404 (well-formed or not) */
     pty_output(&D, "pty-00000000000000000000000000000000", 0, 0, false, NULL, &r);
@@ -468,6 +478,8 @@ START_TEST(test_signal_and_pipes)
     struct lbt_resp r;
     char sid[64], path[300];
 
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
+
     /* detached exec: stdout and stderr apart, input to stdin, the exit code */
     pty_create(&D, SBX, OP,
                "{\"command\": \"read x; echo \\\"out $x\\\"; echo err-line >&2; exit 7\", "
@@ -507,6 +519,8 @@ START_TEST(test_daemon_kill9_loses_nothing)
     struct lbt_resp r;
     char sid[64], want[512], sbx[128];
     size_t wl = 0;
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
 
     /* a daemon of its own: this test restarts it (in check's forked child) */
     lbt_daemon_start(&d, args);
@@ -551,6 +565,8 @@ START_TEST(test_release_ends_everything)
     struct lbt_resp r;
     uid_t uid;
     double until;
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
 
     seed_sandbox(&D, "pty-3", sbx, sizeof(sbx), op, sizeof(op));
     uid = lbt_sandbox_uid(&D, sbx);
@@ -617,6 +633,8 @@ START_TEST(test_parked_polls_hold_no_worker)
     double until;
     long parked = 0;
 
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
+
     lbt_daemon_start(&d2, args);
     seed_sandbox(&d2, "park-a", sbx_a, sizeof(sbx_a), NULL, 0);
     seed_sandbox(&d2, "park-b", sbx_b, sizeof(sbx_b), NULL, 0);
@@ -651,6 +669,27 @@ START_TEST(test_parked_polls_hold_no_worker)
 }
 END_TEST
 
+/* The docker provider has no PTY capability: every PTY route answers 501 with a JSON error
+ * for its sandboxes. Runs on the docker variant only (make e2e-docker). */
+START_TEST(test_docker_501)
+{
+    char path[300];
+    struct lbt_resp r;
+
+    if (!lbt_variant_is("docker")) {
+        lbt_skip_note(__func__, "only the docker variant lacks PTY sessions");
+        return;
+    }
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", SBX);
+    lbt_json(&D, "POST", path, OP, "{\"command\": \"true\"}", &r);
+    lbt_assert_error(&r, 501, "not_implemented");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", path, OP, "{\"pty\": false, \"command\": \"true\"}", &r);
+    lbt_assert_error(&r, 501, "not_implemented");
+    lbt_resp_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("pty");
@@ -658,6 +697,7 @@ int main(void)
 
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_docker_501);
     tcase_add_test(tc, test_size_tty_and_echo);
     tcase_add_test(tc, test_tail_and_replay);
     tcase_add_test(tc, test_window_410);
