@@ -49,7 +49,8 @@ struct lb_ptys;
 
 struct lb_pty_config {
     const char *dir;      /* <state_dir>/pty; created (0700) if missing */
-    int64_t max_sessions; /* live sessions per sandbox ([limits] max_pty_sessions, > 0) */
+    int64_t max_sessions; /* sessions per sandbox, exited ones until deleted ([limits]
+                             max_pty_sessions) */
 };
 
 /* Start the service: scan dir for sessions left by an earlier run, start the watcher thread.
