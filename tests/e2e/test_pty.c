@@ -290,6 +290,14 @@ START_TEST(test_tail_and_replay)
     for (size_t i = 0; i < rd.len; i++)
         ck_assert_int_eq(rd.buf[i], '0');
     ck_assert_int_eq(rd.exit_code, 3);
+    /* one read from 0 after the exit: the same bytes, the end and the exit code */
+    pty_output(&D, sid, 0, 0, false, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, rd.len);
+    ck_assert_int_eq(memcmp(r.body, rd.buf, rd.len), 0);
+    ck_assert_str_eq(header(&r, "X-Next-Offset"), "5000");
+    ck_assert_str_eq(header(&r, "X-Exit-Code"), "3");
+    lbt_resp_free(&r);
     snprintf(path, sizeof(path), "/v1/pty/%s/wait?timeout_ms=1000", sid);
     lbt_json(&D, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
