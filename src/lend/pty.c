@@ -219,8 +219,10 @@ static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
         for (struct waiter **pw = &s->waiters; *pw;) {
             struct waiter *w = *pw;
             const char *stream = w->err_stream ? "err." : "out.";
+            /* ctl is closed by its holder when it ends (also when it is killed) */
             bool hit = !(ev->len > 0) || (!w->exit_only && strncmp(ev->name, stream, 4) == 0) ||
-                       strcmp(ev->name, "exit") == 0 || strcmp(ev->name, "holder") == 0;
+                       strcmp(ev->name, "exit") == 0 || strcmp(ev->name, "holder") == 0 ||
+                       strcmp(ev->name, "ctl") == 0;
 
             if (!hit) {
                 pw = &w->next;
@@ -607,6 +609,32 @@ int pty_check_token(struct lb_ptys *p, const char *sid, const char *token, struc
     return r;
 }
 
+/* Does the session's holder still run? It holds its FIFOs open for reading as long as it
+ * runs: opening one for writing without blocking fails with ENXIO once it is gone. The probe
+ * uses "in": the watcher wakes on the closes of "ctl" (the holder's end), and a probe must not
+ * wake the very poll that made it. */
+static bool holder_alive(const struct lb_ptys *p, const char *sid)
+{
+    char path[PATH_MAX];
+    int fd;
+
+    session_path(p, sid, "in", path, sizeof(path));
+    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return true;
+    }
+    return errno != ENXIO && errno != ENOENT;
+}
+
+static int holder_lost(struct lb_error *err, const char *sid)
+{
+    return lb_error_set(err, -EREMOTEIO,
+                        "PTY session %s ended without an exit status: its holder process in the "
+                        "sandbox was killed",
+                        sid);
+}
+
 /* ---------- output ---------- */
 
 struct seg_range {
@@ -685,8 +713,19 @@ int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since
                             "%" PRIu64 ")",
                             since, sr.lo * SEG_BYTES);
     out->next = since;
-    if (since == out->end)
+    if (since == out->end) {
+        /* nothing more: is anyone still there to write it? (the exit file comes before the
+         * holder lets go of ctl, so a second look settles a race with a normal end) */
+        if (!out->exited && !holder_alive(p, sid)) {
+            if (read_small(p, sid, "exit", exit_text, sizeof(exit_text)) == 0) {
+                out->exited = true;
+                out->exit_code = atoi(exit_text);
+                return 0;
+            }
+            return holder_lost(err, sid);
+        }
         return 0;
+    }
     snprintf(path, sizeof(path), "%s/%s%" PRIu64, dir, prefix, since / SEG_BYTES);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &stt) < 0) {
@@ -715,8 +754,12 @@ int pty_exit_code(struct lb_ptys *p, const char *sid, int *code, struct lb_error
     if (r < 0)
         return r;
     pthread_mutex_unlock(&p->lock);
-    if (read_small(p, sid, "exit", text, sizeof(text)) < 0)
-        return -EAGAIN;
+    if (read_small(p, sid, "exit", text, sizeof(text)) < 0) {
+        if (holder_alive(p, sid))
+            return -EAGAIN;
+        if (read_small(p, sid, "exit", text, sizeof(text)) < 0)
+            return holder_lost(err, sid);
+    }
     *code = atoi(text);
     return 0;
 }

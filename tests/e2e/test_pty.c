@@ -517,6 +517,37 @@ START_TEST(test_signal_and_pipes)
 }
 END_TEST
 
+/* A session whose holder is killed (same uid as every sandbox process: nothing stops that) ends
+ * with a 502 for its readers, not with a poll that waits for ever. */
+START_TEST(test_holder_killed)
+{
+    char sid[64], path[600], cmd[128], pid_text[32] = "";
+    struct lbt_resp r;
+    json_t *res;
+    FILE *f;
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions (test_docker_501)");
+    pty_create(&D, SBX, OP, "{\"command\": \"sleep 600\"}", sid, sizeof(sid));
+    snprintf(path, sizeof(path), "%s/pty/%s/pid", D.state_dir, sid);
+    f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(pid_text, sizeof(pid_text), f));
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "{\"command\": \"kill -9 %d\"}", atoi(pid_text));
+    res = lbt_exec_ok(&D, SBX, "", cmd);
+    json_decref(res);
+    /* a parked wait is woken by the holder's end */
+    snprintf(path, sizeof(path), "/v1/pty/%s/wait?timeout_ms=60000", sid);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    lbt_resp_free(&r);
+    pty_output(&D, sid, 0, 1000, false, NULL, &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    lbt_resp_free(&r);
+    pty_delete(&D, sid);
+}
+END_TEST
+
 /* ---------- restart ---------- */
 
 START_TEST(test_daemon_kill9_loses_nothing)
@@ -712,6 +743,7 @@ int main(void)
     tcase_add_test(tc, test_attach_takeover);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_signal_and_pipes);
+    tcase_add_test(tc, test_holder_killed);
     tcase_add_test(tc, test_release_ends_everything);
     suite_add_tcase(s, tc);
     tc = tcase_create("restart");
