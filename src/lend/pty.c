@@ -206,6 +206,24 @@ static struct session *session_add_locked(struct lb_ptys *p, const char *sid,
 
 /* ---------- the watcher ---------- */
 
+/* Does the session's holder still run? It holds its FIFOs open for reading as long as it
+ * runs: opening one for writing without blocking fails with ENXIO once it is gone. The probe
+ * uses "in": the watcher wakes on the closes of "ctl" (the holder's end), and a probe must not
+ * wake the very poll that made it. */
+static bool holder_alive(const struct lb_ptys *p, const char *sid)
+{
+    char path[PATH_MAX];
+    int fd;
+
+    session_path(p, sid, "in", path, sizeof(path));
+    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return true;
+    }
+    return errno != ENXIO && errno != ENOENT;
+}
+
 static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
 {
     struct session *s, *tmp;
@@ -214,15 +232,19 @@ static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
     HASH_ITER(hh, p->sessions, s, tmp) {
         if (s->wd != ev->wd)
             continue;
+        bool ctl_end = false;
+
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF))
             s->wd = -1;
+        /* a close of ctl is the holder's end, or a resize/signal request's: only the first
+         * counts (the probe opens "in", which wakes nobody) */
+        if (ev->len > 0 && strcmp(ev->name, "ctl") == 0)
+            ctl_end = !holder_alive(p, s->sid);
         for (struct waiter **pw = &s->waiters; *pw;) {
             struct waiter *w = *pw;
             const char *stream = w->err_stream ? "err." : "out.";
-            /* ctl is closed by its holder when it ends (also when it is killed) */
             bool hit = !(ev->len > 0) || (!w->exit_only && strncmp(ev->name, stream, 4) == 0) ||
-                       strcmp(ev->name, "exit") == 0 || strcmp(ev->name, "holder") == 0 ||
-                       strcmp(ev->name, "ctl") == 0;
+                       strcmp(ev->name, "exit") == 0 || strcmp(ev->name, "holder") == 0 || ctl_end;
 
             if (!hit) {
                 pw = &w->next;
@@ -607,24 +629,6 @@ int pty_check_token(struct lb_ptys *p, const char *sid, const char *token, struc
                          "this attach token is not the session's: another client took it over");
     pthread_mutex_unlock(&p->lock);
     return r;
-}
-
-/* Does the session's holder still run? It holds its FIFOs open for reading as long as it
- * runs: opening one for writing without blocking fails with ENXIO once it is gone. The probe
- * uses "in": the watcher wakes on the closes of "ctl" (the holder's end), and a probe must not
- * wake the very poll that made it. */
-static bool holder_alive(const struct lb_ptys *p, const char *sid)
-{
-    char path[PATH_MAX];
-    int fd;
-
-    session_path(p, sid, "in", path, sizeof(path));
-    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd >= 0) {
-        close(fd);
-        return true;
-    }
-    return errno != ENXIO && errno != ENOENT;
 }
 
 static int holder_lost(struct lb_error *err, const char *sid)

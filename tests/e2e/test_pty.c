@@ -482,6 +482,7 @@ END_TEST
 
 START_TEST(test_signal_and_pipes)
 {
+    struct lbt_async *waiter;
     struct reader out = {0}, err = {0};
     struct lbt_resp r;
     char sid[64], path[300];
@@ -507,9 +508,22 @@ START_TEST(test_signal_and_pipes)
     /* a signal reaches the terminal's foreground process; wait parks until the exit */
     pty_create(&D, SBX, OP, "{\"command\": \"echo ready; exec sleep 600\"}", sid, sizeof(sid));
     reader_until(&D, sid, &out, "ready");
+    /* a parked wait: a resize (which talks to the holder too) does not end it, the exit does */
+    snprintf(path, sizeof(path), "/v1/pty/%s/wait?timeout_ms=600000", sid);
+    waiter = lbt_async_json(&D, "GET", path, "", NULL);
+    lbt_sleep_ms(300); /* let it park (answering early would fail below, not pass) */
+    pty_post(&D, sid, "resize", "{\"rows\": 10, \"cols\": 10}", 24, NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_sleep_ms(500);
+    ck_assert_msg(!lbt_async_done(waiter), "a resize answered a parked wait");
     snprintf(path, sizeof(path), "/v1/pty/%s/signal", sid);
     lbt_json(&D, "POST", path, OP, "{\"signal\": \"TERM\"}", &r);
     ck_assert_msg(r.status == 204, "signal: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_async_join(waiter, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "exit_code")), 128 + SIGTERM);
     lbt_resp_free(&r);
     ck_assert_int_eq(pty_wait(&D, sid, OP), 128 + SIGTERM);
     reader_free(&out);
