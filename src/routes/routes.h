@@ -58,8 +58,9 @@ void follows_free(struct lb_follows *fs);
 extern const struct lb_route lb_routes[];
 
 /* Print the route table to f, one route a line: "METHOD PATTERN AUTH NAME" (AUTH is none, admin,
- * sandbox or session; '*' in PATTERN matches one path segment). For `lendboxd routes` and the test
- * that compares the table with docs/openapi.yaml. Thread-safe (reads the constant table only). */
+ * sandbox, session or pty; '*' in PATTERN matches one path segment). For `lendboxd routes` and the
+ * test that compares the table with docs/openapi.yaml. Thread-safe (reads the constant table only).
+ */
 void routes_print(FILE *f);
 
 /* The authorize hook for http_start; app is a struct lb_app. */
