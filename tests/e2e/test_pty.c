@@ -702,6 +702,13 @@ START_TEST(test_parked_polls_hold_no_worker)
     while ((parked = parked_gauge(&d2)) < N_POLLS && lbt_now() < until)
         lbt_sleep_ms(100);
     ck_assert_int_ge(parked, N_POLLS);
+    {
+        struct lbt_resp m;
+
+        lbt_json(&d2, "GET", "/metrics", NULL, NULL, &m);
+        ck_assert_ptr_nonnull(strstr(m.body, "\nlendbox_pty_sessions 10\n"));
+        lbt_resp_free(&m);
+    }
     /* both workers are free: an exec on the other sandbox completes */
     res = lbt_exec_ok(&d2, sbx_b, "", "{\"command\": \"echo ok\"}");
     ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "ok\n");
