@@ -156,8 +156,9 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # private podman API service (tests/podman-service, the test image lbtest:latest), started here
 # once for all the programs and stopped after; without podman each program prints SKIP and
 # passes. The programs of issue 11's shared suite: lending, exec, files, durability (kill -9 and
-# adoption, failed stops retried, the bounded sweep), activations.
-E2E_DOCKER_PROGS ?= lending exec files durability activation
+# adoption, failed stops retried, the bounded sweep), activations; pty (its routes answer 501
+# there: no PTY capability).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \

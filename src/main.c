@@ -25,6 +25,7 @@
 
 #include "auth/auth.h"
 #include "http/http.h"
+#include "lend/pty.h"
 #include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
@@ -410,6 +411,8 @@ struct daemon {
     struct lb_pool *pool, *control_pool;
     struct lb_lend *lend;
     struct lb_activations *acts;
+    struct lb_ptys *ptys;
+    struct lb_follows *follows;
     struct lb_http *http;
     struct lb_app app;
     struct lb_sweeper *sweeper;
@@ -741,6 +744,20 @@ static int daemon_start_services(struct daemon *d, struct lb_error *err)
     if (r < 0)
         return r;
     lend_set_release_hook(d->lend, activation_release_hook, d->acts);
+    {
+        char pty_dir[PATH_MAX];
+        struct lb_pty_config pc = {.dir = pty_dir, .max_sessions = cfg->max_pty_sessions};
+
+        snprintf(pty_dir, sizeof(pty_dir), "%s/pty", cfg->state_dir);
+        r = pty_service_new(&pc, d->lend, d->store, &d->ptys, err);
+        if (r < 0)
+            return r;
+    }
+    d->app.ptys = d->ptys;
+    r = follows_new(&d->app, &d->follows);
+    if (r < 0)
+        return lb_error_set(err, r, "cannot start the log follower thread: %s", strerror(-r));
+    d->app.follows = d->follows;
     d->app.pool = d->pool;
     d->app.store = d->store;
     d->app.images_dir = d->images_dir;
@@ -816,6 +833,7 @@ static void daemon_drain(struct daemon *d)
     atomic_store(&d->app.ready, false);
     lend_set_draining(d->lend, true);
     http_end_parked(d->http); /* long-polls get their answer now, not after the stop sweep */
+    follows_stop(d->follows); /* followed logs too */
     sweeper_stop(d->sweeper);
     d->sweeper = NULL;
     dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;
@@ -847,9 +865,12 @@ static void daemon_close(struct daemon *d)
 {
     warm_stop(d->warm);
     sweeper_stop(d->sweeper);
+    follows_stop(d->follows); /* no kept stream may hold a connection past http_stop */
     http_stop(d->http);
     pool_destroy(d->pool);
     pool_destroy(d->control_pool);
+    follows_free(d->follows);
+    pty_service_free(d->ptys);
     activations_free(d->acts);
     lend_free(d->lend);
     auth_free(d->auth);

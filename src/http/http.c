@@ -553,11 +553,13 @@ static int request_authorize(struct lb_request *req, struct lb_error *err)
     }
     if (!token || !*token)
         return lb_error_set(err, -ENOKEY, "a bearer token is required (Authorization: Bearer ...)");
-    return req->http->cfg.authorize(
-        req->http->cfg.app, token, req->route->auth,
-        req->route->auth == LB_AUTH_SANDBOX || req->route->auth == LB_AUTH_SESSION ? req->params[0]
-                                                                                   : NULL,
-        &req->principal, err);
+    return req->http->cfg.authorize(req->http->cfg.app, token, req->route->auth,
+                                    req->route->auth == LB_AUTH_SANDBOX ||
+                                            req->route->auth == LB_AUTH_SESSION ||
+                                            req->route->auth == LB_AUTH_PTY
+                                        ? req->params[0]
+                                        : NULL,
+                                    &req->principal, err);
 }
 
 /* ---------- request-body budget ---------- */
@@ -891,6 +893,7 @@ struct http_job_ctx {
 };
 
 static void stream_put(struct lb_stream *s);
+static bool stream_kept(struct lb_stream *s);
 
 static void http_job_run(void *arg)
 {
@@ -919,7 +922,8 @@ static void http_job_run(void *arg)
         return; /* still suspended; the park's end resumes it (maybe did already) */
     if (ctx.stream) {
         /* streamed: the connection was resumed by http_stream_begin and req may be gone */
-        http_stream_end(ctx.stream);
+        if (!stream_kept(ctx.stream))
+            http_stream_end(ctx.stream);
         stream_put(ctx.stream);
         return;
     }
@@ -1326,7 +1330,8 @@ struct lb_stream {
     size_t len, off, cap;
     bool waiting; /* the reader found nothing and suspended the connection */
     bool ended, gone;
-    int refs; /* the job's and the response's */
+    bool kept; /* http_stream_keep: the job's return does not end the body */
+    int refs;  /* the job's and the response's (and a keeper's) */
 };
 
 static void stream_put(struct lb_stream *s)
@@ -1462,6 +1467,30 @@ int http_stream_write(struct lb_stream *s, const void *data, size_t len)
 out:
     pthread_mutex_unlock(&s->lock);
     return r;
+}
+
+static bool stream_kept(struct lb_stream *s)
+{
+    bool kept;
+
+    pthread_mutex_lock(&s->lock);
+    kept = s->kept;
+    pthread_mutex_unlock(&s->lock);
+    return kept;
+}
+
+void http_stream_keep(struct lb_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->kept = true;
+    s->refs++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void http_stream_release(struct lb_stream *s)
+{
+    if (s)
+        stream_put(s);
 }
 
 void http_stream_end(struct lb_stream *s)

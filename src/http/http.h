@@ -40,6 +40,8 @@ enum lb_auth_need {
     LB_AUTH_SANDBOX, /* admin, or the operate token of the sandbox named by param 0 */
     LB_AUTH_SESSION, /* admin, or the operate token of the sandbox lent to the resources
                       * session named by param 0 (harness activations) */
+    LB_AUTH_PTY,     /* admin, or the operate token of the sandbox whose PTY session is
+                      * named by param 0 */
 };
 
 enum lb_principal {
@@ -64,7 +66,8 @@ struct lb_route {
 
 /* The app decides who a bearer token is. Return 0 and set *who, or -ENOKEY (401: missing or
  * unknown token) or -EACCES (403: valid but not for this sandbox). sandbox_id is param 0 for
- * LB_AUTH_SANDBOX routes (the session id for LB_AUTH_SESSION ones), else NULL. Called on an MHD
+ * LB_AUTH_SANDBOX routes (the session id for LB_AUTH_SESSION ones, the PTY session id for
+ * LB_AUTH_PTY ones), else NULL. Called on an MHD
  * thread: must not block on a provider. */
 typedef int (*lb_authorize_fn)(void *app, const char *token, enum lb_auth_need need,
                                const char *sandbox_id, enum lb_principal *who,
@@ -254,6 +257,15 @@ int http_stream_write(struct lb_stream *s, const void *data, size_t len);
 /* End the body (the client gets the end once it has read the rest). Later writes are
  * -EPIPE. */
 void http_stream_end(struct lb_stream *s);
+/* From the job that began the stream: keep it past the job's return (the job's return does
+ * not end the body), for a writer that produces the rest without a worker (a follower thread
+ * woken by file events). The keeper owns a reference: it may then write and end the stream
+ * from any one thread at a time, and must end it and drop the reference with
+ * http_stream_release. End every kept stream before http_stop (a stream waiting for bytes
+ * holds its connection suspended). */
+void http_stream_keep(struct lb_stream *s);
+/* Drop a keeper's reference (NULL-safe); any thread. */
+void http_stream_release(struct lb_stream *s);
 
 /* Streamed bodies (routes with raw_body). Their handler runs as soon as the headers are
  * complete, before any body byte is read, and defers a job as other handlers do. That job

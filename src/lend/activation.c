@@ -1514,6 +1514,29 @@ out:
     return r;
 }
 
+int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    char path[256];
+    uint64_t size = 0;
+    int r = act_find(a, rsid, &act, err);
+
+    *fd = -1;
+    if (r < 0)
+        return r;
+    if (act.state == LB_ACT_CLOSED || !sandbox_is_lent(a, act.sandbox_id)) {
+        r = lb_error_set(err, -ENOENT,
+                         "the activation of session %s is over: its log is in the record "
+                         "(GET .../activation?log=1)",
+                         rsid);
+    } else {
+        act_path(path, sizeof(path), &act, "output.log");
+        r = lend_file_open(a->lend, act.sandbox_id, path, fd, &size, err);
+    }
+    store_activation_release(&act);
+    return r;
+}
+
 int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
                             json_t **out, struct lb_error *err)
 {

@@ -93,6 +93,12 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
                    json_t **out, struct lb_error *err);
 
+/* Open the output log of the session's activation (of its lent sandbox) for following: *fd
+ * (the caller's, read-only, the file as it grows) is the harness's combined stdout and
+ * stderr. Blocks on the provider briefly (a worker's job). -ENOENT (404): no activation, or
+ * it is closed or its sandbox stopped (the record keeps the log's tail), or no log yet. */
+int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err);
+
 /* A long-poll's watch on the session's activation, for waiting without a worker (the route
  * parks the request and polls activation_watch_changed). */
 struct lb_activation_watch;

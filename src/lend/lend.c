@@ -45,6 +45,8 @@ struct lb_lend {
     struct lend_session_lock *locks;
     lb_lend_release_hook release_hook;
     void *release_ctx;
+    lb_lend_stopped_hook stopped_hook;
+    void *stopped_ctx;
     struct lend_pool_hooks pool; /* a warm pool's (src/warm/); zero: none */
 };
 
@@ -243,6 +245,12 @@ void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *c
 {
     l->release_hook = hook;
     l->release_ctx = ctx;
+}
+
+void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *ctx)
+{
+    l->stopped_hook = hook;
+    l->stopped_ctx = ctx;
 }
 
 /* Let the activation service close the harness of a lent sandbox about to be stopped. */
@@ -483,6 +491,8 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
     }
     metrics_add(LB_M_STOPS_OK, 1);
     rc = store_mark_stopped(l->store, r->id, NULL, err);
+    if (l->stopped_hook)
+        l->stopped_hook(l->stopped_ctx, r->id);
     log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
 out:
     json_decref(desc);
@@ -1314,6 +1324,18 @@ out:
             free(env[i]);
     free(env);
     json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,
+                      struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        provider_caps(t.prov, caps);
     lend_target_release(&t);
     return r;
 }

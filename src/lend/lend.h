@@ -194,6 +194,16 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
  * call lend_seed, lend_release or lend_delete_sandbox. Set once, before serving. */
 typedef void (*lb_lend_release_hook)(void *ctx, const char *rsid, const char *sandbox_id);
 void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *ctx);
+/* Called after every successful stop of a sandbox (release, delete, TTL, reconciliation),
+ * on the stopping thread, with the sandbox's id: the PTY service drops its sessions. Set it
+ * once, before serving. */
+typedef void (*lb_lend_stopped_hook)(void *ctx, const char *sandbox_id);
+void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *ctx);
+
+/* The capabilities of the provider a running sandbox is on (a record read, no provider call).
+ * -ENOENT (not running), -EREMOTEIO (its provider is not configured). */
+int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,
+                      struct lb_error *err);
 
 /* Can the store record anything (/readyz)? 0, or -ENOSPC/-EROFS/-EIO with a message (see
  * store_check_writable). Cheap; thread-safe. */

@@ -1216,6 +1216,7 @@ static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .pause = true,
         .endpoints = true,
         .pass_fd = true,
+        .pty = true, /* lendbox-supervise --pty-launch with the session directory as pass fd */
         .exclusive = true,
     };
 }

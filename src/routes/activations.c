@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lend/activation.h"
 #include "provider/provider.h"
@@ -222,6 +223,7 @@ struct get_job {
     char *rsid;
     bool with_log;
     int64_t wait_ms; /* long-poll: 0 answers at once */
+    bool follow;     /* Accept: application/x-ndjson: stream the output log (follow.c) */
 };
 
 static void get_job_free(void *arg)
@@ -280,6 +282,33 @@ static void activation_get_parked(struct lb_request *req, void *arg, enum lb_par
         http_respond_error(req, &err);
 }
 
+/* Follow the output log: open it and hand the stream to the follower thread (follow.c), so
+ * no worker is held while the harness runs. Errors before the stream begins keep their
+ * status. */
+static void activation_follow_start(struct lb_request *req, struct get_job *j)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_activation_watch *w = NULL;
+    struct lb_error err = {0};
+    struct lb_stream *s;
+    int fd = -1, r = activation_open_log(app->acts, j->rsid, &fd, &err);
+
+    if (r == 0)
+        r = activation_watch_begin(app->acts, j->rsid, &w, &err);
+    if (r == 0 && !(s = http_stream_begin(req, 200, "application/x-ndjson")))
+        r = lb_error_set(&err, -ENOMEM, "cannot begin the stream");
+    if (r < 0) {
+        if (fd >= 0)
+            close(fd);
+        activation_watch_free(w);
+        http_respond_error(req, &err);
+        return;
+    }
+    /* req is the stream's from here on */
+    http_stream_keep(s);
+    (void)follows_add(app->follows, s, fd, j->rsid, w);
+}
+
 static void activation_get_run(struct lb_request *req, void *arg)
 {
     struct get_job *j = arg;
@@ -287,6 +316,11 @@ static void activation_get_run(struct lb_request *req, void *arg)
     struct lb_error err = {0};
     json_t *out = NULL;
     int r = 0;
+
+    if (j->follow) {
+        activation_follow_start(req, j);
+        return;
+    }
 
     if (j->wait_ms > 0) {
         /* a long-poll holds no worker while it waits: park it, and poll the record */
@@ -331,6 +365,11 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
     r = session_rsid(req, &j->rsid, err);
+    {
+        const char *accept = http_header(req, "Accept");
+
+        j->follow = accept && strcasestr(accept, "application/x-ndjson");
+    }
     if (r == 0 && log) {
         if (!strcmp(log, "1") || !strcmp(log, "true"))
             j->with_log = true;

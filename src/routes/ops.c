@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lend/pty.h"
 #include "routes/routes.h"
 #include "util/metrics.h"
 
@@ -47,9 +48,11 @@ int route_metrics(struct lb_request *req, struct lb_error *err)
                      "# HELP lendbox_workers_busy Workers running a job.\n"
                      "# TYPE lendbox_workers_busy gauge\nlendbox_workers_busy %zu\n"
                      "# HELP lendbox_http_parked Requests waiting parked (no worker held).\n"
-                     "# TYPE lendbox_http_parked gauge\nlendbox_http_parked %zu\n",
+                     "# TYPE lendbox_http_parked gauge\nlendbox_http_parked %zu\n"
+                     "# HELP lendbox_pty_sessions PTY sessions and detached execs.\n"
+                     "# TYPE lendbox_pty_sessions gauge\nlendbox_pty_sessions %zu\n",
                      pool_queued(app->pool), pool_running(app->pool),
-                     http_parked_count(http_server(req)));
+                     http_parked_count(http_server(req)), app->ptys ? pty_count(app->ptys) : 0);
         r = lb_buf_append(&out, line, (size_t)n);
     }
     if (r < 0) {

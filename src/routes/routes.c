@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lend/pty.h"
 #include "provider/provider.h"
 #include "util/token.h"
 
@@ -38,15 +39,14 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, route_resume, "resume", false},
     {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, route_endpoint, "endpoints",
      false},
-    {"POST", "/v1/sandboxes/*/pty", LB_AUTH_SANDBOX, false, routes_not_implemented, "pty_create",
-     false},
-    {"GET", "/v1/pty/*/output", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_output", false},
-    {"POST", "/v1/pty/*/input", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_input", false},
-    {"POST", "/v1/pty/*/resize", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_resize", false},
-    {"POST", "/v1/pty/*/signal", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_signal", false},
-    {"POST", "/v1/pty/*/attach", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_attach", false},
-    {"GET", "/v1/pty/*/wait", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_wait", false},
-    {"DELETE", "/v1/pty/*", LB_AUTH_ADMIN, false, routes_not_implemented, "pty_delete", false},
+    {"POST", "/v1/sandboxes/*/pty", LB_AUTH_SANDBOX, false, route_pty_create, "pty_create", false},
+    {"GET", "/v1/pty/*/output", LB_AUTH_PTY, false, route_pty_output, "pty_output", false},
+    {"POST", "/v1/pty/*/input", LB_AUTH_PTY, false, route_pty_input, "pty_input", false},
+    {"POST", "/v1/pty/*/resize", LB_AUTH_PTY, false, route_pty_resize, "pty_resize", false},
+    {"POST", "/v1/pty/*/signal", LB_AUTH_PTY, false, route_pty_signal, "pty_signal", false},
+    {"POST", "/v1/pty/*/attach", LB_AUTH_PTY, false, route_pty_attach, "pty_attach", false},
+    {"GET", "/v1/pty/*/wait", LB_AUTH_PTY, false, route_pty_wait, "pty_wait", false},
+    {"DELETE", "/v1/pty/*", LB_AUTH_PTY, false, route_pty_delete, "pty_delete", false},
     {"GET", "/v1/images", LB_AUTH_ADMIN, false, route_images_list, "images_list", false},
     {"POST", "/v1/images", LB_AUTH_ADMIN, true, route_image_import, "image_import", false},
     {"DELETE", "/v1/images/*", LB_AUTH_ADMIN, false, route_image_delete, "image_delete", true},
@@ -57,7 +57,7 @@ void routes_print(FILE *f)
 {
     /* index 3: the session-operate level (admin, or the operate token of the session's
      * sandbox) that the activation routes get with issue 10 */
-    static const char *const auth_names[] = {"none", "admin", "sandbox", "session"};
+    static const char *const auth_names[] = {"none", "admin", "sandbox", "session", "pty"};
     const size_t n_names = sizeof(auth_names) / sizeof(auth_names[0]);
 
     for (const struct lb_route *r = lb_routes; r->method; r++)
@@ -68,7 +68,16 @@ void routes_print(FILE *f)
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
                      enum lb_principal *who, struct lb_error *err)
 {
-    return auth_authorize(((struct lb_app *)app)->auth, token, need, sandbox_id, who, err);
+    struct lb_app *a = app;
+    char sbx[LB_ID_MAX];
+
+    if (need == LB_AUTH_PTY) {
+        /* the session's sandbox decides; an unknown session is nobody's (admin only: 404) */
+        bool known = a->ptys && pty_sandbox_of(a->ptys, sandbox_id, sbx, sizeof(sbx)) == 0;
+
+        return auth_authorize(a->auth, token, LB_AUTH_SANDBOX, known ? sbx : NULL, who, err);
+    }
+    return auth_authorize(a->auth, token, need, sandbox_id, who, err);
 }
 
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,

@@ -28,18 +28,39 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store;   /* the records (images in use) */
-    const char *images_dir;   /* the image store (image/image.h) */
-    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
-    int64_t stop_concurrency; /* releases in flight at once in release_all */
+    struct lb_store *store;     /* the records (images in use) */
+    const char *images_dir;     /* the image store (image/image.h) */
+    int64_t max_wait_ms;        /* longest long-poll (limits.max_wait_ms) */
+    int64_t stop_concurrency;   /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;       /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_follows *follows; /* followed activation logs (follow.c) */
 };
+
+/* follow.c: GET .../activation with Accept: application/x-ndjson streams the activation's
+ * output log as {"stream": "log", "data"} lines while the harness runs, then the activation
+ * object; one follower thread serves all of them (no worker held while waiting). */
+struct lb_follows;
+/* Start the follower thread. app must outlive it. -ENOMEM, -errno. */
+int follows_new(struct lb_app *app, struct lb_follows **out);
+/* Follow fd (the log, owned from now on) into s (a kept stream, http_stream_keep: the
+ * reference is the follower's), until watch (owned; NULL: the harness has ended) says the
+ * harness ended; then the final line is written on app->pool and the stream ended. On failure
+ * the stream is ended with an error line. Thread-safe. 0, -ENOMEM, -ESHUTDOWN. */
+int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *rsid,
+                struct lb_activation_watch *watch);
+/* End every follow (an error line "draining") and the thread; later adds are ended at once.
+ * Call before http_stop (and before pool_stop: no new final jobs). Idempotent, NULL-safe. */
+void follows_stop(struct lb_follows *fs);
+/* follows_stop, then free (NULL-safe). */
+void follows_free(struct lb_follows *fs);
 
 /* The route table (terminated by {NULL}) for http_start. */
 extern const struct lb_route lb_routes[];
 
 /* Print the route table to f, one route a line: "METHOD PATTERN AUTH NAME" (AUTH is none, admin,
- * sandbox or session; '*' in PATTERN matches one path segment). For `lendboxd routes` and the test
- * that compares the table with docs/openapi.yaml. Thread-safe (reads the constant table only). */
+ * sandbox, session or pty; '*' in PATTERN matches one path segment). For `lendboxd routes` and the
+ * test that compares the table with docs/openapi.yaml. Thread-safe (reads the constant table only).
+ */
 void routes_print(FILE *f);
 
 /* The authorize hook for http_start; app is a struct lb_app. */
@@ -125,6 +146,15 @@ int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
+/* pty.c: PTY sessions and detached execs */
+int route_pty_create(struct lb_request *req, struct lb_error *err);
+int route_pty_output(struct lb_request *req, struct lb_error *err);
+int route_pty_input(struct lb_request *req, struct lb_error *err);
+int route_pty_resize(struct lb_request *req, struct lb_error *err);
+int route_pty_signal(struct lb_request *req, struct lb_error *err);
+int route_pty_attach(struct lb_request *req, struct lb_error *err);
+int route_pty_wait(struct lb_request *req, struct lb_error *err);
+int route_pty_delete(struct lb_request *req, struct lb_error *err);
 int route_healthz(struct lb_request *req, struct lb_error *err);
 int route_readyz(struct lb_request *req, struct lb_error *err);
 int route_metrics(struct lb_request *req, struct lb_error *err);

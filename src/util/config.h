@@ -58,7 +58,9 @@ struct lb_config {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running; 0: workers / 4 */
     int64_t default_disk_mib;
     int64_t max_disk_mib;
-    int64_t max_wait_ms; /* longest long-poll (GET .../activation?wait_ms=) */
+    int64_t max_wait_ms;      /* longest long-poll (GET .../activation?wait_ms=) */
+    int64_t max_pty_sessions; /* PTY sessions (and detached execs) per sandbox, exited ones until
+                                 deleted */
     /* [provider] */
     char *provider;          /* the default provider (provider/registry.h) */
     char *providers_enabled; /* more providers seeds may name; NULL: only the default */

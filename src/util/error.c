@@ -76,6 +76,9 @@ int lb_error_http_status(int code, const char **api_code)
     case EALREADY:
         status = 409, name = "conflict";
         break;
+    case ESTALE: /* a PTY output offset older than the retained window */
+        status = 410, name = "gone";
+        break;
     case EFBIG:
     case EMSGSIZE:
         status = 413, name = "payload_too_large";

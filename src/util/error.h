@@ -11,6 +11,7 @@
  *   -EACCES, -EPERM                                            403 forbidden
  *   -ENOENT, -ESRCH                                            404 not_found
  *   -EEXIST, -EBUSY, -EALREADY                                 409 conflict
+ *   -ESTALE                                                    410 gone
  *   -EFBIG, -EMSGSIZE                                          413 payload_too_large
  *   -EOPNOTSUPP                                                422 unenforceable
  *   -EAGAIN, -EUSERS                                           429 overloaded

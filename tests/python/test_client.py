@@ -77,9 +77,14 @@ def test_errors_are_typed(daemon):
         op.exec(other["sandbox_id"], "true")
     with pytest.raises(lendbox.Forbidden):
         op.delete_sandbox(lease["sandbox_id"])
-    with pytest.raises(lendbox.NotImplementedByServer) as e:
-        c.create_pty(lease["sandbox_id"])
-    assert isinstance(e.value, NotImplementedError) and e.value.status == 501
+    # PTY sessions are built (issue 12): a round trip; an offset past the end is a typed 400
+    sid = c.create_pty(lease["sandbox_id"], "printf pty-ok; exit 4")["session_id"]
+    assert c.pty_wait(sid, timeout_ms=30000)["exit_code"] == 4
+    out = c.pty_output(sid, 0)
+    assert out["data"] == b"pty-ok" and out["exit_code"] == 4 and out["next_offset"] == 6
+    with pytest.raises(lendbox.BadRequest):
+        c.pty_output(sid, 7)
+    c.pty_delete(sid)
     with pytest.raises(lendbox.ImageNotFound):
         c.seed("err-4", "t", image="no-such-image")
     for rsid in ("err-1", "err-3"):

@@ -178,8 +178,8 @@ async def test_async_sandbox_facade(daemon, tmp_path):
         await sb.pause()
         assert await sb.status() == SandboxStatus.PAUSED
         await sb.resume()
-        with pytest.raises(lendbox.NotImplementedByServer):
-            await sb.pty.create()
+        session = await sb.pty.create(command="echo gym-pty")
+        assert session["session_id"].startswith("pty-")
         sandbox_id = sb.sandbox_id
     assert await sb.status() == SandboxStatus.STOPPED
     assert not sandbox_dir_exists(daemon, sandbox_id)

@@ -613,7 +613,7 @@ class _Routes:
             _Call("endpoint", f"/v1/sandboxes/{_seg(sandbox_id)}/endpoints/{int(port)}")
         )
 
-    # --- PTY (the daemon answers 501 until PTY sessions are built) ------------------------------
+    # --- PTY (a provider without PTY sessions, e.g. docker, answers 501) ------------------------
 
     def create_pty(
         self,

@@ -384,8 +384,9 @@ class LendboxProvider:
             descriptor use the descriptor's token instead.
         client_options: keyword arguments for :class:`lendbox.AsyncClient` (timeouts, retries).
 
-    Capabilities: connect (serialize_handle/connect), endpoint, pause/resume. PTY: the daemon
-    answers 501, raised as :class:`lendbox.errors.NotImplementedByServer` (a NotImplementedError).
+    Capabilities: connect (serialize_handle/connect), endpoint, pause/resume, PTY sessions
+    (``sandbox.pty.create`` returns ``{"session_id"}``; on a provider without PTY sessions, e.g.
+    docker, the daemon answers 501, raised as :class:`lendbox.errors.NotImplementedByServer`).
     Registered, when NeMo Gym is installed, under the ``nemo_gym.sandbox_providers`` entry point
     ``lendbox``.
     """
@@ -761,8 +762,9 @@ class AsyncSandbox:
 
 
 class SandboxPty:
-    """PTY namespace of a sandbox. lendboxd answers 501 until PTY sessions are built, so
-    :meth:`create` and :meth:`exec` raise :class:`lendbox.errors.NotImplementedByServer` (a
+    """PTY namespace of a sandbox: :meth:`create` opens a session on the daemon (its id in
+    ``{"session_id"}``; read, write and wait through the client's ``pty_*`` calls). On a provider
+    without PTY sessions (docker) they raise :class:`lendbox.errors.NotImplementedByServer` (a
     ``NotImplementedError``); use ``sandbox.exec`` instead."""
 
     def __init__(self, sandbox: AsyncSandbox):

@@ -1,0 +1,338 @@
+/*
+ * follow.c - following an activation's output log (GET /v1/sessions/{rsid}/activation with
+ * Accept: application/x-ndjson), without holding a worker while the harness runs.
+ *
+ * The route's job opens the log (a provider call), begins the streamed response and hands it
+ * here (http_stream_keep), then returns its worker. One follower thread serves every follow:
+ * woken by inotify on the open log files (and every TICK_MS at the latest), it reads what was
+ * appended and writes {"stream": "log", "data": text} lines (UTF-8, a sequence cut between two
+ * reads held back, as streamed exec does). Once the activation's watch says the harness has
+ * ended (activation_watch_changed: a store and receipt read, quick), it reads the rest and
+ * hands the final line - the activation object as GET .../activation returns it, which may
+ * collect a nowait activation and so needs a worker - to the pool, which writes it and ends
+ * the stream. A client that hangs up is dropped at its next write.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include "routes/routes.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/utf8.h"
+
+#define TICK_MS 250
+#define READ_CHUNK 65536
+
+struct follow {
+    struct lb_stream *stream;
+    int fd;
+    int wd;
+    uint64_t off;
+    char carry[4];
+    size_t carry_len;
+    char *rsid;
+    struct lb_activation_watch *watch; /* NULL: nothing to wait for */
+    struct follow *next;
+};
+
+struct lb_follows {
+    struct lb_app *app;
+    pthread_mutex_t lock; /* guards pending and stopping */
+    struct follow *pending;
+    bool stopping;
+    struct follow *active; /* the thread's own */
+    int ino;
+    int wake[2];
+    pthread_t thread;
+    bool started;
+};
+
+/* One JSON line to the stream (steals line). false once the client is gone. */
+static bool write_line(struct lb_stream *s, json_t *line)
+{
+    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    bool ok =
+        text && http_stream_write(s, text, strlen(text)) == 0 && http_stream_write(s, "\n", 1) == 0;
+
+    json_decref(line);
+    free(text);
+    return ok;
+}
+
+static void follow_free(struct follow *f)
+{
+    if (f->fd >= 0)
+        close(f->fd);
+    activation_watch_free(f->watch);
+    free(f->rsid);
+    free(f);
+}
+
+/* End the stream with an error line and drop the follow. */
+static void follow_fail(struct follow *f, const char *code, const char *message)
+{
+    (void)write_line(f->stream,
+                     json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+    http_stream_end(f->stream);
+    http_stream_release(f->stream);
+    follow_free(f);
+}
+
+/* Send data (with what was held back) as one chunk line; last: hold nothing back. */
+static bool send_chunk(struct follow *f, const char *data, size_t len, bool last)
+{
+    size_t n = f->carry_len + len, keep;
+    char *all = malloc(n + 1);
+    struct lb_buf clean;
+    bool ok = true;
+
+    if (!all)
+        return false;
+    memcpy(all, f->carry, f->carry_len);
+    if (len)
+        memcpy(all + f->carry_len, data, len);
+    keep = last ? 0 : utf8_incomplete_tail(all, n);
+    memcpy(f->carry, all + n - keep, keep);
+    f->carry_len = keep;
+    n -= keep;
+    if (n > 0) {
+        lb_buf_init(&clean, 0);
+        ok = utf8_sanitize(all, n, &clean) == 0 &&
+             write_line(f->stream, json_pack("{s:s,s:s%}", "stream", "log", "data",
+                                             clean.data ? clean.data : "", clean.len));
+        lb_buf_release(&clean);
+    }
+    free(all);
+    return ok;
+}
+
+/* Read what the log has past f->off. false once the client is gone. */
+static bool pump(struct follow *f, bool last)
+{
+    char buf[READ_CHUNK];
+
+    for (;;) {
+        ssize_t n = pread(f->fd, buf, sizeof(buf), (off_t)f->off);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        f->off += (uint64_t)n;
+        if (!send_chunk(f, buf, (size_t)n, false))
+            return false;
+    }
+    return !last || f->carry_len == 0 || send_chunk(f, NULL, 0, true);
+}
+
+/* The final line, on a worker: the activation object as GET .../activation renders it. */
+struct final_job {
+    struct lb_app *app;
+    struct lb_stream *stream;
+    char *rsid;
+};
+
+static void final_run(void *arg)
+{
+    struct final_job *j = arg;
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = activation_get(j->app->acts, j->rsid, false, 0, &out, &err);
+
+    if (r < 0) {
+        const char *code = "internal";
+
+        lb_error_http_status(r, &code);
+        out = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message);
+    }
+    (void)write_line(j->stream, out);
+    http_stream_end(j->stream);
+    http_stream_release(j->stream);
+    free(j->rsid);
+    free(j);
+}
+
+/* The harness ended: read the rest and hand the final line to a worker. */
+static void follow_finish(struct lb_follows *fs, struct follow *f)
+{
+    struct final_job *j;
+
+    if (!pump(f, true)) {
+        follow_fail(f, "gone", "the client went away");
+        return;
+    }
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->rsid = strdup(f->rsid))) {
+        free(j);
+        follow_fail(f, "internal", "out of memory");
+        return;
+    }
+    j->app = fs->app;
+    j->stream = f->stream;
+    if (pool_submit(fs->app->pool, final_run, j) < 0) {
+        free(j->rsid);
+        free(j);
+        follow_fail(f, "overloaded", "the worker queue is full: read the activation with GET");
+        return;
+    }
+    f->stream = NULL; /* the job's now */
+    follow_free(f);
+}
+
+static void *follow_main(void *arg)
+{
+    struct lb_follows *fs = arg;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+    for (;;) {
+        struct pollfd pf[2] = {{.fd = fs->ino, .events = POLLIN},
+                               {.fd = fs->wake[0], .events = POLLIN}};
+        struct follow *add, **pp;
+        bool stopping;
+
+        (void)poll(pf, 2, TICK_MS);
+        if (pf[0].revents)
+            while (read(fs->ino, buf, sizeof(buf)) > 0)
+                ;
+        if (pf[1].revents)
+            while (read(fs->wake[0], buf, sizeof(buf)) > 0)
+                ;
+        pthread_mutex_lock(&fs->lock);
+        add = fs->pending;
+        fs->pending = NULL;
+        stopping = fs->stopping;
+        pthread_mutex_unlock(&fs->lock);
+        while (add) {
+            struct follow *f = add;
+
+            add = add->next;
+            f->next = fs->active;
+            fs->active = f;
+        }
+        if (stopping)
+            break;
+        for (pp = &fs->active; *pp;) {
+            struct follow *f = *pp;
+            bool ended = !f->watch || activation_watch_changed(f->watch);
+
+            if (!pump(f, false)) {
+                *pp = f->next;
+                follow_fail(f, "gone", "the client went away");
+            } else if (ended) {
+                *pp = f->next;
+                follow_finish(fs, f);
+            } else {
+                pp = &f->next;
+            }
+        }
+    }
+    return NULL;
+}
+
+int follows_new(struct lb_app *app, struct lb_follows **out)
+{
+    struct lb_follows *fs = calloc(1, sizeof(*fs));
+
+    *out = NULL;
+    if (!fs)
+        return -ENOMEM;
+    fs->app = app;
+    fs->wake[0] = fs->wake[1] = -1;
+    pthread_mutex_init(&fs->lock, NULL);
+    fs->ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (fs->ino < 0 || pipe2(fs->wake, O_CLOEXEC | O_NONBLOCK) < 0 ||
+        pthread_create(&fs->thread, NULL, follow_main, fs) != 0) {
+        int e = errno ? errno : EAGAIN;
+
+        follows_free(fs);
+        return -e;
+    }
+    fs->started = true;
+    *out = fs;
+    return 0;
+}
+
+int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *rsid,
+                struct lb_activation_watch *w)
+{
+    struct follow *f = calloc(1, sizeof(*f));
+    char path[64];
+
+    if (!f || !(f->rsid = strdup(rsid))) {
+        free(f);
+        close(fd);
+        activation_watch_free(w);
+        (void)write_line(
+            s, json_pack("{s:{s:s,s:s}}", "error", "code", "internal", "message", "out of memory"));
+        http_stream_end(s);
+        http_stream_release(s);
+        return -ENOMEM;
+    }
+    f->stream = s;
+    f->fd = fd;
+    f->watch = w;
+    /* the log's own inode, whatever mount namespace it lives in */
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    f->wd = inotify_add_watch(fs->ino, path, IN_MODIFY);
+    pthread_mutex_lock(&fs->lock);
+    if (fs->stopping) {
+        pthread_mutex_unlock(&fs->lock);
+        follow_fail(f, "draining", "the daemon is shutting down");
+        return -ESHUTDOWN;
+    }
+    f->next = fs->pending;
+    fs->pending = f;
+    pthread_mutex_unlock(&fs->lock);
+    (void)!write(fs->wake[1], "x", 1);
+    return 0;
+}
+
+void follows_stop(struct lb_follows *fs)
+{
+    struct follow *f;
+
+    if (!fs)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    fs->stopping = true;
+    pthread_mutex_unlock(&fs->lock);
+    if (fs->started) {
+        (void)!write(fs->wake[1], "x", 1);
+        pthread_join(fs->thread, NULL);
+        fs->started = false;
+    }
+    pthread_mutex_lock(&fs->lock);
+    while ((f = fs->pending)) {
+        fs->pending = f->next;
+        f->next = fs->active;
+        fs->active = f;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    while ((f = fs->active)) {
+        fs->active = f->next;
+        follow_fail(f, "draining",
+                    "the daemon is shutting down; read the activation with GET once it is back");
+    }
+}
+
+void follows_free(struct lb_follows *fs)
+{
+    if (!fs)
+        return;
+    follows_stop(fs);
+    if (fs->ino >= 0)
+        close(fs->ino);
+    if (fs->wake[0] >= 0)
+        close(fs->wake[0]);
+    if (fs->wake[1] >= 0)
+        close(fs->wake[1]);
+    pthread_mutex_destroy(&fs->lock);
+    free(fs);
+}

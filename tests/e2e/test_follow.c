@@ -1,0 +1,251 @@
+/*
+ * test_follow.c - following an activation's output log (issue 12 item 3, second half):
+ * GET /v1/sessions/{rsid}/activation with "Accept: application/x-ndjson" against the real
+ * daemon and a real bubblewrap sandbox, read line by line as the bytes arrive.
+ *
+ * Proves: a line the harness printed arrives while the harness still runs (it waits for a file
+ * the test writes only after seeing that line: event-driven, no timing); the chunks
+ * concatenate to the log GET ?log=1 returns; the stream ends with the activation object
+ * (return code); followers hold no worker (on a 2-worker daemon, 4 follows of a running
+ * harness and an exec on another sandbox all complete); errors before the stream keep their
+ * plain JSON status (404 without an activation).
+ */
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define N_FOLLOWS 4
+
+static struct lbt_daemon D;
+
+static void setup(void)
+{
+    static const char *const args[] = {"--set", "server.workers=2", NULL};
+
+    lbt_daemon_start(&D, args);
+}
+
+static void teardown(void)
+{
+    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
+    lbt_daemon_cleanup(&D);
+}
+
+/* One follow, run on its own thread. */
+struct follow {
+    pthread_t thread;
+    char rsid[64];
+    pthread_mutex_t lock;
+    json_t *lines[256];
+    int n;
+    char partial[1 << 16];
+    size_t plen;
+    long status;
+    char content_type[128];
+    CURLcode rc;
+};
+
+static size_t follow_write(char *p, size_t sz, size_t nmemb, void *ud)
+{
+    struct follow *f = ud;
+    size_t k = sz * nmemb;
+    char *nl;
+
+    if (f->plen + k >= sizeof(f->partial))
+        return 0;
+    memcpy(f->partial + f->plen, p, k);
+    f->plen += k;
+    while ((nl = memchr(f->partial, '\n', f->plen))) {
+        size_t len = (size_t)(nl - f->partial);
+        json_t *l = json_loadb(f->partial, len, 0, NULL);
+
+        pthread_mutex_lock(&f->lock);
+        if (f->n < 256)
+            f->lines[f->n++] = l ? l : json_string("<not JSON>");
+        pthread_mutex_unlock(&f->lock);
+        memmove(f->partial, nl + 1, f->plen - len - 1);
+        f->plen -= len + 1;
+    }
+    return k;
+}
+
+static void *follow_main(void *arg)
+{
+    struct follow *f = arg;
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = NULL;
+    char url[512], auth[300], *ct = NULL;
+
+    snprintf(url, sizeof(url), "%s/v1/sessions/%s/activation", D.base_url, f->rsid);
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", D.admin_token);
+    h = curl_slist_append(h, auth);
+    h = curl_slist_append(h, "Accept: application/x-ndjson");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, follow_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, f);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
+    f->rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &f->status);
+    curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct);
+    snprintf(f->content_type, sizeof(f->content_type), "%s", ct ? ct : "");
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    return NULL;
+}
+
+static struct follow *follow_start(const char *rsid)
+{
+    struct follow *f = calloc(1, sizeof(*f));
+
+    ck_assert_ptr_nonnull(f);
+    snprintf(f->rsid, sizeof(f->rsid), "%s", rsid);
+    pthread_mutex_init(&f->lock, NULL);
+    ck_assert_int_eq(pthread_create(&f->thread, NULL, follow_main, f), 0);
+    return f;
+}
+
+/* The concatenated "data" of the chunk lines so far (malloc'd); *final: the last line is not a
+ * chunk (the activation object or an error). */
+static char *follow_text(struct follow *f, bool *final)
+{
+    char *all = calloc(1, 1);
+    size_t n = 0;
+
+    pthread_mutex_lock(&f->lock);
+    *final = false;
+    for (int i = 0; i < f->n; i++) {
+        const char *s = json_string_value(json_object_get(f->lines[i], "stream"));
+        const char *d = json_string_value(json_object_get(f->lines[i], "data"));
+
+        if (!s) {
+            *final = true;
+            continue;
+        }
+        ck_assert_str_eq(s, "log");
+        ck_assert_ptr_nonnull(d);
+        all = realloc(all, n + strlen(d) + 1);
+        memcpy(all + n, d, strlen(d) + 1);
+        n += strlen(d);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return all;
+}
+
+static void follow_join(struct follow *f)
+{
+    pthread_join(f->thread, NULL);
+}
+
+static void follow_free(struct follow *f)
+{
+    for (int i = 0; i < f->n; i++)
+        json_decref(f->lines[i]);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+START_TEST(test_follow_streams_while_running)
+{
+    struct follow *fs[N_FOLLOWS];
+    char sbx[128], other[128], path[300];
+    struct lbt_resp r;
+    json_t *lease, *res;
+    double until;
+    bool final;
+    char *text;
+
+    lease = lbt_seed(&D, "follow-1", "task-follow", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    lease = lbt_seed(&D, "follow-2", "task-follow", NULL);
+    snprintf(other, sizeof(other), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+
+    lbt_json(&D, "POST", "/v1/sessions/follow-1/execute", "",
+             "{\"wait\": false, \"argv\": [\"sh\", \"-c\", \"echo first-line; while [ ! -e "
+             "/tmp/go ]; do sleep 0.1; done; echo second-line; exit 4\"]}",
+             &r);
+    ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    for (int i = 0; i < N_FOLLOWS; i++)
+        fs[i] = follow_start("follow-1");
+
+    /* every follower sees the first line while the harness still waits */
+    for (int i = 0; i < N_FOLLOWS; i++) {
+        until = lbt_now() + 120;
+        for (;;) {
+            text = follow_text(fs[i], &final);
+            if (strstr(text, "first-line\n") || lbt_now() > until)
+                break;
+            free(text);
+            lbt_sleep_ms(50);
+        }
+        ck_assert_msg(strstr(text, "first-line\n"), "follower %d: no first line (%s)", i, text);
+        ck_assert(!final);
+        ck_assert(!strstr(text, "second-line"));
+        free(text);
+    }
+    /* 4 follows of a 2-worker daemon hold no worker: an exec elsewhere completes */
+    res = lbt_exec_ok(&D, other, "", "{\"command\": \"echo ok\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "ok\n");
+    json_decref(res);
+
+    /* let the harness finish */
+    res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"touch /tmp/go\"}");
+    json_decref(res);
+    lbt_json(&D, "GET", "/v1/sessions/follow-1/activation?wait_ms=60000&log=1", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (int i = 0; i < N_FOLLOWS; i++) {
+        json_t *last;
+
+        follow_join(fs[i]);
+        ck_assert_int_eq(fs[i]->rc, CURLE_OK);
+        ck_assert_int_eq(fs[i]->status, 200);
+        ck_assert_str_eq(fs[i]->content_type, "application/x-ndjson");
+        text = follow_text(fs[i], &final);
+        ck_assert(final);
+        /* the chunks are the log */
+        ck_assert_str_eq(text, json_string_value(json_object_get(r.json, "log")));
+        ck_assert_ptr_nonnull(strstr(text, "first-line\nsecond-line\n"));
+        free(text);
+        last = fs[i]->lines[fs[i]->n - 1];
+        ck_assert_str_eq(json_string_value(json_object_get(last, "activation_id")),
+                         json_string_value(json_object_get(r.json, "activation_id")));
+        ck_assert_int_eq(json_integer_value(json_object_get(last, "return_code")), 4);
+        follow_free(fs[i]);
+    }
+    lbt_resp_free(&r);
+
+    /* no activation: a plain 404, not a stream */
+    {
+        struct follow *f = follow_start("follow-2");
+
+        follow_join(f);
+        ck_assert_int_eq(f->status, 404);
+        ck_assert(strncmp(f->content_type, "application/json", 16) == 0);
+        follow_free(f);
+    }
+    snprintf(path, sizeof(path), "/v1/sessions/follow-1/release");
+    lbt_json(&D, "POST", path, "", "{}", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("follow");
+    TCase *tc = tcase_create("follow");
+
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_follow_streams_while_running);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
