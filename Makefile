@@ -65,8 +65,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm clean format \
-	lxd-cluster-up lxd-cluster-down lxd-check
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -171,7 +170,9 @@ check: deps
 	@$(MAKE) --no-print-directory systemd-test
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
-# check uses its own cluster (LXD_CLUSTER_INDEX=1) and skips, saying why, where LXD cannot run.
+# check uses a cluster of its own (the first free LXD_CLUSTER_INDEX) and skips, saying why, where
+# LXD cannot run.
+.PHONY: lxd-cluster-up lxd-cluster-down lxd-check
 lxd-cluster-up:
 	@scripts/lxd-cluster up
 lxd-cluster-down:
