@@ -181,6 +181,19 @@ check: deps
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory systemd-test
 
+# A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
+# check uses a cluster of its own (the first free LXD_CLUSTER_INDEX) and skips, saying why, where
+# LXD cannot run.
+.PHONY: lxd-cluster-up lxd-cluster-down lxd-check
+lxd-cluster-up:
+	@scripts/lxd-cluster up
+lxd-cluster-down:
+	@scripts/lxd-cluster down
+lxd-check:
+	@echo "== tests/lxd-cluster-check"; tests/lxd-cluster-check; rc=$$?; \
+		if [ $$rc -eq 77 ]; then echo "lxd-check: SKIPPED (LXD cannot run on this machine)"; \
+		exit 0; fi; exit $$rc
+
 # The unit under a real systemd (systemd-nspawn of a cached debootstrap root); needs root.
 systemd-test: all
 	@echo "== tests/systemd-unit"; tests/systemd-unit
