@@ -92,6 +92,15 @@ const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t 
     return buf;
 }
 
+void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size)
+{
+    size_t base = strcspn(op, "?");
+
+    /* a cluster answers "/1.0/operations/ID?project=default": the wait goes before the query */
+    snprintf(buf, size, "%.*s/wait?timeout=%lld%s%s", (int)base, op, (long long)secs,
+             op[base] ? "&" : "", op[base] ? op + base + 1 : "");
+}
+
 /* An LXD answer that is not what was wanted as an error: 404 -ENOENT, else -EREMOTEIO. */
 static int answer_error(const struct lb_httpc_response *resp, const char *what,
                         struct lb_error *err)
@@ -114,7 +123,7 @@ static int wait_operation(struct lb_lxd *l, const char *member, const char *op, 
     const char *status;
     int r;
 
-    snprintf(path, sizeof(path), "%s/wait?timeout=%lld", op, (long long)secs);
+    lxd_wait_path(op, secs, path, sizeof(path));
     /* LXD answers when the operation ends or after secs; curl gives it a little more */
     r = lxd_call(l, member, "GET", path, NULL, timeout_ms + 2000, &resp, err);
     if (r < 0)

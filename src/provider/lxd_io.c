@@ -614,8 +614,7 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -EREMOTEIO, "LXD: exec answered no operation");
         goto out;
     }
-    snprintf(path, sizeof(path), "%s/wait?timeout=%lld", op,
-             (long long)((req->timeout_ms + EXEC_SLACK_MS) / 1000));
+    lxd_wait_path(op, (req->timeout_ms + EXEC_SLACK_MS) / 1000, path, sizeof(path));
     json_decref(j);
     j = NULL;
     httpc_response_release(&resp);
