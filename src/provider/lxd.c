@@ -438,6 +438,14 @@ static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         struct lb_error serr = {0};
 
         r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+        /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
+         * another client: this daemon serializes its own) an id range newuidmap refuses
+         * ("forkstart" fails); a second start allocates again */
+        for (int i = 0; i < 2 && r < 0 && strstr(serr.message, "forkstart"); i++) {
+            log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
+            lb_error_clear(&serr);
+            r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+        }
         json_decref(start);
         if (r < 0 && strstr(serr.message, "already running"))
             r = 0;
