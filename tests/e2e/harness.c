@@ -389,9 +389,10 @@ const char *lbt_variant_lxd_socket(void)
     return lbt_lxd_socket[0] ? lbt_lxd_socket : NULL;
 }
 
-json_t *lbt_lxd_get(const char *path)
+static json_t *lbt_lxd_once(const char *method, const char *path, const char *body)
 {
     struct lbt_engine_body b = {0};
+    struct curl_slist *hdrs = NULL;
     char url[1024];
     json_t *j = NULL;
     CURL *h;
@@ -403,14 +404,43 @@ json_t *lbt_lxd_get(const char *path)
     snprintf(url, sizeof(url), "http://lxd%s", path);
     curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, lbt_lxd_socket);
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (body) {
+        hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    }
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, lbt_engine_on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 90L);
     if (curl_easy_perform(h) == CURLE_OK && b.data)
         j = json_loads(b.data, 0, NULL);
     curl_easy_cleanup(h);
+    curl_slist_free_all(hdrs);
     free(b.data);
     return j;
+}
+
+json_t *lbt_lxd_get(const char *path)
+{
+    return lbt_lxd_once("GET", path, NULL);
+}
+
+json_t *lbt_lxd_request(const char *method, const char *path, const char *body)
+{
+    json_t *j = lbt_lxd_once(method, path, body), *w;
+    const char *op = json_string_value(json_object_get(j, "operation"));
+    char wait[600];
+    size_t base;
+
+    if (!op || !*op)
+        return j;
+    base = strcspn(op, "?");
+    snprintf(wait, sizeof(wait), "%.*s/wait?timeout=60%s%s", (int)base, op, op[base] ? "&" : "",
+             op[base] ? op + base + 1 : "");
+    w = lbt_lxd_once("GET", wait, NULL);
+    json_decref(j);
+    return w;
 }
 
 /* lxd: instances whose name contains needle or whose user.lendbox.instance is needle;

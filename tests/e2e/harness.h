@@ -197,6 +197,9 @@ const char *lbt_variant_lacks(const char *capability);
  * JSON (NULL when LXD does not answer; the caller decrefs). */
 const char *lbt_variant_lxd_socket(void);
 json_t *lbt_lxd_get(const char *path);
+/* Any request through member a's socket (body JSON text or NULL); an async answer's operation
+ * is awaited (up to 60 s) and the operation's answer returned. NULL when LXD does not answer. */
+json_t *lbt_lxd_request(const char *method, const char *path, const char *body);
 /* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
 void lbt_skip_note(const char *test, const char *why);
 /* In a test body: on variant name, print why and end the test (it counts as passed). Only for
