@@ -441,9 +441,13 @@ static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
          * another client: this daemon serializes its own) an id range newuidmap refuses
          * ("forkstart" fails); a second start allocates again */
-        for (int i = 0; i < 2 && r < 0 && strstr(serr.message, "forkstart"); i++) {
+        for (int i = 0; i < 3 && r < 0 &&
+                        (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
+             i++) {
+            /* after a failed forkstart LXD stops the instance: wait for that too */
             log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
             lb_error_clear(&serr);
+            usleep((useconds_t)(500000 * (i + 1)));
             r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
         }
         json_decref(start);
