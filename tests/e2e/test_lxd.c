@@ -9,6 +9,7 @@
  * the retry loop finishes the stop once b is back, and the shutdown sweep with b down ends within
  * its bound and leaves the records stop_failed for the next start.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +367,113 @@ START_TEST(test_member_b_down)
 }
 END_TEST
 
+/* Run lendboxd with args to its end (at most 60 s): its exit status; its output into log. */
+static int daemon_run_to_end(const char *const *args, const char *log)
+{
+    const char *bin = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
+    const char *argv[32];
+    int n = 0, st = -1;
+    pid_t pid;
+
+    argv[n++] = bin;
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stderr);
+
+        if (!f || dup2(fileno(stderr), 1) < 0)
+            _exit(127);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        lbt_sleep_ms(100);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* --- HTTPS with a client certificate and the cluster's key pinned; a wrong pin stops startup
+ * --- */
+START_TEST(test_https_pinned)
+{
+    char member_dir[600], base[600], url[128], url_set[160], cert_set[700], key_set[700],
+        server_set[700], wrong_set[700], log[700], *slash;
+    const char *sock = lbt_variant_lxd_socket();
+    const char *addr;
+    struct lbt_daemon d;
+    json_t *j, *lease, *res;
+    struct lbt_resp r;
+    FILE *f;
+    char text[8192] = "";
+    size_t got;
+
+    ck_assert_ptr_nonnull(sock);
+    snprintf(member_dir, sizeof(member_dir), "%s", sock);
+    *strrchr(member_dir, '/') = '\0';
+    snprintf(base, sizeof(base), "%s", member_dir);
+    slash = strrchr(base, '/');
+    *slash = '\0';
+    j = lbt_lxd_get("/1.0");
+    addr = json_string_value(json_object_get(
+        json_object_get(json_object_get(j, "metadata"), "config"), "core.https_address"));
+    snprintf(url, sizeof(url), "%s", addr ? addr : "");
+    json_decref(j);
+    snprintf(cert_set, sizeof(cert_set), "%s/client.crt", base);
+    snprintf(server_set, sizeof(server_set), "%s/cluster.crt", member_dir);
+    if (!url[0] || !lbt_path_exists(cert_set) || !lbt_path_exists(server_set)) {
+        lbt_skip_note(__func__, "the cluster has no HTTPS address or no client certificate "
+                                "(scripts/lxd-cluster makes both)");
+        return;
+    }
+    snprintf(url_set, sizeof(url_set), "lxd.url=https://%s", url);
+    snprintf(cert_set, sizeof(cert_set), "lxd.cert=%s/client.crt", base);
+    snprintf(key_set, sizeof(key_set), "lxd.key=%s/client.key", base);
+    snprintf(server_set, sizeof(server_set), "lxd.server_cert=%s/cluster.crt", member_dir);
+    {
+        const char *extra[] = {"--set", "lxd.socket=", "--set", url_set,    "--set", cert_set,
+                               "--set", key_set,       "--set", server_set, NULL};
+
+        lbt_daemon_start(&d, extra);
+    }
+    lease = lbt_seed(&d, "tls-1", "t", NULL);
+    res = lbt_exec_ok(&d, sid_of(lease), "", "{\"command\": \"echo over tls\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "over tls\n");
+    json_decref(res);
+    lbt_json(&d, "POST", "/v1/sessions/tls-1/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(instance_code(sid_of(lease)), 404);
+    json_decref(lease);
+    ck_assert_int_eq(lbt_daemon_stop(&d), 0);
+    /* the client's own certificate as the server's: its key is not the cluster's */
+    snprintf(wrong_set, sizeof(wrong_set), "lxd.server_cert=%s/client.crt", base);
+    snprintf(log, sizeof(log), "%s.wrong-pin.log", d.state_dir);
+    {
+        const char *args[] = {
+            "--state-dir", d.state_dir,   "--listen", "127.0.0.1:0", "--set", "provider.name=lxd",
+            "--set",       "lxd.socket=", "--set",    url_set,       "--set", cert_set,
+            "--set",       key_set,       "--set",    wrong_set,     NULL};
+
+        ck_assert_int_ne(daemon_run_to_end(args, log), 0);
+    }
+    f = fopen(log, "r");
+    ck_assert_ptr_nonnull(f);
+    got = fread(text, 1, sizeof(text) - 1, f);
+    text[got] = '\0';
+    fclose(f);
+    unlink(log);
+    ck_assert_msg(strstr(text, "pinned"), "a wrong pin: %s", text);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s;
@@ -381,6 +489,7 @@ int main(void)
     tcase_add_test(tc, test_member_b_through_a);
     tcase_add_test(tc, test_octet_stream_round_trip);
     tcase_add_test(tc, test_kill9_adopt_and_orphan);
+    tcase_add_test(tc, test_https_pinned);
     suite_add_tcase(s, tc);
     tc = tcase_create("member_down");
     tcase_set_timeout(tc, 900);
