@@ -245,21 +245,23 @@ int metrics_render(struct lb_buf *out)
                                label, (double)atomic_load(&h->sum_ms) / 1000.0, label,
                                (unsigned long long)atomic_load(&h->count));
     }
+    /* one family after the other: Prometheus wants a family's samples together */
     pthread_mutex_lock(&members_mutex);
-    if (r == 0 && n_members > 0)
-        r = metrics_printf(out, "# HELP lendbox_provider_member_calls_total Engine API calls by "
-                                "cluster member.\n# TYPE lendbox_provider_member_calls_total "
-                                "counter\n# HELP lendbox_provider_member_failures_total Engine "
-                                "API calls by cluster member that failed (no answer, timeout, "
-                                "5xx).\n# TYPE lendbox_provider_member_failures_total counter\n");
-    for (size_t i = 0; i < n_members && r == 0; i++)
-        r = metrics_printf(out,
-                           "lendbox_provider_member_calls_total{provider=\"%s\",member=\"%s\"} "
-                           "%llu\nlendbox_provider_member_failures_total{provider=\"%s\","
-                           "member=\"%s\"} %llu\n",
-                           members[i].provider, members[i].member,
-                           (unsigned long long)members[i].calls, members[i].provider,
-                           members[i].member, (unsigned long long)members[i].failures);
+    for (int fam = 0; fam < 2 && n_members > 0; fam++) {
+        const char *name =
+            fam ? "lendbox_provider_member_failures_total" : "lendbox_provider_member_calls_total";
+
+        if (r == 0)
+            r = metrics_printf(out, "# HELP %s %s\n# TYPE %s counter\n", name,
+                               fam ? "Engine API calls by cluster member that failed (no "
+                                     "answer, timeout, 5xx)."
+                                   : "Engine API calls by cluster member.",
+                               name);
+        for (size_t i = 0; i < n_members && r == 0; i++)
+            r = metrics_printf(out, "%s{provider=\"%s\",member=\"%s\"} %llu\n", name,
+                               members[i].provider, members[i].member,
+                               (unsigned long long)(fam ? members[i].failures : members[i].calls));
+    }
     pthread_mutex_unlock(&members_mutex);
     return r;
 }
