@@ -418,7 +418,8 @@ static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
             goto out;
         made = true;
         log_info_sbx(ref->id, "lxd: instance %s already exists; using it", ref->id);
-    } else if (r == -ENOENT || strstr(cerr.message, "not found")) {
+    } else if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
+               strstr(cerr.message, "mage not found")) {
         r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
                          cerr.message);
         goto out;
