@@ -6,6 +6,7 @@
 #   make check      install missing Debian packages, build, run every test (e2e on two variants)
 #   make e2e-image  the e2e suite with every sandbox on a test image (LENDBOX_E2E_VARIANT=image)
 #   make e2e-docker part of the e2e suite on the docker provider against podman (variant docker)
+#   make e2e-lxd    part of the e2e suite on the lxd provider against a two-member LXD cluster
 #   make asan       the same tests against an ASan+UBSan build (in build-asan/)
 #   make tsan       the e2e tests against a ThreadSanitizer build (in build-tsan/)
 #   make install    FHS install (PREFIX=/usr/local, DESTDIR supported; unit into UNITDIR)
@@ -72,7 +73,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker pytest bench bench-warm bench-side clean format
+.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker e2e-lxd pytest bench bench-warm bench-side clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -169,13 +170,28 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 		LENDBOX_E2E_VARIANT=docker $$t || { rc=1; break; }; done; \
 	tests/podman-service stop $$dir; rm -rf $$dir; exit $$rc
 
+# The e2e suite on the "lxd" variant: every daemon runs provider.name = lxd through member a's
+# socket of the two-member LXD cluster of scripts/lxd-cluster (brought up here once, left up:
+# `scripts/lxd-cluster down` removes it), plus test_lxd (cluster placement, adoption, a dead
+# member, the octet-stream file pitfall). Where LXD cannot run the script exits 77 and every
+# program is skipped (said here). activation skips itself on lxd: activations answer 501 there.
+E2E_LXD_PROGS ?= lending exec files durability activation lxd
+E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
+e2e-lxd: all $(E2E_LXD_BINS)
+	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \
+	if [ $$rc -eq 77 ]; then echo "e2e-lxd: SKIP: LXD cannot run here: $$out"; exit 0; fi; \
+	[ $$rc -eq 0 ] || { echo "e2e-lxd: scripts/lxd-cluster up failed"; exit 1; }; \
+	export LENDBOX_E2E_LXD_SOCKET=$$(echo "$$out" | sed -n 's/^socket=//p' | tail -n 1); \
+	rc=0; for t in $(E2E_LXD_BINS); do echo "== $$t (variant lxd)"; \
+		LENDBOX_E2E_VARIANT=lxd $$t || { rc=1; break; }; done; exit $$rc
+
 # The Python client (clients/python) against real daemons: Debian's python3 and pytest, never
 # the python3 first on PATH (it may be a pyenv build without Debian's python3-* packages).
 PYTHON ?= /usr/bin/python3
 pytest: all
 	@echo "== tests/python (pytest)"; cd tests/python && $(PYTHON) -m pytest -q -p no:cacheprovider
 
-test: unit e2e e2e-image e2e-docker pytest
+test: unit e2e e2e-image e2e-docker e2e-lxd pytest
 
 check: deps
 	@$(MAKE) --no-print-directory test

@@ -34,6 +34,7 @@
 #include <unistd.h>
 #include <uthash.h>
 
+#include "lend/lend_internal.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/token.h"
@@ -1154,6 +1155,21 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     if (store_get_live_by_rsid(a->store, rsid, &live, NULL) < 0 || live.state != LB_STATE_LENT) {
         r = lb_error_set(err, -ENOENT, "session %s has no lent sandbox", rsid);
         goto out;
+    }
+    {
+        /* the receipt channel is a daemon file passed to the harness supervisor (pass_fd): a
+         * provider without it (lxd) cannot run activations */
+        struct lb_provider *prov = lend_provider_of(a->lend, &live, NULL);
+        struct lb_provider_caps caps;
+
+        provider_caps(prov, &caps);
+        if (prov && !caps.pass_fd) {
+            r = lb_error_set(err, -ENOSYS,
+                             "harness activations are not available on provider '%s' (it cannot "
+                             "pass the receipt file to the harness supervisor)",
+                             prov->ops->name);
+            goto out;
+        }
     }
     if (lend_sandbox_status(a->lend, live.id, &status, NULL) == 0 &&
         (st = json_string_value(json_object_get(status, "status"))) && !strcmp(st, "paused")) {

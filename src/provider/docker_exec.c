@@ -3,6 +3,7 @@
  * framed mode (the protocol is described in docker.h and supervise.c, "Framed mode").
  */
 #include "provider/docker_internal.h"
+#include "provider/framed.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,81 +18,19 @@
 #include "util/clock.h"
 #include "util/token.h"
 
-#define STATUS_MAX 1100
 #define DIAG_MAX 4096
 #define EXEC_SLACK_MS 30000 /* the engine's own start-up and tear-down, past the timeout */
 
 /* The reader of the engine's multiplexed stream (8-byte headers: stream, 0, 0, 0, size BE)
- * whose stdout carries the supervisor's frames (type, size BE32, payload). */
+ * whose stdout carries the supervisor's frames (framed.h). */
 struct exec_reader {
-    struct lb_exec_result *res;
+    struct lb_framed_reader fr;
     unsigned char mux_hdr[8];
     size_t mux_have;
     uint32_t mux_left;
     int mux_stream;
-    unsigned char fr_hdr[5];
-    size_t fr_have;
-    uint32_t fr_left;
-    char fr_type;
-    char status[STATUS_MAX];
-    size_t status_len;
-    bool have_status;
     struct lb_buf diag; /* the exec's own stderr: the engine's or the supervisor's complaints */
-    bool bad;           /* a frame that is not the protocol's */
 };
-
-static void frame_bytes(struct exec_reader *x, const unsigned char *p, size_t n)
-{
-    while (n > 0) {
-        if (x->fr_left == 0 && x->fr_have < 5) {
-            x->fr_hdr[x->fr_have++] = *p++;
-            n--;
-            if (x->fr_have == 5) {
-                x->fr_type = (char)x->fr_hdr[0];
-                x->fr_left = (uint32_t)x->fr_hdr[1] << 24 | (uint32_t)x->fr_hdr[2] << 16 |
-                             (uint32_t)x->fr_hdr[3] << 8 | x->fr_hdr[4];
-                if (x->fr_type == 's')
-                    x->have_status = true;
-                if (!strchr("oeTs", x->fr_type))
-                    x->bad = true;
-                if (x->fr_left == 0)
-                    x->fr_have = 0;
-            }
-            continue;
-        }
-        size_t k = n < x->fr_left ? n : x->fr_left;
-
-        switch (x->fr_type) {
-        case 'o':
-            (void)lb_buf_append_capped(&x->res->out, p, k);
-            break;
-        case 'e':
-            (void)lb_buf_append_capped(&x->res->err, p, k);
-            break;
-        case 'T':
-            if (*p == 'o')
-                x->res->out.truncated = true;
-            else if (*p == 'e')
-                x->res->err.truncated = true;
-            break;
-        case 's': {
-            size_t room = sizeof(x->status) - 1 - x->status_len, c = k < room ? k : room;
-
-            memcpy(x->status + x->status_len, p, c);
-            x->status_len += c;
-            x->status[x->status_len] = '\0';
-            break;
-        }
-        default:
-            break;
-        }
-        p += k;
-        n -= k;
-        x->fr_left -= (uint32_t)k;
-        if (x->fr_left == 0)
-            x->fr_have = 0;
-    }
-}
 
 static int on_stream(const void *data, size_t n, void *arg)
 {
@@ -113,7 +52,7 @@ static int on_stream(const void *data, size_t n, void *arg)
         size_t k = n < x->mux_left ? n : x->mux_left;
 
         if (x->mux_stream == 1)
-            frame_bytes(x, p, k);
+            framed_reader_feed(&x->fr, p, k);
         else
             (void)lb_buf_append_capped(&x->diag, p, k);
         p += k;
@@ -121,46 +60,6 @@ static int on_stream(const void *data, size_t n, void *arg)
         x->mux_left -= (uint32_t)k;
     }
     return 0;
-}
-
-static void set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
-{
-    va_list ap;
-
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    res->error_type = type;
-    va_start(ap, fmt);
-    vsnprintf(res->message, sizeof(res->message), fmt, ap);
-    va_end(ap);
-}
-
-/* The supervisor's status line as a result (same meaning as on the local provider). */
-static void apply_status(struct exec_reader *x)
-{
-    struct lb_exec_result *res = x->res;
-    const char *line = x->status;
-    long v;
-
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    if (sscanf(line, "exit %ld", &v) == 1) {
-        res->return_code = (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (sscanf(line, "signal %ld", &v) == 1) {
-        res->return_code = 128 + (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (strcmp(line, "timeout") == 0) {
-        set_runtime(res, LB_EXEC_TIMEOUT,
-                    "the command did not end within its timeout; its process tree was killed%s",
-                    "");
-    } else if (strncmp(line, "error ", 6) == 0) {
-        set_runtime(res, LB_EXEC_SANDBOX, "%.500s", line + 6);
-        (void)lb_buf_append_capped(&res->err, line + 6, strlen(line + 6));
-        (void)lb_buf_append_capped(&res->err, "\n", 1);
-    } else {
-        set_runtime(res, LB_EXEC_SANDBOX, "unreadable status from the supervisor: %.300s", line);
-    }
 }
 
 /* A fresh unguessable file name (24 hex digits) into buf. */
@@ -317,7 +216,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
     struct lb_docker *d = (struct lb_docker *)p;
-    struct exec_reader x = {.res = res};
+    struct exec_reader x = {0};
     struct lb_httpc_response resp = {0};
     char name[256], path[512], stdin_path[128], m[300], pass_path[128], pass_host[PATH_MAX] = "";
     enum lb_sandbox_status st;
@@ -330,9 +229,10 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     lb_buf_init(&res->out, req->max_output_bytes);
     lb_buf_init(&res->err, req->max_output_bytes);
     lb_buf_init(&x.diag, DIAG_MAX);
+    framed_reader_init(&x.fr, res);
     if (atomic_load(&d->ending)) {
-        set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                    "the daemon is shutting down and no longer runs commands");
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer runs commands");
         return 0;
     }
     r = gate_enter(d, ref->id, req->exclusive, err);
@@ -372,8 +272,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     if (resp.status == 409 || (resp.status != 201 && resp.status != 200)) {
         /* not running: a sandbox-runtime result, like the local provider's */
-        set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
-                    docker_engine_message(&resp, m, sizeof(m)));
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
+                           docker_engine_message(&resp, m, sizeof(m)));
         r = 0;
         goto out;
     }
@@ -400,8 +300,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     if (r == -ECANCELED) {
         lb_error_clear(err);
-        set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                    "the daemon is shutting down and no longer waits for this command");
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer waits for this command");
         r = 0;
         goto out;
     }
@@ -409,8 +309,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -ENOENT, "no such sandbox");
         goto out;
     }
-    if (x.have_status && !x.bad && r == 0) {
-        apply_status(&x);
+    if (framed_reader_complete(&x.fr) && r == 0) {
+        framed_reader_apply_status(&x.fr);
         goto out;
     }
     /* no status: the supervisor died, the container went away, or the transport failed */
@@ -424,8 +324,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = -EREMOTEIO;
         goto out;
     }
-    set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
-                x.diag.data ? x.diag.data : "no output from the engine");
+    framed_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
+                       x.diag.data ? x.diag.data : "no output from the engine");
     r = 0;
 out:
     if (pass_host[0])

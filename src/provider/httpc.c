@@ -1,10 +1,15 @@
 /*
- * httpc.c - capped libcurl requests over a unix socket (see httpc.h).
+ * httpc.c - capped libcurl requests over a unix socket or HTTPS (see httpc.h). Every
+ * curl_easy_setopt result is checked: a request whose options curl refused is not sent.
  */
 #include "provider/httpc.h"
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -12,9 +17,20 @@
 #include <unistd.h>
 
 struct lb_httpc {
-    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* "" for https */
+    char *origin; /* "http://localhost" (unix socket) or "https://host:port" */
     char *base_path;
+    char *cert, *key; /* https: client certificate and key files */
+    char *pin;        /* https: "sha256//BASE64" of the server's public key */
+    char endpoint[300];
 };
+
+/* Set one curl option; on failure remember the first option curl refused. */
+#define SETOPT(h, opt, val, bad)                                                                   \
+    do {                                                                                           \
+        if (curl_easy_setopt((h), (opt), (val)) != CURLE_OK && !*(bad))                            \
+            *(bad) = #opt;                                                                         \
+    } while (0)
 
 int httpc_global_init(void)
 {
@@ -35,8 +51,121 @@ int httpc_new(const char *socket_path, const char *base_path, struct lb_httpc **
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
+    snprintf(c->endpoint, sizeof(c->endpoint), "unix:%s", socket_path);
+    c->origin = strdup("http://localhost");
+    if (!c->origin) {
+        httpc_free(c);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
     *out = c;
     return 0;
+}
+
+const char *httpc_endpoint(const struct lb_httpc *c)
+{
+    return c->endpoint;
+}
+
+/* "sha256//BASE64" of the public key of the PEM certificate in path into *pin (malloc'd). */
+static int pin_of_cert(const char *path, char **pin, struct lb_error *err)
+{
+    unsigned char *der = NULL, md[EVP_MAX_MD_SIZE];
+    unsigned int md_len = 0;
+    char b64[4 * ((EVP_MAX_MD_SIZE + 2) / 3) + 1];
+    X509 *x = NULL;
+    FILE *f = fopen(path, "re");
+    int len, r = 0;
+
+    if (!f)
+        return lb_error_set(err, -EINVAL, "cannot read the server certificate '%s': %s", path,
+                            strerror(errno));
+    x = PEM_read_X509(f, NULL, NULL, NULL);
+    fclose(f);
+    if (!x)
+        return lb_error_set(err, -EINVAL, "'%s' is not a PEM certificate", path);
+    len = i2d_X509_PUBKEY(X509_get_X509_PUBKEY(x), &der);
+    if (len <= 0 || !EVP_Digest(der, (size_t)len, md, &md_len, EVP_sha256(), NULL)) {
+        r = lb_error_set(err, -EINVAL, "cannot hash the public key of '%s'", path);
+        goto out;
+    }
+    EVP_EncodeBlock((unsigned char *)b64, md, (int)md_len);
+    if (asprintf(pin, "sha256//%s", b64) < 0) {
+        *pin = NULL;
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    }
+out:
+    OPENSSL_free(der);
+    X509_free(x);
+    return r;
+}
+
+/* The TLS options of an https client on h; the name of the first one curl refused into *bad. */
+static void set_tls(const struct lb_httpc *c, CURL *h, const char **bad)
+{
+    SETOPT(h, CURLOPT_PROTOCOLS_STR, "https", bad);
+    SETOPT(h, CURLOPT_SSLCERT, c->cert, bad);
+    SETOPT(h, CURLOPT_SSLCERTTYPE, "PEM", bad);
+    SETOPT(h, CURLOPT_SSLKEY, c->key, bad);
+    SETOPT(h, CURLOPT_SSLKEYTYPE, "PEM", bad);
+    /* the pin is the check: the cluster certificate names no member address */
+    SETOPT(h, CURLOPT_PINNEDPUBLICKEY, c->pin, bad);
+    SETOPT(h, CURLOPT_SSL_VERIFYPEER, 0L, bad);
+    SETOPT(h, CURLOPT_SSL_VERIFYHOST, 0L, bad);
+}
+
+int httpc_new_https(const char *origin, const struct lb_httpc_tls *tls, const char *base_path,
+                    struct lb_httpc **out, struct lb_error *err)
+{
+    const char *bad = NULL;
+    struct lb_httpc *c;
+    CURL *h;
+    int r;
+
+    if (!origin || strncmp(origin, "https://", 8) != 0 || strchr(origin + 8, '/'))
+        return lb_error_set(err, -EINVAL, "'%s' is not an https://host:port origin",
+                            origin ? origin : "");
+    if (!tls || !tls->cert || !tls->key || !tls->server_cert)
+        return lb_error_set(err, -EINVAL,
+                            "https needs a client certificate, its key and the server's "
+                            "certificate");
+    if (access(tls->cert, R_OK) < 0 || access(tls->key, R_OK) < 0)
+        return lb_error_set(err, -EINVAL, "cannot read the client certificate '%s' or key '%s'",
+                            tls->cert, tls->key);
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", origin);
+    c->origin = strdup(origin);
+    c->base_path = strdup(base_path ? base_path : "");
+    c->cert = strdup(tls->cert);
+    c->key = strdup(tls->key);
+    if (!c->origin || !c->base_path || !c->cert || !c->key) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    r = pin_of_cert(tls->server_cert, &c->pin, err);
+    if (r < 0)
+        goto fail;
+    /* refuse now what curl would refuse at every request (no TLS backend, no pinning, ...) */
+    h = curl_easy_init();
+    if (!h) {
+        r = lb_error_set(err, -ENOMEM, "cannot make a curl handle");
+        goto fail;
+    }
+    set_tls(c, h, &bad);
+    curl_easy_cleanup(h);
+    if (bad) {
+        r = lb_error_set(err, -EINVAL,
+                         "libcurl refused %s: cannot use the client certificate "
+                         "or pin the server's key",
+                         bad);
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    httpc_free(c);
+    return r;
 }
 
 int httpc_set_base_path(struct lb_httpc *c, const char *base_path)
@@ -54,7 +183,11 @@ void httpc_free(struct lb_httpc *c)
 {
     if (!c)
         return;
+    free(c->origin);
     free(c->base_path);
+    free(c->cert);
+    free(c->key);
+    free(c->pin);
     free(c);
 }
 
@@ -151,6 +284,7 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
 {
     struct transfer t = {.req = req, .resp = resp, .fd_left = req->body_fd_len};
     struct curl_slist *hdrs = NULL;
+    const char *bad = NULL;
     char url[8192], ctype[256];
     CURLcode cc;
     CURL *h;
@@ -158,24 +292,27 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
 
     memset(resp, 0, sizeof(*resp));
     lb_buf_init(&resp->body, req->max_body_bytes);
-    if (snprintf(url, sizeof(url), "http://localhost%s%s", c->base_path, req->path) >=
+    if (snprintf(url, sizeof(url), "%s%s%s", c->origin, c->base_path, req->path) >=
         (int)sizeof(url))
         return lb_error_set(err, -EINVAL, "request path is too long");
     h = curl_easy_init();
     if (!h)
         return lb_error_set(err, -ENOMEM, "cannot make a curl handle");
-    curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, c->socket_path);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(req->timeout_ms > 0 ? req->timeout_ms : 30000));
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    if (c->socket_path[0])
+        SETOPT(h, CURLOPT_UNIX_SOCKET_PATH, c->socket_path, &bad);
+    else
+        set_tls(c, h, &bad);
+    SETOPT(h, CURLOPT_URL, url, &bad);
+    SETOPT(h, CURLOPT_NOSIGNAL, 1L, &bad);
+    SETOPT(h, CURLOPT_TIMEOUT_MS, (long)(req->timeout_ms > 0 ? req->timeout_ms : 30000), &bad);
+    SETOPT(h, CURLOPT_WRITEFUNCTION, on_body, &bad);
+    SETOPT(h, CURLOPT_WRITEDATA, &t, &bad);
+    SETOPT(h, CURLOPT_HEADERFUNCTION, on_header, &bad);
+    SETOPT(h, CURLOPT_HEADERDATA, &t, &bad);
     if (req->abort) {
-        curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-        curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
-        curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+        SETOPT(h, CURLOPT_XFERINFOFUNCTION, on_progress, &bad);
+        SETOPT(h, CURLOPT_XFERINFODATA, &t, &bad);
+        SETOPT(h, CURLOPT_NOPROGRESS, 0L, &bad);
     }
     /* no "Expect: 100-continue" round trip for uploads */
     hdrs = curl_slist_append(hdrs, "Expect:");
@@ -184,25 +321,32 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
                  req->content_type ? req->content_type : "application/json");
         hdrs = curl_slist_append(hdrs, ctype);
     }
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    for (size_t i = 0; req->headers && req->headers[i]; i++)
+        hdrs = curl_slist_append(hdrs, req->headers[i]);
+    SETOPT(h, CURLOPT_HTTPHEADER, hdrs, &bad);
     if (strcmp(req->method, "HEAD") == 0) {
-        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+        SETOPT(h, CURLOPT_NOBODY, 1L, &bad);
     } else if (req->body_fd > 0) {
-        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-        curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
-        curl_easy_setopt(h, CURLOPT_READDATA, &t);
-        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->body_fd_len);
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+        SETOPT(h, CURLOPT_UPLOAD, 1L, &bad);
+        SETOPT(h, CURLOPT_READFUNCTION, on_read, &bad);
+        SETOPT(h, CURLOPT_READDATA, &t, &bad);
+        SETOPT(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->body_fd_len, &bad);
+        SETOPT(h, CURLOPT_CUSTOMREQUEST, req->method, &bad);
     } else if (req->body) {
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, req->body);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+        SETOPT(h, CURLOPT_POSTFIELDS, req->body, &bad);
+        SETOPT(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len, &bad);
+        SETOPT(h, CURLOPT_CUSTOMREQUEST, req->method, &bad);
     } else if (strcmp(req->method, "GET") != 0) {
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
+        SETOPT(h, CURLOPT_CUSTOMREQUEST, req->method, &bad);
         if (strcmp(req->method, "POST") == 0) {
-            curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
-            curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+            SETOPT(h, CURLOPT_POSTFIELDS, "", &bad);
+            SETOPT(h, CURLOPT_POSTFIELDSIZE, 0L, &bad);
         }
+    }
+    if (bad || !hdrs) {
+        r = lb_error_set(err, -EINVAL, "libcurl refused %s; nothing was sent",
+                         bad ? bad : "the request headers");
+        goto out;
     }
     cc = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
@@ -219,12 +363,13 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
         r = lb_error_set(err, -ETIMEDOUT, "the engine did not answer %s %s within %lld ms",
                          req->method, req->path, (long long)req->timeout_ms);
     } else if (cc == CURLE_COULDNT_CONNECT) {
-        r = lb_error_set(err, -ECONNREFUSED, "cannot reach the engine at %s: %s", c->socket_path,
+        r = lb_error_set(err, -ECONNREFUSED, "cannot reach the engine at %s: %s", c->endpoint,
                          curl_easy_strerror(cc));
     } else {
         r = lb_error_set(err, -EIO, "%s %s to the engine failed: %s", req->method, req->path,
                          curl_easy_strerror(cc));
     }
+out:
     curl_slist_free_all(hdrs);
     curl_easy_cleanup(h);
     return r;

@@ -1,6 +1,7 @@
 /*
- * httpc.h - a small, capped HTTP client over a unix socket (libcurl), for providers that talk
- * to an engine's API: the Docker Engine API (docker.c), later LXD.
+ * httpc.h - a small, capped HTTP client (libcurl) over a unix socket or HTTPS with a client
+ * certificate and a pinned server key, for providers that talk to an engine's API: the Docker
+ * Engine API (docker.c) and LXD (lxd.c).
  *
  * Every request is bounded: a total timeout, a cap on the buffered response body, and an
  * optional abort flag checked while the transfer runs. Response bodies either go into a
@@ -32,6 +33,26 @@ int httpc_global_init(void);
  * (httpc_free). Returns 0, -EINVAL (path too long) or -ENOMEM. */
 int httpc_new(const char *socket_path, const char *base_path, struct lb_httpc **out,
               struct lb_error *err);
+/* How an HTTPS client authenticates (httpc_new_https): all three are PEM files. */
+struct lb_httpc_tls {
+    const char *cert;        /* client certificate (the engine trusts it) */
+    const char *key;         /* its private key */
+    const char *server_cert; /* the server's certificate: its public key is pinned
+                              * (CURLOPT_PINNEDPUBLICKEY, sha256 of the SubjectPublicKeyInfo);
+                              * the name and the CA chain are not checked, the pin is (a
+                              * cluster's certificate names no member address) */
+};
+
+/* A client for the HTTPS server at origin ("https://host:port", no path), authenticated with
+ * tls (see struct lb_httpc_tls). The files are read and every TLS option is tried on a curl
+ * handle here, so a certificate, key or pin that cannot be used is refused now (-EINVAL, err
+ * naming the file or option) rather than at the first request. Paths of requests are prefixed
+ * with base_path. *out is the caller's (httpc_free). -EINVAL, -ENOMEM. */
+int httpc_new_https(const char *origin, const struct lb_httpc_tls *tls, const char *base_path,
+                    struct lb_httpc **out, struct lb_error *err);
+/* Where the client connects ("unix:PATH" or the https origin), for messages; borrowed. */
+const char *httpc_endpoint(const struct lb_httpc *c);
+
 /* Change the path prefix (API version negotiated after the first request). Not thread-safe:
  * call before the client is shared. Returns 0 or -ENOMEM. */
 int httpc_set_base_path(struct lb_httpc *c, const char *base_path);
@@ -53,8 +74,9 @@ struct lb_httpc_request {
     size_t max_body_bytes; /* cap on a buffered response body; over it: -EFBIG */
     lb_httpc_sink sink;    /* non-NULL: the response body goes here, not into the buffer */
     void *sink_arg;
-    const char *want_header; /* name of a response header whose value is wanted, or NULL */
-    atomic_bool *abort;      /* non-NULL: the transfer ends with -ECANCELED once it is true */
+    const char *want_header;    /* name of a response header whose value is wanted, or NULL */
+    const char *const *headers; /* NULL-terminated extra "Name: value" request headers, or NULL */
+    atomic_bool *abort;         /* non-NULL: the transfer ends with -ECANCELED once it is true */
 };
 
 struct lb_httpc_response {
@@ -64,10 +86,10 @@ struct lb_httpc_response {
 };
 
 /* Run one request. Returns 0 when a response came (any status: the caller judges it),
- * -ETIMEDOUT when timeout_ms passed, -ECONNREFUSED/-ENOENT when the socket cannot be reached
- * (engine down), -EFBIG over max_body_bytes, a sink's errno, -ECANCELED on abort, or -EIO
- * for other transport failures; err says which. resp is filled as far as it got either way
- * (release it in every case). */
+ * -ETIMEDOUT when timeout_ms passed, -ECONNREFUSED when the socket or host cannot be reached
+ * (engine down), -EINVAL when curl refused an option (nothing was sent), -EFBIG over
+ * max_body_bytes, a sink's errno, -ECANCELED on abort, or -EIO for other transport failures; err
+ * says which. resp is filled as far as it got either way (release it in every case). */
 int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_httpc_response *resp,
              struct lb_error *err);
 

@@ -12,6 +12,7 @@
 #include "provider/docker.h"
 #include "provider/fault.h"
 #include "provider/local.h"
+#include "provider/lxd.h"
 #include "util/log.h"
 
 #define REGISTRY_MAX 16
@@ -113,10 +114,35 @@ static int docker_open(const struct lb_provider_env *env, struct lb_provider **o
     return provider_docker_new(&dc, out, err);
 }
 
+/* [lxd] (and [network] inherit, which only "none" satisfies) -> struct lb_lxd_config. */
+static int lxd_open(const struct lb_provider_env *env, struct lb_provider **out,
+                    struct lb_error *err)
+{
+    const struct lb_config *cfg = env->cfg;
+    struct lb_lxd_config xc = {
+        .socket = cfg->lxd_socket,
+        .url = cfg->lxd_url,
+        .cert = cfg->lxd_cert,
+        .key = cfg->lxd_key,
+        .server_cert = cfg->lxd_server_cert,
+        .default_image = cfg->lxd_default_image,
+        .target = cfg->lxd_target,
+        .instance = cfg->lxd_instance,
+        .state_dir = cfg->state_dir,
+        .supervise_path = env->supervise_path,
+        .net_inherit = cfg->net_inherit,
+        .call_timeout_ms = cfg->lxd_call_timeout_s * 1000,
+        .create_timeout_ms = cfg->create_timeout_s * 1000,
+    };
+
+    return provider_lxd_new(&xc, out, err);
+}
+
 /* One row per kind, in the order they are opened. */
 static const struct lb_provider_kind registry_kinds[] = {
     {.name = "local", .section = "local", .open = local_open},
     {.name = "docker", .section = "docker", .open = docker_open},
+    {.name = "lxd", .section = "lxd", .open = lxd_open},
     {.name = "fault", .section = NULL, .open = fault_open, .fault_wrapped = true},
 };
 

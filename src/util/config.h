@@ -82,6 +82,15 @@ struct lb_config {
     char *docker_socket;        /* the engine's unix socket */
     char *docker_default_image; /* image of a seed without one; NULL: none */
     char *docker_instance;      /* container label value; NULL: derived from the state dir */
+    /* [lxd] */
+    char *lxd_socket;           /* a member's unix socket; or lxd_url with the three PEMs: */
+    char *lxd_url;              /* "https://host:port" of a member */
+    char *lxd_cert, *lxd_key;   /* the client certificate and key */
+    char *lxd_server_cert;      /* the cluster certificate, whose key is pinned */
+    char *lxd_default_image;    /* LXD image alias of a seed without one; NULL: none */
+    char *lxd_target;           /* member or "@group" for new instances; NULL: the cluster's */
+    char *lxd_instance;         /* user.lendbox.instance value; NULL: derived from state dir */
+    int64_t lxd_call_timeout_s; /* bound on each LXD API call */
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */

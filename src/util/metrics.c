@@ -2,6 +2,7 @@
 #include "util/metrics.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -81,6 +82,46 @@ struct route_hist {
 
 static struct route_hist routes[LB_METRICS_MAX_ROUTES + 1]; /* last: unmatched */
 static atomic_int n_routes;
+
+#define MEMBER_SLOTS 64
+struct member_count {
+    char provider[32], member[64];
+    uint64_t calls, failures;
+};
+static struct member_count members[MEMBER_SLOTS];
+static size_t n_members;
+static pthread_mutex_t members_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+void metrics_member_call(const char *provider, const char *member, bool failed)
+{
+    struct member_count *m = NULL;
+
+    if (!member || !*member)
+        member = "-";
+    pthread_mutex_lock(&members_mutex);
+    for (size_t i = 0; i < n_members && !m; i++)
+        if (strcmp(members[i].provider, provider) == 0 && strcmp(members[i].member, member) == 0)
+            m = &members[i];
+    if (!m && n_members >= MEMBER_SLOTS - 1) {
+        member = "other"; /* the last slot counts every later pair */
+        for (size_t i = 0; i < n_members && !m; i++)
+            if (strcmp(members[i].provider, provider) == 0 &&
+                strcmp(members[i].member, member) == 0)
+                m = &members[i];
+    }
+    if (!m && n_members < MEMBER_SLOTS) {
+        m = &members[n_members++];
+        snprintf(m->provider, sizeof(m->provider), "%s", provider);
+        /* a label value: no quote, backslash or newline */
+        snprintf(m->member, sizeof(m->member), "%.*s", (int)strcspn(member, "\"\\\n"), member);
+    }
+    if (m) {
+        m->calls++;
+        if (failed)
+            m->failures++;
+    }
+    pthread_mutex_unlock(&members_mutex);
+}
 
 void metrics_add(enum lb_counter c, uint64_t n)
 {
@@ -204,5 +245,23 @@ int metrics_render(struct lb_buf *out)
                                label, (double)atomic_load(&h->sum_ms) / 1000.0, label,
                                (unsigned long long)atomic_load(&h->count));
     }
+    /* one family after the other: Prometheus wants a family's samples together */
+    pthread_mutex_lock(&members_mutex);
+    for (int fam = 0; fam < 2 && n_members > 0; fam++) {
+        const char *name =
+            fam ? "lendbox_provider_member_failures_total" : "lendbox_provider_member_calls_total";
+
+        if (r == 0)
+            r = metrics_printf(out, "# HELP %s %s\n# TYPE %s counter\n", name,
+                               fam ? "Engine API calls by cluster member that failed (no "
+                                     "answer, timeout, 5xx)."
+                                   : "Engine API calls by cluster member.",
+                               name);
+        for (size_t i = 0; i < n_members && r == 0; i++)
+            r = metrics_printf(out, "%s{provider=\"%s\",member=\"%s\"} %llu\n", name,
+                               members[i].provider, members[i].member,
+                               (unsigned long long)(fam ? members[i].failures : members[i].calls));
+    }
+    pthread_mutex_unlock(&members_mutex);
     return r;
 }

@@ -7,6 +7,7 @@
 #ifndef LB_METRICS_H
 #define LB_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "util/buf.h"
@@ -65,6 +66,13 @@ uint64_t metrics_get(enum lb_counter c);
 int metrics_route_register(const char *label);
 /* Record one request of route index (or -1 for "unmatched") taking duration_ms. */
 void metrics_observe_request(int route, int64_t duration_ms);
+
+/* An engine provider's call to a cluster member (provider "lxd", member its name, or "-" when
+ * unknown): counted as lendbox_provider_member_calls_total{provider,member} and, when failed (no
+ * answer, a timeout, a 5xx), lendbox_provider_member_failures_total. At most 64 distinct
+ * provider/member pairs are kept (later ones count under member "other"); names are copied
+ * (truncated to 63 bytes). Thread-safe. */
+void metrics_member_call(const char *provider, const char *member, bool failed);
 
 /* Append the Prometheus text of every counter and histogram to out. Gauges are the caller's.
  * Returns 0 or -ENOMEM. */

@@ -182,14 +182,45 @@ bool lbt_variant_on_host(void);
  * LENDBOX_E2E_PODMAN_DIR names one already started, else each program starts its own). A static
  * string. Thread-safe. */
 const char *lbt_variant_provider(void);
-/* Variant docker: the containers whose name contains needle (a sandbox id: lendbox names them
+/* Engine variants: the containers (docker) or instances (lxd; also those whose
+ * user.lendbox.instance is needle) whose name contains needle (a sandbox id: lendbox names them
  * lendbox-<instance>-<sandbox id>), in any state or (running_only) running, as the engine lists
  * them; -1 on other variants or when the engine does not answer. */
 int lbt_variant_count_containers(const char *needle, bool running_only);
+/* Is the variant an engine provider's (docker, lxd): sandboxes are engine objects (containers,
+ * instances) with no host uid of their own, counted by lbt_variant_count_containers? */
+bool lbt_variant_engine(void);
+/* Why the variant cannot do capability ("activations", "exclusive", "user_names",
+ * "disk_quota"), or NULL when it can. A static string. */
+const char *lbt_variant_lacks(const char *capability);
+/* Variant lxd: member a's unix socket (NULL on other variants), and GET path through it as
+ * JSON (NULL when LXD does not answer; the caller decrefs). */
+const char *lbt_variant_lxd_socket(void);
+json_t *lbt_lxd_get(const char *path);
+/* Any request through member a's socket (body JSON text or NULL); an async answer's operation
+ * is awaited (up to 60 s) and the operation's answer returned. NULL when LXD does not answer. */
+json_t *lbt_lxd_request(const char *method, const char *path, const char *body);
 /* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
 void lbt_skip_note(const char *test, const char *why);
 /* In a test body: on variant name, print why and end the test (it counts as passed). Only for
  * what the variant cannot do by design, never to hide a bug. */
+/* In a test body: on an engine variant (docker, lxd), print why and end the test. */
+#define LBT_SKIP_ON_ENGINE(why)                                                                    \
+    do {                                                                                           \
+        if (lbt_variant_engine()) {                                                                \
+            lbt_skip_note(__func__, why);                                                          \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+/* In a test body: when the variant lacks capability, print why and end the test. */
+#define LBT_SKIP_UNLESS_CAN(capability)                                                            \
+    do {                                                                                           \
+        const char *lbt_why_ = lbt_variant_lacks(capability);                                      \
+        if (lbt_why_) {                                                                            \
+            lbt_skip_note(__func__, lbt_why_);                                                     \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
 #define LBT_SKIP_ON_VARIANT(name, why)                                                             \
     do {                                                                                           \
         if (lbt_variant_is(name)) {                                                                \

@@ -45,9 +45,11 @@ static void dur_args(struct dur *x, int slot, const char *const *extra)
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
     snprintf(x->args[a], sizeof(x->args[a]), "local.cgroup_parent=%s", x->cgroup);
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
-    if (lbt_variant_is("docker")) {
-        /* the containers of this daemon are named lendbox-<cgroup>-<sandbox id> */
-        snprintf(x->args[a], sizeof(x->args[a]), "docker.instance=%s", x->cgroup);
+    if (lbt_variant_engine()) {
+        /* docker: the containers of this daemon are named lendbox-<cgroup>-<sandbox id>; lxd:
+         * its instances carry user.lendbox.instance=<cgroup> */
+        snprintf(x->args[a], sizeof(x->args[a]), "%s.instance=%s", lbt_variant_provider(),
+                 x->cgroup);
         x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
     }
     for (int i = 0; extra && extra[i] && n < 22; i++)
@@ -70,7 +72,7 @@ static void dur_restart(struct dur *x, int slot, const char *const *extra)
 /* Live processes with a uid in this daemon's range (docker: its running containers). */
 static int dur_live_procs(struct dur *x)
 {
-    if (lbt_variant_is("docker"))
+    if (lbt_variant_engine())
         return lbt_variant_count_containers(x->cgroup, true);
     uid_t uids[UID_COUNT];
     int n = lbt_uids_in_range(x->uid_base, x->uid_base + UID_COUNT, uids, UID_COUNT), total = 0;
@@ -86,7 +88,7 @@ static int dur_sandbox_dirs(struct dur *x)
     FILE *p;
     int n = -1;
 
-    if (lbt_variant_is("docker")) /* its containers, in any state */
+    if (lbt_variant_engine()) /* its containers, in any state */
         return lbt_variant_count_containers(x->cgroup, false);
     snprintf(cmd, sizeof(cmd), "find '%s/sandboxes' -mindepth 1 -maxdepth 1 2>/dev/null | wc -l",
              x->d.state_dir);
@@ -108,13 +110,13 @@ struct dur_sbx {
 static void dur_sbx_of(struct dur *x, const char *id, struct dur_sbx *s)
 {
     snprintf(s->id, sizeof(s->id), "%s", id);
-    s->uid = lbt_variant_is("docker") ? 0 : lbt_sandbox_uid(&x->d, id);
+    s->uid = lbt_variant_engine() ? 0 : lbt_sandbox_uid(&x->d, id);
 }
 
 /* Live processes of the sandbox (docker: 1 while its container runs, else 0). */
 static int dur_sbx_live(const struct dur_sbx *s)
 {
-    if (lbt_variant_is("docker"))
+    if (lbt_variant_engine())
         return lbt_variant_count_containers(s->id, true);
     return lbt_count_live_procs_of_uid(s->uid);
 }
@@ -564,7 +566,7 @@ START_TEST(test_sigterm_sweep_bounded)
     enum { T = 6 };
     /* docker: 60 (each container is made by the engine on a vfs storage, seconds apiece under
      * load; 60 still puts 7 and more stops in the queue of each of the 8 slots) */
-    const int N = lbt_variant_is("docker") ? 60 : 300;
+    const int N = lbt_variant_engine() ? 60 : 300;
     struct dur x;
     pthread_t th[T];
     struct seed_range sr[T];
@@ -613,10 +615,9 @@ START_TEST(test_sigterm_drains)
     json_t *lease;
     char path[128], hold[96];
 
-    LBT_SKIP_ON_VARIANT("docker",
-                        "its held exec is released from the host through the sandbox init's "
-                        "/proc/PID/root (local descriptor); a container is reachable only through "
-                        "the engine, and the daemon takes no new requests while draining");
+    LBT_SKIP_ON_ENGINE("its held exec is released from the host through the sandbox init's "
+                       "/proc/PID/root (local descriptor); a container is reachable only through "
+                       "the engine, and the daemon takes no new requests while draining");
     dur_start(&x, 0, NULL);
     lease = lbt_seed(&x.d, "drain-1", "t", NULL);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec",
@@ -701,9 +702,8 @@ START_TEST(test_vanished_while_down)
     json_t *lease, *rec, *desc;
     const char *id;
 
-    LBT_SKIP_ON_VARIANT(
-        "docker", "it kills the sandbox's init by its host pid from the local descriptor; no "
-                  "docker equivalent here yet (a container removed while the daemon is down)");
+    LBT_SKIP_ON_ENGINE("it kills the sandbox's init by its host pid from the local descriptor; no "
+                       "docker equivalent here yet (a container removed while the daemon is down)");
     dur_start(&x, 0, NULL);
     lease = lbt_seed(&x.d, "gone-1", "t", NULL);
     id = json_string_value(json_object_get(lease, "sandbox_id"));
@@ -734,9 +734,8 @@ START_TEST(test_two_daemons_isolated)
     json_t *la, *lb_, *res;
     uid_t ua, ub;
 
-    LBT_SKIP_ON_VARIANT("docker",
-                        "about the local provider's default uid ranges derived from the state dir; "
-                        "docker's separation is the instance label (test_docker.c)");
+    LBT_SKIP_ON_ENGINE("about the local provider's default uid ranges derived from the state dir; "
+                       "docker's separation is the instance label (test_docker.c)");
     lbt_daemon_start(&a, defaults);
     lbt_daemon_start(&b, defaults);
     la = lbt_seed(&a, "same-name", "t", NULL);
@@ -839,8 +838,8 @@ START_TEST(test_release_after_exec_helper_killed)
     double t0;
     int killed = 0;
 
-    LBT_SKIP_ON_VARIANT("docker", "kills the local provider's exec helper process on the host by "
-                                  "uid; docker execs run through the engine's exec API");
+    LBT_SKIP_ON_ENGINE("kills the local provider's exec helper process on the host by "
+                       "uid; docker execs run through the engine's exec API");
     dur_start(&x, 0, NULL);
     lease = lbt_seed(&x.d, "helper-1", "t", NULL);
     uid = lbt_sandbox_uid(&x.d, json_string_value(json_object_get(lease, "sandbox_id")));
@@ -894,8 +893,8 @@ START_TEST(test_release_not_starved_by_execs)
     char path[128], dir[96], hold[128];
     double until;
 
-    LBT_SKIP_ON_VARIANT("docker", "releases its held execs from the host through the sandbox "
-                                  "init's /proc/PID/root (local descriptor)");
+    LBT_SKIP_ON_ENGINE("releases its held execs from the host through the sandbox "
+                       "init's /proc/PID/root (local descriptor)");
     dur_start(&x, 0, extra);
     busy = lbt_seed(&x.d, "busy-1", "t", "\"files\": {\"/workspace/hold\": \"x\"}");
     other = lbt_seed(&x.d, "other-1", "t", NULL);

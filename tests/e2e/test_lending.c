@@ -153,7 +153,7 @@ START_TEST(test_release)
 
     snprintf(id, sizeof(id), "%s", str(lease, "sandbox_id"));
     json_decref(lease);
-    if (lbt_variant_is("docker")) {
+    if (lbt_variant_engine()) {
         /* the provider's own things are its container, as the engine lists them */
         ck_assert_int_eq(lbt_variant_count_containers(id, true), 1);
         release("lend-release", &r);
@@ -240,7 +240,7 @@ START_TEST(test_delete)
 
     snprintf(id, sizeof(id), "%s", str(lease, "sandbox_id"));
     json_decref(lease);
-    uid = lbt_variant_is("docker") ? 0 : lbt_sandbox_uid(&D, id);
+    uid = lbt_variant_engine() ? 0 : lbt_sandbox_uid(&D, id);
     ck_assert(uid != 0 || lbt_variant_count_containers(id, true) == 1);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
     lbt_json(&D, "DELETE", path, "", NULL, &r);
@@ -295,7 +295,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
     json_t *list, *rec = NULL, *v;
     size_t i;
 
-    bool dk = lbt_variant_is("docker");
+    bool dk = lbt_variant_engine();
 
     if (!dk) {
         nb = lbt_uids_in_range(D.uid_base, D.uid_base + D.uid_count, uids_before, 64);
@@ -450,9 +450,8 @@ START_TEST(test_two_providers)
     uid_t uid_b;
     int n = -1;
 
-    LBT_SKIP_ON_VARIANT("docker",
-                        "the 'fault' provider is the local provider under another name "
-                        "(it needs 'local' enabled); the docker provider has no such twin");
+    LBT_SKIP_ON_ENGINE("the 'fault' provider is the local provider under another name "
+                       "(it needs 'local' enabled); the engine providers have no such twin");
     lbt_daemon_start(&d2, both);
     lease = lbt_seed(&d2, "two-a", "t", NULL);
     ck_assert_str_eq(json_string_value(json_object_get(lease, "provider")), "local");

@@ -56,11 +56,12 @@ START_TEST(test_find_kind)
     ck_assert_str_eq(registry_find_kind("local")->section, "local");
     ck_assert_ptr_nonnull(registry_find_kind("fault"));
     ck_assert_str_eq(registry_find_kind("docker")->section, "docker");
+    ck_assert_str_eq(registry_find_kind("lxd")->section, "lxd");
     ck_assert_ptr_null(registry_find_kind("nosuch"));
     ck_assert_ptr_null(registry_find_kind(""));
     ck_assert_ptr_null(registry_find_kind(NULL));
     registry_kind_names(names, sizeof(names));
-    ck_assert_str_eq(names, "local, docker, fault");
+    ck_assert_str_eq(names, "local, docker, lxd, fault");
 }
 END_TEST
 
@@ -105,10 +106,10 @@ START_TEST(test_parse_enabled_unknown)
     ck_assert_ptr_null(names);
     ck_assert_uint_eq(n, 0);
     ck_assert_str_eq(err.message,
-                     "unknown provider 'nosuch' (this build has: local, docker, fault)");
+                     "unknown provider 'nosuch' (this build has: local, docker, lxd, fault)");
     lb_error_clear(&err);
-    ck_assert_int_eq(registry_parse_enabled("lxd", NULL, &names, &n, &err), -EINVAL);
-    ck_assert_ptr_nonnull(strstr(err.message, "unknown provider 'lxd'"));
+    ck_assert_int_eq(registry_parse_enabled("k8s", NULL, &names, &n, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.message, "unknown provider 'k8s'"));
     lb_error_clear(&err);
     ck_assert_int_eq(registry_parse_enabled("", NULL, &names, &n, &err), -EINVAL);
 }

@@ -1,0 +1,949 @@
+/*
+ * lxd.c - the LXD provider (see lxd.h): API calls and operations, instances, status, pause,
+ * list, the start-up checks. Exec and files are in lxd_io.c.
+ */
+#include "provider/lxd_internal.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/fault.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "util/token.h"
+
+#define SMALL_BODY_BYTES (4 * 1024 * 1024)
+#define SUPERVISE_MAX_BYTES (64 * 1024 * 1024)
+
+/* The API extensions this provider uses (GET /1.0 "api_extensions"). */
+static const char *const required_extensions[] = {
+    "instances",                     /* /1.0/instances */
+    "container_exec_recording",      /* exec record-output */
+    "container_exec_user_group_cwd", /* exec user/group */
+    "file_append",                   /* X-LXD-write: overwrite */
+    "api_filtering",                 /* list by config.user.lendbox.instance */
+};
+
+const char *lxd_member_of(const struct lb_sandbox_ref *ref)
+{
+    const char *m = ref ? json_string_value(json_object_get(ref->descriptor, "location")) : NULL;
+
+    return m && *m ? m : "-";
+}
+
+static int64_t call_ms(const struct lb_lxd *l, int64_t timeout_ms)
+{
+    return timeout_ms > 0 ? timeout_ms : l->cfg.call_timeout_ms;
+}
+
+int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
+           struct lb_httpc_response *resp, struct lb_error *err)
+{
+    int r = httpc_do(l->http, req, resp, err);
+
+    metrics_member_call("lxd", member, r < 0 || resp->status >= 500);
+    if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
+        return r;
+    if (r == -EINVAL)
+        return r;
+    lb_error_keep(err, -EREMOTEIO, "the LXD server cannot be reached");
+    if (err)
+        err->code = -EREMOTEIO; /* whatever the transport said: the provider failed (502) */
+    return -EREMOTEIO;
+}
+
+int lxd_call(struct lb_lxd *l, const char *member, const char *method, const char *path,
+             const json_t *body, int64_t timeout_ms, struct lb_httpc_response *resp,
+             struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = method,
+                                   .path = path,
+                                   .timeout_ms = call_ms(l, timeout_ms),
+                                   .max_body_bytes = SMALL_BODY_BYTES};
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    int r;
+
+    memset(resp, 0, sizeof(*resp));
+    if (body && !text)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (text) {
+        req.body = text;
+        req.body_len = strlen(text);
+    }
+    r = lxd_do(l, member, &req, resp, err);
+    free(text);
+    return r;
+}
+
+const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size)
+{
+    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
+    const char *m = json_string_value(json_object_get(j, "error"));
+
+    snprintf(buf, size, "%s", m && *m ? m : "(no message)");
+    json_decref(j);
+    return buf;
+}
+
+void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size)
+{
+    size_t base = strcspn(op, "?");
+
+    /* a cluster answers "/1.0/operations/ID?project=default": the wait goes before the query */
+    snprintf(buf, size, "%.*s/wait?timeout=%lld%s%s", (int)base, op, (long long)secs,
+             op[base] ? "&" : "", op[base] ? op + base + 1 : "");
+}
+
+/* An LXD answer that is not what was wanted as an error: 404 -ENOENT, else -EREMOTEIO. */
+static int answer_error(const struct lb_httpc_response *resp, const char *what,
+                        struct lb_error *err)
+{
+    char m[300];
+
+    lxd_message(resp, m, sizeof(m));
+    return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
+                        "LXD: %s failed (HTTP %ld): %s", what, resp->status, m);
+}
+
+/* Await an operation (its path "/1.0/operations/ID") up to timeout_ms. */
+static int wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
+                          json_t **op_out, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[512];
+    int64_t secs = timeout_ms / 1000 > 0 ? timeout_ms / 1000 : 1;
+    json_t *j = NULL, *md;
+    const char *status;
+    int r;
+
+    lxd_wait_path(op, secs, path, sizeof(path));
+    /* LXD answers when the operation ends or after secs; curl gives it a little more */
+    r = lxd_call(l, member, "GET", path, NULL, timeout_ms + 2000, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        r = answer_error(&resp, "waiting for an operation", err);
+        if (r == -ENOENT)
+            r = lb_error_set(err, -EREMOTEIO, "LXD lost operation %s", op);
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    md = json_object_get(j, "metadata");
+    status = json_string_value(json_object_get(md, "status")) ?: "";
+    if (strcmp(status, "Success") == 0) {
+        if (op_out)
+            *op_out = json_incref(md);
+    } else if (strcmp(status, "Running") == 0 || strcmp(status, "Pending") == 0) {
+        r = lb_error_set(err, -ETIMEDOUT, "LXD: %s did not end within %lld ms",
+                         json_string_value(json_object_get(md, "description")) ?: "an operation",
+                         (long long)timeout_ms);
+    } else {
+        r = lb_error_set(err, -EREMOTEIO, "LXD: %s failed: %s",
+                         json_string_value(json_object_get(md, "description")) ?: "an operation",
+                         json_string_value(json_object_get(md, "err")) ?: status);
+    }
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+int lxd_async(struct lb_lxd *l, const char *member, const char *method, const char *path,
+              const json_t *body, int64_t timeout_ms, json_t **op_out, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    int64_t t0 = clock_mono_ms(), left;
+    json_t *j = NULL;
+    const char *op;
+    char what[64];
+    int r;
+
+    if (op_out)
+        *op_out = NULL;
+    timeout_ms = call_ms(l, timeout_ms);
+    r = lxd_call(l, member, method, path, body, timeout_ms, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 202 && resp.status != 200) {
+        snprintf(what, sizeof(what), "%s %.40s", method, path);
+        r = answer_error(&resp, what, err);
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    op = json_string_value(json_object_get(j, "operation"));
+    if (!op || !*op) { /* a sync answer */
+        if (op_out)
+            *op_out = json_incref(json_object_get(j, "metadata"));
+        goto out;
+    }
+    left = timeout_ms - (clock_mono_ms() - t0);
+    if (left < 1000)
+        left = 1000;
+    r = wait_operation(l, member, op, left, op_out, err);
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static json_t *new_descriptor(const char *name, const char *location, const char *workdir)
+{
+    return json_pack("{s:s,s:s,s:s}", "name", name, "location", location ? location : "", "workdir",
+                     workdir ? workdir : "/workspace");
+}
+
+/* The instance named id: its location and whether it carries our labels. 0, -ENOENT, or
+ * -EREMOTEIO (an LXD failure, or an instance that is not ours). */
+static int find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
+                    struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[256];
+    json_t *j = NULL, *md, *conf;
+    int r;
+
+    snprintf(path, sizeof(path), "/1.0/instances/%s", id);
+    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        r = answer_error(&resp, "instance lookup", err);
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    md = json_object_get(j, "metadata");
+    conf = json_object_get(md, "config");
+    if (strcmp(json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE)) ?: "", l->instance) !=
+            0 ||
+        strcmp(json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX)) ?: "", id) != 0) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "LXD instance '%s' exists but does not carry this daemon's labels", id);
+        goto out;
+    }
+    snprintf(location, loc_size, "%s", json_string_value(json_object_get(md, "location")) ?: "");
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+/* A cluster with no Online member (or a target member that is not Online) cannot take a new
+ * instance: -EREMOTEIO at once rather than after LXD's own waits. */
+static int check_members(struct lb_lxd *l, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    json_t *j = NULL, *m;
+    size_t i, online = 0;
+    bool target_member = l->target && l->target[0] != '@', target_online = false;
+    int r;
+
+    if (!l->clustered)
+        return 0;
+    r = lxd_call(l, NULL, "GET", "/1.0/cluster/members?recursion=1", NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        r = answer_error(&resp, "cluster member list", err);
+        r = -EREMOTEIO;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    json_array_foreach(json_object_get(j, "metadata"), i, m) {
+        const char *st = json_string_value(json_object_get(m, "status")) ?: "";
+        const char *name = json_string_value(json_object_get(m, "server_name")) ?: "";
+
+        if (strcmp(st, "Online") != 0)
+            continue;
+        online++;
+        if (target_member && strcmp(name, l->target) == 0)
+            target_online = true;
+    }
+    if (online == 0)
+        r = lb_error_set(err, -EREMOTEIO, "the LXD cluster has no Online member");
+    else if (target_member && !target_online)
+        r = lb_error_set(err, -EREMOTEIO, "LXD cluster member '%s' (lxd.target) is not Online",
+                         l->target);
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int check_network(struct lb_lxd *l, const struct lb_sandbox_spec *spec, struct lb_error *err)
+{
+    const char *a = spec->network.access;
+
+    if (a && strcmp(a, "inherit") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network access '%s' cannot be enforced by the lxd provider (its "
+                            "instances have no network at all)",
+                            a);
+    if (strcmp(l->net_inherit, "none") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network.inherit '%s' cannot be enforced by the lxd provider (only "
+                            "'none')",
+                            l->net_inherit);
+    if (spec->n_ports > 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the lxd provider cannot expose ports: its instances have no network");
+    if (spec->resources.disk_mib > 0 && !l->pool_has_quota)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "resources.disk_mib cannot be enforced by the lxd provider: storage "
+                            "pool '%s' has no quotas (driver dir)",
+                            l->pool);
+    return 0;
+}
+
+static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_sandbox_spec *spec,
+                           const char *image)
+{
+    const struct lb_resources *res = &spec->resources;
+    json_t *conf = json_pack("{s:s,s:s,s:s}", LXD_LABEL_INSTANCE, l->instance, LXD_LABEL_SANDBOX,
+                             id, "security.idmap.isolated", "true");
+    json_t *root = json_pack("{s:s,s:s,s:s}", "type", "disk", "path", "/", "pool", l->pool);
+    char v[64];
+
+    if (!conf || !root)
+        goto fail;
+    if (res->cpu > 0) {
+        snprintf(v, sizeof(v), "%lldms/100ms", (long long)(res->cpu * 100 + 0.5));
+        json_object_set_new(conf, "limits.cpu.allowance", json_string(v));
+    }
+    if (res->memory_mib > 0) {
+        snprintf(v, sizeof(v), "%lldMiB", (long long)res->memory_mib);
+        json_object_set_new(conf, "limits.memory", json_string(v));
+        json_object_set_new(conf, "limits.memory.swap", json_string("false"));
+    }
+    if (res->pids > 0) {
+        snprintf(v, sizeof(v), "%lld", (long long)res->pids);
+        json_object_set_new(conf, "limits.processes", json_string(v));
+    }
+    if (res->disk_mib > 0) {
+        snprintf(v, sizeof(v), "%lldMiB", (long long)res->disk_mib);
+        json_object_set_new(root, "size", json_string(v));
+    }
+    /* no profile: no NIC whatever the default profile holds; the root disk is ours */
+    return json_pack("{s:s,s:s,s:{s:s,s:s},s:[],s:o,s:{s:o}}", "name", id, "type", "container",
+                     "source", "type", "image", "alias", image, "profiles", "config", conf,
+                     "devices", "root", root);
+fail:
+    json_decref(conf);
+    json_decref(root);
+    return NULL;
+}
+
+/* Stop (force) and delete the instance, within timeout_ms. 404 = gone = 0. */
+static int remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                           struct lb_error *err)
+{
+    json_t *body = json_pack("{s:s,s:b,s:i}", "action", "stop", "force", 1, "timeout", -1);
+    int64_t t0 = clock_mono_ms(), left;
+    struct lb_error serr = {0};
+    char path[256];
+    int r;
+
+    if (!body)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", id);
+    r = lxd_async(l, member, "PUT", path, body, timeout_ms, NULL, &serr);
+    json_decref(body);
+    if (r == -ENOENT)
+        return 0;
+    if (r == -ETIMEDOUT || (r < 0 && !strstr(serr.message, "already stopped") &&
+                            !strstr(serr.message, "not running"))) {
+        return lb_error_set(err, r == -ETIMEDOUT ? -ETIMEDOUT : -EREMOTEIO, "%s", serr.message);
+    }
+    left = timeout_ms - (clock_mono_ms() - t0);
+    if (left < 1000)
+        return lb_error_set(err, -ETIMEDOUT, "the stop of LXD instance %s took its whole %lld ms",
+                            id, (long long)timeout_ms);
+    snprintf(path, sizeof(path), "/1.0/instances/%s", id);
+    r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, err);
+    if (r == -ENOENT)
+        return 0;
+    return r == -ETIMEDOUT ? r : r < 0 ? -EREMOTEIO : 0;
+}
+
+static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                      const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                      struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+    const char *image =
+        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : l->cfg.default_image;
+    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
+    int64_t timeout_ms =
+        spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms : l->cfg.create_timeout_ms;
+    struct lb_sandbox_ref own = {.id = ref->id};
+    char path[512], location[128] = "", enc_target[200] = "";
+    json_t *body = NULL, *desc = NULL;
+    struct lb_error cerr = {0};
+    bool made = false, locked = false;
+    int r;
+
+    if (!image)
+        return lb_error_set(err, -EINVAL, "no image given and lxd.default_image is not set");
+    r = check_network(l, spec, err);
+    if (r < 0)
+        return r;
+    r = check_members(l, err);
+    if (r < 0)
+        return r;
+    body = create_body(l, ref->id, spec, image);
+    if (!body)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (l->target) {
+        char *e = curl_easy_escape(NULL, l->target, 0);
+
+        snprintf(enc_target, sizeof(enc_target), "?target=%s", e ? e : "");
+        curl_free(e);
+    }
+    snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
+    pthread_mutex_lock(&l->create_mutex);
+    locked = true;
+    r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
+    if (r == 0) {
+        made = true;
+    } else if (strstr(cerr.message, "already exists")) {
+        /* a create retried after a crash: the first instance is the sandbox */
+        r = find_own(l, ref->id, location, sizeof(location), err);
+        if (r < 0)
+            goto out;
+        made = true;
+        log_info_sbx(ref->id, "lxd: instance %s already exists; using it", ref->id);
+    } else if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
+               strstr(cerr.message, "mage not found")) {
+        r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
+                         cerr.message);
+        goto out;
+    } else {
+        r = lb_error_keep(err, r, "%s", cerr.message);
+        goto out;
+    }
+    /* a crash here leaves an instance whose record is "starting": the next start stops it */
+    r = fault_hit("lxd.created", timeout_ms, err);
+    if (r < 0) {
+        r = -EREMOTEIO;
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
+    {
+        json_t *start = json_pack("{s:s}", "action", "start");
+        struct lb_error serr = {0};
+
+        r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+        /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
+         * another client: this daemon serializes its own) an id range newuidmap refuses
+         * ("forkstart" fails); a second start allocates again */
+        for (int i = 0; i < 3 && r < 0 &&
+                        (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
+             i++) {
+            /* after a failed forkstart LXD stops the instance: wait for that too */
+            log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
+            lb_error_clear(&serr);
+            usleep((useconds_t)(500000 * (i + 1)));
+            r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+        }
+        json_decref(start);
+        if (r < 0 && strstr(serr.message, "already running"))
+            r = 0;
+        else if (r < 0)
+            r = lb_error_keep(err, r, "%s", serr.message);
+    }
+    pthread_mutex_unlock(&l->create_mutex);
+    locked = false;
+    if (r < 0)
+        goto out;
+    if (!location[0] && find_own(l, ref->id, location, sizeof(location), err) < 0) {
+        r = -EREMOTEIO;
+        goto out;
+    }
+    desc = new_descriptor(ref->id, location, workdir);
+    if (!desc) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    own.descriptor = desc;
+    r = lxd_make_dirs(l, &own, LXD_SUPERVISE_DIR, err);
+    if (r == 0)
+        r = lxd_put_file(l, &own, LXD_SUPERVISE_PATH, -1, l->supervise_data, l->supervise_len, 0755,
+                         err);
+    if (r == 0)
+        r = lxd_make_dirs(l, &own, workdir, err);
+    if (r < 0)
+        goto out;
+    *descriptor_out = desc;
+    desc = NULL;
+out:
+    if (locked)
+        pthread_mutex_unlock(&l->create_mutex);
+    if (r < 0 && made) {
+        struct lb_error rerr = {0};
+
+        if (remove_instance(l, ref->id, location, l->cfg.call_timeout_ms * 2, &rerr) < 0)
+            log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
+                         rerr.message);
+    }
+    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
+        r = -EREMOTEIO;
+    json_decref(desc);
+    json_decref(body);
+    return r;
+}
+
+static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                    struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+
+    return remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms > 0 ? timeout_ms : 120000,
+                           err);
+}
+
+int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
+              struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    char path[256];
+    const char *s;
+    json_t *j = NULL;
+    int r;
+
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
+    r = lxd_call(l, lxd_member_of(ref), "GET", path, NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status == 404) {
+        *out = LB_STATUS_STOPPED;
+        goto out;
+    }
+    if (resp.status != 200) {
+        answer_error(&resp, "instance state", err);
+        r = -EREMOTEIO;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    s = json_string_value(json_object_get(json_object_get(j, "metadata"), "status")) ?: "";
+    *out = !strcmp(s, "Running")                             ? LB_STATUS_RUNNING
+           : !strcmp(s, "Frozen")                            ? LB_STATUS_PAUSED
+           : !strcmp(s, "Starting") || !strcmp(s, "Pending") ? LB_STATUS_STARTING
+           : !strcmp(s, "Stopped") || !strcmp(s, "Aborting") ? LB_STATUS_ERROR
+           : !strcmp(s, "Freezing") || !strcmp(s, "Thawed")  ? LB_STATUS_RUNNING
+                                                             : LB_STATUS_UNKNOWN;
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int lxd_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                      enum lb_sandbox_status *out, struct lb_error *err)
+{
+    return lxd_state((struct lb_lxd *)p, ref, out, err);
+}
+
+static int freeze_or_thaw(struct lb_lxd *l, const struct lb_sandbox_ref *ref, bool freeze,
+                          struct lb_error *err)
+{
+    json_t *body = json_pack("{s:s}", "action", freeze ? "freeze" : "unfreeze");
+    enum lb_sandbox_status st;
+    struct lb_error ferr = {0};
+    char path[256];
+    int r;
+
+    if (!body)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
+    r = lxd_async(l, lxd_member_of(ref), "PUT", path, body, 0, NULL, &ferr);
+    json_decref(body);
+    if (r == -ENOENT)
+        return lb_error_set(err, -ENOENT, "no such sandbox");
+    if (r < 0 && r != -ETIMEDOUT && lxd_state(l, ref, &st, NULL) == 0 &&
+        st == (freeze ? LB_STATUS_PAUSED : LB_STATUS_RUNNING))
+        return 0; /* already so: idempotent */
+    if (r < 0)
+        return lb_error_keep(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", ferr.message);
+    return 0;
+}
+
+static int lxd_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    return freeze_or_thaw((struct lb_lxd *)p, ref, true, err);
+}
+
+static int lxd_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    return freeze_or_thaw((struct lb_lxd *)p, ref, false, err);
+}
+
+static int lxd_list(struct lb_provider *p, json_t **out, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_httpc_response resp;
+    char filter[200], path[512], *enc;
+    json_t *j = NULL, *arr = NULL, *c;
+    size_t i;
+    int r;
+
+    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, l->instance);
+    enc = curl_easy_escape(NULL, filter, 0);
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
+    curl_free(enc);
+    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    if (resp.status != 200) {
+        answer_error(&resp, "instance list", err);
+        r = -EREMOTEIO;
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    arr = json_array();
+    if (!json_is_array(json_object_get(j, "metadata")) || !arr) {
+        r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
+        goto out;
+    }
+    json_array_foreach(json_object_get(j, "metadata"), i, c) {
+        json_t *conf = json_object_get(c, "config");
+        const char *id = json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX));
+        const char *inst = json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE));
+        const char *name = json_string_value(json_object_get(c, "name"));
+
+        /* the filter is LXD's; check again, and that the name is the sandbox id */
+        if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
+            continue;
+        json_array_append_new(
+            arr,
+            json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
+                      new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL)));
+    }
+    *out = arr;
+    arr = NULL;
+out:
+    json_decref(arr);
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int lxd_end_execs(struct lb_provider *p)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+
+    atomic_store(&l->ending, true);
+    return atomic_load(&l->execs_in_flight);
+}
+
+static void lxd_destroy(struct lb_provider *p)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+
+    if (!l)
+        return;
+    httpc_free(l->http);
+    pthread_mutex_destroy(&l->create_mutex);
+    free(l->socket);
+    free(l->url);
+    free(l->default_image);
+    free(l->target);
+    free(l->supervise_path);
+    free(l->net_inherit);
+    free(l->spool_dir);
+    free(l->supervise_data);
+    free(l);
+}
+
+/* No network but none, no endpoints, GPUs, terminals, fd passing (so no activations) or
+ * exclusive execs; disk_mib only on a pool with quotas. */
+static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    const struct lb_lxd *l = (const struct lb_lxd *)p;
+
+    *out = (struct lb_provider_caps){
+        .network_modes = strcmp(l->net_inherit, "none") == 0 ? LB_NET_LOOPBACK : 0,
+        .cpu_limit = true,
+        .memory_limit = true,
+        .pids_limit = true,
+        .disk_limit = l->pool_has_quota,
+        .images = true,
+        .users = true,
+        .pause = true,
+        .default_image = l->default_image,
+    };
+}
+
+static const struct lb_provider_ops lxd_ops = {
+    .name = "lxd",
+    .version = LB_PROVIDER_OPS_VERSION,
+    .caps = lxd_caps,
+    .create = lxd_create,
+    .stop = lxd_stop,
+    .status = lxd_status,
+    .exec = lxd_exec,
+    .file_write = lxd_file_write,
+    .upload_begin = lxd_upload_begin,
+    .upload_commit = lxd_upload_commit,
+    .upload_abort = lxd_upload_abort,
+    .file_open = lxd_file_open,
+    .list = lxd_list,
+    .pause = lxd_pause,
+    .resume = lxd_resume,
+    .end_execs = lxd_end_execs,
+    .destroy = lxd_destroy,
+};
+
+/* GET /1.0: trusted, every extension we use; whether it is clustered. */
+static int check_server(struct lb_lxd *l, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    json_t *j = NULL, *md, *exts;
+    const char *auth;
+    int r;
+
+    r = lxd_call(l, NULL, "GET", "/1.0", NULL, 0, &resp, err);
+    if (r < 0) {
+        r = lb_error_keep(err, -EREMOTEIO, "cannot reach the LXD server at %s",
+                          httpc_endpoint(l->http));
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    md = json_object_get(j, "metadata");
+    auth = json_string_value(json_object_get(md, "auth"));
+    if (resp.status != 200 || !auth) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "%s does not answer GET /1.0 like an LXD server (HTTP %ld)",
+                         httpc_endpoint(l->http), resp.status);
+        goto out;
+    }
+    if (strcmp(auth, "trusted") != 0) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "the LXD server at %s does not trust this client (auth: %s): add the "
+                         "client certificate with `lxc config trust add`",
+                         httpc_endpoint(l->http), auth);
+        goto out;
+    }
+    exts = json_object_get(md, "api_extensions");
+    for (size_t k = 0; k < sizeof(required_extensions) / sizeof(required_extensions[0]); k++) {
+        bool found = false;
+        size_t i;
+        json_t *e;
+
+        json_array_foreach(exts, i, e)
+            found = found || strcmp(json_string_value(e) ?: "", required_extensions[k]) == 0;
+        if (!found) {
+            r = lb_error_set(err, -EREMOTEIO,
+                             "the LXD server at %s lacks the API extension '%s' that the lxd "
+                             "provider needs (LXD 5.0 or later has it)",
+                             httpc_endpoint(l->http), required_extensions[k]);
+            goto out;
+        }
+    }
+    l->clustered =
+        json_is_true(json_object_get(json_object_get(md, "environment"), "server_clustered"));
+    if (l->target) {
+        bool found = false;
+        size_t i;
+        json_t *e;
+
+        json_array_foreach(exts, i, e)
+            found = found || strcmp(json_string_value(e) ?: "",
+                                    l->target[0] == '@' ? "clustering_groups" : "clustering") == 0;
+        if (!found || !l->clustered) {
+            r = lb_error_set(err, -EINVAL, "lxd.target '%s' needs a clustered LXD server%s",
+                             l->target, l->target[0] == '@' ? " with cluster groups" : "");
+            goto out;
+        }
+    }
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+/* The default profile's root disk pool and whether its driver has quotas. */
+static int find_pool(struct lb_lxd *l, struct lb_error *err)
+{
+    struct lb_httpc_response resp;
+    json_t *j = NULL;
+    const char *pool, *driver;
+    char path[256];
+    int r;
+
+    r = lxd_call(l, NULL, "GET", "/1.0/profiles/default", NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    j = resp.status == 200 ? json_loadb(resp.body.data, resp.body.len, 0, NULL) : NULL;
+    pool = json_string_value(json_object_get(
+        json_object_get(json_object_get(json_object_get(j, "metadata"), "devices"), "root"),
+        "pool"));
+    if (!pool || strlen(pool) >= sizeof(l->pool) || strchr(pool, '/')) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "the LXD default profile has no root disk device naming a pool");
+        goto out;
+    }
+    snprintf(l->pool, sizeof(l->pool), "%s", pool);
+    json_decref(j);
+    j = NULL;
+    httpc_response_release(&resp);
+    snprintf(path, sizeof(path), "/1.0/storage-pools/%s", l->pool);
+    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    j = resp.status == 200 ? json_loadb(resp.body.data, resp.body.len, 0, NULL) : NULL;
+    driver = json_string_value(json_object_get(json_object_get(j, "metadata"), "driver"));
+    if (!driver) {
+        r = lb_error_set(err, -EREMOTEIO, "LXD: cannot read storage pool '%s'", l->pool);
+        goto out;
+    }
+    l->pool_has_quota = strcmp(driver, "dir") != 0;
+    log_info("lxd provider: root pool %s (driver %s%s)", l->pool, driver,
+             l->pool_has_quota ? "" : ": no disk quotas, resources.disk_mib is refused");
+out:
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int read_supervisor(struct lb_lxd *l, struct lb_error *err)
+{
+    int fd = open(l->supervise_path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    size_t got = 0;
+    int r = 0;
+
+    if (fd < 0)
+        return lb_error_set(err, -ENOENT, "cannot open the supervisor '%s': %s", l->supervise_path,
+                            strerror(errno));
+    if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > SUPERVISE_MAX_BYTES) {
+        r = lb_error_set(err, -EINVAL, "'%s' is not a usable supervisor binary", l->supervise_path);
+        goto out;
+    }
+    l->supervise_data = malloc((size_t)st.st_size);
+    if (!l->supervise_data) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, (char *)l->supervise_data + got, (size_t)st.st_size - got);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            r = lb_error_set(err, -EIO, "cannot read '%s'", l->supervise_path);
+            goto out;
+        }
+        got += (size_t)n;
+    }
+    l->supervise_len = got;
+out:
+    close(fd);
+    return r;
+}
+
+static char *dup_opt(const char *s, bool *oom)
+{
+    char *c = s && *s ? strdup(s) : NULL;
+
+    if (s && *s && !c)
+        *oom = true;
+    return c;
+}
+
+int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
+                     struct lb_error *err)
+{
+    struct lb_lxd *l;
+    bool oom = false;
+    int r;
+
+    if ((!cfg->socket || !*cfg->socket) && (!cfg->url || !*cfg->url))
+        return lb_error_set(err, -EINVAL, "the lxd provider needs lxd.socket or lxd.url");
+    if (!cfg->supervise_path || !cfg->state_dir)
+        return lb_error_set(err, -EINVAL, "the lxd provider needs the supervisor and a state dir");
+    if (cfg->target && *cfg->target &&
+        (strlen(cfg->target) > 63 ||
+         strspn(cfg->target, "@abcdefghijklmnopqrstuvwxyz"
+                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != strlen(cfg->target)))
+        return lb_error_set(err, -EINVAL, "lxd.target '%s' is not a member or @group name",
+                            cfg->target);
+    if (httpc_global_init() < 0)
+        return lb_error_set(err, -EIO, "cannot initialise libcurl");
+    l = calloc(1, sizeof(*l));
+    if (!l)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    l->base.ops = &lxd_ops;
+    pthread_mutex_init(&l->create_mutex, NULL);
+    l->cfg = *cfg;
+    l->socket = dup_opt(cfg->socket, &oom);
+    l->url = dup_opt(cfg->url, &oom);
+    l->default_image = dup_opt(cfg->default_image, &oom);
+    l->target = dup_opt(cfg->target, &oom);
+    l->supervise_path = dup_opt(cfg->supervise_path, &oom);
+    l->net_inherit = dup_opt(cfg->net_inherit ? cfg->net_inherit : "none", &oom);
+    if (asprintf(&l->spool_dir, "%s/lxd-spool", cfg->state_dir) < 0) {
+        l->spool_dir = NULL;
+        oom = true;
+    }
+    if (cfg->instance && *cfg->instance) {
+        snprintf(l->instance, sizeof(l->instance), "%s", cfg->instance);
+    } else {
+        char hex[LB_SHA256_HEX + 1];
+
+        token_sha256_hex(cfg->state_dir, strlen(cfg->state_dir), hex);
+        snprintf(l->instance, sizeof(l->instance), "%.12s", hex);
+    }
+    l->cfg.socket = l->socket;
+    l->cfg.url = l->url;
+    l->cfg.default_image = l->default_image;
+    l->cfg.target = l->target;
+    l->cfg.supervise_path = l->supervise_path;
+    l->cfg.net_inherit = l->net_inherit;
+    l->cfg.instance = l->instance;
+    if (l->cfg.call_timeout_ms <= 0)
+        l->cfg.call_timeout_ms = 15000;
+    if (l->cfg.create_timeout_ms <= 0)
+        l->cfg.create_timeout_ms = 60000;
+    if (oom) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (mkdir(l->spool_dir, 0700) < 0 && errno != EEXIST) {
+        r = lb_error_set(err, -errno, "cannot make '%s': %s", l->spool_dir, strerror(errno));
+        goto fail;
+    }
+    r = read_supervisor(l, err);
+    if (r < 0)
+        goto fail;
+    if (l->socket) {
+        r = httpc_new(l->socket, "", &l->http, err);
+    } else {
+        struct lb_httpc_tls tls = {
+            .cert = cfg->cert, .key = cfg->key, .server_cert = cfg->server_cert};
+
+        r = httpc_new_https(l->url, &tls, "", &l->http, err);
+    }
+    if (r < 0)
+        goto fail;
+    r = check_server(l, err);
+    if (r == 0)
+        r = find_pool(l, err);
+    if (r < 0)
+        goto fail;
+    log_info("lxd provider: %s%s, instance %s, default image %s, target %s",
+             httpc_endpoint(l->http), l->clustered ? " (clustered)" : "", l->instance,
+             l->default_image ? l->default_image : "(none)", l->target ? l->target : "(cluster's)");
+    *out = &l->base;
+    return 0;
+fail:
+    lxd_destroy(&l->base);
+    return r;
+}

@@ -1,0 +1,76 @@
+/*
+ * lxd.h - the LXD provider (provider.name = lxd): one LXD container per sandbox, on one LXD
+ * server or anywhere in an LXD cluster, through the LXD REST API (httpc.c, libcurl) on a
+ * member's unix socket or over HTTPS with a client certificate and the cluster certificate's
+ * key pinned. Tested against Debian 12's lxd 5.0.2.
+ *
+ * Identity. The instance is named by the sandbox id ("sbx-..." is a valid instance name) and
+ * carries the config keys user.lendbox.instance=<instance> and user.lendbox.sandbox=<id> (LXD's
+ * labels), so it is found and stopped from the id alone, a create retried after a crash finds
+ * the first instance ("already exists") instead of making a second, and list returns exactly
+ * this daemon's instances (GET /1.0/instances?filter=config.user.lendbox.instance eq I). The
+ * descriptor is {"name", "location" (the member), "workdir"}.
+ *
+ * Spec mapping. The instance is created with no profile and one device, the root disk on the
+ * default profile's pool, so it has no NIC (loopback only) whatever the profiles say.
+ * security.idmap.isolated=true (its own uid/gid range on the host); resources.cpu ->
+ * limits.cpu.allowance (cpu*100 ms per 100 ms), memory_mib -> limits.memory (no swap), pids ->
+ * limits.processes, disk_mib -> the root device's size: refused (422) on a pool whose driver
+ * has no quotas ("dir"). network: only no network (access absent or "inherit" with
+ * network.inherit = none); declared ports are 422. Placement is the cluster's (its scheduler),
+ * unless lxd.target names a member or a cluster group ("@group"). Creations and starts are
+ * serialized per provider: LXD 5.0.2 gave isolated instances started at once overlapping id
+ * ranges.
+ *
+ * Exec: the static lendbox-supervise is pushed into every instance at create
+ * (/run/lendbox/supervise, files API) and each command runs as
+ *   /run/lendbox/supervise --framed --max-output N --timeout-ms MS --cwd DIR [...] -- ARGV
+ * through LXD's exec with record-output (no websocket): the operation is awaited, the recorded
+ * stdout (the supervisor's frames, framed.h) and stderr are fetched and deleted. The timeout and
+ * the tree kill happen inside the instance (the supervisor); output is capped there too. stdin
+ * goes in first as a file (--stdin-file). pass_fd and exclusive are not offered (caps), so
+ * activations, which pass the receipt fd, answer 501 on this provider.
+ *
+ * Files: the files API, always with Content-Type: application/octet-stream (LXD 5.0.2 answers
+ * 200 and writes an empty file when a body arrives as a form), parents made one by one
+ * (X-LXD-type: directory). Reads are spooled into an unlinked temporary file on the host
+ * (<state_dir>/lxd-spool), at most 1 GiB (-EFBIG past it).
+ *
+ * Failure semantics. Every call is bounded by lxd.call_timeout_s (a member that is down makes
+ * LXD itself wait ~10 s and answer 500); a stop by the caller's timeout as well. 404 means gone
+ * (stop succeeds); a 500, an error state or a timeout is -EREMOTEIO / -ETIMEDOUT (502): the
+ * record stays stop_failed for the retry loop. A seed fails fast with 502 when the cluster has
+ * no Online member (or lxd.target names a member that is not Online). Each call is counted by
+ * member (lendbox_lxd_member_calls_total / _failures_total{member=...}).
+ *
+ * Thread-safety: as provider.h.
+ */
+#ifndef LB_PROVIDER_LXD_H
+#define LB_PROVIDER_LXD_H
+
+#include "provider/provider.h"
+
+struct lb_lxd_config {
+    const char *socket;         /* a member's unix socket; or NULL and url: */
+    const char *url;            /* "https://host:port" of a member */
+    const char *cert, *key;     /* url: the client certificate and key (PEM files) */
+    const char *server_cert;    /* url: the cluster's certificate (PEM): its key is pinned */
+    const char *default_image;  /* LXD image alias of a seed without an image; NULL: none */
+    const char *target;         /* member or "@group" for new instances; NULL: the cluster's */
+    const char *instance;       /* this daemon's label value; NULL: derived from state_dir */
+    const char *state_dir;      /* <state_dir>/lxd-spool holds file spools */
+    const char *supervise_path; /* host path of the static lendbox-supervise */
+    const char *net_inherit;    /* [network] inherit: only "none" is enforceable */
+    int64_t call_timeout_ms;    /* bound on each API call (not an exec's own run) */
+    int64_t create_timeout_ms;  /* bound on a whole create */
+};
+
+/* Make the provider: reads the supervisor, checks the server answers GET /1.0 as trusted, has
+ * every API extension this provider uses (the missing one is named), and finds the default
+ * profile's root pool and its driver. *out is the caller's (provider_destroy). Returns 0,
+ * -EINVAL (bad config, unusable certificate or pin), -EREMOTEIO (server unreachable, not
+ * trusted, too old), -ENOMEM. */
+int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
+                     struct lb_error *err);
+
+#endif

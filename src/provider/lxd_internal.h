@@ -1,0 +1,88 @@
+/*
+ * lxd_internal.h - what lxd.c and lxd_io.c share. Not a public interface.
+ */
+#ifndef LB_LXD_INTERNAL_H
+#define LB_LXD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "provider/httpc.h"
+#include "provider/lxd.h"
+
+#define LXD_LABEL_INSTANCE "user.lendbox.instance"
+#define LXD_LABEL_SANDBOX "user.lendbox.sandbox"
+#define LXD_SUPERVISE_DIR "/run/lendbox"
+#define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
+#define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
+
+struct lb_lxd {
+    struct lb_provider base;
+    struct lb_lxd_config cfg; /* strings point at the copies below */
+    char *socket, *url, *default_image, *target, *supervise_path, *net_inherit, *spool_dir;
+    char instance[64];
+    char pool[128];       /* the root pool of new instances (the default profile's) */
+    bool pool_has_quota;  /* its driver bounds a root device's size (not "dir") */
+    bool clustered;       /* the server is a cluster member */
+    void *supervise_data; /* the supervisor binary, pushed into each instance */
+    size_t supervise_len;
+    struct lb_httpc *http;
+    pthread_mutex_t create_mutex; /* serializes instance creation and start */
+    atomic_bool ending;           /* end_execs was called */
+    atomic_int execs_in_flight;
+};
+
+/* The member a sandbox's calls are counted under: the descriptor's location, or "-". */
+const char *lxd_member_of(const struct lb_sandbox_ref *ref);
+
+/* One API request with a small JSON body (or none) and a buffered answer (at most 4 MiB),
+ * bounded by timeout_ms (<= 0: lxd.call_timeout_s), counted for member (NULL: "-"): a failure
+ * is a transport error or a 5xx. 0 when an answer came (any status), else -EREMOTEIO (server
+ * unreachable) or -ETIMEDOUT. */
+int lxd_call(struct lb_lxd *l, const char *member, const char *method, const char *path,
+             const json_t *body, int64_t timeout_ms, struct lb_httpc_response *resp,
+             struct lb_error *err);
+
+/* Any request (files, logs) through httpc_do, counted for member like lxd_call; transport
+ * failures as -EREMOTEIO / -ETIMEDOUT / -ECANCELED / -EFBIG or a sink's errno. */
+int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
+           struct lb_httpc_response *resp, struct lb_error *err);
+
+/* The "error" text of an LXD answer into buf. Returns buf. */
+const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size);
+
+/* An async call (POST/PUT/DELETE answering 202 with an operation) awaited up to timeout_ms.
+ * 0 when the operation succeeded (*op_out: a new reference to the operation object's
+ * "metadata", or NULL when not wanted), -ENOENT on 404, -EREMOTEIO naming LXD's error (the
+ * operation's "err" into err), -ETIMEDOUT. */
+int lxd_async(struct lb_lxd *l, const char *member, const char *method, const char *path,
+              const json_t *body, int64_t timeout_ms, json_t **op_out, struct lb_error *err);
+
+/* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
+void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);
+
+/* The instance's status (404: LB_STATUS_STOPPED). */
+int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
+              struct lb_error *err);
+
+/* Write len bytes (from data, or from fd at its current offset when fd >= 0) as the file at
+ * the absolute path of instance id, mode (< 0: 0644), owned by the instance's root, parents
+ * made. */
+int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path, int fd,
+                 const void *data, uint64_t len, int mode, struct lb_error *err);
+/* Make the directory path and its parents in the instance (existing ones are fine). */
+int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                  struct lb_error *err);
+
+int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+             const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
+int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                   const void *data, size_t len, int mode, struct lb_error *err);
+int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int mode, struct lb_upload **out, struct lb_error *err);
+int lxd_upload_commit(struct lb_upload *u, struct lb_error *err);
+void lxd_upload_abort(struct lb_upload *u);
+int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                  int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+#endif

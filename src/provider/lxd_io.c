@@ -1,0 +1,690 @@
+/*
+ * lxd_io.c - exec and files on the lxd provider (see lxd.h): exec with recorded output of the
+ * supervisor in framed mode (framed.h), and the instance files API, always octet-stream.
+ */
+#include "provider/lxd_internal.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "provider/framed.h"
+#include "util/clock.h"
+#include "util/token.h"
+
+#define DIAG_MAX 4096
+#define EXEC_SLACK_MS 30000 /* LXD's own start-up and tear-down of an exec, past the timeout */
+#define FRAME_SLACK_BYTES (1024 * 1024) /* frame headers, the status, cut markers */
+#define FILE_TIMEOUT_MS (30 * 60 * 1000)
+#define MAX_SYMLINKS 8
+
+struct lxd_upload {
+    struct lb_upload base;
+    struct lb_lxd *l;
+    char *id, *path, *member;
+    int mode;
+};
+
+/* "/1.0/instances/<id>/files?path=<escaped path>" into buf. */
+static int files_path(const char *id, const char *path, char *buf, size_t size,
+                      struct lb_error *err)
+{
+    char *enc = curl_easy_escape(NULL, path, 0);
+    int n;
+
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    n = snprintf(buf, size, "/1.0/instances/%s/files?path=%s", id, enc);
+    curl_free(enc);
+    return n < (int)size ? 0 : lb_error_set(err, -EINVAL, "path '%.200s' is too long", path);
+}
+
+/* ---------- files ---------- */
+
+/* POST one directory (mode 0755, root's); an existing directory is fine. */
+static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *dir,
+                    struct lb_error *err)
+{
+    static const char *const headers[] = {"X-LXD-type: directory", "X-LXD-mode: 0755",
+                                          "X-LXD-uid: 0", "X-LXD-gid: 0", NULL};
+    struct lb_httpc_request req = {.method = "POST",
+                                   .content_type = "application/octet-stream",
+                                   .body = "",
+                                   .body_len = 0,
+                                   .headers = headers,
+                                   .max_body_bytes = 65536};
+    struct lb_httpc_response resp = {0};
+    char path[PATH_MAX + 128], m[300];
+    int r = files_path(ref->id, dir, path, sizeof(path), err);
+
+    if (r < 0)
+        return r;
+    req.path = path;
+    req.timeout_ms = l->cfg.call_timeout_ms;
+    r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
+    if (r == 0 && resp.status != 200) {
+        lxd_message(&resp, m, sizeof(m));
+        if (resp.status == 404 && strstr(m, "nstance"))
+            r = lb_error_set(err, -ENOENT, "no such sandbox");
+        else if (resp.status >= 500 && !strstr(m, "exists") && !strstr(m, "not a directory"))
+            r = lb_error_set(err, -EREMOTEIO, "LXD: cannot make directory '%s': %s", dir, m);
+        else
+            r = lb_error_set(err, -ENOTDIR, "'%s' is not a directory", dir);
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
+int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                  struct lb_error *err)
+{
+    char buf[PATH_MAX];
+    int r = 0;
+
+    if (strlen(path) >= sizeof(buf) || path[0] != '/')
+        return lb_error_set(err, -EINVAL, "bad directory '%s'", path);
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; r == 0 && *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        r = make_dir(l, ref, buf, err);
+        *p = '/';
+    }
+    if (r == 0 && strcmp(buf, "/") != 0)
+        r = make_dir(l, ref, buf, err);
+    return r;
+}
+
+/* One file POST; *status gets the HTTP status, m LXD's message. */
+static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path, int fd,
+                     const void *data, uint64_t len, int mode, long *status, char *m, size_t m_size,
+                     struct lb_error *err)
+{
+    char url[PATH_MAX + 128], mode_hdr[32];
+    const char *headers[] = {"X-LXD-type: file",       mode_hdr, "X-LXD-uid: 0", "X-LXD-gid: 0",
+                             "X-LXD-write: overwrite", NULL};
+    /* octet-stream always: with a form type LXD 5.0.2 answers 200 and writes nothing */
+    struct lb_httpc_request req = {.method = "POST",
+                                   .content_type = "application/octet-stream",
+                                   .headers = headers,
+                                   .timeout_ms = FILE_TIMEOUT_MS,
+                                   .max_body_bytes = 65536};
+    struct lb_httpc_response resp = {0};
+    int r = files_path(ref->id, path, url, sizeof(url), err);
+
+    if (r < 0)
+        return r;
+    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: %04o",
+             (unsigned)(mode < 0 ? 0644 : mode) & 07777);
+    req.path = url;
+    if (fd >= 0) {
+        if (lseek(fd, 0, SEEK_SET) < 0)
+            return lb_error_set(err, -EIO, "cannot rewind the spooled upload: %s", strerror(errno));
+        req.body_fd = fd;
+        req.body_fd_len = len;
+        if (len == 0) { /* curl sends no body for an empty fd upload: send "" */
+            req.body_fd = 0;
+            req.body = "";
+        }
+    } else {
+        req.body = data ? data : "";
+        req.body_len = (size_t)len;
+    }
+    r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
+    *status = resp.status;
+    lxd_message(&resp, m, m_size);
+    httpc_response_release(&resp);
+    return r;
+}
+
+int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path, int fd,
+                 const void *data, uint64_t len, int mode, struct lb_error *err)
+{
+    char m[300], parent[PATH_MAX];
+    enum lb_sandbox_status st;
+    long status = 0;
+    int r;
+
+    r = post_file(l, ref, path, fd, data, len, mode, &status, m, sizeof(m), err);
+    if (r == 0 && status == 404) {
+        /* a missing parent (or no such instance): make the parents, then once more */
+        snprintf(parent, sizeof(parent), "%s", path);
+        *strrchr(parent, '/') = '\0';
+        if (parent[0]) {
+            r = lxd_make_dirs(l, ref, parent, err);
+            if (r < 0)
+                return r;
+        }
+        r = post_file(l, ref, path, fd, data, len, mode, &status, m, sizeof(m), err);
+    }
+    if (r < 0)
+        return r;
+    if (status == 200)
+        return 0;
+    if (status == 404) {
+        if (lxd_state(l, ref, &st, NULL) == 0 && st == LB_STATUS_STOPPED)
+            return lb_error_set(err, -ENOENT, "no such sandbox");
+        return lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
+    }
+    if (strstr(m, "is a directory") || strstr(m, "Is a directory"))
+        return lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+    if (strstr(m, "not a directory"))
+        return lb_error_set(err, -ENOTDIR, "a parent of '%s' is not a directory", path);
+    if (strstr(m, "read-only"))
+        return lb_error_set(err, -EROFS, "'%s' is on a read-only file system", path);
+    if (strstr(m, "no space") || strstr(m, "quota"))
+        return lb_error_set(err, -EFBIG, "no space left for '%s' in the sandbox", path);
+    if (strstr(m, "frozen"))
+        return lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
+    return lb_error_set(err, -EREMOTEIO, "LXD: writing '%s' failed (HTTP %ld): %s", path, status,
+                        m);
+}
+
+int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                   const void *data, size_t len, int mode, struct lb_error *err)
+{
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    return lxd_put_file((struct lb_lxd *)p, ref, path, -1, data ? data : "", len, mode, err);
+}
+
+/* An unlinked read-write temporary file in the spool dir, or -errno. */
+static int spool_file(struct lb_lxd *l)
+{
+    int fd = open(l->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+    return fd < 0 ? -errno : fd;
+}
+
+int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int mode, struct lb_upload **out, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lxd_upload *u;
+    enum lb_sandbox_status st;
+    int r;
+
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    r = lxd_state(l, ref, &st, err);
+    if (r < 0)
+        return r;
+    if (st == LB_STATUS_STOPPED)
+        return lb_error_set(err, -ENOENT, "no such sandbox");
+    u = calloc(1, sizeof(*u));
+    if (!u || !(u->id = strdup(ref->id)) || !(u->path = strdup(path)) ||
+        !(u->member = strdup(lxd_member_of(ref)))) {
+        if (u) {
+            free(u->id);
+            free(u->path);
+        }
+        free(u);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    u->base.provider = p;
+    u->base.fd = spool_file(l);
+    u->l = l;
+    u->mode = mode;
+    if (u->base.fd < 0) {
+        r = lb_error_set(err, u->base.fd, "cannot make a spool file in '%s': %s", l->spool_dir,
+                         strerror(-u->base.fd));
+        lxd_upload_abort(&u->base);
+        return r;
+    }
+    *out = &u->base;
+    return 0;
+}
+
+void lxd_upload_abort(struct lb_upload *base)
+{
+    struct lxd_upload *u = (struct lxd_upload *)base;
+
+    if (!u)
+        return;
+    if (u->base.fd >= 0)
+        close(u->base.fd);
+    free(u->id);
+    free(u->path);
+    free(u->member);
+    free(u);
+}
+
+int lxd_upload_commit(struct lb_upload *base, struct lb_error *err)
+{
+    struct lxd_upload *u = (struct lxd_upload *)base;
+    json_t *desc = json_pack("{s:s}", "location", u->member);
+    struct lb_sandbox_ref ref = {.id = u->id, .descriptor = desc};
+    struct stat st;
+    int r;
+
+    if (fstat(u->base.fd, &st) < 0)
+        r = lb_error_set(err, -EIO, "cannot stat the spooled upload: %s", strerror(errno));
+    else
+        r = lxd_put_file(u->l, &ref, u->path, u->base.fd, NULL, (uint64_t)st.st_size, u->mode, err);
+    json_decref(desc);
+    lxd_upload_abort(base);
+    return r;
+}
+
+struct spool_sink {
+    int fd;
+    uint64_t written, max;
+};
+
+static int spool_write(const void *data, size_t n, void *arg)
+{
+    struct spool_sink *s = arg;
+    const char *p = data;
+
+    if (s->written + n > s->max)
+        return -EFBIG;
+    while (n > 0) {
+        ssize_t w = write(s->fd, p, n);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -EIO;
+        p += w;
+        n -= (size_t)w;
+        s->written += (uint64_t)w;
+    }
+    return 0;
+}
+
+int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                  int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+    char cur[PATH_MAX], url[PATH_MAX + 128], self[64], m[300];
+    struct lb_httpc_response resp = {0};
+    struct spool_sink sink = {.fd = -1, .max = LXD_MAX_DOWNLOAD_BYTES};
+    int r, rd;
+
+    if (!provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    snprintf(cur, sizeof(cur), "%s", path);
+    for (int hop = 0;; hop++) {
+        struct lb_httpc_request req = {.method = "GET",
+                                       .timeout_ms = FILE_TIMEOUT_MS,
+                                       .max_body_bytes = 65536,
+                                       .sink = spool_write,
+                                       .sink_arg = &sink,
+                                       .want_header = "X-LXD-type"};
+        const char *type;
+
+        if (sink.fd >= 0)
+            close(sink.fd);
+        sink.fd = spool_file(l);
+        sink.written = 0;
+        if (sink.fd < 0) {
+            r = lb_error_set(err, -EIO, "cannot make a spool file in '%s': %s", l->spool_dir,
+                             strerror(-sink.fd));
+            goto out;
+        }
+        r = files_path(ref->id, cur, url, sizeof(url), err);
+        if (r < 0)
+            goto out;
+        req.path = url;
+        httpc_response_release(&resp);
+        r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
+        if (r == -EFBIG) {
+            r = lb_error_set(err, -EFBIG, "'%s' is over the %llu-byte download limit", path,
+                             (unsigned long long)LXD_MAX_DOWNLOAD_BYTES);
+            goto out;
+        }
+        if (r < 0)
+            goto out;
+        type = resp.header_value ? resp.header_value : "";
+        if (resp.status == 404) {
+            r = lb_error_set(err, -ENOENT, "no such file '%s'", path);
+            goto out;
+        }
+        if (resp.status != 200) {
+            char buf[512] = "";
+            ssize_t n = pread(sink.fd, buf, sizeof(buf) - 1, 0);
+            json_t *j = n > 0 ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+
+            snprintf(m, sizeof(m), "%s",
+                     json_string_value(json_object_get(j, "error")) ?: "(no message)");
+            json_decref(j);
+            r = lb_error_set(err, resp.status >= 500 ? -EREMOTEIO : -EACCES,
+                             "LXD: reading '%s' failed (HTTP %ld): %s", path, resp.status, m);
+            if (strstr(m, "frozen"))
+                r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
+            goto out;
+        }
+        if (strcmp(type, "directory") == 0) {
+            r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
+            goto out;
+        }
+        if (strcmp(type, "symlink") != 0)
+            break;
+        /* a symlink: its body is the target, resolved inside the instance by LXD */
+        if (hop >= MAX_SYMLINKS || sink.written == 0 || sink.written >= sizeof(cur) / 2) {
+            r = lb_error_set(err, -ELOOP, "too many symlinks at '%s'", path);
+            goto out;
+        }
+        {
+            char target[PATH_MAX / 2 + 1];
+            ssize_t n = pread(sink.fd, target, (size_t)sink.written, 0);
+            char *slash;
+
+            if (n != (ssize_t)sink.written) {
+                r = lb_error_set(err, -EIO, "cannot read back a symlink target");
+                goto out;
+            }
+            target[n] = '\0';
+            target[strcspn(target, "\n")] = '\0';
+            if (target[0] == '/') {
+                snprintf(cur, sizeof(cur), "%s", target);
+            } else {
+                slash = strrchr(cur, '/');
+                slash[1] = '\0';
+                if (strlen(cur) + strlen(target) >= sizeof(cur)) {
+                    r = lb_error_set(err, -EINVAL, "symlink target too long");
+                    goto out;
+                }
+                strncat(cur, target, sizeof(cur) - strlen(cur) - 1);
+            }
+        }
+    }
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", sink.fd);
+    rd = open(self, O_RDONLY | O_CLOEXEC);
+    if (rd < 0) {
+        r = lb_error_set(err, -EIO, "cannot reopen the spooled download: %s", strerror(errno));
+        goto out;
+    }
+    *fd_out = rd;
+    *size_out = sink.written;
+    r = 0;
+out:
+    if (sink.fd >= 0)
+        close(sink.fd);
+    httpc_response_release(&resp);
+    return r;
+}
+
+/* ---------- exec ---------- */
+
+/* The exec body: the supervisor in framed mode around argv, env as LXD's map. */
+static json_t *exec_body(const struct lb_exec_request *req, const char *cwd, const char *stdin_path,
+                         int uid)
+{
+    json_t *cmd = json_array(), *env = json_object(), *body;
+    char num[32];
+
+    if (!cmd || !env)
+        goto fail;
+    json_array_append_new(cmd, json_string(LXD_SUPERVISE_PATH));
+    json_array_append_new(cmd, json_string("--framed"));
+    json_array_append_new(cmd, json_string("--max-output"));
+    snprintf(num, sizeof(num), "%zu", req->max_output_bytes > 0 ? req->max_output_bytes : 1);
+    json_array_append_new(cmd, json_string(num));
+    json_array_append_new(cmd, json_string("--timeout-ms"));
+    snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
+    json_array_append_new(cmd, json_string(num));
+    json_array_append_new(cmd, json_string("--cwd"));
+    json_array_append_new(cmd, json_string(cwd));
+    if (req->preserve_background)
+        json_array_append_new(cmd, json_string("--keep-background"));
+    if (stdin_path) {
+        json_array_append_new(cmd, json_string("--stdin-file"));
+        json_array_append_new(cmd, json_string(stdin_path));
+    }
+    json_array_append_new(cmd, json_string("--"));
+    for (size_t i = 0; req->argv[i]; i++)
+        json_array_append_new(cmd, json_string(req->argv[i]));
+    for (size_t i = 0; req->env && req->env[i]; i++) {
+        const char *eq = strchr(req->env[i], '=');
+        char name[256];
+
+        if (!eq || eq == req->env[i] || (size_t)(eq - req->env[i]) >= sizeof(name))
+            continue;
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - req->env[i]), req->env[i]);
+        json_object_set_new(env, name, json_string(eq + 1));
+    }
+    body = json_pack("{s:o,s:o,s:b,s:b,s:b,s:s}", "command", cmd, "environment", env,
+                     "wait-for-websocket", 0, "interactive", 0, "record-output", 1, "cwd", "/");
+    if (body && uid > 0) {
+        json_object_set_new(body, "user", json_integer(uid));
+        json_object_set_new(body, "group", json_integer(uid));
+    }
+    return body;
+fail:
+    json_decref(cmd);
+    json_decref(env);
+    return NULL;
+}
+
+/* The exec's user: root (0) or a numeric uid; names are -EINVAL (LXD's exec takes numbers). */
+static int exec_uid(const char *user, struct lb_error *err)
+{
+    char *end;
+    long v;
+
+    if (!user || strcmp(user, "root") == 0)
+        return 0;
+    v = strtol(user, &end, 10);
+    if (*user && !*end && v >= 0 && v < 65536)
+        return (int)v;
+    return lb_error_set(err, -EINVAL,
+                        "the lxd provider runs commands as root or a numeric uid (0-65535), not "
+                        "'%.64s'",
+                        user);
+}
+
+static int diag_write(const void *data, size_t n, void *arg)
+{
+    (void)lb_buf_append_capped(arg, data, n);
+    return 0;
+}
+
+struct frame_sink {
+    struct lb_framed_reader *fr;
+    uint64_t got, max;
+};
+
+static int frame_write(const void *data, size_t n, void *arg)
+{
+    struct frame_sink *s = arg;
+
+    s->got += n;
+    if (s->got > s->max)
+        return -EFBIG; /* the supervisor caps each stream: more is not the protocol */
+    framed_reader_feed(s->fr, data, n);
+    return 0;
+}
+
+/* GET a recorded output log into sink, then DELETE it (LXD keeps it on the member's disk). */
+static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path, lb_httpc_sink sink,
+                     void *arg, struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = "GET",
+                                   .path = log_path,
+                                   .timeout_ms = l->cfg.call_timeout_ms * 4,
+                                   .max_body_bytes = 65536,
+                                   .sink = sink,
+                                   .sink_arg = arg};
+    struct lb_httpc_response resp = {0};
+    int r = lxd_do(l, member, &req, &resp, err);
+
+    if (r == 0 && resp.status != 200)
+        r = lb_error_set(err, -EREMOTEIO, "LXD: cannot read the exec's output (HTTP %ld)",
+                         resp.status);
+    httpc_response_release(&resp);
+    req = (struct lb_httpc_request){.method = "DELETE",
+                                    .path = log_path,
+                                    .timeout_ms = l->cfg.call_timeout_ms,
+                                    .max_body_bytes = 65536};
+    /* best effort: a log left behind goes with the instance */
+    (void)lxd_do(l, member, &req, &resp, NULL);
+    httpc_response_release(&resp);
+    return r;
+}
+
+int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+             const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)p;
+    const char *member = lxd_member_of(ref);
+    const char *cwd =
+        req->cwd ? req->cwd : json_string_value(json_object_get(ref->descriptor, "workdir"));
+    struct lb_framed_reader fr;
+    struct frame_sink fs = {.fr = &fr};
+    struct lb_httpc_response resp = {0};
+    struct lb_buf diag;
+    char path[512], stdin_path[128] = "", m[300], hex[25];
+    enum lb_sandbox_status st;
+    json_t *body = NULL, *j = NULL, *md;
+    const char *op, *out_log, *err_log;
+    int64_t t0 = clock_mono_ms();
+    int r, uid;
+
+    memset(res, 0, sizeof(*res));
+    lb_buf_init(&res->out, req->max_output_bytes);
+    lb_buf_init(&res->err, req->max_output_bytes);
+    lb_buf_init(&diag, DIAG_MAX);
+    framed_reader_init(&fr, res);
+    fs.max = 2 * (uint64_t)req->max_output_bytes + FRAME_SLACK_BYTES;
+    if (!cwd || !*cwd)
+        cwd = "/workspace";
+    if (req->pass_fd > 0)
+        return lb_error_set(err, -ENOSYS, "the lxd provider cannot pass a file to a command");
+    if (req->exclusive)
+        return lb_error_set(err, -ENOSYS, "the lxd provider has no exclusive exec");
+    uid = exec_uid(req->user, err);
+    if (uid < 0)
+        return uid;
+    if (atomic_load(&l->ending)) {
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer runs commands");
+        return 0;
+    }
+    atomic_fetch_add(&l->execs_in_flight, 1);
+    if (req->stdin_data) {
+        r = token_random_hex(12, hex);
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "no random bytes: %s", strerror(-r));
+            goto out;
+        }
+        snprintf(stdin_path, sizeof(stdin_path), "/tmp/.lendbox-stdin-%s", hex);
+        r = lxd_put_file(l, ref, stdin_path, -1, req->stdin_data, req->stdin_len, 0600, err);
+        if (r < 0)
+            goto out;
+    }
+    body = exec_body(req, cwd, stdin_path[0] ? stdin_path : NULL, uid);
+    if (!body) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(path, sizeof(path), "/1.0/instances/%s/exec", ref->id);
+    r = lxd_call(l, member, "POST", path, body, 0, &resp, err);
+    if (r < 0)
+        goto out;
+    lxd_message(&resp, m, sizeof(m));
+    if (resp.status == 404) {
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+        goto out;
+    }
+    if (strstr(m, "frozen")) {
+        /* as the local provider (and API.md): an exec on a paused sandbox is 409 conflict */
+        r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
+        goto out;
+    }
+    if (resp.status == 400) {
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "the instance cannot run commands: %s", m);
+        r = 0;
+        goto out;
+    }
+    if (resp.status != 202 && resp.status != 200) {
+        r = lb_error_set(err, -EREMOTEIO, "LXD: exec failed (HTTP %ld): %s", resp.status, m);
+        goto out;
+    }
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    op = json_string_value(json_object_get(j, "operation"));
+    if (!op || strlen(op) > 200) {
+        r = lb_error_set(err, -EREMOTEIO, "LXD: exec answered no operation");
+        goto out;
+    }
+    lxd_wait_path(op, (req->timeout_ms + EXEC_SLACK_MS) / 1000, path, sizeof(path));
+    json_decref(j);
+    j = NULL;
+    httpc_response_release(&resp);
+    {
+        struct lb_httpc_request wreq = {.method = "GET",
+                                        .path = path,
+                                        .timeout_ms = req->timeout_ms + EXEC_SLACK_MS + 2000,
+                                        .max_body_bytes = 1024 * 1024,
+                                        .abort = &l->ending};
+
+        r = lxd_do(l, member, &wreq, &resp, err);
+    }
+    if (r == -ECANCELED) {
+        lb_error_clear(err);
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer waits for this command");
+        r = 0;
+        goto out;
+    }
+    if (r < 0)
+        goto transport;
+    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+    md = json_object_get(j, "metadata");
+    if (resp.status != 200 ||
+        strcmp(json_string_value(json_object_get(md, "status")) ?: "", "Success") != 0) {
+        r = lb_error_set(
+            err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s", resp.status,
+            json_string_value(json_object_get(md, "err")) ?: lxd_message(&resp, m, sizeof(m)));
+        goto transport;
+    }
+    out_log = json_string_value(
+        json_object_get(json_object_get(json_object_get(md, "metadata"), "output"), "1"));
+    err_log = json_string_value(
+        json_object_get(json_object_get(json_object_get(md, "metadata"), "output"), "2"));
+    if (out_log) {
+        r = fetch_log(l, member, out_log, frame_write, &fs, err);
+        if (r < 0)
+            goto transport;
+    }
+    if (err_log)
+        (void)fetch_log(l, member, err_log, diag_write, &diag, NULL);
+    if (framed_reader_complete(&fr)) {
+        framed_reader_apply_status(&fr);
+        r = 0;
+        goto out;
+    }
+transport:
+    /* no status: the supervisor died, the instance went away, or the transport failed */
+    if (lxd_state(l, ref, &st, NULL) == 0 && st == LB_STATUS_STOPPED) {
+        lb_error_clear(err);
+        r = lb_error_set(err, -ENOENT, "no such sandbox");
+        goto out;
+    }
+    if (r < 0) {
+        r = r == -ETIMEDOUT ? -EREMOTEIO : r;
+        lb_error_keep(err, -EREMOTEIO, "the exec transport failed");
+        if (err)
+            err->code = -EREMOTEIO;
+        r = -EREMOTEIO;
+        goto out;
+    }
+    framed_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
+                       diag.data && diag.len ? diag.data : "no output from LXD");
+    r = 0;
+out:
+    res->duration_ms = clock_mono_ms() - t0;
+    atomic_fetch_sub(&l->execs_in_flight, 1);
+    lb_buf_release(&diag);
+    json_decref(body);
+    json_decref(j);
+    httpc_response_release(&resp);
+    return r;
+}
