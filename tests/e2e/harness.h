@@ -164,7 +164,12 @@ void lbt_fill_random(void *buf, size_t len, unsigned seed);
  * and linked into each daemon's image store; LENDBOX_E2E_IMAGE_DIR says where, default
  * $LENDBOX_SRCDIR/build/e2e-image) or "docker" (provider.name = docker against a private podman
  * API service and its busybox test image lbtest:latest; where podman cannot run, the program
- * prints SKIP and passes). An unknown name exits the test program (status 2). */
+ * prints SKIP and passes) or "pool" (the host's root, and every daemon keeps a warm pool of
+ * LBT_VARIANT_POOL_SIZE sandboxes, pool.size, unless the test sets its own: their records are
+ * in state "warm", lent to no session, and each runs as a sandbox uid; tests that count
+ * sandboxes, processes or uids count only the lent ones, see lbt_warm_ids). An unknown name
+ * exits the test program (status 2). */
+#define LBT_VARIANT_POOL_SIZE "2"
 
 /* The variant's name ("host", "image"); a static string. Thread-safe. */
 const char *lbt_variant(void);
