@@ -610,6 +610,56 @@ START_TEST(test_failed_refills_back_off)
 }
 END_TEST
 
+/* The class follows the default image list: once the list's first image is imported, seeds
+ * that name none run on it, so the warm sandboxes of the previous image (host) are replaced
+ * (stop reason class_changed) and the new ones serve such seeds. */
+START_TEST(test_class_follows_an_import)
+{
+    static const char *const args[] = {"--set", "pool.size=1", "--set",
+                                       "local.default_image=lbtwarm host", NULL};
+    char dir[64], cmd[512], *out;
+    struct ids warm, now;
+    json_t *lease, *rec;
+
+    snprintf(dir, sizeof(dir), "/tmp/lbt-warmimg-%d", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "%s/tests/images/make-test-image %s lbt-warm-%d >/dev/null",
+             getenv("LENDBOX_SRCDIR"), dir, (int)getpid());
+    ck_assert_msg(system(cmd) == 0, "make-test-image failed");
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    snprintf(cmd, sizeof(cmd), "%s -s %s image import %s/image.tar lbtwarm >&2", getenv("LENDBOXD"),
+             D.state_dir, dir);
+    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+    /* the host one is replaced by one on the image */
+    rec = NULL;
+    for (int t = 0; t < 600; t++) {
+        json_decref(rec);
+        rec = record(warm.id[0]);
+        records_in_state("warm", &now);
+        if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped") && now.n == 1)
+            break;
+        lbt_sleep_ms(100);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "class_changed");
+    json_decref(rec);
+    ck_assert_int_eq(now.n, 1);
+    ck_assert_str_ne(now.id[0], warm.id[0]);
+    lease = lbt_seed(&D, "img-1", "t", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), now.id[0]);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "lbtwarm");
+    out = lbt_sh(&D, now.id[0], "cat /etc/os-release");
+    snprintf(cmd, sizeof(cmd), "ID=lbt-warm-%d", (int)getpid());
+    ck_assert_msg(strstr(out, cmd), "not on the image: %s", out);
+    free(out);
+    json_decref(lease);
+    ck_assert_int_eq(metric(HITS), 1);
+    ck_assert_int_eq(metric(OTHER), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    (void)!system(cmd);
+}
+END_TEST
+
 START_TEST(test_refills_recover_after_failures)
 {
     static const char *const args[] = {"--set", "pool.size=2",
@@ -645,6 +695,7 @@ int main(void)
     tcase_add_test(tc, test_fills_with_a_default_image_list);
     tcase_add_test(tc, test_failed_refills_back_off);
     tcase_add_test(tc, test_refills_recover_after_failures);
+    tcase_add_test(tc, test_class_follows_an_import);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
