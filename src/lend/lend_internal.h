@@ -58,6 +58,13 @@ struct lend_pool_hooks {
     int (*evict)(void *ctx);
     void *ctx;
 };
+/* The image a seed of provider prov that names none runs on now (what lend_seed resolves): the
+ * first name of the provider's default image list, else of lending.default_image, that is
+ * "host" or present in the image store, else the list's first name. Written into buf (size
+ * bytes, LB_IMAGE_NAME_MAX + 1 is enough) and returned. Reads the image store: the answer
+ * changes when an image of the list is imported or removed. */
+const char *lend_resolve_default_image(struct lb_lend *l, struct lb_provider *prov, char *buf,
+                                       size_t size);
 /* Set (or with NULL clear) the pool's hooks; once, before serving or after the pool stopped. */
 void lend_set_pool(struct lb_lend *l, const struct lend_pool_hooks *hooks);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lend/lend_internal.h"
+#include "image/image.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
@@ -17,27 +18,45 @@ struct lb_warm_pool {
     struct lb_warm_config cfg;
     struct lb_lend *lend;
     struct lb_provider *prov; /* the default provider: the class's */
-    char *image;              /* the class's image */
-    char *pool_class;         /* "<provider>:<image>", recorded with each warm sandbox */
     pthread_mutex_t mutex;
     pthread_cond_t cond;
     bool stop;
-    int64_t in_flight; /* creations under way */
+    int64_t in_flight;   /* creations under way */
+    int64_t failures;    /* creations failed in a row (reset by one that works) */
+    int64_t retry_at_ms; /* clock_mono_ms before which no creation starts (backoff) */
     pthread_t *threads;
     size_t n_threads;
 };
 
 /* ---------- the class ---------- */
 
-/* Is this seed (its provider and image resolved) of the pool's class? */
-static bool warm_matches(const struct lb_warm_pool *w, const struct lb_seed_request *req,
-                         const struct lb_provider *prov, const char *image)
+/* "<provider>:<image>" fits: a provider name and an image name */
+#define WARM_CLASS_MAX (64 + LB_IMAGE_NAME_MAX + 2)
+
+/* The pool's class now: the image a seed that names none gets now (resolved as lend_seed does:
+ * a default image list picks the first one present, so the class follows imports) into image
+ * (LB_IMAGE_NAME_MAX + 1 bytes) and "<provider>:<image>" into cls (WARM_CLASS_MAX bytes). */
+static void warm_class(struct lb_warm_pool *w, char *image, char *cls)
+{
+    const char *img = lend_resolve_default_image(w->lend, w->prov, image, LB_IMAGE_NAME_MAX + 1);
+
+    if (img != image)
+        snprintf(image, LB_IMAGE_NAME_MAX + 1, "%s", img);
+    snprintf(cls, WARM_CLASS_MAX, "%s:%s", w->prov->ops->name, image);
+}
+
+/* Is this seed (its provider and image resolved) of the pool's class (image: the class's
+ * now)? The default provider and image, no resources, no network, no ports, and the default
+ * workdir: a warm sandbox was made with exactly these, so it is what the seed would start. */
+static bool warm_matches(struct lb_warm_pool *w, const struct lb_seed_request *req,
+                         const struct lb_provider *prov, const char *image, const char *class_image)
 {
     const struct lb_resources *res = &req->resources;
 
-    return prov == w->prov && image && strcmp(image, w->image) == 0 && res->cpu <= 0 &&
+    return prov == w->prov && image && strcmp(image, class_image) == 0 && res->cpu <= 0 &&
            res->memory_mib <= 0 && res->pids <= 0 && res->disk_mib <= 0 && !req->network &&
-           req->n_ports == 0;
+           req->n_ports == 0 &&
+           (!req->workdir || strcmp(req->workdir, lend_config(w->lend)->workdir) == 0);
 }
 
 /* ---------- taking ---------- */
@@ -54,9 +73,11 @@ static int warm_take(void *ctx, const char *rsid, const struct lb_seed_request *
     json_t *spec = NULL, *desc = NULL;
     char *spec_text = NULL;
     int64_t now = clock_now_s();
+    char class_image[LB_IMAGE_NAME_MAX + 1], cls[WARM_CLASS_MAX];
     int r;
 
-    if (!warm_matches(w, req, prov, image)) {
+    warm_class(w, class_image, cls);
+    if (!warm_matches(w, req, prov, image, class_image)) {
         metrics_add(LB_M_WARM_OTHER_CLASS, 1);
         return -ENOENT;
     }
@@ -74,7 +95,7 @@ static int warm_take(void *ctx, const char *rsid, const struct lb_seed_request *
         goto out;
     }
     struct lb_warm_take t = {
-        .pool_class = w->pool_class,
+        .pool_class = cls,
         .now_s = now,
         .rsid = rsid,
         .task_id = req->task_id,
@@ -128,15 +149,18 @@ out:
     return r;
 }
 
-/* Stop the oldest warm sandbox (reason) so that its place goes to a seed. 0 if one was. */
-static int warm_stop_oldest(struct lb_warm_pool *w, const char *reason)
+/* Stop the oldest warm sandbox (reason) so that its place goes to a seed, or (not_class
+ * non-NULL) the oldest one whose class is not not_class. 0 if one was. */
+static int warm_stop_oldest(struct lb_warm_pool *w, const char *reason, const char *not_class)
 {
-    struct lb_record_filter f = {.state = LB_STATE_WARM, .limit = 4};
+    struct lb_record_filter f = {.state = LB_STATE_WARM, .limit = not_class ? 0 : 4};
     struct lb_record *recs = NULL;
     size_t n = 0;
     int r = store_list_sandboxes(lend_store(w->lend), &f, &recs, &n, NULL);
 
     for (size_t i = 0; r == 0 && i < n; i++) {
+        if (not_class && recs[i].pool_class && strcmp(recs[i].pool_class, not_class) == 0)
+            continue;
         if (store_claim_warm(lend_store(w->lend), recs[i].id, reason, NULL) < 0)
             continue; /* a seed took it meanwhile */
         log_info_sbx(recs[i].id, "warm sandbox %s stopped (%s)", recs[i].id, reason);
@@ -150,17 +174,18 @@ static int warm_stop_oldest(struct lb_warm_pool *w, const char *reason)
 
 static int warm_evict(void *ctx)
 {
-    return warm_stop_oldest(ctx, "evicted");
+    return warm_stop_oldest(ctx, "evicted", NULL);
 }
 
 /* ---------- refilling ---------- */
 
-/* Make one warm sandbox: record (starting, its class), provider create, record warm. */
-static void warm_make_one(struct lb_warm_pool *w)
+/* Make one warm sandbox of class cls (image): record (starting, its class), provider create,
+ * record warm. 0, or -1 when it could not be made (logged, counted). */
+static int warm_make_one(struct lb_warm_pool *w, const char *image, const char *cls)
 {
     struct lb_lend *l = w->lend;
     struct lb_seed_request req = {.ttl_s = -1};
-    struct lb_sandbox_spec spec = {.workdir = lend_config(l)->workdir, .image = w->image};
+    struct lb_sandbox_spec spec = {.workdir = lend_config(l)->workdir, .image = image};
     struct lb_record rec = {0}, got = {0};
     struct lb_error err = {0};
     json_t *spec_json = NULL, *desc = NULL;
@@ -171,9 +196,9 @@ static void warm_make_one(struct lb_warm_pool *w)
     r = lend_check_resources(l, w->prov, &spec.resources, &err);
     if (r == 0)
         r = token_new_sandbox_id(rec.id);
-    spec_json = r == 0 ? lend_spec_json(l, &req, w->image, spec.resources.disk_mib) : NULL;
+    spec_json = r == 0 ? lend_spec_json(l, &req, image, spec.resources.disk_mib) : NULL;
     if (spec_json && strcmp(w->prov->ops->name, "local") == 0 &&
-        lend_image_check(l, w->image, spec_json, &err) < 0) {
+        lend_image_check(l, image, spec_json, &err) < 0) {
         log_warn("warm pool: %s", err.message);
         goto failed;
     }
@@ -185,7 +210,7 @@ static void warm_make_one(struct lb_warm_pool *w)
     rec.provider = (char *)w->prov->ops->name;
     rec.state = LB_STATE_STARTING;
     rec.spec_json = spec_text;
-    rec.pool_class = w->pool_class;
+    rec.pool_class = (char *)cls;
     rec.created_at = clock_now_s();
     /* Intent before action, as for a seed. */
     if (store_insert_sandbox(lend_store(l), &rec, lend_config(l)->max_sandboxes, &err) < 0) {
@@ -219,12 +244,14 @@ static void warm_make_one(struct lb_warm_pool *w)
     goto out;
 failed:
     metrics_add(LB_M_WARM_REFILLS_FAILED, 1);
+    r = -1;
 out:
     store_record_release(&got);
     json_decref(spec_json);
     json_decref(desc);
     free(spec_text);
     free(desc_text);
+    return r < 0 ? -1 : 0;
 }
 
 /* How many warm sandboxes to make now (< 0: how many too many). Call with w->mutex held. */
@@ -242,32 +269,80 @@ static int64_t warm_wanted(struct lb_warm_pool *w)
     return want < room ? want : room > 0 ? room : 0;
 }
 
+/* Backoff after failed creations (a provider error, no free uid, a full disk): the first
+ * retry after WARM_BACKOFF_MIN_MS, doubling per failure in a row up to WARM_BACKOFF_MAX_MS, so
+ * that a pool that cannot be made costs a few attempts a minute, never a hot loop. */
+#define WARM_BACKOFF_MIN_MS 500
+#define WARM_BACKOFF_MAX_MS 30000
+
+/* Wait on the pool's condition until it is kicked or ms pass. Call with w->mutex held. */
+static void warm_wait_ms(struct lb_warm_pool *w, int64_t ms)
+{
+    struct timespec until;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&w->cond, &w->mutex, &until);
+}
+
 static void *warm_main(void *arg)
 {
     struct lb_warm_pool *w = arg;
+    char image[LB_IMAGE_NAME_MAX + 1], cls[WARM_CLASS_MAX];
 
     pthread_mutex_lock(&w->mutex);
     while (!w->stop) {
-        int64_t want = warm_wanted(w);
+        int64_t now = clock_mono_ms(), want;
 
+        if (now < w->retry_at_ms) { /* backing off: kicks do not shorten it */
+            warm_wait_ms(w, w->retry_at_ms - now < 1000 ? w->retry_at_ms - now : 1000);
+            continue;
+        }
+        /* the class follows the default image's resolution (an import of a listed image):
+         * warm sandboxes of an older class make room for the current one */
+        warm_class(w, image, cls);
+        if (!lend_is_draining(w->lend)) {
+            pthread_mutex_unlock(&w->mutex);
+            int stale = warm_stop_oldest(w, "class_changed", cls);
+            pthread_mutex_lock(&w->mutex);
+            if (stale == 0)
+                continue;
+        }
+        want = warm_wanted(w);
         if (want > 0) {
             w->in_flight++;
             pthread_mutex_unlock(&w->mutex);
-            warm_make_one(w);
+            int r = warm_make_one(w, image, cls);
             pthread_mutex_lock(&w->mutex);
             w->in_flight--;
+            if (r < 0) {
+                int64_t shift = w->failures < 16 ? w->failures : 16;
+                int64_t delay = (int64_t)WARM_BACKOFF_MIN_MS << shift;
+
+                if (delay > WARM_BACKOFF_MAX_MS)
+                    delay = WARM_BACKOFF_MAX_MS;
+                w->failures++;
+                w->retry_at_ms = clock_mono_ms() + delay;
+                log_warn("warm pool: %lld creation(s) failed in a row; next attempt in %lld ms",
+                         (long long)w->failures, (long long)delay);
+            } else {
+                w->failures = 0;
+            }
             continue;
         }
         if (want < 0) { /* more than size (adopted after a restart with a smaller pool) */
             pthread_mutex_unlock(&w->mutex);
-            warm_stop_oldest(w, "pool_shrunk");
+            warm_stop_oldest(w, "pool_shrunk", NULL);
             pthread_mutex_lock(&w->mutex);
             continue;
         }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 1; /* also notices stops by the sweeper (max age) and the end of draining */
-        pthread_cond_timedwait(&w->cond, &w->mutex, &until);
+        /* also notices stops by the sweeper (max age) and the end of draining */
+        warm_wait_ms(w, 1000);
     }
     pthread_mutex_unlock(&w->mutex);
     return NULL;
@@ -286,7 +361,7 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
                struct lb_error *err)
 {
     struct lb_warm_pool *w;
-    struct lb_provider_caps caps;
+    char image[LB_IMAGE_NAME_MAX + 1], cls[WARM_CLASS_MAX];
     int r;
 
     *out = NULL;
@@ -302,13 +377,7 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
     r = registry_choose(lend_providers(l), NULL, &w->prov, err);
     if (r < 0)
         goto fail;
-    provider_caps(w->prov, &caps);
-    w->image = strdup(caps.default_image ? caps.default_image : lend_config(l)->default_image);
-    if (!w->image || asprintf(&w->pool_class, "%s:%s", w->prov->ops->name, w->image) < 0) {
-        w->pool_class = NULL;
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto fail;
-    }
+    warm_class(w, image, cls);
     w->n_threads = (size_t)(cfg->refill_concurrency > 0 ? cfg->refill_concurrency : 2);
     w->threads = calloc(w->n_threads, sizeof(*w->threads));
     if (!w->threads) {
@@ -324,8 +393,9 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
         }
     }
     lend_set_pool(l, &(struct lend_pool_hooks){warm_take, warm_evict, w});
-    log_info("warm pool: %lld sandboxes of class %s (max age %lld s, %zu made at once)",
-             (long long)cfg->size, w->pool_class, (long long)cfg->max_age_s, w->n_threads);
+    log_info("warm pool: %lld sandboxes of the default class, now %s (max age %lld s, %zu made "
+             "at once)",
+             (long long)cfg->size, cls, (long long)cfg->max_age_s, w->n_threads);
     *out = w;
     return 0;
 fail:
@@ -347,7 +417,5 @@ void warm_stop(struct lb_warm_pool *w)
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->mutex);
     free(w->threads);
-    free(w->image);
-    free(w->pool_class);
     free(w);
 }

@@ -2,11 +2,15 @@
  * warm.h - warm pools: sandboxes started ahead of the seeds that will take them.
  *
  * One pool of the default class: the default provider's default image, no resource limits
- * beyond the daemon's defaults (pids, disk), the default network, no ports. A seed of that
- * class (no "provider" or the default one, no "image" or that image, no "resources", no
- * "network", no "ports") takes the oldest warm sandbox in one store transaction (warm -> lent,
- * operate token minted), then gets its files written; any other seed starts a sandbox as
- * always. A warm sandbox is handed out at most once and only to its class.
+ * beyond the daemon's defaults (pids, disk), the default network, no ports, lending.workdir. A
+ * seed of that class (no "provider" or the default one, no "image" or that image, no
+ * "resources", no "network", no "ports", no "workdir" or lending.workdir) takes the oldest warm
+ * sandbox in one store transaction (warm -> lent, operate token minted), then gets its files
+ * written; any other seed starts a sandbox as always. A warm sandbox is handed out at most once
+ * and only to its class. The class's image is resolved as a seed's that names none
+ * (lend_resolve_default_image: the first present of a default image list), at every refill and
+ * take, so the pool follows imports; warm sandboxes of an earlier image are replaced (stop
+ * reason class_changed).
  *
  * Warm sandboxes are records like lent ones (store.h): inserted "starting" with their pool
  * class before the provider makes them, "warm" once they run, with expires_at = their max age,
@@ -16,7 +20,9 @@
  * Refills run on the pool's own threads (refill_concurrency of them, so at most that many
  * creations at once), never on a request's path, and only while lending is not draining. The
  * pool and the live sandboxes together never exceed lending.max_sandboxes: a refill waits for
- * room, and a seed of another class at the limit makes a warm sandbox give its place.
+ * room (no attempt, no failure), and a seed of another class at the limit makes a warm sandbox
+ * give its place. A failed creation backs the pool off: the next attempt after 500 ms,
+ * doubling per failure in a row up to 30 s, reset by one that works.
  *
  * Thread-safety: every function may be called from any thread; warm_new/warm_free once.
  */

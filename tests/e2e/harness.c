@@ -470,12 +470,23 @@ static int lbt_lxd_count_instances(const char *needle, bool running_only)
     return n;
 }
 
+/* The pool variant: every daemon keeps a small warm pool of the default class (issue 13: every
+ * test passes with a pool configured). Small, so that refills do not swamp two cores; a test
+ * that sets pool.size itself wins. */
+static void lbt_variant_pool_prepare(struct lbt_daemon *d, const char **argv, int *n)
+{
+    (void)d;
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = "pool.size=" LBT_VARIANT_POOL_SIZE;
+}
+
 static const struct lbt_variant_def lbt_variants[] = {
     {"host", "host", NULL, NULL, NULL},
     {"image", LBT_VARIANT_IMAGE, lbt_variant_image_prepare, NULL, NULL},
     {"docker", LBT_VARIANT_DOCKER_IMAGE, lbt_variant_docker_prepare, lbt_variant_docker_setup,
      lbt_variant_docker_teardown},
     {"lxd", LBT_VARIANT_LXD_IMAGE, lbt_variant_lxd_prepare, lbt_variant_lxd_setup, NULL},
+    {"pool", "host", lbt_variant_pool_prepare, NULL, NULL},
 };
 
 static const struct lbt_variant_def *lbt_variant_def(void)
@@ -641,6 +652,8 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
             ck_assert_ptr_nonnull(tok);
             snprintf(d->admin_token, sizeof(d->admin_token), "%s", tok);
             free(tok);
+            /* variant pool: the test's seeds find the pool full, so they take warm sandboxes */
+            lbt_pool_settle(d);
             return;
         }
         lbt_sleep_ms(25);
@@ -1324,7 +1337,9 @@ json_t *lbt_read_descriptor(struct lbt_daemon *d, const char *sandbox_id)
 {
     char path[400];
 
-    snprintf(path, sizeof(path), "%s/sandboxes/%s/descriptor.json", d->state_dir, sandbox_id);
+    if (snprintf(path, sizeof(path), "%s/sandboxes/%s/descriptor.json", d->state_dir, sandbox_id) >=
+        (int)sizeof(path))
+        return NULL;
     return json_load_file(path, 0, NULL);
 }
 
@@ -1442,6 +1457,118 @@ int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max)
     return n;
 }
 
+/* ---------- warm pools (variant pool) ---------- */
+
+void lbt_pool_settle(struct lbt_daemon *d)
+{
+    double until = lbt_now() + 60, stable_since = lbt_now();
+    long size = strtol(LBT_VARIANT_POOL_SIZE, NULL, 10);
+    int last_warm = -1, last_starting = -1;
+
+    if (!lbt_variant_is("pool") || d->pid <= 0)
+        return;
+    for (;;) {
+        json_t *all = lbt_list_sandboxes(d), *v;
+        int warm = 0, starting = 0;
+        size_t i;
+
+        json_array_foreach(all, i, v) {
+            const char *state = json_string_value(json_object_get(v, "state"));
+
+            if (state && strcmp(state, "warm") == 0)
+                warm++;
+            else if (state && strcmp(state, "starting") == 0 &&
+                     json_is_null(json_object_get(v, "resources_session_id")))
+                starting++;
+        }
+        json_decref(all);
+        if (warm != last_warm || starting != last_starting) {
+            last_warm = warm;
+            last_starting = starting;
+            stable_since = lbt_now();
+        }
+        /* full, or nothing changed for 2 s (no room, failing or stalled creations): the
+         * refill threads look at least once a second */
+        if ((starting == 0 && warm >= size) || lbt_now() - stable_since > 2 || lbt_now() > until)
+            return;
+        lbt_sleep_ms(50);
+    }
+}
+
+json_t *lbt_list_sandboxes_but_pool(struct lbt_daemon *d)
+{
+    json_t *all = lbt_list_sandboxes(d), *out;
+    size_t i;
+    json_t *v;
+
+    if (!lbt_variant_is("pool"))
+        return all;
+    out = json_array();
+    ck_assert_ptr_nonnull(out);
+    json_array_foreach(all, i, v) {
+        if (!json_is_null(json_object_get(v, "resources_session_id")))
+            json_array_append(out, v);
+    }
+    json_decref(all);
+    return out;
+}
+
+int lbt_warm_ids(struct lbt_daemon *d, char ids[][LBT_ID_MAX], int max)
+{
+    json_t *all, *v;
+    size_t i;
+    int n = 0;
+
+    if (d->pid <= 0) /* not running: nothing is warm any more (or nothing answers) */
+        return 0;
+    all = lbt_list_sandboxes(d);
+    json_array_foreach(all, i, v) {
+        const char *state = json_string_value(json_object_get(v, "state"));
+
+        if (n < max && state && strcmp(state, "warm") == 0)
+            snprintf(ids[n++], LBT_ID_MAX, "%s",
+                     json_string_value(json_object_get(v, "sandbox_id")));
+    }
+    json_decref(all);
+    return n;
+}
+
+bool lbt_is_warm(struct lbt_daemon *d, const char *id)
+{
+    char ids[64][LBT_ID_MAX];
+    int n = lbt_warm_ids(d, ids, 64);
+
+    for (int i = 0; i < n; i++)
+        if (strcmp(ids[i], id) == 0)
+            return true;
+    return false;
+}
+
+int lbt_lent_uids(struct lbt_daemon *d, uid_t lo, uid_t hi, uid_t *out, int max)
+{
+    char ids[64][LBT_ID_MAX];
+    uid_t warm[64];
+    int n_ids = lbt_warm_ids(d, ids, 64), n_warm = 0, n, k = 0;
+
+    for (int i = 0; i < n_ids; i++) {
+        json_t *desc = lbt_read_descriptor(d, ids[i]);
+
+        if (desc && json_is_integer(json_object_get(desc, "uid")))
+            warm[n_warm++] = (uid_t)json_integer_value(json_object_get(desc, "uid"));
+        json_decref(desc);
+    }
+    n = lbt_uids_in_range(lo, hi, out, max);
+    for (int i = 0; i < n; i++) {
+        bool is_warm = false;
+
+        for (int j = 0; j < n_warm && !is_warm; j++)
+            is_warm = out[i] == warm[j];
+        if (!is_warm)
+            out[k++] = out[i];
+    }
+    return k;
+}
+
 long lbt_proc_status_kb(pid_t pid, const char *field)
 {
     char path[64], line[256];
@@ -1550,8 +1677,9 @@ int lbt_run_suite(Suite *s)
     int failed;
 
     if (!lbt_variant_is("host"))
-        fprintf(stderr, "harness: variant %s (seeds run on image '%s')\n", lbt_variant(),
-                lbt_variant_image());
+        fprintf(stderr, "harness: variant %s (seeds run on image '%s'%s)\n", lbt_variant(),
+                lbt_variant_image(),
+                lbt_variant_is("pool") ? ", pool.size=" LBT_VARIANT_POOL_SIZE : "");
     if (lbt_variant_def()->setup && !lbt_variant_def()->setup(program_invocation_short_name)) {
         srunner_free(sr);
         return EXIT_SUCCESS;

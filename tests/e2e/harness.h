@@ -45,7 +45,7 @@ struct lbt_resp {
 };
 
 /* Start lendboxd with a fresh state dir under /tmp and extra arguments (NULL-terminated list
- * of strings, may be NULL); wait until /readyz is 200. */
+ * of strings, may be NULL); wait until /readyz is 200 (variant pool: and lbt_pool_settle). */
 void lbt_daemon_start(struct lbt_daemon *d, const char *const *extra_args);
 /* Same, on a state dir the test made (e.g. on a small tmpfs it mounted; removed by
  * lbt_daemon_cleanup), logging to log_path (NULL: <state_dir>.log). */
@@ -146,6 +146,26 @@ int lbt_count_live_procs_of_uid(uid_t uid);
 int lbt_count_procs_exact(const char *cmdline);
 /* Distinct uids in [lo, hi) of live processes, sorted, into out (at most max); returns count. */
 int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
+/* Warm pools (variant "pool", or a test's own [pool]): a daemon's warm sandboxes are records in
+ * state "warm" lent to no session, each with its processes under its own sandbox uid, and a
+ * refill starts a new one (perhaps in a uid a stopped sandbox just freed) whenever a seed takes
+ * one. Tests that count sandboxes, processes, uids or sandbox dirs count the lent ones only. */
+#define LBT_ID_MAX 64
+/* Variant pool: wait (at most 60 s) until d's pool is full with no refill under way, or its
+ * warm and refilling counts did not change for 2 s (no room, failing or stalled creations).
+ * Other variants, or d not running: returns at once. */
+void lbt_pool_settle(struct lbt_daemon *d);
+/* lbt_list_sandboxes, but in variant pool without the records lent to no session (the pool's:
+ * warm, refilling, or stopped). Only for tests that start no sandbox lent to no session. */
+json_t *lbt_list_sandboxes_but_pool(struct lbt_daemon *d);
+/* The ids of d's warm records (at most max) into ids; their count (0 when d is not running:
+ * its sandboxes are then counted as any). */
+int lbt_warm_ids(struct lbt_daemon *d, char ids[][LBT_ID_MAX], int max);
+/* Is sandbox id one of d's warm records? */
+bool lbt_is_warm(struct lbt_daemon *d, const char *id);
+/* lbt_uids_in_range(lo, hi) without the uids of d's warm sandboxes (from their descriptors):
+ * the uids of lent sandboxes (and of any starting: lbt_pool_settle first). Sorted. */
+int lbt_lent_uids(struct lbt_daemon *d, uid_t lo, uid_t hi, uid_t *out, int max);
 /* A numeric field of /proc/PID/status in kB (e.g. "VmRSS"), -1 if unreadable. */
 long lbt_proc_status_kb(pid_t pid, const char *field);
 
@@ -164,7 +184,12 @@ void lbt_fill_random(void *buf, size_t len, unsigned seed);
  * and linked into each daemon's image store; LENDBOX_E2E_IMAGE_DIR says where, default
  * $LENDBOX_SRCDIR/build/e2e-image) or "docker" (provider.name = docker against a private podman
  * API service and its busybox test image lbtest:latest; where podman cannot run, the program
- * prints SKIP and passes). An unknown name exits the test program (status 2). */
+ * prints SKIP and passes) or "pool" (the host's root, and every daemon keeps a warm pool of
+ * LBT_VARIANT_POOL_SIZE sandboxes, pool.size, unless the test sets its own: their records are
+ * in state "warm", lent to no session, and each runs as a sandbox uid; tests that count
+ * sandboxes, processes or uids count only the lent ones, see lbt_warm_ids). An unknown name
+ * exits the test program (status 2). */
+#define LBT_VARIANT_POOL_SIZE "2"
 
 /* The variant's name ("host", "image"); a static string. Thread-safe. */
 const char *lbt_variant(void);

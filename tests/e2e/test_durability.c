@@ -75,13 +75,19 @@ static int dur_live_procs(struct dur *x)
     if (lbt_variant_engine())
         return lbt_variant_count_containers(x->cgroup, true);
     uid_t uids[UID_COUNT];
-    int n = lbt_uids_in_range(x->uid_base, x->uid_base + UID_COUNT, uids, UID_COUNT), total = 0;
+    int n, total = 0;
+
+    /* variant pool: the warm sandboxes' are not counted, once no refill is under way */
+    lbt_pool_settle(&x->d);
+    n = lbt_lent_uids(&x->d, x->uid_base, x->uid_base + UID_COUNT, uids, UID_COUNT);
 
     for (int i = 0; i < n; i++)
         total += lbt_count_live_procs_of_uid(uids[i]);
     return total;
 }
 
+/* The sandbox dirs of this daemon (docker: its containers); variant pool: but the warm
+ * sandboxes', once no refill is under way (a stopped pool sandbox's dir still counts). */
 static int dur_sandbox_dirs(struct dur *x)
 {
     char cmd[512];
@@ -90,6 +96,27 @@ static int dur_sandbox_dirs(struct dur *x)
 
     if (lbt_variant_engine()) /* its containers, in any state */
         return lbt_variant_count_containers(x->cgroup, false);
+    if (lbt_variant_is("pool")) {
+        char ids[64][LBT_ID_MAX], path[512];
+        int n_warm;
+
+        lbt_pool_settle(&x->d);
+        n_warm = lbt_warm_ids(&x->d, ids, 64);
+        n = 0;
+        for (int i = 0; i < n_warm; i++) {
+            if (snprintf(path, sizeof(path), "%s/sandboxes/%s", x->d.state_dir, ids[i]) <
+                (int)sizeof(path))
+                n += lbt_path_exists(path);
+        }
+        snprintf(cmd, sizeof(cmd),
+                 "find '%s/sandboxes' -mindepth 1 -maxdepth 1 2>/dev/null | wc -l", x->d.state_dir);
+        p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        int all = -1;
+        ck_assert_int_eq(fscanf(p, "%d", &all), 1);
+        pclose(p);
+        return all - n;
+    }
     snprintf(cmd, sizeof(cmd), "find '%s/sandboxes' -mindepth 1 -maxdepth 1 2>/dev/null | wc -l",
              x->d.state_dir);
     p = popen(cmd, "r");
@@ -135,7 +162,7 @@ static void dur_cleanup(struct dur *x)
 /* The record of id, as a new reference (NULL if none). */
 static json_t *dur_record(struct dur *x, const char *id)
 {
-    json_t *all = lbt_list_sandboxes(&x->d), *rec = json_incref(lbt_find_record(all, id));
+    json_t *all = lbt_list_sandboxes_but_pool(&x->d), *rec = json_incref(lbt_find_record(all, id));
 
     json_decref(all);
     return rec;
@@ -248,7 +275,7 @@ START_TEST(test_failed_seed_retried_before_new_start)
              "{\"task_id\":\"t\",\"files\":{\"/workspace\":\"x\"}}", &r);
     lbt_assert_error(&r, 400, "bad_request");
     lbt_resp_free(&r);
-    all = lbt_list_sandboxes(&x.d);
+    all = lbt_list_sandboxes_but_pool(&x.d);
     ck_assert_int_eq(json_array_size(all), 1);
     rec = json_array_get(all, 0);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "failed_seed");
@@ -265,7 +292,7 @@ START_TEST(test_failed_seed_retried_before_new_start)
     lbt_json(&x.d, "POST", "/v1/sessions/fs-1/seed", "", "{\"task_id\":\"t\"}", &r);
     lbt_assert_error(&r, 502, "provider_error");
     lbt_resp_free(&r);
-    all = lbt_list_sandboxes(&x.d);
+    all = lbt_list_sandboxes_but_pool(&x.d);
     ck_assert_int_eq(json_array_size(all), 1);
     rec = json_array_get(all, 0);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "failed_seed");
@@ -316,7 +343,7 @@ START_TEST(test_disconnect_during_slow_seed)
         ck_assert_int_eq(curl_multi_perform(m, &running), CURLM_OK);
         ck_assert_msg(running, "the seed answered before the client hung up");
         curl_multi_poll(m, NULL, 0, 100, NULL);
-        all = lbt_list_sandboxes(&x.d);
+        all = lbt_list_sandboxes_but_pool(&x.d);
         state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
         ck_assert_msg(!state || !strcmp(state, "starting"),
                       "the seed settled (%s) before the "
@@ -335,7 +362,7 @@ START_TEST(test_disconnect_during_slow_seed)
     for (double until = lbt_now() + 90;; lbt_sleep_ms(100)) {
         const char *state;
 
-        all = lbt_list_sandboxes(&x.d);
+        all = lbt_list_sandboxes_but_pool(&x.d);
         ck_assert_int_le(json_array_size(all), 1);
         state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
         if (state && strcmp(state, "starting"))
@@ -378,7 +405,7 @@ START_TEST(test_sigkill_during_create)
         const char *state;
         bool starting;
 
-        all = lbt_list_sandboxes(&x.d);
+        all = lbt_list_sandboxes_but_pool(&x.d);
         state = json_string_value(json_object_get(json_array_get(all, 0), "state"));
         ck_assert_msg(!state || !strcmp(state, "starting"), "the seed settled (%s) before the kill",
                       state);
@@ -393,7 +420,7 @@ START_TEST(test_sigkill_during_create)
     ck_assert_int_ne(r.status, 200);
     lbt_resp_free(&r);
     dur_restart(&x, 0, NULL); /* returns once /readyz is 200 */
-    all = lbt_list_sandboxes(&x.d);
+    all = lbt_list_sandboxes_but_pool(&x.d);
     ck_assert_int_eq(json_array_size(all), 1);
     /* the record written before the create is settled: stopped, as a failed seed */
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(all, 0), "state")),
@@ -583,6 +610,9 @@ START_TEST(test_sigterm_sweep_bounded)
     for (int i = 0; i < T; i++)
         pthread_join(th[i], NULL);
     ck_assert_int_eq(dur_sandbox_dirs(&x), N);
+    /* variant pool: the sweep stops the warm sandboxes too (no refill runs: the pool is full) */
+    char warm_ids[64][LBT_ID_MAX];
+    int n_warm = lbt_warm_ids(&x.d, warm_ids, 64);
     t0 = lbt_now();
     ck_assert_int_eq(lbt_daemon_stop(&x.d), 0); /* SIGTERM; exit status 0 */
     ck_assert_double_lt(lbt_now() - t0, 120.0); /* within the stop bound */
@@ -596,7 +626,7 @@ START_TEST(test_sigterm_sweep_bounded)
                             &n_swept, &failed, &max_in_flight),
                      3);
     pclose(p);
-    ck_assert_int_eq(n_swept, N);
+    ck_assert_int_eq(n_swept, N + n_warm);
     ck_assert_int_eq(failed, 0);
     ck_assert_int_ge(max_in_flight, 1);
     ck_assert_int_le(max_in_flight, 8);
@@ -783,7 +813,11 @@ START_TEST(test_sighup_reloads_faults)
     write_conf(conf, "[server]\nlog_level = debug\n[faults]\nspec = provider.create=fail\n");
     kill(x.d.pid, SIGHUP);
     lbt_sleep_ms(300);
-    lbt_json(&x.d, "POST", "/v1/sessions/hup-2/seed", "", "{\"task_id\":\"t\"}", &r);
+    /* variant pool: a class the pool does not serve, so that the seed creates a sandbox */
+    lbt_json(&x.d, "POST", "/v1/sessions/hup-2/seed", "",
+             lbt_variant_is("pool") ? "{\"task_id\":\"t\",\"workdir\":\"/elsewhere\"}"
+                                    : "{\"task_id\":\"t\"}",
+             &r);
     lbt_assert_error(&r, 502, "provider_error");
     ck_assert_ptr_nonnull(
         strstr(json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),

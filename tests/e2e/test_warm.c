@@ -142,9 +142,47 @@ static long metric(const char *name)
     return v;
 }
 
+/* A sample's value as a double (durations are rendered in seconds); -1 if absent. */
+static double metric_f(const char *name)
+{
+    struct lbt_resp r;
+    double v = -1;
+    const char *p;
+
+    lbt_json(&D, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    p = strstr(r.body, name);
+    while (p && p != r.body && p[-1] != '\n')
+        p = strstr(p + 1, name);
+    if (p)
+        v = strtod(p + strlen(name), NULL);
+    lbt_resp_free(&r);
+    return v;
+}
+
+/* Does /metrics have the line (exactly, at a line start)? */
+static bool metrics_have_line(const char *line)
+{
+    struct lbt_resp r;
+    bool found = false;
+    size_t len = strlen(line);
+
+    lbt_json(&D, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, line, len) == 0 && (p[len] == '\n' || p[len] == '\0'))
+            found = true;
+    lbt_resp_free(&r);
+    return found;
+}
+
 #define HITS "lendbox_warm_seeds_total{result=\"hit\"} "
 #define MISSES "lendbox_warm_seeds_total{result=\"miss\"} "
 #define OTHER "lendbox_warm_seeds_total{result=\"other_class\"} "
+#define REFILLS_OK "lendbox_warm_refills_total{result=\"ok\"} "
+#define REFILLS_FAILED "lendbox_warm_refills_total{result=\"failed\"} "
+#define REFILL_SECONDS "lendbox_warm_refill_seconds_total "
+#define REFILL_LAST "lendbox_warm_refill_last_duration_seconds "
 
 static void start_with(const char *const *extra)
 {
@@ -193,6 +231,17 @@ START_TEST(test_seed_takes_a_warm_sandbox)
     json_decref(res);
     ck_assert_int_eq(metric(HITS), 1);
     ck_assert_int_eq(metric(MISSES), 0);
+    /* the metrics of issue 13 by their exact names: hits, misses, refills and their time */
+    ck_assert(metrics_have_line("# TYPE lendbox_warm_seeds_total counter"));
+    ck_assert(metrics_have_line("# TYPE lendbox_warm_refills_total counter"));
+    ck_assert(metrics_have_line("# TYPE lendbox_warm_refill_seconds_total counter"));
+    ck_assert(metrics_have_line("# TYPE lendbox_warm_refill_last_duration_seconds gauge"));
+    ck_assert_int_eq(metric(OTHER), 0);
+    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_ge(metric(REFILLS_OK), 2);
+    ck_assert(metric_f(REFILL_SECONDS) > 0);
+    ck_assert(metric_f(REFILL_LAST) > 0);
+    ck_assert(metric_f(REFILL_LAST) <= metric_f(REFILL_SECONDS));
     /* refilled: two warm again, neither the lent one */
     wait_warm(2, 60, &after);
     ck_assert(!ids_has(&after, id));
@@ -228,15 +277,30 @@ START_TEST(test_other_class_does_not_take_it)
     lease = lbt_seed(&D, "other-2", "t", "\"ports\": [8080]");
     ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
+    /* another workdir: warm sandboxes were made with lending.workdir */
+    lease = lbt_seed(&D, "other-3", "t", "\"workdir\": \"/elsewhere\"");
+    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    char *pwd = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "pwd");
+    ck_assert_str_eq(pwd, "/elsewhere\n");
+    free(pwd);
+    json_decref(lease);
     records_in_state("warm", &after);
     ck_assert_int_eq(after.n, 2);
     ck_assert(ids_has(&after, warm.id[0]) && ids_has(&after, warm.id[1]));
-    ck_assert_int_eq(metric(OTHER), 2);
+    ck_assert_int_eq(metric(OTHER), 3);
     ck_assert_int_eq(metric(HITS), 0);
-    /* naming the class's image (host, the default) is the class */
+    /* naming the class's image (host, the default) or its workdir is the class */
     lease = lbt_seed(&D, "same-1", "t", "\"image\": \"host\"");
     ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
+    lease = lbt_seed(&D, "same-2", "t", "\"workdir\": \"/workspace\"");
+    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    pwd = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "pwd");
+    ck_assert_str_eq(pwd, "/workspace\n");
+    free(pwd);
+    json_decref(lease);
+    ck_assert_int_eq(metric(HITS), 2);
+    ck_assert_int_eq(metric(OTHER), 3);
 }
 END_TEST
 
@@ -249,10 +313,13 @@ START_TEST(test_burst_of_50_against_10)
     struct lbt_async *a[BURST];
     struct ids warm, after;
     char ids[BURST][64], path[64], body[64];
+    time_t created[BURST];
     int from_pool = 0;
 
     start_with(args);
     wait_warm(POOL, 120, &warm);
+    lbt_sleep_ms(1100); /* created_at has whole seconds */
+    time_t asked = time(NULL);
     for (int i = 0; i < BURST; i++) {
         snprintf(path, sizeof(path), "/v1/sessions/burst-%d/seed", i);
         snprintf(body, sizeof(body), "{\"task_id\": \"t%d\"}", i);
@@ -265,12 +332,19 @@ START_TEST(test_burst_of_50_against_10)
         ck_assert_msg(r.status == 200, "seed %d: %ld %s", i, r.status, r.body);
         snprintf(ids[i], sizeof(ids[i]), "%s",
                  json_string_value(json_object_get(r.json, "sandbox_id")));
+        created[i] = parse_time(json_string_value(json_object_get(r.json, "created_at")));
         lbt_resp_free(&r);
     }
     for (int i = 0; i < BURST; i++) {
         for (int j = 0; j < i; j++)
             ck_assert_msg(strcmp(ids[i], ids[j]) != 0, "%s lent twice", ids[i]);
         from_pool += ids_has(&warm, ids[i]);
+        /* pre-started ones before the burst, the 40 others after it began */
+        if (ids_has(&warm, ids[i]))
+            ck_assert_int_lt(created[i], asked);
+        else
+            ck_assert_msg(created[i] >= asked, "%s: not a warm one, created before the burst",
+                          ids[i]);
     }
     /* every pre-started one went to exactly one seed; the other 40 were started after the
      * burst began (fresh, or refills made during it: the hit counter tells) */
@@ -284,6 +358,7 @@ START_TEST(test_burst_of_50_against_10)
     struct ids lent;
     records_in_state("lent", &lent);
     ck_assert_int_eq(lent.n, BURST);
+    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
 }
 END_TEST
 
@@ -482,6 +557,121 @@ START_TEST(test_pool_never_exceeds_max_sandboxes)
     lbt_json(&D, "POST", "/v1/sessions/cap-4/seed", "", "{\"task_id\": \"t\"}", &r);
     lbt_assert_error(&r, 429, "overloaded");
     lbt_resp_free(&r);
+    /* waiting for room is not a failure: no attempt was made */
+    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+}
+END_TEST
+
+/* The shipped config's default image is a list ([local] default_image = default host): a seed
+ * that names none runs on the first present, here host (no image "default" is imported). The
+ * pool's class is that one: it fills, and such a seed takes a warm sandbox. */
+START_TEST(test_fills_with_a_default_image_list)
+{
+    static const char *const args[] = {"--set", "pool.size=2", "--set",
+                                       "local.default_image=default host", NULL};
+    struct ids warm;
+    json_t *lease;
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    lease = lbt_seed(&D, "list-1", "t", NULL);
+    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "host");
+    json_decref(lease);
+    ck_assert_int_eq(metric(HITS), 1);
+    ck_assert_int_eq(metric(MISSES), 0);
+    ck_assert_int_eq(metric(OTHER), 0);
+}
+END_TEST
+
+/* Creations that fail (here every provider create, by the fault switch) back off: a few
+ * attempts, never a hot loop; the pool fills once they work again. */
+START_TEST(test_failed_refills_back_off)
+{
+    static const char *const args[] = {"--set", "pool.size=2", "--set",
+                                       "faults.spec=provider.create=fail", NULL};
+    struct ids warm;
+
+    start_with(args);
+    /* wait for the first failures, then watch 6 s: 500 ms doubling allows ~4 per thread */
+    for (int t = 0; t < 600 && metric(REFILLS_FAILED) < 1; t++)
+        lbt_sleep_ms(100);
+    ck_assert_int_ge(metric(REFILLS_FAILED), 1);
+    long first = metric(REFILLS_FAILED);
+    lbt_sleep_ms(6000);
+    long later = metric(REFILLS_FAILED);
+    ck_assert_msg(later - first <= 10, "%ld failed refills in 6 s: a hot loop", later - first);
+    records_in_state("warm", &warm);
+    ck_assert_int_eq(warm.n, 0);
+    records_in_state("failed_seed", &warm);
+    ck_assert_int_eq(warm.n, 0); /* each failed one was stopped */
+    ck_assert_int_eq(metric(REFILLS_OK), 0);
+}
+END_TEST
+
+/* The class follows the default image list: once the list's first image is imported, seeds
+ * that name none run on it, so the warm sandboxes of the previous image (host) are replaced
+ * (stop reason class_changed) and the new ones serve such seeds. */
+START_TEST(test_class_follows_an_import)
+{
+    static const char *const args[] = {"--set", "pool.size=1", "--set",
+                                       "local.default_image=lbtwarm host", NULL};
+    char dir[64], cmd[512], *out;
+    struct ids warm, now;
+    json_t *lease, *rec;
+
+    snprintf(dir, sizeof(dir), "/tmp/lbt-warmimg-%d", (int)getpid());
+    snprintf(cmd, sizeof(cmd), "%s/tests/images/make-test-image %s lbt-warm-%d >/dev/null",
+             getenv("LENDBOX_SRCDIR"), dir, (int)getpid());
+    ck_assert_msg(system(cmd) == 0, "make-test-image failed");
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    snprintf(cmd, sizeof(cmd), "%s -s %s image import %s/image.tar lbtwarm >&2", getenv("LENDBOXD"),
+             D.state_dir, dir);
+    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+    /* the host one is replaced by one on the image */
+    rec = NULL;
+    for (int t = 0; t < 600; t++) {
+        json_decref(rec);
+        rec = record(warm.id[0]);
+        records_in_state("warm", &now);
+        if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped") && now.n == 1)
+            break;
+        lbt_sleep_ms(100);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "class_changed");
+    json_decref(rec);
+    ck_assert_int_eq(now.n, 1);
+    ck_assert_str_ne(now.id[0], warm.id[0]);
+    lease = lbt_seed(&D, "img-1", "t", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), now.id[0]);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "lbtwarm");
+    out = lbt_sh(&D, now.id[0], "cat /etc/os-release");
+    snprintf(cmd, sizeof(cmd), "ID=lbt-warm-%d", (int)getpid());
+    ck_assert_msg(strstr(out, cmd), "not on the image: %s", out);
+    free(out);
+    json_decref(lease);
+    ck_assert_int_eq(metric(HITS), 1);
+    ck_assert_int_eq(metric(OTHER), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    (void)!system(cmd);
+}
+END_TEST
+
+START_TEST(test_refills_recover_after_failures)
+{
+    static const char *const args[] = {"--set", "pool.size=2",
+                                       "--set", "pool.refill_concurrency=1",
+                                       "--set", "faults.spec=provider.create=fail:3",
+                                       NULL};
+    struct ids warm;
+
+    start_with(args);
+    wait_warm(2, 90, &warm);
+    ck_assert_int_eq(metric(REFILLS_FAILED), 3);
+    ck_assert_int_eq(metric(REFILLS_OK), 2);
 }
 END_TEST
 
@@ -502,6 +692,10 @@ int main(void)
     tcase_add_test(tc, test_max_age_replaces);
     tcase_add_test(tc, test_size_0_disables);
     tcase_add_test(tc, test_pool_never_exceeds_max_sandboxes);
+    tcase_add_test(tc, test_fills_with_a_default_image_list);
+    tcase_add_test(tc, test_failed_refills_back_off);
+    tcase_add_test(tc, test_refills_recover_after_failures);
+    tcase_add_test(tc, test_class_follows_an_import);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
