@@ -175,11 +175,8 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 # every daemon a test starts keeps a warm pool of the default class (pool.size=2, small so that
 # refills do not swamp two cores; a test's own pool.size wins). The programs whose seeds are of
 # the default class (so they take warm sandboxes) and that count sandboxes, processes or uids,
-# restart or crash the daemon. E2E_POOL_PROGS=all runs every program. Left out for now:
-# activation, which fails intermittently on this variant only (a close's exclusive sweep finds
-# one process left in a sandbox taken from the pool, 502 "still has 1 process(es) ... after the
-# exclusive sweep"; not reproduced outside the test yet): E2E_POOL_PROGS="activation" runs it.
-E2E_POOL_PROGS ?= exec files isolation lending restart durability
+# restart or crash the daemon. E2E_POOL_PROGS=all runs every program.
+E2E_POOL_PROGS ?= activation exec files isolation lending restart durability
 E2E_POOL_BINS = $(if $(filter all,$(E2E_POOL_PROGS)),$(E2E_BINS), \
 	$(E2E_POOL_PROGS:%=$(BUILD)/tests/test_%))
 e2e-pool: all $(E2E_POOL_BINS)
