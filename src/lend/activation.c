@@ -997,7 +997,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     }
     while (req->argv[n])
         n++;
-    argv = calloc(n + 12, sizeof(*argv));
+    argv = calloc(n + 14, sizeof(*argv));
     if (!argv) {
         close(receipt_fd);
         snprintf(why, why_len, "out of memory");
@@ -1015,6 +1015,13 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     argv[k++] = c_ms;
     argv[k++] = "--receipt-fd"; /* the host-side receipt, passed as fd 4 */
     argv[k++] = "4";
+    if (req->user && *req->user) {
+        /* the harness runs as the user; the launcher (which makes the activation's directory
+         * under the root-owned /run/lendbox) and the harness supervisor stay the sandbox's
+         * root (the image's default User does not apply to a harness) */
+        argv[k++] = "--user";
+        argv[k++] = (char *)req->user;
+    }
     argv[k++] = "--";
     for (size_t i = 0; i < n; i++)
         argv[k++] = req->argv[i];
@@ -1038,7 +1045,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         .argv = argv,
         .cwd = req->cwd,
         .env = env,
-        .user = req->user,
+        .user = "0", /* the launcher: the harness's user is its --user */
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
         .pass_fd = receipt_fd,

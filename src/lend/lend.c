@@ -679,11 +679,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto out;
     provider_caps(prov, &caps);
-    image = req->image ? req->image
-                       : lend_default_image(l,
-                                            caps.default_image ? caps.default_image
-                                                               : l->cfg.default_image,
-                                            default_image, sizeof(default_image));
+    image =
+        req->image
+            ? req->image
+            : lend_default_image(l, caps.default_image ? caps.default_image : l->cfg.default_image,
+                                 default_image, sizeof(default_image));
     spec.image = image;
     r = lend_check_resources(l, prov, &spec.resources, err);
     if (r == 0)
@@ -1220,9 +1220,10 @@ out:
 /* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
 static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
 {
-    json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "PATH",
-                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME",
-                            "/root", "LANG", "C.UTF-8", "LENDBOX_WORKDIR", workdir);
+    /* no HOME: the supervisor sets the user's, from the sandbox's /etc/passwd */
+    json_t *env = json_pack("{s:s,s:s,s:s}", "PATH",
+                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG",
+                            "C.UTF-8", "LENDBOX_WORKDIR", workdir);
     json_t *spec = rec->spec_json ? json_loads(rec->spec_json, 0, NULL) : NULL;
     json_t *seed_env = json_object_get(spec, "env");
     const char *k;

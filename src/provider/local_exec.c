@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "supervisor/user.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -116,19 +117,26 @@ static void exec_fds_close(struct exec_fds *f)
     local_close_fd(&f->status_r);
 }
 
-/* Drop every capability: the bounding set (so an exec cannot regain them as uid 0), the
- * ambient set, then the effective/permitted/inheritable sets; and no new privileges. Raw
- * syscalls only (a forked child of a threaded process). 0 or -1 with errno. */
+/* Drop every capability but CAP_SETUID, CAP_SETGID and CAP_SETPCAP (in the sandbox's user
+ * namespace: they only switch among the sandbox's own ids and shrink the bounding set; the
+ * supervisor needs them to run a command as a sandbox user, and drops all three, bounding set
+ * included, in the command before its exec): the bounding set (so an exec
+ * cannot regain the others as uid 0), the ambient set, then the effective/permitted/
+ * inheritable sets; and no new privileges. Raw syscalls only (a forked child of a threaded
+ * process). 0 or -1 with errno. */
 static int child_drop_capabilities(void)
 {
     struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    const uint32_t keep = (1u << CAP_SETUID) | (1u << CAP_SETGID) | (1u << CAP_SETPCAP);
 
     for (int cap = 0; cap <= 63; cap++)
-        if (syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+        if (cap != CAP_SETUID && cap != CAP_SETGID && cap != CAP_SETPCAP &&
+            syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
             return -1;
     (void)syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     memset(data, 0, sizeof(data));
+    data[0].effective = data[0].permitted = keep;
     if (syscall(SYS_capset, &hdr, data) < 0)
         return -1;
     return (int)syscall(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
@@ -179,8 +187,10 @@ static void child_enter(const struct exec_fds *f, const struct lb_seccomp *filte
         _exit(1);
     }
     /* Entering the user namespace gave us every capability in it; the sandbox's own processes
-     * (bwrap's init) have none. Drop them all, for good: else a command could remount the
-     * read-only host directories writable or bind-mount over the supervisor. */
+     * (bwrap's init) have none. Drop them, for good: else a command could remount the
+     * read-only host directories writable or bind-mount over the supervisor. (CAP_SETUID,
+     * CAP_SETGID and CAP_SETPCAP stay for the supervisor's user switch; every command runs
+     * without them.) */
     if (child_drop_capabilities() < 0) {
         local_child_report(st, "error cannot drop capabilities", errno);
         _exit(1);
@@ -270,7 +280,7 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
 
     while (req->argv[n])
         n++;
-    v = calloc(n + 12, sizeof(*v));
+    v = calloc(n + 14, sizeof(*v));
     if (!v)
         return NULL;
     v[i++] = LOCAL_SUPERVISE_PATH;
@@ -285,6 +295,10 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
     if (req->pass_fd > 0) {
         v[i++] = "--pass-fd";
         v[i++] = "4"; /* CH_PASS */
+    }
+    if (req->user && *req->user) {
+        v[i++] = "--user";
+        v[i++] = req->user;
     }
     v[i++] = "--";
     for (k = 0; k < n; k++)
@@ -631,17 +645,37 @@ int local_end_execs(struct lb_provider *p)
     return n;
 }
 
-static bool user_is_root(const char *user)
+/* Is user (a name of the sandbox's /etc/passwd, a number, NAME:GROUP or UID:GID) one the
+ * sandbox can run as? Looked up the way the supervisor will (user.c), in the sandbox's own
+ * root through /proc/<init>/root, so an unknown one is a 400 before anything starts.
+ * 0 or -EINVAL (400, naming it). */
+static int user_check(const struct local_desc *d, const char *user, struct lb_error *err)
 {
-    return !user || strcmp(user, "root") == 0 || strcmp(user, "0") == 0;
+    struct sup_user u;
+    char path[64], why[300];
+    int rootfd, r;
+
+    if (!user || !*user)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%d/root", (int)d->pid);
+    rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0)
+        return lb_error_set(err, -ENOENT, "sandbox is not running");
+    r = sup_user_resolve(rootfd, user, &u, why, sizeof(why));
+    close(rootfd);
+    if (r == -ENOENT || r == -ERANGE || r == -EINVAL)
+        return lb_error_set(err, -EINVAL, "%s", why);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "%s", why);
+    return 0;
 }
 
 int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
     static const char *const default_env[] = {
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-        "LANG=C.UTF-8", NULL};
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+        NULL}; /* HOME: the user's, from the sandbox's passwd (supervisor) */
     struct local_provider *lp = (struct local_provider *)p;
     size_t out_max = req && req->max_output_bytes ? req->max_output_bytes : DEFAULT_OUTPUT_MAX;
     struct exec_io io = {0};
@@ -672,8 +706,6 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return lb_error_set(err, -EINVAL, "argv must hold at least the program");
     if (req->timeout_ms <= 0)
         return lb_error_set(err, -EINVAL, "timeout must be positive");
-    if (!user_is_root(req->user))
-        return lb_error_set(err, -EINVAL, "only user root is mapped in this sandbox");
     if (req->cwd && !provider_path_is_valid(req->cwd))
         return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path", req->cwd);
     r = local_desc_load(lp, ref, &d, err);
@@ -688,6 +720,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
         goto out;
     }
+    r = user_check(&d, req->user, err);
+    if (r < 0)
+        goto out;
     r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
     if (r < 0)
         goto out;

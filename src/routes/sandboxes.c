@@ -183,7 +183,7 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         "command",  "argv",      "cwd",       "env",
         "user",     "stdin",     "timeout_s", "preserve_background_services",
         "encoding", "exclusive", NULL};
-    json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
+    json_t *cwd = json_object_get(body, "cwd");
     json_t *in = json_object_get(body, "stdin");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
@@ -203,11 +203,8 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
         j->p.cwd = json_string_value(cwd);
     }
-    if (user && !json_is_null(user)) {
-        if (!json_is_string(user) || json_string_length(user) == 0)
-            return lb_error_set(err, -EINVAL, "'user' must be a non-empty string");
-        j->p.user = json_string_value(user);
-    }
+    if ((r = routes_parse_user(body, &j->p.user, err)) < 0)
+        return r;
     if (in && !json_is_null(in)) {
         if (!json_is_string(in))
             return lb_error_set(err, -EINVAL, "'stdin' must be a string");

@@ -12,7 +12,7 @@
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
  *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
- *                     [--pass-fd P] -- ARGV...
+ *                     [--pass-fd P] [--user USER] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
  *       search; 127 if not found, 126 if not executable, like a shell) in its own process
  *       group with default signal dispositions and an empty signal mask. When the command
@@ -24,7 +24,12 @@
  *       come to us, so that chain never breaks). A SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
  *       supervisor itself is treated like a timeout but reported as an error. --pass-fd P
  *       keeps fd P open for the command alone (the daemon's receipt fd for a harness
- *       launcher); the supervisor itself holds it close-on-exec.
+ *       launcher); the supervisor itself holds it close-on-exec. --user USER (a name of the
+ *       sandbox's /etc/passwd, a uid, NAME:GROUP or UID:GID; user.c looks it up in the
+ *       sandbox's own files) runs the command as that user: exactly the groups the sandbox's
+ *       /etc/group gives it, HOME from passwd unless the environment sets one; an unknown
+ *       user is the status "error unknown user ...". Every launch path (command, framed,
+ *       harness) switches right before its exec, and the command never keeps a capability.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -88,7 +93,7 @@
  * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
  *
  *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
- *                     --cleanup-timeout-ms MS -- ARGV...
+ *                     --cleanup-timeout-ms MS [--user USER] -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -128,6 +133,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "supervisor/user.h"
+
 #define GRACE_MS 500
 #define KILL_POLL_MS 10
 #define HARNESS_POLL_MS 50
@@ -149,6 +156,7 @@ struct options {
     const char *stdin_file; /* framed: stdin from this file (unlinked once open) */
     const char *pass_file;  /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
     bool exclusive;         /* framed: first SIGKILL every process of the pid namespace but 1 */
+    const char *user;       /* --user: run the command (the harness) as this user */
     char **argv;
 };
 
@@ -247,6 +255,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--cwd") == 0 && val) {
             o->cwd = val;
+            i++;
+        } else if (strcmp(a, "--user") == 0 && val && *val) {
+            o->user = val;
             i++;
         } else if (strcmp(a, "--harness-launch") == 0 && val && val[0] == '/') {
             o->harness_launch = val;
@@ -598,7 +609,60 @@ static void report_cwd_error(int fd, const char *cwd, int e)
         write_status(fd, "error cannot enter cwd '%s': %s", cwd, strerror(e));
 }
 
-static void exec_command(char **argv, int status_fd, int pass_fd)
+/* The user to run as (--user, looked up in this sandbox's /etc/passwd and /etc/group: the
+ * supervisor's root is the sandbox's) into *u; *have false without --user. 0, or a negative
+ * errno with a one-line reason in why. */
+static int user_prepare(const char *spec, struct sup_user *u, bool *have, char *why, size_t why_len)
+{
+    int rootfd, r;
+
+    *have = false;
+    if (!spec)
+        return 0;
+    rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+        snprintf(why, why_len, "cannot open /: %s", strerror(errno));
+        return -errno;
+    }
+    r = sup_user_resolve(rootfd, spec, u, why, why_len);
+    close(rootfd);
+    *have = r == 0;
+    return r;
+}
+
+/* In the forked child, right before the exec of every launch path (command, harness): become
+ * the user (have) or stay who we are, in both cases without a capability (the exec helper
+ * leaves the supervisor CAP_SETUID and CAP_SETGID in the sandbox's user namespace, for this
+ * switch alone); HOME from passwd when the environment has none. 0 or -errno. */
+static int user_become(const struct sup_user *u, bool have)
+{
+    struct sup_user self;
+    char num[16];
+    int r;
+
+    if (have) {
+        r = sup_user_switch(u);
+        if (r < 0)
+            return r;
+    } else {
+        (void)sup_user_drop_caps();
+    }
+    if (!getenv("HOME")) {
+        int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+        snprintf(num, sizeof(num), "%u", (unsigned)getuid());
+        if (have)
+            (void)setenv("HOME", u->home, 1);
+        else if (rootfd >= 0 && sup_user_resolve(rootfd, num, &self, NULL, 0) == 0)
+            (void)setenv("HOME", self.home, 1);
+        if (rootfd >= 0)
+            close(rootfd);
+    }
+    return 0;
+}
+
+static void exec_command(char **argv, int status_fd, int pass_fd, const struct sup_user *u,
+                         bool have_user)
 {
     int e;
 
@@ -608,6 +672,11 @@ static void exec_command(char **argv, int status_fd, int pass_fd)
         (void)fcntl(pass_fd, F_SETFD, 0);
     setpgid(0, 0);
     reset_signals();
+    e = user_become(u, have_user);
+    if (e < 0) {
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
+        _exit(126);
+    }
     execvp(argv[0], argv);
     e = errno;
     dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
@@ -617,8 +686,10 @@ static void exec_command(char **argv, int status_fd, int pass_fd)
 static int run_command(const struct options *o)
 {
     struct child_state cmd = {.pid = -1};
+    struct sup_user user;
+    char why[300];
     int terminating = 0;
-    bool timed_out = false;
+    bool timed_out = false, have_user;
     int64_t deadline;
     sigset_t set;
     int sfd;
@@ -634,6 +705,10 @@ static int run_command(const struct options *o)
 
     if (o->cwd && chdir(o->cwd) < 0) {
         report_cwd_error(o->status_fd, o->cwd, errno);
+        return 0;
+    }
+    if (user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
+        write_status(o->status_fd, "error %s", why);
         return 0;
     }
 
@@ -657,7 +732,7 @@ static int run_command(const struct options *o)
         return 0;
     }
     if (cmd.pid == 0)
-        exec_command(o->argv, o->status_fd, o->pass_fd);
+        exec_command(o->argv, o->status_fd, o->pass_fd, &user, have_user);
     (void)setpgid(cmd.pid, cmd.pid);
 
     for (;;) {
@@ -1127,12 +1202,21 @@ static void harness_cleanup(struct child_state *cmd, int sfd, int64_t phase, str
     }
 }
 
-static void exec_harness(char **argv, int err_fd)
+static void exec_harness(char **argv, int err_fd, const struct sup_user *u, bool have_user)
 {
     int e;
 
     setpgid(0, 0);
     reset_signals();
+    e = user_become(u, have_user);
+    if (e < 0) {
+        e = -e;
+        if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
+            /* the supervisor then reports the exit status alone */
+        }
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(e));
+        _exit(126);
+    }
     execvp(argv[0], argv);
     e = errno;
     if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
@@ -1162,7 +1246,8 @@ static int harness_stdio(const char *dir, int keep, int keep2)
 
 /* The harness supervisor (a child of the launcher). Reports setup with one byte on ready_fd.
  * Returns its exit status. */
-static int run_harness(const struct options *o, int ready_fd)
+static int run_harness(const struct options *o, int ready_fd, const struct sup_user *user,
+                       bool have_user)
 {
     struct child_state cmd = {.pid = -1};
     struct receipt r = {0};
@@ -1219,7 +1304,7 @@ static int run_harness(const struct options *o, int ready_fd)
     }
     if (cmd.pid == 0) {
         (void)close(err_pipe[0]);
-        exec_harness(o->argv, err_pipe[1]);
+        exec_harness(o->argv, err_pipe[1], user, have_user);
     }
     (void)setpgid(cmd.pid, cmd.pid);
     (void)close(err_pipe[1]);
@@ -1269,10 +1354,17 @@ static int run_harness(const struct options *o, int ready_fd)
 
 static int run_harness_launch(const struct options *o)
 {
-    char claim[PATH_MAX], target[16], b;
+    char claim[PATH_MAX], target[16], b, why[300];
+    struct sup_user user;
+    bool have_user;
     int ready[2], e;
     ssize_t n;
     pid_t pid;
+
+    if (user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
+        fprintf(stderr, "lendbox-supervise: %s\n", why);
+        return 1;
+    }
 
     e = mkdir_p(o->harness_launch);
     if (e < 0) {
@@ -1310,7 +1402,7 @@ static int run_harness_launch(const struct options *o)
     }
     if (pid == 0) {
         (void)close(ready[0]);
-        _exit(run_harness(o, ready[1]));
+        _exit(run_harness(o, ready[1], &user, have_user));
     }
     (void)close(ready[1]);
     do
@@ -1376,9 +1468,9 @@ int main(int argc, char **argv)
             stderr,
             "usage: lendbox-supervise --init --ready-fd N\n"
             "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-            "[--keep-background] [--pass-fd P] -- ARGV...\n"
+            "[--keep-background] [--pass-fd P] [--user USER] -- ARGV...\n"
             "       lendbox-supervise --harness-launch DIR --receipt-fd N "
-            "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
+            "--timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...\n"
             "       lendbox-supervise --harness-stop DIR\n"
             "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
             "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] [--exclusive] "

@@ -528,9 +528,10 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
 
         if (getrandom(&r, sizeof(r), 0) != sizeof(r))
             r = (unsigned)getpid() * 2654435761u;
-        d->uid_count = 4096;
-        /* below 2^31: bubblewrap writes uid maps as signed ints */
-        d->uid_base = 1100000000u + 4096u * (r % 200000u);
+        /* 16 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
+         * builds' tests take from [1.1 * 10^9, 2^31) */
+        d->uid_count = 16;
+        d->uid_base = 100000000u + 16u * 65536u * (r % 850u);
     }
     lbt_spawn(d, extra_args);
 }

@@ -32,7 +32,7 @@ struct lbt_daemon {
     char log_path[300];
     /* the local provider's uid range, picked at random per daemon so that daemons running
      * at the same time on this machine never share a sandbox uid */
-    unsigned uid_base, uid_count;
+    unsigned uid_base, uid_count; /* uid_count: slots of 65536 ids */
 };
 
 struct lbt_resp {

@@ -298,7 +298,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
     bool dk = lbt_variant_is("docker");
 
     if (!dk) {
-        nb = lbt_uids_in_range(D.uid_base, D.uid_base + D.uid_count, uids_before, 64);
+        nb = lbt_uids_in_range(D.uid_base, D.uid_base + D.uid_count * 65536u, uids_before, 64);
         sandbox_dirs(dirs_before, sizeof(dirs_before));
     }
     snprintf(body, sizeof(body), "{\"task_id\": \"task-f\", \"files\": %s}", files_json);
@@ -333,7 +333,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
     json_decref(list);
     /* and nothing of it runs or remains */
     for (int k = 0; k < 250; k++) {
-        na = lbt_uids_in_range(D.uid_base, D.uid_base + D.uid_count, uids_after, 64);
+        na = lbt_uids_in_range(D.uid_base, D.uid_base + D.uid_count * 65536u, uids_after, 64);
         if (na == nb && memcmp(uids_before, uids_after, sizeof(uid_t) * (size_t)na) == 0)
             break;
         lbt_sleep_ms(20);
