@@ -1328,14 +1328,14 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
 }
 
 int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
-                      struct lb_upload **out, struct lb_error *err)
+                      const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct lend_target t;
     int r = lend_target_load(l, id, &t, err);
 
     *out = NULL;
     if (r == 0)
-        r = provider_upload_begin(t.prov, &t.ref, path, mode, out, err);
+        r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
     lend_target_release(&t);
     return r;
 }

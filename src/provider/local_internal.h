@@ -162,7 +162,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      const void *data, size_t len, int mode, struct lb_error *err);
 int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                       int mode, struct lb_upload **out, struct lb_error *err);
+                       int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
 int local_upload_commit(struct lb_upload *u, struct lb_error *err);
 void local_upload_abort(struct lb_upload *u);
 int local_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
