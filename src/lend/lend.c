@@ -1264,6 +1264,27 @@ out:
     return out;
 }
 
+int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
+                   struct lb_error *err)
+{
+    struct lend_target t;
+    json_t *spec = NULL;
+    const char *image_user;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = NULL;
+    if (r == 0 && !user) {
+        (void)spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
+        image_user = json_string_value(json_object_get(spec, "image_user"));
+        user = image_user;
+    }
+    if (r == 0 && user && !(*out = strdup(user)))
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err)
 {

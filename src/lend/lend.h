@@ -151,6 +151,12 @@ struct lb_exec_params {
     void *output_ctx;
 };
 
+/* Who a command of the lent sandbox id runs as: user, else the image's User (image_user of the
+ * spec), else root (*out NULL). *out is malloc'd (the caller frees). 0, -ENOENT (not lent),
+ * -ENOMEM. */
+int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
+                   struct lb_error *err);
+
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err);

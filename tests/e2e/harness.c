@@ -528,10 +528,10 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
 
         if (getrandom(&r, sizeof(r), 0) != sizeof(r))
             r = (unsigned)getpid() * 2654435761u;
-        /* 16 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
+        /* 64 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
          * builds' tests take from [1.1 * 10^9, 2^31) */
-        d->uid_count = 16;
-        d->uid_base = 100000000u + 16u * 65536u * (r % 850u);
+        d->uid_count = 64;
+        d->uid_base = 100000000u + 64u * 65536u * (r % 210u);
     }
     lbt_spawn(d, extra_args);
 }

@@ -323,6 +323,29 @@ START_TEST(test_release_kills_every_uid)
 }
 END_TEST
 
+/* An activation's harness runs as its user; the launcher (root) still makes its directory */
+START_TEST(test_activation_user)
+{
+    struct lbt_resp r;
+    char sbx[64], *out;
+
+    LBT_SKIP_ON_VARIANT("docker", "about the local provider's in-sandbox user switch");
+    seed("users-8", sbx, sizeof(sbx));
+    lbt_json(&D, "POST", "/v1/sessions/users-8/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"id -u > /tmp/act.txt; id -G >> /tmp/act.txt\"], "
+             "\"user\": \"nobody\"}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_msg(strcmp(json_string_value(json_object_get(r.json, "state")), "finished") == 0,
+                  "execute: %s", r.body);
+    lbt_resp_free(&r);
+    out = run(sbx, "{\"command\": \"cat /tmp/act.txt; stat -c %u /tmp/act.txt\"}", 0);
+    ck_assert_str_eq(out, "65534\n65534\n65534\n");
+    free(out);
+    release("users-8");
+}
+END_TEST
+
 START_TEST(test_slots_survive_a_crash)
 {
     char a[64], b[64], c[64], *out;
@@ -363,6 +386,7 @@ int main(void)
     tcase_add_test(tc, test_upload_owner);
     tcase_add_test(tc, test_host_ids_and_disjoint_slots);
     tcase_add_test(tc, test_release_kills_every_uid);
+    tcase_add_test(tc, test_activation_user);
     tcase_add_test(tc, test_slots_survive_a_crash);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
