@@ -224,8 +224,9 @@ void local_child_report(int fd, const char *msg, int err_no);
 /* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the
  * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call while
  * still host root, before entering the sandbox's user namespace: the keyring then belongs to
- * root and counts against root's key quota, not the sandbox uid's 200 keys (else 200 live
- * background processes of separate execs would block every further exec), and only its
+ * root and counts against root's key quota, not the 200 keys of the sandbox's root's host id
+ * (else 200 live background processes of separate execs would block every further exec; each
+ * other id of the sandbox's slot has a quota of its own), and only its
  * possessors (this process and its descendants) may use it. A kernel without keys (ENOSYS)
  * counts as done. 0 or -1 with errno. */
 int local_child_new_session_keyring(void);
