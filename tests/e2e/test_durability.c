@@ -21,7 +21,7 @@
 
 #include "harness.h"
 
-#define UID_COUNT 64 /* slots of 65536 ids */
+#define UID_COUNT 320 /* slots of 65536 ids (test_sigterm_sweep_bounded seeds 300) */
 #define UID_SPAN (UID_COUNT * 65536u)
 
 /* A daemon of this test with its own uid range [base, base + UID_SPAN) and cgroup parent. */
@@ -38,7 +38,7 @@ static void dur_args(struct dur *x, int slot, const char *const *extra)
     int n = 0, a = 0;
 
     /* in [10^8, 10^9), like the harness's ranges */
-    x->uid_base = 100000000u + (uid_t)((getpid() % 50) * 4 + slot) * UID_SPAN;
+    x->uid_base = 100000000u + (uid_t)((getpid() % 10) * 4 + slot) * UID_SPAN;
     snprintf(x->cgroup, sizeof(x->cgroup), "lendbox-dur-%d-%d", (int)getpid(), slot);
     snprintf(x->args[a], sizeof(x->args[a]), "local.uid_base=%u", (unsigned)x->uid_base);
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
