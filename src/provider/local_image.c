@@ -93,7 +93,11 @@ int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_
         return lb_error_set(err, -EREMOTEIO, "cannot mount the root's tmpfs: %s", strerror(errno));
     for (int i = 0; i < 5; i++) {
         snprintf(p[i], sizeof(p[i]), "%s/%s", img, subdirs[i]);
-        if (mkdir(p[i], i == 1 ? 0700 : 0755) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
+        mode_t mode = i == 1 ? 0700 : 0755;
+
+        /* chmod too: the daemon's umask (077) would leave the sandbox's / (the upper dir's
+         * mode) and workdir 0700, closed to every user but root */
+        if (mkdir(p[i], mode) < 0 || chmod(p[i], mode) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
             return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
     }
     r = mount_idmapped(image_root, p[3], uid, err);
