@@ -6,7 +6,7 @@
  * The helper that holds a fresh user namespace while the daemon writes its maps is cloned
  * with CLONE_VM (no copy of the daemon's page tables: a fork of a large daemon costs tens of
  * ms) onto a small stack of its own. It shares the daemon's memory, so it touches nothing of
- * it (raw syscalls only; a failure only ends it): it asks for SIGKILL when the thread that
+ * it (bare syscalls only; a failure only ends it): it asks for SIGKILL when the thread that
  * made it dies (PR_SET_PDEATHSIG), becomes the namespace's owner (a sandbox's: the slot's
  * first id, so bwrap, running as that id, may join it), unshares its user namespace, says so
  * with one byte on a pipe and waits for the SIGKILL that ends it. The daemon writes
@@ -37,16 +37,13 @@ struct userns_helper {
     int ready_w;
 };
 
-/* Raw syscall returning -errno, touching no errno (the helper shares the daemon's memory). */
-static long raw(long nr, long a, long b, long c)
+/* syscall() in the helper: 0 or -errno. A failing call writes errno, which (no CLONE_SETTLS) is
+ * the creating thread's; that thread is blocked in poll meanwhile and ignores errno there. */
+static long helper_call(long nr, long a, long b, long c)
 {
-    long ret;
+    long r = syscall(nr, a, b, c);
 
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "a"(nr), "D"(a), "S"(b), "d"(c)
-                     : "rcx", "r11", "memory");
-    return ret;
+    return r < 0 ? -(long)errno : r;
 }
 
 static int userns_child_main(void *arg)
@@ -55,19 +52,19 @@ static int userns_child_main(void *arg)
     char c = 0; /* 0: done; else the errno of what failed */
     long r = 0;
 
-    (void)raw(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0);
+    (void)helper_call(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0);
     if (h->owner != 0) {
-        r = raw(SYS_setgroups, 0, 0, 0);
+        r = helper_call(SYS_setgroups, 0, 0, 0);
         if (r == 0)
-            r = raw(SYS_setresgid, h->owner, h->owner, h->owner);
+            r = helper_call(SYS_setresgid, h->owner, h->owner, h->owner);
         if (r == 0)
-            r = raw(SYS_setresuid, h->owner, h->owner, h->owner);
+            r = helper_call(SYS_setresuid, h->owner, h->owner, h->owner);
         if (r == 0)
-            r = raw(SYS_unshare, CLONE_NEWUSER, 0, 0);
+            r = helper_call(SYS_unshare, CLONE_NEWUSER, 0, 0);
         c = (char)(r < 0 && -r < 127 ? -r : r < 0 ? EPERM : 0);
     }
-    if (raw(SYS_write, h->ready_w, (long)&c, 1) != 1 || c != 0)
-        raw(SYS_exit, 1, 0, 0);
+    if (helper_call(SYS_write, h->ready_w, (long)&c, 1) != 1 || c != 0)
+        helper_call(SYS_exit, 1, 0, 0);
     for (;;)
         (void)syscall(SYS_pause);
     return 0;
