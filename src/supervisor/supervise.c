@@ -631,9 +631,10 @@ static int user_prepare(const char *spec, struct sup_user *u, bool *have, char *
 }
 
 /* In the forked child, right before the exec of every launch path (command, harness): become
- * the user (have) or stay who we are, in both cases without a capability (the exec helper
- * leaves the supervisor CAP_SETUID and CAP_SETGID in the sandbox's user namespace, for this
- * switch alone); HOME from passwd when the environment has none. 0 or -errno. */
+ * the user (have) or stay who we are, in both cases without a capability, bounding set
+ * included (the exec helper leaves the supervisor CAP_SETUID, CAP_SETGID and CAP_SETPCAP in the
+ * sandbox's user namespace, for this switch alone); HOME from passwd when the environment has
+ * none. 0 or -errno. */
 static int user_become(const struct sup_user *u, bool have)
 {
     struct sup_user self;
