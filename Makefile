@@ -58,7 +58,8 @@ ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 
 # Everything but main.c and the supervisor goes into one internal library.
 LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/pool/*.c src/auth/*.c \
-	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c))
+	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c) \
+	src/supervisor/user.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(sort $(wildcard tests/unit/check_*.c))
 E2E_SRCS := $(sort $(wildcard tests/e2e/test_*.c))
@@ -89,9 +90,10 @@ $(DAEMON): $(BUILD)/src/main.o $(LIB)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(DEPLIBS)
 
 # The supervisor runs inside every sandbox image: static, libc only, no sanitizers.
-$(SUPERVISE): src/supervisor/supervise.c
+$(SUPERVISE): src/supervisor/supervise.c src/supervisor/user.c src/supervisor/user.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -o $@ $<
+	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -Isrc -o $@ \
+		src/supervisor/supervise.c src/supervisor/user.c
 	@# exec-only: a sandbox uid cannot read it, so the kernel makes it non-dumpable at exec
 	chmod 0711 $@
 

@@ -7,7 +7,8 @@
 BENCH_PIDS=""
 BENCH_CGROUPS=""
 
-# bench_start NAME [--set k=v]...: a lendboxd with state dir $WORK/NAME, a random uid range
+# bench_start NAME [--set k=v]...: a lendboxd with state dir $WORK/NAME, a random uid range of
+# 6000 slots of 65536 ids (5,000 idle sandboxes fit)
 # (kept in $WORK/NAME.base for a restart) and a cgroup parent of its own; waits until it is
 # ready. Its pid: $WORK/NAME.pid. BENCH_PREFIX: a command to run it under (e.g. perf record);
 # BENCH_LOG_LEVEL: its log level (warn).
@@ -15,13 +16,14 @@ bench_start() {
     _name=$1
     shift
     [ -s "$WORK/$_name.base" ] ||
-        echo $(( 1200000000 + ($(od -An -N2 -tu2 /dev/urandom) % 4000) * 65536 )) >"$WORK/$_name.base"
+        echo $(( 1200000000 + ($(od -An -N2 -tu2 /dev/urandom) % 1000) * 65536 )) >"$WORK/$_name.base"
     _cg="lendbox-bench-$$-$_name"
     BENCH_CGROUPS="$BENCH_CGROUPS $_cg"
     rm -f "$WORK/$_name/listen"
     ${BENCH_PREFIX:-} build/lendboxd --state-dir "$WORK/$_name" --listen 127.0.0.1:0 \
         --log-level "${BENCH_LOG_LEVEL:-warn}" --set lending.max_sandboxes=100000 \
-        --set local.uid_base="$(cat "$WORK/$_name.base")" --set local.cgroup_parent="$_cg" "$@" \
+        --set local.uid_base="$(cat "$WORK/$_name.base")" --set local.uid_count=6000 \
+        --set local.cgroup_parent="$_cg" "$@" \
         >>"$WORK/$_name.log" 2>&1 &
     echo $! >"$WORK/$_name.pid"
     BENCH_PIDS="$BENCH_PIDS $!"

@@ -827,13 +827,20 @@ int image_resolve_user(const char *images_dir, const char *name, char **user_out
                                 "name",
                                 name, group);
     }
-    if (uid != 0 || gid != 0)
+    if (uid > 65535 || gid > 65535)
         return lb_error_set(err, -EOPNOTSUPP,
                             "image '%s' runs as user '%s' (uid %ld, gid %ld), which is not mapped "
-                            "in a sandbox: only its root is (uid 0); use an image whose User is "
-                            "root or empty",
+                            "in a sandbox: its ids are 0..65535",
                             name, user ? spec : "", uid, gid);
-    *user_out = strdup("0");
+    {
+        char ids[64];
+
+        if (group && *group)
+            snprintf(ids, sizeof(ids), "%ld:%ld", uid, gid);
+        else /* the user's own primary group and groups, from the sandbox's files */
+            snprintf(ids, sizeof(ids), "%ld", uid);
+        *user_out = strdup(ids);
+    }
     return *user_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 

@@ -97,12 +97,12 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
  * errno. */
 int image_remove(const char *images_dir, const char *name, struct lb_error *err);
 
-/* The image's config User resolved for running in a sandbox. Only the sandbox's root (uid and
- * gid 0) is mapped in a sandbox (per-sandbox uid ranges are issue 12), so: no User (or "") →
- * 0 with *user_out NULL; a User that resolves to uid 0 (and gid 0 when it names a group),
- * by number or through the image's /etc/passwd and /etc/group (read inside the image's root)
- * → 0 with *user_out a malloc'd "0" (the caller frees); any other user → -EOPNOTSUPP naming it
- * (never run silently as another user). -ENOENT: not an imported image (a tree placed by
+/* The image's config User resolved for running in a sandbox, whose ids are 0..65535 (issue 12):
+ * no User (or "") → 0 with *user_out NULL; a User that resolves, by number or through the
+ * image's /etc/passwd and /etc/group (read inside the image's root), to ids in that range →
+ * 0 with *user_out a malloc'd "UID" or "UID:GID" (when it names a group; the caller frees),
+ * the default user of the sandbox's execs; a User the image does not name or outside the
+ * range → -EOPNOTSUPP naming it (never run silently as another user). -ENOENT: not an imported image (a tree placed by
  * hand has no config). Thread-safe. */
 int image_resolve_user(const char *images_dir, const char *name, char **user_out,
                        struct lb_error *err);

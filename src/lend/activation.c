@@ -987,7 +987,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     int receipt_fd = receipt_create(a, act->id);
     struct lb_exec_result res = {0};
     struct lb_error err = {0};
-    char t_ms[32], c_ms[32];
+    char t_ms[32], c_ms[32], *user = NULL;
     size_t n = 0, k = 0;
     char **argv;
     int r;
@@ -996,10 +996,18 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         snprintf(why, why_len, "cannot create the receipt file: %s", strerror(-receipt_fd));
         return receipt_fd;
     }
+    /* the harness's user: the request's, else the image's User, else root */
+    r = lend_exec_user(a->lend, act->sandbox_id, req->user, &user, &err);
+    if (r < 0) {
+        close(receipt_fd);
+        snprintf(why, why_len, "%s", err.message);
+        return r;
+    }
     while (req->argv[n])
         n++;
-    argv = calloc(n + 12, sizeof(*argv));
+    argv = calloc(n + 14, sizeof(*argv));
     if (!argv) {
+        free(user);
         close(receipt_fd);
         snprintf(why, why_len, "out of memory");
         return -ENOMEM;
@@ -1016,6 +1024,13 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     argv[k++] = c_ms;
     argv[k++] = "--receipt-fd"; /* the host-side receipt, passed as fd 4 */
     argv[k++] = "4";
+    if (user) {
+        /* the harness runs as the user; the launcher (which makes the activation's directory
+         * under the root-owned /run/lendbox) and the harness supervisor stay the sandbox's
+         * root */
+        argv[k++] = "--user";
+        argv[k++] = user;
+    }
     argv[k++] = "--";
     for (size_t i = 0; i < n; i++)
         argv[k++] = req->argv[i];
@@ -1030,6 +1045,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     if (!env || json_object_set_new(env, "LENDBOX_STOP_REQUEST", json_string(stop_path)) < 0 ||
         json_object_set_new(env, "LENDBOX_ACTIVATION_ID", json_string(act->id)) < 0) {
         json_decref(env);
+        free(user);
         free(argv);
         close(receipt_fd);
         snprintf(why, why_len, "out of memory");
@@ -1039,7 +1055,8 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         .argv = argv,
         .cwd = req->cwd,
         .env = env,
-        .user = req->user,
+        .user = "0", /* the launcher (root; the supervisor leaves it its capabilities): the
+                        harness's user is its --user */
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
         .pass_fd = receipt_fd,
@@ -1073,6 +1090,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     provider_exec_result_release(&res);
     json_decref(env);
     free(argv);
+    free(user);
     close(receipt_fd); /* the harness supervisor holds its own */
     return r;
 }

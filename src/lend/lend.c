@@ -1244,9 +1244,10 @@ out:
 /* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
 static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
 {
-    json_t *env = json_pack("{s:s,s:s,s:s,s:s}", "PATH",
-                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME",
-                            "/root", "LANG", "C.UTF-8", "LENDBOX_WORKDIR", workdir);
+    /* no HOME: the supervisor sets the user's, from the sandbox's /etc/passwd */
+    json_t *env = json_pack("{s:s,s:s,s:s}", "PATH",
+                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG",
+                            "C.UTF-8", "LENDBOX_WORKDIR", workdir);
     json_t *spec = rec->spec_json ? json_loads(rec->spec_json, 0, NULL) : NULL;
     json_t *seed_env = json_object_get(spec, "env");
     const char *k;
@@ -1285,6 +1286,27 @@ out:
     json_decref(spec);
     json_decref(env);
     return out;
+}
+
+int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
+                   struct lb_error *err)
+{
+    struct lend_target t;
+    json_t *spec = NULL;
+    const char *image_user;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = NULL;
+    if (r == 0 && !user) {
+        (void)spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
+        image_user = json_string_value(json_object_get(spec, "image_user"));
+        user = image_user;
+    }
+    if (r == 0 && user && !(*out = strdup(user)))
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
 }
 
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
@@ -1363,14 +1385,14 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
 }
 
 int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
-                      struct lb_upload **out, struct lb_error *err)
+                      const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct lend_target t;
     int r = lend_target_load(l, id, &t, err);
 
     *out = NULL;
     if (r == 0)
-        r = provider_upload_begin(t.prov, &t.ref, path, mode, out, err);
+        r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
     lend_target_release(&t);
     return r;
 }

@@ -151,17 +151,24 @@ struct lb_exec_params {
     void *output_ctx;
 };
 
+/* Who a command of the lent sandbox id runs as: user, else the image's User (image_user of the
+ * spec), else root (*out NULL). *out is malloc'd (the caller frees). 0, -ENOENT (not lent),
+ * -ENOMEM. */
+int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
+                   struct lb_error *err);
+
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err);
 int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
                     size_t len, int mode, struct lb_error *err);
 /* A streamed upload to path in a lent sandbox (provider.h, struct lb_upload): begin opens the
- * temporary file (-ENOENT if the sandbox is not lent; path errors as lend_file_write); the
- * caller writes to (*out)->fd, then commits (renamed into place) or aborts (removed). commit
- * and abort consume u; abort is NULL-safe and does not block on the sandbox. */
+ * temporary file (-ENOENT if the sandbox is not lent; path errors as lend_file_write; owner
+ * NULL or a user of the sandbox's passwd, see the upload_begin op); the caller writes to
+ * (*out)->fd, then commits (renamed into place) or aborts (removed). commit and abort consume
+ * u; abort is NULL-safe and does not block on the sandbox. */
 int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
-                      struct lb_upload **out, struct lb_error *err);
+                      const char *owner, struct lb_upload **out, struct lb_error *err);
 int lend_upload_commit(struct lb_lend *l, struct lb_upload *u, struct lb_error *err);
 void lend_upload_abort(struct lb_lend *l, struct lb_upload *u);
 /* The error of a failed write to u->fd (errnum, bytes written or tried): see provider.h. */

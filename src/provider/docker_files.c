@@ -175,13 +175,17 @@ int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 }
 
 int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, struct lb_upload **out, struct lb_error *err)
+                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct lb_docker *d = (struct lb_docker *)p;
     struct docker_upload *u;
     enum lb_sandbox_status st;
     int r;
 
+    if (owner)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the docker provider cannot give an uploaded file an owner "
+                            "(?owner=): its files belong to the container's root");
     if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
         return lb_error_set(err, -EINVAL, "bad path '%s'", path);
     r = docker_state(d, ref->id, &st, err);

@@ -59,7 +59,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                       const void *data, size_t len, int mode, struct lb_error *err);
 int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, struct lb_upload **out, struct lb_error *err);
+                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
 int docker_upload_commit(struct lb_upload *u, struct lb_error *err);
 void docker_upload_abort(struct lb_upload *u);
 int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -84,13 +84,13 @@ static int fault_file_write(struct lb_provider *p, const struct lb_sandbox_ref *
 }
 
 static int fault_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                              const char *path, int mode, struct lb_upload **out,
+                              const char *path, int mode, const char *owner, struct lb_upload **out,
                               struct lb_error *err)
 {
     int r = fault_point(p, "file_write", 0, err);
 
     return r < 0 ? fault_as_provider(r, err)
-                 : provider_upload_begin(INNER(p), ref, path, mode, out, err);
+                 : provider_upload_begin(INNER(p), ref, path, mode, owner, out, err);
 }
 
 static int fault_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -1,13 +1,13 @@
 /*
- * local.c - the local provider (see local.h): the provider object, uid allocation,
+ * local.c - the local provider (see local.h): the provider object, uid slot allocation,
  * descriptors, status, list, stop, pause/resume. create, exec and the file operations live in
  * local_create.c, local_exec.c and local_files.c (local_internal.h ties them together).
  *
  * A sandbox is identified by its init's pid plus that process's start time, so a reused pid
- * is never mistaken for it. Every process of a sandbox runs as the sandbox's own host uid,
- * which stop uses as the final sweep: after the init (and with it its pid namespace) is
- * killed, every remaining process with that uid (bwrap's outer monitor, a half-started exec)
- * is killed too.
+ * is never mistaken for it. Every process of a sandbox runs as one of the sandbox's own host
+ * ids (a slot of LOCAL_SLOT_IDS: sandbox id N is host id slot + N), which stop uses as the
+ * final sweep: after the init (and with it its pid namespace) is killed, every remaining
+ * process with a uid of the slot (bwrap's outer monitor, a half-started exec) is killed too.
  */
 #include "provider/local_internal.h"
 
@@ -32,7 +32,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-#define UID_COUNT_MAX (1u << 22)
+#define UID_COUNT_MAX 32768u /* slots: 2^31 / LOCAL_SLOT_IDS */
 #define SWEEP_STEP_MS 10
 #define FREEZE_TIMEOUT_MS 5000
 #define THAW_WAIT_MS 2000
@@ -72,9 +72,11 @@ void local_sandbox_dir(const struct local_provider *lp, const char *id, char *bu
     snprintf(buf, size, "%s/%s", lp->sandboxes_dir, id);
 }
 
+/* Is uid the first host id of one of our slots (a sandbox's root)? */
 static bool local_uid_in_range(const struct local_provider *lp, uint32_t uid)
 {
-    return uid >= lp->uid_base && uid - lp->uid_base < lp->uid_count;
+    return uid >= lp->uid_base && (uid - lp->uid_base) % LOCAL_SLOT_IDS == 0 &&
+           (uid - lp->uid_base) / LOCAL_SLOT_IDS < lp->uid_count;
 }
 
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
@@ -88,7 +90,7 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
         if (!(lp->uid_used[bit / 8] & (1u << (bit % 8)))) {
             lp->uid_used[bit / 8] |= (uint8_t)(1u << (bit % 8));
             lp->uid_next = (bit + 1) % lp->uid_count;
-            *uid = lp->uid_base + bit;
+            *uid = lp->uid_base + bit * LOCAL_SLOT_IDS;
             r = 0;
             break;
         }
@@ -99,7 +101,7 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
 
 static void local_uid_mark(struct local_provider *lp, uint32_t uid)
 {
-    uint32_t bit = uid - lp->uid_base;
+    uint32_t bit = (uid - lp->uid_base) / LOCAL_SLOT_IDS;
 
     if (!local_uid_in_range(lp, uid))
         return;
@@ -110,7 +112,7 @@ static void local_uid_mark(struct local_provider *lp, uint32_t uid)
 
 void local_uid_free(struct local_provider *lp, uint32_t uid)
 {
-    uint32_t bit = uid - lp->uid_base;
+    uint32_t bit = (uid - lp->uid_base) / LOCAL_SLOT_IDS;
 
     if (!local_uid_in_range(lp, uid))
         return;
@@ -237,8 +239,15 @@ static int proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
     return 0;
 }
 
-/* SIGKILL every live process whose real uid is uid. Returns how many were still alive. A pid
- * is pinned with a pidfd and its uid read again before the kill, so a reused pid is safe. */
+/* Is u one of the LOCAL_SLOT_IDS host ids of the slot whose first id is first? */
+static bool uid_in_slot(uint32_t u, uint32_t first)
+{
+    return u >= first && u - first < LOCAL_SLOT_IDS;
+}
+
+/* SIGKILL every live process whose real uid is one of the slot's ids (first: its first id,
+ * the sandbox's root). Returns how many were still alive. A pid is pinned with a pidfd and
+ * its uid read again before the kill, so a reused pid is safe. */
 static int kill_uid(uint32_t uid)
 {
     struct dirent *de;
@@ -257,12 +266,12 @@ static int kill_uid(uint32_t uid)
 
         if (*end || pid <= 0 || pid > INT_MAX)
             continue;
-        if (proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid || zombie)
+        if (proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
             continue;
         pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
         if (pfd < 0)
             continue;
-        if (proc_uid((pid_t)pid, &u, &zombie) == 0 && u == uid && !zombie) {
+        if (proc_uid((pid_t)pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
             alive++;
             (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
         }
@@ -282,8 +291,8 @@ static pid_t proc_ppid(pid_t pid)
     return proc_stat(pid, &state, &ppid, &start_time) == 0 ? ppid : -1;
 }
 
-/* Reap this process's zombie children that ran as uid (bwrap's monitor process: lendboxd is a
- * child subreaper, so the monitor of a sandbox it started becomes its child). */
+/* Reap this process's zombie children that ran as one of the slot's ids (bwrap's monitor process:
+ * lendboxd is a child subreaper, so the monitor of a sandbox it started becomes its child). */
 static void reap_uid_children(uint32_t uid)
 {
     struct dirent *de;
@@ -297,7 +306,7 @@ static void reap_uid_children(uint32_t uid)
         uint32_t u;
         bool zombie;
 
-        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || u != uid || !zombie)
+        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || !zombie)
             continue;
         if (proc_ppid((pid_t)pid) == self)
             (void)waitpid((pid_t)pid, NULL, WNOHANG);
@@ -867,9 +876,9 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     /* If the monitor died before the init, the init is our child now: reap it too. */
     if (pidfd >= 0 && proc_ppid(d->pid) == getpid())
         (void)waitpid(d->pid, NULL, WNOHANG);
-    /* 2. without a live init to kill (a sandbox half made when a daemon crashed, or one whose
-     * init died) sweep everything running as the sandbox's uid instead */
-    if (pidfd < 0 && has_dir && local_uid_in_range(lp, d->uid)) {
+    /* 2. then (and without a live init to kill: a sandbox half made when a daemon crashed, or
+     * one whose init died, instead) sweep everything running as one of the sandbox's ids */
+    if (has_dir && local_uid_in_range(lp, d->uid)) {
         while ((left = kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
@@ -881,7 +890,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             sleep_ms(SWEEP_STEP_MS);
         }
         reap_uid_children(d->uid);
-    } else if (pidfd < 0 && has_dir && d->uid) {
+    } else if (has_dir && d->uid) {
         log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
     }
     /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
@@ -1431,12 +1440,12 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
 
     if (!cfg || !cfg->state_dir || !cfg->supervise_path || cfg->uid_base == 0 ||
         cfg->uid_count == 0 || cfg->uid_count > UID_COUNT_MAX ||
-        cfg->uid_base > (uint32_t)INT32_MAX - cfg->uid_count)
+        (uint64_t)cfg->uid_base + (uint64_t)cfg->uid_count * LOCAL_SLOT_IDS > INT32_MAX)
         return lb_error_set(err, -EINVAL,
                             "local provider: state_dir, supervise_path and a uid range "
-                            "(1 <= uid_count <= %u, uid_base + uid_count <= 2^31 - 1, as "
-                            "bubblewrap writes uid maps as signed ints) are required",
-                            UID_COUNT_MAX);
+                            "(1 <= uid_count <= %u slots of %u ids, uid_base + uid_count * %u "
+                            "<= 2^31 - 1) are required",
+                            UID_COUNT_MAX, LOCAL_SLOT_IDS, LOCAL_SLOT_IDS);
     lp = calloc(1, sizeof(*lp));
     if (!lp)
         return lb_error_set(err, -ENOMEM, "out of memory");

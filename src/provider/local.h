@@ -3,9 +3,10 @@
  * with bubblewrap (DESIGN.md "The local provider").
  *
  * One sandbox = one bwrap-started init (lendbox-supervise --init, pid 1 of a new pid
- * namespace) in new user, pid, mount, uts, ipc and net namespaces, running as a host uid of
- * its own taken from [uid_base, uid_base + uid_count) (the sandbox's root maps to it, so no
- * sandbox process is ever host root). Its directory <state_dir>/sandboxes/<id>/ holds
+ * namespace) in new user, pid, mount, uts, ipc and net namespaces. Its user namespace maps
+ * a slot of 65536 host ids of its own, taken from [uid_base, uid_base + uid_count * 65536):
+ * sandbox uid/gid N is host id slot + N (the sandbox's root maps to the slot's first id, so no
+ * sandbox process is ever host root, and any in-sandbox user of /etc/passwd can run). Its directory <state_dir>/sandboxes/<id>/ holds
  * descriptor.json. Its writable storage never lives on the state dir's file system: the
  * workdir is a tmpfs of resources.disk_mib inside the sandbox's mount namespace (storage
  * "tmpfs", the default), or a directory <data_dir>/<id> bind-mounted there (storage "dir").
@@ -33,8 +34,8 @@ struct lb_local_config {
     const char *supervise_path; /* the static lendbox-supervise binary */
     const char *images_dir;     /* directory of image root trees; NULL: only "host" */
     const char *cgroup_parent;  /* cgroup name for sandboxes, e.g. "lendbox" */
-    uint32_t uid_base;          /* first host uid for sandboxes, e.g. 1000000000 */
-    uint32_t uid_count;         /* how many (= max concurrent sandboxes), e.g. 65536 */
+    uint32_t uid_base;          /* first host uid for sandboxes, e.g. 100000000 */
+    uint32_t uid_count;         /* slots of 65536 ids (= max concurrent sandboxes), e.g. 4096 */
     int64_t create_timeout_ms;  /* bound on a sandbox becoming ready; <= 0: 10000 */
     int64_t tmp_size_mib;       /* size of the sandbox's /tmp tmpfs; <= 0: 1024 (/run: 64) */
     const char *storage;        /* the workdir: "tmpfs" (NULL: the default) or "dir" */

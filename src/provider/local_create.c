@@ -14,7 +14,9 @@
  * 5 an O_PATH fd of the workdir's data directory (--bind-fd; storage dir) or /dev/null (storage
  * tmpfs: unused), 6 an O_PATH fd of the supervisor (--ro-bind-fd), 7 a memfd with the seccomp
  * filter (--seccomp, loaded by bwrap right before it execs the init; /dev/null when the filter
- * is off). bwrap 0.8 still realpath()s
+ * is off), 8 the sandbox's user namespace (--userns: made by local_userns.c, mapping the
+ * sandbox's whole slot of 65536 ids; bwrap's own --unshare-user could map only its one uid).
+ * bwrap 0.8 still realpath()s
  * /proc/self/fd/N as the sandbox's uid, so the path to the data directory must be searchable
  * by others: the data dir is 0711 and <data_dir>/<id> 0700 (owned by the sandbox's uid), so
  * nobody else can list or enter either.
@@ -67,6 +69,7 @@ enum {
     FD_WORKSPACE,
     FD_SUPERVISE,
     FD_SECCOMP,
+    FD_USERNS,
     FD_COUNT
 };
 
@@ -221,6 +224,13 @@ static void add_sized_tmpfs(struct strv *a, const char *dest, int64_t mib)
     strv_add2(a, "--tmpfs", dest);
 }
 
+/* The same, mode 1777 (sticky, everyone's): /tmp and /dev/shm, for every user of the sandbox */
+static void add_shared_tmpfs(struct strv *a, const char *dest, int64_t mib)
+{
+    strv_add2(a, "--perms", "1777");
+    add_sized_tmpfs(a, dest, mib);
+}
+
 /* Is path dir itself or below it? */
 static bool path_is_under(const char *path, const char *dir)
 {
@@ -314,8 +324,8 @@ static int add_root(struct strv *a, const char *root, const char *workdir,
      * bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its own */
     strv_add2(a, "--dev", "/dev");
     strv_add2(a, "--remount-ro", "/dev");
-    add_sized_tmpfs(a, "/dev/shm", sizes->shm_mib);
-    add_sized_tmpfs(a, "/tmp", sizes->tmp_mib);
+    add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
+    add_shared_tmpfs(a, "/tmp", sizes->tmp_mib);
     add_sized_tmpfs(a, "/run", sizes->run_mib);
     /* hide the daemon's state (tokens, database, other sandboxes' data) if the binds expose it */
     add_hider(a, root, lp->state_dir, names, n);
@@ -339,8 +349,8 @@ static void add_image_root(struct strv *a, const char *overlay_root,
     strv_add2(a, "--proc", "/proc");
     strv_add2(a, "--dev", "/dev");
     strv_add2(a, "--remount-ro", "/dev");
-    add_sized_tmpfs(a, "/dev/shm", sizes->shm_mib);
-    add_sized_tmpfs(a, "/tmp", sizes->tmp_mib);
+    add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
+    add_shared_tmpfs(a, "/tmp", sizes->tmp_mib);
     add_sized_tmpfs(a, "/run", sizes->run_mib);
 }
 
@@ -359,7 +369,8 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
 
     snprintf(host, sizeof(host), "%.63s", id);
     strv_add(a, lp->bwrap_path);
-    strv_add(a, "--unshare-user");
+    snprintf(num, sizeof(num), "%d", FD_USERNS);
+    strv_add2(a, "--userns", num); /* the slot's namespace, made by the daemon */
     strv_add2(a, "--uid", "0");
     strv_add2(a, "--gid", "0");
     strv_add(a, "--unshare-pid");
@@ -628,6 +639,12 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     s.fds[FD_WORKSPACE] = workspace ? open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                                     : open("/dev/null", O_PATH | O_CLOEXEC);
     s.fds[FD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
+    r = local_userns_open(d->uid, d->uid, LOCAL_SLOT_IDS, &s.fds[FD_USERNS]);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot make the sandbox's user namespace: %s",
+                         strerror(-r));
+        goto out;
+    }
     if (lp->seccomp.prog.len > 0) {
         r = seccomp_filter_memfd(&lp->seccomp);
         s.fds[FD_SECCOMP] = r;

@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "supervisor/user.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -225,7 +226,7 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
 
     while (req->argv[n])
         n++;
-    v = calloc(n + 12, sizeof(*v));
+    v = calloc(n + 14, sizeof(*v));
     if (!v)
         return NULL;
     v[i++] = LOCAL_SUPERVISE_PATH;
@@ -240,6 +241,10 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
     if (req->pass_fd > 0) {
         v[i++] = "--pass-fd";
         v[i++] = "4"; /* CH_PASS */
+    }
+    if (req->user && *req->user) {
+        v[i++] = "--user";
+        v[i++] = req->user;
     }
     v[i++] = "--";
     for (k = 0; k < n; k++)
@@ -586,17 +591,37 @@ int local_end_execs(struct lb_provider *p)
     return n;
 }
 
-static bool user_is_root(const char *user)
+/* Is user (a name of the sandbox's /etc/passwd, a number, NAME:GROUP or UID:GID) one the
+ * sandbox can run as? Looked up the way the supervisor will (user.c), in the sandbox's own
+ * root through /proc/<init>/root, so an unknown one is a 400 before anything starts.
+ * 0 or -EINVAL (400, naming it). */
+static int user_check(const struct local_desc *d, const char *user, struct lb_error *err)
 {
-    return !user || strcmp(user, "root") == 0 || strcmp(user, "0") == 0;
+    struct sup_user u;
+    char path[64], why[300];
+    int rootfd, r;
+
+    if (!user || !*user)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%d/root", (int)d->pid);
+    rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0)
+        return lb_error_set(err, -ENOENT, "sandbox is not running");
+    r = sup_user_resolve(rootfd, user, &u, why, sizeof(why));
+    close(rootfd);
+    if (r == -ENOENT || r == -ERANGE || r == -EINVAL)
+        return lb_error_set(err, -EINVAL, "%s", why);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "%s", why);
+    return 0;
 }
 
 int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
     static const char *const default_env[] = {
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-        "LANG=C.UTF-8", NULL};
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+        NULL}; /* HOME: the user's, from the sandbox's passwd (supervisor) */
     struct local_provider *lp = (struct local_provider *)p;
     size_t out_max = req && req->max_output_bytes ? req->max_output_bytes : DEFAULT_OUTPUT_MAX;
     struct exec_io io = {0};
@@ -629,8 +654,6 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return lb_error_set(err, -EINVAL, "argv must hold at least the program");
     if (req->timeout_ms <= 0)
         return lb_error_set(err, -EINVAL, "timeout must be positive");
-    if (!user_is_root(req->user))
-        return lb_error_set(err, -EINVAL, "only user root is mapped in this sandbox");
     if (req->cwd && !provider_path_is_valid(req->cwd))
         return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path", req->cwd);
     r = local_desc_load(lp, ref, &d, err);
@@ -645,6 +668,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
         goto out;
     }
+    r = user_check(&d, req->user, err);
+    if (r < 0)
+        goto out;
     r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
     if (r < 0)
         goto out;

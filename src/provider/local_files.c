@@ -32,6 +32,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "supervisor/user.h"
+
 #define OPENAT2_RETRIES 16
 
 /* The calling thread's identity while it acts for a sandbox. */
@@ -65,6 +67,26 @@ static int fs_enter(struct fs_identity *id, uint32_t uid, struct lb_error *err)
         syscall(SYS_capset, &id->cap_hdr, none) < 0)
         return lb_error_set(err, -EREMOTEIO, "cannot take the sandbox's file-system identity");
     return 0;
+}
+
+/* fchown(fd, uid, gid) with CAP_CHOWN effective for this one call (the thread acts as the
+ * sandbox's root otherwise): an upload's new file, given to one of the sandbox's ids. */
+static int fs_chown_fd(const struct fs_identity *id, int fd, uint32_t uid, uint32_t gid)
+{
+    struct __user_cap_header_struct hdr = id->cap_hdr;
+    struct __user_cap_data_struct caps[2];
+    int r = 0;
+
+    memcpy(caps, id->caps, sizeof(caps));
+    caps[0].effective = caps[0].permitted & (1u << CAP_CHOWN);
+    caps[1].effective = 0;
+    if (syscall(SYS_capset, &hdr, caps) < 0)
+        return -errno;
+    if (fchown(fd, uid, gid) < 0)
+        r = -errno;
+    caps[0].effective = 0;
+    (void)syscall(SYS_capset, &hdr, caps);
+    return r;
 }
 
 static void fs_leave(struct fs_identity *id)
@@ -249,6 +271,8 @@ struct local_upload {
     struct lb_upload base;
     int dfd;      /* O_PATH of the destination's directory, resolved inside the root */
     uint32_t uid; /* the sandbox's host uid: commit and abort act as it */
+    bool owned;   /* ?owner=: commit gives the file to host ids owner_uid, owner_gid */
+    uint32_t owner_uid, owner_gid;
     int mode;     /* final mode */
     char tmp[64]; /* temporary name in dfd */
     char name[256];
@@ -296,7 +320,7 @@ static int check_destination(int dfd, const char *name, const char *path, struct
 }
 
 int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                       int mode, struct lb_upload **out, struct lb_error *err)
+                       int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
     char dir[4097];
@@ -327,6 +351,24 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     u->base.fd = u->dfd = -1;
     u->uid = d.uid;
     u->mode = mode < 0 ? 0644 : mode & 0777;
+    if (owner) {
+        /* the sandbox's own passwd and group, as exec's user (before a byte is read) */
+        struct sup_user su;
+        char why[300];
+
+        r = sup_user_resolve(rootfd, owner, &su, why, sizeof(why));
+        if (r == -ENOENT || r == -ERANGE || r == -EINVAL) {
+            r = lb_error_set(err, -EINVAL, "owner: %s", why);
+            goto out;
+        }
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "owner: %s", why);
+            goto out;
+        }
+        u->owned = true;
+        u->owner_uid = d.uid + su.uid;
+        u->owner_gid = d.uid + su.gid;
+    }
     snprintf(u->name, sizeof(u->name), "%s", name);
     snprintf(u->path, sizeof(u->path), "%s", path);
     r = fs_enter(&id, d.uid, err);
@@ -381,6 +423,13 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 
     if (r == 0 && fchmod(u->base.fd, (mode_t)u->mode) < 0)
         r = map_errno(errno, u->path, err);
+    if (r == 0 && u->owned) { /* after the chmod: only the file's owner may chmod it */
+        int c = fs_chown_fd(&id, u->base.fd, u->owner_uid, u->owner_gid);
+
+        if (c < 0)
+            r = lb_error_set(err, -EREMOTEIO, "cannot give '%s' its owner: %s", u->path,
+                             strerror(-c));
+    }
     if (r == 0)
         r = check_destination(u->dfd, u->name, u->path, err);
     if (r == 0 && renameat(u->dfd, u->tmp, u->dfd, u->name) < 0)
@@ -396,7 +445,7 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
                      const void *data, size_t len, int mode, struct lb_error *err)
 {
     struct lb_upload *u = NULL;
-    int r = local_upload_begin(p, ref, path, mode, &u, err);
+    int r = local_upload_begin(p, ref, path, mode, NULL, &u, err);
 
     if (r < 0)
         return r;

@@ -8,8 +8,9 @@
  *                        / and /workspace share one disk_mib budget
  *     lower/             the image tree, cloned (open_tree OPEN_TREE_CLONE) and idmapped
  *                        (mount_setattr MOUNT_ATTR_IDMAP, read-only, nosuid, nodev) with a user
- *                        namespace that maps 0 -> the sandbox's uid, so the image's root-owned
- *                        files belong to the sandbox's root without a copy or a chown
+ *                        namespace that maps 0..65535 -> the sandbox's slot, so the image's
+ *                        files belong to the sandbox's root and users (uid N -> slot + N)
+ *                        without a copy or a chown
  *     root/              overlayfs lowerdir=lower, upperdir=upper, workdir=work; bwrap binds
  *                        it as the sandbox's /
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
@@ -42,59 +43,7 @@
 #define IMG_DIR "img"
 static const char *const legacy_names[] = {"img-root", "img-lower", "img-upper"};
 
-/* The helper that holds a fresh user namespace while the daemon writes its maps: cloned with
- * CLONE_VM (no copy of the daemon's page tables: a fork of a large daemon cost tens of ms)
- * straight into a new user namespace, on a small stack of its own. It shares the daemon's
- * memory, so it touches nothing (not even errno): it waits for the SIGKILL that ends it. */
-static int userns_child_main(void *arg)
-{
-    (void)arg;
-    for (;;)
-        pause();
-    return 0;
-}
-
-/* An fd of a user namespace mapping uid and gid 0 to uid (one id), or a negative errno. */
-static int userns_for_uid(uid_t uid)
-{
-    static const size_t stack_size = 64 * 1024;
-    static const char *const files[] = {"uid_map", "gid_map"};
-    char path[64], map[64];
-    int fd = -1, r = 0, st, mfd;
-    char *stack = malloc(stack_size);
-    pid_t pid;
-
-    if (!stack)
-        return -ENOMEM;
-    pid = clone(userns_child_main, stack + stack_size, CLONE_VM | CLONE_NEWUSER | SIGCHLD, NULL);
-    if (pid < 0) {
-        r = -errno;
-        free(stack);
-        return r;
-    }
-    snprintf(map, sizeof(map), "0 %u 1\n", (unsigned)uid);
-    for (int i = 0; i < 2 && r == 0; i++) {
-        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, files[i]);
-        mfd = open(path, O_WRONLY | O_CLOEXEC);
-        if (mfd < 0 || write(mfd, map, strlen(map)) != (ssize_t)strlen(map))
-            r = -errno;
-        if (mfd >= 0)
-            close(mfd);
-    }
-    if (r == 0) {
-        snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            r = -errno;
-    }
-    kill(pid, SIGKILL);
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    free(stack); /* the child is gone: its stack is free */
-    return r < 0 ? r : fd;
-}
-
-/* Mount image_root at target, read-only and idmapped 0 -> uid. */
+/* Mount image_root at target, read-only and idmapped 0..65535 -> the slot at uid. */
 static int mount_idmapped(const char *image_root, const char *target, uid_t uid,
                           struct lb_error *err)
 {
@@ -107,8 +56,9 @@ static int mount_idmapped(const char *image_root, const char *target, uid_t uid,
     if (tree < 0)
         return lb_error_set(err, -errno, "cannot clone the image tree '%s': %s", image_root,
                             strerror(errno));
-    ns = userns_for_uid(uid);
-    if (ns < 0) {
+    r = local_userns_open(0, uid, LOCAL_SLOT_IDS, &ns);
+    if (r < 0) {
+        ns = r;
         r = lb_error_set(err, ns, "cannot make the image's user namespace: %s", strerror(-ns));
         goto out;
     }
@@ -143,7 +93,11 @@ int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_
         return lb_error_set(err, -EREMOTEIO, "cannot mount the root's tmpfs: %s", strerror(errno));
     for (int i = 0; i < 5; i++) {
         snprintf(p[i], sizeof(p[i]), "%s/%s", img, subdirs[i]);
-        if (mkdir(p[i], i == 1 ? 0700 : 0755) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
+        mode_t mode = i == 1 ? 0700 : 0755;
+
+        /* chmod too: the daemon's umask (077) would leave the sandbox's / (the upper dir's
+         * mode) and workdir 0700, closed to every user but root */
+        if (mkdir(p[i], mode) < 0 || chmod(p[i], mode) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
             return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
     }
     r = mount_idmapped(image_root, p[3], uid, err);

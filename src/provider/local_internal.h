@@ -7,6 +7,7 @@
  * local_files.c  file_write / file_open through /proc/<init>/root with openat2
  * local_net.c    per-sandbox veth links and nftables egress rules
  * local_relay.c  endpoint relays for sandboxes without a link
+ * local_userns.c user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
  */
 #ifndef LB_PROVIDER_LOCAL_INTERNAL_H
 #define LB_PROVIDER_LOCAL_INTERNAL_H
@@ -20,6 +21,12 @@
 #include "provider/local.h"
 #include "provider/seccomp.h"
 #include "provider/local_net.h"
+
+/* Host ids per sandbox: its user namespace maps ids 0..LOCAL_SLOT_IDS-1 (uids and gids) to
+ * host ids slot..slot+LOCAL_SLOT_IDS-1, where slot (local_desc.uid) is the first id of a slot
+ * of [uid_base, uid_base + uid_count * LOCAL_SLOT_IDS). */
+#define LOCAL_SLOT_IDS 65536u
+#define LOCAL_SLOT_IDS_TEXT "65536"
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
@@ -44,7 +51,7 @@ struct local_provider {
     char *supervise_path; /* absolute */
     char *images_dir;     /* NULL: only "host" */
     struct lb_cgroup_host cg;
-    uint32_t uid_base, uid_count;
+    uint32_t uid_base, uid_count; /* uid_count: slots of LOCAL_SLOT_IDS ids */
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
     enum local_storage storage;
@@ -55,7 +62,7 @@ struct local_provider {
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (local_relay.c) */
 
     pthread_mutex_t lock; /* guards the fields below */
-    uint8_t *uid_used;    /* bitmap over [uid_base, uid_base + uid_count) */
+    uint8_t *uid_used;    /* bitmap over the uid_count slots */
     uint32_t uid_next;    /* next-fit cursor */
     char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
@@ -78,7 +85,7 @@ struct local_running_exec {
 struct local_desc {
     pid_t pid;
     uint64_t start_time; /* field 22 of /proc/<pid>/stat */
-    uint32_t uid;
+    uint32_t uid;        /* first host id of the sandbox's slot: its root (uid and gid 0) */
     char workdir[4097];
     char data[4352]; /* storage dir: the host directory bound at workdir; "" for tmpfs */
     struct lb_cgroup cg;
@@ -90,7 +97,8 @@ bool local_id_is_valid(const char *id);
 /* <sandboxes_dir>/<id> into buf. */
 void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
 
-/* Take a free uid (-EUSERS when all are in use) / give one back. */
+/* Take a free slot of LOCAL_SLOT_IDS ids, *uid its first (-EUSERS when all are in use) /
+ * give one back. */
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
 void local_uid_free(struct local_provider *lp, uint32_t uid);
 
@@ -113,21 +121,28 @@ bool local_desc_alive(const struct local_desc *d);
  * and the namespace's teardown, e.g. an image root's mounts, may keep it a while)? */
 bool local_desc_exiting(const struct local_desc *d);
 
-/* Kill the sandbox: SIGKILL the init and every process running as its uid, thaw, wait until
- * they are gone, remove its cgroups and its directory, free the uid. Idempotent. The uid is
- * only swept and freed while the directory exists: once it is gone the uid may already belong
- * to a newer sandbox. The caller serialises calls for one id. */
+/* Kill the sandbox: SIGKILL the init and every process running as one of its slot's uids,
+ * thaw, wait until they are gone, remove its cgroups and its directory, free the slot.
+ * Idempotent. The slot is only swept and freed while the directory exists: once it is gone
+ * the slot may already belong to a newer sandbox. The caller serialises calls for one id. */
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err);
+
+/* A new user namespace mapping uids and gids 0..count-1 to host ids first..first+count-1,
+ * owned by host uid owner (0: by the daemon; a sandbox's is owned by its slot's first id, so
+ * bwrap running as that id may join it). *fd_out gets an O_CLOEXEC fd of it (the caller's;
+ * it alone keeps the namespace alive: no process is left running). Made by a short-lived
+ * helper (local_userns.c) that dies with the daemon. Thread-safe. 0 or a negative errno. */
+int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out);
 
 #define LOCAL_IMAGE_WORKSPACE "workspace"
 
 /* Images (local_image.c): a writable copy-on-write root for the sandbox in dir. Mounts, in the
  * daemon's mount namespace, a tmpfs of upper_mib MiB owned by uid at <dir>/img holding the
  * overlay's upper and work dirs and the sandbox's workspace; image_root read-only, nosuid,
- * nodev and idmapped 0 -> uid at <dir>/img/lower; and overlayfs of the two at <dir>/img/root,
- * whose path goes into root_out. On error err is set and what was mounted stays for
- * local_image_unmount. Not thread-safe for one dir; different dirs in parallel are fine.
+ * nodev and idmapped 0..65535 -> uid..uid+65535 (the slot) at <dir>/img/lower; and overlayfs of the
+ * two at <dir>/img/root, whose path goes into root_out. On error err is set and what was mounted
+ * stays for local_image_unmount. Not thread-safe for one dir; different dirs in parallel are fine.
  * Returns 0 or a negative errno. */
 int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
                       char *root_out, size_t size, struct lb_error *err);
@@ -147,7 +162,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      const void *data, size_t len, int mode, struct lb_error *err);
 int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                       int mode, struct lb_upload **out, struct lb_error *err);
+                       int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
 int local_upload_commit(struct lb_upload *u, struct lb_error *err);
 void local_upload_abort(struct lb_upload *u);
 int local_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
@@ -209,8 +224,9 @@ void local_child_report(int fd, const char *msg, int err_no);
 /* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the
  * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call while
  * still host root, before entering the sandbox's user namespace: the keyring then belongs to
- * root and counts against root's key quota, not the sandbox uid's 200 keys (else 200 live
- * background processes of separate execs would block every further exec), and only its
+ * root and counts against root's key quota, not the 200 keys of the sandbox's root's host id
+ * (else 200 live background processes of separate execs would block every further exec; each
+ * other id of the sandbox's slot has a quota of its own), and only its
  * possessors (this process and its descendants) may use it. A kernel without keys (ENOSYS)
  * counts as done. 0 or -1 with errno. */
 int local_child_new_session_keyring(void);

@@ -204,13 +204,17 @@ static int spool_file(struct lb_lxd *l)
 }
 
 int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                     int mode, struct lb_upload **out, struct lb_error *err)
+                     int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)p;
     struct lxd_upload *u;
     enum lb_sandbox_status st;
     int r;
 
+    if (owner)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the lxd provider cannot give an uploaded file an owner "
+                            "(?owner=): its files belong to the instance's root");
     if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
         return lb_error_set(err, -EINVAL, "bad path '%s'", path);
     r = lxd_state(l, ref, &st, err);

@@ -88,12 +88,12 @@ int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 }
 
 int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                          int mode, struct lb_upload **out, struct lb_error *err)
+                          int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     *out = NULL;
     if (!p || !p->ops->upload_begin)
         return no_op(p, "streamed uploads", err);
-    return p->ops->upload_begin(p, ref, path, mode, out, err);
+    return p->ops->upload_begin(p, ref, path, mode, owner, out, err);
 }
 
 int provider_upload_commit(struct lb_upload *u, struct lb_error *err)

@@ -246,9 +246,13 @@ struct lb_provider_ops {
 
     /* Streamed file_write: open a temporary file beside path (parents created, owned by the
      * sandbox's root, same path rules as file_write) and return it as *out (the caller
-     * commits or aborts it). Errors as file_write. May be NULL (-ENOSYS). */
+     * commits or aborts it). owner NULL: the file belongs to the sandbox's root; else a user
+     * of the sandbox's own /etc/passwd (NAME, UID, NAME:GROUP, UID:GID, as exec's user) whom
+     * commit makes its owner: an unknown one is -EINVAL (400, naming it) here, before any
+     * byte; a provider that cannot honour it returns -EOPNOTSUPP. Errors as file_write. May
+     * be NULL (-ENOSYS). */
     int (*upload_begin)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, struct lb_upload **out, struct lb_error *err);
+                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
     /* Give the file its mode and rename it to its path (replacing a file there). Consumes u:
      * on failure the temporary file is removed. */
     int (*upload_commit)(struct lb_upload *u, struct lb_error *err);
@@ -319,7 +323,8 @@ int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
                        int *fd_out, uint64_t *size_out, struct lb_error *err);
 /* Streamed uploads (see the ops). commit and abort consume u; abort is NULL-safe. */
 int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                          int mode, struct lb_upload **out, struct lb_error *err);
+                          int mode, const char *owner, struct lb_upload **out,
+                          struct lb_error *err);
 int provider_upload_commit(struct lb_upload *u, struct lb_error *err);
 void provider_upload_abort(struct lb_upload *u);
 int provider_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);

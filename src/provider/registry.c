@@ -25,23 +25,21 @@ struct lb_registry {
 /* ---------- kinds ---------- */
 
 /* The default uid range of the local provider: derived from the state dir, so that two
- * lendboxd with different state dirs get different ranges (a stop kills what runs as the
- * sandbox's uid). 17000 slots of uid_count uids from 10^9, all below 2^31. */
+ * lendboxd with different state dirs get different ranges (a stop kills what runs as one of
+ * the sandbox's uids). uid_count slots of 65536 ids, slot-aligned, inside [10^8, 10^9):
+ * above the subordinate ids of /etc/subuid (100000 + 65536 * n) and every real user. */
 static uint32_t local_default_uid_base(const char *state_dir, uint32_t uid_count)
 {
     char *real = realpath(state_dir, NULL);
     const char *p = real ? real : state_dir;
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    uint64_t slots = (2147483647ull - 1000000000ull) / (uid_count ? uid_count : 1);
+    uint64_t total = (1000000000ull - 100000000ull) / 65536, slots;
 
     for (; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     free(real);
-    if (slots > 17000)
-        slots = 17000;
-    if (slots == 0)
-        slots = 1;
-    return (uint32_t)(1000000000ull + (h % slots) * uid_count);
+    slots = total > uid_count ? total - uid_count + 1 : 1;
+    return (uint32_t)(100000000ull + (h % slots) * 65536ull);
 }
 
 /* [local], [security] and [network] of lb_config -> struct lb_local_config. */
@@ -74,8 +72,9 @@ static int local_open(const struct lb_provider_env *env, struct lb_provider **ou
     int r = provider_local_new(&lc, out, err);
 
     if (r == 0)
-        log_info("local provider: sandbox uids %u..%u", lc.uid_base,
-                 lc.uid_base + lc.uid_count - 1);
+        log_info("local provider: sandbox uids %u..%llu (%u slots of 65536)", lc.uid_base,
+                 (unsigned long long)lc.uid_base + (unsigned long long)lc.uid_count * 65536 - 1,
+                 lc.uid_count);
     return r;
 }
 

@@ -65,7 +65,7 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                          "wait",  NULL};
     json_t *wait = json_object_get(j->body, "wait");
     json_t *body = j->body, *cwd = json_object_get(body, "cwd");
-    json_t *user = json_object_get(body, "user"), *stage = json_object_get(body, "stage"), *v;
+    json_t *stage = json_object_get(body, "stage"), *v;
     const char *path;
     int r = routes_check_fields(body, fields, "the execute request", err);
 
@@ -99,11 +99,8 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
         j->req.cwd = json_string_value(cwd);
     }
-    if (user && !json_is_null(user)) {
-        if (!json_is_string(user) || json_string_length(user) == 0)
-            return lb_error_set(err, -EINVAL, "'user' must be a non-empty string");
-        j->req.user = json_string_value(user);
-    }
+    if ((r = routes_parse_user(body, &j->req.user, err)) < 0)
+        return r;
     if (stage && !json_is_null(stage)) {
         if (!json_is_object(stage))
             return lb_error_set(err, -EINVAL, "'stage' must be an object of path: file");

@@ -155,6 +155,30 @@ void routes_serialize_session(struct lb_request *req, const char *rsid)
     http_set_serial_key(req, key);
 }
 
+int routes_parse_user(json_t *body, const char **out, struct lb_error *err)
+{
+    json_t *user = json_object_get(body, "user");
+
+    *out = NULL;
+    if (!user || json_is_null(user))
+        return 0;
+    if (json_is_integer(user)) {
+        json_int_t v = json_integer_value(user);
+
+        if (v < 0 || v > 65535)
+            return lb_error_set(err, -EINVAL, "'user' %lld is outside the sandbox's ids (0..65535)",
+                                (long long)v);
+        if (json_object_set_new(body, "user", json_sprintf("%lld", (long long)v)) < 0)
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        user = json_object_get(body, "user");
+    }
+    if (!json_is_string(user) || json_string_length(user) == 0 ||
+        strlen(json_string_value(user)) != json_string_length(user))
+        return lb_error_set(err, -EINVAL, "'user' must be a non-empty string or a uid");
+    *out = json_string_value(user);
+    return 0;
+}
+
 int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)
 {
     const char *k;

@@ -123,6 +123,12 @@ void routes_serialize_session(struct lb_request *req, const char *rsid);
  * (400) naming the field (what, e.g. "env") otherwise. */
 int routes_check_env_names(json_t *env, const char *what, struct lb_error *err);
 
+/* The request's "user" (exec, activation, PTY): absent or null -> *out NULL; a non-empty
+ * string (a name of the sandbox's /etc/passwd, NAME:GROUP, UID:GID) or an integer 0..65535
+ * (stored back into body as its decimal string) -> *out borrowed from body. -EINVAL (400)
+ * otherwise. Whether the sandbox knows the user is its provider's check. */
+int routes_parse_user(json_t *body, const char **out, struct lb_error *err);
+
 int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);

@@ -183,7 +183,7 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         "command",  "argv",      "cwd",       "env",
         "user",     "stdin",     "timeout_s", "preserve_background_services",
         "encoding", "exclusive", NULL};
-    json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
+    json_t *cwd = json_object_get(body, "cwd");
     json_t *in = json_object_get(body, "stdin");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
@@ -203,11 +203,8 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
         j->p.cwd = json_string_value(cwd);
     }
-    if (user && !json_is_null(user)) {
-        if (!json_is_string(user) || json_string_length(user) == 0)
-            return lb_error_set(err, -EINVAL, "'user' must be a non-empty string");
-        j->p.user = json_string_value(user);
-    }
+    if ((r = routes_parse_user(body, &j->p.user, err)) < 0)
+        return r;
     if (in && !json_is_null(in)) {
         if (!json_is_string(in))
             return lb_error_set(err, -EINVAL, "'stdin' must be a string");
@@ -474,6 +471,7 @@ struct byte_range {
 struct file_job {
     char *id;
     char *path;
+    char *owner; /* PUT ?owner=: NULL = the sandbox's root */
     int mode;
     struct byte_range range;
 };
@@ -486,6 +484,7 @@ static void file_job_free(void *arg)
         return;
     free(j->id);
     free(j->path);
+    free(j->owner);
     free(j);
 }
 
@@ -493,6 +492,7 @@ static int file_job_new(struct lb_request *req, bool with_mode, struct file_job 
                         struct lb_error *err)
 {
     const char *path = http_query(req, "path"), *mode = http_query(req, "mode");
+    const char *owner = with_mode ? http_query(req, "owner") : NULL;
     struct file_job *j;
 
     if (!path || !provider_path_is_valid(path))
@@ -513,6 +513,18 @@ static int file_job_new(struct lb_request *req, bool with_mode, struct file_job 
             return lb_error_set(err, -EINVAL, "query 'mode' must be octal 0000-7777");
         }
         j->mode = (int)m;
+    }
+    if (owner) {
+        if (!*owner || strlen(owner) > 255) {
+            file_job_free(j);
+            return lb_error_set(err, -EINVAL,
+                                "query 'owner' must be a user of the sandbox (name or uid)");
+        }
+        j->owner = strdup(owner);
+        if (!j->owner) {
+            file_job_free(j);
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        }
     }
     *out = j;
     return 0;
@@ -560,7 +572,7 @@ static void file_put_open(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     struct upload_job *u = calloc(1, sizeof(*u));
-    int r = u ? lend_upload_begin(app->lend, j->id, j->path, j->mode, &u->upload, &err)
+    int r = u ? lend_upload_begin(app->lend, j->id, j->path, j->mode, j->owner, &u->upload, &err)
               : lb_error_set(&err, -ENOMEM, "out of memory");
 
     if (r < 0) {

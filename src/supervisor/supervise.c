@@ -12,7 +12,7 @@
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
  *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
- *                     [--pass-fd P] -- ARGV...
+ *                     [--pass-fd P] [--user USER] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
  *       search; 127 if not found, 126 if not executable, like a shell) in its own process
  *       group with default signal dispositions and an empty signal mask. When the command
@@ -24,7 +24,12 @@
  *       come to us, so that chain never breaks). A SIGTERM/SIGINT/SIGHUP/SIGQUIT to the
  *       supervisor itself is treated like a timeout but reported as an error. --pass-fd P
  *       keeps fd P open for the command alone (the daemon's receipt fd for a harness
- *       launcher); the supervisor itself holds it close-on-exec.
+ *       launcher); the supervisor itself holds it close-on-exec. --user USER (a name of the
+ *       sandbox's /etc/passwd, a uid, NAME:GROUP or UID:GID; user.c looks it up in the
+ *       sandbox's own files) runs the command as that user: exactly the groups the sandbox's
+ *       /etc/group gives it, HOME from passwd unless the environment sets one; an unknown
+ *       user is the status "error unknown user ...". Every launch path (command, framed,
+ *       harness) switches right before its exec, and the command never keeps a capability.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -88,7 +93,7 @@
  * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
  *
  *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
- *                     --cleanup-timeout-ms MS -- ARGV...
+ *                     --cleanup-timeout-ms MS [--user USER] -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -174,6 +179,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "supervisor/user.h"
+
 #define GRACE_MS 500
 #define KILL_POLL_MS 10
 #define HARNESS_POLL_MS 50
@@ -198,7 +205,8 @@ struct options {
     bool pty_launch;        /* --pty-launch: start a detached PTY (or pipe) session */
     int pty_dir_fd;         /* its session directory (the daemon's, on the host) */
     int64_t pty_rows, pty_cols;
-    bool pty_pipes; /* --no-pty: stdin, stdout and stderr are pipes */
+    bool pty_pipes;   /* --no-pty: stdin, stdout and stderr are pipes */
+    const char *user; /* --user: run the command (the harness) as this user */
     char **argv;
 };
 
@@ -313,6 +321,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--cwd") == 0 && val) {
             o->cwd = val;
+            i++;
+        } else if (strcmp(a, "--user") == 0 && val && *val) {
+            o->user = val;
             i++;
         } else if (strcmp(a, "--harness-launch") == 0 && val && val[0] == '/') {
             o->harness_launch = val;
@@ -666,7 +677,71 @@ static void report_cwd_error(int fd, const char *cwd, int e)
         write_status(fd, "error cannot enter cwd '%s': %s", cwd, strerror(e));
 }
 
-static void exec_command(char **argv, int status_fd, int pass_fd)
+/* The user to run as (--user, looked up in this sandbox's /etc/passwd and /etc/group: the
+ * supervisor's root is the sandbox's) into *u; *have false without --user. 0, or a negative
+ * errno with a one-line reason in why. */
+static int user_prepare(const char *spec, struct sup_user *u, bool *have, char *why, size_t why_len)
+{
+    int rootfd, r;
+
+    *have = false;
+    if (!spec)
+        return 0;
+    rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (rootfd < 0) {
+        snprintf(why, why_len, "cannot open /: %s", strerror(errno));
+        return -errno;
+    }
+    r = sup_user_resolve(rootfd, spec, u, why, why_len);
+    close(rootfd);
+    *have = r == 0;
+    return r;
+}
+
+/* In the forked child, right before the exec of every launch path (command, harness): become
+ * the user (have) or stay who we are, in both cases without a capability, bounding set
+ * included (the exec helper leaves the supervisor CAP_SETUID, CAP_SETGID and CAP_SETPCAP in the
+ * sandbox's user namespace, for this switch alone); HOME from passwd when the environment has
+ * none. 0 or -errno. */
+static int user_become(const struct sup_user *u, bool have)
+{
+    struct sup_user self;
+    char num[16];
+    int r;
+
+    if (have) {
+        r = sup_user_switch(u);
+        if (r < 0)
+            return r;
+    } else {
+        (void)sup_user_drop_caps();
+    }
+    if (!getenv("HOME")) {
+        int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+        snprintf(num, sizeof(num), "%u", (unsigned)getuid());
+        if (have)
+            (void)setenv("HOME", u->home, 1);
+        else if (rootfd >= 0 && sup_user_resolve(rootfd, num, &self, NULL, 0) == 0)
+            (void)setenv("HOME", self.home, 1);
+        if (rootfd >= 0)
+            close(rootfd);
+    }
+    return 0;
+}
+
+/* Is argv this very program's harness launcher (an activation's launch)? */
+static bool is_own_harness_launch(char **argv)
+{
+    struct stat a, b;
+
+    return argv[0] && argv[1] && strcmp(argv[1], "--harness-launch") == 0 &&
+           stat(argv[0], &a) == 0 && stat("/proc/self/exe", &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+static void exec_command(char **argv, int status_fd, int pass_fd, const struct sup_user *u,
+                         bool have_user)
 {
     int e;
 
@@ -676,6 +751,13 @@ static void exec_command(char **argv, int status_fd, int pass_fd)
         (void)fcntl(pass_fd, F_SETFD, 0);
     setpgid(0, 0);
     reset_signals();
+    /* our own harness launcher stays who we are, capabilities included: its harness
+     * supervisor switches to the harness's --user right before the harness's exec */
+    e = is_own_harness_launch(argv) ? 0 : user_become(u, have_user);
+    if (e < 0) {
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
+        _exit(126);
+    }
     execvp(argv[0], argv);
     e = errno;
     dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
@@ -685,8 +767,10 @@ static void exec_command(char **argv, int status_fd, int pass_fd)
 static int run_command(const struct options *o)
 {
     struct child_state cmd = {.pid = -1};
+    struct sup_user user;
+    char why[300];
     int terminating = 0;
-    bool timed_out = false;
+    bool timed_out = false, have_user;
     int64_t deadline;
     sigset_t set;
     int sfd;
@@ -702,6 +786,10 @@ static int run_command(const struct options *o)
 
     if (o->cwd && chdir(o->cwd) < 0) {
         report_cwd_error(o->status_fd, o->cwd, errno);
+        return 0;
+    }
+    if (user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
+        write_status(o->status_fd, "error %s", why);
         return 0;
     }
 
@@ -725,7 +813,7 @@ static int run_command(const struct options *o)
         return 0;
     }
     if (cmd.pid == 0)
-        exec_command(o->argv, o->status_fd, o->pass_fd);
+        exec_command(o->argv, o->status_fd, o->pass_fd, &user, have_user);
     (void)setpgid(cmd.pid, cmd.pid);
 
     for (;;) {
@@ -1195,12 +1283,21 @@ static void harness_cleanup(struct child_state *cmd, int sfd, int64_t phase, str
     }
 }
 
-static void exec_harness(char **argv, int err_fd)
+static void exec_harness(char **argv, int err_fd, const struct sup_user *u, bool have_user)
 {
     int e;
 
     setpgid(0, 0);
     reset_signals();
+    e = user_become(u, have_user);
+    if (e < 0) {
+        e = -e;
+        if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
+            /* the supervisor then reports the exit status alone */
+        }
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(e));
+        _exit(126);
+    }
     execvp(argv[0], argv);
     e = errno;
     if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
@@ -1230,7 +1327,8 @@ static int harness_stdio(const char *dir, int keep, int keep2)
 
 /* The harness supervisor (a child of the launcher). Reports setup with one byte on ready_fd.
  * Returns its exit status. */
-static int run_harness(const struct options *o, int ready_fd)
+static int run_harness(const struct options *o, int ready_fd, const struct sup_user *user,
+                       bool have_user)
 {
     struct child_state cmd = {.pid = -1};
     struct receipt r = {0};
@@ -1287,7 +1385,7 @@ static int run_harness(const struct options *o, int ready_fd)
     }
     if (cmd.pid == 0) {
         (void)close(err_pipe[0]);
-        exec_harness(o->argv, err_pipe[1]);
+        exec_harness(o->argv, err_pipe[1], user, have_user);
     }
     (void)setpgid(cmd.pid, cmd.pid);
     (void)close(err_pipe[1]);
@@ -1337,10 +1435,17 @@ static int run_harness(const struct options *o, int ready_fd)
 
 static int run_harness_launch(const struct options *o)
 {
-    char claim[PATH_MAX], target[16], b;
+    char claim[PATH_MAX], target[16], b, why[300];
+    struct sup_user user;
+    bool have_user;
     int ready[2], e;
     ssize_t n;
     pid_t pid;
+
+    if (user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
+        fprintf(stderr, "lendbox-supervise: %s\n", why);
+        return 1;
+    }
 
     e = mkdir_p(o->harness_launch);
     if (e < 0) {
@@ -1378,7 +1483,7 @@ static int run_harness_launch(const struct options *o)
     }
     if (pid == 0) {
         (void)close(ready[0]);
-        _exit(run_harness(o, ready[1]));
+        _exit(run_harness(o, ready[1], &user, have_user));
     }
     (void)close(ready[1]);
     do
@@ -1440,18 +1545,25 @@ static void enter_fail(const char *what)
     _exit(1);
 }
 
-/* Every capability gone (bounding, ambient, effective/permitted/inheritable) and no new
- * privileges: as uid 0 of the sandbox's user namespace we got all of them by entering it. */
+/* Every capability but CAP_SETUID, CAP_SETGID and CAP_SETPCAP gone (bounding, ambient,
+ * effective/permitted/inheritable) and no new privileges: as uid 0 of the sandbox's user
+ * namespace we got all of them by entering it. The three kept act only inside that namespace
+ * (they switch among the sandbox's own ids and shrink the bounding set): the command-mode
+ * supervisor needs them to run a command as a sandbox user, and drops all three, bounding set
+ * included, in the command before its exec. */
 static int enter_drop_capabilities(void)
 {
     struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    const uint32_t keep = (1u << CAP_SETUID) | (1u << CAP_SETGID) | (1u << CAP_SETPCAP);
 
     for (int cap = 0; cap <= 63; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+        if (cap != CAP_SETUID && cap != CAP_SETGID && cap != CAP_SETPCAP &&
+            prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
             return -1;
     (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     memset(data, 0, sizeof(data));
+    data[0].effective = data[0].permitted = keep;
     if (syscall(SYS_capset, &hdr, data) < 0)
         return -1;
     return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
@@ -2007,9 +2119,9 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: lendbox-supervise --init --ready-fd N\n"
                 "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
-                "[--keep-background] [--pass-fd P] -- ARGV...\n"
+                "[--keep-background] [--pass-fd P] [--user USER] -- ARGV...\n"
                 "       lendbox-supervise --harness-launch DIR --receipt-fd N "
-                "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
+                "--timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...\n"
                 "       lendbox-supervise --harness-stop DIR\n"
                 "       lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] "
                 "-- ARGV...\n"

@@ -86,7 +86,7 @@ static const struct config_key config_keys[] = {
     STR("local", "default_image", local_default_image, NULL),
     STR("local", "cgroup_parent", cgroup_parent, "lendbox"),
     INT("local", "uid_base", uid_base, "0", 0, 2147483647),
-    INT("local", "uid_count", uid_count, "65536", 1, 1000000),
+    INT("local", "uid_count", uid_count, "4096", 1, 32767),
     INT("local", "tmp_size_mib", tmp_size_mib, "1024", 1, 1048576),
     STR("local", "storage", storage, "tmpfs"),
     STR("local", "data_dir", data_dir, NULL),

@@ -720,9 +720,10 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
 
         if (getrandom(&r, sizeof(r), 0) != sizeof(r))
             r = (unsigned)getpid() * 2654435761u;
-        d->uid_count = 4096;
-        /* below 2^31: bubblewrap writes uid maps as signed ints */
-        d->uid_base = 1100000000u + 4096u * (r % 200000u);
+        /* 64 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
+         * builds' tests take from [1.1 * 10^9, 2^31) */
+        d->uid_count = 64;
+        d->uid_base = 100000000u + 64u * 65536u * (r % 210u);
     }
     lbt_spawn(d, extra_args);
 }
@@ -1562,7 +1563,7 @@ int lbt_lent_uids(struct lbt_daemon *d, uid_t lo, uid_t hi, uid_t *out, int max)
         bool is_warm = false;
 
         for (int j = 0; j < n_warm && !is_warm; j++)
-            is_warm = out[i] == warm[j];
+            is_warm = out[i] >= warm[j] && out[i] - warm[j] < 65536u; /* its slot */
         if (!is_warm)
             out[k++] = out[i];
     }

@@ -32,7 +32,7 @@ struct lbt_daemon {
     char log_path[300];
     /* the local provider's uid range, picked at random per daemon so that daemons running
      * at the same time on this machine never share a sandbox uid */
-    unsigned uid_base, uid_count;
+    unsigned uid_base, uid_count; /* uid_count: slots of 65536 ids */
 };
 
 struct lbt_resp {
@@ -163,8 +163,9 @@ json_t *lbt_list_sandboxes_but_pool(struct lbt_daemon *d);
 int lbt_warm_ids(struct lbt_daemon *d, char ids[][LBT_ID_MAX], int max);
 /* Is sandbox id one of d's warm records? */
 bool lbt_is_warm(struct lbt_daemon *d, const char *id);
-/* lbt_uids_in_range(lo, hi) without the uids of d's warm sandboxes (from their descriptors):
- * the uids of lent sandboxes (and of any starting: lbt_pool_settle first). Sorted. */
+/* lbt_uids_in_range(lo, hi) without the uids of d's warm sandboxes' slots (each 65,536 ids from the
+ * uid of its descriptor): the uids of lent sandboxes (and of any starting: lbt_pool_settle first).
+ * Sorted. */
 int lbt_lent_uids(struct lbt_daemon *d, uid_t lo, uid_t hi, uid_t *out, int max);
 /* A numeric field of /proc/PID/status in kB (e.g. "VmRSS"), -1 if unreadable. */
 long lbt_proc_status_kb(pid_t pid, const char *field);

@@ -21,9 +21,10 @@
 
 #include "harness.h"
 
-#define UID_COUNT 512
+#define UID_COUNT 320 /* slots of 65536 ids (test_sigterm_sweep_bounded seeds 300) */
+#define UID_SPAN (UID_COUNT * 65536u)
 
-/* A daemon of this test with its own uid range [base, base + UID_COUNT) and cgroup parent. */
+/* A daemon of this test with its own uid range [base, base + UID_SPAN) and cgroup parent. */
 struct dur {
     struct lbt_daemon d;
     uid_t uid_base;
@@ -36,8 +37,8 @@ static void dur_args(struct dur *x, int slot, const char *const *extra)
 {
     int n = 0, a = 0;
 
-    /* bwrap writes uid maps as signed ints: stay below 2^31 */
-    x->uid_base = 1600000000u + (uid_t)((getpid() % 1000) * 4 + slot) * 100000u;
+    /* in [10^8, 10^9), like the harness's ranges */
+    x->uid_base = 100000000u + (uid_t)((getpid() % 10) * 4 + slot) * UID_SPAN;
     snprintf(x->cgroup, sizeof(x->cgroup), "lendbox-dur-%d-%d", (int)getpid(), slot);
     snprintf(x->args[a], sizeof(x->args[a]), "local.uid_base=%u", (unsigned)x->uid_base);
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];
@@ -74,12 +75,12 @@ static int dur_live_procs(struct dur *x)
 {
     if (lbt_variant_engine())
         return lbt_variant_count_containers(x->cgroup, true);
-    uid_t uids[UID_COUNT];
+    uid_t uids[512];
     int n, total = 0;
 
     /* variant pool: the warm sandboxes' are not counted, once no refill is under way */
     lbt_pool_settle(&x->d);
-    n = lbt_lent_uids(&x->d, x->uid_base, x->uid_base + UID_COUNT, uids, UID_COUNT);
+    n = lbt_lent_uids(&x->d, x->uid_base, x->uid_base + UID_SPAN, uids, 512);
 
     for (int i = 0; i < n; i++)
         total += lbt_count_live_procs_of_uid(uids[i]);
@@ -759,7 +760,7 @@ START_TEST(test_two_daemons_isolated)
 {
     /* undo the harness's explicit ranges: both daemons use the built-in default */
     static const char *const defaults[] = {"--set", "local.uid_base=0", "--set",
-                                           "local.uid_count=65536", NULL};
+                                           "local.uid_count=4096", NULL};
     struct lbt_daemon a, b;
     json_t *la, *lb_, *res;
     uid_t ua, ub;

@@ -828,7 +828,8 @@ START_TEST(test_image_layers)
 }
 END_TEST
 
-/* The image's User: root (or 0:0) applies; an unmapped user is refused at seed (422) */
+/* The image's User is the default user of execs (issue 12: any id 0..65535 is mapped); a
+ * User outside the sandbox's ids is refused at seed (422) */
 START_TEST(test_image_user)
 {
     struct lbt_daemon d;
@@ -847,35 +848,51 @@ START_TEST(test_image_user)
     snprintf(args, sizeof(args), "import %s num-img", path);
     ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
     free(out);
+    snprintf(path, sizeof(path), "%s/user-big.tar", img_dir);
+    variant_image("--config.user 70000", path, false);
+    snprintf(args, sizeof(args), "import %s big-img", path);
+    ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
+    free(out);
     snprintf(path, sizeof(path), "%s/user-root.tar", img_dir);
     variant_image("--config.user root:root", path, false);
     snprintf(args, sizeof(args), "import %s root-img", path);
     ck_assert_int_eq(image_cli(d.state_dir, args, &out), 0);
     free(out);
 
-    lbt_json(&d, "POST", "/v1/sessions/rs-nobody/seed", "",
-             "{\"task_id\": \"t\", \"image\": \"nobody-img\"}", &r);
+    lbt_json(&d, "POST", "/v1/sessions/rs-big/seed", "",
+             "{\"task_id\": \"t\", \"image\": \"big-img\"}", &r);
     lbt_assert_error(&r, 422, "unenforceable");
-    assert_has(r.body, "'nobody' (uid 65534");
+    assert_has(r.body, "70000");
     lbt_resp_free(&r);
-    lbt_json(&d, "POST", "/v1/sessions/rs-num/seed", "",
-             "{\"task_id\": \"t\", \"image\": \"num-img\"}", &r);
-    lbt_assert_error(&r, 422, "unenforceable");
-    assert_has(r.body, "1234");
-    lbt_resp_free(&r);
-    lbt_json(&d, "GET", "/v1/sessions/rs-nobody", "", NULL, &r);
+    lbt_json(&d, "GET", "/v1/sessions/rs-big", "", NULL, &r);
     ck_assert_int_eq(r.status, 404); /* nothing lent */
     lbt_resp_free(&r);
+
+    seed_on(&d, "rs-nobody", "\"image\": \"nobody-img\"", sbx, sizeof(sbx));
+    text = lbt_sh(&d, sbx, "id -u; id -g");
+    ck_assert_str_eq(text, "65534\n65534\n");
+    free(text);
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"root\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
+    json_decref(res);
+    release(&d, "rs-nobody");
+
+    seed_on(&d, "rs-num", "\"image\": \"num-img\"", sbx, sizeof(sbx));
+    text = lbt_sh(&d, sbx, "id -u; id -g");
+    ck_assert_str_eq(text, "1234\n1234\n");
+    free(text);
+    release(&d, "rs-num");
 
     seed_on(&d, "rs-root", "\"image\": \"root-img\"", sbx, sizeof(sbx));
     text = lbt_sh(&d, sbx, "id -u; id -g");
     ck_assert_str_eq(text, "0\n0\n");
     free(text);
-    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"root\"}");
-    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"nobody\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "65534\n");
     json_decref(res);
-    lbt_exec(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"nobody\"}", &r);
-    ck_assert_int_eq(r.status, 400); /* an explicit user overrides, and is checked itself */
+    lbt_exec(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"nosuchuser\"}", &r);
+    lbt_assert_error(&r, 400, "bad_request"); /* an explicit user is checked itself */
+    assert_has(r.body, "unknown user \\\"nosuchuser\\\"");
     lbt_resp_free(&r);
     release(&d, "rs-root");
     lbt_daemon_cleanup(&d);

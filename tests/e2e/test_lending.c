@@ -308,7 +308,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
         /* with a warm pool (variant pool) the seed takes a warm sandbox and a refill starts a
          * new one: count what is not warm, once no refill is under way */
         lbt_pool_settle(&D);
-        nb = lbt_lent_uids(&D, D.uid_base, D.uid_base + D.uid_count, uids_before, 64);
+        nb = lbt_lent_uids(&D, D.uid_base, D.uid_base + D.uid_count * 65536u, uids_before, 64);
         sandbox_dirs(dirs_before, sizeof(dirs_before));
     }
     snprintf(body, sizeof(body), "{\"task_id\": \"task-f\", \"files\": %s}", files_json);
@@ -344,7 +344,7 @@ static void check_failed_seed(const char *rsid, const char *files_json)
     /* and nothing of it runs or remains */
     lbt_pool_settle(&D);
     for (int k = 0; k < 250; k++) {
-        na = lbt_lent_uids(&D, D.uid_base, D.uid_base + D.uid_count, uids_after, 64);
+        na = lbt_lent_uids(&D, D.uid_base, D.uid_base + D.uid_count * 65536u, uids_after, 64);
         if (na == nb && memcmp(uids_before, uids_after, sizeof(uid_t) * (size_t)na) == 0)
             break;
         lbt_sleep_ms(20);

@@ -160,7 +160,8 @@ class Daemon:
         self.log_path = self.state_dir + ".log"
         self.args = list(args)
         self.env = dict(env or {})
-        self.uid_base = 1100000000 + 4096 * random.randrange(200000)
+        # 64 slots of 65536 ids in [10^8, 10^9) (local.uid_count counts slots)
+        self.uid_base = 100000000 + 64 * 65536 * random.randrange(210)
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
@@ -173,7 +174,7 @@ class Daemon:
             listen.unlink()
         argv = [LENDBOXD, "--state-dir", self.state_dir, "--listen", self.listen,
                 "--log-level", "debug", "--set", "lending.sweep_interval_s=1",
-                "--set", f"local.uid_base={self.uid_base}", "--set", "local.uid_count=4096",
+                "--set", f"local.uid_base={self.uid_base}", "--set", "local.uid_count=64",
                 "--set", f"local.supervise={SUPERVISE}", *self.args]
         env = {k: v for k, v in os.environ.items() if k != "LENDBOX_FAULTS"}
         env.update(self.env)

@@ -65,7 +65,7 @@ static void config_for(struct lb_local_config *c, long pid, const char *dir, con
     c->supervise_path = supervise_path();
     c->images_dir = images;
     c->cgroup_parent = "lendbox-test";
-    c->uid_base = 1600000000u + (uint32_t)(pid % 100000) * UIDS_PER_TEST;
+    c->uid_base = 100000000u + (uint32_t)(pid % 850) * UIDS_PER_TEST * 65536u;
     c->uid_count = UIDS_PER_TEST;
 }
 
@@ -417,9 +417,13 @@ START_TEST(test_exec_basics)
 
         run(&s, "true", &o, &res);
         provider_exec_result_release(&res);
-        o.user = "nobody";
+        o.user = "nobody"; /* any user of the sandbox's passwd (issue 12) */
+        run(&s, "id -u", &o, &res);
+        ck_assert_str_eq(out_of(&res.out), "65534\n");
+        provider_exec_result_release(&res);
+        o.user = "nosuchuser";
         ck_assert_int_eq(run_argv(&s, argv, &o, &res, &err), -EINVAL);
-        ck_assert_ptr_nonnull(strstr(err.message, "only user root"));
+        ck_assert_ptr_nonnull(strstr(err.message, "unknown user \"nosuchuser\""));
     }
     sbx_stop(&s);
     sbx_free(&s);
