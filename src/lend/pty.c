@@ -450,7 +450,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     json_t *env = NULL;
     struct session *s, *tmp;
     char sid[LB_PTY_SID_MAX] = "pty-", path[PATH_MAX], rows[16], cols[16], *meta = NULL;
-    char *argv[16];
+    char *argv[18], *user = NULL;
     size_t n = 0, k = 0;
     int r, dir_fd = -1;
     bool made = false;
@@ -520,6 +520,15 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     argv[k++] = cols;
     if (!c->pty)
         argv[k++] = "--no-pty";
+    /* the request's user, else the image's User: the holder runs the command as that user
+     * (the launcher and holder stay the sandbox's root: only root reaches the supervisor) */
+    r = lend_exec_user(p->lend, sandbox_id, c->user, &user, err);
+    if (r < 0)
+        goto out;
+    if (user) {
+        argv[k++] = "--user";
+        argv[k++] = user;
+    }
     argv[k++] = "--";
     argv[k++] = "/bin/sh";
     argv[k++] = "-c";
@@ -562,6 +571,7 @@ out:
     if (dir_fd >= 0)
         close(dir_fd);
     free(meta);
+    free(user);
     if (r < 0 && made) {
         pthread_mutex_lock(&p->lock);
         HASH_FIND_STR(p->sessions, sid, s);

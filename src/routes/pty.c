@@ -99,7 +99,7 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
     static const char *const fields[] = {"command", "cwd",  "env", "user",
                                          "rows",    "cols", "pty", NULL};
     json_t *command = json_object_get(body, "command"), *cwd = json_object_get(body, "cwd");
-    json_t *user = json_object_get(body, "user"), *pty = json_object_get(body, "pty");
+    json_t *pty = json_object_get(body, "pty");
     int r = routes_check_fields(body, fields, "the PTY request", err);
 
     if (r == 0)
@@ -123,11 +123,10 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
             return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
         c->cwd = json_string_value(cwd);
     }
-    if (user && !json_is_null(user)) {
-        if (!json_is_string(user) || json_string_length(user) == 0)
-            return lb_error_set(err, -EINVAL, "'user' must be a non-empty string");
-        c->user = json_string_value(user);
-    }
+    /* as exec's: a name, a number (JSON or string), NAME:GROUP or UID:GID */
+    r = routes_parse_user(body, &c->user, err);
+    if (r < 0)
+        return r;
     c->pty = true;
     if (pty && !json_is_null(pty)) {
         if (!json_is_boolean(pty))

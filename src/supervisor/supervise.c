@@ -136,7 +136,8 @@
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
  * that only the daemon and this fd reach:
  *
- *   lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] -- ARGV...
+ *   lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] [--user USER]
+ *                     -- ARGV...
  *       Forks the holder, which leaves the caller's session (setsid), becomes a child
  *       subreaper, points 0/1/2 at /dev/null, makes the FIFOs "in" (raw input) and "ctl"
  *       (lines "resize R C", "signal N", "kill", "eof") in the directory, opens a terminal
@@ -730,12 +731,14 @@ static int user_become(const struct sup_user *u, bool have)
     return 0;
 }
 
-/* Is argv this very program's harness launcher (an activation's launch)? */
+/* Is argv this very program's harness or PTY launcher (an activation's launch, a PTY
+ * session's start)? Those switch to their own --user right before their command's exec. */
 static bool is_own_harness_launch(char **argv)
 {
     struct stat a, b;
 
-    return argv[0] && argv[1] && strcmp(argv[1], "--harness-launch") == 0 &&
+    return argv[0] && argv[1] &&
+           (strcmp(argv[1], "--harness-launch") == 0 || strcmp(argv[1], "--pty-launch") == 0) &&
            stat(argv[0], &a) == 0 && stat("/proc/self/exe", &b) == 0 && a.st_dev == b.st_dev &&
            a.st_ino == b.st_ino;
 }
@@ -751,8 +754,8 @@ static void exec_command(char **argv, int status_fd, int pass_fd, const struct s
         (void)fcntl(pass_fd, F_SETFD, 0);
     setpgid(0, 0);
     reset_signals();
-    /* our own harness launcher stays who we are, capabilities included: its harness
-     * supervisor switches to the harness's --user right before the harness's exec */
+    /* our own harness and PTY launchers stay who we are, capabilities included: the harness
+     * supervisor (the PTY holder) switches to its --user right before its command's exec */
     e = is_own_harness_launch(argv) ? 0 : user_become(u, have_user);
     if (e < 0) {
         dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
@@ -1871,7 +1874,7 @@ static void pty_move_input(struct pty_state *st)
 }
 
 static void exec_pty_command(struct pty_state *st, char **argv, const char *slave, int rows,
-                             int cols, int pipes[3][2])
+                             int cols, int pipes[3][2], const struct sup_user *u, bool have_user)
 {
     int e, fd;
 
@@ -1896,6 +1899,11 @@ static void exec_pty_command(struct pty_state *st, char **argv, const char *slav
     }
     (void)close_range(3, ~0U, 0);
     reset_signals();
+    e = user_become(u, have_user);
+    if (e < 0) {
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
+        _exit(126);
+    }
     execvp(argv[0], argv);
     e = errno;
     dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
@@ -1904,7 +1912,8 @@ static void exec_pty_command(struct pty_state *st, char **argv, const char *slav
 
 /* The PTY holder: owns the terminal (or the pipes) and the session's files. Reports setup
  * with one byte on ready_fd, then runs until the command is over. Returns its exit status. */
-static int run_pty_holder(const struct options *o, int ready_fd)
+static int run_pty_holder(const struct options *o, int ready_fd, const struct sup_user *user,
+                          bool have_user)
 {
     struct pty_state *st = calloc(1, sizeof(*st));
     char slave[128] = "", text[32];
@@ -1974,7 +1983,10 @@ static int run_pty_holder(const struct options *o, int ready_fd)
     if (st->cmd.pid < 0)
         return 1;
     if (st->cmd.pid == 0)
-        exec_pty_command(st, o->argv, slave, (int)o->pty_rows, (int)o->pty_cols, pipes);
+        exec_pty_command(st, o->argv, slave, (int)o->pty_rows, (int)o->pty_cols, pipes, user,
+                         have_user);
+    /* the holder itself needs no capability from here on */
+    (void)sup_user_drop_caps();
     if (!st->pty) {
         (void)close(pipes[0][0]);
         (void)close(pipes[1][1]);
@@ -2072,10 +2084,18 @@ static int run_pty_holder(const struct options *o, int ready_fd)
 /* --pty-launch: start the holder (which leaves our session) and exit once it is set up. */
 static int run_pty_launch(const struct options *o)
 {
+    struct sup_user user;
+    bool have_user;
+    char why[300];
     int ready[2];
     ssize_t n;
     pid_t pid;
     char b;
+
+    if (user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
+        fprintf(stderr, "lendbox-supervise: %s\n", why);
+        return 1;
+    }
 
     if (fcntl(o->pty_dir_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "lendbox-supervise: no session directory fd %d: %s\n", o->pty_dir_fd,
@@ -2088,7 +2108,7 @@ static int run_pty_launch(const struct options *o)
     }
     if (pid == 0) {
         (void)close(ready[0]);
-        _exit(run_pty_holder(o, ready[1]));
+        _exit(run_pty_holder(o, ready[1], &user, have_user));
     }
     (void)close(ready[1]);
     do
@@ -2124,7 +2144,7 @@ int main(int argc, char **argv)
                 "--timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...\n"
                 "       lendbox-supervise --harness-stop DIR\n"
                 "       lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] "
-                "-- ARGV...\n"
+                "[--user USER] -- ARGV...\n"
                 "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
                 "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] "
                 "[--exclusive] "

@@ -346,6 +346,61 @@ START_TEST(test_activation_user)
 }
 END_TEST
 
+/* A PTY session (and a detached exec) as a user: its command runs as that user, while the
+ * launcher and holder stay the sandbox's root (only root reaches the supervisor); an unknown
+ * user is a 400 before anything starts. */
+static void pty_as(const char *sbx, const char *body, const char *want)
+{
+    struct lbt_resp r;
+    char path[256], sid[80];
+    double until = lbt_now() + 120;
+    const char *code = NULL;
+    int exit_code = -1;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&D, "POST", path, "", body, &r);
+    ck_assert_msg(r.status == 201, "pty %s: %ld %s", body, r.status, r.body);
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(r.json, "session_id")));
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/pty/%s/output?since=0&wait_ms=2000", sid);
+    for (;;) {
+        lbt_request(&D, "GET", path, "", NULL, 0, NULL, &r);
+        ck_assert_msg(r.status == 200, "output: %ld %s", r.status, r.body);
+        code = strcasestr(r.headers, "\nX-Exit-Code:");
+        if (code || lbt_now() > until)
+            break;
+        lbt_resp_free(&r);
+    }
+    ck_assert_msg(code && sscanf(code, "\nX-Exit-Code: %d", &exit_code) == 1,
+                  "no exit code in time");
+    ck_assert_int_eq(exit_code, 0);
+    ck_assert_msg(r.len == strlen(want) && memcmp(r.body, want, r.len) == 0,
+                  "pty %s printed '%.*s', want '%s'", body, (int)r.len, r.body, want);
+    lbt_resp_free(&r);
+}
+
+START_TEST(test_pty_as_user)
+{
+    struct lbt_resp r;
+    char sbx[64], path[256];
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider has no PTY sessions");
+    seed("users-pty", sbx, sizeof(sbx));
+    pty_as(sbx, "{\"command\": \"id -u; id -g\", \"user\": \"nobody\", \"pty\": false}",
+           "65534\n65534\n");
+    pty_as(sbx, "{\"command\": \"id -u\", \"user\": 1000, \"pty\": false}", "1000\n");
+    pty_as(sbx, "{\"command\": \"id -u\", \"pty\": false}", "0\n");
+    /* on a terminal too (its output has CR LF) */
+    pty_as(sbx, "{\"command\": \"id -u\", \"user\": \"nobody\"}", "65534\r\n");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&D, "POST", path, "", "{\"command\": \"id\", \"user\": \"nosuchuser\"}", &r);
+    ck_assert_msg(r.status == 400 && strstr(r.body, "nosuchuser"), "unknown user: %ld %s", r.status,
+                  r.body);
+    lbt_resp_free(&r);
+    release("users-pty");
+}
+END_TEST
+
 START_TEST(test_slots_survive_a_crash)
 {
     char a[64], b[64], c[64], *out;
@@ -388,6 +443,7 @@ int main(void)
     tcase_add_test(tc, test_release_kills_every_uid);
     tcase_add_test(tc, test_activation_user);
     tcase_add_test(tc, test_slots_survive_a_crash);
+    tcase_add_test(tc, test_pty_as_user);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
