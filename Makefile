@@ -208,9 +208,12 @@ pytest: all
 
 test: unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest
 
+# The LXD test cluster (make e2e-lxd) is taken down at the end, pass or fail.
 check: deps
-	@$(MAKE) --no-print-directory test
-	@$(MAKE) --no-print-directory systemd-test
+	@rc=0; { $(MAKE) --no-print-directory test && \
+		$(MAKE) --no-print-directory systemd-test; } || rc=$$?; \
+	scripts/lxd-cluster down >/dev/null 2>&1 || echo "check: scripts/lxd-cluster down failed"; \
+	exit $$rc
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
 # check uses a cluster of its own (the first free LXD_CLUSTER_INDEX) and skips, saying why, where
