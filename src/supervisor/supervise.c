@@ -11,6 +11,11 @@
  *       inside the sandbox cannot kill it (pid 1 of a pid namespace only gets signals it has
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
+ *   lendbox-supervise   (no arguments, as pid 1)
+ *       The same init for an engine's container: /sbin/init of an image that `lendboxd image
+ *       import --provider lxd` gives LXD when the image has none. No ready byte; SIGPWR (LXD's
+ *       clean stop) ends it.
+ *
  *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
  *                     [--pass-fd P] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
@@ -56,7 +61,11 @@
  *       --exclusive: before anything else, SIGKILL every process of the pid namespace but
  *       pid 1 (the sandbox's init) and this one, pass after pass until a pass finds none (a
  *       process forking meanwhile is caught by the next pass; at most 200 passes, else the
- *       status is "error"): the engine providers' exclusive exec.
+ *       status is "error"): the engine providers' exclusive exec. --spare-init-session
+ *       (lxd, whose image's init may keep children of its own): also spare every process in
+ *       pid 1's session; a process that came in through an exec always runs in a session of
+ *       its own (the command's new session, or its own setsid), and no process can join
+ *       another session.
  *       Once the status arrives (the tree is gone) what is left in the pipes is
  *       drained and the frames end: background processes kept with --keep-background cannot
  *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
@@ -86,9 +95,14 @@
  * harness supervisor keeps it close-on-exec and is non-dumpable, so no sandbox process can
  * reach it. It is written once, after cleanup: one pwrite at offset 0 of the object and a
  * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
+ * --receipt-file PATH instead of --receipt-fd (engine providers that cannot pass a daemon fd,
+ * lxd): the launcher creates PATH (O_EXCL, mode 0600) once it has won the launch claim and
+ * writes the receipt there the same way; the daemon reads it back through the provider's files
+ * API. Such a receipt is inside the sandbox, so the sandbox's own processes (same uid) can
+ * forge or remove it: the daemon says so (capability receipt_file) and trusts it no further.
  *
- *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
- *                     --cleanup-timeout-ms MS -- ARGV...
+ *   lendbox-supervise --harness-launch DIR (--receipt-fd N | --receipt-file PATH)
+ *                     --timeout-ms MS --cleanup-timeout-ms MS -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -143,12 +157,15 @@ struct options {
     const char *harness_stop;   /* DIR of --harness-stop */
     int pass_fd;                /* command mode: an fd the command alone inherits */
     int receipt_fd;             /* harness mode: the host-side receipt, write end */
+    const char *receipt_file;   /* harness mode: the receipt in this new file instead (made
+                                   after the launch claim; engines without fd passing) */
     int64_t cleanup_timeout_ms;
-    bool framed;            /* --framed: the result as frames on stdout */
-    int64_t max_output;     /* framed: bytes relayed per stream */
-    const char *stdin_file; /* framed: stdin from this file (unlinked once open) */
-    const char *pass_file;  /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
-    bool exclusive;         /* framed: first SIGKILL every process of the pid namespace but 1 */
+    bool framed;             /* --framed: the result as frames on stdout */
+    int64_t max_output;      /* framed: bytes relayed per stream */
+    const char *stdin_file;  /* framed: stdin from this file (unlinked once open) */
+    const char *pass_file;   /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
+    bool exclusive;          /* framed: first SIGKILL every process of the pid namespace but 1 */
+    bool spare_init_session; /* exclusive: and but those of pid 1's session */
     char **argv;
 };
 
@@ -219,6 +236,8 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->framed = true;
         } else if (strcmp(a, "--exclusive") == 0) {
             o->exclusive = true;
+        } else if (strcmp(a, "--spare-init-session") == 0) {
+            o->spare_init_session = true;
         } else if (strcmp(a, "--max-output") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->max_output = v;
             i++;
@@ -241,6 +260,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--receipt-fd") == 0 && parse_int64(val, 3, INT_MAX, &v) == 0) {
             o->receipt_fd = (int)v;
+            i++;
+        } else if (strcmp(a, "--receipt-file") == 0 && val && val[0] == '/') {
+            o->receipt_file = val;
             i++;
         } else if (strcmp(a, "--timeout-ms") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->timeout_ms = v;
@@ -268,7 +290,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         return o->harness_launch || o->argv ? -EINVAL : 0;
     if (o->harness_launch) {
         if (strlen(o->harness_launch) > PATH_MAX - 64 || o->timeout_ms < 0 ||
-            o->cleanup_timeout_ms < 0 || o->receipt_fd < 0 || !o->argv || !o->argv[0])
+            o->cleanup_timeout_ms < 0 || (o->receipt_fd < 0) == !o->receipt_file || !o->argv ||
+            !o->argv[0])
             return -EINVAL;
         return 0;
     }
@@ -310,12 +333,16 @@ static int run_init(int ready_fd)
     size_t i;
     int fd;
 
-    if (ready_fd > 3)
-        (void)close_range(3, (unsigned)ready_fd - 1, 0);
-    (void)close_range((unsigned)ready_fd + 1, ~0U, 0);
-    if (write(ready_fd, "R", 1) != 1)
-        return 1;
-    (void)close(ready_fd);
+    if (ready_fd < 0) {
+        (void)close_range(3, ~0U, 0);
+    } else {
+        if (ready_fd > 3)
+            (void)close_range(3, (unsigned)ready_fd - 1, 0);
+        (void)close_range((unsigned)ready_fd + 1, ~0U, 0);
+        if (write(ready_fd, "R", 1) != 1)
+            return 1;
+        (void)close(ready_fd);
+    }
     fd = open("/dev/null", O_RDWR);
     if (fd >= 0) {
         for (i = 0; i < 3; i++) {
@@ -335,13 +362,16 @@ static int run_init(int ready_fd)
         (void)sigaction(ignored[i], &sa, NULL);
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
+    if (ready_fd < 0)
+        sigaddset(&chld, SIGPWR); /* an engine's clean stop (LXD) */
     (void)sigprocmask(SIG_BLOCK, &chld, NULL);
 
     for (;;) {
         /* SIGCHLD stays pending while blocked, so no exit is missed between the two. */
         while (waitpid(-1, NULL, WNOHANG) > 0)
             ;
-        (void)sigwaitinfo(&chld, NULL);
+        if (sigwaitinfo(&chld, NULL) == SIGPWR)
+            return 0;
     }
 }
 
@@ -750,10 +780,14 @@ static bool relay_once(struct framed_stream *st, int64_t max)
     return true;
 }
 
-/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left. 0 or -1. */
-static int kill_all_but_init(void)
+/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left; with
+ * spare_init_session also every process of pid 1's own session (an image's init that keeps
+ * a child, like a shell looping on sleep: what came in through an exec is always in a
+ * session of its own, and no process can join another session). 0 or -1. */
+static int kill_all_but_init(bool spare_init_session)
 {
     pid_t self = getpid();
+    pid_t init_sid = spare_init_session ? getsid(1) : -1;
 
     for (int pass = 0; pass < 200; pass++) {
         DIR *dp = opendir("/proc");
@@ -771,6 +805,8 @@ static int kill_all_but_init(void)
             int fd;
 
             if (*end || pid <= 1 || pid == self)
+                continue;
+            if (init_sid > 0 && getsid((pid_t)pid) == init_sid)
                 continue;
             /* a zombie is dead already (init reaps it): do not wait for it */
             snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
@@ -809,7 +845,7 @@ static int run_framed(const struct options *o)
     pid_t pid;
 
     (void)signal(SIGPIPE, SIG_IGN);
-    if (o->exclusive && kill_all_but_init() < 0) {
+    if (o->exclusive && kill_all_but_init(o->spare_init_session) < 0) {
         snprintf(line, sizeof(line), "error the other processes of the sandbox would not end");
         (void)write_frame('s', line, strlen(line));
         return 0;
@@ -1267,7 +1303,7 @@ static int run_harness(const struct options *o, int ready_fd)
     return write_receipt(o->receipt_fd, &r) < 0;
 }
 
-static int run_harness_launch(const struct options *o)
+static int run_harness_launch(struct options *o)
 {
     char claim[PATH_MAX], target[16], b;
     int ready[2], e;
@@ -1281,7 +1317,7 @@ static int run_harness_launch(const struct options *o)
         return 1;
     }
     /* the receipt channel is the harness supervisor's alone, never the harness's */
-    if (fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
+    if (!o->receipt_file && fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "lendbox-supervise: no receipt fd %d: %s\n", o->receipt_fd,
                 strerror(errno));
         return 1;
@@ -1299,6 +1335,17 @@ static int run_harness_launch(const struct options *o)
         }
         printf("already launched\n");
         return 4;
+    }
+    if (o->receipt_file) {
+        /* made only now, by the claim's winner, and never over a file already there (a
+         * sandbox process could still write it later: the daemon says so, see the header) */
+        o->receipt_fd =
+            open(o->receipt_file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (o->receipt_fd < 0) {
+            fprintf(stderr, "lendbox-supervise: cannot create the receipt file '%s': %s\n",
+                    o->receipt_file, strerror(errno));
+            return 1;
+        }
     }
     if (pipe2(ready, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
         struct receipt r = {.confirmed = true};
@@ -1371,17 +1418,20 @@ int main(int argc, char **argv)
      * at all; this call covers a readable copy. Inherited by forks, reset by exec, so the
      * commands we run are not affected. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (argc == 1 && getpid() == 1)
+        return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(
             stderr,
             "usage: lendbox-supervise --init --ready-fd N\n"
             "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
             "[--keep-background] [--pass-fd P] -- ARGV...\n"
-            "       lendbox-supervise --harness-launch DIR --receipt-fd N "
+            "       lendbox-supervise --harness-launch DIR (--receipt-fd N | --receipt-file PATH) "
             "--timeout-ms MS --cleanup-timeout-ms MS -- ARGV...\n"
             "       lendbox-supervise --harness-stop DIR\n"
             "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
-            "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] [--exclusive] "
+            "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] [--exclusive "
+            "[--spare-init-session]] "
             "-- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
