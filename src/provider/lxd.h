@@ -28,8 +28,10 @@
  * through LXD's exec with record-output (no websocket): the operation is awaited, the recorded
  * stdout (the supervisor's frames, framed.h) and stderr are fetched and deleted. The timeout and
  * the tree kill happen inside the instance (the supervisor); output is capped there too. stdin
- * goes in first as a file (--stdin-file). pass_fd and exclusive are not offered (caps), so
- * activations, which pass the receipt fd, answer 501 on this provider.
+ * goes in first as a file (--stdin-file). pass_fd is not offered (caps); an exclusive exec passes
+ * --exclusive --spare-init-session (the image's init keeps its own children) and no other exec of
+ * the instance runs meanwhile (-EBUSY); activations run with their receipt as a file inside the
+ * instance (caps.receipt_file), read back through the files API.
  *
  * Files: the files API, always with Content-Type: application/octet-stream (LXD 5.0.2 answers
  * 200 and writes an empty file when a body arrives as a form), parents made one by one

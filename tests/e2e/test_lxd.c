@@ -157,13 +157,17 @@ START_TEST(test_member_b_through_a)
         ck_assert_msg(r.status == 200, "resume: %ld %s", r.status, r.body);
         lbt_resp_free(&r);
     }
-    /* what the provider refuses: disk_mib on a dir pool (422), activations (501) */
+    /* what the provider refuses: disk_mib on a dir pool (422); activations run (their
+     * receipt read back from the instance through a: test_activation on this variant) */
     lbt_json(&d, "POST", "/v1/sessions/b-2/seed", "",
              "{\"task_id\": \"t\", \"resources\": {\"disk_mib\": 64}}", &r);
     lbt_assert_error(&r, 422, "unenforceable");
     lbt_resp_free(&r);
-    lbt_json(&d, "POST", "/v1/sessions/b-1/execute", "", "{\"argv\": [\"true\"]}", &r);
-    lbt_assert_error(&r, 501, "not_implemented");
+    lbt_json(&d, "POST", "/v1/sessions/b-1/execute", "", "{\"argv\": [\"sh\", \"-c\", \"exit 6\"]}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "finished");
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 6);
     lbt_resp_free(&r);
     /* release through a: gone from the cluster */
     lbt_json(&d, "POST", "/v1/sessions/b-1/release", "", NULL, &r);
