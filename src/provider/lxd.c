@@ -113,8 +113,8 @@ static int answer_error(const struct lb_httpc_response *resp, const char *what,
 }
 
 /* Await an operation (its path "/1.0/operations/ID") up to timeout_ms. */
-static int wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
-                          json_t **op_out, struct lb_error *err)
+int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
+                       json_t **op_out, struct lb_error *err)
 {
     struct lb_httpc_response resp;
     char path[512];
@@ -186,7 +186,7 @@ int lxd_async(struct lb_lxd *l, const char *member, const char *method, const ch
     left = timeout_ms - (clock_mono_ms() - t0);
     if (left < 1000)
         left = 1000;
-    r = wait_operation(l, member, op, left, op_out, err);
+    r = lxd_wait_operation(l, member, op, left, op_out, err);
 out:
     json_decref(j);
     httpc_response_release(&resp);

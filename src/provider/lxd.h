@@ -75,4 +75,15 @@ struct lb_lxd_config {
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err);
 
+/* `lendboxd image import --provider lxd`: upload the unified tarball of len bytes at fd (from
+ * its offset 0; image_write_lxd_tarball) to the LXD server as a private image (POST
+ * /1.0/images, octet-stream), await it up to timeout_ms, and point the alias at it (made, or
+ * moved from the image it named before, which LXD keeps). p must be an lxd provider.
+ * fingerprint (size >= 65) gets the new image's. Returns 0, -EINVAL (not an lxd provider, bad
+ * alias), -EREMOTEIO (LXD refused; err has its message), -ETIMEDOUT, or a negative errno.
+ * Thread-safe. */
+int provider_lxd_image_publish(struct lb_provider *p, int fd, uint64_t len, const char *alias,
+                               int64_t timeout_ms, char *fingerprint, size_t size,
+                               struct lb_error *err);
+
 #endif

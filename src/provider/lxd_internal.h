@@ -68,6 +68,11 @@ const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t 
 int lxd_async(struct lb_lxd *l, const char *member, const char *method, const char *path,
               const json_t *body, int64_t timeout_ms, json_t **op_out, struct lb_error *err);
 
+/* Await the operation op (its path, as an async answer's "operation" names it) up to
+ * timeout_ms: as lxd_async after its request. */
+int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
+                       json_t **op_out, struct lb_error *err);
+
 /* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);
 
