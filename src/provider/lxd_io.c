@@ -433,6 +433,8 @@ static json_t *exec_body(const struct lb_exec_request *req, const char *cwd, con
     json_array_append_new(cmd, json_string(num));
     json_array_append_new(cmd, json_string("--cwd"));
     json_array_append_new(cmd, json_string(cwd));
+    /* no NIC, and an image's init need not bring lo up: "none" still means loopback works */
+    json_array_append_new(cmd, json_string("--loopback-up"));
     if (req->preserve_background)
         json_array_append_new(cmd, json_string("--keep-background"));
     if (req->exclusive) {

@@ -13,8 +13,8 @@
  *
  *   lendbox-supervise   (no arguments, as pid 1)
  *       The same init for an engine's container: /sbin/init of an image that `lendboxd image
- *       import --provider lxd` gives LXD when the image has none. No ready byte; SIGPWR (LXD's
- *       clean stop) ends it.
+ *       import --provider lxd` gives LXD when the image has none. Brings lo up; no ready byte;
+ *       SIGPWR (LXD's clean stop) ends it.
  *
  *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
  *                     [--pass-fd P] -- ARGV...
@@ -65,7 +65,8 @@
  *       (lxd, whose image's init may keep children of its own): also spare every process in
  *       pid 1's session; a process that came in through an exec always runs in a session of
  *       its own (the command's new session, or its own setsid), and no process can join
- *       another session.
+ *       another session. --loopback-up (lxd: a container without a NIC whose init does not
+ *       do it has its loopback down): first bring lo up when it is down (best effort).
  *       Once the status arrives (the tree is gone) what is left in the pipes is
  *       drained and the frames end: background processes kept with --keep-background cannot
  *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
@@ -134,7 +135,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -166,6 +170,7 @@ struct options {
     const char *pass_file;   /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
     bool exclusive;          /* framed: first SIGKILL every process of the pid namespace but 1 */
     bool spare_init_session; /* exclusive: and but those of pid 1's session */
+    bool loopback_up;        /* framed: first bring the network namespace's lo up */
     char **argv;
 };
 
@@ -236,6 +241,8 @@ static int parse_options(int argc, char **argv, struct options *o)
             o->framed = true;
         } else if (strcmp(a, "--exclusive") == 0) {
             o->exclusive = true;
+        } else if (strcmp(a, "--loopback-up") == 0) {
+            o->loopback_up = true;
         } else if (strcmp(a, "--spare-init-session") == 0) {
             o->spare_init_session = true;
         } else if (strcmp(a, "--max-output") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
@@ -780,6 +787,24 @@ static bool relay_once(struct framed_stream *st, int64_t max)
     return true;
 }
 
+/* Bring lo of our network namespace up when it is down (an LXD container without a NIC whose
+ * init does not: its loopback is down). Best effort: without CAP_NET_ADMIN nothing changes. */
+static void loopback_up(void)
+{
+    struct ifreq ifr;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+    if (s < 0)
+        return;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
+        ifr.ifr_flags |= IFF_UP;
+        (void)ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    close(s);
+}
+
 /* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left; with
  * spare_init_session also every process of pid 1's own session (an image's init that keeps
  * a child, like a shell looping on sleep: what came in through an exec is always in a
@@ -845,6 +870,8 @@ static int run_framed(const struct options *o)
     pid_t pid;
 
     (void)signal(SIGPIPE, SIG_IGN);
+    if (o->loopback_up)
+        loopback_up();
     if (o->exclusive && kill_all_but_init(o->spare_init_session) < 0) {
         snprintf(line, sizeof(line), "error the other processes of the sandbox would not end");
         (void)write_frame('s', line, strlen(line));
@@ -1418,8 +1445,10 @@ int main(int argc, char **argv)
      * at all; this call covers a readable copy. Inherited by forks, reset by exec, so the
      * commands we run are not affected. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    if (argc == 1 && getpid() == 1)
+    if (argc == 1 && getpid() == 1) {
+        loopback_up();
         return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */
+    }
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(
             stderr,
@@ -1431,7 +1460,7 @@ int main(int argc, char **argv)
             "       lendbox-supervise --harness-stop DIR\n"
             "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
             "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] [--exclusive "
-            "[--spare-init-session]] "
+            "[--spare-init-session]] [--loopback-up] "
             "-- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
