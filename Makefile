@@ -189,7 +189,8 @@ e2e-pool: all $(E2E_POOL_BINS)
 # socket of the two-member LXD cluster of scripts/lxd-cluster (brought up here once, left up:
 # `scripts/lxd-cluster down` removes it), plus test_lxd (cluster placement, adoption, a dead
 # member, the octet-stream file pitfall). Where LXD cannot run the script exits 77 and every
-# program is skipped (said here). activation skips itself on lxd: activations answer 501 there.
+# program is skipped (said here). activation runs on lxd with the receipt read back from the
+# instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 E2E_LXD_PROGS ?= lending exec files durability activation lxd
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 e2e-lxd: all $(E2E_LXD_BINS)

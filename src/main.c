@@ -29,6 +29,7 @@
 #include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
+#include "provider/lxd.h"
 #include "provider/registry.h"
 #include "routes/routes.h"
 #include "image/image.h"
@@ -50,7 +51,8 @@ static void usage(FILE *f)
             "                [--admin-token-file FILE] [--log-level LEVEL]\n"
             "                [--set SECTION.KEY=VALUE]... [--no-shutdown-sweep]\n"
             "                [--version] [--help]\n"
-            "       lendboxd [OPTIONS] image import SOURCE NAME | image list | image rm NAME\n"
+            "       lendboxd [OPTIONS] image import [--provider lxd] SOURCE NAME | image list | "
+            "image rm NAME\n"
             "       lendboxd routes   (print the route table: METHOD PATTERN AUTH NAME)\n\n"
             "Lends Linux-namespace sandboxes to resources servers over HTTP (API: docs/api.md).\n"
             "Flags override the config file; --set sets any key of etc/lendbox.conf.\n"
@@ -316,7 +318,63 @@ static bool image_digest_in_use(void *store, const char *digest)
     return store_count_using_image_digest(store, digest, &n, NULL) < 0 || n > 0;
 }
 
-/* lendboxd image import SOURCE NAME | list | rm NAME. Returns the exit status. */
+/* image import --provider lxd: the image (imported into the local store first) as a unified
+ * tarball (image_write_lxd_tarball: the supervisor as /sbin/init when it has none) uploaded
+ * through [lxd] socket or url and published under the alias name. 0 or a negative errno. */
+static int image_publish_lxd(const struct lb_config *cfg, const char *dir, const char *name,
+                             struct lb_error *err)
+{
+    const struct lb_provider_kind *kind = registry_find_kind("lxd");
+    char *supervise = cfg->supervise_path ? strdup(cfg->supervise_path) : default_supervise_path();
+    char tmp_dir[] = "/tmp/lendbox-lxd-image-XXXXXX", fp[128] = "";
+    struct lb_provider *prov = NULL;
+    struct lb_provider_env env = {.cfg = cfg, .supervise_path = supervise, .images_dir = dir};
+    bool init_added = false;
+    struct stat st;
+    int fd = -1, r;
+
+    if (!supervise) {
+        r = lb_error_set(err, -ENOENT, "lendbox-supervise not found; set local.supervise");
+        goto out;
+    }
+    r = kind ? kind->open(&env, &prov, err) : lb_error_set(err, -EINVAL, "no lxd provider");
+    if (r < 0)
+        goto out;
+    /* the tarball: an unlinked file (O_TMPFILE where /tmp has it, else made and unlinked) */
+    fd = open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && mkdtemp(tmp_dir)) {
+        char p[sizeof(tmp_dir) + 16];
+
+        snprintf(p, sizeof(p), "%s/image.tar", tmp_dir);
+        fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        unlink(p);
+        rmdir(tmp_dir);
+    }
+    if (fd < 0) {
+        r = lb_error_set(err, -errno, "cannot make a temporary file: %s", strerror(errno));
+        goto out;
+    }
+    r = image_write_lxd_tarball(dir, name, supervise, fd, &init_added, err);
+    if (r == 0 && fstat(fd, &st) < 0)
+        r = lb_error_set(err, -errno, "cannot stat the tarball: %s", strerror(errno));
+    if (r == 0)
+        r = provider_lxd_image_publish(
+            prov, fd, (uint64_t)st.st_size, name,
+            cfg->create_timeout_s * 1000 > 600000 ? cfg->create_timeout_s * 1000 : 600000, fp,
+            sizeof(fp), err);
+    if (r == 0)
+        printf("lxd %s %s %lld%s\n", name, fp, (long long)st.st_size,
+               init_added ? " (lendbox-supervise as /sbin/init)" : "");
+out:
+    if (fd >= 0)
+        close(fd);
+    provider_destroy(prov);
+    free(supervise);
+    return r;
+}
+
+/* lendboxd image import [--provider lxd] SOURCE NAME | list | rm NAME. Returns the exit
+ * status. */
 static int image_command(const struct lb_config *cfg, int argc, char **argv)
 {
     char *dir = images_dir_of(cfg), path[PATH_MAX];
@@ -336,7 +394,17 @@ static int image_command(const struct lb_config *cfg, int argc, char **argv)
         fprintf(stderr, "lendboxd: out of memory\n");
         return 1;
     }
-    if (argc == 3 && strcmp(argv[0], "import") == 0) {
+    if (argc == 5 && strcmp(argv[0], "import") == 0 && strcmp(argv[1], "--provider") == 0) {
+        /* into the local store (where it is unpacked and checked), then into LXD */
+        if (strcmp(argv[2], "lxd") != 0) {
+            lb_error_set(&err, -EINVAL, "image import --provider: only lxd (not '%s')", argv[2]);
+            goto fail;
+        }
+        if (image_import(dir, argv[3], argv[4], &info, &existed, &err) < 0 ||
+            image_publish_lxd(cfg, dir, argv[4], &err) < 0)
+            goto fail;
+        rc = 0;
+    } else if (argc == 3 && strcmp(argv[0], "import") == 0) {
         if (image_import(dir, argv[1], argv[2], &info, &existed, &err) < 0)
             goto fail;
         /* a name imported anew leaves its old tree unnamed: collect it unless a sandbox
@@ -372,7 +440,7 @@ static int image_command(const struct lb_config *cfg, int argc, char **argv)
             goto fail;
         rc = 0;
     } else {
-        fprintf(stderr, "usage: lendboxd [OPTIONS] image import SOURCE NAME\n"
+        fprintf(stderr, "usage: lendboxd [OPTIONS] image import [--provider lxd] SOURCE NAME\n"
                         "       lendboxd [OPTIONS] image list\n"
                         "       lendboxd [OPTIONS] image rm NAME\n"
                         "SOURCE: docker-archive:PATH, oci-archive:PATH, oci:DIR[:TAG] or a path\n");
@@ -509,8 +577,9 @@ static int daemon_parse_args(struct daemon *d, int argc, char **argv)
     };
     int c;
 
-    /* Flags override the file, so collect them first and apply them after loading it. */
-    while ((c = getopt_long(argc, argv, "c:l:s:a:L:S:NVh", opts, NULL)) != -1) {
+    /* Flags override the file, so collect them first and apply them after loading it. Options
+     * end at the first word ("+"): `image import --provider lxd` keeps its own. */
+    while ((c = getopt_long(argc, argv, "+c:l:s:a:L:S:NVh", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
             d->config_file = optarg;

@@ -107,6 +107,19 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
 int image_resolve_user(const char *images_dir, const char *name, char **user_out,
                        struct lb_error *err);
 
+/* The imported image name as an LXD unified tarball, written to out_fd (a plain tar, which LXD
+ * takes as is): metadata.yaml (architecture: uname's machine, creation_date now, properties
+ * description/os/release naming the image) and rootfs/ (the image's tree with owners, modes and
+ * links as stored; hard links become copies). What LXD or the lxd provider need and the image
+ * lacks is added: the directories dev, proc, sys, run, tmp (1777) and workspace, and, when the
+ * image has no /sbin/init (or /sbin is a link to a directory of the image without one), the file
+ * at init_path (the static lendbox-supervise, which runs as an init when it is pid 1 without
+ * arguments) as /sbin/init, mode 0755; *init_added says whether it was. Returns 0, -ENOENT (no
+ * such imported image), -EOPNOTSUPP (an /sbin that is no directory of the image, and no init),
+ * or a negative errno with err set. Thread-safe. */
+int image_write_lxd_tarball(const char *images_dir, const char *name, const char *init_path,
+                            int out_fd, bool *init_added, struct lb_error *err);
+
 /* The host's architecture as OCI names it ("amd64", "arm64", ...; else uname's machine).
  * Imports refuse (-EOPNOTSUPP) an image whose config names another architecture or an os
  * other than linux. Returns a static string. Thread-safe. */

@@ -318,26 +318,87 @@ static void receipt_write_unlaunched(const struct lb_activations *a, const char 
     json_decref(j);
 }
 
-/* The receipt of the harness supervisor, from the host-side file it was handed at launch
- * (nothing in the sandbox can reach it): 0 and *out (an object), -ENOENT while there is none
+static int sbx_read(struct lb_activations *a, const char *sandbox_id, const char *path, size_t max,
+                    bool tail, unsigned char **data, size_t *len, uint64_t *size,
+                    struct lb_error *err);
+
+/* A receipt's text: 0 and *out (an object), -ENOENT when it is not complete yet (a complete
+ * one ends in a newline), -EIO when it cannot be parsed. */
+static int parse_receipt(const char *data, size_t len, json_t **out, struct lb_error *err)
+{
+    json_t *j;
+
+    if (len == 0 || data[len - 1] != '\n')
+        return -ENOENT; /* none yet, or still being written */
+    j = json_loadb(data, len, 0, NULL);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return lb_error_set(err, -EIO,
+                            "the harness receipt is unreadable; the launch outcome "
+                            "is unknown");
+    }
+    *out = j;
+    return 0;
+}
+
+/* Where the activation's harness supervisor writes its receipt inside the sandbox (a provider
+ * with receipt_file, no pass_fd: the spec's "receipt_file"), into path; false when it writes
+ * to the host-side file. */
+static bool receipt_in_sandbox(const struct lb_activation *act, char *path, size_t size)
+{
+    json_t *spec = act->spec_json ? json_loads(act->spec_json, 0, NULL) : NULL;
+    const char *p = json_string_value(json_object_get(spec, "receipt_file"));
+    bool in = p && (size_t)snprintf(path, size, "%s", p) < size;
+
+    json_decref(spec);
+    return in;
+}
+
+/* The receipt in the sandbox (receipt_in_sandbox), read through the provider's files API.
+ * Errors as read_receipt; a provider that does not answer (a member down, the sandbox
+ * stopping) reads as "none yet": the caller's bounded wait decides. */
+static int read_receipt_in_sandbox(struct lb_activations *a, const struct lb_activation *act,
+                                   const char *path, json_t **out, struct lb_error *err)
+{
+    unsigned char *data = NULL;
+    size_t len = 0;
+    uint64_t size = 0;
+    struct lb_error rerr = {0};
+    int r = sbx_read(a, act->sandbox_id, path, RECEIPT_MAX - 1, false, &data, &len, &size, &rerr);
+
+    if (r == -EFBIG)
+        r = lb_error_set(err, -EIO, "the harness receipt is too big");
+    else if (r < 0)
+        r = -ENOENT;
+    else
+        r = parse_receipt((const char *)data, len, out, err);
+    free(data);
+    return r;
+}
+
+/* The receipt of the harness supervisor: 0 and *out (an object), -ENOENT while there is none
  * or it is not complete yet (a complete one ends in a newline), -EIO when it cannot be
- * parsed. Nothing under the sandbox's /run/lendbox is read. */
+ * parsed. First the host-side file (the one it was handed at launch, which nothing in the
+ * sandbox can reach, or the daemon's own for a harness never launched); then, only for an
+ * activation whose supervisor writes inside the sandbox (receipt_file providers), that file.
+ * Otherwise nothing under the sandbox's /run/lendbox is read. */
 static int read_receipt(struct lb_activations *a, const struct lb_activation *act, json_t **out,
                         struct lb_error *err)
 {
     char path[PATH_MAX], *data = NULL;
     ssize_t n;
     size_t len = 0;
-    json_t *j;
     int fd, r = 0;
 
     *out = NULL;
     receipt_path(a, act->id, path, sizeof(path));
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT)
+        return receipt_in_sandbox(act, path, sizeof(path))
+                   ? read_receipt_in_sandbox(a, act, path, out, err)
+                   : -ENOENT;
     if (fd < 0)
-        return errno == ENOENT ? -ENOENT
-                               : lb_error_set(err, -EIO, "cannot open the harness receipt: %s",
-                                              strerror(errno));
+        return lb_error_set(err, -EIO, "cannot open the harness receipt: %s", strerror(errno));
     data = malloc(RECEIPT_MAX + 1);
     if (!data) {
         close(fd);
@@ -355,22 +416,12 @@ static int read_receipt(struct lb_activations *a, const struct lb_activation *ac
     close(fd);
     if (r == 0 && len == RECEIPT_MAX)
         r = lb_error_set(err, -EIO, "the harness receipt is too big");
-    if (r == 0 && (len == 0 || data[len - 1] != '\n'))
-        r = -ENOENT; /* none yet, or still being written */
-    if (r < 0) {
-        free(data);
-        return r;
-    }
-    j = json_loadb(data, len, 0, NULL);
+    if (r == 0)
+        r = parse_receipt(data, len, out, err);
     free(data);
-    if (!json_is_object(j)) {
-        json_decref(j);
-        return lb_error_set(err, -EIO,
-                            "the harness receipt is unreadable; the launch outcome "
-                            "is unknown");
-    }
-    *out = j;
-    return 0;
+    if (r == -ENOENT && receipt_in_sandbox(act, path, sizeof(path)))
+        r = read_receipt_in_sandbox(a, act, path, out, err);
+    return r;
 }
 
 static bool receipt_confirmed(const json_t *receipt)
@@ -978,11 +1029,13 @@ static json_t *execute_spec(const struct lb_execute_request *req, const char *di
     return spec;
 }
 
-/* Launch the harness. 0 launched, -EALREADY fenced by a close, else *why says what failed
- * (and the outcome is unknown when the transport failed). */
+/* Launch the harness. receipt_file: where the harness supervisor writes its receipt inside
+ * the sandbox (a receipt_file provider), NULL: to the host-side file passed as its fd 4. 0
+ * launched, -EALREADY fenced by a close, else *why says what failed (and the outcome is
+ * unknown when the transport failed). */
 static int execute_launch(struct lb_activations *a, const struct lb_activation *act,
-                          const struct lb_execute_request *req, const char *dir, char *why,
-                          size_t why_len)
+                          const struct lb_execute_request *req, const char *dir,
+                          const char *receipt_file, char *why, size_t why_len)
 {
     int receipt_fd = receipt_create(a, act->id);
     struct lb_exec_result res = {0};
@@ -1022,8 +1075,13 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     argv[k++] = t_ms;
     argv[k++] = "--cleanup-timeout-ms";
     argv[k++] = c_ms;
-    argv[k++] = "--receipt-fd"; /* the host-side receipt, passed as fd 4 */
-    argv[k++] = "4";
+    if (receipt_file) {
+        argv[k++] = "--receipt-file"; /* the host-side file stays the daemon's own */
+        argv[k++] = (char *)receipt_file;
+    } else {
+        argv[k++] = "--receipt-fd"; /* the host-side receipt, passed as fd 4 */
+        argv[k++] = "4";
+    }
     if (user) {
         /* the harness runs as the user; the launcher (which makes the activation's directory
          * under the root-owned /run/lendbox) and the harness supervisor stay the sandbox's
@@ -1059,7 +1117,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
                         harness's user is its --user */
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
-        .pass_fd = receipt_fd,
+        .pass_fd = receipt_file ? 0 : receipt_fd,
     };
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
     if (r < 0) {
@@ -1162,8 +1220,9 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     struct lb_record live = {0};
     struct lb_error ferr = {0};
     json_t *spec = NULL, *status = NULL;
-    char *spec_text = NULL, dir[200], why[600] = "", sid[31];
+    char *spec_text = NULL, dir[200], receipt_file[240], why[600] = "", sid[31];
     const char *st;
+    bool receipt_in_sbx = false;
     int64_t phase_ms, deadline;
     int r;
 
@@ -1175,19 +1234,21 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         goto out;
     }
     {
-        /* the receipt channel is a daemon file passed to the harness supervisor (pass_fd): a
-         * provider without it (lxd) cannot run activations */
+        /* the receipt channel: a daemon file passed to the harness supervisor (pass_fd), or
+         * else a file inside the sandbox read back through the files API (receipt_file, lxd);
+         * a provider with neither cannot run activations */
         struct lb_provider *prov = lend_provider_of(a->lend, &live, NULL);
         struct lb_provider_caps caps;
 
         provider_caps(prov, &caps);
-        if (prov && !caps.pass_fd) {
+        if (prov && !caps.pass_fd && !caps.receipt_file) {
             r = lb_error_set(err, -ENOSYS,
                              "harness activations are not available on provider '%s' (it cannot "
                              "pass the receipt file to the harness supervisor)",
                              prov->ops->name);
             goto out;
         }
+        receipt_in_sbx = prov && !caps.pass_fd;
     }
     if (lend_sandbox_status(a->lend, live.id, &status, NULL) == 0 &&
         (st = json_string_value(json_object_get(status, "status"))) && !strcmp(st, "paused")) {
@@ -1202,10 +1263,16 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     snprintf(act.id, sizeof(act.id), "act-%s", sid + 4);
     snprintf(act.sandbox_id, sizeof(act.sandbox_id), "%s", live.id);
     snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act.id);
+    snprintf(receipt_file, sizeof(receipt_file), "%s/receipt.json", dir);
     act.rsid = (char *)rsid;
     act.state = LB_ACT_STAGING;
     act.output_log_bytes = -1;
     spec = execute_spec(req, dir);
+    if (spec && receipt_in_sbx &&
+        json_object_set_new(spec, "receipt_file", json_string(receipt_file)) < 0) {
+        json_decref(spec);
+        spec = NULL;
+    }
     {
         /* the OOM-kill count now, kept with the spec: act_note_oom compares at the end */
         uint64_t oom_kills = 0;
@@ -1223,7 +1290,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     /* Intent first; the unique index makes a second execute of this sandbox a 409. */
     r = store_insert_activation(a->store, &act, err);
     act.rsid = NULL;
-    act.spec_json = NULL;
+    spec_text = NULL; /* act's now: read_receipt finds its receipt_file there */
     if (r == -EEXIST) {
         r = lb_error_set(err, -EEXIST,
                          "session %s already ran a harness in sandbox %s (one activation per "
@@ -1249,7 +1316,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
 
     phase_ms = req->close_timeout_ms / 3 > 0 ? req->close_timeout_ms / 3 : 1;
     deadline = clock_mono_ms() + req->timeout_ms + 3 * phase_ms + EXECUTE_SLACK_MS;
-    r = execute_launch(a, &act, req, dir, why, sizeof(why));
+    r = execute_launch(a, &act, req, dir, receipt_in_sbx ? receipt_file : NULL, why, sizeof(why));
     if (r == -EALREADY) {
         r = lb_error_set(err, -EALREADY, "activation %s: %s", act.id, why);
         goto out;

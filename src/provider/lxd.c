@@ -113,8 +113,8 @@ static int answer_error(const struct lb_httpc_response *resp, const char *what,
 }
 
 /* Await an operation (its path "/1.0/operations/ID") up to timeout_ms. */
-static int wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
-                          json_t **op_out, struct lb_error *err)
+int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
+                       json_t **op_out, struct lb_error *err)
 {
     struct lb_httpc_response resp;
     char path[512];
@@ -186,7 +186,7 @@ int lxd_async(struct lb_lxd *l, const char *member, const char *method, const ch
     left = timeout_ms - (clock_mono_ms() - t0);
     if (left < 1000)
         left = 1000;
-    r = wait_operation(l, member, op, left, op_out, err);
+    r = lxd_wait_operation(l, member, op, left, op_out, err);
 out:
     json_decref(j);
     httpc_response_release(&resp);
@@ -651,6 +651,13 @@ static void lxd_destroy(struct lb_provider *p)
         return;
     httpc_free(l->http);
     pthread_mutex_destroy(&l->create_mutex);
+    while (l->gates) {
+        struct lxd_gate *g = l->gates;
+
+        l->gates = g->next;
+        free(g);
+    }
+    pthread_mutex_destroy(&l->gate_mutex);
     free(l->socket);
     free(l->url);
     free(l->default_image);
@@ -662,8 +669,9 @@ static void lxd_destroy(struct lb_provider *p)
     free(l);
 }
 
-/* No network but none, no endpoints, GPUs, terminals, fd passing (so no activations) or
- * exclusive execs; disk_mib only on a pool with quotas. */
+/* No network but none, no endpoints, GPUs, terminals or fd passing;
+ * activations' receipts through a file in the instance (receipt_file); disk_mib only on a pool
+ * with quotas. */
 static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
 {
     const struct lb_lxd *l = (const struct lb_lxd *)p;
@@ -677,6 +685,8 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .images = true,
         .users = true,
         .pause = true,
+        .receipt_file = true,
+        .exclusive = true,
         .default_image = l->default_image,
     };
 }
@@ -882,6 +892,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         return lb_error_set(err, -ENOMEM, "out of memory");
     l->base.ops = &lxd_ops;
     pthread_mutex_init(&l->create_mutex, NULL);
+    pthread_mutex_init(&l->gate_mutex, NULL);
     l->cfg = *cfg;
     l->socket = dup_opt(cfg->socket, &oom);
     l->url = dup_opt(cfg->url, &oom);

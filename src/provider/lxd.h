@@ -28,8 +28,10 @@
  * through LXD's exec with record-output (no websocket): the operation is awaited, the recorded
  * stdout (the supervisor's frames, framed.h) and stderr are fetched and deleted. The timeout and
  * the tree kill happen inside the instance (the supervisor); output is capped there too. stdin
- * goes in first as a file (--stdin-file). pass_fd and exclusive are not offered (caps), so
- * activations, which pass the receipt fd, answer 501 on this provider.
+ * goes in first as a file (--stdin-file). pass_fd is not offered (caps); an exclusive exec passes
+ * --exclusive --spare-init-session (the image's init keeps its own children) and no other exec of
+ * the instance runs meanwhile (-EBUSY); activations run with their receipt as a file inside the
+ * instance (caps.receipt_file), read back through the files API.
  *
  * Files: the files API, always with Content-Type: application/octet-stream (LXD 5.0.2 answers
  * 200 and writes an empty file when a body arrives as a form), parents made one by one
@@ -72,5 +74,16 @@ struct lb_lxd_config {
  * trusted, too old), -ENOMEM. */
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err);
+
+/* `lendboxd image import --provider lxd`: upload the unified tarball of len bytes at fd (from
+ * its offset 0; image_write_lxd_tarball) to the LXD server as a private image (POST
+ * /1.0/images, octet-stream), await it up to timeout_ms, and point the alias at it (made, or
+ * moved from the image it named before, which LXD keeps). p must be an lxd provider.
+ * fingerprint (size >= 65) gets the new image's. Returns 0, -EINVAL (not an lxd provider, bad
+ * alias), -EREMOTEIO (LXD refused; err has its message), -ETIMEDOUT, or a negative errno.
+ * Thread-safe. */
+int provider_lxd_image_publish(struct lb_provider *p, int fd, uint64_t len, const char *alias,
+                               int64_t timeout_ms, char *fingerprint, size_t size,
+                               struct lb_error *err);
 
 #endif

@@ -16,6 +16,14 @@
 #define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
 
+/* Execs in flight in one instance (exclusive: one that first kills every other process). */
+struct lxd_gate {
+    struct lxd_gate *next;
+    char id[64];
+    int running;
+    bool exclusive;
+};
+
 struct lb_lxd {
     struct lb_provider base;
     struct lb_lxd_config cfg; /* strings point at the copies below */
@@ -29,6 +37,8 @@ struct lb_lxd {
     struct lb_httpc *http;
     pthread_mutex_t create_mutex; /* serializes instance creation and start */
     atomic_bool ending;           /* end_execs was called */
+    pthread_mutex_t gate_mutex;   /* guards gates */
+    struct lxd_gate *gates;       /* execs in flight per instance (a list; few entries) */
     atomic_int execs_in_flight;
 };
 
@@ -57,6 +67,11 @@ const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t 
  * operation's "err" into err), -ETIMEDOUT. */
 int lxd_async(struct lb_lxd *l, const char *member, const char *method, const char *path,
               const json_t *body, int64_t timeout_ms, json_t **op_out, struct lb_error *err);
+
+/* Await the operation op (its path, as an async answer's "operation" names it) up to
+ * timeout_ms: as lxd_async after its request. */
+int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
+                       json_t **op_out, struct lb_error *err);
 
 /* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);

@@ -437,8 +437,15 @@ static json_t *exec_body(const struct lb_exec_request *req, const char *cwd, con
     json_array_append_new(cmd, json_string(num));
     json_array_append_new(cmd, json_string("--cwd"));
     json_array_append_new(cmd, json_string(cwd));
+    /* no NIC, and an image's init need not bring lo up: "none" still means loopback works */
+    json_array_append_new(cmd, json_string("--loopback-up"));
     if (req->preserve_background)
         json_array_append_new(cmd, json_string("--keep-background"));
+    if (req->exclusive) {
+        /* the image's init may keep children of its own (the test image's shell loop) */
+        json_array_append_new(cmd, json_string("--exclusive"));
+        json_array_append_new(cmd, json_string("--spare-init-session"));
+    }
     if (stdin_path) {
         json_array_append_new(cmd, json_string("--stdin-file"));
         json_array_append_new(cmd, json_string(stdin_path));
@@ -534,6 +541,53 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
     return r;
 }
 
+/* Admit an exec of instance id: -EBUSY while an exclusive one runs, or (exclusive) while
+ * another exclusive one runs; a running plain exec does not keep an exclusive one out (its
+ * processes are killed by it, as on the local and docker providers). */
+static int gate_enter(struct lb_lxd *l, const char *id, bool exclusive, struct lb_error *err)
+{
+    struct lxd_gate *g;
+    int r = 0;
+
+    pthread_mutex_lock(&l->gate_mutex);
+    for (g = l->gates; g && strcmp(g->id, id) != 0; g = g->next)
+        ;
+    if (!g && (g = calloc(1, sizeof(*g)))) {
+        snprintf(g->id, sizeof(g->id), "%s", id);
+        g->next = l->gates;
+        l->gates = g;
+    }
+    if (!g)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else if (g->exclusive)
+        r = lb_error_set(err, -EBUSY, "an exclusive exec is running in this sandbox");
+    else if (exclusive)
+        g->exclusive = true;
+    if (r == 0)
+        g->running++;
+    pthread_mutex_unlock(&l->gate_mutex);
+    return r;
+}
+
+static void gate_leave(struct lb_lxd *l, const char *id, bool exclusive)
+{
+    struct lxd_gate **pp, *g;
+
+    pthread_mutex_lock(&l->gate_mutex);
+    for (pp = &l->gates; (g = *pp) && strcmp(g->id, id) != 0; pp = &g->next)
+        ;
+    if (g) {
+        g->running--;
+        if (exclusive)
+            g->exclusive = false;
+        if (g->running == 0) {
+            *pp = g->next;
+            free(g);
+        }
+    }
+    pthread_mutex_unlock(&l->gate_mutex);
+}
+
 int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
              const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
@@ -562,8 +616,6 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         cwd = "/workspace";
     if (req->pass_fd > 0)
         return lb_error_set(err, -ENOSYS, "the lxd provider cannot pass a file to a command");
-    if (req->exclusive)
-        return lb_error_set(err, -ENOSYS, "the lxd provider has no exclusive exec");
     uid = exec_uid(req->user, err);
     if (uid < 0)
         return uid;
@@ -572,6 +624,9 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                            "the daemon is shutting down and no longer runs commands");
         return 0;
     }
+    r = gate_enter(l, ref->id, req->exclusive, err);
+    if (r < 0)
+        return r;
     atomic_fetch_add(&l->execs_in_flight, 1);
     if (req->stdin_data) {
         r = token_random_hex(12, hex);
@@ -686,6 +741,7 @@ transport:
 out:
     res->duration_ms = clock_mono_ms() - t0;
     atomic_fetch_sub(&l->execs_in_flight, 1);
+    gate_leave(l, ref->id, req->exclusive);
     lb_buf_release(&diag);
     json_decref(body);
     json_decref(j);

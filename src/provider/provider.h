@@ -193,7 +193,12 @@ struct lb_provider_caps {
     bool pause;                /* pause/resume */
     bool endpoints;            /* declared ports reachable through endpoint */
     bool pty;                  /* interactive terminals */
-    bool pass_fd;              /* exec pass_fd (activations' stop-request channel) */
+    bool pass_fd;              /* exec pass_fd (activations' receipt channel) */
+    bool receipt_file;         /* without pass_fd: activations' harness supervisor writes its
+                                  receipt to a file inside the sandbox (--receipt-file) that the
+                                  daemon reads back with file_open. The sandbox's own processes
+                                  can forge or remove that file (same uid): the receipt is as
+                                  trustworthy as the sandbox. */
     bool exclusive;            /* exec exclusive */
     const char *default_image; /* the image of a seed that names none, when this provider has
                                   its own (docker.default_image); NULL: lending.default_image.

@@ -11,6 +11,11 @@
  *       inside the sandbox cannot kill it (pid 1 of a pid namespace only gets signals it has
  *       handlers for, and it has none); the provider stops a sandbox by SIGKILL from outside.
  *
+ *   lendbox-supervise   (no arguments, as pid 1)
+ *       The same init for an engine's container: /sbin/init of an image that `lendboxd image
+ *       import --provider lxd` gives LXD when the image has none. Brings lo up; no ready byte;
+ *       SIGPWR (LXD's clean stop) ends it.
+ *
  *   lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] [--keep-background]
  *                     [--pass-fd P] [--user USER] -- ARGV...
  *       Runs one command: new session, child subreaper, chdir DIR, fork, exec ARGV (PATH
@@ -61,7 +66,12 @@
  *       --exclusive: before anything else, SIGKILL every process of the pid namespace but
  *       pid 1 (the sandbox's init) and this one, pass after pass until a pass finds none (a
  *       process forking meanwhile is caught by the next pass; at most 200 passes, else the
- *       status is "error"): the engine providers' exclusive exec.
+ *       status is "error"): the engine providers' exclusive exec. --spare-init-session
+ *       (lxd, whose image's init may keep children of its own): also spare every process in
+ *       pid 1's session; a process that came in through an exec always runs in a session of
+ *       its own (the command's new session, or its own setsid), and no process can join
+ *       another session. --loopback-up (lxd: a container without a NIC whose init does not
+ *       do it has its loopback down): first bring lo up when it is down (best effort).
  *       Once the status arrives (the tree is gone) what is left in the pipes is
  *       drained and the frames end: background processes kept with --keep-background cannot
  *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
@@ -91,9 +101,14 @@
  * harness supervisor keeps it close-on-exec and is non-dumpable, so no sandbox process can
  * reach it. It is written once, after cleanup: one pwrite at offset 0 of the object and a
  * newline, then fsync (the daemon takes only a newline-terminated receipt as complete).
+ * --receipt-file PATH instead of --receipt-fd (engine providers that cannot pass a daemon fd,
+ * lxd): the launcher creates PATH (O_EXCL, mode 0600) once it has won the launch claim and
+ * writes the receipt there the same way; the daemon reads it back through the provider's files
+ * API. Such a receipt is inside the sandbox, so the sandbox's own processes (same uid) can
+ * forge or remove it: the daemon says so (capability receipt_file) and trusts it no further.
  *
- *   lendbox-supervise --harness-launch DIR --receipt-fd N --timeout-ms MS
- *                     --cleanup-timeout-ms MS [--user USER] -- ARGV...
+ *   lendbox-supervise --harness-launch DIR (--receipt-fd N | --receipt-file PATH)
+ *                     --timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...
  *       Claims the launch, then forks the harness supervisor, which leaves the caller's session
  *       (setsid), becomes a child subreaper, points 0/1/2 at /dev/null and output.log, writes
  *       the pid file and runs ARGV in its own process group; the launcher exits as soon as
@@ -169,9 +184,11 @@
 #include <linux/seccomp.h>
 #include <sched.h>
 
+#include <net/if.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -197,6 +214,8 @@ struct options {
     const char *harness_stop;   /* DIR of --harness-stop */
     int pass_fd;                /* command mode: an fd the command alone inherits */
     int receipt_fd;             /* harness mode: the host-side receipt, write end */
+    const char *receipt_file;   /* harness mode: the receipt in this new file instead (made
+                                   after the launch claim; engines without fd passing) */
     int64_t cleanup_timeout_ms;
     bool framed;            /* --framed: the result as frames on stdout */
     int64_t max_output;     /* framed: bytes relayed per stream */
@@ -206,8 +225,10 @@ struct options {
     bool pty_launch;        /* --pty-launch: start a detached PTY (or pipe) session */
     int pty_dir_fd;         /* its session directory (the daemon's, on the host) */
     int64_t pty_rows, pty_cols;
-    bool pty_pipes;   /* --no-pty: stdin, stdout and stderr are pipes */
-    const char *user; /* --user: run the command (the harness) as this user */
+    bool pty_pipes;          /* --no-pty: stdin, stdout and stderr are pipes */
+    const char *user;        /* --user: run the command (the harness) as this user */
+    bool spare_init_session; /* exclusive: and but those of pid 1's session */
+    bool loopback_up;        /* framed: first bring the network namespace's lo up */
     char **argv;
 };
 
@@ -294,6 +315,10 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--exclusive") == 0) {
             o->exclusive = true;
+        } else if (strcmp(a, "--loopback-up") == 0) {
+            o->loopback_up = true;
+        } else if (strcmp(a, "--spare-init-session") == 0) {
+            o->spare_init_session = true;
         } else if (strcmp(a, "--max-output") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->max_output = v;
             i++;
@@ -316,6 +341,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--receipt-fd") == 0 && parse_int64(val, 3, INT_MAX, &v) == 0) {
             o->receipt_fd = (int)v;
+            i++;
+        } else if (strcmp(a, "--receipt-file") == 0 && val && val[0] == '/') {
+            o->receipt_file = val;
             i++;
         } else if (strcmp(a, "--timeout-ms") == 0 && parse_int64(val, 1, INT64_MAX / 2, &v) == 0) {
             o->timeout_ms = v;
@@ -348,7 +376,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         return o->harness_launch || o->argv ? -EINVAL : 0;
     if (o->harness_launch) {
         if (strlen(o->harness_launch) > PATH_MAX - 64 || o->timeout_ms < 0 ||
-            o->cleanup_timeout_ms < 0 || o->receipt_fd < 0 || !o->argv || !o->argv[0])
+            o->cleanup_timeout_ms < 0 || (o->receipt_fd < 0) == !o->receipt_file || !o->argv ||
+            !o->argv[0])
             return -EINVAL;
         return 0;
     }
@@ -390,12 +419,16 @@ static int run_init(int ready_fd)
     size_t i;
     int fd;
 
-    if (ready_fd > 3)
-        (void)close_range(3, (unsigned)ready_fd - 1, 0);
-    (void)close_range((unsigned)ready_fd + 1, ~0U, 0);
-    if (write(ready_fd, "R", 1) != 1)
-        return 1;
-    (void)close(ready_fd);
+    if (ready_fd < 0) {
+        (void)close_range(3, ~0U, 0);
+    } else {
+        if (ready_fd > 3)
+            (void)close_range(3, (unsigned)ready_fd - 1, 0);
+        (void)close_range((unsigned)ready_fd + 1, ~0U, 0);
+        if (write(ready_fd, "R", 1) != 1)
+            return 1;
+        (void)close(ready_fd);
+    }
     fd = open("/dev/null", O_RDWR);
     if (fd >= 0) {
         for (i = 0; i < 3; i++) {
@@ -415,13 +448,16 @@ static int run_init(int ready_fd)
         (void)sigaction(ignored[i], &sa, NULL);
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
+    if (ready_fd < 0)
+        sigaddset(&chld, SIGPWR); /* an engine's clean stop (LXD) */
     (void)sigprocmask(SIG_BLOCK, &chld, NULL);
 
     for (;;) {
         /* SIGCHLD stays pending while blocked, so no exit is missed between the two. */
         while (waitpid(-1, NULL, WNOHANG) > 0)
             ;
-        (void)sigwaitinfo(&chld, NULL);
+        if (sigwaitinfo(&chld, NULL) == SIGPWR)
+            return 0;
     }
 }
 
@@ -909,10 +945,32 @@ static bool relay_once(struct framed_stream *st, int64_t max)
     return true;
 }
 
-/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left. 0 or -1. */
-static int kill_all_but_init(void)
+/* Bring lo of our network namespace up when it is down (an LXD container without a NIC whose
+ * init does not: its loopback is down). Best effort: without CAP_NET_ADMIN nothing changes. */
+static void loopback_up(void)
+{
+    struct ifreq ifr;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+    if (s < 0)
+        return;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && !(ifr.ifr_flags & IFF_UP)) {
+        ifr.ifr_flags |= IFF_UP;
+        (void)ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    close(s);
+}
+
+/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left; with
+ * spare_init_session also every process of pid 1's own session (an image's init that keeps
+ * a child, like a shell looping on sleep: what came in through an exec is always in a
+ * session of its own, and no process can join another session). 0 or -1. */
+static int kill_all_but_init(bool spare_init_session)
 {
     pid_t self = getpid();
+    pid_t init_sid = spare_init_session ? getsid(1) : -1;
 
     for (int pass = 0; pass < 200; pass++) {
         DIR *dp = opendir("/proc");
@@ -930,6 +988,8 @@ static int kill_all_but_init(void)
             int fd;
 
             if (*end || pid <= 1 || pid == self)
+                continue;
+            if (init_sid > 0 && getsid((pid_t)pid) == init_sid)
                 continue;
             /* a zombie is dead already (init reaps it): do not wait for it */
             snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
@@ -968,7 +1028,9 @@ static int run_framed(const struct options *o)
     pid_t pid;
 
     (void)signal(SIGPIPE, SIG_IGN);
-    if (o->exclusive && kill_all_but_init() < 0) {
+    if (o->loopback_up)
+        loopback_up();
+    if (o->exclusive && kill_all_but_init(o->spare_init_session) < 0) {
         snprintf(line, sizeof(line), "error the other processes of the sandbox would not end");
         (void)write_frame('s', line, strlen(line));
         return 0;
@@ -1436,7 +1498,7 @@ static int run_harness(const struct options *o, int ready_fd, const struct sup_u
     return write_receipt(o->receipt_fd, &r) < 0;
 }
 
-static int run_harness_launch(const struct options *o)
+static int run_harness_launch(struct options *o)
 {
     char claim[PATH_MAX], target[16], b, why[300];
     struct sup_user user;
@@ -1457,7 +1519,7 @@ static int run_harness_launch(const struct options *o)
         return 1;
     }
     /* the receipt channel is the harness supervisor's alone, never the harness's */
-    if (fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
+    if (!o->receipt_file && fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "lendbox-supervise: no receipt fd %d: %s\n", o->receipt_fd,
                 strerror(errno));
         return 1;
@@ -1475,6 +1537,17 @@ static int run_harness_launch(const struct options *o)
         }
         printf("already launched\n");
         return 4;
+    }
+    if (o->receipt_file) {
+        /* made only now, by the claim's winner, and never over a file already there (a
+         * sandbox process could still write it later: the daemon says so, see the header) */
+        o->receipt_fd =
+            open(o->receipt_file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (o->receipt_fd < 0) {
+            fprintf(stderr, "lendbox-supervise: cannot create the receipt file '%s': %s\n",
+                    o->receipt_file, strerror(errno));
+            return 1;
+        }
     }
     if (pipe2(ready, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
         struct receipt r = {.confirmed = true};
@@ -2135,20 +2208,23 @@ int main(int argc, char **argv)
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (argc > 1 && strcmp(argv[1], "--enter") == 0)
         return run_enter(argc, argv);
+    if (argc == 1 && getpid() == 1) {
+        loopback_up();
+        return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */
+    }
     if (parse_options(argc, argv, &o) < 0) {
         fprintf(stderr,
                 "usage: lendbox-supervise --init --ready-fd N\n"
                 "       lendbox-supervise --status-fd N --timeout-ms MS [--cwd DIR] "
                 "[--keep-background] [--pass-fd P] [--user USER] -- ARGV...\n"
-                "       lendbox-supervise --harness-launch DIR --receipt-fd N "
-                "--timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...\n"
+                "       lendbox-supervise --harness-launch DIR (--receipt-fd N | --receipt-file "
+                "PATH) --timeout-ms MS --cleanup-timeout-ms MS [--user USER] -- ARGV...\n"
                 "       lendbox-supervise --harness-stop DIR\n"
                 "       lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] "
                 "[--user USER] -- ARGV...\n"
                 "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
                 "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] "
-                "[--exclusive] "
-                "-- ARGV...\n");
+                "[--exclusive [--spare-init-session]] [--loopback-up] -- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");
         return 2;

@@ -532,11 +532,10 @@ bool lbt_variant_engine(void)
 
 const char *lbt_variant_lacks(const char *capability)
 {
-    if (lbt_variant_is("lxd") && strcmp(capability, "activations") == 0)
-        return "the lxd provider cannot pass the receipt file to a harness (no pass_fd): "
-               "activations answer 501 there (test_lxd.c checks it)";
-    if (lbt_variant_is("lxd") && strcmp(capability, "exclusive") == 0)
-        return "the lxd provider has no exclusive exec";
+    if (lbt_variant_is("lxd") && strcmp(capability, "sealed_receipt") == 0)
+        return "the lxd provider has no fd passing (pass_fd): the harness supervisor's receipt "
+               "is a file inside the instance (capability receipt_file), which the instance's "
+               "own processes can forge";
     if (lbt_variant_is("lxd") && strcmp(capability, "user_names") == 0)
         return "LXD's exec takes numeric uids only";
     if (lbt_variant_is("lxd") && strcmp(capability, "disk_quota") == 0)

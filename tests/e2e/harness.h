@@ -217,7 +217,8 @@ int lbt_variant_count_containers(const char *needle, bool running_only);
  * instances) with no host uid of their own, counted by lbt_variant_count_containers? */
 bool lbt_variant_engine(void);
 /* Why the variant cannot do capability ("activations", "exclusive", "user_names",
- * "disk_quota"), or NULL when it can. A static string. */
+ * "disk_quota", "sealed_receipt": an activation receipt no sandbox process can write), or NULL
+ * when it can. A static string. */
 const char *lbt_variant_lacks(const char *capability);
 /* Variant lxd: member a's unix socket (NULL on other variants), and GET path through it as
  * JSON (NULL when LXD does not answer; the caller decrefs). */
