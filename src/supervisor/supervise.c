@@ -767,21 +767,22 @@ static int user_become(const struct sup_user *u, bool have)
     return 0;
 }
 
-/* Is argv this very program's harness or PTY launcher (an activation's launch, a PTY
- * session's start)? Those switch to their own --user right before their command's exec. */
+/* Is argv this program's harness or PTY launcher (an activation's launch, a PTY session's
+ * start: the daemon names it by its path in the sandbox)? Those switch to their own --user
+ * right before their command's exec, and run as this very binary (/proc/self/exe), never as
+ * the file now at that path: the sandbox's root owns /run and could put its own program there.
+ * (A command naming it itself gains nothing: it gets the real launcher, as the sandbox's root,
+ * which its own request could have asked for.) */
 static bool is_own_harness_launch(char **argv)
 {
-    struct stat a, b;
-
-    return argv[0] && argv[1] &&
-           (strcmp(argv[1], "--harness-launch") == 0 || strcmp(argv[1], "--pty-launch") == 0) &&
-           stat(argv[0], &a) == 0 && stat("/proc/self/exe", &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
+    return argv[0] && argv[1] && strcmp(argv[0], "/run/lendbox/supervise") == 0 &&
+           (strcmp(argv[1], "--harness-launch") == 0 || strcmp(argv[1], "--pty-launch") == 0);
 }
 
 static void exec_command(char **argv, int status_fd, int pass_fd, const struct sup_user *u,
                          bool have_user)
 {
+    bool own;
     int e;
 
     /* the status channel is the supervisor's alone: never the command's (it is CLOEXEC too) */
@@ -792,12 +793,16 @@ static void exec_command(char **argv, int status_fd, int pass_fd, const struct s
     reset_signals();
     /* our own harness and PTY launchers stay who we are, capabilities included: the harness
      * supervisor (the PTY holder) switches to its --user right before its command's exec */
-    e = is_own_harness_launch(argv) ? 0 : user_become(u, have_user);
+    own = is_own_harness_launch(argv);
+    e = own ? 0 : user_become(u, have_user);
     if (e < 0) {
         dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
         _exit(126);
     }
-    execvp(argv[0], argv);
+    if (own)
+        execv("/proc/self/exe", argv);
+    else
+        execvp(argv[0], argv);
     e = errno;
     dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
     _exit(e == ENOENT ? 127 : 126);
@@ -1614,6 +1619,7 @@ static int run_harness_stop(const char *dir)
 #define ENTER_STATUS_FD 3
 #define ENTER_NS 6
 #define ENTER_SECCOMP_MAX (64 * 1024)
+#define ENTER_CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h, Linux 5.11 */
 
 static void enter_fail(const char *what)
 {
@@ -1679,7 +1685,7 @@ static int run_enter(int argc, char **argv)
     int64_t nchild, ncg, seccomp_fd, nofile, nenv;
     struct rlimit lim;
     char **env, **cmd;
-    int i, ws = 0;
+    int i, ws = 0, self_fd;
     pid_t g;
 
     if (argc < 8 || parse_int64(argv[2], 4, 5, &nchild) < 0 ||
@@ -1692,6 +1698,13 @@ static int run_enter(int argc, char **argv)
     env = argv + 7;
     argv[7 + nenv] = NULL; /* ends env */
     cmd = argv + 7 + nenv + 1;
+    /* The supervisor we start is this very binary, run through this fd, never the file at
+     * cmd[0] inside the sandbox: the sandbox's root owns /run there and could rename
+     * /run/lendbox and put a program of its own at that path. Opened here, on the host, before
+     * any namespace is entered. */
+    self_fd = open("/proc/self/exe", O_PATH | O_CLOEXEC);
+    if (self_fd < 0)
+        enter_fail("cannot open the supervisor's own binary");
     if (syscall(SYS_setgroups, 0, NULL) < 0)
         enter_fail("cannot drop supplementary groups");
     for (i = 0; i < ncg; i++) {
@@ -1719,14 +1732,15 @@ static int run_enter(int argc, char **argv)
     umask(022); /* the daemon's 077 is not the sandbox's business */
     g = fork();
     if (g == 0) {
-        (void)syscall(SYS_close_range, (unsigned)nchild, ~0U, 0);
+        /* close-on-exec rather than closed: self_fd must live until the exec */
+        (void)syscall(SYS_close_range, (unsigned)nchild, ~0U, ENTER_CLOSE_RANGE_CLOEXEC);
         lim.rlim_cur = lim.rlim_max = (rlim_t)nofile;
         if (setrlimit(RLIMIT_NOFILE, &lim) < 0) {
             write_status(ENTER_STATUS_FD,
                          "error cannot set the sandbox's open-file limit: errno %d", errno);
             _exit(127);
         }
-        execve(cmd[0], cmd, env);
+        syscall(SYS_execveat, self_fd, "", cmd, env, AT_EMPTY_PATH);
         write_status(ENTER_STATUS_FD, "error cannot execute %s: errno %d", cmd[0], errno);
         _exit(127);
     }
@@ -2206,6 +2220,14 @@ int main(int argc, char **argv)
      * at all; this call covers a readable copy. Inherited by forks, reset by exec, so the
      * commands we run are not affected. */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    /* Run through an fd or /proc/self/exe (never by its path inside a sandbox, see run_enter),
+     * the kernel names us after that ("5", "exe"): take the name of argv[0] again, as an exec
+     * by path would have given ("supervise"), which is how we appear in ps. */
+    if (argc > 0 && argv[0]) {
+        const char *base = strrchr(argv[0], '/');
+
+        (void)prctl(PR_SET_NAME, base ? base + 1 : argv[0], 0, 0, 0);
+    }
     if (argc > 1 && strcmp(argv[1], "--enter") == 0)
         return run_enter(argc, argv);
     if (argc == 1 && getpid() == 1) {

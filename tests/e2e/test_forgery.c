@@ -571,6 +571,46 @@ START_TEST(test_supervisor_copy_is_exec_only)
 }
 END_TEST
 
+/* A sandbox's root owns /run: it can rename /run/lendbox and put a program of its own at
+ * /run/lendbox/supervise. The exec helper and the supervisor's own launchers (PTY sessions,
+ * activations) run the daemon's supervisor itself, never the file at that path: the planted
+ * program never runs and results stay the real ones. */
+START_TEST(test_planted_supervisor_never_runs)
+{
+    char sbx[128], path[256];
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    json_t *res;
+
+    LBT_SKIP_ON_VARIANT("docker", "about the local provider's exec helper");
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "planted", sbx, sizeof(sbx), NULL, 0);
+    res = lbt_exec_ok(
+        &d, sbx, "",
+        "{\"command\": \"mv /run/lendbox /run/real && mkdir /run/lendbox && printf "
+        "'#!/bin/sh\\\\necho planted >>/tmp/planted\\\\necho exit 0 >&3\\\\nexit 0\\\\n' "
+        ">/run/lendbox/supervise && chmod 755 /run/lendbox/supervise && "
+        "/run/lendbox/supervise && cat /tmp/planted && rm /tmp/planted\"}");
+    /* the plant works when run by hand (so the test would see it run) */
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "planted\n");
+    json_decref(res);
+    /* an exec: the real supervisor, the real exit code */
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"echo real; exit 7\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "real\n");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 7);
+    json_decref(res);
+    /* a PTY session (the supervisor's own launcher) */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&d, "POST", path, "", "{\"command\": \"true\", \"pty\": false}", &r);
+    ck_assert_msg(r.status == 201, "pty: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"cat /tmp/planted 2>/dev/null; echo end\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "end\n");
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* [security] seccomp_deny adds names; an unknown name stops the daemon at start. */
 START_TEST(test_seccomp_deny_config)
 {
@@ -739,6 +779,7 @@ int main(void)
     tcase_add_test(forge, test_exclusive_leaves_no_agent_process);
     tcase_add_test(forge, test_exclusive_runs_alone);
     tcase_add_test(forge, test_supervisor_copy_is_exec_only);
+    tcase_add_test(forge, test_planted_supervisor_never_runs);
     tcase_add_test(forge, test_close_stops_agent_processes);
     tcase_add_test(forge, test_harness_cannot_forge_its_receipt);
     tcase_add_test(forge, test_harness_forgery_times_out);
