@@ -356,6 +356,7 @@ static void input_run(struct lb_request *req, void *arg)
 int route_pty_input(struct lb_request *req, struct lb_error *err)
 {
     const struct lb_buf *body = http_body(req);
+    char sandbox[LB_ID_MAX], key[200];
     struct input_job *j;
     int r = pty_check_token(ptys_of(req), http_param(req, 0), attach_token(req), err);
 
@@ -374,6 +375,13 @@ int route_pty_input(struct lb_request *req, struct lb_error *err)
         input_job_free(j);
         http_respond_empty(req, 204);
         return 0;
+    }
+    /* input may wait for the terminal (a stopped or slow holder): it takes the sandbox's exec
+     * share of the workers, never more, so one sandbox's flood cannot hold up the others */
+    if (pty_sandbox_of(ptys_of(req), j->sid, sandbox, sizeof(sandbox)) == 0) {
+        snprintf(key, sizeof(key), "exec:%s", sandbox);
+        http_set_fair_key(req, key,
+                          (size_t)((struct lb_app *)http_app(req))->max_execs_per_sandbox);
     }
     return http_defer(req, input_run, j, input_job_free, err);
 }
