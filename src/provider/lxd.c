@@ -43,10 +43,25 @@ static int64_t call_ms(const struct lb_lxd *l, int64_t timeout_ms)
     return timeout_ms > 0 ? timeout_ms : l->cfg.call_timeout_ms;
 }
 
+/* A path we send: ours, or one LXD answered (an operation, an exec's log). Only plain /1.0/
+ * paths: no userinfo or authority tricks ('@', "//"), no "..", no header or request-line
+ * breaks, so an answer can never point a request anywhere but the LXD API. */
+static bool lxd_path_is_safe(const char *path)
+{
+    return path && (strncmp(path, "/1.0/", 5) == 0 || strcmp(path, "/1.0") == 0) &&
+           !strchr(path, '@') && !strstr(path, "//") && !strstr(path, "..") &&
+           !strpbrk(path, "\r\n\t \\");
+}
+
 int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
            struct lb_httpc_response *resp, struct lb_error *err)
 {
-    int r = httpc_do(l->http, req, resp, err);
+    int r;
+
+    if (!lxd_path_is_safe(req->path))
+        return lb_error_set(err, -EREMOTEIO, "LXD: refusing an unexpected API path '%.80s'",
+                            req->path ? req->path : "");
+    r = httpc_do(l->http, req, resp, err);
 
     metrics_member_call("lxd", member, r < 0 || resp->status >= 500);
     if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
