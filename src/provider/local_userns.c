@@ -15,6 +15,7 @@
  * and reaps the helper: the fd alone keeps the namespace alive, and nothing stays running.
  */
 #include "provider/local_internal.h"
+#include "util/fault.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,6 +37,7 @@
 struct userns_helper {
     uid_t owner; /* 0: the clone itself made the namespace */
     int ready_w;
+    pid_t parent; /* the daemon: the helper dies with it */
 };
 
 /* syscall() in the helper: 0 or -errno. A failing call writes errno, which (no CLONE_SETTLS) is
@@ -53,7 +55,11 @@ static int userns_child_main(void *arg)
     char c = 0; /* 0: done; else the errno of what failed */
     long r = 0;
 
-    (void)helper_call(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0);
+    /* Our fd table is a copy of the daemon's (no CLONE_FILES): keep only the ready pipe, so a
+     * helper outliving the daemon could never hold its lock, listening socket or clients. */
+    if (h->ready_w > 0)
+        (void)helper_call(SYS_close_range, 0, (long)h->ready_w - 1, 0);
+    (void)helper_call(SYS_close_range, (long)h->ready_w + 1, ~0U, 0);
     if (h->owner != 0) {
         r = helper_call(SYS_setgroups, 0, 0, 0);
         if (r == 0)
@@ -64,6 +70,11 @@ static int userns_child_main(void *arg)
             r = helper_call(SYS_unshare, CLONE_NEWUSER, 0, 0);
         c = (char)(r < 0 && -r < 127 ? -r : r < 0 ? EPERM : 0);
     }
+    /* Die with the daemon. Set after the uid change, which clears it; then make sure the
+     * daemon did not die before it was set (we would have been reparented already). */
+    (void)helper_call(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0);
+    if (helper_call(SYS_getppid, 0, 0, 0) != h->parent)
+        helper_call(SYS_exit, 1, 0, 0);
     if (helper_call(SYS_write, h->ready_w, (long)&c, 1) != 1 || c != 0)
         helper_call(SYS_exit, 1, 0, 0);
     for (;;)
@@ -74,7 +85,7 @@ static int userns_child_main(void *arg)
 int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
 {
     static const char *const files[] = {"uid_map", "gid_map"};
-    struct userns_helper h = {.owner = owner, .ready_w = -1};
+    struct userns_helper h = {.owner = owner, .ready_w = -1, .parent = getpid()};
     char path[64], map[64], c;
     int r = 0, st, mfd, ready_r = -1, ready_w = -1;
     char *stack = NULL;
@@ -117,6 +128,10 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
             goto out;
         }
     }
+    /* named fault point: the helper is up and the maps not yet written */
+    r = fault_hit("userns.helper", 0, NULL);
+    if (r < 0)
+        goto out;
     snprintf(map, sizeof(map), "0 %u %u\n", (unsigned)first, (unsigned)count);
     for (int i = 0; i < 2 && r == 0; i++) {
         snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, files[i]);

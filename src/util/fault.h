@@ -10,7 +10,8 @@
  * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
  * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
  * before its tree is published), image.mounted (a seed on an image: its root's mounts made,
- * right before the sandbox's init starts).
+ * right before the sandbox's init starts), userns.helper (a sandbox's user namespace: its helper
+ * process is up, the id maps not yet written).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

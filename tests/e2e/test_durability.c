@@ -437,6 +437,45 @@ START_TEST(test_sigkill_during_create)
 }
 END_TEST
 
+/* --- kill -9 while a sandbox's user-namespace helper is up: it dies with the daemon --- */
+/* The helper (a clone of the daemon that holds the new namespace while the daemon writes its id
+ * maps) changes its uid, which clears a parent-death signal set before: it must be set after,
+ * and the helper must hold none of the daemon's fds, else a helper outliving a kill -9 keeps
+ * lendboxd.lock and the listening socket and the restart fails. */
+START_TEST(test_sigkill_leaves_no_userns_helper)
+{
+    static const char *const slow[] = {"--set", "faults.spec=userns.helper=delay:60000", NULL};
+    struct dur x;
+    struct lbt_async *a;
+    struct lbt_resp r;
+    uid_t uids[8];
+    int n = 0;
+
+    LBT_SKIP_ON_VARIANT("docker", "about the local provider's user namespaces");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's user namespaces");
+    dur_start(&x, 0, slow);
+    a = lbt_async_json(&x.d, "POST", "/v1/sessions/userns-1/seed", "", "{\"task_id\":\"t\"}");
+    /* the helper runs as the slot's first id, a process of the daemon's range */
+    for (double until = lbt_now() + 60; n == 0; lbt_sleep_ms(50)) {
+        n = lbt_uids_in_range(x.uid_base, x.uid_base + UID_SPAN, uids, 8);
+        ck_assert_msg(n > 0 || lbt_now() < until, "the user-namespace helper did not appear");
+    }
+    lbt_daemon_kill(&x.d);
+    lbt_async_join(a, &r);
+    lbt_resp_free(&r);
+    for (double until = lbt_now() + 30;; lbt_sleep_ms(50)) {
+        n = lbt_uids_in_range(x.uid_base, x.uid_base + UID_SPAN, uids, 8);
+        if (n == 0)
+            break;
+        ck_assert_msg(lbt_now() < until, "a process of the daemon's range outlived it (uid %u)",
+                      (unsigned)uids[0]);
+    }
+    dur_restart(&x, 0, NULL); /* fails if anything still held the lock */
+    json_decref(lbt_seed(&x.d, "userns-1", "t", NULL));
+    dur_cleanup(&x);
+}
+END_TEST
+
 /* --- five concurrent releases: all 200, one stop --- */
 START_TEST(test_concurrent_releases_one_stop)
 {
@@ -997,6 +1036,7 @@ int main(void)
     tcase_add_test(tc, test_failed_seed_retried_before_new_start);
     tcase_add_test(tc, test_disconnect_during_slow_seed);
     tcase_add_test(tc, test_sigkill_during_create);
+    tcase_add_test(tc, test_sigkill_leaves_no_userns_helper);
     tcase_add_test(tc, test_concurrent_releases_one_stop);
     tcase_add_test(tc, test_ttl);
     tcase_add_test(tc, test_sigterm_sweep_bounded);
