@@ -53,6 +53,7 @@ struct session {
 struct lb_ptys {
     struct lb_pty_config cfg;
     char *dir;
+    int dir_fd; /* <state_dir>/pty, root only: the daemon's own files and the session dirs */
     struct lb_lend *lend;
     struct lb_store *store;
     pthread_mutex_t lock; /* guards sessions and every session's fields */
@@ -77,80 +78,184 @@ static bool sid_is_valid(const char *sid)
     return true;
 }
 
-static void session_path(const struct lb_ptys *p, const char *sid, const char *name, char *buf,
-                         size_t len)
+/* The session directory is written by the sandbox (its holder runs as the sandbox's uid and
+ * reaches it through the fd it was passed): nothing in it is trusted. Every access goes
+ * through a descriptor of the directory (opened O_NOFOLLOW from pty/, which only the daemon
+ * reaches), never follows a symlink (O_NOFOLLOW), never blocks on a FIFO (O_NONBLOCK), checks
+ * the type (and, for what is served, one link only: no hard link to a host file) with fstat
+ * after the open, and reads within bounds. The daemon's own files (meta, holder) are not in
+ * it: they are siblings <sid>.meta and <sid>.holder in pty/, 0600. */
+
+/* The session's directory as an fd, or -errno. */
+static int session_dir_open(const struct lb_ptys *p, const char *sid)
 {
-    if (name)
-        snprintf(buf, len, "%s/%s/%s", p->dir, sid, name);
-    else
-        snprintf(buf, len, "%s/%s", p->dir, sid);
+    int fd = openat(p->dir_fd, sid, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+    return fd < 0 ? -errno : fd;
 }
 
-/* Remove <dir>/<sid> and what is in it (one level: the holder makes no subdirectory). */
-static void remove_session_dir(const struct lb_ptys *p, const char *sid)
+/* Open a file the holder wrote (a segment or exit) for reading: a regular file with one link,
+ * never a symlink or a FIFO. -errno (-EPERM: something else is there). */
+static int session_open_file(int sdir, const char *name, struct stat *st)
 {
-    char path[PATH_MAX];
+    int fd = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+
+    if (fd < 0)
+        return errno == ELOOP ? -EPERM : -errno;
+    if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode) || st->st_nlink != 1) {
+        close(fd);
+        return -EPERM;
+    }
+    return fd;
+}
+
+/* Is name a regular file of the holder's (lstat; one link)? Its size in *size. */
+static bool session_file_ok(int sdir, const char *name, uint64_t *size)
+{
+    struct stat st;
+
+    if (fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+        st.st_nlink != 1)
+        return false;
+    if (size)
+        *size = (uint64_t)st.st_size;
+    return true;
+}
+
+/* Open a FIFO of the session (in, ctl) for writing without blocking; anything but a FIFO is
+ * refused (-EPERM) and never written. -ENXIO: no reader (the holder is gone). */
+static int session_open_fifo(int sdir, const char *name)
+{
+    struct stat st;
+    int fd = openat(sdir, name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+
+    if (fd < 0)
+        return errno == ELOOP || errno == EISDIR ? -EPERM : -errno;
+    if (fstat(fd, &st) < 0 || !S_ISFIFO(st.st_mode)) {
+        close(fd);
+        return -EPERM;
+    }
+    return fd;
+}
+
+#define REMOVE_DEPTH_MAX 8 /* the holder makes no subdirectory: a deeper tree is hostile */
+
+/* Remove name in dir (a file, or a directory and what is in it), never following a symlink:
+ * everything is unlinkat on a directory fd opened O_NOFOLLOW. Bounded depth. */
+static void remove_entry_at(int dir, const char *name, int depth)
+{
     DIR *d;
     struct dirent *e;
-    int tries = 0;
+    int fd;
 
-    session_path(p, sid, NULL, path, sizeof(path));
-    /* a holder still ending (DELETE) may add its exit file meanwhile: a few passes */
-    do {
-        d = opendir(path);
-        if (d) {
-            while ((e = readdir(d))) {
-                if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-                    (void)unlinkat(dirfd(d), e->d_name, 0);
-            }
-            closedir(d);
-        }
-    } while (rmdir(path) < 0 && errno == ENOTEMPTY && ++tries < 5);
-    if (access(path, F_OK) == 0)
-        log_warn("pty: cannot remove %s: %s", path, strerror(errno));
+    if (unlinkat(dir, name, 0) == 0 || (errno != EISDIR && errno != EPERM))
+        return;
+    if (unlinkat(dir, name, AT_REMOVEDIR) == 0 || depth >= REMOVE_DEPTH_MAX)
+        return;
+    fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            remove_entry_at(dirfd(d), e->d_name, depth + 1);
+    }
+    closedir(d);
+    (void)unlinkat(dir, name, AT_REMOVEDIR);
 }
 
-/* Write name in the session's directory atomically. */
+/* Write pty/<sid>.<name> (daemon-only, 0600) atomically: a fresh tmp file (O_EXCL, never a
+ * symlink), then rename. */
 static int write_file_atomic(const struct lb_ptys *p, const char *sid, const char *name,
                              const char *text)
 {
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    char path[LB_PTY_SID_MAX + 32], tmp[LB_PTY_SID_MAX + 48];
     size_t n = strlen(text);
     int fd, r = 0;
 
-    session_path(p, sid, name, path, sizeof(path));
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    snprintf(path, sizeof(path), "%s.%s", sid, name);
+    snprintf(tmp, sizeof(tmp), "%s.%s.tmp", sid, name);
+    (void)unlinkat(p->dir_fd, tmp, 0); /* left by a crash */
+    fd = openat(p->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -errno;
     if (write(fd, text, n) != (ssize_t)n || fsync(fd) < 0)
-        r = -errno ? -errno : -EIO;
+        r = errno ? -errno : -EIO;
     close(fd);
-    if (r == 0 && rename(tmp, path) < 0)
+    if (r == 0 && renameat(p->dir_fd, tmp, p->dir_fd, path) < 0)
         r = -errno;
     if (r < 0)
-        (void)unlink(tmp);
+        (void)unlinkat(p->dir_fd, tmp, 0);
     return r;
 }
 
-/* Read up to len-1 bytes of a session file into buf (NUL-terminated). -errno. */
-static int read_small(const struct lb_ptys *p, const char *sid, const char *name, char *buf,
-                      size_t len)
+/* Read up to len-1 bytes of pty/<sid>.<name> (the daemon's) into buf, NUL-terminated. */
+static int read_own(const struct lb_ptys *p, const char *sid, const char *name, char *buf,
+                    size_t len)
 {
-    char path[PATH_MAX];
+    char path[LB_PTY_SID_MAX + 32];
+    struct stat st;
     ssize_t n;
     int fd;
 
-    session_path(p, sid, name, path, sizeof(path));
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    snprintf(path, sizeof(path), "%s.%s", sid, name);
+    fd = openat(p->dir_fd, path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return -errno;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return -EPERM;
+    }
     n = read(fd, buf, len - 1);
     close(fd);
     if (n < 0)
         return -errno;
     buf[n] = '\0';
     return 0;
+}
+
+/* Read up to len-1 bytes of the holder's file name (exit) into buf, NUL-terminated. */
+static int read_small(const struct lb_ptys *p, const char *sid, const char *name, char *buf,
+                      size_t len)
+{
+    struct stat st;
+    ssize_t n;
+    int sdir = session_dir_open(p, sid), fd;
+
+    if (sdir < 0)
+        return sdir;
+    fd = session_open_file(sdir, name, &st);
+    close(sdir);
+    if (fd < 0)
+        return fd;
+    n = read(fd, buf, len - 1);
+    close(fd);
+    if (n < 0)
+        return -errno;
+    buf[n] = '\0';
+    return 0;
+}
+
+/* Remove pty/<sid>/ and what is in it, and the daemon's pty/<sid>.meta and .holder. */
+static void remove_session_dir(const struct lb_ptys *p, const char *sid)
+{
+    char own[LB_PTY_SID_MAX + 32];
+    int tries = 0;
+
+    /* a holder still ending (DELETE) may add its exit file meanwhile: a few passes */
+    do
+        remove_entry_at(p->dir_fd, sid, 0);
+    while (faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) == 0 && ++tries < 5);
+    if (faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+        log_warn("pty: cannot remove %s/%s", p->dir, sid);
+    snprintf(own, sizeof(own), "%s.meta", sid);
+    (void)unlinkat(p->dir_fd, own, 0);
+    snprintf(own, sizeof(own), "%s.holder", sid);
+    (void)unlinkat(p->dir_fd, own, 0);
 }
 
 static bool sandbox_is_running(struct lb_ptys *p, const char *sandbox_id)
@@ -195,8 +300,8 @@ static struct session *session_add_locked(struct lb_ptys *p, const char *sid,
     snprintf(s->sid, sizeof(s->sid), "%s", sid);
     snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sandbox_id);
     s->pty = pty;
-    session_path(p, sid, NULL, path, sizeof(path));
-    s->wd = inotify_add_watch(p->ino, path, WATCH_MASK);
+    snprintf(path, sizeof(path), "%s/%s", p->dir, sid);
+    s->wd = inotify_add_watch(p->ino, path, WATCH_MASK | IN_DONT_FOLLOW | IN_ONLYDIR);
     if (s->wd < 0)
         log_warn("pty: cannot watch %s: %s (its long-polls wait for their deadline)", path,
                  strerror(errno));
@@ -212,16 +317,18 @@ static struct session *session_add_locked(struct lb_ptys *p, const char *sid,
  * wake the very poll that made it. */
 static bool holder_alive(const struct lb_ptys *p, const char *sid)
 {
-    char path[PATH_MAX];
-    int fd;
+    int sdir = session_dir_open(p, sid), fd;
 
-    session_path(p, sid, "in", path, sizeof(path));
-    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (sdir < 0)
+        return false;
+    fd = session_open_fifo(sdir, "in");
+    close(sdir);
     if (fd >= 0) {
         close(fd);
         return true;
     }
-    return errno != ENXIO && errno != ENOENT;
+    /* no reader, no FIFO, or something planted in its place: nobody to serve the session */
+    return fd != -ENXIO && fd != -ENOENT && fd != -EPERM;
 }
 
 static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
@@ -244,7 +351,7 @@ static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
             struct waiter *w = *pw;
             const char *stream = w->err_stream ? "err." : "out.";
             bool hit = !(ev->len > 0) || (!w->exit_only && strncmp(ev->name, stream, 4) == 0) ||
-                       strcmp(ev->name, "exit") == 0 || strcmp(ev->name, "holder") == 0 || ctl_end;
+                       strcmp(ev->name, "exit") == 0 || ctl_end;
 
             if (!hit) {
                 pw = &w->next;
@@ -328,7 +435,7 @@ static void load_session(struct lb_ptys *p, const char *sid)
     json_t *m;
     const char *sbx;
 
-    if (read_small(p, sid, "meta", meta, sizeof(meta)) < 0 || !(m = json_loads(meta, 0, NULL))) {
+    if (read_own(p, sid, "meta", meta, sizeof(meta)) < 0 || !(m = json_loads(meta, 0, NULL))) {
         /* a create that died before its meta was in: nothing can be running for it */
         remove_session_dir(p, sid);
         return;
@@ -340,7 +447,7 @@ static void load_session(struct lb_ptys *p, const char *sid)
         struct session *s =
             session_add_locked(p, sid, sbx, json_is_true(json_object_get(m, "pty")));
 
-        if (s && read_small(p, sid, "holder", holder, sizeof(holder)) == 0 &&
+        if (s && read_own(p, sid, "holder", holder, sizeof(holder)) == 0 &&
             strlen(holder) == LB_SHA256_HEX)
             memcpy(s->holder, holder, sizeof(s->holder));
     }
@@ -366,7 +473,11 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
     p->store = store;
     p->stop[0] = p->stop[1] = -1;
     pthread_mutex_init(&p->lock, NULL);
-    if ((mkdir(p->dir, 0700) < 0 && errno != EEXIST) || chmod(p->dir, 0700) < 0) {
+    p->dir_fd = -1;
+    p->ino = -1;
+    if ((mkdir(p->dir, 0700) < 0 && errno != EEXIST) ||
+        (p->dir_fd = open(p->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        fchmod(p->dir_fd, 0700) < 0) {
         r = lb_error_set(err, -errno, "cannot create '%s': %s", p->dir, strerror(errno));
         goto fail;
     }
@@ -375,15 +486,27 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
         r = lb_error_set(err, -errno, "cannot start the PTY watcher: %s", strerror(errno));
         goto fail;
     }
-    d = opendir(p->dir);
-    if (!d) {
+    r = openat(p->dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (r < 0 || !(d = fdopendir(r))) {
+        if (r >= 0)
+            close(r);
         r = lb_error_set(err, -errno, "cannot read '%s': %s", p->dir, strerror(errno));
         goto fail;
     }
     pthread_mutex_lock(&p->lock);
     while ((e = readdir(d))) {
-        if (sid_is_valid(e->d_name))
+        if (sid_is_valid(e->d_name)) {
             load_session(p, e->d_name);
+        } else if (strncmp(e->d_name, "pty-", 4) == 0 && strchr(e->d_name, '.')) {
+            /* the daemon's pty-<hex>.meta/.holder(.tmp): kept only with their session */
+            char sid[LB_PTY_SID_MAX];
+            size_t n = (size_t)(strchr(e->d_name, '.') - e->d_name);
+
+            snprintf(sid, sizeof(sid), "%.*s", (int)(n < sizeof(sid) ? n : 0), e->d_name);
+            if (!sid_is_valid(sid) || faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) < 0 ||
+                strstr(e->d_name, ".tmp"))
+                (void)unlinkat(p->dir_fd, e->d_name, 0);
+        }
     }
     pthread_mutex_unlock(&p->lock);
     closedir(d);
@@ -421,6 +544,8 @@ void pty_service_free(struct lb_ptys *p)
     }
     if (p->ino >= 0)
         close(p->ino);
+    if (p->dir_fd >= 0)
+        close(p->dir_fd);
     if (p->stop[0] >= 0)
         close(p->stop[0]);
     if (p->stop[1] >= 0)
@@ -478,12 +603,14 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
                             "(limits.max_pty_sessions)",
                             sandbox_id, n);
     }
-    session_path(p, sid, NULL, path, sizeof(path));
+    snprintf(path, sizeof(path), "%s/%s", p->dir, sid);
     /* the holder writes here as the sandbox's uid (any uid of it, once users come): the
      * directory is open to all, and reachable only through the fd we pass (pty/ is 0700) */
-    if (mkdir(path, 0700) < 0 || chmod(path, 0777) < 0) {
+    if (mkdirat(p->dir_fd, sid, 0700) < 0 || (dir_fd = session_dir_open(p, sid)) < 0 ||
+        fchmod(dir_fd, 0777) < 0) {
         r = lb_error_set(err, -EIO, "cannot create '%s': %s", path, strerror(errno));
         pthread_mutex_unlock(&p->lock);
+        made = dir_fd >= 0;
         goto out;
     }
     made = true;
@@ -501,11 +628,6 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     }
     if (!meta || (r = write_file_atomic(p, sid, "meta", meta)) < 0) {
         r = lb_error_set(err, -EIO, "cannot record the session: %s", strerror(meta ? -r : ENOMEM));
-        goto out;
-    }
-    dir_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd < 0) {
-        r = lb_error_set(err, -EIO, "cannot open '%s': %s", path, strerror(errno));
         goto out;
     }
     snprintf(rows, sizeof(rows), "%d", c->rows);
@@ -656,76 +778,148 @@ struct seg_range {
     uint64_t lo, hi; /* lowest and highest segment index present */
 };
 
-static void scan_segments(const char *dir, const char *prefix, struct seg_range *sr)
+/* Index of a segment name PREFIX.K (K decimal, no sign, no leading zero but "0"), or -1. */
+static int64_t segment_index(const char *name, const char *prefix)
 {
     size_t pl = strlen(prefix);
-    DIR *d = opendir(dir);
+    const char *d = name + pl;
+    char *end;
+    unsigned long long k;
+
+    if (strncmp(name, prefix, pl) != 0 || *d < '0' || *d > '9' || (d[0] == '0' && d[1]))
+        return -1;
+    errno = 0;
+    k = strtoull(d, &end, 10);
+    return errno || *end || k > (unsigned long long)INT64_MAX / SEG_BYTES ? -1 : (int64_t)k;
+}
+
+/* The names the holder writes besides the segments (lendbox-supervise's PTY mode). */
+static bool holder_name(const char *n)
+{
+    static const char *const names[] = {"exit", "in", "ctl", "pid", ".exit.tmp", ".pid.tmp"};
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(n, names[i]) == 0)
+            return true;
+    return false;
+}
+
+#define SWEEP_SEGS 6 /* segments kept by the sweep: the holder's 5 and the one it opens next */
+
+/* Find the range of PREFIX segments in the session directory, and sweep it: whatever the
+ * holder never writes (other names, directories, symlinks, FIFOs or hard links where a file
+ * belongs, segments over SEG_BYTES or behind the retained window) is removed, so a sandbox
+ * that got hold of the directory cannot grow it past about SWEEP_SEGS segments per stream
+ * for longer than until the next read. */
+static void scan_segments(int sdir, const char *prefix, struct seg_range *sr)
+{
+    struct seg_range both[2] = {{0}};
+    static const char *const prefixes[2] = {"out.", "err."};
     struct dirent *e;
+    DIR *d;
+    int fd = openat(sdir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
     memset(sr, 0, sizeof(*sr));
-    if (!d)
+    if (fd < 0 || !(d = fdopendir(fd))) {
+        if (fd >= 0)
+            close(fd);
         return;
-    while ((e = readdir(d))) {
-        char *end;
-        unsigned long long k;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* 1: ranges known, remove the old segments */
+        rewinddir(d);
+        while ((e = readdir(d))) {
+            const char *n = e->d_name;
+            uint64_t size;
+            int64_t k = -1;
+            int i;
 
-        if (strncmp(e->d_name, prefix, pl) != 0 || !e->d_name[pl])
-            continue;
-        errno = 0;
-        k = strtoull(e->d_name + pl, &end, 10);
-        if (errno || *end)
-            continue;
-        if (!sr->any || k < sr->lo)
-            sr->lo = k;
-        if (!sr->any || k > sr->hi)
-            sr->hi = k;
-        sr->any = true;
+            if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
+                continue;
+            for (i = 0; i < 2 && k < 0; i++)
+                k = segment_index(n, prefixes[i]);
+            i--;
+            if (k < 0) {
+                if (pass == 0 && !holder_name(n)) {
+                    log_warn("pty: removing '%s' from a session directory (not the holder's)", n);
+                    remove_entry_at(dirfd(d), n, 0);
+                }
+                continue;
+            }
+            if (pass == 0) {
+                if (!session_file_ok(dirfd(d), n, &size) || size > SEG_BYTES) {
+                    log_warn("pty: removing '%s' from a session directory (not a segment)", n);
+                    remove_entry_at(dirfd(d), n, 0);
+                    continue;
+                }
+                if (!both[i].any || (uint64_t)k < both[i].lo)
+                    both[i].lo = (uint64_t)k;
+                if (!both[i].any || (uint64_t)k > both[i].hi)
+                    both[i].hi = (uint64_t)k;
+                both[i].any = true;
+            } else if ((uint64_t)k + SWEEP_SEGS <= both[i].hi) {
+                (void)unlinkat(dirfd(d), n, 0);
+            }
+        }
     }
     closedir(d);
+    for (int i = 0; i < 2; i++) {
+        if (both[i].any && both[i].hi >= SWEEP_SEGS && both[i].lo + SWEEP_SEGS <= both[i].hi)
+            both[i].lo = both[i].hi - SWEEP_SEGS + 1;
+        if (strcmp(prefix, prefixes[i]) == 0)
+            *sr = both[i];
+    }
 }
 
 int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since,
              struct lb_pty_chunk *out, struct lb_error *err)
 {
     const char *prefix = err_stream ? "err." : "out.";
-    char dir[PATH_MAX], path[PATH_MAX + 64], exit_text[32];
+    char name[64], exit_text[32];
     struct seg_range sr;
     struct session *s;
     struct stat stt;
-    int r = session_lock(p, sid, &s, err), fd;
+    uint64_t size;
+    int r = session_lock(p, sid, &s, err), fd, sdir;
 
     memset(out, 0, sizeof(*out));
     out->fd = -1;
     if (r < 0)
         return r;
     pthread_mutex_unlock(&p->lock);
-    session_path(p, sid, NULL, dir, sizeof(dir));
+    sdir = session_dir_open(p, sid);
+    if (sdir < 0)
+        return not_found(err, sid);
     /* the exit file first: it is renamed in after the last byte, so the end read after it
      * is final */
     if (read_small(p, sid, "exit", exit_text, sizeof(exit_text)) == 0) {
         out->exited = true;
         out->exit_code = atoi(exit_text);
     }
-    scan_segments(dir, prefix, &sr);
+    scan_segments(sdir, prefix, &sr);
     if (!sr.any) {
-        if (stat(dir, &stt) < 0)
-            return not_found(err, sid);
         sr.lo = sr.hi = 0; /* not started yet: an empty stream */
         out->end = 0;
     } else {
-        snprintf(path, sizeof(path), "%s/%s%" PRIu64, dir, prefix, sr.hi);
-        out->end = sr.hi * SEG_BYTES + (stat(path, &stt) == 0 ? (uint64_t)stt.st_size : 0);
+        snprintf(name, sizeof(name), "%s%" PRIu64, prefix, sr.hi);
+        if (!session_file_ok(sdir, name, &size) || size > SEG_BYTES)
+            size = 0;
+        out->end = sr.hi * SEG_BYTES + size;
     }
-    if (since > out->end)
-        return lb_error_set(err, -EINVAL,
-                            "since %" PRIu64 " is past the end of the output (%" PRIu64
-                            " bytes so far)",
-                            since, out->end);
-    if (since < sr.lo * SEG_BYTES)
-        return lb_error_set(err, -ESTALE,
-                            "since %" PRIu64 " is older than the retained window (it starts at "
-                            "%" PRIu64 ")",
-                            since, sr.lo * SEG_BYTES);
+    r = 0;
+    if (since > out->end) {
+        r = lb_error_set(err, -EINVAL,
+                         "since %" PRIu64 " is past the end of the output (%" PRIu64
+                         " bytes so far)",
+                         since, out->end);
+        goto out;
+    }
+    if (since < sr.lo * SEG_BYTES) {
+        r = lb_error_set(err, -ESTALE,
+                         "since %" PRIu64 " is older than the retained window (it starts at "
+                         "%" PRIu64 ")",
+                         since, sr.lo * SEG_BYTES);
+        goto out;
+    }
     out->next = since;
     if (since == out->end) {
         /* nothing more: is anyone still there to write it? (the exit file comes before the
@@ -734,29 +928,38 @@ int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since
             if (read_small(p, sid, "exit", exit_text, sizeof(exit_text)) == 0) {
                 out->exited = true;
                 out->exit_code = atoi(exit_text);
-                return 0;
+                goto out;
             }
-            return holder_lost(err, sid);
+            r = holder_lost(err, sid);
         }
-        return 0;
+        goto out;
     }
-    snprintf(path, sizeof(path), "%s/%s%" PRIu64, dir, prefix, since / SEG_BYTES);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &stt) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return lb_error_set(err, -ESTALE, "since %" PRIu64 " left the retained window just now",
-                            since);
+    snprintf(name, sizeof(name), "%s%" PRIu64, prefix, since / SEG_BYTES);
+    fd = session_open_file(sdir, name, &stt);
+    if (fd == -EPERM) {
+        r = lb_error_set(err, -EREMOTEIO,
+                         "PTY session %s: %s is not an output segment the holder wrote (a "
+                         "symlink, FIFO or link was planted in its place); it is not served",
+                         sid, name);
+        goto out;
+    }
+    if (fd < 0) {
+        r = lb_error_set(err, -ESTALE, "since %" PRIu64 " left the retained window just now",
+                         since);
+        goto out;
     }
     out->file_off = since % SEG_BYTES;
-    if ((uint64_t)stt.st_size <= out->file_off) { /* the segment is being started */
+    size = (uint64_t)stt.st_size > SEG_BYTES ? SEG_BYTES : (uint64_t)stt.st_size;
+    if (size <= out->file_off) { /* the segment is being started */
         close(fd);
-        return 0;
+        goto out;
     }
     out->fd = fd;
-    out->len = (uint64_t)stt.st_size - out->file_off;
+    out->len = size - out->file_off;
     out->next = since + out->len;
-    return 0;
+out:
+    close(sdir);
+    return r;
 }
 
 int pty_exit_code(struct lb_ptys *p, const char *sid, int *code, struct lb_error *err)
@@ -843,27 +1046,35 @@ void pty_unwatch(struct lb_ptys *p, struct lb_park *park)
 
 static bool session_exited(struct lb_ptys *p, const char *sid)
 {
-    char path[PATH_MAX];
+    int sdir = session_dir_open(p, sid);
+    bool exited = sdir >= 0 && session_file_ok(sdir, "exit", NULL);
 
-    session_path(p, sid, "exit", path, sizeof(path));
-    return access(path, F_OK) == 0;
+    if (sdir >= 0)
+        close(sdir);
+    return exited;
 }
 
 /* Open a FIFO of the session for writing, without blocking. */
 static int open_fifo(struct lb_ptys *p, const char *sid, const char *name, struct lb_error *err)
 {
-    char path[PATH_MAX];
-    int fd;
+    int sdir = session_dir_open(p, sid), fd;
 
-    session_path(p, sid, name, path, sizeof(path));
-    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (sdir < 0)
+        return not_found(err, sid);
+    fd = session_open_fifo(sdir, name);
+    close(sdir);
     if (fd >= 0)
         return fd;
-    if (errno == ENXIO || session_exited(p, sid))
+    if (fd == -EPERM)
+        return lb_error_set(err, -EREMOTEIO,
+                            "PTY session %s: its %s is not the holder's FIFO (something was "
+                            "planted in its place); nothing was written",
+                            sid, name);
+    if (fd == -ENXIO || session_exited(p, sid))
         return lb_error_set(err, -EBUSY, "the session's process has exited");
-    if (errno == ENOENT)
+    if (fd == -ENOENT)
         return not_found(err, sid);
-    return lb_error_set(err, -EIO, "cannot reach the session: %s", strerror(errno));
+    return lb_error_set(err, -EIO, "cannot reach the session: %s", strerror(-fd));
 }
 
 int pty_input(struct lb_ptys *p, const char *sid, const void *data, size_t len,
@@ -1007,16 +1218,18 @@ int pty_attach(struct lb_ptys *p, const char *sid, bool takeover, char token_out
 int pty_delete(struct lb_ptys *p, const char *sid, struct lb_error *err)
 {
     struct session *s;
-    int r = session_lock(p, sid, &s, err), fd;
-    char path[PATH_MAX];
+    int r = session_lock(p, sid, &s, err), fd = -1, sdir;
 
     if (r < 0)
         return r;
     session_forget_locked(p, s);
     pthread_mutex_unlock(&p->lock);
     /* the holder kills its process tree and then exits; its files go with the directory */
-    session_path(p, sid, "ctl", path, sizeof(path));
-    fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    sdir = session_dir_open(p, sid);
+    if (sdir >= 0) {
+        fd = session_open_fifo(sdir, "ctl");
+        close(sdir);
+    }
     if (fd >= 0) {
         (void)!write(fd, "kill\n", 5);
         close(fd);

@@ -18,9 +18,14 @@
  *   in, ctl        FIFOs: raw input bytes; control lines ("resize R C", "signal N", "kill")
  *   pid            the holder's pid in the sandbox (informative)
  *
- * and the daemon writes meta (the sandbox id and mode) and holder (the SHA-256 of the
- * current attach token). Sessions are rediscovered from the directory at start, so a kill -9
- * and restart of lendboxd loses nothing. One inotify thread watches every session directory
+ * and the daemon writes <dir>/<sid>.meta (the sandbox id and mode) and <dir>/<sid>.holder (the
+ * SHA-256 of the current attach token), 0600, beside the directory and never in it. Nothing
+ * in the session directory is trusted (the sandbox writes it): the daemon reaches it only
+ * through a directory fd, never follows a symlink, never opens a FIFO but in/ctl (and those
+ * only if they are FIFOs), serves only regular single-link segments of at most 256 KiB, sweeps
+ * away what the holder never writes, and removes it without following links (see
+ * docs/operations.md "PTY sessions"). Sessions are rediscovered from the directory at start, so a
+ * kill -9 and restart of lendboxd loses nothing. One inotify thread watches every session directory
  * and wakes the parked long-polls (output, wait) of a session when its files change: a poll
  * never holds a worker. A stop of the sandbox (any stop through lending) removes its
  * sessions; its processes die with the sandbox's cgroup.
