@@ -763,8 +763,14 @@ int pty_check_token(struct lb_ptys *p, const char *sid, const char *token, struc
     return r;
 }
 
-static int holder_lost(struct lb_error *err, const char *sid)
+/* The holder is gone without an exit status: the session ended with its sandbox (released,
+ * deleted: 404, as for a deleted session), or its holder was killed (502). */
+static int holder_lost(struct lb_ptys *p, struct lb_error *err, const char *sid)
 {
+    char sandbox[LB_ID_MAX];
+
+    if (pty_sandbox_of(p, sid, sandbox, sizeof(sandbox)) < 0 || !sandbox_is_running(p, sandbox))
+        return not_found(err, sid);
     return lb_error_set(err, -EREMOTEIO,
                         "PTY session %s ended without an exit status: its holder process in the "
                         "sandbox was killed",
@@ -930,7 +936,7 @@ int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since
                 out->exit_code = atoi(exit_text);
                 goto out;
             }
-            r = holder_lost(err, sid);
+            r = holder_lost(p, err, sid);
         }
         goto out;
     }
@@ -975,7 +981,7 @@ int pty_exit_code(struct lb_ptys *p, const char *sid, int *code, struct lb_error
         if (holder_alive(p, sid))
             return -EAGAIN;
         if (read_small(p, sid, "exit", text, sizeof(text)) < 0)
-            return holder_lost(err, sid);
+            return holder_lost(p, err, sid);
     }
     *code = atoi(text);
     return 0;
