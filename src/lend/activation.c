@@ -1321,6 +1321,16 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         r = lb_error_set(err, -EALREADY, "activation %s: %s", act.id, why);
         goto out;
     }
+    if (r == -EBUSY) {
+        /* Refused before anything ran (a pause won the race with this launch): a 409, as an
+         * execute of a paused sandbox is. Nothing to end now, and nothing can be ended in a
+         * paused sandbox; a close (after a resume) fences the launch claim and records it. */
+        r = lb_error_set(err, -EBUSY,
+                         "activation %s: the harness was not launched (%s); close the activation "
+                         "once the sandbox is resumed",
+                         act.id, why);
+        goto out;
+    }
     if (r < 0) {
         /* Launched or not, end it (the stop's claim fences a launch that has not happened). */
         log_warn("activation %s: %s", act.id, why);

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "util/clock.h"
@@ -129,7 +130,7 @@ static int gate_running(struct local_provider *lp, const char *id)
 
 /* Is pid in the pid namespace ns (device + inode of /proc/<init>/ns/pid)? *zombie says whether
  * it has exited but is not reaped yet. */
-static bool proc_in_ns(pid_t pid, const struct stat *ns, bool *zombie)
+static bool proc_in_ns(pid_t pid, const struct stat *ns, bool *zombie, pid_t *ppid)
 {
     char path[64], buf[512];
     struct stat st;
@@ -153,7 +154,33 @@ static bool proc_in_ns(pid_t pid, const struct stat *ns, bool *zombie)
     if (!p || p[1] != ' ' || p[2] == 'X')
         return false;
     *zombie = p[2] == 'Z';
+    if (ppid) {
+        int v = 0;
+
+        *ppid = sscanf(p + 3, " %d", &v) == 1 ? (pid_t)v : 0;
+    }
     return true;
+}
+
+/* A zombie of the namespace whose parent is outside it (an exec's supervisor, whose helper
+ * lives outside): it runs nothing and its parent, not the sandbox's init, reaps it. When that
+ * parent is us (the helper died first and we are the subreaper), reap it now. Such a zombie
+ * does not hold up the sweep. */
+static bool zombie_of_outside_parent(pid_t pid, pid_t ppid, const struct stat *ns)
+{
+    char path[64];
+    struct stat st;
+
+    if (ppid <= 0)
+        return false;
+    if (ppid == getpid()) {
+        siginfo_t si;
+
+        (void)waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG);
+        return true;
+    }
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)ppid);
+    return stat(path, &st) == 0 && (st.st_dev != ns->st_dev || st.st_ino != ns->st_ino);
 }
 
 /* SIGKILL every live process of the namespace but the init. Returns how many were found,
@@ -171,9 +198,12 @@ static int kill_pass(pid_t init, const struct stat *ns)
         char *end;
         long v = strtol(de->d_name, &end, 10);
         bool zombie = false;
+        pid_t ppid = 0;
         int pfd;
 
-        if (*end || v <= 0 || v == init || !proc_in_ns((pid_t)v, ns, &zombie))
+        if (*end || v <= 0 || v == init || !proc_in_ns((pid_t)v, ns, &zombie, &ppid))
+            continue;
+        if (zombie && zombie_of_outside_parent((pid_t)v, ppid, ns))
             continue;
         found++;
         if (zombie)
@@ -181,7 +211,7 @@ static int kill_pass(pid_t init, const struct stat *ns)
         pfd = (int)syscall(SYS_pidfd_open, (pid_t)v, 0);
         if (pfd < 0)
             continue; /* gone meanwhile */
-        if (proc_in_ns((pid_t)v, ns, &zombie))
+        if (proc_in_ns((pid_t)v, ns, &zombie, NULL))
             (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
         close(pfd);
     }
