@@ -27,6 +27,8 @@
  * of [uid_base, uid_base + uid_count * LOCAL_SLOT_IDS). */
 #define LOCAL_SLOT_IDS 65536u
 #define LOCAL_SLOT_IDS_TEXT "65536"
+/* Host-wide claims of slots in use, one file per slot named by its first id (local.c). */
+#define LOCAL_SLOT_CLAIM_DIR "/run/lendbox/slots"
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
@@ -52,6 +54,7 @@ struct local_provider {
     char *images_dir;     /* NULL: only "host" */
     struct lb_cgroup_host cg;
     uint32_t uid_base, uid_count; /* uid_count: slots of LOCAL_SLOT_IDS ids */
+    char *claim_id;               /* "<dev>:<ino> <state dir>\n": the content of our slot claims */
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
     enum local_storage storage;
