@@ -211,8 +211,16 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
         if (uid_bit_get(lp, bit))
             continue;
         /* a slot another lendboxd holds is skipped, not an error */
-        if (claim_take(lp, lp->uid_base + bit * LOCAL_SLOT_IDS) < 0)
+        r = claim_take(lp, lp->uid_base + bit * LOCAL_SLOT_IDS);
+        if (r == -EBUSY) {
+            r = -EUSERS;
             continue;
+        }
+        if (r < 0) {
+            log_error("cannot claim a uid slot in %s: %s", LOCAL_SLOT_CLAIM_DIR, strerror(-r));
+            r = -EUSERS;
+            break;
+        }
         uid_bit_set(lp, bit, true);
         lp->uid_next = (bit + 1) % lp->uid_count;
         *uid = lp->uid_base + bit * LOCAL_SLOT_IDS;

@@ -100,8 +100,11 @@ bool local_id_is_valid(const char *id);
 /* <sandboxes_dir>/<id> into buf. */
 void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
 
-/* Take a free slot of LOCAL_SLOT_IDS ids, *uid its first (-EUSERS when all are in use) /
- * give one back. */
+/* Take a free slot of LOCAL_SLOT_IDS ids and claim it host-wide (a file in
+ * LOCAL_SLOT_CLAIM_DIR), *uid its first; slots claimed by another lendboxd are skipped. -EUSERS
+ * when every slot is in use here or elsewhere (or the claim dir is unusable, logged) / give one
+ * back and drop its claim (both slots its ids reach into when uid is not slot-aligned: an
+ * older version's sandbox). Thread-safe (lp->lock). */
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
 void local_uid_free(struct local_provider *lp, uint32_t uid);
 
