@@ -241,7 +241,7 @@ START_TEST(test_unaligned_base_refused)
     LBT_SKIP_ON_VARIANT("docker", "about the local provider's id slots");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(cmd, sizeof(cmd),
-             "'%s' --state-dir '%s' --listen 127.0.0.1:0 --set local.supervise='%s' "
+             "timeout 120 '%s' --state-dir '%s' --listen 127.0.0.1:0 --set local.supervise='%s' "
              "--set local.uid_base=%u 2>&1",
              daemon, dir, sup, D1.uid_base + 1);
     p = popen(cmd, "r");
