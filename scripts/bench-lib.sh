@@ -16,7 +16,7 @@ bench_start() {
     _name=$1
     shift
     [ -s "$WORK/$_name.base" ] ||
-        echo $(( 1200000000 + ($(od -An -N2 -tu2 /dev/urandom) % 1000) * 65536 )) >"$WORK/$_name.base"
+        echo $(( (18311 + $(od -An -N2 -tu2 /dev/urandom) % 1000) * 65536 )) >"$WORK/$_name.base"
     _cg="lendbox-bench-$$-$_name"
     BENCH_CGROUPS="$BENCH_CGROUPS $_cg"
     rm -f "$WORK/$_name/listen"

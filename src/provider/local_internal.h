@@ -27,6 +27,8 @@
  * of [uid_base, uid_base + uid_count * LOCAL_SLOT_IDS). */
 #define LOCAL_SLOT_IDS 65536u
 #define LOCAL_SLOT_IDS_TEXT "65536"
+/* Host-wide claims of slots in use, one file per slot named by its first id (local.c). */
+#define LOCAL_SLOT_CLAIM_DIR "/run/lendbox/slots"
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
@@ -52,6 +54,7 @@ struct local_provider {
     char *images_dir;     /* NULL: only "host" */
     struct lb_cgroup_host cg;
     uint32_t uid_base, uid_count; /* uid_count: slots of LOCAL_SLOT_IDS ids */
+    char *claim_id;               /* "<dev>:<ino> <state dir>\n": the content of our slot claims */
     int64_t create_timeout_ms;
     int64_t tmp_size_mib;
     enum local_storage storage;
@@ -97,8 +100,11 @@ bool local_id_is_valid(const char *id);
 /* <sandboxes_dir>/<id> into buf. */
 void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
 
-/* Take a free slot of LOCAL_SLOT_IDS ids, *uid its first (-EUSERS when all are in use) /
- * give one back. */
+/* Take a free slot of LOCAL_SLOT_IDS ids and claim it host-wide (a file in
+ * LOCAL_SLOT_CLAIM_DIR), *uid its first; slots claimed by another lendboxd are skipped. -EUSERS
+ * when every slot is in use here or elsewhere (or the claim dir is unusable, logged) / give one
+ * back and drop its claim (both slots its ids reach into when uid is not slot-aligned: an
+ * older version's sandbox). Thread-safe (lp->lock). */
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
 void local_uid_free(struct local_provider *lp, uint32_t uid);
 

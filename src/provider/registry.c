@@ -25,21 +25,23 @@ struct lb_registry {
 /* ---------- kinds ---------- */
 
 /* The default uid range of the local provider: derived from the state dir, so that two
- * lendboxd with different state dirs get different ranges (a stop kills what runs as one of
- * the sandbox's uids). uid_count slots of 65536 ids, slot-aligned, inside [10^8, 10^9):
+ * lendboxd with different state dirs mostly start in different places (the slots themselves
+ * are claimed host-wide, see local.c). uid_count slots of 65536 ids, uid_base a multiple of
+ * 65536, inside [10^8, 10^9):
  * above the subordinate ids of /etc/subuid (100000 + 65536 * n) and every real user. */
 static uint32_t local_default_uid_base(const char *state_dir, uint32_t uid_count)
 {
     char *real = realpath(state_dir, NULL);
     const char *p = real ? real : state_dir;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    uint64_t total = (1000000000ull - 100000000ull) / 65536, slots;
+    uint64_t h = 1469598103934665603ull;             /* FNV-1a */
+    uint64_t first = (100000000ull + 65535) / 65536; /* in slots: aligned to 65536 */
+    uint64_t total = 1000000000ull / 65536 - first, slots;
 
     for (; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ull;
     free(real);
     slots = total > uid_count ? total - uid_count + 1 : 1;
-    return (uint32_t)(100000000ull + (h % slots) * 65536ull);
+    return (uint32_t)((first + h % slots) * 65536ull);
 }
 
 /* [local], [security] and [network] of lb_config -> struct lb_local_config. */

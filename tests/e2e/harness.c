@@ -722,7 +722,7 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
         /* 64 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
          * builds' tests take from [1.1 * 10^9, 2^31) */
         d->uid_count = 64;
-        d->uid_base = 100000000u + 64u * 65536u * (r % 210u);
+        d->uid_base = 1526u * 65536u + 64u * 65536u * (r % 210u); /* a multiple of 65536 */
     }
     lbt_spawn(d, extra_args);
 }

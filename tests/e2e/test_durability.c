@@ -38,7 +38,7 @@ static void dur_args(struct dur *x, int slot, const char *const *extra)
     int n = 0, a = 0;
 
     /* in [10^8, 10^9), like the harness's ranges */
-    x->uid_base = 100000000u + (uid_t)((getpid() % 10) * 4 + slot) * UID_SPAN;
+    x->uid_base = 1526u * 65536u + (uid_t)((getpid() % 10) * 4 + slot) * UID_SPAN;
     snprintf(x->cgroup, sizeof(x->cgroup), "lendbox-dur-%d-%d", (int)getpid(), slot);
     snprintf(x->args[a], sizeof(x->args[a]), "local.uid_base=%u", (unsigned)x->uid_base);
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];

@@ -638,7 +638,7 @@ START_TEST(test_seccomp_deny_config)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(cmd, sizeof(cmd),
              "'%s' --state-dir '%s' --listen 127.0.0.1:0 --set local.supervise='%s' "
-             "--set local.uid_base=900000000 --set security.seccomp_deny=no_such_call 2>&1",
+             "--set local.uid_base=900005888 --set security.seccomp_deny=no_such_call 2>&1",
              daemon, dir, sup);
     p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);

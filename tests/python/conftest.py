@@ -161,7 +161,7 @@ class Daemon:
         self.args = list(args)
         self.env = dict(env or {})
         # 64 slots of 65536 ids in [10^8, 10^9) (local.uid_count counts slots)
-        self.uid_base = 100000000 + 64 * 65536 * random.randrange(210)
+        self.uid_base = 1526 * 65536 + 64 * 65536 * random.randrange(210)  # a multiple of 65536
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""

@@ -65,7 +65,7 @@ static void config_for(struct lb_local_config *c, long pid, const char *dir, con
     c->supervise_path = supervise_path();
     c->images_dir = images;
     c->cgroup_parent = "lendbox-test";
-    c->uid_base = 100000000u + (uint32_t)(pid % 850) * UIDS_PER_TEST * 65536u;
+    c->uid_base = 1526u * 65536u + (uint32_t)(pid % 850) * UIDS_PER_TEST * 65536u;
     c->uid_count = UIDS_PER_TEST;
 }
 
