@@ -128,8 +128,10 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
             goto out;
         }
     }
-    /* named fault point: the helper is up and the maps not yet written */
-    r = fault_hit("userns.helper", 0, NULL);
+    /* named fault points: the helper is up and the maps not yet written. A sandbox's own
+     * namespace (owner: its slot's first id) and the daemon-owned one an image's idmapped
+     * mount uses are told apart, so a fault aimed at one never delays the other. */
+    r = fault_hit(owner != 0 ? "userns.helper" : "userns.idmap_helper", 0, NULL);
     if (r < 0)
         goto out;
     snprintf(map, sizeof(map), "0 %u %u\n", (unsigned)first, (unsigned)count);
