@@ -532,6 +532,30 @@ int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], i
     return 0;
 }
 
+bool cgroup_is_empty(const struct lb_cgroup *cg)
+{
+    char path[4352], c;
+
+    if (cg->version == 0 || cg->ndirs == 0)
+        return false;
+    for (int i = 0; i < cg->ndirs; i++) {
+        ssize_t n;
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/cgroup.procs", cg->dirs[i]);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return false;
+        do
+            n = read(fd, &c, 1);
+        while (n < 0 && errno == EINTR);
+        close(fd);
+        if (n != 0)
+            return false;
+    }
+    return true;
+}
+
 /* The freezer dir and the file that shows/sets its state. */
 static const char *freezer(const struct lb_cgroup *cg, const char **file)
 {

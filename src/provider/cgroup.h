@@ -80,6 +80,11 @@ int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_m
 /* *out = whether the cgroup is frozen (false without a freezer). */
 void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out);
 
+/* true when every dir of the cgroup exists and lists no process in its cgroup.procs (a
+ * zombie is listed until reaped); false otherwise, also without a cgroup (version 0) or when a
+ * file cannot be read, so that a caller falls back to a search of its own. */
+bool cgroup_is_empty(const struct lb_cgroup *cg);
+
 /* Let the processes pids[0..n) of a frozen sandbox run again, without thawing the rest of it,
  * so that a kill can end them: on v1, whose freezer keeps even a SIGKILLed task frozen, each
  * is moved into the (never frozen) parent of the sandbox's freezer cgroup; on v2 a fatal

@@ -1112,9 +1112,21 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     /* If the monitor died before the init, the init is our child now: reap it too. */
     if (pidfd >= 0 && proc_ppid(d->pid) == getpid())
         (void)waitpid(d->pid, NULL, WNOHANG);
-    /* 2. then (and without a live init to kill: a sandbox half made when a daemon crashed, or
-     * one whose init died, instead) sweep everything running as one of the sandbox's ids */
-    if (has_dir && local_uid_in_range(lp, d->uid)) {
+    /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
+     * reap it rather than leave a zombie. A slow one is no failure. */
+    if (monitor > 1 && proc_ppid(monitor) == getpid())
+        reap_child(monitor,
+                   clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000 : deadline_ms);
+    /* 2. A clean init death (seen through its pidfd) took every process of its pid namespace
+     * with it; what could still run as the sandbox's ids outside it (bwrap's monitor, exec
+     * helpers, which join the sandbox's cgroup) shows in the cgroup. When that is empty there
+     * is nothing to search for: the /proc scan below costs O(processes on the host) per stop,
+     * which made the shutdown sweep of many sandboxes quadratic. Otherwise (no live init to
+     * kill: a sandbox half made when a daemon crashed, or one whose init died; no cgroup; or
+     * something left in it) sweep everything running as one of the sandbox's ids. */
+    if (pidfd >= 0 && cgroup_is_empty(&d->cg)) {
+        /* nothing left */
+    } else if (has_dir && local_uid_in_range(lp, d->uid)) {
         while ((left = kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
@@ -1129,11 +1141,6 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     } else if (has_dir && d->uid) {
         log_warn("sbx=%s uid %" PRIu32 " is outside the configured range, not swept", id, d->uid);
     }
-    /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
-     * reap it rather than leave a zombie. A slow one is no failure. */
-    if (monitor > 1 && proc_ppid(monitor) == getpid())
-        reap_child(monitor,
-                   clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000 : deadline_ms);
     /* 3. cgroups: the descriptor's and wherever this host would have put them */
     r = cgroup_remove(&d->cg, deadline_ms, err);
     if (r < 0)
