@@ -1775,6 +1775,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
+    local_keyrings_probe();
     r = local_net_init(lp, &cfg->net, err);
     if (r < 0)
         goto fail;
@@ -1881,9 +1882,45 @@ void local_child_reset_signals(void)
     (void)sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
+/* Set once by local_keyrings_probe (before any sandbox), read-only afterwards. */
+static bool keyrings_refused;
+
+bool local_keyrings_refused(void)
+{
+    return keyrings_refused;
+}
+
+void local_keyrings_probe(void)
+{
+    int st = 0;
+    pid_t pid;
+
+    /* in a child, so the daemon keeps the session keyring it was given */
+    pid = fork();
+    if (pid == 0) {
+        if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0)
+            _exit(errno > 0 && errno < 255 ? errno : 255);
+        _exit(0);
+    }
+    if (pid < 0) {
+        log_warn("cannot probe the kernel keyring: fork: %s", strerror(errno));
+        return;
+    }
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(st) && (WEXITSTATUS(st) == EPERM || WEXITSTATUS(st) == EACCES)) {
+        keyrings_refused = true;
+        log_warn("this host refuses the kernel keyring calls to lendboxd (keyctl: %s; a "
+                 "container's or systemd's syscall filter): every sandbox inherits the refusal, "
+                 "so sandboxes and execs start without a session keyring of their own",
+                 strerror(WEXITSTATUS(st)));
+    }
+}
+
 int local_child_new_session_keyring(void)
 {
-    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0 && errno != ENOSYS)
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0 && errno != ENOSYS &&
+        !(keyrings_refused && (errno == EPERM || errno == EACCES)))
         return -1;
     return 0;
 }

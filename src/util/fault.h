@@ -11,7 +11,9 @@
  * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
  * before its tree is published), image.mounted (a seed on an image: its root's mounts made,
  * right before the sandbox's init starts), userns.helper (a sandbox's user namespace: its helper
- * process is up, the id maps not yet written).
+ * process is up, the id maps not yet written), host.keyrings (checked once at start: "fail"
+ * makes the daemon refuse itself the kernel keyring calls with EPERM, as a container's syscall
+ * filter does to a daemon inside it).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.
