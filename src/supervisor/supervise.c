@@ -137,8 +137,8 @@
  *       3 status, 4 the pass fd), NCHILD..NCHILD+5 the sandbox init's user, mnt, pid, net, uts
  *       and ipc namespaces, the next NCG its cgroup.procs files, SECCOMP_FD (-1: none) a memfd
  *       with the classic BPF filter. --keyrings-refused: the daemon found that the host
- *       refuses it the keyring calls (so every sandbox process is refused them too), and a
- *       refusal (EPERM, EACCES) of the session keyring below is not an error.
+ *       refuses it the keyring calls with a seccomp filter (so every sandbox process is
+ *       refused them too), and EPERM for the session keyring below is not an error.
  *       Joins the cgroups and a fresh session keyring, enters the
  *       namespaces (user first), becomes uid/gid 0 there (the sandbox's host uid), drops every
  *       capability, sets no_new_privs, installs the filter and umask 022, then forks ARGV (the
@@ -1724,7 +1724,7 @@ static int run_enter(int argc, char **argv)
     }
     /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
     if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL, 0, 0, 0) < 0 &&
-        errno != ENOSYS && !(keyrings_refused && (errno == EPERM || errno == EACCES)))
+        errno != ENOSYS && !(keyrings_refused && errno == EPERM))
         enter_fail("cannot make a session keyring");
     for (i = 0; i < ENTER_NS; i++) {
         if (syscall(SYS_setns, (int)nchild + i, ns_types[i]) < 0)
