@@ -30,6 +30,7 @@
 #include "lend/lend.h"
 #include "pool/pool.h"
 #include "provider/lxd.h"
+#include "provider/seccomp.h"
 #include "provider/registry.h"
 #include "routes/routes.h"
 #include "image/image.h"
@@ -653,6 +654,20 @@ static int daemon_load_config(struct daemon *d, struct lb_error *err)
     return 0;
 }
 
+/* The fault switch host.keyrings: the daemon refuses itself the keyring calls, as a
+ * container's syscall filter would (systemd-nspawn, Docker, Kubernetes' RuntimeDefault). Before
+ * any thread exists. */
+static int daemon_fault_host_keyrings(struct lb_error *err)
+{
+    struct lb_error e = {0};
+
+    if (fault_hit("host.keyrings", 0, &e) == 0)
+        return 0;
+    log_warn("injected fault host.keyrings: the keyring calls fail with EPERM in this daemon and "
+             "everything it starts");
+    return seccomp_refuse_keyrings_to_self(err);
+}
+
 /* Process-wide setup before any thread exists. */
 static void daemon_setup_process(struct daemon *d)
 {
@@ -980,8 +995,9 @@ int main(int argc, char **argv)
         goto out;
     }
     daemon_setup_process(&d);
-    if (daemon_open_state(&d, &err) < 0 || daemon_open_backends(&d, &err) < 0 ||
-        daemon_start_services(&d, &err) < 0 || daemon_become_ready(&d, &err) < 0)
+    if (daemon_fault_host_keyrings(&err) < 0 || daemon_open_state(&d, &err) < 0 ||
+        daemon_open_backends(&d, &err) < 0 || daemon_start_services(&d, &err) < 0 ||
+        daemon_become_ready(&d, &err) < 0)
         goto fail;
     daemon_wait_for_signal(&d);
     daemon_drain(&d);

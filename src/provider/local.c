@@ -1782,6 +1782,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
+    local_keyrings_probe();
     r = local_net_init(lp, &cfg->net, err);
     if (r < 0)
         goto fail;
@@ -1888,9 +1889,70 @@ void local_child_reset_signals(void)
     (void)sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
+/* Set once by local_keyrings_probe (before any sandbox), read-only afterwards. */
+static bool keyrings_probed, keyrings_refused;
+
+/* Is this process under a seccomp filter ("Seccomp: 2" in /proc/self/status)? */
+static bool under_seccomp_filter(void)
+{
+    char buf[4096];
+    const char *p;
+    ssize_t n;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return false;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    p = strstr(buf, "\nSeccomp:");
+    return p && atoi(p + 9) == 2;
+}
+
+bool local_keyrings_refused(void)
+{
+    return keyrings_refused;
+}
+
+void local_keyrings_probe(void)
+{
+    int st = 0;
+    pid_t pid;
+
+    if (keyrings_probed)
+        return;
+    keyrings_probed = true;
+    /* in a child, so the daemon keeps the session keyring it was given */
+    pid = fork();
+    if (pid == 0) {
+        if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0)
+            _exit(errno > 0 && errno < 255 ? errno : 255);
+        _exit(0);
+    }
+    if (pid < 0) {
+        log_warn("cannot probe the kernel keyring: fork: %s", strerror(errno));
+        return;
+    }
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    /* Only a seccomp filter's EPERM counts: a filter is inherited by every process the daemon
+     * starts and cannot be lifted, so no sandbox can use a keyring either. (An LSM's refusal,
+     * EACCES, is not known to hold for the sandboxes' own domains.) */
+    if (WIFEXITED(st) && WEXITSTATUS(st) == EPERM && under_seccomp_filter()) {
+        keyrings_refused = true;
+        log_warn("this host refuses the kernel keyring calls to lendboxd (keyctl: %s, under a "
+                 "seccomp filter: a container's or systemd's): every sandbox inherits the "
+                 "refusal, so sandboxes and execs start without a session keyring of their own",
+                 strerror(EPERM));
+    }
+}
+
 int local_child_new_session_keyring(void)
 {
-    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0 && errno != ENOSYS)
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL, 0, 0, 0) < 0 && errno != ENOSYS &&
+        !(keyrings_refused && errno == EPERM))
         return -1;
     return 0;
 }

@@ -174,7 +174,7 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
         nenv++;
     while (sup[nsup])
         nsup++;
-    v = calloc(7 + nenv + 1 + nsup + 1, sizeof(*v));
+    v = calloc(8 + nenv + 1 + nsup + 1, sizeof(*v));
     if (!v)
         return NULL;
     snprintf(nums[0], 24, "%d", f->nchild);
@@ -184,6 +184,8 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
     snprintf(nums[4], 24, "%zu", nenv);
     v[i++] = (char *)path;
     v[i++] = "--enter";
+    if (local_keyrings_refused())
+        v[i++] = "--keyrings-refused";
     for (int k = 0; k < 5; k++)
         v[i++] = nums[k];
     for (size_t k = 0; k < nenv; k++)

@@ -234,8 +234,20 @@ void local_child_report(int fd, const char *msg, int err_no);
  * (else 200 live background processes of separate execs would block every further exec; each
  * other id of the sandbox's slot has a quota of its own), and only its
  * possessors (this process and its descendants) may use it. A kernel without keys (ENOSYS)
- * counts as done. 0 or -1 with errno. */
+ * counts as done, and so does EPERM when local_keyrings_probe found that the host refuses the
+ * keyring calls to the daemon: then they are refused to every sandbox process too and there is
+ * no shared keyring to keep apart. 0 or -1 with errno. */
 int local_child_new_session_keyring(void);
+/* Find out once, at the provider's start and before any sandbox exists, whether the host
+ * refuses the keyring calls to the daemon (a container's syscall filter: systemd-nspawn's
+ * default, Docker's, Kubernetes' RuntimeDefault), by joining a session keyring in a forked
+ * child: refused means EPERM while the daemon runs under a seccomp filter (which every process
+ * it starts inherits). Logs a warning once when refused; later calls do nothing. Not
+ * thread-safe: call before sandboxes are made. */
+void local_keyrings_probe(void);
+/* What local_keyrings_probe found: true when the host refuses the keyring calls. Thread-safe
+ * (read-only after the probe). */
+bool local_keyrings_refused(void);
 
 /* Exec admission, per sandbox (local_exclusive.c). An exclusive exec runs alone: while it
  * runs, others are refused (-EBUSY, "an exclusive exec is running"), and an exclusive exec

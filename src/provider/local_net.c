@@ -12,7 +12,9 @@
  *   map    lmap4     ifname . inet_service : ipv4_addr   where such a port goes (127.x)
  *   chains filter_pre (filter, prerouting) sends every packet from a sandbox through chain
  *          sbx, which decides before routing: a refused packet is rejected at once even where
- *          the host would drop it silently (IPv4 forwarding off); forward rejects new
+ *          the host would drop it silently (IPv4 forwarding off). Packets to more than one host
+ *          (broadcast, multicast, anycast) are dropped first, in every mode; the host's own
+ *          addresses are refused next but for the listed ports. forward rejects new
  *          connections into sandboxes from anywhere (other sandboxes too); nat_pre DNATs
  *          host.lendbox.internal ports, nat_post masquerades forwarded sandbox traffic.
  *
@@ -221,15 +223,22 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
         "add rule inet %1$s nat_pre meta l4proto tcp iifname . ip daddr @hostside4 dnat ip to "
         "iifname . tcp dport map @lmap4\n"
         "add rule inet %1$s filter_pre iifname @ifs jump sbx\n"
+        /* Never to more than one host, whatever the mode and the allow lists: a broadcast
+         * (255.255.255.255, 0.0.0.0/8, any subnet broadcast of the host), multicast or anycast
+         * destination reaches the host's sockets bound to the wildcard address, and the
+         * host's neighbours. Dropped, not rejected: no ICMP error answers such a packet. */
+        "add rule inet %1$s sbx fib daddr type { broadcast, multicast, anycast } drop\n"
+        "add rule inet %1$s sbx ip daddr { 0.0.0.0/8, 224.0.0.0/4, 255.255.255.255 } drop\n"
+        "add rule inet %1$s sbx ip6 daddr ff00::/8 drop\n"
         "add rule inet %1$s sbx ct state established,related accept\n"
         "%2$s"
         "add rule inet %1$s sbx meta l4proto { tcp, udp } th dport 53 reject\n"
         "add rule inet %1$s sbx ip daddr 127.0.0.0/8 ct status dnat iifname . tcp dport "
         "@lport4 accept\n"
-        "add rule inet %1$s sbx iifname . ip daddr @allow4 accept\n"
         "add rule inet %1$s sbx meta l4proto tcp iifname . ip daddr . tcp dport @allowp4 accept\n"
-        "add rule inet %1$s sbx iifname @nat_ifs fib daddr type local reject with icmpx "
-        "admin-prohibited\n"
+        /* the host's own addresses: only the listed ports above, in every mode */
+        "add rule inet %1$s sbx fib daddr type local reject with icmpx admin-prohibited\n"
+        "add rule inet %1$s sbx iifname . ip daddr @allow4 accept\n"
         "add rule inet %1$s sbx iifname @nat_ifs ip daddr { 169.254.0.0/16, %3$s } reject "
         "with icmpx admin-prohibited\n"
         "add rule inet %1$s sbx iifname @nat_ifs meta nfproto ipv4 accept\n"
@@ -570,6 +579,28 @@ static bool addr_is_local(uint32_t a)
     return found;
 }
 
+/* Does a reach more than one host: limited broadcast, "this network" (0.0.0.0/8), multicast
+ * (224.0.0.0/4), the reserved 240.0.0.0/4, or the broadcast address of a subnet of one of this
+ * host's interfaces? */
+static bool addr_is_group(uint32_t a)
+{
+    struct ifaddrs *all = NULL, *i;
+    bool found = (a >> 24) == 0 || (a >> 28) == 0xe || (a >> 28) == 0xf;
+
+    if (found || getifaddrs(&all) < 0)
+        return found;
+    for (i = all; i && !found; i = i->ifa_next) {
+        const struct sockaddr *b = i->ifa_broadaddr;
+
+        if ((i->ifa_flags & IFF_BROADCAST) && i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            b && b->sa_family == AF_INET &&
+            ntohl(((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr) == a)
+            found = true;
+    }
+    freeifaddrs(all);
+    return found;
+}
+
 /* Split a server (URL, or host[:port]) into host and port (0: none given, no scheme). */
 static int server_parse(const char *server, char **host, int *port, struct lb_error *err)
 {
@@ -643,6 +674,11 @@ static int server_check_forbidden(const struct local_net_host *h, const char *se
     char text[INET_ADDRSTRLEN];
 
     addr_text(a, text);
+    if (addr_is_group(a))
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "'%s' (%s) is a broadcast, multicast or reserved address; a sandbox "
+                            "may reach single hosts only",
+                            server, text);
     if ((a & mask) == (h->base & mask))
         return lb_error_set(err, -EOPNOTSUPP,
                             "'%s' (%s) is inside network.range %s, the daemon's own sandbox "
@@ -685,10 +721,6 @@ static int server_add(const struct local_net_host *h, const char *server, struct
             continue;
         any4 = true;
         a = ntohl(((struct sockaddr_in *)(void *)ai->ai_addr)->sin_addr.s_addr);
-        if (a == 0) {
-            r = lb_error_set(err, -EOPNOTSUPP, "'%s' resolves to 0.0.0.0", server);
-            goto out;
-        }
         on_host = is_loopback(a) || addr_is_local(a);
         r = server_check_forbidden(h, server, a, port, on_host, err);
         if (r < 0)

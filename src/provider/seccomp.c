@@ -172,6 +172,28 @@ out:
     return r;
 }
 
+int seccomp_refuse_keyrings_to_self(struct lb_error *err)
+{
+    static const char *const calls[] = {"keyctl", "add_key", "request_key"};
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    int r = 0;
+
+    if (!ctx)
+        return lb_error_set(err, -EIO, "seccomp: cannot make a filter");
+    /* every thread of the daemon, and no no_new_privs: only the keyring calls change */
+    r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
+    if (r == 0)
+        r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
+    for (size_t i = 0; r == 0 && i < sizeof(calls) / sizeof(calls[0]); i++)
+        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), seccomp_syscall_resolve_name(calls[i]), 0);
+    if (r == 0)
+        r = seccomp_load(ctx);
+    if (r < 0)
+        r = lb_error_set(err, -EIO, "seccomp: cannot refuse the keyring calls: %s", strerror(-r));
+    seccomp_release(ctx);
+    return r;
+}
+
 int seccomp_filter_install(const struct lb_seccomp *f)
 {
     if (!f || f->prog.len == 0)

@@ -44,4 +44,11 @@ int seccomp_filter_memfd(const struct lb_seccomp *f);
 
 void seccomp_filter_release(struct lb_seccomp *f);
 
+/* Make the kernel keyring calls (keyctl, add_key, request_key) fail with EPERM for this whole
+ * process (every thread) and everything it starts, as systemd-nspawn's default filter, Docker's
+ * default seccomp profile and Kubernetes' RuntimeDefault do to a daemon in a container. For
+ * tests of a daemon on such a host (the fault switch host.keyrings); irreversible. 0, or
+ * -EIO with the reason in err. Call before any sandbox exists. */
+int seccomp_refuse_keyrings_to_self(struct lb_error *err);
+
 #endif

@@ -131,11 +131,15 @@
  * Enter mode (the local provider's exec helper; run by the daemon as host root, outside the
  * sandbox, from a vfork-style spawn that shares the daemon's memory until this exec):
  *
- *   lendbox-supervise --enter NCHILD NCG SECCOMP_FD NOFILE NENV ENV... -- ARGV...
+ *   lendbox-supervise --enter [--keyrings-refused] NCHILD NCG SECCOMP_FD NOFILE NENV ENV... --
+ *                     ARGV...
  *       fds 0..NCHILD-1 are the command-mode supervisor's (0 stdin, 1 stdout, 2 stderr,
  *       3 status, 4 the pass fd), NCHILD..NCHILD+5 the sandbox init's user, mnt, pid, net, uts
  *       and ipc namespaces, the next NCG its cgroup.procs files, SECCOMP_FD (-1: none) a memfd
- *       with the classic BPF filter. Joins the cgroups and a fresh session keyring, enters the
+ *       with the classic BPF filter. --keyrings-refused: the daemon found that the host
+ *       refuses it the keyring calls with a seccomp filter (so every sandbox process is
+ *       refused them too), and EPERM for the session keyring below is not an error.
+ *       Joins the cgroups and a fresh session keyring, enters the
  *       namespaces (user first), becomes uid/gid 0 there (the sandbox's host uid), drops every
  *       capability, sets no_new_privs, installs the filter and umask 022, then forks ARGV (the
  *       command-mode supervisor, inside the sandbox's pid namespace) with fds 0..NCHILD-1, the
@@ -1687,7 +1691,14 @@ static int run_enter(int argc, char **argv)
     char **env, **cmd;
     int i, ws = 0, self_fd;
     pid_t g;
+    bool keyrings_refused = false;
 
+    if (argc > 2 && strcmp(argv[2], "--keyrings-refused") == 0) {
+        keyrings_refused = true;
+        argv[2] = argv[1];
+        argv++;
+        argc--;
+    }
     if (argc < 8 || parse_int64(argv[2], 4, 5, &nchild) < 0 ||
         parse_int64(argv[3], 0, 16, &ncg) < 0 || parse_int64(argv[4], -1, 64, &seccomp_fd) < 0 ||
         parse_int64(argv[5], 1, INT_MAX, &nofile) < 0 || parse_int64(argv[6], 0, argc, &nenv) < 0 ||
@@ -1713,7 +1724,7 @@ static int run_enter(int argc, char **argv)
     }
     /* a session keyring of this exec's own, not the daemon's (nor another exec's) */
     if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL, 0, 0, 0) < 0 &&
-        errno != ENOSYS)
+        errno != ENOSYS && !(keyrings_refused && errno == EPERM))
         enter_fail("cannot make a session keyring");
     for (i = 0; i < ENTER_NS; i++) {
         if (syscall(SYS_setns, (int)nchild + i, ns_types[i]) < 0)

@@ -12,7 +12,9 @@
  * before its tree is published), image.mounted (a seed on an image: its root's mounts made,
  * right before the sandbox's init starts), userns.helper (a sandbox's user namespace: its helper
  * process is up, the id maps not yet written), userns.idmap_helper (the same for the
- * daemon-owned user namespace that idmaps an image's tree; never the sandbox's own).
+ * daemon-owned user namespace that idmaps an image's tree; never the sandbox's own),
+ * host.keyrings (checked once at start: "fail" makes the daemon refuse itself the kernel
+ * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

@@ -427,6 +427,56 @@ START_TEST(test_session_keyring_per_sandbox_and_exec)
 }
 END_TEST
 
+/* Lines of path that contain needle. */
+static int count_lines_with(const char *path, const char *needle)
+{
+    char line[4096];
+    int n = 0;
+    FILE *f = fopen(path, "re");
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A host that refuses the keyring calls to the daemon (systemd-nspawn's default filter,
+ * Docker's default seccomp profile, Kubernetes' RuntimeDefault; here the fault switch
+ * host.keyrings puts the same refusal on the daemon): it is found at start and logged once,
+ * and seeds, execs and releases work. Every sandbox process inherits the refusal (seen with
+ * the sandbox's own filter off, which refuses keyctl by itself). */
+START_TEST(test_host_refuses_keyrings)
+{
+    const char *const args[] = {"--set", "security.seccomp=no", "--set",
+                                "faults.spec=host.keyrings=fail", NULL};
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char a[128], b[128];
+    json_t *res;
+
+    lbt_daemon_start(&d, args);
+    seed(&d, "nokeys-a", a, sizeof(a), NULL, 0);
+    seed(&d, "nokeys-b", b, sizeof(b), NULL, 0);
+    res = lbt_exec_ok(&d, a, "",
+                      "{\"command\": \"echo ran; keyctl add user k v @s >/dev/null 2>&1 || "
+                      "echo refused\"}");
+    ck_assert_str_eq(keyctl_out(res), "ran\nrefused\n");
+    json_decref(res);
+    res = lbt_exec_ok(&d, b, "", "{\"command\": \"echo ran-b\"}");
+    ck_assert_str_eq(keyctl_out(res), "ran-b\n");
+    json_decref(res);
+    lbt_json(&d, "POST", "/v1/sessions/nokeys-a/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    lbt_json(&d, "POST", "/v1/sessions/nokeys-b/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_lines_with(d.log_path, "refuses the kernel keyring calls"), 1);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* Each exec's keyring counts against root's key quota, not the sandbox uid's 200 keys: 210
  * background processes left by 210 execs (each holding its exec's keyring) do not make the
  * next exec fail. */
@@ -771,6 +821,7 @@ int main(void)
     Suite *s = suite_create("forgery");
     TCase *forge = tcase_create("forgery");
     TCase *sec = tcase_create("seccomp");
+    TCase *host = tcase_create("host");
 
     tcase_set_timeout(forge, 180);
     tcase_add_test(forge, test_forger_fails_without_seccomp);
@@ -792,5 +843,8 @@ int main(void)
     tcase_add_test(sec, test_seccomp_normal_commands);
     tcase_add_test(sec, test_seccomp_deny_config);
     suite_add_tcase(s, sec);
+    tcase_set_timeout(host, 60);
+    tcase_add_test(host, test_host_refuses_keyrings);
+    suite_add_tcase(s, host);
     return lbt_run_suite(s);
 }

@@ -14,10 +14,16 @@
  * network namespace of this test's own (lbtn<pid>) behind a veth (lbtv<pid>h on the host) with
  * 198.51.100.B/29 (TEST-NET-2): forwarding is turned on for that veth only (the daemon turns it
  * on for its sandbox veths), never the host-wide net.ipv4.ip_forward; deleted at teardown.
+ *
+ * inherit = nat needs net.ipv4.ip_forward, so it is tested with a daemon run inside a network
+ * namespace of this test's own (lbtq<pid>, forwarding on there only), linked by a veth to a
+ * second one (lbtr<pid>) that plays a remote host; both use 203.0.113.0/24 (TEST-NET-3) and
+ * have no route anywhere else. Deleted at teardown.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -65,6 +71,8 @@ static int sh_rc(const char *cmd)
 static void hosts_down(void);
 static void netns_down(void);
 static void netns_up(void);
+static void natns_down(void);
+static void natns_up(void);
 static void registry_add(const struct lbt_daemon *d);
 
 /* Start argv as a host process of the test (its own session); remembered for teardown. */
@@ -138,6 +146,27 @@ static void add_lo_addr(int i, const char *addr, const char *prefix)
     added[i] = true;
 }
 
+/* This run's names, addresses and ports (from the pid of the process running the tests). */
+static void names_init(void)
+{
+    /* ports below the ephemeral range (32768-60999), so no outgoing connection holds them */
+    A = (int)(getpid() % 200) + 20;
+    P1 = 20000 + (int)(getpid() % 4000) * 2;
+    P2 = P1 + 1;
+    PLOOP = 12000 + (int)(getpid() % 4000) * 2;
+    PLOOP_OTHER = PLOOP + 1;
+    PUDP = 28000 + (int)(getpid() % 4000);
+    snprintf(MODEL, sizeof(MODEL), "198.18.%d.1", A);
+    snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
+    snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
+    snprintf(V6, sizeof(V6), "fd00:1db8:%x::1", A);
+    snprintf(HOSTLOCAL, sizeof(HOSTLOCAL), "192.0.2.%d", A);
+    snprintf(RANGE, sizeof(RANGE), "10.213.%d.0/24", A);
+    snprintf(HOSTSIDE0, sizeof(HOSTSIDE0), "10.213.%d.0", A);
+    snprintf(SBX1, sizeof(SBX1), "10.213.%d.3", A);
+    snprintf(TABLE, sizeof(TABLE), "lbt%d", (int)getpid());
+}
+
 static void hosts_up(void)
 {
     const char *udp[] = {"python3",
@@ -157,22 +186,7 @@ static void hosts_up(void)
                          NULL};
     char pudp[16];
 
-    /* ports below the ephemeral range (32768-60999), so no outgoing connection holds them */
-    A = (int)(getpid() % 200) + 20;
-    P1 = 20000 + (int)(getpid() % 4000) * 2;
-    P2 = P1 + 1;
-    PLOOP = 12000 + (int)(getpid() % 4000) * 2;
-    PLOOP_OTHER = PLOOP + 1;
-    PUDP = 28000 + (int)(getpid() % 4000);
-    snprintf(MODEL, sizeof(MODEL), "198.18.%d.1", A);
-    snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
-    snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
-    snprintf(V6, sizeof(V6), "fd00:1db8:%x::1", A);
-    snprintf(HOSTLOCAL, sizeof(HOSTLOCAL), "192.0.2.%d", A);
-    snprintf(RANGE, sizeof(RANGE), "10.213.%d.0/24", A);
-    snprintf(HOSTSIDE0, sizeof(HOSTSIDE0), "10.213.%d.0", A);
-    snprintf(SBX1, sizeof(SBX1), "10.213.%d.3", A);
-    snprintf(TABLE, sizeof(TABLE), "lbt%d", (int)getpid());
+    names_init();
     add_lo_addr(0, MODEL, "32");
     add_lo_addr(1, TOOL, "32");
     add_lo_addr(2, OTHER, "32");
@@ -274,6 +288,85 @@ static void netns_down(void)
     netns_made = false;
 }
 
+/* The nat test network: NAT_NS is where the nat test's daemon runs ("the host": forwarding on,
+ * 203.0.113.1/24 with its broadcast 203.0.113.255), NAT_PEER a remote host behind it
+ * (203.0.113.2, default route via NAT_NS). Each runs a UDP echo on 0.0.0.0:PUDP that answers
+ * "<its name>:<what it got>". */
+static char NAT_NS[32], NAT_PEER[32];
+static bool natns_made;
+
+static void udp_echo_in(const char *ns, const char *tag)
+{
+    char p[16];
+    const char *argv[] = {"ip",
+                          "netns",
+                          "exec",
+                          ns,
+                          "python3",
+                          "-c",
+                          "import socket,sys\n"
+                          "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                          "s.bind(('0.0.0.0',int(sys.argv[1])))\n"
+                          "while True:\n"
+                          "  d,a=s.recvfrom(512); s.sendto(sys.argv[2].encode()+b':'+d,a)\n",
+                          p,
+                          tag,
+                          NULL};
+
+    snprintf(p, sizeof(p), "%d", PUDP);
+    spawn(argv);
+}
+
+static void natns_up(void)
+{
+    char cmd[1024], path[64];
+
+    snprintf(NAT_NS, sizeof(NAT_NS), "lbtq%d", (int)getpid());
+    snprintf(NAT_PEER, sizeof(NAT_PEER), "lbtr%d", (int)getpid());
+    snprintf(path, sizeof(path), "/run/netns/%s", NAT_NS);
+    if (access(path, F_OK) == 0) {
+        hosts_down();
+        ck_abort_msg("test network namespace %s already exists", NAT_NS);
+    }
+    natns_made = true;
+    snprintf(cmd, sizeof(cmd),
+             "set -e; ip netns add %1$s; ip netns add %2$s; "
+             "ip -n %1$s link add q0 type veth peer name r0 netns %2$s; "
+             "ip -n %1$s link set lo up; ip -n %2$s link set lo up; "
+             "ip -n %1$s addr add 203.0.113.1/24 brd + dev q0; ip -n %1$s link set q0 up; "
+             "ip -n %2$s addr add 203.0.113.2/24 brd + dev r0; ip -n %2$s link set r0 up; "
+             "ip -n %2$s route add default via 203.0.113.1; "
+             "ip netns exec %1$s sysctl -qw net.ipv4.ip_forward=1",
+             NAT_NS, NAT_PEER);
+    if (sh_rc(cmd) != 0) {
+        hosts_down();
+        ck_abort_msg("cannot make the nat test namespaces %s, %s", NAT_NS, NAT_PEER);
+    }
+    udp_echo_in(NAT_NS, "host");
+    udp_echo_in(NAT_PEER, "peer");
+    for (int i = 0;; i++) {
+        snprintf(cmd, sizeof(cmd),
+                 "ip netns exec %s ss -Hlun 'sport = :%d' | grep -q . && "
+                 "ip netns exec %s ss -Hlun 'sport = :%d' | grep -q .",
+                 NAT_NS, PUDP, NAT_PEER, PUDP);
+        if (sh_rc(cmd) == 0)
+            break;
+        if (i == 400) {
+            hosts_down();
+            ck_abort_msg("the nat test's UDP echo servers did not start");
+        }
+        lbt_sleep_ms(50);
+    }
+}
+
+static void natns_down(void)
+{
+    if (!natns_made)
+        return;
+    sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null; true", NAT_NS, NAT_PEER);
+    natns_made = false;
+}
+
 static void hosts_down(void)
 {
     const char *addrs[5] = {MODEL, TOOL, OTHER, V6, HOSTLOCAL};
@@ -285,6 +378,7 @@ static void hosts_down(void)
     }
     n_servers = 0;
     netns_down();
+    natns_down();
     for (int i = 0; i < 5; i++) {
         if (added[i])
             sh("ip addr del %s/%s dev lo", addrs[i], prefix[i]);
@@ -403,6 +497,14 @@ static void teardown_hosts(void)
     unlink(REGISTRY);
     hosts_down();
     sh("nft delete table inet %s 2>/dev/null || true", TABLE);
+}
+
+/* The nat test's own hosts: only its namespaces (no test hosts on lo). */
+static void setup_nat_hosts(void)
+{
+    snprintf(REGISTRY, sizeof(REGISTRY), "/tmp/lbt-network-%d.daemons", (int)getpid());
+    names_init();
+    natns_up();
 }
 
 static void setup(void)
@@ -1113,6 +1215,73 @@ START_TEST(test_remote_tool_host)
 }
 END_TEST
 
+/* inherit = nat reaches remote hosts, but nothing that reaches more than one host: UDP to the
+ * limited broadcast, the broadcast of a subnet of the daemon's host and the all-hosts
+ * multicast group gets no answer from the host's wildcard-bound echo (the daemon runs in
+ * NAT_NS, forwarding on there only), nor does the host's own unicast address; the remote
+ * peer's echo answers through nat. Servers at such addresses are refused at seed (422). */
+START_TEST(test_nat_refuses_broadcast_and_multicast)
+{
+    const char *args[] = {"--set", NULL, "--set", NULL, "--set", "network.inherit=nat", NULL};
+    char range[64], table[64], path[64], cmd[1024], want[256], body[512];
+    const char *bad[] = {"255.255.255.255:80", "203.0.113.255:80", "224.0.0.1:80", "239.1.2.3:80",
+                         "0.0.0.0:80"};
+    struct lbt_resp r;
+    json_t *lease;
+    const char *id;
+    char *out;
+    int fd, self;
+
+    snprintf(path, sizeof(path), "/run/netns/%s", NAT_NS);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    self = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(self, 0);
+    ck_assert_int_eq(setns(fd, CLONE_NEWNET), 0);
+    close(fd);
+    snprintf(range, sizeof(range), "network.range=%s", RANGE);
+    snprintf(table, sizeof(table), "network.nft_table=%s", TABLE);
+    args[1] = range;
+    args[3] = table;
+    lbt_daemon_start(&D, args);
+    registry_add(&D);
+    lease = lbt_seed(&D, "nat", "t", NULL);
+    id = json_string_value(json_object_get(lease, "sandbox_id"));
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c \"import socket\n"
+             "for dst in ('255.255.255.255', '203.0.113.255', '224.0.0.1', '203.0.113.1', "
+             "'203.0.113.2'):\n"
+             "  s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)\n"
+             "  s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)\n"
+             "  try:\n"
+             "    s.sendto(b'q', (dst, %d)); d,a=s.recvfrom(64); print(dst, d.decode(), a[0])\n"
+             "  except socket.timeout: print(dst, 'none')\n"
+             "  except OSError as e: print(dst, 'error', e.errno)\n\"",
+             PUDP);
+    out = lbt_sh(&D, id, cmd);
+    ck_assert_str_eq(out, "255.255.255.255 none\n203.0.113.255 none\n224.0.0.1 none\n"
+                          "203.0.113.1 none\n203.0.113.2 peer:q 203.0.113.2\n");
+    free(out);
+    json_decref(lease);
+    release("nat");
+    /* the same destinations as a model server of a filtered mode */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"task_id\": \"t\", \"network\": {\"access\": \"model_only\", "
+                 "\"model_server\": \"http://%s\"}}",
+                 bad[i]);
+        lbt_json(&D, "POST", "/v1/sessions/nat-bad/seed", "", body, &r);
+        lbt_assert_error(&r, 422, "unenforceable");
+        snprintf(want, sizeof(want), "is a broadcast, multicast or reserved address");
+        ck_assert_msg(strstr(r.body, want), "%s: %s", bad[i], r.body);
+        lbt_resp_free(&r);
+    }
+    /* back to the test's own namespace; teardown stops the daemon (by its pid) */
+    ck_assert_int_eq(setns(self, CLONE_NEWNET), 0);
+    close(self);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("network");
@@ -1137,6 +1306,12 @@ int main(void)
     tcase_add_test(tc, test_inherit_nat_needs_forwarding);
     tcase_add_test(tc, test_remote_model_host_every_port);
     tcase_add_test(tc, test_remote_tool_host);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("nat");
+    tcase_add_unchecked_fixture(tc, setup_nat_hosts, teardown_hosts);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_nat_refuses_broadcast_and_multicast);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
