@@ -62,6 +62,7 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "util/token.h"
+#include "util/utf8.h"
 
 #define HTTP_MAX_PARAMS 4
 #define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
@@ -209,12 +210,32 @@ void http_respond_json(struct lb_request *req, unsigned status, json_t *body)
     http_respond_text(req, status, "application/json", text, n);
 }
 
+json_t *http_error_json(const char *code, const char *message)
+{
+    struct lb_buf clean;
+    json_t *body;
+
+    /* jansson refuses strings that are not UTF-8 (json_pack fails): a message that quotes
+     * bytes a client or a sandbox sent gets U+FFFD for each invalid one instead */
+    if (utf8_valid(message, strlen(message)))
+        return json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message);
+    lb_buf_init(&clean, 0);
+    if (utf8_sanitize(message, strlen(message), &clean) < 0 || lb_buf_append(&clean, "", 1) < 0) {
+        lb_buf_release(&clean);
+        return json_pack("{s:{s:s,s:s}}", "error", "code", code, "message",
+                         "(the message held bytes that are not UTF-8)");
+    }
+    body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", clean.data);
+    lb_buf_release(&clean);
+    return body;
+}
+
 void http_respond_error(struct lb_request *req, const struct lb_error *err)
 {
     const char *code = "internal";
     int status = lb_error_http_status(err->code ? err->code : -EIO, &code);
     const char *msg = err->message[0] ? err->message : "internal error";
-    json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg);
+    json_t *body = http_error_json(code, msg);
 
     if (status >= 500)
         log_error_req(req->request_id, "request %s %s: %d %s: %s", req->request_id,
@@ -511,8 +532,7 @@ static enum MHD_Result request_queue(struct lb_request *req)
 static enum MHD_Result request_fail(struct lb_request *req, const struct lb_error *err)
 {
     if (err->code == -EPROTONOSUPPORT) {
-        json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", "method_not_allowed", "message",
-                                 err->message);
+        json_t *body = http_error_json("method_not_allowed", err->message);
 
         http_respond_json(req, 405, body);
         http_response_header(req, "Allow", req->allow);
@@ -698,6 +718,49 @@ static int sink_finish(struct lb_request *req, struct lb_error *err)
 static enum MHD_Result park_answer(struct lb_request *req);
 static void park_forget(struct lb_request *req);
 
+/* The first query argument (key or value) that is not valid UTF-8. */
+struct utf8_scan {
+    const char *bad_key; /* its key when the key is valid; NULL: the key itself is invalid */
+    bool found;
+};
+
+static enum MHD_Result query_arg_utf8(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      size_t key_size, const char *value, size_t value_size)
+{
+    struct utf8_scan *scan = cls;
+
+    (void)kind;
+    if (!utf8_valid(key, key_size)) {
+        scan->found = true;
+        scan->bad_key = NULL;
+        return MHD_NO;
+    }
+    if (value && !utf8_valid(value, value_size)) {
+        scan->found = true;
+        scan->bad_key = key;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+/* Paths, ids and names from the URL end up in messages, records and JSON answers, which hold
+ * only UTF-8: a URL path or query argument (after %-decoding) that is not UTF-8 is refused up
+ * front, whatever the route. */
+static int request_check_utf8(struct lb_request *req, const char *url, struct lb_error *err)
+{
+    struct utf8_scan scan = {0};
+
+    if (!utf8_valid(url, strlen(url)))
+        return lb_error_set(err, -EINVAL, "the URL path is not valid UTF-8");
+    MHD_get_connection_values_n(req->conn, MHD_GET_ARGUMENT_KIND, query_arg_utf8, &scan);
+    if (scan.found && scan.bad_key)
+        return lb_error_set(err, -EINVAL, "the query parameter '%s' is not valid UTF-8",
+                            scan.bad_key);
+    if (scan.found)
+        return lb_error_set(err, -EINVAL, "a query parameter name is not valid UTF-8");
+    return 0;
+}
+
 /* First call: the headers are complete. */
 static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, const char *url,
                                      struct lb_error *err)
@@ -708,7 +771,7 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
     /* a request is under way: the longer timeout applies until it completes */
     MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg.connection_timeout_s);
-    if (request_route(req, url, err) < 0)
+    if (request_check_utf8(req, url, err) < 0 || request_route(req, url, err) < 0)
         return request_fail(req, err);
     if (request_authorize(req, err) < 0)
         return request_fail(req, err);

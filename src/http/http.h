@@ -132,6 +132,11 @@ int http_body_json(struct lb_request *req, bool allow_empty, json_t **out, struc
 /* Responses: each sets the request's one response (a second call replaces the first). */
 void http_respond_json(struct lb_request *req, unsigned status, json_t *body); /* steals body */
 void http_respond_error(struct lb_request *req, const struct lb_error *err);
+/* {"error": {"code": code, "message": message}} for bodies that are not a whole response (an
+ * error line of a stream). A message that is not valid UTF-8 gets U+FFFD for each invalid
+ * byte, so the result is never NULL for that reason (NULL only when out of memory). The caller
+ * owns the result. Thread-safe. */
+json_t *http_error_json(const char *code, const char *message);
 void http_respond_empty(struct lb_request *req, unsigned status);
 void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
                        char *data, size_t len); /* steals data (malloc'd) */

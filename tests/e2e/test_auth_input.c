@@ -407,6 +407,106 @@ START_TEST(test_wrong_method)
 }
 END_TEST
 
+/* tmpl with its '@' replaced by sandbox A's id. */
+static void with_id(char *out, size_t size, const char *tmpl)
+{
+    const char *at = strchr(tmpl, '@');
+
+    if (!at)
+        snprintf(out, size, "%s", tmpl);
+    else
+        snprintf(out, size, "%.*s%s%s", (int)(at - tmpl), tmpl, SBX_A, at + 1);
+}
+
+/* A URL path or query argument that is not UTF-8 after %-decoding is 400 bad_request naming
+ * it, on every route family that takes a name, an id or a path from the URL, with an admin and
+ * with an operate token; the answer is JSON (jansson parsed it: valid UTF-8) and echoes none
+ * of the invalid bytes. */
+START_TEST(test_invalid_utf8_in_url)
+{
+    static const struct {
+        const char *method, *tmpl; /* tmpl: @ is sandbox A's id */
+        const char *body, *names;  /* names: what the message must name */
+    } cases[] = {
+        {"GET", "/v1/sandboxes/@/files?path=/workspace/%FF%FEnope", NULL, "'path'"},
+        {"PUT", "/v1/sandboxes/@/files?path=/workspace/%FF%FEnope", "x", "'path'"},
+        {"PUT", "/v1/sandboxes/@/files?path=/workspace/ok&owner=%C3%28", "x", "'owner'"},
+        {"GET", "/v1/sandboxes/@/files?path=/workspace/a%ED%A0%80b", NULL, "'path'"},
+        {"GET", "/v1/sandboxes/@/files?%FF=1&path=/workspace/x", NULL, "name"},
+        {"GET", "/v1/sandboxes/@%FF", NULL, "URL path"},
+        {"POST", "/v1/sandboxes/@%FF/exec", "{\"command\": \"true\"}", "URL path"},
+        {"GET", "/v1/sandboxes/@/endpoints/80%FF", NULL, "URL path"},
+        {"POST", "/v1/sandboxes/@%C0%AF/pty", "{}", "URL path"},
+        {"GET", "/v1/sessions/auth-a%FF", NULL, "URL path"},
+        {"POST", "/v1/sessions/auth-%FE/seed", "{\"task_id\": \"t\"}", "URL path"},
+        {"GET", "/v1/sessions/auth-a%FF/activation", NULL, "URL path"},
+        {"GET", "/v1/sessions?state=%FF", NULL, "'state'"},
+        {"GET", "/v1/sandboxes?state=lent%80", NULL, "'state'"},
+        {"GET", "/v1/pty/pty-%FF/output", NULL, "URL path"},
+        {"DELETE", "/v1/pty/%FF", NULL, "URL path"},
+        {"DELETE", "/v1/images/img%FF", NULL, "URL path"},
+        {"POST", "/v1/images?name=img%FF", "x", "'name'"},
+        {"GET", "/v1/nope%FF", NULL, "URL path"},
+    };
+    const char *tokens[] = {"", OP_A};
+    struct lbt_resp r;
+    char p[512];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t t = 0; t < 2; t++) {
+            const char *msg;
+
+            with_id(p, sizeof(p), cases[i].tmpl);
+            lbt_request_ex(&D, cases[i].method, p, tokens[t], cases[i].body,
+                           cases[i].body ? strlen(cases[i].body) : 0, NULL, NULL, false, &r);
+            ck_assert_msg(r.status == 400, "%s %s (%s token): %ld %.500s", cases[i].method, p,
+                          t ? "operate" : "admin", r.status, r.body);
+            lbt_assert_error(&r, 400, "bad_request");
+            msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+            ck_assert_msg(strstr(msg, "not valid UTF-8") && strstr(msg, cases[i].names),
+                          "%s %s: %s", cases[i].method, p, msg);
+            /* nothing of the request's bytes that are not UTF-8 in the raw body either */
+            ck_assert_msg(!strchr(r.body, '\xff') && !strchr(r.body, '\xfe') &&
+                              !strchr(r.body, '\x80'),
+                          "%s %s: %s", cases[i].method, p, r.body);
+            lbt_resp_free(&r);
+        }
+    }
+    /* valid UTF-8 is not refused: a missing file with an accented name is 404 */
+    snprintf(p, sizeof(p), "/v1/sandboxes/%s/files?path=/workspace/%%C3%%A9t%%C3%%A9", SBX_A);
+    lbt_request_ex(&D, "GET", p, OP_A, NULL, 0, NULL, NULL, false, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
+/* An error message quoting more than the message's room of multi-byte text is cut between
+ * characters: still a JSON error with its status, never 500 "out of memory". */
+START_TEST(test_long_utf8_in_message)
+{
+    char p[8192], comp[256];
+    size_t n = 0;
+    struct lbt_resp r;
+
+    /* 6 directories of 60 x "é" (120 bytes each, %-encoded): the path's bytes pass the 512 of
+     * a message, and the cut falls inside one "é" at one offset or the next */
+    for (int k = 0; k < 2; k++) {
+        n = (size_t)snprintf(p, sizeof(p), "/v1/sandboxes/%s/files?path=/workspace/%s", SBX_A,
+                             k ? "x" : "");
+        comp[0] = '\0';
+        for (int i = 0; i < 60; i++)
+            strcat(comp, "%C3%A9");
+        for (int d = 0; d < 6; d++)
+            n += (size_t)snprintf(p + n, sizeof(p) - n, "%s%s", d ? "/" : "", comp);
+        lbt_request_ex(&D, "GET", p, OP_A, NULL, 0, NULL, NULL, false, &r);
+        ck_assert_msg(r.status == 404, "%ld %.600s", r.status, r.body);
+        lbt_assert_error(&r, 404, "not_found");
+        lbt_resp_free(&r);
+    }
+}
+END_TEST
+
 START_TEST(test_request_id)
 {
     static const char *const ids[] = {"X-Request-Id: lbt-echo-1", NULL};
@@ -583,6 +683,8 @@ int main(void)
     tcase_add_test(input, test_unknown_route);
     tcase_add_test(input, test_wrong_method);
     tcase_add_test(input, test_request_id);
+    tcase_add_test(input, test_invalid_utf8_in_url);
+    tcase_add_test(input, test_long_utf8_in_message);
     tcase_add_unchecked_fixture(input, setup_auth, teardown);
     tcase_set_timeout(input, 120);
     tcase_add_unchecked_fixture(limits, setup_limits, teardown);
