@@ -77,9 +77,14 @@ struct lb_http_config {
     int listen_fd;                 /* from http_bind; http_start takes it over */
     unsigned threads;              /* MHD thread pool size */
     unsigned connection_timeout_s; /* idle bound while a request is under way */
-    unsigned header_timeout_s;     /* idle bound of a connection with no request under way */
+    unsigned header_timeout_s;     /* a connection's request line and headers must be in within
+                                    * this of its accept (or of its previous request's end);
+                                    * past it the connection is closed */
     unsigned max_connections;      /* open connections at most; more are closed at accept */
     unsigned per_ip_connections;   /* open connections from one client address at most */
+    unsigned per_ip_incomplete;    /* connections of one client address still sending their
+                                    * request line and headers; another one closes the oldest
+                                    * (0: no cap) */
     size_t max_body_bytes;         /* JSON bodies */
     size_t max_file_bytes;         /* raw file bodies (streamed) */
     size_t max_archive_bytes;      /* the raw body of the route named archive_route */

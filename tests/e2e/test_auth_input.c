@@ -4,9 +4,14 @@
  * limit with and without Content-Length, unknown routes, wrong methods): each gets its JSON
  * error, changes no record, and leaves the daemon serving. X-Request-Id on every response.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -565,6 +570,125 @@ START_TEST(test_request_id)
 }
 END_TEST
 
+/* ---------- the front end's own errors ---------- */
+
+/* Send raw bytes to the daemon and read its answer until it closes the connection (or 10 s):
+ * the status of the first response line, the whole answer in out. */
+static long raw_exchange(const void *req, size_t len, char *out, size_t out_len)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    const char *hostport = D.base_url + strlen("http://");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    size_t got = 0;
+    long status = 0;
+
+    ck_assert_int_ge(fd, 0);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(strrchr(hostport, ':') + 1));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    for (size_t off = 0; off < len;) {
+        ssize_t n = send(fd, (const char *)req + off, len - off, MSG_NOSIGNAL);
+
+        if (n <= 0)
+            break; /* the daemon may answer and close before it read everything */
+        off += (size_t)n;
+    }
+    shutdown(fd, SHUT_WR);
+    for (double end = lbt_now() + 10; got + 1 < out_len && lbt_now() < end;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        n = recv(fd, out + got, out_len - 1 - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    out[got] = '\0';
+    close(fd);
+    sscanf(out, "HTTP/1.%*d %ld", &status);
+    return status;
+}
+
+/* A request target or head larger than the front end's bounds (16 KiB, 24 KiB) but within
+ * libmicrohttpd's buffer gets a JSON error with X-Request-Id; the answers libmicrohttpd makes
+ * itself (a head past its buffer, an HTTP version it does not speak, a malformed chunk) have
+ * the exact status docs/api.md lists for them. The daemon keeps serving. */
+START_TEST(test_front_end_errors)
+{
+    static char big[64 * 1024], out[16 * 1024];
+    const char *hdrs[2] = {NULL, NULL};
+    struct lbt_resp r;
+    char *pad;
+    const char *msg;
+
+    /* 414: a 17000-byte target */
+    memcpy(big, "/healthz?pad=", 13);
+    memset(big + 13, 'a', 17000 - 13);
+    big[17000] = '\0';
+    lbt_request(&D, "GET", big, NULL, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 414, "uri_too_long");
+    msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+    ck_assert_str_eq(msg, "the request target (path and query) is 17000 bytes; the limit is 16384");
+    lbt_resp_free(&r);
+    /* the same on a route with a token and a body: the bound comes first */
+    {
+        char p[17300];
+
+        snprintf(p, sizeof(p), "/v1/sandboxes/%s/exec?%.16990s", SBX_A, big + 9);
+        lbt_request_ex(&D, "POST", p, "", "{}", 2, NULL, NULL, false, &r);
+        lbt_assert_error(&r, 414, "uri_too_long");
+        lbt_resp_free(&r);
+    }
+    /* 431: a 25000-byte header */
+    pad = malloc(25100);
+    ck_assert_ptr_nonnull(pad);
+    memcpy(pad, "X-Pad: ", 7);
+    memset(pad + 7, 'b', 25000);
+    pad[25007] = '\0';
+    hdrs[0] = pad;
+    lbt_request_ex(&D, "GET", "/healthz", NULL, NULL, 0, NULL, hdrs, false, &r);
+    lbt_assert_error(&r, 431, "headers_too_large");
+    msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+    ck_assert_msg(strstr(msg, "the limit is 24576"), "%s", msg);
+    lbt_resp_free(&r);
+    free(pad);
+    /* at the bounds: served */
+    memset(big + 13, 'a', 16384 - 13);
+    big[16384] = '\0';
+    lbt_request(&D, "GET", big, NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+
+    /* libmicrohttpd's own answers (documented exceptions: not JSON, no X-Request-Id) */
+    {
+        size_t n = (size_t)snprintf(big, sizeof(big), "GET /healthz?pad=");
+
+        memset(big + n, 'c', 40000);
+        n += 40000;
+        n += (size_t)snprintf(big + n, sizeof(big) - n, " HTTP/1.1\r\nHost: x\r\n\r\n");
+        ck_assert_int_eq(raw_exchange(big, n, out, sizeof(out)), 414);
+        n = (size_t)snprintf(big, sizeof(big), "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+        memset(big + n, 'd', 40000);
+        n += 40000;
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "\r\n\r\n");
+        ck_assert_int_eq(raw_exchange(big, n, out, sizeof(out)), 431);
+    }
+    snprintf(big, sizeof(big), "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 505);
+    snprintf(big, sizeof(big), "GET /healthz HTTP/0.9\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 505);
+    snprintf(big, sizeof(big),
+             "POST /v1/sessions/auth-a/seed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+             "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+             "zz\r\n{}\r\n0\r\n\r\n",
+             D.admin_token);
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 400);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
 /* ---------- body limit (daemon with limits.max_body_bytes=2048) ---------- */
 
 /* A valid seed body of exactly len bytes. */
@@ -685,6 +809,7 @@ int main(void)
     tcase_add_test(input, test_request_id);
     tcase_add_test(input, test_invalid_utf8_in_url);
     tcase_add_test(input, test_long_utf8_in_message);
+    tcase_add_test(input, test_front_end_errors);
     tcase_add_unchecked_fixture(input, setup_auth, teardown);
     tcase_set_timeout(input, 120);
     tcase_add_unchecked_fixture(limits, setup_limits, teardown);

@@ -61,7 +61,10 @@ static void setup_memory(void)
 
 static void setup_connections(void)
 {
-    static const char *const args[] = {"--set", "server.header_timeout_s=3", NULL};
+    /* no cap on connections still sending headers: the per-address limit is what these tests
+     * reach with idle connections (test_trickle covers the cap) */
+    static const char *const args[] = {"--set", "server.header_timeout_s=3", "--set",
+                                       "server.per_ip_incomplete=1000000", NULL};
 
     start_with(args);
 }
@@ -487,6 +490,110 @@ START_TEST(test_idle_flood_healthz_and_exec_answer)
 }
 END_TEST
 
+/* ---------- header trickle ---------- */
+
+/* The daemon of test_trickle: a header deadline of 2 s, 500 connections per address (the
+ * incomplete-request cap is then its default, 64). */
+static void setup_trickle(void)
+{
+    static const char *const args[] = {"--set", "server.header_timeout_s=2", "--set",
+                                       "server.per_ip_connections=500", NULL};
+
+    lbt_daemon_start(&D, args);
+}
+
+/* Lines of the daemon's log that hold needle. */
+static int log_lines_with(const struct lbt_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    free(line);
+    return n;
+}
+
+/* 600 connections from 127.0.0.1 each send a request line, then one header line every 250 ms
+ * (each line resets libmicrohttpd's idle timer). Meanwhile /healthz from 127.0.0.1 answers 200
+ * every time; at most 64 of the trickling connections are open at once (the address's cap:
+ * each new one closes the oldest), the rest are closed by the 2 s header deadline; and the
+ * log gets a few lines, not one per connection. */
+START_TEST(test_trickle)
+{
+    enum { N = 600, CAP = 64 };
+    int connected = 0, *fds, open_now = 0, max_open_late = 0, warn_before;
+    double t0, closed_at[N];
+    bool saw_survivor = false;
+
+    raise_own_fd_limit(N + 1024);
+    warn_before = log_lines_with(&D, " warn ");
+    t0 = lbt_now();
+    fds = flood(&D, "127.0.0.1", N, &connected);
+    for (int i = 0; i < N; i++) {
+        closed_at[i] = -1;
+        if (fds[i] >= 0 && send(fds[i], "GET /healthz HTTP/1.1\r\n", 23, MSG_NOSIGNAL) != 23) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+        if (fds[i] < 0)
+            closed_at[i] = lbt_now() - t0;
+    }
+    fprintf(stderr, "test_limits: %d of %d trickling connections from 127.0.0.1 connected\n",
+            connected, N);
+    while (lbt_now() - t0 < 2 + 2.5) {
+        struct lbt_resp r;
+
+        open_now = 0;
+        for (int i = 0; i < N; i++) {
+            char c;
+            ssize_t got;
+
+            if (fds[i] < 0)
+                continue;
+            got = recv(fds[i], &c, 1, MSG_DONTWAIT);
+            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                send(fds[i], "X-Trickle: 1\r\n", 14, MSG_NOSIGNAL) != 14) {
+                close(fds[i]);
+                fds[i] = -1;
+                closed_at[i] = lbt_now() - t0;
+                continue;
+            }
+            open_now++;
+        }
+        if (lbt_now() - t0 > 0.5 && open_now > max_open_late)
+            max_open_late = open_now;
+        if (lbt_now() - t0 > 1.0 && open_now > 0)
+            saw_survivor = true;
+        /* another client of the same address is served throughout */
+        lbt_request(&D, "GET", "/healthz", NULL, NULL, 0, NULL, &r);
+        ck_assert_msg(r.status == 200, "/healthz at %.2f s of the trickle: %ld", lbt_now() - t0,
+                      r.status);
+        lbt_resp_free(&r);
+        lbt_sleep_ms(250);
+    }
+    fprintf(stderr, "test_limits: trickle: at most %d open after 0.5 s, %d open at the end\n",
+            max_open_late, open_now);
+    ck_assert_msg(open_now == 0, "%d trickling connections still open 2.5 s past the deadline",
+                  open_now);
+    ck_assert_msg(max_open_late <= CAP, "%d trickling connections open at once (cap %d)",
+                  max_open_late, CAP);
+    ck_assert_msg(saw_survivor, "no trickling connection lived to the header deadline");
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(closed_at[i] >= 0 && closed_at[i] < 2 + 2.5, "connection %d", i);
+    free(fds);
+    /* a handful of warning lines, not one per connection */
+    ck_assert_msg(log_lines_with(&D, " warn ") - warn_before <= 8,
+                  "%d warnings logged for the trickle (see %s)",
+                  log_lines_with(&D, " warn ") - warn_before, D.log_path);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
 /* 1500 open connections take every fd number below 1024 in the daemon: a new sandbox and an
  * exec, whose processes get an fd limit of 1024 (local.sandbox_nofile), still start. */
 START_TEST(test_seed_and_exec_above_fd_1024)
@@ -831,7 +938,7 @@ int main(void)
     Suite *s = suite_create("limits");
     TCase *mem = tcase_create("memory"), *conn = tcase_create("connections"),
           *sec = tcase_create("secrets"), *sec2 = tcase_create("secrets_files"),
-          *low = tcase_create("low_fd_limit");
+          *low = tcase_create("low_fd_limit"), *trickle = tcase_create("trickle");
 
     tcase_add_unchecked_fixture(mem, setup_memory, teardown);
     tcase_set_timeout(mem, 300);
@@ -849,6 +956,11 @@ int main(void)
     tcase_add_test(conn, test_per_client_limit);
     tcase_add_test(conn, test_seed_and_exec_above_fd_1024);
     suite_add_tcase(s, conn);
+
+    tcase_add_unchecked_fixture(trickle, setup_trickle, teardown);
+    tcase_set_timeout(trickle, 60);
+    tcase_add_test(trickle, test_trickle);
+    suite_add_tcase(s, trickle);
 
     tcase_add_checked_fixture(low, NULL, teardown_low);
     tcase_set_timeout(low, 180);
