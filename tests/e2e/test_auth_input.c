@@ -490,7 +490,7 @@ END_TEST
  * characters: still a JSON error with its status, never 500 "out of memory". */
 START_TEST(test_long_utf8_in_message)
 {
-    char p[8192], comp[256];
+    char p[8192], comp[400];
     size_t n = 0;
     struct lbt_resp r;
 
