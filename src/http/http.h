@@ -1,10 +1,12 @@
 /*
  * http.h - lendbox's HTTP front end: the one adapter around libmicrohttpd.
  *
- * It owns the listening socket, routing (method + path pattern, 404/405), bearer-token
- * authentication (through the app's authorize hook), request-body limits (413, also for
- * chunked bodies and bodies longer than announced), JSON errors, X-Request-Id and latency
- * metrics. Handlers never block: long work goes through http_defer, which suspends the MHD
+ * It owns the listening socket, connection bounds (an absolute deadline for a request's line
+ * and headers, a per-address cap on connections still sending them), request-head limits
+ * (414/431), a UTF-8 check of the URL (400), routing (method + path pattern, 404/405),
+ * bearer-token authentication (through the app's authorize hook), request-body limits (413,
+ * also for chunked bodies and bodies longer than announced), JSON errors, X-Request-Id and
+ * latency metrics. Handlers never block: long work goes through http_defer, which suspends the MHD
  * connection, runs the job on the worker pool and resumes the connection when the job has set
  * a response. A job runs to its end even if the client hangs up (stops are never abandoned).
  *
