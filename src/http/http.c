@@ -152,6 +152,7 @@ struct lb_http {
     /* rate-limited warnings: counted under conn_lock, logged once per HTTP_WARN_INTERVAL_MS */
     int64_t warn_since;
     uint64_t cut_deadline, cut_cap, mhd_logged, mhd_suppressed;
+    size_t waiting_max; /* the most waiting connections one address has had at once */
     char mhd_last[256];
 };
 
@@ -1799,6 +1800,7 @@ static void conn_wait_begin_locked(struct http_conn *c)
     while (ip && ip->waiting >= h->cfg.per_ip_incomplete) {
         conn_cut_locked(ip->head);
         h->cut_cap++;
+        metrics_add(LB_M_HTTP_CUT_CAP, 1);
         ip = ip_find_locked(h, c->addr, c->addr_len);
     }
     if (!ip) {
@@ -1820,7 +1822,10 @@ static void conn_wait_begin_locked(struct http_conn *c)
     else
         ip->head = c;
     ip->tail = c;
-    ip->waiting++;
+    if (++ip->waiting > h->waiting_max) {
+        h->waiting_max = ip->waiting;
+        metrics_set(LB_M_HTTP_WAITING_MAX, h->waiting_max);
+    }
 }
 
 /* NOTIFY_CONNECTION: a connection was accepted (STARTED) or is about to be closed (CLOSED). */
@@ -1919,6 +1924,7 @@ static void *conn_main(void *arg)
         while (h->waiting_head && h->waiting_head->deadline_ms <= now) {
             conn_cut_locked(h->waiting_head);
             h->cut_deadline++;
+            metrics_add(LB_M_HTTP_CUT_DEADLINE, 1);
         }
         conn_warn_summary_locked(h, now);
         if (h->waiting_head && h->waiting_head->deadline_ms < wake)

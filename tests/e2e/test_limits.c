@@ -518,34 +518,51 @@ static int log_lines_with(const struct lbt_daemon *d, const char *needle)
     return n;
 }
 
+/* The value of a line of the daemon's /metrics that starts with series ("name" or
+ * "name{labels}"), or -1 when there is none. */
+static double metric(const char *series)
+{
+    struct lbt_resp r;
+    double v = -1;
+    const char *p;
+    size_t n = strlen(series);
+
+    lbt_request(&D, "GET", "/metrics", NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            v = strtod(p + n + 1, NULL);
+    lbt_resp_free(&r);
+    return v;
+}
+
 /* 600 connections from 127.0.0.1 each send a request line, then one header line every 250 ms
  * (each line resets libmicrohttpd's idle timer). Meanwhile /healthz from 127.0.0.1 answers 200
- * every time; at most 64 of the trickling connections are open at once (the address's cap:
- * each new one closes the oldest), the rest are closed by the 2 s header deadline; and the
- * log gets a few lines, not one per connection. */
+ * every time; every trickling connection is closed while it still trickles (without the
+ * header deadline they would stay open for as long as they trickle): the oldest ones as newer
+ * ones pass the address's cap of 64 connections still sending headers, the rest at the 2 s
+ * deadline (the daemon's counters say which, and that one address never had more than 64
+ * waiting); and the log gets a few lines, not one per connection. Nothing here depends on how
+ * fast the daemon accepts, so a slow (sanitized) daemon passes too. */
 START_TEST(test_trickle)
 {
     enum { N = 600, CAP = 64 };
-    int connected = 0, *fds, open_now = 0, max_open_late = 0, warn_before;
-    double t0, closed_at[N];
-    bool saw_survivor = false;
+    int connected = 0, *fds, open_now = N, warn_before;
+    double t0, by_deadline, by_cap, most;
 
     raise_own_fd_limit(N + 1024);
     warn_before = log_lines_with(&D, " warn ");
     t0 = lbt_now();
     fds = flood(&D, "127.0.0.1", N, &connected);
-    for (int i = 0; i < N; i++) {
-        closed_at[i] = -1;
+    for (int i = 0; i < N; i++)
         if (fds[i] >= 0 && send(fds[i], "GET /healthz HTTP/1.1\r\n", 23, MSG_NOSIGNAL) != 23) {
             close(fds[i]);
             fds[i] = -1;
         }
-        if (fds[i] < 0)
-            closed_at[i] = lbt_now() - t0;
-    }
     fprintf(stderr, "test_limits: %d of %d trickling connections from 127.0.0.1 connected\n",
             connected, N);
-    while (lbt_now() - t0 < 2 + 2.5) {
+    /* trickle until every one is closed (2 s from its accept; 30 s at most) */
+    while (open_now > 0 && lbt_now() - t0 < 30) {
         struct lbt_resp r;
 
         open_now = 0;
@@ -560,15 +577,10 @@ START_TEST(test_trickle)
                 send(fds[i], "X-Trickle: 1\r\n", 14, MSG_NOSIGNAL) != 14) {
                 close(fds[i]);
                 fds[i] = -1;
-                closed_at[i] = lbt_now() - t0;
                 continue;
             }
             open_now++;
         }
-        if (lbt_now() - t0 > 0.5 && open_now > max_open_late)
-            max_open_late = open_now;
-        if (lbt_now() - t0 > 1.0 && open_now > 0)
-            saw_survivor = true;
         /* another client of the same address is served throughout */
         lbt_request(&D, "GET", "/healthz", NULL, NULL, 0, NULL, &r);
         ck_assert_msg(r.status == 200, "/healthz at %.2f s of the trickle: %ld", lbt_now() - t0,
@@ -576,16 +588,20 @@ START_TEST(test_trickle)
         lbt_resp_free(&r);
         lbt_sleep_ms(250);
     }
-    fprintf(stderr, "test_limits: trickle: at most %d open after 0.5 s, %d open at the end\n",
-            max_open_late, open_now);
-    ck_assert_msg(open_now == 0, "%d trickling connections still open 2.5 s past the deadline",
-                  open_now);
-    ck_assert_msg(max_open_late <= CAP, "%d trickling connections open at once (cap %d)",
-                  max_open_late, CAP);
-    ck_assert_msg(saw_survivor, "no trickling connection lived to the header deadline");
-    for (int i = 0; i < N; i++)
-        ck_assert_msg(closed_at[i] >= 0 && closed_at[i] < 2 + 2.5, "connection %d", i);
     free(fds);
+    by_deadline = metric("lendbox_http_connections_cut_total{reason=\"header_deadline\"}");
+    by_cap = metric("lendbox_http_connections_cut_total{reason=\"per_address_cap\"}");
+    most = metric("lendbox_http_incomplete_per_address_max");
+    fprintf(stderr,
+            "test_limits: trickle: all closed after %.1f s: %.0f at the deadline, %.0f past the "
+            "cap; at most %.0f waiting from one address\n",
+            lbt_now() - t0, by_deadline, by_cap, most);
+    ck_assert_msg(open_now == 0, "%d trickling connections still open after 30 s", open_now);
+    ck_assert_msg(by_deadline >= 1 && by_deadline <= CAP, "%.0f closed at the deadline",
+                  by_deadline);
+    ck_assert_msg(by_cap >= 1 && by_cap + by_deadline <= N + 8, "%.0f closed past the cap", by_cap);
+    ck_assert_msg(most >= 1 && most <= CAP, "%.0f connections of one address waiting at once",
+                  most);
     /* a handful of warning lines, not one per connection */
     ck_assert_msg(log_lines_with(&D, " warn ") - warn_before <= 8,
                   "%d warnings logged for the trickle (see %s)",
