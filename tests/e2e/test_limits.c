@@ -593,9 +593,9 @@ START_TEST(test_trickle)
     by_cap = metric("lendbox_http_connections_cut_total{reason=\"per_address_cap\"}");
     most = metric("lendbox_http_incomplete_per_address_max");
     fprintf(stderr,
-            "test_limits: trickle: all closed after %.1f s: %.0f at the deadline, %.0f past the "
-            "cap; at most %.0f waiting from one address\n",
-            lbt_now() - t0, by_deadline, by_cap, most);
+            "test_limits: trickle: %d open after %.1f s; %.0f closed at the deadline, %.0f past "
+            "the cap; at most %.0f waiting from one address\n",
+            open_now, lbt_now() - t0, by_deadline, by_cap, most);
     ck_assert_msg(open_now == 0, "%d trickling connections still open after 30 s", open_now);
     ck_assert_msg(by_deadline >= 1 && by_deadline <= CAP, "%.0f closed at the deadline",
                   by_deadline);
