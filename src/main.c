@@ -242,7 +242,8 @@ static int prepare_state_dir(const char *dir, struct lb_error *err)
  * (each worker's exec or file transfer, SQLite, cgroup files); each connection counts twice,
  * as an upload or download holds a file beside its socket. The soft limit is raised to the hard
  * one first. */
-static void plan_connections(struct lb_config *cfg, unsigned *max_conn, unsigned *per_ip)
+static void plan_connections(struct lb_config *cfg, unsigned *max_conn, unsigned *per_ip,
+                             unsigned *per_ip_incomplete)
 {
     struct rlimit rl;
     uint64_t fds = 1024, reserve, conns;
@@ -278,8 +279,17 @@ static void plan_connections(struct lb_config *cfg, unsigned *max_conn, unsigned
     *max_conn = (unsigned)conns;
     *per_ip = cfg->per_ip_connections ? (unsigned)cfg->per_ip_connections
                                       : (unsigned)(conns / 2 > 0 ? conns / 2 : 1);
-    log_info("fd limit %llu: at most %u connections (%u per client address), %llu fds reserved",
-             (unsigned long long)fds, *max_conn, *per_ip, (unsigned long long)reserve);
+    /* a client still sending its headers holds a connection for up to header_timeout_s: one
+     * address may hold only a few such, well below its share, so that a trickling client
+     * cannot take every connection of its address */
+    *per_ip_incomplete = cfg->per_ip_incomplete ? (unsigned)cfg->per_ip_incomplete
+                         : *per_ip / 4 > 64     ? 64
+                         : *per_ip / 4 > 0      ? *per_ip / 4
+                                                : 1;
+    log_info("fd limit %llu: at most %u connections (%u per client address, %u of them still "
+             "sending their headers), %llu fds reserved",
+             (unsigned long long)fds, *max_conn, *per_ip, *per_ip_incomplete,
+             (unsigned long long)reserve);
 }
 
 static char *default_supervise_path(void)
@@ -466,7 +476,7 @@ struct daemon {
     char **sets; /* --set and flag assignments, applied over the file (and again on SIGHUP) */
     int n_sets;
     sigset_t sigs;
-    unsigned max_conn, per_ip;
+    unsigned max_conn, per_ip, per_ip_incomplete;
     int lock_fd;
     char admin_hash[LB_SHA256_HEX + 1];
     unsigned char operate_key[OPERATE_KEY_BYTES];
@@ -505,6 +515,7 @@ static void daemon_map_config(struct daemon *d, struct lb_http_config *hc,
         .header_timeout_s = (unsigned)cfg->header_timeout_s,
         .max_connections = d->max_conn,
         .per_ip_connections = d->per_ip,
+        .per_ip_incomplete = d->per_ip_incomplete,
         .max_body_bytes = (size_t)cfg->max_body_bytes,
         .max_file_bytes = (size_t)cfg->max_file_bytes,
         .max_archive_bytes = (size_t)cfg->max_image_bytes,
@@ -693,7 +704,7 @@ static void daemon_setup_process(struct daemon *d)
      * fixed threshold also turns off glibc's raising it after each free. */
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
-    plan_connections(&d->cfg, &d->max_conn, &d->per_ip);
+    plan_connections(&d->cfg, &d->max_conn, &d->per_ip, &d->per_ip_incomplete);
 }
 
 /* State dir, its lock, the admin token and the operate-token key. */

@@ -37,8 +37,10 @@
  * -EPIPE.
  *
  * Timeouts: a connection that has no request under way (before its first, between keep-alive
- * requests) is closed after header_timeout_s idle; while a request is under way
- * connection_timeout_s applies (suspended connections, waiting for a job, never time out).
+ * requests) must have sent its request line and headers within header_timeout_s (an absolute
+ * deadline, see "header deadline" below; also libmicrohttpd's idle timeout meanwhile); while a
+ * request is under way connection_timeout_s of inactivity applies (suspended connections,
+ * waiting for a job, never time out).
  */
 #include "http/http.h"
 
@@ -62,11 +64,43 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "util/token.h"
+#include "util/utf8.h"
 
 #define HTTP_MAX_PARAMS 4
 #define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
 #define PARK_END_WAIT_MS 5000   /* shutdown waits this long for parked requests' answers */
 #define STREAM_BLOCK_BYTES (64 * 1024)
+#define HTTP_IP_BUCKETS 1024
+#define HTTP_WARN_INTERVAL_MS 10000 /* at most one summary of connection warnings per this */
+#define HTTP_MHD_WARN_BURST 3       /* libmicrohttpd lines logged as-is per interval */
+/* The front end's own bounds on a request's head, checked before routing so they answer JSON;
+ * they sit below libmicrohttpd's per-connection buffer (32 KiB), past which libmicrohttpd
+ * answers 414/431 itself. */
+#define HTTP_MAX_TARGET_BYTES 16384 /* the request target: path and query, as sent */
+#define HTTP_MAX_HEAD_BYTES 24576   /* the request line and every header line */
+
+/* A client address that has connections still sending their request line and headers. */
+struct http_ip {
+    unsigned char addr[16];
+    unsigned char len; /* 4 or 16 */
+    size_t waiting;
+    struct http_conn *head, *tail; /* its waiting connections, oldest first */
+    struct http_ip *next;          /* hash chain */
+};
+
+/* One TCP connection (libmicrohttpd's socket context), from accept to close. */
+struct http_conn {
+    struct lb_http *h;
+    int fd;
+    unsigned char addr[16];
+    unsigned char addr_len;        /* 0: unknown address (not counted per address) */
+    bool waiting;                  /* its request line and headers are not all in yet */
+    int64_t deadline_ms;           /* ... and must be by then */
+    size_t target_len;             /* the current request's target as sent (from the URI log) */
+    struct http_ip *ip;            /* while waiting (NULL if unknown or out of memory) */
+    struct http_conn *prev, *next; /* h's waiting list */
+    struct http_conn *ip_prev, *ip_next; /* ip's waiting list */
+};
 
 struct lb_park {
     struct lb_http *h;
@@ -108,6 +142,18 @@ struct lb_http {
     bool park_stopping, park_thread_stop;
     bool park_thread_started;
     pthread_t park_thread;
+    /* connections still sending a request line and headers (see "Header deadline") */
+    pthread_mutex_t conn_lock;
+    pthread_cond_t conn_cond; /* wakes the watch thread (monotonic clock) */
+    pthread_t conn_thread;
+    bool conn_thread_started, conn_thread_stop;
+    struct http_conn *waiting_head, *waiting_tail; /* oldest first: deadline order */
+    struct http_ip *ips[HTTP_IP_BUCKETS];          /* addresses with waiting connections */
+    /* rate-limited warnings: counted under conn_lock, logged once per HTTP_WARN_INTERVAL_MS */
+    int64_t warn_since;
+    uint64_t cut_deadline, cut_cap, mhd_logged, mhd_suppressed;
+    size_t waiting_max; /* the most waiting connections one address has had at once */
+    char mhd_last[256];
 };
 
 enum request_phase {
@@ -156,6 +202,7 @@ struct lb_request {
     lb_http_park_fn park_answer;
     void *park_arg;
     void (*park_free)(void *);
+    size_t target_len;      /* the request target as sent (path and query); 0: unknown */
     char serial_key[192];   /* "": none; see http_set_serial_key / http_set_fair_key */
     size_t key_active_max;  /* jobs of serial_key queued or running at once */
     size_t key_waiting_max; /* more that may wait behind them */
@@ -209,12 +256,32 @@ void http_respond_json(struct lb_request *req, unsigned status, json_t *body)
     http_respond_text(req, status, "application/json", text, n);
 }
 
+json_t *http_error_json(const char *code, const char *message)
+{
+    struct lb_buf clean;
+    json_t *body;
+
+    /* jansson refuses strings that are not UTF-8 (json_pack fails): a message that quotes
+     * bytes a client or a sandbox sent gets U+FFFD for each invalid one instead */
+    if (utf8_valid(message, strlen(message)))
+        return json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message);
+    lb_buf_init(&clean, 0);
+    if (utf8_sanitize(message, strlen(message), &clean) < 0 || lb_buf_append(&clean, "", 1) < 0) {
+        lb_buf_release(&clean);
+        return json_pack("{s:{s:s,s:s}}", "error", "code", code, "message",
+                         "(the message held bytes that are not UTF-8)");
+    }
+    body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", clean.data);
+    lb_buf_release(&clean);
+    return body;
+}
+
 void http_respond_error(struct lb_request *req, const struct lb_error *err)
 {
     const char *code = "internal";
     int status = lb_error_http_status(err->code ? err->code : -EIO, &code);
     const char *msg = err->message[0] ? err->message : "internal error";
-    json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", msg);
+    json_t *body = http_error_json(code, msg);
 
     if (status >= 500)
         log_error_req(req->request_id, "request %s %s: %d %s: %s", req->request_id,
@@ -511,8 +578,7 @@ static enum MHD_Result request_queue(struct lb_request *req)
 static enum MHD_Result request_fail(struct lb_request *req, const struct lb_error *err)
 {
     if (err->code == -EPROTONOSUPPORT) {
-        json_t *body = json_pack("{s:{s:s,s:s}}", "error", "code", "method_not_allowed", "message",
-                                 err->message);
+        json_t *body = http_error_json("method_not_allowed", err->message);
 
         http_respond_json(req, 405, body);
         http_response_header(req, "Allow", req->allow);
@@ -520,6 +586,39 @@ static enum MHD_Result request_fail(struct lb_request *req, const struct lb_erro
         http_respond_error(req, err);
     }
     return request_queue(req);
+}
+
+/* An error of the front end's own whose status has no errno in util/error.h (414, 431). */
+static enum MHD_Result request_fail_status(struct lb_request *req, unsigned status,
+                                           const char *code, const char *message)
+{
+    log_debug_req(req->request_id, "request %s: %u %s: %s", req->request_id, status, code, message);
+    http_respond_json(req, status, http_error_json(code, message));
+    return request_queue(req);
+}
+
+/* The request's head against the front end's bounds (HTTP_MAX_TARGET_BYTES and
+ * HTTP_MAX_HEAD_BYTES); answers and returns true when it is past one. */
+static bool request_head_too_large(struct lb_request *req, enum MHD_Result *ret)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    char msg[160];
+
+    if (req->target_len > HTTP_MAX_TARGET_BYTES) {
+        snprintf(msg, sizeof(msg),
+                 "the request target (path and query) is %zu bytes; the limit is %d",
+                 req->target_len, HTTP_MAX_TARGET_BYTES);
+        *ret = request_fail_status(req, 414, "uri_too_long", msg);
+        return true;
+    }
+    if (ci && ci->header_size > HTTP_MAX_HEAD_BYTES) {
+        snprintf(msg, sizeof(msg), "the request line and headers are %zu bytes; the limit is %d",
+                 ci->header_size, HTTP_MAX_HEAD_BYTES);
+        *ret = request_fail_status(req, 431, "headers_too_large", msg);
+        return true;
+    }
+    return false;
 }
 
 static void request_set_id(struct lb_request *req)
@@ -697,6 +796,52 @@ static int sink_finish(struct lb_request *req, struct lb_error *err)
 
 static enum MHD_Result park_answer(struct lb_request *req);
 static void park_forget(struct lb_request *req);
+static struct http_conn *conn_of(struct MHD_Connection *conn);
+static void conn_wait_begin_locked(struct http_conn *c);
+static void conn_wait_end_locked(struct http_conn *c);
+
+/* The first query argument (key or value) that is not valid UTF-8. */
+struct utf8_scan {
+    const char *bad_key; /* its key when the key is valid; NULL: the key itself is invalid */
+    bool found;
+};
+
+static enum MHD_Result query_arg_utf8(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      size_t key_size, const char *value, size_t value_size)
+{
+    struct utf8_scan *scan = cls;
+
+    (void)kind;
+    if (!utf8_valid(key, key_size)) {
+        scan->found = true;
+        scan->bad_key = NULL;
+        return MHD_NO;
+    }
+    if (value && !utf8_valid(value, value_size)) {
+        scan->found = true;
+        scan->bad_key = key;
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+/* Paths, ids and names from the URL end up in messages, records and JSON answers, which hold
+ * only UTF-8: a URL path or query argument (after %-decoding) that is not UTF-8 is refused up
+ * front, whatever the route. */
+static int request_check_utf8(struct lb_request *req, const char *url, struct lb_error *err)
+{
+    struct utf8_scan scan = {0};
+
+    if (!utf8_valid(url, strlen(url)))
+        return lb_error_set(err, -EINVAL, "the URL path is not valid UTF-8");
+    MHD_get_connection_values_n(req->conn, MHD_GET_ARGUMENT_KIND, query_arg_utf8, &scan);
+    if (scan.found && scan.bad_key)
+        return lb_error_set(err, -EINVAL, "the query parameter '%s' is not valid UTF-8",
+                            scan.bad_key);
+    if (scan.found)
+        return lb_error_set(err, -EINVAL, "a query parameter name is not valid UTF-8");
+    return 0;
+}
 
 /* First call: the headers are complete. */
 static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, const char *url,
@@ -704,11 +849,14 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
 {
     const char *clen;
     size_t limit;
+    enum MHD_Result ret;
 
     /* a request is under way: the longer timeout applies until it completes */
     MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg.connection_timeout_s);
-    if (request_route(req, url, err) < 0)
+    if (request_head_too_large(req, &ret))
+        return ret;
+    if (request_check_utf8(req, url, err) < 0 || request_route(req, url, err) < 0)
         return request_fail(req, err);
     if (request_authorize(req, err) < 0)
         return request_fail(req, err);
@@ -766,6 +914,17 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         req->start_ms = clock_mono_ms();
         req->sink.fd = -1;
         request_set_id(req);
+        {
+            struct http_conn *c = conn_of(conn);
+
+            if (c) {
+                /* the request line and headers are in: no header deadline any more */
+                pthread_mutex_lock(&h->conn_lock);
+                conn_wait_end_locked(c);
+                pthread_mutex_unlock(&h->conn_lock);
+                req->target_len = c->target_len;
+            }
+        }
         return request_begin(h, req, url, &err);
     }
 
@@ -838,10 +997,19 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cl
     struct lb_http *h = cls;
     struct lb_request *req = *con_cls;
 
-    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
-        /* the connection stays open for the next request: the short timeout again */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        struct http_conn *c = conn_of(conn);
+
+        /* the connection stays open for the next request: the short timeout again, and the
+         * next request's line and headers are due header_timeout_s from now */
         MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
                                   (unsigned)h->cfg.header_timeout_s);
+        if (c) {
+            pthread_mutex_lock(&h->conn_lock);
+            conn_wait_begin_locked(c);
+            pthread_mutex_unlock(&h->conn_lock);
+        }
+    }
     if (!req)
         return;
     sink_abort(req); /* the body never ended: client gone, or the daemon stops */
@@ -1503,16 +1671,305 @@ void http_stream_end(struct lb_stream *s)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* ---------- start/stop ---------- */
+/* ---------- header deadline ---------- */
 
-static void http_mhd_log(void *cls, const char *fmt, va_list ap)
+/* Header deadline: libmicrohttpd's connection timeout is an idle timer, so a client sending one
+ * header line every few seconds would keep a connection forever, and enough of them from one
+ * address fill its per-address limit. Each connection is therefore tracked from accept
+ * (NOTIFY_CONNECTION) until its request line and headers are all in (the access handler's
+ * first call), and again from the end of each request until the next one's headers are in:
+ * while "waiting" it is on a list in deadline order and on its address's list. The watch
+ * thread shuts down (shutdown(2): libmicrohttpd then sees the end and closes it) every
+ * connection past header_timeout_s; an address holding per_ip_incomplete waiting connections
+ * has its oldest one shut down when another arrives, so a trickling client cannot keep others
+ * from the same address out for long. A connection's fd is only touched under conn_lock while
+ * it is tracked, and libmicrohttpd reports the close (NOTIFY_CLOSED, which takes conn_lock)
+ * before it closes the fd, so the fd shut down is never one reused by another connection. */
+
+static size_t ip_bucket(const unsigned char *addr, unsigned char len)
 {
-    char line[512];
+    uint32_t x = 2166136261u; /* FNV-1a */
+
+    for (unsigned char i = 0; i < len; i++)
+        x = (x ^ addr[i]) * 16777619u;
+    return x % HTTP_IP_BUCKETS;
+}
+
+static void conn_set_addr(struct http_conn *c, const struct sockaddr *sa)
+{
+    static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+    c->addr_len = 0;
+    if (sa && sa->sa_family == AF_INET) {
+        memcpy(c->addr, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        c->addr_len = 4;
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+
+        if (memcmp(a, v4mapped, 12) == 0) {
+            memcpy(c->addr, a + 12, 4);
+            c->addr_len = 4;
+        } else {
+            memcpy(c->addr, a, 16);
+            c->addr_len = 16;
+        }
+    }
+}
+
+static void conn_wait_end_locked(struct http_conn *c)
+{
+    struct lb_http *h = c->h;
+    struct http_ip *ip = c->ip;
+
+    if (!c->waiting)
+        return;
+    c->waiting = false;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->waiting_head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        h->waiting_tail = c->prev;
+    c->prev = c->next = NULL;
+    if (!ip)
+        return;
+    if (c->ip_prev)
+        c->ip_prev->ip_next = c->ip_next;
+    else
+        ip->head = c->ip_next;
+    if (c->ip_next)
+        c->ip_next->ip_prev = c->ip_prev;
+    else
+        ip->tail = c->ip_prev;
+    c->ip_prev = c->ip_next = NULL;
+    c->ip = NULL;
+    if (--ip->waiting == 0) {
+        struct http_ip **pp = &h->ips[ip_bucket(ip->addr, ip->len)];
+
+        while (*pp != ip)
+            pp = &(*pp)->next;
+        *pp = ip->next;
+        free(ip);
+    }
+}
+
+/* Close c from our side: libmicrohttpd sees the end of the connection and closes it. */
+static void conn_cut_locked(struct http_conn *c)
+{
+    conn_wait_end_locked(c);
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+static struct http_ip *ip_find_locked(struct lb_http *h, const unsigned char *addr,
+                                      unsigned char len)
+{
+    struct http_ip *ip = h->ips[ip_bucket(addr, len)];
+
+    while (ip && !(ip->len == len && memcmp(ip->addr, addr, len) == 0))
+        ip = ip->next;
+    return ip;
+}
+
+/* c starts waiting for a request line and headers, due header_timeout_s from now. */
+static void conn_wait_begin_locked(struct http_conn *c)
+{
+    struct lb_http *h = c->h;
+    struct http_ip *ip;
+
+    if (c->waiting)
+        return;
+    c->waiting = true;
+    c->target_len = 0;
+    c->deadline_ms = clock_mono_ms() + (int64_t)h->cfg.header_timeout_s * 1000;
+    c->prev = h->waiting_tail;
+    c->next = NULL;
+    if (h->waiting_tail)
+        h->waiting_tail->next = c;
+    else
+        h->waiting_head = c;
+    h->waiting_tail = c;
+    if (h->waiting_head == c)
+        pthread_cond_signal(&h->conn_cond); /* the watch thread slept with nothing to watch */
+    if (c->addr_len == 0 || h->cfg.per_ip_incomplete == 0)
+        return;
+    /* at the address's cap its oldest waiting connection makes room (cutting the last one
+     * frees the entry: look it up again) */
+    ip = ip_find_locked(h, c->addr, c->addr_len);
+    while (ip && ip->waiting >= h->cfg.per_ip_incomplete) {
+        conn_cut_locked(ip->head);
+        h->cut_cap++;
+        metrics_add(LB_M_HTTP_CUT_CAP, 1);
+        ip = ip_find_locked(h, c->addr, c->addr_len);
+    }
+    if (!ip) {
+        size_t b = ip_bucket(c->addr, c->addr_len);
+
+        ip = calloc(1, sizeof(*ip));
+        if (!ip)
+            return; /* not counted per address; the deadline still holds */
+        memcpy(ip->addr, c->addr, c->addr_len);
+        ip->len = c->addr_len;
+        ip->next = h->ips[b];
+        h->ips[b] = ip;
+    }
+    c->ip = ip;
+    c->ip_prev = ip->tail;
+    c->ip_next = NULL;
+    if (ip->tail)
+        ip->tail->ip_next = c;
+    else
+        ip->head = c;
+    ip->tail = c;
+    if (++ip->waiting > h->waiting_max) {
+        h->waiting_max = ip->waiting;
+        metrics_set(LB_M_HTTP_WAITING_MAX, h->waiting_max);
+    }
+}
+
+/* NOTIFY_CONNECTION: a connection was accepted (STARTED) or is about to be closed (CLOSED). */
+static void http_notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                                   enum MHD_ConnectionNotificationCode toe)
+{
+    struct lb_http *h = cls;
+    struct http_conn *c = *socket_context;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *addr =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+
+        c = fd ? calloc(1, sizeof(*c)) : NULL;
+        *socket_context = c;
+        if (!c)
+            return; /* untracked: only libmicrohttpd's idle timeout bounds it */
+        c->h = h;
+        c->fd = fd->connect_fd;
+        conn_set_addr(c, addr ? addr->client_addr : NULL);
+        pthread_mutex_lock(&h->conn_lock);
+        conn_wait_begin_locked(c);
+        pthread_mutex_unlock(&h->conn_lock);
+        return;
+    }
+    if (!c)
+        return;
+    pthread_mutex_lock(&h->conn_lock);
+    conn_wait_end_locked(c);
+    pthread_mutex_unlock(&h->conn_lock);
+    free(c);
+    *socket_context = NULL;
+}
+
+static struct http_conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The URI log callback: the request line is in. Keeps the request target's length (as sent,
+ * query included) for the access handler's check. Returns the request's initial context:
+ * none. */
+static void *http_uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    struct http_conn *c = conn_of(conn);
 
     (void)cls;
+    if (c)
+        c->target_len = strlen(uri);
+    return NULL;
+}
+
+/* Log a summary of what was counted since the last one, at most once per interval. Called on
+ * the watch thread with conn_lock held; unlocks it while logging. */
+static void conn_warn_summary_locked(struct lb_http *h, int64_t now)
+{
+    uint64_t deadline = h->cut_deadline, cap = h->cut_cap, suppressed = h->mhd_suppressed;
+    char last[sizeof(h->mhd_last)];
+
+    if (now - h->warn_since < HTTP_WARN_INTERVAL_MS)
+        return;
+    h->warn_since = now;
+    h->cut_deadline = h->cut_cap = h->mhd_suppressed = h->mhd_logged = 0;
+    if (!deadline && !cap && !suppressed)
+        return;
+    memcpy(last, h->mhd_last, sizeof(last));
+    pthread_mutex_unlock(&h->conn_lock);
+    if (deadline || cap)
+        log_warn("connections closed before their request headers were in, in the last %d s: "
+                 "%llu past the header deadline (server.header_timeout_s = %u s), %llu past %u "
+                 "incomplete requests from one address (server.per_ip_incomplete)",
+                 HTTP_WARN_INTERVAL_MS / 1000, (unsigned long long)deadline,
+                 h->cfg.header_timeout_s, (unsigned long long)cap, h->cfg.per_ip_incomplete);
+    if (suppressed)
+        log_warn("libmicrohttpd: %llu more warnings in the last %d s, not logged one by one "
+                 "(the last: %s)",
+                 (unsigned long long)suppressed, HTTP_WARN_INTERVAL_MS / 1000, last);
+    pthread_mutex_lock(&h->conn_lock);
+}
+
+/* The watch thread: cuts connections past their header deadline, logs the summaries. */
+static void *conn_main(void *arg)
+{
+    struct lb_http *h = arg;
+
+    pthread_mutex_lock(&h->conn_lock);
+    while (!h->conn_thread_stop) {
+        int64_t now = clock_mono_ms(), wake = now + HTTP_WARN_INTERVAL_MS;
+        struct timespec ts;
+
+        while (h->waiting_head && h->waiting_head->deadline_ms <= now) {
+            conn_cut_locked(h->waiting_head);
+            h->cut_deadline++;
+            metrics_add(LB_M_HTTP_CUT_DEADLINE, 1);
+        }
+        conn_warn_summary_locked(h, now);
+        if (h->waiting_head && h->waiting_head->deadline_ms < wake)
+            wake = h->waiting_head->deadline_ms;
+        if (h->warn_since + HTTP_WARN_INTERVAL_MS < wake)
+            wake = h->warn_since + HTTP_WARN_INTERVAL_MS;
+        if (wake <= now)
+            wake = now + 1;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        {
+            int64_t ns = (int64_t)ts.tv_nsec + (wake - now) * 1000000;
+
+            ts.tv_sec += (time_t)(ns / 1000000000);
+            ts.tv_nsec = (long)(ns % 1000000000);
+        }
+        pthread_cond_timedwait(&h->conn_cond, &h->conn_lock, &ts);
+    }
+    pthread_mutex_unlock(&h->conn_lock);
+    return NULL;
+}
+
+/* ---------- start/stop ---------- */
+
+/* libmicrohttpd's messages (one per refused connection, per error answer...): the first few of
+ * each interval are logged as they come, the rest counted into the watch thread's summary, so
+ * a flood of connections cannot flood the log. */
+static void http_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    struct lb_http *h = cls;
+    char line[512];
+    bool now;
+
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    log_warn("libmicrohttpd: %s", line);
+    pthread_mutex_lock(&h->conn_lock);
+    now = h->mhd_logged < HTTP_MHD_WARN_BURST;
+    if (now) {
+        h->mhd_logged++;
+    } else {
+        h->mhd_suppressed++;
+        snprintf(h->mhd_last, sizeof(h->mhd_last), "%.*s", (int)sizeof(h->mhd_last) - 1, line);
+    }
+    pthread_mutex_unlock(&h->conn_lock);
+    if (now)
+        log_warn("libmicrohttpd: %s", line);
 }
 
 int http_bind(const char *listen_spec, int *fd_out, char *bound, size_t bound_len,
@@ -1589,6 +2046,8 @@ static void http_release(struct lb_http *h)
     pthread_cond_destroy(&h->park_drained);
     pthread_cond_destroy(&h->poll_cond);
     pthread_mutex_destroy(&h->park_lock);
+    pthread_cond_destroy(&h->conn_cond);
+    pthread_mutex_destroy(&h->conn_lock);
     free(h->route_metric);
     free(h);
 }
@@ -1608,6 +2067,12 @@ static void http_free(struct lb_http *h)
         pthread_join(h->park_thread, NULL);
     if (h->poll_thread_started)
         pthread_join(h->poll_thread, NULL);
+    pthread_mutex_lock(&h->conn_lock);
+    h->conn_thread_stop = true;
+    pthread_cond_signal(&h->conn_cond);
+    pthread_mutex_unlock(&h->conn_lock);
+    if (h->conn_thread_started)
+        pthread_join(h->conn_thread, NULL);
     pthread_mutex_lock(&h->park_lock);
     h->stopped = true;
     now = h->park_handles == 0;
@@ -1636,8 +2101,11 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
         pthread_cond_init(&h->park_cond, &ca);
         pthread_cond_init(&h->park_drained, &ca);
         pthread_cond_init(&h->poll_cond, &ca);
+        pthread_cond_init(&h->conn_cond, &ca);
         pthread_condattr_destroy(&ca);
     }
+    pthread_mutex_init(&h->conn_lock, NULL);
+    h->warn_since = clock_mono_ms();
     h->park_next_at = INT64_MAX;
     if (pthread_create(&h->park_thread, NULL, park_main, h) != 0) {
         r = lb_error_set(err, -ENOMEM, "cannot start the park thread");
@@ -1649,6 +2117,11 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
         goto fail;
     }
     h->poll_thread_started = true;
+    if (pthread_create(&h->conn_thread, NULL, conn_main, h) != 0) {
+        r = lb_error_set(err, -ENOMEM, "cannot start the connection watch thread");
+        goto fail;
+    }
+    h->conn_thread_started = true;
     while (cfg->routes[n].method)
         n++;
     h->route_metric = calloc((size_t)n + 1, sizeof(int));
@@ -1674,17 +2147,18 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
             snprintf(h->bound, sizeof(h->bound), "%s:%u", a, ntohs(s4->sin_port));
         }
     }
-    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                                  MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-                              0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER,
-                              http_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
-                              MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
-                              /* a connection between requests (or before its first) gets the
-                               * short timeout; a request under way the longer one */
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->header_timeout_s,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->per_ip_connections,
-                              MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+            MHD_USE_ERROR_LOG,
+        0, NULL, NULL, http_access, h, MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, h,
+        MHD_OPTION_LISTEN_SOCKET, h->listen_fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
+        /* a connection between requests (or before its first) gets the
+         * short timeout; a request under way the longer one */
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->header_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)cfg->per_ip_connections, MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, http_notify_connection, h, MHD_OPTION_URI_LOG_CALLBACK,
+        http_uri_log, h, MHD_OPTION_END);
     if (!h->mhd) {
         r = lb_error_set(err, -EIO, "libmicrohttpd failed to start on %s", h->bound);
         goto fail;

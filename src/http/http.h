@@ -1,10 +1,12 @@
 /*
  * http.h - lendbox's HTTP front end: the one adapter around libmicrohttpd.
  *
- * It owns the listening socket, routing (method + path pattern, 404/405), bearer-token
- * authentication (through the app's authorize hook), request-body limits (413, also for
- * chunked bodies and bodies longer than announced), JSON errors, X-Request-Id and latency
- * metrics. Handlers never block: long work goes through http_defer, which suspends the MHD
+ * It owns the listening socket, connection bounds (an absolute deadline for a request's line
+ * and headers, a per-address cap on connections still sending them), request-head limits
+ * (414/431), a UTF-8 check of the URL (400), routing (method + path pattern, 404/405),
+ * bearer-token authentication (through the app's authorize hook), request-body limits (413,
+ * also for chunked bodies and bodies longer than announced), JSON errors, X-Request-Id and
+ * latency metrics. Handlers never block: long work goes through http_defer, which suspends the MHD
  * connection, runs the job on the worker pool and resumes the connection when the job has set
  * a response. A job runs to its end even if the client hangs up (stops are never abandoned).
  *
@@ -77,9 +79,14 @@ struct lb_http_config {
     int listen_fd;                 /* from http_bind; http_start takes it over */
     unsigned threads;              /* MHD thread pool size */
     unsigned connection_timeout_s; /* idle bound while a request is under way */
-    unsigned header_timeout_s;     /* idle bound of a connection with no request under way */
+    unsigned header_timeout_s;     /* a connection's request line and headers must be in within
+                                    * this of its accept (or of its previous request's end);
+                                    * past it the connection is closed */
     unsigned max_connections;      /* open connections at most; more are closed at accept */
     unsigned per_ip_connections;   /* open connections from one client address at most */
+    unsigned per_ip_incomplete;    /* connections of one client address still sending their
+                                    * request line and headers; another one closes the oldest
+                                    * (0: no cap) */
     size_t max_body_bytes;         /* JSON bodies */
     size_t max_file_bytes;         /* raw file bodies (streamed) */
     size_t max_archive_bytes;      /* the raw body of the route named archive_route */
@@ -132,6 +139,11 @@ int http_body_json(struct lb_request *req, bool allow_empty, json_t **out, struc
 /* Responses: each sets the request's one response (a second call replaces the first). */
 void http_respond_json(struct lb_request *req, unsigned status, json_t *body); /* steals body */
 void http_respond_error(struct lb_request *req, const struct lb_error *err);
+/* {"error": {"code": code, "message": message}} for bodies that are not a whole response (an
+ * error line of a stream). A message that is not valid UTF-8 gets U+FFFD for each invalid
+ * byte, so the result is never NULL for that reason (NULL only when out of memory). The caller
+ * owns the result. Thread-safe. */
+json_t *http_error_json(const char *code, const char *message);
 void http_respond_empty(struct lb_request *req, unsigned status);
 void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
                        char *data, size_t len); /* steals data (malloc'd) */

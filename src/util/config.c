@@ -49,6 +49,7 @@ static const struct config_key config_keys[] = {
     INT("server", "header_timeout_s", header_timeout_s, "10", 1, 86400),
     INT("server", "max_connections", max_connections, "0", 0, 1000000),
     INT("server", "per_ip_connections", per_ip_connections, "0", 0, 1000000),
+    INT("server", "per_ip_incomplete", per_ip_incomplete, "0", 0, 1000000),
     INT("server", "fd_reserve", fd_reserve, "0", 0, 1000000),
     INT("lending", "stop_concurrency", stop_concurrency, "64", 1, 4096),
     INT("lending", "stop_timeout_s", stop_timeout_s, "120", 1, 86400),

@@ -26,9 +26,12 @@ struct lb_config {
     int64_t queue_max;
     int64_t connection_timeout_s;
     int64_t store_reserve_mib;
-    int64_t header_timeout_s;   /* idle connections with no request under way */
+    int64_t header_timeout_s;   /* deadline of a request line and headers (from accept or the
+                                 * previous request's end) */
     int64_t max_connections;    /* 0: from the fd limit (see main.c) */
     int64_t per_ip_connections; /* 0: max_connections / 2 */
+    int64_t per_ip_incomplete;  /* connections of one address still sending their headers;
+                                 * 0: per_ip_connections / 4, at most 64 */
     int64_t fd_reserve;         /* fds kept from connections; 0: from workers */
     /* [lending] */
     int64_t stop_concurrency;

@@ -5,10 +5,16 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "util/utf8.h"
+
 static void error_vset(struct lb_error *err, int code, const char *fmt, va_list ap)
 {
     err->code = code;
     vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    /* messages quote what clients and sandboxes sent (paths, names, output): they go into JSON,
+     * which holds only valid UTF-8, so invalid bytes and a sequence cut by the size limit are
+     * replaced here, once, for every message */
+    utf8_sanitize_inplace(err->message, sizeof(err->message));
 }
 
 int lb_error_set(struct lb_error *err, int code, const char *fmt, ...)

@@ -31,7 +31,9 @@
 
 struct lb_error {
     int code;                           /* negative errno, 0 when unset */
-    char message[LB_ERROR_MESSAGE_MAX]; /* one readable sentence, NUL-terminated */
+    char message[LB_ERROR_MESSAGE_MAX]; /* one readable sentence, NUL-terminated; always valid
+                                         * UTF-8 when set by lb_error_set/keep (invalid bytes
+                                         * become U+FFFD, a cut is made between characters) */
 };
 
 /* Set err (if non-NULL) to code and a printf-formatted message. Returns code, so a caller can

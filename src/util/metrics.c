@@ -65,6 +65,15 @@ static const struct {
                              "Time spent making warm sandboxes.", false, true},
     [LB_M_WARM_REFILL_LAST_MS] = {"lendbox_warm_refill_last_duration_seconds", NULL,
                                   "Time the last warm sandbox took to make.", true, true},
+    [LB_M_HTTP_CUT_DEADLINE] = {"lendbox_http_connections_cut_total", "reason=\"header_deadline\"",
+                                "Connections closed before their request headers were in, by "
+                                "reason."},
+    [LB_M_HTTP_CUT_CAP] = {"lendbox_http_connections_cut_total", "reason=\"per_address_cap\"",
+                           NULL},
+    [LB_M_HTTP_WAITING_MAX] = {"lendbox_http_incomplete_per_address_max", NULL,
+                               "Most connections of one client address ever still sending their "
+                               "request headers at once.",
+                               true},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];

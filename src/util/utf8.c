@@ -3,6 +3,8 @@
 #include "util/utf8.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 static const char replacement[] = "\xef\xbf\xbd";
 
@@ -84,4 +86,57 @@ size_t utf8_incomplete_tail(const char *data, size_t len)
         return utf8_sequence(p + len - k, k, &bad) == 0 && bad == k ? k : 0;
     }
     return 0;
+}
+
+bool utf8_valid(const char *data, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i = 0;
+
+    while (i < len) {
+        size_t bad = 0, n = utf8_sequence(p + i, len - i, &bad);
+
+        if (!n)
+            return false;
+        i += n;
+    }
+    return true;
+}
+
+void utf8_sanitize_inplace(char *s, size_t cap)
+{
+    size_t len = strnlen(s, cap), i = 0, o = 0;
+    char *copy;
+
+    if (cap == 0)
+        return;
+    if (len == cap) /* not terminated within cap: take what fits */
+        len = cap - 1;
+    if (utf8_valid(s, len)) {
+        s[len] = '\0';
+        return;
+    }
+    /* the result is written over s from the front; the rest is read from a copy */
+    copy = strndup(s, len);
+    if (!copy) {
+        /* no memory: drop every byte that is not ASCII, which needs none */
+        for (i = 0; i < len; i++)
+            if ((unsigned char)s[i] < 0x80)
+                s[o++] = s[i];
+        s[o] = '\0';
+        return;
+    }
+    while (i < len) {
+        size_t bad = 0, n = utf8_sequence((const unsigned char *)copy + i, len - i, &bad);
+        const char *piece = n ? copy + i : replacement;
+        size_t plen = n ? n : 3;
+
+        if (o + plen > cap - 1)
+            break;
+        memcpy(s + o, piece, plen);
+        o += plen;
+        i += n ? n : bad;
+    }
+    s[o] = '\0';
+    free(copy);
 }

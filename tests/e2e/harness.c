@@ -937,7 +937,7 @@ void lbt_request_ex(struct lbt_daemon *d, const char *method, const char *path, 
     struct curl_slist *hdrs = NULL;
     struct lbt_sink sink = {0};
     struct lbt_upload up = {body, body_len, 0};
-    char url[4096], h[600];
+    char url[32768], h[600];
     CURLcode cc;
 
     memset(resp, 0, sizeof(*resp));

@@ -4,9 +4,14 @@
  * limit with and without Content-Length, unknown routes, wrong methods): each gets its JSON
  * error, changes no record, and leaves the daemon serving. X-Request-Id on every response.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -407,6 +412,106 @@ START_TEST(test_wrong_method)
 }
 END_TEST
 
+/* tmpl with its '@' replaced by sandbox A's id. */
+static void with_id(char *out, size_t size, const char *tmpl)
+{
+    const char *at = strchr(tmpl, '@');
+
+    if (!at)
+        snprintf(out, size, "%s", tmpl);
+    else
+        snprintf(out, size, "%.*s%s%s", (int)(at - tmpl), tmpl, SBX_A, at + 1);
+}
+
+/* A URL path or query argument that is not UTF-8 after %-decoding is 400 bad_request naming
+ * it, on every route family that takes a name, an id or a path from the URL, with an admin and
+ * with an operate token; the answer is JSON (jansson parsed it: valid UTF-8) and echoes none
+ * of the invalid bytes. */
+START_TEST(test_invalid_utf8_in_url)
+{
+    static const struct {
+        const char *method, *tmpl; /* tmpl: @ is sandbox A's id */
+        const char *body, *names;  /* names: what the message must name */
+    } cases[] = {
+        {"GET", "/v1/sandboxes/@/files?path=/workspace/%FF%FEnope", NULL, "'path'"},
+        {"PUT", "/v1/sandboxes/@/files?path=/workspace/%FF%FEnope", "x", "'path'"},
+        {"PUT", "/v1/sandboxes/@/files?path=/workspace/ok&owner=%C3%28", "x", "'owner'"},
+        {"GET", "/v1/sandboxes/@/files?path=/workspace/a%ED%A0%80b", NULL, "'path'"},
+        {"GET", "/v1/sandboxes/@/files?%FF=1&path=/workspace/x", NULL, "name"},
+        {"GET", "/v1/sandboxes/@%FF", NULL, "URL path"},
+        {"POST", "/v1/sandboxes/@%FF/exec", "{\"command\": \"true\"}", "URL path"},
+        {"GET", "/v1/sandboxes/@/endpoints/80%FF", NULL, "URL path"},
+        {"POST", "/v1/sandboxes/@%C0%AF/pty", "{}", "URL path"},
+        {"GET", "/v1/sessions/auth-a%FF", NULL, "URL path"},
+        {"POST", "/v1/sessions/auth-%FE/seed", "{\"task_id\": \"t\"}", "URL path"},
+        {"GET", "/v1/sessions/auth-a%FF/activation", NULL, "URL path"},
+        {"GET", "/v1/sessions?state=%FF", NULL, "'state'"},
+        {"GET", "/v1/sandboxes?state=lent%80", NULL, "'state'"},
+        {"GET", "/v1/pty/pty-%FF/output", NULL, "URL path"},
+        {"DELETE", "/v1/pty/%FF", NULL, "URL path"},
+        {"DELETE", "/v1/images/img%FF", NULL, "URL path"},
+        {"POST", "/v1/images?name=img%FF", "x", "'name'"},
+        {"GET", "/v1/nope%FF", NULL, "URL path"},
+    };
+    const char *tokens[] = {"", OP_A};
+    struct lbt_resp r;
+    char p[512];
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (size_t t = 0; t < 2; t++) {
+            const char *msg;
+
+            with_id(p, sizeof(p), cases[i].tmpl);
+            lbt_request_ex(&D, cases[i].method, p, tokens[t], cases[i].body,
+                           cases[i].body ? strlen(cases[i].body) : 0, NULL, NULL, false, &r);
+            ck_assert_msg(r.status == 400, "%s %s (%s token): %ld %.500s", cases[i].method, p,
+                          t ? "operate" : "admin", r.status, r.body);
+            lbt_assert_error(&r, 400, "bad_request");
+            msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+            ck_assert_msg(strstr(msg, "not valid UTF-8") && strstr(msg, cases[i].names),
+                          "%s %s: %s", cases[i].method, p, msg);
+            /* nothing of the request's bytes that are not UTF-8 in the raw body either */
+            ck_assert_msg(!strchr(r.body, '\xff') && !strchr(r.body, '\xfe') &&
+                              !strchr(r.body, '\x80'),
+                          "%s %s: %s", cases[i].method, p, r.body);
+            lbt_resp_free(&r);
+        }
+    }
+    /* valid UTF-8 is not refused: a missing file with an accented name is 404 */
+    snprintf(p, sizeof(p), "/v1/sandboxes/%s/files?path=/workspace/%%C3%%A9t%%C3%%A9", SBX_A);
+    lbt_request_ex(&D, "GET", p, OP_A, NULL, 0, NULL, NULL, false, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
+/* An error message quoting more than the message's room of multi-byte text is cut between
+ * characters: still a JSON error with its status, never 500 "out of memory". */
+START_TEST(test_long_utf8_in_message)
+{
+    char p[8192], comp[400];
+    size_t n = 0;
+    struct lbt_resp r;
+
+    /* 6 directories of 60 x "é" (120 bytes each, %-encoded): the path's bytes pass the 512 of
+     * a message, and the cut falls inside one "é" at one offset or the next */
+    for (int k = 0; k < 2; k++) {
+        n = (size_t)snprintf(p, sizeof(p), "/v1/sandboxes/%s/files?path=/workspace/%s", SBX_A,
+                             k ? "x" : "");
+        comp[0] = '\0';
+        for (int i = 0; i < 60; i++)
+            strcat(comp, "%C3%A9");
+        for (int d = 0; d < 6; d++)
+            n += (size_t)snprintf(p + n, sizeof(p) - n, "%s%s", d ? "/" : "", comp);
+        lbt_request_ex(&D, "GET", p, OP_A, NULL, 0, NULL, NULL, false, &r);
+        ck_assert_msg(r.status == 404, "%ld %.600s", r.status, r.body);
+        lbt_assert_error(&r, 404, "not_found");
+        lbt_resp_free(&r);
+    }
+}
+END_TEST
+
 START_TEST(test_request_id)
 {
     static const char *const ids[] = {"X-Request-Id: lbt-echo-1", NULL};
@@ -462,6 +567,125 @@ START_TEST(test_request_id)
     ck_assert_int_eq(r.status, 200);
     lbt_assert_request_id(&r, "lbt-echo-1");
     lbt_resp_free(&r);
+}
+END_TEST
+
+/* ---------- the front end's own errors ---------- */
+
+/* Send raw bytes to the daemon and read its answer until it closes the connection (or 10 s):
+ * the status of the first response line, the whole answer in out. */
+static long raw_exchange(const void *req, size_t len, char *out, size_t out_len)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    const char *hostport = D.base_url + strlen("http://");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    size_t got = 0;
+    long status = 0;
+
+    ck_assert_int_ge(fd, 0);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(strrchr(hostport, ':') + 1));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    for (size_t off = 0; off < len;) {
+        ssize_t n = send(fd, (const char *)req + off, len - off, MSG_NOSIGNAL);
+
+        if (n <= 0)
+            break; /* the daemon may answer and close before it read everything */
+        off += (size_t)n;
+    }
+    shutdown(fd, SHUT_WR);
+    for (double end = lbt_now() + 10; got + 1 < out_len && lbt_now() < end;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        n = recv(fd, out + got, out_len - 1 - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    out[got] = '\0';
+    close(fd);
+    sscanf(out, "HTTP/1.%*d %ld", &status);
+    return status;
+}
+
+/* A request target or head larger than the front end's bounds (16 KiB, 24 KiB) but within
+ * libmicrohttpd's buffer gets a JSON error with X-Request-Id; the answers libmicrohttpd makes
+ * itself (a head past its buffer, an HTTP version it does not speak, a malformed chunk) have
+ * the exact status docs/api.md lists for them. The daemon keeps serving. */
+START_TEST(test_front_end_errors)
+{
+    static char big[64 * 1024], out[16 * 1024];
+    const char *hdrs[2] = {NULL, NULL};
+    struct lbt_resp r;
+    char *pad;
+    const char *msg;
+
+    /* 414: a 17000-byte target */
+    memcpy(big, "/healthz?pad=", 13);
+    memset(big + 13, 'a', 17000 - 13);
+    big[17000] = '\0';
+    lbt_request(&D, "GET", big, NULL, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 414, "uri_too_long");
+    msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+    ck_assert_str_eq(msg, "the request target (path and query) is 17000 bytes; the limit is 16384");
+    lbt_resp_free(&r);
+    /* the same on a route with a token and a body: the bound comes first */
+    {
+        char p[17300];
+
+        snprintf(p, sizeof(p), "/v1/sandboxes/%s/exec?%.16990s", SBX_A, big + 9);
+        lbt_request_ex(&D, "POST", p, "", "{}", 2, NULL, NULL, false, &r);
+        lbt_assert_error(&r, 414, "uri_too_long");
+        lbt_resp_free(&r);
+    }
+    /* 431: a 25000-byte header */
+    pad = malloc(25100);
+    ck_assert_ptr_nonnull(pad);
+    memcpy(pad, "X-Pad: ", 7);
+    memset(pad + 7, 'b', 25000);
+    pad[25007] = '\0';
+    hdrs[0] = pad;
+    lbt_request_ex(&D, "GET", "/healthz", NULL, NULL, 0, NULL, hdrs, false, &r);
+    lbt_assert_error(&r, 431, "headers_too_large");
+    msg = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+    ck_assert_msg(strstr(msg, "the limit is 24576"), "%s", msg);
+    lbt_resp_free(&r);
+    free(pad);
+    /* at the bounds: served */
+    memset(big + 13, 'a', 16384 - 13);
+    big[16384] = '\0';
+    lbt_request(&D, "GET", big, NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+
+    /* libmicrohttpd's own answers (documented exceptions: not JSON, no X-Request-Id) */
+    {
+        size_t n = (size_t)snprintf(big, sizeof(big), "GET /healthz?pad=");
+
+        memset(big + n, 'c', 40000);
+        n += 40000;
+        n += (size_t)snprintf(big + n, sizeof(big) - n, " HTTP/1.1\r\nHost: x\r\n\r\n");
+        ck_assert_int_eq(raw_exchange(big, n, out, sizeof(out)), 414);
+        n = (size_t)snprintf(big, sizeof(big), "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+        memset(big + n, 'd', 40000);
+        n += 40000;
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "\r\n\r\n");
+        ck_assert_int_eq(raw_exchange(big, n, out, sizeof(out)), 431);
+    }
+    snprintf(big, sizeof(big), "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 505);
+    snprintf(big, sizeof(big), "GET /healthz HTTP/0.9\r\nHost: x\r\n\r\n");
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 505);
+    snprintf(big, sizeof(big),
+             "POST /v1/sessions/auth-a/seed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+             "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+             "zz\r\n{}\r\n0\r\n\r\n",
+             D.admin_token);
+    ck_assert_int_eq(raw_exchange(big, strlen(big), out, sizeof(out)), 400);
+    lbt_assert_healthy(&D);
 }
 END_TEST
 
@@ -583,6 +807,9 @@ int main(void)
     tcase_add_test(input, test_unknown_route);
     tcase_add_test(input, test_wrong_method);
     tcase_add_test(input, test_request_id);
+    tcase_add_test(input, test_invalid_utf8_in_url);
+    tcase_add_test(input, test_long_utf8_in_message);
+    tcase_add_test(input, test_front_end_errors);
     tcase_add_unchecked_fixture(input, setup_auth, teardown);
     tcase_set_timeout(input, 120);
     tcase_add_unchecked_fixture(limits, setup_limits, teardown);

@@ -61,7 +61,10 @@ static void setup_memory(void)
 
 static void setup_connections(void)
 {
-    static const char *const args[] = {"--set", "server.header_timeout_s=3", NULL};
+    /* no cap on connections still sending headers: the per-address limit is what these tests
+     * reach with idle connections (test_trickle covers the cap) */
+    static const char *const args[] = {"--set", "server.header_timeout_s=3", "--set",
+                                       "server.per_ip_incomplete=1000000", NULL};
 
     start_with(args);
 }
@@ -487,6 +490,126 @@ START_TEST(test_idle_flood_healthz_and_exec_answer)
 }
 END_TEST
 
+/* ---------- header trickle ---------- */
+
+/* The daemon of test_trickle: a header deadline of 2 s, 500 connections per address (the
+ * incomplete-request cap is then its default, 64). */
+static void setup_trickle(void)
+{
+    static const char *const args[] = {"--set", "server.header_timeout_s=2", "--set",
+                                       "server.per_ip_connections=500", NULL};
+
+    lbt_daemon_start(&D, args);
+}
+
+/* Lines of the daemon's log that hold needle. */
+static int log_lines_with(const struct lbt_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    free(line);
+    return n;
+}
+
+/* The value of a line of the daemon's /metrics that starts with series ("name" or
+ * "name{labels}"), or -1 when there is none. */
+static double metric(const char *series)
+{
+    struct lbt_resp r;
+    double v = -1;
+    const char *p;
+    size_t n = strlen(series);
+
+    lbt_request(&D, "GET", "/metrics", NULL, NULL, 0, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    for (p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            v = strtod(p + n + 1, NULL);
+    lbt_resp_free(&r);
+    return v;
+}
+
+/* 600 connections from 127.0.0.1 each send a request line, then one header line every 250 ms
+ * (each line resets libmicrohttpd's idle timer). Meanwhile /healthz from 127.0.0.1 answers 200
+ * every time; every trickling connection is closed while it still trickles (without the
+ * header deadline they would stay open for as long as they trickle): the oldest ones as newer
+ * ones pass the address's cap of 64 connections still sending headers, the rest at the 2 s
+ * deadline (the daemon's counters say which, and that one address never had more than 64
+ * waiting); and the log gets a few lines, not one per connection. Nothing here depends on how
+ * fast the daemon accepts, so a slow (sanitized) daemon passes too. */
+START_TEST(test_trickle)
+{
+    enum { N = 600, CAP = 64 };
+    int connected = 0, *fds, open_now = N, warn_before;
+    double t0, by_deadline, by_cap, most;
+
+    raise_own_fd_limit(N + 1024);
+    warn_before = log_lines_with(&D, " warn ");
+    t0 = lbt_now();
+    fds = flood(&D, "127.0.0.1", N, &connected);
+    for (int i = 0; i < N; i++)
+        if (fds[i] >= 0 && send(fds[i], "GET /healthz HTTP/1.1\r\n", 23, MSG_NOSIGNAL) != 23) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+    fprintf(stderr, "test_limits: %d of %d trickling connections from 127.0.0.1 connected\n",
+            connected, N);
+    /* trickle until every one is closed (2 s from its accept; 30 s at most) */
+    while (open_now > 0 && lbt_now() - t0 < 30) {
+        struct lbt_resp r;
+
+        open_now = 0;
+        for (int i = 0; i < N; i++) {
+            char c;
+            ssize_t got;
+
+            if (fds[i] < 0)
+                continue;
+            got = recv(fds[i], &c, 1, MSG_DONTWAIT);
+            if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                send(fds[i], "X-Trickle: 1\r\n", 14, MSG_NOSIGNAL) != 14) {
+                close(fds[i]);
+                fds[i] = -1;
+                continue;
+            }
+            open_now++;
+        }
+        /* another client of the same address is served throughout */
+        lbt_request(&D, "GET", "/healthz", NULL, NULL, 0, NULL, &r);
+        ck_assert_msg(r.status == 200, "/healthz at %.2f s of the trickle: %ld", lbt_now() - t0,
+                      r.status);
+        lbt_resp_free(&r);
+        lbt_sleep_ms(250);
+    }
+    free(fds);
+    by_deadline = metric("lendbox_http_connections_cut_total{reason=\"header_deadline\"}");
+    by_cap = metric("lendbox_http_connections_cut_total{reason=\"per_address_cap\"}");
+    most = metric("lendbox_http_incomplete_per_address_max");
+    fprintf(stderr,
+            "test_limits: trickle: %d open after %.1f s; %.0f closed at the deadline, %.0f past "
+            "the cap; at most %.0f waiting from one address\n",
+            open_now, lbt_now() - t0, by_deadline, by_cap, most);
+    ck_assert_msg(open_now == 0, "%d trickling connections still open after 30 s", open_now);
+    ck_assert_msg(by_deadline >= 1 && by_deadline <= CAP, "%.0f closed at the deadline",
+                  by_deadline);
+    ck_assert_msg(by_cap >= 1 && by_cap + by_deadline <= N + 8, "%.0f closed past the cap", by_cap);
+    ck_assert_msg(most >= 1 && most <= CAP, "%.0f connections of one address waiting at once",
+                  most);
+    /* a handful of warning lines, not one per connection */
+    ck_assert_msg(log_lines_with(&D, " warn ") - warn_before <= 8,
+                  "%d warnings logged for the trickle (see %s)",
+                  log_lines_with(&D, " warn ") - warn_before, D.log_path);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
 /* 1500 open connections take every fd number below 1024 in the daemon: a new sandbox and an
  * exec, whose processes get an fd limit of 1024 (local.sandbox_nofile), still start. */
 START_TEST(test_seed_and_exec_above_fd_1024)
@@ -831,7 +954,7 @@ int main(void)
     Suite *s = suite_create("limits");
     TCase *mem = tcase_create("memory"), *conn = tcase_create("connections"),
           *sec = tcase_create("secrets"), *sec2 = tcase_create("secrets_files"),
-          *low = tcase_create("low_fd_limit");
+          *low = tcase_create("low_fd_limit"), *trickle = tcase_create("trickle");
 
     tcase_add_unchecked_fixture(mem, setup_memory, teardown);
     tcase_set_timeout(mem, 300);
@@ -849,6 +972,11 @@ int main(void)
     tcase_add_test(conn, test_per_client_limit);
     tcase_add_test(conn, test_seed_and_exec_above_fd_1024);
     suite_add_tcase(s, conn);
+
+    tcase_add_unchecked_fixture(trickle, setup_trickle, teardown);
+    tcase_set_timeout(trickle, 60);
+    tcase_add_test(trickle, test_trickle);
+    suite_add_tcase(s, trickle);
 
     tcase_add_checked_fixture(low, NULL, teardown_low);
     tcase_set_timeout(low, 180);

@@ -71,6 +71,42 @@ START_TEST(test_utf8)
 }
 END_TEST
 
+/* In place, within a fixed buffer: invalid bytes become U+FFFD, a cut falls between
+ * characters; error messages are made valid this way by lb_error_set. */
+START_TEST(test_utf8_inplace_and_errors)
+{
+    char buf[8], want[16];
+    struct lb_error err;
+    char big[2 * LB_ERROR_MESSAGE_MAX];
+
+    snprintf(buf, sizeof(buf),
+             "a\xff"
+             "b");
+    utf8_sanitize_inplace(buf, sizeof(buf));
+    ck_assert_str_eq(buf, "a\xef\xbf\xbd"
+                          "b");
+    snprintf(buf, sizeof(buf), "\xff\xff\xff");
+    utf8_sanitize_inplace(buf, sizeof(buf)); /* 9 bytes do not fit in 7: two replacements */
+    ck_assert_str_eq(buf, "\xef\xbf\xbd\xef\xbf\xbd");
+    snprintf(buf, sizeof(buf), "abcde\xc3");
+    utf8_sanitize_inplace(buf, sizeof(buf)); /* a lone lead byte at the end: no room */
+    snprintf(want, sizeof(want), "abcde");
+    ck_assert_str_eq(buf, want);
+    ck_assert(utf8_valid("h\xc3\xa9", 3));
+    ck_assert(!utf8_valid("h\xc3", 2));
+    ck_assert(!utf8_valid("\xed\xa0\x80", 3));
+    lb_error_set(&err, -ENOENT, "no file '%s'", "/workspace/\xff\xfenope");
+    ck_assert_str_eq(err.message, "no file '/workspace/\xef\xbf\xbd\xef\xbf\xbdnope'");
+    /* 2 x 512 bytes of "é": vsnprintf cuts at 511 bytes, inside one; the half is dropped */
+    for (size_t i = 0; i + 2 < sizeof(big); i += 2)
+        memcpy(big + i, "\xc3\xa9", 2);
+    big[sizeof(big) - 2] = '\0';
+    lb_error_set(&err, -ENOENT, "%s", big);
+    ck_assert(utf8_valid(err.message, strlen(err.message)));
+    ck_assert_uint_eq(strlen(err.message), 2 * 255); /* 255 x é; no room for a U+FFFD */
+}
+END_TEST
+
 /* The bytes a streamed chunk holds back: only a valid sequence cut short at the end. */
 START_TEST(test_utf8_incomplete_tail)
 {
@@ -434,6 +470,7 @@ int main(void)
     tcase_add_test(tc, test_buf_limits);
     tcase_add_test(tc, test_utf8);
     tcase_add_test(tc, test_utf8_incomplete_tail);
+    tcase_add_test(tc, test_utf8_inplace_and_errors);
     tcase_add_test(tc, test_base64_round_trip);
     tcase_add_test(tc, test_ids_and_tokens);
     tcase_add_test(tc, test_config);
