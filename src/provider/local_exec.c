@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -174,9 +175,11 @@ struct exec_view {
 
 /* Fill v for the sandbox id: an image sandbox's base is its read-only image tree, the
  * idmapped lower layer of its root's overlay (local_image.c), and its /etc/hosts the daemon's
- * file; /tmp as large as the sandbox's own. */
-static void exec_view_find(const struct local_provider *lp, const char *id,
-                           const struct local_desc *d, struct exec_view *v)
+ * file; /tmp as large as the sandbox's own. A sandbox whose root is an overlay (an image's)
+ * but whose base is not found here is refused, never run on its writable root:
+ * -EOPNOTSUPP (422). */
+static int exec_view_find(const struct local_provider *lp, const char *id,
+                          const struct local_desc *d, struct exec_view *v, struct lb_error *err)
 {
     static const char *const lowers[] = {"img/lower", "img-lower"}; /* now, and before */
     char dir[4352], path[64];
@@ -195,6 +198,12 @@ static void exec_view_find(const struct local_provider *lp, const char *id,
             break;
         snprintf(v->base, sizeof(v->base), "-");
     }
+    snprintf(path, sizeof(path), "/proc/%d/root/", (int)d->pid);
+    if (strcmp(v->base, "-") == 0 && statfs(path, &sf) == 0 && sf.f_type == OVERLAYFS_SUPER_MAGIC)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "cannot find the image tree of sandbox '%s' to grade on: run the "
+                            "exclusive exec with \"agent_root\": true to grade on its own root",
+                            id);
     snprintf(v->hosts, sizeof(v->hosts), "%s/hosts", dir);
     if (strcmp(v->base, "-") == 0 || stat(v->hosts, &st) < 0 || !S_ISREG(st.st_mode))
         snprintf(v->hosts, sizeof(v->hosts), "-");
@@ -202,6 +211,7 @@ static void exec_view_find(const struct local_provider *lp, const char *id,
     if (statfs(path, &sf) == 0 && sf.f_blocks > 0)
         mib = (int64_t)(((uint64_t)sf.f_blocks * (uint64_t)sf.f_bsize) >> 20);
     snprintf(v->tmp_mib, sizeof(v->tmp_mib), "%lld", (long long)(mib > 0 ? mib : 1));
+    return 0;
 }
 
 /* argv of lendbox-supervise --enter, or --enter-view with view->on (see
@@ -729,6 +739,11 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = user_check(&d, req->user, err);
     if (r < 0)
         goto out;
+    /* an exclusive exec (a grader) runs on a trusted view unless it asked for the agent's root,
+     * and starts in / (a cwd in the workdir would put the agent's files first on the paths
+     * interpreters search) */
+    if (req->exclusive && !req->agent_root && (r = exec_view_find(lp, ref->id, &d, &view, err)) < 0)
+        goto out;
     r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
     if (r < 0)
         goto out;
@@ -772,11 +787,6 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         f.nchild = CH_MAX;
     }
     snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
-    /* an exclusive exec (a grader) runs on a trusted view unless it asked for the agent's root,
-     * and starts in / (a cwd in the workdir would put the agent's files first on the paths
-     * interpreters search) */
-    if (req->exclusive && !req->agent_root)
-        exec_view_find(lp, ref->id, &d, &view);
     argv = supervise_argv(req,
                           req->cwd         ? req->cwd
                           : req->exclusive ? "/"
