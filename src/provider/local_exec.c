@@ -164,20 +164,24 @@ static int child_exec_helper(void *arg)
     return r;
 }
 
-/* The trusted view of an exclusive exec (lendbox-supervise --enter-view): where its base
- * comes from on the host ("-": the sandbox's own root, read-only, as for image host), the hosts
- * file to bind at /etc/hosts ("-": none), the workdir, and the size of its fresh /tmp. */
+/* The trusted view of an exclusive exec (lendbox-supervise --enter-view): what its base is
+ * (kind "root": the sandbox's own root, read-only, as for image host; "mounted": base, the
+ * idmapped tree its overlay is over; "image": base, the image tree itself, which the helper
+ * idmaps as the overlay's is), the hosts file to bind at /etc/hosts ("-": none), the workdir,
+ * and the size of its fresh /tmp. */
 struct exec_view {
     bool on;
+    const char *kind;
     char base[4400], hosts[4400], tmp_mib[24];
     const char *workdir;
 };
 
 /* Fill v for the sandbox id: an image sandbox's base is its read-only image tree, the
- * idmapped lower layer of its root's overlay (local_image.c), and its /etc/hosts the daemon's
- * file; /tmp as large as the sandbox's own. A sandbox whose root is an overlay (an image's)
- * but whose base is not found here is refused, never run on its writable root:
- * -EOPNOTSUPP (422). */
+ * idmapped lower layer of its root's overlay (local_image.c) while this daemon's mount
+ * namespace has it, else the image tree its descriptor names (a daemon restarted in a mount
+ * namespace of its own), and its /etc/hosts the daemon's file; /tmp as large as the
+ * sandbox's own. A sandbox whose root is an overlay (an image's) but whose base is not found
+ * is refused, never run on its writable root: -EOPNOTSUPP (422). */
 static int exec_view_find(const struct local_provider *lp, const char *id,
                           const struct local_desc *d, struct exec_view *v, struct lb_error *err)
 {
@@ -188,6 +192,7 @@ static int exec_view_find(const struct local_provider *lp, const char *id,
     int64_t mib = lp->tmp_size_mib;
 
     v->on = true;
+    v->kind = "mounted";
     v->workdir = d->workdir;
     snprintf(v->base, sizeof(v->base), "-");
     snprintf(v->hosts, sizeof(v->hosts), "-");
@@ -198,6 +203,13 @@ static int exec_view_find(const struct local_provider *lp, const char *id,
             break;
         snprintf(v->base, sizeof(v->base), "-");
     }
+    if (strcmp(v->base, "-") == 0 && d->image[0] && stat(d->image, &st) == 0 &&
+        S_ISDIR(st.st_mode)) {
+        v->kind = "image";
+        snprintf(v->base, sizeof(v->base), "%s", d->image);
+    }
+    if (strcmp(v->base, "-") == 0)
+        v->kind = "root";
     snprintf(path, sizeof(path), "/proc/%d/root/", (int)d->pid);
     if (strcmp(v->base, "-") == 0 && statfs(path, &sf) == 0 && sf.f_type == OVERLAYFS_SUPER_MAGIC)
         return lb_error_set(err, -EOPNOTSUPP,
@@ -228,7 +240,7 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
         nenv++;
     while (sup[nsup])
         nsup++;
-    v = calloc(11 + nenv + 1 + nsup + 1, sizeof(*v));
+    v = calloc(12 + nenv + 1 + nsup + 1, sizeof(*v));
     if (!v)
         return NULL;
     snprintf(nums[0], 24, "%d", f->nchild);
@@ -239,6 +251,7 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
     v[i++] = (char *)path;
     if (view->on) {
         v[i++] = "--enter-view";
+        v[i++] = (char *)view->kind;
         v[i++] = (char *)view->base;
         v[i++] = (char *)view->hosts;
         v[i++] = (char *)view->workdir;

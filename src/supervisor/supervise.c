@@ -1705,11 +1705,14 @@ static int enter_install_seccomp(int fd)
 #define VIEW_RUN_MAX_MIB 64
 
 /* What a grader's view is made of: base, the image's read-only tree on the host (NULL: the
- * sandbox's own root, already read-only: image host); hosts, a host file bound at /etc/hosts
- * (NULL: none); the workdir, bound from the sandbox at its path; tmp_mib, the size of the
- * fresh /tmp. base_fd and hosts_fd are their detached clones (open_tree), taken on the host. */
+ * sandbox's own root, already read-only: image host), already idmapped to the sandbox's ids
+ * (the overlay's lower layer) or not (idmap: the image tree itself); hosts, a host file bound
+ * at /etc/hosts (NULL: none); the workdir, bound from the sandbox at its path; tmp_mib, the
+ * size of the fresh /tmp. base_fd and hosts_fd are their detached clones (open_tree), taken on
+ * the host. */
 struct enter_view {
     const char *base, *hosts, *workdir;
+    bool idmap;
     int64_t tmp_mib;
     int base_fd, hosts_fd;
 };
@@ -1866,15 +1869,24 @@ static void view_enter(const struct enter_view *v)
 }
 
 /* On the host, before any namespace is entered: detached clones of the base and the hosts
- * file (read-only, as the host has them), for view_enter. */
-static void view_open(struct enter_view *v)
+ * file (read-only, as the host has them), for view_enter. An image tree (idmap) is mapped as
+ * local_image.c maps the overlay's lower layer, 0..65535 -> the sandbox's ids, through the
+ * sandbox's own user namespace (userns_fd), read-only, nosuid and nodev. */
+static void view_open(struct enter_view *v, int userns_fd)
 {
     const unsigned clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                          MOUNT_ATTR_NODEV,
+                              .userns_fd = (uint64_t)userns_fd};
 
     v->base_fd = v->hosts_fd = -1;
     if (v->base &&
         (v->base_fd = (int)syscall(SYS_open_tree, AT_FDCWD, v->base, clone | AT_RECURSIVE)) < 0)
         enter_fail("cannot clone the image's base tree");
+    if (v->base && v->idmap &&
+        syscall(SYS_mount_setattr, v->base_fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+                sizeof(attr)) < 0)
+        enter_fail("cannot idmap the image's base tree");
     if (v->hosts && (v->hosts_fd = (int)syscall(SYS_open_tree, AT_FDCWD, v->hosts, clone)) < 0)
         enter_fail("cannot clone the sandbox's hosts file");
 }
@@ -1917,7 +1929,7 @@ static int run_enter(int argc, char **argv, struct enter_view *view)
         errno != ENOSYS)
         enter_fail("cannot make a session keyring");
     if (view)
-        view_open(view);
+        view_open(view, (int)nchild); /* the first namespace fd: the sandbox's user namespace */
     for (i = 0; i < ENTER_NS; i++) {
         if (syscall(SYS_setns, (int)nchild + i, ns_types[i]) < 0)
             enter_fail("cannot enter the sandbox namespaces");
@@ -2443,18 +2455,21 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--enter") == 0)
         return run_enter(argc, argv, NULL);
-    if (argc > 6 && strcmp(argv[1], "--enter-view") == 0) {
-        struct enter_view v = {.base = strcmp(argv[2], "-") ? argv[2] : NULL,
-                               .hosts = strcmp(argv[3], "-") ? argv[3] : NULL,
-                               .workdir = argv[4]};
+    if (argc > 7 && strcmp(argv[1], "--enter-view") == 0) {
+        bool root = strcmp(argv[2], "root") == 0;
+        struct enter_view v = {.base = root ? NULL : argv[3],
+                               .idmap = strcmp(argv[2], "image") == 0,
+                               .hosts = strcmp(argv[4], "-") ? argv[4] : NULL,
+                               .workdir = argv[5]};
 
-        if (argv[4][0] != '/' || strcmp(argv[4], "/") == 0 ||
-            parse_int64(argv[5], 1, INT64_MAX / 2, &v.tmp_mib) < 0) {
+        if ((!root && !v.idmap && strcmp(argv[2], "mounted") != 0) ||
+            (!root && argv[3][0] != '/') || argv[5][0] != '/' || strcmp(argv[5], "/") == 0 ||
+            parse_int64(argv[6], 1, INT64_MAX / 2, &v.tmp_mib) < 0) {
             write_status(ENTER_STATUS_FD, "error bad lendbox-supervise --enter-view arguments");
             return 2;
         }
         /* the rest as --enter's, from NCHILD on */
-        return run_enter(argc - 4, argv + 4, &v);
+        return run_enter(argc - 5, argv + 5, &v);
     }
     if (argc == 1 && getpid() == 1) {
         loopback_up();

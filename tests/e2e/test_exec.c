@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 
 #include "harness.h"
 
@@ -373,6 +374,20 @@ START_TEST(test_exclusive_trusted_view)
     assert_grader(sbx, "\"agent_root\": true, \"argv\": [\"test\", \"-e\", \"/tmp/agent-mark\"]", 0,
                   "");
 
+    /* a daemon restarted in a mount namespace of its own no longer has the image's tree
+     * mounted where it made it: the grader's view is made from the image itself, and tells the
+     * same truth */
+    if (image) {
+        char img[512];
+
+        snprintf(img, sizeof(img), "%s/sandboxes/%s/img", D.state_dir, sbx);
+        ck_assert_int_eq(umount2(img, MNT_DETACH), 0);
+        assert_grader(sbx, "\"command\": \"echo truth; exit 7\"", 7, "truth\n");
+        assert_grader(sbx, "\"argv\": [\"python3\", \"-c\", \"import json, sys; sys.exit(3)\"]", 3,
+                      "");
+        assert_grader(sbx, "\"command\": \"cat /workspace/answer.txt; stat -c %u /usr/bin\"", 0,
+                      "42\n0\n");
+    }
     /* agent_root is a boolean, and only for exclusive execs */
     lbt_exec(&D, sbx, "", "{\"command\": \"true\", \"agent_root\": true}", &r);
     lbt_assert_error(&r, 400, "bad_request");
