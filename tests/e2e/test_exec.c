@@ -399,6 +399,40 @@ START_TEST(test_exclusive_trusted_view)
 }
 END_TEST
 
+/* A HOME in the workdir is not the grader's: the agent's Python user site (usercustomize.py,
+ * loaded at every start) under the workdir's ~/.local stays out of an exclusive exec, whose
+ * HOME is then /tmp, unless the grader's env names one. */
+START_TEST(test_exclusive_home_not_in_workdir)
+{
+    char sbx[128], op[256];
+    json_t *lease = lbt_seed(&D, "exec-home", "task-home", "\"workdir\": \"/root\"");
+    json_t *res;
+
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(op, sizeof(op), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    agent_run(sbx, op,
+              "d=$(python3 -m site --user-site) && mkdir -p \"$d\" && printf 'import "
+              "os\\nprint(\"forged\", flush=True)\\nos._exit(0)\\n' > \"$d/usercustomize.py\"");
+    /* the plant works where HOME is the workdir */
+    res =
+        lbt_exec_ok(&D, sbx, op, "{\"argv\": [\"python3\", \"-c\", \"import sys; sys.exit(3)\"]}");
+    ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == 0 &&
+                      strcmp(json_string_value(json_object_get(res, "stdout")), "forged\n") == 0,
+                  "the agent's usercustomize.py did not load: %s", json_dumps(res, 0));
+    json_decref(res);
+    assert_grader(sbx,
+                  "\"argv\": [\"python3\", \"-c\", \"import os, sys; print(os.environ['HOME']); "
+                  "sys.exit(3)\"]",
+                  3, "/tmp\n");
+    assert_grader(sbx,
+                  "\"env\": {\"HOME\": \"/root\"}, \"argv\": [\"python3\", \"-c\", \"import sys; "
+                  "sys.exit(3)\"]",
+                  0, "forged\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("exec");
@@ -415,6 +449,7 @@ int main(void)
     tcase_add_test(tc, test_output_cap_and_memory);
     tcase_add_test(tc, test_invalid_utf8);
     tcase_add_test(tc, test_exclusive_trusted_view);
+    tcase_add_test(tc, test_exclusive_home_not_in_workdir);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
