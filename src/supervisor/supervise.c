@@ -35,6 +35,8 @@
  *       /etc/group gives it, HOME from passwd unless the environment sets one; an unknown
  *       user is the status "error unknown user ...". Every launch path (command, framed,
  *       harness) switches right before its exec, and the command never keeps a capability.
+ *       --untrusted-dir DIR (an exclusive exec's workdir): a HOME from passwd that is DIR or
+ *       below it becomes /tmp, so the agent's dotfiles and ~/.local are not the command's.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -146,6 +148,16 @@
  *       1. This process is never visible in the sandbox's pid namespace, so no sandbox
  *       process can signal it; its memory is its own (a stopped or frozen helper never stops
  *       a daemon thread).
+ *
+ *   lendbox-supervise --enter-view KIND BASE HOSTS WORKDIR TMP_MIB NCHILD ... -- ARGV...
+ *       The same for an exclusive exec (a grader), which runs on a trusted view of the
+ *       sandbox: right after it becomes the sandbox's root, the helper makes a mount namespace
+ *       of its own whose / is the base image read-only (KIND "mounted": BASE is the idmapped
+ *       tree the sandbox's overlay is over; "image": BASE is the image tree, idmapped here
+ *       through the sandbox's user namespace; "root": the sandbox's own read-only root, image
+ *       host), with the sandbox's /proc and /dev, fresh /tmp, /run and /dev/shm of TMP_MIB
+ *       MiB, HOSTS ("-": none) at /etc/hosts and the sandbox's WORKDIR at its path (see
+ *       view_enter). BASE and HOSTS are cloned on the host, before any namespace is entered.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
