@@ -640,13 +640,15 @@ out:
 
 /* Before a close collects the artifacts: stop every sandbox process but its init (an
  * exclusive exec), so nothing the agent left running can still write what is collected. The
- * exec itself is a --harness-stop, which finds the receipt and exits 0 at once. */
+ * exec itself is a --harness-stop, which finds the receipt and exits 0 at once; it runs on the
+ * sandbox's own root (agent_root), where the activation's directory is. */
 static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
                      struct lb_error *err)
 {
     char dir[200];
     char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
-    struct lb_exec_params p = {.argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true};
+    struct lb_exec_params p = {
+        .argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true, .agent_root = true};
     struct lb_exec_result res = {0};
     int r;
 

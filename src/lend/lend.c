@@ -1329,9 +1329,12 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     }
     struct lb_exec_request req = {
         .argv = (const char *const *)p->argv,
-        .cwd = p->cwd     ? p->cwd
-               : image_wd ? image_wd
-                          : workdir,
+        /* an exclusive exec (a grader) starts in /: in the workdir, or the image's working
+         * dir, the agent's files would come first where interpreters look for modules */
+        .cwd = p->cwd         ? p->cwd
+               : p->exclusive ? "/"
+               : image_wd     ? image_wd
+                              : workdir,
         .env = (const char *const *)env,
         /* the image's User (resolved at seed; only a mapped one gets that far) unless the
          * exec names its own */
@@ -1342,6 +1345,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .max_output_bytes = l->cfg.max_output_bytes,
         .preserve_background = p->preserve_background,
         .exclusive = p->exclusive,
+        .agent_root = p->agent_root,
         .pass_fd = p->pass_fd,
         .on_output = p->on_output,
         .output_ctx = p->output_ctx,

@@ -143,9 +143,10 @@ struct lb_exec_params {
     size_t stdin_len;
     int64_t timeout_ms;
     bool preserve_background;
-    bool exclusive; /* stop every sandbox process but its init first (-EBUSY while another
-                       exclusive exec runs in the sandbox, or for others while one does) */
-    int pass_fd;    /* > 0: given to the command alone as its fd 4 (provider pass_fd); borrowed */
+    bool exclusive;  /* stop every sandbox process but its init first (-EBUSY while another
+                        exclusive exec runs in the sandbox, or for others while one does) */
+    bool agent_root; /* exclusive: on the sandbox's own root, not the trusted view */
+    int pass_fd;     /* > 0: given to the command alone as its fd 4 (provider pass_fd); borrowed */
     /* output as it is produced (provider.h lb_exec_request.on_output); NULL: none */
     void (*on_output)(void *ctx, int stream, const char *data, size_t len);
     void *output_ctx;

@@ -749,14 +749,17 @@ void local_desc_release(struct local_desc *d)
 static int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
 {
     json_int_t pid = 0, st = 0, uid = 0;
-    const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base;
+    const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base, *image = NULL;
     json_t *cg = NULL, *net = NULL;
     int r;
 
     memset(d, 0, sizeof(*d));
-    if (!json_is_object(j) || json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s,s?o}", "pid", &pid,
-                                          "start_time", &st, "uid", &uid, "workdir", &workdir,
-                                          "cgroup", &cg, "data", &data, "net", &net) < 0)
+    if (!json_is_object(j) ||
+        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s,s?o,s?s}", "pid", &pid, "start_time",
+                    &st, "uid", &uid, "workdir", &workdir, "cgroup", &cg, "data", &data, "net",
+                    &net, "image", &image) < 0)
+        return -EINVAL;
+    if (image && (!provider_path_is_valid(image) || strlen(image) >= sizeof(d->image)))
         return -EINVAL;
     if (local_net_from_json(net, &d->net) < 0)
         return -EINVAL;
@@ -769,6 +772,8 @@ static int local_desc_from_json(const json_t *j, const char *id, struct local_de
         return -EINVAL;
     if (data)
         snprintf(d->data, sizeof(d->data), "%s", data);
+    if (image)
+        snprintf(d->image, sizeof(d->image), "%s", image);
     r = cgroup_from_json(cg, id, &d->cg);
     if (r < 0)
         return r;
@@ -789,6 +794,10 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
                   (json_int_t)d->start_time, "uid", (json_int_t)d->uid, "dir", dir, "workdir",
                   d->workdir, "cgroup", cg);
     if (o && d->data[0] && json_object_set_new(o, "data", json_string(d->data)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
+    if (o && d->image[0] && json_object_set_new(o, "image", json_string(d->image)) < 0) {
         json_decref(o);
         return NULL;
     }

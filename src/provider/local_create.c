@@ -742,6 +742,10 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = image_root(lp, image, root, sizeof(root), err);
     if (r < 0)
         return r;
+    /* where a grader's view finds the image again (local_exec.c), whatever the name points to
+     * later */
+    if (strcmp(image, "host") != 0 && !realpath(root, d.image))
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     /* host's / is bound read-only, so bwrap cannot make a deeper workdir's mount point there
      * (a top-level one lives in bwrap's own root tmpfs; an image's root is writable) */
     if (strcmp(image, "host") == 0 && !top_level_name(workdir)) {

@@ -46,9 +46,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -162,10 +164,74 @@ static int child_exec_helper(void *arg)
     return r;
 }
 
-/* argv of lendbox-supervise --enter (see src/supervisor/supervise.c): numbers in nums (5
- * strings of 24 bytes), env and the supervisor's argv borrowed. NULL when out of memory. */
+/* The trusted view of an exclusive exec (lendbox-supervise --enter-view): what its base is
+ * (kind "root": the sandbox's own root, read-only, as for image host; "mounted": base, the
+ * idmapped tree its overlay is over; "image": base, the image tree itself, which the helper
+ * idmaps as the overlay's is), the hosts file to bind at /etc/hosts ("-": none), the workdir,
+ * and the size of its fresh /tmp. */
+struct exec_view {
+    bool on;
+    const char *kind;
+    char base[4400], hosts[4400], tmp_mib[24];
+    const char *workdir;
+};
+
+/* Fill v for the sandbox id: an image sandbox's base is its read-only image tree, the
+ * idmapped lower layer of its root's overlay (local_image.c) while this daemon's mount
+ * namespace has it, else the image tree its descriptor names (a daemon restarted in a mount
+ * namespace of its own), and its /etc/hosts the daemon's file; /tmp as large as the
+ * sandbox's own. A sandbox whose root is an overlay (an image's) but whose base is not found
+ * is refused, never run on its writable root: -EOPNOTSUPP (422). */
+static int exec_view_find(const struct local_provider *lp, const char *id,
+                          const struct local_desc *d, struct exec_view *v, struct lb_error *err)
+{
+    static const char *const lowers[] = {"img/lower", "img-lower"}; /* now, and before */
+    char dir[4352], path[64];
+    struct statfs sf;
+    struct stat st;
+    int64_t mib = lp->tmp_size_mib;
+
+    v->on = true;
+    v->kind = "mounted";
+    v->workdir = d->workdir;
+    snprintf(v->base, sizeof(v->base), "-");
+    snprintf(v->hosts, sizeof(v->hosts), "-");
+    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    for (size_t i = 0; i < sizeof(lowers) / sizeof(lowers[0]); i++) {
+        snprintf(v->base, sizeof(v->base), "%s/%s", dir, lowers[i]);
+        if (stat(v->base, &st) == 0 && S_ISDIR(st.st_mode))
+            break;
+        snprintf(v->base, sizeof(v->base), "-");
+    }
+    if (strcmp(v->base, "-") == 0 && d->image[0] && stat(d->image, &st) == 0 &&
+        S_ISDIR(st.st_mode)) {
+        v->kind = "image";
+        snprintf(v->base, sizeof(v->base), "%s", d->image);
+    }
+    if (strcmp(v->base, "-") == 0)
+        v->kind = "root";
+    snprintf(path, sizeof(path), "/proc/%d/root/", (int)d->pid);
+    if (strcmp(v->base, "-") == 0 && statfs(path, &sf) == 0 && sf.f_type == OVERLAYFS_SUPER_MAGIC)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "cannot find the image tree of sandbox '%s' to grade on: run the "
+                            "exclusive exec with \"agent_root\": true to grade on its own root",
+                            id);
+    snprintf(v->hosts, sizeof(v->hosts), "%s/hosts", dir);
+    if (strcmp(v->base, "-") == 0 || stat(v->hosts, &st) < 0 || !S_ISREG(st.st_mode))
+        snprintf(v->hosts, sizeof(v->hosts), "-");
+    snprintf(path, sizeof(path), "/proc/%d/root/tmp", (int)d->pid);
+    if (statfs(path, &sf) == 0 && sf.f_blocks > 0)
+        mib = (int64_t)(((uint64_t)sf.f_blocks * (uint64_t)sf.f_bsize) >> 20);
+    snprintf(v->tmp_mib, sizeof(v->tmp_mib), "%lld", (long long)(mib > 0 ? mib : 1));
+    return 0;
+}
+
+/* argv of lendbox-supervise --enter, or --enter-view with view->on (see
+ * src/supervisor/supervise.c): numbers in nums (5 strings of 24 bytes), env, the view and the
+ * supervisor's argv borrowed. NULL when out of memory. */
 static char **helper_argv(const char *path, const struct exec_fds *f, int seccomp_fd,
-                          const char *const *env, const char **sup, char nums[5][24])
+                          const char *const *env, const struct exec_view *view, const char **sup,
+                          char nums[5][24])
 {
     size_t nenv = 0, nsup = 0, i = 0;
     char **v;
@@ -174,7 +240,7 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
         nenv++;
     while (sup[nsup])
         nsup++;
-    v = calloc(8 + nenv + 1 + nsup + 1, sizeof(*v));
+    v = calloc(13 + nenv + 1 + nsup + 1, sizeof(*v));
     if (!v)
         return NULL;
     snprintf(nums[0], 24, "%d", f->nchild);
@@ -183,7 +249,17 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
     snprintf(nums[3], 24, "%llu", (unsigned long long)f->nofile.rlim_cur);
     snprintf(nums[4], 24, "%zu", nenv);
     v[i++] = (char *)path;
-    v[i++] = "--enter";
+    if (view->on) {
+        v[i++] = "--enter-view";
+        v[i++] = (char *)view->kind;
+        v[i++] = (char *)view->base;
+        v[i++] = (char *)view->hosts;
+        v[i++] = (char *)view->workdir;
+        v[i++] = (char *)view->tmp_mib;
+    } else {
+        v[i++] = "--enter";
+    }
+    /* after the mode's own arguments: run_enter looks for it right before NCHILD */
     if (local_keyrings_refused())
         v[i++] = "--keyrings-refused";
     for (int k = 0; k < 5; k++)
@@ -219,16 +295,17 @@ static int open_namespaces(const struct local_desc *d, const char *id, struct ex
     return 0;
 }
 
-/* argv for the supervisor; strings are borrowed from req and num. */
+/* argv for the supervisor; strings are borrowed from req, num and untrusted (NULL: none, else
+ * the workdir of a trusted view, where no HOME may lie). */
 static const char **supervise_argv(const struct lb_exec_request *req, const char *cwd,
-                                   const char *num)
+                                   const char *num, const char *untrusted)
 {
     size_t n = 0, i = 0, k;
     const char **v;
 
     while (req->argv[n])
         n++;
-    v = calloc(n + 14, sizeof(*v));
+    v = calloc(n + 16, sizeof(*v));
     if (!v)
         return NULL;
     v[i++] = LOCAL_SUPERVISE_PATH;
@@ -238,6 +315,10 @@ static const char **supervise_argv(const struct lb_exec_request *req, const char
     v[i++] = num;
     v[i++] = "--cwd";
     v[i++] = cwd;
+    if (untrusted) {
+        v[i++] = "--untrusted-dir";
+        v[i++] = untrusted;
+    }
     if (req->preserve_background)
         v[i++] = "--keep-background";
     if (req->pass_fd > 0) {
@@ -640,6 +721,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     uint64_t oom_before = 0;
     char why[sizeof(res->message)];
     struct helper_child hc;
+    struct exec_view view = {.on = false};
     char **hargv = NULL, nums[5][24];
     pid_t mid = 0;
     int r, st = 0, w, n_killed, seccomp_fd = -1;
@@ -672,6 +754,11 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     r = user_check(&d, req->user, err);
     if (r < 0)
+        goto out;
+    /* an exclusive exec (a grader) runs on a trusted view unless it asked for the agent's root,
+     * and starts in / (a cwd in the workdir would put the agent's files first on the paths
+     * interpreters search) */
+    if (req->exclusive && !req->agent_root && (r = exec_view_find(lp, ref->id, &d, &view, err)) < 0)
         goto out;
     r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
     if (r < 0)
@@ -716,7 +803,11 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         f.nchild = CH_MAX;
     }
     snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
-    argv = supervise_argv(req, req->cwd ? req->cwd : d.workdir, num);
+    argv = supervise_argv(req,
+                          req->cwd         ? req->cwd
+                          : req->exclusive ? "/"
+                                           : d.workdir,
+                          num, view.on ? d.workdir : NULL);
     chunk = malloc(READ_CHUNK);
     if (!argv || !chunk) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -753,7 +844,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         }
     }
     hargv = helper_argv(lp->supervise_path, &f, seccomp_fd,
-                        req->env ? req->env : (const char *const *)default_env, argv, nums);
+                        req->env ? req->env : (const char *const *)default_env, &view, argv, nums);
     if (!hargv) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;

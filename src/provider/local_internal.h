@@ -93,6 +93,9 @@ struct local_desc {
     char data[4352]; /* storage dir: the host directory bound at workdir; "" for tmpfs */
     struct lb_cgroup cg;
     struct local_net net; /* mode LOCAL_NET_NONE: loopback only */
+    char image[4352];     /* an image sandbox's image tree on the host (resolved, in the image
+                             store), what its root's overlay is over; "" for image host or a
+                             sandbox made before it was recorded */
 };
 
 /* Is id usable as a directory name ([A-Za-z0-9._-], 1..128, no leading '.')? */

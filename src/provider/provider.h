@@ -135,7 +135,12 @@ struct lb_exec_request {
     size_t max_output_bytes;  /* per stream; bytes past it are read and dropped */
     bool preserve_background; /* leave background descendants running after the command */
     bool exclusive;           /* first stop every sandbox process but its init; no other exec of the
-                                 sandbox runs meanwhile (they get -EBUSY) */
+                                 sandbox runs meanwhile (they get -EBUSY); a provider that can
+                                 runs the command on a trusted view of the sandbox (its base
+                                 image's read-only tree, the workdir at its path: docs/api.md
+                                 "Grading safely") */
+    bool agent_root;          /* exclusive only: run on the sandbox's own root instead of the
+                                 trusted view (what the agent installed, and could replace) */
     int pass_fd; /* > 0: a daemon fd given to the command alone as its fd 4 (the supervisor gets
                     --pass-fd 4 and keeps it from every other process); 0: none. Borrowed: the
                     caller keeps and closes it. A provider that cannot pass fds answers

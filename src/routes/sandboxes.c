@@ -180,14 +180,15 @@ static void exec_job_free(void *arg)
 static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, struct lb_error *err)
 {
     static const char *const fields[] = {
-        "command",  "argv",      "cwd",       "env",
-        "user",     "stdin",     "timeout_s", "preserve_background_services",
-        "encoding", "exclusive", NULL};
+        "command",  "argv",      "cwd",        "env",
+        "user",     "stdin",     "timeout_s",  "preserve_background_services",
+        "encoding", "exclusive", "agent_root", NULL};
     json_t *cwd = json_object_get(body, "cwd");
     json_t *in = json_object_get(body, "stdin");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
     json_t *excl = json_object_get(body, "exclusive");
+    json_t *agent_root = json_object_get(body, "agent_root");
     int r = routes_check_fields(body, fields, "the exec request", err);
 
     if (r == 0)
@@ -224,6 +225,15 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         if (!json_is_boolean(excl))
             return lb_error_set(err, -EINVAL, "'exclusive' must be a boolean");
         j->p.exclusive = json_is_true(excl);
+    }
+    if (agent_root && !json_is_null(agent_root)) {
+        if (!json_is_boolean(agent_root))
+            return lb_error_set(err, -EINVAL, "'agent_root' must be a boolean");
+        if (json_is_true(agent_root) && !j->p.exclusive)
+            return lb_error_set(err, -EINVAL,
+                                "'agent_root' applies to exclusive execs only: set "
+                                "'exclusive': true");
+        j->p.agent_root = json_is_true(agent_root);
     }
     if (enc && !json_is_null(enc)) {
         const char *e = json_string_value(enc);

@@ -35,6 +35,8 @@
  *       /etc/group gives it, HOME from passwd unless the environment sets one; an unknown
  *       user is the status "error unknown user ...". Every launch path (command, framed,
  *       harness) switches right before its exec, and the command never keeps a capability.
+ *       --untrusted-dir DIR (an exclusive exec's workdir): a HOME from passwd that is DIR or
+ *       below it becomes /tmp, so the agent's dotfiles and ~/.local are not the command's.
  *
  * Status protocol (command mode): exactly one line is written to the status fd just before
  * the supervisor exits, after the whole tree is gone (or left behind on purpose):
@@ -151,6 +153,17 @@
  *       process can signal it; its memory is its own (a stopped or frozen helper never stops
  *       a daemon thread).
  *
+ *   lendbox-supervise --enter-view KIND BASE HOSTS WORKDIR TMP_MIB [--keyrings-refused] NCHILD ...
+ *                     -- ARGV...
+ *       The same for an exclusive exec (a grader), which runs on a trusted view of the
+ *       sandbox: right after it becomes the sandbox's root, the helper makes a mount namespace
+ *       of its own whose / is the base image read-only (KIND "mounted": BASE is the idmapped
+ *       tree the sandbox's overlay is over; "image": BASE is the image tree, idmapped here
+ *       through the sandbox's user namespace; "root": the sandbox's own read-only root, image
+ *       host), with the sandbox's /proc and /dev, fresh /tmp, /run and /dev/shm of TMP_MIB
+ *       MiB, HOSTS ("-": none) at /etc/hosts and the sandbox's WORKDIR at its path (see
+ *       view_enter). BASE and HOSTS are cloned on the host, before any namespace is entered.
+ *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
  * that only the daemon and this fd reach:
@@ -190,6 +203,7 @@
 
 #include <net/if.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -229,10 +243,11 @@ struct options {
     bool pty_launch;        /* --pty-launch: start a detached PTY (or pipe) session */
     int pty_dir_fd;         /* its session directory (the daemon's, on the host) */
     int64_t pty_rows, pty_cols;
-    bool pty_pipes;          /* --no-pty: stdin, stdout and stderr are pipes */
-    const char *user;        /* --user: run the command (the harness) as this user */
-    bool spare_init_session; /* exclusive: and but those of pid 1's session */
-    bool loopback_up;        /* framed: first bring the network namespace's lo up */
+    bool pty_pipes;            /* --no-pty: stdin, stdout and stderr are pipes */
+    const char *user;          /* --user: run the command (the harness) as this user */
+    bool spare_init_session;   /* exclusive: and but those of pid 1's session */
+    bool loopback_up;          /* framed: first bring the network namespace's lo up */
+    const char *untrusted_dir; /* command: a HOME from passwd at or below it becomes /tmp */
     char **argv;
 };
 
@@ -354,6 +369,9 @@ static int parse_options(int argc, char **argv, struct options *o)
             i++;
         } else if (strcmp(a, "--cwd") == 0 && val) {
             o->cwd = val;
+            i++;
+        } else if (strcmp(a, "--untrusted-dir") == 0 && val && val[0] == '/' && val[1]) {
+            o->untrusted_dir = val;
             i++;
         } else if (strcmp(a, "--user") == 0 && val && *val) {
             o->user = val;
@@ -744,6 +762,17 @@ static int user_prepare(const char *spec, struct sup_user *u, bool *have, char *
  * included (the exec helper leaves the supervisor CAP_SETUID, CAP_SETGID and CAP_SETPCAP in the
  * sandbox's user namespace, for this switch alone); HOME from passwd when the environment has
  * none. 0 or -errno. */
+/* --untrusted-dir (an exclusive exec's workdir, which the agent wrote): a HOME there would
+ * put the agent's files where programs look for their own (~/.local, dotfiles) */
+static const char *untrusted_dir;
+
+static bool path_is_at_or_below(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
 static int user_become(const struct sup_user *u, bool have)
 {
     struct sup_user self;
@@ -759,12 +788,17 @@ static int user_become(const struct sup_user *u, bool have)
     }
     if (!getenv("HOME")) {
         int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        const char *home = NULL;
 
         snprintf(num, sizeof(num), "%u", (unsigned)getuid());
         if (have)
-            (void)setenv("HOME", u->home, 1);
+            home = u->home;
         else if (rootfd >= 0 && sup_user_resolve(rootfd, num, &self, NULL, 0) == 0)
-            (void)setenv("HOME", self.home, 1);
+            home = self.home;
+        if (home && untrusted_dir && path_is_at_or_below(home, untrusted_dir))
+            home = "/tmp";
+        if (home)
+            (void)setenv("HOME", home, 1);
         if (rootfd >= 0)
             close(rootfd);
     }
@@ -823,6 +857,7 @@ static int run_command(const struct options *o)
     sigset_t set;
     int sfd;
 
+    untrusted_dir = o->untrusted_dir;
     (void)fcntl(o->status_fd, F_SETFD, FD_CLOEXEC);
     if (o->pass_fd >= 0)
         (void)fcntl(o->pass_fd, F_SETFD, FD_CLOEXEC);
@@ -1682,7 +1717,198 @@ static int enter_install_seccomp(int fd)
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
 }
 
-static int run_enter(int argc, char **argv)
+/* ---- the trusted view of an exclusive exec (enter mode, --enter-view) ---- */
+
+#define VIEW_RUN_MAX_MIB 64
+
+/* What a grader's view is made of: base, the image's read-only tree on the host (NULL: the
+ * sandbox's own root, already read-only: image host), already idmapped to the sandbox's ids
+ * (the overlay's lower layer) or not (idmap: the image tree itself); hosts, a host file bound
+ * at /etc/hosts (NULL: none); the workdir, bound from the sandbox at its path; tmp_mib, the
+ * size of the fresh /tmp. base_fd and hosts_fd are their detached clones (open_tree), taken on
+ * the host. */
+struct enter_view {
+    const char *base, *hosts, *workdir;
+    bool idmap;
+    int64_t tmp_mib;
+    int base_fd, hosts_fd;
+};
+
+/* Top-level names of the base the view does not take from it: the sandbox's /proc and /dev,
+ * and fresh /tmp and /run. */
+static bool view_skipped(const char *name)
+{
+    static const char *const skip[] = {"proc", "dev", "tmp", "run", "lost+found"};
+
+    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
+        if (strcmp(name, skip[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Fill dst (a directory of the view's tmpfs) from src (the same place in the base): every
+ * directory bound (recursively, so read-only and idmapped as the base is), every symlink
+ * copied, every regular file bound; but for the entry named by the first component of rest
+ * (the workdir's path below this level), which becomes a directory of the tmpfs filled the
+ * same way one level down, so the workdir's mount point exists whatever the image holds. At
+ * the top, the names of view_skipped are left out. 0 or -1 (errno set). */
+static int view_fill(const char *src, const char *dst, const char *rest, bool top)
+{
+    char next[NAME_MAX + 1] = "", s[PATH_MAX], t[PATH_MAX], link[PATH_MAX];
+    size_t len = strcspn(rest, "/");
+    struct dirent *de;
+    struct stat st;
+    DIR *d;
+    int r = 0;
+
+    if (len > NAME_MAX) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(next, rest, len);
+    next[len] = '\0';
+    d = src ? opendir(src) : NULL;
+    while (d && (de = readdir(d))) {
+        const char *n = de->d_name;
+        ssize_t k;
+
+        if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, next) == 0 ||
+            (top && view_skipped(n)))
+            continue;
+        if ((size_t)snprintf(s, sizeof(s), "%s/%s", src, n) >= sizeof(s) ||
+            (size_t)snprintf(t, sizeof(t), "%s/%s", dst, n) >= sizeof(t) || lstat(s, &st) < 0)
+            continue;
+        if (S_ISLNK(st.st_mode)) {
+            k = readlink(s, link, sizeof(link) - 1);
+            if (k < 0)
+                continue;
+            link[k] = '\0';
+            if (symlink(link, t) < 0)
+                goto fail;
+        } else if (S_ISDIR(st.st_mode)) {
+            if (mkdir(t, 0755) < 0 || mount(s, t, NULL, MS_BIND | MS_REC, NULL) < 0)
+                goto fail;
+        } else if (S_ISREG(st.st_mode)) {
+            int fd = open(t, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+
+            if (fd < 0)
+                goto fail;
+            close(fd);
+            if (mount(s, t, NULL, MS_BIND, NULL) < 0)
+                goto fail;
+        }
+    }
+    if (len == 0)
+        goto out;
+    if ((size_t)snprintf(t, sizeof(t), "%s/%s", dst, next) >= sizeof(t) ||
+        (mkdir(t, 0755) < 0 && errno != EEXIST))
+        goto fail;
+    /* one level down: the base's directory of that name, when it is a directory */
+    if (src && (size_t)snprintf(s, sizeof(s), "%s/%s", src, next) < sizeof(s) &&
+        lstat(s, &st) == 0 && S_ISDIR(st.st_mode))
+        r = view_fill(s, t, rest + len + (rest[len] == '/'), false);
+    else
+        r = view_fill(NULL, t, rest + len + (rest[len] == '/'), false);
+    goto out;
+fail:
+    r = -1;
+out:
+    if (d) {
+        int e = errno;
+
+        closedir(d);
+        errno = e;
+    }
+    return r;
+}
+
+static int view_tmpfs(const char *target, const char *mode, int64_t mib)
+{
+    char opts[64];
+
+    snprintf(opts, sizeof(opts), "mode=%s,size=%lldm", mode, (long long)mib);
+    return mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, opts);
+}
+
+/* In the sandbox's user and mount namespaces, with their capabilities: a mount namespace of
+ * this exec's own (nothing mounted here reaches the sandbox, nor the other way) whose / holds
+ * nothing the sandbox's processes could write but the workdir. With a base: a read-only tmpfs
+ * filled from the base (view_fill), the sandbox's /proc and /dev (with a fresh /dev/shm), a
+ * fresh /tmp and /run, the workdir, /etc/hosts; then pivot_root into it and the sandbox's own
+ * root detached. Without (image host, whose / is the host's, read-only): the sandbox's root
+ * with a fresh /tmp, /run and /dev/shm. Ends with the cwd at /. Fails through enter_fail. */
+static void view_enter(const struct enter_view *v)
+{
+    char wd[PATH_MAX];
+    struct stat st;
+
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        enter_fail("cannot make the grading view's mount namespace");
+    if (v->base_fd < 0) {
+        if (view_tmpfs("/tmp", "1777", v->tmp_mib) < 0 ||
+            view_tmpfs("/run", "0755",
+                       v->tmp_mib < VIEW_RUN_MAX_MIB ? v->tmp_mib : VIEW_RUN_MAX_MIB) < 0 ||
+            (stat("/dev/shm", &st) == 0 && view_tmpfs("/dev/shm", "1777", v->tmp_mib) < 0) ||
+            chdir("/") < 0)
+            enter_fail("cannot mount the grading view's /tmp, /run and /dev/shm");
+        return;
+    }
+    /* built on a tmpfs over the sandbox's /tmp (a mount point its processes cannot move) */
+    if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0 ||
+        chdir("/tmp") < 0 || mkdir(".base", 0700) < 0 ||
+        syscall(SYS_move_mount, v->base_fd, "", AT_FDCWD, ".base", 0x4 /* F_EMPTY_PATH */) < 0)
+        enter_fail("cannot mount the image's base tree");
+    if (view_fill(".base", ".", v->workdir + 1, true) < 0)
+        enter_fail("cannot fill the grading view from the image's base tree");
+    if (umount2(".base", MNT_DETACH) < 0 || rmdir(".base") < 0)
+        enter_fail("cannot unmount the image's base tree");
+    if ((size_t)snprintf(wd, sizeof(wd), ".%s", v->workdir) >= sizeof(wd))
+        enter_fail("the workdir's path is too long");
+    if ((mkdir("proc", 0555) < 0 && errno != EEXIST) || mkdir("dev", 0755) < 0 ||
+        mkdir("tmp", 01777) < 0 || mkdir("run", 0755) < 0 ||
+        mount("/proc", "proc", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+        mount("/dev", "dev", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+        (stat("dev/shm", &st) == 0 && view_tmpfs("dev/shm", "1777", v->tmp_mib) < 0) ||
+        view_tmpfs("tmp", "1777", v->tmp_mib) < 0 ||
+        view_tmpfs("run", "0755", v->tmp_mib < VIEW_RUN_MAX_MIB ? v->tmp_mib : VIEW_RUN_MAX_MIB) <
+            0)
+        enter_fail("cannot mount the grading view's /proc, /dev, /tmp and /run");
+    if (mount(v->workdir, wd, NULL, MS_BIND | MS_REC, NULL) < 0)
+        enter_fail("cannot mount the workdir in the grading view");
+    if (v->hosts_fd >= 0 && lstat("etc/hosts", &st) == 0 && S_ISREG(st.st_mode) &&
+        syscall(SYS_move_mount, v->hosts_fd, "", AT_FDCWD, "etc/hosts", 0x4) < 0)
+        enter_fail("cannot mount /etc/hosts in the grading view");
+    if (mount(NULL, ".", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+        enter_fail("cannot make the grading view's root read-only");
+    if (syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 || chdir("/") < 0)
+        enter_fail("cannot enter the grading view");
+}
+
+/* On the host, before any namespace is entered: detached clones of the base and the hosts
+ * file (read-only, as the host has them), for view_enter. An image tree (idmap) is mapped as
+ * local_image.c maps the overlay's lower layer, 0..65535 -> the sandbox's ids, through the
+ * sandbox's own user namespace (userns_fd), read-only, nosuid and nodev. */
+static void view_open(struct enter_view *v, int userns_fd)
+{
+    const unsigned clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID |
+                                          MOUNT_ATTR_NODEV,
+                              .userns_fd = (uint64_t)userns_fd};
+
+    v->base_fd = v->hosts_fd = -1;
+    if (v->base &&
+        (v->base_fd = (int)syscall(SYS_open_tree, AT_FDCWD, v->base, clone | AT_RECURSIVE)) < 0)
+        enter_fail("cannot clone the image's base tree");
+    if (v->base && v->idmap &&
+        syscall(SYS_mount_setattr, v->base_fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+                sizeof(attr)) < 0)
+        enter_fail("cannot idmap the image's base tree");
+    if (v->hosts && (v->hosts_fd = (int)syscall(SYS_open_tree, AT_FDCWD, v->hosts, clone)) < 0)
+        enter_fail("cannot clone the sandbox's hosts file");
+}
+
+static int run_enter(int argc, char **argv, struct enter_view *view)
 {
     static const int ns_types[ENTER_NS] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
                                            CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
@@ -1726,6 +1952,8 @@ static int run_enter(int argc, char **argv)
     if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL, 0, 0, 0) < 0 &&
         errno != ENOSYS && !(keyrings_refused && errno == EPERM))
         enter_fail("cannot make a session keyring");
+    if (view)
+        view_open(view, (int)nchild); /* the first namespace fd: the sandbox's user namespace */
     for (i = 0; i < ENTER_NS; i++) {
         if (syscall(SYS_setns, (int)nchild + i, ns_types[i]) < 0)
             enter_fail("cannot enter the sandbox namespaces");
@@ -1733,6 +1961,9 @@ static int run_enter(int argc, char **argv)
     /* uid/gid 0 of the sandbox's user namespace: its host uid, never host root */
     if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
         enter_fail("cannot become the sandbox's root");
+    /* an exclusive exec's own mount namespace, made with the sandbox's capabilities */
+    if (view)
+        view_enter(view);
     /* else a command could remount the read-only host directories writable or bind-mount
      * over the supervisor */
     if (enter_drop_capabilities() < 0)
@@ -2247,7 +2478,23 @@ int main(int argc, char **argv)
         (void)prctl(PR_SET_NAME, base ? base + 1 : argv[0], 0, 0, 0);
     }
     if (argc > 1 && strcmp(argv[1], "--enter") == 0)
-        return run_enter(argc, argv);
+        return run_enter(argc, argv, NULL);
+    if (argc > 7 && strcmp(argv[1], "--enter-view") == 0) {
+        bool root = strcmp(argv[2], "root") == 0;
+        struct enter_view v = {.base = root ? NULL : argv[3],
+                               .idmap = strcmp(argv[2], "image") == 0,
+                               .hosts = strcmp(argv[4], "-") ? argv[4] : NULL,
+                               .workdir = argv[5]};
+
+        if ((!root && !v.idmap && strcmp(argv[2], "mounted") != 0) ||
+            (!root && argv[3][0] != '/') || argv[5][0] != '/' || strcmp(argv[5], "/") == 0 ||
+            parse_int64(argv[6], 1, INT64_MAX / 2, &v.tmp_mib) < 0) {
+            write_status(ENTER_STATUS_FD, "error bad lendbox-supervise --enter-view arguments");
+            return 2;
+        }
+        /* the rest as --enter's, from NCHILD on */
+        return run_enter(argc - 5, argv + 5, &v);
+    }
     if (argc == 1 && getpid() == 1) {
         loopback_up();
         return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */

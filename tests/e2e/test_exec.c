@@ -1,12 +1,14 @@
 /*
  * test_exec.c - acceptance: exec results, seed files, cwd errors, timeouts that kill the whole
- * tree, output caps with bounded daemon memory, invalid UTF-8 and base64 output.
+ * tree, output caps with bounded daemon memory, invalid UTF-8 and base64 output, and the
+ * trusted view an exclusive exec (a grader) runs on.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 
 #include "harness.h"
 
@@ -286,6 +288,151 @@ START_TEST(test_invalid_utf8)
 }
 END_TEST
 
+/* Exec as the agent (operate token op), with no assertion on the outcome: what a hostile agent
+ * tries (on image host, whose root is read-only, its writes there fail). */
+static void agent_run(const char *sbx, const char *op, const char *command)
+{
+    json_t *body = json_pack("{s:s}", "command", command);
+    char *text = json_dumps(body, JSON_COMPACT);
+    struct lbt_resp r;
+
+    lbt_exec(&D, sbx, op, text, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    free(text);
+    json_decref(body);
+}
+
+/* An exclusive exec (admin) with body's members; asserts return code rc and stdout out. */
+static void assert_grader(const char *sbx, const char *members, int rc, const char *out)
+{
+    char body[1024];
+    json_t *res;
+
+    snprintf(body, sizeof(body), "{\"exclusive\": true, %s}", members);
+    res = lbt_exec_ok(&D, sbx, "", body);
+    ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == rc,
+                  "%s: return code %lld (want %d), stdout '%s', stderr '%s'", members,
+                  (long long)json_integer_value(json_object_get(res, "return_code")), rc,
+                  json_string_value(json_object_get(res, "stdout")),
+                  json_string_value(json_object_get(res, "stderr")));
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), out);
+    json_decref(res);
+}
+
+/* A grader (exclusive exec) runs on the sandbox's base image, not on what the agent made of its
+ * root: an agent that replaced /bin/sh, python3 and a module of its standard library with
+ * fakes that exit 0, planted json.py in the workdir and marked /tmp cannot change the
+ * grader's result, by command or by argv; the grader starts in / and reads the workdir; with
+ * "agent_root" it runs on the agent's root (and sees the fakes). */
+START_TEST(test_exclusive_trusted_view)
+{
+    static const char fake[] = "#!/bin/busybox sh\necho forged\nexit 0\n";
+    char sbx[128], op[256], cmd[1024];
+    json_t *lease = lbt_seed(&D, "exec-view", "task-view", NULL);
+    struct lbt_resp r;
+    bool image = !lbt_variant_on_host();
+
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(op, sizeof(op), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+
+    /* the agent's work: an answer, a module where an interpreter looks first, a mark in /tmp */
+    agent_run(sbx, op,
+              "echo 42 > /workspace/answer.txt; echo 'import sys; print(\"forged\"); "
+              "sys.exit(0)' > /workspace/json.py; touch /tmp/agent-mark");
+    /* the forgery: fakes over the shell, python3 and the json module (each exits 0) */
+    lbt_file_put(&D, sbx, op, "/workspace/fake", "755", fake, strlen(fake), &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    snprintf(cmd, sizeof(cmd),
+             "py=$(python3 -c 'import json; print(json.__file__)'); "
+             "cp /workspace/json.py \"$py\"; rm -f /usr/bin/python3 /bin/sh; "
+             "cp /workspace/fake /usr/bin/python3; cp /workspace/fake /bin/sh");
+    agent_run(sbx, op, cmd);
+    if (image) /* the forgery took: the agent's root runs the fakes */
+        assert_grader(sbx, "\"agent_root\": true, \"command\": \"exit 7\"", 0, "forged\n");
+
+    /* the grader's truth, by command and by argv */
+    assert_grader(sbx, "\"command\": \"echo truth; exit 7\"", 7, "truth\n");
+    assert_grader(sbx, "\"argv\": [\"sh\", \"-c\", \"echo truth; exit 7\"]", 7, "truth\n");
+    assert_grader(sbx, "\"argv\": [\"/bin/sh\", \"-c\", \"exit 6\"]", 6, "");
+    /* python3 and its json module are the image's, and json.py in the workdir is not on the
+     * path: the default cwd is / */
+    assert_grader(sbx, "\"argv\": [\"python3\", \"-c\", \"import json, sys; sys.exit(3)\"]", 3, "");
+    assert_grader(sbx, "\"command\": \"pwd\"", 0, "/\n");
+    /* the workdir is the agent's, at its path; /tmp is the grader's own */
+    assert_grader(sbx, "\"command\": \"cat /workspace/answer.txt\"", 0, "42\n");
+    assert_grader(sbx, "\"argv\": [\"test\", \"-e\", \"/tmp/agent-mark\"]", 1, "");
+    /* a cwd that is asked for is kept: there the agent's json.py is what Python imports */
+    assert_grader(sbx,
+                  "\"cwd\": \"/workspace\", \"argv\": [\"python3\", \"-c\", \"import json, sys; "
+                  "sys.exit(3)\"]",
+                  0, "forged\n");
+    /* agent_root: the agent's root, /tmp included */
+    assert_grader(sbx, "\"agent_root\": true, \"argv\": [\"test\", \"-e\", \"/tmp/agent-mark\"]", 0,
+                  "");
+
+    /* a daemon restarted in a mount namespace of its own no longer has the image's tree
+     * mounted where it made it: the grader's view is made from the image itself, and tells the
+     * same truth */
+    if (image) {
+        char img[512];
+
+        snprintf(img, sizeof(img), "%s/sandboxes/%s/img", D.state_dir, sbx);
+        ck_assert_int_eq(umount2(img, MNT_DETACH), 0);
+        assert_grader(sbx, "\"command\": \"echo truth; exit 7\"", 7, "truth\n");
+        assert_grader(sbx, "\"argv\": [\"python3\", \"-c\", \"import json, sys; sys.exit(3)\"]", 3,
+                      "");
+        assert_grader(sbx, "\"command\": \"cat /workspace/answer.txt; stat -c %u /usr/bin\"", 0,
+                      "42\n0\n");
+    }
+    /* agent_root is a boolean, and only for exclusive execs */
+    lbt_exec(&D, sbx, "", "{\"command\": \"true\", \"agent_root\": true}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    lbt_exec(&D, sbx, "", "{\"command\": \"true\", \"exclusive\": true, \"agent_root\": 1}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    assert_grader(sbx, "\"agent_root\": false, \"command\": \"exit 4\"", 4, "");
+}
+END_TEST
+
+/* A HOME in the workdir is not the grader's: the agent's Python user site (usercustomize.py,
+ * loaded at every start) under the workdir's ~/.local stays out of an exclusive exec, whose
+ * HOME is then /tmp, unless the grader's env names one. */
+START_TEST(test_exclusive_home_not_in_workdir)
+{
+    char sbx[128], op[256];
+    json_t *lease = lbt_seed(&D, "exec-home", "task-home", "\"workdir\": \"/root\"");
+    json_t *res;
+
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(op, sizeof(op), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    agent_run(sbx, op,
+              "d=$(python3 -m site --user-site) && mkdir -p \"$d\" && printf 'import "
+              "os\\nprint(\"forged\", flush=True)\\nos._exit(0)\\n' > \"$d/usercustomize.py\"");
+    /* the plant works where HOME is the workdir */
+    res =
+        lbt_exec_ok(&D, sbx, op, "{\"argv\": [\"python3\", \"-c\", \"import sys; sys.exit(3)\"]}");
+    ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == 0 &&
+                      strcmp(json_string_value(json_object_get(res, "stdout")), "forged\n") == 0,
+                  "the agent's usercustomize.py did not load: %s", json_dumps(res, 0));
+    json_decref(res);
+    assert_grader(sbx,
+                  "\"argv\": [\"python3\", \"-c\", \"import os, sys; print(os.environ['HOME']); "
+                  "sys.exit(3)\"]",
+                  3, "/tmp\n");
+    assert_grader(sbx,
+                  "\"env\": {\"HOME\": \"/root\"}, \"argv\": [\"python3\", \"-c\", \"import sys; "
+                  "sys.exit(3)\"]",
+                  0, "forged\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("exec");
@@ -301,6 +448,8 @@ int main(void)
     tcase_add_test(tc, test_timeout_kills_tree);
     tcase_add_test(tc, test_output_cap_and_memory);
     tcase_add_test(tc, test_invalid_utf8);
+    tcase_add_test(tc, test_exclusive_trusted_view);
+    tcase_add_test(tc, test_exclusive_home_not_in_workdir);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

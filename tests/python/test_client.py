@@ -27,6 +27,11 @@ def test_seed_exec_files_release(daemon):
     assert c.get_file(sid, "/workspace/x/y.bin") == b"\x01\x02"
     assert op.exec(sid, "stat -c %a /workspace/x/y.bin")["stdout"] == "600\n"
     assert c.get_sandbox(sid)["status"] == "running"
+    # a grader: exclusive starts in / on the trusted view; agent_root on the agent's root
+    assert c.exec(sid, "pwd; cat /workspace/t.txt", exclusive=True)["stdout"] == "/\nhi\n"
+    assert c.exec(sid, "exit 4", exclusive=True, agent_root=True)["return_code"] == 4
+    with pytest.raises(lendbox.BadRequest):
+        c.exec(sid, "true", agent_root=True)
     assert c.get_session("cl-1")["sandbox_id"] == sid
     assert [s["sandbox_id"] for s in c.list_sessions()].count(sid) == 1
     assert any(s["sandbox_id"] == sid for s in c.list_sandboxes())

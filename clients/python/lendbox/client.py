@@ -538,13 +538,17 @@ class _Routes:
         preserve_background_services: Optional[bool] = None,
         encoding: Optional[str] = None,
         exclusive: Optional[bool] = None,
+        agent_root: Optional[bool] = None,
     ) -> ExecResult:
         """``POST /v1/sandboxes/{id}/exec``: run ``command`` (``/bin/sh -c``) or ``argv``.
 
         ``timeout_s`` defaults to 180 s; at the timeout the whole process tree is killed and the
         result is ``return_code`` 125, ``error_type`` "timeout". ``cwd`` defaults to the
-        workdir. ``encoding="base64"`` returns raw output bytes base64-encoded. ``exclusive``
-        stops every other sandbox process first (for grading). Output is capped per stream
+        workdir (``/`` when exclusive). ``encoding="base64"`` returns raw output bytes
+        base64-encoded. ``exclusive`` stops every other sandbox process first and runs the
+        command on the sandbox's base image with the workdir at its path (for grading);
+        ``agent_root=True`` (exclusive only) runs it on the sandbox's own root instead, whose
+        programs the agent could have replaced. Output is capped per stream
         (``limits.max_output_bytes``, 1 MiB; ``*_truncated`` says so).
 
         Raises: BadRequest, NotFound (sandbox unknown or not lent), Conflict (paused), Overloaded,
@@ -561,6 +565,7 @@ class _Routes:
             preserve_background_services=preserve_background_services,
             encoding=encoding,
             exclusive=exclusive,
+            agent_root=agent_root,
         )
         rt = (timeout_s if timeout_s is not None else 180.0) + 30.0
         return self._run(
