@@ -466,6 +466,11 @@ START_TEST(test_host_refuses_keyrings)
     res = lbt_exec_ok(&d, b, "", "{\"command\": \"echo ran-b\"}");
     ck_assert_str_eq(keyctl_out(res), "ran-b\n");
     json_decref(res);
+    /* a grader's exclusive exec (its trusted view's helper takes the same flag) */
+    res = lbt_exec_ok(&d, b, "", "{\"command\": \"echo graded\", \"exclusive\": true}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_str_eq(keyctl_out(res), "graded\n");
+    json_decref(res);
     lbt_json(&d, "POST", "/v1/sessions/nokeys-a/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     lbt_resp_free(&r);
