@@ -1330,8 +1330,10 @@ struct lb_stream {
     size_t len, off, cap;
     bool waiting; /* the reader found nothing and suspended the connection */
     bool ended, gone;
-    bool kept; /* http_stream_keep: the job's return does not end the body */
-    int refs;  /* the job's and the response's (and a keeper's) */
+    bool kept;                  /* http_stream_keep: the job's return does not end the body */
+    int refs;                   /* the job's and the response's (and a keeper's) */
+    void (*drained)(void *arg); /* http_stream_on_drain */
+    void *drained_arg;
 };
 
 static void stream_put(struct lb_stream *s)
@@ -1362,8 +1364,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
         memcpy(buf, s->data + s->off, k);
         s->off += k;
-        if (s->off == s->len)
+        if (s->off == s->len) {
             s->off = s->len = 0;
+            if (s->drained) /* under the lock: a keeper clearing it is then sure of it */
+                s->drained(s->drained_arg);
+        }
         n = (ssize_t)k;
     } else if (s->ended) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
@@ -1467,6 +1472,24 @@ int http_stream_write(struct lb_stream *s, const void *data, size_t len)
 out:
     pthread_mutex_unlock(&s->lock);
     return r;
+}
+
+size_t http_stream_queued(struct lb_stream *s)
+{
+    size_t n;
+
+    pthread_mutex_lock(&s->lock);
+    n = s->gone ? 0 : s->len - s->off;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+void http_stream_on_drain(struct lb_stream *s, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&s->lock);
+    s->drained = fn;
+    s->drained_arg = arg;
+    pthread_mutex_unlock(&s->lock);
 }
 
 static bool stream_kept(struct lb_stream *s)

@@ -254,6 +254,15 @@ struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
  * Returns 0, -EPIPE once the client is gone (the bytes are dropped; the job may carry on or
  * stop, nobody reads), -ENOMEM. Only from the job that began the stream. */
 int http_stream_write(struct lb_stream *s, const void *data, size_t len);
+/* Bytes written to s that the client has not taken yet (0 once it is gone). A writer that
+ * produces without bound (a follower of a growing file) stops while this exceeds its own
+ * bound, so a client that reads nothing cannot make the daemon hold more. Any thread. */
+size_t http_stream_queued(struct lb_stream *s);
+/* Call fn(arg) each time the client has taken every queued byte (fn NULL: stop). fn runs on
+ * an MHD thread under the stream's lock: it must be quick and must not block or touch the
+ * stream (write a byte to a non-blocking pipe). Once this returns with fn NULL, fn is not
+ * running and will not run, so arg may be freed. Any thread. */
+void http_stream_on_drain(struct lb_stream *s, void (*fn)(void *arg), void *arg);
 /* End the body (the client gets the end once it has read the rest). Later writes are
  * -EPIPE. */
 void http_stream_end(struct lb_stream *s);
