@@ -1520,12 +1520,16 @@ void activation_watch_free(struct lb_activation_watch *w)
     free(w);
 }
 
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
-                   json_t **out, struct lb_error *err)
+/* activation_get; raw non-NULL: the stored artifacts are not parsed but handed over as their
+ * JSON text in *raw (NULL when not collected: then "artifacts" stays in *out), and *out lacks
+ * "artifacts". */
+static int act_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, char **raw, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL, *res = NULL;
-    bool live;
+    char *art_text = NULL;
+    bool live, collected;
     int r = act_find(a, rsid, &act, err);
 
     if (r < 0)
@@ -1561,6 +1565,11 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
         if (r < 0)
             goto out;
     }
+    collected = act.artifacts_json != NULL;
+    if (raw) { /* not parsed: the caller splices the text in */
+        art_text = act.artifacts_json;
+        act.artifacts_json = NULL;
+    }
     res = render_result(&act, NULL);
     if (!res) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -1575,9 +1584,11 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
     if (act.state != LB_ACT_RUNNING || !act.receipt_json)
         json_object_set_new(res, "state", json_string(store_act_state_name(act.state)));
     json_object_del(res, "output_log_tail");
-    if (!act.artifacts_json)
+    if (!collected)
         json_object_set_new(res, "artifacts", json_null());
-    json_object_set_new(res, "artifacts_collected", json_boolean(act.artifacts_json != NULL));
+    else if (raw)
+        json_object_del(res, "artifacts");
+    json_object_set_new(res, "artifacts_collected", json_boolean(collected));
     json_object_set_new(res, "resources_session_id", json_string(act.rsid ? act.rsid : ""));
     json_object_set_new(res, "sandbox_id", json_string(act.sandbox_id));
     json_object_set_new(res, "argv", json_incref(json_object_get(spec, "argv")));
@@ -1617,12 +1628,93 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
     }
     *out = res;
     res = NULL;
+    if (raw) {
+        *raw = art_text;
+        art_text = NULL;
+    }
 out:
+    free(art_text);
     json_decref(res);
     json_decref(receipt);
     json_decref(spec);
     store_activation_release(&act);
     return r;
+}
+
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, struct lb_error *err)
+{
+    return act_get(a, rsid, with_log, wait_ms, out, NULL, err);
+}
+
+int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
+                        size_t *len, struct lb_error *err)
+{
+    json_t *res = NULL;
+    char *raw = NULL, *small = NULL, *all = NULL;
+    size_t n = 0, k;
+    int r = act_get(a, rsid, with_log, 0, &res, &raw, err);
+
+    *text = NULL;
+    *len = 0;
+    if (r < 0)
+        return r;
+    small = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (!small) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    n = strlen(small);
+    if (!raw) {
+        all = small;
+        small = NULL;
+        goto done;
+    }
+    /* {...} + ,"artifacts":raw} : the stored text is already JSON (an object) */
+    k = strlen(raw);
+    all = malloc(n + k + 16);
+    if (!all || n < 2 || small[n - 1] != '}') {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(all, small, n - 1);
+    n--;
+    if (n > 1)
+        all[n++] = ',';
+    memcpy(all + n, "\"artifacts\":", 12);
+    n += 12;
+    free(small); /* the small part is copied: free it before the large copy */
+    small = NULL;
+    memcpy(all + n, raw, k);
+    n += k;
+    free(raw);
+    raw = NULL;
+    all[n++] = '}';
+    all[n] = '\0';
+done:
+    *text = all;
+    *len = n;
+    all = NULL;
+out:
+    free(all);
+    free(small);
+    free(raw);
+    json_decref(res);
+    return r;
+}
+
+int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool with_log,
+                            uint64_t *bytes, struct lb_error *err)
+{
+    uint64_t text = 0;
+    int r = store_activation_text_bytes(a->store, rsid, &text, err);
+
+    if (r < 0)
+        return r;
+    /* the stored texts loaded and copied into the answer, a live log's tail read and escaped
+     * (\u00XX: 6 bytes for one), and the fixed fields */
+    *bytes = 2 * text + (with_log ? 7 * (uint64_t)a->cfg.max_log_bytes : 0) + 4096;
+    return 0;
 }
 
 int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err)

@@ -93,6 +93,19 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
                    json_t **out, struct lb_error *err);
 
+/* activation_get (wait_ms 0) rendered as compact JSON text (*text malloc'd, the caller's;
+ * *len bytes), without parsing the stored artifacts: their stored text is copied in as the
+ * last member, so the peak is about twice their size instead of four times. Errors as
+ * activation_get, and -ENOMEM. */
+int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
+                        size_t *len, struct lb_error *err);
+
+/* What rendering the session's activation costs at most, in bytes (upper bound: its stored
+ * texts loaded and copied, the log's tail escaped, the rest), without loading it: to reserve
+ * before rendering. A store read; thread-safe. Errors: -EIO. */
+int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool with_log,
+                            uint64_t *bytes, struct lb_error *err);
+
 /* Open the output log of the session's activation (of its lent sandbox) for following: *fd
  * (the caller's, read-only, the file as it grows) is the harness's combined stdout and
  * stderr. Blocks on the provider briefly (a worker's job). -ENOENT (404): no activation, or

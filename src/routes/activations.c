@@ -311,7 +311,6 @@ static void activation_get_run(struct lb_request *req, void *arg)
     struct get_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
-    json_t *out = NULL;
     int r = 0;
 
     if (j->follow) {
@@ -349,8 +348,22 @@ static void activation_get_run(struct lb_request *req, void *arg)
             return;
         }
     }
-    r = activation_get(app->acts, j->rsid, j->with_log, 0, &out, &err);
-    routes_respond(req, r, 200, out, &err);
+    {
+        /* rendered within the answer budget: its peak is reserved before the store is read */
+        uint64_t need = 0;
+        char *text = NULL;
+        size_t len = 0;
+
+        r = activation_answer_bytes(app->acts, j->rsid, j->with_log, &need, &err);
+        if (r == 0)
+            r = http_answer_reserve(req, need > SIZE_MAX ? SIZE_MAX : (size_t)need, &err);
+        if (r == 0)
+            r = activation_get_text(app->acts, j->rsid, j->with_log, &text, &len, &err);
+        if (r < 0)
+            http_respond_error(req, &err);
+        else
+            http_respond_text(req, 200, "application/json", text, len);
+    }
 }
 
 int route_activation_get(struct lb_request *req, struct lb_error *err)

@@ -193,16 +193,30 @@ static void final_run(void *arg)
 {
     struct final_job *j = arg;
     struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_get(j->app->acts, j->rsid, false, 0, &out, &err);
+    uint64_t need = 0;
+    char *text = NULL;
+    size_t len = 0;
+    int r = activation_answer_bytes(j->app->acts, j->rsid, false, &need, &err);
 
+    /* the activation object may be large (artifacts): within the answer budget */
+    if (r == 0 && http_stream_reserve(j->stream, need > SIZE_MAX ? SIZE_MAX : (size_t)need) < 0)
+        r = lb_error_set(&err, -EAGAIN,
+                         "too many answer bytes in flight for the activation object: read it "
+                         "with GET .../activation");
+    if (r == 0)
+        r = activation_get_text(j->app->acts, j->rsid, false, &text, &len, &err);
     if (r < 0) {
         const char *code = "internal";
 
         lb_error_http_status(r, &code);
-        out = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message);
+        (void)write_line(j->stream,
+                         json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message));
+    } else if (http_stream_write(j->stream, text, len) == 0) {
+        free(text);
+        text = NULL;
+        (void)http_stream_write(j->stream, "\n", 1);
     }
-    (void)write_line(j->stream, out);
+    free(text);
     http_stream_end(j->stream);
     http_stream_release(j->stream);
     free(j->rsid);
