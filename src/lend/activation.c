@@ -1008,6 +1008,51 @@ static json_t *render_close(const struct lb_activation *act)
     return out;
 }
 
+/* res as compact JSON text, with raw (stored JSON text, taken; NULL: none) spliced in as its
+ * last member "artifacts": the stored artifacts are copied, never parsed. */
+static int render_text(const json_t *res, char *raw, char **text, size_t *len, struct lb_error *err)
+{
+    char *small = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII), *all = NULL;
+    size_t n = small ? strlen(small) : 0, k;
+    int r = 0;
+
+    *text = NULL;
+    *len = 0;
+    if (!small || n < 2 || small[n - 1] != '}') {
+        r = lb_error_set(err, -ENOMEM, "out of memory rendering the activation");
+        goto out;
+    }
+    if (!raw) {
+        *text = small;
+        *len = n;
+        small = NULL;
+        goto out;
+    }
+    k = strlen(raw);
+    all = malloc(n + k + 16);
+    if (!all) {
+        r = lb_error_set(err, -ENOMEM, "out of memory rendering the activation");
+        goto out;
+    }
+    memcpy(all, small, --n); /* without the closing brace */
+    if (n > 1)
+        all[n++] = ',';
+    memcpy(all + n, "\"artifacts\":", 12);
+    n += 12;
+    free(small); /* copied: freed before the large copy */
+    small = NULL;
+    memcpy(all + n, raw, k);
+    n += k;
+    all[n++] = '}';
+    all[n] = '\0';
+    *text = all;
+    *len = n;
+out:
+    free(small);
+    free(raw);
+    return r;
+}
+
 /* ---------- execute ---------- */
 
 static json_t *execute_spec(const struct lb_execute_request *req, const char *dir)
@@ -1393,17 +1438,20 @@ out:
 
 /* ---------- close, get, release ---------- */
 
-int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, json_t **out,
-                     struct lb_error *err)
+int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
+                     size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
-    json_t *spec = NULL;
+    json_t *spec = NULL, *out = NULL;
+    char *raw = NULL;
     int r = act_find(a, rsid, &act, err);
 
-    *out = NULL;
+    *text = NULL;
+    *len = 0;
     if (r == -ENOENT) {
-        *out = json_pack("{s:b}", "closed", 0);
-        return 0;
+        *text = strdup("{\"closed\":false}");
+        *len = *text ? strlen(*text) : 0;
+        return *text ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
     }
     if (r < 0)
         return r;
@@ -1416,10 +1464,20 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
             r = act_reload(a, act.sandbox_id, &act, err);
     }
     if (r == 0) {
-        *out = render_close(&act);
-        if (!*out)
+        raw = act.artifacts_json; /* spliced in, not parsed */
+        act.artifacts_json = NULL;
+        out = render_close(&act);
+        if (!out)
             r = lb_error_set(err, -ENOMEM, "out of memory");
     }
+    if (r == 0) {
+        if (raw)
+            json_object_del(out, "artifacts");
+        r = render_text(out, raw, text, len, err);
+        raw = NULL;
+    }
+    free(raw);
+    json_decref(out);
     json_decref(spec);
     store_activation_release(&act);
     return r;
@@ -1651,54 +1709,13 @@ int activation_get_text(struct lb_activations *a, const char *rsid, bool with_lo
                         size_t *len, struct lb_error *err)
 {
     json_t *res = NULL;
-    char *raw = NULL, *small = NULL, *all = NULL;
-    size_t n = 0, k;
+    char *raw = NULL;
     int r = act_get(a, rsid, with_log, 0, &res, &raw, err);
 
     *text = NULL;
     *len = 0;
-    if (r < 0)
-        return r;
-    small = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII);
-    if (!small) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
-    n = strlen(small);
-    if (!raw) {
-        all = small;
-        small = NULL;
-        goto done;
-    }
-    /* {...} + ,"artifacts":raw} : the stored text is already JSON (an object) */
-    k = strlen(raw);
-    all = malloc(n + k + 16);
-    if (!all || n < 2 || small[n - 1] != '}') {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
-    memcpy(all, small, n - 1);
-    n--;
-    if (n > 1)
-        all[n++] = ',';
-    memcpy(all + n, "\"artifacts\":", 12);
-    n += 12;
-    free(small); /* the small part is copied: free it before the large copy */
-    small = NULL;
-    memcpy(all + n, raw, k);
-    n += k;
-    free(raw);
-    raw = NULL;
-    all[n++] = '}';
-    all[n] = '\0';
-done:
-    *text = all;
-    *len = n;
-    all = NULL;
-out:
-    free(all);
-    free(small);
-    free(raw);
+    if (r == 0)
+        r = render_text(res, raw, text, len, err);
     json_decref(res);
     return r;
 }
@@ -1741,13 +1758,14 @@ int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, str
 }
 
 int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                            json_t **out, struct lb_error *err)
+                            char **text, size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL;
     int r = act_find(a, rsid, &act, err);
 
-    *out = NULL;
+    *text = NULL;
+    *len = 0;
     if (r < 0)
         return r;
     /* nothing to do once the receipt is held, the activation closed or the sandbox gone */
@@ -1762,7 +1780,7 @@ int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t 
     store_activation_release(&act);
     if (r < 0)
         return r;
-    return activation_get(a, rsid, false, 0, out, err);
+    return activation_get_text(a, rsid, false, text, len, err);
 }
 
 void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id)
