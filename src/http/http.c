@@ -102,6 +102,15 @@ struct http_conn {
     struct http_conn *ip_prev, *ip_next; /* ip's waiting list */
 };
 
+#define ANSWER_SMALL (64 * 1024) /* answers this small are not charged to the answer budget */
+
+/* Answer bytes one bearer token holds (only tokens holding some are listed). */
+struct answer_holder {
+    uint64_t key;
+    size_t bytes;
+    struct answer_holder *next;
+};
+
 struct lb_park {
     struct lb_http *h;
     struct lb_request *req; /* valid while !ended: the connection is suspended */
@@ -126,6 +135,10 @@ struct lb_http {
     int *route_metric; /* metrics index per route */
     atomic_uint_fast64_t next_request;
     atomic_size_t inflight_bytes; /* buffered request-body bytes held right now */
+    /* answers rendered in memory (max_answer_bytes) */
+    pthread_mutex_t answer_lock;
+    size_t answer_total;
+    struct answer_holder *holders;
     /* parked requests */
     pthread_mutex_t park_lock;
     pthread_cond_t park_cond;    /* wakes the park thread (monotonic clock) */
@@ -181,6 +194,9 @@ struct lb_request {
     bool too_large;
     bool overloaded;          /* the in-flight byte budget ran out while the body arrived */
     size_t reserved;          /* bytes of the in-flight budget this request holds */
+    uint64_t token_key;       /* a hash of the bearer token (0: none) */
+    size_t answer_held;       /* bytes of the answer budget this request holds */
+    bool retry_after;         /* a 429 from the answer budget: say when to retry */
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
@@ -211,6 +227,115 @@ struct lb_request {
 /* Jobs of one serial key (one resources session) that may wait behind its running one. */
 #define HTTP_SERIAL_BACKLOG_MAX 64
 
+/* ---------- the answer budget ---------- */
+
+static uint64_t token_hash(const char *token)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+
+    for (; *token; token++)
+        h = (h ^ (unsigned char)*token) * 1099511628211ULL;
+    return h ? h : 1;
+}
+
+/* Charge n more bytes to key: within the total, and within a quarter of it unless key holds
+ * nothing yet (so any one answer that fits the total can be sent). */
+static bool answer_take(struct lb_http *h, uint64_t key, size_t n)
+{
+    size_t cap = h->cfg.max_answer_bytes;
+    struct answer_holder *a;
+    bool ok;
+
+    if (n == 0)
+        return true;
+    pthread_mutex_lock(&h->answer_lock);
+    for (a = h->holders; a && a->key != key; a = a->next)
+        ;
+    ok = !cap || (n <= cap && h->answer_total <= cap - n &&
+                  (!a || (a->bytes <= cap / 4 && n <= cap / 4 - a->bytes)));
+    if (ok && !a) {
+        a = calloc(1, sizeof(*a));
+        if (a) {
+            a->key = key;
+            a->next = h->holders;
+            h->holders = a;
+        }
+        ok = a != NULL;
+    }
+    if (ok) {
+        a->bytes += n;
+        h->answer_total += n;
+    }
+    pthread_mutex_unlock(&h->answer_lock);
+    return ok;
+}
+
+static void answer_give(struct lb_http *h, uint64_t key, size_t n)
+{
+    struct answer_holder **pp, *a;
+
+    if (n == 0)
+        return;
+    pthread_mutex_lock(&h->answer_lock);
+    h->answer_total -= n < h->answer_total ? n : h->answer_total;
+    for (pp = &h->holders; (a = *pp) && a->key != key; pp = &a->next)
+        ;
+    if (a) {
+        a->bytes -= n < a->bytes ? n : a->bytes;
+        if (a->bytes == 0) {
+            *pp = a->next;
+            free(a);
+        }
+    }
+    pthread_mutex_unlock(&h->answer_lock);
+}
+
+static int answer_error(struct lb_request *req, size_t bytes, struct lb_error *err)
+{
+    req->retry_after = true;
+    return lb_error_set(err, -EAGAIN,
+                        "too many answer bytes in flight (an answer of up to %zu bytes; limit %zu "
+                        "in all, a quarter of it per token): read the answers already asked "
+                        "for, or retry later",
+                        bytes, req->http->cfg.max_answer_bytes);
+}
+
+int http_answer_reserve(struct lb_request *req, size_t bytes, struct lb_error *err)
+{
+    if (bytes < ANSWER_SMALL || bytes <= req->answer_held)
+        return 0;
+    if (!answer_take(req->http, req->token_key, bytes - req->answer_held))
+        return answer_error(req, bytes, err);
+    req->answer_held = bytes;
+    return 0;
+}
+
+size_t http_answer_bytes(struct lb_http *h)
+{
+    size_t n;
+
+    pthread_mutex_lock(&h->answer_lock);
+    n = h->answer_total;
+    pthread_mutex_unlock(&h->answer_lock);
+    return n;
+}
+
+/* Charge the request exactly what its answer of len bytes holds (nothing below ANSWER_SMALL);
+ * false when it does not fit. */
+static bool answer_settle(struct lb_request *req, size_t len)
+{
+    size_t want = len >= ANSWER_SMALL ? len : 0;
+
+    if (want > req->answer_held) {
+        if (!answer_take(req->http, req->token_key, want - req->answer_held))
+            return false;
+    } else {
+        answer_give(req->http, req->token_key, req->answer_held - want);
+    }
+    req->answer_held = want;
+    return true;
+}
+
 /* ---------- responses ---------- */
 
 static void request_set_response(struct lb_request *req, unsigned status, struct MHD_Response *r)
@@ -222,14 +347,26 @@ static void request_set_response(struct lb_request *req, unsigned status, struct
     if (r) {
         MHD_add_response_header(r, "X-Request-Id", req->request_id);
         MHD_add_response_header(r, "Cache-Control", "no-store");
+        if (status == 429 && req->retry_after)
+            MHD_add_response_header(r, "Retry-After", "1");
     }
 }
 
 void http_respond_text(struct lb_request *req, unsigned status, const char *content_type,
                        char *data, size_t len)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(
-        len, data ? data : (char *)"", data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r;
+
+    if (!answer_settle(req, data ? len : 0)) {
+        struct lb_error e;
+
+        free(data);
+        answer_error(req, len, &e);
+        http_respond_error(req, &e);
+        return;
+    }
+    r = MHD_create_response_from_buffer(len, data ? data : (char *)"",
+                                        data ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
 
     if (r && content_type)
         MHD_add_response_header(r, "Content-Type", content_type);
@@ -652,6 +789,7 @@ static int request_authorize(struct lb_request *req, struct lb_error *err)
     }
     if (!token || !*token)
         return lb_error_set(err, -ENOKEY, "a bearer token is required (Authorization: Bearer ...)");
+    req->token_key = token_hash(token);
     return req->http->cfg.authorize(req->http->cfg.app, token, req->route->auth,
                                     req->route->auth == LB_AUTH_SANDBOX ||
                                             req->route->auth == LB_AUTH_SESSION ||
@@ -1032,6 +1170,7 @@ static void http_completed(void *cls, struct MHD_Connection *conn, void **con_cl
         free(req->params[i]);
     lb_buf_release(&req->body);
     inflight_give_back(req);
+    answer_give(req->http, req->token_key, req->answer_held);
     free(req);
     *con_cls = NULL;
 }
@@ -1498,8 +1637,13 @@ struct lb_stream {
     size_t len, off, cap;
     bool waiting; /* the reader found nothing and suspended the connection */
     bool ended, gone;
-    bool kept; /* http_stream_keep: the job's return does not end the body */
-    int refs;  /* the job's and the response's (and a keeper's) */
+    bool kept;                  /* http_stream_keep: the job's return does not end the body */
+    int refs;                   /* the job's and the response's (and a keeper's) */
+    void (*drained)(void *arg); /* http_stream_on_drain */
+    void *drained_arg;
+    struct lb_http *h;  /* the answer budget (http_stream_reserve) */
+    uint64_t token_key; /* the request's */
+    size_t answer_held; /* given back when the response goes */
 };
 
 static void stream_put(struct lb_stream *s)
@@ -1530,8 +1674,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
         memcpy(buf, s->data + s->off, k);
         s->off += k;
-        if (s->off == s->len)
+        if (s->off == s->len) {
             s->off = s->len = 0;
+            if (s->drained) /* under the lock: a keeper clearing it is then sure of it */
+                s->drained(s->drained_arg);
+        }
         n = (ssize_t)k;
     } else if (s->ended) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
@@ -1555,6 +1702,8 @@ static void stream_free(void *cls)
     free(s->data);
     s->data = NULL;
     s->len = s->off = s->cap = 0;
+    answer_give(s->h, s->token_key, s->answer_held);
+    s->answer_held = 0;
     pthread_mutex_unlock(&s->lock);
     stream_put(s);
 }
@@ -1583,6 +1732,8 @@ struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
     pthread_mutex_init(&s->lock, NULL);
     s->conn = req->conn;
     s->refs = 2;
+    s->h = req->http;
+    s->token_key = req->token_key;
     r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_read, s,
                                           stream_free);
     if (!r) {
@@ -1635,6 +1786,41 @@ int http_stream_write(struct lb_stream *s, const void *data, size_t len)
 out:
     pthread_mutex_unlock(&s->lock);
     return r;
+}
+
+int http_stream_reserve(struct lb_stream *s, size_t bytes)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&s->lock);
+    if (s->gone)
+        r = -EPIPE;
+    else if (bytes < ANSWER_SMALL)
+        r = 0;
+    else if (!answer_take(s->h, s->token_key, bytes))
+        r = -EAGAIN;
+    else
+        s->answer_held += bytes;
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+size_t http_stream_queued(struct lb_stream *s)
+{
+    size_t n;
+
+    pthread_mutex_lock(&s->lock);
+    n = s->gone ? 0 : s->len - s->off;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+void http_stream_on_drain(struct lb_stream *s, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&s->lock);
+    s->drained = fn;
+    s->drained_arg = arg;
+    pthread_mutex_unlock(&s->lock);
 }
 
 static bool stream_kept(struct lb_stream *s)
@@ -2048,6 +2234,13 @@ static void http_release(struct lb_http *h)
     pthread_mutex_destroy(&h->park_lock);
     pthread_cond_destroy(&h->conn_cond);
     pthread_mutex_destroy(&h->conn_lock);
+    pthread_mutex_destroy(&h->answer_lock);
+    while (h->holders) {
+        struct answer_holder *a = h->holders;
+
+        h->holders = a->next;
+        free(a);
+    }
     free(h->route_metric);
     free(h);
 }
@@ -2093,6 +2286,7 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
     h->cfg = *cfg;
     h->listen_fd = cfg->listen_fd;
     pthread_mutex_init(&h->park_lock, NULL);
+    pthread_mutex_init(&h->answer_lock, NULL);
     {
         pthread_condattr_t ca;
 

@@ -94,6 +94,9 @@ struct lb_http_config {
                                     * archive bounded by max_archive_bytes, not max_file_bytes;
                                     * NULL: none */
     size_t max_inflight_bytes;     /* buffered body bytes of all requests together; 0: no cap */
+    size_t max_answer_bytes;       /* bytes of answers rendered in memory (being made or not yet
+                                    * sent) of all requests together; one bearer token may hold
+                                    * a quarter of it, or any one answer; 0: no cap */
     int max_json_depth;
     const struct lb_route *routes; /* terminated by a route with method NULL */
     lb_authorize_fn authorize;
@@ -154,6 +157,17 @@ void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint
                            uint64_t len);
 /* Add a header to the response set last. */
 void http_response_header(struct lb_request *req, const char *name, const char *value);
+
+/* From a job, before rendering a large answer into memory: reserve up to bytes (an upper bound
+ * of what rendering it holds at its peak) of the server's answer budget (max_answer_bytes),
+ * charged to the request's bearer token. The reservation shrinks to the answer's size when a
+ * response is set, and is given back when the request is done (sent or the client gone).
+ * Every answer set with http_respond_text/json of at least 64 KiB is charged so anyway (one
+ * over budget is replaced by the 429); answers and reservations under 64 KiB are not charged. Returns 0, or -EAGAIN (429 overloaded, answered with
+ * Retry-After: 1) when the total or the token's share is taken by answers in flight. */
+int http_answer_reserve(struct lb_request *req, size_t bytes, struct lb_error *err);
+/* Bytes of answers charged right now (all requests; for metrics and tests). */
+size_t http_answer_bytes(struct lb_http *h);
 
 /* Give the request's deferred job a serial key (copied; at most 191 bytes are kept; NULL or ""
  * clears it): jobs with the same key run one at a time in arrival order, and one waiting for
@@ -266,6 +280,19 @@ struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
  * Returns 0, -EPIPE once the client is gone (the bytes are dropped; the job may carry on or
  * stop, nobody reads), -ENOMEM. Only from the job that began the stream. */
 int http_stream_write(struct lb_stream *s, const void *data, size_t len);
+/* Charge bytes (what the next writes will hold at most) to the answer budget of the request
+ * that began s (see http_answer_reserve), until the response goes. Returns 0, -EAGAIN (over
+ * the budget: write a short error line instead), -EPIPE (the client is gone). */
+int http_stream_reserve(struct lb_stream *s, size_t bytes);
+/* Bytes written to s that the client has not taken yet (0 once it is gone). A writer that
+ * produces without bound (a follower of a growing file) stops while this exceeds its own
+ * bound, so a client that reads nothing cannot make the daemon hold more. Any thread. */
+size_t http_stream_queued(struct lb_stream *s);
+/* Call fn(arg) each time the client has taken every queued byte (fn NULL: stop). fn runs on
+ * an MHD thread under the stream's lock: it must be quick and must not block or touch the
+ * stream (write a byte to a non-blocking pipe). Once this returns with fn NULL, fn is not
+ * running and will not run, so arg may be freed. Any thread. */
+void http_stream_on_drain(struct lb_stream *s, void (*fn)(void *arg), void *arg);
 /* End the body (the client gets the end once it has read the rest). Later writes are
  * -EPIPE. */
 void http_stream_end(struct lb_stream *s);

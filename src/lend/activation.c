@@ -1010,6 +1010,51 @@ static json_t *render_close(const struct lb_activation *act)
     return out;
 }
 
+/* res as compact JSON text, with raw (stored JSON text, taken; NULL: none) spliced in as its
+ * last member "artifacts": the stored artifacts are copied, never parsed. */
+static int render_text(const json_t *res, char *raw, char **text, size_t *len, struct lb_error *err)
+{
+    char *small = json_dumps(res, JSON_COMPACT | JSON_ENSURE_ASCII), *all = NULL;
+    size_t n = small ? strlen(small) : 0, k;
+    int r = 0;
+
+    *text = NULL;
+    *len = 0;
+    if (!small || n < 2 || small[n - 1] != '}') {
+        r = lb_error_set(err, -ENOMEM, "out of memory rendering the activation");
+        goto out;
+    }
+    if (!raw) {
+        *text = small;
+        *len = n;
+        small = NULL;
+        goto out;
+    }
+    k = strlen(raw);
+    all = malloc(n + k + 16);
+    if (!all) {
+        r = lb_error_set(err, -ENOMEM, "out of memory rendering the activation");
+        goto out;
+    }
+    memcpy(all, small, --n); /* without the closing brace */
+    if (n > 1)
+        all[n++] = ',';
+    memcpy(all + n, "\"artifacts\":", 12);
+    n += 12;
+    free(small); /* copied: freed before the large copy */
+    small = NULL;
+    memcpy(all + n, raw, k);
+    n += k;
+    all[n++] = '}';
+    all[n] = '\0';
+    *text = all;
+    *len = n;
+out:
+    free(small);
+    free(raw);
+    return r;
+}
+
 /* ---------- execute ---------- */
 
 static json_t *execute_spec(const struct lb_execute_request *req, const char *dir)
@@ -1395,17 +1440,20 @@ out:
 
 /* ---------- close, get, release ---------- */
 
-int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, json_t **out,
-                     struct lb_error *err)
+int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
+                     size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
-    json_t *spec = NULL;
+    json_t *spec = NULL, *out = NULL;
+    char *raw = NULL;
     int r = act_find(a, rsid, &act, err);
 
-    *out = NULL;
+    *text = NULL;
+    *len = 0;
     if (r == -ENOENT) {
-        *out = json_pack("{s:b}", "closed", 0);
-        return 0;
+        *text = strdup("{\"closed\":false}");
+        *len = *text ? strlen(*text) : 0;
+        return *text ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
     }
     if (r < 0)
         return r;
@@ -1418,10 +1466,20 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
             r = act_reload(a, act.sandbox_id, &act, err);
     }
     if (r == 0) {
-        *out = render_close(&act);
-        if (!*out)
+        raw = act.artifacts_json; /* spliced in, not parsed */
+        act.artifacts_json = NULL;
+        out = render_close(&act);
+        if (!out)
             r = lb_error_set(err, -ENOMEM, "out of memory");
     }
+    if (r == 0) {
+        if (raw)
+            json_object_del(out, "artifacts");
+        r = render_text(out, raw, text, len, err);
+        raw = NULL;
+    }
+    free(raw);
+    json_decref(out);
     json_decref(spec);
     store_activation_release(&act);
     return r;
@@ -1522,12 +1580,16 @@ void activation_watch_free(struct lb_activation_watch *w)
     free(w);
 }
 
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
-                   json_t **out, struct lb_error *err)
+/* activation_get; raw non-NULL: the stored artifacts are not parsed but handed over as their
+ * JSON text in *raw (NULL when not collected: then "artifacts" stays in *out), and *out lacks
+ * "artifacts". */
+static int act_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, char **raw, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL, *res = NULL;
-    bool live;
+    char *art_text = NULL;
+    bool live, collected;
     int r = act_find(a, rsid, &act, err);
 
     if (r < 0)
@@ -1563,6 +1625,11 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
         if (r < 0)
             goto out;
     }
+    collected = act.artifacts_json != NULL;
+    if (raw) { /* not parsed: the caller splices the text in */
+        art_text = act.artifacts_json;
+        act.artifacts_json = NULL;
+    }
     res = render_result(&act, NULL);
     if (!res) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -1577,9 +1644,11 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
     if (act.state != LB_ACT_RUNNING || !act.receipt_json)
         json_object_set_new(res, "state", json_string(store_act_state_name(act.state)));
     json_object_del(res, "output_log_tail");
-    if (!act.artifacts_json)
+    if (!collected)
         json_object_set_new(res, "artifacts", json_null());
-    json_object_set_new(res, "artifacts_collected", json_boolean(act.artifacts_json != NULL));
+    else if (raw)
+        json_object_del(res, "artifacts");
+    json_object_set_new(res, "artifacts_collected", json_boolean(collected));
     json_object_set_new(res, "resources_session_id", json_string(act.rsid ? act.rsid : ""));
     json_object_set_new(res, "sandbox_id", json_string(act.sandbox_id));
     json_object_set_new(res, "argv", json_incref(json_object_get(spec, "argv")));
@@ -1619,12 +1688,52 @@ int activation_get(struct lb_activations *a, const char *rsid, bool with_log, in
     }
     *out = res;
     res = NULL;
+    if (raw) {
+        *raw = art_text;
+        art_text = NULL;
+    }
 out:
+    free(art_text);
     json_decref(res);
     json_decref(receipt);
     json_decref(spec);
     store_activation_release(&act);
     return r;
+}
+
+int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
+                   json_t **out, struct lb_error *err)
+{
+    return act_get(a, rsid, with_log, wait_ms, out, NULL, err);
+}
+
+int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
+                        size_t *len, struct lb_error *err)
+{
+    json_t *res = NULL;
+    char *raw = NULL;
+    int r = act_get(a, rsid, with_log, 0, &res, &raw, err);
+
+    *text = NULL;
+    *len = 0;
+    if (r == 0)
+        r = render_text(res, raw, text, len, err);
+    json_decref(res);
+    return r;
+}
+
+int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool with_log,
+                            uint64_t *bytes, struct lb_error *err)
+{
+    uint64_t text = 0;
+    int r = store_activation_text_bytes(a->store, rsid, &text, err);
+
+    if (r < 0)
+        return r;
+    /* the stored texts loaded and copied into the answer, a live log's tail read and escaped
+     * (\u00XX: 6 bytes for one), and the fixed fields */
+    *bytes = 2 * text + (with_log ? 7 * (uint64_t)a->cfg.max_log_bytes : 0) + 4096;
+    return 0;
 }
 
 int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err)
@@ -1651,13 +1760,14 @@ int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, str
 }
 
 int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                            json_t **out, struct lb_error *err)
+                            char **text, size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL;
     int r = act_find(a, rsid, &act, err);
 
-    *out = NULL;
+    *text = NULL;
+    *len = 0;
     if (r < 0)
         return r;
     /* nothing to do once the receipt is held, the activation closed or the sandbox gone */
@@ -1672,7 +1782,7 @@ int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t 
     store_activation_release(&act);
     if (r < 0)
         return r;
-    return activation_get(a, rsid, false, 0, out, err);
+    return activation_get_text(a, rsid, false, text, len, err);
 }
 
 void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id)

@@ -75,13 +75,14 @@ struct lb_execute_request {
 int activation_execute(struct lb_activations *a, const char *rsid,
                        const struct lb_execute_request *req, json_t **out, struct lb_error *err);
 
-/* Close the session's activation (timeout_ms <= 0: its close_timeout_s). Idempotent: *out is
- * {"closed": true, "activation_id", "artifacts", "capture_error", "cleanup",
- * "output_log_bytes"}, the same for every close; {"closed": false} when the session has no
- * activation. -EREMOTEIO (502) when cleanup cannot be confirmed (the activation stays
- * "closing"), -EBUSY (409) when the sandbox is paused. */
-int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, json_t **out,
-                     struct lb_error *err);
+/* Close the session's activation (timeout_ms <= 0: its close_timeout_s). Idempotent: *text
+ * (malloc'd, the caller's; *len bytes of compact JSON, the stored artifacts spliced in as
+ * activation_get_text does) is {"closed": true, "activation_id", "capture_error", "cleanup",
+ * "output_log_bytes", "artifacts"}, the same for every close; {"closed": false} when the
+ * session has no activation. -EREMOTEIO (502) when cleanup cannot be confirmed (the activation
+ * stays "closing"), -EBUSY (409) when the sandbox is paused, -ENOMEM. */
+int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
+                     size_t *len, struct lb_error *err);
 
 /* The session's activation (of its lent sandbox, else its newest one): state, receipt,
  * artifacts, stop_request_path, wait; with_log adds "log" (the output log's tail as text)
@@ -92,6 +93,19 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
  * is none. */
 int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
                    json_t **out, struct lb_error *err);
+
+/* activation_get (wait_ms 0) rendered as compact JSON text (*text malloc'd, the caller's;
+ * *len bytes), without parsing the stored artifacts: their stored text is copied in as the
+ * last member, so the peak is about twice their size instead of four times. Errors as
+ * activation_get, and -ENOMEM. */
+int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
+                        size_t *len, struct lb_error *err);
+
+/* What rendering the session's activation costs at most, in bytes (upper bound: its stored
+ * texts loaded and copied, the log's tail escaped, the rest), without loading it: to reserve
+ * before rendering. A store read; thread-safe. Errors: -EIO. */
+int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool with_log,
+                            uint64_t *bytes, struct lb_error *err);
 
 /* Open the output log of the session's activation (of its lent sandbox) for following: *fd
  * (the caller's, read-only, the file as it grows) is the harness's combined stdout and
@@ -119,11 +133,12 @@ void activation_watch_free(struct lb_activation_watch *w);
 /* NeMo Gym's stop_harness: unless the receipt is held (or the activation is closed, or its
  * sandbox stopped), stop the harness (stop request, TERM, KILL, drain; a harness not launched
  * yet never will be) and wait for its confirmed receipt within timeout_ms (<= 0: the
- * activation's close_timeout_s) + 5 s. No capture, no close. *out is activation_get's object
- * (without log). -ENOENT (404) no activation, -EREMOTEIO (502) cleanup unconfirmed, -EBUSY
- * (409) another finalization still running past its budget. */
+ * activation's close_timeout_s) + 5 s. No capture, no close. *text (*len bytes, the
+ * caller's) is activation_get_text's (without log). -ENOENT (404) no activation, -EREMOTEIO
+ * (502) cleanup unconfirmed, -EBUSY (409) another finalization still running past its budget,
+ * -ENOMEM. */
 int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                            json_t **out, struct lb_error *err);
+                            char **text, size_t *len, struct lb_error *err);
 
 /* lend's release hook (ctx is the struct lb_activations): close the sandbox's activation
  * before the sandbox is stopped; when that fails the activation is recorded closed anyway

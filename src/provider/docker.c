@@ -629,6 +629,8 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d->cfg.supervise_path = d->supervise_path;
     d->cfg.net_inherit = d->net_inherit;
     d->cfg.instance = d->instance;
+    if (d->cfg.max_file_bytes == 0)
+        d->cfg.max_file_bytes = UINT64_C(1) << 30;
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||

@@ -37,7 +37,10 @@
  * a one-file tar PUT at "/" (the engine creates missing parents and resolves the path inside
  * the container's root); a read stats the path (HEAD), follows the symlink target the engine
  * resolved inside the container, and extracts the GET's one regular file into an unlinked
- * temporary file on the host: that is file_open's fd + size. Uploads (upload_begin) spool to
+ * temporary file on the host: that is file_open's fd + size. A file larger than
+ * max_file_bytes (the stat's size) is refused before anything is spooled, and the spool
+ * stops a tar that grows past it meanwhile, so one download holds at most about
+ * max_file_bytes on the host's disk. Uploads (upload_begin) spool to
  * an unlinked temporary file on the host and are sent on commit.
  */
 #ifndef LB_PROVIDER_DOCKER_H
@@ -53,6 +56,8 @@ struct lb_docker_config {
     const char *supervise_path; /* host path of the static lendbox-supervise */
     const char *net_inherit;    /* [network] inherit: only "none" is enforceable here */
     int64_t create_timeout_ms;  /* bound on each engine call of create */
+    uint64_t max_file_bytes;    /* file_open refuses a larger file (-EFBIG) before spooling it,
+                                 * and spools at most this (plus the tar's headers); 0: 1 GiB */
 };
 
 /* Make the provider: checks the socket answers /_ping and negotiates the API version (the

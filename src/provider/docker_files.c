@@ -248,7 +248,7 @@ out:
 /* The path's stat from HEAD .../archive: the engine resolves symlinks inside the container
  * (linkTarget). */
 static int stat_path(struct lb_docker *d, const char *name, const char *path, char *target,
-                     size_t target_size, struct lb_error *err)
+                     size_t target_size, uint64_t *size, struct lb_error *err)
 {
     struct lb_httpc_request req = {.method = "HEAD",
                                    .timeout_ms = 30000,
@@ -291,6 +291,12 @@ static int stat_path(struct lb_docker *d, const char *name, const char *path, ch
     }
     link = json_string_value(json_object_get(j, "linkTarget"));
     snprintf(target, target_size, "%s", link && link[0] == '/' ? link : path);
+    /* a symlink's stat may be the link's own (docker): its target's size is checked in the
+     * tar instead. podman names a regular file itself as its linkTarget. */
+    *size = json_integer_value(json_object_get(j, "size")) > 0 &&
+                    (!link || !*link || strcmp(link, path) == 0)
+                ? (uint64_t)json_integer_value(json_object_get(j, "size"))
+                : 0;
 out:
     json_decref(j);
     free(raw);
@@ -298,26 +304,50 @@ out:
     return r;
 }
 
+/* The tar of one file: its data, a header (pax: a few 512-byte blocks), padding and the end
+ * blocks; what a spool may hold beyond the file's own bytes. */
+#define TAR_OVERHEAD_BYTES (64 * 1024)
+
 struct fd_sink {
     int fd;
+    uint64_t written, max;
 };
 
+/* Spool the engine's tar, at most s->max bytes (-EFBIG past it). */
 static int to_fd(const void *data, size_t n, void *arg)
 {
     struct fd_sink *s = arg;
     const char *p = data;
 
+    if (n > s->max - s->written)
+        return -EFBIG;
     while (n > 0) {
         ssize_t w = write(s->fd, p, n);
 
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0)
-            return -errno;
+            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -errno;
         p += w;
         n -= (size_t)w;
+        s->written += (uint64_t)w;
     }
     return 0;
+}
+
+static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
+                     struct lb_error *err)
+{
+    if (size)
+        return lb_error_set(err, -EFBIG,
+                            "'%s' is %llu bytes, over the %llu-byte file limit "
+                            "(limits.max_file_bytes): read it in parts with exec",
+                            path, (unsigned long long)size,
+                            (unsigned long long)d->cfg.max_file_bytes);
+    return lb_error_set(err, -EFBIG,
+                        "'%s' is over the %llu-byte file limit (limits.max_file_bytes): read it "
+                        "in parts with exec",
+                        path, (unsigned long long)d->cfg.max_file_bytes);
 }
 
 int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
@@ -330,13 +360,16 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     struct archive_entry *e;
     int tar_fd = -1, out_fd = -1, r;
     struct stat st;
+    uint64_t size = 0;
 
     if (!provider_path_is_valid(path))
         return lb_error_set(err, -EINVAL, "bad path '%s'", path);
     docker_name(d, ref->id, name, sizeof(name));
-    r = stat_path(d, name, path, target, sizeof(target), err);
+    r = stat_path(d, name, path, target, sizeof(target), &size, err);
     if (r < 0)
         return r;
+    if (size > d->cfg.max_file_bytes) /* refused before the engine sends a byte */
+        return too_large(d, path, size, err);
     tar_fd = spool_file(d);
     out_fd = spool_file(d);
     enc = escape(target);
@@ -346,7 +379,7 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     }
     snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
     {
-        struct fd_sink sink = {tar_fd};
+        struct fd_sink sink = {.fd = tar_fd, .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
         struct lb_httpc_request req = {.method = "GET",
                                        .path = url,
                                        .timeout_ms = ARCHIVE_TIMEOUT_MS,
@@ -355,6 +388,10 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
                                        .sink_arg = &sink};
 
         r = httpc_do(d->http, &req, &resp, err);
+    }
+    if (r == -EFBIG) { /* it grew past the limit after the stat, or is a link to a large file */
+        r = too_large(d, path, 0, err);
+        goto out;
     }
     if (r < 0) {
         r = docker_transport_error(r, err);
@@ -386,6 +423,10 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     }
     if (archive_entry_filetype(e) != AE_IFREG) {
         r = lb_error_set(err, -EINVAL, "'%s' is not a regular file", path);
+        goto out;
+    }
+    if (archive_entry_size(e) < 0 || (uint64_t)archive_entry_size(e) > d->cfg.max_file_bytes) {
+        r = too_large(d, path, (uint64_t)archive_entry_size(e), err);
         goto out;
     }
     if (archive_read_data_into_fd(a, out_fd) != ARCHIVE_OK) {

@@ -110,6 +110,7 @@ static int docker_open(const struct lb_provider_env *env, struct lb_provider **o
         .supervise_path = env->supervise_path,
         .net_inherit = cfg->net_inherit,
         .create_timeout_ms = cfg->create_timeout_s * 1000,
+        .max_file_bytes = (uint64_t)cfg->max_file_bytes,
     };
 
     return provider_docker_new(&dc, out, err);

@@ -167,15 +167,45 @@ static void close_job_free(void *arg)
     free(j);
 }
 
-static void close_run(struct lb_request *req, void *arg)
+/* Reserve what rendering the session's activation may hold (http_answer_reserve), then
+ * answer with the text render makes. An activation collected by the call itself is larger
+ * than reserved: it is charged once rendered (a 429 then; the call is idempotent). */
+static void respond_activation(struct lb_request *req, const char *rsid, bool with_log,
+                               int (*render)(struct lb_request *req, void *arg, char **text,
+                                             size_t *len, struct lb_error *err),
+                               void *arg)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    uint64_t need = 0;
+    char *text = NULL;
+    size_t len = 0;
+    int r = activation_answer_bytes(app->acts, rsid, with_log, &need, &err);
+
+    if (r == 0)
+        r = http_answer_reserve(req, need > SIZE_MAX ? SIZE_MAX : (size_t)need, &err);
+    if (r == 0)
+        r = render(req, arg, &text, &len, &err);
+    if (r < 0)
+        http_respond_error(req, &err);
+    else
+        http_respond_text(req, 200, "application/json", text, len);
+}
+
+static int close_render(struct lb_request *req, void *arg, char **text, size_t *len,
+                        struct lb_error *err)
 {
     struct close_job *j = arg;
     struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_close(app->acts, j->rsid, j->timeout_ms, &out, &err);
 
-    routes_respond(req, r, 200, out, &err);
+    return activation_close(app->acts, j->rsid, j->timeout_ms, text, len, err);
+}
+
+static void close_run(struct lb_request *req, void *arg)
+{
+    struct close_job *j = arg;
+
+    respond_activation(req, j->rsid, false, close_render, j);
 }
 
 /* Parse a close-shaped request ({"timeout_s"?} on a session) and defer run with it; what
@@ -306,12 +336,20 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     (void)follows_add(app->follows, s, fd, j->rsid, w);
 }
 
+static int get_render(struct lb_request *req, void *arg, char **text, size_t *len,
+                      struct lb_error *err)
+{
+    struct get_job *j = arg;
+    struct lb_app *app = http_app(req);
+
+    return activation_get_text(app->acts, j->rsid, j->with_log, text, len, err);
+}
+
 static void activation_get_run(struct lb_request *req, void *arg)
 {
     struct get_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
-    json_t *out = NULL;
     int r = 0;
 
     if (j->follow) {
@@ -349,8 +387,8 @@ static void activation_get_run(struct lb_request *req, void *arg)
             return;
         }
     }
-    r = activation_get(app->acts, j->rsid, j->with_log, 0, &out, &err);
-    routes_respond(req, r, 200, out, &err);
+    /* rendered within the answer budget: its peak is reserved before the store is read */
+    respond_activation(req, j->rsid, j->with_log, get_render, j);
 }
 
 int route_activation_get(struct lb_request *req, struct lb_error *err)
@@ -398,15 +436,20 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
 
 /* ---------- stop_harness ---------- */
 
-static void stop_harness_run(struct lb_request *req, void *arg)
+static int stop_harness_render(struct lb_request *req, void *arg, char **text, size_t *len,
+                               struct lb_error *err)
 {
     struct close_job *j = arg;
     struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_stop_harness(app->acts, j->rsid, j->timeout_ms, &out, &err);
 
-    routes_respond(req, r, 200, out, &err);
+    return activation_stop_harness(app->acts, j->rsid, j->timeout_ms, text, len, err);
+}
+
+static void stop_harness_run(struct lb_request *req, void *arg)
+{
+    struct close_job *j = arg;
+
+    respond_activation(req, j->rsid, false, stop_harness_render, j);
 }
 
 int route_stop_harness(struct lb_request *req, struct lb_error *err)

@@ -11,6 +11,16 @@
  * hands the final line - the activation object as GET .../activation returns it, which may
  * collect a nowait activation and so needs a worker - to the pool, which writes it and ends
  * the stream. A client that hangs up is dropped at its next write.
+ *
+ * Bounded and fair, whatever the log holds and whatever the client reads:
+ *  - backpressure: a follow whose client has not taken FOLLOW_QUEUE_MAX bytes already sent is
+ *    not read further until the client drains them (http_stream_on_drain wakes the thread),
+ *    so an unread follow holds at most about FOLLOW_QUEUE_MAX plus one rendered chunk;
+ *  - a budget per round: each follow reads at most ROUND_BUDGET bytes of its log per round,
+ *    then the others get theirs (rounds repeat at once while any follow has more to read);
+ *  - holes are skipped: only the log's data regions are read (SEEK_DATA/SEEK_HOLE, in the
+ *    file system's blocks), so a log made sparse (truncate -s 1T) costs nothing to follow.
+ *    A log written by appending has no holes, and its follow sends every byte.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +39,8 @@
 
 #define TICK_MS 250
 #define READ_CHUNK 65536
+#define FOLLOW_QUEUE_MAX (256 * 1024) /* unsent bytes past which a follow is not read */
+#define ROUND_BUDGET (256 * 1024)     /* log bytes read per follow per round */
 
 struct follow {
     struct lb_stream *stream;
@@ -39,6 +51,7 @@ struct follow {
     size_t carry_len;
     char *rsid;
     struct lb_activation_watch *watch; /* NULL: nothing to wait for */
+    bool ended;                        /* the harness ended: read the rest, then finish */
     struct follow *next;
 };
 
@@ -80,6 +93,7 @@ static void follow_fail(struct follow *f, const char *code, const char *message)
 {
     (void)write_line(f->stream,
                      json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+    http_stream_on_drain(f->stream, NULL, NULL);
     http_stream_end(f->stream);
     http_stream_release(f->stream);
     follow_free(f);
@@ -113,23 +127,59 @@ static bool send_chunk(struct follow *f, const char *data, size_t len, bool last
     return ok;
 }
 
-/* Read what the log has past f->off. false once the client is gone. */
-static bool pump(struct follow *f, bool last)
+enum pump_result {
+    PUMP_GONE,    /* the client went away */
+    PUMP_MORE,    /* the round's budget is spent and the log has more: read again at once */
+    PUMP_BLOCKED, /* the client has not taken what was sent: wait for it to drain */
+    PUMP_DONE,    /* read to the log's end, as far as it is written now */
+};
+
+/* The next data region at or past off: [*start, *end), or false when there is none now. A
+ * file system that does not know holes has one data region up to the end. */
+static bool next_data(int fd, uint64_t off, uint64_t *start, uint64_t *end)
+{
+    off_t d = lseek(fd, (off_t)off, SEEK_DATA), h;
+
+    if (d < 0)
+        return errno != ENXIO && (*start = off, *end = UINT64_MAX, true);
+    h = lseek(fd, d, SEEK_HOLE);
+    *start = (uint64_t)d;
+    *end = h < 0 ? UINT64_MAX : (uint64_t)h;
+    return true;
+}
+
+/* Read at most ROUND_BUDGET bytes of the log past f->off, skipping holes; stop early while the
+ * client has FOLLOW_QUEUE_MAX bytes unread. */
+static enum pump_result pump(struct follow *f)
 {
     char buf[READ_CHUNK];
+    size_t budget = ROUND_BUDGET;
 
-    for (;;) {
-        ssize_t n = pread(f->fd, buf, sizeof(buf), (off_t)f->off);
+    while (budget > 0) {
+        uint64_t start, end;
+        size_t want;
+        ssize_t n;
 
-        if (n < 0 && errno == EINTR)
-            continue;
+        if (http_stream_queued(f->stream) > FOLLOW_QUEUE_MAX)
+            return PUMP_BLOCKED;
+        if (!next_data(f->fd, f->off, &start, &end))
+            return PUMP_DONE;
+        if (start > f->off)
+            f->off = start; /* a hole: nothing was written there */
+        want = budget < sizeof(buf) ? budget : sizeof(buf);
+        if (end > f->off && end - f->off < want)
+            want = (size_t)(end - f->off);
+        do
+            n = pread(f->fd, buf, want, (off_t)f->off);
+        while (n < 0 && errno == EINTR);
         if (n <= 0)
-            break;
+            return PUMP_DONE;
         f->off += (uint64_t)n;
+        budget -= (size_t)n;
         if (!send_chunk(f, buf, (size_t)n, false))
-            return false;
+            return PUMP_GONE;
     }
-    return !last || f->carry_len == 0 || send_chunk(f, NULL, 0, true);
+    return PUMP_MORE;
 }
 
 /* The final line, on a worker: the activation object as GET .../activation renders it. */
@@ -143,28 +193,43 @@ static void final_run(void *arg)
 {
     struct final_job *j = arg;
     struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_get(j->app->acts, j->rsid, false, 0, &out, &err);
+    uint64_t need = 0;
+    char *text = NULL;
+    size_t len = 0;
+    int r = activation_answer_bytes(j->app->acts, j->rsid, false, &need, &err);
 
+    /* the activation object may be large (artifacts): within the answer budget */
+    if (r == 0 && http_stream_reserve(j->stream, need > SIZE_MAX ? SIZE_MAX : (size_t)need) < 0)
+        r = lb_error_set(&err, -EAGAIN,
+                         "too many answer bytes in flight for the activation object: read it "
+                         "with GET .../activation");
+    if (r == 0)
+        r = activation_get_text(j->app->acts, j->rsid, false, &text, &len, &err);
     if (r < 0) {
         const char *code = "internal";
 
         lb_error_http_status(r, &code);
-        out = json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message);
+        (void)write_line(j->stream,
+                         json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message));
+    } else if (http_stream_write(j->stream, text, len) == 0) {
+        free(text);
+        text = NULL;
+        (void)http_stream_write(j->stream, "\n", 1);
     }
-    (void)write_line(j->stream, out);
+    free(text);
     http_stream_end(j->stream);
     http_stream_release(j->stream);
     free(j->rsid);
     free(j);
 }
 
-/* The harness ended: read the rest and hand the final line to a worker. */
+/* The harness ended and its log is read: send what was held back and hand the final line to
+ * a worker. */
 static void follow_finish(struct lb_follows *fs, struct follow *f)
 {
     struct final_job *j;
 
-    if (!pump(f, true)) {
+    if (f->carry_len && !send_chunk(f, NULL, 0, true)) {
         follow_fail(f, "gone", "the client went away");
         return;
     }
@@ -174,6 +239,7 @@ static void follow_finish(struct lb_follows *fs, struct follow *f)
         follow_fail(f, "internal", "out of memory");
         return;
     }
+    http_stream_on_drain(f->stream, NULL, NULL); /* the final line needs no follower */
     j->app = fs->app;
     j->stream = f->stream;
     if (pool_submit(fs->app->pool, final_run, j) < 0) {
@@ -186,10 +252,19 @@ static void follow_finish(struct lb_follows *fs, struct follow *f)
     follow_free(f);
 }
 
+/* http_stream_on_drain: a client took every byte; its follow may read on. */
+static void follow_drained(void *arg)
+{
+    struct lb_follows *fs = arg;
+
+    (void)!write(fs->wake[1], "x", 1);
+}
+
 static void *follow_main(void *arg)
 {
     struct lb_follows *fs = arg;
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    bool more = false; /* a follow spent its round's budget: the next round starts at once */
 
     for (;;) {
         struct pollfd pf[2] = {{.fd = fs->ino, .events = POLLIN},
@@ -197,7 +272,8 @@ static void *follow_main(void *arg)
         struct follow *add, **pp;
         bool stopping;
 
-        (void)poll(pf, 2, TICK_MS);
+        (void)poll(pf, 2, more ? 0 : TICK_MS);
+        more = false;
         if (pf[0].revents)
             while (read(fs->ino, buf, sizeof(buf)) > 0)
                 ;
@@ -220,15 +296,20 @@ static void *follow_main(void *arg)
             break;
         for (pp = &fs->active; *pp;) {
             struct follow *f = *pp;
-            bool ended = !f->watch || activation_watch_changed(f->watch);
+            enum pump_result pr;
 
-            if (!pump(f, false)) {
+            /* asked before reading, so what was written before the end is read */
+            if (!f->ended)
+                f->ended = !f->watch || activation_watch_changed(f->watch);
+            pr = pump(f);
+            if (pr == PUMP_GONE) {
                 *pp = f->next;
                 follow_fail(f, "gone", "the client went away");
-            } else if (ended) {
+            } else if (pr == PUMP_DONE && f->ended) {
                 *pp = f->next;
                 follow_finish(fs, f);
             } else {
+                more |= pr == PUMP_MORE;
                 pp = &f->next;
             }
         }
@@ -276,6 +357,7 @@ int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *
         return -ENOMEM;
     }
     f->stream = s;
+    http_stream_on_drain(s, follow_drained, fs);
     f->fd = fd;
     f->watch = w;
     /* the log's own inode, whatever mount namespace it lives in */

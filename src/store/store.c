@@ -226,6 +226,7 @@ enum stmt_id {
     STMT_ACT_SET_STATE,
     STMT_ACT_SET_RECEIPT,
     STMT_ACT_SET_CAPTURE,
+    STMT_ACT_TEXT_BYTES,
     STMT__COUNT,
 };
 
@@ -287,6 +288,8 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_ACT_SET_CAPTURE] = "UPDATE activations SET artifacts_json = ?2, capture_error = ?3, "
                              "output_log = ?4, output_log_bytes = ?5, updated_at = ?6 "
                              "WHERE id = ?1 AND artifacts_json IS NULL",
+    [STMT_ACT_TEXT_BYTES] = "SELECT rowid FROM activations WHERE rsid = ?1 "
+                            "ORDER BY created_at DESC, rowid DESC LIMIT 64",
 };
 
 struct lb_store {
@@ -1774,6 +1777,57 @@ int store_get_latest_activation(struct lb_store *st, const char *rsid, struct lb
                                 struct lb_error *err)
 {
     return act_get_one(st, STMT_ACT_GET_LATEST, rsid, out, err);
+}
+
+/* The size of one stored value in bytes, from the row's header: its content is not read
+ * (sqlite3_blob_bytes). 0 for NULL. Lock held. */
+static uint64_t act_value_bytes(struct lb_store *st, const char *column, sqlite3_int64 rowid)
+{
+    sqlite3_blob *b = NULL;
+    uint64_t n = 0;
+
+    if (sqlite3_blob_open(st->db, "main", "activations", column, rowid, 0, &b) == SQLITE_OK)
+        n = (uint64_t)sqlite3_blob_bytes(b);
+    sqlite3_blob_close(b);
+    return n;
+}
+
+int store_activation_text_bytes(struct lb_store *st, const char *rsid, uint64_t *bytes,
+                                struct lb_error *err)
+{
+    static const char *const columns[] = {"artifacts_json", "output_log", "spec_json",
+                                          "receipt_json", "capture_error"};
+    sqlite3_int64 rows[64];
+    size_t n = 0;
+    sqlite3_stmt *s;
+    int ret = 0, rc;
+
+    *bytes = 0;
+    if (!rsid)
+        return lb_error_set(err, -EINVAL, "store: no key");
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_ACT_TEXT_BYTES];
+    if (bind_text(s, 1, rsid)) {
+        ret = db_fail(st, err, "binding an activation size lookup");
+        stmt_done(s);
+        goto cleanup;
+    }
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW && n < sizeof(rows) / sizeof(rows[0]))
+        rows[n++] = sqlite3_column_int64(s, 0);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        ret = db_fail(st, err, "reading an activation's size");
+    stmt_done(s);
+    for (size_t i = 0; ret == 0 && i < n; i++) {
+        uint64_t sum = 0;
+
+        for (size_t c = 0; c < sizeof(columns) / sizeof(columns[0]); c++)
+            sum += act_value_bytes(st, columns[c], rows[i]);
+        if (sum > *bytes)
+            *bytes = sum;
+    }
+cleanup:
+    pthread_mutex_unlock(&st->lock);
+    return ret;
 }
 
 /* After an activation UPDATE that changed nothing: -ENOENT or the given code. Lock held. */

@@ -255,6 +255,12 @@ int store_get_activation_by_sandbox(struct lb_store *st, const char *sandbox_id,
                                     struct lb_activation *out, struct lb_error *err);
 int store_get_latest_activation(struct lb_store *st, const char *rsid, struct lb_activation *out,
                                 struct lb_error *err);
+/* The largest stored texts (artifacts, output log, spec, receipt, capture error), in bytes, of
+ * the activations of
+ * resources session rsid (0 when it has none): what rendering one of them costs at most
+ * beyond its small fields, without loading it. Errors: -EIO. Thread-safe. */
+int store_activation_text_bytes(struct lb_store *st, const char *rsid, uint64_t *bytes,
+                                struct lb_error *err);
 /* Move to state to, but only from a state in from_mask (LB_ACT_MASK bits): -EBUSY when the
  * activation is in another state, -ENOENT when there is none. */
 int store_activation_set_state(struct lb_store *st, const char *id, enum lb_act_state to,

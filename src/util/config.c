@@ -71,6 +71,7 @@ static const struct config_key config_keys[] = {
     INT("limits", "max_file_bytes", max_file_bytes, "1073741824", 1024, INT64_C(1) << 40),
     INT("limits", "max_image_bytes", max_image_bytes, "4294967296", 1024, INT64_C(1) << 42),
     INT("limits", "max_inflight_bytes", max_inflight_bytes, "134217728", 0, INT64_C(1) << 40),
+    INT("limits", "max_answer_bytes", max_answer_bytes, "268435456", 0, INT64_C(1) << 40),
     INT("limits", "max_output_bytes", max_output_bytes, "1048576", 1, INT64_C(1) << 32),
     INT("limits", "max_json_depth", max_json_depth, "32", 2, 1024),
     INT("limits", "max_exec_timeout_s", max_exec_timeout_s, "86400", 1, 31536000),

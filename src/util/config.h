@@ -55,6 +55,7 @@ struct lb_config {
     int64_t max_file_bytes;
     int64_t max_image_bytes;    /* an image archive uploaded to POST /v1/images (streamed) */
     int64_t max_inflight_bytes; /* buffered request bodies together; 0: no cap */
+    int64_t max_answer_bytes;   /* answers rendered in memory, being made or sent; 0: no cap */
     int64_t max_output_bytes;
     int64_t max_json_depth;
     int64_t max_exec_timeout_s;

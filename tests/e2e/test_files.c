@@ -167,6 +167,73 @@ START_TEST(test_missing_file)
 }
 END_TEST
 
+/* A daemon of the docker variant with a 1 MiB file limit, started and stopped by the
+ * fixture (this process, so that a failed test never leaves it running). */
+static struct lbt_daemon LIMIT_D;
+
+static void limit_setup(void)
+{
+    static const char *const args[] = {"--set", "limits.max_file_bytes=1048576", NULL};
+
+    if (lbt_variant_is("docker"))
+        lbt_daemon_start(&LIMIT_D, args);
+}
+
+static void limit_teardown(void)
+{
+    if (LIMIT_D.pid > 0)
+        ck_assert_int_eq(lbt_daemon_stop(&LIMIT_D), 0);
+    lbt_daemon_cleanup(&LIMIT_D);
+}
+
+/* docker spools a download (the engine's tar, then the file) on the host: a file larger than
+ * limits.max_file_bytes is refused from the engine's stat before anything is spooled, 413 as
+ * an upload past the limit is (and one reached through a symlink, whose stat is the link's, is
+ * cut off once the spool reaches the limit); one of exactly the limit is served. Local, image and
+ * lxd variants serve files their own way (local streams any size from the file). */
+START_TEST(test_docker_download_limit)
+{
+    struct lbt_resp r;
+    char sbx[128];
+    json_t *lease, *res;
+
+    if (!lbt_variant_is("docker")) {
+        lbt_skip_note(__func__, "only the docker provider spools downloads");
+        return;
+    }
+    lease = lbt_seed(&LIMIT_D, "files-limit", "task-files", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    res = lbt_exec_ok(&LIMIT_D, sbx, "",
+                      "{\"command\": \"head -c 1048576 /dev/zero > /tmp/at && head -c 1048577 "
+                      "/dev/zero > /tmp/over && truncate -s 4G /tmp/sparse && ln -s /tmp/sparse "
+                      "/tmp/link\"}");
+    json_decref(res);
+
+    lbt_file_get(&LIMIT_D, sbx, "", "/tmp/at", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_uint_eq(r.len, 1048576);
+    lbt_resp_free(&r);
+    lbt_file_get(&LIMIT_D, sbx, "", "/tmp/over", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_ptr_nonnull(strstr(r.body, "1048577 bytes"));
+    ck_assert_ptr_nonnull(strstr(r.body, "limits.max_file_bytes"));
+    lbt_resp_free(&r);
+    lbt_file_get(&LIMIT_D, sbx, "", "/tmp/sparse", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "4294967296 bytes"), "%s", r.body);
+    lbt_resp_free(&r);
+    /* through a symlink the stat does not give the target's size: the spool stops at the limit */
+    lbt_file_get(&LIMIT_D, sbx, "", "/tmp/link", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_ptr_nonnull(strstr(r.body, "limits.max_file_bytes"));
+    lbt_resp_free(&r);
+    lbt_json(&LIMIT_D, "POST", "/v1/sessions/files-limit/release", "", "{}", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 START_TEST(test_invalid_paths)
 {
     static const char *const bad[] = {"/workspace/../etc/passwd",
@@ -408,6 +475,11 @@ int main(void)
     tcase_add_test(tc, test_symlink_to_host);
     tcase_add_test(tc, test_host_shadow_refused);
     tcase_add_test(tc, test_range_and_head);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("download_limit"); /* its own daemon */
+    tcase_add_unchecked_fixture(tc, limit_setup, limit_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_docker_download_limit);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
