@@ -1482,18 +1482,22 @@ static int run_harness(const struct options *o, int ready_fd, const struct sup_u
                 r.stop_requested = true;
             break;
         }
+        /* the deadline first: a supervisor that was frozen (a paused sandbox) past it finds
+         * the harness timed out, even if a stop request came in meanwhile */
+        left = deadline - mono_ms();
+        if (left <= 0) {
+            timed_out = true;
+            if (terminating || harness_exists(o->harness_launch, "stop.request"))
+                r.stop_requested = true;
+            break;
+        }
         if (terminating || harness_exists(o->harness_launch, "stop.request")) {
             r.stop_requested = true;
             break;
         }
-        left = deadline - mono_ms();
-        if (left <= 0) {
-            timed_out = true;
-            break;
-        }
         wait_signal(sfd, left < HARNESS_POLL_MS ? left : HARNESS_POLL_MS, &terminating);
     }
-    if (r.stop_requested)
+    if (r.stop_requested && !timed_out)
         dprintf(2, "lendbox-supervise: stop requested; ending the harness\n");
     else if (timed_out)
         dprintf(2, "lendbox-supervise: the harness timed out after %lld ms; ending it\n",
