@@ -67,6 +67,7 @@
 #define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
 #define PARK_END_WAIT_MS 5000   /* shutdown waits this long for parked requests' answers */
 #define STREAM_BLOCK_BYTES (64 * 1024)
+#define SINK_RESERVE_MIN (1024 * 1024) /* a streamed body of unknown length reserves from this */
 
 struct lb_park {
     struct lb_http *h;
@@ -138,6 +139,8 @@ struct lb_request {
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
+    uint64_t sink_reserved;   /* bytes the sink's reserve made room for */
+    uint64_t announced_len;   /* the body's Content-Length; UINT64_MAX: none (chunked) */
     struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
     struct MHD_Response *response;
@@ -650,6 +653,22 @@ static void sink_write(struct lb_request *req, const char *data, size_t n)
         return;
     }
     req->streamed_bytes += n;
+    if (req->sink.reserve && req->streamed_bytes > req->sink_reserved) {
+        uint64_t want =
+            req->sink_reserved * 2 > SINK_RESERVE_MIN ? req->sink_reserved * 2 : SINK_RESERVE_MIN;
+
+        if (want < req->streamed_bytes)
+            want = req->streamed_bytes;
+        if (want > limit)
+            want = limit;
+        if (want > req->announced_len) /* never past the announced body */
+            want = req->announced_len;
+        if (req->sink.reserve(req->sink.arg, want, &req->sink_err) < 0) {
+            sink_abort(req);
+            return;
+        }
+        req->sink_reserved = want;
+    }
     while (n > 0) {
         ssize_t w = write(req->sink.fd, data, n);
 
@@ -719,6 +738,8 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         char *end;
         unsigned long long n = strtoull(clen, &end, 10);
 
+        if (*end == '\0')
+            req->announced_len = n;
         if (*end == '\0' && n > limit) {
             lb_error_set(err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
             return request_fail(req, err);
@@ -765,6 +786,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         req->route_index = -1;
         req->start_ms = clock_mono_ms();
         req->sink.fd = -1;
+        req->announced_len = UINT64_MAX;
         request_set_id(req);
         return request_begin(h, req, url, &err);
     }

@@ -283,6 +283,11 @@ struct lb_body_sink {
     /* Optional, before abort when a write to fd failed (errnum, bytes written or tried): the
      * error to answer with (e.g. -EFBIG naming the limit that was hit). */
     int (*write_failed)(void *arg, int errnum, uint64_t bytes, struct lb_error *err);
+    /* Optional: called (on the MHD thread, so it must be brief) before bytes past the total
+     * reserved so far are written, with a new total (at least the bytes so far, growing by
+     * doubling from 1 MiB, at most the body's limit); an error ends the upload as a failed
+     * write does. */
+    int (*reserve)(void *arg, uint64_t total, struct lb_error *err);
     void *arg;
 };
 void http_body_sink(struct lb_request *req, const struct lb_body_sink *sink);

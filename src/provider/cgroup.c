@@ -532,6 +532,19 @@ int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], i
     return 0;
 }
 
+int cgroup_open_memory_procs(const struct lb_cgroup *cg, int *fd)
+{
+    const char *dir = dir_with(cg, cg->version == 2 ? "memory.max" : "memory.limit_in_bytes");
+    char path[4352];
+
+    *fd = -1;
+    if (!dir)
+        return -ENOENT;
+    snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+    *fd = open(path, O_WRONLY | O_CLOEXEC);
+    return *fd < 0 ? -errno : 0;
+}
+
 /* The freezer dir and the file that shows/sets its state. */
 static const char *freezer(const struct lb_cgroup *cg, const char **file)
 {

@@ -147,6 +147,22 @@
  *       process can signal it; its memory is its own (a stopped or frozen helper never stops
  *       a daemon thread).
  *
+ * Reserve mode (the local provider's upload helper; run by the daemon as host root, outside
+ * every namespace of the sandbox, from a vfork-style spawn):
+ *
+ *   lendbox-supervise --reserve UID OFFSET LENGTH
+ *       fd 0 is an upload's temporary file on a memory-backed mount (tmpfs) of a sandbox, fd 1
+ *       the cgroup.procs of the sandbox's memory cgroup (on cgroup v1 the memory hierarchy's
+ *       alone, so a paused sandbox's freezer does not hold it). Joins that cgroup, offers
+ *       itself first to the out-of-memory killer (oom_score_adj 1000: the sandbox's own
+ *       processes are spared), becomes host uid/gid UID (the sandbox's) without capabilities,
+ *       and allocates LENGTH bytes of the file from OFFSET (fallocate, size kept). tmpfs pages
+ *       are charged to the memory cgroup of the process that allocates them, so the upload's
+ *       pages count against the sandbox's memory limit, never the daemon's; the daemon then
+ *       writes into pages that exist. Exit 0, or the errno value (< 125) of the step that
+ *       failed (ENOSPC: the mount is full, ENOMEM: the memory limit), 125 for bad arguments;
+ *       killed by SIGKILL when the limit cannot hold the pages.
+ *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
  * that only the daemon and this fd reach:
@@ -185,6 +201,7 @@
 #include <sched.h>
 
 #include <net/if.h>
+#include <linux/falloc.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -1682,6 +1699,35 @@ static int enter_install_seccomp(int fd)
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
 }
 
+/* Reserve mode (see the header). */
+static int run_reserve(int argc, char **argv)
+{
+    int64_t uid, off, len;
+    int fd, r;
+
+    if (argc != 5 || parse_int64(argv[2], 1, 0xfffffffeLL, &uid) < 0 ||
+        parse_int64(argv[3], 0, INT64_MAX, &off) < 0 ||
+        parse_int64(argv[4], 1, INT64_MAX - off, &len) < 0)
+        return 125;
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        return errno;
+    if (write(1, "0", 1) != 1)
+        return errno ? errno : EIO;
+    /* the first victim if the pages do not fit: the sandbox's own processes are spared */
+    fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "1000", 4) != 4)
+        return errno ? errno : EIO;
+    (void)close(fd);
+    if (syscall(SYS_setresgid, (gid_t)uid, (gid_t)uid, (gid_t)uid) < 0 ||
+        syscall(SYS_setresuid, (uid_t)uid, (uid_t)uid, (uid_t)uid) < 0 ||
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return errno;
+    do
+        r = fallocate(0, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? (errno < 125 ? errno : EIO) : 0;
+}
+
 static int run_enter(int argc, char **argv)
 {
     static const int ns_types[ENTER_NS] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
@@ -2241,6 +2287,8 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--enter") == 0)
         return run_enter(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--reserve") == 0)
+        return run_reserve(argc, argv);
     if (argc == 1 && getpid() == 1) {
         loopback_up();
         return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */
