@@ -67,7 +67,8 @@
 #define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
 #define PARK_END_WAIT_MS 5000   /* shutdown waits this long for parked requests' answers */
 #define STREAM_BLOCK_BYTES (64 * 1024)
-#define SINK_RESERVE_MIN (1024 * 1024) /* a streamed body of unknown length reserves from this */
+#define SINK_RESERVE_MIN (1024 * 1024)       /* a streamed body reserves at least this ahead */
+#define SINK_RESERVE_STEP (16 * 1024 * 1024) /* and at most this */
 
 struct lb_park {
     struct lb_http *h;
@@ -139,7 +140,6 @@ struct lb_request {
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
-    uint64_t sink_reserved;   /* bytes the sink's reserve made room for */
     uint64_t announced_len;   /* the body's Content-Length; UINT64_MAX: none (chunked) */
     struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
@@ -653,21 +653,24 @@ static void sink_write(struct lb_request *req, const char *data, size_t n)
         return;
     }
     req->streamed_bytes += n;
-    if (req->sink.reserve && req->streamed_bytes > req->sink_reserved) {
-        uint64_t want =
-            req->sink_reserved * 2 > SINK_RESERVE_MIN ? req->sink_reserved * 2 : SINK_RESERVE_MIN;
+    if (req->sink.reserve) {
+        /* room for the bytes so far, and some more (the provider returns at once when it has
+         * them already): 1 MiB at first, then as much as there is, at most 16 MiB more */
+        uint64_t step = req->streamed_bytes < SINK_RESERVE_MIN    ? SINK_RESERVE_MIN
+                        : req->streamed_bytes > SINK_RESERVE_STEP ? SINK_RESERVE_STEP
+                                                                  : req->streamed_bytes;
+        uint64_t want = req->streamed_bytes + step;
 
-        if (want < req->streamed_bytes)
-            want = req->streamed_bytes;
         if (want > limit)
             want = limit;
         if (want > req->announced_len) /* never past the announced body */
             want = req->announced_len;
-        if (req->sink.reserve(req->sink.arg, want, &req->sink_err) < 0) {
+        if (want < req->streamed_bytes)
+            want = req->streamed_bytes;
+        if (req->sink.reserve(req->sink.arg, req->streamed_bytes, want, &req->sink_err) < 0) {
             sink_abort(req);
             return;
         }
-        req->sink_reserved = want;
     }
     while (n > 0) {
         ssize_t w = write(req->sink.fd, data, n);

@@ -78,6 +78,9 @@ int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], i
  * frozen by a pause), on v2 the sandbox's cgroup. A process joins by writing "0". -ENOENT
  * when the sandbox has no memory cgroup (no memory limit), else -errno. */
 int cgroup_open_memory_procs(const struct lb_cgroup *cg, int *fd);
+/* The path of the sandbox's memory usage counter (v1 memory.usage_in_bytes, v2
+ * memory.current, in bytes) into buf. -ENOENT without a memory cgroup (or buf too small). */
+int cgroup_memory_usage_path(const struct lb_cgroup *cg, char *buf, size_t size);
 
 /* Freeze or thaw every process in the cgroup and wait (bounded by timeout_ms) until the
  * kernel says it is done. -ENOSYS without a freezer. */

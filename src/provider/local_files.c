@@ -51,6 +51,7 @@
 #define OPENAT2_RETRIES 16
 #define RESERVE_WAIT_MS 10000 /* the reserve helper's bound; then it is killed */
 #define RESERVE_REAP_MS 5000
+#define RESERVE_MARGIN (1024 * 1024) /* memory left free when reserving ahead of the bytes */
 
 /* The calling thread's identity while it acts for a sandbox. */
 struct fs_identity {
@@ -296,10 +297,12 @@ struct local_upload {
     /* the file is on a memory-backed mount of a sandbox with a memory cgroup: its pages are
      * allocated by a process of that cgroup (upload_reserve) */
     bool memory;
-    int memcg_fd;       /* that cgroup's cgroup.procs (write), or -1 */
-    uint64_t reserved;  /* bytes from offset 0 allocated so */
-    int64_t mem_limit;  /* the sandbox's memory limit in bytes, 0 unknown */
-    const char *helper; /* lendbox-supervise (the provider's) */
+    int memcg_fd;          /* that cgroup's cgroup.procs (write), or -1 */
+    uint64_t reserved;     /* bytes from offset 0 allocated so */
+    int64_t mem_limit;     /* the sandbox's memory limit in bytes, 0 unknown */
+    const char *helper;    /* lendbox-supervise (the provider's) */
+    bool unnamed;          /* made O_TMPFILE: linked as tmp only at commit */
+    char usage_path[4400]; /* the memory cgroup's usage counter, "" unknown */
 };
 
 static void upload_free(struct local_upload *u)
@@ -398,8 +401,10 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     snprintf(u->path, sizeof(u->path), "%s", path);
     /* as the daemon (the sandbox's identity may not open it); kept only for a memory-backed
      * destination, below */
-    if (cgroup_open_memory_procs(&d.cg, &u->memcg_fd) == 0)
+    if (cgroup_open_memory_procs(&d.cg, &u->memcg_fd) == 0) {
         (void)cgroup_read_oom_kills(&d.cg, NULL, &u->mem_limit);
+        (void)cgroup_memory_usage_path(&d.cg, u->usage_path, sizeof(u->usage_path));
+    }
     r = fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
@@ -417,7 +422,21 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     }
     snprintf(u->tmp, sizeof(u->tmp), ".lendbox-%02x%02x%02x%02x%02x%02x%02x%02x.tmp", rnd[0],
              rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-    u->base.fd = openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    {
+        /* A file for the sandbox's memory is made unnamed (O_TMPFILE) and linked only at
+         * commit: no sandbox process can open it meanwhile, so none can truncate it or punch
+         * holes into what was reserved, which would make the daemon's writes allocate (and be
+         * charged for) new pages. */
+        struct statfs dfs;
+
+        if (u->memcg_fd >= 0 && fstatfs(u->dfd, &dfs) == 0 && dfs.f_type == TMPFS_MAGIC) {
+            u->base.fd = openat(u->dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+            u->unnamed = u->base.fd >= 0;
+        }
+    }
+    if (!u->unnamed)
+        u->base.fd =
+            openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (u->base.fd < 0) {
         r = map_errno(errno, path, err);
         goto out;
@@ -489,17 +508,16 @@ static int child_reserve(void *arg)
     return errno;
 }
 
-int local_upload_reserve(struct lb_upload *base, uint64_t total, struct lb_error *err)
+/* Allocate bytes [u->reserved, total) of the file by the helper, in the sandbox's memory
+ * cgroup. 0, -EFBIG when they do not fit (nothing of them stays allocated), -EREMOTEIO. */
+static int reserve_run(struct local_upload *u, uint64_t total, struct lb_error *err)
 {
-    struct local_upload *u = (struct local_upload *)base;
     char a_uid[24], a_off[24], a_len[24];
     char *argv[] = {"supervise", "--reserve", a_uid, a_off, a_len, NULL};
     struct reserve_child c;
     pid_t pid = 0;
     int r, w, st = 0, code;
 
-    if (!u->memory || total <= u->reserved)
-        return 0;
     snprintf(a_uid, sizeof(a_uid), "%u", u->uid);
     snprintf(a_off, sizeof(a_off), "%llu", (unsigned long long)u->reserved);
     snprintf(a_len, sizeof(a_len), "%llu", (unsigned long long)(total - u->reserved));
@@ -551,6 +569,50 @@ int local_upload_reserve(struct lb_upload *base, uint64_t total, struct lb_error
                         u->path, code ? strerror(code) : "the helper failed");
 }
 
+/* The sandbox's memory cgroup's usage in bytes (its counter), or -1. */
+static int64_t memory_usage(const struct local_upload *u)
+{
+    char buf[64];
+    ssize_t n;
+    int fd = u->usage_path[0] ? open(u->usage_path, O_RDONLY | O_CLOEXEC) : -1;
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return buf[0] >= '0' && buf[0] <= '9' ? (int64_t)strtoll(buf, NULL, 10) : -1;
+}
+
+int local_upload_reserve(struct lb_upload *base, uint64_t need, uint64_t want, struct lb_error *err)
+{
+    struct local_upload *u = (struct local_upload *)base;
+    uint64_t total = want > need ? want : need;
+    int64_t usage;
+    int r;
+
+    if (!u->memory || need <= u->reserved)
+        return 0;
+    /* room past need only as far as the memory cgroup has it: more may not fit where need
+     * still does, and a reservation that does not fit costs an out-of-memory kill */
+    if (total > need && u->mem_limit > 0 && (usage = memory_usage(u)) >= 0) {
+        int64_t room = u->mem_limit - usage - RESERVE_MARGIN - (int64_t)(need - u->reserved);
+
+        if (room < 0)
+            room = 0;
+        if (total - need > (uint64_t)room)
+            total = need + (uint64_t)room;
+    }
+    r = reserve_run(u, total, err);
+    if (r == -EFBIG && total > need) {
+        lb_error_clear(err);
+        r = reserve_run(u, need, err);
+    }
+    return r;
+}
+
 int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;
@@ -565,7 +627,14 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
             (void)ftruncate(u->base.fd, end);
     }
     r = fs_enter(&id, u->uid, err);
+    if (r == 0 && u->unnamed) {
+        /* first (the owner's chown below would take the right to link it) */
+        char proc[64];
 
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", u->base.fd);
+        if (linkat(AT_FDCWD, proc, u->dfd, u->tmp, AT_SYMLINK_FOLLOW) < 0)
+            r = map_errno(errno, u->path, err);
+    }
     if (r == 0 && fchmod(u->base.fd, (mode_t)u->mode) < 0)
         r = map_errno(errno, u->path, err);
     if (r == 0 && u->owned) { /* after the chmod: only the file's owner may chmod it */
@@ -594,7 +663,7 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
 
     if (r < 0)
         return r;
-    r = local_upload_reserve(u, len, err);
+    r = local_upload_reserve(u, len, len, err);
     if (r < 0) {
         local_upload_abort(u);
         return r;

@@ -566,11 +566,11 @@ static int upload_write_failed(void *arg, int errnum, uint64_t bytes, struct lb_
     return lend_upload_error(u->lend, u->upload, errnum, bytes, err);
 }
 
-static int upload_reserve(void *arg, uint64_t total, struct lb_error *err)
+static int upload_reserve(void *arg, uint64_t need, uint64_t want, struct lb_error *err)
 {
     struct upload_job *u = arg;
 
-    return lend_upload_reserve(u->lend, u->upload, total, err);
+    return lend_upload_reserve(u->lend, u->upload, need, want, err);
 }
 
 static void file_put_open(struct lb_request *req, void *arg)
@@ -597,7 +597,7 @@ static void file_put_open(struct lb_request *req, void *arg)
         unsigned long long n = clen ? strtoull(clen, &end, 10) : 0;
 
         if (n > 0 && end && *end == '\0' &&
-            lend_upload_reserve(app->lend, u->upload, (uint64_t)n, &err) < 0) {
+            lend_upload_reserve(app->lend, u->upload, (uint64_t)n, (uint64_t)n, &err) < 0) {
             lend_upload_abort(app->lend, u->upload);
             free(u);
             http_respond_error(req, &err);

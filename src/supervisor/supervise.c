@@ -1711,13 +1711,14 @@ static int run_reserve(int argc, char **argv)
         return 125;
     if (syscall(SYS_setgroups, 0, NULL) < 0)
         return errno;
-    if (write(1, "0", 1) != 1)
-        return errno ? errno : EIO;
-    /* the first victim if the pages do not fit: the sandbox's own processes are spared */
+    /* the first victim if the pages do not fit, so the sandbox's own processes are spared:
+     * set before joining, since any allocation after that may already meet the limit */
     fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, "1000", 4) != 4)
         return errno ? errno : EIO;
     (void)close(fd);
+    if (write(1, "0", 1) != 1)
+        return errno ? errno : EIO;
     if (syscall(SYS_setresgid, (gid_t)uid, (gid_t)uid, (gid_t)uid) < 0 ||
         syscall(SYS_setresuid, (uid_t)uid, (uid_t)uid, (uid_t)uid) < 0 ||
         prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

@@ -909,9 +909,26 @@ START_TEST(test_memory_mount_uploads_charged_to_sandbox)
     out = lbt_sh(&D, sbx, "wc -c < /tmp/ok; ls -A /tmp");
     ck_assert_str_eq(out, "33554432\nok\n");
     free(out);
+    /* mode and owner are applied as on any mount */
+    snprintf(url, sizeof(url),
+             "/v1/sandboxes/%s/files?path=%%2Fworkspace%%2Fowned&mode=0640&owner=nobody", sbx);
+    lbt_request(&D, "PUT", url, "", "mine\n", 5, "application/octet-stream", &r);
+    ck_assert_msg(r.status == 204, "PUT owned: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, sbx, "stat -c '%u %g %a %s' /workspace/owned; ls -A /workspace");
+    ck_assert_str_eq(out, "65534 65534 640 5\nowned\n");
+    free(out);
     /* given back with the file */
     free(lbt_sh(&D, sbx, "rm /tmp/ok"));
     ck_assert_int_lt(sandbox_memory_usage(sbx), after - (long long)small / 2);
+    /* a chunked body that fits is not refused for the room its reservation grows by */
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/tmp/chunked", sbx);
+    lbt_request_ex(&D, "PUT", url, "", data, 40u << 20, "application/octet-stream", NULL, true, &r);
+    ck_assert_msg(r.status == 204, "chunked PUT 40 MiB: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, sbx, "wc -c < /tmp/chunked; ls -A /tmp");
+    ck_assert_str_eq(out, "41943040\nchunked\n");
+    free(out);
     lbt_json(&D, "POST", "/v1/sessions/limits-mem/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     lbt_resp_free(&r);
