@@ -16,11 +16,11 @@
  * streamed upload (upload_begin) keeps that temporary file open for the HTTP front end to fill
  * chunk by chunk; commit renames it, abort removes it.
  *
- * Memory. A file on a memory-backed mount (tmpfs: /tmp, /run, /dev/shm, a tmpfs workdir) is
- * held in memory, and tmpfs charges each page to the memory cgroup of the process that
- * allocates it: written by the daemon, it would count against the daemon, not the sandbox's
- * memory limit. So before bytes are written there, upload_reserve has a helper
- * (lendbox-supervise --reserve) that joins the sandbox's memory cgroup allocate them
+ * Memory. A file on a memory-backed mount (tmpfs: /tmp, /run, /dev/shm, a tmpfs workdir; an
+ * image's writable root, an overlay on a tmpfs) is held in memory, and tmpfs charges each page to
+ * the memory cgroup of the process that allocates it: written by the daemon, it would count against
+ * the daemon, not the sandbox's memory limit. So before bytes are written there, upload_reserve has
+ * a helper (lendbox-supervise --reserve) that joins the sandbox's memory cgroup allocate them
  * (fallocate, size kept); the daemon then writes into pages that already exist and are the
  * sandbox's. What the limit cannot hold fails the reservation (413) before a byte is written;
  * the helper is the out-of-memory killer's first choice, so the sandbox's own processes are
@@ -444,7 +444,9 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     {
         struct statfs fs;
 
-        if (u->memcg_fd >= 0 && fstatfs(u->base.fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+        /* tmpfs, or an image's writable root (an overlay whose upper layer is a tmpfs) */
+        if (u->memcg_fd >= 0 && fstatfs(u->base.fd, &fs) == 0 &&
+            (fs.f_type == TMPFS_MAGIC || fs.f_type == OVERLAYFS_SUPER_MAGIC)) {
             bool frozen = false;
 
             u->memory = true;

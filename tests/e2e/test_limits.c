@@ -888,6 +888,14 @@ START_TEST(test_memory_mount_uploads_charged_to_sandbox)
         ck_assert_msg(strstr(r.body, "memory limit (64 MiB)") != NULL, "%s: %s", paths[i], r.body);
         lbt_resp_free(&r);
     }
+    if (!lbt_variant_on_host()) {
+        /* an image's writable root: an overlay whose upper layer is a tmpfs */
+        snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/srv/m4", sbx);
+        lbt_request(&D, "PUT", url, "", data, len, "application/octet-stream", &r);
+        lbt_assert_error(&r, 413, "payload_too_large");
+        ck_assert_msg(strstr(r.body, "memory limit (64 MiB)") != NULL, "/srv/m4: %s", r.body);
+        lbt_resp_free(&r);
+    }
     out = lbt_sh(&D, sbx,
                  "ls -A /tmp /workspace | grep -c . || true; "
                  "df -k --output=used /tmp /workspace | tail -2 | tr -d ' '");
