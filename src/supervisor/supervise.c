@@ -151,12 +151,13 @@
  * every namespace of the sandbox, from a vfork-style spawn):
  *
  *   lendbox-supervise --reserve UID OFFSET LENGTH
- *       fd 0 is an upload's temporary file on a memory-backed mount (tmpfs) of a sandbox, fd 1
- *       the cgroup.procs of the sandbox's memory cgroup (on cgroup v1 the memory hierarchy's
- *       alone, so a paused sandbox's freezer does not hold it). Joins that cgroup, offers
- *       itself first to the out-of-memory killer (oom_score_adj 1000: the sandbox's own
- *       processes are spared), becomes host uid/gid UID (the sandbox's) without capabilities,
- *       and allocates LENGTH bytes of the file from OFFSET (fallocate, size kept). tmpfs pages
+ *       fd 0 is an upload's temporary file on a memory-backed mount (a tmpfs, or an overlay
+ *       on one) of a sandbox, fd 1 the cgroup.procs of the sandbox's memory cgroup (on cgroup
+ *       v1 the memory hierarchy's alone, so a paused sandbox's freezer does not hold it).
+ *       Offers itself first to the out-of-memory killer (oom_score_adj 1000, before it joins:
+ *       the sandbox's own processes are spared), joins that cgroup, becomes host uid/gid UID
+ *       (the sandbox's) without capabilities, and allocates LENGTH bytes of the file from
+ *       OFFSET (fallocate, size kept). tmpfs pages
  *       are charged to the memory cgroup of the process that allocates them, so the upload's
  *       pages count against the sandbox's memory limit, never the daemon's; the daemon then
  *       writes into pages that exist. Exit 0, or the errno value (< 125) of the step that
