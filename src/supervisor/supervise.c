@@ -125,7 +125,8 @@
  *   lendbox-supervise --harness-stop DIR
  *       Requests the stop: creates stop.request and tries to claim the launch for "stop". If
  *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
- *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
+ *       the receipt itself; otherwise it sends SIGCONT to the harness supervisor (a sandbox
+ *       process may have stopped it), prints "requested", and the running harness supervisor
  *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
  *
  * Enter mode (the local provider's exec helper; run by the daemon as host root, outside the
@@ -1601,6 +1602,30 @@ static int run_harness_launch(struct options *o)
     return 0;
 }
 
+/* A sandbox process (same uid) may have stopped the harness supervisor (SIGSTOP), which then
+ * never sees the stop request: continue it. Its pid comes from DIR/supervisor.pid, which
+ * sandbox processes can rewrite; a SIGCONT to whatever pid is there is harmless. */
+static void harness_continue(const char *dir)
+{
+    char path[PATH_MAX], text[32];
+    int64_t pid;
+    ssize_t n;
+    int fd;
+
+    harness_path(path, dir, "supervisor.pid");
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    n = read(fd, text, sizeof(text) - 1);
+    (void)close(fd);
+    if (n <= 0)
+        return;
+    text[n] = '\0';
+    text[strcspn(text, "\n")] = '\0';
+    if (parse_int64(text, 2, INT_MAX, &pid) == 0)
+        (void)kill((pid_t)pid, SIGCONT);
+}
+
 static int run_harness_stop(const char *dir)
 {
     char path[PATH_MAX], target[16];
@@ -1627,6 +1652,7 @@ static int run_harness_stop(const char *dir)
         }
         n = readlink(path, target, sizeof(target) - 1);
         if (n != 4 || memcmp(target, "stop", 4) != 0) {
+            harness_continue(dir);
             printf("requested\n"); /* the harness supervisor writes the receipt */
             return 0;
         }

@@ -458,6 +458,48 @@ START_TEST(test_execute_paused_past_its_timeout)
 }
 END_TEST
 
+/* A sandbox process (its root, as the agent is) stops the harness supervisor with SIGSTOP: it
+ * can neither see a stop request nor end the harness. The close's stop request continues it
+ * (SIGCONT), so the close answers 200 with cleanup confirmed within its own timeout instead of
+ * 502 "no receipt", and nothing of the harness is left. */
+START_TEST(test_close_of_stopped_supervisor)
+{
+    char sbx[64], *out;
+    struct lbt_resp r;
+    double t0;
+    uid_t uid;
+
+    seed(&D, "bounds-sigstop", NULL, sbx, sizeof(sbx));
+    uid = lbt_sandbox_uid(&D, sbx);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo running > /workspace/state.txt; exec sleep "
+             "300.783\"], \"timeout_s\": 300, \"close_timeout_s\": 3, \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    wait_file(&D, sbx, "/workspace/state.txt", "running");
+    out = lbt_sh(&D, sbx,
+                 "p=$(cat /run/lendbox/act-*/supervisor.pid); kill -STOP $p; "
+                 "sleep 0.2; grep -c '^State:.*T' /proc/$p/status");
+    ck_assert_str_eq(out, "1\n");
+    free(out);
+
+    t0 = lbt_now();
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/close", "", "{\"timeout_s\": 3}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "closed");
+    ck_assert(
+        json_is_true(json_object_get(json_object_get(r.json, "cleanup"), "cleanup_confirmed")));
+    ck_assert_msg(lbt_now() - t0 < 3 + 10, "the close answered after %.1f s", lbt_now() - t0);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_procs(uid, "sleep 300.783"), 0);
+    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* ---------- fault 1: one stuck session does not starve the others ---------- */
 
 /* A release that holds its session (stops take 20 s here) while its client retries seeds of
@@ -899,6 +941,7 @@ int main(void)
     tcase_add_unchecked_fixture(waits, setup, teardown);
     tcase_set_timeout(waits, 240);
     tcase_add_test(waits, test_execute_paused_past_its_timeout);
+    tcase_add_test(waits, test_close_of_stopped_supervisor);
     suite_add_tcase(s, waits);
     return lbt_run_suite(s);
 }
