@@ -111,6 +111,9 @@ struct answer_holder {
     struct answer_holder *next;
 };
 
+#define SINK_RESERVE_MIN (1024 * 1024)       /* a streamed body reserves at least this ahead */
+#define SINK_RESERVE_STEP (16 * 1024 * 1024) /* and at most this */
+
 struct lb_park {
     struct lb_http *h;
     struct lb_request *req; /* valid while !ended: the connection is suspended */
@@ -200,6 +203,7 @@ struct lb_request {
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
+    uint64_t announced_len;   /* the body's Content-Length; UINT64_MAX: none (chunked) */
     struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
     struct MHD_Response *response;
@@ -887,6 +891,25 @@ static void sink_write(struct lb_request *req, const char *data, size_t n)
         return;
     }
     req->streamed_bytes += n;
+    if (req->sink.reserve) {
+        /* room for the bytes so far, and some more (the provider returns at once when it has
+         * them already): 1 MiB at first, then as much as there is, at most 16 MiB more */
+        uint64_t step = req->streamed_bytes < SINK_RESERVE_MIN    ? SINK_RESERVE_MIN
+                        : req->streamed_bytes > SINK_RESERVE_STEP ? SINK_RESERVE_STEP
+                                                                  : req->streamed_bytes;
+        uint64_t want = req->streamed_bytes + step;
+
+        if (want > limit)
+            want = limit;
+        if (want > req->announced_len) /* never past the announced body */
+            want = req->announced_len;
+        if (want < req->streamed_bytes)
+            want = req->streamed_bytes;
+        if (req->sink.reserve(req->sink.arg, req->streamed_bytes, want, &req->sink_err) < 0) {
+            sink_abort(req);
+            return;
+        }
+    }
     while (n > 0) {
         ssize_t w = write(req->sink.fd, data, n);
 
@@ -1005,6 +1028,8 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         char *end;
         unsigned long long n = strtoull(clen, &end, 10);
 
+        if (*end == '\0')
+            req->announced_len = n;
         if (*end == '\0' && n > limit) {
             lb_error_set(err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
             return request_fail(req, err);
@@ -1051,6 +1076,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         req->route_index = -1;
         req->start_ms = clock_mono_ms();
         req->sink.fd = -1;
+        req->announced_len = UINT64_MAX;
         request_set_id(req);
         {
             struct http_conn *c = conn_of(conn);

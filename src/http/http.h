@@ -322,6 +322,12 @@ struct lb_body_sink {
     /* Optional, before abort when a write to fd failed (errnum, bytes written or tried): the
      * error to answer with (e.g. -EFBIG naming the limit that was hit). */
     int (*write_failed)(void *arg, int errnum, uint64_t bytes, struct lb_error *err);
+    /* Optional: called (on the MHD thread, so it must be brief) before a chunk is written:
+     * need is the bytes so far with it, want adds room (1 MiB, else as many bytes as came so
+     * far, at most 16 MiB; never past the body's limit or its
+     * Content-Length); it is called for every chunk and must return at once when need is
+     * reserved already. An error ends the upload as a failed write does. */
+    int (*reserve)(void *arg, uint64_t need, uint64_t want, struct lb_error *err);
     void *arg;
 };
 void http_body_sink(struct lb_request *req, const struct lb_body_sink *sink);

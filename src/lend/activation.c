@@ -50,8 +50,11 @@
 #define RESULT_LOG_TAIL 4096
 #define POLL_FIRST_MS 50
 #define POLL_MAX_MS 250
-#define LONG_POLL_MAX_MS 500 /* a long-poll GET checks at most this far apart */
-#define JOIN_SLACK_MS 60000  /* a close joining a running finalization: past its own budget */
+#define LONG_POLL_MAX_MS 500  /* a long-poll GET checks at most this far apart */
+#define JOIN_SLACK_MS 60000   /* a close joining a running finalization: past its own budget */
+#define LAUNCH_SLACK_MS 10000 /* the launch exec may take the harness's timeout_s plus this */
+#define PAUSED_RESUME_MS 2000 /* past the harness's timeout_s, a paused sandbox is resumed */
+#define PAUSED_CHECK_MS 500   /* how often a wait past the timeout looks for a pause */
 
 enum fin_mode {
     FIN_EXECUTE, /* after the harness ended (or its deadline passed): stop if needed, capture */
@@ -208,6 +211,28 @@ static bool sandbox_is_paused(struct lb_activations *a, const char *sandbox_id)
 
     json_decref(status);
     return paused;
+}
+
+/* The harness's supervisor runs in the sandbox: frozen (paused), it can neither end the harness
+ * nor write its receipt, so no wait for the receipt would end before its bound. Resume the
+ * sandbox if it is paused (why says for the log). 0 (not paused, or resumed) or -EREMOTEIO
+ * when the resume failed. */
+static int act_resume_paused(struct lb_activations *a, const struct lb_activation *act,
+                             const char *why, struct lb_error *err)
+{
+    struct lb_error perr = {0};
+    json_t *st = NULL;
+    int r;
+
+    if (!sandbox_is_paused(a, act->sandbox_id))
+        return 0;
+    log_info("activation %s: sandbox %s is paused; resuming it (%s)", act->id, act->sandbox_id,
+             why);
+    r = lend_set_paused(a->lend, act->sandbox_id, false, &st, &perr);
+    json_decref(st);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot resume the paused sandbox: %s", perr.message);
+    return 0;
 }
 
 static void act_path(char *buf, size_t size, const struct lb_activation *act, const char *name)
@@ -576,23 +601,21 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
 
         snprintf(dir, sizeof(dir), "%s/%s", ACT_DIR_PARENT, act->id);
         /* A paused sandbox's harness cannot run its TERM handler, nor can the stop request
-         * be made (exec refuses a paused sandbox): resume it first. */
-        if (sandbox_is_paused(a, act->sandbox_id)) {
-            struct lb_error perr = {0};
-            json_t *st = NULL;
-
-            log_info("activation %s: sandbox %s is paused; resuming it to stop the harness",
-                     act->id, act->sandbox_id);
-            r = lend_set_paused(a->lend, act->sandbox_id, false, &st, &perr);
-            json_decref(st);
-            if (r < 0) {
-                r = lb_error_set(err, -EREMOTEIO, "cannot resume the paused sandbox: %s",
-                                 perr.message);
-                goto out;
-            }
+         * be made (exec refuses a paused sandbox): resume it first. A pause that comes again
+         * before the stop request ran is undone again, within the budget. */
+        for (;;) {
+            r = act_resume_paused(a, act, "to stop the harness", err);
+            if (r < 0)
+                break;
+            log_info("activation %s: requesting the harness's stop", act->id);
+            provider_exec_result_release(&res);
+            memset(&res, 0, sizeof(res));
+            r = lend_exec(a->lend, act->sandbox_id, &p, &res, err);
+            if (r != -EBUSY || clock_mono_ms() >= deadline ||
+                !sandbox_is_paused(a, act->sandbox_id))
+                break;
+            lb_error_clear(err);
         }
-        log_info("activation %s: requesting the harness's stop", act->id);
-        r = lend_exec(a->lend, act->sandbox_id, &p, &res, err);
         if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))
             r = lb_error_set(err, -EREMOTEIO, "the stop request failed (exit %d): %.200s",
                              res.return_code, res.err.data ? res.err.data : "");
@@ -601,11 +624,19 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         provider_exec_result_release(&res);
         if (r < 0)
             goto out;
-        for (;;) {
+        for (int64_t next_check = clock_mono_ms() + PAUSED_CHECK_MS;;) {
+            int64_t now;
+
             lb_error_clear(&rerr);
             r = read_receipt(a, act, &receipt, &rerr);
-            if (r != -ENOENT || clock_mono_ms() >= deadline)
+            now = clock_mono_ms();
+            if (r != -ENOENT || now >= deadline)
                 break;
+            if (now >= next_check) {
+                /* paused again meanwhile: the supervisor's cleanup needs the sandbox running */
+                (void)act_resume_paused(a, act, "the harness's cleanup is under way", NULL);
+                next_check = clock_mono_ms() + PAUSED_CHECK_MS;
+            }
             usleep((useconds_t)wait * 1000);
             wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
         }
@@ -1162,7 +1193,11 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         .env = env,
         .user = "0", /* the launcher (root; the supervisor leaves it its capabilities): the
                         harness's user is its --user */
-        .timeout_ms = LAUNCH_TIMEOUT_MS,
+        /* the launcher returns once the harness supervisor runs: bounded by the harness's
+         * own timeout (plus slack), so a pause during the launch ends it that much sooner */
+        .timeout_ms = req->timeout_ms + LAUNCH_SLACK_MS < LAUNCH_TIMEOUT_MS
+                          ? req->timeout_ms + LAUNCH_SLACK_MS
+                          : LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
         .pass_fd = receipt_file ? 0 : receipt_fd,
     };
@@ -1201,11 +1236,13 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
 }
 
 /* Wait for the receipt until deadline_ms: 0 when it is there, -ETIMEDOUT, -ESHUTDOWN
- * (draining) or -ENOENT (the sandbox is gone). */
+ * (draining) or -ENOENT (the sandbox is gone). From PAUSED_RESUME_MS past timeout_at_ms (the
+ * harness's own deadline) on, a paused sandbox is resumed (and again if it is paused again),
+ * so that the supervisor ends the harness at its timeout whatever the sandbox's state. */
 static int execute_wait(struct lb_activations *a, const struct lb_activation *act,
-                        int64_t deadline_ms)
+                        int64_t timeout_at_ms, int64_t deadline_ms)
 {
-    int64_t wait = POLL_FIRST_MS;
+    int64_t wait = POLL_FIRST_MS, pause_check = timeout_at_ms + PAUSED_RESUME_MS;
 
     for (;;) {
         json_t *receipt = NULL;
@@ -1231,6 +1268,13 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
             return -ESHUTDOWN;
         if (clock_mono_ms() >= deadline_ms)
             return -ETIMEDOUT;
+        if (clock_mono_ms() >= pause_check) {
+            struct lb_error perr = {0};
+
+            if (act_resume_paused(a, act, "the harness's timeout_s has passed", &perr) < 0)
+                log_warn("activation %s: %s", act->id, perr.message);
+            pause_check = clock_mono_ms() + PAUSED_CHECK_MS;
+        }
         usleep((useconds_t)wait * 1000);
         wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
     }
@@ -1270,7 +1314,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
     char *spec_text = NULL, dir[200], receipt_file[240], why[600] = "", sid[31];
     const char *st;
     bool receipt_in_sbx = false;
-    int64_t phase_ms, deadline;
+    int64_t phase_ms, deadline, launched_at;
     int r;
 
     *out = NULL;
@@ -1362,7 +1406,8 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         goto out;
 
     phase_ms = req->close_timeout_ms / 3 > 0 ? req->close_timeout_ms / 3 : 1;
-    deadline = clock_mono_ms() + req->timeout_ms + 3 * phase_ms + EXECUTE_SLACK_MS;
+    launched_at = clock_mono_ms();
+    deadline = launched_at + req->timeout_ms + 3 * phase_ms + EXECUTE_SLACK_MS;
     r = execute_launch(a, &act, req, dir, receipt_in_sbx ? receipt_file : NULL, why, sizeof(why));
     if (r == -EALREADY) {
         r = lb_error_set(err, -EALREADY, "activation %s: %s", act.id, why);
@@ -1387,7 +1432,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         *out = json_pack("{s:s,s:s}", "activation_id", act.id, "state", "running");
         goto out;
     } else {
-        r = execute_wait(a, &act, deadline);
+        r = execute_wait(a, &act, launched_at + req->timeout_ms, deadline);
         if (r == -ESHUTDOWN) {
             r = lb_error_set(err, -ESHUTDOWN,
                              "the daemon is shutting down before activation %s ended; after "

@@ -1420,6 +1420,13 @@ int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64
     return provider_upload_error(u, errnum, bytes, err);
 }
 
+int lend_upload_reserve(struct lb_lend *l, struct lb_upload *u, uint64_t need, uint64_t want,
+                        struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_reserve(u, need, want, err);
+}
+
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err)
 {

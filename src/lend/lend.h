@@ -175,6 +175,12 @@ void lend_upload_abort(struct lb_lend *l, struct lb_upload *u);
 /* The error of a failed write to u->fd (errnum, bytes written or tried): see provider.h. */
 int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64_t bytes,
                       struct lb_error *err);
+/* Make room for need bytes of u (and for up to want, as far as there is room) before they
+ * are written (provider.h, upload_reserve): on a memory-backed mount the sandbox's memory is
+ * charged for them, not the daemon's. Call before writing past what was reserved; blocks
+ * briefly. -EFBIG (413) when the sandbox's memory limit or the mount cannot hold need bytes. */
+int lend_upload_reserve(struct lb_lend *l, struct lb_upload *u, uint64_t need, uint64_t want,
+                        struct lb_error *err);
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err);
 

@@ -556,6 +556,29 @@ bool cgroup_is_empty(const struct lb_cgroup *cg)
     return true;
 }
 
+int cgroup_open_memory_procs(const struct lb_cgroup *cg, int *fd)
+{
+    const char *dir = dir_with(cg, cg->version == 2 ? "memory.max" : "memory.limit_in_bytes");
+    char path[4352];
+
+    *fd = -1;
+    if (!dir)
+        return -ENOENT;
+    snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+    *fd = open(path, O_WRONLY | O_CLOEXEC);
+    return *fd < 0 ? -errno : 0;
+}
+
+int cgroup_memory_usage_path(const struct lb_cgroup *cg, char *buf, size_t size)
+{
+    const char *file = cg->version == 2 ? "memory.current" : "memory.usage_in_bytes";
+    const char *dir = dir_with(cg, file);
+
+    if (!dir || (size_t)snprintf(buf, size, "%s/%s", dir, file) >= size)
+        return -ENOENT;
+    return 0;
+}
+
 /* The freezer dir and the file that shows/sets its state. */
 static const char *freezer(const struct lb_cgroup *cg, const char **file)
 {

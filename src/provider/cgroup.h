@@ -73,6 +73,15 @@ int cgroup_from_json(const json_t *j, const char *id, struct lb_cgroup *out);
  * writing "0" to each (async-signal-safe). On failure nothing stays open. */
 int cgroup_open_procs(const struct lb_cgroup *cg, int fds[LB_CGROUP_MAX_DIRS], int *n);
 
+/* Open the cgroup.procs of the sandbox's memory cgroup for writing (O_CLOEXEC) into *fd: on v1
+ * the memory hierarchy's dir alone (not the freezer's, so a process that joins it is not
+ * frozen by a pause), on v2 the sandbox's cgroup. A process joins by writing "0". -ENOENT
+ * when the sandbox has no memory cgroup (no memory limit), else -errno. */
+int cgroup_open_memory_procs(const struct lb_cgroup *cg, int *fd);
+/* The path of the sandbox's memory usage counter (v1 memory.usage_in_bytes, v2
+ * memory.current, in bytes) into buf. -ENOENT without a memory cgroup (or buf too small). */
+int cgroup_memory_usage_path(const struct lb_cgroup *cg, char *buf, size_t size);
+
 /* Freeze or thaw every process in the cgroup and wait (bounded by timeout_ms) until the
  * kernel says it is done. -ENOSYS without a freezer. */
 int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_ms,

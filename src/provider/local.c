@@ -1496,6 +1496,7 @@ static const struct lb_provider_ops local_ops = {
     .upload_commit = local_upload_commit,
     .upload_abort = local_upload_abort,
     .upload_error = local_upload_error,
+    .upload_reserve = local_upload_reserve,
     .file_open = local_file_open,
     .list = local_list,
     .pause = local_pause,

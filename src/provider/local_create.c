@@ -319,8 +319,9 @@ static int add_root(struct strv *a, const char *root, const char *workdir,
         }
     }
     strv_add2(a, "--proc", "/proc");
-    /* tmpfs pages the daemon writes (the files API) are not charged to the sandbox's cgroup,
-     * so every writable mount is sized (the kernel default is half the host's RAM); /dev is
+    /* every writable mount is sized (the kernel default is half the host's RAM; the files
+     * API's pages are charged to the sandbox's memory cgroup, see local_files.c, but a sandbox
+     * without a memory limit has none); /dev is
      * bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its own */
     strv_add2(a, "--dev", "/dev");
     strv_add2(a, "--remount-ro", "/dev");

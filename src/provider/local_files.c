@@ -15,6 +15,16 @@
  * reader never sees half a file and a symlink at the target is replaced, not followed. A
  * streamed upload (upload_begin) keeps that temporary file open for the HTTP front end to fill
  * chunk by chunk; commit renames it, abort removes it.
+ *
+ * Memory. A file on a memory-backed mount (tmpfs: /tmp, /run, /dev/shm, a tmpfs workdir; an
+ * image's writable root, an overlay on a tmpfs) is held in memory, and tmpfs charges each page to
+ * the memory cgroup of the process that allocates it: written by the daemon, it would count against
+ * the daemon, not the sandbox's memory limit. So before bytes are written there, upload_reserve has
+ * a helper (lendbox-supervise --reserve) that joins the sandbox's memory cgroup allocate them
+ * (fallocate, size kept); the daemon then writes into pages that already exist and are the
+ * sandbox's. What the limit cannot hold fails the reservation (413) before a byte is written;
+ * the helper is the out-of-memory killer's first choice, so the sandbox's own processes are
+ * spared. Commit gives back what was reserved but not written.
  */
 #include "provider/local_internal.h"
 
@@ -25,16 +35,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "provider/spawn.h"
 #include "supervisor/user.h"
+#include "util/clock.h"
 
 #define OPENAT2_RETRIES 16
+#define RESERVE_WAIT_MS 10000 /* the reserve helper's bound; then it is killed */
+#define RESERVE_REAP_MS 5000
+#define RESERVE_MARGIN (1024 * 1024) /* memory left free when reserving ahead of the bytes */
 
 /* The calling thread's identity while it acts for a sandbox. */
 struct fs_identity {
@@ -277,10 +294,21 @@ struct local_upload {
     char tmp[64]; /* temporary name in dfd */
     char name[256];
     char path[4097]; /* for messages */
+    /* the file is on a memory-backed mount of a sandbox with a memory cgroup: its pages are
+     * allocated by a process of that cgroup (upload_reserve) */
+    bool memory;
+    int memcg_fd;          /* that cgroup's cgroup.procs (write), or -1 */
+    uint64_t reserved;     /* bytes from offset 0 allocated so */
+    int64_t mem_limit;     /* the sandbox's memory limit in bytes, 0 unknown */
+    const char *helper;    /* lendbox-supervise (the provider's) */
+    bool unnamed;          /* made O_TMPFILE: linked as tmp only at commit */
+    char usage_path[4400]; /* the memory cgroup's usage counter, "" unknown */
 };
 
 static void upload_free(struct local_upload *u)
 {
+    if (u->memcg_fd >= 0)
+        close(u->memcg_fd);
     if (u->base.fd >= 0)
         close(u->base.fd);
     if (u->dfd >= 0)
@@ -348,7 +376,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
         goto out;
     }
     u->base.provider = p;
-    u->base.fd = u->dfd = -1;
+    u->base.fd = u->dfd = u->memcg_fd = -1;
     u->uid = d.uid;
     u->mode = mode < 0 ? 0644 : mode & 0777;
     if (owner) {
@@ -371,6 +399,12 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     }
     snprintf(u->name, sizeof(u->name), "%s", name);
     snprintf(u->path, sizeof(u->path), "%s", path);
+    /* as the daemon (the sandbox's identity may not open it); kept only for a memory-backed
+     * destination, below */
+    if (cgroup_open_memory_procs(&d.cg, &u->memcg_fd) == 0) {
+        (void)cgroup_read_oom_kills(&d.cg, NULL, &u->mem_limit);
+        (void)cgroup_memory_usage_path(&d.cg, u->usage_path, sizeof(u->usage_path));
+    }
     r = fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
@@ -388,10 +422,49 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     }
     snprintf(u->tmp, sizeof(u->tmp), ".lendbox-%02x%02x%02x%02x%02x%02x%02x%02x.tmp", rnd[0],
              rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
-    u->base.fd = openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    {
+        /* A file for the sandbox's memory is made unnamed (O_TMPFILE) and linked only at
+         * commit: no sandbox process can open it meanwhile, so none can truncate it or punch
+         * holes into what was reserved, which would make the daemon's writes allocate (and be
+         * charged for) new pages. */
+        struct statfs dfs;
+
+        if (u->memcg_fd >= 0 && fstatfs(u->dfd, &dfs) == 0 && dfs.f_type == TMPFS_MAGIC) {
+            u->base.fd = openat(u->dfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+            u->unnamed = u->base.fd >= 0;
+        }
+    }
+    if (!u->unnamed)
+        u->base.fd =
+            openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (u->base.fd < 0) {
         r = map_errno(errno, path, err);
         goto out;
+    }
+    {
+        struct statfs fs;
+
+        /* tmpfs, or an image's writable root (an overlay whose upper layer is a tmpfs) */
+        if (u->memcg_fd >= 0 && fstatfs(u->base.fd, &fs) == 0 &&
+            (fs.f_type == TMPFS_MAGIC || fs.f_type == OVERLAYFS_SUPER_MAGIC)) {
+            bool frozen = false;
+
+            u->memory = true;
+            u->helper = lp->supervise_path;
+            /* v2 has one cgroup for memory and freezer: its helper would be frozen */
+            if (d.cg.version == 2)
+                cgroup_is_frozen(&d.cg, &frozen);
+            if (frozen) {
+                (void)unlinkat(u->dfd, u->tmp, 0);
+                r = lb_error_set(err, -EBUSY,
+                                 "sandbox '%s' is paused: '%s' is in its memory, which only a "
+                                 "process of its (frozen) cgroup can fill; resume it first",
+                                 ref->id, path);
+                goto out;
+            }
+        } else {
+            local_close_fd(&u->memcg_fd);
+        }
     }
     *out = &u->base;
     u = NULL;
@@ -415,12 +488,155 @@ int local_upload_error(struct lb_upload *base, int errnum, uint64_t bytes, struc
     return map_errno(errnum, u->path, err);
 }
 
+/* What the reserve helper needs in its vfork-style child. */
+struct reserve_child {
+    int fds[2]; /* its fd 0 (the file) and 1 (the memory cgroup's cgroup.procs) */
+    const char *helper;
+    char *const *argv;
+};
+
+static int child_reserve(void *arg)
+{
+    static char *const no_env[] = {NULL};
+    const struct reserve_child *c = arg;
+    int r;
+
+    local_child_reset_signals();
+    r = local_child_place_fds(c->fds, 2);
+    if (r < 0)
+        return -r;
+    (void)syscall(SYS_close_range, 2, ~0U, 0);
+    execve(c->helper, c->argv, no_env);
+    return errno;
+}
+
+/* Allocate bytes [u->reserved, total) of the file by the helper, in the sandbox's memory
+ * cgroup. 0, -EFBIG when they do not fit (nothing of them stays allocated), -EREMOTEIO. */
+static int reserve_run(struct local_upload *u, uint64_t total, struct lb_error *err)
+{
+    char a_uid[24], a_off[24], a_len[24];
+    char *argv[] = {"supervise", "--reserve", a_uid, a_off, a_len, NULL};
+    struct reserve_child c;
+    pid_t pid = 0;
+    int r, w, st = 0, code;
+
+    snprintf(a_uid, sizeof(a_uid), "%u", u->uid);
+    snprintf(a_off, sizeof(a_off), "%llu", (unsigned long long)u->reserved);
+    snprintf(a_len, sizeof(a_len), "%llu", (unsigned long long)(total - u->reserved));
+    c = (struct reserve_child){{u->base.fd, u->memcg_fd}, u->helper, argv};
+    r = spawn_vfork(child_reserve, &c, &pid);
+    if (r != 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot start the helper that writes '%s': %s",
+                            u->path, strerror(r < 0 ? -r : r));
+    w = local_wait_child(pid, clock_mono_ms() + RESERVE_WAIT_MS, &st);
+    if (w == -ETIMEDOUT) {
+        (void)kill(pid, SIGKILL);
+        w = local_wait_child(pid, clock_mono_ms() + RESERVE_REAP_MS, &st);
+        if (w == -ETIMEDOUT)
+            local_reap_later(pid);
+        st = 0;
+        code = -1;
+    } else {
+        code = w == 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    }
+    if (w == 0 && WIFEXITED(st) && code == 0) {
+        u->reserved = total;
+        return 0;
+    }
+    /* nothing of this attempt stays allocated (a killed helper may leave some pages) */
+    (void)fallocate(u->base.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)u->reserved,
+                    (off_t)(total - u->reserved));
+    if (code == ENOSPC)
+        return no_space(u->dfd, (size_t)total, u->path, err);
+    if (code == ENOMEM || (w == 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
+        if (u->mem_limit > 0)
+            return lb_error_set(err, -EFBIG,
+                                "%llu bytes do not fit at '%s': the sandbox's memory limit "
+                                "(%lld MiB) cannot hold them (files on its memory-backed "
+                                "mounts, such as /tmp, /run, /dev/shm or a tmpfs workdir, "
+                                "count against it)",
+                                (unsigned long long)total, u->path,
+                                (long long)(u->mem_limit >> 20));
+        return lb_error_set(err, -EFBIG,
+                            "%llu bytes do not fit at '%s': the sandbox's memory cannot hold "
+                            "them",
+                            (unsigned long long)total, u->path);
+    }
+    if (code < 0)
+        return lb_error_set(err, -EREMOTEIO,
+                            "making room for '%s' in the sandbox's memory did not finish within "
+                            "%d s",
+                            u->path, RESERVE_WAIT_MS / 1000);
+    return lb_error_set(err, -EREMOTEIO, "cannot make room for '%s' in the sandbox's memory: %s",
+                        u->path, code ? strerror(code) : "the helper failed");
+}
+
+/* The sandbox's memory cgroup's usage in bytes (its counter), or -1. */
+static int64_t memory_usage(const struct local_upload *u)
+{
+    char buf[64];
+    ssize_t n;
+    int fd = u->usage_path[0] ? open(u->usage_path, O_RDONLY | O_CLOEXEC) : -1;
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return buf[0] >= '0' && buf[0] <= '9' ? (int64_t)strtoll(buf, NULL, 10) : -1;
+}
+
+int local_upload_reserve(struct lb_upload *base, uint64_t need, uint64_t want, struct lb_error *err)
+{
+    struct local_upload *u = (struct local_upload *)base;
+    uint64_t total = want > need ? want : need;
+    int64_t usage;
+    int r;
+
+    if (!u->memory || need <= u->reserved)
+        return 0;
+    /* room past need only as far as the memory cgroup has it: more may not fit where need
+     * still does, and a reservation that does not fit costs an out-of-memory kill */
+    if (total > need && u->mem_limit > 0 && (usage = memory_usage(u)) >= 0) {
+        int64_t room = u->mem_limit - usage - RESERVE_MARGIN - (int64_t)(need - u->reserved);
+
+        if (room < 0)
+            room = 0;
+        if (total - need > (uint64_t)room)
+            total = need + (uint64_t)room;
+    }
+    r = reserve_run(u, total, err);
+    if (r == -EFBIG && total > need) {
+        lb_error_clear(err);
+        r = reserve_run(u, need, err);
+    }
+    return r;
+}
+
 int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;
     struct fs_identity id = {0};
-    int r = fs_enter(&id, u->uid, err);
+    int r;
 
+    if (u->memory && u->reserved) {
+        /* give back what was reserved past the bytes written */
+        off_t end = lseek(u->base.fd, 0, SEEK_CUR);
+
+        if (end >= 0 && (uint64_t)end < u->reserved)
+            (void)ftruncate(u->base.fd, end);
+    }
+    r = fs_enter(&id, u->uid, err);
+    if (r == 0 && u->unnamed) {
+        /* first (the owner's chown below would take the right to link it) */
+        char proc[64];
+
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", u->base.fd);
+        if (linkat(AT_FDCWD, proc, u->dfd, u->tmp, AT_SYMLINK_FOLLOW) < 0)
+            r = map_errno(errno, u->path, err);
+    }
     if (r == 0 && fchmod(u->base.fd, (mode_t)u->mode) < 0)
         r = map_errno(errno, u->path, err);
     if (r == 0 && u->owned) { /* after the chmod: only the file's owner may chmod it */
@@ -449,6 +665,11 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
 
     if (r < 0)
         return r;
+    r = local_upload_reserve(u, len, len, err);
+    if (r < 0) {
+        local_upload_abort(u);
+        return r;
+    }
     r = write_all(u->fd, data, len);
     if (r == -ENOSPC || r == -EDQUOT)
         r = no_space(((struct local_upload *)u)->dfd, len, path, err);

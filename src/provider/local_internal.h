@@ -175,6 +175,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 int local_upload_commit(struct lb_upload *u, struct lb_error *err);
 void local_upload_abort(struct lb_upload *u);
 int local_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
+int local_upload_reserve(struct lb_upload *u, uint64_t need, uint64_t want, struct lb_error *err);
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                     int *fd_out, uint64_t *size_out, struct lb_error *err);
 

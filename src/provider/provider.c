@@ -117,6 +117,13 @@ int provider_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struc
     return lb_error_set(err, -EREMOTEIO, "writing the upload failed: %s", strerror(errnum));
 }
 
+int provider_upload_reserve(struct lb_upload *u, uint64_t need, uint64_t want, struct lb_error *err)
+{
+    if (u->provider->ops->upload_reserve)
+        return u->provider->ops->upload_reserve(u, need, want, err);
+    return 0;
+}
+
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
     if (!p || !p->ops->list)

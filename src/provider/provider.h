@@ -271,6 +271,14 @@ struct lb_provider_ops {
     /* Describe a failed write(2) to u->fd (errnum, with bytes written or tried so far) as this
      * provider's error: no space is -EFBIG naming the limit that was hit. May be NULL. */
     int (*upload_error)(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
+    /* Make room for the file to hold need bytes (and, as far as the sandbox's memory has room
+     * for them, up to want) before they are written to u->fd, so that what the sandbox holds
+     * in memory is charged to the sandbox: on a memory-backed mount (tmpfs) of a sandbox with
+     * a memory limit, a process in the sandbox's memory cgroup allocates the pages.
+     * Idempotent (need already reserved returns at once); blocks for that process, at most a
+     * few seconds. -EFBIG (413) when the sandbox's memory limit or the mount's size cannot
+     * hold need bytes (nothing more stays reserved then). May be NULL (nothing to reserve). */
+    int (*upload_reserve)(struct lb_upload *u, uint64_t need, uint64_t want, struct lb_error *err);
 
     /* Open the file at path inside the sandbox for reading. *fd_out is an O_RDONLY|O_CLOEXEC
      * descriptor the caller owns and *size_out its size. It need not be the sandbox's file
@@ -338,6 +346,8 @@ int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *re
 int provider_upload_commit(struct lb_upload *u, struct lb_error *err);
 void provider_upload_abort(struct lb_upload *u);
 int provider_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
+int provider_upload_reserve(struct lb_upload *u, uint64_t need, uint64_t want,
+                            struct lb_error *err);
 int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);

@@ -576,6 +576,13 @@ static int upload_write_failed(void *arg, int errnum, uint64_t bytes, struct lb_
     return lend_upload_error(u->lend, u->upload, errnum, bytes, err);
 }
 
+static int upload_reserve(void *arg, uint64_t need, uint64_t want, struct lb_error *err)
+{
+    struct upload_job *u = arg;
+
+    return lend_upload_reserve(u->lend, u->upload, need, want, err);
+}
+
 static void file_put_open(struct lb_request *req, void *arg)
 {
     struct file_job *j = arg;
@@ -591,10 +598,27 @@ static void file_put_open(struct lb_request *req, void *arg)
         return;
     }
     u->lend = app->lend;
+    {
+        /* a body of known length: room for all of it now, on this worker, before a byte is
+         * read (a file in the sandbox's memory is charged to the sandbox; what its memory
+         * limit cannot hold is a 413 here) */
+        const char *clen = http_header(req, "Content-Length");
+        char *end = NULL;
+        unsigned long long n = clen ? strtoull(clen, &end, 10) : 0;
+
+        if (n > 0 && end && *end == '\0' &&
+            lend_upload_reserve(app->lend, u->upload, (uint64_t)n, (uint64_t)n, &err) < 0) {
+            lend_upload_abort(app->lend, u->upload);
+            free(u);
+            http_respond_error(req, &err);
+            return;
+        }
+    }
     http_body_sink(req, &(struct lb_body_sink){.fd = u->upload->fd,
                                                .finish = upload_finish,
                                                .abort = upload_abort,
                                                .write_failed = upload_write_failed,
+                                               .reserve = upload_reserve,
                                                .arg = u});
 }
 

@@ -127,7 +127,8 @@
  *   lendbox-supervise --harness-stop DIR
  *       Requests the stop: creates stop.request and tries to claim the launch for "stop". If
  *       that wins (nothing was or will be launched) it prints "fenced" and the daemon records
- *       the receipt itself; otherwise it prints "requested" and the running harness supervisor
+ *       the receipt itself; otherwise it sends SIGCONT to the harness supervisor (a sandbox
+ *       process may have stopped it), prints "requested", and the running harness supervisor
  *       sees the request and writes the receipt. Exits 1 when the request cannot be made.
  *
  * Enter mode (the local provider's exec helper; run by the daemon as host root, outside the
@@ -163,6 +164,23 @@
  *       host), with the sandbox's /proc and /dev, fresh /tmp, /run and /dev/shm of TMP_MIB
  *       MiB, HOSTS ("-": none) at /etc/hosts and the sandbox's WORKDIR at its path (see
  *       view_enter). BASE and HOSTS are cloned on the host, before any namespace is entered.
+ *
+ * Reserve mode (the local provider's upload helper; run by the daemon as host root, outside
+ * every namespace of the sandbox, from a vfork-style spawn):
+ *
+ *   lendbox-supervise --reserve UID OFFSET LENGTH
+ *       fd 0 is an upload's temporary file on a memory-backed mount (a tmpfs, or an overlay
+ *       on one) of a sandbox, fd 1 the cgroup.procs of the sandbox's memory cgroup (on cgroup
+ *       v1 the memory hierarchy's alone, so a paused sandbox's freezer does not hold it).
+ *       Offers itself first to the out-of-memory killer (oom_score_adj 1000, before it joins:
+ *       the sandbox's own processes are spared), joins that cgroup, becomes host uid/gid UID
+ *       (the sandbox's) without capabilities, and allocates LENGTH bytes of the file from
+ *       OFFSET (fallocate, size kept). tmpfs pages
+ *       are charged to the memory cgroup of the process that allocates them, so the upload's
+ *       pages count against the sandbox's memory limit, never the daemon's; the daemon then
+ *       writes into pages that exist. Exit 0, or the errno value (< 125) of the step that
+ *       failed (ENOSPC: the mount is full, ENOMEM: the memory limit), 125 for bad arguments;
+ *       killed by SIGKILL when the limit cannot hold the pages.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
@@ -202,6 +220,7 @@
 #include <sched.h>
 
 #include <net/if.h>
+#include <linux/falloc.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -1521,18 +1540,22 @@ static int run_harness(const struct options *o, int ready_fd, const struct sup_u
                 r.stop_requested = true;
             break;
         }
+        /* the deadline first: a supervisor that was frozen (a paused sandbox) past it finds
+         * the harness timed out, even if a stop request came in meanwhile */
+        left = deadline - mono_ms();
+        if (left <= 0) {
+            timed_out = true;
+            if (terminating || harness_exists(o->harness_launch, "stop.request"))
+                r.stop_requested = true;
+            break;
+        }
         if (terminating || harness_exists(o->harness_launch, "stop.request")) {
             r.stop_requested = true;
             break;
         }
-        left = deadline - mono_ms();
-        if (left <= 0) {
-            timed_out = true;
-            break;
-        }
         wait_signal(sfd, left < HARNESS_POLL_MS ? left : HARNESS_POLL_MS, &terminating);
     }
-    if (r.stop_requested)
+    if (r.stop_requested && !timed_out)
         dprintf(2, "lendbox-supervise: stop requested; ending the harness\n");
     else if (timed_out)
         dprintf(2, "lendbox-supervise: the harness timed out after %lld ms; ending it\n",
@@ -1618,6 +1641,30 @@ static int run_harness_launch(struct options *o)
     return 0;
 }
 
+/* A sandbox process (same uid) may have stopped the harness supervisor (SIGSTOP), which then
+ * never sees the stop request: continue it. Its pid comes from DIR/supervisor.pid, which
+ * sandbox processes can rewrite; a SIGCONT to whatever pid is there is harmless. */
+static void harness_continue(const char *dir)
+{
+    char path[PATH_MAX], text[32];
+    int64_t pid;
+    ssize_t n;
+    int fd;
+
+    harness_path(path, dir, "supervisor.pid");
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    n = read(fd, text, sizeof(text) - 1);
+    (void)close(fd);
+    if (n <= 0)
+        return;
+    text[n] = '\0';
+    text[strcspn(text, "\n")] = '\0';
+    if (parse_int64(text, 2, INT_MAX, &pid) == 0)
+        (void)kill((pid_t)pid, SIGCONT);
+}
+
 static int run_harness_stop(const char *dir)
 {
     char path[PATH_MAX], target[16];
@@ -1644,6 +1691,7 @@ static int run_harness_stop(const char *dir)
         }
         n = readlink(path, target, sizeof(target) - 1);
         if (n != 4 || memcmp(target, "stop", 4) != 0) {
+            harness_continue(dir);
             printf("requested\n"); /* the harness supervisor writes the receipt */
             return 0;
         }
@@ -1715,6 +1763,36 @@ static int enter_install_seccomp(int fd)
     fprog.len = (unsigned short)(off / sizeof(struct sock_filter));
     fprog.filter = prog;
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
+}
+
+/* Reserve mode (see the header). */
+static int run_reserve(int argc, char **argv)
+{
+    int64_t uid, off, len;
+    int fd, r;
+
+    if (argc != 5 || parse_int64(argv[2], 1, 0xfffffffeLL, &uid) < 0 ||
+        parse_int64(argv[3], 0, INT64_MAX, &off) < 0 ||
+        parse_int64(argv[4], 1, INT64_MAX - off, &len) < 0)
+        return 125;
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        return errno;
+    /* the first victim if the pages do not fit, so the sandbox's own processes are spared:
+     * set before joining, since any allocation after that may already meet the limit */
+    fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, "1000", 4) != 4)
+        return errno ? errno : EIO;
+    (void)close(fd);
+    if (write(1, "0", 1) != 1)
+        return errno ? errno : EIO;
+    if (syscall(SYS_setresgid, (gid_t)uid, (gid_t)uid, (gid_t)uid) < 0 ||
+        syscall(SYS_setresuid, (uid_t)uid, (uid_t)uid, (uid_t)uid) < 0 ||
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return errno;
+    do
+        r = fallocate(0, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? (errno < 125 ? errno : EIO) : 0;
 }
 
 /* ---- the trusted view of an exclusive exec (enter mode, --enter-view) ---- */
@@ -2495,6 +2573,8 @@ int main(int argc, char **argv)
         /* the rest as --enter's, from NCHILD on */
         return run_enter(argc - 5, argv + 5, &v);
     }
+    if (argc > 1 && strcmp(argv[1], "--reserve") == 0)
+        return run_reserve(argc, argv);
     if (argc == 1 && getpid() == 1) {
         loopback_up();
         return run_init(-1); /* an engine's init: /sbin/init of an imported LXD image */

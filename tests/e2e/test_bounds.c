@@ -397,6 +397,110 @@ START_TEST(test_release_paused_activation)
 }
 END_TEST
 
+/* A harness that ignores TERM, whose sandbox its agent pauses (with its operate token) while it
+ * runs: its supervisor is frozen at timeout_s. 2 s past it the execute's wait resumes the
+ * sandbox, the supervisor ends the harness (TERM ignored: KILL after one phase) and the execute
+ * answers the timed_out result, well before its old bound of timeout_s + close_timeout_s +
+ * 30 s; the sandbox is running afterwards and nothing of the harness is left. */
+START_TEST(test_execute_paused_past_its_timeout)
+{
+    char sbx[64], path[200], *st;
+    struct lbt_async *ex;
+    struct lbt_resp r;
+    json_t *lease, *cleanup;
+    const char *tok;
+    double t0, took;
+    uid_t uid;
+
+    lease = lbt_seed(&D, "bounds-exepause", "task-bounds", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    tok = str(json_object_get(lease, "access"), "token");
+    uid = lbt_sandbox_uid(&D, sbx);
+    t0 = lbt_now();
+    ex = lbt_async_json(&D, "POST", "/v1/sessions/bounds-exepause/execute", "",
+                        "{\"argv\": [\"sh\", \"-c\", \"trap '' TERM; echo running > "
+                        "/workspace/state.txt; while :; do sleep 0.1; done\", \"harness782\"], "
+                        "\"timeout_s\": 3, \"close_timeout_s\": 3}");
+    wait_file(&D, sbx, "/workspace/state.txt", "running");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
+    lbt_json(&D, "POST", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
+    lbt_resp_free(&r);
+
+    lbt_async_join(ex, &r);
+    took = lbt_now() - t0;
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "timed_out");
+    ck_assert_int_eq(num(r.json, "return_code"), 128 + 9);
+    ck_assert(json_is_null(json_object_get(r.json, "error")));
+    cleanup = json_object_get(r.json, "cleanup");
+    ck_assert(json_is_true(json_object_get(cleanup, "cleanup_confirmed")));
+    ck_assert(json_is_true(json_object_get(cleanup, "timed_out")));
+    ck_assert_int_eq(num(cleanup, "return_code"), 128 + 9);
+    /* timeout_s + 2 s + one cleanup phase (1 s) + the resume, with room for a loaded host;
+     * well below the backstop (timeout_s + close_timeout_s + 30 s) it used to wait for */
+    ck_assert_msg(took < 25, "the execute answered after %.1f s", took);
+    lbt_resp_free(&r);
+
+    st = sandbox_status(&D, sbx);
+    ck_assert_str_eq(st, "running");
+    free(st);
+    ck_assert_int_eq(count_procs(uid, "harness782"), 0);
+    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-exepause/close", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "closed");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-exepause/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    json_decref(lease);
+}
+END_TEST
+
+/* A sandbox process (its root, as the agent is) stops the harness supervisor with SIGSTOP: it
+ * can neither see a stop request nor end the harness. The close's stop request continues it
+ * (SIGCONT), so the close answers 200 with cleanup confirmed within its own timeout instead of
+ * 502 "no receipt", and nothing of the harness is left. */
+START_TEST(test_close_of_stopped_supervisor)
+{
+    char sbx[64], *out;
+    struct lbt_resp r;
+    double t0;
+    uid_t uid;
+
+    seed(&D, "bounds-sigstop", NULL, sbx, sizeof(sbx));
+    uid = lbt_sandbox_uid(&D, sbx);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo running > /workspace/state.txt; exec sleep "
+             "300.783\"], \"timeout_s\": 300, \"close_timeout_s\": 3, \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    wait_file(&D, sbx, "/workspace/state.txt", "running");
+    out = lbt_sh(&D, sbx,
+                 "p=$(cat /run/lendbox/act-*/supervisor.pid); kill -STOP $p; "
+                 "sleep 0.2; grep -c '^State:.*T' /proc/$p/status");
+    ck_assert_str_eq(out, "1\n");
+    free(out);
+
+    t0 = lbt_now();
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/close", "", "{\"timeout_s\": 3}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "closed");
+    ck_assert(
+        json_is_true(json_object_get(json_object_get(r.json, "cleanup"), "cleanup_confirmed")));
+    ck_assert_msg(lbt_now() - t0 < 3 + 20, "the close answered after %.1f s", lbt_now() - t0);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_procs(uid, "sleep 300.783"), 0);
+    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
+    lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* ---------- fault 1: one stuck session does not starve the others ---------- */
 
 /* A release that holds its session (stops take 20 s here) while its client retries seeds of
@@ -810,6 +914,7 @@ int main(void)
     TCase *shared = tcase_create("shared_daemon");
     TCase *own = tcase_create("own_daemon");
     TCase *followup = tcase_create("followup");
+    TCase *waits = tcase_create("waits");
 
     tcase_add_unchecked_fixture(shared, setup, teardown);
     tcase_set_timeout(shared, 240);
@@ -834,5 +939,10 @@ int main(void)
     tcase_add_test(followup, test_supervisor_killed_ends_its_processes);
     tcase_add_test(followup, test_sigterm_drain_is_bounded);
     suite_add_tcase(s, followup);
+    tcase_add_unchecked_fixture(waits, setup, teardown);
+    tcase_set_timeout(waits, 240);
+    tcase_add_test(waits, test_execute_paused_past_its_timeout);
+    tcase_add_test(waits, test_close_of_stopped_supervisor);
+    suite_add_tcase(s, waits);
     return lbt_run_suite(s);
 }

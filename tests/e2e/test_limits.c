@@ -949,12 +949,131 @@ START_TEST(test_token_not_readable_through_files)
 }
 END_TEST
 
+/* ---------- sandbox memory ---------- */
+
+/* The memory cgroup usage (bytes) of sandbox sbx: v1 memory.usage_in_bytes, v2 memory.current of
+ * the cgroup dir named after it. */
+static long long sandbox_memory_usage(const char *sbx)
+{
+    static const char *const files[] = {"memory.usage_in_bytes", "memory.current"};
+    char cmd[400], dir[600] = "", path[700];
+    long long v = -1;
+    FILE *f;
+
+    snprintf(cmd, sizeof(cmd),
+             "find /sys/fs/cgroup -maxdepth 5 -type d -name '%s' 2>/dev/null | "
+             "while read d; do test -e \"$d/memory.usage_in_bytes\" -o -e \"$d/memory.current\" "
+             "&& echo \"$d\"; done | head -1",
+             sbx);
+    f = popen(cmd, "r");
+    ck_assert_ptr_nonnull(f);
+    if (!fgets(dir, sizeof(dir), f))
+        dir[0] = '\0';
+    pclose(f);
+    dir[strcspn(dir, "\n")] = '\0';
+    ck_assert_msg(dir[0], "no memory cgroup for %s", sbx);
+    for (size_t i = 0; i < 2 && v < 0; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+        f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%lld", &v) != 1)
+                v = -1;
+            fclose(f);
+        }
+    }
+    ck_assert_msg(v >= 0, "cannot read the memory usage of %s", dir);
+    return v;
+}
+
+/* Files uploaded into a sandbox's memory-backed mounts (/tmp, the tmpfs workdir; both far larger
+ * than the limit here) count against its own memory limit, not the daemon's: with memory_mib 64,
+ * four 96 MiB uploads (one of them chunked, of unknown length) are each 413 naming the limit,
+ * leave nothing behind, and the daemon lives on; an accepted 32 MiB upload shows in the
+ * sandbox's memory cgroup usage. */
+START_TEST(test_memory_mount_uploads_charged_to_sandbox)
+{
+    static const char *const paths[] = {"/tmp/m0", "/workspace/m1", "/tmp/m2", "/workspace/m3"};
+    size_t len = 96u << 20, small = 32u << 20;
+    char *data = malloc(len), sbx[128], url[400], *out;
+    struct lbt_resp r;
+    long long before, after;
+    json_t *lease;
+
+    ck_assert_ptr_nonnull(data);
+    memset(data, 'm', len);
+    lease = lbt_seed(&D, "limits-mem", "task-limits", "\"resources\": {\"memory_mib\": 64}");
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    for (int i = 0; i < 4; i++) {
+        snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=%s", sbx, paths[i]);
+        lbt_request_ex(&D, "PUT", url, "", data, len, "application/octet-stream", NULL, i == 3, &r);
+        lbt_assert_error(&r, 413, "payload_too_large");
+        ck_assert_msg(strstr(r.body, "memory limit (64 MiB)") != NULL, "%s: %s", paths[i], r.body);
+        lbt_resp_free(&r);
+    }
+    if (!lbt_variant_on_host()) {
+        /* an image's writable root: an overlay whose upper layer is a tmpfs */
+        snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/srv/m4", sbx);
+        lbt_request(&D, "PUT", url, "", data, len, "application/octet-stream", &r);
+        lbt_assert_error(&r, 413, "payload_too_large");
+        ck_assert_msg(strstr(r.body, "memory limit (64 MiB)") != NULL, "/srv/m4: %s", r.body);
+        lbt_resp_free(&r);
+    }
+    out = lbt_sh(&D, sbx,
+                 "ls -A /tmp /workspace | grep -c . || true; "
+                 "df -k --output=used /tmp /workspace | tail -2 | tr -d ' '");
+    ck_assert_str_eq(out, "2\n0\n0\n"); /* the two "dir:" headers of ls, nothing else */
+    free(out);
+    ck_assert_int_eq(kill(D.pid, 0), 0);
+    lbt_json(&D, "GET", "/healthz", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+
+    before = sandbox_memory_usage(sbx);
+    lbt_file_put(&D, sbx, "", "/tmp/ok", NULL, data, small, &r);
+    ck_assert_msg(r.status == 204, "PUT 32 MiB: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    after = sandbox_memory_usage(sbx);
+    ck_assert_msg(after - before >= (long long)small - (1 << 20),
+                  "the sandbox's memory grew by %lld bytes for a %zu-byte upload", after - before,
+                  small);
+    out = lbt_sh(&D, sbx, "wc -c < /tmp/ok; ls -A /tmp");
+    ck_assert_str_eq(out, "33554432\nok\n");
+    free(out);
+    /* mode and owner are applied as on any mount */
+    snprintf(url, sizeof(url),
+             "/v1/sandboxes/%s/files?path=%%2Fworkspace%%2Fowned&mode=0640&owner=nobody", sbx);
+    lbt_request(&D, "PUT", url, "", "mine\n", 5, "application/octet-stream", &r);
+    ck_assert_msg(r.status == 204, "PUT owned: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, sbx, "stat -c '%u %g %a %s' /workspace/owned; ls -A /workspace");
+    ck_assert_str_eq(out, "65534 65534 640 5\nowned\n");
+    free(out);
+    /* given back with the file */
+    free(lbt_sh(&D, sbx, "rm /tmp/ok"));
+    ck_assert_int_lt(sandbox_memory_usage(sbx), after - (long long)small / 2);
+    /* a chunked body that fits is not refused for the room its reservation grows by */
+    snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=/tmp/chunked", sbx);
+    lbt_request_ex(&D, "PUT", url, "", data, 40u << 20, "application/octet-stream", NULL, true, &r);
+    ck_assert_msg(r.status == 204, "chunked PUT 40 MiB: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, sbx, "wc -c < /tmp/chunked; ls -A /tmp");
+    ck_assert_str_eq(out, "41943040\nchunked\n");
+    free(out);
+    lbt_json(&D, "POST", "/v1/sessions/limits-mem/release", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    free(data);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("limits");
     TCase *mem = tcase_create("memory"), *conn = tcase_create("connections"),
           *sec = tcase_create("secrets"), *sec2 = tcase_create("secrets_files"),
-          *low = tcase_create("low_fd_limit"), *trickle = tcase_create("trickle");
+          *low = tcase_create("low_fd_limit"), *trickle = tcase_create("trickle"),
+          *sbxmem = tcase_create("sandbox_memory");
 
     tcase_add_unchecked_fixture(mem, setup_memory, teardown);
     tcase_set_timeout(mem, 300);
@@ -965,6 +1084,10 @@ int main(void)
     tcase_add_test(mem, test_over_limit_upload_leaves_no_temp_file);
     tcase_add_test(mem, test_inflight_budget_429);
     suite_add_tcase(s, mem);
+    tcase_add_unchecked_fixture(sbxmem, setup_memory, teardown);
+    tcase_set_timeout(sbxmem, 180);
+    tcase_add_test(sbxmem, test_memory_mount_uploads_charged_to_sandbox);
+    suite_add_tcase(s, sbxmem);
 
     tcase_add_unchecked_fixture(conn, setup_connections, teardown);
     tcase_set_timeout(conn, 180);
