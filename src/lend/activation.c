@@ -646,7 +646,8 @@ static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
 {
     char dir[200];
     char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
-    struct lb_exec_params p = {.argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true};
+    struct lb_exec_params p = {
+        .argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true, .sweep_only = true};
     struct lb_exec_result res = {0};
     int r;
 
@@ -1206,7 +1207,14 @@ static int execute_stage(struct lb_activations *a, const struct lb_activation *a
             return lb_error_set(err, -EALREADY, "activation %s was closed while staging", act->id);
         struct lb_error werr = {0};
 
-        r = lend_file_write(a->lend, act->sandbox_id, f->path, f->data, f->len, f->mode, &werr);
+        /* an execute admitted before an exclusive exec began stages nothing once it runs */
+        r = lend_fence_enter(a->lend, act->sandbox_id, &werr);
+        if (r == 0) {
+            r = lend_file_write(a->lend, act->sandbox_id, f->path, f->data, f->len, f->mode, &werr);
+            lend_fence_leave(a->lend, act->sandbox_id);
+        }
+        if (r == -EBUSY)
+            return lb_error_set(err, r, "%s", werr.message);
         if (r < 0)
             return lb_error_set(err, r, "staging '%s' failed: %s", f->path, werr.message);
     }
