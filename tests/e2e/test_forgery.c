@@ -505,6 +505,58 @@ START_TEST(test_exclusive_fences_the_operate_token)
 }
 END_TEST
 
+/* The agent renames /run/lendbox and plants its own supervise there, after its harness ended:
+ * an activation's close still runs the real --harness-stop sweep (the planted program never
+ * runs), the agent's background process is gone, and the collected artifact is the harness's. */
+START_TEST(test_planted_supervisor_close)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256];
+    struct lbt_resp r;
+    json_t *res, *a;
+    unsigned char *bytes;
+    size_t len = 0;
+    char *out;
+    int sleeper;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "planted-close", sbx, sizeof(sbx), op, sizeof(op));
+    lbt_json(&d, "POST", "/v1/sessions/planted-close/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo real > /workspace/result.txt\"], "
+             "\"collect\": [\"/workspace/result.txt\"], \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 200 || r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_sleep_ms(1000); /* the harness has ended; nothing has collected yet */
+    res = lbt_exec_ok(
+        &d, sbx, op,
+        "{\"preserve_background_services\": true, \"command\": \"mv /run/lendbox /run/real && "
+        "mkdir /run/lendbox && printf '#!/bin/sh\\\\necho forged-by-agent "
+        ">/workspace/result.txt\\\\necho planted >/tmp/planted\\\\nexit 0\\\\n' "
+        ">/run/lendbox/supervise && chmod 755 /run/lendbox/supervise && "
+        "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!\"}");
+    sleeper = atoi(json_string_value(json_object_get(res, "stdout")));
+    json_decref(res);
+    ck_assert_int_gt(sleeper, 1);
+    ck_assert(alive_inside(&d, sbx, sleeper));
+    lbt_json(&d, "POST", "/v1/sessions/planted-close/close", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    a = json_object_get(json_object_get(r.json, "artifacts"), "/workspace/result.txt");
+    ck_assert_msg(json_is_object(a), "no artifact: %s", r.body);
+    bytes = lbt_b64_decode(json_string_value(json_object_get(a, "base64")), &len);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_msg(len == 5 && memcmp(bytes, "real\n", 5) == 0, "artifact: %.*s", (int)len,
+                  (const char *)bytes);
+    free(bytes);
+    lbt_resp_free(&r);
+    ck_assert(!alive_inside(&d, sbx, sleeper)); /* the sweep ran */
+    out = lbt_sh(&d, sbx, "cat /tmp/planted 2>/dev/null; cat /workspace/result.txt");
+    ck_assert_str_eq(out, "real\n");
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* Activation close stops every sandbox process but init before it collects the artifacts. */
 START_TEST(test_close_stops_agent_processes)
 {
@@ -956,6 +1008,7 @@ int main(void)
     /* grading integrity: the operate token fenced during exclusive execs, planted supervisors */
     tcase_set_timeout(fence, 120);
     tcase_add_test(fence, test_exclusive_fences_the_operate_token);
+    tcase_add_test(fence, test_planted_supervisor_close);
     suite_add_tcase(s, fence);
     return lbt_run_suite(s);
 }
