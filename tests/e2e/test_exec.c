@@ -358,6 +358,16 @@ START_TEST(test_planted_supervisor_exclusive)
     out = lbt_sh(&d, sbx, "cat /tmp/planted-ran 2>/dev/null; echo end");
     ck_assert_str_eq(out, "end\n");
     free(out);
+    /* stdin: on docker it would pass through a file the agent can replace before the sweep */
+    lbt_exec(&d, sbx, "", "{\"exclusive\": true, \"command\": \"cat\", \"stdin\": \"in\"}", &r);
+    if (lbt_variant_is("docker")) {
+        lbt_assert_error(&r, 422, "unenforceable");
+        ck_assert_msg(strstr(r.body, "stdin") != NULL, "%s", r.body);
+    } else {
+        ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+        assert_result(r.json, 0, "in", "", NULL);
+    }
+    lbt_resp_free(&r);
     lbt_daemon_cleanup(&d);
 }
 END_TEST
