@@ -797,6 +797,7 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL;
+    bool fenced = false;
     int r = store_get_activation_by_sandbox(a->store, sandbox_id, &act, err);
 
     if (r < 0)
@@ -837,6 +838,12 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
     if (mode == FIN_STOP) /* NeMo Gym's stop_harness: the capture is close's (or a GET's) */
         goto out;
     if (mode == FIN_CLOSE) {
+        /* the operate token stays fenced from the sweep to the end of the capture: nothing
+         * of the agent (an upload) can write what is collected in between */
+        r = lend_fence_raise(a->lend, act.sandbox_id, err);
+        if (r < 0)
+            goto out;
+        fenced = true;
         r = act_sweep(a, &act, err);
         if (r < 0)
             goto out;
@@ -847,6 +854,10 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
             r = 0;
         if (r < 0)
             goto out;
+    }
+    if (fenced) {
+        lend_fence_lower(a->lend, act.sandbox_id);
+        fenced = false;
     }
 close:
     if (mode == FIN_CLOSE) {
@@ -862,6 +873,8 @@ close:
         }
     }
 out:
+    if (fenced)
+        lend_fence_lower(a->lend, act.sandbox_id);
     json_decref(receipt);
     json_decref(spec);
     store_activation_release(&act);

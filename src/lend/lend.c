@@ -519,9 +519,7 @@ static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
                         f->id, f->since);
 }
 
-/* Raise id's fence for an exclusive exec: from now on lend_fence_check and lend_fence_enter
- * refuse; returns once no operate-token write admitted before is still in progress. */
-static int fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
 {
     struct lend_fence *f;
     int r = 0;
@@ -547,7 +545,7 @@ out:
     return r;
 }
 
-static void fence_lower(struct lb_lend *l, const char *id)
+void lend_fence_lower(struct lb_lend *l, const char *id)
 {
     struct lend_fence *f;
 
@@ -1495,12 +1493,12 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     if (p->exclusive && !p->sweep_only && (r = provider_check_exec(t.prov, &req, err)) < 0)
         goto out;
     /* the fence is up before the provider's sweep starts and down once the result is in */
-    if (p->exclusive && (r = fence_raise(l, id, err)) < 0)
+    if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0)
         goto out;
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(t.prov, &t.ref, &req, res, err);
     if (p->exclusive)
-        fence_lower(l, id);
+        lend_fence_lower(l, id);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:

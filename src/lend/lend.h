@@ -176,6 +176,11 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
  * is -EBUSY as check (nothing held) or holds the fence down until leave, so a write either
  * completes before an exclusive exec's sweep starts or is refused. -ENOMEM. Thread-safe. */
 int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err);
+/* Raise id's fence (counted: every raise needs its lower) for an exclusive exec, or for what
+ * must span more than one (an activation close's sweep and capture): from then on check and
+ * enter refuse; returns once no write enter admitted before is still in progress. -ENOMEM. */
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err);
+void lend_fence_lower(struct lb_lend *l, const char *id);
 int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);
 void lend_fence_leave(struct lb_lend *l, const char *id);
 
