@@ -679,7 +679,8 @@ static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
     char dir[200];
     char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
     struct lb_exec_params p = {
-        .argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true, .agent_root = true};
+        .argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true, .agent_root = true,
+        .sweep_only = true};
     struct lb_exec_result res = {0};
     int r;
 
@@ -829,6 +830,7 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL;
+    bool fenced = false;
     int r = store_get_activation_by_sandbox(a->store, sandbox_id, &act, err);
 
     if (r < 0)
@@ -869,6 +871,12 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
     if (mode == FIN_STOP) /* NeMo Gym's stop_harness: the capture is close's (or a GET's) */
         goto out;
     if (mode == FIN_CLOSE) {
+        /* the operate token stays fenced from the sweep to the end of the capture: nothing
+         * of the agent (an upload) can write what is collected in between */
+        r = lend_fence_raise(a->lend, act.sandbox_id, err);
+        if (r < 0)
+            goto out;
+        fenced = true;
         r = act_sweep(a, &act, err);
         if (r < 0)
             goto out;
@@ -879,6 +887,10 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
             r = 0;
         if (r < 0)
             goto out;
+    }
+    if (fenced) {
+        lend_fence_lower(a->lend, act.sandbox_id);
+        fenced = false;
     }
 close:
     if (mode == FIN_CLOSE) {
@@ -894,6 +906,8 @@ close:
         }
     }
 out:
+    if (fenced)
+        lend_fence_lower(a->lend, act.sandbox_id);
     json_decref(receipt);
     json_decref(spec);
     store_activation_release(&act);
@@ -1297,7 +1311,14 @@ static int execute_stage(struct lb_activations *a, const struct lb_activation *a
             return lb_error_set(err, -EALREADY, "activation %s was closed while staging", act->id);
         struct lb_error werr = {0};
 
-        r = lend_file_write(a->lend, act->sandbox_id, f->path, f->data, f->len, f->mode, &werr);
+        /* an execute admitted before an exclusive exec began stages nothing once it runs */
+        r = lend_fence_enter(a->lend, act->sandbox_id, &werr);
+        if (r == 0) {
+            r = lend_file_write(a->lend, act->sandbox_id, f->path, f->data, f->len, f->mode, &werr);
+            lend_fence_leave(a->lend, act->sandbox_id);
+        }
+        if (r == -EBUSY)
+            return lb_error_set(err, r, "%s", werr.message);
         if (r < 0)
             return lb_error_set(err, r, "staging '%s' failed: %s", f->path, werr.message);
     }

@@ -33,6 +33,15 @@ struct lend_session_lock {
     UT_hash_handle hh;
 };
 
+/* A sandbox's operate-token fence: up while exclusive > 0. */
+struct lend_fence {
+    char *id;
+    int exclusive;  /* exclusive execs of the sandbox under way */
+    int writers;    /* operate-token writes in progress (lend_fence_enter) */
+    char since[32]; /* when the fence went up, ISO 8601 UTC */
+    UT_hash_handle hh;
+};
+
 struct lb_lend {
     struct lb_lend_config cfg;
     char *default_image, *workdir, *public_url;
@@ -48,6 +57,9 @@ struct lb_lend {
     lb_lend_stopped_hook stopped_hook;
     void *stopped_ctx;
     struct lend_pool_hooks pool; /* a warm pool's (src/warm/); zero: none */
+    pthread_mutex_t fence_mutex;
+    pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
+    struct lend_fence *fences;
 };
 
 /* ---------- session locks ---------- */
@@ -224,6 +236,8 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     l->store = st;
     l->providers = providers;
     pthread_mutex_init(&l->locks_mutex, NULL);
+    pthread_mutex_init(&l->fence_mutex, NULL);
+    pthread_cond_init(&l->fence_cond, NULL);
     *out = l;
     return 0;
 }
@@ -238,6 +252,17 @@ void lend_free(struct lb_lend *l)
     free(l->public_url);
     free(l->operate_key);
     pthread_mutex_destroy(&l->locks_mutex);
+    if (l->store) { /* initialised (lend_new got that far) */
+        struct lend_fence *f, *tmp;
+
+        HASH_ITER(hh, l->fences, f, tmp) {
+            HASH_DEL(l->fences, f);
+            free(f->id);
+            free(f);
+        }
+        pthread_mutex_destroy(&l->fence_mutex);
+        pthread_cond_destroy(&l->fence_cond);
+    }
     free(l);
 }
 
@@ -455,6 +480,125 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
     t->desc = t->rec.descriptor_json ? json_loads(t->rec.descriptor_json, 0, NULL) : NULL;
     t->ref = (struct lb_sandbox_ref){t->rec.id, t->desc};
     return 0;
+}
+
+/* ---------- the operate-token fence ---------- */
+
+/* The fence of id, made when make is true (NULL without memory). fence_mutex held. */
+static struct lend_fence *fence_get(struct lb_lend *l, const char *id, bool make)
+{
+    struct lend_fence *f;
+
+    HASH_FIND_STR(l->fences, id, f);
+    if (f || !make)
+        return f;
+    f = calloc(1, sizeof(*f));
+    if (!f || !(f->id = strdup(id))) {
+        free(f);
+        return NULL;
+    }
+    HASH_ADD_KEYPTR(hh, l->fences, f->id, strlen(f->id), f);
+    return f;
+}
+
+/* Forget f when nothing holds it. fence_mutex held. */
+static void fence_put(struct lb_lend *l, struct lend_fence *f)
+{
+    if (f->exclusive > 0 || f->writers > 0)
+        return;
+    HASH_DEL(l->fences, f);
+    free(f->id);
+    free(f);
+}
+
+static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
+{
+    return lb_error_set(err, -EBUSY,
+                        "sandbox '%s' is fenced by the exclusive exec running in it since %s: "
+                        "calls with its operate token answer 409 until that exec's result is in",
+                        f->id, f->since);
+}
+
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, true);
+    if (!f) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (f->exclusive++ == 0) {
+        struct timespec now;
+        struct tm tm;
+
+        clock_gettime(CLOCK_REALTIME, &now);
+        gmtime_r(&now.tv_sec, &tm);
+        strftime(f->since, sizeof(f->since), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    while (f->writers > 0)
+        pthread_cond_wait(&l->fence_cond, &l->fence_mutex);
+out:
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+void lend_fence_lower(struct lb_lend *l, const char *id)
+{
+    struct lend_fence *f;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f) {
+        f->exclusive--;
+        fence_put(l, f);
+    }
+    pthread_mutex_unlock(&l->fence_mutex);
+}
+
+int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f && f->exclusive > 0)
+        r = fence_refuse(f, err);
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, true);
+    if (!f)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else if (f->exclusive > 0)
+        r = fence_refuse(f, err);
+    else
+        f->writers++;
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+void lend_fence_leave(struct lb_lend *l, const char *id)
+{
+    struct lend_fence *f;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f && --f->writers == 0) {
+        pthread_cond_broadcast(&l->fence_cond);
+        fence_put(l, f);
+    }
+    pthread_mutex_unlock(&l->fence_mutex);
 }
 
 /* ---------- stops ---------- */
@@ -1350,8 +1494,15 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .on_output = p->on_output,
         .output_ctx = p->output_ctx,
     };
+    if (p->exclusive && !p->sweep_only && (r = provider_check_exec(t.prov, &req, err)) < 0)
+        goto out;
+    /* the fence is up before the provider's sweep starts and down once the result is in */
+    if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0)
+        goto out;
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(t.prov, &t.ref, &req, res, err);
+    if (p->exclusive)
+        lend_fence_lower(l, id);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:

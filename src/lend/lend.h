@@ -146,6 +146,9 @@ struct lb_exec_params {
     bool exclusive;  /* stop every sandbox process but its init first (-EBUSY while another
                         exclusive exec runs in the sandbox, or for others while one does) */
     bool agent_root; /* exclusive: on the sandbox's own root, not the trusted view */
+    bool sweep_only; /* with exclusive: the daemon's own exec that wants only the sweep (an
+                        activation's stop), not a result a grader trusts, so it runs on
+                        providers whose caps.exclusive is false too */
     int pass_fd;     /* > 0: given to the command alone as its fd 4 (provider pass_fd); borrowed */
     /* output as it is produced (provider.h lb_exec_request.on_output); NULL: none */
     void (*on_output)(void *ctx, int stream, const char *data, size_t len);
@@ -158,9 +161,30 @@ struct lb_exec_params {
 int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
                    struct lb_error *err);
 
-/* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent. */
+/* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent; an exclusive
+ * one (not sweep_only) on a provider whose caps.exclusive is false is -EOPNOTSUPP (422
+ * unenforceable). While an exclusive exec runs, the sandbox's operate-token fence is up
+ * (lend_fence_check): it goes up before the provider's sweep starts and down once the
+ * provider's result is in, and it waits for the writes lend_fence_enter admitted before. */
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err);
+
+/* The operate-token fence. check: 0, or -EBUSY (409 conflict, the message naming the
+ * exclusive exec and when it began) while an exclusive exec of sandbox id runs; a record-free
+ * lookup, fine on an HTTP thread. Every call made with a sandbox's operate token is checked
+ * when it is authorized (routes_authorize). enter/leave bracket a write the daemon makes into
+ * the sandbox for an operate-token request admitted earlier (an upload's commit, a pause): enter
+ * is -EBUSY as check (nothing held) or holds the fence down until leave, so a write either
+ * completes before an exclusive exec's sweep starts or is refused. -ENOMEM. Thread-safe. */
+int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err);
+/* Raise id's fence (counted: every raise needs its lower) for an exclusive exec, or for what
+ * must span more than one (an activation close's sweep and capture): from then on check and
+ * enter refuse; returns once no write enter admitted before is still in progress. -ENOMEM. */
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err);
+void lend_fence_lower(struct lb_lend *l, const char *id);
+int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);
+void lend_fence_leave(struct lb_lend *l, const char *id);
+
 int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
                     size_t len, int mode, struct lb_error *err);
 /* A streamed upload to path in a lent sandbox (provider.h, struct lb_upload): begin opens the

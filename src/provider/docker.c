@@ -197,7 +197,7 @@ static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_
 
     char pass[PATH_MAX + 64], pass_dir[PATH_MAX];
 
-    snprintf(bind, sizeof(bind), "%s:%s:ro", d->cfg.supervise_path, DOCKER_SUPERVISE_PATH);
+    snprintf(bind, sizeof(bind), "%s:%s:ro", d->supervise_dir, DOCKER_SUPERVISE_DIR);
     docker_pass_dir(d, id, pass_dir, sizeof(pass_dir));
     snprintf(pass, sizeof(pass), "%s:%s:rw", pass_dir, DOCKER_PASS_PATH);
     if (spec->resources.disk_mib > 0)
@@ -508,6 +508,7 @@ static void docker_destroy(struct lb_provider *p)
     free(d->net_inherit);
     free(d->spool_dir);
     free(d->pass_dir);
+    free(d->supervise_dir);
     free(d);
 }
 
@@ -594,6 +595,64 @@ out:
     return r;
 }
 
+/* Copy the supervisor at src into dir/supervise (mode 0755; dir made 0755), replacing an
+ * older copy atomically (a running container's bind mount of dir sees the new file; execs
+ * under way keep the old one). 0 or -errno with err set. */
+static int copy_supervisor(const char *src, const char *dir, struct lb_error *err)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX], buf[65536];
+    int in = -1, out = -1, r = 0;
+    ssize_t n;
+
+    if ((size_t)snprintf(tmp, sizeof(tmp), "%s/.supervise.new", dir) >= sizeof(tmp) ||
+        (size_t)snprintf(dst, sizeof(dst), "%s/supervise", dir) >= sizeof(dst))
+        return lb_error_set(err, -ENAMETOOLONG, "the state dir's path is too long");
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return lb_error_set(err, -errno, "cannot make '%s': %s", dir, strerror(errno));
+    in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        r = lb_error_set(err, -errno, "cannot read the supervisor '%s': %s", src, strerror(errno));
+        goto out;
+    }
+    (void)unlink(tmp);
+    out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    if (out < 0) {
+        r = lb_error_set(err, -errno, "cannot write '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    while ((n = read(in, buf, sizeof(buf))) > 0) {
+        for (ssize_t off = 0; off < n;) {
+            ssize_t w = write(out, buf + off, (size_t)(n - off));
+
+            if (w < 0) {
+                r = lb_error_set(err, -errno, "cannot write '%s': %s", tmp, strerror(errno));
+                goto out;
+            }
+            off += w;
+        }
+    }
+    if (n < 0) {
+        r = lb_error_set(err, -errno, "cannot read the supervisor '%s': %s", src, strerror(errno));
+        goto out;
+    }
+    if (fchmod(out, 0755) < 0 || fsync(out) < 0 || close(out) < 0) {
+        out = -1;
+        r = lb_error_set(err, -errno, "cannot write '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    out = -1;
+    if (rename(tmp, dst) < 0)
+        r = lb_error_set(err, -errno, "cannot place '%s': %s", dst, strerror(errno));
+out:
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    if (r < 0)
+        (void)unlink(tmp);
+    return r;
+}
+
 int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
                         struct lb_error *err)
 {
@@ -624,6 +683,8 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         d->spool_dir = NULL;
     if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)
         d->pass_dir = NULL;
+    if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->state_dir) < 0)
+        d->supervise_dir = NULL;
     d->cfg.socket = d->socket;
     d->cfg.default_image = d->default_image;
     d->cfg.supervise_path = d->supervise_path;
@@ -634,7 +695,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
-        (cfg->default_image && !d->default_image)) {
+        !d->supervise_dir || (cfg->default_image && !d->default_image)) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
@@ -644,6 +705,9 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
                          strerror(errno));
         goto fail;
     }
+    r = copy_supervisor(d->supervise_path, d->supervise_dir, err);
+    if (r < 0)
+        goto fail;
     r = httpc_new(d->socket, "", &d->http, err);
     if (r < 0)
         goto fail;

@@ -235,6 +235,13 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                            "the daemon is shutting down and no longer runs commands");
         return 0;
     }
+    /* stdin goes in as a file under /tmp before the exec starts, while the agent's processes
+     * still run: they could replace it before the sweep, so a grader's stdin would not hold */
+    if (req->exclusive && req->stdin_data)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "'stdin' of an exclusive exec cannot be enforced by provider 'docker' "
+                            "(it passes through a file the sandbox can replace before the "
+                            "sweep): put the input in the command or a file the grader checks");
     r = gate_enter(d, ref->id, req->exclusive, err);
     if (r < 0)
         return r;

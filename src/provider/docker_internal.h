@@ -13,7 +13,13 @@
 
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
-#define DOCKER_SUPERVISE_PATH "/run/lendbox/supervise"
+/* The supervisor every daemon command of a container runs: a read-only bind mount of the
+ * directory <state_dir>/docker-supervise at /.lendbox. A mount point directly under / cannot be
+ * renamed (EBUSY) or unmounted (the container has no CAP_SYS_ADMIN), and a read-only mount's
+ * file cannot be replaced, so no path component of it is the container's to change (unlike
+ * /run/lendbox, which its root can rename and refill). */
+#define DOCKER_SUPERVISE_DIR "/.lendbox"
+#define DOCKER_SUPERVISE_PATH DOCKER_SUPERVISE_DIR "/supervise"
 #define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
 
 /* Exec admission of one sandbox: exclusive execs run alone (others get -EBUSY). */
@@ -28,7 +34,9 @@ struct lb_docker {
     struct lb_provider base;
     struct lb_docker_config cfg; /* strings point at the copies below */
     char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
-    char *pass_dir; /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
+    char *pass_dir;      /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
+    char *supervise_dir; /* <state_dir>/docker-supervise: the supervisor's copy, bind-mounted
+                            read-only at DOCKER_SUPERVISE_DIR */
     char instance[64];
     struct lb_httpc *http;
     atomic_bool ending;         /* end_execs was called */

@@ -1480,6 +1480,7 @@ static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .pass_fd = true,
         .pty = true, /* lendbox-supervise --pty-launch with the session directory as pass fd */
         .exclusive = true,
+        .trusted_view = true,
     };
 }
 

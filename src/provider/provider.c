@@ -205,6 +205,26 @@ void provider_caps(struct lb_provider *p, struct lb_provider_caps *out)
         p->ops->caps(p, out);
 }
 
+int provider_check_exec(struct lb_provider *p, const struct lb_exec_request *req,
+                        struct lb_error *err)
+{
+    struct lb_provider_caps c;
+
+    provider_caps(p, &c);
+    if (req->exclusive && !c.exclusive)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "exclusive cannot be enforced by provider '%s': the sandbox's root "
+                            "can reach what would run or report the command",
+                            p && p->ops->name ? p->ops->name : "?");
+    if (req->exclusive && !req->agent_root && !c.trusted_view)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "exclusive cannot run on the base image with provider '%s' (the "
+                            "sandbox's root is the agent's): ask for \"agent_root\": true to "
+                            "grade on it, accepting what the agent changed there",
+                            p && p->ops->name ? p->ops->name : "?");
+    return 0;
+}
+
 int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spec,
                         struct lb_error *err)
 {

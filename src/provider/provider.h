@@ -204,7 +204,15 @@ struct lb_provider_caps {
                                   daemon reads back with file_open. The sandbox's own processes
                                   can forge or remove that file (same uid): the receipt is as
                                   trustworthy as the sandbox. */
-    bool exclusive;            /* exec exclusive */
+    bool exclusive;            /* exec exclusive, as a grading guarantee: the sweep, the
+                                  supervisor that runs the command and the channel its result
+                                  comes back on are all out of the sandbox's reach (no file the
+                                  sandbox's root can rename or rewrite). Without it an exec
+                                  asking "exclusive" is refused (provider_check_exec). */
+    bool trusted_view;         /* with exclusive: the command runs on the sandbox's base image
+                                  read-only (its workdir at its path), not on the root the
+                                  sandbox's processes could change. Without it an exclusive exec
+                                  must ask for agent_root (provider_check_exec). */
     const char *default_image; /* the image of a seed that names none, when this provider has
                                   its own (docker.default_image); NULL: lending.default_image.
                                   Owned by the provider. */
@@ -362,6 +370,11 @@ void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);
 /* Refuse a spec field the provider's capabilities lack: 0, or -EOPNOTSUPP (422) with a message
  * naming the field and the provider. Access "inherit" is the provider's own to interpret; it
  * does not check what only create can (servers' addresses, an image's contents). */
+/* Refuse an exec request field the provider's capabilities lack (exclusive without
+ * caps.exclusive; exclusive without agent_root and without caps.trusted_view): 0, or
+ * -EOPNOTSUPP (422 unenforceable) naming the field and the provider. */
+int provider_check_exec(struct lb_provider *p, const struct lb_exec_request *req,
+                        struct lb_error *err);
 int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spec,
                         struct lb_error *err);
 

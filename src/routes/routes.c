@@ -70,14 +70,34 @@ int routes_authorize(void *app, const char *token, enum lb_auth_need need, const
 {
     struct lb_app *a = app;
     char sbx[LB_ID_MAX];
+    const char *target = sandbox_id;
+    struct lb_record live = {0};
+    int r;
 
     if (need == LB_AUTH_PTY) {
         /* the session's sandbox decides; an unknown session is nobody's (admin only: 404) */
         bool known = a->ptys && pty_sandbox_of(a->ptys, sandbox_id, sbx, sizeof(sbx)) == 0;
 
-        return auth_authorize(a->auth, token, LB_AUTH_SANDBOX, known ? sbx : NULL, who, err);
+        target = known ? sbx : NULL;
+        r = auth_authorize(a->auth, token, LB_AUTH_SANDBOX, target, who, err);
+    } else {
+        r = auth_authorize(a->auth, token, need, sandbox_id, who, err);
     }
-    return auth_authorize(a->auth, token, need, sandbox_id, who, err);
+    if (r < 0 || *who != LB_PRINCIPAL_OPERATE)
+        return r;
+    /* Every call made with an operate token passes here: while an exclusive exec runs in the
+     * token's sandbox, none of them reaches it (409, naming the exec). For a session route
+     * the sandbox is the session's live one (an exec needs a live sandbox). */
+    if (need == LB_AUTH_SESSION) {
+        target = NULL;
+        if (a->store && sandbox_id &&
+            store_get_live_by_rsid(a->store, sandbox_id, &live, NULL) == 0)
+            target = live.id;
+    }
+    if (target)
+        r = lend_fence_check(a->lend, target, err);
+    store_record_release(&live);
+    return r;
 }
 
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,

@@ -127,8 +127,15 @@ static void pause_run(struct lb_request *req, void *arg)
     struct lb_error err = {0};
     json_t *out = NULL;
     const char *which_id = arg;
-    int r = lend_set_paused(app->lend, which_id + 1, which_id[0] == 'p', &out, &err);
+    bool operate = http_principal(req) == LB_PRINCIPAL_OPERATE;
+    int r = operate ? lend_fence_enter(app->lend, which_id + 1, &err) : 0;
 
+    /* an operate token's pause admitted before an exclusive exec began must not freeze it */
+    if (r == 0) {
+        r = lend_set_paused(app->lend, which_id + 1, which_id[0] == 'p', &out, &err);
+        if (operate)
+            lend_fence_leave(app->lend, which_id + 1);
+    }
     routes_respond(req, r, 200, out, &err);
 }
 
@@ -546,14 +553,24 @@ static int file_job_new(struct lb_request *req, bool with_mode, struct file_job 
 struct upload_job {
     struct lb_lend *lend;
     struct lb_upload *upload;
+    char *fenced_id; /* an operate-token upload: the sandbox whose fence its commit passes */
 };
 
 static void upload_finish(struct lb_request *req, void *arg)
 {
     struct upload_job *u = arg;
     struct lb_error err = {0};
-    int r = lend_upload_commit(u->lend, u->upload, &err);
+    int r = 0;
 
+    /* admitted before an exclusive exec began, its bytes may land only before the sweep */
+    if (u->fenced_id && (r = lend_fence_enter(u->lend, u->fenced_id, &err)) < 0) {
+        lend_upload_abort(u->lend, u->upload);
+    } else {
+        r = lend_upload_commit(u->lend, u->upload, &err);
+        if (u->fenced_id)
+            lend_fence_leave(u->lend, u->fenced_id);
+    }
+    free(u->fenced_id);
     free(u);
     if (r < 0)
         http_respond_error(req, &err);
@@ -566,6 +583,7 @@ static void upload_abort(void *arg)
     struct upload_job *u = arg;
 
     lend_upload_abort(u->lend, u->upload);
+    free(u->fenced_id);
     free(u);
 }
 
@@ -613,6 +631,13 @@ static void file_put_open(struct lb_request *req, void *arg)
             http_respond_error(req, &err);
             return;
         }
+    }
+    if (http_principal(req) == LB_PRINCIPAL_OPERATE && !(u->fenced_id = strdup(j->id))) {
+        lend_upload_abort(u->lend, u->upload);
+        free(u);
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
     }
     http_body_sink(req, &(struct lb_body_sink){.fd = u->upload->fd,
                                                .finish = upload_finish,

@@ -824,16 +824,18 @@ static int user_become(const struct sup_user *u, bool have)
     return 0;
 }
 
-/* Is argv this program's harness or PTY launcher (an activation's launch, a PTY session's
- * start: the daemon names it by its path in the sandbox)? Those switch to their own --user
- * right before their command's exec, and run as this very binary (/proc/self/exe), never as
- * the file now at that path: the sandbox's root owns /run and could put its own program there.
+/* Is argv one of this program's own modes the daemon runs as a command (an activation's launch
+ * or stop request, a PTY session's start: the daemon names it by its path in the sandbox)?
+ * Those stay the sandbox's root (launchers switch to their own --user right before their
+ * command's exec), and run as this very binary (/proc/self/exe), never as the file now at that
+ * path: the sandbox's root owns /run and could put its own program there.
  * (A command naming it itself gains nothing: it gets the real launcher, as the sandbox's root,
  * which its own request could have asked for.) */
 static bool is_own_harness_launch(char **argv)
 {
     return argv[0] && argv[1] && strcmp(argv[0], "/run/lendbox/supervise") == 0 &&
-           (strcmp(argv[1], "--harness-launch") == 0 || strcmp(argv[1], "--pty-launch") == 0);
+           (strcmp(argv[1], "--harness-launch") == 0 || strcmp(argv[1], "--pty-launch") == 0 ||
+            strcmp(argv[1], "--harness-stop") == 0);
 }
 
 static void exec_command(char **argv, int status_fd, int pass_fd, const struct sup_user *u,

@@ -536,6 +536,13 @@ const char *lbt_variant_lacks(const char *capability)
         return "the lxd provider has no fd passing (pass_fd): the harness supervisor's receipt "
                "is a file inside the instance (capability receipt_file), which the instance's "
                "own processes can forge";
+    if (lbt_variant_is("lxd") && strcmp(capability, "exclusive") == 0)
+        return "the lxd provider does not claim exclusive (the pushed supervisor and the receipt "
+               "are files the instance's root can rewrite): an exclusive exec is 422";
+    if ((lbt_variant_is("lxd") || lbt_variant_is("docker")) &&
+        strcmp(capability, "trusted_view") == 0)
+        return "the provider has no base-image view for graders (the container's root is the "
+               "agent's): an exclusive exec without agent_root is 422";
     if (lbt_variant_is("lxd") && strcmp(capability, "user_names") == 0)
         return "LXD's exec takes numeric uids only";
     if (lbt_variant_is("lxd") && strcmp(capability, "disk_quota") == 0)

@@ -320,6 +320,22 @@ static void assert_grader(const char *sbx, const char *members, int rc, const ch
     json_decref(res);
 }
 
+/* On a variant without the trusted view (docker, lxd) a grader's plain exclusive exec is 422
+ * unenforceable: asserts it and says why the rest is skipped. True when the caller returns. */
+static bool view_lacking(const char *sbx, const char *test)
+{
+    const char *why = lbt_variant_lacks("trusted_view");
+    struct lbt_resp r;
+
+    if (!why)
+        return false;
+    lbt_exec(&D, sbx, "", "{\"command\": \"exit 7\", \"exclusive\": true}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    lbt_resp_free(&r);
+    lbt_skip_note(test, why);
+    return true;
+}
+
 /* A grader (exclusive exec) runs on the sandbox's base image, not on what the agent made of its
  * root: an agent that replaced /bin/sh, python3 and a module of its standard library with
  * fakes that exit 0, planted json.py in the workdir and marked /tmp cannot change the
@@ -337,6 +353,8 @@ START_TEST(test_exclusive_trusted_view)
     snprintf(op, sizeof(op), "%s",
              json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
     json_decref(lease);
+    if (view_lacking(sbx, "test_exclusive_trusted_view"))
+        return;
 
     /* the agent's work: an answer, a module where an interpreter looks first, a mark in /tmp */
     agent_run(sbx, op,
@@ -412,6 +430,8 @@ START_TEST(test_exclusive_home_not_in_workdir)
     snprintf(op, sizeof(op), "%s",
              json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
     json_decref(lease);
+    if (view_lacking(sbx, "test_exclusive_home_not_in_workdir"))
+        return;
     agent_run(sbx, op,
               "d=$(python3 -m site --user-site) && mkdir -p \"$d\" && printf 'import "
               "os\\nprint(\"forged\", flush=True)\\nos._exit(0)\\n' > \"$d/usercustomize.py\"");
@@ -433,10 +453,104 @@ START_TEST(test_exclusive_home_not_in_workdir)
 }
 END_TEST
 
+/* ---------- grading integrity ---------- */
+
+/* The agent's planted supervisor: notes that it ran, then runs the real one without
+ * --exclusive (so a result would look right, but nothing of the agent would be stopped). */
+static const char PLANT_SH[] = "#!/bin/sh\n"
+                               "echo ran >>/tmp/planted-ran\n"
+                               "for a; do shift; [ \"$a\" = --exclusive ] || set -- \"$@\" \"$a\"; "
+                               "done\n"
+                               "exec /run/lendbox.agent/supervise \"$@\"\n";
+
+/* The container's (sandbox's) root renames /run/lendbox (and /run, where it can) and plants its
+ * own supervise there: three exclusive execs still run the daemon's supervisor (the planted one
+ * never runs), return the true result, and sweep (the agent's background process is gone). On
+ * a provider that cannot hold that (lxd), an exclusive exec is refused with 422. */
+START_TEST(test_planted_supervisor_exclusive)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256], cmd[300];
+    struct lbt_resp r;
+    json_t *lease, *res;
+    char *out;
+
+    lbt_daemon_start(&d, NULL);
+    lease = lbt_seed(&d, "planted-exec", "task-planted", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(op, sizeof(op), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    if (lbt_variant_lacks("exclusive")) {
+        lbt_exec(&d, sbx, "", "{\"command\": \"exit 7\", \"exclusive\": true}", &r);
+        lbt_assert_error(&r, 422, "unenforceable");
+        ck_assert_msg(strstr(r.body, "exclusive") && strstr(r.body, "lxd"), "%s", r.body);
+        lbt_resp_free(&r);
+        lbt_skip_note("test_planted_supervisor_exclusive (the plant)",
+                      lbt_variant_lacks("exclusive"));
+        lbt_daemon_cleanup(&d);
+        return;
+    }
+    lbt_file_put(&d, sbx, op, "/tmp/plant.sh", "0755", PLANT_SH, strlen(PLANT_SH), &r);
+    ck_assert_msg(r.status == 204, "upload: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    res = lbt_exec_ok(&d, sbx, op,
+                      "{\"command\": \"mv /run /run.agent 2>/dev/null; mkdir -p /run; "
+                      "mv /run/lendbox /run/lendbox.agent 2>/dev/null || "
+                      "mv /run.agent/lendbox /run/lendbox.agent; mkdir /run/lendbox && "
+                      "cp /tmp/plant.sh /run/lendbox/supervise && "
+                      "chmod 755 /run/lendbox/supervise\"}");
+    ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == 0, "plant: %s",
+                  json_string_value(json_object_get(res, "stderr")));
+    json_decref(res);
+    for (int i = 0; i < 3; i++) {
+        int pid;
+
+        res = lbt_exec_ok(&d, sbx, op,
+                          "{\"command\": \"sleep 1000 </dev/null >/dev/null 2>&1 & echo $!\", "
+                          "\"preserve_background_services\": true}");
+        pid = atoi(json_string_value(json_object_get(res, "stdout")));
+        json_decref(res);
+        ck_assert_int_gt(pid, 1);
+        /* docker has no base-image view: its graders say agent_root (the supervisor is
+         * still the daemon's, from /.lendbox) */
+        res = lbt_exec_ok(&d, sbx, "",
+                          lbt_variant_lacks("trusted_view")
+                              ? "{\"exclusive\": true, \"agent_root\": true, "
+                                "\"command\": \"echo true-output; exit 7\"}"
+                              : "{\"exclusive\": true, \"command\": \"echo true-output; exit 7\"}");
+        assert_result(res, 7, "true-output\n", "", NULL);
+        json_decref(res);
+        snprintf(cmd, sizeof(cmd), "if kill -0 %d 2>/dev/null; then echo alive; fi; echo end", pid);
+        out = lbt_sh(&d, sbx, cmd);
+        ck_assert_msg(strcmp(out, "end\n") == 0, "exclusive exec %d: the agent's process: %s", i,
+                      out);
+        free(out);
+    }
+    out = lbt_sh(&d, sbx, "cat /tmp/planted-ran 2>/dev/null; echo end");
+    ck_assert_str_eq(out, "end\n");
+    free(out);
+    /* stdin: on docker it would pass through a file the agent can replace before the sweep */
+    lbt_exec(&d, sbx, "",
+             "{\"exclusive\": true, \"agent_root\": true, \"command\": \"cat\", \"stdin\": \"in\"}",
+             &r);
+    if (lbt_variant_is("docker")) {
+        lbt_assert_error(&r, 422, "unenforceable");
+        ck_assert_msg(strstr(r.body, "stdin") != NULL, "%s", r.body);
+    } else {
+        ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+        assert_result(r.json, 0, "in", "", NULL);
+    }
+    lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("exec");
     TCase *tc = tcase_create("exec");
+    TCase *grading = tcase_create("grading");
 
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
@@ -451,5 +565,8 @@ int main(void)
     tcase_add_test(tc, test_exclusive_trusted_view);
     tcase_add_test(tc, test_exclusive_home_not_in_workdir);
     suite_add_tcase(s, tc);
+    tcase_set_timeout(grading, 120);
+    tcase_add_test(grading, test_planted_supervisor_exclusive);
+    suite_add_tcase(s, grading);
     return lbt_run_suite(s);
 }

@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <linux/keyctl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -341,6 +343,216 @@ START_TEST(test_exclusive_runs_alone)
     lbt_exec(&d, sbx, "", "{\"command\": \"true\", \"exclusive\": 1}", &r);
     lbt_assert_error(&r, 400, "bad_request");
     lbt_resp_free(&r);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* ---------- the operate-token fence of an exclusive exec ---------- */
+
+/* The agent's uploader: PUT /tmp/g.sh and /workspace/g.sh (each "exit 0") with the operate
+ * token in a loop, counting what it got. */
+struct uploader {
+    struct lbt_daemon *d;
+    const char *sbx, *op;
+    atomic_bool stop;
+    int ok, fenced, other;
+    char other_seen[300];
+};
+
+static void *uploader_run(void *arg)
+{
+    static const char fake[] = "#!/bin/sh\nexit 0\n";
+    struct uploader *u = arg;
+
+    while (!atomic_load(&u->stop)) {
+        for (int i = 0; i < 2; i++) {
+            struct lbt_resp r;
+
+            lbt_file_put(u->d, u->sbx, u->op, i ? "/workspace/g.sh" : "/tmp/g.sh", "0755", fake,
+                         sizeof(fake) - 1, &r);
+            if (r.status == 204)
+                u->ok++;
+            else if (r.status == 409 && strcmp(lbt_error_code(&r), "conflict") == 0 &&
+                     strstr(r.body, "exclusive exec"))
+                u->fenced++;
+            else if (u->other++ == 0)
+                snprintf(u->other_seen, sizeof(u->other_seen), "%ld %.250s", r.status, r.body);
+            lbt_resp_free(&r);
+        }
+    }
+    return NULL;
+}
+
+/* A call with the operate token while an exclusive exec runs: 409 conflict naming it. */
+static void assert_fenced(struct lbt_daemon *d, const char *method, const char *path,
+                          const char *op, const char *body)
+{
+    struct lbt_resp r;
+
+    lbt_json(d, method, path, op, body, &r);
+    ck_assert_msg(r.status == 409, "%s %s during an exclusive exec: %ld %s", method, path, r.status,
+                  r.body);
+    lbt_assert_error(&r, 409, "conflict");
+    ck_assert_msg(strstr(r.body, "exclusive exec") != NULL, "%s %s: %s", method, path, r.body);
+    lbt_resp_free(&r);
+}
+
+/* While an admin's exclusive exec runs, every call made with the sandbox's operate token
+ * answers 409 conflict naming the exec: a concurrent uploader rewriting the script the grader
+ * writes and runs never changes the grade, and every other kind of operate call is refused
+ * too; the admin's calls still work. */
+START_TEST(test_exclusive_fences_the_operate_token)
+{
+    struct lbt_daemon d;
+    struct uploader u = {0};
+    char sbx[128], op[256], path[300], sid[128], excl_path[200];
+    struct lbt_async *excl;
+    struct lbt_resp r;
+    pthread_t th;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "fence", sbx, sizeof(sbx), op, sizeof(op));
+    u.d = &d, u.sbx = sbx, u.op = op;
+    ck_assert_int_eq(pthread_create(&th, NULL, uploader_run, &u), 0);
+    for (int i = 0; i < 5; i++) {
+        res = lbt_exec_ok(&d, sbx, "",
+                          "{\"exclusive\": true, \"timeout_s\": 30, \"command\": "
+                          "\"printf '#!/bin/sh\\\\nexit 1\\\\n' >/tmp/g.sh && "
+                          "printf '#!/bin/sh\\\\nexit 2\\\\n' >/workspace/g.sh && sleep 0.3; "
+                          "sh /tmp/g.sh; a=$?; sh /workspace/g.sh; exit $((a * 10 + $?))\"}");
+        ck_assert_msg(json_integer_value(json_object_get(res, "return_code")) == 12,
+                      "grading run %d: return code %lld (stderr %s)", i,
+                      (long long)json_integer_value(json_object_get(res, "return_code")),
+                      json_string_value(json_object_get(res, "stderr")));
+        json_decref(res);
+        lbt_sleep_ms(100);
+    }
+    atomic_store(&u.stop, true);
+    pthread_join(th, NULL);
+    ck_assert_msg(u.other == 0, "the uploader got %d other answers, first: %s", u.other,
+                  u.other_seen);
+    ck_assert_msg(u.fenced > 0, "the uploader was never refused (%d uploads went in)", u.ok);
+    ck_assert_msg(u.ok > 0, "the uploader never got in between the grading runs");
+
+    /* one call of every other kind the operate token can make, during one exclusive exec */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&d, "POST", path, op, "{\"command\": \"sleep 100\", \"pty\": false}", &r);
+    ck_assert_msg(r.status == 201, "pty: %ld %s", r.status, r.body);
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(r.json, "session_id")));
+    lbt_resp_free(&r);
+    snprintf(excl_path, sizeof(excl_path), "/v1/sandboxes/%s/exec", sbx);
+    excl = lbt_async_json(&d, "POST", excl_path, "",
+                          "{\"exclusive\": true, \"command\": \"sleep 3; exit 4\"}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    for (int i = 0; i < 100; i++) {
+        lbt_json(&d, "GET", path, op, NULL, &r);
+        long st = r.status;
+
+        lbt_resp_free(&r);
+        if (st == 409)
+            break;
+        ck_assert_int_eq(st, 200);
+        lbt_sleep_ms(20);
+    }
+    assert_fenced(&d, "GET", path, op, NULL);
+    assert_fenced(&d, "POST", excl_path, op, "{\"command\": \"true\"}");
+    assert_fenced(&d, "POST", excl_path, op, "{\"command\": \"true\", \"exclusive\": true}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/tmp/g.sh", sbx);
+    assert_fenced(&d, "GET", path, op, NULL);
+    lbt_file_put(&d, sbx, op, "/workspace/other", NULL, "x", 1, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
+    assert_fenced(&d, "POST", path, op, "{}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", sbx);
+    assert_fenced(&d, "POST", path, op, "{}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8080", sbx);
+    assert_fenced(&d, "GET", path, op, NULL);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    assert_fenced(&d, "POST", path, op, "{\"command\": \"true\"}");
+    snprintf(path, sizeof(path), "/v1/pty/%s/input", sid);
+    assert_fenced(&d, "POST", path, op, "x");
+    snprintf(path, sizeof(path), "/v1/pty/%s/resize", sid);
+    assert_fenced(&d, "POST", path, op, "{\"rows\": 30, \"cols\": 100}");
+    snprintf(path, sizeof(path), "/v1/pty/%s/signal", sid);
+    assert_fenced(&d, "POST", path, op, "{\"signal\": \"INT\"}");
+    snprintf(path, sizeof(path), "/v1/pty/%s/output", sid);
+    assert_fenced(&d, "GET", path, op, NULL);
+    assert_fenced(&d, "POST", "/v1/sessions/fence/execute", op,
+                  "{\"argv\": [\"true\"], \"files\": {\"/tmp/g.sh\": \"exit 0\"}}");
+    assert_fenced(&d, "GET", "/v1/sessions/fence/activation", op, NULL);
+    assert_fenced(&d, "POST", "/v1/sessions/fence/stop_harness", op, "{}");
+    assert_fenced(&d, "POST", "/v1/sessions/fence/close", op, "{}");
+    /* the admin is not fenced */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(&d, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    lbt_file_get(&d, sbx, "", "/tmp/g.sh", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ck_assert(!lbt_async_done(excl));
+    lbt_async_join(excl, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 4);
+    lbt_resp_free(&r);
+    /* the fence is down with the result */
+    res = lbt_exec_ok(&d, sbx, op, "{\"command\": \"exit 6\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 6);
+    json_decref(res);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* The agent renames /run/lendbox and plants its own supervise there, after its harness ended:
+ * an activation's close still runs the real --harness-stop sweep (the planted program never
+ * runs), the agent's background process is gone, and the collected artifact is the harness's. */
+START_TEST(test_planted_supervisor_close)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256];
+    struct lbt_resp r;
+    json_t *res, *a;
+    unsigned char *bytes;
+    size_t len = 0;
+    char *out;
+    int sleeper;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "planted-close", sbx, sizeof(sbx), op, sizeof(op));
+    lbt_json(&d, "POST", "/v1/sessions/planted-close/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo real > /workspace/result.txt\"], "
+             "\"collect\": [\"/workspace/result.txt\"], \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 200 || r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_sleep_ms(1000); /* the harness has ended; nothing has collected yet */
+    res = lbt_exec_ok(
+        &d, sbx, op,
+        "{\"preserve_background_services\": true, \"command\": \"mv /run/lendbox /run/real && "
+        "mkdir /run/lendbox && printf '#!/bin/sh\\\\necho forged-by-agent "
+        ">/workspace/result.txt\\\\necho planted >/tmp/planted\\\\nexit 0\\\\n' "
+        ">/run/lendbox/supervise && chmod 755 /run/lendbox/supervise && "
+        "sleep 1000 </dev/null >/dev/null 2>&1 & echo $!\"}");
+    sleeper = atoi(json_string_value(json_object_get(res, "stdout")));
+    json_decref(res);
+    ck_assert_int_gt(sleeper, 1);
+    ck_assert(alive_inside(&d, sbx, sleeper));
+    lbt_json(&d, "POST", "/v1/sessions/planted-close/close", "", "{}", &r);
+    ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
+    a = json_object_get(json_object_get(r.json, "artifacts"), "/workspace/result.txt");
+    ck_assert_msg(json_is_object(a), "no artifact: %s", r.body);
+    bytes = lbt_b64_decode(json_string_value(json_object_get(a, "base64")), &len);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_msg(len == 5 && memcmp(bytes, "real\n", 5) == 0, "artifact: %.*s", (int)len,
+                  (const char *)bytes);
+    free(bytes);
+    lbt_resp_free(&r);
+    ck_assert(!alive_inside(&d, sbx, sleeper)); /* the sweep ran */
+    out = lbt_sh(&d, sbx, "cat /tmp/planted 2>/dev/null; cat /workspace/result.txt");
+    ck_assert_str_eq(out, "real\n");
+    free(out);
     lbt_daemon_cleanup(&d);
 }
 END_TEST
@@ -827,6 +1039,7 @@ int main(void)
     TCase *forge = tcase_create("forgery");
     TCase *sec = tcase_create("seccomp");
     TCase *host = tcase_create("host");
+    TCase *fence = tcase_create("fence");
 
     tcase_set_timeout(forge, 180);
     tcase_add_test(forge, test_forger_fails_without_seccomp);
@@ -851,5 +1064,10 @@ int main(void)
     tcase_set_timeout(host, 60);
     tcase_add_test(host, test_host_refuses_keyrings);
     suite_add_tcase(s, host);
+    /* grading integrity: the operate token fenced during exclusive execs, planted supervisors */
+    tcase_set_timeout(fence, 120);
+    tcase_add_test(fence, test_exclusive_fences_the_operate_token);
+    tcase_add_test(fence, test_planted_supervisor_close);
+    suite_add_tcase(s, fence);
     return lbt_run_suite(s);
 }
