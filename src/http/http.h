@@ -163,8 +163,9 @@ void http_response_header(struct lb_request *req, const char *name, const char *
  * charged to the request's bearer token. The reservation shrinks to the answer's size when a
  * response is set, and is given back when the request is done (sent or the client gone).
  * Every answer set with http_respond_text/json of at least 64 KiB is charged so anyway (one
- * over budget is replaced by the 429); answers and reservations under 64 KiB are not charged. Returns 0, or -EAGAIN (429 overloaded, answered with
- * Retry-After: 1) when the total or the token's share is taken by answers in flight. */
+ * over budget is replaced by the 429); answers and reservations under 64 KiB are not charged.
+ * Returns 0, or -EAGAIN (429 overloaded, answered with Retry-After: 1) when the total or the
+ * token's share is taken by answers in flight. */
 int http_answer_reserve(struct lb_request *req, size_t bytes, struct lb_error *err);
 /* Bytes of answers charged right now (all requests; for metrics and tests). */
 size_t http_answer_bytes(struct lb_http *h);

@@ -102,8 +102,8 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
  * image's /etc/passwd and /etc/group (read inside the image's root), to ids in that range →
  * 0 with *user_out a malloc'd "UID" or "UID:GID" (when it names a group; the caller frees),
  * the default user of the sandbox's execs; a User the image does not name or outside the
- * range → -EOPNOTSUPP naming it (never run silently as another user). -ENOENT: not an imported image (a tree placed by
- * hand has no config). Thread-safe. */
+ * range → -EOPNOTSUPP naming it (never run silently as another user). -ENOENT: not an imported
+ * image (a tree placed by hand has no config). Thread-safe. */
 int image_resolve_user(const char *images_dir, const char *name, char **user_out,
                        struct lb_error *err);
 

@@ -678,9 +678,11 @@ static int act_sweep(struct lb_activations *a, const struct lb_activation *act,
 {
     char dir[200];
     char *argv[] = {SUPERVISE_PATH, "--harness-stop", dir, NULL};
-    struct lb_exec_params p = {
-        .argv = argv, .timeout_ms = STOP_EXEC_TIMEOUT_MS, .exclusive = true, .agent_root = true,
-        .sweep_only = true};
+    struct lb_exec_params p = {.argv = argv,
+                               .timeout_ms = STOP_EXEC_TIMEOUT_MS,
+                               .exclusive = true,
+                               .agent_root = true,
+                               .sweep_only = true};
     struct lb_exec_result res = {0};
     int r;
 

@@ -12,7 +12,8 @@
 
 START_TEST(test_descriptor_round_trip)
 {
-    struct local_net n = {.mode = LOCAL_NET_MODEL_AND_TOOLS, .slot = 3, .ifname = "lbabcdefghjkmnp"};
+    struct local_net n = {
+        .mode = LOCAL_NET_MODEL_AND_TOOLS, .slot = 3, .ifname = "lbabcdefghjkmnp"};
     struct local_net back;
     json_t *j;
 
@@ -50,9 +51,12 @@ END_TEST
 START_TEST(test_descriptor_rejects_malformed)
 {
     static const char *const bad[] = {
-        "{\"mode\":\"open\",\"slot\":1,\"ifname\":\"lb1\",\"host\":\"10.0.0.0\",\"addr\":\"10.0.0.1\"}",
-        "{\"mode\":\"nat\",\"slot\":-1,\"ifname\":\"lb1\",\"host\":\"10.0.0.0\",\"addr\":\"10.0.0.1\"}",
-        "{\"mode\":\"nat\",\"slot\":1,\"ifname\":\"lb1\",\"host\":\"10.0.0\",\"addr\":\"10.0.0.1\"}",
+        "{\"mode\":\"open\",\"slot\":1,\"ifname\":\"lb1\",\"host\":\"10.0.0.0\",\"addr\":\"10.0.0."
+        "1\"}",
+        "{\"mode\":\"nat\",\"slot\":-1,\"ifname\":\"lb1\",\"host\":\"10.0.0.0\",\"addr\":\"10.0.0."
+        "1\"}",
+        "{\"mode\":\"nat\",\"slot\":1,\"ifname\":\"lb1\",\"host\":\"10.0.0\",\"addr\":\"10.0.0."
+        "1\"}",
         "{\"mode\":\"nat\",\"slot\":1,\"ifname\":\"lb0123456789abcdef\",\"host\":\"10.0.0.0\","
         "\"addr\":\"10.0.0.1\"}",
         "{\"mode\":\"model_only\",\"slot\":1,\"ifname\":\"lb1\",\"host\":\"10.0.0.0\","
