@@ -330,7 +330,8 @@ START_TEST(test_unenforceable)
     lbt_resp_free(&r);
     ck_assert_int_eq(dk_count_containers(x.inst), 0);
     lease = seed_ok(&x, "ep-a", NULL);
-    /* an exclusive exec runs with nothing else left in the container but its init */
+    /* an exclusive exec runs with nothing else left in the container but its init; docker has
+     * no base-image view for it, so it must say agent_root (without: 422 unenforceable) */
     {
         json_t *res = lbt_exec_ok(&x.d, sid_of(lease), "",
                                   "{\"command\": \"sleep 1000 > /dev/null 2>&1 &\", "
@@ -344,9 +345,13 @@ START_TEST(test_unenforceable)
         json_decref(res);
         res = lbt_exec_ok(&x.d, sid_of(lease), "",
                           "{\"command\": \"cat /proc/[0-9]*/cmdline | tr '\\\\000' ' ' | grep -c "
-                          "'[s]leep 1000' || true\", \"exclusive\": true}");
+                          "'[s]leep 1000' || true\", \"exclusive\": true, \"agent_root\": true}");
         ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
         json_decref(res);
+        lbt_exec(&x.d, sid_of(lease), "", "{\"command\": \"true\", \"exclusive\": true}", &r);
+        lbt_assert_error(&r, 422, "unenforceable");
+        ck_assert_msg(strstr(r.body, "agent_root") != NULL, "%s", r.body);
+        lbt_resp_free(&r);
     }
     json_decref(lease);
     lbt_daemon_cleanup(&x.d);
