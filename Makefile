@@ -113,7 +113,7 @@ $(BENCH_BINS): $(BUILD)/lendbox-%: scripts/%.c scripts/bench-common.c scripts/be
 # The hostile probe test_forgery uploads into sandboxes: static, like the supervisor.
 $(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -o $@ $<
+	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -pthread -o $@ $<
 $(BUILD)/tests/test_forgery: $(BUILD)/tests/lbt-probe
 
 deps:

@@ -206,8 +206,9 @@ static int kill_pass(pid_t init, const struct stat *ns)
         if (zombie && zombie_of_outside_parent((pid_t)v, ppid, ns))
             continue;
         found++;
-        if (zombie)
-            continue;
+        /* A zombie is signalled too: a thread-group leader that exited while its other
+         * threads run shows as a zombie, and only a SIGKILL to the group ends them (a true
+         * zombie ignores it and is counted until its parent reaps it). */
         pfd = (int)syscall(SYS_pidfd_open, (pid_t)v, 0);
         if (pfd < 0)
             continue; /* gone meanwhile */

@@ -1032,6 +1032,28 @@ static void loopback_up(void)
  * spare_init_session also every process of pid 1's own session (an image's init that keeps
  * a child, like a shell looping on sleep: what came in through an exec is always in a
  * session of its own, and no process can join another session). 0 or -1. */
+/* Has pid a thread other than itself (an entry of /proc/PID/task but its own)? */
+static bool has_other_threads(pid_t pid)
+{
+    char path[64];
+    struct dirent *e;
+    bool other = false;
+    DIR *dp;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    dp = opendir(path);
+    if (!dp)
+        return false;
+    while (!other && (e = readdir(dp))) {
+        char *end;
+        long tid = strtol(e->d_name, &end, 10);
+
+        other = !*end && tid > 0 && tid != pid;
+    }
+    closedir(dp);
+    return other;
+}
+
 static int kill_all_but_init(bool spare_init_session)
 {
     pid_t self = getpid();
@@ -1056,7 +1078,6 @@ static int kill_all_but_init(bool spare_init_session)
                 continue;
             if (init_sid > 0 && getsid((pid_t)pid) == init_sid)
                 continue;
-            /* a zombie is dead already (init reaps it): do not wait for it */
             snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
             fd = open(path, O_RDONLY | O_CLOEXEC);
             n = fd >= 0 ? read(fd, stat, sizeof(stat) - 1) : -1;
@@ -1066,8 +1087,15 @@ static int kill_all_but_init(bool spare_init_session)
                 stat[n] = '\0';
                 const char *rp = strrchr(stat, ')');
 
-                if (rp && rp[1] == ' ' && rp[2] == 'Z')
+                /* A zombie is dead already (init reaps it): do not wait for it, unless it is
+                 * a thread-group leader that exited while other threads of it run: the kill
+                 * to the group ends those, and it counts until they are gone. */
+                if (rp && rp[1] == ' ' && rp[2] == 'Z') {
+                    (void)kill((pid_t)pid, SIGKILL);
+                    if (has_other_threads((pid_t)pid))
+                        found++;
                     continue;
+                }
             }
             if (kill((pid_t)pid, SIGKILL) == 0)
                 found++;

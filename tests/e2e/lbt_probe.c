@@ -13,12 +13,17 @@
  *       holds them, writing nothing; with
  *       --write it also writes "FORGED" into them (what exclusive execs are for).
  *       Its pid goes to LOG.pid.
+ *   lbt-probe zombie-leader FILE
+ *       Starts a thread that appends a line to FILE every 100 ms, forever, then ends its main
+ *       thread alone (exit(2), not exit_group): the process shows as a zombie while its
+ *       thread runs, which a sweep that skips zombies never ends.
  *   lbt-probe syscalls [NAME...]
  *       Calls each named syscall (all it knows without names) with harmless arguments and
  *       prints "NAME ERRNONAME" ("NAME ok" on success). Arguments are chosen so that without
  *       a seccomp filter most calls give an error other than EPERM (or succeed).
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/keyctl.h>
@@ -425,8 +430,37 @@ static int run_syscalls(int n, char **names)
     return 0;
 }
 
+static void *zombie_leader_beat(void *arg)
+{
+    const char *file = arg;
+
+    for (;;) {
+        int fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+        if (fd >= 0) {
+            (void)!write(fd, "x\n", 2);
+            close(fd);
+        }
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
+static int run_zombie_leader(const char *file)
+{
+    pthread_t t;
+
+    if (pthread_create(&t, NULL, zombie_leader_beat, (void *)file) != 0)
+        return 1;
+    usleep(200 * 1000);
+    syscall(SYS_exit, 0); /* this thread only */
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "zombie-leader") == 0)
+        return run_zombie_leader(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "forge") == 0)
         return run_forge(argv[2], argc < 4                          ? 0
                                   : strcmp(argv[3], "--hold") == 0  ? 'h'
@@ -434,6 +468,7 @@ int main(int argc, char **argv)
                                                                     : 0);
     if (argc >= 2 && strcmp(argv[1], "syscalls") == 0)
         return run_syscalls(argc - 2, argv + 2);
-    fprintf(stderr, "usage: lbt-probe forge LOG [--hold|--write] | syscalls [NAME...]\n");
+    fprintf(stderr, "usage: lbt-probe forge LOG [--hold|--write] | zombie-leader FILE | "
+                    "syscalls [NAME...]\n");
     return 2;
 }

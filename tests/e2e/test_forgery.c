@@ -347,6 +347,42 @@ START_TEST(test_exclusive_runs_alone)
 }
 END_TEST
 
+/* A process whose main thread ended while another thread of it runs shows as a zombie; the
+ * exclusive sweep still ends it (a SIGKILL to the zombie leader kills its thread group): the
+ * grader's exec answers 200, and the agent's thread writes nothing more. */
+START_TEST(test_exclusive_sweeps_zombie_leader)
+{
+    struct lbt_daemon d;
+    char sbx[128], op[256];
+    char *before, *after;
+    json_t *res;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-zombie", sbx, sizeof(sbx), op, sizeof(op));
+    upload_probe(&d, sbx);
+    res = lbt_exec_ok(
+        &d, sbx, op,
+        "{\"command\": \"setsid /workspace/lbt-probe zombie-leader /workspace/beat "
+        "</dev/null >/dev/null 2>&1 & p=$!; while [ ! -s /workspace/beat ] || [ \\\"$(cut "
+        "-d' ' -f3 /proc/$p/stat)\\\" != Z ]; do sleep 0.05; done\", "
+        "\"preserve_background_services\": true, \"timeout_s\": 30}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+    res = lbt_exec_ok(&d, sbx, "", "{\"exclusive\": true, \"command\": \"echo graded\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "graded\n");
+    json_decref(res);
+    /* the beat has stopped: its thread is gone */
+    before = lbt_sh(&d, sbx, "wc -c < /workspace/beat");
+    lbt_sleep_ms(500);
+    after = lbt_sh(&d, sbx, "wc -c < /workspace/beat");
+    ck_assert_str_eq(before, after);
+    free(before);
+    free(after);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---------- the operate-token fence of an exclusive exec ---------- */
 
 /* The agent's uploader: PUT /tmp/g.sh and /workspace/g.sh (each "exit 0") with the operate
@@ -1047,6 +1083,7 @@ int main(void)
     tcase_add_test(forge, test_held_pipes_do_not_stall);
     tcase_add_test(forge, test_exclusive_leaves_no_agent_process);
     tcase_add_test(forge, test_exclusive_runs_alone);
+    tcase_add_test(forge, test_exclusive_sweeps_zombie_leader);
     tcase_add_test(forge, test_supervisor_copy_is_exec_only);
     tcase_add_test(forge, test_planted_supervisor_never_runs);
     tcase_add_test(forge, test_close_stops_agent_processes);
