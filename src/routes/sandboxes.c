@@ -457,6 +457,14 @@ int route_exec(struct lb_request *req, struct lb_error *err)
     r = http_body_json(req, false, &j->body, err);
     if (r == 0)
         r = exec_parse(http_app(req), j->body, j, err);
+    /* An exclusive exec is the grader's: it stops the agent's processes and holds the sandbox
+     * (every other exec, the admin's too, is 409 while it runs), so the agent's own token may
+     * not start one, or it could end a grader's exec and lock the grader out for its
+     * timeout. */
+    if (r == 0 && j->p.exclusive && http_principal(req) == LB_PRINCIPAL_OPERATE)
+        r = lb_error_set(err, -EACCES,
+                         "an exclusive exec needs the admin token (a grader's); the sandbox's "
+                         "operate token may not start one");
     {
         const char *accept = http_header(req, "Accept");
 

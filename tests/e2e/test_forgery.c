@@ -343,6 +343,13 @@ START_TEST(test_exclusive_runs_alone)
     lbt_exec(&d, sbx, "", "{\"command\": \"true\", \"exclusive\": 1}", &r);
     lbt_assert_error(&r, 400, "bad_request");
     lbt_resp_free(&r);
+    /* the agent's token may not start one: it would end the grader's execs and hold the
+     * sandbox against the admin for its timeout */
+    lbt_exec(&d, sbx, op, "{\"command\": \"sleep 8\", \"exclusive\": true}", &r);
+    lbt_assert_error(&r, 403, "forbidden");
+    ck_assert_msg(strstr(r.body, "admin") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(lbt_sh(&d, sbx, "true")); /* nothing holds the sandbox */
     lbt_daemon_cleanup(&d);
 }
 END_TEST
