@@ -207,12 +207,11 @@ int local_check_exec_args(const char *const *argv, const char *const *envp, char
 
 /* Endpoint relays (local_relay.c). init: -ENOMEM. endpoint: the URL of the relay of (id,
  * port), made on first use; *url_out is the caller's; -EREMOTEIO when it cannot be made.
- * close: end the relays of id (NULL: all) and wait for their threads. count: live relays. */
+ * close: end the relays of id (NULL: all) and wait for their threads. */
 int local_relay_init(struct local_provider *lp);
 int local_relay_endpoint(struct local_provider *lp, const char *id, const struct local_desc *d,
                          int port, char **url_out, struct lb_error *err);
 void local_relay_close(struct local_provider *lp, const char *id);
-int local_relay_count(struct local_provider *lp);
 void local_relay_destroy(struct local_provider *lp);
 
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
@@ -223,10 +222,6 @@ void local_close_fd(int *fd);
 /* Helpers for the forked children: only async-signal-safe work. */
 /* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
 int local_child_place_fds(const int *fds, int n);
-/* Close every fd from 3 up except the n in keep (any order, n <= 32; negative entries are
- * ignored): a forked helper must hold none of the daemon's own (lock file, database, listen
- * socket), else a helper frozen or stuck in a sandbox blocks a daemon restart. 0 or -EINVAL. */
-int local_child_close_fds_except(const int *keep, int n);
 /* Default dispositions and an empty mask for every signal. */
 void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */

@@ -377,9 +377,3 @@ int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struc
     f->path = strdup(path);
     return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
-
-int routes_not_implemented(struct lb_request *req, struct lb_error *err)
-{
-    (void)req;
-    return lb_error_set(err, -ENOSYS, "this route is part of the contract but not built yet");
-}
