@@ -1,13 +1,18 @@
 /*
  * local_internal.h - shared pieces of the local provider (private to src/provider/local*.c).
  *
- * local.c        provider object, uid allocation, descriptors, status, list, stop, pause
- * local_create.c create: bwrap argv, the double-fork spawn, waiting for the init
- * local_exec.c   exec: entering the namespaces and running lendbox-supervise
- * local_files.c  file_write / file_open through /proc/<init>/root with openat2
- * local_net.c    per-sandbox veth links and nftables egress rules
- * local_relay.c  endpoint relays for sandboxes without a link
- * local_userns.c user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
+ * local.c           provider object, uid allocation, descriptors, status, list, stop, pause,
+ *                   and the /proc, fd and forked-child helpers the other files use
+ * local_create.c    create: bwrap argv, the double-fork spawn, waiting for the init
+ * local_exec.c      exec: entering the namespaces and running lendbox-supervise
+ * local_exclusive.c the per-sandbox exec gate and the sweep before an exclusive exec
+ * local_files.c     file_write / file_open through /proc/<init>/root with openat2
+ * local_image.c     a sandbox's writable copy-on-write root over an image (overlay on tmpfs)
+ * local_net.c       per-sandbox veth links and nftables egress rules (local_net.h)
+ * local_relay.c     endpoint relays for sandboxes without a link
+ * local_userns.c    user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
+ * Used only by the local provider: cgroup.c (cgroups), seccomp.c (the filter), spawn.c
+ * (starting programs without a fork).
  */
 #ifndef LB_PROVIDER_LOCAL_INTERNAL_H
 #define LB_PROVIDER_LOCAL_INTERNAL_H

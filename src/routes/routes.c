@@ -55,8 +55,8 @@ const struct lb_route lb_routes[] = {
 
 void routes_print(FILE *f)
 {
-    /* index 3: the session-operate level (admin, or the operate token of the session's
-     * sandbox) that the activation routes get with issue 10 */
+    /* by enum lb_auth_need: "session" is admin or the operate token of the sandbox lent to
+     * the session (the activation routes), "pty" the same for a PTY session's sandbox */
     static const char *const auth_names[] = {"none", "admin", "sandbox", "session", "pty"};
     const size_t n_names = sizeof(auth_names) / sizeof(auth_names[0]);
 
