@@ -1,7 +1,7 @@
 /*
  * test_ops.c - acceptance: /healthz, /readyz, /metrics (Prometheus text, sandbox gauges and
- * seed counters that follow what happens), and the contract's routes that are not built yet
- * (501 not_implemented).
+ * seed counters that follow what happens), and the PTY routes for an unknown sandbox or
+ * session.
  */
 #include <ctype.h>
 #include <stdbool.h>
