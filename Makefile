@@ -159,9 +159,9 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # The e2e suite on the "docker" variant: every daemon runs provider.name = docker against one
 # private podman API service (tests/podman-service, the test image lbtest:latest), started here
 # once for all the programs and stopped after; without podman each program prints SKIP and
-# passes. The programs of issue 11's shared suite: lending, exec, files, durability (kill -9 and
-# adoption, failed stops retried, the bounded sweep), activations; pty (its routes answer 501
-# there: no PTY capability).
+# passes. The programs of the suite shared with the local provider: lending, exec, files,
+# durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
+# (its routes answer 501 there: no PTY capability).
 E2E_DOCKER_PROGS ?= lending exec files durability activation pty
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
@@ -173,7 +173,7 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 		LENDBOX_E2E_VARIANT=docker $$t || { rc=1; break; }; done; \
 	tests/podman-service stop $$dir; rm -rf $$dir; exit $$rc
 
-# The e2e suite on the "pool" variant (issue 13: every test passes with a pool configured):
+# The e2e suite on the "pool" variant (every test passes with a pool configured):
 # every daemon a test starts keeps a warm pool of the default class (pool.size=2, small so that
 # refills do not swamp two cores; a test's own pool.size wins). The programs whose seeds are of
 # the default class (so they take warm sandboxes) and that count sandboxes, processes or uids,

@@ -521,11 +521,6 @@ struct lb_http *http_server(struct lb_request *req)
     return req->http;
 }
 
-const char *http_method(struct lb_request *req)
-{
-    return req->method;
-}
-
 const char *http_param(struct lb_request *req, unsigned i)
 {
     return i < HTTP_MAX_PARAMS ? req->params[i] : NULL;
@@ -553,11 +548,6 @@ const char *http_header(struct lb_request *req, const char *name)
 enum lb_principal http_principal(struct lb_request *req)
 {
     return req->principal;
-}
-
-const char *http_request_id(struct lb_request *req)
-{
-    return req->request_id;
 }
 
 const struct lb_buf *http_body(struct lb_request *req)

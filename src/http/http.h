@@ -124,15 +124,14 @@ void http_stop(struct lb_http *h);
 void *http_app(struct lb_request *req);
 /* The server the request came to. */
 struct lb_http *http_server(struct lb_request *req);
-const char *http_method(struct lb_request *req);
 /* The i-th '*' segment of the matched pattern, or NULL. */
 const char *http_param(struct lb_request *req, unsigned i);
 /* A query argument or request header (NULL if absent; "" for a query value holding a NUL, so
  * that it is rejected, not cut short). Only valid on MHD threads (handler). */
 const char *http_query(struct lb_request *req, const char *key);
 const char *http_header(struct lb_request *req, const char *name);
+/* Who the request was authorized as (set before the handler runs). */
 enum lb_principal http_principal(struct lb_request *req);
-const char *http_request_id(struct lb_request *req);
 /* The whole request body (empty for raw_body routes: theirs streams, see http_body_sink). */
 const struct lb_buf *http_body(struct lb_request *req);
 /* Parse the body as one JSON object (depth-limited). -EINVAL with a message if not. The

@@ -97,7 +97,8 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
  * errno. */
 int image_remove(const char *images_dir, const char *name, struct lb_error *err);
 
-/* The image's config User resolved for running in a sandbox, whose ids are 0..65535 (issue 12):
+/* The image's config User resolved for running in a sandbox, whose ids are 0..65535 (each
+ * sandbox maps that whole range):
  * no User (or "") → 0 with *user_out NULL; a User that resolves, by number or through the
  * image's /etc/passwd and /etc/group (read inside the image's root), to ids in that range →
  * 0 with *user_out a malloc'd "UID" or "UID:GID" (when it names a group; the caller frees),

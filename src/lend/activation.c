@@ -50,7 +50,6 @@
 #define RESULT_LOG_TAIL 4096
 #define POLL_FIRST_MS 50
 #define POLL_MAX_MS 250
-#define LONG_POLL_MAX_MS 500  /* a long-poll GET checks at most this far apart */
 #define JOIN_SLACK_MS 60000   /* a close joining a running finalization: past its own budget */
 #define LAUNCH_SLACK_MS 10000 /* the launch exec may take the harness's timeout_s plus this */
 #define PAUSED_RESUME_MS 2000 /* past the harness's timeout_s, a paused sandbox is resumed */
@@ -1564,37 +1563,6 @@ static bool act_open(struct lb_activations *a, const struct lb_activation *act)
     return open;
 }
 
-/* The long-poll of GET ...?wait_ms: while the harness runs, wait (this worker) until its
- * receipt comes, the record's state changes, the sandbox stops, the daemon drains or wait_ms
- * passes. The HTTP route does not use it (it parks with activation_watch_*, holding no worker);
- * kept for in-process callers of activation_get with wait_ms > 0. */
-static void act_long_poll(struct lb_activations *a, const struct lb_activation *act,
-                          int64_t wait_ms)
-{
-    int64_t deadline = clock_mono_ms() + wait_ms, step = POLL_FIRST_MS;
-    char sandbox_id[LB_ID_MAX];
-
-    snprintf(sandbox_id, sizeof(sandbox_id), "%s", act->sandbox_id);
-    if (wait_ms <= 0 || !act_open(a, act))
-        return;
-    for (;;) {
-        struct lb_activation cur = {0};
-        int64_t left = deadline - clock_mono_ms();
-        bool changed;
-
-        if (left <= 0 || lend_is_draining(a->lend))
-            return;
-        usleep((useconds_t)(step < left ? step : left) * 1000);
-        step = step * 2 > LONG_POLL_MAX_MS ? LONG_POLL_MAX_MS : step * 2;
-        changed = store_get_activation_by_sandbox(a->store, sandbox_id, &cur, NULL) < 0 ||
-                  strcmp(cur.id, act->id) != 0 || cur.state != act->state || !act_open(a, &cur) ||
-                  !sandbox_is_lent(a, sandbox_id);
-        store_activation_release(&cur);
-        if (changed)
-            return;
-    }
-}
-
 struct lb_activation_watch {
     struct lb_activations *a;
     char act_id[LB_ID_MAX];
@@ -1648,11 +1616,11 @@ void activation_watch_free(struct lb_activation_watch *w)
     free(w);
 }
 
-/* activation_get; raw non-NULL: the stored artifacts are not parsed but handed over as their
- * JSON text in *raw (NULL when not collected: then "artifacts" stays in *out), and *out lacks
- * "artifacts". */
-static int act_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
-                   json_t **out, char **raw, struct lb_error *err)
+/* The session's activation as JSON in *out; the stored artifacts are not parsed but handed
+ * over as their JSON text in *raw (NULL when not collected: then "artifacts" stays in *out),
+ * and *out lacks "artifacts". */
+static int act_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
+                   char **raw, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL, *res = NULL;
@@ -1662,12 +1630,6 @@ static int act_get(struct lb_activations *a, const char *rsid, bool with_log, in
 
     if (r < 0)
         return r;
-    if (wait_ms > 0 && act_open(a, &act)) {
-        act_long_poll(a, &act, wait_ms);
-        r = act_reload(a, act.sandbox_id, &act, err);
-        if (r < 0)
-            goto out;
-    }
     live = act.state != LB_ACT_CLOSED && sandbox_is_lent(a, act.sandbox_id);
     /* A receipt that came while nobody waited (the execute's caller went away, the daemon
      * was restarted): recorded now, so the state follows it from here on. */
@@ -1769,18 +1731,12 @@ out:
     return r;
 }
 
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
-                   json_t **out, struct lb_error *err)
-{
-    return act_get(a, rsid, with_log, wait_ms, out, NULL, err);
-}
-
 int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
                         size_t *len, struct lb_error *err)
 {
     json_t *res = NULL;
     char *raw = NULL;
-    int r = act_get(a, rsid, with_log, 0, &res, &raw, err);
+    int r = act_get(a, rsid, with_log, &res, &raw, err);
 
     *text = NULL;
     *len = 0;

@@ -84,20 +84,13 @@ int activation_execute(struct lb_activations *a, const char *rsid,
 int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
                      size_t *len, struct lb_error *err);
 
-/* The session's activation (of its lent sandbox, else its newest one): state, receipt,
- * artifacts, stop_request_path, wait; with_log adds "log" (the output log's tail as text)
- * and "log_truncated". wait_ms > 0: while the harness has not ended, first wait (blocking
- * this thread: the HTTP route parks with activation_watch_* instead) at most wait_ms for its
- * receipt, a change of the record's state or the sandbox's stop. An activation started with nowait
- * whose confirmed receipt is found here has its artifacts collected here (once). -ENOENT when there
- * is none. */
-int activation_get(struct lb_activations *a, const char *rsid, bool with_log, int64_t wait_ms,
-                   json_t **out, struct lb_error *err);
-
-/* activation_get (wait_ms 0) rendered as compact JSON text (*text malloc'd, the caller's;
- * *len bytes), without parsing the stored artifacts: their stored text is copied in as the
- * last member, so the peak is about twice their size instead of four times. Errors as
- * activation_get, and -ENOMEM. */
+/* The session's activation (of its lent sandbox, else its newest one) as compact JSON text
+ * (*text malloc'd, the caller's; *len bytes): state, receipt, artifacts, stop_request_path,
+ * wait; with_log adds "log" (the output log's tail as text) and "log_truncated". Never waits
+ * for the harness (a long-poll parks with activation_watch_*). An activation started with
+ * nowait whose confirmed receipt is found here has its artifacts collected here (once). The
+ * stored artifacts are not parsed: their stored text is copied in as the last member, so the
+ * peak is about twice their size instead of four times. -ENOENT when there is none, -ENOMEM. */
 int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
                         size_t *len, struct lb_error *err);
 
@@ -117,10 +110,10 @@ int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, str
  * parks the request and polls activation_watch_changed). */
 struct lb_activation_watch;
 
-/* Snapshot the session's activation (as activation_get finds it). *out (the caller's, freed
+/* Snapshot the session's activation (as activation_get_text finds it). *out (the caller's, freed
  * with activation_watch_free) is NULL when there is nothing to wait for: the harness has ended,
  * or the daemon drains; then answer at once. Reads the store and the receipt file; never waits
- * on a provider. Errors as activation_get (-ENOENT: no activation). Thread-safe. */
+ * on a provider. Errors as activation_get_text (-ENOENT: no activation). Thread-safe. */
 int activation_watch_begin(struct lb_activations *a, const char *rsid,
                            struct lb_activation_watch **out, struct lb_error *err);
 /* True once the harness ended (receipt), the record's state changed, another activation took

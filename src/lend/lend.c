@@ -1494,7 +1494,11 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         .on_output = p->on_output,
         .output_ctx = p->output_ctx,
     };
-    if (p->exclusive && !p->sweep_only && (r = provider_check_exec(t.prov, &req, err)) < 0)
+    /* a sweep_only exec is the daemon's own: it runs where exclusive cannot be held too */
+    struct lb_exec_request checked = req;
+
+    checked.exclusive = p->exclusive && !p->sweep_only;
+    if ((r = provider_check_exec(t.prov, &checked, err)) < 0)
         goto out;
     /* the fence is up before the provider's sweep starts and down once the result is in */
     if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0)

@@ -162,10 +162,11 @@ int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **o
                    struct lb_error *err);
 
 /* Run a command in a lent sandbox. -ENOENT (404) if the sandbox is not lent; an exclusive
- * one (not sweep_only) on a provider whose caps.exclusive is false is -EOPNOTSUPP (422
- * unenforceable). While an exclusive exec runs, the sandbox's operate-token fence is up
- * (lend_fence_check): it goes up before the provider's sweep starts and down once the
- * provider's result is in, and it waits for the writes lend_fence_enter admitted before. */
+ * one (not sweep_only) on a provider whose caps.exclusive is false, or a user given by name on
+ * one whose caps.users is false, is -EOPNOTSUPP (422 unenforceable). While an exclusive exec runs,
+ * the sandbox's operate-token fence is up (lend_fence_check): it goes up before the provider's
+ * sweep starts and down once the provider's result is in, and it waits for the writes
+ * lend_fence_enter admitted before. */
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err);
 

@@ -1857,33 +1857,6 @@ int local_child_place_fds(const int *fds, int n)
     return 0;
 }
 
-int local_child_close_fds_except(const int *keep, int n)
-{
-    int sorted[32], m = 0, i, j, v;
-    unsigned from = 3;
-
-    if (n > 32)
-        return -EINVAL;
-    for (i = 0; i < n; i++) { /* insertion sort; fds below 3 are never closed anyway */
-        v = keep[i];
-        if (v < 3)
-            continue;
-        for (j = m; j > 0 && sorted[j - 1] > v; j--)
-            sorted[j] = sorted[j - 1];
-        sorted[j] = v;
-        m++;
-    }
-    for (i = 0; i < m; i++) {
-        if ((unsigned)sorted[i] < from) /* a duplicate */
-            continue;
-        if ((unsigned)sorted[i] > from)
-            (void)syscall(SYS_close_range, from, (unsigned)sorted[i] - 1, 0);
-        from = (unsigned)sorted[i] + 1;
-    }
-    (void)syscall(SYS_close_range, from, ~0U, 0);
-    return 0;
-}
-
 void local_child_reset_signals(void)
 {
     struct sigaction sa;

@@ -341,7 +341,7 @@ out:
     return 0;
 }
 
-/* Images (issue 9): the root is the overlay local_image_mount made (writable, copy-on-write
+/* A sandbox of an image: the root is the overlay local_image_mount made (writable, copy-on-write
  * over the image), bound whole as /; the rest of the mounts are the same as add_root's. */
 static void add_image_root(struct strv *a, const char *overlay_root,
                            const struct mount_sizes *sizes)
@@ -401,7 +401,8 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
         strv_add2(a, "--remount-ro", "/");
     snprintf(num, sizeof(num), "%d", FD_INFO);
     strv_add2(a, "--info-fd", num);
-    /* security (issue 7, fault 4): the init runs under the seccomp filter every exec gets */
+    /* the init runs under the seccomp filter every exec gets, so that nothing in the sandbox
+     * (not even a process forked off the init) escapes it */
     if (lp->seccomp.prog.len > 0) {
         snprintf(num, sizeof(num), "%d", FD_SECCOMP);
         strv_add2(a, "--seccomp", num);
@@ -824,7 +825,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = local_net_write_hosts(&d.net, dir, hosts, sizeof(hosts), err);
     if (r < 0)
         goto fail;
-    /* images (issue 9): a writable copy-on-write root over the image, on a tmpfs of the
+    /* a sandbox of an image: a writable copy-on-write root over the image, on a tmpfs of the
      * sandbox's disk size; host stays the host's / read-only */
     if (strcmp(image, "host") != 0) {
         struct mount_sizes sizes;

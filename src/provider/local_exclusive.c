@@ -1,7 +1,8 @@
 /*
  * local_exclusive.c - exclusive execs: admission per sandbox and the sweep that leaves only
  * the sandbox's init alive (see local_internal.h), so that a grader's command runs with
- * nothing of the agent left (issue 7, fault 3).
+ * nothing of the agent left (no process of the agent can watch for it, forge its result or
+ * hold its pipes).
  *
  * Which processes are the sandbox's: those whose pid namespace is its init's. The daemon's
  * exec helpers join the sandbox's cgroup and namespaces but stay in the host's pid namespace

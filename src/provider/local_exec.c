@@ -23,15 +23,15 @@
  * stderr are read (and past the cap, dropped) as they come, and a backstop deadline of
  * timeout + 10 s ends the wait even if the supervisor never answers.
  *
- * Channels (issue 7, fault 3). The pipes are made by the daemon (host root, mode 0600), so no
- * sandbox uid can reopen them through /proc/<pid>/fd; the supervisor is non-dumpable, so none
- * can take them from it either; the status fd is the supervisor's alone. The result is its
- * one status line: once the line is in, nothing more is awaited on the status pipe, and
- * stdout/stderr are drained for at most DRAIN_MS, so whatever holds a copy of a pipe cannot
- * stall the exec. The helper joins a fresh session keyring before it enters the sandbox and
- * installs the seccomp filter (passed as a memfd) last, after dropping its capabilities; the
- * supervisor and the command inherit both. An exclusive exec first takes the sandbox's exec gate
- * and sweeps every sandbox process but the init (local_exclusive.c).
+ * Channels: nothing in the sandbox can read or forge an exec's output or result. The pipes are made
+ * by the daemon (host root, mode 0600), so no sandbox uid can reopen them through /proc/<pid>/fd;
+ * the supervisor is non-dumpable, so none can take them from it either; the status fd is the
+ * supervisor's alone. The result is its one status line: once the line is in, nothing more is
+ * awaited on the status pipe, and stdout/stderr are drained for at most DRAIN_MS, so whatever holds
+ * a copy of a pipe cannot stall the exec. The helper joins a fresh session keyring before it enters
+ * the sandbox and installs the seccomp filter (passed as a memfd) last, after dropping its
+ * capabilities; the supervisor and the command inherit both. An exclusive exec first takes the
+ * sandbox's exec gate and sweeps every sandbox process but the init (local_exclusive.c).
  */
 #include "provider/local_internal.h"
 #include "provider/spawn.h"

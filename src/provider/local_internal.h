@@ -1,13 +1,18 @@
 /*
  * local_internal.h - shared pieces of the local provider (private to src/provider/local*.c).
  *
- * local.c        provider object, uid allocation, descriptors, status, list, stop, pause
- * local_create.c create: bwrap argv, the double-fork spawn, waiting for the init
- * local_exec.c   exec: entering the namespaces and running lendbox-supervise
- * local_files.c  file_write / file_open through /proc/<init>/root with openat2
- * local_net.c    per-sandbox veth links and nftables egress rules
- * local_relay.c  endpoint relays for sandboxes without a link
- * local_userns.c user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
+ * local.c           provider object, uid allocation, descriptors, status, list, stop, pause,
+ *                   and the /proc, fd and forked-child helpers the other files use
+ * local_create.c    create: bwrap argv, the double-fork spawn, waiting for the init
+ * local_exec.c      exec: entering the namespaces and running lendbox-supervise
+ * local_exclusive.c the per-sandbox exec gate and the sweep before an exclusive exec
+ * local_files.c     file_write / file_open through /proc/<init>/root with openat2
+ * local_image.c     a sandbox's writable copy-on-write root over an image (overlay on tmpfs)
+ * local_net.c       per-sandbox veth links and nftables egress rules (local_net.h)
+ * local_relay.c     endpoint relays for sandboxes without a link
+ * local_userns.c    user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
+ * Used only by the local provider: cgroup.c (cgroups), seccomp.c (the filter), spawn.c
+ * (starting programs without a fork).
  */
 #ifndef LB_PROVIDER_LOCAL_INTERNAL_H
 #define LB_PROVIDER_LOCAL_INTERNAL_H
@@ -207,12 +212,11 @@ int local_check_exec_args(const char *const *argv, const char *const *envp, char
 
 /* Endpoint relays (local_relay.c). init: -ENOMEM. endpoint: the URL of the relay of (id,
  * port), made on first use; *url_out is the caller's; -EREMOTEIO when it cannot be made.
- * close: end the relays of id (NULL: all) and wait for their threads. count: live relays. */
+ * close: end the relays of id (NULL: all) and wait for their threads. */
 int local_relay_init(struct local_provider *lp);
 int local_relay_endpoint(struct local_provider *lp, const char *id, const struct local_desc *d,
                          int port, char **url_out, struct lb_error *err);
 void local_relay_close(struct local_provider *lp, const char *id);
-int local_relay_count(struct local_provider *lp);
 void local_relay_destroy(struct local_provider *lp);
 
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
@@ -223,10 +227,6 @@ void local_close_fd(int *fd);
 /* Helpers for the forked children: only async-signal-safe work. */
 /* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
 int local_child_place_fds(const int *fds, int n);
-/* Close every fd from 3 up except the n in keep (any order, n <= 32; negative entries are
- * ignored): a forked helper must hold none of the daemon's own (lock file, database, listen
- * socket), else a helper frozen or stuck in a sandbox blocks a daemon restart. 0 or -EINVAL. */
-int local_child_close_fds_except(const int *keep, int n);
 /* Default dispositions and an empty mask for every signal. */
 void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */

@@ -301,20 +301,6 @@ void local_relay_close(struct local_provider *lp, const char *id)
     }
 }
 
-int local_relay_count(struct local_provider *lp)
-{
-    struct relay_host *rh = relay_host(lp);
-    int n = 0;
-
-    if (!rh)
-        return 0;
-    pthread_mutex_lock(&rh->lock);
-    for (struct relay *r = rh->list; r; r = r->next)
-        n++;
-    pthread_mutex_unlock(&rh->lock);
-    return n;
-}
-
 void local_relay_destroy(struct local_provider *lp)
 {
     struct relay_host *rh = relay_host(lp);

@@ -698,7 +698,8 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .pids_limit = true,
         .disk_limit = l->pool_has_quota,
         .images = true,
-        .users = true,
+        /* LXD's exec takes numeric ids only (exec_uid): no names */
+        .users = false,
         .pause = true,
         .receipt_file = true,
         /* not exclusive: the pushed supervisor and the receipt are files in the instance that

@@ -131,16 +131,27 @@ int provider_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     return p->ops->list(p, out, err);
 }
 
+/* Does the provider say it can pause (caps.pause) and have the op? */
+static bool can_pause(struct lb_provider *p, bool resume)
+{
+    struct lb_provider_caps c;
+
+    if (!p || !(resume ? p->ops->resume : p->ops->pause))
+        return false;
+    provider_caps(p, &c);
+    return c.pause;
+}
+
 int provider_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
 {
-    if (!p || !p->ops->pause)
+    if (!can_pause(p, false))
         return no_op(p, "pause", err);
     return p->ops->pause(p, ref, err);
 }
 
 int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
 {
-    if (!p || !p->ops->resume)
+    if (!can_pause(p, true))
         return no_op(p, "resume", err);
     return p->ops->resume(p, ref, err);
 }
@@ -205,12 +216,31 @@ void provider_caps(struct lb_provider *p, struct lb_provider_caps *out)
         p->ops->caps(p, out);
 }
 
+/* Is user (not NULL) root or numeric ids only: "root", UID or UID:GID? */
+static bool user_is_numeric(const char *user)
+{
+    size_t n = strspn(user, "0123456789");
+
+    if (!strcmp(user, "root"))
+        return true;
+    if (n == 0)
+        return false;
+    if (user[n] == ':')
+        user += n + 1, n = strspn(user, "0123456789");
+    return n > 0 && user[n] == '\0';
+}
+
 int provider_check_exec(struct lb_provider *p, const struct lb_exec_request *req,
                         struct lb_error *err)
 {
     struct lb_provider_caps c;
 
     provider_caps(p, &c);
+    if (req->user && *req->user && !c.users && !user_is_numeric(req->user))
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "user '%.64s' cannot be enforced by provider '%s': it runs commands "
+                            "as root or a numeric uid, not a user named in the sandbox",
+                            req->user, p && p->ops->name ? p->ops->name : "?");
     if (req->exclusive && !c.exclusive)
         return lb_error_set(err, -EOPNOTSUPP,
                             "exclusive cannot be enforced by provider '%s': the sandbox's root "

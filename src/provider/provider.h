@@ -194,8 +194,11 @@ struct lb_provider_caps {
     bool disk_limit;           /* resources.disk_mib */
     bool gpu;                  /* resources.gpu */
     bool images;               /* images other than "host" */
-    bool users;                /* exec as users other than root (names or uids) */
-    bool pause;                /* pause/resume */
+    bool users;                /* exec as a user named in the sandbox's /etc/passwd (NAME or
+                                  NAME:GROUP). Root and numeric ids (UID, UID:GID) need no cap:
+                                  every provider takes them or says why not. Without it an exec
+                                  naming a user is refused (provider_check_exec). */
+    bool pause;                /* pause/resume; without it provider_pause/resume are -ENOSYS */
     bool endpoints;            /* declared ports reachable through endpoint */
     bool pty;                  /* interactive terminals */
     bool pass_fd;              /* exec pass_fd (activations' receipt channel) */
@@ -370,9 +373,10 @@ void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);
 /* Refuse a spec field the provider's capabilities lack: 0, or -EOPNOTSUPP (422) with a message
  * naming the field and the provider. Access "inherit" is the provider's own to interpret; it
  * does not check what only create can (servers' addresses, an image's contents). */
-/* Refuse an exec request field the provider's capabilities lack (exclusive without
- * caps.exclusive; exclusive without agent_root and without caps.trusted_view): 0, or
- * -EOPNOTSUPP (422 unenforceable) naming the field and the provider. */
+/* Refuse an exec request field the provider's capabilities lack (a user given by name without
+ * caps.users; exclusive without caps.exclusive; exclusive without agent_root and without
+ * caps.trusted_view): 0, or -EOPNOTSUPP (422 unenforceable) naming the field and the
+ * provider. */
 int provider_check_exec(struct lb_provider *p, const struct lb_exec_request *req,
                         struct lb_error *err);
 int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spec,

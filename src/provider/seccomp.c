@@ -194,13 +194,6 @@ int seccomp_refuse_keyrings_to_self(struct lb_error *err)
     return r;
 }
 
-int seccomp_filter_install(const struct lb_seccomp *f)
-{
-    if (!f || f->prog.len == 0)
-        return 0;
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &f->prog);
-}
-
 int seccomp_filter_memfd(const struct lb_seccomp *f)
 {
     size_t off = 0;

@@ -1,7 +1,8 @@
 /*
  * seccomp.h - the default seccomp filter every sandbox process runs under (DESIGN.md
- * invariant 7): built once with libseccomp, exported as a classic BPF program, then installed
- * in forked children with raw syscalls only (or handed to bubblewrap's --seccomp FD).
+ * invariant 7): built once with libseccomp, exported as a classic BPF program, then handed
+ * as a memfd to bubblewrap's --seccomp FD (the init) and to lendbox-supervise (each exec),
+ * which install it in the sandbox's processes.
  *
  * The filter allows everything except what sandboxes do not need and what would let one
  * sandbox process reach beyond itself: the kernel keyring (keyctl, add_key, request_key), new
@@ -32,11 +33,6 @@ struct lb_seccomp {
  * seccomp_filter_release. -EINVAL (with the name in err) when a name is not a syscall of this
  * architecture, -ENOMEM, -EIO when libseccomp fails. */
 int seccomp_filter_build(const char *extra_deny, struct lb_seccomp *out, struct lb_error *err);
-
-/* Install f on the calling thread (async-signal-safe: prctl/seccomp syscalls only, for a
- * forked child of the threaded daemon). The caller has set no_new_privs. A filter with
- * len 0 is a no-op. 0 or -1 with errno. */
-int seccomp_filter_install(const struct lb_seccomp *f);
 
 /* A new memfd (O_CLOEXEC, offset 0) holding the program's bytes, for bwrap --seccomp FD.
  * Returns the fd or -errno. */

@@ -55,8 +55,8 @@ const struct lb_route lb_routes[] = {
 
 void routes_print(FILE *f)
 {
-    /* index 3: the session-operate level (admin, or the operate token of the session's
-     * sandbox) that the activation routes get with issue 10 */
+    /* by enum lb_auth_need: "session" is admin or the operate token of the sandbox lent to
+     * the session (the activation routes), "pty" the same for a PTY session's sandbox */
     static const char *const auth_names[] = {"none", "admin", "sandbox", "session", "pty"};
     const size_t n_names = sizeof(auth_names) / sizeof(auth_names[0]);
 
@@ -376,10 +376,4 @@ int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struc
     }
     f->path = strdup(path);
     return f->path ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
-}
-
-int routes_not_implemented(struct lb_request *req, struct lb_error *err)
-{
-    (void)req;
-    return lb_error_set(err, -ENOSYS, "this route is part of the contract but not built yet");
 }

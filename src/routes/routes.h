@@ -111,8 +111,6 @@ int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err);
 int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
                       struct lb_error *err);
 void routes_spec_release(struct lb_seed_request *req);
-/* The "not built yet" handler: 501 not_implemented. */
-int routes_not_implemented(struct lb_request *req, struct lb_error *err);
 
 /* Serialise the request's deferred job with every other seed, release, close and delete of
  * resources session rsid (http_set_serial_key): a waiting one holds no worker. */

@@ -470,8 +470,8 @@ static int lbt_lxd_count_instances(const char *needle, bool running_only)
     return n;
 }
 
-/* The pool variant: every daemon keeps a small warm pool of the default class (issue 13: every
- * test passes with a pool configured). Small, so that refills do not swamp two cores; a test
+/* The pool variant: every daemon keeps a small warm pool of the default class (every test
+ * passes with a pool configured). Small, so that refills do not swamp two cores; a test
  * that sets pool.size itself wins. */
 static void lbt_variant_pool_prepare(struct lbt_daemon *d, const char **argv, int *n)
 {

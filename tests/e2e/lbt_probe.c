@@ -2,15 +2,14 @@
  * lbt_probe.c - a hostile program the e2e tests upload into sandboxes (test_forgery.c).
  *
  *   lbt-probe forge LOG [--hold]
- *       The forger of issue 7, fault 3: runs until killed, watching /proc for lendbox-supervise
- *       processes (comm "supervise", not pid 1). On each new one it tries, and logs one line
- *       per attempt ("<pid> <attempt> ok|<errno name>"): pidfd_getfd of fds 0-3, open of
- *       /proc/<pid>/fd/{1,3} for writing, opendir of /proc/<pid>/fd, open of /proc/<pid>/mem
- *       and ptrace(PTRACE_SEIZE). Whatever it gets it uses: "exit 0" into every stolen fd
- *       (the status channel is fd 3) and "FORGED" into the stolen stdout, and keeps every
- *       stolen fd open (to stall the exec). With --hold it also opens the stdout and stderr
- *       of every other process it sees (the commands: /proc/<pid>/fd, else pidfd_getfd) and
- *       holds them, writing nothing; with
+ *       The forger (a leftover agent process against a grader's exec): runs until killed, watching
+ * /proc for lendbox-supervise processes (comm "supervise", not pid 1). On each new one it tries,
+ * and logs one line per attempt ("<pid> <attempt> ok|<errno name>"): pidfd_getfd of fds 0-3, open
+ * of /proc/<pid>/fd/{1,3} for writing, opendir of /proc/<pid>/fd, open of /proc/<pid>/mem and
+ * ptrace(PTRACE_SEIZE). Whatever it gets it uses: "exit 0" into every stolen fd (the status channel
+ * is fd 3) and "FORGED" into the stolen stdout, and keeps every stolen fd open (to stall the exec).
+ * With --hold it also opens the stdout and stderr of every other process it sees (the commands:
+ * /proc/<pid>/fd, else pidfd_getfd) and holds them, writing nothing; with
  *       --write it also writes "FORGED" into them (what exclusive execs are for).
  *       Its pid goes to LOG.pid.
  *   lbt-probe zombie-leader FILE

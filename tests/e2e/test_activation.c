@@ -1,5 +1,5 @@
 /*
- * test_activation.c - issue #4: harness activations (execute / close / activation) exactly as
+ * test_activation.c - harness activations (execute / close / activation) exactly as
  * NeMo Gym's SandboxSession runs them, preserve_background_services on exec, and pause/resume.
  *
  * Real daemon, real sandboxes. Most tests share one daemon (each uses its own session and so
@@ -1046,7 +1046,7 @@ START_TEST(test_restart_harness_ended_meanwhile)
 }
 END_TEST
 
-/* ---------- issue #10: the agent side (operate token), wait:false, long-poll, stop ---------- */
+/* ---------- the agent side (operate token), wait:false, long-poll, stop ---------- */
 
 /* Seed rsid and return its operate token too. */
 static void seed_op(struct lbt_daemon *d, const char *rsid, char *sbx, size_t len, char *tok,

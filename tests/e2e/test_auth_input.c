@@ -401,7 +401,7 @@ START_TEST(test_wrong_method)
     bad("DELETE", "/v1/sessions", NULL, 405, "method_not_allowed");
     bad("GET", "/v1/sessions/auth-a/seed", NULL, 405, "method_not_allowed");
     bad("PUT", "/healthz", "{}", 405, "method_not_allowed");
-    bad("PUT", "/v1/sandboxes", "{}", 405, "method_not_allowed"); /* POST creates (issue 10) */
+    bad("PUT", "/v1/sandboxes", "{}", 405, "method_not_allowed"); /* POST creates */
     bad("DELETE", "/v1/sessions/auth-a/release", NULL, 405, "method_not_allowed");
     path_of(p, sizeof(p), "/v1/sandboxes/%s", SBX_A);
     bad("PATCH", p, "{}", 405, "method_not_allowed");

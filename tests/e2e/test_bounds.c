@@ -1,14 +1,14 @@
 /*
- * test_bounds.c - issue #7, faults 1 and 9: every wait on a child, a lock or a provider call has
+ * test_bounds.c - every wait on a child, a lock or a provider call has
  * a bound, and errors say what the user can act on.
  *
- * Fault 1 as its kind: a sandbox paused (cgroup freezer; v1 on this host) while an exec runs,
+ * Unbounded waits as a kind: a sandbox paused (cgroup freezer; v1 on this host) while an exec runs,
  * while a harness runs and is closed, while it is released or deleted, and while the daemon
- * gets SIGTERM; and one stuck session whose retried seeds must not starve the others. Fault 9:
+ * gets SIGTERM; and one stuck session whose retried seeds must not starve the others. Errors:
  * a memory-limit kill is error_type "oom", a killed supervisor says so, E2BIG names the limit
  * (never "errno N"), and bad env names are 400.
  *
- * Real daemon, real sandboxes, real freezer. The bounds asserted are the ones the issue states
+ * Real daemon, real sandboxes, real freezer. The bounds asserted are the documented ones
  * ("timeout_s + a few seconds"), with generous margins; processes and cgroups are counted by
  * markers only this test uses.
  */
@@ -205,7 +205,7 @@ static char *artifact(json_t *res, const char *path)
     "echo running > /workspace/state.txt; while :; do sleep 0.1; done\"], "                        \
     "\"collect\": [\"/workspace/state.txt\"], \"close_timeout_s\": 9}"
 
-/* ---------- fault 1: paused during exec ---------- */
+/* ---------- bounds: paused during exec ---------- */
 
 /* The supervisor cannot enforce the timeout of a frozen exec: the daemon ends it at timeout_s +
  * 2 s, killing the exec's processes (not the sandbox's others), and answers 125/timeout. */
@@ -323,7 +323,7 @@ START_TEST(test_delete_paused)
 }
 END_TEST
 
-/* ---------- fault 1: paused during an activation ---------- */
+/* ---------- bounds: paused during an activation ---------- */
 
 /* Close of a paused sandbox's harness resumes the sandbox first, so the harness gets its TERM
  * (it writes "graceful"), the artifact is collected and cleanup is confirmed. */
@@ -501,7 +501,7 @@ START_TEST(test_close_of_stopped_supervisor)
 }
 END_TEST
 
-/* ---------- fault 1: one stuck session does not starve the others ---------- */
+/* ---------- bounds: one stuck session does not starve the others ---------- */
 
 /* A release that holds its session (stops take 20 s here) while its client retries seeds of
  * the same session over and over: with 4 control workers, the other sessions' seeds still
@@ -609,7 +609,7 @@ START_TEST(test_session_lock_wait_is_bounded)
 }
 END_TEST
 
-/* ---------- fault 1: SIGTERM with paused sandboxes ---------- */
+/* ---------- bounds: SIGTERM with paused sandboxes ---------- */
 
 /* SIGTERM with one paused sandbox and another paused while an exec runs in it: the exec ends
  * at its timeout + 2 s, the shutdown sweep thaws and stops both, the daemon exits 0. */
@@ -691,7 +691,7 @@ START_TEST(test_sigterm_drain_is_bounded)
 }
 END_TEST
 
-/* ---------- fault 9: errors users can act on ---------- */
+/* ---------- errors users can act on ---------- */
 
 /* A memory-limit kill is error_type "oom" (from the cgroup's OOM-kill count), with a message
  * naming the limit; a SIGKILL that is not the OOM killer's stays a plain 137. */

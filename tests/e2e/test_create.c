@@ -1,5 +1,5 @@
 /*
- * test_create.c - issue #10 item 1: sandboxes lent to no session (POST /v1/sandboxes, NeMo
+ * test_create.c - sandboxes lent to no session (POST /v1/sandboxes, NeMo
  * Gym's AsyncSandbox.start), NeMo Gym's SandboxSpec fields on seed and create (workdir, env,
  * ports, metadata, ready_timeout_s, resources.gpu, entrypoint), and POST
  * /v1/sessions/release_all (label filter, failures, bounded concurrency).

@@ -1,5 +1,5 @@
 /*
- * test_disk.c - acceptance for issue 7 faults 2 and 5: no sandbox can fill the disk of all
+ * test_disk.c - acceptance for disk bounds: no sandbox can fill the disk of all
  * lending, and no writable mount bypasses the sandbox's limits.
  *
  * - a sandbox that writes past resources.disk_mib gets ENOSPC inside; other sessions still

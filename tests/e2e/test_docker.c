@@ -1,5 +1,5 @@
 /*
- * test_docker.c - issue 11: the docker provider (provider.name = docker) against a real
+ * test_docker.c - the docker provider (provider.name = docker) against a real
  * engine API: podman's Docker-compatible service on a private socket (docker_env.h). Lending,
  * exec through lendbox-supervise (result fields, stdin, cwd, output cap, the timeout killing a
  * setsid'd tree), files through the archive API (byte-exact 64 MiB, parents, symlinks that

@@ -1,5 +1,5 @@
 /*
- * test_docker_durability.c - issue 11: the daemon's durability paths (record before create,
+ * test_docker_durability.c - the daemon's durability paths (record before create,
  * stops retried, adoption after restart, reconciliation, TTL, bounded shutdown sweep) on the
  * docker provider against podman's Docker-compatible service (docker_env.h). Faults come from
  * the daemon's own switch: provider.stop=fail:N, and docker.created=delay:MS (the provider

@@ -1,5 +1,5 @@
 /*
- * test_durability.c - issue #3: no sandbox is ever leaked or forgotten. Failed stops are
+ * test_durability.c - no sandbox is ever leaked or forgotten. Failed stops are
  * retried, failed seeds are stopped before a new start, clients that hang up do not cancel,
  * SIGKILL and restart reconcile, TTLs reap, SIGTERM sweeps with bounded concurrency, and two
  * daemons never touch each other's sandboxes. Faults come from the daemon's own switch

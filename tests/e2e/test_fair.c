@@ -1,5 +1,5 @@
 /*
- * test_fair.c - issue #7 fault 1 (kind "one client stops lending for everyone"): one sandbox's
+ * test_fair.c - the kind "one client stops lending for everyone": one sandbox's
  * execs hold at most [limits] max_execs_per_sandbox workers and queue places, past it 429 at
  * once, other sandboxes' execs still get workers, and execs whose client disconnected while
  * they waited in the queue never start.

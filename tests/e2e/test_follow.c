@@ -1,5 +1,5 @@
 /*
- * test_follow.c - following an activation's output log (issue 12 item 3, second half):
+ * test_follow.c - following an activation's output log:
  * GET /v1/sessions/{rsid}/activation with "Accept: application/x-ndjson" against the real
  * daemon and a real bubblewrap sandbox, read line by line as the bytes arrive.
  *

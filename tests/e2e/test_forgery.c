@@ -1,5 +1,6 @@
 /*
- * test_forgery.c - issue 7, faults 3 and 4, as kinds: nothing running inside a sandbox can
+ * test_forgery.c - forged results and reach beyond the sandbox, as kinds: nothing running
+ * inside a sandbox can
  * read, write or hold a supervisor's channels (so a leftover agent process cannot forge or
  * stall a grader's exec), `exclusive` execs and activation close leave nothing of the agent
  * alive, every sandbox and exec has a session keyring of its own, and the default seccomp
@@ -176,7 +177,7 @@ static bool alive_inside(struct lbt_daemon *d, const char *sbx, int pid)
     return alive;
 }
 
-/* ---------- fault 3: the forger ---------- */
+/* ---------- the forger: a leftover agent process against a grader's exec ---------- */
 
 static void forgery_scenario(const char *const *daemon_args)
 {
@@ -633,7 +634,7 @@ START_TEST(test_close_stops_agent_processes)
 }
 END_TEST
 
-/* ---------- fault 4: keyrings and seccomp ---------- */
+/* ---------- keyrings and seccomp ---------- */
 
 static const char *keyctl_out(json_t *res)
 {
@@ -962,7 +963,7 @@ START_TEST(test_seccomp_deny_config)
 }
 END_TEST
 
-/* ---------- fault 3 for harness activations: the receipt ---------- */
+/* ---------- the forger against harness activations: the receipt ---------- */
 
 /* The harness (the sandbox's root) writes a fake "clean, return code 0" receipt into every
  * place under /run/lendbox it can reach, then keeps running and exits 7 (or times out). The

@@ -1,5 +1,5 @@
 /*
- * test_image_durability.c - issue 9 items 3 and 5: the default image, and crashes around a
+ * test_image_durability.c - the default image, and crashes around a
  * sandbox on an image. The image is built on this machine from the busybox-static package
  * (tests/images/make-test-image), nothing from a registry.
  *

@@ -1,5 +1,5 @@
 /*
- * test_images.c - issue 9, the image store: images built on this machine from the
+ * test_images.c - the image store: images built on this machine from the
  * busybox-static package (tests/images/make-test-image), nothing from a registry.
  *
  * - `lendboxd image import` from a docker-save tarball, an OCI archive and an OCI layout;
@@ -828,7 +828,7 @@ START_TEST(test_image_layers)
 }
 END_TEST
 
-/* The image's User is the default user of execs (issue 12: any id 0..65535 is mapped); a
+/* The image's User is the default user of execs (any id 0..65535 is mapped); a
  * User outside the sandbox's ids is refused at seed (422) */
 START_TEST(test_image_user)
 {

@@ -1,5 +1,6 @@
 /*
- * test_limits.c - acceptance for the daemon's own resource bounds (issue 7, faults 6-8):
+ * test_limits.c - acceptance for the daemon's own resource bounds (memory,
+ * connections and the rest below):
  *
  * memory       uploads stream into the sandbox: one larger than the in-flight budget arrives
  *              byte-exact, 8 concurrent 128 MB uploads keep the daemon's peak RSS (VmHWM) low,

@@ -1,5 +1,5 @@
 /*
- * test_lxd.c - issue 14: the lxd provider on a real two-member LXD cluster (scripts/lxd-cluster:
+ * test_lxd.c - the lxd provider on a real two-member LXD cluster (scripts/lxd-cluster:
  * member a on a local bridge, member b in a network namespace). Runs on the lxd variant only
  * (make e2e-lxd; the harness brings the cluster up or takes LENDBOX_E2E_LXD_SOCKET); elsewhere it
  * prints SKIP. Cases: an instance placed on member b is exec'd, written and stopped through

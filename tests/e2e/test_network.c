@@ -1,5 +1,5 @@
 /*
- * test_network.c - acceptance for network access (issue 8): model_only / model_and_tools /
+ * test_network.c - acceptance for network access: model_only / model_and_tools /
  * inherit, enforced by host-side nftables rules on a per-sandbox veth; endpoints.
  *
  * Network safety: every address dialled is on this machine. The test hosts are addresses this

@@ -1,7 +1,7 @@
 /*
  * test_ops.c - acceptance: /healthz, /readyz, /metrics (Prometheus text, sandbox gauges and
- * seed counters that follow what happens), and the contract's routes that are not built yet
- * (501 not_implemented).
+ * seed counters that follow what happens), and the PTY routes for an unknown sandbox or
+ * session.
  */
 #include <ctype.h>
 #include <stdbool.h>
@@ -274,7 +274,7 @@ START_TEST(test_metrics_follow_seeds)
 }
 END_TEST
 
-/* The PTY routes are built (issue 12; test_pty.c): for an unknown sandbox or session each
+/* The PTY routes (test_pty.c): for an unknown sandbox or session each
  * answers a JSON 404 and changes nothing. */
 START_TEST(test_pty_routes_unknown)
 {

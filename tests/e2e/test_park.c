@@ -1,5 +1,5 @@
 /*
- * test_park.c - the HTTP layer's park/wake (issue 12 item 1), over real HTTP on loopback.
+ * test_park.c - the HTTP layer's park/wake, over real HTTP on loopback.
  *
  * The server is lendbox's own src/http (libmicrohttpd, the real worker pool) started in this
  * process on port 0 with a small route table of its own: GET /park?ms=N parks the request

@@ -1,5 +1,5 @@
 /*
- * test_pty.c - acceptance of PTY sessions and detached execs (issue 12 item 2): the real
+ * test_pty.c - acceptance of PTY sessions and detached execs: the real
  * daemon, real bubblewrap sandboxes, the terminal held by lendbox-supervise --pty-launch in
  * the sandbox, over real HTTP.
  *

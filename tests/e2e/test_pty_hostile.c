@@ -1,7 +1,7 @@
 /*
  * test_pty_hostile.c - a PTY session's host directory (<state_dir>/pty/<sid>/) is written by
- * the sandbox: the daemon must never be turned against the host through it (issue 12, PTY
- * security). The real daemon, real bubblewrap sandboxes, real HTTP.
+ * the sandbox: the daemon must never be turned against the host through it. The real daemon, real
+ * bubblewrap sandboxes, real HTTP.
  *
  * Proves: from inside the sandbox the session directory cannot be reached (no process of the
  * sandbox shows a directory fd, the holder's /proc/<pid>/fd is closed to the command, nothing

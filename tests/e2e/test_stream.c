@@ -1,5 +1,5 @@
 /*
- * test_stream.c - acceptance of streamed exec output (issue 12 item 3): POST .../exec with
+ * test_stream.c - acceptance of streamed exec output: POST .../exec with
  * "Accept: application/x-ndjson" against the real daemon and a real bubblewrap sandbox, read
  * line by line with libcurl as the bytes arrive (each line stamped with its arrival time).
  *

@@ -1,5 +1,5 @@
 /*
- * test_users.c - acceptance for issue 12 item 4, exec as any user: each sandbox maps a slot of
+ * test_users.c - acceptance for exec as any user: each sandbox maps a slot of
  * 65536 host ids, exec's `user` is a name of the sandbox's own /etc/passwd or a number, its
  * groups come from the sandbox's /etc/group only, unknown users are a 400, files uploaded
  * with ?owner= belong to that user, slots survive a daemon crash, and release kills every

@@ -231,7 +231,7 @@ START_TEST(test_seed_takes_a_warm_sandbox)
     json_decref(res);
     ck_assert_int_eq(metric(HITS), 1);
     ck_assert_int_eq(metric(MISSES), 0);
-    /* the metrics of issue 13 by their exact names: hits, misses, refills and their time */
+    /* the warm pool's metrics by their exact names: hits, misses, refills and their time */
     ck_assert(metrics_have_line("# TYPE lendbox_warm_seeds_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_warm_refills_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_warm_refill_seconds_total counter"));

@@ -52,11 +52,10 @@ def has_route(method: str, pattern: str) -> bool:
 
 
 def needs_route(method: str, pattern: str, what: str = ""):
-    """Skip a test whose route this daemon does not have yet (it comes with issue 10 item 1,
-    branch i10-http)."""
+    """Skip a test whose route this daemon does not have yet (an older build)."""
     return pytest.mark.skipif(
         not has_route(method, pattern),
-        reason=f"lendboxd has no route {method} {pattern} yet{what} (issue 10 item 1, branch i10-http)",
+        reason=f"lendboxd has no route {method} {pattern} yet{what} (an older build)",
     )
 
 

@@ -82,7 +82,7 @@ def test_errors_are_typed(daemon):
         op.exec(other["sandbox_id"], "true")
     with pytest.raises(lendbox.Forbidden):
         op.delete_sandbox(lease["sandbox_id"])
-    # PTY sessions are built (issue 12): a round trip; an offset past the end is a typed 400
+    # PTY sessions: a round trip; an offset past the end is a typed 400
     sid = c.create_pty(lease["sandbox_id"], "printf pty-ok; exit 4")["session_id"]
     assert c.pty_wait(sid, timeout_ms=30000)["exit_code"] == 4
     out = c.pty_output(sid, 0)
@@ -151,7 +151,7 @@ def test_client_covers_every_route():
 
     table = {(m, p) for m, p, *_ in daemon_routes()}
     client = {(r.method, r.pattern) for r in lendbox.ROUTES.values()}
-    # routes the client knows that this daemon lacks can only be issue 10's new ones
+    # routes the client knows that this daemon lacks can only be the newest ones (an older build)
     assert table - client == set(), f"routes without a client method: {table - client}"
     pending = client - table
     assert pending <= {("POST", "/v1/sessions/release_all"), ("POST", "/v1/sandboxes"),

@@ -88,7 +88,7 @@ def test_route_table_and_document_agree():
         for method in item:
             if method in ("get", "put", "post", "delete", "patch"):
                 doc.add((method.upper(), pattern))
-    # routes of issue 10 item 1 are documented ahead of a daemon that lacks them (branch i10-http)
+    # the newest routes are documented ahead of a daemon built without them
     pending = {("POST", "/v1/sessions/release_all"), ("POST", "/v1/sandboxes"),
                ("POST", "/v1/sessions/*/stop_harness")}
     assert table - doc == set(), f"routes missing from docs/openapi.yaml: {sorted(table - doc)}"
@@ -99,8 +99,8 @@ def test_route_table_and_document_agree():
 def test_auth_of_the_table_matches_the_document():
     """A route the table opens to operate tokens lists operateToken; admin-only ones do not."""
     doc = openapi().doc
-    # issue 10 item 1 opens the activation routes to the sandbox's operate token; a daemon
-    # without it (no stop_harness route: branch i10-http not merged) still says admin for them
+    # the activation routes are open to the sandbox's operate token; an older daemon (no
+    # stop_harness route) still says admin for them
     agent_routes = {("POST", "/v1/sessions/*/execute"), ("POST", "/v1/sessions/*/close"),
                     ("GET", "/v1/sessions/*/activation")}
     agent_pending = not has_route("POST", "/v1/sessions/*/stop_harness")
@@ -122,5 +122,5 @@ def test_auth_of_the_table_matches_the_document():
                     assert names == {"adminToken", "operateToken"}, (method, pattern, names)
     if pending:
         pytest.skip("lendboxd opens " + ", ".join(pending) + " to admin only: operate-token "
-                    "activations come with issue 10 item 1 (branch i10-http); every other route "
+                    "activations come with a newer build; every other route "
                     "matched")

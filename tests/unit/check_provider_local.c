@@ -417,7 +417,7 @@ START_TEST(test_exec_basics)
 
         run(&s, "true", &o, &res);
         provider_exec_result_release(&res);
-        o.user = "nobody"; /* any user of the sandbox's passwd (issue 12) */
+        o.user = "nobody"; /* any user of the sandbox's passwd */
         run(&s, "id -u", &o, &res);
         ck_assert_str_eq(out_of(&res.out), "65534\n");
         provider_exec_result_release(&res);

@@ -1,5 +1,6 @@
 /* check_registry.c - unit tests for src/provider/registry.c (provider kinds, the enabled list,
- * the choice of a seed's provider) and provider_check_spec (capabilities -> 422).
+ * the choice of a seed's provider), provider_check_spec and provider_check_exec (capabilities
+ * -> 422) and provider_pause/resume (caps.pause -> 501).
  *
  * The registered providers here are small in-test providers that have a name, a version and
  * capabilities only: what the registry itself looks at. Opening the real kinds (local, fault)
@@ -207,6 +208,77 @@ START_TEST(test_check_spec)
 }
 END_TEST
 
+START_TEST(test_check_exec_user)
+{
+    struct lb_provider *p = named_new("tiny", LB_PROVIDER_OPS_VERSION, NULL);
+    struct named_provider *np = (struct named_provider *)p;
+    struct lb_exec_request req = {0};
+    struct lb_error err = {0};
+    const char *numeric[] = {NULL, "", "root", "0", "1000", "1000:1000", "65535:0"};
+    const char *named[] = {"nobody", "nobody:nogroup", "1000:staff", "user1",
+                           "1000:",  ":1000",          "-1",         "1x"};
+
+    /* without caps.users: root and numeric ids pass, a name is 422 */
+    for (size_t i = 0; i < sizeof(numeric) / sizeof(numeric[0]); i++) {
+        req.user = numeric[i];
+        ck_assert_msg(provider_check_exec(p, &req, &err) == 0, "user %s", numeric[i]);
+    }
+    for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+        req.user = named[i];
+        ck_assert_msg(provider_check_exec(p, &req, &err) == -EOPNOTSUPP, "user %s", named[i]);
+    }
+    req.user = "nobody";
+    ck_assert_int_eq(provider_check_exec(p, &req, &err), -EOPNOTSUPP);
+    ck_assert_str_eq(err.message,
+                     "user 'nobody' cannot be enforced by provider 'tiny': it runs commands as "
+                     "root or a numeric uid, not a user named in the sandbox");
+    /* with it, names go on to the provider */
+    np->caps.users = true;
+    for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+        req.user = named[i];
+        ck_assert_int_eq(provider_check_exec(p, &req, &err), 0);
+    }
+    provider_destroy(p);
+}
+END_TEST
+
+static int pause_calls;
+
+static int counting_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                          struct lb_error *err)
+{
+    pause_calls++;
+    return 0;
+}
+
+START_TEST(test_pause_needs_cap)
+{
+    struct lb_provider *p = named_new("tiny", LB_PROVIDER_OPS_VERSION, NULL);
+    struct named_provider *np = (struct named_provider *)p;
+    struct lb_sandbox_ref ref = {.id = "sbx-1"};
+    struct lb_error err = {0};
+
+    pause_calls = 0;
+    np->ops.pause = counting_pause;
+    np->ops.resume = counting_pause;
+    /* the op without caps.pause: 501, and the op is never called */
+    ck_assert_int_eq(provider_pause(p, &ref, &err), -ENOSYS);
+    ck_assert_str_eq(err.message, "provider 'tiny' does not support pause");
+    ck_assert_int_eq(provider_resume(p, &ref, &err), -ENOSYS);
+    ck_assert_str_eq(err.message, "provider 'tiny' does not support resume");
+    ck_assert_int_eq(pause_calls, 0);
+    np->caps.pause = true;
+    ck_assert_int_eq(provider_pause(p, &ref, &err), 0);
+    ck_assert_int_eq(provider_resume(p, &ref, &err), 0);
+    ck_assert_int_eq(pause_calls, 2);
+    /* the cap without the op: 501 too */
+    np->ops.pause = NULL;
+    ck_assert_int_eq(provider_pause(p, &ref, &err), -ENOSYS);
+    ck_assert_int_eq(pause_calls, 2);
+    provider_destroy(p);
+}
+END_TEST
+
 static Suite *registry_suite(void)
 {
     Suite *s = suite_create("registry");
@@ -217,6 +289,8 @@ static Suite *registry_suite(void)
     tcase_add_test(tc, test_parse_enabled_unknown);
     tcase_add_test(tc, test_add_and_choose);
     tcase_add_test(tc, test_check_spec);
+    tcase_add_test(tc, test_check_exec_user);
+    tcase_add_test(tc, test_pause_needs_cap);
     suite_add_tcase(s, tc);
     return s;
 }
