@@ -70,6 +70,8 @@
 #define PARK_GONE_CHECK_MS 1000 /* how often parked requests are checked for a gone client */
 #define PARK_END_WAIT_MS 5000   /* shutdown waits this long for parked requests' answers */
 #define STREAM_BLOCK_BYTES (64 * 1024)
+/* An announced body at most this far past its limit is read and dropped before the 413 */
+#define DRAIN_MAX_BYTES (64ull * 1024 * 1024)
 #define HTTP_IP_BUCKETS 1024
 #define HTTP_WARN_INTERVAL_MS 10000 /* at most one summary of connection warnings per this */
 #define HTTP_MHD_WARN_BURST 3       /* libmicrohttpd lines logged as-is per interval */
@@ -1020,9 +1022,18 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
 
         if (*end == '\0')
             req->announced_len = n;
-        if (*end == '\0' && n > limit) {
+        if (*end == '\0' && n > limit && n - limit > DRAIN_MAX_BYTES) {
             lb_error_set(err, -EFBIG, "the body is %llu bytes; the limit is %zu", n, limit);
             return request_fail(req, err);
+        }
+        if (*end == '\0' && n > limit) {
+            /* A body a little past the limit is read and dropped, and the 413 goes out once
+             * it has ended, as for a chunked one: answered at once, the unread body makes the
+             * kernel reset the connection when it closes, and the client may see that reset
+             * before the answer. Far past it, the answer goes out at once. */
+            req->too_large = true;
+            req->phase = PHASE_BODY;
+            return MHD_YES;
         }
         if (*end == '\0' && !req->route->raw_body && !inflight_take(req, (size_t)n)) {
             inflight_error(req, err);
@@ -1125,6 +1136,11 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         if (sink_finish(req, &err) < 0)
             return request_fail(req, &err);
         return MHD_YES; /* suspended; the finish job resumes us */
+    }
+    if (req->too_large && req->announced_len != UINT64_MAX) {
+        lb_error_set(&err, -EFBIG, "the body is %llu bytes; the limit is %zu",
+                     (unsigned long long)req->announced_len, req->body.max);
+        return request_fail(req, &err);
     }
     if (req->too_large) {
         lb_error_set(&err, -EFBIG, "the body is larger than the limit of %zu bytes", req->body.max);

@@ -564,9 +564,13 @@ START_TEST(test_http_import)
     /* past limits.max_image_bytes (the docker-save tarball is 2.8 MB): 413, announced or
      * streamed, and nothing is left */
     snprintf(path, sizeof(path), "%s/image.tar", img_dir);
-    post_image(&d, "big", path, false, &r);
-    lbt_assert_error(&r, 413, "payload_too_large");
-    lbt_resp_free(&r);
+    /* announced (no Expect: 100-continue): the body is read and dropped before the 413, so
+     * the answer is never lost to a reset of the unread connection; again and again */
+    for (int i = 0; i < 10; i++) {
+        post_image(&d, "big", path, false, &r);
+        lbt_assert_error(&r, 413, "payload_too_large");
+        lbt_resp_free(&r);
+    }
     post_image(&d, "big", path, true, &r);
     lbt_assert_error(&r, 413, "payload_too_large");
     assert_has(r.body, "2097152");
