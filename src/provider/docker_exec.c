@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "util/clock.h"
+#include "util/log.h"
 #include "util/token.h"
 
 #define DIAG_MAX 4096
@@ -311,6 +312,11 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = 0;
 out:
     docker_pass_close(&pass); /* gone already once the supervisor took the fd */
+    if (atomic_load(&pass.refused) > 0)
+        log_warn_sbx(ref->id,
+                     "docker: %d connection(s) to an exec's pass socket came from other "
+                     "processes of the container; they got nothing",
+                     atomic_load(&pass.refused));
     res->duration_ms = clock_mono_ms() - t0;
     atomic_fetch_sub(&d->execs_in_flight, 1);
     gate_leave(d, ref->id, req->exclusive);

@@ -1313,7 +1313,6 @@ START_TEST(test_receipt_pass_race)
     log = lbt_sh(&D, sbx, "kill $(cat /workspace/grab.log.pid); cat /workspace/grab.log");
     ck_assert_msg(strstr(log, "saw ") != NULL, "the probe never saw the pass entry: %s", log);
     ck_assert_msg(strstr(log, " ok\n") == NULL, "the probe got the receipt: %s", log);
-    fprintf(stderr, "probe log:\n%s", log);
     free(log);
     ck_assert_int_eq(session_req(&D, "POST", "act-pass", "close", tok, "{}", &r), 200);
     lbt_resp_free(&r);
