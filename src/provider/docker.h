@@ -31,8 +31,8 @@
  * bind-mounted at /run/lendbox/pass; the supervisor (--pass-socket) connects, receives the fd
  * by SCM_RIGHTS and gives it to the command as fd 4. The daemon sends it only to the peer whose
  * SO_PEERCRED pid is the engine's "Pid" of the exec (docker_internal.h, struct docker_pass);
- * other sandbox processes that connect get nothing. exclusive: the supervisor (--exclusive) first kills every process but the init; other
- * execs of the sandbox get -EBUSY meanwhile.
+ * other sandbox processes that connect get nothing. exclusive: the supervisor (--exclusive)
+ * first kills every process but the init; other execs of the sandbox get -EBUSY meanwhile.
  *
  * Files go through the archive API with tar streams made and read by libarchive: a write is
  * a one-file tar PUT at "/" (the engine creates missing parents and resolves the path inside
