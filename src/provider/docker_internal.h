@@ -68,8 +68,9 @@ struct docker_pass {
 };
 
 /* Bind and listen in sandbox id's pass directory; the in-container path for --pass-socket goes
- * into path. Returns 0, -ENOENT (no pass directory: no such sandbox), or another negative errno
- * (err says why); on error nothing is left behind. Not thread-safe on one ps. */
+ * into path. fd must be a regular file (-ENOSYS otherwise: no host directory or device goes
+ * into a container). Returns 0, -ENOENT (no pass directory: no such sandbox), or another
+ * negative errno (err says why); on error nothing is left behind. Not thread-safe on one ps. */
 int docker_pass_open(struct lb_docker *d, const char *id, int fd, struct docker_pass *ps,
                      char *path, size_t size, struct lb_error *err);
 /* Start serving the exec exec_id (created, not yet started) for at most wait_ms from now.

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -138,12 +139,17 @@ int docker_pass_open(struct lb_docker *d, const char *id, int fd, struct docker_
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     char dir[PATH_MAX], hex[2 * 12 + 1];
+    struct stat st;
     int r;
 
     memset(ps, 0, sizeof(*ps));
     ps->d = d;
     ps->fd = fd;
     ps->dir_fd = ps->listen_fd = ps->stop_fd = -1;
+    /* a host directory (or any other kind) handed into a container would be a way out of it */
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        return lb_error_set(err, -ENOSYS,
+                            "the docker provider passes only regular files into a container");
     r = token_random_hex(12, hex);
     if (r < 0)
         return lb_error_set(err, -EREMOTEIO, "no random bytes: %s", strerror(-r));
