@@ -115,6 +115,7 @@ $(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -pthread -o $@ $<
 $(BUILD)/tests/test_forgery: $(BUILD)/tests/lbt-probe
+$(BUILD)/tests/test_activation: $(BUILD)/tests/lbt-probe
 
 deps:
 	@scripts/install-deps

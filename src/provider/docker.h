@@ -26,12 +26,13 @@
  * status frame (see supervise.c, "Framed mode"), so the timeout kills the whole process tree
  * inside the container, output is capped inside the container already, and the result fields
  * are those of the local provider. stdin bytes go in first as a file under /tmp through the
- * archive API (--stdin-file; the supervisor unlinks it). pass_fd: the daemon's file is
- * hard-linked into the sandbox's own host directory <state_dir>/docker-pass/<id>, bind-mounted
- * at /run/lendbox/pass, under a random name; the supervisor (--pass-file) opens and unlinks it
- * and gives it to the command as fd 4 (a sandbox process racing that unlink could open it
- * too). exclusive: the supervisor (--exclusive) first kills every process but the init; other
- * execs of the sandbox get -EBUSY meanwhile.
+ * archive API (--stdin-file; the supervisor unlinks it). pass_fd: the daemon listens on a unix
+ * socket under a random name in the sandbox's own host directory <state_dir>/docker-pass/<id>,
+ * bind-mounted at /run/lendbox/pass; the supervisor (--pass-socket) connects, receives the fd
+ * by SCM_RIGHTS and gives it to the command as fd 4. The daemon sends it only to the peer whose
+ * SO_PEERCRED pid is the engine's "Pid" of the exec (docker_internal.h, struct docker_pass);
+ * other sandbox processes that connect get nothing. exclusive: the supervisor (--exclusive)
+ * first kills every process but the init; other execs of the sandbox get -EBUSY meanwhile.
  *
  * Files go through the archive API with tar streams made and read by libarchive: a write is
  * a one-file tar PUT at "/" (the engine creates missing parents and resolves the path inside

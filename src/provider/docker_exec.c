@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "util/clock.h"
+#include "util/log.h"
 #include "util/token.h"
 
 #define DIAG_MAX 4096
@@ -87,36 +88,6 @@ static int put_stdin(struct lb_docker *d, const char *id, const struct lb_exec_r
     return docker_put_file(d, id, path, -1, req->stdin_data, req->stdin_len, 0600, err);
 }
 
-/* pass_fd without fd passing: hard-link the daemon's file into the sandbox's bind-mounted
- * pass dir under a fresh name; the supervisor opens it as the command's fd 4 and unlinks it
- * (host_path is unlinked again after the exec, in case it never ran). -ENOSYS when the file
- * cannot be linked there (another file system). */
-static int link_pass_file(struct lb_docker *d, const char *id, int fd, char *host_path,
-                          size_t host_size, char *path, size_t size, struct lb_error *err)
-{
-    char name[32], dir[PATH_MAX - 64], self[64];
-    int r = random_name(name, sizeof(name), err);
-
-    if (r < 0)
-        return r;
-    docker_pass_dir(d, id, dir, sizeof(dir));
-    if (snprintf(host_path, host_size, "%s/%s", dir, name) >= (int)host_size)
-        return lb_error_set(err, -ENOSYS, "the pass directory's path is too long");
-    snprintf(path, size, "%s/%s", DOCKER_PASS_PATH, name);
-    if (linkat(fd, "", AT_FDCWD, host_path, AT_EMPTY_PATH) == 0)
-        return 0;
-    snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
-    if (linkat(AT_FDCWD, self, AT_FDCWD, host_path, AT_SYMLINK_FOLLOW) == 0)
-        return 0;
-    r = errno;
-    host_path[0] = '\0';
-    return lb_error_set(err, r == ENOENT ? -ENOENT : -ENOSYS,
-                        r == ENOENT ? "no such sandbox (its pass directory is gone)"
-                                    : "the docker provider cannot pass this file into the "
-                                      "container: %s",
-                        strerror(r));
-}
-
 static json_t *exec_body(struct lb_docker *d, const struct lb_exec_request *req,
                          const char *stdin_path, const char *pass_path)
 {
@@ -146,7 +117,7 @@ static json_t *exec_body(struct lb_docker *d, const struct lb_exec_request *req,
         json_array_append_new(cmd, json_string(stdin_path));
     }
     if (pass_path) {
-        json_array_append_new(cmd, json_string("--pass-file"));
+        json_array_append_new(cmd, json_string("--pass-socket"));
         json_array_append_new(cmd, json_string(pass_path));
     }
     json_array_append_new(cmd, json_string("--"));
@@ -218,7 +189,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     struct lb_docker *d = (struct lb_docker *)p;
     struct exec_reader x = {0};
     struct lb_httpc_response resp = {0};
-    char name[256], path[512], stdin_path[128], m[300], pass_path[128], pass_host[PATH_MAX] = "";
+    char name[256], path[512], stdin_path[128], m[300], pass_path[128];
+    struct docker_pass pass = {.dir_fd = -1, .listen_fd = -1, .stop_fd = -1};
     enum lb_sandbox_status st;
     json_t *body = NULL, *j = NULL;
     const char *exec_id;
@@ -253,8 +225,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
             goto out;
     }
     if (req->pass_fd > 0) {
-        r = link_pass_file(d, ref->id, req->pass_fd, pass_host, sizeof(pass_host), pass_path,
-                           sizeof(pass_path), err);
+        r = docker_pass_open(d, ref->id, req->pass_fd, &pass, pass_path, sizeof(pass_path), err);
         if (r < 0)
             goto out;
     }
@@ -291,6 +262,11 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     httpc_response_release(&resp);
+    if (req->pass_fd > 0) {
+        r = docker_pass_start(&pass, exec_id, EXEC_SLACK_MS, err);
+        if (r < 0)
+            goto out;
+    }
     snprintf(path, sizeof(path), "/exec/%s/start", exec_id);
     {
         struct lb_httpc_request sreq = {.method = "POST",
@@ -335,8 +311,12 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                        x.diag.data ? x.diag.data : "no output from the engine");
     r = 0;
 out:
-    if (pass_host[0])
-        (void)unlink(pass_host); /* gone already when the supervisor opened it */
+    docker_pass_close(&pass); /* gone already once the supervisor took the fd */
+    if (atomic_load(&pass.refused) > 0)
+        log_warn_sbx(ref->id,
+                     "docker: %d connection(s) to an exec's pass socket came from other "
+                     "processes of the container; they got nothing",
+                     atomic_load(&pass.refused));
     res->duration_ms = clock_mono_ms() - t0;
     atomic_fetch_sub(&d->execs_in_flight, 1);
     gate_leave(d, ref->id, req->exclusive);

@@ -45,6 +45,41 @@ struct lb_docker {
     atomic_int execs_in_flight;
 };
 
+/* One daemon fd passed to one exec (the engine passes none). A listening unix socket under a
+ * fresh random name in the sandbox's pass directory (<pass_dir>/<id>, bind-mounted at
+ * DOCKER_PASS_PATH); the exec's supervisor (--pass-socket) connects. A thread accepts every
+ * connection until the deadline, takes the peer's pid (SO_PEERCRED, in the daemon's pid
+ * namespace) and hands the fd (SCM_RIGHTS) only to the peer whose pid is the exec's own, as the
+ * engine's GET /exec/{id}/json "Pid" gives it; any other peer is closed with nothing sent. After
+ * the one hand-over, the deadline or docker_pass_close the socket is unlinked and closed. */
+struct docker_pass {
+    struct lb_docker *d;
+    int fd;        /* the daemon's fd to pass (borrowed: the caller keeps and closes it) */
+    int dir_fd;    /* O_PATH of the sandbox's pass directory */
+    int listen_fd; /* the listening socket (the thread closes it when it ends) */
+    int stop_fd;   /* eventfd: docker_pass_close ends the thread */
+    char name[32]; /* the socket's name in the directory */
+    char exec_id[96];
+    int64_t deadline_ms; /* monotonic */
+    pthread_t thread;
+    bool started, bound;
+    atomic_bool sent;   /* the fd went to the exec's process */
+    atomic_int refused; /* connections closed unanswered (other processes) */
+};
+
+/* Bind and listen in sandbox id's pass directory; the in-container path for --pass-socket goes
+ * into path. fd must be a regular file (-ENOSYS otherwise: no host directory or device goes
+ * into a container). Returns 0, -ENOENT (no pass directory: no such sandbox), or another
+ * negative errno (err says why); on error nothing is left behind. Not thread-safe on one ps. */
+int docker_pass_open(struct lb_docker *d, const char *id, int fd, struct docker_pass *ps,
+                     char *path, size_t size, struct lb_error *err);
+/* Start serving the exec exec_id (created, not yet started) for at most wait_ms from now.
+ * Returns 0 or a negative errno; call docker_pass_close either way. */
+int docker_pass_start(struct docker_pass *ps, const char *exec_id, int64_t wait_ms,
+                      struct lb_error *err);
+/* Stop the thread (if started), unlink the socket and close what ps holds. Idempotent. */
+void docker_pass_close(struct docker_pass *ps);
+
 /* <pass_dir>/<id> into buf. */
 void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size);
 /* "lendbox-<instance>-<id>" into buf. */

@@ -62,9 +62,10 @@
  *       type, a 4-byte big-endian length, the payload. 'o' stdout bytes, 'e' stderr bytes
  *       (each stream relayed up to BYTES, the rest read and dropped), 'T' payload "o" or "e":
  *       that stream was cut, and last 's': the status line (protocol above, without the
- *       newline). --pass-file PATH: the file is opened read-write, unlinked, and given to the
- *       command alone as fd 4 (command mode's --pass-fd 4): the docker provider's stand-in for
- *       passing a daemon fd (a host file hard-linked into a bind-mounted directory).
+ *       newline). --pass-socket PATH: connects to the daemon's unix socket PATH, receives one fd
+ *       (SCM_RIGHTS) and gives it to the command alone as fd 4 (command mode's --pass-fd 4):
+ *       the docker provider's way of passing a daemon fd (the daemon hands it only to the
+ *       exec's own process; a socket whose owner is visible in the sandbox is refused).
  *       --exclusive: before anything else, SIGKILL every process of the pid namespace but
  *       pid 1 (the sandbox's init) and this one, pass after pass until a pass finds none (a
  *       process forking meanwhile is caught by the next pass; at most 200 passes, else the
@@ -229,6 +230,8 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -254,13 +257,13 @@ struct options {
     const char *receipt_file;   /* harness mode: the receipt in this new file instead (made
                                    after the launch claim; engines without fd passing) */
     int64_t cleanup_timeout_ms;
-    bool framed;            /* --framed: the result as frames on stdout */
-    int64_t max_output;     /* framed: bytes relayed per stream */
-    const char *stdin_file; /* framed: stdin from this file (unlinked once open) */
-    const char *pass_file;  /* framed: the command's fd 4 (--pass-fd 4), unlinked once open */
-    bool exclusive;         /* framed: first SIGKILL every process of the pid namespace but 1 */
-    bool pty_launch;        /* --pty-launch: start a detached PTY (or pipe) session */
-    int pty_dir_fd;         /* its session directory (the daemon's, on the host) */
+    bool framed;             /* --framed: the result as frames on stdout */
+    int64_t max_output;      /* framed: bytes relayed per stream */
+    const char *stdin_file;  /* framed: stdin from this file (unlinked once open) */
+    const char *pass_socket; /* framed: the daemon's socket that hands the command's fd 4 */
+    bool exclusive;          /* framed: first SIGKILL every process of the pid namespace but 1 */
+    bool pty_launch;         /* --pty-launch: start a detached PTY (or pipe) session */
+    int pty_dir_fd;          /* its session directory (the daemon's, on the host) */
     int64_t pty_rows, pty_cols;
     bool pty_pipes;            /* --no-pty: stdin, stdout and stderr are pipes */
     const char *user;          /* --user: run the command (the harness) as this user */
@@ -363,8 +366,8 @@ static int parse_options(int argc, char **argv, struct options *o)
         } else if (strcmp(a, "--stdin-file") == 0 && val && val[0] == '/') {
             o->stdin_file = val;
             i++;
-        } else if (strcmp(a, "--pass-file") == 0 && val && val[0] == '/') {
-            o->pass_file = val;
+        } else if (strcmp(a, "--pass-socket") == 0 && val && val[0] == '/') {
+            o->pass_socket = val;
             i++;
         } else if (strcmp(a, "--keep-background") == 0) {
             o->keep_background = true;
@@ -1111,6 +1114,63 @@ static int kill_all_but_init(bool spare_init_session)
     return -1;
 }
 
+/* --pass-socket: connect to the daemon's socket at path and receive the one fd it hands over
+ * (SCM_RIGHTS with one byte). The daemon listens from outside the sandbox's pid namespace, so
+ * the socket's owner has no pid here (SO_PEERCRED pid 0); a socket a sandbox process put at
+ * that path (the directory is the sandbox's to change) has one, and is refused before anything
+ * is read from it. Returns the fd (close-on-exec), or -1 with "error ..." in line. */
+static int receive_pass_fd(const char *path, char *line, size_t size)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {.tv_sec = 60};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    struct cmsghdr *c;
+    int s = -1, fd = -1;
+    ssize_t n;
+
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(line, size, "error the pass socket's path is too long");
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+        connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        snprintf(line, size, "error cannot reach the pass socket: %s", strerror(errno));
+        goto out;
+    }
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid != 0) {
+        snprintf(line, size,
+                 "error the pass socket is not the daemon's (a sandbox process "
+                 "listens on it)");
+        goto out;
+    }
+    memset(u.buf, 0, sizeof(u.buf));
+    do
+        n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    c = n == 1 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(sizeof(int)) && !(msg.msg_flags & MSG_CTRUNC))
+        memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    if (fd < 0)
+        snprintf(line, size, "error the daemon passed no fd: %s",
+                 n < 0 ? strerror(errno) : "it refused this process");
+out:
+    if (s >= 0)
+        (void)close(s);
+    return fd;
+}
+
 static int run_framed(const struct options *o)
 {
     int out[2], err[2], status[2], in = -1, pass = -1;
@@ -1140,14 +1200,12 @@ static int run_framed(const struct options *o)
         (void)write_frame('s', line, strlen(line));
         return 0;
     }
-    if (o->pass_file) {
-        pass = open(o->pass_file, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (o->pass_socket) {
+        pass = receive_pass_fd(o->pass_socket, line, sizeof(line));
         if (pass < 0) {
-            snprintf(line, sizeof(line), "error cannot open the pass file: %s", strerror(errno));
             (void)write_frame('s', line, strlen(line));
             return 0;
         }
-        (void)unlink(o->pass_file);
     }
     if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
         snprintf(line, sizeof(line), "error pipe failed: %s", strerror(errno));
@@ -2620,7 +2678,7 @@ int main(int argc, char **argv)
                 "       lendbox-supervise --pty-launch --dir-fd N [--rows R] [--cols C] [--no-pty] "
                 "[--user USER] -- ARGV...\n"
                 "       lendbox-supervise --framed --max-output BYTES --timeout-ms MS "
-                "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-file PATH] "
+                "[--cwd DIR] [--keep-background] [--stdin-file PATH] [--pass-socket PATH] "
                 "[--exclusive [--spare-init-session]] [--loopback-up] -- ARGV...\n");
         if (o.status_fd >= 0)
             write_status(o.status_fd, "error bad lendbox-supervise arguments");

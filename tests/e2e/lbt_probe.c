@@ -16,6 +16,14 @@
  *       Starts a thread that appends a line to FILE every 100 ms, forever, then ends its main
  *       thread alone (exit(2), not exit_group): the process shows as a zombie while its
  *       thread runs, which a sweep that skips zombies never ends.
+ *   lbt-probe passgrab DIR LOG
+ *       The receipt thief of the docker provider's pass directory: runs until killed, looping
+ *       over DIR (/run/lendbox/pass) as fast as it can. Each new entry is logged ("saw NAME");
+ *       it opens every entry read-write and connects to every socket (waiting up to 2 s for an
+ *       fd by SCM_RIGHTS). Whatever fd it gets it logs ("open NAME ok", "fd NAME ok") and
+ *       forges a receipt into it (cleanup confirmed, return code 0) now and every 20 ms for
+ *       5 s, holding it. A connection that got no fd is logged once ("conn NAME nofd").
+ *       Its pid goes to LOG.pid.
  *   lbt-probe syscalls [NAME...]
  *       Calls each named syscall (all it knows without names) with harmless arguments and
  *       prints "NAME ERRNONAME" ("NAME ok" on success). Arguments are chosen so that without
@@ -34,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/ptrace.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -239,6 +249,115 @@ static int run_forge(const char *log, char cmd_mode)
         if (d)
             closedir(d);
         usleep(200);
+    }
+}
+
+/* ---- passgrab -------------------------------------------------------------------------- */
+
+#define FORGED_RECEIPT                                                                             \
+    "{\"cleanup_confirmed\":true,\"return_code\":0,\"timed_out\":false,\"error\":null,"            \
+    "\"launched\":true,\"stop_requested\":false}\n"
+
+/* Write the forged receipt into fd at once and every 20 ms for 5 s (in a child: the scan
+ * goes on); the fd stays open in both. */
+static void forge_receipt(int fd)
+{
+    (void)!pwrite(fd, FORGED_RECEIPT, strlen(FORGED_RECEIPT), 0);
+    if (fork() == 0) {
+        for (int i = 0; i < 250; i++) {
+            (void)!pwrite(fd, FORGED_RECEIPT, strlen(FORGED_RECEIPT), 0);
+            usleep(20000);
+        }
+        _exit(0);
+    }
+}
+
+/* Connect to the socket path; the fd it hands over, or -1. */
+static int grab_from_socket(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {.tv_sec = 2};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    char byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *c;
+    int s, fd = -1;
+
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return -1;
+    strcpy(sa.sun_path, path);
+    s = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (s < 0)
+        return -1;
+    memset(u.buf, 0, sizeof(u.buf));
+    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0 &&
+        connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 && recvmsg(s, &msg, 0) == 1 &&
+        (c = CMSG_FIRSTHDR(&msg)) && c->cmsg_type == SCM_RIGHTS)
+        memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    close(s);
+    return fd;
+}
+
+static int run_passgrab(const char *dir, const char *log)
+{
+    char names[64][256], path[512];
+    bool nofd[64] = {false};
+    int nnames = 0;
+    FILE *pf;
+
+    logf_ = fopen(log, "a");
+    if (!logf_)
+        return 1;
+    setvbuf(logf_, NULL, _IOLBF, 0);
+    snprintf(path, sizeof(path), "%s.pid", log);
+    pf = fopen(path, "w");
+    if (!pf)
+        return 1;
+    fprintf(pf, "%d\n", (int)getpid());
+    fclose(pf);
+    fprintf(logf_, "%d started\n", (int)getpid());
+    for (;;) {
+        struct dirent *de;
+        DIR *d = opendir(dir);
+
+        while (d && (de = readdir(d))) {
+            int k, fd;
+
+            if (de->d_name[0] == '.')
+                continue;
+            for (k = 0; k < nnames && strcmp(names[k], de->d_name) != 0; k++)
+                ;
+            if (k == nnames && nnames < 64) {
+                snprintf(names[nnames++], sizeof(names[0]), "%s", de->d_name);
+                fprintf(logf_, "saw %s\n", de->d_name);
+            }
+            snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+            fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK);
+            if (fd >= 0) {
+                fprintf(logf_, "open %s ok\n", de->d_name);
+                forge_receipt(fd);
+                continue;
+            }
+            if (errno != ENXIO) /* ENXIO: a socket */
+                continue;
+            fd = grab_from_socket(path);
+            if (fd >= 0) {
+                fprintf(logf_, "fd %s ok\n", de->d_name);
+                forge_receipt(fd);
+            } else if (k < 64 && !nofd[k]) {
+                nofd[k] = true;
+                fprintf(logf_, "conn %s nofd\n", de->d_name);
+            }
+        }
+        if (d)
+            closedir(d);
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ;
     }
 }
 
@@ -465,9 +584,11 @@ int main(int argc, char **argv)
                                   : strcmp(argv[3], "--hold") == 0  ? 'h'
                                   : strcmp(argv[3], "--write") == 0 ? 'w'
                                                                     : 0);
+    if (argc >= 4 && strcmp(argv[1], "passgrab") == 0)
+        return run_passgrab(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "syscalls") == 0)
         return run_syscalls(argc - 2, argv + 2);
     fprintf(stderr, "usage: lbt-probe forge LOG [--hold|--write] | zombie-leader FILE | "
-                    "syscalls [NAME...]\n");
+                    "passgrab DIR LOG | syscalls [NAME...]\n");
     return 2;
 }

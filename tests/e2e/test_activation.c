@@ -8,6 +8,7 @@
  */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <libgen.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1258,6 +1259,66 @@ START_TEST(test_stop_harness)
 }
 END_TEST
 
+/* docker: the harness's receipt goes to the harness's launcher alone. The engine passes no
+ * fds, so the daemon offers the receipt on a socket in the sandbox's pass directory
+ * (/run/lendbox/pass) and hands it only to the exec's own process. An agent process (operate
+ * token) loops over that directory opening every entry and connecting to every socket while
+ * the activation launches: it sees the daemon's socket but gets no fd (with a hard-linked
+ * receipt it opened it and forged return code 0), and the activation's result is the
+ * harness's own (7). */
+START_TEST(test_receipt_pass_race)
+{
+    char sbx[64], tok[128], probe[1024], copy[1024], body[1024];
+    const char *daemon = getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd";
+    struct lbt_resp r;
+    size_t len = 0;
+    char *data, *log;
+    FILE *f;
+    json_t *res;
+
+    if (strcmp(lbt_variant(), "docker") != 0)
+        return; /* the other providers pass the receipt as an fd, with no directory */
+    seed_op(&D, "act-pass", sbx, sizeof(sbx), tok, sizeof(tok));
+    snprintf(copy, sizeof(copy), "%s", daemon);
+    snprintf(probe, sizeof(probe), "%s/tests/lbt-probe", dirname(copy));
+    f = fopen(probe, "rb");
+    ck_assert_msg(f != NULL, "no %s (make build/tests/lbt-probe)", probe);
+    data = malloc(4 << 20);
+    ck_assert_ptr_nonnull(data);
+    len = fread(data, 1, 4 << 20, f);
+    fclose(f);
+    ck_assert_int_gt(len, 0);
+    lbt_file_put(&D, sbx, tok, "/workspace/lbt-probe", "0755", data, len, &r);
+    ck_assert_msg(r.status == 204, "upload of the probe: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(data);
+    snprintf(body, sizeof(body),
+             "{\"command\": \"/workspace/lbt-probe passgrab /run/lendbox/pass /workspace/grab.log"
+             " </dev/null >/dev/null 2>&1 & while [ ! -s /workspace/grab.log.pid ]; do sleep "
+             "0.01; done\", \"preserve_background_services\": true, \"timeout_s\": 30}");
+    res = lbt_exec_ok(&D, sbx, tok, body);
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    json_decref(res);
+
+    ck_assert_int_eq(session_req(&D, "POST", "act-pass", "execute", tok,
+                                 "{\"argv\": [\"sh\", \"-c\", \"sleep 1; exit 7\"]}", &r),
+                     200);
+    ck_assert_msg(json_integer_value(json_object_get(r.json, "return_code")) == 7,
+                  "the receipt was forged: %s", r.body);
+    ck_assert_str_eq(str(r.json, "state"), "finished");
+    assert_cleanup_confirmed(r.json);
+    lbt_resp_free(&r);
+    /* the probe's last connection gives up within 2 s */
+    sleep(2);
+    log = lbt_sh(&D, sbx, "kill $(cat /workspace/grab.log.pid); cat /workspace/grab.log");
+    ck_assert_msg(strstr(log, "saw ") != NULL, "the probe never saw the pass entry: %s", log);
+    ck_assert_msg(strstr(log, " ok\n") == NULL, "the probe got the receipt: %s", log);
+    free(log);
+    ck_assert_int_eq(session_req(&D, "POST", "act-pass", "close", tok, "{}", &r), 200);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* Long-polls are parked, not held on a worker: with 2 workers, 20 long-polls (wait_ms 20000)
  * on a running harness leave an exec on another sandbox free to answer while they still wait;
  * the harness then ends and every poll answers with the ended state. A wait_ms too large for
@@ -1381,6 +1442,7 @@ int main(void)
     tcase_add_test(shared, test_operate_token_activation);
     tcase_add_test(shared, test_nowait_and_long_poll);
     tcase_add_test(shared, test_stop_harness);
+    tcase_add_test(shared, test_receipt_pass_race);
     suite_add_tcase(s, shared);
     tcase_set_timeout(own, 240);
     tcase_add_test(own, test_close_before_launch);

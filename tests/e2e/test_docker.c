@@ -358,8 +358,8 @@ START_TEST(test_unenforceable)
 }
 END_TEST
 
-/* Harness activations: the receipt file is passed as the launcher's fd 4 through the
- * bind-mounted pass dir. A finished harness (return code, artifact, confirmed cleanup), then a
+/* Harness activations: the receipt file is passed as the launcher's fd 4 through a socket in
+ * the bind-mounted pass dir. A finished harness (return code, artifact, confirmed cleanup), then a
  * timed-out one whose whole tree is gone, then a close mid-run (TERM first). */
 START_TEST(test_activations)
 {
@@ -383,7 +383,7 @@ START_TEST(test_activations)
     art = json_object_get(json_object_get(r.json, "artifacts"), "/workspace/out.txt");
     ck_assert_str_eq(json_string_value(json_object_get(art, "base64")), "aGkK");
     lbt_resp_free(&r);
-    /* the link into the pass dir is gone: nothing in the container can open the receipt */
+    /* the pass socket is gone: nothing in the container can connect to it any more */
     out = lbt_sh(&x.d, sid_of(lease), "ls -A /run/lendbox/pass | wc -l");
     ck_assert_str_eq(out, "0\n");
     free(out);
