@@ -236,7 +236,10 @@ static int nft_setup(struct local_net_host *h, struct lb_error *err)
         "add rule inet %1$s sbx ip daddr 127.0.0.0/8 ct status dnat iifname . tcp dport "
         "@lport4 accept\n"
         "add rule inet %1$s sbx meta l4proto tcp iifname . ip daddr . tcp dport @allowp4 accept\n"
-        /* the host's own addresses: only the listed ports above, in every mode */
+        /* the host's own addresses: only the listed ports above, in every mode (TCP with a
+         * reset: the host's ICMP errors to one address are rate-limited, so a refusal by
+         * ICMP alone can be lost and the connect then waits for its SYN's retransmission) */
+        "add rule inet %1$s sbx fib daddr type local meta l4proto tcp reject with tcp reset\n"
         "add rule inet %1$s sbx fib daddr type local reject with icmpx admin-prohibited\n"
         "add rule inet %1$s sbx iifname . ip daddr @allow4 accept\n"
         "add rule inet %1$s sbx iifname @nat_ifs ip daddr { 169.254.0.0/16, %3$s } reject "
