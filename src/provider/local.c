@@ -421,25 +421,32 @@ bool local_desc_alive(const struct local_desc *d)
     return d->pid > 0 && local_proc_start_time(d->pid, &st) == 0 && st == d->start_time;
 }
 
+ssize_t local_read_small(const char *path, char *buf, size_t size)
+{
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
 bool local_desc_exiting(const struct local_desc *d)
 {
     char path[64], buf[1024];
     unsigned long flags;
     const char *p;
-    ssize_t n;
-    int fd;
 
     if (!local_desc_alive(d))
         return false;
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (local_read_small(path, buf, sizeof(buf)) < 0)
         return false;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     p = strrchr(buf, ')');
     /* field 9, the kernel's task flags; PF_EXITING (0x4) is set as the exit begins, before a
      * pid namespace's init kills the rest of its namespace */
@@ -1881,16 +1888,9 @@ static bool under_seccomp_filter(void)
 {
     char buf[4096];
     const char *p;
-    ssize_t n;
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
 
-    if (fd < 0)
+    if (local_read_small("/proc/self/status", buf, sizeof(buf)) < 0)
         return false;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     p = strstr(buf, "\nSeccomp:");
     return p && atoi(p + 9) == 2;
 }

@@ -136,21 +136,13 @@ static bool proc_in_ns(pid_t pid, const struct stat *ns, bool *zombie, pid_t *pp
     char path[64], buf[512];
     struct stat st;
     const char *p;
-    ssize_t n;
-    int fd;
 
     snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
     if (stat(path, &st) < 0 || st.st_dev != ns->st_dev || st.st_ino != ns->st_ino)
         return false;
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (local_read_small(path, buf, sizeof(buf)) < 0)
         return false;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     p = strrchr(buf, ')');
     if (!p || p[1] != ' ' || p[2] == 'X')
         return false;

@@ -221,6 +221,10 @@ void local_relay_destroy(struct local_provider *lp);
 
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
 int local_pipe(int *r, int *w);
+/* Read at most size - 1 bytes of the file at path (a /proc file, read in one go) into buf and
+ * NUL-terminate them: the byte count (> 0), or -1 when it cannot be opened or read or is
+ * empty. Thread-safe. */
+ssize_t local_read_small(const char *path, char *buf, size_t size);
 /* close(*fd) if open, then *fd = -1. */
 void local_close_fd(int *fd);
 

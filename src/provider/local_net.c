@@ -167,16 +167,9 @@ static bool has_net_admin(void)
     char buf[4096];
     unsigned long long eff = 0;
     const char *p;
-    ssize_t n;
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
 
-    if (fd < 0)
+    if (local_read_small("/proc/self/status", buf, sizeof(buf)) < 0)
         return false;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
     p = strstr(buf, "\nCapEff:");
     if (!p || sscanf(p + 8, "%llx", &eff) != 1)
         return false;
