@@ -532,8 +532,14 @@ START_TEST(test_release_closes_first)
 END_TEST
 
 /* Send a request and hang up at once, without reading the answer. */
-static void post_and_hang_up(struct lbt_daemon *d, const char *path, const char *body)
+/* Send a POST to `path` and close the connection once the session `rsid` has an activation
+ * recorded: a request still waiting in the queue when its client goes is dropped before it
+ * starts (http_job_run), so hanging up after a fixed delay raced a busy daemon. */
+static void post_and_hang_up(struct lbt_daemon *d, const char *rsid, const char *path,
+                             const char *body)
 {
+    char apath[300];
+    double until;
     struct sockaddr_in sa = {.sin_family = AF_INET};
     char req[2048];
     int fd, port = 0, n;
@@ -549,7 +555,22 @@ static void post_and_hang_up(struct lbt_daemon *d, const char *path, const char 
                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                  path, d->admin_token, strlen(body), body);
     ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    lbt_sleep_ms(200); /* let the daemon take it in */
+    snprintf(apath, sizeof(apath), "/v1/sessions/%s/activation", rsid);
+    until = lbt_now() + 60;
+    for (;;) {
+        struct lbt_resp r;
+        long status;
+
+        lbt_json(d, "GET", apath, "", NULL, &r);
+        status = r.status;
+        ck_assert_msg(status == 200 || status == 404, "activation of %s: %ld %s", rsid, status,
+                      r.body);
+        lbt_resp_free(&r);
+        if (status == 200)
+            break;
+        ck_assert_msg(lbt_now() < until, "the execute request was never taken in");
+        lbt_sleep_ms(50);
+    }
     close(fd);
 }
 
@@ -562,7 +583,7 @@ START_TEST(test_client_disconnect)
 
     seed(&D, "act-hangup", sbx, sizeof(sbx));
     session_path(path, sizeof(path), "act-hangup", "execute");
-    post_and_hang_up(&D, path,
+    post_and_hang_up(&D, "act-hangup", path,
                      "{\"argv\": [\"sh\", \"-c\", \"sleep 1; echo done > /workspace/done.txt\"], "
                      "\"collect\": [\"/workspace/done.txt\"]}");
     until = lbt_now() + 60;
