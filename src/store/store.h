@@ -78,7 +78,7 @@ struct lb_store;
 int store_open(const char *path, struct lb_store **out, struct lb_error *err);
 void store_close(struct lb_store *st);
 
-/* The space reserve (see store.c): keep reserve_bytes (0: none) allocated in <path>.reserve, for
+/* The space reserve (see reserve.c): keep reserve_bytes (0: none) allocated in <path>.reserve, for
  * the record updates of stops when the file system is full. Made now if there is room (a warning
  * if not). Errors: -EINVAL. Call once, before other threads use st. */
 int store_reserve_init(struct lb_store *st, int64_t reserve_bytes, struct lb_error *err);
