@@ -1,7 +1,9 @@
 /*
  * launch.c - how lendbox-supervise starts what it runs: the forked child's last steps before
- * its exec (every signal to its default, the --user switch or no capability, HOME), shared by
- * command, harness and PTY modes. A base over user.c.
+ * its exec (every signal to its default, the --user switch or no capability, HOME, the exec
+ * itself with the shell's 126/127), shared by command, harness and PTY modes, and the detached
+ * holder (fork, one ready byte, "launched PID") shared by the harness and PTY launchers.
+ * A base over user.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +20,7 @@
 static const char *untrusted_dir;
 
 /* Every signal back to its default action and unblocked (for what we exec). */
-void launch_reset_signals(void)
+static void reset_signals(void)
 {
     struct sigaction sa;
     sigset_t none;
@@ -69,7 +71,7 @@ static bool path_is_at_or_below(const char *path, const char *dir)
  * included (the exec helper leaves the supervisor CAP_SETUID, CAP_SETGID and CAP_SETPCAP in the
  * sandbox's user namespace, for this switch alone); HOME from passwd when the environment has
  * none. 0 or -errno. */
-int launch_user_become(const struct sup_user *u, bool have)
+static int user_become(const struct sup_user *u, bool have)
 {
     struct sup_user self;
     char num[16];
@@ -98,5 +100,68 @@ int launch_user_become(const struct sup_user *u, bool have)
         if (rootfd >= 0)
             close(rootfd);
     }
+    return 0;
+}
+
+/* Tell err_fd (when there is one) why the exec did not happen: the errno, as an int. */
+static void report_errno(int err_fd, int e)
+{
+    if (err_fd >= 0 && write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
+        /* the supervisor then reports the exit status alone */
+    }
+}
+
+void launch_exec(char **argv, bool own, const struct sup_user *u, bool have_user, int err_fd)
+{
+    int e;
+
+    reset_signals();
+    e = own ? 0 : user_become(u, have_user);
+    if (e < 0) {
+        e = -e;
+        report_errno(err_fd, e);
+        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(e));
+        _exit(126);
+    }
+    if (own)
+        execv("/proc/self/exe", argv);
+    else
+        execvp(argv[0], argv);
+    e = errno;
+    report_errno(err_fd, e);
+    dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+}
+
+int launch_holder(launch_holder_fn fn, const struct sup_options *o, const struct sup_user *user,
+                  bool have_user)
+{
+    int ready[2];
+    ssize_t n;
+    pid_t pid;
+    char b;
+
+    if (pipe2(ready, O_CLOEXEC) < 0)
+        return -errno;
+    pid = fork();
+    if (pid < 0) {
+        int e = errno;
+
+        (void)close(ready[0]);
+        (void)close(ready[1]);
+        return -e;
+    }
+    if (pid == 0) {
+        (void)close(ready[0]);
+        _exit(fn(o, ready[1], user, have_user));
+    }
+    (void)close(ready[1]);
+    do
+        n = read(ready[0], &b, 1);
+    while (n < 0 && errno == EINTR);
+    (void)close(ready[0]);
+    if (n != 1)
+        return -ECHILD;
+    printf("launched %d\n", (int)pid);
     return 0;
 }

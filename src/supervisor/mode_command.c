@@ -46,30 +46,14 @@ static bool is_own_harness_launch(char **argv)
 static void exec_command(char **argv, int status_fd, int pass_fd, const struct sup_user *u,
                          bool have_user)
 {
-    bool own;
-    int e;
-
     /* the status channel is the supervisor's alone: never the command's (it is CLOEXEC too) */
     (void)close(status_fd);
     if (pass_fd >= 0) /* the daemon's channel for the command (a harness launcher) */
         (void)fcntl(pass_fd, F_SETFD, 0);
     setpgid(0, 0);
-    launch_reset_signals();
     /* our own harness and PTY launchers stay who we are, capabilities included: the harness
      * supervisor (the PTY holder) switches to its --user right before its command's exec */
-    own = is_own_harness_launch(argv);
-    e = own ? 0 : launch_user_become(u, have_user);
-    if (e < 0) {
-        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
-        _exit(126);
-    }
-    if (own)
-        execv("/proc/self/exe", argv);
-    else
-        execvp(argv[0], argv);
-    e = errno;
-    dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
+    launch_exec(argv, is_own_harness_launch(argv), u, have_user, -1);
 }
 
 int mode_command_run(const struct sup_options *o)

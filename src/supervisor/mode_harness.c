@@ -230,30 +230,6 @@ static void harness_cleanup(struct sup_child *cmd, int sfd, int64_t phase, struc
     }
 }
 
-static void exec_harness(char **argv, int err_fd, const struct sup_user *u, bool have_user)
-{
-    int e;
-
-    setpgid(0, 0);
-    launch_reset_signals();
-    e = launch_user_become(u, have_user);
-    if (e < 0) {
-        e = -e;
-        if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
-            /* the supervisor then reports the exit status alone */
-        }
-        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(e));
-        _exit(126);
-    }
-    execvp(argv[0], argv);
-    e = errno;
-    if (write(err_fd, &e, sizeof(e)) != (ssize_t)sizeof(e)) {
-        /* the supervisor then reports the exit status alone */
-    }
-    dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
-}
-
 /* Point 0 at /dev/null and 1, 2 at DIR/output.log; close every other fd but keep and
  * keep2. */
 static int harness_stdio(const char *dir, int keep, int keep2)
@@ -332,7 +308,8 @@ static int run_harness(const struct sup_options *o, int ready_fd, const struct s
     }
     if (cmd.pid == 0) {
         (void)close(err_pipe[0]);
-        exec_harness(o->argv, err_pipe[1], user, have_user);
+        setpgid(0, 0);
+        launch_exec(o->argv, false, user, have_user, err_pipe[1]);
     }
     (void)setpgid(cmd.pid, cmd.pid);
     (void)close(err_pipe[1]);
@@ -386,12 +363,11 @@ static int run_harness(const struct sup_options *o, int ready_fd, const struct s
 
 int mode_harness_launch(struct sup_options *o)
 {
-    char claim[PATH_MAX], target[16], b, why[300];
+    char claim[PATH_MAX], target[16], why[300];
     struct sup_user user;
     bool have_user;
-    int ready[2], e;
     ssize_t n;
-    pid_t pid;
+    int e;
 
     if (launch_user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
         fprintf(stderr, "lendbox-supervise: %s\n", why);
@@ -435,28 +411,20 @@ int mode_harness_launch(struct sup_options *o)
             return 1;
         }
     }
-    if (pipe2(ready, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
-        struct receipt r = {.confirmed = true};
-
-        set_error(&r, "cannot start the harness supervisor: %s", strerror(errno));
-        (void)write_receipt(o->receipt_fd, &r);
-        fprintf(stderr, "lendbox-supervise: %s\n", r.error);
-        return 1;
-    }
-    if (pid == 0) {
-        (void)close(ready[0]);
-        _exit(run_harness(o, ready[1], &user, have_user));
-    }
-    (void)close(ready[1]);
-    do
-        n = read(ready[0], &b, 1);
-    while (n < 0 && errno == EINTR);
-    if (n != 1) {
+    e = launch_holder(run_harness, o, &user, have_user);
+    if (e == -ECHILD) {
         fprintf(stderr, "lendbox-supervise: the harness supervisor failed to start (see %s)\n",
                 "output.log and receipt.json");
         return 1;
     }
-    printf("launched %d\n", (int)pid);
+    if (e < 0) {
+        struct receipt r = {.confirmed = true};
+
+        set_error(&r, "cannot start the harness supervisor: %s", strerror(-e));
+        (void)write_receipt(o->receipt_fd, &r);
+        fprintf(stderr, "lendbox-supervise: %s\n", r.error);
+        return 1;
+    }
     return 0;
 }
 

@@ -229,7 +229,7 @@ static void pty_move_input(struct pty_state *st)
 static void exec_pty_command(struct pty_state *st, char **argv, const char *slave, int rows,
                              int cols, int pipes[3][2], const struct sup_user *u, bool have_user)
 {
-    int e, fd;
+    int fd;
 
     (void)setsid();
     if (st->pty) {
@@ -251,16 +251,7 @@ static void exec_pty_command(struct pty_state *st, char **argv, const char *slav
         (void)dup2(pipes[2][1], 2);
     }
     (void)close_range(3, ~0U, 0);
-    launch_reset_signals();
-    e = launch_user_become(u, have_user);
-    if (e < 0) {
-        dprintf(2, "lendbox-supervise: cannot become the user: %s\n", strerror(-e));
-        _exit(126);
-    }
-    execvp(argv[0], argv);
-    e = errno;
-    dprintf(2, "lendbox-supervise: cannot run '%s': %s\n", argv[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
+    launch_exec(argv, false, u, have_user, -1);
 }
 
 /* The PTY holder: owns the terminal (or the pipes) and the session's files. Reports setup
@@ -447,10 +438,7 @@ int mode_pty_launch(const struct sup_options *o)
     struct sup_user user;
     bool have_user;
     char why[300];
-    int ready[2];
-    ssize_t n;
-    pid_t pid;
-    char b;
+    int e;
 
     if (launch_user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
         fprintf(stderr, "lendbox-supervise: %s\n", why);
@@ -462,22 +450,14 @@ int mode_pty_launch(const struct sup_options *o)
                 strerror(errno));
         return 1;
     }
-    if (pipe2(ready, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
-        fprintf(stderr, "lendbox-supervise: cannot start the PTY holder: %s\n", strerror(errno));
-        return 1;
-    }
-    if (pid == 0) {
-        (void)close(ready[0]);
-        _exit(run_pty_holder(o, ready[1], &user, have_user));
-    }
-    (void)close(ready[1]);
-    do
-        n = read(ready[0], &b, 1);
-    while (n < 0 && errno == EINTR);
-    if (n != 1) {
+    e = launch_holder(run_pty_holder, o, &user, have_user);
+    if (e == -ECHILD) {
         fprintf(stderr, "lendbox-supervise: the PTY holder failed to start\n");
         return 1;
     }
-    printf("launched %d\n", (int)pid);
+    if (e < 0) {
+        fprintf(stderr, "lendbox-supervise: cannot start the PTY holder: %s\n", strerror(-e));
+        return 1;
+    }
     return 0;
 }

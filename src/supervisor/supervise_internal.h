@@ -7,7 +7,7 @@
  * nothing here is thread-safe, and nothing needs to be. The command line and every mode's
  * protocol are described in supervise.c's head comment.
  *
- * Dependencies run one way: supervise.c -> mode_*.c -> launch.c -> proc.c (and user.c);
+ * Dependencies run one way: supervise.c -> mode_*.c -> launch.c, proc.c, user.c;
  * mode_framed.c is a top over mode_command.c (its child runs command mode); no other mode calls
  * another.
  */
@@ -109,7 +109,7 @@ void proc_loopback_up(void);
  * -1 when 200 passes did not end them (or /proc cannot be read). */
 int proc_kill_all_but_init(bool spare_init_session);
 
-/* ---- launch.c: the child's side of every launch (signals, user) ---- */
+/* ---- launch.c: the child's side of every launch (signals, user, exec), detached holders ---- */
 
 /* The user of --user spec (looked up in this sandbox's /etc/passwd and /etc/group: our root is
  * the sandbox's) into *u, *have true; spec NULL: *have false. 0, or a negative errno with a
@@ -117,17 +117,29 @@ int proc_kill_all_but_init(bool spare_init_session);
 int launch_user_prepare(const char *spec, struct sup_user *u, bool *have, char *why,
                         size_t why_len);
 
-/* --untrusted-dir: a HOME from passwd at or below dir becomes /tmp in launch_user_become. dir
- * (NULL: none) must outlive the process (it points into argv). */
+/* --untrusted-dir: a HOME from passwd at or below dir becomes /tmp in launch_exec. dir (NULL:
+ * none) must outlive the process (it points into argv). */
 void launch_set_untrusted_dir(const char *dir);
 
-/* Every signal back to its default action and unblocked (in a forked child, before its exec). */
-void launch_reset_signals(void);
+/* In a forked child, right before its exec: every signal to its default and unblocked, then
+ * the user u (have_user) or no capability at all, HOME from passwd when the environment has
+ * none, then exec argv[0] with a PATH search. own: argv runs this very binary
+ * (/proc/self/exe), as who we are, capabilities included. Never returns: exit 126 when the user
+ * switch fails or argv[0] cannot be run, 127 when it does not exist, with a line on stderr; when
+ * err_fd >= 0 the errno (an int) is written there first. */
+__attribute__((noreturn)) void launch_exec(char **argv, bool own, const struct sup_user *u,
+                                           bool have_user, int err_fd);
 
-/* In a forked child, right before its exec: become the user u (have) or stay who we are, in
- * both cases without a capability, bounding set included; HOME from passwd when the environment
- * has none. 0 or -errno. */
-int launch_user_become(const struct sup_user *u, bool have);
+/* The body of a detached holder: runs in the forked child with the write end of the ready
+ * pipe, writes one byte there once it is set up, and returns the child's exit status. */
+typedef int (*launch_holder_fn)(const struct sup_options *o, int ready_fd,
+                                const struct sup_user *user, bool have_user);
+
+/* Fork a holder that runs fn(o, ready_fd, user, have_user) and wait for its ready byte; then
+ * print "launched PID" on stdout. 0; -errno when the pipe or the fork failed (errno kept);
+ * -ECHILD when the holder ended before its ready byte. */
+int launch_holder(launch_holder_fn fn, const struct sup_options *o, const struct sup_user *user,
+                  bool have_user);
 
 /* ---- the modes: each returns the process's exit status ---- */
 
