@@ -75,9 +75,11 @@ struct proc_ent {
     bool mark;
 };
 
-static int read_ppid(pid_t pid, pid_t *ppid)
+/* The state letter and the parent of pid, from /proc/PID/stat (state or ppid may be NULL). One
+ * reader for the descendant scan and the exclusive sweep. 0 or -errno (-EIO: unreadable). */
+static int read_stat(pid_t pid, char *state, pid_t *ppid)
 {
-    char path[64], buf[512];
+    char path[64], buf[512], c;
     const char *p;
     ssize_t n;
     int fd, v;
@@ -92,9 +94,12 @@ static int read_ppid(pid_t pid, pid_t *ppid)
         return -EIO;
     buf[n] = '\0';
     p = strrchr(buf, ')');
-    if (!p || sscanf(p + 1, " %*c %d", &v) != 1)
+    if (!p || sscanf(p + 1, " %c %d", &c, &v) != 2)
         return -EIO;
-    *ppid = v;
+    if (state)
+        *state = c;
+    if (ppid)
+        *ppid = v;
     return 0;
 }
 
@@ -115,7 +120,7 @@ static int scan_procs(struct proc_ent **out, size_t *count)
 
         if (proc_parse_int64(de->d_name, 1, INT_MAX, &pid) < 0)
             continue;
-        if (read_ppid((pid_t)pid, &ppid) < 0)
+        if (read_stat((pid_t)pid, NULL, &ppid) < 0)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 64;
@@ -187,7 +192,7 @@ int proc_signal_descendants(int sig)
                 hit++;
             continue;
         }
-        if (read_ppid(v[i].pid, &ppid) == 0 && is_marked(v, n, ppid, self) &&
+        if (read_stat(v[i].pid, NULL, &ppid) == 0 && is_marked(v, n, ppid, self) &&
             syscall(SYS_pidfd_send_signal, pfd, sig, NULL, 0) == 0)
             hit++;
         (void)close(pfd);
@@ -320,10 +325,6 @@ void proc_loopback_up(void)
     close(s);
 }
 
-/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left; with
- * spare_init_session also every process of pid 1's own session (an image's init that keeps
- * a child, like a shell looping on sleep: what came in through an exec is always in a
- * session of its own, and no process can join another session). 0 or -1. */
 /* Has pid a thread other than itself (an entry of /proc/PID/task but its own)? */
 static bool has_other_threads(pid_t pid)
 {
@@ -346,6 +347,10 @@ static bool has_other_threads(pid_t pid)
     return other;
 }
 
+/* --exclusive: SIGKILL every process but pid 1 and ourselves until none is left; with
+ * spare_init_session also every process of pid 1's own session (an image's init that keeps
+ * a child, like a shell looping on sleep: what came in through an exec is always in a
+ * session of its own, and no process can join another session). 0 or -1. */
 int proc_kill_all_but_init(bool spare_init_session)
 {
     pid_t self = getpid();
@@ -359,35 +364,21 @@ int proc_kill_all_but_init(bool spare_init_session)
         if (!dp)
             return -1;
         while ((e = readdir(dp))) {
-            char *end;
+            char *end, state;
             long pid = strtol(e->d_name, &end, 10);
-
-            char path[64], stat[512];
-            ssize_t n;
-            int fd;
 
             if (*end || pid <= 1 || pid == self)
                 continue;
             if (init_sid > 0 && getsid((pid_t)pid) == init_sid)
                 continue;
-            snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-            fd = open(path, O_RDONLY | O_CLOEXEC);
-            n = fd >= 0 ? read(fd, stat, sizeof(stat) - 1) : -1;
-            if (fd >= 0)
-                close(fd);
-            if (n > 0) {
-                stat[n] = '\0';
-                const char *rp = strrchr(stat, ')');
-
-                /* A zombie is dead already (init reaps it): do not wait for it, unless it is
-                 * a thread-group leader that exited while other threads of it run: the kill
-                 * to the group ends those, and it counts until they are gone. */
-                if (rp && rp[1] == ' ' && rp[2] == 'Z') {
-                    (void)kill((pid_t)pid, SIGKILL);
-                    if (has_other_threads((pid_t)pid))
-                        found++;
-                    continue;
-                }
+            /* A zombie is dead already (init reaps it): do not wait for it, unless it is a
+             * thread-group leader that exited while other threads of it run: the kill to the
+             * group ends those, and it counts until they are gone. */
+            if (read_stat((pid_t)pid, &state, NULL) == 0 && state == 'Z') {
+                (void)kill((pid_t)pid, SIGKILL);
+                if (has_other_threads((pid_t)pid))
+                    found++;
+                continue;
             }
             if (kill((pid_t)pid, SIGKILL) == 0)
                 found++;
