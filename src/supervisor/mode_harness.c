@@ -402,7 +402,8 @@ int mode_harness_launch(struct sup_options *o)
     }
     if (o->receipt_file) {
         /* made only now, by the claim's winner, and never over a file already there (a
-         * sandbox process could still write it later: the daemon says so, see the header) */
+         * sandbox process could still write it later: the daemon says so, see supervise.c's head
+         * comment) */
         o->receipt_fd =
             open(o->receipt_file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (o->receipt_fd < 0) {

@@ -276,8 +276,8 @@ static int run_pty_holder(const struct sup_options *o, int ready_fd, const struc
     (void)setsid();
     (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     /* the holder keeps the session directory's fd (a host directory) for its whole life: no
-     * sandbox process may take it through /proc/<pid>/fd, pidfd_getfd or ptrace. main made us
-     * non-dumpable and nothing since changed our ids (which would reset it to
+     * sandbox process may take it through /proc/<pid>/fd, pidfd_getfd or ptrace. main (supervise.c)
+     * made us non-dumpable and nothing since changed our ids (which would reset it to
      * fs.suid_dumpable); say it again and refuse to run if it did not hold */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0)
