@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,7 +63,6 @@ int mode_command_run(const struct sup_options *o)
     int terminating = 0;
     bool timed_out = false, have_user;
     int64_t deadline;
-    sigset_t set;
     int sfd;
 
     launch_set_untrusted_dir(o->untrusted_dir);
@@ -86,14 +84,7 @@ int mode_command_run(const struct sup_options *o)
         return 0;
     }
 
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGQUIT);
-    (void)sigprocmask(SIG_BLOCK, &set, NULL);
-    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    sfd = proc_open_signalfd(false);
     if (sfd < 0) {
         proc_write_status(o->status_fd, "error signalfd failed: %s", strerror(errno));
         return 0;

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -259,7 +258,6 @@ static int run_harness(const struct sup_options *o, int ready_fd, const struct s
     int terminating = 0, err_pipe[2], e = 0, sfd, n;
     bool timed_out = false;
     int64_t deadline;
-    sigset_t set;
     ssize_t got;
 
     (void)setsid();
@@ -273,14 +271,7 @@ static int run_harness(const struct sup_options *o, int ready_fd, const struct s
     n = snprintf(pid_text, sizeof(pid_text), "%d\n", (int)getpid());
     (void)write_atomic(o->harness_launch, "supervisor.pid", pid_text, (size_t)n);
 
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGQUIT);
-    (void)sigprocmask(SIG_BLOCK, &set, NULL);
-    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    sfd = proc_open_signalfd(false);
     if (sfd < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
         set_error(&r, "the harness supervisor cannot start: %s", strerror(errno));
         r.confirmed = true;

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -263,7 +262,6 @@ static int run_pty_holder(const struct sup_options *o, int ready_fd, const struc
     char slave[128] = "", text[32];
     int pipes[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
     int64_t idle_since = -1;
-    sigset_t set;
     int sfd, code;
 
     if (!st)
@@ -316,15 +314,7 @@ static int run_pty_holder(const struct sup_options *o, int ready_fd, const struc
         st->out_r = pipes[1][0];
         st->err_r = pipes[2][0];
     }
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGQUIT);
-    sigaddset(&set, SIGPIPE);
-    (void)sigprocmask(SIG_BLOCK, &set, NULL);
-    sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    sfd = proc_open_signalfd(true);
     if (sfd < 0)
         return 1;
     snprintf(text, sizeof(text), "%d\n", (int)getpid());

@@ -201,6 +201,22 @@ int proc_signal_descendants(int sig)
     return hit;
 }
 
+int proc_open_signalfd(bool with_sigpipe)
+{
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    if (with_sigpipe)
+        sigaddset(&set, SIGPIPE);
+    (void)sigprocmask(SIG_BLOCK, &set, NULL);
+    return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+}
+
 /* Reap every exited child. Returns true when no child at all is left. */
 bool proc_reap(struct sup_child *cmd)
 {

@@ -79,6 +79,11 @@ int proc_parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
  * when /proc cannot be read. */
 int proc_signal_descendants(int sig);
 
+/* Block SIGCHLD and the signals that ask us to end (TERM, INT, HUP, QUIT; and PIPE with
+ * with_sigpipe) so that they arrive on the returned signalfd (close-on-exec, non-blocking)
+ * instead. The fd, or -1 with errno set (the signals stay blocked). */
+int proc_open_signalfd(bool with_sigpipe);
+
 /* Reap every exited child without blocking, recording cmd's status (cmd->done). True when no
  * child at all is left. */
 bool proc_reap(struct sup_child *cmd);
