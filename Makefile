@@ -89,11 +89,13 @@ $(LIB): $(LIB_OBJS)
 $(DAEMON): $(BUILD)/src/main.o $(LIB)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(DEPLIBS)
 
-# The supervisor runs inside every sandbox image: static, libc only, no sanitizers.
-$(SUPERVISE): src/supervisor/supervise.c src/supervisor/user.c src/supervisor/user.h
+# The supervisor runs inside every sandbox image: static, libc only, no sanitizers. It is every
+# file of src/supervisor/ (user.c goes into the daemon's library too).
+SUPERVISE_SRCS := $(sort $(wildcard src/supervisor/*.c))
+$(SUPERVISE): $(SUPERVISE_SRCS) $(wildcard src/supervisor/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -Isrc -o $@ \
-		src/supervisor/supervise.c src/supervisor/user.c
+		$(SUPERVISE_SRCS)
 	@# exec-only: a sandbox uid cannot read it, so the kernel makes it non-dumpable at exec
 	chmod 0711 $@
 
