@@ -101,6 +101,14 @@ $(BUILD)/tests/check_%: tests/unit/check_%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(LIB) $(DEPLIBS) $(CHECK_LIBS)
 
+# check_engine_fake links the fake engine too (fake_engine.c is no program of its own).
+UNIT_FAKE_SRCS := tests/unit/fake_engine.c
+$(BUILD)/tests/check_engine_fake: tests/unit/check_engine_fake.c $(UNIT_FAKE_SRCS) \
+		tests/unit/fake_engine.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit $(ALL_LDFLAGS) -o $@ $< $(UNIT_FAKE_SRCS) \
+		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
+
 $(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
