@@ -320,6 +320,14 @@ START_TEST(test_create_times_out)
     ck_assert_fails(r, err, -ETIMEDOUT, "did not answer");
     ck_assert_ptr_null(desc);
     ck_assert(!fake_engine_has(fe, be->name));
+    if (be->api == FAKE_LXD) {
+        /* the request is answered, its operation never ends */
+        lb_error_clear(&err);
+        fake_engine_rule(fe, "POST", "=/1.0/instances", FAKE_OP_RUNNING, 0, NULL, 1);
+        r = create("img", &desc, &err);
+        ck_assert_fails(r, err, -ETIMEDOUT, "did not end within");
+        ck_assert_ptr_null(desc);
+    }
     close_backend();
 }
 END_TEST
@@ -362,13 +370,25 @@ START_TEST(test_create_exists)
     ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
     json_decref(desc);
     desc = NULL;
+    if (be->api == FAKE_DOCKER) {
+        /* podman answers a name conflict with 500 "already in use" (Docker: 409) */
+        ck_assert_int_eq(fake_engine_add(fe, be->name, "fake", SBX), 0);
+        fault(&be->create, 0, 500, "container name is already in use by abc", 1);
+        r = create("img", &desc, &err);
+        ck_assert_msg(r == 0, "%s: adopt after 500: %d %s", be->kind, r, err.message);
+        ck_assert_str_eq(fake_engine_state(fe, be->name), "running");
+        ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+        json_decref(desc);
+        desc = NULL;
+    }
 
     ck_assert_int_eq(fake_engine_add(fe, be->name, "another-daemon", SBX), 0);
     r = create("img", &desc, &err);
     ck_assert_fails(r, err, -EREMOTEIO, "does not carry this daemon's labels");
     ck_assert_ptr_null(desc);
     ck_assert_str_eq(fake_engine_state(fe, be->name), "running");
-    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", "/"), 1); /* the first stop's only */
+    /* only the stops of the adopted ones */
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", "/"), be->api == FAKE_DOCKER ? 2 : 1);
     close_backend();
 }
 END_TEST
@@ -604,9 +624,10 @@ START_TEST(test_download_fails)
 }
 END_TEST
 
-/* An answer the engine cuts short is a failure of the provider (502) on every operation: the
- * returned errno and err.code both -EREMOTEIO, never the transport's own errno (500). */
-START_TEST(test_transport_cut)
+/* An answer the engine cuts short, or an engine that is gone, is a failure of the provider
+ * (502) on every operation: the returned errno and err.code both -EREMOTEIO, never the
+ * transport's own errno (500). */
+START_TEST(test_transport_fails)
 {
     struct lb_sandbox_ref ref = {.id = SBX};
     enum lb_sandbox_status st;
@@ -629,6 +650,19 @@ START_TEST(test_transport_cut)
     fake_engine_rule(fe, be->download.method, be->download.path, FAKE_CUT, 0, NULL, 1);
     ck_assert_ptr_null(read_back(ref.descriptor, "/workspace/a.txt", &err, &r));
     ck_assert_fails(r, err, -EREMOTEIO, "failed");
+    lb_error_clear(&err);
+
+    /* the engine is gone (its socket with it) */
+    fake_engine_stop(fe);
+    fe = NULL;
+    r = provider_status(prov, &ref, &st, &err);
+    ck_assert_fails(r, err, -EREMOTEIO, "cannot reach");
+    lb_error_clear(&err);
+    r = provider_pause(prov, &ref, &err);
+    ck_assert_fails(r, err, -EREMOTEIO, "cannot reach");
+    lb_error_clear(&err);
+    r = provider_stop(prov, &ref, 10000, &err);
+    ck_assert_fails(r, err, -EREMOTEIO, "cannot reach");
     json_decref((json_t *)ref.descriptor);
     close_backend();
 }
@@ -677,7 +711,7 @@ static Suite *engine_fake_suite(void)
     /* The docker driver still answers a transport failure with the transport's own errno
      * (-EIO, -ECONNREFUSED: its docker_transport_error keeps the code httpc put in err), so
      * its run of this test is opt-in until that is fixed: LENDBOX_ENGINE_STRICT=1. */
-    tcase_add_loop_test(tc, test_transport_cut, getenv("LENDBOX_ENGINE_STRICT") ? 0 : 1, (int)n);
+    tcase_add_loop_test(tc, test_transport_fails, getenv("LENDBOX_ENGINE_STRICT") ? 0 : 1, (int)n);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -61,6 +61,7 @@ struct fake_op {
     char id[40];
     char inst[160];
     bool failed;
+    bool running; /* never ends */
     char err[256];
     bool exec; /* an exec: its metadata names the two logs */
 };
@@ -83,6 +84,7 @@ struct fake_engine {
     size_t n_rules;
     struct fake_op ops[FAKE_MAX_OPS];
     struct fake_exec execs[FAKE_MAX_EXECS];
+    bool op_running; /* the next operation made never ends (FAKE_OP_RUNNING) */
     unsigned char *exec_out;
     size_t exec_out_len;
     char hits[FAKE_MAX_HITS][200];
@@ -589,7 +591,8 @@ static void lxd_sync(struct fake_reply *rp, json_t *metadata)
                          200, "metadata", metadata ? metadata : json_null()));
 }
 
-/* An async answer: a new operation about inst; a rule's FAKE_OP_FAIL makes it fail. */
+/* An async answer: a new operation about inst; a rule's FAKE_OP_FAIL makes it fail, its
+ * FAKE_OP_RUNNING (f->op_running, taken here) never end. */
 static void lxd_async(struct fake_engine *f, struct fake_reply *rp, const char *inst, bool exec,
                       const char *fail)
 {
@@ -600,6 +603,8 @@ static void lxd_async(struct fake_engine *f, struct fake_reply *rp, const char *
         reply_error(f, rp, 500, "too many operations");
         return;
     }
+    op->running = f->op_running;
+    f->op_running = false;
     if (fail) {
         op->failed = true;
         snprintf(op->err, sizeof(op->err), "%s", fail);
@@ -626,9 +631,15 @@ static void lxd_wait(struct fake_engine *f, const char *id, struct fake_reply *r
     }
     snprintf(inst, inst_size, "%s", op->inst);
     md = json_pack("{s:s,s:s,s:s,s:i,s:s}", "id", op->id, "description", "Fake operation", "status",
-                   op->failed ? "Failure" : "Success", "status_code", op->failed ? 400 : 200, "err",
-                   op->err);
-    if (op->exec && !op->failed) {
+                   op->running  ? "Running"
+                   : op->failed ? "Failure"
+                                : "Success",
+                   "status_code",
+                   op->running  ? 103
+                   : op->failed ? 400
+                                : 200,
+                   "err", op->err);
+    if (op->exec && !op->failed && !op->running) {
         char out[256], err[256];
 
         snprintf(out, sizeof(out), "/1.0/instances/%s/logs/exec_%s.stdout", op->inst, op->id);
@@ -964,10 +975,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     } else {
         const char *fail = ruled && (rule.action & FAKE_OP_FAIL) ? rule.message : NULL;
 
+        f->op_running = ruled && (rule.action & FAKE_OP_RUNNING);
+
         if (f->api == FAKE_DOCKER)
             docker_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst));
         else
             lxd_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst), fail);
+        f->op_running = false;
     }
     if (ruled && (rule.action & FAKE_LOSE) && inst[0]) {
         struct fake_inst *in = inst_find(f, inst);

@@ -34,13 +34,15 @@ enum fake_engine_api {
 /* What a rule does to a request it matches (bits; FAKE_HANG and FAKE_ERROR answer nothing
  * else). */
 enum {
-    FAKE_HANG = 1 << 0,    /* no answer until the fake stops (the client's timeout runs out) */
-    FAKE_ERROR = 1 << 1,   /* answer the rule's status with the rule's message as the engine's
-                              error ({"message"} on docker, {"error"} on LXD); nothing changes */
-    FAKE_CUT = 1 << 2,     /* answer normally, but close the connection after half the body */
-    FAKE_LOSE = 1 << 3,    /* answer normally, then the instance the request is about is gone */
-    FAKE_OP_FAIL = 1 << 4, /* LXD: the operation the request starts ends in Failure with the
-                              rule's message (the request itself changes nothing) */
+    FAKE_HANG = 1 << 0,       /* no answer until the fake stops (the client's timeout runs out) */
+    FAKE_ERROR = 1 << 1,      /* answer the rule's status with the rule's message as the engine's
+                                 error ({"message"} on docker, {"error"} on LXD); nothing changes */
+    FAKE_CUT = 1 << 2,        /* answer normally, but close the connection after half the body */
+    FAKE_LOSE = 1 << 3,       /* answer normally, then the instance the request is about is gone */
+    FAKE_OP_FAIL = 1 << 4,    /* LXD: the operation the request starts ends in Failure with the
+                                 rule's message (the request itself changes nothing) */
+    FAKE_OP_RUNNING = 1 << 5, /* LXD: the operation the request starts never ends: every wait
+                                 answers "Running", as LXD does when the wait's timeout passes */
 };
 
 struct fake_engine;
