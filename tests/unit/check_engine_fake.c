@@ -93,9 +93,10 @@ static void set(const char *section, const char *key, const char *value)
                   err.message);
 }
 
-/* The fake engine and a provider of backends[i] on it; every engine call of create (and each
- * lxd call) bounded by timeout_s. */
-static void open_backend(int i, const char *timeout_s)
+/* The fake engine and a provider of backends[i] on it, whose create is bounded by
+ * create_timeout_s (docker: each engine call of a create; lxd: the whole create). Every other
+ * call keeps its default bound. */
+static void open_backend(int i, const char *create_timeout_s)
 {
     const struct lb_provider_kind *kind;
     struct lb_provider_env env = {0};
@@ -118,14 +119,13 @@ static void open_backend(int i, const char *timeout_s)
     cfg_live = true;
     set("server", "state_dir", dir);
     set("network", "inherit", "none");
-    set("lending", "create_timeout_s", timeout_s);
+    set("lending", "create_timeout_s", create_timeout_s);
     if (be->api == FAKE_DOCKER) {
         set("docker", "socket", sock);
         set("docker", "instance", "fake");
     } else {
         set("lxd", "socket", sock);
         set("lxd", "instance", "fake");
-        set("lxd", "call_timeout_s", timeout_s);
     }
     env.cfg = &cfg;
     env.supervise_path = sup;
