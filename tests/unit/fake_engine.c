@@ -1,16 +1,12 @@
 /*
  * fake_engine.c - the fake Docker Engine / LXD server of the unit tests (see fake_engine.h):
- * its in-memory instances, files, operations and failure rules, answered by libmicrohttpd on a
- * unix socket, one thread per connection (so a hanging answer holds only its own connection).
+ * its in-memory state, the failure rules, the libmicrohttpd server on a unix socket (one thread
+ * per connection, so a hanging answer holds only its own connection) and the functions tests
+ * call. The two API dialects are fake_docker.c and fake_lxd.c.
  */
-#include "fake_engine.h"
+#include "fake_engine_internal.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <errno.h>
-#include <jansson.h>
-#include <microhttpd.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,99 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util/token.h"
-
-#define FAKE_MAX_INSTANCES 16
-#define FAKE_MAX_FILES 32
-#define FAKE_MAX_RULES 32
-#define FAKE_MAX_OPS 64
-#define FAKE_MAX_EXECS 64
-#define FAKE_MAX_HITS 1024
-#define FAKE_BODY_MAX (16 * 1024 * 1024)
-#define FAKE_HANG_MAX_S 30 /* a hanging answer gives up after this even if nobody stops it */
-
-enum fake_state { ST_GONE, ST_CREATED, ST_RUNNING, ST_PAUSED };
-
-struct fake_file {
-    char path[256];
-    unsigned char *data;
-    size_t len;
-    bool dir;
-};
-
-struct fake_inst {
-    bool used;
-    char name[160];
-    char id[72];
-    char label_instance[64], label_sandbox[128];
-    enum fake_state state;
-    struct fake_file files[FAKE_MAX_FILES];
-};
-
-struct fake_rule {
-    char method[16]; /* "" any */
-    char path[160];
-    int action, status, times;
-    char message[256];
-};
-
-struct fake_op {
-    bool used;
-    char id[40];
-    char inst[160];
-    bool failed;
-    bool running; /* never ends */
-    char err[256];
-    bool exec; /* an exec: its metadata names the two logs */
-};
-
-struct fake_exec {
-    bool used;
-    char id[72];
-    char inst[160];
-};
-
-struct fake_engine {
-    enum fake_engine_api api;
-    char socket_path[108];
-    struct MHD_Daemon *mhd;
-    pthread_mutex_t lock;
-    pthread_cond_t wake; /* stopping */
-    bool stopping;
-    struct fake_inst insts[FAKE_MAX_INSTANCES];
-    struct fake_rule rules[FAKE_MAX_RULES];
-    size_t n_rules;
-    struct fake_op ops[FAKE_MAX_OPS];
-    struct fake_exec execs[FAKE_MAX_EXECS];
-    bool op_running; /* the next operation made never ends (FAKE_OP_RUNNING) */
-    unsigned char *exec_out;
-    size_t exec_out_len;
-    char hits[FAKE_MAX_HITS][200];
-    size_t n_hits;
-    unsigned seq;
-};
-
-/* One request: its body as it arrives. */
-struct fake_req {
-    unsigned char *body;
-    size_t len;
-    bool too_big;
-};
-
-/* One answer. */
-struct fake_reply {
-    unsigned status;
-    unsigned char *body;
-    size_t len;
-    const char *ctype;
-    char hdr_name[64];
-    char *hdr_value; /* malloc'd */
-    bool cut;
-};
-
 /* ---------- state (f->lock held) ---------- */
 
-static struct fake_inst *inst_find(struct fake_engine *f, const char *name)
+struct fake_inst *fake_inst_find(struct fake_engine *f, const char *name)
 {
     for (size_t i = 0; i < FAKE_MAX_INSTANCES; i++)
         if (f->insts[i].used && strcmp(f->insts[i].name, name) == 0)
@@ -120,15 +26,15 @@ static struct fake_inst *inst_find(struct fake_engine *f, const char *name)
     return NULL;
 }
 
-static void inst_free(struct fake_inst *in)
+void fake_inst_free(struct fake_inst *in)
 {
     for (size_t i = 0; i < FAKE_MAX_FILES; i++)
         free(in->files[i].data);
     memset(in, 0, sizeof(*in));
 }
 
-static struct fake_inst *inst_new(struct fake_engine *f, const char *name, const char *li,
-                                  const char *ls)
+struct fake_inst *fake_inst_new(struct fake_engine *f, const char *name, const char *li,
+                                const char *ls)
 {
     for (size_t i = 0; i < FAKE_MAX_INSTANCES; i++) {
         struct fake_inst *in = &f->insts[i];
@@ -149,7 +55,7 @@ static struct fake_inst *inst_new(struct fake_engine *f, const char *name, const
     return NULL;
 }
 
-static struct fake_file *file_find(struct fake_inst *in, const char *path)
+struct fake_file *fake_file_find(struct fake_inst *in, const char *path)
 {
     for (size_t i = 0; i < FAKE_MAX_FILES; i++)
         if (in->files[i].path[0] && strcmp(in->files[i].path, path) == 0)
@@ -160,9 +66,9 @@ static struct fake_file *file_find(struct fake_inst *in, const char *path)
 /* Make or replace path in the instance (dir: a directory; data ignored). 0, -ENOSPC, -ENOMEM,
  * -EISDIR (a directory is there and a file is wanted), -ENOTDIR (the parent is a file),
  * -ENOENT (no parent). */
-static int file_put(struct fake_inst *in, const char *path, const void *data, size_t len, bool dir)
+int fake_file_put(struct fake_inst *in, const char *path, const void *data, size_t len, bool dir)
 {
-    struct fake_file *fl = file_find(in, path), *parent;
+    struct fake_file *fl = fake_file_find(in, path), *parent;
     char up[256];
     char *slash;
 
@@ -174,7 +80,7 @@ static int file_put(struct fake_inst *in, const char *path, const void *data, si
         slash[1] = '\0';
     else
         *slash = '\0';
-    parent = file_find(in, up);
+    parent = fake_file_find(in, up);
     if (!parent)
         return -ENOENT;
     if (!parent->dir)
@@ -206,7 +112,7 @@ static int file_put(struct fake_inst *in, const char *path, const void *data, si
 }
 
 /* Make path and its parents as directories. */
-static int dirs_put(struct fake_inst *in, const char *path)
+int fake_dirs_put(struct fake_inst *in, const char *path)
 {
     char buf[256];
     int r = 0;
@@ -216,13 +122,13 @@ static int dirs_put(struct fake_inst *in, const char *path)
         if (*p != '/')
             continue;
         *p = '\0';
-        r = file_put(in, buf, NULL, 0, true);
+        r = fake_file_put(in, buf, NULL, 0, true);
         *p = '/';
     }
-    return r == 0 && strcmp(buf, "/") != 0 ? file_put(in, buf, NULL, 0, true) : r;
+    return r == 0 && strcmp(buf, "/") != 0 ? fake_file_put(in, buf, NULL, 0, true) : r;
 }
 
-static struct fake_op *op_new(struct fake_engine *f, const char *inst, bool exec)
+struct fake_op *fake_op_new(struct fake_engine *f, const char *inst, bool exec)
 {
     for (size_t i = 0; i < FAKE_MAX_OPS; i++) {
         struct fake_op *op = &f->ops[i];
@@ -241,7 +147,7 @@ static struct fake_op *op_new(struct fake_engine *f, const char *inst, bool exec
 
 /* ---------- answers ---------- */
 
-static void reply_json(struct fake_reply *rp, unsigned status, json_t *j)
+void fake_reply_json(struct fake_reply *rp, unsigned status, json_t *j)
 {
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 
@@ -252,8 +158,8 @@ static void reply_json(struct fake_reply *rp, unsigned status, json_t *j)
     rp->ctype = "application/json";
 }
 
-static void reply_bytes(struct fake_reply *rp, unsigned status, const void *data, size_t len,
-                        const char *ctype)
+void fake_reply_bytes(struct fake_reply *rp, unsigned status, const void *data, size_t len,
+                      const char *ctype)
 {
     rp->status = status;
     rp->body = len ? malloc(len) : NULL;
@@ -264,581 +170,22 @@ static void reply_bytes(struct fake_reply *rp, unsigned status, const void *data
 }
 
 /* The engine's error answer: docker {"message"}, LXD {"type":"error","error","error_code"}. */
-static void reply_error(struct fake_engine *f, struct fake_reply *rp, unsigned status,
-                        const char *message)
+void fake_reply_error(struct fake_engine *f, struct fake_reply *rp, unsigned status,
+                      const char *message)
 {
     if (f->api == FAKE_DOCKER)
-        reply_json(rp, status, json_pack("{s:s}", "message", message));
+        fake_reply_json(rp, status, json_pack("{s:s}", "message", message));
     else
-        reply_json(rp, status,
-                   json_pack("{s:s,s:s,s:i}", "type", "error", "error", message, "error_code",
-                             (int)status));
+        fake_reply_json(rp, status,
+                        json_pack("{s:s,s:s,s:i}", "type", "error", "error", message, "error_code",
+                                  (int)status));
 }
 
-static void reply_header(struct fake_reply *rp, const char *name, const char *value)
+void fake_reply_header(struct fake_reply *rp, const char *name, const char *value)
 {
     snprintf(rp->hdr_name, sizeof(rp->hdr_name), "%s", name);
     free(rp->hdr_value);
     rp->hdr_value = strdup(value);
-}
-
-/* ---------- docker ---------- */
-
-static const char *docker_state_name(enum fake_state s)
-{
-    return s == ST_RUNNING ? "running" : s == ST_PAUSED ? "paused" : "created";
-}
-
-static json_t *docker_labels(const struct fake_inst *in)
-{
-    return json_pack("{s:s,s:s}", "io.lendbox.instance", in->label_instance, "io.lendbox.sandbox",
-                     in->label_sandbox);
-}
-
-/* Unpack a tar body into the instance (entries relative to "/"). */
-static int docker_untar(struct fake_inst *in, const struct fake_req *rq)
-{
-    struct archive *a = archive_read_new();
-    struct archive_entry *e;
-    int r = 0;
-
-    if (!a)
-        return -ENOMEM;
-    archive_read_support_format_tar(a);
-    if (archive_read_open_memory(a, rq->body, rq->len) != ARCHIVE_OK) {
-        r = -EINVAL;
-        goto out;
-    }
-    while (r == 0 && archive_read_next_header(a, &e) == ARCHIVE_OK) {
-        la_int64_t size = archive_entry_size(e);
-        char path[256];
-        unsigned char *data = size > 0 ? malloc((size_t)size) : NULL;
-
-        snprintf(path, sizeof(path), "/%s", archive_entry_pathname(e));
-        if (size > 0 && (!data || archive_read_data(a, data, (size_t)size) != size))
-            r = -EIO;
-        else
-            r = file_put(in, path, data, (size_t)(size > 0 ? size : 0), false);
-        free(data);
-    }
-out:
-    archive_read_free(a);
-    return r;
-}
-
-/* A one-file tar of fl named by its base name. */
-static int docker_tar(const struct fake_file *fl, unsigned char **out, size_t *len)
-{
-    size_t cap = fl->len + 64 * 1024, used = 0;
-    unsigned char *buf = malloc(cap);
-    struct archive *a = archive_write_new();
-    struct archive_entry *e = archive_entry_new();
-    const char *base = strrchr(fl->path, '/') + 1;
-    int r = -EIO;
-
-    if (!buf || !a || !e)
-        goto out;
-    archive_write_set_format_pax_restricted(a);
-    archive_write_set_bytes_in_last_block(a, 1);
-    if (archive_write_open_memory(a, buf, cap, &used) != ARCHIVE_OK)
-        goto out;
-    archive_entry_set_pathname(e, base);
-    archive_entry_set_filetype(e, AE_IFREG);
-    archive_entry_set_perm(e, 0644);
-    archive_entry_set_size(e, (la_int64_t)fl->len);
-    if (archive_write_header(a, e) != ARCHIVE_OK ||
-        (fl->len && archive_write_data(a, fl->data, fl->len) != (la_ssize_t)fl->len) ||
-        archive_write_close(a) != ARCHIVE_OK)
-        goto out;
-    *out = buf;
-    *len = used;
-    buf = NULL;
-    r = 0;
-out:
-    free(buf);
-    archive_entry_free(e);
-    archive_write_free(a);
-    return r;
-}
-
-static void docker_archive(struct fake_engine *f, struct fake_inst *in, const char *method,
-                           const char *path, const struct fake_req *rq, struct fake_reply *rp)
-{
-    struct fake_file *fl;
-    int r;
-
-    if (strcmp(method, "PUT") == 0) {
-        r = docker_untar(in, rq);
-        if (r == 0)
-            reply_bytes(rp, 200, NULL, 0, NULL);
-        else
-            reply_error(f, rp,
-                        r == -ENOTDIR  ? 500
-                        : r == -EISDIR ? 500
-                                       : 400,
-                        r == -ENOTDIR  ? "not a directory"
-                        : r == -EISDIR ? "cannot overwrite: is a directory"
-                                       : "bad tar stream");
-        return;
-    }
-    fl = path ? file_find(in, path) : NULL;
-    if (!fl) {
-        reply_error(f, rp, 404, "Could not find the file in container");
-        return;
-    }
-    if (strcmp(method, "HEAD") == 0) {
-        json_t *st =
-            json_pack("{s:s,s:I,s:I,s:s,s:s}", "name", strrchr(fl->path, '/') + 1, "size",
-                      (json_int_t)fl->len, "mode", (json_int_t)(fl->dir ? (1U << 31) | 0755 : 0644),
-                      "mtime", "2026-01-01T00:00:00Z", "linkTarget", fl->path);
-        char *text = json_dumps(st, JSON_COMPACT), *b64 = NULL;
-        size_t n;
-
-        json_decref(st);
-        if (text && token_base64_encode(text, strlen(text), &b64, &n) == 0)
-            reply_header(rp, "X-Docker-Container-Path-Stat", b64);
-        free(text);
-        free(b64);
-        reply_bytes(rp, 200, NULL, 0, NULL);
-        return;
-    }
-    if (fl->dir) {
-        reply_error(f, rp, 400, "is a directory");
-        return;
-    }
-    if (docker_tar(fl, &rp->body, &rp->len) < 0) {
-        reply_error(f, rp, 500, "cannot make a tar stream");
-        return;
-    }
-    rp->status = 200;
-    rp->ctype = "application/x-tar";
-}
-
-static void docker_exec_start(struct fake_engine *f, const char *eid, struct fake_reply *rp,
-                              char *inst, size_t inst_size)
-{
-    struct fake_exec *ex = NULL;
-    unsigned char *buf;
-
-    for (size_t i = 0; i < FAKE_MAX_EXECS && !ex; i++)
-        if (f->execs[i].used && strcmp(f->execs[i].id, eid) == 0)
-            ex = &f->execs[i];
-    if (!ex || !inst_find(f, ex->inst)) {
-        reply_error(f, rp, 404, "No such exec instance");
-        return;
-    }
-    snprintf(inst, inst_size, "%s", ex->inst);
-    buf = malloc(8 + f->exec_out_len);
-    if (!buf) {
-        reply_error(f, rp, 500, "out of memory");
-        return;
-    }
-    buf[0] = 1;
-    buf[1] = buf[2] = buf[3] = 0;
-    buf[4] = (unsigned char)(f->exec_out_len >> 24);
-    buf[5] = (unsigned char)(f->exec_out_len >> 16);
-    buf[6] = (unsigned char)(f->exec_out_len >> 8);
-    buf[7] = (unsigned char)f->exec_out_len;
-    if (f->exec_out_len)
-        memcpy(buf + 8, f->exec_out, f->exec_out_len);
-    rp->status = 200;
-    rp->body = buf;
-    rp->len = 8 + f->exec_out_len;
-    rp->ctype = "application/vnd.docker.raw-stream";
-}
-
-/* Docker: answer path (version prefix gone) into rp; the instance it is about into inst. */
-static void docker_dispatch(struct fake_engine *f, struct MHD_Connection *c, const char *method,
-                            const char *path, const struct fake_req *rq, struct fake_reply *rp,
-                            char *inst, size_t inst_size)
-{
-    char name[160], rest[64] = "";
-    struct fake_inst *in;
-
-    if (strcmp(path, "/_ping") == 0) {
-        reply_bytes(rp, 200, "OK", 2, "text/plain");
-        reply_header(rp, "Api-Version", "1.41");
-        return;
-    }
-    if (strcmp(path, "/containers/create") == 0 && strcmp(method, "POST") == 0) {
-        const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "name");
-        json_t *j = json_loadb((const char *)rq->body, rq->len, 0, NULL), *labels;
-        const char *image = json_string_value(json_object_get(j, "Image"));
-
-        labels = json_object_get(j, "Labels");
-        if (!want || !image) {
-            reply_error(f, rp, 400, "bad create body");
-        } else if (strcmp(image, "nosuch") == 0) {
-            reply_error(f, rp, 404, "No such image: nosuch");
-        } else if (inst_find(f, want)) {
-            reply_error(f, rp, 409, "Conflict. The container name is already in use");
-        } else if (!(in = inst_new(
-                         f, want, json_string_value(json_object_get(labels, "io.lendbox.instance")),
-                         json_string_value(json_object_get(labels, "io.lendbox.sandbox"))))) {
-            reply_error(f, rp, 500, "too many containers");
-        } else {
-            const char *wd = json_string_value(json_object_get(j, "WorkingDir"));
-
-            (void)dirs_put(in, "/tmp");
-            if (wd)
-                (void)dirs_put(in, wd);
-            snprintf(inst, inst_size, "%s", want);
-            reply_json(rp, 201, json_pack("{s:s,s:[]}", "Id", in->id, "Warnings"));
-        }
-        json_decref(j);
-        return;
-    }
-    if (strcmp(path, "/containers/json") == 0) {
-        json_t *arr = json_array();
-
-        for (size_t i = 0; i < FAKE_MAX_INSTANCES; i++) {
-            in = &f->insts[i];
-            if (in->used)
-                json_array_append_new(arr, json_pack("{s:s,s:[s],s:o,s:s}", "Id", in->id, "Names",
-                                                     in->name, "Labels", docker_labels(in), "State",
-                                                     docker_state_name(in->state)));
-        }
-        reply_json(rp, 200, arr);
-        return;
-    }
-    if (sscanf(path, "/exec/%159[^/]/%63s", name, rest) == 2 && strcmp(rest, "start") == 0) {
-        docker_exec_start(f, name, rp, inst, inst_size);
-        return;
-    }
-    if (sscanf(path, "/containers/%159[^/]/%63s", name, rest) < 1) {
-        reply_error(f, rp, 404, "page not found");
-        return;
-    }
-    snprintf(inst, inst_size, "%s", name);
-    in = inst_find(f, name);
-    if (!in) {
-        reply_error(f, rp, 404, "No such container");
-        return;
-    }
-    if (!rest[0] && strcmp(method, "DELETE") == 0) {
-        inst_free(in);
-        reply_bytes(rp, 204, NULL, 0, NULL);
-    } else if (strcmp(rest, "json") == 0) {
-        reply_json(rp, 200,
-                   json_pack("{s:s,s:s,s:{s:o},s:{s:s}}", "Id", in->id, "Name", in->name, "Config",
-                             "Labels", docker_labels(in), "State", "Status",
-                             docker_state_name(in->state)));
-    } else if (strcmp(rest, "start") == 0) {
-        if (in->state == ST_RUNNING) {
-            reply_bytes(rp, 304, NULL, 0, NULL);
-        } else {
-            in->state = ST_RUNNING;
-            reply_bytes(rp, 204, NULL, 0, NULL);
-        }
-    } else if (strcmp(rest, "pause") == 0 || strcmp(rest, "unpause") == 0) {
-        bool pause = rest[0] == 'p';
-
-        if (in->state == (pause ? ST_PAUSED : ST_RUNNING)) {
-            reply_error(f, rp, 500,
-                        pause ? "container is already paused" : "container is not paused");
-        } else {
-            in->state = pause ? ST_PAUSED : ST_RUNNING;
-            reply_bytes(rp, 204, NULL, 0, NULL);
-        }
-    } else if (strcmp(rest, "exec") == 0) {
-        struct fake_exec *ex = NULL;
-
-        if (in->state == ST_PAUSED) {
-            reply_error(f, rp, 409, "container is paused, unpause the container before exec");
-            return;
-        }
-        if (in->state != ST_RUNNING) {
-            reply_error(f, rp, 409, "container is not running");
-            return;
-        }
-        for (size_t i = 0; i < FAKE_MAX_EXECS && !ex; i++)
-            if (!f->execs[i].used)
-                ex = &f->execs[i];
-        if (!ex) {
-            reply_error(f, rp, 500, "too many execs");
-            return;
-        }
-        ex->used = true;
-        snprintf(ex->id, sizeof(ex->id), "exec%08x", ++f->seq);
-        snprintf(ex->inst, sizeof(ex->inst), "%s", name);
-        reply_json(rp, 201, json_pack("{s:s}", "Id", ex->id));
-    } else if (strcmp(rest, "archive") == 0) {
-        docker_archive(f, in, method, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "path"),
-                       rq, rp);
-    } else {
-        reply_error(f, rp, 404, "page not found");
-    }
-}
-
-/* ---------- lxd ---------- */
-
-static const char *lxd_state_name(enum fake_state s)
-{
-    return s == ST_RUNNING ? "Running" : s == ST_PAUSED ? "Frozen" : "Stopped";
-}
-
-static json_t *lxd_instance_json(const struct fake_inst *in)
-{
-    return json_pack("{s:s,s:{s:s,s:s},s:s,s:s}", "name", in->name, "config",
-                     "user.lendbox.instance", in->label_instance, "user.lendbox.sandbox",
-                     in->label_sandbox, "location", "none", "status", lxd_state_name(in->state));
-}
-
-static void lxd_sync(struct fake_reply *rp, json_t *metadata)
-{
-    reply_json(rp, 200,
-               json_pack("{s:s,s:s,s:i,s:o}", "type", "sync", "status", "Success", "status_code",
-                         200, "metadata", metadata ? metadata : json_null()));
-}
-
-/* An async answer: a new operation about inst; a rule's FAKE_OP_FAIL makes it fail, its
- * FAKE_OP_RUNNING (f->op_running, taken here) never end. */
-static void lxd_async(struct fake_engine *f, struct fake_reply *rp, const char *inst, bool exec,
-                      const char *fail)
-{
-    struct fake_op *op = op_new(f, inst, exec);
-    char opath[80];
-
-    if (!op) {
-        reply_error(f, rp, 500, "too many operations");
-        return;
-    }
-    op->running = f->op_running;
-    f->op_running = false;
-    if (fail) {
-        op->failed = true;
-        snprintf(op->err, sizeof(op->err), "%s", fail);
-    }
-    snprintf(opath, sizeof(opath), "/1.0/operations/%s", op->id);
-    reply_json(rp, 202,
-               json_pack("{s:s,s:s,s:i,s:s,s:{s:s}}", "type", "async", "status",
-                         "Operation created", "status_code", 100, "operation", opath, "metadata",
-                         "id", op->id));
-}
-
-static void lxd_wait(struct fake_engine *f, const char *id, struct fake_reply *rp, char *inst,
-                     size_t inst_size)
-{
-    struct fake_op *op = NULL;
-    json_t *md;
-
-    for (size_t i = 0; i < FAKE_MAX_OPS && !op; i++)
-        if (f->ops[i].used && strcmp(f->ops[i].id, id) == 0)
-            op = &f->ops[i];
-    if (!op) {
-        reply_error(f, rp, 404, "Operation not found");
-        return;
-    }
-    snprintf(inst, inst_size, "%s", op->inst);
-    md = json_pack("{s:s,s:s,s:s,s:i,s:s}", "id", op->id, "description", "Fake operation", "status",
-                   op->running  ? "Running"
-                   : op->failed ? "Failure"
-                                : "Success",
-                   "status_code",
-                   op->running  ? 103
-                   : op->failed ? 400
-                                : 200,
-                   "err", op->err);
-    if (op->exec && !op->failed && !op->running) {
-        char out[256], err[256];
-
-        snprintf(out, sizeof(out), "/1.0/instances/%s/logs/exec_%s.stdout", op->inst, op->id);
-        snprintf(err, sizeof(err), "/1.0/instances/%s/logs/exec_%s.stderr", op->inst, op->id);
-        json_object_set_new(
-            md, "metadata",
-            json_pack("{s:{s:s,s:s},s:i}", "output", "1", out, "2", err, "return", 0));
-    }
-    lxd_sync(rp, md);
-}
-
-/* PUT /1.0/instances/I/state */
-static void lxd_put_state(struct fake_engine *f, struct fake_inst *in, const struct fake_req *rq,
-                          struct fake_reply *rp, const char *fail)
-{
-    json_t *j = json_loadb((const char *)rq->body, rq->len, 0, NULL);
-    const char *action = json_string_value(json_object_get(j, "action")) ?: "";
-    const char *refuse = NULL;
-
-    if (strcmp(action, "start") == 0) {
-        if (in->state == ST_RUNNING)
-            refuse = "The instance is already running";
-        else if (!fail)
-            in->state = ST_RUNNING;
-    } else if (strcmp(action, "stop") == 0) {
-        if (in->state == ST_CREATED)
-            refuse = "The instance is already stopped";
-        else if (!fail)
-            in->state = ST_CREATED;
-    } else if (strcmp(action, "freeze") == 0) {
-        if (in->state != ST_RUNNING)
-            refuse = "The instance isn't running";
-        else if (!fail)
-            in->state = ST_PAUSED;
-    } else if (strcmp(action, "unfreeze") == 0) {
-        if (in->state != ST_PAUSED)
-            refuse = "The instance is not frozen";
-        else if (!fail)
-            in->state = ST_RUNNING;
-    } else {
-        reply_error(f, rp, 400, "bad action");
-        json_decref(j);
-        return;
-    }
-    json_decref(j);
-    lxd_async(f, rp, in->name, false, fail ? fail : refuse);
-}
-
-static void lxd_files(struct fake_engine *f, struct MHD_Connection *c, struct fake_inst *in,
-                      const char *method, const struct fake_req *rq, struct fake_reply *rp)
-{
-    const char *path = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "path");
-    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-LXD-type");
-    struct fake_file *fl;
-    int r;
-
-    if (!path) {
-        reply_error(f, rp, 400, "missing path");
-        return;
-    }
-    if (strcmp(method, "POST") == 0) {
-        r = file_put(in, path, rq->body, rq->len, type && strcmp(type, "directory") == 0);
-        if (r == 0)
-            lxd_sync(rp, NULL);
-        else if (r == -ENOENT)
-            reply_error(f, rp, 404, "not found");
-        else
-            reply_error(f, rp, 500,
-                        r == -EISDIR    ? "open: is a directory"
-                        : r == -ENOTDIR ? "mkdir: not a directory"
-                                        : "cannot write");
-        return;
-    }
-    fl = file_find(in, path);
-    if (!fl) {
-        reply_error(f, rp, 404, "not found");
-        return;
-    }
-    if (fl->dir) {
-        lxd_sync(rp, json_array());
-        reply_header(rp, "X-LXD-type", "directory");
-        return;
-    }
-    reply_bytes(rp, 200, fl->data, fl->len, "application/octet-stream");
-    rp->status = 200;
-    reply_header(rp, "X-LXD-type", "file");
-}
-
-static void lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const char *method,
-                         const char *path, const struct fake_req *rq, struct fake_reply *rp,
-                         char *inst, size_t inst_size, const char *fail)
-{
-    char name[160], rest[200] = "";
-    struct fake_inst *in;
-
-    if (strcmp(path, "/1.0") == 0) {
-        lxd_sync(rp,
-                 json_pack("{s:s,s:[s,s,s,s,s],s:{s:b}}", "auth", "trusted", "api_extensions",
-                           "instances", "container_exec_recording", "container_exec_user_group_cwd",
-                           "file_append", "api_filtering", "environment", "server_clustered", 0));
-        return;
-    }
-    if (strcmp(path, "/1.0/profiles/default") == 0) {
-        lxd_sync(rp, json_pack("{s:{s:{s:s,s:s,s:s}}}", "devices", "root", "type", "disk", "path",
-                               "/", "pool", "default"));
-        return;
-    }
-    if (strncmp(path, "/1.0/storage-pools/", 19) == 0) {
-        lxd_sync(rp, json_pack("{s:s,s:s}", "name", path + 19, "driver", "btrfs"));
-        return;
-    }
-    if (sscanf(path, "/1.0/operations/%159[^/]/%199s", name, rest) == 2 &&
-        strcmp(rest, "wait") == 0) {
-        lxd_wait(f, name, rp, inst, inst_size);
-        return;
-    }
-    if (strcmp(path, "/1.0/instances") == 0) {
-        json_t *j, *conf;
-        const char *want;
-
-        if (strcmp(method, "GET") == 0) {
-            json_t *arr = json_array();
-
-            for (size_t i = 0; i < FAKE_MAX_INSTANCES; i++)
-                if (f->insts[i].used)
-                    json_array_append_new(arr, lxd_instance_json(&f->insts[i]));
-            lxd_sync(rp, arr);
-            return;
-        }
-        j = json_loadb((const char *)rq->body, rq->len, 0, NULL);
-        conf = json_object_get(j, "config");
-        want = json_string_value(json_object_get(j, "name"));
-        if (!want) {
-            reply_error(f, rp, 400, "no name");
-        } else if (inst_find(f, want)) {
-            reply_error(f, rp, 409, "Instance \"x\" already exists");
-        } else if (strcmp(json_string_value(json_object_get(json_object_get(j, "source"), "alias"))
-                              ?: "",
-                          "nosuch") == 0) {
-            reply_error(f, rp, 404, "Image alias not found");
-        } else if (fail) {
-            lxd_async(f, rp, want, false, fail);
-        } else if (!inst_new(f, want,
-                             json_string_value(json_object_get(conf, "user.lendbox.instance")),
-                             json_string_value(json_object_get(conf, "user.lendbox.sandbox")))) {
-            reply_error(f, rp, 500, "too many instances");
-        } else {
-            snprintf(inst, inst_size, "%s", want);
-            lxd_async(f, rp, want, false, NULL);
-        }
-        json_decref(j);
-        return;
-    }
-    if (sscanf(path, "/1.0/instances/%159[^/]/%199s", name, rest) < 1) {
-        reply_error(f, rp, 404, "not found");
-        return;
-    }
-    snprintf(inst, inst_size, "%s", name);
-    in = inst_find(f, name);
-    if (!in) {
-        reply_error(f, rp, 404, "Instance not found");
-        return;
-    }
-    if (!rest[0] && strcmp(method, "GET") == 0) {
-        lxd_sync(rp, lxd_instance_json(in));
-    } else if (!rest[0] && strcmp(method, "DELETE") == 0) {
-        if (in->state != ST_CREATED)
-            lxd_async(f, rp, name, false, "Instance is running");
-        else if (fail)
-            lxd_async(f, rp, name, false, fail);
-        else {
-            inst_free(in);
-            lxd_async(f, rp, name, false, NULL);
-        }
-    } else if (strcmp(rest, "state") == 0 && strcmp(method, "GET") == 0) {
-        lxd_sync(rp, json_pack("{s:s,s:i}", "status", lxd_state_name(in->state), "status_code",
-                               in->state == ST_RUNNING ? 103 : 102));
-    } else if (strcmp(rest, "state") == 0) {
-        lxd_put_state(f, in, rq, rp, fail);
-    } else if (strcmp(rest, "exec") == 0) {
-        if (in->state == ST_PAUSED)
-            reply_error(f, rp, 500, "Instance is frozen");
-        else if (in->state != ST_RUNNING)
-            reply_error(f, rp, 400, "Instance is not running");
-        else
-            lxd_async(f, rp, name, true, fail);
-    } else if (strncmp(rest, "logs/", 5) == 0) {
-        if (strcmp(method, "DELETE") == 0)
-            lxd_sync(rp, NULL);
-        else if (strstr(rest, ".stdout"))
-            reply_bytes(rp, 200, f->exec_out, f->exec_out_len, "application/octet-stream");
-        else
-            reply_bytes(rp, 200, NULL, 0, "application/octet-stream");
-        rp->status = 200;
-    } else if (strcmp(rest, "files") == 0) {
-        lxd_files(f, c, in, method, rq, rp);
-    } else {
-        reply_error(f, rp, 404, "not found");
-    }
 }
 
 /* ---------- the server ---------- */
@@ -969,25 +316,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_NO; /* close the connection without an answer */
     }
     if (ruled && (rule.action & FAKE_ERROR)) {
-        reply_error(f, &rp, (unsigned)rule.status, rule.message);
+        fake_reply_error(f, &rp, (unsigned)rule.status, rule.message);
     } else if (rq->too_big) {
-        reply_error(f, &rp, 413, "request body too large");
+        fake_reply_error(f, &rp, 413, "request body too large");
     } else {
         const char *fail = ruled && (rule.action & FAKE_OP_FAIL) ? rule.message : NULL;
 
         f->op_running = ruled && (rule.action & FAKE_OP_RUNNING);
 
         if (f->api == FAKE_DOCKER)
-            docker_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst));
+            fake_docker_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst));
         else
-            lxd_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst), fail);
+            fake_lxd_dispatch(f, c, method, path, rq, &rp, inst, sizeof(inst), fail);
         f->op_running = false;
     }
     if (ruled && (rule.action & FAKE_LOSE) && inst[0]) {
-        struct fake_inst *in = inst_find(f, inst);
+        struct fake_inst *in = fake_inst_find(f, inst);
 
         if (in)
-            inst_free(in);
+            fake_inst_free(in);
     }
     rp.cut = ruled && (rule.action & FAKE_CUT);
     pthread_mutex_unlock(&f->lock);
@@ -1068,7 +415,7 @@ void fake_engine_stop(struct fake_engine *f)
     (void)unlink(f->socket_path);
     for (size_t i = 0; i < FAKE_MAX_INSTANCES; i++)
         if (f->insts[i].used)
-            inst_free(&f->insts[i]);
+            fake_inst_free(&f->insts[i]);
     free(f->exec_out);
     pthread_cond_destroy(&f->wake);
     pthread_mutex_destroy(&f->lock);
@@ -1100,9 +447,9 @@ int fake_engine_add(struct fake_engine *f, const char *name, const char *label_i
     int r = 0;
 
     pthread_mutex_lock(&f->lock);
-    if (inst_find(f, name))
+    if (fake_inst_find(f, name))
         r = -EEXIST;
-    else if (!(in = inst_new(f, name, label_instance, label_sandbox)))
+    else if (!(in = fake_inst_new(f, name, label_instance, label_sandbox)))
         r = -ENOSPC;
     else
         in->state = ST_RUNNING;
@@ -1115,7 +462,7 @@ bool fake_engine_has(struct fake_engine *f, const char *name)
     bool has;
 
     pthread_mutex_lock(&f->lock);
-    has = inst_find(f, name) != NULL;
+    has = fake_inst_find(f, name) != NULL;
     pthread_mutex_unlock(&f->lock);
     return has;
 }
@@ -1125,9 +472,9 @@ void fake_engine_lose(struct fake_engine *f, const char *name)
     struct fake_inst *in;
 
     pthread_mutex_lock(&f->lock);
-    in = inst_find(f, name);
+    in = fake_inst_find(f, name);
     if (in)
-        inst_free(in);
+        fake_inst_free(in);
     pthread_mutex_unlock(&f->lock);
 }
 
@@ -1137,7 +484,7 @@ const char *fake_engine_state(struct fake_engine *f, const char *name)
     const char *s;
 
     pthread_mutex_lock(&f->lock);
-    in = inst_find(f, name);
+    in = fake_inst_find(f, name);
     s = !in                       ? "gone"
         : in->state == ST_RUNNING ? "running"
         : in->state == ST_PAUSED  ? "paused"
@@ -1153,8 +500,8 @@ int fake_engine_put(struct fake_engine *f, const char *name, const char *path, c
     int r;
 
     pthread_mutex_lock(&f->lock);
-    in = inst_find(f, name);
-    r = in ? file_put(in, path, data, len, false) : -ENOENT;
+    in = fake_inst_find(f, name);
+    r = in ? fake_file_put(in, path, data, len, false) : -ENOENT;
     pthread_mutex_unlock(&f->lock);
     return r;
 }
@@ -1166,9 +513,9 @@ void *fake_engine_get(struct fake_engine *f, const char *name, const char *path,
     void *copy = NULL;
 
     pthread_mutex_lock(&f->lock);
-    in = inst_find(f, name);
+    in = fake_inst_find(f, name);
     if (in)
-        fl = file_find(in, path);
+        fl = fake_file_find(in, path);
     if (fl && !fl->dir && (copy = malloc(fl->len + 1))) {
         if (fl->len)
             memcpy(copy, fl->data, fl->len);
