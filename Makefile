@@ -103,6 +103,14 @@ $(BUILD)/tests/check_%: tests/unit/check_%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(LIB) $(DEPLIBS) $(CHECK_LIBS)
 
+# check_engine_fake links the fake engine too (its files are no programs of their own).
+UNIT_FAKE_SRCS := tests/unit/fake_engine.c tests/unit/fake_docker.c tests/unit/fake_lxd.c
+$(BUILD)/tests/check_engine_fake: tests/unit/check_engine_fake.c $(UNIT_FAKE_SRCS) \
+		tests/unit/fake_engine.h tests/unit/fake_engine_internal.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit $(ALL_LDFLAGS) -o $@ $< $(UNIT_FAKE_SRCS) \
+		$(LIB) $(DEPLIBS) $(CHECK_LIBS)
+
 $(BUILD)/tests/test_%: tests/e2e/test_%.c $(E2E_LIB_SRCS) tests/e2e/harness.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/e2e $(ALL_LDFLAGS) -o $@ $< $(E2E_LIB_SRCS) \
