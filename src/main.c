@@ -29,7 +29,7 @@
 #include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
-#include "provider/lxd.h"
+#include "provider/lxd/lxd.h"
 #include "provider/seccomp.h"
 #include "provider/registry.h"
 #include "routes/routes.h"

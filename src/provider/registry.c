@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "provider/docker.h"
+#include "provider/docker/docker.h"
 #include "provider/fault.h"
 #include "provider/local.h"
-#include "provider/lxd.h"
+#include "provider/lxd/lxd.h"
 #include "util/log.h"
 
 #define REGISTRY_MAX 16

@@ -1,6 +1,6 @@
 /* check_engine_io.c - unit tests for what the engine providers (docker, lxd) share: the framed
- * reader (src/provider/framed.c: frames split at every byte boundary, caps, cut markers,
- * status lines, foreign frames) and httpc_new_https's refusals (src/provider/httpc.c: no usable
+ * reader (src/provider/engine/framed.c: frames split at every byte boundary, caps, cut markers,
+ * status lines, foreign frames) and httpc_new_https's refusals (src/provider/engine/httpc.c: no usable
  * certificate, key or pin means no client). The transport itself is covered end to end by
  * tests/e2e/test_docker.c and test_lxd.c. */
 #include <check.h>
@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "provider/framed.h"
-#include "provider/httpc.h"
+#include "provider/engine/framed.h"
+#include "provider/engine/httpc.h"
 
 /* Append one frame (type, big-endian length, payload) to buf at *len. */
 static void frame(unsigned char *buf, size_t *len, char type, const char *payload, size_t n)

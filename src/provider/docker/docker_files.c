@@ -3,7 +3,7 @@
  * /containers/{name}/archive) with tar streams written and read by libarchive, spooled
  * through unlinked temporary files on the host (see docker.h).
  */
-#include "provider/docker_internal.h"
+#include "provider/docker/docker_internal.h"
 
 #include <archive.h>
 #include <archive_entry.h>

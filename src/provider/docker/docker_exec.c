@@ -2,8 +2,8 @@
  * docker_exec.c - exec on the docker provider: exec create + exec start of the supervisor in
  * framed mode (the protocol is described in docker.h and supervise.c, "Framed mode").
  */
-#include "provider/docker_internal.h"
-#include "provider/framed.h"
+#include "provider/docker/docker_internal.h"
+#include "provider/engine/framed.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -8,8 +8,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "provider/docker.h"
-#include "provider/httpc.h"
+#include "provider/docker/docker.h"
+#include "provider/engine/httpc.h"
 
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"

@@ -1,7 +1,7 @@
 /*
  * framed.c - the framed-mode reader shared by the engine providers (see framed.h).
  */
-#include "provider/framed.h"
+#include "provider/engine/framed.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -7,8 +7,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "provider/httpc.h"
-#include "provider/lxd.h"
+#include "provider/engine/httpc.h"
+#include "provider/lxd/lxd.h"
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
 #define LXD_LABEL_SANDBOX "user.lendbox.sandbox"

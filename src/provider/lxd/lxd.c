@@ -2,7 +2,7 @@
  * lxd.c - the LXD provider (see lxd.h): API calls and operations, instances, status, pause,
  * list, the start-up checks. Exec and files are in lxd_io.c.
  */
-#include "provider/lxd_internal.h"
+#include "provider/lxd/lxd_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>

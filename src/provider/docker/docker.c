@@ -2,7 +2,7 @@
  * docker.c - the Docker Engine API provider (see docker.h): containers, status, pause, list.
  * Exec is in docker_exec.c, files in docker_files.c.
  */
-#include "provider/docker_internal.h"
+#include "provider/docker/docker_internal.h"
 
 #include <curl/curl.h>
 #include <dirent.h>

@@ -2,7 +2,7 @@
  * lxd_io.c - exec and files on the lxd provider (see lxd.h): exec with recorded output of the
  * supervisor in framed mode (framed.h), and the instance files API, always octet-stream.
  */
-#include "provider/lxd_internal.h"
+#include "provider/lxd/lxd_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "provider/framed.h"
+#include "provider/engine/framed.h"
 #include "util/clock.h"
 #include "util/token.h"
 
