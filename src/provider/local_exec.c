@@ -760,7 +760,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
      * interpreters search) */
     if (req->exclusive && !req->agent_root && (r = exec_view_find(lp, ref->id, &d, &view, err)) < 0)
         goto out;
-    r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
+    r = gates_enter(&lp->gates, ref->id, req->exclusive, err);
     if (r < 0)
         goto out;
     gated = true;
@@ -928,7 +928,7 @@ out:
     if (linked)
         running_remove(lp, &running);
     if (gated)
-        local_exec_gate_leave(lp, ref->id, req->exclusive);
+        gates_leave(&lp->gates, ref->id, req->exclusive);
     exec_fds_close(&f);
     if (masked) {
         struct timespec zero = {0, 0};

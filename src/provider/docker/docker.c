@@ -484,8 +484,7 @@ static int docker_end_execs(struct lb_provider *p)
 {
     struct lb_docker *d = (struct lb_docker *)p;
 
-    atomic_store(&d->ending, true);
-    return atomic_load(&d->execs_in_flight);
+    return gates_end(&d->gates);
 }
 
 static void docker_destroy(struct lb_provider *p)
@@ -495,13 +494,7 @@ static void docker_destroy(struct lb_provider *p)
     if (!d)
         return;
     httpc_free(d->http);
-    while (d->gates) {
-        struct docker_gate *g = d->gates;
-
-        d->gates = g->next;
-        free(g);
-    }
-    pthread_mutex_destroy(&d->gate_mutex);
+    gates_release(&d->gates);
     free(d->socket);
     free(d->default_image);
     free(d->supervise_path);
@@ -669,7 +662,6 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     if (!d)
         return lb_error_set(err, -ENOMEM, "out of memory");
     d->base.ops = &docker_ops;
-    pthread_mutex_init(&d->gate_mutex, NULL);
     d->cfg = *cfg;
     d->socket = strdup(cfg->socket);
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;

@@ -136,53 +136,6 @@ fail:
     return NULL;
 }
 
-/* Admit an exec of sandbox id: -EBUSY while an exclusive one runs, or (exclusive) while
- * another exclusive one runs; a running plain exec does not keep an exclusive one out (its
- * processes are killed by it, as on the local provider). */
-static int gate_enter(struct lb_docker *d, const char *id, bool exclusive, struct lb_error *err)
-{
-    struct docker_gate *g;
-    int r = 0;
-
-    pthread_mutex_lock(&d->gate_mutex);
-    for (g = d->gates; g && strcmp(g->id, id) != 0; g = g->next)
-        ;
-    if (!g && (g = calloc(1, sizeof(*g)))) {
-        snprintf(g->id, sizeof(g->id), "%s", id);
-        g->next = d->gates;
-        d->gates = g;
-    }
-    if (!g)
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-    else if (g->exclusive)
-        r = lb_error_set(err, -EBUSY, "an exclusive exec is running in this sandbox");
-    else if (exclusive)
-        g->exclusive = true;
-    if (r == 0)
-        g->running++;
-    pthread_mutex_unlock(&d->gate_mutex);
-    return r;
-}
-
-static void gate_leave(struct lb_docker *d, const char *id, bool exclusive)
-{
-    struct docker_gate **pp, *g;
-
-    pthread_mutex_lock(&d->gate_mutex);
-    for (pp = &d->gates; (g = *pp) && strcmp(g->id, id) != 0; pp = &g->next)
-        ;
-    if (g) {
-        g->running--;
-        if (exclusive)
-            g->exclusive = false;
-        if (g->running == 0) {
-            *pp = g->next;
-            free(g);
-        }
-    }
-    pthread_mutex_unlock(&d->gate_mutex);
-}
-
 int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
@@ -202,7 +155,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     lb_buf_init(&res->err, req->max_output_bytes);
     lb_buf_init(&x.diag, DIAG_MAX);
     framed_reader_init(&x.fr, res);
-    if (atomic_load(&d->ending)) {
+    if (gates_ended(&d->gates)) {
         framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
                            "the daemon is shutting down and no longer runs commands");
         return 0;
@@ -214,10 +167,15 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                             "'stdin' of an exclusive exec cannot be enforced by provider 'docker' "
                             "(it passes through a file the sandbox can replace before the "
                             "sweep): put the input in the command or a file the grader checks");
-    r = gate_enter(d, ref->id, req->exclusive, err);
+    r = gates_enter(&d->gates, ref->id, req->exclusive, err);
+    if (r == -ESHUTDOWN) {
+        lb_error_clear(err);
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer runs commands");
+        return 0;
+    }
     if (r < 0)
         return r;
-    atomic_fetch_add(&d->execs_in_flight, 1);
     docker_name(d, ref->id, name, sizeof(name));
     if (req->stdin_data) {
         r = put_stdin(d, ref->id, req, stdin_path, sizeof(stdin_path), err);
@@ -277,7 +235,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                                         .max_body_bytes = DIAG_MAX,
                                         .sink = on_stream,
                                         .sink_arg = &x,
-                                        .abort = &d->ending};
+                                        .abort = &d->gates.ended};
 
         r = httpc_do(d->http, &sreq, &resp, err);
     }
@@ -318,8 +276,7 @@ out:
                      "processes of the container; they got nothing",
                      atomic_load(&pass.refused));
     res->duration_ms = clock_mono_ms() - t0;
-    atomic_fetch_sub(&d->execs_in_flight, 1);
-    gate_leave(d, ref->id, req->exclusive);
+    gates_leave(&d->gates, ref->id, req->exclusive);
     lb_buf_release(&x.diag);
     json_decref(body);
     json_decref(j);

@@ -10,6 +10,7 @@
 
 #include "provider/docker/docker.h"
 #include "provider/engine/httpc.h"
+#include "provider/gate.h"
 
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
@@ -22,14 +23,6 @@
 #define DOCKER_SUPERVISE_PATH DOCKER_SUPERVISE_DIR "/supervise"
 #define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
 
-/* Exec admission of one sandbox: exclusive execs run alone (others get -EBUSY). */
-struct docker_gate {
-    struct docker_gate *next;
-    char id[129];
-    int running;
-    bool exclusive;
-};
-
 struct lb_docker {
     struct lb_provider base;
     struct lb_docker_config cfg; /* strings point at the copies below */
@@ -39,10 +32,7 @@ struct lb_docker {
                             read-only at DOCKER_SUPERVISE_DIR */
     char instance[64];
     struct lb_httpc *http;
-    atomic_bool ending;         /* end_execs was called */
-    pthread_mutex_t gate_mutex; /* guards gates */
-    struct docker_gate *gates;  /* execs in flight per sandbox (a list; few entries) */
-    atomic_int execs_in_flight;
+    struct lb_gates gates; /* exec admission; gates.ended: end_execs was called */
 };
 
 /* One daemon fd passed to one exec (the engine passes none). A listening unix socket under a

@@ -654,8 +654,7 @@ static int lxd_end_execs(struct lb_provider *p)
 {
     struct lb_lxd *l = (struct lb_lxd *)p;
 
-    atomic_store(&l->ending, true);
-    return atomic_load(&l->execs_in_flight);
+    return gates_end(&l->gates);
 }
 
 static void lxd_destroy(struct lb_provider *p)
@@ -666,13 +665,7 @@ static void lxd_destroy(struct lb_provider *p)
         return;
     httpc_free(l->http);
     pthread_mutex_destroy(&l->create_mutex);
-    while (l->gates) {
-        struct lxd_gate *g = l->gates;
-
-        l->gates = g->next;
-        free(g);
-    }
-    pthread_mutex_destroy(&l->gate_mutex);
+    gates_release(&l->gates);
     free(l->socket);
     free(l->url);
     free(l->default_image);
@@ -910,7 +903,6 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         return lb_error_set(err, -ENOMEM, "out of memory");
     l->base.ops = &lxd_ops;
     pthread_mutex_init(&l->create_mutex, NULL);
-    pthread_mutex_init(&l->gate_mutex, NULL);
     l->cfg = *cfg;
     l->socket = dup_opt(cfg->socket, &oom);
     l->url = dup_opt(cfg->url, &oom);

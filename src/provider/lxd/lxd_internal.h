@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "provider/engine/httpc.h"
+#include "provider/gate.h"
 #include "provider/lxd/lxd.h"
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
@@ -15,14 +16,6 @@
 #define LXD_SUPERVISE_DIR "/run/lendbox"
 #define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
-
-/* Execs in flight in one instance (exclusive: one that first kills every other process). */
-struct lxd_gate {
-    struct lxd_gate *next;
-    char id[64];
-    int running;
-    bool exclusive;
-};
 
 struct lb_lxd {
     struct lb_provider base;
@@ -36,10 +29,7 @@ struct lb_lxd {
     size_t supervise_len;
     struct lb_httpc *http;
     pthread_mutex_t create_mutex; /* serializes instance creation and start */
-    atomic_bool ending;           /* end_execs was called */
-    pthread_mutex_t gate_mutex;   /* guards gates */
-    struct lxd_gate *gates;       /* execs in flight per instance (a list; few entries) */
-    atomic_int execs_in_flight;
+    struct lb_gates gates;        /* exec admission; gates.ended: end_execs was called */
 };
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */

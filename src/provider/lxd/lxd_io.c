@@ -541,53 +541,6 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
     return r;
 }
 
-/* Admit an exec of instance id: -EBUSY while an exclusive one runs, or (exclusive) while
- * another exclusive one runs; a running plain exec does not keep an exclusive one out (its
- * processes are killed by it, as on the local and docker providers). */
-static int gate_enter(struct lb_lxd *l, const char *id, bool exclusive, struct lb_error *err)
-{
-    struct lxd_gate *g;
-    int r = 0;
-
-    pthread_mutex_lock(&l->gate_mutex);
-    for (g = l->gates; g && strcmp(g->id, id) != 0; g = g->next)
-        ;
-    if (!g && (g = calloc(1, sizeof(*g)))) {
-        snprintf(g->id, sizeof(g->id), "%s", id);
-        g->next = l->gates;
-        l->gates = g;
-    }
-    if (!g)
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-    else if (g->exclusive)
-        r = lb_error_set(err, -EBUSY, "an exclusive exec is running in this sandbox");
-    else if (exclusive)
-        g->exclusive = true;
-    if (r == 0)
-        g->running++;
-    pthread_mutex_unlock(&l->gate_mutex);
-    return r;
-}
-
-static void gate_leave(struct lb_lxd *l, const char *id, bool exclusive)
-{
-    struct lxd_gate **pp, *g;
-
-    pthread_mutex_lock(&l->gate_mutex);
-    for (pp = &l->gates; (g = *pp) && strcmp(g->id, id) != 0; pp = &g->next)
-        ;
-    if (g) {
-        g->running--;
-        if (exclusive)
-            g->exclusive = false;
-        if (g->running == 0) {
-            *pp = g->next;
-            free(g);
-        }
-    }
-    pthread_mutex_unlock(&l->gate_mutex);
-}
-
 int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
              const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
 {
@@ -619,15 +572,20 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     uid = exec_uid(req->user, err);
     if (uid < 0)
         return uid;
-    if (atomic_load(&l->ending)) {
+    if (gates_ended(&l->gates)) {
         framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
                            "the daemon is shutting down and no longer runs commands");
         return 0;
     }
-    r = gate_enter(l, ref->id, req->exclusive, err);
+    r = gates_enter(&l->gates, ref->id, req->exclusive, err);
+    if (r == -ESHUTDOWN) {
+        lb_error_clear(err);
+        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                           "the daemon is shutting down and no longer runs commands");
+        return 0;
+    }
     if (r < 0)
         return r;
-    atomic_fetch_add(&l->execs_in_flight, 1);
     if (req->stdin_data) {
         r = token_random_hex(12, hex);
         if (r < 0) {
@@ -682,7 +640,7 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                                         .path = path,
                                         .timeout_ms = req->timeout_ms + EXEC_SLACK_MS + 2000,
                                         .max_body_bytes = 1024 * 1024,
-                                        .abort = &l->ending};
+                                        .abort = &l->gates.ended};
 
         r = lxd_do(l, member, &wreq, &resp, err);
     }
@@ -740,8 +698,7 @@ transport:
     r = 0;
 out:
     res->duration_ms = clock_mono_ms() - t0;
-    atomic_fetch_sub(&l->execs_in_flight, 1);
-    gate_leave(l, ref->id, req->exclusive);
+    gates_leave(&l->gates, ref->id, req->exclusive);
     lb_buf_release(&diag);
     json_decref(body);
     json_decref(j);
