@@ -4,6 +4,7 @@
  */
 #include "provider/docker/docker_internal.h"
 #include "provider/engine/framed.h"
+#include "provider/exec_result.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -156,8 +157,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     lb_buf_init(&x.diag, DIAG_MAX);
     framed_reader_init(&x.fr, res);
     if (gates_ended(&d->gates)) {
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer runs commands");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer runs commands");
         return 0;
     }
     /* stdin goes in as a file under /tmp before the exec starts, while the agent's processes
@@ -170,8 +171,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = gates_enter(&d->gates, ref->id, req->exclusive, err);
     if (r == -ESHUTDOWN) {
         lb_error_clear(err);
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer runs commands");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer runs commands");
         return 0;
     }
     if (r < 0)
@@ -208,8 +209,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     if (resp.status == 409 || (resp.status != 201 && resp.status != 200)) {
         /* not running: a sandbox-runtime result, like the local provider's */
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
-                           docker_engine_message(&resp, m, sizeof(m)));
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
+                                docker_engine_message(&resp, m, sizeof(m)));
         r = 0;
         goto out;
     }
@@ -241,8 +242,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     if (r == -ECANCELED) {
         lb_error_clear(err);
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer waits for this command");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer waits for this command");
         r = 0;
         goto out;
     }
@@ -265,8 +266,8 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = -EREMOTEIO;
         goto out;
     }
-    framed_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
-                       x.diag.data ? x.diag.data : "no output from the engine");
+    exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
+                            x.diag.data ? x.diag.data : "no output from the engine");
     r = 0;
 out:
     docker_pass_close(&pass); /* gone already once the supervisor took the fd */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "provider/engine/framed.h"
+#include "provider/exec_result.h"
 #include "util/clock.h"
 #include "util/token.h"
 
@@ -573,15 +574,15 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (uid < 0)
         return uid;
     if (gates_ended(&l->gates)) {
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer runs commands");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer runs commands");
         return 0;
     }
     r = gates_enter(&l->gates, ref->id, req->exclusive, err);
     if (r == -ESHUTDOWN) {
         lb_error_clear(err);
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer runs commands");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer runs commands");
         return 0;
     }
     if (r < 0)
@@ -617,7 +618,7 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     if (resp.status == 400) {
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "the instance cannot run commands: %s", m);
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the instance cannot run commands: %s", m);
         r = 0;
         goto out;
     }
@@ -646,8 +647,8 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     if (r == -ECANCELED) {
         lb_error_clear(err);
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                           "the daemon is shutting down and no longer waits for this command");
+        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
+                                "the daemon is shutting down and no longer waits for this command");
         r = 0;
         goto out;
     }
@@ -693,8 +694,8 @@ transport:
         r = -EREMOTEIO;
         goto out;
     }
-    framed_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
-                       diag.data && diag.len ? diag.data : "no output from LXD");
+    exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
+                            diag.data && diag.len ? diag.data : "no output from LXD");
     r = 0;
 out:
     res->duration_ms = clock_mono_ms() - t0;
