@@ -1,5 +1,6 @@
 /*
- * lxd_internal.h - what lxd.c and lxd_io.c share. Not a public interface.
+ * lxd_internal.h - what lxd.c, lxd_io.c, lxd_image.c and their base lxd_api.c (the API
+ * transport) share. Not a public interface.
  */
 #ifndef LB_LXD_INTERNAL_H
 #define LB_LXD_INTERNAL_H
@@ -65,6 +66,10 @@ int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int
 
 /* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);
+
+/* An LXD answer that is not what was wanted as an error: 404 -ENOENT, else -EREMOTEIO; what
+ * names the request in the message. */
+int lxd_answer_error(const struct lb_httpc_response *resp, const char *what, struct lb_error *err);
 
 /* The instance's status (404: LB_STATUS_STOPPED). */
 int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
