@@ -386,56 +386,35 @@ out:
     return r;
 }
 
-static int docker_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         enum lb_sandbox_status *out, struct lb_error *err)
+static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      enum lb_sandbox_status *out, struct lb_error *err)
 {
-    return docker_state((struct lb_docker *)p, ref->id, out, err);
+    return docker_state((struct lb_docker *)e, ref->id, out, err);
 }
 
-static int pause_or_resume(struct lb_docker *d, const char *id, bool pause, struct lb_error *err)
+static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref, bool pause,
+                           struct lb_error *err)
 {
+    struct lb_docker *d = (struct lb_docker *)e;
     struct lb_httpc_response resp;
-    enum lb_sandbox_status st;
     char path[512], name[256];
     int r;
 
-    docker_name(d, id, name, sizeof(name));
+    docker_name(d, ref->id, name, sizeof(name));
     snprintf(path, sizeof(path), "/containers/%s/%s", name, pause ? "pause" : "unpause");
     r = docker_call(d, "POST", path, NULL, 30000, &resp, err);
-    if (r == 0 && resp.status != 204 && resp.status != 200) {
-        if (resp.status == 404) {
-            r = lb_error_set(err, -ENOENT, "no such sandbox");
-        } else if (docker_state(d, id, &st, NULL) == 0 &&
-                   st == (pause ? LB_STATUS_PAUSED : LB_STATUS_RUNNING)) {
-            r = 0; /* already so: idempotent */
-        } else {
-            r = engine_error(&resp, pause ? "pause" : "unpause", err);
-            r = r == -ENOENT ? r : -EREMOTEIO;
-        }
-    }
+    if (r == 0 && resp.status != 204 && resp.status != 200)
+        r = engine_error(&resp, pause ? "pause" : "unpause", err);
     httpc_response_release(&resp);
     return r;
 }
 
-static int docker_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                        struct lb_error *err)
+static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    return pause_or_resume((struct lb_docker *)p, ref->id, true, err);
-}
-
-static int docker_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         struct lb_error *err)
-{
-    return pause_or_resume((struct lb_docker *)p, ref->id, false, err);
-}
-
-static int docker_list(struct lb_provider *p, json_t **out, struct lb_error *err)
-{
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
     struct lb_httpc_response resp;
     char filter[256], path[1024], *enc;
-    json_t *j = NULL, *arr = NULL, *c;
-    size_t i;
+    json_t *j = NULL;
     int r;
 
     snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, d->instance);
@@ -453,38 +432,31 @@ static int docker_list(struct lb_provider *p, json_t **out, struct lb_error *err
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    arr = json_array();
-    if (!json_is_array(j) || !arr) {
+    if (!json_is_array(j)) {
         r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
         goto out;
     }
-    json_array_foreach(j, i, c) {
-        json_t *labels = json_object_get(c, "Labels");
-        const char *id = json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX));
-        const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
-        char name[256];
-
-        if (!id || !inst || strcmp(inst, d->instance) != 0)
-            continue;
-        docker_name(d, id, name, sizeof(name));
-        json_array_append_new(
-            arr, json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
-                           new_descriptor(name, json_string_value(json_object_get(c, "Id")))));
-    }
-    *out = arr;
-    arr = NULL;
+    *items_out = j;
+    j = NULL;
 out:
-    json_decref(arr);
     json_decref(j);
     httpc_response_release(&resp);
     return r;
 }
 
-static int docker_end_execs(struct lb_provider *p)
+static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_out)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
+    json_t *labels = json_object_get(c, "Labels");
+    const char *id = json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX));
+    const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
+    char name[256];
 
-    return gates_end(&d->gates);
+    if (!id || !inst || strcmp(inst, d->instance) != 0)
+        return NULL;
+    docker_name(d, id, name, sizeof(name));
+    *id_out = id;
+    return new_descriptor(name, json_string_value(json_object_get(c, "Id")));
 }
 
 static void docker_destroy(struct lb_provider *p)
@@ -494,7 +466,7 @@ static void docker_destroy(struct lb_provider *p)
     if (!d)
         return;
     httpc_free(d->http);
-    gates_release(&d->gates);
+    engine_release(&d->eng);
     free(d->socket);
     free(d->default_image);
     free(d->supervise_path);
@@ -526,23 +498,30 @@ static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static const struct engine_hooks docker_hooks = {
+    .state = hook_state,
+    .set_frozen = hook_set_frozen,
+    .list_raw = hook_list_raw,
+    .list_entry = hook_list_entry,
+};
+
 static const struct lb_provider_ops docker_ops = {
     .name = "docker",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = docker_caps,
     .create = docker_create,
     .stop = docker_stop,
-    .status = docker_status,
+    .status = engine_status,
     .exec = docker_exec,
     .file_write = docker_file_write,
     .upload_begin = docker_upload_begin,
     .upload_commit = docker_upload_commit,
     .upload_abort = docker_upload_abort,
     .file_open = docker_file_open,
-    .list = docker_list,
-    .pause = docker_pause,
-    .resume = docker_resume,
-    .end_execs = docker_end_execs,
+    .list = engine_list,
+    .pause = engine_pause,
+    .resume = engine_resume,
+    .end_execs = engine_end_execs,
     .destroy = docker_destroy,
 };
 
@@ -661,7 +640,8 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d = calloc(1, sizeof(*d));
     if (!d)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    d->base.ops = &docker_ops;
+    d->eng.base.ops = &docker_ops;
+    d->eng.hooks = &docker_hooks;
     d->cfg = *cfg;
     d->socket = strdup(cfg->socket);
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
@@ -708,9 +688,9 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         goto fail;
     log_info("docker provider: instance %s, default image %s", d->instance,
              d->default_image ? d->default_image : "(none)");
-    *out = &d->base;
+    *out = &d->eng.base;
     return 0;
 fail:
-    docker_destroy(&d->base);
+    docker_destroy(&d->eng.base);
     return r;
 }

@@ -156,7 +156,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     lb_buf_init(&res->err, req->max_output_bytes);
     lb_buf_init(&x.diag, DIAG_MAX);
     framed_reader_init(&x.fr, res);
-    if (gates_ended(&d->gates)) {
+    if (gates_ended(&d->eng.gates)) {
         exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
                                 "the daemon is shutting down and no longer runs commands");
         return 0;
@@ -168,7 +168,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                             "'stdin' of an exclusive exec cannot be enforced by provider 'docker' "
                             "(it passes through a file the sandbox can replace before the "
                             "sweep): put the input in the command or a file the grader checks");
-    r = gates_enter(&d->gates, ref->id, req->exclusive, err);
+    r = gates_enter(&d->eng.gates, ref->id, req->exclusive, err);
     if (r == -ESHUTDOWN) {
         lb_error_clear(err);
         exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
@@ -236,7 +236,7 @@ int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                                         .max_body_bytes = DIAG_MAX,
                                         .sink = on_stream,
                                         .sink_arg = &x,
-                                        .abort = &d->gates.ended};
+                                        .abort = &d->eng.gates.ended};
 
         r = httpc_do(d->http, &sreq, &resp, err);
     }
@@ -277,7 +277,7 @@ out:
                      "processes of the container; they got nothing",
                      atomic_load(&pass.refused));
     res->duration_ms = clock_mono_ms() - t0;
-    gates_leave(&d->gates, ref->id, req->exclusive);
+    gates_leave(&d->eng.gates, ref->id, req->exclusive);
     lb_buf_release(&x.diag);
     json_decref(body);
     json_decref(j);

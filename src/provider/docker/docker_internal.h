@@ -9,8 +9,8 @@
 #include <stdatomic.h>
 
 #include "provider/docker/docker.h"
+#include "provider/engine/engine.h"
 #include "provider/engine/httpc.h"
-#include "provider/gate.h"
 
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
@@ -24,7 +24,7 @@
 #define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
 
 struct lb_docker {
-    struct lb_provider base;
+    struct lb_engine eng;        /* first: the provider and the engine base */
     struct lb_docker_config cfg; /* strings point at the copies below */
     char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
     char *pass_dir;      /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
@@ -32,7 +32,6 @@ struct lb_docker {
                             read-only at DOCKER_SUPERVISE_DIR */
     char instance[64];
     struct lb_httpc *http;
-    struct lb_gates gates; /* exec admission; gates.ended: end_execs was called */
 };
 
 /* One daemon fd passed to one exec (the engine passes none). A listening unix socket under a

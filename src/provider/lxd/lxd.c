@@ -345,53 +345,33 @@ static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int
                            err);
 }
 
-static int lxd_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                       enum lb_sandbox_status *out, struct lb_error *err)
 {
-    return lxd_state((struct lb_lxd *)p, ref, out, err);
+    return lxd_state((struct lb_lxd *)e, ref, out, err);
 }
 
-static int freeze_or_thaw(struct lb_lxd *l, const struct lb_sandbox_ref *ref, bool freeze,
-                          struct lb_error *err)
+static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref, bool freeze,
+                           struct lb_error *err)
 {
     json_t *body = json_pack("{s:s}", "action", freeze ? "freeze" : "unfreeze");
-    enum lb_sandbox_status st;
-    struct lb_error ferr = {0};
     char path[256];
     int r;
 
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
-    r = lxd_async(l, lxd_member_of(ref), "PUT", path, body, 0, NULL, &ferr);
+    r = lxd_async((struct lb_lxd *)e, lxd_member_of(ref), "PUT", path, body, 0, NULL, err);
     json_decref(body);
-    if (r == -ENOENT)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    if (r < 0 && r != -ETIMEDOUT && lxd_state(l, ref, &st, NULL) == 0 &&
-        st == (freeze ? LB_STATUS_PAUSED : LB_STATUS_RUNNING))
-        return 0; /* already so: idempotent */
-    if (r < 0)
-        return lb_error_keep(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", ferr.message);
-    return 0;
+    return r;
 }
 
-static int lxd_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    return freeze_or_thaw((struct lb_lxd *)p, ref, true, err);
-}
-
-static int lxd_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
-{
-    return freeze_or_thaw((struct lb_lxd *)p, ref, false, err);
-}
-
-static int lxd_list(struct lb_provider *p, json_t **out, struct lb_error *err)
-{
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_httpc_response resp;
     char filter[200], path[512], *enc;
-    json_t *j = NULL, *arr = NULL, *c;
-    size_t i;
+    json_t *j = NULL;
     int r;
 
     snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, l->instance);
@@ -409,39 +389,30 @@ static int lxd_list(struct lb_provider *p, json_t **out, struct lb_error *err)
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    arr = json_array();
-    if (!json_is_array(json_object_get(j, "metadata")) || !arr) {
+    if (!json_is_array(json_object_get(j, "metadata"))) {
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
         goto out;
     }
-    json_array_foreach(json_object_get(j, "metadata"), i, c) {
-        json_t *conf = json_object_get(c, "config");
-        const char *id = json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX));
-        const char *inst = json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE));
-        const char *name = json_string_value(json_object_get(c, "name"));
-
-        /* the filter is LXD's; check again, and that the name is the sandbox id */
-        if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
-            continue;
-        json_array_append_new(
-            arr,
-            json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
-                      new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL)));
-    }
-    *out = arr;
-    arr = NULL;
+    *items_out = json_incref(json_object_get(j, "metadata"));
 out:
-    json_decref(arr);
     json_decref(j);
     httpc_response_release(&resp);
     return r;
 }
 
-static int lxd_end_execs(struct lb_provider *p)
+static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_out)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    json_t *conf = json_object_get(c, "config");
+    const char *id = json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX));
+    const char *inst = json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE));
+    const char *name = json_string_value(json_object_get(c, "name"));
 
-    return gates_end(&l->gates);
+    /* the filter is LXD's; check again, and that the name is the sandbox id */
+    if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
+        return NULL;
+    *id_out = id;
+    return new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL);
 }
 
 static void lxd_destroy(struct lb_provider *p)
@@ -452,7 +423,7 @@ static void lxd_destroy(struct lb_provider *p)
         return;
     httpc_free(l->http);
     pthread_mutex_destroy(&l->create_mutex);
-    gates_release(&l->gates);
+    engine_release(&l->eng);
     free(l->socket);
     free(l->url);
     free(l->default_image);
@@ -489,23 +460,30 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static const struct engine_hooks lxd_hooks = {
+    .state = hook_state,
+    .set_frozen = hook_set_frozen,
+    .list_raw = hook_list_raw,
+    .list_entry = hook_list_entry,
+};
+
 static const struct lb_provider_ops lxd_ops = {
     .name = "lxd",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = lxd_caps,
     .create = lxd_create,
     .stop = lxd_stop,
-    .status = lxd_status,
+    .status = engine_status,
     .exec = lxd_exec,
     .file_write = lxd_file_write,
     .upload_begin = lxd_upload_begin,
     .upload_commit = lxd_upload_commit,
     .upload_abort = lxd_upload_abort,
     .file_open = lxd_file_open,
-    .list = lxd_list,
-    .pause = lxd_pause,
-    .resume = lxd_resume,
-    .end_execs = lxd_end_execs,
+    .list = engine_list,
+    .pause = engine_pause,
+    .resume = engine_resume,
+    .end_execs = engine_end_execs,
     .destroy = lxd_destroy,
 };
 
@@ -688,7 +666,8 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     l = calloc(1, sizeof(*l));
     if (!l)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    l->base.ops = &lxd_ops;
+    l->eng.base.ops = &lxd_ops;
+    l->eng.hooks = &lxd_hooks;
     pthread_mutex_init(&l->create_mutex, NULL);
     l->cfg = *cfg;
     l->socket = dup_opt(cfg->socket, &oom);
@@ -749,9 +728,9 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     log_info("lxd provider: %s%s, instance %s, default image %s, target %s",
              httpc_endpoint(l->http), l->clustered ? " (clustered)" : "", l->instance,
              l->default_image ? l->default_image : "(none)", l->target ? l->target : "(cluster's)");
-    *out = &l->base;
+    *out = &l->eng.base;
     return 0;
 fail:
-    lxd_destroy(&l->base);
+    lxd_destroy(&l->eng.base);
     return r;
 }

@@ -8,8 +8,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "provider/engine/engine.h"
 #include "provider/engine/httpc.h"
-#include "provider/gate.h"
 #include "provider/lxd/lxd.h"
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
@@ -19,7 +19,7 @@
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
 
 struct lb_lxd {
-    struct lb_provider base;
+    struct lb_engine eng;     /* first: the provider and the engine base */
     struct lb_lxd_config cfg; /* strings point at the copies below */
     char *socket, *url, *default_image, *target, *supervise_path, *net_inherit, *spool_dir;
     char instance[64];
@@ -30,7 +30,6 @@ struct lb_lxd {
     size_t supervise_len;
     struct lb_httpc *http;
     pthread_mutex_t create_mutex; /* serializes instance creation and start */
-    struct lb_gates gates;        /* exec admission; gates.ended: end_execs was called */
 };
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */

@@ -573,12 +573,12 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     uid = exec_uid(req->user, err);
     if (uid < 0)
         return uid;
-    if (gates_ended(&l->gates)) {
+    if (gates_ended(&l->eng.gates)) {
         exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
                                 "the daemon is shutting down and no longer runs commands");
         return 0;
     }
-    r = gates_enter(&l->gates, ref->id, req->exclusive, err);
+    r = gates_enter(&l->eng.gates, ref->id, req->exclusive, err);
     if (r == -ESHUTDOWN) {
         lb_error_clear(err);
         exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
@@ -641,7 +641,7 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                                         .path = path,
                                         .timeout_ms = req->timeout_ms + EXEC_SLACK_MS + 2000,
                                         .max_body_bytes = 1024 * 1024,
-                                        .abort = &l->gates.ended};
+                                        .abort = &l->eng.gates.ended};
 
         r = lxd_do(l, member, &wreq, &resp, err);
     }
@@ -699,7 +699,7 @@ transport:
     r = 0;
 out:
     res->duration_ms = clock_mono_ms() - t0;
-    gates_leave(&l->gates, ref->id, req->exclusive);
+    gates_leave(&l->eng.gates, ref->id, req->exclusive);
     lb_buf_release(&diag);
     json_decref(body);
     json_decref(j);
