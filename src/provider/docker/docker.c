@@ -242,96 +242,109 @@ fail:
     return NULL;
 }
 
-static int docker_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                         struct lb_error *err)
+static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                        const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                        struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
-    const char *image =
-        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : d->cfg.default_image;
-    struct lb_httpc_response resp = {0};
-    char name[256], path[512], cid[128] = "", m[300];
-    json_t *body = NULL, *j = NULL;
-    bool made = false;
+    struct lb_docker *d = (struct lb_docker *)e;
+    char pass_dir[PATH_MAX];
     int r;
 
-    if (!image)
-        return lb_error_set(err, -EINVAL, "no image given and docker.default_image is not set");
     r = check_network(d, spec, err);
     if (r < 0)
         return r;
-    docker_name(d, ref->id, name, sizeof(name));
-    {
-        char pass_dir[PATH_MAX];
+    docker_name(d, ref->id, inst->name, sizeof(inst->name));
+    docker_pass_dir(d, ref->id, pass_dir, sizeof(pass_dir));
+    if (mkdir(pass_dir, 0700) < 0 && errno != EEXIST)
+        return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", pass_dir, strerror(errno));
+    return 0;
+}
 
-        docker_pass_dir(d, ref->id, pass_dir, sizeof(pass_dir));
-        if (mkdir(pass_dir, 0700) < 0 && errno != EEXIST)
-            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", pass_dir, strerror(errno));
-    }
+static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                     struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_httpc_response resp = {0};
+    char path[512], m[300];
+    json_t *body, *j = NULL;
+    int r;
+
     body = create_body(d, ref->id, spec, image);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(path, sizeof(path), "/containers/create?name=%s", name);
-    r = docker_call(d, "POST", path, body, d->cfg.create_timeout_ms, &resp, err);
+    snprintf(path, sizeof(path), "/containers/create?name=%s", inst->name);
+    r = docker_call(d, "POST", path, body, timeout_ms, &resp, err);
     if (r < 0)
         goto out;
     if (resp.status == 201) {
         j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-        snprintf(cid, sizeof(cid), "%s", json_string_value(json_object_get(j, "Id")) ?: "");
-        made = true;
+        snprintf(inst->handle, sizeof(inst->handle), "%s",
+                 json_string_value(json_object_get(j, "Id")) ?: "");
     } else if (resp.status == 409 ||
                (resp.status == 500 &&
                 strstr(docker_engine_message(&resp, m, sizeof(m)), "already in use"))) {
-        /* a create retried after a crash: the first container is the sandbox */
-        r = find_own(d, ref->id, cid, sizeof(cid), err);
-        if (r < 0)
-            goto out;
-        made = true;
-        log_info_sbx(ref->id, "docker: container %s already exists; using it", name);
+        r = -EEXIST;
     } else if (resp.status == 404) {
         r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "docker engine has no image '%s': %s", image,
                          docker_engine_message(&resp, m, sizeof(m)));
-        goto out;
     } else {
         r = engine_error(&resp, "container create", err);
         if (r == -ENOENT)
             r = -EREMOTEIO;
-        goto out;
     }
-    /* a crash here leaves a container whose record is "starting": the next start stops it */
-    r = fault_hit("docker.created", d->cfg.create_timeout_ms, err);
-    if (r < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    httpc_response_release(&resp);
-    snprintf(path, sizeof(path), "/containers/%s/start", name);
-    r = docker_call(d, "POST", path, NULL, d->cfg.create_timeout_ms, &resp, err);
-    if (r == 0 && resp.status != 204 && resp.status != 304) {
-        r = engine_error(&resp, "container start", err);
-        r = -EREMOTEIO;
-    }
-    if (r < 0)
-        goto out;
-    *descriptor_out = new_descriptor(name, cid);
-    if (!*descriptor_out)
-        r = lb_error_set(err, -ENOMEM, "out of memory");
 out:
-    if (r < 0 && made) {
-        struct lb_error rerr = {0};
-
-        if (remove_container(d, name, d->cfg.create_timeout_ms, &rerr) < 0)
-            log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s", name,
-                         rerr.message);
-    }
-    if (r < 0 && !made)
-        remove_pass_dir(d, ref->id);
-    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
-        r = -EREMOTEIO;
     json_decref(j);
     json_decref(body);
     httpc_response_release(&resp);
     return r;
+}
+
+static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                         struct engine_instance *inst, struct lb_error *err)
+{
+    return find_own((struct lb_docker *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+}
+
+static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                      struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_httpc_response resp = {0};
+    char path[512];
+    int r;
+
+    snprintf(path, sizeof(path), "/containers/%s/start", inst->name);
+    r = docker_call(d, "POST", path, NULL, timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 204 && resp.status != 304) {
+        r = engine_error(&resp, "container start", err);
+        r = -EREMOTEIO;
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                       const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                       json_t **out, struct lb_error *err)
+{
+    *out = new_descriptor(inst->name, inst->handle);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                          const struct engine_instance *inst, bool made)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_error rerr = {0};
+
+    if (!made) {
+        remove_pass_dir(d, ref->id);
+        return;
+    }
+    if (remove_container(d, inst->name, d->cfg.create_timeout_ms, &rerr) < 0)
+        log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s",
+                     inst->name, rerr.message);
 }
 
 static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -499,6 +512,14 @@ static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
 }
 
 static const struct engine_hooks docker_hooks = {
+    .name = "docker",
+    .noun = "container",
+    .prepare = hook_prepare,
+    .make = hook_make,
+    .find_own = hook_find_own,
+    .start = hook_start,
+    .finish = hook_finish,
+    .rollback = hook_rollback,
     .state = hook_state,
     .set_frozen = hook_set_frozen,
     .list_raw = hook_list_raw,
@@ -509,7 +530,7 @@ static const struct lb_provider_ops docker_ops = {
     .name = "docker",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = docker_caps,
-    .create = docker_create,
+    .create = engine_create,
     .stop = docker_stop,
     .status = engine_status,
     .exec = docker_exec,
@@ -640,8 +661,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d = calloc(1, sizeof(*d));
     if (!d)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    d->eng.base.ops = &docker_ops;
-    d->eng.hooks = &docker_hooks;
+    engine_init(&d->eng, &docker_ops, &docker_hooks);
     d->cfg = *cfg;
     d->socket = strdup(cfg->socket);
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
@@ -666,6 +686,8 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         d->cfg.max_file_bytes = UINT64_C(1) << 30;
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
+    d->eng.default_image = d->default_image;
+    d->eng.create_timeout_ms = d->cfg.create_timeout_ms;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
         !d->supervise_dir || (cfg->default_image && !d->default_image)) {
         r = lb_error_set(err, -ENOMEM, "out of memory");

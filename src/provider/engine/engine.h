@@ -16,6 +16,7 @@
 #define LB_PROVIDER_ENGINE_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "provider/gate.h"
@@ -23,7 +24,39 @@
 
 struct lb_engine;
 
+/* The instance a create makes or adopts, as the create hooks fill it in turn. */
+struct engine_instance {
+    char name[256];   /* the engine's name of it (docker: lendbox-<instance>-<id>; lxd: id) */
+    char handle[128]; /* what the descriptor keeps besides (docker: container id; lxd: the
+                         cluster member it is on); "" until known */
+};
+
 struct engine_hooks {
+    const char *name; /* "docker", "lxd": messages, config keys, the fault point <name>.created */
+    const char *noun; /* "container", "instance": in messages */
+    /* Create, in this order (engine_create): prepare (may be NULL: refuse a spec the backend
+     * cannot honour, -EOPNOTSUPP; make what the instance needs on the host), make the instance
+     * of image (0; -EEXIST when one of that name exists already; -LB_E_IMAGE_NOT_FOUND; else
+     * a negative errno), or on -EEXIST find_own (0 when the existing one carries this
+     * daemon's labels, and adopt it), start it (0 also when already running), finish
+     * (anything the backend does once it runs; a new descriptor into *out). On failure after
+     * prepare, rollback (made: remove the instance; else undo prepare), never failing. All
+     * but rollback return 0 or a negative errno with err set; timeout_ms bounds each. */
+    int (*prepare)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                   const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                   struct lb_error *err);
+    int (*make)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                struct engine_instance *inst, struct lb_error *err);
+    int (*find_own)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                    struct engine_instance *inst, struct lb_error *err);
+    int (*start)(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                 struct engine_instance *inst, struct lb_error *err);
+    int (*finish)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, struct engine_instance *inst, json_t **out,
+                  struct lb_error *err);
+    void (*rollback)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct engine_instance *inst, bool made);
     /* The instance's state: LB_STATUS_STOPPED when the engine has no such instance. 0, or a
      * negative errno (-EREMOTEIO, -ETIMEDOUT) with err set when err is not NULL. */
     int (*state)(struct lb_engine *e, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
@@ -47,8 +80,28 @@ struct engine_hooks {
 struct lb_engine {
     struct lb_provider base;
     const struct engine_hooks *hooks;
-    struct lb_gates gates; /* exec admission; gates.ended: end_execs was called */
+    struct lb_gates gates;     /* exec admission; gates.ended: end_execs was called */
+    const char *default_image; /* borrowed from the backend; NULL: a seed must name one */
+    int64_t create_timeout_ms; /* bound of each step of a create */
+    bool ready_timeout;        /* a spec's ready_timeout_ms, when set, bounds a create instead */
+    bool serial_create;        /* make and start one instance at a time (create_mutex) */
+    pthread_mutex_t create_mutex;
 };
+
+/* Set up the base: ops and hooks (static, borrowed), the rest zeroed but the mutex. The
+ * backend sets default_image, create_timeout_ms, ready_timeout and serial_create after. Pair
+ * with engine_release. */
+void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
+                 const struct engine_hooks *hooks);
+
+/* The create op: a default image when the spec names none (or "host"), the hooks in order
+ * (see struct engine_hooks), adopting an instance of that name that is this daemon's (a
+ * create retried after a crash), the fault point "<name>.created" between make and start,
+ * the instance removed again when a later step fails. Errors: -EINVAL (no image at all),
+ * -EOPNOTSUPP and -LB_E_IMAGE_NOT_FOUND as the hooks say, -ETIMEDOUT, else -EREMOTEIO. */
+int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                  struct lb_error *err);
 
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -209,105 +209,107 @@ static int remove_instance(struct lb_lxd *l, const char *id, const char *member,
     return r == -ETIMEDOUT ? r : r < 0 ? -EREMOTEIO : 0;
 }
 
-static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                      const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                      struct lb_error *err)
+static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                        const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                        struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
-    const char *image =
-        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : l->cfg.default_image;
-    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
-    int64_t timeout_ms =
-        spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms : l->cfg.create_timeout_ms;
-    struct lb_sandbox_ref own = {.id = ref->id};
-    char path[512], location[128] = "", enc_target[200] = "";
-    json_t *body = NULL, *desc = NULL;
-    struct lb_error cerr = {0};
-    bool made = false, locked = false;
+    struct lb_lxd *l = (struct lb_lxd *)e;
     int r;
 
-    if (!image)
-        return lb_error_set(err, -EINVAL, "no image given and lxd.default_image is not set");
+    snprintf(inst->name, sizeof(inst->name), "%s", ref->id);
     r = check_network(l, spec, err);
-    if (r < 0)
-        return r;
-    r = check_members(l, err);
-    if (r < 0)
-        return r;
+    return r < 0 ? r : check_members(l, err);
+}
+
+static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                     struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    char path[512], enc_target[200] = "";
+    struct lb_error cerr = {0};
+    json_t *body;
+    int r;
+
     body = create_body(l, ref->id, spec, image);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (l->target) {
-        char *e = curl_easy_escape(NULL, l->target, 0);
+        char *enc = curl_easy_escape(NULL, l->target, 0);
 
-        snprintf(enc_target, sizeof(enc_target), "?target=%s", e ? e : "");
-        curl_free(e);
+        snprintf(enc_target, sizeof(enc_target), "?target=%s", enc ? enc : "");
+        curl_free(enc);
     }
     snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
-    pthread_mutex_lock(&l->create_mutex);
-    locked = true;
     r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
-    if (r == 0) {
-        made = true;
-    } else if (strstr(cerr.message, "already exists")) {
-        /* a create retried after a crash: the first instance is the sandbox */
-        r = find_own(l, ref->id, location, sizeof(location), err);
-        if (r < 0)
-            goto out;
-        made = true;
-        log_info_sbx(ref->id, "lxd: instance %s already exists; using it", ref->id);
-    } else if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
-               strstr(cerr.message, "mage not found")) {
-        r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
-                         cerr.message);
-        goto out;
-    } else {
-        r = lb_error_keep(err, r, "%s", cerr.message);
-        goto out;
-    }
-    /* a crash here leaves an instance whose record is "starting": the next start stops it */
-    r = fault_hit("lxd.created", timeout_ms, err);
-    if (r < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
-    {
-        json_t *start = json_pack("{s:s}", "action", "start");
-        struct lb_error serr = {0};
+    json_decref(body);
+    if (r == 0)
+        return 0;
+    if (strstr(cerr.message, "already exists"))
+        return -EEXIST;
+    if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
+        strstr(cerr.message, "mage not found"))
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
+                            cerr.message);
+    return lb_error_keep(err, r, "%s", cerr.message);
+}
 
+static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                         struct engine_instance *inst, struct lb_error *err)
+{
+    return find_own((struct lb_lxd *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+}
+
+static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                      struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    json_t *start = json_pack("{s:s}", "action", "start");
+    struct lb_error serr = {0};
+    char path[512];
+    int r;
+
+    if (!start)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
+    r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+    /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
+     * another client: this daemon serializes its own) an id range newuidmap refuses
+     * ("forkstart" fails); a second start allocates again */
+    for (int i = 0;
+         i < 3 && r < 0 && (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
+         i++) {
+        /* after a failed forkstart LXD stops the instance: wait for that too */
+        log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
+        lb_error_clear(&serr);
+        usleep((useconds_t)(500000 * (i + 1)));
         r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-        /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
-         * another client: this daemon serializes its own) an id range newuidmap refuses
-         * ("forkstart" fails); a second start allocates again */
-        for (int i = 0; i < 3 && r < 0 &&
-                        (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
-             i++) {
-            /* after a failed forkstart LXD stops the instance: wait for that too */
-            log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
-            lb_error_clear(&serr);
-            usleep((useconds_t)(500000 * (i + 1)));
-            r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-        }
-        json_decref(start);
-        if (r < 0 && strstr(serr.message, "already running"))
-            r = 0;
-        else if (r < 0)
-            r = lb_error_keep(err, r, "%s", serr.message);
     }
-    pthread_mutex_unlock(&l->create_mutex);
-    locked = false;
-    if (r < 0)
-        goto out;
-    if (!location[0] && find_own(l, ref->id, location, sizeof(location), err) < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    desc = new_descriptor(ref->id, location, workdir);
-    if (!desc) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
+    json_decref(start);
+    if (r < 0 && strstr(serr.message, "already running"))
+        r = 0;
+    else if (r < 0)
+        r = lb_error_keep(err, r, "%s", serr.message);
+    return r;
+}
+
+/* Once it runs: where it runs (when not known yet), then the supervisor pushed into it and
+ * the workdir made. */
+static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                       const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                       json_t **out, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
+    struct lb_sandbox_ref own = {.id = ref->id};
+    json_t *desc;
+    int r;
+
+    if (!inst->handle[0] && find_own(l, ref->id, inst->handle, sizeof(inst->handle), err) < 0)
+        return -EREMOTEIO;
+    desc = new_descriptor(ref->id, inst->handle, workdir);
+    if (!desc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
     own.descriptor = desc;
     r = lxd_make_dirs(l, &own, LXD_SUPERVISE_DIR, err);
     if (r == 0)
@@ -315,25 +317,23 @@ static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                          err);
     if (r == 0)
         r = lxd_make_dirs(l, &own, workdir, err);
-    if (r < 0)
-        goto out;
-    *descriptor_out = desc;
-    desc = NULL;
-out:
-    if (locked)
-        pthread_mutex_unlock(&l->create_mutex);
-    if (r < 0 && made) {
-        struct lb_error rerr = {0};
-
-        if (remove_instance(l, ref->id, location, l->cfg.call_timeout_ms * 2, &rerr) < 0)
-            log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
-                         rerr.message);
+    if (r < 0) {
+        json_decref(desc);
+        return r;
     }
-    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
-        r = -EREMOTEIO;
-    json_decref(desc);
-    json_decref(body);
-    return r;
+    *out = desc;
+    return 0;
+}
+
+static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                          const struct engine_instance *inst, bool made)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    struct lb_error rerr = {0};
+
+    if (made && remove_instance(l, ref->id, inst->handle, l->cfg.call_timeout_ms * 2, &rerr) < 0)
+        log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
+                     rerr.message);
 }
 
 static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -422,7 +422,6 @@ static void lxd_destroy(struct lb_provider *p)
     if (!l)
         return;
     httpc_free(l->http);
-    pthread_mutex_destroy(&l->create_mutex);
     engine_release(&l->eng);
     free(l->socket);
     free(l->url);
@@ -461,6 +460,14 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
 }
 
 static const struct engine_hooks lxd_hooks = {
+    .name = "lxd",
+    .noun = "instance",
+    .prepare = hook_prepare,
+    .make = hook_make,
+    .find_own = hook_find_own,
+    .start = hook_start,
+    .finish = hook_finish,
+    .rollback = hook_rollback,
     .state = hook_state,
     .set_frozen = hook_set_frozen,
     .list_raw = hook_list_raw,
@@ -471,7 +478,7 @@ static const struct lb_provider_ops lxd_ops = {
     .name = "lxd",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = lxd_caps,
-    .create = lxd_create,
+    .create = engine_create,
     .stop = lxd_stop,
     .status = engine_status,
     .exec = lxd_exec,
@@ -666,9 +673,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     l = calloc(1, sizeof(*l));
     if (!l)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    l->eng.base.ops = &lxd_ops;
-    l->eng.hooks = &lxd_hooks;
-    pthread_mutex_init(&l->create_mutex, NULL);
+    engine_init(&l->eng, &lxd_ops, &lxd_hooks);
     l->cfg = *cfg;
     l->socket = dup_opt(cfg->socket, &oom);
     l->url = dup_opt(cfg->url, &oom);
@@ -699,6 +704,10 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         l->cfg.call_timeout_ms = 15000;
     if (l->cfg.create_timeout_ms <= 0)
         l->cfg.create_timeout_ms = 60000;
+    l->eng.default_image = l->default_image;
+    l->eng.create_timeout_ms = l->cfg.create_timeout_ms;
+    l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
+    l->eng.serial_create = true; /* one instance made and started at a time */
     if (oom) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;

@@ -29,7 +29,6 @@ struct lb_lxd {
     void *supervise_data; /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
     struct lb_httpc *http;
-    pthread_mutex_t create_mutex; /* serializes instance creation and start */
 };
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */
