@@ -511,6 +511,12 @@ static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                         int fd, const void *data, uint64_t len, int mode, struct lb_error *err)
+{
+    return docker_put_file((struct lb_docker *)e, ref->id, path, fd, data, len, mode, err);
+}
+
 static const struct engine_hooks docker_hooks = {
     .name = "docker",
     .noun = "container",
@@ -524,6 +530,10 @@ static const struct engine_hooks docker_hooks = {
     .set_frozen = hook_set_frozen,
     .list_raw = hook_list_raw,
     .list_entry = hook_list_entry,
+    .put_file = hook_put_file,
+    .exec_check = docker_exec_check,
+    .exec_run = docker_exec_run,
+    .engine_label = "the engine",
 };
 
 static const struct lb_provider_ops docker_ops = {
@@ -533,7 +543,7 @@ static const struct lb_provider_ops docker_ops = {
     .create = engine_create,
     .stop = docker_stop,
     .status = engine_status,
-    .exec = docker_exec,
+    .exec = engine_exec,
     .file_write = docker_file_write,
     .upload_begin = docker_upload_begin,
     .upload_commit = docker_upload_commit,
@@ -687,6 +697,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
     d->eng.default_image = d->default_image;
+    d->eng.supervise_path = DOCKER_SUPERVISE_PATH;
     d->eng.create_timeout_ms = d->cfg.create_timeout_ms;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
         !d->supervise_dir || (cfg->default_image && !d->default_image)) {

@@ -85,9 +85,11 @@ const char *docker_engine_message(const struct lb_httpc_response *resp, char *bu
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err);
 
-int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                const struct lb_exec_request *req, struct lb_exec_result *res,
-                struct lb_error *err);
+/* The engine hooks of exec (docker_exec.c; see engine.h). */
+int docker_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      const struct lb_exec_request *req, struct lb_error *err);
+int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                    struct lb_error *err);
 int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                       const void *data, size_t len, int mode, struct lb_error *err);
 int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

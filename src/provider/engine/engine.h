@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "provider/engine/framed.h"
 #include "provider/gate.h"
 #include "provider/provider.h"
 
@@ -29,6 +30,17 @@ struct engine_instance {
     char name[256];   /* the engine's name of it (docker: lendbox-<instance>-<id>; lxd: id) */
     char handle[128]; /* what the descriptor keeps besides (docker: container id; lxd: the
                          cluster member it is on); "" until known */
+};
+
+/* One exec on its way through engine_exec and the backend's exec_run hook. */
+struct engine_exec {
+    const struct lb_exec_request *req;
+    struct lb_exec_result *res;
+    struct lb_framed_reader fr; /* feed the supervisor's stdout (its frames) here */
+    struct lb_buf diag;         /* the exec's own stderr: the engine's or the supervisor's */
+    json_t *cmd;                /* the supervisor and its options; engine_exec_command ends it */
+    bool done;      /* exec_run set the result itself (exec_result_set_runtime): no frames */
+    bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
 };
 
 struct engine_hooks {
@@ -57,6 +69,24 @@ struct engine_hooks {
                   struct lb_error *err);
     void (*rollback)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                      const struct engine_instance *inst, bool made);
+
+    /* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at
+     * the absolute path inside the instance, parents made; mode < 0: 0644. 0, -ENOENT (no such
+     * sandbox) or a negative errno with err set. */
+    int (*put_file)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path, int fd,
+                    const void *data, uint64_t len, int mode, struct lb_error *err);
+    /* Exec: exec_check (may be NULL) refuses what the backend cannot run, before admission.
+     * exec_run adds its own options to x->cmd, takes the whole command from
+     * engine_exec_command(x), runs it and feeds the supervisor's stdout to x->fr (its own
+     * stderr to x->diag). 0 when the run ended (x->done when it set the result itself, e.g.
+     * an instance that cannot run commands); -ECANCELED when gates.ended cut it short; else a
+     * negative errno with err set (-ENOENT "no such sandbox", -EBUSY "sandbox 'X' is paused"
+     * as they are; x->transport when the failure came after the start). */
+    int (*exec_check)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      const struct lb_exec_request *req, struct lb_error *err);
+    int (*exec_run)(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                    struct lb_error *err);
+    const char *engine_label; /* "the engine", "LXD": "no output from <label>" */
     /* The instance's state: LB_STATUS_STOPPED when the engine has no such instance. 0, or a
      * negative errno (-EREMOTEIO, -ETIMEDOUT) with err set when err is not NULL. */
     int (*state)(struct lb_engine *e, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
@@ -80,11 +110,12 @@ struct engine_hooks {
 struct lb_engine {
     struct lb_provider base;
     const struct engine_hooks *hooks;
-    struct lb_gates gates;     /* exec admission; gates.ended: end_execs was called */
-    const char *default_image; /* borrowed from the backend; NULL: a seed must name one */
-    int64_t create_timeout_ms; /* bound of each step of a create */
-    bool ready_timeout;        /* a spec's ready_timeout_ms, when set, bounds a create instead */
-    bool serial_create;        /* make and start one instance at a time (create_mutex) */
+    struct lb_gates gates;      /* exec admission; gates.ended: end_execs was called */
+    const char *default_image;  /* borrowed from the backend; NULL: a seed must name one */
+    const char *supervise_path; /* the supervisor inside an instance (static string) */
+    int64_t create_timeout_ms;  /* bound of each step of a create */
+    bool ready_timeout;         /* a spec's ready_timeout_ms, when set, bounds a create instead */
+    bool serial_create;         /* make and start one instance at a time (create_mutex) */
     pthread_mutex_t create_mutex;
 };
 
@@ -102,6 +133,19 @@ void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
 int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   const struct lb_sandbox_spec *spec, json_t **descriptor_out,
                   struct lb_error *err);
+
+/* The exec op: the shutdown check, the backend's exec_check, admission (gate.h), stdin put
+ * as a file under /tmp the supervisor opens and unlinks, the supervisor's options (framed
+ * mode, output cap, timeout, cwd, background, exclusive, stdin file), hooks->exec_run, the
+ * status line (exec_result.h). A run without a status: "no such sandbox" when the instance is
+ * gone, -EREMOTEIO after a transport failure, else a runtime result "the supervisor ended
+ * without a result". */
+int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_exec_request *req, struct lb_exec_result *res,
+                struct lb_error *err);
+/* x->cmd ended with "--" and the request's argv: the command exec_run sends. Borrowed (x owns
+ * it); NULL when out of memory. */
+json_t *engine_exec_command(struct engine_exec *x);
 
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -459,6 +459,12 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                         int fd, const void *data, uint64_t len, int mode, struct lb_error *err)
+{
+    return lxd_put_file((struct lb_lxd *)e, ref, path, fd, data, len, mode, err);
+}
+
 static const struct engine_hooks lxd_hooks = {
     .name = "lxd",
     .noun = "instance",
@@ -472,6 +478,10 @@ static const struct engine_hooks lxd_hooks = {
     .set_frozen = hook_set_frozen,
     .list_raw = hook_list_raw,
     .list_entry = hook_list_entry,
+    .put_file = hook_put_file,
+    .exec_check = lxd_exec_check,
+    .exec_run = lxd_exec_run,
+    .engine_label = "LXD",
 };
 
 static const struct lb_provider_ops lxd_ops = {
@@ -481,7 +491,7 @@ static const struct lb_provider_ops lxd_ops = {
     .create = engine_create,
     .stop = lxd_stop,
     .status = engine_status,
-    .exec = lxd_exec,
+    .exec = engine_exec,
     .file_write = lxd_file_write,
     .upload_begin = lxd_upload_begin,
     .upload_commit = lxd_upload_commit,
@@ -705,6 +715,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     if (l->cfg.create_timeout_ms <= 0)
         l->cfg.create_timeout_ms = 60000;
     l->eng.default_image = l->default_image;
+    l->eng.supervise_path = LXD_SUPERVISE_PATH;
     l->eng.create_timeout_ms = l->cfg.create_timeout_ms;
     l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
     l->eng.serial_create = true; /* one instance made and started at a time */

@@ -82,8 +82,11 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
 
-int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-             const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
+/* The engine hooks of exec (lxd_io.c; see engine.h). */
+int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                   const struct lb_exec_request *req, struct lb_error *err);
+int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                 struct lb_error *err);
 int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                    const void *data, size_t len, int mode, struct lb_error *err);
 int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -19,7 +19,6 @@
 #include "util/clock.h"
 #include "util/token.h"
 
-#define DIAG_MAX 4096
 #define EXEC_SLACK_MS 30000 /* LXD's own start-up and tear-down of an exec, past the timeout */
 #define FRAME_SLACK_BYTES (1024 * 1024) /* frame headers, the status, cut markers */
 #define FILE_TIMEOUT_MS (30 * 60 * 1000)
@@ -419,41 +418,29 @@ out:
 
 /* ---------- exec ---------- */
 
-/* The exec body: the supervisor in framed mode around argv, env as LXD's map. */
-static json_t *exec_body(const struct lb_exec_request *req, const char *cwd, const char *stdin_path,
-                         int uid)
+/* The exec body: the command engine_exec built, with this provider's options (cwd, loopback,
+ * the init's session spared by an exclusive exec), env as LXD's map, the uid. */
+static json_t *exec_body(struct engine_exec *x, const char *cwd, int uid)
 {
-    json_t *cmd = json_array(), *env = json_object(), *body;
-    char num[32];
+    const struct lb_exec_request *req = x->req;
+    json_t *env = json_object(), *cmd, *body;
 
-    if (!cmd || !env)
-        goto fail;
-    json_array_append_new(cmd, json_string(LXD_SUPERVISE_PATH));
-    json_array_append_new(cmd, json_string("--framed"));
-    json_array_append_new(cmd, json_string("--max-output"));
-    snprintf(num, sizeof(num), "%zu", req->max_output_bytes > 0 ? req->max_output_bytes : 1);
-    json_array_append_new(cmd, json_string(num));
-    json_array_append_new(cmd, json_string("--timeout-ms"));
-    snprintf(num, sizeof(num), "%lld", (long long)req->timeout_ms);
-    json_array_append_new(cmd, json_string(num));
-    json_array_append_new(cmd, json_string("--cwd"));
-    json_array_append_new(cmd, json_string(cwd));
+    if (!env)
+        return NULL;
+    if (!req->cwd) {
+        json_array_append_new(x->cmd, json_string("--cwd"));
+        json_array_append_new(x->cmd, json_string(cwd));
+    }
     /* no NIC, and an image's init need not bring lo up: "none" still means loopback works */
-    json_array_append_new(cmd, json_string("--loopback-up"));
-    if (req->preserve_background)
-        json_array_append_new(cmd, json_string("--keep-background"));
-    if (req->exclusive) {
-        /* the image's init may keep children of its own (the test image's shell loop) */
-        json_array_append_new(cmd, json_string("--exclusive"));
-        json_array_append_new(cmd, json_string("--spare-init-session"));
+    json_array_append_new(x->cmd, json_string("--loopback-up"));
+    /* the image's init may keep children of its own (the test image's shell loop) */
+    if (req->exclusive)
+        json_array_append_new(x->cmd, json_string("--spare-init-session"));
+    cmd = engine_exec_command(x);
+    if (!cmd) {
+        json_decref(env);
+        return NULL;
     }
-    if (stdin_path) {
-        json_array_append_new(cmd, json_string("--stdin-file"));
-        json_array_append_new(cmd, json_string(stdin_path));
-    }
-    json_array_append_new(cmd, json_string("--"));
-    for (size_t i = 0; req->argv[i]; i++)
-        json_array_append_new(cmd, json_string(req->argv[i]));
     for (size_t i = 0; req->env && req->env[i]; i++) {
         const char *eq = strchr(req->env[i], '=');
         char name[256];
@@ -463,17 +450,13 @@ static json_t *exec_body(const struct lb_exec_request *req, const char *cwd, con
         snprintf(name, sizeof(name), "%.*s", (int)(eq - req->env[i]), req->env[i]);
         json_object_set_new(env, name, json_string(eq + 1));
     }
-    body = json_pack("{s:o,s:o,s:b,s:b,s:b,s:s}", "command", cmd, "environment", env,
+    body = json_pack("{s:O,s:o,s:b,s:b,s:b,s:s}", "command", cmd, "environment", env,
                      "wait-for-websocket", 0, "interactive", 0, "record-output", 1, "cwd", "/");
     if (body && uid > 0) {
         json_object_set_new(body, "user", json_integer(uid));
         json_object_set_new(body, "group", json_integer(uid));
     }
     return body;
-fail:
-    json_decref(cmd);
-    json_decref(env);
-    return NULL;
 }
 
 /* The exec's user: root (0) or a numeric uid; names are -EINVAL (LXD's exec takes numbers). */
@@ -542,63 +525,36 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
     return r;
 }
 
-int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-             const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err)
+int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                   const struct lb_exec_request *req, struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
-    const char *member = lxd_member_of(ref);
-    const char *cwd =
-        req->cwd ? req->cwd : json_string_value(json_object_get(ref->descriptor, "workdir"));
-    struct lb_framed_reader fr;
-    struct frame_sink fs = {.fr = &fr};
-    struct lb_httpc_response resp = {0};
-    struct lb_buf diag;
-    char path[512], stdin_path[128] = "", m[300], hex[25];
-    enum lb_sandbox_status st;
-    json_t *body = NULL, *j = NULL, *md;
-    const char *op, *out_log, *err_log;
-    int64_t t0 = clock_mono_ms();
-    int r, uid;
+    int uid;
 
-    memset(res, 0, sizeof(*res));
-    lb_buf_init(&res->out, req->max_output_bytes);
-    lb_buf_init(&res->err, req->max_output_bytes);
-    lb_buf_init(&diag, DIAG_MAX);
-    framed_reader_init(&fr, res);
-    fs.max = 2 * (uint64_t)req->max_output_bytes + FRAME_SLACK_BYTES;
-    if (!cwd || !*cwd)
-        cwd = "/workspace";
     if (req->pass_fd > 0)
         return lb_error_set(err, -ENOSYS, "the lxd provider cannot pass a file to a command");
     uid = exec_uid(req->user, err);
-    if (uid < 0)
-        return uid;
-    if (gates_ended(&l->eng.gates)) {
-        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                                "the daemon is shutting down and no longer runs commands");
-        return 0;
-    }
-    r = gates_enter(&l->eng.gates, ref->id, req->exclusive, err);
-    if (r == -ESHUTDOWN) {
-        lb_error_clear(err);
-        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                                "the daemon is shutting down and no longer runs commands");
-        return 0;
-    }
-    if (r < 0)
-        return r;
-    if (req->stdin_data) {
-        r = token_random_hex(12, hex);
-        if (r < 0) {
-            r = lb_error_set(err, -EREMOTEIO, "no random bytes: %s", strerror(-r));
-            goto out;
-        }
-        snprintf(stdin_path, sizeof(stdin_path), "/tmp/.lendbox-stdin-%s", hex);
-        r = lxd_put_file(l, ref, stdin_path, -1, req->stdin_data, req->stdin_len, 0600, err);
-        if (r < 0)
-            goto out;
-    }
-    body = exec_body(req, cwd, stdin_path[0] ? stdin_path : NULL, uid);
+    return uid < 0 ? uid : 0;
+}
+
+int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                 struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    const struct lb_exec_request *req = x->req;
+    const char *member = lxd_member_of(ref);
+    const char *cwd =
+        req->cwd ? req->cwd : json_string_value(json_object_get(ref->descriptor, "workdir"));
+    struct frame_sink fs = {.fr = &x->fr};
+    struct lb_httpc_response resp = {0};
+    char path[512], m[300];
+    json_t *body = NULL, *j = NULL, *md;
+    const char *op, *out_log, *err_log;
+    int r;
+
+    fs.max = 2 * (uint64_t)req->max_output_bytes + FRAME_SLACK_BYTES;
+    if (!cwd || !*cwd)
+        cwd = "/workspace";
+    body = exec_body(x, cwd, exec_uid(req->user, NULL));
     if (!body) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
@@ -618,7 +574,8 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     if (resp.status == 400) {
-        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the instance cannot run commands: %s", m);
+        exec_result_set_runtime(x->res, LB_EXEC_SANDBOX, "the instance cannot run commands: %s", m);
+        x->done = true;
         r = 0;
         goto out;
     }
@@ -636,6 +593,8 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     json_decref(j);
     j = NULL;
     httpc_response_release(&resp);
+    /* from here on a failure may mean the instance went away: engine_exec looks */
+    x->transport = true;
     {
         struct lb_httpc_request wreq = {.method = "GET",
                                         .path = path,
@@ -645,15 +604,8 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 
         r = lxd_do(l, member, &wreq, &resp, err);
     }
-    if (r == -ECANCELED) {
-        lb_error_clear(err);
-        exec_result_set_runtime(res, LB_EXEC_SANDBOX, "%s",
-                                "the daemon is shutting down and no longer waits for this command");
-        r = 0;
-        goto out;
-    }
     if (r < 0)
-        goto transport;
+        goto out;
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
     md = json_object_get(j, "metadata");
     if (resp.status != 200 ||
@@ -661,7 +613,7 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(
             err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s", resp.status,
             json_string_value(json_object_get(md, "err")) ?: lxd_message(&resp, m, sizeof(m)));
-        goto transport;
+        goto out;
     }
     out_log = json_string_value(
         json_object_get(json_object_get(json_object_get(md, "metadata"), "output"), "1"));
@@ -670,37 +622,11 @@ int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (out_log) {
         r = fetch_log(l, member, out_log, frame_write, &fs, err);
         if (r < 0)
-            goto transport;
+            goto out;
     }
     if (err_log)
-        (void)fetch_log(l, member, err_log, diag_write, &diag, NULL);
-    if (framed_reader_complete(&fr)) {
-        framed_reader_apply_status(&fr);
-        r = 0;
-        goto out;
-    }
-transport:
-    /* no status: the supervisor died, the instance went away, or the transport failed */
-    if (lxd_state(l, ref, &st, NULL) == 0 && st == LB_STATUS_STOPPED) {
-        lb_error_clear(err);
-        r = lb_error_set(err, -ENOENT, "no such sandbox");
-        goto out;
-    }
-    if (r < 0) {
-        r = r == -ETIMEDOUT ? -EREMOTEIO : r;
-        lb_error_keep(err, -EREMOTEIO, "the exec transport failed");
-        if (err)
-            err->code = -EREMOTEIO;
-        r = -EREMOTEIO;
-        goto out;
-    }
-    exec_result_set_runtime(res, LB_EXEC_SANDBOX, "the supervisor ended without a result: %.400s",
-                            diag.data && diag.len ? diag.data : "no output from LXD");
-    r = 0;
+        (void)fetch_log(l, member, err_log, diag_write, &x->diag, NULL);
 out:
-    res->duration_ms = clock_mono_ms() - t0;
-    gates_leave(&l->eng.gates, ref->id, req->exclusive);
-    lb_buf_release(&diag);
     json_decref(body);
     json_decref(j);
     httpc_response_release(&resp);
