@@ -544,10 +544,10 @@ static const struct lb_provider_ops docker_ops = {
     .stop = docker_stop,
     .status = engine_status,
     .exec = engine_exec,
-    .file_write = docker_file_write,
-    .upload_begin = docker_upload_begin,
-    .upload_commit = docker_upload_commit,
-    .upload_abort = docker_upload_abort,
+    .file_write = engine_file_write,
+    .upload_begin = engine_upload_begin,
+    .upload_commit = engine_upload_commit,
+    .upload_abort = engine_upload_abort,
     .file_open = docker_file_open,
     .list = engine_list,
     .pause = engine_pause,
@@ -698,6 +698,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         d->cfg.create_timeout_ms = 30000;
     d->eng.default_image = d->default_image;
     d->eng.supervise_path = DOCKER_SUPERVISE_PATH;
+    d->eng.spool_dir = d->spool_dir;
     d->eng.create_timeout_ms = d->cfg.create_timeout_ms;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
         !d->supervise_dir || (cfg->default_image && !d->default_image)) {

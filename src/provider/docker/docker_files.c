@@ -22,21 +22,6 @@
 #define ARCHIVE_TIMEOUT_MS (30 * 60 * 1000)
 #define GO_MODE_DIR (1U << 31)
 
-struct docker_upload {
-    struct lb_upload base;
-    struct lb_docker *d;
-    char *id, *path;
-    int mode;
-};
-
-/* An unlinked read-write temporary file in the spool dir, or -errno. */
-static int spool_file(struct lb_docker *d)
-{
-    int fd = open(d->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-
-    return fd < 0 ? -errno : fd;
-}
-
 static char *escape(const char *s)
 {
     return curl_easy_escape(NULL, s, 0);
@@ -106,7 +91,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
 {
     struct lb_httpc_response resp = {0};
     char name[256], url[512], m[300];
-    int tar_fd = spool_file(d), r;
+    int tar_fd = engine_spool_file(&d->eng), r;
     struct stat stt;
 
     if (tar_fd < 0)
@@ -162,86 +147,6 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
 out:
     close(tar_fd);
     httpc_response_release(&resp);
-    return r;
-}
-
-int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                      const void *data, size_t len, int mode, struct lb_error *err)
-{
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    return docker_put_file((struct lb_docker *)p, ref->id, path, -1, data ? data : "", len, mode,
-                           err);
-}
-
-int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
-{
-    struct lb_docker *d = (struct lb_docker *)p;
-    struct docker_upload *u;
-    enum lb_sandbox_status st;
-    int r;
-
-    if (owner)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the docker provider cannot give an uploaded file an owner "
-                            "(?owner=): its files belong to the container's root");
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    r = docker_state(d, ref->id, &st, err);
-    if (r < 0)
-        return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    u = calloc(1, sizeof(*u));
-    if (!u || !(u->id = strdup(ref->id)) || !(u->path = strdup(path))) {
-        if (u)
-            free(u->id);
-        free(u);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    u->base.provider = p;
-    u->base.fd = spool_file(d);
-    if (u->base.fd < 0) {
-        r = lb_error_set(err, u->base.fd, "cannot make a spool file in '%s': %s", d->spool_dir,
-                         strerror(-u->base.fd));
-        free(u->id);
-        free(u->path);
-        free(u);
-        return r;
-    }
-    u->d = d;
-    u->mode = mode;
-    *out = &u->base;
-    return 0;
-}
-
-void docker_upload_abort(struct lb_upload *base)
-{
-    struct docker_upload *u = (struct docker_upload *)base;
-
-    if (!u)
-        return;
-    if (u->base.fd >= 0)
-        close(u->base.fd);
-    free(u->id);
-    free(u->path);
-    free(u);
-}
-
-int docker_upload_commit(struct lb_upload *base, struct lb_error *err)
-{
-    struct docker_upload *u = (struct docker_upload *)base;
-    struct stat st;
-    int r;
-
-    if (fstat(u->base.fd, &st) < 0) {
-        r = lb_error_set(err, -EIO, "cannot stat the spooled upload: %s", strerror(errno));
-        goto out;
-    }
-    r = docker_put_file(u->d, u->id, u->path, u->base.fd, NULL, (uint64_t)st.st_size, u->mode, err);
-out:
-    docker_upload_abort(base);
     return r;
 }
 
@@ -370,8 +275,8 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         return r;
     if (size > d->cfg.max_file_bytes) /* refused before the engine sends a byte */
         return too_large(d, path, size, err);
-    tar_fd = spool_file(d);
-    out_fd = spool_file(d);
+    tar_fd = engine_spool_file(&d->eng);
+    out_fd = engine_spool_file(&d->eng);
     enc = escape(target);
     if (tar_fd < 0 || out_fd < 0 || !enc) {
         r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->spool_dir);

@@ -90,12 +90,6 @@ int docker_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                       const struct lb_exec_request *req, struct lb_error *err);
 int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
                     struct lb_error *err);
-int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                      const void *data, size_t len, int mode, struct lb_error *err);
-int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
-int docker_upload_commit(struct lb_upload *u, struct lb_error *err);
-void docker_upload_abort(struct lb_upload *u);
 int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 /* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at the

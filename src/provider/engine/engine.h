@@ -113,6 +113,7 @@ struct lb_engine {
     struct lb_gates gates;      /* exec admission; gates.ended: end_execs was called */
     const char *default_image;  /* borrowed from the backend; NULL: a seed must name one */
     const char *supervise_path; /* the supervisor inside an instance (static string) */
+    const char *spool_dir;      /* uploads and downloads spool here (borrowed, absolute) */
     int64_t create_timeout_ms;  /* bound of each step of a create */
     bool ready_timeout;         /* a spec's ready_timeout_ms, when set, bounds a create instead */
     bool serial_create;         /* make and start one instance at a time (create_mutex) */
@@ -146,6 +147,19 @@ int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 /* x->cmd ended with "--" and the request's argv: the command exec_run sends. Borrowed (x owns
  * it); NULL when out of memory. */
 json_t *engine_exec_command(struct engine_exec *x);
+
+/* The file_write op: a valid absolute path (not "/"), then hooks->put_file. */
+int engine_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                      const void *data, size_t len, int mode, struct lb_error *err);
+/* The upload ops: begin refuses an owner (-EOPNOTSUPP: an instance's files are its root's), a
+ * bad path (-EINVAL) and a stopped sandbox (-ENOENT), and hands out an unlinked spool file;
+ * commit puts it with hooks->put_file; both commit and abort free the upload. */
+int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
+int engine_upload_commit(struct lb_upload *u, struct lb_error *err);
+void engine_upload_abort(struct lb_upload *u);
+/* An unlinked read-write file (O_TMPFILE) in spool_dir: its fd, or a negative errno. */
+int engine_spool_file(struct lb_engine *e);
 
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -87,12 +87,6 @@ int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                    const struct lb_exec_request *req, struct lb_error *err);
 int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
                  struct lb_error *err);
-int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                   const void *data, size_t len, int mode, struct lb_error *err);
-int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                     int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
-int lxd_upload_commit(struct lb_upload *u, struct lb_error *err);
-void lxd_upload_abort(struct lb_upload *u);
 int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                   int *fd_out, uint64_t *size_out, struct lb_error *err);
 

@@ -24,13 +24,6 @@
 #define FILE_TIMEOUT_MS (30 * 60 * 1000)
 #define MAX_SYMLINKS 8
 
-struct lxd_upload {
-    struct lb_upload base;
-    struct lb_lxd *l;
-    char *id, *path, *member;
-    int mode;
-};
-
 /* "/1.0/instances/<id>/files?path=<escaped path>" into buf. */
 static int files_path(const char *id, const char *path, char *buf, size_t size,
                       struct lb_error *err)
@@ -187,96 +180,6 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
                         m);
 }
 
-int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                   const void *data, size_t len, int mode, struct lb_error *err)
-{
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    return lxd_put_file((struct lb_lxd *)p, ref, path, -1, data ? data : "", len, mode, err);
-}
-
-/* An unlinked read-write temporary file in the spool dir, or -errno. */
-static int spool_file(struct lb_lxd *l)
-{
-    int fd = open(l->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-
-    return fd < 0 ? -errno : fd;
-}
-
-int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                     int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
-{
-    struct lb_lxd *l = (struct lb_lxd *)p;
-    struct lxd_upload *u;
-    enum lb_sandbox_status st;
-    int r;
-
-    if (owner)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the lxd provider cannot give an uploaded file an owner "
-                            "(?owner=): its files belong to the instance's root");
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    r = lxd_state(l, ref, &st, err);
-    if (r < 0)
-        return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    u = calloc(1, sizeof(*u));
-    if (!u || !(u->id = strdup(ref->id)) || !(u->path = strdup(path)) ||
-        !(u->member = strdup(lxd_member_of(ref)))) {
-        if (u) {
-            free(u->id);
-            free(u->path);
-        }
-        free(u);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    u->base.provider = p;
-    u->base.fd = spool_file(l);
-    u->l = l;
-    u->mode = mode;
-    if (u->base.fd < 0) {
-        r = lb_error_set(err, u->base.fd, "cannot make a spool file in '%s': %s", l->spool_dir,
-                         strerror(-u->base.fd));
-        lxd_upload_abort(&u->base);
-        return r;
-    }
-    *out = &u->base;
-    return 0;
-}
-
-void lxd_upload_abort(struct lb_upload *base)
-{
-    struct lxd_upload *u = (struct lxd_upload *)base;
-
-    if (!u)
-        return;
-    if (u->base.fd >= 0)
-        close(u->base.fd);
-    free(u->id);
-    free(u->path);
-    free(u->member);
-    free(u);
-}
-
-int lxd_upload_commit(struct lb_upload *base, struct lb_error *err)
-{
-    struct lxd_upload *u = (struct lxd_upload *)base;
-    json_t *desc = json_pack("{s:s}", "location", u->member);
-    struct lb_sandbox_ref ref = {.id = u->id, .descriptor = desc};
-    struct stat st;
-    int r;
-
-    if (fstat(u->base.fd, &st) < 0)
-        r = lb_error_set(err, -EIO, "cannot stat the spooled upload: %s", strerror(errno));
-    else
-        r = lxd_put_file(u->l, &ref, u->path, u->base.fd, NULL, (uint64_t)st.st_size, u->mode, err);
-    json_decref(desc);
-    lxd_upload_abort(base);
-    return r;
-}
-
 struct spool_sink {
     int fd;
     uint64_t written, max;
@@ -326,7 +229,7 @@ int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const
 
         if (sink.fd >= 0)
             close(sink.fd);
-        sink.fd = spool_file(l);
+        sink.fd = engine_spool_file(&l->eng);
         sink.written = 0;
         if (sink.fd < 0) {
             r = lb_error_set(err, -EIO, "cannot make a spool file in '%s': %s", l->spool_dir,
