@@ -1,6 +1,8 @@
 /*
- * docker.c - the Docker Engine API provider (see docker.h): containers, status, pause, list.
- * Exec is in docker_exec.c, files in docker_files.c.
+ * docker.c - the Docker Engine API provider (see docker.h): its engine hooks (engine.h) for
+ * containers (create, start, remove, inspect, pause, list), the ops table, construction (API
+ * negotiation, the supervisor's read-only copy, the pass dirs). The exec hook is in
+ * docker_exec.c, the file transfer in docker_files.c.
  */
 #include "provider/docker/docker_internal.h"
 
@@ -23,14 +25,6 @@
 #define API_MAX_MINOR 43
 #define API_MIN_MINOR 40
 #define SMALL_BODY_BYTES (4 * 1024 * 1024)
-
-void docker_instance_of(const char *state_dir, char *buf, size_t size)
-{
-    char hex[LB_SHA256_HEX + 1];
-
-    token_sha256_hex(state_dir, strlen(state_dir), hex);
-    snprintf(buf, size, "%.12s", hex);
-}
 
 void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size)
 {
@@ -677,10 +671,7 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
     d->supervise_path = strdup(cfg->supervise_path);
     d->net_inherit = strdup(cfg->net_inherit ? cfg->net_inherit : "none");
-    if (cfg->instance)
-        snprintf(d->instance, sizeof(d->instance), "%s", cfg->instance);
-    else
-        docker_instance_of(cfg->state_dir, d->instance, sizeof(d->instance));
+    engine_instance_label(cfg->instance, cfg->state_dir, d->instance, sizeof(d->instance));
     if (asprintf(&d->spool_dir, "%s/docker-spool", cfg->state_dir) < 0)
         d->spool_dir = NULL;
     if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)

@@ -1,6 +1,6 @@
 /*
- * docker_internal.h - what docker.c, docker_exec.c and docker_files.c share. Not a public
- * interface.
+ * docker_internal.h - what docker.c, docker_exec.c, docker_files.c and docker_pass.c share.
+ * Not a public interface.
  */
 #ifndef LB_DOCKER_INTERNAL_H
 #define LB_DOCKER_INTERNAL_H

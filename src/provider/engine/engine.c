@@ -10,6 +10,7 @@
 
 #include "util/fault.h"
 #include "util/log.h"
+#include "util/token.h"
 
 void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
                  const struct engine_hooks *hooks)
@@ -18,6 +19,18 @@ void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
     e->base.ops = ops;
     e->hooks = hooks;
     pthread_mutex_init(&e->create_mutex, NULL);
+}
+
+void engine_instance_label(const char *configured, const char *state_dir, char *buf, size_t size)
+{
+    char hex[LB_SHA256_HEX + 1];
+
+    if (configured && *configured) {
+        snprintf(buf, size, "%s", configured);
+        return;
+    }
+    token_sha256_hex(state_dir, strlen(state_dir), hex);
+    snprintf(buf, size, "%.12s", hex);
 }
 
 int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,

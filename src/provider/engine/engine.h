@@ -126,6 +126,11 @@ struct lb_engine {
 void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
                  const struct engine_hooks *hooks);
 
+/* The value of the instance label that tells this daemon's instances from others on one
+ * engine: configured when it is not NULL or "", else the first 12 hex digits of the SHA-256
+ * of state_dir (so one state dir keeps its instances across restarts). Into buf (>= 13). */
+void engine_instance_label(const char *configured, const char *state_dir, char *buf, size_t size);
+
 /* The create op: a default image when the spec names none (or "host"), the hooks in order
  * (see struct engine_hooks), adopting an instance of that name that is this daemon's (a
  * create retried after a crash), the fault point "<name>.created" between make and start,

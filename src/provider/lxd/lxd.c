@@ -1,6 +1,8 @@
 /*
- * lxd.c - the LXD provider (see lxd.h): instances, status, pause, list, the start-up checks.
- * The API transport is in lxd_api.c, exec and files in lxd_io.c.
+ * lxd.c - the LXD provider (see lxd.h): its engine hooks (engine.h) for instances (create,
+ * start, remove, state, freeze, list), the ops table, construction and the start-up checks
+ * (server, members, pool). The API transport is in lxd_api.c, the exec hook and the files API
+ * in lxd_io.c.
  */
 #include "provider/lxd/lxd_internal.h"
 
@@ -695,14 +697,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         l->spool_dir = NULL;
         oom = true;
     }
-    if (cfg->instance && *cfg->instance) {
-        snprintf(l->instance, sizeof(l->instance), "%s", cfg->instance);
-    } else {
-        char hex[LB_SHA256_HEX + 1];
-
-        token_sha256_hex(cfg->state_dir, strlen(cfg->state_dir), hex);
-        snprintf(l->instance, sizeof(l->instance), "%.12s", hex);
-    }
+    engine_instance_label(cfg->instance, cfg->state_dir, l->instance, sizeof(l->instance));
     l->cfg.socket = l->socket;
     l->cfg.url = l->url;
     l->cfg.default_image = l->default_image;

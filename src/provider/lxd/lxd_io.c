@@ -1,6 +1,7 @@
 /*
- * lxd_io.c - exec and files on the lxd provider (see lxd.h): exec with recorded output of the
- * supervisor in framed mode (framed.h), and the instance files API, always octet-stream.
+ * lxd_io.c - the lxd provider's exec hooks (engine_exec drives them: recorded output of the
+ * supervisor in framed mode, framed.h) and the instance files API, always octet-stream
+ * (put_file, make_dirs, file_open).
  */
 #include "provider/lxd/lxd_internal.h"
 
