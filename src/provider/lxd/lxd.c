@@ -1,8 +1,8 @@
 /*
  * lxd.c - the LXD provider (see lxd.h): its engine hooks (engine.h) for instances (create,
  * start, remove, state, freeze, list), the ops table, construction and the start-up checks
- * (server, members, pool). The API transport is in lxd_api.c, the exec hook and the files API
- * in lxd_io.c.
+ * (server, members, pool). The API transport is in lxd_api.c, the exec hooks in lxd_exec.c,
+ * the files API in lxd_files.c.
  */
 #include "provider/lxd/lxd_internal.h"
 

@@ -2,7 +2,7 @@
  * lxd_api.c - the LXD REST API transport, the base of the lxd provider's files: requests
  * (lxd_do, lxd_call) counted per cluster member, answers' error messages, operations
  * (lxd_async, lxd_wait_operation) and an instance's state. It calls nothing above it
- * (lxd.c, lxd_io.c).
+ * (lxd.c, lxd_exec.c, lxd_files.c).
  */
 #include "provider/lxd/lxd_internal.h"
 

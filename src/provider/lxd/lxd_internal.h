@@ -1,6 +1,6 @@
 /*
- * lxd_internal.h - what lxd.c, lxd_io.c, lxd_image.c and their base lxd_api.c (the API
- * transport) share. Not a public interface.
+ * lxd_internal.h - what lxd.c, lxd_exec.c, lxd_files.c, lxd_image.c and their base lxd_api.c
+ * (the API transport) share. Not a public interface.
  */
 #ifndef LB_LXD_INTERNAL_H
 #define LB_LXD_INTERNAL_H
@@ -82,7 +82,7 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
 
-/* The engine hooks of exec (lxd_io.c; see engine.h). */
+/* The engine hooks of exec (lxd_exec.c; see engine.h). */
 int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                    const struct lb_exec_request *req, struct lb_error *err);
 int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
