@@ -121,8 +121,8 @@ struct lb_engine {
 };
 
 /* Set up the base: ops and hooks (static, borrowed), the rest zeroed but the mutex. The
- * backend sets default_image, create_timeout_ms, ready_timeout and serial_create after. Pair
- * with engine_release. */
+ * backend sets default_image, supervise_path, spool_dir, create_timeout_ms, ready_timeout and
+ * serial_create after. Pair with engine_release. */
 void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
                  const struct engine_hooks *hooks);
 
@@ -140,10 +140,10 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   const struct lb_sandbox_spec *spec, json_t **descriptor_out,
                   struct lb_error *err);
 
-/* The exec op: the shutdown check, the backend's exec_check, admission (gate.h), stdin put
- * as a file under /tmp the supervisor opens and unlinks, the supervisor's options (framed
- * mode, output cap, timeout, cwd, background, exclusive, stdin file), hooks->exec_run, the
- * status line (exec_result.h). A run without a status: "no such sandbox" when the instance is
+/* The exec op: the backend's exec_check, admission (gate.h; after end_execs a runtime result
+ * "the daemon is shutting down ..."), stdin put as a file under /tmp the supervisor opens and
+ * unlinks, the supervisor's options (framed mode, output cap, timeout, cwd, background,
+ * exclusive, stdin file), hooks->exec_run, the status line (exec_result.h). A run without a status: "no such sandbox" when the instance is
  * gone, -EREMOTEIO after a transport failure, else a runtime result "the supervisor ended
  * without a result". */
 int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
