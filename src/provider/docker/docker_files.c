@@ -213,33 +213,6 @@ out:
  * blocks; what a spool may hold beyond the file's own bytes. */
 #define TAR_OVERHEAD_BYTES (64 * 1024)
 
-struct fd_sink {
-    int fd;
-    uint64_t written, max;
-};
-
-/* Spool the engine's tar, at most s->max bytes (-EFBIG past it). */
-static int to_fd(const void *data, size_t n, void *arg)
-{
-    struct fd_sink *s = arg;
-    const char *p = data;
-
-    if (n > s->max - s->written)
-        return -EFBIG;
-    while (n > 0) {
-        ssize_t w = write(s->fd, p, n);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -errno;
-        p += w;
-        n -= (size_t)w;
-        s->written += (uint64_t)w;
-    }
-    return 0;
-}
-
 static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
                      struct lb_error *err)
 {
@@ -284,12 +257,13 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     }
     snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
     {
-        struct fd_sink sink = {.fd = tar_fd, .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
+        struct engine_spool_sink sink = {.fd = tar_fd,
+                                         .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
         struct lb_httpc_request req = {.method = "GET",
                                        .path = url,
                                        .timeout_ms = ARCHIVE_TIMEOUT_MS,
                                        .max_body_bytes = 65536,
-                                       .sink = to_fd,
+                                       .sink = engine_spool_write,
                                        .sink_arg = &sink};
 
         r = httpc_do(d->http, &req, &resp, err);
@@ -343,19 +317,9 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = lb_error_set(err, -EIO, "cannot rewind the downloaded file: %s", strerror(errno));
         goto out;
     }
-    {
-        /* the contract's O_RDONLY descriptor: the unlinked file reopened read-only */
-        char self[64];
-        int ro;
-
-        snprintf(self, sizeof(self), "/proc/self/fd/%d", out_fd);
-        ro = open(self, O_RDONLY | O_CLOEXEC);
-        if (ro < 0) {
-            r = lb_error_set(err, -EIO, "cannot reopen the downloaded file: %s", strerror(errno));
-            goto out;
-        }
-        *fd_out = ro;
-    }
+    r = engine_spool_reopen(out_fd, fd_out, err);
+    if (r < 0)
+        goto out;
     *size_out = (uint64_t)st.st_size;
 out:
     if (a)

@@ -143,9 +143,9 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 /* The exec op: the backend's exec_check, admission (gate.h; after end_execs a runtime result
  * "the daemon is shutting down ..."), stdin put as a file under /tmp the supervisor opens and
  * unlinks, the supervisor's options (framed mode, output cap, timeout, cwd, background,
- * exclusive, stdin file), hooks->exec_run, the status line (exec_result.h). A run without a status: "no such sandbox" when the instance is
- * gone, -EREMOTEIO after a transport failure, else a runtime result "the supervisor ended
- * without a result". */
+ * exclusive, stdin file), hooks->exec_run, the status line (exec_result.h). A run without a status:
+ * "no such sandbox" when the instance is gone, -EREMOTEIO after a transport failure, else a runtime
+ * result "the supervisor ended without a result". */
 int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_exec_request *req, struct lb_exec_result *res,
                 struct lb_error *err);
@@ -165,6 +165,17 @@ int engine_upload_commit(struct lb_upload *u, struct lb_error *err);
 void engine_upload_abort(struct lb_upload *u);
 /* An unlinked read-write file (O_TMPFILE) in spool_dir: its fd, or a negative errno. */
 int engine_spool_file(struct lb_engine *e);
+/* A download's sink (an lb_httpc_sink; arg a struct engine_spool_sink): append to fd, at most
+ * max bytes in all. -EFBIG past max or when the disk is full (ENOSPC, EDQUOT), else 0 or a
+ * negative errno. */
+struct engine_spool_sink {
+    int fd;
+    uint64_t written, max;
+};
+int engine_spool_write(const void *data, size_t n, void *arg);
+/* The spool file fd reopened read-only (the file_open contract's O_RDONLY descriptor) into
+ * *out, the caller's. 0 or -EIO with err set. */
+int engine_spool_reopen(int fd, int *out, struct lb_error *err);
 
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -1,11 +1,13 @@
 /*
  * engine_files.c - the engine base's file drivers (see engine.h): small writes and spooled
- * uploads, put into the instance by the backend's put_file hook.
+ * uploads, put into the instance by the backend's put_file hook; the spool a backend's
+ * download goes through (sink, read-only reopen).
  */
 #include "provider/engine/engine.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,6 +37,40 @@ int engine_spool_file(struct lb_engine *e)
     int fd = open(e->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 
     return fd < 0 ? -errno : fd;
+}
+
+int engine_spool_write(const void *data, size_t n, void *arg)
+{
+    struct engine_spool_sink *s = arg;
+    const char *p = data;
+
+    if (n > s->max - s->written)
+        return -EFBIG;
+    while (n > 0) {
+        ssize_t w = write(s->fd, p, n);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -errno;
+        p += w;
+        n -= (size_t)w;
+        s->written += (uint64_t)w;
+    }
+    return 0;
+}
+
+int engine_spool_reopen(int fd, int *out, struct lb_error *err)
+{
+    char self[64];
+    int ro;
+
+    snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+    ro = open(self, O_RDONLY | O_CLOEXEC);
+    if (ro < 0)
+        return lb_error_set(err, -EIO, "cannot reopen the downloaded file: %s", strerror(errno));
+    *out = ro;
+    return 0;
 }
 
 int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

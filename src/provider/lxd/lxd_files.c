@@ -177,40 +177,14 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
                         m);
 }
 
-struct spool_sink {
-    int fd;
-    uint64_t written, max;
-};
-
-static int spool_write(const void *data, size_t n, void *arg)
-{
-    struct spool_sink *s = arg;
-    const char *p = data;
-
-    if (s->written + n > s->max)
-        return -EFBIG;
-    while (n > 0) {
-        ssize_t w = write(s->fd, p, n);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -EIO;
-        p += w;
-        n -= (size_t)w;
-        s->written += (uint64_t)w;
-    }
-    return 0;
-}
-
 int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                   int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)p;
-    char cur[PATH_MAX], url[PATH_MAX + 128], self[64], m[300];
+    char cur[PATH_MAX], url[PATH_MAX + 128], m[300];
     struct lb_httpc_response resp = {0};
-    struct spool_sink sink = {.fd = -1, .max = LXD_MAX_DOWNLOAD_BYTES};
-    int r, rd;
+    struct engine_spool_sink sink = {.fd = -1, .max = LXD_MAX_DOWNLOAD_BYTES};
+    int r;
 
     if (!provider_path_is_valid(path))
         return lb_error_set(err, -EINVAL, "bad path '%s'", path);
@@ -219,7 +193,7 @@ int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const
         struct lb_httpc_request req = {.method = "GET",
                                        .timeout_ms = FILE_TIMEOUT_MS,
                                        .max_body_bytes = 65536,
-                                       .sink = spool_write,
+                                       .sink = engine_spool_write,
                                        .sink_arg = &sink,
                                        .want_header = "X-LXD-type"};
         const char *type;
@@ -300,15 +274,10 @@ int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const
             }
         }
     }
-    snprintf(self, sizeof(self), "/proc/self/fd/%d", sink.fd);
-    rd = open(self, O_RDONLY | O_CLOEXEC);
-    if (rd < 0) {
-        r = lb_error_set(err, -EIO, "cannot reopen the spooled download: %s", strerror(errno));
+    r = engine_spool_reopen(sink.fd, fd_out, err);
+    if (r < 0)
         goto out;
-    }
-    *fd_out = rd;
     *size_out = sink.written;
-    r = 0;
 out:
     if (sink.fd >= 0)
         close(sink.fd);
