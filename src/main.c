@@ -29,7 +29,6 @@
 #include "lend/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
-#include "provider/lxd.h"
 #include "provider/seccomp.h"
 #include "provider/registry.h"
 #include "routes/routes.h"
@@ -348,7 +347,8 @@ static int image_publish_lxd(const struct lb_config *cfg, const char *dir, const
         r = lb_error_set(err, -ENOENT, "lendbox-supervise not found; set local.supervise");
         goto out;
     }
-    r = kind ? kind->open(&env, &prov, err) : lb_error_set(err, -EINVAL, "no lxd provider");
+    r = kind && kind->image_publish ? kind->open(&env, &prov, err)
+                                    : lb_error_set(err, -EINVAL, "no lxd provider");
     if (r < 0)
         goto out;
     /* the tarball: an unlinked file (O_TMPFILE where /tmp has it, else made and unlinked) */
@@ -369,10 +369,10 @@ static int image_publish_lxd(const struct lb_config *cfg, const char *dir, const
     if (r == 0 && fstat(fd, &st) < 0)
         r = lb_error_set(err, -errno, "cannot stat the tarball: %s", strerror(errno));
     if (r == 0)
-        r = provider_lxd_image_publish(
-            prov, fd, (uint64_t)st.st_size, name,
-            cfg->create_timeout_s * 1000 > 600000 ? cfg->create_timeout_s * 1000 : 600000, fp,
-            sizeof(fp), err);
+        r = kind->image_publish(prov, fd, (uint64_t)st.st_size, name,
+                                cfg->create_timeout_s * 1000 > 600000 ? cfg->create_timeout_s * 1000
+                                                                      : 600000,
+                                fp, sizeof(fp), err);
     if (r == 0)
         printf("lxd %s %s %lld%s\n", name, fp, (long long)st.st_size,
                init_added ? " (lendbox-supervise as /sbin/init)" : "");

@@ -1,5 +1,5 @@
 /*
- * local_exclusive.c - exclusive execs: admission per sandbox and the sweep that leaves only
+ * local_exclusive.c - exclusive execs: the sweep that leaves only
  * the sandbox's init alive (see local_internal.h), so that a grader's command runs with
  * nothing of the agent left (no process of the agent can watch for it, forge its result or
  * hold its pipes).
@@ -33,100 +33,9 @@
 #define FREEZE_MS 2000
 #define PASS_PAUSE_MS 10
 
-struct local_gate {
-    char id[129];
-    int running;    /* non-exclusive execs in flight */
-    bool exclusive; /* an exclusive exec holds the sandbox */
-};
-
-static struct local_gate *gate_find(struct local_provider *lp, const char *id)
-{
-    for (size_t i = 0; i < lp->ngates; i++) {
-        if (strcmp(lp->gates[i].id, id) == 0)
-            return &lp->gates[i];
-    }
-    return NULL;
-}
-
-static void gate_drop_if_idle(struct local_provider *lp, struct local_gate *g)
-{
-    if (g->running > 0 || g->exclusive)
-        return;
-    *g = lp->gates[--lp->ngates];
-}
-
-int local_exec_gate_enter(struct local_provider *lp, const char *id, bool exclusive,
-                          struct lb_error *err)
-{
-    struct local_gate *g;
-    int r = 0;
-
-    if (strlen(id) >= sizeof(g->id))
-        return lb_error_set(err, -EINVAL, "invalid sandbox id");
-    pthread_mutex_lock(&lp->lock);
-    g = gate_find(lp, id);
-    if (!g) {
-        if (lp->ngates == lp->gates_cap) {
-            size_t cap = lp->gates_cap ? lp->gates_cap * 2 : 16;
-            struct local_gate *ng = realloc(lp->gates, cap * sizeof(*ng));
-
-            if (!ng) {
-                r = lb_error_set(err, -ENOMEM, "out of memory");
-                goto out;
-            }
-            lp->gates = ng;
-            lp->gates_cap = cap;
-        }
-        g = &lp->gates[lp->ngates++];
-        memset(g, 0, sizeof(*g));
-        snprintf(g->id, sizeof(g->id), "%s", id);
-    }
-    if (g->exclusive) {
-        r = lb_error_set(err, -EBUSY, "an exclusive exec is running in sandbox '%s'", id);
-        goto out;
-    }
-    if (exclusive)
-        g->exclusive = true;
-    else
-        g->running++;
-out:
-    pthread_mutex_unlock(&lp->lock);
-    return r;
-}
-
-void local_exec_gate_leave(struct local_provider *lp, const char *id, bool exclusive)
-{
-    struct local_gate *g;
-
-    pthread_mutex_lock(&lp->lock);
-    g = gate_find(lp, id);
-    if (g) {
-        if (exclusive)
-            g->exclusive = false;
-        else if (g->running > 0)
-            g->running--;
-        gate_drop_if_idle(lp, g);
-    }
-    pthread_mutex_unlock(&lp->lock);
-}
-
 void local_exec_gates_release(struct local_provider *lp)
 {
-    free(lp->gates);
-    lp->gates = NULL;
-    lp->ngates = lp->gates_cap = 0;
-}
-
-static int gate_running(struct local_provider *lp, const char *id)
-{
-    struct local_gate *g;
-    int n;
-
-    pthread_mutex_lock(&lp->lock);
-    g = gate_find(lp, id);
-    n = g ? g->running : 0;
-    pthread_mutex_unlock(&lp->lock);
-    return n;
+    gates_release(&lp->gates);
 }
 
 /* Is pid in the pid namespace ns (device + inode of /proc/<init>/ns/pid)? *zombie says whether
@@ -224,7 +133,7 @@ int local_sandbox_quiesce(struct local_provider *lp, const char *id, const struc
     if (stat(path, &ns) < 0 || !local_desc_alive(d))
         return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", id);
     for (;;) {
-        int others = gate_running(lp, id), found;
+        int others = gates_plain_running(&lp->gates, id), found;
         bool frozen = false;
 
         /* frozen, nothing forks between the scan and the kill */

@@ -33,6 +33,7 @@
  * capabilities; the supervisor and the command inherit both. An exclusive exec first takes the
  * sandbox's exec gate and sweeps every sandbox process but the init (local_exclusive.c).
  */
+#include "provider/exec_result.h"
 #include "provider/local_internal.h"
 #include "provider/spawn.h"
 
@@ -506,54 +507,15 @@ static void exec_drain(struct exec_fds *f, const struct lb_exec_request *req,
     }
 }
 
-static void append_message(struct lb_buf *b, const char *msg)
-{
-    if (b->len > 0 && b->data[b->len - 1] != '\n')
-        (void)lb_buf_append_capped(b, "\n", 1);
-    (void)lb_buf_append_capped(b, msg, strlen(msg));
-    (void)lb_buf_append_capped(b, "\n", 1);
-}
-
-/* A result that is not the command's: return code 125, error_type type, why in the message
- * and (prefixed "lendbox: ") as a line of stderr. */
-static void set_runtime_result(struct lb_exec_result *res, enum lb_exec_error type, const char *why)
-{
-    char line[sizeof(res->message) + 16];
-
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    res->error_type = type;
-    snprintf(res->message, sizeof(res->message), "%s", why);
-    snprintf(line, sizeof(line), "lendbox: %s", why);
-    append_message(&res->err, line);
-}
-
 /* Turn the status line into the result. 1 when there was no status at all. */
 static int parse_status(struct exec_io *io, struct lb_exec_result *res)
 {
     char *line = io->status.data;
-    long v;
 
     if (!line || !*line)
         return 1;
     line[strcspn(line, "\n")] = '\0';
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    if (sscanf(line, "exit %ld", &v) == 1) {
-        res->return_code = (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (sscanf(line, "signal %ld", &v) == 1) {
-        res->return_code = 128 + (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (strcmp(line, "timeout") == 0) {
-        res->error_type = LB_EXEC_TIMEOUT;
-        snprintf(res->message, sizeof(res->message),
-                 "the command did not end within its timeout; its process tree was killed");
-    } else if (strncmp(line, "error ", 6) == 0) {
-        res->error_type = LB_EXEC_SANDBOX;
-        local_errno_text(line + 6, res->message, sizeof(res->message));
-        append_message(&res->err, res->message);
-    } else {
-        set_runtime_result(res, LB_EXEC_SANDBOX, "unreadable status from the supervisor");
-    }
+    exec_result_apply_status(res, line, local_errno_text);
     return 0;
 }
 
@@ -581,7 +543,7 @@ static void check_oom(const struct lb_cgroup *cg, bool have_before, uint64_t bef
         char line[sizeof(res->message) + 16];
 
         snprintf(line, sizeof(line), "lendbox: %s", res->message);
-        append_message(&res->err, line);
+        exec_result_append_line(&res->err, line);
     }
 }
 
@@ -618,7 +580,7 @@ static void supervisor_lost(const struct lb_cgroup *cg, bool have_oom, uint64_t 
         snprintf(why + len, sizeof(why) - len,
                  "; lendbox killed the %d processes the exec left running", n_killed);
     }
-    set_runtime_result(res, LB_EXEC_SANDBOX, why);
+    exec_result_note(res, LB_EXEC_SANDBOX, why);
 }
 
 #define ENDED_MESSAGE                                                                              \
@@ -760,7 +722,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
      * interpreters search) */
     if (req->exclusive && !req->agent_root && (r = exec_view_find(lp, ref->id, &d, &view, err)) < 0)
         goto out;
-    r = local_exec_gate_enter(lp, ref->id, req->exclusive, err);
+    r = gates_enter(&lp->gates, ref->id, req->exclusive, err);
     if (r < 0)
         goto out;
     gated = true;
@@ -821,7 +783,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     /* execve would refuse it inside the sandbox: say which limit, without starting anything */
     if (local_check_exec_args(argv, req->env ? req->env : (const char *const *)default_env, why,
                               sizeof(why)) < 0) {
-        set_runtime_result(res, LB_EXEC_SANDBOX, why);
+        exec_result_note(res, LB_EXEC_SANDBOX, why);
         r = 0;
         goto out;
     }
@@ -896,13 +858,13 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     have_st = w == 0;
     if (ended) {
-        set_runtime_result(res, LB_EXEC_SANDBOX, ENDED_MESSAGE);
+        exec_result_note(res, LB_EXEC_SANDBOX, ENDED_MESSAGE);
     } else if (io.paused) {
-        set_runtime_result(res, LB_EXEC_TIMEOUT,
-                           "the sandbox was paused when the timeout passed: lendbox killed the "
-                           "command's processes (the rest of the sandbox stays paused)");
+        exec_result_note(res, LB_EXEC_TIMEOUT,
+                         "the sandbox was paused when the timeout passed: lendbox killed the "
+                         "command's processes (the rest of the sandbox stays paused)");
     } else if (io.backstop) {
-        set_runtime_result(res, LB_EXEC_SANDBOX, "no result from the sandbox in time");
+        exec_result_note(res, LB_EXEC_SANDBOX, "no result from the sandbox in time");
     } else if (parse_status(&io, res) != 0) {
         /* an init still exiting counts as gone: the stop killed the supervisor */
         if (!local_desc_alive(&d) || local_desc_exiting(&d)) {
@@ -921,14 +883,14 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         check_oom(&d.cg, have_oom, oom_before, res);
     }
     if (w == -ETIMEDOUT && res->error_type == LB_EXEC_OK)
-        set_runtime_result(res, LB_EXEC_SANDBOX,
-                           "the exec's helper process did not exit, even after SIGKILL");
+        exec_result_note(res, LB_EXEC_SANDBOX,
+                         "the exec's helper process did not exit, even after SIGKILL");
     r = 0;
 out:
     if (linked)
         running_remove(lp, &running);
     if (gated)
-        local_exec_gate_leave(lp, ref->id, req->exclusive);
+        gates_leave(&lp->gates, ref->id, req->exclusive);
     exec_fds_close(&f);
     if (masked) {
         struct timespec zero = {0, 0};

@@ -23,6 +23,7 @@
 #include <sys/types.h>
 
 #include "provider/cgroup.h"
+#include "provider/gate.h"
 #include "provider/local.h"
 #include "provider/seccomp.h"
 #include "provider/local_net.h"
@@ -48,8 +49,6 @@ enum local_storage {
     LOCAL_STORAGE_DIR,   /* <data_dir>/<id> on the host, bind-mounted; no per-sandbox quota */
 };
 
-struct local_gate;
-
 struct local_provider {
     struct lb_provider base;
     char *sandboxes_dir;  /* <state_dir>/sandboxes, absolute */
@@ -74,9 +73,8 @@ struct local_provider {
     uint32_t uid_next;    /* next-fit cursor */
     char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
-    pthread_cond_t stopped;   /* signalled when an id leaves stopping */
-    struct local_gate *gates; /* execs in flight per sandbox (local_exclusive.c) */
-    size_t ngates, gates_cap;
+    pthread_cond_t stopped;             /* signalled when an id leaves stopping */
+    struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
     struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
     bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
 };
@@ -257,14 +255,8 @@ void local_keyrings_probe(void);
  * (read-only after the probe). */
 bool local_keyrings_refused(void);
 
-/* Exec admission, per sandbox (local_exclusive.c). An exclusive exec runs alone: while it
- * runs, others are refused (-EBUSY, "an exclusive exec is running"), and an exclusive exec
- * that finds one running is refused too. Every successful enter is paired with a leave with
- * the same arguments. 0, -EBUSY or -ENOMEM. Thread-safe (lp->lock). */
-int local_exec_gate_enter(struct local_provider *lp, const char *id, bool exclusive,
-                          struct lb_error *err);
-void local_exec_gate_leave(struct local_provider *lp, const char *id, bool exclusive);
-/* Free the gate table (at destroy, when no exec runs). */
+/* Exec admission per sandbox is lp->gates (gate.h): an exclusive exec runs alone.
+ * Free the gate table (at destroy, when no exec runs). */
 void local_exec_gates_release(struct local_provider *lp);
 /* Stop every process of the sandbox but its init, for an exclusive exec that holds the gate:
  * freeze the cgroup (when there is a freezer), SIGKILL every process in the init's pid

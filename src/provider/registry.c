@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "provider/docker.h"
+#include "provider/docker/docker.h"
 #include "provider/fault.h"
 #include "provider/local.h"
-#include "provider/lxd.h"
+#include "provider/lxd/lxd.h"
 #include "util/log.h"
 
 #define REGISTRY_MAX 16
@@ -144,7 +144,10 @@ static int lxd_open(const struct lb_provider_env *env, struct lb_provider **out,
 static const struct lb_provider_kind registry_kinds[] = {
     {.name = "local", .section = "local", .open = local_open},
     {.name = "docker", .section = "docker", .open = docker_open},
-    {.name = "lxd", .section = "lxd", .open = lxd_open},
+    {.name = "lxd",
+     .section = "lxd",
+     .open = lxd_open,
+     .image_publish = provider_lxd_image_publish},
     {.name = "fault", .section = NULL, .open = fault_open, .fault_wrapped = true},
 };
 

@@ -44,6 +44,12 @@ struct lb_provider_kind {
      * missing program or socket, -EREMOTEIO when the backend does not answer, -ENOMEM. */
     int (*open)(const struct lb_provider_env *env, struct lb_provider **out, struct lb_error *err);
     bool fault_wrapped; /* open's provider is already behind the fault switch (kind "fault") */
+    /* `lendboxd image import --provider NAME`: publish an image of len bytes at fd (from its
+     * offset 0) to the backend under alias, up to timeout_ms; p is a provider this kind
+     * opened; its id into fingerprint. NULL when the kind has no image store of its own. Today
+     * lxd's: provider_lxd_image_publish (lxd.h) says what it takes and returns. */
+    int (*image_publish)(struct lb_provider *p, int fd, uint64_t len, const char *alias,
+                         int64_t timeout_ms, char *fingerprint, size_t size, struct lb_error *err);
 };
 
 /* The kind named name, or NULL. The returned row is static. */

@@ -1,8 +1,9 @@
 /* check_engine_io.c - unit tests for what the engine providers (docker, lxd) share: the framed
- * reader (src/provider/framed.c: frames split at every byte boundary, caps, cut markers,
- * status lines, foreign frames) and httpc_new_https's refusals (src/provider/httpc.c: no usable
- * certificate, key or pin means no client). The transport itself is covered end to end by
- * tests/e2e/test_docker.c and test_lxd.c. */
+ * reader (src/provider/engine/framed.c: frames split at every byte boundary, caps, cut markers,
+ * status lines, foreign frames), the status-line parser every provider uses
+ * (src/provider/exec_result.c) and httpc_new_https's refusals (src/provider/engine/httpc.c: no
+ * usable certificate, key or pin means no client). The transport itself is covered end to end
+ * by tests/e2e/test_docker.c and test_lxd.c. */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -10,8 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "provider/framed.h"
-#include "provider/httpc.h"
+#include "provider/engine/framed.h"
+#include "provider/engine/httpc.h"
+#include "provider/exec_result.h"
 
 /* Append one frame (type, big-endian length, payload) to buf at *len. */
 static void frame(unsigned char *buf, size_t *len, char type, const char *payload, size_t n)
@@ -101,6 +103,92 @@ START_TEST(test_framed_statuses)
 }
 END_TEST
 
+/* The one status-line parser: its forms, and the same result whichever provider reads it. */
+START_TEST(test_exec_status_parse)
+{
+    struct lb_exec_status st;
+
+    ck_assert_int_eq(exec_status_parse("exit 3", &st), 0);
+    ck_assert_int_eq(st.kind, LB_EXEC_STATUS_EXIT);
+    ck_assert_int_eq(st.value, 3);
+    ck_assert_int_eq(exec_status_parse("signal 9", &st), 0);
+    ck_assert_int_eq(st.kind, LB_EXEC_STATUS_SIGNAL);
+    ck_assert_int_eq(st.value, 9);
+    ck_assert_int_eq(exec_status_parse("timeout", &st), 0);
+    ck_assert_int_eq(st.kind, LB_EXEC_STATUS_TIMEOUT);
+    ck_assert_int_eq(exec_status_parse("error cannot fork", &st), 0);
+    ck_assert_int_eq(st.kind, LB_EXEC_STATUS_ERROR);
+    ck_assert_str_eq(st.text, "cannot fork");
+    ck_assert_int_eq(exec_status_parse("timeouts", &st), -EINVAL);
+    ck_assert_int_eq(st.kind, LB_EXEC_STATUS_UNREADABLE);
+    ck_assert_int_eq(exec_status_parse("exit", &st), -EINVAL);
+    ck_assert_int_eq(exec_status_parse("", &st), -EINVAL);
+}
+END_TEST
+
+static void upper_text(const char *in, char *out, size_t size)
+{
+    size_t i;
+
+    for (i = 0; in[i] && i + 1 < size; i++)
+        out[i] = (char)(in[i] >= 'a' && in[i] <= 'z' ? in[i] - 32 : in[i]);
+    out[i] = '\0';
+}
+
+START_TEST(test_exec_result_status_lines)
+{
+    unsigned char stream[128];
+    size_t len = 0;
+    struct lb_exec_result res;
+    struct lb_framed_reader x;
+
+    /* an error after stderr that ends mid-line: the error is a line of its own (as the local
+     * provider always gave it), on the framed path too */
+    frame(stream, &len, 'e', "partial", 7);
+    frame(stream, &len, 's', "error cannot fork", 17);
+    result_init(&res, 1024);
+    framed_reader_init(&x, &res);
+    framed_reader_feed(&x, stream, len);
+    ck_assert(framed_reader_complete(&x));
+    framed_reader_apply_status(&x);
+    ck_assert_int_eq(res.return_code, LB_RETURN_CODE_RUNTIME);
+    ck_assert_int_eq(res.error_type, LB_EXEC_SANDBOX);
+    ck_assert_str_eq(res.message, "cannot fork");
+    ck_assert_uint_eq(res.err.len, strlen("partial\ncannot fork\n"));
+    ck_assert_mem_eq(res.err.data, "partial\ncannot fork\n", res.err.len);
+    provider_exec_result_release(&res);
+
+    /* the text goes through the provider's rewrite, into the message and stderr alike */
+    result_init(&res, 1024);
+    exec_result_apply_status(&res, "error cannot fork", upper_text);
+    ck_assert_str_eq(res.message, "CANNOT FORK");
+    ck_assert_mem_eq(res.err.data, "CANNOT FORK\n", res.err.len);
+    provider_exec_result_release(&res);
+
+    /* unreadable: a runtime result that quotes the line and says so on stderr */
+    result_init(&res, 1024);
+    exec_result_apply_status(&res, "gibberish", NULL);
+    ck_assert_int_eq(res.return_code, LB_RETURN_CODE_RUNTIME);
+    ck_assert_int_eq(res.error_type, LB_EXEC_SANDBOX);
+    ck_assert_str_eq(res.message, "unreadable status from the supervisor: gibberish");
+    ck_assert_uint_eq(res.err.len,
+                      strlen("lendbox: unreadable status from the supervisor: gibberish\n"));
+    ck_assert_mem_eq(res.err.data, "lendbox: unreadable status from the supervisor: gibberish\n",
+                     res.err.len);
+    provider_exec_result_release(&res);
+
+    /* timeout */
+    result_init(&res, 1024);
+    exec_result_apply_status(&res, "timeout", NULL);
+    ck_assert_int_eq(res.return_code, LB_RETURN_CODE_RUNTIME);
+    ck_assert_int_eq(res.error_type, LB_EXEC_TIMEOUT);
+    ck_assert_str_eq(res.message,
+                     "the command did not end within its timeout; its process tree was killed");
+    ck_assert_uint_eq(res.err.len, 0);
+    provider_exec_result_release(&res);
+}
+END_TEST
+
 START_TEST(test_framed_caps_cuts_and_foreign)
 {
     unsigned char stream[256];
@@ -182,6 +270,8 @@ static Suite *engine_io_suite(void)
     tcase_add_test(tc, test_framed_any_split);
     tcase_add_test(tc, test_framed_statuses);
     tcase_add_test(tc, test_framed_caps_cuts_and_foreign);
+    tcase_add_test(tc, test_exec_status_parse);
+    tcase_add_test(tc, test_exec_result_status_lines);
     tcase_add_test(tc, test_https_refusals);
     suite_add_tcase(s, tc);
     return s;

@@ -1,6 +1,6 @@
 /*
- * docker_internal.h - what docker.c, docker_exec.c and docker_files.c share. Not a public
- * interface.
+ * docker_internal.h - what docker.c, docker_exec.c, docker_files.c and docker_pass.c share.
+ * Not a public interface.
  */
 #ifndef LB_DOCKER_INTERNAL_H
 #define LB_DOCKER_INTERNAL_H
@@ -8,8 +8,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "provider/docker.h"
-#include "provider/httpc.h"
+#include "provider/docker/docker.h"
+#include "provider/engine/engine.h"
+#include "provider/engine/httpc.h"
 
 #define DOCKER_LABEL_INSTANCE "io.lendbox.instance"
 #define DOCKER_LABEL_SANDBOX "io.lendbox.sandbox"
@@ -22,16 +23,8 @@
 #define DOCKER_SUPERVISE_PATH DOCKER_SUPERVISE_DIR "/supervise"
 #define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
 
-/* Exec admission of one sandbox: exclusive execs run alone (others get -EBUSY). */
-struct docker_gate {
-    struct docker_gate *next;
-    char id[129];
-    int running;
-    bool exclusive;
-};
-
 struct lb_docker {
-    struct lb_provider base;
+    struct lb_engine eng;        /* first: the provider and the engine base */
     struct lb_docker_config cfg; /* strings point at the copies below */
     char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
     char *pass_dir;      /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
@@ -39,10 +32,6 @@ struct lb_docker {
                             read-only at DOCKER_SUPERVISE_DIR */
     char instance[64];
     struct lb_httpc *http;
-    atomic_bool ending;         /* end_execs was called */
-    pthread_mutex_t gate_mutex; /* guards gates */
-    struct docker_gate *gates;  /* execs in flight per sandbox (a list; few entries) */
-    atomic_int execs_in_flight;
 };
 
 /* One daemon fd passed to one exec (the engine passes none). A listening unix socket under a
@@ -96,15 +85,11 @@ const char *docker_engine_message(const struct lb_httpc_response *resp, char *bu
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err);
 
-int docker_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                const struct lb_exec_request *req, struct lb_exec_result *res,
-                struct lb_error *err);
-int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                      const void *data, size_t len, int mode, struct lb_error *err);
-int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
-int docker_upload_commit(struct lb_upload *u, struct lb_error *err);
-void docker_upload_abort(struct lb_upload *u);
+/* The engine hooks of exec (docker_exec.c; see engine.h). */
+int docker_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      const struct lb_exec_request *req, struct lb_error *err);
+int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                    struct lb_error *err);
 int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 /* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at the

@@ -68,8 +68,4 @@ struct lb_docker_config {
 int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
                         struct lb_error *err);
 
-/* The instance label value derived from a state dir (12 hex digits of its SHA-256) into buf
- * (at least 13 bytes). */
-void docker_instance_of(const char *state_dir, char *buf, size_t size);
-
 #endif

@@ -3,7 +3,7 @@
  * /containers/{name}/archive) with tar streams written and read by libarchive, spooled
  * through unlinked temporary files on the host (see docker.h).
  */
-#include "provider/docker_internal.h"
+#include "provider/docker/docker_internal.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -21,21 +21,6 @@
 
 #define ARCHIVE_TIMEOUT_MS (30 * 60 * 1000)
 #define GO_MODE_DIR (1U << 31)
-
-struct docker_upload {
-    struct lb_upload base;
-    struct lb_docker *d;
-    char *id, *path;
-    int mode;
-};
-
-/* An unlinked read-write temporary file in the spool dir, or -errno. */
-static int spool_file(struct lb_docker *d)
-{
-    int fd = open(d->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-
-    return fd < 0 ? -errno : fd;
-}
 
 static char *escape(const char *s)
 {
@@ -106,7 +91,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
 {
     struct lb_httpc_response resp = {0};
     char name[256], url[512], m[300];
-    int tar_fd = spool_file(d), r;
+    int tar_fd = engine_spool_file(&d->eng), r;
     struct stat stt;
 
     if (tar_fd < 0)
@@ -162,86 +147,6 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
 out:
     close(tar_fd);
     httpc_response_release(&resp);
-    return r;
-}
-
-int docker_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                      const void *data, size_t len, int mode, struct lb_error *err)
-{
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    return docker_put_file((struct lb_docker *)p, ref->id, path, -1, data ? data : "", len, mode,
-                           err);
-}
-
-int docker_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err)
-{
-    struct lb_docker *d = (struct lb_docker *)p;
-    struct docker_upload *u;
-    enum lb_sandbox_status st;
-    int r;
-
-    if (owner)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the docker provider cannot give an uploaded file an owner "
-                            "(?owner=): its files belong to the container's root");
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    r = docker_state(d, ref->id, &st, err);
-    if (r < 0)
-        return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    u = calloc(1, sizeof(*u));
-    if (!u || !(u->id = strdup(ref->id)) || !(u->path = strdup(path))) {
-        if (u)
-            free(u->id);
-        free(u);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    u->base.provider = p;
-    u->base.fd = spool_file(d);
-    if (u->base.fd < 0) {
-        r = lb_error_set(err, u->base.fd, "cannot make a spool file in '%s': %s", d->spool_dir,
-                         strerror(-u->base.fd));
-        free(u->id);
-        free(u->path);
-        free(u);
-        return r;
-    }
-    u->d = d;
-    u->mode = mode;
-    *out = &u->base;
-    return 0;
-}
-
-void docker_upload_abort(struct lb_upload *base)
-{
-    struct docker_upload *u = (struct docker_upload *)base;
-
-    if (!u)
-        return;
-    if (u->base.fd >= 0)
-        close(u->base.fd);
-    free(u->id);
-    free(u->path);
-    free(u);
-}
-
-int docker_upload_commit(struct lb_upload *base, struct lb_error *err)
-{
-    struct docker_upload *u = (struct docker_upload *)base;
-    struct stat st;
-    int r;
-
-    if (fstat(u->base.fd, &st) < 0) {
-        r = lb_error_set(err, -EIO, "cannot stat the spooled upload: %s", strerror(errno));
-        goto out;
-    }
-    r = docker_put_file(u->d, u->id, u->path, u->base.fd, NULL, (uint64_t)st.st_size, u->mode, err);
-out:
-    docker_upload_abort(base);
     return r;
 }
 
@@ -308,33 +213,6 @@ out:
  * blocks; what a spool may hold beyond the file's own bytes. */
 #define TAR_OVERHEAD_BYTES (64 * 1024)
 
-struct fd_sink {
-    int fd;
-    uint64_t written, max;
-};
-
-/* Spool the engine's tar, at most s->max bytes (-EFBIG past it). */
-static int to_fd(const void *data, size_t n, void *arg)
-{
-    struct fd_sink *s = arg;
-    const char *p = data;
-
-    if (n > s->max - s->written)
-        return -EFBIG;
-    while (n > 0) {
-        ssize_t w = write(s->fd, p, n);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return errno == ENOSPC || errno == EDQUOT ? -EFBIG : -errno;
-        p += w;
-        n -= (size_t)w;
-        s->written += (uint64_t)w;
-    }
-    return 0;
-}
-
 static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
                      struct lb_error *err)
 {
@@ -370,8 +248,8 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         return r;
     if (size > d->cfg.max_file_bytes) /* refused before the engine sends a byte */
         return too_large(d, path, size, err);
-    tar_fd = spool_file(d);
-    out_fd = spool_file(d);
+    tar_fd = engine_spool_file(&d->eng);
+    out_fd = engine_spool_file(&d->eng);
     enc = escape(target);
     if (tar_fd < 0 || out_fd < 0 || !enc) {
         r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->spool_dir);
@@ -379,12 +257,13 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     }
     snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
     {
-        struct fd_sink sink = {.fd = tar_fd, .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
+        struct engine_spool_sink sink = {.fd = tar_fd,
+                                         .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
         struct lb_httpc_request req = {.method = "GET",
                                        .path = url,
                                        .timeout_ms = ARCHIVE_TIMEOUT_MS,
                                        .max_body_bytes = 65536,
-                                       .sink = to_fd,
+                                       .sink = engine_spool_write,
                                        .sink_arg = &sink};
 
         r = httpc_do(d->http, &req, &resp, err);
@@ -438,19 +317,9 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = lb_error_set(err, -EIO, "cannot rewind the downloaded file: %s", strerror(errno));
         goto out;
     }
-    {
-        /* the contract's O_RDONLY descriptor: the unlinked file reopened read-only */
-        char self[64];
-        int ro;
-
-        snprintf(self, sizeof(self), "/proc/self/fd/%d", out_fd);
-        ro = open(self, O_RDONLY | O_CLOEXEC);
-        if (ro < 0) {
-            r = lb_error_set(err, -EIO, "cannot reopen the downloaded file: %s", strerror(errno));
-            goto out;
-        }
-        *fd_out = ro;
-    }
+    r = engine_spool_reopen(out_fd, fd_out, err);
+    if (r < 0)
+        goto out;
     *size_out = (uint64_t)st.st_size;
 out:
     if (a)

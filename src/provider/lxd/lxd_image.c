@@ -10,7 +10,7 @@
 #include <openssl/evp.h>
 
 #include "image/image.h"
-#include "provider/lxd_internal.h"
+#include "provider/lxd/lxd_internal.h"
 #include "util/clock.h"
 
 /* Point alias at fingerprint: create it, or move it when it exists. */

@@ -42,12 +42,8 @@ void framed_reader_feed(struct lb_framed_reader *x, const void *data, size_t n);
 /* Did a whole, well-formed result arrive (a status frame, no foreign frame)? */
 bool framed_reader_complete(const struct lb_framed_reader *x);
 
-/* The status line as the result's return_code, error_type and message (same meaning as on the
- * local provider): "exit N", "signal N", "timeout", "error TEXT". Call when complete. */
+/* The status line as the result (exec_result_apply_status, with the text as it came). Call when
+ * complete. */
 void framed_reader_apply_status(struct lb_framed_reader *x);
-
-/* Make res a runtime result (return code LB_RETURN_CODE_RUNTIME) of that type with a message. */
-void framed_set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif

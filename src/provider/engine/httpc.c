@@ -2,7 +2,7 @@
  * httpc.c - capped libcurl requests over a unix socket or HTTPS (see httpc.h). Every
  * curl_easy_setopt result is checked: a request whose options curl refused is not sent.
  */
-#include "provider/httpc.h"
+#include "provider/engine/httpc.h"
 
 #include <curl/curl.h>
 #include <errno.h>

@@ -1,5 +1,6 @@
 /*
- * lxd_internal.h - what lxd.c and lxd_io.c share. Not a public interface.
+ * lxd_internal.h - what lxd.c, lxd_exec.c, lxd_files.c, lxd_image.c and their base lxd_api.c
+ * (the API transport) share. Not a public interface.
  */
 #ifndef LB_LXD_INTERNAL_H
 #define LB_LXD_INTERNAL_H
@@ -7,8 +8,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "provider/httpc.h"
-#include "provider/lxd.h"
+#include "provider/engine/engine.h"
+#include "provider/engine/httpc.h"
+#include "provider/lxd/lxd.h"
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
 #define LXD_LABEL_SANDBOX "user.lendbox.sandbox"
@@ -16,16 +18,8 @@
 #define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
 
-/* Execs in flight in one instance (exclusive: one that first kills every other process). */
-struct lxd_gate {
-    struct lxd_gate *next;
-    char id[64];
-    int running;
-    bool exclusive;
-};
-
 struct lb_lxd {
-    struct lb_provider base;
+    struct lb_engine eng;     /* first: the provider and the engine base */
     struct lb_lxd_config cfg; /* strings point at the copies below */
     char *socket, *url, *default_image, *target, *supervise_path, *net_inherit, *spool_dir;
     char instance[64];
@@ -35,11 +29,6 @@ struct lb_lxd {
     void *supervise_data; /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
     struct lb_httpc *http;
-    pthread_mutex_t create_mutex; /* serializes instance creation and start */
-    atomic_bool ending;           /* end_execs was called */
-    pthread_mutex_t gate_mutex;   /* guards gates */
-    struct lxd_gate *gates;       /* execs in flight per instance (a list; few entries) */
-    atomic_int execs_in_flight;
 };
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */
@@ -76,6 +65,10 @@ int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int
 /* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);
 
+/* An LXD answer that is not what was wanted as an error: 404 -ENOENT, else -EREMOTEIO; what
+ * names the request in the message. */
+int lxd_answer_error(const struct lb_httpc_response *resp, const char *what, struct lb_error *err);
+
 /* The instance's status (404: LB_STATUS_STOPPED). */
 int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
               struct lb_error *err);
@@ -89,14 +82,11 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
 
-int lxd_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-             const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
-int lxd_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                   const void *data, size_t len, int mode, struct lb_error *err);
-int lxd_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
-                     int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
-int lxd_upload_commit(struct lb_upload *u, struct lb_error *err);
-void lxd_upload_abort(struct lb_upload *u);
+/* The engine hooks of exec (lxd_exec.c; see engine.h). */
+int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                   const struct lb_exec_request *req, struct lb_error *err);
+int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                 struct lb_error *err);
 int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                   int *fd_out, uint64_t *size_out, struct lb_error *err);
 

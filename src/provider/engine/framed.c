@@ -1,7 +1,9 @@
 /*
  * framed.c - the framed-mode reader shared by the engine providers (see framed.h).
  */
-#include "provider/framed.h"
+#include "provider/engine/framed.h"
+
+#include "provider/exec_result.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -73,40 +75,7 @@ bool framed_reader_complete(const struct lb_framed_reader *x)
     return x->have_status && !x->bad;
 }
 
-void framed_set_runtime(struct lb_exec_result *res, enum lb_exec_error type, const char *fmt, ...)
-{
-    va_list ap;
-
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    res->error_type = type;
-    va_start(ap, fmt);
-    vsnprintf(res->message, sizeof(res->message), fmt, ap);
-    va_end(ap);
-}
-
 void framed_reader_apply_status(struct lb_framed_reader *x)
 {
-    struct lb_exec_result *res = x->res;
-    const char *line = x->status;
-    long v;
-
-    res->return_code = LB_RETURN_CODE_RUNTIME;
-    if (sscanf(line, "exit %ld", &v) == 1) {
-        res->return_code = (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (sscanf(line, "signal %ld", &v) == 1) {
-        res->return_code = 128 + (int)v;
-        res->error_type = LB_EXEC_OK;
-    } else if (strcmp(line, "timeout") == 0) {
-        framed_set_runtime(res, LB_EXEC_TIMEOUT, "%s",
-                           "the command did not end within its timeout; its process tree was "
-                           "killed");
-    } else if (strncmp(line, "error ", 6) == 0) {
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "%.500s", line + 6);
-        (void)lb_buf_append_capped(&res->err, line + 6, strlen(line + 6));
-        (void)lb_buf_append_capped(&res->err, "\n", 1);
-    } else {
-        framed_set_runtime(res, LB_EXEC_SANDBOX, "unreadable status from the supervisor: %.300s",
-                           line);
-    }
+    exec_result_apply_status(x->res, x->status, NULL);
 }

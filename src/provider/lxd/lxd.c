@@ -1,8 +1,10 @@
 /*
- * lxd.c - the LXD provider (see lxd.h): API calls and operations, instances, status, pause,
- * list, the start-up checks. Exec and files are in lxd_io.c.
+ * lxd.c - the LXD provider (see lxd.h): its engine hooks (engine.h) for instances (create,
+ * start, remove, state, freeze, list), the ops table, construction and the start-up checks
+ * (server, members, pool). The API transport is in lxd_api.c, the exec hooks in lxd_exec.c,
+ * the files API in lxd_files.c.
  */
-#include "provider/lxd_internal.h"
+#include "provider/lxd/lxd_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -31,183 +33,6 @@ static const char *const required_extensions[] = {
     "api_filtering",                 /* list by config.user.lendbox.instance */
 };
 
-const char *lxd_member_of(const struct lb_sandbox_ref *ref)
-{
-    const char *m = ref ? json_string_value(json_object_get(ref->descriptor, "location")) : NULL;
-
-    return m && *m ? m : "-";
-}
-
-static int64_t call_ms(const struct lb_lxd *l, int64_t timeout_ms)
-{
-    return timeout_ms > 0 ? timeout_ms : l->cfg.call_timeout_ms;
-}
-
-/* A path we send: ours, or one LXD answered (an operation, an exec's log). Only plain /1.0/
- * paths: no userinfo or authority tricks ('@', "//"), no "..", no header or request-line
- * breaks, so an answer can never point a request anywhere but the LXD API. */
-static bool lxd_path_is_safe(const char *path)
-{
-    return path && (strncmp(path, "/1.0/", 5) == 0 || strcmp(path, "/1.0") == 0) &&
-           !strchr(path, '@') && !strstr(path, "//") && !strstr(path, "..") &&
-           !strpbrk(path, "\r\n\t \\");
-}
-
-int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
-           struct lb_httpc_response *resp, struct lb_error *err)
-{
-    int r;
-
-    if (!lxd_path_is_safe(req->path))
-        return lb_error_set(err, -EREMOTEIO, "LXD: refusing an unexpected API path '%.80s'",
-                            req->path ? req->path : "");
-    r = httpc_do(l->http, req, resp, err);
-
-    metrics_member_call("lxd", member, r < 0 || resp->status >= 500);
-    if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
-        return r;
-    if (r == -EINVAL)
-        return r;
-    lb_error_keep(err, -EREMOTEIO, "the LXD server cannot be reached");
-    if (err)
-        err->code = -EREMOTEIO; /* whatever the transport said: the provider failed (502) */
-    return -EREMOTEIO;
-}
-
-int lxd_call(struct lb_lxd *l, const char *member, const char *method, const char *path,
-             const json_t *body, int64_t timeout_ms, struct lb_httpc_response *resp,
-             struct lb_error *err)
-{
-    struct lb_httpc_request req = {.method = method,
-                                   .path = path,
-                                   .timeout_ms = call_ms(l, timeout_ms),
-                                   .max_body_bytes = SMALL_BODY_BYTES};
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    int r;
-
-    memset(resp, 0, sizeof(*resp));
-    if (body && !text)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    if (text) {
-        req.body = text;
-        req.body_len = strlen(text);
-    }
-    r = lxd_do(l, member, &req, resp, err);
-    free(text);
-    return r;
-}
-
-const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size)
-{
-    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
-    const char *m = json_string_value(json_object_get(j, "error"));
-
-    snprintf(buf, size, "%s", m && *m ? m : "(no message)");
-    json_decref(j);
-    return buf;
-}
-
-void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size)
-{
-    size_t base = strcspn(op, "?");
-
-    /* a cluster answers "/1.0/operations/ID?project=default": the wait goes before the query */
-    snprintf(buf, size, "%.*s/wait?timeout=%lld%s%s", (int)base, op, (long long)secs,
-             op[base] ? "&" : "", op[base] ? op + base + 1 : "");
-}
-
-/* An LXD answer that is not what was wanted as an error: 404 -ENOENT, else -EREMOTEIO. */
-static int answer_error(const struct lb_httpc_response *resp, const char *what,
-                        struct lb_error *err)
-{
-    char m[300];
-
-    lxd_message(resp, m, sizeof(m));
-    return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
-                        "LXD: %s failed (HTTP %ld): %s", what, resp->status, m);
-}
-
-/* Await an operation (its path "/1.0/operations/ID") up to timeout_ms. */
-int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
-                       json_t **op_out, struct lb_error *err)
-{
-    struct lb_httpc_response resp;
-    char path[512];
-    int64_t secs = timeout_ms / 1000 > 0 ? timeout_ms / 1000 : 1;
-    json_t *j = NULL, *md;
-    const char *status;
-    int r;
-
-    lxd_wait_path(op, secs, path, sizeof(path));
-    /* LXD answers when the operation ends or after secs; curl gives it a little more */
-    r = lxd_call(l, member, "GET", path, NULL, timeout_ms + 2000, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = answer_error(&resp, "waiting for an operation", err);
-        if (r == -ENOENT)
-            r = lb_error_set(err, -EREMOTEIO, "LXD lost operation %s", op);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    md = json_object_get(j, "metadata");
-    status = json_string_value(json_object_get(md, "status")) ?: "";
-    if (strcmp(status, "Success") == 0) {
-        if (op_out)
-            *op_out = json_incref(md);
-    } else if (strcmp(status, "Running") == 0 || strcmp(status, "Pending") == 0) {
-        r = lb_error_set(err, -ETIMEDOUT, "LXD: %s did not end within %lld ms",
-                         json_string_value(json_object_get(md, "description")) ?: "an operation",
-                         (long long)timeout_ms);
-    } else {
-        r = lb_error_set(err, -EREMOTEIO, "LXD: %s failed: %s",
-                         json_string_value(json_object_get(md, "description")) ?: "an operation",
-                         json_string_value(json_object_get(md, "err")) ?: status);
-    }
-out:
-    json_decref(j);
-    httpc_response_release(&resp);
-    return r;
-}
-
-int lxd_async(struct lb_lxd *l, const char *member, const char *method, const char *path,
-              const json_t *body, int64_t timeout_ms, json_t **op_out, struct lb_error *err)
-{
-    struct lb_httpc_response resp;
-    int64_t t0 = clock_mono_ms(), left;
-    json_t *j = NULL;
-    const char *op;
-    char what[64];
-    int r;
-
-    if (op_out)
-        *op_out = NULL;
-    timeout_ms = call_ms(l, timeout_ms);
-    r = lxd_call(l, member, method, path, body, timeout_ms, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 202 && resp.status != 200) {
-        snprintf(what, sizeof(what), "%s %.40s", method, path);
-        r = answer_error(&resp, what, err);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    op = json_string_value(json_object_get(j, "operation"));
-    if (!op || !*op) { /* a sync answer */
-        if (op_out)
-            *op_out = json_incref(json_object_get(j, "metadata"));
-        goto out;
-    }
-    left = timeout_ms - (clock_mono_ms() - t0);
-    if (left < 1000)
-        left = 1000;
-    r = lxd_wait_operation(l, member, op, left, op_out, err);
-out:
-    json_decref(j);
-    httpc_response_release(&resp);
-    return r;
-}
-
 static json_t *new_descriptor(const char *name, const char *location, const char *workdir)
 {
     return json_pack("{s:s,s:s,s:s}", "name", name, "location", location ? location : "", "workdir",
@@ -229,7 +54,7 @@ static int find_own(struct lb_lxd *l, const char *id, char *location, size_t loc
     if (r < 0)
         goto out;
     if (resp.status != 200) {
-        r = answer_error(&resp, "instance lookup", err);
+        r = lxd_answer_error(&resp, "instance lookup", err);
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
@@ -265,7 +90,7 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
     if (r < 0)
         goto out;
     if (resp.status != 200) {
-        r = answer_error(&resp, "cluster member list", err);
+        r = lxd_answer_error(&resp, "cluster member list", err);
         r = -EREMOTEIO;
         goto out;
     }
@@ -386,105 +211,107 @@ static int remove_instance(struct lb_lxd *l, const char *id, const char *member,
     return r == -ETIMEDOUT ? r : r < 0 ? -EREMOTEIO : 0;
 }
 
-static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                      const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                      struct lb_error *err)
+static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                        const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                        struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
-    const char *image =
-        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : l->cfg.default_image;
-    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
-    int64_t timeout_ms =
-        spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms : l->cfg.create_timeout_ms;
-    struct lb_sandbox_ref own = {.id = ref->id};
-    char path[512], location[128] = "", enc_target[200] = "";
-    json_t *body = NULL, *desc = NULL;
-    struct lb_error cerr = {0};
-    bool made = false, locked = false;
+    struct lb_lxd *l = (struct lb_lxd *)e;
     int r;
 
-    if (!image)
-        return lb_error_set(err, -EINVAL, "no image given and lxd.default_image is not set");
+    snprintf(inst->name, sizeof(inst->name), "%s", ref->id);
     r = check_network(l, spec, err);
-    if (r < 0)
-        return r;
-    r = check_members(l, err);
-    if (r < 0)
-        return r;
+    return r < 0 ? r : check_members(l, err);
+}
+
+static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                     struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    char path[512], enc_target[200] = "";
+    struct lb_error cerr = {0};
+    json_t *body;
+    int r;
+
     body = create_body(l, ref->id, spec, image);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (l->target) {
-        char *e = curl_easy_escape(NULL, l->target, 0);
+        char *enc = curl_easy_escape(NULL, l->target, 0);
 
-        snprintf(enc_target, sizeof(enc_target), "?target=%s", e ? e : "");
-        curl_free(e);
+        snprintf(enc_target, sizeof(enc_target), "?target=%s", enc ? enc : "");
+        curl_free(enc);
     }
     snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
-    pthread_mutex_lock(&l->create_mutex);
-    locked = true;
     r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
-    if (r == 0) {
-        made = true;
-    } else if (strstr(cerr.message, "already exists")) {
-        /* a create retried after a crash: the first instance is the sandbox */
-        r = find_own(l, ref->id, location, sizeof(location), err);
-        if (r < 0)
-            goto out;
-        made = true;
-        log_info_sbx(ref->id, "lxd: instance %s already exists; using it", ref->id);
-    } else if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
-               strstr(cerr.message, "mage not found")) {
-        r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
-                         cerr.message);
-        goto out;
-    } else {
-        r = lb_error_keep(err, r, "%s", cerr.message);
-        goto out;
-    }
-    /* a crash here leaves an instance whose record is "starting": the next start stops it */
-    r = fault_hit("lxd.created", timeout_ms, err);
-    if (r < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
-    {
-        json_t *start = json_pack("{s:s}", "action", "start");
-        struct lb_error serr = {0};
+    json_decref(body);
+    if (r == 0)
+        return 0;
+    if (strstr(cerr.message, "already exists"))
+        return -EEXIST;
+    if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
+        strstr(cerr.message, "mage not found"))
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
+                            cerr.message);
+    return lb_error_keep(err, r, "%s", cerr.message);
+}
 
+static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                         struct engine_instance *inst, struct lb_error *err)
+{
+    return find_own((struct lb_lxd *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+}
+
+static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                      struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    json_t *start = json_pack("{s:s}", "action", "start");
+    struct lb_error serr = {0};
+    char path[512];
+    int r;
+
+    if (!start)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
+    r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
+    /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
+     * another client: this daemon serializes its own) an id range newuidmap refuses
+     * ("forkstart" fails); a second start allocates again */
+    for (int i = 0;
+         i < 3 && r < 0 && (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
+         i++) {
+        /* after a failed forkstart LXD stops the instance: wait for that too */
+        log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
+        lb_error_clear(&serr);
+        usleep((useconds_t)(500000 * (i + 1)));
         r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-        /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
-         * another client: this daemon serializes its own) an id range newuidmap refuses
-         * ("forkstart" fails); a second start allocates again */
-        for (int i = 0; i < 3 && r < 0 &&
-                        (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
-             i++) {
-            /* after a failed forkstart LXD stops the instance: wait for that too */
-            log_warn_sbx(ref->id, "lxd: start failed (%s); starting again", serr.message);
-            lb_error_clear(&serr);
-            usleep((useconds_t)(500000 * (i + 1)));
-            r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-        }
-        json_decref(start);
-        if (r < 0 && strstr(serr.message, "already running"))
-            r = 0;
-        else if (r < 0)
-            r = lb_error_keep(err, r, "%s", serr.message);
     }
-    pthread_mutex_unlock(&l->create_mutex);
-    locked = false;
-    if (r < 0)
-        goto out;
-    if (!location[0] && find_own(l, ref->id, location, sizeof(location), err) < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    desc = new_descriptor(ref->id, location, workdir);
-    if (!desc) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
+    json_decref(start);
+    if (r < 0 && strstr(serr.message, "already running"))
+        r = 0;
+    else if (r < 0)
+        r = lb_error_keep(err, r, "%s", serr.message);
+    return r;
+}
+
+/* Once it runs: where it runs (when not known yet), then the supervisor pushed into it and
+ * the workdir made. */
+static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                       const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                       json_t **out, struct lb_error *err)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    const char *workdir = spec->workdir ? spec->workdir : "/workspace";
+    struct lb_sandbox_ref own = {.id = ref->id};
+    json_t *desc;
+    int r;
+
+    if (!inst->handle[0] && find_own(l, ref->id, inst->handle, sizeof(inst->handle), err) < 0)
+        return -EREMOTEIO;
+    desc = new_descriptor(ref->id, inst->handle, workdir);
+    if (!desc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
     own.descriptor = desc;
     r = lxd_make_dirs(l, &own, LXD_SUPERVISE_DIR, err);
     if (r == 0)
@@ -492,25 +319,23 @@ static int lxd_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                          err);
     if (r == 0)
         r = lxd_make_dirs(l, &own, workdir, err);
-    if (r < 0)
-        goto out;
-    *descriptor_out = desc;
-    desc = NULL;
-out:
-    if (locked)
-        pthread_mutex_unlock(&l->create_mutex);
-    if (r < 0 && made) {
-        struct lb_error rerr = {0};
-
-        if (remove_instance(l, ref->id, location, l->cfg.call_timeout_ms * 2, &rerr) < 0)
-            log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
-                         rerr.message);
+    if (r < 0) {
+        json_decref(desc);
+        return r;
     }
-    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
-        r = -EREMOTEIO;
-    json_decref(desc);
-    json_decref(body);
-    return r;
+    *out = desc;
+    return 0;
+}
+
+static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                          const struct engine_instance *inst, bool made)
+{
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    struct lb_error rerr = {0};
+
+    if (made && remove_instance(l, ref->id, inst->handle, l->cfg.call_timeout_ms * 2, &rerr) < 0)
+        log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
+                     rerr.message);
 }
 
 static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -522,89 +347,33 @@ static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int
                            err);
 }
 
-int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
-              struct lb_error *err)
-{
-    struct lb_httpc_response resp;
-    char path[256];
-    const char *s;
-    json_t *j = NULL;
-    int r;
-
-    snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
-    r = lxd_call(l, lxd_member_of(ref), "GET", path, NULL, 0, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status == 404) {
-        *out = LB_STATUS_STOPPED;
-        goto out;
-    }
-    if (resp.status != 200) {
-        answer_error(&resp, "instance state", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    s = json_string_value(json_object_get(json_object_get(j, "metadata"), "status")) ?: "";
-    *out = !strcmp(s, "Running")                             ? LB_STATUS_RUNNING
-           : !strcmp(s, "Frozen")                            ? LB_STATUS_PAUSED
-           : !strcmp(s, "Starting") || !strcmp(s, "Pending") ? LB_STATUS_STARTING
-           : !strcmp(s, "Stopped") || !strcmp(s, "Aborting") ? LB_STATUS_ERROR
-           : !strcmp(s, "Freezing") || !strcmp(s, "Thawed")  ? LB_STATUS_RUNNING
-                                                             : LB_STATUS_UNKNOWN;
-out:
-    json_decref(j);
-    httpc_response_release(&resp);
-    return r;
-}
-
-static int lxd_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                       enum lb_sandbox_status *out, struct lb_error *err)
 {
-    return lxd_state((struct lb_lxd *)p, ref, out, err);
+    return lxd_state((struct lb_lxd *)e, ref, out, err);
 }
 
-static int freeze_or_thaw(struct lb_lxd *l, const struct lb_sandbox_ref *ref, bool freeze,
-                          struct lb_error *err)
+static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref, bool freeze,
+                           struct lb_error *err)
 {
     json_t *body = json_pack("{s:s}", "action", freeze ? "freeze" : "unfreeze");
-    enum lb_sandbox_status st;
-    struct lb_error ferr = {0};
     char path[256];
     int r;
 
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
-    r = lxd_async(l, lxd_member_of(ref), "PUT", path, body, 0, NULL, &ferr);
+    r = lxd_async((struct lb_lxd *)e, lxd_member_of(ref), "PUT", path, body, 0, NULL, err);
     json_decref(body);
-    if (r == -ENOENT)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    if (r < 0 && r != -ETIMEDOUT && lxd_state(l, ref, &st, NULL) == 0 &&
-        st == (freeze ? LB_STATUS_PAUSED : LB_STATUS_RUNNING))
-        return 0; /* already so: idempotent */
-    if (r < 0)
-        return lb_error_keep(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", ferr.message);
-    return 0;
+    return r;
 }
 
-static int lxd_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    return freeze_or_thaw((struct lb_lxd *)p, ref, true, err);
-}
-
-static int lxd_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
-{
-    return freeze_or_thaw((struct lb_lxd *)p, ref, false, err);
-}
-
-static int lxd_list(struct lb_provider *p, json_t **out, struct lb_error *err)
-{
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_httpc_response resp;
     char filter[200], path[512], *enc;
-    json_t *j = NULL, *arr = NULL, *c;
-    size_t i;
+    json_t *j = NULL;
     int r;
 
     snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, l->instance);
@@ -617,45 +386,35 @@ static int lxd_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     if (r < 0)
         goto out;
     if (resp.status != 200) {
-        answer_error(&resp, "instance list", err);
+        lxd_answer_error(&resp, "instance list", err);
         r = -EREMOTEIO;
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    arr = json_array();
-    if (!json_is_array(json_object_get(j, "metadata")) || !arr) {
+    if (!json_is_array(json_object_get(j, "metadata"))) {
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
         goto out;
     }
-    json_array_foreach(json_object_get(j, "metadata"), i, c) {
-        json_t *conf = json_object_get(c, "config");
-        const char *id = json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX));
-        const char *inst = json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE));
-        const char *name = json_string_value(json_object_get(c, "name"));
-
-        /* the filter is LXD's; check again, and that the name is the sandbox id */
-        if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
-            continue;
-        json_array_append_new(
-            arr,
-            json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
-                      new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL)));
-    }
-    *out = arr;
-    arr = NULL;
+    *items_out = json_incref(json_object_get(j, "metadata"));
 out:
-    json_decref(arr);
     json_decref(j);
     httpc_response_release(&resp);
     return r;
 }
 
-static int lxd_end_execs(struct lb_provider *p)
+static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_out)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    json_t *conf = json_object_get(c, "config");
+    const char *id = json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX));
+    const char *inst = json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE));
+    const char *name = json_string_value(json_object_get(c, "name"));
 
-    atomic_store(&l->ending, true);
-    return atomic_load(&l->execs_in_flight);
+    /* the filter is LXD's; check again, and that the name is the sandbox id */
+    if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
+        return NULL;
+    *id_out = id;
+    return new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL);
 }
 
 static void lxd_destroy(struct lb_provider *p)
@@ -665,14 +424,7 @@ static void lxd_destroy(struct lb_provider *p)
     if (!l)
         return;
     httpc_free(l->http);
-    pthread_mutex_destroy(&l->create_mutex);
-    while (l->gates) {
-        struct lxd_gate *g = l->gates;
-
-        l->gates = g->next;
-        free(g);
-    }
-    pthread_mutex_destroy(&l->gate_mutex);
+    engine_release(&l->eng);
     free(l->socket);
     free(l->url);
     free(l->default_image);
@@ -709,23 +461,48 @@ static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                         int fd, const void *data, uint64_t len, int mode, struct lb_error *err)
+{
+    return lxd_put_file((struct lb_lxd *)e, ref, path, fd, data, len, mode, err);
+}
+
+static const struct engine_hooks lxd_hooks = {
+    .name = "lxd",
+    .noun = "instance",
+    .prepare = hook_prepare,
+    .make = hook_make,
+    .find_own = hook_find_own,
+    .start = hook_start,
+    .finish = hook_finish,
+    .rollback = hook_rollback,
+    .state = hook_state,
+    .set_frozen = hook_set_frozen,
+    .list_raw = hook_list_raw,
+    .list_entry = hook_list_entry,
+    .put_file = hook_put_file,
+    .exec_check = lxd_exec_check,
+    .exec_run = lxd_exec_run,
+    .engine_label = "LXD",
+};
+
 static const struct lb_provider_ops lxd_ops = {
     .name = "lxd",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = lxd_caps,
-    .create = lxd_create,
+    .create = engine_create,
     .stop = lxd_stop,
-    .status = lxd_status,
-    .exec = lxd_exec,
-    .file_write = lxd_file_write,
-    .upload_begin = lxd_upload_begin,
-    .upload_commit = lxd_upload_commit,
-    .upload_abort = lxd_upload_abort,
+    .status = engine_status,
+    .exec = engine_exec,
+    .file_write = engine_file_write,
+    .upload_begin = engine_upload_begin,
+    .upload_commit = engine_upload_commit,
+    .upload_abort = engine_upload_abort,
     .file_open = lxd_file_open,
-    .list = lxd_list,
-    .pause = lxd_pause,
-    .resume = lxd_resume,
-    .end_execs = lxd_end_execs,
+    .list = engine_list,
+    .pause = engine_pause,
+    .resume = engine_resume,
+    .end_execs = engine_end_execs,
     .destroy = lxd_destroy,
 };
 
@@ -908,9 +685,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     l = calloc(1, sizeof(*l));
     if (!l)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    l->base.ops = &lxd_ops;
-    pthread_mutex_init(&l->create_mutex, NULL);
-    pthread_mutex_init(&l->gate_mutex, NULL);
+    engine_init(&l->eng, &lxd_ops, &lxd_hooks);
     l->cfg = *cfg;
     l->socket = dup_opt(cfg->socket, &oom);
     l->url = dup_opt(cfg->url, &oom);
@@ -922,14 +697,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         l->spool_dir = NULL;
         oom = true;
     }
-    if (cfg->instance && *cfg->instance) {
-        snprintf(l->instance, sizeof(l->instance), "%s", cfg->instance);
-    } else {
-        char hex[LB_SHA256_HEX + 1];
-
-        token_sha256_hex(cfg->state_dir, strlen(cfg->state_dir), hex);
-        snprintf(l->instance, sizeof(l->instance), "%.12s", hex);
-    }
+    engine_instance_label(cfg->instance, cfg->state_dir, l->instance, sizeof(l->instance));
     l->cfg.socket = l->socket;
     l->cfg.url = l->url;
     l->cfg.default_image = l->default_image;
@@ -941,6 +709,12 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         l->cfg.call_timeout_ms = 15000;
     if (l->cfg.create_timeout_ms <= 0)
         l->cfg.create_timeout_ms = 60000;
+    l->eng.default_image = l->default_image;
+    l->eng.supervise_path = LXD_SUPERVISE_PATH;
+    l->eng.spool_dir = l->spool_dir;
+    l->eng.create_timeout_ms = l->cfg.create_timeout_ms;
+    l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
+    l->eng.serial_create = true; /* one instance made and started at a time */
     if (oom) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
@@ -970,9 +744,9 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     log_info("lxd provider: %s%s, instance %s, default image %s, target %s",
              httpc_endpoint(l->http), l->clustered ? " (clustered)" : "", l->instance,
              l->default_image ? l->default_image : "(none)", l->target ? l->target : "(cluster's)");
-    *out = &l->base;
+    *out = &l->eng.base;
     return 0;
 fail:
-    lxd_destroy(&l->base);
+    lxd_destroy(&l->eng.base);
     return r;
 }

@@ -4,7 +4,7 @@
  * fd by SCM_RIGHTS to the exec's own process alone (its SO_PEERCRED pid is the "Pid" the
  * engine gives for the exec) and to no other sandbox process. See docker_internal.h.
  */
-#include "provider/docker_internal.h"
+#include "provider/docker/docker_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,10 @@
 /*
- * docker.c - the Docker Engine API provider (see docker.h): containers, status, pause, list.
- * Exec is in docker_exec.c, files in docker_files.c.
+ * docker.c - the Docker Engine API provider (see docker.h): its engine hooks (engine.h) for
+ * containers (create, start, remove, inspect, pause, list), the ops table, construction (API
+ * negotiation, the supervisor's read-only copy, the pass dirs). The exec hook is in
+ * docker_exec.c, the file transfer in docker_files.c.
  */
-#include "provider/docker_internal.h"
+#include "provider/docker/docker_internal.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -23,14 +25,6 @@
 #define API_MAX_MINOR 43
 #define API_MIN_MINOR 40
 #define SMALL_BODY_BYTES (4 * 1024 * 1024)
-
-void docker_instance_of(const char *state_dir, char *buf, size_t size)
-{
-    char hex[LB_SHA256_HEX + 1];
-
-    token_sha256_hex(state_dir, strlen(state_dir), hex);
-    snprintf(buf, size, "%.12s", hex);
-}
 
 void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size)
 {
@@ -242,96 +236,109 @@ fail:
     return NULL;
 }
 
-static int docker_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         const struct lb_sandbox_spec *spec, json_t **descriptor_out,
-                         struct lb_error *err)
+static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                        const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                        struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
-    const char *image =
-        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : d->cfg.default_image;
-    struct lb_httpc_response resp = {0};
-    char name[256], path[512], cid[128] = "", m[300];
-    json_t *body = NULL, *j = NULL;
-    bool made = false;
+    struct lb_docker *d = (struct lb_docker *)e;
+    char pass_dir[PATH_MAX];
     int r;
 
-    if (!image)
-        return lb_error_set(err, -EINVAL, "no image given and docker.default_image is not set");
     r = check_network(d, spec, err);
     if (r < 0)
         return r;
-    docker_name(d, ref->id, name, sizeof(name));
-    {
-        char pass_dir[PATH_MAX];
+    docker_name(d, ref->id, inst->name, sizeof(inst->name));
+    docker_pass_dir(d, ref->id, pass_dir, sizeof(pass_dir));
+    if (mkdir(pass_dir, 0700) < 0 && errno != EEXIST)
+        return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", pass_dir, strerror(errno));
+    return 0;
+}
 
-        docker_pass_dir(d, ref->id, pass_dir, sizeof(pass_dir));
-        if (mkdir(pass_dir, 0700) < 0 && errno != EEXIST)
-            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", pass_dir, strerror(errno));
-    }
+static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                     struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_httpc_response resp = {0};
+    char path[512], m[300];
+    json_t *body, *j = NULL;
+    int r;
+
     body = create_body(d, ref->id, spec, image);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(path, sizeof(path), "/containers/create?name=%s", name);
-    r = docker_call(d, "POST", path, body, d->cfg.create_timeout_ms, &resp, err);
+    snprintf(path, sizeof(path), "/containers/create?name=%s", inst->name);
+    r = docker_call(d, "POST", path, body, timeout_ms, &resp, err);
     if (r < 0)
         goto out;
     if (resp.status == 201) {
         j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-        snprintf(cid, sizeof(cid), "%s", json_string_value(json_object_get(j, "Id")) ?: "");
-        made = true;
+        snprintf(inst->handle, sizeof(inst->handle), "%s",
+                 json_string_value(json_object_get(j, "Id")) ?: "");
     } else if (resp.status == 409 ||
                (resp.status == 500 &&
                 strstr(docker_engine_message(&resp, m, sizeof(m)), "already in use"))) {
-        /* a create retried after a crash: the first container is the sandbox */
-        r = find_own(d, ref->id, cid, sizeof(cid), err);
-        if (r < 0)
-            goto out;
-        made = true;
-        log_info_sbx(ref->id, "docker: container %s already exists; using it", name);
+        r = -EEXIST;
     } else if (resp.status == 404) {
         r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "docker engine has no image '%s': %s", image,
                          docker_engine_message(&resp, m, sizeof(m)));
-        goto out;
     } else {
         r = engine_error(&resp, "container create", err);
         if (r == -ENOENT)
             r = -EREMOTEIO;
-        goto out;
     }
-    /* a crash here leaves a container whose record is "starting": the next start stops it */
-    r = fault_hit("docker.created", d->cfg.create_timeout_ms, err);
-    if (r < 0) {
-        r = -EREMOTEIO;
-        goto out;
-    }
-    httpc_response_release(&resp);
-    snprintf(path, sizeof(path), "/containers/%s/start", name);
-    r = docker_call(d, "POST", path, NULL, d->cfg.create_timeout_ms, &resp, err);
-    if (r == 0 && resp.status != 204 && resp.status != 304) {
-        r = engine_error(&resp, "container start", err);
-        r = -EREMOTEIO;
-    }
-    if (r < 0)
-        goto out;
-    *descriptor_out = new_descriptor(name, cid);
-    if (!*descriptor_out)
-        r = lb_error_set(err, -ENOMEM, "out of memory");
 out:
-    if (r < 0 && made) {
-        struct lb_error rerr = {0};
-
-        if (remove_container(d, name, d->cfg.create_timeout_ms, &rerr) < 0)
-            log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s", name,
-                         rerr.message);
-    }
-    if (r < 0 && !made)
-        remove_pass_dir(d, ref->id);
-    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
-        r = -EREMOTEIO;
     json_decref(j);
     json_decref(body);
     httpc_response_release(&resp);
     return r;
+}
+
+static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                         struct engine_instance *inst, struct lb_error *err)
+{
+    return find_own((struct lb_docker *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+}
+
+static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                      struct engine_instance *inst, struct lb_error *err)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_httpc_response resp = {0};
+    char path[512];
+    int r;
+
+    snprintf(path, sizeof(path), "/containers/%s/start", inst->name);
+    r = docker_call(d, "POST", path, NULL, timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 204 && resp.status != 304) {
+        r = engine_error(&resp, "container start", err);
+        r = -EREMOTEIO;
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
+static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                       const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                       json_t **out, struct lb_error *err)
+{
+    *out = new_descriptor(inst->name, inst->handle);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
+}
+
+static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                          const struct engine_instance *inst, bool made)
+{
+    struct lb_docker *d = (struct lb_docker *)e;
+    struct lb_error rerr = {0};
+
+    if (!made) {
+        remove_pass_dir(d, ref->id);
+        return;
+    }
+    if (remove_container(d, inst->name, d->cfg.create_timeout_ms, &rerr) < 0)
+        log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s",
+                     inst->name, rerr.message);
 }
 
 static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -386,56 +393,35 @@ out:
     return r;
 }
 
-static int docker_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         enum lb_sandbox_status *out, struct lb_error *err)
+static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      enum lb_sandbox_status *out, struct lb_error *err)
 {
-    return docker_state((struct lb_docker *)p, ref->id, out, err);
+    return docker_state((struct lb_docker *)e, ref->id, out, err);
 }
 
-static int pause_or_resume(struct lb_docker *d, const char *id, bool pause, struct lb_error *err)
+static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref, bool pause,
+                           struct lb_error *err)
 {
+    struct lb_docker *d = (struct lb_docker *)e;
     struct lb_httpc_response resp;
-    enum lb_sandbox_status st;
     char path[512], name[256];
     int r;
 
-    docker_name(d, id, name, sizeof(name));
+    docker_name(d, ref->id, name, sizeof(name));
     snprintf(path, sizeof(path), "/containers/%s/%s", name, pause ? "pause" : "unpause");
     r = docker_call(d, "POST", path, NULL, 30000, &resp, err);
-    if (r == 0 && resp.status != 204 && resp.status != 200) {
-        if (resp.status == 404) {
-            r = lb_error_set(err, -ENOENT, "no such sandbox");
-        } else if (docker_state(d, id, &st, NULL) == 0 &&
-                   st == (pause ? LB_STATUS_PAUSED : LB_STATUS_RUNNING)) {
-            r = 0; /* already so: idempotent */
-        } else {
-            r = engine_error(&resp, pause ? "pause" : "unpause", err);
-            r = r == -ENOENT ? r : -EREMOTEIO;
-        }
-    }
+    if (r == 0 && resp.status != 204 && resp.status != 200)
+        r = engine_error(&resp, pause ? "pause" : "unpause", err);
     httpc_response_release(&resp);
     return r;
 }
 
-static int docker_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                        struct lb_error *err)
+static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    return pause_or_resume((struct lb_docker *)p, ref->id, true, err);
-}
-
-static int docker_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                         struct lb_error *err)
-{
-    return pause_or_resume((struct lb_docker *)p, ref->id, false, err);
-}
-
-static int docker_list(struct lb_provider *p, json_t **out, struct lb_error *err)
-{
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
     struct lb_httpc_response resp;
     char filter[256], path[1024], *enc;
-    json_t *j = NULL, *arr = NULL, *c;
-    size_t i;
+    json_t *j = NULL;
     int r;
 
     snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, d->instance);
@@ -453,39 +439,31 @@ static int docker_list(struct lb_provider *p, json_t **out, struct lb_error *err
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    arr = json_array();
-    if (!json_is_array(j) || !arr) {
+    if (!json_is_array(j)) {
         r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
         goto out;
     }
-    json_array_foreach(j, i, c) {
-        json_t *labels = json_object_get(c, "Labels");
-        const char *id = json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX));
-        const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
-        char name[256];
-
-        if (!id || !inst || strcmp(inst, d->instance) != 0)
-            continue;
-        docker_name(d, id, name, sizeof(name));
-        json_array_append_new(
-            arr, json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor",
-                           new_descriptor(name, json_string_value(json_object_get(c, "Id")))));
-    }
-    *out = arr;
-    arr = NULL;
+    *items_out = j;
+    j = NULL;
 out:
-    json_decref(arr);
     json_decref(j);
     httpc_response_release(&resp);
     return r;
 }
 
-static int docker_end_execs(struct lb_provider *p)
+static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_out)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
+    json_t *labels = json_object_get(c, "Labels");
+    const char *id = json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX));
+    const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
+    char name[256];
 
-    atomic_store(&d->ending, true);
-    return atomic_load(&d->execs_in_flight);
+    if (!id || !inst || strcmp(inst, d->instance) != 0)
+        return NULL;
+    docker_name(d, id, name, sizeof(name));
+    *id_out = id;
+    return new_descriptor(name, json_string_value(json_object_get(c, "Id")));
 }
 
 static void docker_destroy(struct lb_provider *p)
@@ -495,13 +473,7 @@ static void docker_destroy(struct lb_provider *p)
     if (!d)
         return;
     httpc_free(d->http);
-    while (d->gates) {
-        struct docker_gate *g = d->gates;
-
-        d->gates = g->next;
-        free(g);
-    }
-    pthread_mutex_destroy(&d->gate_mutex);
+    engine_release(&d->eng);
     free(d->socket);
     free(d->default_image);
     free(d->supervise_path);
@@ -533,23 +505,48 @@ static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
     };
 }
 
+static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                         int fd, const void *data, uint64_t len, int mode, struct lb_error *err)
+{
+    return docker_put_file((struct lb_docker *)e, ref->id, path, fd, data, len, mode, err);
+}
+
+static const struct engine_hooks docker_hooks = {
+    .name = "docker",
+    .noun = "container",
+    .prepare = hook_prepare,
+    .make = hook_make,
+    .find_own = hook_find_own,
+    .start = hook_start,
+    .finish = hook_finish,
+    .rollback = hook_rollback,
+    .state = hook_state,
+    .set_frozen = hook_set_frozen,
+    .list_raw = hook_list_raw,
+    .list_entry = hook_list_entry,
+    .put_file = hook_put_file,
+    .exec_check = docker_exec_check,
+    .exec_run = docker_exec_run,
+    .engine_label = "the engine",
+};
+
 static const struct lb_provider_ops docker_ops = {
     .name = "docker",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = docker_caps,
-    .create = docker_create,
+    .create = engine_create,
     .stop = docker_stop,
-    .status = docker_status,
-    .exec = docker_exec,
-    .file_write = docker_file_write,
-    .upload_begin = docker_upload_begin,
-    .upload_commit = docker_upload_commit,
-    .upload_abort = docker_upload_abort,
+    .status = engine_status,
+    .exec = engine_exec,
+    .file_write = engine_file_write,
+    .upload_begin = engine_upload_begin,
+    .upload_commit = engine_upload_commit,
+    .upload_abort = engine_upload_abort,
     .file_open = docker_file_open,
-    .list = docker_list,
-    .pause = docker_pause,
-    .resume = docker_resume,
-    .end_execs = docker_end_execs,
+    .list = engine_list,
+    .pause = engine_pause,
+    .resume = engine_resume,
+    .end_execs = engine_end_execs,
     .destroy = docker_destroy,
 };
 
@@ -668,17 +665,13 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d = calloc(1, sizeof(*d));
     if (!d)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    d->base.ops = &docker_ops;
-    pthread_mutex_init(&d->gate_mutex, NULL);
+    engine_init(&d->eng, &docker_ops, &docker_hooks);
     d->cfg = *cfg;
     d->socket = strdup(cfg->socket);
     d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
     d->supervise_path = strdup(cfg->supervise_path);
     d->net_inherit = strdup(cfg->net_inherit ? cfg->net_inherit : "none");
-    if (cfg->instance)
-        snprintf(d->instance, sizeof(d->instance), "%s", cfg->instance);
-    else
-        docker_instance_of(cfg->state_dir, d->instance, sizeof(d->instance));
+    engine_instance_label(cfg->instance, cfg->state_dir, d->instance, sizeof(d->instance));
     if (asprintf(&d->spool_dir, "%s/docker-spool", cfg->state_dir) < 0)
         d->spool_dir = NULL;
     if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)
@@ -694,6 +687,10 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         d->cfg.max_file_bytes = UINT64_C(1) << 30;
     if (d->cfg.create_timeout_ms <= 0)
         d->cfg.create_timeout_ms = 30000;
+    d->eng.default_image = d->default_image;
+    d->eng.supervise_path = DOCKER_SUPERVISE_PATH;
+    d->eng.spool_dir = d->spool_dir;
+    d->eng.create_timeout_ms = d->cfg.create_timeout_ms;
     if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
         !d->supervise_dir || (cfg->default_image && !d->default_image)) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -716,9 +713,9 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         goto fail;
     log_info("docker provider: instance %s, default image %s", d->instance,
              d->default_image ? d->default_image : "(none)");
-    *out = &d->base;
+    *out = &d->eng.base;
     return 0;
 fail:
-    docker_destroy(&d->base);
+    docker_destroy(&d->eng.base);
     return r;
 }

@@ -1,0 +1,173 @@
+/*
+ * engine.c - the engine base's drivers for create, status, pause/resume, list and the end of
+ * execs (see engine.h): the rules written once, the requests in the backend's hooks.
+ */
+#include "provider/engine/engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/fault.h"
+#include "util/log.h"
+#include "util/token.h"
+
+void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
+                 const struct engine_hooks *hooks)
+{
+    memset(e, 0, sizeof(*e));
+    e->base.ops = ops;
+    e->hooks = hooks;
+    pthread_mutex_init(&e->create_mutex, NULL);
+}
+
+void engine_instance_label(const char *configured, const char *state_dir, char *buf, size_t size)
+{
+    char hex[LB_SHA256_HEX + 1];
+
+    if (configured && *configured) {
+        snprintf(buf, size, "%s", configured);
+        return;
+    }
+    token_sha256_hex(state_dir, strlen(state_dir), hex);
+    snprintf(buf, size, "%.12s", hex);
+}
+
+int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+    const struct engine_hooks *h = e->hooks;
+    const char *image =
+        spec->image && strcmp(spec->image, "host") != 0 ? spec->image : e->default_image;
+    int64_t timeout_ms = e->ready_timeout && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
+                                                                        : e->create_timeout_ms;
+    struct engine_instance inst = {.name = ""};
+    char point[64];
+    bool made = false, locked = false;
+    int r;
+
+    if (!image)
+        return lb_error_set(err, -EINVAL, "no image given and %s.default_image is not set",
+                            h->name);
+    r = h->prepare ? h->prepare(e, ref, spec, &inst, err) : 0;
+    if (r < 0)
+        return r;
+    if (e->serial_create) {
+        pthread_mutex_lock(&e->create_mutex);
+        locked = true;
+    }
+    r = h->make(e, ref, spec, image, timeout_ms, &inst, err);
+    if (r == -EEXIST) {
+        /* a create retried after a crash: the first instance is the sandbox */
+        lb_error_clear(err);
+        r = h->find_own(e, ref, &inst, err);
+        if (r < 0)
+            goto out;
+        log_info_sbx(ref->id, "%s: %s %s already exists; using it", h->name, h->noun, inst.name);
+    }
+    if (r < 0)
+        goto out;
+    made = true;
+    /* a crash here leaves an instance whose record is "starting": the next start stops it */
+    snprintf(point, sizeof(point), "%s.created", h->name);
+    r = fault_hit(point, timeout_ms, err);
+    if (r < 0) {
+        r = -EREMOTEIO;
+        goto out;
+    }
+    r = h->start(e, ref, timeout_ms, &inst, err);
+    if (locked) {
+        pthread_mutex_unlock(&e->create_mutex);
+        locked = false;
+    }
+    if (r == 0)
+        r = h->finish(e, ref, spec, &inst, descriptor_out, err);
+out:
+    if (locked)
+        pthread_mutex_unlock(&e->create_mutex);
+    if (r < 0)
+        h->rollback(e, ref, &inst, made);
+    if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
+        r = -EREMOTEIO;
+    return r;
+}
+
+static int pause_or_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, bool pause,
+                           struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+    enum lb_sandbox_status st;
+    struct lb_error ferr = {0};
+    int r;
+
+    r = e->hooks->set_frozen(e, ref, pause, &ferr);
+    if (r == -ENOENT)
+        return lb_error_set(err, -ENOENT, "no such sandbox");
+    if (r < 0 && r != -ETIMEDOUT && e->hooks->state(e, ref, &st, NULL) == 0 &&
+        st == (pause ? LB_STATUS_PAUSED : LB_STATUS_RUNNING))
+        return 0; /* already so: idempotent */
+    if (r < 0)
+        return lb_error_keep(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", ferr.message);
+    return 0;
+}
+
+int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  enum lb_sandbox_status *out, struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+
+    return e->hooks->state(e, ref, out, err);
+}
+
+int engine_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    return pause_or_resume(p, ref, true, err);
+}
+
+int engine_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err)
+{
+    return pause_or_resume(p, ref, false, err);
+}
+
+int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+    json_t *items = NULL, *arr = NULL, *item;
+    size_t i;
+    int r;
+
+    r = e->hooks->list_raw(e, &items, err);
+    if (r < 0)
+        goto out;
+    arr = json_array();
+    if (!arr) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    json_array_foreach(items, i, item) {
+        const char *id = NULL;
+        json_t *desc = e->hooks->list_entry(e, item, &id);
+
+        if (desc)
+            json_array_append_new(arr,
+                                  json_pack("{s:s,s:o}", "sandbox_id", id, "descriptor", desc));
+    }
+    *out = arr;
+    arr = NULL;
+out:
+    json_decref(arr);
+    json_decref(items);
+    return r;
+}
+
+int engine_end_execs(struct lb_provider *p)
+{
+    return gates_end(&((struct lb_engine *)p)->gates);
+}
+
+void engine_release(struct lb_engine *e)
+{
+    gates_release(&e->gates);
+    pthread_mutex_destroy(&e->create_mutex);
+}

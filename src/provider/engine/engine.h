@@ -1,0 +1,195 @@
+/*
+ * engine.h - the engine base: what the providers that drive a container engine over its API
+ * (docker/, lxd/) share, written once. A backend embeds struct lb_engine first in its own
+ * struct, points its ops table at the engine_* drivers below and fills struct engine_hooks
+ * with what differs between engines (the requests themselves). The drivers hold the rules:
+ * "no such sandbox" on a missing instance, pause/resume that are idempotent, the label check
+ * of a listing, exec admission and its end at shutdown.
+ *
+ * Dependency rule: engine/ calls only its hooks, provider.h, gate.h, exec_result.h and util/;
+ * it never names a backend.
+ *
+ * Thread-safety: the drivers are as thread-safe as the provider interface asks (provider.h):
+ * any thread, at once, as long as the hooks are.
+ */
+#ifndef LB_PROVIDER_ENGINE_H
+#define LB_PROVIDER_ENGINE_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "provider/engine/framed.h"
+#include "provider/gate.h"
+#include "provider/provider.h"
+
+struct lb_engine;
+
+/* The instance a create makes or adopts, as the create hooks fill it in turn. */
+struct engine_instance {
+    char name[256];   /* the engine's name of it (docker: lendbox-<instance>-<id>; lxd: id) */
+    char handle[128]; /* what the descriptor keeps besides (docker: container id; lxd: the
+                         cluster member it is on); "" until known */
+};
+
+/* One exec on its way through engine_exec and the backend's exec_run hook. */
+struct engine_exec {
+    const struct lb_exec_request *req;
+    struct lb_exec_result *res;
+    struct lb_framed_reader fr; /* feed the supervisor's stdout (its frames) here */
+    struct lb_buf diag;         /* the exec's own stderr: the engine's or the supervisor's */
+    json_t *cmd;                /* the supervisor and its options; engine_exec_command ends it */
+    bool done;      /* exec_run set the result itself (exec_result_set_runtime): no frames */
+    bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
+};
+
+struct engine_hooks {
+    const char *name; /* "docker", "lxd": messages, config keys, the fault point <name>.created */
+    const char *noun; /* "container", "instance": in messages */
+    /* Create, in this order (engine_create): prepare (may be NULL: refuse a spec the backend
+     * cannot honour, -EOPNOTSUPP; make what the instance needs on the host), make the instance
+     * of image (0; -EEXIST when one of that name exists already; -LB_E_IMAGE_NOT_FOUND; else
+     * a negative errno), or on -EEXIST find_own (0 when the existing one carries this
+     * daemon's labels, and adopt it), start it (0 also when already running), finish
+     * (anything the backend does once it runs; a new descriptor into *out). On failure after
+     * prepare, rollback (made: remove the instance; else undo prepare), never failing. All
+     * but rollback return 0 or a negative errno with err set; timeout_ms bounds each. */
+    int (*prepare)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                   const struct lb_sandbox_spec *spec, struct engine_instance *inst,
+                   struct lb_error *err);
+    int (*make)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
+                struct engine_instance *inst, struct lb_error *err);
+    int (*find_own)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                    struct engine_instance *inst, struct lb_error *err);
+    int (*start)(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                 struct engine_instance *inst, struct lb_error *err);
+    int (*finish)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, struct engine_instance *inst, json_t **out,
+                  struct lb_error *err);
+    void (*rollback)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                     const struct engine_instance *inst, bool made);
+
+    /* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at
+     * the absolute path inside the instance, parents made; mode < 0: 0644. 0, -ENOENT (no such
+     * sandbox) or a negative errno with err set. */
+    int (*put_file)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path, int fd,
+                    const void *data, uint64_t len, int mode, struct lb_error *err);
+    /* Exec: exec_check (may be NULL) refuses what the backend cannot run, before admission.
+     * exec_run adds its own options to x->cmd, takes the whole command from
+     * engine_exec_command(x), runs it and feeds the supervisor's stdout to x->fr (its own
+     * stderr to x->diag). 0 when the run ended (x->done when it set the result itself, e.g.
+     * an instance that cannot run commands); -ECANCELED when gates.ended cut it short; else a
+     * negative errno with err set (-ENOENT "no such sandbox", -EBUSY "sandbox 'X' is paused"
+     * as they are; x->transport when the failure came after the start). */
+    int (*exec_check)(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                      const struct lb_exec_request *req, struct lb_error *err);
+    int (*exec_run)(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
+                    struct lb_error *err);
+    const char *engine_label; /* "the engine", "LXD": "no output from <label>" */
+    /* The instance's state: LB_STATUS_STOPPED when the engine has no such instance. 0, or a
+     * negative errno (-EREMOTEIO, -ETIMEDOUT) with err set when err is not NULL. */
+    int (*state)(struct lb_engine *e, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
+                 struct lb_error *err);
+    /* Ask the engine to pause (frozen) or resume the instance. 0 when it did; -ENOENT when it
+     * has no such instance; -ETIMEDOUT; any other negative errno when it refused or could
+     * not be asked (the driver then checks whether the instance is already so). err says
+     * why. */
+    int (*set_frozen)(struct lb_engine *e, const struct lb_sandbox_ref *ref, bool frozen,
+                      struct lb_error *err);
+    /* Every instance the engine lists under this daemon's instance label (the engine's own
+     * filter), as a JSON array the caller owns. 0 or a negative errno with err set. */
+    int (*list_raw)(struct lb_engine *e, json_t **items_out, struct lb_error *err);
+    /* One item of list_raw: when it is a sandbox of this daemon (the labels checked again,
+     * not trusting the engine's filter), its id into *id_out (borrowed from item) and a new
+     * descriptor (the caller owns it); NULL when it is not ours (or out of memory). */
+    json_t *(*list_entry)(struct lb_engine *e, json_t *item, const char **id_out);
+};
+
+/* Embedded first in a backend's provider struct (struct lb_docker, struct lb_lxd). */
+struct lb_engine {
+    struct lb_provider base;
+    const struct engine_hooks *hooks;
+    struct lb_gates gates;      /* exec admission; gates.ended: end_execs was called */
+    const char *default_image;  /* borrowed from the backend; NULL: a seed must name one */
+    const char *supervise_path; /* the supervisor inside an instance (static string) */
+    const char *spool_dir;      /* uploads and downloads spool here (borrowed, absolute) */
+    int64_t create_timeout_ms;  /* bound of each step of a create */
+    bool ready_timeout;         /* a spec's ready_timeout_ms, when set, bounds a create instead */
+    bool serial_create;         /* make and start one instance at a time (create_mutex) */
+    pthread_mutex_t create_mutex;
+};
+
+/* Set up the base: ops and hooks (static, borrowed), the rest zeroed but the mutex. The
+ * backend sets default_image, supervise_path, spool_dir, create_timeout_ms, ready_timeout and
+ * serial_create after. Pair with engine_release. */
+void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
+                 const struct engine_hooks *hooks);
+
+/* The value of the instance label that tells this daemon's instances from others on one
+ * engine: configured when it is not NULL or "", else the first 12 hex digits of the SHA-256
+ * of state_dir (so one state dir keeps its instances across restarts). Into buf (>= 13). */
+void engine_instance_label(const char *configured, const char *state_dir, char *buf, size_t size);
+
+/* The create op: a default image when the spec names none (or "host"), the hooks in order
+ * (see struct engine_hooks), adopting an instance of that name that is this daemon's (a
+ * create retried after a crash), the fault point "<name>.created" between make and start,
+ * the instance removed again when a later step fails. Errors: -EINVAL (no image at all),
+ * -EOPNOTSUPP and -LB_E_IMAGE_NOT_FOUND as the hooks say, -ETIMEDOUT, else -EREMOTEIO. */
+int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  const struct lb_sandbox_spec *spec, json_t **descriptor_out,
+                  struct lb_error *err);
+
+/* The exec op: the backend's exec_check, admission (gate.h; after end_execs a runtime result
+ * "the daemon is shutting down ..."), stdin put as a file under /tmp the supervisor opens and
+ * unlinks, the supervisor's options (framed mode, output cap, timeout, cwd, background,
+ * exclusive, stdin file), hooks->exec_run, the status line (exec_result.h). A run without a status:
+ * "no such sandbox" when the instance is gone, -EREMOTEIO after a transport failure, else a runtime
+ * result "the supervisor ended without a result". */
+int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_exec_request *req, struct lb_exec_result *res,
+                struct lb_error *err);
+/* x->cmd ended with "--" and the request's argv: the command exec_run sends. Borrowed (x owns
+ * it); NULL when out of memory. */
+json_t *engine_exec_command(struct engine_exec *x);
+
+/* The file_write op: a valid absolute path (not "/"), then hooks->put_file. */
+int engine_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                      const void *data, size_t len, int mode, struct lb_error *err);
+/* The upload ops: begin refuses an owner (-EOPNOTSUPP: an instance's files are its root's), a
+ * bad path (-EINVAL) and a stopped sandbox (-ENOENT), and hands out an unlinked spool file;
+ * commit puts it with hooks->put_file; both commit and abort free the upload. */
+int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                        int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
+int engine_upload_commit(struct lb_upload *u, struct lb_error *err);
+void engine_upload_abort(struct lb_upload *u);
+/* An unlinked read-write file (O_TMPFILE) in spool_dir: its fd, or a negative errno. */
+int engine_spool_file(struct lb_engine *e);
+/* A download's sink (an lb_httpc_sink; arg a struct engine_spool_sink): append to fd, at most
+ * max bytes in all. -EFBIG past max or when the disk is full (ENOSPC, EDQUOT), else 0 or a
+ * negative errno. */
+struct engine_spool_sink {
+    int fd;
+    uint64_t written, max;
+};
+int engine_spool_write(const void *data, size_t n, void *arg);
+/* The spool file fd reopened read-only (the file_open contract's O_RDONLY descriptor) into
+ * *out, the caller's. 0 or -EIO with err set. */
+int engine_spool_reopen(int fd, int *out, struct lb_error *err);
+
+/* The provider's status op: hooks->state. */
+int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                  enum lb_sandbox_status *out, struct lb_error *err);
+/* The pause and resume ops: hooks->set_frozen; -ENOENT "no such sandbox" when the instance
+ * is gone; 0 when the engine refused but the instance is already so; else -ETIMEDOUT or
+ * -EREMOTEIO with the engine's reason. */
+int engine_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+int engine_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
+/* The list op: [{"sandbox_id", "descriptor"}] of the items hooks->list_entry takes as ours. */
+int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err);
+/* The end_execs op: no exec is admitted from now on; returns how many are in flight. */
+int engine_end_execs(struct lb_provider *p);
+/* Free what the engine base holds (the backend's destroy calls it; no exec runs). */
+void engine_release(struct lb_engine *e);
+
+#endif
