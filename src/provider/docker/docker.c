@@ -79,7 +79,12 @@ int docker_transport_error(int r, struct lb_error *err)
 {
     if (r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
         return r;
-    return lb_error_keep(err, -EREMOTEIO, "the docker engine cannot be reached");
+    /* the transport's own message stays; its errno (-EIO, -ECONNREFUSED...) becomes the
+     * provider's "the backend failed" (provider.h: 502) */
+    lb_error_keep(err, -EREMOTEIO, "the docker engine cannot be reached");
+    if (err)
+        err->code = -EREMOTEIO;
+    return -EREMOTEIO;
 }
 
 const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size)
@@ -564,7 +569,10 @@ static int negotiate(struct lb_docker *d, struct lb_error *err)
 
     r = httpc_do(d->http, &req, &resp, err);
     if (r < 0) {
-        r = lb_error_keep(err, -EREMOTEIO, "cannot reach the docker engine");
+        lb_error_keep(err, -EREMOTEIO, "cannot reach the docker engine");
+        if (err)
+            err->code = -EREMOTEIO;
+        r = -EREMOTEIO;
         goto out;
     }
     if (resp.status != 200 || !resp.header_value ||
