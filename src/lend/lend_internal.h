@@ -1,8 +1,9 @@
 /*
- * lend_internal.h - what lending shares with the sweeper (src/sweeper/) and the warm pool
- * (src/warm/): the store and providers it works on, the session locks, the one way a recorded
- * sandbox is stopped, and the pieces of a seed the pool repeats (resources, spec, image check,
- * lease). Not for routes or anything else: they use lend.h.
+ * lend_internal.h - what lending shares with the services beside it: the sweeper
+ * (src/sweeper/), the warm pool (src/warm/) and activations (activation.c): the store and
+ * providers it works on, the session locks, the one way a recorded sandbox is stopped, and the
+ * pieces of a seed the pool repeats (resources, spec, image check, lease). Routes and main use
+ * lend.h; the files of the lending service itself share lend_private.h.
  *
  * Thread-safety: as lend.h; the accessors return what lend_new was given, unchanged for the
  * lending service's life.
