@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "image/image.h"
 #include "provider/registry.h"
@@ -194,6 +195,8 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     pthread_mutex_init(&l->locks_mutex, NULL);
     pthread_mutex_init(&l->fence_mutex, NULL);
     pthread_cond_init(&l->fence_cond, NULL);
+    pthread_mutex_init(&l->warm_mutex, NULL);
+    pthread_cond_init(&l->warm_cond, NULL);
     *out = l;
     return 0;
 }
@@ -218,6 +221,8 @@ void lend_free(struct lb_lend *l)
         }
         pthread_mutex_destroy(&l->fence_mutex);
         pthread_cond_destroy(&l->fence_cond);
+        pthread_mutex_destroy(&l->warm_mutex);
+        pthread_cond_destroy(&l->warm_cond);
     }
     free(l);
 }
@@ -251,9 +256,46 @@ void lend_before_stop(struct lb_lend *l, const struct lb_record *r)
         l->release_hook(l->release_ctx, r->rsid, r->id);
 }
 
-void lend_set_pool(struct lb_lend *l, const struct lend_pool_hooks *hooks)
+void lend_set_warm(struct lb_lend *l, struct lb_provider *prov)
 {
-    l->pool = hooks ? *hooks : (struct lend_pool_hooks){0};
+    atomic_store(&l->warm_prov, prov);
+    lend_warm_changed(l);
+}
+
+uint64_t lend_warm_generation(struct lb_lend *l)
+{
+    uint64_t g;
+
+    pthread_mutex_lock(&l->warm_mutex);
+    g = l->warm_gen;
+    pthread_mutex_unlock(&l->warm_mutex);
+    return g;
+}
+
+void lend_warm_changed(struct lb_lend *l)
+{
+    pthread_mutex_lock(&l->warm_mutex);
+    l->warm_gen++;
+    pthread_cond_broadcast(&l->warm_cond);
+    pthread_mutex_unlock(&l->warm_mutex);
+}
+
+void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms)
+{
+    struct timespec until;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (timeout_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&l->warm_mutex);
+    while (l->warm_gen == seen &&
+           pthread_cond_timedwait(&l->warm_cond, &l->warm_mutex, &until) == 0)
+        ;
+    pthread_mutex_unlock(&l->warm_mutex);
 }
 
 /* ---------- providers ---------- */

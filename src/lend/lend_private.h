@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <uthash.h>
 
 #include "lend/lend.h"
@@ -49,7 +50,11 @@ struct lb_lend {
     void *release_ctx;
     lb_lend_stopped_hook stopped_hook;
     void *stopped_ctx;
-    struct lend_pool_hooks pool; /* a warm pool's (src/warm/); zero: none */
+    _Atomic(struct lb_provider *)
+        warm_prov; /* a warm pool's provider (lend_set_warm); NULL: none */
+    pthread_mutex_t warm_mutex;
+    pthread_cond_t warm_cond; /* broadcast when warm_gen grows */
+    uint64_t warm_gen;        /* lend_warm_generation */
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;
@@ -76,6 +81,11 @@ int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);
  * spec (a new reference the caller drops with json_decref, also when def is returned). */
 const char *lend_spec_string(const struct lb_record *r, const char *key, const char *def,
                              json_t **holder);
+
+/* render.c: the lease of record r (API.md) with its spec already parsed (spec: r's spec_json as
+ * JSON, borrowed). A new reference, NULL without memory. */
+json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, json_t *spec,
+                               bool reused);
 
 /* render.c: the sandbox object (API.md) of record r; status NULL: guessed from the state;
  * details adds task, stop, error and image fields. A new reference, NULL without memory. */

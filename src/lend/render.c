@@ -64,24 +64,33 @@ int lend_operate_token_hash(void *lend, const char *id, char *hash)
     return r;
 }
 
-json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
+json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, json_t *spec,
+                               bool reused)
 {
     char token[4 + 65] = "";
-    json_t *spec = NULL, *lease;
-    const char *image = lend_spec_string(r, "image", "host", &spec); /* older records: host */
+    const char *image = json_string_value(json_object_get(spec, "image"));
     const char *workdir = json_string_value(json_object_get(spec, "workdir"));
+    json_t *lease;
 
     if (lend_operate_token(l, r->id, token) < 0)
         token[0] = '\0';
     lease = json_pack("{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}",
                       "resources_session_id", r->rsid, "task_id", r->task_id, "sandbox_id", r->id,
-                      "state", store_state_name(r->state), "provider", r->provider, "image", image,
-                      "created_at", json_time(r->created_at), "expires_at",
-                      json_time(r->expires_at), "reused", reused, "access", "sandbox_id", r->id,
-                      "scope", "operate", "token", token, "base_url", l->cfg.public_url, "workdir",
-                      workdir ? workdir : l->cfg.workdir);
+                      "state", store_state_name(r->state), "provider", r->provider, "image",
+                      image ? image : "host" /* older records: host */, "created_at",
+                      json_time(r->created_at), "expires_at", json_time(r->expires_at), "reused",
+                      reused, "access", "sandbox_id", r->id, "scope", "operate", "token", token,
+                      "base_url", l->cfg.public_url, "workdir", workdir ? workdir : l->cfg.workdir);
     if (lease)
         json_object_set_new(lease, "metadata", lend_spec_labels(spec));
+    return lease;
+}
+
+json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused)
+{
+    json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    json_t *lease = lend_render_lease_spec(l, r, spec, reused);
+
     json_decref(spec);
     return lease;
 }

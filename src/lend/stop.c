@@ -94,6 +94,29 @@ int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char
     return r;
 }
 
+/* see lend_internal.h */
+int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class)
+{
+    struct lb_record_filter f = {.state = LB_STATE_WARM, .limit = not_class ? 0 : 4};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int r = store_list_sandboxes(l->store, &f, &recs, &n, NULL);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (not_class && recs[i].pool_class && strcmp(recs[i].pool_class, not_class) == 0)
+            continue;
+        if (store_claim_warm(l->store, recs[i].id, reason, NULL) < 0)
+            continue; /* a seed took it meanwhile */
+        log_info_sbx(recs[i].id, "warm sandbox %s stopped (%s)", recs[i].id, reason);
+        lend_stop_record(l, &recs[i], NULL, LB_STATE_STOP_FAILED, NULL);
+        store_records_free(recs, n);
+        lend_warm_changed(l);
+        return 0;
+    }
+    store_records_free(recs, n);
+    return -ENOENT;
+}
+
 /* ---------- release_all ---------- */
 
 /* Does the record's labels object hold every name of want with the same value? */
