@@ -59,7 +59,6 @@ struct lend_start {
     struct lb_provider_caps caps;      /* prov's, asked once per start */
     struct lb_sandbox_spec spec;       /* checked; resources with the daemon's defaults */
     char image[LB_IMAGE_NAME_MAX + 1]; /* the default image resolved, when req names none */
-    const char **tools;                /* spec.network.tool_servers (owned) */
     json_t *spec_json;                 /* what the record keeps (owned) */
     char *spec_text;                   /* spec_json as stored (owned) */
     /* set by lend_start_recorded */

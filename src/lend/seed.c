@@ -124,33 +124,6 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
     return spec;
 }
 
-/* The seed's network object as the provider's request; strings are borrowed from req, the
- * tool_servers array is new (free it). The provider decides what it can enforce. */
-static int lend_network_request(const struct lb_seed_request *req, struct lb_network_request *out,
-                                const char ***tools_out)
-{
-    json_t *tools = req->network ? json_object_get(req->network, "tool_servers") : NULL;
-    const char **v = NULL;
-    size_t i, n = json_is_array(tools) ? json_array_size(tools) : 0;
-
-    memset(out, 0, sizeof(*out));
-    *tools_out = NULL;
-    if (!req->network)
-        return 0;
-    out->access = json_string_value(json_object_get(req->network, "access"));
-    out->model_server = json_string_value(json_object_get(req->network, "model_server"));
-    if (n > 0) {
-        v = calloc(n + 1, sizeof(*v));
-        if (!v)
-            return -ENOMEM;
-        for (i = 0; i < n; i++)
-            v[i] = json_string_value(json_array_get(tools, i));
-        out->tool_servers = v;
-    }
-    *tools_out = v;
-    return 0;
-}
-
 /* resources.disk_mib: at most max_disk_mib (400), default_disk_mib when unset, so every
  * sandbox's storage is bounded. The defaults (disk, pids) apply where the provider (caps) can
  * enforce them; what a seed asks for itself is checked by provider_check_spec. */
@@ -182,11 +155,10 @@ int lend_start_prepare(struct lb_lend *l, const struct lb_seed_request *req, str
     s->req = req;
     s->spec = (struct lb_sandbox_spec){.workdir = req->workdir ? req->workdir : l->cfg.workdir,
                                        .resources = req->resources,
+                                       .network = req->net,
                                        .ports = req->ports,
                                        .n_ports = req->n_ports,
                                        .ready_timeout_ms = req->ready_timeout_ms};
-    if (lend_network_request(req, &s->spec.network, &s->tools) < 0)
-        return lb_error_set(err, -ENOMEM, "out of memory");
     /* the provider is the seed's choice among the enabled ones; what it cannot enforce is
      * refused (422) before anything is recorded */
     r = registry_choose(l->providers, req->provider, &s->prov, err);
@@ -226,7 +198,6 @@ void lend_start_release(struct lend_start *s)
     json_decref(s->desc);
     free(s->spec_text);
     free(s->desc_text);
-    free(s->tools);
     memset(s, 0, sizeof(*s));
 }
 
