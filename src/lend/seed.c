@@ -276,14 +276,26 @@ void lend_start_rollback(struct lb_lend *l, struct lend_start *s)
 
 /* ---------- warm sandboxes ---------- */
 
-/* see lend_internal.h */
-void lend_warm_class(struct lb_lend *l, struct lb_provider *prov, char *image, char *cls)
+/* The warm class of provider prov (caps: its caps) now; as lend_warm_class. */
+static void lend_warm_class_caps(struct lb_lend *l, struct lb_provider *prov,
+                                 const struct lb_provider_caps *caps, char *image, char *cls)
 {
-    const char *img = lend_resolve_default_image(l, prov, image, LB_IMAGE_NAME_MAX + 1);
+    const char *img =
+        lend_default_image(l, caps->default_image ? caps->default_image : l->cfg.default_image,
+                           image, LB_IMAGE_NAME_MAX + 1);
 
     if (img != image)
         snprintf(image, LB_IMAGE_NAME_MAX + 1, "%s", img);
     snprintf(cls, LEND_WARM_CLASS_MAX, "%s:%s", prov->ops->name, image);
+}
+
+/* see lend_internal.h */
+void lend_warm_class(struct lb_lend *l, struct lb_provider *prov, char *image, char *cls)
+{
+    struct lb_provider_caps caps;
+
+    provider_caps(prov, &caps);
+    lend_warm_class_caps(l, prov, &caps, image, cls);
 }
 
 /* Is this seed (s prepared) of the warm pool's class (class_image: the class's now)? The
@@ -319,8 +331,11 @@ static int lend_take_warm(struct lb_lend *l, const char *rsid, const struct lend
 
     if (!pool_prov)
         return -ENOENT;
-    lend_warm_class(l, pool_prov, class_image, cls);
-    if (!lend_warm_matches(l, s, pool_prov, class_image)) {
+    /* the class of the seed's provider, from the caps the seed asked (another provider is
+     * another class) */
+    if (s->prov == pool_prov)
+        lend_warm_class_caps(l, s->prov, &s->caps, class_image, cls);
+    if (s->prov != pool_prov || !lend_warm_matches(l, s, pool_prov, class_image)) {
         metrics_add(LB_M_WARM_OTHER_CLASS, 1);
         return -ENOENT;
     }
