@@ -150,16 +150,6 @@ const char *lend_default_image(const struct lb_lend *l, const char *list, char *
     return buf[0] ? buf : "host";
 }
 
-const char *lend_resolve_default_image(struct lb_lend *l, struct lb_provider *prov, char *buf,
-                                       size_t size)
-{
-    struct lb_provider_caps caps;
-
-    provider_caps(prov, &caps);
-    return lend_default_image(l, caps.default_image ? caps.default_image : l->cfg.default_image,
-                              buf, size);
-}
-
 int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_registry *providers,
              struct lb_lend **out, struct lb_error *err)
 {

@@ -125,18 +125,4 @@ void lend_warm_changed(struct lb_lend *l);
  * it). 0 if one was stopped, -ENOENT if none was. Blocks on the provider. */
 int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class);
 
-/* The image a seed of provider prov that names none runs on now (what lend_seed resolves): the
- * first name of the provider's default image list, else of lending.default_image, that is
- * "host" or present in the image store, else the list's first name. Written into buf (size
- * bytes, LB_IMAGE_NAME_MAX + 1 is enough) and returned. Reads the image store: the answer
- * changes when an image of the list is imported or removed. */
-const char *lend_resolve_default_image(struct lb_lend *l, struct lb_provider *prov, char *buf,
-                                       size_t size);
-
-/* The hex SHA-256 of sandbox id's operate token into hash (LB_TOKEN_HASH_HEX + 1 bytes); lend
- * is a struct lb_lend * (an lb_store_token_hash_fn). 0 or < 0. */
-int lend_operate_token_hash(void *lend, const char *id, char *hash);
-/* The lease of record r (API.md); a new reference, NULL without memory. */
-json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused);
-
 #endif

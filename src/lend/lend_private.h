@@ -82,6 +82,12 @@ int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);
 const char *lend_spec_string(const struct lb_record *r, const char *key, const char *def,
                              json_t **holder);
 
+/* render.c: the hex SHA-256 of sandbox id's operate token into hash (LB_TOKEN_HASH_HEX + 1 bytes);
+ * lend is a struct lb_lend * (an lb_store_token_hash_fn). 0 or < 0. */
+int lend_operate_token_hash(void *lend, const char *id, char *hash);
+/* render.c: the lease of record r (API.md); a new reference, NULL without memory. */
+json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused);
+
 /* render.c: the lease of record r (API.md) with its spec already parsed (spec: r's spec_json as
  * JSON, borrowed). A new reference, NULL without memory. */
 json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, json_t *spec,
