@@ -80,12 +80,13 @@ int lend_start_prepare(struct lb_lend *l, const struct lb_seed_request *req, str
 
 /* Intent before action: record s (prepared) as "starting" (with rsid, NULL for none; the warm
  * class pool_class, NULL for a seed; expires ttl_s seconds after it is recorded, <= 0: never), then
- * the provider's create. For a seed (pool_class NULL) at max_sandboxes, the oldest warm sandbox
- * gives its place and the insert is tried once more. 0 with s->rec, s->desc, s->desc_text set;
- * -EUSERS (429) at max_sandboxes, -ENOSPC/-EIO from the store, or the create's error (-EINVAL,
- * -EOPNOTSUPP, -EUSERS, -LB_E_IMAGE_NOT_FOUND keep theirs, others are -EREMOTEIO), after which the
- * record was stopped as a failed seed (s->recorded tells whether one was made). The caller then
- * moves the record on (lent, warm) or calls lend_start_rollback. Blocks on the provider. */
+ * the provider's create. For a seed (pool_class NULL) at max_sandboxes with a pool set
+ * (lend_set_warm), the oldest warm sandbox gives its place and the insert is tried once more. 0
+ * with s->rec, s->desc, s->desc_text set; -EUSERS (429) at max_sandboxes, -ENOSPC/-EIO from the
+ * store, or the create's error (-EINVAL, -EOPNOTSUPP, -EUSERS, -LB_E_IMAGE_NOT_FOUND keep theirs,
+ * others are -EREMOTEIO), after which the record was stopped as a failed seed (s->recorded tells
+ * whether one was made). The caller then moves the record on (lent, warm) or calls
+ * lend_start_rollback. Blocks on the provider. */
 int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsid,
                         const char *pool_class, int64_t ttl_s, struct lb_error *err);
 

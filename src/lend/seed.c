@@ -221,10 +221,11 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
     rec->expires_at = ttl_s > 0 ? rec->created_at + ttl_s : 0;
     /* Intent before action: the record exists before the provider makes anything. The
      * capacity check and the insert are one statement, so concurrent starts never pass
-     * max_sandboxes; warm sandboxes hold capacity for seeds, not against them: for a seed one
-     * gives its place, and the insert is tried once more. */
+     * max_sandboxes; a warm pool's sandboxes hold capacity for seeds, not against them: for a
+     * seed one gives its place, and the insert is tried once more. */
     r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, err);
-    if (r == -EUSERS && !pool_class && lend_stop_oldest_warm(l, "evicted", NULL) == 0) {
+    if (r == -EUSERS && !pool_class && atomic_load(&l->warm_prov) &&
+        lend_stop_oldest_warm(l, "evicted", NULL) == 0) {
         lb_error_clear(err);
         r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, err);
     }
