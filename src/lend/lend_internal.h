@@ -1,9 +1,11 @@
 /*
  * lend_internal.h - what lending shares with the services beside it: the sweeper
  * (src/sweeper/), the warm pool (src/warm/) and activations (activation.c): the store and
- * providers it works on, the session locks, the one way a recorded sandbox is stopped, and the
- * pieces of a seed the pool repeats (resources, spec, image check, lease). Routes and main use
- * lend.h; the files of the lending service itself share lend_private.h.
+ * providers it works on, the session locks, the one way a recorded sandbox is stopped, the one
+ * way a sandbox is started under a record (lend_start_*: seeds and warm refills), and what the
+ * warm pool registers and waits on (lend_set_warm, lend_warm_wait). The warm pool calls
+ * lending, never the other way round. Routes and main use lend.h; the files of
+ * the lending service itself share lend_private.h.
  *
  * Thread-safety: as lend.h; the accessors return what lend_new was given, unchanged for the
  * lending service's life.
