@@ -78,9 +78,12 @@ struct lb_seed_request {
     json_t *env;          /* object of strings, or NULL */
     int64_t ttl_s;        /* -1: default_ttl_s */
     struct lb_resources resources;
-    json_t *network; /* validated object or NULL */
-    json_t *labels;  /* object of strings or NULL */
-    int *ports;      /* declared service ports, 1..65535, no duplicates; NULL: none */
+    json_t *network;               /* validated object or NULL (what the record keeps) */
+    struct lb_network_request net; /* network parsed by the caller (what the provider gets);
+                                      zero: none. Strings and the tool_servers array are the
+                                      caller's */
+    json_t *labels;                /* object of strings or NULL */
+    int *ports;                    /* declared service ports, 1..65535, no duplicates; NULL: none */
     size_t n_ports;
     struct lb_seed_file *files;
     size_t n_files;

@@ -1,8 +1,11 @@
 /*
- * lend_internal.h - what lending shares with the sweeper (src/sweeper/) and the warm pool
- * (src/warm/): the store and providers it works on, the session locks, the one way a recorded
- * sandbox is stopped, and the pieces of a seed the pool repeats (resources, spec, image check,
- * lease). Not for routes or anything else: they use lend.h.
+ * lend_internal.h - what lending shares with the services beside it: the sweeper
+ * (src/sweeper/), the warm pool (src/warm/) and activations (activation.c): the store and
+ * providers it works on, the session locks, the one way a recorded sandbox is stopped, the one
+ * way a sandbox is started under a record (lend_start_*: seeds and warm refills), and what the
+ * warm pool registers and waits on (lend_set_warm, lend_warm_wait). The warm pool calls
+ * lending, never the other way round. Routes and main use lend.h; the files of
+ * the lending service itself share lend_private.h.
  *
  * Thread-safety: as lend.h; the accessors return what lend_new was given, unchanged for the
  * lending service's life.
@@ -11,7 +14,9 @@
 #define LB_LEND_INTERNAL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
+#include "image/image.h"
 #include "lend/lend.h"
 #include "provider/registry.h"
 #include "store/store.h"
@@ -46,44 +51,81 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err);
 
-/* ---- for warm pools (src/warm/) ---- */
+/* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 
-/* What a warm pool does for lending. take: serve a seed (the session's lock held, spec checked,
- * image and TTL resolved) from the pool: 0 with *lease_out, -ENOENT for a miss (nothing set;
- * the seed starts a sandbox), or the seed's error. evict: stop one warm sandbox to make room for
- * a seed at max_sandboxes: 0 if one was stopped. Both thread-safe. */
-struct lend_pool_hooks {
-    int (*take)(void *ctx, const char *rsid, const struct lb_seed_request *req,
-                struct lb_provider *prov, const char *image, int64_t ttl_s, json_t **lease_out,
-                struct lb_error *err);
-    int (*evict)(void *ctx);
-    void *ctx;
+/* A sandbox on its way to start under a record: lend_start_prepare fills it, lend_start_recorded
+ * records and makes it, lend_start_release frees it (also after a failure). */
+struct lend_start {
+    const struct lb_seed_request *req; /* borrowed from the caller */
+    struct lb_provider *prov;          /* the chosen provider (borrowed) */
+    struct lb_provider_caps caps;      /* prov's, asked once per start */
+    struct lb_sandbox_spec spec;       /* checked; resources with the daemon's defaults */
+    char image[LB_IMAGE_NAME_MAX + 1]; /* the default image resolved, when req names none */
+    json_t *spec_json;                 /* what the record keeps (owned) */
+    char *spec_text;                   /* spec_json as stored (owned) */
+    /* set by lend_start_recorded */
+    bool recorded;        /* the record was inserted (a later failure must roll it back) */
+    struct lb_record rec; /* the row as inserted (state starting); strings borrowed */
+    json_t *desc;         /* what the provider's create returned (owned) */
+    char *desc_text;      /* desc as stored (owned) */
 };
-/* The image a seed of provider prov that names none runs on now (what lend_seed resolves): the
- * first name of the provider's default image list, else of lending.default_image, that is
- * "host" or present in the image store, else the list's first name. Written into buf (size
- * bytes, LB_IMAGE_NAME_MAX + 1 is enough) and returned. Reads the image store: the answer
- * changes when an image of the list is imported or removed. */
-const char *lend_resolve_default_image(struct lb_lend *l, struct lb_provider *prov, char *buf,
-                                       size_t size);
-/* Set (or with NULL clear) the pool's hooks; once, before serving or after the pool stopped. */
-void lend_set_pool(struct lb_lend *l, const struct lend_pool_hooks *hooks);
 
-/* The hex SHA-256 of sandbox id's operate token into hash (LB_TOKEN_HASH_HEX + 1 bytes); lend
- * is a struct lb_lend * (an lb_store_token_hash_fn). 0 or < 0. */
-int lend_operate_token_hash(void *lend, const char *id, char *hash);
-/* The lease of record r (API.md); a new reference, NULL without memory. */
-json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused);
-/* The spec the record of a seed keeps (image, workdir, env, network, labels, ports, resources
- * with disk_mib); a new reference, NULL without memory. */
-json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *req, const char *image,
-                       int64_t disk_mib);
-/* An imported image's User and digest into spec (image_user, image_digest); -EOPNOTSUPP (422)
- * for an image whose User is not mapped. For the local provider's sandboxes only. */
-int lend_image_check(struct lb_lend *l, const char *image, json_t *spec, struct lb_error *err);
-/* Check a seed's resources against the daemon's limits and fill in the defaults (pids, disk)
- * the provider can enforce. -EINVAL (400) past limits.max_disk_mib. */
-int lend_check_resources(struct lb_lend *l, struct lb_provider *prov, struct lb_resources *res,
-                         struct lb_error *err);
+/* Choose the provider of req (ask its caps once), resolve the image (req->image, else the
+ * provider's or the daemon's default image list), check resources against the daemon's limits
+ * and fill in the defaults the provider can enforce, check the spec against the provider
+ * (provider_check_spec), open the image once (digest, Env, WorkingDir and, for a provider whose
+ * caps say image_store, User) and build the record's spec. Nothing is recorded. -EOPNOTSUPP
+ * (422) for a provider not enabled or a spec it cannot enforce or an image User not mapped,
+ * -EINVAL (400) past limits.max_disk_mib, -ENOMEM. Release s in every case. */
+int lend_start_prepare(struct lb_lend *l, const struct lb_seed_request *req, struct lend_start *s,
+                       struct lb_error *err);
+
+/* Intent before action: record s (prepared) as "starting" (with rsid, NULL for none; the warm
+ * class pool_class, NULL for a seed; expires ttl_s seconds after it is recorded, <= 0: never), then
+ * the provider's create. For a seed (pool_class NULL) at max_sandboxes with a pool set
+ * (lend_set_warm), the oldest warm sandbox gives its place and the insert is tried once more. 0
+ * with s->rec, s->desc, s->desc_text set; -EUSERS (429) at max_sandboxes, -ENOSPC/-EIO from the
+ * store, or the create's error (-EINVAL, -EOPNOTSUPP, -EUSERS, -LB_E_IMAGE_NOT_FOUND keep theirs,
+ * others are -EREMOTEIO), after which the record was stopped as a failed seed (s->recorded tells
+ * whether one was made). The caller then moves the record on (lent, warm) or calls
+ * lend_start_rollback. Blocks on the provider. */
+int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsid,
+                        const char *pool_class, int64_t ttl_s, struct lb_error *err);
+
+/* Undo a start after lend_start_recorded succeeded: record the descriptor, stop the sandbox as
+ * a failed seed (a failed stop is logged and left to the retries). No-op when nothing was
+ * recorded. */
+void lend_start_rollback(struct lb_lend *l, struct lend_start *s);
+
+/* Free what s holds; s may be reused after. */
+void lend_start_release(struct lend_start *s);
+
+/* ---- warm pools (src/warm/): the pool calls lending, never the other way round ---- */
+
+/* "<provider>:<image>" fits: a provider name and an image name */
+#define LEND_WARM_CLASS_MAX (64 + LB_IMAGE_NAME_MAX + 2)
+
+/* The warm class of provider prov now: the image a seed that names none gets now (the first
+ * present of a default image list, so the class follows imports) into image (LB_IMAGE_NAME_MAX
+ * + 1 bytes) and "<provider>:<image>" into cls (LEND_WARM_CLASS_MAX bytes). Reads the image
+ * store. */
+void lend_warm_class(struct lb_lend *l, struct lb_provider *prov, char *image, char *cls);
+
+/* Let seeds of provider prov's warm class take warm sandboxes (prov NULL: stop taking). A seed
+ * of that class then takes the oldest warm one of its class in one store transaction, and a
+ * seed at max_sandboxes stops the oldest warm one to make room. Thread-safe. */
+void lend_set_warm(struct lb_lend *l, struct lb_provider *prov);
+
+/* A counter that grows whenever warm sandboxes are taken or stopped to make room, or
+ * lend_warm_changed is called; lend_warm_wait returns once it differs from seen, or after
+ * timeout_ms. What a pool's refill threads sleep on. Thread-safe. */
+uint64_t lend_warm_generation(struct lb_lend *l);
+void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms);
+void lend_warm_changed(struct lb_lend *l);
+
+/* Stop the oldest warm sandbox (reason) so that its place goes elsewhere, or (not_class
+ * non-NULL) the oldest one whose class is not not_class. Claims it first (a seed may be taking
+ * it). 0 if one was stopped, -ENOENT if none was. Blocks on the provider. */
+int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class);
 
 #endif

@@ -1488,6 +1488,7 @@ static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .pty = true, /* lendbox-supervise --pty-launch with the session directory as pass fd */
         .exclusive = true,
         .trusted_view = true,
+        .image_store = true,
     };
 }
 

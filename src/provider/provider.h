@@ -219,6 +219,9 @@ struct lb_provider_caps {
     const char *default_image; /* the image of a seed that names none, when this provider has
                                   its own (docker.default_image); NULL: lending.default_image.
                                   Owned by the provider. */
+    bool image_store;          /* runs the daemon's image store trees (images_dir) as they are:
+                                  a seed records the image's User (an image whose User is not
+                                  mapped in a sandbox is refused before anything is made) */
 };
 
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to

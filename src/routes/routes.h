@@ -106,7 +106,8 @@ void routes_free_strings(char **v);
 int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err);
 /* The body of a seed or a create (POST /v1/sandboxes): NeMo Gym's SandboxSpec fields and the
  * seed's own, into *req (strings borrowed from body, which must outlive req; release req
- * with routes_spec_release, also after a failure). task_id is required for a seed only.
+ * with routes_spec_release, also after a failure). "network" is checked and parsed into
+ * req->net (lending hands it to the provider as it is). task_id is required for a seed only.
  * -EINVAL (400), -EOPNOTSUPP (422: entrypoint), -ENOMEM. */
 int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
                       struct lb_error *err);

@@ -21,6 +21,7 @@ void routes_spec_release(struct lb_seed_request *req)
     }
     free(req->files);
     free(req->ports);
+    free((void *)req->net.tool_servers);
     memset(req, 0, sizeof(*req));
 }
 
@@ -89,7 +90,9 @@ static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb
     return 0;
 }
 
-static int seed_parse_network(json_t *net, struct lb_error *err)
+/* Check the seed's "network" object and parse it into *out (strings borrowed from net; the
+ * tool_servers array is new: routes_spec_release frees it). */
+static int seed_parse_network(json_t *net, struct lb_network_request *out, struct lb_error *err)
 {
     static const char *const fields[] = {"access", "model_server", "tool_servers", NULL};
     json_t *access, *model, *tools, *v;
@@ -134,6 +137,17 @@ static int seed_parse_network(json_t *net, struct lb_error *err)
         !(access && strcmp(json_string_value(access), "model_and_tools") == 0))
         return lb_error_set(err, -EINVAL,
                             "'network.tool_servers' is only allowed with access model_and_tools");
+    out->access = json_string_value(access);
+    out->model_server = json_string_value(model);
+    if (json_array_size(tools) > 0) {
+        const char **v_out = calloc(json_array_size(tools) + 1, sizeof(*v_out));
+
+        if (!v_out)
+            return lb_error_set(err, -ENOMEM, "out of memory");
+        json_array_foreach(tools, i, v)
+            v_out[i] = json_string_value(v);
+        out->tool_servers = v_out;
+    }
     return 0;
 }
 
@@ -287,7 +301,7 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
     if (r == 0)
         r = seed_parse_resources(json_object_get(body, "resources"), &req->resources, err);
     if (r == 0)
-        r = seed_parse_network(json_object_get(body, "network"), err);
+        r = seed_parse_network(json_object_get(body, "network"), &req->net, err);
     if (r == 0)
         r = seed_parse_ports(json_object_get(body, "ports"), req, err);
     if (r == 0)

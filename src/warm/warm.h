@@ -8,9 +8,11 @@
  * sandbox in one store transaction (warm -> lent, operate token minted), then gets its files
  * written; any other seed starts a sandbox as always. A warm sandbox is handed out at most once
  * and only to its class. The class's image is resolved as a seed's that names none
- * (lend_resolve_default_image: the first present of a default image list), at every refill and
+ * (lend_warm_class: the first present of a default image list), at every refill and
  * take, so the pool follows imports; warm sandboxes of an earlier image are replaced (stop
- * reason class_changed).
+ * reason class_changed). Lending does the take and the eviction itself (lend_internal.h): the
+ * pool registers its provider (lend_set_warm), refills through lending's one start
+ * (lend_start_recorded) and sleeps on lending's warm generation; lending never calls the pool.
  *
  * Warm sandboxes are records like lent ones (store.h): inserted "starting" with their pool
  * class before the provider makes them, "warm" once they run, with expires_at = their max age,

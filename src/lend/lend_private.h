@@ -1,0 +1,100 @@
+/*
+ * lend_private.h - what the files of the lending service share and nothing else includes:
+ * lend.c, seed.c, stop.c, ops.c and render.c. The state of struct lb_lend and the helpers one of
+ * them defines for the others. Everything outside src/lend/ uses lend.h (routes, main) or
+ * lend_internal.h (the warm pool, the sweeper, activations).
+ *
+ * Thread-safety: as lend.h; fields set in lend_new are read-only afterwards, the session locks
+ * and fences have their own mutexes, draining is atomic.
+ */
+#ifndef LB_LEND_PRIVATE_H
+#define LB_LEND_PRIVATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uthash.h>
+
+#include "lend/lend.h"
+#include "lend/lend_internal.h"
+
+struct lend_session_lock {
+    char *rsid;
+    pthread_mutex_t mutex;
+    int refs;
+    UT_hash_handle hh;
+};
+
+/* A sandbox's operate-token fence: up while exclusive > 0. */
+struct lend_fence {
+    char *id;
+    int exclusive;  /* exclusive execs of the sandbox under way */
+    int writers;    /* operate-token writes in progress (lend_fence_enter) */
+    char since[32]; /* when the fence went up, ISO 8601 UTC */
+    UT_hash_handle hh;
+};
+
+struct lb_lend {
+    struct lb_lend_config cfg;
+    char *default_image, *workdir, *public_url;
+    char *images_dir;
+    unsigned char *operate_key;
+    struct lb_store *store;
+    struct lb_registry *providers;
+    atomic_bool draining;
+    pthread_mutex_t locks_mutex;
+    struct lend_session_lock *locks;
+    lb_lend_release_hook release_hook;
+    void *release_ctx;
+    lb_lend_stopped_hook stopped_hook;
+    void *stopped_ctx;
+    _Atomic(struct lb_provider *)
+        warm_prov; /* a warm pool's provider (lend_set_warm); NULL: none */
+    pthread_mutex_t warm_mutex;
+    pthread_cond_t warm_cond; /* broadcast when warm_gen grows */
+    uint64_t warm_gen;        /* lend_warm_generation */
+    pthread_mutex_t fence_mutex;
+    pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
+    struct lend_fence *fences;
+};
+
+/* lend.c: the image a seed that names none runs on, resolved from list (a default image list,
+ * "NAME" or "NAME NAME ... [host]"): the first name that is "host" or present under the
+ * images dir now, else the list's first name. Written into buf (size bytes) and returned. */
+const char *lend_default_image(const struct lb_lend *l, const char *list, char *buf, size_t size);
+
+/* lend.c: let the activation service close the harness of a lent sandbox about to be stopped. */
+void lend_before_stop(struct lb_lend *l, const struct lb_record *r);
+
+/* stop.c: retry the stops session rsid left pending (failed seed, failed release). 0 when none
+ * is left, or the first failure. *n_stopped counts the ones that succeeded; the id of the last
+ * one goes into stopped_id (stopped_id_len bytes) when stopped_id is not NULL. */
+int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char *stopped_id,
+                       size_t stopped_id_len, struct lb_error *err);
+
+/* render.c: sandbox id's operate token, "lbo_" and the HMAC's hex, into token. 0 or < 0. */
+int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);
+
+/* render.c: the string key of record r's spec, or def when it has none; *holder is the parsed
+ * spec (a new reference the caller drops with json_decref, also when def is returned). */
+const char *lend_spec_string(const struct lb_record *r, const char *key, const char *def,
+                             json_t **holder);
+
+/* render.c: the hex SHA-256 of sandbox id's operate token into hash (LB_TOKEN_HASH_HEX + 1 bytes);
+ * lend is a struct lb_lend * (an lb_store_token_hash_fn). 0 or < 0. */
+int lend_operate_token_hash(void *lend, const char *id, char *hash);
+/* render.c: the lease of record r (API.md); a new reference, NULL without memory. */
+json_t *lend_render_lease(struct lb_lend *l, const struct lb_record *r, bool reused);
+
+/* render.c: the lease of record r (API.md) with its spec already parsed (spec: r's spec_json as
+ * JSON, borrowed). A new reference, NULL without memory. */
+json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, json_t *spec,
+                               bool reused);
+
+/* render.c: the sandbox object (API.md) of record r; status NULL: guessed from the state;
+ * details adds task, stop, error and image fields. A new reference, NULL without memory. */
+json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool details);
+
+#endif

@@ -1,0 +1,439 @@
+/*
+ * ops.c - operations on one lent sandbox (exec, files, pause, endpoint, caps, OOM kills), each
+ * through lend_target (its record, descriptor and provider), and the operate-token fence that
+ * an exclusive exec raises. See lend.h.
+ */
+#include "lend/lend_private.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/metrics.h"
+
+/* A lent sandbox about to get a provider call: its record, parsed descriptor and provider. */
+struct lend_target {
+    struct lb_record rec;
+    json_t *desc;
+    struct lb_sandbox_ref ref;
+    struct lb_provider *prov;
+};
+
+static void lend_target_release(struct lend_target *t)
+{
+    json_decref(t->desc);
+    store_record_release(&t->rec);
+    memset(t, 0, sizeof(*t));
+}
+
+/* Load the lent sandbox id into t (release it with lend_target_release, also on failure).
+ * -ENOENT if it is not lent, -EREMOTEIO if its provider is not enabled. */
+static int lend_target_load(struct lb_lend *l, const char *id, struct lend_target *t,
+                            struct lb_error *err)
+{
+    memset(t, 0, sizeof(*t));
+    if (store_get_sandbox(l->store, id, &t->rec, NULL) < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (t->rec.state != LB_STATE_LENT)
+        return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
+                            store_state_name(t->rec.state));
+    t->prov = lend_provider_of(l, &t->rec, err);
+    if (!t->prov)
+        return -EREMOTEIO;
+    t->desc = t->rec.descriptor_json ? json_loads(t->rec.descriptor_json, 0, NULL) : NULL;
+    t->ref = (struct lb_sandbox_ref){t->rec.id, t->desc};
+    return 0;
+}
+
+/* ---------- the operate-token fence ---------- */
+
+/* The fence of id, made when make is true (NULL without memory). fence_mutex held. */
+static struct lend_fence *fence_get(struct lb_lend *l, const char *id, bool make)
+{
+    struct lend_fence *f;
+
+    HASH_FIND_STR(l->fences, id, f);
+    if (f || !make)
+        return f;
+    f = calloc(1, sizeof(*f));
+    if (!f || !(f->id = strdup(id))) {
+        free(f);
+        return NULL;
+    }
+    HASH_ADD_KEYPTR(hh, l->fences, f->id, strlen(f->id), f);
+    return f;
+}
+
+/* Forget f when nothing holds it. fence_mutex held. */
+static void fence_put(struct lb_lend *l, struct lend_fence *f)
+{
+    if (f->exclusive > 0 || f->writers > 0)
+        return;
+    HASH_DEL(l->fences, f);
+    free(f->id);
+    free(f);
+}
+
+static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
+{
+    return lb_error_set(err, -EBUSY,
+                        "sandbox '%s' is fenced by the exclusive exec running in it since %s: "
+                        "calls with its operate token answer 409 until that exec's result is in",
+                        f->id, f->since);
+}
+
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, true);
+    if (!f) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (f->exclusive++ == 0) {
+        struct timespec now;
+        struct tm tm;
+
+        clock_gettime(CLOCK_REALTIME, &now);
+        gmtime_r(&now.tv_sec, &tm);
+        strftime(f->since, sizeof(f->since), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    }
+    while (f->writers > 0)
+        pthread_cond_wait(&l->fence_cond, &l->fence_mutex);
+out:
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+void lend_fence_lower(struct lb_lend *l, const char *id)
+{
+    struct lend_fence *f;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f) {
+        f->exclusive--;
+        fence_put(l, f);
+    }
+    pthread_mutex_unlock(&l->fence_mutex);
+}
+
+int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f && f->exclusive > 0)
+        r = fence_refuse(f, err);
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_fence *f;
+    int r = 0;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, true);
+    if (!f)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else if (f->exclusive > 0)
+        r = fence_refuse(f, err);
+    else
+        f->writers++;
+    pthread_mutex_unlock(&l->fence_mutex);
+    return r;
+}
+
+void lend_fence_leave(struct lb_lend *l, const char *id)
+{
+    struct lend_fence *f;
+
+    pthread_mutex_lock(&l->fence_mutex);
+    f = fence_get(l, id, false);
+    if (f && --f->writers == 0) {
+        pthread_cond_broadcast(&l->fence_cond);
+        fence_put(l, f);
+    }
+    pthread_mutex_unlock(&l->fence_mutex);
+}
+
+/* ---------- per-sandbox operations ---------- */
+
+/* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
+static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
+{
+    /* no HOME: the supervisor sets the user's, from the sandbox's /etc/passwd */
+    json_t *env = json_pack("{s:s,s:s,s:s}", "PATH",
+                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG",
+                            "C.UTF-8", "LENDBOX_WORKDIR", workdir);
+    json_t *spec = rec->spec_json ? json_loads(rec->spec_json, 0, NULL) : NULL;
+    json_t *seed_env = json_object_get(spec, "env");
+    const char *k;
+    json_t *v;
+    char **out = NULL;
+    size_t i = 0;
+
+    json_t *image_env = json_object_get(spec, "image_env");
+
+    if (!env)
+        goto out;
+    json_array_foreach(image_env, i, v) {
+        const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
+
+        if (eq && eq != kv)
+            json_object_setn_new(env, kv, (size_t)(eq - kv), json_string(eq + 1));
+    }
+    i = 0;
+    if (json_is_object(seed_env))
+        json_object_update(env, seed_env);
+    if (json_is_object(req_env))
+        json_object_update(env, req_env);
+    out = calloc(json_object_size(env) + 1, sizeof(char *));
+    if (!out)
+        goto out;
+    json_object_foreach(env, k, v) {
+        const char *s = json_string_value(v);
+
+        if (!s || asprintf(&out[i], "%s=%s", k, s) < 0) {
+            out[i] = NULL;
+            continue;
+        }
+        i++;
+    }
+out:
+    json_decref(spec);
+    json_decref(env);
+    return out;
+}
+
+int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
+                   struct lb_error *err)
+{
+    struct lend_target t;
+    json_t *spec = NULL;
+    const char *image_user;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = NULL;
+    if (r == 0 && !user) {
+        (void)lend_spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
+        image_user = json_string_value(json_object_get(spec, "image_user"));
+        user = image_user;
+    }
+    if (r == 0 && user && !(*out = strdup(user)))
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
+              struct lb_exec_result *res, struct lb_error *err)
+{
+    struct lend_target t;
+    json_t *spec = NULL;
+    char **env = NULL;
+    const char *workdir, *image_wd;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r < 0)
+        goto out;
+    workdir = lend_spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
+    image_wd = json_string_value(json_object_get(spec, "image_working_dir"));
+    env = lend_exec_env(&t.rec, workdir, p->env);
+    if (!env) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    struct lb_exec_request req = {
+        .argv = (const char *const *)p->argv,
+        /* an exclusive exec (a grader) starts in /: in the workdir, or the image's working
+         * dir, the agent's files would come first where interpreters look for modules */
+        .cwd = p->cwd         ? p->cwd
+               : p->exclusive ? "/"
+               : image_wd     ? image_wd
+                              : workdir,
+        .env = (const char *const *)env,
+        /* the image's User (resolved at seed; only a mapped one gets that far) unless the
+         * exec names its own */
+        .user = p->user ? p->user : json_string_value(json_object_get(spec, "image_user")),
+        .stdin_data = p->stdin_data,
+        .stdin_len = p->stdin_len,
+        .timeout_ms = p->timeout_ms,
+        .max_output_bytes = l->cfg.max_output_bytes,
+        .preserve_background = p->preserve_background,
+        .exclusive = p->exclusive,
+        .agent_root = p->agent_root,
+        .pass_fd = p->pass_fd,
+        .on_output = p->on_output,
+        .output_ctx = p->output_ctx,
+    };
+    /* a sweep_only exec is the daemon's own: it runs where exclusive cannot be held too */
+    struct lb_exec_request checked = req;
+
+    checked.exclusive = p->exclusive && !p->sweep_only;
+    if ((r = provider_check_exec(t.prov, &checked, err)) < 0)
+        goto out;
+    /* the fence is up before the provider's sweep starts and down once the result is in */
+    if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0)
+        goto out;
+    metrics_add(LB_M_EXECS, 1);
+    r = provider_exec(t.prov, &t.ref, &req, res, err);
+    if (p->exclusive)
+        lend_fence_lower(l, id);
+    if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
+        metrics_add(LB_M_EXEC_TIMEOUTS, 1);
+out:
+    if (env)
+        for (size_t i = 0; env[i]; i++)
+            free(env[i]);
+    free(env);
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,
+                      struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        provider_caps(t.prov, caps);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
+                    size_t len, int mode, struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
+                      const char *owner, struct lb_upload **out, struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = NULL;
+    if (r == 0)
+        r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_upload_commit(struct lb_lend *l, struct lb_upload *u, struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_commit(u, err);
+}
+
+void lend_upload_abort(struct lb_lend *l, struct lb_upload *u)
+{
+    (void)l;
+    provider_upload_abort(u);
+}
+
+int lend_upload_error(struct lb_lend *l, struct lb_upload *u, int errnum, uint64_t bytes,
+                      struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_error(u, errnum, bytes, err);
+}
+
+int lend_upload_reserve(struct lb_lend *l, struct lb_upload *u, uint64_t need, uint64_t want,
+                        struct lb_error *err)
+{
+    (void)l;
+    return provider_upload_reserve(u, need, want, err);
+}
+
+int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
+                   uint64_t *size_out, struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
+                    struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
+    if (r == 0)
+        r = lend_sandbox_status(l, id, out, err);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, struct lb_error *err)
+{
+    struct lend_target t;
+    json_t *spec = NULL, *v;
+    char *url = NULL;
+    bool declared = false;
+    size_t i;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r < 0)
+        goto out;
+    spec = t.rec.spec_json ? json_loads(t.rec.spec_json, 0, NULL) : NULL;
+    json_array_foreach(json_object_get(spec, "ports"), i, v) {
+        if (json_integer_value(v) == port)
+            declared = true;
+    }
+    if (!declared) {
+        r = lb_error_set(err, -ENOENT, "port %d was not declared in the seed's 'ports'", port);
+        goto out;
+    }
+    r = provider_endpoint(t.prov, &t.ref, port, &url, err);
+    if (r < 0)
+        goto out;
+    *out = json_pack("{s:s,s:{}}", "endpoint", url, "headers");
+    if (!*out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    free(url);
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, int64_t *limit_bytes,
+                           struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
+    lend_target_release(&t);
+    return r;
+}

@@ -1,0 +1,281 @@
+/*
+ * stop.c - the one way a recorded sandbox is stopped, retries of failed stops, and release_all.
+ *
+ * A stop always goes: record "stopping" (with its reason) -> provider_stop -> record
+ * "stopped"; or, when the provider fails, "stop_failed"/"failed_seed" with the error, the
+ * attempt count and the time of the next retry (exponential backoff). Nothing leaves the live
+ * set before the provider said the sandbox is gone.
+ */
+#include "lend/lend_private.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+#include "util/metrics.h"
+
+/* ---------- stops ---------- */
+
+static int64_t lend_backoff_s(struct lb_lend *l, int attempts)
+{
+    int64_t d = l->cfg.retry_base_s;
+
+    for (int i = 1; i < attempts && d < l->cfg.retry_max_s; i++)
+        d *= 2;
+    return d < l->cfg.retry_max_s ? d : l->cfg.retry_max_s;
+}
+
+/* see lend_internal.h */
+int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
+                     enum lb_record_state fail_state, struct lb_error *err)
+{
+    struct lb_error perr = {0};
+    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+    struct lb_provider *prov;
+    int rc;
+
+    if (r->state == LB_STATE_STOP_FAILED || r->state == LB_STATE_FAILED_SEED)
+        metrics_add(LB_M_STOP_RETRIES, 1);
+    rc = store_mark_stopping(l->store, r->id, reason, err);
+    if (rc < 0)
+        goto out;
+    metrics_add(LB_M_STOPS_IN_FLIGHT, 1);
+    metrics_max(LB_M_STOPS_IN_FLIGHT_MAX, metrics_get(LB_M_STOPS_IN_FLIGHT));
+    prov = lend_provider_of(l, r, &perr);
+    rc = prov ? provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr) : -EREMOTEIO;
+    metrics_sub(LB_M_STOPS_IN_FLIGHT, 1);
+    if (rc < 0) {
+        int attempts = r->stop_attempts + 1;
+
+        metrics_add(LB_M_STOPS_FAILED, 1);
+        log_warn_sbx(r->id, "stop of sandbox %s failed (attempt %d): %s", r->id, attempts,
+                     perr.message);
+        store_mark_stop_failed(l->store, r->id, fail_state, perr.message,
+                               clock_now_s() + lend_backoff_s(l, attempts), NULL);
+        rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id, perr.message);
+        goto out;
+    }
+    metrics_add(LB_M_STOPS_OK, 1);
+    rc = store_mark_stopped(l->store, r->id, NULL, err);
+    if (l->stopped_hook)
+        l->stopped_hook(l->stopped_ctx, r->id);
+    log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
+out:
+    json_decref(desc);
+    return rc;
+}
+
+/* Retry the stops a session left pending (failed seed, failed release). Returns 0 when none
+ * is left, or the first failure. *n_stopped counts the ones that succeeded. */
+int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char *stopped_id,
+                       size_t stopped_id_len, struct lb_error *err)
+{
+    struct lb_record_filter f = {.rsid = rsid, .state = -1, .pending_stop_only = true};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        enum lb_record_state fail =
+            recs[i].state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED;
+        r = lend_stop_record(l, &recs[i], NULL, fail, err);
+        if (r == 0) {
+            (*n_stopped)++;
+            if (stopped_id)
+                snprintf(stopped_id, stopped_id_len, "%s", recs[i].id);
+        }
+    }
+    store_records_free(recs, n);
+    return r;
+}
+
+/* see lend_internal.h */
+int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class)
+{
+    struct lb_record_filter f = {.state = LB_STATE_WARM, .limit = not_class ? 0 : 4};
+    struct lb_record *recs = NULL;
+    size_t n = 0;
+    int r = store_list_sandboxes(l->store, &f, &recs, &n, NULL);
+
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (not_class && recs[i].pool_class && strcmp(recs[i].pool_class, not_class) == 0)
+            continue;
+        if (store_claim_warm(l->store, recs[i].id, reason, NULL) < 0)
+            continue; /* a seed took it meanwhile */
+        log_info_sbx(recs[i].id, "warm sandbox %s stopped (%s)", recs[i].id, reason);
+        lend_stop_record(l, &recs[i], NULL, LB_STATE_STOP_FAILED, NULL);
+        store_records_free(recs, n);
+        lend_warm_changed(l);
+        return 0;
+    }
+    store_records_free(recs, n);
+    return -ENOENT;
+}
+
+/* ---------- release_all ---------- */
+
+/* Does the record's labels object hold every name of want with the same value? */
+static bool lend_labels_match(const struct lb_record *r, json_t *want)
+{
+    json_t *spec, *have;
+    const char *k;
+    json_t *v;
+    bool ok = true;
+
+    if (!json_is_object(want) || json_object_size(want) == 0)
+        return true;
+    spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    have = json_object_get(spec, "labels");
+    json_object_foreach(want, k, v) {
+        const char *got = json_string_value(json_object_get(have, k));
+
+        if (!got || !json_is_string(v) || strcmp(got, json_string_value(v)) != 0) {
+            ok = false;
+            break;
+        }
+    }
+    json_decref(spec);
+    return ok;
+}
+
+struct release_all_item {
+    char *rsid;
+    char sandbox_id[LB_ID_MAX];
+    int rc;
+    bool released;
+    struct lb_error err;
+};
+
+struct release_all_ctx {
+    struct lb_lend *l;
+    struct release_all_item *items;
+    size_t n, next;
+    pthread_mutex_t mutex;
+};
+
+static void *release_all_worker(void *arg)
+{
+    struct release_all_ctx *c = arg;
+
+    for (;;) {
+        struct release_all_item *it;
+        json_t *out = NULL;
+
+        pthread_mutex_lock(&c->mutex);
+        it = c->next < c->n ? &c->items[c->next++] : NULL;
+        pthread_mutex_unlock(&c->mutex);
+        if (!it)
+            break;
+        /* each item is this thread's alone from here */
+        it->rc = lend_release(c->l, it->rsid, &out, &it->err);
+        it->released = it->rc == 0 && json_is_true(json_object_get(out, "released"));
+        json_decref(out);
+    }
+    return NULL;
+}
+
+int lend_release_all(struct lb_lend *l, json_t *labels, size_t concurrency, json_t **out,
+                     struct lb_error *err)
+{
+    struct release_all_ctx c = {.l = l};
+    struct lb_record_filter f = {.state = -1};
+    struct lb_record *recs = NULL;
+    size_t n = 0, n_threads, started = 0, i, k;
+    pthread_t *threads = NULL;
+    json_t *released = NULL, *failed = NULL;
+    int r;
+
+    *out = NULL;
+    if (lend_is_draining(l))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining");
+    r = store_list_sandboxes(l->store, &f, &recs, &n, err);
+    if (r < 0)
+        return r;
+    c.items = calloc(n + 1, sizeof(*c.items));
+    if (!c.items) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    /* one item per session with something to stop, oldest record first; its sandbox is the
+     * live one if there is one, else the first pending one */
+    for (i = 0; i < n; i++) {
+        const struct lb_record *rec = &recs[i];
+        bool live = rec->state == LB_STATE_STARTING || rec->state == LB_STATE_LENT;
+
+        if (!rec->rsid || rec->state == LB_STATE_STOPPED || !lend_labels_match(rec, labels))
+            continue;
+        for (k = 0; k < c.n && strcmp(c.items[k].rsid, rec->rsid) != 0; k++)
+            ;
+        if (k == c.n) {
+            c.items[k].rsid = strdup(rec->rsid);
+            if (!c.items[k].rsid) {
+                r = lb_error_set(err, -ENOMEM, "out of memory");
+                goto out;
+            }
+            c.n++;
+        } else if (!live) {
+            continue;
+        }
+        snprintf(c.items[k].sandbox_id, sizeof(c.items[k].sandbox_id), "%s", rec->id);
+    }
+    store_records_free(recs, n);
+    recs = NULL;
+    n = 0;
+
+    if (concurrency == 0)
+        concurrency = 1;
+    n_threads = c.n < concurrency ? c.n : concurrency;
+    pthread_mutex_init(&c.mutex, NULL);
+    threads = n_threads ? calloc(n_threads, sizeof(*threads)) : NULL;
+    for (; threads && started < n_threads; started++)
+        if (pthread_create(&threads[started], NULL, release_all_worker, &c) != 0)
+            break;
+    if (started == 0)
+        release_all_worker(&c); /* no thread could start: one at a time here */
+    for (i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    pthread_mutex_destroy(&c.mutex);
+
+    released = json_array();
+    failed = json_array();
+    if (!released || !failed) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (i = 0; i < c.n; i++) {
+        struct release_all_item *it = &c.items[i];
+        const char *code = NULL;
+
+        if (it->rc == 0) {
+            if (it->released)
+                json_array_append_new(released, json_string(it->rsid));
+            continue;
+        }
+        (void)lb_error_http_status(it->rc, &code);
+        json_array_append_new(failed,
+                              json_pack("{s:s,s:s?,s:{s:s,s:s}}", "resources_session_id", it->rsid,
+                                        "sandbox_id", it->sandbox_id[0] ? it->sandbox_id : NULL,
+                                        "error", "code", code ? code : "internal", "message",
+                                        it->err.message[0] ? it->err.message : "release failed"));
+    }
+    log_info("release_all: %zu sessions, %zu released, %zu failed", c.n, json_array_size(released),
+             json_array_size(failed));
+    *out = json_pack("{s:o,s:o}", "released", released, "failed", failed);
+    released = failed = NULL;
+    if (!*out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    json_decref(released);
+    json_decref(failed);
+    for (i = 0; c.items && i < c.n; i++)
+        free(c.items[i].rsid);
+    free(c.items);
+    free(threads);
+    store_records_free(recs, n);
+    return r;
+}
