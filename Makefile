@@ -59,6 +59,7 @@ ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 # Everything but main.c and the supervisor goes into one internal library.
 LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/pool/*.c src/auth/*.c \
 	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c) \
+	$(wildcard src/activation/*.c) \
 	src/supervisor/user.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(sort $(wildcard tests/unit/check_*.c))

@@ -26,7 +26,7 @@
 #include "auth/auth.h"
 #include "http/http.h"
 #include "lend/pty.h"
-#include "lend/activation.h"
+#include "activation/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
 #include "provider/lxd.h"

@@ -18,7 +18,7 @@
  * The in-sandbox directory is /run/lendbox/<activation id>: /run is the sandbox's own tmpfs,
  * and the sandbox (not the daemon) keeps it, so it survives a daemon restart.
  */
-#include "lend/activation.h"
+#include "activation/activation.h"
 
 #include <errno.h>
 #include <fcntl.h>
