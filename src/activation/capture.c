@@ -21,6 +21,8 @@
 #include "util/log.h"
 #include "util/token.h"
 
+/* The in-memory entry of the sandbox's activation, made on first use, with a reference the
+ * caller drops with entry_put (the last one frees it). NULL out of memory. */
 static struct act_entry *entry_get(struct lb_activations *a, const char *sandbox_id)
 {
     struct act_entry *e;
