@@ -53,7 +53,7 @@ static struct lb_pty_waker waker_of(struct counts *c)
     return (struct lb_pty_waker){.wake = count_wake, .release = count_release, .ctx = c};
 }
 
-static char dir[PATH_MAX], sdir[PATH_MAX + 64];
+static char root[256], dir[512], sdir[1024];
 static struct lb_store *st;
 static struct lb_registry *reg;
 static struct lb_lend *lend;
@@ -77,7 +77,7 @@ static void setup(void)
     char path[PATH_MAX + 128];
     int ret;
 
-    snprintf(dir, sizeof(dir), "/tmp/lb-check-pty-XXXXXX");
+    snprintf(dir, sizeof(dir), "%s/t-XXXXXX", root);
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/lendbox.db", dir);
     ret = store_open(path, &st, &err);
@@ -116,10 +116,30 @@ static void setup(void)
     ck_assert_uint_eq(pty_count(ptys), 1);
 }
 
+/* The tests' directories live under one root, made and removed by the parent process: a test
+ * that fails (its child exits at the assertion, before teardown) leaves nothing behind. Its
+ * service thread and fds end with that child. */
+static void remove_tree(const char *path)
+{
+    char cmd[PATH_MAX + 32];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+    (void)!system(cmd);
+}
+
+static void root_setup(void)
+{
+    snprintf(root, sizeof(root), "/tmp/lb-check-pty-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+}
+
+static void root_teardown(void)
+{
+    remove_tree(root);
+}
+
 static void teardown(void)
 {
-    char cmd[PATH_MAX + 16];
-
     pty_service_free(ptys);
     ptys = NULL;
     lend_free(lend);
@@ -128,8 +148,7 @@ static void teardown(void)
     if (in_reader >= 0)
         close(in_reader);
     in_reader = -1;
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    (void)!system(cmd);
+    remove_tree(dir);
 }
 
 /* Wait (bounded: the watcher is a thread) until *v reaches want; its value then. */
@@ -145,7 +164,8 @@ static int wait_for(atomic_int *v, int want)
 
 /* Write the session's stdout segment and wait until the watcher has handled that event: a
  * probe waiting for output is woken by it, and the watcher judges every waiter of a session
- * for one event in one pass, so the others have been judged too (no sleep needed). */
+ * for one event in one pass under the lock, so once that pass ends the others have been judged
+ * too (no sleep needed). */
 static void write_output_and_sync(const char *text)
 {
     struct counts probe = {0};
@@ -158,6 +178,9 @@ static void write_output_and_sync(const char *text)
     put_file(path, text);
     ck_assert_int_eq(wait_for(&probe.releases, 1), 1);
     ck_assert_int_eq(got(&probe.wakes), 1);
+    /* the watcher holds the service's lock for the whole pass that woke the probe: taking the
+     * lock (pty_count does) waits for the pass to end */
+    ck_assert_uint_eq(pty_count(ptys), 1);
 }
 
 START_TEST(test_unknown_session_wakes_and_releases_at_once)
@@ -265,6 +288,7 @@ static Suite *pty_suite(void)
     Suite *s = suite_create("pty");
     TCase *tc = tcase_create("waker");
 
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_unknown_session_wakes_and_releases_at_once);
