@@ -56,12 +56,16 @@ CHECK_LIBS = $(shell $(PKG_CONFIG) --libs check 2>/dev/null)
 ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS_SAN) $(DEPCFLAGS) $(CFLAGS) -MMD -MP
 ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 
-# Everything but main.c and the supervisor goes into one internal library.
+# Everything but the daemon binary's own wiring (src/main.c, src/daemon/) and the supervisor goes
+# into one internal library.
 LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/provider/engine/*.c \
 	src/provider/docker/*.c src/provider/lxd/*.c src/pool/*.c src/auth/*.c \
 	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c) \
+	$(wildcard src/activation/*.c) \
 	src/supervisor/user.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+DAEMON_SRCS := src/main.c $(sort $(wildcard src/daemon/*.c))
+DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(BUILD)/%.o)
 UNIT_SRCS := $(sort $(wildcard tests/unit/check_*.c))
 E2E_SRCS := $(sort $(wildcard tests/e2e/test_*.c))
 E2E_LIB_SRCS := tests/e2e/harness.c
@@ -87,7 +91,7 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(DAEMON): $(BUILD)/src/main.o $(LIB)
+$(DAEMON): $(DAEMON_OBJS) $(LIB)
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(DEPLIBS)
 
 # The supervisor runs inside every sandbox image: static, libc only, no sanitizers. It is every

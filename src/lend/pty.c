@@ -1,72 +1,33 @@
 /*
- * pty.c - see pty.h.
+ * pty.c - the PTY service (see pty.h): its registry of sessions (start, rediscovery after a
+ * restart, the end of a sandbox's sessions with the sandbox), create, the lookups the other
+ * files share, attach and delete; and the one way the daemon reaches a session directory the
+ * sandbox writes (below). The watcher and its waiters are in pty_watch.c; output replay, input
+ * and control in pty_io.c. Shares pty_internal.h.
  */
-#include "lend/pty.h"
+#include "lend/pty_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <uthash.h>
 
-#include "util/clock.h"
 #include "util/log.h"
 #include "util/token.h"
 
 #define SUPERVISE_PATH "/run/lendbox/supervise"
-#define SEG_BYTES (256 * 1024) /* as lendbox-supervise's PTY_SEG_BYTES */
 #define LAUNCH_TIMEOUT_MS 30000
-#define INPUT_WAIT_MS 5000
 #define META_MAX 4096
-#define WATCH_MASK                                                                                 \
-    (IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF)
 #define LOGIN_SHELL "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi"
 
-struct waiter {
-    struct lb_park *park;
-    bool err_stream;
-    bool exit_only; /* a wait: output does not wake it */
-    struct waiter *next;
-};
+/* ---------- the session directory: reached only through these ---------- */
 
-struct session {
-    char sid[LB_PTY_SID_MAX];
-    char sandbox_id[LB_ID_MAX];
-    bool pty;
-    bool gone;                      /* deleted: the directory is being removed */
-    char holder[LB_SHA256_HEX + 1]; /* "" : not held */
-    int wd;                         /* inotify watch, -1: none */
-    struct waiter *waiters;
-    UT_hash_handle hh;
-};
-
-struct lb_ptys {
-    struct lb_pty_config cfg;
-    char *dir;
-    int dir_fd; /* <state_dir>/pty, root only: the daemon's own files and the session dirs */
-    struct lb_lend *lend;
-    struct lb_store *store;
-    pthread_mutex_t lock; /* guards sessions and every session's fields */
-    struct session *sessions;
-    int ino;     /* inotify fd */
-    int stop[2]; /* the watcher's stop pipe */
-    pthread_t thread;
-    bool thread_started;
-};
-
-/* ---------- helpers ---------- */
-
-static bool sid_is_valid(const char *sid)
+bool pty_sid_is_valid(const char *sid)
 {
     size_t n = sid ? strlen(sid) : 0;
 
@@ -87,7 +48,7 @@ static bool sid_is_valid(const char *sid)
  * it: they are siblings <sid>.meta and <sid>.holder in pty/, 0600. */
 
 /* The session's directory as an fd, or -errno. */
-static int session_dir_open(const struct lb_ptys *p, const char *sid)
+int pty_session_dir_open(const struct lb_ptys *p, const char *sid)
 {
     int fd = openat(p->dir_fd, sid, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
@@ -96,7 +57,7 @@ static int session_dir_open(const struct lb_ptys *p, const char *sid)
 
 /* Open a file the holder wrote (a segment or exit) for reading: a regular file with one link,
  * never a symlink or a FIFO. -errno (-EPERM: something else is there). */
-static int session_open_file(int sdir, const char *name, struct stat *st)
+int pty_session_open_file(int sdir, const char *name, struct stat *st)
 {
     int fd = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 
@@ -110,7 +71,7 @@ static int session_open_file(int sdir, const char *name, struct stat *st)
 }
 
 /* Is name a regular file of the holder's (lstat; one link)? Its size in *size. */
-static bool session_file_ok(int sdir, const char *name, uint64_t *size)
+bool pty_session_file_ok(int sdir, const char *name, uint64_t *size)
 {
     struct stat st;
 
@@ -124,7 +85,7 @@ static bool session_file_ok(int sdir, const char *name, uint64_t *size)
 
 /* Open a FIFO of the session (in, ctl) for writing without blocking; anything but a FIFO is
  * refused (-EPERM) and never written. -ENXIO: no reader (the holder is gone). */
-static int session_open_fifo(int sdir, const char *name)
+int pty_session_open_fifo(int sdir, const char *name)
 {
     struct stat st;
     int fd = openat(sdir, name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -142,7 +103,7 @@ static int session_open_fifo(int sdir, const char *name)
 
 /* Remove name in dir (a file, or a directory and what is in it), never following a symlink:
  * everything is unlinkat on a directory fd opened O_NOFOLLOW. Bounded depth. */
-static void remove_entry_at(int dir, const char *name, int depth)
+void pty_remove_entry_at(int dir, const char *name, int depth)
 {
     DIR *d;
     struct dirent *e;
@@ -162,7 +123,7 @@ static void remove_entry_at(int dir, const char *name, int depth)
     }
     while ((e = readdir(d))) {
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            remove_entry_at(dirfd(d), e->d_name, depth + 1);
+            pty_remove_entry_at(dirfd(d), e->d_name, depth + 1);
     }
     closedir(d);
     (void)unlinkat(dir, name, AT_REMOVEDIR);
@@ -218,28 +179,6 @@ static int read_own(const struct lb_ptys *p, const char *sid, const char *name, 
     return 0;
 }
 
-/* Read up to len-1 bytes of the holder's file name (exit) into buf, NUL-terminated. */
-static int read_small(const struct lb_ptys *p, const char *sid, const char *name, char *buf,
-                      size_t len)
-{
-    struct stat st;
-    ssize_t n;
-    int sdir = session_dir_open(p, sid), fd;
-
-    if (sdir < 0)
-        return sdir;
-    fd = session_open_file(sdir, name, &st);
-    close(sdir);
-    if (fd < 0)
-        return fd;
-    n = read(fd, buf, len - 1);
-    close(fd);
-    if (n < 0)
-        return -errno;
-    buf[n] = '\0';
-    return 0;
-}
-
 /* Remove pty/<sid>/ and what is in it, and the daemon's pty/<sid>.meta and .holder. */
 static void remove_session_dir(const struct lb_ptys *p, const char *sid)
 {
@@ -248,7 +187,7 @@ static void remove_session_dir(const struct lb_ptys *p, const char *sid)
 
     /* a holder still ending (DELETE) may add its exit file meanwhile: a few passes */
     do
-        remove_entry_at(p->dir_fd, sid, 0);
+        pty_remove_entry_at(p->dir_fd, sid, 0);
     while (faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) == 0 && ++tries < 5);
     if (faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
         log_warn("pty: cannot remove %s/%s", p->dir, sid);
@@ -258,7 +197,9 @@ static void remove_session_dir(const struct lb_ptys *p, const char *sid)
     (void)unlinkat(p->dir_fd, own, 0);
 }
 
-static bool sandbox_is_running(struct lb_ptys *p, const char *sandbox_id)
+/* ---------- the registry ---------- */
+
+bool pty_sandbox_is_running(struct lb_ptys *p, const char *sandbox_id)
 {
     struct lb_record rec = {0};
     bool ok =
@@ -268,24 +209,11 @@ static bool sandbox_is_running(struct lb_ptys *p, const char *sandbox_id)
     return ok;
 }
 
-static void wake_all_locked(struct session *s)
-{
-    for (struct waiter *w = s->waiters, *next; w; w = next) {
-        next = w->next;
-        http_wake(w->park);
-        http_park_release(w->park);
-        free(w);
-    }
-    s->waiters = NULL;
-}
-
 /* Drop a session from memory (lock held): wake its waiters, stop watching it. */
 static void session_forget_locked(struct lb_ptys *p, struct session *s)
 {
     HASH_DEL(p->sessions, s);
-    wake_all_locked(s);
-    if (s->wd >= 0)
-        (void)inotify_rm_watch(p->ino, s->wd);
+    pty_watcher_forget_locked(p, s);
     free(s);
 }
 
@@ -293,111 +221,16 @@ static struct session *session_add_locked(struct lb_ptys *p, const char *sid,
                                           const char *sandbox_id, bool pty)
 {
     struct session *s = calloc(1, sizeof(*s));
-    char path[PATH_MAX];
 
     if (!s)
         return NULL;
     snprintf(s->sid, sizeof(s->sid), "%s", sid);
     snprintf(s->sandbox_id, sizeof(s->sandbox_id), "%s", sandbox_id);
     s->pty = pty;
-    snprintf(path, sizeof(path), "%s/%s", p->dir, sid);
-    s->wd = inotify_add_watch(p->ino, path, WATCH_MASK | IN_DONT_FOLLOW | IN_ONLYDIR);
-    if (s->wd < 0)
-        log_warn("pty: cannot watch %s: %s (its long-polls wait for their deadline)", path,
-                 strerror(errno));
+    pty_watcher_add_locked(p, s);
     HASH_ADD_STR(p->sessions, sid, s);
     return s;
 }
-
-/* ---------- the watcher ---------- */
-
-/* Does the session's holder still run? It holds its FIFOs open for reading as long as it
- * runs: opening one for writing without blocking fails with ENXIO once it is gone. The probe
- * uses "in": the watcher wakes on the closes of "ctl" (the holder's end), and a probe must not
- * wake the very poll that made it. */
-static bool holder_alive(const struct lb_ptys *p, const char *sid)
-{
-    int sdir = session_dir_open(p, sid), fd;
-
-    if (sdir < 0)
-        return false;
-    fd = session_open_fifo(sdir, "in");
-    close(sdir);
-    if (fd >= 0) {
-        close(fd);
-        return true;
-    }
-    /* no reader, no FIFO, or something planted in its place: nobody to serve the session */
-    return fd != -ENXIO && fd != -ENOENT && fd != -EPERM;
-}
-
-static void on_event(struct lb_ptys *p, const struct inotify_event *ev)
-{
-    struct session *s, *tmp;
-
-    pthread_mutex_lock(&p->lock);
-    HASH_ITER(hh, p->sessions, s, tmp) {
-        if (s->wd != ev->wd)
-            continue;
-        bool ctl_end = false;
-
-        if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF))
-            s->wd = -1;
-        /* a close of ctl is the holder's end, or a resize/signal request's: only the first
-         * counts (the probe opens "in", which wakes nobody) */
-        if (ev->len > 0 && strcmp(ev->name, "ctl") == 0)
-            ctl_end = !holder_alive(p, s->sid);
-        for (struct waiter **pw = &s->waiters; *pw;) {
-            struct waiter *w = *pw;
-            const char *stream = w->err_stream ? "err." : "out.";
-            bool hit = !(ev->len > 0) || (!w->exit_only && strncmp(ev->name, stream, 4) == 0) ||
-                       strcmp(ev->name, "exit") == 0 || ctl_end;
-
-            if (!hit) {
-                pw = &w->next;
-                continue;
-            }
-            *pw = w->next;
-            http_wake(w->park);
-            http_park_release(w->park);
-            free(w);
-        }
-        break;
-    }
-    pthread_mutex_unlock(&p->lock);
-}
-
-static void *watch_main(void *arg)
-{
-    struct lb_ptys *p = arg;
-    char buf[8192] __attribute__((aligned(__alignof__(struct inotify_event))));
-
-    for (;;) {
-        struct pollfd pf[2] = {{.fd = p->ino, .events = POLLIN},
-                               {.fd = p->stop[0], .events = POLLIN}};
-        ssize_t n;
-
-        if (poll(pf, 2, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        if (pf[1].revents)
-            break;
-        n = read(p->ino, buf, sizeof(buf));
-        if (n <= 0)
-            continue;
-        for (char *c = buf; c < buf + n;) {
-            const struct inotify_event *ev = (const struct inotify_event *)c;
-
-            on_event(p, ev);
-            c += sizeof(*ev) + ev->len;
-        }
-    }
-    return NULL;
-}
-
-/* ---------- start and stop ---------- */
 
 static void on_sandbox_stopped(void *ctx, const char *sandbox_id)
 {
@@ -441,7 +274,7 @@ static void load_session(struct lb_ptys *p, const char *sid)
         return;
     }
     sbx = json_string_value(json_object_get(m, "sandbox_id"));
-    if (!sbx || !sandbox_is_running(p, sbx)) {
+    if (!sbx || !pty_sandbox_is_running(p, sbx)) {
         remove_session_dir(p, sid);
     } else {
         struct session *s =
@@ -481,11 +314,9 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
         r = lb_error_set(err, -errno, "cannot create '%s': %s", p->dir, strerror(errno));
         goto fail;
     }
-    p->ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    if (p->ino < 0 || pipe2(p->stop, O_CLOEXEC) < 0) {
-        r = lb_error_set(err, -errno, "cannot start the PTY watcher: %s", strerror(errno));
+    r = pty_watcher_open(p, err);
+    if (r < 0)
         goto fail;
-    }
     r = openat(p->dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (r < 0 || !(d = fdopendir(r))) {
         if (r >= 0)
@@ -495,7 +326,7 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
     }
     pthread_mutex_lock(&p->lock);
     while ((e = readdir(d))) {
-        if (sid_is_valid(e->d_name)) {
+        if (pty_sid_is_valid(e->d_name)) {
             load_session(p, e->d_name);
         } else if (strncmp(e->d_name, "pty-", 4) == 0 && strchr(e->d_name, '.')) {
             /* the daemon's pty-<hex>.meta/.holder(.tmp): kept only with their session */
@@ -503,18 +334,17 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
             size_t n = (size_t)(strchr(e->d_name, '.') - e->d_name);
 
             snprintf(sid, sizeof(sid), "%.*s", (int)(n < sizeof(sid) ? n : 0), e->d_name);
-            if (!sid_is_valid(sid) || faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) < 0 ||
+            if (!pty_sid_is_valid(sid) ||
+                faccessat(p->dir_fd, sid, F_OK, AT_SYMLINK_NOFOLLOW) < 0 ||
                 strstr(e->d_name, ".tmp"))
                 (void)unlinkat(p->dir_fd, e->d_name, 0);
         }
     }
     pthread_mutex_unlock(&p->lock);
     closedir(d);
-    if (pthread_create(&p->thread, NULL, watch_main, p) != 0) {
-        r = lb_error_set(err, -EAGAIN, "cannot start the PTY watcher thread");
+    r = pty_watcher_start(p, err);
+    if (r < 0)
         goto fail;
-    }
-    p->thread_started = true;
     if (HASH_COUNT(p->sessions))
         log_info("pty: %u session(s) found from an earlier run", HASH_COUNT(p->sessions));
     lend_set_stopped_hook(lend, on_sandbox_stopped, p);
@@ -531,25 +361,17 @@ void pty_service_free(struct lb_ptys *p)
 
     if (!p)
         return;
-    if (p->thread_started) {
-        (void)!write(p->stop[1], "x", 1);
-        pthread_join(p->thread, NULL);
-    }
+    pty_watcher_stop(p);
     if (p->lend)
         lend_set_stopped_hook(p->lend, NULL, NULL);
     HASH_ITER(hh, p->sessions, s, tmp) {
         HASH_DEL(p->sessions, s);
-        wake_all_locked(s);
+        pty_wake_all_locked(s);
         free(s);
     }
-    if (p->ino >= 0)
-        close(p->ino);
+    pty_watcher_close(p);
     if (p->dir_fd >= 0)
         close(p->dir_fd);
-    if (p->stop[0] >= 0)
-        close(p->stop[0]);
-    if (p->stop[1] >= 0)
-        close(p->stop[1]);
     pthread_mutex_destroy(&p->lock);
     free(p->dir);
     free(p);
@@ -606,7 +428,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     snprintf(path, sizeof(path), "%s/%s", p->dir, sid);
     /* the holder writes here as the sandbox's uid (any uid of it, once users come): the
      * directory is open to all, and reachable only through the fd we pass (pty/ is 0700) */
-    if (mkdirat(p->dir_fd, sid, 0700) < 0 || (dir_fd = session_dir_open(p, sid)) < 0 ||
+    if (mkdirat(p->dir_fd, sid, 0700) < 0 || (dir_fd = pty_session_dir_open(p, sid)) < 0 ||
         fchmod(dir_fd, 0777) < 0) {
         r = lb_error_set(err, -EIO, "cannot create '%s': %s", path, strerror(errno));
         pthread_mutex_unlock(&p->lock);
@@ -705,13 +527,13 @@ out:
     return r;
 }
 
-/* ---------- lookups ---------- */
+/* ---------- lookups, attach and delete ---------- */
 
 int pty_sandbox_of(struct lb_ptys *p, const char *sid, char *sandbox_id, size_t len)
 {
     struct session *s = NULL;
 
-    if (!sid_is_valid(sid))
+    if (!pty_sid_is_valid(sid))
         return -ENOENT;
     pthread_mutex_lock(&p->lock);
     HASH_FIND_STR(p->sessions, sid, s);
@@ -721,24 +543,23 @@ int pty_sandbox_of(struct lb_ptys *p, const char *sid, char *sandbox_id, size_t 
     return s ? 0 : -ENOENT;
 }
 
-static int not_found(struct lb_error *err, const char *sid)
+int pty_not_found(struct lb_error *err, const char *sid)
 {
     return lb_error_set(err, -ENOENT, "no PTY session %s", sid ? sid : "");
 }
 
 /* The session (lock held on success); -ENOENT otherwise (unlocked). */
-static int session_lock(struct lb_ptys *p, const char *sid, struct session **out,
-                        struct lb_error *err)
+int pty_session_lock(struct lb_ptys *p, const char *sid, struct session **out, struct lb_error *err)
 {
     struct session *s = NULL;
 
-    if (!sid_is_valid(sid))
-        return not_found(err, sid);
+    if (!pty_sid_is_valid(sid))
+        return pty_not_found(err, sid);
     pthread_mutex_lock(&p->lock);
     HASH_FIND_STR(p->sessions, sid, s);
     if (!s || s->gone) {
         pthread_mutex_unlock(&p->lock);
-        return not_found(err, sid);
+        return pty_not_found(err, sid);
     }
     *out = s;
     return 0;
@@ -748,7 +569,7 @@ int pty_check_token(struct lb_ptys *p, const char *sid, const char *token, struc
 {
     char hash[LB_SHA256_HEX + 1];
     struct session *s;
-    int r = session_lock(p, sid, &s, err);
+    int r = pty_session_lock(p, sid, &s, err);
 
     if (r < 0 || !token) {
         if (r == 0)
@@ -763,438 +584,12 @@ int pty_check_token(struct lb_ptys *p, const char *sid, const char *token, struc
     return r;
 }
 
-/* The holder is gone without an exit status: the session ended with its sandbox (released,
- * deleted: 404, as for a deleted session), or its holder was killed (502). */
-static int holder_lost(struct lb_ptys *p, struct lb_error *err, const char *sid)
-{
-    char sandbox[LB_ID_MAX];
-
-    if (pty_sandbox_of(p, sid, sandbox, sizeof(sandbox)) < 0 || !sandbox_is_running(p, sandbox))
-        return not_found(err, sid);
-    return lb_error_set(err, -EREMOTEIO,
-                        "PTY session %s ended without an exit status: its holder process in the "
-                        "sandbox was killed",
-                        sid);
-}
-
-/* ---------- output ---------- */
-
-struct seg_range {
-    bool any;
-    uint64_t lo, hi; /* lowest and highest segment index present */
-};
-
-/* Index of a segment name PREFIX.K (K decimal, no sign, no leading zero but "0"), or -1. */
-static int64_t segment_index(const char *name, const char *prefix)
-{
-    size_t pl = strlen(prefix);
-    const char *d = name + pl;
-    char *end;
-    unsigned long long k;
-
-    if (strncmp(name, prefix, pl) != 0 || *d < '0' || *d > '9' || (d[0] == '0' && d[1]))
-        return -1;
-    errno = 0;
-    k = strtoull(d, &end, 10);
-    return errno || *end || k > (unsigned long long)INT64_MAX / SEG_BYTES ? -1 : (int64_t)k;
-}
-
-/* The names the holder writes besides the segments (lendbox-supervise's PTY mode). */
-static bool holder_name(const char *n)
-{
-    static const char *const names[] = {"exit", "in", "ctl", "pid", ".exit.tmp", ".pid.tmp"};
-
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(n, names[i]) == 0)
-            return true;
-    return false;
-}
-
-#define SWEEP_SEGS 6 /* segments kept by the sweep: the holder's 5 and the one it opens next */
-
-/* Find the range of PREFIX segments in the session directory, and sweep it: whatever the
- * holder never writes (other names, directories, symlinks, FIFOs or hard links where a file
- * belongs, segments over SEG_BYTES or behind the retained window) is removed, so a sandbox
- * that got hold of the directory cannot grow it past about SWEEP_SEGS segments per stream
- * for longer than until the next read. */
-static void scan_segments(int sdir, const char *prefix, struct seg_range *sr)
-{
-    struct seg_range both[2] = {{0}};
-    static const char *const prefixes[2] = {"out.", "err."};
-    struct dirent *e;
-    DIR *d;
-    int fd = openat(sdir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-    memset(sr, 0, sizeof(*sr));
-    if (fd < 0 || !(d = fdopendir(fd))) {
-        if (fd >= 0)
-            close(fd);
-        return;
-    }
-    for (int pass = 0; pass < 2; pass++) { /* 1: ranges known, remove the old segments */
-        rewinddir(d);
-        while ((e = readdir(d))) {
-            const char *n = e->d_name;
-            uint64_t size;
-            int64_t k = -1;
-            int i;
-
-            if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
-                continue;
-            for (i = 0; i < 2 && k < 0; i++)
-                k = segment_index(n, prefixes[i]);
-            i--;
-            if (k < 0) {
-                if (pass == 0 && !holder_name(n)) {
-                    log_warn("pty: removing '%s' from a session directory (not the holder's)", n);
-                    remove_entry_at(dirfd(d), n, 0);
-                }
-                continue;
-            }
-            if (pass == 0) {
-                if (!session_file_ok(dirfd(d), n, &size) || size > SEG_BYTES) {
-                    log_warn("pty: removing '%s' from a session directory (not a segment)", n);
-                    remove_entry_at(dirfd(d), n, 0);
-                    continue;
-                }
-                if (!both[i].any || (uint64_t)k < both[i].lo)
-                    both[i].lo = (uint64_t)k;
-                if (!both[i].any || (uint64_t)k > both[i].hi)
-                    both[i].hi = (uint64_t)k;
-                both[i].any = true;
-            } else if ((uint64_t)k + SWEEP_SEGS <= both[i].hi) {
-                (void)unlinkat(dirfd(d), n, 0);
-            }
-        }
-    }
-    closedir(d);
-    for (int i = 0; i < 2; i++) {
-        if (both[i].any && both[i].hi >= SWEEP_SEGS && both[i].lo + SWEEP_SEGS <= both[i].hi)
-            both[i].lo = both[i].hi - SWEEP_SEGS + 1;
-        if (strcmp(prefix, prefixes[i]) == 0)
-            *sr = both[i];
-    }
-}
-
-int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since,
-             struct lb_pty_chunk *out, struct lb_error *err)
-{
-    const char *prefix = err_stream ? "err." : "out.";
-    char name[64], exit_text[32];
-    struct seg_range sr;
-    struct session *s;
-    struct stat stt;
-    uint64_t size;
-    int r = session_lock(p, sid, &s, err), fd, sdir;
-
-    memset(out, 0, sizeof(*out));
-    out->fd = -1;
-    if (r < 0)
-        return r;
-    pthread_mutex_unlock(&p->lock);
-    sdir = session_dir_open(p, sid);
-    if (sdir < 0)
-        return not_found(err, sid);
-    /* the exit file first: it is renamed in after the last byte, so the end read after it
-     * is final */
-    if (read_small(p, sid, "exit", exit_text, sizeof(exit_text)) == 0) {
-        out->exited = true;
-        out->exit_code = atoi(exit_text);
-    }
-    scan_segments(sdir, prefix, &sr);
-    if (!sr.any) {
-        sr.lo = sr.hi = 0; /* not started yet: an empty stream */
-        out->end = 0;
-    } else {
-        snprintf(name, sizeof(name), "%s%" PRIu64, prefix, sr.hi);
-        if (!session_file_ok(sdir, name, &size) || size > SEG_BYTES)
-            size = 0;
-        out->end = sr.hi * SEG_BYTES + size;
-    }
-    r = 0;
-    if (since > out->end) {
-        r = lb_error_set(err, -EINVAL,
-                         "since %" PRIu64 " is past the end of the output (%" PRIu64
-                         " bytes so far)",
-                         since, out->end);
-        goto out;
-    }
-    if (since < sr.lo * SEG_BYTES) {
-        r = lb_error_set(err, -ESTALE,
-                         "since %" PRIu64 " is older than the retained window (it starts at "
-                         "%" PRIu64 ")",
-                         since, sr.lo * SEG_BYTES);
-        goto out;
-    }
-    out->next = since;
-    if (since == out->end) {
-        /* nothing more: is anyone still there to write it? (the exit file comes before the
-         * holder lets go of ctl, so a second look settles a race with a normal end) */
-        if (!out->exited && !holder_alive(p, sid)) {
-            if (read_small(p, sid, "exit", exit_text, sizeof(exit_text)) == 0) {
-                out->exited = true;
-                out->exit_code = atoi(exit_text);
-                goto out;
-            }
-            r = holder_lost(p, err, sid);
-        }
-        goto out;
-    }
-    snprintf(name, sizeof(name), "%s%" PRIu64, prefix, since / SEG_BYTES);
-    fd = session_open_file(sdir, name, &stt);
-    if (fd == -EPERM) {
-        r = lb_error_set(err, -EREMOTEIO,
-                         "PTY session %s: %s is not an output segment the holder wrote (a "
-                         "symlink, FIFO or link was planted in its place); it is not served",
-                         sid, name);
-        goto out;
-    }
-    if (fd < 0) {
-        r = lb_error_set(err, -ESTALE, "since %" PRIu64 " left the retained window just now",
-                         since);
-        goto out;
-    }
-    out->file_off = since % SEG_BYTES;
-    size = (uint64_t)stt.st_size > SEG_BYTES ? SEG_BYTES : (uint64_t)stt.st_size;
-    if (size <= out->file_off) { /* the segment is being started */
-        close(fd);
-        goto out;
-    }
-    out->fd = fd;
-    out->len = size - out->file_off;
-    out->next = since + out->len;
-out:
-    close(sdir);
-    return r;
-}
-
-int pty_exit_code(struct lb_ptys *p, const char *sid, int *code, struct lb_error *err)
-{
-    char text[32];
-    struct session *s;
-    int r = session_lock(p, sid, &s, err);
-
-    if (r < 0)
-        return r;
-    pthread_mutex_unlock(&p->lock);
-    if (read_small(p, sid, "exit", text, sizeof(text)) < 0) {
-        if (holder_alive(p, sid))
-            return -EAGAIN;
-        if (read_small(p, sid, "exit", text, sizeof(text)) < 0)
-            return holder_lost(p, err, sid);
-    }
-    *code = atoi(text);
-    return 0;
-}
-
-void pty_watch(struct lb_ptys *p, const char *sid, bool err_stream, int64_t since,
-               struct lb_park *park)
-{
-    struct waiter *w = calloc(1, sizeof(*w));
-    struct lb_pty_chunk c;
-    struct session *s = NULL;
-    bool ready;
-
-    pthread_mutex_lock(&p->lock);
-    if (sid_is_valid(sid))
-        HASH_FIND_STR(p->sessions, sid, s);
-    if (!s || !w) {
-        pthread_mutex_unlock(&p->lock);
-        free(w);
-        http_wake(park);
-        http_park_release(park);
-        return;
-    }
-    w->park = park;
-    w->err_stream = err_stream;
-    w->exit_only = since < 0;
-    w->next = s->waiters;
-    s->waiters = w;
-    pthread_mutex_unlock(&p->lock);
-    /* registered: now the event cannot be missed; has it happened already? */
-    if (since < 0) {
-        int code;
-
-        ready = pty_exit_code(p, sid, &code, NULL) != -EAGAIN;
-    } else if (pty_read(p, sid, err_stream, (uint64_t)since, &c, NULL) < 0) {
-        ready = true;
-    } else {
-        ready = c.exited || (since >= 0 && c.end > (uint64_t)since);
-        if (c.fd >= 0)
-            close(c.fd);
-    }
-    if (ready)
-        http_wake(park); /* its free_arg unlinks it (pty_unwatch) */
-}
-
-void pty_unwatch(struct lb_ptys *p, struct lb_park *park)
-{
-    struct session *s, *tmp;
-
-    pthread_mutex_lock(&p->lock);
-    HASH_ITER(hh, p->sessions, s, tmp) {
-        for (struct waiter **pw = &s->waiters; *pw; pw = &(*pw)->next) {
-            if ((*pw)->park == park) {
-                struct waiter *w = *pw;
-
-                *pw = w->next;
-                http_park_release(w->park);
-                free(w);
-                pthread_mutex_unlock(&p->lock);
-                return;
-            }
-        }
-    }
-    pthread_mutex_unlock(&p->lock);
-}
-
-/* ---------- input and control ---------- */
-
-static bool session_exited(struct lb_ptys *p, const char *sid)
-{
-    int sdir = session_dir_open(p, sid);
-    bool exited = sdir >= 0 && session_file_ok(sdir, "exit", NULL);
-
-    if (sdir >= 0)
-        close(sdir);
-    return exited;
-}
-
-/* Open a FIFO of the session for writing, without blocking. */
-static int open_fifo(struct lb_ptys *p, const char *sid, const char *name, struct lb_error *err)
-{
-    int sdir = session_dir_open(p, sid), fd;
-
-    if (sdir < 0)
-        return not_found(err, sid);
-    fd = session_open_fifo(sdir, name);
-    close(sdir);
-    if (fd >= 0)
-        return fd;
-    if (fd == -EPERM)
-        return lb_error_set(err, -EREMOTEIO,
-                            "PTY session %s: its %s is not the holder's FIFO (something was "
-                            "planted in its place); nothing was written",
-                            sid, name);
-    if (fd == -ENXIO || session_exited(p, sid))
-        return lb_error_set(err, -EBUSY, "the session's process has exited");
-    if (fd == -ENOENT)
-        return not_found(err, sid);
-    return lb_error_set(err, -EIO, "cannot reach the session: %s", strerror(-fd));
-}
-
-int pty_input(struct lb_ptys *p, const char *sid, const void *data, size_t len,
-              struct lb_error *err)
-{
-    struct session *s;
-    int64_t deadline = clock_mono_ms() + INPUT_WAIT_MS;
-    size_t done = 0;
-    int r = session_lock(p, sid, &s, err), fd;
-
-    if (r < 0)
-        return r;
-    pthread_mutex_unlock(&p->lock);
-    if (session_exited(p, sid))
-        return lb_error_set(err, -EBUSY, "the session's process has exited");
-    fd = open_fifo(p, sid, "in", err);
-    if (fd < 0)
-        return fd;
-    while (done < len) {
-        ssize_t w = write(fd, (const char *)data + done, len - done);
-
-        if (w > 0) {
-            done += (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && errno == EAGAIN) {
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int64_t left = deadline - clock_mono_ms();
-
-            if (left > 0 && poll(&pf, 1, (int)(left > 100 ? 100 : left)) >= 0)
-                continue;
-            r = lb_error_set(err, -EAGAIN,
-                             "the terminal took %zu of %zu bytes and nothing more for %d s", done,
-                             len, INPUT_WAIT_MS / 1000);
-            break;
-        }
-        r = lb_error_set(err, -EBUSY, "the session's process has exited");
-        break;
-    }
-    close(fd);
-    return r;
-}
-
-static int send_control(struct lb_ptys *p, const char *sid, const char *line, struct lb_error *err)
-{
-    struct session *s;
-    size_t n = strlen(line);
-    int r = session_lock(p, sid, &s, err), fd;
-
-    if (r < 0)
-        return r;
-    pthread_mutex_unlock(&p->lock);
-    fd = open_fifo(p, sid, "ctl", err);
-    if (fd < 0)
-        return fd;
-    /* one short line: a single atomic pipe write */
-    if (write(fd, line, n) != (ssize_t)n)
-        r = lb_error_set(err, errno == EAGAIN ? -EAGAIN : -EBUSY,
-                         "the session did not take the request: %s", strerror(errno));
-    close(fd);
-    return r;
-}
-
-int pty_resize(struct lb_ptys *p, const char *sid, int rows, int cols, struct lb_error *err)
-{
-    char line[64];
-
-    if (rows < 1 || rows > 65535 || cols < 1 || cols > 65535)
-        return lb_error_set(err, -EINVAL, "rows and cols must be 1-65535");
-    snprintf(line, sizeof(line), "resize %d %d\n", rows, cols);
-    return send_control(p, sid, line, err);
-}
-
-int pty_signal(struct lb_ptys *p, const char *sid, int sig, struct lb_error *err)
-{
-    char line[32];
-
-    if (sig < 1 || sig >= NSIG)
-        return lb_error_set(err, -EINVAL, "no such signal");
-    snprintf(line, sizeof(line), "signal %d\n", sig);
-    return send_control(p, sid, line, err);
-}
-
-int pty_signal_number(const char *name)
-{
-    static const struct {
-        const char *name;
-        int sig;
-    } names[] = {{"HUP", SIGHUP},   {"INT", SIGINT},     {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
-                 {"TERM", SIGTERM}, {"USR1", SIGUSR1},   {"USR2", SIGUSR2}, {"STOP", SIGSTOP},
-                 {"CONT", SIGCONT}, {"WINCH", SIGWINCH}, {"ALRM", SIGALRM}, {"TSTP", SIGTSTP},
-                 {"PIPE", SIGPIPE}, {"ABRT", SIGABRT}};
-    char *end;
-    long v;
-
-    if (!name || !*name)
-        return -1;
-    if (strncmp(name, "SIG", 3) == 0)
-        name += 3;
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(name, names[i].name) == 0)
-            return names[i].sig;
-    v = strtol(name, &end, 10);
-    return *end || v < 1 || v >= NSIG ? -1 : (int)v;
-}
-
 int pty_attach(struct lb_ptys *p, const char *sid, bool takeover, char token_out[LB_PTY_TOKEN_MAX],
                struct lb_error *err)
 {
     char token[LB_PTY_TOKEN_MAX], hash[LB_SHA256_HEX + 1];
     struct session *s;
-    int r = session_lock(p, sid, &s, err);
+    int r = pty_session_lock(p, sid, &s, err);
 
     if (r < 0)
         return r;
@@ -1215,7 +610,7 @@ int pty_attach(struct lb_ptys *p, const char *sid, bool takeover, char token_out
         return lb_error_set(err, -EIO, "cannot record the holder: %s", strerror(-r));
     }
     memcpy(s->holder, hash, sizeof(s->holder));
-    wake_all_locked(s); /* the old holder's parked polls answer 409 now */
+    pty_wake_all_locked(s); /* the old holder's parked polls answer 409 now */
     pthread_mutex_unlock(&p->lock);
     snprintf(token_out, LB_PTY_TOKEN_MAX, "%s", token);
     return 0;
@@ -1224,16 +619,16 @@ int pty_attach(struct lb_ptys *p, const char *sid, bool takeover, char token_out
 int pty_delete(struct lb_ptys *p, const char *sid, struct lb_error *err)
 {
     struct session *s;
-    int r = session_lock(p, sid, &s, err), fd = -1, sdir;
+    int r = pty_session_lock(p, sid, &s, err), fd = -1, sdir;
 
     if (r < 0)
         return r;
     session_forget_locked(p, s);
     pthread_mutex_unlock(&p->lock);
     /* the holder kills its process tree and then exits; its files go with the directory */
-    sdir = session_dir_open(p, sid);
+    sdir = pty_session_dir_open(p, sid);
     if (sdir >= 0) {
-        fd = session_open_fifo(sdir, "ctl");
+        fd = pty_session_open_fifo(sdir, "ctl");
         close(sdir);
     }
     if (fd >= 0) {

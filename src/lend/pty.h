@@ -42,7 +42,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/http.h"
 #include "lend/lend.h"
 #include "store/store.h"
 #include "util/error.h"
@@ -113,14 +112,26 @@ int pty_read(struct lb_ptys *p, const char *sid, bool err_stream, uint64_t since
  * -EAGAIN (still running). */
 int pty_exit_code(struct lb_ptys *p, const char *sid, int *code, struct lb_error *err);
 
-/* Park support: call with a parked request's handle (http_park's park_out; the service takes
- * that reference over and releases it). The park is woken when the session's files change
- * (for stream err_stream, the exit, a takeover, or the session's end), or at once when
- * ready(now) already holds: output past since (since >= 0), or the exit (since < 0: wait).
- * Unlink it from its free_arg with pty_unwatch(p, handle) (idempotent). Quick. */
+/* How the service wakes a waiting poll (a parked HTTP request, for the routes) without knowing
+ * what it is. wake ends the wait: called from any thread (the watcher's, or pty_watch's caller),
+ * possibly more than once, never with the service's lock order reversed (it must not call back
+ * into the service). release drops the service's reference to ctx: called once, after which
+ * neither is called again. */
+struct lb_pty_waker {
+    void (*wake)(void *ctx);
+    void (*release)(void *ctx);
+    void *ctx; /* the waiter's reference, handed over to the service by pty_watch */
+};
+
+/* Wait support: register waker (copied; the service takes over its reference to ctx and
+ * releases it). It is woken when the session's files change (for stream err_stream, the exit,
+ * a takeover, or the session's end), or at once when the event already happened: output past
+ * since (since >= 0), or the exit (since < 0: wait). An unknown session (or no memory) wakes
+ * and releases it at once. Unlink it with pty_unwatch(p, ctx) once the wait ends (idempotent:
+ * it releases ctx unless that happened already). Quick. */
 void pty_watch(struct lb_ptys *p, const char *sid, bool err_stream, int64_t since,
-               struct lb_park *park);
-void pty_unwatch(struct lb_ptys *p, struct lb_park *park);
+               const struct lb_pty_waker *waker);
+void pty_unwatch(struct lb_ptys *p, const void *ctx);
 
 /* Write input bytes to the session's terminal (or stdin). Waits up to about 5 s for room
  * (run it on a worker). -ENOENT, -EBUSY (409: the process has exited), -EAGAIN (the terminal

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "lend/activation.h"
+#include "activation/activation.h"
 #include "provider/provider.h"
 #include "routes/routes.h"
 #include "util/clock.h"

@@ -171,6 +171,17 @@ struct poll_wait {
     uint64_t since;
 };
 
+/* The PTY service's waker for a parked request: http's park handle. */
+static void park_wake(void *park)
+{
+    (void)http_wake(park);
+}
+
+static void park_release(void *park)
+{
+    http_park_release(park);
+}
+
 static void poll_wait_free(void *arg)
 {
     struct poll_wait *w = arg;
@@ -251,7 +262,8 @@ static int poll_start(struct lb_request *req, struct poll_wait *w, uint64_t wait
                   err);
     if (r < 0)
         return r; /* w freed */
-    pty_watch(w->ptys, w->sid, w->err_stream, w->wait ? -1 : (int64_t)w->since, w->park);
+    pty_watch(w->ptys, w->sid, w->err_stream, w->wait ? -1 : (int64_t)w->since,
+              &(struct lb_pty_waker){.wake = park_wake, .release = park_release, .ctx = w->park});
     return 0;
 }
 

@@ -14,7 +14,7 @@
 
 #include "auth/auth.h"
 #include "http/http.h"
-#include "lend/activation.h"
+#include "activation/activation.h"
 #include "lend/lend.h"
 #include "pool/pool.h"
 

@@ -28,7 +28,7 @@ struct lb_config {
     int64_t store_reserve_mib;
     int64_t header_timeout_s;   /* deadline of a request line and headers (from accept or the
                                  * previous request's end) */
-    int64_t max_connections;    /* 0: from the fd limit (see main.c) */
+    int64_t max_connections;    /* 0: from the fd limit (see daemon/config.c) */
     int64_t per_ip_connections; /* 0: max_connections / 2 */
     int64_t per_ip_incomplete;  /* connections of one address still sending their headers;
                                  * 0: per_ip_connections / 4, at most 64 */
