@@ -57,7 +57,7 @@ ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(CFLAGS_SAN) $(DEPCFLAGS) $(CFLAGS) -MMD -MP
 ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 
 # Everything but main.c and the supervisor goes into one internal library.
-LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/pool/*.c src/auth/*.c \
+LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/provider/local/*.c src/pool/*.c src/auth/*.c \
 	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c) \
 	src/supervisor/user.c)
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)

@@ -30,7 +30,7 @@
 #include "lend/lend.h"
 #include "pool/pool.h"
 #include "provider/lxd.h"
-#include "provider/seccomp.h"
+#include "provider/local/seccomp.h"
 #include "provider/registry.h"
 #include "routes/routes.h"
 #include "image/image.h"

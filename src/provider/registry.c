@@ -11,7 +11,7 @@
 
 #include "provider/docker.h"
 #include "provider/fault.h"
-#include "provider/local.h"
+#include "provider/local/local.h"
 #include "provider/lxd.h"
 #include "util/log.h"
 

@@ -20,10 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "provider/local.h"
-#include "provider/local_internal.h"
+#include "provider/local/local.h"
+#include "provider/local/local_internal.h"
 #include "provider/provider.h"
-#include "provider/seccomp.h"
+#include "provider/local/seccomp.h"
 #include "util/clock.h"
 
 #define MIB (1024 * 1024)

@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 #include "util/log.h"
 
 #define RELAY_BUF 65536

@@ -22,7 +22,7 @@
  * only to the upper dir. (Sandboxes made before this layout have img-root, img-lower and
  * img-upper mounts of their own; local_image_unmount detaches those too.)
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

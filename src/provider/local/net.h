@@ -37,7 +37,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "provider/local.h"
+#include "provider/local/local.h"
 #include "provider/provider.h"
 
 #define LOCAL_NET_MAX_ALLOW 64

@@ -9,7 +9,7 @@
  * final sweep: after the init (and with it its pid namespace) is killed, every remaining
  * process with a uid of the slot (bwrap's outer monitor, a half-started exec) is killed too.
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 
 #include <dirent.h>
 #include <errno.h>

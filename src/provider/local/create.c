@@ -28,8 +28,8 @@
  * process writes are charged to the sandbox's memory cgroup. / and /dev are read-only.
  * A future writable root layer (an overlay upper dir) belongs on such a sized tmpfs too.
  */
-#include "provider/local_internal.h"
-#include "provider/spawn.h"
+#include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -33,8 +33,8 @@
  * capabilities; the supervisor and the command inherit both. An exclusive exec first takes the
  * sandbox's exec gate and sweeps every sandbox process but the init (local_exclusive.c).
  */
-#include "provider/local_internal.h"
-#include "provider/spawn.h"
+#include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -22,10 +22,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "provider/cgroup.h"
-#include "provider/local.h"
-#include "provider/seccomp.h"
-#include "provider/local_net.h"
+#include "provider/local/cgroup.h"
+#include "provider/local/local.h"
+#include "provider/local/seccomp.h"
+#include "provider/local/net.h"
 
 /* Host ids per sandbox: its user namespace maps ids 0..LOCAL_SLOT_IDS-1 (uids and gids) to
  * host ids slot..slot+LOCAL_SLOT_IDS-1, where slot (local_desc.uid) is the first id of a slot

@@ -24,7 +24,7 @@
  * gone. Removal adds and then deletes each element in one transaction, which makes it
  * idempotent (deleting an absent element alone would fail the whole batch).
  */
-#include "provider/local_net.h"
+#include "provider/local/net.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -60,7 +60,7 @@
 #include <netlink/socket.h>
 #include <nftables/libnftables.h>
 
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 #include "util/clock.h"
 #include "util/fault.h"
 #include "util/log.h"
