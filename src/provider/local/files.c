@@ -1,5 +1,5 @@
 /*
- * local_files.c - the local provider's file_write, streamed uploads and file_open.
+ * files.c - the local provider's file_write, streamed uploads and file_open.
  *
  * The daemon does the I/O itself, through the sandbox's root: /proc/<init>/root is opened
  * (as root, after the identity check), and every path is resolved from it with

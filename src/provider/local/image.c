@@ -1,5 +1,5 @@
 /*
- * local_image.c - a writable copy-on-write root over a read-only image tree (the root of a
+ * image.c - a writable copy-on-write root over a read-only image tree (the root of a
  * sandbox made from an image of the image store).
  *
  * In the daemon's mount namespace, under the sandbox's directory, one tmpfs holds it all:

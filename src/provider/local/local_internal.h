@@ -74,8 +74,8 @@ struct local_provider {
     char *data_dir;             /* storage dir: realpath of the data dir; else NULL */
     struct lb_seccomp seccomp;  /* installed in every sandbox process; len 0 when off */
     int64_t sandbox_nofile;     /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
-    struct local_net_host *net; /* links and egress rules (local_net.c) */
-    struct relay_host *relays;  /* endpoint relays of sandboxes without a link (local_relay.c) */
+    struct local_net_host *net; /* links and egress rules (net.h) */
+    struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
 
     pthread_mutex_t lock; /* guards the fields below */
     uint8_t *uid_used;    /* bitmap over the uid_count slots */

@@ -1,5 +1,5 @@
 /*
- * local_userns.c - user namespaces the daemon makes itself (see local_internal.h): a
+ * userns.c - user namespaces the daemon makes itself (see local_internal.h): a
  * sandbox's, mapping its whole slot of ids (bwrap joins it with --userns), and an image
  * mount's (its idmap).
  *
