@@ -26,8 +26,48 @@
 
 /* ---- /proc ---------------------------------------------------------------------------- */
 
-/* Fields of /proc/<pid>/stat after the command name (which may hold spaces and ')', so they
- * start after the last ')'): state (field 3), parent pid (4), start time (22). 0, -ENOENT when
+ssize_t local_read_small(const char *path, char *buf, size_t size)
+{
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
+/* /proc/<pid>/<name> into buf as local_read_small does: the byte count, or -ENOENT when the
+ * process is gone (or the file cannot be read). */
+static ssize_t proc_read(pid_t pid, const char *name, char *buf, size_t size)
+{
+    char path[64];
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    n = local_read_small(path, buf, size);
+    return n < 0 ? -ENOENT : n;
+}
+
+/* /proc/<pid>/stat into buf; *tail points just past the command name (which may hold spaces
+ * and ')', so the fields start after the last ')'), at field 3. 0, -ENOENT when gone, -EIO
+ * when there is no ')'. */
+static int proc_stat_read(pid_t pid, char *buf, size_t size, const char **tail)
+{
+    if (proc_read(pid, "stat", buf, size) < 0)
+        return -ENOENT;
+    *tail = strrchr(buf, ')');
+    if (!*tail)
+        return -EIO;
+    (*tail)++;
+    return 0;
+}
+
+/* State (field 3), parent pid (4) and start time (22) of /proc/<pid>/stat. 0, -ENOENT when
  * the process is gone, -EIO when the line does not parse. */
 static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
                              uint64_t *start_time);
@@ -42,26 +82,17 @@ static int proc_stat(pid_t pid, char *state, pid_t *ppid, uint64_t *start_time)
 static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
                              uint64_t *start_time)
 {
-    char path[64], buf[1024];
+    char buf[1024];
     unsigned long long st;
     const char *p;
-    ssize_t n;
-    int fd, pp, sid;
+    int pp, sid, r = proc_stat_read(pid, buf, sizeof(buf), &p);
 
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -ENOENT;
-    buf[n] = '\0';
-    p = strrchr(buf, ')');
-    if (!p || sscanf(p + 1,
-                     " %c %d %*d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                     "%*d %*d %llu",
-                     state, &pp, &sid, &st) != 4)
+    if (r < 0)
+        return r;
+    if (sscanf(p,
+               " %c %d %*d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+               "%*d %*d %llu",
+               state, &pp, &sid, &st) != 4)
         return -EIO;
     *ppid = (pid_t)pp;
     if (session)
@@ -88,36 +119,17 @@ bool local_desc_alive(const struct local_desc *d)
     return d->pid > 0 && local_proc_start_time(d->pid, &st) == 0 && st == d->start_time;
 }
 
-ssize_t local_read_small(const char *path, char *buf, size_t size)
-{
-    ssize_t n;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-    if (fd < 0)
-        return -1;
-    n = read(fd, buf, size - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    return n;
-}
-
 bool local_desc_exiting(const struct local_desc *d)
 {
-    char path[64], buf[1024];
+    char buf[1024];
     unsigned long flags;
     const char *p;
 
-    if (!local_desc_alive(d))
+    if (!local_desc_alive(d) || proc_stat_read(d->pid, buf, sizeof(buf), &p) < 0)
         return false;
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)d->pid);
-    if (local_read_small(path, buf, sizeof(buf)) < 0)
-        return false;
-    p = strrchr(buf, ')');
     /* field 9, the kernel's task flags; PF_EXITING (0x4) is set as the exit begins, before a
      * pid namespace's init kills the rest of its namespace */
-    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+    if (sscanf(p, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
         return false;
     return (flags & 0x4) != 0;
 }
@@ -125,21 +137,12 @@ bool local_desc_exiting(const struct local_desc *d)
 /* Real uid and state of pid from /proc/<pid>/status; -ENOENT when gone. */
 static int proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
 {
-    char path[64], buf[2048];
+    char buf[2048];
     unsigned int u;
     const char *p;
-    ssize_t n;
-    int fd;
 
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (proc_read(pid, "status", buf, sizeof(buf)) < 0)
         return -ENOENT;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -ENOENT;
-    buf[n] = '\0';
     p = strstr(buf, "\nUid:");
     if (!p || sscanf(p + 5, "%u", &u) != 1)
         return -EIO;
