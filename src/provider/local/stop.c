@@ -108,13 +108,13 @@ static int rmtree(const char *path)
     return r;
 }
 
-/* Wait until pidfd's process has exited or deadline passes. */
 /* Wait (until deadline_ms) for our child pid to exit, and reap it. */
 static void reap_child(pid_t pid, int64_t deadline_ms)
 {
     (void)local_wait_child(pid, deadline_ms, NULL);
 }
 
+/* Wait until pidfd's process has exited or deadline passes. */
 static bool wait_pidfd(int pidfd, int64_t deadline_ms)
 {
     for (;;) {
