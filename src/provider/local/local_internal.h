@@ -184,6 +184,9 @@ int local_kill_session(const struct local_desc *d, pid_t sid);
 int local_kill_uid(uint32_t uid);
 /* Parent pid of pid (also of a zombie), or -1. */
 pid_t local_proc_ppid(pid_t pid);
+/* Real uid of pid and whether it is a zombie, from /proc/<pid>/status; 0, -ENOENT when gone,
+ * -EIO when it does not parse. */
+int local_proc_uid(pid_t pid, uint32_t *uid, bool *zombie);
 /* Reap this process's zombie children that ran as one of the slot's ids (bwrap's monitor:
  * lendboxd is a child subreaper). Scans all of /proc. */
 void local_reap_uid_children(uint32_t uid);
@@ -203,6 +206,10 @@ int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t 
  * Thread-safe (lp->lock). */
 int local_stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms);
 void local_stopping_leave(struct local_provider *lp, const char *id);
+/* How many stops so far swept /proc for the processes of a slot's ids (a stop without a live
+ * init, or one whose sandbox still had processes outside its pid namespace once its init, its
+ * monitor and its exec helpers were gone). Thread-safe. */
+unsigned long local_slot_sweeps(void);
 
 /* ---- child.c: fds, forked children, messages ------------------------------------------------ */
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */

@@ -134,8 +134,7 @@ bool local_desc_exiting(const struct local_desc *d)
     return (flags & 0x4) != 0;
 }
 
-/* Real uid and state of pid from /proc/<pid>/status; -ENOENT when gone. */
-static int proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
+int local_proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
 {
     char buf[2048];
     unsigned int u;
@@ -179,12 +178,12 @@ int local_kill_uid(uint32_t uid)
 
         if (*end || pid <= 0 || pid > INT_MAX)
             continue;
-        if (proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
+        if (local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
             continue;
         pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
         if (pfd < 0)
             continue;
-        if (proc_uid((pid_t)pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
+        if (local_proc_uid((pid_t)pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
             alive++;
             (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
         }
@@ -219,7 +218,8 @@ void local_reap_uid_children(uint32_t uid)
         uint32_t u;
         bool zombie;
 
-        if (pid <= 0 || proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || !zombie)
+        if (pid <= 0 || local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) ||
+            !zombie)
             continue;
         if (local_proc_ppid((pid_t)pid) == self)
             (void)waitpid((pid_t)pid, NULL, WNOHANG);

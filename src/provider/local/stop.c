@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,11 @@
 
 #define SWEEP_STEP_MS 10
 #define THAW_WAIT_MS 2000
+#define KNOWN_EXIT_MS 1000 /* bound on the wait for the monitor and exec helpers after the init */
+#define KNOWN_PIDS_MAX 64
+
+/* How many stops swept /proc for the ids of a slot (local_slot_sweeps). */
+static atomic_ulong slot_sweeps;
 
 static void sleep_ms(int64_t ms)
 {
@@ -108,12 +114,6 @@ static int rmtree(const char *path)
     return r;
 }
 
-/* Wait (until deadline_ms) for our child pid to exit, and reap it. */
-static void reap_child(pid_t pid, int64_t deadline_ms)
-{
-    (void)local_wait_child(pid, deadline_ms, NULL);
-}
-
 /* Wait until pidfd's process has exited or deadline passes. */
 static bool wait_pidfd(int pidfd, int64_t deadline_ms)
 {
@@ -132,6 +132,62 @@ static bool wait_pidfd(int pidfd, int64_t deadline_ms)
         if (errno != EINTR)
             return false;
     }
+}
+
+unsigned long local_slot_sweeps(void)
+{
+    return atomic_load(&slot_sweeps);
+}
+
+/* Pidfds of the exec helpers that run in the sandbox d (the processes of its ids outside its
+ * pid namespace that the daemon started) into fds, at most max; how many. Under lp->lock: a
+ * helper still linked in lp->running is not reaped, so its pid is still the helper. */
+static int exec_helper_pidfds(struct local_provider *lp, const struct local_desc *d, int *fds,
+                              int max)
+{
+    int n = 0;
+
+    if (d->cg.ndirs == 0)
+        return 0;
+    pthread_mutex_lock(&lp->lock);
+    for (struct local_running_exec *e = lp->running; e && n < max; e = e->next) {
+        if (!e->cg || e->cg->ndirs == 0 || strcmp(e->cg->dirs[0], d->cg.dirs[0]) != 0)
+            continue;
+        fds[n] = (int)syscall(SYS_pidfd_open, e->helper, 0);
+        if (fds[n] >= 0)
+            n++;
+    }
+    pthread_mutex_unlock(&lp->lock);
+    return n;
+}
+
+/* After a clean init death: wait (at most KNOWN_EXIT_MS, never past deadline_ms) for the
+ * processes of the sandbox's ids that the daemon knows to run outside its pid namespace:
+ * bwrap's monitor (monfd; reaped when it is our child: lendboxd is a subreaper) and the exec
+ * helpers, which exit as soon as their supervisor (inside the namespace) is gone; then, while
+ * the sandbox has a cgroup, until that is empty. */
+static void wait_known_pids(struct local_provider *lp, const struct local_desc *d, int monfd,
+                            pid_t monitor, int64_t deadline_ms)
+{
+    int64_t until = clock_mono_ms() + KNOWN_EXIT_MS;
+    int fds[KNOWN_PIDS_MAX], n;
+
+    if (until > deadline_ms)
+        until = deadline_ms;
+    if (monfd >= 0) {
+        (void)wait_pidfd(monfd, until);
+        if (local_proc_ppid(monitor) == getpid())
+            (void)waitpid(monitor, NULL, WNOHANG);
+    }
+    n = exec_helper_pidfds(lp, d, fds, KNOWN_PIDS_MAX);
+    for (int i = 0; i < n; i++) {
+        (void)wait_pidfd(fds[i], until);
+        close(fds[i]);
+    }
+    /* an exec worker unlinks its helper before it reaps it, and a file transfer's helper is
+     * not linked at all: those leave the cgroup on their own, as soon as they have exited */
+    while (d->cg.version != 0 && !cgroup_is_empty(&d->cg) && clock_mono_ms() < until)
+        sleep_ms(SWEEP_STEP_MS);
 }
 
 /* Remove a storage-dir sandbox's data: the descriptor's directory, and <data_dir>/<id> of the
@@ -178,7 +234,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
 {
     struct lb_cgroup guess = {0};
     char dir[4352];
-    int pidfd = -1, r = 0, left;
+    int pidfd = -1, monfd = -1, r = 0, left;
     pid_t monitor = -1;
     bool has_dir;
 
@@ -199,6 +255,20 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             close(pidfd);
             pidfd = -1;
             monitor = -1;
+        }
+        /* the monitor (bwrap, running as the sandbox's root), pinned while it is still the
+         * live init's parent; not an init that is ours or pid 1's since its monitor died */
+        if (pidfd >= 0 && monitor > 1 && monitor != getpid()) {
+            uint32_t mu = 0;
+            bool mz = false;
+
+            monfd = (int)syscall(SYS_pidfd_open, monitor, 0);
+            if (monfd >= 0 &&
+                (local_proc_ppid(d->pid) != monitor || !local_desc_alive(d) ||
+                 local_proc_uid(monitor, &mu, &mz) < 0 || mu - d->uid >= LOCAL_SLOT_IDS)) {
+                close(monfd);
+                monfd = -1;
+            }
         }
         if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0 &&
             errno != ESRCH) {
@@ -229,21 +299,22 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     /* If the monitor died before the init, the init is our child now: reap it too. */
     if (pidfd >= 0 && local_proc_ppid(d->pid) == getpid())
         (void)waitpid(d->pid, NULL, WNOHANG);
-    /* The monitor exits right after the init; when it is our child (lendboxd is a subreaper)
-     * reap it rather than leave a zombie. A slow one is no failure. */
-    if (monitor > 1 && local_proc_ppid(monitor) == getpid())
-        reap_child(monitor,
-                   clock_mono_ms() + 1000 < deadline_ms ? clock_mono_ms() + 1000 : deadline_ms);
+    /* The monitor and the exec helpers exit right after the init: wait for them (a slow one
+     * is no failure), whoever their parent is (after a restart the monitor is not ours). */
+    if (pidfd >= 0)
+        wait_known_pids(lp, d, monfd, monitor, deadline_ms);
     /* 2. A clean init death (seen through its pidfd) took every process of its pid namespace
      * with it; what could still run as the sandbox's ids outside it (bwrap's monitor, exec
-     * helpers, which join the sandbox's cgroup) shows in the cgroup. When that is empty there
-     * is nothing to search for: the /proc scan below costs O(processes on the host) per stop,
-     * which made the shutdown sweep of many sandboxes quadratic. Otherwise (no live init to
-     * kill: a sandbox half made when a daemon crashed, or one whose init died; no cgroup; or
-     * something left in it) sweep everything running as one of the sandbox's ids. */
+     * helpers, which join the sandbox's cgroup, and were waited for above) shows in the
+     * cgroup. When that is empty there is nothing to search for: the /proc scan below costs
+     * O(processes on the host) per stop, which made the shutdown sweep of many sandboxes
+     * quadratic. Otherwise (no live init to kill: a sandbox half made when a daemon crashed,
+     * or one whose init died; no cgroup; or something left in it) sweep everything running as
+     * one of the sandbox's ids. */
     if (pidfd >= 0 && cgroup_is_empty(&d->cg)) {
         /* nothing left */
     } else if (has_dir && local_uid_in_range(lp, d->uid)) {
+        atomic_fetch_add(&slot_sweeps, 1);
         while ((left = local_kill_uid(d->uid)) > 0) {
             if (clock_mono_ms() >= deadline_ms) {
                 r = lb_error_set(err, -ETIMEDOUT,
@@ -292,6 +363,8 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     local_net_free_slot(lp, &d->net);
 out:
     cgroup_release(&guess);
+    if (monfd >= 0)
+        close(monfd);
     if (pidfd >= 0)
         close(pidfd);
     return r;
