@@ -58,8 +58,8 @@ ALL_LDFLAGS = -pthread $(CFLAGS_SAN) $(LDFLAGS)
 
 # Everything but the daemon binary's own wiring (src/main.c, src/daemon/) and the supervisor goes
 # into one internal library.
-LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/provider/engine/*.c \
-	src/provider/docker/*.c src/provider/lxd/*.c src/pool/*.c src/auth/*.c \
+LIB_SRCS := $(sort $(wildcard src/util/*.c src/store/*.c src/provider/*.c src/provider/local/*.c \
+	src/provider/engine/*.c src/provider/docker/*.c src/provider/lxd/*.c src/pool/*.c src/auth/*.c \
 	src/lend/*.c src/sweeper/*.c src/warm/*.c src/http/*.c src/routes/*.c src/image/*.c) \
 	$(wildcard src/activation/*.c) \
 	src/supervisor/user.c)

@@ -97,7 +97,7 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* What src/provider/local_create.c's build_argv gives a host-root sandbox of the default class
+/* What src/provider/local/create.c's build_argv gives a host-root sandbox of the default class
  * (storage tmpfs, no limits, no network, default sizes): a tmpfs root with every top-level
  * entry of / bound read-only (symlinks recreated), /proc, a read-only /dev, sized tmpfs on
  * /dev/shm, /tmp, /run and the workdir, the supervisor bound from an fd, / remounted

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "image/image.h"
-#include "provider/seccomp.h"
+#include "provider/local/seccomp.h"
 #include "sweeper/sweeper.h"
 #include "util/clock.h"
 #include "util/fault.h"

@@ -11,7 +11,7 @@
 
 #include "provider/docker/docker.h"
 #include "provider/fault.h"
-#include "provider/local.h"
+#include "provider/local/local.h"
 #include "provider/lxd/lxd.h"
 #include "util/log.h"
 
@@ -26,7 +26,7 @@ struct lb_registry {
 
 /* The default uid range of the local provider: derived from the state dir, so that two
  * lendboxd with different state dirs mostly start in different places (the slots themselves
- * are claimed host-wide, see local.c). uid_count slots of 65536 ids, uid_base a multiple of
+ * are claimed host-wide, see local/slots.c). uid_count slots of 65536 ids, uid_base a multiple of
  * 65536, inside [10^8, 10^9):
  * above the subordinate ids of /etc/subuid (100000 + 65536 * n) and every real user. */
 static uint32_t local_default_uid_base(const char *state_dir, uint32_t uid_count)

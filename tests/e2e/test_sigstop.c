@@ -1,7 +1,7 @@
 /*
  * test_sigstop.c - a sandbox that stops everything it can see (`kill -STOP -1` in a loop)
  * must not wedge the daemon's workers. The exec path spawns its helper with a vfork-style
- * clone that shares the daemon's memory until execve (src/provider/spawn.h); whatever enters
+ * clone that shares the daemon's memory until execve (src/provider/local/spawn.h); whatever enters
  * the sandbox (its cgroup, its uid, its pid namespace) must be a process of its own, else a
  * stopped child would hold a worker forever. With server.workers = 2: several execs into the
  * stopping sandbox all answer (a result, usually timeout or sandbox error) instead of hanging,

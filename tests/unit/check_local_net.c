@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 #include "util/fault.h"
 
 START_TEST(test_descriptor_round_trip)

@@ -17,13 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "provider/local.h"
-#include "provider/local_internal.h"
+#include "provider/local/local.h"
+#include "provider/local/local_internal.h"
 #include "provider/provider.h"
-#include "provider/seccomp.h"
+#include "provider/local/seccomp.h"
 #include "util/clock.h"
 
 #define MIB (1024 * 1024)
@@ -1000,6 +1001,91 @@ START_TEST(test_stale_stop_and_uid_reuse)
 }
 END_TEST
 
+/* A stop after a clean init death waits for the processes of the sandbox's ids that the daemon
+ * knows to run outside its pid namespace (bwrap's monitor, exec helpers) instead of sweeping
+ * /proc for them: here a sandbox made by a daemon that has since exited (its monitor is no
+ * child of ours), with an exec in flight (its helper exits only after the init's death). */
+struct sleeper {
+    struct sbx *s;
+    int r;
+};
+
+static void *sleeper_main(void *arg)
+{
+    struct sleeper *sl = arg;
+    const char *argv[] = {"sleep", "30", NULL};
+    struct lb_exec_result res = {0};
+
+    sl->r = run_argv(sl->s, argv, NULL, &res, NULL);
+    provider_exec_result_release(&res);
+    return NULL;
+}
+
+START_TEST(test_stop_waits_for_known_pids)
+{
+    char buf[16384], path[64], stat[1024];
+    struct sleeper sl = {0};
+    struct lb_error err = {0};
+    unsigned long sweeps;
+    size_t len = 0;
+    int fds[2], st = 0, ppid = 0;
+    struct sbx s;
+    pthread_t th;
+    pid_t c;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    c = fork();
+    ck_assert_int_ge(c, 0);
+    if (c == 0) {
+        char *text;
+
+        close(fds[0]);
+        sbx_create(&s);
+        text = json_dumps(s.desc, JSON_COMPACT);
+        if (!text || write(fds[1], text, strlen(text)) != (ssize_t)strlen(text))
+            _exit(1);
+        _exit(0);
+    }
+    close(fds[1]);
+    for (ssize_t n; (n = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0;)
+        len += (size_t)n;
+    close(fds[0]);
+    ck_assert_int_eq(waitpid(c, &st, 0), c);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    buf[len] = '\0';
+    memset(&s, 0, sizeof(s));
+    s.desc = json_loads(buf, 0, NULL);
+    ck_assert_ptr_nonnull(s.desc);
+    snprintf(s.id, sizeof(s.id), "%s",
+             strrchr(json_string_value(json_object_get(s.desc, "dir")), '/') + 1);
+    s.ref = (struct lb_sandbox_ref){.id = s.id, .descriptor = s.desc};
+    s.uid = (uint32_t)json_integer_value(json_object_get(s.desc, "uid"));
+    s.pid = (pid_t)json_integer_value(json_object_get(s.desc, "pid"));
+    /* the init's parent is bwrap's monitor, and no child of this process */
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)s.pid);
+    ck_assert_int_gt(local_read_small(path, stat, sizeof(stat)), 0);
+    ck_assert_int_eq(sscanf(strrchr(stat, ')') + 1, " %*c %d", &ppid), 1);
+    ck_assert_int_gt(ppid, 1);
+    ck_assert_int_ne(ppid, getpid());
+
+    sl.s = &s;
+    sl.r = 1;
+    ck_assert_int_eq(pthread_create(&th, NULL, sleeper_main, &sl), 0);
+    for (int i = 0; i < 400 && count_uid_procs(s.uid, "sleep") == 0; i++)
+        usleep(25 * 1000);
+    ck_assert_int_eq(count_uid_procs(s.uid, "sleep"), 1);
+
+    sweeps = local_slot_sweeps();
+    ck_assert_msg(provider_stop(prov, &s.ref, 10000, &err) == 0, "stop: %s", err.message);
+    ck_assert_uint_eq(local_slot_sweeps(), sweeps);
+    pthread_join(th, NULL);
+    ck_assert_int_lt(sl.r, 0); /* the exec ended with its sandbox */
+    ck_assert_int_eq(count_uid_procs(s.uid, NULL), 0);
+    ck_assert(!path_exists(json_string_value(json_object_get(s.desc, "dir"))));
+    sbx_free(&s);
+}
+END_TEST
+
 /* A state dir the host image's binds would expose (under /var) is covered by a tmpfs. */
 START_TEST(test_state_dir_hidden)
 {
@@ -1218,6 +1304,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_image_dir);
     tcase_add_test(tc, test_state_dir_hidden);
     tcase_add_test(tc, test_stale_stop_and_uid_reuse);
+    tcase_add_test(tc, test_stop_waits_for_known_pids);
     tcase_add_test(tc, test_failed_create_cleans_up);
     tcase_add_test(tc, test_parallel);
     tcase_add_test(tc, test_timing);

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "provider/cgroup.h"
+#include "provider/local/cgroup.h"
 #include "util/clock.h"
 #include "util/log.h"
 

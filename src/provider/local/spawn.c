@@ -2,7 +2,7 @@
  * spawn.c - spawn_vfork: clone(CLONE_VM | CLONE_VFORK) with a stack of the call's own (see
  * spawn.h for the rules a child follows).
  */
-#include "provider/spawn.h"
+#include "provider/local/spawn.h"
 
 #include <errno.h>
 #include <sched.h>

@@ -1,7 +1,7 @@
 /*
  * seccomp.c - see seccomp.h.
  */
-#include "provider/seccomp.h"
+#include "provider/local/seccomp.h"
 
 #include <errno.h>
 #include <fcntl.h>

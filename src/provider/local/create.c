@@ -1,5 +1,5 @@
 /*
- * local_create.c - the local provider's create: make the sandbox directory and cgroup, build
+ * create.c - the local provider's create: make the sandbox directory and cgroup, build
  * the bwrap command line, start bwrap as the sandbox's uid (spawn_vfork: no copy of the
  * daemon), and wait until lendbox-supervise --init runs as the sandbox's pid 1.
  *
@@ -14,7 +14,7 @@
  * 5 an O_PATH fd of the workdir's data directory (--bind-fd; storage dir) or /dev/null (storage
  * tmpfs: unused), 6 an O_PATH fd of the supervisor (--ro-bind-fd), 7 a memfd with the seccomp
  * filter (--seccomp, loaded by bwrap right before it execs the init; /dev/null when the filter
- * is off), 8 the sandbox's user namespace (--userns: made by local_userns.c, mapping the
+ * is off), 8 the sandbox's user namespace (--userns: made by userns.c, mapping the
  * sandbox's whole slot of 65536 ids; bwrap's own --unshare-user could map only its one uid).
  * bwrap 0.8 still realpath()s
  * /proc/self/fd/N as the sandbox's uid, so the path to the data directory must be searchable
@@ -28,8 +28,8 @@
  * process writes are charged to the sandbox's memory cgroup. / and /dev are read-only.
  * A future writable root layer (an overlay upper dir) belongs on such a sized tmpfs too.
  */
-#include "provider/local_internal.h"
-#include "provider/spawn.h"
+#include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -320,7 +320,7 @@ static int add_root(struct strv *a, const char *root, const char *workdir,
     }
     strv_add2(a, "--proc", "/proc");
     /* every writable mount is sized (the kernel default is half the host's RAM; the files
-     * API's pages are charged to the sandbox's memory cgroup, see local_files.c, but a sandbox
+     * API's pages are charged to the sandbox's memory cgroup, see files.c, but a sandbox
      * without a memory limit has none); /dev is
      * bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its own */
     strv_add2(a, "--dev", "/dev");
@@ -385,7 +385,7 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
         add_image_root(a, overlay_root, &sizes);
     else if ((r = add_root(a, root, workdir, lp, &sizes, err)) < 0)
         return r;
-    if (hosts && *hosts) /* a networked sandbox's names (local_net.c) */
+    if (hosts && *hosts) /* a networked sandbox's names (net_policy.c) */
         strv_add3(a, "--ro-bind", hosts, "/etc/hosts");
     if (lp->storage == LOCAL_STORAGE_TMPFS && image_ws) {
         strv_add3(a, "--bind", image_ws, workdir); /* disk_mib shared with the root's writes */
@@ -744,7 +744,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = image_root(lp, image, root, sizeof(root), err);
     if (r < 0)
         return r;
-    /* where a grader's view finds the image again (local_exec.c), whatever the name points to
+    /* where a grader's view finds the image again (exec.c), whatever the name points to
      * later */
     if (strcmp(image, "host") != 0 && !realpath(root, d.image))
         return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);

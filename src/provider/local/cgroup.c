@@ -1,5 +1,5 @@
 /* cgroup.c - see cgroup.h. */
-#include "provider/cgroup.h"
+#include "provider/local/cgroup.h"
 
 #include <errno.h>
 #include <fcntl.h>

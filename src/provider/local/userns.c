@@ -1,5 +1,5 @@
 /*
- * local_userns.c - user namespaces the daemon makes itself (see local_internal.h): a
+ * userns.c - user namespaces the daemon makes itself (see local_internal.h): a
  * sandbox's, mapping its whole slot of ids (bwrap joins it with --userns), and an image
  * mount's (its idmap).
  *
@@ -14,7 +14,7 @@
  * sandbox's supervisor can give a user its groups), opens /proc/<helper>/ns/user, and kills
  * and reaps the helper: the fd alone keeps the namespace alive, and nothing stays running.
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 #include "util/fault.h"
 
 #include <errno.h>

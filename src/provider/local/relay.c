@@ -1,5 +1,5 @@
 /*
- * local_relay.c - endpoints of sandboxes without a network link (loopback only): a TCP relay
+ * relay.c - endpoints of sandboxes without a network link (loopback only): a TCP relay
  * the daemon runs, listening on 127.0.0.1:<ephemeral> of the host and connecting, for each
  * client, to 127.0.0.1:<port> inside the sandbox's network namespace.
  *
@@ -27,7 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 #include "util/log.h"
 
 #define RELAY_BUF 65536

@@ -1,5 +1,6 @@
 /*
- * local_net.h - the local provider's per-sandbox network (private to src/provider/local*.c).
+ * net.h - the local provider's per-sandbox network (private to src/provider/local/; made by
+ * net.c, net_nft.c, net_policy.c and net_link.c, which share net_internal.h).
  *
  * A sandbox that asks for a network (model_only, model_and_tools, or inherit with
  * [network] inherit = nat) gets one veth pair: the host end "lb<13 chars>" (named from a hash
@@ -37,7 +38,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "provider/local.h"
+#include "provider/local/local.h"
 #include "provider/provider.h"
 
 #define LOCAL_NET_MAX_ALLOW 64

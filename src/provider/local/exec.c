@@ -34,8 +34,8 @@
  * sandbox's exec gate and sweeps every sandbox process but the init (local_exclusive.c).
  */
 #include "provider/exec_result.h"
-#include "provider/local_internal.h"
-#include "provider/spawn.h"
+#include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * local_files.c - the local provider's file_write, streamed uploads and file_open.
+ * files.c - the local provider's file_write, streamed uploads and file_open.
  *
  * The daemon does the I/O itself, through the sandbox's root: /proc/<init>/root is opened
  * (as root, after the identity check), and every path is resolved from it with
@@ -26,7 +26,7 @@
  * the helper is the out-of-memory killer's first choice, so the sandbox's own processes are
  * spared. Commit gives back what was reserved but not written.
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,7 +44,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "provider/spawn.h"
+#include "provider/local/spawn.h"
 #include "supervisor/user.h"
 #include "util/clock.h"
 

@@ -1,5 +1,5 @@
 /*
- * local_image.c - a writable copy-on-write root over a read-only image tree (the root of a
+ * image.c - a writable copy-on-write root over a read-only image tree (the root of a
  * sandbox made from an image of the image store).
  *
  * In the daemon's mount namespace, under the sandbox's directory, one tmpfs holds it all:
@@ -22,7 +22,7 @@
  * only to the upper dir. (Sandboxes made before this layout have img-root, img-lower and
  * img-upper mounts of their own; local_image_unmount detaches those too.)
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

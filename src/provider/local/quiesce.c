@@ -13,7 +13,7 @@
  * a process that pass killed. Each kill goes through a pidfd taken after the namespace check
  * and checked again, so a pid reused meanwhile is not hit.
  */
-#include "provider/local_internal.h"
+#include "provider/local/local_internal.h"
 
 #include <dirent.h>
 #include <errno.h>

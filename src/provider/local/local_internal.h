@@ -1,0 +1,321 @@
+/*
+ * local_internal.h - shared pieces of the local provider, private to the files of
+ * src/provider/local/ (and its unit tests). Which file does what, from the top down; a file
+ * calls only files below it in this map (and cgroup.c, seccomp.c, spawn.c), never one above
+ * it:
+ *
+ * local.c      the top: ops table, construction, caps, destroy; status, list, pause, endpoint
+ * create.c     create: bwrap argv, the double-fork spawn, waiting for the init
+ * exec.c       exec: entering the namespaces and running lendbox-supervise
+ * files.c      file_write / file_open through /proc/<init>/root with openat2
+ * quiesce.c    the per-sandbox exec gate and the sweep before an exclusive exec
+ * stop.c       stop: one stop per id at a time, and the teardown of a sandbox
+ * relay.c      endpoint relays for sandboxes without a link
+ * image.c      a sandbox's writable copy-on-write root over an image (overlay on tmpfs)
+ * userns.c     user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
+ * desc.c       sandbox ids and directories, descriptors (parse, save, load)
+ * net.c, net_nft.c, net_policy.c, net_link.c   per-sandbox veth links and nftables egress
+ *              rules (net.h)
+ * slots.c      uid slots and their host-wide claims
+ * child.c      fd helpers, async-signal-safe helpers for forked children, errno/E2BIG texts
+ * proc.c       /proc reading, killing process trees and slots, reaping the daemon's children
+ * Used only by the local provider: cgroup.c (cgroups), seccomp.c (the filter), spawn.c
+ * (starting programs without a fork).
+ */
+#ifndef LB_PROVIDER_LOCAL_INTERNAL_H
+#define LB_PROVIDER_LOCAL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "provider/gate.h"
+#include "provider/local/cgroup.h"
+#include "provider/local/local.h"
+#include "provider/local/seccomp.h"
+#include "provider/local/net.h"
+
+/* Host ids per sandbox: its user namespace maps ids 0..LOCAL_SLOT_IDS-1 (uids and gids) to
+ * host ids slot..slot+LOCAL_SLOT_IDS-1, where slot (local_desc.uid) is the first id of a slot
+ * of [uid_base, uid_base + uid_count * LOCAL_SLOT_IDS). */
+#define LOCAL_SLOT_IDS 65536u
+#define LOCAL_SLOT_IDS_TEXT "65536"
+/* Host-wide claims of slots in use, one file per slot named by its first id (local.c). */
+#define LOCAL_SLOT_CLAIM_DIR "/run/lendbox/slots"
+
+/* Where the supervisor appears inside every sandbox. */
+#define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"
+#define LOCAL_DEFAULT_WORKDIR "/workspace"
+#define LOCAL_DESCRIPTOR_FILE "descriptor.json"
+/* disk_mib of a sandbox whose spec sets none (lend normally fills in limits.default_disk_mib) */
+#define LOCAL_DEFAULT_DISK_MIB 1024
+
+/* Where a sandbox's workdir lives (local.storage). */
+enum local_storage {
+    LOCAL_STORAGE_TMPFS, /* a tmpfs of disk_mib inside the sandbox's mount namespace */
+    LOCAL_STORAGE_DIR,   /* <data_dir>/<id> on the host, bind-mounted; no per-sandbox quota */
+};
+
+struct local_provider {
+    struct lb_provider base;
+    char *sandboxes_dir;  /* <state_dir>/sandboxes, absolute */
+    char *state_dir;      /* realpath of the state dir */
+    char *bwrap_path;     /* absolute */
+    char *supervise_path; /* absolute */
+    char *images_dir;     /* NULL: only "host" */
+    struct lb_cgroup_host cg;
+    uint32_t uid_base, uid_count; /* uid_count: slots of LOCAL_SLOT_IDS ids */
+    char *claim_id;               /* "<dev>:<ino> <state dir>\n": the content of our slot claims */
+    int64_t create_timeout_ms;
+    int64_t tmp_size_mib;
+    enum local_storage storage;
+    char *data_dir;             /* storage dir: realpath of the data dir; else NULL */
+    struct lb_seccomp seccomp;  /* installed in every sandbox process; len 0 when off */
+    int64_t sandbox_nofile;     /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
+    struct local_net_host *net; /* links and egress rules (net.h) */
+    struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
+
+    pthread_mutex_t lock; /* guards the fields below */
+    uint8_t *uid_used;    /* bitmap over the uid_count slots */
+    uint32_t uid_next;    /* next-fit cursor */
+    char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
+    size_t nstopping, stopping_cap;
+    pthread_cond_t stopped;             /* signalled when an id leaves stopping */
+    struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
+    struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
+    bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
+};
+
+/* One exec whose helper process runs, on its worker's stack (linked while it runs). */
+struct local_running_exec {
+    pid_t helper;
+    const struct lb_cgroup *cg;
+    bool ended; /* local_end_execs killed its process tree */
+    struct local_running_exec *next;
+};
+
+/* A parsed descriptor. pid 0: the init never (or not yet) started. */
+struct local_desc {
+    pid_t pid;
+    uint64_t start_time; /* field 22 of /proc/<pid>/stat */
+    uint32_t uid;        /* first host id of the sandbox's slot: its root (uid and gid 0) */
+    char workdir[4097];
+    char data[4352]; /* storage dir: the host directory bound at workdir; "" for tmpfs */
+    struct lb_cgroup cg;
+    struct local_net net; /* mode LOCAL_NET_NONE: loopback only */
+    char image[4352];     /* an image sandbox's image tree on the host (resolved, in the image
+                             store), what its root's overlay is over; "" for image host or a
+                             sandbox made before it was recorded */
+};
+
+/* ---- desc.c: ids, directories, descriptors -------------------------------------------------- */
+/* Is id usable as a directory name ([A-Za-z0-9._-], 1..128, no leading '.')? */
+bool local_id_is_valid(const char *id);
+/* <sandboxes_dir>/<id> into buf. */
+void local_sandbox_dir(const struct local_provider *lp, const char *id, char *buf, size_t size);
+
+/* Load ref's descriptor (ref->descriptor, else <dir>/descriptor.json) and, while the
+ * sandbox's directory exists, mark its uid used. -ENOENT when there is neither (the sandbox
+ * is gone), -EINVAL when malformed. */
+int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                    struct local_desc *d, struct lb_error *err);
+json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
+void local_desc_release(struct local_desc *d);
+/* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
+int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err);
+/* Parse <dir>/descriptor.json into d (and, when raw is not NULL, its JSON into *raw, the
+ * caller's). -ENOENT when it does not exist, -EINVAL when malformed. */
+int local_desc_read_file(const char *dir, const char *id, struct local_desc *d, json_t **raw);
+
+/* ---- slots.c: uid slots --------------------------------------------------------------------- */
+/* Take a free slot of LOCAL_SLOT_IDS ids and claim it host-wide (a file in
+ * LOCAL_SLOT_CLAIM_DIR), *uid its first; slots claimed by another lendboxd are skipped. -EUSERS
+ * when every slot is in use here or elsewhere (or the claim dir is unusable, logged) / give one
+ * back and drop its claim (both slots its ids reach into when uid is not slot-aligned: an
+ * older version's sandbox). Thread-safe (lp->lock). */
+int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
+void local_uid_free(struct local_provider *lp, uint32_t uid);
+/* Is uid the first host id of one of our slots (a sandbox's root)? */
+bool local_uid_in_range(const struct local_provider *lp, uint32_t uid);
+/* Mark the slot(s) of an adopted sandbox (uid: its first id) in use, here and host-wide (a
+ * slot another lendboxd holds is logged, not refused). Thread-safe (lp->lock). */
+void local_uid_mark(struct local_provider *lp, uint32_t uid);
+/* At start: make the claim dir and lp->claim_id (this daemon's identity in its claims). 0,
+ * -EREMOTEIO or -ENOMEM. */
+int local_claims_start(struct local_provider *lp, struct lb_error *err);
+/* At start, after every live sandbox's slots are marked: drop our claims of slots that no
+ * sandbox of all (local_list's array) uses any more. */
+void local_claims_sweep(struct local_provider *lp, json_t *all);
+
+/* ---- proc.c: /proc, killing, reaping -------------------------------------------------------- */
+/* Start time (field 22 of /proc/<pid>/stat) of pid; -ENOENT when gone (a zombie counts as
+ * gone). */
+int local_proc_start_time(pid_t pid, uint64_t *start_time);
+/* Is the sandbox's init the very process the descriptor names (pid + start time)? */
+bool local_desc_alive(const struct local_desc *d);
+/* Is that init alive but already exiting (killed: its namespace's processes are being killed,
+ * and the namespace's teardown, e.g. an image root's mounts, may keep it a while)? */
+bool local_desc_exiting(const struct local_desc *d);
+/* Read at most size - 1 bytes of the file at path (a /proc file, read in one go) into buf and
+ * NUL-terminate them: the byte count (> 0), or -1 when it cannot be opened or read or is
+ * empty. Thread-safe. */
+ssize_t local_read_small(const char *path, char *buf, size_t size);
+/* Wait until deadline_ms (monotonic) for our child pid to exit and reap it; *status (may be
+ * NULL) gets its wait status. 0, -ETIMEDOUT when it is still running (not reaped), -ECHILD
+ * when it is not our child. */
+int local_wait_child(pid_t pid, int64_t deadline_ms, int *status);
+/* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
+ * within a bound and must not be waited for inline). */
+void local_reap_later(pid_t pid);
+/* SIGKILL root and every descendant of it (one snapshot of /proc). The tree's processes are
+ * first let out of cg's freezer (cgroup_unfreeze_procs; cg may be NULL) so that even frozen
+ * ones die. Returns how many were signalled, or -errno. */
+int local_kill_tree(pid_t root, const struct lb_cgroup *cg);
+/* SIGKILL every process of session sid (its leader's pid as the host sees it; the leader is
+ * gone) that lives in the sandbox d's pid namespace, and their descendants: what is left of
+ * an exec whose supervisor died. How many were signalled, or -errno. */
+int local_kill_session(const struct local_desc *d, pid_t sid);
+/* SIGKILL every live process whose real uid is one of the slot's ids (uid: its first id, the
+ * sandbox's root); a pid is pinned with a pidfd and its uid read again before the kill, so a
+ * reused pid is safe. How many were still alive, or -errno. Scans all of /proc. */
+int local_kill_uid(uint32_t uid);
+/* Parent pid of pid (also of a zombie), or -1. */
+pid_t local_proc_ppid(pid_t pid);
+/* Real uid of pid and whether it is a zombie, from /proc/<pid>/status; 0, -ENOENT when gone,
+ * -EIO when it does not parse. */
+int local_proc_uid(pid_t pid, uint32_t *uid, bool *zombie);
+/* Reap this process's zombie children that ran as one of the slot's ids (bwrap's monitor:
+ * lendboxd is a child subreaper). Scans all of /proc. */
+void local_reap_uid_children(uint32_t uid);
+
+/* ---- stop.c: stop --------------------------------------------------------------------------- */
+/* Kill the sandbox: SIGKILL the init and every process running as one of its slot's uids,
+ * thaw, wait until they are gone, remove its cgroups and its directory, free the slot.
+ * Idempotent. The slot is only swept and freed while the directory exists: once it is gone
+ * the slot may already belong to a newer sandbox. The caller serialises calls for one id. */
+int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err);
+/* The stop op (provider.h). */
+int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+               struct lb_error *err);
+/* Enter / leave the one stop of id allowed at a time (endpoint requests enter it too). Waiting
+ * for a stop of the same id is bounded by deadline_ms (monotonic): -ETIMEDOUT past it; -ENOMEM.
+ * Thread-safe (lp->lock). */
+int local_stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms);
+void local_stopping_leave(struct local_provider *lp, const char *id);
+/* How many stops so far swept /proc for the processes of a slot's ids (a stop without a live
+ * init, or one whose sandbox still had processes outside its pid namespace once its init, its
+ * monitor and its exec helpers were gone). Thread-safe. */
+unsigned long local_slot_sweeps(void);
+
+/* ---- child.c: fds, forked children, messages ------------------------------------------------ */
+/* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
+int local_pipe(int *r, int *w);
+/* close(*fd) if open, then *fd = -1. */
+void local_close_fd(int *fd);
+/* Copy in to out, replacing every ": errno N" (what the forked children report, as they
+ * cannot call strerror) with ": " and the error's text; E2BIG names the kernel's limits. */
+void local_errno_text(const char *in, char *out, size_t size);
+/* "argument list too long (limit ...)": E2BIG with the limits that apply, into buf. */
+void local_describe_e2big(char *buf, size_t size);
+/* Would execve(argv, envp) fail with E2BIG? 0, or -E2BIG with a sentence naming the limit
+ * that is passed in why. */
+int local_check_exec_args(const char *const *argv, const char *const *envp, char *why,
+                          size_t why_len);
+/* Helpers for the forked children: only async-signal-safe work. */
+/* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
+int local_child_place_fds(const int *fds, int n);
+/* Default dispositions and an empty mask for every signal. */
+void local_child_reset_signals(void);
+/* Write a fixed message plus an errno number to fd. */
+void local_child_report(int fd, const char *msg, int err_no);
+/* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the
+ * daemon's session keyring, nor of another sandbox's or exec's, is reachable as @s. Call while
+ * still host root, before entering the sandbox's user namespace: the keyring then belongs to
+ * root and counts against root's key quota, not the 200 keys of the sandbox's root's host id
+ * (else 200 live background processes of separate execs would block every further exec; each
+ * other id of the sandbox's slot has a quota of its own), and only its
+ * possessors (this process and its descendants) may use it. A kernel without keys (ENOSYS)
+ * counts as done, and so does EPERM when local_keyrings_probe found that the host refuses the
+ * keyring calls to the daemon: then they are refused to every sandbox process too and there is
+ * no shared keyring to keep apart. 0 or -1 with errno. */
+int local_child_new_session_keyring(void);
+/* Find out once, at the provider's start and before any sandbox exists, whether the host
+ * refuses the keyring calls to the daemon (a container's syscall filter: systemd-nspawn's
+ * default, Docker's, Kubernetes' RuntimeDefault), by joining a session keyring in a forked
+ * child: refused means EPERM while the daemon runs under a seccomp filter (which every process
+ * it starts inherits). Logs a warning once when refused; later calls do nothing. Not
+ * thread-safe: call before sandboxes are made. */
+void local_keyrings_probe(void);
+/* What local_keyrings_probe found: true when the host refuses the keyring calls. Thread-safe
+ * (read-only after the probe). */
+bool local_keyrings_refused(void);
+
+/* ---- userns.c: user namespaces -------------------------------------------------------------- */
+/* A new user namespace mapping uids and gids 0..count-1 to host ids first..first+count-1,
+ * owned by host uid owner (0: by the daemon; a sandbox's is owned by its slot's first id, so
+ * bwrap running as that id may join it). *fd_out gets an O_CLOEXEC fd of it (the caller's;
+ * it alone keeps the namespace alive: no process is left running). Made by a short-lived
+ * helper that dies with the daemon. Thread-safe. 0 or a negative errno. */
+int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out);
+
+/* ---- image.c: image roots ------------------------------------------------------------------- */
+#define LOCAL_IMAGE_WORKSPACE "workspace"
+
+/* A writable copy-on-write root for the sandbox in dir. Mounts, in the daemon's mount
+ * namespace, a tmpfs of upper_mib MiB owned by uid at <dir>/img holding the overlay's upper and
+ * work dirs and the sandbox's workspace; image_root read-only, nosuid, nodev and idmapped
+ * 0..65535 -> uid..uid+65535 (the slot) at <dir>/img/lower; and overlayfs of the two at
+ * <dir>/img/root, whose path goes into root_out. On error err is set and what was mounted stays
+ * for local_image_unmount. Not thread-safe for one dir; different dirs in parallel are fine.
+ * Returns 0 or a negative errno. */
+int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
+                      char *root_out, size_t size, struct lb_error *err);
+/* Detach (one lazy unmount) and remove whatever local_image_mount left under dir (none of it:
+ * 0). Returns 0 or a negative errno. */
+int local_image_unmount(const char *dir, struct lb_error *err);
+/* The workspace directory on an image sandbox's root tmpfs (bound at the workdir with storage
+ * tmpfs, so / and the workdir share the sandbox's disk size) into out. */
+void local_image_workspace(const char *dir, char *out, size_t size);
+
+/* ---- relay.c: endpoint relays --------------------------------------------------------------- */
+/* init: -ENOMEM. endpoint: the URL of the relay of (id, port), made on first use; *url_out is
+ * the caller's; -EREMOTEIO when it cannot be made. close: end the relays of id (NULL: all) and
+ * wait for their threads. */
+int local_relay_init(struct local_provider *lp);
+int local_relay_endpoint(struct local_provider *lp, const char *id, const struct local_desc *d,
+                         int port, char **url_out, struct lb_error *err);
+void local_relay_close(struct local_provider *lp, const char *id);
+void local_relay_destroy(struct local_provider *lp);
+
+/* ---- create.c, exec.c, files.c: ops (provider.h) ------------------------------------------- */
+int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err);
+int local_end_execs(struct lb_provider *p);
+int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+               const struct lb_exec_request *req, struct lb_exec_result *res, struct lb_error *err);
+int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     const void *data, size_t len, int mode, struct lb_error *err);
+int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                       int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
+int local_upload_commit(struct lb_upload *u, struct lb_error *err);
+void local_upload_abort(struct lb_upload *u);
+int local_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct lb_error *err);
+int local_upload_reserve(struct lb_upload *u, uint64_t need, uint64_t want, struct lb_error *err);
+int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                    int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+/* ---- quiesce.c: the exec gate, quiescing ---------------------------------------------------- */
+/* Exec admission per sandbox is lp->gates (gate.h): an exclusive exec runs alone.
+ * Free the gate table (at destroy, when no exec runs). */
+void local_exec_gates_release(struct local_provider *lp);
+/* Stop every process of the sandbox but its init, for an exclusive exec that holds the gate:
+ * freeze the cgroup (when there is a freezer), SIGKILL every process in the init's pid
+ * namespace except the init, thaw; again until none is left and no other exec of the sandbox
+ * is in flight, or deadline_ms (monotonic) passes (-ETIMEDOUT). Processes of the daemon (the
+ * exec helpers, which stay in the host's pid namespace) are never touched. */
+int local_sandbox_quiesce(struct local_provider *lp, const char *id, const struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err);
+
+#endif

@@ -1,0 +1,410 @@
+/*
+ * proc.c - what the local provider reads from /proc and does with it: a process's stat fields
+ * (start time, parent, session), whether a sandbox's init is the very process its descriptor
+ * names, killing a process tree, an exec's session or every process of a uid slot, and reaping
+ * the daemon's children.
+ */
+#include "provider/local/local_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/log.h"
+
+/* ---- /proc ---------------------------------------------------------------------------- */
+
+ssize_t local_read_small(const char *path, char *buf, size_t size)
+{
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
+/* /proc/<pid>/<name> into buf as local_read_small does: the byte count, or -ENOENT when the
+ * process is gone (or the file cannot be read). */
+static ssize_t proc_read(pid_t pid, const char *name, char *buf, size_t size)
+{
+    char path[64];
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+    n = local_read_small(path, buf, size);
+    return n < 0 ? -ENOENT : n;
+}
+
+/* /proc/<pid>/stat into buf; *tail points just past the command name (which may hold spaces
+ * and ')', so the fields start after the last ')'), at field 3. 0, -ENOENT when gone, -EIO
+ * when there is no ')'. */
+static int proc_stat_read(pid_t pid, char *buf, size_t size, const char **tail)
+{
+    if (proc_read(pid, "stat", buf, size) < 0)
+        return -ENOENT;
+    *tail = strrchr(buf, ')');
+    if (!*tail)
+        return -EIO;
+    (*tail)++;
+    return 0;
+}
+
+/* State (field 3), parent pid (4) and start time (22) of /proc/<pid>/stat. 0, -ENOENT when
+ * the process is gone, -EIO when the line does not parse. */
+static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
+                             uint64_t *start_time);
+
+static int proc_stat(pid_t pid, char *state, pid_t *ppid, uint64_t *start_time)
+{
+    return proc_stat_session(pid, state, ppid, NULL, start_time);
+}
+
+/* Fields 3 (state), 4 (ppid), 6 (session, as the host sees it) and 22 (start time) of
+ * /proc/<pid>/stat; session may be NULL. -ENOENT when gone. */
+static int proc_stat_session(pid_t pid, char *state, pid_t *ppid, pid_t *session,
+                             uint64_t *start_time)
+{
+    char buf[1024];
+    unsigned long long st;
+    const char *p;
+    int pp, sid, r = proc_stat_read(pid, buf, sizeof(buf), &p);
+
+    if (r < 0)
+        return r;
+    if (sscanf(p,
+               " %c %d %*d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+               "%*d %*d %llu",
+               state, &pp, &sid, &st) != 4)
+        return -EIO;
+    *ppid = (pid_t)pp;
+    if (session)
+        *session = (pid_t)sid;
+    *start_time = st;
+    return 0;
+}
+
+int local_proc_start_time(pid_t pid, uint64_t *start_time)
+{
+    char state;
+    pid_t ppid;
+    int r = proc_stat(pid, &state, &ppid, start_time);
+
+    if (r == 0 && (state == 'Z' || state == 'X'))
+        return -ENOENT; /* dead, only not yet reaped */
+    return r;
+}
+
+bool local_desc_alive(const struct local_desc *d)
+{
+    uint64_t st;
+
+    return d->pid > 0 && local_proc_start_time(d->pid, &st) == 0 && st == d->start_time;
+}
+
+bool local_desc_exiting(const struct local_desc *d)
+{
+    char buf[1024];
+    unsigned long flags;
+    const char *p;
+
+    if (!local_desc_alive(d) || proc_stat_read(d->pid, buf, sizeof(buf), &p) < 0)
+        return false;
+    /* field 9, the kernel's task flags; PF_EXITING (0x4) is set as the exit begins, before a
+     * pid namespace's init kills the rest of its namespace */
+    if (sscanf(p, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+        return false;
+    return (flags & 0x4) != 0;
+}
+
+int local_proc_uid(pid_t pid, uint32_t *uid, bool *zombie)
+{
+    char buf[2048];
+    unsigned int u;
+    const char *p;
+
+    if (proc_read(pid, "status", buf, sizeof(buf)) < 0)
+        return -ENOENT;
+    p = strstr(buf, "\nUid:");
+    if (!p || sscanf(p + 5, "%u", &u) != 1)
+        return -EIO;
+    p = strstr(buf, "\nState:");
+    *zombie = p && (strncmp(p + 7, "\tZ", 2) == 0 || strncmp(p + 7, "\tX", 2) == 0);
+    *uid = u;
+    return 0;
+}
+
+/* Is u one of the LOCAL_SLOT_IDS host ids of the slot whose first id is first? */
+static bool uid_in_slot(uint32_t u, uint32_t first)
+{
+    return u >= first && u - first < LOCAL_SLOT_IDS;
+}
+
+/* SIGKILL every live process whose real uid is one of the slot's ids (first: its first id,
+ * the sandbox's root). Returns how many were still alive. A pid is pinned with a pidfd and
+ * its uid read again before the kill, so a reused pid is safe. */
+int local_kill_uid(uint32_t uid)
+{
+    struct dirent *de;
+    int alive = 0;
+    DIR *d;
+
+    d = opendir("/proc");
+    if (!d)
+        return -errno;
+    while ((de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        uint32_t u;
+        bool zombie;
+        int pfd;
+
+        if (*end || pid <= 0 || pid > INT_MAX)
+            continue;
+        if (local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
+            continue;
+        pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        if (pfd < 0)
+            continue;
+        if (local_proc_uid((pid_t)pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
+            alive++;
+            (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+        }
+        close(pfd);
+    }
+    closedir(d);
+    return alive;
+}
+
+/* Parent pid of pid (also of a zombie), or -1. */
+pid_t local_proc_ppid(pid_t pid)
+{
+    uint64_t start_time;
+    pid_t ppid;
+    char state;
+
+    return proc_stat(pid, &state, &ppid, &start_time) == 0 ? ppid : -1;
+}
+
+/* Reap this process's zombie children that ran as one of the slot's ids (bwrap's monitor process:
+ * lendboxd is a child subreaper, so the monitor of a sandbox it started becomes its child). */
+void local_reap_uid_children(uint32_t uid)
+{
+    struct dirent *de;
+    pid_t self = getpid();
+    DIR *d = opendir("/proc");
+
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        long pid = strtol(de->d_name, NULL, 10);
+        uint32_t u;
+        bool zombie;
+
+        if (pid <= 0 || local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) ||
+            !zombie)
+            continue;
+        if (local_proc_ppid((pid_t)pid) == self)
+            (void)waitpid((pid_t)pid, NULL, WNOHANG);
+    }
+    closedir(d);
+}
+
+int local_wait_child(pid_t pid, int64_t deadline_ms, int *status)
+{
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0), st = 0;
+    pid_t w;
+
+    if (fd >= 0) {
+        for (;;) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            int64_t left = deadline_ms - clock_mono_ms();
+            int n = poll(&p, 1, left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left);
+
+            if (n >= 0 || errno != EINTR)
+                break;
+        }
+        close(fd);
+    }
+    while ((w = waitpid(pid, &st, WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (w == 0)
+        return -ETIMEDOUT;
+    if (w < 0)
+        return -errno;
+    if (status)
+        *status = st;
+    return 0;
+}
+
+static void *reaper_main(void *arg)
+{
+    pid_t pid = (pid_t)(intptr_t)arg;
+
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+void local_reap_later(pid_t pid)
+{
+    pthread_attr_t attr;
+    pthread_t t;
+
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (pthread_create(&t, &attr, reaper_main, (void *)(intptr_t)pid) != 0)
+        log_warn("cannot start a reaper for process %d; it stays a zombie once it exits", (int)pid);
+    pthread_attr_destroy(&attr);
+}
+
+/* Is pid in the pid namespace whose inode is pidns? */
+static bool proc_in_pidns(pid_t pid, ino_t pidns)
+{
+    char path[64];
+    struct stat sb;
+
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
+    return stat(path, &sb) == 0 && sb.st_ino == pidns;
+}
+
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg);
+
+int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
+{
+    return kill_closure(root, 0, 0, cg);
+}
+
+int local_kill_session(const struct local_desc *d, pid_t sid)
+{
+    char path[64];
+    struct stat sb;
+
+    if (sid <= 0 || d->pid <= 0)
+        return -EINVAL;
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)d->pid);
+    if (stat(path, &sb) < 0)
+        return -errno;
+    return kill_closure(0, sid, sb.st_ino, &d->cg);
+}
+
+/* SIGKILL root (0: none) and the members of session sid (0: none) that live in the pid
+ * namespace pidns, and every descendant of them; how many were signalled, or -errno. */
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg)
+{
+    pid_t *pids = NULL, *parents = NULL;
+    uint64_t *starts = NULL;
+    size_t n = 0, nall = 0, cap = 0, i;
+    struct dirent *de;
+    bool grew = true;
+    int killed = 0;
+    DIR *d;
+
+    /* one snapshot of (pid, parent) for every process; then the closure from the seeds */
+    d = opendir("/proc");
+    if (!d)
+        return -errno;
+    while ((de = readdir(d))) {
+        char *end, state;
+        long pid = strtol(de->d_name, &end, 10);
+        uint64_t st;
+        pid_t pp, ps;
+
+        if (*end || pid <= 0 || pid > INT_MAX ||
+            proc_stat_session((pid_t)pid, &state, &pp, &ps, &st) < 0)
+            continue;
+        if (state == 'Z' || state == 'X')
+            continue;
+        if (nall == cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            pid_t *np = realloc(pids, nc * sizeof(*np)), *nq;
+            uint64_t *ns;
+
+            if (np)
+                pids = np;
+            nq = np ? realloc(parents, nc * sizeof(*nq)) : NULL;
+            if (nq)
+                parents = nq;
+            ns = nq ? realloc(starts, nc * sizeof(*ns)) : NULL;
+            if (!ns) {
+                closedir(d);
+                killed = -ENOMEM;
+                goto out;
+            }
+            starts = ns;
+            cap = nc;
+        }
+        pids[nall] = (pid_t)pid;
+        /* a member of the session is a seed, whatever its parent: -1 marks it */
+        parents[nall] = sid > 0 && ps == sid && proc_in_pidns((pid_t)pid, pidns) ? -1 : pp;
+        starts[nall++] = st;
+    }
+    closedir(d);
+    /* move the seeds (root, the session's members) to the front: [0, n) */
+    for (i = 0; i < nall; i++) {
+        if (pids[i] == root || parents[i] == -1) {
+            pid_t tp = pids[n], tq = parents[n];
+            uint64_t ts = starts[n];
+
+            pids[n] = pids[i], parents[n] = parents[i], starts[n] = starts[i];
+            pids[i] = tp, parents[i] = tq, starts[i] = ts;
+            n++;
+        }
+    }
+    while (grew && n > 0) {
+        grew = false;
+        for (i = n; i < nall; i++) {
+            bool child = false;
+
+            for (size_t k = 0; k < n && !child; k++)
+                child = parents[i] == pids[k];
+            if (child) {
+                pid_t tp = pids[n], tq = parents[n];
+                uint64_t ts = starts[n];
+
+                pids[n] = pids[i], parents[n] = parents[i], starts[n] = starts[i];
+                pids[i] = tp, parents[i] = tq, starts[i] = ts;
+                n++;
+                grew = true;
+            }
+        }
+    }
+    /* A frozen task does not die (v1): let the tree's processes run for their kill. */
+    if (cg && cg->version)
+        (void)cgroup_unfreeze_procs(cg, pids, n);
+    for (i = 0; i < n; i++) {
+        int pfd = (int)syscall(SYS_pidfd_open, pids[i], 0);
+        uint64_t st;
+
+        if (pfd < 0)
+            continue;
+        /* the pid is pinned now: is it still the process of the snapshot? */
+        if (local_proc_start_time(pids[i], &st) == 0 && st == starts[i] &&
+            syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) == 0)
+            killed++;
+        close(pfd);
+    }
+out:
+    free(pids);
+    free(parents);
+    free(starts);
+    return killed;
+}
