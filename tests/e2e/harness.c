@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -560,6 +561,222 @@ void lbt_skip_note(const char *test, const char *why)
     fprintf(stderr, "SKIP %s on variant %s: %s\n", test, lbt_variant(), why);
 }
 
+/* ---------- the program's daemon registry ----------
+ * Every daemon any process of a test program spawns (the runner's fixtures, a forked test, a
+ * restart) is listed in a file the runner owns (lbt_run_suite): uid range, state dir, log. After
+ * the suite the runner goes through the state dirs still there: a daemon still running on one is
+ * stopped (SIGTERM: its shutdown sweep), and sandboxes still recorded in one are stopped by a
+ * daemon started on it for that. So what a test ended half-way left (a Check timeout kills the
+ * test with SIGKILL, no teardown runs; a daemon with lending.shutdown_sweep=no) is gone when
+ * the program ends. Only the runner process reads it; every process appends (O_APPEND, one
+ * write per line). */
+static char lbt_registry_path[64];
+
+static void lbt_registry_add(const struct lbt_daemon *d)
+{
+    char line[3200];
+    int fd, len;
+
+    if (!lbt_registry_path[0])
+        return;
+    len = snprintf(line, sizeof(line), "%u\t%u\t%s\t%s\t%s\n", d->uid_base, d->uid_count,
+                   d->state_dir, d->log_path, d->last_args);
+    fd = open(lbt_registry_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (len > 0 && len < (int)sizeof(line) && write(fd, line, (size_t)len) != len)
+        fprintf(stderr, "harness: cannot record a daemon in %s\n", lbt_registry_path);
+    close(fd);
+}
+
+static bool lbt_has_sandbox_dirs(const struct lbt_daemon *d);
+static void lbt_respawn_same(struct lbt_daemon *d);
+
+/* Processes that are a live lendboxd on state_dir (its "--state-dir DIR" argument), up to max. */
+static int lbt_daemons_on(const char *state_dir, pid_t *out, int max)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    char want[300];
+    int n = 0;
+
+    if (!dir)
+        return 0;
+    snprintf(want, sizeof(want), "--state-dir %s ", state_dir);
+    while ((e = readdir(dir)) && n < max) {
+        char buf[4096];
+        size_t len;
+
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || !lbt_proc_cmdline(e->d_name, buf, 4000))
+            continue;
+        len = strlen(buf);
+        buf[len] = ' ';
+        buf[len + 1] = '\0';
+        if (strstr(buf, "lendboxd") && strstr(buf, want) && lbt_pid_live(atoi(e->d_name)))
+            out[n++] = atoi(e->d_name);
+    }
+    closedir(dir);
+    return n;
+}
+
+/* One state dir of the registry: stop what still runs on it, sweep what it still records. */
+static void lbt_registry_sweep_one(struct lbt_daemon *d)
+{
+    char cmd[1024];
+    pid_t pids[8];
+    int n = lbt_daemons_on(d->state_dir, pids, 8);
+
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "harness: lendboxd %d on %s still runs after the suite; stopping it\n",
+                (int)pids[i], d->state_dir);
+        kill(pids[i], SIGTERM);
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 1200 && lbt_pid_live(pids[i]); k++)
+            lbt_sleep_ms(50);
+        if (lbt_pid_live(pids[i]))
+            kill(pids[i], SIGKILL);
+    }
+    if (lbt_has_sandbox_dirs(d)) {
+        fprintf(stderr, "harness: sandboxes left in %s after the suite; stopping them\n",
+                d->state_dir);
+        lbt_respawn_same(d);
+        lbt_daemon_stop(d);
+    }
+    if (!getenv("LBT_KEEP")) {
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s' '%s.pid'", d->state_dir, d->log_path,
+                 d->state_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
+    }
+}
+
+/* The sweep is a test of its own (lbt_registry_sweep runs it): Check's assertions, which the
+ * harness's functions use, work only inside a test. */
+START_TEST(lbt_registry_sweep_test)
+{
+    char path[sizeof(lbt_registry_path)], **lines = NULL, *line = NULL, seen[64][256];
+    size_t cap = 0, n_lines = 0;
+    int n_seen = 0;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s", lbt_registry_path);
+    lbt_registry_path[0] = '\0'; /* the sweep's own restarts are not recorded */
+    f = fopen(path, "re");
+    while (f && getline(&line, &cap, f) > 0) {
+        lines = realloc(lines, (n_lines + 1) * sizeof(*lines));
+        ck_assert_ptr_nonnull(lines);
+        lines[n_lines++] = line;
+        line = NULL;
+        cap = 0;
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    /* the last spawn on a state dir says how it ran last */
+    for (size_t k = n_lines; k-- > 0;) {
+        struct lbt_daemon d = {0};
+        char *state, *log, *args, *end;
+        bool dup = false;
+
+        lines[k][strcspn(lines[k], "\n")] = '\0';
+        d.uid_base = (unsigned)strtoul(lines[k], &end, 10);
+        d.uid_count = (unsigned)strtoul(end, &end, 10);
+        state = *end == '\t' ? end + 1 : NULL;
+        log = state ? strchr(state, '\t') : NULL;
+        args = log ? strchr(log + 1, '\t') : NULL;
+        if (!args)
+            continue;
+        *log++ = '\0';
+        *args++ = '\0';
+        for (int i = 0; i < n_seen && !dup; i++)
+            dup = strcmp(seen[i], state) == 0;
+        if (dup || strlen(state) >= sizeof(seen[0]))
+            continue;
+        if (n_seen < 64)
+            snprintf(seen[n_seen++], sizeof(seen[0]), "%s", state);
+        if (!lbt_path_exists(state))
+            continue;
+        snprintf(d.state_dir, sizeof(d.state_dir), "%s", state);
+        snprintf(d.log_path, sizeof(d.log_path), "%s", log);
+        snprintf(d.last_args, sizeof(d.last_args), "%s", args);
+        lbt_registry_sweep_one(&d);
+    }
+    for (size_t k = 0; k < n_lines; k++)
+        free(lines[k]);
+    free(lines);
+}
+END_TEST
+
+/* After the suite: sweep every state dir of the registry (in a forked test of a suite of its
+ * own, named so that CK_RUN_SUITE/CK_RUN_CASE do not skip it); false when the sweep failed. */
+static bool lbt_registry_sweep(void)
+{
+    Suite *s;
+    TCase *tc;
+    SRunner *sr;
+    bool ok;
+
+    if (!lbt_registry_path[0] || !lbt_path_exists(lbt_registry_path))
+        return true;
+    s = suite_create("lbt-sweep");
+    tc = tcase_create("sweep");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, lbt_registry_sweep_test);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run(sr, "lbt-sweep", "sweep", CK_SILENT);
+    ok = srunner_ntests_failed(sr) == 0;
+    if (!ok)
+        fprintf(stderr, "harness: the sweep after the suite failed (see above)\n");
+    srunner_free(sr);
+    unlink(lbt_registry_path);
+    lbt_registry_path[0] = '\0';
+    return ok;
+}
+
+/* d->last_args from extra (NULL-terminated, may be NULL). extra may point into d->last_args'
+ * unpacked copy (lbt_respawn_same): packed through a local buffer. */
+static void lbt_pack_args(struct lbt_daemon *d, const char *const *extra)
+{
+    char buf[sizeof(d->last_args)];
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (int i = 0; extra && extra[i]; i++) {
+        size_t len = strlen(extra[i]);
+
+        if (strchr(extra[i], '\t') || off + len + 2 > sizeof(buf))
+            break; /* cannot be kept: the clean-up restarts with what fits */
+        memcpy(buf + off, extra[i], len);
+        off += len;
+        buf[off++] = '\t';
+        buf[off] = '\0';
+    }
+    memcpy(d->last_args, buf, off + 1);
+}
+
+/* Restart d (stopped) with the extra arguments of its last spawn, and its shutdown sweep on
+ * (the last setting wins), to stop the sandboxes it left. */
+static void lbt_respawn_same(struct lbt_daemon *d)
+{
+    char buf[sizeof(d->last_args)], *p = buf, *tab;
+    const char *argv[64];
+    int n = 0;
+
+    snprintf(buf, sizeof(buf), "%s", d->last_args);
+    while (n < 61 && (tab = strchr(p, '\t'))) {
+        *tab = '\0';
+        if (strcmp(p, "--no-shutdown-sweep") != 0)
+            argv[n++] = p;
+        p = tab + 1;
+    }
+    argv[n++] = "--set";
+    argv[n++] = "lending.shutdown_sweep=yes";
+    argv[n] = NULL;
+    lbt_daemon_restart(d, argv);
+}
+
 static unsigned long lbt_spawn_nofile;
 
 void lbt_set_daemon_fd_limit(unsigned long n)
@@ -573,6 +790,7 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     const char *sup = getenv("LENDBOX_SUPERVISE");
     const char *argv[64 + LBT_VARIANT_MAX_ARGS];
     char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
+    pid_t parent;
     int n = 0, fd;
 
     snprintf(listen_path, sizeof(listen_path), "%s/listen", d->state_dir);
@@ -606,14 +824,22 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < 62 + LBT_VARIANT_MAX_ARGS; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
+    lbt_pack_args(d, extra);
     fd = open(d->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     ck_assert_int_ge(fd, 0);
+    lbt_registry_add(d);
+    parent = getpid();
     d->pid = fork();
     ck_assert_int_ge(d->pid, 0);
     if (d->pid == 0) {
-        /* Own process group: Check kills a forked test's group when the test ends, and a
-         * daemon restarted by a test must outlive it until the fixture's teardown. */
+        /* Own process group: Check kills a forked test's group when the test ends (SIGKILL, so
+         * the daemon would never sweep). Instead the daemon gets SIGTERM when the process that
+         * started it ends, however it ends (a failed assertion, a Check timeout, the program
+         * killed): it then runs its own bounded shutdown sweep (drain_timeout_s), which stops
+         * its sandboxes and removes their cgroups, mounts, links, nft tables and slot claims. */
         setpgid(0, 0);
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+            _exit(125); /* the starter is already gone */
         dup2(fd, 1);
         dup2(fd, 2);
         if (lbt_spawn_nofile) {
@@ -840,7 +1066,7 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
      * them and its shutdown sweep stops them. */
     if (d->state_dir[0] && d->base_url[0] && lbt_has_sandbox_dirs(d)) {
         fprintf(stderr, "harness: sandboxes left in %s; stopping them\n", d->state_dir);
-        lbt_daemon_restart(d, NULL);
+        lbt_respawn_same(d);
         lbt_daemon_stop(d);
         unlink(pid_path);
     }
@@ -861,6 +1087,101 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
         if (system(cmd) != 0)
             fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
     }
+}
+
+/* ---------- the shared fixture ----------
+ * Check's fixtures take no argument: each registered fixture gets a slot, and a pair of
+ * trampolines per slot hands the slot to lbt_fixture_setup/teardown. */
+#define LBT_MAX_FIXTURES 16
+static struct lbt_fixture lbt_fixtures[LBT_MAX_FIXTURES];
+static int lbt_n_fixtures;
+
+static void lbt_fixture_setup(const struct lbt_fixture *f)
+{
+    char dir[300];
+
+    if (f->prepare)
+        f->prepare();
+    if (f->state_parent) {
+        snprintf(dir, sizeof(dir), "%s/lendbox-e2e-XXXXXX", f->state_parent);
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        lbt_daemon_start_at(f->d, dir, NULL, f->args);
+    } else {
+        lbt_daemon_start(f->d, f->args);
+    }
+    if (f->seed)
+        f->seed();
+}
+
+static void lbt_fixture_teardown(const struct lbt_fixture *f)
+{
+    if (f->stop_clean)
+        ck_assert_int_eq(lbt_daemon_stop(f->d), 0);
+    lbt_daemon_cleanup(f->d);
+    if (f->release)
+        f->release();
+}
+
+#define LBT_FIXTURE_SLOT(i)                                                                        \
+    static void lbt_fixture_setup_##i(void)                                                        \
+    {                                                                                              \
+        lbt_fixture_setup(&lbt_fixtures[i]);                                                       \
+    }                                                                                              \
+    static void lbt_fixture_teardown_##i(void)                                                     \
+    {                                                                                              \
+        lbt_fixture_teardown(&lbt_fixtures[i]);                                                    \
+    }
+LBT_FIXTURE_SLOT(0)
+LBT_FIXTURE_SLOT(1)
+LBT_FIXTURE_SLOT(2)
+LBT_FIXTURE_SLOT(3)
+LBT_FIXTURE_SLOT(4)
+LBT_FIXTURE_SLOT(5)
+LBT_FIXTURE_SLOT(6)
+LBT_FIXTURE_SLOT(7)
+LBT_FIXTURE_SLOT(8)
+LBT_FIXTURE_SLOT(9)
+LBT_FIXTURE_SLOT(10)
+LBT_FIXTURE_SLOT(11)
+LBT_FIXTURE_SLOT(12)
+LBT_FIXTURE_SLOT(13)
+LBT_FIXTURE_SLOT(14)
+LBT_FIXTURE_SLOT(15)
+
+static void (*const lbt_fixture_setups[LBT_MAX_FIXTURES])(void) = {
+    lbt_fixture_setup_0,  lbt_fixture_setup_1,  lbt_fixture_setup_2,  lbt_fixture_setup_3,
+    lbt_fixture_setup_4,  lbt_fixture_setup_5,  lbt_fixture_setup_6,  lbt_fixture_setup_7,
+    lbt_fixture_setup_8,  lbt_fixture_setup_9,  lbt_fixture_setup_10, lbt_fixture_setup_11,
+    lbt_fixture_setup_12, lbt_fixture_setup_13, lbt_fixture_setup_14, lbt_fixture_setup_15};
+static void (*const lbt_fixture_teardowns[LBT_MAX_FIXTURES])(void) = {
+    lbt_fixture_teardown_0,  lbt_fixture_teardown_1,  lbt_fixture_teardown_2,
+    lbt_fixture_teardown_3,  lbt_fixture_teardown_4,  lbt_fixture_teardown_5,
+    lbt_fixture_teardown_6,  lbt_fixture_teardown_7,  lbt_fixture_teardown_8,
+    lbt_fixture_teardown_9,  lbt_fixture_teardown_10, lbt_fixture_teardown_11,
+    lbt_fixture_teardown_12, lbt_fixture_teardown_13, lbt_fixture_teardown_14,
+    lbt_fixture_teardown_15};
+
+void lbt_fixture_add(TCase *tc, const struct lbt_fixture *f, bool shared)
+{
+    int i = lbt_n_fixtures;
+
+    if (i >= LBT_MAX_FIXTURES || !f->d) {
+        fprintf(stderr, "harness: lbt_fixture_add: %s\n",
+                f->d ? "more than 16 fixtures" : "no daemon");
+        abort();
+    }
+    lbt_fixtures[lbt_n_fixtures++] = *f;
+    if (shared)
+        tcase_add_unchecked_fixture(tc, lbt_fixture_setups[i], lbt_fixture_teardowns[i]);
+    else
+        tcase_add_checked_fixture(tc, lbt_fixture_setups[i], lbt_fixture_teardowns[i]);
+}
+
+void lbt_shared_daemon(TCase *tc, struct lbt_daemon *d, const char *const *args)
+{
+    struct lbt_fixture f = {.d = d, .args = args};
+
+    lbt_fixture_add(tc, &f, true);
 }
 
 struct lbt_sink {
@@ -1691,9 +2012,14 @@ int lbt_run_suite(Suite *s)
         srunner_free(sr);
         return EXIT_SUCCESS;
     }
+    snprintf(lbt_registry_path, sizeof(lbt_registry_path), "/tmp/lbt-daemons-%d.list",
+             (int)getpid());
+    unlink(lbt_registry_path);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    if (!lbt_registry_sweep())
+        failed++;
     if (lbt_variant_def()->teardown)
         lbt_variant_def()->teardown();
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
