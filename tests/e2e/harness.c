@@ -1102,6 +1102,8 @@ static void lbt_fixture_setup(const struct lbt_fixture *f)
 
     if (f->prepare)
         f->prepare();
+    if (f->test_starts)
+        return;
     if (f->state_parent) {
         snprintf(dir, sizeof(dir), "%s/lendbox-e2e-XXXXXX", f->state_parent);
         ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -1182,6 +1184,13 @@ void lbt_shared_daemon(TCase *tc, struct lbt_daemon *d, const char *const *args)
     struct lbt_fixture f = {.d = d, .args = args};
 
     lbt_fixture_add(tc, &f, true);
+}
+
+void lbt_test_daemon_cleanup(TCase *tc, struct lbt_daemon *d)
+{
+    struct lbt_fixture f = {.d = d, .test_starts = true};
+
+    lbt_fixture_add(tc, &f, false);
 }
 
 struct lbt_sink {

@@ -77,6 +77,9 @@ struct lbt_fixture {
     void (*seed)(void);       /* once the daemon is ready (seeds, tokens into statics) */
     void (*release)(void);    /* after the daemon's clean-up (host files, cgroups) */
     bool stop_clean;          /* the teardown asserts that the daemon exits 0 on SIGTERM */
+    /* the tests start d themselves (each with arguments of its own): the fixture only
+     * prepares, cleans up and releases */
+    bool test_starts;
 };
 /* Give tc the fixture f (copied; f->args and the hooks must outlive the suite): shared, once
  * for all of tc's tests in the runner (an unchecked fixture: each test forks from a runner
@@ -88,6 +91,8 @@ struct lbt_fixture {
 void lbt_fixture_add(TCase *tc, const struct lbt_fixture *f, bool shared);
 /* The common case: a shared daemon with args (may be NULL), nothing else. */
 void lbt_shared_daemon(TCase *tc, struct lbt_daemon *d, const char *const *args);
+/* The tests of tc start d themselves: clean it up after each (a checked fixture). */
+void lbt_test_daemon_cleanup(TCase *tc, struct lbt_daemon *d);
 
 /* One HTTP request. token NULL: no Authorization header; "" : admin token. body may be NULL.
  * content_type NULL: application/json when body is given. */

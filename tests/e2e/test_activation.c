@@ -20,16 +20,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 /* ---------- helpers ---------- */
 
 /* Seed rsid on d; returns the sandbox id (static buffer per call site is the caller's). */
@@ -1446,7 +1436,7 @@ int main(void)
     TCase *shared = tcase_create("shared_daemon");
     TCase *own = tcase_create("own_daemon");
 
-    tcase_add_unchecked_fixture(shared, setup, teardown);
+    lbt_shared_daemon(shared, &D, NULL);
     tcase_set_timeout(shared, 240);
     tcase_add_test(shared, test_finished_then_close);
     tcase_add_test(shared, test_timeout);

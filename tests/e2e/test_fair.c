@@ -23,18 +23,8 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    static const char *const extra[] = {"--set", "server.workers=4", "--set",
-                                        "limits.max_execs_per_sandbox=2", NULL};
-
-    lbt_daemon_start(&D, extra);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
+static const char *const ARGS[] = {"--set", "server.workers=4", "--set",
+                                   "limits.max_execs_per_sandbox=2", NULL};
 
 static void seed(const char *rsid, char *sbx, size_t sbx_len, char *op, size_t op_len)
 {
@@ -198,7 +188,7 @@ int main(void)
     Suite *s = suite_create("fair");
     TCase *tc = tcase_create("fair");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_shared_daemon(tc, &D, ARGS);
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_flooded_sandbox_leaves_workers_for_others);
     tcase_add_test(tc, test_abandoned_queued_execs_do_not_run);
