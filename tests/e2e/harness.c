@@ -790,6 +790,7 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     const char *sup = getenv("LENDBOX_SUPERVISE");
     const char *argv[64 + LBT_VARIANT_MAX_ARGS];
     char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
+    bool own_base = false, own_count = false;
     pid_t parent;
     int n = 0, fd;
 
@@ -804,12 +805,26 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     argv[n++] = "debug";
     argv[n++] = "--set";
     argv[n++] = "lending.sweep_interval_s=1";
+    /* a test that gives the range itself (--set local.uid_base=N) has it, passed once, and d
+     * says so (the harness's own value would be a dead argument, and d's range a wrong one) */
+    for (int i = 0; extra && extra[i] && extra[i + 1]; i++) {
+        if (strcmp(extra[i], "--set") != 0)
+            continue;
+        if (strncmp(extra[i + 1], "local.uid_base=", 15) == 0)
+            d->uid_base = (unsigned)strtoul(extra[i + 1] + 15, NULL, 10), own_base = true;
+        else if (strncmp(extra[i + 1], "local.uid_count=", 16) == 0)
+            d->uid_count = (unsigned)strtoul(extra[i + 1] + 16, NULL, 10), own_count = true;
+    }
     snprintf(uid_base, sizeof(uid_base), "local.uid_base=%u", d->uid_base);
     snprintf(uid_count, sizeof(uid_count), "local.uid_count=%u", d->uid_count);
-    argv[n++] = "--set";
-    argv[n++] = uid_base;
-    argv[n++] = "--set";
-    argv[n++] = uid_count;
+    if (!own_base) {
+        argv[n++] = "--set";
+        argv[n++] = uid_base;
+    }
+    if (!own_count) {
+        argv[n++] = "--set";
+        argv[n++] = uid_count;
+    }
     if (sup) {
         snprintf(sup_set, sizeof(sup_set), "local.supervise=%s", sup);
         argv[n++] = "--set";
