@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -198,6 +201,8 @@ static int lbt_podman_service(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
 }
 
+static void lbt_run_list_add(const char *line);
+
 static bool lbt_variant_docker_setup(const char *prog)
 {
     const char *dir = getenv("LENDBOX_E2E_PODMAN_DIR");
@@ -220,6 +225,12 @@ static bool lbt_variant_docker_setup(const char *prog)
             return false;
         }
         lbt_podman_owned = true;
+        {
+            char line[300];
+
+            snprintf(line, sizeof(line), "podman\t%s\n", lbt_podman_dir);
+            lbt_run_list_add(line);
+        }
         if (lbt_podman_service("start") != 0) {
             printf("%s: SKIP: podman cannot run here (see the message above); the docker "
                    "variant was not tested\n",
@@ -572,11 +583,32 @@ void lbt_skip_note(const char *test, const char *why)
  * write per line). */
 static char lbt_registry_path[64];
 
+/* Append line to $LENDBOX_RUN_DIR/run.list, the run's list that tests/leftover-check reads
+ * after make check (what processes are the run's: its daemons' uid ranges, its podman roots). */
+static void lbt_run_list_add(const char *line)
+{
+    const char *dir = getenv("LENDBOX_RUN_DIR");
+    char path[512];
+    size_t len = strlen(line);
+    int fd;
+
+    if (!dir || !*dir)
+        return;
+    snprintf(path, sizeof(path), "%s/run.list", dir);
+    fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, line, len) != (ssize_t)len)
+        fprintf(stderr, "harness: cannot append to %s\n", path);
+    if (fd >= 0)
+        close(fd);
+}
+
 static void lbt_registry_add(const struct lbt_daemon *d)
 {
     char line[3200];
     int fd, len;
 
+    snprintf(line, sizeof(line), "daemon\t%s\t%u\t%u\n", d->state_dir, d->uid_base, d->uid_count);
+    lbt_run_list_add(line);
     if (!lbt_registry_path[0])
         return;
     len = snprintf(line, sizeof(line), "%u\t%u\t%s\t%s\t%s\n", d->uid_base, d->uid_count,
@@ -1775,6 +1807,80 @@ static bool lbt_match_cmdline_is(const char *pid, const void *ctx)
 int lbt_count_procs_exact(const char *cmdline)
 {
     return lbt_count_procs_where(lbt_match_cmdline_is, cmdline);
+}
+
+struct lbt_uid_cmdline {
+    uid_t uid;
+    const char *cmdline;
+};
+
+static bool lbt_match_uid_cmdline(const char *pid, const void *ctx)
+{
+    const struct lbt_uid_cmdline *want = ctx;
+    char buf[4096];
+    uid_t u;
+    bool z;
+
+    return lbt_proc_status_uid(pid, &u, &z) && !z && u == want->uid &&
+           lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, want->cmdline);
+}
+
+int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline)
+{
+    struct lbt_uid_cmdline want = {uid, cmdline};
+
+    return lbt_count_procs_where(lbt_match_uid_cmdline, &want);
+}
+
+int lbt_log_count(const struct lbt_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+
+    if (!f)
+        return 0;
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
+bool lbt_request_read(int fd)
+{
+    struct sockaddr_in me, peer;
+    socklen_t len = sizeof(me);
+    char line[512], want_local[16], want_remote[16];
+    bool found = false, drained = false;
+    FILE *f;
+
+    if (getsockname(fd, (struct sockaddr *)&me, &len) < 0 || me.sin_family != AF_INET)
+        return false;
+    len = sizeof(peer);
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) < 0)
+        return false;
+    /* /proc/net/tcp: the daemon's end is local = its address, remote = ours (hex, the address
+     * as the kernel stores it, the port in host order) */
+    snprintf(want_local, sizeof(want_local), "%08X:%04X", peer.sin_addr.s_addr,
+             ntohs(peer.sin_port));
+    snprintf(want_remote, sizeof(want_remote), "%08X:%04X", me.sin_addr.s_addr, ntohs(me.sin_port));
+    f = fopen("/proc/net/tcp", "re");
+    if (!f)
+        return false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        char local[64], remote[64];
+        unsigned st, txq, rxq;
+
+        if (sscanf(line, " %*d: %63s %63s %x %x:%x", local, remote, &st, &txq, &rxq) == 5 &&
+            !strcmp(local, want_local) && !strcmp(remote, want_remote)) {
+            found = true;
+            drained = rxq == 0;
+        }
+    }
+    fclose(f);
+    return found && drained;
 }
 
 static int lbt_cmp_uid(const void *a, const void *b)

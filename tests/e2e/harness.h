@@ -175,6 +175,14 @@ int lbt_count_cgroup_dirs(const char *needle);
 int lbt_count_live_procs_of_uid(uid_t uid);
 /* Processes whose whole command line (arguments joined by spaces) equals cmdline. */
 int lbt_count_procs_exact(const char *cmdline);
+/* Live processes of uid whose whole command line equals cmdline. */
+int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline);
+/* Lines of d's log that contain needle (0 when there is no log). */
+int lbt_log_count(const struct lbt_daemon *d, const char *needle);
+/* Has the daemon read everything sent on fd, a client TCP socket to it over IPv4 loopback
+ * (its end's receive queue in /proc/net/tcp is empty)? false also when the connection is not
+ * found. For waits on "the daemon has the request" instead of a fixed sleep. */
+bool lbt_request_read(int fd);
 /* Distinct uids in [lo, hi) of live processes, sorted, into out (at most max); returns count. */
 int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
 /* Warm pools (variant "pool", or a test's own [pool]): a daemon's warm sandboxes are records in
