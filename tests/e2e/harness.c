@@ -788,8 +788,8 @@ static void lbt_pack_args(struct lbt_daemon *d, const char *const *extra)
     memcpy(d->last_args, buf, off + 1);
 }
 
-/* Restart d (stopped) with the extra arguments of its last spawn, and its shutdown sweep on
- * (the last setting wins), to stop the sandboxes it left. */
+/* Restart d (stopped) with the extra arguments of its last spawn but its fault specs, and its
+ * shutdown sweep on (the last setting wins), to stop the sandboxes it left. */
 static void lbt_respawn_same(struct lbt_daemon *d)
 {
     char buf[sizeof(d->last_args)], *p = buf, *tab;
@@ -799,7 +799,9 @@ static void lbt_respawn_same(struct lbt_daemon *d)
     snprintf(buf, sizeof(buf), "%s", d->last_args);
     while (n < 61 && (tab = strchr(p, '\t'))) {
         *tab = '\0';
-        if (strcmp(p, "--no-shutdown-sweep") != 0)
+        if (n > 0 && !strcmp(argv[n - 1], "--set") && !strncmp(p, "faults.", 7))
+            n--; /* no injected fault: the sweep must work */
+        else if (strcmp(p, "--no-shutdown-sweep") != 0)
             argv[n++] = p;
         p = tab + 1;
     }
@@ -1846,6 +1848,42 @@ int lbt_log_count(const struct lbt_daemon *d, const char *needle)
     free(line);
     fclose(f);
     return n;
+}
+
+void lbt_wait_accepted(const struct lbt_daemon *d)
+{
+    const char *hostport = d->base_url + strlen("http://"), *colon = strrchr(hostport, ':');
+    char want_local[16], line[512];
+    struct in_addr addr;
+    char host[64];
+
+    ck_assert_msg(colon && (size_t)(colon - hostport) < sizeof(host), "base url %s", d->base_url);
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = '\0';
+    ck_assert_int_eq(inet_pton(AF_INET, host, &addr), 1);
+    snprintf(want_local, sizeof(want_local), "%08X:%04X", addr.s_addr, atoi(colon + 1));
+    for (;;) {
+        FILE *f = fopen("/proc/net/tcp", "re");
+        bool found = false, empty = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (!found && fgets(line, sizeof(line), f)) {
+            char local[64], remote[64];
+            unsigned st, txq, rxq;
+
+            /* the listening socket (state 0A): rx_queue is its accept queue's length */
+            if (sscanf(line, " %*d: %63s %63s %x %x:%x", local, remote, &st, &txq, &rxq) == 5 &&
+                st == 0x0A && !strcmp(local, want_local)) {
+                found = true;
+                empty = rxq == 0;
+            }
+        }
+        fclose(f);
+        ck_assert_msg(found, "no listening socket %s in /proc/net/tcp", want_local);
+        if (empty)
+            return;
+        lbt_sleep_ms(10);
+    }
 }
 
 bool lbt_request_read(int fd)

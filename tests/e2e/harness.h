@@ -183,6 +183,9 @@ int lbt_log_count(const struct lbt_daemon *d, const char *needle);
  * (its end's receive queue in /proc/net/tcp is empty)? false also when the connection is not
  * found. For waits on "the daemon has the request" instead of a fixed sleep. */
 bool lbt_request_read(int fd);
+/* Wait until d (listening on IPv4 loopback) has accepted every connection made to it so far
+ * (its listening socket's accept queue in /proc/net/tcp is empty). */
+void lbt_wait_accepted(const struct lbt_daemon *d);
 /* Distinct uids in [lo, hi) of live processes, sorted, into out (at most max); returns count. */
 int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
 /* Warm pools (variant "pool", or a test's own [pool]): a daemon's warm sandboxes are records in

@@ -600,7 +600,7 @@ START_TEST(test_seed_and_exec_above_fd_1024)
     raise_own_fd_limit(4096);
     fds = flood(&D, "127.0.0.4", 1500, &connected);
     ck_assert_int_eq(connected, 1500);
-    lbt_sleep_ms(200);
+    lbt_wait_accepted(&D); /* the daemon holds all 1500 */
     lease = lbt_seed(&D, "limits-highfd", "task", NULL);
     snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     json_decref(lease);
@@ -649,7 +649,7 @@ START_TEST(test_per_client_limit)
     raise_own_fd_limit((rlim_t)n + 1024);
     t0 = lbt_now();
     fds = flood(&D, "127.0.0.3", n, &connected);
-    lbt_sleep_ms(300);
+    lbt_wait_accepted(&D); /* it has seen each: kept it, or closed it past the limit */
     closed = count_closed(fds, n, &open);
     fprintf(stderr, "test_limits: %d connections from 127.0.0.3 (limit %d): %d closed, %d open\n",
             n, per_ip, closed, open);
