@@ -182,12 +182,14 @@ E2E_DOCKER_PROGS ?= lending exec files durability activation pty
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \
+	if [ -n "$$LENDBOX_RUN_DIR" ]; then printf 'podman\t%s\n' "$$dir" >>"$$LENDBOX_RUN_DIR/run.list"; fi; \
 	if tests/podman-service start $$dir; then export LENDBOX_E2E_PODMAN_DIR=$$dir; \
 	else echo "e2e-docker: podman cannot run here: every program skips"; \
 		export LENDBOX_E2E_PODMAN_DIR=$$dir/none; fi; \
 	rc=0; for t in $(E2E_DOCKER_BINS); do echo "== $$t (variant docker)"; \
 		LENDBOX_E2E_VARIANT=docker $$t || { rc=1; break; }; done; \
-	tests/podman-service stop $$dir; rm -rf $$dir; exit $$rc
+	tests/podman-service stop $$dir; tests/leftover-check --podman-dir $$dir || rc=1; \
+	rm -rf $$dir; exit $$rc
 
 # The e2e suite on the "pool" variant (every test passes with a pool configured):
 # every daemon a test starts keeps a warm pool of the default class (pool.size=2, small so that
@@ -225,12 +227,17 @@ pytest: all
 
 test: unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest
 
-# The LXD test cluster (make e2e-lxd) is taken down at the end, pass or fail.
+# The LXD test cluster (make e2e-lxd) is taken down at the end, pass or fail. Then
+# tests/leftover-check fails the check when any process of this run still runs (a daemon, a
+# sandbox of one, a podman service or conmon of the run's roots): the run's processes carry
+# LENDBOX_RUN_DIR, and the harness lists the run's uid ranges and podman roots there.
 check: deps
-	@rc=0; { $(MAKE) --no-print-directory test && \
+	@run=$$(mktemp -d /tmp/lendbox-run-XXXXXX); export LENDBOX_RUN_DIR=$$run; \
+	rc=0; { $(MAKE) --no-print-directory test && \
 		$(MAKE) --no-print-directory systemd-test; } || rc=$$?; \
 	scripts/lxd-cluster down >/dev/null 2>&1 || echo "check: scripts/lxd-cluster down failed"; \
-	exit $$rc
+	echo "== tests/leftover-check"; tests/leftover-check --run-dir "$$run" || rc=1; \
+	rm -rf "$$run"; exit $$rc
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
 # check uses a cluster of its own (the first free LXD_CLUSTER_INDEX) and skips, saying why, where

@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -197,6 +201,8 @@ static int lbt_podman_service(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
 }
 
+static void lbt_run_list_add(const char *line);
+
 static bool lbt_variant_docker_setup(const char *prog)
 {
     const char *dir = getenv("LENDBOX_E2E_PODMAN_DIR");
@@ -219,6 +225,12 @@ static bool lbt_variant_docker_setup(const char *prog)
             return false;
         }
         lbt_podman_owned = true;
+        {
+            char line[300];
+
+            snprintf(line, sizeof(line), "podman\t%s\n", lbt_podman_dir);
+            lbt_run_list_add(line);
+        }
         if (lbt_podman_service("start") != 0) {
             printf("%s: SKIP: podman cannot run here (see the message above); the docker "
                    "variant was not tested\n",
@@ -560,6 +572,245 @@ void lbt_skip_note(const char *test, const char *why)
     fprintf(stderr, "SKIP %s on variant %s: %s\n", test, lbt_variant(), why);
 }
 
+/* ---------- the program's daemon registry ----------
+ * Every daemon any process of a test program spawns (the runner's fixtures, a forked test, a
+ * restart) is listed in a file the runner owns (lbt_run_suite): uid range, state dir, log. After
+ * the suite the runner goes through the state dirs still there: a daemon still running on one is
+ * stopped (SIGTERM: its shutdown sweep), and sandboxes still recorded in one are stopped by a
+ * daemon started on it for that. So what a test ended half-way left (a Check timeout kills the
+ * test with SIGKILL, no teardown runs; a daemon with lending.shutdown_sweep=no) is gone when
+ * the program ends. Only the runner process reads it; every process appends (O_APPEND, one
+ * write per line). */
+static char lbt_registry_path[64];
+
+/* Append line to $LENDBOX_RUN_DIR/run.list, the run's list that tests/leftover-check reads
+ * after make check (what processes are the run's: its daemons' uid ranges, its podman roots). */
+static void lbt_run_list_add(const char *line)
+{
+    const char *dir = getenv("LENDBOX_RUN_DIR");
+    char path[512];
+    size_t len = strlen(line);
+    int fd;
+
+    if (!dir || !*dir)
+        return;
+    snprintf(path, sizeof(path), "%s/run.list", dir);
+    fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, line, len) != (ssize_t)len)
+        fprintf(stderr, "harness: cannot append to %s\n", path);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void lbt_registry_add(const struct lbt_daemon *d)
+{
+    char line[3200];
+    int fd, len;
+
+    snprintf(line, sizeof(line), "daemon\t%s\t%u\t%u\n", d->state_dir, d->uid_base, d->uid_count);
+    lbt_run_list_add(line);
+    if (!lbt_registry_path[0])
+        return;
+    len = snprintf(line, sizeof(line), "%u\t%u\t%s\t%s\t%s\n", d->uid_base, d->uid_count,
+                   d->state_dir, d->log_path, d->last_args);
+    fd = open(lbt_registry_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (len > 0 && len < (int)sizeof(line) && write(fd, line, (size_t)len) != len)
+        fprintf(stderr, "harness: cannot record a daemon in %s\n", lbt_registry_path);
+    close(fd);
+}
+
+static bool lbt_has_sandbox_dirs(const struct lbt_daemon *d);
+static void lbt_respawn_same(struct lbt_daemon *d);
+
+/* Processes that are a live lendboxd on state_dir (its "--state-dir DIR" argument), up to max. */
+static int lbt_daemons_on(const char *state_dir, pid_t *out, int max)
+{
+    DIR *dir = opendir("/proc");
+    struct dirent *e;
+    char want[300];
+    int n = 0;
+
+    if (!dir)
+        return 0;
+    snprintf(want, sizeof(want), "--state-dir %s ", state_dir);
+    while ((e = readdir(dir)) && n < max) {
+        char buf[4096];
+        size_t len;
+
+        if (e->d_name[0] < '1' || e->d_name[0] > '9' || !lbt_proc_cmdline(e->d_name, buf, 4000))
+            continue;
+        len = strlen(buf);
+        buf[len] = ' ';
+        buf[len + 1] = '\0';
+        if (strstr(buf, "lendboxd") && strstr(buf, want) && lbt_pid_live(atoi(e->d_name)))
+            out[n++] = atoi(e->d_name);
+    }
+    closedir(dir);
+    return n;
+}
+
+/* One state dir of the registry: stop what still runs on it, sweep what it still records. */
+static void lbt_registry_sweep_one(struct lbt_daemon *d)
+{
+    char cmd[1024];
+    pid_t pids[8];
+    int n = lbt_daemons_on(d->state_dir, pids, 8);
+
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "harness: lendboxd %d on %s still runs after the suite; stopping it\n",
+                (int)pids[i], d->state_dir);
+        kill(pids[i], SIGTERM);
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < 1200 && lbt_pid_live(pids[i]); k++)
+            lbt_sleep_ms(50);
+        if (lbt_pid_live(pids[i]))
+            kill(pids[i], SIGKILL);
+    }
+    if (lbt_has_sandbox_dirs(d)) {
+        fprintf(stderr, "harness: sandboxes left in %s after the suite; stopping them\n",
+                d->state_dir);
+        lbt_respawn_same(d);
+        lbt_daemon_stop(d);
+    }
+    if (!getenv("LBT_KEEP")) {
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s' '%s.pid'", d->state_dir, d->log_path,
+                 d->state_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
+    }
+}
+
+/* The sweep is a test of its own (lbt_registry_sweep runs it): Check's assertions, which the
+ * harness's functions use, work only inside a test. */
+START_TEST(lbt_registry_sweep_test)
+{
+    char path[sizeof(lbt_registry_path)], **lines = NULL, *line = NULL, seen[64][256];
+    size_t cap = 0, n_lines = 0;
+    int n_seen = 0;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s", lbt_registry_path);
+    lbt_registry_path[0] = '\0'; /* the sweep's own restarts are not recorded */
+    f = fopen(path, "re");
+    while (f && getline(&line, &cap, f) > 0) {
+        lines = realloc(lines, (n_lines + 1) * sizeof(*lines));
+        ck_assert_ptr_nonnull(lines);
+        lines[n_lines++] = line;
+        line = NULL;
+        cap = 0;
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    /* the last spawn on a state dir says how it ran last */
+    for (size_t k = n_lines; k-- > 0;) {
+        struct lbt_daemon d = {0};
+        char *state, *log, *args, *end;
+        bool dup = false;
+
+        lines[k][strcspn(lines[k], "\n")] = '\0';
+        d.uid_base = (unsigned)strtoul(lines[k], &end, 10);
+        d.uid_count = (unsigned)strtoul(end, &end, 10);
+        state = *end == '\t' ? end + 1 : NULL;
+        log = state ? strchr(state, '\t') : NULL;
+        args = log ? strchr(log + 1, '\t') : NULL;
+        if (!args)
+            continue;
+        *log++ = '\0';
+        *args++ = '\0';
+        for (int i = 0; i < n_seen && !dup; i++)
+            dup = strcmp(seen[i], state) == 0;
+        if (dup || strlen(state) >= sizeof(seen[0]))
+            continue;
+        if (n_seen < 64)
+            snprintf(seen[n_seen++], sizeof(seen[0]), "%s", state);
+        if (!lbt_path_exists(state))
+            continue;
+        snprintf(d.state_dir, sizeof(d.state_dir), "%s", state);
+        snprintf(d.log_path, sizeof(d.log_path), "%s", log);
+        snprintf(d.last_args, sizeof(d.last_args), "%s", args);
+        lbt_registry_sweep_one(&d);
+    }
+    for (size_t k = 0; k < n_lines; k++)
+        free(lines[k]);
+    free(lines);
+}
+END_TEST
+
+/* After the suite: sweep every state dir of the registry (in a forked test of a suite of its
+ * own, named so that CK_RUN_SUITE/CK_RUN_CASE do not skip it); false when the sweep failed. */
+static bool lbt_registry_sweep(void)
+{
+    Suite *s;
+    TCase *tc;
+    SRunner *sr;
+    bool ok;
+
+    if (!lbt_registry_path[0] || !lbt_path_exists(lbt_registry_path))
+        return true;
+    s = suite_create("lbt-sweep");
+    tc = tcase_create("sweep");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, lbt_registry_sweep_test);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run(sr, "lbt-sweep", "sweep", CK_SILENT);
+    ok = srunner_ntests_failed(sr) == 0;
+    if (!ok)
+        fprintf(stderr, "harness: the sweep after the suite failed (see above)\n");
+    srunner_free(sr);
+    unlink(lbt_registry_path);
+    lbt_registry_path[0] = '\0';
+    return ok;
+}
+
+/* d->last_args from extra (NULL-terminated, may be NULL). extra may point into d->last_args'
+ * unpacked copy (lbt_respawn_same): packed through a local buffer. */
+static void lbt_pack_args(struct lbt_daemon *d, const char *const *extra)
+{
+    char buf[sizeof(d->last_args)];
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (int i = 0; extra && extra[i]; i++) {
+        size_t len = strlen(extra[i]);
+
+        if (strchr(extra[i], '\t') || off + len + 2 > sizeof(buf))
+            break; /* cannot be kept: the clean-up restarts with what fits */
+        memcpy(buf + off, extra[i], len);
+        off += len;
+        buf[off++] = '\t';
+        buf[off] = '\0';
+    }
+    memcpy(d->last_args, buf, off + 1);
+}
+
+/* Restart d (stopped) with the extra arguments of its last spawn but its fault specs, and its
+ * shutdown sweep on (the last setting wins), to stop the sandboxes it left. */
+static void lbt_respawn_same(struct lbt_daemon *d)
+{
+    char buf[sizeof(d->last_args)], *p = buf, *tab;
+    const char *argv[64];
+    int n = 0;
+
+    snprintf(buf, sizeof(buf), "%s", d->last_args);
+    while (n < 61 && (tab = strchr(p, '\t'))) {
+        *tab = '\0';
+        if (n > 0 && !strcmp(argv[n - 1], "--set") && !strncmp(p, "faults.", 7))
+            n--; /* no injected fault: the sweep must work */
+        else if (strcmp(p, "--no-shutdown-sweep") != 0)
+            argv[n++] = p;
+        p = tab + 1;
+    }
+    argv[n++] = "--set";
+    argv[n++] = "lending.shutdown_sweep=yes";
+    argv[n] = NULL;
+    lbt_daemon_restart(d, argv);
+}
+
 static unsigned long lbt_spawn_nofile;
 
 void lbt_set_daemon_fd_limit(unsigned long n)
@@ -573,6 +824,8 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     const char *sup = getenv("LENDBOX_SUPERVISE");
     const char *argv[64 + LBT_VARIANT_MAX_ARGS];
     char listen_path[300], sup_set[512], uid_base[64], uid_count[64];
+    bool own_base = false, own_count = false;
+    pid_t parent;
     int n = 0, fd;
 
     snprintf(listen_path, sizeof(listen_path), "%s/listen", d->state_dir);
@@ -586,12 +839,26 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     argv[n++] = "debug";
     argv[n++] = "--set";
     argv[n++] = "lending.sweep_interval_s=1";
+    /* a test that gives the range itself (--set local.uid_base=N) has it, passed once, and d
+     * says so (the harness's own value would be a dead argument, and d's range a wrong one) */
+    for (int i = 0; extra && extra[i] && extra[i + 1]; i++) {
+        if (strcmp(extra[i], "--set") != 0)
+            continue;
+        if (strncmp(extra[i + 1], "local.uid_base=", 15) == 0)
+            d->uid_base = (unsigned)strtoul(extra[i + 1] + 15, NULL, 10), own_base = true;
+        else if (strncmp(extra[i + 1], "local.uid_count=", 16) == 0)
+            d->uid_count = (unsigned)strtoul(extra[i + 1] + 16, NULL, 10), own_count = true;
+    }
     snprintf(uid_base, sizeof(uid_base), "local.uid_base=%u", d->uid_base);
     snprintf(uid_count, sizeof(uid_count), "local.uid_count=%u", d->uid_count);
-    argv[n++] = "--set";
-    argv[n++] = uid_base;
-    argv[n++] = "--set";
-    argv[n++] = uid_count;
+    if (!own_base) {
+        argv[n++] = "--set";
+        argv[n++] = uid_base;
+    }
+    if (!own_count) {
+        argv[n++] = "--set";
+        argv[n++] = uid_count;
+    }
     if (sup) {
         snprintf(sup_set, sizeof(sup_set), "local.supervise=%s", sup);
         argv[n++] = "--set";
@@ -606,14 +873,22 @@ static void lbt_spawn(struct lbt_daemon *d, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < 62 + LBT_VARIANT_MAX_ARGS; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
+    lbt_pack_args(d, extra);
     fd = open(d->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     ck_assert_int_ge(fd, 0);
+    lbt_registry_add(d);
+    parent = getpid();
     d->pid = fork();
     ck_assert_int_ge(d->pid, 0);
     if (d->pid == 0) {
-        /* Own process group: Check kills a forked test's group when the test ends, and a
-         * daemon restarted by a test must outlive it until the fixture's teardown. */
+        /* Own process group: Check kills a forked test's group when the test ends (SIGKILL, so
+         * the daemon would never sweep). Instead the daemon gets SIGTERM when the process that
+         * started it ends, however it ends (a failed assertion, a Check timeout, the program
+         * killed): it then runs its own bounded shutdown sweep (drain_timeout_s), which stops
+         * its sandboxes and removes their cgroups, mounts, links, nft tables and slot claims. */
         setpgid(0, 0);
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+            _exit(125); /* the starter is already gone */
         dup2(fd, 1);
         dup2(fd, 2);
         if (lbt_spawn_nofile) {
@@ -840,7 +1115,7 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
      * them and its shutdown sweep stops them. */
     if (d->state_dir[0] && d->base_url[0] && lbt_has_sandbox_dirs(d)) {
         fprintf(stderr, "harness: sandboxes left in %s; stopping them\n", d->state_dir);
-        lbt_daemon_restart(d, NULL);
+        lbt_respawn_same(d);
         lbt_daemon_stop(d);
         unlink(pid_path);
     }
@@ -861,6 +1136,110 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
         if (system(cmd) != 0)
             fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
     }
+}
+
+/* ---------- the shared fixture ----------
+ * Check's fixtures take no argument: each registered fixture gets a slot, and a pair of
+ * trampolines per slot hands the slot to lbt_fixture_setup/teardown. */
+#define LBT_MAX_FIXTURES 16
+static struct lbt_fixture lbt_fixtures[LBT_MAX_FIXTURES];
+static int lbt_n_fixtures;
+
+static void lbt_fixture_setup(const struct lbt_fixture *f)
+{
+    char dir[300];
+
+    if (f->prepare)
+        f->prepare();
+    if (f->test_starts)
+        return;
+    if (f->state_parent) {
+        snprintf(dir, sizeof(dir), "%s/lendbox-e2e-XXXXXX", f->state_parent);
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        lbt_daemon_start_at(f->d, dir, NULL, f->args);
+    } else {
+        lbt_daemon_start(f->d, f->args);
+    }
+    if (f->seed)
+        f->seed();
+}
+
+static void lbt_fixture_teardown(const struct lbt_fixture *f)
+{
+    if (f->stop_clean)
+        ck_assert_int_eq(lbt_daemon_stop(f->d), 0);
+    lbt_daemon_cleanup(f->d);
+    if (f->release)
+        f->release();
+}
+
+#define LBT_FIXTURE_SLOT(i)                                                                        \
+    static void lbt_fixture_setup_##i(void)                                                        \
+    {                                                                                              \
+        lbt_fixture_setup(&lbt_fixtures[i]);                                                       \
+    }                                                                                              \
+    static void lbt_fixture_teardown_##i(void)                                                     \
+    {                                                                                              \
+        lbt_fixture_teardown(&lbt_fixtures[i]);                                                    \
+    }
+LBT_FIXTURE_SLOT(0)
+LBT_FIXTURE_SLOT(1)
+LBT_FIXTURE_SLOT(2)
+LBT_FIXTURE_SLOT(3)
+LBT_FIXTURE_SLOT(4)
+LBT_FIXTURE_SLOT(5)
+LBT_FIXTURE_SLOT(6)
+LBT_FIXTURE_SLOT(7)
+LBT_FIXTURE_SLOT(8)
+LBT_FIXTURE_SLOT(9)
+LBT_FIXTURE_SLOT(10)
+LBT_FIXTURE_SLOT(11)
+LBT_FIXTURE_SLOT(12)
+LBT_FIXTURE_SLOT(13)
+LBT_FIXTURE_SLOT(14)
+LBT_FIXTURE_SLOT(15)
+
+static void (*const lbt_fixture_setups[LBT_MAX_FIXTURES])(void) = {
+    lbt_fixture_setup_0,  lbt_fixture_setup_1,  lbt_fixture_setup_2,  lbt_fixture_setup_3,
+    lbt_fixture_setup_4,  lbt_fixture_setup_5,  lbt_fixture_setup_6,  lbt_fixture_setup_7,
+    lbt_fixture_setup_8,  lbt_fixture_setup_9,  lbt_fixture_setup_10, lbt_fixture_setup_11,
+    lbt_fixture_setup_12, lbt_fixture_setup_13, lbt_fixture_setup_14, lbt_fixture_setup_15};
+static void (*const lbt_fixture_teardowns[LBT_MAX_FIXTURES])(void) = {
+    lbt_fixture_teardown_0,  lbt_fixture_teardown_1,  lbt_fixture_teardown_2,
+    lbt_fixture_teardown_3,  lbt_fixture_teardown_4,  lbt_fixture_teardown_5,
+    lbt_fixture_teardown_6,  lbt_fixture_teardown_7,  lbt_fixture_teardown_8,
+    lbt_fixture_teardown_9,  lbt_fixture_teardown_10, lbt_fixture_teardown_11,
+    lbt_fixture_teardown_12, lbt_fixture_teardown_13, lbt_fixture_teardown_14,
+    lbt_fixture_teardown_15};
+
+void lbt_fixture_add(TCase *tc, const struct lbt_fixture *f, bool shared)
+{
+    int i = lbt_n_fixtures;
+
+    if (i >= LBT_MAX_FIXTURES || !f->d) {
+        fprintf(stderr, "harness: lbt_fixture_add: %s\n",
+                f->d ? "more than 16 fixtures" : "no daemon");
+        abort();
+    }
+    lbt_fixtures[lbt_n_fixtures++] = *f;
+    if (shared)
+        tcase_add_unchecked_fixture(tc, lbt_fixture_setups[i], lbt_fixture_teardowns[i]);
+    else
+        tcase_add_checked_fixture(tc, lbt_fixture_setups[i], lbt_fixture_teardowns[i]);
+}
+
+void lbt_shared_daemon(TCase *tc, struct lbt_daemon *d, const char *const *args)
+{
+    struct lbt_fixture f = {.d = d, .args = args};
+
+    lbt_fixture_add(tc, &f, true);
+}
+
+void lbt_test_daemon_cleanup(TCase *tc, struct lbt_daemon *d)
+{
+    struct lbt_fixture f = {.d = d, .test_starts = true};
+
+    lbt_fixture_add(tc, &f, false);
 }
 
 struct lbt_sink {
@@ -1432,6 +1811,116 @@ int lbt_count_procs_exact(const char *cmdline)
     return lbt_count_procs_where(lbt_match_cmdline_is, cmdline);
 }
 
+struct lbt_uid_cmdline {
+    uid_t uid;
+    const char *cmdline;
+};
+
+static bool lbt_match_uid_cmdline(const char *pid, const void *ctx)
+{
+    const struct lbt_uid_cmdline *want = ctx;
+    char buf[4096];
+    uid_t u;
+    bool z;
+
+    return lbt_proc_status_uid(pid, &u, &z) && !z && u == want->uid &&
+           lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, want->cmdline);
+}
+
+int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline)
+{
+    struct lbt_uid_cmdline want = {uid, cmdline};
+
+    return lbt_count_procs_where(lbt_match_uid_cmdline, &want);
+}
+
+int lbt_log_count(const struct lbt_daemon *d, const char *needle)
+{
+    FILE *f = fopen(d->log_path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0;
+
+    if (!f)
+        return 0;
+    while (getline(&line, &cap, f) > 0)
+        n += strstr(line, needle) != NULL;
+    free(line);
+    fclose(f);
+    return n;
+}
+
+void lbt_wait_accepted(const struct lbt_daemon *d)
+{
+    const char *hostport = d->base_url + strlen("http://"), *colon = strrchr(hostport, ':');
+    char want_local[16], line[512];
+    struct in_addr addr;
+    char host[64];
+
+    ck_assert_msg(colon && (size_t)(colon - hostport) < sizeof(host), "base url %s", d->base_url);
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = '\0';
+    ck_assert_int_eq(inet_pton(AF_INET, host, &addr), 1);
+    snprintf(want_local, sizeof(want_local), "%08X:%04X", addr.s_addr, atoi(colon + 1));
+    for (;;) {
+        FILE *f = fopen("/proc/net/tcp", "re");
+        bool found = false, empty = false;
+
+        ck_assert_ptr_nonnull(f);
+        while (!found && fgets(line, sizeof(line), f)) {
+            char local[64], remote[64];
+            unsigned st, txq, rxq;
+
+            /* the listening socket (state 0A): rx_queue is its accept queue's length */
+            if (sscanf(line, " %*d: %63s %63s %x %x:%x", local, remote, &st, &txq, &rxq) == 5 &&
+                st == 0x0A && !strcmp(local, want_local)) {
+                found = true;
+                empty = rxq == 0;
+            }
+        }
+        fclose(f);
+        ck_assert_msg(found, "no listening socket %s in /proc/net/tcp", want_local);
+        if (empty)
+            return;
+        lbt_sleep_ms(10);
+    }
+}
+
+bool lbt_request_read(int fd)
+{
+    struct sockaddr_in me, peer;
+    socklen_t len = sizeof(me);
+    char line[512], want_local[16], want_remote[16];
+    bool found = false, drained = false;
+    FILE *f;
+
+    if (getsockname(fd, (struct sockaddr *)&me, &len) < 0 || me.sin_family != AF_INET)
+        return false;
+    len = sizeof(peer);
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) < 0)
+        return false;
+    /* /proc/net/tcp: the daemon's end is local = its address, remote = ours (hex, the address
+     * as the kernel stores it, the port in host order) */
+    snprintf(want_local, sizeof(want_local), "%08X:%04X", peer.sin_addr.s_addr,
+             ntohs(peer.sin_port));
+    snprintf(want_remote, sizeof(want_remote), "%08X:%04X", me.sin_addr.s_addr, ntohs(me.sin_port));
+    f = fopen("/proc/net/tcp", "re");
+    if (!f)
+        return false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        char local[64], remote[64];
+        unsigned st, txq, rxq;
+
+        if (sscanf(line, " %*d: %63s %63s %x %x:%x", local, remote, &st, &txq, &rxq) == 5 &&
+            !strcmp(local, want_local) && !strcmp(remote, want_remote)) {
+            found = true;
+            drained = rxq == 0;
+        }
+    }
+    fclose(f);
+    return found && drained;
+}
+
 static int lbt_cmp_uid(const void *a, const void *b)
 {
     uid_t x = *(const uid_t *)a, y = *(const uid_t *)b;
@@ -1691,9 +2180,14 @@ int lbt_run_suite(Suite *s)
         srunner_free(sr);
         return EXIT_SUCCESS;
     }
+    snprintf(lbt_registry_path, sizeof(lbt_registry_path), "/tmp/lbt-daemons-%d.list",
+             (int)getpid());
+    unlink(lbt_registry_path);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    if (!lbt_registry_sweep())
+        failed++;
     if (lbt_variant_def()->teardown)
         lbt_variant_def()->teardown();
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

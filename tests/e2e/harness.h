@@ -33,6 +33,9 @@ struct lbt_daemon {
     /* the local provider's uid range, picked at random per daemon so that daemons running
      * at the same time on this machine never share a sandbox uid */
     unsigned uid_base, uid_count; /* uid_count: slots of 65536 ids */
+    /* the extra arguments of its last spawn, each followed by a tab: the harness's clean-up
+     * restarts it with the same settings (its nft table, network range, cgroup parent) */
+    char last_args[2048];
 };
 
 struct lbt_resp {
@@ -62,6 +65,34 @@ int lbt_daemon_stop(struct lbt_daemon *d);
 void lbt_daemon_kill(struct lbt_daemon *d);
 /* Stop the daemon if running and remove its state dir (and sandboxes). */
 void lbt_daemon_cleanup(struct lbt_daemon *d);
+
+/* ---------- the shared fixture ----------
+ * What a test case's daemon is: started before its tests, seeded, and cleaned up after them.
+ * Every member but d may be 0/NULL. */
+struct lbt_fixture {
+    struct lbt_daemon *d;     /* the daemon the tests use (the program's static) */
+    const char *const *args;  /* extra daemon arguments (NULL-terminated), NULL: none */
+    const char *state_parent; /* the state dir's parent directory; NULL: /tmp */
+    void (*prepare)(void);    /* before the daemon starts (host files, paths) */
+    void (*seed)(void);       /* once the daemon is ready (seeds, tokens into statics) */
+    void (*release)(void);    /* after the daemon's clean-up (host files, cgroups) */
+    bool stop_clean;          /* the teardown asserts that the daemon exits 0 on SIGTERM */
+    /* the tests start d themselves (each with arguments of its own): the fixture only
+     * prepares, cleans up and releases */
+    bool test_starts;
+};
+/* Give tc the fixture f (copied; f->args and the hooks must outlive the suite): shared, once
+ * for all of tc's tests in the runner (an unchecked fixture: each test forks from a runner
+ * that has the daemon); else once per test, inside the forked test (a checked fixture). The
+ * clean-up runs whatever way the tests end: a failed assertion ends only the forked test, and
+ * a daemon a test started or restarted itself gets SIGTERM (its shutdown sweep) when that test
+ * process ends, and the runner sweeps every state dir still in use after the suite (see
+ * lbt_run_suite). At most 16 fixtures per program; aborts beyond. */
+void lbt_fixture_add(TCase *tc, const struct lbt_fixture *f, bool shared);
+/* The common case: a shared daemon with args (may be NULL), nothing else. */
+void lbt_shared_daemon(TCase *tc, struct lbt_daemon *d, const char *const *args);
+/* The tests of tc start d themselves: clean it up after each (a checked fixture). */
+void lbt_test_daemon_cleanup(TCase *tc, struct lbt_daemon *d);
 
 /* One HTTP request. token NULL: no Authorization header; "" : admin token. body may be NULL.
  * content_type NULL: application/json when body is given. */
@@ -144,6 +175,17 @@ int lbt_count_cgroup_dirs(const char *needle);
 int lbt_count_live_procs_of_uid(uid_t uid);
 /* Processes whose whole command line (arguments joined by spaces) equals cmdline. */
 int lbt_count_procs_exact(const char *cmdline);
+/* Live processes of uid whose whole command line equals cmdline. */
+int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline);
+/* Lines of d's log that contain needle (0 when there is no log). */
+int lbt_log_count(const struct lbt_daemon *d, const char *needle);
+/* Has the daemon read everything sent on fd, a client TCP socket to it over IPv4 loopback
+ * (its end's receive queue in /proc/net/tcp is empty)? false also when the connection is not
+ * found. For waits on "the daemon has the request" instead of a fixed sleep. */
+bool lbt_request_read(int fd);
+/* Wait until d (listening on IPv4 loopback) has accepted every connection made to it so far
+ * (its listening socket's accept queue in /proc/net/tcp is empty). */
+void lbt_wait_accepted(const struct lbt_daemon *d);
 /* Distinct uids in [lo, hi) of live processes, sorted, into out (at most max); returns count. */
 int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
 /* Warm pools (variant "pool", or a test's own [pool]): a daemon's warm sandboxes are records in
@@ -256,7 +298,10 @@ void lbt_skip_note(const char *test, const char *why);
         }                                                                                          \
     } while (0)
 
-/* Run one suite (each program's main). */
+/* Run one suite (each program's main): the variant's setup, the suite, then the registry sweep
+ * (every daemon any process of this program started is stopped if it still runs, and sandboxes
+ * still recorded in its state dir are stopped by a daemon started there for that), then the
+ * variant's teardown. Returns the exit status. */
 int lbt_run_suite(Suite *s);
 
 #endif

@@ -32,24 +32,7 @@ static void seed_two(void)
     json_decref(b);
 }
 
-static void setup_auth(void)
-{
-    lbt_daemon_start(&D, NULL);
-    seed_two();
-}
-
-static void setup_limits(void)
-{
-    static const char *const extra[] = {"--set", "limits.max_body_bytes=2048", NULL};
-
-    lbt_daemon_start(&D, extra);
-    seed_two();
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
+static const char *const LIMITS_ARGS[] = {"--set", "limits.max_body_bytes=2048", NULL};
 
 #define path_of(buf, size, fmt, id) snprintf(buf, size, fmt, id)
 
@@ -790,7 +773,7 @@ int main(void)
     TCase *auth = tcase_create("auth"), *input = tcase_create("input");
     TCase *limits = tcase_create("limits");
 
-    tcase_add_unchecked_fixture(auth, setup_auth, teardown);
+    lbt_fixture_add(auth, &(struct lbt_fixture){.d = &D, .seed = seed_two}, true);
     tcase_set_timeout(auth, 120);
     tcase_add_test(auth, test_no_token);
     tcase_add_test(auth, test_wrong_token);
@@ -810,9 +793,10 @@ int main(void)
     tcase_add_test(input, test_invalid_utf8_in_url);
     tcase_add_test(input, test_long_utf8_in_message);
     tcase_add_test(input, test_front_end_errors);
-    tcase_add_unchecked_fixture(input, setup_auth, teardown);
+    lbt_fixture_add(input, &(struct lbt_fixture){.d = &D, .seed = seed_two}, true);
     tcase_set_timeout(input, 120);
-    tcase_add_unchecked_fixture(limits, setup_limits, teardown);
+    lbt_fixture_add(limits, &(struct lbt_fixture){.d = &D, .args = LIMITS_ARGS, .seed = seed_two},
+                    true);
     tcase_set_timeout(limits, 120);
     tcase_add_test(limits, test_body_limit_content_length);
     tcase_add_test(limits, test_body_limit_chunked);

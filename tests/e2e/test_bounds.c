@@ -21,16 +21,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 /* ---------- helpers ---------- */
 
 static const char *str(json_t *obj, const char *key)
@@ -916,7 +906,7 @@ int main(void)
     TCase *followup = tcase_create("followup");
     TCase *waits = tcase_create("waits");
 
-    tcase_add_unchecked_fixture(shared, setup, teardown);
+    lbt_shared_daemon(shared, &D, NULL);
     tcase_set_timeout(shared, 240);
     tcase_add_test(shared, test_exec_paused_past_its_timeout);
     tcase_add_test(shared, test_release_paused_during_exec);
@@ -933,13 +923,13 @@ int main(void)
     tcase_add_test(own, test_session_lock_wait_is_bounded);
     tcase_add_test(own, test_sigterm_with_paused_sandboxes);
     suite_add_tcase(s, own);
-    tcase_add_unchecked_fixture(followup, setup, teardown);
+    lbt_shared_daemon(followup, &D, NULL);
     tcase_set_timeout(followup, 240);
     tcase_add_test(followup, test_activation_oom);
     tcase_add_test(followup, test_supervisor_killed_ends_its_processes);
     tcase_add_test(followup, test_sigterm_drain_is_bounded);
     suite_add_tcase(s, followup);
-    tcase_add_unchecked_fixture(waits, setup, teardown);
+    lbt_shared_daemon(waits, &D, NULL);
     tcase_set_timeout(waits, 240);
     tcase_add_test(waits, test_execute_paused_past_its_timeout);
     tcase_add_test(waits, test_close_of_stopped_supervisor);

@@ -15,11 +15,6 @@
 
 static struct lbt_daemon D;
 
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 /* Live records (starting, lent, warm) of this daemon right now; lent ones in *lent. */
 static int live_records(int *lent)
 {
@@ -108,7 +103,7 @@ int main(void)
     Suite *s = suite_create("capacity");
     TCase *tc = tcase_create("capacity");
 
-    tcase_add_checked_fixture(tc, NULL, teardown);
+    lbt_test_daemon_cleanup(tc, &D);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_concurrent_seeds_never_pass_max_sandboxes);
     suite_add_tcase(s, tc);

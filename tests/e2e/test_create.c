@@ -17,16 +17,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 static const char *str(json_t *obj, const char *key)
 {
     const char *s = json_string_value(json_object_get(obj, key));
@@ -583,7 +573,7 @@ int main(void)
     TCase *shared = tcase_create("shared_daemon");
     TCase *own = tcase_create("own_daemon");
 
-    tcase_add_unchecked_fixture(shared, setup, teardown);
+    lbt_shared_daemon(shared, &D, NULL);
     tcase_set_timeout(shared, 240);
     tcase_add_test(shared, test_create_ttl);
     tcase_add_test(shared, test_spec_fields_refused);

@@ -31,20 +31,8 @@ static struct lbt_daemon D;
 #define TMP_SIZE_MIB 80
 #define MAX_DISK_MIB 2048
 
-static void setup(void)
-{
-    static const char *const args[] = {"--set", "local.tmp_size_mib=80", "--set",
-                                       "limits.max_disk_mib=2048", NULL};
-    char dir[] = "/var/tmp/lendbox-e2e-XXXXXX";
-
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    lbt_daemon_start_at(&D, dir, NULL, args);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
+static const char *const ARGS[] = {"--set", "local.tmp_size_mib=80", "--set",
+                                   "limits.max_disk_mib=2048", NULL};
 
 static json_t *seed_with(struct lbt_daemon *d, const char *rsid, const char *resources, char *sbx,
                          size_t sbx_len)
@@ -618,7 +606,8 @@ int main(void)
     TCase *tc = tcase_create("quota");
     TCase *full = tcase_create("full_state_dir");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D, .args = ARGS, .state_parent = "/var/tmp"},
+                    true);
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_quota_enospc_inside);
     tcase_add_test(tc, test_disk_mib_validation);

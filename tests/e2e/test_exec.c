@@ -18,7 +18,7 @@ static char SBX[128];
 static const char RUN_SH[] = "#!/bin/sh\necho ran \"$@\"\n";
 static unsigned char BLOB[256 + 64];
 
-static void setup(void)
+static void seed(void)
 {
     json_t *files, *lease;
     char *files_text, *extra, *b64_run, *b64_key, *b64_blob;
@@ -26,7 +26,6 @@ static void setup(void)
     for (int i = 0; i < 256; i++)
         BLOB[i] = (unsigned char)i;
     memset(BLOB + 256, 0, 64); /* trailing NULs */
-    lbt_daemon_start(&D, NULL);
     b64_run = lbt_b64_encode(RUN_SH, strlen(RUN_SH));
     b64_key = lbt_b64_encode("k3y\n", 4);
     b64_blob = lbt_b64_encode(BLOB, sizeof(BLOB));
@@ -46,11 +45,6 @@ static void setup(void)
     free(b64_run);
     free(b64_key);
     free(b64_blob);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
 }
 
 /* Assert the full shape of an exec result. stdout_want/stderr_want NULL: not compared. */
@@ -552,7 +546,7 @@ int main(void)
     TCase *tc = tcase_create("exec");
     TCase *grading = tcase_create("grading");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D, .seed = seed}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_echo_hi);
     tcase_add_test(tc, test_exit_3);

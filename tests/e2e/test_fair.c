@@ -23,18 +23,8 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    static const char *const extra[] = {"--set", "server.workers=4", "--set",
-                                        "limits.max_execs_per_sandbox=2", NULL};
-
-    lbt_daemon_start(&D, extra);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
+static const char *const ARGS[] = {"--set", "server.workers=4", "--set",
+                                   "limits.max_execs_per_sandbox=2", NULL};
 
 static void seed(const char *rsid, char *sbx, size_t sbx_len, char *op, size_t op_len)
 {
@@ -102,6 +92,22 @@ static int raw_read_response(int fd, int timeout_ms, char *buf, size_t len)
     return status;
 }
 
+/* Has a response arrived on fd (without reading it)? */
+static bool answered(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+
+    return poll(&pfd, 1, 0) == 1;
+}
+
+/* Wait until n processes of a sandbox (its host uid: asked before its workers are taken)
+ * run exactly cmdline: the execs that hold workers have started. */
+static void wait_running(uid_t uid, const char *cmdline, int n)
+{
+    while (lbt_count_procs_of_uid_exact(uid, cmdline) < n)
+        lbt_sleep_ms(10);
+}
+
 static int count_markers(const char *sbx, const char *prefix)
 {
     char cmd[200];
@@ -123,13 +129,25 @@ START_TEST(test_flooded_sandbox_leaves_workers_for_others)
     char a[128], b[128], op_a[256], buf[4096];
     int fds[N_FLOOD], n429 = 0, n200 = 0;
     double t0, took;
+    uid_t uid_a;
     json_t *res;
 
     seed("fair-a", a, sizeof(a), op_a, sizeof(op_a));
     seed("fair-b", b, sizeof(b), NULL, 0);
+    uid_a = lbt_sandbox_uid(&D, a);
     for (int i = 0; i < N_FLOOD; i++)
         fds[i] = raw_exec_send(a, op_a, "sleep 8; touch /workspace/flood.$$");
-    lbt_sleep_ms(300);
+    /* the flood is in: CAP of its execs run, and the rest are answered (429, at once) */
+    wait_running(uid_a, "sleep 8", CAP);
+    for (;;) {
+        int n = 0;
+
+        for (int k = 0; k < N_FLOOD; k++)
+            n += answered(fds[k]);
+        if (n >= N_FLOOD - CAP)
+            break;
+        lbt_sleep_ms(10);
+    }
     t0 = lbt_now();
     res = lbt_exec_ok(&D, b, "", "{\"command\": \"echo other\"}");
     took = lbt_now() - t0;
@@ -161,22 +179,29 @@ END_TEST
 START_TEST(test_abandoned_queued_execs_do_not_run)
 {
     char a[128], b[128], c[128], e[128], buf[4096];
-    int busy[4], gone[2], kept;
+    int busy[4], gone[2], kept, dropped;
+    uid_t uid_a, uid_b;
 
     seed("fair-busy-a", a, sizeof(a), NULL, 0);
     seed("fair-busy-b", b, sizeof(b), NULL, 0);
     seed("fair-gone", c, sizeof(c), NULL, 0);
     seed("fair-kept", e, sizeof(e), NULL, 0);
+    uid_a = lbt_sandbox_uid(&D, a);
+    uid_b = lbt_sandbox_uid(&D, b);
     /* 2 + 2 execs take the 4 workers */
     busy[0] = raw_exec_send(a, "", "sleep 5");
     busy[1] = raw_exec_send(a, "", "sleep 5");
     busy[2] = raw_exec_send(b, "", "sleep 5");
     busy[3] = raw_exec_send(b, "", "sleep 5");
-    lbt_sleep_ms(1000);
+    wait_running(uid_a, "sleep 5", 2);
+    wait_running(uid_b, "sleep 5", 2);
+    dropped = lbt_log_count(&D, "dropped before it started");
     gone[0] = raw_exec_send(c, "", "touch /workspace/abandoned.$$");
     gone[1] = raw_exec_send(c, "", "touch /workspace/abandoned.$$");
     kept = raw_exec_send(e, "", "touch /workspace/kept.$$");
-    lbt_sleep_ms(500);
+    /* the daemon has read them (and queued them: no worker is free) */
+    while (!lbt_request_read(gone[0]) || !lbt_request_read(gone[1]) || !lbt_request_read(kept))
+        lbt_sleep_ms(10);
     /* the queued ones are not answered yet: no worker was free */
     ck_assert_int_eq(raw_read_response(gone[0], 10, buf, sizeof(buf)), 0);
     close(gone[0]);
@@ -187,7 +212,9 @@ START_TEST(test_abandoned_queued_execs_do_not_run)
     }
     ck_assert_int_eq(raw_read_response(kept, 60000, buf, sizeof(buf)), 200);
     close(kept);
-    lbt_sleep_ms(500);
+    /* the abandoned two reached a worker, which dropped them */
+    while (lbt_log_count(&D, "dropped before it started") < dropped + 2)
+        lbt_sleep_ms(10);
     ck_assert_int_eq(count_markers(e, "kept."), 1);
     ck_assert_int_eq(count_markers(c, "abandoned."), 0);
 }
@@ -198,7 +225,7 @@ int main(void)
     Suite *s = suite_create("fair");
     TCase *tc = tcase_create("fair");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_shared_daemon(tc, &D, ARGS);
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_flooded_sandbox_leaves_workers_for_others);
     tcase_add_test(tc, test_abandoned_queued_execs_do_not_run);

@@ -30,24 +30,20 @@ static void remove_host_files(void)
         rmdir(HOST_DIR);
 }
 
-static void setup(void)
+static void prepare(void)
 {
-    json_t *lease;
-
     snprintf(HOST_FILE, sizeof(HOST_FILE), "/tmp/lbt-host-secret-%d", (int)getpid());
     snprintf(HOST_DIR, sizeof(HOST_DIR), "/tmp/lbt-host-dir-%d", (int)getpid());
     snprintf(HOST_VICTIM, sizeof(HOST_VICTIM), "%s/planted.txt", HOST_DIR);
     remove_host_files();
-    lbt_daemon_start(&D, NULL);
-    lease = lbt_seed(&D, "files-1", "task-files", NULL);
-    snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
-    json_decref(lease);
 }
 
-static void teardown(void)
+static void seed(void)
 {
-    lbt_daemon_cleanup(&D);
-    remove_host_files();
+    json_t *lease = lbt_seed(&D, "files-1", "task-files", NULL);
+
+    snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
 }
 
 static void sha256_hex(const void *data, size_t len, char out[65])
@@ -171,20 +167,7 @@ END_TEST
  * fixture (this process, so that a failed test never leaves it running). */
 static struct lbt_daemon LIMIT_D;
 
-static void limit_setup(void)
-{
-    static const char *const args[] = {"--set", "limits.max_file_bytes=1048576", NULL};
-
-    if (lbt_variant_is("docker"))
-        lbt_daemon_start(&LIMIT_D, args);
-}
-
-static void limit_teardown(void)
-{
-    if (LIMIT_D.pid > 0)
-        ck_assert_int_eq(lbt_daemon_stop(&LIMIT_D), 0);
-    lbt_daemon_cleanup(&LIMIT_D);
-}
+static const char *const LIMIT_ARGS[] = {"--set", "limits.max_file_bytes=1048576", NULL};
 
 /* docker spools a download (the engine's tar, then the file) on the host: a file larger than
  * limits.max_file_bytes is refused from the engine's stat before anything is spooled, 413 as
@@ -463,7 +446,10 @@ int main(void)
     Suite *s = suite_create("files");
     TCase *tc = tcase_create("files");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc,
+                    &(struct lbt_fixture){
+                        .d = &D, .prepare = prepare, .seed = seed, .release = remove_host_files},
+                    true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_all_byte_values);
     tcase_add_test(tc, test_nuls_and_empty);
@@ -477,7 +463,9 @@ int main(void)
     tcase_add_test(tc, test_range_and_head);
     suite_add_tcase(s, tc);
     tc = tcase_create("download_limit"); /* its own daemon */
-    tcase_add_unchecked_fixture(tc, limit_setup, limit_teardown);
+    if (lbt_variant_is("docker"))
+        lbt_fixture_add(
+            tc, &(struct lbt_fixture){.d = &LIMIT_D, .args = LIMIT_ARGS, .stop_clean = true}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_docker_download_limit);
     suite_add_tcase(s, tc);

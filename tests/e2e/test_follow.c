@@ -33,18 +33,7 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    static const char *const args[] = {"--set", "server.workers=2", NULL};
-
-    lbt_daemon_start(&D, args);
-}
-
-static void teardown(void)
-{
-    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
-    lbt_daemon_cleanup(&D);
-}
+static const char *const ARGS[] = {"--set", "server.workers=2", NULL};
 
 /* One follow, run on its own thread. */
 struct follow {
@@ -395,17 +384,6 @@ END_TEST
 
 static struct lbt_daemon A; /* default workers: rendering is bounded by the budget alone */
 
-static void answers_setup(void)
-{
-    lbt_daemon_start(&A, NULL);
-}
-
-static void answers_teardown(void)
-{
-    ck_assert_int_eq(lbt_daemon_stop(&A), 0);
-    lbt_daemon_cleanup(&A);
-}
-
 START_TEST(test_unread_answers_bounded)
 {
     char big_tok[300], sbx[128], small_sbx[128], head[4096];
@@ -521,13 +499,13 @@ int main(void)
     Suite *s = suite_create("follow");
     TCase *tc = tcase_create("follow");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D, .args = ARGS, .stop_clean = true}, true);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_follow_streams_while_running);
     tcase_add_test(tc, test_follow_sparse_log_bounded);
     suite_add_tcase(s, tc);
     tc = tcase_create("answers");
-    tcase_add_unchecked_fixture(tc, answers_setup, answers_teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &A, .stop_clean = true}, true);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_unread_answers_bounded);
     suite_add_tcase(s, tc);

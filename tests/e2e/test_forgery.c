@@ -317,12 +317,15 @@ START_TEST(test_exclusive_runs_alone)
     char sbx[128], op[256], path[200];
     struct lbt_async *before, *excl;
     struct lbt_resp r;
+    uid_t uid;
 
     lbt_daemon_start(&d, NULL);
     seed(&d, "forge-alone", sbx, sizeof(sbx), op, sizeof(op));
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    uid = lbt_sandbox_uid(&d, sbx);
     before = lbt_async_json(&d, "POST", path, op, "{\"command\": \"sleep 30; exit 3\"}");
-    lbt_sleep_ms(500);
+    while (lbt_count_procs_of_uid_exact(uid, "sleep 30") == 0) /* it runs */
+        lbt_sleep_ms(10);
     excl = lbt_async_json(&d, "POST", path, "",
                           "{\"exclusive\": true, \"command\": \"sleep 2; exit 5\"}");
     lbt_async_join(before, &r);
@@ -330,7 +333,8 @@ START_TEST(test_exclusive_runs_alone)
     ck_assert_int_ne(json_integer_value(json_object_get(r.json, "return_code")), 3);
     ck_assert_int_ne(json_integer_value(json_object_get(r.json, "return_code")), 0);
     lbt_resp_free(&r);
-    lbt_sleep_ms(300);
+    while (lbt_count_procs_of_uid_exact(uid, "sleep 2") == 0) /* the exclusive one runs */
+        lbt_sleep_ms(10);
     ck_assert(!lbt_async_done(excl));
     lbt_exec(&d, sbx, op, "{\"command\": \"true\"}", &r);
     lbt_assert_error(&r, 409, "conflict");
@@ -571,7 +575,18 @@ START_TEST(test_planted_supervisor_close)
              &r);
     ck_assert_msg(r.status == 200 || r.status == 202, "execute: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
-    lbt_sleep_ms(1000); /* the harness has ended; nothing has collected yet */
+    /* the harness has ended (nothing has collected yet: that is the close's) */
+    for (;;) {
+        lbt_json(&d, "GET", "/v1/sessions/planted-close/activation", "", NULL, &r);
+        ck_assert_msg(r.status == 200, "activation: %ld %s", r.status, r.body);
+        const char *state = json_string_value(json_object_get(r.json, "state")) ?: "";
+        bool running = !strcmp(state, "staging") || !strcmp(state, "running");
+
+        lbt_resp_free(&r);
+        if (!running)
+            break;
+        lbt_sleep_ms(20);
+    }
     res = lbt_exec_ok(
         &d, sbx, op,
         "{\"preserve_background_services\": true, \"command\": \"mv /run/lendbox /run/real && "

@@ -13,19 +13,12 @@
 static struct lbt_daemon D;
 static char SBX[128];
 
-static void setup(void)
+static void seed(void)
 {
-    json_t *lease;
+    json_t *lease = lbt_seed(&D, "iso-1", "task-iso", NULL);
 
-    lbt_daemon_start(&D, NULL);
-    lease = lbt_seed(&D, "iso-1", "task-iso", NULL);
     snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     json_decref(lease);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
 }
 
 START_TEST(test_own_processes_only)
@@ -266,7 +259,7 @@ int main(void)
     Suite *s = suite_create("isolation");
     TCase *tc = tcase_create("isolation");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D, .seed = seed}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_own_processes_only);
     tcase_add_test(tc, test_usr_read_only);

@@ -13,16 +13,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 static const char *str(json_t *obj, const char *key)
 {
     const char *v = json_string_value(json_object_get(obj, key));
@@ -513,7 +503,7 @@ int main(void)
     Suite *s = suite_create("lending");
     TCase *tc = tcase_create("lending");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_seed_reuse_and_conflict);
     tcase_add_test(tc, test_concurrent_seeds);

@@ -35,45 +35,28 @@
 static struct lbt_daemon D;
 static char SBX[128], OPERATE[256];
 
-static void start_with(const char *const *args)
+static void seed(void)
 {
-    json_t *lease;
+    json_t *lease = lbt_seed(&D, "limits-1", "task-limits", NULL);
 
-    lbt_daemon_start(&D, args);
-    lease = lbt_seed(&D, "limits-1", "task-limits", NULL);
     snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     snprintf(OPERATE, sizeof(OPERATE), "%s",
              json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
     json_decref(lease);
 }
 
-static void setup_memory(void)
-{
-    static const char *const args[] = {"--set", "limits.max_inflight_bytes=1048576", "--set",
-                                       "limits.max_file_bytes=314572800",
-                                       /* the workdir is a tmpfs of default_disk_mib: room for
-                                        * 8 x 128 MB at once */
-                                       "--set", "limits.default_disk_mib=1536",
-                                       /* 24 concurrent output floods into one sandbox */
-                                       "--set", "limits.max_execs_per_sandbox=24", NULL};
+static const char *const MEMORY_ARGS[] = {"--set", "limits.max_inflight_bytes=1048576", "--set",
+                                          "limits.max_file_bytes=314572800",
+                                          /* the workdir is a tmpfs of default_disk_mib: room
+                                           * for 8 x 128 MB at once */
+                                          "--set", "limits.default_disk_mib=1536",
+                                          /* 24 concurrent output floods into one sandbox */
+                                          "--set", "limits.max_execs_per_sandbox=24", NULL};
 
-    start_with(args);
-}
-
-static void setup_connections(void)
-{
-    /* no cap on connections still sending headers: the per-address limit is what these tests
-     * reach with idle connections (test_trickle covers the cap) */
-    static const char *const args[] = {"--set", "server.header_timeout_s=3", "--set",
-                                       "server.per_ip_incomplete=1000000", NULL};
-
-    start_with(args);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
+/* no cap on connections still sending headers: the per-address limit is what these tests
+ * reach with idle connections (test_trickle covers the cap) */
+static const char *const CONNECTION_ARGS[] = {"--set", "server.header_timeout_s=3", "--set",
+                                              "server.per_ip_incomplete=1000000", NULL};
 
 static void sha256_hex(const void *data, size_t len, char out[65])
 {
@@ -495,13 +478,8 @@ END_TEST
 
 /* The daemon of test_trickle: a header deadline of 2 s, 500 connections per address (the
  * incomplete-request cap is then its default, 64). */
-static void setup_trickle(void)
-{
-    static const char *const args[] = {"--set", "server.header_timeout_s=2", "--set",
-                                       "server.per_ip_connections=500", NULL};
-
-    lbt_daemon_start(&D, args);
-}
+static const char *const TRICKLE_ARGS[] = {"--set", "server.header_timeout_s=2", "--set",
+                                           "server.per_ip_connections=500", NULL};
 
 /* Lines of the daemon's log that hold needle. */
 static int log_lines_with(const struct lbt_daemon *d, const char *needle)
@@ -622,7 +600,7 @@ START_TEST(test_seed_and_exec_above_fd_1024)
     raise_own_fd_limit(4096);
     fds = flood(&D, "127.0.0.4", 1500, &connected);
     ck_assert_int_eq(connected, 1500);
-    lbt_sleep_ms(200);
+    lbt_wait_accepted(&D); /* the daemon holds all 1500 */
     lease = lbt_seed(&D, "limits-highfd", "task", NULL);
     snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     json_decref(lease);
@@ -644,11 +622,6 @@ END_TEST
 
 /* The daemon of test_low_fd_limit_flood, started by the (forked) test itself. */
 static struct lbt_daemon LOW;
-
-static void teardown_low(void)
-{
-    lbt_daemon_cleanup(&LOW);
-}
 
 /* The per-client limit the daemon logged at start. */
 static int logged_per_ip_limit(const struct lbt_daemon *d)
@@ -676,7 +649,7 @@ START_TEST(test_per_client_limit)
     raise_own_fd_limit((rlim_t)n + 1024);
     t0 = lbt_now();
     fds = flood(&D, "127.0.0.3", n, &connected);
-    lbt_sleep_ms(300);
+    lbt_wait_accepted(&D); /* it has seen each: kept it, or closed it past the limit */
     closed = count_closed(fds, n, &open);
     fprintf(stderr, "test_limits: %d connections from 127.0.0.3 (limit %d): %d closed, %d open\n",
             n, per_ip, closed, open);
@@ -1076,7 +1049,7 @@ int main(void)
           *low = tcase_create("low_fd_limit"), *trickle = tcase_create("trickle"),
           *sbxmem = tcase_create("sandbox_memory");
 
-    tcase_add_unchecked_fixture(mem, setup_memory, teardown);
+    lbt_fixture_add(mem, &(struct lbt_fixture){.d = &D, .args = MEMORY_ARGS, .seed = seed}, true);
     tcase_set_timeout(mem, 300);
     tcase_add_test(mem, test_upload_larger_than_budget_streams);
     tcase_add_test(mem, test_concurrent_uploads_bounded_rss);
@@ -1085,24 +1058,26 @@ int main(void)
     tcase_add_test(mem, test_over_limit_upload_leaves_no_temp_file);
     tcase_add_test(mem, test_inflight_budget_429);
     suite_add_tcase(s, mem);
-    tcase_add_unchecked_fixture(sbxmem, setup_memory, teardown);
+    lbt_fixture_add(sbxmem, &(struct lbt_fixture){.d = &D, .args = MEMORY_ARGS, .seed = seed},
+                    true);
     tcase_set_timeout(sbxmem, 180);
     tcase_add_test(sbxmem, test_memory_mount_uploads_charged_to_sandbox);
     suite_add_tcase(s, sbxmem);
 
-    tcase_add_unchecked_fixture(conn, setup_connections, teardown);
+    lbt_fixture_add(conn, &(struct lbt_fixture){.d = &D, .args = CONNECTION_ARGS, .seed = seed},
+                    true);
     tcase_set_timeout(conn, 180);
     tcase_add_test(conn, test_idle_flood_healthz_and_exec_answer);
     tcase_add_test(conn, test_per_client_limit);
     tcase_add_test(conn, test_seed_and_exec_above_fd_1024);
     suite_add_tcase(s, conn);
 
-    tcase_add_unchecked_fixture(trickle, setup_trickle, teardown);
+    lbt_shared_daemon(trickle, &D, TRICKLE_ARGS);
     tcase_set_timeout(trickle, 60);
     tcase_add_test(trickle, test_trickle);
     suite_add_tcase(s, trickle);
 
-    tcase_add_checked_fixture(low, NULL, teardown_low);
+    lbt_test_daemon_cleanup(low, &LOW);
     tcase_set_timeout(low, 180);
     tcase_add_test(low, test_low_fd_limit_flood);
     suite_add_tcase(s, low);
@@ -1112,7 +1087,7 @@ int main(void)
     tcase_add_test(sec, test_refuses_open_state_dir);
     suite_add_tcase(s, sec);
 
-    tcase_add_checked_fixture(sec2, NULL, teardown);
+    lbt_test_daemon_cleanup(sec2, &D);
     tcase_set_timeout(sec2, 120);
     tcase_add_test(sec2, test_token_not_readable_through_files);
     suite_add_tcase(s, sec2);

@@ -507,18 +507,11 @@ static void setup_nat_hosts(void)
     natns_up();
 }
 
-static void setup(void)
-{
-    registry_reap(); /* what a failed test before this one left running */
-}
-
-static void teardown(void)
-{
-    /* the daemon's own shutdown sweep removes the sandboxes, with this run's network settings */
-    if (D.pid > 0)
-        lbt_daemon_stop(&D);
-    lbt_daemon_cleanup(&D);
-}
+/* Each test starts D with this run's network settings; the fixture's clean-up stops it, and
+ * its shutdown sweep removes the sandboxes with those settings. Before each test:
+ * registry_reap, for what a failed test before this one left running. */
+static const struct lbt_fixture NET_FIXTURE = {
+    .d = &D, .prepare = registry_reap, .test_starts = true};
 
 /* ---------- helpers ---------- */
 
@@ -1288,7 +1281,7 @@ int main(void)
     TCase *tc = tcase_create("network");
 
     tcase_add_unchecked_fixture(tc, setup_hosts, teardown_hosts);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &NET_FIXTURE, false);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_model_only);
     tcase_add_test(tc, test_loopback_model_server);
@@ -1309,7 +1302,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("nat");
     tcase_add_unchecked_fixture(tc, setup_nat_hosts, teardown_hosts);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &NET_FIXTURE, false);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_nat_refuses_broadcast_and_multicast);
     suite_add_tcase(s, tc);

@@ -13,16 +13,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 START_TEST(test_healthz_readyz)
 {
     struct lbt_resp r;
@@ -315,7 +305,7 @@ int main(void)
     Suite *s = suite_create("ops");
     TCase *tc = tcase_create("ops");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_healthz_readyz);
     tcase_add_test(tc, test_metrics_text);

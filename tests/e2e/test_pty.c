@@ -37,18 +37,11 @@ static void seed_sandbox(struct lbt_daemon *d, const char *rsid, char *sbx, size
     json_decref(lease);
 }
 
-static void setup(void)
-{
-    static const char *const args[] = {"--set", "limits.max_pty_sessions=4", NULL};
+static const char *const ARGS[] = {"--set", "limits.max_pty_sessions=4", NULL};
 
-    lbt_daemon_start(&D, args);
+static void seed(void)
+{
     seed_sandbox(&D, "pty-1", SBX, sizeof(SBX), OP, sizeof(OP));
-}
-
-static void teardown(void)
-{
-    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
-    lbt_daemon_cleanup(&D);
 }
 
 /* The value of response header name (case-insensitive), or NULL; static buffer. */
@@ -755,7 +748,8 @@ int main(void)
     Suite *s = suite_create("pty");
     TCase *tc = tcase_create("pty");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(
+        tc, &(struct lbt_fixture){.d = &D, .args = ARGS, .seed = seed, .stop_clean = true}, true);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_docker_501);
     tcase_add_test(tc, test_size_tty_and_echo);

@@ -28,27 +28,28 @@
 static struct lbt_daemon D;
 static char SBX[128], OP[256], TMP[128];
 
-static void setup(void)
-{
-    static const char *const args[] = {"--set", "limits.max_pty_sessions=8", NULL};
-    json_t *lease;
+static const char *const ARGS[] = {"--set", "limits.max_pty_sessions=8", NULL};
 
+static void prepare(void)
+{
     snprintf(TMP, sizeof(TMP), "/tmp/i12-ptyhostile-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(TMP));
-    lbt_daemon_start(&D, args);
-    lease = lbt_seed(&D, "pty-hostile", "task-pty", NULL);
+}
+
+static void seed(void)
+{
+    json_t *lease = lbt_seed(&D, "pty-hostile", "task-pty", NULL);
+
     snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     snprintf(OP, sizeof(OP), "%s",
              json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
     json_decref(lease);
 }
 
-static void teardown(void)
+static void release(void)
 {
     char cmd[300];
 
-    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
-    lbt_daemon_cleanup(&D);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", TMP);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -420,7 +421,14 @@ int main(void)
     Suite *s = suite_create("pty_hostile");
     TCase *tc = tcase_create("pty_hostile");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc,
+                    &(struct lbt_fixture){.d = &D,
+                                          .args = ARGS,
+                                          .prepare = prepare,
+                                          .seed = seed,
+                                          .release = release,
+                                          .stop_clean = true},
+                    true);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_sandbox_cannot_reach_the_directory);
     tcase_add_test(tc, test_planted_segments_are_never_served);

@@ -19,21 +19,19 @@
 static struct lbt_daemon D;
 static char parent[64];
 
-static void setup(void)
-{
-    static char set_parent[96];
-    const char *args[] = {"--set", "local.sandbox_nofile=321", "--set", set_parent, NULL};
+static char set_parent[96];
+static const char *const ARGS[] = {"--set", "local.sandbox_nofile=321", "--set", set_parent, NULL};
 
+static void prepare(void)
+{
     snprintf(parent, sizeof(parent), "lbt-svc-%d", (int)getpid());
     snprintf(set_parent, sizeof(set_parent), "local.cgroup_parent=%s", parent);
-    lbt_daemon_start(&D, args);
 }
 
-static void teardown(void)
+static void release(void)
 {
     char cmd[256];
 
-    lbt_daemon_cleanup(&D);
     snprintf(cmd, sizeof(cmd), "rmdir /sys/fs/cgroup/*/%s /sys/fs/cgroup/%s 2>/dev/null", parent,
              parent);
     (void)!system(cmd);
@@ -125,7 +123,9 @@ int main(void)
     Suite *s = suite_create("service_env");
     TCase *tc = tcase_create("service_env");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    lbt_fixture_add(
+        tc, &(struct lbt_fixture){.d = &D, .args = ARGS, .prepare = prepare, .release = release},
+        true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_sandbox_nofile_is_its_own);
     tcase_add_test(tc, test_sandbox_outside_the_daemon_cgroups);

@@ -17,11 +17,6 @@
 
 static struct lbt_daemon D;
 
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 static const char *sandbox_of(json_t *lease)
 {
     const char *id = json_string_value(json_object_get(lease, "sandbox_id"));
@@ -110,7 +105,7 @@ int main(void)
     Suite *s = suite_create("sigstop");
     TCase *tc = tcase_create("sigstop");
 
-    tcase_add_checked_fixture(tc, NULL, teardown);
+    lbt_test_daemon_cleanup(tc, &D);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stop_loop_does_not_wedge_workers);
     suite_add_tcase(s, tc);

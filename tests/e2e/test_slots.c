@@ -18,20 +18,6 @@
 #define CLAIM_DIR "/run/lendbox/slots"
 
 static struct lbt_daemon D1, D2;
-static bool d2_started;
-
-static void setup(void)
-{
-    d2_started = false;
-    lbt_daemon_start(&D1, NULL);
-}
-
-static void teardown(void)
-{
-    if (d2_started)
-        lbt_daemon_cleanup(&D2);
-    lbt_daemon_cleanup(&D1);
-}
 
 /* The second daemon: its own state dir, the first one's uid_base. */
 static void start_d2(void)
@@ -41,7 +27,6 @@ static void start_d2(void)
 
     snprintf(set, sizeof(set), "local.uid_base=%u", D1.uid_base);
     lbt_daemon_start(&D2, args);
-    d2_started = true;
     D2.uid_base = D1.uid_base;
 }
 
@@ -262,7 +247,9 @@ int main(void)
     TCase *tc = tcase_create("slots");
 
     tcase_set_timeout(tc, 300);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    /* D2 is started by some tests; cleaning up a daemon never started does nothing */
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D1}, false);
+    lbt_test_daemon_cleanup(tc, &D2);
     tcase_add_test(tc, test_same_base_disjoint_slots);
     tcase_add_test(tc, test_adopted_unaligned_uid_blocks_its_slots);
     tcase_add_test(tc, test_unaligned_base_refused);

@@ -22,22 +22,14 @@
 static struct lbt_daemon D;
 static char SBX[128];
 
-static void setup(void)
-{
-    static const char *const args[] = {"--set", "limits.max_output_bytes=4096", NULL};
-    json_t *lease;
+static const char *const ARGS[] = {"--set", "limits.max_output_bytes=4096", NULL};
 
-    lbt_daemon_start(&D, args);
-    lease = lbt_seed(&D, "stream-1", "task-stream", NULL);
+static void seed(void)
+{
+    json_t *lease = lbt_seed(&D, "stream-1", "task-stream", NULL);
+
     snprintf(SBX, sizeof(SBX), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
     json_decref(lease);
-}
-
-static void teardown(void)
-{
-    /* a clean exit (0) also means no leak report under make asan */
-    ck_assert_int_eq(lbt_daemon_stop(&D), 0);
-    lbt_daemon_cleanup(&D);
 }
 
 /* A streamed exec: the lines as they came, each with its arrival time. */
@@ -368,7 +360,9 @@ int main(void)
     Suite *s = suite_create("stream");
     TCase *tc = tcase_create("stream");
 
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    /* stop_clean: a clean exit (0) also means no leak report under make asan */
+    lbt_fixture_add(
+        tc, &(struct lbt_fixture){.d = &D, .args = ARGS, .seed = seed, .stop_clean = true}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_first_chunk_before_the_end);
     tcase_add_test(tc, test_stderr_and_utf8_split);

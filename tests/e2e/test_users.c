@@ -18,16 +18,6 @@
 
 static struct lbt_daemon D;
 
-static void setup(void)
-{
-    lbt_daemon_start(&D, NULL);
-}
-
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 /* Seed rsid; its sandbox id into sbx. */
 static void seed(const char *rsid, char *sbx, size_t size)
 {
@@ -434,7 +424,7 @@ int main(void)
     TCase *tc = tcase_create("users");
 
     tcase_set_timeout(tc, 300);
-    tcase_add_checked_fixture(tc, setup, teardown);
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &D}, false);
     tcase_add_test(tc, test_nobody_ids_and_groups);
     tcase_add_test(tc, test_numeric_and_unknown_users);
     tcase_add_test(tc, test_file_permissions_between_users);

@@ -18,11 +18,6 @@
 
 static struct lbt_daemon D;
 
-static void teardown(void)
-{
-    lbt_daemon_cleanup(&D);
-}
-
 #define MAX_IDS 64
 struct ids {
     int n;
@@ -680,7 +675,7 @@ int main(void)
     Suite *s = suite_create("warm");
     TCase *tc = tcase_create("warm");
 
-    tcase_add_checked_fixture(tc, NULL, teardown);
+    lbt_test_daemon_cleanup(tc, &D);
     tcase_set_timeout(tc, 400);
     tcase_add_test(tc, test_seed_takes_a_warm_sandbox);
     tcase_add_test(tc, test_other_class_does_not_take_it);
