@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include "image/image.h"
-#include "provider/local/seccomp.h"
 #include "sweeper/sweeper.h"
 #include "util/clock.h"
 #include "util/fault.h"
@@ -185,7 +184,7 @@ int daemon_fault_host_keyrings(struct lb_error *err)
         return 0;
     log_warn("injected fault host.keyrings: the keyring calls fail with EPERM in this daemon and "
              "everything it starts");
-    return seccomp_refuse_keyrings_to_self(err);
+    return registry_refuse_keyrings_to_self(err);
 }
 
 /* Process-wide setup before any thread exists. */

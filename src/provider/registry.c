@@ -12,6 +12,7 @@
 #include "provider/docker/docker.h"
 #include "provider/fault.h"
 #include "provider/local/local.h"
+#include "provider/local/seccomp.h"
 #include "provider/lxd/lxd.h"
 #include "util/log.h"
 
@@ -396,4 +397,9 @@ void registry_free(struct lb_registry *reg)
     for (size_t i = reg->n; i > 0; i--)
         provider_destroy(reg->provs[i - 1]);
     free(reg);
+}
+
+int registry_refuse_keyrings_to_self(struct lb_error *err)
+{
+    return seccomp_refuse_keyrings_to_self(err);
 }

@@ -102,4 +102,11 @@ int registry_end_execs(const struct lb_registry *reg);
 /* Destroy every provider (last first) and the registry; NULL-safe. Sandboxes keep running. */
 void registry_free(struct lb_registry *reg);
 
+/* For the fault switch host.keyrings: make the kernel keyring calls fail with EPERM for this
+ * whole process and everything it starts, as a container's default seccomp filter does to a
+ * daemon in it (the local provider's seccomp_refuse_keyrings_to_self, named here so that only
+ * registry.c includes a backend's header). Irreversible; call before any thread or sandbox
+ * exists. 0, or -EIO with the reason in err. */
+int registry_refuse_keyrings_to_self(struct lb_error *err);
+
 #endif
