@@ -41,6 +41,36 @@
 
 #define BUSY_TIMEOUT_MS 5000
 
+/* The activations table as migration 2 made it, and its indexes: migration 3 makes them again
+ * after it has made the sandboxes table anew. */
+#define ACTIVATIONS_TABLE_V2                                                                       \
+    "CREATE TABLE activations ("                                                                   \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  rsid TEXT NOT NULL,"                                                                        \
+    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"                      \
+    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"          \
+    "  spec_json TEXT,"                                                                            \
+    "  receipt_json TEXT,"                                                                         \
+    "  artifacts_json TEXT,"                                                                       \
+    "  capture_error TEXT,"                                                                        \
+    "  output_log BLOB,"                                                                           \
+    "  output_log_bytes INTEGER,"                                                                  \
+    "  created_at INTEGER NOT NULL,"                                                               \
+    "  updated_at INTEGER NOT NULL"                                                                \
+    ");"
+
+#define ACTIVATIONS_INDEXES_V2                                                                     \
+    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"                         \
+    "CREATE INDEX activations_rsid ON activations (rsid, created_at);"
+
+/* The sandboxes table's indexes as migration 1 made them (migration 3 makes them again). */
+#define SANDBOXES_INDEXES_V1                                                                       \
+    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"                                  \
+    "  WHERE state IN ('starting', 'lent');"                                                       \
+    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"                                 \
+    "CREATE INDEX sandboxes_state ON sandboxes (state);"                                           \
+    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);"
+
 /*
  * Schema migrations: migrations[i] takes the database from user_version i to i + 1. Append only;
  * never edit one that has shipped.
@@ -66,28 +96,9 @@ static const char *const migrations[] = {
     "  updated_at INTEGER NOT NULL"
     ");"
     /* Invariant 2: one live sandbox per resources session. */
-    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
-    "  WHERE state IN ('starting', 'lent');"
-    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
-    "CREATE INDEX sandboxes_state ON sandboxes (state);"
-    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);",
+    SANDBOXES_INDEXES_V1,
     /* 2: harness activations, one per lent sandbox, gone with its sandbox record. */
-    "CREATE TABLE activations ("
-    "  id TEXT PRIMARY KEY,"
-    "  rsid TEXT NOT NULL,"
-    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
-    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
-    "  spec_json TEXT,"
-    "  receipt_json TEXT,"
-    "  artifacts_json TEXT,"
-    "  capture_error TEXT,"
-    "  output_log BLOB,"
-    "  output_log_bytes INTEGER,"
-    "  created_at INTEGER NOT NULL,"
-    "  updated_at INTEGER NOT NULL"
-    ");"
-    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
-    "CREATE INDEX activations_rsid ON activations (rsid, created_at);",
+    ACTIVATIONS_TABLE_V2 ACTIVATIONS_INDEXES_V2,
     /* 3: warm pools (src/warm/): state 'warm' and the pool class a warm sandbox was made for.
      * The state CHECK needs a new table; foreign_keys is on (and cannot be turned off inside
      * the migration's transaction), so the activations that reference it are moved aside
@@ -120,30 +131,9 @@ static const char *const migrations[] = {
     "CREATE TABLE activations_v3_copy AS SELECT * FROM activations;"
     "DROP TABLE activations;"
     "DROP TABLE sandboxes;"
-    "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;"
-    "CREATE TABLE activations ("
-    "  id TEXT PRIMARY KEY,"
-    "  rsid TEXT NOT NULL,"
-    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
-    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
-    "  spec_json TEXT,"
-    "  receipt_json TEXT,"
-    "  artifacts_json TEXT,"
-    "  capture_error TEXT,"
-    "  output_log BLOB,"
-    "  output_log_bytes INTEGER,"
-    "  created_at INTEGER NOT NULL,"
-    "  updated_at INTEGER NOT NULL"
-    ");"
+    "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;" ACTIVATIONS_TABLE_V2
     "INSERT INTO activations SELECT * FROM activations_v3_copy ORDER BY rowid;"
-    "DROP TABLE activations_v3_copy;"
-    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
-    "CREATE INDEX activations_rsid ON activations (rsid, created_at);"
-    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
-    "  WHERE state IN ('starting', 'lent');"
-    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
-    "CREATE INDEX sandboxes_state ON sandboxes (state);"
-    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);"
+    "DROP TABLE activations_v3_copy;" ACTIVATIONS_INDEXES_V2 SANDBOXES_INDEXES_V1
     "CREATE INDEX sandboxes_warm ON sandboxes (pool_class, created_at) WHERE state = 'warm';",
 };
 
