@@ -440,7 +440,7 @@ static int child_exec_bwrap(void *arg)
     const struct spawn *s = c->s;
     int i, e;
 
-    local_child_reset_signals();
+    sup_signals_reset();
     (void)syscall(SYS_setsid);
     for (i = 0; i < s->ncg; i++) {
         if (write(s->cg_fds[i], "0", 1) != 1) {
