@@ -64,7 +64,7 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                          "stage", "collect", "timeout_s", "close_timeout_s",
                                          "wait",  NULL};
     json_t *wait = json_object_get(j->body, "wait");
-    json_t *body = j->body, *cwd = json_object_get(body, "cwd");
+    json_t *body = j->body;
     json_t *stage = json_object_get(body, "stage"), *v;
     const char *path;
     int r = routes_check_fields(body, fields, "the execute request", err);
@@ -94,12 +94,7 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     }
     if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
         return r;
-    if (cwd && !json_is_null(cwd)) {
-        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
-            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
-        j->req.cwd = json_string_value(cwd);
-    }
-    if ((r = routes_parse_user(body, &j->req.user, err)) < 0)
+    if ((r = routes_parse_cwd_user(body, &j->req.cwd, &j->req.user, err)) < 0)
         return r;
     if (stage && !json_is_null(stage)) {
         if (!json_is_object(stage))
