@@ -41,6 +41,19 @@
 
 #define BUSY_TIMEOUT_MS 5000
 
+/* The sandboxes table's columns from spec_json to stop_reason, as migration 1 made them
+ * (migration 3 makes the table again with them). */
+#define SANDBOXES_RECORD_COLUMNS_V1                                                                \
+    "  spec_json TEXT,"                                                                            \
+    "  descriptor_json TEXT,"                                                                      \
+    "  token_hash TEXT,"                                                                           \
+    "  created_at INTEGER NOT NULL,"                                                               \
+    "  expires_at INTEGER,"                                                                        \
+    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"                                                  \
+    "  next_attempt_at INTEGER,"                                                                   \
+    "  last_error TEXT,"                                                                           \
+    "  stop_reason TEXT,"
+
 /* The activations table as migration 2 made it, and its indexes: migration 3 makes them again
  * after it has made the sandboxes table anew. */
 #define ACTIVATIONS_TABLE_V2                                                                       \
@@ -74,7 +87,9 @@
 /*
  * Schema migrations: migrations[i] takes the database from user_version i to i + 1. Append only;
  * never edit one that has shipped.
+ * The shared parts above stand one a line (clang-format would run them together).
  */
+/* clang-format off */
 static const char *const migrations[] = {
     /* 1: sandbox records. */
     "CREATE TABLE sandboxes ("
@@ -84,21 +99,14 @@ static const char *const migrations[] = {
     "  provider TEXT NOT NULL,"
     "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
     "                                      'failed_seed', 'stop_failed')),"
-    "  spec_json TEXT,"
-    "  descriptor_json TEXT,"
-    "  token_hash TEXT,"
-    "  created_at INTEGER NOT NULL,"
-    "  expires_at INTEGER,"
-    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
-    "  next_attempt_at INTEGER,"
-    "  last_error TEXT,"
-    "  stop_reason TEXT,"
+    SANDBOXES_RECORD_COLUMNS_V1
     "  updated_at INTEGER NOT NULL"
     ");"
     /* Invariant 2: one live sandbox per resources session. */
     SANDBOXES_INDEXES_V1,
     /* 2: harness activations, one per lent sandbox, gone with its sandbox record. */
-    ACTIVATIONS_TABLE_V2 ACTIVATIONS_INDEXES_V2,
+    ACTIVATIONS_TABLE_V2
+    ACTIVATIONS_INDEXES_V2,
     /* 3: warm pools (src/warm/): state 'warm' and the pool class a warm sandbox was made for.
      * The state CHECK needs a new table; foreign_keys is on (and cannot be turned off inside
      * the migration's transaction), so the activations that reference it are moved aside
@@ -110,15 +118,7 @@ static const char *const migrations[] = {
     "  provider TEXT NOT NULL,"
     "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
     "                                      'failed_seed', 'stop_failed', 'warm')),"
-    "  spec_json TEXT,"
-    "  descriptor_json TEXT,"
-    "  token_hash TEXT,"
-    "  created_at INTEGER NOT NULL,"
-    "  expires_at INTEGER,"
-    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
-    "  next_attempt_at INTEGER,"
-    "  last_error TEXT,"
-    "  stop_reason TEXT,"
+    SANDBOXES_RECORD_COLUMNS_V1
     "  updated_at INTEGER NOT NULL,"
     "  pool_class TEXT"
     ");"
@@ -131,11 +131,15 @@ static const char *const migrations[] = {
     "CREATE TABLE activations_v3_copy AS SELECT * FROM activations;"
     "DROP TABLE activations;"
     "DROP TABLE sandboxes;"
-    "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;" ACTIVATIONS_TABLE_V2
+    "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;"
+    ACTIVATIONS_TABLE_V2
     "INSERT INTO activations SELECT * FROM activations_v3_copy ORDER BY rowid;"
-    "DROP TABLE activations_v3_copy;" ACTIVATIONS_INDEXES_V2 SANDBOXES_INDEXES_V1
+    "DROP TABLE activations_v3_copy;"
+    ACTIVATIONS_INDEXES_V2
+    SANDBOXES_INDEXES_V1
     "CREATE INDEX sandboxes_warm ON sandboxes (pool_class, created_at) WHERE state = 'warm';",
 };
+/* clang-format on */
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_INSERT] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") VALUES "
