@@ -196,6 +196,20 @@ int engine_spool_write(const void *data, size_t n, void *arg);
  * *out, the caller's. 0 or -EIO with err set. */
 int engine_spool_reopen(int fd, int *out, struct lb_error *err);
 
+/* An engine's name for an instance's state and the status it means (a table ends with a NULL
+ * name). */
+struct engine_state_name {
+    const char *name;
+    enum lb_sandbox_status status;
+};
+struct lb_httpc_response;
+/* What an engine's answer to a state request means, into *out: 404 (no such instance) is
+ * LB_STATUS_STOPPED; 200 is the name at body[obj][key] looked up in table
+ * (LB_STATUS_UNKNOWN for a name not in it, or none). 0; -EREMOTEIO for another HTTP status,
+ * with *out untouched and no error set: the caller words it from the answer. */
+int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, const char *key,
+                        const struct engine_state_name *table, enum lb_sandbox_status *out);
+
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err);
