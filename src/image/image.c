@@ -494,6 +494,20 @@ static int name_hex(const char *images_dir, const char *name, char hex[65])
     return 0;
 }
 
+/* name_hex for a name a caller gave: "no image" (-ENOENT, or name_hex's error) when the name
+ * is not a valid one or does not point to a stored image. */
+static int find_hex(const char *images_dir, const char *name, char hex[65], struct lb_error *err)
+{
+    int r;
+
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
+    r = name_hex(images_dir, name, hex);
+    if (r < 0)
+        return lb_error_set(err, r, "no image '%s'", name);
+    return 0;
+}
+
 static int read_info(const char *images_dir, const char *name, const char *hex,
                      struct lb_image_info *out, struct lb_error *err)
 {
@@ -594,11 +608,9 @@ int image_get(const char *images_dir, const char *name, struct lb_image_info *ou
     char hex[65];
     int r;
 
-    if (!image_name_is_valid(name))
-        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
-    r = name_hex(images_dir, name, hex);
+    r = find_hex(images_dir, name, hex, err);
     if (r < 0)
-        return lb_error_set(err, r, "no image '%s'", name);
+        return r;
     return read_info(images_dir, name, hex, out, err);
 }
 
@@ -614,11 +626,9 @@ int image_read_config(const char *images_dir, const char *name, json_t **env_out
         *env_out = NULL;
     if (working_dir_out)
         *working_dir_out = NULL;
-    if (!image_name_is_valid(name))
-        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
-    r = name_hex(images_dir, name, hex);
+    r = find_hex(images_dir, name, hex, err);
     if (r < 0)
-        return lb_error_set(err, r, "no image '%s'", name);
+        return r;
     snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
     j = json_load_file(p, 0, &je);
     if (!j)
@@ -685,11 +695,9 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
     char hex[65], p[IMAGE_PATH_MAX + 256];
     int r, lock;
 
-    if (!image_name_is_valid(name))
-        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
-    r = name_hex(images_dir, name, hex);
+    r = find_hex(images_dir, name, hex, err);
     if (r < 0)
-        return lb_error_set(err, r, "no image '%s'", name);
+        return r;
     lock = store_lock(images_dir);
     if (lock < 0)
         return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
@@ -794,11 +802,9 @@ int image_resolve_user(const char *images_dir, const char *name, char **user_out
     int r;
 
     *user_out = NULL;
-    if (!image_name_is_valid(name))
-        return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
-    r = name_hex(images_dir, name, hex);
+    r = find_hex(images_dir, name, hex, err);
     if (r < 0)
-        return lb_error_set(err, r, "no image '%s'", name);
+        return r;
     snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
     snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir, hex);
     j = json_load_file(p, 0, &je);

@@ -70,6 +70,18 @@ int pty_session_open_file(int sdir, const char *name, struct stat *st)
     return fd;
 }
 
+int pty_read_text(int fd, char *buf, size_t len)
+{
+    ssize_t n = read(fd, buf, len - 1);
+    int e = errno;
+
+    close(fd);
+    if (n < 0)
+        return -e;
+    buf[n] = '\0';
+    return 0;
+}
+
 /* Is name a regular file of the holder's (lstat; one link)? Its size in *size. */
 bool pty_session_file_ok(int sdir, const char *name, uint64_t *size)
 {
@@ -160,7 +172,6 @@ static int read_own(const struct lb_ptys *p, const char *sid, const char *name, 
 {
     char path[LB_PTY_SID_MAX + 32];
     struct stat st;
-    ssize_t n;
     int fd;
 
     snprintf(path, sizeof(path), "%s.%s", sid, name);
@@ -171,12 +182,7 @@ static int read_own(const struct lb_ptys *p, const char *sid, const char *name, 
         close(fd);
         return -EPERM;
     }
-    n = read(fd, buf, len - 1);
-    close(fd);
-    if (n < 0)
-        return -errno;
-    buf[n] = '\0';
-    return 0;
+    return pty_read_text(fd, buf, len);
 }
 
 /* Remove pty/<sid>/ and what is in it, and the daemon's pty/<sid>.meta and .holder. */

@@ -54,6 +54,9 @@ int pty_session_dir_open(const struct lb_ptys *p, const char *sid);
 /* Open a file the holder wrote for reading: a regular file with one link, never a symlink or a
  * FIFO. The fd (the caller's; *st filled) or -errno (-EPERM: something else is there). */
 int pty_session_open_file(int sdir, const char *name, struct stat *st);
+/* Read up to len-1 bytes (len >= 1) of fd into buf, NUL-terminated, and close fd (taken in
+ * every case). 0 or -errno of the read. */
+int pty_read_text(int fd, char *buf, size_t len);
 /* Is name a regular file of the holder's (lstat; one link)? Its size in *size (may be NULL). */
 bool pty_session_file_ok(int sdir, const char *name, uint64_t *size);
 /* Open a FIFO of the session (in, ctl) for writing without blocking: the fd (the caller's),

@@ -32,7 +32,6 @@ static int read_small(const struct lb_ptys *p, const char *sid, const char *name
                       size_t len)
 {
     struct stat st;
-    ssize_t n;
     int sdir = pty_session_dir_open(p, sid), fd;
 
     if (sdir < 0)
@@ -41,12 +40,7 @@ static int read_small(const struct lb_ptys *p, const char *sid, const char *name
     close(sdir);
     if (fd < 0)
         return fd;
-    n = read(fd, buf, len - 1);
-    close(fd);
-    if (n < 0)
-        return -errno;
-    buf[n] = '\0';
-    return 0;
+    return pty_read_text(fd, buf, len);
 }
 
 /* The holder is gone without an exit status: the session ended with its sandbox (released,

@@ -64,7 +64,7 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                          "stage", "collect", "timeout_s", "close_timeout_s",
                                          "wait",  NULL};
     json_t *wait = json_object_get(j->body, "wait");
-    json_t *body = j->body, *cwd = json_object_get(body, "cwd");
+    json_t *body = j->body;
     json_t *stage = json_object_get(body, "stage"), *v;
     const char *path;
     int r = routes_check_fields(body, fields, "the execute request", err);
@@ -94,12 +94,7 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     }
     if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
         return r;
-    if (cwd && !json_is_null(cwd)) {
-        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
-            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
-        j->req.cwd = json_string_value(cwd);
-    }
-    if ((r = routes_parse_user(body, &j->req.user, err)) < 0)
+    if ((r = routes_parse_cwd_user(body, &j->req.cwd, &j->req.user, err)) < 0)
         return r;
     if (stage && !json_is_null(stage)) {
         if (!json_is_object(stage))
@@ -153,9 +148,12 @@ int route_execute(struct lb_request *req, struct lb_error *err)
 
 /* ---------- close ---------- */
 
+/* A close-shaped request (close, stop_harness): op on the session's activation. */
 struct close_job {
     char *rsid;
     int64_t timeout_ms; /* 0: the activation's close_timeout_s */
+    int (*op)(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
+              size_t *len, struct lb_error *err);
 };
 
 static void close_job_free(void *arg)
@@ -192,25 +190,27 @@ static void respond_activation(struct lb_request *req, const char *rsid, bool wi
         http_respond_text(req, 200, "application/json", text, len);
 }
 
-static int close_render(struct lb_request *req, void *arg, char **text, size_t *len,
-                        struct lb_error *err)
+static int close_job_render(struct lb_request *req, void *arg, char **text, size_t *len,
+                            struct lb_error *err)
 {
     struct close_job *j = arg;
     struct lb_app *app = http_app(req);
 
-    return activation_close(app->acts, j->rsid, j->timeout_ms, text, len, err);
+    return j->op(app->acts, j->rsid, j->timeout_ms, text, len, err);
 }
 
-static void close_run(struct lb_request *req, void *arg)
+static void close_job_run(struct lb_request *req, void *arg)
 {
     struct close_job *j = arg;
 
-    respond_activation(req, j->rsid, false, close_render, j);
+    respond_activation(req, j->rsid, false, close_job_render, j);
 }
 
-/* Parse a close-shaped request ({"timeout_s"?} on a session) and defer run with it; what
- * names the request in error messages. */
-static int defer_close_job(struct lb_request *req, const char *what, lb_http_job_fn run,
+/* Parse a close-shaped request ({"timeout_s"?} on a session) and defer a job that runs op
+ * with it; what names the request in error messages. */
+static int defer_close_job(struct lb_request *req, const char *what,
+                           int (*op)(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
+                                     char **text, size_t *len, struct lb_error *err),
                            struct lb_error *err)
 {
     static const char *const fields[] = {"timeout_s", NULL};
@@ -221,6 +221,7 @@ static int defer_close_job(struct lb_request *req, const char *what, lb_http_job
 
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
+    j->op = op;
     r = session_rsid(req, &j->rsid, err);
     if (r == 0)
         r = http_body_json(req, true, &body, err);
@@ -236,12 +237,12 @@ static int defer_close_job(struct lb_request *req, const char *what, lb_http_job
         return r;
     }
     routes_serialize_session(req, j->rsid);
-    return http_defer(req, run, j, close_job_free, err);
+    return http_defer(req, close_job_run, j, close_job_free, err);
 }
 
 int route_close(struct lb_request *req, struct lb_error *err)
 {
-    return defer_close_job(req, "the close request", close_run, err);
+    return defer_close_job(req, "the close request", activation_close, err);
 }
 
 /* ---------- activation ---------- */
@@ -436,23 +437,7 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
 
 /* ---------- stop_harness ---------- */
 
-static int stop_harness_render(struct lb_request *req, void *arg, char **text, size_t *len,
-                               struct lb_error *err)
-{
-    struct close_job *j = arg;
-    struct lb_app *app = http_app(req);
-
-    return activation_stop_harness(app->acts, j->rsid, j->timeout_ms, text, len, err);
-}
-
-static void stop_harness_run(struct lb_request *req, void *arg)
-{
-    struct close_job *j = arg;
-
-    respond_activation(req, j->rsid, false, stop_harness_render, j);
-}
-
 int route_stop_harness(struct lb_request *req, struct lb_error *err)
 {
-    return defer_close_job(req, "the stop_harness request", stop_harness_run, err);
+    return defer_close_job(req, "the stop_harness request", activation_stop_harness, err);
 }

@@ -98,7 +98,7 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
 {
     static const char *const fields[] = {"command", "cwd",  "env", "user",
                                          "rows",    "cols", "pty", NULL};
-    json_t *command = json_object_get(body, "command"), *cwd = json_object_get(body, "cwd");
+    json_t *command = json_object_get(body, "command");
     json_t *pty = json_object_get(body, "pty");
     int r = routes_check_fields(body, fields, "the PTY request", err);
 
@@ -118,13 +118,8 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
             return lb_error_set(err, -EINVAL, "'command' must be a string without NUL");
         c->command = json_string_value(command);
     }
-    if (cwd && !json_is_null(cwd)) {
-        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
-            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
-        c->cwd = json_string_value(cwd);
-    }
-    /* as exec's: a name, a number (JSON or string), NAME:GROUP or UID:GID */
-    r = routes_parse_user(body, &c->user, err);
+    /* the user as exec's: a name, a number (JSON or string), NAME:GROUP or UID:GID */
+    r = routes_parse_cwd_user(body, &c->cwd, &c->user, err);
     if (r < 0)
         return r;
     c->pty = true;

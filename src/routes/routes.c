@@ -167,6 +167,19 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
     http_respond_json(req, status, body);
 }
 
+void routes_respond_lend_id(struct lb_request *req,
+                            int (*fn)(struct lb_lend *l, const char *id, json_t **out,
+                                      struct lb_error *err),
+                            const char *id)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = fn(app->lend, id, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
 void routes_serialize_session(struct lb_request *req, const char *rsid)
 {
     char key[160];
@@ -197,6 +210,19 @@ int routes_parse_user(json_t *body, const char **out, struct lb_error *err)
         return lb_error_set(err, -EINVAL, "'user' must be a non-empty string or a uid");
     *out = json_string_value(user);
     return 0;
+}
+
+int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_out,
+                          struct lb_error *err)
+{
+    json_t *cwd = json_object_get(body, "cwd");
+
+    if (cwd && !json_is_null(cwd)) {
+        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
+            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
+        *cwd_out = json_string_value(cwd);
+    }
+    return routes_parse_user(body, user_out, err);
 }
 
 int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)

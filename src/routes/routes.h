@@ -79,6 +79,12 @@ int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_erro
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);
+/* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
+ * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
+void routes_respond_lend_id(struct lb_request *req,
+                            int (*fn)(struct lb_lend *l, const char *id, json_t **out,
+                                      struct lb_error *err),
+                            const char *id);
 /* --- the one parsing dialect of routes/: every route file parses with these --- */
 
 /* One file of a seed's "files" or an execute's "stage": a string (UTF-8 text) or {"base64",
@@ -127,6 +133,12 @@ int routes_check_env_names(json_t *env, const char *what, struct lb_error *err);
  * (stored back into body as its decimal string) -> *out borrowed from body. -EINVAL (400)
  * otherwise. Whether the sandbox knows the user is its provider's check. */
 int routes_parse_user(json_t *body, const char **out, struct lb_error *err);
+
+/* Where and as whom an exec, activation or PTY runs: the request's "cwd" (absent or null ->
+ * *cwd_out left as it is; else an absolute, normalised path -> *cwd_out borrowed from body),
+ * then its "user" (routes_parse_user into *user_out). -EINVAL (400), or -ENOMEM, otherwise. */
+int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_out,
+                          struct lb_error *err);
 
 int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);

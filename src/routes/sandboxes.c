@@ -16,12 +16,7 @@
 
 static void sandbox_get_run(struct lb_request *req, void *arg)
 {
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_sandbox_status(app->lend, arg, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    routes_respond_lend_id(req, lend_sandbox_status, arg);
 }
 
 static int sandbox_defer_with_id(struct lb_request *req, lb_http_job_fn fn, struct lb_error *err)
@@ -100,12 +95,7 @@ int route_sandbox_create(struct lb_request *req, struct lb_error *err)
 
 static void sandbox_delete_run(struct lb_request *req, void *arg)
 {
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_delete_sandbox(app->lend, arg, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    routes_respond_lend_id(req, lend_delete_sandbox, arg);
 }
 
 int route_sandbox_delete(struct lb_request *req, struct lb_error *err)
@@ -190,7 +180,6 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         "command",  "argv",      "cwd",        "env",
         "user",     "stdin",     "timeout_s",  "preserve_background_services",
         "encoding", "exclusive", "agent_root", NULL};
-    json_t *cwd = json_object_get(body, "cwd");
     json_t *in = json_object_get(body, "stdin");
     json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
@@ -206,12 +195,7 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         return r;
     if (j->p.env && (r = routes_check_env_names(j->p.env, "env", err)) < 0)
         return r;
-    if (cwd && !json_is_null(cwd)) {
-        if (!json_is_string(cwd) || !provider_path_is_valid(json_string_value(cwd)))
-            return lb_error_set(err, -EINVAL, "'cwd' must be an absolute, normalised path");
-        j->p.cwd = json_string_value(cwd);
-    }
-    if ((r = routes_parse_user(body, &j->p.user, err)) < 0)
+    if ((r = routes_parse_cwd_user(body, &j->p.cwd, &j->p.user, err)) < 0)
         return r;
     if (in && !json_is_null(in)) {
         if (!json_is_string(in))

@@ -399,12 +399,7 @@ int route_sessions_list(struct lb_request *req, struct lb_error *err)
 
 static void release_run(struct lb_request *req, void *arg)
 {
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_release(app->lend, arg, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    routes_respond_lend_id(req, lend_release, arg);
 }
 
 int route_release(struct lb_request *req, struct lb_error *err)

@@ -277,10 +277,26 @@ static int act_explain_no_change(struct lb_store *st, const char *id, int code, 
     return ret;
 }
 
+/* Step the activation UPDATE s whose parameters were bound (bind_failed: they could not be;
+ * bind_what, write_what name the two failures). Call with the lock held; resets s. The rows
+ * changed (0 or 1) or a negative errno with err set. */
+static int act_write(struct lb_store *st, sqlite3_stmt *s, bool bind_failed, const char *bind_what,
+                     const char *write_what, struct lb_error *err)
+{
+    int ret;
+
+    if (!bind_failed)
+        return store_step_write(st, s, write_what, err);
+    ret = store_db_fail(st, err, bind_what);
+    store_stmt_done(s);
+    return ret;
+}
+
 int store_activation_set_state(struct lb_store *st, const char *id, enum lb_act_state to,
                                unsigned from_mask, struct lb_error *err)
 {
     sqlite3_stmt *s;
+    bool bad;
     int ret;
 
     if (!id || (unsigned)to >= ARRAY_LEN(act_state_names))
@@ -290,17 +306,12 @@ int store_activation_set_state(struct lb_store *st, const char *id, enum lb_act_
         return ret;
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_ACT_SET_STATE];
-    if (store_bind_text(s, 1, id) || store_bind_text(s, 2, act_state_names[to]) ||
-        sqlite3_bind_int64(s, 3, clock_now_s()) || sqlite3_bind_int64(s, 4, from_mask)) {
-        ret = store_db_fail(st, err, "binding an activation transition");
-        store_stmt_done(s);
-        goto cleanup;
-    }
-    ret = store_step_write(st, s, "changing an activation's state", err);
+    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, act_state_names[to]) ||
+          sqlite3_bind_int64(s, 3, clock_now_s()) || sqlite3_bind_int64(s, 4, from_mask);
+    ret = act_write(st, s, bad, "binding an activation transition",
+                    "changing an activation's state", err);
     if (ret == 0)
         ret = act_explain_no_change(st, id, -EBUSY, "cannot move it", err);
-
-cleanup:
     pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }
@@ -309,6 +320,7 @@ int store_activation_set_receipt(struct lb_store *st, const char *id, const char
                                  struct lb_error *err)
 {
     sqlite3_stmt *s;
+    bool bad;
     int ret;
 
     if (!id)
@@ -318,17 +330,12 @@ int store_activation_set_receipt(struct lb_store *st, const char *id, const char
         return ret;
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_ACT_SET_RECEIPT];
-    if (store_bind_text(s, 1, id) || store_bind_text(s, 2, receipt_json) ||
-        sqlite3_bind_int64(s, 3, clock_now_s())) {
-        ret = store_db_fail(st, err, "binding an activation receipt");
-        store_stmt_done(s);
-        goto cleanup;
-    }
-    ret = store_step_write(st, s, "storing an activation receipt", err);
+    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, receipt_json) ||
+          sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = act_write(st, s, bad, "binding an activation receipt", "storing an activation receipt",
+                    err);
     if (ret == 0)
         ret = lb_error_set(err, -ENOENT, "no activation %s", id);
-
-cleanup:
     pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }
@@ -338,6 +345,7 @@ int store_activation_set_capture(struct lb_store *st, const char *id, const char
                                  int64_t output_log_bytes, struct lb_error *err)
 {
     sqlite3_stmt *s;
+    bool bad;
     int ret;
 
     if (!id || !artifacts_json)
@@ -347,21 +355,17 @@ int store_activation_set_capture(struct lb_store *st, const char *id, const char
         return ret;
     pthread_mutex_lock(&st->lock);
     s = st->stmts[STMT_ACT_SET_CAPTURE];
-    if (store_bind_text(s, 1, id) || store_bind_text(s, 2, artifacts_json) ||
+    bad =
+        store_bind_text(s, 1, id) || store_bind_text(s, 2, artifacts_json) ||
         store_bind_text(s, 3, capture_error) ||
         (log ? sqlite3_bind_blob64(s, 4, log, log_len, SQLITE_STATIC) : sqlite3_bind_null(s, 4)) ||
         (output_log_bytes >= 0 ? sqlite3_bind_int64(s, 5, output_log_bytes)
                                : sqlite3_bind_null(s, 5)) ||
-        sqlite3_bind_int64(s, 6, clock_now_s())) {
-        ret = store_db_fail(st, err, "binding an activation capture");
-        store_stmt_done(s);
-        goto cleanup;
-    }
-    ret = store_step_write(st, s, "storing an activation capture", err);
+        sqlite3_bind_int64(s, 6, clock_now_s());
+    ret = act_write(st, s, bad, "binding an activation capture", "storing an activation capture",
+                    err);
     if (ret == 0)
         ret = act_explain_no_change(st, id, -EALREADY, "its artifacts were collected already", err);
-
-cleanup:
     pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }

@@ -435,8 +435,10 @@ static int finish_transition(struct lb_store *st, sqlite3_stmt *s, bool bind_fai
     return ret < 0 ? ret : 0;
 }
 
-int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,
-                         struct lb_error *err)
+/* The transitions that set one text column and the time of a sandbox's row: the UPDATE at
+ * stmts[stmt] bound to (id, text, now), finished by finish_transition. */
+static int update_text_now(struct lb_store *st, enum stmt_id stmt, const char *id, const char *text,
+                           bool stop, const char *what, struct lb_error *err)
 {
     sqlite3_stmt *s;
     bool bad;
@@ -448,54 +450,33 @@ int store_set_descriptor(struct lb_store *st, const char *id, const char *descri
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_SET_DESCRIPTOR];
-    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, descriptor_json) ||
+    s = st->stmts[stmt];
+    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, text) ||
           sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, false, id, "storing a descriptor", err);
+    ret = finish_transition(st, s, bad, stop, id, what, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
+}
+
+int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,
+                         struct lb_error *err)
+{
+    return update_text_now(st, STMT_SET_DESCRIPTOR, id, descriptor_json, false,
+                           "storing a descriptor", err);
 }
 
 int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
                         struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    bool bad;
-    int ret;
-
-    if (!id)
-        return lb_error_set(err, -EINVAL, "store: no sandbox id");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_MARK_STOPPING];
-    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, reason) ||
-          sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, true, id, "marking a sandbox stopping", err);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+    return update_text_now(st, STMT_MARK_STOPPING, id, reason, true, "marking a sandbox stopping",
+                           err);
 }
 
 int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
                        struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    bool bad;
-    int ret;
-
-    if (!id)
-        return lb_error_set(err, -EINVAL, "store: no sandbox id");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_MARK_STOPPED];
-    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, reason) ||
-          sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, true, id, "marking a sandbox stopped", err);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+    return update_text_now(st, STMT_MARK_STOPPED, id, reason, true, "marking a sandbox stopped",
+                           err);
 }
 
 int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,

@@ -41,10 +41,55 @@
 
 #define BUSY_TIMEOUT_MS 5000
 
+/* The sandboxes table's columns from spec_json to stop_reason, as migration 1 made them
+ * (migration 3 makes the table again with them). */
+#define SANDBOXES_RECORD_COLUMNS_V1                                                                \
+    "  spec_json TEXT,"                                                                            \
+    "  descriptor_json TEXT,"                                                                      \
+    "  token_hash TEXT,"                                                                           \
+    "  created_at INTEGER NOT NULL,"                                                               \
+    "  expires_at INTEGER,"                                                                        \
+    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"                                                  \
+    "  next_attempt_at INTEGER,"                                                                   \
+    "  last_error TEXT,"                                                                           \
+    "  stop_reason TEXT,"
+
+/* The activations table as migration 2 made it, and its indexes: migration 3 makes them again
+ * after it has made the sandboxes table anew. */
+#define ACTIVATIONS_TABLE_V2                                                                       \
+    "CREATE TABLE activations ("                                                                   \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  rsid TEXT NOT NULL,"                                                                        \
+    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"                      \
+    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"          \
+    "  spec_json TEXT,"                                                                            \
+    "  receipt_json TEXT,"                                                                         \
+    "  artifacts_json TEXT,"                                                                       \
+    "  capture_error TEXT,"                                                                        \
+    "  output_log BLOB,"                                                                           \
+    "  output_log_bytes INTEGER,"                                                                  \
+    "  created_at INTEGER NOT NULL,"                                                               \
+    "  updated_at INTEGER NOT NULL"                                                                \
+    ");"
+
+#define ACTIVATIONS_INDEXES_V2                                                                     \
+    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"                         \
+    "CREATE INDEX activations_rsid ON activations (rsid, created_at);"
+
+/* The sandboxes table's indexes as migration 1 made them (migration 3 makes them again). */
+#define SANDBOXES_INDEXES_V1                                                                       \
+    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"                                  \
+    "  WHERE state IN ('starting', 'lent');"                                                       \
+    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"                                 \
+    "CREATE INDEX sandboxes_state ON sandboxes (state);"                                           \
+    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);"
+
 /*
  * Schema migrations: migrations[i] takes the database from user_version i to i + 1. Append only;
  * never edit one that has shipped.
+ * The shared parts above stand one a line (clang-format would run them together).
  */
+/* clang-format off */
 static const char *const migrations[] = {
     /* 1: sandbox records. */
     "CREATE TABLE sandboxes ("
@@ -54,40 +99,14 @@ static const char *const migrations[] = {
     "  provider TEXT NOT NULL,"
     "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
     "                                      'failed_seed', 'stop_failed')),"
-    "  spec_json TEXT,"
-    "  descriptor_json TEXT,"
-    "  token_hash TEXT,"
-    "  created_at INTEGER NOT NULL,"
-    "  expires_at INTEGER,"
-    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
-    "  next_attempt_at INTEGER,"
-    "  last_error TEXT,"
-    "  stop_reason TEXT,"
+    SANDBOXES_RECORD_COLUMNS_V1
     "  updated_at INTEGER NOT NULL"
     ");"
     /* Invariant 2: one live sandbox per resources session. */
-    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
-    "  WHERE state IN ('starting', 'lent');"
-    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
-    "CREATE INDEX sandboxes_state ON sandboxes (state);"
-    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);",
+    SANDBOXES_INDEXES_V1,
     /* 2: harness activations, one per lent sandbox, gone with its sandbox record. */
-    "CREATE TABLE activations ("
-    "  id TEXT PRIMARY KEY,"
-    "  rsid TEXT NOT NULL,"
-    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
-    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
-    "  spec_json TEXT,"
-    "  receipt_json TEXT,"
-    "  artifacts_json TEXT,"
-    "  capture_error TEXT,"
-    "  output_log BLOB,"
-    "  output_log_bytes INTEGER,"
-    "  created_at INTEGER NOT NULL,"
-    "  updated_at INTEGER NOT NULL"
-    ");"
-    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
-    "CREATE INDEX activations_rsid ON activations (rsid, created_at);",
+    ACTIVATIONS_TABLE_V2
+    ACTIVATIONS_INDEXES_V2,
     /* 3: warm pools (src/warm/): state 'warm' and the pool class a warm sandbox was made for.
      * The state CHECK needs a new table; foreign_keys is on (and cannot be turned off inside
      * the migration's transaction), so the activations that reference it are moved aside
@@ -99,15 +118,7 @@ static const char *const migrations[] = {
     "  provider TEXT NOT NULL,"
     "  state TEXT NOT NULL CHECK (state IN ('starting', 'lent', 'stopping', 'stopped',"
     "                                      'failed_seed', 'stop_failed', 'warm')),"
-    "  spec_json TEXT,"
-    "  descriptor_json TEXT,"
-    "  token_hash TEXT,"
-    "  created_at INTEGER NOT NULL,"
-    "  expires_at INTEGER,"
-    "  stop_attempts INTEGER NOT NULL DEFAULT 0,"
-    "  next_attempt_at INTEGER,"
-    "  last_error TEXT,"
-    "  stop_reason TEXT,"
+    SANDBOXES_RECORD_COLUMNS_V1
     "  updated_at INTEGER NOT NULL,"
     "  pool_class TEXT"
     ");"
@@ -121,31 +132,14 @@ static const char *const migrations[] = {
     "DROP TABLE activations;"
     "DROP TABLE sandboxes;"
     "ALTER TABLE sandboxes_v3 RENAME TO sandboxes;"
-    "CREATE TABLE activations ("
-    "  id TEXT PRIMARY KEY,"
-    "  rsid TEXT NOT NULL,"
-    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
-    "  state TEXT NOT NULL CHECK (state IN ('staging', 'running', 'closing', 'closed')),"
-    "  spec_json TEXT,"
-    "  receipt_json TEXT,"
-    "  artifacts_json TEXT,"
-    "  capture_error TEXT,"
-    "  output_log BLOB,"
-    "  output_log_bytes INTEGER,"
-    "  created_at INTEGER NOT NULL,"
-    "  updated_at INTEGER NOT NULL"
-    ");"
+    ACTIVATIONS_TABLE_V2
     "INSERT INTO activations SELECT * FROM activations_v3_copy ORDER BY rowid;"
     "DROP TABLE activations_v3_copy;"
-    "CREATE UNIQUE INDEX activations_sandbox ON activations (sandbox_id);"
-    "CREATE INDEX activations_rsid ON activations (rsid, created_at);"
-    "CREATE UNIQUE INDEX sandboxes_live_rsid ON sandboxes (rsid)"
-    "  WHERE state IN ('starting', 'lent');"
-    "CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);"
-    "CREATE INDEX sandboxes_state ON sandboxes (state);"
-    "CREATE INDEX sandboxes_state_next_attempt ON sandboxes (state, next_attempt_at);"
+    ACTIVATIONS_INDEXES_V2
+    SANDBOXES_INDEXES_V1
     "CREATE INDEX sandboxes_warm ON sandboxes (pool_class, created_at) WHERE state = 'warm';",
 };
+/* clang-format on */
 
 static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_INSERT] = "INSERT INTO sandboxes (" RECORD_COLUMNS ") VALUES "

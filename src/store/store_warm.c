@@ -40,6 +40,24 @@ static int warm_update(struct lb_store *st, const char *sql, const char *id,
     return ret;
 }
 
+/* A warm transition on its own: the store.write fault point, then warm_update under the lock.
+ * 0; -EBUSY "sandbox <id> <busy>" when the row was not in the state sql asks for; or < 0. */
+static int warm_transition(struct lb_store *st, const char *sql, const char *id,
+                           int (*bind)(sqlite3_stmt *, const void *), const void *ctx, bool stop,
+                           const char *what, const char *busy, struct lb_error *err)
+{
+    int ret = fault_hit("store.write", 0, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = warm_update(st, sql, id, bind, ctx, stop, what, err);
+    pthread_mutex_unlock(&st->lock);
+    if (ret == 0)
+        return lb_error_set(err, -EBUSY, "sandbox %s %s", id, busy);
+    return ret < 0 ? ret : 0;
+}
+
 struct mark_warm_args {
     const char *descriptor_json;
     int64_t expires_at;
@@ -59,19 +77,12 @@ int store_mark_warm(struct lb_store *st, const char *id, const char *descriptor_
                     int64_t expires_at, struct lb_error *err)
 {
     struct mark_warm_args a = {descriptor_json, expires_at};
-    int ret = fault_hit("store.write", 0, err);
 
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = warm_update(st,
-                      "UPDATE sandboxes SET state = 'warm', descriptor_json = ?2, expires_at = ?3, "
-                      "updated_at = ?4 WHERE id = ?1 AND state = 'starting'",
-                      id, bind_mark_warm, &a, false, "marking a sandbox warm", err);
-    pthread_mutex_unlock(&st->lock);
-    if (ret == 0)
-        return lb_error_set(err, -EBUSY, "sandbox %s is no longer starting", id);
-    return ret < 0 ? ret : 0;
+    return warm_transition(st,
+                           "UPDATE sandboxes SET state = 'warm', descriptor_json = ?2, "
+                           "expires_at = ?3, updated_at = ?4 WHERE id = ?1 AND state = 'starting'",
+                           id, bind_mark_warm, &a, false, "marking a sandbox warm",
+                           "is no longer starting", err);
 }
 
 static int bind_claim(sqlite3_stmt *s, const void *ctx)
@@ -83,19 +94,11 @@ static int bind_claim(sqlite3_stmt *s, const void *ctx)
 
 int store_claim_warm(struct lb_store *st, const char *id, const char *reason, struct lb_error *err)
 {
-    int ret = fault_hit("store.write", 0, err);
-
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = warm_update(st,
-                      "UPDATE sandboxes SET state = 'stopping', stop_reason = ?2, updated_at = ?3 "
-                      "WHERE id = ?1 AND state = 'warm'",
-                      id, bind_claim, reason, true, "claiming a warm sandbox", err);
-    pthread_mutex_unlock(&st->lock);
-    if (ret == 0)
-        return lb_error_set(err, -EBUSY, "sandbox %s is not warm", id);
-    return ret < 0 ? ret : 0;
+    return warm_transition(st,
+                           "UPDATE sandboxes SET state = 'stopping', stop_reason = ?2, "
+                           "updated_at = ?3 WHERE id = ?1 AND state = 'warm'",
+                           id, bind_claim, reason, true, "claiming a warm sandbox", "is not warm",
+                           err);
 }
 
 struct take_args {

@@ -13,28 +13,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "supervisor/signals.h"
 #include "supervisor/supervise_internal.h"
 
 /* --untrusted-dir (an exclusive exec's workdir, which the agent wrote): a HOME there would
  * put the agent's files where programs look for their own (~/.local, dotfiles) */
 static const char *untrusted_dir;
-
-/* Every signal back to its default action and unblocked (for what we exec). */
-static void reset_signals(void)
-{
-    struct sigaction sa;
-    sigset_t none;
-    int s;
-
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_DFL;
-    for (s = 1; s < NSIG; s++) {
-        if (s != SIGKILL && s != SIGSTOP)
-            (void)sigaction(s, &sa, NULL); /* glibc-internal signals fail; fine */
-    }
-    sigemptyset(&none);
-    (void)sigprocmask(SIG_SETMASK, &none, NULL);
-}
 
 int launch_user_prepare(const char *spec, struct sup_user *u, bool *have, char *why, size_t why_len)
 {
@@ -115,7 +99,7 @@ void launch_exec(char **argv, bool own, const struct sup_user *u, bool have_user
 {
     int e;
 
-    reset_signals();
+    sup_signals_reset();
     e = own ? 0 : user_become(u, have_user);
     if (e < 0) {
         e = -e;

@@ -361,39 +361,26 @@ static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     return r;
 }
 
+/* A container's State.Status and the status it means (a container that ended is an error). */
+static const struct engine_state_name docker_states[] = {
+    {"running", LB_STATUS_RUNNING},  {"paused", LB_STATUS_PAUSED},
+    {"created", LB_STATUS_STARTING}, {"configured", LB_STATUS_STARTING},
+    {"exited", LB_STATUS_ERROR},     {"dead", LB_STATUS_ERROR},
+    {"stopped", LB_STATUS_ERROR},    {NULL, LB_STATUS_UNKNOWN},
+};
+
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err)
 {
     struct lb_httpc_response resp;
     char path[512], name[256];
-    const char *s;
-    json_t *j = NULL;
     int r;
 
     docker_name(d, id, name, sizeof(name));
     snprintf(path, sizeof(path), "/containers/%s/json", name);
     r = docker_call(d, "GET", path, NULL, 30000, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status == 404) {
-        *out = LB_STATUS_STOPPED;
-        goto out;
-    }
-    if (resp.status != 200) {
-        r = engine_error(&resp, "inspect", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    s = json_string_value(json_object_get(json_object_get(j, "State"), "Status")) ?: "";
-    *out = !strcmp(s, "running")                               ? LB_STATUS_RUNNING
-           : !strcmp(s, "paused")                              ? LB_STATUS_PAUSED
-           : !strcmp(s, "created") || !strcmp(s, "configured") ? LB_STATUS_STARTING
-           : !strcmp(s, "exited") || !strcmp(s, "dead") || !strcmp(s, "stopped")
-               ? LB_STATUS_ERROR
-               : LB_STATUS_UNKNOWN;
-out:
-    json_decref(j);
+    if (r == 0 && engine_state_answer(&resp, "State", "Status", docker_states, out) < 0)
+        r = engine_error(&resp, "inspect", err); /* not 404: -EREMOTEIO */
     httpc_response_release(&resp);
     return r;
 }
@@ -519,17 +506,7 @@ static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, 
 static const struct engine_hooks docker_hooks = {
     .name = "docker",
     .noun = "container",
-    .prepare = hook_prepare,
-    .make = hook_make,
-    .find_own = hook_find_own,
-    .start = hook_start,
-    .finish = hook_finish,
-    .rollback = hook_rollback,
-    .state = hook_state,
-    .set_frozen = hook_set_frozen,
-    .list_raw = hook_list_raw,
-    .list_entry = hook_list_entry,
-    .put_file = hook_put_file,
+    ENGINE_HOOKS_BY_NAME,
     .exec_check = docker_exec_check,
     .exec_run = docker_exec_run,
     .engine_label = "the engine",
@@ -539,19 +516,9 @@ static const struct lb_provider_ops docker_ops = {
     .name = "docker",
     .version = LB_PROVIDER_OPS_VERSION,
     .caps = docker_caps,
-    .create = engine_create,
+    ENGINE_PROVIDER_DRIVERS,
     .stop = docker_stop,
-    .status = engine_status,
-    .exec = engine_exec,
-    .file_write = engine_file_write,
-    .upload_begin = engine_upload_begin,
-    .upload_commit = engine_upload_commit,
-    .upload_abort = engine_upload_abort,
     .file_open = docker_file_open,
-    .list = engine_list,
-    .pause = engine_pause,
-    .resume = engine_resume,
-    .end_execs = engine_end_execs,
     .destroy = docker_destroy,
 };
 

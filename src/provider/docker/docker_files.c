@@ -150,6 +150,19 @@ out:
     return r;
 }
 
+/* The failures an archive request (HEAD or GET .../archive?path=) shares: r, what httpc_do
+ * returned, as the engine's transport error; a 404 as "no file". 0 otherwise (other statuses
+ * are the caller's), or a negative errno with err set. */
+static int archive_answer_failed(int r, const struct lb_httpc_response *resp, const char *path,
+                                 struct lb_error *err)
+{
+    if (r < 0)
+        return docker_transport_error(r, err);
+    if (resp->status == 404)
+        return lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
+    return 0;
+}
+
 /* The path's stat from HEAD .../archive: the engine resolves symlinks inside the container
  * (linkTarget). */
 static int stat_path(struct lb_docker *d, const char *name, const char *path, char *target,
@@ -174,14 +187,9 @@ static int stat_path(struct lb_docker *d, const char *name, const char *path, ch
     curl_free(enc);
     req.path = url;
     r = httpc_do(d->http, &req, &resp, err);
-    if (r < 0) {
-        r = docker_transport_error(r, err);
+    r = archive_answer_failed(r, &resp, path, err);
+    if (r < 0)
         goto out;
-    }
-    if (resp.status == 404) {
-        r = lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
-        goto out;
-    }
     if (resp.status != 200 || !resp.header_value ||
         token_base64_decode(resp.header_value, strlen(resp.header_value), &raw, &raw_len) < 0 ||
         !(j = json_loadb((const char *)raw, raw_len, 0, NULL))) {
@@ -272,14 +280,9 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = too_large(d, path, 0, err);
         goto out;
     }
-    if (r < 0) {
-        r = docker_transport_error(r, err);
+    r = archive_answer_failed(r, &resp, path, err);
+    if (r < 0)
         goto out;
-    }
-    if (resp.status == 404) {
-        r = lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
-        goto out;
-    }
     if (resp.status != 200) {
         r = lb_error_set(err, -EREMOTEIO, "docker engine: archive download failed (HTTP %ld)",
                          resp.status);

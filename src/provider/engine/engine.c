@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "provider/engine/httpc.h"
 #include "util/fault.h"
 #include "util/log.h"
 #include "util/token.h"
@@ -109,6 +110,27 @@ static int pause_or_resume(struct lb_provider *p, const struct lb_sandbox_ref *r
         return 0; /* already so: idempotent */
     if (r < 0)
         return lb_error_keep(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", ferr.message);
+    return 0;
+}
+
+int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, const char *key,
+                        const struct engine_state_name *table, enum lb_sandbox_status *out)
+{
+    json_t *j;
+    const char *name;
+
+    if (resp->status == 404) {
+        *out = LB_STATUS_STOPPED;
+        return 0;
+    }
+    if (resp->status != 200)
+        return -EREMOTEIO;
+    j = json_loadb(resp->body.data, resp->body.len, 0, NULL);
+    name = json_string_value(json_object_get(json_object_get(j, obj), key));
+    while (name && table->name && strcmp(table->name, name) != 0)
+        table++;
+    *out = name && table->name ? table->status : LB_STATUS_UNKNOWN;
+    json_decref(j);
     return 0;
 }
 

@@ -106,6 +106,25 @@ struct engine_hooks {
     json_t *(*list_entry)(struct lb_engine *e, json_t *item, const char **id_out);
 };
 
+/* The members of a backend's struct engine_hooks that every backend fills from functions of
+ * the same name, for a backend that names its hooks hook_<member> (static in its own file):
+ * prepare, make, find_own, start, finish, rollback, state, set_frozen, list_raw, list_entry
+ * and put_file. The backend adds name, noun, engine_label, exec_check and exec_run. */
+#define ENGINE_HOOKS_BY_NAME                                                                       \
+    .prepare = hook_prepare, .make = hook_make, .find_own = hook_find_own, .start = hook_start,    \
+    .finish = hook_finish, .rollback = hook_rollback, .state = hook_state,                         \
+    .set_frozen = hook_set_frozen, .list_raw = hook_list_raw, .list_entry = hook_list_entry,       \
+    .put_file = hook_put_file
+
+/* The members of a backend's struct lb_provider_ops that the engine base's drivers serve
+ * (declared below). The backend adds name, version, caps, stop, file_open and destroy. */
+#define ENGINE_PROVIDER_DRIVERS                                                                    \
+    .create = engine_create, .status = engine_status, .exec = engine_exec,                         \
+    .file_write = engine_file_write, .upload_begin = engine_upload_begin,                          \
+    .upload_commit = engine_upload_commit, .upload_abort = engine_upload_abort,                    \
+    .list = engine_list, .pause = engine_pause, .resume = engine_resume,                           \
+    .end_execs = engine_end_execs
+
 /* Embedded first in a backend's provider struct (struct lb_docker, struct lb_lxd). */
 struct lb_engine {
     struct lb_provider base;
@@ -176,6 +195,20 @@ int engine_spool_write(const void *data, size_t n, void *arg);
 /* The spool file fd reopened read-only (the file_open contract's O_RDONLY descriptor) into
  * *out, the caller's. 0 or -EIO with err set. */
 int engine_spool_reopen(int fd, int *out, struct lb_error *err);
+
+/* An engine's name for an instance's state and the status it means (a table ends with a NULL
+ * name). */
+struct engine_state_name {
+    const char *name;
+    enum lb_sandbox_status status;
+};
+struct lb_httpc_response;
+/* What an engine's answer to a state request means, into *out: 404 (no such instance) is
+ * LB_STATUS_STOPPED; 200 is the name at body[obj][key] looked up in table
+ * (LB_STATUS_UNKNOWN for a name not in it, or none). 0; -EREMOTEIO for another HTTP status,
+ * with *out untouched and no error set: the caller words it from the answer. */
+int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, const char *key,
+                        const struct engine_state_name *table, enum lb_sandbox_status *out);
 
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,

@@ -61,22 +61,6 @@ int local_child_place_fds(const int *fds, int n)
     return 0;
 }
 
-void local_child_reset_signals(void)
-{
-    struct sigaction sa;
-    sigset_t none;
-    int s;
-
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_DFL;
-    for (s = 1; s < NSIG; s++) {
-        if (s != SIGKILL && s != SIGSTOP)
-            (void)sigaction(s, &sa, NULL);
-    }
-    sigemptyset(&none);
-    (void)sigprocmask(SIG_SETMASK, &none, NULL);
-}
-
 /* Set once by local_keyrings_probe (before any sandbox), read-only afterwards. */
 static bool keyrings_probed, keyrings_refused;
 

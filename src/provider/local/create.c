@@ -249,6 +249,21 @@ static void add_hider(struct strv *a, const char *root, const char *dir, char **
     }
 }
 
+/* /proc, /dev and the writable system mounts every sandbox gets, after its root. Every
+ * writable mount is sized (the kernel default is half the host's RAM; the files API's pages are
+ * charged to the sandbox's memory cgroup, see files.c, but a sandbox without a memory limit has
+ * none); /dev is bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its
+ * own. */
+static void add_system_mounts(struct strv *a, const struct mount_sizes *sizes)
+{
+    strv_add2(a, "--proc", "/proc");
+    strv_add2(a, "--dev", "/dev");
+    strv_add2(a, "--remount-ro", "/dev");
+    add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
+    add_shared_tmpfs(a, "/tmp", sizes->tmp_mib);
+    add_sized_tmpfs(a, "/run", sizes->run_mib);
+}
+
 /* The root filesystem: a tmpfs with every top-level entry of root bound read-only (or
  * recreated as the same symlink), except what the sandbox gets privately. */
 static int add_root(struct strv *a, const char *root, const char *workdir,
@@ -318,16 +333,7 @@ static int add_root(struct strv *a, const char *root, const char *workdir,
             strv_add3(a, "--ro-bind", src, dst);
         }
     }
-    strv_add2(a, "--proc", "/proc");
-    /* every writable mount is sized (the kernel default is half the host's RAM; the files
-     * API's pages are charged to the sandbox's memory cgroup, see files.c, but a sandbox
-     * without a memory limit has none); /dev is
-     * bwrap's unsized tmpfs, so it is read-only and /dev/shm gets a sized tmpfs of its own */
-    strv_add2(a, "--dev", "/dev");
-    strv_add2(a, "--remount-ro", "/dev");
-    add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
-    add_shared_tmpfs(a, "/tmp", sizes->tmp_mib);
-    add_sized_tmpfs(a, "/run", sizes->run_mib);
+    add_system_mounts(a, sizes);
     /* hide the daemon's state (tokens, database, other sandboxes' data) if the binds expose it */
     add_hider(a, root, lp->state_dir, names, n);
     if (lp->data_dir && !path_is_under(lp->data_dir, lp->state_dir)) /* else hidden already */
@@ -347,12 +353,7 @@ static void add_image_root(struct strv *a, const char *overlay_root,
                            const struct mount_sizes *sizes)
 {
     strv_add3(a, "--bind", overlay_root, "/");
-    strv_add2(a, "--proc", "/proc");
-    strv_add2(a, "--dev", "/dev");
-    strv_add2(a, "--remount-ro", "/dev");
-    add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
-    add_shared_tmpfs(a, "/tmp", sizes->tmp_mib);
-    add_sized_tmpfs(a, "/run", sizes->run_mib);
+    add_system_mounts(a, sizes);
 }
 
 /* overlay_root: the image's writable root (NULL: root, read-only, as for host); image_ws: the
@@ -440,7 +441,7 @@ static int child_exec_bwrap(void *arg)
     const struct spawn *s = c->s;
     int i, e;
 
-    local_child_reset_signals();
+    sup_signals_reset();
     (void)syscall(SYS_setsid);
     for (i = 0; i < s->ncg; i++) {
         if (write(s->cg_fds[i], "0", 1) != 1) {

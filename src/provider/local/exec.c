@@ -144,7 +144,7 @@ static int child_exec_helper(void *arg)
     const struct exec_fds *f = c->f;
     int fds[CH_MAX + NS_COUNT + LB_CGROUP_MAX_DIRS + 1], n = 0, i, r;
 
-    local_child_reset_signals();
+    sup_signals_reset();
     for (i = 0; i < f->nchild; i++)
         fds[n++] = f->child[i];
     for (i = 0; i < NS_COUNT; i++)

@@ -501,7 +501,7 @@ static int child_reserve(void *arg)
     const struct reserve_child *c = arg;
     int r;
 
-    local_child_reset_signals();
+    sup_signals_reset();
     r = local_child_place_fds(c->fds, 2);
     if (r < 0)
         return -r;

@@ -35,6 +35,7 @@
 #include "provider/local/local.h"
 #include "provider/local/seccomp.h"
 #include "provider/local/net.h"
+#include "supervisor/signals.h"
 
 /* Host ids per sandbox: its user namespace maps ids 0..LOCAL_SLOT_IDS-1 (uids and gids) to
  * host ids slot..slot+LOCAL_SLOT_IDS-1, where slot (local_desc.uid) is the first id of a slot
@@ -223,11 +224,10 @@ void local_describe_e2big(char *buf, size_t size);
  * that is passed in why. */
 int local_check_exec_args(const char *const *argv, const char *const *envp, char *why,
                           size_t why_len);
-/* Helpers for the forked children: only async-signal-safe work. */
+/* Helpers for the forked children: only async-signal-safe work (and sup_signals_reset of
+ * supervisor/signals.h, which lendbox-supervise shares). */
 /* Move fds[i] to number i for i < n (collision-safe); 0 or -errno. */
 int local_child_place_fds(const int *fds, int n);
-/* Default dispositions and an empty mask for every signal. */
-void local_child_reset_signals(void);
 /* Write a fixed message plus an errno number to fd. */
 void local_child_report(int fd, const char *msg, int err_no);
 /* Join a new anonymous session keyring (KEYCTL_JOIN_SESSION_KEYRING), so that nothing of the

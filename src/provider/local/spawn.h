@@ -16,7 +16,7 @@
  *     can reach yet;
  *   - setresuid in the child also clears the dumpable flag of the shared memory (the kernel
  *     does it on every uid change): spawn_vfork restores it for the daemon afterwards.
- * All signals are blocked in the child until it unblocks them (local_child_reset_signals), so
+ * All signals are blocked in the child until it unblocks them (sup_signals_reset), so
  * no daemon signal handler runs on the shared memory.
  */
 #ifndef LB_SPAWN_H

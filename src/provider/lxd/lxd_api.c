@@ -191,38 +191,27 @@ out:
     return r;
 }
 
+/* An instance's status and the status it means (one that ended is an error; one freezing or
+ * thawed runs). */
+static const struct engine_state_name lxd_states[] = {
+    {"Running", LB_STATUS_RUNNING},   {"Frozen", LB_STATUS_PAUSED},
+    {"Starting", LB_STATUS_STARTING}, {"Pending", LB_STATUS_STARTING},
+    {"Stopped", LB_STATUS_ERROR},     {"Aborting", LB_STATUS_ERROR},
+    {"Freezing", LB_STATUS_RUNNING},  {"Thawed", LB_STATUS_RUNNING},
+    {NULL, LB_STATUS_UNKNOWN},
+};
+
 int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbox_status *out,
               struct lb_error *err)
 {
     struct lb_httpc_response resp;
     char path[256];
-    const char *s;
-    json_t *j = NULL;
     int r;
 
     snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
     r = lxd_call(l, lxd_member_of(ref), "GET", path, NULL, 0, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status == 404) {
-        *out = LB_STATUS_STOPPED;
-        goto out;
-    }
-    if (resp.status != 200) {
-        lxd_answer_error(&resp, "instance state", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    s = json_string_value(json_object_get(json_object_get(j, "metadata"), "status")) ?: "";
-    *out = !strcmp(s, "Running")                             ? LB_STATUS_RUNNING
-           : !strcmp(s, "Frozen")                            ? LB_STATUS_PAUSED
-           : !strcmp(s, "Starting") || !strcmp(s, "Pending") ? LB_STATUS_STARTING
-           : !strcmp(s, "Stopped") || !strcmp(s, "Aborting") ? LB_STATUS_ERROR
-           : !strcmp(s, "Freezing") || !strcmp(s, "Thawed")  ? LB_STATUS_RUNNING
-                                                             : LB_STATUS_UNKNOWN;
-out:
-    json_decref(j);
+    if (r == 0 && engine_state_answer(&resp, "metadata", "status", lxd_states, out) < 0)
+        r = lxd_answer_error(&resp, "instance state", err); /* not 404: -EREMOTEIO */
     httpc_response_release(&resp);
     return r;
 }
