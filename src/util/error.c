@@ -41,6 +41,21 @@ int lb_error_keep(struct lb_error *err, int code, const char *fmt, ...)
     return code;
 }
 
+int lb_error_recode(struct lb_error *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err)
+        return code;
+    if (err->code == 0) {
+        va_start(ap, fmt);
+        error_vset(err, code, fmt, ap);
+        va_end(ap);
+    }
+    err->code = code;
+    return code;
+}
+
 void lb_error_clear(struct lb_error *err)
 {
     if (!err)

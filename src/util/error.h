@@ -46,6 +46,12 @@ int lb_error_set(struct lb_error *err, int code, const char *fmt, ...)
 int lb_error_keep(struct lb_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Like lb_error_keep, but the returned code and err->code are code even when an earlier
+ * message is kept: the detail of a lower layer (a transport's "connection refused") under the
+ * caller's meaning (-EREMOTEIO: the backend failed, 502). Returns code. */
+int lb_error_recode(struct lb_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Reset err to "no error". NULL is accepted. */
 void lb_error_clear(struct lb_error *err);
 

@@ -81,10 +81,7 @@ int docker_transport_error(int r, struct lb_error *err)
         return r;
     /* the transport's own message stays; its errno (-EIO, -ECONNREFUSED...) becomes the
      * provider's "the backend failed" (provider.h: 502) */
-    lb_error_keep(err, -EREMOTEIO, "the docker engine cannot be reached");
-    if (err)
-        err->code = -EREMOTEIO;
-    return -EREMOTEIO;
+    return lb_error_recode(err, -EREMOTEIO, "the docker engine cannot be reached");
 }
 
 const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size)
@@ -536,10 +533,7 @@ static int negotiate(struct lb_docker *d, struct lb_error *err)
 
     r = httpc_do(d->http, &req, &resp, err);
     if (r < 0) {
-        lb_error_keep(err, -EREMOTEIO, "cannot reach the docker engine");
-        if (err)
-            err->code = -EREMOTEIO;
-        r = -EREMOTEIO;
+        r = lb_error_recode(err, -EREMOTEIO, "cannot reach the docker engine");
         goto out;
     }
     if (resp.status != 200 || !resp.header_value ||

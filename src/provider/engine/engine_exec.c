@@ -131,10 +131,7 @@ int engine_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     if (r < 0) {
-        lb_error_keep(err, -EREMOTEIO, "the exec transport failed");
-        if (err)
-            err->code = -EREMOTEIO;
-        r = -EREMOTEIO;
+        r = lb_error_recode(err, -EREMOTEIO, "the exec transport failed");
         goto out;
     }
     if (x.diag.data && x.diag.len)

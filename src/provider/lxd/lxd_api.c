@@ -53,10 +53,8 @@ int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *
         return r;
     if (r == -EINVAL)
         return r;
-    lb_error_keep(err, -EREMOTEIO, "the LXD server cannot be reached");
-    if (err)
-        err->code = -EREMOTEIO; /* whatever the transport said: the provider failed (502) */
-    return -EREMOTEIO;
+    /* whatever the transport said: the provider failed (502) */
+    return lb_error_recode(err, -EREMOTEIO, "the LXD server cannot be reached");
 }
 
 int lxd_call(struct lb_lxd *l, const char *member, const char *method, const char *path,
