@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -583,6 +584,117 @@ void lbt_skip_note(const char *test, const char *why)
  * write per line). */
 static char lbt_registry_path[64];
 
+/* ---- host-wide claims (harness.h) ---- */
+
+#define LBT_MAX_CLAIMS 256
+static struct {
+    char kind[24];
+    int index, fd;
+} lbt_claims[LBT_MAX_CLAIMS];
+static int lbt_n_claims;
+
+/* Take index i of kind (flock, not waiting): its fd, or -1 when another process holds it. */
+static int lbt_claim_one(const char *kind, int i)
+{
+    char path[128];
+    int fd;
+
+    snprintf(path, sizeof(path), LBT_CLAIM_DIR "/%s.%d", kind, i);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    ck_assert_msg(fd >= 0, "cannot open the claim %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        ck_assert_msg(errno == EWOULDBLOCK, "flock %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int lbt_claim(const char *kind, int count, int n, bool (*ok)(int first, int n))
+{
+    unsigned r = 0;
+    int fds[64];
+
+    ck_assert_msg(n >= 1 && n <= 64 && n <= count && strlen(kind) < sizeof(lbt_claims[0].kind),
+                  "lbt_claim %s: bad arguments", kind);
+    ck_assert_msg(lbt_n_claims + n <= LBT_MAX_CLAIMS, "lbt_claim: too many claims");
+    if (mkdir(LBT_CLAIM_DIR, 0755) < 0)
+        ck_assert_msg(errno == EEXIST, "mkdir " LBT_CLAIM_DIR ": %s", strerror(errno));
+    if (getrandom(&r, sizeof(r), 0) != sizeof(r))
+        r = (unsigned)getpid() * 2654435761u;
+    for (int t = 0; t < count - n + 1; t++) {
+        int first = (int)((r + (unsigned)t) % (unsigned)(count - n + 1)), k;
+
+        for (k = 0; k < n; k++)
+            if ((fds[k] = lbt_claim_one(kind, first + k)) < 0)
+                break;
+        if (k == n && (!ok || ok(first, n))) {
+            for (k = 0; k < n; k++) {
+                snprintf(lbt_claims[lbt_n_claims].kind, sizeof(lbt_claims[0].kind), "%s", kind);
+                lbt_claims[lbt_n_claims].index = first + k;
+                lbt_claims[lbt_n_claims++].fd = fds[k];
+            }
+            return first;
+        }
+        while (k-- > 0)
+            close(fds[k]);
+    }
+    ck_abort_msg("no %d free %s claim(s) in " LBT_CLAIM_DIR " (of %d)", n, kind, count);
+    return -1;
+}
+
+void lbt_release(const char *kind, int first, int n)
+{
+    for (int i = 0; i < lbt_n_claims;) {
+        if (strcmp(lbt_claims[i].kind, kind) == 0 && lbt_claims[i].index >= first &&
+            lbt_claims[i].index < first + n) {
+            close(lbt_claims[i].fd);
+            lbt_claims[i] = lbt_claims[--lbt_n_claims];
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Uid blocks of 64 slots in [1526, 14966) slots: in [10^8, 10^9), apart from the single-uid
+ * ranges older builds' tests take from [1.1 * 10^9, 2^31). */
+#define LBT_UID_BLOCK_FIRST 1526u
+#define LBT_UID_BLOCK_SLOTS 64u
+#define LBT_UID_BLOCKS 210
+
+/* No lendboxd claims a slot of blocks [first, first + n) (one left by a process that ended, or
+ * a daemon that does not take its range from here). */
+static bool lbt_uid_blocks_unused(int first, int n)
+{
+    for (unsigned s = 0; s < (unsigned)n * LBT_UID_BLOCK_SLOTS; s++) {
+        char path[96];
+
+        snprintf(path, sizeof(path), "/run/lendbox/slots/%u",
+                 (LBT_UID_BLOCK_FIRST + (unsigned)first * LBT_UID_BLOCK_SLOTS + s) * 65536u);
+        if (access(path, F_OK) == 0)
+            return false;
+    }
+    return true;
+}
+
+unsigned lbt_claim_uid_range(unsigned slots)
+{
+    int n = (int)((slots + LBT_UID_BLOCK_SLOTS - 1) / LBT_UID_BLOCK_SLOTS);
+    int first = lbt_claim("uid", LBT_UID_BLOCKS, n, lbt_uid_blocks_unused);
+
+    return (LBT_UID_BLOCK_FIRST + (unsigned)first * LBT_UID_BLOCK_SLOTS) * 65536u;
+}
+
+void lbt_release_uid_range(unsigned uid_base, unsigned slots)
+{
+    unsigned first = uid_base / 65536u;
+
+    if (first < LBT_UID_BLOCK_FIRST || uid_base % 65536u)
+        return;
+    lbt_release("uid", (int)((first - LBT_UID_BLOCK_FIRST) / LBT_UID_BLOCK_SLOTS),
+                (int)((slots + LBT_UID_BLOCK_SLOTS - 1) / LBT_UID_BLOCK_SLOTS));
+}
+
 /* Append line to $LENDBOX_RUN_DIR/run.list, the run's list that tests/leftover-check reads
  * after make check (what processes are the run's: its daemons' uid ranges, its podman roots). */
 static void lbt_run_list_add(const char *line)
@@ -811,6 +923,15 @@ static void lbt_respawn_same(struct lbt_daemon *d)
     lbt_daemon_restart(d, argv);
 }
 
+/* Does extra (NULL-terminated, may be NULL) hold "--set" followed by a setting with prefix? */
+static bool lbt_args_set(const char *const *extra, const char *prefix)
+{
+    for (int i = 0; extra && extra[i] && extra[i + 1]; i++)
+        if (strcmp(extra[i], "--set") == 0 && strncmp(extra[i + 1], prefix, strlen(prefix)) == 0)
+            return true;
+    return false;
+}
+
 static unsigned long lbt_spawn_nofile;
 
 void lbt_set_daemon_fd_limit(unsigned long n)
@@ -996,15 +1117,11 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
         snprintf(d->log_path, sizeof(d->log_path), "%s.log", d->state_dir);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     lbt_track(d, true);
-    {
-        unsigned r = 0;
-
-        if (getrandom(&r, sizeof(r), 0) != sizeof(r))
-            r = (unsigned)getpid() * 2654435761u;
-        /* 64 slots of 65536 ids, in [10^8, 10^9): apart from the single-uid ranges older
-         * builds' tests take from [1.1 * 10^9, 2^31) */
-        d->uid_count = 64;
-        d->uid_base = 1526u * 65536u + 64u * 65536u * (r % 210u); /* a multiple of 65536 */
+    /* 64 slots of 65536 ids of its own, unless the test gives the range */
+    d->uid_count = 64;
+    if (!lbt_args_set(extra_args, "local.uid_base=")) {
+        d->uid_base = lbt_claim_uid_range(d->uid_count);
+        d->uid_claimed = d->uid_count;
     }
     lbt_spawn(d, extra_args);
 }
@@ -1135,6 +1252,10 @@ void lbt_daemon_cleanup(struct lbt_daemon *d)
         snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", d->state_dir, d->log_path);
         if (system(cmd) != 0)
             fprintf(stderr, "harness: could not remove %s\n", d->state_dir);
+    }
+    if (d->uid_claimed && d->pid <= 0) {
+        lbt_release_uid_range(d->uid_base, d->uid_claimed);
+        d->uid_claimed = 0;
     }
 }
 

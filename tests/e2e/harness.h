@@ -30,9 +30,11 @@ struct lbt_daemon {
     char base_url[128];
     char admin_token[256];
     char log_path[300];
-    /* the local provider's uid range, picked at random per daemon so that daemons running
-     * at the same time on this machine never share a sandbox uid */
+    /* the local provider's uid range: one the harness claimed for this daemon host-wide
+     * (lbt_claim_uid_range), so that daemons running at the same time on this machine, of
+     * this run or another, never share a sandbox uid; or the test's own local.uid_base */
     unsigned uid_base, uid_count; /* uid_count: slots of 65536 ids */
+    unsigned uid_claimed;         /* slots of the range the harness claimed for it (0: none) */
     /* the extra arguments of its last spawn, each followed by a tab: the harness's clean-up
      * restarts it with the same settings (its nft table, network range, cgroup parent) */
     char last_args[2048];
@@ -65,6 +67,26 @@ int lbt_daemon_stop(struct lbt_daemon *d);
 void lbt_daemon_kill(struct lbt_daemon *d);
 /* Stop the daemon if running and remove its state dir (and sandboxes). */
 void lbt_daemon_cleanup(struct lbt_daemon *d);
+
+/* ---------- host-wide claims ----------
+ * What two test runs on one machine (two clones' make check at once) must not share, and what
+ * cannot be made unique by a pid (address ranges, port numbers, uid ranges), is claimed: index
+ * i of a kind is held by holding flock(LOCK_EX) on LBT_CLAIM_DIR/<kind>.<i>. The kernel drops
+ * the lock when the last holder ends, however it ends (a SIGKILL too), so a claim is never
+ * stale; the shell scripts and the Python tests claim the same way (flock(1), fcntl.flock).
+ * A claim is held by this process and the tests it forks until lbt_release or its exit. */
+#define LBT_CLAIM_DIR "/run/lendbox-test"
+/* Claim n consecutive indexes of kind in [0, count), none held by another process, trying the
+ * runs from a random start; ok (may be NULL) may refuse a run that is free of claims but in use
+ * otherwise. Returns the first index; aborts the test when no run is free. */
+int lbt_claim(const char *kind, int count, int n, bool (*ok)(int first, int n));
+/* Release n indexes of kind from first that this process claimed (others: ignored). */
+void lbt_release(const char *kind, int first, int n);
+/* A sandbox uid range of slots slots (65536 ids each) for a daemon: claimed blocks of 64 slots
+ * in [1526 * 65536, 14966 * 65536), none in use by a slot claim of any lendboxd
+ * (/run/lendbox/slots). Returns its uid_base (a multiple of 65536). */
+unsigned lbt_claim_uid_range(unsigned slots);
+void lbt_release_uid_range(unsigned uid_base, unsigned slots);
 
 /* ---------- the shared fixture ----------
  * What a test case's daemon is: started before its tests, seeded, and cleaned up after them.

@@ -35,10 +35,14 @@ struct dur {
 
 static void dur_args(struct dur *x, int slot, const char *const *extra)
 {
+    /* claimed host-wide once per slot by this test process (harness.h: lbt_claim) */
+    static unsigned base[4];
     int n = 0, a = 0;
 
-    /* in [10^8, 10^9), like the harness's ranges */
-    x->uid_base = 1526u * 65536u + (uid_t)((getpid() % 10) * 4 + slot) * UID_SPAN;
+    ck_assert_int_lt(slot, 4);
+    if (!base[slot])
+        base[slot] = lbt_claim_uid_range(UID_COUNT);
+    x->uid_base = base[slot];
     snprintf(x->cgroup, sizeof(x->cgroup), "lendbox-dur-%d-%d", (int)getpid(), slot);
     snprintf(x->args[a], sizeof(x->args[a]), "local.uid_base=%u", (unsigned)x->uid_base);
     x->argv[n++] = "--set", x->argv[n++] = x->args[a++];

@@ -146,16 +146,24 @@ static void add_lo_addr(int i, const char *addr, const char *prefix)
     added[i] = true;
 }
 
-/* This run's names, addresses and ports (from the pid of the process running the tests). */
+/* This program's index NET_K of the 30 test networks, claimed host-wide (harness.h: lbt_claim)
+ * for as long as it runs: two test_network at once (two clones' make check) never share an
+ * address, a port or a range. Names of links, namespaces and the nft table carry the pid. */
+static int NET_K = -1;
+
+/* This run's names, addresses and ports (from NET_K and the pid of the process running the
+ * tests). */
 static void names_init(void)
 {
+    if (NET_K < 0)
+        NET_K = lbt_claim("test-network", 30, 1, NULL);
     /* ports below the ephemeral range (32768-60999), so no outgoing connection holds them */
-    A = (int)(getpid() % 200) + 20;
-    P1 = 20000 + (int)(getpid() % 4000) * 2;
+    A = NET_K + 20;
+    P1 = 20000 + NET_K * 2;
     P2 = P1 + 1;
-    PLOOP = 12000 + (int)(getpid() % 4000) * 2;
+    PLOOP = 12000 + NET_K * 2;
     PLOOP_OTHER = PLOOP + 1;
-    PUDP = 28000 + (int)(getpid() % 4000);
+    PUDP = 28000 + NET_K;
     snprintf(MODEL, sizeof(MODEL), "198.18.%d.1", A);
     snprintf(TOOL, sizeof(TOOL), "198.18.%d.2", A);
     snprintf(OTHER, sizeof(OTHER), "198.18.%d.3", A);
@@ -239,7 +247,7 @@ static void netns_server(const char *addr, int port)
 static void netns_up(void)
 {
     char cmd[1024], path[64];
-    int b = (int)(getpid() % 30) * 8;
+    int b = NET_K * 8;
 
     snprintf(NETNS, sizeof(NETNS), "lbtn%d", (int)getpid());
     snprintf(VETH, sizeof(VETH), "lbtv%dh", (int)getpid());
