@@ -205,8 +205,9 @@ e2e-pool: all $(E2E_POOL_BINS)
 
 # The e2e suite on the "lxd" variant: every daemon runs provider.name = lxd through member a's
 # socket of the two-member LXD cluster of scripts/lxd-cluster (brought up here once, left up:
-# `scripts/lxd-cluster down` removes it), plus test_lxd (cluster placement, adoption, a dead
-# member, the octet-stream file pitfall). Where LXD cannot run the script exits 77 and every
+# `scripts/lxd-cluster down` removes it; LXD_CLUSTER_INDEX says which, make check claims its
+# own), plus test_lxd (cluster placement, adoption, a dead member, the octet-stream file
+# pitfall). Where LXD cannot run the script exits 77 and every
 # program is skipped (said here). activation runs on lxd with the receipt read back from the
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 E2E_LXD_PROGS ?= lending exec files durability activation lxd
@@ -227,21 +228,32 @@ pytest: all
 
 test: unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest
 
-# The LXD test cluster (make e2e-lxd) is taken down at the end, pass or fail. Then
-# tests/leftover-check fails the check when any process of this run still runs (a daemon, a
-# sandbox of one, a podman service or conmon of the run's roots): the run's processes carry
-# LENDBOX_RUN_DIR, and the harness lists the run's uid ranges and podman roots there.
+# The LXD test cluster (make e2e-lxd) is the run's own: the first LXD_CLUSTER_INDEX from 1 that
+# no other run claims (flock on /run/lendbox-test/lxd-cluster.<i>, held by this recipe's shell
+# until it ends) and where nothing of that index exists (scripts/lxd-cluster free); it is taken
+# down at the end, pass or fail. LXD_CLUSTER_INDEX given: that one. Then tests/leftover-check
+# fails the check when any process of this run still runs (a daemon, a sandbox of one, a podman
+# service or conmon of the run's roots): the run's processes carry LENDBOX_RUN_DIR, and the
+# harness lists the run's uid ranges and podman roots there. What else two runs at once keep
+# apart: docs/architecture.md, "Tests".
 check: deps
 	@run=$$(mktemp -d /tmp/lendbox-run-XXXXXX); export LENDBOX_RUN_DIR=$$run; \
+	if [ -z "$$LXD_CLUSTER_INDEX" ]; then mkdir -p /run/lendbox-test; \
+		for i in 1 2 3 4 5 6 7 8 9; do exec 8>/run/lendbox-test/lxd-cluster.$$i; \
+			if flock -n 8 && LXD_CLUSTER_INDEX=$$i scripts/lxd-cluster free 8>&-; then \
+				export LXD_CLUSTER_INDEX=$$i; break; fi; exec 8>&-; done; \
+		[ -n "$$LXD_CLUSTER_INDEX" ] || { echo "check: no free LXD_CLUSTER_INDEX (1-9)"; \
+			rm -rf "$$run"; exit 1; }; fi; \
+	echo "check: run $$run, LXD cluster index $$LXD_CLUSTER_INDEX"; \
 	rc=0; { $(MAKE) --no-print-directory test && \
-		$(MAKE) --no-print-directory systemd-test; } || rc=$$?; \
-	scripts/lxd-cluster down >/dev/null 2>&1 || echo "check: scripts/lxd-cluster down failed"; \
-	echo "== tests/leftover-check"; tests/leftover-check --run-dir "$$run" || rc=1; \
+		$(MAKE) --no-print-directory systemd-test; } 8>&- || rc=$$?; \
+	scripts/lxd-cluster down >/dev/null 2>&1 8>&- || echo "check: scripts/lxd-cluster down failed"; \
+	echo "== tests/leftover-check"; tests/leftover-check --run-dir "$$run" 8>&- || rc=1; \
 	rm -rf "$$run"; exit $$rc
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
-# check uses a cluster of its own (the first free LXD_CLUSTER_INDEX) and skips, saying why, where
-# LXD cannot run.
+# check uses a cluster of its own (the first free LXD_CLUSTER_INDEX from 1, claimed like make
+# check's) and skips, saying why, where LXD cannot run.
 .PHONY: lxd-cluster-up lxd-cluster-down lxd-check
 lxd-cluster-up:
 	@scripts/lxd-cluster up
