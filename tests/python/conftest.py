@@ -10,6 +10,7 @@ Binaries come from LENDBOXD and LENDBOX_SUPERVISE (the Makefile exports them), e
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -149,6 +150,30 @@ class ValidatingProvider(lendbox.gym.LendboxProvider):
 # --- the daemon ----------------------------------------------------------------------------------
 
 
+def claim_uid_range() -> "tuple[int, int]":
+    """A sandbox uid range of 64 slots (65,536 ids each) claimed host-wide the way
+    tests/e2e/harness.c claims its daemons' (lbt_claim_uid_range): block k of 210 from
+    1526 * 65536 is held by flock on /run/lendbox-test/uid.<k> while the returned fd is open, and
+    no lendboxd claims a slot of it (/run/lendbox/slots). Two test runs at once (two clones'
+    make check) never share a range. Returns (uid_base, fd)."""
+    os.makedirs("/run/lendbox-test", exist_ok=True)
+    start = random.randrange(210)
+    for t in range(210):
+        k = (start + t) % 210
+        first = 1526 + 64 * k
+        fd = os.open(f"/run/lendbox-test/uid.{k}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if any(os.path.exists(f"/run/lendbox/slots/{(first + s) * 65536}") for s in range(64)):
+            os.close(fd)
+            continue
+        return first * 65536, fd
+    raise RuntimeError("no free uid range in /run/lendbox-test/uid.*")
+
+
 class Daemon:
     """One lendboxd on loopback with its own state dir. ``env`` adds environment variables
     (e.g. LENDBOX_FAULTS), ``args`` more command-line arguments."""
@@ -159,8 +184,8 @@ class Daemon:
         self.log_path = self.state_dir + ".log"
         self.args = list(args)
         self.env = dict(env or {})
-        # 64 slots of 65536 ids in [10^8, 10^9) (local.uid_count counts slots)
-        self.uid_base = 1526 * 65536 + 64 * 65536 * random.randrange(210)  # a multiple of 65536
+        # 64 slots of 65536 ids in [10^8, 10^9) (local.uid_count counts slots), claimed
+        self.uid_base, self.uid_claim = claim_uid_range()
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
@@ -244,6 +269,9 @@ class Daemon:
                 os.unlink(self.log_path)
             except OSError:
                 pass
+        if self.uid_claim >= 0 and self.proc is None:
+            os.close(self.uid_claim)
+            self.uid_claim = -1
 
 
 @pytest.fixture(scope="module")
