@@ -3,14 +3,21 @@
  * different state dirs never use the same slot (a stop kills every process of the slot's ids),
  * a crashed daemon's slots stay claimed for its surviving sandboxes, and an adopted sandbox
  * whose uid is not slot-aligned (an older version's) blocks every slot its ids reach into.
+ * And the harness's own host-wide claims (lbt_claim), which keep two test runs at once apart.
  */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -241,6 +248,70 @@ START_TEST(test_unaligned_base_refused)
 }
 END_TEST
 
+/* --- lbt_claim: four processes claiming at once get four distinct indexes and hold them (a
+ * flock by anyone else fails); a holder killed by SIGKILL frees exactly its index --- */
+START_TEST(test_harness_claims_exclusive)
+{
+    char kind[32], path[128];
+    int got[2], go[2], k[2], seen[4] = {0}, held_by[4], again;
+    pid_t kids[4], parent = getpid();
+
+    snprintf(kind, sizeof(kind), "selftest-%d", (int)getpid());
+    ck_assert_int_eq(pipe(got), 0);
+    ck_assert_int_eq(pipe(go), 0);
+    for (int i = 0; i < 4; i++) {
+        kids[i] = fork();
+        ck_assert_int_ge(kids[i], 0);
+        if (kids[i] == 0) {
+            char c;
+
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent ||
+                read(go[0], &c, 1) != 1)
+                _exit(2);
+            k[0] = i;
+            k[1] = lbt_claim(kind, 4, 1, NULL);
+            if (write(got[1], k, sizeof(k)) != sizeof(k))
+                _exit(3);
+            for (;;)
+                pause(); /* holds the claim until killed */
+        }
+    }
+    ck_assert_int_eq(write(go[1], "xxxx", 4), 4); /* all four claim at once */
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(read(got[0], k, sizeof(k)), sizeof(k));
+        ck_assert_msg(k[1] >= 0 && k[1] < 4 && !seen[k[1]], "index %d handed out twice", k[1]);
+        seen[k[1]] = 1;
+        held_by[k[0]] = k[1];
+    }
+    for (int i = 0; i < 4; i++) {
+        int fd;
+
+        snprintf(path, sizeof(path), LBT_CLAIM_DIR "/%s.%d", kind, i);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_msg(flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK,
+                      "claim %s is not held", path);
+        close(fd);
+    }
+    /* the holder's SIGKILL frees its index, and only that one */
+    kill(kids[2], SIGKILL);
+    ck_assert_int_eq(waitpid(kids[2], NULL, 0), kids[2]);
+    again = lbt_claim(kind, 4, 1, NULL);
+    ck_assert_int_eq(again, held_by[2]);
+    for (int i = 0; i < 4; i++) {
+        if (i != 2) {
+            kill(kids[i], SIGKILL);
+            ck_assert_int_eq(waitpid(kids[i], NULL, 0), kids[i]);
+        }
+    }
+    lbt_release(kind, 0, 4);
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof(path), LBT_CLAIM_DIR "/%s.%d", kind, i);
+        unlink(path);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("slots");
@@ -253,6 +324,9 @@ int main(void)
     tcase_add_test(tc, test_same_base_disjoint_slots);
     tcase_add_test(tc, test_adopted_unaligned_uid_blocks_its_slots);
     tcase_add_test(tc, test_unaligned_base_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("claims");
+    tcase_add_test(tc, test_harness_claims_exclusive);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
