@@ -1117,8 +1117,13 @@ void lbt_daemon_start_at(struct lbt_daemon *d, const char *state_dir, const char
         snprintf(d->log_path, sizeof(d->log_path), "%s.log", d->state_dir);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     lbt_track(d, true);
-    /* 64 slots of 65536 ids of its own, unless the test gives the range */
+    /* 64 slots of 65536 ids of its own (or as many as the test gives), unless the test gives
+     * the range */
     d->uid_count = 64;
+    for (int i = 0; extra_args && extra_args[i] && extra_args[i + 1]; i++)
+        if (strcmp(extra_args[i], "--set") == 0 &&
+            strncmp(extra_args[i + 1], "local.uid_count=", 16) == 0)
+            d->uid_count = (unsigned)strtoul(extra_args[i + 1] + 16, NULL, 10);
     if (!lbt_args_set(extra_args, "local.uid_base=")) {
         d->uid_base = lbt_claim_uid_range(d->uid_count);
         d->uid_claimed = d->uid_count;
