@@ -90,12 +90,12 @@ struct lb_http {
     pthread_cond_t poll_cond;    /* wakes the poll thread (monotonic clock) */
     pthread_t poll_thread;
     bool poll_thread_started;
-    struct lb_park *parked; /* waiting */
-    size_t park_waiting;    /* in the list */
-    size_t park_live;       /* parked and not answered yet */
-    int64_t park_next_at;   /* when the park thread wakes up next */
-    size_t park_handles;    /* lb_park objects alive: h is freed after the last one */
-    bool stopped;           /* http_stop is done with h */
+    struct lb_park *parked;     /* waiting */
+    atomic_size_t park_waiting; /* in the list (changed under park_lock, read without) */
+    size_t park_live;           /* parked and not answered yet */
+    int64_t park_next_at;       /* when the park thread wakes up next */
+    size_t park_handles;        /* lb_park objects alive: h is freed after the last one */
+    bool stopped;               /* http_stop is done with h */
     bool park_stopping, park_thread_stop;
     bool park_thread_started;
     pthread_t park_thread;

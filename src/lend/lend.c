@@ -254,12 +254,7 @@ void lend_set_warm(struct lb_lend *l, struct lb_provider *prov)
 
 uint64_t lend_warm_generation(struct lb_lend *l)
 {
-    uint64_t g;
-
-    pthread_mutex_lock(&l->warm_mutex);
-    g = l->warm_gen;
-    pthread_mutex_unlock(&l->warm_mutex);
-    return g;
+    return atomic_load(&l->warm_gen);
 }
 
 void lend_warm_changed(struct lb_lend *l)
