@@ -17,6 +17,7 @@
 
 #include "image/image.h"
 #include "provider/registry.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
 
@@ -267,15 +268,8 @@ void lend_warm_changed(struct lb_lend *l)
 
 void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms)
 {
-    struct timespec until;
+    struct timespec until = clock_realtime_after_ms(timeout_ms);
 
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
     pthread_mutex_lock(&l->warm_mutex);
     while (l->warm_gen == seen &&
            pthread_cond_timedwait(&l->warm_cond, &l->warm_mutex, &until) == 0)
