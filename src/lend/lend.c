@@ -294,6 +294,14 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 
 /* ---------- lookups ---------- */
 
+/* see lend_internal.h */
+int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, struct lb_error *err)
+{
+    if (store_get_sandbox(l->store, id, rec, NULL) < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    return 0;
+}
+
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)
 {
     struct lb_record rec = {0};
@@ -382,10 +390,9 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
 {
     struct lb_record rec = {0};
     const char *status = NULL;
-    int r = store_get_sandbox(l->store, id, &rec, NULL);
 
-    if (r < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (lend_record_get(l, id, &rec, err) < 0)
+        return -ENOENT;
     if (rec.state == LB_STATE_LENT) {
         json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
         struct lb_sandbox_ref ref = {rec.id, desc};
@@ -456,10 +463,10 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
 {
     struct lb_record rec = {0};
     struct lend_session_lock *lock = NULL;
-    int r = store_get_sandbox(l->store, id, &rec, NULL);
+    int r = lend_record_get(l, id, &rec, err);
 
     if (r < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+        return r;
     if (rec.rsid) {
         r = lend_session_lock(l, rec.rsid, false, &lock, err);
         if (r < 0)

@@ -36,8 +36,8 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
                             struct lb_error *err)
 {
     memset(t, 0, sizeof(*t));
-    if (store_get_sandbox(l->store, id, &t->rec, NULL) < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (lend_record_get(l, id, &t->rec, err) < 0)
+        return -ENOENT;
     if (t->rec.state != LB_STATE_LENT)
         return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
                             store_state_name(t->rec.state));
