@@ -99,7 +99,6 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
     static const char *const fields[] = {"command", "cwd",  "env", "user",
                                          "rows",    "cols", "pty", NULL};
     json_t *command = json_object_get(body, "command");
-    json_t *pty = json_object_get(body, "pty");
     int r = routes_check_fields(body, fields, "the PTY request", err);
 
     if (r == 0)
@@ -123,12 +122,7 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
     if (r < 0)
         return r;
     c->pty = true;
-    if (pty && !json_is_null(pty)) {
-        if (!json_is_boolean(pty))
-            return lb_error_set(err, -EINVAL, "'pty' must be a boolean");
-        c->pty = json_is_true(pty);
-    }
-    return 0;
+    return routes_parse_bool(body, "pty", &c->pty, err);
 }
 
 int route_pty_create(struct lb_request *req, struct lb_error *err)
@@ -454,16 +448,16 @@ int route_pty_attach(struct lb_request *req, struct lb_error *err)
 {
     static const char *const fields[] = {"takeover", NULL};
     char token[LB_PTY_TOKEN_MAX];
-    json_t *body = NULL, *v;
+    json_t *body = NULL;
+    bool takeover = false;
     int r = http_body_json(req, true, &body, err);
 
     if (r == 0)
         r = routes_check_fields(body, fields, "the attach request", err);
-    v = json_object_get(body, "takeover");
-    if (r == 0 && v && !json_is_null(v) && !json_is_boolean(v))
-        r = lb_error_set(err, -EINVAL, "'takeover' must be a boolean");
     if (r == 0)
-        r = pty_attach(ptys_of(req), http_param(req, 0), json_is_true(v), token, err);
+        r = routes_parse_bool(body, "takeover", &takeover, err);
+    if (r == 0)
+        r = pty_attach(ptys_of(req), http_param(req, 0), takeover, token, err);
     json_decref(body);
     if (r < 0)
         return r;
