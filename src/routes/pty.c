@@ -401,6 +401,15 @@ static int control_body(struct lb_request *req, const char *const *fields, const
     return r;
 }
 
+/* The end of a control request: its body is dropped, and 204 answers when r is 0. Returns r. */
+static int control_done(struct lb_request *req, json_t *body, int r)
+{
+    json_decref(body);
+    if (r == 0)
+        http_respond_empty(req, 204);
+    return r;
+}
+
 int route_pty_resize(struct lb_request *req, struct lb_error *err)
 {
     static const char *const fields[] = {"rows", "cols", NULL};
@@ -413,10 +422,7 @@ int route_pty_resize(struct lb_request *req, struct lb_error *err)
         r = parse_size(body, "cols", 0, true, &cols, err);
     if (r == 0)
         r = pty_resize(ptys_of(req), http_param(req, 0), rows, cols, err);
-    json_decref(body);
-    if (r == 0)
-        http_respond_empty(req, 204);
-    return r;
+    return control_done(req, body, r);
 }
 
 int route_pty_signal(struct lb_request *req, struct lb_error *err)
@@ -438,10 +444,7 @@ int route_pty_signal(struct lb_request *req, struct lb_error *err)
     }
     if (r == 0)
         r = pty_signal(ptys_of(req), http_param(req, 0), sig, err);
-    json_decref(body);
-    if (r == 0)
-        http_respond_empty(req, 204);
-    return r;
+    return control_done(req, body, r);
 }
 
 int route_pty_attach(struct lb_request *req, struct lb_error *err)
