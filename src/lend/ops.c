@@ -97,14 +97,8 @@ int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    if (f->exclusive++ == 0) {
-        struct timespec now;
-        struct tm tm;
-
-        clock_gettime(CLOCK_REALTIME, &now);
-        gmtime_r(&now.tv_sec, &tm);
-        strftime(f->since, sizeof(f->since), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    }
+    if (f->exclusive++ == 0)
+        clock_format_rfc3339(clock_now_s(), f->since, sizeof(f->since));
     while (f->writers > 0)
         pthread_cond_wait(&l->fence_cond, &l->fence_mutex);
 out:
