@@ -86,16 +86,6 @@ void activations_free(struct lb_activations *a)
     free(a);
 }
 
-bool act_sandbox_is_lent(struct lb_activations *a, const char *sandbox_id)
-{
-    struct lb_record rec = {0};
-    bool lent =
-        store_get_sandbox(a->store, sandbox_id, &rec, NULL) == 0 && rec.state == LB_STATE_LENT;
-
-    store_record_release(&rec);
-    return lent;
-}
-
 bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id)
 {
     json_t *status = NULL;
@@ -267,7 +257,7 @@ bool activation_watch_changed(struct lb_activation_watch *w)
         return true;
     changed = store_get_activation_by_sandbox(w->a->store, w->sandbox_id, &cur, NULL) < 0 ||
               strcmp(cur.id, w->act_id) != 0 || cur.state != w->state || !act_open(w->a, &cur) ||
-              !act_sandbox_is_lent(w->a, w->sandbox_id);
+              !store_sandbox_is_lent(w->a->store, w->sandbox_id);
     store_activation_release(&cur);
     return changed;
 }
@@ -291,7 +281,7 @@ static int act_get(struct lb_activations *a, const char *rsid, bool with_log, js
 
     if (r < 0)
         return r;
-    live = act.state != LB_ACT_CLOSED && act_sandbox_is_lent(a, act.sandbox_id);
+    live = act.state != LB_ACT_CLOSED && store_sandbox_is_lent(a->store, act.sandbox_id);
     /* A receipt that came while nobody waited (the execute's caller went away, the daemon
      * was restarted): recorded now, so the state follows it from here on. */
     if (!act.receipt_json && (act.state == LB_ACT_RUNNING || act.state == LB_ACT_CLOSING) &&
@@ -431,7 +421,7 @@ int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, str
     *fd = -1;
     if (r < 0)
         return r;
-    if (act.state == LB_ACT_CLOSED || !act_sandbox_is_lent(a, act.sandbox_id)) {
+    if (act.state == LB_ACT_CLOSED || !store_sandbox_is_lent(a->store, act.sandbox_id)) {
         r = lb_error_set(err, -ENOENT,
                          "the activation of session %s is over: its log is in the record "
                          "(GET .../activation?log=1)",
@@ -456,7 +446,8 @@ int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t 
     if (r < 0)
         return r;
     /* nothing to do once the receipt is held, the activation closed or the sandbox gone */
-    if (act.state != LB_ACT_CLOSED && !act.receipt_json && act_sandbox_is_lent(a, act.sandbox_id)) {
+    if (act.state != LB_ACT_CLOSED && !act.receipt_json &&
+        store_sandbox_is_lent(a->store, act.sandbox_id)) {
         spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
         if (timeout_ms <= 0)
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);

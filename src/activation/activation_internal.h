@@ -65,8 +65,6 @@ struct lb_activations {
 
 /* ---------- activation.c: lookups ---------- */
 
-/* Is the sandbox lent (a store read)? */
-bool act_sandbox_is_lent(struct lb_activations *a, const char *sandbox_id);
 /* Is the sandbox paused (asks the provider)? */
 bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id);
 /* Resume the activation's sandbox if it is paused (why: for the log). 0 (not paused, or

@@ -367,7 +367,7 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
         log_info("activation %s: closing", act.id);
     }
     spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : json_object();
-    if (!act_sandbox_is_lent(a, sandbox_id)) {
+    if (!store_sandbox_is_lent(a->store, sandbox_id)) {
         /* The sandbox is gone, and every process of it with it. */
         if (mode == FIN_STOP)
             goto out;

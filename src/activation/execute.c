@@ -189,7 +189,7 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
             if (held)
                 return 0;
         }
-        if (!act_sandbox_is_lent(a, act->sandbox_id))
+        if (!store_sandbox_is_lent(a->store, act->sandbox_id))
             return -ENOENT;
         if (lend_is_draining(a->lend))
             return -ESHUTDOWN;

@@ -64,6 +64,34 @@ static void conn_set_addr(struct http_conn *c, const struct sockaddr *sa)
     }
 }
 
+/* Append c to l through its link which. */
+static void conn_list_append(struct conn_list *l, struct http_conn *c, enum conn_link which)
+{
+    c->link[which].prev = l->tail;
+    c->link[which].next = NULL;
+    if (l->tail)
+        l->tail->link[which].next = c;
+    else
+        l->head = c;
+    l->tail = c;
+}
+
+/* Take c out of l (which it is on through its link which). */
+static void conn_list_remove(struct conn_list *l, struct http_conn *c, enum conn_link which)
+{
+    struct http_conn *prev = c->link[which].prev, *next = c->link[which].next;
+
+    if (prev)
+        prev->link[which].next = next;
+    else
+        l->head = next;
+    if (next)
+        next->link[which].prev = prev;
+    else
+        l->tail = prev;
+    c->link[which].prev = c->link[which].next = NULL;
+}
+
 void http_conn_wait_end_locked(struct http_conn *c)
 {
     struct lb_http *h = c->h;
@@ -72,26 +100,10 @@ void http_conn_wait_end_locked(struct http_conn *c)
     if (!c->waiting)
         return;
     c->waiting = false;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        h->waiting_head = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    else
-        h->waiting_tail = c->prev;
-    c->prev = c->next = NULL;
+    conn_list_remove(&h->waiting, c, CONN_LINK_SERVER);
     if (!ip)
         return;
-    if (c->ip_prev)
-        c->ip_prev->ip_next = c->ip_next;
-    else
-        ip->head = c->ip_next;
-    if (c->ip_next)
-        c->ip_next->ip_prev = c->ip_prev;
-    else
-        ip->tail = c->ip_prev;
-    c->ip_prev = c->ip_next = NULL;
+    conn_list_remove(&ip->conns, c, CONN_LINK_IP);
     c->ip = NULL;
     if (--ip->waiting == 0) {
         struct http_ip **pp = &h->ips[ip_bucket(ip->addr, ip->len)];
@@ -131,14 +143,8 @@ void http_conn_wait_begin_locked(struct http_conn *c)
     c->waiting = true;
     c->target_len = 0;
     c->deadline_ms = clock_mono_ms() + (int64_t)h->cfg.header_timeout_s * 1000;
-    c->prev = h->waiting_tail;
-    c->next = NULL;
-    if (h->waiting_tail)
-        h->waiting_tail->next = c;
-    else
-        h->waiting_head = c;
-    h->waiting_tail = c;
-    if (h->waiting_head == c)
+    conn_list_append(&h->waiting, c, CONN_LINK_SERVER);
+    if (h->waiting.head == c)
         pthread_cond_signal(&h->conn_cond); /* the watch thread slept with nothing to watch */
     if (c->addr_len == 0 || h->cfg.per_ip_incomplete == 0)
         return;
@@ -146,7 +152,7 @@ void http_conn_wait_begin_locked(struct http_conn *c)
      * frees the entry: look it up again) */
     ip = ip_find_locked(h, c->addr, c->addr_len);
     while (ip && ip->waiting >= h->cfg.per_ip_incomplete) {
-        conn_cut_locked(ip->head);
+        conn_cut_locked(ip->conns.head);
         h->cut_cap++;
         metrics_add(LB_M_HTTP_CUT_CAP, 1);
         ip = ip_find_locked(h, c->addr, c->addr_len);
@@ -163,13 +169,7 @@ void http_conn_wait_begin_locked(struct http_conn *c)
         h->ips[b] = ip;
     }
     c->ip = ip;
-    c->ip_prev = ip->tail;
-    c->ip_next = NULL;
-    if (ip->tail)
-        ip->tail->ip_next = c;
-    else
-        ip->head = c;
-    ip->tail = c;
+    conn_list_append(&ip->conns, c, CONN_LINK_IP);
     if (++ip->waiting > h->waiting_max) {
         h->waiting_max = ip->waiting;
         metrics_set(LB_M_HTTP_WAITING_MAX, h->waiting_max);
@@ -269,14 +269,14 @@ void *http_conn_main(void *arg)
         int64_t now = clock_mono_ms(), wake = now + HTTP_WARN_INTERVAL_MS;
         struct timespec ts;
 
-        while (h->waiting_head && h->waiting_head->deadline_ms <= now) {
-            conn_cut_locked(h->waiting_head);
+        while (h->waiting.head && h->waiting.head->deadline_ms <= now) {
+            conn_cut_locked(h->waiting.head);
             h->cut_deadline++;
             metrics_add(LB_M_HTTP_CUT_DEADLINE, 1);
         }
         conn_warn_summary_locked(h, now);
-        if (h->waiting_head && h->waiting_head->deadline_ms < wake)
-            wake = h->waiting_head->deadline_ms;
+        if (h->waiting.head && h->waiting.head->deadline_ms < wake)
+            wake = h->waiting.head->deadline_ms;
         if (h->warn_since + HTTP_WARN_INTERVAL_MS < wake)
             wake = h->warn_since + HTTP_WARN_INTERVAL_MS;
         if (wake <= now)

@@ -166,8 +166,6 @@ void http_response_header(struct lb_request *req, const char *name, const char *
  * Returns 0, or -EAGAIN (429 overloaded, answered with Retry-After: 1) when the total or the
  * token's share is taken by answers in flight. */
 int http_answer_reserve(struct lb_request *req, size_t bytes, struct lb_error *err);
-/* Bytes of answers charged right now (all requests; for metrics and tests). */
-size_t http_answer_bytes(struct lb_http *h);
 
 /* Give the request's deferred job a serial key (copied; at most 191 bytes are kept; NULL or ""
  * clears it): jobs with the same key run one at a time in arrival order, and one waiting for

@@ -24,12 +24,21 @@
 #define HTTP_IP_BUCKETS 1024
 
 /* A client address that has connections still sending their request line and headers. */
+/* Connections waiting for their request line and headers, oldest first, chained through one
+ * of their links (enum conn_link). */
+struct conn_list {
+    struct http_conn *head, *tail;
+};
+
+/* The lists a waiting connection is on: the server's, and its address's. */
+enum conn_link { CONN_LINK_SERVER, CONN_LINK_IP };
+
 struct http_ip {
     unsigned char addr[16];
     unsigned char len; /* 4 or 16 */
     size_t waiting;
-    struct http_conn *head, *tail; /* its waiting connections, oldest first */
-    struct http_ip *next;          /* hash chain */
+    struct conn_list conns; /* its waiting connections, oldest first */
+    struct http_ip *next;   /* hash chain */
 };
 
 /* One TCP connection (libmicrohttpd's socket context), from accept to close. */
@@ -37,13 +46,14 @@ struct http_conn {
     struct lb_http *h;
     int fd;
     unsigned char addr[16];
-    unsigned char addr_len;        /* 0: unknown address (not counted per address) */
-    bool waiting;                  /* its request line and headers are not all in yet */
-    int64_t deadline_ms;           /* ... and must be by then */
-    size_t target_len;             /* the current request's target as sent (from the URI log) */
-    struct http_ip *ip;            /* while waiting (NULL if unknown or out of memory) */
-    struct http_conn *prev, *next; /* h's waiting list */
-    struct http_conn *ip_prev, *ip_next; /* ip's waiting list */
+    unsigned char addr_len; /* 0: unknown address (not counted per address) */
+    bool waiting;           /* its request line and headers are not all in yet */
+    int64_t deadline_ms;    /* ... and must be by then */
+    size_t target_len;      /* the current request's target as sent (from the URI log) */
+    struct http_ip *ip;     /* while waiting (NULL if unknown or out of memory) */
+    struct {
+        struct http_conn *prev, *next;
+    } link[2]; /* [CONN_LINK_SERVER]: h's waiting list; [CONN_LINK_IP]: ip's */
 };
 
 #define ANSWER_SMALL (64 * 1024) /* answers this small are not charged to the answer budget */
@@ -90,12 +100,12 @@ struct lb_http {
     pthread_cond_t poll_cond;    /* wakes the poll thread (monotonic clock) */
     pthread_t poll_thread;
     bool poll_thread_started;
-    struct lb_park *parked; /* waiting */
-    size_t park_waiting;    /* in the list */
-    size_t park_live;       /* parked and not answered yet */
-    int64_t park_next_at;   /* when the park thread wakes up next */
-    size_t park_handles;    /* lb_park objects alive: h is freed after the last one */
-    bool stopped;           /* http_stop is done with h */
+    struct lb_park *parked;     /* waiting */
+    atomic_size_t park_waiting; /* in the list (changed under park_lock, read without) */
+    size_t park_live;           /* parked and not answered yet */
+    int64_t park_next_at;       /* when the park thread wakes up next */
+    size_t park_handles;        /* lb_park objects alive: h is freed after the last one */
+    bool stopped;               /* http_stop is done with h */
     bool park_stopping, park_thread_stop;
     bool park_thread_started;
     pthread_t park_thread;
@@ -104,8 +114,8 @@ struct lb_http {
     pthread_cond_t conn_cond; /* wakes the watch thread (monotonic clock) */
     pthread_t conn_thread;
     bool conn_thread_started, conn_thread_stop;
-    struct http_conn *waiting_head, *waiting_tail; /* oldest first: deadline order */
-    struct http_ip *ips[HTTP_IP_BUCKETS];          /* addresses with waiting connections */
+    struct conn_list waiting;             /* oldest first: deadline order */
+    struct http_ip *ips[HTTP_IP_BUCKETS]; /* addresses with waiting connections */
     /* rate-limited warnings: counted under conn_lock, logged once per HTTP_WARN_INTERVAL_MS */
     int64_t warn_since;
     uint64_t cut_deadline, cut_cap, mhd_logged, mhd_suppressed;

@@ -235,12 +235,7 @@ void http_park_release(struct lb_park *p)
 
 size_t http_parked_count(struct lb_http *h)
 {
-    size_t n;
-
-    pthread_mutex_lock(&h->park_lock);
-    n = h->park_waiting;
-    pthread_mutex_unlock(&h->park_lock);
-    return n;
+    return atomic_load(&h->park_waiting);
 }
 
 /* http's part of a park is over (answered, or the request ended without an answer). */

@@ -101,16 +101,6 @@ int http_answer_reserve(struct lb_request *req, size_t bytes, struct lb_error *e
     return 0;
 }
 
-size_t http_answer_bytes(struct lb_http *h)
-{
-    size_t n;
-
-    pthread_mutex_lock(&h->answer_lock);
-    n = h->answer_total;
-    pthread_mutex_unlock(&h->answer_lock);
-    return n;
-}
-
 /* Charge the request exactly what its answer of len bytes holds (nothing below ANSWER_SMALL);
  * false when it does not fit. */
 static bool answer_settle(struct lb_request *req, size_t len)

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ struct lb_stream {
     size_t len, off, cap;
     bool waiting; /* the reader found nothing and suspended the connection */
     bool ended, gone;
-    bool kept;                  /* http_stream_keep: the job's return does not end the body */
+    atomic_bool kept;           /* http_stream_keep: the job's return does not end the body */
     int refs;                   /* the job's and the response's (and a keeper's) */
     void (*drained)(void *arg); /* http_stream_on_drain */
     void *drained_arg;
@@ -217,18 +218,13 @@ void http_stream_on_drain(struct lb_stream *s, void (*fn)(void *arg), void *arg)
 
 bool http_stream_kept(struct lb_stream *s)
 {
-    bool kept;
-
-    pthread_mutex_lock(&s->lock);
-    kept = s->kept;
-    pthread_mutex_unlock(&s->lock);
-    return kept;
+    return atomic_load(&s->kept);
 }
 
 void http_stream_keep(struct lb_stream *s)
 {
     pthread_mutex_lock(&s->lock);
-    s->kept = true;
+    atomic_store(&s->kept, true);
     s->refs++;
     pthread_mutex_unlock(&s->lock);
 }

@@ -96,6 +96,16 @@ static int remove_tree(const char *path)
     return nftw(path, rm_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 ? -errno : 0;
 }
 
+/* opendir(path) into *d. 0, with *d NULL when path does not exist (nothing in it to read), or
+ * -errno "cannot read '<path>'" with *d NULL. */
+static int open_dir(const char *path, DIR **d, struct lb_error *err)
+{
+    *d = opendir(path);
+    if (!*d && errno != ENOENT)
+        return lb_error_set(err, -errno, "cannot read '%s': %s", path, strerror(errno));
+    return 0;
+}
+
 int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
 {
     char tmp[IMAGE_PATH_MAX], p[IMAGE_PATH_MAX + 256];
@@ -104,11 +114,9 @@ int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
     int r = 0;
 
     snprintf(tmp, sizeof(tmp), "%s/" STORE "/tmp", images_dir);
-    d = opendir(tmp);
+    r = open_dir(tmp, &d, err);
     if (!d)
-        return errno == ENOENT
-                   ? 0
-                   : lb_error_set(err, -errno, "cannot read '%s': %s", tmp, strerror(errno));
+        return r;
     while ((de = readdir(d))) {
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
             continue;
@@ -658,14 +666,13 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
     struct dirent *de;
     DIR *d;
     char hex[65];
+    int r;
 
     *out = NULL;
     *n = 0;
-    d = opendir(images_dir);
+    r = open_dir(images_dir, &d, err);
     if (!d)
-        return errno == ENOENT
-                   ? 0
-                   : lb_error_set(err, -errno, "cannot read '%s': %s", images_dir, strerror(errno));
+        return r;
     while ((de = readdir(d))) {
         if (!image_name_is_valid(de->d_name) || name_hex(images_dir, de->d_name, hex) < 0)
             continue;
@@ -893,11 +900,9 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
     DIR *d;
 
     snprintf(dir, sizeof(dir), "%s/" STORE "/sha256", images_dir);
-    d = opendir(dir);
+    r = open_dir(dir, &d, err);
     if (!d)
-        return errno == ENOENT
-                   ? 0
-                   : lb_error_set(err, -errno, "cannot read '%s': %s", dir, strerror(errno));
+        return r;
     lock = store_lock(images_dir);
     if (lock < 0) {
         closedir(d);

@@ -17,6 +17,7 @@
 
 #include "image/image.h"
 #include "provider/registry.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
 
@@ -254,12 +255,7 @@ void lend_set_warm(struct lb_lend *l, struct lb_provider *prov)
 
 uint64_t lend_warm_generation(struct lb_lend *l)
 {
-    uint64_t g;
-
-    pthread_mutex_lock(&l->warm_mutex);
-    g = l->warm_gen;
-    pthread_mutex_unlock(&l->warm_mutex);
-    return g;
+    return atomic_load(&l->warm_gen);
 }
 
 void lend_warm_changed(struct lb_lend *l)
@@ -272,15 +268,8 @@ void lend_warm_changed(struct lb_lend *l)
 
 void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms)
 {
-    struct timespec until;
+    struct timespec until = clock_realtime_after_ms(timeout_ms);
 
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
     pthread_mutex_lock(&l->warm_mutex);
     while (l->warm_gen == seen &&
            pthread_cond_timedwait(&l->warm_cond, &l->warm_mutex, &until) == 0)
@@ -304,6 +293,14 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 }
 
 /* ---------- lookups ---------- */
+
+/* see lend_internal.h */
+int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, struct lb_error *err)
+{
+    if (store_get_sandbox(l->store, id, rec, NULL) < 0)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    return 0;
+}
 
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)
 {
@@ -393,10 +390,9 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
 {
     struct lb_record rec = {0};
     const char *status = NULL;
-    int r = store_get_sandbox(l->store, id, &rec, NULL);
 
-    if (r < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (lend_record_get(l, id, &rec, err) < 0)
+        return -ENOENT;
     if (rec.state == LB_STATE_LENT) {
         json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
         struct lb_sandbox_ref ref = {rec.id, desc};
@@ -467,10 +463,10 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
 {
     struct lb_record rec = {0};
     struct lend_session_lock *lock = NULL;
-    int r = store_get_sandbox(l->store, id, &rec, NULL);
+    int r = lend_record_get(l, id, &rec, err);
 
     if (r < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+        return r;
     if (rec.rsid) {
         r = lend_session_lock(l, rec.rsid, false, &lock, err);
         if (r < 0)

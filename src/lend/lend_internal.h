@@ -39,6 +39,10 @@ int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
 /* Release a lock lend_session_lock took; NULL-safe. */
 void lend_session_unlock(struct lb_lend *l, struct lend_session_lock *s);
 
+/* Read sandbox id's record into *rec (release it with store_record_release, also on failure).
+ * Any failure to read it is -ENOENT "no sandbox <id>", the answer a client gets. */
+int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, struct lb_error *err);
+
 /* The provider that made the sandbox of record r (borrowed), or NULL with -EREMOTEIO in err
  * when it is not enabled on this daemon (the record is kept; its stops are retried). */
 struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *r,

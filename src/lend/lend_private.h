@@ -53,8 +53,8 @@ struct lb_lend {
     _Atomic(struct lb_provider *)
         warm_prov; /* a warm pool's provider (lend_set_warm); NULL: none */
     pthread_mutex_t warm_mutex;
-    pthread_cond_t warm_cond; /* broadcast when warm_gen grows */
-    uint64_t warm_gen;        /* lend_warm_generation */
+    pthread_cond_t warm_cond;  /* broadcast when warm_gen grows */
+    _Atomic uint64_t warm_gen; /* lend_warm_generation: grows under warm_mutex, read without */
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;

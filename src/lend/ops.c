@@ -36,8 +36,8 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
                             struct lb_error *err)
 {
     memset(t, 0, sizeof(*t));
-    if (store_get_sandbox(l->store, id, &t->rec, NULL) < 0)
-        return lb_error_set(err, -ENOENT, "no sandbox %s", id);
+    if (lend_record_get(l, id, &t->rec, err) < 0)
+        return -ENOENT;
     if (t->rec.state != LB_STATE_LENT)
         return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
                             store_state_name(t->rec.state));
@@ -97,14 +97,8 @@ int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    if (f->exclusive++ == 0) {
-        struct timespec now;
-        struct tm tm;
-
-        clock_gettime(CLOCK_REALTIME, &now);
-        gmtime_r(&now.tv_sec, &tm);
-        strftime(f->since, sizeof(f->since), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    }
+    if (f->exclusive++ == 0)
+        clock_format_rfc3339(clock_now_s(), f->since, sizeof(f->since));
     while (f->writers > 0)
         pthread_cond_wait(&l->fence_cond, &l->fence_mutex);
 out:

@@ -205,16 +205,6 @@ static void remove_session_dir(const struct lb_ptys *p, const char *sid)
 
 /* ---------- the registry ---------- */
 
-bool pty_sandbox_is_running(struct lb_ptys *p, const char *sandbox_id)
-{
-    struct lb_record rec = {0};
-    bool ok =
-        store_get_sandbox(p->store, sandbox_id, &rec, NULL) == 0 && rec.state == LB_STATE_LENT;
-
-    store_record_release(&rec);
-    return ok;
-}
-
 /* Drop a session from memory (lock held): wake its waiters, stop watching it. */
 static void session_forget_locked(struct lb_ptys *p, struct session *s)
 {
@@ -280,7 +270,7 @@ static void load_session(struct lb_ptys *p, const char *sid)
         return;
     }
     sbx = json_string_value(json_object_get(m, "sandbox_id"));
-    if (!sbx || !pty_sandbox_is_running(p, sbx)) {
+    if (!sbx || !store_sandbox_is_lent(p->store, sbx)) {
         remove_session_dir(p, sid);
     } else {
         struct session *s =

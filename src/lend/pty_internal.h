@@ -68,8 +68,6 @@ void pty_remove_entry_at(int dir, const char *name, int depth);
 
 /* ---------- pty.c: registry lookups ---------- */
 
-/* Is the sandbox lent (a store read)? */
-bool pty_sandbox_is_running(struct lb_ptys *p, const char *sandbox_id);
 /* -ENOENT with "no PTY session <sid>". */
 int pty_not_found(struct lb_error *err, const char *sid);
 /* The live session sid in *out with p->lock held (the caller unlocks); -ENOENT unlocked. */

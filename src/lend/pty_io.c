@@ -49,7 +49,8 @@ static int holder_lost(struct lb_ptys *p, struct lb_error *err, const char *sid)
 {
     char sandbox[LB_ID_MAX];
 
-    if (pty_sandbox_of(p, sid, sandbox, sizeof(sandbox)) < 0 || !pty_sandbox_is_running(p, sandbox))
+    if (pty_sandbox_of(p, sid, sandbox, sizeof(sandbox)) < 0 ||
+        !store_sandbox_is_lent(p->store, sandbox))
         return pty_not_found(err, sid);
     return lb_error_set(err, -EREMOTEIO,
                         "PTY session %s ended without an exit status: its holder process in the "

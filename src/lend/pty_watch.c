@@ -18,6 +18,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include "util/fd.h"
 #include "util/log.h"
 
 #define WATCH_MASK                                                                                 \
@@ -159,13 +160,9 @@ void pty_watcher_stop(struct lb_ptys *p)
 
 void pty_watcher_close(struct lb_ptys *p)
 {
-    if (p->ino >= 0)
-        close(p->ino);
-    if (p->stop[0] >= 0)
-        close(p->stop[0]);
-    if (p->stop[1] >= 0)
-        close(p->stop[1]);
-    p->ino = p->stop[0] = p->stop[1] = -1;
+    fd_close(&p->ino);
+    fd_close(&p->stop[0]);
+    fd_close(&p->stop[1]);
 }
 
 void pty_watcher_add_locked(struct lb_ptys *p, struct session *s)

@@ -63,10 +63,10 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     static const char *const fields[] = {"argv",  "cwd",     "env",       "user",
                                          "stage", "collect", "timeout_s", "close_timeout_s",
                                          "wait",  NULL};
-    json_t *wait = json_object_get(j->body, "wait");
     json_t *body = j->body;
     json_t *stage = json_object_get(body, "stage"), *v;
     const char *path;
+    bool wait = true;
     int r = routes_check_fields(body, fields, "the execute request", err);
 
     if (r == 0)
@@ -85,13 +85,11 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     if (r == 0)
         r = routes_parse_seconds(body, "close_timeout_s", DEFAULT_CLOSE_TIMEOUT_S,
                                  app->max_exec_timeout_s, &j->req.close_timeout_ms, err);
+    if (r == 0)
+        r = routes_parse_bool(body, "wait", &wait, err);
     if (r < 0)
         return r;
-    if (wait && !json_is_null(wait)) {
-        if (!json_is_boolean(wait))
-            return lb_error_set(err, -EINVAL, "'wait' must be a boolean");
-        j->req.nowait = json_is_false(wait);
-    }
+    j->req.nowait = !wait;
     if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
         return r;
     if ((r = routes_parse_cwd_user(body, &j->req.cwd, &j->req.user, err)) < 0)

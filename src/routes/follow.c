@@ -34,6 +34,7 @@
 
 #include "routes/routes.h"
 #include "util/buf.h"
+#include "util/fd.h"
 #include "util/log.h"
 #include "util/utf8.h"
 
@@ -409,12 +410,9 @@ void follows_free(struct lb_follows *fs)
     if (!fs)
         return;
     follows_stop(fs);
-    if (fs->ino >= 0)
-        close(fs->ino);
-    if (fs->wake[0] >= 0)
-        close(fs->wake[0]);
-    if (fs->wake[1] >= 0)
-        close(fs->wake[1]);
+    fd_close(&fs->ino);
+    fd_close(&fs->wake[0]);
+    fd_close(&fs->wake[1]);
     pthread_mutex_destroy(&fs->lock);
     free(fs);
 }

@@ -99,7 +99,6 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
     static const char *const fields[] = {"command", "cwd",  "env", "user",
                                          "rows",    "cols", "pty", NULL};
     json_t *command = json_object_get(body, "command");
-    json_t *pty = json_object_get(body, "pty");
     int r = routes_check_fields(body, fields, "the PTY request", err);
 
     if (r == 0)
@@ -123,12 +122,7 @@ static int create_parse(json_t *body, struct lb_pty_create *c, struct lb_error *
     if (r < 0)
         return r;
     c->pty = true;
-    if (pty && !json_is_null(pty)) {
-        if (!json_is_boolean(pty))
-            return lb_error_set(err, -EINVAL, "'pty' must be a boolean");
-        c->pty = json_is_true(pty);
-    }
-    return 0;
+    return routes_parse_bool(body, "pty", &c->pty, err);
 }
 
 int route_pty_create(struct lb_request *req, struct lb_error *err)
@@ -407,6 +401,15 @@ static int control_body(struct lb_request *req, const char *const *fields, const
     return r;
 }
 
+/* The end of a control request: its body is dropped, and 204 answers when r is 0. Returns r. */
+static int control_done(struct lb_request *req, json_t *body, int r)
+{
+    json_decref(body);
+    if (r == 0)
+        http_respond_empty(req, 204);
+    return r;
+}
+
 int route_pty_resize(struct lb_request *req, struct lb_error *err)
 {
     static const char *const fields[] = {"rows", "cols", NULL};
@@ -419,10 +422,7 @@ int route_pty_resize(struct lb_request *req, struct lb_error *err)
         r = parse_size(body, "cols", 0, true, &cols, err);
     if (r == 0)
         r = pty_resize(ptys_of(req), http_param(req, 0), rows, cols, err);
-    json_decref(body);
-    if (r == 0)
-        http_respond_empty(req, 204);
-    return r;
+    return control_done(req, body, r);
 }
 
 int route_pty_signal(struct lb_request *req, struct lb_error *err)
@@ -444,26 +444,23 @@ int route_pty_signal(struct lb_request *req, struct lb_error *err)
     }
     if (r == 0)
         r = pty_signal(ptys_of(req), http_param(req, 0), sig, err);
-    json_decref(body);
-    if (r == 0)
-        http_respond_empty(req, 204);
-    return r;
+    return control_done(req, body, r);
 }
 
 int route_pty_attach(struct lb_request *req, struct lb_error *err)
 {
     static const char *const fields[] = {"takeover", NULL};
     char token[LB_PTY_TOKEN_MAX];
-    json_t *body = NULL, *v;
+    json_t *body = NULL;
+    bool takeover = false;
     int r = http_body_json(req, true, &body, err);
 
     if (r == 0)
         r = routes_check_fields(body, fields, "the attach request", err);
-    v = json_object_get(body, "takeover");
-    if (r == 0 && v && !json_is_null(v) && !json_is_boolean(v))
-        r = lb_error_set(err, -EINVAL, "'takeover' must be a boolean");
     if (r == 0)
-        r = pty_attach(ptys_of(req), http_param(req, 0), json_is_true(v), token, err);
+        r = routes_parse_bool(body, "takeover", &takeover, err);
+    if (r == 0)
+        r = pty_attach(ptys_of(req), http_param(req, 0), takeover, token, err);
     json_decref(body);
     if (r < 0)
         return r;

@@ -263,6 +263,18 @@ int routes_session_param(struct lb_request *req, const char **rsid, struct lb_er
     return 0;
 }
 
+int routes_parse_bool(json_t *obj, const char *key, bool *out, struct lb_error *err)
+{
+    json_t *v = json_object_get(obj, key);
+
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return lb_error_set(err, -EINVAL, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
 int routes_parse_seconds(json_t *obj, const char *key, double def, int64_t max_s, int64_t *ms,
                          struct lb_error *err)
 {

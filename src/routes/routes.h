@@ -94,6 +94,9 @@ int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struc
 /* Path parameter 0 as a resources session id into *rsid (borrowed from the request; valid
  * while it lives). -EINVAL (400) when it is not a valid rsid. */
 int routes_session_param(struct lb_request *req, const char **rsid, struct lb_error *err);
+/* obj[key] as a boolean: absent or null leaves *out as it is (the caller's default); true or
+ * false sets it; anything else is -EINVAL "'<key>' must be a boolean" (400). */
+int routes_parse_bool(json_t *obj, const char *key, bool *out, struct lb_error *err);
 /* obj[key] in seconds: absent or null gives def; else a finite number > 0 and (max_s > 0) at
  * most max_s, else -EINVAL (400). *ms is the value in milliseconds, rounded up. */
 int routes_parse_seconds(json_t *obj, const char *key, double def, int64_t max_s, int64_t *ms,

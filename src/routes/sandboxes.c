@@ -181,10 +181,7 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         "user",     "stdin",     "timeout_s",  "preserve_background_services",
         "encoding", "exclusive", "agent_root", NULL};
     json_t *in = json_object_get(body, "stdin");
-    json_t *keep = json_object_get(body, "preserve_background_services");
     json_t *enc = json_object_get(body, "encoding");
-    json_t *excl = json_object_get(body, "exclusive");
-    json_t *agent_root = json_object_get(body, "agent_root");
     int r = routes_check_fields(body, fields, "the exec request", err);
 
     if (r == 0)
@@ -205,27 +202,17 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
     }
     r = routes_parse_seconds(body, "timeout_s", (double)app->default_exec_timeout_s,
                              app->max_exec_timeout_s, &j->p.timeout_ms, err);
+    if (r == 0)
+        r = routes_parse_bool(body, "preserve_background_services", &j->p.preserve_background, err);
+    if (r == 0)
+        r = routes_parse_bool(body, "exclusive", &j->p.exclusive, err);
+    if (r == 0)
+        r = routes_parse_bool(body, "agent_root", &j->p.agent_root, err);
     if (r < 0)
         return r;
-    if (keep && !json_is_null(keep)) {
-        if (!json_is_boolean(keep))
-            return lb_error_set(err, -EINVAL, "'preserve_background_services' must be a boolean");
-        j->p.preserve_background = json_is_true(keep);
-    }
-    if (excl && !json_is_null(excl)) {
-        if (!json_is_boolean(excl))
-            return lb_error_set(err, -EINVAL, "'exclusive' must be a boolean");
-        j->p.exclusive = json_is_true(excl);
-    }
-    if (agent_root && !json_is_null(agent_root)) {
-        if (!json_is_boolean(agent_root))
-            return lb_error_set(err, -EINVAL, "'agent_root' must be a boolean");
-        if (json_is_true(agent_root) && !j->p.exclusive)
-            return lb_error_set(err, -EINVAL,
-                                "'agent_root' applies to exclusive execs only: set "
-                                "'exclusive': true");
-        j->p.agent_root = json_is_true(agent_root);
-    }
+    if (j->p.agent_root && !j->p.exclusive)
+        return lb_error_set(err, -EINVAL,
+                            "'agent_root' applies to exclusive execs only: set 'exclusive': true");
     if (enc && !json_is_null(enc)) {
         const char *e = json_string_value(enc);
 

@@ -37,56 +37,65 @@ static void seed_job_free(void *arg)
     free(j);
 }
 
+/* The seed body's optional object member v named what, with only the keys in fields: 0 when it
+ * is absent or null (nothing to parse), 1 when it is an object to parse, -EINVAL otherwise. */
+static int seed_member_object(json_t *v, const char *const *fields, const char *what,
+                              struct lb_error *err)
+{
+    int r;
+
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return lb_error_set(err, -EINVAL, "'%s' must be an object", what);
+    r = routes_check_fields(v, fields, what, err);
+    return r < 0 ? r : 1;
+}
+
 static int seed_parse_resources(json_t *res, struct lb_resources *out, struct lb_error *err)
 {
     static const char *const fields[] = {"cpu", "memory_mib", "pids", "disk_mib",
                                          "gpu", "gpu_type",   NULL};
-    json_t *cpu, *mem, *pids, *disk, *gpu, *gpu_type;
-    int r;
+    struct lb_resources got = {0};
+    /* the integer members and their bounds, which keep the cgroup arithmetic far from overflow;
+     * null_ok: null means none (NeMo Gym's SandboxResources) */
+    const struct {
+        const char *name;
+        int64_t *out, lo, hi;
+        bool null_ok;
+    } ints[] = {
+        {"memory_mib", &got.memory_mib, 1, 16777216, false},
+        {"pids", &got.pids, 1, 4194304, false},
+        {"disk_mib", &got.disk_mib, 1, 16777216, false}, /* limits.max_disk_mib: lend checks it */
+        {"gpu", &got.gpu, 0, 1024, true},                /* the provider decides what it can give */
+    };
+    json_t *cpu, *gpu_type, *v;
+    int r = seed_member_object(res, fields, "resources", err);
 
-    if (!res || json_is_null(res))
-        return 0;
-    if (!json_is_object(res))
-        return lb_error_set(err, -EINVAL, "'resources' must be an object");
-    r = routes_check_fields(res, fields, "resources", err);
-    if (r < 0)
+    if (r <= 0)
         return r;
     cpu = json_object_get(res, "cpu");
-    mem = json_object_get(res, "memory_mib");
-    pids = json_object_get(res, "pids");
-    disk = json_object_get(res, "disk_mib");
-    gpu = json_object_get(res, "gpu");
-    gpu_type = json_object_get(res, "gpu_type");
-    /* bounds keep the cgroup arithmetic far from overflow */
     if (cpu && (!json_is_number(cpu) || !(json_number_value(cpu) >= 0.01) ||
                 !(json_number_value(cpu) <= 1024)))
         return lb_error_set(err, -EINVAL, "'resources.cpu' must be a number from 0.01 to 1024");
-    if (mem && (!json_is_integer(mem) || json_integer_value(mem) <= 0 ||
-                json_integer_value(mem) > 16777216))
-        return lb_error_set(err, -EINVAL,
-                            "'resources.memory_mib' must be an integer from 1 to 16777216");
-    if (pids && (!json_is_integer(pids) || json_integer_value(pids) <= 0 ||
-                 json_integer_value(pids) > 4194304))
-        return lb_error_set(err, -EINVAL, "'resources.pids' must be an integer from 1 to 4194304");
-    /* the daemon's limits.max_disk_mib is checked by lend */
-    if (disk && (!json_is_integer(disk) || json_integer_value(disk) <= 0 ||
-                 json_integer_value(disk) > 16777216))
-        return lb_error_set(err, -EINVAL,
-                            "'resources.disk_mib' must be an integer from 1 to 16777216");
-    /* NeMo Gym's SandboxResources: null means none; the provider decides what it can give */
-    if (gpu && !json_is_null(gpu) &&
-        (!json_is_integer(gpu) || json_integer_value(gpu) < 0 || json_integer_value(gpu) > 1024))
-        return lb_error_set(err, -EINVAL, "'resources.gpu' must be an integer from 0 to 1024");
+    got.cpu = cpu ? json_number_value(cpu) : 0;
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        v = json_object_get(res, ints[i].name);
+        if (!v || (ints[i].null_ok && json_is_null(v)))
+            continue;
+        if (!json_is_integer(v) || json_integer_value(v) < ints[i].lo ||
+            json_integer_value(v) > ints[i].hi)
+            return lb_error_set(err, -EINVAL, "'resources.%s' must be an integer from %lld to %lld",
+                                ints[i].name, (long long)ints[i].lo, (long long)ints[i].hi);
+        *ints[i].out = json_integer_value(v);
+    }
+    gpu_type = json_object_get(res, "gpu_type");
     if (gpu_type && !json_is_null(gpu_type) &&
         (!json_is_string(gpu_type) || json_string_length(gpu_type) == 0 ||
          json_string_length(gpu_type) > 128))
         return lb_error_set(err, -EINVAL, "'resources.gpu_type' must be a string of 1-128 bytes");
-    out->gpu = json_is_integer(gpu) ? json_integer_value(gpu) : 0;
-    out->gpu_type = json_is_string(gpu_type) ? json_string_value(gpu_type) : NULL;
-    out->cpu = cpu ? json_number_value(cpu) : 0;
-    out->memory_mib = mem ? json_integer_value(mem) : 0;
-    out->pids = pids ? json_integer_value(pids) : 0;
-    out->disk_mib = disk ? json_integer_value(disk) : 0;
+    got.gpu_type = json_is_string(gpu_type) ? json_string_value(gpu_type) : NULL;
+    *out = got;
     return 0;
 }
 
@@ -99,12 +108,8 @@ static int seed_parse_network(json_t *net, struct lb_network_request *out, struc
     size_t i;
     int r;
 
-    if (!net || json_is_null(net))
-        return 0;
-    if (!json_is_object(net))
-        return lb_error_set(err, -EINVAL, "'network' must be an object");
-    r = routes_check_fields(net, fields, "network", err);
-    if (r < 0)
+    r = seed_member_object(net, fields, "network", err);
+    if (r <= 0)
         return r;
     access = json_object_get(net, "access");
     model = json_object_get(net, "model_server");

@@ -234,6 +234,15 @@ int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out
     return ret;
 }
 
+bool store_sandbox_is_lent(struct lb_store *st, const char *id)
+{
+    struct lb_record rec = {0};
+    bool lent = store_get_sandbox(st, id, &rec, NULL) == 0 && rec.state == LB_STATE_LENT;
+
+    store_record_release(&rec);
+    return lent;
+}
+
 int store_get_live_by_rsid(struct lb_store *st, const char *rsid, struct lb_record *out,
                            struct lb_error *err)
 {

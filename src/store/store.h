@@ -101,6 +101,10 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t
 int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out,
                       struct lb_error *err);
 
+/* Whether sandbox id has a record in state lent (false for any other state, no record, or a
+ * store that cannot be read). Thread-safe. */
+bool store_sandbox_is_lent(struct lb_store *st, const char *id);
+
 /* The session's live (starting or lent) record. -ENOENT if none. */
 int store_get_live_by_rsid(struct lb_store *st, const char *rsid, struct lb_record *out,
                            struct lb_error *err);

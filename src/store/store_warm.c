@@ -32,10 +32,7 @@ static int warm_update(struct lb_store *st, const char *sql, const char *id,
         sqlite3_finalize(s);
         return ret;
     }
-    if (store_step_writing(st, s, stop) == SQLITE_DONE)
-        ret = sqlite3_changes(st->db);
-    else
-        ret = store_db_fail(st, err, what);
+    ret = store_step_write_ex(st, s, stop, what, err);
     sqlite3_finalize(s);
     return ret;
 }

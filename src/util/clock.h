@@ -7,11 +7,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Wall clock, Unix seconds. */
 int64_t clock_now_s(void);
 /* Monotonic clock, milliseconds since an arbitrary origin. */
 int64_t clock_mono_ms(void);
+/* The CLOCK_REALTIME time ms milliseconds (>= 0) from now: the deadline pthread_cond_timedwait
+ * takes for a condition variable on the default clock. */
+struct timespec clock_realtime_after_ms(int64_t ms);
 /* Format Unix seconds as RFC 3339 UTC ("2026-11-29T08:34:01Z") into out (>= 21 bytes). */
 void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len);
 

@@ -64,70 +64,43 @@ void lb_error_clear(struct lb_error *err)
     err->message[0] = '\0';
 }
 
+/* The HTTP status and API error code each errno answers with (a function returns it as
+ * -errno); any other errno is 500 "internal". */
+static const struct http_code {
+    int status;
+    const char *name;
+    int errnos[7]; /* 0 ends the list */
+} http_codes[] = {
+    {400, "bad_request", {EINVAL, EISDIR, ENOTDIR, EROFS, ENAMETOOLONG, ELOOP}},
+    {401, "unauthorized", {ENOKEY}},
+    {403, "forbidden", {EACCES, EPERM}},
+    {404, "not_found", {ENOENT, ESRCH}},
+    {404, "image_not_found", {LB_E_IMAGE_NOT_FOUND}},
+    {409, "conflict", {EEXIST, EBUSY, EALREADY}},
+    {410, "gone", {ESTALE}}, /* a PTY output offset older than the retained window */
+    {413, "payload_too_large", {EFBIG, EMSGSIZE}},
+    {422, "unenforceable", {EOPNOTSUPP}},
+    {429, "overloaded", {EAGAIN, EUSERS}},
+    {502, "provider_error", {EREMOTEIO, ETIMEDOUT, ECONNREFUSED, ECHILD}},
+    /* ENOSPC: the state dir's file system is full: retry once space returns */
+    {503, "draining", {ESHUTDOWN, ENOSPC}},
+    {501, "not_implemented", {ENOSYS}},
+};
+
 int lb_error_http_status(int code, const char **api_code)
 {
-    int status = 500;
-    const char *name = "internal";
+    for (size_t i = 0; i < sizeof(http_codes) / sizeof(http_codes[0]); i++) {
+        const struct http_code *c = &http_codes[i];
 
-    switch (-code) {
-    case EINVAL:
-    case EISDIR:
-    case ENOTDIR:
-    case EROFS:
-    case ENAMETOOLONG:
-    case ELOOP:
-        status = 400, name = "bad_request";
-        break;
-    case ENOKEY:
-        status = 401, name = "unauthorized";
-        break;
-    case EACCES:
-    case EPERM:
-        status = 403, name = "forbidden";
-        break;
-    case ENOENT:
-    case ESRCH:
-        status = 404, name = "not_found";
-        break;
-    case LB_E_IMAGE_NOT_FOUND:
-        status = 404, name = "image_not_found";
-        break;
-    case EEXIST:
-    case EBUSY:
-    case EALREADY:
-        status = 409, name = "conflict";
-        break;
-    case ESTALE: /* a PTY output offset older than the retained window */
-        status = 410, name = "gone";
-        break;
-    case EFBIG:
-    case EMSGSIZE:
-        status = 413, name = "payload_too_large";
-        break;
-    case EOPNOTSUPP:
-        status = 422, name = "unenforceable";
-        break;
-    case EAGAIN:
-    case EUSERS:
-        status = 429, name = "overloaded";
-        break;
-    case EREMOTEIO:
-    case ETIMEDOUT:
-    case ECONNREFUSED:
-    case ECHILD:
-        status = 502, name = "provider_error";
-        break;
-    case ESHUTDOWN:
-    case ENOSPC: /* the state dir's file system is full: retry once space returns */
-        status = 503, name = "draining";
-        break;
-    case ENOSYS:
-        status = 501, name = "not_implemented";
-        break;
-    default:
-        break;
+        for (size_t j = 0; j < sizeof(c->errnos) / sizeof(c->errnos[0]) && c->errnos[j]; j++) {
+            if (c->errnos[j] == -code) {
+                if (api_code)
+                    *api_code = c->name;
+                return c->status;
+            }
+        }
     }
     if (api_code)
-        *api_code = name;
-    return status;
+        *api_code = "internal";
+    return 500;
 }

@@ -92,8 +92,8 @@ out:
     return r;
 }
 
-static void log_emit(enum lb_log_level level, const char *request_id, const char *sandbox_id,
-                     const char *fmt, va_list ap)
+static void log_write(enum lb_log_level level, const char *request_id, const char *sandbox_id,
+                      const char *fmt, va_list ap)
 {
     static const char *const names[8] = {"", "", "", "error", "warn", "", "info", "debug"};
     char msg[2048], line[2112];
@@ -128,29 +128,32 @@ static void log_emit(enum lb_log_level level, const char *request_id, const char
     (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 
-void lb_log(enum lb_log_level level, const char *fmt, ...)
+/* log_write unless level is filtered out; errno is left as the caller had it. */
+static void log_emit(enum lb_log_level level, const char *request_id, const char *sandbox_id,
+                     const char *fmt, va_list ap)
 {
     int saved = errno;
+
+    if ((int)level <= atomic_load(&log_level))
+        log_write(level, request_id, sandbox_id, fmt, ap);
+    errno = saved;
+}
+
+void lb_log(enum lb_log_level level, const char *fmt, ...)
+{
     va_list ap;
 
-    if ((int)level > atomic_load(&log_level))
-        return;
     va_start(ap, fmt);
     log_emit(level, NULL, NULL, fmt, ap);
     va_end(ap);
-    errno = saved;
 }
 
 void lb_log_ids(enum lb_log_level level, const char *request_id, const char *sandbox_id,
                 const char *fmt, ...)
 {
-    int saved = errno;
     va_list ap;
 
-    if ((int)level > atomic_load(&log_level))
-        return;
     va_start(ap, fmt);
     log_emit(level, request_id, sandbox_id, fmt, ap);
     va_end(ap);
-    errno = saved;
 }

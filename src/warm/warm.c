@@ -97,15 +97,8 @@ static int64_t warm_wanted(struct lb_warm_pool *w)
 /* Wait on the pool's condition until it is kicked or ms pass. Call with w->mutex held. */
 static void warm_wait_ms(struct lb_warm_pool *w, int64_t ms)
 {
-    struct timespec until;
+    struct timespec until = clock_realtime_after_ms(ms);
 
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
     pthread_cond_timedwait(&w->cond, &w->mutex, &until);
 }
 

@@ -257,6 +257,45 @@ START_TEST(test_error_mapping)
 }
 END_TEST
 
+/* Every errno the API answers with something other than 500, with its status and code. */
+START_TEST(test_error_mapping_all)
+{
+    static const struct {
+        int errnum, status;
+        const char *code;
+    } want[] = {
+        {EINVAL, 400, "bad_request"},       {EISDIR, 400, "bad_request"},
+        {ENOTDIR, 400, "bad_request"},      {EROFS, 400, "bad_request"},
+        {ENAMETOOLONG, 400, "bad_request"}, {ELOOP, 400, "bad_request"},
+        {ENOKEY, 401, "unauthorized"},      {EACCES, 403, "forbidden"},
+        {EPERM, 403, "forbidden"},          {ENOENT, 404, "not_found"},
+        {ESRCH, 404, "not_found"},          {LB_E_IMAGE_NOT_FOUND, 404, "image_not_found"},
+        {EEXIST, 409, "conflict"},          {EBUSY, 409, "conflict"},
+        {EALREADY, 409, "conflict"},        {ESTALE, 410, "gone"},
+        {EFBIG, 413, "payload_too_large"},  {EMSGSIZE, 413, "payload_too_large"},
+        {EOPNOTSUPP, 422, "unenforceable"}, {EAGAIN, 429, "overloaded"},
+        {EUSERS, 429, "overloaded"},        {EREMOTEIO, 502, "provider_error"},
+        {ETIMEDOUT, 502, "provider_error"}, {ECONNREFUSED, 502, "provider_error"},
+        {ECHILD, 502, "provider_error"},    {ESHUTDOWN, 503, "draining"},
+        {ENOSPC, 503, "draining"},          {ENOSYS, 501, "not_implemented"},
+    };
+    const char *code;
+
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        code = NULL;
+        ck_assert_int_eq(lb_error_http_status(-want[i].errnum, &code), want[i].status);
+        ck_assert_str_eq(code, want[i].code);
+        ck_assert_int_eq(lb_error_http_status(-want[i].errnum, NULL), want[i].status);
+    }
+    /* no error, a positive code and errnos outside the table are 500 "internal" */
+    ck_assert_int_eq(lb_error_http_status(0, &code), 500);
+    ck_assert_str_eq(code, "internal");
+    ck_assert_int_eq(lb_error_http_status(EINVAL, &code), 500);
+    ck_assert_int_eq(lb_error_http_status(-ENOMEM, &code), 500);
+    ck_assert_str_eq(code, "internal");
+}
+END_TEST
+
 START_TEST(test_paths)
 {
     ck_assert(provider_path_is_valid("/"));
@@ -476,6 +515,7 @@ int main(void)
     tcase_add_test(tc, test_config);
     tcase_add_test(tc, test_fault_spec);
     tcase_add_test(tc, test_error_mapping);
+    tcase_add_test(tc, test_error_mapping_all);
     tcase_add_test(tc, test_paths);
     tcase_add_test(tc, test_listen_spec);
     tcase_add_test(tc, test_pool_bounded);
