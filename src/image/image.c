@@ -1060,6 +1060,7 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
     const char *root = NULL;
     struct stat st;
     int r, lock = -1, depth = 0;
+    bool host_based;
 
     if (!image_name_is_valid(name)) {
         r = lb_error_set(err, -EINVAL,
@@ -1077,22 +1078,28 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
     }
     for (size_t i = 0; i < sizeof(rnd); i++)
         snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-    if (bj && !flattened) {
+    /* a snapshot of a host sandbox (or of one seeded from such a snapshot) has no tree: its
+     * workspace is all of it */
+    host_based = !bj || (json_is_string(json_object_get(bj, "kind")) &&
+                         strcmp(json_string_value(json_object_get(bj, "kind")), "snapshot") == 0 &&
+                         !json_is_string(json_object_get(bj, "root")));
+    if (!host_based && !flattened) {
         root = json_string_value(json_object_get(bj, "root"));
         root = root ? root : base_hex;
         depth = (int)json_integer_value(json_object_get(bj, "depth")) + 1;
     }
-    info = json_pack(
-        "{s:s,s:s,s:s,s:s?,s:s?,s:s?,s:i,s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", "",
-        "kind", "snapshot", "base", base, "base_digest", base_hex[0] ? base_hex : NULL, "lower",
-        flattened ? NULL
-        : root    ? base_hex
-                  : NULL,
-        "root", flattened ? hex : root, "depth", depth, "source_sandbox_id", source_id,
-        "architecture", json_object_get(bj, "architecture"), "os", json_object_get(bj, "os"), "env",
-        json_object_get(bj, "env"), "working_dir", json_object_get(bj, "working_dir"), "user",
-        json_object_get(bj, "user"), "size_bytes", (json_int_t)tree_size(work), "created_at",
-        (json_int_t)time(NULL));
+    info = json_pack("{s:s,s:s,s:s,s:s?,s:s?,s:s?,s:i,s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}",
+                     "digest", "", "kind", "snapshot", "base", base, "base_digest",
+                     base_hex[0] ? base_hex : NULL, "lower", bj && !flattened ? base_hex : NULL,
+                     "root",
+                     host_based  ? NULL
+                     : flattened ? hex
+                                 : root,
+                     "depth", depth, "source_sandbox_id", source_id, "architecture",
+                     json_object_get(bj, "architecture"), "os", json_object_get(bj, "os"), "env",
+                     json_object_get(bj, "env"), "working_dir", json_object_get(bj, "working_dir"),
+                     "user", json_object_get(bj, "user"), "size_bytes", (json_int_t)tree_size(work),
+                     "created_at", (json_int_t)time(NULL));
     if (!info) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
@@ -1165,7 +1172,7 @@ int image_layers(const char *images_dir, const char *name, struct lb_image_layer
     }
     for (;;) {
         bool snap;
-        const char *lower, *base;
+        const char *lower;
 
         snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
         j = json_load_file(p, 0, NULL);
@@ -1174,11 +1181,10 @@ int image_layers(const char *images_dir, const char *name, struct lb_image_layer
         snap = json_is_string(json_object_get(j, "kind")) &&
                strcmp(json_string_value(json_object_get(j, "kind")), "snapshot") == 0;
         lower = json_string_value(json_object_get(j, "lower"));
-        base = json_string_value(json_object_get(j, "base"));
         if (snap && out->n == 0)
             snprintf(out->workspace, sizeof(out->workspace), "%s/" STORE "/sha256/%s/workspace",
                      images_dir, hex);
-        if (snap && !lower && base && strcmp(base, "host") == 0) {
+        if (snap && !json_is_string(json_object_get(j, "root"))) {
             out->host = true; /* only a workspace */
             json_decref(j);
             return 0;
