@@ -252,6 +252,12 @@ void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *c
 int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
                   struct lb_error *err);
 
+/* At start-up, after reconciliation: every snapshot a crash interrupted (store.h) is settled:
+ * its sandbox thawed (unless it was paused before the snapshot) and its record dropped. Its
+ * image is either named and complete or was never named; the image store's start-up clean-up
+ * removes its work dir. 0 or a negative errno. */
+int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err);
+
 /* The capabilities of the provider a running sandbox is on (a record read, no provider call).
  * -ENOENT (not running), -EREMOTEIO (its provider is not configured). */
 int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,

@@ -447,11 +447,14 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
     struct lb_image_info base_info, info;
     char work[4200] = "", created[32];
     const char *base, *digest;
+    struct lb_error end_err = {0};
+    enum lb_sandbox_status status;
     json_t *spec = NULL;
-    bool flatten = false;
+    bool flatten = false, recorded = false;
     int r;
 
     *out = NULL;
+    memset(&t, 0, sizeof(t));
     if (!image_name_is_valid(name))
         return lb_error_set(err, -EINVAL,
                             "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
@@ -484,6 +487,13 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
             goto out;
         flatten = base_info.depth + 1 > LB_IMAGE_DEPTH_MAX;
     }
+    /* recorded before the freeze: a crash from here on is finished or undone at start-up */
+    if (provider_status(t.prov, &t.ref, &status, NULL) < 0)
+        status = LB_STATUS_RUNNING;
+    r = store_snapshot_begin(l->store, name, id, status == LB_STATUS_PAUSED, err);
+    if (r < 0)
+        goto out;
+    recorded = true;
     r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
     if (r < 0)
         goto out;
@@ -502,7 +512,40 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
     if (!*out)
         r = lb_error_set(err, -ENOMEM, "out of memory");
 out:
+    if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
+        log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
     json_decref(spec);
     lend_target_release(&t);
     return r;
+}
+
+int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err)
+{
+    json_t *rows = NULL, *row;
+    size_t i;
+    int r = store_snapshots_pending(l->store, &rows, err);
+
+    if (r < 0)
+        return r;
+    json_array_foreach(rows, i, row) {
+        const char *name = json_string_value(json_object_get(row, "name"));
+        const char *id = json_string_value(json_object_get(row, "sandbox_id"));
+        struct lb_image_info info;
+        struct lend_target t;
+        struct lb_error e = {0};
+        bool named = l->cfg.images_dir && image_get(l->cfg.images_dir, name, &info, NULL) == 0;
+
+        memset(&t, 0, sizeof(t));
+        /* the capture froze the sandbox: thaw it, unless it was paused before */
+        if (!json_is_true(json_object_get(row, "was_paused")) &&
+            lend_target_load(l, id, &t, &e) == 0 && provider_resume(t.prov, &t.ref, &e) < 0)
+            log_warn("snapshot %s: cannot thaw sandbox %s: %s", name, id, e.message);
+        lend_target_release(&t);
+        log_info("snapshot %s of sandbox %s was interrupted: %s", name, id,
+                 named ? "its image was complete and is kept" : "nothing of it is kept");
+        if (store_snapshot_end(l->store, name, &e) < 0)
+            log_warn("snapshot %s: cannot forget its record: %s", name, e.message);
+    }
+    json_decref(rows);
+    return 0;
 }

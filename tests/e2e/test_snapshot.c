@@ -358,8 +358,7 @@ START_TEST(test_kill_during_snapshot)
     free(text);
     snapshot_ok(&K, a, "snap-kill");
     ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
-    release(&K, "rs-kill");
-    lbt_daemon_cleanup(&K);
+    release(&K, "rs-kill"); /* the fixture stops K */
 }
 END_TEST
 
