@@ -14,9 +14,10 @@
  *   sandbox or a snapshot stands on an image, 204 once nothing does
  * - bad input: invalid names 400, an existing image name 409, an unknown or released sandbox
  *   404, an operate token 403; every error is {"error":{"code","message"}}
- * - kill -9 of the daemon while a snapshot's copy runs (fault snapshot.frozen=delay), then a
- *   restart: no snapshot is named, no work dir is left under .store/tmp, and the sandbox runs
- *   again (thawed); a new snapshot of it succeeds
+ * - kill -9 of the daemon while a snapshot's copy runs (fault snapshot.frozen=delay) or with
+ *   its tree stored and not yet named (snapshot.publish=delay), then a restart: no snapshot is
+ *   named, no work dir is left under .store/tmp, no stored tree and no mount is added, and the
+ *   sandbox runs again (thawed); a new snapshot of it succeeds
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -312,31 +313,54 @@ static int count_entries(const char *dir)
     return n;
 }
 
-START_TEST(test_kill_during_snapshot)
+/* Mounts of this process's mount table under dir. */
+static int count_mounts_under(const char *dir)
 {
-    const char *const args[] = {"--set", "faults.spec=snapshot.frozen=delay:60000", NULL};
-    char a[LBT_ID_MAX], tmp[512], path[160], *text;
+    char line[8192], needle[512];
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    snprintf(needle, sizeof(needle), " %s/", dir);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* kill -9 of the daemon while a snapshot is held at the fault point, then a restart: nothing
+ * of the snapshot is visible or left (no name, no work dir, no stored tree, no mount), the
+ * sandbox runs (thawed), and a new snapshot of it succeeds. */
+static void kill_during(const char *point)
+{
+    char spec[128], a[LBT_ID_MAX], tmp[512], store[512], path[160], *text;
+    const char *const args[] = {"--set", spec, NULL};
+    int i, mounts, trees;
     struct lbt_async *job;
     struct lbt_resp r;
-    int i;
 
-    SKIP_UNLESS_SNAPSHOTS();
+    snprintf(spec, sizeof(spec), "faults.spec=%s=delay:60000", point);
     lbt_daemon_start(&K, args);
     seed(&K, "rs-kill", NULL, a, NULL);
     free(lbt_sh(&K, a, "echo kept > /workspace/f"));
     snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", K.state_dir);
+    snprintf(store, sizeof(store), "%s/images/.store/sha256", K.state_dir);
+    mounts = count_mounts_under(K.state_dir);
+    trees = count_entries(store);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", a);
     job = lbt_async_json(&K, "POST", path, "", "{\"name\": \"snap-kill\"}");
-    /* the copy's work dir made, the sandbox frozen: the fault holds it there */
+    /* held at the point: frozen with the work dir made, or the tree stored and not named */
     snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
     for (i = 0; i < 400; i++) {
-        bool frozen;
+        bool there;
 
         lbt_json(&K, "GET", path, "", NULL, &r);
-        frozen = r.status == 200 && str(r.json, "status") &&
-                 strcmp(str(r.json, "status"), "paused") == 0;
+        there = strcmp(point, "snapshot.frozen") == 0
+                    ? r.status == 200 && str(r.json, "status") &&
+                          strcmp(str(r.json, "status"), "paused") == 0 && count_entries(tmp) > 0
+                    : count_entries(store) > (trees > 0 ? trees : 0);
         lbt_resp_free(&r);
-        if (frozen && count_entries(tmp) > 0)
+        if (there)
             break;
         lbt_sleep_ms(50);
     }
@@ -347,7 +371,9 @@ START_TEST(test_kill_during_snapshot)
     lbt_resp_free(&r);
 
     lbt_daemon_restart(&K, NULL);
-    ck_assert_int_eq(count_entries(tmp), 0); /* no work dir left */
+    ck_assert_int_eq(count_entries(tmp), 0);                   /* no work dir */
+    ck_assert_int_eq(count_entries(store), trees);             /* no stored tree */
+    ck_assert_int_eq(count_mounts_under(K.state_dir), mounts); /* the sandbox's own only */
     ck_assert_ptr_null(image_entry(&K, "snap-kill"));
     lbt_json(&K, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
@@ -359,6 +385,19 @@ START_TEST(test_kill_during_snapshot)
     snapshot_ok(&K, a, "snap-kill");
     ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
     release(&K, "rs-kill"); /* the fixture stops K */
+}
+
+START_TEST(test_kill_while_frozen)
+{
+    SKIP_UNLESS_SNAPSHOTS();
+    kill_during("snapshot.frozen");
+}
+END_TEST
+
+START_TEST(test_kill_before_naming)
+{
+    SKIP_UNLESS_SNAPSHOTS();
+    kill_during("snapshot.publish");
 }
 END_TEST
 
@@ -377,7 +416,8 @@ int main(void)
     tc = tcase_create("crash");
     lbt_test_daemon_cleanup(tc, &K);
     tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_kill_during_snapshot);
+    tcase_add_test(tc, test_kill_while_frozen);
+    tcase_add_test(tc, test_kill_before_naming);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
