@@ -10,6 +10,7 @@
  *   (one manifest, compared byte for byte), the xattr, the deleted file absent and /tmp empty;
  *   the source keeps running
  * - clones of one snapshot are isolated from each other and from their parent
+ * - a chain of five snapshots: the fifth is flattened and needs none below it (image variant)
  * - a snapshot of a snapshot-based sandbox stacks; DELETE /v1/images answers 409 while a live
  *   sandbox or a snapshot stands on an image, 204 once nothing does
  * - bad input: invalid names 400, an existing image name 409, an unknown or released sandbox
@@ -250,6 +251,45 @@ START_TEST(test_stack_and_delete)
 }
 END_TEST
 
+/* Past LB_IMAGE_DEPTH_MAX (4) layers a snapshot is flattened: the fifth of a chain holds the
+ * whole root, seeds like the others, and stands on nothing (its base can be removed). */
+START_TEST(test_flatten_past_depth)
+{
+    char sbx[LBT_ID_MAX], rsid[32], name[32], extra[64], cmd[128], *text;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    LBT_SKIP_ON_VARIANT("host", "a host sandbox's snapshot is its workdir only: no layers");
+    LBT_SKIP_ON_VARIANT("pool", "a host sandbox's snapshot is its workdir only: no layers");
+    for (int i = 1; i <= 5; i++) {
+        snprintf(rsid, sizeof(rsid), "rs-fl-%d", i);
+        if (i == 1)
+            extra[0] = '\0';
+        else
+            snprintf(extra, sizeof(extra), "\"image\": \"snap-fl%d\"", i - 1);
+        seed(&D, rsid, extra[0] ? extra : NULL, sbx, NULL);
+        snprintf(cmd, sizeof(cmd),
+                 "set -e; mkdir -p /opt; echo %d > /opt/layer%d; echo %d > /workspace/w%d", i, i, i,
+                 i);
+        free(lbt_sh(&D, sbx, cmd));
+        if (i == 3)
+            free(lbt_sh(&D, sbx, "rm /opt/layer1 /workspace/w1"));
+        snprintf(name, sizeof(name), "snap-fl%d", i);
+        snapshot_ok(&D, sbx, name);
+        release(&D, rsid);
+    }
+    seed(&D, "rs-fl-top", "\"image\": \"snap-fl5\"", sbx, NULL);
+    text = lbt_sh(&D, sbx, "cat /opt/layer*; ls /workspace; test ! -e /opt/layer1 && echo gone");
+    ck_assert_str_eq(text, "2\n3\n4\n5\nw2\nw3\nw4\nw5\ngone\n");
+    free(text);
+    release(&D, "rs-fl-top");
+    ck_assert_int_eq(delete_image(&D, "snap-fl4", NULL), 204); /* the flat one needs it not */
+    ck_assert_int_eq(delete_image(&D, "snap-fl3", NULL), 204);
+    ck_assert_int_eq(delete_image(&D, "snap-fl5", NULL), 204);
+    ck_assert_int_eq(delete_image(&D, "snap-fl2", NULL), 204);
+    ck_assert_int_eq(delete_image(&D, "snap-fl1", NULL), 204);
+}
+END_TEST
+
 START_TEST(test_bad_input)
 {
     static const char *const bad[] = {"{\"name\": \"bad/name\"}",
@@ -411,6 +451,7 @@ int main(void)
     tcase_add_test(tc, test_round_trip);
     tcase_add_test(tc, test_clones_isolated);
     tcase_add_test(tc, test_stack_and_delete);
+    tcase_add_test(tc, test_flatten_past_depth);
     tcase_add_test(tc, test_bad_input);
     suite_add_tcase(s, tc);
     tc = tcase_create("crash");
