@@ -1134,8 +1134,6 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
     r = fault_hit("snapshot.publish", 0, err);
     if (r == 0)
         r = link_name(images_dir, name, hex, err);
-    if (r == 0)
-        r = read_info(images_dir, name, hex, &(struct lb_image_info){0}, err);
     if (r == 0 && out)
         r = read_info(images_dir, name, hex, out, err);
     if (r < 0) {

@@ -7,7 +7,10 @@
  *   .store/sha256/<hex>/rootfs/   the unpacked root tree, owned as the image says (root-owned)
  *   .store/sha256/<hex>/image.json {"digest","architecture","os","env","working_dir",
  *                                   "size_bytes","created_at"}
- *   .store/tmp/                   imports in progress; never visible under a name
+ *   .store/tmp/                   imports and snapshots in progress; never visible under a name
+ * A snapshot (see "snapshots" below) is an entry too: its rootfs is a layer over the entry its
+ * image.json names as lower, beside a workspace/ dir (docs/architecture.md, "Snapshots on
+ * disk").
  * Because a name is a directory (through its symlink), the provider's plain-directory images
  * (a tree placed under images_dir by hand) and imported images are named the same way.
  *

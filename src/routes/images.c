@@ -2,8 +2,10 @@
  * images.c - the image store over HTTP (admin): GET /v1/images, DELETE /v1/images/NAME and
  * POST /v1/images?name=NAME, whose body (a docker-save or OCI archive) streams into a
  * temporary file in the store (.store/tmp, removed at the daemon's start if a crash left it)
- * and is imported on a pool worker. Imports and removals run one at a time (serial key
- * "images"), and each ends with a garbage collection of the digests nothing uses any more.
+ * and is imported on a pool worker; POST /v1/sandboxes/{id}/snapshot, which makes an image of a
+ * running sandbox (lend_snapshot). Imports, removals and snapshots run one at a time (serial key
+ * "images"); imports and removals end with a garbage collection of the digests nothing uses any
+ * more.
  */
 #include <errno.h>
 #include <fcntl.h>
