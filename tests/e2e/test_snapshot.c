@@ -184,6 +184,14 @@ START_TEST(test_round_trip)
                       "gone");
         ck_assert_str_eq(text, "root-layer\nchanged\ngone\n");
         free(text);
+        /* a grader's trusted view (exclusive exec) is the snapshot's root, not its base's */
+        free(lbt_sh(&D, b, "echo agent > /opt/snap/f"));
+        e = lbt_exec_ok(&D, b, "",
+                        "{\"command\": \"cat /opt/snap/f; test ! -e /etc/hostname && echo "
+                        "gone\", \"exclusive\": true}");
+        ck_assert_int_eq(json_integer_value(json_object_get(e, "return_code")), 0);
+        ck_assert_str_eq(str(e, "stdout"), "root-layer\ngone\n");
+        json_decref(e);
     }
     free(before);
     free(after);
