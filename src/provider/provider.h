@@ -336,8 +336,8 @@ struct lb_provider_ops {
      * root layer into rootfs (the overlay upper dir as it is: whiteouts as 0:0 character
      * devices, opaque directories' trusted.overlay.opaque; with flatten its whole merged root
      * instead) and its workdir's contents into workspace, with symlinks, modes, owners
-     * (shifted to the sandbox's own ids, 0..65535), timestamps and xattrs kept; hard links
-     * become copies, sockets are left out. /tmp, /run, /dev/shm, /proc and processes are not
+     * (shifted to the sandbox's own ids, 0..65535), timestamps, xattrs and hard links
+     * (within rootfs, within workspace) kept. /tmp, /run, /dev/shm, /proc and processes are not
      * captured. A sandbox without an image ("host") captures only its workdir. The sandbox's
      * processes are frozen for the copy and thawed after it (a sandbox that was paused stays
      * paused). Blocks for the copy (seconds for hundreds of MiB). -ENOENT if the sandbox is
