@@ -17,6 +17,7 @@
 #include <string.h>
 #include <linux/openat2.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -532,6 +533,16 @@ static int read_info(const char *images_dir, const char *name, const char *hex,
     snprintf(out->digest, sizeof(out->digest), "sha256:%s", hex);
     out->size_bytes = json_integer_value(json_object_get(j, "size_bytes"));
     out->created_at = json_integer_value(json_object_get(j, "created_at"));
+    out->snapshot = json_is_string(json_object_get(j, "kind")) &&
+                    strcmp(json_string_value(json_object_get(j, "kind")), "snapshot") == 0;
+    if (out->snapshot) {
+        const char *base = json_string_value(json_object_get(j, "base"));
+        const char *src = json_string_value(json_object_get(j, "source_sandbox_id"));
+
+        snprintf(out->base, sizeof(out->base), "%s", base ? base : "");
+        snprintf(out->source_sandbox_id, sizeof(out->source_sandbox_id), "%s", src ? src : "");
+        out->depth = (int)json_integer_value(json_object_get(j, "depth"));
+    }
     json_decref(j);
     return 0;
 }
@@ -813,10 +824,14 @@ int image_resolve_user(const char *images_dir, const char *name, char **user_out
     if (r < 0)
         return r;
     snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
-    snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir, hex);
     j = json_load_file(p, 0, &je);
     if (!j)
         return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    /* a snapshot's users are its base tree's (a layer may lack /etc/passwd) */
+    snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir,
+             json_is_string(json_object_get(j, "root"))
+                 ? json_string_value(json_object_get(j, "root"))
+                 : hex);
     user = json_string_value(json_object_get(j, "user"));
     if (!user || !*user) {
         json_decref(j);
@@ -890,8 +905,63 @@ static bool hex_is_named(const char *images_dir, const char *hex)
     return named;
 }
 
+/* The lower (hex) an entry's image.json names, into lower (65 bytes): 0, or -ENOENT when it
+ * names none (an image, a flat snapshot). */
+static int entry_lower(const char *images_dir, const char *hex, char lower[65])
+{
+    char p[IMAGE_PATH_MAX + 128];
+    const char *l;
+    json_t *j;
+    int r = -ENOENT;
+
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%.64s/image.json", images_dir, hex);
+    j = json_load_file(p, 0, NULL);
+    l = json_string_value(json_object_get(j, "lower"));
+    if (l && strlen(l) == 64) {
+        memcpy(lower, l, 65);
+        r = 0;
+    }
+    json_decref(j);
+    return r;
+}
+
+/* Does some stored entry (named or not) stack on hex? */
+static bool hex_is_lower(const char *images_dir, const char *hex)
+{
+    char dir[IMAGE_PATH_MAX], lower[65];
+    struct dirent *de;
+    bool found = false;
+    DIR *d;
+
+    snprintf(dir, sizeof(dir), "%s/" STORE "/sha256", images_dir);
+    d = opendir(dir);
+    if (!d)
+        return true; /* cannot tell: keep it */
+    while (!found && (de = readdir(d)))
+        found = strlen(de->d_name) == 64 && entry_lower(images_dir, de->d_name, lower) == 0 &&
+                strcmp(lower, hex) == 0;
+    closedir(d);
+    return found;
+}
+
+static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
+                   struct lb_error *err);
+
 int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
              struct lb_error *err)
+{
+    int total = 0, r;
+
+    /* a removed snapshot frees the entry below it for the next pass */
+    do {
+        r = gc_pass(images_dir, in_use, ctx, err);
+        total += r > 0 ? r : 0;
+    } while (r > 0);
+    return r < 0 ? r : total;
+}
+
+static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
+                   struct lb_error *err)
 {
     char dir[IMAGE_PATH_MAX], p[IMAGE_PATH_MAX + 128], gone[IMAGE_PATH_MAX + 128];
     char digest[LB_IMAGE_DIGEST_MAX];
@@ -913,7 +983,7 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
         if (!is_sha256_digest(digest) || strlen(de->d_name) != 64)
             continue;
         if (hex_is_named(images_dir, de->d_name) || tree_is_mounted(de->d_name) ||
-            (in_use && in_use(ctx, digest)))
+            hex_is_lower(images_dir, de->d_name) || (in_use && in_use(ctx, digest)))
             continue;
         /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
         snprintf(p, sizeof(p), "%s/%.64s", dir, de->d_name);
@@ -930,4 +1000,233 @@ int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *diges
     closedir(d);
     close(lock);
     return r < 0 ? r : removed;
+}
+
+/* ---- snapshots ---- */
+
+int image_snapshot_prepare(const char *images_dir, char *work_out, size_t size,
+                           struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 32];
+    int r = image_store_init(images_dir, err);
+
+    if (r < 0)
+        return r;
+    if (snprintf(work_out, size, "%s/" STORE "/tmp/snap-XXXXXX", images_dir) >= (int)size)
+        return lb_error_set(err, -ENAMETOOLONG, "images dir path is too long");
+    if (!mkdtemp(work_out))
+        return lb_error_set(err, -errno, "cannot make '%s': %s", work_out, strerror(errno));
+    snprintf(p, sizeof(p), "%s/rootfs", work_out);
+    r = mkdir_mode(p, 0755);
+    snprintf(p, sizeof(p), "%s/workspace", work_out);
+    if (r == 0)
+        r = mkdir_mode(p, 0755);
+    if (r < 0) {
+        image_snapshot_discard(work_out);
+        return lb_error_set(err, r, "cannot make the snapshot's work dir: %s", strerror(-r));
+    }
+    return 0;
+}
+
+void image_snapshot_discard(const char *work)
+{
+    if (work && *work && remove_tree(work) < 0)
+        log_warn("image store: cannot remove '%s': %s", work, strerror(errno));
+}
+
+/* The base's image.json (NULL for "host") and its hex into base_hex. */
+static int load_base(const char *images_dir, const char *base, char base_hex[65], json_t **out,
+                     struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 128];
+    int r;
+
+    *out = NULL;
+    base_hex[0] = '\0';
+    if (strcmp(base, "host") == 0)
+        return 0;
+    r = find_hex(images_dir, base, base_hex, err);
+    if (r < 0)
+        return r;
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, base_hex);
+    *out = json_load_file(p, 0, NULL);
+    if (!*out)
+        return lb_error_set(err, -ENOENT, "image '%s' has no readable image.json", base);
+    return 0;
+}
+
+int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
+                           const char *base, const char *source_id, bool flattened,
+                           struct lb_image_info *out, struct lb_error *err)
+{
+    char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
+    unsigned char rnd[32];
+    json_t *bj = NULL, *info = NULL;
+    const char *root = NULL;
+    struct stat st;
+    int r, lock = -1, depth = 0;
+    bool host_based;
+
+    if (!image_name_is_valid(name)) {
+        r = lb_error_set(err, -EINVAL,
+                         "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
+                         "%d bytes, not 'host')",
+                         name ? name : "", LB_IMAGE_NAME_MAX);
+        goto out;
+    }
+    r = load_base(images_dir, base, base_hex, &bj, err);
+    if (r < 0)
+        goto out;
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        r = lb_error_set(err, -EIO, "cannot draw the snapshot's id: %s", strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+    /* a snapshot of a host sandbox (or of one seeded from such a snapshot) has no tree: its
+     * workspace is all of it */
+    host_based = !bj || (json_is_string(json_object_get(bj, "kind")) &&
+                         strcmp(json_string_value(json_object_get(bj, "kind")), "snapshot") == 0 &&
+                         !json_is_string(json_object_get(bj, "root")));
+    if (!host_based && !flattened) {
+        root = json_string_value(json_object_get(bj, "root"));
+        root = root ? root : base_hex;
+        depth = (int)json_integer_value(json_object_get(bj, "depth")) + 1;
+    }
+    info = json_pack("{s:s,s:s,s:s,s:s?,s:s?,s:s?,s:i,s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}",
+                     "digest", "", "kind", "snapshot", "base", base, "base_digest",
+                     base_hex[0] ? base_hex : NULL, "lower", bj && !flattened ? base_hex : NULL,
+                     "root",
+                     host_based  ? NULL
+                     : flattened ? hex
+                                 : root,
+                     "depth", depth, "source_sandbox_id", source_id, "architecture",
+                     json_object_get(bj, "architecture"), "os", json_object_get(bj, "os"), "env",
+                     json_object_get(bj, "env"), "working_dir", json_object_get(bj, "working_dir"),
+                     "user", json_object_get(bj, "user"), "size_bytes", (json_int_t)tree_size(work),
+                     "created_at", (json_int_t)time(NULL));
+    if (!info) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(p, sizeof(p), "sha256:%s", hex);
+    json_object_set_new(info, "digest", json_string(p));
+    snprintf(p, sizeof(p), "%s/image.json", work);
+    if (json_dump_file(info, p, JSON_COMPACT) < 0) {
+        r = lb_error_set(err, -EIO, "cannot write '%s'", p);
+        goto out;
+    }
+    lock = store_lock(images_dir);
+    if (lock < 0) {
+        r = lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
+        goto out;
+    }
+    snprintf(p, sizeof(p), "%s/%s", images_dir, name);
+    if (lstat(p, &st) == 0) {
+        r = lb_error_set(err, -EEXIST, "an image named '%s' exists", name);
+        goto out;
+    }
+    if (base_hex[0] && name_hex(images_dir, base, p) == 0 && strcmp(p, base_hex) != 0) {
+        r = lb_error_set(err, -ENOENT, "image '%s' changed during the snapshot", base);
+        goto out;
+    }
+    snprintf(stored, sizeof(stored), "%s/" STORE "/sha256/%s", images_dir, hex);
+    if (rename(work, stored) < 0) {
+        r = lb_error_set(err, -errno, "cannot store the snapshot: %s", strerror(errno));
+        goto out;
+    }
+    /* tests: a crash (delay + kill -9) with the tree stored and not yet named */
+    r = fault_hit("snapshot.publish", 0, err);
+    if (r == 0)
+        r = link_name(images_dir, name, hex, err);
+    if (r == 0 && out)
+        r = read_info(images_dir, name, hex, out, err);
+    if (r < 0) {
+        snprintf(p, sizeof(p), "%s/%s", images_dir, name);
+        (void)unlink(p);
+        (void)remove_tree(stored);
+        goto out;
+    }
+    log_info("image store: snapshot %s -> sha256:%s (base %s%s)", name, hex, base,
+             flattened ? ", flattened" : "");
+out:
+    if (lock >= 0)
+        close(lock);
+    json_decref(info);
+    json_decref(bj);
+    if (r < 0)
+        image_snapshot_discard(work);
+    return r;
+}
+
+int image_layers(const char *images_dir, const char *name, struct lb_image_layers *out,
+                 struct lb_error *err)
+{
+    char hex[65], next[65], p[IMAGE_PATH_MAX + 128];
+    json_t *j;
+    int r;
+
+    memset(out, 0, sizeof(*out));
+    r = find_hex(images_dir, name, hex, NULL);
+    if (r < 0) { /* a plain directory placed by hand: its one tree */
+        snprintf(out->paths[0], sizeof(out->paths[0]), "%s/%s", images_dir, name);
+        out->n = 1;
+        return 0;
+    }
+    for (;;) {
+        bool snap;
+        const char *lower;
+
+        snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+        j = json_load_file(p, 0, NULL);
+        if (!j)
+            return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s'", name, p);
+        snap = json_is_string(json_object_get(j, "kind")) &&
+               strcmp(json_string_value(json_object_get(j, "kind")), "snapshot") == 0;
+        lower = json_string_value(json_object_get(j, "lower"));
+        if (snap && out->n == 0)
+            snprintf(out->workspace, sizeof(out->workspace), "%s/" STORE "/sha256/%s/workspace",
+                     images_dir, hex);
+        if (snap && !json_is_string(json_object_get(j, "root"))) {
+            out->host = true; /* only a workspace */
+            json_decref(j);
+            return 0;
+        }
+        if (out->n > LB_IMAGE_DEPTH_MAX) {
+            json_decref(j);
+            return lb_error_set(err, -ENOENT, "image '%s' stacks too many layers", name);
+        }
+        snprintf(out->paths[out->n++], sizeof(out->paths[0]), "%s/" STORE "/sha256/%s/rootfs",
+                 images_dir, hex);
+        r = snap && lower && strlen(lower) == 64 ? 1 : 0;
+        if (r)
+            memcpy(next, lower, 65);
+        json_decref(j);
+        if (!r)
+            return 0;
+        memcpy(hex, next, 65);
+    }
+}
+
+int image_count_dependents(const char *images_dir, const char *name, int64_t *out,
+                           struct lb_error *err)
+{
+    char hex[65], other[65], lower[65];
+    struct dirent *de;
+    DIR *d;
+    int r;
+
+    *out = 0;
+    r = find_hex(images_dir, name, hex, err);
+    if (r < 0)
+        return r;
+    d = opendir(images_dir);
+    if (!d)
+        return lb_error_set(err, -errno, "cannot read '%s': %s", images_dir, strerror(errno));
+    while ((de = readdir(d)))
+        if (image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
+            entry_lower(images_dir, other, lower) == 0 && strcmp(lower, hex) == 0)
+            (*out)++;
+    closedir(d);
+    return 0;
 }

@@ -7,7 +7,10 @@
  *   .store/sha256/<hex>/rootfs/   the unpacked root tree, owned as the image says (root-owned)
  *   .store/sha256/<hex>/image.json {"digest","architecture","os","env","working_dir",
  *                                   "size_bytes","created_at"}
- *   .store/tmp/                   imports in progress; never visible under a name
+ *   .store/tmp/                   imports and snapshots in progress; never visible under a name
+ * A snapshot (see "snapshots" below) is an entry too: its rootfs is a layer over the entry its
+ * image.json names as lower, beside a workspace/ dir (docs/architecture.md, "Snapshots on
+ * disk").
  * Because a name is a directory (through its symlink), the provider's plain-directory images
  * (a tree placed under images_dir by hand) and imported images are named the same way.
  *
@@ -39,11 +42,29 @@
 #define LB_IMAGE_NAME_MAX 128
 #define LB_IMAGE_DIGEST_MAX 72 /* "sha256:" + 64 hex + NUL */
 
+/* A snapshot stacks at most this many layers above its base image's tree; a snapshot of a
+ * sandbox whose image already has that many is flattened (its whole merged root is stored). */
+#define LB_IMAGE_DEPTH_MAX 4
+#define LB_IMAGE_SOURCE_MAX 64
+
 struct lb_image_info {
     char name[LB_IMAGE_NAME_MAX + 1];
     char digest[LB_IMAGE_DIGEST_MAX];
-    int64_t size_bytes; /* total of the regular files' sizes in the root tree */
-    int64_t created_at; /* unix seconds of the unpack */
+    int64_t size_bytes; /* total of the regular files' sizes in the root tree (a snapshot: in
+                           its layer and workspace) */
+    int64_t created_at; /* unix seconds of the unpack (a snapshot: of its capture) */
+    bool snapshot;      /* kind "snapshot" (else "image") */
+    char base[LB_IMAGE_NAME_MAX + 1];            /* a snapshot's base image name, or "host" */
+    char source_sandbox_id[LB_IMAGE_SOURCE_MAX]; /* a snapshot's source sandbox */
+    int depth; /* layers above the bottom full tree: 0 for an image or a flat snapshot */
+};
+
+/* The trees a seed of an image stacks, top first (see image_layers). */
+struct lb_image_layers {
+    size_t n;                                 /* 0: a snapshot of "host" (no root tree) */
+    char paths[LB_IMAGE_DEPTH_MAX + 1][4200]; /* rootfs dirs; the last is a full tree */
+    char workspace[4200];                     /* the top snapshot's workspace dir, or "" */
+    bool host;                                /* the root is the host's (a host snapshot) */
 };
 
 /* true if name is usable as an image name: [A-Za-z0-9][A-Za-z0-9._-]*, at most
@@ -126,11 +147,49 @@ int image_write_lxd_tarball(const char *images_dir, const char *name, const char
  * other than linux. Returns a static string. Thread-safe. */
 const char *image_host_architecture(void);
 
+/* ---- snapshots (docs/architecture.md, "Snapshots on disk") ----
+ *
+ * A snapshot is made in three steps: image_snapshot_prepare makes a work dir under .store/tmp
+ * with empty rootfs/ and workspace/ (0755, root's) into which the provider captures; then
+ * image_snapshot_publish writes its image.json, renames it into .store/sha256/<random hex> and
+ * links the name, all under the store's lock; image_snapshot_discard removes a work dir that
+ * will not be published. A crash at any point leaves only .store/tmp (image_store_clean_tmp) or
+ * an unnamed tree (image_gc). */
+
+/* Make the work dir: *work_out (size bytes) gets its path. 0 or a negative errno. */
+int image_snapshot_prepare(const char *images_dir, char *work_out, size_t size,
+                           struct lb_error *err);
+
+/* Publish work as the snapshot name of a sandbox seeded from base ("host" or a stored image
+ * name) by source_id. flattened: work/rootfs holds a whole tree (stacks on nothing) rather
+ * than a layer over base. out (may be NULL) gets the new image's info. Consumes work (removed
+ * on failure too). Returns 0; -EINVAL (bad name); -EEXIST (the name exists: 409); -ENOENT
+ * (base is no stored image any more); or another negative errno. Thread-safe (store lock). */
+int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
+                           const char *base, const char *source_id, bool flattened,
+                           struct lb_image_info *out, struct lb_error *err);
+
+/* Remove a work dir of image_snapshot_prepare. */
+void image_snapshot_discard(const char *work);
+
+/* The trees a sandbox of image name mounts, top first: for an imported image (or a directory
+ * placed by hand) its one tree; for a snapshot its layer, each lower snapshot's layer, then the
+ * bottom full tree; for a snapshot of "host" none (out->host). out->workspace is the top
+ * snapshot's workspace ("" for an image). Returns 0, -ENOENT (no such image or a broken
+ * chain), or a negative errno. Thread-safe. */
+int image_layers(const char *images_dir, const char *name, struct lb_image_layers *out,
+                 struct lb_error *err);
+
+/* *out = how many named snapshots stack directly on the tree name points to (their lower).
+ * Returns 0 or a negative errno. */
+int image_count_dependents(const char *images_dir, const char *name, int64_t *out,
+                           struct lb_error *err);
+
 /* Garbage-collect the store: remove every stored digest that no name points to, that no mount
- * of this process's mount table shows, and for which in_use(ctx, "sha256:<hex>") (may be NULL)
- * is false (the caller answers from its records: a live sandbox's digest). Call it with no
- * import or removal running on images_dir. Returns the number of trees removed, or a negative
- * errno with err set (the others are still tried). */
+ * of this process's mount table shows, that no remaining entry's lower names, and for which
+ * in_use(ctx, "sha256:<hex>") (may be NULL) is false (the caller answers from its records: a live
+ * sandbox's digest). Call it with no import or removal running on images_dir. Returns the number of
+ * trees removed, or a negative errno with err set (the others are still tried). */
 int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
              struct lb_error *err);
 

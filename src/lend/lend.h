@@ -242,6 +242,22 @@ void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *c
 typedef void (*lb_lend_stopped_hook)(void *ctx, const char *sandbox_id);
 void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *ctx);
 
+/* Snapshot the lent sandbox id as the image name (image/image.h; the provider's snapshot op):
+ * *out gets {"name","digest","size_bytes","created_at","kind":"snapshot","base",
+ * "source_sandbox_id"} (the caller's). The sandbox keeps running. Errors: -EINVAL (bad name),
+ * -EEXIST (an image of that name exists, or the sandbox's image was renamed to another tree
+ * since its seed), -ENOENT (no such running sandbox), -ENOSYS (the provider has no snapshots),
+ * -EREMOTEIO (the capture failed; nothing is named). Blocks for the copy. Callers run one
+ * snapshot at a time (the route's serial key "images"). */
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+                  struct lb_error *err);
+
+/* At start-up, after reconciliation: every snapshot a crash interrupted (store.h) is settled:
+ * its sandbox thawed (unless it was paused before the snapshot) and its record dropped. Its
+ * image is either named and complete or was never named; the image store's start-up clean-up
+ * removes its work dir. 0 or a negative errno. */
+int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err);
+
 /* The capabilities of the provider a running sandbox is on (a record read, no provider call).
  * -ENOENT (not running), -EREMOTEIO (its provider is not configured). */
 int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "image/image.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/metrics.h"
@@ -430,4 +431,115 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
         r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
     lend_target_release(&t);
     return r;
+}
+
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+                  struct lb_error *err)
+{
+    struct lend_target t;
+    struct lb_provider_caps caps;
+    struct lb_image_info base_info, info;
+    char work[4200] = "", created[32];
+    const char *base, *digest;
+    struct lb_error end_err = {0};
+    enum lb_sandbox_status status;
+    json_t *spec = NULL;
+    bool flatten = false, recorded = false;
+    int r;
+
+    *out = NULL;
+    memset(&t, 0, sizeof(t));
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -EINVAL,
+                            "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
+                            "%d bytes, not 'host')",
+                            name ? name : "", LB_IMAGE_NAME_MAX);
+    r = lend_target_load(l, id, &t, err);
+    if (r < 0)
+        goto out;
+    provider_caps(t.prov, &caps);
+    if (!caps.snapshot || !l->cfg.images_dir) {
+        r = lb_error_set(err, -ENOSYS, "the %s provider cannot snapshot sandboxes",
+                         t.prov->ops->name);
+        goto out;
+    }
+    if (image_get(l->cfg.images_dir, name, &info, NULL) == 0) {
+        r = lb_error_set(err, -EEXIST, "an image named '%s' exists", name);
+        goto out;
+    }
+    base = lend_spec_string(&t.rec, "image", "host", &spec);
+    digest = json_string_value(json_object_get(spec, "image_digest"));
+    if (strcmp(base, "host") != 0) {
+        /* the layer is a difference to the tree the sandbox was seeded from */
+        r = image_get(l->cfg.images_dir, base, &base_info, err);
+        if (r == 0 && digest && strcmp(digest, base_info.digest) != 0)
+            r = lb_error_set(err, -EEXIST,
+                             "image '%s' names another tree than the one sandbox %s was seeded "
+                             "from; cannot stack a snapshot on it",
+                             base, id);
+        if (r < 0)
+            goto out;
+        flatten = base_info.depth + 1 > LB_IMAGE_DEPTH_MAX;
+    }
+    /* recorded before the freeze: a crash from here on is finished or undone at start-up */
+    if (provider_status(t.prov, &t.ref, &status, NULL) < 0)
+        status = LB_STATUS_RUNNING;
+    r = store_snapshot_begin(l->store, name, id, status == LB_STATUS_PAUSED, err);
+    if (r < 0)
+        goto out;
+    recorded = true;
+    r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
+    if (r < 0)
+        goto out;
+    r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
+    if (r < 0) {
+        image_snapshot_discard(work);
+        goto out;
+    }
+    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, &info, err);
+    if (r < 0)
+        goto out;
+    clock_format_rfc3339(info.created_at, created, sizeof(created));
+    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "name", info.name, "digest", info.digest,
+                     "size_bytes", (json_int_t)info.size_bytes, "created_at", created, "kind",
+                     "snapshot", "base", info.base, "source_sandbox_id", id);
+    if (!*out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+out:
+    if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
+        log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
+    json_decref(spec);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err)
+{
+    json_t *rows = NULL, *row;
+    size_t i;
+    int r = store_snapshots_pending(l->store, &rows, err);
+
+    if (r < 0)
+        return r;
+    json_array_foreach(rows, i, row) {
+        const char *name = json_string_value(json_object_get(row, "name"));
+        const char *id = json_string_value(json_object_get(row, "sandbox_id"));
+        struct lb_image_info info;
+        struct lend_target t;
+        struct lb_error e = {0};
+        bool named = l->cfg.images_dir && image_get(l->cfg.images_dir, name, &info, NULL) == 0;
+
+        memset(&t, 0, sizeof(t));
+        /* the capture froze the sandbox: thaw it, unless it was paused before */
+        if (!json_is_true(json_object_get(row, "was_paused")) &&
+            lend_target_load(l, id, &t, &e) == 0 && provider_resume(t.prov, &t.ref, &e) < 0)
+            log_warn("snapshot %s: cannot thaw sandbox %s: %s", name, id, e.message);
+        lend_target_release(&t);
+        log_info("snapshot %s of sandbox %s was interrupted: %s", name, id,
+                 named ? "its image was complete and is kept" : "nothing of it is kept");
+        if (store_snapshot_end(l->store, name, &e) < 0)
+            log_warn("snapshot %s: cannot forget its record: %s", name, e.message);
+    }
+    json_decref(rows);
+    return 0;
 }

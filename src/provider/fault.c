@@ -147,6 +147,14 @@ static void fault_caps(struct lb_provider *p, struct lb_provider_caps *out)
     provider_caps(INNER(p), out);
 }
 
+static int fault_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                          bool flatten, struct lb_error *err)
+{
+    int r = fault_point(p, "snapshot", 0, err);
+
+    return r < 0 ? fault_as_provider(r, err) : provider_snapshot(INNER(p), ref, dest, flatten, err);
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
     if (((struct fault_provider *)p)->owns_inner)
@@ -195,6 +203,7 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .endpoint = fault_endpoint,
         .oom_kills = fault_oom_kills,
         .end_execs = fault_end_execs,
+        .snapshot = fault_snapshot,
         .destroy = fault_destroy,
     };
     f->base.ops = &f->ops;

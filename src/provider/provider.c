@@ -177,6 +177,14 @@ int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     return p->ops->oom_kills(p, ref, count, limit_bytes, err);
 }
 
+int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                      bool flatten, struct lb_error *err)
+{
+    if (!p || !p->ops->snapshot)
+        return no_op(p, "snapshot", err);
+    return p->ops->snapshot(p, ref, dest, flatten, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

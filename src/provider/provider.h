@@ -219,6 +219,8 @@ struct lb_provider_caps {
     const char *default_image; /* the image of a seed that names none, when this provider has
                                   its own (docker.default_image); NULL: lending.default_image.
                                   Owned by the provider. */
+    bool snapshot;             /* snapshot: capture a sandbox's file system as an image of the
+                                  daemon's image store; without it the route answers 501 */
     bool image_store;          /* runs the daemon's image store trees (images_dir) as they are:
                                   a seed records the image's User (an image whose User is not
                                   mapped in a sandbox is refused before anything is made) */
@@ -226,7 +228,7 @@ struct lb_provider_caps {
 
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
  * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
-#define LB_PROVIDER_OPS_VERSION 1u
+#define LB_PROVIDER_OPS_VERSION 2u
 
 struct lb_provider_ops {
     const char *name; /* "local", "docker", ... (what records store) */
@@ -329,6 +331,22 @@ struct lb_provider_ops {
      * how many execs were ended. May be NULL (nothing is ended). Thread-safe. */
     int (*end_execs)(struct lb_provider *p);
 
+    /* Capture the running sandbox's file system into dest, a directory the caller made (the
+     * image store's image_snapshot_prepare) holding empty rootfs/ and workspace/: its writable
+     * root layer into rootfs (the overlay upper dir as it is: whiteouts as 0:0 character
+     * devices, opaque directories' trusted.overlay.opaque; with flatten its whole merged root
+     * instead) and its workdir's contents into workspace, with symlinks, modes, owners
+     * (shifted to the sandbox's own ids, 0..65535), timestamps, xattrs and hard links
+     * (within rootfs, within workspace) kept. /tmp, /run, /dev/shm, /proc and processes are not
+     * captured. A sandbox without an image ("host") captures only its workdir. The sandbox's
+     * processes are frozen for the copy and thawed after it (a sandbox that was paused stays
+     * paused). Blocks for the copy (seconds for hundreds of MiB). -ENOENT if the sandbox is
+     * not running; -EREMOTEIO if its layer cannot be reached or copied (dest then holds a
+     * partial copy the caller discards). May be NULL (-ENOSYS). Thread-safe across sandboxes;
+     * the caller runs one snapshot per sandbox at a time. */
+    int (*snapshot)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                    bool flatten, struct lb_error *err);
+
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
 };
@@ -370,6 +388,8 @@ int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, i
 int provider_end_execs(struct lb_provider *p);
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err);
+int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                      bool flatten, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 /* The provider's capabilities into *out (zeroed when ops->caps is NULL). Thread-safe. */
 void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);

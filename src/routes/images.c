@@ -2,8 +2,10 @@
  * images.c - the image store over HTTP (admin): GET /v1/images, DELETE /v1/images/NAME and
  * POST /v1/images?name=NAME, whose body (a docker-save or OCI archive) streams into a
  * temporary file in the store (.store/tmp, removed at the daemon's start if a crash left it)
- * and is imported on a pool worker. Imports and removals run one at a time (serial key
- * "images"), and each ends with a garbage collection of the digests nothing uses any more.
+ * and is imported on a pool worker; POST /v1/sandboxes/{id}/snapshot, which makes an image of a
+ * running sandbox (lend_snapshot). Imports, removals and snapshots run one at a time (serial key
+ * "images"); imports and removals end with a garbage collection of the digests nothing uses any
+ * more.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "image/image.h"
+#include "lend/lend.h"
 #include "routes/routes.h"
 #include "store/store.h"
 #include "util/clock.h"
@@ -23,8 +26,10 @@ static json_t *image_json(const struct lb_image_info *info)
     char created[32];
 
     clock_format_rfc3339(info->created_at, created, sizeof(created));
-    return json_pack("{s:s,s:s,s:I,s:s}", "name", info->name, "digest", info->digest, "size_bytes",
-                     (json_int_t)info->size_bytes, "created_at", created);
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s?}", "name", info->name, "digest", info->digest,
+                     "size_bytes", (json_int_t)info->size_bytes, "created_at", created, "kind",
+                     info->snapshot ? "snapshot" : "image", "base",
+                     info->snapshot ? info->base : NULL);
 }
 
 /* image_gc's question: does a live sandbox record hold this digest? (errors: yes) */
@@ -90,6 +95,11 @@ static void image_delete_run(struct lb_request *req, void *arg)
         r = store_count_using_image(app->store, arg, &users, &err);
     if (r == 0 && users > 0)
         r = lb_error_set(&err, -EBUSY, "image '%s' is in use by %lld sandbox(es)",
+                         (const char *)arg, (long long)users);
+    if (r == 0)
+        r = image_count_dependents(app->images_dir, arg, &users, &err);
+    if (r == 0 && users > 0)
+        r = lb_error_set(&err, -EBUSY, "image '%s' is the base of %lld snapshot(s)",
                          (const char *)arg, (long long)users);
     if (r == 0)
         r = image_remove(app->images_dir, arg, &err);
@@ -232,4 +242,60 @@ int route_image_import(struct lb_request *req, struct lb_error *err)
     snprintf(j->name, sizeof(j->name), "%s", name);
     http_set_serial_key(req, "images"); /* imports and removals one at a time */
     return http_defer(req, import_open, j, import_job_release, err);
+}
+
+/* ---------- POST /v1/sandboxes/{id}/snapshot ---------- */
+
+struct snapshot_job {
+    char id[LB_ID_MAX];
+    char name[LB_IMAGE_NAME_MAX + 1];
+};
+
+static void snapshot_run(struct lb_request *req, void *arg)
+{
+    struct snapshot_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = lend_snapshot(app->lend, j->id, j->name, &out, &err);
+
+    if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
+    http_respond_json(req, 201, out);
+}
+
+int route_snapshot(struct lb_request *req, struct lb_error *err)
+{
+    const char *id = http_param(req, 0), *name;
+    json_t *body = NULL, *labels;
+    struct snapshot_job *j = NULL;
+    int r;
+
+    r = http_body_json(req, false, &body, err);
+    if (r < 0)
+        return r;
+    name = json_string_value(json_object_get(body, "name"));
+    labels = json_object_get(body, "labels");
+    if (!json_is_object(body) || !name || !image_name_is_valid(name))
+        r = lb_error_set(err, -EINVAL,
+                         "'name' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most %d "
+                         "bytes, not 'host')",
+                         LB_IMAGE_NAME_MAX);
+    else if (labels && !json_is_object(labels))
+        r = lb_error_set(err, -EINVAL, "'labels' must be an object");
+    else if (!id || strlen(id) >= LB_ID_MAX)
+        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    if (r == 0 && !(j = calloc(1, sizeof(*j))))
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    if (r < 0) {
+        json_decref(body);
+        return r;
+    }
+    snprintf(j->id, sizeof(j->id), "%s", id);
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    json_decref(body);
+    http_set_serial_key(req, "images"); /* with imports and removals: one at a time */
+    return http_defer(req, snapshot_run, j, free, err);
 }

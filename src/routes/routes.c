@@ -36,6 +36,7 @@ const struct lb_route lb_routes[] = {
     {"PUT", "/v1/sandboxes/*/files", LB_AUTH_SANDBOX, true, route_file_put, "file_put", false},
     {"GET", "/v1/sandboxes/*/files", LB_AUTH_SANDBOX, false, route_file_get, "file_get", false},
     {"POST", "/v1/sandboxes/*/pause", LB_AUTH_SANDBOX, false, route_pause, "pause", false},
+    {"POST", "/v1/sandboxes/*/snapshot", LB_AUTH_ADMIN, false, route_snapshot, "snapshot", false},
     {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, route_resume, "resume", false},
     {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, route_endpoint, "endpoints",
      false},

@@ -164,6 +164,8 @@ int route_execute(struct lb_request *req, struct lb_error *err);
 int route_close(struct lb_request *req, struct lb_error *err);
 int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sandboxes/{id}/snapshot {"name", "labels"?} (admin): 201 the new image */
+int route_snapshot(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
 /* pty.c: PTY sessions and detached execs */

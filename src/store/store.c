@@ -138,6 +138,15 @@ static const char *const migrations[] = {
     ACTIVATIONS_INDEXES_V2
     SANDBOXES_INDEXES_V1
     "CREATE INDEX sandboxes_warm ON sandboxes (pool_class, created_at) WHERE state = 'warm';",
+    /* 4: snapshots under way (src/store/store_snapshots.c): a row from before the capture
+     * until the image is named or discarded; one left at start-up was interrupted. */
+    "CREATE TABLE snapshots ("
+    "  name TEXT PRIMARY KEY,"
+    "  sandbox_id TEXT NOT NULL,"
+    "  state TEXT NOT NULL CHECK (state IN ('capturing')),"
+    "  was_paused INTEGER NOT NULL,"
+    "  created_at INTEGER NOT NULL"
+    ");",
 };
 /* clang-format on */
 

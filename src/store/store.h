@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "util/error.h"
 
 enum lb_record_state {
@@ -277,5 +279,21 @@ int store_activation_set_receipt(struct lb_store *st, const char *id, const char
 int store_activation_set_capture(struct lb_store *st, const char *id, const char *artifacts_json,
                                  const char *capture_error, const void *log, size_t log_len,
                                  int64_t output_log_bytes, struct lb_error *err);
+
+/* ---- snapshots under way (store_snapshots.c) ----
+ * A snapshot is recorded (state "capturing") before its sandbox is frozen and its capture
+ * starts, and forgotten once its image is named or its work discarded; a row found at start-up
+ * belongs to a capture a crash interrupted (the caller thaws the sandbox unless was_paused).
+ * Thread-safe. */
+
+/* Record the snapshot name of sandbox_id. 0, -EEXIST (a snapshot of that name is under way),
+ * or a negative errno. */
+int store_snapshot_begin(struct lb_store *st, const char *name, const char *sandbox_id,
+                         bool was_paused, struct lb_error *err);
+/* Forget it (none recorded is no error). 0 or a negative errno. */
+int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *err);
+/* Every recorded snapshot: *out a new JSON array of {"name","sandbox_id","was_paused"} the
+ * caller decrefs. 0 or a negative errno. */
+int store_snapshots_pending(struct lb_store *st, json_t **out, struct lb_error *err);
 
 #endif

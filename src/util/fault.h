@@ -13,6 +13,8 @@
  * right before the sandbox's init starts), userns.helper (a sandbox's user namespace: its helper
  * process is up, the id maps not yet written), userns.idmap_helper (the same for the
  * daemon-owned user namespace that idmaps an image's tree; never the sandbox's own),
+ * provider.snapshot, snapshot.frozen (a local snapshot: the sandbox frozen, its work dir made,
+ * the copy not started), snapshot.publish (a snapshot's tree stored, its name not yet linked),
  * host.keyrings (checked once at start: "fail" makes the daemon refuse itself the kernel
  * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000

@@ -139,11 +139,42 @@ START_TEST(test_open_close_reopen)
 }
 END_TEST
 
+/* A snapshot under way: recorded once per name, listed until it ends, ends once. */
+START_TEST(test_snapshot_records)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    json_t *rows = NULL;
+
+    ck_assert_int_eq(store_snapshot_begin(st, "snap-a", "sbx-1", false, &err), 0);
+    ck_assert_int_eq(store_snapshot_begin(st, "snap-b", "sbx-2", true, &err), 0);
+    ck_assert_int_eq(store_snapshot_begin(st, "snap-a", "sbx-3", false, &err), -EEXIST);
+    ck_assert_int_eq(store_snapshots_pending(st, &rows, &err), 0);
+    ck_assert_int_eq(json_array_size(rows), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *r = json_array_get(rows, i);
+        bool a = strcmp(json_string_value(json_object_get(r, "name")), "snap-a") == 0;
+
+        ck_assert_str_eq(json_string_value(json_object_get(r, "sandbox_id")),
+                         a ? "sbx-1" : "sbx-2");
+        ck_assert(json_is_true(json_object_get(r, "was_paused")) == !a);
+    }
+    json_decref(rows);
+    ck_assert_int_eq(store_snapshot_end(st, "snap-a", &err), 0);
+    ck_assert_int_eq(store_snapshot_end(st, "snap-a", &err), 0); /* none: no error */
+    ck_assert_int_eq(store_snapshots_pending(st, &rows, &err), 0);
+    ck_assert_int_eq(json_array_size(rows), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(rows, 0), "name")), "snap-b");
+    json_decref(rows);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
                              "'sandboxes_state', 'sandboxes_state_next_attempt', "
@@ -156,7 +187,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4);
 }
 END_TEST
 
@@ -991,7 +1022,7 @@ START_TEST(test_migration_3_keeps_records_and_activations)
 
     make_v2_database();
     st = open_store();
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 3);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4); /* 3, then the snapshots table */
     ck_assert_int_eq(store_get_sandbox(st, "sbx-old", &r, &err), 0);
     ck_assert_int_eq(r.state, LB_STATE_LENT);
     ck_assert_str_eq(r.rsid, "rs-old");
@@ -1171,6 +1202,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_state_names);
     tcase_add_test(tc, test_open_close_reopen);
     tcase_add_test(tc, test_migration_sets_user_version);
+    tcase_add_test(tc, test_snapshot_records);
     tcase_add_test(tc, test_too_new_schema_refused);
     tcase_add_test(tc, test_round_trip_every_field);
     tcase_add_test(tc, test_records_carry_provider);

@@ -48,6 +48,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "image/image.h"
 #include "util/buf.h"
 #include "util/clock.h"
 #include "util/fault.h"
@@ -694,24 +695,30 @@ out:
 
 /* Where the image's root tree is: "/" for host, else <images_dir>/<name>. */
 static int image_root(struct local_provider *lp, const char *image, char *buf, size_t size,
-                      struct lb_error *err)
+                      struct lb_image_layers *layers, struct lb_error *err)
 {
     struct stat st;
 
+    memset(layers, 0, sizeof(*layers));
     if (strcmp(image, "host") == 0) {
         snprintf(buf, size, "/");
+        layers->host = true;
         return 0;
     }
     if (!local_id_is_valid(image) || !lp->images_dir)
         return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     snprintf(buf, size, "%s/%s", lp->images_dir, image);
-    if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode))
+    if (stat(buf, &st) < 0 || !S_ISDIR(st.st_mode) ||
+        image_layers(lp->images_dir, image, layers, NULL) < 0 || layers->n > LOCAL_IMAGE_LAYERS_MAX)
         return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
+    if (layers->host) /* a snapshot of a host sandbox: the host's root, its workspace */
+        snprintf(buf, size, "/");
     return 0;
 }
 
-int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                 const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err)
+static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                          const struct lb_sandbox_spec *spec, struct lb_image_layers *layers,
+                          json_t **descriptor_out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
     const char *image = spec && spec->image ? spec->image : "host";
@@ -719,6 +726,8 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     struct lb_resources none = {0};
     const struct lb_resources *res = spec ? &spec->resources : &none;
     char root[4352], dir[4352], hosts[4352] = "", overlay[4400] = "", image_ws[4416] = "";
+    const char *bottom;
+    bool host_root;
     struct strv argv = {0};
     struct local_desc d;
     bool made_dir = false;
@@ -742,16 +751,19 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return lb_error_set(err, -EOPNOTSUPP,
                             "resources.disk_mib cannot be enforced: sandbox workdirs are plain "
                             "directories (local.storage = dir)");
-    r = image_root(lp, image, root, sizeof(root), err);
+    r = image_root(lp, image, root, sizeof(root), layers, err);
     if (r < 0)
         return r;
+    host_root = layers->host;
+    /* the bottom tree: the one an image's own files (/etc/hosts) are looked up in */
+    bottom = host_root ? root : layers->paths[layers->n - 1];
     /* where a grader's view finds the image again (exec.c), whatever the name points to
      * later */
-    if (strcmp(image, "host") != 0 && !realpath(root, d.image))
+    if (!host_root && !realpath(root, d.image))
         return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "unknown image '%s'", image);
     /* host's / is bound read-only, so bwrap cannot make a deeper workdir's mount point there
      * (a top-level one lives in bwrap's own root tmpfs; an image's root is writable) */
-    if (strcmp(image, "host") == 0 && !top_level_name(workdir)) {
+    if (host_root && !top_level_name(workdir)) {
         struct stat wst;
 
         if (stat(workdir, &wst) < 0 || !S_ISDIR(wst.st_mode))
@@ -770,7 +782,7 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         char etc_hosts[4400];
 
         /* the sandbox's names go over the image's /etc/hosts (a read-only bind needs it) */
-        snprintf(etc_hosts, sizeof(etc_hosts), "%s/etc/hosts", strcmp(root, "/") ? root : "");
+        snprintf(etc_hosts, sizeof(etc_hosts), "%s/etc/hosts", strcmp(bottom, "/") ? bottom : "");
         if (stat(etc_hosts, &hst) < 0 || !S_ISREG(hst.st_mode)) {
             local_net_free_slot(lp, &d.net);
             local_desc_release(&d);
@@ -828,18 +840,28 @@ int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto fail;
     /* a sandbox of an image: a writable copy-on-write root over the image, on a tmpfs of the
      * sandbox's disk size; host stays the host's / read-only */
-    if (strcmp(image, "host") != 0) {
+    if (!host_root || (layers->workspace[0] && lp->storage == LOCAL_STORAGE_TMPFS)) {
+        const char *paths[LOCAL_IMAGE_LAYERS_MAX];
         struct mount_sizes sizes;
 
+        for (size_t i = 0; i < layers->n; i++)
+            paths[i] = layers->paths[i];
         mount_sizes(lp, res, &sizes);
-        r = local_image_mount(dir, root, d.uid, sizes.root_mib, overlay, sizeof(overlay), err);
+        r = local_image_mount(dir, paths, layers->n, d.uid, sizes.root_mib, overlay,
+                              sizeof(overlay), err);
         if (r == 0) /* tests: a crash (delay + kill -9) with the root mounted, no init yet */
             r = fault_hit("image.mounted", 0, err);
         if (r < 0)
             goto fail;
-    }
-    if (overlay[0])
         local_image_workspace(dir, image_ws, sizeof(image_ws));
+    }
+    /* a snapshot's workdir, as it was captured, owned by this sandbox's ids, where the
+     * sandbox's workdir comes from (storage dir: its data directory) */
+    if (layers->workspace[0] &&
+        (r = local_tree_restore(layers->workspace,
+                                lp->storage == LOCAL_STORAGE_DIR ? d.data : image_ws, d.uid, err)) <
+            0)
+        goto fail;
     r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, image_ws[0] ? image_ws : NULL,
                    workdir, res, hosts, &argv, err);
     if (r < 0)
@@ -886,5 +908,19 @@ fail:
     }
     strv_free(&argv);
     local_desc_release(&d);
+    return r;
+}
+
+int local_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                 const struct lb_sandbox_spec *spec, json_t **descriptor_out, struct lb_error *err)
+{
+    struct lb_image_layers *layers = malloc(sizeof(*layers)); /* 25 KiB: not on the stack */
+    int r;
+
+    *descriptor_out = NULL;
+    if (!layers)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = create_sandbox(p, ref, spec, layers, descriptor_out, err);
+    free(layers);
     return r;
 }

@@ -14,6 +14,10 @@
  *                        without a copy or a chown
  *     root/              overlayfs lowerdir=lower, upperdir=upper, workdir=work; bwrap binds
  *                        it as the sandbox's /
+ *     layers/N/          a snapshot's trees (its layer, the layers below, the base image's
+ *                        tree), each cloned and idmapped as lower/ is; lower/ is then a
+ *                        read-only overlay of them instead of the one idmapped tree
+ * A seed from a snapshot of a host sandbox mounts the tmpfs for its workspace only.
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
  * copies are detached when the sandbox is destroyed, all three with one umount2(MNT_DETACH) of
  * <dir>/img (a lazy unmount takes the mounts below it along: one grace period of the kernel's
@@ -78,13 +82,15 @@ out:
     return r;
 }
 
-int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
-                      char *root_out, size_t size, struct lb_error *err)
+int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_t uid,
+                      int64_t upper_mib, char *root_out, size_t size, struct lb_error *err)
 {
     static const char *const subdirs[] = {"upper", "work", LOCAL_IMAGE_WORKSPACE, "lower", "root"};
     char img[4400], p[5][4416], opts[4416 * 3 + 64];
     int r;
 
+    if (root_out && size)
+        root_out[0] = '\0';
     snprintf(img, sizeof(img), "%s/" IMG_DIR, dir);
     if (mkdir(img, 0711) < 0 && errno != EEXIST)
         return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", img, strerror(errno));
@@ -96,12 +102,47 @@ int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_
         snprintf(p[i], sizeof(p[i]), "%s/%s", img, subdirs[i]);
         mode_t mode = i == 1 ? 0700 : 0755;
 
+        /* a host root has no lower/ (a grader's trusted view would take it for the image) */
+        if (n == 0 && i != 2)
+            continue;
+
         /* chmod too: the daemon's umask (077) would leave the sandbox's / (the upper dir's
          * mode) and workdir 0700, closed to every user but root */
         if (mkdir(p[i], mode) < 0 || chmod(p[i], mode) < 0 || (i < 3 && chown(p[i], uid, uid) < 0))
             return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
     }
-    r = mount_idmapped(image_root, p[3], uid, err);
+    if (n == 0) /* a host root: only the workspace lives here */
+        return 0;
+    if (n == 1) {
+        r = mount_idmapped(layers[0], p[3], uid, err);
+    } else { /* a snapshot: each layer idmapped, a read-only overlay of them as the lower */
+        char dirs[LOCAL_IMAGE_LAYERS_MAX][4440], lower[LOCAL_IMAGE_LAYERS_MAX * 4441 + 16];
+        size_t len = 0;
+
+        if (n > LOCAL_IMAGE_LAYERS_MAX)
+            return lb_error_set(err, -EINVAL, "too many image layers (%zu)", n);
+        snprintf(dirs[0], sizeof(dirs[0]), "%s/layers", img);
+        if (mkdir(dirs[0], 0700) < 0)
+            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dirs[0], strerror(errno));
+        len = (size_t)snprintf(lower, sizeof(lower), "lowerdir=");
+        for (size_t i = 0; i < n; i++) {
+            snprintf(dirs[i], sizeof(dirs[i]), "%s/layers/%zu", img, i);
+            if (mkdir(dirs[i], 0700) < 0)
+                return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", dirs[i],
+                                    strerror(errno));
+            r = mount_idmapped(layers[i], dirs[i], uid, err);
+            if (r < 0)
+                return r;
+            len +=
+                (size_t)snprintf(lower + len, sizeof(lower) - len, "%s%s", i ? ":" : "", dirs[i]);
+        }
+        if (len >= sizeof(lower) || len > 4000)
+            return lb_error_set(err, -ENAMETOOLONG, "the image's layers' paths are too long");
+        r = mount("overlay", p[3], "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, lower) < 0
+                ? lb_error_set(err, -EREMOTEIO, "cannot mount the snapshot's layers: %s",
+                               strerror(errno))
+                : 0;
+    }
     if (r < 0)
         return r;
     snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", p[3], p[0], p[1]);

@@ -231,6 +231,7 @@ static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .pty = true, /* lendbox-supervise --pty-launch with the session directory as pass fd */
         .exclusive = true,
         .trusted_view = true,
+        .snapshot = true,
         .image_store = true,
     };
 }
@@ -253,6 +254,7 @@ static const struct lb_provider_ops local_ops = {
     .list = local_list,
     .pause = local_pause,
     .resume = local_resume,
+    .snapshot = local_snapshot,
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,

@@ -270,14 +270,27 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out);
  * <dir>/img/root, whose path goes into root_out. On error err is set and what was mounted stays
  * for local_image_unmount. Not thread-safe for one dir; different dirs in parallel are fine.
  * Returns 0 or a negative errno. */
-int local_image_mount(const char *dir, const char *image_root, uid_t uid, int64_t upper_mib,
-                      char *root_out, size_t size, struct lb_error *err);
+#define LOCAL_IMAGE_LAYERS_MAX 8
+/* layers: n trees, top first (image_layers); n 1: the image's tree idmapped at lower/; n > 1: a
+ * snapshot's trees idmapped at layers/N and a read-only overlay of them at lower/; n 0: only
+ * the tmpfs and its workspace (a host root seeded from a snapshot; root_out gets ""). */
+int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_t uid,
+                      int64_t upper_mib, char *root_out, size_t size, struct lb_error *err);
 /* Detach (one lazy unmount) and remove whatever local_image_mount left under dir (none of it:
  * 0). Returns 0 or a negative errno. */
 int local_image_unmount(const char *dir, struct lb_error *err);
 /* The workspace directory on an image sandbox's root tmpfs (bound at the workdir with storage
  * tmpfs, so / and the workdir share the sandbox's disk size) into out. */
 void local_image_workspace(const char *dir, char *out, size_t size);
+
+/* ---- snapshot.c: capture and restore of a sandbox's file system ------------------------------ */
+/* The snapshot op (provider.h). */
+int local_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                   bool flatten, struct lb_error *err);
+/* Copy the contents of the directory src into the directory dst (cp -a: modes, owners, links,
+ * xattrs, timestamps), then shift every owner of dst's tree by adding to (ids 0..65535 become
+ * to..to+65535). Returns 0 or a negative errno with err set. */
+int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_error *err);
 
 /* ---- relay.c: endpoint relays --------------------------------------------------------------- */
 /* init: -ENOMEM. endpoint: the URL of the relay of (id, port), made on first use; *url_out is
