@@ -3,6 +3,7 @@
  * layout, umoci unpacks it, renames publish it.
  */
 #include "image/image.h"
+#include "image/image_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -17,7 +18,6 @@
 #include <string.h>
 #include <linux/openat2.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -28,9 +28,7 @@
 #include "util/fault.h"
 #include "util/log.h"
 
-#define STORE ".store"
 #define TOOL_LOG_MAX 1024
-#define IMAGE_PATH_MAX 4096
 
 bool image_name_is_valid(const char *name)
 {
@@ -48,7 +46,7 @@ bool image_name_is_valid(const char *name)
     return true;
 }
 
-static int mkdir_mode(const char *path, mode_t mode)
+int image_mkdir_mode(const char *path, mode_t mode)
 {
     if (mkdir(path, mode) < 0 && errno != EEXIST)
         return -errno;
@@ -60,16 +58,16 @@ int image_store_init(const char *images_dir, struct lb_error *err)
     char p[IMAGE_PATH_MAX];
     int r;
 
-    r = mkdir_mode(images_dir, 0700);
+    r = image_mkdir_mode(images_dir, 0700);
     snprintf(p, sizeof(p), "%s/" STORE, images_dir);
     if (r == 0)
-        r = mkdir_mode(p, 0700);
+        r = image_mkdir_mode(p, 0700);
     snprintf(p, sizeof(p), "%s/" STORE "/sha256", images_dir);
     if (r == 0)
-        r = mkdir_mode(p, 0700);
+        r = image_mkdir_mode(p, 0700);
     snprintf(p, sizeof(p), "%s/" STORE "/tmp", images_dir);
     if (r == 0)
-        r = mkdir_mode(p, 0700);
+        r = image_mkdir_mode(p, 0700);
     if (r < 0)
         return lb_error_set(err, r, "cannot make the image store '%s': %s", images_dir,
                             strerror(-r));
@@ -86,7 +84,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 }
 
 /* rm -rf path (no symlinks followed). */
-static int remove_tree(const char *path)
+int image_remove_tree(const char *path)
 {
     struct stat st;
 
@@ -122,7 +120,7 @@ int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
             continue;
         snprintf(p, sizeof(p), "%s/%s", tmp, de->d_name);
-        if (remove_tree(p) < 0 && r == 0)
+        if (image_remove_tree(p) < 0 && r == 0)
             r = lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
         else
             log_info("image store: removed an interrupted import (%s)", p);
@@ -135,7 +133,7 @@ int image_store_clean_tmp(const char *images_dir, struct lb_error *err)
  * publish and naming, a removal, a garbage collection, so that a collection by the daemon never
  * removes a tree that a concurrent `lendboxd image import` has stored but not yet named.
  * Returns the fd to close to unlock, or a negative errno. */
-static int store_lock(const char *images_dir)
+int image_store_lock(const char *images_dir)
 {
     char p[IMAGE_PATH_MAX + 32];
     int fd;
@@ -249,7 +247,7 @@ static int copy_any(const char *source, const char *layout, const char *work, st
     r = copy_source(src, layout, work, err);
     if (r != -EPROTO)
         return r;
-    (void)remove_tree(layout);
+    (void)image_remove_tree(layout);
     lb_error_clear(err);
     snprintf(src, sizeof(src), "oci-archive:%s", source);
     return copy_source(src, layout, work, err);
@@ -388,7 +386,7 @@ static int drop_device(const char *path, const struct stat *st, int flag, struct
 /* nftw has no context argument: sizes are summed under a lock. */
 static pthread_mutex_t size_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int64_t tree_size(const char *path)
+int64_t image_tree_size(const char *path)
 {
     int64_t n;
 
@@ -447,8 +445,8 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
         json_pack("{s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}", "digest", digest, "architecture",
                   json_object_get(config, "architecture"), "os", json_object_get(config, "os"),
                   "env", json_object_get(c, "Env"), "working_dir", json_object_get(c, "WorkingDir"),
-                  "user", json_object_get(c, "User"), "size_bytes", (json_int_t)tree_size(rootfs),
-                  "created_at", (json_int_t)time(NULL));
+                  "user", json_object_get(c, "User"), "size_bytes",
+                  (json_int_t)image_tree_size(rootfs), "created_at", (json_int_t)time(NULL));
     if (!info)
         return lb_error_set(err, -ENOMEM, "out of memory");
     r = json_dump_file(info, meta, JSON_COMPACT);
@@ -459,8 +457,7 @@ static int unpack_image(const char *layout, const char *entry, const char *work,
 }
 
 /* Point images_dir/name at the digest's tree, atomically. */
-static int link_name(const char *images_dir, const char *name, const char *hex,
-                     struct lb_error *err)
+int image_link_name(const char *images_dir, const char *name, const char *hex, struct lb_error *err)
 {
     char target[128], tmp[IMAGE_PATH_MAX + 64], dst[IMAGE_PATH_MAX + 256];
     struct stat st;
@@ -484,7 +481,7 @@ static int link_name(const char *images_dir, const char *name, const char *hex,
 }
 
 /* The digest hex an imported name points to, from its symlink. */
-static int name_hex(const char *images_dir, const char *name, char hex[65])
+int image_name_hex(const char *images_dir, const char *name, char hex[65])
 {
     char p[IMAGE_PATH_MAX + 256], target[256];
     ssize_t n;
@@ -505,20 +502,20 @@ static int name_hex(const char *images_dir, const char *name, char hex[65])
 
 /* name_hex for a name a caller gave: "no image" (-ENOENT, or name_hex's error) when the name
  * is not a valid one or does not point to a stored image. */
-static int find_hex(const char *images_dir, const char *name, char hex[65], struct lb_error *err)
+int image_find_hex(const char *images_dir, const char *name, char hex[65], struct lb_error *err)
 {
     int r;
 
     if (!image_name_is_valid(name))
         return lb_error_set(err, -ENOENT, "no image '%s'", name ? name : "");
-    r = name_hex(images_dir, name, hex);
+    r = image_name_hex(images_dir, name, hex);
     if (r < 0)
         return lb_error_set(err, r, "no image '%s'", name);
     return 0;
 }
 
-static int read_info(const char *images_dir, const char *name, const char *hex,
-                     struct lb_image_info *out, struct lb_error *err)
+int image_read_info(const char *images_dir, const char *name, const char *hex,
+                    struct lb_image_info *out, struct lb_error *err)
 {
     char p[IMAGE_PATH_MAX + 128];
     json_error_t je;
@@ -592,7 +589,7 @@ int image_import(const char *images_dir, const char *source, const char *name,
         if (r < 0)
             goto out;
     }
-    lock = store_lock(images_dir);
+    lock = image_store_lock(images_dir);
     if (lock < 0) {
         r = lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
         goto out;
@@ -601,10 +598,10 @@ int image_import(const char *images_dir, const char *source, const char *name,
         r = lb_error_set(err, -errno, "cannot store the image: %s", strerror(errno));
         goto out;
     }
-    r = link_name(images_dir, name, digest + 7, err);
+    r = image_link_name(images_dir, name, digest + 7, err);
     if (r < 0)
         goto out;
-    r = read_info(images_dir, name, digest + 7, &info, err);
+    r = image_read_info(images_dir, name, digest + 7, &info, err);
     if (r < 0)
         goto out;
     if (out)
@@ -616,7 +613,7 @@ out:
     if (lock >= 0)
         close(lock);
     json_decref(config);
-    if (remove_tree(work) < 0)
+    if (image_remove_tree(work) < 0)
         log_warn("image store: cannot remove '%s': %s", work, strerror(errno));
     return r;
 }
@@ -627,10 +624,10 @@ int image_get(const char *images_dir, const char *name, struct lb_image_info *ou
     char hex[65];
     int r;
 
-    r = find_hex(images_dir, name, hex, err);
+    r = image_find_hex(images_dir, name, hex, err);
     if (r < 0)
         return r;
-    return read_info(images_dir, name, hex, out, err);
+    return image_read_info(images_dir, name, hex, out, err);
 }
 
 int image_read_config(const char *images_dir, const char *name, json_t **env_out,
@@ -645,7 +642,7 @@ int image_read_config(const char *images_dir, const char *name, json_t **env_out
         *env_out = NULL;
     if (working_dir_out)
         *working_dir_out = NULL;
-    r = find_hex(images_dir, name, hex, err);
+    r = image_find_hex(images_dir, name, hex, err);
     if (r < 0)
         return r;
     snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
@@ -685,7 +682,7 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
     if (!d)
         return r;
     while ((de = readdir(d))) {
-        if (!image_name_is_valid(de->d_name) || name_hex(images_dir, de->d_name, hex) < 0)
+        if (!image_name_is_valid(de->d_name) || image_name_hex(images_dir, de->d_name, hex) < 0)
             continue;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 16;
@@ -697,7 +694,7 @@ int image_list(const char *images_dir, struct lb_image_info **out, size_t *n, st
             }
             v = nv;
         }
-        if (read_info(images_dir, de->d_name, hex, &v[cnt], NULL) == 0)
+        if (image_read_info(images_dir, de->d_name, hex, &v[cnt], NULL) == 0)
             cnt++;
     }
     closedir(d);
@@ -713,10 +710,10 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
     char hex[65], p[IMAGE_PATH_MAX + 256];
     int r, lock;
 
-    r = find_hex(images_dir, name, hex, err);
+    r = image_find_hex(images_dir, name, hex, err);
     if (r < 0)
         return r;
-    lock = store_lock(images_dir);
+    lock = image_store_lock(images_dir);
     if (lock < 0)
         return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
     snprintf(p, sizeof(p), "%s/%s", images_dir, name);
@@ -725,151 +722,6 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
     if (r == 0)
         log_info("image store: removed the name %s (sha256:%s)", name, hex);
     return r;
-}
-
-/* Read up to max bytes of root/rel, resolved inside root (symlinks cannot climb out). The
- * caller frees *out (NUL-terminated). */
-static int read_in_root(const char *root, const char *rel, size_t max, char **out)
-{
-    struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW,
-                           .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
-    char *buf;
-    ssize_t n;
-    size_t len = 0;
-    int dfd, fd, r = 0;
-
-    *out = NULL;
-    dfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return -errno;
-    how.flags = O_RDONLY | O_CLOEXEC;
-    fd = (int)syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
-    r = fd < 0 ? -errno : 0;
-    close(dfd);
-    if (r < 0)
-        return r;
-    buf = malloc(max + 1);
-    if (!buf) {
-        close(fd);
-        return -ENOMEM;
-    }
-    while (len < max && (n = read(fd, buf + len, max - len)) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            r = -errno;
-            break;
-        }
-        len += (size_t)n;
-    }
-    close(fd);
-    if (r < 0) {
-        free(buf);
-        return r;
-    }
-    buf[len] = '\0';
-    *out = buf;
-    return 0;
-}
-
-/* The id of name in an /etc/passwd or /etc/group text (field 3), or -1. */
-static long lookup_id(const char *db, const char *name)
-{
-    size_t nl = strlen(name);
-
-    for (const char *line = db; line && *line;
-         line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *f;
-
-        if (strncmp(line, name, nl) != 0 || line[nl] != ':')
-            continue;
-        f = strchr(line + nl + 1, ':'); /* past the password field */
-        if (!f)
-            return -1;
-        return strtol(f + 1, NULL, 10);
-    }
-    return -1;
-}
-
-/* part as a number, or looked up in the image's file (etc/passwd or etc/group); -1: unknown */
-static long resolve_id(const char *rootfs, const char *file, const char *part)
-{
-    char *end, *db = NULL;
-    long id;
-
-    if (*part >= '0' && *part <= '9') {
-        id = strtol(part, &end, 10);
-        return *end ? -1 : id;
-    }
-    if (read_in_root(rootfs, file, 1 << 20, &db) < 0)
-        return -1;
-    id = lookup_id(db, part);
-    free(db);
-    return id;
-}
-
-int image_resolve_user(const char *images_dir, const char *name, char **user_out,
-                       struct lb_error *err)
-{
-    char hex[65], p[IMAGE_PATH_MAX + 128], rootfs[IMAGE_PATH_MAX + 128], spec[256];
-    const char *user;
-    char *group;
-    json_error_t je;
-    json_t *j;
-    long uid, gid = 0;
-    int r;
-
-    *user_out = NULL;
-    r = find_hex(images_dir, name, hex, err);
-    if (r < 0)
-        return r;
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
-    j = json_load_file(p, 0, &je);
-    if (!j)
-        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
-    /* a snapshot's users are its base tree's (a layer may lack /etc/passwd) */
-    snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir,
-             json_is_string(json_object_get(j, "root"))
-                 ? json_string_value(json_object_get(j, "root"))
-                 : hex);
-    user = json_string_value(json_object_get(j, "user"));
-    if (!user || !*user) {
-        json_decref(j);
-        return 0; /* none: root, as for every image */
-    }
-    snprintf(spec, sizeof(spec), "%s", user);
-    json_decref(j);
-    group = strchr(spec, ':');
-    if (group)
-        *group++ = '\0';
-    uid = resolve_id(rootfs, "etc/passwd", spec);
-    if (uid < 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "image '%s' runs as user '%s', which its /etc/passwd does not name",
-                            name, spec);
-    if (group && *group) {
-        gid = resolve_id(rootfs, "etc/group", group);
-        if (gid < 0)
-            return lb_error_set(err, -EOPNOTSUPP,
-                                "image '%s' runs as group '%s', which its /etc/group does not "
-                                "name",
-                                name, group);
-    }
-    if (uid > 65535 || gid > 65535)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "image '%s' runs as user '%s' (uid %ld, gid %ld), which is not mapped "
-                            "in a sandbox: its ids are 0..65535",
-                            name, user ? spec : "", uid, gid);
-    {
-        char ids[64];
-
-        if (group && *group)
-            snprintf(ids, sizeof(ids), "%ld:%ld", uid, gid);
-        else /* the user's own primary group and groups, from the sandbox's files */
-            snprintf(ids, sizeof(ids), "%ld", uid);
-        *user_out = strdup(ids);
-    }
-    return *user_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 /* Does a mount of this process's mount table show the digest's tree? */
@@ -899,15 +751,15 @@ static bool hex_is_named(const char *images_dir, const char *hex)
     if (!d)
         return true; /* cannot tell: keep it */
     while (!named && (de = readdir(d)))
-        named = image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
-                strcmp(other, hex) == 0;
+        named = image_name_is_valid(de->d_name) &&
+                image_name_hex(images_dir, de->d_name, other) == 0 && strcmp(other, hex) == 0;
     closedir(d);
     return named;
 }
 
 /* The lower (hex) an entry's image.json names, into lower (65 bytes): 0, or -ENOENT when it
  * names none (an image, a flat snapshot). */
-static int entry_lower(const char *images_dir, const char *hex, char lower[65])
+int image_entry_lower(const char *images_dir, const char *hex, char lower[65])
 {
     char p[IMAGE_PATH_MAX + 128];
     const char *l;
@@ -938,7 +790,7 @@ static bool hex_is_lower(const char *images_dir, const char *hex)
     if (!d)
         return true; /* cannot tell: keep it */
     while (!found && (de = readdir(d)))
-        found = strlen(de->d_name) == 64 && entry_lower(images_dir, de->d_name, lower) == 0 &&
+        found = strlen(de->d_name) == 64 && image_entry_lower(images_dir, de->d_name, lower) == 0 &&
                 strcmp(lower, hex) == 0;
     closedir(d);
     return found;
@@ -973,7 +825,7 @@ static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char 
     r = open_dir(dir, &d, err);
     if (!d)
         return r;
-    lock = store_lock(images_dir);
+    lock = image_store_lock(images_dir);
     if (lock < 0) {
         closedir(d);
         return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
@@ -988,7 +840,7 @@ static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char 
         /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
         snprintf(p, sizeof(p), "%s/%.64s", dir, de->d_name);
         snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/gc-%.64s", images_dir, de->d_name);
-        if (rename(p, gone) < 0 || remove_tree(gone) < 0) {
+        if (rename(p, gone) < 0 || image_remove_tree(gone) < 0) {
             if (r == 0)
                 r = lb_error_set(err, -errno, "cannot remove the unnamed image %s: %s", digest,
                                  strerror(errno));
@@ -1000,233 +852,4 @@ static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char 
     closedir(d);
     close(lock);
     return r < 0 ? r : removed;
-}
-
-/* ---- snapshots ---- */
-
-int image_snapshot_prepare(const char *images_dir, char *work_out, size_t size,
-                           struct lb_error *err)
-{
-    char p[IMAGE_PATH_MAX + 32];
-    int r = image_store_init(images_dir, err);
-
-    if (r < 0)
-        return r;
-    if (snprintf(work_out, size, "%s/" STORE "/tmp/snap-XXXXXX", images_dir) >= (int)size)
-        return lb_error_set(err, -ENAMETOOLONG, "images dir path is too long");
-    if (!mkdtemp(work_out))
-        return lb_error_set(err, -errno, "cannot make '%s': %s", work_out, strerror(errno));
-    snprintf(p, sizeof(p), "%s/rootfs", work_out);
-    r = mkdir_mode(p, 0755);
-    snprintf(p, sizeof(p), "%s/workspace", work_out);
-    if (r == 0)
-        r = mkdir_mode(p, 0755);
-    if (r < 0) {
-        image_snapshot_discard(work_out);
-        return lb_error_set(err, r, "cannot make the snapshot's work dir: %s", strerror(-r));
-    }
-    return 0;
-}
-
-void image_snapshot_discard(const char *work)
-{
-    if (work && *work && remove_tree(work) < 0)
-        log_warn("image store: cannot remove '%s': %s", work, strerror(errno));
-}
-
-/* The base's image.json (NULL for "host") and its hex into base_hex. */
-static int load_base(const char *images_dir, const char *base, char base_hex[65], json_t **out,
-                     struct lb_error *err)
-{
-    char p[IMAGE_PATH_MAX + 128];
-    int r;
-
-    *out = NULL;
-    base_hex[0] = '\0';
-    if (strcmp(base, "host") == 0)
-        return 0;
-    r = find_hex(images_dir, base, base_hex, err);
-    if (r < 0)
-        return r;
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, base_hex);
-    *out = json_load_file(p, 0, NULL);
-    if (!*out)
-        return lb_error_set(err, -ENOENT, "image '%s' has no readable image.json", base);
-    return 0;
-}
-
-int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
-                           const char *base, const char *source_id, bool flattened,
-                           struct lb_image_info *out, struct lb_error *err)
-{
-    char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
-    unsigned char rnd[32];
-    json_t *bj = NULL, *info = NULL;
-    const char *root = NULL;
-    struct stat st;
-    int r, lock = -1, depth = 0;
-    bool host_based;
-
-    if (!image_name_is_valid(name)) {
-        r = lb_error_set(err, -EINVAL,
-                         "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
-                         "%d bytes, not 'host')",
-                         name ? name : "", LB_IMAGE_NAME_MAX);
-        goto out;
-    }
-    r = load_base(images_dir, base, base_hex, &bj, err);
-    if (r < 0)
-        goto out;
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        r = lb_error_set(err, -EIO, "cannot draw the snapshot's id: %s", strerror(errno));
-        goto out;
-    }
-    for (size_t i = 0; i < sizeof(rnd); i++)
-        snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-    /* a snapshot of a host sandbox (or of one seeded from such a snapshot) has no tree: its
-     * workspace is all of it */
-    host_based = !bj || (json_is_string(json_object_get(bj, "kind")) &&
-                         strcmp(json_string_value(json_object_get(bj, "kind")), "snapshot") == 0 &&
-                         !json_is_string(json_object_get(bj, "root")));
-    if (!host_based && !flattened) {
-        root = json_string_value(json_object_get(bj, "root"));
-        root = root ? root : base_hex;
-        depth = (int)json_integer_value(json_object_get(bj, "depth")) + 1;
-    }
-    info = json_pack("{s:s,s:s,s:s,s:s?,s:s?,s:s?,s:i,s:s,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:I}",
-                     "digest", "", "kind", "snapshot", "base", base, "base_digest",
-                     base_hex[0] ? base_hex : NULL, "lower", bj && !flattened ? base_hex : NULL,
-                     "root",
-                     host_based  ? NULL
-                     : flattened ? hex
-                                 : root,
-                     "depth", depth, "source_sandbox_id", source_id, "architecture",
-                     json_object_get(bj, "architecture"), "os", json_object_get(bj, "os"), "env",
-                     json_object_get(bj, "env"), "working_dir", json_object_get(bj, "working_dir"),
-                     "user", json_object_get(bj, "user"), "size_bytes", (json_int_t)tree_size(work),
-                     "created_at", (json_int_t)time(NULL));
-    if (!info) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
-    snprintf(p, sizeof(p), "sha256:%s", hex);
-    json_object_set_new(info, "digest", json_string(p));
-    snprintf(p, sizeof(p), "%s/image.json", work);
-    if (json_dump_file(info, p, JSON_COMPACT) < 0) {
-        r = lb_error_set(err, -EIO, "cannot write '%s'", p);
-        goto out;
-    }
-    lock = store_lock(images_dir);
-    if (lock < 0) {
-        r = lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
-        goto out;
-    }
-    snprintf(p, sizeof(p), "%s/%s", images_dir, name);
-    if (lstat(p, &st) == 0) {
-        r = lb_error_set(err, -EEXIST, "an image named '%s' exists", name);
-        goto out;
-    }
-    if (base_hex[0] && name_hex(images_dir, base, p) == 0 && strcmp(p, base_hex) != 0) {
-        r = lb_error_set(err, -ENOENT, "image '%s' changed during the snapshot", base);
-        goto out;
-    }
-    snprintf(stored, sizeof(stored), "%s/" STORE "/sha256/%s", images_dir, hex);
-    if (rename(work, stored) < 0) {
-        r = lb_error_set(err, -errno, "cannot store the snapshot: %s", strerror(errno));
-        goto out;
-    }
-    /* tests: a crash (delay + kill -9) with the tree stored and not yet named */
-    r = fault_hit("snapshot.publish", 0, err);
-    if (r == 0)
-        r = link_name(images_dir, name, hex, err);
-    if (r == 0 && out)
-        r = read_info(images_dir, name, hex, out, err);
-    if (r < 0) {
-        snprintf(p, sizeof(p), "%s/%s", images_dir, name);
-        (void)unlink(p);
-        (void)remove_tree(stored);
-        goto out;
-    }
-    log_info("image store: snapshot %s -> sha256:%s (base %s%s)", name, hex, base,
-             flattened ? ", flattened" : "");
-out:
-    if (lock >= 0)
-        close(lock);
-    json_decref(info);
-    json_decref(bj);
-    if (r < 0)
-        image_snapshot_discard(work);
-    return r;
-}
-
-int image_layers(const char *images_dir, const char *name, struct lb_image_layers *out,
-                 struct lb_error *err)
-{
-    char hex[65], next[65], p[IMAGE_PATH_MAX + 128];
-    json_t *j;
-    int r;
-
-    memset(out, 0, sizeof(*out));
-    r = find_hex(images_dir, name, hex, NULL);
-    if (r < 0) { /* a plain directory placed by hand: its one tree */
-        snprintf(out->paths[0], sizeof(out->paths[0]), "%s/%s", images_dir, name);
-        out->n = 1;
-        return 0;
-    }
-    for (;;) {
-        bool snap;
-        const char *lower;
-
-        snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
-        j = json_load_file(p, 0, NULL);
-        if (!j)
-            return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s'", name, p);
-        snap = json_is_string(json_object_get(j, "kind")) &&
-               strcmp(json_string_value(json_object_get(j, "kind")), "snapshot") == 0;
-        lower = json_string_value(json_object_get(j, "lower"));
-        if (snap && out->n == 0)
-            snprintf(out->workspace, sizeof(out->workspace), "%s/" STORE "/sha256/%s/workspace",
-                     images_dir, hex);
-        if (snap && !json_is_string(json_object_get(j, "root"))) {
-            out->host = true; /* only a workspace */
-            json_decref(j);
-            return 0;
-        }
-        if (out->n > LB_IMAGE_DEPTH_MAX) {
-            json_decref(j);
-            return lb_error_set(err, -ENOENT, "image '%s' stacks too many layers", name);
-        }
-        snprintf(out->paths[out->n++], sizeof(out->paths[0]), "%s/" STORE "/sha256/%s/rootfs",
-                 images_dir, hex);
-        r = snap && lower && strlen(lower) == 64 ? 1 : 0;
-        if (r)
-            memcpy(next, lower, 65);
-        json_decref(j);
-        if (!r)
-            return 0;
-        memcpy(hex, next, 65);
-    }
-}
-
-int image_count_dependents(const char *images_dir, const char *name, int64_t *out,
-                           struct lb_error *err)
-{
-    char hex[65], other[65], lower[65];
-    struct dirent *de;
-    DIR *d;
-    int r;
-
-    *out = 0;
-    r = find_hex(images_dir, name, hex, err);
-    if (r < 0)
-        return r;
-    d = opendir(images_dir);
-    if (!d)
-        return lb_error_set(err, -errno, "cannot read '%s': %s", images_dir, strerror(errno));
-    while ((de = readdir(d)))
-        if (image_name_is_valid(de->d_name) && name_hex(images_dir, de->d_name, other) == 0 &&
-            entry_lower(images_dir, other, lower) == 0 && strcmp(lower, hex) == 0)
-            (*out)++;
-    closedir(d);
-    return 0;
 }
