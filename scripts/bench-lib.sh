@@ -11,7 +11,8 @@ BENCH_CGROUPS=""
 # 6000 slots of 65536 ids (5,000 idle sandboxes fit)
 # (kept in $WORK/NAME.base for a restart) and a cgroup parent of its own; waits until it is
 # ready. Its pid: $WORK/NAME.pid. BENCH_PREFIX: a command to run it under (e.g. perf record);
-# BENCH_LOG_LEVEL: its log level (warn).
+# BENCH_LOG_LEVEL: its log level (warn); BENCH_LENDBOXD: the daemon to run (build/lendboxd; it
+# runs the lendbox-supervise next to it).
 bench_start() {
     _name=$1
     shift
@@ -20,13 +21,15 @@ bench_start() {
     _cg="lendbox-bench-$$-$_name"
     BENCH_CGROUPS="$BENCH_CGROUPS $_cg"
     rm -f "$WORK/$_name/listen"
-    ${BENCH_PREFIX:-} build/lendboxd --state-dir "$WORK/$_name" --listen 127.0.0.1:0 \
+    ${BENCH_PREFIX:-} "${BENCH_LENDBOXD:-build/lendboxd}" --state-dir "$WORK/$_name" --listen 127.0.0.1:0 \
         --log-level "${BENCH_LOG_LEVEL:-warn}" --set lending.max_sandboxes=100000 \
         --set local.uid_base="$(cat "$WORK/$_name.base")" --set local.uid_count=6000 \
         --set local.cgroup_parent="$_cg" "$@" \
         >>"$WORK/$_name.log" 2>&1 &
     echo $! >"$WORK/$_name.pid"
     BENCH_PIDS="$BENCH_PIDS $!"
+    # for tests/leftover-check --run-dir "$WORK" (bench_check_leftovers)
+    printf 'daemon\t%s\t%s\t6000\n' "$WORK/$_name" "$(cat "$WORK/$_name.base")" >>"$WORK/run.list"
     until [ -s "$WORK/$_name/listen" ] &&
         curl -sf "http://$(cat "$WORK/$_name/listen")/readyz" >/dev/null 2>&1; do
         kill -0 "$(cat "$WORK/$_name.pid")" 2>/dev/null || { cat "$WORK/$_name.log" >&2; return 1; }
@@ -149,6 +152,14 @@ bench_cleanup_daemons() {
     for _p in $BENCH_PIDS; do kill -TERM "$_p" 2>/dev/null || true; done
     for _p in $BENCH_PIDS; do wait "$_p" 2>/dev/null || true; done
     BENCH_PIDS=""
+}
+
+# Stop every daemon still running, then fail (naming them) when a process of the run is left:
+# a daemon, a sandbox's processes (by the daemons' uid ranges and slot claims), or anything run
+# with LENDBOX_RUN_DIR=$WORK in its environment (export it before bench_start to cover those).
+bench_check_leftovers() {
+    bench_cleanup_daemons
+    tests/leftover-check --run-dir "$WORK"
 }
 
 # bench_cleanup_daemons, then remove the cgroup parents the daemons made and WORK.

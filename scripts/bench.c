@@ -4,6 +4,10 @@
  * Used by scripts/bench; not a test (no assertions on speed anywhere).
  *
  *   lendbox-bench URL TOKEN EPISODES CONCURRENCY [LABEL]
+ *
+ * LENDBOX_BENCH_SEED: the seed's body. LENDBOX_BENCH_SAMPLES=FILE: also append each successful
+ * episode to FILE as a line "SEED_MS EXEC_MS RELEASE_MS" (scripts/bench-compare pools the
+ * samples of several runs).
  */
 #include "bench-common.h"
 
@@ -19,6 +23,21 @@ struct bench {
     double *seed_ms, *exec_ms, *release_ms;
     pthread_mutex_t mutex;
 };
+
+/* Append the successful episodes' samples to path, one line each. */
+static void write_samples(const struct bench *b, const char *path)
+{
+    FILE *f = fopen(path, "a");
+
+    if (!f) {
+        perror(path);
+        return;
+    }
+    for (int i = 0; i < b->episodes; i++)
+        if (b->seed_ms[i] >= 0)
+            fprintf(f, "%.3f %.3f %.3f\n", b->seed_ms[i], b->exec_ms[i], b->release_ms[i]);
+    fclose(f);
+}
 
 static void *episode_worker(void *arg)
 {
@@ -84,6 +103,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < conc; i++)
         pthread_join(t[i], NULL);
     elapsed = bench_now_ms() - t0;
+    if (getenv("LENDBOX_BENCH_SAMPLES")) /* before bench_print_stat sorts each column */
+        write_samples(&b, getenv("LENDBOX_BENCH_SAMPLES"));
     printf("concurrency %d: %d episodes in %.2f s = %.1f episodes/s, %d failed\n", conc, b.episodes,
            elapsed / 1000.0, b.episodes * 1000.0 / elapsed, b.failures);
     bench_print_stat("seed", b.seed_ms, b.episodes);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1086,6 +1087,72 @@ START_TEST(test_stop_waits_for_known_pids)
 }
 END_TEST
 
+/* Zombies among this process's children that ran as one of the ids of the slot at uid. */
+static int count_slot_zombie_children(uint32_t uid)
+{
+    struct dirent *de;
+    int n = 0;
+    DIR *d = opendir("/proc");
+
+    ck_assert_ptr_nonnull(d);
+    while ((de = readdir(d))) {
+        char path[300], buf[4096];
+        unsigned int u = 0;
+        int ppid = 0;
+        char state = 0;
+        const char *p;
+        ssize_t k;
+        int fd;
+
+        if (de->d_name[0] < '0' || de->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/status", de->d_name);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        k = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (k <= 0)
+            continue;
+        buf[k] = '\0';
+        p = strstr(buf, "\nState:\t");
+        if (p)
+            state = p[8];
+        p = strstr(buf, "\nPPid:\t");
+        if (p)
+            sscanf(p + 7, "%d", &ppid);
+        p = strstr(buf, "\nUid:\t");
+        if (p)
+            sscanf(p + 6, "%u", &u);
+        if (state == 'Z' && ppid == (int)getpid() && u >= uid && u - uid < LOCAL_SLOT_IDS)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* A stop of a sandbox this process started, as a child subreaper like lendboxd: bwrap's
+ * monitor (our child) and the init die together, and both are reaped: nothing of the slot's
+ * ids is left, not even a zombie child of ours (an init whose monitor died before reaping it
+ * comes to us), and no /proc sweep was needed. */
+START_TEST(test_stop_reaps_monitor_and_init)
+{
+    unsigned long sweeps;
+    struct sbx s;
+
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+    for (int i = 0; i < 3; i++) {
+        sbx_create(&s);
+        sweeps = local_slot_sweeps();
+        sbx_stop(&s);
+        ck_assert_uint_eq(local_slot_sweeps(), sweeps);
+        ck_assert_int_eq(count_uid_procs(s.uid, NULL), 0);
+        ck_assert_int_eq(count_slot_zombie_children(s.uid), 0);
+        sbx_free(&s);
+    }
+}
+END_TEST
+
 /* A state dir the host image's binds would expose (under /var) is covered by a tmpfs. */
 START_TEST(test_state_dir_hidden)
 {
@@ -1305,6 +1372,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_state_dir_hidden);
     tcase_add_test(tc, test_stale_stop_and_uid_reuse);
     tcase_add_test(tc, test_stop_waits_for_known_pids);
+    tcase_add_test(tc, test_stop_reaps_monitor_and_init);
     tcase_add_test(tc, test_failed_create_cleans_up);
     tcase_add_test(tc, test_parallel);
     tcase_add_test(tc, test_timing);

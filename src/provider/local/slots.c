@@ -227,9 +227,14 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
     if (uid == 0)
         return;
     n = uid_slots(uid, first);
+    /* The claims go first and outside lp->lock: four file operations under a lock that every
+     * stop takes several times serialized a sweep of many stops behind them. While the slot's
+     * bit is still set no thread here takes the slot (local_uid_alloc skips it, local_uid_mark
+     * sees it marked), so dropping the claim before the bit is as safe as under the lock. */
+    for (i = 0; i < n; i++)
+        claim_drop(lp, first[i]);
     pthread_mutex_lock(&lp->lock);
     for (i = 0; i < n; i++) {
-        claim_drop(lp, first[i]);
         if (local_uid_in_range(lp, first[i]))
             uid_bit_set(lp, (first[i] - lp->uid_base) / LOCAL_SLOT_IDS, false);
     }

@@ -276,6 +276,12 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
                              (int)d->pid, strerror(errno));
             goto out;
         }
+        /* and the monitor with it: left alone, it exits only after it has been scheduled to
+         * see its child's death, one more wakeup per stop that a loaded machine makes long;
+         * killed, it dies alongside the init (an init it has not reaped yet comes to us, the
+         * subreaper, and is reaped below) */
+        if (monfd >= 0)
+            (void)syscall(SYS_pidfd_send_signal, monfd, SIGKILL, NULL, 0);
     }
     /* a pause that raced the kill: thaw again (the kill is pending, they die at once) */
     sandbox_thaw(d, deadline_ms);
@@ -301,8 +307,14 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         (void)waitpid(d->pid, NULL, WNOHANG);
     /* The monitor and the exec helpers exit right after the init: wait for them (a slow one
      * is no failure), whoever their parent is (after a restart the monitor is not ours). */
-    if (pidfd >= 0)
+    if (pidfd >= 0) {
+        siginfo_t si;
+
         wait_known_pids(lp, d, monfd, monitor, deadline_ms);
+        /* a monitor that died before it reaped the init left it to us: reap exactly that
+         * process (its pidfd), whatever pid it had */
+        (void)waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG);
+    }
     /* 2. A clean init death (seen through its pidfd) took every process of its pid namespace
      * with it; what could still run as the sandbox's ids outside it (bwrap's monitor, exec
      * helpers, which join the sandbox's cgroup, and were waited for above) shows in the
