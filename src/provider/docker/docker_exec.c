@@ -171,7 +171,7 @@ int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struc
                                         .sink_arg = &rd,
                                         .abort = &d->eng.gates.ended};
 
-        r = httpc_do(d->http, &sreq, &resp, err);
+        r = httpc_do(d->eng.http, &sreq, &resp, err);
     }
     if (r == 0 && resp.status == 404) {
         r = lb_error_set(err, -ENOENT, "no such sandbox");

@@ -25,7 +25,7 @@ const char *lxd_member_of(const struct lb_sandbox_ref *ref)
 
 static int64_t call_ms(const struct lb_lxd *l, int64_t timeout_ms)
 {
-    return timeout_ms > 0 ? timeout_ms : l->cfg.call_timeout_ms;
+    return timeout_ms > 0 ? timeout_ms : l->call_timeout_ms;
 }
 
 /* A path we send: ours, or one LXD answered (an operation, an exec's log). Only plain /1.0/
@@ -46,7 +46,7 @@ int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *
     if (!lxd_path_is_safe(req->path))
         return lb_error_set(err, -EREMOTEIO, "LXD: refusing an unexpected API path '%.80s'",
                             req->path ? req->path : "");
-    r = httpc_do(l->http, req, resp, err);
+    r = httpc_do(l->eng.http, req, resp, err);
 
     metrics_member_call("lxd", member, r < 0 || resp->status >= 500);
     if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)

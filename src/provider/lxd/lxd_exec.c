@@ -101,7 +101,7 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
 {
     struct lb_httpc_request req = {.method = "GET",
                                    .path = log_path,
-                                   .timeout_ms = l->cfg.call_timeout_ms * 4,
+                                   .timeout_ms = l->call_timeout_ms * 4,
                                    .max_body_bytes = 65536,
                                    .sink = sink,
                                    .sink_arg = arg};
@@ -114,7 +114,7 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
     httpc_response_release(&resp);
     req = (struct lb_httpc_request){.method = "DELETE",
                                     .path = log_path,
-                                    .timeout_ms = l->cfg.call_timeout_ms,
+                                    .timeout_ms = l->call_timeout_ms,
                                     .max_body_bytes = 65536};
     /* best effort: a log left behind goes with the instance */
     (void)lxd_do(l, member, &req, &resp, NULL);
