@@ -597,16 +597,11 @@ out:
 int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
                         struct lb_error *err)
 {
-    const struct engine_config ec = {.socket = cfg->socket,
-                                     .default_image = cfg->default_image,
-                                     .instance = cfg->instance,
-                                     .state_dir = cfg->state_dir,
-                                     .supervise_path = cfg->supervise_path,
-                                     .net_inherit = cfg->net_inherit};
     struct lb_docker *d;
     int r;
 
-    if (!cfg->socket || !*cfg->socket || !cfg->supervise_path || !cfg->state_dir)
+    if (!cfg->engine.socket || !*cfg->engine.socket || !cfg->engine.supervise_path ||
+        !cfg->engine.state_dir)
         return lb_error_set(err, -EINVAL,
                             "the docker provider needs docker.socket, the "
                             "supervisor and a state dir");
@@ -619,12 +614,12 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
     d->eng.supervise_inside = DOCKER_SUPERVISE_PATH;
     d->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 30000;
     d->max_file_bytes = cfg->max_file_bytes ? cfg->max_file_bytes : UINT64_C(1) << 30;
-    r = engine_setup(&d->eng, &ec, err);
+    r = engine_setup(&d->eng, &cfg->engine, err);
     if (r < 0)
         goto fail;
-    if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)
+    if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->engine.state_dir) < 0)
         d->pass_dir = NULL;
-    if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->state_dir) < 0)
+    if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->engine.state_dir) < 0)
         d->supervise_dir = NULL;
     if (!d->pass_dir || !d->supervise_dir) {
         r = lb_error_set(err, -ENOMEM, "out of memory");

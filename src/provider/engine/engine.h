@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "provider/engine/engine_config.h"
 #include "provider/engine/framed.h"
 #include "provider/gate.h"
 #include "provider/provider.h"
@@ -131,16 +132,6 @@ struct engine_hooks {
     .set_frozen = hook_set_frozen, .list_raw = hook_list_raw, .list_entry = hook_list_entry,       \
     .put_file = hook_put_file, .caps = hook_caps, .remove = hook_remove,                           \
     .file_open = hook_file_open, .release = hook_release
-
-/* What the configuration of every engine backend carries (engine_setup copies it). */
-struct engine_config {
-    const char *socket;         /* the engine's unix socket; NULL or "": none (e.g. HTTPS) */
-    const char *default_image;  /* for a spec without one (or "host"); NULL or "": none */
-    const char *instance;       /* this daemon's label value; NULL or "": from state_dir */
-    const char *state_dir;      /* the spool is <state_dir>/<hooks->name>-spool */
-    const char *supervise_path; /* host path of the static lendbox-supervise */
-    const char *net_inherit;    /* [network] inherit; NULL: "none" */
-};
 
 /* Embedded first in a backend's provider struct (struct lb_docker, struct lb_lxd). The
  * strings and http are the engine's: engine_setup makes the strings, the backend the client;

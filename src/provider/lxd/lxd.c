@@ -606,18 +606,12 @@ out:
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err)
 {
-    const struct engine_config ec = {.socket = cfg->socket,
-                                     .default_image = cfg->default_image,
-                                     .instance = cfg->instance,
-                                     .state_dir = cfg->state_dir,
-                                     .supervise_path = cfg->supervise_path,
-                                     .net_inherit = cfg->net_inherit};
     struct lb_lxd *l;
     int r;
 
-    if ((!cfg->socket || !*cfg->socket) && (!cfg->url || !*cfg->url))
+    if ((!cfg->engine.socket || !*cfg->engine.socket) && (!cfg->url || !*cfg->url))
         return lb_error_set(err, -EINVAL, "the lxd provider needs lxd.socket or lxd.url");
-    if (!cfg->supervise_path || !cfg->state_dir)
+    if (!cfg->engine.supervise_path || !cfg->engine.state_dir)
         return lb_error_set(err, -EINVAL, "the lxd provider needs the supervisor and a state dir");
     if (cfg->target && *cfg->target &&
         (strlen(cfg->target) > 63 ||
@@ -636,7 +630,7 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
     l->eng.serial_create = true; /* one instance made and started at a time */
     l->call_timeout_ms = cfg->call_timeout_ms > 0 ? cfg->call_timeout_ms : 15000;
-    r = engine_setup(&l->eng, &ec, err);
+    r = engine_setup(&l->eng, &cfg->engine, err);
     if (r < 0)
         goto fail;
     l->url = cfg->url && *cfg->url ? strdup(cfg->url) : NULL;
