@@ -161,29 +161,6 @@ static int remove_container(struct lb_docker *d, const char *name, int64_t timeo
     return r == -ENOENT ? 0 : r;
 }
 
-/* The network part of the spec: "none" is all this provider can enforce. */
-static int check_network(struct lb_docker *d, const struct lb_sandbox_spec *spec,
-                         struct lb_error *err)
-{
-    const char *a = spec->network.access;
-
-    if (a && strcmp(a, "inherit") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network access '%s' cannot be enforced by the docker provider "
-                            "(it has no per-sandbox egress filter; only no network at all)",
-                            a);
-    if (strcmp(d->eng.net_inherit, "none") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network.inherit '%s' cannot be enforced by the docker provider "
-                            "(only 'none')",
-                            d->eng.net_inherit);
-    if (spec->n_ports > 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the docker provider cannot expose ports: its containers have no "
-                            "network");
-    return 0;
-}
-
 static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_sandbox_spec *spec,
                            const char *image)
 {
@@ -246,7 +223,7 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     char pass_dir[PATH_MAX];
     int r;
 
-    r = check_network(d, spec, err);
+    r = engine_check_network(e, spec, err);
     if (r < 0)
         return r;
     docker_name(d, ref->id, inst->name, sizeof(inst->name));
@@ -597,6 +574,7 @@ out:
 int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
                         struct lb_error *err)
 {
+    struct lb_engine *e;
     struct lb_docker *d;
     int r;
 
@@ -605,18 +583,13 @@ int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider *
         return lb_error_set(err, -EINVAL,
                             "the docker provider needs docker.socket, the "
                             "supervisor and a state dir");
-    if (httpc_global_init() < 0)
-        return lb_error_set(err, -EIO, "cannot initialise libcurl");
-    d = calloc(1, sizeof(*d));
-    if (!d)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    engine_init(&d->eng, &docker_hooks);
+    r = engine_new(sizeof(*d), &docker_hooks, &cfg->engine, &e, err);
+    if (r < 0)
+        return r;
+    d = (struct lb_docker *)e;
     d->eng.supervise_inside = DOCKER_SUPERVISE_PATH;
     d->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 30000;
     d->max_file_bytes = cfg->max_file_bytes ? cfg->max_file_bytes : UINT64_C(1) << 30;
-    r = engine_setup(&d->eng, &cfg->engine, err);
-    if (r < 0)
-        goto fail;
     if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->engine.state_dir) < 0)
         d->pass_dir = NULL;
     if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->engine.state_dir) < 0)

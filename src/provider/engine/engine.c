@@ -73,6 +73,49 @@ int engine_setup(struct lb_engine *e, const struct engine_config *c, struct lb_e
     return 0;
 }
 
+int engine_new(size_t size, const struct engine_hooks *hooks, const struct engine_config *c,
+               struct lb_engine **out, struct lb_error *err)
+{
+    struct lb_engine *e;
+    int r;
+
+    if (httpc_global_init() < 0)
+        return lb_error_set(err, -EIO, "cannot initialise libcurl");
+    e = calloc(1, size);
+    if (!e)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    engine_init(e, hooks);
+    r = engine_setup(e, c, err);
+    if (r < 0) {
+        e->ops.destroy(&e->base);
+        return r;
+    }
+    *out = e;
+    return 0;
+}
+
+int engine_check_network(const struct lb_engine *e, const struct lb_sandbox_spec *spec,
+                         struct lb_error *err)
+{
+    const char *a = spec->network.access, *name = e->hooks->name, *noun = e->hooks->noun;
+
+    if (a && strcmp(a, "inherit") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network access '%s' cannot be enforced by the %s provider (its %ss "
+                            "have no network at all)",
+                            a, name, noun);
+    if (strcmp(e->net_inherit, "none") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network.inherit '%s' cannot be enforced by the %s provider (only "
+                            "'none')",
+                            e->net_inherit, name);
+    if (spec->n_ports > 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the %s provider cannot expose ports: its %ss have no network", name,
+                            noun);
+    return 0;
+}
+
 void engine_caps(const struct lb_engine *e, struct lb_provider_caps *out)
 {
     *out = (struct lb_provider_caps){

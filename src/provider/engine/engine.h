@@ -166,6 +166,19 @@ void engine_init(struct lb_engine *e, const struct engine_hooks *hooks);
  * 0, -ENOMEM, or the errno of mkdir with err set; what was copied is freed by engine_release. */
 int engine_setup(struct lb_engine *e, const struct engine_config *c, struct lb_error *err);
 
+/* Allocate a backend's struct of size bytes (struct lb_engine first in it), engine_init it
+ * with hooks and engine_setup it with c, after libcurl's process-wide set-up. On success
+ * *out is the new base (the backend sets the rest; on a later failure it destroys it with
+ * its ops' destroy). 0, -EIO (libcurl), -ENOMEM or engine_setup's error, with err set. */
+int engine_new(size_t size, const struct engine_hooks *hooks, const struct engine_config *c,
+               struct lb_engine **out, struct lb_error *err);
+
+/* The network part of a spec that an instance with no network at all can honour: no access
+ * mode but "inherit" (or none), and that only when net_inherit is "none"; no ports. 0, or
+ * -EOPNOTSUPP with err naming what cannot be enforced. */
+int engine_check_network(const struct lb_engine *e, const struct lb_sandbox_spec *spec,
+                         struct lb_error *err);
+
 /* The capabilities every engine backend has: cpu, memory, pids and disk limits, images,
  * pause, loopback-only networking when net_inherit is "none", the default image (borrowed
  * from e); no users, fd passing, receipts or exclusive execs. The caps op is this, then

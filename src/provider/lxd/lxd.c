@@ -118,21 +118,10 @@ out:
 
 static int check_network(struct lb_lxd *l, const struct lb_sandbox_spec *spec, struct lb_error *err)
 {
-    const char *a = spec->network.access;
+    int r = engine_check_network(&l->eng, spec, err);
 
-    if (a && strcmp(a, "inherit") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network access '%s' cannot be enforced by the lxd provider (its "
-                            "instances have no network at all)",
-                            a);
-    if (strcmp(l->eng.net_inherit, "none") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network.inherit '%s' cannot be enforced by the lxd provider (only "
-                            "'none')",
-                            l->eng.net_inherit);
-    if (spec->n_ports > 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the lxd provider cannot expose ports: its instances have no network");
+    if (r < 0)
+        return r;
     if (spec->resources.disk_mib > 0 && !l->pool_has_quota)
         return lb_error_set(err, -EOPNOTSUPP,
                             "resources.disk_mib cannot be enforced by the lxd provider: storage "
@@ -606,6 +595,7 @@ out:
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err)
 {
+    struct lb_engine *e;
     struct lb_lxd *l;
     int r;
 
@@ -619,20 +609,15 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                              "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != strlen(cfg->target)))
         return lb_error_set(err, -EINVAL, "lxd.target '%s' is not a member or @group name",
                             cfg->target);
-    if (httpc_global_init() < 0)
-        return lb_error_set(err, -EIO, "cannot initialise libcurl");
-    l = calloc(1, sizeof(*l));
-    if (!l)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    engine_init(&l->eng, &lxd_hooks);
+    r = engine_new(sizeof(*l), &lxd_hooks, &cfg->engine, &e, err);
+    if (r < 0)
+        return r;
+    l = (struct lb_lxd *)e;
     l->eng.supervise_inside = LXD_SUPERVISE_PATH;
     l->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 60000;
     l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
     l->eng.serial_create = true; /* one instance made and started at a time */
     l->call_timeout_ms = cfg->call_timeout_ms > 0 ? cfg->call_timeout_ms : 15000;
-    r = engine_setup(&l->eng, &cfg->engine, err);
-    if (r < 0)
-        goto fail;
     l->url = cfg->url && *cfg->url ? strdup(cfg->url) : NULL;
     l->target = cfg->target && *cfg->target ? strdup(cfg->target) : NULL;
     if ((cfg->url && *cfg->url && !l->url) || (cfg->target && *cfg->target && !l->target)) {
