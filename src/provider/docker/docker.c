@@ -61,17 +61,8 @@ int docker_call(struct lb_docker *d, const char *method, const char *path, const
                                    .path = path,
                                    .timeout_ms = timeout_ms,
                                    .max_body_bytes = SMALL_BODY_BYTES};
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    int r;
+    int r = httpc_call_json(d->eng.http, &req, body, resp, err);
 
-    if (body && !text)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    if (text) {
-        req.body = text;
-        req.body_len = strlen(text);
-    }
-    r = httpc_do(d->eng.http, &req, resp, err);
-    free(text);
     return r < 0 ? docker_transport_error(r, err) : 0;
 }
 
@@ -84,23 +75,13 @@ int docker_transport_error(int r, struct lb_error *err)
     return lb_error_recode(err, -EREMOTEIO, "the docker engine cannot be reached");
 }
 
-const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size)
-{
-    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
-    const char *m = json_string_value(json_object_get(j, "message"));
-
-    snprintf(buf, size, "%s", m ? m : "(no message)");
-    json_decref(j);
-    return buf;
-}
-
 /* The engine's answer as an error: 404 -ENOENT, else -EREMOTEIO naming what was tried. */
 static int engine_error(const struct lb_httpc_response *resp, const char *what,
                         struct lb_error *err)
 {
     char m[300];
 
-    docker_engine_message(resp, m, sizeof(m));
+    httpc_json_message(resp, "message", m, sizeof(m));
     return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
                         "docker engine: %s failed (HTTP %ld): %s", what, resp->status, m);
 }
@@ -256,11 +237,11 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                  json_string_value(json_object_get(j, "Id")) ?: "");
     } else if (resp.status == 409 ||
                (resp.status == 500 &&
-                strstr(docker_engine_message(&resp, m, sizeof(m)), "already in use"))) {
+                strstr(httpc_json_message(&resp, "message", m, sizeof(m)), "already in use"))) {
         r = -EEXIST;
     } else if (resp.status == 404) {
         r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "docker engine has no image '%s': %s", image,
-                         docker_engine_message(&resp, m, sizeof(m)));
+                         httpc_json_message(&resp, "message", m, sizeof(m)));
     } else {
         r = engine_error(&resp, "container create", err);
         if (r == -ENOENT)

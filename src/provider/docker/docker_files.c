@@ -123,7 +123,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
     }
     if (resp.status == 200 || resp.status == 204)
         goto out;
-    docker_engine_message(&resp, m, sizeof(m));
+    httpc_json_message(&resp, "message", m, sizeof(m));
     if (resp.status == 404)
         r = lb_error_set(err, -ENOENT, "no such sandbox");
     else if (strstr(m, "not a directory"))

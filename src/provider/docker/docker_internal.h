@@ -76,8 +76,6 @@ int docker_call(struct lb_docker *d, const char *method, const char *path, const
                 int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
 /* An httpc failure as this provider's error (unreachable engine: -EREMOTEIO). */
 int docker_transport_error(int r, struct lb_error *err);
-/* The "message" of an engine's JSON error into buf. Returns buf. */
-const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size);
 /* The container's state (404: LB_STATUS_STOPPED). */
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err);

@@ -160,7 +160,7 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
     r = lxd_call(l, member, "POST", path, body, 0, &resp, err);
     if (r < 0)
         goto out;
-    lxd_message(&resp, m, sizeof(m));
+    httpc_json_message(&resp, "error", m, sizeof(m));
     if (resp.status == 404) {
         r = lb_error_set(err, -ENOENT, "no such sandbox");
         goto out;
@@ -207,9 +207,10 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
     md = json_object_get(j, "metadata");
     if (resp.status != 200 ||
         strcmp(json_string_value(json_object_get(md, "status")) ?: "", "Success") != 0) {
-        r = lb_error_set(
-            err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s", resp.status,
-            json_string_value(json_object_get(md, "err")) ?: lxd_message(&resp, m, sizeof(m)));
+        r = lb_error_set(err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s",
+                         resp.status,
+                         json_string_value(json_object_get(md, "err"))
+                             ?: httpc_json_message(&resp, "error", m, sizeof(m)));
         goto out;
     }
     out_log = json_string_value(

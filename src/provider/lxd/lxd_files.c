@@ -59,7 +59,7 @@ static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const ch
     req.timeout_ms = l->call_timeout_ms;
     r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     if (r == 0 && resp.status != 200) {
-        lxd_message(&resp, m, sizeof(m));
+        httpc_json_message(&resp, "error", m, sizeof(m));
         if (resp.status == 404 && strstr(m, "nstance"))
             r = lb_error_set(err, -ENOENT, "no such sandbox");
         else if (resp.status >= 500 && !strstr(m, "exists") && !strstr(m, "not a directory"))
@@ -129,7 +129,7 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
     }
     r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     *status = resp.status;
-    lxd_message(&resp, m, m_size);
+    httpc_json_message(&resp, "error", m, m_size);
     httpc_response_release(&resp);
     return r;
 }

@@ -45,9 +45,6 @@ int lxd_call(struct lb_lxd *l, const char *member, const char *method, const cha
 int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
            struct lb_httpc_response *resp, struct lb_error *err);
 
-/* The "error" text of an LXD answer into buf. Returns buf. */
-const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size);
-
 /* An async call (POST/PUT/DELETE answering 202 with an operation) awaited up to timeout_ms.
  * 0 when the operation succeeded (*op_out: a new reference to the operation object's
  * "metadata", or NULL when not wanted), -ENOENT on 404, -EREMOTEIO naming LXD's error (the
