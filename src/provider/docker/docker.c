@@ -96,34 +96,25 @@ static json_t *new_descriptor(const char *name, const char *cid)
 static int find_own(struct lb_docker *d, const char *id, char *cid, size_t cid_size,
                     struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     char path[512], name[256];
     json_t *j = NULL, *labels;
     int r;
 
     docker_name(d, id, name, sizeof(name));
     snprintf(path, sizeof(path), "/containers/%s/json", name);
-    r = docker_call(d, "GET", path, NULL, d->eng.create_timeout_ms, &resp, err);
+    r = engine_get_json(&d->eng, path, "inspect", d->eng.create_timeout_ms, &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = engine_error(&resp, "inspect", err);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r;
     labels = json_object_get(json_object_get(j, "Config"), "Labels");
     if (!json_is_string(json_object_get(j, "Id")) ||
         strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE)) ?: "",
                d->eng.instance) != 0 ||
-        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX)) ?: "", id) != 0) {
+        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX)) ?: "", id) != 0)
         r = lb_error_set(err, -EREMOTEIO,
                          "container '%s' exists but does not carry this daemon's labels", name);
-        goto out;
-    }
-    snprintf(cid, cid_size, "%s", json_string_value(json_object_get(j, "Id")));
-out:
+    else
+        snprintf(cid, cid_size, "%s", json_string_value(json_object_get(j, "Id")));
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -364,37 +355,22 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)e;
-    struct lb_httpc_response resp;
     char filter[256], path[1024], *enc;
     json_t *j = NULL;
     int r;
 
-    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE,
-             d->eng.instance);
+    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, e->instance);
     enc = curl_easy_escape(NULL, filter, 0);
     if (!enc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/containers/json?all=true&filters=%s", enc);
     curl_free(enc);
-    r = docker_call(d, "GET", path, NULL, 60000, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = engine_error(&resp, "container list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    if (!json_is_array(j)) {
+    r = engine_get_json(e, path, "container list", 60000, &j, err);
+    if (r == 0 && !json_is_array(j))
         r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
-        goto out;
-    }
-    *items_out = j;
-    j = NULL;
-out:
+    if (r == 0)
+        *items_out = json_incref(j);
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -431,6 +407,13 @@ static void hook_caps(struct lb_engine *e, struct lb_provider_caps *out)
     out->exclusive = true;
 }
 
+static int hook_call(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                     int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    return docker_call((struct lb_docker *)e, method, path, body,
+                       timeout_ms > 0 ? timeout_ms : 30000, resp, err);
+}
+
 static int hook_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                           int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
@@ -449,6 +432,8 @@ static const struct engine_hooks docker_hooks = {
     ENGINE_HOOKS_BY_NAME,
     .exec_check = docker_exec_check,
     .exec_run = docker_exec_run,
+    .call = hook_call,
+    .answer_error = engine_error,
     .engine_label = "the engine",
 };
 

@@ -250,6 +250,25 @@ int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, c
     return 0;
 }
 
+int engine_get_json(struct lb_engine *e, const char *path, const char *what, int64_t timeout_ms,
+                    json_t **out, struct lb_error *err)
+{
+    struct lb_httpc_response resp = {0};
+    int r;
+
+    r = e->hooks->call(e, "GET", path, NULL, timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 200)
+        r = e->hooks->answer_error(&resp, what, err);
+    if (r == 0) {
+        *out = httpc_response_json(&resp);
+        if (!*out)
+            r = lb_error_set(err, -EREMOTEIO, "%s: unreadable answer to %s", e->hooks->engine_label,
+                             what);
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err)
 {
@@ -276,6 +295,8 @@ int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     int r;
 
     r = e->hooks->list_raw(e, &items, err);
+    if (r == -ENOENT) /* the engine has no such list: it failed */
+        r = -EREMOTEIO;
     if (r < 0)
         goto out;
     arr = json_array();

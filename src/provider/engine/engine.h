@@ -26,6 +26,7 @@
 
 struct lb_engine;
 struct lb_httpc;
+struct lb_httpc_response;
 
 /* The instance a create makes or adopts, as the create hooks fill it in turn. */
 struct engine_instance {
@@ -106,6 +107,16 @@ struct engine_hooks {
      * not trusting the engine's filter), its id into *id_out (borrowed from item) and a new
      * descriptor (the caller owns it); NULL when it is not ours (or out of memory). */
     json_t *(*list_entry)(struct lb_engine *e, json_t *item, const char **id_out);
+
+    /* The backend's transport, for engine_get_json: call sends one request with a small
+     * JSON body (or none) and buffers the answer (any status); timeout_ms <= 0: the
+     * backend's default. 0, or -EREMOTEIO / -ETIMEDOUT with err set. answer_error words an
+     * answer that is not the one wanted (what names the request): 404 -ENOENT, else
+     * -EREMOTEIO. */
+    int (*call)(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
+    int (*answer_error)(const struct lb_httpc_response *resp, const char *what,
+                        struct lb_error *err);
 
     /* The provider's ops that stay the backend's own (engine_init's ops table calls them; see
      * provider.h for their contracts). caps adjusts what engine_caps filled in: what this
@@ -250,6 +261,12 @@ struct lb_httpc_response;
 int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, const char *key,
                         const struct engine_state_name *table, enum lb_sandbox_status *out);
 
+/* GET path through hooks->call and its answer, which must be 200 (else hooks->answer_error:
+ * 404 -ENOENT, else -EREMOTEIO), parsed as JSON into *out (the caller's; an answer that is not
+ * JSON is -EREMOTEIO). what names the request in messages. */
+int engine_get_json(struct lb_engine *e, const char *path, const char *what, int64_t timeout_ms,
+                    json_t **out, struct lb_error *err);
+
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err);
@@ -258,7 +275,8 @@ int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
  * -EREMOTEIO with the engine's reason. */
 int engine_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int engine_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
-/* The list op: [{"sandbox_id", "descriptor"}] of the items hooks->list_entry takes as ours. */
+/* The list op: [{"sandbox_id", "descriptor"}] of the items hooks->list_entry takes as ours;
+ * a list_raw that fails with -ENOENT (a 404) is -EREMOTEIO. */
 int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 /* The end_execs op: no exec is admitted from now on; returns how many are in flight. */
 int engine_end_execs(struct lb_provider *p);

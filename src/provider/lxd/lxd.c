@@ -44,33 +44,25 @@ static json_t *new_descriptor(const char *name, const char *location, const char
 static int find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
                     struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     char path[256];
     json_t *j = NULL, *md, *conf;
     int r;
 
     snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
+    r = engine_get_json(&l->eng, path, "instance lookup", 0, &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = lxd_answer_error(&resp, "instance lookup", err);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r;
     md = json_object_get(j, "metadata");
     conf = json_object_get(md, "config");
     if (strcmp(json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE)) ?: "",
                l->eng.instance) != 0 ||
-        strcmp(json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX)) ?: "", id) != 0) {
+        strcmp(json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX)) ?: "", id) != 0)
         r = lb_error_set(err, -EREMOTEIO,
                          "LXD instance '%s' exists but does not carry this daemon's labels", id);
-        goto out;
-    }
-    snprintf(location, loc_size, "%s", json_string_value(json_object_get(md, "location")) ?: "");
-out:
+    else
+        snprintf(location, loc_size, "%s",
+                 json_string_value(json_object_get(md, "location")) ?: "");
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -78,7 +70,6 @@ out:
  * instance: -EREMOTEIO at once rather than after LXD's own waits. */
 static int check_members(struct lb_lxd *l, struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     json_t *j = NULL, *m;
     size_t i, online = 0;
     bool target_member = l->target && l->target[0] != '@', target_online = false;
@@ -86,15 +77,10 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
 
     if (!l->clustered)
         return 0;
-    r = lxd_call(l, NULL, "GET", "/1.0/cluster/members?recursion=1", NULL, 0, &resp, err);
+    r = engine_get_json(&l->eng, "/1.0/cluster/members?recursion=1", "cluster member list", 0,
+                        &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = lxd_answer_error(&resp, "cluster member list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r == -ENOENT ? -EREMOTEIO : r;
     json_array_foreach(json_object_get(j, "metadata"), i, m) {
         const char *st = json_string_value(json_object_get(m, "status")) ?: "";
         const char *name = json_string_value(json_object_get(m, "server_name")) ?: "";
@@ -110,9 +96,7 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
     else if (target_member && !target_online)
         r = lb_error_set(err, -EREMOTEIO, "LXD cluster member '%s' (lxd.target) is not Online",
                          l->target);
-out:
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -356,35 +340,23 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)e;
-    struct lb_httpc_response resp;
     char filter[200], path[512], *enc;
-    json_t *j = NULL;
+    json_t *j = NULL, *items;
     int r;
 
-    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, l->eng.instance);
+    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, e->instance);
     enc = curl_easy_escape(NULL, filter, 0);
     if (!enc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
     curl_free(enc);
-    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        lxd_answer_error(&resp, "instance list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    if (!json_is_array(json_object_get(j, "metadata"))) {
+    r = engine_get_json(e, path, "instance list", 0, &j, err);
+    items = json_object_get(j, "metadata");
+    if (r == 0 && !json_is_array(items))
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
-        goto out;
-    }
-    *items_out = json_incref(json_object_get(j, "metadata"));
-out:
+    if (r == 0)
+        *items_out = json_incref(items);
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -422,6 +394,12 @@ static void hook_caps(struct lb_engine *e, struct lb_provider_caps *out)
     out->receipt_file = true;
 }
 
+static int hook_call(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                     int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    return lxd_call((struct lb_lxd *)e, NULL, method, path, body, timeout_ms, resp, err);
+}
+
 static int hook_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                           int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
@@ -440,6 +418,8 @@ static const struct engine_hooks lxd_hooks = {
     ENGINE_HOOKS_BY_NAME,
     .exec_check = lxd_exec_check,
     .exec_run = lxd_exec_run,
+    .call = hook_call,
+    .answer_error = lxd_answer_error,
     .engine_label = "LXD",
 };
 
