@@ -98,18 +98,26 @@ static int fault_open(const struct lb_provider_env *env, struct lb_provider **ou
     return r < 0 ? lb_error_set(err, r, "cannot make the fault provider") : 0;
 }
 
+/* What an engine-backed kind's config takes from env besides its own section's keys. */
+static struct engine_config engine_config_of(const struct lb_provider_env *env, const char *socket,
+                                             const char *default_image, const char *instance)
+{
+    return (struct engine_config){.socket = socket,
+                                  .default_image = default_image,
+                                  .instance = instance,
+                                  .state_dir = env->cfg->state_dir,
+                                  .supervise_path = env->supervise_path,
+                                  .net_inherit = env->cfg->net_inherit};
+}
+
 /* [docker] (and [network] inherit, which only "none" satisfies) -> struct lb_docker_config. */
 static int docker_open(const struct lb_provider_env *env, struct lb_provider **out,
                        struct lb_error *err)
 {
     const struct lb_config *cfg = env->cfg;
     struct lb_docker_config dc = {
-        .socket = cfg->docker_socket,
-        .default_image = cfg->docker_default_image,
-        .instance = cfg->docker_instance,
-        .state_dir = cfg->state_dir,
-        .supervise_path = env->supervise_path,
-        .net_inherit = cfg->net_inherit,
+        .engine = engine_config_of(env, cfg->docker_socket, cfg->docker_default_image,
+                                   cfg->docker_instance),
         .create_timeout_ms = cfg->create_timeout_s * 1000,
         .max_file_bytes = (uint64_t)cfg->max_file_bytes,
     };
@@ -123,17 +131,12 @@ static int lxd_open(const struct lb_provider_env *env, struct lb_provider **out,
 {
     const struct lb_config *cfg = env->cfg;
     struct lb_lxd_config xc = {
-        .socket = cfg->lxd_socket,
+        .engine = engine_config_of(env, cfg->lxd_socket, cfg->lxd_default_image, cfg->lxd_instance),
         .url = cfg->lxd_url,
         .cert = cfg->lxd_cert,
         .key = cfg->lxd_key,
         .server_cert = cfg->lxd_server_cert,
-        .default_image = cfg->lxd_default_image,
         .target = cfg->lxd_target,
-        .instance = cfg->lxd_instance,
-        .state_dir = cfg->state_dir,
-        .supervise_path = env->supervise_path,
-        .net_inherit = cfg->net_inherit,
         .call_timeout_ms = cfg->lxd_call_timeout_s * 1000,
         .create_timeout_ms = cfg->create_timeout_s * 1000,
     };

@@ -192,17 +192,6 @@ static const struct engine_hooks test_hooks = {
     .list_entry = t_list_entry,
 };
 
-static const struct lb_provider_ops test_ops = {
-    .name = "test",
-    .version = LB_PROVIDER_OPS_VERSION,
-    .create = engine_create,
-    .exec = engine_exec,
-    .list = engine_list,
-    .pause = engine_pause,
-    .resume = engine_resume,
-    .end_execs = engine_end_execs,
-};
-
 static char spool[] = "/tmp/check-engine-XXXXXX";
 
 static struct test_engine *test_new(void)
@@ -210,10 +199,11 @@ static struct test_engine *test_new(void)
     struct test_engine *t = calloc(1, sizeof(*t));
 
     ck_assert_ptr_nonnull(t);
-    engine_init(&t->eng, &test_ops, &test_hooks);
-    t->eng.default_image = "img";
-    t->eng.supervise_path = "/sv";
-    t->eng.spool_dir = spool;
+    engine_init(&t->eng, &test_hooks);
+    t->eng.default_image = strdup("img");
+    t->eng.supervise_inside = "/sv";
+    t->eng.spool_dir = strdup(spool);
+    ck_assert(t->eng.default_image && t->eng.spool_dir);
     t->eng.create_timeout_ms = 1000;
     t->state = LB_STATUS_RUNNING;
     return t;
@@ -290,6 +280,7 @@ START_TEST(test_create_adopts_and_rolls_back)
     lb_error_clear(&err);
 
     /* no image at all */
+    free(t->eng.default_image);
     t->eng.default_image = NULL;
     ck_assert_int_eq(create(t, &desc, &err), -EINVAL);
     ck_assert_str_eq(err.message, "no image given and test.default_image is not set");

@@ -51,7 +51,7 @@ static void remove_pass_dir(const struct lb_docker *d, const char *id)
 
 void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size)
 {
-    snprintf(buf, size, "lendbox-%s-%s", d->instance, id);
+    snprintf(buf, size, "lendbox-%s-%s", d->eng.instance, id);
 }
 
 int docker_call(struct lb_docker *d, const char *method, const char *path, const json_t *body,
@@ -61,17 +61,8 @@ int docker_call(struct lb_docker *d, const char *method, const char *path, const
                                    .path = path,
                                    .timeout_ms = timeout_ms,
                                    .max_body_bytes = SMALL_BODY_BYTES};
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    int r;
+    int r = httpc_call_json(d->eng.http, &req, body, resp, err);
 
-    if (body && !text)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    if (text) {
-        req.body = text;
-        req.body_len = strlen(text);
-    }
-    r = httpc_do(d->http, &req, resp, err);
-    free(text);
     return r < 0 ? docker_transport_error(r, err) : 0;
 }
 
@@ -84,23 +75,13 @@ int docker_transport_error(int r, struct lb_error *err)
     return lb_error_recode(err, -EREMOTEIO, "the docker engine cannot be reached");
 }
 
-const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size)
-{
-    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
-    const char *m = json_string_value(json_object_get(j, "message"));
-
-    snprintf(buf, size, "%s", m ? m : "(no message)");
-    json_decref(j);
-    return buf;
-}
-
 /* The engine's answer as an error: 404 -ENOENT, else -EREMOTEIO naming what was tried. */
 static int engine_error(const struct lb_httpc_response *resp, const char *what,
                         struct lb_error *err)
 {
     char m[300];
 
-    docker_engine_message(resp, m, sizeof(m));
+    httpc_json_message(resp, "message", m, sizeof(m));
     return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
                         "docker engine: %s failed (HTTP %ld): %s", what, resp->status, m);
 }
@@ -115,34 +96,25 @@ static json_t *new_descriptor(const char *name, const char *cid)
 static int find_own(struct lb_docker *d, const char *id, char *cid, size_t cid_size,
                     struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     char path[512], name[256];
     json_t *j = NULL, *labels;
     int r;
 
     docker_name(d, id, name, sizeof(name));
     snprintf(path, sizeof(path), "/containers/%s/json", name);
-    r = docker_call(d, "GET", path, NULL, d->cfg.create_timeout_ms, &resp, err);
+    r = engine_get_json(&d->eng, path, "inspect", d->eng.create_timeout_ms, &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = engine_error(&resp, "inspect", err);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r;
     labels = json_object_get(json_object_get(j, "Config"), "Labels");
     if (!json_is_string(json_object_get(j, "Id")) ||
         strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE)) ?: "",
-               d->instance) != 0 ||
-        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX)) ?: "", id) != 0) {
+               d->eng.instance) != 0 ||
+        strcmp(json_string_value(json_object_get(labels, DOCKER_LABEL_SANDBOX)) ?: "", id) != 0)
         r = lb_error_set(err, -EREMOTEIO,
                          "container '%s' exists but does not carry this daemon's labels", name);
-        goto out;
-    }
-    snprintf(cid, cid_size, "%s", json_string_value(json_object_get(j, "Id")));
-out:
+    else
+        snprintf(cid, cid_size, "%s", json_string_value(json_object_get(j, "Id")));
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -159,29 +131,6 @@ static int remove_container(struct lb_docker *d, const char *name, int64_t timeo
         r = engine_error(&resp, "remove", err);
     httpc_response_release(&resp);
     return r == -ENOENT ? 0 : r;
-}
-
-/* The network part of the spec: "none" is all this provider can enforce. */
-static int check_network(struct lb_docker *d, const struct lb_sandbox_spec *spec,
-                         struct lb_error *err)
-{
-    const char *a = spec->network.access;
-
-    if (a && strcmp(a, "inherit") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network access '%s' cannot be enforced by the docker provider "
-                            "(it has no per-sandbox egress filter; only no network at all)",
-                            a);
-    if (d->cfg.net_inherit && strcmp(d->cfg.net_inherit, "none") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network.inherit '%s' cannot be enforced by the docker provider "
-                            "(only 'none')",
-                            d->cfg.net_inherit);
-    if (spec->n_ports > 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the docker provider cannot expose ports: its containers have no "
-                            "network");
-    return 0;
 }
 
 static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_sandbox_spec *spec,
@@ -226,7 +175,7 @@ static json_t *create_body(struct lb_docker *d, const char *id, const struct lb_
         json_object_set_new(host, "PidsLimit", json_integer(spec->resources.pids));
     body = json_pack("{s:s,s:[s,s,s,s],s:s,s:{s:s,s:s},s:b,s:o}", "Image", image, "Cmd",
                      DOCKER_SUPERVISE_PATH, "--init", "--ready-fd", "1", "WorkingDir", workdir,
-                     "Labels", DOCKER_LABEL_INSTANCE, d->instance, DOCKER_LABEL_SANDBOX, id,
+                     "Labels", DOCKER_LABEL_INSTANCE, d->eng.instance, DOCKER_LABEL_SANDBOX, id,
                      "NetworkDisabled", 1, "HostConfig", host);
     if (body)
         json_object_set_new(body, "Entrypoint", json_array()); /* the image's would wrap ours */
@@ -246,7 +195,7 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     char pass_dir[PATH_MAX];
     int r;
 
-    r = check_network(d, spec, err);
+    r = engine_check_network(e, spec, err);
     if (r < 0)
         return r;
     docker_name(d, ref->id, inst->name, sizeof(inst->name));
@@ -279,11 +228,11 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                  json_string_value(json_object_get(j, "Id")) ?: "");
     } else if (resp.status == 409 ||
                (resp.status == 500 &&
-                strstr(docker_engine_message(&resp, m, sizeof(m)), "already in use"))) {
+                strstr(httpc_json_message(&resp, "message", m, sizeof(m)), "already in use"))) {
         r = -EEXIST;
     } else if (resp.status == 404) {
         r = lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "docker engine has no image '%s': %s", image,
-                         docker_engine_message(&resp, m, sizeof(m)));
+                         httpc_json_message(&resp, "message", m, sizeof(m)));
     } else {
         r = engine_error(&resp, "container create", err);
         if (r == -ENOENT)
@@ -338,21 +287,20 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
         remove_pass_dir(d, ref->id);
         return;
     }
-    if (remove_container(d, inst->name, d->cfg.create_timeout_ms, &rerr) < 0)
+    if (remove_container(d, inst->name, d->eng.create_timeout_ms, &rerr) < 0)
         log_warn_sbx(ref->id, "docker: cannot remove container %s of a failed create: %s",
                      inst->name, rerr.message);
 }
 
-static int docker_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                        struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
     char name[256];
-
     int r;
 
     docker_name(d, ref->id, name, sizeof(name));
-    r = remove_container(d, name, timeout_ms > 0 ? timeout_ms : 120000, err);
+    r = remove_container(d, name, timeout_ms, err);
     if (r == 0)
         remove_pass_dir(d, ref->id);
     return r;
@@ -407,36 +355,22 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)e;
-    struct lb_httpc_response resp;
     char filter[256], path[1024], *enc;
     json_t *j = NULL;
     int r;
 
-    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, d->instance);
+    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, e->instance);
     enc = curl_easy_escape(NULL, filter, 0);
     if (!enc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/containers/json?all=true&filters=%s", enc);
     curl_free(enc);
-    r = docker_call(d, "GET", path, NULL, 60000, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = engine_error(&resp, "container list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    if (!json_is_array(j)) {
+    r = engine_get_json(e, path, "container list", 60000, &j, err);
+    if (r == 0 && !json_is_array(j))
         r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
-        goto out;
-    }
-    *items_out = j;
-    j = NULL;
-out:
+    if (r == 0)
+        *items_out = json_incref(j);
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -448,50 +382,42 @@ static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_o
     const char *inst = json_string_value(json_object_get(labels, DOCKER_LABEL_INSTANCE));
     char name[256];
 
-    if (!id || !inst || strcmp(inst, d->instance) != 0)
+    if (!id || !inst || strcmp(inst, d->eng.instance) != 0)
         return NULL;
     docker_name(d, id, name, sizeof(name));
     *id_out = id;
     return new_descriptor(name, json_string_value(json_object_get(c, "Id")));
 }
 
-static void docker_destroy(struct lb_provider *p)
+static void hook_release(struct lb_engine *e)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)e;
 
-    if (!d)
-        return;
-    httpc_free(d->http);
-    engine_release(&d->eng);
-    free(d->socket);
-    free(d->default_image);
-    free(d->supervise_path);
-    free(d->net_inherit);
-    free(d->spool_dir);
     free(d->pass_dir);
     free(d->supervise_dir);
-    free(d);
 }
 
-/* What a container can honour: no network but none (and only when "inherit" means none),
- * no endpoints, no GPUs, no terminals; disk_mib bounds its tmpfs workdir and /tmp. */
-static void docker_caps(struct lb_provider *p, struct lb_provider_caps *out)
+/* Beyond the engine's: users by name, fd passing and exclusive execs (the supervisor is a
+ * read-only mount the container cannot replace). Only no network at all, no endpoints, GPUs
+ * or terminals; disk_mib bounds its tmpfs workdir and /tmp. */
+static void hook_caps(struct lb_engine *e, struct lb_provider_caps *out)
 {
-    const struct lb_docker *d = (const struct lb_docker *)p;
+    out->users = true;
+    out->pass_fd = true;
+    out->exclusive = true;
+}
 
-    *out = (struct lb_provider_caps){
-        .network_modes = strcmp(d->net_inherit, "none") == 0 ? LB_NET_LOOPBACK : 0,
-        .cpu_limit = true,
-        .memory_limit = true,
-        .pids_limit = true,
-        .disk_limit = true,
-        .images = true,
-        .users = true,
-        .pause = true,
-        .pass_fd = true,
-        .exclusive = true,
-        .default_image = d->default_image,
-    };
+static int hook_call(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                     int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    return docker_call((struct lb_docker *)e, method, path, body,
+                       timeout_ms > 0 ? timeout_ms : 30000, resp, err);
+}
+
+static int hook_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                          int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    return docker_file_open(e, ref, path, fd_out, size_out, err);
 }
 
 static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
@@ -506,17 +432,9 @@ static const struct engine_hooks docker_hooks = {
     ENGINE_HOOKS_BY_NAME,
     .exec_check = docker_exec_check,
     .exec_run = docker_exec_run,
+    .call = hook_call,
+    .answer_error = engine_error,
     .engine_label = "the engine",
-};
-
-static const struct lb_provider_ops docker_ops = {
-    .name = "docker",
-    .version = LB_PROVIDER_OPS_VERSION,
-    .caps = docker_caps,
-    ENGINE_PROVIDER_DRIVERS,
-    .stop = docker_stop,
-    .file_open = docker_file_open,
-    .destroy = docker_destroy,
 };
 
 /* /_ping, then the version: the engine's API version, capped at what this code knows. */
@@ -531,7 +449,7 @@ static int negotiate(struct lb_docker *d, struct lb_error *err)
     int major = 0, minor = 0, r;
     char base[32];
 
-    r = httpc_do(d->http, &req, &resp, err);
+    r = httpc_do(d->eng.http, &req, &resp, err);
     if (r < 0) {
         r = lb_error_recode(err, -EREMOTEIO, "cannot reach the docker engine");
         goto out;
@@ -539,7 +457,7 @@ static int negotiate(struct lb_docker *d, struct lb_error *err)
     if (resp.status != 200 || !resp.header_value ||
         sscanf(resp.header_value, "%d.%d", &major, &minor) != 2) {
         r = lb_error_set(err, -EREMOTEIO,
-                         "%s does not answer /_ping like a Docker engine (HTTP %ld)", d->socket,
+                         "%s does not answer /_ping like a Docker engine (HTTP %ld)", d->eng.socket,
                          resp.status);
         goto out;
     }
@@ -551,11 +469,11 @@ static int negotiate(struct lb_docker *d, struct lb_error *err)
         goto out;
     }
     snprintf(base, sizeof(base), "/v%d.%d", major, minor);
-    if (httpc_set_base_path(d->http, base) < 0) {
+    if (httpc_set_base_path(d->eng.http, base) < 0) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    log_info("docker provider: engine at %s, API %d.%d", d->socket, major, minor);
+    log_info("docker provider: engine at %s, API %d.%d", d->eng.socket, major, minor);
 out:
     httpc_response_release(&resp);
     return r;
@@ -622,69 +540,48 @@ out:
 int provider_docker_new(const struct lb_docker_config *cfg, struct lb_provider **out,
                         struct lb_error *err)
 {
+    struct lb_engine *e;
     struct lb_docker *d;
     int r;
 
-    if (!cfg->socket || !cfg->supervise_path || !cfg->state_dir)
+    if (!cfg->engine.socket || !*cfg->engine.socket || !cfg->engine.supervise_path ||
+        !cfg->engine.state_dir)
         return lb_error_set(err, -EINVAL,
                             "the docker provider needs docker.socket, the "
                             "supervisor and a state dir");
-    if (httpc_global_init() < 0)
-        return lb_error_set(err, -EIO, "cannot initialise libcurl");
-    d = calloc(1, sizeof(*d));
-    if (!d)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    engine_init(&d->eng, &docker_ops, &docker_hooks);
-    d->cfg = *cfg;
-    d->socket = strdup(cfg->socket);
-    d->default_image = cfg->default_image ? strdup(cfg->default_image) : NULL;
-    d->supervise_path = strdup(cfg->supervise_path);
-    d->net_inherit = strdup(cfg->net_inherit ? cfg->net_inherit : "none");
-    engine_instance_label(cfg->instance, cfg->state_dir, d->instance, sizeof(d->instance));
-    if (asprintf(&d->spool_dir, "%s/docker-spool", cfg->state_dir) < 0)
-        d->spool_dir = NULL;
-    if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->state_dir) < 0)
+    r = engine_new(sizeof(*d), &docker_hooks, &cfg->engine, &e, err);
+    if (r < 0)
+        return r;
+    d = (struct lb_docker *)e;
+    d->eng.supervise_inside = DOCKER_SUPERVISE_PATH;
+    d->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 30000;
+    d->max_file_bytes = cfg->max_file_bytes ? cfg->max_file_bytes : UINT64_C(1) << 30;
+    if (asprintf(&d->pass_dir, "%s/docker-pass", cfg->engine.state_dir) < 0)
         d->pass_dir = NULL;
-    if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->state_dir) < 0)
+    if (asprintf(&d->supervise_dir, "%s/docker-supervise", cfg->engine.state_dir) < 0)
         d->supervise_dir = NULL;
-    d->cfg.socket = d->socket;
-    d->cfg.default_image = d->default_image;
-    d->cfg.supervise_path = d->supervise_path;
-    d->cfg.net_inherit = d->net_inherit;
-    d->cfg.instance = d->instance;
-    if (d->cfg.max_file_bytes == 0)
-        d->cfg.max_file_bytes = UINT64_C(1) << 30;
-    if (d->cfg.create_timeout_ms <= 0)
-        d->cfg.create_timeout_ms = 30000;
-    d->eng.default_image = d->default_image;
-    d->eng.supervise_path = DOCKER_SUPERVISE_PATH;
-    d->eng.spool_dir = d->spool_dir;
-    d->eng.create_timeout_ms = d->cfg.create_timeout_ms;
-    if (!d->socket || !d->supervise_path || !d->net_inherit || !d->spool_dir || !d->pass_dir ||
-        !d->supervise_dir || (cfg->default_image && !d->default_image)) {
+    if (!d->pass_dir || !d->supervise_dir) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    if ((mkdir(d->spool_dir, 0700) < 0 && errno != EEXIST) ||
-        (mkdir(d->pass_dir, 0700) < 0 && errno != EEXIST)) {
-        r = lb_error_set(err, -errno, "cannot make '%s' or '%s': %s", d->spool_dir, d->pass_dir,
-                         strerror(errno));
+    if (mkdir(d->pass_dir, 0700) < 0 && errno != EEXIST) {
+        r = lb_error_set(err, -errno, "cannot make '%s': %s", d->pass_dir, strerror(errno));
         goto fail;
     }
-    r = copy_supervisor(d->supervise_path, d->supervise_dir, err);
+    r = copy_supervisor(d->eng.supervise_path, d->supervise_dir, err);
     if (r < 0)
         goto fail;
-    r = httpc_new(d->socket, "", &d->http, err);
+    r = httpc_new(d->eng.socket, "", &d->eng.http, err);
     if (r < 0)
         goto fail;
     r = negotiate(d, err);
     if (r < 0)
         goto fail;
-    log_info("docker provider: instance %s, default image %s", d->instance,
-             d->default_image ? d->default_image : "(none)");
+    log_info("docker provider: instance %s, default image %s", d->eng.instance,
+             d->eng.default_image ? d->eng.default_image : "(none)");
     *out = &d->eng.base;
     return 0;
 fail:
-    docker_destroy(&d->eng.base);
+    d->eng.ops.destroy(&d->eng.base);
     return r;
 }

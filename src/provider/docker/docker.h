@@ -47,18 +47,15 @@
 #ifndef LB_PROVIDER_DOCKER_H
 #define LB_PROVIDER_DOCKER_H
 
+#include "provider/engine/engine_config.h"
 #include "provider/provider.h"
 
 struct lb_docker_config {
-    const char *socket;         /* the engine's unix socket, e.g. /run/docker.sock */
-    const char *default_image;  /* image for a spec without one (or "host"); NULL: none */
-    const char *instance;       /* this daemon's label value; NULL: derived from state_dir */
-    const char *state_dir;      /* spool for uploads and downloads: <state_dir>/docker-spool */
-    const char *supervise_path; /* host path of the static lendbox-supervise */
-    const char *net_inherit;    /* [network] inherit: only "none" is enforceable here */
-    int64_t create_timeout_ms;  /* bound on each engine call of create */
-    uint64_t max_file_bytes;    /* file_open refuses a larger file (-EFBIG) before spooling it,
-                                 * and spools at most this (plus the tar's headers); 0: 1 GiB */
+    struct engine_config engine; /* socket (required, e.g. /run/docker.sock), default image,
+                                  * instance label, state dir, supervisor, net_inherit */
+    int64_t create_timeout_ms;   /* bound on each engine call of create */
+    uint64_t max_file_bytes;     /* file_open refuses a larger file (-EFBIG) before spooling it,
+                                  * and spools at most this (plus the tar's headers); 0: 1 GiB */
 };
 
 /* Make the provider: checks the socket answers /_ping and negotiates the API version (the

@@ -134,7 +134,7 @@ int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struc
         r = lb_error_set(err, -ENOENT, "no such sandbox");
         goto out;
     }
-    if (strstr(docker_engine_message(&resp, m, sizeof(m)), "is paused")) {
+    if (strstr(httpc_json_message(&resp, "message", m, sizeof(m)), "is paused")) {
         /* as the local provider (and API.md): an exec on a paused sandbox is 409 conflict */
         r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);
         goto out;
@@ -142,7 +142,7 @@ int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struc
     if (resp.status == 409 || (resp.status != 201 && resp.status != 200)) {
         /* not running: a sandbox-runtime result, like the local provider's */
         exec_result_set_runtime(x->res, LB_EXEC_SANDBOX, "the container cannot run commands: %s",
-                                docker_engine_message(&resp, m, sizeof(m)));
+                                httpc_json_message(&resp, "message", m, sizeof(m)));
         x->done = true;
         r = 0;
         goto out;
@@ -171,7 +171,7 @@ int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struc
                                         .sink_arg = &rd,
                                         .abort = &d->eng.gates.ended};
 
-        r = httpc_do(d->http, &sreq, &resp, err);
+        r = httpc_do(d->eng.http, &sreq, &resp, err);
     }
     if (r == 0 && resp.status == 404) {
         r = lb_error_set(err, -ENOENT, "no such sandbox");

@@ -95,7 +95,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
     struct stat stt;
 
     if (tar_fd < 0)
-        return lb_error_set(err, tar_fd, "cannot make a spool file in '%s': %s", d->spool_dir,
+        return lb_error_set(err, tar_fd, "cannot make a spool file in '%s': %s", d->eng.spool_dir,
                             strerror(-tar_fd));
     r = make_tar(tar_fd, path, fd, data, len, mode, err);
     if (r < 0)
@@ -115,7 +115,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
                                        .timeout_ms = ARCHIVE_TIMEOUT_MS,
                                        .max_body_bytes = 65536};
 
-        r = httpc_do(d->http, &req, &resp, err);
+        r = httpc_do(d->eng.http, &req, &resp, err);
     }
     if (r < 0) {
         r = docker_transport_error(r, err);
@@ -123,7 +123,7 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
     }
     if (resp.status == 200 || resp.status == 204)
         goto out;
-    docker_engine_message(&resp, m, sizeof(m));
+    httpc_json_message(&resp, "message", m, sizeof(m));
     if (resp.status == 404)
         r = lb_error_set(err, -ENOENT, "no such sandbox");
     else if (strstr(m, "not a directory"))
@@ -186,7 +186,7 @@ static int stat_path(struct lb_docker *d, const char *name, const char *path, ch
     snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
     curl_free(enc);
     req.path = url;
-    r = httpc_do(d->http, &req, &resp, err);
+    r = httpc_do(d->eng.http, &req, &resp, err);
     r = archive_answer_failed(r, &resp, path, err);
     if (r < 0)
         goto out;
@@ -228,18 +228,17 @@ static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
         return lb_error_set(err, -EFBIG,
                             "'%s' is %llu bytes, over the %llu-byte file limit "
                             "(limits.max_file_bytes): read it in parts with exec",
-                            path, (unsigned long long)size,
-                            (unsigned long long)d->cfg.max_file_bytes);
+                            path, (unsigned long long)size, (unsigned long long)d->max_file_bytes);
     return lb_error_set(err, -EFBIG,
                         "'%s' is over the %llu-byte file limit (limits.max_file_bytes): read it "
                         "in parts with exec",
-                        path, (unsigned long long)d->cfg.max_file_bytes);
+                        path, (unsigned long long)d->max_file_bytes);
 }
 
-int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
-    struct lb_docker *d = (struct lb_docker *)p;
+    struct lb_docker *d = (struct lb_docker *)eng;
     struct lb_httpc_response resp = {0};
     char name[256], url[8192], target[4200], *enc = NULL;
     struct archive *a = NULL;
@@ -248,25 +247,23 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     struct stat st;
     uint64_t size = 0;
 
-    if (!provider_path_is_valid(path))
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
     docker_name(d, ref->id, name, sizeof(name));
     r = stat_path(d, name, path, target, sizeof(target), &size, err);
     if (r < 0)
         return r;
-    if (size > d->cfg.max_file_bytes) /* refused before the engine sends a byte */
+    if (size > d->max_file_bytes) /* refused before the engine sends a byte */
         return too_large(d, path, size, err);
     tar_fd = engine_spool_file(&d->eng);
     out_fd = engine_spool_file(&d->eng);
     enc = escape(target);
     if (tar_fd < 0 || out_fd < 0 || !enc) {
-        r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->spool_dir);
+        r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->eng.spool_dir);
         goto out;
     }
     snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
     {
         struct engine_spool_sink sink = {.fd = tar_fd,
-                                         .max = d->cfg.max_file_bytes + TAR_OVERHEAD_BYTES};
+                                         .max = d->max_file_bytes + TAR_OVERHEAD_BYTES};
         struct lb_httpc_request req = {.method = "GET",
                                        .path = url,
                                        .timeout_ms = ARCHIVE_TIMEOUT_MS,
@@ -274,7 +271,7 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
                                        .sink = engine_spool_write,
                                        .sink_arg = &sink};
 
-        r = httpc_do(d->http, &req, &resp, err);
+        r = httpc_do(d->eng.http, &req, &resp, err);
     }
     if (r == -EFBIG) { /* it grew past the limit after the stat, or is a link to a large file */
         r = too_large(d, path, 0, err);
@@ -307,7 +304,7 @@ int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
         r = lb_error_set(err, -EINVAL, "'%s' is not a regular file", path);
         goto out;
     }
-    if (archive_entry_size(e) < 0 || (uint64_t)archive_entry_size(e) > d->cfg.max_file_bytes) {
+    if (archive_entry_size(e) < 0 || (uint64_t)archive_entry_size(e) > d->max_file_bytes) {
         r = too_large(d, path, (uint64_t)archive_entry_size(e), err);
         goto out;
     }

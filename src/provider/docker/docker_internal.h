@@ -24,14 +24,11 @@
 #define DOCKER_PASS_PATH "/run/lendbox/pass" /* the per-sandbox pass dir inside a container */
 
 struct lb_docker {
-    struct lb_engine eng;        /* first: the provider and the engine base */
-    struct lb_docker_config cfg; /* strings point at the copies below */
-    char *socket, *default_image, *supervise_path, *net_inherit, *spool_dir;
-    char *pass_dir;      /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
-    char *supervise_dir; /* <state_dir>/docker-supervise: the supervisor's copy, bind-mounted
-                            read-only at DOCKER_SUPERVISE_DIR */
-    char instance[64];
-    struct lb_httpc *http;
+    struct lb_engine eng;    /* first: the provider, the engine base and its settings */
+    uint64_t max_file_bytes; /* docker.max_file_bytes: file_open refuses larger files */
+    char *pass_dir;          /* <state_dir>/docker-pass: one directory per sandbox, bind-mounted */
+    char *supervise_dir;     /* <state_dir>/docker-supervise: the supervisor's copy, bind-mounted
+                                read-only at DOCKER_SUPERVISE_DIR */
 };
 
 /* One daemon fd passed to one exec (the engine passes none). A listening unix socket under a
@@ -79,8 +76,6 @@ int docker_call(struct lb_docker *d, const char *method, const char *path, const
                 int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
 /* An httpc failure as this provider's error (unreachable engine: -EREMOTEIO). */
 int docker_transport_error(int r, struct lb_error *err);
-/* The "message" of an engine's JSON error into buf. Returns buf. */
-const char *docker_engine_message(const struct lb_httpc_response *resp, char *buf, size_t size);
 /* The container's state (404: LB_STATUS_STOPPED). */
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err);
@@ -90,7 +85,8 @@ int docker_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                       const struct lb_exec_request *req, struct lb_error *err);
 int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
                     struct lb_error *err);
-int docker_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+/* The engine's file_open hook (docker_files.c). */
+int docker_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
 /* Put one regular file (len bytes from fd at its offset 0, or from data when fd < 0) at the
  * absolute path inside the sandbox, parents created. */

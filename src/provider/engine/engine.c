@@ -6,20 +6,136 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "provider/engine/httpc.h"
 #include "util/fault.h"
 #include "util/log.h"
 #include "util/token.h"
 
-void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
-                 const struct engine_hooks *hooks)
+static void engine_destroy(struct lb_provider *p);
+static void engine_caps_op(struct lb_provider *p, struct lb_provider_caps *out);
+
+void engine_init(struct lb_engine *e, const struct engine_hooks *hooks)
 {
     memset(e, 0, sizeof(*e));
-    e->base.ops = ops;
+    e->ops = (struct lb_provider_ops){
+        .name = hooks->name,
+        .version = LB_PROVIDER_OPS_VERSION,
+        .caps = engine_caps_op,
+        .create = engine_create,
+        .status = engine_status,
+        .exec = engine_exec,
+        .file_write = engine_file_write,
+        .file_open = engine_file_open,
+        .upload_begin = engine_upload_begin,
+        .upload_commit = engine_upload_commit,
+        .upload_abort = engine_upload_abort,
+        .list = engine_list,
+        .pause = engine_pause,
+        .resume = engine_resume,
+        .stop = engine_stop,
+        .end_execs = engine_end_execs,
+        .destroy = engine_destroy,
+    };
+    e->base.ops = &e->ops;
     e->hooks = hooks;
     pthread_mutex_init(&e->create_mutex, NULL);
+}
+
+/* A copy of s, NULL for NULL or ""; *oom when the copy failed. */
+static char *copy_set(const char *s, bool *oom)
+{
+    char *c = s && *s ? strdup(s) : NULL;
+
+    if (s && *s && !c)
+        *oom = true;
+    return c;
+}
+
+int engine_setup(struct lb_engine *e, const struct engine_config *c, struct lb_error *err)
+{
+    bool oom = false;
+
+    e->socket = copy_set(c->socket, &oom);
+    e->default_image = copy_set(c->default_image, &oom);
+    e->supervise_path = strdup(c->supervise_path);
+    e->net_inherit = strdup(c->net_inherit ? c->net_inherit : "none");
+    engine_instance_label(c->instance, c->state_dir, e->instance, sizeof(e->instance));
+    if (asprintf(&e->spool_dir, "%s/%s-spool", c->state_dir, e->hooks->name) < 0)
+        e->spool_dir = NULL;
+    if (oom || !e->supervise_path || !e->net_inherit || !e->spool_dir)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (mkdir(e->spool_dir, 0700) < 0 && errno != EEXIST)
+        return lb_error_set(err, -errno, "cannot make '%s': %s", e->spool_dir, strerror(errno));
+    return 0;
+}
+
+int engine_new(size_t size, const struct engine_hooks *hooks, const struct engine_config *c,
+               struct lb_engine **out, struct lb_error *err)
+{
+    struct lb_engine *e;
+    int r;
+
+    if (httpc_global_init() < 0)
+        return lb_error_set(err, -EIO, "cannot initialise libcurl");
+    e = calloc(1, size);
+    if (!e)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    engine_init(e, hooks);
+    r = engine_setup(e, c, err);
+    if (r < 0) {
+        e->ops.destroy(&e->base);
+        return r;
+    }
+    *out = e;
+    return 0;
+}
+
+int engine_check_network(const struct lb_engine *e, const struct lb_sandbox_spec *spec,
+                         struct lb_error *err)
+{
+    const char *a = spec->network.access, *name = e->hooks->name, *noun = e->hooks->noun;
+
+    if (a && strcmp(a, "inherit") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network access '%s' cannot be enforced by the %s provider (its %ss "
+                            "have no network at all)",
+                            a, name, noun);
+    if (strcmp(e->net_inherit, "none") != 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "network.inherit '%s' cannot be enforced by the %s provider (only "
+                            "'none')",
+                            e->net_inherit, name);
+    if (spec->n_ports > 0)
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the %s provider cannot expose ports: its %ss have no network", name,
+                            noun);
+    return 0;
+}
+
+void engine_caps(const struct lb_engine *e, struct lb_provider_caps *out)
+{
+    *out = (struct lb_provider_caps){
+        .network_modes = strcmp(e->net_inherit, "none") == 0 ? LB_NET_LOOPBACK : 0,
+        .cpu_limit = true,
+        .memory_limit = true,
+        .pids_limit = true,
+        .disk_limit = true,
+        .images = true,
+        .pause = true,
+        .default_image = e->default_image,
+    };
+}
+
+static void engine_caps_op(struct lb_provider *p, struct lb_provider_caps *out)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+
+    engine_caps(e, out);
+    e->hooks->caps(e, out);
 }
 
 void engine_instance_label(const char *configured, const char *state_dir, char *buf, size_t size)
@@ -134,6 +250,25 @@ int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, c
     return 0;
 }
 
+int engine_get_json(struct lb_engine *e, const char *path, const char *what, int64_t timeout_ms,
+                    json_t **out, struct lb_error *err)
+{
+    struct lb_httpc_response resp = {0};
+    int r;
+
+    r = e->hooks->call(e, "GET", path, NULL, timeout_ms, &resp, err);
+    if (r == 0 && resp.status != 200)
+        r = e->hooks->answer_error(&resp, what, err);
+    if (r == 0) {
+        *out = httpc_response_json(&resp);
+        if (!*out)
+            r = lb_error_set(err, -EREMOTEIO, "%s: unreadable answer to %s", e->hooks->engine_label,
+                             what);
+    }
+    httpc_response_release(&resp);
+    return r;
+}
+
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err)
 {
@@ -160,6 +295,8 @@ int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     int r;
 
     r = e->hooks->list_raw(e, &items, err);
+    if (r == -ENOENT) /* the engine has no such list: it failed */
+        r = -EREMOTEIO;
     if (r < 0)
         goto out;
     arr = json_array();
@@ -188,8 +325,48 @@ int engine_end_execs(struct lb_provider *p)
     return gates_end(&((struct lb_engine *)p)->gates);
 }
 
+int engine_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+
+    return e->hooks->remove(e, ref, timeout_ms > 0 ? timeout_ms : 120000, err);
+}
+
+int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+
+    if (!provider_path_is_valid(path))
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    return e->hooks->file_open(e, ref, path, fd_out, size_out, err);
+}
+
 void engine_release(struct lb_engine *e)
 {
+    httpc_free(e->http);
+    e->http = NULL;
+    free(e->socket);
+    free(e->default_image);
+    free(e->supervise_path);
+    free(e->net_inherit);
+    free(e->spool_dir);
+    e->socket = e->default_image = e->supervise_path = e->net_inherit = e->spool_dir = NULL;
     gates_release(&e->gates);
     pthread_mutex_destroy(&e->create_mutex);
+}
+
+/* The destroy op: the backend's own, then the base, then the struct (calloc'd by the
+ * backend, the base first in it). */
+static void engine_destroy(struct lb_provider *p)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+
+    if (!e)
+        return;
+    if (e->hooks->release)
+        e->hooks->release(e);
+    engine_release(e);
+    free(e);
 }

@@ -19,11 +19,14 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include "provider/engine/engine_config.h"
 #include "provider/engine/framed.h"
 #include "provider/gate.h"
 #include "provider/provider.h"
 
 struct lb_engine;
+struct lb_httpc;
+struct lb_httpc_response;
 
 /* The instance a create makes or adopts, as the create hooks fill it in turn. */
 struct engine_instance {
@@ -104,46 +107,94 @@ struct engine_hooks {
      * not trusting the engine's filter), its id into *id_out (borrowed from item) and a new
      * descriptor (the caller owns it); NULL when it is not ours (or out of memory). */
     json_t *(*list_entry)(struct lb_engine *e, json_t *item, const char **id_out);
+
+    /* The backend's transport, for engine_get_json: call sends one request with a small
+     * JSON body (or none) and buffers the answer (any status); timeout_ms <= 0: the
+     * backend's default. 0, or -EREMOTEIO / -ETIMEDOUT with err set. answer_error words an
+     * answer that is not the one wanted (what names the request): 404 -ENOENT, else
+     * -EREMOTEIO. */
+    int (*call)(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
+    int (*answer_error)(const struct lb_httpc_response *resp, const char *what,
+                        struct lb_error *err);
+
+    /* The provider's ops that stay the backend's own (engine_init's ops table calls them; see
+     * provider.h for their contracts). caps adjusts what engine_caps filled in: what this
+     * backend honours beyond, or not, of what both do. remove stops and removes the sandbox's
+     * instance (engine_stop gives a positive timeout_ms). file_open gets a valid path. release
+     * (may be NULL) frees what the backend holds besides the engine base; the engine frees the
+     * struct itself. */
+    void (*caps)(struct lb_engine *e, struct lb_provider_caps *out);
+    int (*remove)(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                  struct lb_error *err);
+    int (*file_open)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+    void (*release)(struct lb_engine *e);
 };
 
 /* The members of a backend's struct engine_hooks that every backend fills from functions of
  * the same name, for a backend that names its hooks hook_<member> (static in its own file):
- * prepare, make, find_own, start, finish, rollback, state, set_frozen, list_raw, list_entry
- * and put_file. The backend adds name, noun, engine_label, exec_check and exec_run. */
+ * prepare, make, find_own, start, finish, rollback, state, set_frozen, list_raw, list_entry,
+ * put_file, caps, remove, file_open and release. The backend adds name, noun, engine_label,
+ * exec_check and exec_run. */
 #define ENGINE_HOOKS_BY_NAME                                                                       \
     .prepare = hook_prepare, .make = hook_make, .find_own = hook_find_own, .start = hook_start,    \
     .finish = hook_finish, .rollback = hook_rollback, .state = hook_state,                         \
     .set_frozen = hook_set_frozen, .list_raw = hook_list_raw, .list_entry = hook_list_entry,       \
-    .put_file = hook_put_file
+    .put_file = hook_put_file, .caps = hook_caps, .remove = hook_remove,                           \
+    .file_open = hook_file_open, .release = hook_release
 
-/* The members of a backend's struct lb_provider_ops that the engine base's drivers serve
- * (declared below). The backend adds name, version, caps, stop, file_open and destroy. */
-#define ENGINE_PROVIDER_DRIVERS                                                                    \
-    .create = engine_create, .status = engine_status, .exec = engine_exec,                         \
-    .file_write = engine_file_write, .upload_begin = engine_upload_begin,                          \
-    .upload_commit = engine_upload_commit, .upload_abort = engine_upload_abort,                    \
-    .list = engine_list, .pause = engine_pause, .resume = engine_resume,                           \
-    .end_execs = engine_end_execs
-
-/* Embedded first in a backend's provider struct (struct lb_docker, struct lb_lxd). */
+/* Embedded first in a backend's provider struct (struct lb_docker, struct lb_lxd). The
+ * strings and http are the engine's: engine_setup makes the strings, the backend the client;
+ * engine_release frees them all. */
 struct lb_engine {
-    struct lb_provider base;
+    struct lb_provider base;    /* base.ops points at ops */
+    struct lb_provider_ops ops; /* the engine's drivers under the backend's name */
     const struct engine_hooks *hooks;
-    struct lb_gates gates;      /* exec admission; gates.ended: end_execs was called */
-    const char *default_image;  /* borrowed from the backend; NULL: a seed must name one */
-    const char *supervise_path; /* the supervisor inside an instance (static string) */
-    const char *spool_dir;      /* uploads and downloads spool here (borrowed, absolute) */
-    int64_t create_timeout_ms;  /* bound of each step of a create */
-    bool ready_timeout;         /* a spec's ready_timeout_ms, when set, bounds a create instead */
-    bool serial_create;         /* make and start one instance at a time (create_mutex) */
+    struct lb_gates gates;        /* exec admission; gates.ended: end_execs was called */
+    char *socket;                 /* NULL: none */
+    char *default_image;          /* NULL: a seed must name one */
+    char *supervise_path;         /* the supervisor on the host */
+    char *net_inherit;            /* [network] inherit */
+    char *spool_dir;              /* uploads and downloads spool here (absolute) */
+    char instance[64];            /* this daemon's instance label value */
+    struct lb_httpc *http;        /* the engine's API client */
+    const char *supervise_inside; /* the supervisor inside an instance (static string) */
+    int64_t create_timeout_ms;    /* bound of each step of a create */
+    bool ready_timeout;           /* a spec's ready_timeout_ms, when set, bounds a create instead */
+    bool serial_create;           /* make and start one instance at a time (create_mutex) */
     pthread_mutex_t create_mutex;
 };
 
-/* Set up the base: ops and hooks (static, borrowed), the rest zeroed but the mutex. The
- * backend sets default_image, supervise_path, spool_dir, create_timeout_ms, ready_timeout and
- * serial_create after. Pair with engine_release. */
-void engine_init(struct lb_engine *e, const struct lb_provider_ops *ops,
-                 const struct engine_hooks *hooks);
+/* Set up the base: hooks (static, borrowed) and the ops table of the engine's drivers under
+ * hooks->name, the rest zeroed but the mutex. The backend then calls engine_setup (or sets the
+ * strings itself, malloc'd) and sets supervise_inside, create_timeout_ms, ready_timeout and
+ * serial_create. Pair with engine_release (the provider's destroy op does). */
+void engine_init(struct lb_engine *e, const struct engine_hooks *hooks);
+
+/* Copy what c names into e (socket, default_image, supervise_path, net_inherit, instance: the
+ * label engine_instance_label gives) and make the spool dir <state_dir>/<name>-spool (0700).
+ * 0, -ENOMEM, or the errno of mkdir with err set; what was copied is freed by engine_release. */
+int engine_setup(struct lb_engine *e, const struct engine_config *c, struct lb_error *err);
+
+/* Allocate a backend's struct of size bytes (struct lb_engine first in it), engine_init it
+ * with hooks and engine_setup it with c, after libcurl's process-wide set-up. On success
+ * *out is the new base (the backend sets the rest; on a later failure it destroys it with
+ * its ops' destroy). 0, -EIO (libcurl), -ENOMEM or engine_setup's error, with err set. */
+int engine_new(size_t size, const struct engine_hooks *hooks, const struct engine_config *c,
+               struct lb_engine **out, struct lb_error *err);
+
+/* The network part of a spec that an instance with no network at all can honour: no access
+ * mode but "inherit" (or none), and that only when net_inherit is "none"; no ports. 0, or
+ * -EOPNOTSUPP with err naming what cannot be enforced. */
+int engine_check_network(const struct lb_engine *e, const struct lb_sandbox_spec *spec,
+                         struct lb_error *err);
+
+/* The capabilities every engine backend has: cpu, memory, pids and disk limits, images,
+ * pause, loopback-only networking when net_inherit is "none", the default image (borrowed
+ * from e); no users, fd passing, receipts or exclusive execs. The caps op is this, then
+ * hooks->caps. */
+void engine_caps(const struct lb_engine *e, struct lb_provider_caps *out);
 
 /* The value of the instance label that tells this daemon's instances from others on one
  * engine: configured when it is not NULL or "", else the first 12 hex digits of the SHA-256
@@ -210,6 +261,12 @@ struct lb_httpc_response;
 int engine_state_answer(const struct lb_httpc_response *resp, const char *obj, const char *key,
                         const struct engine_state_name *table, enum lb_sandbox_status *out);
 
+/* GET path through hooks->call and its answer, which must be 200 (else hooks->answer_error:
+ * 404 -ENOENT, else -EREMOTEIO), parsed as JSON into *out (the caller's; an answer that is not
+ * JSON is -EREMOTEIO). what names the request in messages. */
+int engine_get_json(struct lb_engine *e, const char *path, const char *what, int64_t timeout_ms,
+                    json_t **out, struct lb_error *err);
+
 /* The provider's status op: hooks->state. */
 int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                   enum lb_sandbox_status *out, struct lb_error *err);
@@ -218,11 +275,18 @@ int engine_status(struct lb_provider *p, const struct lb_sandbox_ref *ref,
  * -EREMOTEIO with the engine's reason. */
 int engine_pause(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
 int engine_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_error *err);
-/* The list op: [{"sandbox_id", "descriptor"}] of the items hooks->list_entry takes as ours. */
+/* The list op: [{"sandbox_id", "descriptor"}] of the items hooks->list_entry takes as ours;
+ * a list_raw that fails with -ENOENT (a 404) is -EREMOTEIO. */
 int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err);
 /* The end_execs op: no exec is admitted from now on; returns how many are in flight. */
 int engine_end_execs(struct lb_provider *p);
-/* Free what the engine base holds (the backend's destroy calls it; no exec runs). */
+/* The stop op: hooks->remove, with 120000 ms when timeout_ms is not positive. */
+int engine_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                struct lb_error *err);
+/* The file_open op: a valid path (-EINVAL), then hooks->file_open. */
+int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+/* Free what the engine base holds (the strings, http, the gates; no exec runs). */
 void engine_release(struct lb_engine *e);
 
 #endif

@@ -41,7 +41,7 @@ static json_t *base_command(struct lb_engine *e, const struct lb_exec_request *r
 
     if (!cmd)
         return NULL;
-    json_array_append_new(cmd, json_string(e->supervise_path));
+    json_array_append_new(cmd, json_string(e->supervise_inside));
     json_array_append_new(cmd, json_string("--framed"));
     json_array_append_new(cmd, json_string("--max-output"));
     snprintf(num, sizeof(num), "%zu", req->max_output_bytes > 0 ? req->max_output_bytes : 1);

@@ -374,3 +374,41 @@ out:
     curl_easy_cleanup(h);
     return r;
 }
+
+int httpc_call_json(struct lb_httpc *c, struct lb_httpc_request *req, const json_t *body,
+                    struct lb_httpc_response *resp, struct lb_error *err)
+{
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    int r;
+
+    memset(resp, 0, sizeof(*resp));
+    if (body && !text)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if (text) {
+        req->body = text;
+        req->body_len = strlen(text);
+    }
+    r = httpc_do(c, req, resp, err);
+    if (text) {
+        req->body = NULL;
+        req->body_len = 0;
+    }
+    free(text);
+    return r;
+}
+
+json_t *httpc_response_json(const struct lb_httpc_response *resp)
+{
+    return resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
+}
+
+const char *httpc_json_message(const struct lb_httpc_response *resp, const char *key, char *buf,
+                               size_t size)
+{
+    json_t *j = httpc_response_json(resp);
+    const char *m = json_string_value(json_object_get(j, key));
+
+    snprintf(buf, size, "%s", m && *m ? m : "(no message)");
+    json_decref(j);
+    return buf;
+}

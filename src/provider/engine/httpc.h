@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "util/buf.h"
 #include "util/error.h"
 
@@ -92,6 +94,20 @@ struct lb_httpc_response {
  * says which. resp is filled as far as it got either way (release it in every case). */
 int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_httpc_response *resp,
              struct lb_error *err);
+
+/* httpc_do with a small JSON body: body (NULL: none) sent compact as req's body
+ * (application/json). The same returns, and -ENOMEM when body cannot be written out. */
+int httpc_call_json(struct lb_httpc *c, struct lb_httpc_request *req, const json_t *body,
+                    struct lb_httpc_response *resp, struct lb_error *err);
+
+/* A response's buffered body parsed as JSON: a new reference (the caller's), or NULL when
+ * there is no body or it is not JSON. */
+json_t *httpc_response_json(const struct lb_httpc_response *resp);
+
+/* The string member key of a JSON answer (an engine's error text: Docker's "message", LXD's
+ * "error") into buf; "(no message)" when there is none or it is empty. Returns buf. */
+const char *httpc_json_message(const struct lb_httpc_response *resp, const char *key, char *buf,
+                               size_t size);
 
 /* Free what a response holds (safe on a zeroed one). */
 void httpc_response_release(struct lb_httpc_response *resp);

@@ -30,7 +30,7 @@
 
 #define SWEEP_STEP_MS 10
 #define THAW_WAIT_MS 2000
-#define KNOWN_EXIT_MS 1000 /* bound on the wait for the monitor and exec helpers after the init */
+#define KNOWN_EXIT_MS 1000 /* bound on the waits after the init that no pidfd ends */
 #define KNOWN_PIDS_MAX 64
 
 /* How many stops swept /proc for the ids of a slot (local_slot_sweeps). */
@@ -161,29 +161,48 @@ static int exec_helper_pidfds(struct local_provider *lp, const struct local_desc
     return n;
 }
 
-/* After a clean init death: wait (at most KNOWN_EXIT_MS, never past deadline_ms) for the
- * processes of the sandbox's ids that the daemon knows to run outside its pid namespace:
- * bwrap's monitor (monfd; reaped when it is our child: lendboxd is a subreaper) and the exec
- * helpers, which exit as soon as their supervisor (inside the namespace) is gone; then, while
- * the sandbox has a cgroup, until that is empty. */
-static void wait_known_pids(struct local_provider *lp, const struct local_desc *d, int monfd,
-                            pid_t monitor, int64_t deadline_ms)
+/* Wait (never past until) for bwrap's monitor to exit, and reap it when it is our child
+ * (lendboxd is a subreaper). Through monfd when it could be pinned; else only a monitor that
+ * is our own child is waited for, by its pid (an unreaped child's pid cannot be reused) and
+ * at most KNOWN_EXIT_MS, so that a failed pidfd_open (EMFILE) leaves no zombie behind. */
+static void wait_monitor(int monfd, pid_t monitor, int64_t until)
 {
-    int64_t until = clock_mono_ms() + KNOWN_EXIT_MS;
-    int fds[KNOWN_PIDS_MAX], n;
-
-    if (until > deadline_ms)
-        until = deadline_ms;
+    if (monitor <= 1)
+        return;
     if (monfd >= 0) {
         (void)wait_pidfd(monfd, until);
         if (local_proc_ppid(monitor) == getpid())
             (void)waitpid(monitor, NULL, WNOHANG);
+        return;
     }
+    if (until > clock_mono_ms() + KNOWN_EXIT_MS)
+        until = clock_mono_ms() + KNOWN_EXIT_MS;
+    while (local_proc_ppid(monitor) == getpid() && waitpid(monitor, NULL, WNOHANG) == 0 &&
+           clock_mono_ms() < until)
+        sleep_ms(SWEEP_STEP_MS);
+}
+
+/* After a clean init death: wait for the processes of the sandbox's ids that the daemon knows
+ * to run outside its pid namespace: bwrap's monitor and the exec helpers, which exit as soon
+ * as the init and their supervisor (inside the namespace) are gone. Their exits are events
+ * that come, so they are awaited up to deadline_ms (a loaded machine may take more than a
+ * moment); then, while the sandbox has a cgroup, at most KNOWN_EXIT_MS more until that is
+ * empty (what the daemon does not know of: an exec worker's helper already unlinked). */
+static void wait_known_pids(struct local_provider *lp, const struct local_desc *d, int monfd,
+                            pid_t monitor, int64_t deadline_ms)
+{
+    int fds[KNOWN_PIDS_MAX], n;
+    int64_t until;
+
+    wait_monitor(monfd, monitor, deadline_ms);
     n = exec_helper_pidfds(lp, d, fds, KNOWN_PIDS_MAX);
     for (int i = 0; i < n; i++) {
-        (void)wait_pidfd(fds[i], until);
+        (void)wait_pidfd(fds[i], deadline_ms);
         close(fds[i]);
     }
+    until = clock_mono_ms() + KNOWN_EXIT_MS;
+    if (until > deadline_ms)
+        until = deadline_ms;
     /* an exec worker unlinks its helper before it reaps it, and a file transfer's helper is
      * not linked at all: those leave the cgroup on their own, as soon as they have exited */
     while (d->cg.version != 0 && !cgroup_is_empty(&d->cg) && clock_mono_ms() < until)
@@ -263,12 +282,15 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             bool mz = false;
 
             monfd = (int)syscall(SYS_pidfd_open, monitor, 0);
-            if (monfd >= 0 &&
-                (local_proc_ppid(d->pid) != monitor || !local_desc_alive(d) ||
-                 local_proc_uid(monitor, &mu, &mz) < 0 || mu - d->uid >= LOCAL_SLOT_IDS)) {
-                close(monfd);
+            if (local_proc_ppid(d->pid) != monitor || !local_desc_alive(d) ||
+                local_proc_uid(monitor, &mu, &mz) < 0 || mu - d->uid >= LOCAL_SLOT_IDS) {
+                if (monfd >= 0)
+                    close(monfd);
                 monfd = -1;
+                monitor = -1; /* not the sandbox's monitor: nothing to wait for */
             }
+        } else {
+            monitor = -1;
         }
         if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0 &&
             errno != ESRCH) {

@@ -44,33 +44,25 @@ static json_t *new_descriptor(const char *name, const char *location, const char
 static int find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
                     struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     char path[256];
     json_t *j = NULL, *md, *conf;
     int r;
 
     snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
+    r = engine_get_json(&l->eng, path, "instance lookup", 0, &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = lxd_answer_error(&resp, "instance lookup", err);
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r;
     md = json_object_get(j, "metadata");
     conf = json_object_get(md, "config");
-    if (strcmp(json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE)) ?: "", l->instance) !=
-            0 ||
-        strcmp(json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX)) ?: "", id) != 0) {
+    if (strcmp(json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE)) ?: "",
+               l->eng.instance) != 0 ||
+        strcmp(json_string_value(json_object_get(conf, LXD_LABEL_SANDBOX)) ?: "", id) != 0)
         r = lb_error_set(err, -EREMOTEIO,
                          "LXD instance '%s' exists but does not carry this daemon's labels", id);
-        goto out;
-    }
-    snprintf(location, loc_size, "%s", json_string_value(json_object_get(md, "location")) ?: "");
-out:
+    else
+        snprintf(location, loc_size, "%s",
+                 json_string_value(json_object_get(md, "location")) ?: "");
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -78,7 +70,6 @@ out:
  * instance: -EREMOTEIO at once rather than after LXD's own waits. */
 static int check_members(struct lb_lxd *l, struct lb_error *err)
 {
-    struct lb_httpc_response resp;
     json_t *j = NULL, *m;
     size_t i, online = 0;
     bool target_member = l->target && l->target[0] != '@', target_online = false;
@@ -86,15 +77,10 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
 
     if (!l->clustered)
         return 0;
-    r = lxd_call(l, NULL, "GET", "/1.0/cluster/members?recursion=1", NULL, 0, &resp, err);
+    r = engine_get_json(&l->eng, "/1.0/cluster/members?recursion=1", "cluster member list", 0,
+                        &j, err);
     if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        r = lxd_answer_error(&resp, "cluster member list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
+        return r == -ENOENT ? -EREMOTEIO : r;
     json_array_foreach(json_object_get(j, "metadata"), i, m) {
         const char *st = json_string_value(json_object_get(m, "status")) ?: "";
         const char *name = json_string_value(json_object_get(m, "server_name")) ?: "";
@@ -110,29 +96,16 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
     else if (target_member && !target_online)
         r = lb_error_set(err, -EREMOTEIO, "LXD cluster member '%s' (lxd.target) is not Online",
                          l->target);
-out:
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
 static int check_network(struct lb_lxd *l, const struct lb_sandbox_spec *spec, struct lb_error *err)
 {
-    const char *a = spec->network.access;
+    int r = engine_check_network(&l->eng, spec, err);
 
-    if (a && strcmp(a, "inherit") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network access '%s' cannot be enforced by the lxd provider (its "
-                            "instances have no network at all)",
-                            a);
-    if (strcmp(l->net_inherit, "none") != 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "network.inherit '%s' cannot be enforced by the lxd provider (only "
-                            "'none')",
-                            l->net_inherit);
-    if (spec->n_ports > 0)
-        return lb_error_set(err, -EOPNOTSUPP,
-                            "the lxd provider cannot expose ports: its instances have no network");
+    if (r < 0)
+        return r;
     if (spec->resources.disk_mib > 0 && !l->pool_has_quota)
         return lb_error_set(err, -EOPNOTSUPP,
                             "resources.disk_mib cannot be enforced by the lxd provider: storage "
@@ -145,8 +118,8 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
                            const char *image)
 {
     const struct lb_resources *res = &spec->resources;
-    json_t *conf = json_pack("{s:s,s:s,s:s}", LXD_LABEL_INSTANCE, l->instance, LXD_LABEL_SANDBOX,
-                             id, "security.idmap.isolated", "true");
+    json_t *conf = json_pack("{s:s,s:s,s:s}", LXD_LABEL_INSTANCE, l->eng.instance,
+                             LXD_LABEL_SANDBOX, id, "security.idmap.isolated", "true");
     json_t *root = json_pack("{s:s,s:s,s:s}", "type", "disk", "path", "/", "pool", l->pool);
     char v[64];
 
@@ -333,18 +306,15 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_error rerr = {0};
 
-    if (made && remove_instance(l, ref->id, inst->handle, l->cfg.call_timeout_ms * 2, &rerr) < 0)
+    if (made && remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, &rerr) < 0)
         log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
                      rerr.message);
 }
 
-static int lxd_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
-                    struct lb_error *err)
+static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
+                       struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
-
-    return remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms > 0 ? timeout_ms : 120000,
-                           err);
+    return remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, err);
 }
 
 static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -370,35 +340,23 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)e;
-    struct lb_httpc_response resp;
     char filter[200], path[512], *enc;
-    json_t *j = NULL;
+    json_t *j = NULL, *items;
     int r;
 
-    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, l->instance);
+    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, e->instance);
     enc = curl_easy_escape(NULL, filter, 0);
     if (!enc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
     curl_free(enc);
-    r = lxd_call(l, NULL, "GET", path, NULL, 0, &resp, err);
-    if (r < 0)
-        goto out;
-    if (resp.status != 200) {
-        lxd_answer_error(&resp, "instance list", err);
-        r = -EREMOTEIO;
-        goto out;
-    }
-    j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
-    if (!json_is_array(json_object_get(j, "metadata"))) {
+    r = engine_get_json(e, path, "instance list", 0, &j, err);
+    items = json_object_get(j, "metadata");
+    if (r == 0 && !json_is_array(items))
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
-        goto out;
-    }
-    *items_out = json_incref(json_object_get(j, "metadata"));
-out:
+    if (r == 0)
+        *items_out = json_incref(items);
     json_decref(j);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -411,54 +369,41 @@ static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_o
     const char *name = json_string_value(json_object_get(c, "name"));
 
     /* the filter is LXD's; check again, and that the name is the sandbox id */
-    if (!id || !inst || !name || strcmp(inst, l->instance) != 0 || strcmp(name, id) != 0)
+    if (!id || !inst || !name || strcmp(inst, l->eng.instance) != 0 || strcmp(name, id) != 0)
         return NULL;
     *id_out = id;
     return new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL);
 }
 
-static void lxd_destroy(struct lb_provider *p)
+static void hook_release(struct lb_engine *e)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
 
-    if (!l)
-        return;
-    httpc_free(l->http);
-    engine_release(&l->eng);
-    free(l->socket);
     free(l->url);
-    free(l->default_image);
     free(l->target);
-    free(l->supervise_path);
-    free(l->net_inherit);
-    free(l->spool_dir);
     free(l->supervise_data);
-    free(l);
 }
 
-/* No network but none, no endpoints, GPUs, terminals or fd passing;
- * activations' receipts through a file in the instance (receipt_file); disk_mib only on a pool
- * with quotas. */
-static void lxd_caps(struct lb_provider *p, struct lb_provider_caps *out)
+/* Beyond the engine's: activations' receipts through a file in the instance (receipt_file).
+ * Not: users by name (LXD's exec takes numeric ids only, exec_uid), fd passing, exclusive
+ * execs (the pushed supervisor and the receipt are files in the instance that its root can
+ * rewrite, so a grading result could be forged); disk_mib only on a pool with quotas. */
+static void hook_caps(struct lb_engine *e, struct lb_provider_caps *out)
 {
-    const struct lb_lxd *l = (const struct lb_lxd *)p;
+    out->disk_limit = ((struct lb_lxd *)e)->pool_has_quota;
+    out->receipt_file = true;
+}
 
-    *out = (struct lb_provider_caps){
-        .network_modes = strcmp(l->net_inherit, "none") == 0 ? LB_NET_LOOPBACK : 0,
-        .cpu_limit = true,
-        .memory_limit = true,
-        .pids_limit = true,
-        .disk_limit = l->pool_has_quota,
-        .images = true,
-        /* LXD's exec takes numeric ids only (exec_uid): no names */
-        .users = false,
-        .pause = true,
-        .receipt_file = true,
-        /* not exclusive: the pushed supervisor and the receipt are files in the instance that
-         * its root can rewrite, so a grading result could be forged */
-        .exclusive = false,
-        .default_image = l->default_image,
-    };
+static int hook_call(struct lb_engine *e, const char *method, const char *path, const json_t *body,
+                     int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    return lxd_call((struct lb_lxd *)e, NULL, method, path, body, timeout_ms, resp, err);
+}
+
+static int hook_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                          int *fd_out, uint64_t *size_out, struct lb_error *err)
+{
+    return lxd_file_open(e, ref, path, fd_out, size_out, err);
 }
 
 static int hook_put_file(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
@@ -473,17 +418,9 @@ static const struct engine_hooks lxd_hooks = {
     ENGINE_HOOKS_BY_NAME,
     .exec_check = lxd_exec_check,
     .exec_run = lxd_exec_run,
+    .call = hook_call,
+    .answer_error = lxd_answer_error,
     .engine_label = "LXD",
-};
-
-static const struct lb_provider_ops lxd_ops = {
-    .name = "lxd",
-    .version = LB_PROVIDER_OPS_VERSION,
-    .caps = lxd_caps,
-    ENGINE_PROVIDER_DRIVERS,
-    .stop = lxd_stop,
-    .file_open = lxd_file_open,
-    .destroy = lxd_destroy,
 };
 
 /* GET /1.0: trusted, every extension we use; whether it is clustered. */
@@ -497,7 +434,7 @@ static int check_server(struct lb_lxd *l, struct lb_error *err)
     r = lxd_call(l, NULL, "GET", "/1.0", NULL, 0, &resp, err);
     if (r < 0) {
         r = lb_error_keep(err, -EREMOTEIO, "cannot reach the LXD server at %s",
-                          httpc_endpoint(l->http));
+                          httpc_endpoint(l->eng.http));
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);
@@ -506,14 +443,14 @@ static int check_server(struct lb_lxd *l, struct lb_error *err)
     if (resp.status != 200 || !auth) {
         r = lb_error_set(err, -EREMOTEIO,
                          "%s does not answer GET /1.0 like an LXD server (HTTP %ld)",
-                         httpc_endpoint(l->http), resp.status);
+                         httpc_endpoint(l->eng.http), resp.status);
         goto out;
     }
     if (strcmp(auth, "trusted") != 0) {
         r = lb_error_set(err, -EREMOTEIO,
                          "the LXD server at %s does not trust this client (auth: %s): add the "
                          "client certificate with `lxc config trust add`",
-                         httpc_endpoint(l->http), auth);
+                         httpc_endpoint(l->eng.http), auth);
         goto out;
     }
     exts = json_object_get(md, "api_extensions");
@@ -528,7 +465,7 @@ static int check_server(struct lb_lxd *l, struct lb_error *err)
             r = lb_error_set(err, -EREMOTEIO,
                              "the LXD server at %s lacks the API extension '%s' that the lxd "
                              "provider needs (LXD 5.0 or later has it)",
-                             httpc_endpoint(l->http), required_extensions[k]);
+                             httpc_endpoint(l->eng.http), required_extensions[k]);
             goto out;
         }
     }
@@ -600,16 +537,17 @@ out:
 
 static int read_supervisor(struct lb_lxd *l, struct lb_error *err)
 {
-    int fd = open(l->supervise_path, O_RDONLY | O_CLOEXEC);
+    int fd = open(l->eng.supervise_path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     size_t got = 0;
     int r = 0;
 
     if (fd < 0)
-        return lb_error_set(err, -ENOENT, "cannot open the supervisor '%s': %s", l->supervise_path,
-                            strerror(errno));
+        return lb_error_set(err, -ENOENT, "cannot open the supervisor '%s': %s",
+                            l->eng.supervise_path, strerror(errno));
     if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > SUPERVISE_MAX_BYTES) {
-        r = lb_error_set(err, -EINVAL, "'%s' is not a usable supervisor binary", l->supervise_path);
+        r = lb_error_set(err, -EINVAL, "'%s' is not a usable supervisor binary",
+                         l->eng.supervise_path);
         goto out;
     }
     l->supervise_data = malloc((size_t)st.st_size);
@@ -623,7 +561,7 @@ static int read_supervisor(struct lb_lxd *l, struct lb_error *err)
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            r = lb_error_set(err, -EIO, "cannot read '%s'", l->supervise_path);
+            r = lb_error_set(err, -EIO, "cannot read '%s'", l->eng.supervise_path);
             goto out;
         }
         got += (size_t)n;
@@ -634,25 +572,16 @@ out:
     return r;
 }
 
-static char *dup_opt(const char *s, bool *oom)
-{
-    char *c = s && *s ? strdup(s) : NULL;
-
-    if (s && *s && !c)
-        *oom = true;
-    return c;
-}
-
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err)
 {
+    struct lb_engine *e;
     struct lb_lxd *l;
-    bool oom = false;
     int r;
 
-    if ((!cfg->socket || !*cfg->socket) && (!cfg->url || !*cfg->url))
+    if ((!cfg->engine.socket || !*cfg->engine.socket) && (!cfg->url || !*cfg->url))
         return lb_error_set(err, -EINVAL, "the lxd provider needs lxd.socket or lxd.url");
-    if (!cfg->supervise_path || !cfg->state_dir)
+    if (!cfg->engine.supervise_path || !cfg->engine.state_dir)
         return lb_error_set(err, -EINVAL, "the lxd provider needs the supervisor and a state dir");
     if (cfg->target && *cfg->target &&
         (strlen(cfg->target) > 63 ||
@@ -660,59 +589,31 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                              "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != strlen(cfg->target)))
         return lb_error_set(err, -EINVAL, "lxd.target '%s' is not a member or @group name",
                             cfg->target);
-    if (httpc_global_init() < 0)
-        return lb_error_set(err, -EIO, "cannot initialise libcurl");
-    l = calloc(1, sizeof(*l));
-    if (!l)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    engine_init(&l->eng, &lxd_ops, &lxd_hooks);
-    l->cfg = *cfg;
-    l->socket = dup_opt(cfg->socket, &oom);
-    l->url = dup_opt(cfg->url, &oom);
-    l->default_image = dup_opt(cfg->default_image, &oom);
-    l->target = dup_opt(cfg->target, &oom);
-    l->supervise_path = dup_opt(cfg->supervise_path, &oom);
-    l->net_inherit = dup_opt(cfg->net_inherit ? cfg->net_inherit : "none", &oom);
-    if (asprintf(&l->spool_dir, "%s/lxd-spool", cfg->state_dir) < 0) {
-        l->spool_dir = NULL;
-        oom = true;
-    }
-    engine_instance_label(cfg->instance, cfg->state_dir, l->instance, sizeof(l->instance));
-    l->cfg.socket = l->socket;
-    l->cfg.url = l->url;
-    l->cfg.default_image = l->default_image;
-    l->cfg.target = l->target;
-    l->cfg.supervise_path = l->supervise_path;
-    l->cfg.net_inherit = l->net_inherit;
-    l->cfg.instance = l->instance;
-    if (l->cfg.call_timeout_ms <= 0)
-        l->cfg.call_timeout_ms = 15000;
-    if (l->cfg.create_timeout_ms <= 0)
-        l->cfg.create_timeout_ms = 60000;
-    l->eng.default_image = l->default_image;
-    l->eng.supervise_path = LXD_SUPERVISE_PATH;
-    l->eng.spool_dir = l->spool_dir;
-    l->eng.create_timeout_ms = l->cfg.create_timeout_ms;
+    r = engine_new(sizeof(*l), &lxd_hooks, &cfg->engine, &e, err);
+    if (r < 0)
+        return r;
+    l = (struct lb_lxd *)e;
+    l->eng.supervise_inside = LXD_SUPERVISE_PATH;
+    l->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 60000;
     l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
     l->eng.serial_create = true; /* one instance made and started at a time */
-    if (oom) {
+    l->call_timeout_ms = cfg->call_timeout_ms > 0 ? cfg->call_timeout_ms : 15000;
+    l->url = cfg->url && *cfg->url ? strdup(cfg->url) : NULL;
+    l->target = cfg->target && *cfg->target ? strdup(cfg->target) : NULL;
+    if ((cfg->url && *cfg->url && !l->url) || (cfg->target && *cfg->target && !l->target)) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto fail;
-    }
-    if (mkdir(l->spool_dir, 0700) < 0 && errno != EEXIST) {
-        r = lb_error_set(err, -errno, "cannot make '%s': %s", l->spool_dir, strerror(errno));
         goto fail;
     }
     r = read_supervisor(l, err);
     if (r < 0)
         goto fail;
-    if (l->socket) {
-        r = httpc_new(l->socket, "", &l->http, err);
+    if (l->eng.socket) {
+        r = httpc_new(l->eng.socket, "", &l->eng.http, err);
     } else {
         struct lb_httpc_tls tls = {
             .cert = cfg->cert, .key = cfg->key, .server_cert = cfg->server_cert};
 
-        r = httpc_new_https(l->url, &tls, "", &l->http, err);
+        r = httpc_new_https(l->url, &tls, "", &l->eng.http, err);
     }
     if (r < 0)
         goto fail;
@@ -722,11 +623,12 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     if (r < 0)
         goto fail;
     log_info("lxd provider: %s%s, instance %s, default image %s, target %s",
-             httpc_endpoint(l->http), l->clustered ? " (clustered)" : "", l->instance,
-             l->default_image ? l->default_image : "(none)", l->target ? l->target : "(cluster's)");
+             httpc_endpoint(l->eng.http), l->clustered ? " (clustered)" : "", l->eng.instance,
+             l->eng.default_image ? l->eng.default_image : "(none)",
+             l->target ? l->target : "(cluster's)");
     *out = &l->eng.base;
     return 0;
 fail:
-    lxd_destroy(&l->eng.base);
+    l->eng.ops.destroy(&l->eng.base);
     return r;
 }

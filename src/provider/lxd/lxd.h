@@ -50,21 +50,19 @@
 #ifndef LB_PROVIDER_LXD_H
 #define LB_PROVIDER_LXD_H
 
+#include "provider/engine/engine_config.h"
 #include "provider/provider.h"
 
 struct lb_lxd_config {
-    const char *socket;         /* a member's unix socket; or NULL and url: */
-    const char *url;            /* "https://host:port" of a member */
-    const char *cert, *key;     /* url: the client certificate and key (PEM files) */
-    const char *server_cert;    /* url: the cluster's certificate (PEM): its key is pinned */
-    const char *default_image;  /* LXD image alias of a seed without an image; NULL: none */
-    const char *target;         /* member or "@group" for new instances; NULL: the cluster's */
-    const char *instance;       /* this daemon's label value; NULL: derived from state_dir */
-    const char *state_dir;      /* <state_dir>/lxd-spool holds file spools */
-    const char *supervise_path; /* host path of the static lendbox-supervise */
-    const char *net_inherit;    /* [network] inherit: only "none" is enforceable */
-    int64_t call_timeout_ms;    /* bound on each API call (not an exec's own run) */
-    int64_t create_timeout_ms;  /* bound on a whole create */
+    struct engine_config engine; /* socket (a member's; or none and url:), default image (an
+                                  * LXD image alias), instance label, state dir, supervisor,
+                                  * net_inherit */
+    const char *url;             /* "https://host:port" of a member */
+    const char *cert, *key;      /* url: the client certificate and key (PEM files) */
+    const char *server_cert;     /* url: the cluster's certificate (PEM): its key is pinned */
+    const char *target;          /* member or "@group" for new instances; NULL: the cluster's */
+    int64_t call_timeout_ms;     /* bound on each API call (not an exec's own run) */
+    int64_t create_timeout_ms;   /* bound on a whole create */
 };
 
 /* Make the provider: reads the supervisor, checks the server answers GET /1.0 as trusted, has

@@ -25,7 +25,7 @@ const char *lxd_member_of(const struct lb_sandbox_ref *ref)
 
 static int64_t call_ms(const struct lb_lxd *l, int64_t timeout_ms)
 {
-    return timeout_ms > 0 ? timeout_ms : l->cfg.call_timeout_ms;
+    return timeout_ms > 0 ? timeout_ms : l->call_timeout_ms;
 }
 
 /* A path we send: ours, or one LXD answered (an operation, an exec's log). Only plain /1.0/
@@ -38,23 +38,30 @@ static bool lxd_path_is_safe(const char *path)
            !strpbrk(path, "\r\n\t \\");
 }
 
-int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
-           struct lb_httpc_response *resp, struct lb_error *err)
+/* The end of every request: counted for member (a failure is a transport error or a 5xx);
+ * r, httpc's return, as this provider's error. */
+static int lxd_done(const char *member, int r, const struct lb_httpc_response *resp,
+                    struct lb_error *err)
 {
-    int r;
-
-    if (!lxd_path_is_safe(req->path))
-        return lb_error_set(err, -EREMOTEIO, "LXD: refusing an unexpected API path '%.80s'",
-                            req->path ? req->path : "");
-    r = httpc_do(l->http, req, resp, err);
-
     metrics_member_call("lxd", member, r < 0 || resp->status >= 500);
-    if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
-        return r;
-    if (r == -EINVAL)
+    if (r == 0 || r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG || r == -EINVAL)
         return r;
     /* whatever the transport said: the provider failed (502) */
     return lb_error_recode(err, -EREMOTEIO, "the LXD server cannot be reached");
+}
+
+static int refuse_path(const char *path, struct lb_error *err)
+{
+    return lb_error_set(err, -EREMOTEIO, "LXD: refusing an unexpected API path '%.80s'",
+                        path ? path : "");
+}
+
+int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
+           struct lb_httpc_response *resp, struct lb_error *err)
+{
+    if (!lxd_path_is_safe(req->path))
+        return refuse_path(req->path, err);
+    return lxd_done(member, httpc_do(l->eng.http, req, resp, err), resp, err);
 }
 
 int lxd_call(struct lb_lxd *l, const char *member, const char *method, const char *path,
@@ -65,29 +72,11 @@ int lxd_call(struct lb_lxd *l, const char *member, const char *method, const cha
                                    .path = path,
                                    .timeout_ms = call_ms(l, timeout_ms),
                                    .max_body_bytes = SMALL_BODY_BYTES};
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    int r;
 
     memset(resp, 0, sizeof(*resp));
-    if (body && !text)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    if (text) {
-        req.body = text;
-        req.body_len = strlen(text);
-    }
-    r = lxd_do(l, member, &req, resp, err);
-    free(text);
-    return r;
-}
-
-const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size)
-{
-    json_t *j = resp->body.data ? json_loadb(resp->body.data, resp->body.len, 0, NULL) : NULL;
-    const char *m = json_string_value(json_object_get(j, "error"));
-
-    snprintf(buf, size, "%s", m && *m ? m : "(no message)");
-    json_decref(j);
-    return buf;
+    if (!lxd_path_is_safe(path))
+        return refuse_path(path, err);
+    return lxd_done(member, httpc_call_json(l->eng.http, &req, body, resp, err), resp, err);
 }
 
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size)
@@ -103,7 +92,7 @@ int lxd_answer_error(const struct lb_httpc_response *resp, const char *what, str
 {
     char m[300];
 
-    lxd_message(resp, m, sizeof(m));
+    httpc_json_message(resp, "error", m, sizeof(m));
     return lb_error_set(err, resp->status == 404 ? -ENOENT : -EREMOTEIO,
                         "LXD: %s failed (HTTP %ld): %s", what, resp->status, m);
 }

@@ -101,7 +101,7 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
 {
     struct lb_httpc_request req = {.method = "GET",
                                    .path = log_path,
-                                   .timeout_ms = l->cfg.call_timeout_ms * 4,
+                                   .timeout_ms = l->call_timeout_ms * 4,
                                    .max_body_bytes = 65536,
                                    .sink = sink,
                                    .sink_arg = arg};
@@ -114,7 +114,7 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
     httpc_response_release(&resp);
     req = (struct lb_httpc_request){.method = "DELETE",
                                     .path = log_path,
-                                    .timeout_ms = l->cfg.call_timeout_ms,
+                                    .timeout_ms = l->call_timeout_ms,
                                     .max_body_bytes = 65536};
     /* best effort: a log left behind goes with the instance */
     (void)lxd_do(l, member, &req, &resp, NULL);
@@ -160,7 +160,7 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
     r = lxd_call(l, member, "POST", path, body, 0, &resp, err);
     if (r < 0)
         goto out;
-    lxd_message(&resp, m, sizeof(m));
+    httpc_json_message(&resp, "error", m, sizeof(m));
     if (resp.status == 404) {
         r = lb_error_set(err, -ENOENT, "no such sandbox");
         goto out;
@@ -207,9 +207,10 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
     md = json_object_get(j, "metadata");
     if (resp.status != 200 ||
         strcmp(json_string_value(json_object_get(md, "status")) ?: "", "Success") != 0) {
-        r = lb_error_set(
-            err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s", resp.status,
-            json_string_value(json_object_get(md, "err")) ?: lxd_message(&resp, m, sizeof(m)));
+        r = lb_error_set(err, -EREMOTEIO, "LXD: the exec did not succeed (HTTP %ld): %s",
+                         resp.status,
+                         json_string_value(json_object_get(md, "err"))
+                             ?: httpc_json_message(&resp, "error", m, sizeof(m)));
         goto out;
     }
     out_log = json_string_value(

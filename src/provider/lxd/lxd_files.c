@@ -56,10 +56,10 @@ static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const ch
     if (r < 0)
         return r;
     req.path = path;
-    req.timeout_ms = l->cfg.call_timeout_ms;
+    req.timeout_ms = l->call_timeout_ms;
     r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     if (r == 0 && resp.status != 200) {
-        lxd_message(&resp, m, sizeof(m));
+        httpc_json_message(&resp, "error", m, sizeof(m));
         if (resp.status == 404 && strstr(m, "nstance"))
             r = lb_error_set(err, -ENOENT, "no such sandbox");
         else if (resp.status >= 500 && !strstr(m, "exists") && !strstr(m, "not a directory"))
@@ -129,7 +129,7 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
     }
     r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     *status = resp.status;
-    lxd_message(&resp, m, m_size);
+    httpc_json_message(&resp, "error", m, m_size);
     httpc_response_release(&resp);
     return r;
 }
@@ -177,17 +177,15 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
                         m);
 }
 
-int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+int lxd_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                   int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
-    struct lb_lxd *l = (struct lb_lxd *)p;
+    struct lb_lxd *l = (struct lb_lxd *)e;
     char cur[PATH_MAX], url[PATH_MAX + 128], m[300];
     struct lb_httpc_response resp = {0};
     struct engine_spool_sink sink = {.fd = -1, .max = LXD_MAX_DOWNLOAD_BYTES};
     int r;
 
-    if (!provider_path_is_valid(path))
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
     snprintf(cur, sizeof(cur), "%s", path);
     for (int hop = 0;; hop++) {
         struct lb_httpc_request req = {.method = "GET",
@@ -203,7 +201,7 @@ int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const
         sink.fd = engine_spool_file(&l->eng);
         sink.written = 0;
         if (sink.fd < 0) {
-            r = lb_error_set(err, -EIO, "cannot make a spool file in '%s': %s", l->spool_dir,
+            r = lb_error_set(err, -EIO, "cannot make a spool file in '%s': %s", l->eng.spool_dir,
                              strerror(-sink.fd));
             goto out;
         }

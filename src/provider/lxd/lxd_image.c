@@ -41,7 +41,7 @@ static int set_alias(struct lb_lxd *l, const char *alias, const char *fingerprin
     }
     if (r == 0 && resp.status != 200 && resp.status != 201)
         r = lb_error_set(err, -EREMOTEIO, "LXD: setting the alias '%s' failed (HTTP %ld): %s",
-                         alias, resp.status, lxd_message(&resp, m, sizeof(m)));
+                         alias, resp.status, httpc_json_message(&resp, "error", m, sizeof(m)));
 out:
     curl_free(esc);
     httpc_response_release(&resp);
@@ -138,7 +138,7 @@ int provider_lxd_image_publish(struct lb_provider *p, int fd, uint64_t len, cons
         goto out;
     if (resp.status != 202 && resp.status != 200) {
         r = lb_error_set(err, -EREMOTEIO, "LXD: the image upload failed (HTTP %ld): %s",
-                         resp.status, lxd_message(&resp, m, sizeof(m)));
+                         resp.status, httpc_json_message(&resp, "error", m, sizeof(m)));
         goto out;
     }
     j = json_loadb(resp.body.data, resp.body.len, 0, NULL);

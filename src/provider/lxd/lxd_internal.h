@@ -19,16 +19,14 @@
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
 
 struct lb_lxd {
-    struct lb_engine eng;     /* first: the provider and the engine base */
-    struct lb_lxd_config cfg; /* strings point at the copies below */
-    char *socket, *url, *default_image, *target, *supervise_path, *net_inherit, *spool_dir;
-    char instance[64];
-    char pool[128];       /* the root pool of new instances (the default profile's) */
-    bool pool_has_quota;  /* its driver bounds a root device's size (not "dir") */
-    bool clustered;       /* the server is a cluster member */
-    void *supervise_data; /* the supervisor binary, pushed into each instance */
+    struct lb_engine eng;    /* first: the provider, the engine base and its settings */
+    int64_t call_timeout_ms; /* lxd.call_timeout_s: bound on each API call */
+    char *url, *target;      /* lxd.url (NULL: eng.socket), lxd.target (NULL: the cluster's) */
+    char pool[128];          /* the root pool of new instances (the default profile's) */
+    bool pool_has_quota;     /* its driver bounds a root device's size (not "dir") */
+    bool clustered;          /* the server is a cluster member */
+    void *supervise_data;    /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
-    struct lb_httpc *http;
 };
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */
@@ -46,9 +44,6 @@ int lxd_call(struct lb_lxd *l, const char *member, const char *method, const cha
  * failures as -EREMOTEIO / -ETIMEDOUT / -ECANCELED / -EFBIG or a sink's errno. */
 int lxd_do(struct lb_lxd *l, const char *member, const struct lb_httpc_request *req,
            struct lb_httpc_response *resp, struct lb_error *err);
-
-/* The "error" text of an LXD answer into buf. Returns buf. */
-const char *lxd_message(const struct lb_httpc_response *resp, char *buf, size_t size);
 
 /* An async call (POST/PUT/DELETE answering 202 with an operation) awaited up to timeout_ms.
  * 0 when the operation succeeded (*op_out: a new reference to the operation object's
@@ -87,7 +82,8 @@ int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                    const struct lb_exec_request *req, struct lb_error *err);
 int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
                  struct lb_error *err);
-int lxd_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
+/* The engine's file_open hook (lxd_files.c). */
+int lxd_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                   int *fd_out, uint64_t *size_out, struct lb_error *err);
 
 #endif
