@@ -41,11 +41,9 @@ struct drain_watchdog {
 static void *drain_watchdog_main(void *arg)
 {
     struct drain_watchdog *w = arg;
-    struct timespec until;
+    struct timespec until = clock_realtime_after_ms(w->timeout_s * 1000);
     bool expired = false;
 
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)w->timeout_s;
     pthread_mutex_lock(&w->mutex);
     while (!w->done && !expired)
         expired = pthread_cond_timedwait(&w->cond, &w->mutex, &until) == ETIMEDOUT;

@@ -630,11 +630,27 @@ int image_get(const char *images_dir, const char *name, struct lb_image_info *ou
     return image_read_info(images_dir, name, hex, out, err);
 }
 
+int image_load_entry(const char *images_dir, const char *name, char hex[65], json_t **out,
+                     struct lb_error *err)
+{
+    char p[IMAGE_PATH_MAX + 128];
+    json_error_t je;
+    int r = image_find_hex(images_dir, name, hex, err);
+
+    *out = NULL;
+    if (r < 0)
+        return r;
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    *out = json_load_file(p, 0, &je);
+    if (!*out)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
+    return 0;
+}
+
 int image_read_config(const char *images_dir, const char *name, json_t **env_out,
                       char **working_dir_out, struct lb_error *err)
 {
-    char hex[65], p[IMAGE_PATH_MAX + 128];
-    json_error_t je;
+    char hex[65];
     json_t *j, *env, *wd;
     int r;
 
@@ -642,13 +658,9 @@ int image_read_config(const char *images_dir, const char *name, json_t **env_out
         *env_out = NULL;
     if (working_dir_out)
         *working_dir_out = NULL;
-    r = image_find_hex(images_dir, name, hex, err);
+    r = image_load_entry(images_dir, name, hex, &j, err);
     if (r < 0)
         return r;
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
-    j = json_load_file(p, 0, &je);
-    if (!j)
-        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
     env = json_object_get(j, "env");
     wd = json_object_get(j, "working_dir");
     if (env_out && json_is_array(env))

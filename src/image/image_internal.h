@@ -9,6 +9,7 @@
 #ifndef LB_IMAGE_INTERNAL_H
 #define LB_IMAGE_INTERNAL_H
 
+#include <jansson.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -33,6 +34,10 @@ int image_link_name(const char *images_dir, const char *name, const char *hex,
 int image_name_hex(const char *images_dir, const char *name, char hex[65]);
 /* The same for a valid name, with "no image" detail in err (-ENOENT). */
 int image_find_hex(const char *images_dir, const char *name, char hex[65], struct lb_error *err);
+/* A named image's entry: hex gets its sha256 name, *out its image.json (the caller's, to
+ * json_decref). -ENOENT with detail when the name is unknown or its image.json unreadable. */
+int image_load_entry(const char *images_dir, const char *name, char hex[65], json_t **out,
+                     struct lb_error *err);
 /* An entry's image.json read into out. */
 int image_read_info(const char *images_dir, const char *name, const char *hex,
                     struct lb_image_info *out, struct lb_error *err);

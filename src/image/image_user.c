@@ -100,22 +100,17 @@ static long resolve_id(const char *rootfs, const char *file, const char *part)
 int image_resolve_user(const char *images_dir, const char *name, char **user_out,
                        struct lb_error *err)
 {
-    char hex[65], p[IMAGE_PATH_MAX + 128], rootfs[IMAGE_PATH_MAX + 128], spec[256];
+    char hex[65], rootfs[IMAGE_PATH_MAX + 128], spec[256];
     const char *user;
     char *group;
-    json_error_t je;
     json_t *j;
     long uid, gid = 0;
     int r;
 
     *user_out = NULL;
-    r = image_find_hex(images_dir, name, hex, err);
+    r = image_load_entry(images_dir, name, hex, &j, err);
     if (r < 0)
         return r;
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
-    j = json_load_file(p, 0, &je);
-    if (!j)
-        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s': %s", name, p, je.text);
     /* a snapshot's users are its base tree's (a layer may lack /etc/passwd) */
     snprintf(rootfs, sizeof(rootfs), "%s/" STORE "/sha256/%s/rootfs", images_dir,
              json_is_string(json_object_get(j, "root"))

@@ -107,17 +107,27 @@ out:
     return r;
 }
 
-void lend_fence_lower(struct lb_lend *l, const char *id)
+/* One exclusive exec (exclusive) or one writer leaves id's fence; the last writer out wakes an
+ * exclusive exec waiting in lend_fence_raise. */
+static void fence_drop(struct lb_lend *l, const char *id, bool exclusive)
 {
     struct lend_fence *f;
 
     pthread_mutex_lock(&l->fence_mutex);
     f = fence_get(l, id, false);
     if (f) {
-        f->exclusive--;
+        if (exclusive)
+            f->exclusive--;
+        else if (--f->writers == 0)
+            pthread_cond_broadcast(&l->fence_cond);
         fence_put(l, f);
     }
     pthread_mutex_unlock(&l->fence_mutex);
+}
+
+void lend_fence_lower(struct lb_lend *l, const char *id)
+{
+    fence_drop(l, id, true);
 }
 
 int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err)
@@ -152,15 +162,7 @@ int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
 
 void lend_fence_leave(struct lb_lend *l, const char *id)
 {
-    struct lend_fence *f;
-
-    pthread_mutex_lock(&l->fence_mutex);
-    f = fence_get(l, id, false);
-    if (f && --f->writers == 0) {
-        pthread_cond_broadcast(&l->fence_cond);
-        fence_put(l, f);
-    }
-    pthread_mutex_unlock(&l->fence_mutex);
+    fence_drop(l, id, false);
 }
 
 /* ---------- per-sandbox operations ---------- */

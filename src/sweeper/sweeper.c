@@ -103,10 +103,8 @@ static void *sweeper_main(void *arg)
 
     pthread_mutex_lock(&s->mutex);
     while (!s->stop) {
-        struct timespec until;
+        struct timespec until = clock_realtime_after_ms(s->interval_s * 1000);
 
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += s->interval_s;
         pthread_cond_timedwait(&s->cond, &s->mutex, &until);
         if (s->stop)
             break;

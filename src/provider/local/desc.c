@@ -241,3 +241,14 @@ int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
     local_net_mark_slot(lp, &d->net);
     return 0;
 }
+
+int local_desc_load_running(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                            struct local_desc *d, struct lb_error *err)
+{
+    int r = local_desc_load(lp, ref, d, err);
+
+    if (r < 0 || local_desc_alive(d))
+        return r;
+    local_desc_release(d);
+    return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+}

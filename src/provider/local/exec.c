@@ -702,13 +702,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         return lb_error_set(err, -EINVAL, "timeout must be positive");
     if (req->cwd && !provider_path_is_valid(req->cwd))
         return lb_error_set(err, -EINVAL, "cwd '%s' is not an absolute normalised path", req->cwd);
-    r = local_desc_load(lp, ref, &d, err);
+    r = local_desc_load_running(lp, ref, &d, err);
     if (r < 0)
         return r;
-    if (!local_desc_alive(&d)) {
-        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-        goto out;
-    }
     cgroup_is_frozen(&d.cg, &frozen);
     if (frozen) {
         r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", ref->id);

@@ -63,13 +63,11 @@ static int local_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *r
 {
     struct local_provider *lp = (struct local_provider *)p;
     struct local_desc d;
-    int r = local_desc_load(lp, ref, &d, err);
+    int r = local_desc_load_running(lp, ref, &d, err);
 
     if (r < 0)
         return r;
-    if (!local_desc_alive(&d))
-        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-    else if ((r = cgroup_read_oom_kills(&d.cg, count, limit_bytes)) < 0)
+    if ((r = cgroup_read_oom_kills(&d.cg, count, limit_bytes)) < 0)
         r = lb_error_set(err, r, "cannot read the OOM-kill count of sandbox '%s': %s", ref->id,
                          strerror(-r));
     local_desc_release(&d);
@@ -132,12 +130,10 @@ static int set_frozen(struct lb_provider *p, const struct lb_sandbox_ref *ref, b
     struct local_desc d;
     int r;
 
-    r = local_desc_load(lp, ref, &d, err);
+    r = local_desc_load_running(lp, ref, &d, err);
     if (r < 0)
         return r;
-    if (!local_desc_alive(&d))
-        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-    else if (d.cg.version == 0)
+    if (d.cg.version == 0)
         r = lb_error_set(err, -ENOSYS, "sandbox '%s' has no cgroup to freeze", ref->id);
     else
         r = cgroup_set_frozen(&d.cg, frozen, FREEZE_TIMEOUT_MS, err);
@@ -173,11 +169,9 @@ static int local_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *re
         return lb_error_set(err, -EREMOTEIO, "a stop of sandbox '%s' is under way", ref->id);
     if (r < 0)
         return lb_error_set(err, r, "out of memory");
-    r = local_desc_load(lp, ref, &d, err);
+    r = local_desc_load_running(lp, ref, &d, err);
     if (r == 0) {
-        if (!local_desc_alive(&d))
-            r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-        else if (d.net.mode == LOCAL_NET_NONE)
+        if (d.net.mode == LOCAL_NET_NONE)
             r = local_relay_endpoint(lp, ref->id, &d, port, url_out, err);
         else
             r = local_net_endpoint(&d.net, port, url_out, err);

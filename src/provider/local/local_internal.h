@@ -26,6 +26,7 @@
 #define LB_PROVIDER_LOCAL_INTERNAL_H
 
 #include <pthread.h>
+#include <dirent.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -121,6 +122,10 @@ void local_sandbox_dir(const struct local_provider *lp, const char *id, char *bu
  * is gone), -EINVAL when malformed. */
 int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
                     struct local_desc *d, struct lb_error *err);
+/* local_desc_load for an operation that needs the sandbox's init alive: -ENOENT "sandbox '<id>'
+ * is not running" (d released) when it is not. */
+int local_desc_load_running(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                            struct local_desc *d, struct lb_error *err);
 json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
 void local_desc_release(struct local_desc *d);
 /* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
@@ -154,6 +159,8 @@ void local_claims_sweep(struct local_provider *lp, json_t *all);
  * gone). */
 int local_proc_start_time(pid_t pid, uint64_t *start_time);
 /* Is the sandbox's init the very process the descriptor names (pid + start time)? */
+/* The next process id that readdir lists in d (an opendir("/proc")), or 0 at the end. */
+pid_t local_proc_next_pid(DIR *d);
 bool local_desc_alive(const struct local_desc *d);
 /* Is that init alive but already exiting (killed: its namespace's processes are being killed,
  * and the namespace's teardown, e.g. an image root's mounts, may keep it a while)? */

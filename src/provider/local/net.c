@@ -294,6 +294,19 @@ json_t *local_net_to_json(const struct local_net *n)
     return o;
 }
 
+/* One {"port": 1..65535, <addr_key>: "a.b.c.d"} of a descriptor's port lists. */
+static bool port_addr_parse(json_t *v, const char *addr_key, uint16_t *port, uint32_t *addr)
+{
+    json_int_t p = 0;
+    const char *a = NULL;
+
+    if (json_unpack(v, "{s:I,s:s}", "port", &p, addr_key, &a) < 0 || p < 1 || p > 65535 ||
+        !local_net_addr_parse(a, addr))
+        return false;
+    *port = (uint16_t)p;
+    return true;
+}
+
 int local_net_from_json(const json_t *j, struct local_net *n)
 {
     const char *mode = NULL, *ifname = NULL, *host = NULL, *addr = NULL;
@@ -325,26 +338,18 @@ int local_net_from_json(const json_t *j, struct local_net *n)
             return -EINVAL;
     }
     json_array_foreach(local, k, v) {
-        json_int_t port = 0;
-        const char *target = NULL;
-
-        if (json_unpack(v, "{s:I,s:s}", "port", &port, "target", &target) < 0 || port < 1 ||
-            port > 65535 || !local_net_addr_parse(target, &n->local[n->n_local].target))
+        if (!port_addr_parse(v, "target", &n->local[k].port, &n->local[k].target))
             return -EINVAL;
-        n->local[n->n_local++].port = (uint16_t)port;
     }
+    n->n_local = json_array_size(local);
     hostports = json_object_get(j, "hostports");
     if (json_array_size(hostports) > LOCAL_NET_MAX_LOCAL)
         return -EINVAL;
     json_array_foreach(hostports, k, v) {
-        json_int_t port = 0;
-        const char *target = NULL;
-
-        if (json_unpack(v, "{s:s,s:I}", "addr", &target, "port", &port) < 0 || port < 1 ||
-            port > 65535 || !local_net_addr_parse(target, &n->hostport[n->n_hostport].addr))
+        if (!port_addr_parse(v, "addr", &n->hostport[k].port, &n->hostport[k].addr))
             return -EINVAL;
-        n->hostport[n->n_hostport++].port = (uint16_t)port;
     }
+    n->n_hostport = json_array_size(hostports);
     return 0;
 }
 

@@ -157,33 +157,42 @@ static bool uid_in_slot(uint32_t u, uint32_t first)
     return u >= first && u - first < LOCAL_SLOT_IDS;
 }
 
+pid_t local_proc_next_pid(DIR *d)
+{
+    struct dirent *de;
+
+    while ((de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+
+        if (*end == '\0' && pid > 0 && pid <= INT_MAX)
+            return pid;
+    }
+    return 0;
+}
+
 /* SIGKILL every live process whose real uid is one of the slot's ids (first: its first id,
  * the sandbox's root). Returns how many were still alive. A pid is pinned with a pidfd and
  * its uid read again before the kill, so a reused pid is safe. */
 int local_kill_uid(uint32_t uid)
 {
-    struct dirent *de;
+    DIR *d = opendir("/proc");
     int alive = 0;
-    DIR *d;
+    pid_t pid;
 
-    d = opendir("/proc");
     if (!d)
         return -errno;
-    while ((de = readdir(d))) {
-        char *end;
-        long pid = strtol(de->d_name, &end, 10);
+    while ((pid = local_proc_next_pid(d)) > 0) {
         uint32_t u;
         bool zombie;
         int pfd;
 
-        if (*end || pid <= 0 || pid > INT_MAX)
+        if (local_proc_uid(pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
             continue;
-        if (local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || zombie)
-            continue;
-        pfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+        pfd = (int)syscall(SYS_pidfd_open, pid, 0);
         if (pfd < 0)
             continue;
-        if (local_proc_uid((pid_t)pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
+        if (local_proc_uid(pid, &u, &zombie) == 0 && uid_in_slot(u, uid) && !zombie) {
             alive++;
             (void)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
         }
@@ -207,22 +216,19 @@ pid_t local_proc_ppid(pid_t pid)
  * lendboxd is a child subreaper, so the monitor of a sandbox it started becomes its child). */
 void local_reap_uid_children(uint32_t uid)
 {
-    struct dirent *de;
-    pid_t self = getpid();
+    pid_t self = getpid(), pid;
     DIR *d = opendir("/proc");
 
     if (!d)
         return;
-    while ((de = readdir(d))) {
-        long pid = strtol(de->d_name, NULL, 10);
+    while ((pid = local_proc_next_pid(d)) > 0) {
         uint32_t u;
         bool zombie;
 
-        if (pid <= 0 || local_proc_uid((pid_t)pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) ||
-            !zombie)
+        if (local_proc_uid(pid, &u, &zombie) < 0 || !uid_in_slot(u, uid) || !zombie)
             continue;
-        if (local_proc_ppid((pid_t)pid) == self)
-            (void)waitpid((pid_t)pid, NULL, WNOHANG);
+        if (local_proc_ppid(pid) == self)
+            (void)waitpid(pid, NULL, WNOHANG);
     }
     closedir(d);
 }
@@ -313,23 +319,21 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
     pid_t *pids = NULL, *parents = NULL;
     uint64_t *starts = NULL;
     size_t n = 0, nall = 0, cap = 0, i;
-    struct dirent *de;
     bool grew = true;
     int killed = 0;
+    pid_t pid;
     DIR *d;
 
     /* one snapshot of (pid, parent) for every process; then the closure from the seeds */
     d = opendir("/proc");
     if (!d)
         return -errno;
-    while ((de = readdir(d))) {
-        char *end, state;
-        long pid = strtol(de->d_name, &end, 10);
+    while ((pid = local_proc_next_pid(d)) > 0) {
+        char state;
         uint64_t st;
         pid_t pp, ps;
 
-        if (*end || pid <= 0 || pid > INT_MAX ||
-            proc_stat_session((pid_t)pid, &state, &pp, &ps, &st) < 0)
+        if (proc_stat_session(pid, &state, &pp, &ps, &st) < 0)
             continue;
         if (state == 'Z' || state == 'X')
             continue;
@@ -352,9 +356,9 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
             starts = ns;
             cap = nc;
         }
-        pids[nall] = (pid_t)pid;
+        pids[nall] = pid;
         /* a member of the session is a seed, whatever its parent: -1 marks it */
-        parents[nall] = sid > 0 && ps == sid && proc_in_pidns((pid_t)pid, pidns) ? -1 : pp;
+        parents[nall] = sid > 0 && ps == sid && proc_in_pidns(pid, pidns) ? -1 : pp;
         starts[nall++] = st;
     }
     closedir(d);

@@ -90,20 +90,18 @@ static bool zombie_of_outside_parent(pid_t pid, pid_t ppid, const struct stat *n
  * even sees the agent's dead). */
 static int kill_pass(pid_t init, const struct stat *ns)
 {
-    struct dirent *de;
     int found = 0;
+    pid_t v;
     DIR *dir = opendir("/proc");
 
     if (!dir)
         return -errno;
-    while ((de = readdir(dir))) {
-        char *end;
-        long v = strtol(de->d_name, &end, 10);
+    while ((v = local_proc_next_pid(dir)) > 0) {
         bool zombie = false;
         pid_t ppid = 0;
         int pfd;
 
-        if (*end || v <= 0 || v == init || !proc_in_ns((pid_t)v, ns, &zombie, &ppid))
+        if (v == init || !proc_in_ns(v, ns, &zombie, &ppid))
             continue;
         if (zombie && zombie_of_outside_parent((pid_t)v, ppid, ns))
             continue;

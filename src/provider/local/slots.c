@@ -180,9 +180,11 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
 
 /* The slot-aligned first ids (absolute: multiples of LOCAL_SLOT_IDS) of the one or two slots
  * that the LOCAL_SLOT_IDS ids from uid on cover: a uid of an older version (one uid per
- * sandbox) need not be slot-aligned. Returns how many (1 or 2). */
+ * sandbox) need not be slot-aligned. Returns how many (1 or 2; 0 for uid 0, no slot). */
 static int uid_slots(uint32_t uid, uint32_t first[2])
 {
+    if (uid == 0)
+        return 0;
     first[0] = uid - uid % LOCAL_SLOT_IDS;
     if (uid % LOCAL_SLOT_IDS == 0 || first[0] > UINT32_MAX - LOCAL_SLOT_IDS)
         return 1;
@@ -194,11 +196,10 @@ static int uid_slots(uint32_t uid, uint32_t first[2])
 void local_uid_mark(struct local_provider *lp, uint32_t uid)
 {
     uint32_t first[2];
-    int i, n;
+    int i, n = uid_slots(uid, first);
 
-    if (uid == 0)
+    if (n == 0)
         return;
-    n = uid_slots(uid, first);
     pthread_mutex_lock(&lp->lock);
     for (i = 0; i < n; i++) {
         bool ours = local_uid_in_range(lp, first[i]);
@@ -222,11 +223,10 @@ void local_uid_mark(struct local_provider *lp, uint32_t uid)
 void local_uid_free(struct local_provider *lp, uint32_t uid)
 {
     uint32_t first[2];
-    int i, n;
+    int i, n = uid_slots(uid, first);
 
-    if (uid == 0)
+    if (n == 0)
         return;
-    n = uid_slots(uid, first);
     /* The claims go first and outside lp->lock: four file operations under a lock that every
      * stop takes several times serialized a sweep of many stops behind them. While the slot's
      * bit is still set no thread here takes the slot (local_uid_alloc skips it, local_uid_mark

@@ -137,13 +137,9 @@ int local_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, cons
     int r, wfd = -1;
     struct stat st;
 
-    r = local_desc_load(lp, ref, &d, err);
+    r = local_desc_load_running(lp, ref, &d, err);
     if (r < 0)
         return r;
-    if (!local_desc_alive(&d)) {
-        r = lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
-        goto out;
-    }
     if (d.cg.version == 0) {
         r = lb_error_set(err, -EREMOTEIO, "sandbox '%s' has no cgroup to freeze", ref->id);
         goto out;
