@@ -34,6 +34,21 @@
 #define HELPER_STACK (64 * 1024)
 #define HELPER_WAIT_MS 10000
 
+/* Under ThreadSanitizer the helper gets a copy of our memory instead (a fork-like clone): its
+ * clone interceptor runs fork bookkeeping in the child, which, sharing our memory while we run
+ * on, corrupts the runtime's state and dies (SIGSEGV). The helper reads only h and writes
+ * nothing of ours, so a copy behaves the same, only slower to make. */
+#if defined(__SANITIZE_THREAD__)
+#define HELPER_CLONE_VM 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HELPER_CLONE_VM 0
+#endif
+#endif
+#ifndef HELPER_CLONE_VM
+#define HELPER_CLONE_VM CLONE_VM
+#endif
+
 struct userns_helper {
     uid_t owner; /* 0: the clone itself made the namespace */
     int ready_w;
@@ -108,7 +123,7 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = clone(userns_child_main, stack + HELPER_STACK,
-                CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
+                HELPER_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
