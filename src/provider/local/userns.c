@@ -15,6 +15,7 @@
  * and reaps the helper: the fd alone keeps the namespace alive, and nothing stays running.
  */
 #include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 #include "util/fault.h"
 
 #include <errno.h>
@@ -33,21 +34,6 @@
 
 #define HELPER_STACK (64 * 1024)
 #define HELPER_WAIT_MS 10000
-
-/* Under ThreadSanitizer the helper gets a copy of our memory instead (a fork-like clone): its
- * clone interceptor runs fork bookkeeping in the child, which, sharing our memory while we run
- * on, corrupts the runtime's state and dies (SIGSEGV). The helper reads only h and writes
- * nothing of ours, so a copy behaves the same, only slower to make. */
-#if defined(__SANITIZE_THREAD__)
-#define HELPER_CLONE_VM 0
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define HELPER_CLONE_VM 0
-#endif
-#endif
-#ifndef HELPER_CLONE_VM
-#define HELPER_CLONE_VM CLONE_VM
-#endif
 
 struct userns_helper {
     uid_t owner; /* 0: the clone itself made the namespace */
@@ -123,7 +109,7 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = clone(userns_child_main, stack + HELPER_STACK,
-                HELPER_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
+                SPAWN_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
