@@ -9,7 +9,7 @@
 #   make e2e-pool   part of the e2e suite with a warm pool in every daemon (variant pool)
 #   make e2e-lxd    part of the e2e suite on the lxd provider against a two-member LXD cluster
 #   make asan       the same tests against an ASan+UBSan build (in build-asan/)
-#   make tsan       the e2e tests against a ThreadSanitizer build (in build-tsan/)
+#   make tsan       the same tests against a ThreadSanitizer build (in build-tsan/)
 #   make install    FHS install (PREFIX=/usr/local, DESTDIR supported; unit into UNITDIR)
 #   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
@@ -229,28 +229,17 @@ pytest: all
 
 test: unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest
 
-# The LXD test cluster (make e2e-lxd) is the run's own: the first LXD_CLUSTER_INDEX from 1 that
-# no other run claims (flock on /run/lendbox-test/lxd-cluster.<i>, held by this recipe's shell
-# until it ends) and where nothing of that index exists (scripts/lxd-cluster free); it is taken
-# down at the end, pass or fail. LXD_CLUSTER_INDEX given: that one. Then tests/leftover-check
-# fails the check when any process of this run still runs (a daemon, a sandbox of one, a podman
-# service or conmon of the run's roots): the run's processes carry LENDBOX_RUN_DIR, and the
-# harness lists the run's uid ranges and podman roots there. What else two runs at once keep
-# apart: docs/architecture.md, "Tests".
+# tests/with-run makes the run its own (as for asan and tsan): a run dir (LENDBOX_RUN_DIR), an
+# LXD test cluster (make e2e-lxd) of its own (the first LXD_CLUSTER_INDEX from 1 that no other
+# run claims, by flock on /run/lendbox-test/lxd-cluster.<i> held until the run ends, and where
+# nothing of that index exists; LXD_CLUSTER_INDEX given: that one), taken down at the end, pass
+# or fail. Then tests/leftover-check fails the check when any process of this run still runs (a
+# daemon, a sandbox of one, a podman service or conmon of the run's roots): the run's processes
+# carry LENDBOX_RUN_DIR, and the harness lists the run's uid ranges and podman roots there. What
+# else two runs at once keep apart: docs/architecture.md, "Tests".
 check: deps
-	@run=$$(mktemp -d /tmp/lendbox-run-XXXXXX); export LENDBOX_RUN_DIR=$$run; \
-	if [ -z "$$LXD_CLUSTER_INDEX" ]; then mkdir -p /run/lendbox-test; \
-		for i in 1 2 3 4 5 6 7 8 9; do exec 8>/run/lendbox-test/lxd-cluster.$$i; \
-			if flock -n 8 && LXD_CLUSTER_INDEX=$$i scripts/lxd-cluster free 8>&-; then \
-				export LXD_CLUSTER_INDEX=$$i; break; fi; exec 8>&-; done; \
-		[ -n "$$LXD_CLUSTER_INDEX" ] || { echo "check: no free LXD_CLUSTER_INDEX (1-9)"; \
-			rm -rf "$$run"; exit 1; }; fi; \
-	echo "check: run $$run, LXD cluster index $$LXD_CLUSTER_INDEX"; \
-	rc=0; { $(MAKE) --no-print-directory test && \
-		$(MAKE) --no-print-directory systemd-test; } 8>&- || rc=$$?; \
-	scripts/lxd-cluster down >/dev/null 2>&1 8>&- || echo "check: scripts/lxd-cluster down failed"; \
-	echo "== tests/leftover-check"; tests/leftover-check --run-dir "$$run" 8>&- || rc=1; \
-	rm -rf "$$run"; exit $$rc
+	@tests/with-run check sh -c '$(MAKE) --no-print-directory test && \
+		$(MAKE) --no-print-directory systemd-test'
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
 # check uses a cluster of its own (the first free LXD_CLUSTER_INDEX from 1, claimed like make
@@ -270,18 +259,25 @@ systemd-test: all
 	@echo "== tests/systemd-unit"; tests/systemd-unit
 
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT='-O1 -g' test
+	@tests/with-run asan $(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT='-O1 -g' test
 
-# ThreadSanitizer: every race report of the daemon or a test program is written to
-# $(TSAN_DIR)/tsan.<pid> (the daemon's stderr goes to a log the tests delete); the run fails if
-# any report was written. tests/tsan.supp lists races inside libraries only.
+# `make tsan`: every suite of `make test` (unit programs, e2e on the host and on the image,
+# docker, pool and lxd variants, pytest) against a ThreadSanitizer build (in build-tsan/). Every
+# instrumented process writes its reports to $(TSAN_DIR)/tsan.<pid> (a daemon's stderr goes to a
+# log the tests delete); the run fails if any report was written. tests/tsan.supp lists races
+# inside libraries only (a race in src/ is fixed, not listed there). Not instrumented, so not
+# checked for races: lendbox-supervise and the test probe lbt-probe (static, libc only: they run
+# inside sandbox roots that have no sanitizer runtime) and systemd-test, left out (it installs the
+# release build into an nspawn root, which has no libtsan either). Like `make check`, the run has
+# its own run dir and LXD cluster through tests/with-run, taken down with tests/leftover-check at
+# the end, pass or fail.
 TSAN_DIR = $(abspath build-tsan)/reports
 tsan: deps
-	@rm -rf $(TSAN_DIR) && mkdir -p $(TSAN_DIR)
-	@TSAN_OPTIONS="log_path=$(TSAN_DIR)/tsan second_deadlock_stack=1 \
-		suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" \
-		$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT='-O1 -g' e2e; \
-		rc=$$?; if ls $(TSAN_DIR)/tsan.* >/dev/null 2>&1; then \
+	@rm -rf $(TSAN_DIR) && mkdir -p $(TSAN_DIR); \
+	rc=0; TSAN_OPTIONS="log_path=$(TSAN_DIR)/tsan second_deadlock_stack=1 \
+		suppressions=$(CURDIR)/tests/tsan.supp $$TSAN_OPTIONS" tests/with-run tsan \
+		$(MAKE) --no-print-directory BUILD=build-tsan SAN=thread OPT='-O1 -g' test || rc=$$?; \
+	if ls $(TSAN_DIR)/tsan.* >/dev/null 2>&1; then \
 		echo "ThreadSanitizer reports:"; cat $(TSAN_DIR)/tsan.*; exit 1; fi; exit $$rc
 
 bench: all $(BENCH_BINS)

@@ -23,16 +23,15 @@
 
 /* ---------- session locks ---------- */
 
-static void session_lock_put(struct lb_lend *l, struct lend_session_lock *s)
+/* Drop one reference to s; the last one frees it. Call with l->locks_mutex held. */
+static void session_lock_put_locked(struct lb_lend *l, struct lend_session_lock *s)
 {
-    pthread_mutex_lock(&l->locks_mutex);
     if (--s->refs == 0) {
         HASH_DEL(l->locks, s);
-        pthread_mutex_destroy(&s->mutex);
+        pthread_cond_destroy(&s->cond);
         free(s->rsid);
         free(s);
     }
-    pthread_mutex_unlock(&l->locks_mutex);
 }
 
 /* see lend_internal.h */
@@ -44,33 +43,38 @@ int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
                                                       : 30;
     struct lend_session_lock *s;
     struct timespec until;
-    int r;
 
     *out = NULL;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)wait_s;
     pthread_mutex_lock(&l->locks_mutex);
     HASH_FIND_STR(l->locks, rsid, s);
     if (!s) {
+        pthread_condattr_t attr;
+
         s = calloc(1, sizeof(*s));
         if (!s || !(s->rsid = strdup(rsid))) {
             free(s);
             pthread_mutex_unlock(&l->locks_mutex);
             return lb_error_set(err, -ENOMEM, "out of memory");
         }
-        pthread_mutex_init(&s->mutex, NULL);
+        /* The bound is on the monotonic clock: a wall-clock step neither ends nor stretches it. */
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->cond, &attr);
+        pthread_condattr_destroy(&attr);
         HASH_ADD_KEYPTR(hh, l->locks, s->rsid, strlen(s->rsid), s);
     }
     s->refs++;
-    pthread_mutex_unlock(&l->locks_mutex);
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)wait_s;
-    r = try_only ? pthread_mutex_trylock(&s->mutex)
-                 : pthread_mutex_clocklock(&s->mutex, CLOCK_MONOTONIC, &until);
-    if (r != 0 && try_only) {
-        session_lock_put(l, s);
-        return lb_error_set(err, -EBUSY, "session %s is busy", rsid);
+    while (s->held && !try_only) {
+        if (pthread_cond_timedwait(&s->cond, &l->locks_mutex, &until) == ETIMEDOUT)
+            break;
     }
-    if (r != 0) {
-        session_lock_put(l, s);
+    if (s->held) {
+        session_lock_put_locked(l, s);
+        pthread_mutex_unlock(&l->locks_mutex);
+        if (try_only)
+            return lb_error_set(err, -EBUSY, "session %s is busy", rsid);
         metrics_add(LB_M_SESSION_LOCK_TIMEOUTS, 1);
         log_warn("session %s: its lock stayed busy for %lld s; the request gives up", rsid,
                  (long long)wait_s);
@@ -79,6 +83,8 @@ int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
                             "held it for %lld s; retry later",
                             rsid, (long long)wait_s);
     }
+    s->held = true;
+    pthread_mutex_unlock(&l->locks_mutex);
     *out = s;
     return 0;
 }
@@ -87,8 +93,11 @@ void lend_session_unlock(struct lb_lend *l, struct lend_session_lock *s)
 {
     if (!s)
         return;
-    pthread_mutex_unlock(&s->mutex);
-    session_lock_put(l, s);
+    pthread_mutex_lock(&l->locks_mutex);
+    s->held = false;
+    pthread_cond_signal(&s->cond);
+    session_lock_put_locked(l, s);
+    pthread_mutex_unlock(&l->locks_mutex);
 }
 
 /* ---------- setup ---------- */

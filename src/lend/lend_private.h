@@ -20,9 +20,14 @@
 #include "lend/lend.h"
 #include "lend/lend_internal.h"
 
+/* A session's lock: held while a seed, release or delete of the session runs. held, refs and
+ * the wait on cond are all under lb_lend.locks_mutex (a flag and a condition rather than a mutex
+ * of its own, so that waiting is bounded on the monotonic clock with calls every sanitizer and
+ * libc knows). */
 struct lend_session_lock {
     char *rsid;
-    pthread_mutex_t mutex;
+    pthread_cond_t cond; /* signalled when held goes false */
+    bool held;
     int refs;
     UT_hash_handle hh;
 };

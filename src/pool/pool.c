@@ -10,6 +10,15 @@
 #include <string.h>
 #include <uthash.h>
 
+/* A worker's stack. Under ThreadSanitizer (its interceptors and instrumented frames take more
+ * of each stack) the libnftables parser, which a worker runs when it sets up a sandbox's
+ * network, overflowed 256 KiB. */
+#if defined(__SANITIZE_THREAD__)
+#define POOL_STACK_BYTES (1024 * 1024)
+#else
+#define POOL_STACK_BYTES (256 * 1024)
+#endif
+
 struct key_job {
     lb_job_fn fn;
     void *arg;
@@ -126,7 +135,7 @@ int pool_new(size_t n_workers, size_t queue_max, struct lb_pool **out)
         pthread_attr_t attr;
 
         pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, 256 * 1024);
+        pthread_attr_setstacksize(&attr, POOL_STACK_BYTES);
         r = -pthread_create(&p->threads[p->n_threads], &attr, pool_worker, p);
         pthread_attr_destroy(&attr);
         if (r < 0)

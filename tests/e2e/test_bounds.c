@@ -229,7 +229,11 @@ START_TEST(test_exec_paused_past_its_timeout)
     t0 = lbt_now();
     a = exec_async(&D, sbx,
                    "{\"command\": \"echo started; exec sleep 300.772\", \"timeout_s\": 2}");
-    wait_procs(uid, "sleep 300.772");
+    /* the shell has exec'd the sleep, so "started" is written: the shell's own command line
+     * names the sleep too, and a pause before its echo would leave stdout empty */
+    for (double until = lbt_now() + 60; lbt_count_procs_of_uid_exact(uid, "sleep 300.772") == 0;
+         lbt_sleep_ms(50))
+        ck_assert_msg(lbt_now() < until, "'sleep 300.772' did not start");
     pause_sandbox(&D, sbx, true);
     lbt_async_join(a, &r);
     took = lbt_now() - t0;

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,35 +32,50 @@ static int spawn_trampoline(void *p)
 
 int spawn_vfork(spawn_child_fn fn, void *arg, pid_t *pid_out)
 {
-    struct spawn_call call = {fn, arg, 0};
+    struct spawn_call on_stack = {fn, arg, 0}, *callp = &on_stack;
     sigset_t all, old;
     int dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), r = 0, e;
     char *stack;
     pid_t pid;
 
     *pid_out = 0;
+    if (SPAWN_CLONE_VM == 0) {
+        /* a child with a copy of our memory tells child_errno back through a shared page */
+        callp =
+            mmap(NULL, sizeof(*callp), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (callp == MAP_FAILED)
+            return -errno;
+        *callp = on_stack;
+    }
     stack = malloc(SPAWN_STACK_BYTES);
-    if (!stack)
-        return -ENOMEM;
+    if (!stack) {
+        r = -ENOMEM;
+        goto out;
+    }
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     /* the stack grows down on every architecture lendbox runs on */
-    pid =
-        clone(spawn_trampoline, stack + SPAWN_STACK_BYTES, CLONE_VM | CLONE_VFORK | SIGCHLD, &call);
+    pid = clone(spawn_trampoline, stack + SPAWN_STACK_BYTES, SPAWN_CLONE_VM | CLONE_VFORK | SIGCHLD,
+                callp);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     /* a uid change in the child cleared the dumpable flag of the memory it shared with us */
     if (dumpable == 1 && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 1)
         (void)prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     free(stack);
-    if (pid < 0)
-        return -e;
-    if (call.child_errno) {
-        r = -call.child_errno;
+    if (pid < 0) {
+        r = -e;
+        goto out;
+    }
+    if (callp->child_errno) {
+        r = -callp->child_errno;
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
-        return r;
+        goto out;
     }
     *pid_out = pid;
-    return 0;
+out:
+    if (callp != &on_stack)
+        munmap(callp, sizeof(*callp));
+    return r;
 }

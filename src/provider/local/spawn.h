@@ -22,7 +22,26 @@
 #ifndef LB_SPAWN_H
 #define LB_SPAWN_H
 
+#include <sched.h>
 #include <sys/types.h>
+
+/* SPAWN_CLONE_VM: CLONE_VM, or 0 under ThreadSanitizer. Its clone interceptor runs fork
+ * bookkeeping in every child, which in a child that shares our memory rewrites the runtime's
+ * state of the whole daemon (a SIGSEGV in a child beside a running parent; lost
+ * happens-before edges, so false race reports, after a vfork-style one). Under TSan the
+ * children of spawn_vfork and of the user-namespace helper therefore get a copy of our memory;
+ * they read their arguments and tell us back only through pipes or a shared page, so they
+ * behave the same, only slower to start. */
+#if defined(__SANITIZE_THREAD__)
+#define SPAWN_CLONE_VM 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SPAWN_CLONE_VM 0
+#endif
+#endif
+#ifndef SPAWN_CLONE_VM
+#define SPAWN_CLONE_VM CLONE_VM
+#endif
 
 /* The child's work: runs in the child on a stack of its own; it ends in execve (never
  * returns) or returns an errno value (> 0) after reporting the failure itself, and the child

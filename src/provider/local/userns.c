@@ -15,6 +15,7 @@
  * and reaps the helper: the fd alone keeps the namespace alive, and nothing stays running.
  */
 #include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
 #include "util/fault.h"
 
 #include <errno.h>
@@ -108,7 +109,7 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid = clone(userns_child_main, stack + HELPER_STACK,
-                CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
+                SPAWN_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
     e = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
