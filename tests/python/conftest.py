@@ -37,6 +37,8 @@ sys.path.insert(0, str(SRCDIR / "clients" / "python"))
 import lendbox  # noqa: E402
 import lendbox.gym  # noqa: E402
 
+# what an ASan, LeakSanitizer or UBSan report in a daemon's log starts with
+SANITIZER_REPORT = re.compile(r"ERROR: (Address|Leak)Sanitizer|runtime error:")
 LENDBOXD = os.environ.get("LENDBOXD") or str(SRCDIR / "build" / "lendboxd")
 SUPERVISE = os.environ.get("LENDBOX_SUPERVISE") or str(SRCDIR / "build" / "lendbox-supervise")
 OPENAPI_PATH = SRCDIR / "docs" / "openapi.yaml"
@@ -263,6 +265,13 @@ class Daemon:
             # sweep stops them
             self.start()
             self.stop()
+        # A sanitizer report in the daemon's log (every run of it appends there) fails the test
+        # (make asan: an ASan or UBSan error aborts the daemon, a leak is reported at its exit).
+        try:
+            log = pathlib.Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            log = ""
+        m = SANITIZER_REPORT.search(log)
         if not os.environ.get("LBT_KEEP"):
             shutil.rmtree(self.state_dir, ignore_errors=True)
             try:
@@ -272,6 +281,9 @@ class Daemon:
         if self.uid_claim >= 0 and self.proc is None:
             os.close(self.uid_claim)
             self.uid_claim = -1
+        if m:
+            report = log[m.start():m.start() + 4000]
+            raise AssertionError(f"sanitizer report in {self.log_path}:\n{report}")
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +304,14 @@ def own_daemon():
         return d
 
     yield make
+    failed: List[AssertionError] = []
     for d in made:
-        d.cleanup()
+        try:
+            d.cleanup()
+        except AssertionError as e:  # clean up the others first
+            failed.append(e)
+    if failed:
+        raise failed[0]
 
 
 def sandbox_dir_exists(d: Daemon, sandbox_id: str) -> bool:
