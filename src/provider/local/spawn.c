@@ -30,11 +30,24 @@ static int spawn_trampoline(void *p)
     _exit(127);
 }
 
+pid_t spawn_clone_blocked(int (*fn)(void *), void *stack_top, int flags, void *arg)
+{
+    sigset_t all, old;
+    pid_t pid;
+    int e;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid = clone(fn, stack_top, flags, arg);
+    e = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return pid < 0 ? -e : pid;
+}
+
 int spawn_vfork(spawn_child_fn fn, void *arg, pid_t *pid_out)
 {
     struct spawn_call on_stack = {fn, arg, 0}, *callp = &on_stack;
-    sigset_t all, old;
-    int dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), r = 0, e;
+    int dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), r = 0;
     char *stack;
     pid_t pid;
 
@@ -52,19 +65,14 @@ int spawn_vfork(spawn_child_fn fn, void *arg, pid_t *pid_out)
         r = -ENOMEM;
         goto out;
     }
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    /* the stack grows down on every architecture lendbox runs on */
-    pid = clone(spawn_trampoline, stack + SPAWN_STACK_BYTES, SPAWN_CLONE_VM | CLONE_VFORK | SIGCHLD,
-                callp);
-    e = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pid = spawn_clone_blocked(spawn_trampoline, stack + SPAWN_STACK_BYTES,
+                              SPAWN_CLONE_VM | CLONE_VFORK | SIGCHLD, callp);
     /* a uid change in the child cleared the dumpable flag of the memory it shared with us */
     if (dumpable == 1 && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 1)
         (void)prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     free(stack);
     if (pid < 0) {
-        r = -e;
+        r = pid;
         goto out;
     }
     if (callp->child_errno) {

@@ -48,6 +48,12 @@
  * then exits with status 127. */
 typedef int (*spawn_child_fn)(void *arg);
 
+/* clone(2) of fn(arg) on the stack whose top is stack_top (the stack grows down on every
+ * architecture lendbox runs on), with every signal blocked in the caller's thread across the
+ * call, so that the child starts with them all blocked (a child sharing our memory must never
+ * run one of the daemon's signal handlers). Returns the child's pid, or -errno. */
+pid_t spawn_clone_blocked(int (*fn)(void *), void *stack_top, int flags, void *arg);
+
 /* Start fn(arg) in a vfork-style child (SIGCHLD on exit, so the caller reaps it). Returns 0
  * with *pid_out once the child exec'd; -errno when clone failed, or the child's own errno
  * when fn gave up (the child is reaped then, *pid_out = 0). Thread-safe: each call has its

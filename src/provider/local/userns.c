@@ -90,9 +90,7 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
     char path[64], map[64], c;
     int r = 0, st, mfd, ready_r = -1, ready_w = -1;
     char *stack = NULL;
-    sigset_t all, old;
     pid_t pid = -1;
-    int e;
 
     *fd_out = -1;
     r = local_pipe(&ready_r, &ready_w);
@@ -106,14 +104,11 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out)
     }
     /* The helper shares our memory: it must never run one of the daemon's signal handlers.
      * It starts with every signal blocked (and stays so: it is only ever SIGKILLed). */
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid = clone(userns_child_main, stack + HELPER_STACK,
-                SPAWN_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
-    e = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pid = spawn_clone_blocked(userns_child_main, stack + HELPER_STACK,
+                              SPAWN_CLONE_VM | SIGCHLD | (owner == 0 ? CLONE_NEWUSER : 0), &h);
     if (pid < 0) {
-        r = -e;
+        r = pid;
+        pid = -1;
         goto out;
     }
     local_close_fd(&ready_w);
