@@ -389,9 +389,25 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         /* Resumed: the job opened the sink, or set an error response (body left unread).
          * libmicrohttpd repeats its headers call after a resume in that state (no body bytes
          * yet): the body, and its end, come in the calls after this one. */
-        if (!req->sink_open)
-            return http_request_queue(req);
+        if (!req->sink_open) {
+            /* Refused before a byte was read. A client that asked "Expect: 100-continue" has
+             * sent nothing and never will: answer now. Any other is sending the body already;
+             * answered now, libmicrohttpd would close the connection on the unread rest and the
+             * client's kernel could discard the answer on the reset. Read it and drop it, and
+             * answer when it has ended (the connection's timeout bounds a client that stalls). */
+            const char *expect = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect");
+
+            if (req->announced_len == 0 || (expect && strcasecmp(expect, "100-continue") == 0))
+                return http_request_queue(req);
+            req->phase = PHASE_DRAIN;
+            return MHD_YES;
+        }
         req->phase = PHASE_STREAM;
+        return MHD_YES;
+    case PHASE_DRAIN:
+        if (*upload_data_size == 0)
+            return http_request_queue(req); /* the body has ended */
+        *upload_data_size = 0;
         return MHD_YES;
     case PHASE_DEFERRED:
         if (*upload_data_size == 0)
