@@ -1,7 +1,9 @@
 /*
  * pty_internal.h - what the PTY service's files share, and nothing else includes: pty.c
- * (registry, create, lookups, the session-directory helpers), pty_watch.c (the inotify watcher
- * and its waiters) and pty_io.c (output replay, input, control).
+ * (registry, create, attach, delete), pty_watch.c (the inotify watcher and its waiters),
+ * pty_io.c (output replay, input, control) and pty_session.c (the session-directory helpers,
+ * the holder probe, the lookups). Calls go one way: pty.c -> pty_watch.c -> pty_io.c, and
+ * each of them -> pty_session.c, which calls none of them.
  *
  * Locking: p->lock guards p->sessions and every session's fields; functions named *_locked
  * expect it held. Errors are negative errnos; with an err argument, detail goes there.
@@ -45,7 +47,7 @@ struct lb_ptys {
     bool thread_started;
 };
 
-/* ---------- pty.c: the session directory (untrusted: written by the sandbox) ---------- */
+/* ---------- pty_session.c: the session directory (untrusted: written by the sandbox) ---------- */
 
 /* Is sid a session id the service makes ("pty-" and hex)? */
 bool pty_sid_is_valid(const char *sid);
@@ -65,8 +67,10 @@ int pty_session_open_fifo(int sdir, const char *name);
 /* Remove name in dir (a file, or a directory and what is in it) without following a symlink;
  * depth bounds the recursion (callers pass 0). */
 void pty_remove_entry_at(int dir, const char *name, int depth);
+/* Does the session's holder still run (its "in" FIFO has a reader)? Opens nothing but "in". */
+bool pty_holder_alive(const struct lb_ptys *p, const char *sid);
 
-/* ---------- pty.c: registry lookups ---------- */
+/* ---------- pty_session.c: registry lookups ---------- */
 
 /* -ENOENT with "no PTY session <sid>". */
 int pty_not_found(struct lb_error *err, const char *sid);
@@ -90,7 +94,5 @@ void pty_watcher_add_locked(struct lb_ptys *p, struct session *s);
 void pty_watcher_forget_locked(struct lb_ptys *p, struct session *s);
 /* Wake and drop the session's waiters (a takeover, the session's end). */
 void pty_wake_all_locked(struct session *s);
-/* Does the session's holder still run (its "in" FIFO has a reader)? Opens nothing but "in". */
-bool pty_holder_alive(const struct lb_ptys *p, const char *sid);
 
 #endif

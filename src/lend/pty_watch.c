@@ -2,8 +2,7 @@
  * pty_watch.c - the PTY watcher: one inotify thread over every session directory, and the
  * waiters (parked long-polls of output and wait) it wakes when a session's files change. A
  * waiter is woken through the waker its caller gave (struct lb_pty_waker), so the service knows
- * nothing of HTTP. Also the probe that tells whether a session's holder still runs. Shares
- * pty_internal.h.
+ * nothing of HTTP. Shares pty_internal.h.
  */
 #include "lend/pty_internal.h"
 
@@ -47,26 +46,6 @@ void pty_wake_all_locked(struct session *s)
         waiter_end(w);
     }
     s->waiters = NULL;
-}
-
-/* Does the session's holder still run? It holds its FIFOs open for reading as long as it
- * runs: opening one for writing without blocking fails with ENXIO once it is gone. The probe
- * uses "in": the watcher wakes on the closes of "ctl" (the holder's end), and a probe must not
- * wake the very poll that made it. */
-bool pty_holder_alive(const struct lb_ptys *p, const char *sid)
-{
-    int sdir = pty_session_dir_open(p, sid), fd;
-
-    if (sdir < 0)
-        return false;
-    fd = pty_session_open_fifo(sdir, "in");
-    close(sdir);
-    if (fd >= 0) {
-        close(fd);
-        return true;
-    }
-    /* no reader, no FIFO, or something planted in its place: nobody to serve the session */
-    return fd != -ENXIO && fd != -ENOENT && fd != -EPERM;
 }
 
 static void on_event(struct lb_ptys *p, const struct inotify_event *ev)

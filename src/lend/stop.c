@@ -1,5 +1,6 @@
 /*
- * stop.c - the one way a recorded sandbox is stopped, retries of failed stops, and release_all.
+ * stop.c - the one way a recorded sandbox is stopped, retries of failed stops, release, delete
+ * and release_all.
  *
  * A stop always goes: record "stopping" (with its reason) -> provider_stop -> record
  * "stopped"; or, when the provider fails, "stop_failed"/"failed_seed" with the error, the
@@ -115,6 +116,82 @@ int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not
     }
     store_records_free(recs, n);
     return -ENOENT;
+}
+
+/* ---------- release / delete ---------- */
+
+int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err)
+{
+    struct lend_session_lock *lock = NULL;
+    struct lb_record live = {0};
+    char stopped_id[LB_ID_MAX] = "";
+    int r = lend_session_lock(l, rsid, false, &lock, err), n_stopped = 0;
+
+    if (r < 0)
+        return r;
+    if (store_get_live_by_rsid(l->store, rsid, &live, NULL) == 0) {
+        lend_before_stop(l, &live);
+        r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
+        if (r < 0) {
+            metrics_add(LB_M_RELEASES_FAILED, 1);
+            goto out;
+        }
+        n_stopped++;
+        snprintf(stopped_id, sizeof(stopped_id), "%s", live.id);
+    }
+    r = lend_retry_pending(l, rsid, &n_stopped, stopped_id[0] ? NULL : stopped_id,
+                           sizeof(stopped_id), err);
+    if (r < 0) {
+        metrics_add(LB_M_RELEASES_FAILED, 1);
+        goto out;
+    }
+    metrics_add(LB_M_RELEASES_OK, 1);
+    if (n_stopped > 0)
+        *out = json_pack("{s:b,s:s}", "released", 1, "sandbox_id", stopped_id);
+    else
+        *out = json_pack("{s:b}", "released", 0);
+out:
+    store_record_release(&live);
+    lend_session_unlock(l, lock);
+    return r;
+}
+
+int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    struct lend_session_lock *lock = NULL;
+    int r = lend_record_get(l, id, &rec, err);
+
+    if (r < 0)
+        return r;
+    if (rec.rsid) {
+        r = lend_session_lock(l, rec.rsid, false, &lock, err);
+        if (r < 0)
+            goto out;
+        store_record_release(&rec);
+        r = store_get_sandbox(l->store, id, &rec, err); /* re-read under the lock */
+        if (r < 0)
+            goto out;
+    }
+    if (rec.state == LB_STATE_STOPPED) {
+        *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
+        goto out;
+    }
+    /* a warm one is claimed first: a seed may be taking it right now (src/warm/) */
+    if (rec.state == LB_STATE_WARM && store_claim_warm(l->store, id, "deleted", NULL) < 0) {
+        r = lb_error_set(err, -EBUSY, "sandbox %s was just lent from the warm pool; retry", id);
+        goto out;
+    }
+    lend_before_stop(l, &rec);
+    r = lend_stop_record(
+        l, &rec, "deleted",
+        rec.state == LB_STATE_FAILED_SEED ? LB_STATE_FAILED_SEED : LB_STATE_STOP_FAILED, err);
+    if (r == 0)
+        *out = json_pack("{s:b,s:s}", "deleted", 1, "sandbox_id", id);
+out:
+    store_record_release(&rec);
+    lend_session_unlock(l, lock);
+    return r;
 }
 
 /* ---------- release_all ---------- */

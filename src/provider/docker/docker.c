@@ -2,7 +2,8 @@
  * docker.c - the Docker Engine API provider (see docker.h): its engine hooks (engine.h) for
  * containers (create, start, remove, inspect, pause, list), the ops table, construction (API
  * negotiation, the supervisor's read-only copy, the pass dirs). The exec hook is in
- * docker_exec.c, the file transfer in docker_files.c.
+ * docker_exec.c, the file transfer in docker_files.c, the transport (docker_call) and a
+ * sandbox's names in docker_api.c.
  */
 #include "provider/docker/docker_internal.h"
 
@@ -24,12 +25,6 @@
 #define API_MAX_MAJOR 1
 #define API_MAX_MINOR 43
 #define API_MIN_MINOR 40
-#define SMALL_BODY_BYTES (4 * 1024 * 1024)
-
-void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size)
-{
-    snprintf(buf, size, "%s/%s", d->pass_dir, id);
-}
 
 /* Remove a sandbox's pass dir and the links left in it (idempotent). */
 static void remove_pass_dir(const struct lb_docker *d, const char *id)
@@ -47,32 +42,6 @@ static void remove_pass_dir(const struct lb_docker *d, const char *id)
             (void)unlinkat(dirfd(dp), e->d_name, 0);
     closedir(dp);
     (void)rmdir(dir);
-}
-
-void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t size)
-{
-    snprintf(buf, size, "lendbox-%s-%s", d->eng.instance, id);
-}
-
-int docker_call(struct lb_docker *d, const char *method, const char *path, const json_t *body,
-                int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err)
-{
-    struct lb_httpc_request req = {.method = method,
-                                   .path = path,
-                                   .timeout_ms = timeout_ms,
-                                   .max_body_bytes = SMALL_BODY_BYTES};
-    int r = httpc_call_json(d->eng.http, &req, body, resp, err);
-
-    return r < 0 ? docker_transport_error(r, err) : 0;
-}
-
-int docker_transport_error(int r, struct lb_error *err)
-{
-    if (r == -ETIMEDOUT || r == -ECANCELED || r == -EFBIG)
-        return r;
-    /* the transport's own message stays; its errno (-EIO, -ECONNREFUSED...) becomes the
-     * provider's "the backend failed" (provider.h: 502) */
-    return lb_error_recode(err, -EREMOTEIO, "the docker engine cannot be reached");
 }
 
 /* The engine's answer as an error: 404 -ENOENT, else -EREMOTEIO naming what was tried. */

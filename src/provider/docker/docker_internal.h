@@ -1,6 +1,8 @@
 /*
- * docker_internal.h - what docker.c, docker_exec.c, docker_files.c and docker_pass.c share.
- * Not a public interface.
+ * docker_internal.h - what docker.c, docker_exec.c, docker_files.c, docker_pass.c and
+ * docker_api.c share. Not a public interface. Calls go one way: docker.c (hooks, ops table,
+ * construction) -> docker_exec.c, docker_files.c; docker_exec.c -> docker_pass.c; each of them
+ * -> docker_api.c (the transport and a sandbox's names), which calls none of them.
  */
 #ifndef LB_DOCKER_INTERNAL_H
 #define LB_DOCKER_INTERNAL_H
@@ -53,6 +55,8 @@ struct docker_pass {
     atomic_int refused; /* connections closed unanswered (other processes) */
 };
 
+/* ---- docker_pass.c ---- */
+
 /* Bind and listen in sandbox id's pass directory; the in-container path for --pass-socket goes
  * into path. fd must be a regular file (-ENOSYS otherwise: no host directory or device goes
  * into a container). Returns 0, -ENOENT (no pass directory: no such sandbox), or another
@@ -66,6 +70,8 @@ int docker_pass_start(struct docker_pass *ps, const char *exec_id, int64_t wait_
 /* Stop the thread (if started), unlink the socket and close what ps holds. Idempotent. */
 void docker_pass_close(struct docker_pass *ps);
 
+/* ---- docker_api.c: the transport and a sandbox's names ---- */
+
 /* <pass_dir>/<id> into buf. */
 void docker_pass_dir(const struct lb_docker *d, const char *id, char *buf, size_t size);
 /* "lendbox-<instance>-<id>" into buf. */
@@ -76,6 +82,9 @@ int docker_call(struct lb_docker *d, const char *method, const char *path, const
                 int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
 /* An httpc failure as this provider's error (unreachable engine: -EREMOTEIO). */
 int docker_transport_error(int r, struct lb_error *err);
+
+/* ---- docker.c ---- */
+
 /* The container's state (404: LB_STATUS_STOPPED). */
 int docker_state(struct lb_docker *d, const char *id, enum lb_sandbox_status *out,
                  struct lb_error *err);
