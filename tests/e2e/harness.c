@@ -1666,11 +1666,20 @@ bool lbt_proc_cgroup_has(pid_t pid, const char *needle)
     return strstr(buf, needle) != NULL;
 }
 
+/* The test program's own pid (Check runs each test in a child of it, and fixtures start daemons
+ * in either). */
+static pid_t lbt_main_pid;
+
+__attribute__((constructor)) static void lbt_main_pid_init(void)
+{
+    lbt_main_pid = getpid();
+}
+
 static bool lbt_proc_status_uid(const char *pid, uid_t *uid, bool *zombie);
 
 bool lbt_proc_of_run(const char *pid)
 {
-    pid_t self = getpid(), parent = getppid(), p = (pid_t)atoi(pid);
+    pid_t self = getpid(), p = (pid_t)atoi(pid);
     uid_t u;
     bool z;
 
@@ -1679,7 +1688,7 @@ bool lbt_proc_of_run(const char *pid)
     if (lbt_proc_status_uid(pid, &u, &z) && lbt_uid_claimed(u))
         return true;
     for (int depth = 0; depth < 64 && p > 1; depth++) {
-        if (p == self || p == parent)
+        if (p == self || p == lbt_main_pid)
             return true;
         p = lbt_proc_ppid(p);
     }

@@ -140,7 +140,7 @@ const char *lbt_error_code(const struct lbt_resp *resp);
 bool lbt_uid_claimed(uid_t uid);
 /* Is /proc entry pid (decimal) a process of this run: its real uid lies in a range this process
  * claimed (a sandbox's processes, also one left behind: it keeps its uid), or it descends from
- * this process or its parent (the daemons this process started and their helpers)? On the
+ * this test program's process (the daemons it started and their helpers)? On the
  * engine variants (docker, lxd), where the engine starts the processes, always true. */
 bool lbt_proc_of_run(const char *pid);
 /* Does a line of /proc/PID/cgroup contain needle (e.g. a sandbox id: a local sandbox's cgroup is
