@@ -1608,11 +1608,98 @@ int lbt_count_procs_of_uid(uid_t uid)
     return lbt_count_procs_where(lbt_match_uid, &uid);
 }
 
+/* The parent of pid from /proc/PID/stat (after the last ')', the state, then the ppid); 0 when
+ * unreadable. */
+static pid_t lbt_proc_ppid(pid_t pid)
+{
+    char path[64], buf[512];
+    const char *p;
+    ssize_t len;
+    char state;
+    int ppid;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    buf[len] = '\0';
+    p = strrchr(buf, ')');
+    if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2)
+        return 0;
+    return ppid;
+}
+
+bool lbt_uid_claimed(uid_t uid)
+{
+    for (int i = 0; i < lbt_n_claims; i++) {
+        uid_t lo;
+
+        if (strcmp(lbt_claims[i].kind, "uid") != 0)
+            continue;
+        lo = (LBT_UID_BLOCK_FIRST + (unsigned)lbt_claims[i].index * LBT_UID_BLOCK_SLOTS) * 65536u;
+        if (uid >= lo && uid - lo < LBT_UID_BLOCK_SLOTS * 65536u)
+            return true;
+    }
+    return false;
+}
+
+bool lbt_proc_cgroup_has(pid_t pid, const char *needle)
+{
+    char path[64], buf[4096];
+    ssize_t len;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    buf[len] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* The test program's own pid (Check runs each test in a child of it, and fixtures start daemons
+ * in either). */
+static pid_t lbt_main_pid;
+
+__attribute__((constructor)) static void lbt_main_pid_init(void)
+{
+    lbt_main_pid = getpid();
+}
+
+static bool lbt_proc_status_uid(const char *pid, uid_t *uid, bool *zombie);
+
+bool lbt_proc_of_run(const char *pid)
+{
+    pid_t self = getpid(), p = (pid_t)atoi(pid);
+    uid_t u;
+    bool z;
+
+    if (lbt_variant_engine())
+        return true;
+    if (lbt_proc_status_uid(pid, &u, &z) && lbt_uid_claimed(u))
+        return true;
+    for (int depth = 0; depth < 64 && p > 1; depth++) {
+        if (p == self || p == lbt_main_pid)
+            return true;
+        p = lbt_proc_ppid(p);
+    }
+    return false;
+}
+
 static bool lbt_match_cmdline_has(const char *pid, const void *ctx)
 {
     char buf[4096];
 
-    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && strstr(buf, ctx);
+    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && strstr(buf, ctx) && lbt_proc_of_run(pid);
 }
 
 int lbt_count_procs_cmdline(const char *needle)
@@ -1929,7 +2016,7 @@ static bool lbt_match_cmdline_is(const char *pid, const void *ctx)
 {
     char buf[4096];
 
-    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, ctx);
+    return lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, ctx) && lbt_proc_of_run(pid);
 }
 
 int lbt_count_procs_exact(const char *cmdline)
@@ -1950,7 +2037,8 @@ static bool lbt_match_uid_cmdline(const char *pid, const void *ctx)
     bool z;
 
     return lbt_proc_status_uid(pid, &u, &z) && !z && u == want->uid &&
-           lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, want->cmdline);
+           lbt_proc_cmdline(pid, buf, sizeof(buf)) && !strcmp(buf, want->cmdline) &&
+           lbt_proc_of_run(pid);
 }
 
 int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline)

@@ -133,9 +133,22 @@ json_t *lbt_seed(struct lbt_daemon *d, const char *rsid, const char *task_id,
 /* The error code string of an error response ("" if none). */
 const char *lbt_error_code(const struct lbt_resp *resp);
 
-/* Host-side facts. */
+/* Host-side facts. Another run of the same programs may run the same command lines at the same
+ * time, so scans by command line count only processes of this run (lbt_proc_of_run); scans by uid
+ * are given uids of this run's claimed ranges. */
+/* Does uid lie in a uid range this process claimed (lbt_claim_uid_range)? */
+bool lbt_uid_claimed(uid_t uid);
+/* Is /proc entry pid (decimal) a process of this run: its real uid lies in a range this process
+ * claimed (a sandbox's processes, also one left behind: it keeps its uid), or it descends from
+ * this test program's process (the daemons it started and their helpers)? On the
+ * engine variants (docker, lxd), where the engine starts the processes, always true. */
+bool lbt_proc_of_run(const char *pid);
+/* Does a line of /proc/PID/cgroup contain needle (e.g. a sandbox id: a local sandbox's cgroup is
+ * <cgroup parent>/<sandbox id>)? false when unreadable. */
+bool lbt_proc_cgroup_has(pid_t pid, const char *needle);
 int lbt_count_procs_of_uid(uid_t uid);
-int lbt_count_procs_cmdline(const char *needle); /* processes whose cmdline contains needle */
+/* Processes of this run whose cmdline contains needle. */
+int lbt_count_procs_cmdline(const char *needle);
 bool lbt_path_exists(const char *path);
 /* The host uid the sandbox's processes run as, from its descriptor in GET /v1/sandboxes. */
 uid_t lbt_sandbox_uid(struct lbt_daemon *d, const char *sandbox_id);
@@ -195,7 +208,7 @@ json_t *lbt_read_descriptor(struct lbt_daemon *d, const char *sandbox_id);
 int lbt_count_cgroup_dirs(const char *needle);
 /* Live (not zombie) processes of uid. */
 int lbt_count_live_procs_of_uid(uid_t uid);
-/* Processes whose whole command line (arguments joined by spaces) equals cmdline. */
+/* Processes of this run whose whole command line (arguments joined by spaces) equals cmdline. */
 int lbt_count_procs_exact(const char *cmdline);
 /* Live processes of uid whose whole command line equals cmdline. */
 int lbt_count_procs_of_uid_exact(uid_t uid, const char *cmdline);

@@ -131,7 +131,10 @@ START_TEST(test_unprivileged_uid)
                 continue;
             size_t len = fread(buf, 1, sizeof(buf) - 1, f);
             fclose(f);
-            if (len == 11 && !memcmp(buf, "sleep\0001013", 11)) {
+            /* only this sandbox's (another run may run the same command at the same time);
+             * told by its cgroup, not by the uids asserted here */
+            if (len == 11 && !memcmp(buf, "sleep\0001013", 11) &&
+                lbt_proc_cgroup_has(atoi(e->d_name), SBX)) {
                 unsigned u[4];
 
                 proc_uids(atoi(e->d_name), u);

@@ -53,7 +53,8 @@ static char *run(const char *sbx, const char *body, int rc)
     return out;
 }
 
-/* The host pid of the (single) process whose command line is exactly cmdline, or 0. */
+/* The host pid of the (single) process of this run (lbt_proc_of_run) whose command line is
+ * exactly cmdline, or 0. */
 static pid_t find_proc(const char *cmdline)
 {
     DIR *dir = opendir("/proc");
@@ -78,7 +79,7 @@ static pid_t find_proc(const char *cmdline)
         for (size_t i = 0; i + 1 < n; i++)
             if (buf[i] == '\0')
                 buf[i] = ' ';
-        if (strcmp(buf, cmdline) == 0)
+        if (strcmp(buf, cmdline) == 0 && lbt_proc_of_run(e->d_name))
             found = (pid_t)atoi(e->d_name);
     }
     closedir(dir);
