@@ -13,6 +13,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1233,6 +1234,79 @@ START_TEST(test_parallel)
 }
 END_TEST
 
+/* Slots taken, marked and given back by many threads at once (the slot bitmap is cleared
+ * without a lock): no slot is ever held twice, a held slot's host-wide claim exists, and
+ * afterwards every slot can be taken again, each once, and none is left claimed. */
+#define SLOT_THREADS 4
+#define SLOT_ROUNDS 200
+
+struct slot_churn {
+    struct local_provider *lp;
+    atomic_int *held; /* one per slot: 1 while a thread holds it */
+    int bad;
+};
+
+static bool slot_claimed(uint32_t first)
+{
+    char path[128];
+
+    snprintf(path, sizeof(path), "%s/%" PRIu32, LOCAL_SLOT_CLAIM_DIR, first);
+    return access(path, F_OK) == 0;
+}
+
+static void *slot_churn_main(void *arg)
+{
+    struct slot_churn *c = arg;
+
+    for (int i = 0; i < SLOT_ROUNDS; i++) {
+        uint32_t uid = 0, slot;
+
+        if (local_uid_alloc(c->lp, &uid) < 0) {
+            c->bad++;
+            continue;
+        }
+        slot = (uid - c->lp->uid_base) / LOCAL_SLOT_IDS;
+        if (atomic_exchange(&c->held[slot], 1) != 0 || !slot_claimed(uid))
+            c->bad++;
+        local_uid_mark(c->lp, uid);
+        atomic_store(&c->held[slot], 0);
+        local_uid_free(c->lp, uid);
+    }
+    return NULL;
+}
+
+START_TEST(test_slots_concurrent)
+{
+    struct local_provider *lp = (struct local_provider *)prov;
+    atomic_int held[UIDS_PER_TEST] = {0};
+    struct slot_churn c[SLOT_THREADS];
+    pthread_t th[SLOT_THREADS];
+    uint32_t uids[UIDS_PER_TEST], extra;
+    int i, j;
+
+    ck_assert_uint_eq(lp->uid_count, UIDS_PER_TEST);
+    for (i = 0; i < SLOT_THREADS; i++) {
+        c[i] = (struct slot_churn){.lp = lp, .held = held};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, slot_churn_main, &c[i]), 0);
+    }
+    for (i = 0; i < SLOT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(c[i].bad, 0);
+    }
+    for (i = 0; i < UIDS_PER_TEST; i++) {
+        ck_assert_int_eq(local_uid_alloc(lp, &uids[i]), 0);
+        ck_assert(slot_claimed(uids[i]));
+        for (j = 0; j < i; j++)
+            ck_assert_uint_ne(uids[i], uids[j]);
+    }
+    ck_assert_int_eq(local_uid_alloc(lp, &extra), -EUSERS);
+    for (i = 0; i < UIDS_PER_TEST; i++)
+        local_uid_free(lp, uids[i]);
+    for (i = 0; i < UIDS_PER_TEST; i++)
+        ck_assert(!slot_claimed(lp->uid_base + (uint32_t)i * LOCAL_SLOT_IDS));
+}
+END_TEST
+
 /* Rough numbers for the report: create / exec / stop of one sandbox. */
 START_TEST(test_timing)
 {
@@ -1375,6 +1449,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_stop_reaps_monitor_and_init);
     tcase_add_test(tc, test_failed_create_cleans_up);
     tcase_add_test(tc, test_parallel);
+    tcase_add_test(tc, test_slots_concurrent);
     tcase_add_test(tc, test_timing);
     suite_add_tcase(s, tc);
     return s;

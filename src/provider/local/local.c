@@ -194,7 +194,9 @@ static void local_destroy(struct lb_provider *p)
     local_exec_gates_release(lp);
     pthread_cond_destroy(&lp->stopped);
     pthread_mutex_destroy(&lp->lock);
-    free(lp->uid_used);
+    pthread_mutex_destroy(&lp->stop_lock);
+    pthread_mutex_destroy(&lp->uid_lock);
+    free((void *)lp->uid_used);
     free(lp->claim_id);
     free(lp->sandboxes_dir);
     free(lp->state_dir);
@@ -466,6 +468,8 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
     pthread_mutex_init(&lp->lock, NULL);
+    pthread_mutex_init(&lp->stop_lock, NULL);
+    pthread_mutex_init(&lp->uid_lock, NULL);
     {
         pthread_condattr_t ca;
 
@@ -475,7 +479,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         pthread_cond_init(&lp->stopped, &ca);
         pthread_condattr_destroy(&ca);
     }
-    lp->uid_used = calloc((cfg->uid_count + 7) / 8, 1);
+    lp->uid_used = calloc((cfg->uid_count + 7) / 8, sizeof(*lp->uid_used));
     if (!lp->uid_used) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;

@@ -26,6 +26,7 @@
 #define LB_PROVIDER_LOCAL_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -78,12 +79,16 @@ struct local_provider {
     struct local_net_host *net; /* links and egress rules (net.h) */
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
 
-    pthread_mutex_t lock; /* guards the fields below */
-    uint8_t *uid_used;    /* bitmap over the uid_count slots */
-    uint32_t uid_next;    /* next-fit cursor */
-    char **stopping;      /* ids being stopped right now (stops of one id run one at a time) */
+    /* Three small locks instead of one, so that the many stops of a shutdown sweep do not
+     * queue behind each other: a stop takes stop_lock twice and lock once, uid_lock never. */
+    pthread_mutex_t uid_lock;  /* serializes taking a slot (claim file, then bit) and uid_next */
+    _Atomic uint8_t *uid_used; /* bitmap over the uid_count slots; read and cleared lock-free */
+    uint32_t uid_next;         /* next-fit cursor (uid_lock) */
+    pthread_mutex_t stop_lock; /* guards stopping, nstopping, stopping_cap */
+    char **stopping;           /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
-    pthread_cond_t stopped;             /* signalled when an id leaves stopping */
+    pthread_cond_t stopped;             /* with stop_lock: signalled when an id leaves stopping */
+    pthread_mutex_t lock;               /* guards running and execs_ended */
     struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
     struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
     bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
@@ -139,13 +144,14 @@ int local_desc_read_file(const char *dir, const char *id, struct local_desc *d, 
  * LOCAL_SLOT_CLAIM_DIR), *uid its first; slots claimed by another lendboxd are skipped. -EUSERS
  * when every slot is in use here or elsewhere (or the claim dir is unusable, logged) / give one
  * back and drop its claim (both slots its ids reach into when uid is not slot-aligned: an
- * older version's sandbox). Thread-safe (lp->lock). */
+ * older version's sandbox). Thread-safe (uid_lock for a take; a give-back takes no lock). */
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid);
 void local_uid_free(struct local_provider *lp, uint32_t uid);
 /* Is uid the first host id of one of our slots (a sandbox's root)? */
 bool local_uid_in_range(const struct local_provider *lp, uint32_t uid);
 /* Mark the slot(s) of an adopted sandbox (uid: its first id) in use, here and host-wide (a
- * slot another lendboxd holds is logged, not refused). Thread-safe (lp->lock). */
+ * slot another lendboxd holds is logged, not refused). Thread-safe (uid_lock; none when already
+ * marked). */
 void local_uid_mark(struct local_provider *lp, uint32_t uid);
 /* At start: make the claim dir and lp->claim_id (this daemon's identity in its claims). 0,
  * -EREMOTEIO or -ENOMEM. */
@@ -209,7 +215,7 @@ int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t 
                struct lb_error *err);
 /* Enter / leave the one stop of id allowed at a time (endpoint requests enter it too). Waiting
  * for a stop of the same id is bounded by deadline_ms (monotonic): -ETIMEDOUT past it; -ENOMEM.
- * Thread-safe (lp->lock). */
+ * Thread-safe (stop_lock). */
 int local_stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms);
 void local_stopping_leave(struct local_provider *lp, const char *id);
 /* How many stops so far swept /proc for the processes of a slot's ids (a stop without a live

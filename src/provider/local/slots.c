@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,17 +135,20 @@ bool local_uid_in_range(const struct local_provider *lp, uint32_t uid)
            (uid - lp->uid_base) / LOCAL_SLOT_IDS < lp->uid_count;
 }
 
+/* The bitmap's bits are atomic: a set bit is only ever set under uid_lock (with the slot's
+ * claim taken first), a bit is cleared lock-free (after the claim is dropped), and reads need
+ * no lock. */
 static bool uid_bit_get(const struct local_provider *lp, uint32_t bit)
 {
-    return lp->uid_used[bit / 8] & (1u << (bit % 8));
+    return atomic_load(&lp->uid_used[bit / 8]) & (1u << (bit % 8));
 }
 
 static void uid_bit_set(struct local_provider *lp, uint32_t bit, bool on)
 {
     if (on)
-        lp->uid_used[bit / 8] |= (uint8_t)(1u << (bit % 8));
+        atomic_fetch_or(&lp->uid_used[bit / 8], (uint8_t)(1u << (bit % 8)));
     else
-        lp->uid_used[bit / 8] &= (uint8_t) ~(1u << (bit % 8));
+        atomic_fetch_and(&lp->uid_used[bit / 8], (uint8_t) ~(1u << (bit % 8)));
 }
 
 int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
@@ -152,7 +156,7 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
     uint32_t i, bit;
     int r = -EUSERS;
 
-    pthread_mutex_lock(&lp->lock);
+    pthread_mutex_lock(&lp->uid_lock);
     for (i = 0; i < lp->uid_count; i++) {
         bit = (lp->uid_next + i) % lp->uid_count;
         if (uid_bit_get(lp, bit))
@@ -174,7 +178,7 @@ int local_uid_alloc(struct local_provider *lp, uint32_t *uid)
         r = 0;
         break;
     }
-    pthread_mutex_unlock(&lp->lock);
+    pthread_mutex_unlock(&lp->uid_lock);
     return r;
 }
 
@@ -200,7 +204,15 @@ void local_uid_mark(struct local_provider *lp, uint32_t uid)
 
     if (n == 0)
         return;
-    pthread_mutex_lock(&lp->lock);
+    /* every descriptor load marks: a slot of ours already marked needs no lock */
+    for (i = 0; i < n; i++) {
+        if (!local_uid_in_range(lp, first[i]) ||
+            !uid_bit_get(lp, (first[i] - lp->uid_base) / LOCAL_SLOT_IDS))
+            break;
+    }
+    if (i == n)
+        return;
+    pthread_mutex_lock(&lp->uid_lock);
     for (i = 0; i < n; i++) {
         bool ours = local_uid_in_range(lp, first[i]);
         uint32_t bit = ours ? (first[i] - lp->uid_base) / LOCAL_SLOT_IDS : 0;
@@ -217,7 +229,7 @@ void local_uid_mark(struct local_provider *lp, uint32_t uid)
         if (ours)
             uid_bit_set(lp, bit, true);
     }
-    pthread_mutex_unlock(&lp->lock);
+    pthread_mutex_unlock(&lp->uid_lock);
 }
 
 void local_uid_free(struct local_provider *lp, uint32_t uid)
@@ -227,18 +239,15 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
 
     if (n == 0)
         return;
-    /* The claims go first and outside lp->lock: four file operations under a lock that every
-     * stop takes several times serialized a sweep of many stops behind them. While the slot's
-     * bit is still set no thread here takes the slot (local_uid_alloc skips it, local_uid_mark
-     * sees it marked), so dropping the claim before the bit is as safe as under the lock. */
+    /* The claims go first, then the bits, with no lock: while the slot's bit is still set no
+     * thread here takes the slot (local_uid_alloc skips it, local_uid_mark sees it marked), and
+     * a bit is cleared atomically, so a stop never waits for another's slot work. */
     for (i = 0; i < n; i++)
         claim_drop(lp, first[i]);
-    pthread_mutex_lock(&lp->lock);
     for (i = 0; i < n; i++) {
         if (local_uid_in_range(lp, first[i]))
             uid_bit_set(lp, (first[i] - lp->uid_base) / LOCAL_SLOT_IDS, false);
     }
-    pthread_mutex_unlock(&lp->lock);
 }
 
 /* At start, after every live sandbox's slots are marked: drop our claims of slots that no

@@ -428,11 +428,11 @@ int local_stopping_enter(struct local_provider *lp, const char *id, int64_t dead
 
     if (!copy)
         return -ENOMEM;
-    pthread_mutex_lock(&lp->lock);
+    pthread_mutex_lock(&lp->stop_lock);
     while (stopping_find(lp, id) >= 0) {
-        if (pthread_cond_timedwait(&lp->stopped, &lp->lock, &until) == ETIMEDOUT &&
+        if (pthread_cond_timedwait(&lp->stopped, &lp->stop_lock, &until) == ETIMEDOUT &&
             stopping_find(lp, id) >= 0) {
-            pthread_mutex_unlock(&lp->lock);
+            pthread_mutex_unlock(&lp->stop_lock);
             free(copy);
             return -ETIMEDOUT;
         }
@@ -450,7 +450,7 @@ int local_stopping_enter(struct local_provider *lp, const char *id, int64_t dead
         lp->stopping[lp->nstopping++] = copy;
     else
         r = -ENOMEM;
-    pthread_mutex_unlock(&lp->lock);
+    pthread_mutex_unlock(&lp->stop_lock);
     if (r < 0)
         free(copy);
     return r;
@@ -460,14 +460,14 @@ void local_stopping_leave(struct local_provider *lp, const char *id)
 {
     ssize_t i;
 
-    pthread_mutex_lock(&lp->lock);
+    pthread_mutex_lock(&lp->stop_lock);
     i = stopping_find(lp, id);
     if (i >= 0) {
         free(lp->stopping[i]);
         lp->stopping[i] = lp->stopping[--lp->nstopping];
     }
     pthread_cond_broadcast(&lp->stopped);
-    pthread_mutex_unlock(&lp->lock);
+    pthread_mutex_unlock(&lp->stop_lock);
 }
 
 int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
