@@ -146,6 +146,7 @@ export LENDBOX_SRCDIR := $(CURDIR)
 
 unit: all $(UNIT_BINS) $(BENCH_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; CK_FORK=yes $$t; done
+	@echo "== tests/call-circles"; tests/call-circles $(BUILD)
 
 e2e: all $(E2E_BINS)
 	@set -e; for t in $(E2E_BINS); do echo "== $$t"; $$t; done

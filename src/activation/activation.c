@@ -1,6 +1,6 @@
 /*
  * activation.c - the activation service (see activation.h): its state, the lookups the other
- * files share (the session's activation, the sandbox's state, resuming a paused sandbox), and
+ * files share (the session's activation), and
  * the calls that act on an existing activation: close, GET, the long-poll watch, the log, stop
  * and the release hook.
  *
@@ -84,40 +84,6 @@ void activations_free(struct lb_activations *a)
     pthread_mutex_destroy(&a->mutex);
     free(a->receipts_dir);
     free(a);
-}
-
-bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id)
-{
-    json_t *status = NULL;
-    const char *st;
-    bool paused = lend_sandbox_status(a->lend, sandbox_id, &status, NULL) == 0 &&
-                  (st = json_string_value(json_object_get(status, "status"))) &&
-                  !strcmp(st, "paused");
-
-    json_decref(status);
-    return paused;
-}
-
-/* The harness's supervisor runs in the sandbox: frozen (paused), it can neither end the harness
- * nor write its receipt, so no wait for the receipt would end before its bound. Resume the
- * sandbox if it is paused (why says for the log). 0 (not paused, or resumed) or -EREMOTEIO
- * when the resume failed. */
-int act_resume_paused(struct lb_activations *a, const struct lb_activation *act, const char *why,
-                      struct lb_error *err)
-{
-    struct lb_error perr = {0};
-    json_t *st = NULL;
-    int r;
-
-    if (!act_sandbox_is_paused(a, act->sandbox_id))
-        return 0;
-    log_info("activation %s: sandbox %s is paused; resuming it (%s)", act->id, act->sandbox_id,
-             why);
-    r = lend_set_paused(a->lend, act->sandbox_id, false, &st, &perr);
-    json_decref(st);
-    if (r < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot resume the paused sandbox: %s", perr.message);
-    return 0;
 }
 
 /* Re-read the activation of a sandbox into *act (released first). */

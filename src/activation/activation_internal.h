@@ -65,12 +65,6 @@ struct lb_activations {
 
 /* ---------- activation.c: lookups ---------- */
 
-/* Is the sandbox paused (asks the provider)? */
-bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id);
-/* Resume the activation's sandbox if it is paused (why: for the log). 0 (not paused, or
- * resumed) or -EREMOTEIO when the resume failed. */
-int act_resume_paused(struct lb_activations *a, const struct lb_activation *act, const char *why,
-                      struct lb_error *err);
 /* Re-read the activation of a sandbox into *act (released first; sandbox_id may point into
  * *act). Errors of store_get_activation_by_sandbox. */
 int act_reload(struct lb_activations *a, const char *sandbox_id, struct lb_activation *act,
@@ -105,6 +99,12 @@ bool act_receipt_confirmed(const json_t *receipt);
 
 /* ---------- capture.c: stop, capture, finalization ---------- */
 
+/* Is the sandbox paused (asks the provider)? */
+bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id);
+/* Resume the activation's sandbox if it is paused (why: for the log). 0 (not paused, or
+ * resumed) or -EREMOTEIO when the resume failed. */
+int act_resume_paused(struct lb_activations *a, const struct lb_activation *act, const char *why,
+                      struct lb_error *err);
 /* Store a receipt read from the file, with its out-of-memory verdict ("oom_message"). 0 or an
  * error of the store. */
 int act_record_receipt(struct lb_activations *a, const struct lb_activation *act, json_t *receipt,

@@ -1,9 +1,10 @@
 /*
  * capture.c - an activation's finalization: stop the harness if needed and hold its confirmed
- * receipt (the stop exec and the wait for the receipt), sweep the sandbox before a close
- * collects, collect the artifacts and the output log's tail into the record once, and record a
- * close. At most one finalization of an activation runs at a time (the entries below); a close
- * that arrives meanwhile joins it. Shares activation_internal.h.
+ * receipt (the stop exec and the wait for the receipt; resuming a paused sandbox first, for
+ * this and for execute.c's timeout), sweep the sandbox before a close collects, collect the
+ * artifacts and the output log's tail into the record once, and record a close. At most one
+ * finalization of an activation runs at a time (the entries below); a close that arrives
+ * meanwhile joins it. Shares activation_internal.h.
  */
 #include "activation/activation_internal.h"
 
@@ -99,6 +100,40 @@ int act_record_receipt(struct lb_activations *a, const struct lb_activation *act
              : lb_error_set(err, -ENOMEM, "out of memory");
     free(text);
     return r;
+}
+
+bool act_sandbox_is_paused(struct lb_activations *a, const char *sandbox_id)
+{
+    json_t *status = NULL;
+    const char *st;
+    bool paused = lend_sandbox_status(a->lend, sandbox_id, &status, NULL) == 0 &&
+                  (st = json_string_value(json_object_get(status, "status"))) &&
+                  !strcmp(st, "paused");
+
+    json_decref(status);
+    return paused;
+}
+
+/* The harness's supervisor runs in the sandbox: frozen (paused), it can neither end the harness
+ * nor write its receipt, so no wait for the receipt would end before its bound. Resume the
+ * sandbox if it is paused (why says for the log). 0 (not paused, or resumed) or -EREMOTEIO
+ * when the resume failed. */
+int act_resume_paused(struct lb_activations *a, const struct lb_activation *act, const char *why,
+                      struct lb_error *err)
+{
+    struct lb_error perr = {0};
+    json_t *st = NULL;
+    int r;
+
+    if (!act_sandbox_is_paused(a, act->sandbox_id))
+        return 0;
+    log_info("activation %s: sandbox %s is paused; resuming it (%s)", act->id, act->sandbox_id,
+             why);
+    r = lend_set_paused(a->lend, act->sandbox_id, false, &st, &perr);
+    json_decref(st);
+    if (r < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot resume the paused sandbox: %s", perr.message);
+    return 0;
 }
 
 /* Hold a confirmed receipt: read it, or request the stop and wait for it within budget_ms.

@@ -135,21 +135,6 @@ static int request_route(struct lb_request *req, const char *url, struct lb_erro
 
 /* ---------- MHD callbacks ---------- */
 
-enum MHD_Result http_request_queue(struct lb_request *req)
-{
-    enum MHD_Result r;
-
-    if (!req->response) {
-        struct lb_error e;
-
-        lb_error_set(&e, -EIO, "the handler set no response");
-        http_respond_error(req, &e);
-    }
-    r = MHD_queue_response(req->conn, req->status, req->response);
-    req->phase = PHASE_DONE;
-    return r;
-}
-
 /* Error before the handler ran; 405 has no errno of its own in util/error.h. */
 static enum MHD_Result request_fail(struct lb_request *req, const struct lb_error *err)
 {
@@ -601,26 +586,6 @@ out:
         close(fd);
     freeaddrinfo(ai);
     return r;
-}
-
-/* Free h's memory (no thread uses it any more). */
-void http_release(struct lb_http *h)
-{
-    pthread_cond_destroy(&h->park_cond);
-    pthread_cond_destroy(&h->park_drained);
-    pthread_cond_destroy(&h->poll_cond);
-    pthread_mutex_destroy(&h->park_lock);
-    pthread_cond_destroy(&h->conn_cond);
-    pthread_mutex_destroy(&h->conn_lock);
-    pthread_mutex_destroy(&h->answer_lock);
-    while (h->holders) {
-        struct answer_holder *a = h->holders;
-
-        h->holders = a->next;
-        free(a);
-    }
-    free(h->route_metric);
-    free(h);
 }
 
 /* Stop the park thread and free h, or leave the freeing to the last park handle's release

@@ -199,9 +199,6 @@ void http_answer_give(struct lb_http *h, uint64_t key, size_t n);
 /* Set req's response to r (replacing one set before; r may be NULL: out of memory), with the
  * headers every answer carries. The request owns r. */
 void http_request_set_response(struct lb_request *req, unsigned status, struct MHD_Response *r);
-
-/* ---- http.c ---- */
-
 /* Queue the response set (a 500 if none was) on the MHD thread; the request is done. */
 enum MHD_Result http_request_queue(struct lb_request *req);
 /* Free h's memory once no thread uses it (the last park handle, or http_stop). */

@@ -2,7 +2,8 @@
  * respond.c - the HTTP front end's answers: the answer budget (bytes of answers rendered in
  * memory, per bearer token and in all), the responses handlers and jobs set (JSON, errors,
  * text, files), and the accessors of a request (parameters, query, headers, principal, body,
- * the body parsed as JSON).
+ * the body parsed as JSON), queueing the response set, and freeing the server's memory once no
+ * thread uses it. A base of http/: it calls no other file of the folder.
  */
 #include "http/http_internal.h"
 
@@ -388,4 +389,41 @@ int http_body_json(struct lb_request *req, bool allow_empty, json_t **out, struc
     }
     *out = j;
     return 0;
+}
+
+/* ---------- queueing the answer, freeing the server ---------- */
+
+enum MHD_Result http_request_queue(struct lb_request *req)
+{
+    enum MHD_Result r;
+
+    if (!req->response) {
+        struct lb_error e;
+
+        lb_error_set(&e, -EIO, "the handler set no response");
+        http_respond_error(req, &e);
+    }
+    r = MHD_queue_response(req->conn, req->status, req->response);
+    req->phase = PHASE_DONE;
+    return r;
+}
+
+/* Free h's memory (no thread uses it any more). */
+void http_release(struct lb_http *h)
+{
+    pthread_cond_destroy(&h->park_cond);
+    pthread_cond_destroy(&h->park_drained);
+    pthread_cond_destroy(&h->poll_cond);
+    pthread_mutex_destroy(&h->park_lock);
+    pthread_cond_destroy(&h->conn_cond);
+    pthread_mutex_destroy(&h->conn_lock);
+    pthread_mutex_destroy(&h->answer_lock);
+    while (h->holders) {
+        struct answer_holder *a = h->holders;
+
+        h->holders = a->next;
+        free(a);
+    }
+    free(h->route_metric);
+    free(h);
 }

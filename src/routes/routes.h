@@ -67,7 +67,7 @@ void routes_print(FILE *f);
 int routes_authorize(void *app, const char *token, enum lb_auth_need need, const char *sandbox_id,
                      enum lb_principal *who, struct lb_error *err);
 
-/* --- shared by the route files --- */
+/* --- parse.c: shared by the route files (a base: it calls no route file) --- */
 
 /* Reject keys of obj not in allowed (NULL-terminated): -EINVAL "unknown field 'x'". */
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,

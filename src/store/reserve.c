@@ -1,6 +1,7 @@
 /*
- * reserve.c - the space reserve that keeps stops recordable on a full file system, and the
- * check of whether the store can write (store_reserve_init, store_check_writable).
+ * reserve.c - the space reserve that keeps stops recordable on a full file system (making it;
+ * a stop's write spends it in store.c's store_step_writing), and the check of whether the
+ * store can write (store_reserve_init, store_check_writable).
  */
 #include "store/store_internal.h"
 
@@ -33,13 +34,6 @@
 #define RESERVE_RETRY_MS 1000
 #define PROBE_INTERVAL_MS 1000
 #define LOW_WATER_BYTES (1024 * 1024) /* less free than this: the store counts as unwritable */
-
-/* Did a step fail for lack of space? Call with the lock held. */
-bool store_rc_is_full(struct lb_store *st, int rc)
-{
-    return (rc & 0xff) == SQLITE_FULL ||
-           ((rc & 0xff) == SQLITE_IOERR && sqlite3_system_errno(st->db) == ENOSPC);
-}
 
 /* Free bytes on the database's file system (lendboxd is root: blocks reserved for root count);
  * -errno when it cannot be read, -EROFS when it is read-only. */
@@ -86,43 +80,6 @@ int store_reserve_make(struct lb_store *st)
     log_info("store: space reserve %s in place (%lld bytes)", st->reserve_path,
              (long long)st->reserve_bytes);
     return 0;
-}
-
-/* Give the reserve's space back to the file system. false if there was none to give. Call with
- * the lock held. */
-bool store_reserve_spend(struct lb_store *st)
-{
-    if (!st->reserve_present)
-        return false;
-    st->reserve_present = false;
-    st->reserve_tried_ms = clock_mono_ms(); /* not made again right away */
-    if (unlink(st->reserve_path) < 0 && errno != ENOENT) {
-        log_error("store: cannot delete the space reserve %s: %s", st->reserve_path,
-                  strerror(errno));
-        return false;
-    }
-    log_warn("store: the file system of %s is full: spent the space reserve (%lld bytes) on a "
-             "stop's record",
-             st->path, (long long)st->reserve_bytes);
-    return true;
-}
-
-/* Step a bound write. stop: it records a stop, and may spend the reserve (then it is run
- * again). Notes whether the store could write. Returns SQLite's code. Call with the lock held. */
-int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop)
-{
-    int rc = sqlite3_step(s);
-
-    if (stop && store_rc_is_full(st, rc) && store_reserve_spend(st)) {
-        sqlite3_reset(s); /* bindings stay */
-        rc = sqlite3_step(s);
-    }
-    if (rc == SQLITE_DONE)
-        atomic_store(&st->write_failed, false);
-    else if (store_rc_is_full(st, rc) || (rc & 0xff) == SQLITE_IOERR ||
-             (rc & 0xff) == SQLITE_READONLY)
-        atomic_store(&st->write_failed, true);
-    return rc;
 }
 
 /* A real write (user_version set to what it is), after a write failed. Lock held. */

@@ -1,6 +1,8 @@
 /*
  * store.c - the store's connection (see store.h): open, configure, migrate and close the
- * database, its prepared statements, and the statement helpers every file of the store uses.
+ * database, its prepared statements, and the statement helpers every file of the store uses
+ * (with the write step, which spends the space reserve for a stop's record). A base: it calls
+ * no other file of the store.
  * Sandbox records are read and written in records.c, warm pools in store_warm.c, the space
  * reserve in reserve.c and harness activations in activations.c.
  *
@@ -28,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +40,7 @@
 
 #include <sqlite3.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 #define BUSY_TIMEOUT_MS 5000
@@ -299,6 +303,52 @@ void store_sync_full(struct lb_store *st, bool on)
 {
     (void)sqlite3_exec(st->db, on ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
                        NULL, NULL, NULL);
+}
+
+/* ---- stepping a write, and spending the space reserve for a stop's (reserve.c makes it) ---- */
+
+/* Did a step fail for lack of space? Call with the lock held. */
+bool store_rc_is_full(struct lb_store *st, int rc)
+{
+    return (rc & 0xff) == SQLITE_FULL ||
+           ((rc & 0xff) == SQLITE_IOERR && sqlite3_system_errno(st->db) == ENOSPC);
+}
+
+/* Give the reserve's space back to the file system. false if there was none to give. Call with
+ * the lock held. */
+bool store_reserve_spend(struct lb_store *st)
+{
+    if (!st->reserve_present)
+        return false;
+    st->reserve_present = false;
+    st->reserve_tried_ms = clock_mono_ms(); /* not made again right away */
+    if (unlink(st->reserve_path) < 0 && errno != ENOENT) {
+        log_error("store: cannot delete the space reserve %s: %s", st->reserve_path,
+                  strerror(errno));
+        return false;
+    }
+    log_warn("store: the file system of %s is full: spent the space reserve (%lld bytes) on a "
+             "stop's record",
+             st->path, (long long)st->reserve_bytes);
+    return true;
+}
+
+/* Step a bound write. stop: it records a stop, and may spend the reserve (then it is run
+ * again). Notes whether the store could write. Returns SQLite's code. Call with the lock held. */
+int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop)
+{
+    int rc = sqlite3_step(s);
+
+    if (stop && store_rc_is_full(st, rc) && store_reserve_spend(st)) {
+        sqlite3_reset(s); /* bindings stay */
+        rc = sqlite3_step(s);
+    }
+    if (rc == SQLITE_DONE)
+        atomic_store(&st->write_failed, false);
+    else if (store_rc_is_full(st, rc) || (rc & 0xff) == SQLITE_IOERR ||
+             (rc & 0xff) == SQLITE_READONLY)
+        atomic_store(&st->write_failed, true);
+    return rc;
 }
 
 /* ---- open, configure, migrate, close ---- */

@@ -121,18 +121,19 @@ int store_exec_sql(struct lb_store *st, const char *sql, const char *what, struc
 /* The database's user_version (its schema version) into *out; 0 or a negative errno. */
 int store_read_user_version(struct lb_store *st, int *out, struct lb_error *err);
 
-/* ---- reserve.c ---- */
-
 /* Whether SQLite's code rc means the file system is full. */
 bool store_rc_is_full(struct lb_store *st, int rc);
-/* Make the space reserve if it is missing and there is room (rate-limited): 0 when it is in
- * place or none is configured, -ENOSPC otherwise. */
-int store_reserve_make(struct lb_store *st);
 /* Give the reserve's space back to the file system (for a stop's record); false if there was
  * none. */
 bool store_reserve_spend(struct lb_store *st);
 /* Step a bound write (stop: a stop's record, which may spend the reserve and run again), and
  * note whether the store could write. SQLite's result code. */
 int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop);
+
+/* ---- reserve.c (a top over store.c: it runs SQL to check a write) ---- */
+
+/* Make the space reserve if it is missing and there is room (rate-limited): 0 when it is in
+ * place or none is configured, -ENOSPC otherwise. */
+int store_reserve_make(struct lb_store *st);
 
 #endif
