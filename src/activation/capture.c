@@ -429,10 +429,9 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
         /* the operate token stays fenced from the sweep to the end of the capture: nothing
          * of the agent (an upload) can write what is collected in between */
         r = lend_fence_raise(a->lend, act.sandbox_id, err);
-        if (r < 0)
-            goto out;
-        fenced = true;
-        r = act_sweep(a, &act, err);
+        fenced = r == 0;
+        if (r == 0)
+            r = act_sweep(a, &act, err);
         if (r < 0)
             goto out;
     }
