@@ -57,6 +57,28 @@ async def test_async_client(daemon):
         assert (await c.release("acl-1"))["released"] is True
 
 
+def test_snapshot(daemon):
+    c = daemon.client()
+    lease = c.seed("snap-1", "t", files={"/workspace/a.txt": "from the parent\n"})
+    sid = lease["sandbox_id"]
+    img = c.snapshot(sid, "pysnap-1")
+    assert (img["name"], img["kind"], img["source_sandbox_id"]) == ("pysnap-1", "snapshot", sid)
+    assert [i["kind"] for i in c.list_images() if i["name"] == "pysnap-1"] == ["snapshot"]
+    with pytest.raises(lendbox.Conflict):
+        c.snapshot(sid, "pysnap-1")
+    with pytest.raises(lendbox.Forbidden):
+        daemon.client(token=lease["access"]["token"]).snapshot(sid, "pysnap-2")
+    child = c.seed("snap-2", "t", image="pysnap-1")
+    assert c.get_file(child["sandbox_id"], "/workspace/a.txt") == b"from the parent\n"
+    with pytest.raises(lendbox.Conflict):
+        c.delete_image("pysnap-1")
+    assert c.release("snap-2")["released"] is True
+    assert c.release("snap-1")["released"] is True
+    assert c.delete_image("pysnap-1") is None
+    assert "pysnap-1" not in [i["name"] for i in c.list_images()]
+    c.close()
+
+
 def test_errors_are_typed(daemon):
     c = daemon.client()
     with pytest.raises(lendbox.NotFound) as e:

@@ -192,6 +192,7 @@ ROUTES: Dict[str, Route] = {
     "list_images": Route("GET", "/v1/images", True),
     "import_image": Route("POST", "/v1/images", False),
     "delete_image": Route("DELETE", "/v1/images/*", True),
+    "snapshot": Route("POST", "/v1/sandboxes/*/snapshot", False),
 }
 
 # Read timeouts (seconds) of the routes that wait for a provider: a stop is bounded by
@@ -744,6 +745,27 @@ class _Routes:
         """``DELETE /v1/images/{name}`` → None (204). Conflict while a live sandbox uses it."""
         return self._run(
             _Call("delete_image", f"/v1/images/{_seg(name)}", result="none", ok=(200, 204))
+        )
+
+    def snapshot(
+        self, sandbox_id: str, name: str, labels: Optional[Dict[str, str]] = None
+    ) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/{id}/snapshot`` (admin) → the new image (201): ``name``,
+        ``digest``, ``size_bytes``, ``created_at``, ``kind`` ("snapshot"), ``base``,
+        ``source_sandbox_id``. The sandbox's writable root layer and workdir, captured while it
+        is frozen; seed it with ``image=name``. Conflict for a name in use; NotImplementedByServer (501)
+        on a provider without snapshots. Not retried (a retry after a lost answer would 409)."""
+        body: Dict[str, Any] = {"name": name}
+        if labels is not None:
+            body["labels"] = labels
+        return self._run(
+            _Call(
+                "snapshot",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/snapshot",
+                json=body,
+                ok=(201,),
+                read_timeout_s=_STOP_WAIT_S,
+            )
         )
 
 
