@@ -1512,6 +1512,17 @@ void lbt_json(struct lbt_daemon *d, const char *method, const char *path, const 
     lbt_request(d, method, path, token, body_json, body_json ? strlen(body_json) : 0, NULL, resp);
 }
 
+void lbt_release_session(struct lbt_daemon *d, const char *rsid)
+{
+    struct lbt_resp r;
+    char path[300];
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
+    lbt_json(d, "POST", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
+    lbt_resp_free(&r);
+}
+
 void lbt_resp_free(struct lbt_resp *resp)
 {
     free(resp->body);

@@ -125,6 +125,8 @@ void lbt_request(struct lbt_daemon *d, const char *method, const char *path, con
 void lbt_json(struct lbt_daemon *d, const char *method, const char *path, const char *token,
               const char *body_json, struct lbt_resp *resp);
 void lbt_resp_free(struct lbt_resp *resp);
+/* POST /v1/sessions/<rsid>/release and assert 200 (the test fails otherwise). */
+void lbt_release_session(struct lbt_daemon *d, const char *rsid);
 
 /* Seed rsid with task_id and optional extra JSON members (e.g. "\"ttl_s\": 5"); asserts 200 and
  * returns the lease (caller decrefs). */

@@ -347,17 +347,6 @@ static void seed_on(struct lbt_daemon *d, const char *rsid, const char *extra, c
     json_decref(lease);
 }
 
-static void release(struct lbt_daemon *d, const char *rsid)
-{
-    struct lbt_resp r;
-    char path[128];
-
-    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
-    lbt_json(d, "POST", path, "", NULL, &r);
-    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
-    lbt_resp_free(&r);
-}
-
 START_TEST(test_writable_root)
 {
     struct lbt_daemon d;
@@ -426,7 +415,7 @@ START_TEST(test_writable_root)
     free(text);
     /* the writable root and /workspace share one budget, resources.disk_mib: 100 MiB do not
      * fit in 64, nor do 40 in / and 40 more in /workspace */
-    release(&d, "rs-img-b");
+    lbt_release_session(&d, "rs-img-b");
     seed_on(&d, "rs-img-c", "\"image\": \"busy\", \"resources\": {\"disk_mib\": 64}", b, sizeof(b));
     res = lbt_exec_ok(
         &d, b, "", "{\"command\": \"dd if=/dev/zero of=/big bs=1M count=100 2>&1; echo rc=$?\"}");
@@ -451,8 +440,8 @@ START_TEST(test_writable_root)
     /* the daemon killed -9 and restarted: a release still unmounts everything */
     lbt_daemon_kill(&d);
     lbt_daemon_restart(&d, NULL);
-    release(&d, "rs-img-a");
-    release(&d, "rs-img-c");
+    lbt_release_session(&d, "rs-img-a");
+    lbt_release_session(&d, "rs-img-c");
     ck_assert_int_eq(count_mounts(d.state_dir), 0);
     after = tree_sum(path);
     ck_assert_str_eq(before, after); /* the image is byte-identical */
@@ -827,7 +816,7 @@ START_TEST(test_image_layers)
                   "&& grep ' / / ' /proc/self/mountinfo | grep -c nosuid");
     ck_assert_str_eq(text, "0\n1\n");
     free(text);
-    release(&d, "rs-layers");
+    lbt_release_session(&d, "rs-layers");
     lbt_daemon_cleanup(&d);
 }
 END_TEST
@@ -879,13 +868,13 @@ START_TEST(test_image_user)
     res = lbt_exec_ok(&d, sbx, "", "{\"command\": \"id -u\", \"user\": \"root\"}");
     ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "0\n");
     json_decref(res);
-    release(&d, "rs-nobody");
+    lbt_release_session(&d, "rs-nobody");
 
     seed_on(&d, "rs-num", "\"image\": \"num-img\"", sbx, sizeof(sbx));
     text = lbt_sh(&d, sbx, "id -u; id -g");
     ck_assert_str_eq(text, "1234\n1234\n");
     free(text);
-    release(&d, "rs-num");
+    lbt_release_session(&d, "rs-num");
 
     seed_on(&d, "rs-root", "\"image\": \"root-img\"", sbx, sizeof(sbx));
     text = lbt_sh(&d, sbx, "id -u; id -g");
@@ -898,7 +887,7 @@ START_TEST(test_image_user)
     lbt_assert_error(&r, 400, "bad_request"); /* an explicit user is checked itself */
     assert_has(r.body, "unknown user \\\"nosuchuser\\\"");
     lbt_resp_free(&r);
-    release(&d, "rs-root");
+    lbt_release_session(&d, "rs-root");
     lbt_daemon_cleanup(&d);
 }
 END_TEST
@@ -932,7 +921,7 @@ START_TEST(test_reimport_gc)
     text = lbt_sh(&d, sbx, "grep ID= /etc/os-release");
     ck_assert_str_eq(text, args);
     free(text);
-    release(&d, "rs-gc");
+    lbt_release_session(&d, "rs-gc");
     /* the next import (or removal, or start) collects it */
     post_image(&d, "busy", path, false, &r);
     ck_assert_int_eq(r.status, 201);

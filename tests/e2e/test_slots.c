@@ -51,17 +51,6 @@ static uid_t seed(struct lbt_daemon *d, const char *rsid, char *sbx, size_t size
     return u;
 }
 
-static void release(struct lbt_daemon *d, const char *rsid)
-{
-    struct lbt_resp r;
-    char path[128];
-
-    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
-    lbt_json(d, "POST", path, "", NULL, &r);
-    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
-    lbt_resp_free(&r);
-}
-
 /* Does the claim of the slot starting at first name d's state dir? (false: no claim file) */
 static bool claimed_by(struct lbt_daemon *d, uid_t first)
 {
@@ -121,7 +110,7 @@ START_TEST(test_same_base_disjoint_slots)
     /* releasing all of daemon 2's leaves daemon 1's running, and frees daemon 2's claims */
     for (int i = 0; i < 4; i++) {
         snprintf(rsid, sizeof(rsid), "slots-b%d", i);
-        release(&D2, rsid);
+        lbt_release_session(&D2, rsid);
         ck_assert(!claimed_by(&D2, u2[i]));
     }
     for (int i = 0; i < 4; i++) {
@@ -152,15 +141,15 @@ START_TEST(test_same_base_disjoint_slots)
     ck_assert(!in(u, u2, 6) && !in(u, u1, 4));
     for (int i = 0; i < 6; i++) {
         snprintf(rsid, sizeof(rsid), "slots-c%d", i);
-        release(&D2, rsid);
+        lbt_release_session(&D2, rsid);
     }
     for (int i = 0; i < 4; i++) {
         assert_exec_ok(&D1, s1[i]);
         snprintf(rsid, sizeof(rsid), "slots-a%d", i);
-        release(&D1, rsid);
+        lbt_release_session(&D1, rsid);
         ck_assert(!claimed_by(&D1, u1[i]));
     }
-    release(&D1, "slots-a4");
+    lbt_release_session(&D1, "slots-a4");
 }
 END_TEST
 
@@ -208,14 +197,14 @@ START_TEST(test_adopted_unaligned_uid_blocks_its_slots)
     }
     ck_assert_int_gt(lbt_count_live_procs_of_uid(ua), 0);
     /* its release frees both */
-    release(&D1, "slots-old");
+    lbt_release_session(&D1, "slots-old");
     ck_assert(!claimed_by(&D1, ua));
     ck_assert(!claimed_by(&D1, ua + SLOT_IDS));
     for (int i = 0; i < 3; i++) {
         snprintf(rsid, sizeof(rsid), "slots-n%d", i);
-        release(&D1, rsid);
+        lbt_release_session(&D1, rsid);
         snprintf(rsid, sizeof(rsid), "slots-m%d", i);
-        release(&D2, rsid);
+        lbt_release_session(&D2, rsid);
     }
 }
 END_TEST

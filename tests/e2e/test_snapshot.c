@@ -50,17 +50,6 @@ static void seed(struct lbt_daemon *d, const char *rsid, const char *extra, char
     json_decref(lease);
 }
 
-static void release(struct lbt_daemon *d, const char *rsid)
-{
-    struct lbt_resp r;
-    char path[128];
-
-    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
-    lbt_json(d, "POST", path, "", NULL, &r);
-    ck_assert_msg(r.status == 200, "release %s: %ld %s", rsid, r.status, r.body);
-    lbt_resp_free(&r);
-}
-
 /* POST the snapshot; the response into r (the caller frees it). */
 static void snapshot(struct lbt_daemon *d, const char *sbx, const char *token, const char *body,
                      struct lbt_resp *r)
@@ -195,8 +184,8 @@ START_TEST(test_round_trip)
     }
     free(before);
     free(after);
-    release(&D, "rs-rt-a");
-    release(&D, "rs-rt-b");
+    lbt_release_session(&D, "rs-rt-a");
+    lbt_release_session(&D, "rs-rt-b");
 }
 END_TEST
 
@@ -221,9 +210,9 @@ START_TEST(test_clones_isolated)
     text = lbt_sh(&D, c1, "cat /workspace/setup; ls /workspace");
     ck_assert_str_eq(text, "one\nonly1\nsetup\n");
     free(text);
-    release(&D, "rs-iso-1");
-    release(&D, "rs-iso-2");
-    release(&D, "rs-iso-p");
+    lbt_release_session(&D, "rs-iso-1");
+    lbt_release_session(&D, "rs-iso-2");
+    lbt_release_session(&D, "rs-iso-p");
 }
 END_TEST
 
@@ -236,7 +225,7 @@ START_TEST(test_stack_and_delete)
     seed(&D, "rs-st-a", NULL, a, NULL);
     free(lbt_sh(&D, a, "echo 1 > /workspace/one"));
     snapshot_ok(&D, a, "snap-st1");
-    release(&D, "rs-st-a");
+    lbt_release_session(&D, "rs-st-a");
     seed(&D, "rs-st-b", "\"image\": \"snap-st1\"", b, NULL);
     free(lbt_sh(&D, b, "echo 2 > /workspace/two; rm /workspace/one"));
     snapshot_ok(&D, b, "snap-st2");
@@ -245,14 +234,14 @@ START_TEST(test_stack_and_delete)
     json_decref(e);
     /* a live sandbox stands on snap-st1, and snap-st2 does */
     ck_assert_int_eq(delete_image(&D, "snap-st1", "conflict"), 409);
-    release(&D, "rs-st-b");
+    lbt_release_session(&D, "rs-st-b");
     ck_assert_int_eq(delete_image(&D, "snap-st1", "conflict"), 409); /* snap-st2 still does */
     seed(&D, "rs-st-c", "\"image\": \"snap-st2\"", c, NULL);
     text = lbt_sh(&D, c, "ls /workspace; cat /workspace/two");
     ck_assert_str_eq(text, "two\n2\n");
     free(text);
     ck_assert_int_eq(delete_image(&D, "snap-st2", "conflict"), 409); /* c runs on it */
-    release(&D, "rs-st-c");
+    lbt_release_session(&D, "rs-st-c");
     ck_assert_int_eq(delete_image(&D, "snap-st2", NULL), 204);
     ck_assert_int_eq(delete_image(&D, "snap-st1", NULL), 204);
     ck_assert_ptr_null(image_entry(&D, "snap-st1"));
@@ -283,13 +272,13 @@ START_TEST(test_flatten_past_depth)
             free(lbt_sh(&D, sbx, "rm /opt/layer1 /workspace/w1"));
         snprintf(name, sizeof(name), "snap-fl%d", i);
         snapshot_ok(&D, sbx, name);
-        release(&D, rsid);
+        lbt_release_session(&D, rsid);
     }
     seed(&D, "rs-fl-top", "\"image\": \"snap-fl5\"", sbx, NULL);
     text = lbt_sh(&D, sbx, "cat /opt/layer*; ls /workspace; test ! -e /opt/layer1 && echo gone");
     ck_assert_str_eq(text, "2\n3\n4\n5\nw2\nw3\nw4\nw5\ngone\n");
     free(text);
-    release(&D, "rs-fl-top");
+    lbt_release_session(&D, "rs-fl-top");
     ck_assert_int_eq(delete_image(&D, "snap-fl4", NULL), 204); /* the flat one needs it not */
     ck_assert_int_eq(delete_image(&D, "snap-fl3", NULL), 204);
     ck_assert_int_eq(delete_image(&D, "snap-fl5", NULL), 204);
@@ -336,7 +325,7 @@ START_TEST(test_bad_input)
         lbt_assert_error(&r, 409, "conflict");
         lbt_resp_free(&r);
     }
-    release(&D, "rs-bad");
+    lbt_release_session(&D, "rs-bad");
     snapshot(&D, a, "", "{\"name\": \"snap-stopped\"}", &r); /* released: not running */
     lbt_assert_error(&r, 404, "not_found");
     lbt_resp_free(&r);
@@ -432,7 +421,7 @@ static void kill_during(const char *point)
     free(text);
     snapshot_ok(&K, a, "snap-kill");
     ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
-    release(&K, "rs-kill"); /* the fixture stops K */
+    lbt_release_session(&K, "rs-kill"); /* the fixture stops K */
 }
 
 START_TEST(test_kill_while_frozen)
