@@ -132,4 +132,9 @@ void lend_warm_changed(struct lb_lend *l);
  * it). 0 if one was stopped, -ENOENT if none was. Blocks on the provider. */
 int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class);
 
+/* Stop warm sandbox id, which store_insert_sandbox_evicting claimed for reason (a seed took its
+ * place); a record that cannot be read is left to the sweeper's retries. Blocks on the
+ * provider. */
+void lend_stop_evicted(struct lb_lend *l, const char *id, const char *reason);
+
 #endif

@@ -222,11 +222,16 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
     /* Intent before action: the record exists before the provider makes anything. The
      * capacity check and the insert are one statement, so concurrent starts never pass
      * max_sandboxes; a warm pool's sandboxes hold capacity for seeds, not against them: for a
-     * seed one gives its place, and the insert is tried once more. */
-    r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, err);
-    if (r == -EUSERS && !pool_class && atomic_load(&l->warm_prov) &&
-        lend_stop_oldest_warm(l, "evicted", NULL) == 0) {
-        lb_error_clear(err);
+     * seed the oldest gives its place in the insert's own transaction (a refill woken in
+     * between cannot take it), and is stopped after. */
+    if (!pool_class && l->cfg.max_sandboxes > 0 && atomic_load(&l->warm_prov)) {
+        char evicted[LB_ID_MAX];
+
+        r = store_insert_sandbox_evicting(l->store, rec, l->cfg.max_sandboxes, "evicted", evicted,
+                                          err);
+        if (evicted[0])
+            lend_stop_evicted(l, evicted, "evicted");
+    } else {
         r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, err);
     }
     if (r < 0)

@@ -95,6 +95,24 @@ int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char
     return r;
 }
 
+/* Stop a warm sandbox whose record was claimed (state stopping) for reason, and wake the pool. */
+static void stop_claimed_warm(struct lb_lend *l, const struct lb_record *r, const char *reason)
+{
+    log_info_sbx(r->id, "warm sandbox %s stopped (%s)", r->id, reason);
+    lend_stop_record(l, r, NULL, LB_STATE_STOP_FAILED, NULL);
+    lend_warm_changed(l);
+}
+
+/* see lend_internal.h */
+void lend_stop_evicted(struct lb_lend *l, const char *id, const char *reason)
+{
+    struct lb_record rec = {0};
+
+    if (lend_record_get(l, id, &rec, NULL) == 0)
+        stop_claimed_warm(l, &rec, reason);
+    store_record_release(&rec);
+}
+
 /* see lend_internal.h */
 int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not_class)
 {
@@ -108,10 +126,8 @@ int lend_stop_oldest_warm(struct lb_lend *l, const char *reason, const char *not
             continue;
         if (store_claim_warm(l->store, recs[i].id, reason, NULL) < 0)
             continue; /* a seed took it meanwhile */
-        log_info_sbx(recs[i].id, "warm sandbox %s stopped (%s)", recs[i].id, reason);
-        lend_stop_record(l, &recs[i], NULL, LB_STATE_STOP_FAILED, NULL);
+        stop_claimed_warm(l, &recs[i], reason);
         store_records_free(recs, n);
-        lend_warm_changed(l);
         return 0;
     }
     store_records_free(recs, n);

@@ -130,13 +130,9 @@ void store_records_free(struct lb_record *recs, size_t n)
 
 /* ---- records ---- */
 
-int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t max_live,
-                         struct lb_error *err)
+/* The checks of a new record; 0 or -EINVAL. */
+static int insert_check(const struct lb_record *r, struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    int64_t now = clock_now_s();
-    int ret = 0, rc;
-
     if (!r || !r->id[0] || !store_fits(r->id, sizeof(r->id)))
         return lb_error_set(err, -EINVAL, "store: a record needs an id shorter than %d bytes",
                             LB_ID_MAX);
@@ -147,21 +143,17 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t
                             (int)r->state);
     if (!store_fits(r->token_hash, sizeof(r->token_hash)) || r->stop_attempts < 0)
         return lb_error_set(err, -EINVAL, "store: record %s is malformed", r->id);
+    return fault_hit("store.write", 0, err);
+}
 
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    /* a spent reserve is the stops': no new records until it is back */
-    if (store_reserve_make(st) < 0) {
-        ret = lb_error_set(err, -ENOSPC,
-                           "store: the file system of %s is full (its space reserve for stops "
-                           "is spent); no new sandboxes until space returns",
-                           st->path);
-        pthread_mutex_unlock(&st->lock);
-        return ret;
-    }
-    s = st->stmts[max_live > 0 ? STMT_INSERT_CAPPED : STMT_INSERT];
+/* The insert itself, capped or not (see store_insert_sandbox). Lock held. */
+static int insert_locked(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                         struct lb_error *err)
+{
+    sqlite3_stmt *s = st->stmts[max_live > 0 ? STMT_INSERT_CAPPED : STMT_INSERT];
+    int64_t now = clock_now_s();
+    int ret = 0, rc;
+
     if (store_bind_text(s, 1, r->id) || store_bind_text(s, 2, r->rsid) ||
         store_bind_text(s, 3, r->task_id) || store_bind_text(s, 4, r->provider) ||
         store_bind_text(s, 5, state_names[r->state]) || store_bind_text(s, 6, r->spec_json) ||
@@ -189,6 +181,107 @@ int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t
 
 cleanup:
     store_stmt_done(s);
+    return ret;
+}
+
+/* A spent reserve is the stops': no new records until it is back. Lock held. */
+static int insert_room(struct lb_store *st, struct lb_error *err)
+{
+    if (store_reserve_make(st) < 0)
+        return lb_error_set(err, -ENOSPC,
+                            "store: the file system of %s is full (its space reserve for stops "
+                            "is spent); no new sandboxes until space returns",
+                            st->path);
+    return 0;
+}
+
+int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                         struct lb_error *err)
+{
+    int ret = insert_check(r, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = insert_room(st, err);
+    if (ret == 0)
+        ret = insert_locked(st, r, max_live, err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+/* Claim the oldest warm record for stopping (state stopping, stop_reason reason); its id into
+ * id. 1 if one was claimed, 0 if none is warm, or < 0. Lock held. */
+static int claim_oldest_warm_locked(struct lb_store *st, const char *reason, char id[LB_ID_MAX],
+                                    struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = 0, rc;
+
+    if (sqlite3_prepare_v2(st->db,
+                           "UPDATE sandboxes SET state = 'stopping', stop_reason = ?1, "
+                           "updated_at = ?2 WHERE id = (SELECT id FROM sandboxes WHERE state = "
+                           "'warm' ORDER BY created_at, rowid LIMIT 1) RETURNING id",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, reason, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_int64(s, 2, clock_now_s()) != SQLITE_OK) {
+        ret = store_db_fail(st, err, "claiming the oldest warm sandbox");
+        goto cleanup;
+    }
+    rc = store_step_writing(st, s, false);
+    if (rc == SQLITE_ROW) {
+        ret = store_col_copy(s, 0, id, LB_ID_MAX) < 0
+                  ? lb_error_set(err, -EIO, "store: a warm record has an over-long id")
+                  : 1;
+        if (ret == 1 && sqlite3_step(s) != SQLITE_DONE)
+            ret = store_db_fail(st, err, "claiming the oldest warm sandbox");
+    } else if (rc != SQLITE_DONE) {
+        ret = store_db_fail(st, err, "claiming the oldest warm sandbox");
+    }
+cleanup:
+    sqlite3_finalize(s);
+    return ret;
+}
+
+int store_insert_sandbox_evicting(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                                  const char *reason, char evicted_id[LB_ID_MAX],
+                                  struct lb_error *err)
+{
+    bool in_txn = false;
+    int ret = insert_check(r, err);
+
+    evicted_id[0] = '\0';
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = insert_room(st, err);
+    if (ret < 0)
+        goto cleanup;
+    ret = store_exec_sql(st, "BEGIN IMMEDIATE", "beginning an evicting insert", err);
+    if (ret < 0)
+        goto cleanup;
+    in_txn = true;
+    ret = insert_locked(st, r, max_live, err);
+    if (ret == -EUSERS) {
+        int claimed = claim_oldest_warm_locked(st, reason, evicted_id, err);
+
+        if (claimed < 0) {
+            ret = claimed;
+        } else if (claimed == 1) {
+            lb_error_clear(err);
+            ret = insert_locked(st, r, max_live, err);
+        }
+    }
+    if (ret < 0)
+        goto cleanup;
+    ret = store_exec_sql(st, "COMMIT", "committing an evicting insert", err);
+    if (ret == 0)
+        in_txn = false;
+cleanup:
+    if (in_txn) {
+        sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        evicted_id[0] = '\0';
+    }
     pthread_mutex_unlock(&st->lock);
     return ret;
 }

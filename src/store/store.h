@@ -99,6 +99,16 @@ int store_check_writable(struct lb_store *st, struct lb_error *err);
 int store_insert_sandbox(struct lb_store *st, const struct lb_record *r, int64_t max_live,
                          struct lb_error *err);
 
+/* store_insert_sandbox for a seed, which a warm pool's sandboxes hold capacity for: when the
+ * cap is reached, the oldest warm record (any class) is claimed for stopping (state stopping,
+ * stop_reason reason) and the insert tried again, in one transaction, so no refill can take
+ * the place it gives. evicted_id gets the claimed record's id ("" if none was claimed, or on an
+ * error); the caller stops that sandbox. Errors as store_insert_sandbox (-EUSERS when nothing
+ * warm was there to give its place). Thread-safe. */
+int store_insert_sandbox_evicting(struct lb_store *st, const struct lb_record *r, int64_t max_live,
+                                  const char *reason, char evicted_id[LB_ID_MAX],
+                                  struct lb_error *err);
+
 /* Fetch by sandbox id into *out. -ENOENT if no such record. */
 int store_get_sandbox(struct lb_store *st, const char *id, struct lb_record *out,
                       struct lb_error *err);

@@ -708,6 +708,45 @@ START_TEST(test_insert_capped)
 }
 END_TEST
 
+/* A seed's insert at the cap takes the place of the oldest warm record in its own transaction:
+ * that one is claimed (stopping, "evicted"), the newer warm one stays, and with nothing warm
+ * left the cap holds and nothing is claimed. */
+START_TEST(test_insert_evicting)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record c = mkrec("e3", "q3"), d = mkrec("e4", "q4"), got = {0};
+    char evicted[LB_ID_MAX] = "x";
+
+    put(st, "w-new", NULL, LB_STATE_WARM, 20, 0, 0);
+    put(st, "w-old", NULL, LB_STATE_WARM, 10, 0, 0);
+    ck_assert_int_eq(store_insert_sandbox_evicting(st, &c, 2, "evicted", evicted, &err), 0);
+    ck_assert_str_eq(evicted, "w-old");
+    ck_assert_int_eq(store_get_sandbox(st, "w-old", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOPPING);
+    ck_assert_str_eq(got.stop_reason, "evicted");
+    store_record_release(&got);
+    ck_assert_int_eq(state_of(st, "w-new"), LB_STATE_WARM);
+    ck_assert_int_eq(state_of(st, "e3"), LB_STATE_STARTING);
+    /* below the cap nothing is claimed */
+    ck_assert_int_eq(store_mark_stopped_many(st, (const char *[]){"e3"}, 1, "test", &err), 0);
+    ck_assert_int_eq(store_insert_sandbox_evicting(st, &d, 2, "evicted", evicted, &err), 0);
+    ck_assert_str_eq(evicted, "");
+    ck_assert_int_eq(state_of(st, "w-new"), LB_STATE_WARM);
+    /* at the cap with one warm left: it goes; then with none the cap holds */
+    struct lb_record e = mkrec("e5", "q5"), f = mkrec("e6", "q6");
+
+    ck_assert_int_eq(store_insert_sandbox_evicting(st, &e, 2, "evicted", evicted, &err), 0);
+    ck_assert_str_eq(evicted, "w-new");
+    ck_assert_int_eq(store_insert_sandbox_evicting(st, &f, 2, "evicted", evicted, &err), -EUSERS);
+    ck_assert_str_eq(evicted, "");
+    ck_assert_ptr_nonnull(strstr(err.message, "max_sandboxes (2) reached"));
+    ck_assert_int_eq(store_get_sandbox(st, "e6", &got, &err), -ENOENT);
+    store_record_release(&got);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_purge_stopped)
 {
     struct lb_error err = {0};
@@ -1216,6 +1255,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_purge_stopped);
     tcase_add_test(tc, test_count_live_and_batch_stop);
     tcase_add_test(tc, test_insert_capped);
+    tcase_add_test(tc, test_insert_evicting);
     tcase_add_test(tc, test_concurrent_distinct_rsids);
     tcase_add_test(tc, test_concurrent_one_rsid);
     tcase_add_test(tc, test_file_mode_0600);
