@@ -1688,18 +1688,54 @@ __attribute__((constructor)) static void lbt_main_pid_init(void)
 
 static bool lbt_proc_status_uid(const char *pid, uid_t *uid, bool *zombie);
 
+/* On an engine variant, the text that the command line of an engine process of this run holds
+ * and another run's never does: podman's conmon names its root (-b DIR/root/...), an LXD
+ * instance's monitor ("[lxc monitor] DIR/m/containers NAME") and forkexec name the cluster's
+ * directory. NULL when the variant is not an engine or the place is unknown. */
+static const char *lbt_engine_marker(char *buf, size_t size)
+{
+    const char *dir;
+
+    if (lbt_variant_is("docker")) {
+        dir = getenv("LENDBOX_E2E_PODMAN_DIR");
+        if (!dir || !dir[0])
+            return NULL;
+        snprintf(buf, size, "%s/root/", dir);
+        return buf;
+    }
+    if (!lbt_variant_is("lxd"))
+        return NULL;
+    dir = getenv("LXD_CLUSTER_DIR");
+    if (dir && dir[0]) {
+        snprintf(buf, size, "%s/", dir);
+    } else {
+        const char *i = getenv("LXD_CLUSTER_INDEX");
+
+        if (i && i[0] && strcmp(i, "0") != 0)
+            snprintf(buf, size, "/var/lib/lendbox-lxd-test-%s/", i);
+        else
+            snprintf(buf, size, "/var/lib/lendbox-lxd-test/");
+    }
+    return buf;
+}
+
 bool lbt_proc_of_run(const char *pid)
 {
     pid_t self = getpid(), p = (pid_t)atoi(pid);
+    char mbuf[PATH_MAX + 16], cmd[4096], name[32];
+    const char *marker = lbt_engine_marker(mbuf, sizeof(mbuf));
     uid_t u;
     bool z;
 
-    if (lbt_variant_engine())
+    if (lbt_variant_engine() && !marker)
         return true;
-    if (lbt_proc_status_uid(pid, &u, &z) && lbt_uid_claimed(u))
+    if (!lbt_variant_engine() && lbt_proc_status_uid(pid, &u, &z) && lbt_uid_claimed(u))
         return true;
     for (int depth = 0; depth < 64 && p > 1; depth++) {
         if (p == self || p == lbt_main_pid)
+            return true;
+        snprintf(name, sizeof(name), "%d", (int)p);
+        if (marker && lbt_proc_cmdline(name, cmd, sizeof(cmd)) && strstr(cmd, marker))
             return true;
         p = lbt_proc_ppid(p);
     }

@@ -143,7 +143,9 @@ bool lbt_uid_claimed(uid_t uid);
 /* Is /proc entry pid (decimal) a process of this run: its real uid lies in a range this process
  * claimed (a sandbox's processes, also one left behind: it keeps its uid), or it descends from
  * this test program's process (the daemons it started and their helpers)? On the
- * engine variants (docker, lxd), where the engine starts the processes, always true. */
+ * engine variants (docker, lxd), where the engine starts the processes: it descends from this
+ * run's engine (a conmon of this run's podman root, or a monitor or forkexec of this run's LXD
+ * cluster directory) or from this program. */
 bool lbt_proc_of_run(const char *pid);
 /* Does a line of /proc/PID/cgroup contain needle (e.g. a sandbox id: a local sandbox's cgroup is
  * <cgroup parent>/<sandbox id>)? false when unreadable. */
