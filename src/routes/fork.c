@@ -14,6 +14,7 @@
 
 #include "lend/lend.h"
 #include "routes/routes.h"
+#include "util/fault.h"
 
 #define FORK_THREADS 8
 #define FORK_NAME_MAX 64
@@ -117,6 +118,14 @@ static void fork_run(struct lb_request *req, void *arg)
     j->lend = app->lend;
     r = lend_fork_begin(app->lend, j->id, name, sizeof(name), &tpl, &err);
     if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
+    /* tests: a crash (delay + kill -9) with the implicit snapshot named and no child yet */
+    r = fault_hit("fork.children", 0, &err);
+    if (r < 0) {
+        lend_fork_end(app->lend, name);
+        json_decref(tpl);
         http_respond_error(req, &err);
         return;
     }
