@@ -199,6 +199,7 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     pthread_mutex_init(&l->warm_mutex, NULL);
     pthread_cond_init(&l->warm_cond, NULL);
     pthread_mutex_init(&l->fork_mutex, NULL);
+    pthread_mutex_init(&l->capture_mutex, NULL);
     *out = l;
     return 0;
 }
@@ -232,6 +233,7 @@ void lend_free(struct lb_lend *l)
             free(p);
         }
         pthread_mutex_destroy(&l->fork_mutex);
+        pthread_mutex_destroy(&l->capture_mutex);
     }
     free(l);
 }

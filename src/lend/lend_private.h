@@ -70,7 +70,10 @@ struct lb_lend {
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;
-    pthread_mutex_t fork_mutex; /* fork_pins, and each collection's check-then-remove */
+    pthread_mutex_t capture_mutex; /* one snapshot capture (freeze, copy, thaw) at a time: a
+                                      second one of the same sandbox would see it frozen and
+                                      copy on after the first thawed it */
+    pthread_mutex_t fork_mutex;    /* fork_pins, and each collection's check-then-remove */
     struct lend_fork_pin *fork_pins;
 };
 

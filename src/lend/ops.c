@@ -487,7 +487,9 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
     r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
     if (r < 0)
         goto out;
+    pthread_mutex_lock(&l->capture_mutex);
     r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
+    pthread_mutex_unlock(&l->capture_mutex);
     if (r < 0) {
         image_snapshot_discard(work);
         goto out;

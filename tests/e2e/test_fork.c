@@ -3,8 +3,9 @@
  * docker and lxd have no snapshots yet and skip).
  *
  * - a fork of 16 sessions, one of them already live for the same task_id (a seed would reuse
- *   it): exactly that one is 409 conflict (its own sandbox untouched), the other 15 are 200 leases in request order with distinct sandbox ids;
- *   each child sees the parent's file written before the fork; a child's write is seen neither
+ *   it): exactly that one is 409 conflict (its own sandbox untouched), the other 15 are 200
+ *   leases in request order with distinct sandbox ids; each child sees the parent's file
+ *   written before the fork (image variant: in its root too); a child's write is seen neither
  *   by another child nor by the parent, the parent's later write by no child; a `sleep` the
  *   parent left running is in no child (/proc); the implicit snapshot is in the images dir
  *   while children live, never in GET /v1/images, and gone (name and stored tree) once the
@@ -127,6 +128,7 @@ START_TEST(test_fork_16)
 {
     char parent[LBT_ID_MAX], live[LBT_ID_MAX], kid[N_KIDS][LBT_ID_MAX], rsid[32], *text;
     json_t *body = json_pack("{s:[],s:s}", "sessions", "task_id", "task-fork"), *res;
+    const bool image = !lbt_variant_on_host();
     int trees_before;
     struct lbt_resp r;
     char *req;
@@ -136,6 +138,8 @@ START_TEST(test_fork_16)
     seed(&D, "rs-fork-parent", parent, NULL);
     seed(&D, "rs-fork-07", live, NULL);
     free(lbt_sh(&D, parent, "echo parent-before > /workspace/pfile"));
+    if (image) /* the root layer comes too */
+        free(lbt_sh(&D, parent, "mkdir -p /opt/fork && echo root-before > /opt/fork/r"));
     json_decref(lbt_exec_ok(&D, parent, "",
                             "{\"command\": \"sleep 7777 >/dev/null 2>&1 &\", "
                             "\"preserve_background_services\": true}"));
@@ -194,6 +198,11 @@ START_TEST(test_fork_16)
                       "test -e /workspace/kid0 && echo kid0; true");
         ck_assert_str_eq(text, i == 0 ? "parent-before\nkid0\n" : "parent-before\n");
         free(text);
+        if (image) {
+            text = lbt_sh(&D, kid[i], "cat /opt/fork/r");
+            ck_assert_str_eq(text, "root-before\n");
+            free(text);
+        }
         ck_assert_int_eq(count_marker_sleeps(&D, kid[i]), 0);
     }
     text = lbt_sh(&D, parent, "test -e /workspace/kid0 && echo kid0; cat /workspace/later");
