@@ -166,7 +166,7 @@ e2e: all $(E2E_BINS)
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
 E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending network restart \
-	snapshot
+	snapshot fork
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))
 e2e-image: all $(E2E_IMAGE_BINS)

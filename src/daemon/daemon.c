@@ -392,6 +392,8 @@ int daemon_become_ready(struct daemon *d, struct lb_error *err)
              rs.orphans_stopped, rs.failed);
     if (lend_recover_snapshots(d->lend, err) < 0)
         log_warn("cannot settle the snapshots a crash interrupted: %s", err->message);
+    if (lend_collect_forks(d->lend, err) < 0)
+        log_warn("cannot collect the fork snapshots nothing uses: %s", err->message);
     if (sweeper_start(d->lend, d->cfg.sweep_interval_s, &d->sweeper) < 0)
         log_error("cannot start the sweeper thread: no retries or TTL stops until a restart");
     struct lb_warm_config wc = {.size = d->cfg.pool_size,

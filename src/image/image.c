@@ -539,6 +539,7 @@ int image_read_info(const char *images_dir, const char *name, const char *hex,
         snprintf(out->base, sizeof(out->base), "%s", base ? base : "");
         snprintf(out->source_sandbox_id, sizeof(out->source_sandbox_id), "%s", src ? src : "");
         out->depth = (int)json_integer_value(json_object_get(j, "depth"));
+        out->hidden = json_is_true(json_object_get(j, "hidden"));
     }
     json_decref(j);
     return 0;
@@ -810,6 +811,44 @@ static bool hex_is_lower(const char *images_dir, const char *hex)
 
 static int gc_pass(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
                    struct lb_error *err);
+
+int image_remove_unused(const char *images_dir, const char *name,
+                        bool (*in_use)(void *ctx, const char *digest), void *ctx,
+                        struct lb_error *err)
+{
+    char hex[65], digest[LB_IMAGE_DIGEST_MAX], p[IMAGE_PATH_MAX + 256], gone[IMAGE_PATH_MAX + 256];
+    int r, lock;
+
+    lock = image_store_lock(images_dir);
+    if (lock < 0)
+        return lb_error_set(err, lock, "cannot lock the image store: %s", strerror(-lock));
+    r = image_find_hex(images_dir, name, hex, err);
+    if (r < 0)
+        goto out;
+    snprintf(p, sizeof(p), "%s/%s", images_dir, name);
+    if (unlink(p) < 0) {
+        r = lb_error_set(err, -errno, "cannot remove '%s': %s", p, strerror(errno));
+        goto out;
+    }
+    snprintf(digest, sizeof(digest), "sha256:%s", hex);
+    if (hex_is_named(images_dir, hex) || tree_is_mounted(hex) || hex_is_lower(images_dir, hex) ||
+        (in_use && in_use(ctx, digest))) {
+        log_info("image store: removed the name %s (sha256:%s; its tree is still used)", name, hex);
+        goto out; /* r == 0: image_gc takes the tree later */
+    }
+    /* out of sight first (one rename), then deleted: a crash leaves only .store/tmp */
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s", images_dir, hex);
+    snprintf(gone, sizeof(gone), "%s/" STORE "/tmp/gc-%s", images_dir, hex);
+    if (rename(p, gone) < 0 || image_remove_tree(gone) < 0) {
+        r = lb_error_set(err, -errno, "cannot remove the tree of %s: %s", name, strerror(errno));
+        goto out;
+    }
+    log_info("image store: removed %s and its tree sha256:%s", name, hex);
+    r = 1;
+out:
+    close(lock);
+    return r;
+}
 
 int image_gc(const char *images_dir, bool (*in_use)(void *ctx, const char *digest), void *ctx,
              struct lb_error *err)

@@ -56,7 +56,9 @@ struct lb_image_info {
     bool snapshot;      /* kind "snapshot" (else "image") */
     char base[LB_IMAGE_NAME_MAX + 1];            /* a snapshot's base image name, or "host" */
     char source_sandbox_id[LB_IMAGE_SOURCE_MAX]; /* a snapshot's source sandbox */
-    int depth; /* layers above the bottom full tree: 0 for an image or a flat snapshot */
+    int depth;   /* layers above the bottom full tree: 0 for an image or a flat snapshot */
+    bool hidden; /* a fork's implicit snapshot: not listed by GET /v1/images, removed by
+                    image_remove_unused once nothing stands on it */
 };
 
 /* The trees a seed of an image stacks, top first (see image_layers). */
@@ -162,11 +164,12 @@ int image_snapshot_prepare(const char *images_dir, char *work_out, size_t size,
 
 /* Publish work as the snapshot name of a sandbox seeded from base ("host" or a stored image
  * name) by source_id. flattened: work/rootfs holds a whole tree (stacks on nothing) rather
- * than a layer over base. out (may be NULL) gets the new image's info. Consumes work (removed
+ * than a layer over base. hidden: a fork's implicit snapshot (image.json "hidden": true, info
+ * .hidden). out (may be NULL) gets the new image's info. Consumes work (removed
  * on failure too). Returns 0; -EINVAL (bad name); -EEXIST (the name exists: 409); -ENOENT
  * (base is no stored image any more); or another negative errno. Thread-safe (store lock). */
 int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
-                           const char *base, const char *source_id, bool flattened,
+                           const char *base, const char *source_id, bool flattened, bool hidden,
                            struct lb_image_info *out, struct lb_error *err);
 
 /* Remove a work dir of image_snapshot_prepare. */
@@ -184,6 +187,15 @@ int image_layers(const char *images_dir, const char *name, struct lb_image_layer
  * Returns 0 or a negative errno. */
 int image_count_dependents(const char *images_dir, const char *name, int64_t *out,
                            struct lb_error *err);
+
+/* Remove the name and, under the same lock, its stored tree when nothing else holds it: no
+ * other name points to it, no mount of this process shows it, no stored entry stacks on it,
+ * and in_use(ctx, "sha256:<hex>") (may be NULL) is false. Safe while imports or snapshots run
+ * (unlike image_gc: it touches only this name's tree). Returns 1 when the tree went too, 0 when
+ * only the name went, -ENOENT (no such name), or a negative errno. Thread-safe. */
+int image_remove_unused(const char *images_dir, const char *name,
+                        bool (*in_use)(void *ctx, const char *digest), void *ctx,
+                        struct lb_error *err);
 
 /* Garbage-collect the store: remove every stored digest that no name points to, that no mount
  * of this process's mount table shows, that no remaining entry's lower names, and for which

@@ -73,7 +73,7 @@ static int load_base(const char *images_dir, const char *base, char base_hex[65]
 }
 
 int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
-                           const char *base, const char *source_id, bool flattened,
+                           const char *base, const char *source_id, bool flattened, bool hidden,
                            struct lb_image_info *out, struct lb_error *err)
 {
     char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
@@ -128,6 +128,8 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
     }
     snprintf(p, sizeof(p), "sha256:%s", hex);
     json_object_set_new(info, "digest", json_string(p));
+    if (hidden)
+        json_object_set_new(info, "hidden", json_true());
     snprintf(p, sizeof(p), "%s/image.json", work);
     if (json_dump_file(info, p, JSON_COMPACT) < 0) {
         r = lb_error_set(err, -EIO, "cannot write '%s'", p);
@@ -164,8 +166,8 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
         (void)image_remove_tree(stored);
         goto out;
     }
-    log_info("image store: snapshot %s -> sha256:%s (base %s%s)", name, hex, base,
-             flattened ? ", flattened" : "");
+    log_info("image store: %s %s -> sha256:%s (base %s%s)", hidden ? "fork snapshot" : "snapshot",
+             name, hex, base, flattened ? ", flattened" : "");
 out:
     if (lock >= 0)
         close(lock);

@@ -198,6 +198,8 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     pthread_cond_init(&l->fence_cond, NULL);
     pthread_mutex_init(&l->warm_mutex, NULL);
     pthread_cond_init(&l->warm_cond, NULL);
+    pthread_mutex_init(&l->fork_mutex, NULL);
+    pthread_mutex_init(&l->capture_mutex, NULL);
     *out = l;
     return 0;
 }
@@ -224,6 +226,14 @@ void lend_free(struct lb_lend *l)
         pthread_cond_destroy(&l->fence_cond);
         pthread_mutex_destroy(&l->warm_mutex);
         pthread_cond_destroy(&l->warm_cond);
+        while (l->fork_pins) {
+            struct lend_fork_pin *p = l->fork_pins;
+
+            l->fork_pins = p->next;
+            free(p);
+        }
+        pthread_mutex_destroy(&l->fork_mutex);
+        pthread_mutex_destroy(&l->capture_mutex);
     }
     free(l);
 }

@@ -258,6 +258,35 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
  * removes its work dir. 0 or a negative errno. */
 int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err);
 
+/* Fork (POST /v1/sandboxes/{id}/fork), in three steps the caller runs on pool workers:
+ *
+ * lend_fork_begin captures the lent sandbox id as an implicit snapshot: a hidden image (not
+ * listed by GET /v1/images) named "fork-<24 hex>" into name (name_len bytes, at least 30),
+ * pinned until lend_fork_end. *template_out (the caller's) is the seed body every child gets:
+ * the parent's spec (provider, task_id, env, network, labels, ports, resources, workdir,
+ * ready_timeout_s, its TTL as given) with "image" the implicit snapshot; the files the parent
+ * was seeded with are not in it (the snapshot holds the parent's tree). Errors as lend_snapshot
+ * (-ENOENT: no such running sandbox; -ENOSYS: the provider has no snapshots); on failure
+ * nothing stays pinned or stored. Blocks for the capture.
+ *
+ * lend_fork_child lends session rsid a sandbox of req (a parsed template): as lend_seed, but a
+ * session that has any live sandbox is -EEXIST (409), never reused. Thread-safe: children
+ * start concurrently.
+ *
+ * lend_fork_end unpins name and removes the implicit snapshot when no live sandbox stands on it
+ * (no child started); else the stop of its last child does (lend_stop_record). Call it once for
+ * every successful begin. */
+int lend_fork_begin(struct lb_lend *l, const char *id, char *name, size_t name_len,
+                    json_t **template_out, struct lb_error *err);
+int lend_fork_child(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+                    json_t **lease_out, struct lb_error *err);
+void lend_fork_end(struct lb_lend *l, const char *name);
+
+/* At start-up, after reconciliation and lend_recover_snapshots: remove every implicit fork
+ * snapshot that no live sandbox stands on (a crash during a fork, or after the last child's
+ * stop). 0 or a negative errno (the image store cannot be read). */
+int lend_collect_forks(struct lb_lend *l, struct lb_error *err);
+
 /* The capabilities of the provider a running sandbox is on (a record read, no provider call).
  * -ENOENT (not running), -EREMOTEIO (its provider is not configured). */
 int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,

@@ -32,6 +32,13 @@ struct lend_session_lock {
     UT_hash_handle hh;
 };
 
+/* A fork's implicit snapshot, pinned while the fork runs: not collected before its children
+ * are recorded (fork.c). */
+struct lend_fork_pin {
+    struct lend_fork_pin *next;
+    char name[];
+};
+
 /* A sandbox's operate-token fence: up while exclusive > 0. */
 struct lend_fence {
     char *id;
@@ -63,6 +70,11 @@ struct lb_lend {
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;
+    pthread_mutex_t capture_mutex; /* one snapshot capture (freeze, copy, thaw) at a time: a
+                                      second one of the same sandbox would see it frozen and
+                                      copy on after the first thawed it */
+    pthread_mutex_t fork_mutex;    /* fork_pins, and each collection's check-then-remove */
+    struct lend_fork_pin *fork_pins;
 };
 
 /* lend.c: the image a seed that names none runs on, resolved from list (a default image list,
@@ -78,6 +90,21 @@ void lend_before_stop(struct lb_lend *l, const struct lb_record *r);
  * one goes into stopped_id (stopped_id_len bytes) when stopped_id is not NULL. */
 int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char *stopped_id,
                        size_t stopped_id_len, struct lb_error *err);
+
+/* ops.c: capture the lent sandbox id as the snapshot name (hidden: a fork's implicit one,
+ * see image_snapshot_publish); info gets the new image. Errors as lend_snapshot (name is
+ * not checked here). Blocks for the copy. */
+struct lb_image_info;
+int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
+                          struct lb_image_info *info, struct lb_error *err);
+
+/* fork.c: after record r stopped: when its image is a fork's implicit snapshot that nothing
+ * stands on any more, remove it (logs its own failures). */
+void lend_fork_collect_of(struct lb_lend *l, const struct lb_record *r);
+
+/* seed.c: lend_seed; fresh: a session with any live sandbox is -EEXIST (no reuse). */
+int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+                      bool fresh, json_t **lease_out, struct lb_error *err);
 
 /* render.c: sandbox id's operate token, "lbo_" and the HMAC's hex, into token. 0 or < 0. */
 int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);

@@ -435,13 +435,14 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
     return r;
 }
 
-int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
-                  struct lb_error *err)
+/* see lend_private.h */
+int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
+                          struct lb_image_info *info, struct lb_error *err)
 {
     struct lend_target t;
     struct lb_provider_caps caps;
-    struct lb_image_info base_info, info;
-    char work[4200] = "", created[32];
+    struct lb_image_info base_info;
+    char work[4200] = "";
     const char *base, *digest;
     struct lb_error end_err = {0};
     enum lb_sandbox_status status;
@@ -449,13 +450,6 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
     bool flatten = false, recorded = false;
     int r;
 
-    *out = NULL;
-    memset(&t, 0, sizeof(t));
-    if (!image_name_is_valid(name))
-        return lb_error_set(err, -EINVAL,
-                            "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
-                            "%d bytes, not 'host')",
-                            name ? name : "", LB_IMAGE_NAME_MAX);
     r = lend_target_load(l, id, &t, err);
     if (r < 0)
         goto out;
@@ -465,7 +459,7 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
                          t.prov->ops->name);
         goto out;
     }
-    if (image_get(l->cfg.images_dir, name, &info, NULL) == 0) {
+    if (image_get(l->cfg.images_dir, name, info, NULL) == 0) {
         r = lb_error_set(err, -EEXIST, "an image named '%s' exists", name);
         goto out;
     }
@@ -493,26 +487,45 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
     r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
     if (r < 0)
         goto out;
+    pthread_mutex_lock(&l->capture_mutex);
     r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
+    pthread_mutex_unlock(&l->capture_mutex);
     if (r < 0) {
         image_snapshot_discard(work);
         goto out;
     }
-    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, &info, err);
-    if (r < 0)
-        goto out;
-    clock_format_rfc3339(info.created_at, created, sizeof(created));
-    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "name", info.name, "digest", info.digest,
-                     "size_bytes", (json_int_t)info.size_bytes, "created_at", created, "kind",
-                     "snapshot", "base", info.base, "source_sandbox_id", id);
-    if (!*out)
-        r = lb_error_set(err, -ENOMEM, "out of memory");
+    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, info, err);
 out:
     if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
         log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
     json_decref(spec);
     lend_target_release(&t);
     return r;
+}
+
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+                  struct lb_error *err)
+{
+    struct lb_image_info info;
+    char created[32];
+    int r;
+
+    *out = NULL;
+    if (!image_name_is_valid(name))
+        return lb_error_set(err, -EINVAL,
+                            "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
+                            "%d bytes, not 'host')",
+                            name ? name : "", LB_IMAGE_NAME_MAX);
+    r = lend_snapshot_capture(l, id, name, false, &info, err);
+    if (r < 0)
+        return r;
+    clock_format_rfc3339(info.created_at, created, sizeof(created));
+    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "name", info.name, "digest", info.digest,
+                     "size_bytes", (json_int_t)info.size_bytes, "created_at", created, "kind",
+                     "snapshot", "base", info.base, "source_sandbox_id", id);
+    if (!*out)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    return 0;
 }
 
 int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err)

@@ -480,6 +480,13 @@ out:
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err)
 {
+    return lend_seed_session(l, rsid, req, false, lease_out, err);
+}
+
+/* see lend_private.h */
+int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+                      bool fresh, json_t **lease_out, struct lb_error *err)
+{
     struct lend_session_lock *lock;
     struct lb_record live = {0};
     int r, n_stopped = 0;
@@ -491,8 +498,10 @@ int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request 
         return r;
     r = store_get_live_by_rsid(l->store, rsid, &live, NULL);
     if (r == 0) {
-        if (live.task_id && strcmp(live.task_id, req->task_id) == 0 &&
-            live.state == LB_STATE_LENT) {
+        if (fresh) {
+            r = lb_error_set(err, -EEXIST, "session %s already has sandbox %s", rsid, live.id);
+        } else if (live.task_id && strcmp(live.task_id, req->task_id) == 0 &&
+                   live.state == LB_STATE_LENT) {
             *lease_out = lend_render_lease(l, &live, true);
             metrics_add(LB_M_SEEDS_REUSED, 1);
         } else {

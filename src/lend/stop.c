@@ -65,6 +65,8 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
     rc = store_mark_stopped(l->store, r->id, NULL, err);
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, r->id);
+    if (rc == 0)
+        lend_fork_collect_of(l, r);
     log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
 out:
     json_decref(desc);

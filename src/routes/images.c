@@ -63,8 +63,8 @@ static void images_list_run(struct lb_request *req, void *arg)
     if (r == 0) {
         arr = json_array();
         for (i = 0; arr && i < n; i++)
-            if (json_array_append_new(arr, image_json(&all[i])) < 0)
-                break;
+            if (!all[i].hidden && json_array_append_new(arr, image_json(&all[i])) < 0)
+                break; /* a fork's implicit snapshot is not a user's image: not listed */
         out = arr && i == n ? json_pack("{s:o}", "images", arr) : NULL;
         if (!out) {
             json_decref(arr);

@@ -31,6 +31,7 @@ struct lb_app {
     struct lb_store *store;     /* the records (images in use) */
     const char *images_dir;     /* the image store (image/image.h) */
     int64_t max_wait_ms;        /* longest long-poll (limits.max_wait_ms) */
+    int64_t max_fork;           /* sessions one fork may name (limits.max_fork) */
     int64_t stop_concurrency;   /* releases in flight at once in release_all */
     struct lb_ptys *ptys;       /* PTY sessions and detached execs (lend/pty.h) */
     struct lb_follows *follows; /* followed activation logs (follow.c) */
@@ -166,6 +167,8 @@ int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
 /* POST /v1/sandboxes/{id}/snapshot {"name", "labels"?} (admin): 201 the new image */
 int route_snapshot(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sandboxes/{id}/fork {"sessions", "task_id"?, "labels"?} (admin): 200 {"children"} */
+int route_fork(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
 /* pty.c: PTY sessions and detached execs */

@@ -79,6 +79,7 @@ static const struct config_key config_keys[] = {
     INT("limits", "default_disk_mib", default_disk_mib, "1024", 1, 16777216),
     INT("limits", "max_disk_mib", max_disk_mib, "16384", 1, 16777216),
     INT("limits", "max_wait_ms", max_wait_ms, "30000", 0, 3600000),
+    INT("limits", "max_fork", max_fork, "64", 1, 1024),
     INT("limits", "max_pty_sessions", max_pty_sessions, "16", 1, 100000),
     STR("provider", "name", provider, "local"),
     STR("provider", "enabled", providers_enabled, NULL),

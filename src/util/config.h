@@ -63,6 +63,7 @@ struct lb_config {
     int64_t default_disk_mib;
     int64_t max_disk_mib;
     int64_t max_wait_ms;      /* longest long-poll (GET .../activation?wait_ms=) */
+    int64_t max_fork;         /* sessions one POST /v1/sandboxes/{id}/fork may name */
     int64_t max_pty_sessions; /* PTY sessions (and detached execs) per sandbox, exited ones until
                                  deleted */
     /* [provider] */

@@ -46,6 +46,41 @@ def test_seed_exec_files_release(daemon):
     c.close()
 
 
+def test_fork(daemon):
+    c = daemon.client()
+    lease = c.seed("fork-p", "t", files={"/workspace/a.txt": "from the parent\n"})
+    sid = lease["sandbox_id"]
+    live = c.seed("fork-b", "t")
+    r = c.fork(sid, ["fork-a", "fork-b", "fork-c"], task_id="t2", labels={"grp": "g"})
+    assert [(k["rsid"], k["status"]) for k in r["children"]] == [
+        ("fork-a", 200), ("fork-b", 409), ("fork-c", 200)]
+    assert r["children"][1]["error"]["code"] == "conflict"
+    kids = [r["children"][i]["lease"]["sandbox_id"] for i in (0, 2)]
+    assert len({sid, live["sandbox_id"], *kids}) == 4
+    for k in kids:
+        assert c.get_file(k, "/workspace/a.txt") == b"from the parent\n"
+    assert not [i for i in c.list_images() if i["name"].startswith("fork-")]
+    for bad in ([], ["fork-x", "fork-x"], ["no spaces"]):
+        with pytest.raises(lendbox.BadRequest):
+            c.fork(sid, bad)
+    with pytest.raises(lendbox.Forbidden):
+        daemon.client(token=lease["access"]["token"]).fork(sid, ["fork-d"])
+    with pytest.raises(lendbox.NotFound):
+        c.fork("sbx-nosuch", ["fork-d"])
+    for rsid in ("fork-a", "fork-b", "fork-c", "fork-p"):
+        assert c.release(rsid)["released"] is True
+    c.close()
+
+
+async def test_async_fork(daemon):
+    async with daemon.async_client() as c:
+        sid = (await c.seed("afork-p", "t"))["sandbox_id"]
+        r = await c.fork(sid, ["afork-a"])
+        assert r["children"][0]["status"] == 200
+        assert (await c.release("afork-a"))["released"] is True
+        assert (await c.release("afork-p"))["released"] is True
+
+
 async def test_async_client(daemon):
     async with daemon.async_client() as c:
         lease = await c.seed("acl-1", "t")

@@ -193,6 +193,7 @@ ROUTES: Dict[str, Route] = {
     "import_image": Route("POST", "/v1/images", False),
     "delete_image": Route("DELETE", "/v1/images/*", True),
     "snapshot": Route("POST", "/v1/sandboxes/*/snapshot", False),
+    "fork": Route("POST", "/v1/sandboxes/*/fork", False),
 }
 
 # Read timeouts (seconds) of the routes that wait for a provider: a stop is bounded by
@@ -764,6 +765,36 @@ class _Routes:
                 f"/v1/sandboxes/{_seg(sandbox_id)}/snapshot",
                 json=body,
                 ok=(201,),
+                read_timeout_s=_STOP_WAIT_S,
+            )
+        )
+
+    def fork(
+        self,
+        sandbox_id: str,
+        sessions: List[str],
+        task_id: Optional[str] = None,
+        labels: Optional[Dict[str, str]] = None,
+    ) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/{id}/fork`` (admin) → ``{"children": [...]}``, one per session in
+        order: ``{"rsid", "status": 200, "lease"}`` or ``{"rsid", "status", "error": {"code",
+        "message"}}`` (409 for a session that has a live sandbox, 429 at capacity). Each session
+        gets a new sandbox whose filesystem is the parent's at the call (one implicit snapshot),
+        with the parent's spec; processes are not copied. ``task_id`` and ``labels`` replace the
+        parent's. BadRequest for 1 > len(sessions) > limits.max_fork, duplicates or invalid ids;
+        NotImplementedByServer (501) on a provider without snapshots. Not retried (a retry after
+        a lost answer would find every session live: 409)."""
+        body: Dict[str, Any] = {"sessions": list(sessions)}
+        if task_id is not None:
+            body["task_id"] = task_id
+        if labels is not None:
+            body["labels"] = labels
+        return self._run(
+            _Call(
+                "fork",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/fork",
+                json=body,
+                ok=(200,),
                 read_timeout_s=_STOP_WAIT_S,
             )
         )

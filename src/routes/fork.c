@@ -1,0 +1,234 @@
+/*
+ * fork.c - POST /v1/sandboxes/{id}/fork {"sessions": [rsid...], "task_id"?, "labels"?} (admin):
+ * one implicit snapshot of the sandbox (lend_fork_begin), then each session seeded from it with
+ * the parent's spec, at most FORK_THREADS at once; one result per session, in request order.
+ * The body is checked whole before anything is made (400); one child's failure (409 for a
+ * session with a live sandbox, 429 at capacity) is its own result and fails no other.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lend/lend.h"
+#include "routes/routes.h"
+#include "util/fault.h"
+
+#define FORK_THREADS 8
+#define FORK_NAME_MAX 64
+
+struct fork_child {
+    const char *rsid; /* borrowed from fork_job.body */
+    json_t *body;     /* the child's seed body (the request's strings point into it) */
+    struct lb_seed_request req;
+    json_t *lease;
+    struct lb_error err;
+    int r;
+};
+
+struct fork_job {
+    char id[LB_ID_MAX];
+    json_t *body; /* the request's body */
+    struct fork_child *kids;
+    size_t n;
+    atomic_size_t next;
+    struct lb_lend *lend;
+};
+
+static void fork_job_free(void *arg)
+{
+    struct fork_job *j = arg;
+
+    if (!j)
+        return;
+    for (size_t i = 0; j->kids && i < j->n; i++) {
+        routes_spec_release(&j->kids[i].req);
+        json_decref(j->kids[i].body);
+        json_decref(j->kids[i].lease);
+    }
+    free(j->kids);
+    json_decref(j->body);
+    free(j);
+}
+
+static void *fork_worker(void *arg)
+{
+    struct fork_job *j = arg;
+    size_t i;
+
+    while ((i = atomic_fetch_add(&j->next, 1)) < j->n) {
+        struct fork_child *c = &j->kids[i];
+
+        if (c->r == 0)
+            c->r = lend_fork_child(j->lend, c->rsid, &c->req, &c->lease, &c->err);
+    }
+    return NULL;
+}
+
+/* The child's seed body: the template with the request's task_id and labels over it, parsed
+ * as a seed's (the same checks). */
+static void fork_child_prepare(struct fork_job *j, struct fork_child *c, json_t *tpl)
+{
+    static const char *const over[] = {"task_id", "labels", NULL};
+    json_t *v;
+
+    c->body = json_copy(tpl);
+    if (!c->body) {
+        c->r = lb_error_set(&c->err, -ENOMEM, "out of memory");
+        return;
+    }
+    for (size_t k = 0; over[k]; k++)
+        if ((v = json_object_get(j->body, over[k])) && !json_is_null(v))
+            json_object_set(c->body, over[k], v);
+    if (!json_object_get(c->body, "task_id"))
+        json_object_set_new(c->body, "task_id", json_string("fork"));
+    c->r = routes_parse_spec(c->body, &c->req, true, &c->err);
+}
+
+static json_t *fork_result(const struct fork_child *c)
+{
+    const char *code = "internal";
+    json_t *e, *res;
+    int status;
+
+    if (c->r == 0)
+        return json_pack("{s:s,s:i,s:O}", "rsid", c->rsid, "status", 200, "lease", c->lease);
+    status = lb_error_http_status(c->r, &code);
+    e = http_error_json(code, c->err.message);
+    res = e ? json_pack("{s:s,s:i,s:O}", "rsid", c->rsid, "status", status, "error",
+                        json_object_get(e, "error"))
+            : NULL;
+    json_decref(e);
+    return res;
+}
+
+static void fork_run(struct lb_request *req, void *arg)
+{
+    struct fork_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    char name[FORK_NAME_MAX];
+    pthread_t th[FORK_THREADS];
+    size_t started = 0, i;
+    json_t *tpl = NULL, *children = NULL, *out = NULL;
+    int r;
+
+    j->lend = app->lend;
+    r = lend_fork_begin(app->lend, j->id, name, sizeof(name), &tpl, &err);
+    if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
+    /* tests: a crash (delay + kill -9) with the implicit snapshot named and no child yet */
+    r = fault_hit("fork.children", 0, &err);
+    if (r < 0) {
+        lend_fork_end(app->lend, name);
+        json_decref(tpl);
+        http_respond_error(req, &err);
+        return;
+    }
+    for (i = 0; i < j->n; i++)
+        fork_child_prepare(j, &j->kids[i], tpl);
+    atomic_store(&j->next, 0);
+    for (i = 1; i < FORK_THREADS && i < j->n; i++) {
+        if (pthread_create(&th[started], NULL, fork_worker, j) != 0)
+            break; /* fewer helpers: this thread does the rest */
+        started++;
+    }
+    fork_worker(j);
+    for (i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    lend_fork_end(app->lend, name);
+    children = json_array();
+    for (i = 0; children && i < j->n; i++)
+        if (json_array_append_new(children, fork_result(&j->kids[i])) < 0)
+            break;
+    out = children && i == j->n ? json_pack("{s:o}", "children", children) : NULL;
+    json_decref(tpl);
+    if (!out) {
+        if (!children || i != j->n)
+            json_decref(children);
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    http_respond_json(req, 200, out);
+}
+
+/* The body, checked whole: sessions (1..max, valid, distinct), task_id, labels. */
+static int fork_parse(struct lb_app *app, json_t *body, struct fork_job *j, struct lb_error *err)
+{
+    static const char *const fields[] = {"sessions", "task_id", "labels", NULL};
+    json_t *sessions = json_object_get(body, "sessions"), *v, *probe;
+    struct lb_seed_request probe_req = {0};
+    size_t i, k;
+    int r;
+
+    if (!json_is_object(body))
+        return lb_error_set(err, -EINVAL, "the fork request must be a JSON object");
+    r = routes_check_fields(body, fields, "the fork request", err);
+    if (r < 0)
+        return r;
+    if (!json_is_array(sessions) || json_array_size(sessions) == 0 ||
+        (int64_t)json_array_size(sessions) > app->max_fork)
+        return lb_error_set(err, -EINVAL,
+                            "'sessions' must be an array of 1 to %lld resources session ids "
+                            "(limits.max_fork)",
+                            (long long)app->max_fork);
+    json_array_foreach(sessions, i, v) {
+        if (!json_is_string(v) || !routes_rsid_is_valid(json_string_value(v)))
+            return lb_error_set(err, -EINVAL, "'sessions'[%zu] is not a valid resources session id",
+                                i);
+        for (k = 0; k < i; k++)
+            if (strcmp(json_string_value(json_array_get(sessions, k)), json_string_value(v)) == 0)
+                return lb_error_set(err, -EINVAL, "'sessions' names '%s' twice",
+                                    json_string_value(v));
+    }
+    /* task_id and labels as a seed's: checked once here, so no child fails on them */
+    probe = json_pack("{s:s}", "task_id", "fork");
+    if (!probe)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    if ((v = json_object_get(body, "task_id")) && !json_is_null(v))
+        json_object_set(probe, "task_id", v);
+    if ((v = json_object_get(body, "labels")))
+        json_object_set(probe, "labels", v);
+    r = routes_parse_spec(probe, &probe_req, true, err);
+    routes_spec_release(&probe_req);
+    json_decref(probe);
+    if (r < 0)
+        return r;
+    j->n = json_array_size(sessions);
+    j->kids = calloc(j->n, sizeof(*j->kids));
+    if (!j->kids)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    for (i = 0; i < j->n; i++)
+        j->kids[i].rsid = json_string_value(json_array_get(sessions, i));
+    return 0;
+}
+
+int route_fork(struct lb_request *req, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    const char *id = http_param(req, 0);
+    struct fork_job *j;
+    int r;
+
+    if (lend_is_draining(app->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    r = http_body_json(req, false, &j->body, err);
+    if (r == 0)
+        r = fork_parse(app, j->body, j, err);
+    if (r == 0 && (!id || strlen(id) >= LB_ID_MAX))
+        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    if (r < 0) {
+        fork_job_free(j);
+        return r;
+    }
+    snprintf(j->id, sizeof(j->id), "%s", id);
+    return http_defer(req, fork_run, j, fork_job_free, err);
+}
