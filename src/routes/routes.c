@@ -37,6 +37,7 @@ const struct lb_route lb_routes[] = {
     {"GET", "/v1/sandboxes/*/files", LB_AUTH_SANDBOX, false, route_file_get, "file_get", false},
     {"POST", "/v1/sandboxes/*/pause", LB_AUTH_SANDBOX, false, route_pause, "pause", false},
     {"POST", "/v1/sandboxes/*/snapshot", LB_AUTH_ADMIN, false, route_snapshot, "snapshot", false},
+    {"POST", "/v1/sandboxes/*/reset", LB_AUTH_ADMIN, false, route_sandbox_reset, "reset", true},
     {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, route_resume, "resume", false},
     {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, route_endpoint, "endpoints",
      false},

@@ -166,6 +166,8 @@ int route_activation_get(struct lb_request *req, struct lb_error *err);
 int route_pause(struct lb_request *req, struct lb_error *err);
 /* POST /v1/sandboxes/{id}/snapshot {"name", "labels"?} (admin): 201 the new image */
 int route_snapshot(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sandboxes/{id}/reset {"snapshot"?: NAME} (admin): lend_reset; 200 the lease. */
+int route_sandbox_reset(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
 /* pty.c: PTY sessions and detached execs */

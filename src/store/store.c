@@ -151,6 +151,18 @@ static const char *const migrations[] = {
     "  was_paused INTEGER NOT NULL,"
     "  created_at INTEGER NOT NULL"
     ");",
+    /* 5: kept for another change's migration (this number is taken elsewhere); nothing. */
+    "SELECT 1;",
+    /* 6: a seed's files (src/store/store_seed_files.c), kept so that a reset can write them
+     * again; gone with their sandbox's record. */
+    "CREATE TABLE seed_files ("
+    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
+    "  idx INTEGER NOT NULL,"
+    "  path TEXT NOT NULL,"
+    "  mode INTEGER NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  PRIMARY KEY (sandbox_id, idx)"
+    ");",
 };
 /* clang-format on */
 
