@@ -65,7 +65,8 @@ struct lb_record {
     int64_t next_attempt_at; /* 0: no retry scheduled */
     char *last_error;        /* NULL or the last stop failure */
     char *stop_reason;       /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted,
-                                max_age, not_adopted, pool_shrunk, evicted, class_changed */
+                                reset_failed, max_age, not_adopted, pool_shrunk, evicted,
+                                class_changed */
     char *pool_class;        /* the warm pool class it was made for (src/warm/); NULL: none */
 };
 

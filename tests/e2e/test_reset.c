@@ -73,7 +73,7 @@ static char *sh_tok(struct lbt_daemon *d, const char *sbx, const char *token, co
 START_TEST(test_reset_integrity)
 {
     const bool image = !lbt_variant_on_host();
-    char sbx[LBT_ID_MAX], tok[256], tok2[256], expires[64], *out;
+    char sbx[LBT_ID_MAX], tok[256], tok2[256], expires[64], path[200], pty[128], *out;
     struct lbt_resp r;
     json_t *lease;
 
@@ -134,6 +134,13 @@ START_TEST(test_reset_integrity)
     free(out);
     ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
 
+    /* a terminal session, ended by the reset */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&D, "POST", path, tok, "{\"command\": \"cat\"}", &r);
+    ck_assert_msg(r.status == 201, "pty: %ld %s", r.status, r.body);
+    snprintf(pty, sizeof(pty), "%s", str(r.json, "session_id"));
+    lbt_resp_free(&r);
+
     /* the operate token may not reset */
     reset(&D, sbx, tok, NULL, &r);
     lbt_assert_error(&r, 403, "forbidden");
@@ -158,6 +165,10 @@ START_TEST(test_reset_integrity)
     out = sh_tok(&D, sbx, tok2, CHECK);
     ck_assert_msg(strcmp(out, "") == 0, "after the reset: %s", out);
     free(out);
+    snprintf(path, sizeof(path), "/v1/pty/%s/wait?timeout_ms=100", pty);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
     /* the session's lease names the same sandbox with the new token */
     lbt_json(&D, "GET", "/v1/sessions/rs-reset", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
@@ -202,6 +213,80 @@ START_TEST(test_reset_bad_input)
     lbt_release_session(&D, "rs-reset-bad");
     reset(&D, sbx, "", NULL, &r);
     lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* POST /v1/sandboxes/{id}/reset with token and body; the new token into tok (on 200). */
+static long reset_to(const char *sbx, const char *body, char *tok)
+{
+    struct lbt_resp r;
+    long st;
+
+    reset(&D, sbx, "", body, &r);
+    st = r.status;
+    if (st == 200)
+        snprintf(tok, 256, "%s", str(json_object_get(r.json, "access"), "token"));
+    else
+        fprintf(stderr, "reset %s: %ld %s\n", body ? body : "", st, r.body);
+    lbt_resp_free(&r);
+    return st;
+}
+
+START_TEST(test_reset_to_snapshot)
+{
+    char sbx[LBT_ID_MAX], tok[256], other[LBT_ID_MAX], path[200], *out;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lease = lbt_seed(&D, "rs-reset-snap", "task-reset", "\"files\": {\"/workspace/s\": \"seed\"}");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    free(sh_tok(&D, sbx, tok, "echo kept > /workspace/snapped; echo tmp > /tmp/t"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", sbx);
+    lbt_json(&D, "POST", path, "", "{\"name\": \"rst-snap\"}", &r);
+    ck_assert_msg(r.status == 201, "snapshot: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(sh_tok(&D, sbx, tok, "rm /workspace/snapped; echo later > /workspace/later"));
+
+    /* to the snapshot: its workdir (and the seed's files), not what came after, no /tmp */
+    ck_assert_int_eq(reset_to(sbx, "{\"snapshot\": \"rst-snap\"}", tok), 200);
+    out = sh_tok(&D, sbx, tok, "ls /workspace /tmp; cat /workspace/snapped");
+    ck_assert_str_eq(out, "/tmp:\n\n/workspace:\ns\nsnapped\nkept\n");
+    free(out);
+    /* then back to the seed */
+    ck_assert_int_eq(reset_to(sbx, NULL, tok), 200);
+    out = sh_tok(&D, sbx, tok, "ls /workspace; cat /workspace/s");
+    ck_assert_str_eq(out, "s\nseed");
+    free(out);
+
+    /* a snapshot of another base: 409, and the sandbox is left as it was */
+    lease = lbt_seed(&D, "rs-reset-other", "task-reset",
+                     lbt_variant_on_host() ? NULL : "\"image\": \"host\"");
+    snprintf(other, sizeof(other), "%s", str(lease, "sandbox_id"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", other);
+    lbt_json(&D, "POST", path, "", "{\"name\": \"rst-other\"}", &r);
+    ck_assert_msg(r.status == 201, "snapshot: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    if (!lbt_variant_on_host()) {
+        reset(&D, sbx, "", "{\"snapshot\": \"rst-other\"}", &r);
+        lbt_assert_error(&r, 409, "conflict");
+        lbt_resp_free(&r);
+        free(sh_tok(&D, sbx, tok, "true"));
+    } else {
+        lbt_skip_note(__func__, "every sandbox of the host variant stands on the host: no other "
+                                "base to refuse (the image variant checks the 409)");
+    }
+    lbt_release_session(&D, "rs-reset-other");
+    lbt_release_session(&D, "rs-reset-snap");
+    lbt_json(&D, "DELETE", "/v1/images/rst-other", "", NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_json(&D, "DELETE", "/v1/images/rst-snap", "", NULL, &r);
+    ck_assert_int_eq(r.status, 204);
     lbt_resp_free(&r);
 }
 END_TEST
@@ -254,6 +339,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_bad_input);
+    tcase_add_test(tc, test_reset_to_snapshot);
     suite_add_tcase(s, tc);
     tc = tcase_create("fault");
     lbt_test_daemon_cleanup(tc, &F);
