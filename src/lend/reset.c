@@ -237,7 +237,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
     int64_t generation;
-    bool torn = false;
+    bool torn = false, stopped = false, fenced = false;
     int r;
 
     *lease_out = NULL;
@@ -280,7 +280,10 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     if (r < 0)
         goto out;
     generation = lend_spec_token_generation(spec) + 1;
+    /* "resetting" stays in the record until the reset is complete: a daemon that dies before
+     * finds it at start-up and stops the sandbox (lend_record_resetting) */
     if (json_object_set_new(spec, "token_generation", json_integer(generation)) < 0 ||
+        json_object_set_new(spec, "resetting", json_true()) < 0 ||
         !(spec_text = json_dumps(spec, JSON_COMPACT))) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
@@ -294,6 +297,12 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         goto out;
     }
     token_sha256_hex(token, strlen(token), token_hash);
+    /* operate-token calls answer 409 from here, and writes admitted before (an upload's
+     * commit) end first, so none lands in the sandbox made again */
+    r = lend_fence_raise(l, id, err);
+    if (r < 0)
+        goto out;
+    fenced = true;
     /* Intent before action: the new spec and token are recorded first; from here the old token
      * answers 401, and a failure stops the sandbox rather than lend a half-reset one. */
     r = store_set_reset(l->store, id, spec_text, token_hash, err);
@@ -309,10 +318,19 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
         goto out;
     }
+    stopped = true;
     /* its PTY sessions end with the processes they ran */
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, id);
     r = reset_remake(l, prov, id, &rs, &desc_text, err);
+    if (r < 0)
+        goto out;
+    /* complete: the record loses its "resetting" mark */
+    json_object_del(spec, "resetting");
+    free(spec_text);
+    spec_text = json_dumps(spec, JSON_COMPACT);
+    r = spec_text ? store_set_reset(l->store, id, spec_text, token_hash, err)
+                  : lb_error_set(err, -ENOMEM, "out of memory");
     if (r < 0)
         goto out;
     store_record_release(&rec);
@@ -330,10 +348,11 @@ out:
         char why[LB_ERROR_MESSAGE_MAX];
 
         snprintf(why, sizeof(why), "%s", err && err->message[0] ? err->message : "unknown");
-        /* never lend a half-reset sandbox: stop whatever is left of it */
-        if (desc_text) {
+        /* never lend a half-reset sandbox: stop whatever is left of it (once the old one was
+         * stopped, the provider finds what is there now from the id alone) */
+        if (desc_text || stopped) {
             free(rec.descriptor_json);
-            rec.descriptor_json = strdup(desc_text);
+            rec.descriptor_json = desc_text ? strdup(desc_text) : NULL;
         }
         if (lend_stop_record(l, &rec, "reset_failed", LB_STATE_STOP_FAILED, &serr) < 0)
             log_error_sbx(id, "sandbox %s: a failed reset's stop failed: %s", id, serr.message);
@@ -342,6 +361,8 @@ out:
                          "reset of sandbox %s failed and it was stopped (reason reset_failed): %s",
                          id, why);
     }
+    if (fenced)
+        lend_fence_lower(l, id);
     reset_spec_release(&rs);
     json_decref(old_desc);
     json_decref(spec);
@@ -350,4 +371,14 @@ out:
     store_record_release(&rec);
     lend_session_unlock(l, lock);
     return r;
+}
+
+/* see lend_internal.h */
+bool lend_record_resetting(const struct lb_record *r)
+{
+    json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    bool resetting = json_is_true(json_object_get(spec, "resetting"));
+
+    json_decref(spec);
+    return resetting;
 }

@@ -9,8 +9,12 @@
  *   seed's files hold their content again, the old token answers 401 and the new one works
  * - bad input: an operate token 403, an unknown sandbox 404, an unknown snapshot 404, a
  *   released sandbox 404, a body that is not an object 400
+ * - reset to a snapshot of the sandbox and back to the seed; a snapshot of another base 409
+ *   (image variant)
  * - a failed reset (fault lend.reset) answers 502 and stops the sandbox with stop_reason
  *   reset_failed; its token answers 401 and no process of it is left
+ * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
+ *   is stopped (reset_failed), nothing of it runs or stays on disk
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,6 +334,66 @@ START_TEST(test_reset_failed_stops)
 }
 END_TEST
 
+/* kill -9 of the daemon in the middle of a reset (the sandbox torn down, not yet made again:
+ * fault lend.reset=delay), then a restart: the sandbox is stopped with reset_failed, nothing of
+ * it runs or stays on disk, its session has no lease and its old token answers 401 */
+START_TEST(test_reset_killed)
+{
+    const char *args[] = {"--set", "faults.spec=lend.reset=delay:30000", NULL};
+    char sbx[LBT_ID_MAX], tok[256], path[600];
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease, *rec, *list;
+    int i;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-kill", "task-reset", "\"files\": {\"/workspace/s\": \"x\"}");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    json_decref(
+        lbt_exec_ok(&F, sbx, tok,
+                    "{\"command\": \"setsid sh -c '(" LEFTOVER " &)' </dev/null "
+                    ">/dev/null 2>&1; sleep 0.2\", \"preserve_background_services\": true}"));
+    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    job = lbt_async_json(&F, "POST", path, "", NULL);
+    /* torn down: the process is gone, and the reset waits at the fault point */
+    for (i = 0; i < 400 && lbt_count_procs_cmdline(LEFTOVER) > 0; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_lt(i, 400);
+    lbt_sleep_ms(200);
+    ck_assert(!lbt_async_done(job));
+    lbt_daemon_kill(&F);
+    lbt_async_join(job, &r);
+    ck_assert_int_ne(r.status, 200);
+    lbt_resp_free(&r);
+
+    lbt_daemon_restart(&F, NULL);
+    list = lbt_list_sandboxes(&F);
+    rec = lbt_find_record(list, sbx);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(str(rec, "state"), "stopped");
+    ck_assert_str_eq(str(rec, "stop_reason"), "reset_failed");
+    json_decref(list);
+    snprintf(path, sizeof(path), "%s/sandboxes/%s", F.state_dir, sbx);
+    ck_assert(!lbt_path_exists(path));
+    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    lbt_json(&F, "GET", "/v1/sessions/rs-reset-kill", "", NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    lbt_exec(&F, sbx, tok, "{\"command\": \"true\"}", &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
+    /* the session seeds anew */
+    lease = lbt_seed(&F, "rs-reset-kill", "task-reset", NULL);
+    ck_assert_str_ne(str(lease, "sandbox_id"), sbx);
+    json_decref(lease);
+    lbt_release_session(&F, "rs-reset-kill");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reset");
@@ -345,6 +409,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &F);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_failed_stops);
+    tcase_add_test(tc, test_reset_killed);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
