@@ -154,7 +154,8 @@ static const char *const migrations[] = {
     /* 5: kept for another change's migration (this number is taken elsewhere); nothing. */
     "SELECT 1;",
     /* 6: a seed's files (src/store/store_seed_files.c), kept so that a reset can write them
-     * again; gone with their sandbox's record. */
+     * again; dropped once their sandbox is stopped (nothing resets it then), and gone with its
+     * record. */
     "CREATE TABLE seed_files ("
     "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
     "  idx INTEGER NOT NULL,"
@@ -162,7 +163,11 @@ static const char *const migrations[] = {
     "  mode INTEGER NOT NULL,"
     "  data BLOB NOT NULL,"
     "  PRIMARY KEY (sandbox_id, idx)"
-    ");",
+    ");"
+    "CREATE TRIGGER seed_files_stopped AFTER UPDATE OF state ON sandboxes"
+    "  WHEN NEW.state = 'stopped' BEGIN"
+    "  DELETE FROM seed_files WHERE sandbox_id = NEW.id;"
+    "  END;",
 };
 /* clang-format on */
 

@@ -308,8 +308,8 @@ int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *e
 int store_snapshots_pending(struct lb_store *st, json_t **out, struct lb_error *err);
 
 /* ---- a seed's files (store_seed_files.c) ----
- * The files a seed wrote into its sandbox, kept with the sandbox's record (and removed with it)
- * so that a reset writes them again. Thread-safe. */
+ * The files a seed wrote into its sandbox, kept with the sandbox's record so that a reset writes
+ * them again; dropped when the record turns stopped, and with the record. Thread-safe. */
 
 struct lb_store_file {
     char *path;          /* absolute path inside the sandbox */

@@ -173,8 +173,10 @@ START_TEST(test_seed_files_kept)
     ck_assert_uint_eq(n, 1);
     ck_assert_str_eq(out[0].path, "/workspace/empty");
     store_seed_files_free(out, n);
-    /* gone with the record, when a stopped one is purged */
+    /* dropped once the sandbox is stopped; and none outlives its record */
     ck_assert_int_eq(store_mark_stopped(st, "sbx-sf", "released", &err), 0);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM seed_files"), 0);
+    ck_assert_int_eq(store_seed_files_put(st, "sbx-sf", in, 2, &err), 0);
     ck_assert_int_ge(store_purge_stopped(st, INT64_MAX, &err), 1);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM seed_files"), 0);
     store_close(st);
