@@ -134,7 +134,8 @@ START_TEST(test_reset_integrity)
                       (!image || (strstr(out, "file /opt/episode") && strstr(out, "root changed"))),
                   "episode left: %s", out);
     if (!strstr(out, "hostname changed"))
-        lbt_skip_note(__func__, "the sandbox cannot set its hostname; that item is not checked");
+        lbt_skip_note(__func__, "the sandbox's commands cannot set its hostname (they run "
+                                "without capabilities); that item is not checked");
     free(out);
     ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
 
@@ -281,7 +282,7 @@ START_TEST(test_reset_to_snapshot)
         lbt_resp_free(&r);
         free(sh_tok(&D, sbx, tok, "true"));
     } else {
-        lbt_skip_note(__func__, "every sandbox of the host variant stands on the host: no other "
+        lbt_skip_note(__func__, "every sandbox of this variant stands on the host: no other "
                                 "base to refuse (the image variant checks the 409)");
     }
     lbt_release_session(&D, "rs-reset-other");
