@@ -165,7 +165,7 @@ e2e: all $(E2E_BINS)
 # a busy 2-core machine. The shell tests above run on host only (the README walkthrough seeds
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
-E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending network restart \
+E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending network reset restart \
 	snapshot fork
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))
@@ -198,7 +198,7 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 # refills do not swamp two cores; a test's own pool.size wins). The programs whose seeds are of
 # the default class (so they take warm sandboxes) and that count sandboxes, processes or uids,
 # restart or crash the daemon. E2E_POOL_PROGS=all runs every program.
-E2E_POOL_PROGS ?= activation exec files isolation lending restart durability
+E2E_POOL_PROGS ?= activation exec files isolation lending restart durability reset
 E2E_POOL_BINS = $(if $(filter all,$(E2E_POOL_PROGS)),$(E2E_BINS), \
 	$(E2E_POOL_PROGS:%=$(BUILD)/tests/test_%))
 e2e-pool: all $(E2E_POOL_BINS)

@@ -252,6 +252,22 @@ void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *c
 int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
                   struct lb_error *err);
 
+/* POST /v1/sandboxes/{id}/reset: return lent sandbox id, in place, to how it was seeded, or
+ * (snapshot non-NULL) to that snapshot, which must stand on the sandbox's base image. The
+ * sandbox is torn down whole (every process, mount and namespace: root layer, workdir, /tmp,
+ * /run, /dev/shm, IPC objects, hostname, sockets; its harness closed as before a release, its
+ * PTY sessions ended) and made again under the same id, spec, session and expiry; the seed's
+ * files are written again and a new operate token is minted (the old one answers 401). *out is
+ * the lease (the caller's). Errors: -ENOENT (404: not lent), -LB_E_IMAGE_NOT_FOUND (404: unknown
+ * snapshot, or the seed's image no longer stored), -EEXIST (409: a snapshot of another base,
+ * or the seed's image name now names another tree), -ENOSYS (501: the provider's caps lack
+ * reset), -ESHUTDOWN (503: draining), -EREMOTEIO (502: the reset failed after the teardown
+ * began; the sandbox was then stopped with reason reset_failed, never lent half-reset). Holds
+ * the session's lock; blocks on the provider. The fault point "lend.reset" fails a reset between
+ * the teardown and the new sandbox's create. */
+int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t **out,
+               struct lb_error *err);
+
 /* At start-up, after reconciliation: every snapshot a crash interrupted (store.h) is settled:
  * its sandbox thawed (unless it was paused before the snapshot) and its record dropped. Its
  * image is either named and complete or was never named; the image store's start-up clean-up

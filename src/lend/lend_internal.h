@@ -55,6 +55,11 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err);
 
+/* Was a reset of r's sandbox under way (lend_reset) when the record was read? A lent record
+ * that says so at start-up belongs to a reset a crash interrupted: reconciliation stops its
+ * sandbox (reason reset_failed, the provider finding what is there from the id alone). */
+bool lend_record_resetting(const struct lb_record *r);
+
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 
 /* A sandbox on its way to start under a record: lend_start_prepare fills it, lend_start_recorded

@@ -106,8 +106,11 @@ void lend_fork_collect_of(struct lb_lend *l, const struct lb_record *r);
 int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
                       bool fresh, json_t **lease_out, struct lb_error *err);
 
-/* render.c: sandbox id's operate token, "lbo_" and the HMAC's hex, into token. 0 or < 0. */
-int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);
+/* render.c: sandbox id's operate token of generation (0: the seed's; each reset takes the next,
+ * recorded as the spec's "token_generation"), "lbo_" and the HMAC's hex, into token. 0 or < 0. */
+int lend_operate_token(struct lb_lend *l, const char *id, int64_t generation, char token[4 + 65]);
+/* render.c: the spec's "token_generation" (0 when it has none; spec may be NULL). */
+int64_t lend_spec_token_generation(const json_t *spec);
 
 /* render.c: the string key of record r's spec, or def when it has none; *holder is the parsed
  * spec (a new reference the caller drops with json_decref, also when def is returned). */

@@ -24,10 +24,17 @@ static json_t *json_time(int64_t unix_s)
     return json_string(buf);
 }
 
-int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65])
+int lend_operate_token(struct lb_lend *l, const char *id, int64_t generation, char token[4 + 65])
 {
-    char mac[LB_SHA256_HEX + 1];
-    int r = token_hmac_hex(l->operate_key, l->cfg.operate_key_len, id, mac);
+    char mac[LB_SHA256_HEX + 1], msg[LB_ID_MAX + 32];
+    int r;
+
+    /* generation 0 is the seed's token; every reset mints the next one */
+    if (generation > 0)
+        snprintf(msg, sizeof(msg), "%s#%lld", id, (long long)generation);
+    else
+        snprintf(msg, sizeof(msg), "%s", id);
+    r = token_hmac_hex(l->operate_key, l->cfg.operate_key_len, msg, mac);
 
     if (r < 0)
         return r;
@@ -53,11 +60,18 @@ static json_t *lend_spec_labels(json_t *spec)
     return json_is_object(labels) ? json_deep_copy(labels) : json_object();
 }
 
+int64_t lend_spec_token_generation(const json_t *spec)
+{
+    json_int_t g = json_integer_value(json_object_get(spec, "token_generation"));
+
+    return g > 0 ? (int64_t)g : 0;
+}
+
 /* see lend_internal.h */
 int lend_operate_token_hash(void *lend, const char *id, char *hash)
 {
     char token[4 + 65];
-    int r = lend_operate_token(lend, id, token);
+    int r = lend_operate_token(lend, id, 0, token);
 
     if (r == 0)
         token_sha256_hex(token, strlen(token), hash);
@@ -72,7 +86,7 @@ json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, jso
     const char *workdir = json_string_value(json_object_get(spec, "workdir"));
     json_t *lease;
 
-    if (lend_operate_token(l, r->id, token) < 0)
+    if (lend_operate_token(l, r->id, lend_spec_token_generation(spec), token) < 0)
         token[0] = '\0';
     lease = json_pack("{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}",
                       "resources_session_id", r->rsid, "task_id", r->task_id, "sandbox_id", r->id,

@@ -142,6 +142,29 @@ static int lend_check_resources(struct lb_lend *l, const struct lb_provider_caps
     return 0;
 }
 
+/* ---------- the seed's files, kept for resets ---------- */
+
+/* Keep req's files with sandbox id's record (store_seed_files_put): a reset writes them again.
+ * 0 or a negative errno; nothing to keep is 0 without a store call. */
+static int lend_keep_seed_files(struct lb_lend *l, const char *id,
+                                const struct lb_seed_request *req, struct lb_error *err)
+{
+    struct lb_store_file *files;
+    int r;
+
+    if (req->n_files == 0)
+        return 0;
+    files = calloc(req->n_files, sizeof(*files));
+    if (!files)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < req->n_files; i++)
+        files[i] = (struct lb_store_file){req->files[i].path, req->files[i].data, req->files[i].len,
+                                          req->files[i].mode};
+    r = store_seed_files_put(l->store, id, files, req->n_files, err);
+    free(files);
+    return r;
+}
+
 /* ---------- the start every sandbox takes: intent before action ---------- */
 
 /* see lend_internal.h */
@@ -384,6 +407,16 @@ static int lend_take_warm(struct lb_lend *l, const char *rsid, const struct lend
             goto out;
         }
     }
+    r = lend_keep_seed_files(l, rec.id, req, err);
+    if (r < 0) {
+        struct lb_error serr = {0};
+
+        metrics_add(LB_M_SEEDS_FAILED, 1);
+        if (lend_stop_record(l, &rec, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
+            log_error_sbx(rec.id, "session %s: failed seed's sandbox %s could not be stopped: %s",
+                          rsid ? rsid : "(none)", rec.id, serr.message);
+        goto out;
+    }
     *lease_out = lend_render_lease_spec(l, &rec, s->spec_json, false);
     if (!*lease_out) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -442,7 +475,10 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
             goto rollback;
         }
     }
-    r = lend_operate_token(l, s.rec.id, token);
+    r = lend_keep_seed_files(l, s.rec.id, req, err);
+    if (r < 0)
+        goto rollback;
+    r = lend_operate_token(l, s.rec.id, 0, token);
     if (r < 0) {
         r = lb_error_set(err, r, "cannot mint the operate token");
         goto rollback;

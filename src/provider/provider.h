@@ -221,6 +221,9 @@ struct lb_provider_caps {
                                   Owned by the provider. */
     bool snapshot;             /* snapshot: capture a sandbox's file system as an image of the
                                   daemon's image store; without it the route answers 501 */
+    bool reset;                /* reset: a running sandbox stopped and made again under the
+                                  same id and spec, in place (lend_reset); without it the route
+                                  answers 501 */
     bool image_store;          /* runs the daemon's image store trees (images_dir) as they are:
                                   a seed records the image's User (an image whose User is not
                                   mapped in a sandbox is refused before anything is made) */

@@ -38,6 +38,7 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/sandboxes/*/pause", LB_AUTH_SANDBOX, false, route_pause, "pause", false},
     {"POST", "/v1/sandboxes/*/snapshot", LB_AUTH_ADMIN, false, route_snapshot, "snapshot", false},
     {"POST", "/v1/sandboxes/*/fork", LB_AUTH_ADMIN, false, route_fork, "fork", true},
+    {"POST", "/v1/sandboxes/*/reset", LB_AUTH_ADMIN, false, route_sandbox_reset, "reset", true},
     {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, route_resume, "resume", false},
     {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, route_endpoint, "endpoints",
      false},

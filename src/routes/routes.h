@@ -169,6 +169,8 @@ int route_pause(struct lb_request *req, struct lb_error *err);
 int route_snapshot(struct lb_request *req, struct lb_error *err);
 /* POST /v1/sandboxes/{id}/fork {"sessions", "task_id"?, "labels"?} (admin): 200 {"children"} */
 int route_fork(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sandboxes/{id}/reset {"snapshot"?: NAME} (admin): lend_reset; 200 the lease. */
+int route_sandbox_reset(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
 /* pty.c: PTY sessions and detached execs */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "image/image.h"
 #include "provider/provider.h"
 #include "routes/routes.h"
 #include "util/token.h"
@@ -107,6 +108,62 @@ int route_sandbox_delete(struct lb_request *req, struct lb_error *err)
                           sizeof(rsid)) == 0)
         routes_serialize_session(req, rsid);
     return sandbox_defer_with_id(req, sandbox_delete_run, err);
+}
+
+/* ---------- reset ---------- */
+
+struct reset_job {
+    char id[LB_ID_MAX];
+    char snapshot[LB_IMAGE_NAME_MAX + 1]; /* "": the seed's image */
+};
+
+static void sandbox_reset_run(struct lb_request *req, void *arg)
+{
+    struct reset_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *lease = NULL;
+    int r = lend_reset(app->lend, j->id, j->snapshot[0] ? j->snapshot : NULL, &lease, &err);
+
+    routes_respond(req, r, 200, lease, &err);
+}
+
+int route_sandbox_reset(struct lb_request *req, struct lb_error *err)
+{
+    const char *id = http_param(req, 0), *snapshot = NULL;
+    json_t *body = NULL, *snap;
+    struct reset_job *j = NULL;
+    char rsid[160];
+    int r = http_body_json(req, true, &body, err);
+
+    if (r < 0)
+        return r;
+    snap = json_object_get(body, "snapshot");
+    if (body && !json_is_object(body))
+        r = lb_error_set(err, -EINVAL, "the body must be a JSON object");
+    else if (snap && !json_is_null(snap) && !json_is_string(snap))
+        r = lb_error_set(err, -EINVAL, "'snapshot' must be an image name");
+    else if (snap && json_is_string(snap) &&
+             !image_name_is_valid(snapshot = json_string_value(snap)))
+        r = lb_error_set(err, -EINVAL,
+                         "'snapshot' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most "
+                         "%d bytes, not 'host')",
+                         LB_IMAGE_NAME_MAX);
+    else if (!id || strlen(id) >= LB_ID_MAX)
+        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    if (r == 0 && !(j = calloc(1, sizeof(*j))))
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    if (r < 0) {
+        json_decref(body);
+        return r;
+    }
+    snprintf(j->id, sizeof(j->id), "%s", id);
+    snprintf(j->snapshot, sizeof(j->snapshot), "%s", snapshot ? snapshot : "");
+    json_decref(body);
+    /* one at a time with the seeds, releases and closes of the sandbox's session */
+    if (lend_sandbox_rsid(((struct lb_app *)http_app(req))->lend, j->id, rsid, sizeof(rsid)) == 0)
+        routes_serialize_session(req, rsid);
+    return http_defer(req, sandbox_reset_run, j, free, err);
 }
 
 /* ---------- pause / resume ---------- */

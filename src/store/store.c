@@ -151,6 +151,21 @@ static const char *const migrations[] = {
     "  was_paused INTEGER NOT NULL,"
     "  created_at INTEGER NOT NULL"
     ");",
+    /* 5: a seed's files (src/store/store_seed_files.c), kept so that a reset can write them
+     * again; dropped once their sandbox is stopped (nothing resets it then), and gone with its
+     * record. */
+    "CREATE TABLE seed_files ("
+    "  sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,"
+    "  idx INTEGER NOT NULL,"
+    "  path TEXT NOT NULL,"
+    "  mode INTEGER NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  PRIMARY KEY (sandbox_id, idx)"
+    ");"
+    "CREATE TRIGGER seed_files_stopped AFTER UPDATE OF state ON sandboxes"
+    "  WHEN NEW.state = 'stopped' BEGIN"
+    "  DELETE FROM seed_files WHERE sandbox_id = NEW.id;"
+    "  END;",
 };
 /* clang-format on */
 

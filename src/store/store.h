@@ -65,7 +65,8 @@ struct lb_record {
     int64_t next_attempt_at; /* 0: no retry scheduled */
     char *last_error;        /* NULL or the last stop failure */
     char *stop_reason;       /* NULL or released, ttl, shutdown, seed_failed, vanished, deleted,
-                                max_age, not_adopted, pool_shrunk, evicted, class_changed */
+                                reset_failed, max_age, not_adopted, pool_shrunk, evicted,
+                                class_changed */
     char *pool_class;        /* the warm pool class it was made for (src/warm/); NULL: none */
 };
 
@@ -305,5 +306,32 @@ int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *e
 /* Every recorded snapshot: *out a new JSON array of {"name","sandbox_id","was_paused"} the
  * caller decrefs. 0 or a negative errno. */
 int store_snapshots_pending(struct lb_store *st, json_t **out, struct lb_error *err);
+
+/* ---- a seed's files (store_seed_files.c) ----
+ * The files a seed wrote into its sandbox, kept with the sandbox's record so that a reset writes
+ * them again; dropped when the record turns stopped, and with the record. Thread-safe. */
+
+struct lb_store_file {
+    char *path;          /* absolute path inside the sandbox */
+    unsigned char *data; /* the bytes (owned by whoever filled the struct) */
+    size_t len;
+    int mode; /* -1: the default (0644) */
+};
+
+/* Keep files[0..n) as sandbox_id's seed files, in place of any kept before (n 0: none), in one
+ * transaction. 0 or a negative errno (-ENOENT for no such record). */
+int store_seed_files_put(struct lb_store *st, const char *sandbox_id,
+                         const struct lb_store_file *files, size_t n, struct lb_error *err);
+/* sandbox_id's seed files, in the order they were kept: *out a malloc'd array of *n (NULL, 0
+ * when none) the caller frees with store_seed_files_free. 0 or a negative errno. */
+int store_seed_files_get(struct lb_store *st, const char *sandbox_id, struct lb_store_file **out,
+                         size_t *n, struct lb_error *err);
+/* A reset of lent sandbox id (lend_reset): its new spec_json and operate token's hash, in one
+ * write, so the old token answers 401 from then on. 0, -ENOENT (not lent), or a negative
+ * errno. */
+int store_set_reset(struct lb_store *st, const char *id, const char *spec_json,
+                    const char *token_hash, struct lb_error *err);
+/* Free what store_seed_files_get returned; NULL-safe. */
+void store_seed_files_free(struct lb_store_file *files, size_t n);
 
 #endif

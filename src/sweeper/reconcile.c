@@ -70,6 +70,20 @@ int sweeper_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struc
             reconcile_stop_record(l, rec, stats);
             continue;
         }
+        /* a reset a crash interrupted: never lent half-reset; its descriptor may name the
+         * sandbox the reset tore down, so the provider looks for what runs now by id */
+        if (rec->state == LB_STATE_LENT && lend_record_resetting(rec)) {
+            char *stale = rec->descriptor_json;
+
+            rec->descriptor_json = NULL;
+            log_warn_sbx(rec->id, "sandbox %s: its reset was interrupted; stopping it", rec->id);
+            if (lend_stop_record(l, rec, "reset_failed", LB_STATE_STOP_FAILED, NULL) == 0)
+                stats->stopped++;
+            else
+                stats->failed++;
+            rec->descriptor_json = stale;
+            continue;
+        }
         prov = lend_provider_of(l, rec, NULL);
         if (!prov) {
             /* its provider is not enabled now: left as it is, served again once it is */

@@ -24,11 +24,14 @@ struct stub_provider {
     int creates, stops, stops_with_descriptor;
     int fail_create;     /* errno create fails with; 0: it works */
     int fail_file_write; /* errno file_write fails with; 0: it works */
+    int file_writes;
+    bool can_reset; /* caps.reset */
 };
 
 static void stub_caps(struct lb_provider *p, struct lb_provider_caps *out)
 {
-    *out = (struct lb_provider_caps){.images = true, .pids_limit = true};
+    *out = (struct lb_provider_caps){
+        .images = true, .pids_limit = true, .reset = ((struct stub_provider *)p)->can_reset};
 }
 
 static int stub_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
@@ -61,6 +64,7 @@ static int stub_file_write(struct lb_provider *p, const struct lb_sandbox_ref *r
 {
     struct stub_provider *s = (struct stub_provider *)p;
 
+    s->file_writes++;
     return s->fail_file_write ? lb_error_set(err, -s->fail_file_write, "stub write fails") : 0;
 }
 
@@ -202,6 +206,73 @@ START_TEST(test_failed_create_is_rolled_back)
 }
 END_TEST
 
+/* A reset on a provider without the capability: 501, nothing stopped or changed. */
+START_TEST(test_reset_needs_the_cap)
+{
+    struct lb_seed_request req = {.task_id = "t1", .ttl_s = -1};
+    struct lb_error err = {0};
+    json_t *lease = NULL, *again = NULL;
+
+    ck_assert_int_eq(lend_seed(lend, "rs-1", &req, &lease, &err), 0);
+    ck_assert_int_eq(lend_reset(lend, str(lease, "sandbox_id"), NULL, &again, &err), -ENOSYS);
+    ck_assert_ptr_null(again);
+    ck_assert_int_eq(stub->stops, 0);
+    ck_assert_int_eq(lend_get_lease(lend, "rs-1", &again, &err), 0);
+    ck_assert(json_equal(lease, again));
+    json_decref(lease);
+    json_decref(again);
+}
+END_TEST
+
+/* A reset: stop, create under the same id, the seed's files written again, a new token; the
+ * record keeps its id, session and expiry and loses its "resetting" mark. A create that fails
+ * stops the sandbox (reset_failed). */
+START_TEST(test_reset_remakes)
+{
+    unsigned char data[] = "seed";
+    struct lb_seed_file file = {"/workspace/f", data, 4, -1};
+    struct lb_seed_request req = {.task_id = "t1", .ttl_s = 600, .files = &file, .n_files = 1};
+    struct lb_error err = {0};
+    struct lb_record rec = {0};
+    json_t *lease = NULL, *again = NULL;
+    const char *id;
+
+    stub->can_reset = true;
+    ck_assert_int_eq(lend_seed(lend, "rs-1", &req, &lease, &err), 0);
+    id = str(lease, "sandbox_id");
+    ck_assert_int_eq(stub->file_writes, 1);
+    ck_assert_int_eq(lend_reset(lend, id, NULL, &again, &err), 0);
+    ck_assert_int_eq(stub->stops, 1);
+    ck_assert_int_eq(stub->creates, 2);
+    ck_assert_int_eq(stub->file_writes, 2);
+    ck_assert_str_eq(str(again, "sandbox_id"), id);
+    ck_assert_str_eq(str(again, "resources_session_id"), "rs-1");
+    ck_assert_str_eq(str(again, "expires_at"), str(lease, "expires_at"));
+    ck_assert_str_ne(str(json_object_get(again, "access"), "token"),
+                     str(json_object_get(lease, "access"), "token"));
+    ck_assert_int_eq(store_get_sandbox(st, id, &rec, &err), 0);
+    ck_assert_int_eq(rec.state, LB_STATE_LENT);
+    ck_assert_ptr_null(strstr(rec.spec_json, "resetting"));
+    ck_assert(!lend_record_resetting(&rec));
+    store_record_release(&rec);
+    json_decref(again);
+    again = NULL;
+    /* a snapshot that does not exist: 404 before anything is torn down */
+    ck_assert_int_eq(lend_reset(lend, id, "no-such", &again, &err), -LB_E_IMAGE_NOT_FOUND);
+    ck_assert_int_eq(stub->stops, 1);
+    stub->fail_create = EIO;
+    ck_assert_int_eq(lend_reset(lend, id, NULL, &again, &err), -EREMOTEIO);
+    ck_assert_ptr_nonnull(strstr(err.message, "reset_failed"));
+    ck_assert_ptr_null(again);
+    ck_assert_int_eq(store_get_sandbox(st, id, &rec, &err), 0);
+    ck_assert_int_eq(rec.state, LB_STATE_STOPPED);
+    ck_assert_str_eq(rec.stop_reason, "reset_failed");
+    store_record_release(&rec);
+    ck_assert_int_eq(lend_reset(lend, id, NULL, &again, &err), -ENOENT);
+    json_decref(lease);
+}
+END_TEST
+
 /* A seed file that cannot be written: the sandbox is stopped with the descriptor its create
  * returned, and its record keeps that descriptor. */
 START_TEST(test_failed_file_stops_with_descriptor)
@@ -308,6 +379,8 @@ static Suite *lend_suite(void)
     tcase_add_test(tc, test_failed_create_is_rolled_back);
     tcase_add_test(tc, test_failed_file_stops_with_descriptor);
     tcase_add_test(tc, test_seed_takes_warm);
+    tcase_add_test(tc, test_reset_needs_the_cap);
+    tcase_add_test(tc, test_reset_remakes);
     suite_add_tcase(s, tc);
     tcase_add_checked_fixture(tw, setup_two, teardown);
     tcase_add_test(tw, test_seed_evicts_warm_at_capacity);

@@ -140,6 +140,49 @@ START_TEST(test_open_close_reopen)
 END_TEST
 
 /* A snapshot under way: recorded once per name, listed until it ends, ends once. */
+START_TEST(test_seed_files_kept)
+{
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-sf", "rs-sf");
+    struct lb_store_file in[2] = {{"/workspace/a", (unsigned char *)"x\0y", 3, 0600},
+                                  {"/workspace/empty", (unsigned char *)"", 0, -1}};
+    struct lb_store_file *out = NULL;
+    struct lb_error err = {0};
+    size_t n = 9;
+
+    ck_assert_int_eq(store_seed_files_get(st, "sbx-sf", &out, &n, &err), 0);
+    ck_assert_ptr_null(out);
+    ck_assert_uint_eq(n, 0);
+    /* no record: the foreign key refuses the rows */
+    ck_assert_int_eq(store_seed_files_put(st, "sbx-sf", in, 2, &err), -ENOENT);
+    insert_ok(st, &a);
+    ck_assert_int_eq(store_seed_files_put(st, "sbx-sf", in, 2, &err), 0);
+    ck_assert_int_eq(store_seed_files_get(st, "sbx-sf", &out, &n, &err), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_str_eq(out[0].path, "/workspace/a");
+    ck_assert_uint_eq(out[0].len, 3);
+    ck_assert_int_eq(memcmp(out[0].data, "x\0y", 3), 0);
+    ck_assert_int_eq(out[0].mode, 0600);
+    ck_assert_str_eq(out[1].path, "/workspace/empty");
+    ck_assert_uint_eq(out[1].len, 0);
+    ck_assert_int_eq(out[1].mode, -1);
+    store_seed_files_free(out, n);
+    /* a put replaces what was kept */
+    ck_assert_int_eq(store_seed_files_put(st, "sbx-sf", in + 1, 1, &err), 0);
+    ck_assert_int_eq(store_seed_files_get(st, "sbx-sf", &out, &n, &err), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(out[0].path, "/workspace/empty");
+    store_seed_files_free(out, n);
+    /* dropped once the sandbox is stopped; and none outlives its record */
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-sf", "released", &err), 0);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM seed_files"), 0);
+    ck_assert_int_eq(store_seed_files_put(st, "sbx-sf", in, 2, &err), 0);
+    ck_assert_int_ge(store_purge_stopped(st, INT64_MAX, &err), 1);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM seed_files"), 0);
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_snapshot_records)
 {
     struct lb_error err = {0};
@@ -174,7 +217,7 @@ START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
                              "'sandboxes_state', 'sandboxes_state_next_attempt', "
@@ -187,7 +230,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
 }
 END_TEST
 
@@ -1061,7 +1104,7 @@ START_TEST(test_migration_3_keeps_records_and_activations)
 
     make_v2_database();
     st = open_store();
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 4); /* 3, then the snapshots table */
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5); /* 3, then the snapshots table */
     ck_assert_int_eq(store_get_sandbox(st, "sbx-old", &r, &err), 0);
     ck_assert_int_eq(r.state, LB_STATE_LENT);
     ck_assert_str_eq(r.rsid, "rs-old");
@@ -1242,6 +1285,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_open_close_reopen);
     tcase_add_test(tc, test_migration_sets_user_version);
     tcase_add_test(tc, test_snapshot_records);
+    tcase_add_test(tc, test_seed_files_kept);
     tcase_add_test(tc, test_too_new_schema_refused);
     tcase_add_test(tc, test_round_trip_every_field);
     tcase_add_test(tc, test_records_carry_provider);

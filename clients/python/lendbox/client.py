@@ -194,6 +194,7 @@ ROUTES: Dict[str, Route] = {
     "delete_image": Route("DELETE", "/v1/images/*", True),
     "snapshot": Route("POST", "/v1/sandboxes/*/snapshot", False),
     "fork": Route("POST", "/v1/sandboxes/*/fork", False),
+    "reset": Route("POST", "/v1/sandboxes/*/reset", False),
 }
 
 # Read timeouts (seconds) of the routes that wait for a provider: a stop is bounded by
@@ -795,6 +796,28 @@ class _Routes:
                 f"/v1/sandboxes/{_seg(sandbox_id)}/fork",
                 json=body,
                 ok=(200,),
+                read_timeout_s=_STOP_WAIT_S,
+            )
+        )
+
+
+    def reset(self, sandbox_id: str, snapshot: Optional[str] = None) -> Lease:
+        """``POST /v1/sandboxes/{id}/reset`` (admin) → the lease (200): the same ``sandbox_id``,
+        session and ``expires_at``, a new ``access.token`` (the old one answers 401). The
+        sandbox is torn down and made again as it was seeded (or from ``snapshot``, a snapshot
+        of the same base image): no process, file, IPC object or socket of before is left, and
+        the seed's files are written again. NotFound for an unknown sandbox or snapshot,
+        Conflict for a snapshot of another base, NotImplementedByServer (501) on a provider
+        without resets, ProviderError (502) when the reset failed (the sandbox was stopped,
+        reason ``reset_failed``). Not retried (a retry would reset again)."""
+        body: Dict[str, Any] = {}
+        if snapshot is not None:
+            body["snapshot"] = snapshot
+        return self._run(
+            _Call(
+                "reset",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/reset",
+                json=body,
                 read_timeout_s=_STOP_WAIT_S,
             )
         )

@@ -228,6 +228,7 @@ static void local_caps(struct lb_provider *p, struct lb_provider_caps *out)
         .exclusive = true,
         .trusted_view = true,
         .snapshot = true,
+        .reset = true,
         .image_store = true,
     };
 }

@@ -1,0 +1,416 @@
+/*
+ * test_reset.c - POST /v1/sandboxes/{id}/reset on the local provider (host and image variants;
+ * engines answer 501 and skip the rest).
+ *
+ * - integrity: an episode leaves behind a double-forked setsid process, a listening socket,
+ *   files in the workdir, /tmp, /run, /dev/shm and (image variant) the root, a changed seed
+ *   file, a SysV shared memory segment and a changed hostname; after the reset (200, the same
+ *   sandbox_id, session and expires_at, a new token) every one of them is gone or back, the
+ *   seed's files hold their content again, the old token answers 401 and the new one works
+ * - bad input: an operate token 403, an unknown sandbox 404, an unknown snapshot 404, a
+ *   released sandbox 404, a body that is not an object 400
+ * - reset to a snapshot of the sandbox and back to the seed; a snapshot of another base 409
+ *   (image variant)
+ * - a failed reset (fault lend.reset) answers 502 and stops the sandbox with stop_reason
+ *   reset_failed; its token answers 401 and no process of it is left
+ * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
+ *   is stopped (reset_failed), nothing of it runs or stays on disk
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct lbt_daemon D;
+static struct lbt_daemon F; /* the fault test's own daemon */
+
+/* a marker no other process of the machine runs: the leftover process's command line */
+#define LEFTOVER "sleep 3133.4242"
+
+static const char *str(json_t *o, const char *key)
+{
+    return json_string_value(json_object_get(o, key));
+}
+
+static void reset(struct lbt_daemon *d, const char *sbx, const char *token, const char *body,
+                  struct lbt_resp *r)
+{
+    char path[160];
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    lbt_json(d, "POST", path, token, body, r);
+}
+
+/* Run command with token in sbx; its stdout (the caller frees it). */
+static char *sh_tok(struct lbt_daemon *d, const char *sbx, const char *token, const char *command)
+{
+    json_t *body = json_pack("{s:s}", "command", command), *res;
+    char *text = json_dumps(body, 0), *out;
+
+    res = lbt_exec_ok(d, sbx, token, text);
+    out = strdup(str(res, "stdout") ? str(res, "stdout") : "");
+    json_decref(res);
+    json_decref(body);
+    free(text);
+    return out;
+}
+
+/* What the episode leaves behind, as one line per item the check reads (see LEFTOVERS). */
+#define CHECK                                                                                      \
+    "cd /; "                                                                                       \
+    "for f in /workspace/w /tmp/t /run/r /dev/shm/s /opt/episode; do "                             \
+    "  [ -e $f ] && echo \"file $f\"; done; "                                                      \
+    "grep -q root-was-here /etc/passwd && echo 'root changed'; "                                   \
+    "[ \"$(cat /workspace/seeded.txt)\" = seed-content ] || echo 'seed file changed'; "            \
+    "[ \"$(cat /workspace/sub/b.bin)\" = bytes ] || echo 'seed file b changed'; "                  \
+    "[ -e /workspace/sub/extra ] && echo 'seed dir changed'; "                                     \
+    "[ \"$(cat /proc/sys/kernel/hostname)\" = episode-host ] && echo 'hostname changed'; "         \
+    "awk 'NR > 1 { n++ } END { if (n) print \"sysv shm\", n }' /proc/sysvipc/shm; "                \
+    "for p in /proc/[0-9]*; do "                                                                   \
+    "  grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; done; "     \
+    "python3 -c \"import socket; s = socket.socket(); "                                            \
+    "print('listening socket') if s.connect_ex(('127.0.0.1', 47613)) == 0 else None\"; "           \
+    "true"
+
+START_TEST(test_reset_integrity)
+{
+    const bool image = !lbt_variant_on_host();
+    char sbx[LBT_ID_MAX], tok[256], tok2[256], expires[64], path[200], pty[128], *out;
+    struct lbt_resp r;
+    json_t *lease;
+
+    lease = lbt_seed(&D, "rs-reset", "task-reset",
+                     "\"files\": {\"/workspace/seeded.txt\": \"seed-content\", "
+                     "\"/workspace/sub/b.bin\": {\"base64\": \"Ynl0ZXM=\"}}");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    snprintf(expires, sizeof(expires), "%s",
+             str(lease, "expires_at") ? str(lease, "expires_at") : "");
+    json_decref(lease);
+    if (lbt_variant_engine()) {
+        reset(&D, sbx, "", NULL, &r);
+        lbt_assert_error(&r, 501, "not_implemented");
+        lbt_resp_free(&r);
+        lbt_release_session(&D, "rs-reset");
+        return;
+    }
+    /* a clean sandbox: the check reports nothing */
+    out = sh_tok(&D, sbx, tok, CHECK);
+    ck_assert_msg(strcmp(out, "") == 0, "fresh sandbox: %s", out);
+    free(out);
+
+    /* the episode, with the sandbox's operate token */
+    free(sh_tok(
+        &D, sbx, tok,
+        "set -e; echo w > /workspace/w; echo t > /tmp/t; echo r > /run/r; "
+        "echo s > /dev/shm/s; echo changed > /workspace/seeded.txt; rm /workspace/sub/b.bin; "
+        "mkdir /workspace/sub/extra; "
+        "python3 -c \"import ctypes; libc = ctypes.CDLL(None); "
+        "assert libc.shmget(0x4c42, 4096, 0o1600) >= 0\"; "
+        "(hostname episode-host || echo episode-host > /proc/sys/kernel/hostname) "
+        "2>/dev/null || true"));
+    if (image)
+        free(sh_tok(&D, sbx, tok,
+                    "set -e; mkdir -p /opt; echo o > /opt/episode; "
+                    "echo root-was-here >> /etc/passwd"));
+    /* a double-forked, setsid process, and a listening socket held by another */
+    free(sh_tok(&D, sbx, tok,
+                "set -e; printf '%s\\n' 'import socket, time' 's = socket.socket()' "
+                "'s.bind((\"127.0.0.1\", 47613))' 's.listen()' 'time.sleep(3133.4242)' "
+                "> /tmp/listen.py"));
+    json_decref(lbt_exec_ok(&D, sbx, tok,
+                            "{\"command\": \"setsid sh -c '(" LEFTOVER " &); "
+                            "(python3 /tmp/listen.py &)' </dev/null >/dev/null 2>&1; sleep 1\", "
+                            "\"preserve_background_services\": true}"));
+    out = sh_tok(&D, sbx, tok, CHECK);
+    /* the check sees what the episode left (the hostname where the sandbox may set it) */
+    ck_assert_msg(strstr(out, "file /workspace/w") && strstr(out, "file /tmp/t") &&
+                      strstr(out, "file /run/r") && strstr(out, "file /dev/shm/s") &&
+                      strstr(out, "seed file changed") && strstr(out, "seed file b changed") &&
+                      strstr(out, "seed dir changed") && strstr(out, "sysv shm 1") &&
+                      strstr(out, "process ") && strstr(out, "listening socket") &&
+                      (!image || (strstr(out, "file /opt/episode") && strstr(out, "root changed"))),
+                  "episode left: %s", out);
+    if (!strstr(out, "hostname changed"))
+        lbt_skip_note(__func__, "the sandbox's commands cannot set its hostname (they run "
+                                "without capabilities); that item is not checked");
+    free(out);
+    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+
+    /* a terminal session, ended by the reset */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    lbt_json(&D, "POST", path, tok, "{\"command\": \"cat\"}", &r);
+    ck_assert_msg(r.status == 201, "pty: %ld %s", r.status, r.body);
+    snprintf(pty, sizeof(pty), "%s", str(r.json, "session_id"));
+    lbt_resp_free(&r);
+
+    /* the operate token may not reset */
+    reset(&D, sbx, tok, NULL, &r);
+    lbt_assert_error(&r, 403, "forbidden");
+    lbt_resp_free(&r);
+
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    ck_assert_str_eq(str(r.json, "sandbox_id"), sbx);
+    ck_assert_str_eq(str(r.json, "resources_session_id"), "rs-reset");
+    ck_assert_str_eq(str(r.json, "state"), "lent");
+    ck_assert_str_eq(str(r.json, "expires_at") ? str(r.json, "expires_at") : "", expires);
+    snprintf(tok2, sizeof(tok2), "%s", str(json_object_get(r.json, "access"), "token"));
+    ck_assert_str_ne(tok2, tok);
+    ck_assert_int_eq(strncmp(tok2, "lbo_", 4), 0);
+    lbt_resp_free(&r);
+
+    /* the old token is dead, the new one works, and nothing of the episode is left */
+    lbt_exec(&D, sbx, tok, "{\"command\": \"true\"}", &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    out = sh_tok(&D, sbx, tok2, CHECK);
+    ck_assert_msg(strcmp(out, "") == 0, "after the reset: %s", out);
+    free(out);
+    snprintf(path, sizeof(path), "/v1/pty/%s/wait?timeout_ms=100", pty);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    /* the session's lease names the same sandbox with the new token */
+    lbt_json(&D, "GET", "/v1/sessions/rs-reset", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "sandbox_id"), sbx);
+    ck_assert_str_eq(str(json_object_get(r.json, "access"), "token"), tok2);
+    lbt_resp_free(&r);
+
+    /* a second reset mints yet another token */
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_ne(str(json_object_get(r.json, "access"), "token"), tok2);
+    ck_assert_str_ne(str(json_object_get(r.json, "access"), "token"), tok);
+    lbt_resp_free(&r);
+    lbt_release_session(&D, "rs-reset");
+}
+END_TEST
+
+START_TEST(test_reset_bad_input)
+{
+    char sbx[LBT_ID_MAX];
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's (501 elsewhere, checked above)");
+    lease = lbt_seed(&D, "rs-reset-bad", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    json_decref(lease);
+    reset(&D, "sbx-nosuch", "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", "{\"snapshot\": \"no-such-snapshot\"}", &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", "{\"snapshot\": \"bad name!\"}", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", "[1]", &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
+    /* the failed requests left the sandbox as it was */
+    free(lbt_sh(&D, sbx, "true"));
+    lbt_release_session(&D, "rs-reset-bad");
+    reset(&D, sbx, "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* POST /v1/sandboxes/{id}/reset with token and body; the new token into tok (on 200). */
+static long reset_to(const char *sbx, const char *body, char *tok)
+{
+    struct lbt_resp r;
+    long st;
+
+    reset(&D, sbx, "", body, &r);
+    st = r.status;
+    if (st == 200)
+        snprintf(tok, 256, "%s", str(json_object_get(r.json, "access"), "token"));
+    else
+        fprintf(stderr, "reset %s: %ld %s\n", body ? body : "", st, r.body);
+    lbt_resp_free(&r);
+    return st;
+}
+
+START_TEST(test_reset_to_snapshot)
+{
+    char sbx[LBT_ID_MAX], tok[256], other[LBT_ID_MAX], path[200], *out;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lease = lbt_seed(&D, "rs-reset-snap", "task-reset", "\"files\": {\"/workspace/s\": \"seed\"}");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    free(sh_tok(&D, sbx, tok, "echo kept > /workspace/snapped; echo tmp > /tmp/t"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", sbx);
+    lbt_json(&D, "POST", path, "", "{\"name\": \"rst-snap\"}", &r);
+    ck_assert_msg(r.status == 201, "snapshot: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(sh_tok(&D, sbx, tok, "rm /workspace/snapped; echo later > /workspace/later"));
+
+    /* to the snapshot: its workdir (and the seed's files), not what came after, no /tmp */
+    ck_assert_int_eq(reset_to(sbx, "{\"snapshot\": \"rst-snap\"}", tok), 200);
+    out = sh_tok(&D, sbx, tok, "ls /workspace /tmp; cat /workspace/snapped");
+    ck_assert_str_eq(out, "/tmp:\n\n/workspace:\ns\nsnapped\nkept\n");
+    free(out);
+    /* then back to the seed */
+    ck_assert_int_eq(reset_to(sbx, NULL, tok), 200);
+    out = sh_tok(&D, sbx, tok, "ls /workspace; cat /workspace/s");
+    ck_assert_str_eq(out, "s\nseed");
+    free(out);
+
+    /* a snapshot of another base: 409, and the sandbox is left as it was */
+    lease = lbt_seed(&D, "rs-reset-other", "task-reset",
+                     lbt_variant_on_host() ? NULL : "\"image\": \"host\"");
+    snprintf(other, sizeof(other), "%s", str(lease, "sandbox_id"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", other);
+    lbt_json(&D, "POST", path, "", "{\"name\": \"rst-other\"}", &r);
+    ck_assert_msg(r.status == 201, "snapshot: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    if (!lbt_variant_on_host()) {
+        reset(&D, sbx, "", "{\"snapshot\": \"rst-other\"}", &r);
+        lbt_assert_error(&r, 409, "conflict");
+        lbt_resp_free(&r);
+        free(sh_tok(&D, sbx, tok, "true"));
+    } else {
+        lbt_skip_note(__func__, "every sandbox of this variant stands on the host: no other "
+                                "base to refuse (the image variant checks the 409)");
+    }
+    lbt_release_session(&D, "rs-reset-other");
+    lbt_release_session(&D, "rs-reset-snap");
+    lbt_json(&D, "DELETE", "/v1/images/rst-other", "", NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+    lbt_json(&D, "DELETE", "/v1/images/rst-snap", "", NULL, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+START_TEST(test_reset_failed_stops)
+{
+    const char *args[] = {"--set", "faults.spec=lend.reset=fail:1", NULL};
+    char sbx[LBT_ID_MAX], tok[256];
+    struct lbt_resp r;
+    json_t *lease, *rec, *list;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-fail", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    json_decref(
+        lbt_exec_ok(&F, sbx, tok,
+                    "{\"command\": \"setsid sh -c '(" LEFTOVER " &)' </dev/null "
+                    ">/dev/null 2>&1; sleep 0.2\", \"preserve_background_services\": true}"));
+    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+    reset(&F, sbx, "", NULL, &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    ck_assert_ptr_nonnull(strstr(r.body, "reset_failed"));
+    lbt_resp_free(&r);
+    /* stopped, not lent half-reset */
+    list = lbt_list_sandboxes(&F);
+    rec = lbt_find_record(list, sbx);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(str(rec, "state"), "stopped");
+    ck_assert_str_eq(str(rec, "stop_reason"), "reset_failed");
+    json_decref(list);
+    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    lbt_exec(&F, sbx, tok, "{\"command\": \"true\"}", &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
+    lbt_json(&F, "GET", "/v1/sessions/rs-reset-fail", "", NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+}
+END_TEST
+
+/* kill -9 of the daemon in the middle of a reset (the sandbox torn down, not yet made again:
+ * fault lend.reset=delay), then a restart: the sandbox is stopped with reset_failed, nothing of
+ * it runs or stays on disk, its session has no lease and its old token answers 401 */
+START_TEST(test_reset_killed)
+{
+    const char *args[] = {"--set", "faults.spec=lend.reset=delay:30000", NULL};
+    char sbx[LBT_ID_MAX], tok[256], path[600];
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease, *rec, *list;
+    int i;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-kill", "task-reset", "\"files\": {\"/workspace/s\": \"x\"}");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    json_decref(
+        lbt_exec_ok(&F, sbx, tok,
+                    "{\"command\": \"setsid sh -c '(" LEFTOVER " &)' </dev/null "
+                    ">/dev/null 2>&1; sleep 0.2\", \"preserve_background_services\": true}"));
+    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    job = lbt_async_json(&F, "POST", path, "", NULL);
+    /* torn down: the process is gone, and the reset waits at the fault point */
+    for (i = 0; i < 400 && lbt_count_procs_cmdline(LEFTOVER) > 0; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_lt(i, 400);
+    lbt_sleep_ms(200);
+    ck_assert(!lbt_async_done(job));
+    lbt_daemon_kill(&F);
+    lbt_async_join(job, &r);
+    ck_assert_int_ne(r.status, 200);
+    lbt_resp_free(&r);
+
+    lbt_daemon_restart(&F, NULL);
+    list = lbt_list_sandboxes(&F);
+    rec = lbt_find_record(list, sbx);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(str(rec, "state"), "stopped");
+    ck_assert_str_eq(str(rec, "stop_reason"), "reset_failed");
+    json_decref(list);
+    snprintf(path, sizeof(path), "%s/sandboxes/%s", F.state_dir, sbx);
+    ck_assert(!lbt_path_exists(path));
+    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    lbt_json(&F, "GET", "/v1/sessions/rs-reset-kill", "", NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    lbt_exec(&F, sbx, tok, "{\"command\": \"true\"}", &r);
+    ck_assert_int_eq(r.status, 401);
+    lbt_resp_free(&r);
+    /* the session seeds anew */
+    lease = lbt_seed(&F, "rs-reset-kill", "task-reset", NULL);
+    ck_assert_str_ne(str(lease, "sandbox_id"), sbx);
+    json_decref(lease);
+    lbt_release_session(&F, "rs-reset-kill");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("reset");
+    TCase *tc = tcase_create("reset");
+
+    lbt_shared_daemon(tc, &D, NULL);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_reset_integrity);
+    tcase_add_test(tc, test_reset_bad_input);
+    tcase_add_test(tc, test_reset_to_snapshot);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fault");
+    lbt_test_daemon_cleanup(tc, &F);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_reset_failed_stops);
+    tcase_add_test(tc, test_reset_killed);
+    suite_add_tcase(s, tc);
+    return lbt_run_suite(s);
+}
