@@ -39,6 +39,7 @@ struct lb_warm_config {
     int64_t size;               /* warm sandboxes kept ready; 0: no pool */
     int64_t max_age_s;          /* a warm sandbox older than this is replaced; 0: never */
     int64_t refill_concurrency; /* warm sandboxes made at once; <= 0: 2 */
+    int64_t refill_nice;        /* the refill threads' nice value above the daemon's (0..19) */
 };
 
 struct lb_warm_pool;
