@@ -74,7 +74,8 @@ E2E_BINS := $(E2E_SRCS:tests/e2e/%.c=$(BUILD)/tests/%)
 
 # The bench programs (scripts/bench*; not tests): built by `make unit` (so `make check`
 # compiles them, -Werror) and by the bench targets.
-BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker $(BUILD)/lendbox-bench-side
+BENCH_BINS := $(BUILD)/lendbox-bench $(BUILD)/lendbox-bench-docker $(BUILD)/lendbox-bench-side \
+	$(BUILD)/lendbox-bench-fork
 
 DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise

@@ -3,10 +3,17 @@
  */
 #include "bench-common.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 double bench_now_ms(void)
 {
@@ -236,4 +243,173 @@ remove:
     snprintf(path, sizeof(path), "/containers/%s?force=true&v=true", name);
     (void)engine(c, d, "DELETE", path, NULL, s);
     return -1;
+}
+
+/* ---------- the bwrap floor ---------- */
+
+struct strv {
+    char **v;
+    size_t n, cap;
+};
+
+static void strv_add(struct strv *a, const char *s)
+{
+    if (a->n + 2 > a->cap) {
+        a->cap = a->cap ? a->cap * 2 : 64;
+        a->v = realloc(a->v, a->cap * sizeof(*a->v));
+        if (!a->v) {
+            perror("realloc");
+            abort();
+        }
+    }
+    a->v[a->n++] = strdup(s);
+    a->v[a->n] = NULL;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* What src/provider/local/create.c's build_argv gives a host-root sandbox of the default class
+ * (storage tmpfs, no limits, no network, default sizes): a tmpfs root with every top-level
+ * entry of / bound read-only (symlinks recreated), /proc, a read-only /dev, sized tmpfs on
+ * /dev/shm, /tmp, /run and the workdir, the supervisor bound from an fd, / remounted
+ * read-only. Left out: --info-fd and the seccomp filter (the daemon's init runs under it). */
+static void floor_build_argv(struct bench_floor *f, const char *bwrap, const char *workdir)
+{
+    static const char *const skip[] = {".", "..", "proc", "dev", "tmp", "run", "lost+found"};
+    struct strv a = {0};
+    char **names = NULL;
+    size_t n = 0;
+    struct dirent *de;
+    DIR *d = opendir("/");
+
+    strv_add(&a, bwrap);
+    const char *const head[] = {"--unshare-user",
+                                "--uid",
+                                "0",
+                                "--gid",
+                                "0",
+                                "--unshare-pid",
+                                "--unshare-net",
+                                "--unshare-ipc",
+                                "--unshare-uts",
+                                "--new-session",
+                                "--as-pid-1",
+                                "--hostname",
+                                "sbx-floor",
+                                "--tmpfs",
+                                "/"};
+    for (size_t i = 0; i < sizeof(head) / sizeof(head[0]); i++)
+        strv_add(&a, head[i]);
+    while (d && (de = readdir(d))) {
+        bool skipped = strcmp(de->d_name, workdir + 1) == 0;
+
+        for (size_t k = 0; k < sizeof(skip) / sizeof(skip[0]); k++)
+            skipped = skipped || strcmp(de->d_name, skip[k]) == 0;
+        if (skipped)
+            continue;
+        names = realloc(names, (n + 1) * sizeof(*names));
+        names[n++] = strdup(de->d_name);
+    }
+    if (d)
+        closedir(d);
+    qsort(names, n, sizeof(*names), cmp_str);
+    for (size_t i = 0; i < n; i++) {
+        char src[512], target[4097];
+        ssize_t len;
+
+        snprintf(src, sizeof(src), "/%s", names[i]);
+        len = readlink(src, target, sizeof(target) - 1);
+        if (len >= 0) {
+            target[len] = '\0';
+            strv_add(&a, "--symlink");
+            strv_add(&a, target);
+        } else {
+            strv_add(&a, "--ro-bind");
+            strv_add(&a, src);
+        }
+        strv_add(&a, src);
+        free(names[i]);
+    }
+    free(names);
+    const char *const tail[] = {"--proc",   "/proc",      "--dev",      "/dev",    "--remount-ro",
+                                "/dev",     "--size",     "1073741824", "--tmpfs", "/dev/shm",
+                                "--size",   "1073741824", "--tmpfs",    "/tmp",    "--size",
+                                "67108864", "--tmpfs",    "/run",       "--size",  "1073741824",
+                                "--tmpfs",  workdir};
+    for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++)
+        strv_add(&a, tail[i]);
+    if (f->supervise_fd >= 0) {
+        strv_add(&a, "--ro-bind-fd");
+        strv_add(&a, "3");
+        strv_add(&a, "/run/lendbox/supervise");
+    }
+    strv_add(&a, "--remount-ro");
+    strv_add(&a, "/");
+    strv_add(&a, "--");
+    strv_add(&a, "true");
+    f->argv = a.v;
+    if (getenv("LENDBOX_BENCH_DEBUG"))
+        for (size_t i = 0; i < a.n; i++)
+            fprintf(stderr, "%s%c", a.v[i], i + 1 < a.n ? ' ' : '\n');
+}
+
+int bench_floor_episode(const struct bench_floor *f, double *ms)
+{
+    static char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    double t0 = bench_now_ms();
+    int status;
+    pid_t pid = fork();
+
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        /* dup2 of an fd onto itself keeps its FD_CLOEXEC: clear it */
+        if (f->supervise_fd >= 0 && (dup2(f->supervise_fd, 3) < 0 || fcntl(3, F_SETFD, 0) < 0))
+            _exit(126);
+        (void)syscall(SYS_close_range, f->supervise_fd >= 0 ? 4 : 3, ~0U, 0);
+        if (syscall(SYS_setgroups, 0, NULL) < 0 ||
+            syscall(SYS_setresgid, f->uid, f->uid, f->uid) < 0 ||
+            syscall(SYS_setresuid, f->uid, f->uid, f->uid) < 0)
+            _exit(126);
+        execve(f->argv[0], f->argv, envp);
+        _exit(127);
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    *ms = bench_now_ms() - t0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "floor: bwrap exited with status %d\n", status);
+        return -1;
+    }
+    return 0;
+}
+
+int bench_floor_init(struct bench_floor *f, const char *bwrap, const char *workdir,
+                     const char *supervise, uid_t uid)
+{
+    f->argv = NULL;
+    f->uid = uid;
+    f->supervise_fd = -1;
+    if (supervise && (f->supervise_fd = open(supervise, O_PATH | O_CLOEXEC)) < 0) {
+        perror(supervise);
+        return -1;
+    }
+    floor_build_argv(f, bwrap, workdir);
+    return 0;
+}
+
+void bench_floor_release(struct bench_floor *f)
+{
+    if (f->argv) {
+        for (char **p = f->argv; *p; p++)
+            free(*p);
+        free(f->argv);
+    }
+    if (f->supervise_fd >= 0)
+        close(f->supervise_fd);
+    f->argv = NULL;
+    f->supervise_fd = -1;
 }

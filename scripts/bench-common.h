@@ -1,6 +1,7 @@
 /*
- * bench-common.h - what the bench programs (scripts/bench.c, bench-docker.c, bench-side.c)
- * share: the clock, HTTP calls through libcurl, percentiles, and the two kinds of episode
+ * bench-common.h - what the bench programs (scripts/bench.c, bench-docker.c, bench-side.c,
+ * bench-fork.c) share: the clock, HTTP calls through libcurl, percentiles, the bwrap floor, and
+ * the two kinds of episode
  * (seed -> exec `true` -> release) they time: through lendbox's API and directly through a
  * Docker-compatible engine API. Not part of the daemon; nothing here asserts on speed.
  *
@@ -12,6 +13,7 @@
 
 #include <curl/curl.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double bench_now_ms(void);
@@ -70,5 +72,26 @@ struct bench_docker {
  * created before the failure is removed). */
 int bench_docker_episode(CURL *c, const struct bench_docker *d, const char *name,
                          struct bench_sink *s, double ms[3]);
+
+/* The bwrap floor: bare bwrap with the namespaces and mounts of a lendbox sandbox of the
+ * default class, running `true` as an unprivileged uid: no daemon, no HTTP, no SQLite, no
+ * cgroup. argv: its command line (LENDBOX_BENCH_DEBUG set: printed to stderr at init). */
+struct bench_floor {
+    char **argv;
+    int supervise_fd; /* lendbox-supervise, bound at /run/lendbox/supervise; -1: not bound */
+    uid_t uid;
+};
+
+/* Build f's command line for bwrap (its path), workdir (absolute) and supervise (the host
+ * path of lendbox-supervise, or NULL); episodes run as uid. 0, or -1 after printing why.
+ * Release with bench_floor_release. */
+int bench_floor_init(struct bench_floor *f, const char *bwrap, const char *workdir,
+                     const char *supervise, uid_t uid);
+
+/* One floor episode: fork, become f->uid, exec bwrap ... true, wait; *ms: its time. 0, or -1
+ * (printed) when bwrap failed. */
+int bench_floor_episode(const struct bench_floor *f, double *ms);
+
+void bench_floor_release(struct bench_floor *f);
 
 #endif

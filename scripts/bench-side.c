@@ -19,9 +19,6 @@
  */
 #include "bench-common.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -29,8 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_CONC_LEVELS 4
@@ -56,11 +51,6 @@ struct contender {
     struct result res[MAX_CONC_LEVELS];
 };
 
-/* The floor's bwrap command line, built once. */
-static char **floor_argv;
-static int floor_supervise_fd = -1;
-static uid_t floor_uid;
-
 struct batch {
     struct contender *c;
     struct result *r;
@@ -73,147 +63,14 @@ struct worker {
     int slot;
 };
 
-struct strv {
-    char **v;
-    size_t n, cap;
-};
+/* The floor (bench-common.h), set up once. */
+static struct bench_floor floor_b = {.supervise_fd = -1};
 
-static void strv_add(struct strv *a, const char *s)
-{
-    if (a->n + 2 > a->cap) {
-        a->cap = a->cap ? a->cap * 2 : 64;
-        a->v = realloc(a->v, a->cap * sizeof(*a->v));
-        if (!a->v) {
-            perror("realloc");
-            abort();
-        }
-    }
-    a->v[a->n++] = strdup(s);
-    a->v[a->n] = NULL;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* What src/provider/local/create.c's build_argv gives a host-root sandbox of the default class
- * (storage tmpfs, no limits, no network, default sizes): a tmpfs root with every top-level
- * entry of / bound read-only (symlinks recreated), /proc, a read-only /dev, sized tmpfs on
- * /dev/shm, /tmp, /run and the workdir, the supervisor bound from an fd, / remounted
- * read-only. Left out: --info-fd and the seccomp filter (the daemon's init runs under it). */
-static void floor_build_argv(const char *bwrap, const char *workdir)
-{
-    static const char *const skip[] = {".", "..", "proc", "dev", "tmp", "run", "lost+found"};
-    struct strv a = {0};
-    char **names = NULL;
-    size_t n = 0;
-    struct dirent *de;
-    DIR *d = opendir("/");
-
-    strv_add(&a, bwrap);
-    const char *const head[] = {"--unshare-user",
-                                "--uid",
-                                "0",
-                                "--gid",
-                                "0",
-                                "--unshare-pid",
-                                "--unshare-net",
-                                "--unshare-ipc",
-                                "--unshare-uts",
-                                "--new-session",
-                                "--as-pid-1",
-                                "--hostname",
-                                "sbx-floor",
-                                "--tmpfs",
-                                "/"};
-    for (size_t i = 0; i < sizeof(head) / sizeof(head[0]); i++)
-        strv_add(&a, head[i]);
-    while (d && (de = readdir(d))) {
-        bool skipped = strcmp(de->d_name, workdir + 1) == 0;
-
-        for (size_t k = 0; k < sizeof(skip) / sizeof(skip[0]); k++)
-            skipped = skipped || strcmp(de->d_name, skip[k]) == 0;
-        if (skipped)
-            continue;
-        names = realloc(names, (n + 1) * sizeof(*names));
-        names[n++] = strdup(de->d_name);
-    }
-    if (d)
-        closedir(d);
-    qsort(names, n, sizeof(*names), cmp_str);
-    for (size_t i = 0; i < n; i++) {
-        char src[512], target[4097];
-        ssize_t len;
-
-        snprintf(src, sizeof(src), "/%s", names[i]);
-        len = readlink(src, target, sizeof(target) - 1);
-        if (len >= 0) {
-            target[len] = '\0';
-            strv_add(&a, "--symlink");
-            strv_add(&a, target);
-        } else {
-            strv_add(&a, "--ro-bind");
-            strv_add(&a, src);
-        }
-        strv_add(&a, src);
-        free(names[i]);
-    }
-    free(names);
-    const char *const tail[] = {"--proc",   "/proc",      "--dev",      "/dev",    "--remount-ro",
-                                "/dev",     "--size",     "1073741824", "--tmpfs", "/dev/shm",
-                                "--size",   "1073741824", "--tmpfs",    "/tmp",    "--size",
-                                "67108864", "--tmpfs",    "/run",       "--size",  "1073741824",
-                                "--tmpfs",  workdir};
-    for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++)
-        strv_add(&a, tail[i]);
-    if (floor_supervise_fd >= 0) {
-        strv_add(&a, "--ro-bind-fd");
-        strv_add(&a, "3");
-        strv_add(&a, "/run/lendbox/supervise");
-    }
-    strv_add(&a, "--remount-ro");
-    strv_add(&a, "/");
-    strv_add(&a, "--");
-    strv_add(&a, "true");
-    floor_argv = a.v;
-    if (getenv("LENDBOX_BENCH_DEBUG"))
-        for (size_t i = 0; i < a.n; i++)
-            fprintf(stderr, "%s%c", a.v[i], i + 1 < a.n ? ' ' : '\n');
-}
-
-/* One floor episode: fork, become floor_uid, exec bwrap ... true, wait. */
+/* One floor episode: the whole episode's time in ms[3], no steps. */
 static int floor_episode(double ms[4])
 {
-    static char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
-    double t0 = bench_now_ms();
-    int status;
-    pid_t pid = fork();
-
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        /* dup2 of an fd onto itself keeps its FD_CLOEXEC: clear it */
-        if (floor_supervise_fd >= 0 &&
-            (dup2(floor_supervise_fd, 3) < 0 || fcntl(3, F_SETFD, 0) < 0))
-            _exit(126);
-        (void)syscall(SYS_close_range, floor_supervise_fd >= 0 ? 4 : 3, ~0U, 0);
-        if (syscall(SYS_setgroups, 0, NULL) < 0 ||
-            syscall(SYS_setresgid, floor_uid, floor_uid, floor_uid) < 0 ||
-            syscall(SYS_setresuid, floor_uid, floor_uid, floor_uid) < 0)
-            _exit(126);
-        execve(floor_argv[0], floor_argv, envp);
-        _exit(127);
-    }
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    ms[3] = bench_now_ms() - t0;
     ms[0] = ms[1] = ms[2] = -2;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "floor: bwrap exited with status %d\n", status);
-        return -1;
-    }
-    return 0;
+    return bench_floor_episode(&floor_b, &ms[3]);
 }
 
 static void *batch_worker(void *arg)
@@ -398,6 +255,7 @@ int main(int argc, char **argv)
     struct contender *cs[4], *floor_p = NULL, *docker_p = NULL, *lend_p = NULL, *pool_p = NULL;
     int episodes = 50, rounds = 5, conc[MAX_CONC_LEVELS], nconc = 0, ncs = 0, failed = 0, o;
     int max_conc = 1;
+    uid_t floor_uid = 0;
     bool have_floor = false;
     char *list = NULL, *tok, *save = NULL;
 
@@ -467,11 +325,8 @@ int main(int argc, char **argv)
         }
     docker_c.d.supervise = supervise;
     if (have_floor) {
-        if (supervise && (floor_supervise_fd = open(supervise, O_PATH | O_CLOEXEC)) < 0) {
-            perror(supervise);
+        if (bench_floor_init(&floor_b, bwrap, workdir, supervise, floor_uid) < 0)
             return 2;
-        }
-        floor_build_argv(bwrap, workdir);
         cs[ncs++] = floor_p = &floor_c;
     }
     if (docker_c.d.socket)
@@ -573,11 +428,7 @@ int main(int argc, char **argv)
             for (int s = 0; s < 4; s++)
                 free(cs[k]->res[l].ms[s]);
     }
-    if (floor_argv) {
-        for (char **p = floor_argv; *p; p++)
-            free(*p);
-        free(floor_argv);
-    }
+    bench_floor_release(&floor_b);
     curl_global_cleanup();
     return failed ? 1 : 0;
 }

@@ -398,7 +398,8 @@ int daemon_become_ready(struct daemon *d, struct lb_error *err)
         log_error("cannot start the sweeper thread: no retries or TTL stops until a restart");
     struct lb_warm_config wc = {.size = d->cfg.pool_size,
                                 .max_age_s = d->cfg.pool_max_age_s,
-                                .refill_concurrency = d->cfg.pool_refill_concurrency};
+                                .refill_concurrency = d->cfg.pool_refill_concurrency,
+                                .refill_nice = d->cfg.pool_refill_nice};
     r = warm_start(&wc, d->lend, &d->warm, err);
     if (r < 0)
         return r;

@@ -115,6 +115,7 @@ static const struct config_key config_keys[] = {
     INT("pool", "max_age_s", pool_max_age_s, "3600", 0, 31536000),
     BOOL("pool", "adopt", pool_adopt, "yes"),
     INT("pool", "refill_concurrency", pool_refill_concurrency, "2", 1, 64),
+    INT("pool", "refill_nice", pool_refill_nice, "10", 0, 19),
     STR("faults", "spec", faults_spec, NULL),
 };
 

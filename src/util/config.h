@@ -108,6 +108,7 @@ struct lb_config {
     int64_t pool_max_age_s;          /* replaced past this age; 0: never */
     bool pool_adopt;                 /* startup: warm sandboxes that run go back in the pool */
     int64_t pool_refill_concurrency; /* warm sandboxes made at once */
+    int64_t pool_refill_nice;        /* refill threads' nice value above the daemon's */
     /* [faults] */
     char *faults_spec;
 };

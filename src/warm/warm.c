@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "lend/lend_internal.h"
 #include "image/image.h"
@@ -102,11 +105,38 @@ static void warm_wait_ms(struct lb_warm_pool *w, int64_t ms)
     pthread_cond_timedwait(&w->cond, &w->mutex, &until);
 }
 
+/* Run the calling refill thread refill_nice above the daemon's nice value (Linux: a nice value
+ * is per thread, and what the thread starts inherits it). A creation costs the CPU of several
+ * execs (bwrap, mounts, namespaces, cgroups); at the daemon's own priority the refills a take
+ * wakes run beside the taken sandbox's first execs and its release and slow them down. Nicer,
+ * they take the CPU that requests leave. The provider brings the sandbox itself back to the
+ * daemon's nice value once it is up (a warm sandbox runs like one a seed made). */
+static void warm_thread_setup(const struct lb_warm_pool *w)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    int base, want;
+
+    (void)pthread_setname_np(pthread_self(), "warm-refill");
+    if (w->cfg.refill_nice <= 0)
+        return;
+    errno = 0;
+    base = getpriority(PRIO_PROCESS, (id_t)getpid()); /* the main thread's: the daemon's */
+    if (base == -1 && errno != 0)
+        base = 0;
+    want = base + (int)w->cfg.refill_nice;
+    if (want > 19)
+        want = 19;
+    if (setpriority(PRIO_PROCESS, tid, want) < 0)
+        log_warn("warm pool: cannot set a refill thread's nice value to %d: %s", want,
+                 strerror(errno));
+}
+
 static void *warm_main(void *arg)
 {
     struct lb_warm_pool *w = arg;
     char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
 
+    warm_thread_setup(w);
     pthread_mutex_lock(&w->mutex);
     while (!w->stop) {
         int64_t now = clock_mono_ms(), want;
@@ -212,8 +242,9 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
     }
     lend_set_warm(l, w->prov);
     log_info("warm pool: %lld sandboxes of the default class, now %s (max age %lld s, %zu made "
-             "at once)",
-             (long long)cfg->size, cls, (long long)cfg->max_age_s, w->n_threads);
+             "at once, nice +%lld)",
+             (long long)cfg->size, cls, (long long)cfg->max_age_s, w->n_threads,
+             (long long)cfg->refill_nice);
     *out = w;
     return 0;
 fail:

@@ -20,7 +20,10 @@
  * ([pool] adopt) or stops them (not_adopted), and the shutdown sweep stops them.
  *
  * Refills run on the pool's own threads (refill_concurrency of them, so at most that many
- * creations at once), never on a request's path, and only while lending is not draining. The
+ * creations at once), never on a request's path, and only while lending is not draining. They
+ * run refill_nice above the daemon's nice value (so does the creation work they start), so that
+ * the refill a take wakes does not slow the taken sandbox's execs down; the provider gives the
+ * sandbox the daemon's own value once it is up. The
  * pool and the live sandboxes together never exceed lending.max_sandboxes: a refill waits for
  * room (no attempt, no failure), and a seed of another class at the limit makes a warm sandbox
  * give its place. A failed creation backs the pool off: the next attempt after 500 ms,
@@ -39,6 +42,7 @@ struct lb_warm_config {
     int64_t size;               /* warm sandboxes kept ready; 0: no pool */
     int64_t max_age_s;          /* a warm sandbox older than this is replaced; 0: never */
     int64_t refill_concurrency; /* warm sandboxes made at once; <= 0: 2 */
+    int64_t refill_nice;        /* the refill threads' nice value above the daemon's (0..19) */
 };
 
 struct lb_warm_pool;

@@ -2,17 +2,20 @@
  * test_warm.c - acceptance for warm pools ([pool], src/warm/): a seed of the pool's class gets
  * a sandbox started before its request, other classes do not take it, concurrent seeds never
  * share one, kill -9 leaves nothing leaked (adopted or stopped per pool.adopt), the shutdown
- * sweep stops warm sandboxes (shutdown_sweep = no keeps them), old ones are replaced, and
- * pool.size = 0 means no pool.
+ * sweep stops warm sandboxes (shutdown_sweep = no keeps them), old ones are replaced,
+ * pool.size = 0 means no pool, and refills run nicer than the daemon while the sandboxes they
+ * make do not.
  *
  * Other daemons run on this machine: everything counted here is this test's daemon's (its
  * records, the init pids in its descriptors).
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include "harness.h"
 
@@ -253,6 +256,117 @@ START_TEST(test_seed_takes_a_warm_sandbox)
     ck_assert(json_is_true(json_object_get(r.json, "released")));
     lbt_resp_free(&r);
     ck_assert(wait_pid_gone(pid, 5000));
+    json_decref(lease);
+}
+END_TEST
+
+/* The nice value (field 19 of /proc/<path>/stat), or -100 if it cannot be read. */
+static int proc_nice(const char *path)
+{
+    char file[128], buf[1024];
+    const char *p;
+    int field = 3, nice = -100;
+    FILE *f;
+
+    snprintf(file, sizeof(file), "/proc/%s/stat", path);
+    f = fopen(file, "re");
+    if (!f)
+        return -100;
+    if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')'))) {
+        for (p += 2; *p && field < 19; p++)
+            if (*p == ' ')
+                field++;
+        if (field == 19)
+            nice = atoi(p);
+    }
+    fclose(f);
+    return nice;
+}
+
+/* The daemon's threads named comm: how many, and (all alike) their nice value in *nice. */
+static int threads_named(pid_t pid, const char *comm, int *nice)
+{
+    char path[320], name[64];
+    struct dirent *de;
+    int n = 0;
+    DIR *d;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    while ((de = readdir(d))) {
+        FILE *f;
+
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, de->d_name);
+        f = fopen(path, "re");
+        if (!f)
+            continue;
+        name[0] = '\0';
+        if (fgets(name, sizeof(name), f))
+            name[strcspn(name, "\n")] = '\0';
+        fclose(f);
+        if (strcmp(name, comm) != 0)
+            continue;
+        snprintf(path, sizeof(path), "%d/task/%s", (int)pid, de->d_name);
+        int v = proc_nice(path);
+        ck_assert_msg(n == 0 || v == *nice, "refill threads at nice %d and %d", *nice, v);
+        *nice = v;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Refills run pool.refill_nice (default 10) above the daemon's nice value, so that the creation
+ * a take wakes does not slow the taken sandbox's execs and release down; the sandbox a refill
+ * made runs at the daemon's own nice value, bwrap and init alike, as one a seed makes. */
+START_TEST(test_refills_run_nicer_than_the_daemon)
+{
+    static const char *const args[] = {"--set", "pool.size=1", NULL};
+    int mine = getpriority(PRIO_PROCESS, 0), refill = -100;
+    struct ids warm;
+    char path[64];
+
+    /* room above the daemon: a test run under `nice -n 19` starts this one daemon at 0 */
+    if (mine > 9)
+        ck_assert_int_eq(setpriority(PRIO_PROCESS, 0, 0), 0);
+    start_with(args);
+    if (mine > 9)
+        ck_assert_int_eq(setpriority(PRIO_PROCESS, 0, mine), 0);
+    snprintf(path, sizeof(path), "%d", (int)D.pid);
+    int base = proc_nice(path);
+    ck_assert_int_le(base, 9);
+    wait_warm(1, 60, &warm);
+    ck_assert_int_eq(threads_named(D.pid, "warm-refill", &refill), 2); /* refill_concurrency */
+    ck_assert_int_eq(refill, base + 10);
+    /* the warm sandbox: its init and bwrap (the init's parent) at the daemon's value */
+    pid_t init = init_pid(warm.id[0]);
+    ck_assert_int_gt(init, 0);
+    snprintf(path, sizeof(path), "%d", (int)init);
+    ck_assert_int_eq(proc_nice(path), base);
+    FILE *f;
+    char buf[1024];
+    const char *p;
+    int ppid = 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)init);
+    f = fopen(path, "re");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    p = strrchr(buf, ')');
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p + 2, "%*c %d", &ppid), 1);
+    snprintf(path, sizeof(path), "%d", ppid);
+    ck_assert_int_eq(proc_nice(path), base);
+    /* lent from the pool, the sandbox's commands run at the daemon's value too */
+    json_t *lease = lbt_seed(&D, "nice-1", "t", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
+    char *out = lbt_sh(&D, warm.id[0], "cut -d' ' -f19 /proc/self/stat /proc/1/stat");
+    snprintf(buf, sizeof(buf), "%d\n%d\n", base, base);
+    ck_assert_str_eq(out, buf);
+    free(out);
     json_decref(lease);
 }
 END_TEST
@@ -692,5 +806,10 @@ int main(void)
     tcase_add_test(tc, test_refills_recover_after_failures);
     tcase_add_test(tc, test_class_follows_an_import);
     suite_add_tcase(s, tc);
+    TCase *tn = tcase_create("refill_nice");
+    lbt_test_daemon_cleanup(tn, &D);
+    tcase_set_timeout(tn, 120);
+    tcase_add_test(tn, test_refills_run_nicer_than_the_daemon);
+    suite_add_tcase(s, tn);
     return lbt_run_suite(s);
 }

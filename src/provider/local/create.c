@@ -617,6 +617,29 @@ out:
     return r;
 }
 
+/* Bring bwrap and the init (pid) to the daemon's nice value (its main thread's) when the
+ * calling thread runs at another one: a warm pool's refill threads run nicer (pool.refill_nice)
+ * so that creations yield the CPU to requests, and the sandbox they made must not keep that.
+ * Linux keeps a nice value per thread; the sandbox's later processes come from request
+ * threads. Best effort: a failure is logged. */
+static void sandbox_renice(pid_t bwrap, pid_t pid)
+{
+    int base, mine;
+
+    errno = 0;
+    base = getpriority(PRIO_PROCESS, (id_t)getpid());
+    if (base == -1 && errno != 0)
+        return;
+    errno = 0;
+    mine = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    if ((mine == -1 && errno != 0) || mine == base)
+        return;
+    if ((bwrap > 0 && setpriority(PRIO_PROCESS, (id_t)bwrap, base) < 0) ||
+        (pid > 0 && setpriority(PRIO_PROCESS, (id_t)pid, base) < 0))
+        log_warn("cannot give sandbox init %d the daemon's nice value %d: %s", (int)pid, base,
+                 strerror(errno));
+}
+
 /* Start bwrap; on success *pid is the sandbox's init. On failure *pid may still name a
  * process to kill (or 0). workspace: the data directory to bind at the workdir, NULL with
  * storage tmpfs. */
@@ -688,6 +711,8 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
         local_close_fd(&s.cg_fds[i]);
     s.ncg = 0;
     r = wait_ready(&s, pid, timeout_ms, err);
+    if (r == 0)
+        sandbox_renice(bwrap, *pid);
 out:
     spawn_close(&s);
     return r;
