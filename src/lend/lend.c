@@ -198,6 +198,9 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     pthread_cond_init(&l->fence_cond, NULL);
     pthread_mutex_init(&l->warm_mutex, NULL);
     pthread_cond_init(&l->warm_cond, NULL);
+    pthread_mutex_init(&l->act_mutex, NULL);
+    pthread_mutex_init(&l->idle_op_mutex, NULL);
+    l->started_s = clock_now_s();
     *out = l;
     return 0;
 }
@@ -224,6 +227,9 @@ void lend_free(struct lb_lend *l)
         pthread_cond_destroy(&l->fence_cond);
         pthread_mutex_destroy(&l->warm_mutex);
         pthread_cond_destroy(&l->warm_cond);
+        lend_activity_free_all(l);
+        pthread_mutex_destroy(&l->act_mutex);
+        pthread_mutex_destroy(&l->idle_op_mutex);
     }
     free(l);
 }
@@ -414,6 +420,10 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
         json_decref(desc);
     }
     *out = lend_render_sandbox(&rec, status, false);
+    if (*out)
+        json_object_set_new(*out, "last_activity_at",
+                            rec.state == LB_STATE_LENT ? lend_json_time(lend_last_activity(l, &rec))
+                                                       : json_null());
     store_record_release(&rec);
     return 0;
 }

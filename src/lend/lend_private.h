@@ -41,6 +41,22 @@ struct lend_fence {
     UT_hash_handle hh;
 };
 
+/* A sandbox's activity (activity.c): all fields under lb_lend.act_mutex. */
+struct lend_activity {
+    char *id;
+    int64_t last_s;     /* last activity, Unix seconds (what leases show) */
+    int64_t last_ms;    /* the same on the monotonic clock (what the idle sweep compares) */
+    int busy;           /* its processes requests still wait on (lend_exec under way) */
+    int64_t idle_ms;    /* the seed's idle_timeout_s in ms; 0: none */
+    bool on_idle_pause; /* the seed's on_idle is "pause" (else "stop") */
+    bool params_known;  /* idle_ms and on_idle_pause were read from its record */
+    bool may_be_paused; /* paused by the idle sweep or a pause request, or not known: the next
+                           activity asks the provider and resumes it (on_idle "pause" only) */
+    bool idle_paused;   /* the idle sweep paused it: not idle again until resumed */
+    bool gone;          /* stopped while busy: the last lend_activity_leave frees it */
+    UT_hash_handle hh;
+};
+
 struct lb_lend {
     struct lb_lend_config cfg;
     char *default_image, *workdir, *public_url;
@@ -63,6 +79,11 @@ struct lb_lend {
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;
+    pthread_mutex_t act_mutex; /* acts */
+    struct lend_activity *acts;
+    pthread_mutex_t idle_op_mutex; /* an idle pause, or the resume of a paused sandbox */
+    int64_t started_s;             /* when lend_new ran: idle clocks start here at the latest */
+    bool idle_loaded;              /* the sweeper thread's: idle settings of lent sandboxes read */
 };
 
 /* lend.c: the image a seed that names none runs on, resolved from list (a default image list,
@@ -78,6 +99,30 @@ void lend_before_stop(struct lb_lend *l, const struct lb_record *r);
  * one goes into stopped_id (stopped_id_len bytes) when stopped_id is not NULL. */
 int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char *stopped_id,
                        size_t stopped_id_len, struct lb_error *err);
+
+/* activity.c: the activity of sandbox records (see activity.c for the model). */
+/* A seed lent r (spec: its spec, parsed): its idle clock starts now. */
+void lend_activity_seeded(struct lb_lend *l, const struct lb_record *r, json_t *spec);
+/* An activity request on lent sandbox r (prov, ref: its provider and reference) is about to
+ * reach it: its idle clock starts again; busy: a process of it runs until lend_activity_leave.
+ * With on_idle "pause", a paused sandbox is resumed first. 0, or -EREMOTEIO (it could not be
+ * resumed; nothing is held). Blocks on the provider only for that resume. */
+int lend_activity_enter(struct lb_lend *l, const struct lb_record *r, struct lb_provider *prov,
+                        const struct lb_sandbox_ref *ref, bool busy, struct lb_error *err);
+/* The process a busy lend_activity_enter counted has ended (its end is activity too). */
+void lend_activity_leave(struct lb_lend *l, const char *id);
+/* Sandbox id was paused (paused) or resumed by a request (a resume counts as activity). */
+void lend_activity_paused(struct lb_lend *l, const char *id, bool paused);
+/* Sandbox id was stopped: drop its entry (once no process of it is counted). */
+void lend_activity_forget(struct lb_lend *l, const char *id);
+/* The last activity of record r, Unix seconds: now while a process of it runs; without any
+ * since this daemon started, its creation or the daemon's start, whichever is later. */
+int64_t lend_last_activity(struct lb_lend *l, const struct lb_record *r);
+/* lend_free: free every entry. */
+void lend_activity_free_all(struct lb_lend *l);
+
+/* render.c: a time (Unix seconds) as the API renders times: RFC 3339 UTC, null for <= 0. */
+json_t *lend_json_time(int64_t unix_s);
 
 /* render.c: sandbox id's operate token, "lbo_" and the HMAC's hex, into token. 0 or < 0. */
 int lend_operate_token(struct lb_lend *l, const char *id, char token[4 + 65]);
