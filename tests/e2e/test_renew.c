@@ -254,8 +254,9 @@ START_TEST(test_idle_fields_refused)
 }
 END_TEST
 
-/* idle_timeout_s 2: activity every 0.5 s keeps it 5 s; a 4 s exec keeps it; then, with no
- * activity, it is stopped with reason idle. last_activity_at follows the activity. */
+/* idle_timeout_s 2: file requests every 0.5 s keep it 3 s, activation requests 3 s more; a 4 s
+ * exec keeps it; then, with no activity, it is stopped with reason idle. last_activity_at
+ * follows the activity. */
 START_TEST(test_idle_stop)
 {
     json_t *lease = lbt_seed(&D, "idle-stop", "t", "\"idle_timeout_s\": 2"), *got;
@@ -269,20 +270,30 @@ START_TEST(test_idle_stop)
     last = parse_time(str(lease, "last_activity_at"));
     ck_assert_msg(last >= seeded - 1 && last <= seeded, "lease last_activity_at %s",
                   str(lease, "last_activity_at"));
-    for (int i = 0; lbt_now() - start < 5.0; i++) {
+    /* each kind of request alone keeps it, for longer than idle_timeout_s: files... */
+    for (int i = 0; lbt_now() - start < 3.0; i++) {
         lbt_sleep_ms(500);
         if (i % 2) {
-            exec_ok(id, token, "true", NULL);
+            lbt_file_get(&D, id, token, "/workspace/a.txt", &r);
+            ck_assert_msg(r.status == 200, "file get: %ld %s", r.status, r.body);
         } else {
             lbt_file_put(&D, id, token, "/workspace/a.txt", NULL, "x", 1, &r);
             ck_assert_msg(r.status == 204, "file put: %ld %s", r.status, r.body);
-            lbt_resp_free(&r);
         }
+        lbt_resp_free(&r);
+    }
+    assert_lent(id);
+    /* ...and activation requests (its session's, with its operate token; none ran yet) */
+    while (lbt_now() - start < 6.0) {
+        lbt_sleep_ms(500);
+        lbt_json(&D, "GET", "/v1/sessions/idle-stop/activation", token, NULL, &r);
+        lbt_assert_error(&r, 404, "not_found");
+        lbt_resp_free(&r);
     }
     assert_lent(id);
     got = sandbox_get(id);
     last = parse_time(str(got, "last_activity_at"));
-    ck_assert_msg(last >= seeded + 4, "last_activity_at %s after 5 s of activity",
+    ck_assert_msg(last >= seeded + 5, "last_activity_at %s after 6 s of activity",
                   str(got, "last_activity_at"));
     json_decref(got);
     /* a long exec is activity while it runs (twice the idle timeout) */
