@@ -1,8 +1,9 @@
 /*
  * lend.c - the lending service's setup, session locks and lookups (see lend.h). The seed is in
  * seed.c, stops, release and delete in stop.c, per-sandbox operations in ops.c, JSON renderings
- * in render.c; they share lend_private.h. seed.c, stop.c and ops.c call lend.c, which calls
- * none of them (render.c only).
+ * in render.c, activity in activity.c, renewals and idle stops in idle.c; they share
+ * lend_private.h. seed.c, stop.c, ops.c and idle.c call lend.c, which calls none of them
+ * (render.c and activity.c only).
  */
 #include "lend/lend_private.h"
 

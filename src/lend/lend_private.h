@@ -1,8 +1,8 @@
 /*
  * lend_private.h - what the files of the lending service share and nothing else includes:
- * lend.c, seed.c, stop.c, ops.c and render.c. The state of struct lb_lend and the helpers one of
- * them defines for the others. Everything outside src/lend/ uses lend.h (routes, main) or
- * lend_internal.h (the warm pool, the sweeper, activations).
+ * lend.c, seed.c, stop.c, ops.c, render.c, activity.c and idle.c. The state of struct lb_lend and
+ * the helpers one of them defines for the others. Everything outside src/lend/ uses lend.h (routes,
+ * main) or lend_internal.h (the warm pool, the sweeper, activations).
  *
  * Thread-safety: as lend.h; fields set in lend_new are read-only afterwards, the session locks
  * and fences have their own mutexes, draining is atomic.
@@ -120,6 +120,17 @@ void lend_activity_forget(struct lb_lend *l, const char *id);
 int64_t lend_last_activity(struct lb_lend *l, const struct lb_record *r);
 /* lend_free: free every entry. */
 void lend_activity_free_all(struct lb_lend *l);
+/* For the idle sweep (idle.c). load: the idle settings of lent records recs[0..n) (entries made
+ * as needed). idle_ids: the ids of the sandboxes idle now (*ids_out: malloc'd strings in a
+ * malloc'd array, the caller frees both; set also on -ENOMEM, with what was collected).
+ * is_idle: is sandbox id idle now (*pause: its on_idle is "pause")? mark_idle_paused: if id is
+ * idle now, mark it paused for it (true; call with idle_op_mutex held, then pause it).
+ * pause_failed: the pause after mark_idle_paused failed (idle again after idle_timeout_s). */
+void lend_activity_load(struct lb_lend *l, const struct lb_record *recs, size_t n);
+int lend_activity_idle_ids(struct lb_lend *l, char ***ids_out, size_t *n_out);
+bool lend_activity_is_idle(struct lb_lend *l, const char *id, bool *pause);
+bool lend_activity_mark_idle_paused(struct lb_lend *l, const char *id);
+void lend_activity_pause_failed(struct lb_lend *l, const char *id);
 
 /* render.c: a time (Unix seconds) as the API renders times: RFC 3339 UTC, null for <= 0. */
 json_t *lend_json_time(int64_t unix_s);
