@@ -44,8 +44,11 @@ def test_renew_client(capped):
             c.renew(sid, bad)
     # another sandbox's operate token
     other = c.seed("rn-2", "t")
+    stranger = capped.client(token=other["access"]["token"])
     with pytest.raises(lendbox.Forbidden):
-        capped.client(token=other["access"]["token"]).renew(sid, 10)
+        stranger.renew(sid, 10)
+    stranger.close()
+    op.close()
     assert c.release("rn-1")["released"] is True
     # renewing a stopped sandbox is no resurrection
     with pytest.raises(lendbox.NotFound):
