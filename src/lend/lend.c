@@ -1,8 +1,9 @@
 /*
  * lend.c - the lending service's setup, session locks and lookups (see lend.h). The seed is in
  * seed.c, stops, release and delete in stop.c, per-sandbox operations in ops.c, JSON renderings
- * in render.c; they share lend_private.h. seed.c, stop.c and ops.c call lend.c, which calls
- * none of them (render.c only).
+ * in render.c, activity in activity.c, renewals and idle stops in idle.c; they share
+ * lend_private.h. seed.c, stop.c, ops.c and idle.c call lend.c, which calls none of them
+ * (render.c and activity.c only).
  */
 #include "lend/lend_private.h"
 
@@ -200,6 +201,9 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     pthread_cond_init(&l->warm_cond, NULL);
     pthread_mutex_init(&l->fork_mutex, NULL);
     pthread_mutex_init(&l->capture_mutex, NULL);
+    pthread_mutex_init(&l->act_mutex, NULL);
+    pthread_mutex_init(&l->idle_op_mutex, NULL);
+    l->started_s = clock_now_s();
     *out = l;
     return 0;
 }
@@ -234,6 +238,9 @@ void lend_free(struct lb_lend *l)
         }
         pthread_mutex_destroy(&l->fork_mutex);
         pthread_mutex_destroy(&l->capture_mutex);
+        lend_activity_free_all(l);
+        pthread_mutex_destroy(&l->act_mutex);
+        pthread_mutex_destroy(&l->idle_op_mutex);
     }
     free(l);
 }
@@ -424,6 +431,10 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
         json_decref(desc);
     }
     *out = lend_render_sandbox(&rec, status, false);
+    if (*out)
+        json_object_set_new(*out, "last_activity_at",
+                            rec.state == LB_STATE_LENT ? lend_json_time(lend_last_activity(l, &rec))
+                                                       : json_null());
     store_record_release(&rec);
     return 0;
 }

@@ -89,6 +89,8 @@ struct lb_seed_request {
     size_t n_files;
     const char *workdir;      /* absolute, normalised; NULL: lending.workdir */
     int64_t ready_timeout_ms; /* > 0: the provider's readiness wait; 0: create_timeout_s */
+    double idle_timeout_s;    /* > 0: stop (or pause) it after this long without activity */
+    bool on_idle_pause;       /* with idle_timeout_s: pause it rather than stop it */
 };
 
 /* Lend the session a sandbox, or return the one it has. *lease_out is the lease of API.md.
@@ -124,6 +126,20 @@ int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct 
 /* Stop the session's sandbox and any failed-seed sandbox of it. *out is {"released": true,
  * "sandbox_id"} or {"released": false}. -EREMOTEIO (502) when a stop fails (record kept). */
 int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_error *err);
+
+/* POST /v1/sandboxes/{id}/renew: lent sandbox id now expires ttl_s seconds from now (capped at
+ * max_ttl_s as a seed's ttl_s is), recorded in the store. *out is {"sandbox_id", "expires_at"}
+ * (RFC 3339 as the lease's). -EINVAL (400) for ttl_s <= 0, -ENOENT (404) for a sandbox that is
+ * unknown, not lent (starting, stopping, stopped) or past its TTL already, -EBUSY (409) when its
+ * session stays busy (session_lock_wait_s), -ENOSPC/-EIO from the store. Takes the session's
+ * lock (the TTL sweep's order); no provider call. Thread-safe. */
+int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s, json_t **out,
+               struct lb_error *err);
+
+/* Note activity on sandbox id (a PTY or activation request that does not go through lend_exec
+ * or the file calls, which note their own): its idle clock starts again. Cheap (a hash update
+ * under a mutex), no store or provider call: fine on an HTTP thread. NULL-safe. */
+void lend_activity_touch(struct lb_lend *l, const char *id);
 
 /* Stop one sandbox by id (reason "deleted"). *out {"deleted": bool, "sandbox_id"}. -ENOENT. */
 int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err);

@@ -59,6 +59,13 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
  * that says so at start-up belongs to a reset a crash interrupted: reconciliation stops its
  * sandbox (reason reset_failed, the provider finding what is there from the id alone). */
 bool lend_record_resetting(const struct lb_record *r);
+/* The idle pass of the sweeper: every lent sandbox whose seed set idle_timeout_s and that had
+ * no activity for that long (and runs no exec, activation or PTY process) is stopped with reason
+ * "idle", or, with on_idle "pause", paused (resumed by its next activity request). Under each
+ * session's lock (a busy session is left to the next pass). The first call reads the idle
+ * settings of the lent sandboxes from the store. Returns the sandboxes acted on. Call from one
+ * thread (the sweeper's); blocks on providers. */
+int lend_idle_sweep(struct lb_lend *l);
 
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 

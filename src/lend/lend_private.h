@@ -1,8 +1,8 @@
 /*
  * lend_private.h - what the files of the lending service share and nothing else includes:
- * lend.c, seed.c, stop.c, ops.c and render.c. The state of struct lb_lend and the helpers one of
- * them defines for the others. Everything outside src/lend/ uses lend.h (routes, main) or
- * lend_internal.h (the warm pool, the sweeper, activations).
+ * lend.c, seed.c, stop.c, ops.c, render.c, activity.c and idle.c. The state of struct lb_lend and
+ * the helpers one of them defines for the others. Everything outside src/lend/ uses lend.h (routes,
+ * main) or lend_internal.h (the warm pool, the sweeper, activations).
  *
  * Thread-safety: as lend.h; fields set in lend_new are read-only afterwards, the session locks
  * and fences have their own mutexes, draining is atomic.
@@ -48,6 +48,22 @@ struct lend_fence {
     UT_hash_handle hh;
 };
 
+/* A sandbox's activity (activity.c): all fields under lb_lend.act_mutex. */
+struct lend_activity {
+    char *id;
+    int64_t last_s;     /* last activity, Unix seconds (what leases show) */
+    int64_t last_ms;    /* the same on the monotonic clock (what the idle sweep compares) */
+    int busy;           /* its processes requests still wait on (lend_exec under way) */
+    int64_t idle_ms;    /* the seed's idle_timeout_s in ms; 0: none */
+    bool on_idle_pause; /* the seed's on_idle is "pause" (else "stop") */
+    bool params_known;  /* idle_ms and on_idle_pause were read from its record */
+    bool may_be_paused; /* paused by the idle sweep or a pause request, or not known: the next
+                           activity asks the provider and resumes it (on_idle "pause" only) */
+    bool idle_paused;   /* the idle sweep paused it: not idle again until resumed */
+    bool gone;          /* stopped while busy: the last lend_activity_leave frees it */
+    UT_hash_handle hh;
+};
+
 struct lb_lend {
     struct lb_lend_config cfg;
     char *default_image, *workdir, *public_url;
@@ -75,6 +91,11 @@ struct lb_lend {
                                       copy on after the first thawed it */
     pthread_mutex_t fork_mutex;    /* fork_pins, and each collection's check-then-remove */
     struct lend_fork_pin *fork_pins;
+    pthread_mutex_t act_mutex; /* acts */
+    struct lend_activity *acts;
+    pthread_mutex_t idle_op_mutex; /* an idle pause, or the resume of a paused sandbox */
+    int64_t started_s;             /* when lend_new ran: idle clocks start here at the latest */
+    bool idle_loaded;              /* the sweeper thread's: idle settings of lent sandboxes read */
 };
 
 /* lend.c: the image a seed that names none runs on, resolved from list (a default image list,
@@ -111,6 +132,40 @@ int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_
 int lend_operate_token(struct lb_lend *l, const char *id, int64_t generation, char token[4 + 65]);
 /* render.c: the spec's "token_generation" (0 when it has none; spec may be NULL). */
 int64_t lend_spec_token_generation(const json_t *spec);
+/* activity.c: the activity of sandbox records (see activity.c for the model). */
+/* A seed lent r (spec: its spec, parsed): its idle clock starts now. */
+void lend_activity_seeded(struct lb_lend *l, const struct lb_record *r, json_t *spec);
+/* An activity request on lent sandbox r (prov, ref: its provider and reference) is about to
+ * reach it: its idle clock starts again; busy: a process of it runs until lend_activity_leave.
+ * With on_idle "pause", a paused sandbox is resumed first. 0, or -EREMOTEIO (it could not be
+ * resumed; nothing is held). Blocks on the provider only for that resume. */
+int lend_activity_enter(struct lb_lend *l, const struct lb_record *r, struct lb_provider *prov,
+                        const struct lb_sandbox_ref *ref, bool busy, struct lb_error *err);
+/* The process a busy lend_activity_enter counted has ended (its end is activity too). */
+void lend_activity_leave(struct lb_lend *l, const char *id);
+/* Sandbox id was paused (paused) or resumed by a request (a resume counts as activity). */
+void lend_activity_paused(struct lb_lend *l, const char *id, bool paused);
+/* Sandbox id was stopped: drop its entry (once no process of it is counted). */
+void lend_activity_forget(struct lb_lend *l, const char *id);
+/* The last activity of record r, Unix seconds: now while a process of it runs; without any
+ * since this daemon started, its creation or the daemon's start, whichever is later. */
+int64_t lend_last_activity(struct lb_lend *l, const struct lb_record *r);
+/* lend_free: free every entry. */
+void lend_activity_free_all(struct lb_lend *l);
+/* For the idle sweep (idle.c). load: the idle settings of lent records recs[0..n) (entries made
+ * as needed). idle_ids: the ids of the sandboxes idle now (*ids_out: malloc'd strings in a
+ * malloc'd array, the caller frees both; set also on -ENOMEM, with what was collected).
+ * is_idle: is sandbox id idle now (*pause: its on_idle is "pause")? mark_idle_paused: if id is
+ * idle now, mark it paused for it (true; call with idle_op_mutex held, then pause it).
+ * pause_failed: the pause after mark_idle_paused failed (idle again after idle_timeout_s). */
+void lend_activity_load(struct lb_lend *l, const struct lb_record *recs, size_t n);
+int lend_activity_idle_ids(struct lb_lend *l, char ***ids_out, size_t *n_out);
+bool lend_activity_is_idle(struct lb_lend *l, const char *id, bool *pause);
+bool lend_activity_mark_idle_paused(struct lb_lend *l, const char *id);
+void lend_activity_pause_failed(struct lb_lend *l, const char *id);
+
+/* render.c: a time (Unix seconds) as the API renders times: RFC 3339 UTC, null for <= 0. */
+json_t *lend_json_time(int64_t unix_s);
 
 /* render.c: the string key of record r's spec, or def when it has none; *holder is the parsed
  * spec (a new reference the caller drops with json_decref, also when def is returned). */

@@ -282,13 +282,19 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     checked.exclusive = p->exclusive && !p->sweep_only;
     if ((r = provider_check_exec(t.prov, &checked, err)) < 0)
         goto out;
-    /* the fence is up before the provider's sweep starts and down once the result is in */
-    if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0)
+    /* activity until the command ends (a paused on_idle "pause" sandbox is resumed first) */
+    if ((r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, true, err)) < 0)
         goto out;
+    /* the fence is up before the provider's sweep starts and down once the result is in */
+    if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0) {
+        lend_activity_leave(l, id);
+        goto out;
+    }
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(t.prov, &t.ref, &req, res, err);
     if (p->exclusive)
         lend_fence_lower(l, id);
+    lend_activity_leave(l, id);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
@@ -320,6 +326,8 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
     int r = lend_target_load(l, id, &t, err);
 
     if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
+    if (r == 0)
         r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
     lend_target_release(&t);
     return r;
@@ -332,6 +340,8 @@ int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int m
     int r = lend_target_load(l, id, &t, err);
 
     *out = NULL;
+    if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
     if (r == 0)
         r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
     lend_target_release(&t);
@@ -371,6 +381,8 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
     int r = lend_target_load(l, id, &t, err);
 
     if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
+    if (r == 0)
         r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
     lend_target_release(&t);
     return r;
@@ -384,6 +396,8 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
 
     if (r == 0)
         r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
+    if (r == 0)
+        lend_activity_paused(l, id, pause);
     if (r == 0)
         r = lend_sandbox_status(l, id, out, err);
     lend_target_release(&t);
@@ -410,6 +424,8 @@ int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, str
         r = lb_error_set(err, -ENOENT, "port %d was not declared in the seed's 'ports'", port);
         goto out;
     }
+    if ((r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err)) < 0)
+        goto out;
     r = provider_endpoint(t.prov, &t.ref, port, &url, err);
     if (r < 0)
         goto out;

@@ -14,7 +14,8 @@
 
 /* ---------- rendering ---------- */
 
-static json_t *json_time(int64_t unix_s)
+/* see lend_private.h */
+json_t *lend_json_time(int64_t unix_s)
 {
     char buf[32];
 
@@ -88,15 +89,19 @@ json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, jso
 
     if (lend_operate_token(l, r->id, lend_spec_token_generation(spec), token) < 0)
         token[0] = '\0';
-    lease = json_pack("{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}",
-                      "resources_session_id", r->rsid, "task_id", r->task_id, "sandbox_id", r->id,
-                      "state", store_state_name(r->state), "provider", r->provider, "image",
-                      image ? image : "host" /* older records: host */, "created_at",
-                      json_time(r->created_at), "expires_at", json_time(r->expires_at), "reused",
-                      reused, "access", "sandbox_id", r->id, "scope", "operate", "token", token,
-                      "base_url", l->cfg.public_url, "workdir", workdir ? workdir : l->cfg.workdir);
-    if (lease)
+    lease = json_pack(
+        "{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}", "resources_session_id",
+        r->rsid, "task_id", r->task_id, "sandbox_id", r->id, "state", store_state_name(r->state),
+        "provider", r->provider, "image", image ? image : "host" /* older records: host */,
+        "created_at", lend_json_time(r->created_at), "expires_at", lend_json_time(r->expires_at),
+        "reused", reused, "access", "sandbox_id", r->id, "scope", "operate", "token", token,
+        "base_url", l->cfg.public_url, "workdir", workdir ? workdir : l->cfg.workdir);
+    if (lease) {
         json_object_set_new(lease, "metadata", lend_spec_labels(spec));
+        json_object_set_new(lease, "last_activity_at",
+                            r->state == LB_STATE_LENT ? lend_json_time(lend_last_activity(l, r))
+                                                      : json_null());
+    }
     return lease;
 }
 
@@ -143,8 +148,8 @@ json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool 
     json_t *j = json_pack("{s:s,s:s,s:s,s:s?,s:o,s:o,s:s?}", "sandbox_id", r->id, "status",
                           status ? status : record_status_guess(r->state), "state",
                           store_state_name(r->state), "provider", r->provider, "created_at",
-                          json_time(r->created_at), "expires_at", json_time(r->expires_at),
-                          "resources_session_id", r->rsid);
+                          lend_json_time(r->created_at), "expires_at",
+                          lend_json_time(r->expires_at), "resources_session_id", r->rsid);
 
     if (j) {
         json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
@@ -161,8 +166,8 @@ json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool 
         json_object_set_new(j, "stop_attempts", json_integer(r->stop_attempts));
         json_object_set_new(j, "last_error",
                             r->last_error ? json_string(r->last_error) : json_null());
-        json_object_set_new(j, "next_attempt_at", json_time(r->next_attempt_at));
-        json_object_set_new(j, "updated_at", json_time(r->updated_at));
+        json_object_set_new(j, "next_attempt_at", lend_json_time(r->next_attempt_at));
+        json_object_set_new(j, "updated_at", lend_json_time(r->updated_at));
         lend_render_image_ref(j, r);
     }
     return j;

@@ -93,6 +93,10 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
         json_object_set_new(spec, "ports", ports);
     }
 
+    if (spec && req->idle_timeout_s > 0) {
+        json_object_set_new(spec, "idle_timeout_s", json_real(req->idle_timeout_s));
+        json_object_set_new(spec, "on_idle", json_string(req->on_idle_pause ? "pause" : "stop"));
+    }
     if (spec && req->ready_timeout_ms > 0)
         json_object_set_new(spec, "ready_timeout_ms", json_integer(req->ready_timeout_ms));
     if (spec && (res->cpu > 0 || res->memory_mib > 0 || res->pids > 0 || res->disk_mib > 0)) {
@@ -417,6 +421,7 @@ static int lend_take_warm(struct lb_lend *l, const char *rsid, const struct lend
                           rsid ? rsid : "(none)", rec.id, serr.message);
         goto out;
     }
+    lend_activity_seeded(l, &rec, s->spec_json);
     *lease_out = lend_render_lease_spec(l, &rec, s->spec_json, false);
     if (!*lease_out) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -489,6 +494,7 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto rollback;
     /* the lease of the row just written: the record as inserted, lent now */
     s.rec.state = LB_STATE_LENT;
+    lend_activity_seeded(l, &s.rec, s.spec_json);
     *lease_out = lend_render_lease_spec(l, &s.rec, s.spec_json, false);
     if (!*lease_out) {
         r = lb_error_set(err, -ENOMEM, "out of memory");

@@ -63,6 +63,7 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
     }
     metrics_add(LB_M_STOPS_OK, 1);
     rc = store_mark_stopped(l->store, r->id, NULL, err);
+    lend_activity_forget(l, r->id);
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, r->id);
     if (rc == 0)

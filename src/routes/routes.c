@@ -40,6 +40,7 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/sandboxes/*/fork", LB_AUTH_ADMIN, false, route_fork, "fork", true},
     {"POST", "/v1/sandboxes/*/reset", LB_AUTH_ADMIN, false, route_sandbox_reset, "reset", true},
     {"POST", "/v1/sandboxes/*/resume", LB_AUTH_SANDBOX, false, route_resume, "resume", false},
+    {"POST", "/v1/sandboxes/*/renew", LB_AUTH_SANDBOX, false, route_renew, "renew", true},
     {"GET", "/v1/sandboxes/*/endpoints/*", LB_AUTH_SANDBOX, false, route_endpoint, "endpoints",
      false},
     {"POST", "/v1/sandboxes/*/pty", LB_AUTH_SANDBOX, false, route_pty_create, "pty_create", false},
@@ -86,18 +87,23 @@ int routes_authorize(void *app, const char *token, enum lb_auth_need need, const
     } else {
         r = auth_authorize(a->auth, token, need, sandbox_id, who, err);
     }
-    if (r < 0 || *who != LB_PRINCIPAL_OPERATE)
+    if (r < 0)
         return r;
-    /* Every call made with an operate token passes here: while an exclusive exec runs in the
-     * token's sandbox, none of them reaches it (409, naming the exec). For a session route
-     * the sandbox is the session's live one (an exec needs a live sandbox). */
+    /* For a session route the sandbox is the session's live one (an exec needs a live
+     * sandbox). */
     if (need == LB_AUTH_SESSION) {
         target = NULL;
         if (a->store && sandbox_id &&
             store_get_live_by_rsid(a->store, sandbox_id, &live, NULL) == 0)
             target = live.id;
     }
-    if (target)
+    /* PTY and activation requests are activity of their sandbox (its idle clock starts
+     * again); exec, file and endpoint requests note theirs where they reach the sandbox */
+    if (target && (need == LB_AUTH_PTY || need == LB_AUTH_SESSION))
+        lend_activity_touch(a->lend, target);
+    /* Every call made with an operate token passes here: while an exclusive exec runs in the
+     * token's sandbox, none of them reaches it (409, naming the exec). */
+    if (target && *who == LB_PRINCIPAL_OPERATE)
         r = lend_fence_check(a->lend, target, err);
     store_record_release(&live);
     return r;

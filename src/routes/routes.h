@@ -172,6 +172,8 @@ int route_fork(struct lb_request *req, struct lb_error *err);
 /* POST /v1/sandboxes/{id}/reset {"snapshot"?: NAME} (admin): lend_reset; 200 the lease. */
 int route_sandbox_reset(struct lb_request *req, struct lb_error *err);
 int route_resume(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sandboxes/{id}/renew {"ttl_s"} (admin or operate): 200 {"sandbox_id", "expires_at"} */
+int route_renew(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
 /* pty.c: PTY sessions and detached execs */
 int route_pty_create(struct lb_request *req, struct lb_error *err);

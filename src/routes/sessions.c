@@ -260,13 +260,37 @@ static int seed_parse_gym(json_t *body, struct lb_seed_request *req, struct lb_e
     return 0;
 }
 
+/* "idle_timeout_s" (absent or null: none; else a number of seconds > 0, at most a year) and
+ * "on_idle" (absent or null: "stop"; else "stop" or "pause"). -EINVAL (400). */
+static int seed_parse_idle(json_t *body, struct lb_seed_request *req, struct lb_error *err)
+{
+    json_t *idle = json_object_get(body, "idle_timeout_s"), *on = json_object_get(body, "on_idle");
+
+    if (idle && !json_is_null(idle)) {
+        if (!json_is_number(idle) || !(json_number_value(idle) > 0) ||
+            json_number_value(idle) > 31536000.0)
+            return lb_error_set(err, -EINVAL,
+                                "'idle_timeout_s' must be a number of seconds > 0 "
+                                "and at most 31536000");
+        req->idle_timeout_s = json_number_value(idle);
+    }
+    if (on && !json_is_null(on)) {
+        const char *v = json_string_value(on);
+
+        if (!v || (strcmp(v, "stop") != 0 && strcmp(v, "pause") != 0))
+            return lb_error_set(err, -EINVAL, "'on_idle' must be \"stop\" or \"pause\"");
+        req->on_idle_pause = strcmp(v, "pause") == 0;
+    }
+    return 0;
+}
+
 int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
                       struct lb_error *err)
 {
-    static const char *const fields[] = {"task_id",    "files",     "image",    "env",
-                                         "ttl_s",      "resources", "network",  "labels",
-                                         "ports",      "workdir",   "metadata", "ready_timeout_s",
-                                         "entrypoint", "provider",  NULL};
+    static const char *const fields[] = {
+        "task_id",    "files",    "image",          "env",     "ttl_s",    "resources",
+        "network",    "labels",   "ports",          "workdir", "metadata", "ready_timeout_s",
+        "entrypoint", "provider", "idle_timeout_s", "on_idle", NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
     const char *path;
@@ -300,7 +324,9 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
                                 "'ttl_s' must be a number of seconds > 0 and at most 31536000");
         req->ttl_s = (int64_t)ceil(json_number_value(ttl));
     }
-    r = routes_string_map(body, "env", &req->env, err);
+    r = seed_parse_idle(body, req, err);
+    if (r == 0)
+        r = routes_string_map(body, "env", &req->env, err);
     if (r == 0)
         r = routes_string_map(body, "labels", &req->labels, err);
     if (r == 0)

@@ -567,6 +567,26 @@ int store_set_descriptor(struct lb_store *st, const char *id, const char *descri
                            "storing a descriptor", err);
 }
 
+int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    bool bad;
+    int ret;
+
+    if (!id || expires_at <= 0)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id or no expiry");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[STMT_SET_EXPIRES];
+    bad = store_bind_text(s, 1, id) || sqlite3_bind_int64(s, 2, expires_at) ||
+          sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = finish_transition(st, s, bad, false, id, "renewing a sandbox", err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
                         struct lb_error *err)
 {

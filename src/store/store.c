@@ -192,6 +192,11 @@ static const char *const stmt_sql[STMT__COUNT] = {
                        "WHERE id = ?1 AND state = 'starting'",
     [STMT_SET_DESCRIPTOR] = "UPDATE sandboxes SET descriptor_json = ?2, updated_at = ?3 "
                             "WHERE id = ?1",
+    /* a renewal: only a lent sandbox whose TTL has not passed (an expired one is the
+     * sweeper's to stop) */
+    [STMT_SET_EXPIRES] = "UPDATE sandboxes SET expires_at = ?2, updated_at = ?3 "
+                         "WHERE id = ?1 AND state = 'lent' AND "
+                         "(expires_at IS NULL OR expires_at = 0 OR expires_at > ?3)",
     [STMT_MARK_STOPPING] = "UPDATE sandboxes SET state = 'stopping', "
                            "stop_reason = COALESCE(?2, stop_reason), updated_at = ?3 "
                            "WHERE id = ?1",

@@ -151,6 +151,12 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
 int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,
                          struct lb_error *err);
 
+/* A renewal: set lent sandbox id's expires_at (Unix seconds, > 0) when its TTL has not passed
+ * yet (expires_at 0 or later than now). -ENOENT when no such lent, unexpired sandbox exists,
+ * -ENOSPC/-EIO from the store. Thread-safe. */
+int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at,
+                      struct lb_error *err);
+
 /* Any state -> stopping with a stop reason (keeps an earlier reason if reason is NULL). */
 int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
                         struct lb_error *err);

@@ -75,6 +75,7 @@ int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err)
     int64_t t_start = clock_mono_ms();
     int retried = sweeper_pass(l, &due, false, err);
     int reaped = retried < 0 ? 0 : sweeper_pass(l, &expired, true, err);
+    int idle = lend_idle_sweep(l);
 
     if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
         store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);
@@ -83,7 +84,7 @@ int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err)
     metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));
     if (retried < 0)
         return retried;
-    return reaped < 0 ? reaped : retried + reaped;
+    return reaped < 0 ? reaped : retried + reaped + idle;
 }
 
 /* ---------- the thread ---------- */

@@ -22,8 +22,9 @@ int sweeper_start(struct lb_lend *l, int64_t interval_s, struct lb_sweeper **out
 /* Stop the thread (a pass under way finishes first), wait for it and free s; NULL-safe. */
 void sweeper_stop(struct lb_sweeper *s);
 
-/* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, purge old
- * stopped records. Returns the number of stops attempted (>= 0). */
+/* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, stop or pause
+ * idle ones (lend_idle_sweep), purge old stopped records. Returns the number of stops attempted (>=
+ * 0). */
 int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err);
 
 /* Stop every live and failed sandbox (the shutdown sweep) with at most concurrency stops in

@@ -99,6 +99,7 @@ class Lease(TypedDict, total=False):
     expires_at: Optional[str]
     reused: bool
     access: Access
+    last_activity_at: Optional[str]  # RFC 3339 UTC; idle_timeout_s counts from it
 
 
 class SandboxInfo(TypedDict, total=False):
@@ -113,6 +114,7 @@ class SandboxInfo(TypedDict, total=False):
     created_at: str
     expires_at: Optional[str]
     resources_session_id: Optional[str]
+    last_activity_at: Optional[str]  # GET /v1/sandboxes/{id} of a lent sandbox
 
 
 class ExecResult(TypedDict, total=False):
@@ -180,6 +182,7 @@ ROUTES: Dict[str, Route] = {
     "get_file": Route("GET", "/v1/sandboxes/*/files", True),
     "pause": Route("POST", "/v1/sandboxes/*/pause", True),
     "resume": Route("POST", "/v1/sandboxes/*/resume", True),
+    "renew": Route("POST", "/v1/sandboxes/*/renew", True),
     "endpoint": Route("GET", "/v1/sandboxes/*/endpoints/*", True),
     "create_pty": Route("POST", "/v1/sandboxes/*/pty", False),
     "pty_output": Route("GET", "/v1/pty/*/output", True),
@@ -301,7 +304,8 @@ class _Routes:
             labels: stored with the record (``release_all`` filters on them).
             ports: TCP ports for :meth:`endpoint`.
             extra: more body fields, sent as given (fields newer than this client, e.g.
-                ``workdir``, ``metadata``, ``ready_timeout_s``, ``provider``).
+                ``workdir``, ``metadata``, ``ready_timeout_s``, ``provider``, ``idle_timeout_s``,
+                ``on_idle``).
 
         Returns: the lease; ``lease["access"]`` is the operate descriptor for a harness.
         Raises: BadRequest, Conflict, ImageNotFound, Unenforceable, Overloaded, ProviderError,
@@ -613,6 +617,18 @@ class _Routes:
     def resume(self, sandbox_id: str) -> SandboxInfo:
         """``POST /v1/sandboxes/{id}/resume``: thaw a paused sandbox → status."""
         return self._run(_Call("resume", f"/v1/sandboxes/{_seg(sandbox_id)}/resume", json={}))
+
+    def renew(self, sandbox_id: str, ttl_s: float) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/{id}/renew``: the sandbox now expires ``ttl_s`` seconds from now
+        (lowered to ``lending.max_ttl_s``) → ``{"sandbox_id", "expires_at"}``. Admin or the
+        sandbox's operate token.
+
+        Raises: BadRequest (``ttl_s`` <= 0 or not a number), NotFound (unknown, stopped or
+            already expired: renewing is no resurrection), Conflict (its session stayed busy).
+        """
+        return self._run(
+            _Call("renew", f"/v1/sandboxes/{_seg(sandbox_id)}/renew", json={"ttl_s": ttl_s})
+        )
 
     def endpoint(self, sandbox_id: str, port: int) -> Dict[str, Any]:
         """``GET /v1/sandboxes/{id}/endpoints/{port}`` → ``{"endpoint": url, "headers": {}}``

@@ -10,7 +10,8 @@ async-ness and result conventions (``return_code`` 125 = :data:`SANDBOX_RUNTIME_
 with ``error_type`` "timeout" or "sandbox" when no process exit status exists):
 
 * :class:`AsyncSandbox` / :class:`Sandbox` (``nemo_gym.sandbox``): start, exec, upload,
-  download, status, stop, pause, resume, endpoint, serialize/connect, disconnect, pty.
+  download, status, stop, pause, resume, renew, endpoint, serialize/connect, disconnect, pty.
+  :class:`LendboxProvider` is a :class:`RenewableProvider` (lifetimes renewed from now).
 * :class:`LentSandboxes` (``nemo_gym.server_runtime.sandbox_lending``): lend, get, release,
   release_all, network_access, model_server, tool_servers.
 * :class:`SandboxSession` (``nemo_gym.agent_utils.sandbox_session``): execute, close,
@@ -59,10 +60,12 @@ from typing import (
     Literal,
     Mapping,
     Optional,
+    Protocol,
     Sequence,
     Tuple,
     TypeVar,
     Union,
+    runtime_checkable,
 )
 
 from .client import AsyncClient
@@ -88,6 +91,7 @@ __all__ = [
     "DirectSandboxConnection",
     "SandboxAccess",
     "LendboxProvider",
+    "RenewableProvider",
     "AsyncSandbox",
     "Sandbox",
     "SandboxPty",
@@ -375,6 +379,15 @@ def _file_content(v: Union[str, bytes]) -> Any:
 # --- the provider ------------------------------------------------------------------------------
 
 
+@runtime_checkable
+class RenewableProvider(Protocol):
+    """NeMo Gym's renewable provider: ``renew(handle, ttl_s)`` makes the sandbox expire ``ttl_s``
+    seconds from now (not from its current expiry). Renewing a sandbox that has expired or was
+    stopped is an error (:class:`~lendbox.errors.NotFound` here), never a resurrection."""
+
+    async def renew(self, handle: SandboxHandle, ttl_s: float) -> None: ...
+
+
 class LendboxProvider:
     """NeMo Gym's provider protocol over lendboxd's HTTP API (name ``"lendbox"``).
 
@@ -384,7 +397,8 @@ class LendboxProvider:
             descriptor use the descriptor's token instead.
         client_options: keyword arguments for :class:`lendbox.AsyncClient` (timeouts, retries).
 
-    Capabilities: connect (serialize_handle/connect), endpoint, pause/resume, PTY sessions
+    Capabilities: connect (serialize_handle/connect), endpoint, pause/resume, renew
+    (:class:`RenewableProvider`; the daemon caps ``ttl_s`` at ``lending.max_ttl_s``), PTY sessions
     (``sandbox.pty.create`` returns ``{"session_id"}``; on a provider without PTY sessions, e.g.
     docker, the daemon answers 501, raised as :class:`lendbox.errors.NotImplementedByServer`).
     Registered, when NeMo Gym is installed, under the ``nemo_gym.sandbox_providers`` entry point
@@ -503,6 +517,11 @@ class LendboxProvider:
     async def resume(self, handle: SandboxHandle) -> SandboxHandle:
         await self.client(handle).resume(handle.sandbox_id)
         return handle
+
+    async def renew(self, handle: SandboxHandle, ttl_s: float) -> None:
+        """The sandbox now expires ``ttl_s`` seconds from now. NotFound when it is no longer
+        live (expired, stopped); BadRequest for ``ttl_s`` <= 0."""
+        await self.client(handle).renew(handle.sandbox_id, ttl_s)
 
     def serialize_handle(self, handle: SandboxHandle, *, scope: Optional[str] = None) -> Dict[str, Any]:
         raw = handle.raw or {}
@@ -745,6 +764,11 @@ class AsyncSandbox:
         """Thaw a paused sandbox."""
         self._handle = await self._provider.resume(self._require_handle())
 
+    async def renew(self, ttl_s: float) -> None:
+        """Expire ``ttl_s`` seconds from now (RenewableProvider). Renewing a sandbox that
+        expired or was stopped raises :class:`~lendbox.errors.NotFound`."""
+        await self._provider.renew(self._require_handle(), ttl_s)
+
     async def endpoint(self, port: int) -> SandboxEndpoint:
         """URL reaching TCP ``port`` in the sandbox from the daemon's host; the port must be in
         ``SandboxSpec.ports`` (ValueError otherwise; checked by the daemon for a connected
@@ -893,6 +917,9 @@ class Sandbox:
 
     def resume(self) -> None:
         self._runner.run("resume", self._async_sandbox.resume)
+
+    def renew(self, ttl_s: float) -> None:
+        self._runner.run("renew", lambda: self._async_sandbox.renew(ttl_s))
 
     def endpoint(self, port: int) -> SandboxEndpoint:
         return self._runner.run("endpoint", lambda: self._async_sandbox.endpoint(port))
