@@ -244,7 +244,10 @@ void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *c
 
 /* Snapshot the lent sandbox id as the image name (image/image.h; the provider's snapshot op):
  * *out gets {"name","digest","size_bytes","created_at","kind":"snapshot","base",
- * "source_sandbox_id"} (the caller's). The sandbox keeps running. Errors: -EINVAL (bad name),
+ * "source_sandbox_id"} (the caller's). The sandbox keeps running; its operate-token fence is up
+ * for the capture (lend_fence_raise: operate-token calls answer 409, writes admitted before
+ * complete first), so nothing but the frozen sandbox itself changes its files. Errors:
+ * -EINVAL (bad name),
  * -EEXIST (an image of that name exists, or the sandbox's image was renamed to another tree
  * since its seed), -ENOENT (no such running sandbox), -ENOSYS (the provider has no snapshots),
  * -EREMOTEIO (the capture failed; nothing is named). Blocks for the copy. Callers run one

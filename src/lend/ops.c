@@ -82,8 +82,8 @@ static void fence_put(struct lb_lend *l, struct lend_fence *f)
 static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
 {
     return lb_error_set(err, -EBUSY,
-                        "sandbox '%s' is fenced by the exclusive exec running in it since %s: "
-                        "calls with its operate token answer 409 until that exec's result is in",
+                        "sandbox '%s' is fenced since %s by an exclusive exec or a snapshot "
+                        "running in it: calls with its operate token answer 409 until it ends",
                         f->id, f->since);
 }
 
@@ -487,9 +487,15 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
     r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
     if (r < 0)
         goto out;
-    pthread_mutex_lock(&l->capture_mutex);
-    r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
-    pthread_mutex_unlock(&l->capture_mutex);
+    /* no write made for an operate token (an upload, a file, a resume) runs while the copy
+     * walks the trees: the frozen sandbox is all there is to them (a fork's capture too) */
+    r = lend_fence_raise(l, id, err);
+    if (r == 0) {
+        pthread_mutex_lock(&l->capture_mutex);
+        r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
+        pthread_mutex_unlock(&l->capture_mutex);
+        lend_fence_lower(l, id);
+    }
     if (r < 0) {
         image_snapshot_discard(work);
         goto out;

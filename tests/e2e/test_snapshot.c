@@ -650,6 +650,57 @@ static void kill_during(const char *point)
     lbt_release_session(&K, "rs-kill"); /* the fixture stops K */
 }
 
+/* While the capture runs (held frozen by the fault point), calls with the sandbox's operate
+ * token answer 409: a file written for the agent cannot change the trees under the copy; the
+ * snapshot holds the sandbox as it was, and the token works again afterwards. */
+START_TEST(test_operate_fenced_during_capture)
+{
+    const char *const args[] = {"--set", "faults.spec=snapshot.frozen=delay:3000", NULL};
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], tok[256], path[160], *text;
+    struct lbt_async *job;
+    struct lbt_resp r;
+    int i;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    lbt_daemon_start(&K, args);
+    seed(&K, "rs-fence", NULL, a, tok);
+    free(lbt_sh(&K, a, "echo before > /workspace/f"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", a);
+    job = lbt_async_json(&K, "POST", path, "", "{\"name\": \"snap-fence\"}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+    for (i = 0; i < 200; i++) { /* frozen: the capture holds it */
+        bool frozen;
+
+        lbt_json(&K, "GET", path, "", NULL, &r);
+        frozen = r.status == 200 && str(r.json, "status") &&
+                 strcmp(str(r.json, "status"), "paused") == 0;
+        lbt_resp_free(&r);
+        if (frozen)
+            break;
+        lbt_sleep_ms(20);
+    }
+    ck_assert_int_lt(i, 200);
+    lbt_file_put(&K, a, tok, "/workspace/f", NULL, "during\n", 7, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_file_put(&K, a, tok, "/workspace/new", NULL, "new\n", 4, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_file_put(&K, a, tok, "/workspace/f", NULL, "after\n", 6, &r);
+    ck_assert_msg(r.status < 300, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    seed(&K, "rs-fence-b", "\"image\": \"snap-fence\"", b, NULL);
+    text = lbt_sh(&K, b, "cat /workspace/f; ls /workspace");
+    ck_assert_str_eq(text, "before\nf\n");
+    free(text);
+    lbt_release_session(&K, "rs-fence-b");
+    lbt_release_session(&K, "rs-fence");
+}
+END_TEST
+
 START_TEST(test_kill_while_frozen)
 {
     SKIP_UNLESS_SNAPSHOTS();
@@ -683,6 +734,7 @@ int main(void)
     tc = tcase_create("crash");
     lbt_test_daemon_cleanup(tc, &K);
     tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_operate_fenced_during_capture);
     tcase_add_test(tc, test_kill_while_frozen);
     tcase_add_test(tc, test_kill_before_naming);
     suite_add_tcase(s, tc);
