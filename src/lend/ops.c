@@ -437,7 +437,7 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
 
 /* see lend_private.h */
 int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
-                          struct lb_image_info *info, struct lb_error *err)
+                          json_t *labels, struct lb_image_info *info, struct lb_error *err)
 {
     struct lend_target t;
     struct lb_provider_caps caps;
@@ -500,7 +500,8 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
         image_snapshot_discard(work);
         goto out;
     }
-    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, info, err);
+    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, labels,
+                               info, err);
 out:
     if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
         log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
@@ -509,7 +510,7 @@ out:
     return r;
 }
 
-int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t *labels, json_t **out,
                   struct lb_error *err)
 {
     struct lb_image_info info;
@@ -522,13 +523,14 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
                             "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
                             "%d bytes, not 'host')",
                             name ? name : "", LB_IMAGE_NAME_MAX);
-    r = lend_snapshot_capture(l, id, name, false, &info, err);
+    r = lend_snapshot_capture(l, id, name, false, labels, &info, err);
     if (r < 0)
         return r;
     clock_format_rfc3339(info.created_at, created, sizeof(created));
-    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "name", info.name, "digest", info.digest,
+    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "name", info.name, "digest", info.digest,
                      "size_bytes", (json_int_t)info.size_bytes, "created_at", created, "kind",
-                     "snapshot", "base", info.base, "source_sandbox_id", id);
+                     "snapshot", "base", info.base, "source_sandbox_id", id, "labels",
+                     labels ? json_incref(labels) : json_object());
     if (!*out)
         return lb_error_set(err, -ENOMEM, "out of memory");
     return 0;

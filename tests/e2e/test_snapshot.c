@@ -168,11 +168,15 @@ START_TEST(test_round_trip)
     ck_assert_int_eq(strlen(str(r.json, "digest")), 7 + 64);
     ck_assert_int_ge(json_integer_value(json_object_get(r.json, "size_bytes")), 52428800);
     ck_assert_ptr_nonnull(str(r.json, "created_at"));
+    ck_assert_int_eq(json_object_size(json_object_get(r.json, "labels")), 1);
+    ck_assert_str_eq(str(json_object_get(r.json, "labels"), "k"), "v");
     lbt_resp_free(&r);
     e = image_entry(&D, "snap-rt");
     ck_assert_ptr_nonnull(e);
     ck_assert_str_eq(str(e, "kind"), "snapshot");
     ck_assert_str_eq(str(e, "base"), lbt_variant_image());
+    ck_assert_int_eq(json_object_size(json_object_get(e, "labels")), 1); /* kept with it */
+    ck_assert_str_eq(str(json_object_get(e, "labels"), "k"), "v");
     json_decref(e);
     /* the source was thawed: it runs and writes */
     text = lbt_sh(&D, a, "echo after > /workspace/later && cat /workspace/later");
@@ -328,6 +332,8 @@ START_TEST(test_bad_input)
                                       "{}",
                                       "[]",
                                       "{\"name\": \"ok\", \"labels\": 3}",
+                                      "{\"name\": \"ok\", \"labels\": {\"k\": 3}}",
+                                      "{\"name\": \"ok\", \"labels\": {\"\": \"v\"}}",
                                       "{\"name\": \"a\\u0000b\"}",
                                       "{\"name\": \"..\"}",
                                       "{\"name\": \"../up\"}",
