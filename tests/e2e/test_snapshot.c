@@ -121,9 +121,10 @@ static long delete_image(struct lbt_daemon *d, const char *name, const char *wan
     "sort"
 
 /* The same of a directory the sandbox made in its root layer (image variant; directories'
- * link counts left out: overlayfs counts them its own way) */
+ * sizes and link counts left out: the stored layer is on another file system) */
 #define ROOT_MANIFEST                                                                              \
-    "cd /opt/snap && find . -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "                  \
+    "cd /opt/snap && find . ! -type d -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "        \
+    "find . -type d -exec stat -c '%n|%a|%u|%g' {} + | sort && "                                   \
     "find . -type f -exec sha256sum {} + | sort && find . -type f -exec stat -c '%n|%h' {} + | "   \
     "sort"
 
@@ -148,13 +149,18 @@ START_TEST(test_round_trip)
                             "{\"command\": \"echo u > /workspace/byuser; chmod 0600 "
                             "/workspace/byuser\", \"user\": \"1000:1001\"}"));
     if (image) /* the root layer: a new file, a changed one, a deleted one of the base */
-        free(lbt_sh(&D, a,
-                    "set -e; mkdir -p /opt/snap/private; echo root-layer > /opt/snap/f; "
-                    "echo changed >> /etc/passwd; rm /etc/hostname; chmod 0700 /opt/snap/private; "
-                    "echo p > /opt/snap/private/p; chown 1000:1001 /opt/snap/private/p; "
-                    "chmod 0604 /opt/snap/private/p; ln -s ../snap/f /opt/snap/rel; "
-                    ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2; python3 -c \"import os; "
-                    "os.setxattr('/opt/snap/f', 'user.lbt', b'root-kept')\""));
+        free(lbt_sh(
+            &D, a,
+            "set -e; mkdir -p /opt/snap/private; echo root-layer > /opt/snap/f; "
+            "echo changed >> /etc/passwd; rm /etc/hostname; chmod 0700 /opt/snap/private; "
+            "echo p > /opt/snap/private/p; mkdir /opt/snap/users; chmod 1777 /opt/snap/users; "
+            "ln -s ../snap/f /opt/snap/rel; "
+            ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2; python3 -c \"import os; "
+            "os.setxattr('/opt/snap/f', 'user.lbt', b'root-kept')\""));
+    if (image) /* a file of another owner there */
+        json_decref(lbt_exec_ok(&D, a, "",
+                                "{\"command\": \"echo u > /opt/snap/users/p; chmod 0604 "
+                                "/opt/snap/users/p\", \"user\": \"1000:1001\"}"));
     before = lbt_sh(&D, a, MANIFEST);
     root_before = image ? lbt_sh(&D, a, ROOT_MANIFEST) : NULL;
 
@@ -520,7 +526,7 @@ START_TEST(test_sparse_past_disk_size)
     free(lbt_sh(&D, a, "truncate -s 8G /workspace/sparse; echo x > /workspace/small"));
     assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
     if (!lbt_variant_on_host()) { /* the same in the root layer */
-        free(lbt_sh(&D, a, "rm /workspace/sparse; truncate -s 8G /opt/sparse"));
+        free(lbt_sh(&D, a, "rm /workspace/sparse; mkdir -p /opt; truncate -s 8G /opt/sparse"));
         assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
         free(lbt_sh(&D, a, "rm /opt/sparse"));
     } else {
