@@ -516,7 +516,8 @@ START_TEST(test_hostile_links)
 END_TEST
 
 /* A sparse file far past the sandbox's disk size: refused 413 before a byte is copied, nothing
- * left, the sandbox thawed; once it is gone the snapshot succeeds. */
+ * left, the sandbox thawed; once it is gone the snapshot succeeds. More empty files than one per
+ * KiB of the disk size: 413 too. */
 START_TEST(test_sparse_past_disk_size)
 {
     char a[LBT_ID_MAX];
@@ -533,6 +534,9 @@ START_TEST(test_sparse_past_disk_size)
         free(lbt_sh(&D, a, "rm /workspace/sparse"));
     }
     snapshot_ok(&D, a, "snap-sparse");
+    /* empty files cost the tmpfs nothing and the copy a file each: one per KiB of disk */
+    free(lbt_sh(&D, a, "mkdir /workspace/many && cd /workspace/many && seq 1 66000 | xargs touch"));
+    assert_refused(&D, a, "snap-many", 413, "payload_too_large");
     lbt_release_session(&D, "rs-sp");
     ck_assert_int_eq(delete_image(&D, "snap-sparse", NULL), 204);
 }
@@ -605,10 +609,11 @@ static int count_mounts_under(const char *dir)
 
 /* kill -9 of the daemon while a snapshot is held at the fault point, then a restart: nothing
  * of the snapshot is visible or left (no name, no work dir, no stored tree, no mount), the
- * sandbox runs (thawed), and a new snapshot of it succeeds. */
+ * sandbox runs (thawed) and takes its operate token's writes (adopted, no fence left), and a new
+ * snapshot of it succeeds. */
 static void kill_during(const char *point)
 {
-    char spec[128], a[LBT_ID_MAX], tmp[512], store[512], path[160], *text;
+    char spec[128], a[LBT_ID_MAX], tok[256], tmp[512], store[512], path[160], *text;
     const char *const args[] = {"--set", spec, NULL};
     int i, mounts, trees;
     struct lbt_async *job;
@@ -616,7 +621,7 @@ static void kill_during(const char *point)
 
     snprintf(spec, sizeof(spec), "faults.spec=%s=delay:60000", point);
     lbt_daemon_start(&K, args);
-    seed(&K, "rs-kill", NULL, a, NULL);
+    seed(&K, "rs-kill", NULL, a, tok);
     free(lbt_sh(&K, a, "echo kept > /workspace/f"));
     snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", K.state_dir);
     snprintf(store, sizeof(store), "%s/images/.store/sha256", K.state_dir);
@@ -657,6 +662,9 @@ static void kill_during(const char *point)
     text = lbt_sh(&K, a, "cat /workspace/f");
     ck_assert_str_eq(text, "kept\n");
     free(text);
+    lbt_file_put(&K, a, tok, "/workspace/g", NULL, "g\n", 2, &r); /* adopted, no fence left */
+    ck_assert_msg(r.status < 300, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
     snapshot_ok(&K, a, "snap-kill");
     ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
     lbt_release_session(&K, "rs-kill"); /* the fixture stops K */

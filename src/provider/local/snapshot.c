@@ -150,10 +150,13 @@ int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_err
  * following a symlink or leaving their file system: a regular file counts the larger of its
  * size and its allocation (a sparse file counts in full: what the image says it holds, not what
  * it happens to use), anything else its allocation. The capture is refused when the sum passes
- * the sandbox's disk size (-EFBIG), when the image store has not that much room (-ENOSPC), or
+ * the sandbox's disk size or the entries pass one per KiB of it (-EFBIG: a tmpfs does not count
+ * inodes against its size, the image store's disk does; and each costs the copy a file), when
+ * the image store has not that much room (-ENOSPC), or
  * when a tree holds a device node other than overlayfs's 0:0 whiteout (-EOPNOTSUPP: the sandbox
  * cannot make one; a node there came from elsewhere and is not carried into an image). */
-static _Thread_local int64_t tally_bytes, tally_cap;
+#define TALLY_BYTES_PER_ENTRY 1024
+static _Thread_local int64_t tally_bytes, tally_cap, tally_entries;
 static _Thread_local int tally_stop; /* 0, or the negative errno that stopped the walk */
 static _Thread_local char tally_path[512];
 
@@ -168,7 +171,7 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
         tally_stop = -EOPNOTSUPP;
     } else {
         tally_bytes += S_ISREG(st->st_mode) && st->st_size > alloc ? st->st_size : alloc;
-        if (tally_bytes > tally_cap)
+        if (tally_bytes > tally_cap || ++tally_entries > tally_cap / TALLY_BYTES_PER_ENTRY)
             tally_stop = -EFBIG;
     }
     if (tally_stop)
@@ -184,9 +187,9 @@ static int tally_tree(const char *path, struct lb_error *err)
     switch (tally_stop) {
     case -EFBIG:
         return lb_error_set(err, -EFBIG,
-                            "the snapshot would hold more than the sandbox's disk size "
-                            "(%lld bytes; a sparse file counts its full size)",
-                            (long long)tally_cap);
+                            "the snapshot would hold more than the sandbox's disk size (%lld "
+                            "bytes; a sparse file counts its full size) or more than %lld files",
+                            (long long)tally_cap, (long long)(tally_cap / TALLY_BYTES_PER_ENTRY));
     case -EOPNOTSUPP:
         return lb_error_set(err, -EOPNOTSUPP,
                             "the sandbox's file system holds a device node ('%s'): it is not "
@@ -219,6 +222,7 @@ static int capture_check(const struct local_provider *lp, const char *layer, int
     int r = 0;
 
     tally_bytes = 0;
+    tally_entries = 0;
     tally_cap = capture_cap(lp, wfd);
     if (layer)
         r = tally_tree(layer, err);
