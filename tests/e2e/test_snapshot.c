@@ -671,8 +671,9 @@ static void kill_during(const char *point)
 }
 
 /* While the capture runs (held frozen by the fault point), calls with the sandbox's operate
- * token answer 409: a file written for the agent cannot change the trees under the copy; the
- * snapshot holds the sandbox as it was, and the token works again afterwards. */
+ * token answer 409: a file written for the agent cannot change the trees under the copy, nor
+ * can a resume thaw the sandbox's processes under it; the snapshot holds the sandbox as it
+ * was, and the token works again afterwards. */
 START_TEST(test_operate_fenced_during_capture)
 {
     const char *const args[] = {"--set", "faults.spec=snapshot.frozen=delay:3000", NULL};
@@ -705,6 +706,15 @@ START_TEST(test_operate_fenced_during_capture)
     lbt_resp_free(&r);
     lbt_file_put(&K, a, tok, "/workspace/new", NULL, "new\n", 4, &r);
     lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    /* nor can the agent thaw itself under the copy (its processes would race cp's walk) */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", a);
+    lbt_json(&K, "POST", path, tok, "{}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+    lbt_json(&K, "GET", path, "", NULL, &r);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
     lbt_resp_free(&r);
     lbt_async_join(job, &r);
     ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
