@@ -15,6 +15,13 @@
  *   sandbox or a snapshot stands on an image, 204 once nothing does
  * - bad input: invalid names 400, an existing image name 409, an unknown or released sandbox
  *   404, an operate token 403; every error is {"error":{"code","message"}}
+ * - round trip also: a hard link (one inode in the seed), labels in the 201 and the listing, and
+ *   (image variant) a root-layer manifest with a 0700 directory, another owner, a relative
+ *   symlink, an empty file, a hard link and a user xattr
+ * - hostile captures: symlinks to host paths, a FIFO and a socket are copied as what they are
+ *   (no host file read into the stored tree); a sparse file past the disk size or more files
+ *   than one per KiB of it: 413; a device node: 422; each leaves nothing and thaws the sandbox
+ * - the operate token answers 409 during the capture (file writes, a resume)
  * - kill -9 of the daemon while a snapshot's copy runs (fault snapshot.frozen=delay) or with
  *   its tree stored and not yet named (snapshot.publish=delay), then a restart: no snapshot is
  *   named, no work dir is left under .store/tmp, no stored tree and no mount is added, and the
