@@ -624,6 +624,7 @@ static void kill_during(const char *point)
     const char *const args[] = {"--set", spec, NULL};
     int i, mounts, trees;
     struct lbt_async *job;
+    json_t *e;
     struct lbt_resp r;
 
     snprintf(spec, sizeof(spec), "faults.spec=%s=delay:60000", point);
@@ -673,7 +674,9 @@ static void kill_during(const char *point)
     ck_assert_msg(r.status < 300, "%ld %s", r.status, r.body);
     lbt_resp_free(&r);
     snapshot_ok(&K, a, "snap-kill");
-    ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
+    e = image_entry(&K, "snap-kill");
+    ck_assert_ptr_nonnull(e);
+    json_decref(e);
     lbt_release_session(&K, "rs-kill"); /* the fixture stops K */
 }
 
