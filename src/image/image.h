@@ -165,12 +165,18 @@ int image_snapshot_prepare(const char *images_dir, char *work_out, size_t size,
 /* Publish work as the snapshot name of a sandbox seeded from base ("host" or a stored image
  * name) by source_id. flattened: work/rootfs holds a whole tree (stacks on nothing) rather
  * than a layer over base. hidden: a fork's implicit snapshot (image.json "hidden": true, info
- * .hidden). out (may be NULL) gets the new image's info. Consumes work (removed
+ * .hidden). labels: a JSON object of strings kept in its image.json (NULL: none; borrowed).
+ * out (may be NULL) gets the new image's info. Consumes work (removed
  * on failure too). Returns 0; -EINVAL (bad name); -EEXIST (the name exists: 409); -ENOENT
  * (base is no stored image any more); or another negative errno. Thread-safe (store lock). */
 int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
                            const char *base, const char *source_id, bool flattened, bool hidden,
-                           struct lb_image_info *out, struct lb_error *err);
+                           json_t *labels, struct lb_image_info *out, struct lb_error *err);
+
+/* The labels of the stored image name: *out gets a new reference to a JSON object (empty for
+ * an image or a snapshot taken without labels; the caller decrefs). 0, -ENOENT (no such stored
+ * image), -ENOMEM. Thread-safe. */
+int image_labels(const char *images_dir, const char *name, json_t **out, struct lb_error *err);
 
 /* Remove a work dir of image_snapshot_prepare. */
 void image_snapshot_discard(const char *work);

@@ -74,7 +74,7 @@ static int load_base(const char *images_dir, const char *base, char base_hex[65]
 
 int image_snapshot_publish(const char *images_dir, const char *work, const char *name,
                            const char *base, const char *source_id, bool flattened, bool hidden,
-                           struct lb_image_info *out, struct lb_error *err)
+                           json_t *labels, struct lb_image_info *out, struct lb_error *err)
 {
     char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
     unsigned char rnd[32];
@@ -130,6 +130,10 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
     json_object_set_new(info, "digest", json_string(p));
     if (hidden)
         json_object_set_new(info, "hidden", json_true());
+    if (json_object_size(labels) > 0 && json_object_set(info, "labels", labels) < 0) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
     snprintf(p, sizeof(p), "%s/image.json", work);
     if (json_dump_file(info, p, JSON_COMPACT) < 0) {
         r = lb_error_set(err, -EIO, "cannot write '%s'", p);
@@ -176,6 +180,26 @@ out:
     if (r < 0)
         image_snapshot_discard(work);
     return r;
+}
+
+int image_labels(const char *images_dir, const char *name, json_t **out, struct lb_error *err)
+{
+    char hex[65], p[IMAGE_PATH_MAX + 128];
+    json_t *j, *labels;
+    int r;
+
+    *out = NULL;
+    r = image_find_hex(images_dir, name, hex, err);
+    if (r < 0)
+        return r;
+    snprintf(p, sizeof(p), "%s/" STORE "/sha256/%s/image.json", images_dir, hex);
+    j = json_load_file(p, 0, NULL);
+    if (!j)
+        return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s'", name, p);
+    labels = json_object_get(j, "labels");
+    *out = json_is_object(labels) ? json_incref(labels) : json_object();
+    json_decref(j);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 int image_layers(const char *images_dir, const char *name, struct lb_image_layers *out,

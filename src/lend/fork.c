@@ -187,7 +187,7 @@ int lend_fork_begin(struct lb_lend *l, const char *id, char *name, size_t name_l
         goto out;
     }
     pinned = true;
-    r = lend_snapshot_capture(l, id, name, true, &info, err);
+    r = lend_snapshot_capture(l, id, name, true, NULL, &info, err);
     if (r < 0)
         goto out;
     spec = rec.spec_json ? json_loads(rec.spec_json, 0, NULL) : NULL;

@@ -258,14 +258,19 @@ void lend_set_release_hook(struct lb_lend *l, lb_lend_release_hook hook, void *c
 typedef void (*lb_lend_stopped_hook)(void *ctx, const char *sandbox_id);
 void lend_set_stopped_hook(struct lb_lend *l, lb_lend_stopped_hook hook, void *ctx);
 
-/* Snapshot the lent sandbox id as the image name (image/image.h; the provider's snapshot op):
+/* Snapshot the lent sandbox id as the image name (image/image.h; the provider's snapshot op),
+ * with labels (a checked JSON object of strings, or NULL; borrowed) kept with the image:
  * *out gets {"name","digest","size_bytes","created_at","kind":"snapshot","base",
- * "source_sandbox_id"} (the caller's). The sandbox keeps running. Errors: -EINVAL (bad name),
- * -EEXIST (an image of that name exists, or the sandbox's image was renamed to another tree
- * since its seed), -ENOENT (no such running sandbox), -ENOSYS (the provider has no snapshots),
- * -EREMOTEIO (the capture failed; nothing is named). Blocks for the copy. Callers run one
+ * "source_sandbox_id","labels"} (the caller's). The sandbox keeps running; its operate-token
+ * fence is up for the capture (lend_fence_raise: operate-token calls answer 409, writes admitted
+ * before complete first), so nothing but the frozen sandbox itself holds its files. Errors:
+ * -EINVAL (bad name), -EEXIST (an image of that name exists, or the sandbox's image was renamed
+ * to another tree since its seed), -ENOENT (no such running sandbox), -ENOSYS (the provider has
+ * no snapshots), -EFBIG (the capture would pass the sandbox's disk size), -ENOSPC (the image
+ * store has no room), -EOPNOTSUPP (a device node in the sandbox's trees), -EREMOTEIO (the
+ * capture failed); on any error nothing is named. Blocks for the copy. Callers run one
  * snapshot at a time (the route's serial key "images"). */
-int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t *labels, json_t **out,
                   struct lb_error *err);
 
 /* POST /v1/sandboxes/{id}/reset: return lent sandbox id, in place, to how it was seeded, or

@@ -113,11 +113,12 @@ int lend_retry_pending(struct lb_lend *l, const char *rsid, int *n_stopped, char
                        size_t stopped_id_len, struct lb_error *err);
 
 /* ops.c: capture the lent sandbox id as the snapshot name (hidden: a fork's implicit one,
- * see image_snapshot_publish); info gets the new image. Errors as lend_snapshot (name is
- * not checked here). Blocks for the copy. */
+ * see image_snapshot_publish; labels: kept with it, or NULL; borrowed); info gets the new
+ * image. The sandbox's operate-token fence is up during the capture. Errors as lend_snapshot
+ * (name is not checked here). Blocks for the copy. */
 struct lb_image_info;
 int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
-                          struct lb_image_info *info, struct lb_error *err);
+                          json_t *labels, struct lb_image_info *info, struct lb_error *err);
 
 /* fork.c: after record r stopped: when its image is a fork's implicit snapshot that nothing
  * stands on any more, remove it (logs its own failures). */

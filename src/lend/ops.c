@@ -82,8 +82,8 @@ static void fence_put(struct lb_lend *l, struct lend_fence *f)
 static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
 {
     return lb_error_set(err, -EBUSY,
-                        "sandbox '%s' is fenced by the exclusive exec running in it since %s: "
-                        "calls with its operate token answer 409 until that exec's result is in",
+                        "sandbox '%s' is fenced since %s by an exclusive exec or a snapshot "
+                        "running in it: calls with its operate token answer 409 until it ends",
                         f->id, f->since);
 }
 
@@ -453,7 +453,7 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
 
 /* see lend_private.h */
 int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
-                          struct lb_image_info *info, struct lb_error *err)
+                          json_t *labels, struct lb_image_info *info, struct lb_error *err)
 {
     struct lend_target t;
     struct lb_provider_caps caps;
@@ -503,14 +503,21 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
     r = image_snapshot_prepare(l->cfg.images_dir, work, sizeof(work), err);
     if (r < 0)
         goto out;
-    pthread_mutex_lock(&l->capture_mutex);
-    r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
-    pthread_mutex_unlock(&l->capture_mutex);
+    /* no write made for an operate token (an upload, a file, a resume) runs while the copy
+     * walks the trees: the frozen sandbox is all there is to them (a fork's capture too) */
+    r = lend_fence_raise(l, id, err);
+    if (r == 0) {
+        pthread_mutex_lock(&l->capture_mutex);
+        r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
+        pthread_mutex_unlock(&l->capture_mutex);
+        lend_fence_lower(l, id);
+    }
     if (r < 0) {
         image_snapshot_discard(work);
         goto out;
     }
-    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, info, err);
+    r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, labels,
+                               info, err);
 out:
     if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
         log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
@@ -519,7 +526,7 @@ out:
     return r;
 }
 
-int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **out,
+int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t *labels, json_t **out,
                   struct lb_error *err)
 {
     struct lb_image_info info;
@@ -532,13 +539,14 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
                             "invalid snapshot name '%s' (want [A-Za-z0-9][A-Za-z0-9._-]*, at most "
                             "%d bytes, not 'host')",
                             name ? name : "", LB_IMAGE_NAME_MAX);
-    r = lend_snapshot_capture(l, id, name, false, &info, err);
+    r = lend_snapshot_capture(l, id, name, false, labels, &info, err);
     if (r < 0)
         return r;
     clock_format_rfc3339(info.created_at, created, sizeof(created));
-    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "name", info.name, "digest", info.digest,
+    *out = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "name", info.name, "digest", info.digest,
                      "size_bytes", (json_int_t)info.size_bytes, "created_at", created, "kind",
-                     "snapshot", "base", info.base, "source_sandbox_id", id);
+                     "snapshot", "base", info.base, "source_sandbox_id", id, "labels",
+                     labels ? json_incref(labels) : json_object());
     if (!*out)
         return lb_error_set(err, -ENOMEM, "out of memory");
     return 0;

@@ -21,15 +21,19 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-static json_t *image_json(const struct lb_image_info *info)
+/* An entry of GET /v1/images; a snapshot's carries its labels (read from the store). */
+static json_t *image_json(const char *images_dir, const struct lb_image_info *info)
 {
     char created[32];
+    json_t *labels = NULL;
 
     clock_format_rfc3339(info->created_at, created, sizeof(created));
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s?}", "name", info->name, "digest", info->digest,
+    if (info->snapshot && image_labels(images_dir, info->name, &labels, NULL) < 0)
+        labels = json_object(); /* removed meanwhile: listed as it was read */
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s?,s:o*}", "name", info->name, "digest", info->digest,
                      "size_bytes", (json_int_t)info->size_bytes, "created_at", created, "kind",
                      info->snapshot ? "snapshot" : "image", "base",
-                     info->snapshot ? info->base : NULL);
+                     info->snapshot ? info->base : NULL, "labels", labels);
 }
 
 /* image_gc's question: does a live sandbox record hold this digest? (errors: yes) */
@@ -63,7 +67,8 @@ static void images_list_run(struct lb_request *req, void *arg)
     if (r == 0) {
         arr = json_array();
         for (i = 0; arr && i < n; i++)
-            if (!all[i].hidden && json_array_append_new(arr, image_json(&all[i])) < 0)
+            if (!all[i].hidden &&
+                json_array_append_new(arr, image_json(app->images_dir, &all[i])) < 0)
                 break; /* a fork's implicit snapshot is not a user's image: not listed */
         out = arr && i == n ? json_pack("{s:o}", "images", arr) : NULL;
         if (!out) {
@@ -173,7 +178,7 @@ static void import_finish(struct lb_request *req, void *arg)
         return;
     }
     images_gc(app);
-    out = image_json(&info);
+    out = image_json(app->images_dir, &info);
     if (out)
         json_object_set_new(out, "already_stored", json_boolean(existed));
     if (!out) {
@@ -249,7 +254,16 @@ int route_image_import(struct lb_request *req, struct lb_error *err)
 struct snapshot_job {
     char id[LB_ID_MAX];
     char name[LB_IMAGE_NAME_MAX + 1];
+    json_t *labels; /* NULL: none */
 };
+
+static void snapshot_job_free(void *arg)
+{
+    struct snapshot_job *j = arg;
+
+    json_decref(j->labels);
+    free(j);
+}
 
 static void snapshot_run(struct lb_request *req, void *arg)
 {
@@ -257,7 +271,7 @@ static void snapshot_run(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    int r = lend_snapshot(app->lend, j->id, j->name, &out, &err);
+    int r = lend_snapshot(app->lend, j->id, j->name, j->labels, &out, &err);
 
     if (r < 0) {
         http_respond_error(req, &err);
@@ -269,7 +283,7 @@ static void snapshot_run(struct lb_request *req, void *arg)
 int route_snapshot(struct lb_request *req, struct lb_error *err)
 {
     const char *id = http_param(req, 0), *name;
-    json_t *body = NULL, *labels;
+    json_t *body = NULL, *labels = NULL;
     struct snapshot_job *j = NULL;
     int r;
 
@@ -277,14 +291,13 @@ int route_snapshot(struct lb_request *req, struct lb_error *err)
     if (r < 0)
         return r;
     name = json_string_value(json_object_get(body, "name"));
-    labels = json_object_get(body, "labels");
     if (!json_is_object(body) || !name || !image_name_is_valid(name))
         r = lb_error_set(err, -EINVAL,
                          "'name' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most %d "
                          "bytes, not 'host')",
                          LB_IMAGE_NAME_MAX);
-    else if (labels && !json_is_object(labels))
-        r = lb_error_set(err, -EINVAL, "'labels' must be an object");
+    else if ((r = routes_string_map(body, "labels", &labels, err)) == 0 && labels)
+        r = routes_check_labels(labels, err);
     else if (!id || strlen(id) >= LB_ID_MAX)
         r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
     if (r == 0 && !(j = calloc(1, sizeof(*j))))
@@ -295,7 +308,8 @@ int route_snapshot(struct lb_request *req, struct lb_error *err)
     }
     snprintf(j->id, sizeof(j->id), "%s", id);
     snprintf(j->name, sizeof(j->name), "%s", name);
+    j->labels = json_is_object(labels) ? json_incref(labels) : NULL;
     json_decref(body);
     http_set_serial_key(req, "images"); /* with imports and removals: one at a time */
-    return http_defer(req, snapshot_run, j, free, err);
+    return http_defer(req, snapshot_run, j, snapshot_job_free, err);
 }

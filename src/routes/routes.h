@@ -77,6 +77,9 @@ int routes_check_fields(json_t *obj, const char *const *allowed, const char *wha
 bool routes_rsid_is_valid(const char *rsid);
 /* obj[key] must be absent, or an object whose values are all strings. */
 int routes_string_map(json_t *obj, const char *key, json_t **out, struct lb_error *err);
+/* The bounds of a labels object (a seed's, a snapshot's): at most 64 entries, names of 1 to
+ * 128 bytes, values of at most 1024 bytes. -EINVAL (400) naming what is past them. */
+int routes_check_labels(json_t *labels, struct lb_error *err);
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);

@@ -183,6 +183,11 @@ static int seed_check_labels(json_t *labels, struct lb_error *err)
     return 0;
 }
 
+int routes_check_labels(json_t *labels, struct lb_error *err)
+{
+    return seed_check_labels(labels, err);
+}
+
 static int seed_parse_ports(json_t *ports, struct lb_seed_request *req, struct lb_error *err)
 {
     json_t *v;

@@ -15,15 +15,30 @@
  *   sandbox or a snapshot stands on an image, 204 once nothing does
  * - bad input: invalid names 400, an existing image name 409, an unknown or released sandbox
  *   404, an operate token 403; every error is {"error":{"code","message"}}
+ * - round trip also: a hard link (one inode in the seed), labels in the 201 and the listing, and
+ *   (image variant) a root-layer manifest with a 0700 directory, another owner, a relative
+ *   symlink, an empty file, a hard link and a user xattr
+ * - hostile captures: symlinks to host paths, a FIFO and a socket are copied as what they are
+ *   (no host file read into the stored tree); a sparse file past the disk size or more files
+ *   than one per KiB of it: 413; a device node: 422; each leaves nothing and thaws the sandbox
+ * - the operate token answers 409 during the capture (file writes, a resume)
  * - kill -9 of the daemon while a snapshot's copy runs (fault snapshot.frozen=delay) or with
  *   its tree stored and not yet named (snapshot.publish=delay), then a restart: no snapshot is
  *   named, no work dir is left under .store/tmp, no stored tree and no mount is added, and the
  *   sandbox runs again (thawed); a new snapshot of it succeeds
  */
 #include <dirent.h>
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -109,11 +124,20 @@ static long delete_image(struct lbt_daemon *d, const char *name, const char *wan
  * the contents' digests. */
 #define MANIFEST                                                                                   \
     "cd /workspace && find . -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "                 \
-    "find . -type f -exec sha256sum {} + | sort"
+    "find . -type f -exec sha256sum {} + | sort && find . -type f -exec stat -c '%n|%h' {} + | "   \
+    "sort"
+
+/* The same of a directory the sandbox made in its root layer (image variant; directories'
+ * sizes and link counts left out: the stored layer is on another file system) */
+#define ROOT_MANIFEST                                                                              \
+    "cd /opt/snap && find . ! -type d -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "        \
+    "find . -type d -exec stat -c '%n|%a|%u|%g' {} + | sort && "                                   \
+    "find . -type f -exec sha256sum {} + | sort && find . -type f -exec stat -c '%n|%h' {} + | "   \
+    "sort"
 
 START_TEST(test_round_trip)
 {
-    char a[LBT_ID_MAX], b[LBT_ID_MAX], *before, *after, *text;
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], *before, *after, *text, *root_before = NULL;
     const bool image = !lbt_variant_on_host();
     struct lbt_resp r;
     json_t *e;
@@ -124,7 +148,7 @@ START_TEST(test_round_trip)
                 "set -e; cd /workspace; mkdir -p secret/inner; chmod 0700 secret; "
                 "echo deep > secret/inner/x; ln -s secret/inner/x link; ln -s /nowhere dangling; "
                 ": > empty; head -c 52428800 /dev/urandom > big; echo owned > owned; "
-                "chmod 0640 owned; chmod 4755 empty; chmod 0777 /workspace; "
+                "chmod 0640 owned; chmod 4755 empty; chmod 0777 /workspace; ln big biglink; "
                 "python3 -c \"import os; os.setxattr('owned', 'user.lbt', b'kept')\"; "
                 "echo scratch > /tmp/scratch"));
     /* a file of another owner */
@@ -132,10 +156,20 @@ START_TEST(test_round_trip)
                             "{\"command\": \"echo u > /workspace/byuser; chmod 0600 "
                             "/workspace/byuser\", \"user\": \"1000:1001\"}"));
     if (image) /* the root layer: a new file, a changed one, a deleted one of the base */
-        free(lbt_sh(&D, a,
-                    "set -e; mkdir -p /opt/snap; echo root-layer > /opt/snap/f; "
-                    "echo changed >> /etc/passwd; rm /etc/hostname"));
+        free(lbt_sh(
+            &D, a,
+            "set -e; mkdir -p /opt/snap/private; echo root-layer > /opt/snap/f; "
+            "echo changed >> /etc/passwd; rm /etc/hostname; chmod 0700 /opt/snap/private; "
+            "echo p > /opt/snap/private/p; mkdir /opt/snap/users; chmod 1777 /opt/snap/users; "
+            "ln -s ../snap/f /opt/snap/rel; "
+            ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2; python3 -c \"import os; "
+            "os.setxattr('/opt/snap/f', 'user.lbt', b'root-kept')\""));
+    if (image) /* a file of another owner there */
+        json_decref(lbt_exec_ok(&D, a, "",
+                                "{\"command\": \"echo u > /opt/snap/users/p; chmod 0604 "
+                                "/opt/snap/users/p\", \"user\": \"1000:1001\"}"));
     before = lbt_sh(&D, a, MANIFEST);
+    root_before = image ? lbt_sh(&D, a, ROOT_MANIFEST) : NULL;
 
     snapshot(&D, a, "", "{\"name\": \"snap-rt\", \"labels\": {\"k\": \"v\"}}", &r);
     ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
@@ -147,11 +181,15 @@ START_TEST(test_round_trip)
     ck_assert_int_eq(strlen(str(r.json, "digest")), 7 + 64);
     ck_assert_int_ge(json_integer_value(json_object_get(r.json, "size_bytes")), 52428800);
     ck_assert_ptr_nonnull(str(r.json, "created_at"));
+    ck_assert_int_eq(json_object_size(json_object_get(r.json, "labels")), 1);
+    ck_assert_str_eq(str(json_object_get(r.json, "labels"), "k"), "v");
     lbt_resp_free(&r);
     e = image_entry(&D, "snap-rt");
     ck_assert_ptr_nonnull(e);
     ck_assert_str_eq(str(e, "kind"), "snapshot");
     ck_assert_str_eq(str(e, "base"), lbt_variant_image());
+    ck_assert_int_eq(json_object_size(json_object_get(e, "labels")), 1); /* kept with it */
+    ck_assert_str_eq(str(json_object_get(e, "labels"), "k"), "v");
     json_decref(e);
     /* the source was thawed: it runs and writes */
     text = lbt_sh(&D, a, "echo after > /workspace/later && cat /workspace/later");
@@ -164,14 +202,23 @@ START_TEST(test_round_trip)
     text = lbt_sh(&D, b,
                   "python3 -c \"import os; print(os.getxattr('/workspace/owned', "
                   "'user.lbt').decode())\"; ls -A /tmp; test ! -e /workspace/later && echo "
-                  "no-later");
-    ck_assert_str_eq(text, "kept\nno-later\n");
+                  "no-later; test $(stat -c %i /workspace/big) = $(stat -c %i /workspace/biglink) "
+                  "&& echo one-inode");
+    ck_assert_str_eq(text, "kept\nno-later\none-inode\n");
     free(text);
     if (image) {
         text = lbt_sh(&D, b,
                       "cat /opt/snap/f; tail -n 1 /etc/passwd; test ! -e /etc/hostname && echo "
                       "gone");
         ck_assert_str_eq(text, "root-layer\nchanged\ngone\n");
+        free(text);
+        text = lbt_sh(&D, b, ROOT_MANIFEST);
+        ck_assert_str_eq(text, root_before);
+        free(text);
+        text = lbt_sh(&D, b,
+                      "python3 -c \"import os; print(os.getxattr('/opt/snap/f', "
+                      "'user.lbt').decode())\"");
+        ck_assert_str_eq(text, "root-kept\n");
         free(text);
         /* a grader's trusted view (exclusive exec) is the snapshot's root, not its base's */
         free(lbt_sh(&D, b, "echo agent > /opt/snap/f"));
@@ -184,6 +231,7 @@ START_TEST(test_round_trip)
     }
     free(before);
     free(after);
+    free(root_before);
     lbt_release_session(&D, "rs-rt-a");
     lbt_release_session(&D, "rs-rt-b");
 }
@@ -296,7 +344,17 @@ START_TEST(test_bad_input)
                                       "{\"name\": 7}",
                                       "{}",
                                       "[]",
-                                      "{\"name\": \"ok\", \"labels\": 3}"};
+                                      "{\"name\": \"ok\", \"labels\": 3}",
+                                      "{\"name\": \"ok\", \"labels\": {\"k\": 3}}",
+                                      "{\"name\": \"ok\", \"labels\": {\"\": \"v\"}}",
+                                      "{\"name\": \"a\\u0000b\"}",
+                                      "{\"name\": \"..\"}",
+                                      "{\"name\": \"../up\"}",
+                                      "{\"name\": \"a/../b\"}",
+                                      "{\"name\": \"/abs\"}",
+                                      "{\"name\": \"a b\"}",
+                                      "{\"name\": \"\\n\"}"};
+    char longname[300], body[400];
     char a[LBT_ID_MAX], tok[256];
     struct lbt_resp r;
 
@@ -307,6 +365,12 @@ START_TEST(test_bad_input)
         lbt_assert_error(&r, 400, "bad_request");
         lbt_resp_free(&r);
     }
+    memset(longname, 'n', 129); /* one past the image name's 128 bytes */
+    longname[129] = '\0';
+    snprintf(body, sizeof(body), "{\"name\": \"%s\"}", longname);
+    snapshot(&D, a, "", body, &r);
+    lbt_assert_error(&r, 400, "bad_request");
+    lbt_resp_free(&r);
     snapshot(&D, a, tok, "{\"name\": \"snap-op\"}", &r); /* the sandbox's own operate token */
     lbt_assert_error(&r, 403, "forbidden");
     lbt_resp_free(&r);
@@ -318,8 +382,6 @@ START_TEST(test_bad_input)
     lbt_assert_error(&r, 409, "conflict");
     lbt_resp_free(&r);
     if (!lbt_variant_on_host()) { /* the name of the base image itself */
-        char body[256];
-
         snprintf(body, sizeof(body), "{\"name\": \"%s\"}", lbt_variant_image());
         snapshot(&D, a, "", body, &r);
         lbt_assert_error(&r, 409, "conflict");
@@ -331,6 +393,7 @@ START_TEST(test_bad_input)
     lbt_resp_free(&r);
     ck_assert_ptr_null(image_entry(&D, "snap-stopped"));
     ck_assert_ptr_null(image_entry(&D, "snap-op"));
+    ck_assert_ptr_null(image_entry(&D, "ok")); /* the bad labels' name */
     ck_assert_int_eq(delete_image(&D, "snap-dup", NULL), 204);
 }
 END_TEST
@@ -350,6 +413,192 @@ static int count_entries(const char *dir)
     return n;
 }
 
+/* Does a regular file under dir (symlinks not followed) hold needle? */
+static bool tree_holds(const char *dir, const char *needle)
+{
+    char cmd[4400];
+
+    snprintf(cmd, sizeof(cmd), "grep -rqsF -- '%s' '%s'", needle, dir);
+    return system(cmd) == 0;
+}
+
+/* The stored tree of image name on d's host: .store/sha256/<hex> into out. */
+static void stored_tree(struct lbt_daemon *d, const char *name, char *out, size_t size)
+{
+    json_t *e = image_entry(d, name);
+
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(strncmp(str(e, "digest"), "sha256:", 7), 0);
+    snprintf(out, size, "%s/images/.store/sha256/%s", d->state_dir, str(e, "digest") + 7);
+    json_decref(e);
+    ck_assert(lbt_path_exists(out));
+}
+
+/* A snapshot refused: its error, no image of that name, no work dir left, no new stored tree,
+ * and the sandbox thawed (it runs a command). */
+static void assert_refused(struct lbt_daemon *d, const char *sbx, const char *name, long status,
+                           const char *code)
+{
+    char tmp[512], store[512], body[256], *text;
+    struct lbt_resp r;
+    int trees;
+
+    snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", d->state_dir);
+    snprintf(store, sizeof(store), "%s/images/.store/sha256", d->state_dir);
+    trees = count_entries(store);
+    snprintf(body, sizeof(body), "{\"name\": \"%s\"}", name);
+    snapshot(d, sbx, "", body, &r);
+    lbt_assert_error(&r, status, code);
+    lbt_resp_free(&r);
+    ck_assert_ptr_null(image_entry(d, name));
+    ck_assert_int_le(count_entries(tmp), 0);
+    ck_assert_int_eq(count_entries(store), trees);
+    text = lbt_sh(d, sbx, "echo thawed");
+    ck_assert_str_eq(text, "thawed\n");
+    free(text);
+}
+
+/* An agent plants symlinks to host paths (absolute, relative climbing past its root, through
+ * /proc), a FIFO and a socket in its workdir and root layer: the capture copies each as what it
+ * is (a link with its exact target, never what it points at), does not block on the FIFO,
+ * reads no host file into the image and writes nothing outside it. */
+START_TEST(test_hostile_links)
+{
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], secret[512], cmd[2048], tree[600], *text;
+    const char *marker = "lbt-host-secret-5f1c";
+    FILE *f;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    snprintf(secret, sizeof(secret), "%s/host-secret", D.state_dir);
+    f = fopen(secret, "we");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s\n", marker);
+    fclose(f);
+    seed(&D, "rs-hl-a", NULL, a, NULL);
+    snprintf(cmd, sizeof(cmd),
+             "set -e; cd /workspace; ln -s %s secret; ln -s /etc/shadow shadow; ln -s / root; "
+             "ln -s ../../../../../../../..%s climb; ln -s /proc/1/root/%s through-proc; "
+             "mkdir d; ln -s %s d/inner; mkfifo fifo; python3 -c \"import socket; "
+             "s = socket.socket(socket.AF_UNIX); s.bind('/workspace/sock')\"; %s",
+             secret, secret, secret, "/",
+             lbt_variant_on_host()
+                 ? "true"
+                 : "mkdir -p /opt/hl; ln -s /etc/shadow /opt/hl/shadow; mkfifo /opt/hl/fifo");
+    free(lbt_sh(&D, a, cmd));
+    snapshot_ok(&D, a, "snap-hl");
+    stored_tree(&D, "snap-hl", tree, sizeof(tree));
+    ck_assert_msg(!tree_holds(tree, marker), "a host file was read into %s", tree);
+    f = fopen("/etc/shadow", "re"); /* nor the host's /etc/shadow */
+    if (f && fgets(cmd, sizeof(cmd), f)) {
+        cmd[strcspn(cmd, "\n")] = '\0';
+        ck_assert_msg(!tree_holds(tree, cmd), "the host's /etc/shadow was read into %s", tree);
+    }
+    if (f)
+        fclose(f);
+    f = fopen(secret, "re"); /* untouched */
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fscanf(f, "%511s", cmd), 1);
+    fclose(f);
+    ck_assert_str_eq(cmd, marker);
+
+    seed(&D, "rs-hl-b", "\"image\": \"snap-hl\"", b, NULL);
+    text = lbt_sh(&D, b,
+                  "cd /workspace; for l in secret shadow root climb through-proc d/inner; do "
+                  "readlink $l; done; test -p fifo && echo fifo; test -S sock && echo sock");
+    snprintf(cmd, sizeof(cmd),
+             "%s\n/etc/shadow\n/\n../../../../../../../..%s\n/proc/1/root/%s\n/\nfifo\nsock\n",
+             secret, secret, secret);
+    ck_assert_str_eq(text, cmd);
+    free(text);
+    if (!lbt_variant_on_host()) {
+        text = lbt_sh(&D, b, "readlink /opt/hl/shadow; test -p /opt/hl/fifo && echo fifo");
+        ck_assert_str_eq(text, "/etc/shadow\nfifo\n");
+        free(text);
+    }
+    lbt_release_session(&D, "rs-hl-a");
+    lbt_release_session(&D, "rs-hl-b");
+    ck_assert_int_eq(delete_image(&D, "snap-hl", NULL), 204);
+    unlink(secret);
+}
+END_TEST
+
+/* A sparse file far past the sandbox's disk size: refused 413 before a byte is copied, nothing
+ * left, the sandbox thawed; once it is gone the snapshot succeeds. More empty files than one per
+ * KiB of the disk size: 413 too. */
+START_TEST(test_sparse_past_disk_size)
+{
+    char a[LBT_ID_MAX];
+
+    SKIP_UNLESS_SNAPSHOTS();
+    seed(&D, "rs-sp", "\"resources\": {\"disk_mib\": 64}", a, NULL);
+    free(lbt_sh(&D, a, "truncate -s 8G /workspace/sparse; echo x > /workspace/small"));
+    assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
+    if (!lbt_variant_on_host()) { /* the same in the root layer */
+        free(lbt_sh(&D, a, "rm /workspace/sparse; mkdir -p /opt; truncate -s 8G /opt/sparse"));
+        assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
+        free(lbt_sh(&D, a, "rm /opt/sparse"));
+    } else {
+        free(lbt_sh(&D, a, "rm /workspace/sparse"));
+    }
+    snapshot_ok(&D, a, "snap-sparse");
+    /* empty files cost the tmpfs nothing and the copy a file each: one per KiB of disk */
+    free(lbt_sh(&D, a, "mkdir /workspace/many && cd /workspace/many && seq 1 66000 | xargs touch"));
+    assert_refused(&D, a, "snap-many", 413, "payload_too_large");
+    lbt_release_session(&D, "rs-sp");
+    ck_assert_int_eq(delete_image(&D, "snap-sparse", NULL), 204);
+}
+END_TEST
+
+/* mknod path (char 1:3) as host root with the file-system ids of uid (the sandbox's root: the
+ * sandbox's own mounts hold no file of an id its namespace does not map). 0 or an errno. */
+static int plant_device(const char *path, uid_t uid)
+{
+    pid_t pid = fork();
+    int status;
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct c[2];
+
+        setfsgid(uid);
+        setfsuid(uid);
+        /* a change of fsuid from 0 drops CAP_MKNOD from the effective set: raise it again */
+        if (syscall(SYS_capget, &h, c) < 0)
+            _exit(errno);
+        c[0].effective |= 1u << CAP_MKNOD;
+        if (syscall(SYS_capset, &h, c) < 0)
+            _exit(errno);
+        _exit(mknod(path, S_IFCHR | 0666, makedev(1, 3)) == 0 ? 0 : errno);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* A device node in the sandbox's workdir (the sandbox cannot make one: planted here from the
+ * host, as a kernel or a mount could) is not carried into an image: 422, nothing left. */
+START_TEST(test_device_node_refused)
+{
+    char a[LBT_ID_MAX], node[512];
+    json_t *desc;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    seed(&D, "rs-dev", NULL, a, NULL);
+    desc = lbt_read_descriptor(&D, a);
+    ck_assert_ptr_nonnull(desc);
+    snprintf(node, sizeof(node), "/proc/%lld/root/workspace/null",
+             (long long)json_integer_value(json_object_get(desc, "pid")));
+    json_decref(desc);
+    ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a)) == 0, "mknod %s failed", node);
+    assert_refused(&D, a, "snap-dev", 422, "unenforceable");
+    ck_assert_int_eq(unlink(node), 0);
+    snapshot_ok(&D, a, "snap-dev");
+    lbt_release_session(&D, "rs-dev");
+    ck_assert_int_eq(delete_image(&D, "snap-dev", NULL), 204);
+}
+END_TEST
+
 /* Mounts of this process's mount table under dir. */
 static int count_mounts_under(const char *dir)
 {
@@ -367,18 +616,20 @@ static int count_mounts_under(const char *dir)
 
 /* kill -9 of the daemon while a snapshot is held at the fault point, then a restart: nothing
  * of the snapshot is visible or left (no name, no work dir, no stored tree, no mount), the
- * sandbox runs (thawed), and a new snapshot of it succeeds. */
+ * sandbox runs (thawed) and takes its operate token's writes (adopted, no fence left), and a new
+ * snapshot of it succeeds. */
 static void kill_during(const char *point)
 {
-    char spec[128], a[LBT_ID_MAX], tmp[512], store[512], path[160], *text;
+    char spec[128], a[LBT_ID_MAX], tok[256], tmp[512], store[512], path[160], *text;
     const char *const args[] = {"--set", spec, NULL};
     int i, mounts, trees;
     struct lbt_async *job;
+    json_t *e;
     struct lbt_resp r;
 
     snprintf(spec, sizeof(spec), "faults.spec=%s=delay:60000", point);
     lbt_daemon_start(&K, args);
-    seed(&K, "rs-kill", NULL, a, NULL);
+    seed(&K, "rs-kill", NULL, a, tok);
     free(lbt_sh(&K, a, "echo kept > /workspace/f"));
     snprintf(tmp, sizeof(tmp), "%s/images/.store/tmp", K.state_dir);
     snprintf(store, sizeof(store), "%s/images/.store/sha256", K.state_dir);
@@ -419,10 +670,76 @@ static void kill_during(const char *point)
     text = lbt_sh(&K, a, "cat /workspace/f");
     ck_assert_str_eq(text, "kept\n");
     free(text);
+    lbt_file_put(&K, a, tok, "/workspace/g", NULL, "g\n", 2, &r); /* adopted, no fence left */
+    ck_assert_msg(r.status < 300, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
     snapshot_ok(&K, a, "snap-kill");
-    ck_assert_ptr_nonnull(image_entry(&K, "snap-kill"));
+    e = image_entry(&K, "snap-kill");
+    ck_assert_ptr_nonnull(e);
+    json_decref(e);
     lbt_release_session(&K, "rs-kill"); /* the fixture stops K */
 }
+
+/* While the capture runs (held frozen by the fault point), calls with the sandbox's operate
+ * token answer 409: a file written for the agent cannot change the trees under the copy, nor
+ * can a resume thaw the sandbox's processes under it; the snapshot holds the sandbox as it
+ * was, and the token works again afterwards. */
+START_TEST(test_operate_fenced_during_capture)
+{
+    const char *const args[] = {"--set", "faults.spec=snapshot.frozen=delay:3000", NULL};
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], tok[256], path[160], *text;
+    struct lbt_async *job;
+    struct lbt_resp r;
+    int i;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    lbt_daemon_start(&K, args);
+    seed(&K, "rs-fence", NULL, a, tok);
+    free(lbt_sh(&K, a, "echo before > /workspace/f"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", a);
+    job = lbt_async_json(&K, "POST", path, "", "{\"name\": \"snap-fence\"}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+    for (i = 0; i < 200; i++) { /* frozen: the capture holds it */
+        bool frozen;
+
+        lbt_json(&K, "GET", path, "", NULL, &r);
+        frozen = r.status == 200 && str(r.json, "status") &&
+                 strcmp(str(r.json, "status"), "paused") == 0;
+        lbt_resp_free(&r);
+        if (frozen)
+            break;
+        lbt_sleep_ms(20);
+    }
+    ck_assert_int_lt(i, 200);
+    lbt_file_put(&K, a, tok, "/workspace/f", NULL, "during\n", 7, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    lbt_file_put(&K, a, tok, "/workspace/new", NULL, "new\n", 4, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    /* nor can the agent thaw itself under the copy (its processes would race cp's walk) */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", a);
+    lbt_json(&K, "POST", path, tok, "{}", &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+    lbt_json(&K, "GET", path, "", NULL, &r);
+    ck_assert_str_eq(str(r.json, "status"), "paused");
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_file_put(&K, a, tok, "/workspace/f", NULL, "after\n", 6, &r);
+    ck_assert_msg(r.status < 300, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    seed(&K, "rs-fence-b", "\"image\": \"snap-fence\"", b, NULL);
+    text = lbt_sh(&K, b, "cat /workspace/f; ls /workspace");
+    ck_assert_str_eq(text, "before\nf\n");
+    free(text);
+    lbt_release_session(&K, "rs-fence-b");
+    lbt_release_session(&K, "rs-fence");
+}
+END_TEST
 
 START_TEST(test_kill_while_frozen)
 {
@@ -450,10 +767,14 @@ int main(void)
     tcase_add_test(tc, test_stack_and_delete);
     tcase_add_test(tc, test_flatten_past_depth);
     tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_hostile_links);
+    tcase_add_test(tc, test_sparse_past_disk_size);
+    tcase_add_test(tc, test_device_node_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("crash");
     lbt_test_daemon_cleanup(tc, &K);
     tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_operate_fenced_during_capture);
     tcase_add_test(tc, test_kill_while_frozen);
     tcase_add_test(tc, test_kill_before_naming);
     suite_add_tcase(s, tc);

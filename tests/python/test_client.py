@@ -96,9 +96,13 @@ def test_snapshot(daemon):
     c = daemon.client()
     lease = c.seed("snap-1", "t", files={"/workspace/a.txt": "from the parent\n"})
     sid = lease["sandbox_id"]
-    img = c.snapshot(sid, "pysnap-1")
+    img = c.snapshot(sid, "pysnap-1", labels={"stage": "prepared"})
     assert (img["name"], img["kind"], img["source_sandbox_id"]) == ("pysnap-1", "snapshot", sid)
-    assert [i["kind"] for i in c.list_images() if i["name"] == "pysnap-1"] == ["snapshot"]
+    assert img["labels"] == {"stage": "prepared"}
+    listed = [i for i in c.list_images() if i["name"] == "pysnap-1"]
+    assert [(i["kind"], i["labels"]) for i in listed] == [("snapshot", {"stage": "prepared"})]
+    with pytest.raises(lendbox.BadRequest):
+        c.snapshot(sid, "pysnap-3", labels={"n": 3})
     with pytest.raises(lendbox.Conflict):
         c.snapshot(sid, "pysnap-1")
     with pytest.raises(lendbox.Forbidden):

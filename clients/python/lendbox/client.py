@@ -770,7 +770,8 @@ class _Routes:
     ) -> Dict[str, Any]:
         """``POST /v1/sandboxes/{id}/snapshot`` (admin) → the new image (201): ``name``,
         ``digest``, ``size_bytes``, ``created_at``, ``kind`` ("snapshot"), ``base``,
-        ``source_sandbox_id``. The sandbox's writable root layer and workdir, captured while it
+        ``source_sandbox_id``, ``labels`` (kept with the image, listed by ``list_images``). The
+        sandbox's writable root layer and workdir, captured while it
         is frozen; seed it with ``image=name``. Conflict for a name in use; NotImplementedByServer (501)
         on a provider without snapshots. Not retried (a retry after a lost answer would 409)."""
         body: Dict[str, Any] = {"name": name}

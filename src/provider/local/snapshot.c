@@ -17,12 +17,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <search.h>
+#include <stdint.h>
 #include <linux/openat2.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,13 +38,15 @@
 #define FREEZE_TIMEOUT_MS 5000
 #define NOBODY_ID 65534u
 
-/* cp -a SRC/. DST/ with the fd src_fd (or -1) inherited as fd 3 */
-static int copy_tree(const char *src, int src_fd, const char *dst, struct lb_error *err)
+/* cp -a SRC/. DST/ with the fd src_fd (or -1) inherited as fd 3; one_fs: -x, what is
+ * mounted below SRC is not copied (only its empty mount point) */
+static int copy_tree(const char *src, int src_fd, const char *dst, bool one_fs,
+                     struct lb_error *err)
 {
     extern char **environ;
     posix_spawn_file_actions_t fa;
     char s[4400], d[4400];
-    char *argv[] = {"cp", "-a", "--", s, d, NULL};
+    char *argv[] = {"cp", one_fs ? "-ax" : "-a", "--", s, d, NULL};
     pid_t pid;
     int r, status;
 
@@ -66,6 +73,7 @@ static int copy_tree(const char *src, int src_fd, const char *dst, struct lb_err
 /* nftw has no context: one shift at a time per thread */
 static _Thread_local long shift_from, shift_to;
 static _Thread_local int shift_errno;
+static _Thread_local void *shift_seen; /* tsearch tree: inodes of several names, shifted once */
 
 static uint32_t shifted(uint32_t id)
 {
@@ -74,10 +82,34 @@ static uint32_t shifted(uint32_t id)
     return (uint32_t)(id - shift_from + shift_to);
 }
 
+static int ino_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static void ino_keep(void *key)
+{
+    (void)key; /* the key is the inode number itself */
+}
+
 static int shift_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)flag;
     (void)ftw;
+    /* a hard link's inode is met once per name: shifting it again would take its new owner
+     * for one outside the slot */
+    if (!S_ISDIR(st->st_mode) && st->st_nlink > 1) {
+        void *key = (void *)(uintptr_t)st->st_ino, **found = tfind(key, &shift_seen, ino_cmp);
+
+        if (found)
+            return 0;
+        if (!tsearch(key, &shift_seen, ino_cmp)) {
+            shift_errno = ENOMEM;
+            return 1;
+        }
+    }
     if (lchown(path, shifted(st->st_uid), shifted(st->st_gid)) < 0 ||
         (!S_ISLNK(st->st_mode) && chmod(path, st->st_mode & 07777) < 0)) {
         shift_errno = errno;
@@ -86,14 +118,21 @@ static int shift_entry(const char *path, const struct stat *st, int flag, struct
     return 0;
 }
 
-/* Owners of the tree at path: ids from..from+65535 become to..to+65535. The chmod after the
- * chown restores the setuid/setgid bits the chown clears. */
+/* Owners of the tree at path: ids from..from+65535 become to..to+65535, each inode once (a
+ * hard link's other names are skipped). The chmod after the chown restores the setuid/setgid
+ * bits the chown clears. */
 static int shift_tree(const char *path, long from, long to, struct lb_error *err)
 {
+    int r;
+
     shift_from = from;
     shift_to = to;
     shift_errno = 0;
-    if (nftw(path, shift_entry, 32, FTW_PHYS | FTW_MOUNT) != 0)
+    shift_seen = NULL;
+    r = nftw(path, shift_entry, 32, FTW_PHYS | FTW_MOUNT);
+    tdestroy(shift_seen, ino_keep);
+    shift_seen = NULL;
+    if (r != 0)
         return lb_error_set(err, -EREMOTEIO, "cannot set the owners under '%s': %s", path,
                             strerror(shift_errno ? shift_errno : errno));
     return 0;
@@ -101,9 +140,101 @@ static int shift_tree(const char *path, long from, long to, struct lb_error *err
 
 int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_error *err)
 {
-    int r = copy_tree(src, -1, dst, err);
+    int r = copy_tree(src, -1, dst, false, err);
 
     return r < 0 ? r : shift_tree(dst, 0, to, err);
+}
+
+/* ---- the capture's bound ----
+ * Before a byte is copied (the sandbox frozen), the trees the capture copies are walked without
+ * following a symlink or leaving their file system: a regular file counts the larger of its
+ * size and its allocation (a sparse file counts in full: what the image says it holds, not what
+ * it happens to use), anything else its allocation. The capture is refused when the sum passes
+ * the sandbox's disk size or the entries pass one per KiB of it (-EFBIG: a tmpfs does not count
+ * inodes against its size, the image store's disk does; and each costs the copy a file), when
+ * the image store has not that much room (-ENOSPC), or
+ * when a tree holds a device node other than overlayfs's 0:0 whiteout (-EOPNOTSUPP: the sandbox
+ * cannot make one; a node there came from elsewhere and is not carried into an image). */
+#define TALLY_BYTES_PER_ENTRY 1024
+static _Thread_local int64_t tally_bytes, tally_cap, tally_entries;
+static _Thread_local int tally_stop; /* 0, or the negative errno that stopped the walk */
+static _Thread_local char tally_path[512];
+
+static int tally_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    int64_t alloc = (int64_t)st->st_blocks * 512;
+
+    (void)ftw;
+    if (flag == FTW_NS || flag == FTW_DNR) {
+        tally_stop = -EREMOTEIO;
+    } else if ((S_ISCHR(st->st_mode) && st->st_rdev != 0) || S_ISBLK(st->st_mode)) {
+        tally_stop = -EOPNOTSUPP;
+    } else {
+        tally_bytes += S_ISREG(st->st_mode) && st->st_size > alloc ? st->st_size : alloc;
+        if (tally_bytes > tally_cap || ++tally_entries > tally_cap / TALLY_BYTES_PER_ENTRY)
+            tally_stop = -EFBIG;
+    }
+    if (tally_stop)
+        snprintf(tally_path, sizeof(tally_path), "%s", path);
+    return tally_stop ? 1 : 0;
+}
+
+static int tally_tree(const char *path, struct lb_error *err)
+{
+    tally_stop = 0;
+    if (nftw(path, tally_entry, 32, FTW_PHYS | FTW_MOUNT) == 0)
+        return 0;
+    switch (tally_stop) {
+    case -EFBIG:
+        return lb_error_set(err, -EFBIG,
+                            "the snapshot would hold more than the sandbox's disk size (%lld "
+                            "bytes; a sparse file counts its full size) or more than %lld files",
+                            (long long)tally_cap, (long long)(tally_cap / TALLY_BYTES_PER_ENTRY));
+    case -EOPNOTSUPP:
+        return lb_error_set(err, -EOPNOTSUPP,
+                            "the sandbox's file system holds a device node ('%s'): it is not "
+                            "captured",
+                            tally_path);
+    default:
+        return lb_error_set(err, -EREMOTEIO, "cannot read '%s' for the snapshot",
+                            tally_stop ? tally_path : path);
+    }
+}
+
+/* The sandbox's disk size: the tmpfs its workdir lives on (storage tmpfs: disk_mib; an image
+ * sandbox's root layer shares it), else local.tmp_size_mib (storage dir: the root layer's). */
+static int64_t capture_cap(const struct local_provider *lp, int wfd)
+{
+    struct statfs sf;
+
+    if (lp->storage == LOCAL_STORAGE_TMPFS && fstatfs(wfd, &sf) == 0 && sf.f_type == TMPFS_MAGIC)
+        return (int64_t)sf.f_blocks * (int64_t)sf.f_bsize;
+    return lp->tmp_size_mib * 1024 * 1024;
+}
+
+/* The bound, checked over the trees the capture copies (layer: NULL without one; the workdir
+ * through its fd), and the room in dest's file system. */
+static int capture_check(const struct local_provider *lp, const char *layer, int wfd,
+                         const char *dest, struct lb_error *err)
+{
+    char wpath[64];
+    struct statvfs vf;
+    int r = 0;
+
+    tally_bytes = 0;
+    tally_entries = 0;
+    tally_cap = capture_cap(lp, wfd);
+    if (layer)
+        r = tally_tree(layer, err);
+    snprintf(wpath, sizeof(wpath), "/proc/self/fd/%d/.", wfd);
+    if (r == 0)
+        r = tally_tree(wpath, err);
+    if (r == 0 && statvfs(dest, &vf) == 0 &&
+        (uint64_t)tally_bytes > (uint64_t)vf.f_bavail * vf.f_frsize)
+        r = lb_error_set(err, -ENOSPC,
+                         "the image store has no room for the snapshot (%lld bytes needed)",
+                         (long long)tally_bytes);
+    return r;
 }
 
 /* An O_PATH fd of the sandbox's workdir, resolved inside its root. */
@@ -162,14 +293,18 @@ int local_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, cons
             goto out;
         froze = true;
     }
+    /* counted on the layer the sandbox writes (a flattened copy adds the stored trees below) */
+    snprintf(out, sizeof(out), "%s/img/upper", dir);
+    r = capture_check(lp, d.image[0] ? out : NULL, wfd, dest, err);
     /* tests: a crash (delay + kill -9) with the sandbox frozen, the copy under way */
-    r = fault_hit("snapshot.frozen", 0, err);
+    if (r == 0)
+        r = fault_hit("snapshot.frozen", 0, err);
     snprintf(out, sizeof(out), "%s/rootfs", dest);
     if (r == 0 && d.image[0])
-        r = copy_tree(layer, -1, out, err);
+        r = copy_tree(layer, -1, out, true, err);
     snprintf(out, sizeof(out), "%s/workspace", dest);
     if (r == 0)
-        r = copy_tree(d.workdir, wfd, out, err);
+        r = copy_tree(d.workdir, wfd, out, true, err);
     if (froze) {
         struct lb_error thaw = {0};
 
