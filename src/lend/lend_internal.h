@@ -55,6 +55,11 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err);
 
+/* The sweeper's pass over lent sandboxes (lost.c): each whose provider's status says it is gone
+ * is stopped with reason lost, under its session's lock (a busy session is left to the next
+ * pass). Returns how many were found lost. Blocks on the providers (one status each). */
+int lend_sweep_lost(struct lb_lend *l);
+
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 
 /* A sandbox on its way to start under a record: lend_start_prepare fills it, lend_start_recorded

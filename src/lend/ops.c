@@ -32,13 +32,17 @@ static void lend_target_release(struct lend_target *t)
 }
 
 /* Load the lent sandbox id into t (release it with lend_target_release, also on failure).
- * -ENOENT if it is not lent, -EREMOTEIO if its provider is not enabled. */
+ * -ENOENT if it is not lent, -LB_E_LOST (410) if its record says it was lost, -EREMOTEIO if its
+ * provider is not enabled. A provider call on t's sandbox that fails goes through
+ * lend_lost_check, which tells a lost sandbox from other failures. */
 static int lend_target_load(struct lb_lend *l, const char *id, struct lend_target *t,
                             struct lb_error *err)
 {
     memset(t, 0, sizeof(*t));
     if (lend_record_get(l, id, &t->rec, err) < 0)
         return -ENOENT;
+    if (lend_record_is_lost(&t->rec))
+        return lend_lost_error(id, err);
     if (t->rec.state != LB_STATE_LENT)
         return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
                             store_state_name(t->rec.state));
@@ -289,6 +293,8 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     r = provider_exec(t.prov, &t.ref, &req, res, err);
     if (p->exclusive)
         lend_fence_lower(l, id);
+    if (r < 0)
+        r = lend_lost_check(l, id, r, err);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
@@ -321,6 +327,8 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
 
     if (r == 0)
         r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -334,6 +342,8 @@ int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int m
     *out = NULL;
     if (r == 0)
         r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -372,6 +382,8 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
 
     if (r == 0)
         r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -384,6 +396,8 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
 
     if (r == 0)
         r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     if (r == 0)
         r = lend_sandbox_status(l, id, out, err);
     lend_target_release(&t);
@@ -411,8 +425,10 @@ int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, str
         goto out;
     }
     r = provider_endpoint(t.prov, &t.ref, port, &url, err);
-    if (r < 0)
+    if (r < 0) {
+        r = lend_lost_check(l, id, r, err);
         goto out;
+    }
     *out = json_pack("{s:s,s:{}}", "endpoint", url, "headers");
     if (!*out)
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -431,6 +447,8 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
 
     if (r == 0)
         r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -495,6 +513,7 @@ int lend_snapshot(struct lb_lend *l, const char *id, const char *name, json_t **
         goto out;
     r = provider_snapshot(t.prov, &t.ref, work, flatten, err);
     if (r < 0) {
+        r = lend_lost_check(l, id, r, err);
         image_snapshot_discard(work);
         goto out;
     }
