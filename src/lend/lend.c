@@ -429,7 +429,7 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
 
         if (prov && provider_status(prov, &ref, &st, NULL) == 0) {
             status = provider_status_name(st);
-            gone = st == LB_STATUS_STOPPED;
+            gone = st == LB_STATUS_STOPPED || st == LB_STATUS_ERROR;
             if (st == LB_STATUS_RUNNING || st == LB_STATUS_PAUSED)
                 (void)provider_usage(prov, &ref, &usage, NULL);
         } else {

@@ -79,12 +79,12 @@ bool lend_record_is_lost(const struct lb_record *r);
 int lend_lost_error(const char *id, struct lb_error *err);
 /* lost.c: the one place a provider's failure r of an operation on the lent sandbox id becomes
  * 410: -LB_E_LOST, -ENOENT or -EREMOTEIO while the record still says lent and the provider's
- * status says the sandbox is gone is a loss (recorded, see lost.c) and returns -LB_E_LOST; a
- * record that says lost already returns -LB_E_LOST; a provider's -LB_E_LOST for a sandbox
- * lendbox is stopping becomes -ENOENT. Any other r is returned as it is. err gets the message
- * of what is returned. Blocks on the provider (its status, and a stop when lost). */
+ * status says the sandbox is gone (stopped, error) is a loss (recorded, see lost.c) and returns
+ * -LB_E_LOST; a record that says lost already returns -LB_E_LOST; a provider's -LB_E_LOST for a
+ * sandbox lendbox is stopping becomes -ENOENT. Any other r is returned as it is. err gets the
+ * message of what is returned. Blocks on the provider (its status, and a stop when lost). */
 int lend_lost_check(struct lb_lend *l, const char *id, int r, struct lb_error *err);
-/* lost.c: the provider's status of lent record r said "stopped": record the loss as
+/* lost.c: the provider's status of lent record r said "stopped" or "error": record the loss as
  * lend_lost_check does. -LB_E_LOST when the record says lost (or could not be stopped yet), 0
  * when lendbox was stopping it anyway. */
 int lend_note_gone(struct lb_lend *l, const struct lb_record *r);

@@ -3,8 +3,8 @@
  * OOM killer ending the init, a container removed behind lendbox's back). One rule, applied on
  * every operation's failure (lend_lost_check), on GET of a sandbox and by the sweeper
  * (lend_sweep_lost): the provider says the sandbox is gone (-LB_E_LOST, or its status is
- * "stopped") while its record still says lent. lendbox itself never ends a lent sandbox's
- * init without recording "stopping" first, so that is a loss: the sandbox is stopped with
+ * "stopped" or "error") while its record still says lent. lendbox itself never ends a lent
+ * sandbox's init without recording "stopping" first, so that is a loss: the sandbox is stopped with
  * reason "lost" (the provider's cleanup runs as for any stop), logged, and every operation on
  * it answers 410 sandbox_lost, also later, while its record says lost.
  */
@@ -30,15 +30,17 @@ int lend_lost_error(const char *id, struct lb_error *err)
                         id);
 }
 
-/* Does the provider of record r say its sandbox is gone (status "stopped")? A provider that
- * cannot tell (an error, an engine that is down) does not. */
+/* Does the provider of record r say its sandbox is gone: status "stopped" (no such sandbox,
+ * or its init is dead), or "error" (an engine's container or instance that exited: its init
+ * ended)? A provider that cannot tell (an error, an engine that is down) does not. */
 static bool provider_says_gone(struct lb_lend *l, const struct lb_record *r)
 {
     json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {r->id, desc};
     struct lb_provider *prov = lend_provider_of(l, r, NULL);
     enum lb_sandbox_status st;
-    bool gone = prov && provider_status(prov, &ref, &st, NULL) == 0 && st == LB_STATUS_STOPPED;
+    bool gone = prov && provider_status(prov, &ref, &st, NULL) == 0 &&
+                (st == LB_STATUS_STOPPED || st == LB_STATUS_ERROR);
 
     json_decref(desc);
     return gone;
