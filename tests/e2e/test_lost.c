@@ -8,12 +8,14 @@
  * it stopped with stop_reason lost; the daemon logs it; nothing of it is left on the host (no
  * process of its uid, no cgroup, no mount, no directory); the same session seeds a new sandbox
  * that runs commands. With no call at all, the sweeper's pass finds it (the record list, which
- * asks no provider, shows it stopped, reason lost).
+ * asks no provider, shows it stopped, reason lost). On the docker variant: a container removed
+ * behind lendbox's back (force, through the engine's API) is found the same way by an exec.
  *
  * Usage: GET /v1/sandboxes/{id} has "usage" with cpu_s after a CPU loop, memory_peak_bytes
  * after a 64 MiB write into the workdir's tmpfs (charged to the sandbox's memory cgroup: a
  * seed with a memory limit, so that cgroup v1 hosts have one), disk_bytes while the file is
- * there, pids and oom_kills; every field is null once the sandbox is stopped.
+ * there, pids and oom_kills; every field is null once the sandbox is stopped. On the engine
+ * variants (no usage op yet) every field is null.
  */
 #include <errno.h>
 #include <signal.h>
@@ -244,6 +246,42 @@ START_TEST(test_sweeper_finds_lost)
 }
 END_TEST
 
+START_TEST(test_removed_container_is_lost)
+{
+    static const char *const args[] = {"--set", "lending.sweep_interval_s=3600", NULL};
+    json_t *lease, *again, *res;
+    char id[64], token[128];
+    struct lbt_resp r;
+
+    if (!lbt_variant_is("docker")) {
+        lbt_skip_note(__func__, "about a docker container removed behind lendbox's back");
+        return;
+    }
+    lbt_daemon_start(&D, args);
+    lease = lbt_seed(&D, "lost-dk", "t", NULL);
+    snprintf(id, sizeof(id), "%s", str(lease, "sandbox_id"));
+    snprintf(token, sizeof(token), "%s", str(json_object_get(lease, "access"), "token"));
+    ck_assert_int_eq(lbt_variant_remove_containers(id), 1);
+    lbt_exec(&D, id, token, "{\"command\": \"echo hi\"}", &r);
+    lbt_assert_error(&r, 410, "sandbox_lost");
+    lbt_resp_free(&r);
+    assert_lost_record(id);
+    ck_assert_int_eq(lbt_log_count(&D, "was lost (found by an operation)"), 1);
+    lbt_file_get(&D, id, token, "/etc/hostname", &r);
+    lbt_assert_error(&r, 410, "sandbox_lost");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(lbt_variant_count_containers(id, false), 0);
+    again = lbt_seed(&D, "lost-dk", "t", NULL);
+    ck_assert_str_ne(str(again, "sandbox_id"), id);
+    res = lbt_exec_ok(&D, str(again, "sandbox_id"), "", "{\"command\": \"echo new\"}");
+    ck_assert_str_eq(str(res, "stdout"), "new\n");
+    json_decref(res);
+    lbt_release_session(&D, "lost-dk");
+    json_decref(again);
+    json_decref(lease);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     json_t *lease, *sbx, *u, *res;
@@ -257,6 +295,18 @@ START_TEST(test_usage)
     u = json_object_get(sbx, "usage");
     ck_assert_msg(json_is_object(u), "no usage: %s", json_dumps(sbx, 0));
     ck_assert_int_eq(json_object_size(u), 6);
+    if (lbt_variant_engine()) {
+        /* the engine providers have no usage op yet: every figure unknown */
+        const char *k;
+        json_t *v;
+
+        json_object_foreach(u, k, v)
+            ck_assert_msg(json_is_null(v), "%s is not null", k);
+        json_decref(sbx);
+        lbt_release_session(&D, "usage-1");
+        json_decref(lease);
+        return;
+    }
     ck_assert_int_ge(json_integer_value(json_object_get(u, "pids")), 1);
     ck_assert(json_is_integer(json_object_get(u, "oom_kills")));
     json_decref(sbx);
@@ -309,6 +359,7 @@ int main(void)
     tcase_add_test(tc, test_killed_init_is_lost);
     tcase_add_test(tc, test_file_read_finds_lost);
     tcase_add_test(tc, test_sweeper_finds_lost);
+    tcase_add_test(tc, test_removed_container_is_lost);
     tcase_add_test(tc, test_usage);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
