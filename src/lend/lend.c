@@ -440,8 +440,10 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
     /* a lent sandbox its provider calls stopped was lost: recorded so, and shown as recorded */
     if (gone && lend_note_gone(l, &rec) < 0) {
         store_record_release(&rec);
-        if (lend_record_get(l, id, &rec, err) < 0)
+        if (lend_record_get(l, id, &rec, err) < 0) {
+            store_record_release(&rec);
             return -ENOENT;
+        }
         if (rec.state != LB_STATE_LENT)
             status = NULL;
     }

@@ -320,7 +320,12 @@ START_TEST(test_usage)
 
     sbx = get_sandbox(id);
     u = json_object_get(sbx, "usage");
-    fprintf(stderr, "usage: %s\n", json_dumps(u, JSON_COMPACT));
+    {
+        char *text = json_dumps(u, JSON_COMPACT);
+
+        fprintf(stderr, "usage: %s\n", text ? text : "?");
+        free(text);
+    }
     ck_assert_msg(json_real_value(json_object_get(u, "cpu_s")) > 0.2, "cpu_s: %s",
                   json_dumps(u, 0));
     ck_assert_msg(json_integer_value(json_object_get(u, "memory_peak_bytes")) >= 50 * MIB,
