@@ -1,7 +1,9 @@
 /*
- * ops.c - operations on one lent sandbox (exec, files, pause, endpoint, caps, OOM kills), each
- * through lend_target (its record, descriptor and provider), and the operate-token fence that
- * an exclusive exec raises. See lend.h.
+ * ops.c - a sandbox's status and usage (GET /v1/sandboxes/{id}), operations on one lent sandbox
+ * (exec, files, pause, endpoint, caps, OOM kills), each through lend_target (its record,
+ * descriptor and provider), and the operate-token fence that an exclusive exec raises. A failed
+ * provider call goes through lost.c, which tells a lost sandbox from other failures. See
+ * lend.h.
  */
 #include "lend/lend_private.h"
 
@@ -52,6 +54,71 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
     t->desc = t->rec.descriptor_json ? json_loads(t->rec.descriptor_json, 0, NULL) : NULL;
     t->ref = (struct lb_sandbox_ref){t->rec.id, t->desc};
     return 0;
+}
+
+/* ---------- status and usage ---------- */
+
+/* A usage figure as JSON: the number, or null where the host cannot tell (< 0). */
+static json_t *usage_int(int64_t v)
+{
+    return v < 0 ? json_null() : json_integer((json_int_t)v);
+}
+
+/* The sandbox object's "usage" (lend.h): u's figures, null where unknown. A new reference. */
+static json_t *usage_json(const struct lb_usage *u)
+{
+    return json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_s",
+                     u->cpu_s < 0 ? json_null() : json_real(u->cpu_s), "memory_bytes",
+                     usage_int(u->memory_bytes), "memory_peak_bytes",
+                     usage_int(u->memory_peak_bytes), "pids", usage_int(u->pids), "oom_kills",
+                     usage_int(u->oom_kills), "disk_bytes", usage_int(u->disk_bytes));
+}
+
+int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    struct lb_usage usage = {-1, -1, -1, -1, -1, -1};
+    const char *status = NULL;
+    bool gone = false;
+
+    if (lend_record_get(l, id, &rec, err) < 0)
+        return -ENOENT;
+    if (rec.state == LB_STATE_LENT) {
+        json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
+        struct lb_sandbox_ref ref = {rec.id, desc};
+        struct lb_provider *prov = lend_provider_of(l, &rec, NULL);
+        enum lb_sandbox_status st;
+
+        if (prov && provider_status(prov, &ref, &st, NULL) == 0) {
+            status = provider_status_name(st);
+            gone = st == LB_STATUS_STOPPED || st == LB_STATUS_ERROR;
+            if (st == LB_STATUS_RUNNING || st == LB_STATUS_PAUSED)
+                (void)provider_usage(prov, &ref, &usage, NULL);
+        } else {
+            status = "unknown";
+        }
+        json_decref(desc);
+    }
+    /* a lent sandbox its provider calls stopped was lost: recorded so, and shown as recorded */
+    if (gone && lend_note_gone(l, &rec) < 0) {
+        store_record_release(&rec);
+        if (lend_record_get(l, id, &rec, err) < 0) {
+            store_record_release(&rec);
+            return -ENOENT;
+        }
+        if (rec.state != LB_STATE_LENT)
+            status = NULL;
+    }
+    *out = lend_render_sandbox(&rec, status, false);
+    if (*out &&
+        (json_object_set_new(*out, "stop_reason",
+                             rec.stop_reason ? json_string(rec.stop_reason) : json_null()) < 0 ||
+         json_object_set_new(*out, "usage", usage_json(&usage)) < 0)) {
+        json_decref(*out);
+        *out = NULL;
+    }
+    store_record_release(&rec);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 /* ---------- the operate-token fence ---------- */

@@ -11,6 +11,7 @@
  * quiesce.c    the per-sandbox exec gate and the sweep before an exclusive exec
  * stop.c       stop: one stop per id at a time, and the teardown of a sandbox
  * relay.c      endpoint relays for sandboxes without a link
+ * usage.c      the usage op: a sandbox's cgroup figures and its writable storage's bytes
  * image.c      a sandbox's writable copy-on-write root over an image (overlay on tmpfs)
  * userns.c     user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
  * desc.c       sandbox ids and directories, descriptors (parse, save, load)
