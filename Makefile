@@ -166,8 +166,8 @@ e2e: all $(E2E_BINS)
 # a busy 2-core machine. The shell tests above run on host only (the README walkthrough seeds
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
-E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending network reset restart \
-	snapshot fork
+E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending lost network reset \
+	restart snapshot fork
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))
 e2e-image: all $(E2E_IMAGE_BINS)
@@ -180,8 +180,9 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # once for all the programs and stopped after; without podman each program prints SKIP and
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
-# (its routes answer 501 there: no PTY capability).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty
+# (its routes answer 501 there: no PTY capability); lost (a container removed behind lendbox's
+# back answers 410 sandbox_lost; usage is all null there).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty lost
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \

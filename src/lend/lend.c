@@ -413,32 +413,6 @@ int lend_list_sandboxes(struct lb_lend *l, const char *state, json_t **out, stru
     return lend_list(l, state, -1, "sandboxes", lend_render_listed_sandbox, out, err);
 }
 
-int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
-{
-    struct lb_record rec = {0};
-    const char *status = NULL;
-
-    if (lend_record_get(l, id, &rec, err) < 0)
-        return -ENOENT;
-    if (rec.state == LB_STATE_LENT) {
-        json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
-        struct lb_sandbox_ref ref = {rec.id, desc};
-        struct lb_provider *prov = lend_provider_of(l, &rec, NULL);
-        enum lb_sandbox_status st;
-
-        status = prov && provider_status(prov, &ref, &st, NULL) == 0 ? provider_status_name(st)
-                                                                     : "unknown";
-        json_decref(desc);
-    }
-    *out = lend_render_sandbox(&rec, status, false);
-    if (*out)
-        json_object_set_new(*out, "last_activity_at",
-                            rec.state == LB_STATE_LENT ? lend_json_time(lend_last_activity(l, &rec))
-                                                       : json_null());
-    store_record_release(&rec);
-    return 0;
-}
-
 int lend_sandbox_rsid(struct lb_lend *l, const char *id, char *rsid, size_t len)
 {
     struct lb_record rec = {0};

@@ -66,6 +66,10 @@ bool lend_record_resetting(const struct lb_record *r);
  * settings of the lent sandboxes from the store. Returns the sandboxes acted on. Call from one
  * thread (the sweeper's); blocks on providers. */
 int lend_idle_sweep(struct lb_lend *l);
+/* The sweeper's pass over lent sandboxes (lost.c): each whose provider's status says it is gone
+ * is stopped with reason lost, under its session's lock (a busy session is left to the next
+ * pass). Returns how many were found lost. Blocks on the providers (one status each). */
+int lend_sweep_lost(struct lb_lend *l);
 
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 

@@ -106,6 +106,22 @@ const char *lend_default_image(const struct lb_lend *l, const char *list, char *
 /* lend.c: let the activation service close the harness of a lent sandbox about to be stopped. */
 void lend_before_stop(struct lb_lend *l, const struct lb_record *r);
 
+/* lost.c: does record r say its sandbox was lost (stopped, or being stopped, reason lost)? */
+bool lend_record_is_lost(const struct lb_record *r);
+/* lost.c: -LB_E_LOST (410 sandbox_lost) with the message naming sandbox id. */
+int lend_lost_error(const char *id, struct lb_error *err);
+/* lost.c: the one place a provider's failure r of an operation on the lent sandbox id becomes
+ * 410: -LB_E_LOST, -ENOENT or -EREMOTEIO while the record still says lent and the provider's
+ * status says the sandbox is gone (stopped, error) is a loss (recorded, see lost.c) and returns
+ * -LB_E_LOST; a record that says lost already returns -LB_E_LOST; a provider's -LB_E_LOST for a
+ * sandbox lendbox is stopping becomes -ENOENT. Any other r is returned as it is. err gets the
+ * message of what is returned. Blocks on the provider (its status, and a stop when lost). */
+int lend_lost_check(struct lb_lend *l, const char *id, int r, struct lb_error *err);
+/* lost.c: the provider's status of lent record r said "stopped" or "error": record the loss as
+ * lend_lost_check does. -LB_E_LOST when the record says lost (or could not be stopped yet), 0
+ * when lendbox was stopping it anyway. */
+int lend_note_gone(struct lb_lend *l, const struct lb_record *r);
+
 /* stop.c: retry the stops session rsid left pending (failed seed, failed release). 0 when none
  * is left, or the first failure. *n_stopped counts the ones that succeeded; the id of the last
  * one goes into stopped_id (stopped_id_len bytes) when stopped_id is not NULL. */

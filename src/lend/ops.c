@@ -1,7 +1,9 @@
 /*
- * ops.c - operations on one lent sandbox (exec, files, pause, endpoint, caps, OOM kills), each
- * through lend_target (its record, descriptor and provider), and the operate-token fence that
- * an exclusive exec raises. See lend.h.
+ * ops.c - a sandbox's status and usage (GET /v1/sandboxes/{id}), operations on one lent sandbox
+ * (exec, files, pause, endpoint, caps, OOM kills), each through lend_target (its record,
+ * descriptor and provider), and the operate-token fence that an exclusive exec raises. A failed
+ * provider call goes through lost.c, which tells a lost sandbox from other failures. See
+ * lend.h.
  */
 #include "lend/lend_private.h"
 
@@ -32,13 +34,17 @@ static void lend_target_release(struct lend_target *t)
 }
 
 /* Load the lent sandbox id into t (release it with lend_target_release, also on failure).
- * -ENOENT if it is not lent, -EREMOTEIO if its provider is not enabled. */
+ * -ENOENT if it is not lent, -LB_E_LOST (410) if its record says it was lost, -EREMOTEIO if its
+ * provider is not enabled. A provider call on t's sandbox that fails goes through
+ * lend_lost_check, which tells a lost sandbox from other failures. */
 static int lend_target_load(struct lb_lend *l, const char *id, struct lend_target *t,
                             struct lb_error *err)
 {
     memset(t, 0, sizeof(*t));
     if (lend_record_get(l, id, &t->rec, err) < 0)
         return -ENOENT;
+    if (lend_record_is_lost(&t->rec))
+        return lend_lost_error(id, err);
     if (t->rec.state != LB_STATE_LENT)
         return lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
                             store_state_name(t->rec.state));
@@ -48,6 +54,75 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
     t->desc = t->rec.descriptor_json ? json_loads(t->rec.descriptor_json, 0, NULL) : NULL;
     t->ref = (struct lb_sandbox_ref){t->rec.id, t->desc};
     return 0;
+}
+
+/* ---------- status and usage ---------- */
+
+/* A usage figure as JSON: the number, or null where the host cannot tell (< 0). */
+static json_t *usage_int(int64_t v)
+{
+    return v < 0 ? json_null() : json_integer((json_int_t)v);
+}
+
+/* The sandbox object's "usage" (lend.h): u's figures, null where unknown. A new reference. */
+static json_t *usage_json(const struct lb_usage *u)
+{
+    return json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_s",
+                     u->cpu_s < 0 ? json_null() : json_real(u->cpu_s), "memory_bytes",
+                     usage_int(u->memory_bytes), "memory_peak_bytes",
+                     usage_int(u->memory_peak_bytes), "pids", usage_int(u->pids), "oom_kills",
+                     usage_int(u->oom_kills), "disk_bytes", usage_int(u->disk_bytes));
+}
+
+int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
+{
+    struct lb_record rec = {0};
+    struct lb_usage usage = {-1, -1, -1, -1, -1, -1};
+    const char *status = NULL;
+    bool gone = false;
+
+    if (lend_record_get(l, id, &rec, err) < 0)
+        return -ENOENT;
+    if (rec.state == LB_STATE_LENT) {
+        json_t *desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
+        struct lb_sandbox_ref ref = {rec.id, desc};
+        struct lb_provider *prov = lend_provider_of(l, &rec, NULL);
+        enum lb_sandbox_status st;
+
+        if (prov && provider_status(prov, &ref, &st, NULL) == 0) {
+            status = provider_status_name(st);
+            gone = st == LB_STATUS_STOPPED || st == LB_STATUS_ERROR;
+            if (st == LB_STATUS_RUNNING || st == LB_STATUS_PAUSED)
+                (void)provider_usage(prov, &ref, &usage, NULL);
+        } else {
+            status = "unknown";
+        }
+        json_decref(desc);
+    }
+    /* a lent sandbox its provider calls stopped was lost: recorded so, and shown as recorded */
+    if (gone && lend_note_gone(l, &rec) < 0) {
+        store_record_release(&rec);
+        if (lend_record_get(l, id, &rec, err) < 0) {
+            store_record_release(&rec);
+            return -ENOENT;
+        }
+        if (rec.state != LB_STATE_LENT)
+            status = NULL;
+    }
+    *out = lend_render_sandbox(&rec, status, false);
+    if (*out &&
+        (json_object_set_new(*out, "stop_reason",
+                             rec.stop_reason ? json_string(rec.stop_reason) : json_null()) < 0 ||
+         json_object_set_new(*out, "usage", usage_json(&usage)) < 0 ||
+         json_object_set_new(*out, "last_activity_at",
+                             rec.state == LB_STATE_LENT
+                                 ? lend_json_time(lend_last_activity(l, &rec))
+                                 : json_null()) < 0)) {
+        json_decref(*out);
+        *out = NULL;
+    }
+    store_record_release(&rec);
+    return *out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 /* ---------- the operate-token fence ---------- */
@@ -295,6 +370,8 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     if (p->exclusive)
         lend_fence_lower(l, id);
     lend_activity_leave(l, id);
+    if (r < 0)
+        r = lend_lost_check(l, id, r, err);
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
@@ -329,6 +406,8 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
         r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
     if (r == 0)
         r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -344,6 +423,8 @@ int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int m
         r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
     if (r == 0)
         r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -384,6 +465,8 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
         r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
     if (r == 0)
         r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -396,6 +479,8 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
 
     if (r == 0)
         r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     if (r == 0)
         lend_activity_paused(l, id, pause);
     if (r == 0)
@@ -427,8 +512,10 @@ int lend_endpoint(struct lb_lend *l, const char *id, int port, json_t **out, str
     if ((r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err)) < 0)
         goto out;
     r = provider_endpoint(t.prov, &t.ref, port, &url, err);
-    if (r < 0)
+    if (r < 0) {
+        r = lend_lost_check(l, id, r, err);
         goto out;
+    }
     *out = json_pack("{s:s,s:{}}", "endpoint", url, "headers");
     if (!*out)
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -447,6 +534,8 @@ int lend_sandbox_oom_kills(struct lb_lend *l, const char *id, uint64_t *count, i
 
     if (r == 0)
         r = provider_oom_kills(t.prov, &t.ref, count, limit_bytes, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
     lend_target_release(&t);
     return r;
 }
@@ -513,6 +602,7 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
         lend_fence_lower(l, id);
     }
     if (r < 0) {
+        r = lend_lost_check(l, id, r, err);
         image_snapshot_discard(work);
         goto out;
     }

@@ -137,6 +137,12 @@ static int fault_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *r
     return provider_oom_kills(INNER(p), ref, count, limit_bytes, err);
 }
 
+static int fault_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                       struct lb_usage *out, struct lb_error *err)
+{
+    return provider_usage(INNER(p), ref, out, err);
+}
+
 static int fault_end_execs(struct lb_provider *p)
 {
     return provider_end_execs(INNER(p));
@@ -205,6 +211,7 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .end_execs = fault_end_execs,
         .snapshot = fault_snapshot,
         .destroy = fault_destroy,
+        .usage = fault_usage,
     };
     f->base.ops = &f->ops;
     *out = &f->base;

@@ -185,6 +185,15 @@ int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     return p->ops->snapshot(p, ref, dest, flatten, err);
 }
 
+int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                   struct lb_error *err)
+{
+    *out = (struct lb_usage){-1, -1, -1, -1, -1, -1};
+    if (!p || !p->ops->usage)
+        return no_op(p, "usage", err);
+    return p->ops->usage(p, ref, out, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

@@ -17,6 +17,9 @@
  * readable sentence: it becomes the HTTP error's message). The errno decides the HTTP status
  * (see util/error.h). Checklist for a new provider, per operation:
  *   [ ] the sandbox (or the file) is not there            -> -ENOENT      404
+ *   [ ] the sandbox's init died outside lendbox's control
+ *       (its record, directory or container is still there) -> -LB_E_LOST 410 (lending
+ *       checks the record first; -ENOENT is confirmed with status)
  *   [ ] a bad path or argument (not absolute, a directory,
  *       not a directory, read-only)                        -> -EINVAL, -EISDIR, -ENOTDIR,
  *                                                             -EROFS       400
@@ -229,9 +232,19 @@ struct lb_provider_caps {
                                   mapped in a sandbox is refused before anything is made) */
 };
 
+/* What a sandbox uses now (the usage op). A field the provider cannot tell is -1. */
+struct lb_usage {
+    double cpu_s;              /* CPU time of all its processes so far, seconds; < 0: unknown */
+    int64_t memory_bytes;      /* memory charged to it now (page cache included), bytes */
+    int64_t memory_peak_bytes; /* the most it was charged at once, bytes */
+    int64_t pids;              /* processes (and threads, where the kernel counts them) now */
+    int64_t oom_kills;         /* processes the OOM killer ended because of its memory limit */
+    int64_t disk_bytes;        /* bytes used of its writable storage (upper layer, workdir) */
+};
+
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
  * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
-#define LB_PROVIDER_OPS_VERSION 2u
+#define LB_PROVIDER_OPS_VERSION 3u
 
 struct lb_provider_ops {
     const char *name; /* "local", "docker", ... (what records store) */
@@ -352,6 +365,13 @@ struct lb_provider_ops {
 
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
+
+    /* (version 3) What the running sandbox uses now into *out (struct lb_usage; every field
+     * the host cannot tell is -1): cheap reads of its cgroup and storage, no process is
+     * started. -ENOENT when the sandbox is gone, -LB_E_LOST when its record is there but its
+     * init is not. May be NULL (-ENOSYS; lending then shows every field unknown). */
+    int (*usage)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                 struct lb_error *err);
 };
 
 /* Every provider struct starts with this header. */
@@ -393,6 +413,9 @@ int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
                        int64_t *limit_bytes, struct lb_error *err);
 int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
                       bool flatten, struct lb_error *err);
+/* *out filled with -1 first, then the provider's usage op (-ENOSYS without one). */
+int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                   struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 /* The provider's capabilities into *out (zeroed when ops->caps is NULL). Thread-safe. */
 void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);

@@ -1,4 +1,5 @@
-/* sweeper.c - see sweeper.h: the sweeper thread and its pass (retries due, TTL stops, purge). */
+/* sweeper.c - see sweeper.h: the sweeper thread and its pass (retries due, TTL stops, lost
+ * sandboxes, purge). */
 #include "sweeper/sweeper.h"
 
 #include <errno.h>
@@ -76,6 +77,10 @@ int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err)
     int retried = sweeper_pass(l, &due, false, err);
     int reaped = retried < 0 ? 0 : sweeper_pass(l, &expired, true, err);
     int idle = lend_idle_sweep(l);
+
+    /* lent sandboxes whose init died outside lendbox's control: stopped, reason lost */
+    if (retried >= 0 && reaped >= 0)
+        reaped += lend_sweep_lost(l);
 
     if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
         store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);

@@ -23,7 +23,8 @@ int sweeper_start(struct lb_lend *l, int64_t interval_s, struct lb_sweeper **out
 void sweeper_stop(struct lb_sweeper *s);
 
 /* One pass of the sweeper: retry due failed stops, stop expired (TTL) sandboxes, stop or pause
- * idle ones (lend_idle_sweep), purge old stopped records. Returns the number of stops attempted (>=
+ * idle ones (lend_idle_sweep), stop lent sandboxes whose provider says they are gone (reason
+ * lost, lend_sweep_lost), purge old stopped records. Returns the number of stops attempted (>=
  * 0). */
 int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err);
 

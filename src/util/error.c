@@ -78,6 +78,7 @@ static const struct http_code {
     {404, "image_not_found", {LB_E_IMAGE_NOT_FOUND}},
     {409, "conflict", {EEXIST, EBUSY, EALREADY}},
     {410, "gone", {ESTALE}}, /* a PTY output offset older than the retained window */
+    {410, "sandbox_lost", {LB_E_LOST}},
     {413, "payload_too_large", {EFBIG, EMSGSIZE}},
     {422, "unenforceable", {EOPNOTSUPP}},
     {429, "overloaded", {EAGAIN, EUSERS}},

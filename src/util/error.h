@@ -12,6 +12,7 @@
  *   -ENOENT, -ESRCH                                            404 not_found
  *   -EEXIST, -EBUSY, -EALREADY                                 409 conflict
  *   -ESTALE                                                    410 gone
+ *   -LB_E_LOST                                                 410 sandbox_lost
  *   -EFBIG, -EMSGSIZE                                          413 payload_too_large
  *   -EOPNOTSUPP                                                422 unenforceable
  *   -EAGAIN, -EUSERS                                           429 overloaded
@@ -57,6 +58,12 @@ void lb_error_clear(struct lb_error *err);
 
 /* The errno that names an unknown image (404 image_not_found). */
 #define LB_E_IMAGE_NOT_FOUND ENOMEDIUM
+
+/* The errno that names a lost sandbox (410 sandbox_lost): its init died outside lendbox's
+ * control (killed from the host, OOM of the init, a container removed behind lendbox's back).
+ * A provider answers it for an operation on a sandbox whose record it still has but whose init
+ * is gone; lending confirms it against the record (lend/lost.c) before a client sees it. */
+#define LB_E_LOST EOWNERDEAD
 
 /* HTTP status and API error code (static string, e.g. "bad_request") for a negative errno. */
 int lb_error_http_status(int code, const char **api_code);

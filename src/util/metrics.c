@@ -30,6 +30,8 @@ static const struct {
     [LB_M_HTTP_ERRORS_5XX] = {"lendbox_http_errors_total", "class=\"5xx\"", NULL},
     [LB_M_HTTP_OVERLOADED] = {"lendbox_http_overloaded_total", NULL, "Requests refused 429."},
     [LB_M_TTL_REAPED] = {"lendbox_ttl_reaped_total", NULL, "Sandboxes stopped at their TTL."},
+    [LB_M_SANDBOXES_LOST] = {"lendbox_sandboxes_lost_total", NULL,
+                             "Sandboxes whose init died outside lendbox's control."},
     [LB_M_RECONCILE_ADOPTED] = {"lendbox_reconciled_total", "result=\"adopted\"",
                                 "Startup reconciliation outcomes."},
     [LB_M_RECONCILE_VANISHED] = {"lendbox_reconciled_total", "result=\"vanished\"", NULL},

@@ -329,6 +329,66 @@ int lbt_variant_count_containers(const char *needle, bool running_only)
     return n;
 }
 
+/* One request to this run's podman service: method on path (an API path with its query);
+ * the answer's body (malloc'd, the caller frees; NULL when none) and HTTP status into *status. */
+static char *lbt_podman_request(const char *method, const char *path, long *status)
+{
+    struct lbt_engine_body b = {0};
+    char url[1200], sock[300];
+    CURL *h;
+
+    *status = 0;
+    snprintf(sock, sizeof(sock), "%s/podman.sock", lbt_podman_dir);
+    snprintf(url, sizeof(url), "http://d%s", path);
+    h = curl_easy_init();
+    ck_assert_ptr_nonnull(h);
+    curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, sock);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, lbt_engine_on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    curl_easy_cleanup(h);
+    return b.data;
+}
+
+int lbt_variant_remove_containers(const char *needle)
+{
+    char path[1024], filter[300], *enc, *body;
+    json_t *j, *c;
+    size_t i;
+    long status;
+    int n = 0;
+    CURL *h;
+
+    ck_assert_msg(lbt_variant_is("docker") && lbt_podman_socket_set[0],
+                  "lbt_variant_remove_containers: only on the docker variant");
+    snprintf(filter, sizeof(filter), "{\"name\":[\"%s\"]}", needle);
+    h = curl_easy_init();
+    ck_assert_ptr_nonnull(h);
+    enc = curl_easy_escape(h, filter, 0);
+    snprintf(path, sizeof(path), "/v1.41/containers/json?all=true&filters=%s", enc);
+    curl_free(enc);
+    curl_easy_cleanup(h);
+    body = lbt_podman_request("GET", path, &status);
+    j = body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    ck_assert_msg(status == 200 && json_is_array(j), "listing containers: %ld", status);
+    json_array_foreach(j, i, c) {
+        const char *id = json_string_value(json_object_get(c, "Id"));
+
+        ck_assert_ptr_nonnull(id);
+        snprintf(path, sizeof(path), "/v1.41/containers/%s?force=true", id);
+        free(lbt_podman_request("DELETE", path, &status));
+        ck_assert_msg(status == 204 || status == 200, "removing container %s: %ld", id, status);
+        n++;
+    }
+    json_decref(j);
+    return n;
+}
+
 /* The lxd variant: the two-member LXD cluster of scripts/lxd-cluster (member a's unix socket,
  * the busybox image alias lendbox-test); LENDBOX_E2E_LXD_SOCKET names the socket of one already
  * up (make e2e-lxd), else `scripts/lxd-cluster up` runs once per program (idempotent, fast when

@@ -294,6 +294,9 @@ const char *lbt_variant_provider(void);
  * lendbox-<instance>-<sandbox id>), in any state or (running_only) running, as the engine lists
  * them; -1 on other variants or when the engine does not answer. */
 int lbt_variant_count_containers(const char *needle, bool running_only);
+/* The docker variant: remove (force: a running one is killed) every container of this run's
+ * podman service whose name contains needle, behind the daemon's back. Returns how many. */
+int lbt_variant_remove_containers(const char *needle);
 /* Is the variant an engine provider's (docker, lxd): sandboxes are engine objects (containers,
  * instances) with no host uid of their own, counted by lbt_variant_count_containers? */
 bool lbt_variant_engine(void);

@@ -115,6 +115,9 @@ class SandboxInfo(TypedDict, total=False):
     expires_at: Optional[str]
     resources_session_id: Optional[str]
     last_activity_at: Optional[str]  # GET /v1/sandboxes/{id} of a lent sandbox
+    stop_reason: Optional[str]  # GET only: released|ttl|deleted|lost|...; None while it runs
+    usage: Dict[str, Any]  # GET only: cpu_s, memory_bytes, memory_peak_bytes, pids, oom_kills,
+    # disk_bytes (None where the host cannot tell; all None once stopped)
 
 
 class ExecResult(TypedDict, total=False):
@@ -558,8 +561,9 @@ class _Routes:
         programs the agent could have replaced. Output is capped per stream
         (``limits.max_output_bytes``, 1 MiB; ``*_truncated`` says so).
 
-        Raises: BadRequest, NotFound (sandbox unknown or not lent), Conflict (paused), Overloaded,
-            ProviderError (exec transport). Never retried.
+        Raises: BadRequest, NotFound (sandbox unknown or not lent), Conflict (paused),
+            SandboxLost (its init died outside lendbox's control), Overloaded, ProviderError
+            (exec transport). Never retried.
         """
         body = _body(
             command=command,

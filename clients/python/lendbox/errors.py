@@ -17,6 +17,9 @@ Catch :class:`LendboxError` for everything, or one of the subclasses below, chos
  405   :class:`MethodNotAllowed`   known path, wrong method
  409   :class:`Conflict`           other ``task_id`` for a live session, activation already run,
                                    paused sandbox, busy session
+ 410   :class:`Gone`               a PTY output offset older than the kept window
+                                   (``sandbox_lost``: :class:`SandboxLost`, the sandbox died
+                                   under you: drop the episode, seed again)
  413   :class:`PayloadTooLarge`    body over the limit, sandbox storage full
  416   :class:`RangeNotSatisfiable`
  422   :class:`Unenforceable`      a network policy, resource or spec field the provider cannot
@@ -45,6 +48,8 @@ __all__ = [
     "ImageNotFound",
     "MethodNotAllowed",
     "Conflict",
+    "Gone",
+    "SandboxLost",
     "PayloadTooLarge",
     "RangeNotSatisfiable",
     "Unenforceable",
@@ -111,6 +116,17 @@ class Conflict(LendboxError):
     """409 ``conflict``."""
 
 
+class Gone(LendboxError):
+    """410 ``gone`` (and ``sandbox_lost``)."""
+
+
+class SandboxLost(Gone):
+    """410 ``sandbox_lost``: the sandbox's init died outside lendbox's control (killed, out of
+    memory, its container removed); its record is stopped with reason ``lost``, and every
+    operation on it answers this. An infrastructure failure, not the episode's: mask the episode
+    and seed the session again for a new sandbox."""
+
+
 class PayloadTooLarge(LendboxError):
     """413 ``payload_too_large``."""
 
@@ -150,6 +166,7 @@ _BY_STATUS: Dict[int, Type[LendboxError]] = {
     404: NotFound,
     405: MethodNotAllowed,
     409: Conflict,
+    410: Gone,
     413: PayloadTooLarge,
     416: RangeNotSatisfiable,
     422: Unenforceable,
@@ -160,9 +177,15 @@ _BY_STATUS: Dict[int, Type[LendboxError]] = {
     503: Draining,
 }
 
+_BY_CODE: Dict[str, Type[LendboxError]] = {
+    "image_not_found": ImageNotFound,
+    "sandbox_lost": SandboxLost,
+}
+
 
 def error_for(status: int, code: str, message: str, request_id: Optional[str] = None) -> LendboxError:
     """The exception for an error answer: the subclass of its status (``ImageNotFound`` for
-    code ``image_not_found``), or :class:`LendboxError` itself for any other status."""
-    cls = ImageNotFound if code == "image_not_found" else _BY_STATUS.get(status, LendboxError)
+    code ``image_not_found``, ``SandboxLost`` for ``sandbox_lost``), or :class:`LendboxError`
+    itself for any other status."""
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(status, LendboxError)
     return cls(status, code, message, request_id)

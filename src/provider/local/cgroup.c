@@ -728,6 +728,70 @@ int cgroup_read_oom_kills(const struct lb_cgroup *cg, uint64_t *count, int64_t *
     return 0;
 }
 
+/* The decimal number file holds in dir (a counter such as memory.current), or -1. */
+static int64_t read_number(const char *dir, const char *file)
+{
+    char buf[64], *end;
+    long long v;
+
+    if (!dir || read_small(dir, file, buf, sizeof(buf)) < 0)
+        return -1;
+    errno = 0;
+    v = strtoll(buf, &end, 10);
+    if (errno != 0 || end == buf || v < 0)
+        return -1;
+    return v;
+}
+
+/* How many lines dir's cgroup.procs lists (its processes), or -1. */
+static int64_t count_procs(const char *dir)
+{
+    char path[4352], buf[4096];
+    int64_t lines = 0;
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            lines += buf[i] == '\n';
+    close(fd);
+    return n < 0 ? -1 : lines;
+}
+
+void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out)
+{
+    bool v2 = cg->version == 2;
+    char buf[1024];
+    uint64_t kills;
+    int64_t v;
+    int i;
+
+    if (cg->version == 0)
+        return;
+    /* CPU: usage_usec of a cgroup2 cpu.stat (a v1 cpu hierarchy's cpu.stat has none) */
+    for (i = 0; i < cg->ndirs && out->cpu_s < 0; i++)
+        if (read_small(cg->dirs[i], "cpu.stat", buf, sizeof(buf)) == 0 &&
+            (v = keyed_value(buf, "usage_usec")) >= 0)
+            out->cpu_s = (double)v / 1e6;
+    if (out->cpu_s < 0 && (v = read_number(dir_with(cg, "cpuacct.usage"), "cpuacct.usage")) >= 0)
+        out->cpu_s = (double)v / 1e9;
+    out->memory_bytes =
+        v2 ? read_number(dir_with(cg, "memory.current"), "memory.current")
+           : read_number(dir_with(cg, "memory.usage_in_bytes"), "memory.usage_in_bytes");
+    out->memory_peak_bytes =
+        v2 ? read_number(dir_with(cg, "memory.peak"), "memory.peak")
+           : read_number(dir_with(cg, "memory.max_usage_in_bytes"), "memory.max_usage_in_bytes");
+    out->pids = read_number(dir_with(cg, "pids.current"), "pids.current");
+    if (out->pids < 0 && cg->ndirs > 0)
+        out->pids = count_procs(cg->dirs[0]);
+    if (cgroup_read_oom_kills(cg, &kills, NULL) == 0)
+        out->oom_kills = (int64_t)kills;
+}
+
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err)
 {
     int i;

@@ -108,6 +108,15 @@ int cgroup_unfreeze_procs(const struct lb_cgroup *cg, const pid_t *pids, size_t 
  * NULL. */
 int cgroup_read_oom_kills(const struct lb_cgroup *cg, uint64_t *count, int64_t *limit_bytes);
 
+/* What the cgroup's processes use now, into out's cpu_s, memory_bytes, memory_peak_bytes, pids
+ * and oom_kills (the others are left as they are); a figure no file of this host tells stays
+ * -1 (out must come in filled with -1). cpu_s: v2 cpu.stat usage_usec (also the hybrid
+ * layout's controller-less cgroup2 "unified" dir has it), else v1 cpuacct.usage; memory: v2
+ * memory.current and memory.peak, v1 memory.usage_in_bytes and memory.max_usage_in_bytes (on
+ * v1 only a sandbox with a memory limit has a memory cgroup); pids: pids.current, else the
+ * number of processes its cgroup.procs lists; oom_kills as cgroup_read_oom_kills. Reads only. */
+void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out);
+
 /* Remove the cgroup dirs (already-gone counts as done), retrying while they are busy until
  * deadline_ms (monotonic). A dir on a read-only cgroup file system is not a failure: one that
  * does not exist was never made, one that does is left (warn) since no retry can remove it.

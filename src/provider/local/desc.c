@@ -249,6 +249,22 @@ int local_desc_load_running(struct local_provider *lp, const struct lb_sandbox_r
 
     if (r < 0 || local_desc_alive(d))
         return r;
+    r = local_not_running(lp, ref->id, d, err);
     local_desc_release(d);
-    return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+    return r;
+}
+
+int local_not_running(struct local_provider *lp, const char *id, const struct local_desc *d,
+                      struct lb_error *err)
+{
+    char dir[4352];
+    struct stat st;
+
+    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    if (d->pid <= 0 || lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", id);
+    return lb_error_set(err, -LB_E_LOST,
+                        "sandbox '%s' was lost: its init (pid %d) is gone, and no stop of lendbox "
+                        "ended it",
+                        id, (int)d->pid);
 }

@@ -174,7 +174,7 @@ static int open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref
     if (r < 0)
         return r;
     if (!local_desc_alive(d))
-        return lb_error_set(err, -ENOENT, "sandbox '%s' is not running", ref->id);
+        return local_not_running(lp, ref->id, d, err);
     snprintf(proc, sizeof(proc), "/proc/%d/root", (int)d->pid);
     *rootfd = open(proc, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (*rootfd < 0)

@@ -256,6 +256,7 @@ static const struct lb_provider_ops local_ops = {
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,
     .destroy = local_destroy,
+    .usage = local_usage,
 };
 
 /* ---- construction ---------------------------------------------------------------------- */

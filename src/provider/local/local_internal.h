@@ -11,6 +11,7 @@
  * quiesce.c    the per-sandbox exec gate and the sweep before an exclusive exec
  * stop.c       stop: one stop per id at a time, and the teardown of a sandbox
  * relay.c      endpoint relays for sandboxes without a link
+ * usage.c      the usage op: a sandbox's cgroup figures and its writable storage's bytes
  * image.c      a sandbox's writable copy-on-write root over an image (overlay on tmpfs)
  * userns.c     user namespaces mapping a sandbox's slot of ids (bwrap --userns, image idmap)
  * desc.c       sandbox ids and directories, descriptors (parse, save, load)
@@ -131,6 +132,12 @@ int local_desc_load(struct local_provider *lp, const struct lb_sandbox_ref *ref,
  * is not running" (d released) when it is not. */
 int local_desc_load_running(struct local_provider *lp, const struct lb_sandbox_ref *ref,
                             struct local_desc *d, struct lb_error *err);
+/* The error for an operation on sandbox id whose init d names is not alive: -LB_E_LOST (410,
+ * naming the pid) while its directory is still there and its init had started (nothing of
+ * lendbox's removed it: a stop removes the directory last, and lending checks the record
+ * before a client sees it), else -ENOENT "not running". */
+int local_not_running(struct local_provider *lp, const char *id, const struct local_desc *d,
+                      struct lb_error *err);
 json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
 void local_desc_release(struct local_desc *d);
 /* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
@@ -295,6 +302,11 @@ int local_image_unmount(const char *dir, struct lb_error *err);
 /* The workspace directory on an image sandbox's root tmpfs (bound at the workdir with storage
  * tmpfs, so / and the workdir share the sandbox's disk size) into out. */
 void local_image_workspace(const char *dir, char *out, size_t size);
+
+/* ---- usage.c: what a sandbox uses ------------------------------------------------------------ */
+/* The usage op (provider.h): its cgroups' figures and its writable storage's bytes in use. */
+int local_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                struct lb_error *err);
 
 /* ---- snapshot.c: capture and restore of a sandbox's file system ------------------------------ */
 /* The snapshot op (provider.h). */
