@@ -2,10 +2,7 @@
  * fork.c - forks (see lend.h): one implicit snapshot of the parent, a hidden image (image.h,
  * "hidden"), then a fresh seed per session from it; the implicit snapshot is removed once no
  * live sandbox stands on it (the last child's stop, the fork's own end, or the start-up).
- *
- * A fork pins its snapshot's name (fork_pins) from before the capture until its children are
- * recorded, so that a collection cannot remove it under them; a collection's check and removal
- * run under fork_mutex.
+ * Pins and collection are in fork_collect.c (stops call it; it calls nothing of this file's).
  */
 #include "lend/lend_private.h"
 
@@ -17,103 +14,6 @@
 
 #include "image/image.h"
 #include "util/log.h"
-
-#define FORK_PREFIX "fork-"
-
-static bool fork_is_name(const char *name)
-{
-    return name && strncmp(name, FORK_PREFIX, strlen(FORK_PREFIX)) == 0;
-}
-
-static int fork_pin(struct lb_lend *l, const char *name)
-{
-    size_t len = strlen(name) + 1;
-    struct lend_fork_pin *p = malloc(sizeof(*p) + len);
-
-    if (!p)
-        return -ENOMEM;
-    memcpy(p->name, name, len);
-    pthread_mutex_lock(&l->fork_mutex);
-    p->next = l->fork_pins;
-    l->fork_pins = p;
-    pthread_mutex_unlock(&l->fork_mutex);
-    return 0;
-}
-
-static void fork_unpin(struct lb_lend *l, const char *name)
-{
-    struct lend_fork_pin **pp, *p;
-
-    pthread_mutex_lock(&l->fork_mutex);
-    for (pp = &l->fork_pins; (p = *pp); pp = &p->next) {
-        if (strcmp(p->name, name) == 0) {
-            *pp = p->next;
-            free(p);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&l->fork_mutex);
-}
-
-/* fork_mutex held */
-static bool fork_is_pinned(struct lb_lend *l, const char *name)
-{
-    for (struct lend_fork_pin *p = l->fork_pins; p; p = p->next)
-        if (strcmp(p->name, name) == 0)
-            return true;
-    return false;
-}
-
-/* image_remove_unused's question: does a live record hold this digest? (errors: yes) */
-static bool fork_digest_in_use(void *ctx, const char *digest)
-{
-    int64_t n = 0;
-
-    return store_count_using_image_digest(ctx, digest, &n, NULL) < 0 || n > 0;
-}
-
-/* Remove the implicit snapshot name when it is one, is not pinned and no record that is not
- * stopped names it. */
-static void fork_collect(struct lb_lend *l, const char *name)
-{
-    struct lb_image_info info;
-    struct lb_error e = {0};
-    int64_t users = 0;
-    int r;
-
-    if (!l->cfg.images_dir || !fork_is_name(name))
-        return;
-    pthread_mutex_lock(&l->fork_mutex);
-    if (fork_is_pinned(l, name) || image_get(l->cfg.images_dir, name, &info, NULL) < 0 ||
-        !info.hidden)
-        goto out;
-    r = store_count_using_image(l->store, name, &users, &e);
-    if (r < 0) {
-        log_warn("fork snapshot %s: cannot count its sandboxes: %s", name, e.message);
-        goto out;
-    }
-    if (users > 0)
-        goto out;
-    r = image_remove_unused(l->cfg.images_dir, name, fork_digest_in_use, l->store, &e);
-    if (r < 0 && r != -ENOENT)
-        log_warn("fork snapshot %s: cannot remove it: %s", name, e.message);
-out:
-    pthread_mutex_unlock(&l->fork_mutex);
-}
-
-/* see lend_private.h */
-void lend_fork_collect_of(struct lb_lend *l, const struct lb_record *r)
-{
-    json_t *spec = NULL;
-    const char *image;
-
-    if (!l->cfg.images_dir || !r->spec_json || !strstr(r->spec_json, FORK_PREFIX))
-        return; /* cheap: most stops are of no fork's child */
-    image = lend_spec_string(r, "image", NULL, &spec);
-    if (image)
-        fork_collect(l, image);
-    json_decref(spec);
-}
 
 /* The seed body a child of parent rec (spec: its parsed spec) gets: the parent's spec on the
  * implicit snapshot name. A new reference, NULL without memory. */
@@ -162,7 +62,7 @@ int lend_fork_begin(struct lb_lend *l, const char *id, char *name, size_t name_l
     int r;
 
     *template_out = NULL;
-    if (name_len < strlen(FORK_PREFIX) + 2 * sizeof(rnd) + 1)
+    if (name_len < strlen(LEND_FORK_PREFIX) + 2 * sizeof(rnd) + 1)
         return lb_error_set(err, -ENAMETOOLONG, "fork name buffer too small");
     r = lend_record_get(l, id, &rec, err);
     if (r < 0) {
@@ -178,10 +78,10 @@ int lend_fork_begin(struct lb_lend *l, const char *id, char *name, size_t name_l
         r = lb_error_set(err, -EIO, "cannot draw the fork's name: %s", strerror(errno));
         goto out;
     }
-    snprintf(name, name_len, FORK_PREFIX);
+    snprintf(name, name_len, LEND_FORK_PREFIX);
     for (size_t i = 0; i < sizeof(rnd); i++)
-        snprintf(name + strlen(FORK_PREFIX) + 2 * i, 3, "%02x", rnd[i]);
-    r = fork_pin(l, name);
+        snprintf(name + strlen(LEND_FORK_PREFIX) + 2 * i, 3, "%02x", rnd[i]);
+    r = lend_fork_pin(l, name);
     if (r < 0) {
         r = lb_error_set(err, r, "out of memory");
         goto out;
@@ -210,24 +110,6 @@ int lend_fork_child(struct lb_lend *l, const char *rsid, const struct lb_seed_re
 
 void lend_fork_end(struct lb_lend *l, const char *name)
 {
-    fork_unpin(l, name);
-    fork_collect(l, name);
-}
-
-int lend_collect_forks(struct lb_lend *l, struct lb_error *err)
-{
-    struct lb_image_info *all = NULL;
-    size_t n = 0;
-    int r;
-
-    if (!l->cfg.images_dir)
-        return 0;
-    r = image_list(l->cfg.images_dir, &all, &n, err);
-    if (r < 0)
-        return r;
-    for (size_t i = 0; i < n; i++)
-        if (all[i].hidden)
-            fork_collect(l, all[i].name);
-    free(all);
-    return 0;
+    lend_fork_unpin(l, name);
+    lend_fork_collect(l, name);
 }

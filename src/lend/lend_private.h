@@ -136,9 +136,18 @@ struct lb_image_info;
 int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, bool hidden,
                           json_t *labels, struct lb_image_info *info, struct lb_error *err);
 
-/* fork.c: after record r stopped: when its image is a fork's implicit snapshot that nothing
+/* fork_collect.c: after record r stopped: when its image is a fork's implicit snapshot that nothing
  * stands on any more, remove it (logs its own failures). */
 void lend_fork_collect_of(struct lb_lend *l, const struct lb_record *r);
+
+/* fork_collect.c: the name prefix of a fork's implicit snapshot (a hidden image). */
+#define LEND_FORK_PREFIX "fork-"
+/* fork_collect.c: pin name against collection until lend_fork_unpin (0, or -ENOMEM). */
+int lend_fork_pin(struct lb_lend *l, const char *name);
+void lend_fork_unpin(struct lb_lend *l, const char *name);
+/* fork_collect.c: remove the implicit snapshot name when it is one, is not pinned and no
+ * record that is not stopped names it (logs its own failures). */
+void lend_fork_collect(struct lb_lend *l, const char *name);
 
 /* seed.c: lend_seed; fresh: a session with any live sandbox is -EEXIST (no reuse). */
 int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
