@@ -55,6 +55,18 @@ struct lb_provider *lend_provider_of(struct lb_lend *l, const struct lb_record *
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err);
 
+/* The three steps of lend_stop_record after "stopping" is recorded, for a caller that records
+ * many stops in one transaction (the shutdown sweep):
+ * lend_stop_provider: r's provider stops its sandbox (bounded by stop_timeout_s): 0, or
+ *   -errno with the provider's message in *perr;
+ * lend_stop_failed: record fail_state with message and the next retry's time; -EREMOTEIO;
+ * lend_stop_done: after "stopped" is recorded: metrics, the stopped hook, the log line
+ *   (reason NULL: the record's). */
+int lend_stop_provider(struct lb_lend *l, const struct lb_record *r, struct lb_error *perr);
+int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
+                     const char *message, struct lb_error *err);
+void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *reason);
+
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 
 /* A sandbox on its way to start under a record: lend_start_prepare fills it, lend_start_recorded
