@@ -187,6 +187,7 @@ static void local_destroy(struct lb_provider *p)
 
     if (!lp)
         return;
+    local_removed_stop(lp);
     local_relay_destroy(lp);
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
@@ -254,6 +255,7 @@ static const struct lb_provider_ops local_ops = {
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,
+    .defer_cleanup = local_defer_cleanup,
     .destroy = local_destroy,
 };
 
@@ -561,6 +563,10 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     local_claims_sweep(lp, all);
     json_decref(all);
+    r = local_removed_start(lp);
+    if (r < 0) /* no harm: the directories stay until a later start removes them */
+        log_warn("cannot start removing the stopped sandboxes' directories of an earlier run: %s",
+                 strerror(-r));
     *out = &lp->base;
     return 0;
 

@@ -92,6 +92,12 @@ struct local_provider {
     struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
     struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
     bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
+
+    /* Dead sandboxes' directories moved aside (stop.c): <state_dir>/removed/<id> */
+    atomic_bool defer_removal; /* local_defer_cleanup ran: stops move directories aside */
+    atomic_bool reaper_quit;   /* local_removed_stop: the reaper ends after its entry */
+    pthread_t reaper;          /* removes what an earlier run moved aside */
+    bool reaper_started;
 };
 
 /* One exec whose helper process runs, on its worker's stack (linked while it runs). */
@@ -218,6 +224,16 @@ int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t 
  * Thread-safe (stop_lock). */
 int local_stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms);
 void local_stopping_leave(struct local_provider *lp, const char *id);
+/* The defer_cleanup op (provider.h): from now on a stop moves the dead sandbox's directory to
+ * <state_dir>/removed/<id> (one rename) instead of removing its files, each of which a disk
+ * mounted with discard frees synchronously (milliseconds apiece); the next start removes it.
+ * Only after everything the directory accounts for is gone, as a removal would be. */
+void local_defer_cleanup(struct lb_provider *p);
+/* Start the thread that removes <state_dir>/removed (what an earlier run's shutdown sweep
+ * moved aside), entry by entry. 0, or -errno of pthread_create (nothing is removed then; the
+ * next start tries again). local_removed_stop ends it (after the entry under way) and waits. */
+int local_removed_start(struct local_provider *lp);
+void local_removed_stop(struct local_provider *lp);
 /* How many stops so far swept /proc for the processes of a slot's ids (a stop without a live
  * init, or one whose sandbox still had processes outside its pid namespace once its init, its
  * monitor and its exec helpers were gone). Thread-safe. */

@@ -248,6 +248,82 @@ static void sandbox_thaw(const struct local_desc *d, int64_t deadline_ms)
                                 NULL);
 }
 
+/* ---- directories moved aside ---------------------------------------------------------- */
+
+#define REMOVED_DIR "removed" /* in the state dir: dead sandboxes' directories, to remove */
+
+void local_defer_cleanup(struct lb_provider *p)
+{
+    atomic_store(&((struct local_provider *)p)->defer_removal, true);
+}
+
+/* Move the dead sandbox's directory dir to <state_dir>/removed/<id>: 0, or -errno when it
+ * cannot be (the caller removes it in place then). */
+static int move_aside(struct local_provider *lp, const char *id, const char *dir)
+{
+    char to[4400];
+
+    if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR, lp->state_dir) >= (int)sizeof(to))
+        return -ENAMETOOLONG;
+    if (mkdir(to, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR "/%s", lp->state_dir, id) >= (int)sizeof(to))
+        return -ENAMETOOLONG;
+    return rename(dir, to) < 0 ? -errno : 0;
+}
+
+static void *removed_reaper_main(void *arg)
+{
+    struct local_provider *lp = arg;
+    char path[4400];
+    struct dirent *de;
+    DIR *dh;
+    int n = 0, failed = 0;
+
+    snprintf(path, sizeof(path), "%s/" REMOVED_DIR, lp->state_dir);
+    dh = opendir(path);
+    if (!dh)
+        return NULL;
+    while (!atomic_load(&lp->reaper_quit) && (de = readdir(dh))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/" REMOVED_DIR "/%s", lp->state_dir, de->d_name);
+        if (rmtree(path) < 0)
+            failed++;
+        else
+            n++;
+    }
+    closedir(dh);
+    if (n || failed)
+        log_info("removed %d stopped sandboxes' directories of an earlier run (%d could not be)", n,
+                 failed);
+    return NULL;
+}
+
+int local_removed_start(struct local_provider *lp)
+{
+    char path[4400];
+    int r;
+
+    snprintf(path, sizeof(path), "%s/" REMOVED_DIR, lp->state_dir);
+    if (access(path, F_OK) < 0)
+        return 0;
+    r = pthread_create(&lp->reaper, NULL, removed_reaper_main, lp);
+    if (r != 0)
+        return -r;
+    lp->reaper_started = true;
+    return 0;
+}
+
+void local_removed_stop(struct local_provider *lp)
+{
+    if (!lp->reaper_started)
+        return;
+    atomic_store(&lp->reaper_quit, true);
+    pthread_join(lp->reaper, NULL);
+    lp->reaper_started = false;
+}
+
 int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
                           int64_t deadline_ms, struct lb_error *err)
 {
@@ -388,7 +464,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     r = local_image_unmount(dir, err);
     if (r < 0)
         goto out;
-    r = rmtree(dir);
+    /* a shutdown sweep moves the directory aside (its files are dead: nothing runs as the
+     * slot's ids and nothing is mounted in it any more) */
+    if (!atomic_load(&lp->defer_removal) || move_aside(lp, id, dir) < 0)
+        r = rmtree(dir);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", dir, strerror(-r));
         goto out;
