@@ -63,6 +63,9 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
  * lend_stop_done: after "stopped" is recorded: metrics, the stopped hook, the log line
  *   (reason NULL: the record's). */
 int lend_stop_provider(struct lb_lend *l, const struct lb_record *r, struct lb_error *perr);
+/* Before lend_stop_provider, for many stops at once: r's provider starts stopping its sandbox
+ * without waiting (provider_stop_begin; best effort, nothing to report). */
+void lend_stop_begin(struct lb_lend *l, const struct lb_record *r);
 int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
                      const char *message, struct lb_error *err);
 void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *reason);

@@ -48,6 +48,18 @@ int lend_stop_provider(struct lb_lend *l, const struct lb_record *r, struct lb_e
 }
 
 /* see lend_internal.h */
+void lend_stop_begin(struct lb_lend *l, const struct lb_record *r)
+{
+    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+    struct lb_provider *prov = lend_provider_of(l, r, NULL);
+
+    if (prov)
+        provider_stop_begin(prov, &ref);
+    json_decref(desc);
+}
+
+/* see lend_internal.h */
 int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
                      const char *message, struct lb_error *err)
 {

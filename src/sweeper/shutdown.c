@@ -4,7 +4,10 @@
  * The records are written in batches, not one transaction per transition: every record to
  * stop is marked "stopping" at once, the providers' stops run (concurrency at a time), and the
  * ones that succeeded are marked "stopped" at once; a failed stop is recorded on its own, as
- * any stop's. A record whose batch could not be written is stopped the way any other stop is
+ * any stop's. Every marked sandbox's stop is begun (provider_stop_begin: the local provider
+ * kills its init) before the first stop is waited for, so the sandboxes die all at once and
+ * not concurrency at a time. A record whose batch could not be written is stopped the way any
+ * other stop is
  * (lend_stop_record). A daemon that dies in the middle leaves "stopping" records, which the
  * next start's reconciliation stops again (a stop of a sandbox that is gone succeeds). */
 #include "sweeper/sweeper.h"
@@ -34,7 +37,7 @@ struct stop_all_ctx {
     struct lb_lend *l;
     struct lb_record *recs;
     enum sweep_state *st;
-    size_t n, next;
+    size_t n, next, next_begin;
     const char *reason;
     pthread_mutex_t mutex;
     int failed;
@@ -51,6 +54,19 @@ static void *stop_all_worker(void *arg)
 {
     struct stop_all_ctx *c = arg;
 
+    /* first every marked sandbox's stop is begun (its init killed), so that all of them die
+     * at once; then each stop is waited for and finished */
+    for (;;) {
+        size_t i;
+
+        pthread_mutex_lock(&c->mutex);
+        i = c->next_begin < c->n ? c->next_begin++ : c->n;
+        pthread_mutex_unlock(&c->mutex);
+        if (i >= c->n)
+            break;
+        if (c->st[i] == SWEEP_MARKED)
+            lend_stop_begin(c->l, &c->recs[i]);
+    }
     for (;;) {
         struct lb_error perr = {0};
         size_t i;

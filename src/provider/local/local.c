@@ -192,6 +192,7 @@ static void local_destroy(struct lb_provider *p)
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
     free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
+    local_begun_release(lp);
     local_exec_gates_release(lp);
     pthread_cond_destroy(&lp->stopped);
     pthread_mutex_destroy(&lp->lock);
@@ -256,6 +257,7 @@ static const struct lb_provider_ops local_ops = {
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,
     .defer_cleanup = local_defer_cleanup,
+    .stop_begin = local_stop_begin,
     .destroy = local_destroy,
 };
 

@@ -87,6 +87,7 @@ struct local_provider {
     pthread_mutex_t stop_lock; /* guards stopping, nstopping, stopping_cap */
     char **stopping;           /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
+    struct local_begun *begun;          /* stop_lock: inits killed by stop_begin, for their stops */
     pthread_cond_t stopped;             /* with stop_lock: signalled when an id leaves stopping */
     pthread_mutex_t lock;               /* guards running and execs_ended */
     struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
@@ -219,6 +220,13 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
 /* The stop op (provider.h). */
 int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                struct lb_error *err);
+/* The stop_begin op (provider.h): SIGKILL the sandbox's init (checked as a stop checks it)
+ * and keep its pidfds for the stop of the same id, which then waits on them instead of
+ * killing. Best effort: nothing is kept when the descriptor, the init or a pidfd is not to be
+ * had (that stop then does all of it). local_begun_release closes what no stop took (at
+ * destroy). Thread-safe. */
+void local_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref);
+void local_begun_release(struct local_provider *lp);
 /* Enter / leave the one stop of id allowed at a time (endpoint requests enter it too). Waiting
  * for a stop of the same id is bounded by deadline_ms (monotonic): -ETIMEDOUT past it; -ENOMEM.
  * Thread-safe (stop_lock). */
