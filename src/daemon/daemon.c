@@ -457,6 +457,7 @@ void daemon_drain(struct daemon *d)
         pthread_join(dw.thread, NULL);
     }
     if (d->cfg.shutdown_sweep) {
+        registry_defer_cleanup(d->providers); /* dead sandboxes' files: at the next start */
         int failed = sweeper_stop_all(d->lend, "shutdown", (size_t)d->cfg.stop_concurrency);
 
         if (failed > 0)

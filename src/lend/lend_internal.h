@@ -70,6 +70,21 @@ int lend_idle_sweep(struct lb_lend *l);
  * is stopped with reason lost, under its session's lock (a busy session is left to the next
  * pass). Returns how many were found lost. Blocks on the providers (one status each). */
 int lend_sweep_lost(struct lb_lend *l);
+/* The three steps of lend_stop_record after "stopping" is recorded, for a caller that records
+ * many stops in one transaction (the shutdown sweep):
+ * lend_stop_provider: r's provider stops its sandbox (bounded by stop_timeout_s): 0, or
+ *   -errno with the provider's message in *perr;
+ * lend_stop_failed: record fail_state with message and the next retry's time; -EREMOTEIO;
+ * lend_stop_done: after "stopped" is recorded: metrics, its activity forgotten, the stopped
+ *   hook, a fork's implicit snapshot it stood on collected, the log line (reason NULL: the
+ *   record's). */
+int lend_stop_provider(struct lb_lend *l, const struct lb_record *r, struct lb_error *perr);
+/* Before lend_stop_provider, for many stops at once: r's provider starts stopping its sandbox
+ * without waiting (provider_stop_begin; best effort, nothing to report). */
+void lend_stop_begin(struct lb_lend *l, const struct lb_record *r);
+int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
+                     const char *message, struct lb_error *err);
+void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *reason);
 
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 

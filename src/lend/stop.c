@@ -31,46 +31,75 @@ static int64_t lend_backoff_s(struct lb_lend *l, int attempts)
 }
 
 /* see lend_internal.h */
+int lend_stop_provider(struct lb_lend *l, const struct lb_record *r, struct lb_error *perr)
+{
+    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+    struct lb_provider *prov;
+    int rc;
+
+    metrics_add(LB_M_STOPS_IN_FLIGHT, 1);
+    metrics_max(LB_M_STOPS_IN_FLIGHT_MAX, metrics_get(LB_M_STOPS_IN_FLIGHT));
+    prov = lend_provider_of(l, r, perr);
+    rc = prov ? provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, perr) : -EREMOTEIO;
+    metrics_sub(LB_M_STOPS_IN_FLIGHT, 1);
+    json_decref(desc);
+    return rc;
+}
+
+/* see lend_internal.h */
+void lend_stop_begin(struct lb_lend *l, const struct lb_record *r)
+{
+    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+    struct lb_provider *prov = lend_provider_of(l, r, NULL);
+
+    if (prov)
+        provider_stop_begin(prov, &ref);
+    json_decref(desc);
+}
+
+/* see lend_internal.h */
+int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
+                     const char *message, struct lb_error *err)
+{
+    int attempts = r->stop_attempts + 1;
+
+    metrics_add(LB_M_STOPS_FAILED, 1);
+    log_warn_sbx(r->id, "stop of sandbox %s failed (attempt %d): %s", r->id, attempts, message);
+    store_mark_stop_failed(l->store, r->id, fail_state, message,
+                           clock_now_s() + lend_backoff_s(l, attempts), NULL);
+    return lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id, message);
+}
+
+/* see lend_internal.h */
+void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *reason)
+{
+    metrics_add(LB_M_STOPS_OK, 1);
+    lend_activity_forget(l, r->id);
+    if (l->stopped_hook)
+        l->stopped_hook(l->stopped_ctx, r->id);
+    /* a record that could not be marked stopped still counts as a user: nothing is removed */
+    lend_fork_collect_of(l, r);
+    log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
+}
+
+/* see lend_internal.h */
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err)
 {
     struct lb_error perr = {0};
-    json_t *desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
-    struct lb_sandbox_ref ref = {r->id, desc};
-    struct lb_provider *prov;
     int rc;
 
     if (r->state == LB_STATE_STOP_FAILED || r->state == LB_STATE_FAILED_SEED)
         metrics_add(LB_M_STOP_RETRIES, 1);
     rc = store_mark_stopping(l->store, r->id, reason, err);
     if (rc < 0)
-        goto out;
-    metrics_add(LB_M_STOPS_IN_FLIGHT, 1);
-    metrics_max(LB_M_STOPS_IN_FLIGHT_MAX, metrics_get(LB_M_STOPS_IN_FLIGHT));
-    prov = lend_provider_of(l, r, &perr);
-    rc = prov ? provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr) : -EREMOTEIO;
-    metrics_sub(LB_M_STOPS_IN_FLIGHT, 1);
-    if (rc < 0) {
-        int attempts = r->stop_attempts + 1;
-
-        metrics_add(LB_M_STOPS_FAILED, 1);
-        log_warn_sbx(r->id, "stop of sandbox %s failed (attempt %d): %s", r->id, attempts,
-                     perr.message);
-        store_mark_stop_failed(l->store, r->id, fail_state, perr.message,
-                               clock_now_s() + lend_backoff_s(l, attempts), NULL);
-        rc = lb_error_set(err, -EREMOTEIO, "stopping sandbox %s failed: %s", r->id, perr.message);
-        goto out;
-    }
-    metrics_add(LB_M_STOPS_OK, 1);
+        return rc;
+    if (lend_stop_provider(l, r, &perr) < 0)
+        return lend_stop_failed(l, r, fail_state, perr.message, err);
     rc = store_mark_stopped(l->store, r->id, NULL, err);
-    lend_activity_forget(l, r->id);
-    if (l->stopped_hook)
-        l->stopped_hook(l->stopped_ctx, r->id);
-    if (rc == 0)
-        lend_fork_collect_of(l, r);
-    log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
-out:
-    json_decref(desc);
+    lend_stop_done(l, r, reason);
     return rc;
 }
 

@@ -148,6 +148,16 @@ static int fault_end_execs(struct lb_provider *p)
     return provider_end_execs(INNER(p));
 }
 
+static void fault_defer_cleanup(struct lb_provider *p)
+{
+    provider_defer_cleanup(INNER(p));
+}
+
+static void fault_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref)
+{
+    provider_stop_begin(INNER(p), ref);
+}
+
 static void fault_caps(struct lb_provider *p, struct lb_provider_caps *out)
 {
     provider_caps(INNER(p), out);
@@ -209,6 +219,8 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .endpoint = fault_endpoint,
         .oom_kills = fault_oom_kills,
         .end_execs = fault_end_execs,
+        .defer_cleanup = fault_defer_cleanup,
+        .stop_begin = fault_stop_begin,
         .snapshot = fault_snapshot,
         .destroy = fault_destroy,
         .usage = fault_usage,

@@ -169,6 +169,18 @@ int provider_end_execs(struct lb_provider *p)
     return p && p->ops->end_execs ? p->ops->end_execs(p) : 0;
 }
 
+void provider_defer_cleanup(struct lb_provider *p)
+{
+    if (p && p->ops->defer_cleanup)
+        p->ops->defer_cleanup(p);
+}
+
+void provider_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref)
+{
+    if (p && p->ops->stop_begin)
+        p->ops->stop_begin(p, ref);
+}
+
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err)
 {

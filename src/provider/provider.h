@@ -347,6 +347,20 @@ struct lb_provider_ops {
      * how many execs were ended. May be NULL (nothing is ended). Thread-safe. */
     int (*end_execs)(struct lb_provider *p);
 
+    /* The daemon is about to stop every sandbox and exit (the shutdown sweep): from now on a
+     * stop may leave the removal of what a dead sandbox no longer needs (nothing that runs,
+     * holds a resource limit, a network link, a mount or an id slot) to the provider's next
+     * start, so that the sweep ends sooner. A stop still returns 0 only once the sandbox is
+     * gone. Irreversible. May be NULL (stops stay as they are). Thread-safe. */
+    void (*defer_cleanup)(struct lb_provider *p);
+
+    /* Start stopping the sandbox without waiting for it (the local provider: SIGKILL its
+     * init, so that its processes die while other stops run); the stop that must follow
+     * finishes it, and is what says the sandbox is gone. Best effort: reports nothing. For
+     * callers that stop many sandboxes at once (the shutdown sweep). May be NULL (nothing
+     * happens until the stop). Thread-safe. */
+    void (*stop_begin)(struct lb_provider *p, const struct lb_sandbox_ref *ref);
+
     /* Capture the running sandbox's file system into dest, a directory the caller made (the
      * image store's image_snapshot_prepare) holding empty rootfs/ and workspace/: its writable
      * root layer into rootfs (the overlay upper dir as it is: whiteouts as 0:0 character
@@ -409,6 +423,8 @@ int provider_resume(struct lb_provider *p, const struct lb_sandbox_ref *ref, str
 int provider_endpoint(struct lb_provider *p, const struct lb_sandbox_ref *ref, int port,
                       char **url_out, struct lb_error *err);
 int provider_end_execs(struct lb_provider *p);
+void provider_defer_cleanup(struct lb_provider *p);
+void provider_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref);
 int provider_oom_kills(struct lb_provider *p, const struct lb_sandbox_ref *ref, uint64_t *count,
                        int64_t *limit_bytes, struct lb_error *err);
 int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,

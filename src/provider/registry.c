@@ -393,6 +393,12 @@ int registry_end_execs(const struct lb_registry *reg)
     return n;
 }
 
+void registry_defer_cleanup(const struct lb_registry *reg)
+{
+    for (size_t i = 0; i < registry_count(reg); i++)
+        provider_defer_cleanup(reg->provs[i]);
+}
+
 void registry_free(struct lb_registry *reg)
 {
     if (!reg)

@@ -102,6 +102,9 @@ int registry_end_execs(const struct lb_registry *reg);
 /* Destroy every provider (last first) and the registry; NULL-safe. Sandboxes keep running. */
 void registry_free(struct lb_registry *reg);
 
+/* provider_defer_cleanup on every provider: call right before the shutdown sweep. */
+void registry_defer_cleanup(const struct lb_registry *reg);
+
 /* For the fault switch host.keyrings: make the kernel keyring calls fail with EPERM for this
  * whole process and everything it starts, as a container's default seccomp filter does to a
  * daemon in it (the local provider's seccomp_refuse_keyrings_to_self, named here so that only

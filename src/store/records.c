@@ -601,8 +601,12 @@ int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
                            err);
 }
 
-int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,
-                            const char *reason, struct lb_error *err)
+/* One transition (the UPDATE at stmts[stmt], bound to (id, reason, now)) of n records in one
+ * transaction: all or none. reasons[i] (reasons may be NULL) before reason. A batch that finds
+ * the disk full is rolled back, spends the reserve and runs once more (stops' records). */
+static int update_many(struct lb_store *st, enum stmt_id stmt, const char *const *ids,
+                       const char *const *reasons, const char *reason, size_t n, const char *what,
+                       struct lb_error *err)
 {
     sqlite3_stmt *s;
     int ret;
@@ -613,16 +617,15 @@ int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t 
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_MARK_STOPPED];
-    /* stops' records: a batch that finds the disk full is rolled back, spends the reserve and
-     * runs once more */
+    s = st->stmts[stmt];
     for (int attempt = 0; attempt < 2; attempt++) {
         ret = store_exec_sql(st, "BEGIN IMMEDIATE", "beginning a batch", err);
         for (size_t i = 0; ret == 0 && i < n; i++) {
-            bool bad = store_bind_text(s, 1, ids[i]) || store_bind_text(s, 2, reason) ||
+            bool bad = store_bind_text(s, 1, ids[i]) ||
+                       store_bind_text(s, 2, reasons && reasons[i] ? reasons[i] : reason) ||
                        sqlite3_bind_int64(s, 3, clock_now_s());
 
-            ret = finish_transition(st, s, bad, false, ids[i], "marking sandboxes stopped", err);
+            ret = finish_transition(st, s, bad, false, ids[i], what, err);
         }
         if (ret == 0)
             ret = store_exec_sql(st, "COMMIT", "committing a batch", err);
@@ -639,6 +642,20 @@ int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t 
         atomic_store(&st->write_failed, true);
     pthread_mutex_unlock(&st->lock);
     return ret;
+}
+
+int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,
+                            const char *reason, struct lb_error *err)
+{
+    return update_many(st, STMT_MARK_STOPPED, ids, NULL, reason, n, "marking sandboxes stopped",
+                       err);
+}
+
+int store_mark_stopping_many(struct lb_store *st, const char *const *ids,
+                             const char *const *reasons, size_t n, struct lb_error *err)
+{
+    return update_many(st, STMT_MARK_STOPPING, ids, reasons, NULL, n, "marking sandboxes stopping",
+                       err);
 }
 
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,

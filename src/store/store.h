@@ -169,6 +169,11 @@ int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
  * changed) if one is missing. For startup reconciliation of many vanished sandboxes. */
 int store_mark_stopped_many(struct lb_store *st, const char *const *ids, size_t n,
                             const char *reason, struct lb_error *err);
+/* Mark n records stopping in one transaction, as store_mark_stopping does one (reasons[i],
+ * which may be NULL, as its reason; reasons NULL: none): all or none. -ENOENT (nothing
+ * changed) if one is missing. For the shutdown sweep. Thread-safe. */
+int store_mark_stopping_many(struct lb_store *st, const char *const *ids,
+                             const char *const *reasons, size_t n, struct lb_error *err);
 
 /* A stop failed: -> state (LB_STATE_FAILED_SEED or LB_STATE_STOP_FAILED), stop_attempts+1,
  * last_error, next_attempt_at. */

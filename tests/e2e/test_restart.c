@@ -1,8 +1,11 @@
 /*
  * test_restart.c - acceptance: kill -9 the daemon with three sessions lent, start it again on
  * the same state dir: the sandboxes kept running, the sessions are listed with the same
- * sandbox ids, and exec and release work on them.
+ * sandbox ids, and exec and release work on them. And the shutdown sweep: SIGTERM with three
+ * sessions lent stops every sandbox and moves its directory aside (<state_dir>/removed/<id>),
+ * which the next start removes.
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +13,7 @@
 
 #include "harness.h"
 
-static struct lbt_daemon D;
+static struct lbt_daemon D, S;
 
 /* Start time (field 22 of /proc/PID/stat), 0 if the process is gone or a zombie. */
 static unsigned long long start_time(pid_t pid)
@@ -136,6 +139,65 @@ START_TEST(test_kill_and_restart)
 }
 END_TEST
 
+/* The entries of dir (not . and ..), -1 when it cannot be opened. */
+static int dir_entries(const char *dir)
+{
+    DIR *dh = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+
+    if (!dh)
+        return -1;
+    while ((de = readdir(dh)))
+        n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    closedir(dh);
+    return n;
+}
+
+START_TEST(test_shutdown_sweep_moves_dirs_aside)
+{
+    static const char *const rsids[N] = {"sweep-1", "sweep-2", "sweep-3"};
+    char ids[N][128], path[1200], removed[600];
+    uid_t uids[N];
+    int n = -1;
+
+    lbt_daemon_start(&S, NULL);
+    for (int k = 0; k < N; k++) {
+        json_t *lease = lbt_seed(&S, rsids[k], "task-sweep", NULL);
+
+        snprintf(ids[k], sizeof(ids[k]), "%s",
+                 json_string_value(json_object_get(lease, "sandbox_id")));
+        json_decref(lease);
+        uids[k] = lbt_sandbox_uid(&S, ids[k]);
+        ck_assert_uint_ne(uids[k], 0);
+    }
+    ck_assert_int_eq(lbt_daemon_stop(&S), 0);
+    /* stopped: no process of theirs, no directory among the sandboxes', each one moved aside */
+    snprintf(path, sizeof(path), "%s/sandboxes", S.state_dir);
+    ck_assert_int_eq(dir_entries(path), 0);
+    snprintf(removed, sizeof(removed), "%s/removed", S.state_dir);
+    for (int k = 0; k < N; k++) {
+        ck_assert_int_eq(lbt_count_live_procs_of_uid(uids[k]), 0);
+        snprintf(path, sizeof(path), "%s/%s", removed, ids[k]);
+        ck_assert_msg(lbt_path_exists(path), "%s was not moved aside", path);
+    }
+    /* the next start removes them (in the background: waited for, up to 60 s) */
+    lbt_daemon_restart(&S, NULL);
+    for (int t = 0; t < 3000 && (n = dir_entries(removed)) > 0; t++)
+        lbt_sleep_ms(20);
+    ck_assert_int_eq(n, 0);
+    /* and their records say stopped */
+    json_t *all = lbt_list_sandboxes_but_pool(&S);
+    for (int k = 0; k < N; k++) {
+        json_t *rec = lbt_find_record(all, ids[k]);
+
+        ck_assert_ptr_nonnull(rec);
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    }
+    json_decref(all);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("restart");
@@ -144,6 +206,11 @@ int main(void)
     lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_kill_and_restart);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sweep");
+    lbt_test_daemon_cleanup(tc, &S);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_shutdown_sweep_moves_dirs_aside);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

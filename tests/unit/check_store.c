@@ -728,6 +728,37 @@ START_TEST(test_count_live_and_batch_stop)
 }
 END_TEST
 
+/* The shutdown sweep's batch: every record "stopping" with its own reason (NULL keeps the one
+ * recorded), in one transaction: a missing id changes nothing. */
+START_TEST(test_mark_stopping_many)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    const char *ids[] = {"m1", "m2"}, *reasons[] = {"shutdown", NULL};
+    const char *with_missing[] = {"m3", "nope"};
+    struct lb_record got = {0};
+
+    put(st, "m1", "s1", LB_STATE_LENT, 1, 0, 0);
+    put(st, "m2", "s2", LB_STATE_LENT, 2, 0, 0);
+    put(st, "m3", "s3", LB_STATE_LENT, 3, 0, 0);
+    ck_assert_int_eq(store_mark_stopping(st, "m2", "ttl", &err), 0);
+    ck_assert_int_eq(store_mark_stop_failed(st, "m2", LB_STATE_STOP_FAILED, "boom", 99, &err), 0);
+    ck_assert_int_eq(store_mark_stopping_many(st, ids, reasons, 2, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "m1", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOPPING);
+    ck_assert_str_eq(got.stop_reason, "shutdown");
+    store_record_release(&got);
+    ck_assert_int_eq(store_get_sandbox(st, "m2", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_STOPPING);
+    ck_assert_str_eq(got.stop_reason, "ttl");
+    store_record_release(&got);
+    ck_assert_int_eq(store_mark_stopping_many(st, with_missing, NULL, 2, &err), -ENOENT);
+    ck_assert_int_eq(state_of(st, "m3"), LB_STATE_LENT);
+    ck_assert_int_eq(store_mark_stopping_many(st, NULL, NULL, 0, &err), 0);
+    store_close(st);
+}
+END_TEST
+
 /* A capped insert counts and inserts in one statement: the cap holds, stopped records do not
  * count, and a refused insert leaves nothing behind. */
 START_TEST(test_insert_capped)
@@ -1298,6 +1329,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_count_by_state);
     tcase_add_test(tc, test_purge_stopped);
     tcase_add_test(tc, test_count_live_and_batch_stop);
+    tcase_add_test(tc, test_mark_stopping_many);
     tcase_add_test(tc, test_insert_capped);
     tcase_add_test(tc, test_insert_evicting);
     tcase_add_test(tc, test_concurrent_distinct_rsids);

@@ -187,10 +187,12 @@ static void local_destroy(struct lb_provider *p)
 
     if (!lp)
         return;
+    local_removed_stop(lp);
     local_relay_destroy(lp);
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
     free(lp->stopping); /* empty: no stop runs once the provider is destroyed */
+    local_begun_release(lp);
     local_exec_gates_release(lp);
     pthread_cond_destroy(&lp->stopped);
     pthread_mutex_destroy(&lp->lock);
@@ -255,6 +257,8 @@ static const struct lb_provider_ops local_ops = {
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,
+    .defer_cleanup = local_defer_cleanup,
+    .stop_begin = local_stop_begin,
     .destroy = local_destroy,
     .usage = local_usage,
 };
@@ -563,6 +567,10 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     local_claims_sweep(lp, all);
     json_decref(all);
+    r = local_removed_start(lp);
+    if (r < 0) /* no harm: the directories stay until a later start removes them */
+        log_warn("cannot start removing the stopped sandboxes' directories of an earlier run: %s",
+                 strerror(-r));
     *out = &lp->base;
     return 0;
 

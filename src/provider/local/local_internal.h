@@ -88,11 +88,18 @@ struct local_provider {
     pthread_mutex_t stop_lock; /* guards stopping, nstopping, stopping_cap */
     char **stopping;           /* ids being stopped right now (stops of one id run one at a time) */
     size_t nstopping, stopping_cap;
+    struct local_begun *begun;          /* stop_lock: inits killed by stop_begin, for their stops */
     pthread_cond_t stopped;             /* with stop_lock: signalled when an id leaves stopping */
     pthread_mutex_t lock;               /* guards running and execs_ended */
     struct lb_gates gates;              /* exec admission per sandbox (gate.h; not under lock) */
     struct local_running_exec *running; /* execs whose helper runs (local_exec.c) */
     bool execs_ended;                   /* local_end_execs ran: the daemon is shutting down */
+
+    /* Dead sandboxes' directories moved aside (stop.c): <state_dir>/removed/<id> */
+    atomic_bool defer_removal; /* local_defer_cleanup ran: stops move directories aside */
+    atomic_bool reaper_quit;   /* local_removed_stop: the reaper ends after its entry */
+    pthread_t reaper;          /* removes what an earlier run moved aside */
+    bool reaper_started;
 };
 
 /* One exec whose helper process runs, on its worker's stack (linked while it runs). */
@@ -220,11 +227,28 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
 /* The stop op (provider.h). */
 int local_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                struct lb_error *err);
+/* The stop_begin op (provider.h): SIGKILL the sandbox's init (checked as a stop checks it)
+ * and keep its pidfds for the stop of the same id, which then waits on them instead of
+ * killing. Best effort: nothing is kept when the descriptor, the init or a pidfd is not to be
+ * had (that stop then does all of it). local_begun_release closes what no stop took (at
+ * destroy). Thread-safe. */
+void local_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref);
+void local_begun_release(struct local_provider *lp);
 /* Enter / leave the one stop of id allowed at a time (endpoint requests enter it too). Waiting
  * for a stop of the same id is bounded by deadline_ms (monotonic): -ETIMEDOUT past it; -ENOMEM.
  * Thread-safe (stop_lock). */
 int local_stopping_enter(struct local_provider *lp, const char *id, int64_t deadline_ms);
 void local_stopping_leave(struct local_provider *lp, const char *id);
+/* The defer_cleanup op (provider.h): from now on a stop moves the dead sandbox's directory to
+ * <state_dir>/removed/<id> (one rename) instead of removing its files, each of which a disk
+ * mounted with discard frees synchronously (milliseconds apiece); the next start removes it.
+ * Only after everything the directory accounts for is gone, as a removal would be. */
+void local_defer_cleanup(struct lb_provider *p);
+/* Start the thread that removes <state_dir>/removed (what an earlier run's shutdown sweep
+ * moved aside), entry by entry. 0, or -errno of pthread_create (nothing is removed then; the
+ * next start tries again). local_removed_stop ends it (after the entry under way) and waits. */
+int local_removed_start(struct local_provider *lp);
+void local_removed_stop(struct local_provider *lp);
 /* How many stops so far swept /proc for the processes of a slot's ids (a stop without a live
  * init, or one whose sandbox still had processes outside its pid namespace once its init, its
  * monitor and its exec helpers were gone). Thread-safe. */

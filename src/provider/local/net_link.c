@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -309,6 +310,20 @@ out:
     return r < 0 ? -EREMOTEIO : 0;
 }
 
+/* Is there a link named name in the daemon's netns? true when that cannot be told. */
+static bool link_exists(const char *name)
+{
+    struct ifreq ifr = {0};
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), r;
+
+    if (fd < 0)
+        return true;
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+    r = ioctl(fd, SIOCGIFINDEX, &ifr) < 0 ? errno : 0;
+    close(fd);
+    return r != ENODEV;
+}
+
 int local_net_detach(struct local_provider *lp, const char *id, const struct local_net *n,
                      struct lb_error *err)
 {
@@ -326,7 +341,11 @@ int local_net_detach(struct local_provider *lp, const char *id, const struct loc
     else
         local_net_ifname(id, name);
     /* 1. the link (deleting one end deletes both; the kernel also does it when the sandbox's
-     * netns dies) */
+     * netns dies). Asked for by name first, which needs no RTNL lock: a netlink delete takes
+     * it, and so does the kernel's teardown of every dead sandbox's netns, so the many stops
+     * of a shutdown sweep would queue on it for links that are already gone. */
+    if (!link_exists(name))
+        goto rules;
     r = nl_open(&s);
     if (r < 0)
         return lb_error_set(err, -EREMOTEIO, "netlink socket: %s", nl_geterror(r));
@@ -341,6 +360,7 @@ int local_net_detach(struct local_provider *lp, const char *id, const struct loc
     nl_socket_free(s);
     if (r < 0 && r != -NLE_NODEV && r != -NLE_OBJ_NOTFOUND && r != -NLE_NOADDR)
         return lb_error_set(err, -EREMOTEIO, "cannot delete link %s: %s", name, nl_geterror(r));
+rules:
     if (!n || n->mode == LOCAL_NET_NONE)
         return 0;
     /* 2. the rule elements: add-then-delete in one transaction is idempotent */

@@ -32,6 +32,8 @@
 #define THAW_WAIT_MS 2000
 #define KNOWN_EXIT_MS 1000 /* bound on the waits after the init that no pidfd ends */
 #define KNOWN_PIDS_MAX 64
+#define REAP_FIRST_MS 100 /* first wait for a killed init before looking for orphans */
+#define REAP_MAX_MS 1600  /* longest wait between two looks */
 
 /* How many stops swept /proc for the ids of a slot (local_slot_sweeps). */
 static atomic_ulong slot_sweeps;
@@ -248,25 +250,92 @@ static void sandbox_thaw(const struct local_desc *d, int64_t deadline_ms)
                                 NULL);
 }
 
-int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
-                          int64_t deadline_ms, struct lb_error *err)
+/* ---- directories moved aside ---------------------------------------------------------- */
+
+#define REMOVED_DIR "removed" /* in the state dir: dead sandboxes' directories, to remove */
+
+void local_defer_cleanup(struct lb_provider *p)
 {
-    struct lb_cgroup guess = {0};
-    char dir[4352];
-    int pidfd = -1, monfd = -1, r = 0, left;
+    atomic_store(&((struct local_provider *)p)->defer_removal, true);
+}
+
+/* Move the dead sandbox's directory dir to <state_dir>/removed/<id>: 0, or -errno when it
+ * cannot be (the caller removes it in place then). */
+static int move_aside(struct local_provider *lp, const char *id, const char *dir)
+{
+    char to[4400];
+
+    if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR, lp->state_dir) >= (int)sizeof(to))
+        return -ENAMETOOLONG;
+    if (mkdir(to, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR "/%s", lp->state_dir, id) >= (int)sizeof(to))
+        return -ENAMETOOLONG;
+    return rename(dir, to) < 0 ? -errno : 0;
+}
+
+static void *removed_reaper_main(void *arg)
+{
+    struct local_provider *lp = arg;
+    char path[4400];
+    struct dirent *de;
+    DIR *dh;
+    int n = 0, failed = 0;
+
+    snprintf(path, sizeof(path), "%s/" REMOVED_DIR, lp->state_dir);
+    dh = opendir(path);
+    if (!dh)
+        return NULL;
+    while (!atomic_load(&lp->reaper_quit) && (de = readdir(dh))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/" REMOVED_DIR "/%s", lp->state_dir, de->d_name);
+        if (rmtree(path) < 0)
+            failed++;
+        else
+            n++;
+    }
+    closedir(dh);
+    if (n || failed)
+        log_info("removed %d stopped sandboxes' directories of an earlier run (%d could not be)", n,
+                 failed);
+    return NULL;
+}
+
+int local_removed_start(struct local_provider *lp)
+{
+    char path[4400];
+    int r;
+
+    snprintf(path, sizeof(path), "%s/" REMOVED_DIR, lp->state_dir);
+    if (access(path, F_OK) < 0)
+        return 0;
+    r = pthread_create(&lp->reaper, NULL, removed_reaper_main, lp);
+    if (r != 0)
+        return -r;
+    lp->reaper_started = true;
+    return 0;
+}
+
+void local_removed_stop(struct local_provider *lp)
+{
+    if (!lp->reaper_started)
+        return;
+    atomic_store(&lp->reaper_quit, true);
+    pthread_join(lp->reaper, NULL);
+    lp->reaper_started = false;
+}
+
+/* SIGKILL the sandbox's init, if it is alive: SIGKILL to a pid namespace's init kills every
+ * process in it, and the init's exit (what its pidfd reports) waits until they are all gone.
+ * *pidfd_out: the init's pidfd (-1: no live init); *monfd_out, *monitor_out: bwrap's monitor,
+ * pinned and killed with it (-1: none). 0, or -EREMOTEIO (nothing is left open). */
+static int kill_init(const char *id, const struct local_desc *d, int *pidfd_out, int *monfd_out,
+                     pid_t *monitor_out, struct lb_error *err)
+{
+    int pidfd = -1, monfd = -1, r;
     pid_t monitor = -1;
-    bool has_dir;
 
-    local_sandbox_dir(lp, id, dir, sizeof(dir));
-    has_dir = access(dir, F_OK) == 0;
-    /* 0. endpoint relays (their sockets would keep the netns alive) */
-    local_relay_close(lp, id);
-
-    /* 0. thaw first: a frozen v1 task does not die, not even of SIGKILL, and a paused
-     * sandbox's processes must be able to */
-    sandbox_thaw(d, deadline_ms);
-    /* 1. the init: SIGKILL to a pid namespace's init kills every process in it, and the
-     * init's exit (what its pidfd reports) waits until they are all gone */
     if (d->pid > 0 && local_desc_alive(d)) {
         monitor = local_proc_ppid(d->pid); /* bwrap's monitor, outside the namespace */
         pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
@@ -296,7 +365,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
             errno != ESRCH) {
             r = lb_error_set(err, -EREMOTEIO, "cannot kill sandbox '%s' (pid %d): %s", id,
                              (int)d->pid, strerror(errno));
-            goto out;
+            if (monfd >= 0)
+                close(monfd);
+            close(pidfd);
+            return r;
         }
         /* and the monitor with it: left alone, it exits only after it has been scheduled to
          * see its child's death, one more wakeup per stop that a loaded machine makes long;
@@ -305,15 +377,130 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         if (monfd >= 0)
             (void)syscall(SYS_pidfd_send_signal, monfd, SIGKILL, NULL, 0);
     }
+    *pidfd_out = pidfd;
+    *monfd_out = monfd;
+    *monitor_out = monitor;
+    return 0;
+}
+
+/* ---- stops begun ahead (stop_begin) ---------------------------------------------------- */
+
+/* A sandbox whose init stop_begin killed: its pidfds, for the stop that finishes it. */
+struct local_begun {
+    char id[129]; /* local_id_is_valid: at most 128 */
+    int pidfd, monfd;
+    pid_t monitor;
+    struct local_begun *next;
+};
+
+/* Take id's begun stop out of the list: true and its fds (the caller's), or false. */
+static bool begun_take(struct local_provider *lp, const char *id, int *pidfd, int *monfd,
+                       pid_t *monitor)
+{
+    struct local_begun **pp, *b = NULL;
+
+    pthread_mutex_lock(&lp->stop_lock);
+    for (pp = &lp->begun; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0) {
+            b = *pp;
+            *pp = b->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lp->stop_lock);
+    if (!b)
+        return false;
+    *pidfd = b->pidfd;
+    *monfd = b->monfd;
+    *monitor = b->monitor;
+    free(b);
+    return true;
+}
+
+void local_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_begun *b;
+    struct local_desc d;
+    int pidfd = -1, monfd = -1;
+    pid_t monitor = -1;
+
+    if (!ref || !local_id_is_valid(ref->id) ||
+        local_stopping_enter(lp, ref->id, clock_mono_ms() + 1000) < 0)
+        return;
+    if (local_desc_load(lp, ref, &d, NULL) == 0) {
+        if (kill_init(ref->id, &d, &pidfd, &monfd, &monitor, NULL) == 0 && pidfd >= 0) {
+            b = calloc(1, sizeof(*b));
+            if (b) {
+                snprintf(b->id, sizeof(b->id), "%s", ref->id);
+                b->pidfd = pidfd;
+                b->monfd = monfd;
+                b->monitor = monitor;
+                pthread_mutex_lock(&lp->stop_lock);
+                b->next = lp->begun;
+                lp->begun = b;
+                pthread_mutex_unlock(&lp->stop_lock);
+            } else { /* killed all the same: the stop sweeps the slot's ids */
+                if (monfd >= 0)
+                    close(monfd);
+                close(pidfd);
+            }
+        }
+        local_desc_release(&d);
+    }
+    local_stopping_leave(lp, ref->id);
+}
+
+void local_begun_release(struct local_provider *lp)
+{
+    while (lp->begun) {
+        struct local_begun *b = lp->begun;
+
+        lp->begun = b->next;
+        if (b->monfd >= 0)
+            close(b->monfd);
+        close(b->pidfd);
+        free(b);
+    }
+}
+
+int local_destroy_sandbox(struct local_provider *lp, const char *id, struct local_desc *d,
+                          int64_t deadline_ms, struct lb_error *err)
+{
+    struct lb_cgroup guess = {0};
+    char dir[4352];
+    int pidfd = -1, monfd = -1, r = 0, left;
+    pid_t monitor = -1;
+    bool has_dir;
+
+    local_sandbox_dir(lp, id, dir, sizeof(dir));
+    has_dir = access(dir, F_OK) == 0;
+    /* 0. endpoint relays (their sockets would keep the netns alive) */
+    local_relay_close(lp, id);
+
+    /* 0. thaw first: a frozen v1 task does not die, not even of SIGKILL, and a paused
+     * sandbox's processes must be able to */
+    sandbox_thaw(d, deadline_ms);
+    /* 1. the init (killed already when a stop_begin did) */
+    if (!begun_take(lp, id, &pidfd, &monfd, &monitor)) {
+        r = kill_init(id, d, &pidfd, &monfd, &monitor, err);
+        if (r < 0)
+            goto out;
+    }
     /* a pause that raced the kill: thaw again (the kill is pending, they die at once) */
     sandbox_thaw(d, deadline_ms);
     /* The init's exit waits until every process of its namespace is reaped. One whose parent
      * died outside the namespace (an exec helper killed by the sandbox's OOM killer) was
      * adopted by lendboxd, the subreaper: reap such zombies while waiting, or the init would
      * wait for them forever. */
-    while (pidfd >= 0) {
-        int64_t step = clock_mono_ms() + 100;
+    for (int64_t wait_ms = REAP_FIRST_MS; pidfd >= 0;) {
+        int64_t step = clock_mono_ms() + wait_ms;
 
+        /* the /proc scan below costs O(processes on the host): a loaded machine, where many
+         * dying sandboxes take long to die, must not make every stop scan every moment, so
+         * the waits between scans grow (the orphan it looks for is rare) */
+        if (wait_ms < REAP_MAX_MS)
+            wait_ms *= 2;
         if (wait_pidfd(pidfd, step < deadline_ms ? step : deadline_ms))
             break;
         if (clock_mono_ms() >= deadline_ms) {
@@ -388,7 +575,10 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     r = local_image_unmount(dir, err);
     if (r < 0)
         goto out;
-    r = rmtree(dir);
+    /* a shutdown sweep moves the directory aside (its files are dead: nothing runs as the
+     * slot's ids and nothing is mounted in it any more) */
+    if (!atomic_load(&lp->defer_removal) || move_aside(lp, id, dir) < 0)
+        r = rmtree(dir);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot remove '%s': %s", dir, strerror(-r));
         goto out;
