@@ -180,8 +180,8 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # once for all the programs and stopped after; without podman each program prints SKIP and
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
-# (its routes answer 501 there: no PTY capability).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty
+# (its routes answer 501 there: no PTY capability); snapshot (commit plus the workdir's archive).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty snapshot
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \

@@ -329,6 +329,31 @@ int lbt_variant_count_containers(const char *needle, bool running_only)
     return n;
 }
 
+json_t *lbt_podman_get(const char *path)
+{
+    struct lbt_engine_body b = {0};
+    char url[1024], sock[300];
+    json_t *j = NULL;
+    CURL *h;
+
+    if (!lbt_podman_socket_set[0])
+        return NULL;
+    snprintf(sock, sizeof(sock), "%s/podman.sock", lbt_podman_dir);
+    snprintf(url, sizeof(url), "http://d/v1.41%s", path);
+    h = curl_easy_init();
+    ck_assert_ptr_nonnull(h);
+    curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, sock);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, lbt_engine_on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+    if (curl_easy_perform(h) == CURLE_OK && b.data)
+        j = json_loads(b.data, 0, NULL);
+    curl_easy_cleanup(h);
+    free(b.data);
+    return j;
+}
+
 /* The lxd variant: the two-member LXD cluster of scripts/lxd-cluster (member a's unix socket,
  * the busybox image alias lendbox-test); LENDBOX_E2E_LXD_SOCKET names the socket of one already
  * up (make e2e-lxd), else `scripts/lxd-cluster up` runs once per program (idempotent, fast when
