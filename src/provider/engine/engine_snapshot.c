@@ -110,7 +110,7 @@ out:
     if (fd >= 0)
         close(fd);
     if (r < 0 && r != -ENOENT && r != -EBUSY && r != -ETIMEDOUT && r != -ENOMEM)
-        r = -EREMOTEIO;
+        r = lb_error_recode(err, -EREMOTEIO, "the %s's snapshot failed", h->noun);
     return r;
 }
 
@@ -166,8 +166,9 @@ int engine_snapshot_source(struct lb_engine *e, const struct lb_sandbox_spec *sp
     if (!e->images_dir || !spec->image || !e->hooks->commit)
         return -ENOENT;
     r = image_engine_snapshot(e->images_dir, spec->image, e->hooks->name, out, err);
-    if (r == -EMEDIUMTYPE)
-        return -EOPNOTSUPP;
+    if (r == -EMEDIUMTYPE) /* a snapshot of another provider: 422 */
+        return lb_error_recode(err, -EOPNOTSUPP, "image '%s' is another provider's snapshot",
+                               spec->image);
     if (r < 0)
         return r;
     base_of(spec->workdir ? spec->workdir : "/workspace", want, sizeof(want));
