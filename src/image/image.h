@@ -212,8 +212,9 @@ struct lb_image_engine {
 int image_engine_snapshot(const char *images_dir, const char *name, const char *provider,
                           struct lb_image_engine *out, struct lb_error *err);
 
-/* Whether a stored tree (named or not yet collected) holds provider's engine.json naming
- * engine image image; true also when the store cannot be read. Thread-safe. */
+/* Whether a stored tree (named or not yet collected) or a capture's work dir under .store/tmp
+ * holds provider's engine.json naming engine image image; true also when the store cannot be
+ * read. A capture's publish (tmp -> sha256) during the call is seen. Thread-safe. */
 bool image_engine_image_kept(const char *images_dir, const char *provider, const char *image);
 
 /* *out = how many named snapshots stack directly on the tree name points to (their lower).

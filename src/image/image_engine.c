@@ -69,23 +69,28 @@ out:
     return r;
 }
 
-bool image_engine_image_kept(const char *images_dir, const char *provider, const char *image)
+/* Whether a directory of images_dir/.store/<sub> holds provider's engine.json naming image
+ * (true also when sub cannot be read). */
+static bool kept_in(const char *images_dir, const char *sub, const char *provider,
+                    const char *image)
 {
     struct dirent *de;
-    char p[IMAGE_PATH_MAX + 32];
+    char p[IMAGE_PATH_MAX + 400];
     bool kept = false;
     DIR *d;
 
-    snprintf(p, sizeof(p), "%s/" STORE "/sha256", images_dir);
+    snprintf(p, sizeof(p), "%s/" STORE "/%s", images_dir, sub);
     d = opendir(p);
     if (!d)
         return errno != ENOENT; /* cannot tell: keep it */
     while (!kept && (de = readdir(d))) {
         json_t *j;
 
-        if (strlen(de->d_name) != 64)
+        if (de->d_name[0] == '.')
             continue;
-        j = load_engine_json(images_dir, de->d_name);
+        snprintf(p, sizeof(p), "%s/" STORE "/%s/%s/" IMAGE_ENGINE_JSON, images_dir, sub,
+                 de->d_name);
+        j = json_load_file(p, 0, NULL);
         kept = j &&
                strcmp(json_string_value(json_object_get(j, "provider")) ?: "", provider) == 0 &&
                strcmp(json_string_value(json_object_get(j, "image")) ?: "", image) == 0;
@@ -93,4 +98,12 @@ bool image_engine_image_kept(const char *images_dir, const char *provider, const
     }
     closedir(d);
     return kept;
+}
+
+bool image_engine_image_kept(const char *images_dir, const char *provider, const char *image)
+{
+    /* tmp first: a capture published meanwhile (renamed from tmp into sha256) is then seen in
+     * sha256 */
+    return kept_in(images_dir, "tmp", provider, image) ||
+           kept_in(images_dir, "sha256", provider, image);
 }

@@ -79,6 +79,7 @@ static void fork_collect(struct lb_lend *l, const char *name)
     struct lb_image_info info;
     struct lb_error e = {0};
     int64_t users = 0;
+    bool swept = false;
     int r;
 
     if (!l->cfg.images_dir || !fork_is_name(name))
@@ -97,8 +98,11 @@ static void fork_collect(struct lb_lend *l, const char *name)
     r = image_remove_unused(l->cfg.images_dir, name, fork_digest_in_use, l->store, &e);
     if (r < 0 && r != -ENOENT)
         log_warn("fork snapshot %s: cannot remove it: %s", name, e.message);
+    swept = r == 0;
 out:
     pthread_mutex_unlock(&l->fork_mutex);
+    if (swept) /* an engine's image of it (docker) */
+        lend_sweep_snapshots(l);
 }
 
 /* see lend_private.h */

@@ -591,6 +591,8 @@ void lend_sweep_snapshots(struct lb_lend *l)
 {
     size_t n = registry_count(lend_providers(l));
 
+    /* no capture between an engine's commit and its engine.json in the work dir meanwhile */
+    pthread_mutex_lock(&l->capture_mutex);
     for (size_t i = 0; i < n; i++) {
         struct lb_provider *p = registry_at(lend_providers(l), i);
         struct lb_error e = {0};
@@ -598,4 +600,5 @@ void lend_sweep_snapshots(struct lb_lend *l)
         if (provider_snapshot_sweep(p, &e) < 0)
             log_warn("%s provider: snapshot sweep: %s", p->ops->name, e.message);
     }
+    pthread_mutex_unlock(&l->capture_mutex);
 }
