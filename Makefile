@@ -181,8 +181,9 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
 # (its routes answer 501 there: no PTY capability); lost (a container removed behind lendbox's
-# back answers 410 sandbox_lost; usage is all null there).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty lost
+# back answers 410 sandbox_lost; usage is all null there); snapshot (commit plus the workdir's
+# archive).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty lost snapshot
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \

@@ -189,6 +189,34 @@ void image_snapshot_discard(const char *work);
 int image_layers(const char *images_dir, const char *name, struct lb_image_layers *out,
                  struct lb_error *err);
 
+/* ---- engine snapshots ----
+ *
+ * A snapshot an engine provider (docker) captures is an entry like the others whose rootfs/
+ * and workspace/ stay empty: the provider writes IMAGE_ENGINE_JSON into the work dir, naming
+ * the engine image that holds the snapshot's root ("image"), the provider ("provider"), the
+ * workdir it was taken from ("workdir") and the file in the entry holding that workdir as a
+ * tar archive ("archive", may be absent). The local provider refuses such an entry; the
+ * engine provider that made it seeds from its engine image and archive. */
+#define IMAGE_ENGINE_JSON "engine.json"
+
+struct lb_image_engine {
+    char image[256];    /* the engine's image reference (e.g. "sha256:<hex>") */
+    char workdir[256];  /* the source sandbox's workdir, absolute */
+    char archive[4300]; /* absolute path of the workdir's tar archive, or "" */
+};
+
+/* What stored image name is to provider: 0 and *out when it is a snapshot provider made;
+ * -ENOENT (err untouched) when name is no such snapshot (not in the store, an imported image:
+ * the engine's own name); -EMEDIUMTYPE (err set) when it is a snapshot of another provider
+ * (the local one included). Thread-safe. */
+int image_engine_snapshot(const char *images_dir, const char *name, const char *provider,
+                          struct lb_image_engine *out, struct lb_error *err);
+
+/* Whether a stored tree (named or not yet collected) or a capture's work dir under .store/tmp
+ * holds provider's engine.json naming engine image image; true also when the store cannot be
+ * read. A capture's publish (tmp -> sha256) during the call is seen. Thread-safe. */
+bool image_engine_image_kept(const char *images_dir, const char *provider, const char *image);
+
 /* *out = how many named snapshots stack directly on the tree name points to (their lower).
  * Returns 0 or a negative errno. */
 int image_count_dependents(const char *images_dir, const char *name, int64_t *out,

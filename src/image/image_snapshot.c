@@ -78,7 +78,7 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
 {
     char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
     unsigned char rnd[32];
-    json_t *bj = NULL, *info = NULL;
+    json_t *bj = NULL, *info = NULL, *engine = NULL;
     const char *root = NULL;
     struct stat st;
     int r, lock = -1, depth = 0;
@@ -91,7 +91,14 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
                          name ? name : "", LB_IMAGE_NAME_MAX);
         goto out;
     }
-    r = load_base(images_dir, base, base_hex, &bj, err);
+    snprintf(p, sizeof(p), "%s/" IMAGE_ENGINE_JSON, work);
+    engine = json_load_file(p, 0, NULL);
+    /* an engine snapshot's base may be the engine's own image, not one of the store */
+    r = engine && !image_name_is_valid(base) ? 0 : load_base(images_dir, base, base_hex, &bj, err);
+    if (r == -ENOENT && engine && image_find_hex(images_dir, base, base_hex, NULL) < 0) {
+        lb_error_clear(err);
+        r = 0;
+    }
     if (r < 0)
         goto out;
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
@@ -134,6 +141,8 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
+    if (engine) /* the local provider refuses it (image_layers) */
+        json_object_set(info, "engine", json_object_get(engine, "provider"));
     snprintf(p, sizeof(p), "%s/image.json", work);
     if (json_dump_file(info, p, JSON_COMPACT) < 0) {
         r = lb_error_set(err, -EIO, "cannot write '%s'", p);
@@ -177,6 +186,7 @@ out:
         close(lock);
     json_decref(info);
     json_decref(bj);
+    json_decref(engine);
     if (r < 0)
         image_snapshot_discard(work);
     return r;
@@ -224,6 +234,12 @@ int image_layers(const char *images_dir, const char *name, struct lb_image_layer
         j = json_load_file(p, 0, NULL);
         if (!j)
             return lb_error_set(err, -ENOENT, "image '%s': cannot read '%s'", name, p);
+        if (json_is_string(json_object_get(j, "engine"))) {
+            r = lb_error_set(err, -ENOENT, "image '%s' is a snapshot of the %s provider", name,
+                             json_string_value(json_object_get(j, "engine")));
+            json_decref(j);
+            return r;
+        }
         snap = json_is_string(json_object_get(j, "kind")) &&
                strcmp(json_string_value(json_object_get(j, "kind")), "snapshot") == 0;
         lower = json_string_value(json_object_get(j, "lower"));

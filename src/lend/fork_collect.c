@@ -74,6 +74,7 @@ void lend_fork_collect(struct lb_lend *l, const char *name)
     struct lb_image_info info;
     struct lb_error e = {0};
     int64_t users = 0;
+    bool swept = false;
     int r;
 
     if (!l->cfg.images_dir || !fork_is_name(name))
@@ -92,8 +93,11 @@ void lend_fork_collect(struct lb_lend *l, const char *name)
     r = image_remove_unused(l->cfg.images_dir, name, fork_digest_in_use, l->store, &e);
     if (r < 0 && r != -ENOENT)
         log_warn("fork snapshot %s: cannot remove it: %s", name, e.message);
+    swept = r == 0;
 out:
     pthread_mutex_unlock(&l->fork_mutex);
+    if (swept) /* an engine's image of it (docker) */
+        lend_sweep_snapshots(l);
 }
 
 /* see lend_private.h */
@@ -126,4 +130,21 @@ int lend_collect_forks(struct lb_lend *l, struct lb_error *err)
             lend_fork_collect(l, all[i].name);
     free(all);
     return 0;
+}
+
+/* see lend.h */
+void lend_sweep_snapshots(struct lb_lend *l)
+{
+    size_t n = registry_count(lend_providers(l));
+
+    /* no capture between an engine's commit and its engine.json in the work dir meanwhile */
+    pthread_mutex_lock(&l->capture_mutex);
+    for (size_t i = 0; i < n; i++) {
+        struct lb_provider *p = registry_at(lend_providers(l), i);
+        struct lb_error e = {0};
+
+        if (provider_snapshot_sweep(p, &e) < 0)
+            log_warn("%s provider: snapshot sweep: %s", p->ops->name, e.message);
+    }
+    pthread_mutex_unlock(&l->capture_mutex);
 }

@@ -324,6 +324,12 @@ void lend_fork_end(struct lb_lend *l, const char *name);
  * stop). 0 or a negative errno (the image store cannot be read). */
 int lend_collect_forks(struct lb_lend *l, struct lb_error *err);
 
+/* Every provider's snapshot_sweep (provider.h): what an engine keeps for snapshots that the
+ * image store no longer names is removed (after an image's removal, a fork snapshot's
+ * collection, and at start-up after lend_recover_snapshots). Failures are logged. Holds the
+ * capture lock: a capture under way finishes first, and its work dir keeps its engine image. */
+void lend_sweep_snapshots(struct lb_lend *l);
+
 /* The capabilities of the provider a running sandbox is on (a record read, no provider call).
  * -ENOENT (not running), -EREMOTEIO (its provider is not configured). */
 int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,

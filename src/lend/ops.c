@@ -570,7 +570,10 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
     }
     base = lend_spec_string(&t.rec, "image", "host", &spec);
     digest = json_string_value(json_object_get(spec, "image_digest"));
-    if (strcmp(base, "host") != 0) {
+    if (strcmp(base, "host") != 0 && !caps.image_store &&
+        image_get(l->cfg.images_dir, base, &base_info, NULL) < 0) {
+        /* the engine's own image: the engine keeps what the snapshot stands on */
+    } else if (strcmp(base, "host") != 0) {
         /* the layer is a difference to the tree the sandbox was seeded from */
         r = image_get(l->cfg.images_dir, base, &base_info, err);
         if (r == 0 && digest && strcmp(digest, base_info.digest) != 0)
@@ -670,5 +673,6 @@ int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err)
             log_warn("snapshot %s: cannot forget its record: %s", name, e.message);
     }
     json_decref(rows);
+    lend_sweep_snapshots(l);
     return 0;
 }

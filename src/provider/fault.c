@@ -171,6 +171,11 @@ static int fault_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *re
     return r < 0 ? fault_as_provider(r, err) : provider_snapshot(INNER(p), ref, dest, flatten, err);
 }
 
+static int fault_snapshot_sweep(struct lb_provider *p, struct lb_error *err)
+{
+    return provider_snapshot_sweep(INNER(p), err);
+}
+
 static void fault_destroy(struct lb_provider *p)
 {
     if (((struct fault_provider *)p)->owns_inner)
@@ -222,6 +227,7 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .defer_cleanup = fault_defer_cleanup,
         .stop_begin = fault_stop_begin,
         .snapshot = fault_snapshot,
+        .snapshot_sweep = fault_snapshot_sweep,
         .destroy = fault_destroy,
         .usage = fault_usage,
     };

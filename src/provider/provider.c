@@ -206,6 +206,13 @@ int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, stru
     return p->ops->usage(p, ref, out, err);
 }
 
+int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err)
+{
+    if (!p || !p->ops->snapshot_sweep)
+        return 0;
+    return p->ops->snapshot_sweep(p, err);
+}
+
 void provider_destroy(struct lb_provider *p)
 {
     if (p && p->ops->destroy)

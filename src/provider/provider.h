@@ -377,6 +377,13 @@ struct lb_provider_ops {
     int (*snapshot)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
                     bool flatten, struct lb_error *err);
 
+    /* Remove what the provider keeps outside the image store for snapshots (an engine's
+     * images) that no tree of the image store names any more: a snapshot deleted, or one a
+     * crash left unnamed. What a sandbox still runs on stays for a later sweep. Blocks for the
+     * engine's answers. May be NULL (nothing kept). Call it with no snapshot of this provider
+     * under way. 0, or a negative errno with err set (what could be removed was). */
+    int (*snapshot_sweep)(struct lb_provider *p, struct lb_error *err);
+
     /* Release the provider and its memory; sandboxes keep running. */
     void (*destroy)(struct lb_provider *p);
 
@@ -432,6 +439,8 @@ int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 /* *out filled with -1 first, then the provider's usage op (-ENOSYS without one). */
 int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
                    struct lb_error *err);
+/* 0 when the provider has no snapshot_sweep op. */
+int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);
 /* The provider's capabilities into *out (zeroed when ops->caps is NULL). Thread-safe. */
 void provider_caps(struct lb_provider *p, struct lb_provider_caps *out);

@@ -107,7 +107,8 @@ static struct engine_config engine_config_of(const struct lb_provider_env *env, 
                                   .instance = instance,
                                   .state_dir = env->cfg->state_dir,
                                   .supervise_path = env->supervise_path,
-                                  .net_inherit = env->cfg->net_inherit};
+                                  .net_inherit = env->cfg->net_inherit,
+                                  .images_dir = env->images_dir};
 }
 
 /* [docker] (and [network] inherit, which only "none" satisfies) -> struct lb_docker_config. */

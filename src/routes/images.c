@@ -115,6 +115,7 @@ static void image_delete_run(struct lb_request *req, void *arg)
         return;
     }
     images_gc(app);
+    lend_sweep_snapshots(app->lend); /* an engine's image of a removed snapshot */
     http_respond_empty(req, 204);
 }
 

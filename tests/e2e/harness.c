@@ -354,6 +354,21 @@ static char *lbt_podman_request(const char *method, const char *path, long *stat
     return b.data;
 }
 
+json_t *lbt_podman_get(const char *path)
+{
+    char full[1100], *body;
+    json_t *j;
+    long status;
+
+    if (!lbt_podman_socket_set[0])
+        return NULL;
+    snprintf(full, sizeof(full), "/v1.41%s", path);
+    body = lbt_podman_request("GET", full, &status);
+    j = body && status == 200 ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    return j;
+}
+
 int lbt_variant_remove_containers(const char *needle)
 {
     char path[1024], filter[300], *enc, *body;

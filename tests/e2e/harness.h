@@ -311,6 +311,9 @@ json_t *lbt_lxd_get(const char *path);
 /* Any request through member a's socket (body JSON text or NULL); an async answer's operation
  * is awaited (up to 60 s) and the operation's answer returned. NULL when LXD does not answer. */
 json_t *lbt_lxd_request(const char *method, const char *path, const char *body);
+/* Variant docker: GET path (e.g. "/images/json") from the podman service as JSON (NULL on
+ * other variants or when it does not answer; the caller decrefs). */
+json_t *lbt_podman_get(const char *path);
 /* Print (stderr) that test is skipped on this variant and why. Use LBT_SKIP_ON_VARIANT. */
 void lbt_skip_note(const char *test, const char *why);
 /* In a test body: on variant name, print why and end the test (it counts as passed). Only for

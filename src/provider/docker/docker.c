@@ -324,23 +324,8 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    char filter[256], path[1024], *enc;
-    json_t *j = NULL;
-    int r;
-
-    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE, e->instance);
-    enc = curl_easy_escape(NULL, filter, 0);
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(path, sizeof(path), "/containers/json?all=true&filters=%s", enc);
-    curl_free(enc);
-    r = engine_get_json(e, path, "container list", 60000, &j, err);
-    if (r == 0 && !json_is_array(j))
-        r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable container list");
-    if (r == 0)
-        *items_out = json_incref(j);
-    json_decref(j);
-    return r;
+    return docker_list_ours((struct lb_docker *)e, "/containers/json?all=true&", "container list",
+                            items_out, err);
 }
 
 static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_out)
@@ -401,6 +386,11 @@ static const struct engine_hooks docker_hooks = {
     ENGINE_HOOKS_BY_NAME,
     .exec_check = docker_exec_check,
     .exec_run = docker_exec_run,
+    .workdir_archive = docker_workdir_archive,
+    .commit = docker_commit,
+    .put_archive = docker_put_tar,
+    .snapshot_images = docker_snapshot_images,
+    .image_remove = docker_image_remove,
     .call = hook_call,
     .answer_error = engine_error,
     .engine_label = "the engine",

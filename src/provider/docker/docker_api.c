@@ -6,6 +6,7 @@
  */
 #include "provider/docker/docker_internal.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <stdio.h>
 
@@ -40,4 +41,27 @@ int docker_transport_error(int r, struct lb_error *err)
     /* the transport's own message stays; its errno (-EIO, -ECONNREFUSED...) becomes the
      * provider's "the backend failed" (provider.h: 502) */
     return lb_error_recode(err, -EREMOTEIO, "the docker engine cannot be reached");
+}
+
+int docker_list_ours(struct lb_docker *d, const char *path_prefix, const char *what,
+                     json_t **items_out, struct lb_error *err)
+{
+    char filter[256], path[1024], *enc;
+    json_t *j = NULL;
+    int r;
+
+    snprintf(filter, sizeof(filter), "{\"label\":[\"%s=%s\"]}", DOCKER_LABEL_INSTANCE,
+             d->eng.instance);
+    enc = curl_easy_escape(NULL, filter, 0);
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "%sfilters=%s", path_prefix, enc);
+    curl_free(enc);
+    r = engine_get_json(&d->eng, path, what, 60000, &j, err);
+    if (r == 0 && !json_is_array(j))
+        r = lb_error_set(err, -EREMOTEIO, "docker engine: unreadable %s", what);
+    if (r == 0)
+        *items_out = json_incref(j);
+    json_decref(j);
+    return r;
 }

@@ -86,11 +86,47 @@ out:
     return r;
 }
 
+/* "/containers/<name>/archive?path=<path, escaped>" of sandbox id into url. */
+static int archive_url(const struct lb_docker *d, const char *id, const char *path, char *url,
+                       size_t size, struct lb_error *err)
+{
+    char name[256], *enc = escape(path);
+
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    docker_name(d, id, name, sizeof(name));
+    snprintf(url, size, "/containers/%s/archive?path=%s", name, enc);
+    curl_free(enc);
+    return 0;
+}
+
+int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int tar_fd,
+                       uint64_t len, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    char url[8192];
+    int r = archive_url(d, id, dir, url, sizeof(url), err);
+
+    if (r < 0)
+        return r;
+    {
+        struct lb_httpc_request req = {.method = "PUT",
+                                       .path = url,
+                                       .content_type = "application/x-tar",
+                                       .body_fd = tar_fd,
+                                       .body_fd_len = len,
+                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
+                                       .max_body_bytes = 65536};
+
+        r = httpc_do(d->eng.http, &req, resp, err);
+    }
+    return r < 0 ? docker_transport_error(r, err) : 0;
+}
+
 int docker_put_file(struct lb_docker *d, const char *id, const char *path, int fd, const void *data,
                     uint64_t len, int mode, struct lb_error *err)
 {
     struct lb_httpc_response resp = {0};
-    char name[256], url[512], m[300];
+    char m[300];
     int tar_fd = engine_spool_file(&d->eng), r;
     struct stat stt;
 
@@ -104,24 +140,8 @@ int docker_put_file(struct lb_docker *d, const char *id, const char *path, int f
         r = lb_error_set(err, -EIO, "cannot rewind the spooled tar: %s", strerror(errno));
         goto out;
     }
-    docker_name(d, id, name, sizeof(name));
-    snprintf(url, sizeof(url), "/containers/%s/archive?path=%%2F", name);
-    {
-        struct lb_httpc_request req = {.method = "PUT",
-                                       .path = url,
-                                       .content_type = "application/x-tar",
-                                       .body_fd = tar_fd,
-                                       .body_fd_len = (uint64_t)stt.st_size,
-                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
-                                       .max_body_bytes = 65536};
-
-        r = httpc_do(d->eng.http, &req, &resp, err);
-    }
-    if (r < 0) {
-        r = docker_transport_error(r, err);
-        goto out;
-    }
-    if (resp.status == 200 || resp.status == 204)
+    r = docker_put_archive(d, id, "/", tar_fd, (uint64_t)stt.st_size, &resp, err);
+    if (r < 0 || resp.status == 200 || resp.status == 204)
         goto out;
     httpc_json_message(&resp, "message", m, sizeof(m));
     if (resp.status == 404)
@@ -235,12 +255,34 @@ static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
                         path, (unsigned long long)d->max_file_bytes);
 }
 
+int docker_get_archive(struct lb_docker *d, const char *id, const char *path, int fd, uint64_t max,
+                       struct lb_httpc_response *resp, struct lb_error *err)
+{
+    struct engine_spool_sink sink = {.fd = fd, .max = max};
+    char url[8192];
+    int r = archive_url(d, id, path, url, sizeof(url), err);
+
+    if (r < 0)
+        return r;
+    {
+        struct lb_httpc_request req = {.method = "GET",
+                                       .path = url,
+                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
+                                       .max_body_bytes = 65536,
+                                       .sink = engine_spool_write,
+                                       .sink_arg = &sink};
+
+        r = httpc_do(d->eng.http, &req, resp, err);
+    }
+    return r;
+}
+
 int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
     struct lb_docker *d = (struct lb_docker *)eng;
     struct lb_httpc_response resp = {0};
-    char name[256], url[8192], target[4200], *enc = NULL;
+    char name[256], target[4200];
     struct archive *a = NULL;
     struct archive_entry *e;
     int tar_fd = -1, out_fd = -1, r;
@@ -255,24 +297,12 @@ int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, co
         return too_large(d, path, size, err);
     tar_fd = engine_spool_file(&d->eng);
     out_fd = engine_spool_file(&d->eng);
-    enc = escape(target);
-    if (tar_fd < 0 || out_fd < 0 || !enc) {
+    if (tar_fd < 0 || out_fd < 0) {
         r = lb_error_set(err, -EIO, "cannot make spool files in '%s'", d->eng.spool_dir);
         goto out;
     }
-    snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
-    {
-        struct engine_spool_sink sink = {.fd = tar_fd,
-                                         .max = d->max_file_bytes + TAR_OVERHEAD_BYTES};
-        struct lb_httpc_request req = {.method = "GET",
-                                       .path = url,
-                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
-                                       .max_body_bytes = 65536,
-                                       .sink = engine_spool_write,
-                                       .sink_arg = &sink};
-
-        r = httpc_do(d->eng.http, &req, &resp, err);
-    }
+    r = docker_get_archive(d, ref->id, target, tar_fd, d->max_file_bytes + TAR_OVERHEAD_BYTES,
+                           &resp, err);
     if (r == -EFBIG) { /* it grew past the limit after the stat, or is a link to a large file */
         r = too_large(d, path, 0, err);
         goto out;
@@ -324,7 +354,6 @@ int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, co
 out:
     if (a)
         archive_read_free(a);
-    curl_free(enc);
     if (tar_fd >= 0)
         close(tar_fd);
     if (out_fd >= 0)

@@ -80,6 +80,11 @@ void docker_name(const struct lb_docker *d, const char *id, char *buf, size_t si
  * 0 when an answer came (any status), else -EREMOTEIO (engine unreachable), -ETIMEDOUT. */
 int docker_call(struct lb_docker *d, const char *method, const char *path, const json_t *body,
                 int64_t timeout_ms, struct lb_httpc_response *resp, struct lb_error *err);
+/* GET path_prefix (a path ending in '?' or '&') with a filter on this daemon's instance label,
+ * as a JSON array into *items_out (the caller's). what names the list in messages. 0 or a
+ * negative errno with err set (an answer that is not an array: -EREMOTEIO). */
+int docker_list_ours(struct lb_docker *d, const char *path_prefix, const char *what,
+                     json_t **items_out, struct lb_error *err);
 /* An httpc failure as this provider's error (unreachable engine: -EREMOTEIO). */
 int docker_transport_error(int r, struct lb_error *err);
 
@@ -101,5 +106,27 @@ int docker_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, cons
  * absolute path inside the sandbox, parents created. */
 int docker_put_file(struct lb_docker *d, const char *id, const char *path, int fd, const void *data,
                     uint64_t len, int mode, struct lb_error *err);
+
+/* PUT a tar archive (len bytes from tar_fd at its current offset) at dir inside sandbox id's
+ * container; the engine's answer, any status, into *resp (the caller releases it). 0, or the
+ * transport's error (-EREMOTEIO, -ETIMEDOUT) with err set. */
+int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int tar_fd,
+                       uint64_t len, struct lb_httpc_response *resp, struct lb_error *err);
+
+/* GET the archive of path inside sandbox id's container into fd (at most max bytes:
+ * -EFBIG past it); the answer's status into *resp (the caller releases it). httpc_do's
+ * return (a transport failure is not yet this provider's error: docker_transport_error). */
+int docker_get_archive(struct lb_docker *d, const char *id, const char *path, int fd, uint64_t max,
+                       struct lb_httpc_response *resp, struct lb_error *err);
+
+/* The snapshot hooks of the engine base (docker_snapshot.c; see engine.h). */
+int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,
+                           char *workdir, size_t size, struct lb_error *err);
+int docker_commit(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *image, size_t size,
+                  struct lb_error *err);
+int docker_put_tar(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir, int fd,
+                   struct lb_error *err);
+int docker_snapshot_images(struct lb_engine *e, json_t **out, struct lb_error *err);
+int docker_image_remove(struct lb_engine *e, const char *image, struct lb_error *err);
 
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "image/image.h"
 #include "provider/engine/httpc.h"
 #include "util/fault.h"
 #include "util/log.h"
@@ -38,6 +39,8 @@ void engine_init(struct lb_engine *e, const struct engine_hooks *hooks)
         .resume = engine_resume,
         .stop = engine_stop,
         .end_execs = engine_end_execs,
+        .snapshot = hooks->commit ? engine_snapshot : NULL,
+        .snapshot_sweep = hooks->commit ? engine_snapshot_sweep : NULL,
         .destroy = engine_destroy,
     };
     e->base.ops = &e->ops;
@@ -63,6 +66,7 @@ int engine_setup(struct lb_engine *e, const struct engine_config *c, struct lb_e
     e->default_image = copy_set(c->default_image, &oom);
     e->supervise_path = strdup(c->supervise_path);
     e->net_inherit = strdup(c->net_inherit ? c->net_inherit : "none");
+    e->images_dir = copy_set(c->images_dir, &oom);
     engine_instance_label(c->instance, c->state_dir, e->instance, sizeof(e->instance));
     if (asprintf(&e->spool_dir, "%s/%s-spool", c->state_dir, e->hooks->name) < 0)
         e->spool_dir = NULL;
@@ -126,6 +130,7 @@ void engine_caps(const struct lb_engine *e, struct lb_provider_caps *out)
         .disk_limit = true,
         .images = true,
         .pause = true,
+        .snapshot = e->hooks->commit && e->images_dir,
         .default_image = e->default_image,
     };
 }
@@ -160,13 +165,20 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     int64_t timeout_ms = e->ready_timeout && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
                                                                         : e->create_timeout_ms;
     struct engine_instance inst = {.name = ""};
+    struct lb_image_engine snap;
     char point[64];
-    bool made = false, locked = false;
+    bool made = false, locked = false, from_snap;
     int r;
 
     if (!image)
         return lb_error_set(err, -EINVAL, "no image given and %s.default_image is not set",
                             h->name);
+    r = engine_snapshot_source(e, spec, &snap, err);
+    if (r < 0 && r != -ENOENT)
+        return r;
+    from_snap = r == 0;
+    if (from_snap)
+        image = snap.image;
     r = h->prepare ? h->prepare(e, ref, spec, &inst, err) : 0;
     if (r < 0)
         return r;
@@ -198,6 +210,8 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         pthread_mutex_unlock(&e->create_mutex);
         locked = false;
     }
+    if (r == 0 && from_snap)
+        r = engine_snapshot_restore(e, ref, spec, &snap, err);
     if (r == 0)
         r = h->finish(e, ref, spec, &inst, descriptor_out, err);
 out:
@@ -352,7 +366,9 @@ void engine_release(struct lb_engine *e)
     free(e->supervise_path);
     free(e->net_inherit);
     free(e->spool_dir);
+    free(e->images_dir);
     e->socket = e->default_image = e->supervise_path = e->net_inherit = e->spool_dir = NULL;
+    e->images_dir = NULL;
     gates_release(&e->gates);
     pthread_mutex_destroy(&e->create_mutex);
 }

@@ -6,8 +6,8 @@
  * "no such sandbox" on a missing instance, pause/resume that are idempotent, the label check
  * of a listing, exec admission and its end at shutdown.
  *
- * Dependency rule: engine/ calls only its hooks, provider.h, gate.h, exec_result.h and util/;
- * it never names a backend.
+ * Dependency rule: engine/ calls only its hooks, provider.h, gate.h, exec_result.h, util/ and
+ * the image store's engine snapshots (image.h); it never names a backend.
  *
  * Thread-safety: the drivers are as thread-safe as the provider interface asks (provider.h):
  * any thread, at once, as long as the hooks are.
@@ -130,6 +130,25 @@ struct engine_hooks {
     int (*file_open)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
     void (*release)(struct lb_engine *e);
+
+    /* Snapshots (engine_snapshot.c); a backend without commit has none (NULL, the caps op
+     * leaves snapshot false). workdir_archive writes the running instance's workdir as a tar
+     * archive (its entries under the workdir's own name) to fd and its path into workdir.
+     * commit makes an engine image of the instance's root as it is (the instance frozen by
+     * the caller) carrying this daemon's instance label and puts its reference into image.
+     * put_archive extracts a tar archive read from fd (at its offset 0) at dir inside the
+     * running instance. snapshot_images lists the references of every engine image commit
+     * made for this daemon (a JSON array of strings, the caller's). image_remove removes one:
+     * 0, -ENOENT (none), -EBUSY (an instance or an image stands on it). Each returns 0 or a
+     * negative errno with err set. */
+    int (*workdir_archive)(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,
+                           char *workdir, size_t size, struct lb_error *err);
+    int (*commit)(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *image, size_t size,
+                  struct lb_error *err);
+    int (*put_archive)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, struct lb_error *err);
+    int (*snapshot_images)(struct lb_engine *e, json_t **out, struct lb_error *err);
+    int (*image_remove)(struct lb_engine *e, const char *image, struct lb_error *err);
 };
 
 /* The members of a backend's struct engine_hooks that every backend fills from functions of
@@ -157,6 +176,7 @@ struct lb_engine {
     char *supervise_path;         /* the supervisor on the host */
     char *net_inherit;            /* [network] inherit */
     char *spool_dir;              /* uploads and downloads spool here (absolute) */
+    char *images_dir;             /* the daemon's image store (snapshots); NULL: none */
     char instance[64];            /* this daemon's instance label value */
     struct lb_httpc *http;        /* the engine's API client */
     const char *supervise_inside; /* the supervisor inside an instance (static string) */
@@ -286,6 +306,34 @@ int engine_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t
 /* The file_open op: a valid path (-EINVAL), then hooks->file_open. */
 int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
+/* ---- snapshots (engine_snapshot.c) ----
+ *
+ * A snapshot of an engine instance is the workdir's tar archive (hooks->workdir_archive, read
+ * while the instance runs: an engine cannot read a frozen instance's workdir mount) in dest,
+ * then, with the instance frozen, an engine image of its root (hooks->commit), recorded in
+ * dest's engine.json (image.h, "engine snapshots"); the rootfs/ and workspace/ of dest stay
+ * empty. /tmp and the workdir are mounts the engine's image leaves out. */
+
+/* The snapshot op (provider.h): -ENOENT for a stopped instance, -EBUSY for a paused one, the
+ * fault point "snapshot.frozen" while frozen, the image removed again on a later failure,
+ * the instance thawed either way. flatten is ignored (the engine stacks its own layers). */
+int engine_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
+                    bool flatten, struct lb_error *err);
+/* The snapshot_sweep op: hooks->image_remove of each of hooks->snapshot_images that no tree of
+ * the image store names (image_engine_image_kept); one in use stays. */
+int engine_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
+struct lb_image_engine;
+/* For a create: 0 and *out when spec->image names a snapshot this backend made; -ENOENT
+ * (err untouched) when it names none (the engine's own image); -EOPNOTSUPP (err set) for a
+ * snapshot of another provider or a workdir of another name than the snapshot's. */
+int engine_snapshot_source(struct lb_engine *e, const struct lb_sandbox_spec *spec,
+                           struct lb_image_engine *out, struct lb_error *err);
+/* After the instance of such a create started: its workdir from the snapshot's archive
+ * (hooks->put_archive at the workdir's parent). 0 or a negative errno with err set. */
+int engine_snapshot_restore(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                            const struct lb_sandbox_spec *spec, const struct lb_image_engine *src,
+                            struct lb_error *err);
+
 /* Free what the engine base holds (the strings, http, the gates; no exec runs). */
 void engine_release(struct lb_engine *e);
 

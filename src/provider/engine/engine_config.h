@@ -12,6 +12,7 @@ struct engine_config {
     const char *state_dir;      /* the spool is <state_dir>/<provider name>-spool */
     const char *supervise_path; /* host path of the static lendbox-supervise */
     const char *net_inherit;    /* [network] inherit (only "none" is enforceable); NULL: "none" */
+    const char *images_dir;     /* the daemon's image store (snapshots); NULL: none */
 };
 
 #endif
