@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define SNAPSHOT_TIMEOUT_MS (30 * 60 * 1000)
@@ -44,6 +45,24 @@ static int answer_error(const struct lb_httpc_response *resp, const char *what,
                         "docker engine: %s failed (HTTP %ld): %s", what, resp->status, m);
 }
 
+/* The most a workdir's archive may write into the image store (fd: the archive's file): what
+ * its file system has free less a margin for the store's other writers (a tenth of its size, at
+ * least 256 MiB); 0 when there is less. The archive holds a sparse file at its full length, so
+ * without this bound an agent's files could fill the host's disk. */
+static uint64_t archive_room(int fd)
+{
+    const uint64_t min_margin = 256ull << 20;
+    struct statvfs sv;
+    uint64_t total, avail, margin;
+
+    if (fstatvfs(fd, &sv) < 0)
+        return 0;
+    total = (uint64_t)sv.f_blocks * sv.f_frsize;
+    avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    margin = total / 10 > min_margin ? total / 10 : min_margin;
+    return avail > margin ? avail - margin : 0;
+}
+
 int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,
                            char *workdir, size_t size, struct lb_error *err)
 {
@@ -52,6 +71,7 @@ int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref
     char name[256], path[1024];
     const char *wd;
     json_t *j = NULL;
+    uint64_t room;
     int r;
 
     docker_name(d, ref->id, name, sizeof(name));
@@ -67,9 +87,17 @@ int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref
         goto out;
     }
     snprintf(workdir, size, "%s", wd);
-    r = docker_get_archive(d, ref->id, wd, fd, UINT64_MAX, &resp, err);
+    room = archive_room(fd);
+    if (room == 0) {
+        r = lb_error_set(err, -ENOSPC, "the image store has no room for the workdir's archive");
+        goto out;
+    }
+    r = docker_get_archive(d, ref->id, wd, fd, room, &resp, err);
     if (r < 0)
-        r = r == -EFBIG ? lb_error_set(err, -EIO, "no space left for the workdir's archive")
+        r = r == -EFBIG ? lb_error_set(err, -ENOSPC,
+                                       "the workdir's archive is larger than the image store's "
+                                       "room (%llu MiB)",
+                                       (unsigned long long)(room >> 20))
                         : docker_transport_error(r, err);
     else if (resp.status != 200)
         r = answer_error(&resp, "workdir archive", err);

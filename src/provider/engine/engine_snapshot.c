@@ -109,7 +109,7 @@ out:
                  ferr.message);
     if (fd >= 0)
         close(fd);
-    if (r < 0 && r != -ENOENT && r != -EBUSY && r != -ETIMEDOUT && r != -ENOMEM)
+    if (r < 0 && r != -ENOENT && r != -EBUSY && r != -ETIMEDOUT && r != -ENOMEM && r != -ENOSPC)
         r = lb_error_recode(err, -EREMOTEIO, "the %s's snapshot failed", h->noun);
     return r;
 }
