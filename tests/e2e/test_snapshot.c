@@ -618,8 +618,9 @@ START_TEST(test_sparse_past_disk_size)
     char a[LBT_ID_MAX];
 
     SKIP_UNLESS_SNAPSHOTS();
-    LBT_SKIP_ON_VARIANT("docker", "the docker provider does not bound a capture by the disk size "
-                                  "(a known gap: the engine writes a sparse file out whole)");
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider bounds a capture by the image store's room, "
+                                  "not by the disk size (the engine writes a sparse file out "
+                                  "whole)");
     seed(&D, "rs-sp", "\"resources\": {\"disk_mib\": 64}", a, NULL);
     free(lbt_sh(&D, a, "truncate -s 8G /workspace/sparse; echo x > /workspace/small"));
     assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
