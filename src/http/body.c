@@ -158,6 +158,7 @@ int http_sink_finish(struct lb_request *req, struct lb_error *err)
         return lb_error_set(err, req->sink_err.code ? req->sink_err.code : -EIO, "%s",
                             req->sink_err.message[0] ? req->sink_err.message : "the upload failed");
     req->sink_open = false;
+    req->job_is_finish = true;
     r = http_defer(req, http_finish_job, req->sink.arg, NULL, err);
     if (r < 0 && req->sink.abort)
         req->sink.abort(req->sink.arg);

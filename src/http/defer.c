@@ -40,14 +40,22 @@ static void http_job_run(void *arg)
     void *job_arg = req->job_arg;
     void (*job_free)(void *) = req->job_free;
 
+    struct lb_error err = {0};
+
     if (http_request_client_gone(req)) {
         /* Abandoned while it waited in the queue: do not start it (a job already running keeps
          * running to its own end). */
-        struct lb_error err = {0};
-
         log_info("request %s dropped before it started: the client has disconnected",
                  req->request_id);
         lb_error_set(&err, -EAGAIN, "the client disconnected before the request started");
+        http_respond_error(req, &err);
+    } else if (req->principal != LB_PRINCIPAL_ADMIN && req->route->auth != LB_AUTH_NONE &&
+               http_request_authorize(req, &err) < 0) {
+        /* its token was checked when the headers came; what it may do is decided again now,
+         * when it acts: a token revoked (a reset) or a fence raised since then refuses it */
+        log_info("request %s refused when it started: %s", req->request_id, err.message);
+        if (req->job_is_finish && req->sink.abort) /* the body's owner removes what it made */
+            req->sink.abort(req->sink.arg);
         http_respond_error(req, &err);
     } else {
         req->job_ctx = &ctx;

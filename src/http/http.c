@@ -199,7 +199,7 @@ static void request_set_id(struct lb_request *req)
                  (unsigned long long)atomic_fetch_add(&req->http->next_request, 1));
 }
 
-static int request_authorize(struct lb_request *req, struct lb_error *err)
+int http_request_authorize(struct lb_request *req, struct lb_error *err)
 {
     const char *auth = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Authorization");
     const char *token = NULL;
@@ -283,7 +283,7 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         return ret;
     if (request_check_utf8(req, url, err) < 0 || request_route(req, url, err) < 0)
         return request_fail(req, err);
-    if (request_authorize(req, err) < 0)
+    if (http_request_authorize(req, err) < 0)
         return request_fail(req, err);
     limit = req->route->raw_body ? http_raw_limit(req) : h->cfg.max_body_bytes;
     lb_buf_init(&req->body, limit);

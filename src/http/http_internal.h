@@ -151,6 +151,7 @@ struct lb_request {
     bool overloaded;          /* the in-flight byte budget ran out while the body arrived */
     size_t reserved;          /* bytes of the in-flight budget this request holds */
     uint64_t token_key;       /* a hash of the bearer token (0: none) */
+    bool job_is_finish;       /* the deferred job is the body sink's finish (it owns sink.arg) */
     size_t answer_held;       /* bytes of the answer budget this request holds */
     bool retry_after;         /* a 429 from the answer budget: say when to retry */
     struct lb_body_sink sink; /* streamed body (while sink_open) */
@@ -231,6 +232,13 @@ int http_sink_finish(struct lb_request *req, struct lb_error *err);
 
 /* Whether the client of a suspended request has closed (or reset) its connection. */
 bool http_request_client_gone(struct lb_request *req);
+
+/* Authorize req by its bearer token through the app's hook (sets req->principal and
+ * req->token_key): 0, or the hook's error. Runs when the headers are complete, and again when a
+ * job of a request that is not the admin's starts (http_job_run): an operate token revoked
+ * meanwhile (a reset mints a new one) or a fence raised meanwhile must stop a request whose
+ * body or queue wait came after it. */
+int http_request_authorize(struct lb_request *req, struct lb_error *err);
 
 /* ---- park.c ---- */
 

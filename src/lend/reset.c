@@ -309,8 +309,12 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     if (r < 0)
         goto out;
     torn = true;
-    /* a harness running in it is closed (its artifacts collected) as before a release */
+    /* a harness running in it is closed (its artifacts collected) as before a release; then
+     * its activation goes: the next episode's token must reach nothing of this one's */
     lend_before_stop(l, &rec);
+    r = store_delete_activation_of_sandbox(l->store, id, err);
+    if (r < 0)
+        goto out;
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
     r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
@@ -339,6 +343,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         r = lb_error_set(err, -ENOMEM, "out of memory");
     if (r == 0) {
         torn = false;
+        lend_activity_seeded(l, &rec, spec); /* its idle clock starts again, not paused */
         log_info_sbx(id, "sandbox %s reset%s%s", id, snapshot ? " to snapshot " : "",
                      snapshot ? snapshot : "");
     }

@@ -369,3 +369,29 @@ int store_activation_set_capture(struct lb_store *st, const char *id, const char
     pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }
+
+int store_delete_activation_of_sandbox(struct lb_store *st, const char *sandbox_id,
+                                       struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret;
+
+    if (!sandbox_id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    if (sqlite3_prepare_v2(st->db, "DELETE FROM activations WHERE sandbox_id = ?1", -1, &s, NULL) !=
+            SQLITE_OK ||
+        store_bind_text(s, 1, sandbox_id)) {
+        ret = store_db_fail(st, err, "binding an activation's removal");
+        sqlite3_finalize(s);
+        goto out;
+    }
+    ret = store_step_write_ex(st, s, false, "removing an activation", err);
+    sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&st->lock);
+    return ret < 0 ? ret : 0;
+}

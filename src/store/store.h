@@ -281,6 +281,11 @@ int store_insert_activation(struct lb_store *st, const struct lb_activation *a,
 /* The activation of a sandbox / the newest activation of a session. -ENOENT if none. */
 int store_get_activation_by_sandbox(struct lb_store *st, const char *sandbox_id,
                                     struct lb_activation *out, struct lb_error *err);
+/* Remove sandbox_id's activation, if it has one (a reset: the next episode starts with none,
+ * and nothing of the previous one's output, receipt or artifacts is reachable). 0 (also when
+ * there was none) or < 0. Thread-safe. */
+int store_delete_activation_of_sandbox(struct lb_store *st, const char *sandbox_id,
+                                       struct lb_error *err);
 int store_get_latest_activation(struct lb_store *st, const char *rsid, struct lb_activation *out,
                                 struct lb_error *err);
 /* The largest stored texts (artifacts, output log, spec, receipt, capture error), in bytes, of

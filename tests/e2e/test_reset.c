@@ -16,9 +16,13 @@
  * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
  *   is stopped (reset_failed), nothing of it runs or stays on disk
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -222,6 +226,130 @@ START_TEST(test_reset_bad_input)
 }
 END_TEST
 
+/* A connection to D with the head of a request sent and its body held back. */
+static int send_head(const char *head)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    const char *hostport = D.base_url + strlen("http://");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(strrchr(hostport, ':') + 1));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    ck_assert_int_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    return fd;
+}
+
+/* Send the rest (body) on fd and read the answer's status line (closes fd). */
+static long send_rest(int fd, const char *body, char *out, size_t out_len)
+{
+    size_t got = 0;
+    long status = 0;
+
+    ck_assert_int_eq(send(fd, body, strlen(body), MSG_NOSIGNAL), (ssize_t)strlen(body));
+    for (double end = lbt_now() + 30; got + 1 < out_len && lbt_now() < end;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t n;
+
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        n = recv(fd, out + got, out_len - 1 - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+        out[got] = '\0';
+        if (strstr(out, "\r\n\r\n") && strchr(strstr(out, "\r\n\r\n"), '}'))
+            break;
+    }
+    out[got] = '\0';
+    close(fd);
+    sscanf(out, "HTTP/1.%*d %ld", &status);
+    return status;
+}
+
+/* A request admitted with the old token before the reset (its headers in), whose body comes
+ * after it, is refused when it would act (401): the previous episode's agent cannot reach the
+ * next episode's sandbox by holding back a body. The same for a file upload. */
+START_TEST(test_reset_refuses_request_admitted_before)
+{
+    static const char cmd[] = "{\"command\": \"touch /workspace/late\"}";
+    char sbx[LBT_ID_MAX], old_tok[160], head[1024], ans[4096], *out;
+    struct lbt_resp r;
+    json_t *lease;
+    int fd_exec, fd_put;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's (501 elsewhere, checked above)");
+    lease = lbt_seed(&D, "rs-reset-late", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(old_tok, sizeof(old_tok), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(head, sizeof(head),
+             "POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+             sbx, old_tok, strlen(cmd));
+    fd_exec = send_head(head);
+    snprintf(head, sizeof(head),
+             "PUT /v1/sandboxes/%s/files?path=/workspace/late-upload HTTP/1.1\r\nHost: x\r\n"
+             "Authorization: Bearer %s\r\nContent-Length: 5\r\n\r\n",
+             sbx, old_tok);
+    fd_put = send_head(head);
+    lbt_sleep_ms(300); /* both heads are in (authorized) before the reset */
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    char new_tok[160];
+
+    snprintf(new_tok, sizeof(new_tok), "%s",
+             json_string_value(json_object_get(json_object_get(r.json, "access"), "token")));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(send_rest(fd_exec, cmd, ans, sizeof(ans)), 401);
+    ck_assert_ptr_nonnull(strstr(ans, "\"unauthorized\""));
+    send_rest(fd_put, "hello", ans, sizeof(ans));
+    ck_assert_msg(strncmp(ans, "HTTP/1.1 2", 10) != 0, "the held upload landed: %.60s", ans);
+    out = sh_tok(&D, sbx, new_tok,
+                 "ls /workspace/late /workspace/late-upload 2>/dev/null; echo done");
+    ck_assert_str_eq(out, "done\n");
+    free(out);
+    lbt_release_session(&D, "rs-reset-late");
+}
+END_TEST
+
+/* The previous episode's harness activation is not the next one's: after a reset the session
+ * has none (404), and a new execute starts one. */
+START_TEST(test_reset_ends_activation)
+{
+    char sbx[LBT_ID_MAX];
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's (501 elsewhere, checked above)");
+    lease = lbt_seed(&D, "rs-reset-act", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    json_decref(lease);
+    lbt_json(&D, "POST", "/v1/sessions/rs-reset-act/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo episode-one > /workspace/o\"], "
+             "\"collect\": [\"/workspace/o\"]}",
+             &r);
+    ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_json(&D, "GET", "/v1/sessions/rs-reset-act/activation", "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_json(&D, "GET", "/v1/sessions/rs-reset-act/activation", "", NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    lbt_json(&D, "POST", "/v1/sessions/rs-reset-act/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"cat /workspace/o 2>/dev/null; echo two\"]}", &r);
+    ck_assert_msg(r.status == 200, "execute after the reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_release_session(&D, "rs-reset-act");
+}
+END_TEST
+
 /* POST /v1/sandboxes/{id}/reset with token and body; the new token into tok (on 200). */
 static long reset_to(const char *sbx, const char *body, char *tok)
 {
@@ -405,6 +533,8 @@ int main(void)
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_bad_input);
     tcase_add_test(tc, test_reset_to_snapshot);
+    tcase_add_test(tc, test_reset_refuses_request_admitted_before);
+    tcase_add_test(tc, test_reset_ends_activation);
     suite_add_tcase(s, tc);
     tc = tcase_create("fault");
     lbt_test_daemon_cleanup(tc, &F);
