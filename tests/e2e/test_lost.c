@@ -354,6 +354,35 @@ START_TEST(test_usage)
 }
 END_TEST
 
+/* With local.storage = dir the workdir's use is a walk of its host directory: it adds up the
+ * files there and follows none of the sandbox's symlinks (one to / and one to /usr would add
+ * the host's files). */
+START_TEST(test_usage_dir_walk)
+{
+    static const char *const args[] = {"--set", "local.storage=dir", NULL};
+    json_t *lease, *sbx, *res;
+    int64_t disk;
+    char id[64];
+
+    LBT_SKIP_ON_ENGINE("the walk is the local provider's (storage = dir)");
+    lbt_daemon_start(&D, args);
+    lease = lbt_seed(&D, "usage-dir", "t", NULL);
+    snprintf(id, sizeof(id), "%s", str(lease, "sandbox_id"));
+    res = lbt_exec_ok(&D, id, "",
+                      "{\"command\": \"head -c 4194304 /dev/urandom > blob && ln -s / rootlink && "
+                      "mkdir -p d/e && ln -s /usr d/e/usr && head -c 1048576 /dev/urandom > "
+                      "d/e/f\"}");
+    json_decref(res);
+    sbx = get_sandbox(id);
+    disk = json_integer_value(json_object_get(json_object_get(sbx, "usage"), "disk_bytes"));
+    ck_assert_msg(disk >= 5 * MIB && disk < 64 * MIB, "disk_bytes %lld (5 MiB written)",
+                  (long long)disk);
+    json_decref(sbx);
+    lbt_release_session(&D, "usage-dir");
+    json_decref(lease);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("lost");
@@ -366,6 +395,7 @@ int main(void)
     tcase_add_test(tc, test_sweeper_finds_lost);
     tcase_add_test(tc, test_removed_container_is_lost);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_usage_dir_walk);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

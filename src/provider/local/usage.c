@@ -3,13 +3,14 @@
  * cgroups (cgroup_read_usage) and from its writable storage: the tmpfs of an image sandbox's
  * root (<dir>/img: the overlay's upper layer, and with storage tmpfs its workspace too), the
  * workdir's own tmpfs inside its mount namespace (a host-root sandbox with storage tmpfs), and
- * the host directory bound at its workdir (storage dir: a walk that adds up its files' blocks).
+ * the host directory bound at its workdir (storage dir: a walk that adds up its files' blocks,
+ * never following a symlink).
  */
 #include "provider/local/local_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
+#include <dirent.h>
 #include <linux/magic.h>
 #include <linux/openat2.h>
 #include <stdio.h>
@@ -58,25 +59,81 @@ static int64_t workdir_tmpfs_used(const struct local_desc *d)
     return used;
 }
 
-/* nftw has no context argument: the walk's running total, per thread. */
-static _Thread_local int64_t walk_bytes;
+/* What a walk of a storage = dir workdir may cost: past these it answers unknown (-1). */
+#define WALK_MAX_ENTRIES 1000000
+#define WALK_MAX_DEPTH 256
 
-static int walk_add(const char *path, const struct stat *st, int type, struct FTW *ftw)
+struct walk {
+    dev_t dev;       /* the walk's file system: it does not cross mounts */
+    int64_t bytes;   /* blocks of what it saw, in bytes */
+    int64_t entries; /* entries seen */
+};
+
+/* Add the blocks of what directory dfd holds (closed here) to w. Every step is relative to an
+ * fd the walk opened itself, with O_NOFOLLOW and no symlink followed: a sandbox's process that
+ * swaps a directory for a symlink mid-walk makes that open fail; it can never point the walk,
+ * which runs as root, at a host directory. 0, or -1 past the bounds or on an error. */
+static int walk_dir(int dfd, struct walk *w, int depth)
 {
-    (void)path;
-    (void)ftw;
-    if (type == FTW_F || type == FTW_D || type == FTW_SL)
-        walk_bytes += (int64_t)st->st_blocks * 512;
-    return 0;
+    DIR *dir = fdopendir(dfd);
+    struct dirent *e;
+    int r = 0;
+
+    if (!dir) {
+        close(dfd);
+        return -1;
+    }
+    while (r == 0 && (e = readdir(dir))) {
+        struct stat st;
+
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (++w->entries > WALK_MAX_ENTRIES) {
+            r = -1;
+            break;
+        }
+        if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue; /* gone meanwhile */
+        if (st.st_dev != w->dev)
+            continue; /* another file system mounted there */
+        w->bytes += (int64_t)st.st_blocks * 512;
+        if (S_ISDIR(st.st_mode)) {
+            int sub;
+
+            if (depth >= WALK_MAX_DEPTH) {
+                r = -1;
+                break;
+            }
+            sub = openat(dirfd(dir), e->d_name,
+                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC);
+            if (sub < 0 && errno == EPERM)
+                sub =
+                    openat(dirfd(dir), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0)
+                r = walk_dir(sub, w, depth + 1);
+        }
+    }
+    closedir(dir);
+    return r;
 }
 
-/* Blocks used by the files under dir (one file system, symlinks not followed), or -1. */
+/* Blocks used by the files under dir (one file system, symlinks never followed, bounded), or
+ * -1. */
 static int64_t dir_used(const char *dir)
 {
-    walk_bytes = 0;
-    if (nftw(dir, walk_add, 16, FTW_PHYS | FTW_MOUNT) < 0)
+    struct walk w = {0};
+    struct stat st;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd < 0)
         return -1;
-    return walk_bytes;
+    if (fstat(fd, &st) < 0) {
+        close(fd);
+        return -1;
+    }
+    w.dev = st.st_dev;
+    w.bytes = (int64_t)st.st_blocks * 512;
+    return walk_dir(fd, &w, 0) < 0 ? -1 : w.bytes;
 }
 
 int local_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
