@@ -199,30 +199,6 @@ static void request_set_id(struct lb_request *req)
                  (unsigned long long)atomic_fetch_add(&req->http->next_request, 1));
 }
 
-int http_request_authorize(struct lb_request *req, struct lb_error *err)
-{
-    const char *auth = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Authorization");
-    const char *token = NULL;
-
-    if (req->route->auth == LB_AUTH_NONE)
-        return 0;
-    if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
-        token = auth + 7;
-        while (*token == ' ')
-            token++;
-    }
-    if (!token || !*token)
-        return lb_error_set(err, -ENOKEY, "a bearer token is required (Authorization: Bearer ...)");
-    req->token_key = http_token_hash(token);
-    return req->http->cfg.authorize(req->http->cfg.app, token, req->route->auth,
-                                    req->route->auth == LB_AUTH_SANDBOX ||
-                                            req->route->auth == LB_AUTH_SESSION ||
-                                            req->route->auth == LB_AUTH_PTY
-                                        ? req->params[0]
-                                        : NULL,
-                                    &req->principal, err);
-}
-
 /* ---------- the access handler ---------- */
 
 /* The first query argument (key or value) that is not valid UTF-8. */

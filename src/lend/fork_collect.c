@@ -68,6 +68,33 @@ static bool fork_digest_in_use(void *ctx, const char *digest)
     return store_count_using_image_digest(ctx, digest, &n, NULL) < 0 || n > 0;
 }
 
+/* Every provider's snapshot_sweep under the capture lock; wait false: skip it while a capture
+ * holds the lock (a stop must not wait for a copy; the next removal or start sweeps). */
+static void sweep_snapshots(struct lb_lend *l, bool wait)
+{
+    size_t n = registry_count(lend_providers(l));
+
+    /* no capture between an engine's commit and its engine.json in the work dir meanwhile */
+    if (!wait && pthread_mutex_trylock(&l->capture_mutex) != 0)
+        return;
+    if (wait)
+        pthread_mutex_lock(&l->capture_mutex);
+    for (size_t i = 0; i < n; i++) {
+        struct lb_provider *p = registry_at(lend_providers(l), i);
+        struct lb_error e = {0};
+
+        if (provider_snapshot_sweep(p, &e) < 0)
+            log_warn("%s provider: snapshot sweep: %s", p->ops->name, e.message);
+    }
+    pthread_mutex_unlock(&l->capture_mutex);
+}
+
+/* see lend.h */
+void lend_sweep_snapshots(struct lb_lend *l)
+{
+    sweep_snapshots(l, true);
+}
+
 /* see lend_private.h */
 void lend_fork_collect(struct lb_lend *l, const char *name)
 {
@@ -96,8 +123,8 @@ void lend_fork_collect(struct lb_lend *l, const char *name)
     swept = r == 0;
 out:
     pthread_mutex_unlock(&l->fork_mutex);
-    if (swept) /* an engine's image of it (docker) */
-        lend_sweep_snapshots(l);
+    if (swept) /* an engine's image of it (docker); not behind a capture under way */
+        sweep_snapshots(l, false);
 }
 
 /* see lend_private.h */
@@ -109,6 +136,10 @@ void lend_fork_collect_of(struct lb_lend *l, const struct lb_record *r)
     if (!l->cfg.images_dir || !r->spec_json || !strstr(r->spec_json, LEND_FORK_PREFIX))
         return; /* cheap: most stops are of no fork's child */
     image = lend_spec_string(r, "image", NULL, &spec);
+    if (image)
+        lend_fork_collect(l, image);
+    /* a child reset to another snapshot stood on its fork's image as its seed_image */
+    image = json_string_value(json_object_get(spec, "seed_image"));
     if (image)
         lend_fork_collect(l, image);
     json_decref(spec);
@@ -130,21 +161,4 @@ int lend_collect_forks(struct lb_lend *l, struct lb_error *err)
             lend_fork_collect(l, all[i].name);
     free(all);
     return 0;
-}
-
-/* see lend.h */
-void lend_sweep_snapshots(struct lb_lend *l)
-{
-    size_t n = registry_count(lend_providers(l));
-
-    /* no capture between an engine's commit and its engine.json in the work dir meanwhile */
-    pthread_mutex_lock(&l->capture_mutex);
-    for (size_t i = 0; i < n; i++) {
-        struct lb_provider *p = registry_at(lend_providers(l), i);
-        struct lb_error e = {0};
-
-        if (provider_snapshot_sweep(p, &e) < 0)
-            log_warn("%s provider: snapshot sweep: %s", p->ops->name, e.message);
-    }
-    pthread_mutex_unlock(&l->capture_mutex);
 }

@@ -59,6 +59,9 @@ static bool lost_confirm(struct lb_lend *l, const struct lb_record *seen, const 
 
     if (store_get_sandbox(l->store, seen->id, &cur, NULL) < 0)
         goto out;
+    if (cur.state == LB_STATE_LENT && lend_record_resetting(&cur))
+        goto out; /* a reset tears it down and makes it again: not lost (a crashed reset is
+                     the start-up's) */
     if (cur.state == LB_STATE_LENT && locked) {
         log_warn_sbx(cur.id,
                      "sandbox %s was lost (%s): its init died outside lendbox's control; "

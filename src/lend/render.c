@@ -172,3 +172,13 @@ json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool 
     }
     return j;
 }
+
+/* see lend_internal.h */
+bool lend_record_resetting(const struct lb_record *r)
+{
+    json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
+    bool resetting = json_is_true(json_object_get(spec, "resetting"));
+
+    json_decref(spec);
+    return resetting;
+}

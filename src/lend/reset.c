@@ -377,13 +377,3 @@ out:
     lend_session_unlock(l, lock);
     return r;
 }
-
-/* see lend_internal.h */
-bool lend_record_resetting(const struct lb_record *r)
-{
-    json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
-    bool resetting = json_is_true(json_object_get(spec, "resetting"));
-
-    json_decref(spec);
-    return resetting;
-}

@@ -732,8 +732,9 @@ int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err)
 }
 
 /* The number of live (and warm) records whose spec's JSON field at path equals value. */
-static int count_live_by_spec(struct lb_store *st, const char *path, const char *value,
-                              const char *what, int64_t *out, struct lb_error *err)
+static int count_live_by_spec(struct lb_store *st, const char *path, const char *path2,
+                              const char *value, const char *what, int64_t *out,
+                              struct lb_error *err)
 {
     sqlite3_stmt *s = NULL;
     int ret = 0;
@@ -743,10 +744,11 @@ static int count_live_by_spec(struct lb_store *st, const char *path, const char 
     if (sqlite3_prepare_v2(st->db,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
                            "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
-                           "json_extract(spec_json, ?2) = ?1",
+                           "(json_extract(spec_json, ?2) = ?1 OR json_extract(spec_json, ?3) = ?1)",
                            -1, &s, NULL) != SQLITE_OK ||
         sqlite3_bind_text(s, 1, value, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_text(s, 2, path, -1, SQLITE_STATIC) != SQLITE_OK)
+        sqlite3_bind_text(s, 2, path, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(s, 3, path2, -1, SQLITE_STATIC) != SQLITE_OK)
         ret = store_db_fail(st, err, what);
     else if (sqlite3_step(s) == SQLITE_ROW)
         *out = sqlite3_column_int64(s, 0);
@@ -760,13 +762,15 @@ static int count_live_by_spec(struct lb_store *st, const char *path, const char 
 int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,
                             struct lb_error *err)
 {
-    return count_live_by_spec(st, "$.image", image, "counting the sandboxes of an image", out, err);
+    /* a reset sandbox runs its "image" now and returns to its "seed_image" on the next reset */
+    return count_live_by_spec(st, "$.image", "$.seed_image", image,
+                              "counting the sandboxes of an image", out, err);
 }
 
 int store_count_using_image_digest(struct lb_store *st, const char *digest, int64_t *out,
                                    struct lb_error *err)
 {
-    return count_live_by_spec(st, "$.image_digest", digest,
+    return count_live_by_spec(st, "$.image_digest", "$.seed_image_digest", digest,
                               "counting the sandboxes of an image digest", out, err);
 }
 
