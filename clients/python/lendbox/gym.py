@@ -613,8 +613,8 @@ class LendboxProvider:
 
     async def reset(self, handle: SandboxHandle, snapshot: Optional[str] = None) -> SandboxHandle:
         """``POST /v1/sandboxes/{id}/reset``; updates ``handle`` in place with the new operate
-        token and returns it. NotFound (404) for a sandbox not lent to a session (or an
-        unknown snapshot), Conflict (409) for a snapshot of another base image, ProviderError
+        token and returns it. NotFound (404) for a sandbox no longer live (or an unknown
+        snapshot), Conflict (409) for a snapshot of another base image, ProviderError
         (502) when the reset failed (the sandbox was stopped)."""
         lease = await self.client(handle).reset(handle.sandbox_id, snapshot=snapshot)
         raw = handle.raw if isinstance(handle.raw, dict) else {}
@@ -898,7 +898,7 @@ class AsyncSandbox:
         return out
 
     async def reset(self, snapshot: Optional[str] = None) -> None:
-        """lendbox's extension: return this lent sandbox, in place (same ``sandbox_id``), to how
+        """lendbox's extension: return this sandbox, in place (same ``sandbox_id``), to how
         it was seeded, or to the snapshot ``snapshot`` of its base image: every process and
         file of before is gone, the seed's files are written again. A new operate token is
         minted (descriptors serialized before now are refused: :meth:`serialize` again)."""
