@@ -1005,8 +1005,8 @@ class _AsyncLoopRunner:
 
 class Sandbox:
     """Synchronous wrapper around :class:`AsyncSandbox` (same arguments and methods, blocking;
-    ``pty``, ``serialize``, ``connect`` and ``fork`` are async-only). Not for use inside a running event
-    loop (RuntimeError: use AsyncSandbox in async code)."""
+    ``pty``, ``serialize``, ``connect`` and ``fork`` are async-only). Not for use inside a
+    running event loop (RuntimeError: use AsyncSandbox in async code)."""
 
     def __init__(self, provider: Any, spec: Optional[SandboxSpec] = None):
         try:
