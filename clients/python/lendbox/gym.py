@@ -898,7 +898,8 @@ class AsyncSandbox:
         return out
 
     async def reset(self, snapshot: Optional[str] = None) -> None:
-        """lendbox's extension: return this sandbox, in place (same ``sandbox_id``), to how
+        """lendbox's extension, for a sandbox lent to a session (:meth:`LentSandboxes.lend`, a
+        :meth:`fork` child): return it, in place (same ``sandbox_id``), to how
         it was seeded, or to the snapshot ``snapshot`` of its base image: every process and
         file of before is gone, the seed's files are written again. A new operate token is
         minted (descriptors serialized before now are refused: :meth:`serialize` again)."""
