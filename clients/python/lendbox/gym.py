@@ -14,6 +14,11 @@ with ``error_type`` "timeout" or "sandbox" when no process exit status exists):
   :class:`LendboxProvider` is a :class:`RenewableProvider` (lifetimes renewed from now).
 * :class:`LentSandboxes` (``nemo_gym.server_runtime.sandbox_lending``): lend, get, release,
   release_all, network_access, model_server, tool_servers.
+
+lendbox's extensions (not in NeMo Gym): ``snapshot``, ``fork`` and ``reset`` on
+:class:`AsyncSandbox` (and ``snapshot``/``reset`` on :class:`Sandbox`), ``fork`` and ``reset`` on
+:class:`LentSandboxes`, the provider protocols :class:`SnapshotProvider`,
+:class:`ForkableProvider` and :class:`ResettableProvider` (docs/rl-recipe.md shows them in use).
 * :class:`SandboxSession` (``nemo_gym.agent_utils.sandbox_session``): execute, close,
   stop_harness, read_output_log, stop_request_path.
 
@@ -57,6 +62,7 @@ from typing import (
     Callable,
     Dict,
     Generic,
+    List,
     Literal,
     Mapping,
     Optional,
@@ -69,7 +75,15 @@ from typing import (
 )
 
 from .client import AsyncClient
-from .errors import BadRequest, Draining, LendboxError, MethodNotAllowed, NotFound, TransportError
+from .errors import (
+    BadRequest,
+    Draining,
+    LendboxError,
+    MethodNotAllowed,
+    NotFound,
+    TransportError,
+    error_for,
+)
 
 __all__ = [
     "SANDBOX_RUNTIME_RETURN_CODE",
@@ -92,6 +106,10 @@ __all__ = [
     "SandboxAccess",
     "LendboxProvider",
     "RenewableProvider",
+    "SnapshotProvider",
+    "ForkableProvider",
+    "ResettableProvider",
+    "ForkedSandbox",
     "AsyncSandbox",
     "Sandbox",
     "SandboxPty",
@@ -388,6 +406,39 @@ class RenewableProvider(Protocol):
     async def renew(self, handle: SandboxHandle, ttl_s: float) -> None: ...
 
 
+@runtime_checkable
+class SnapshotProvider(Protocol):
+    """lendbox's extension: ``snapshot(handle, name, labels)`` captures the running sandbox's
+    file system (root layer and workdir; not processes, ``/tmp``, ``/run``) as the image
+    ``name`` and returns its description; a sandbox or spec seeded with ``image=name`` starts
+    from it. ``delete_snapshot(name)`` removes it."""
+
+    async def snapshot(self, handle: SandboxHandle, name: str,
+                       labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]: ...
+
+    async def delete_snapshot(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class ForkableProvider(Protocol):
+    """lendbox's extension: ``fork(handle, resources_session_ids, task_id, labels)`` captures
+    the sandbox once and lends each session a new sandbox started from that capture with the
+    parent's spec; one ``(rsid, handle or error)`` per session, in order."""
+
+    async def fork(self, handle: SandboxHandle, resources_session_ids: Sequence[str],
+                   task_id: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
+                   ) -> List[Tuple[str, Union[SandboxHandle, LendboxError]]]: ...
+
+
+@runtime_checkable
+class ResettableProvider(Protocol):
+    """lendbox's extension: ``reset(handle, snapshot)`` tears the lent sandbox down and makes it
+    again under the same id, as it was seeded (or from the snapshot ``snapshot`` of the same
+    base image); returns the handle with the new operate token (the old one is refused)."""
+
+    async def reset(self, handle: SandboxHandle, snapshot: Optional[str] = None) -> SandboxHandle: ...
+
+
 class LendboxProvider:
     """NeMo Gym's provider protocol over lendboxd's HTTP API (name ``"lendbox"``).
 
@@ -398,7 +449,10 @@ class LendboxProvider:
         client_options: keyword arguments for :class:`lendbox.AsyncClient` (timeouts, retries).
 
     Capabilities: connect (serialize_handle/connect), endpoint, pause/resume, renew
-    (:class:`RenewableProvider`; the daemon caps ``ttl_s`` at ``lending.max_ttl_s``), PTY sessions
+    (:class:`RenewableProvider`; the daemon caps ``ttl_s`` at ``lending.max_ttl_s``), snapshot,
+    fork and reset (:class:`SnapshotProvider`, :class:`ForkableProvider`,
+    :class:`ResettableProvider`: admin token only; NotImplementedByServer (501) on a daemon
+    provider without them, e.g. docker for fork and reset), PTY sessions
     (``sandbox.pty.create`` returns ``{"session_id"}``; on a provider without PTY sessions, e.g.
     docker, the daemon answers 501, raised as :class:`lendbox.errors.NotImplementedByServer`).
     Registered, when NeMo Gym is installed, under the ``nemo_gym.sandbox_providers`` entry point
@@ -522,6 +576,54 @@ class LendboxProvider:
         """The sandbox now expires ``ttl_s`` seconds from now. NotFound when it is no longer
         live (expired, stopped); BadRequest for ``ttl_s`` <= 0."""
         await self.client(handle).renew(handle.sandbox_id, ttl_s)
+
+    async def snapshot(self, handle: SandboxHandle, name: str,
+                       labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """``POST /v1/sandboxes/{id}/snapshot``: the new image (``name``, ``digest``,
+        ``size_bytes``, ``base``, ...). Conflict (409) for a name in use, Forbidden (403) with an
+        operate token."""
+        return await self.client(handle).snapshot(
+            handle.sandbox_id, name, labels=None if labels is None else dict(labels))
+
+    async def delete_snapshot(self, name: str) -> None:
+        """``DELETE /v1/images/{name}``; Conflict (409) while a live sandbox stands on it."""
+        await self.client().delete_image(name)
+
+    async def fork(self, handle: SandboxHandle, resources_session_ids: Sequence[str],
+                   task_id: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
+                   ) -> List[Tuple[str, Union[SandboxHandle, LendboxError]]]:
+        """``POST /v1/sandboxes/{id}/fork``: per session, in order, the child's owner handle or
+        its own error (Conflict 409 for a session with a live sandbox, Overloaded 429 at
+        capacity, ProviderError 502). A failure of the whole call (BadRequest, NotFound,
+        NotImplementedByServer) raises."""
+        r = await self.client(handle).fork(
+            handle.sandbox_id, list(resources_session_ids), task_id=task_id,
+            labels=None if labels is None else dict(labels))
+        out: List[Tuple[str, Union[SandboxHandle, LendboxError]]] = []
+        for child in r.get("children", []):
+            rsid = child.get("rsid")
+            if child.get("status") == 200 and child.get("lease"):
+                out.append((rsid, self._handle(child["lease"], scope="owner",
+                                               token=(handle.raw or {}).get("token"))))
+            else:
+                err = child.get("error") or {}
+                out.append((rsid, error_for(int(child.get("status") or 500),
+                                            err.get("code") or "", err.get("message") or "")))
+        return out
+
+    async def reset(self, handle: SandboxHandle, snapshot: Optional[str] = None) -> SandboxHandle:
+        """``POST /v1/sandboxes/{id}/reset``; updates ``handle`` in place with the new operate
+        token and returns it. NotFound (404) for a sandbox no longer live (or an unknown
+        snapshot), Conflict (409) for a snapshot of another base image, ProviderError
+        (502) when the reset failed (the sandbox was stopped)."""
+        lease = await self.client(handle).reset(handle.sandbox_id, snapshot=snapshot)
+        raw = handle.raw if isinstance(handle.raw, dict) else {}
+        access = lease.get("access") or {}
+        raw["operate_token"] = access.get("token")
+        if access.get("workdir"):
+            raw["workdir"] = access.get("workdir")
+        handle.raw = raw
+        return handle
 
     def serialize_handle(self, handle: SandboxHandle, *, scope: Optional[str] = None) -> Dict[str, Any]:
         raw = handle.raw or {}
@@ -769,6 +871,40 @@ class AsyncSandbox:
         expired or was stopped raises :class:`~lendbox.errors.NotFound`."""
         await self._provider.renew(self._require_handle(), ttl_s)
 
+    async def snapshot(self, name: str, labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        """lendbox's extension: capture this sandbox's file system as the image ``name`` (see
+        :class:`SnapshotProvider`); returns the image's description. Start sandboxes from it
+        with ``SandboxSpec(image=name)``, or :meth:`reset` a lent one to it."""
+        return await self._provider.snapshot(self._require_handle(), name, labels)
+
+    async def fork(self, resources_session_ids: Sequence[str], task_id: Optional[str] = None,
+                   labels: Optional[Mapping[str, str]] = None) -> List["ForkedSandbox"]:
+        """lendbox's extension: one new sandbox per resources session, each starting from this
+        sandbox's file system as it is now (one capture; processes are not copied), with this
+        sandbox's spec (``task_id`` and ``labels`` replace its own when given). Returns one
+        :class:`ForkedSandbox` per session, in order: its started :class:`AsyncSandbox` (an
+        owner handle sharing this provider; :meth:`stop` it, or release its session), or its
+        own error. Whole-call errors raise (see :class:`ForkableProvider`)."""
+        res = await self._provider.fork(self._require_handle(), list(resources_session_ids),
+                                        task_id, labels)
+        out: List[ForkedSandbox] = []
+        for rsid, r in res:
+            if isinstance(r, LendboxError):
+                out.append(ForkedSandbox(rsid, None, r))
+                continue
+            child = AsyncSandbox(self._provider, self._spec, owns_provider=False)
+            child._handle = r
+            out.append(ForkedSandbox(rsid, child, None))
+        return out
+
+    async def reset(self, snapshot: Optional[str] = None) -> None:
+        """lendbox's extension, for a sandbox lent to a session (:meth:`LentSandboxes.lend`, a
+        :meth:`fork` child): return it, in place (same ``sandbox_id``), to how
+        it was seeded, or to the snapshot ``snapshot`` of its base image: every process and
+        file of before is gone, the seed's files are written again. A new operate token is
+        minted (descriptors serialized before now are refused: :meth:`serialize` again)."""
+        await self._provider.reset(self._require_handle(), snapshot)
+
     async def endpoint(self, port: int) -> SandboxEndpoint:
         """URL reaching TCP ``port`` in the sandbox from the daemon's host; the port must be in
         ``SandboxSpec.ports`` (ValueError otherwise; checked by the daemon for a connected
@@ -783,6 +919,16 @@ class AsyncSandbox:
 
     def _telemetry_provider_name(self) -> str:
         return "lendbox"
+
+
+@dataclasses.dataclass
+class ForkedSandbox:
+    """One child of :meth:`AsyncSandbox.fork`: its session, and either its started ``sandbox``
+    or the ``error`` that kept it from starting (a :class:`~lendbox.errors.LendboxError`)."""
+
+    resources_session_id: str
+    sandbox: Optional[AsyncSandbox]
+    error: Optional[LendboxError] = None
 
 
 class SandboxPty:
@@ -860,8 +1006,8 @@ class _AsyncLoopRunner:
 
 class Sandbox:
     """Synchronous wrapper around :class:`AsyncSandbox` (same arguments and methods, blocking;
-    ``pty``, ``serialize`` and ``connect`` are async-only). Not for use inside a running event
-    loop (RuntimeError: use AsyncSandbox in async code)."""
+    ``pty``, ``serialize``, ``connect`` and ``fork`` are async-only). Not for use inside a
+    running event loop (RuntimeError: use AsyncSandbox in async code)."""
 
     def __init__(self, provider: Any, spec: Optional[SandboxSpec] = None):
         try:
@@ -920,6 +1066,12 @@ class Sandbox:
 
     def renew(self, ttl_s: float) -> None:
         self._runner.run("renew", lambda: self._async_sandbox.renew(ttl_s))
+
+    def snapshot(self, name: str, labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+        return self._runner.run("snapshot", lambda: self._async_sandbox.snapshot(name, labels))
+
+    def reset(self, snapshot: Optional[str] = None) -> None:
+        self._runner.run("reset", lambda: self._async_sandbox.reset(snapshot))
 
     def endpoint(self, port: int) -> SandboxEndpoint:
         return self._runner.run("endpoint", lambda: self._async_sandbox.endpoint(port))
@@ -1074,6 +1226,46 @@ class LentSandboxes:
         sb = self._sandboxes.pop(resources_session_id, None)
         if sb is not None:
             sb._stopped = True
+
+    async def _access(self, sb: AsyncSandbox) -> SandboxAccess:
+        desc = await sb.serialize(scope="operate")
+        return SandboxAccess(DirectSandboxConnection("direct", self._provider_ref, desc),
+                             (sb._handle.raw or {}).get("workdir") or self.workdir or "")
+
+    async def fork(self, resources_session_id: str, resources_session_ids: Sequence[str],
+                   task_id: Any = None) -> Dict[str, Union[SandboxAccess, LendboxError]]:
+        """lendbox's extension: lend each of ``resources_session_ids`` a new sandbox starting
+        from the file system of the sandbox lent (by this object) to ``resources_session_id``
+        as it is now (e.g. prepared once, then one child per attempt of a GRPO group). The
+        children keep the parent's configuration and this object's pool (:meth:`get`,
+        :meth:`release` and :meth:`release_all` know them); ``task_id`` replaces the parent's.
+        Returns, per session, its :class:`SandboxAccess` or the error that kept its sandbox
+        from starting. KeyError for a parent this object did not lend."""
+        parent = self._sandboxes.get(resources_session_id)
+        if parent is None:
+            raise KeyError(f"no sandbox lent by this object for {resources_session_id!r}")
+        task = None if task_id is None else _task_id_str(task_id)
+        children = await parent.fork(list(resources_session_ids), task)
+        out: Dict[str, Union[SandboxAccess, LendboxError]] = {}
+        for ch in children:
+            if ch.sandbox is None:
+                out[ch.resources_session_id] = ch.error or LendboxError(500, "internal", "no child")
+                continue
+            self._sandboxes[ch.resources_session_id] = ch.sandbox
+            out[ch.resources_session_id] = await self._access(ch.sandbox)
+        return out
+
+    async def reset(self, resources_session_id: str, snapshot: Optional[str] = None) -> SandboxAccess:
+        """lendbox's extension: return the session's sandbox, in place, to how it was lent (or
+        to the snapshot ``snapshot`` of its image), e.g. between two attempts at a task: no
+        process or file of the previous attempt is left, the lend's ``files`` are written
+        again. Returns the new access: the old descriptor's token is refused from now on.
+        KeyError for a session this object did not lend; NotFound if it is no longer lent."""
+        sb = self._sandboxes.get(resources_session_id)
+        if sb is None:
+            raise KeyError(f"no sandbox lent by this object for {resources_session_id!r}")
+        await sb.reset(snapshot)
+        return await self._access(sb)
 
     async def release_all(self) -> None:
         """Stop every sandbox this object lent (``POST /v1/sessions/release_all`` filtered on
