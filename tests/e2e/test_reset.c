@@ -350,6 +350,47 @@ START_TEST(test_reset_ends_activation)
 }
 END_TEST
 
+/* A sandbox made by POST /v1/sandboxes has no session (no session lock to hold off the lost
+ * check): its reset to a snapshot still completes (200, running, its new token works) and is
+ * never taken for a lost sandbox while it is torn down. */
+START_TEST(test_reset_without_session)
+{
+    char sbx[LBT_ID_MAX], path[200], tok[256], *out;
+    struct lbt_resp r;
+
+    LBT_SKIP_ON_ENGINE("reset is the local provider's");
+    lbt_json(&D, "POST", "/v1/sandboxes", "", "{}", &r);
+    ck_assert_msg(r.status == 201, "create: %ld %s", r.status, r.body);
+    snprintf(sbx, sizeof(sbx), "%s", str(r.json, "sandbox_id"));
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, sbx, "echo snapped > /workspace/m"));
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/snapshot", sbx);
+    lbt_json(&D, "POST", path, "", "{\"name\": \"rst-nosession\"}", &r);
+    ck_assert_msg(r.status == 201, "snapshot: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, sbx, "echo later > /workspace/m"));
+    for (int i = 0; i < 3; i++) {
+        reset(&D, sbx, "", "{\"snapshot\": \"rst-nosession\"}", &r);
+        ck_assert_msg(r.status == 200, "reset %d: %ld %s", i, r.status, r.body);
+        snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+        lbt_resp_free(&r);
+        out = sh_tok(&D, sbx, tok, "cat /workspace/m");
+        ck_assert_str_eq(out, "snapped\n");
+        free(out);
+    }
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_str_eq(str(r.json, "status"), "running");
+    lbt_resp_free(&r);
+    lbt_json(&D, "DELETE", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200 || r.status == 204, "delete: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_json(&D, "DELETE", "/v1/images/rst-nosession", "", NULL, &r);
+    ck_assert_msg(r.status == 200 || r.status == 204, "image delete: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* POST /v1/sandboxes/{id}/reset with token and body; the new token into tok (on 200). */
 static long reset_to(const char *sbx, const char *body, char *tok)
 {
@@ -535,6 +576,7 @@ int main(void)
     tcase_add_test(tc, test_reset_to_snapshot);
     tcase_add_test(tc, test_reset_refuses_request_admitted_before);
     tcase_add_test(tc, test_reset_ends_activation);
+    tcase_add_test(tc, test_reset_without_session);
     suite_add_tcase(s, tc);
     tc = tcase_create("fault");
     lbt_test_daemon_cleanup(tc, &F);
