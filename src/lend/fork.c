@@ -19,8 +19,9 @@
  * implicit snapshot name. A new reference, NULL without memory. */
 static json_t *fork_template(const struct lb_record *rec, json_t *spec, const char *name)
 {
-    static const char *const copied[] = {"env",       "network",        "labels",  "ports",
-                                         "resources", "idle_timeout_s", "on_idle", NULL};
+    static const char *const copied[] = {"env",     "network",     "labels",
+                                         "ports",   "resources",   "idle_timeout_s",
+                                         "on_idle", "ready_probe", NULL};
     json_t *tpl = json_pack("{s:s}", "image", name), *v;
     int bad = 0;
 

@@ -71,6 +71,20 @@ struct lb_seed_file {
     int mode; /* -1: 0644 */
 };
 
+/* A seed's readiness probe: the seed answers only once "sh -c command" exits 0 inside the
+ * sandbox (as root, in an exec's default cwd, with the seed's env), tried every interval_ms,
+ * or fails at its ready timeout (see lend_probe_run). */
+#define LB_PROBE_COMMAND_MAX 65536 /* bytes; under the kernel's 128 KiB bound on one argument */
+#define LB_PROBE_INTERVAL_MIN_MS 10
+#define LB_PROBE_INTERVAL_MAX_MS 60000
+#define LB_PROBE_INTERVAL_DEFAULT_MS 200
+
+struct lb_ready_probe {
+    const char *command; /* non-empty, no NUL, at most LB_PROBE_COMMAND_MAX bytes; NULL: none.
+                            Borrowed (the request body's) */
+    int64_t interval_ms; /* between attempts, LB_PROBE_INTERVAL_MIN_MS..MAX_MS */
+};
+
 struct lb_seed_request {
     const char *task_id;
     const char *provider; /* an enabled provider's name; NULL: the default provider */
@@ -91,6 +105,7 @@ struct lb_seed_request {
     int64_t ready_timeout_ms; /* > 0: the provider's readiness wait; 0: create_timeout_s */
     double idle_timeout_s;    /* > 0: stop (or pause) it after this long without activity */
     bool on_idle_pause;       /* with idle_timeout_s: pause it rather than stop it */
+    struct lb_ready_probe ready_probe; /* command NULL: none */
 };
 
 /* Lend the session a sandbox, or return the one it has. *lease_out is the lease of API.md.

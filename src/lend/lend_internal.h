@@ -103,6 +103,8 @@ struct lend_start {
     struct lb_record rec; /* the row as inserted (state starting); strings borrowed */
     json_t *desc;         /* what the provider's create returned (owned) */
     char *desc_text;      /* desc as stored (owned) */
+    int64_t create_ms;    /* clock_mono_ms when the provider's create began (the ready
+                             probe's budget counts from it) */
 };
 
 /* Choose the provider of req (ask its caps once), resolve the image (req->image, else the

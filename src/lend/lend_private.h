@@ -149,6 +149,27 @@ void lend_fork_unpin(struct lb_lend *l, const char *name);
  * record that is not stopped names it (logs its own failures). */
 void lend_fork_collect(struct lb_lend *l, const char *name);
 
+/* ops.c: the environment of a command in a sandbox whose record's spec is spec (parsed,
+ * borrowed; NULL: none) and workdir workdir: the defaults (PATH, LANG, LENDBOX_WORKDIR) < the
+ * image's Env < the seed's env < req_env (an object of strings, or NULL). A malloc'd
+ * NULL-terminated array of malloc'd "K=V" strings (lend_exec_env_free), NULL without memory. */
+char **lend_exec_env(json_t *spec, const char *workdir, json_t *req_env);
+void lend_exec_env_free(char **env);
+
+/* probe.c: run the ready probe of a sandbox's spec (spec "ready_probe", parsed, borrowed; none:
+ * 0 at once) in the sandbox ref of prov, which need not be lent yet: "sh -c command" as root,
+ * in an exec's default cwd (the image's WorkingDir when the seed named no workdir, else the
+ * workdir), with the spec's env, its output bounded and dropped. Attempts every interval_ms
+ * until one exits 0, each bounded by min(max(5 interval_ms, 1 s), what is left); the budget is
+ * the spec's ready_timeout_ms (else lending.create_timeout_s) from since_ms (clock_mono_ms:
+ * when the provider's create began, or the warm take). 0 once an attempt exits 0; -EREMOTEIO
+ * (502) past the budget or when the sandbox is gone, the message naming the last attempt's
+ * exit status (or timeout, or why it could not run) and the first 200 bytes of its stderr;
+ * -ESHUTDOWN (503) when lending starts draining meanwhile; -ENOMEM. The caller stops the
+ * sandbox on failure. Blocks for up to the budget; thread-safe. */
+int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_sandbox_ref *ref,
+                   json_t *spec, int64_t since_ms, struct lb_error *err);
+
 /* seed.c: lend_seed; fresh: a session with any live sandbox is -EEXIST (no reuse). */
 int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
                       bool fresh, json_t **lease_out, struct lb_error *err);

@@ -242,14 +242,13 @@ void lend_fence_leave(struct lb_lend *l, const char *id)
 
 /* ---------- per-sandbox operations ---------- */
 
-/* Build "K=V" environment: defaults < the image's Env < the seed's env < the request's env. */
-static char **lend_exec_env(const struct lb_record *rec, const char *workdir, json_t *req_env)
+/* see lend_private.h */
+char **lend_exec_env(json_t *spec, const char *workdir, json_t *req_env)
 {
     /* no HOME: the supervisor sets the user's, from the sandbox's /etc/passwd */
     json_t *env = json_pack("{s:s,s:s,s:s}", "PATH",
                             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG",
                             "C.UTF-8", "LENDBOX_WORKDIR", workdir);
-    json_t *spec = rec->spec_json ? json_loads(rec->spec_json, 0, NULL) : NULL;
     json_t *seed_env = json_object_get(spec, "env");
     const char *k;
     json_t *v;
@@ -284,9 +283,16 @@ static char **lend_exec_env(const struct lb_record *rec, const char *workdir, js
         i++;
     }
 out:
-    json_decref(spec);
     json_decref(env);
     return out;
+}
+
+/* see lend_private.h */
+void lend_exec_env_free(char **env)
+{
+    for (size_t i = 0; env && env[i]; i++)
+        free(env[i]);
+    free(env);
 }
 
 int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **out,
@@ -323,7 +329,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
         goto out;
     workdir = lend_spec_string(&t.rec, "workdir", l->cfg.workdir, &spec);
     image_wd = json_string_value(json_object_get(spec, "image_working_dir"));
-    env = lend_exec_env(&t.rec, workdir, p->env);
+    env = lend_exec_env(spec, workdir, p->env);
     if (!env) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
@@ -375,10 +381,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
-    if (env)
-        for (size_t i = 0; env[i]; i++)
-            free(env[i]);
-    free(env);
+    lend_exec_env_free(env);
     json_decref(spec);
     lend_target_release(&t);
     return r;

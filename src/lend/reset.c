@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "image/image.h"
+#include "util/clock.h"
 #include "util/fault.h"
 #include "util/log.h"
 #include "util/token.h"
@@ -175,11 +176,14 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
 }
 
 /* Make the sandbox of rec again (its namespaces gone): create under its id with rs, record the
- * descriptor, write the seed's files. *desc_text_out is the recorded descriptor (owned) once
- * create succeeded, so a failure after it can stop what was made. 0 or a negative errno. */
+ * descriptor, write the seed's files, run the seed's ready probe (spec: the record's spec,
+ * parsed). *desc_text_out is the recorded descriptor (owned) once create succeeded, so a failure
+ * after it can stop what was made. 0 or a negative errno. */
 static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char *id,
-                        const struct reset_spec *rs, char **desc_text_out, struct lb_error *err)
+                        const struct reset_spec *rs, json_t *spec, char **desc_text_out,
+                        struct lb_error *err)
 {
+    int64_t create_ms = clock_mono_ms();
     struct lb_sandbox_ref ref = {id, NULL};
     struct lb_store_file *files = NULL;
     struct lb_error perr = {0};
@@ -218,6 +222,7 @@ static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char 
             goto out;
         }
     }
+    r = lend_probe_run(l, prov, &ref, spec, create_ms, err);
 out:
     store_seed_files_free(files, n_files);
     json_decref(desc);
@@ -326,7 +331,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     /* its PTY sessions end with the processes they ran */
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, id);
-    r = reset_remake(l, prov, id, &rs, &desc_text, err);
+    r = reset_remake(l, prov, id, &rs, spec, &desc_text, err);
     if (r < 0)
         goto out;
     /* complete: the record loses its "resetting" mark */

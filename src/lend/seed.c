@@ -99,6 +99,15 @@ static json_t *lend_spec_json(struct lb_lend *l, const struct lb_seed_request *r
     }
     if (spec && req->ready_timeout_ms > 0)
         json_object_set_new(spec, "ready_timeout_ms", json_integer(req->ready_timeout_ms));
+    /* kept in the seed body's own form: resets and fork children probe again */
+    if (spec && req->ready_probe.command &&
+        json_object_set_new(spec, "ready_probe",
+                            json_pack("{s:s,s:I}", "command", req->ready_probe.command,
+                                      "interval_ms", (json_int_t)req->ready_probe.interval_ms)) <
+            0) {
+        json_decref(spec); /* never a seed that skips its probe */
+        spec = NULL;
+    }
     if (spec && (res->cpu > 0 || res->memory_mib > 0 || res->pids > 0 || res->disk_mib > 0)) {
         json_t *rj = json_object();
 
@@ -265,6 +274,7 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
         return r;
     s->recorded = true;
     struct lb_sandbox_ref ref = {rec->id, NULL};
+    s->create_ms = clock_mono_ms();
     r = provider_create(s->prov, &ref, &s->spec, &s->desc, &perr);
     if (r < 0) {
         /* bad input, an unenforceable request or no free sandbox uid keep their status */
@@ -358,7 +368,7 @@ static int lend_take_warm(struct lb_lend *l, const char *rsid, const struct lend
     struct lb_record rec = {0};
     struct lb_error perr = {0};
     json_t *desc = NULL;
-    int64_t now = clock_now_s();
+    int64_t now = clock_now_s(), take_ms = clock_mono_ms();
     char class_image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
     int r;
 
@@ -412,6 +422,9 @@ static int lend_take_warm(struct lb_lend *l, const char *rsid, const struct lend
         }
     }
     r = lend_keep_seed_files(l, rec.id, req, err);
+    /* ready once its probe (if any) passes, counted from the take */
+    if (r == 0)
+        r = lend_probe_run(l, s->prov, &ref, s->spec_json, take_ms, err);
     if (r < 0) {
         struct lb_error serr = {0};
 
@@ -462,9 +475,11 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     if (r < 0)
         goto failed;
     /* The descriptor is written once: with the lease (mark_lent) when nothing else comes in
-     * between, or first thing when seed files are written (so a failure or crash while they are
-     * written can still find the sandbox; mark_lent then leaves it as it is). */
-    if (req->n_files > 0 && store_set_descriptor(l->store, s.rec.id, s.desc_text, err) < 0) {
+     * between, or first thing when seed files are written or a ready probe runs (so a failure
+     * or crash meanwhile can still find the sandbox; mark_lent then leaves it as it is). */
+    bool early_desc = req->n_files > 0 || req->ready_probe.command;
+
+    if (early_desc && store_set_descriptor(l->store, s.rec.id, s.desc_text, err) < 0) {
         r = lb_error_keep(err, -EIO, "cannot record the sandbox descriptor");
         goto rollback;
     }
@@ -483,13 +498,17 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
     r = lend_keep_seed_files(l, s.rec.id, req, err);
     if (r < 0)
         goto rollback;
+    /* ready once its probe (if any) passes, its files in place */
+    r = lend_probe_run(l, s.prov, &ref, s.spec_json, s.create_ms, err);
+    if (r < 0)
+        goto rollback;
     r = lend_operate_token(l, s.rec.id, 0, token);
     if (r < 0) {
         r = lb_error_set(err, r, "cannot mint the operate token");
         goto rollback;
     }
     token_sha256_hex(token, strlen(token), token_hash);
-    r = store_mark_lent(l->store, s.rec.id, req->n_files > 0 ? NULL : s.desc_text, token_hash, err);
+    r = store_mark_lent(l->store, s.rec.id, early_desc ? NULL : s.desc_text, token_hash, err);
     if (r < 0)
         goto rollback;
     /* the lease of the row just written: the record as inserted, lent now */

@@ -289,13 +289,48 @@ static int seed_parse_idle(json_t *body, struct lb_seed_request *req, struct lb_
     return 0;
 }
 
+/* "ready_probe" (absent or null: none; else {"command": a non-empty string without NUL of at
+ * most LB_PROBE_COMMAND_MAX bytes, "interval_ms"?: an integer LB_PROBE_INTERVAL_MIN_MS..MAX_MS,
+ * default LB_PROBE_INTERVAL_DEFAULT_MS}, no other key). The command is borrowed from body.
+ * -EINVAL (400). */
+static int seed_parse_probe(json_t *body, struct lb_seed_request *req, struct lb_error *err)
+{
+    static const char *const fields[] = {"command", "interval_ms", NULL};
+    json_t *probe = json_object_get(body, "ready_probe"), *command, *interval;
+    int r = seed_member_object(probe, fields, "ready_probe", err);
+
+    if (r <= 0)
+        return r;
+    command = json_object_get(probe, "command");
+    interval = json_object_get(probe, "interval_ms");
+    if (!json_is_string(command) || json_string_length(command) == 0 ||
+        json_string_length(command) > LB_PROBE_COMMAND_MAX ||
+        strlen(json_string_value(command)) != json_string_length(command))
+        return lb_error_set(err, -EINVAL,
+                            "'ready_probe.command' is required: a shell command of 1-%d bytes "
+                            "without NUL",
+                            LB_PROBE_COMMAND_MAX);
+    req->ready_probe.interval_ms = LB_PROBE_INTERVAL_DEFAULT_MS;
+    if (interval && !json_is_null(interval)) {
+        if (!json_is_integer(interval) || json_integer_value(interval) < LB_PROBE_INTERVAL_MIN_MS ||
+            json_integer_value(interval) > LB_PROBE_INTERVAL_MAX_MS)
+            return lb_error_set(err, -EINVAL,
+                                "'ready_probe.interval_ms' must be an integer from %d to %d "
+                                "(milliseconds)",
+                                LB_PROBE_INTERVAL_MIN_MS, LB_PROBE_INTERVAL_MAX_MS);
+        req->ready_probe.interval_ms = json_integer_value(interval);
+    }
+    req->ready_probe.command = json_string_value(command);
+    return 0;
+}
+
 int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
                       struct lb_error *err)
 {
     static const char *const fields[] = {
-        "task_id",    "files",    "image",          "env",     "ttl_s",    "resources",
-        "network",    "labels",   "ports",          "workdir", "metadata", "ready_timeout_s",
-        "entrypoint", "provider", "idle_timeout_s", "on_idle", NULL};
+        "task_id",    "files",    "image",          "env",     "ttl_s",       "resources",
+        "network",    "labels",   "ports",          "workdir", "metadata",    "ready_timeout_s",
+        "entrypoint", "provider", "idle_timeout_s", "on_idle", "ready_probe", NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
     const char *path;
@@ -330,6 +365,8 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
         req->ttl_s = (int64_t)ceil(json_number_value(ttl));
     }
     r = seed_parse_idle(body, req, err);
+    if (r == 0)
+        r = seed_parse_probe(body, req, err);
     if (r == 0)
         r = routes_string_map(body, "env", &req->env, err);
     if (r == 0)
