@@ -108,7 +108,7 @@ int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_
     for (;;) {
         struct lb_exec_result res = {0};
         struct lb_error perr = {0};
-        int64_t timeout_ms;
+        int64_t timeout_ms, full_ms;
 
         if (lend_is_draining(l)) {
             r = lb_error_set(err, -ESHUTDOWN,
@@ -121,10 +121,8 @@ int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_
         /* the first attempt runs whatever is left: a sandbox ready at once is ready */
         if (left <= 0 && attempts > 0)
             break;
-        timeout_ms =
-            5 * interval_ms > PROBE_ATTEMPT_MIN_MS ? 5 * interval_ms : PROBE_ATTEMPT_MIN_MS;
-        if (attempts > 0 && timeout_ms > left)
-            timeout_ms = left;
+        full_ms = 5 * interval_ms > PROBE_ATTEMPT_MIN_MS ? 5 * interval_ms : PROBE_ATTEMPT_MIN_MS;
+        timeout_ms = attempts > 0 && full_ms > left ? left : full_ms;
         struct lb_exec_request req = {
             .argv = argv,
             .cwd = image_wd ? image_wd : workdir,
@@ -141,10 +139,11 @@ int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_
                          attempts);
             goto out;
         }
-        if (r == 0)
-            probe_describe(&res, timeout_ms, &last);
-        else
+        if (r < 0)
             snprintf(last.what, sizeof(last.what), "could not run: %s", perr.message);
+        /* an attempt the budget's end cut short says less than the one before it */
+        else if (!(res.error_type == LB_EXEC_TIMEOUT && timeout_ms < full_ms && attempts > 1))
+            probe_describe(&res, timeout_ms, &last);
         provider_exec_result_release(&res);
         if (r == -ENOENT) {
             r = lb_error_set(err, -EREMOTEIO,
