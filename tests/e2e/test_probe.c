@@ -99,6 +99,14 @@ START_TEST(test_probe_waits_until_ready)
     json_t *lease = lbt_seed(&D, "probe-ok", "task-probe", COUNTING_SEED);
     char *out;
 
+    /* variant pool: a warm sandbox was taken, then probed */
+    if (lbt_variant_is("pool")) {
+        char needle[160];
+
+        lbt_pool_settle(&D);
+        snprintf(needle, sizeof(needle), "lent warm sandbox %s", str(lease, "sandbox_id"));
+        ck_assert_int_eq(lbt_log_count(&D, needle), 1);
+    }
     /* the seed answered after the 5th attempt and no attempt ran after it */
     out = lbt_sh(&D, str(lease, "sandbox_id"), "cat \"$LENDBOX_WORKDIR/.probe-n\"");
     ck_assert_str_eq(out, "5\n");
