@@ -167,7 +167,7 @@ e2e: all $(E2E_BINS)
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
 E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending lost network reset \
-	restart snapshot fork
+	restart snapshot fork probe
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))
 e2e-image: all $(E2E_IMAGE_BINS)
@@ -200,8 +200,9 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 # every daemon a test starts keeps a warm pool of the default class (pool.size=2, small so that
 # refills do not swamp two cores; a test's own pool.size wins). The programs whose seeds are of
 # the default class (so they take warm sandboxes) and that count sandboxes, processes or uids,
-# restart or crash the daemon. E2E_POOL_PROGS=all runs every program.
-E2E_POOL_PROGS ?= activation exec files isolation lending restart durability reset
+# restart or crash the daemon, and probe (a warm sandbox taken is probed before it is lent).
+# E2E_POOL_PROGS=all runs every program.
+E2E_POOL_PROGS ?= activation exec files isolation lending restart durability reset probe
 E2E_POOL_BINS = $(if $(filter all,$(E2E_POOL_PROGS)),$(E2E_BINS), \
 	$(E2E_POOL_PROGS:%=$(BUILD)/tests/test_%))
 e2e-pool: all $(E2E_POOL_BINS)
