@@ -308,7 +308,7 @@ class _Routes:
             ports: TCP ports for :meth:`endpoint`.
             extra: more body fields, sent as given (fields newer than this client, e.g.
                 ``workdir``, ``metadata``, ``ready_timeout_s``, ``provider``, ``idle_timeout_s``,
-                ``on_idle``).
+                ``on_idle``, ``ready_probe``).
 
         Returns: the lease; ``lease["access"]`` is the operate descriptor for a harness.
         Raises: BadRequest, Conflict, ImageNotFound, Unenforceable, Overloaded, ProviderError,

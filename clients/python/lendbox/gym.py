@@ -220,9 +220,11 @@ class SandboxSpec:
     ``/workspace``). env: applied to every exec. files: absolute path → text, written before
     ``start()`` returns. metadata: labels. resources: :class:`SandboxResources` or mapping.
     entrypoint: refused by the local provider (422). provider_options: lendbox's own keys,
-    ``provider`` (a provider name configured in the daemon) and ``network``
-    (``{"access", "model_server", "tool_servers"}``); others → ValueError. ports: TCP ports
-    for :meth:`AsyncSandbox.endpoint`.
+    ``provider`` (a provider name configured in the daemon), ``network``
+    (``{"access", "model_server", "tool_servers"}``) and ``ready_probe`` (``{"command",
+    "interval_ms"}``: the start returns only once the command exits 0 in the sandbox, else
+    ProviderError at ``ready_timeout_s``); others → ValueError. ports: TCP ports for
+    :meth:`AsyncSandbox.endpoint`.
     """
 
     image: Optional[str] = None
@@ -262,15 +264,18 @@ class SandboxSpec:
         if self.ports:
             body["ports"] = list(self.ports)
         opts = dict(self.provider_options or {})
-        unknown = sorted(set(opts) - {"provider", "network"})
+        unknown = sorted(set(opts) - {"provider", "network", "ready_probe"})
         if unknown:
             raise ValueError(
-                f"Unknown lendbox provider_options: {unknown}; expected 'provider', 'network'"
+                f"Unknown lendbox provider_options: {unknown}; expected 'provider', 'network', "
+                "'ready_probe'"
             )
         if opts.get("provider") is not None:
             body["provider"] = opts["provider"]
         if opts.get("network") is not None:
             body["network"] = dict(opts["network"])
+        if opts.get("ready_probe") is not None:
+            body["ready_probe"] = dict(opts["ready_probe"])
         return body
 
 
