@@ -83,6 +83,11 @@ int routes_check_labels(json_t *labels, struct lb_error *err);
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);
+/* One item's result in a batch answer (a fork's children, a batch of seeds): {"rsid", "status":
+ * 200, "lease"} when r is 0, else {"rsid", "status", "error": {"code", "message"}} with the
+ * status and body http_respond_error would give err alone. rsid NULL renders null; lease and
+ * err are borrowed. A new reference; NULL only without memory. Thread-safe. */
+json_t *routes_item_result(const char *rsid, int r, json_t *lease, const struct lb_error *err);
 /* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
  * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
 void routes_respond_lend_id(struct lb_request *req,
