@@ -157,6 +157,9 @@ int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);
 int route_release(struct lb_request *req, struct lb_error *err);
 int route_release_all(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sessions/seed_batch {"items": [{"rsid", ...seed body...}]} (admin, 1 to 256 items):
+ * 200 {"results": [...]}, one per item in order (seed_batch.c) */
+int route_seed_batch(struct lb_request *req, struct lb_error *err);
 int route_sandbox_create(struct lb_request *req, struct lb_error *err);
 int route_stop_harness(struct lb_request *req, struct lb_error *err);
 int route_sandbox_get(struct lb_request *req, struct lb_error *err);
