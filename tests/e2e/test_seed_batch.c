@@ -17,6 +17,9 @@
  *   none of them seeds anything
  * - lending.max_sandboxes = 3 and a batch of 8: exactly 3 leases, the other 5 are 429
  *   overloaded, and nothing (no record, no session) is left of those 5
+ * - a batch of 20 with every create slowed (fault provider.create=delay): the records in state
+ *   starting, watched while it runs, are never more than 8 and more than 1 at some moment (the
+ *   items run in parallel, 8 at a time); all 20 are lent
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +334,63 @@ START_TEST(test_batch_capacity)
 }
 END_TEST
 
+#define SLOW_ITEMS 20
+
+/* Records of d in state starting now. */
+static int count_starting(struct lbt_daemon *d)
+{
+    json_t *list = lbt_list_sandboxes(d), *v;
+    size_t i;
+    int n = 0;
+
+    json_array_foreach(list, i, v) {
+        n += strcmp(str(v, "state"), "starting") == 0;
+    }
+    json_decref(list);
+    return n;
+}
+
+START_TEST(test_batch_bound)
+{
+    static const char *const args[] = {"--set", "faults.spec=provider.create=delay:300", "--set",
+                                       "pool.size=0", NULL};
+    json_t *items = json_array(), *body;
+    int max_starting = 0, n;
+    struct lbt_async *a;
+    struct lbt_resp r;
+    char rsid[32], *text;
+
+    lbt_daemon_start(&C, args);
+    for (int i = 0; i < SLOW_ITEMS; i++) {
+        snprintf(rsid, sizeof(rsid), "s-%d", i);
+        json_array_append_new(items, json_pack("{s:s,s:s}", "rsid", rsid, "task_id", "t"));
+    }
+    body = json_pack("{s:o}", "items", items);
+    text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    a = lbt_async_json(&C, "POST", "/v1/sessions/seed_batch", "", text);
+    free(text);
+    while (!lbt_async_done(a)) {
+        n = count_starting(&C);
+        ck_assert_msg(n <= 8, "%d seeds of the batch were starting at once", n);
+        max_starting = n > max_starting ? n : max_starting;
+        lbt_sleep_ms(20);
+    }
+    lbt_async_join(a, &r);
+    ck_assert_msg(r.status == 200, "seed_batch: %ld %s", r.status, r.body);
+    ck_assert_msg(max_starting > 1, "the items did not run in parallel (at most %d at once)",
+                  max_starting);
+    for (int i = 0; i < SLOW_ITEMS; i++)
+        ck_assert_int_eq(status_of(json_array_get(json_object_get(r.json, "results"), i)), 200);
+    lbt_resp_free(&r);
+    for (int i = 0; i < SLOW_ITEMS; i++) {
+        snprintf(rsid, sizeof(rsid), "s-%d", i);
+        lbt_release_session(&C, rsid);
+    }
+    ck_assert_int_eq(count_lent(&C), 0);
+}
+END_TEST
+
 int main(void)
 {
     static const char *const args[] = {"--set", "local.uid_count=128", NULL};
@@ -347,6 +407,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &C);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_batch_capacity);
+    tcase_add_test(tc, test_batch_bound);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
