@@ -98,10 +98,10 @@ static long session_get(struct lbt_daemon *d, const char *rsid, char *sbx)
     return st;
 }
 
-/* Records of d in state lent or starting (the pool's warm ones are not lent). */
+/* Records of d in state lent or starting, but the warm pool's (its refills start too). */
 static int count_lent(struct lbt_daemon *d)
 {
-    json_t *list = lbt_list_sandboxes(d), *v;
+    json_t *list = lbt_list_sandboxes_but_pool(d), *v;
     size_t i;
     int n = 0;
 
