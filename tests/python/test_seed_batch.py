@@ -1,6 +1,7 @@
-"""Batch seeds (POST /v1/sessions/seed_batch) through lendbox.Client and AsyncClient: one result
-per item in order, each what a single seed would answer; whole-request errors raise. Every JSON
-answer is validated against docs/openapi.yaml by the fixtures' hook."""
+"""Batch seeds (POST /v1/sessions/seed_batch) through lendbox.Client, AsyncClient and
+lendbox.gym's LentSandboxes.lend_many: one result per item in order, each what a single seed
+would answer; whole-request errors raise. Every JSON answer is validated against
+docs/openapi.yaml by the fixtures' hook."""
 
 from __future__ import annotations
 
@@ -58,3 +59,31 @@ async def test_seed_batch_async(daemon):
         assert len({r["lease"]["sandbox_id"] for r in res}) == 3
         for i in range(3):
             assert (await c.release(f"sbp-a{i}"))["released"] is True
+
+
+async def test_gym_lend_many(daemon):
+    from lendbox.gym import LentSandboxes
+
+    provider = daemon.provider()
+    lent = LentSandboxes(provider, {"ttl_s": 600}, None, None)
+    c = daemon.client()
+    c.seed("sbp-g-live", "other")
+    sessions = {f"sbp-g{i}": f"task-{i}" for i in range(5)}
+    sessions["sbp-g-live"] = "t"
+    out = await lent.lend_many(sessions, files={f"sbp-g{i}": {"/workspace/i": str(i)}
+                                                for i in range(5)})
+    assert list(out) == list(sessions)
+    assert isinstance(out["sbp-g-live"], lendbox.Conflict)
+    assert lent.get("sbp-g-live") is None
+    ids = {out[f"sbp-g{i}"].descriptor["sandbox_id"] for i in range(5)}
+    assert len(ids) == 5
+    for i in range(5):
+        assert (await lent.get(f"sbp-g{i}").exec("cat /workspace/i")).stdout == str(i)
+    # a repeated lend returns the same sandbox
+    again = await lent.lend("sbp-g0", "task-0")
+    assert again.descriptor["sandbox_id"] == out["sbp-g0"].descriptor["sandbox_id"]
+    await lent.release_all()
+    assert all(lent.get(f"sbp-g{i}") is None for i in range(5))
+    assert c.release("sbp-g-live")["released"] is True
+    c.close()
+    await provider.aclose()
