@@ -8,9 +8,10 @@
  * Only a body that is not an object, or "items" that is not an array of 1 to SEED_BATCH_MAX, is
  * 400 for the whole request. An item is checked by itself: not an object or no valid "rsid" →
  * its result is 400 with rsid null; the rest of it parsed as a seed's body (routes_parse_spec) →
- * 400 (or 422) for a bad field; an rsid an earlier item of the batch names → 409 conflict (the
- * first one is seeded). The others are seeded with lend_seed: a live session answers as a
- * single seed would (its lease again for the same task_id, else 409), capacity 429, and so on.
+ * 400 (or 422) for a bad field; an rsid an earlier item of the batch names → 409 conflict
+ * (whatever the earlier item's own result: only a session's first item is ever seeded). The others
+ * are seeded with lend_seed: a live session answers as a single seed would (its lease again for the
+ * same task_id, else 409), capacity 429, and so on.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@ subclasses (status, code, message). Units follow the API: ``*_s`` seconds, ``*_m
 milliseconds, sizes in bytes, ``*_mib`` mebibytes.
 
 Retries: only routes that are safe to repeat (every GET, ``PUT`` of a file, seed of the same
-``task_id``, release, release_all, close, delete, pause, resume) are retried, up to ``retries``
+``task_id``, seed_batch, release, release_all, close, delete, pause, resume) are retried, up to ``retries``
 more times, with exponential backoff from ``backoff_s``, on a transport failure (connection
 refused or reset, timeout) or a 429 ``overloaded`` / 503 ``draining`` answer. exec, execute,
 create and the PTY routes are sent exactly once.
