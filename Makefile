@@ -202,7 +202,7 @@ e2e-docker: all $(E2E_DOCKER_BINS)
 # the default class (so they take warm sandboxes) and that count sandboxes, processes or uids,
 # restart or crash the daemon, and probe (a warm sandbox taken is probed before it is lent).
 # E2E_POOL_PROGS=all runs every program.
-E2E_POOL_PROGS ?= activation exec files isolation lending restart durability reset probe
+E2E_POOL_PROGS ?= activation exec files isolation lending restart durability reset probe seed_batch
 E2E_POOL_BINS = $(if $(filter all,$(E2E_POOL_PROGS)),$(E2E_BINS), \
 	$(E2E_POOL_PROGS:%=$(BUILD)/tests/test_%))
 e2e-pool: all $(E2E_POOL_BINS)

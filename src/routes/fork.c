@@ -6,8 +6,6 @@
  * session with a live sandbox, 429 at capacity) is its own result and fails no other.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +13,7 @@
 #include "lend/lend.h"
 #include "routes/routes.h"
 #include "util/fault.h"
+#include "util/parallel.h"
 
 #define FORK_THREADS 8
 #define FORK_NAME_MAX 64
@@ -33,7 +32,6 @@ struct fork_job {
     json_t *body; /* the request's body */
     struct fork_child *kids;
     size_t n;
-    atomic_size_t next;
     struct lb_lend *lend;
 };
 
@@ -53,18 +51,14 @@ static void fork_job_free(void *arg)
     free(j);
 }
 
-static void *fork_worker(void *arg)
+/* One child's seed (parallel_run's fn): its own slot of j->kids only. */
+static void fork_child_run(void *arg, size_t i)
 {
     struct fork_job *j = arg;
-    size_t i;
+    struct fork_child *c = &j->kids[i];
 
-    while ((i = atomic_fetch_add(&j->next, 1)) < j->n) {
-        struct fork_child *c = &j->kids[i];
-
-        if (c->r == 0)
-            c->r = lend_fork_child(j->lend, c->rsid, &c->req, &c->lease, &c->err);
-    }
-    return NULL;
+    if (c->r == 0)
+        c->r = lend_fork_child(j->lend, c->rsid, &c->req, &c->lease, &c->err);
 }
 
 /* The child's seed body: the template with the request's task_id and labels over it, parsed
@@ -87,31 +81,13 @@ static void fork_child_prepare(struct fork_job *j, struct fork_child *c, json_t 
     c->r = routes_parse_spec(c->body, &c->req, true, &c->err);
 }
 
-static json_t *fork_result(const struct fork_child *c)
-{
-    const char *code = "internal";
-    json_t *e, *res;
-    int status;
-
-    if (c->r == 0)
-        return json_pack("{s:s,s:i,s:O}", "rsid", c->rsid, "status", 200, "lease", c->lease);
-    status = lb_error_http_status(c->r, &code);
-    e = http_error_json(code, c->err.message);
-    res = e ? json_pack("{s:s,s:i,s:O}", "rsid", c->rsid, "status", status, "error",
-                        json_object_get(e, "error"))
-            : NULL;
-    json_decref(e);
-    return res;
-}
-
 static void fork_run(struct lb_request *req, void *arg)
 {
     struct fork_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     char name[FORK_NAME_MAX];
-    pthread_t th[FORK_THREADS];
-    size_t started = 0, i;
+    size_t i;
     json_t *tpl = NULL, *children = NULL, *out = NULL;
     int r;
 
@@ -131,19 +107,13 @@ static void fork_run(struct lb_request *req, void *arg)
     }
     for (i = 0; i < j->n; i++)
         fork_child_prepare(j, &j->kids[i], tpl);
-    atomic_store(&j->next, 0);
-    for (i = 1; i < FORK_THREADS && i < j->n; i++) {
-        if (pthread_create(&th[started], NULL, fork_worker, j) != 0)
-            break; /* fewer helpers: this thread does the rest */
-        started++;
-    }
-    fork_worker(j);
-    for (i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
+    parallel_run(j->n, FORK_THREADS, fork_child_run, j);
     lend_fork_end(app->lend, name);
     children = json_array();
     for (i = 0; children && i < j->n; i++)
-        if (json_array_append_new(children, fork_result(&j->kids[i])) < 0)
+        if (json_array_append_new(children, routes_item_result(j->kids[i].rsid, j->kids[i].r,
+                                                               j->kids[i].lease, &j->kids[i].err)) <
+            0)
             break;
     out = children && i == j->n ? json_pack("{s:o}", "children", children) : NULL;
     json_decref(tpl);

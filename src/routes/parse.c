@@ -78,6 +78,24 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
     http_respond_json(req, status, body);
 }
 
+json_t *routes_item_result(const char *rsid, int r, json_t *lease, const struct lb_error *err)
+{
+    const char *code = "internal";
+    json_t *e, *res;
+    int status;
+
+    if (r == 0)
+        return json_pack("{s:s?,s:i,s:O}", "rsid", rsid, "status", 200, "lease", lease);
+    /* as http_respond_error answers a single request */
+    status = lb_error_http_status(err->code ? err->code : r, &code);
+    e = http_error_json(code, err->message[0] ? err->message : "internal error");
+    res = e ? json_pack("{s:s?,s:i,s:O}", "rsid", rsid, "status", status, "error",
+                        json_object_get(e, "error"))
+            : NULL;
+    json_decref(e);
+    return res;
+}
+
 void routes_respond_lend_id(struct lb_request *req,
                             int (*fn)(struct lb_lend *l, const char *id, json_t **out,
                                       struct lb_error *err),

@@ -21,6 +21,7 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/sessions/*/release", LB_AUTH_ADMIN, false, route_release, "release", true},
     {"POST", "/v1/sessions/release_all", LB_AUTH_ADMIN, false, route_release_all, "release_all",
      true},
+    {"POST", "/v1/sessions/seed_batch", LB_AUTH_ADMIN, false, route_seed_batch, "seed_batch", true},
     {"POST", "/v1/sessions/*/execute", LB_AUTH_SESSION, false, route_execute, "execute", false},
     {"POST", "/v1/sessions/*/close", LB_AUTH_SESSION, false, route_close, "close", true},
     {"POST", "/v1/sessions/*/stop_harness", LB_AUTH_SESSION, false, route_stop_harness,

@@ -83,6 +83,11 @@ int routes_check_labels(json_t *labels, struct lb_error *err);
 /* Answer the JSON object a job made, or its error. Steals body. */
 void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body,
                     const struct lb_error *err);
+/* One item's result in a batch answer (a fork's children, a batch of seeds): {"rsid", "status":
+ * 200, "lease"} when r is 0, else {"rsid", "status", "error": {"code", "message"}} with the
+ * status and body http_respond_error would give err alone. rsid NULL renders null; lease and
+ * err are borrowed. A new reference; NULL only without memory. Thread-safe. */
+json_t *routes_item_result(const char *rsid, int r, json_t *lease, const struct lb_error *err);
 /* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
  * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
 void routes_respond_lend_id(struct lb_request *req,
@@ -152,6 +157,9 @@ int route_session_get(struct lb_request *req, struct lb_error *err);
 int route_sessions_list(struct lb_request *req, struct lb_error *err);
 int route_release(struct lb_request *req, struct lb_error *err);
 int route_release_all(struct lb_request *req, struct lb_error *err);
+/* POST /v1/sessions/seed_batch {"items": [{"rsid", ...seed body...}]} (admin, 1 to 256 items):
+ * 200 {"results": [...]}, one per item in order (seed_batch.c) */
+int route_seed_batch(struct lb_request *req, struct lb_error *err);
 int route_sandbox_create(struct lb_request *req, struct lb_error *err);
 int route_stop_harness(struct lb_request *req, struct lb_error *err);
 int route_sandbox_get(struct lb_request *req, struct lb_error *err);

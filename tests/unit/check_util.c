@@ -19,6 +19,7 @@
 #include "util/config.h"
 #include "util/error.h"
 #include "util/fault.h"
+#include "util/parallel.h"
 #include "util/token.h"
 #include "util/utf8.h"
 
@@ -499,6 +500,50 @@ START_TEST(test_pool_shared)
 }
 END_TEST
 
+/* parallel_run: every index once, never more than width at once, and in parallel. */
+struct par_probe {
+    atomic_int calls[64];
+    atomic_int running, max_running;
+    bool overlap; /* index 0 waits (at most 10 s) for a second call to run beside it */
+};
+
+static void par_fn(void *arg, size_t i)
+{
+    struct par_probe *p = arg;
+    int now = atomic_fetch_add(&p->running, 1) + 1, seen = atomic_load(&p->max_running);
+
+    while (now > seen && !atomic_compare_exchange_weak(&p->max_running, &seen, now))
+        ;
+    atomic_fetch_add(&p->calls[i], 1);
+    for (int k = 0; p->overlap && i == 0 && k < 10000 && atomic_load(&p->max_running) < 2; k++)
+        usleep(1000);
+    usleep(1000);
+    atomic_fetch_sub(&p->running, 1);
+}
+
+START_TEST(test_parallel_run)
+{
+    const struct {
+        size_t n, width;
+        int max_lo, max_hi;
+    } cases[] = {{64, 8, 2, 8}, {3, 8, 2, 3}, {10, 1, 1, 1}, {10, 0, 1, 1}, {0, 8, 0, 0}};
+
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct par_probe *p = calloc(1, sizeof(*p));
+
+        ck_assert_ptr_nonnull(p);
+        p->overlap = cases[c].max_lo > 1;
+        parallel_run(cases[c].n, cases[c].width, par_fn, p);
+        for (size_t i = 0; i < 64; i++)
+            ck_assert_int_eq(atomic_load(&p->calls[i]), i < cases[c].n ? 1 : 0);
+        ck_assert_int_eq(atomic_load(&p->running), 0);
+        ck_assert_int_ge(atomic_load(&p->max_running), cases[c].max_lo);
+        ck_assert_int_le(atomic_load(&p->max_running), cases[c].max_hi);
+        free(p);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("util");
@@ -521,6 +566,7 @@ int main(void)
     tcase_add_test(tc, test_pool_bounded);
     tcase_add_test(tc, test_pool_keyed);
     tcase_add_test(tc, test_pool_shared);
+    tcase_add_test(tc, test_parallel_run);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

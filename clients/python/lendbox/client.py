@@ -7,7 +7,7 @@ subclasses (status, code, message). Units follow the API: ``*_s`` seconds, ``*_m
 milliseconds, sizes in bytes, ``*_mib`` mebibytes.
 
 Retries: only routes that are safe to repeat (every GET, ``PUT`` of a file, seed of the same
-``task_id``, release, release_all, close, delete, pause, resume) are retried, up to ``retries``
+``task_id``, seed_batch, release, release_all, close, delete, pause, resume) are retried, up to ``retries``
 more times, with exponential backoff from ``backoff_s``, on a transport failure (connection
 refused or reset, timeout) or a 429 ``overloaded`` / 503 ``draining`` answer. exec, execute,
 create and the PTY routes are sent exactly once.
@@ -172,6 +172,7 @@ ROUTES: Dict[str, Route] = {
     "seed": Route("POST", "/v1/sessions/*/seed", True),
     "release": Route("POST", "/v1/sessions/*/release", True),
     "release_all": Route("POST", "/v1/sessions/release_all", True),
+    "seed_batch": Route("POST", "/v1/sessions/seed_batch", True),
     "execute": Route("POST", "/v1/sessions/*/execute", False),
     "close_activation": Route("POST", "/v1/sessions/*/close", True),
     "get_activation": Route("GET", "/v1/sessions/*/activation", True),
@@ -365,6 +366,33 @@ class _Routes:
         body = {"labels": dict(labels)} if labels else {}
         return self._run(
             _Call("release_all", "/v1/sessions/release_all", json=body, read_timeout_s=900.0)
+        )
+
+    def seed_batch(self, items: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+        """``POST /v1/sessions/seed_batch`` (admin): seed up to 256 sessions in one request.
+
+        Args:
+            items: seed bodies, each with its session's ``"rsid"`` and the fields of
+                :meth:`seed` as the daemon takes them (``"task_id"``, ``"files"`` as
+                ``{path: str | {"base64", "mode"}}``, ``"image"``, ``"labels"``, ...).
+
+        Returns: the answer's ``results``, one per item in order: ``{"rsid", "status": 200,
+            "lease"}`` or ``{"rsid", "status", "error": {"code", "message"}}`` — what a single
+            seed of that item would answer (409 for a live session of another task_id or an
+            rsid an earlier item names, 429 at capacity, 400 for a bad item; ``rsid`` is None
+            for an item without a valid one). Items are not retried one by one: send the
+            failed ones again.
+        Raises: BadRequest when ``items`` is empty, longer than 256 or not a list of objects
+            as a whole; Forbidden with an operate token; Draining.
+        """
+        return self._run(
+            _Call(
+                "seed_batch",
+                "/v1/sessions/seed_batch",
+                json={"items": [dict(i) for i in items]},
+                read_timeout_s=900.0,
+                result="json:results",
+            )
         )
 
     # --- harness activations --------------------------------------------------------------------

@@ -1206,6 +1206,11 @@ class LentSandboxes:
         body = self._seed_body(files)
         task = _task_id_str(task_id)
         lease = await self.client.seed(resources_session_id, task, extra=body)
+        return await self._lent(resources_session_id, lease, body)
+
+    async def _lent(self, resources_session_id: str, lease: Mapping[str, Any],
+                    body: Mapping[str, Any]) -> SandboxAccess:
+        """Record the sandbox of ``lease`` (seeded with ``body``) as the session's; its access."""
         sb = AsyncSandbox(self._provider, SandboxSpec(workdir=lease["access"].get("workdir"),
                                                       ports=body.get("ports", ())),
                           owns_provider=False)
@@ -1216,6 +1221,36 @@ class LentSandboxes:
             DirectSandboxConnection("direct", self._provider_ref, desc),
             lease["access"].get("workdir") or self.workdir or "",
         )
+
+    async def lend_many(
+        self, sessions: Mapping[str, Any],
+        files: Optional[Mapping[str, Mapping[str, Union[str, bytes]]]] = None,
+    ) -> Dict[str, Union[SandboxAccess, LendboxError]]:
+        """lendbox's extension: :meth:`lend` for many sessions at once (``sessions``:
+        resources_session_id → task_id; ``files``: resources_session_id → its files, as
+        :meth:`lend` takes them), in requests of at most 256 seeds
+        (``POST /v1/sessions/seed_batch``, 8 seeding at a time on the daemon). Returns, per
+        session, its :class:`SandboxAccess` or its own error (Conflict 409 for a live session of
+        another task, Overloaded 429 at capacity, ProviderError 502, BadRequest 400); one
+        session's failure fails no other. A failure of a whole request raises."""
+        out: Dict[str, Union[SandboxAccess, LendboxError]] = {}
+        rsids = list(sessions)
+        for k in range(0, len(rsids), 256):
+            chunk = rsids[k:k + 256]
+            items = []
+            for rsid in chunk:
+                item = self._seed_body((files or {}).get(rsid))
+                item.update(rsid=rsid, task_id=_task_id_str(sessions[rsid]))
+                items.append(item)
+            results = await self.client.seed_batch(items)
+            for rsid, item, res in zip(chunk, items, results):
+                if res.get("status") == 200 and res.get("lease"):
+                    out[rsid] = await self._lent(rsid, res["lease"], item)
+                    continue
+                err = res.get("error") or {}
+                out[rsid] = error_for(int(res.get("status") or 500), err.get("code") or "",
+                                      err.get("message") or "")
+        return out
 
     def get(self, resources_session_id: str) -> Optional[AsyncSandbox]:
         """The sandbox lent (by this object) for ``resources_session_id``, or None."""
