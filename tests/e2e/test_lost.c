@@ -17,7 +17,9 @@
  * there, pids and oom_kills; every field is null once the sandbox is stopped. On the docker
  * variant the engine's figures (one stats sample): cpu_s, memory_bytes (the file's tmpfs
  * pages) and pids as plausible numbers (CPU time under the wall time since the seed times the
- * CPUs), disk_bytes and oom_kills null, memory_peak_bytes null or at least memory_bytes.
+ * CPUs), disk_bytes and oom_kills null, memory_peak_bytes null or at least memory_bytes. On
+ * the lxd variant (the instance's state from LXD) the same, oom_kills null, memory_peak_bytes
+ * and disk_bytes where LXD tells them.
  */
 #include <errno.h>
 #include <signal.h>
