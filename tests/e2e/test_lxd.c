@@ -315,8 +315,10 @@ START_TEST(test_kill9_adopt_and_orphan)
             snprintf(metrics_want, sizeof(metrics_want),
                      "lendbox_provider_member_sandboxes{provider=\"lxd\",member=\"%s\"} %d\n",
                      m ? "b" : "a", want);
-            ck_assert_msg(want == 0 || strstr(r.body, metrics_want), "no '%s' in: %s", metrics_want,
-                          r.body);
+            if (want > 0 && !strstr(r.body, metrics_want))
+                fprintf(stderr, "/metrics:\n%s\n", r.body);
+            ck_assert_msg(want == 0 || strstr(r.body, metrics_want),
+                          "no '%s' in /metrics (printed above)", metrics_want);
         }
     }
     lbt_resp_free(&r);
