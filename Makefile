@@ -181,8 +181,8 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
 # (its routes answer 501 there: no PTY capability); lost (a container removed behind lendbox's
-# back answers 410 sandbox_lost; usage is all null there); snapshot (commit plus the workdir's
-# archive).
+# back answers 410 sandbox_lost; usage is the engine's stats); snapshot (commit plus the
+# workdir's archive).
 E2E_DOCKER_PROGS ?= lending exec files durability activation pty lost snapshot
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
@@ -216,7 +216,8 @@ e2e-pool: all $(E2E_POOL_BINS)
 # pitfall). Where LXD cannot run the script exits 77 and every
 # program is skipped (said here). activation runs on lxd with the receipt read back from the
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
-E2E_LXD_PROGS ?= lending exec files durability activation lxd
+# lost runs there for its usage case (the instance's state from LXD).
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lost
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 e2e-lxd: all $(E2E_LXD_BINS)
 	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \

@@ -450,6 +450,50 @@ int lend_check_store(struct lb_lend *l, struct lb_error *err)
     return store_check_writable(l->store, err);
 }
 
+/* A Prometheus label value: '\\', '"' and newlines escaped, into buf. */
+static void label_escape(const char *v, char *buf, size_t size)
+{
+    size_t o = 0;
+
+    for (; *v && o + 3 < size; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') {
+            buf[o++] = '\\';
+            buf[o++] = *v == '\n' ? 'n' : *v;
+        } else {
+            buf[o++] = *v;
+        }
+    }
+    buf[o] = '\0';
+}
+
+/* Live sandboxes per cluster member of the providers that have members (the descriptor's
+ * location): lendbox_provider_member_sandboxes{provider,member}, only when there are any. */
+static int render_member_sandboxes(struct lb_lend *l, struct lb_buf *out)
+{
+    static const char head[] = "# HELP lendbox_provider_member_sandboxes Live sandboxes by "
+                               "cluster member.\n"
+                               "# TYPE lendbox_provider_member_sandboxes gauge\n";
+    struct lb_member_count rows[256];
+    char line[400], prov[140], member[140];
+    size_t n = 0;
+    int r = store_count_by_member(l->store, rows, sizeof(rows) / sizeof(rows[0]), &n, NULL);
+
+    if (r < 0 || n == 0)
+        return r;
+    r = lb_buf_append(out, head, strlen(head));
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        int len;
+
+        label_escape(rows[i].provider, prov, sizeof(prov));
+        label_escape(rows[i].member, member, sizeof(member));
+        len = snprintf(line, sizeof(line),
+                       "lendbox_provider_member_sandboxes{provider=\"%s\",member=\"%s\"} %lld\n",
+                       prov, member, (long long)rows[i].count);
+        r = lb_buf_append(out, line, (size_t)len);
+    }
+    return r;
+}
+
 int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
 {
     int64_t counts[LB_STATE_COUNT] = {0};
@@ -468,5 +512,5 @@ int lend_render_metrics(struct lb_lend *l, struct lb_buf *out)
                          store_state_name((enum lb_record_state)s), (long long)counts[s]);
         r = lb_buf_append(out, line, (size_t)n);
     }
-    return r;
+    return r == 0 ? render_member_sandboxes(l, out) : r;
 }

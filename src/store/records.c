@@ -731,6 +731,44 @@ int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err)
     return ret;
 }
 
+int store_count_by_member(struct lb_store *st, struct lb_member_count *out, size_t max,
+                          size_t *n_out, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    size_t n = 0;
+    int ret = 0, rc = SQLITE_DONE;
+
+    *n_out = 0;
+    pthread_mutex_lock(&st->lock);
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT provider, m, COUNT(*) FROM (SELECT provider, "
+                           "json_extract(descriptor_json, '$.location') AS m FROM sandboxes "
+                           "WHERE state IN ('starting', 'lent', 'stopping', 'stop_failed', "
+                           "'warm') AND json_valid(descriptor_json)) "
+                           "WHERE typeof(m) = 'text' AND m != '' "
+                           "GROUP BY provider, m ORDER BY provider, m",
+                           -1, &s, NULL) != SQLITE_OK) {
+        ret = store_db_fail(st, err, "counting sandboxes by member");
+        goto out;
+    }
+    while (n < max && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        snprintf(out[n].provider, sizeof(out[n].provider), "%s",
+                 (const char *)sqlite3_column_text(s, 0) ?: "");
+        snprintf(out[n].member, sizeof(out[n].member), "%s",
+                 (const char *)sqlite3_column_text(s, 1) ?: "");
+        out[n].count = sqlite3_column_int64(s, 2);
+        n++;
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        ret = store_db_fail(st, err, "counting sandboxes by member");
+    else
+        *n_out = n;
+out:
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 /* The number of live (and warm) records whose spec's JSON field at path equals value. */
 static int count_live_by_spec(struct lb_store *st, const char *path, const char *path2,
                               const char *value, const char *what, int64_t *out,

@@ -223,6 +223,20 @@ int store_claim_warm(struct lb_store *st, const char *id, const char *reason, st
  * kept. */
 int store_count_live(struct lb_store *st, int64_t *out, struct lb_error *err);
 
+/* Live records by the cluster member their sandbox is on: the "location" of the descriptor
+ * (what a provider with members, lxd, records there; a descriptor without one, or with "",
+ * counts nowhere). */
+struct lb_member_count {
+    char provider[64]; /* truncated */
+    char member[64];   /* truncated */
+    int64_t count;
+};
+/* Fill out with up to max rows, ordered by provider then member (those past max are left
+ * out); their number into *n_out. Counted: starting, lent, warm, stopping and stop_failed
+ * records, which may still run there. 0 or -EIO with err set. Thread-safe. */
+int store_count_by_member(struct lb_store *st, struct lb_member_count *out, size_t max,
+                          size_t *n_out, struct lb_error *err);
+
 /* *out = how many records not yet stopped (starting, lent, stopping, stop_failed) name image
  * in their spec: an image they use or may still hold mounted. Thread-safe.
  * Returns 0 or a negative errno with err set. */

@@ -240,7 +240,7 @@ START_TEST(test_octet_stream_round_trip)
 END_TEST
 
 /* --- kill -9 with 10 sandboxes: all adopted by label; an unrecorded labelled instance is an
- * orphan and stopped --- */
+ * orphan and stopped; /metrics counts the live sandboxes per cluster member --- */
 START_TEST(test_kill9_adopt_and_orphan)
 {
     char inst_set[96], orphan[64], body[600], rsid[32], metrics_want[128];
@@ -297,6 +297,30 @@ START_TEST(test_kill9_adopt_and_orphan)
     ck_assert_msg(strstr(r.body, metrics_want), "metrics: %s", r.body);
     ck_assert(strstr(r.body, "lendbox_reconciled_total{result=\"orphan_stopped\"} 1\n"));
     ck_assert(strstr(r.body, "lendbox_provider_member_calls_total{provider=\"lxd\""));
+    /* the live sandboxes per member, as LXD places them (the orphan has no record) */
+    {
+        int on_a = 0, on_b = 0;
+
+        for (int i = 0; i < 10; i++) {
+            char where[64];
+
+            location_of(ids[i], where, sizeof(where));
+            on_a += strcmp(where, "a") == 0;
+            on_b += strcmp(where, "b") == 0;
+        }
+        ck_assert_int_eq(on_a + on_b, 10);
+        for (int m = 0; m < 2; m++) {
+            int want = m ? on_b : on_a;
+
+            snprintf(metrics_want, sizeof(metrics_want),
+                     "lendbox_provider_member_sandboxes{provider=\"lxd\",member=\"%s\"} %d\n",
+                     m ? "b" : "a", want);
+            if (want > 0 && !strstr(r.body, metrics_want))
+                fprintf(stderr, "/metrics:\n%s\n", r.body);
+            ck_assert_msg(want == 0 || strstr(r.body, metrics_want),
+                          "no '%s' in /metrics (printed above)", metrics_want);
+        }
+    }
     lbt_resp_free(&r);
     lbt_daemon_cleanup(&d);
     for (int i = 0; i < 10; i++)

@@ -41,6 +41,7 @@ struct backend {
     struct fault_at upload;   /* a file written into the sandbox */
     struct fault_at download; /* a file read from the sandbox */
     struct fault_at status;   /* the status query */
+    struct fault_at usage;    /* the usage query */
 };
 
 static const struct backend backends[] = {
@@ -56,6 +57,7 @@ static const struct backend backends[] = {
         .upload = {"PUT", "/archive", FAKE_ERROR},
         .download = {"GET", "/archive", FAKE_ERROR},
         .status = {"GET", "/json", 0},
+        .usage = {"GET", "/stats", 0},
     },
     {
         .kind = "lxd",
@@ -69,6 +71,7 @@ static const struct backend backends[] = {
         .upload = {"POST", "/files", FAKE_ERROR},
         .download = {"GET", "/files", FAKE_ERROR},
         .status = {"GET", "/state", 0},
+        .usage = {"GET", "/state", 0},
     },
 };
 
@@ -689,6 +692,86 @@ static void runner_teardown(void)
     (void)nftw(base_dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* Every figure of u is unknown (-1). */
+static void assert_usage_unknown(const struct lb_usage *u)
+{
+    ck_assert_msg(u->cpu_s == -1 && u->memory_bytes == -1 && u->memory_peak_bytes == -1 &&
+                      u->pids == -1 && u->oom_kills == -1 && u->disk_bytes == -1,
+                  "%s: usage not all unknown: cpu_s %g memory %lld peak %lld pids %lld oom %lld "
+                  "disk %lld",
+                  be->kind, u->cpu_s, (long long)u->memory_bytes, (long long)u->memory_peak_bytes,
+                  (long long)u->pids, (long long)u->oom_kills, (long long)u->disk_bytes);
+}
+
+/* Usage: the engine's figures as they are (docker's stats: no disk; LXD's state: no OOM
+ * kills), a paused instance's too; an engine error (500), an answer cut short, an answer that
+ * is no JSON object and a lost instance leave every figure unknown and fail the op (502, or
+ * 404 for the lost one), never half an answer. */
+START_TEST(test_usage)
+{
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_error err = {0};
+    struct lb_usage u;
+    int r;
+
+    open_backend(_i, "30");
+    ref.descriptor = create_ok();
+    for (int paused = 0; paused < 2; paused++) {
+        memset(&u, 0x55, sizeof(u));
+        r = provider_usage(prov, &ref, &u, &err);
+        ck_assert_msg(r == 0, "%s: usage: %d %s", be->kind, r, err.message);
+        ck_assert_double_eq(u.cpu_s, (double)FAKE_USAGE_CPU_NS / 1e9);
+        ck_assert_int_eq(u.memory_bytes, FAKE_USAGE_MEMORY);
+        ck_assert_int_eq(u.memory_peak_bytes, FAKE_USAGE_PEAK);
+        ck_assert_int_eq(u.pids, FAKE_USAGE_PIDS);
+        ck_assert_int_eq(u.oom_kills, be->api == FAKE_DOCKER ? FAKE_USAGE_OOM_KILLS : -1);
+        ck_assert_int_eq(u.disk_bytes, be->api == FAKE_DOCKER ? -1 : FAKE_USAGE_DISK);
+        ck_assert_int_eq(provider_pause(prov, &ref, &err), 0);
+    }
+    ck_assert_int_eq(provider_resume(prov, &ref, &err), 0);
+
+    fault(&be->usage, FAKE_ERROR, 500, "stats broke", 1);
+    memset(&u, 0x55, sizeof(u));
+    r = provider_usage(prov, &ref, &u, &err);
+    ck_assert_fails(r, err, -EREMOTEIO, "stats broke");
+    assert_usage_unknown(&u);
+    lb_error_clear(&err);
+
+    fault(&be->usage, FAKE_CUT, 0, NULL, 1);
+    memset(&u, 0x55, sizeof(u));
+    r = provider_usage(prov, &ref, &u, &err);
+    ck_assert_fails(r, err, -EREMOTEIO, "");
+    assert_usage_unknown(&u);
+    lb_error_clear(&err);
+
+    /* 200 with an object without the figures (docker: each figure unknown, as one an engine
+     * does not give; LXD: no metadata, unreadable) */
+    fault(&be->usage, FAKE_ERROR, 200, "not stats", 1);
+    memset(&u, 0x55, sizeof(u));
+    r = provider_usage(prov, &ref, &u, &err);
+    if (be->api == FAKE_DOCKER)
+        ck_assert_int_eq(r, 0);
+    else
+        ck_assert_fails(r, err, -EREMOTEIO, "unreadable");
+    assert_usage_unknown(&u);
+    lb_error_clear(&err);
+
+    /* one bad answer changes nothing after it */
+    ck_assert_int_eq(provider_usage(prov, &ref, &u, &err), 0);
+    ck_assert_int_eq(u.pids, FAKE_USAGE_PIDS);
+
+    fake_engine_lose(fe, be->name);
+    memset(&u, 0x55, sizeof(u));
+    r = provider_usage(prov, &ref, &u, &err);
+    ck_assert_fails(r, err, -ENOENT, "");
+    assert_usage_unknown(&u);
+    lb_error_clear(&err);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref((json_t *)ref.descriptor);
+    close_backend();
+}
+END_TEST
+
 static Suite *engine_fake_suite(void)
 {
     Suite *s = suite_create("engine_fake");
@@ -709,6 +792,7 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_upload_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_download_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_transport_fails, 0, (int)n);
+    tcase_add_loop_test(tc, test_usage, 0, (int)n);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -701,6 +701,57 @@ START_TEST(test_count_by_state)
 }
 END_TEST
 
+/* Live records by the cluster member their descriptor names (location): stopped records, a
+ * descriptor without a location or with "" (docker, local) and one that is no JSON count
+ * nowhere; rows are ordered by provider then member; max bounds them. */
+START_TEST(test_count_by_member)
+{
+    static const struct {
+        const char *id, *provider, *desc;
+        enum lb_record_state state;
+    } recs[] = {
+        {"m1", "lxd", "{\"name\":\"m1\",\"location\":\"b\"}", LB_STATE_LENT},
+        {"m2", "lxd", "{\"name\":\"m2\",\"location\":\"a\"}", LB_STATE_LENT},
+        {"m3", "lxd", "{\"name\":\"m3\",\"location\":\"b\"}", LB_STATE_STOP_FAILED},
+        {"m4", "lxd", "{\"name\":\"m4\",\"location\":\"a\"}", LB_STATE_STOPPED},
+        {"m5", "lxd", "{\"name\":\"m5\",\"location\":\"\"}", LB_STATE_LENT},
+        {"m6", "docker", "{\"container\":\"c\",\"container_id\":\"x\"}", LB_STATE_LENT},
+        {"m7", "lxd", "not json", LB_STATE_LENT},
+        {"m8", "lxd2", "{\"location\":\"a\"}", LB_STATE_WARM},
+    };
+    struct lb_member_count rows[8];
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    size_t n = 99;
+
+    ck_assert_int_eq(store_count_by_member(st, rows, 8, &n, &err), 0);
+    ck_assert_uint_eq(n, 0);
+    for (size_t i = 0; i < sizeof(recs) / sizeof(recs[0]); i++) {
+        struct lb_record r = mkrec(recs[i].id, recs[i].id);
+
+        r.provider = (char *)recs[i].provider;
+        r.descriptor_json = (char *)recs[i].desc;
+        r.state = recs[i].state;
+        insert_ok(st, &r);
+    }
+    ck_assert_int_eq(store_count_by_member(st, rows, 8, &n, &err), 0);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_str_eq(rows[0].provider, "lxd");
+    ck_assert_str_eq(rows[0].member, "a");
+    ck_assert_int_eq(rows[0].count, 1);
+    ck_assert_str_eq(rows[1].provider, "lxd");
+    ck_assert_str_eq(rows[1].member, "b");
+    ck_assert_int_eq(rows[1].count, 2);
+    ck_assert_str_eq(rows[2].provider, "lxd2");
+    ck_assert_str_eq(rows[2].member, "a");
+    ck_assert_int_eq(rows[2].count, 1);
+    ck_assert_int_eq(store_count_by_member(st, rows, 2, &n, &err), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_str_eq(rows[1].member, "b");
+    store_close(st);
+}
+END_TEST
+
 START_TEST(test_count_live_and_batch_stop)
 {
     struct lb_error err = {0};
@@ -1328,6 +1379,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_token_hash_lookup);
     tcase_add_test(tc, test_count_by_state);
     tcase_add_test(tc, test_purge_stopped);
+    tcase_add_test(tc, test_count_by_member);
     tcase_add_test(tc, test_count_live_and_batch_stop);
     tcase_add_test(tc, test_mark_stopping_many);
     tcase_add_test(tc, test_insert_capped);

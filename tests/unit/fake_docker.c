@@ -252,6 +252,17 @@ void fake_docker_dispatch(struct fake_engine *f, struct MHD_Connection *c, const
                         json_pack("{s:s,s:s,s:{s:o},s:{s:s}}", "Id", in->id, "Name", in->name,
                                   "Config", "Labels", fake_docker_labels(in), "State", "Status",
                                   fake_docker_state_name(in->state)));
+    } else if (strcmp(rest, "stats") == 0 && strcmp(method, "GET") == 0) {
+        /* the shape of podman 4's compat answer, with Docker's max_usage and stats besides */
+        fake_reply_json(rp, 200,
+                        json_pack("{s:s,s:{s:I},s:{s:{s:I,s:I}},s:{s:I,s:I,s:I,s:{s:I}}}", "name",
+                                  in->name, "pids_stats", "current", (json_int_t)FAKE_USAGE_PIDS,
+                                  "cpu_stats", "cpu_usage", "total_usage",
+                                  (json_int_t)FAKE_USAGE_CPU_NS, "usage_in_usermode",
+                                  (json_int_t)FAKE_USAGE_CPU_NS, "memory_stats", "usage",
+                                  (json_int_t)FAKE_USAGE_MEMORY, "max_usage",
+                                  (json_int_t)FAKE_USAGE_PEAK, "limit", (json_int_t)1 << 30,
+                                  "stats", "oom_kill", (json_int_t)FAKE_USAGE_OOM_KILLS));
     } else if (strcmp(rest, "start") == 0) {
         if (in->state == ST_RUNNING) {
             fake_reply_bytes(rp, 304, NULL, 0, NULL);

@@ -7,10 +7,12 @@
  *
  * Docker subset (paths after an optional "/vX.Y" prefix): GET /_ping; POST /containers/create;
  * GET /containers/json; GET /containers/N/json; POST /containers/N/{start,pause,unpause,exec};
+ * GET /containers/N/stats (one sample: the FAKE_USAGE_* figures below);
  * DELETE /containers/N; POST /exec/E/start (the multiplexed stream: the scripted supervisor
  * output as stdout); PUT, HEAD and GET /containers/N/archive (tar streams, libarchive).
  * LXD subset: GET /1.0, /1.0/profiles/default, /1.0/storage-pools/P; GET and POST
- * /1.0/instances; GET and DELETE /1.0/instances/I; GET and PUT /1.0/instances/I/state; POST
+ * /1.0/instances; GET and DELETE /1.0/instances/I; GET (with the FAKE_USAGE_* figures) and PUT
+ * /1.0/instances/I/state; POST
  * /1.0/instances/I/exec (record-output); GET and DELETE /1.0/instances/I/logs/L; GET and POST
  * /1.0/instances/I/files; GET /1.0/operations/O/wait.
  *
@@ -44,6 +46,16 @@ enum {
     FAKE_OP_RUNNING = 1 << 5, /* LXD: the operation the request starts never ends: every wait
                                  answers "Running", as LXD does when the wait's timeout passes */
 };
+
+/* What every running instance uses, as the fake's stats (docker) and state (LXD) answer it:
+ * CPU ns, memory and peak bytes, processes; docker's memory_stats.stats.oom_kill; LXD's
+ * disk.root.usage bytes. */
+#define FAKE_USAGE_CPU_NS 1500000000LL
+#define FAKE_USAGE_MEMORY 67108864LL
+#define FAKE_USAGE_PEAK 100663296LL
+#define FAKE_USAGE_PIDS 3
+#define FAKE_USAGE_OOM_KILLS 1
+#define FAKE_USAGE_DISK 12288
 
 struct fake_engine;
 

@@ -254,8 +254,14 @@ void fake_lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const ch
             fake_lxd_async(f, rp, name, false, NULL);
         }
     } else if (strcmp(rest, "state") == 0 && strcmp(method, "GET") == 0) {
-        fake_lxd_sync(rp, json_pack("{s:s,s:i}", "status", fake_lxd_state_name(in->state),
-                                    "status_code", in->state == ST_RUNNING ? 103 : 102));
+        fake_lxd_sync(rp, json_pack("{s:s,s:i,s:{s:I},s:{s:I,s:I},s:I,s:{s:{s:I}}}", "status",
+                                    fake_lxd_state_name(in->state), "status_code",
+                                    in->state == ST_RUNNING ? 103 : 102, "cpu", "usage",
+                                    (json_int_t)FAKE_USAGE_CPU_NS, "memory", "usage",
+                                    (json_int_t)FAKE_USAGE_MEMORY, "usage_peak",
+                                    (json_int_t)FAKE_USAGE_PEAK, "processes",
+                                    (json_int_t)FAKE_USAGE_PIDS, "disk", "root", "usage",
+                                    (json_int_t)FAKE_USAGE_DISK));
     } else if (strcmp(rest, "state") == 0) {
         fake_lxd_put_state(f, in, rq, rp, fail);
     } else if (strcmp(rest, "exec") == 0) {

@@ -39,6 +39,7 @@ void engine_init(struct lb_engine *e, const struct engine_hooks *hooks)
         .resume = engine_resume,
         .stop = engine_stop,
         .end_execs = engine_end_execs,
+        .usage = hooks->usage ? engine_usage : NULL,
         .snapshot = hooks->commit ? engine_snapshot : NULL,
         .snapshot_sweep = hooks->commit ? engine_snapshot_sweep : NULL,
         .destroy = engine_destroy,
@@ -345,6 +346,35 @@ int engine_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t
     struct lb_engine *e = (struct lb_engine *)p;
 
     return e->hooks->remove(e, ref, timeout_ms > 0 ? timeout_ms : 120000, err);
+}
+
+int64_t engine_usage_figure(const json_t *v)
+{
+    if (json_is_integer(v))
+        return json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
+    if (json_is_real(v) && json_real_value(v) >= 0 && json_real_value(v) < 9.2e18)
+        return (int64_t)json_real_value(v);
+    return -1;
+}
+
+int engine_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                 struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+    struct lb_usage u = {-1, -1, -1, -1, -1, -1};
+    struct lb_error uerr = {0};
+    int r;
+
+    *out = u;
+    if (!e->hooks->usage)
+        return lb_error_set(err, -ENOSYS, "the %s provider has no usage op", e->hooks->name);
+    r = e->hooks->usage(e, ref, &u, &uerr);
+    if (r < 0) {
+        log_debug("%s: usage of sandbox %s unknown: %s", e->hooks->name, ref->id, uerr.message);
+        return lb_error_keep(err, r, "%s", uerr.message);
+    }
+    *out = u;
+    return 0;
 }
 
 int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -149,6 +149,14 @@ struct engine_hooks {
                        int fd, struct lb_error *err);
     int (*snapshot_images)(struct lb_engine *e, json_t **out, struct lb_error *err);
     int (*image_remove)(struct lb_engine *e, const char *image, struct lb_error *err);
+
+    /* What the running (or paused) instance uses now, from one request to the engine (its
+     * usual timeout): each figure the engine gives into *out, which engine_usage filled with
+     * -1 first; a figure it does not give stays -1. May be NULL (the usage op then answers
+     * -ENOSYS). 0, or -ENOENT (no such instance), -ETIMEDOUT or -EREMOTEIO (an engine failure,
+     * an answer that is not the one wanted) with err set. */
+    int (*usage)(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                 struct lb_error *err);
 };
 
 /* The members of a backend's struct engine_hooks that every backend fills from functions of
@@ -303,6 +311,14 @@ int engine_end_execs(struct lb_provider *p);
 /* The stop op: hooks->remove, with 120000 ms when timeout_ms is not positive. */
 int engine_stop(struct lb_provider *p, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                 struct lb_error *err);
+/* The usage op (provider.h): every field -1, then hooks->usage. A failure of the hook leaves
+ * every field -1 (never half an answer), is logged at debug and returned (-ENOENT, -ETIMEDOUT,
+ * -EREMOTEIO) with err set: a caller that only shows usage ignores it. */
+int engine_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
+                 struct lb_error *err);
+/* A figure of an engine's answer for struct lb_usage: v when it is a JSON integer >= 0 (a
+ * real >= 0 is truncated), else -1 (absent, null, negative or another type). v may be NULL. */
+int64_t engine_usage_figure(const json_t *v);
 /* The file_open op: a valid path (-EINVAL), then hooks->file_open. */
 int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                      int *fd_out, uint64_t *size_out, struct lb_error *err);
