@@ -13,8 +13,9 @@
  * Waiting: seeds run on the daemon's seed/release workers (http_defer's control pool); a queued
  * seed waits on a condition variable and holds its worker while it waits. The wait is bounded
  * by the creates ahead of it (each bounded by lending.create_timeout_s) and the queue's length;
- * there is no other timeout. Keep max_starting + max_seed_queue below the seed/release workers
- * (server.workers / 4, at least 4) so that releases find a worker; the daemon's defaults do.
+ * there is no other timeout. The seed/release workers (server.workers / 4, at least 4) bound the
+ * seeds in flight anyway: a seed past them waits in the worker queue holding nothing, and a
+ * queue longer than them refuses nothing.
  *
  * Refills yield to seeds: a refill takes a slot only while no seed waits, and refills hold at
  * most one slot at once, so a seed never waits behind more than one refill's create. A refill
