@@ -10,6 +10,7 @@
  * warm         a seed served from the warm pool takes no creation slot: while another class's
  *              seed holds the only one (queue 0), a seed of the pool's class is lent at once;
  *              the next (the pool empty) is refused 429.
+ * capacity     the 429 at lending.max_sandboxes carries Retry-After: 1 as well.
  * config       a negative max_starting or max_seed_queue: the daemon refuses to start and says
  *              which key and why.
  */
@@ -221,6 +222,22 @@ START_TEST(test_warm_seed_takes_no_slot)
 }
 END_TEST
 
+/* Every 429 says when to retry: the capacity one (max_sandboxes) too, with 1 s. */
+START_TEST(test_capacity_429_has_retry_after)
+{
+    static const char *const args[] = {"--set", "lending.max_sandboxes=1", NULL};
+    struct lbt_resp r;
+
+    lbt_daemon_start(&D, args);
+    json_decref(lbt_seed(&D, "adm-cap-1", "t", NULL));
+    lbt_json(&D, "POST", "/v1/sessions/adm-cap-2/seed", "", "{\"task_id\": \"t\"}", &r);
+    ck_assert_int_eq(retry_after(&r), 1);
+    ck_assert_ptr_nonnull(strstr(r.body, "max_sandboxes (1) reached"));
+    lbt_resp_free(&r);
+    lbt_release_session(&D, "adm-cap-1");
+}
+END_TEST
+
 /* lendboxd with one bad --set: it must exit non-zero at once and name the key. */
 static void assert_refused(const char *set, const char *key)
 {
@@ -262,6 +279,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_overload_then_retries_get_through);
     tcase_add_test(tc, test_warm_seed_takes_no_slot);
+    tcase_add_test(tc, test_capacity_429_has_retry_after);
     tcase_add_test(tc, test_negative_config_refused);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
