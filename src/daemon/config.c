@@ -79,6 +79,23 @@ fail:
 
 /* The one place where lb_config becomes each component's configuration (the providers' own:
  * provider/registry.c, one mapping per kind). Strings are borrowed from d. */
+/* Admission (lend/admission.h): max_starting unset is twice the online CPUs; max_seed_queue
+ * unset is four times max_starting, and at least the seed/release workers (workers / 4, at
+ * least 4): those bound the seeds in flight already (more wait in the worker queue, holding
+ * nothing), so by default a seed is refused only where the workers would have queued it. */
+static void daemon_plan_admission(const struct lb_config *cfg, int64_t *max_starting,
+                                  int64_t *max_queue)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t control = cfg->workers / 4 > 4 ? cfg->workers / 4 : 4;
+
+    *max_starting = cfg->max_starting > 0 ? cfg->max_starting : 2 * (cpus > 0 ? cpus : 1);
+    if (cfg->max_seed_queue >= 0)
+        *max_queue = cfg->max_seed_queue;
+    else
+        *max_queue = 4 * *max_starting > control ? 4 * *max_starting : control;
+}
+
 void daemon_map_config(struct daemon *d, struct lb_http_config *hc, struct lb_lend_config *lc,
                        struct lb_activation_config *ac)
 {
@@ -130,6 +147,7 @@ void daemon_map_config(struct daemon *d, struct lb_http_config *hc, struct lb_le
         .operate_key = d->operate_key,
         .operate_key_len = OPERATE_KEY_BYTES,
     };
+    daemon_plan_admission(cfg, &lc->max_starting, &lc->max_seed_queue);
     /* receipts of harness supervisors: host side, so no sandbox process can forge one.
      * Artifacts come back the way stage files go in: at most a request body each. */
     snprintf(d->receipts_dir, sizeof(d->receipts_dir), "%s/activations", cfg->state_dir);

@@ -153,7 +153,7 @@ struct lb_request {
     uint64_t token_key;       /* a hash of the bearer token (0: none) */
     bool job_is_finish;       /* the deferred job is the body sink's finish (it owns sink.arg) */
     size_t answer_held;       /* bytes of the answer budget this request holds */
-    bool retry_after;         /* a 429 from the answer budget: say when to retry */
+    long retry_after_s;       /* a 429's Retry-After (whole seconds); <= 0: 1 */
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;

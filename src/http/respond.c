@@ -11,6 +11,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -84,7 +85,6 @@ void http_answer_give(struct lb_http *h, uint64_t key, size_t n)
 
 static int answer_error(struct lb_request *req, size_t bytes, struct lb_error *err)
 {
-    req->retry_after = true;
     return lb_error_set(err, -EAGAIN,
                         "too many answer bytes in flight (an answer of up to %zu bytes; limit %zu "
                         "in all, a quarter of it per token): read the answers already asked "
@@ -129,8 +129,13 @@ void http_request_set_response(struct lb_request *req, unsigned status, struct M
     if (r) {
         MHD_add_response_header(r, "X-Request-Id", req->request_id);
         MHD_add_response_header(r, "Cache-Control", "no-store");
-        if (status == 429 && req->retry_after)
-            MHD_add_response_header(r, "Retry-After", "1");
+        /* every 429 says when to retry: what the refusal estimated, else a second */
+        if (status == 429) {
+            char secs[24];
+
+            snprintf(secs, sizeof(secs), "%ld", req->retry_after_s > 0 ? req->retry_after_s : 1);
+            MHD_add_response_header(r, "Retry-After", secs);
+        }
     }
 }
 
@@ -207,8 +212,10 @@ void http_respond_error(struct lb_request *req, const struct lb_error *err)
                       req->route ? req->route->name : "-", status, code, msg);
     else
         log_debug_req(req->request_id, "request %s: %d %s: %s", req->request_id, status, code, msg);
-    if (status == 429)
+    if (status == 429) {
         metrics_add(LB_M_HTTP_OVERLOADED, 1);
+        req->retry_after_s = err->retry_after_s;
+    }
     http_respond_json(req, (unsigned)status, body);
     if (status == 401)
         http_response_header(req, "WWW-Authenticate", "Bearer");

@@ -192,6 +192,10 @@ int lend_new(const struct lb_lend_config *cfg, struct lb_store *st, struct lb_re
     l->cfg.workdir = l->workdir;
     l->cfg.public_url = l->public_url;
     l->cfg.operate_key = l->operate_key;
+    if (lend_admission_new(cfg->max_starting, cfg->max_seed_queue, &l->admission, err) < 0) {
+        lend_free(l);
+        return -ENOMEM;
+    }
     l->store = st;
     l->providers = providers;
     pthread_mutex_init(&l->locks_mutex, NULL);
@@ -217,6 +221,7 @@ void lend_free(struct lb_lend *l)
     free(l->workdir);
     free(l->public_url);
     free(l->operate_key);
+    lend_admission_free(l->admission);
     pthread_mutex_destroy(&l->locks_mutex);
     if (l->store) { /* initialised (lend_new got that far) */
         struct lend_fence *f, *tmp;

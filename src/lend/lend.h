@@ -39,6 +39,8 @@ struct lb_lend_config {
     int64_t max_disk_mib;     /* largest disk_mib a seed may ask for (400 past it); 0: no cap */
     int64_t retention_s;
     int64_t session_lock_wait_s; /* bound on waiting for a session's lock; <= 0: 30 */
+    int64_t max_starting;        /* creates at once (lend/admission.h); <= 0: no bound */
+    int64_t max_seed_queue;      /* seeds waiting for a create slot; past it 429 overloaded */
     bool pool_adopt; /* startup: warm sandboxes that still run go back into the pool (else
                         they are stopped, reason not_adopted); see src/warm/ */
     size_t max_output_bytes;

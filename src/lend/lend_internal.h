@@ -125,7 +125,11 @@ int lend_start_prepare(struct lb_lend *l, const struct lb_seed_request *req, str
  * store, or the create's error (-EINVAL, -EOPNOTSUPP, -EUSERS, -LB_E_IMAGE_NOT_FOUND keep theirs,
  * others are -EREMOTEIO), after which the record was stopped as a failed seed (s->recorded tells
  * whether one was made). The caller then moves the record on (lent, warm) or calls
- * lend_start_rollback. Blocks on the provider. */
+ * lend_start_rollback. Before the record, the create takes an admission slot (lend/admission.h):
+ * a seed may wait in the seed queue, or get -EAGAIN (429, err->retry_after_s set) past it; a
+ * refill (pool_class set) waits at most LEND_REFILL_WAIT_MS and gets -EAGAIN when seeds come
+ * first; nothing is recorded then. Blocks on the provider and on the admission queue. */
+#define LEND_REFILL_WAIT_MS 1000
 int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsid,
                         const char *pool_class, int64_t ttl_s, struct lb_error *err);
 

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <uthash.h>
 
+#include "lend/admission.h"
 #include "lend/lend.h"
 #include "lend/lend_internal.h"
 
@@ -96,6 +97,7 @@ struct lb_lend {
     pthread_mutex_t idle_op_mutex; /* an idle pause, or the resume of a paused sandbox */
     int64_t started_s;             /* when lend_new ran: idle clocks start here at the latest */
     bool idle_loaded;              /* the sweeper thread's: idle settings of lent sandboxes read */
+    struct lend_admission *admission; /* creates at once and seeds waiting; NULL: no bound */
 };
 
 /* lend.c: the image a seed that names none runs on, resolved from list (a default image list,

@@ -243,10 +243,20 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
 {
     struct lb_record *rec = &s->rec;
     struct lb_error perr = {0};
-    int r = token_new_sandbox_id(rec->id);
+    struct lend_admission_slot slot;
+    int r;
 
+    /* admission before the record: a refused seed (429) or a refill that must yield leaves
+     * nothing behind */
+    r = pool_class ? lend_admission_enter_refill(l->admission, LEND_REFILL_WAIT_MS, &slot, err)
+                   : lend_admission_enter_seed(l->admission, &slot, err);
     if (r < 0)
+        return r;
+    r = token_new_sandbox_id(rec->id);
+    if (r < 0) {
+        lend_admission_leave(l->admission, &slot);
         return lb_error_set(err, r, "cannot make a sandbox id");
+    }
     rec->rsid = (char *)rsid;
     rec->task_id = (char *)s->req->task_id;
     rec->provider = (char *)s->prov->ops->name;
@@ -270,12 +280,15 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
     } else {
         r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, err);
     }
-    if (r < 0)
+    if (r < 0) {
+        lend_admission_leave(l->admission, &slot);
         return r;
+    }
     s->recorded = true;
     struct lb_sandbox_ref ref = {rec->id, NULL};
     s->create_ms = clock_mono_ms();
     r = provider_create(s->prov, &ref, &s->spec, &s->desc, &perr);
+    lend_admission_leave(l->admission, &slot);
     if (r < 0) {
         /* bad input, an unenforceable request or no free sandbox uid keep their status */
         r = lb_error_set(err,

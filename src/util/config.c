@@ -67,6 +67,9 @@ static const struct config_key config_keys[] = {
     INT("lending", "default_pids", default_pids, "4096", 0, 4194304),
     INT("lending", "session_lock_wait_s", session_lock_wait_s, "30", 1, 86400),
     INT("lending", "drain_timeout_s", drain_timeout_s, "30", 0, 86400),
+    /* no default text: -1 until set, the daemon derives them (daemon/config.c) */
+    INT("lending", "max_starting", max_starting, NULL, 1, 100000),
+    INT("lending", "max_seed_queue", max_seed_queue, NULL, 0, 1000000),
     INT("limits", "max_body_bytes", max_body_bytes, "16777216", 1024, INT64_C(1) << 40),
     INT("limits", "max_file_bytes", max_file_bytes, "1073741824", 1024, INT64_C(1) << 40),
     INT("limits", "max_image_bytes", max_image_bytes, "4294967296", 1024, INT64_C(1) << 42),
@@ -183,6 +186,10 @@ int config_init(struct lb_config *cfg)
 
         if (k->type == CT_STR && !k->def)
             continue;
+        if (k->type == CT_INT && !k->def) { /* derived when unset */
+            *(int64_t *)(void *)((char *)cfg + k->offset) = -1;
+            continue;
+        }
         if (config_apply(cfg, k, k->def, NULL) < 0) {
             config_release(cfg);
             return -ENOMEM;

@@ -50,6 +50,8 @@ struct lb_config {
     int64_t default_pids;
     int64_t session_lock_wait_s; /* longest wait for a busy session's lock (409 past it) */
     int64_t drain_timeout_s;     /* on SIGTERM: longest wait for in-flight execs, then killed */
+    int64_t max_starting;        /* creates at once (lend/admission.h); -1: 2 x online CPUs */
+    int64_t max_seed_queue;      /* seeds waiting past max_starting; -1: derived, 0: none */
     /* [limits] */
     int64_t max_body_bytes;
     int64_t max_file_bytes;

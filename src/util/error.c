@@ -10,6 +10,7 @@
 static void error_vset(struct lb_error *err, int code, const char *fmt, va_list ap)
 {
     err->code = code;
+    err->retry_after_s = 0;
     vsnprintf(err->message, sizeof(err->message), fmt, ap);
     /* messages quote what clients and sandboxes sent (paths, names, output): they go into JSON,
      * which holds only valid UTF-8, so invalid bytes and a sequence cut by the size limit are
@@ -61,6 +62,7 @@ void lb_error_clear(struct lb_error *err)
     if (!err)
         return;
     err->code = 0;
+    err->retry_after_s = 0;
     err->message[0] = '\0';
 }
 

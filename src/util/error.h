@@ -15,7 +15,8 @@
  *   -LB_E_LOST                                                 410 sandbox_lost
  *   -EFBIG, -EMSGSIZE                                          413 payload_too_large
  *   -EOPNOTSUPP                                                422 unenforceable
- *   -EAGAIN, -EUSERS                                           429 overloaded
+ *   -EAGAIN, -EUSERS                                           429 overloaded (with Retry-After:
+ *                                                              retry_after_s, else 1)
  *   -EREMOTEIO, -ETIMEDOUT, -ECONNREFUSED, -ECHILD             502 provider_error
  *   -ESHUTDOWN                                                 503 draining
  *   -ENOSYS                                                    501 not_implemented
@@ -35,6 +36,8 @@ struct lb_error {
     char message[LB_ERROR_MESSAGE_MAX]; /* one readable sentence, NUL-terminated; always valid
                                          * UTF-8 when set by lb_error_set/keep (invalid bytes
                                          * become U+FFFD, a cut is made between characters) */
+    long retry_after_s; /* a 429's Retry-After, whole seconds (>= 1); 0: unset (1 is sent).
+                         * lb_error_set and lb_error_clear reset it; set it after them */
 };
 
 /* Set err (if non-NULL) to code and a printf-formatted message. Returns code, so a caller can

@@ -76,6 +76,16 @@ static const struct {
                                "Most connections of one client address ever still sending their "
                                "request headers at once.",
                                true},
+    [LB_M_SEEDS_STARTING] = {"lendbox_seeds_starting", NULL,
+                             "Sandbox creations under way (seeds and warm refills; at most "
+                             "lending.max_starting).",
+                             true},
+    [LB_M_SEED_QUEUE_LENGTH] = {"lendbox_seed_queue_length", NULL,
+                                "Seeds waiting for a creation slot (at most "
+                                "lending.max_seed_queue).",
+                                true},
+    [LB_M_SEEDS_OVERLOADED] = {"lendbox_seeds_overloaded_total", NULL,
+                               "Seeds refused 429 overloaded: creation slots and queue full."},
 };
 
 static atomic_uint_fast64_t counters[LB_M_COUNTERS];

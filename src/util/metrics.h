@@ -54,6 +54,9 @@ enum lb_counter {
     LB_M_HTTP_CUT_DEADLINE,   /* connections closed past the header deadline */
     LB_M_HTTP_CUT_CAP,        /* connections closed past an address's incomplete-request cap */
     LB_M_HTTP_WAITING_MAX,    /* gauge: most connections of one address ever waiting at once */
+    LB_M_SEEDS_STARTING,      /* gauge: creates holding an admission slot (lend/admission.h) */
+    LB_M_SEED_QUEUE_LENGTH,   /* gauge: seeds waiting for an admission slot */
+    LB_M_SEEDS_OVERLOADED,    /* seeds refused 429 past the admission queue */
     LB_M_COUNTERS
 };
 

@@ -34,8 +34,9 @@ struct lb_warm_pool {
 /* ---------- refilling ---------- */
 
 /* Make one warm sandbox of class cls (image) through lending's one start (record "starting"
- * with its class, provider create), then record it warm. 0, or -1 when it could not be made
- * (logged, counted). */
+ * with its class, provider create), then record it warm. 0, 1 when no creation slot came in
+ * time (seeds go first: nothing was tried), or -1 when it could not be made (logged,
+ * counted). */
 static int warm_make_one(struct lb_warm_pool *w, const char *image, const char *cls)
 {
     struct lb_lend *l = w->lend;
@@ -47,6 +48,10 @@ static int warm_make_one(struct lb_warm_pool *w, const char *image, const char *
 
     if (r == 0)
         r = lend_start_recorded(l, &s, NULL, cls, 0, &err);
+    if (r == -EAGAIN && !s.recorded) { /* seeds are starting: not now, and no failure */
+        lend_start_release(&s);
+        return 1;
+    }
     if (r < 0) {
         if (s.recorded)
             log_warn_sbx(s.rec.id, "warm pool: sandbox %s could not start: %s", s.rec.id,
@@ -164,6 +169,8 @@ static void *warm_main(void *arg)
             int r = warm_make_one(w, image, cls);
             pthread_mutex_lock(&w->mutex);
             w->in_flight--;
+            if (r > 0)
+                continue;
             if (r < 0) {
                 int64_t shift = w->failures < 16 ? w->failures : 16;
                 int64_t delay = (int64_t)WARM_BACKOFF_MIN_MS << shift;

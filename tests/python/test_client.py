@@ -170,8 +170,9 @@ def test_429_and_502(own_daemon):
     with pytest.raises(lendbox.Overloaded) as e:
         c.seed("f-2", "t")
     assert (e.value.status, e.value.code) == (429, "overloaded")
-    # the retrying client retries 429 on the idempotent seed, and still raises it in the end
-    c2 = d.client(retries=2, backoff_s=0.01)
+    # the retrying client retries 429 on the idempotent seed (as its Retry-After says, within
+    # retry_overloaded_s), and still raises it in the end
+    c2 = d.client(retries=2, backoff_s=0.01, retry_overloaded_s=2.5)
     with pytest.raises(lendbox.Overloaded):
         c2.seed("f-2", "t")
     assert c.release("f-1") == {"released": True, "sandbox_id": lease["sandbox_id"]}

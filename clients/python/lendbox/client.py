@@ -10,7 +10,15 @@ Retries: only routes that are safe to repeat (every GET, ``PUT`` of a file, seed
 ``task_id``, seed_batch, release, release_all, close, delete, pause, resume) are retried, up to ``retries``
 more times, with exponential backoff from ``backoff_s``, on a transport failure (connection
 refused or reset, timeout) or a 429 ``overloaded`` / 503 ``draining`` answer. exec, execute,
-create and the PTY routes are sent exactly once.
+create and the PTY routes are sent exactly once, except that a 429 ``overloaded`` of create
+(refused before anything was made) is retried like a seed's.
+
+A 429 ``overloaded`` with ``Retry-After`` (the daemon's admission control: too many sandboxes
+starting; or ``max_sandboxes`` reached) is retried after ``Retry-After`` times a random factor
+in [1, 1.5) (jitter, so that refused clients do not come back at once), as often as it comes,
+until the next wait would end more than ``retry_overloaded_s`` (default 120) after the call
+began: then the :class:`~lendbox.errors.Overloaded` is raised. ``retries=0`` disables every
+retry, these too.
 
 Both clients are safe to share between threads (``Client``: one keep-alive connection per
 thread, over the standard library's ``http.client``) or tasks (``AsyncClient``: a pool of
@@ -26,6 +34,7 @@ import functools
 import http.client
 import json
 import os
+import random
 import select
 import socket
 import threading
@@ -56,7 +65,7 @@ try:  # AsyncClient's transport; Client needs only the standard library
 except ImportError:  # pragma: no cover - aiohttp is a declared dependency
     aiohttp = None  # type: ignore[assignment]
 
-from .errors import LendboxError, TransportError, error_for
+from .errors import LendboxError, Overloaded, TransportError, error_for
 
 __all__ = [
     "Client",
@@ -518,7 +527,8 @@ class _Routes:
         """``POST /v1/sandboxes`` (admin): start a sandbox that is lent to no session (Gym's
         ``AsyncSandbox.start``); the same body as :meth:`seed` without ``task_id``. Returns the
         sandbox's record with ``access`` (its operate descriptor). Stop it with
-        :meth:`delete_sandbox`. Not retried (a retry would start a second sandbox)."""
+        :meth:`delete_sandbox`. Not retried (a retry would start a second sandbox), except after a
+        429 ``overloaded``, which made nothing."""
         body = _body(
             image=image,
             files=_files(files),
@@ -923,7 +933,17 @@ def _raise_for(resp: _Response) -> None:
     except Exception:  # not the documented body (a proxy's answer): keep status and text
         if resp.text:
             message = resp.text[:500]
-    raise error_for(resp.status_code, code, message, rid)
+    e = error_for(resp.status_code, code, message, rid)
+    if isinstance(e, Overloaded):
+        e.retry_after_s = _retry_after_s(resp.headers.get("Retry-After"))
+    raise e
+
+
+def _retry_after_s(value: Optional[str]) -> Optional[float]:
+    """A ``Retry-After`` of whole seconds as a float; None when absent or not seconds."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
 
 
 _RETRY_STATUSES = (429, 503)
@@ -933,6 +953,29 @@ def _should_retry(call: _Call, exc: LendboxError) -> bool:
     if not ROUTES[call.name].idempotent:
         return False
     return isinstance(exc, TransportError) or exc.status in _RETRY_STATUSES
+
+
+def _retry_delay(
+    client: "_Base", call: _Call, exc: LendboxError, attempt: int, started: float
+) -> Tuple[Optional[float], bool]:
+    """How long to wait before the next attempt of call after exc (None: raise it), and whether
+    that attempt counts against ``retries`` (a wait a ``Retry-After`` asked for does not: those
+    are bounded by ``retry_overloaded_s`` instead)."""
+    if client.retries == 0:
+        return None, False
+    after = getattr(exc, "retry_after_s", None)
+    if (
+        isinstance(exc, Overloaded)
+        and after is not None
+        and (ROUTES[call.name].idempotent or call.name == "create_sandbox")
+    ):
+        delay = after * (1.0 + 0.5 * random.random())
+        if time.monotonic() + delay - started > client.retry_overloaded_s:
+            return None, False
+        return delay, False
+    if attempt >= client.retries or not _should_retry(call, exc):
+        return None, False
+    return client.backoff_s * (2**attempt), True
 
 
 def _query_value(v: Any) -> str:
@@ -964,6 +1007,7 @@ class _Base(_Routes):
         connect_timeout_s: float = 10.0,
         retries: int = 2,
         backoff_s: float = 0.2,
+        retry_overloaded_s: float = 120.0,
         headers: Optional[Mapping[str, str]] = None,
     ):
         self.base_url = (base_url or os.environ.get("LENDBOX_URL") or DEFAULT_BASE_URL).rstrip("/")
@@ -972,6 +1016,7 @@ class _Base(_Routes):
         self.connect_timeout_s = connect_timeout_s
         self.retries = max(0, int(retries))
         self.backoff_s = backoff_s
+        self.retry_overloaded_s = max(0.0, float(retry_overloaded_s))
         u = urlsplit(self.base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url must be http(s)://HOST[:PORT][/PREFIX], not {base_url!r}")
@@ -1051,6 +1096,8 @@ class Client(_Base):
         connect_timeout_s: TCP connect timeout in seconds.
         retries: extra attempts of idempotent routes (see the module docs); 0 disables.
         backoff_s: first retry delay in seconds, doubled for each later one.
+        retry_overloaded_s: longest time in seconds a call keeps retrying 429 ``overloaded``
+            answers as their ``Retry-After`` says (see the module docs); 0: raise at once.
         headers: extra headers for every request (e.g. ``X-Request-Id``).
 
     Raises ValueError when ``base_url`` is not an http(s) URL.
@@ -1115,15 +1162,16 @@ class Client(_Base):
 
     def _run(self, call: _Call) -> Any:
         req = self._prepare(call)
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 return self._answer(call, req, self._exchange(req))
             except LendboxError as e:
-                if attempt >= self.retries or not _should_retry(call, e):
+                delay, counted = _retry_delay(self, call, e, attempt, started)
+                if delay is None:
                     raise
-                time.sleep(self.backoff_s * (2**attempt))
-                attempt += 1
+                time.sleep(delay)
+                attempt += counted
 
 
 class AsyncClient(_Base):
@@ -1200,15 +1248,16 @@ class AsyncClient(_Base):
 
     async def _run(self, call: _Call) -> Any:  # type: ignore[override]
         req = self._prepare(call)
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 return self._answer(call, req, await self._exchange(req))
             except LendboxError as e:
-                if attempt >= self.retries or not _should_retry(call, e):
+                delay, counted = _retry_delay(self, call, e, attempt, started)
+                if delay is None:
                     raise
-                await asyncio.sleep(self.backoff_s * (2**attempt))
-                attempt += 1
+                await asyncio.sleep(delay)
+                attempt += counted
 
 
 def _make_async(name: str) -> Callable[..., Any]:

@@ -24,7 +24,8 @@ Catch :class:`LendboxError` for everything, or one of the subclasses below, chos
  416   :class:`RangeNotSatisfiable`
  422   :class:`Unenforceable`      a network policy, resource or spec field the provider cannot
                                    honour (e.g. ``gpu``)
- 429   :class:`Overloaded`         queue full, ``max_sandboxes`` reached (retry later)
+ 429   :class:`Overloaded`         queue full, ``max_sandboxes`` reached, too many sandboxes
+                                   starting (retry after ``retry_after_s``)
  500   :class:`InternalError`      a daemon bug (logged with ``request_id``)
  501   :class:`NotImplementedByServer`  route or capability not built (also a
                                    ``NotImplementedError``)
@@ -140,7 +141,13 @@ class Unenforceable(LendboxError):
 
 
 class Overloaded(LendboxError):
-    """429 ``overloaded``."""
+    """429 ``overloaded``: refused without effect; retry later.
+
+    Attributes:
+        retry_after_s: the answer's ``Retry-After`` in seconds (float), or None without one.
+    """
+
+    retry_after_s: Optional[float] = None
 
 
 class InternalError(LendboxError):

@@ -451,7 +451,9 @@ class LendboxProvider:
         base_url: the daemon (default ``$LENDBOX_URL``, else ``http://127.0.0.1:8787``).
         token: admin token (default ``$LENDBOX_TOKEN``); handles rebuilt from an operate
             descriptor use the descriptor's token instead.
-        client_options: keyword arguments for :class:`lendbox.AsyncClient` (timeouts, retries).
+        client_options: keyword arguments for :class:`lendbox.AsyncClient` (timeouts, retries,
+            ``retry_overloaded_s``: how long a 429 ``overloaded`` is retried as its ``Retry-After``
+            says).
 
     Capabilities: connect (serialize_handle/connect), endpoint, pause/resume, renew
     (:class:`RenewableProvider`; the daemon caps ``ttl_s`` at ``lending.max_ttl_s``), snapshot,
