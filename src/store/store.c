@@ -166,6 +166,21 @@ static const char *const migrations[] = {
     "  WHEN NEW.state = 'stopped' BEGIN"
     "  DELETE FROM seed_files WHERE sandbox_id = NEW.id;"
     "  END;",
+    /* 6: the event feed (src/store/events.c): one row per state change, written in its
+     * transaction; seq never reused (AUTOINCREMENT), pruned by age and count. */
+    "CREATE TABLE events ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  time INTEGER NOT NULL,"
+    "  type TEXT NOT NULL,"
+    "  sandbox_id TEXT,"
+    "  rsid TEXT,"
+    "  task_id TEXT,"
+    "  labels_json TEXT,"
+    "  data_json TEXT"
+    ");"
+    "CREATE INDEX events_sandbox ON events (sandbox_id, seq);"
+    "CREATE INDEX events_rsid ON events (rsid, seq);"
+    "CREATE INDEX events_time ON events (time);",
 };
 /* clang-format on */
 
@@ -229,6 +244,7 @@ static const char *const stmt_sql[STMT__COUNT] = {
                              "WHERE id = ?1 AND artifacts_json IS NULL",
     [STMT_ACT_TEXT_BYTES] = "SELECT rowid FROM activations WHERE rsid = ?1 "
                             "ORDER BY created_at DESC, rowid DESC LIMIT 64",
+    [STMT_EVENT_INSERT] = store_event_insert_sql,
 };
 
 /* ---- statement helpers ---- */
@@ -539,6 +555,9 @@ int store_open(const char *path, struct lb_store **out, struct lb_error *err)
         goto cleanup;
     }
     st->lock_ready = true;
+    atomic_store(&st->events_on, true);
+    st->events_max_age_s = 7 * 24 * 3600;
+    st->events_max_count = 1000000;
     if (!(st->path = strdup(path)) || asprintf(&st->reserve_path, "%s.reserve", path) < 0) {
         st->reserve_path = NULL;
         ret = lb_error_set(err, -ENOMEM, "store: out of memory");

@@ -217,7 +217,7 @@ START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
                              "'sandboxes_state', 'sandboxes_state_next_attempt', "
@@ -230,7 +230,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6);
 }
 END_TEST
 
@@ -1135,7 +1135,7 @@ START_TEST(test_migration_3_keeps_records_and_activations)
 
     make_v2_database();
     st = open_store();
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5); /* 3, then the snapshots table */
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6); /* 3, then the snapshots table */
     ck_assert_int_eq(store_get_sandbox(st, "sbx-old", &r, &err), 0);
     ck_assert_int_eq(r.state, LB_STATE_LENT);
     ck_assert_str_eq(r.rsid, "rs-old");
