@@ -31,17 +31,6 @@
 #define PRUNE_BATCH 5000
 #define PRUNE_BATCHES_MAX 20 /* per store_events_prune call */
 
-/* An event's row, derived from the sandbox's record: its session, task and labels as they are
- * now; a sandbox of a warm pool that no session took (no rsid) writes none. ?4: also set
- * data.reason from the record's stop_reason. */
-const char store_event_insert_sql[] =
-    "INSERT INTO events (time, type, sandbox_id, rsid, task_id, labels_json, data_json) "
-    "SELECT ?1, ?2, s.id, s.rsid, s.task_id, "
-    "CASE WHEN json_valid(s.spec_json) THEN json_extract(s.spec_json, '$.labels') END, "
-    "CASE WHEN ?4 THEN json_set(COALESCE(?3, '{}'), '$.reason', s.stop_reason) "
-    "ELSE COALESCE(?3, '{}') END "
-    "FROM sandboxes s WHERE s.id = ?5 AND (s.rsid IS NOT NULL OR s.pool_class IS NULL)";
-
 int store_append_event(struct lb_store *st, const char *type, const char *sandbox_id,
                        const json_t *data, bool with_reason, struct lb_error *err)
 {

@@ -244,7 +244,16 @@ static const char *const stmt_sql[STMT__COUNT] = {
                              "WHERE id = ?1 AND artifacts_json IS NULL",
     [STMT_ACT_TEXT_BYTES] = "SELECT rowid FROM activations WHERE rsid = ?1 "
                             "ORDER BY created_at DESC, rowid DESC LIMIT 64",
-    [STMT_EVENT_INSERT] = store_event_insert_sql,
+    /* an event's row (events.c, store_append_event), derived from the sandbox's record: its
+     * session, task and labels as they are now; a sandbox of a warm pool that no session took
+     * (no rsid) writes none. ?3 data, ?4: also set data.reason from the record's stop_reason. */
+    [STMT_EVENT_INSERT] =
+        "INSERT INTO events (time, type, sandbox_id, rsid, task_id, labels_json, data_json) "
+        "SELECT ?1, ?2, s.id, s.rsid, s.task_id, "
+        "CASE WHEN json_valid(s.spec_json) THEN json_extract(s.spec_json, '$.labels') END, "
+        "CASE WHEN ?4 THEN json_set(COALESCE(?3, '{}'), '$.reason', s.stop_reason) "
+        "ELSE COALESCE(?3, '{}') END "
+        "FROM sandboxes s WHERE s.id = ?5 AND (s.rsid IS NOT NULL OR s.pool_class IS NULL)",
 };
 
 /* ---- statement helpers ---- */

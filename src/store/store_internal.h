@@ -141,8 +141,6 @@ int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop);
 
 /* ---- events.c ---- */
 
-/* The SQL of STMT_EVENT_INSERT. */
-extern const char store_event_insert_sql[];
 /* Append an event of type for sandbox_id, with its session, task and labels from the record,
  * data (NULL: {}; borrowed) and, with_reason, data.reason from the record's stop_reason. Call
  * inside a transaction (store_txn, or the caller's BEGIN ... COMMIT, then the hook: see
