@@ -287,6 +287,9 @@ int daemon_open_backends(struct daemon *d, struct lb_error *err)
     r = store_open(path, &d->store, err);
     if (r == 0)
         r = store_reserve_init(d->store, cfg->store_reserve_mib * 1024 * 1024, err);
+    if (r == 0)
+        store_events_configure(d->store, cfg->events_enabled, cfg->events_max_age_s,
+                               cfg->events_max_count);
     if (r < 0)
         return r;
     if (cfg->default_disk_mib > cfg->max_disk_mib)
@@ -361,6 +364,10 @@ int daemon_start_services(struct daemon *d, struct lb_error *err)
     d->app.follows = d->follows;
     d->app.pool = d->pool;
     d->app.store = d->store;
+    r = events_hub_new(&d->app, &d->events);
+    if (r < 0)
+        return lb_error_set(err, r, "cannot start the event feed's thread: %s", strerror(-r));
+    d->app.events = d->events;
     d->app.images_dir = d->images_dir;
     d->app.auth = d->auth;
     d->app.lend = d->lend;
@@ -438,8 +445,9 @@ void daemon_drain(struct daemon *d)
     sd_notify(0, "STOPPING=1");
     atomic_store(&d->app.ready, false);
     lend_set_draining(d->lend, true);
-    http_end_parked(d->http); /* long-polls get their answer now, not after the stop sweep */
-    follows_stop(d->follows); /* followed logs too */
+    http_end_parked(d->http);   /* long-polls get their answer now, not after the stop sweep */
+    follows_stop(d->follows);   /* followed logs too */
+    events_hub_stop(d->events); /* and event streams */
     sweeper_stop(d->sweeper);
     d->sweeper = NULL;
     dw_started = pthread_create(&dw.thread, NULL, drain_watchdog_main, &dw) == 0;
@@ -473,10 +481,12 @@ void daemon_close(struct daemon *d)
     warm_stop(d->warm);
     sweeper_stop(d->sweeper);
     follows_stop(d->follows); /* no kept stream may hold a connection past http_stop */
+    events_hub_stop(d->events);
     http_stop(d->http);
     pool_destroy(d->pool);
     pool_destroy(d->control_pool);
     follows_free(d->follows);
+    events_hub_free(d->events);
     pty_service_free(d->ptys);
     activations_free(d->acts);
     lend_free(d->lend);

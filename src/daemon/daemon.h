@@ -61,6 +61,7 @@ struct daemon {
     struct lb_activations *acts;
     struct lb_ptys *ptys;
     struct lb_follows *follows;
+    struct lb_events_hub *events; /* GET /v1/events readers (routes/events.c) */
     struct lb_http *http;
     struct lb_app app;
     struct lb_sweeper *sweeper;

@@ -142,8 +142,10 @@ int lend_activity_enter(struct lb_lend *l, const struct lb_record *r, struct lb_
         if (rc < 0)
             rc = lb_error_set(err, -EREMOTEIO, "sandbox %s is paused and could not be resumed: %s",
                               r->id, perr.message);
-        else
+        else {
             log_info_sbx(r->id, "sandbox %s resumed from its pause by a request", r->id);
+            lend_note_event(l, "resumed", r->id, "request");
+        }
     }
     if (rc == 0) {
         pthread_mutex_lock(&l->act_mutex);
@@ -178,6 +180,17 @@ void lend_activity_leave(struct lb_lend *l, const char *id)
         }
     }
     pthread_mutex_unlock(&l->act_mutex);
+}
+
+/* see lend_private.h */
+void lend_note_event(struct lb_lend *l, const char *type, const char *id, const char *by)
+{
+    struct lb_error err = {0};
+    json_t *data = by ? json_pack("{s:s}", "by", by) : NULL;
+
+    if (store_record_event(l->store, type, id, data, &err) < 0)
+        log_warn_sbx(id, "sandbox %s: cannot record its %s event: %s", id, type, err.message);
+    json_decref(data);
 }
 
 /* see lend_private.h */

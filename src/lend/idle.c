@@ -95,6 +95,8 @@ static void idle_pause(struct lb_lend *l, const struct lb_record *r, struct lb_p
     if (lend_activity_mark_idle_paused(l, r->id)) {
         if (provider_pause(prov, &ref, &perr) == 0) {
             log_info_sbx(r->id, "sandbox %s paused: idle", r->id);
+            lend_note_event(l, "idle", r->id, NULL);
+            lend_note_event(l, "paused", r->id, "idle");
         } else {
             log_warn_sbx(r->id, "sandbox %s is idle but could not be paused: %s", r->id,
                          perr.message);
@@ -141,6 +143,7 @@ int lend_idle_sweep(struct lb_lend *l)
             /* A request that arrives from here on finds the sandbox stopping (404): it was
              * idle for idle_timeout_s. */
             log_info_sbx(cur.id, "sandbox %s was idle for its idle_timeout_s", cur.id);
+            lend_note_event(l, "idle", cur.id, NULL);
             lend_before_stop(l, &cur);
             lend_stop_record(l, &cur, "idle", LB_STATE_STOP_FAILED, NULL);
         }

@@ -194,6 +194,9 @@ int lend_activity_enter(struct lb_lend *l, const struct lb_record *r, struct lb_
 void lend_activity_leave(struct lb_lend *l, const char *id);
 /* Sandbox id was paused (paused) or resumed by a request (a resume counts as activity). */
 void lend_activity_paused(struct lb_lend *l, const char *id, bool paused);
+/* Record event type ("paused", "resumed", "idle") of sandbox id in the event feed with data
+ * {"by": by} (by may be NULL: {}); a failure is logged (the change itself happened). */
+void lend_note_event(struct lb_lend *l, const char *type, const char *id, const char *by);
 /* Sandbox id was stopped: drop its entry (once no process of it is counted). */
 void lend_activity_forget(struct lb_lend *l, const char *id);
 /* The last activity of record r, Unix seconds: now while a process of it runs; without any
@@ -215,6 +218,9 @@ void lend_activity_pause_failed(struct lb_lend *l, const char *id);
 
 /* render.c: a time (Unix seconds) as the API renders times: RFC 3339 UTC, null for <= 0. */
 json_t *lend_json_time(int64_t unix_s);
+/* The sandbox object's "usage" (lend.h): u's figures, null where unknown (< 0). A new
+ * reference, or NULL when out of memory. */
+json_t *lend_usage_json(const struct lb_usage *u);
 
 /* render.c: the string key of record r's spec, or def when it has none; *holder is the parsed
  * spec (a new reference the caller drops with json_decref, also when def is returned). */

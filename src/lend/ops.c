@@ -58,22 +58,6 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
 
 /* ---------- status and usage ---------- */
 
-/* A usage figure as JSON: the number, or null where the host cannot tell (< 0). */
-static json_t *usage_int(int64_t v)
-{
-    return v < 0 ? json_null() : json_integer((json_int_t)v);
-}
-
-/* The sandbox object's "usage" (lend.h): u's figures, null where unknown. A new reference. */
-static json_t *usage_json(const struct lb_usage *u)
-{
-    return json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_s",
-                     u->cpu_s < 0 ? json_null() : json_real(u->cpu_s), "memory_bytes",
-                     usage_int(u->memory_bytes), "memory_peak_bytes",
-                     usage_int(u->memory_peak_bytes), "pids", usage_int(u->pids), "oom_kills",
-                     usage_int(u->oom_kills), "disk_bytes", usage_int(u->disk_bytes));
-}
-
 int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
 {
     struct lb_record rec = {0};
@@ -113,7 +97,7 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
     if (*out &&
         (json_object_set_new(*out, "stop_reason",
                              rec.stop_reason ? json_string(rec.stop_reason) : json_null()) < 0 ||
-         json_object_set_new(*out, "usage", usage_json(&usage)) < 0 ||
+         json_object_set_new(*out, "usage", lend_usage_json(&usage)) < 0 ||
          json_object_set_new(*out, "last_activity_at",
                              rec.state == LB_STATE_LENT
                                  ? lend_json_time(lend_last_activity(l, &rec))
@@ -484,8 +468,10 @@ int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
         r = pause ? provider_pause(t.prov, &t.ref, err) : provider_resume(t.prov, &t.ref, err);
     if (r < 0 && t.prov)
         r = lend_lost_check(l, id, r, err);
-    if (r == 0)
+    if (r == 0) {
         lend_activity_paused(l, id, pause);
+        lend_note_event(l, pause ? "paused" : "resumed", id, "api");
+    }
     if (r == 0)
         r = lend_sandbox_status(l, id, out, err);
     lend_target_release(&t);
@@ -615,7 +601,9 @@ int lend_snapshot_capture(struct lb_lend *l, const char *id, const char *name, b
     r = image_snapshot_publish(l->cfg.images_dir, work, name, base, id, flatten, hidden, labels,
                                info, err);
 out:
-    if (recorded && store_snapshot_end(l->store, name, &end_err) < 0)
+    /* published: the "snapshot" event goes with the row's removal */
+    if (recorded && (r == 0 ? store_snapshot_done(l->store, name, &end_err)
+                            : store_snapshot_end(l->store, name, &end_err)) < 0)
         log_warn("snapshot %s: cannot forget its record: %s", name, end_err.message);
     json_decref(spec);
     lend_target_release(&t);
@@ -672,7 +660,8 @@ int lend_recover_snapshots(struct lb_lend *l, struct lb_error *err)
         lend_target_release(&t);
         log_info("snapshot %s of sandbox %s was interrupted: %s", name, id,
                  named ? "its image was complete and is kept" : "nothing of it is kept");
-        if (store_snapshot_end(l->store, name, &e) < 0)
+        if ((named ? store_snapshot_done(l->store, name, &e)
+                   : store_snapshot_end(l->store, name, &e)) < 0)
             log_warn("snapshot %s: cannot forget its record: %s", name, e.message);
     }
     json_decref(rows);

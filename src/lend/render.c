@@ -25,6 +25,22 @@ json_t *lend_json_time(int64_t unix_s)
     return json_string(buf);
 }
 
+/* A usage figure as JSON: the number, or null where the host cannot tell (< 0). */
+static json_t *usage_int(int64_t v)
+{
+    return v < 0 ? json_null() : json_integer((json_int_t)v);
+}
+
+/* see lend_private.h */
+json_t *lend_usage_json(const struct lb_usage *u)
+{
+    return json_pack("{s:o,s:o,s:o,s:o,s:o,s:o}", "cpu_s",
+                     u->cpu_s < 0 ? json_null() : json_real(u->cpu_s), "memory_bytes",
+                     usage_int(u->memory_bytes), "memory_peak_bytes",
+                     usage_int(u->memory_peak_bytes), "pids", usage_int(u->pids), "oom_kills",
+                     usage_int(u->oom_kills), "disk_bytes", usage_int(u->disk_bytes));
+}
+
 int lend_operate_token(struct lb_lend *l, const char *id, int64_t generation, char token[4 + 65])
 {
     char mac[LB_SHA256_HEX + 1], msg[LB_ID_MAX + 32];

@@ -310,7 +310,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     fenced = true;
     /* Intent before action: the new spec and token are recorded first; from here the old token
      * answers 401, and a failure stops the sandbox rather than lend a half-reset one. */
-    r = store_set_reset(l->store, id, spec_text, token_hash, err);
+    r = store_set_reset(l->store, id, spec_text, token_hash, false, err);
     if (r < 0)
         goto out;
     torn = true;
@@ -338,7 +338,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     json_object_del(spec, "resetting");
     free(spec_text);
     spec_text = json_dumps(spec, JSON_COMPACT);
-    r = spec_text ? store_set_reset(l->store, id, spec_text, token_hash, err)
+    r = spec_text ? store_set_reset(l->store, id, spec_text, token_hash, true, err)
                   : lb_error_set(err, -ENOMEM, "out of memory");
     if (r < 0)
         goto out;

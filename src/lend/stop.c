@@ -84,11 +84,31 @@ void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *re
     log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
 }
 
+/* The "usage" figures of a lent sandbox about to be torn down (its stopped event's
+ * data.usage), or NULL (null) for one that is not lent or whose provider cannot tell. */
+static json_t *stop_usage(struct lb_lend *l, const struct lb_record *r)
+{
+    struct lb_usage u = {-1, -1, -1, -1, -1, -1};
+    json_t *desc, *out = NULL;
+    struct lb_provider *prov;
+
+    if (r->state != LB_STATE_LENT || !(prov = lend_provider_of(l, r, NULL)))
+        return NULL;
+    desc = r->descriptor_json ? json_loads(r->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {r->id, desc};
+
+    if (provider_usage(prov, &ref, &u, NULL) == 0)
+        out = lend_usage_json(&u);
+    json_decref(desc);
+    return out;
+}
+
 /* see lend_internal.h */
 int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *reason,
                      enum lb_record_state fail_state, struct lb_error *err)
 {
     struct lb_error perr = {0};
+    json_t *usage;
     int rc;
 
     if (r->state == LB_STATE_STOP_FAILED || r->state == LB_STATE_FAILED_SEED)
@@ -96,9 +116,13 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
     rc = store_mark_stopping(l->store, r->id, reason, err);
     if (rc < 0)
         return rc;
-    if (lend_stop_provider(l, r, &perr) < 0)
+    usage = stop_usage(l, r);
+    if (lend_stop_provider(l, r, &perr) < 0) {
+        json_decref(usage);
         return lend_stop_failed(l, r, fail_state, perr.message, err);
-    rc = store_mark_stopped(l->store, r->id, NULL, err);
+    }
+    rc = store_mark_stopped_usage(l->store, r->id, NULL, usage, err);
+    json_decref(usage);
     lend_stop_done(l, r, reason);
     return rc;
 }

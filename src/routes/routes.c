@@ -52,6 +52,7 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/pty/*/attach", LB_AUTH_PTY, false, route_pty_attach, "pty_attach", false},
     {"GET", "/v1/pty/*/wait", LB_AUTH_PTY, false, route_pty_wait, "pty_wait", false},
     {"DELETE", "/v1/pty/*", LB_AUTH_PTY, false, route_pty_delete, "pty_delete", false},
+    {"GET", "/v1/events", LB_AUTH_ADMIN, false, route_events, "events", false},
     {"GET", "/v1/images", LB_AUTH_ADMIN, false, route_images_list, "images_list", false},
     {"POST", "/v1/images", LB_AUTH_ADMIN, true, route_image_import, "image_import", false},
     {"DELETE", "/v1/images/*", LB_AUTH_ADMIN, false, route_image_delete, "image_delete", true},

@@ -28,14 +28,29 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store;     /* the records (images in use) */
-    const char *images_dir;     /* the image store (image/image.h) */
-    int64_t max_wait_ms;        /* longest long-poll (limits.max_wait_ms) */
-    int64_t max_fork;           /* sessions one fork may name (limits.max_fork) */
-    int64_t stop_concurrency;   /* releases in flight at once in release_all */
-    struct lb_ptys *ptys;       /* PTY sessions and detached execs (lend/pty.h) */
-    struct lb_follows *follows; /* followed activation logs (follow.c) */
+    struct lb_store *store;       /* the records (images in use) */
+    const char *images_dir;       /* the image store (image/image.h) */
+    int64_t max_wait_ms;          /* longest long-poll (limits.max_wait_ms) */
+    int64_t max_fork;             /* sessions one fork may name (limits.max_fork) */
+    int64_t stop_concurrency;     /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;         /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_follows *follows;   /* followed activation logs (follow.c) */
+    struct lb_events_hub *events; /* the event feed's readers (events.c) */
 };
+
+/* events.c: GET /v1/events, the event feed (store.h) read from a seq on: one answer, a
+ * long-poll (wait_ms: parked, no worker held, woken by the store's event hook) or an
+ * application/x-ndjson stream written by the hub's streamer thread. */
+struct lb_events_hub;
+/* Start the hub (its streamer thread) and hang it on app->store's event hook. app (with its
+ * store) must outlive it. 0, -ENOMEM, -errno. */
+int events_hub_new(struct lb_app *app, struct lb_events_hub **out);
+/* Unhook it from the store, end every stream (an error line "draining") and wake every
+ * long-poll; later reads answer 503. Call before http_stop. Idempotent, NULL-safe. */
+void events_hub_stop(struct lb_events_hub *h);
+/* events_hub_stop, then free (NULL-safe). */
+void events_hub_free(struct lb_events_hub *h);
+int route_events(struct lb_request *req, struct lb_error *err);
 
 /* follow.c: GET .../activation with Accept: application/x-ndjson streams the activation's
  * output log as {"stream": "log", "data"} lines while the harness runs, then the activation

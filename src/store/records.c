@@ -464,11 +464,73 @@ cleanup:
     return ret;
 }
 
+/* The state of record id into *out: 0, -ENOENT, or < 0. Lock held. */
+static int state_of_locked(struct lb_store *st, const char *id, enum lb_record_state *out,
+                           struct lb_error *err)
+{
+    sqlite3_stmt *s = st->stmts[STMT_STATE_OF];
+    const char *state;
+    int ret;
+
+    if (store_bind_text(s, 1, id)) {
+        ret = store_db_fail(st, err, "binding a state lookup");
+    } else {
+        switch (sqlite3_step(s)) {
+        case SQLITE_ROW:
+            state = (const char *)sqlite3_column_text(s, 0);
+            ret = store_state_parse(state, out) < 0
+                      ? lb_error_set(err, -EIO, "store: record %s has unknown state '%s'", id,
+                                     state ? state : "(null)")
+                      : 0;
+            break;
+        case SQLITE_DONE:
+            ret = lb_error_set(err, -ENOENT, "no sandbox %s", id);
+            break;
+        default:
+            ret = store_db_fail(st, err, "reading a sandbox state");
+            break;
+        }
+    }
+    store_stmt_done(s);
+    return ret;
+}
+
+struct mark_lent_args {
+    const char *id, *descriptor_json, *token_hash;
+};
+
+/* starting -> lent and the "seeded" event, in one transaction. */
+static int mark_lent_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct mark_lent_args *a = ctx;
+    sqlite3_stmt *s = st->stmts[STMT_MARK_LENT];
+    enum lb_record_state state;
+    int ret;
+
+    if (store_bind_text(s, 1, a->id) || store_bind_text(s, 2, a->descriptor_json) ||
+        store_bind_text(s, 3, a->token_hash && a->token_hash[0] ? a->token_hash : NULL) ||
+        sqlite3_bind_int64(s, 4, clock_now_s())) {
+        ret = store_db_fail(st, err, "binding mark_lent");
+        store_stmt_done(s);
+        return ret;
+    }
+    ret = store_step_write(st, s, "marking a sandbox lent", err);
+    if (ret > 0)
+        return store_append_event(st, "seeded", a->id, NULL, false, err);
+    if (ret < 0)
+        return ret;
+    /* Nothing changed: tell a missing record from one that is no longer starting. */
+    ret = state_of_locked(st, a->id, &state, err);
+    if (ret == 0)
+        ret = lb_error_set(err, -EBUSY, "sandbox %s is %s, not starting", a->id,
+                           store_state_name(state));
+    return ret;
+}
+
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
                     const char *token_hash, struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    const char *state;
+    struct mark_lent_args a = {id, descriptor_json, token_hash};
     int ret;
 
     if (!id)
@@ -480,41 +542,8 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_MARK_LENT];
-    if (store_bind_text(s, 1, id) || store_bind_text(s, 2, descriptor_json) ||
-        store_bind_text(s, 3, token_hash && token_hash[0] ? token_hash : NULL) ||
-        sqlite3_bind_int64(s, 4, clock_now_s())) {
-        ret = store_db_fail(st, err, "binding mark_lent");
-        store_stmt_done(s);
-        goto cleanup;
-    }
-    store_sync_full(st, true);
-    ret = store_step_write(st, s, "marking a sandbox lent", err);
-    store_sync_full(st, false);
-    if (ret != 0)
-        goto cleanup;
-    /* Nothing changed: tell a missing record from one that is no longer starting. */
-    s = st->stmts[STMT_STATE_OF];
-    if (store_bind_text(s, 1, id)) {
-        ret = store_db_fail(st, err, "binding a state lookup");
-    } else {
-        switch (sqlite3_step(s)) {
-        case SQLITE_ROW:
-            state = (const char *)sqlite3_column_text(s, 0);
-            ret = lb_error_set(err, -EBUSY, "sandbox %s is %s, not starting", id,
-                               state ? state : "in an unknown state");
-            break;
-        case SQLITE_DONE:
-            ret = lb_error_set(err, -ENOENT, "no sandbox %s", id);
-            break;
-        default:
-            ret = store_db_fail(st, err, "reading a sandbox state");
-            break;
-        }
-    }
-    store_stmt_done(s);
-
-cleanup:
+    /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full) */
+    ret = store_txn(st, mark_lent_fn, &a, false, true, err);
     pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }
@@ -567,10 +596,37 @@ int store_set_descriptor(struct lb_store *st, const char *id, const char *descri
                            "storing a descriptor", err);
 }
 
+struct set_expires_args {
+    const char *id;
+    int64_t expires_at;
+};
+
+/* A renewal and its "renewed" event (data.expires_at), in one transaction. */
+static int set_expires_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct set_expires_args *a = ctx;
+    sqlite3_stmt *s = st->stmts[STMT_SET_EXPIRES];
+    char when[32];
+    json_t *data;
+    bool bad;
+    int ret;
+
+    bad = store_bind_text(s, 1, a->id) || sqlite3_bind_int64(s, 2, a->expires_at) ||
+          sqlite3_bind_int64(s, 3, clock_now_s());
+    ret = finish_transition(st, s, bad, false, a->id, "renewing a sandbox", err);
+    if (ret < 0)
+        return ret;
+    clock_format_rfc3339(a->expires_at, when, sizeof(when));
+    data = json_pack("{s:s}", "expires_at", when);
+    ret = data ? store_append_event(st, "renewed", a->id, data, false, err)
+               : lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(data);
+    return ret;
+}
+
 int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    bool bad;
+    struct set_expires_args a = {id, expires_at};
     int ret;
 
     if (!id || expires_at <= 0)
@@ -579,10 +635,74 @@ int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, s
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_SET_EXPIRES];
-    bad = store_bind_text(s, 1, id) || sqlite3_bind_int64(s, 2, expires_at) ||
+    ret = store_txn(st, set_expires_fn, &a, false, false, err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
+struct stop_args {
+    const char *id, *reason;
+    const json_t *usage;
+};
+
+/* -> stopping, and the "lost" event when the reason is lost (the record turns lost here). */
+static int mark_stopping_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct stop_args *a = ctx;
+    sqlite3_stmt *s = st->stmts[STMT_MARK_STOPPING];
+    bool bad = store_bind_text(s, 1, a->id) || store_bind_text(s, 2, a->reason) ||
+               sqlite3_bind_int64(s, 3, clock_now_s());
+    int ret = finish_transition(st, s, bad, false, a->id, "marking a sandbox stopping", err);
+
+    if (ret == 0 && a->reason && strcmp(a->reason, "lost") == 0)
+        ret = store_append_event(st, "lost", a->id, NULL, false, err);
+    return ret;
+}
+
+/* -> stopped, and its "stopped" event (data.reason, data.usage) unless it was stopped already.
+ * Lock held, inside a transaction. */
+static int mark_stopped_locked(struct lb_store *st, const struct stop_args *a, const char *what,
+                               struct lb_error *err)
+{
+    sqlite3_stmt *s = st->stmts[STMT_MARK_STOPPED];
+    enum lb_record_state before;
+    json_t *data;
+    bool bad;
+    int ret = state_of_locked(st, a->id, &before, err);
+
+    if (ret < 0)
+        return ret;
+    bad = store_bind_text(s, 1, a->id) || store_bind_text(s, 2, a->reason) ||
           sqlite3_bind_int64(s, 3, clock_now_s());
-    ret = finish_transition(st, s, bad, false, id, "renewing a sandbox", err);
+    ret = finish_transition(st, s, bad, false, a->id, what, err);
+    if (ret < 0 || before == LB_STATE_STOPPED)
+        return ret;
+    data = json_pack("{s:O}", "usage", a->usage ? (json_t *)a->usage : json_null());
+    ret = data ? store_append_event(st, "stopped", a->id, data, true, err)
+               : lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(data);
+    return ret;
+}
+
+static int mark_stopped_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    return mark_stopped_locked(st, ctx, "marking a sandbox stopped", err);
+}
+
+/* One stop transition (fn) of record id in its own transaction: a stop's record (the space
+ * reserve may be spent). */
+static int stop_transition(struct lb_store *st, store_txn_fn fn, const struct stop_args *a,
+                           struct lb_error *err)
+{
+    int ret;
+
+    if (!a->id)
+        return lb_error_set(err, -EINVAL, "store: no sandbox id");
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = store_txn(st, fn, (void *)a, true, false, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -590,25 +710,64 @@ int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, s
 int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
                         struct lb_error *err)
 {
-    return update_text_now(st, STMT_MARK_STOPPING, id, reason, true, "marking a sandbox stopping",
-                           err);
+    struct stop_args a = {id, reason, NULL};
+
+    return stop_transition(st, mark_stopping_fn, &a, err);
 }
 
 int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
                        struct lb_error *err)
 {
-    return update_text_now(st, STMT_MARK_STOPPED, id, reason, true, "marking a sandbox stopped",
-                           err);
+    return store_mark_stopped_usage(st, id, reason, NULL, err);
+}
+
+int store_mark_stopped_usage(struct lb_store *st, const char *id, const char *reason,
+                             const json_t *usage, struct lb_error *err)
+{
+    struct stop_args a = {id, reason, usage};
+
+    return stop_transition(st, mark_stopped_fn, &a, err);
 }
 
 /* One transition (the UPDATE at stmts[stmt], bound to (id, reason, now)) of n records in one
- * transaction: all or none. reasons[i] (reasons may be NULL) before reason. A batch that finds
- * the disk full is rolled back, spends the reserve and runs once more (stops' records). */
+ * transaction: all or none. reasons[i] (reasons may be NULL) before reason. stopped: the
+ * transition to stopped, with its events (mark_stopped_locked). A batch that finds the disk
+ * full is rolled back, spends the reserve and runs once more (stops' records). */
+struct many_args {
+    enum stmt_id stmt;
+    const char *const *ids, *const *reasons;
+    const char *reason, *what;
+    size_t n;
+};
+
+static int update_many_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct many_args *a = ctx;
+    sqlite3_stmt *s = st->stmts[a->stmt];
+    int ret = 0;
+
+    for (size_t i = 0; ret == 0 && i < a->n; i++) {
+        const char *why = a->reasons && a->reasons[i] ? a->reasons[i] : a->reason;
+
+        if (a->stmt == STMT_MARK_STOPPED) {
+            struct stop_args one = {a->ids[i], why, NULL};
+
+            ret = mark_stopped_locked(st, &one, a->what, err);
+        } else {
+            bool bad = store_bind_text(s, 1, a->ids[i]) || store_bind_text(s, 2, why) ||
+                       sqlite3_bind_int64(s, 3, clock_now_s());
+
+            ret = finish_transition(st, s, bad, false, a->ids[i], a->what, err);
+        }
+    }
+    return ret;
+}
+
 static int update_many(struct lb_store *st, enum stmt_id stmt, const char *const *ids,
                        const char *const *reasons, const char *reason, size_t n, const char *what,
                        struct lb_error *err)
 {
-    sqlite3_stmt *s;
+    struct many_args a = {stmt, ids, reasons, reason, what, n};
     int ret;
 
     if (n == 0)
@@ -617,29 +776,7 @@ static int update_many(struct lb_store *st, enum stmt_id stmt, const char *const
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[stmt];
-    for (int attempt = 0; attempt < 2; attempt++) {
-        ret = store_exec_sql(st, "BEGIN IMMEDIATE", "beginning a batch", err);
-        for (size_t i = 0; ret == 0 && i < n; i++) {
-            bool bad = store_bind_text(s, 1, ids[i]) ||
-                       store_bind_text(s, 2, reasons && reasons[i] ? reasons[i] : reason) ||
-                       sqlite3_bind_int64(s, 3, clock_now_s());
-
-            ret = finish_transition(st, s, bad, false, ids[i], what, err);
-        }
-        if (ret == 0)
-            ret = store_exec_sql(st, "COMMIT", "committing a batch", err);
-        if (ret == 0) {
-            atomic_store(&st->write_failed, false);
-            break;
-        }
-        if (!sqlite3_get_autocommit(st->db))
-            sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-        if (ret != -ENOSPC || attempt > 0 || !store_reserve_spend(st))
-            break;
-    }
-    if (ret == -ENOSPC)
-        atomic_store(&st->write_failed, true);
+    ret = store_txn(st, update_many_fn, &a, true, false, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
@@ -658,11 +795,38 @@ int store_mark_stopping_many(struct lb_store *st, const char *const *ids,
                        err);
 }
 
+struct stop_failed_args {
+    const char *id, *last_error;
+    enum lb_record_state state;
+    int64_t next_attempt_at;
+};
+
+/* A failed stop and its "stop_failed" event (data.state, data.error), in one transaction. */
+static int stop_failed_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct stop_failed_args *a = ctx;
+    sqlite3_stmt *s = st->stmts[STMT_MARK_STOP_FAILED];
+    json_t *data;
+    bool bad;
+    int ret;
+
+    bad = store_bind_text(s, 1, a->id) || store_bind_text(s, 2, state_names[a->state]) ||
+          store_bind_text(s, 3, a->last_error) || store_bind_time(s, 4, a->next_attempt_at) ||
+          sqlite3_bind_int64(s, 5, clock_now_s());
+    ret = finish_transition(st, s, bad, false, a->id, "recording a failed stop", err);
+    if (ret < 0)
+        return ret;
+    data = json_pack("{s:s,s:s?}", "state", state_names[a->state], "error", a->last_error);
+    ret = data ? store_append_event(st, "stop_failed", a->id, data, false, err)
+               : lb_error_set(err, -ENOMEM, "out of memory");
+    json_decref(data);
+    return ret;
+}
+
 int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_state state,
                            const char *last_error, int64_t next_attempt_at, struct lb_error *err)
 {
-    sqlite3_stmt *s;
-    bool bad;
+    struct stop_failed_args a = {id, last_error, state, next_attempt_at};
     int ret;
 
     if (!id)
@@ -676,11 +840,7 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
     if (ret < 0)
         return ret;
     pthread_mutex_lock(&st->lock);
-    s = st->stmts[STMT_MARK_STOP_FAILED];
-    bad = store_bind_text(s, 1, id) || store_bind_text(s, 2, state_names[state]) ||
-          store_bind_text(s, 3, last_error) || store_bind_time(s, 4, next_attempt_at) ||
-          sqlite3_bind_int64(s, 5, clock_now_s());
-    ret = finish_transition(st, s, bad, true, id, "recording a failed stop", err);
+    ret = store_txn(st, stop_failed_fn, &a, true, false, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }

@@ -166,6 +166,21 @@ static const char *const migrations[] = {
     "  WHEN NEW.state = 'stopped' BEGIN"
     "  DELETE FROM seed_files WHERE sandbox_id = NEW.id;"
     "  END;",
+    /* 6: the event feed (src/store/events.c): one row per state change, written in its
+     * transaction; seq never reused (AUTOINCREMENT), pruned by age and count. */
+    "CREATE TABLE events ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  time INTEGER NOT NULL,"
+    "  type TEXT NOT NULL,"
+    "  sandbox_id TEXT,"
+    "  rsid TEXT,"
+    "  task_id TEXT,"
+    "  labels_json TEXT,"
+    "  data_json TEXT"
+    ");"
+    "CREATE INDEX events_sandbox ON events (sandbox_id, seq);"
+    "CREATE INDEX events_rsid ON events (rsid, seq);"
+    "CREATE INDEX events_time ON events (time);",
 };
 /* clang-format on */
 
@@ -229,6 +244,16 @@ static const char *const stmt_sql[STMT__COUNT] = {
                              "WHERE id = ?1 AND artifacts_json IS NULL",
     [STMT_ACT_TEXT_BYTES] = "SELECT rowid FROM activations WHERE rsid = ?1 "
                             "ORDER BY created_at DESC, rowid DESC LIMIT 64",
+    /* an event's row (events.c, store_append_event), derived from the sandbox's record: its
+     * session, task and labels as they are now; a sandbox of a warm pool that no session took
+     * (no rsid) writes none. ?3 data, ?4: also set data.reason from the record's stop_reason. */
+    [STMT_EVENT_INSERT] =
+        "INSERT INTO events (time, type, sandbox_id, rsid, task_id, labels_json, data_json) "
+        "SELECT ?1, ?2, s.id, s.rsid, s.task_id, "
+        "CASE WHEN json_valid(s.spec_json) THEN json_extract(s.spec_json, '$.labels') END, "
+        "CASE WHEN ?4 THEN json_set(COALESCE(?3, '{}'), '$.reason', s.stop_reason) "
+        "ELSE COALESCE(?3, '{}') END "
+        "FROM sandboxes s WHERE s.id = ?5 AND (s.rsid IS NOT NULL OR s.pool_class IS NULL)",
 };
 
 /* ---- statement helpers ---- */
@@ -539,6 +564,9 @@ int store_open(const char *path, struct lb_store **out, struct lb_error *err)
         goto cleanup;
     }
     st->lock_ready = true;
+    atomic_store(&st->events_on, true);
+    st->events_max_age_s = 7 * 24 * 3600;
+    st->events_max_count = 1000000;
     if (!(st->path = strdup(path)) || asprintf(&st->reserve_path, "%s.reserve", path) < 0) {
         st->reserve_path = NULL;
         ret = lb_error_set(err, -ENOMEM, "store: out of memory");

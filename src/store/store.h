@@ -161,9 +161,15 @@ int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at,
 int store_mark_stopping(struct lb_store *st, const char *id, const char *reason,
                         struct lb_error *err);
 
-/* -> stopped (the provider confirmed the sandbox gone). reason NULL keeps the earlier one. */
+/* -> stopped (the provider confirmed the sandbox gone). reason NULL keeps the earlier one.
+ * Writes the "stopped" event (data.reason, data.usage null) unless the record was stopped
+ * already. */
 int store_mark_stopped(struct lb_store *st, const char *id, const char *reason,
                        struct lb_error *err);
+/* store_mark_stopped whose event's data.usage is usage (borrowed; NULL: null): the figures
+ * taken just before the stop. */
+int store_mark_stopped_usage(struct lb_store *st, const char *id, const char *reason,
+                             const json_t *usage, struct lb_error *err);
 
 /* Mark n records stopped (reason as above) in one transaction: all or none. -ENOENT (nothing
  * changed) if one is missing. For startup reconciliation of many vanished sandboxes. */
@@ -333,6 +339,9 @@ int store_snapshot_begin(struct lb_store *st, const char *name, const char *sand
                          bool was_paused, struct lb_error *err);
 /* Forget it (none recorded is no error). 0 or a negative errno. */
 int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *err);
+/* store_snapshot_end for a snapshot whose image was published: in the same transaction, the
+ * "snapshot" event (data.name) of the sandbox it recorded. */
+int store_snapshot_done(struct lb_store *st, const char *name, struct lb_error *err);
 /* Every recorded snapshot: *out a new JSON array of {"name","sandbox_id","was_paused"} the
  * caller decrefs. 0 or a negative errno. */
 int store_snapshots_pending(struct lb_store *st, json_t **out, struct lb_error *err);
@@ -360,8 +369,47 @@ int store_seed_files_get(struct lb_store *st, const char *sandbox_id, struct lb_
  * write, so the old token answers 401 from then on. 0, -ENOENT (not lent), or a negative
  * errno. */
 int store_set_reset(struct lb_store *st, const char *id, const char *spec_json,
-                    const char *token_hash, struct lb_error *err);
+                    const char *token_hash, bool complete, struct lb_error *err);
 /* Free what store_seed_files_get returned; NULL-safe. */
 void store_seed_files_free(struct lb_store_file *files, size_t n);
+
+/* ---- the event feed (events.c) ----
+ * One row per state change, written in the transaction of the change: seeded (mark_lent, a
+ * warm take), renewed (set_expires: data.expires_at), reset (set_reset, complete), snapshot
+ * (snapshot_done: data.name), lost (stopping with reason "lost"), stopped (data.reason,
+ * data.usage), stop_failed (data.state, data.error), and the ones lending records on their own
+ * (paused, resumed, idle: store_record_event). seq is strictly increasing and commit order is
+ * seq order, so a reader never sees a gap a later read fills. A warm sandbox no session took
+ * writes none. Thread-safe. */
+
+/* Which events store_events_list returns: seq > since, and each non-NULL filter (types: a
+ * JSON array of type names, borrowed), at most limit (<= 0: 1000), in seq order. */
+struct lb_event_filter {
+    int64_t since;
+    const char *rsid;
+    const char *sandbox_id;
+    const json_t *types;
+    int64_t limit;
+};
+/* *out: a new JSON array of events {"seq","time","type","sandbox_id","rsid","task_id",
+ * "labels","data"}; *next: the seq of its last one, or since when empty. 0 or a negative
+ * errno (*out NULL). */
+int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
+                      int64_t *next, struct lb_error *err);
+/* An event that is no record transition (paused, resumed, idle) for sandbox_id in its own
+ * transaction; data borrowed (NULL: {}). 0 or a negative errno. */
+int store_record_event(struct lb_store *st, const char *type, const char *sandbox_id,
+                       const json_t *data, struct lb_error *err);
+/* fn(ctx) runs after each commit that wrote events, with the store's lock held: it must be
+ * quick and must not call the store (wake readers). NULL: none. */
+void store_events_set_hook(struct lb_store *st, void (*fn)(void *ctx), void *ctx);
+/* enabled false writes no events (for a bench's comparison only; the default is true);
+ * retention: events older than max_age_s (0: no limit) and all but the newest max_count (0:
+ * no limit) go at store_events_prune. Defaults: 7 days, 1,000,000. */
+void store_events_configure(struct lb_store *st, bool enabled, int64_t max_age_s,
+                            int64_t max_count);
+/* Delete what the retention says, in bounded batches (the lock let go between them): the
+ * number deleted, or a negative errno. For the sweeper. */
+int store_events_prune(struct lb_store *st, int64_t now_s, struct lb_error *err);
 
 #endif

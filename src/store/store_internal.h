@@ -69,6 +69,7 @@ enum stmt_id {
     STMT_ACT_SET_RECEIPT,
     STMT_ACT_SET_CAPTURE,
     STMT_ACT_TEXT_BYTES,
+    STMT_EVENT_INSERT,
     STMT__COUNT,
 };
 
@@ -90,6 +91,13 @@ struct lb_store {
     int64_t reserve_tried_ms; /* last attempt to make it */
     int64_t probed_ms;        /* last write check after a failed write */
     atomic_bool write_failed; /* the last write failed for lack of space or an I/O error */
+    /* the event feed (events.c); under lock but events_on */
+    atomic_bool events_on;      /* write events (always, but for a bench's comparison) */
+    bool events_appended;       /* the transaction under way wrote an event */
+    void (*event_hook)(void *); /* after a commit that wrote events */
+    void *event_hook_ctx;
+    int64_t events_max_age_s; /* retention; 0: none */
+    int64_t events_max_count;
 };
 
 /* ---- store.c ---- */
@@ -130,6 +138,27 @@ bool store_reserve_spend(struct lb_store *st);
 /* Step a bound write (stop: a stop's record, which may spend the reserve and run again), and
  * note whether the store could write. SQLite's result code. */
 int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop);
+
+/* ---- events.c ---- */
+
+/* Append an event of type for sandbox_id, with its session, task and labels from the record,
+ * data (NULL: {}; borrowed) and, with_reason, data.reason from the record's stop_reason. Call
+ * inside a transaction (store_txn, or the caller's BEGIN ... COMMIT, then the hook: see
+ * store_txn) with the lock held; a record that is missing, or warm and never taken, writes
+ * nothing. 0 or a negative errno. */
+int store_append_event(struct lb_store *st, const char *type, const char *sandbox_id,
+                       const json_t *data, bool with_reason, struct lb_error *err);
+/* The work of one transaction: >= 0 to commit (returned by store_txn), < 0 to roll back. */
+typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err);
+/* Run fn inside BEGIN IMMEDIATE ... COMMIT (sync_full: the commit at synchronous = FULL), the
+ * lock held by the caller. On failure the transaction is rolled back; stop (a stop's record):
+ * a disk found full spends the space reserve and the whole transaction runs once more. After a
+ * commit that appended events, the event hook runs (still under the lock). fn's result or a
+ * negative errno. */
+int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
+              struct lb_error *err);
+/* A commit made by hand (not store_txn) after store_append_event: runs the event hook. */
+void store_events_after_commit(struct lb_store *st);
 
 /* ---- reserve.c (a top over store.c: it runs SQL to check a write) ---- */
 

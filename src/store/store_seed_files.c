@@ -140,31 +140,49 @@ out:
     return 0;
 }
 
-int store_set_reset(struct lb_store *st, const char *id, const char *spec_json,
-                    const char *token_hash, struct lb_error *err)
-{
-    sqlite3_stmt *s = NULL;
-    int ret = fault_hit("store.write", 0, err);
+struct set_reset_args {
+    const char *id, *spec_json, *token_hash;
+    bool complete;
+};
 
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
+/* The reset's record and, once complete, its "reset" event, in one transaction. */
+static int set_reset_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct set_reset_args *a = ctx;
+    sqlite3_stmt *s = NULL;
+    int ret = 0;
+
     if (sqlite3_prepare_v2(st->db,
                            "UPDATE sandboxes SET spec_json = ?2, token_hash = ?3, updated_at = ?4 "
                            "WHERE id = ?1 AND state = 'lent'",
                            -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, id, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_text(s, 2, spec_json, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_text(s, 3, token_hash, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, a->id, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(s, 2, a->spec_json, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(s, 3, a->token_hash, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
         sqlite3_bind_int64(s, 4, (sqlite3_int64)time(NULL)) != SQLITE_OK ||
         store_step_writing(st, s, false) != SQLITE_DONE) {
         ret = store_db_fail(st, err, "recording a reset");
         goto out;
     }
     if (sqlite3_changes(st->db) == 0)
-        ret = lb_error_set(err, -ENOENT, "sandbox %s is not lent", id);
+        ret = lb_error_set(err, -ENOENT, "sandbox %s is not lent", a->id);
+    else if (a->complete)
+        ret = store_append_event(st, "reset", a->id, NULL, false, err);
 out:
     sqlite3_finalize(s);
+    return ret;
+}
+
+int store_set_reset(struct lb_store *st, const char *id, const char *spec_json,
+                    const char *token_hash, bool complete, struct lb_error *err)
+{
+    struct set_reset_args a = {id, spec_json, token_hash, complete};
+    int ret = fault_hit("store.write", 0, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = store_txn(st, set_reset_fn, &a, false, false, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
 }

@@ -44,20 +44,70 @@ out:
     return ret;
 }
 
-int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *err)
-{
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
+struct snapshot_end_args {
+    const char *name;
+    bool done;
+};
 
-    pthread_mutex_lock(&st->lock);
+/* Forget snapshot name's row; done: first the "snapshot" event (data.name) of its sandbox. */
+static int snapshot_end_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct snapshot_end_args *a = ctx;
+    sqlite3_stmt *s = NULL;
+    json_t *data = NULL;
+    int ret = 0, rc;
+
+    if (a->done) {
+        if (sqlite3_prepare_v2(st->db, "SELECT sandbox_id FROM snapshots WHERE name = ?1", -1, &s,
+                               NULL) != SQLITE_OK ||
+            sqlite3_bind_text(s, 1, a->name, -1, SQLITE_TRANSIENT) != SQLITE_OK) {
+            ret = store_db_fail(st, err, "reading a snapshot");
+            goto out;
+        }
+        rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+            data = json_pack("{s:s}", "name", a->name);
+            ret = data ? store_append_event(st, "snapshot", (const char *)sqlite3_column_text(s, 0),
+                                            data, false, err)
+                       : lb_error_set(err, -ENOMEM, "out of memory");
+        } else if (rc != SQLITE_DONE) {
+            ret = store_db_fail(st, err, "reading a snapshot");
+        }
+        sqlite3_finalize(s);
+        s = NULL;
+        if (ret < 0)
+            goto out;
+    }
     if (sqlite3_prepare_v2(st->db, "DELETE FROM snapshots WHERE name = ?1", -1, &s, NULL) !=
             SQLITE_OK ||
-        sqlite3_bind_text(s, 1, name, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, a->name, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
         store_step_writing(st, s, false) != SQLITE_DONE)
         ret = store_db_fail(st, err, "forgetting a snapshot");
+out:
     sqlite3_finalize(s);
+    json_decref(data);
+    return ret;
+}
+
+static int snapshot_end(struct lb_store *st, const char *name, bool done, struct lb_error *err)
+{
+    struct snapshot_end_args a = {name, done};
+    int ret;
+
+    pthread_mutex_lock(&st->lock);
+    ret = store_txn(st, snapshot_end_fn, &a, false, false, err);
     pthread_mutex_unlock(&st->lock);
     return ret;
+}
+
+int store_snapshot_end(struct lb_store *st, const char *name, struct lb_error *err)
+{
+    return snapshot_end(st, name, false, err);
+}
+
+int store_snapshot_done(struct lb_store *st, const char *name, struct lb_error *err)
+{
+    return snapshot_end(st, name, true, err);
 }
 
 int store_snapshots_pending(struct lb_store *st, json_t **out, struct lb_error *err)

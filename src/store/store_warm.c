@@ -178,6 +178,8 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
         ret = lb_error_set(err, -EEXIST, "session %s already has a live sandbox", t->rsid);
     if (ret == 0)
         ret = lb_error_set(err, -EIO, "store: warm sandbox %s changed inside a transaction", id);
+    if (ret == 1)
+        ret = store_append_event(st, "seeded", id, NULL, false, err);
     if (ret < 0)
         goto cleanup;
     store_sync_full(st, true); /* the lease is durable before it is returned */
@@ -186,11 +188,14 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
     if (ret < 0)
         goto cleanup;
     in_txn = false;
+    store_events_after_commit(st);
     ret = 0;
 cleanup:
     sqlite3_finalize(s);
-    if (in_txn)
+    if (in_txn) {
         sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+        st->events_appended = false;
+    }
     pthread_mutex_unlock(&st->lock);
     if (ret == 0)
         ret = store_get_sandbox(st, id, out, err);

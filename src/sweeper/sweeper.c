@@ -84,6 +84,8 @@ int sweeper_sweep_once(struct lb_lend *l, struct lb_error *err)
 
     if (retried >= 0 && reaped >= 0 && lend_config(l)->retention_s > 0)
         store_purge_stopped(lend_store(l), clock_now_s() - lend_config(l)->retention_s, NULL);
+    /* the event feed's retention (events.max_age_s, events.max_count), in bounded batches */
+    (void)store_events_prune(lend_store(l), clock_now_s(), NULL);
     (void)store_check_writable(lend_store(l), NULL); /* makes a spent space reserve again */
     metrics_add(LB_M_SWEEPS, 1);
     metrics_set(LB_M_SWEEP_LAST_MS, (uint64_t)(clock_mono_ms() - t_start));

@@ -119,6 +119,9 @@ static const struct config_key config_keys[] = {
     BOOL("pool", "adopt", pool_adopt, "yes"),
     INT("pool", "refill_concurrency", pool_refill_concurrency, "2", 1, 64),
     INT("pool", "refill_nice", pool_refill_nice, "10", 0, 19),
+    BOOL("events", "enabled", events_enabled, "yes"),
+    INT("events", "max_age_s", events_max_age_s, "604800", 0, 315360000),
+    INT("events", "max_count", events_max_count, "1000000", 0, 1000000000),
     STR("faults", "spec", faults_spec, NULL),
 };
 

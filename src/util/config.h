@@ -111,6 +111,10 @@ struct lb_config {
     bool pool_adopt;                 /* startup: warm sandboxes that run go back in the pool */
     int64_t pool_refill_concurrency; /* warm sandboxes made at once */
     int64_t pool_refill_nice;        /* refill threads' nice value above the daemon's */
+    /* [events] the event feed (store.h, "the event feed") */
+    bool events_enabled;      /* false only to measure what the event write costs (bench) */
+    int64_t events_max_age_s; /* retention by age; 0: none */
+    int64_t events_max_count; /* the newest kept; 0: no limit */
     /* [faults] */
     char *faults_spec;
 };

@@ -217,7 +217,7 @@ START_TEST(test_migration_sets_user_version)
 {
     struct lb_store *st = open_store();
 
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND "
                              "name IN ('sandboxes_live_rsid', 'sandboxes_token_hash', "
                              "'sandboxes_state', 'sandboxes_state_next_attempt', "
@@ -230,7 +230,7 @@ START_TEST(test_migration_sets_user_version)
     /* Reopening an up-to-date database applies nothing and keeps the version. */
     st = open_store();
     store_close(st);
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5);
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6);
 }
 END_TEST
 
@@ -1186,7 +1186,7 @@ START_TEST(test_migration_3_keeps_records_and_activations)
 
     make_v2_database();
     st = open_store();
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 5); /* 3, then the snapshots table */
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), 6); /* 3, then the snapshots table */
     ck_assert_int_eq(store_get_sandbox(st, "sbx-old", &r, &err), 0);
     ck_assert_int_eq(r.state, LB_STATE_LENT);
     ck_assert_str_eq(r.rsid, "rs-old");
@@ -1356,6 +1356,109 @@ START_TEST(test_warm_take_concurrent_never_twice)
 }
 END_TEST
 
+/* ---- the event feed ---- */
+
+static int hook_calls;
+
+static void count_hook(void *ctx)
+{
+    (void)ctx;
+    hook_calls++;
+}
+
+/* The types of the events after since (filter f, since and limit set here), joined by ','. */
+static const char *event_types(struct lb_store *st, struct lb_event_filter f, char *buf, size_t cap)
+{
+    struct lb_error err = {0};
+    json_t *evs = NULL, *ev;
+    int64_t next = -1;
+    size_t i, len = 0;
+
+    f.limit = 100;
+    ck_assert_int_eq(store_events_list(st, &f, &evs, &next, &err), 0);
+    buf[0] = '\0';
+    json_array_foreach(evs, i, ev)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? "," : "",
+                                json_string_value(json_object_get(ev, "type")));
+    json_decref(evs);
+    return buf;
+}
+
+START_TEST(test_events_feed)
+{
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-e1", "rs-e1"), b = mkrec("sbx-e2", "rs-e2"),
+                     w = mkrec("sbx-w", NULL);
+    struct lb_error err = {0};
+    json_t *usage = json_pack("{s:f,s:n}", "cpu_s", 1.5, "pids"), *evs = NULL, *data;
+    const char *ids[] = {"sbx-e2"};
+    int64_t next = 0;
+    char buf[256];
+
+    store_events_set_hook(st, count_hook, NULL);
+    a.task_id = "task-1";
+    a.spec_json = "{\"labels\":{\"team\":\"rl\"}}";
+    insert_ok(st, &a);
+    insert_ok(st, &b);
+    w.pool_class = "default";
+    insert_ok(st, &w);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), 0);
+    ck_assert_int_eq(hook_calls, 1);
+    /* a transition that fails writes no event (and wakes nobody) */
+    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), -EBUSY);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-none", "{}", NULL, &err), -ENOENT);
+    ck_assert_int_eq(hook_calls, 1);
+    ck_assert_int_eq(store_set_expires(st, "sbx-e1", clock_now_s() + 60, &err), 0);
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-e1", "lost", &err), 0);
+    ck_assert_int_eq(store_mark_stopped_usage(st, "sbx-e1", NULL, usage, &err), 0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-e1", "deleted", &err), 0); /* no 2nd event */
+    ck_assert_int_eq(store_mark_stop_failed(st, "sbx-e2", LB_STATE_FAILED_SEED, "boom", 0, &err),
+                     0);
+    ck_assert_int_eq(store_mark_stopped_many(st, ids, 1, "seed_failed", &err), 0);
+    /* a warm sandbox no session took writes nothing */
+    ck_assert_int_eq(store_mark_stopping(st, "sbx-w", "max_age", &err), 0);
+    ck_assert_int_eq(store_mark_stopped(st, "sbx-w", NULL, &err), 0);
+    ck_assert_str_eq(event_types(st, (struct lb_event_filter){0}, buf, sizeof(buf)),
+                     "seeded,renewed,lost,stopped,stop_failed,stopped");
+    ck_assert_str_eq(event_types(st, (struct lb_event_filter){.rsid = "rs-e2"}, buf, sizeof(buf)),
+                     "stop_failed,stopped");
+    ck_assert_str_eq(event_types(st, (struct lb_event_filter){.since = 3}, buf, sizeof(buf)),
+                     "stopped,stop_failed,stopped");
+
+    /* the stopped event: the record's reason, the usage given, its session, task and labels */
+    json_t *types = json_pack("[s]", "stopped");
+    struct lb_event_filter f = {.sandbox_id = "sbx-e1", .types = types, .limit = 10};
+
+    ck_assert_int_eq(store_events_list(st, &f, &evs, &next, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 1);
+    ck_assert_int_eq(next, 4);
+    data = json_object_get(json_array_get(evs, 0), "data");
+    ck_assert_str_eq(json_string_value(json_object_get(data, "reason")), "lost");
+    ck_assert(json_equal(json_object_get(data, "usage"), usage));
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(evs, 0), "task_id")),
+                     "task-1");
+    ck_assert_str_eq(json_string_value(json_object_get(
+                         json_object_get(json_array_get(evs, 0), "labels"), "team")),
+                     "rl");
+    json_decref(evs);
+    json_decref(types);
+
+    /* retention by count keeps the newest; seq is never reused */
+    store_events_configure(st, true, 0, 2);
+    ck_assert_int_eq(store_events_prune(st, clock_now_s(), &err), 4);
+    ck_assert_int_eq(raw_int("SELECT MIN(seq) FROM events"), 5);
+    /* switched off (the bench only): nothing written */
+    store_events_configure(st, false, 0, 0);
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-e1", NULL, &err), 0);
+    store_events_configure(st, true, 0, 0);
+    ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM events"), 2);
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-e1", NULL, &err), 0);
+    ck_assert_int_eq(raw_int("SELECT MAX(seq) FROM events"), 7);
+    json_decref(usage);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1394,6 +1497,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_migration_3_keeps_records_and_activations);
     tcase_add_test(tc, test_warm_take_and_claim);
     tcase_add_test(tc, test_warm_take_concurrent_never_twice);
+    tcase_add_test(tc, test_events_feed);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -42,8 +42,10 @@ import time
 import weakref
 from typing import (
     Any,
+    AsyncIterator,
     Callable,
     Dict,
+    Iterator,
     List,
     Mapping,
     NamedTuple,
@@ -211,6 +213,7 @@ ROUTES: Dict[str, Route] = {
     "snapshot": Route("POST", "/v1/sandboxes/*/snapshot", False),
     "fork": Route("POST", "/v1/sandboxes/*/fork", False),
     "reset": Route("POST", "/v1/sandboxes/*/reset", False),
+    "events": Route("GET", "/v1/events", True),
 }
 
 # Read timeouts (seconds) of the routes that wait for a provider: a stop is bounded by
@@ -860,6 +863,43 @@ class _Routes:
         )
 
 
+    # --- the event feed ------------------------------------------------------------------------
+
+    def events(
+        self,
+        since: int = 0,
+        *,
+        wait_ms: Optional[int] = None,
+        rsid: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+        types: Optional[Sequence[str]] = None,
+        limit: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """``GET /v1/events`` (admin): the events after seq ``since`` → ``{"events": [{"seq",
+        "time", "type", "sandbox_id", "rsid", "task_id", "labels", "data"}], "next": seq}``
+        (``next``: the last seq returned, or ``since``). ``wait_ms`` (at most 60000) long-polls
+        until an event comes; ``rsid``, ``sandbox_id`` and ``types`` filter; ``limit`` (default
+        1000, at most 10000) bounds one answer.
+
+        Raises: BadRequest (a bad parameter), Forbidden (an operate token).
+        """
+        params: Dict[str, Any] = {
+            "since": int(since),
+            "wait_ms": None if wait_ms is None else int(wait_ms),
+            "rsid": rsid,
+            "sandbox_id": sandbox_id,
+            "types": None if types is None else ",".join(types),
+            "limit": None if limit is None else int(limit),
+        }
+        return self._run(
+            _Call(
+                "events",
+                "/v1/events",
+                params=params,
+                read_timeout_s=(wait_ms or 0) / 1000.0 + self.timeout_s,  # type: ignore[attr-defined]
+            )
+        )
+
     def reset(self, sandbox_id: str, snapshot: Optional[str] = None) -> Lease:
         """``POST /v1/sandboxes/{id}/reset`` (admin) → the lease (200): the same ``sandbox_id``,
         session and ``expires_at``, a new ``access.token`` (the old one answers 401). The
@@ -1136,6 +1176,32 @@ class Client(_Base):
                 self._conns.add(conn)
         return conn
 
+    def iter_events(
+        self,
+        since: int = 0,
+        *,
+        wait_ms: int = 30000,
+        rsid: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+        types: Optional[Sequence[str]] = None,
+    ) -> Iterator[Dict[str, Any]]:
+        """Every event after seq ``since``, then each new one as it comes, forever: long-polls
+        ``GET /v1/events`` (``wait_ms`` each) and resumes from the last seq it yielded, also
+        after a transport error or a restart of the daemon (the feed is durable). Filters as
+        :meth:`events`."""
+        while True:
+            try:
+                page = self.events(
+                    since, wait_ms=wait_ms, rsid=rsid, sandbox_id=sandbox_id, types=types
+                )
+            except TransportError:
+                time.sleep(max(self.backoff_s, 0.1))  # the daemon restarts: read on after
+                continue
+            for ev in page["events"]:
+                since = ev["seq"]
+                yield ev
+            since = max(since, int(page["next"]))
+
     def _exchange(self, req: _Request) -> _Response:
         conn = self._connection()
         while True:
@@ -1258,6 +1324,34 @@ class AsyncClient(_Base):
                     raise
                 await asyncio.sleep(delay)
                 attempt += counted
+
+
+async def _aiter_events(
+    self: "AsyncClient",
+    since: int = 0,
+    *,
+    wait_ms: int = 30000,
+    rsid: Optional[str] = None,
+    sandbox_id: Optional[str] = None,
+    types: Optional[Sequence[str]] = None,
+) -> AsyncIterator[Dict[str, Any]]:
+    """Every event after seq ``since``, then each new one as it comes, forever (an async
+    iterator): as :meth:`Client.iter_events`."""
+    while True:
+        try:
+            page = await self.events(
+                since, wait_ms=wait_ms, rsid=rsid, sandbox_id=sandbox_id, types=types
+            )
+        except TransportError:
+            await asyncio.sleep(max(self.backoff_s, 0.1))  # the daemon restarts: read on after
+            continue
+        for ev in page["events"]:
+            since = ev["seq"]
+            yield ev
+        since = max(since, int(page["next"]))
+
+
+AsyncClient.iter_events = _aiter_events  # type: ignore[attr-defined]
 
 
 def _make_async(name: str) -> Callable[..., Any]:
