@@ -158,6 +158,17 @@ uint64_t lend_warm_generation(struct lb_lend *l);
 void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms);
 void lend_warm_changed(struct lb_lend *l);
 
+/* [pool] recycle: after old (a record taken from the warm pool, just stopped by a release) is
+ * gone, make its replacement now as a warm sandbox of the pool's class under a new id whose
+ * spec carries old's use count ("uses", which each warm take increments) and "recycled_from".
+ * Nothing happens (false) when recycling is off, no pool is set, old is of no or another class,
+ * old was lent pool_max_uses times or more, the pool holds pool_size warm sandboxes, the daemon
+ * is at max_sandboxes or draining. A failed remake is counted (reset failures) and logged; a
+ * record it left is stopped (reason reset_failed, or seed_failed when the create failed) and the
+ * pool's refill makes up for it. true when the replacement is warm. Blocks on the provider;
+ * call it without the session's lock. */
+bool lend_recycle(struct lb_lend *l, const struct lb_record *old);
+
 /* Stop the oldest warm sandbox (reason) so that its place goes elsewhere, or (not_class
  * non-NULL) the oldest one whose class is not not_class. Claims it first (a seed may be taking
  * it). 0 if one was stopped, -ENOENT if none was. Blocks on the provider. */

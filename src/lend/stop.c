@@ -173,6 +173,7 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     struct lend_session_lock *lock = NULL;
     struct lb_record live = {0};
     char stopped_id[LB_ID_MAX] = "";
+    bool recycle = false;
     int r = lend_session_lock(l, rsid, false, &lock, err), n_stopped = 0;
 
     if (r < 0)
@@ -186,6 +187,7 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
         }
         n_stopped++;
         snprintf(stopped_id, sizeof(stopped_id), "%s", live.id);
+        recycle = true;
     }
     r = lend_retry_pending(l, rsid, &n_stopped, stopped_id[0] ? NULL : stopped_id,
                            sizeof(stopped_id), err);
@@ -199,8 +201,11 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     else
         *out = json_pack("{s:b}", "released", 0);
 out:
-    store_record_release(&live);
     lend_session_unlock(l, lock);
+    /* a pooled sandbox's replacement is made now, under a new id (recycle.c) */
+    if (recycle)
+        lend_recycle(l, &live);
+    store_record_release(&live);
     return r;
 }
 

@@ -171,7 +171,9 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
     }
     ret = warm_update(st,
                       "UPDATE sandboxes SET state = 'lent', rsid = ?2, task_id = ?3, "
-                      "spec_json = ?4, token_hash = ?5, expires_at = ?6, updated_at = ?7 "
+                      "spec_json = json_set(?4, '$.uses', "
+                      "coalesce(json_extract(spec_json, '$.uses'), 0) + 1), token_hash = ?5, "
+                      "expires_at = ?6, updated_at = ?7 "
                       "WHERE id = ?1 AND state = 'warm'",
                       id, bind_take, &a, false, "taking a warm sandbox", err);
     if (ret < 0 && (sqlite3_extended_errcode(st->db) == SQLITE_CONSTRAINT_UNIQUE))

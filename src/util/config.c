@@ -116,6 +116,8 @@ static const struct config_key config_keys[] = {
     BOOL("pool", "adopt", pool_adopt, "yes"),
     INT("pool", "refill_concurrency", pool_refill_concurrency, "2", 1, 64),
     INT("pool", "refill_nice", pool_refill_nice, "10", 0, 19),
+    BOOL("pool", "recycle", pool_recycle, "no"),
+    INT("pool", "max_uses", pool_max_uses, "100", 1, 1000000),
     STR("faults", "spec", faults_spec, NULL),
 };
 

@@ -109,6 +109,8 @@ struct lb_config {
     bool pool_adopt;                 /* startup: warm sandboxes that run go back in the pool */
     int64_t pool_refill_concurrency; /* warm sandboxes made at once */
     int64_t pool_refill_nice;        /* refill threads' nice value above the daemon's */
+    bool pool_recycle;               /* a released pooled sandbox goes back to the pool */
+    int64_t pool_max_uses;           /* lends of one recycled line before it is stopped */
     /* [faults] */
     char *faults_spec;
 };
