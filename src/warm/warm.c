@@ -85,6 +85,15 @@ static int64_t warm_wanted(struct lb_warm_pool *w)
         store_count_live(lend_store(w->lend), &live, NULL) < 0)
         return 0;
     want = w->cfg.size - counts[LB_STATE_WARM] - w->in_flight;
+    if (w->cfg.recycle && w->cfg.max_uses > 0) {
+        char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
+        int64_t back = 0;
+
+        lend_warm_class(w->lend, w->prov, image, cls);
+        if (store_count_recyclable(lend_store(w->lend), cls, w->cfg.max_uses, &back, NULL) == 0 &&
+            want > 0)
+            want = want > back ? want - back : 0;
+    }
     if (want < 0)
         return w->in_flight == 0 ? want : 0;
     room = lend_config(w->lend)->max_sandboxes - live;
