@@ -31,15 +31,16 @@ static int64_t recycle_uses_of(const struct lb_record *r)
     return uses;
 }
 
-/* Is there room for one more warm sandbox: fewer than pool_size warm, and below max_sandboxes? */
-static bool recycle_pool_has_room(struct lb_lend *l)
+/* Is there room for one more warm sandbox of class cls: fewer than pool_size warm or being
+ * made (a refill under way counts), and below max_sandboxes? */
+static bool recycle_pool_has_room(struct lb_lend *l, const char *cls)
 {
-    int64_t counts[LB_STATE_COUNT], live = 0;
+    int64_t pooled = 0, live = 0;
 
-    if (store_count_by_state(l->store, counts, NULL) < 0 ||
+    if (store_count_pooled(l->store, cls, &pooled, NULL) < 0 ||
         store_count_live(l->store, &live, NULL) < 0)
         return false;
-    if (counts[LB_STATE_WARM] >= l->cfg.pool_size)
+    if (pooled >= l->cfg.pool_size)
         return false;
     return l->cfg.max_sandboxes <= 0 || live < l->cfg.max_sandboxes;
 }
@@ -66,7 +67,7 @@ bool lend_recycle(struct lb_lend *l, const struct lb_record *old)
                      old->id, (long long)uses);
         return false;
     }
-    if (!recycle_pool_has_room(l))
+    if (!recycle_pool_has_room(l, cls))
         return false;
 
     struct lb_seed_request req = {.ttl_s = -1, .provider = prov->ops->name, .image = image};

@@ -216,10 +216,16 @@ struct lb_warm_take {
 int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb_record *out,
                     struct lb_error *err);
 
-/* The number of lent records of pool_class lent fewer than max_uses times (spec "uses"): the
- * sandboxes a recycling pool gets back at their release. 0 or -EIO. Thread-safe. */
+/* The number of lent (or being released) records of pool_class lent fewer than max_uses times
+ * (spec "uses"): the sandboxes a recycling pool gets back at their release. 0 or -EIO.
+ * Thread-safe. */
 int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
                            int64_t *out, struct lb_error *err);
+
+/* The number of warm or starting records of pool_class (a pool's and its refills'). 0 or -EIO.
+ * Thread-safe. */
+int store_count_pooled(struct lb_store *st, const char *pool_class, int64_t *out,
+                       struct lb_error *err);
 
 /* Claim warm sandbox id for a stop: warm -> stopping with reason. 0, or -EBUSY when it is not
  * warm any more (a seed took it), -ENOSPC/-EIO. */

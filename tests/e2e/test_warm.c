@@ -784,6 +784,167 @@ START_TEST(test_refills_recover_after_failures)
 }
 END_TEST
 
+/* ---------- recycling pools ([pool] recycle, max_uses) ---------- */
+
+#define RECYCLED "lendbox_pool_recycled_total "
+#define RESET_FAILURES "lendbox_pool_reset_failures_total "
+
+/* Run shell command in sandbox id with its operate token; return its stdout (malloc'd). */
+static char *op_sh(const char *id, const char *token, const char *command)
+{
+    json_t *body = json_pack("{s:s,s:i,s:b}", "command", command, "timeout_s", 20,
+                             "preserve_background_services", 1);
+    char *text = json_dumps(body, JSON_COMPACT), *out;
+    json_t *res = lbt_exec_ok(&D, id, token, text);
+
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    out = strdup(json_string_value(json_object_get(res, "stdout")));
+    json_decref(res);
+    json_decref(body);
+    free(text);
+    return out;
+}
+
+/* What an episode leaves behind and what the next must not see: its marker files (workdir,
+ * /tmp) and a background sleep that left the exec's session. */
+#define EPISODE_LOOK                                                                               \
+    "ls /workspace/marker /tmp/marker 2>/dev/null; "                                               \
+    "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c 2>/dev/null; echo; done | "               \
+    "grep '^sleep 4242' | sed 's/ *$//'; cat /workspace/seed.txt; echo"
+#define EPISODE_LEAVE                                                                              \
+    "echo x > /workspace/marker; echo x > /tmp/marker; "                                           \
+    "setsid sleep 4242 </dev/null >/dev/null 2>&1 &"
+
+/* Seed rsid (one episode), check it sees nothing of an earlier one, leave things behind, see
+ * them, release; return the lease's sandbox id (malloc'd) and its token in token_out. */
+static char *episode(int n, char **token_out)
+{
+    char rsid[32], files[128], want[64], *out;
+    json_t *lease;
+
+    snprintf(rsid, sizeof(rsid), "recycle-%d", n);
+    snprintf(files, sizeof(files), "\"files\": {\"/workspace/seed.txt\": \"episode %d\"}", n);
+    lease = lbt_seed(&D, rsid, "task-r", files);
+    char *id = strdup(json_string_value(json_object_get(lease, "sandbox_id")));
+    *token_out =
+        strdup(json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(want, sizeof(want), "episode %d\n", n);
+    out = op_sh(id, *token_out, EPISODE_LOOK);
+    ck_assert_msg(strcmp(out, want) == 0, "episode %d in %s sees '%s'", n, id, out);
+    free(out);
+    out = op_sh(id, *token_out, EPISODE_LEAVE);
+    free(out);
+    snprintf(want, sizeof(want), "/tmp/marker\n/workspace/marker\nsleep 4242\nepisode %d\n", n);
+    out = op_sh(id, *token_out, EPISODE_LOOK); /* what it left is there to be seen */
+    ck_assert_msg(strcmp(out, want) == 0, "episode %d in %s left '%s'", n, id, out);
+    free(out);
+    lbt_release_session(&D, rsid);
+    return id;
+}
+
+/* The old id after its release: 404 on exec (admin and its old token), stopped (released). */
+static void assert_gone(const char *id, const char *token)
+{
+    struct lbt_resp r;
+    json_t *rec;
+
+    lbt_exec(&D, id, "", "{\"argv\": [\"true\"]}", &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    lbt_exec(&D, id, token, "{\"argv\": [\"true\"]}", &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    rec = record(id);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "released");
+    json_decref(rec);
+}
+
+#define EPISODES 200
+
+START_TEST(test_recycle_200_episodes)
+{
+    static const char *const args[] = {"--set", "pool.size=2", "--set", "pool.recycle=yes", NULL};
+    static char *seen[EPISODES];
+    struct ids warm;
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    for (int n = 0; n < EPISODES; n++) {
+        char *token;
+
+        seen[n] = episode(n, &token);
+        for (int k = 0; k < n; k++)
+            ck_assert_msg(strcmp(seen[k], seen[n]) != 0, "episode %d got %s again", n, seen[n]);
+        if (n % 20 == 0 || n == EPISODES - 1)
+            assert_gone(seen[n], token);
+        free(token);
+    }
+    /* releases gave the pool its sandboxes back: the two lines alternate (the oldest warm one
+     * is taken), each is lent pool.max_uses = 100 times, then stopped and refilled once */
+    ck_assert_int_eq(metric(RECYCLED), EPISODES - 2);
+    ck_assert_int_eq(metric(REFILLS_OK), 4);
+    ck_assert_int_eq(metric(MISSES), 0);
+    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+    ck_assert_int_eq(metric(HITS), EPISODES);
+    ck_assert(metrics_have_line("# TYPE lendbox_pool_recycled_total counter"));
+    ck_assert(metrics_have_line("# TYPE lendbox_pool_reset_failures_total counter"));
+    wait_warm(2, 30, &warm);
+    for (int n = 0; n < EPISODES; n++) {
+        ck_assert(!ids_has(&warm, seen[n]));
+        free(seen[n]);
+    }
+}
+END_TEST
+
+/* max_uses = 3: the line of one sandbox is lent three times, then its release stops it and the
+ * pool makes a fresh one; a fresh line is recycled again. */
+START_TEST(test_recycle_max_uses)
+{
+    static const char *const args[] = {"--set", "pool.size=1",     "--set", "pool.recycle=yes",
+                                       "--set", "pool.max_uses=3", NULL};
+    struct ids warm;
+    char *id, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    for (int n = 0; n < 4; n++) {
+        id = episode(n, &token);
+        assert_gone(id, token);
+        free(id);
+        free(token);
+        /* after the 1st and 2nd lend it came back; the 3rd was its last; the 4th is a new line */
+        ck_assert_int_eq(metric(RECYCLED), n < 2 ? n + 1 : n);
+        wait_warm(1, 60, &warm);
+    }
+    ck_assert_int_eq(metric(REFILLS_OK), 2);
+    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+}
+END_TEST
+
+/* recycle = no (the default): a release stops the sandbox and the pool refills as before. */
+START_TEST(test_recycle_off_keeps_refilling)
+{
+    static const char *const args[] = {"--set", "pool.size=1", NULL};
+    struct ids warm;
+    char *id, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    for (int n = 0; n < 2; n++) {
+        id = episode(n, &token);
+        assert_gone(id, token);
+        free(id);
+        free(token);
+        wait_warm(1, 60, &warm);
+    }
+    ck_assert_int_eq(metric(RECYCLED), 0);
+    ck_assert_int_eq(metric(REFILLS_OK), 3);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("warm");
@@ -806,6 +967,13 @@ int main(void)
     tcase_add_test(tc, test_refills_recover_after_failures);
     tcase_add_test(tc, test_class_follows_an_import);
     suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("recycle");
+    lbt_test_daemon_cleanup(tr, &D);
+    tcase_set_timeout(tr, 120);
+    tcase_add_test(tr, test_recycle_200_episodes);
+    tcase_add_test(tr, test_recycle_max_uses);
+    tcase_add_test(tr, test_recycle_off_keeps_refilling);
+    suite_add_tcase(s, tr);
     TCase *tn = tcase_create("refill_nice");
     lbt_test_daemon_cleanup(tn, &D);
     tcase_set_timeout(tn, 120);
