@@ -900,11 +900,14 @@ START_TEST(test_recycle_200_episodes)
 END_TEST
 
 /* max_uses = 3: the line of one sandbox is lent three times, then its release stops it and the
- * pool makes a fresh one; a fresh line is recycled again. */
+ * pool makes a fresh one; a fresh line is recycled again. max_sandboxes = 1 keeps the refill
+ * from making the fresh one while the last use is lent, so only max_uses decides. */
 START_TEST(test_recycle_max_uses)
 {
-    static const char *const args[] = {"--set", "pool.size=1",     "--set", "pool.recycle=yes",
-                                       "--set", "pool.max_uses=3", NULL};
+    static const char *const args[] = {
+        "--set", "pool.size=1",     "--set", "pool.recycle=yes",
+        "--set", "pool.max_uses=3", "--set", "lending.max_sandboxes=1",
+        NULL};
     struct ids warm;
     char *id, *token;
 
