@@ -162,8 +162,8 @@ void lend_warm_changed(struct lb_lend *l);
  * gone, make its replacement now as a warm sandbox of the pool's class under a new id whose
  * spec carries old's use count ("uses", which each warm take increments) and "recycled_from".
  * Nothing happens (false) when recycling is off, no pool is set, old is of no or another class,
- * old was lent pool_max_uses times or more, the pool holds pool_size warm sandboxes, the daemon
- * is at max_sandboxes or draining. A failed remake is counted (reset failures) and logged; a
+ * old was lent pool_max_uses times or more, pool_size of the class are warm or being made, the
+ * daemon is at max_sandboxes or draining. A failed remake is counted (reset failures) and logged; a
  * record it left is stopped (reason reset_failed, or seed_failed when the create failed) and the
  * pool's refill makes up for it. true when the replacement is warm. Blocks on the provider;
  * call it without the session's lock. */
