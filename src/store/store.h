@@ -222,11 +222,6 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
 int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
                            int64_t *out, struct lb_error *err);
 
-/* The number of warm or starting records of pool_class (a pool's and its refills'). 0 or -EIO.
- * Thread-safe. */
-int store_count_pooled(struct lb_store *st, const char *pool_class, int64_t *out,
-                       struct lb_error *err);
-
 /* Claim warm sandbox id for a stop: warm -> stopping with reason. 0, or -EBUSY when it is not
  * warm any more (a seed took it), -ENOSPC/-EIO. */
 int store_claim_warm(struct lb_store *st, const char *id, const char *reason, struct lb_error *err);

@@ -222,25 +222,3 @@ int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t 
     pthread_mutex_unlock(&st->lock);
     return ret;
 }
-
-int store_count_pooled(struct lb_store *st, const char *pool_class, int64_t *out,
-                       struct lb_error *err)
-{
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
-
-    *out = 0;
-    pthread_mutex_lock(&st->lock);
-    if (sqlite3_prepare_v2(st->db,
-                           "SELECT COUNT(*) FROM sandboxes WHERE pool_class = ?1 AND state IN "
-                           "('warm', 'starting')",
-                           -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, pool_class, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_step(s) != SQLITE_ROW)
-        ret = store_db_fail(st, err, "counting pooled sandboxes");
-    else
-        *out = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
-}
