@@ -131,6 +131,10 @@ void daemon_map_config(struct daemon *d, struct lb_http_config *hc, struct lb_le
         .retry_max_s = cfg->retry_max_s,
         .max_sandboxes = cfg->max_sandboxes,
         .pool_adopt = cfg->pool_adopt && cfg->pool_size > 0,
+        .pool_recycle = cfg->pool_recycle && cfg->pool_size > 0,
+        .pool_size = cfg->pool_size,
+        .pool_max_uses = cfg->pool_max_uses,
+        .pool_max_age_s = cfg->pool_max_age_s,
         .default_pids = cfg->default_pids,
         /* where the provider has no disk limit (local storage dir) only a seed that asks for
          * one gets a 422 */

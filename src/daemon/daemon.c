@@ -406,7 +406,9 @@ int daemon_become_ready(struct daemon *d, struct lb_error *err)
     struct lb_warm_config wc = {.size = d->cfg.pool_size,
                                 .max_age_s = d->cfg.pool_max_age_s,
                                 .refill_concurrency = d->cfg.pool_refill_concurrency,
-                                .refill_nice = d->cfg.pool_refill_nice};
+                                .refill_nice = d->cfg.pool_refill_nice,
+                                .recycle = d->cfg.pool_recycle,
+                                .max_uses = d->cfg.pool_max_uses};
     r = warm_start(&wc, d->lend, &d->warm, err);
     if (r < 0)
         return r;

@@ -285,6 +285,16 @@ void lend_set_warm(struct lb_lend *l, struct lb_provider *prov)
     lend_warm_changed(l);
 }
 
+void lend_set_pool_slots(struct lb_lend *l, const struct lend_pool_slots *slots)
+{
+    pthread_mutex_lock(&l->warm_mutex);
+    if (slots)
+        l->pool_slots = *slots;
+    else
+        memset(&l->pool_slots, 0, sizeof(l->pool_slots));
+    pthread_mutex_unlock(&l->warm_mutex);
+}
+
 uint64_t lend_warm_generation(struct lb_lend *l)
 {
     return atomic_load(&l->warm_gen);

@@ -43,6 +43,14 @@ struct lb_lend_config {
     int64_t max_seed_queue;      /* seeds waiting for a create slot; past it 429 overloaded */
     bool pool_adopt; /* startup: warm sandboxes that still run go back into the pool (else
                         they are stopped, reason not_adopted); see src/warm/ */
+    /* [pool] recycle: a release of a sandbox taken from the pool, while the pool holds fewer
+     * than pool_size warm sandboxes and the sandbox was lent fewer than pool_max_uses times,
+     * makes its replacement at once as a warm sandbox under a new id carrying the use count
+     * (see lend_release); pool_max_age_s is the warm record's max age (0: none) */
+    bool pool_recycle;
+    int64_t pool_size;
+    int64_t pool_max_uses;
+    int64_t pool_max_age_s;
     size_t max_output_bytes;
     const char *default_image;
     const char *images_dir; /* the image store (image/image.h): imported images' Env and

@@ -98,6 +98,8 @@ struct lend_start {
     char image[LB_IMAGE_NAME_MAX + 1]; /* the default image resolved, when req names none */
     json_t *spec_json;                 /* what the record keeps (owned) */
     char *spec_text;                   /* spec_json as stored (owned) */
+    const char *fail_reason; /* the stop reason of a start rolled back; NULL: "seed_failed" (a
+                                recycle's is "reset_failed"); set it after lend_start_prepare */
     /* set by lend_start_recorded */
     bool recorded;        /* the record was inserted (a later failure must roll it back) */
     struct lb_record rec; /* the row as inserted (state starting); strings borrowed */
@@ -134,8 +136,8 @@ int lend_start_recorded(struct lb_lend *l, struct lend_start *s, const char *rsi
                         const char *pool_class, int64_t ttl_s, struct lb_error *err);
 
 /* Undo a start after lend_start_recorded succeeded: record the descriptor, stop the sandbox as
- * a failed seed (a failed stop is logged and left to the retries). No-op when nothing was
- * recorded. */
+ * a failed seed (reason s->fail_reason, else seed_failed; a failed stop is logged and left to
+ * the retries). No-op when nothing was recorded. */
 void lend_start_rollback(struct lb_lend *l, struct lend_start *s);
 
 /* Free what s holds; s may be reused after. */
@@ -163,6 +165,36 @@ void lend_set_warm(struct lb_lend *l, struct lb_provider *prov);
 uint64_t lend_warm_generation(struct lb_lend *l);
 void lend_warm_wait(struct lb_lend *l, uint64_t seen, int64_t timeout_ms);
 void lend_warm_changed(struct lb_lend *l);
+
+/* A warm pool's places (registered by src/warm/ with lend_set_pool_slots; lending calls them
+ * under its warm lock, so never after the pool unregistered them). claim: is there room in the
+ * pool for one more sandbox (warm ones and those being made count, a recycle claimed earlier
+ * too) and may a release give one back (recycling on, the provider can reset)? true takes the
+ * place, counted as a creation under way until release gives it back (made or not). */
+struct lend_pool_slots {
+    bool (*claim)(void *ctx);
+    void (*release)(void *ctx);
+    void *ctx;
+};
+
+/* Register (slots non-NULL, copied) or unregister (NULL) the pool's places. Thread-safe. */
+void lend_set_pool_slots(struct lb_lend *l, const struct lend_pool_slots *slots);
+
+/* [pool] recycle, in two steps around a release's stop of old (a lent record of the pool's
+ * class, under the session's lock). lend_recycle_claim, before the stop: may old's sandbox go
+ * back to the pool? It does not when recycling is off, no pool is set, the provider cannot
+ * reset (caps.reset), old is of no or another class, old was lent pool_max_uses times or more
+ * (spec "uses", which each warm take increments), the daemon is draining or the pool has no
+ * place (lend_pool_slots.claim). true: a place is held for old's replacement; then
+ * lend_recycle_finish must follow, with stopped telling whether old was stopped. It makes the
+ * replacement as a warm sandbox of the pool's class under a new id (new token, new record,
+ * spec "uses" carried over and "recycled_from" old's id), unless old was not stopped or the
+ * daemon is at max_sandboxes; a failure is counted (reset failures), logged, and the record it
+ * left stopped with reason reset_failed; the pool refills for it. It then gives the place back.
+ * true when the replacement is warm. Blocks on the provider; call it without the session's
+ * lock. */
+bool lend_recycle_claim(struct lb_lend *l, const struct lb_record *old);
+bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool stopped);
 
 /* Stop the oldest warm sandbox (reason) so that its place goes elsewhere, or (not_class
  * non-NULL) the oldest one whose class is not not_class. Claims it first (a seed may be taking

@@ -84,6 +84,7 @@ struct lb_lend {
     pthread_mutex_t warm_mutex;
     pthread_cond_t warm_cond;  /* broadcast when warm_gen grows */
     _Atomic uint64_t warm_gen; /* lend_warm_generation: grows under warm_mutex, read without */
+    struct lend_pool_slots pool_slots; /* lend_set_pool_slots; under warm_mutex */
     pthread_mutex_t fence_mutex;
     pthread_cond_t fence_cond; /* signalled when a fence's writers reach 0 */
     struct lend_fence *fences;

@@ -322,7 +322,9 @@ void lend_start_rollback(struct lb_lend *l, struct lend_start *s)
     if (store_get_sandbox(l->store, s->rec.id, &got, NULL) == 0 && got.state != LB_STATE_STOPPED) {
         if (!got.descriptor_json && s->desc_text)
             got.descriptor_json = strdup(s->desc_text);
-        if (lend_stop_record(l, &got, "seed_failed", LB_STATE_FAILED_SEED, &serr) < 0)
+        if (lend_stop_record(l, &got, s->fail_reason ? s->fail_reason : "seed_failed",
+                             s->fail_reason ? LB_STATE_STOP_FAILED : LB_STATE_FAILED_SEED,
+                             &serr) < 0)
             log_error_sbx(s->rec.id,
                           "session %s: failed seed's sandbox %s could not be stopped: %s",
                           s->rec.rsid ? s->rec.rsid : "(none)", s->rec.id, serr.message);

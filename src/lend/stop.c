@@ -197,17 +197,22 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     struct lend_session_lock *lock = NULL;
     struct lb_record live = {0};
     char stopped_id[LB_ID_MAX] = "";
+    bool recycle = false, stopped = false;
     int r = lend_session_lock(l, rsid, false, &lock, err), n_stopped = 0;
 
     if (r < 0)
         return r;
     if (store_get_live_by_rsid(l->store, rsid, &live, NULL) == 0) {
+        /* a pooled sandbox's place is held for its replacement before it stops, so that the
+         * pool's refills do not take it meanwhile (recycle.c) */
+        recycle = lend_recycle_claim(l, &live);
         lend_before_stop(l, &live);
         r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
         if (r < 0) {
             metrics_add(LB_M_RELEASES_FAILED, 1);
             goto out;
         }
+        stopped = true;
         n_stopped++;
         snprintf(stopped_id, sizeof(stopped_id), "%s", live.id);
     }
@@ -223,8 +228,11 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     else
         *out = json_pack("{s:b}", "released", 0);
 out:
-    store_record_release(&live);
     lend_session_unlock(l, lock);
+    /* a pooled sandbox's replacement is made now, under a new id (recycle.c) */
+    if (recycle)
+        lend_recycle_finish(l, &live, stopped);
+    store_record_release(&live);
     return r;
 }
 

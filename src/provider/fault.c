@@ -161,6 +161,9 @@ static void fault_stop_begin(struct lb_provider *p, const struct lb_sandbox_ref 
 static void fault_caps(struct lb_provider *p, struct lb_provider_caps *out)
 {
     provider_caps(INNER(p), out);
+    /* "<points>.caps.reset=fail": the provider seen as one that cannot reset (docker's caps) */
+    if (fault_enabled() && fault_point(p, "caps.reset", 0, NULL) < 0)
+        out->reset = false;
 }
 
 static int fault_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,

@@ -214,12 +214,19 @@ struct lb_warm_take {
 };
 
 /* Take the oldest unexpired warm sandbox of t->pool_class for session t->rsid in one IMMEDIATE
- * transaction: warm -> lent with rsid, task_id, spec, expires_at and the token hash of its id.
+ * transaction: warm -> lent with rsid, task_id, spec, expires_at and the token hash of its id;
+ * the spec's "uses" becomes the warm record's plus one (the lends of a recycled line).
  * *out is the record as lent (the caller releases it). -ENOENT when the class has none,
  * -EEXIST if the session has a live record, -ENOSPC/-EIO. Thread-safe: two takes never get the
  * same sandbox. */
 int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb_record *out,
                     struct lb_error *err);
+
+/* The number of lent (or being released) records of pool_class lent fewer than max_uses times
+ * (spec "uses"): the sandboxes a recycling pool gets back at their release. 0 or -EIO.
+ * Thread-safe. */
+int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
+                           int64_t *out, struct lb_error *err);
 
 /* Claim warm sandbox id for a stop: warm -> stopping with reason. 0, or -EBUSY when it is not
  * warm any more (a seed took it), -ENOSPC/-EIO. */

@@ -171,7 +171,9 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
     }
     ret = warm_update(st,
                       "UPDATE sandboxes SET state = 'lent', rsid = ?2, task_id = ?3, "
-                      "spec_json = ?4, token_hash = ?5, expires_at = ?6, updated_at = ?7 "
+                      "spec_json = json_set(?4, '$.uses', "
+                      "coalesce(json_extract(spec_json, '$.uses'), 0) + 1), token_hash = ?5, "
+                      "expires_at = ?6, updated_at = ?7 "
                       "WHERE id = ?1 AND state = 'warm'",
                       id, bind_take, &a, false, "taking a warm sandbox", err);
     if (ret < 0 && (sqlite3_extended_errcode(st->db) == SQLITE_CONSTRAINT_UNIQUE))
@@ -199,5 +201,29 @@ cleanup:
     pthread_mutex_unlock(&st->lock);
     if (ret == 0)
         ret = store_get_sandbox(st, id, out, err);
+    return ret;
+}
+
+int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
+                           int64_t *out, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = 0;
+
+    *out = 0;
+    pthread_mutex_lock(&st->lock);
+    if (sqlite3_prepare_v2(st->db,
+                           "SELECT COUNT(*) FROM sandboxes WHERE pool_class = ?1 AND (state = "
+                           "'lent' OR (state = 'stopping' AND stop_reason = 'released')) AND "
+                           "json_valid(spec_json) AND "
+                           "coalesce(json_extract(spec_json, '$.uses'), 0) < ?2",
+                           -1, &s, NULL) != SQLITE_OK ||
+        sqlite3_bind_text(s, 1, pool_class, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_int64(s, 2, max_uses) != SQLITE_OK || sqlite3_step(s) != SQLITE_ROW)
+        ret = store_db_fail(st, err, "counting recyclable sandboxes");
+    else
+        *out = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->lock);
     return ret;
 }

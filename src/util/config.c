@@ -122,6 +122,8 @@ static const struct config_key config_keys[] = {
     BOOL("events", "enabled", events_enabled, "yes"),
     INT("events", "max_age_s", events_max_age_s, "604800", 0, 315360000),
     INT("events", "max_count", events_max_count, "1000000", 0, 1000000000),
+    BOOL("pool", "recycle", pool_recycle, "no"),
+    INT("pool", "max_uses", pool_max_uses, "100", 1, 1000000),
     STR("faults", "spec", faults_spec, NULL),
 };
 

@@ -115,6 +115,8 @@ struct lb_config {
     bool events_enabled;      /* false only to measure what the event write costs (bench) */
     int64_t events_max_age_s; /* retention by age; 0: none */
     int64_t events_max_count; /* the newest kept; 0: no limit */
+    bool pool_recycle;               /* a released pooled sandbox goes back to the pool */
+    int64_t pool_max_uses;           /* lends of one recycled line before it is stopped */
     /* [faults] */
     char *faults_spec;
 };

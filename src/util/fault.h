@@ -16,7 +16,9 @@
  * provider.snapshot, snapshot.frozen (a local snapshot: the sandbox frozen, its work dir made,
  * the copy not started), snapshot.publish (a snapshot's tree stored, its name not yet linked),
  * host.keyrings (checked once at start: "fail" makes the daemon refuse itself the kernel
- * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it).
+ * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it),
+ * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
+ * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

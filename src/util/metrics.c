@@ -67,6 +67,10 @@ static const struct {
                              "Time spent making warm sandboxes.", false, true},
     [LB_M_WARM_REFILL_LAST_MS] = {"lendbox_warm_refill_last_duration_seconds", NULL,
                                   "Time the last warm sandbox took to make.", true, true},
+    [LB_M_POOL_RECYCLED] = {"lendbox_pool_recycled_total", NULL,
+                            "Released sandboxes reset and returned to the warm pool."},
+    [LB_M_POOL_RESET_FAILURES] = {"lendbox_pool_reset_failures_total", NULL,
+                                  "Recycles whose reset failed (stopped, reason reset_failed)."},
     [LB_M_HTTP_CUT_DEADLINE] = {"lendbox_http_connections_cut_total", "reason=\"header_deadline\"",
                                 "Connections closed before their request headers were in, by "
                                 "reason."},

@@ -51,6 +51,8 @@ enum lb_counter {
     LB_M_WARM_REFILLS_FAILED, /* warm sandboxes that could not be made */
     LB_M_WARM_REFILL_MS,      /* ms (rendered in seconds): time spent making warm sandboxes */
     LB_M_WARM_REFILL_LAST_MS, /* gauge, ms (rendered in seconds): the last one made */
+    LB_M_POOL_RECYCLED,       /* released sandboxes returned to the pool under a new id */
+    LB_M_POOL_RESET_FAILURES, /* recycles whose remake failed (the pool refills instead) */
     LB_M_HTTP_CUT_DEADLINE,   /* connections closed past the header deadline */
     LB_M_HTTP_CUT_CAP,        /* connections closed past an address's incomplete-request cap */
     LB_M_HTTP_WAITING_MAX,    /* gauge: most connections of one address ever waiting at once */

@@ -90,10 +90,49 @@ static int64_t warm_wanted(struct lb_warm_pool *w)
         store_count_live(lend_store(w->lend), &live, NULL) < 0)
         return 0;
     want = w->cfg.size - counts[LB_STATE_WARM] - w->in_flight;
+    if (w->cfg.recycle && w->cfg.max_uses > 0) {
+        char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
+        int64_t back = 0;
+
+        lend_warm_class(w->lend, w->prov, image, cls);
+        if (store_count_recyclable(lend_store(w->lend), cls, w->cfg.max_uses, &back, NULL) == 0 &&
+            want > 0)
+            want = want > back ? want - back : 0;
+    }
     if (want < 0)
         return w->in_flight == 0 ? want : 0;
     room = lend_config(w->lend)->max_sandboxes - live;
     return want < room ? want : room > 0 ? room : 0;
+}
+
+/* lend_pool_slots.claim: a place for a recycle (a release giving its sandbox back) while
+ * fewer than size sandboxes are warm or being made; it counts as a creation under way. */
+static bool warm_slot_claim(void *ctx)
+{
+    struct lb_warm_pool *w = ctx;
+    int64_t counts[LB_STATE_COUNT];
+    bool ok = false;
+
+    pthread_mutex_lock(&w->mutex);
+    if (!w->stop && w->cfg.recycle && !lend_is_draining(w->lend) &&
+        store_count_by_state(lend_store(w->lend), counts, NULL) == 0 &&
+        counts[LB_STATE_WARM] + w->in_flight < w->cfg.size) {
+        w->in_flight++;
+        ok = true;
+    }
+    pthread_mutex_unlock(&w->mutex);
+    return ok;
+}
+
+/* lend_pool_slots.release: the recycle is over (its sandbox warm or not made). */
+static void warm_slot_release(void *ctx)
+{
+    struct lb_warm_pool *w = ctx;
+
+    pthread_mutex_lock(&w->mutex);
+    w->in_flight--;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mutex);
 }
 
 /* Backoff after failed creations (a provider error, no free uid, a full disk): the first
@@ -233,6 +272,18 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
     if (r < 0)
         goto fail;
     lend_warm_class(w->lend, w->prov, image, cls);
+    if (w->cfg.recycle) {
+        struct lb_provider_caps caps;
+
+        provider_caps(w->prov, &caps);
+        if (!caps.reset) {
+            log_warn("warm pool: pool.recycle = yes, but the %s provider cannot reset "
+                     "sandboxes: the pool does not recycle (a release stops the sandbox and "
+                     "the pool refills)",
+                     w->prov->ops->name);
+            w->cfg.recycle = false;
+        }
+    }
     w->n_threads = (size_t)(cfg->refill_concurrency > 0 ? cfg->refill_concurrency : 2);
     w->threads = calloc(w->n_threads, sizeof(*w->threads));
     if (!w->threads) {
@@ -248,10 +299,11 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
         }
     }
     lend_set_warm(l, w->prov);
+    lend_set_pool_slots(l, &(struct lend_pool_slots){warm_slot_claim, warm_slot_release, w});
     log_info("warm pool: %lld sandboxes of the default class, now %s (max age %lld s, %zu made "
-             "at once, nice +%lld)",
+             "at once, nice +%lld, recycle %s, max uses %lld)",
              (long long)cfg->size, cls, (long long)cfg->max_age_s, w->n_threads,
-             (long long)cfg->refill_nice);
+             (long long)cfg->refill_nice, w->cfg.recycle ? "yes" : "no", (long long)cfg->max_uses);
     *out = w;
     return 0;
 fail:
@@ -263,6 +315,7 @@ void warm_stop(struct lb_warm_pool *w)
 {
     if (!w)
         return;
+    lend_set_pool_slots(w->lend, NULL); /* no recycle calls into w after this */
     lend_set_warm(w->lend, NULL);
     pthread_mutex_lock(&w->mutex);
     w->stop = true;

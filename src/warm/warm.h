@@ -26,8 +26,10 @@
  * sandbox the daemon's own value once it is up. The
  * pool and the live sandboxes together never exceed lending.max_sandboxes: a refill waits for
  * room (no attempt, no failure), and a seed of another class at the limit makes a warm sandbox
- * give its place. A failed creation backs the pool off: the next attempt after 500 ms,
- * doubling per failure in a row up to 30 s, reset by one that works.
+ * give its place. With recycle, a lent sandbox of the class lent fewer than max_uses times
+ * counts as one the pool holds (its release gives it back under a new id, lend_recycle), so
+ * the pool makes only what releases will not bring back. A failed creation backs the pool off: the
+ * next attempt after 500 ms, doubling per failure in a row up to 30 s, reset by one that works.
  *
  * Thread-safety: every function may be called from any thread; warm_new/warm_free once.
  */
@@ -43,6 +45,8 @@ struct lb_warm_config {
     int64_t max_age_s;          /* a warm sandbox older than this is replaced; 0: never */
     int64_t refill_concurrency; /* warm sandboxes made at once; <= 0: 2 */
     int64_t refill_nice;        /* the refill threads' nice value above the daemon's (0..19) */
+    bool recycle;               /* [pool] recycle: releases give sandboxes back (lend_recycle) */
+    int64_t max_uses;           /* with recycle: lends of one line before it is not given back */
 };
 
 struct lb_warm_pool;

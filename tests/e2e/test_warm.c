@@ -784,6 +784,306 @@ START_TEST(test_refills_recover_after_failures)
 }
 END_TEST
 
+/* ---------- recycling pools ([pool] recycle, max_uses) ---------- */
+
+#define RECYCLED "lendbox_pool_recycled_total "
+#define RESET_FAILURES "lendbox_pool_reset_failures_total "
+
+/* Run shell command in sandbox id with its operate token; return its stdout (malloc'd). */
+static char *op_sh(const char *id, const char *token, const char *command)
+{
+    json_t *body = json_pack("{s:s,s:i,s:b}", "command", command, "timeout_s", 20,
+                             "preserve_background_services", 1);
+    char *text = json_dumps(body, JSON_COMPACT), *out;
+    json_t *res = lbt_exec_ok(&D, id, token, text);
+
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
+    out = strdup(json_string_value(json_object_get(res, "stdout")));
+    json_decref(res);
+    json_decref(body);
+    free(text);
+    return out;
+}
+
+/* What an episode leaves behind and what the next must not see: its marker files (workdir,
+ * /tmp) and a background sleep that left the exec's session. */
+#define EPISODE_LOOK                                                                               \
+    "ls /workspace/marker /tmp/marker 2>/dev/null; "                                               \
+    "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c 2>/dev/null; echo; done | "               \
+    "grep '^sleep 4242' | sed 's/ *$//'; cat /workspace/seed.txt; echo"
+#define EPISODE_LEAVE                                                                              \
+    "echo x > /workspace/marker; echo x > /tmp/marker; "                                           \
+    "setsid sleep 4242 </dev/null >/dev/null 2>&1 &"
+
+/* Seed rsid (one episode), check it sees nothing of an earlier one, leave things behind, see
+ * them, release; return the lease's sandbox id (malloc'd) and its token in token_out. */
+static char *episode(int n, char **token_out)
+{
+    char rsid[32], files[128], want[64], *out;
+    json_t *lease;
+
+    snprintf(rsid, sizeof(rsid), "recycle-%d", n);
+    snprintf(files, sizeof(files), "\"files\": {\"/workspace/seed.txt\": \"episode %d\"}", n);
+    lease = lbt_seed(&D, rsid, "task-r", files);
+    char *id = strdup(json_string_value(json_object_get(lease, "sandbox_id")));
+    *token_out =
+        strdup(json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(want, sizeof(want), "episode %d\n", n);
+    out = op_sh(id, *token_out, EPISODE_LOOK "; " EPISODE_LEAVE); /* one exec: look, then leave */
+    ck_assert_msg(strcmp(out, want) == 0, "episode %d in %s sees '%s'", n, id, out);
+    free(out);
+    snprintf(want, sizeof(want), "/tmp/marker\n/workspace/marker\nsleep 4242\nepisode %d\n", n);
+    if (n % 10 == 0) { /* what it left is there to be seen (the look can see it) */
+        out = op_sh(id, *token_out, EPISODE_LOOK);
+        ck_assert_msg(strcmp(out, want) == 0, "episode %d in %s left '%s'", n, id, out);
+        free(out);
+    }
+    lbt_release_session(&D, rsid);
+    return id;
+}
+
+/* Record id as GET /v1/sandboxes/{id} (admin) shows it; asserts 200. */
+static json_t *record_get(const char *id)
+{
+    char path[128];
+    struct lbt_resp r;
+    json_t *rec;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "GET %s: %ld", path, r.status);
+    rec = json_incref(r.json);
+    lbt_resp_free(&r);
+    return rec;
+}
+
+/* The old id after its release: 404 on exec (admin and its old token), GET shows it stopped
+ * (released). */
+static void assert_gone(const char *id, const char *token)
+{
+    struct lbt_resp r;
+    json_t *rec;
+
+    lbt_exec(&D, id, "", "{\"argv\": [\"true\"]}", &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    lbt_exec(&D, id, token, "{\"argv\": [\"true\"]}", &r);
+    ck_assert_int_eq(r.status, 404);
+    lbt_resp_free(&r);
+    rec = record_get(id);
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+    ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "released");
+    json_decref(rec);
+}
+
+/* Records of the daemon whose stop_reason is reason (NULL: every record). */
+static int count_records(const char *reason)
+{
+    json_t *all = lbt_list_sandboxes(&D), *v;
+    size_t i;
+    int n = 0;
+
+    json_array_foreach(all, i, v) {
+        const char *why = json_string_value(json_object_get(v, "stop_reason"));
+
+        n += !reason || (why && strcmp(why, reason) == 0);
+    }
+    json_decref(all);
+    return n;
+}
+
+#define EPISODES 200
+
+/* 200 episodes through a recycling pool of 2. What holds in every interleaving of the releases
+ * with the pool's refill threads: each lease is a new id never lent before; an episode sees no
+ * file or process an earlier one left; each old id answers 404 and shows stopped (released);
+ * sandboxes were recycled; and every sandbox the daemon made (records not made by a seed that
+ * missed the pool) was made by a recycle or a refill, none failed. How many of each depends on
+ * timing and is not asserted. */
+START_TEST(test_recycle_200_episodes)
+{
+    static const char *const args[] = {"--set", "pool.size=2", "--set", "pool.recycle=yes", NULL};
+    static char *seen[EPISODES];
+    struct ids warm;
+    long recycled, refills, misses, hits;
+
+    start_with(args);
+    wait_warm(2, 60, &warm);
+    for (int n = 0; n < EPISODES; n++) {
+        char *token;
+
+        seen[n] = episode(n, &token);
+        for (int k = 0; k < n; k++)
+            ck_assert_msg(strcmp(seen[k], seen[n]) != 0, "episode %d got %s again", n, seen[n]);
+        assert_gone(seen[n], token);
+        free(token);
+    }
+    /* the pool full again: a pool and the creations under way never exceed its size, so none
+     * is under way now; a creation is counted just after its sandbox is warm: wait for that */
+    wait_warm(2, 60, &warm);
+    for (double until = lbt_now() + 10;; lbt_sleep_ms(50)) {
+        recycled = metric(RECYCLED);
+        refills = metric(REFILLS_OK);
+        misses = metric(MISSES);
+        if (recycled + refills + misses >= EPISODES + 2 || lbt_now() > until)
+            break;
+    }
+    hits = metric(HITS);
+    ck_assert_msg(recycled > 0, "no sandbox was recycled");
+    ck_assert_int_eq(hits + misses, EPISODES);
+    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(count_records("reset_failed"), 0);
+    ck_assert_int_eq(count_records("released"), EPISODES);
+    /* every record is an episode's or a warm one (nothing else stopped: evicted, pool_shrunk);
+     * those a missed seed made aside, each was made by a recycle or a refill */
+    ck_assert_int_eq(count_records(NULL), EPISODES + 2);
+    ck_assert_int_eq(recycled + refills, EPISODES + 2 - misses);
+    ck_assert(metrics_have_line("# TYPE lendbox_pool_recycled_total counter"));
+    ck_assert(metrics_have_line("# TYPE lendbox_pool_reset_failures_total counter"));
+    for (int n = 0; n < EPISODES; n++) {
+        ck_assert(!ids_has(&warm, seen[n]));
+        free(seen[n]);
+    }
+}
+END_TEST
+
+/* max_uses = 3: the line of one sandbox is lent three times, then its release stops it and the
+ * pool makes a fresh one; a fresh line is recycled again. max_sandboxes = 1 keeps the refill
+ * from making the fresh one while the last use is lent, so only max_uses decides. */
+START_TEST(test_recycle_max_uses)
+{
+    static const char *const args[] = {
+        "--set", "pool.size=1",     "--set", "pool.recycle=yes",
+        "--set", "pool.max_uses=3", "--set", "lending.max_sandboxes=1",
+        NULL};
+    struct ids warm;
+    char *id, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    for (int n = 0; n < 4; n++) {
+        id = episode(n, &token);
+        assert_gone(id, token);
+        free(id);
+        free(token);
+        /* after the 1st and 2nd lend it came back; the 3rd was its last; the 4th is a new line */
+        ck_assert_int_eq(metric(RECYCLED), n < 2 ? n + 1 : n);
+        wait_warm(1, 60, &warm);
+    }
+    ck_assert_int_eq(metric(REFILLS_OK), 2);
+    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+}
+END_TEST
+
+/* recycle = no (the default): a release stops the sandbox and the pool refills as before. */
+START_TEST(test_recycle_off_keeps_refilling)
+{
+    static const char *const args[] = {"--set", "pool.size=1", NULL};
+    struct ids warm;
+    char *id, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    for (int n = 0; n < 2; n++) {
+        id = episode(n, &token);
+        assert_gone(id, token);
+        free(id);
+        free(token);
+        wait_warm(1, 60, &warm);
+    }
+    ck_assert_int_eq(metric(RECYCLED), 0);
+    ck_assert_int_eq(metric(REFILLS_OK), 3);
+}
+END_TEST
+
+/* The one record whose stop_reason is reason (asserts there is exactly one); its id into id. */
+static void the_record_stopped_for(const char *reason, char *id, size_t len)
+{
+    json_t *all = lbt_list_sandboxes(&D), *v;
+    size_t i;
+    int n = 0;
+
+    json_array_foreach(all, i, v) {
+        const char *why = json_string_value(json_object_get(v, "stop_reason"));
+
+        if (why && strcmp(why, reason) == 0) {
+            snprintf(id, len, "%s", json_string_value(json_object_get(v, "sandbox_id")));
+            ck_assert_str_eq(json_string_value(json_object_get(v, "state")), "stopped");
+            n++;
+        }
+    }
+    json_decref(all);
+    ck_assert_int_eq(n, 1);
+}
+
+/* A recycle whose sandbox was made but could not be recorded warm (fault lend.recycle, once):
+ * the release answers as always and the old sandbox is stopped (released, 404); the
+ * replacement's record is stopped with reason reset_failed (its cgroup gone), counted as a
+ * reset failure and not as recycled; the pool refills, and the next release recycles. */
+START_TEST(test_recycle_reset_failure)
+{
+    static const char *const args[] = {"--set", "pool.size=1",
+                                       "--set", "pool.recycle=yes",
+                                       "--set", "faults.spec=lend.recycle=fail:1",
+                                       NULL};
+    char failed[64];
+    struct ids warm;
+    char *id, *id2, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    id = episode(0, &token);
+    assert_gone(id, token);
+    free(token);
+    ck_assert_int_eq(metric(RESET_FAILURES), 1);
+    ck_assert_int_eq(metric(RECYCLED), 0);
+    the_record_stopped_for("reset_failed", failed, sizeof(failed));
+    ck_assert_str_ne(failed, id);
+    ck_assert_ptr_null(lbt_read_descriptor(&D, failed));
+    ck_assert_int_eq(lbt_count_cgroup_dirs(failed), 0);
+    wait_warm(1, 60, &warm); /* the refill's */
+    ck_assert(!ids_has(&warm, failed) && !ids_has(&warm, id));
+    id2 = episode(1, &token);
+    ck_assert_str_eq(id2, warm.id[0]);
+    assert_gone(id2, token);
+    free(token);
+    ck_assert_int_eq(metric(RECYCLED), 1);
+    ck_assert_int_eq(metric(RESET_FAILURES), 1);
+    wait_warm(1, 60, &warm); /* the recycled one */
+    ck_assert(!ids_has(&warm, failed) && !ids_has(&warm, id) && !ids_has(&warm, id2));
+    free(id);
+    free(id2);
+}
+END_TEST
+
+/* A provider that cannot reset (the local provider with its reset capability hidden by the
+ * fault provider.caps.reset, as docker's caps have none): pool.recycle = yes is turned off at
+ * start-up with a warning; a release stops the sandbox and the pool refills as without it. */
+START_TEST(test_recycle_needs_reset)
+{
+    static const char *const args[] = {"--set", "pool.size=1",
+                                       "--set", "pool.recycle=yes",
+                                       "--set", "faults.spec=provider.caps.reset=fail",
+                                       NULL};
+    struct ids warm;
+    char *id, *token;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    ck_assert_int_eq(lbt_log_count(&D, "cannot reset sandboxes: the pool does not recycle"), 1);
+    id = episode(0, &token);
+    assert_gone(id, token);
+    free(token);
+    ck_assert_int_eq(metric(RECYCLED), 0);
+    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+    wait_warm(1, 60, &warm); /* a refill's */
+    ck_assert(!ids_has(&warm, id));
+    free(id);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("warm");
@@ -806,6 +1106,19 @@ int main(void)
     tcase_add_test(tc, test_refills_recover_after_failures);
     tcase_add_test(tc, test_class_follows_an_import);
     suite_add_tcase(s, tc);
+    TCase *tr = tcase_create("recycle");
+    lbt_test_daemon_cleanup(tr, &D);
+    tcase_set_timeout(tr, 120);
+    tcase_add_test(tr, test_recycle_max_uses);
+    tcase_add_test(tr, test_recycle_off_keeps_refilling);
+    tcase_add_test(tr, test_recycle_reset_failure);
+    tcase_add_test(tr, test_recycle_needs_reset);
+    suite_add_tcase(s, tr);
+    TCase *t200 = tcase_create("recycle_200");
+    lbt_test_daemon_cleanup(t200, &D);
+    tcase_set_timeout(t200, 600);
+    tcase_add_test(t200, test_recycle_200_episodes);
+    suite_add_tcase(s, t200);
     TCase *tn = tcase_create("refill_nice");
     lbt_test_daemon_cleanup(tn, &D);
     tcase_set_timeout(tn, 120);
