@@ -179,8 +179,11 @@ fail:
     return NULL;
 }
 
-int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
-                        struct lb_error *err)
+/* One stop (force) and delete of instance id within timeout_ms: 0 (also for 404: gone),
+ * -EBUSY when LXD runs another operation on it ("Instance is busy running a "stop"
+ * operation": one a daemon killed mid-stop left), -ETIMEDOUT or -EREMOTEIO. */
+static int remove_once(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                       struct lb_error *err)
 {
     json_t *body = json_pack("{s:s,s:b,s:i}", "action", "stop", "force", 1, "timeout", -1);
     int64_t t0 = clock_mono_ms(), left;
@@ -195,6 +198,8 @@ int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, in
     json_decref(body);
     if (r == -ENOENT)
         return 0;
+    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+        return lb_error_set(err, -EBUSY, "%s", serr.message);
     if (r == -ETIMEDOUT || (r < 0 && !strstr(serr.message, "already stopped") &&
                             !strstr(serr.message, "not running"))) {
         return lb_error_set(err, r == -ETIMEDOUT ? -ETIMEDOUT : -EREMOTEIO, "%s", serr.message);
@@ -204,10 +209,33 @@ int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, in
         return lb_error_set(err, -ETIMEDOUT, "the stop of LXD instance %s took its whole %lld ms",
                             id, (long long)timeout_ms);
     snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, err);
+    lb_error_clear(&serr);
+    r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, &serr);
     if (r == -ENOENT)
         return 0;
-    return r == -ETIMEDOUT ? r : r < 0 ? -EREMOTEIO : 0;
+    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+        return lb_error_set(err, -EBUSY, "%s", serr.message);
+    if (r < 0)
+        return lb_error_set(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", serr.message);
+    return 0;
+}
+
+int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                        bool wait_busy, struct lb_error *err)
+{
+    int64_t t0 = clock_mono_ms();
+    int r;
+
+    for (;;) {
+        lb_error_clear(err);
+        r = remove_once(l, id, member, timeout_ms - (clock_mono_ms() - t0), err);
+        if (r != -EBUSY || !wait_busy)
+            return r;
+        /* another operation on it (a stop of a daemon killed meanwhile) ends first */
+        if (timeout_ms - (clock_mono_ms() - t0) < 1500)
+            return lb_error_recode(err, -EREMOTEIO, "LXD instance %s stayed busy", id);
+        usleep(250000);
+    }
 }
 
 static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -345,7 +373,8 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_error rerr = {0};
 
-    if (made && lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, &rerr) < 0)
+    if (made &&
+        lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, true, &rerr) < 0)
         log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
                      rerr.message);
 }
@@ -353,7 +382,8 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                        struct lb_error *err)
 {
-    return lxd_remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, err);
+    return lxd_remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, true,
+                               err);
 }
 
 static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,

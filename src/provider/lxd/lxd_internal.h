@@ -85,9 +85,11 @@ int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char
 int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
                  struct lb_error *err);
 /* Stop (force) and delete instance id (on member: counted there), within timeout_ms. 0 also
- * when it is gone (404); -ETIMEDOUT, or -EREMOTEIO with LXD's reason. */
+ * when it is gone (404). While LXD runs another operation on it ("is busy running"): with
+ * wait_busy, tried again every 250 ms within timeout_ms (then -EREMOTEIO); without, -EBUSY at
+ * once. Else -ETIMEDOUT, or -EREMOTEIO with LXD's reason. */
 int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
-                        struct lb_error *err);
+                        bool wait_busy, struct lb_error *err);
 
 /* The engine hooks of snapshots (lxd_snapshot.c; see engine.h): commit copies the frozen
  * instance into a new stopped instance of this daemon (a snapshot's "image" is its name),

@@ -173,9 +173,7 @@ int lxd_image_remove(struct lb_engine *e, const char *image, struct lb_error *er
     snprintf(location, sizeof(location), "%s",
              json_string_value(json_object_get(md, "location")) ?: "");
     json_decref(md);
-    /* a copy from it under way holds LXD's lock on it: LXD refuses, the sweep comes again */
-    r = lxd_remove_instance(l, image, location[0] ? location : NULL, l->call_timeout_ms * 4, err);
-    if (r < 0 && strstr(err->message, "busy"))
-        r = lb_error_recode(err, -EBUSY, "LXD instance %s is busy", image);
-    return r;
+    /* a copy from it under way holds LXD's lock on it: -EBUSY, the next sweep comes again */
+    return lxd_remove_instance(l, image, location[0] ? location : NULL, l->call_timeout_ms * 4,
+                               false, err);
 }
