@@ -145,9 +145,17 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
         goto fail;
     mounts_lxc(spec, mounts, sizeof(mounts));
     json_object_set_new(conf, "raw.lxc", json_string(mounts));
-    /* a copy takes the source's config but for what the request names: "" unsets */
-    if (from_snapshot)
-        json_object_set_new(conf, LXD_LABEL_SNAPSHOT, json_string(""));
+    /* a copy takes the source's config but for what the request names: "" unsets its
+     * snapshot label and the limits of the sandbox it was taken from (this spec's, if any,
+     * are set below) */
+    if (from_snapshot) {
+        static const char *const unset[] = {LXD_LABEL_SNAPSHOT, "limits.cpu.allowance",
+                                            "limits.memory", "limits.memory.swap",
+                                            "limits.processes"};
+
+        for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++)
+            json_object_set_new(conf, unset[i], json_string(""));
+    }
     if (res->cpu > 0) {
         snprintf(v, sizeof(v), "%lldms/100ms", (long long)(res->cpu * 100 + 0.5));
         json_object_set_new(conf, "limits.cpu.allowance", json_string(v));
