@@ -132,6 +132,7 @@ $(BUILD)/tests/lbt-probe: tests/e2e/lbt_probe.c
 	$(CC) -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -g -static -pthread -o $@ $<
 $(BUILD)/tests/test_forgery: $(BUILD)/tests/lbt-probe
 $(BUILD)/tests/test_activation: $(BUILD)/tests/lbt-probe
+$(BUILD)/tests/test_reset: $(BUILD)/tests/lbt-probe
 
 deps:
 	@scripts/install-deps
@@ -216,8 +217,10 @@ e2e-pool: all $(E2E_POOL_BINS)
 # pitfall). Where LXD cannot run the script exits 77 and every
 # program is skipped (said here). activation runs on lxd with the receipt read back from the
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
-# lost runs there for its usage case (the instance's state from LXD).
-E2E_LXD_PROGS ?= lending exec files durability activation lxd lost
+# lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
+# run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
+# and flattening skip, saying why).
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lost snapshot fork reset
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 e2e-lxd: all $(E2E_LXD_BINS)
 	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \

@@ -191,17 +191,18 @@ int image_layers(const char *images_dir, const char *name, struct lb_image_layer
 
 /* ---- engine snapshots ----
  *
- * A snapshot an engine provider (docker) captures is an entry like the others whose rootfs/
- * and workspace/ stay empty: the provider writes IMAGE_ENGINE_JSON into the work dir, naming
- * the engine image that holds the snapshot's root ("image"), the provider ("provider"), the
- * workdir it was taken from ("workdir") and the file in the entry holding that workdir as a
- * tar archive ("archive", may be absent). The local provider refuses such an entry; the
+ * A snapshot an engine provider (docker, lxd) captures is an entry like the others whose
+ * rootfs/ and workspace/ stay empty: the provider writes IMAGE_ENGINE_JSON into the work dir,
+ * naming the engine image that holds the snapshot's root ("image"), the provider
+ * ("provider"), the workdir it was taken from ("workdir", "" when the root holds it) and the
+ * file in the entry holding that workdir as a tar archive ("archive", absent when the root
+ * holds it: lxd). The local provider refuses such an entry; the
  * engine provider that made it seeds from its engine image and archive. */
 #define IMAGE_ENGINE_JSON "engine.json"
 
 struct lb_image_engine {
     char image[256];    /* the engine's image reference (e.g. "sha256:<hex>") */
-    char workdir[256];  /* the source sandbox's workdir, absolute */
+    char workdir[256];  /* the source sandbox's workdir, absolute; "" when the root holds it */
     char archive[4300]; /* absolute path of the workdir's tar archive, or "" */
 };
 

@@ -120,7 +120,7 @@ void lend_fork_collect(struct lb_lend *l, const char *name)
     r = image_remove_unused(l->cfg.images_dir, name, fork_digest_in_use, l->store, &e);
     if (r < 0 && r != -ENOENT)
         log_warn("fork snapshot %s: cannot remove it: %s", name, e.message);
-    swept = r == 0;
+    swept = r >= 0; /* 1: the tree went too, which an engine's image stood for */
 out:
     pthread_mutex_unlock(&l->fork_mutex);
     if (swept) /* an engine's image of it (docker); not behind a capture under way */

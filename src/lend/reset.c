@@ -86,9 +86,12 @@ static int reset_spec_build(struct lb_lend *l, const struct lb_provider_caps *ca
 }
 
 /* The image at the bottom of name's stack (a snapshot's base, its base's, ...): the image a
- * tree of name was made from, or "host", into root (LB_IMAGE_NAME_MAX + 1 bytes). -ENOENT
- * (unknown name) or a negative errno. */
-static int reset_image_root(struct lb_lend *l, const char *name, char *root, struct lb_error *err)
+ * tree of name was made from, or "host", into root (LB_IMAGE_NAME_MAX + 1 bytes). With
+ * engine_images (a provider that runs its engine's own images, not the store's trees), a name
+ * the store does not hold is such an image: a bottom. -ENOENT (unknown name) or a negative
+ * errno. */
+static int reset_image_root(struct lb_lend *l, const char *name, bool engine_images, char *root,
+                            struct lb_error *err)
 {
     struct lb_image_info info;
     char cur[LB_IMAGE_NAME_MAX + 1];
@@ -97,8 +100,11 @@ static int reset_image_root(struct lb_lend *l, const char *name, char *root, str
     for (int depth = 0; depth <= LB_IMAGE_DEPTH_MAX + 1; depth++) {
         if (strcmp(cur, "host") == 0 || !l->cfg.images_dir)
             break;
-        if (image_get(l->cfg.images_dir, cur, &info, NULL) < 0)
+        if (image_get(l->cfg.images_dir, cur, &info, NULL) < 0) {
+            if (engine_images)
+                break;
             return lb_error_set(err, -ENOENT, "no image '%s'", cur);
+        }
         if (!info.snapshot)
             break;
         snprintf(cur, sizeof(cur), "%s", info.base);
@@ -111,10 +117,11 @@ static int reset_image_root(struct lb_lend *l, const char *name, char *root, str
  * the seed's image (spec "seed_image", else "image": the first reset records it) or, with
  * snapshot, that snapshot, which must stand on the same base image. Checked before anything
  * is torn down: -LB_E_IMAGE_NOT_FOUND (404) for an unknown snapshot or a seed image no longer
- * in the store, -EEXIST (409) for a snapshot of another base or a seed image whose name now
- * names another tree, -ENOMEM. */
+ * in the store (engine_images: a seed image the store never held is the engine's own, which
+ * the engine keeps), -EEXIST (409) for a snapshot of another base or a seed image whose name
+ * now names another tree, -ENOMEM. */
 static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, const char *snapshot,
-                              struct lb_error *err)
+                              bool engine_images, struct lb_error *err)
 {
     const char *image = json_string_value(json_object_get(spec, "image"));
     const char *seed_image = json_string_value(json_object_get(spec, "seed_image"));
@@ -140,8 +147,8 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
             image_get(l->cfg.images_dir, snapshot, &info, NULL) < 0 || !info.snapshot)
             return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "no snapshot named '%s'",
                                 snapshot ? snapshot : "");
-        if (reset_image_root(l, seed_image, seed_root, NULL) < 0 ||
-            reset_image_root(l, snapshot, snap_root, NULL) < 0)
+        if (reset_image_root(l, seed_image, engine_images, seed_root, NULL) < 0 ||
+            reset_image_root(l, snapshot, engine_images, snap_root, NULL) < 0)
             return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND,
                                 "snapshot '%s' or the images under it are no longer stored",
                                 snapshot);
@@ -156,11 +163,15 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
         return 0;
     }
     if (strcmp(seed_image, "host") != 0 && l->cfg.images_dir) {
-        if (image_get(l->cfg.images_dir, seed_image, &info, NULL) < 0)
+        bool stored = image_get(l->cfg.images_dir, seed_image, &info, NULL) == 0;
+
+        /* a seed image the store never held (no digest recorded) on a provider that runs its
+         * engine's own images is the engine's: the engine keeps it */
+        if (!stored && !(engine_images && !seed_digest))
             return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND,
                                 "image '%s' that sandbox %s was seeded from is no longer stored",
                                 seed_image, id);
-        if (seed_digest && strcmp(seed_digest, info.digest) != 0)
+        if (stored && seed_digest && strcmp(seed_digest, info.digest) != 0)
             return lb_error_set(err, -EEXIST,
                                 "image '%s' names another tree than the one sandbox %s was seeded "
                                 "from",
@@ -281,7 +292,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         r = lb_error_set(err, -EIO, "sandbox %s has no readable spec", id);
         goto out;
     }
-    r = reset_choose_image(l, spec, id, snapshot, err);
+    r = reset_choose_image(l, spec, id, snapshot, !caps.image_store, err);
     if (r < 0)
         goto out;
     generation = lend_spec_token_generation(spec) + 1;

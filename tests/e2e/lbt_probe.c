@@ -24,6 +24,9 @@
  *       forges a receipt into it (cleanup confirmed, return code 0) now and every 20 ms for
  *       5 s, holding it. A connection that got no fd is logged once ("conn NAME nofd").
  *       Its pid goes to LOG.pid.
+ *   lbt-probe shm KEY
+ *       Makes a SysV shared memory segment of 4 KiB under KEY (a number, 0x... for hex) and
+ *       ends, leaving it (what python3's ctypes does in the images that have python3).
  *   lbt-probe syscalls [NAME...]
  *       Calls each named syscall (all it knows without names) with harmless arguments and
  *       prints "NAME ERRNONAME" ("NAME ok" on success). Arguments are chosen so that without
@@ -37,6 +40,7 @@
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/shm.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -575,6 +579,18 @@ static int run_zombie_leader(const char *file)
     return 1;
 }
 
+static int run_shm(const char *key)
+{
+    int id = shmget((key_t)strtol(key, NULL, 0), 4096, IPC_CREAT | 0600);
+
+    if (id < 0) {
+        perror("shmget");
+        return 1;
+    }
+    printf("%d\n", id);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "zombie-leader") == 0)
@@ -588,7 +604,9 @@ int main(int argc, char **argv)
         return run_passgrab(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "syscalls") == 0)
         return run_syscalls(argc - 2, argv + 2);
+    if (argc == 3 && strcmp(argv[1], "shm") == 0)
+        return run_shm(argv[2]);
     fprintf(stderr, "usage: lbt-probe forge LOG [--hold|--write] | zombie-leader FILE | "
-                    "passgrab DIR LOG | syscalls [NAME...]\n");
+                    "passgrab DIR LOG | syscalls [NAME...] | shm KEY\n");
     return 2;
 }

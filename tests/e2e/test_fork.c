@@ -1,6 +1,8 @@
 /*
- * test_fork.c - POST /v1/sandboxes/{id}/fork on the local provider (host and image variants;
- * docker and lxd have no snapshots yet and skip).
+ * test_fork.c - POST /v1/sandboxes/{id}/fork on the local provider (host and image variants)
+ * and the lxd provider (variant lxd: the implicit snapshot is an LXD copy of the parent, each
+ * child another copy of that; the snapshot's LXD instance goes with the snapshot); the docker
+ * variant does not run it.
  *
  * - a fork of 16 sessions, one of them already live for the same task_id (a seed would reuse
  *   it): exactly that one is 409 conflict (its own sandbox untouched), the other 15 are 200
@@ -30,7 +32,7 @@ static struct lbt_daemon D;
 static struct lbt_daemon K; /* the crash test's own daemon */
 
 #define SKIP_UNLESS_SNAPSHOTS()                                                                    \
-    LBT_SKIP_ON_ENGINE("fork is built on the local provider's snapshots only (501 elsewhere)")
+    LBT_SKIP_ON_VARIANT("docker", "fork is checked on the local and lxd providers")
 
 static const char *str(json_t *o, const char *key)
 {
@@ -108,6 +110,24 @@ static void assert_images_hide_forks(struct lbt_daemon *d)
     lbt_resp_free(&r);
 }
 
+/* Variant lxd: the LXD instances that hold snapshots (any daemon's: config
+ * user.lendbox.snapshot); -1 elsewhere. */
+static int lxd_snapshot_instances(void)
+{
+    json_t *j, *v;
+    size_t i;
+    int n = 0;
+
+    if (!lbt_variant_is("lxd"))
+        return -1;
+    j = lbt_lxd_get("/1.0/instances?recursion=1");
+    ck_assert_ptr_nonnull(j);
+    json_array_foreach(json_object_get(j, "metadata"), i, v)
+        n += json_object_get(json_object_get(v, "config"), "user.lendbox.snapshot") != NULL;
+    json_decref(j);
+    return n;
+}
+
 /* How many processes in sandbox sbx run "sleep 7777" (their /proc cmdlines). */
 static int count_marker_sleeps(struct lbt_daemon *d, const char *sbx)
 {
@@ -129,12 +149,13 @@ START_TEST(test_fork_16)
     char parent[LBT_ID_MAX], live[LBT_ID_MAX], kid[N_KIDS][LBT_ID_MAX], rsid[32], *text;
     json_t *body = json_pack("{s:[],s:s}", "sessions", "task_id", "task-fork"), *res;
     const bool image = !lbt_variant_on_host();
-    int trees_before;
+    int trees_before, lxd_before;
     struct lbt_resp r;
     char *req;
 
     SKIP_UNLESS_SNAPSHOTS();
     trees_before = count_trees(&D);
+    lxd_before = lxd_snapshot_instances();
     seed(&D, "rs-fork-parent", parent, NULL);
     seed(&D, "rs-fork-07", live, NULL);
     free(lbt_sh(&D, parent, "echo parent-before > /workspace/pfile"));
@@ -187,6 +208,8 @@ START_TEST(test_fork_16)
     lbt_resp_free(&r);
     ck_assert_int_eq(count_fork_names(&D), 1);
     assert_images_hide_forks(&D);
+    if (lxd_before >= 0) /* the implicit snapshot's own LXD instance */
+        ck_assert_int_eq(lxd_snapshot_instances(), lxd_before + 1);
 
     free(lbt_sh(&D, parent, "echo parent-after > /workspace/later"));
     free(lbt_sh(&D, kid[0], "echo kid0 > /workspace/kid0"));
@@ -223,6 +246,7 @@ START_TEST(test_fork_16)
     ck_assert_int_eq(count_fork_names(&D), 0);
     lbt_release_session(&D, "rs-fork-07");
     ck_assert_int_eq(count_trees(&D), trees_before);
+    ck_assert_int_eq(lxd_snapshot_instances(), lxd_before); /* lxd: gone with it */
     assert_images_hide_forks(&D);
 }
 END_TEST
@@ -322,7 +346,7 @@ START_TEST(test_kill_during_fork)
     char a[LBT_ID_MAX], path[160], *text;
     struct lbt_async *job;
     struct lbt_resp r;
-    int trees, i;
+    int trees, i, lxd_before = lxd_snapshot_instances();
 
     SKIP_UNLESS_SNAPSHOTS();
     lbt_daemon_start(&K, args);
@@ -343,6 +367,7 @@ START_TEST(test_kill_during_fork)
     lbt_daemon_restart(&K, NULL);
     ck_assert_int_eq(count_fork_names(&K), 0); /* collected at the start */
     ck_assert_int_eq(count_trees(&K), trees);
+    ck_assert_int_eq(lxd_snapshot_instances(), lxd_before); /* lxd: its instance too */
     lbt_json(&K, "GET", "/v1/sessions/rs-kill-1", "", NULL, &r);
     ck_assert_int_eq(r.status, 404);
     lbt_resp_free(&r);
@@ -364,7 +389,8 @@ int main(void)
     TCase *tc = tcase_create("fork");
 
     lbt_shared_daemon(tc, &D, NULL);
-    tcase_set_timeout(tc, 120);
+    /* lxd: each child is an LXD copy, made one at a time */
+    tcase_set_timeout(tc, lbt_variant_is("lxd") ? 300 : 120);
     tcase_add_test(tc, test_fork_16);
     tcase_add_test(tc, test_all_children_fail);
     tcase_add_test(tc, test_bad_input);

@@ -1,8 +1,9 @@
 /*
  * test_snapshot.c - POST /v1/sandboxes/{id}/snapshot on the local provider (host and image
- * variants) and the docker provider (variant docker: the container's root committed as an
- * engine image, its tmpfs workdir as an archive in the image store); lxd has no snapshots yet
- * and skips.
+ * variants), the docker provider (variant docker: the container's root committed as an
+ * engine image, its tmpfs workdir as an archive in the image store) and the lxd provider
+ * (variant lxd: the frozen instance copied by LXD into a stopped instance of its own, the
+ * workdir in its root).
  *
  * - round trip: a sandbox writes into its workdir a 0700 directory, a symlink, an empty file,
  *   a 50 MiB file, a file with another owner, mode and an xattr, and (image variant) files in
@@ -10,15 +11,16 @@
  *   (201 with the contract's fields) is listed by GET /v1/images as kind "snapshot" with its
  *   base; a seed from it sees the same names, modes, owners, sizes, link targets and contents
  *   (one manifest, compared byte for byte), the xattr, the deleted file absent and /tmp empty;
- *   the source keeps running (docker: the xattr step is left out, the busybox test image has
- *   no tool that sets one; the deleted base file is /srv/layer3.txt, podman bind-mounts
- *   /etc/hostname)
+ *   the source keeps running (docker and lxd: the xattr steps are left out, their busybox test
+ *   images have no tool that sets one; docker: the deleted base file is /srv/layer3.txt, podman
+ *   bind-mounts /etc/hostname; lxd: size_bytes is not checked, a dir pool reports no size)
  * - clones of one snapshot are isolated from each other and from their parent
  * - a chain of five snapshots: the fifth is flattened and needs none below it (image variant)
  * - a snapshot of a snapshot-based sandbox stacks; DELETE /v1/images answers 409 while a live
  *   sandbox or a snapshot stands on an image, 204 once nothing does
  * - bad input: invalid names 400, an existing image name 409, an unknown or released sandbox
- *   404, an operate token 403 (docker: a paused sandbox 409); every error is
+ *   404, an operate token 403 (docker: a paused sandbox 409; lxd: a paused sandbox is captured
+ *   and stays paused); every error is
  *   {"error":{"code","message"}}
  * - round trip also: a hard link (one inode in the seed), labels in the 201 and the listing, and
  *   (image variant) a root-layer manifest with a 0700 directory, another owner, a relative
@@ -33,7 +35,7 @@
  *   sandbox runs again (thawed); a new snapshot of it succeeds; docker: no engine image of the
  *   interrupted snapshot is left (the start-up sweep removed it)
  * - docker: a deleted snapshot's engine image is removed; a local-only flattening does not
- *   apply (the engine stacks its own layers)
+ *   apply (the engine stacks its own layers); lxd: the same of the snapshot's LXD instance
  */
 #include <dirent.h>
 #include <errno.h>
@@ -53,9 +55,6 @@
 
 static struct lbt_daemon D;
 static struct lbt_daemon K; /* the crash test's own daemon */
-
-#define SKIP_UNLESS_SNAPSHOTS()                                                                    \
-    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider has no snapshots yet (501, no snapshot cap)")
 
 /* The busybox test image of the docker variant links a few applets only: the rest of what
  * the tests run, linked in the container's root */
@@ -81,14 +80,30 @@ static void seed(struct lbt_daemon *d, const char *rsid, const char *extra, char
         free(lbt_sh(d, sbx, DOCKER_APPLETS));
 }
 
+/* The test images of the engine variants are busybox: no python3, no xattr tool. */
+static bool busybox_image(void)
+{
+    return lbt_variant_engine();
+}
+
 /* Variant docker: the engine images of lendbox snapshots (any daemon's) in the podman
- * service; -1 elsewhere. */
+ * service; variant lxd: the LXD instances that hold snapshots (any daemon's: config
+ * user.lendbox.snapshot); -1 elsewhere. */
 static int engine_snapshot_images(void)
 {
-    json_t *j = lbt_podman_get("/images/json"), *v, *t;
+    json_t *j, *v, *t;
     size_t i, k;
     int n = 0;
 
+    if (lbt_variant_is("lxd")) {
+        j = lbt_lxd_get("/1.0/instances?recursion=1");
+        ck_assert_ptr_nonnull(j);
+        json_array_foreach(json_object_get(j, "metadata"), i, v)
+            n += json_object_get(json_object_get(v, "config"), "user.lendbox.snapshot") != NULL;
+        json_decref(j);
+        return n;
+    }
+    j = lbt_podman_get("/images/json");
     if (!json_is_array(j)) {
         json_decref(j);
         return -1;
@@ -180,12 +195,14 @@ START_TEST(test_round_trip)
 {
     char a[LBT_ID_MAX], b[LBT_ID_MAX], *before, *after, *text, *root_before = NULL;
     const bool image = !lbt_variant_on_host(), docker = lbt_variant_is("docker");
+    const bool busybox = busybox_image();
     const char *gone = docker ? "/srv/layer3.txt" : "/etc/hostname";
+    /* lxd runs commands by a numeric uid only (its gid is the uid) */
+    const char *user = lbt_variant_is("lxd") ? "1000" : "1000:1001";
     char cmd[512];
     struct lbt_resp r;
     json_t *e;
 
-    SKIP_UNLESS_SNAPSHOTS();
     seed(&D, "rs-rt-a", NULL, a, NULL);
     free(lbt_sh(&D, a,
                 "set -e; cd /workspace; mkdir -p secret/inner; chmod 0700 secret; "
@@ -193,17 +210,21 @@ START_TEST(test_round_trip)
                 ": > empty; head -c 52428800 /dev/urandom > big; echo owned > owned; "
                 "chmod 0640 owned; chmod 4755 empty; chmod 0777 /workspace; ln big biglink; "
                 "echo scratch > /tmp/scratch"));
-    if (!docker)
+    if (!busybox)
         free(lbt_sh(&D, a,
                     "python3 -c \"import os; os.setxattr('/workspace/owned', 'user.lbt', "
                     "b'kept')\""));
     /* a file of another owner (docker: the engine's archive API, which reads the tmpfs
      * workdir, gives every file to root: owners there are not kept) */
-    if (!docker)
-        json_decref(lbt_exec_ok(&D, a, "",
-                                "{\"command\": \"echo u > /workspace/byuser; chmod 0600 "
-                                "/workspace/byuser\", \"user\": \"1000:1001\"}"));
-    if (image && !docker) /* the root layer: a new file, a changed one, a deleted one of the base */
+    if (!docker) {
+        snprintf(cmd, sizeof(cmd),
+                 "{\"command\": \"echo u > /workspace/byuser; chmod 0600 /workspace/byuser\", "
+                 "\"user\": \"%s\"}",
+                 user);
+        json_decref(lbt_exec_ok(&D, a, "", cmd));
+    }
+    if (image &&
+        !busybox) /* the root layer: a new file, a changed one, a deleted one of the base */
         free(lbt_sh(
             &D, a,
             "set -e; mkdir -p /opt/snap/private; echo root-layer > /opt/snap/f; "
@@ -212,18 +233,21 @@ START_TEST(test_round_trip)
             "ln -s ../snap/f /opt/snap/rel; "
             ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2; python3 -c \"import os; "
             "os.setxattr('/opt/snap/f', 'user.lbt', b'root-kept')\""));
-    if (image && !docker) /* a file of another owner there */
-        json_decref(lbt_exec_ok(&D, a, "",
-                                "{\"command\": \"echo u > /opt/snap/users/p; chmod 0604 "
-                                "/opt/snap/users/p\", \"user\": \"1000:1001\"}"));
-    if (docker) { /* the same without python3 (the busybox image has none) */
+    if (busybox) { /* the same without python3 (the busybox image has none) */
         snprintf(cmd, sizeof(cmd),
                  "set -e; mkdir -p /opt/snap/private; echo root-layer > /opt/snap/f; "
                  "echo changed >> /etc/passwd; rm %s; chmod 0700 /opt/snap/private; "
                  "echo p > /opt/snap/private/p; ln -s ../snap/f /opt/snap/rel; "
-                 ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2",
-                 gone);
+                 ": > /opt/snap/empty; ln /opt/snap/f /opt/snap/f2%s",
+                 gone, docker ? "" : "; mkdir /opt/snap/users; chmod 1777 /opt/snap/users");
         free(lbt_sh(&D, a, cmd));
+    }
+    if (image && !docker) { /* a file of another owner there */
+        snprintf(cmd, sizeof(cmd),
+                 "{\"command\": \"echo u > /opt/snap/users/p; chmod 0604 /opt/snap/users/p\", "
+                 "\"user\": \"%s\"}",
+                 user);
+        json_decref(lbt_exec_ok(&D, a, "", cmd));
     }
     before = lbt_sh(&D, a, MANIFEST);
     root_before = image ? lbt_sh(&D, a, ROOT_MANIFEST) : NULL;
@@ -236,7 +260,11 @@ START_TEST(test_round_trip)
     ck_assert_str_eq(str(r.json, "source_sandbox_id"), a);
     ck_assert_int_eq(strncmp(str(r.json, "digest"), "sha256:", 7), 0);
     ck_assert_int_eq(strlen(str(r.json, "digest")), 7 + 64);
-    ck_assert_int_ge(json_integer_value(json_object_get(r.json, "size_bytes")), 52428800);
+    if (lbt_variant_is("lxd"))
+        lbt_skip_note(__func__, "size_bytes is not checked: the snapshot's root is an LXD "
+                                "instance, whose size a dir storage pool does not report");
+    else
+        ck_assert_int_ge(json_integer_value(json_object_get(r.json, "size_bytes")), 52428800);
     ck_assert_ptr_nonnull(str(r.json, "created_at"));
     ck_assert_int_eq(json_object_size(json_object_get(r.json, "labels")), 1);
     ck_assert_str_eq(str(json_object_get(r.json, "labels"), "k"), "v");
@@ -257,14 +285,14 @@ START_TEST(test_round_trip)
     after = lbt_sh(&D, b, MANIFEST);
     ck_assert_str_eq(after, before);
     text = lbt_sh(&D, b,
-                  docker ? "ls -A /tmp; test ! -e /workspace/later && echo no-later; test "
-                           "$(stat -c %i /workspace/big) = $(stat -c %i /workspace/biglink) && "
-                           "echo one-inode"
-                         : "python3 -c \"import os; print(os.getxattr('/workspace/owned', "
-                           "'user.lbt').decode())\"; ls -A /tmp; test ! -e /workspace/later && "
-                           "echo no-later; test $(stat -c %i /workspace/big) = $(stat -c %i "
-                           "/workspace/biglink) && echo one-inode");
-    ck_assert_str_eq(text, docker ? "no-later\none-inode\n" : "kept\nno-later\none-inode\n");
+                  busybox ? "ls -A /tmp; test ! -e /workspace/later && echo no-later; test "
+                            "$(stat -c %i /workspace/big) = $(stat -c %i /workspace/biglink) && "
+                            "echo one-inode"
+                          : "python3 -c \"import os; print(os.getxattr('/workspace/owned', "
+                            "'user.lbt').decode())\"; ls -A /tmp; test ! -e /workspace/later && "
+                            "echo no-later; test $(stat -c %i /workspace/big) = $(stat -c %i "
+                            "/workspace/biglink) && echo one-inode");
+    ck_assert_str_eq(text, busybox ? "no-later\none-inode\n" : "kept\nno-later\none-inode\n");
     free(text);
     if (image) {
         snprintf(cmd, sizeof(cmd),
@@ -276,7 +304,7 @@ START_TEST(test_round_trip)
         ck_assert_str_eq(text, root_before);
         free(text);
     }
-    if (image && !docker) {
+    if (image && !busybox) {
         text = lbt_sh(&D, b,
                       "python3 -c \"import os; print(os.getxattr('/opt/snap/f', "
                       "'user.lbt').decode())\"");
@@ -303,7 +331,6 @@ START_TEST(test_clones_isolated)
 {
     char p[LBT_ID_MAX], c1[LBT_ID_MAX], c2[LBT_ID_MAX], *text;
 
-    SKIP_UNLESS_SNAPSHOTS();
     seed(&D, "rs-iso-p", NULL, p, NULL);
     free(lbt_sh(&D, p, "echo prepared > /workspace/setup"));
     snapshot_ok(&D, p, "snap-iso");
@@ -329,10 +356,9 @@ END_TEST
 START_TEST(test_stack_and_delete)
 {
     char a[LBT_ID_MAX], b[LBT_ID_MAX], c[LBT_ID_MAX], *text;
-    const int images = engine_snapshot_images(); /* docker: the engine's, -1 elsewhere */
+    const int images = engine_snapshot_images(); /* docker, lxd: the engine's; else -1 */
     json_t *e;
 
-    SKIP_UNLESS_SNAPSHOTS();
     seed(&D, "rs-st-a", NULL, a, NULL);
     free(lbt_sh(&D, a, "echo 1 > /workspace/one"));
     snapshot_ok(&D, a, "snap-st1");
@@ -370,9 +396,10 @@ START_TEST(test_flatten_past_depth)
 {
     char sbx[LBT_ID_MAX], rsid[32], name[32], extra[64], cmd[128], *text;
 
-    SKIP_UNLESS_SNAPSHOTS();
     LBT_SKIP_ON_VARIANT("docker", "the docker engine stacks a snapshot's layers itself: lendbox "
                                   "flattens nothing there");
+    LBT_SKIP_ON_VARIANT("lxd", "an lxd snapshot is a whole copy of the instance: lendbox "
+                               "stacks and flattens nothing there");
     LBT_SKIP_ON_VARIANT("host", "a host sandbox's snapshot is its workdir only: no layers");
     LBT_SKIP_ON_VARIANT("pool", "a host sandbox's snapshot is its workdir only: no layers");
     for (int i = 1; i <= 5; i++) {
@@ -428,7 +455,6 @@ START_TEST(test_bad_input)
     char a[LBT_ID_MAX], tok[256];
     struct lbt_resp r;
 
-    SKIP_UNLESS_SNAPSHOTS();
     seed(&D, "rs-bad", NULL, a, tok);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snapshot(&D, a, "", bad[i], &r);
@@ -462,6 +488,24 @@ START_TEST(test_bad_input)
         lbt_json(&D, "POST", path, "", NULL, &r);
         ck_assert_int_eq(r.status, 200);
         lbt_resp_free(&r);
+    }
+    if (lbt_variant_is("lxd")) { /* LXD copies a frozen instance: captured, and still paused */
+        char path[160];
+
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", a);
+        lbt_json(&D, "POST", path, "", NULL, &r);
+        ck_assert_int_eq(r.status, 200);
+        lbt_resp_free(&r);
+        snapshot_ok(&D, a, "snap-paused");
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", a);
+        lbt_json(&D, "GET", path, "", NULL, &r);
+        ck_assert_str_eq(str(r.json, "status"), "paused");
+        lbt_resp_free(&r);
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", a);
+        lbt_json(&D, "POST", path, "", NULL, &r);
+        ck_assert_int_eq(r.status, 200);
+        lbt_resp_free(&r);
+        ck_assert_int_eq(delete_image(&D, "snap-paused", NULL), 204);
     }
     snapshot_ok(&D, a, "snap-dup");
     snapshot(&D, a, "", "{\"name\": \"snap-dup\"}", &r);
@@ -554,9 +598,10 @@ START_TEST(test_hostile_links)
     const char *marker = "lbt-host-secret-5f1c";
     FILE *f;
 
-    SKIP_UNLESS_SNAPSHOTS();
     LBT_SKIP_ON_VARIANT("docker", "it checks the local provider's host-side copy; a docker "
                                   "capture is copied by the engine (commit, archive API)");
+    LBT_SKIP_ON_VARIANT("lxd", "it checks the local provider's host-side copy; an lxd capture "
+                               "is LXD's own copy of the instance");
     snprintf(secret, sizeof(secret), "%s/host-secret", D.state_dir);
     f = fopen(secret, "we");
     ck_assert_ptr_nonnull(f);
@@ -617,10 +662,11 @@ START_TEST(test_sparse_past_disk_size)
 {
     char a[LBT_ID_MAX];
 
-    SKIP_UNLESS_SNAPSHOTS();
     LBT_SKIP_ON_VARIANT("docker", "the docker provider bounds a capture by the image store's room, "
                                   "not by the disk size (the engine writes a sparse file out "
                                   "whole)");
+    LBT_SKIP_ON_VARIANT("lxd", "the test cluster's dir pool has no disk quotas (disk_mib is "
+                               "422); LXD's copy is bounded by its pool, not by lendbox");
     seed(&D, "rs-sp", "\"resources\": {\"disk_mib\": 64}", a, NULL);
     free(lbt_sh(&D, a, "truncate -s 8G /workspace/sparse; echo x > /workspace/small"));
     assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");
@@ -674,9 +720,10 @@ START_TEST(test_device_node_refused)
     char a[LBT_ID_MAX], node[512];
     json_t *desc;
 
-    SKIP_UNLESS_SNAPSHOTS();
     LBT_SKIP_ON_VARIANT("docker", "it places a device node through the local provider's host "
                                   "paths, which a container has not");
+    LBT_SKIP_ON_VARIANT("lxd", "it places a device node through the local provider's host "
+                               "paths, which an LXD instance has not");
     seed(&D, "rs-dev", NULL, a, NULL);
     desc = lbt_read_descriptor(&D, a);
     ck_assert_ptr_nonnull(desc);
@@ -756,7 +803,7 @@ static void kill_during(const char *point)
     ck_assert_int_eq(count_entries(tmp), 0);                   /* no work dir */
     ck_assert_int_eq(count_entries(store), trees);             /* no stored tree */
     ck_assert_int_eq(count_mounts_under(K.state_dir), mounts); /* the sandbox's own only */
-    ck_assert_int_eq(engine_snapshot_images(), images);        /* docker: none left behind */
+    ck_assert_int_eq(engine_snapshot_images(), images);        /* engines: none left behind */
     ck_assert_ptr_null(image_entry(&K, "snap-kill"));
     lbt_json(&K, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
@@ -787,7 +834,6 @@ START_TEST(test_operate_fenced_during_capture)
     struct lbt_resp r;
     int i;
 
-    SKIP_UNLESS_SNAPSHOTS();
     lbt_daemon_start(&K, args);
     seed(&K, "rs-fence", NULL, a, tok);
     free(lbt_sh(&K, a, "echo before > /workspace/f"));
@@ -838,14 +884,12 @@ END_TEST
 
 START_TEST(test_kill_while_frozen)
 {
-    SKIP_UNLESS_SNAPSHOTS();
     kill_during("snapshot.frozen");
 }
 END_TEST
 
 START_TEST(test_kill_before_naming)
 {
-    SKIP_UNLESS_SNAPSHOTS();
     kill_during("snapshot.publish");
 }
 END_TEST

@@ -178,6 +178,7 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     if (r < 0 && r != -ENOENT)
         return r;
     from_snap = r == 0;
+    inst.from_snapshot = from_snap;
     if (from_snap)
         image = snap.image;
     r = h->prepare ? h->prepare(e, ref, spec, &inst, err) : 0;

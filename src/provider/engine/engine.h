@@ -30,9 +30,11 @@ struct lb_httpc_response;
 
 /* The instance a create makes or adopts, as the create hooks fill it in turn. */
 struct engine_instance {
-    char name[256];   /* the engine's name of it (docker: lendbox-<instance>-<id>; lxd: id) */
-    char handle[128]; /* what the descriptor keeps besides (docker: container id; lxd: the
-                         cluster member it is on); "" until known */
+    char name[256];     /* the engine's name of it (docker: lendbox-<instance>-<id>; lxd: id) */
+    char handle[128];   /* what the descriptor keeps besides (docker: container id; lxd: the
+                           cluster member it is on); "" until known */
+    bool from_snapshot; /* set before make: the image make gets is a reference commit gave
+                           (a snapshot this backend made), not one of the engine's own */
 };
 
 /* One exec on its way through engine_exec and the backend's exec_run hook. */
@@ -133,14 +135,15 @@ struct engine_hooks {
 
     /* Snapshots (engine_snapshot.c); a backend without commit has none (NULL, the caps op
      * leaves snapshot false). workdir_archive writes the running instance's workdir as a tar
-     * archive (its entries under the workdir's own name) to fd and its path into workdir.
-     * commit makes an engine image of the instance's root as it is (the instance frozen by
-     * the caller) carrying this daemon's instance label and puts its reference into image.
-     * put_archive extracts a tar archive read from fd (at its offset 0) at dir inside the
-     * running instance. snapshot_images lists the references of every engine image commit
-     * made for this daemon (a JSON array of strings, the caller's). image_remove removes one:
-     * 0, -ENOENT (none), -EBUSY (an instance or an image stands on it). Each returns 0 or a
-     * negative errno with err set. */
+     * archive (its entries under the workdir's own name) to fd and its path into workdir; NULL
+     * (then put_archive is NULL too) when the workdir is part of the instance's root, which
+     * commit carries whole (lxd). commit makes an engine image of the instance's root as it is
+     * (the instance frozen by the caller, or paused) carrying this daemon's instance label and
+     * puts its reference into image. put_archive extracts a tar archive read from fd (at its
+     * offset 0) at dir inside the running instance. snapshot_images lists the references of
+     * every engine image commit made for this daemon (a JSON array of strings, the caller's).
+     * image_remove removes one: 0, -ENOENT (none), -EBUSY (an instance or an image stands on
+     * it). Each returns 0 or a negative errno with err set. */
     int (*workdir_archive)(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,
                            char *workdir, size_t size, struct lb_error *err);
     int (*commit)(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *image, size_t size,
@@ -328,11 +331,14 @@ int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
  * while the instance runs: an engine cannot read a frozen instance's workdir mount) in dest,
  * then, with the instance frozen, an engine image of its root (hooks->commit), recorded in
  * dest's engine.json (image.h, "engine snapshots"); the rootfs/ and workspace/ of dest stay
- * empty. /tmp and the workdir are mounts the engine's image leaves out. */
+ * empty. /tmp and the workdir are mounts the engine's image leaves out (docker). A backend
+ * without workdir_archive keeps the workdir in the instance's root: the engine image is all of
+ * the snapshot (engine.json names no archive and an empty workdir). */
 
-/* The snapshot op (provider.h): -ENOENT for a stopped instance, -EBUSY for a paused one, the
- * fault point "snapshot.frozen" while frozen, the image removed again on a later failure,
- * the instance thawed either way. flatten is ignored (the engine stacks its own layers). */
+/* The snapshot op (provider.h): -ENOENT for a stopped instance; a paused one: -EBUSY when the
+ * backend archives the workdir, else captured as it is (neither frozen nor thawed here); the
+ * fault point "snapshot.frozen" while frozen, the image removed again on a later failure, the
+ * instance thawed either way. flatten is ignored (the engine stacks its own layers). */
 int engine_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dest,
                     bool flatten, struct lb_error *err);
 /* The snapshot_sweep op: hooks->image_remove of each of hooks->snapshot_images that no tree of
@@ -341,7 +347,8 @@ int engine_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
 struct lb_image_engine;
 /* For a create: 0 and *out when spec->image names a snapshot this backend made; -ENOENT
  * (err untouched) when it names none (the engine's own image); -EOPNOTSUPP (err set) for a
- * snapshot of another provider or a workdir of another name than the snapshot's. */
+ * snapshot of another provider or, for a snapshot with a workdir archive, a workdir of another
+ * name than the snapshot's. */
 int engine_snapshot_source(struct lb_engine *e, const struct lb_sandbox_spec *spec,
                            struct lb_image_engine *out, struct lb_error *err);
 /* After the instance of such a create started: its workdir from the snapshot's archive

@@ -19,13 +19,15 @@
 
 #define ARCHIVE_NAME "workspace.tar"
 
-/* dest/engine.json: what image_engine_snapshot reads back. */
+/* dest/engine.json: what image_engine_snapshot reads back (no "archive" for a backend that
+ * keeps the workdir in the instance's root). */
 static int write_engine_json(const struct lb_engine *e, const char *dest, const char *image,
                              const char *workdir, struct lb_error *err)
 {
     char p[4200];
-    json_t *j = json_pack("{s:s,s:s,s:s,s:s}", "provider", e->hooks->name, "image", image,
-                          "workdir", workdir, "archive", ARCHIVE_NAME);
+    json_t *j =
+        json_pack("{s:s,s:s,s:s,s:s?}", "provider", e->hooks->name, "image", image, "workdir",
+                  workdir, "archive", e->hooks->workdir_archive ? ARCHIVE_NAME : NULL);
     int r = 0;
 
     snprintf(p, sizeof(p), "%s/" IMAGE_ENGINE_JSON, dest);
@@ -60,36 +62,41 @@ int engine_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, con
     char path[4200], workdir[256] = "", image[256] = "";
     enum lb_sandbox_status st;
     struct lb_error ferr = {0};
-    bool frozen = false;
+    bool frozen = false, paused;
     int fd = -1, r;
 
     (void)flatten; /* the engine stacks its own layers */
-    if (!h->commit || !h->workdir_archive)
+    if (!h->commit)
         return lb_error_set(err, -ENOSYS, "the %s provider cannot snapshot sandboxes", h->name);
     r = h->state(e, ref, &st, err);
     if (r < 0)
         return r;
     if (st == LB_STATUS_STOPPED || st == LB_STATUS_ERROR)
         return lb_error_set(err, -ENOENT, "no such sandbox");
-    if (st == LB_STATUS_PAUSED) /* the engine cannot read a frozen instance's workdir mount */
+    paused = st == LB_STATUS_PAUSED;
+    if (paused && h->workdir_archive) /* the engine cannot read a frozen instance's workdir */
         return lb_error_set(err, -EBUSY,
                             "sandbox '%s' is paused; the %s provider snapshots running sandboxes "
                             "only",
                             ref->id, h->name);
-    snprintf(path, sizeof(path), "%s/" ARCHIVE_NAME, dest);
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return lb_error_set(err, -errno, "cannot make '%s': %s", path, strerror(errno));
-    /* the workdir first: an engine reads a mount of a running instance only */
-    r = h->workdir_archive(e, ref, fd, workdir, sizeof(workdir), err);
-    if (r == 0 && fsync(fd) < 0)
-        r = lb_error_set(err, -errno, "cannot write '%s': %s", path, strerror(errno));
-    if (r < 0)
-        goto out;
-    r = set_frozen(e, ref, true, err);
-    if (r < 0)
-        goto out;
-    frozen = true;
+    if (h->workdir_archive) {
+        snprintf(path, sizeof(path), "%s/" ARCHIVE_NAME, dest);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return lb_error_set(err, -errno, "cannot make '%s': %s", path, strerror(errno));
+        /* the workdir first: an engine reads a mount of a running instance only */
+        r = h->workdir_archive(e, ref, fd, workdir, sizeof(workdir), err);
+        if (r == 0 && fsync(fd) < 0)
+            r = lb_error_set(err, -errno, "cannot write '%s': %s", path, strerror(errno));
+        if (r < 0)
+            goto out;
+    }
+    if (!paused) { /* a paused instance stays as it is: frozen already, and not thawed after */
+        r = set_frozen(e, ref, true, err);
+        if (r < 0)
+            goto out;
+        frozen = true;
+    }
     /* tests: a crash (delay + kill -9) with the sandbox frozen, the capture under way */
     r = fault_hit("snapshot.frozen", 0, err);
     if (r == 0)
@@ -171,6 +178,8 @@ int engine_snapshot_source(struct lb_engine *e, const struct lb_sandbox_spec *sp
                                spec->image);
     if (r < 0)
         return r;
+    if (!out->archive[0]) /* the workdir is in the engine image's root: any workdir seeds */
+        return 0;
     base_of(spec->workdir ? spec->workdir : "/workspace", want, sizeof(want));
     base_of(out->workdir, have, sizeof(have));
     if (strcmp(want, have) != 0)

@@ -39,10 +39,8 @@ static json_t *new_descriptor(const char *name, const char *location, const char
                      workdir ? workdir : "/workspace");
 }
 
-/* The instance named id: its location and whether it carries our labels. 0, -ENOENT, or
- * -EREMOTEIO (an LXD failure, or an instance that is not ours). */
-static int find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
-                    struct lb_error *err)
+int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
+                 struct lb_error *err)
 {
     char path[256];
     json_t *j = NULL, *md, *conf;
@@ -114,17 +112,50 @@ static int check_network(struct lb_lxd *l, const struct lb_sandbox_spec *spec, s
     return 0;
 }
 
+/* raw.lxc: /tmp, /run and /dev/shm as tmpfs mounts of their own, so that they are not in the
+ * root file system (a snapshot's copy of the root leaves them out) and start empty; each
+ * bounded by disk_mib when the spec gives one (else by the instance's memory limit, which
+ * their pages are charged to). */
+static void mounts_lxc(const struct lb_sandbox_spec *spec, char *buf, size_t size)
+{
+    char opt[64] = "";
+
+    if (spec->resources.disk_mib > 0)
+        snprintf(opt, sizeof(opt), ",size=%lldm", (long long)spec->resources.disk_mib);
+    snprintf(buf, size,
+             "lxc.mount.entry = tmpfs tmp tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 0\n"
+             "lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755%s,create=dir 0 0\n"
+             "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 0\n",
+             opt, opt, opt);
+}
+
+/* The create request: from the image alias image, or (from_snapshot) a copy of the stopped
+ * instance image that a snapshot made (lxd_snapshot.c), without its snapshot label. */
 static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_sandbox_spec *spec,
-                           const char *image)
+                           const char *image, bool from_snapshot)
 {
     const struct lb_resources *res = &spec->resources;
     json_t *conf = json_pack("{s:s,s:s,s:s}", LXD_LABEL_INSTANCE, l->eng.instance,
                              LXD_LABEL_SANDBOX, id, "security.idmap.isolated", "true");
     json_t *root = json_pack("{s:s,s:s,s:s}", "type", "disk", "path", "/", "pool", l->pool);
-    char v[64];
+    json_t *source;
+    char v[64], mounts[512];
 
     if (!conf || !root)
         goto fail;
+    mounts_lxc(spec, mounts, sizeof(mounts));
+    json_object_set_new(conf, "raw.lxc", json_string(mounts));
+    /* a copy takes the source's config but for what the request names: "" unsets its
+     * snapshot label and the limits of the sandbox it was taken from (this spec's, if any,
+     * are set below) */
+    if (from_snapshot) {
+        static const char *const unset[] = {LXD_LABEL_SNAPSHOT, "limits.cpu.allowance",
+                                            "limits.memory", "limits.memory.swap",
+                                            "limits.processes"};
+
+        for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++)
+            json_object_set_new(conf, unset[i], json_string(""));
+    }
     if (res->cpu > 0) {
         snprintf(v, sizeof(v), "%lldms/100ms", (long long)(res->cpu * 100 + 0.5));
         json_object_set_new(conf, "limits.cpu.allowance", json_string(v));
@@ -142,19 +173,25 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
         snprintf(v, sizeof(v), "%lldMiB", (long long)res->disk_mib);
         json_object_set_new(root, "size", json_string(v));
     }
+    source = from_snapshot
+                 ? json_pack("{s:s,s:s,s:b}", "type", "copy", "source", image, "instance_only", 1)
+                 : json_pack("{s:s,s:s}", "type", "image", "alias", image);
+    if (!source)
+        goto fail;
     /* no profile: no NIC whatever the default profile holds; the root disk is ours */
-    return json_pack("{s:s,s:s,s:{s:s,s:s},s:[],s:o,s:{s:o}}", "name", id, "type", "container",
-                     "source", "type", "image", "alias", image, "profiles", "config", conf,
-                     "devices", "root", root);
+    return json_pack("{s:s,s:s,s:o,s:[],s:o,s:{s:o}}", "name", id, "type", "container", "source",
+                     source, "profiles", "config", conf, "devices", "root", root);
 fail:
     json_decref(conf);
     json_decref(root);
     return NULL;
 }
 
-/* Stop (force) and delete the instance, within timeout_ms. 404 = gone = 0. */
-static int remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
-                           struct lb_error *err)
+/* One stop (force) and delete of instance id within timeout_ms: 0 (also for 404: gone),
+ * -EBUSY when LXD runs another operation on it ("Instance is busy running a "stop"
+ * operation": one a daemon killed mid-stop left), -ETIMEDOUT or -EREMOTEIO. */
+static int remove_once(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                       struct lb_error *err)
 {
     json_t *body = json_pack("{s:s,s:b,s:i}", "action", "stop", "force", 1, "timeout", -1);
     int64_t t0 = clock_mono_ms(), left;
@@ -169,6 +206,8 @@ static int remove_instance(struct lb_lxd *l, const char *id, const char *member,
     json_decref(body);
     if (r == -ENOENT)
         return 0;
+    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+        return lb_error_set(err, -EBUSY, "%s", serr.message);
     if (r == -ETIMEDOUT || (r < 0 && !strstr(serr.message, "already stopped") &&
                             !strstr(serr.message, "not running"))) {
         return lb_error_set(err, r == -ETIMEDOUT ? -ETIMEDOUT : -EREMOTEIO, "%s", serr.message);
@@ -178,10 +217,33 @@ static int remove_instance(struct lb_lxd *l, const char *id, const char *member,
         return lb_error_set(err, -ETIMEDOUT, "the stop of LXD instance %s took its whole %lld ms",
                             id, (long long)timeout_ms);
     snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, err);
+    lb_error_clear(&serr);
+    r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, &serr);
     if (r == -ENOENT)
         return 0;
-    return r == -ETIMEDOUT ? r : r < 0 ? -EREMOTEIO : 0;
+    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+        return lb_error_set(err, -EBUSY, "%s", serr.message);
+    if (r < 0)
+        return lb_error_set(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", serr.message);
+    return 0;
+}
+
+int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                        bool wait_busy, struct lb_error *err)
+{
+    int64_t t0 = clock_mono_ms();
+    int r;
+
+    for (;;) {
+        lb_error_clear(err);
+        r = remove_once(l, id, member, timeout_ms - (clock_mono_ms() - t0), err);
+        if (r != -EBUSY || !wait_busy)
+            return r;
+        /* another operation on it (a stop of a daemon killed meanwhile) ends first */
+        if (timeout_ms - (clock_mono_ms() - t0) < 1500)
+            return lb_error_recode(err, -EREMOTEIO, "LXD instance %s stayed busy", id);
+        usleep(250000);
+    }
 }
 
 static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -201,16 +263,25 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                      struct engine_instance *inst, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)e;
-    char path[512], enc_target[200] = "";
+    char path[512], enc_target[200] = "", holder_at[128] = "";
+    const char *target = l->target;
     struct lb_error cerr = {0};
     json_t *body;
     int r;
 
-    body = create_body(l, ref->id, spec, image);
+    if (inst->from_snapshot && !target && l->clustered) {
+        /* a copy names where it goes (LXD 5.0.2 places none): beside the snapshot's instance,
+         * so the copy stays on one member */
+        r = lxd_snapshot_location(l, image, holder_at, sizeof(holder_at), err);
+        if (r < 0)
+            return r;
+        target = holder_at[0] ? holder_at : NULL;
+    }
+    body = create_body(l, ref->id, spec, image, inst->from_snapshot);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    if (l->target) {
-        char *enc = curl_easy_escape(NULL, l->target, 0);
+    if (target) {
+        char *enc = curl_easy_escape(NULL, target, 0);
 
         snprintf(enc_target, sizeof(enc_target), "?target=%s", enc ? enc : "");
         curl_free(enc);
@@ -222,6 +293,10 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
         return 0;
     if (strstr(cerr.message, "already exists"))
         return -EEXIST;
+    if (inst->from_snapshot && r == -ENOENT)
+        return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND,
+                            "LXD has no instance '%s' of the snapshot any more: %s", image,
+                            cerr.message);
     if (r == -ENOENT || strstr(cerr.message, "mage alias not found") ||
         strstr(cerr.message, "mage not found"))
         return lb_error_set(err, -LB_E_IMAGE_NOT_FOUND, "LXD has no image alias '%s': %s", image,
@@ -232,7 +307,7 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                          struct engine_instance *inst, struct lb_error *err)
 {
-    return find_own((struct lb_lxd *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+    return lxd_find_own((struct lb_lxd *)e, ref->id, inst->handle, sizeof(inst->handle), err);
 }
 
 static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -280,7 +355,7 @@ static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     json_t *desc;
     int r;
 
-    if (!inst->handle[0] && find_own(l, ref->id, inst->handle, sizeof(inst->handle), err) < 0)
+    if (!inst->handle[0] && lxd_find_own(l, ref->id, inst->handle, sizeof(inst->handle), err) < 0)
         return -EREMOTEIO;
     desc = new_descriptor(ref->id, inst->handle, workdir);
     if (!desc)
@@ -306,7 +381,8 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_error rerr = {0};
 
-    if (made && remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, &rerr) < 0)
+    if (made &&
+        lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, true, &rerr) < 0)
         log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
                      rerr.message);
 }
@@ -314,7 +390,8 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                        struct lb_error *err)
 {
-    return remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, err);
+    return lxd_remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, true,
+                               err);
 }
 
 static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -434,6 +511,9 @@ static void hook_caps(struct lb_engine *e, struct lb_provider_caps *out)
 {
     out->disk_limit = ((struct lb_lxd *)e)->pool_has_quota;
     out->receipt_file = true;
+    /* a reset is a remove and a create under the same name: every process, mount and
+     * namespace of the instance goes with it (lend/reset.c) */
+    out->reset = true;
 }
 
 static int hook_call(struct lb_engine *e, const char *method, const char *path, const json_t *body,
@@ -461,6 +541,9 @@ static const struct engine_hooks lxd_hooks = {
     .exec_check = lxd_exec_check,
     .exec_run = lxd_exec_run,
     .usage = hook_usage,
+    .commit = lxd_commit,
+    .snapshot_images = lxd_snapshot_images,
+    .image_remove = lxd_image_remove,
     .call = hook_call,
     .answer_error = lxd_answer_error,
     .engine_label = "LXD",

@@ -38,6 +38,13 @@
  * (X-LXD-type: directory). Reads are spooled into an unlinked temporary file on the host
  * (<state_dir>/lxd-spool), at most 1 GiB (-EFBIG past it).
  *
+ * Snapshots, fork and reset (lxd_snapshot.c; engine.h "snapshots"): a snapshot is an LXD copy
+ * of the frozen instance (instance only, on its member) into a stopped instance "lbs-<hex>"
+ * labelled user.lendbox.snapshot=<instance> and without the sandbox labels, never started; a
+ * seed from it is another copy, its source sandbox's limits unset. /tmp, /run and /dev/shm are
+ * tmpfs mounts (raw.lxc), so no copy carries them. A reset is the generic remove and create
+ * under the same name (caps.reset).
+ *
  * Failure semantics. Every call is bounded by lxd.call_timeout_s (a member that is down makes
  * LXD itself wait ~10 s and answer 500); a stop by the caller's timeout as well. 404 means gone
  * (stop succeeds); a 500, an error state or a timeout is -EREMOTEIO / -ETIMEDOUT (502): the

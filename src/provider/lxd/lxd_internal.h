@@ -14,6 +14,8 @@
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
 #define LXD_LABEL_SANDBOX "user.lendbox.sandbox"
+/* on the stopped instance that holds a snapshot's root: this daemon's instance label value */
+#define LXD_LABEL_SNAPSHOT "user.lendbox.snapshot"
 #define LXD_SUPERVISE_DIR "/run/lendbox"
 #define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
@@ -76,6 +78,31 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 /* Make the directory path and its parents in the instance (existing ones are fine). */
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
+
+/* The instance named id: its location (the member) into location and whether it carries
+ * this daemon's sandbox labels. 0, -ENOENT, or -EREMOTEIO (an LXD failure, or an instance
+ * that is not ours). */
+int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
+                 struct lb_error *err);
+/* Stop (force) and delete instance id (on member: counted there), within timeout_ms. 0 also
+ * when it is gone (404). While LXD runs another operation on it ("is busy running"): with
+ * wait_busy, tried again every 250 ms within timeout_ms (then -EREMOTEIO); without, -EBUSY at
+ * once. Else -ETIMEDOUT, or -EREMOTEIO with LXD's reason. */
+int lxd_remove_instance(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
+                        bool wait_busy, struct lb_error *err);
+
+/* The engine hooks of snapshots (lxd_snapshot.c; see engine.h): commit copies the frozen
+ * instance into a new stopped instance of this daemon (a snapshot's "image" is its name),
+ * snapshot_images lists those, image_remove deletes one. */
+int lxd_commit(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *image, size_t size,
+               struct lb_error *err);
+int lxd_snapshot_images(struct lb_engine *e, json_t **out, struct lb_error *err);
+int lxd_image_remove(struct lb_engine *e, const char *image, struct lb_error *err);
+/* Where a snapshot's instance name is (its cluster member, "" when LXD names none) into
+ * location. 0; -LB_E_IMAGE_NOT_FOUND when no such instance of this daemon's snapshots exists;
+ * -EREMOTEIO / -ETIMEDOUT. */
+int lxd_snapshot_location(struct lb_lxd *l, const char *name, char *location, size_t size,
+                          struct lb_error *err);
 
 /* The engine hooks of exec (lxd_exec.c; see engine.h). */
 int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
