@@ -18,19 +18,10 @@
 #define FORK_THREADS 8
 #define FORK_NAME_MAX 64
 
-struct fork_child {
-    const char *rsid; /* borrowed from fork_job.body */
-    json_t *body;     /* the child's seed body (the request's strings point into it) */
-    struct lb_seed_request req;
-    json_t *lease;
-    struct lb_error err;
-    int r;
-};
-
 struct fork_job {
     char id[LB_ID_MAX];
     json_t *body; /* the request's body */
-    struct fork_child *kids;
+    struct routes_seed_item *kids;
     size_t n;
     struct lb_lend *lend;
 };
@@ -41,12 +32,7 @@ static void fork_job_free(void *arg)
 
     if (!j)
         return;
-    for (size_t i = 0; j->kids && i < j->n; i++) {
-        routes_spec_release(&j->kids[i].req);
-        json_decref(j->kids[i].body);
-        json_decref(j->kids[i].lease);
-    }
-    free(j->kids);
+    routes_seed_items_free(j->kids, j->n);
     json_decref(j->body);
     free(j);
 }
@@ -55,7 +41,7 @@ static void fork_job_free(void *arg)
 static void fork_child_run(void *arg, size_t i)
 {
     struct fork_job *j = arg;
-    struct fork_child *c = &j->kids[i];
+    struct routes_seed_item *c = &j->kids[i];
 
     if (c->r == 0)
         c->r = lend_fork_child(j->lend, c->rsid, &c->req, &c->lease, &c->err);
@@ -63,7 +49,7 @@ static void fork_child_run(void *arg, size_t i)
 
 /* The child's seed body: the template with the request's task_id and labels over it, parsed
  * as a seed's (the same checks). */
-static void fork_child_prepare(struct fork_job *j, struct fork_child *c, json_t *tpl)
+static void fork_child_prepare(struct fork_job *j, struct routes_seed_item *c, json_t *tpl)
 {
     static const char *const over[] = {"task_id", "labels", NULL};
     json_t *v;
@@ -109,17 +95,10 @@ static void fork_run(struct lb_request *req, void *arg)
         fork_child_prepare(j, &j->kids[i], tpl);
     parallel_run(j->n, FORK_THREADS, fork_child_run, j);
     lend_fork_end(app->lend, name);
-    children = json_array();
-    for (i = 0; children && i < j->n; i++)
-        if (json_array_append_new(children, routes_item_result(j->kids[i].rsid, j->kids[i].r,
-                                                               j->kids[i].lease, &j->kids[i].err)) <
-            0)
-            break;
-    out = children && i == j->n ? json_pack("{s:o}", "children", children) : NULL;
+    children = routes_seed_items_results(j->kids, j->n);
+    out = children ? json_pack("{s:o}", "children", children) : NULL;
     json_decref(tpl);
     if (!out) {
-        if (!children || i != j->n)
-            json_decref(children);
         lb_error_set(&err, -ENOMEM, "out of memory");
         http_respond_error(req, &err);
         return;

@@ -103,6 +103,21 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
  * status and body http_respond_error would give err alone. rsid NULL renders null; lease and
  * err are borrowed. A new reference; NULL only without memory. Thread-safe. */
 json_t *routes_item_result(const char *rsid, int r, json_t *lease, const struct lb_error *err);
+/* One seed of a request that makes many (fork's children, seed_batch's items): filled before
+ * the seeds run, then each item only by its own seed. */
+struct routes_seed_item {
+    const char *rsid; /* borrowed from the request's body; NULL: none or not a valid one */
+    json_t *body;     /* the item's seed body (the request's strings point into it) */
+    struct lb_seed_request req;
+    json_t *lease;
+    struct lb_error err;
+    int r; /* < 0: the item's answer is this error (no seed, or the seed's failure) */
+};
+/* The items' results in order ({"rsid", "status", "lease" | "error"}, routes_item_result
+ * each): a new array, or NULL without memory. Thread-safe. */
+json_t *routes_seed_items_results(const struct routes_seed_item *items, size_t n);
+/* Each item's body, request and lease, then the array itself (NULL: nothing). */
+void routes_seed_items_free(struct routes_seed_item *items, size_t n);
 /* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
  * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
 void routes_respond_lend_id(struct lb_request *req,

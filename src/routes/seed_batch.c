@@ -24,18 +24,9 @@
 #define SEED_BATCH_MAX 256
 #define SEED_BATCH_THREADS 8
 
-struct seed_batch_item {
-    const char *rsid; /* borrowed from the request's body; NULL: none or not a valid one */
-    json_t *body;     /* the item without "rsid" (the seed request's strings point into it) */
-    struct lb_seed_request req;
-    json_t *lease;
-    struct lb_error err;
-    int r; /* < 0: the item's answer is this error (no seed) */
-};
-
 struct seed_batch_job {
     json_t *body; /* the request's body */
-    struct seed_batch_item *items;
+    struct routes_seed_item *items;
     size_t n;
     struct lb_lend *lend;
 };
@@ -46,12 +37,7 @@ static void seed_batch_free(void *arg)
 
     if (!j)
         return;
-    for (size_t i = 0; j->items && i < j->n; i++) {
-        routes_spec_release(&j->items[i].req);
-        json_decref(j->items[i].body);
-        json_decref(j->items[i].lease);
-    }
-    free(j->items);
+    routes_seed_items_free(j->items, j->n);
     json_decref(j->body);
     free(j);
 }
@@ -60,7 +46,7 @@ static void seed_batch_free(void *arg)
 static void seed_batch_item_run(void *arg, size_t i)
 {
     struct seed_batch_job *j = arg;
-    struct seed_batch_item *it = &j->items[i];
+    struct routes_seed_item *it = &j->items[i];
 
     if (it->r == 0)
         it->r = lend_seed(j->lend, it->rsid, &it->req, &it->lease, &it->err);
@@ -72,22 +58,11 @@ static void seed_batch_run(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *results, *out = NULL;
-    size_t i;
 
     j->lend = app->lend;
     parallel_run(j->n, SEED_BATCH_THREADS, seed_batch_item_run, j);
-    results = json_array();
-    for (i = 0; results && i < j->n; i++) {
-        struct seed_batch_item *it = &j->items[i];
-
-        if (json_array_append_new(results,
-                                  routes_item_result(it->rsid, it->r, it->lease, &it->err)) < 0)
-            break;
-    }
-    if (results && i == j->n)
-        out = json_pack("{s:o}", "results", results);
-    else
-        json_decref(results);
+    results = routes_seed_items_results(j->items, j->n);
+    out = results ? json_pack("{s:o}", "results", results) : NULL;
     if (!out) {
         lb_error_set(&err, -ENOMEM, "out of memory");
         http_respond_error(req, &err);
@@ -100,7 +75,7 @@ static void seed_batch_run(struct lb_request *req, void *arg)
  * session. Sets it->r (and it->err) when the item is not to be seeded. */
 static void seed_batch_item_prepare(struct seed_batch_job *j, size_t i)
 {
-    struct seed_batch_item *it = &j->items[i];
+    struct routes_seed_item *it = &j->items[i];
     json_t *v = json_array_get(json_object_get(j->body, "items"), i), *rsid;
     const char *s;
 

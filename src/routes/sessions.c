@@ -537,3 +537,28 @@ int route_release_all(struct lb_request *req, struct lb_error *err)
     json_decref(body);
     return http_defer(req, release_all_run, labels, release_all_free, err);
 }
+
+json_t *routes_seed_items_results(const struct routes_seed_item *items, size_t n)
+{
+    json_t *results = json_array();
+    size_t i;
+
+    for (i = 0; results && i < n; i++)
+        if (json_array_append_new(results, routes_item_result(items[i].rsid, items[i].r,
+                                                              items[i].lease, &items[i].err)) < 0)
+            break;
+    if (results && i == n)
+        return results;
+    json_decref(results);
+    return NULL;
+}
+
+void routes_seed_items_free(struct routes_seed_item *items, size_t n)
+{
+    for (size_t i = 0; items && i < n; i++) {
+        routes_spec_release(&items[i].req);
+        json_decref(items[i].body);
+        json_decref(items[i].lease);
+    }
+    free(items);
+}
