@@ -186,6 +186,26 @@ static json_t *event_from_row(sqlite3_stmt *s)
                      "labels", col_json(s, 6, json_object), "data", col_json(s, 7, json_object));
 }
 
+/* see store_internal.h */
+const char *store_events_list_sql(const struct lb_event_filter *f)
+{
+#define EVENTS_SELECT                                                                              \
+    "SELECT seq, time, type, sandbox_id, rsid, task_id, labels_json, data_json FROM events "
+#define EVENTS_REST                                                                                \
+    "AND (?4 IS NULL OR type IN (SELECT value FROM json_each(?4))) ORDER BY seq LIMIT ?5"
+    /* the same bound parameters in each; a filter that names a session or a sandbox is an
+     * equality the planner can take to its index ((rsid, seq), (sandbox_id, seq)), so a reader
+     * whose filter matches nothing reads no row of anyone else's, however long the feed is */
+    if (f->rsid)
+        return EVENTS_SELECT
+            "WHERE rsid = ?2 AND seq > ?1 AND (?3 IS NULL OR sandbox_id = ?3) " EVENTS_REST;
+    if (f->sandbox_id)
+        return EVENTS_SELECT "WHERE sandbox_id = ?3 AND seq > ?1 AND ?2 IS NULL " EVENTS_REST;
+    return EVENTS_SELECT "WHERE seq > ?1 AND ?2 IS NULL AND ?3 IS NULL " EVENTS_REST;
+#undef EVENTS_SELECT
+#undef EVENTS_REST
+}
+
 int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
                       int64_t *next, struct lb_error *err)
 {
@@ -202,14 +222,9 @@ int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json
         goto cleanup;
     }
     pthread_mutex_lock(&st->lock);
-    /* every filter is bound; a NULL one matches all (the seq range comes from the primary key) */
-    if (sqlite3_prepare_v3(st->db,
-                           "SELECT seq, time, type, sandbox_id, rsid, task_id, labels_json, "
-                           "data_json FROM events WHERE seq > ?1 "
-                           "AND (?2 IS NULL OR rsid = ?2) AND (?3 IS NULL OR sandbox_id = ?3) "
-                           "AND (?4 IS NULL OR type IN (SELECT value FROM json_each(?4))) "
-                           "ORDER BY seq LIMIT ?5",
-                           -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) != SQLITE_OK ||
+    /* every filter is bound; a NULL one matches all (store_events_list_sql) */
+    if (sqlite3_prepare_v3(st->db, store_events_list_sql(f), -1, SQLITE_PREPARE_PERSISTENT, &s,
+                           NULL) != SQLITE_OK ||
         sqlite3_bind_int64(s, 1, f->since) != SQLITE_OK ||
         sqlite3_bind_text(s, 2, f->rsid, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(s, 3, f->sandbox_id, -1, SQLITE_STATIC) != SQLITE_OK ||

@@ -157,6 +157,10 @@ typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err
  * negative errno. */
 int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
               struct lb_error *err);
+/* The SELECT store_events_list runs for f (a static string; ?1 since, ?2 rsid, ?3 sandbox_id,
+ * ?4 types, ?5 limit): with f->rsid or f->sandbox_id it reads that column's index, not the whole
+ * feed after since. */
+const char *store_events_list_sql(const struct lb_event_filter *f);
 /* A commit made by hand (not store_txn) after store_append_event: runs the event hook. */
 void store_events_after_commit(struct lb_store *st);
 

@@ -11,6 +11,7 @@
 #include <sqlite3.h>
 
 #include "store/store.h"
+#include "store/store_internal.h"
 #include "util/clock.h"
 
 static char tmpdir[64];
@@ -1459,6 +1460,50 @@ START_TEST(test_events_feed)
 }
 END_TEST
 
+/* The query plan's details of sql on db, joined by "; " into buf. */
+static void query_plan(sqlite3 *db, const char *sql, char *buf, size_t len)
+{
+    char explain[1024];
+    sqlite3_stmt *s = NULL;
+    size_t off = 0;
+
+    snprintf(explain, sizeof(explain), "EXPLAIN QUERY PLAN %s", sql);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, explain, -1, &s, NULL), SQLITE_OK);
+    buf[0] = '\0';
+    while (sqlite3_step(s) == SQLITE_ROW && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "%s; ", sqlite3_column_text(s, 3));
+    sqlite3_finalize(s);
+}
+
+/* A read filtered by session or sandbox takes that column's index: it never scans the feed's
+ * other rows (a parked long-poll of one session is read again at every commit, under the
+ * store's lock, and the feed keeps up to a million rows). */
+START_TEST(test_events_filter_uses_index)
+{
+    struct lb_store *st = open_store();
+    json_t *types = json_pack("[s]", "stopped");
+    struct lb_event_filter by_rsid = {.rsid = "rs-1"}, by_sbx = {.sandbox_id = "sbx-1"},
+                           both = {.rsid = "rs-1", .sandbox_id = "sbx-1", .types = types},
+                           none = {.types = types};
+    sqlite3 *db = NULL;
+    char plan[1024];
+
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    query_plan(db, store_events_list_sql(&by_rsid), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_rsid (rsid=? AND seq>?)"), "plan: %s", plan);
+    query_plan(db, store_events_list_sql(&both), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_rsid (rsid=? AND seq>?)"), "plan: %s", plan);
+    query_plan(db, store_events_list_sql(&by_sbx), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_sandbox (sandbox_id=? AND seq>?)"), "plan: %s",
+                  plan);
+    query_plan(db, store_events_list_sql(&none), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INTEGER PRIMARY KEY (rowid>?)"), "plan: %s", plan);
+    sqlite3_close(db);
+    json_decref(types);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1498,6 +1543,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_warm_take_and_claim);
     tcase_add_test(tc, test_warm_take_concurrent_never_twice);
     tcase_add_test(tc, test_events_feed);
+    tcase_add_test(tc, test_events_filter_uses_index);
     suite_add_tcase(s, tc);
     return s;
 }
