@@ -47,6 +47,7 @@ static const char *const event_types[] = {
 /* One read of the feed: the request's parameters. */
 struct events_query {
     int64_t since;
+    int64_t from; /* reads start after this seq (>= since: what earlier reads walked) */
     int64_t limit;
     int64_t deadline_ms; /* clock_mono_ms; 0: answer at once */
     char *rsid, *sandbox_id;
@@ -61,7 +62,7 @@ struct waiter {
 
 struct estream {
     struct lb_stream *s;
-    struct events_query q; /* q.since: the last seq written */
+    struct events_query q; /* q.since, q.from: the seq read up to (written, or walked) */
     struct estream *next;
 };
 
@@ -188,23 +189,29 @@ static int parse_query(struct lb_request *req, struct events_query *q, struct lb
         return lb_error_set(err, -EINVAL, "'sandbox_id' must be 1 to %d bytes", LB_ID_MAX - 1);
     if (types && (r = parse_types(types, q, err)) < 0)
         return r;
+    q->from = q->since;
     q->deadline_ms = wait_ms > 0 ? clock_mono_ms() + wait_ms : 0;
     if ((rsid && !(q->rsid = strdup(rsid))) || (sid && !(q->sandbox_id = strdup(sid))))
         return lb_error_set(err, -ENOMEM, "out of memory");
     return 0;
 }
 
-/* The events after q->since matching q: *out (array), *next. */
+/* The events after q->from matching q: *out (array), *next (q->since when none), *read_to
+ * (store_events_list_to: where the next read may start). */
 static int query_read(struct lb_app *app, const struct events_query *q, int64_t limit, json_t **out,
-                      int64_t *next, struct lb_error *err)
+                      int64_t *next, int64_t *read_to, struct lb_error *err)
 {
-    struct lb_event_filter f = {.since = q->since,
+    struct lb_event_filter f = {.since = q->from,
                                 .rsid = q->rsid,
                                 .sandbox_id = q->sandbox_id,
                                 .types = q->types,
                                 .limit = limit};
 
-    return store_events_list(app->store, &f, out, next, err);
+    int r = store_events_list_to(app->store, &f, out, next, read_to, err);
+
+    if (r == 0 && json_array_size(*out) == 0)
+        *next = q->since;
+    return r;
 }
 
 static void respond_events(struct lb_request *req, json_t *events, int64_t next)
@@ -268,20 +275,20 @@ static void waiters_trim_locked(struct lb_events_hub *h, int64_t now_ms)
 }
 
 /* Read; answer what is there, or park until the next event (see the file's comment). */
-static int poll_read(struct lb_request *req, const struct events_query *q, struct lb_error *err)
+static int poll_read(struct lb_request *req, struct events_query *q, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     struct lb_events_hub *h = app->events;
 
     for (;;) {
         json_t *events = NULL;
-        int64_t next = q->since, gen;
+        int64_t next = q->since, read_to = q->from, gen;
         int r;
 
         pthread_mutex_lock(&h->lock);
         gen = (int64_t)h->gen;
         pthread_mutex_unlock(&h->lock);
-        r = query_read(app, q, q->limit, &events, &next, err);
+        r = query_read(app, q, q->limit, &events, &next, &read_to, err);
         if (r < 0)
             return r;
         if (json_array_size(events) > 0 || q->deadline_ms <= clock_mono_ms()) {
@@ -289,6 +296,7 @@ static int poll_read(struct lb_request *req, const struct events_query *q, struc
             return 0;
         }
         json_decref(events);
+        q->from = read_to; /* the next read (after a wake) does not walk these rows again */
 
         pthread_mutex_lock(&h->lock);
         if ((int64_t)h->gen != gen || h->stopping) {
@@ -375,14 +383,14 @@ static bool stream_pump(struct lb_events_hub *h, struct estream *e, bool *more)
 {
     struct lb_error err = {0};
     json_t *events = NULL, *ev;
-    int64_t next;
+    int64_t next, read_to;
     size_t i;
 
     if (http_stream_write(e->s, "", 0) < 0)
         return false; /* the client left */
     if (http_stream_queued(e->s) > QUEUE_MAX)
         return true; /* the drain wakes us */
-    if (query_read(h->app, &e->q, ROUND_EVENTS, &events, &next, &err) < 0) {
+    if (query_read(h->app, &e->q, ROUND_EVENTS, &events, &next, &read_to, &err) < 0) {
         log_warn("events stream: %s", err.message);
         return true; /* the next round tries again */
     }
@@ -394,7 +402,7 @@ static bool stream_pump(struct lb_events_hub *h, struct estream *e, bool *more)
     }
     if (json_array_size(events) == ROUND_EVENTS)
         *more = true;
-    e->q.since = next;
+    e->q.since = e->q.from = read_to; /* past what this read walked, matching or not */
     json_decref(events);
     return true;
 }

@@ -186,6 +186,23 @@ static json_t *event_from_row(sqlite3_stmt *s)
                      "labels", col_json(s, 6, json_object), "data", col_json(s, 7, json_object));
 }
 
+/* The seq of the newest event (0: none) into *out. Lock held. 0 or -1. */
+static int store_events_newest_locked(struct lb_store *st, int64_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+
+    *out = 0;
+    if (sqlite3_prepare_v3(st->db, "SELECT COALESCE(MAX(seq), 0) FROM events", -1,
+                           SQLITE_PREPARE_PERSISTENT, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+        *out = sqlite3_column_int64(s, 0);
+        ret = 0;
+    }
+    sqlite3_finalize(s);
+    return ret;
+}
+
 /* see store_internal.h */
 const char *store_events_list_sql(const struct lb_event_filter *f)
 {
@@ -208,6 +225,12 @@ const char *store_events_list_sql(const struct lb_event_filter *f)
 
 int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
                       int64_t *next, struct lb_error *err)
+{
+    return store_events_list_to(st, f, out, next, NULL, err);
+}
+
+int store_events_list_to(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
+                         int64_t *next, int64_t *read_to, struct lb_error *err)
 {
     char *types = NULL;
     json_t *arr = json_array();
@@ -244,6 +267,15 @@ int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json
     }
     if (rc != SQLITE_DONE)
         ret = store_db_fail(st, err, "reading events");
+    /* fewer than limit matched: every event up to the newest was read (same lock) */
+    if (ret == 0 && read_to) {
+        int64_t limit = f->limit > 0 ? f->limit : 1000, newest = 0;
+
+        *read_to = last;
+        if ((int64_t)json_array_size(arr) < limit && store_events_newest_locked(st, &newest) == 0 &&
+            newest > last)
+            *read_to = newest;
+    }
 unlock:
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->lock);

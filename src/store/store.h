@@ -403,6 +403,12 @@ struct lb_event_filter {
  * errno (*out NULL). */
 int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
                       int64_t *next, struct lb_error *err);
+/* store_events_list, and *read_to (NULL: not asked): the seq up to which every event was read,
+ * matching or not: when fewer than limit matched, the newest event's seq at the time of the
+ * read (a later read may start after it and misses nothing of f); else *next. A reader whose
+ * filter rarely matches reads on from it so as not to walk the same rows again. */
+int store_events_list_to(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
+                         int64_t *next, int64_t *read_to, struct lb_error *err);
 /* An event that is no record transition (paused, resumed, idle) for sandbox_id in its own
  * transaction; data borrowed (NULL: {}). 0 or a negative errno. */
 int store_record_event(struct lb_store *st, const char *type, const char *sandbox_id,

@@ -1504,6 +1504,50 @@ START_TEST(test_events_filter_uses_index)
 }
 END_TEST
 
+/* store_events_list_to's read_to: where a reader whose filter matched little may read on from
+ * without walking the same rows again, and without missing a later event of its filter. */
+START_TEST(test_events_read_to)
+{
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-r1", "rs-r1");
+    struct lb_error err = {0};
+    json_t *snap = json_pack("[s]", "snapshot"), *evs = NULL;
+    struct lb_event_filter f = {.types = snap};
+    int64_t next = -1, read_to = -1;
+
+    insert_ok(st, &a);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-r1", "{}", NULL, &err), 0);         /* seq 1 */
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-r1", NULL, &err), 0);  /* 2 */
+    ck_assert_int_eq(store_record_event(st, "resumed", "sbx-r1", NULL, &err), 0); /* 3 */
+    /* nothing matches: next stays since, read_to is the newest seq */
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 0);
+    ck_assert_int_eq(next, 0);
+    ck_assert_int_eq(read_to, 3);
+    json_decref(evs);
+    /* a later match after read_to is found from it */
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-r1", NULL, &err), 0); /* 4 */
+    json_array_set_new(snap, 0, json_string("paused"));
+    f.since = read_to;
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 1);
+    ck_assert_int_eq(next, 4);
+    ck_assert_int_eq(read_to, 4);
+    json_decref(evs);
+    /* a full answer (limit reached) reads on from its last event, not the newest */
+    f.since = 0;
+    f.types = NULL;
+    f.limit = 2;
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 2);
+    ck_assert_int_eq(next, 2);
+    ck_assert_int_eq(read_to, 2);
+    json_decref(evs);
+    json_decref(snap);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1544,6 +1588,7 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_warm_take_concurrent_never_twice);
     tcase_add_test(tc, test_events_feed);
     tcase_add_test(tc, test_events_filter_uses_index);
+    tcase_add_test(tc, test_events_read_to);
     suite_add_tcase(s, tc);
     return s;
 }
