@@ -57,8 +57,29 @@ struct events_query {
 struct waiter {
     struct lb_park *park;
     int64_t deadline_ms;
+    char *rsid, *sandbox_id; /* the read's filters (NULL: any): whose events wake it */
     struct waiter *next;
 };
+
+static void waiter_free(struct waiter *w)
+{
+    http_park_release(w->park);
+    free(w->rsid);
+    free(w->sandbox_id);
+    free(w);
+}
+
+/* Could a commit that wrote the events of notes (n == 0: not known) have one for w? */
+static bool waiter_wanted(const struct waiter *w, const struct lb_event_note *notes, size_t n)
+{
+    if (n == 0 || (!w->rsid && !w->sandbox_id))
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if ((!w->rsid || (notes[i].rsid && strcmp(notes[i].rsid, w->rsid) == 0)) &&
+            (!w->sandbox_id || strcmp(notes[i].sandbox_id, w->sandbox_id) == 0))
+            return true;
+    return false;
+}
 
 struct estream {
     struct lb_stream *s;
@@ -239,6 +260,8 @@ static void poll_answer(struct lb_request *req, void *arg, enum lb_park_end why)
     json_t *none = json_array();
 
     if (why == LB_PARK_WOKEN) {
+        log_debug("events: a parked read (rsid %s, sandbox_id %s) was woken",
+                  q->rsid ? q->rsid : "any", q->sandbox_id ? q->sandbox_id : "any");
         again = query_dup(q);
         if (again && http_defer(req, poll_job, again, query_free, &err) == 0) {
             json_decref(none);
@@ -269,8 +292,7 @@ static void waiters_trim_locked(struct lb_events_hub *h, int64_t now_ms)
             continue;
         }
         *pp = w->next;
-        http_park_release(w->park);
-        free(w);
+        waiter_free(w);
     }
 }
 
@@ -310,8 +332,17 @@ static int poll_read(struct lb_request *req, struct events_query *q, struct lb_e
         struct waiter *w = calloc(1, sizeof(*w));
         struct events_query *c = w ? query_dup(q) : NULL;
 
+        if (c && ((q->rsid && !(w->rsid = strdup(q->rsid))) ||
+                  (q->sandbox_id && !(w->sandbox_id = strdup(q->sandbox_id))))) {
+            query_free(c);
+            c = NULL;
+        }
         if (!c) {
             pthread_mutex_unlock(&h->lock);
+            if (w) {
+                free(w->rsid);
+                free(w->sandbox_id);
+            }
             free(w);
             return lb_error_set(err, -ENOMEM, "out of memory");
         }
@@ -319,10 +350,14 @@ static int poll_read(struct lb_request *req, struct events_query *q, struct lb_e
         r = http_park(req, q->deadline_ms, poll_answer, c, query_free, &w->park, err);
         if (r < 0) {
             pthread_mutex_unlock(&h->lock);
+            free(w->rsid);
+            free(w->sandbox_id);
             free(w);
             return r;
         }
         w->deadline_ms = q->deadline_ms;
+        log_debug("events: a read (rsid %s, sandbox_id %s) parked", q->rsid ? q->rsid : "any",
+                  q->sandbox_id ? q->sandbox_id : "any");
         w->next = h->waiters;
         h->waiters = w;
         pthread_mutex_unlock(&h->lock);
@@ -526,27 +561,37 @@ int route_events(struct lb_request *req, struct lb_error *err)
 
 /* ---------- the hub ---------- */
 
-/* The store's event hook: a commit wrote events (store lock held: quick, no store calls). */
-static void hub_notify(void *arg)
+/* The store's event hook: a commit wrote the events of notes (n == 0: not known; store lock
+ * held: quick, no store calls). Wakes the parked reads those events may answer; the others stay
+ * parked (each woken read costs a worker's job: every read woken at every commit would flood the
+ * worker queue with a thousand parked polls). */
+static void hub_notify(void *arg, const struct lb_event_note *notes, size_t n)
 {
     struct lb_events_hub *h = arg;
-    struct waiter *w;
-
+    struct waiter *wake = NULL;
     bool streams;
 
     pthread_mutex_lock(&h->lock);
     h->gen++;
-    w = h->waiters;
-    h->waiters = NULL;
+    for (struct waiter **pp = &h->waiters; *pp;) {
+        struct waiter *w = *pp;
+
+        if (!waiter_wanted(w, notes, n)) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->next = wake;
+        wake = w;
+    }
     streams = h->n_streams > 0;
     pthread_mutex_unlock(&h->lock);
-    while (w) {
-        struct waiter *next = w->next;
+    while (wake) {
+        struct waiter *next = wake->next;
 
-        (void)http_wake(w->park);
-        http_park_release(w->park);
-        free(w);
-        w = next;
+        (void)http_wake(wake->park);
+        waiter_free(wake);
+        wake = next;
     }
     if (streams)
         hub_kick(h);
@@ -606,8 +651,7 @@ void events_hub_stop(struct lb_events_hub *h)
 
         h->waiters = w->next;
         (void)http_wake(w->park);
-        http_park_release(w->park);
-        free(w);
+        waiter_free(w);
     }
     pthread_mutex_unlock(&h->lock);
     while (e) {

@@ -1361,10 +1361,20 @@ END_TEST
 
 static int hook_calls;
 
-static void count_hook(void *ctx)
+static char hook_last[256]; /* the last call's notes: "sandbox/rsid;..." or "unknown" */
+
+static void count_hook(void *ctx, const struct lb_event_note *notes, size_t n)
 {
+    size_t off = 0;
+
     (void)ctx;
     hook_calls++;
+    hook_last[0] = '\0';
+    if (n == 0)
+        snprintf(hook_last, sizeof(hook_last), "unknown");
+    for (size_t i = 0; i < n && off < sizeof(hook_last); i++)
+        off += (size_t)snprintf(hook_last + off, sizeof(hook_last) - off, "%s/%s;",
+                                notes[i].sandbox_id, notes[i].rsid ? notes[i].rsid : "-");
 }
 
 /* The types of the events after since (filter f, since and limit set here), joined by ','. */
@@ -1405,6 +1415,8 @@ START_TEST(test_events_feed)
     insert_ok(st, &w);
     ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), 0);
     ck_assert_int_eq(hook_calls, 1);
+    /* the hook is told whose event the commit wrote (the event feed wakes only its readers) */
+    ck_assert_str_eq(hook_last, "sbx-e1/rs-e1;");
     /* a transition that fails writes no event (and wakes nobody) */
     ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), -EBUSY);
     ck_assert_int_eq(store_mark_lent(st, "sbx-none", "{}", NULL, &err), -ENOENT);
@@ -1416,6 +1428,7 @@ START_TEST(test_events_feed)
     ck_assert_int_eq(store_mark_stop_failed(st, "sbx-e2", LB_STATE_FAILED_SEED, "boom", 0, &err),
                      0);
     ck_assert_int_eq(store_mark_stopped_many(st, ids, 1, "seed_failed", &err), 0);
+    ck_assert_str_eq(hook_last, "sbx-e2/rs-e2;");
     /* a warm sandbox no session took writes nothing */
     ck_assert_int_eq(store_mark_stopping(st, "sbx-w", "max_age", &err), 0);
     ck_assert_int_eq(store_mark_stopped(st, "sbx-w", NULL, &err), 0);
