@@ -122,7 +122,11 @@ int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_
         if (left <= 0 && attempts > 0)
             break;
         full_ms = 5 * interval_ms > PROBE_ATTEMPT_MIN_MS ? 5 * interval_ms : PROBE_ATTEMPT_MIN_MS;
-        timeout_ms = attempts > 0 && full_ms > left ? left : full_ms;
+        /* never past the budget; the first attempt still gets PROBE_ATTEMPT_MIN_MS (a create
+         * that used the whole budget does not fail a sandbox that is ready at once) */
+        timeout_ms = full_ms;
+        if (timeout_ms > left)
+            timeout_ms = attempts > 0 || left > PROBE_ATTEMPT_MIN_MS ? left : PROBE_ATTEMPT_MIN_MS;
         struct lb_exec_request req = {
             .argv = argv,
             .cwd = image_wd ? image_wd : workdir,

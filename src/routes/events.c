@@ -47,6 +47,7 @@ static const char *const event_types[] = {
 /* One read of the feed: the request's parameters. */
 struct events_query {
     int64_t since;
+    int64_t from; /* reads start after this seq (>= since: what earlier reads walked) */
     int64_t limit;
     int64_t deadline_ms; /* clock_mono_ms; 0: answer at once */
     char *rsid, *sandbox_id;
@@ -56,12 +57,33 @@ struct events_query {
 struct waiter {
     struct lb_park *park;
     int64_t deadline_ms;
+    char *rsid, *sandbox_id; /* the read's filters (NULL: any): whose events wake it */
     struct waiter *next;
 };
 
+static void waiter_free(struct waiter *w)
+{
+    http_park_release(w->park);
+    free(w->rsid);
+    free(w->sandbox_id);
+    free(w);
+}
+
+/* Could a commit that wrote the events of notes (n == 0: not known) have one for w? */
+static bool waiter_wanted(const struct waiter *w, const struct lb_event_note *notes, size_t n)
+{
+    if (n == 0 || (!w->rsid && !w->sandbox_id))
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if ((!w->rsid || (notes[i].rsid && strcmp(notes[i].rsid, w->rsid) == 0)) &&
+            (!w->sandbox_id || strcmp(notes[i].sandbox_id, w->sandbox_id) == 0))
+            return true;
+    return false;
+}
+
 struct estream {
     struct lb_stream *s;
-    struct events_query q; /* q.since: the last seq written */
+    struct events_query q; /* q.since, q.from: the seq read up to (written, or walked) */
     struct estream *next;
 };
 
@@ -188,23 +210,29 @@ static int parse_query(struct lb_request *req, struct events_query *q, struct lb
         return lb_error_set(err, -EINVAL, "'sandbox_id' must be 1 to %d bytes", LB_ID_MAX - 1);
     if (types && (r = parse_types(types, q, err)) < 0)
         return r;
+    q->from = q->since;
     q->deadline_ms = wait_ms > 0 ? clock_mono_ms() + wait_ms : 0;
     if ((rsid && !(q->rsid = strdup(rsid))) || (sid && !(q->sandbox_id = strdup(sid))))
         return lb_error_set(err, -ENOMEM, "out of memory");
     return 0;
 }
 
-/* The events after q->since matching q: *out (array), *next. */
+/* The events after q->from matching q: *out (array), *next (q->since when none), *read_to
+ * (store_events_list_to: where the next read may start). */
 static int query_read(struct lb_app *app, const struct events_query *q, int64_t limit, json_t **out,
-                      int64_t *next, struct lb_error *err)
+                      int64_t *next, int64_t *read_to, struct lb_error *err)
 {
-    struct lb_event_filter f = {.since = q->since,
+    struct lb_event_filter f = {.since = q->from,
                                 .rsid = q->rsid,
                                 .sandbox_id = q->sandbox_id,
                                 .types = q->types,
                                 .limit = limit};
 
-    return store_events_list(app->store, &f, out, next, err);
+    int r = store_events_list_to(app->store, &f, out, next, read_to, err);
+
+    if (r == 0 && json_array_size(*out) == 0)
+        *next = q->since;
+    return r;
 }
 
 static void respond_events(struct lb_request *req, json_t *events, int64_t next)
@@ -232,6 +260,8 @@ static void poll_answer(struct lb_request *req, void *arg, enum lb_park_end why)
     json_t *none = json_array();
 
     if (why == LB_PARK_WOKEN) {
+        log_debug("events: a parked read (rsid %s, sandbox_id %s) was woken",
+                  q->rsid ? q->rsid : "any", q->sandbox_id ? q->sandbox_id : "any");
         again = query_dup(q);
         if (again && http_defer(req, poll_job, again, query_free, &err) == 0) {
             json_decref(none);
@@ -262,26 +292,25 @@ static void waiters_trim_locked(struct lb_events_hub *h, int64_t now_ms)
             continue;
         }
         *pp = w->next;
-        http_park_release(w->park);
-        free(w);
+        waiter_free(w);
     }
 }
 
 /* Read; answer what is there, or park until the next event (see the file's comment). */
-static int poll_read(struct lb_request *req, const struct events_query *q, struct lb_error *err)
+static int poll_read(struct lb_request *req, struct events_query *q, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     struct lb_events_hub *h = app->events;
 
     for (;;) {
         json_t *events = NULL;
-        int64_t next = q->since, gen;
+        int64_t next = q->since, read_to = q->from, gen;
         int r;
 
         pthread_mutex_lock(&h->lock);
         gen = (int64_t)h->gen;
         pthread_mutex_unlock(&h->lock);
-        r = query_read(app, q, q->limit, &events, &next, err);
+        r = query_read(app, q, q->limit, &events, &next, &read_to, err);
         if (r < 0)
             return r;
         if (json_array_size(events) > 0 || q->deadline_ms <= clock_mono_ms()) {
@@ -289,6 +318,7 @@ static int poll_read(struct lb_request *req, const struct events_query *q, struc
             return 0;
         }
         json_decref(events);
+        q->from = read_to; /* the next read (after a wake) does not walk these rows again */
 
         pthread_mutex_lock(&h->lock);
         if ((int64_t)h->gen != gen || h->stopping) {
@@ -302,8 +332,17 @@ static int poll_read(struct lb_request *req, const struct events_query *q, struc
         struct waiter *w = calloc(1, sizeof(*w));
         struct events_query *c = w ? query_dup(q) : NULL;
 
+        if (c && ((q->rsid && !(w->rsid = strdup(q->rsid))) ||
+                  (q->sandbox_id && !(w->sandbox_id = strdup(q->sandbox_id))))) {
+            query_free(c);
+            c = NULL;
+        }
         if (!c) {
             pthread_mutex_unlock(&h->lock);
+            if (w) {
+                free(w->rsid);
+                free(w->sandbox_id);
+            }
             free(w);
             return lb_error_set(err, -ENOMEM, "out of memory");
         }
@@ -311,10 +350,14 @@ static int poll_read(struct lb_request *req, const struct events_query *q, struc
         r = http_park(req, q->deadline_ms, poll_answer, c, query_free, &w->park, err);
         if (r < 0) {
             pthread_mutex_unlock(&h->lock);
+            free(w->rsid);
+            free(w->sandbox_id);
             free(w);
             return r;
         }
         w->deadline_ms = q->deadline_ms;
+        log_debug("events: a read (rsid %s, sandbox_id %s) parked", q->rsid ? q->rsid : "any",
+                  q->sandbox_id ? q->sandbox_id : "any");
         w->next = h->waiters;
         h->waiters = w;
         pthread_mutex_unlock(&h->lock);
@@ -375,14 +418,14 @@ static bool stream_pump(struct lb_events_hub *h, struct estream *e, bool *more)
 {
     struct lb_error err = {0};
     json_t *events = NULL, *ev;
-    int64_t next;
+    int64_t next, read_to;
     size_t i;
 
     if (http_stream_write(e->s, "", 0) < 0)
         return false; /* the client left */
     if (http_stream_queued(e->s) > QUEUE_MAX)
         return true; /* the drain wakes us */
-    if (query_read(h->app, &e->q, ROUND_EVENTS, &events, &next, &err) < 0) {
+    if (query_read(h->app, &e->q, ROUND_EVENTS, &events, &next, &read_to, &err) < 0) {
         log_warn("events stream: %s", err.message);
         return true; /* the next round tries again */
     }
@@ -394,7 +437,7 @@ static bool stream_pump(struct lb_events_hub *h, struct estream *e, bool *more)
     }
     if (json_array_size(events) == ROUND_EVENTS)
         *more = true;
-    e->q.since = next;
+    e->q.since = e->q.from = read_to; /* past what this read walked, matching or not */
     json_decref(events);
     return true;
 }
@@ -518,27 +561,37 @@ int route_events(struct lb_request *req, struct lb_error *err)
 
 /* ---------- the hub ---------- */
 
-/* The store's event hook: a commit wrote events (store lock held: quick, no store calls). */
-static void hub_notify(void *arg)
+/* The store's event hook: a commit wrote the events of notes (n == 0: not known; store lock
+ * held: quick, no store calls). Wakes the parked reads those events may answer; the others stay
+ * parked (each woken read costs a worker's job: every read woken at every commit would flood the
+ * worker queue with a thousand parked polls). */
+static void hub_notify(void *arg, const struct lb_event_note *notes, size_t n)
 {
     struct lb_events_hub *h = arg;
-    struct waiter *w;
-
+    struct waiter *wake = NULL;
     bool streams;
 
     pthread_mutex_lock(&h->lock);
     h->gen++;
-    w = h->waiters;
-    h->waiters = NULL;
+    for (struct waiter **pp = &h->waiters; *pp;) {
+        struct waiter *w = *pp;
+
+        if (!waiter_wanted(w, notes, n)) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->next = wake;
+        wake = w;
+    }
     streams = h->n_streams > 0;
     pthread_mutex_unlock(&h->lock);
-    while (w) {
-        struct waiter *next = w->next;
+    while (wake) {
+        struct waiter *next = wake->next;
 
-        (void)http_wake(w->park);
-        http_park_release(w->park);
-        free(w);
-        w = next;
+        (void)http_wake(wake->park);
+        waiter_free(wake);
+        wake = next;
     }
     if (streams)
         hub_kick(h);
@@ -598,8 +651,7 @@ void events_hub_stop(struct lb_events_hub *h)
 
         h->waiters = w->next;
         (void)http_wake(w->park);
-        http_park_release(w->park);
-        free(w);
+        waiter_free(w);
     }
     pthread_mutex_unlock(&h->lock);
     while (e) {

@@ -31,6 +31,13 @@ static int sandbox_defer_with_id(struct lb_request *req, lb_http_job_fn fn, stru
 
 int route_sandbox_get(struct lb_request *req, struct lb_error *err)
 {
+    char key[160];
+
+    /* a GET asks the provider (status, and usage: an engine call on docker and lxd, a walk of
+     * the workdir with local.storage = dir); whoever's token sends them, one sandbox's GETs
+     * hold at most max_execs_per_sandbox workers and queue places, as its execs do */
+    snprintf(key, sizeof(key), "get:%s", http_param(req, 0));
+    http_set_fair_key(req, key, (size_t)((struct lb_app *)http_app(req))->max_execs_per_sandbox);
     return sandbox_defer_with_id(req, sandbox_get_run, err);
 }
 

@@ -31,6 +31,49 @@
 #define PRUNE_BATCH 5000
 #define PRUNE_BATCHES_MAX 20 /* per store_events_prune call */
 
+/* see store_internal.h */
+void store_events_forget(struct lb_store *st)
+{
+    st->events_appended = false;
+    st->n_notes = 0;
+    st->notes_over = false;
+}
+
+/* Note whose event row seq is (sandbox_id, and its rsid as written) for the hook. Lock held. */
+static void event_note(struct lb_store *st, const char *sandbox_id, int64_t seq)
+{
+    sqlite3_stmt *s = NULL;
+    size_t i = st->n_notes;
+    const char *rsid;
+
+    st->events_appended = true;
+    if (st->notes_over || i >= STORE_EVENT_NOTES || strlen(sandbox_id) >= LB_ID_MAX) {
+        st->notes_over = true;
+        return;
+    }
+    if (sqlite3_prepare_v2(st->db, "SELECT rsid FROM events WHERE seq = ?1", -1, &s, NULL) !=
+            SQLITE_OK ||
+        sqlite3_bind_int64(s, 1, seq) != SQLITE_OK || sqlite3_step(s) != SQLITE_ROW) {
+        st->notes_over = true; /* not known: the hook wakes every reader */
+        goto out;
+    }
+    rsid = (const char *)sqlite3_column_text(s, 0);
+    if (rsid && strlen(rsid) > LB_EVENT_RSID_MAX) {
+        st->notes_over = true;
+        goto out;
+    }
+    snprintf(st->note_ids[i], sizeof(st->note_ids[i]), "%s", sandbox_id);
+    st->notes[i].sandbox_id = st->note_ids[i];
+    st->notes[i].rsid = NULL;
+    if (rsid) {
+        snprintf(st->note_rsids[i], sizeof(st->note_rsids[i]), "%s", rsid);
+        st->notes[i].rsid = st->note_rsids[i];
+    }
+    st->n_notes = i + 1;
+out:
+    sqlite3_finalize(s);
+}
+
 int store_append_event(struct lb_store *st, const char *type, const char *sandbox_id,
                        const json_t *data, bool with_reason, struct lb_error *err)
 {
@@ -54,7 +97,7 @@ int store_append_event(struct lb_store *st, const char *type, const char *sandbo
     if (store_step_writing(st, s, false) != SQLITE_DONE)
         ret = store_db_fail(st, err, "writing an event");
     else if (sqlite3_changes(st->db) > 0)
-        st->events_appended = true;
+        event_note(st, sandbox_id, sqlite3_last_insert_rowid(st->db));
 
 cleanup:
     store_stmt_done(s);
@@ -67,9 +110,10 @@ void store_events_after_commit(struct lb_store *st)
 {
     if (!st->events_appended)
         return;
-    st->events_appended = false;
     if (st->event_hook)
-        st->event_hook(st->event_hook_ctx);
+        st->event_hook(st->event_hook_ctx, st->notes_over ? NULL : st->notes,
+                       st->notes_over ? 0 : st->n_notes);
+    store_events_forget(st);
 }
 
 int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
@@ -78,7 +122,7 @@ int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool s
     int ret = 0;
 
     for (int attempt = 0; attempt < 2; attempt++) {
-        st->events_appended = false;
+        store_events_forget(st);
         ret = store_exec_sql(st, "BEGIN IMMEDIATE", "beginning a transaction", err);
         if (ret == 0)
             ret = fn(st, ctx, err);
@@ -97,7 +141,7 @@ int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool s
         }
         if (!sqlite3_get_autocommit(st->db))
             sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-        st->events_appended = false;
+        store_events_forget(st);
         /* a stop's record may spend the space reserve, then runs once more */
         if (ret != -ENOSPC || !stop || attempt > 0 || !store_reserve_spend(st))
             break;
@@ -138,7 +182,9 @@ int store_record_event(struct lb_store *st, const char *type, const char *sandbo
     return ret;
 }
 
-void store_events_set_hook(struct lb_store *st, void (*fn)(void *ctx), void *ctx)
+void store_events_set_hook(struct lb_store *st,
+                           void (*fn)(void *ctx, const struct lb_event_note *notes, size_t n),
+                           void *ctx)
 {
     pthread_mutex_lock(&st->lock);
     st->event_hook = fn;
@@ -186,8 +232,51 @@ static json_t *event_from_row(sqlite3_stmt *s)
                      "labels", col_json(s, 6, json_object), "data", col_json(s, 7, json_object));
 }
 
+/* The seq of the newest event (0: none) into *out. Lock held. 0 or -1. */
+static int store_events_newest_locked(struct lb_store *st, int64_t *out)
+{
+    sqlite3_stmt *s = NULL;
+    int ret = -1;
+
+    *out = 0;
+    if (sqlite3_prepare_v3(st->db, "SELECT COALESCE(MAX(seq), 0) FROM events", -1,
+                           SQLITE_PREPARE_PERSISTENT, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+        *out = sqlite3_column_int64(s, 0);
+        ret = 0;
+    }
+    sqlite3_finalize(s);
+    return ret;
+}
+
+/* see store_internal.h */
+const char *store_events_list_sql(const struct lb_event_filter *f)
+{
+#define EVENTS_SELECT                                                                              \
+    "SELECT seq, time, type, sandbox_id, rsid, task_id, labels_json, data_json FROM events "
+#define EVENTS_REST                                                                                \
+    "AND (?4 IS NULL OR type IN (SELECT value FROM json_each(?4))) ORDER BY seq LIMIT ?5"
+    /* the same bound parameters in each; a filter that names a session or a sandbox is an
+     * equality the planner can take to its index ((rsid, seq), (sandbox_id, seq)), so a reader
+     * whose filter matches nothing reads no row of anyone else's, however long the feed is */
+    if (f->rsid)
+        return EVENTS_SELECT
+            "WHERE rsid = ?2 AND seq > ?1 AND (?3 IS NULL OR sandbox_id = ?3) " EVENTS_REST;
+    if (f->sandbox_id)
+        return EVENTS_SELECT "WHERE sandbox_id = ?3 AND seq > ?1 AND ?2 IS NULL " EVENTS_REST;
+    return EVENTS_SELECT "WHERE seq > ?1 AND ?2 IS NULL AND ?3 IS NULL " EVENTS_REST;
+#undef EVENTS_SELECT
+#undef EVENTS_REST
+}
+
 int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
                       int64_t *next, struct lb_error *err)
+{
+    return store_events_list_to(st, f, out, next, NULL, err);
+}
+
+int store_events_list_to(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
+                         int64_t *next, int64_t *read_to, struct lb_error *err)
 {
     char *types = NULL;
     json_t *arr = json_array();
@@ -202,14 +291,9 @@ int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json
         goto cleanup;
     }
     pthread_mutex_lock(&st->lock);
-    /* every filter is bound; a NULL one matches all (the seq range comes from the primary key) */
-    if (sqlite3_prepare_v3(st->db,
-                           "SELECT seq, time, type, sandbox_id, rsid, task_id, labels_json, "
-                           "data_json FROM events WHERE seq > ?1 "
-                           "AND (?2 IS NULL OR rsid = ?2) AND (?3 IS NULL OR sandbox_id = ?3) "
-                           "AND (?4 IS NULL OR type IN (SELECT value FROM json_each(?4))) "
-                           "ORDER BY seq LIMIT ?5",
-                           -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) != SQLITE_OK ||
+    /* every filter is bound; a NULL one matches all (store_events_list_sql) */
+    if (sqlite3_prepare_v3(st->db, store_events_list_sql(f), -1, SQLITE_PREPARE_PERSISTENT, &s,
+                           NULL) != SQLITE_OK ||
         sqlite3_bind_int64(s, 1, f->since) != SQLITE_OK ||
         sqlite3_bind_text(s, 2, f->rsid, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(s, 3, f->sandbox_id, -1, SQLITE_STATIC) != SQLITE_OK ||
@@ -229,6 +313,15 @@ int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json
     }
     if (rc != SQLITE_DONE)
         ret = store_db_fail(st, err, "reading events");
+    /* fewer than limit matched: every event up to the newest was read (same lock) */
+    if (ret == 0 && read_to) {
+        int64_t limit = f->limit > 0 ? f->limit : 1000, newest = 0;
+
+        *read_to = last;
+        if ((int64_t)json_array_size(arr) < limit && store_events_newest_locked(st, &newest) == 0 &&
+            newest > last)
+            *read_to = newest;
+    }
 unlock:
     sqlite3_finalize(s);
     pthread_mutex_unlock(&st->lock);

@@ -403,13 +403,30 @@ struct lb_event_filter {
  * errno (*out NULL). */
 int store_events_list(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
                       int64_t *next, struct lb_error *err);
+/* store_events_list, and *read_to (NULL: not asked): the seq up to which every event was read,
+ * matching or not: when fewer than limit matched, the newest event's seq at the time of the
+ * read (a later read may start after it and misses nothing of f); else *next. A reader whose
+ * filter rarely matches reads on from it so as not to walk the same rows again. */
+int store_events_list_to(struct lb_store *st, const struct lb_event_filter *f, json_t **out,
+                         int64_t *next, int64_t *read_to, struct lb_error *err);
 /* An event that is no record transition (paused, resumed, idle) for sandbox_id in its own
  * transaction; data borrowed (NULL: {}). 0 or a negative errno. */
 int store_record_event(struct lb_store *st, const char *type, const char *sandbox_id,
                        const json_t *data, struct lb_error *err);
-/* fn(ctx) runs after each commit that wrote events, with the store's lock held: it must be
- * quick and must not call the store (wake readers). NULL: none. */
-void store_events_set_hook(struct lb_store *st, void (*fn)(void *ctx), void *ctx);
+/* The longest rsid an event note holds (a resources session id is 1 to 128 bytes). */
+#define LB_EVENT_RSID_MAX 128
+/* Whose event a commit wrote: its sandbox and its session (NULL: none). */
+struct lb_event_note {
+    const char *sandbox_id;
+    const char *rsid;
+};
+/* fn(ctx, notes, n) runs after each commit that wrote events, with the store's lock held: it
+ * must be quick and make no store call. notes (valid during the call only) say whose events the
+ * commit wrote; n == 0 (notes NULL): not known (too many): any reader may have new events.
+ * fn NULL: none. */
+void store_events_set_hook(struct lb_store *st,
+                           void (*fn)(void *ctx, const struct lb_event_note *notes, size_t n),
+                           void *ctx);
 /* enabled false writes no events (for a bench's comparison only; the default is true);
  * retention: events older than max_age_s (0: no limit) and all but the newest max_count (0:
  * no limit) go at store_events_prune. Defaults: 7 days, 1,000,000. */

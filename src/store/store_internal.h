@@ -20,6 +20,9 @@
 
 #include "store/store.h"
 
+/* Event notes a transaction keeps for the hook (events.c); past it: "unknown, wake all". */
+#define STORE_EVENT_NOTES 16
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* The column order every SELECT returns and record_from_row reads. */
@@ -92,9 +95,15 @@ struct lb_store {
     int64_t probed_ms;        /* last write check after a failed write */
     atomic_bool write_failed; /* the last write failed for lack of space or an I/O error */
     /* the event feed (events.c); under lock but events_on */
-    atomic_bool events_on;      /* write events (always, but for a bench's comparison) */
-    bool events_appended;       /* the transaction under way wrote an event */
-    void (*event_hook)(void *); /* after a commit that wrote events */
+    atomic_bool events_on; /* write events (always, but for a bench's comparison) */
+    bool events_appended;  /* the transaction under way wrote an event */
+    /* whose events it wrote (the first STORE_EVENT_NOTES; notes_over: more, or unknown) */
+    struct lb_event_note notes[STORE_EVENT_NOTES];
+    char note_ids[STORE_EVENT_NOTES][LB_ID_MAX];
+    char note_rsids[STORE_EVENT_NOTES][LB_EVENT_RSID_MAX + 1];
+    size_t n_notes;
+    bool notes_over;
+    void (*event_hook)(void *, const struct lb_event_note *, size_t); /* after such a commit */
     void *event_hook_ctx;
     int64_t events_max_age_s; /* retention; 0: none */
     int64_t events_max_count;
@@ -141,6 +150,9 @@ int store_step_writing(struct lb_store *st, sqlite3_stmt *s, bool stop);
 
 /* ---- events.c ---- */
 
+/* Forget the transaction's events (a new transaction, or a rollback). Lock held. */
+void store_events_forget(struct lb_store *st);
+
 /* Append an event of type for sandbox_id, with its session, task and labels from the record,
  * data (NULL: {}; borrowed) and, with_reason, data.reason from the record's stop_reason. Call
  * inside a transaction (store_txn, or the caller's BEGIN ... COMMIT, then the hook: see
@@ -157,6 +169,10 @@ typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err
  * negative errno. */
 int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
               struct lb_error *err);
+/* The SELECT store_events_list runs for f (a static string; ?1 since, ?2 rsid, ?3 sandbox_id,
+ * ?4 types, ?5 limit): with f->rsid or f->sandbox_id it reads that column's index, not the whole
+ * feed after since. */
+const char *store_events_list_sql(const struct lb_event_filter *f);
 /* A commit made by hand (not store_txn) after store_append_event: runs the event hook. */
 void store_events_after_commit(struct lb_store *st);
 

@@ -196,7 +196,7 @@ cleanup:
     sqlite3_finalize(s);
     if (in_txn) {
         sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-        st->events_appended = false;
+        store_events_forget(st);
     }
     pthread_mutex_unlock(&st->lock);
     if (ret == 0)

@@ -233,12 +233,19 @@ START_TEST(test_events_long_poll_wakes)
     ck_assert_str_eq(str(json_array_get(evs, 0), "sandbox_id"), str(lease, "sandbox_id"));
     lbt_resp_free(&r);
 
-    /* a filtered long-poll is not answered by another session's event */
+    /* a filtered long-poll is not answered by another session's event, nor even woken (every
+     * woken read is a worker's job: a thousand parked polls woken at each commit would flood
+     * the worker queue) */
+    int parked = lbt_log_count(&D, "events: a read (rsid ev-none, sandbox_id any) parked");
+
     snprintf(path, sizeof(path), "/v1/events?since=%lld&wait_ms=1500&rsid=ev-none", head);
     a = lbt_async_json(&D, "GET", path, "", NULL);
-    lbt_sleep_ms(300);
+    while (lbt_log_count(&D, "events: a read (rsid ev-none, sandbox_id any) parked") == parked)
+        lbt_sleep_ms(10);
     lbt_release_session(&D, "ev-wake");
     lbt_async_join(a, &r);
+    ck_assert_int_eq(
+        lbt_log_count(&D, "events: a parked read (rsid ev-none, sandbox_id any) was woken"), 0);
     ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
     ck_assert_int_eq(json_array_size(json_object_get(r.json, "events")), 0);
     ck_assert_int_eq(json_integer_value(json_object_get(r.json, "next")), head);

@@ -65,6 +65,32 @@ static int raw_exec_send(const char *sbx, const char *token, const char *command
     return fd;
 }
 
+/* Send GET /v1/sandboxes/{sbx} on a new connection; return its fd. */
+static int raw_get_send(const char *sbx, const char *token)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    const char *hostport = D.base_url + strlen("http://");
+    char host[64], head[1024];
+    const char *colon = strrchr(hostport, ':');
+    int fd, m;
+
+    ck_assert(colon && (size_t)(colon - hostport) < sizeof(host));
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = '\0';
+    ck_assert_int_eq(inet_pton(AF_INET, host, &sa.sin_addr), 1);
+    sa.sin_port = htons((unsigned short)atoi(colon + 1));
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect: %s",
+                  strerror(errno));
+    m = snprintf(head, sizeof(head),
+                 "GET /v1/sandboxes/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer "
+                 "%s\r\nConnection: close\r\n\r\n",
+                 sbx, hostport, token[0] ? token : D.admin_token);
+    ck_assert_int_eq(write(fd, head, (size_t)m), m);
+    return fd;
+}
+
 /* Read the whole response (the server closes after it) within timeout_ms; return its status
  * (0: no complete response in time) and keep the text in buf. */
 static int raw_read_response(int fd, int timeout_ms, char *buf, size_t len)
@@ -220,6 +246,48 @@ START_TEST(test_abandoned_queued_execs_do_not_run)
 }
 END_TEST
 
+/* GET /v1/sandboxes/{id} asks the provider (status, and usage: an engine call on docker and
+ * lxd, a walk of the workdir with local.storage = dir): one sandbox's GETs, sent with its own
+ * operate token as a hostile agent could, hold at most max_execs_per_sandbox (2) of the 4
+ * workers; the rest answer 429 overloaded at once, and another sandbox's GET is answered. The
+ * provider's status call is made slow (faults.spec) so that the flood's GETs overlap. */
+START_TEST(test_flooded_get_leaves_workers_for_others)
+{
+    enum { N_FLOOD = 8, CAP = 2 };
+    char a[128], b[128], op_a[256], buf[8192], path[200];
+    int fds[N_FLOOD], n429 = 0, n200 = 0;
+    struct lbt_resp r;
+
+    seed("fair-get-a", a, sizeof(a), op_a, sizeof(op_a));
+    seed("fair-get-b", b, sizeof(b), NULL, 0);
+    for (int i = 0; i < N_FLOOD; i++)
+        fds[i] = raw_get_send(a, op_a);
+    /* another sandbox's GET gets one of the workers the flood left */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", b);
+    lbt_json(&D, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "lent");
+    lbt_resp_free(&r);
+    for (int i = 0; i < N_FLOOD; i++) {
+        int st = raw_read_response(fds[i], 60000, buf, sizeof(buf));
+
+        close(fds[i]);
+        if (st == 429) {
+            n429++;
+            ck_assert_msg(strstr(buf, "{\"error\":{\"code\":\"overloaded\"") &&
+                              strstr(buf, "per sandbox") && strstr(buf, "Retry-After: 1"),
+                          "429 without the overloaded code, the limit and Retry-After: %s", buf);
+        } else if (st == 200) {
+            n200++;
+        } else {
+            ck_abort_msg("flood GET %d: status %d: %s", i, st, buf);
+        }
+    }
+    ck_assert_int_eq(n200, CAP);
+    ck_assert_int_eq(n429, N_FLOOD - CAP);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fair");
@@ -230,5 +298,16 @@ int main(void)
     tcase_add_test(tc, test_flooded_sandbox_leaves_workers_for_others);
     tcase_add_test(tc, test_abandoned_queued_execs_do_not_run);
     suite_add_tcase(s, tc);
+    /* its own daemon: every provider status call takes 3 s */
+    static const char *const get_args[] = {"--set", "server.workers=4",
+                                           "--set", "limits.max_execs_per_sandbox=2",
+                                           "--set", "faults.spec=provider.status=delay:3000",
+                                           NULL};
+    TCase *get = tcase_create("fair_get");
+
+    lbt_shared_daemon(get, &D, get_args);
+    tcase_set_timeout(get, 120);
+    tcase_add_test(get, test_flooded_get_leaves_workers_for_others);
+    suite_add_tcase(s, get);
     return lbt_run_suite(s);
 }

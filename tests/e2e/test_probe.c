@@ -163,6 +163,19 @@ START_TEST(test_probe_never_ready)
     lbt_resp_free(&r);
     assert_failed_seed_gone("probe-hang", "sleep 31.4711");
 
+    /* an attempt's own bound (5 x interval_ms, here 300 s) never runs past the budget, not the
+     * first attempt either: a probe that would exit 0 after 6 s fails a 2 s ready_timeout_s */
+    seed_raw("probe-long",
+             "{\"task_id\": \"t\", \"ready_timeout_s\": 2, \"ready_probe\": {\"command\": "
+             "\"sleep 6.4712\", \"interval_ms\": 60000}}",
+             &r);
+    lbt_assert_error(&r, 502, "provider_error");
+    msg = str(json_object_get(r.json, "error"), "message");
+    ck_assert_msg(strstr(msg, "timed out after") && strstr(msg, "in 1 attempts"), "message: %s",
+                  msg);
+    lbt_resp_free(&r);
+    assert_failed_seed_gone("probe-long", "sleep 6.4712");
+
     /* the session can be seeded again; the bystander was not touched */
     json_t *lease = lbt_seed(&D, "probe-never", "task-again", NULL);
     ck_assert(json_is_false(json_object_get(lease, "reused")));

@@ -11,6 +11,7 @@
 #include <sqlite3.h>
 
 #include "store/store.h"
+#include "store/store_internal.h"
 #include "util/clock.h"
 
 static char tmpdir[64];
@@ -1360,10 +1361,20 @@ END_TEST
 
 static int hook_calls;
 
-static void count_hook(void *ctx)
+static char hook_last[256]; /* the last call's notes: "sandbox/rsid;..." or "unknown" */
+
+static void count_hook(void *ctx, const struct lb_event_note *notes, size_t n)
 {
+    size_t off = 0;
+
     (void)ctx;
     hook_calls++;
+    hook_last[0] = '\0';
+    if (n == 0)
+        snprintf(hook_last, sizeof(hook_last), "unknown");
+    for (size_t i = 0; i < n && off < sizeof(hook_last); i++)
+        off += (size_t)snprintf(hook_last + off, sizeof(hook_last) - off, "%s/%s;",
+                                notes[i].sandbox_id, notes[i].rsid ? notes[i].rsid : "-");
 }
 
 /* The types of the events after since (filter f, since and limit set here), joined by ','. */
@@ -1404,6 +1415,8 @@ START_TEST(test_events_feed)
     insert_ok(st, &w);
     ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), 0);
     ck_assert_int_eq(hook_calls, 1);
+    /* the hook is told whose event the commit wrote (the event feed wakes only its readers) */
+    ck_assert_str_eq(hook_last, "sbx-e1/rs-e1;");
     /* a transition that fails writes no event (and wakes nobody) */
     ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), -EBUSY);
     ck_assert_int_eq(store_mark_lent(st, "sbx-none", "{}", NULL, &err), -ENOENT);
@@ -1415,6 +1428,7 @@ START_TEST(test_events_feed)
     ck_assert_int_eq(store_mark_stop_failed(st, "sbx-e2", LB_STATE_FAILED_SEED, "boom", 0, &err),
                      0);
     ck_assert_int_eq(store_mark_stopped_many(st, ids, 1, "seed_failed", &err), 0);
+    ck_assert_str_eq(hook_last, "sbx-e2/rs-e2;");
     /* a warm sandbox no session took writes nothing */
     ck_assert_int_eq(store_mark_stopping(st, "sbx-w", "max_age", &err), 0);
     ck_assert_int_eq(store_mark_stopped(st, "sbx-w", NULL, &err), 0);
@@ -1459,6 +1473,94 @@ START_TEST(test_events_feed)
 }
 END_TEST
 
+/* The query plan's details of sql on db, joined by "; " into buf. */
+static void query_plan(sqlite3 *db, const char *sql, char *buf, size_t len)
+{
+    char explain[1024];
+    sqlite3_stmt *s = NULL;
+    size_t off = 0;
+
+    snprintf(explain, sizeof(explain), "EXPLAIN QUERY PLAN %s", sql);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, explain, -1, &s, NULL), SQLITE_OK);
+    buf[0] = '\0';
+    while (sqlite3_step(s) == SQLITE_ROW && off < len)
+        off += (size_t)snprintf(buf + off, len - off, "%s; ", sqlite3_column_text(s, 3));
+    sqlite3_finalize(s);
+}
+
+/* A read filtered by session or sandbox takes that column's index: it never scans the feed's
+ * other rows (a parked long-poll of one session is read again at every commit, under the
+ * store's lock, and the feed keeps up to a million rows). */
+START_TEST(test_events_filter_uses_index)
+{
+    struct lb_store *st = open_store();
+    json_t *types = json_pack("[s]", "stopped");
+    struct lb_event_filter by_rsid = {.rsid = "rs-1"}, by_sbx = {.sandbox_id = "sbx-1"},
+                           both = {.rsid = "rs-1", .sandbox_id = "sbx-1", .types = types},
+                           none = {.types = types};
+    sqlite3 *db = NULL;
+    char plan[1024];
+
+    ck_assert_int_eq(sqlite3_open_v2(dbpath, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    query_plan(db, store_events_list_sql(&by_rsid), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_rsid (rsid=? AND seq>?)"), "plan: %s", plan);
+    query_plan(db, store_events_list_sql(&both), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_rsid (rsid=? AND seq>?)"), "plan: %s", plan);
+    query_plan(db, store_events_list_sql(&by_sbx), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INDEX events_sandbox (sandbox_id=? AND seq>?)"), "plan: %s",
+                  plan);
+    query_plan(db, store_events_list_sql(&none), plan, sizeof(plan));
+    ck_assert_msg(strstr(plan, "USING INTEGER PRIMARY KEY (rowid>?)"), "plan: %s", plan);
+    sqlite3_close(db);
+    json_decref(types);
+    store_close(st);
+}
+END_TEST
+
+/* store_events_list_to's read_to: where a reader whose filter matched little may read on from
+ * without walking the same rows again, and without missing a later event of its filter. */
+START_TEST(test_events_read_to)
+{
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-r1", "rs-r1");
+    struct lb_error err = {0};
+    json_t *snap = json_pack("[s]", "snapshot"), *evs = NULL;
+    struct lb_event_filter f = {.types = snap};
+    int64_t next = -1, read_to = -1;
+
+    insert_ok(st, &a);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-r1", "{}", NULL, &err), 0);         /* seq 1 */
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-r1", NULL, &err), 0);  /* 2 */
+    ck_assert_int_eq(store_record_event(st, "resumed", "sbx-r1", NULL, &err), 0); /* 3 */
+    /* nothing matches: next stays since, read_to is the newest seq */
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 0);
+    ck_assert_int_eq(next, 0);
+    ck_assert_int_eq(read_to, 3);
+    json_decref(evs);
+    /* a later match after read_to is found from it */
+    ck_assert_int_eq(store_record_event(st, "paused", "sbx-r1", NULL, &err), 0); /* 4 */
+    json_array_set_new(snap, 0, json_string("paused"));
+    f.since = read_to;
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 1);
+    ck_assert_int_eq(next, 4);
+    ck_assert_int_eq(read_to, 4);
+    json_decref(evs);
+    /* a full answer (limit reached) reads on from its last event, not the newest */
+    f.since = 0;
+    f.types = NULL;
+    f.limit = 2;
+    ck_assert_int_eq(store_events_list_to(st, &f, &evs, &next, &read_to, &err), 0);
+    ck_assert_int_eq(json_array_size(evs), 2);
+    ck_assert_int_eq(next, 2);
+    ck_assert_int_eq(read_to, 2);
+    json_decref(evs);
+    json_decref(snap);
+    store_close(st);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("store");
@@ -1498,6 +1600,8 @@ static Suite *store_suite(void)
     tcase_add_test(tc, test_warm_take_and_claim);
     tcase_add_test(tc, test_warm_take_concurrent_never_twice);
     tcase_add_test(tc, test_events_feed);
+    tcase_add_test(tc, test_events_filter_uses_index);
+    tcase_add_test(tc, test_events_read_to);
     suite_add_tcase(s, tc);
     return s;
 }
