@@ -829,7 +829,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
      * backstop: the daemon ends the exec itself. Its processes are let out of the freezer
      * first, so they die even on cgroup v1; the rest of the sandbox stays as it is. */
     if (io.paused || io.backstop)
-        (void)local_kill_tree(mid, &d.cg);
+        (void)local_kill_tree_wait(mid, &d.cg, PAUSED_KILL_MS);
     exec_drain(&f, req, res, chunk);
     /* unlinked before the helper is reaped, so its pid is never reused under local_end_execs */
     ended = running_remove(lp, &running);

@@ -200,9 +200,13 @@ void local_reap_later(pid_t pid);
  * first let out of cg's freezer (cgroup_unfreeze_procs; cg may be NULL) so that even frozen
  * ones die. Returns how many were signalled, or -errno. */
 int local_kill_tree(pid_t root, const struct lb_cgroup *cg);
+/* The same, then wait (at most wait_ms, for the first 256 of them) until the signalled
+ * processes have ended: for an answer that says the command's processes are gone. */
+int local_kill_tree_wait(pid_t root, const struct lb_cgroup *cg, int64_t wait_ms);
 /* SIGKILL every process of session sid (its leader's pid as the host sees it; the leader is
  * gone) that lives in the sandbox d's pid namespace, and their descendants: what is left of
- * an exec whose supervisor died. How many were signalled, or -errno. */
+ * an exec whose supervisor died. Returns once they have ended (at most 2 s, the first 256).
+ * How many were signalled, or -errno. */
 int local_kill_session(const struct local_desc *d, pid_t sid);
 /* SIGKILL every live process whose real uid is one of the slot's ids (uid: its first id, the
  * sandbox's root); a pid is pinned with a pidfd and its uid read again before the kill, so a

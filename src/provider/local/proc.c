@@ -24,6 +24,10 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+/* How long a kill that answers for its processes waits for them to end, and for how many. */
+#define KILL_WAIT_MS 2000
+#define KILL_WAIT_MAX 256
+
 /* ---- /proc ---------------------------------------------------------------------------- */
 
 ssize_t local_read_small(const char *path, char *buf, size_t size)
@@ -292,11 +296,17 @@ static bool proc_in_pidns(pid_t pid, ino_t pidns)
     return stat(path, &sb) == 0 && sb.st_ino == pidns;
 }
 
-static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg);
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg,
+                        int64_t wait_ms);
 
 int local_kill_tree(pid_t root, const struct lb_cgroup *cg)
 {
-    return kill_closure(root, 0, 0, cg);
+    return kill_closure(root, 0, 0, cg, 0);
+}
+
+int local_kill_tree_wait(pid_t root, const struct lb_cgroup *cg, int64_t wait_ms)
+{
+    return kill_closure(root, 0, 0, cg, wait_ms);
 }
 
 int local_kill_session(const struct local_desc *d, pid_t sid)
@@ -309,13 +319,37 @@ int local_kill_session(const struct local_desc *d, pid_t sid)
     snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)d->pid);
     if (stat(path, &sb) < 0)
         return -errno;
-    return kill_closure(0, sid, sb.st_ino, &d->cg);
+    return kill_closure(0, sid, sb.st_ino, &d->cg, KILL_WAIT_MS);
+}
+
+/* Wait until each of the n pidfds says its process has ended, or until wait_ms passed. */
+static void wait_pidfds(const int *fds, size_t n, int64_t wait_ms)
+{
+    struct pollfd p[KILL_WAIT_MAX];
+    int64_t deadline = clock_mono_ms() + wait_ms, left;
+    size_t np = 0;
+
+    for (size_t i = 0; i < n && np < KILL_WAIT_MAX; i++)
+        p[np++] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    while (np > 0 && (left = deadline - clock_mono_ms()) > 0) {
+        if (poll(p, np, (int)left) < 0 && errno != EINTR)
+            return;
+        for (size_t i = 0; i < np;)
+            if (p[i].revents)
+                p[i] = p[--np];
+            else
+                i++;
+    }
 }
 
 /* SIGKILL root (0: none) and the members of session sid (0: none) that live in the pid
- * namespace pidns, and every descendant of them; how many were signalled, or -errno. */
-static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg)
+ * namespace pidns, and every descendant of them; how many were signalled, or -errno. With
+ * wait_ms > 0, returns once the first KILL_WAIT_MAX of them have ended or wait_ms passed. */
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg,
+                        int64_t wait_ms)
 {
+    int waitfds[KILL_WAIT_MAX];
+    size_t nwait = 0;
     pid_t *pids = NULL, *parents = NULL;
     uint64_t *starts = NULL;
     size_t n = 0, nall = 0, cap = 0, i;
@@ -402,10 +436,20 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
             continue;
         /* the pid is pinned now: is it still the process of the snapshot? */
         if (local_proc_start_time(pids[i], &st) == 0 && st == starts[i] &&
-            syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) == 0)
+            syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0) == 0) {
             killed++;
+            if (wait_ms > 0 && nwait < KILL_WAIT_MAX) {
+                waitfds[nwait++] = pfd;
+                continue;
+            }
+        }
         close(pfd);
     }
+    /* a killed process is not gone at once (it has to be scheduled to exit): the callers
+     * that answer "the command's processes are gone" wait for it */
+    wait_pidfds(waitfds, nwait, wait_ms);
+    for (i = 0; i < nwait; i++)
+        close(waitfds[i]);
 out:
     free(pids);
     free(parents);
