@@ -34,14 +34,6 @@ struct probe_last {
     char what[LB_ERROR_MESSAGE_MAX + 64]; /* cut when quoted in the error */
 };
 
-static void probe_sleep_ms(int64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 /* Describe a failed attempt's result res into last: how it ended and the first
  * PROBE_STDERR_QUOTED bytes of its stderr (control characters as spaces). */
 static void probe_describe(const struct lb_exec_result *res, int64_t timeout_ms,
@@ -166,7 +158,7 @@ int lend_probe_run(struct lb_lend *l, struct lb_provider *prov, const struct lb_
                 break;
             if (step > left)
                 step = left;
-            probe_sleep_ms(step);
+            clock_sleep_ms(step);
             slept += step;
         }
     }

@@ -1,6 +1,8 @@
 /* clock.c - see clock.h. */
 #include "util/clock.h"
 
+#include <errno.h>
+
 #include <stdio.h>
 #include <time.h>
 
@@ -41,4 +43,14 @@ void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len)
 
     gmtime_r(&t, &tm);
     strftime(out, out_len, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+void clock_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+
+    if (ms <= 0)
+        return;
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
 }

@@ -13,6 +13,8 @@
 int64_t clock_now_s(void);
 /* Monotonic clock, milliseconds since an arbitrary origin. */
 int64_t clock_mono_ms(void);
+/* Sleep ms milliseconds (<= 0: not at all), resumed after signals. Thread-safe. */
+void clock_sleep_ms(int64_t ms);
 /* The CLOCK_REALTIME time ms milliseconds (>= 0) from now: the deadline pthread_cond_timedwait
  * takes for a condition variable on the default clock. */
 struct timespec clock_realtime_after_ms(int64_t ms);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 enum fault_action { FAULT_FAIL, FAULT_HANG, FAULT_DELAY };
@@ -22,14 +23,6 @@ struct fault_rule {
 static pthread_mutex_t fault_mutex = PTHREAD_MUTEX_INITIALIZER;
 static struct fault_rule fault_rules[FAULT_MAX_RULES];
 static int fault_n;
-
-static void fault_sleep_ms(int64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
 
 static int fault_parse_one(const char *item, struct fault_rule *rule, struct lb_error *err)
 {
@@ -149,10 +142,10 @@ int fault_hit(const char *op, int64_t deadline_ms, struct lb_error *err)
         return lb_error_set(err, -EIO, "injected fault: %s failed", op);
     case FAULT_HANG:
         log_warn("fault injected: %s hangs", op);
-        fault_sleep_ms(deadline_ms > 0 ? deadline_ms : 30000);
+        clock_sleep_ms(deadline_ms > 0 ? deadline_ms : 30000);
         return lb_error_set(err, -ETIMEDOUT, "injected fault: %s hung past its deadline", op);
     case FAULT_DELAY:
-        fault_sleep_ms(arg);
+        clock_sleep_ms(arg);
         return 0;
     }
     return 0;

@@ -30,14 +30,6 @@ static const struct {
     long magic;
 } v1_tracking[] = {{"systemd", CGROUP_SUPER_MAGIC}, {"unified", CGROUP2_SUPER_MAGIC}};
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 static bool fs_is(const char *path, long magic)
 {
     struct statfs st;
@@ -643,7 +635,7 @@ int cgroup_set_frozen(const struct lb_cgroup *cg, bool frozen, int64_t timeout_m
         /* v1 retries a stuck freeze when FROZEN is written again */
         if (cg->version == 1 && frozen)
             (void)write_small(dir, file, value);
-        sleep_ms(POLL_STEP_MS);
+        clock_sleep_ms(POLL_STEP_MS);
     }
     return 0;
 }
@@ -807,7 +799,7 @@ int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_err
                                     strerror(errno));
             if (clock_mono_ms() >= deadline_ms)
                 return lb_error_set(err, -ETIMEDOUT, "cgroup '%s' is still busy", cg->dirs[i]);
-            sleep_ms(POLL_STEP_MS);
+            clock_sleep_ms(POLL_STEP_MS);
         }
     }
     return 0;

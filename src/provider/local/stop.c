@@ -38,14 +38,6 @@
 /* How many stops swept /proc for the ids of a slot (local_slot_sweeps). */
 static atomic_ulong slot_sweeps;
 
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
-}
-
 /* ---- removal -------------------------------------------------------------------------- */
 
 /* rm -r without following symlinks and with O(1) fds and stack, however deep the tree: the
@@ -181,7 +173,7 @@ static void wait_monitor(int monfd, pid_t monitor, int64_t until)
         until = clock_mono_ms() + KNOWN_EXIT_MS;
     while (local_proc_ppid(monitor) == getpid() && waitpid(monitor, NULL, WNOHANG) == 0 &&
            clock_mono_ms() < until)
-        sleep_ms(SWEEP_STEP_MS);
+        clock_sleep_ms(SWEEP_STEP_MS);
 }
 
 /* After a clean init death: wait for the processes of the sandbox's ids that the daemon knows
@@ -208,7 +200,7 @@ static void wait_known_pids(struct local_provider *lp, const struct local_desc *
     /* an exec worker unlinks its helper before it reaps it, and a file transfer's helper is
      * not linked at all: those leave the cgroup on their own, as soon as they have exited */
     while (d->cg.version != 0 && !cgroup_is_empty(&d->cg) && clock_mono_ms() < until)
-        sleep_ms(SWEEP_STEP_MS);
+        clock_sleep_ms(SWEEP_STEP_MS);
 }
 
 /* Remove a storage-dir sandbox's data: the descriptor's directory, and <data_dir>/<id> of the
@@ -544,7 +536,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
                                  left, id, d->uid);
                 goto out;
             }
-            sleep_ms(SWEEP_STEP_MS);
+            clock_sleep_ms(SWEEP_STEP_MS);
         }
         local_reap_uid_children(d->uid);
     } else if (has_dir && d->uid) {
