@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/mem.h"
 #include "util/metrics.h"
 
 /* ---------- session locks ---------- */
@@ -216,10 +217,9 @@ void lend_free(struct lb_lend *l)
 {
     if (!l)
         return;
-    free(l->default_image);
-    free(l->images_dir);
-    free(l->workdir);
-    free(l->public_url);
+    char **const strings[] = {&l->default_image, &l->images_dir, &l->workdir, &l->public_url};
+
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     free(l->operate_key);
     lend_admission_free(l->admission);
     pthread_mutex_destroy(&l->locks_mutex);

@@ -16,6 +16,7 @@
 
 #include "util/clock.h"
 #include "util/fault.h"
+#include "util/mem.h"
 
 static const char *const state_names[] = {
     [LB_STATE_STARTING] = "starting",
@@ -109,16 +110,11 @@ void store_record_release(struct lb_record *r)
 {
     if (!r)
         return;
-    free(r->rsid);
-    free(r->task_id);
-    free(r->provider);
-    free(r->spec_json);
-    free(r->descriptor_json);
-    free(r->last_error);
-    free(r->stop_reason);
-    free(r->pool_class);
-    r->rsid = r->task_id = r->provider = r->spec_json = r->descriptor_json = NULL;
-    r->last_error = r->stop_reason = r->pool_class = NULL;
+    char **const strings[] = {&r->rsid,        &r->task_id,         &r->provider,
+                              &r->spec_json,   &r->descriptor_json, &r->last_error,
+                              &r->stop_reason, &r->pool_class};
+
+    mem_free_strings(strings, ARRAY_LEN(strings));
 }
 
 void store_records_free(struct lb_record *recs, size_t n)

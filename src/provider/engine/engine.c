@@ -14,6 +14,7 @@
 #include "provider/engine/httpc.h"
 #include "util/fault.h"
 #include "util/log.h"
+#include "util/mem.h"
 #include "util/token.h"
 
 static void engine_destroy(struct lb_provider *p);
@@ -390,16 +391,12 @@ int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
 
 void engine_release(struct lb_engine *e)
 {
+    char **const strings[] = {&e->socket,      &e->default_image, &e->supervise_path,
+                              &e->net_inherit, &e->spool_dir,     &e->images_dir};
+
     httpc_free(e->http);
     e->http = NULL;
-    free(e->socket);
-    free(e->default_image);
-    free(e->supervise_path);
-    free(e->net_inherit);
-    free(e->spool_dir);
-    free(e->images_dir);
-    e->socket = e->default_image = e->supervise_path = e->net_inherit = e->spool_dir = NULL;
-    e->images_dir = NULL;
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     gates_release(&e->gates);
     pthread_mutex_destroy(&e->create_mutex);
 }
