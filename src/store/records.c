@@ -534,13 +534,8 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
     if (token_hash && !store_fits(token_hash, LB_TOKEN_HASH_HEX + 1))
         return lb_error_set(err, -EINVAL, "store: token hash longer than %d characters",
                             LB_TOKEN_HASH_HEX);
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
     /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full) */
-    ret = store_txn(st, mark_lent_fn, &a, false, true, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, mark_lent_fn, &a, false, true, err);
     return ret < 0 ? ret : 0;
 }
 
@@ -627,12 +622,7 @@ int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, s
 
     if (!id || expires_at <= 0)
         return lb_error_set(err, -EINVAL, "store: no sandbox id or no expiry");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, set_expires_fn, &a, false, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, set_expires_fn, &a, false, false, err);
     return ret;
 }
 
@@ -694,12 +684,7 @@ static int stop_transition(struct lb_store *st, store_txn_fn fn, const struct st
 
     if (!a->id)
         return lb_error_set(err, -EINVAL, "store: no sandbox id");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, fn, (void *)a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, fn, (void *)a, true, false, err);
     return ret;
 }
 
@@ -768,12 +753,7 @@ static int update_many(struct lb_store *st, enum stmt_id stmt, const char *const
 
     if (n == 0)
         return 0;
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, update_many_fn, &a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, update_many_fn, &a, true, false, err);
     return ret;
 }
 
@@ -832,12 +812,7 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
                             "store: a failed stop leaves failed_seed or "
                             "stop_failed, not %s",
                             store_state_name(state));
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, stop_failed_fn, &a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, stop_failed_fn, &a, true, false, err);
     return ret;
 }
 

@@ -169,6 +169,10 @@ typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err
  * negative errno. */
 int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
               struct lb_error *err);
+/* A write of its own: the store.write fault point, then store_txn under st->lock (taken and
+ * released here). fn's result or a negative errno. */
+int store_txn_write(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
+                    struct lb_error *err);
 /* The SELECT store_events_list runs for f (a static string; ?1 since, ?2 rsid, ?3 sandbox_id,
  * ?4 types, ?5 limit): with f->rsid or f->sandbox_id it reads that column's index, not the whole
  * feed after since. */
