@@ -344,6 +344,21 @@ int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, st
     return 0;
 }
 
+int lend_record_get_locked(struct lb_lend *l, const char *id, struct lb_record *rec,
+                           struct lend_session_lock **lock, struct lb_error *err)
+{
+    int r = lend_record_get(l, id, rec, err);
+
+    *lock = NULL;
+    if (r < 0 || !rec->rsid)
+        return r;
+    r = lend_session_lock(l, rec->rsid, false, lock, err);
+    if (r < 0)
+        return r;
+    store_record_release(rec);
+    return store_get_sandbox(l->store, id, rec, err);
+}
+
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)
 {
     struct lb_record rec = {0};
