@@ -311,16 +311,14 @@ int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     size_t i;
     int r;
 
+    arr = json_array();
+    if (!arr)
+        return lb_error_set(err, -ENOMEM, "out of memory");
     r = e->hooks->list_raw(e, &items, err);
     if (r == -ENOENT) /* the engine has no such list: it failed */
         r = -EREMOTEIO;
     if (r < 0)
         goto out;
-    arr = json_array();
-    if (!arr) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
     json_array_foreach(items, i, item) {
         const char *id = NULL;
         json_t *desc = e->hooks->list_entry(e, item, &id);
