@@ -145,6 +145,21 @@ void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_
                               const char *key);
 /* The job's items and body, then the job (NULL: nothing); http_defer's free. */
 void routes_seeds_job_free(void *arg);
+/* A deferred job of one id and one number (renew's ttl_s, an endpoint's port). */
+struct routes_id_num_job {
+    char *id; /* owned */
+    int64_t n;
+};
+/* A new job of a copy of id and n, or NULL without memory; free with routes_id_num_job_free. */
+struct routes_id_num_job *routes_id_num_job_new(const char *id, int64_t n);
+/* The job and its id (NULL: nothing); http_defer's free. */
+void routes_id_num_job_free(void *arg);
+/* A deferred job's run that asks lend one thing of the job's id and number (j: the job's
+ * argument, borrowed): answers 200 with what fn made, or fn's error. */
+void routes_respond_lend_id_num(struct lb_request *req,
+                                int (*fn)(struct lb_lend *l, const char *id, int64_t n,
+                                          json_t **out, struct lb_error *err),
+                                const struct routes_id_num_job *j);
 /* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
  * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
 void routes_respond_lend_id(struct lb_request *req,
