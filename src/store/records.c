@@ -905,27 +905,13 @@ static int count_live_by_spec(struct lb_store *st, const char *path, const char 
                               const char *value, const char *what, int64_t *out,
                               struct lb_error *err)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
+    const char *const texts[] = {value, path, path2};
 
-    *out = 0;
-    pthread_mutex_lock(&st->lock);
-    if (sqlite3_prepare_v2(st->db,
+    return store_count_sql(st,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
                            "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
                            "(json_extract(spec_json, ?2) = ?1 OR json_extract(spec_json, ?3) = ?1)",
-                           -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, value, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_text(s, 2, path, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_text(s, 3, path2, -1, SQLITE_STATIC) != SQLITE_OK)
-        ret = store_db_fail(st, err, what);
-    else if (sqlite3_step(s) == SQLITE_ROW)
-        *out = sqlite3_column_int64(s, 0);
-    else
-        ret = store_db_fail(st, err, what);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+                           texts, 3, NULL, what, out, err);
 }
 
 int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,

@@ -135,6 +135,11 @@ int store_step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, str
 /* Commit at synchronous = FULL (on) or back to NORMAL (off): the commit of a lease. */
 void store_sync_full(struct lb_store *st, bool on);
 /* Run SQL with no result rows; 0 or store_db_fail's errno (what names it). */
+/* One integer that sql (a SELECT COUNT(*) ...) answers, into *out (0 on failure), with
+ * texts[0..n_texts) bound as ?1.. and, when num is not NULL, *num as the next parameter. Takes
+ * st->lock. 0, or store_db_fail's error naming what. */
+int store_count_sql(struct lb_store *st, const char *sql, const char *const texts[], size_t n_texts,
+                    const int64_t *num, const char *what, int64_t *out, struct lb_error *err);
 int store_exec_sql(struct lb_store *st, const char *sql, const char *what, struct lb_error *err);
 /* The database's user_version (its schema version) into *out; 0 or a negative errno. */
 int store_read_user_version(struct lb_store *st, int *out, struct lb_error *err);
