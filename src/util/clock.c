@@ -42,3 +42,13 @@ void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len)
     gmtime_r(&t, &tm);
     strftime(out, out_len, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
+
+json_t *clock_json_rfc3339(int64_t unix_s)
+{
+    char buf[32];
+
+    if (unix_s <= 0)
+        return json_null();
+    clock_format_rfc3339(unix_s, buf, sizeof(buf));
+    return json_string(buf);
+}
