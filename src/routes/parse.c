@@ -188,6 +188,14 @@ int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_
     return routes_parse_user(body, user_out, err);
 }
 
+int routes_parse_env_cwd_user(json_t *body, json_t *env, const char **cwd_out,
+                              const char **user_out, struct lb_error *err)
+{
+    int r = env ? routes_check_env_names(env, "env", err) : 0;
+
+    return r < 0 ? r : routes_parse_cwd_user(body, cwd_out, user_out, err);
+}
+
 int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)
 {
     const char *k;

@@ -223,6 +223,10 @@ int routes_parse_user(json_t *body, const char **out, struct lb_error *err);
  * then its "user" (routes_parse_user into *user_out). -EINVAL (400), or -ENOMEM, otherwise. */
 int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_out,
                           struct lb_error *err);
+/* The environment of an exec or activation: env's names checked (routes_check_env_names; env
+ * NULL: none), then routes_parse_cwd_user. Their errors. */
+int routes_parse_env_cwd_user(json_t *body, json_t *env, const char **cwd_out,
+                              const char **user_out, struct lb_error *err);
 
 int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);

@@ -291,11 +291,9 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         r = routes_parse_command(body, &j->p.argv, err);
     if (r == 0)
         r = routes_string_map(body, "env", &j->p.env, err);
+    if (r == 0)
+        r = routes_parse_env_cwd_user(body, j->p.env, &j->p.cwd, &j->p.user, err);
     if (r < 0)
-        return r;
-    if (j->p.env && (r = routes_check_env_names(j->p.env, "env", err)) < 0)
-        return r;
-    if ((r = routes_parse_cwd_user(body, &j->p.cwd, &j->p.user, err)) < 0)
         return r;
     if (in && !json_is_null(in)) {
         if (!json_is_string(in))
