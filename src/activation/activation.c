@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
@@ -312,8 +313,8 @@ static int act_get(struct lb_activations *a, const char *rsid, bool with_log, js
         json_object_set_new(res, "wait",
                             json_boolean(!json_is_true(json_object_get(spec, "nowait"))));
     }
-    json_object_set_new(res, "created_at", act_json_time(act.created_at));
-    json_object_set_new(res, "updated_at", act_json_time(act.updated_at));
+    json_object_set_new(res, "created_at", clock_json_rfc3339(act.created_at));
+    json_object_set_new(res, "updated_at", clock_json_rfc3339(act.updated_at));
     if (with_log) {
         unsigned char *log = NULL;
         size_t len = 0;

@@ -120,8 +120,6 @@ int act_finalize(struct lb_activations *a, const char *sandbox_id, enum fin_mode
 
 /* ---------- render.c: answers ---------- */
 
-/* RFC 3339 text of a Unix time (<= 0: JSON null). A new reference. */
-json_t *act_json_time(int64_t unix_s);
 /* Valid UTF-8 text of len bytes (invalid sequences become U+FFFD); NULL out of memory. */
 json_t *act_json_text(const void *data, size_t len);
 /* The execute result of API.md from the record (why_override: a failure reason that overrides

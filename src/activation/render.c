@@ -14,16 +14,6 @@
 #include "util/clock.h"
 #include "util/utf8.h"
 
-json_t *act_json_time(int64_t unix_s)
-{
-    char buf[32];
-
-    if (unix_s <= 0)
-        return json_null();
-    clock_format_rfc3339(unix_s, buf, sizeof(buf));
-    return json_string(buf);
-}
-
 /* Valid UTF-8 text of len bytes (invalid sequences become U+FFFD). */
 json_t *act_json_text(const void *data, size_t len)
 {

@@ -278,6 +278,10 @@ struct lb_stream *http_stream_begin(struct lb_request *req, unsigned status,
  * Returns 0, -EPIPE once the client is gone (the bytes are dropped; the job may carry on or
  * stop, nobody reads), -ENOMEM. Only from the job that began the stream. */
 int http_stream_write(struct lb_stream *s, const void *data, size_t len);
+/* Queue line (a JSON value; the call steals the reference, NULL allowed) as one compact ASCII
+ * JSON text and a newline. Returns true when both are queued; false when line is NULL, cannot
+ * be dumped, or the client is gone. Only from the job that began the stream. */
+bool http_stream_write_json_line(struct lb_stream *s, json_t *line);
 /* Charge bytes (what the next writes will hold at most) to the answer budget of the request
  * that began s (see http_answer_reserve), until the response goes. Returns 0, -EAGAIN (over
  * the budget: write a short error line instead), -EPIPE (the client is gone). */

@@ -181,6 +181,17 @@ out:
     return r;
 }
 
+bool http_stream_write_json_line(struct lb_stream *s, json_t *line)
+{
+    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    bool ok =
+        text && http_stream_write(s, text, strlen(text)) == 0 && http_stream_write(s, "\n", 1) == 0;
+
+    json_decref(line);
+    free(text);
+    return ok;
+}
+
 int http_stream_reserve(struct lb_stream *s, size_t bytes)
 {
     int r = 0;

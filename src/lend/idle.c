@@ -33,16 +33,11 @@ int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s, json_t **out, s
         return lb_error_set(err, -EINVAL, "'ttl_s' must be a number of seconds > 0");
     if (l->cfg.max_ttl_s > 0 && ttl_s > l->cfg.max_ttl_s)
         ttl_s = l->cfg.max_ttl_s;
-    r = lend_record_get(l, id, &rec, err);
-    if (r < 0)
-        return r;
     /* under the session's lock: the sweeper's TTL stop re-reads the record under it, so a
      * renewal either comes before its check or finds the sandbox stopped */
-    if (rec.rsid) {
-        r = lend_session_lock(l, rec.rsid, false, &lock, err);
-        if (r < 0)
-            goto out;
-    }
+    r = lend_record_get_locked(l, id, &rec, &lock, err);
+    if (r < 0)
+        goto out;
     expires = clock_now_s() + ttl_s;
     r = store_set_expires(l->store, id, expires, err);
     if (r == -ENOENT) {

@@ -21,6 +21,7 @@
 #include "provider/registry.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/mem.h"
 #include "util/metrics.h"
 
 /* ---------- session locks ---------- */
@@ -216,10 +217,9 @@ void lend_free(struct lb_lend *l)
 {
     if (!l)
         return;
-    free(l->default_image);
-    free(l->images_dir);
-    free(l->workdir);
-    free(l->public_url);
+    char **const strings[] = {&l->default_image, &l->images_dir, &l->workdir, &l->public_url};
+
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     free(l->operate_key);
     lend_admission_free(l->admission);
     pthread_mutex_destroy(&l->locks_mutex);
@@ -342,6 +342,21 @@ int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, st
     if (store_get_sandbox(l->store, id, rec, NULL) < 0)
         return lb_error_set(err, -ENOENT, "no sandbox %s", id);
     return 0;
+}
+
+int lend_record_get_locked(struct lb_lend *l, const char *id, struct lb_record *rec,
+                           struct lend_session_lock **lock, struct lb_error *err)
+{
+    int r = lend_record_get(l, id, rec, err);
+
+    *lock = NULL;
+    if (r < 0 || !rec->rsid)
+        return r;
+    r = lend_session_lock(l, rec->rsid, false, lock, err);
+    if (r < 0)
+        return r;
+    store_record_release(rec);
+    return store_get_sandbox(l->store, id, rec, err);
 }
 
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)

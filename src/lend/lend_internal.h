@@ -42,6 +42,12 @@ void lend_session_unlock(struct lb_lend *l, struct lend_session_lock *s);
 /* Read sandbox id's record into *rec (release it with store_record_release, also on failure).
  * Any failure to read it is -ENOENT "no sandbox <id>", the answer a client gets. */
 int lend_record_get(struct lb_lend *l, const char *id, struct lb_record *rec, struct lb_error *err);
+/* As lend_record_get, then for a record with a session: that session's lock taken into *lock
+ * (else *lock stays NULL) and the record read again under it (a failure to read it again is
+ * store_get_sandbox's error). The caller releases *rec and unlocks *lock, also on failure.
+ * lend_session_lock's errors. */
+int lend_record_get_locked(struct lb_lend *l, const char *id, struct lb_record *rec,
+                           struct lend_session_lock **lock, struct lb_error *err);
 
 /* The provider that made the sandbox of record r (borrowed), or NULL with -EREMOTEIO in err
  * when it is not enabled on this daemon (the record is kept; its stops are retried). */

@@ -217,8 +217,6 @@ bool lend_activity_is_idle(struct lb_lend *l, const char *id, bool *pause);
 bool lend_activity_mark_idle_paused(struct lb_lend *l, const char *id);
 void lend_activity_pause_failed(struct lb_lend *l, const char *id);
 
-/* render.c: a time (Unix seconds) as the API renders times: RFC 3339 UTC, null for <= 0. */
-json_t *lend_json_time(int64_t unix_s);
 /* The sandbox object's "usage" (lend.h): u's figures, null where unknown (< 0). A new
  * reference, or NULL when out of memory. */
 json_t *lend_usage_json(const struct lb_usage *u);

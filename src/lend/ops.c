@@ -100,7 +100,7 @@ int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct 
          json_object_set_new(*out, "usage", lend_usage_json(&usage)) < 0 ||
          json_object_set_new(*out, "last_activity_at",
                              rec.state == LB_STATE_LENT
-                                 ? lend_json_time(lend_last_activity(l, &rec))
+                                 ? clock_json_rfc3339(lend_last_activity(l, &rec))
                                  : json_null()) < 0)) {
         json_decref(*out);
         *out = NULL;

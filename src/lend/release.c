@@ -64,19 +64,10 @@ int lend_delete_sandbox(struct lb_lend *l, const char *id, json_t **out, struct 
 {
     struct lb_record rec = {0};
     struct lend_session_lock *lock = NULL;
-    int r = lend_record_get(l, id, &rec, err);
+    int r = lend_record_get_locked(l, id, &rec, &lock, err);
 
     if (r < 0)
-        return r;
-    if (rec.rsid) {
-        r = lend_session_lock(l, rec.rsid, false, &lock, err);
-        if (r < 0)
-            goto out;
-        store_record_release(&rec);
-        r = store_get_sandbox(l->store, id, &rec, err); /* re-read under the lock */
-        if (r < 0)
-            goto out;
-    }
+        goto out;
     if (rec.state == LB_STATE_STOPPED) {
         *out = json_pack("{s:b,s:s}", "deleted", 0, "sandbox_id", id);
         goto out;

@@ -14,17 +14,6 @@
 
 /* ---------- rendering ---------- */
 
-/* see lend_private.h */
-json_t *lend_json_time(int64_t unix_s)
-{
-    char buf[32];
-
-    if (unix_s <= 0)
-        return json_null();
-    clock_format_rfc3339(unix_s, buf, sizeof(buf));
-    return json_string(buf);
-}
-
 /* A usage figure as JSON: the number, or null where the host cannot tell (< 0). */
 static json_t *usage_int(int64_t v)
 {
@@ -105,17 +94,18 @@ json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, jso
 
     if (lend_operate_token(l, r->id, lend_spec_token_generation(spec), token) < 0)
         token[0] = '\0';
-    lease = json_pack(
-        "{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}", "resources_session_id",
-        r->rsid, "task_id", r->task_id, "sandbox_id", r->id, "state", store_state_name(r->state),
-        "provider", r->provider, "image", image ? image : "host" /* older records: host */,
-        "created_at", lend_json_time(r->created_at), "expires_at", lend_json_time(r->expires_at),
-        "reused", reused, "access", "sandbox_id", r->id, "scope", "operate", "token", token,
-        "base_url", l->cfg.public_url, "workdir", workdir ? workdir : l->cfg.workdir);
+    lease = json_pack("{s:s?,s:s?,s:s,s:s,s:s?,s:s,s:o,s:o,s:b,s:{s:s,s:s,s:s,s:s,s:s}}",
+                      "resources_session_id", r->rsid, "task_id", r->task_id, "sandbox_id", r->id,
+                      "state", store_state_name(r->state), "provider", r->provider, "image",
+                      image ? image : "host" /* older records: host */, "created_at",
+                      clock_json_rfc3339(r->created_at), "expires_at",
+                      clock_json_rfc3339(r->expires_at), "reused", reused, "access", "sandbox_id",
+                      r->id, "scope", "operate", "token", token, "base_url", l->cfg.public_url,
+                      "workdir", workdir ? workdir : l->cfg.workdir);
     if (lease) {
         json_object_set_new(lease, "metadata", lend_spec_labels(spec));
         json_object_set_new(lease, "last_activity_at",
-                            r->state == LB_STATE_LENT ? lend_json_time(lend_last_activity(l, r))
+                            r->state == LB_STATE_LENT ? clock_json_rfc3339(lend_last_activity(l, r))
                                                       : json_null());
     }
     return lease;
@@ -164,8 +154,8 @@ json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool 
     json_t *j = json_pack("{s:s,s:s,s:s,s:s?,s:o,s:o,s:s?}", "sandbox_id", r->id, "status",
                           status ? status : record_status_guess(r->state), "state",
                           store_state_name(r->state), "provider", r->provider, "created_at",
-                          lend_json_time(r->created_at), "expires_at",
-                          lend_json_time(r->expires_at), "resources_session_id", r->rsid);
+                          clock_json_rfc3339(r->created_at), "expires_at",
+                          clock_json_rfc3339(r->expires_at), "resources_session_id", r->rsid);
 
     if (j) {
         json_t *spec = r->spec_json ? json_loads(r->spec_json, 0, NULL) : NULL;
@@ -182,8 +172,8 @@ json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool 
         json_object_set_new(j, "stop_attempts", json_integer(r->stop_attempts));
         json_object_set_new(j, "last_error",
                             r->last_error ? json_string(r->last_error) : json_null());
-        json_object_set_new(j, "next_attempt_at", lend_json_time(r->next_attempt_at));
-        json_object_set_new(j, "updated_at", lend_json_time(r->updated_at));
+        json_object_set_new(j, "next_attempt_at", clock_json_rfc3339(r->next_attempt_at));
+        json_object_set_new(j, "updated_at", clock_json_rfc3339(r->updated_at));
         lend_render_image_ref(j, r);
     }
     return j;

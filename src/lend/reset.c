@@ -259,19 +259,10 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     *lease_out = NULL;
     if (lend_is_draining(l))
         return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no resets");
-    r = lend_record_get(l, id, &rec, err);
+    /* seeds, releases and deletes of the session wait for the reset, and it for them */
+    r = lend_record_get_locked(l, id, &rec, &lock, err);
     if (r < 0)
         goto out;
-    if (rec.rsid) {
-        /* seeds, releases and deletes of the session wait for the reset, and it for them */
-        r = lend_session_lock(l, rec.rsid, false, &lock, err);
-        if (r < 0)
-            goto out;
-        store_record_release(&rec);
-        r = lend_record_get(l, id, &rec, err);
-        if (r < 0)
-            goto out;
-    }
     if (rec.state != LB_STATE_LENT) {
         r = lb_error_set(err, -ENOENT, "sandbox %s is not running (state %s)", id,
                          store_state_name(rec.state));

@@ -87,13 +87,11 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                  app->max_exec_timeout_s, &j->req.close_timeout_ms, err);
     if (r == 0)
         r = routes_parse_bool(body, "wait", &wait, err);
+    if (r == 0)
+        r = routes_parse_env_cwd_user(body, j->req.env, &j->req.cwd, &j->req.user, err);
     if (r < 0)
         return r;
     j->req.nowait = !wait;
-    if (j->req.env && (r = routes_check_env_names(j->req.env, "env", err)) < 0)
-        return r;
-    if ((r = routes_parse_cwd_user(body, &j->req.cwd, &j->req.user, err)) < 0)
-        return r;
     if (stage && !json_is_null(stage)) {
         if (!json_is_object(stage))
             return lb_error_set(err, -EINVAL, "'stage' must be an object of path: file");

@@ -6,46 +6,30 @@
 
 #include "routes/routes.h"
 
-struct endpoint_job {
-    char *id;
-    int port;
-};
-
-static void endpoint_job_free(void *arg)
+/* lend_endpoint of a port the route checked (1 to 65535). */
+static int endpoint_of(struct lb_lend *l, const char *id, int64_t port, json_t **out,
+                       struct lb_error *err)
 {
-    struct endpoint_job *j = arg;
-
-    if (j)
-        free(j->id);
-    free(j);
+    return lend_endpoint(l, id, (int)port, out, err);
 }
 
 static void endpoint_run(struct lb_request *req, void *arg)
 {
-    struct endpoint_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_endpoint(app->lend, j->id, j->port, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    routes_respond_lend_id_num(req, endpoint_of, arg);
 }
 
 int route_endpoint(struct lb_request *req, struct lb_error *err)
 {
     const char *port_text = http_param(req, 1);
-    struct endpoint_job *j;
+    struct routes_id_num_job *j;
     char *end = NULL;
     long port;
 
     port = port_text ? strtol(port_text, &end, 10) : 0;
     if (!port_text || !*port_text || *end || port < 1 || port > 65535)
         return lb_error_set(err, -EINVAL, "the port must be an integer from 1 to 65535");
-    j = calloc(1, sizeof(*j));
-    if (!j || !(j->id = strdup(http_param(req, 0)))) {
-        free(j);
+    j = routes_id_num_job_new(http_param(req, 0), port);
+    if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    }
-    j->port = (int)port;
-    return http_defer(req, endpoint_run, j, endpoint_job_free, err);
+    return http_defer(req, endpoint_run, j, routes_id_num_job_free, err);
 }

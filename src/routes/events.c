@@ -387,24 +387,12 @@ static void stream_drained(void *arg)
     hub_kick(arg);
 }
 
-/* One JSON line to s (steals line). false once the client is gone. */
-static bool write_line(struct lb_stream *s, json_t *line)
-{
-    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    bool ok =
-        text && http_stream_write(s, text, strlen(text)) == 0 && http_stream_write(s, "\n", 1) == 0;
-
-    json_decref(line);
-    free(text);
-    return ok;
-}
-
 /* End a stream (an error line first when code is set) and free it. */
 static void stream_finish(struct estream *e, const char *code, const char *message)
 {
     if (code)
-        (void)write_line(e->s,
-                         json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+        (void)http_stream_write_json_line(
+            e->s, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
     http_stream_on_drain(e->s, NULL, NULL);
     http_stream_end(e->s);
     http_stream_release(e->s);
@@ -430,7 +418,7 @@ static bool stream_pump(struct lb_events_hub *h, struct estream *e, bool *more)
         return true; /* the next round tries again */
     }
     json_array_foreach(events, i, ev) {
-        if (!write_line(e->s, json_incref(ev))) {
+        if (!http_stream_write_json_line(e->s, json_incref(ev))) {
             json_decref(events);
             return false;
         }

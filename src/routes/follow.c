@@ -68,18 +68,6 @@ struct lb_follows {
     bool started;
 };
 
-/* One JSON line to the stream (steals line). false once the client is gone. */
-static bool write_line(struct lb_stream *s, json_t *line)
-{
-    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    bool ok =
-        text && http_stream_write(s, text, strlen(text)) == 0 && http_stream_write(s, "\n", 1) == 0;
-
-    json_decref(line);
-    free(text);
-    return ok;
-}
-
 static void follow_free(struct follow *f)
 {
     if (f->fd >= 0)
@@ -92,8 +80,8 @@ static void follow_free(struct follow *f)
 /* End the stream with an error line and drop the follow. */
 static void follow_fail(struct follow *f, const char *code, const char *message)
 {
-    (void)write_line(f->stream,
-                     json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+    (void)http_stream_write_json_line(
+        f->stream, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", message));
     http_stream_on_drain(f->stream, NULL, NULL);
     http_stream_end(f->stream);
     http_stream_release(f->stream);
@@ -120,8 +108,9 @@ static bool send_chunk(struct follow *f, const char *data, size_t len, bool last
     if (n > 0) {
         lb_buf_init(&clean, 0);
         ok = utf8_sanitize(all, n, &clean) == 0 &&
-             write_line(f->stream, json_pack("{s:s,s:s%}", "stream", "log", "data",
-                                             clean.data ? clean.data : "", clean.len));
+             http_stream_write_json_line(f->stream,
+                                         json_pack("{s:s,s:s%}", "stream", "log", "data",
+                                                   clean.data ? clean.data : "", clean.len));
         lb_buf_release(&clean);
     }
     free(all);
@@ -210,8 +199,8 @@ static void final_run(void *arg)
         const char *code = "internal";
 
         lb_error_http_status(r, &code);
-        (void)write_line(j->stream,
-                         json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message));
+        (void)http_stream_write_json_line(
+            j->stream, json_pack("{s:{s:s,s:s}}", "error", "code", code, "message", err.message));
     } else if (http_stream_write(j->stream, text, len) == 0) {
         free(text);
         text = NULL;
@@ -351,7 +340,7 @@ int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *
         free(f);
         close(fd);
         activation_watch_free(w);
-        (void)write_line(
+        (void)http_stream_write_json_line(
             s, json_pack("{s:{s:s,s:s}}", "error", "code", "internal", "message", "out of memory"));
         http_stream_end(s);
         http_stream_release(s);

@@ -13,43 +13,13 @@
 #include "lend/lend.h"
 #include "routes/routes.h"
 #include "util/fault.h"
-#include "util/parallel.h"
 
 #define FORK_THREADS 8
 #define FORK_NAME_MAX 64
 
-struct fork_job {
-    char id[LB_ID_MAX];
-    json_t *body; /* the request's body */
-    struct routes_seed_item *kids;
-    size_t n;
-    struct lb_lend *lend;
-};
-
-static void fork_job_free(void *arg)
-{
-    struct fork_job *j = arg;
-
-    if (!j)
-        return;
-    routes_seed_items_free(j->kids, j->n);
-    json_decref(j->body);
-    free(j);
-}
-
-/* One child's seed (parallel_run's fn): its own slot of j->kids only. */
-static void fork_child_run(void *arg, size_t i)
-{
-    struct fork_job *j = arg;
-    struct routes_seed_item *c = &j->kids[i];
-
-    if (c->r == 0)
-        c->r = lend_fork_child(j->lend, c->rsid, &c->req, &c->lease, &c->err);
-}
-
 /* The child's seed body: the template with the request's task_id and labels over it, parsed
  * as a seed's (the same checks). */
-static void fork_child_prepare(struct fork_job *j, struct routes_seed_item *c, json_t *tpl)
+static void fork_child_prepare(struct routes_seeds_job *j, struct routes_seed_item *c, json_t *tpl)
 {
     static const char *const over[] = {"task_id", "labels", NULL};
     json_t *v;
@@ -69,15 +39,14 @@ static void fork_child_prepare(struct fork_job *j, struct routes_seed_item *c, j
 
 static void fork_run(struct lb_request *req, void *arg)
 {
-    struct fork_job *j = arg;
+    struct routes_seeds_job *j = arg;
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     char name[FORK_NAME_MAX];
     size_t i;
-    json_t *tpl = NULL, *children = NULL, *out = NULL;
+    json_t *tpl = NULL;
     int r;
 
-    j->lend = app->lend;
     r = lend_fork_begin(app->lend, j->id, name, sizeof(name), &tpl, &err);
     if (r < 0) {
         http_respond_error(req, &err);
@@ -92,22 +61,16 @@ static void fork_run(struct lb_request *req, void *arg)
         return;
     }
     for (i = 0; i < j->n; i++)
-        fork_child_prepare(j, &j->kids[i], tpl);
-    parallel_run(j->n, FORK_THREADS, fork_child_run, j);
+        fork_child_prepare(j, &j->items[i], tpl);
+    routes_seeds_job_seed(req, j, FORK_THREADS);
     lend_fork_end(app->lend, name);
-    children = routes_seed_items_results(j->kids, j->n);
-    out = children ? json_pack("{s:o}", "children", children) : NULL;
     json_decref(tpl);
-    if (!out) {
-        lb_error_set(&err, -ENOMEM, "out of memory");
-        http_respond_error(req, &err);
-        return;
-    }
-    http_respond_json(req, 200, out);
+    routes_seeds_job_respond(req, j, "children");
 }
 
 /* The body, checked whole: sessions (1..max, valid, distinct), task_id, labels. */
-static int fork_parse(struct lb_app *app, json_t *body, struct fork_job *j, struct lb_error *err)
+static int fork_parse(struct lb_app *app, json_t *body, struct routes_seeds_job *j,
+                      struct lb_error *err)
 {
     static const char *const fields[] = {"sessions", "task_id", "labels", NULL};
     json_t *sessions = json_object_get(body, "sessions"), *v, *probe;
@@ -149,11 +112,11 @@ static int fork_parse(struct lb_app *app, json_t *body, struct fork_job *j, stru
     if (r < 0)
         return r;
     j->n = json_array_size(sessions);
-    j->kids = calloc(j->n, sizeof(*j->kids));
-    if (!j->kids)
+    j->items = calloc(j->n, sizeof(*j->items));
+    if (!j->items)
         return lb_error_set(err, -ENOMEM, "out of memory");
     for (i = 0; i < j->n; i++)
-        j->kids[i].rsid = json_string_value(json_array_get(sessions, i));
+        j->items[i].rsid = json_string_value(json_array_get(sessions, i));
     return 0;
 }
 
@@ -161,23 +124,18 @@ int route_fork(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     const char *id = http_param(req, 0);
-    struct fork_job *j;
-    int r;
+    struct routes_seeds_job *j;
+    int r = routes_seeds_job_new(req, lend_fork_child, &j, err);
 
-    if (lend_is_draining(app->lend))
-        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
-    j = calloc(1, sizeof(*j));
-    if (!j)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    r = http_body_json(req, false, &j->body, err);
-    if (r == 0)
-        r = fork_parse(app, j->body, j, err);
+    if (r < 0)
+        return r;
+    r = fork_parse(app, j->body, j, err);
     if (r == 0 && (!id || strlen(id) >= LB_ID_MAX))
         r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
     if (r < 0) {
-        fork_job_free(j);
+        routes_seeds_job_free(j);
         return r;
     }
     snprintf(j->id, sizeof(j->id), "%s", id);
-    return http_defer(req, fork_run, j, fork_job_free, err);
+    return http_defer(req, fork_run, j, routes_seeds_job_free, err);
 }

@@ -109,6 +109,40 @@ void routes_respond_lend_id(struct lb_request *req,
     routes_respond(req, r, 200, out, &err);
 }
 
+struct routes_id_num_job *routes_id_num_job_new(const char *id, int64_t n)
+{
+    struct routes_id_num_job *j = calloc(1, sizeof(*j));
+
+    if (!j || !(j->id = strdup(id))) {
+        free(j);
+        return NULL;
+    }
+    j->n = n;
+    return j;
+}
+
+void routes_id_num_job_free(void *arg)
+{
+    struct routes_id_num_job *j = arg;
+
+    if (j)
+        free(j->id);
+    free(j);
+}
+
+void routes_respond_lend_id_num(struct lb_request *req,
+                                int (*fn)(struct lb_lend *l, const char *id, int64_t n,
+                                          json_t **out, struct lb_error *err),
+                                const struct routes_id_num_job *j)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = fn(app->lend, j->id, j->n, &out, &err);
+
+    routes_respond(req, r, 200, out, &err);
+}
+
 void routes_serialize_session(struct lb_request *req, const char *rsid)
 {
     char key[160];
@@ -152,6 +186,14 @@ int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_
         *cwd_out = json_string_value(cwd);
     }
     return routes_parse_user(body, user_out, err);
+}
+
+int routes_parse_env_cwd_user(json_t *body, json_t *env, const char **cwd_out,
+                              const char **user_out, struct lb_error *err)
+{
+    int r = env ? routes_check_env_names(env, "env", err) : 0;
+
+    return r < 0 ? r : routes_parse_cwd_user(body, cwd_out, user_out, err);
 }
 
 int routes_check_env_names(json_t *env, const char *what, struct lb_error *err)

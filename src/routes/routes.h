@@ -118,6 +118,48 @@ struct routes_seed_item {
 json_t *routes_seed_items_results(const struct routes_seed_item *items, size_t n);
 /* Each item's body, request and lease, then the array itself (NULL: nothing). */
 void routes_seed_items_free(struct routes_seed_item *items, size_t n);
+/* A request that makes many seeds (fork's children, seed_batch's items), as its deferred job. */
+struct routes_seeds_job {
+    char id[LB_ID_MAX]; /* fork: the parent sandbox's id; "" otherwise */
+    json_t *body;       /* the request's body */
+    struct routes_seed_item *items;
+    size_t n;
+    struct lb_lend *lend; /* set by routes_seeds_job_seed */
+    /* what seeds one item (lend_seed, lend_fork_child): thread-safe */
+    int (*seed)(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
+                json_t **lease_out, struct lb_error *err);
+};
+/* A new job for req whose items seed is to seed, with the request's body read: -ESHUTDOWN
+ * while the daemon drains (no new seeds), -ENOMEM, or http_body_json's errors. On success *out
+ * is the caller's (routes_seeds_job_free); on failure *out is NULL. */
+int routes_seeds_job_new(struct lb_request *req,
+                         int (*seed)(struct lb_lend *l, const char *rsid,
+                                     const struct lb_seed_request *r, json_t **lease_out,
+                                     struct lb_error *err),
+                         struct routes_seeds_job **out, struct lb_error *err);
+/* Seed every item whose r is still 0 with j->seed, at most threads at once; blocks until all
+ * are done. From the request's deferred job. */
+void routes_seeds_job_seed(struct lb_request *req, struct routes_seeds_job *j, size_t threads);
+/* Answer 200 {key: the items' results} (routes_seed_items_results), or 500 without memory. */
+void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_job *j,
+                              const char *key);
+/* The job's items and body, then the job (NULL: nothing); http_defer's free. */
+void routes_seeds_job_free(void *arg);
+/* A deferred job of one id and one number (renew's ttl_s, an endpoint's port). */
+struct routes_id_num_job {
+    char *id; /* owned */
+    int64_t n;
+};
+/* A new job of a copy of id and n, or NULL without memory; free with routes_id_num_job_free. */
+struct routes_id_num_job *routes_id_num_job_new(const char *id, int64_t n);
+/* The job and its id (NULL: nothing); http_defer's free. */
+void routes_id_num_job_free(void *arg);
+/* A deferred job's run that asks lend one thing of the job's id and number (j: the job's
+ * argument, borrowed): answers 200 with what fn made, or fn's error. */
+void routes_respond_lend_id_num(struct lb_request *req,
+                                int (*fn)(struct lb_lend *l, const char *id, int64_t n,
+                                          json_t **out, struct lb_error *err),
+                                const struct routes_id_num_job *j);
 /* A deferred job's run that asks lend one thing of an id (a sandbox id, a resources session id):
  * answers 200 with what fn made, or fn's error. id is the job's argument (borrowed). */
 void routes_respond_lend_id(struct lb_request *req,
@@ -181,6 +223,10 @@ int routes_parse_user(json_t *body, const char **out, struct lb_error *err);
  * then its "user" (routes_parse_user into *user_out). -EINVAL (400), or -ENOMEM, otherwise. */
 int routes_parse_cwd_user(json_t *body, const char **cwd_out, const char **user_out,
                           struct lb_error *err);
+/* The environment of an exec or activation: env's names checked (routes_check_env_names; env
+ * NULL: none), then routes_parse_cwd_user. Their errors. */
+int routes_parse_env_cwd_user(json_t *body, json_t *env, const char **cwd_out,
+                              const char **user_out, struct lb_error *err);
 
 int route_seed(struct lb_request *req, struct lb_error *err);
 int route_session_get(struct lb_request *req, struct lb_error *err);

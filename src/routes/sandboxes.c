@@ -218,35 +218,15 @@ int route_resume(struct lb_request *req, struct lb_error *err)
 
 /* ---------- renew ---------- */
 
-struct renew_job {
-    char *id;
-    int64_t ttl_s;
-};
-
-static void renew_job_free(void *arg)
-{
-    struct renew_job *j = arg;
-
-    if (j)
-        free(j->id);
-    free(j);
-}
-
 static void renew_run(struct lb_request *req, void *arg)
 {
-    struct renew_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_renew(app->lend, j->id, j->ttl_s, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    routes_respond_lend_id_num(req, lend_renew, arg);
 }
 
 int route_renew(struct lb_request *req, struct lb_error *err)
 {
     static const char *const fields[] = {"ttl_s", NULL};
-    struct renew_job *j = NULL;
+    struct routes_id_num_job *j = NULL;
     json_t *body = NULL, *ttl;
     int r = http_body_json(req, false, &body, err);
 
@@ -262,16 +242,15 @@ int route_renew(struct lb_request *req, struct lb_error *err)
                          "'ttl_s' is required: a number of seconds > 0 and at most 31536000");
         goto out;
     }
-    j = calloc(1, sizeof(*j));
-    if (!j || !(j->id = strdup(http_param(req, 0)))) {
+    j = routes_id_num_job_new(http_param(req, 0), (int64_t)ceil(json_number_value(ttl)));
+    if (!j) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    j->ttl_s = (int64_t)ceil(json_number_value(ttl));
-    r = http_defer(req, renew_run, j, renew_job_free, err);
+    r = http_defer(req, renew_run, j, routes_id_num_job_free, err);
     j = NULL; /* http_defer owns it now, also on failure */
 out:
-    renew_job_free(j);
+    routes_id_num_job_free(j);
     json_decref(body);
     return r;
 }
@@ -312,11 +291,9 @@ static int exec_parse(struct lb_app *app, json_t *body, struct exec_job *j, stru
         r = routes_parse_command(body, &j->p.argv, err);
     if (r == 0)
         r = routes_string_map(body, "env", &j->p.env, err);
+    if (r == 0)
+        r = routes_parse_env_cwd_user(body, j->p.env, &j->p.cwd, &j->p.user, err);
     if (r < 0)
-        return r;
-    if (j->p.env && (r = routes_check_env_names(j->p.env, "env", err)) < 0)
-        return r;
-    if ((r = routes_parse_cwd_user(body, &j->p.cwd, &j->p.user, err)) < 0)
         return r;
     if (in && !json_is_null(in)) {
         if (!json_is_string(in))

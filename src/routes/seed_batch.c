@@ -19,61 +19,19 @@
 
 #include "lend/lend.h"
 #include "routes/routes.h"
-#include "util/parallel.h"
 
 #define SEED_BATCH_MAX 256
 #define SEED_BATCH_THREADS 8
 
-struct seed_batch_job {
-    json_t *body; /* the request's body */
-    struct routes_seed_item *items;
-    size_t n;
-    struct lb_lend *lend;
-};
-
-static void seed_batch_free(void *arg)
-{
-    struct seed_batch_job *j = arg;
-
-    if (!j)
-        return;
-    routes_seed_items_free(j->items, j->n);
-    json_decref(j->body);
-    free(j);
-}
-
-/* One item's seed (parallel_run's fn): its own slot of j->items only. */
-static void seed_batch_item_run(void *arg, size_t i)
-{
-    struct seed_batch_job *j = arg;
-    struct routes_seed_item *it = &j->items[i];
-
-    if (it->r == 0)
-        it->r = lend_seed(j->lend, it->rsid, &it->req, &it->lease, &it->err);
-}
-
 static void seed_batch_run(struct lb_request *req, void *arg)
 {
-    struct seed_batch_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *results, *out = NULL;
-
-    j->lend = app->lend;
-    parallel_run(j->n, SEED_BATCH_THREADS, seed_batch_item_run, j);
-    results = routes_seed_items_results(j->items, j->n);
-    out = results ? json_pack("{s:o}", "results", results) : NULL;
-    if (!out) {
-        lb_error_set(&err, -ENOMEM, "out of memory");
-        http_respond_error(req, &err);
-        return;
-    }
-    http_respond_json(req, 200, out);
+    routes_seeds_job_seed(req, arg, SEED_BATCH_THREADS);
+    routes_seeds_job_respond(req, arg, "results");
 }
 
 /* Item i of the request: its rsid, its seed body and whether an earlier item named the same
  * session. Sets it->r (and it->err) when the item is not to be seeded. */
-static void seed_batch_item_prepare(struct seed_batch_job *j, size_t i)
+static void seed_batch_item_prepare(struct routes_seeds_job *j, size_t i)
 {
     struct routes_seed_item *it = &j->items[i];
     json_t *v = json_array_get(json_object_get(j->body, "items"), i), *rsid;
@@ -114,7 +72,7 @@ static void seed_batch_item_prepare(struct seed_batch_job *j, size_t i)
 }
 
 /* The request's body as a whole: an object of "items", an array of 1 to SEED_BATCH_MAX. */
-static int seed_batch_parse(struct seed_batch_job *j, struct lb_error *err)
+static int seed_batch_parse(struct routes_seeds_job *j, struct lb_error *err)
 {
     static const char *const fields[] = {"items", NULL};
     json_t *items = json_object_get(j->body, "items");
@@ -140,21 +98,15 @@ static int seed_batch_parse(struct seed_batch_job *j, struct lb_error *err)
 
 int route_seed_batch(struct lb_request *req, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    struct seed_batch_job *j;
-    int r;
+    struct routes_seeds_job *j;
+    int r = routes_seeds_job_new(req, lend_seed, &j, err);
 
-    if (lend_is_draining(app->lend))
-        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
-    j = calloc(1, sizeof(*j));
-    if (!j)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    r = http_body_json(req, false, &j->body, err);
-    if (r == 0)
-        r = seed_batch_parse(j, err);
+    if (r < 0)
+        return r;
+    r = seed_batch_parse(j, err);
     if (r < 0) {
-        seed_batch_free(j);
+        routes_seeds_job_free(j);
         return r;
     }
-    return http_defer(req, seed_batch_run, j, seed_batch_free, err);
+    return http_defer(req, seed_batch_run, j, routes_seeds_job_free, err);
 }

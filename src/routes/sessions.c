@@ -6,6 +6,7 @@
 
 #include "provider/provider.h"
 #include "routes/routes.h"
+#include "util/parallel.h"
 
 struct seed_job {
     char *rsid;
@@ -561,4 +562,67 @@ void routes_seed_items_free(struct routes_seed_item *items, size_t n)
         json_decref(items[i].lease);
     }
     free(items);
+}
+
+int routes_seeds_job_new(struct lb_request *req,
+                         int (*seed)(struct lb_lend *l, const char *rsid,
+                                     const struct lb_seed_request *r, json_t **lease_out,
+                                     struct lb_error *err),
+                         struct routes_seeds_job **out, struct lb_error *err)
+{
+    struct routes_seeds_job *j;
+    int r;
+
+    *out = NULL;
+    if (lend_is_draining(((struct lb_app *)http_app(req))->lend))
+        return lb_error_set(err, -ESHUTDOWN, "the daemon is draining; no new seeds");
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    j->seed = seed;
+    r = http_body_json(req, false, &j->body, err);
+    if (r < 0) {
+        routes_seeds_job_free(j);
+        return r;
+    }
+    *out = j;
+    return 0;
+}
+
+/* One item's seed (parallel_run's fn): its own slot of j->items only. */
+static void seeds_job_item_run(void *arg, size_t i)
+{
+    struct routes_seeds_job *j = arg;
+    struct routes_seed_item *it = &j->items[i];
+
+    if (it->r == 0)
+        it->r = j->seed(j->lend, it->rsid, &it->req, &it->lease, &it->err);
+}
+
+void routes_seeds_job_seed(struct lb_request *req, struct routes_seeds_job *j, size_t threads)
+{
+    j->lend = ((struct lb_app *)http_app(req))->lend;
+    parallel_run(j->n, threads, seeds_job_item_run, j);
+}
+
+void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_job *j,
+                              const char *key)
+{
+    json_t *results = routes_seed_items_results(j->items, j->n);
+    json_t *out = results ? json_pack("{s:o}", key, results) : NULL;
+    struct lb_error err = {0};
+    int r = out ? 0 : lb_error_set(&err, -ENOMEM, "out of memory");
+
+    routes_respond(req, r, 200, out, &err);
+}
+
+void routes_seeds_job_free(void *arg)
+{
+    struct routes_seeds_job *j = arg;
+
+    if (!j)
+        return;
+    routes_seed_items_free(j->items, j->n);
+    json_decref(j->body);
+    free(j);
 }

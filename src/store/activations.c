@@ -14,6 +14,7 @@
 
 #include "util/clock.h"
 #include "util/fault.h"
+#include "util/mem.h"
 
 /* ---- activations ---- */
 
@@ -46,13 +47,11 @@ void store_activation_release(struct lb_activation *a)
 {
     if (!a)
         return;
-    free(a->rsid);
-    free(a->spec_json);
-    free(a->receipt_json);
-    free(a->artifacts_json);
-    free(a->capture_error);
+    char **const strings[] = {&a->rsid, &a->spec_json, &a->receipt_json, &a->artifacts_json,
+                              &a->capture_error};
+
+    mem_free_strings(strings, ARRAY_LEN(strings));
     free(a->log);
-    a->rsid = a->spec_json = a->receipt_json = a->artifacts_json = a->capture_error = NULL;
     a->log = NULL;
     a->log_len = 0;
 }

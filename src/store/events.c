@@ -151,6 +151,19 @@ int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool s
     return ret;
 }
 
+int store_txn_write(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
+                    struct lb_error *err)
+{
+    int ret = fault_hit("store.write", 0, err);
+
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = store_txn(st, fn, ctx, stop, sync_full, err);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 struct record_event {
     const char *type, *id;
     const json_t *data;
@@ -173,12 +186,7 @@ int store_record_event(struct lb_store *st, const char *type, const char *sandbo
         return lb_error_set(err, -EINVAL, "store: an event needs a type and a sandbox");
     if (!atomic_load(&st->events_on))
         return 0;
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, record_event_fn, &e, false, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, record_event_fn, &e, false, false, err);
     return ret;
 }
 

@@ -16,6 +16,7 @@
 
 #include "util/clock.h"
 #include "util/fault.h"
+#include "util/mem.h"
 
 static const char *const state_names[] = {
     [LB_STATE_STARTING] = "starting",
@@ -109,16 +110,11 @@ void store_record_release(struct lb_record *r)
 {
     if (!r)
         return;
-    free(r->rsid);
-    free(r->task_id);
-    free(r->provider);
-    free(r->spec_json);
-    free(r->descriptor_json);
-    free(r->last_error);
-    free(r->stop_reason);
-    free(r->pool_class);
-    r->rsid = r->task_id = r->provider = r->spec_json = r->descriptor_json = NULL;
-    r->last_error = r->stop_reason = r->pool_class = NULL;
+    char **const strings[] = {&r->rsid,        &r->task_id,         &r->provider,
+                              &r->spec_json,   &r->descriptor_json, &r->last_error,
+                              &r->stop_reason, &r->pool_class};
+
+    mem_free_strings(strings, ARRAY_LEN(strings));
 }
 
 void store_records_free(struct lb_record *recs, size_t n)
@@ -538,13 +534,8 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
     if (token_hash && !store_fits(token_hash, LB_TOKEN_HASH_HEX + 1))
         return lb_error_set(err, -EINVAL, "store: token hash longer than %d characters",
                             LB_TOKEN_HASH_HEX);
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
     /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full) */
-    ret = store_txn(st, mark_lent_fn, &a, false, true, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, mark_lent_fn, &a, false, true, err);
     return ret < 0 ? ret : 0;
 }
 
@@ -631,12 +622,7 @@ int store_set_expires(struct lb_store *st, const char *id, int64_t expires_at, s
 
     if (!id || expires_at <= 0)
         return lb_error_set(err, -EINVAL, "store: no sandbox id or no expiry");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, set_expires_fn, &a, false, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, set_expires_fn, &a, false, false, err);
     return ret;
 }
 
@@ -698,12 +684,7 @@ static int stop_transition(struct lb_store *st, store_txn_fn fn, const struct st
 
     if (!a->id)
         return lb_error_set(err, -EINVAL, "store: no sandbox id");
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, fn, (void *)a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, fn, (void *)a, true, false, err);
     return ret;
 }
 
@@ -772,12 +753,7 @@ static int update_many(struct lb_store *st, enum stmt_id stmt, const char *const
 
     if (n == 0)
         return 0;
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, update_many_fn, &a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, update_many_fn, &a, true, false, err);
     return ret;
 }
 
@@ -836,12 +812,7 @@ int store_mark_stop_failed(struct lb_store *st, const char *id, enum lb_record_s
                             "store: a failed stop leaves failed_seed or "
                             "stop_failed, not %s",
                             store_state_name(state));
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, stop_failed_fn, &a, true, false, err);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, stop_failed_fn, &a, true, false, err);
     return ret;
 }
 
@@ -934,27 +905,13 @@ static int count_live_by_spec(struct lb_store *st, const char *path, const char 
                               const char *value, const char *what, int64_t *out,
                               struct lb_error *err)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
+    const char *const texts[] = {value, path, path2};
 
-    *out = 0;
-    pthread_mutex_lock(&st->lock);
-    if (sqlite3_prepare_v2(st->db,
+    return store_count_sql(st,
                            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('starting', 'lent', "
                            "'stopping', 'stop_failed', 'warm') AND json_valid(spec_json) AND "
                            "(json_extract(spec_json, ?2) = ?1 OR json_extract(spec_json, ?3) = ?1)",
-                           -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, value, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_text(s, 2, path, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_text(s, 3, path2, -1, SQLITE_STATIC) != SQLITE_OK)
-        ret = store_db_fail(st, err, what);
-    else if (sqlite3_step(s) == SQLITE_ROW)
-        *out = sqlite3_column_int64(s, 0);
-    else
-        ret = store_db_fail(st, err, what);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+                           texts, 3, NULL, what, out, err);
 }
 
 int store_count_using_image(struct lb_store *st, const char *image, int64_t *out,

@@ -267,6 +267,29 @@ int store_db_fail(struct lb_store *st, struct lb_error *err, const char *what)
     return lb_error_set(err, code, "store: %s: %s", what, sqlite3_errmsg(st->db));
 }
 
+int store_count_sql(struct lb_store *st, const char *sql, const char *const texts[], size_t n_texts,
+                    const int64_t *num, const char *what, int64_t *out, struct lb_error *err)
+{
+    sqlite3_stmt *s = NULL;
+    bool bad;
+    int ret = 0;
+
+    *out = 0;
+    pthread_mutex_lock(&st->lock);
+    bad = sqlite3_prepare_v2(st->db, sql, -1, &s, NULL) != SQLITE_OK;
+    for (size_t i = 0; !bad && i < n_texts; i++)
+        bad = sqlite3_bind_text(s, (int)i + 1, texts[i], -1, SQLITE_TRANSIENT) != SQLITE_OK;
+    if (!bad && num)
+        bad = sqlite3_bind_int64(s, (int)n_texts + 1, *num) != SQLITE_OK;
+    if (bad || sqlite3_step(s) != SQLITE_ROW)
+        ret = store_db_fail(st, err, what);
+    else
+        *out = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 void store_stmt_done(sqlite3_stmt *s)
 {
     sqlite3_reset(s);

@@ -135,6 +135,11 @@ int store_step_write(struct lb_store *st, sqlite3_stmt *s, const char *what, str
 /* Commit at synchronous = FULL (on) or back to NORMAL (off): the commit of a lease. */
 void store_sync_full(struct lb_store *st, bool on);
 /* Run SQL with no result rows; 0 or store_db_fail's errno (what names it). */
+/* One integer that sql (a SELECT COUNT(*) ...) answers, into *out (0 on failure), with
+ * texts[0..n_texts) bound as ?1.. and, when num is not NULL, *num as the next parameter. Takes
+ * st->lock. 0, or store_db_fail's error naming what. */
+int store_count_sql(struct lb_store *st, const char *sql, const char *const texts[], size_t n_texts,
+                    const int64_t *num, const char *what, int64_t *out, struct lb_error *err);
 int store_exec_sql(struct lb_store *st, const char *sql, const char *what, struct lb_error *err);
 /* The database's user_version (its schema version) into *out; 0 or a negative errno. */
 int store_read_user_version(struct lb_store *st, int *out, struct lb_error *err);
@@ -169,6 +174,10 @@ typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err
  * negative errno. */
 int store_txn(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
               struct lb_error *err);
+/* A write of its own: the store.write fault point, then store_txn under st->lock (taken and
+ * released here). fn's result or a negative errno. */
+int store_txn_write(struct lb_store *st, store_txn_fn fn, void *ctx, bool stop, bool sync_full,
+                    struct lb_error *err);
 /* The SELECT store_events_list runs for f (a static string; ?1 since, ?2 rsid, ?3 sandbox_id,
  * ?4 types, ?5 limit): with f->rsid or f->sandbox_id it reads that column's index, not the whole
  * feed after since. */

@@ -177,12 +177,6 @@ int store_set_reset(struct lb_store *st, const char *id, const char *spec_json,
                     const char *token_hash, bool complete, struct lb_error *err)
 {
     struct set_reset_args a = {id, spec_json, token_hash, complete};
-    int ret = fault_hit("store.write", 0, err);
 
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, set_reset_fn, &a, false, false, err);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+    return store_txn_write(st, set_reset_fn, &a, false, false, err);
 }

@@ -207,23 +207,10 @@ cleanup:
 int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
                            int64_t *out, struct lb_error *err)
 {
-    sqlite3_stmt *s = NULL;
-    int ret = 0;
-
-    *out = 0;
-    pthread_mutex_lock(&st->lock);
-    if (sqlite3_prepare_v2(st->db,
+    return store_count_sql(st,
                            "SELECT COUNT(*) FROM sandboxes WHERE pool_class = ?1 AND (state = "
                            "'lent' OR (state = 'stopping' AND stop_reason = 'released')) AND "
                            "json_valid(spec_json) AND "
                            "coalesce(json_extract(spec_json, '$.uses'), 0) < ?2",
-                           -1, &s, NULL) != SQLITE_OK ||
-        sqlite3_bind_text(s, 1, pool_class, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
-        sqlite3_bind_int64(s, 2, max_uses) != SQLITE_OK || sqlite3_step(s) != SQLITE_ROW)
-        ret = store_db_fail(st, err, "counting recyclable sandboxes");
-    else
-        *out = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    pthread_mutex_unlock(&st->lock);
-    return ret;
+                           &pool_class, 1, &max_uses, "counting recyclable sandboxes", out, err);
 }

@@ -54,3 +54,13 @@ void clock_sleep_ms(int64_t ms)
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
 }
+
+json_t *clock_json_rfc3339(int64_t unix_s)
+{
+    char buf[32];
+
+    if (unix_s <= 0)
+        return json_null();
+    clock_format_rfc3339(unix_s, buf, sizeof(buf));
+    return json_string(buf);
+}

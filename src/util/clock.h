@@ -5,6 +5,7 @@
 #ifndef LB_CLOCK_H
 #define LB_CLOCK_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -20,5 +21,8 @@ void clock_sleep_ms(int64_t ms);
 struct timespec clock_realtime_after_ms(int64_t ms);
 /* Format Unix seconds as RFC 3339 UTC ("2026-11-29T08:34:01Z") into out (>= 21 bytes). */
 void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len);
+/* A time as the API renders times: RFC 3339 UTC as a JSON string, JSON null for <= 0. A new
+ * reference; NULL only without memory. */
+json_t *clock_json_rfc3339(int64_t unix_s);
 
 #endif

@@ -14,6 +14,7 @@
 #include "provider/engine/httpc.h"
 #include "util/fault.h"
 #include "util/log.h"
+#include "util/mem.h"
 #include "util/token.h"
 
 static void engine_destroy(struct lb_provider *p);
@@ -310,16 +311,14 @@ int engine_list(struct lb_provider *p, json_t **out, struct lb_error *err)
     size_t i;
     int r;
 
+    arr = json_array();
+    if (!arr)
+        return lb_error_set(err, -ENOMEM, "out of memory");
     r = e->hooks->list_raw(e, &items, err);
     if (r == -ENOENT) /* the engine has no such list: it failed */
         r = -EREMOTEIO;
     if (r < 0)
         goto out;
-    arr = json_array();
-    if (!arr) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
     json_array_foreach(items, i, item) {
         const char *id = NULL;
         json_t *desc = e->hooks->list_entry(e, item, &id);
@@ -390,16 +389,12 @@ int engine_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
 
 void engine_release(struct lb_engine *e)
 {
+    char **const strings[] = {&e->socket,      &e->default_image, &e->supervise_path,
+                              &e->net_inherit, &e->spool_dir,     &e->images_dir};
+
     httpc_free(e->http);
     e->http = NULL;
-    free(e->socket);
-    free(e->default_image);
-    free(e->supervise_path);
-    free(e->net_inherit);
-    free(e->spool_dir);
-    free(e->images_dir);
-    e->socket = e->default_image = e->supervise_path = e->net_inherit = e->spool_dir = NULL;
-    e->images_dir = NULL;
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     gates_release(&e->gates);
     pthread_mutex_destroy(&e->create_mutex);
 }

@@ -16,6 +16,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "util/mem.h"
+
 struct lb_httpc {
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* "" for https */
     char *origin; /* "http://localhost" (unix socket) or "https://host:port" */
@@ -183,11 +185,9 @@ void httpc_free(struct lb_httpc *c)
 {
     if (!c)
         return;
-    free(c->origin);
-    free(c->base_path);
-    free(c->cert);
-    free(c->key);
-    free(c->pin);
+    char **const strings[] = {&c->origin, &c->base_path, &c->cert, &c->key, &c->pin};
+
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     free(c);
 }
 

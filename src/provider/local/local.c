@@ -26,6 +26,7 @@
 
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/mem.h"
 
 #define UID_COUNT_MAX 32768u /* slots: 2^31 / LOCAL_SLOT_IDS */
 #define FREEZE_TIMEOUT_MS 5000
@@ -199,13 +200,11 @@ static void local_destroy(struct lb_provider *p)
     pthread_mutex_destroy(&lp->stop_lock);
     pthread_mutex_destroy(&lp->uid_lock);
     free((void *)lp->uid_used);
-    free(lp->claim_id);
-    free(lp->sandboxes_dir);
-    free(lp->state_dir);
-    free(lp->bwrap_path);
-    free(lp->supervise_path);
-    free(lp->images_dir);
-    free(lp->data_dir);
+    char **const strings[] = {&lp->claim_id,   &lp->sandboxes_dir,  &lp->state_dir,
+                              &lp->bwrap_path, &lp->supervise_path, &lp->images_dir,
+                              &lp->data_dir};
+
+    mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     seccomp_filter_release(&lp->seccomp);
     free(lp);
 }

@@ -375,17 +375,9 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
 
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    char filter[200], path[512], *enc;
     json_t *j = NULL, *items;
-    int r;
+    int r = lxd_list_labelled(e, LXD_LABEL_INSTANCE, e->instance, "instance list", &j, err);
 
-    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_INSTANCE, e->instance);
-    enc = curl_easy_escape(NULL, filter, 0);
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
-    curl_free(enc);
-    r = engine_get_json(e, path, "instance list", 0, &j, err);
     items = json_object_get(j, "metadata");
     if (r == 0 && !json_is_array(items))
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");

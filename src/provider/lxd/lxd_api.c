@@ -6,6 +6,7 @@
  */
 #include "provider/lxd/lxd_internal.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,4 +202,21 @@ int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbo
         r = lxd_answer_error(&resp, "instance state", err); /* not 404: -EREMOTEIO */
     httpc_response_release(&resp);
     return r;
+}
+
+int lxd_list_labelled(struct lb_engine *e, const char *label, const char *value, const char *what,
+                      json_t **out, struct lb_error *err)
+{
+    char filter[200], path[512], *enc;
+    int r;
+
+    *out = NULL;
+    snprintf(filter, sizeof(filter), "config.%s eq %s", label, value);
+    enc = curl_easy_escape(NULL, filter, 0);
+    if (!enc)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
+    curl_free(enc);
+    r = engine_get_json(e, path, what, 0, out, err);
+    return r == -ENOENT ? -EREMOTEIO : r; /* a list LXD does not have: it failed */
 }

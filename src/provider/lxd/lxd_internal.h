@@ -59,6 +59,13 @@ int lxd_async(struct lb_lxd *l, const char *member, const char *method, const ch
 int lxd_wait_operation(struct lb_lxd *l, const char *member, const char *op, int64_t timeout_ms,
                        json_t **op_out, struct lb_error *err);
 
+/* GET the instances (recursion=1) LXD finds with config.<label> equal to value (LXD's filter:
+ * the caller checks what it needs again). *out is the whole answer (a new reference, NULL on
+ * failure); what names the list in errors. -ENOMEM, or engine_get_json's errors (but a 404 is
+ * -EREMOTEIO: LXD always has the list). */
+int lxd_list_labelled(struct lb_engine *e, const char *label, const char *value, const char *what,
+                      json_t **out, struct lb_error *err);
+
 /* The path waiting secs seconds for the operation op ("/1.0/operations/ID[?query]"). */
 void lxd_wait_path(const char *op, int64_t secs, char *buf, size_t size);
 

@@ -121,28 +121,17 @@ int lxd_commit(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *imag
 int lxd_snapshot_images(struct lb_engine *e, json_t **out, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)e;
-    char filter[200], path[512], *enc;
-    json_t *j = NULL, *arr = NULL, *item;
+    json_t *j = NULL, *arr = json_array(), *item;
     size_t i;
     int r;
 
     *out = NULL;
-    snprintf(filter, sizeof(filter), "config.%s eq %s", LXD_LABEL_SNAPSHOT, l->eng.instance);
-    enc = curl_easy_escape(NULL, filter, 0);
-    if (!enc)
+    if (!arr)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(path, sizeof(path), "/1.0/instances?recursion=1&filter=%s", enc);
-    curl_free(enc);
-    r = engine_get_json(e, path, "snapshot instance list", 0, &j, err);
-    if (r == -ENOENT)
-        r = -EREMOTEIO;
+    r = lxd_list_labelled(e, LXD_LABEL_SNAPSHOT, l->eng.instance, "snapshot instance list", &j,
+                          err);
     if (r < 0)
         goto out;
-    arr = json_array();
-    if (!arr) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
     json_array_foreach(json_object_get(j, "metadata"), i, item) {
         const char *name = json_string_value(json_object_get(item, "name"));
         const char *owner =
