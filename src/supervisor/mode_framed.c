@@ -140,14 +140,14 @@ out:
 static void end_orphaned_tree(int st, char *line, size_t size, size_t *line_len)
 {
     const char *name, *descr;
-    int killed = 0, n, sig;
+    int killed = 0, sig;
 
+    /* every process of the tree ends as a child of ours (orphans come to the subreaper):
+     * the count is the children reaped */
     for (;;) {
-        n = proc_signal_descendants(SIGKILL);
-        if (n > killed)
-            killed = n;
+        (void)proc_signal_descendants(SIGKILL);
         while (waitpid(-1, NULL, WNOHANG) > 0)
-            ;
+            killed++;
         if (waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD)
             break;
         struct timespec ts = {0, KILL_POLL_MS * 1000000L};
