@@ -10,10 +10,12 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "supervisor/supervise_internal.h"
@@ -130,6 +132,48 @@ out:
     return fd;
 }
 
+/* The command-mode child ended without a status line (a process of the exec killed it, or the
+ * OOM killer did): nothing enforces the exec's timeout any more. SIGKILL every descendant of
+ * ours (the command's tree, and as subreaper every process of it whose parent had exited:
+ * one that called setsid, a double fork) until none is left, then say what happened in the
+ * status line. st: the child's wait status. */
+static void end_orphaned_tree(int st, char *line, size_t size, size_t *line_len)
+{
+    const char *name, *descr;
+    int killed = 0, sig;
+
+    /* every process of the tree ends as a child of ours (orphans come to the subreaper):
+     * the count is the children reaped */
+    for (;;) {
+        (void)proc_signal_descendants(SIGKILL);
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            killed++;
+        if (waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD)
+            break;
+        struct timespec ts = {0, KILL_POLL_MS * 1000000L};
+
+        nanosleep(&ts, NULL);
+    }
+    if (WIFSIGNALED(st)) {
+        sig = WTERMSIG(st);
+        name = sigabbrev_np(sig);
+        descr = sigdescr_np(sig);
+        snprintf(line, size,
+                 "error the exec's supervisor was killed by signal %d (SIG%s, %s); the command's "
+                 "outcome is unknown",
+                 sig, name ? name : "?", descr ? descr : "unknown signal");
+    } else {
+        snprintf(line, size, "error the exec's supervisor exited without a status");
+    }
+    if (killed > 0) {
+        size_t len = strlen(line);
+
+        snprintf(line + len, size - len, "; lendbox killed the %d processes the exec left running",
+                 killed);
+    }
+    *line_len = strlen(line);
+}
+
 int mode_framed_run(const struct sup_options *o)
 {
     int out[2], err[2], status[2], in = -1, pass = -1;
@@ -138,6 +182,7 @@ int mode_framed_run(const struct sup_options *o)
     size_t line_len = 0;
     struct sup_options child_opts = *o;
     pid_t pid;
+    int st = 0;
 
     (void)signal(SIGPIPE, SIG_IGN);
     if (o->loopback_up)
@@ -171,6 +216,9 @@ int mode_framed_run(const struct sup_options *o)
         (void)write_frame('s', line, strlen(line));
         return 0;
     }
+    /* the exec's processes whose parents exit come to us, not to the sandbox's init: should
+     * the command-mode supervisor die, every one of them is still ours to end */
+    (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     pid = fork();
     if (pid < 0) {
         snprintf(line, sizeof(line), "error fork failed: %s", strerror(errno));
@@ -241,8 +289,11 @@ int mode_framed_run(const struct sup_options *o)
         if (streams[i].cut)
             (void)write_frame('T', &streams[i].type, 1);
     }
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
+    if (line_len == 0)
+        end_orphaned_tree(st, line, sizeof(line), &line_len);
+    /* a --keep-background process goes on under the sandbox's init once we exit */
     while (line_len && line[line_len - 1] == '\n')
         line_len--;
     (void)write_frame('s', line, line_len);

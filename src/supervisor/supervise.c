@@ -83,7 +83,13 @@
  *       Once the status arrives (the tree is gone) what is left in the pipes is
  *       drained and the frames end: background processes kept with --keep-background cannot
  *       hold the exec open. The command cannot forge a frame: its bytes are always payload.
- *       No 's' frame means the supervisor died. Exit status 0; 2 on bad usage.
+ *       It is a child subreaper: when the command-mode supervisor dies without a status (a
+ *       process of the exec killed it, or the OOM killer), every descendant left (the whole
+ *       tree, a setsid or double-forked process too) is SIGKILLed until none is left and the
+ *       status is "error the exec's supervisor was killed by signal N (SIGX, description);
+ *       the command's outcome is unknown; lendbox killed the K processes the exec left
+ *       running" (as the local provider says). No 's' frame means this process died. Exit
+ *       status 0; 2 on bad usage.
  *
  * Channels. Every process in a sandbox runs as the same uid, so the supervisor must keep the
  * others away from what it holds: it is non-dumpable in every mode (PR_SET_DUMPABLE 0 as the

@@ -1,6 +1,7 @@
 /*
  * test_exec.c - acceptance: exec results, seed files, cwd errors, timeouts that kill the whole
- * tree, output caps with bounded daemon memory, invalid UTF-8 and base64 output, and the
+ * tree (seen from the host and from inside the sandbox, also when the command kills its own
+ * supervisor), output caps with bounded daemon memory, invalid UTF-8 and base64 output, and the
  * trusted view an exclusive exec (a grader) runs on.
  */
 #include <pthread.h>
@@ -197,6 +198,83 @@ START_TEST(test_timeout_kills_tree)
     ck_assert_msg(n == 0, "%d 'sleep 1007' left after the timeout", n);
     /* nor the shells that started them */
     ck_assert_int_eq(lbt_count_procs_cmdline("sleep 1007"), 0);
+}
+END_TEST
+
+/* How many processes of the sandbox are named sleep (its pid namespace, seen from inside: the
+ * same on every provider; no sandbox's own init runs one). The listing into list. */
+static int count_sleeps_inside(char *list, size_t size)
+{
+    char *ps = lbt_sh(&D, SBX, "busybox ps -o comm,args"), *save = NULL;
+    int n = 0;
+
+    snprintf(list, size, "%s", ps);
+    for (char *l = strtok_r(ps, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        if (strncmp(l, "sleep ", 6) == 0)
+            n++;
+    free(ps);
+    return n;
+}
+
+/* Every process of a timed-out exec is gone, seen from inside the sandbox 0.5 s and 5 s after
+ * the answer: one that called setsid, one whose parent exited (a double fork), one that ignores
+ * SIGTERM. */
+START_TEST(test_timeout_leaves_nothing_inside)
+{
+    json_t *body = json_pack("{s:s,s:i}", "command",
+                             "echo started; setsid sleep 1000 & sh -c 'setsid sleep 1001 &'; "
+                             "(trap '' TERM; exec sleep 1002) & sleep 1003",
+                             "timeout_s", 1);
+    char *text = json_dumps(body, JSON_COMPACT), list[4096];
+    json_t *res;
+    int n;
+
+    ck_assert_int_eq(count_sleeps_inside(list, sizeof(list)), 0);
+    res = lbt_exec_ok(&D, SBX, "", text);
+    assert_result(res, 125, "started\n", NULL, "timeout");
+    json_decref(res);
+    lbt_sleep_ms(500);
+    n = count_sleeps_inside(list, sizeof(list));
+    ck_assert_msg(n == 0, "0.5 s after the timeout %d sleep processes are left:\n%s", n, list);
+    lbt_sleep_ms(4500);
+    n = count_sleeps_inside(list, sizeof(list));
+    ck_assert_msg(n == 0, "5 s after the timeout %d sleep processes are left:\n%s", n, list);
+    json_decref(body);
+    free(text);
+}
+END_TEST
+
+/* The command kills its own supervisor (it runs as the same uid): nothing enforces the timeout
+ * any more, so what the exec left running (the command, a background child, a setsid child, also
+ * with preserve_background_services) is killed, and the answer says so. */
+START_TEST(test_supervisor_killed_leaves_nothing_inside)
+{
+    static const char *const bodies[] = {
+        "{\"command\": \"sleep 1004 & setsid sleep 1005 & kill -9 $PPID; sleep 1006\", "
+        "\"timeout_s\": 60}",
+        "{\"command\": \"sleep 1004 & setsid sleep 1005 & kill -9 $PPID; sleep 1006\", "
+        "\"timeout_s\": 60, \"preserve_background_services\": true}",
+        NULL};
+    char list[4096];
+    int n;
+
+    for (int i = 0; bodies[i]; i++) {
+        json_t *res = lbt_exec_ok(&D, SBX, "", bodies[i]);
+        const char *msg = json_string_value(json_object_get(res, "message"));
+
+        n = count_sleeps_inside(list, sizeof(list));
+        for (int k = 0; k < 50 && n > 0; k++) {
+            lbt_sleep_ms(20);
+            n = count_sleeps_inside(list, sizeof(list));
+        }
+        ck_assert_msg(n == 0, "%d sleep processes are left (message: %s):\n%s", n,
+                      msg ? msg : "(null)", list);
+        assert_result(res, 125, NULL, NULL, "sandbox");
+        ck_assert_msg(msg && strstr(msg, "supervisor was killed by signal 9") &&
+                          strstr(msg, "processes the exec left running"),
+                      "message: %s", msg ? msg : "(null)");
+        json_decref(res);
+    }
 }
 END_TEST
 
@@ -554,6 +632,8 @@ int main(void)
     tcase_add_test(tc, test_seed_files);
     tcase_add_test(tc, test_cwd);
     tcase_add_test(tc, test_timeout_kills_tree);
+    tcase_add_test(tc, test_timeout_leaves_nothing_inside);
+    tcase_add_test(tc, test_supervisor_killed_leaves_nothing_inside);
     tcase_add_test(tc, test_output_cap_and_memory);
     tcase_add_test(tc, test_invalid_utf8);
     tcase_add_test(tc, test_exclusive_trusted_view);

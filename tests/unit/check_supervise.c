@@ -415,6 +415,23 @@ START_TEST(test_framed)
     ck_assert_str_eq(f.s, "exit 127");
     ck_assert_str_eq(f.e, "lendbox-supervise: cannot run '/nonexistent/lbt-framed': No such "
                           "file or directory\n");
+
+    /* the command kills its supervisor: every process the exec left (a setsid child, a double
+     * fork's orphan, the command itself) is killed, not left to whoever adopts orphans (this
+     * process, a subreaper), and the status says so */
+    run_sup(&r,
+            (const char *[]){
+                "--framed", "--max-output", "1000", "--timeout-ms", "60000", "--", "sh", "-c",
+                "setsid sleep 600 & sh -c 'sleep 601 &'; kill -9 $PPID; sleep 602", NULL},
+            false, -1);
+    parse_frames(&r, &f);
+    ck_assert_msg(
+        strncmp(f.s, "error the exec's supervisor was killed by signal 9 (SIGKILL, ",
+                strlen("error the exec's supervisor was killed by signal 9 (SIGKILL, ")) == 0 &&
+            strstr(f.s, "; the command's outcome is unknown; lendbox killed the ") &&
+            strstr(f.s, " processes the exec left running"),
+        "status: %s", f.s);
+    ck_assert_int_eq(kill_children(), 0);
 }
 END_TEST
 
