@@ -28,12 +28,13 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store;       /* the records (images in use) */
-    const char *images_dir;       /* the image store (image/image.h) */
-    int64_t max_wait_ms;          /* longest long-poll (limits.max_wait_ms) */
-    int64_t max_fork;             /* sessions one fork may name (limits.max_fork) */
-    int64_t stop_concurrency;     /* releases in flight at once in release_all */
-    struct lb_ptys *ptys;         /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_store *store;   /* the records (images in use) */
+    const char *images_dir;   /* the image store (image/image.h) */
+    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
+    int64_t max_fork;         /* sessions one fork may name (limits.max_fork) */
+    int64_t max_file_bytes;   /* an archive's contents, and a GET archive (limits.max_file_bytes) */
+    int64_t stop_concurrency; /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;     /* PTY sessions and detached execs (lend/pty.h) */
     struct lb_follows *follows;   /* followed activation logs (follow.c) */
     struct lb_events_hub *events; /* the event feed's readers (events.c) */
 };
@@ -202,6 +203,9 @@ int route_sandbox_delete(struct lb_request *req, struct lb_error *err);
 int route_exec(struct lb_request *req, struct lb_error *err);
 int route_file_put(struct lb_request *req, struct lb_error *err);
 int route_file_get(struct lb_request *req, struct lb_error *err);
+/* archive.c: PUT/GET /v1/sandboxes/{id}/archive?path=DIR, a directory as a tar archive. */
+int route_archive_put(struct lb_request *req, struct lb_error *err);
+int route_archive_get(struct lb_request *req, struct lb_error *err);
 int route_execute(struct lb_request *req, struct lb_error *err);
 int route_close(struct lb_request *req, struct lb_error *err);
 int route_activation_get(struct lb_request *req, struct lb_error *err);
