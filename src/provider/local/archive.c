@@ -43,13 +43,15 @@
 #define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
 #define STAGE_PREFIX ".lendbox-archive-"
 
-/* openat2 beneath dfd, never through a symlink, a magic link or another mount. */
-static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode)
+/* openat2 beneath dfd, never through a symlink or a magic link; with xdev, onto another mount
+ * (DIR itself may be one: a tmpfs workdir), else never. */
+static int open_beneath_x(int dfd, const char *path, uint64_t flags, uint64_t mode, bool xdev)
 {
     struct open_how how = {
         .flags = flags | O_CLOEXEC,
         .mode = mode,
-        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+                   (xdev ? 0 : RESOLVE_NO_XDEV),
     };
     int i, fd = -1;
 
@@ -59,6 +61,11 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
             break;
     }
     return fd < 0 ? -errno : fd;
+}
+
+static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode)
+{
+    return open_beneath_x(dfd, path, flags, mode, false);
 }
 
 /* ---------- names ---------- */
@@ -390,13 +397,14 @@ out:
     return r;
 }
 
-/* Apply the remembered directory modes, deepest (last made) first. */
-static void put_dir_modes(struct put_state *s)
+/* Apply the remembered directory modes (of the archive's directory entries, not of the
+ * parents it only implies) below top, deepest (last made) first. */
+static void put_dir_modes(struct put_state *s, int top)
 {
     size_t i;
 
     for (i = s->n_dirs; i-- > 0;) {
-        int fd = open_beneath(s->stage, s->dirs[i].name, O_PATH | O_DIRECTORY, 0);
+        int fd = open_beneath(top, s->dirs[i].name, O_PATH | O_DIRECTORY, 0);
         char proc[64];
 
         if (fd < 0)
@@ -520,15 +528,11 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
             if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
                 int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
                 int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
-                char proc[64];
 
                 if (cs < 0 || ct < 0) {
                     r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
                 } else {
                     r = merge_move(cs, ct, path, depth + 1, err);
-                    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", ct);
-                    if (r == 0)
-                        (void)chmod(proc, ss.st_mode & 01777);
                 }
                 if (cs >= 0)
                     close(cs);
@@ -619,7 +623,7 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
             goto out;
         }
         exists = true;
-        tfd = open_beneath(pfd, name, O_PATH | O_DIRECTORY, 0);
+        tfd = open_beneath_x(pfd, name, O_PATH | O_DIRECTORY, 0, true);
         if (tfd < 0) {
             r = local_map_errno(-tfd, dir, err);
             tfd = -1;
@@ -645,7 +649,6 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     r = read_all_entries(&s, err);
     if (r < 0)
         goto out;
-    put_dir_modes(&s);
     if (!exists) {
         char proc[64];
 
@@ -656,12 +659,14 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         staged = false;
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", s.stage);
         (void)chmod(proc, 0755);
+        put_dir_modes(&s, s.stage);
     } else {
         r = merge_check(s.stage, tfd, dir, 0, err);
         if (r == 0)
             r = merge_move(s.stage, tfd, dir, 0, err);
         if (r < 0)
             goto out;
+        put_dir_modes(&s, tfd);
     }
     *out = s.res;
     r = 0;
