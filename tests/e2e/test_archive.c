@@ -423,6 +423,18 @@ START_TEST(test_not_a_tar)
     put_archive(SBX, "", "/workspace/nt", gz_text, sizeof(gz_text), &r);
     lbt_assert_error(&r, 400, "bad_request");
     lbt_resp_free(&r);
+    {
+        struct tar t;
+
+        tar_begin(&t, false);
+        tar_add(&t, 'd', "same", 0755, NULL, NULL, 0);
+        tar_add(&t, 'f', "same", 0644, NULL, "x", 1);
+        tar_end(&t);
+        put_archive(SBX, "", "/workspace/nt", t.buf, t.used, &r);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+        free(t.buf);
+    }
     out = lbt_sh(&D, SBX, "ls -A /workspace | grep -c '^nt$'; true");
     ck_assert_str_eq(out, "0\n");
     free(out);
@@ -524,6 +536,51 @@ START_TEST(test_other_sandbox_token)
 }
 END_TEST
 
+/* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
+ * is 413 with nothing kept, and a GET of a tree past it is 413. */
+static struct lbt_daemon SMALL_D;
+static const char *const SMALL_ARGS[] = {"--set", "limits.max_file_bytes=1048576", NULL};
+
+START_TEST(test_bomb_bounded)
+{
+    json_t *lease = lbt_seed(&SMALL_D, "archive-bomb", "t", NULL);
+    const char *sbx = json_string_value(json_object_get(lease, "sandbox_id"));
+    size_t n = 4 * 1024 * 1024;
+    unsigned char *zeros = calloc(1, n);
+    struct tar t;
+    struct lbt_resp r;
+    char url[512], cmd[512];
+
+    ck_assert_ptr_nonnull(zeros);
+    tar_begin(&t, true);
+    tar_add(&t, 'f', "small", 0644, NULL, "s", 1);
+    tar_add(&t, 'f', "zeros", 0644, NULL, zeros, n);
+    tar_end(&t);
+    ck_assert_uint_lt(t.used, 1048576); /* the body itself is within the limit */
+    archive_url(url, sizeof(url), sbx, "/workspace/bomb");
+    lbt_request(&SMALL_D, "PUT", url, "", t.buf, t.used, "application/gzip", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "max_file_bytes") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    snprintf(cmd, sizeof(cmd),
+             "{\"command\": \"ls -A /workspace | wc -l; "
+             "head -c 1500000 /dev/zero > /workspace/big; echo done\"}");
+    lbt_exec(&SMALL_D, sbx, "", cmd, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(json_string_value(json_object_get(r.json, "stdout")), "0\ndone\n");
+    lbt_resp_free(&r);
+    /* GET of a tree past the limit */
+    archive_url(url, sizeof(url), sbx, "/workspace");
+    lbt_request(&SMALL_D, "GET", url, "", NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    lbt_resp_free(&r);
+    free(zeros);
+    json_decref(lease);
+    lbt_release_session(&SMALL_D, "archive-bomb");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("archive");
@@ -539,6 +596,11 @@ int main(void)
     tcase_add_test(tc, test_not_a_tar);
     tcase_add_test(tc, test_past_storage);
     tcase_add_test(tc, test_other_sandbox_token);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bounded"); /* its own daemon */
+    lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_bomb_bounded);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

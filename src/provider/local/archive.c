@@ -148,6 +148,7 @@ struct put_state {
     int stage; /* O_PATH of the staging directory */
     const char *dir;
     uint64_t max_bytes;
+    uint64_t sized; /* the files' sizes so far (a sparse file in full), bounded by max_bytes */
     struct lb_archive_result res;
     struct dir_mode *dirs; /* directory modes, applied once all entries are in */
     size_t n_dirs, cap_dirs;
@@ -237,6 +238,11 @@ static int space_error(struct put_state *s, int e, const char *name, struct lb_e
     struct statfs fs;
     unsigned long long mib = 0;
 
+    if (e == EEXIST || e == EISDIR || e == ENOTDIR)
+        return put_refuse(s->dir, name,
+                          "it clashes with an earlier entry of the archive (a directory and a "
+                          "non-directory of the same name)",
+                          err);
     if (e != ENOSPC && e != EDQUOT)
         return local_map_errno(e, name, err);
     if (fstatfs(s->stage, &fs) == 0)
@@ -256,6 +262,12 @@ static int put_file(struct put_state *s, int pfd, const char *base, const char *
     la_int64_t off;
     int fd, r, ar;
 
+    if (size < 0 || (uint64_t)size > s->max_bytes - s->sized)
+        return lb_error_set(err, -EFBIG,
+                            "the archive's files hold more than %llu bytes "
+                            "(limits.max_file_bytes); nothing of it was kept",
+                            (unsigned long long)s->max_bytes);
+    s->sized += (uint64_t)size;
     clear_name(pfd, base);
     fd = openat(pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
