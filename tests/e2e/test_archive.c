@@ -434,6 +434,15 @@ START_TEST(test_not_a_tar)
         lbt_assert_error(&r, 400, "bad_request");
         lbt_resp_free(&r);
         free(t.buf);
+        /* the other order: a file, then a directory of its name */
+        tar_begin(&t, false);
+        tar_add(&t, 'f', "same", 0644, NULL, "x", 1);
+        tar_add(&t, 'd', "same", 0755, NULL, NULL, 0);
+        tar_end(&t);
+        put_archive(SBX, "", "/workspace/nt", t.buf, t.used, &r);
+        lbt_assert_error(&r, 400, "bad_request");
+        lbt_resp_free(&r);
+        free(t.buf);
     }
     out = lbt_sh(&D, SBX, "ls -A /workspace | grep -c '^nt$'; true");
     ck_assert_str_eq(out, "0\n");

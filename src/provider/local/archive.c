@@ -382,15 +382,20 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
         goto out;
     }
     switch (type) {
-    case AE_IFDIR:
-        if (mkdirat(pfd, base, 0700) < 0 && errno != EEXIST) {
-            r = space_error(s, errno, name, err);
+    case AE_IFDIR: {
+        struct stat st;
+
+        if (mkdirat(pfd, base, 0700) < 0 &&
+            (errno != EEXIST || fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+             !S_ISDIR(st.st_mode))) {
+            r = space_error(s, errno == 0 ? EEXIST : errno, name, err);
             goto out;
         }
         r = remember_dir(s, name, mode);
         if (r < 0)
             r = lb_error_set(err, r, "out of memory");
         break;
+    }
     case AE_IFLNK:
         clear_name(pfd, base);
         if (symlinkat(archive_entry_symlink(e), pfd, base) < 0)
