@@ -4,7 +4,9 @@
  * exact; every escape (absolute names, "..", symlinks leaving DIR, a path through a symlink,
  * hard links out, device nodes, FIFOs) is a 400 that leaves nothing in the sandbox and nothing
  * on the host; a body that is not a tar is 400; an archive past the sandbox's storage is 413
- * with nothing left visible; another sandbox's operate token is refused.
+ * with nothing left visible, as is one past the sandbox's memory on its tmpfs workdir (the pages
+ * are charged to the sandbox); limits.max_file_bytes bounds what a small gzip body inflates to;
+ * another sandbox's operate token is refused.
  */
 #include <archive.h>
 #include <archive_entry.h>
@@ -58,7 +60,7 @@ struct tar {
 
 static void tar_begin(struct tar *t, bool gzip)
 {
-    t->cap = 32 * 1024 * 1024;
+    t->cap = 64 * 1024 * 1024;
     t->buf = malloc(t->cap);
     ck_assert_ptr_nonnull(t->buf);
     t->a = archive_write_new();
@@ -514,6 +516,45 @@ START_TEST(test_past_storage)
 }
 END_TEST
 
+/* Files extracted onto a memory-backed mount (the tmpfs workdir) are charged to the sandbox's
+ * memory: past its memory_mib the archive is 413 naming it, with nothing kept. */
+START_TEST(test_memory_charged)
+{
+    json_t *lease = lbt_seed(&D, "archive-mem", "t", "\"resources\": {\"memory_mib\": 32}");
+    const char *sbx = json_string_value(json_object_get(lease, "sandbox_id"));
+    size_t n = 48 * 1024 * 1024;
+    unsigned char *blob = malloc(n);
+    struct tar t;
+    struct lbt_resp r;
+    char *out;
+
+    ck_assert_ptr_nonnull(blob);
+    lbt_fill_random(blob, n, 11);
+    tar_begin(&t, false);
+    tar_add(&t, 'f', "big.bin", 0644, NULL, blob, n);
+    tar_end(&t);
+    put_archive(sbx, "", "/workspace/mem", t.buf, t.used, &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "memory") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, sbx, "ls -A /workspace | wc -l");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    free(t.buf);
+    /* what fits goes in, and is the sandbox's */
+    tar_begin(&t, false);
+    tar_add(&t, 'f', "small.bin", 0644, NULL, blob, 4 * 1024 * 1024);
+    tar_end(&t);
+    put_archive(sbx, "", "/workspace/mem", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "PUT 4 MiB: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    free(blob);
+    json_decref(lease);
+    lbt_release_session(&D, "archive-mem");
+}
+END_TEST
+
 START_TEST(test_other_sandbox_token)
 {
     json_t *lease = lbt_seed(&D, "archive-other", "t", NULL);
@@ -604,6 +645,7 @@ int main(void)
     tcase_add_test(tc, test_escapes_refused);
     tcase_add_test(tc, test_not_a_tar);
     tcase_add_test(tc, test_past_storage);
+    tcase_add_test(tc, test_memory_charged);
     tcase_add_test(tc, test_other_sandbox_token);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */

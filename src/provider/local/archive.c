@@ -144,6 +144,9 @@ struct dir_mode {
 };
 
 struct put_state {
+    struct local_provider *lp;
+    const struct local_desc *d;
+    struct local_fs_identity *id; /* the thread's identity, entered (left around the reserve) */
     struct archive *a;
     int stage; /* O_PATH of the staging directory */
     const char *dir;
@@ -272,6 +275,19 @@ static int put_file(struct put_state *s, int pfd, const char *base, const char *
     fd = openat(pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return space_error(s, errno, name, err);
+    if (size > 0) {
+        /* on a memory-backed mount the pages are allocated by the sandbox's memory cgroup
+         * first, so that they are charged to it (as the daemon, which starts the helper) */
+        int e;
+
+        local_fs_leave(s->id);
+        r = local_memory_reserve_fd(s->lp, s->d, fd, (uint64_t)size, name, err);
+        e = local_fs_enter(s->id, s->d->uid, r < 0 ? NULL : err);
+        if (r == 0)
+            r = e;
+        if (r < 0)
+            goto out;
+    }
     for (;;) {
         ar = archive_read_data_block(s->a, &buf, &len, &off);
         if (ar == ARCHIVE_EOF)
@@ -596,7 +612,8 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     struct local_provider *lp = (struct local_provider *)p;
     struct local_fs_identity id = {0};
     struct local_desc d;
-    struct put_state s = {.stage = -1, .dir = dir, .max_bytes = max_bytes};
+    struct put_state s = {
+        .lp = lp, .d = &d, .id = &id, .stage = -1, .dir = dir, .max_bytes = max_bytes};
     char parent[4097], stage[64];
     const char *name;
     unsigned char rnd[8];

@@ -607,6 +607,48 @@ int local_upload_reserve(struct lb_upload *base, uint64_t need, uint64_t want, s
     return r;
 }
 
+int local_memory_reserve_fd(struct local_provider *lp, const struct local_desc *d, int fd,
+                            uint64_t bytes, const char *path, struct lb_error *err)
+{
+    struct local_upload *u;
+    struct statfs fs;
+    bool frozen = false;
+    int r;
+
+    if (bytes == 0 || fstatfs(fd, &fs) < 0 ||
+        (fs.f_type != TMPFS_MAGIC && fs.f_type != OVERLAYFS_SUPER_MAGIC))
+        return 0; /* not in memory: nothing to charge */
+    u = calloc(1, sizeof(*u));
+    if (!u)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    u->base.fd = u->dfd = u->memcg_fd = -1;
+    if (cgroup_open_memory_procs(&d->cg, &u->memcg_fd) < 0) {
+        free(u);
+        return 0; /* no memory cgroup of its own: nothing to charge it to */
+    }
+    (void)cgroup_read_oom_kills(&d->cg, NULL, &u->mem_limit);
+    (void)cgroup_memory_usage_path(&d->cg, u->usage_path, sizeof(u->usage_path));
+    if (d->cg.version == 2)
+        cgroup_is_frozen(&d->cg, &frozen);
+    if (frozen) {
+        r = lb_error_set(err, -EBUSY,
+                         "the sandbox is paused: '%s' is in its memory, which only a process of "
+                         "its (frozen) cgroup can fill; resume it first",
+                         path);
+        goto out;
+    }
+    u->base.fd = fd; /* borrowed: given back before the free */
+    u->uid = d->uid;
+    u->memory = true;
+    u->helper = lp->supervise_path;
+    snprintf(u->path, sizeof(u->path), "%s", path);
+    r = local_upload_reserve(&u->base, bytes, bytes, err);
+out:
+    u->base.fd = -1;
+    upload_free(u);
+    return r;
+}
+
 int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;

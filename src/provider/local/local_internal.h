@@ -394,6 +394,15 @@ int local_open_parent(int rootfd, const char *dir);
 /* Is dfd/name (not followed) the root of another mount than dfd's? */
 bool local_is_mount_point(int dfd, const char *name);
 
+/* Have the sandbox's memory cgroup allocate bytes of the new file fd (the daemon's, borrowed)
+ * before the daemon writes them, when fd is on a memory-backed mount (tmpfs, an image's
+ * overlay root) and the sandbox has a memory cgroup: the pages are then the sandbox's, as
+ * upload_reserve makes them (one run of the reserve helper). 0 when done or not needed;
+ * -EFBIG (413) when the sandbox's memory limit or the mount cannot hold them (nothing stays
+ * allocated); -EBUSY (409) when the sandbox is paused (cgroup v2); -EREMOTEIO. Blocks briefly. */
+int local_memory_reserve_fd(struct local_provider *lp, const struct local_desc *d, int fd,
+                            uint64_t bytes, const char *path, struct lb_error *err);
+
 /* ---- archive.c: archive_put / archive_get (provider.h) ----------------------------------------
  */
 int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
