@@ -229,6 +229,7 @@ START_TEST(test_round_trip)
     free(out);
     assert_no_stage();
 
+    free(t.buf);
     /* gzip, into the existing directory: merged (a file replaced, one added, the rest kept) */
     tar_begin(&t, true);
     tar_add(&t, 'f', "tree/a.txt", 0644, NULL, "new\n", 4);
