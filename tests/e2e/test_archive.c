@@ -556,6 +556,42 @@ START_TEST(test_memory_charged)
 }
 END_TEST
 
+/* While an admin's exclusive exec runs, an operate-token archive is refused (409 conflict
+ * naming the exec) and leaves nothing; the admin's still goes in. */
+START_TEST(test_exclusive_fence)
+{
+    struct tar t;
+    struct lbt_resp r;
+    struct lbt_async *excl;
+    char path[200], *out;
+    uid_t uid = lbt_sandbox_uid(&D, SBX);
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", SBX);
+    tar_begin(&t, false);
+    tar_add(&t, 'f', "f.txt", 0644, NULL, "f", 1);
+    tar_end(&t);
+    excl = lbt_async_json(&D, "POST", path, "",
+                          "{\"exclusive\": true, \"command\": \"sleep 3; exit 4\"}");
+    while (lbt_count_procs_of_uid_exact(uid, "sleep 3") == 0)
+        lbt_sleep_ms(10);
+    put_archive(SBX, TOKEN, "/workspace/fenced", t.buf, t.used, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    ck_assert_msg(strstr(r.body, "exclusive exec") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    put_archive(SBX, "", "/workspace/by-admin", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "admin during exclusive: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_async_join(excl, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 4);
+    lbt_resp_free(&r);
+    out = lbt_sh(&D, SBX, "ls -A /workspace | grep -c -e fenced -e by-admin; true");
+    ck_assert_str_eq(out, "1\n");
+    free(out);
+    free(t.buf);
+}
+END_TEST
+
 START_TEST(test_other_sandbox_token)
 {
     json_t *lease = lbt_seed(&D, "archive-other", "t", NULL);
@@ -647,6 +683,7 @@ int main(void)
     tcase_add_test(tc, test_not_a_tar);
     tcase_add_test(tc, test_past_storage);
     tcase_add_test(tc, test_memory_charged);
+    tcase_add_test(tc, test_exclusive_fence);
     tcase_add_test(tc, test_other_sandbox_token);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
