@@ -411,8 +411,10 @@ struct lb_provider_ops {
      * earlier entry, a device node, FIFO or socket. Entries are the sandbox root's; modes keep
      * their permission and sticky bits (setuid/setgid dropped). Past the sandbox's storage or
      * past max_bytes of contents: -EFBIG (413), nothing left either. The entries are extracted
-     * into a hidden directory and renamed into place once all are in. *out: entries extracted
-     * and bytes of file contents. May be NULL (-ENOSYS, 501).
+     * into a hidden directory and renamed into place once all are in. Files on a memory-backed
+     * mount are charged to the sandbox's memory as upload_reserve charges them (-EFBIG past its
+     * limit; -EBUSY, 409, while it is paused). *out: entries extracted and bytes of file
+     * contents. May be NULL (-ENOSYS, 501).
      *
      * archive_get writes a tar (pax) of dir's tree to fd (the daemon's, borrowed, at its
      * current offset): directories, regular files and symlinks (not followed), names relative
