@@ -28,13 +28,13 @@ struct lb_app {
     int64_t max_execs_per_sandbox; /* execs of one sandbox queued or running at once (> 0) */
     int64_t default_exec_timeout_s;
     struct lb_activations *acts;
-    struct lb_store *store;   /* the records (images in use) */
-    const char *images_dir;   /* the image store (image/image.h) */
-    int64_t max_wait_ms;      /* longest long-poll (limits.max_wait_ms) */
-    int64_t max_fork;         /* sessions one fork may name (limits.max_fork) */
-    int64_t max_file_bytes;   /* an archive's contents, and a GET archive (limits.max_file_bytes) */
-    int64_t stop_concurrency; /* releases in flight at once in release_all */
-    struct lb_ptys *ptys;     /* PTY sessions and detached execs (lend/pty.h) */
+    struct lb_store *store;       /* the records (images in use) */
+    const char *images_dir;       /* the image store (image/image.h) */
+    int64_t max_wait_ms;          /* longest long-poll (limits.max_wait_ms) */
+    int64_t max_fork;             /* sessions one fork may name (limits.max_fork) */
+    int64_t max_file_bytes;       /* archives' bound (limits.max_file_bytes) */
+    int64_t stop_concurrency;     /* releases in flight at once in release_all */
+    struct lb_ptys *ptys;         /* PTY sessions and detached execs (lend/pty.h) */
     struct lb_follows *follows;   /* followed activation logs (follow.c) */
     struct lb_events_hub *events; /* the event feed's readers (events.c) */
 };
