@@ -167,7 +167,7 @@ e2e: all $(E2E_BINS)
 # a busy 2-core machine. The shell tests above run on host only (the README walkthrough seeds
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
-E2E_IMAGE_PROGS ?= activation disk durability exec files isolation lending lost network reset \
+E2E_IMAGE_PROGS ?= activation archive disk durability exec files isolation lending lost network reset \
 	restart snapshot fork probe
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))

@@ -168,6 +168,7 @@ void daemon_map_config(struct daemon *d, struct lb_http_config *hc, struct lb_le
     d->app.default_exec_timeout_s = API_DEFAULT_EXEC_TIMEOUT_S;
     d->app.max_wait_ms = cfg->max_wait_ms;
     d->app.max_fork = cfg->max_fork;
+    d->app.max_file_bytes = cfg->max_file_bytes;
     d->app.stop_concurrency = cfg->stop_concurrency;
 }
 

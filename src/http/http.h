@@ -154,7 +154,7 @@ void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t s
 /* Serve len bytes of fd from offset (fd owned and closed by the response). */
 void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
                            uint64_t len);
-/* Add a header to the response set last. */
+/* Add a header to the response set last (Content-Type replaces the one already set). */
 void http_response_header(struct lb_request *req, const char *name, const char *value);
 
 /* From a job, before rendering a large answer into memory: reserve up to bytes (an upper bound

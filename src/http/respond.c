@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "util/log.h"
@@ -290,8 +291,17 @@ void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t s
 
 void http_response_header(struct lb_request *req, const char *name, const char *value)
 {
-    if (req->response)
-        MHD_add_response_header(req->response, name, value);
+    if (!req->response)
+        return;
+    if (strcasecmp(name, "Content-Type") == 0) { /* one Content-Type: the last one set */
+        const char *old = MHD_get_response_header(req->response, "Content-Type");
+        char *copy = old ? strdup(old) : NULL;
+
+        if (copy)
+            MHD_del_response_header(req->response, "Content-Type", copy);
+        free(copy);
+    }
+    MHD_add_response_header(req->response, name, value);
 }
 
 /* ---------- accessors ---------- */

@@ -253,6 +253,17 @@ int lend_upload_reserve(struct lb_lend *l, struct lb_upload *u, uint64_t need, u
 int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_out,
                    uint64_t *size_out, struct lb_error *err);
 
+/* A directory of a lent sandbox in and out as a tar archive (provider.h, archive_put and
+ * archive_get): put extracts the archive read from fd (gzip or not) into dir, get writes a tar of
+ * dir to fd; max_bytes bounds the contents (put) or the archive (get), -EFBIG (413) past it.
+ * -ENOENT if the sandbox is not lent, -LB_E_LOST if its init is gone, -ENOSYS (501) for a
+ * provider without archives; path and entry errors as the ops say. fd is borrowed. Blocks for
+ * the copy. An operate-token put is bracketed by lend_fence_enter/leave by its caller. */
+int lend_archive_put(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
+                     struct lb_archive_result *out, struct lb_error *err);
+int lend_archive_get(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
+                     struct lb_archive_result *out, struct lb_error *err);
+
 /* Freeze (pause true) or thaw every process of a lent sandbox through the provider (the
  * cgroup freezer); idempotent. *out is the status object of lend_sandbox_status ("paused" or
  * "running"). -ENOENT (404) if the sandbox is not lent, -ENOSYS (501) without a freezer. */

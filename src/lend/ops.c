@@ -405,6 +405,40 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
     return r;
 }
 
+int lend_archive_put(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
+                     struct lb_archive_result *out, struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = (struct lb_archive_result){0};
+    if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
+    if (r == 0)
+        r = provider_archive_put(t.prov, &t.ref, dir, fd, max_bytes, out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
+    lend_target_release(&t);
+    return r;
+}
+
+int lend_archive_get(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
+                     struct lb_archive_result *out, struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_load(l, id, &t, err);
+
+    *out = (struct lb_archive_result){0};
+    if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
+    if (r == 0)
+        r = provider_archive_get(t.prov, &t.ref, dir, fd, max_bytes, out, err);
+    if (r < 0 && t.prov)
+        r = lend_lost_check(l, id, r, err);
+    lend_target_release(&t);
+    return r;
+}
+
 int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
                     struct lb_error *err)
 {

@@ -102,6 +102,28 @@ static int fault_file_open(struct lb_provider *p, const struct lb_sandbox_ref *r
                  : provider_file_open(INNER(p), ref, path, fd, size, err);
 }
 
+static int fault_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                             const char *dir, int fd, uint64_t max_bytes,
+                             struct lb_archive_result *out, struct lb_error *err)
+{
+    int r = fault_point(p, "archive_put", 0, err);
+
+    *out = (struct lb_archive_result){0};
+    return r < 0 ? fault_as_provider(r, err)
+                 : provider_archive_put(INNER(p), ref, dir, fd, max_bytes, out, err);
+}
+
+static int fault_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                             const char *dir, int fd, uint64_t max_bytes,
+                             struct lb_archive_result *out, struct lb_error *err)
+{
+    int r = fault_point(p, "archive_get", 0, err);
+
+    *out = (struct lb_archive_result){0};
+    return r < 0 ? fault_as_provider(r, err)
+                 : provider_archive_get(INNER(p), ref, dir, fd, max_bytes, out, err);
+}
+
 static int fault_list(struct lb_provider *p, json_t **out, struct lb_error *err)
 {
     int r = fault_point(p, "list", 0, err);
@@ -233,6 +255,8 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .snapshot_sweep = fault_snapshot_sweep,
         .destroy = fault_destroy,
         .usage = fault_usage,
+        .archive_put = fault_archive_put,
+        .archive_get = fault_archive_get,
     };
     f->base.ops = &f->ops;
     *out = &f->base;

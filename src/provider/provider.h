@@ -242,9 +242,15 @@ struct lb_usage {
     int64_t disk_bytes;        /* bytes used of its writable storage (upper layer, workdir) */
 };
 
+/* What an archive transfer moved (archive_put, archive_get). */
+struct lb_archive_result {
+    uint64_t entries; /* entries extracted or written */
+    uint64_t bytes;   /* put: bytes of file contents written; get: bytes of the archive */
+};
+
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
  * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
-#define LB_PROVIDER_OPS_VERSION 3u
+#define LB_PROVIDER_OPS_VERSION 4u
 
 struct lb_provider_ops {
     const char *name; /* "local", "docker", ... (what records store) */
@@ -393,6 +399,34 @@ struct lb_provider_ops {
      * init is not. May be NULL (-ENOSYS; lending then shows every field unknown). */
     int (*usage)(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
                  struct lb_error *err);
+
+    /* (version 4) Directory transfer by tar archive (docs/api.md, "Archives").
+     *
+     * archive_put extracts the tar archive (gzip-compressed or not) read from fd (the daemon's,
+     * borrowed, at its start) into the directory dir inside the sandbox (absolute, normalised,
+     * not "/"; made when missing, its parents as file_write makes them). Paths confined as
+     * file_write's: every entry lands inside dir. Refused with -EINVAL (400), nothing of the
+     * archive left: a body that is not a tar, an absolute name or one with a ".." component, a
+     * symlink whose target is absolute or climbs out of dir, a hard link to anything but an
+     * earlier entry, a device node, FIFO or socket. Entries are the sandbox root's; modes keep
+     * their permission and sticky bits (setuid/setgid dropped). Past the sandbox's storage or
+     * past max_bytes of contents: -EFBIG (413), nothing left either. The entries are extracted
+     * into a hidden directory and renamed into place once all are in. Files on a memory-backed
+     * mount are charged to the sandbox's memory as upload_reserve charges them (-EFBIG past its
+     * limit; -EBUSY, 409, while it is paused). *out: entries extracted and bytes of file
+     * contents. May be NULL (-ENOSYS, 501).
+     *
+     * archive_get writes a tar (pax) of dir's tree to fd (the daemon's, borrowed, at its
+     * current offset): directories, regular files and symlinks (not followed), names relative
+     * to dir; other kinds are left out, as are kernel pseudo-file systems below dir. More than
+     * max_bytes of archive: -EFBIG (413). -ENOTDIR (400) when dir is not a directory, -ENOENT
+     * when missing. *out: entries written and bytes of archive. May be NULL (-ENOSYS). */
+    int (*archive_put)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                       struct lb_error *err);
+    int (*archive_get)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                       struct lb_error *err);
 };
 
 /* Every provider struct starts with this header. */
@@ -439,6 +473,12 @@ int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 /* *out filled with -1 first, then the provider's usage op (-ENOSYS without one). */
 int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
                    struct lb_error *err);
+int provider_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                         int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                         struct lb_error *err);
+int provider_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                         int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                         struct lb_error *err);
 /* 0 when the provider has no snapshot_sweep op. */
 int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);

@@ -32,6 +32,7 @@ struct lb_app {
     const char *images_dir;       /* the image store (image/image.h) */
     int64_t max_wait_ms;          /* longest long-poll (limits.max_wait_ms) */
     int64_t max_fork;             /* sessions one fork may name (limits.max_fork) */
+    int64_t max_file_bytes;       /* archives' bound (limits.max_file_bytes) */
     int64_t stop_concurrency;     /* releases in flight at once in release_all */
     struct lb_ptys *ptys;         /* PTY sessions and detached execs (lend/pty.h) */
     struct lb_follows *follows;   /* followed activation logs (follow.c) */
@@ -248,6 +249,9 @@ int route_sandbox_delete(struct lb_request *req, struct lb_error *err);
 int route_exec(struct lb_request *req, struct lb_error *err);
 int route_file_put(struct lb_request *req, struct lb_error *err);
 int route_file_get(struct lb_request *req, struct lb_error *err);
+/* archive.c: PUT/GET /v1/sandboxes/{id}/archive?path=DIR, a directory as a tar archive. */
+int route_archive_put(struct lb_request *req, struct lb_error *err);
+int route_archive_get(struct lb_request *req, struct lb_error *err);
 int route_execute(struct lb_request *req, struct lb_error *err);
 int route_close(struct lb_request *req, struct lb_error *err);
 int route_activation_get(struct lb_request *req, struct lb_error *err);

@@ -259,6 +259,17 @@ START_TEST(test_round_trip)
     ck_assert_int_eq(r, 0);
     ck_assert_str_eq(text, "streamed");
     free(text);
+    {
+        /* the engine providers have no archive ops: 501 through -ENOSYS, nothing asked */
+        struct lb_archive_result ar = {.entries = 7};
+
+        ck_assert_int_eq(provider_archive_put(prov, &ref, "/workspace/d", 0, 1024, &ar, &err),
+                         -ENOSYS);
+        ck_assert_uint_eq(ar.entries, 0);
+        ck_assert_int_eq(provider_archive_get(prov, &ref, "/workspace", 0, 1024, &ar, &err),
+                         -ENOSYS);
+        lb_error_clear(&err);
+    }
     ck_assert_int_eq(provider_pause(prov, &ref, &err), 0);
     ck_assert_str_eq(fake_engine_state(fe, be->name), "paused");
     ck_assert_int_eq(provider_status(prov, &ref, &st, &err), 0);

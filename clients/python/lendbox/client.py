@@ -195,6 +195,8 @@ ROUTES: Dict[str, Route] = {
     "exec": Route("POST", "/v1/sandboxes/*/exec", False),
     "put_file": Route("PUT", "/v1/sandboxes/*/files", True),
     "get_file": Route("GET", "/v1/sandboxes/*/files", True),
+    "put_archive": Route("PUT", "/v1/sandboxes/*/archive", True),
+    "get_archive": Route("GET", "/v1/sandboxes/*/archive", True),
     "pause": Route("POST", "/v1/sandboxes/*/pause", True),
     "resume": Route("POST", "/v1/sandboxes/*/resume", True),
     "renew": Route("POST", "/v1/sandboxes/*/renew", True),
@@ -652,6 +654,37 @@ class _Routes:
                 f"/v1/sandboxes/{_seg(sandbox_id)}/files",
                 params={"path": path},
                 result="bytes",
+            )
+        )
+
+    def put_archive(self, sandbox_id: str, path: str, archive: bytes) -> Dict[str, Any]:
+        """``PUT /v1/sandboxes/{id}/archive?path=``: extract ``archive`` (a tar, gzip-compressed
+        or not, e.g. from :mod:`tarfile`) into the directory ``path`` inside the sandbox (made
+        when missing; an existing one is merged into) → ``{"path", "entries", "bytes"}``.
+        BadRequest (nothing kept) for a body that is not a tar or an entry that would leave the
+        directory (absolute, ``..``, a symlink out, a hard link to no earlier entry, a device
+        node); PayloadTooLarge (nothing kept) past the sandbox's storage."""
+        return self._run(
+            _Call(
+                "put_archive",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/archive",
+                params={"path": path},
+                content=bytes(archive),
+                read_timeout_s=float("inf"),
+            )
+        )
+
+    def get_archive(self, sandbox_id: str, path: str) -> bytes:
+        """``GET /v1/sandboxes/{id}/archive?path=`` → a tar (bytes) of the directory ``path``:
+        directories, regular files and symlinks, names relative to it. NotFound when missing,
+        BadRequest when not a directory."""
+        return self._run(
+            _Call(
+                "get_archive",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/archive",
+                params={"path": path},
+                result="bytes",
+                read_timeout_s=float("inf"),
             )
         )
 

@@ -53,16 +53,8 @@
 #define RESERVE_REAP_MS 5000
 #define RESERVE_MARGIN (1024 * 1024) /* memory left free when reserving ahead of the bytes */
 
-/* The calling thread's identity while it acts for a sandbox. */
-struct fs_identity {
-    int old_fsuid, old_fsgid;
-    struct __user_cap_header_struct cap_hdr;
-    struct __user_cap_data_struct caps[2];
-    bool active;
-};
-
 /* Become the sandbox (uid) for file-system purposes, on this thread only. */
-static int fs_enter(struct fs_identity *id, uint32_t uid, struct lb_error *err)
+int local_fs_enter(struct local_fs_identity *id, uint32_t uid, struct lb_error *err)
 {
     struct __user_cap_data_struct none[2];
 
@@ -88,7 +80,7 @@ static int fs_enter(struct fs_identity *id, uint32_t uid, struct lb_error *err)
 
 /* fchown(fd, uid, gid) with CAP_CHOWN effective for this one call (the thread acts as the
  * sandbox's root otherwise): an upload's new file, given to one of the sandbox's ids. */
-static int fs_chown_fd(const struct fs_identity *id, int fd, uint32_t uid, uint32_t gid)
+static int fs_chown_fd(const struct local_fs_identity *id, int fd, uint32_t uid, uint32_t gid)
 {
     struct __user_cap_header_struct hdr = id->cap_hdr;
     struct __user_cap_data_struct caps[2];
@@ -106,7 +98,7 @@ static int fs_chown_fd(const struct fs_identity *id, int fd, uint32_t uid, uint3
     return r;
 }
 
-static void fs_leave(struct fs_identity *id)
+void local_fs_leave(struct local_fs_identity *id)
 {
     if (!id->active)
         return;
@@ -116,7 +108,7 @@ static void fs_leave(struct fs_identity *id)
     id->active = false;
 }
 
-static int open_in_root(int rootfd, const char *path, uint64_t flags, uint64_t mode)
+int local_open_in_root(int rootfd, const char *path, uint64_t flags, uint64_t mode)
 {
     struct open_how how = {
         .flags = flags | O_CLOEXEC,
@@ -134,7 +126,7 @@ static int open_in_root(int rootfd, const char *path, uint64_t flags, uint64_t m
     return fd < 0 ? -errno : fd;
 }
 
-static int map_errno(int e, const char *path, struct lb_error *err)
+int local_map_errno(int e, const char *path, struct lb_error *err)
 {
     switch (e) {
     case ENOENT:
@@ -161,8 +153,8 @@ static int map_errno(int e, const char *path, struct lb_error *err)
 }
 
 /* Open the running sandbox's root (as the daemon), after checking it is the sandbox. */
-static int open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref,
-                     struct local_desc *d, const char *path, int *rootfd, struct lb_error *err)
+int local_open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                    struct local_desc *d, const char *path, int *rootfd, struct lb_error *err)
 {
     char proc[64];
     int r;
@@ -189,16 +181,16 @@ static int open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref
 
 /* Open (O_PATH) the directory dir inside the root, creating missing components (0755) one
  * at a time, each resolved inside the root. Returns an fd or -errno. */
-static int open_parent(int rootfd, const char *dir)
+int local_open_parent(int rootfd, const char *dir)
 {
     char prefix[4097];
     const char *c;
     int cur, next;
 
-    cur = open_in_root(rootfd, dir, O_PATH | O_DIRECTORY, 0);
+    cur = local_open_in_root(rootfd, dir, O_PATH | O_DIRECTORY, 0);
     if (cur != -ENOENT)
         return cur;
-    cur = open_in_root(rootfd, "/", O_PATH | O_DIRECTORY, 0);
+    cur = local_open_in_root(rootfd, "/", O_PATH | O_DIRECTORY, 0);
     if (cur < 0)
         return cur;
     for (c = dir + 1; *c;) {
@@ -213,7 +205,7 @@ static int open_parent(int rootfd, const char *dir)
         name[n] = '\0';
         memcpy(prefix, dir, plen);
         prefix[plen] = '\0';
-        next = open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
+        next = local_open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
         if (next == -ENOENT) {
             if (mkdirat(cur, name, 0755) < 0 && errno != EEXIST) {
                 next = -errno;
@@ -222,7 +214,7 @@ static int open_parent(int rootfd, const char *dir)
             }
             /* the daemon's umask (077) must not decide the sandbox's directory modes */
             (void)fchmodat(cur, name, 0755, AT_SYMLINK_NOFOLLOW);
-            next = open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
+            next = local_open_in_root(rootfd, prefix, O_PATH | O_DIRECTORY, 0);
         }
         close(cur);
         if (next < 0)
@@ -268,7 +260,7 @@ static int no_space(int dfd, size_t len, const char *path, struct lb_error *err)
 }
 
 /* Is dfd/name (not followed) the root of a mount other than its directory's? */
-static bool is_mount_point(int dfd, const char *name)
+bool local_is_mount_point(int dfd, const char *name)
 {
     struct statx parent, target;
 
@@ -319,15 +311,15 @@ static void upload_free(struct local_upload *u)
 void local_upload_abort(struct lb_upload *base)
 {
     struct local_upload *u = (struct local_upload *)base;
-    struct fs_identity id = {0};
+    struct local_fs_identity id = {0};
 
     if (!u)
         return;
     /* as the sandbox, so a sandbox that swapped the name for something else cannot make the
      * daemon remove what its own root could not */
-    if (fs_enter(&id, u->uid, NULL) == 0)
+    if (local_fs_enter(&id, u->uid, NULL) == 0)
         (void)unlinkat(u->dfd, u->tmp, 0);
-    fs_leave(&id);
+    local_fs_leave(&id);
     upload_free(u);
 }
 
@@ -337,11 +329,11 @@ static int check_destination(int dfd, const char *name, const char *path, struct
     struct stat st;
 
     if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
-        return map_errno(EISDIR, path, err);
+        return local_map_errno(EISDIR, path, err);
     /* Never replace what the sandbox has mounted there (the supervisor, /dev/null, ...): the
      * rename happens in the daemon's mount namespace, where it would silently detach the
      * sandbox's mount. */
-    if (is_mount_point(dfd, name))
+    if (local_is_mount_point(dfd, name))
         return lb_error_set(err, -EACCES,
                             "'%s' is a mount point of the sandbox; it cannot be replaced", path);
     return 0;
@@ -353,7 +345,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     struct local_provider *lp = (struct local_provider *)p;
     char dir[4097];
     const char *name;
-    struct fs_identity id = {0};
+    struct local_fs_identity id = {0};
     struct local_desc d;
     unsigned char rnd[8];
     struct local_upload *u = NULL;
@@ -361,7 +353,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 
     *out = NULL;
     memset(&d, 0, sizeof(d));
-    r = open_root(lp, ref, &d, path, &rootfd, err);
+    r = local_open_root(lp, ref, &d, path, &rootfd, err);
     if (r < 0)
         goto out;
     name = strrchr(path, '/') + 1;
@@ -405,12 +397,12 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
         (void)cgroup_read_oom_kills(&d.cg, NULL, &u->mem_limit);
         (void)cgroup_memory_usage_path(&d.cg, u->usage_path, sizeof(u->usage_path));
     }
-    r = fs_enter(&id, d.uid, err);
+    r = local_fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
-    u->dfd = open_parent(rootfd, dir);
+    u->dfd = local_open_parent(rootfd, dir);
     if (u->dfd < 0) {
-        r = map_errno(-u->dfd, path, err);
+        r = local_map_errno(-u->dfd, path, err);
         goto out;
     }
     r = check_destination(u->dfd, name, path, err);
@@ -438,7 +430,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
         u->base.fd =
             openat(u->dfd, u->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (u->base.fd < 0) {
-        r = map_errno(errno, path, err);
+        r = local_map_errno(errno, path, err);
         goto out;
     }
     {
@@ -470,7 +462,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     u = NULL;
     r = 0;
 out:
-    fs_leave(&id);
+    local_fs_leave(&id);
     if (u)
         upload_free(u);
     if (rootfd >= 0)
@@ -485,7 +477,7 @@ int local_upload_error(struct lb_upload *base, int errnum, uint64_t bytes, struc
 
     if (errnum == ENOSPC || errnum == EDQUOT)
         return no_space(u->dfd, (size_t)bytes, u->path, err);
-    return map_errno(errnum, u->path, err);
+    return local_map_errno(errnum, u->path, err);
 }
 
 /* What the reserve helper needs in its vfork-style child. */
@@ -615,10 +607,52 @@ int local_upload_reserve(struct lb_upload *base, uint64_t need, uint64_t want, s
     return r;
 }
 
+int local_memory_reserve_fd(struct local_provider *lp, const struct local_desc *d, int fd,
+                            uint64_t bytes, const char *path, struct lb_error *err)
+{
+    struct local_upload *u;
+    struct statfs fs;
+    bool frozen = false;
+    int r;
+
+    if (bytes == 0 || fstatfs(fd, &fs) < 0 ||
+        (fs.f_type != TMPFS_MAGIC && fs.f_type != OVERLAYFS_SUPER_MAGIC))
+        return 0; /* not in memory: nothing to charge */
+    u = calloc(1, sizeof(*u));
+    if (!u)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    u->base.fd = u->dfd = u->memcg_fd = -1;
+    if (cgroup_open_memory_procs(&d->cg, &u->memcg_fd) < 0) {
+        free(u);
+        return 0; /* no memory cgroup of its own: nothing to charge it to */
+    }
+    (void)cgroup_read_oom_kills(&d->cg, NULL, &u->mem_limit);
+    (void)cgroup_memory_usage_path(&d->cg, u->usage_path, sizeof(u->usage_path));
+    if (d->cg.version == 2)
+        cgroup_is_frozen(&d->cg, &frozen);
+    if (frozen) {
+        r = lb_error_set(err, -EBUSY,
+                         "the sandbox is paused: '%s' is in its memory, which only a process of "
+                         "its (frozen) cgroup can fill; resume it first",
+                         path);
+        goto out;
+    }
+    u->base.fd = fd; /* borrowed: given back before the free */
+    u->uid = d->uid;
+    u->memory = true;
+    u->helper = lp->supervise_path;
+    snprintf(u->path, sizeof(u->path), "%s", path);
+    r = local_upload_reserve(&u->base, bytes, bytes, err);
+out:
+    u->base.fd = -1;
+    upload_free(u);
+    return r;
+}
+
 int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;
-    struct fs_identity id = {0};
+    struct local_fs_identity id = {0};
     int r;
 
     if (u->memory && u->reserved) {
@@ -628,17 +662,17 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
         if (end >= 0 && (uint64_t)end < u->reserved)
             (void)ftruncate(u->base.fd, end);
     }
-    r = fs_enter(&id, u->uid, err);
+    r = local_fs_enter(&id, u->uid, err);
     if (r == 0 && u->unnamed) {
         /* first (the owner's chown below would take the right to link it) */
         char proc[64];
 
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", u->base.fd);
         if (linkat(AT_FDCWD, proc, u->dfd, u->tmp, AT_SYMLINK_FOLLOW) < 0)
-            r = map_errno(errno, u->path, err);
+            r = local_map_errno(errno, u->path, err);
     }
     if (r == 0 && fchmod(u->base.fd, (mode_t)u->mode) < 0)
-        r = map_errno(errno, u->path, err);
+        r = local_map_errno(errno, u->path, err);
     if (r == 0 && u->owned) { /* after the chmod: only the file's owner may chmod it */
         int c = fs_chown_fd(&id, u->base.fd, u->owner_uid, u->owner_gid);
 
@@ -649,10 +683,10 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
     if (r == 0)
         r = check_destination(u->dfd, u->name, u->path, err);
     if (r == 0 && renameat(u->dfd, u->tmp, u->dfd, u->name) < 0)
-        r = map_errno(errno, u->path, err);
+        r = local_map_errno(errno, u->path, err);
     if (r < 0)
         (void)unlinkat(u->dfd, u->tmp, 0);
-    fs_leave(&id);
+    local_fs_leave(&id);
     upload_free(u);
     return r;
 }
@@ -674,7 +708,7 @@ int local_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, co
     if (r == -ENOSPC || r == -EDQUOT)
         r = no_space(((struct local_upload *)u)->dfd, len, path, err);
     else if (r < 0)
-        r = map_errno(-r, path, err);
+        r = local_map_errno(-r, path, err);
     if (r < 0) {
         local_upload_abort(u);
         return r;
@@ -686,32 +720,32 @@ int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, con
                     int *fd_out, uint64_t *size_out, struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
-    struct fs_identity id = {0};
+    struct local_fs_identity id = {0};
     struct local_desc d;
     struct stat st;
     int rootfd = -1, fd = -1, r;
 
     *fd_out = -1;
     memset(&d, 0, sizeof(d));
-    r = open_root(lp, ref, &d, path, &rootfd, err);
+    r = local_open_root(lp, ref, &d, path, &rootfd, err);
     if (r < 0)
         goto out;
-    r = fs_enter(&id, d.uid, err);
+    r = local_fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
     /* O_NONBLOCK: a FIFO must not hang us; it is refused below anyway */
-    fd = open_in_root(rootfd, path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
+    fd = local_open_in_root(rootfd, path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0);
     if (fd < 0) {
-        r = map_errno(-fd, path, err);
+        r = local_map_errno(-fd, path, err);
         fd = -1;
         goto out;
     }
     if (fstat(fd, &st) < 0) {
-        r = map_errno(errno, path, err);
+        r = local_map_errno(errno, path, err);
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
-        r = map_errno(EISDIR, path, err);
+        r = local_map_errno(EISDIR, path, err);
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
@@ -739,7 +773,7 @@ int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, con
 out:
     if (fd >= 0)
         close(fd);
-    fs_leave(&id);
+    local_fs_leave(&id);
     if (rootfd >= 0)
         close(rootfd);
     local_desc_release(&d);

@@ -260,6 +260,8 @@ static const struct lb_provider_ops local_ops = {
     .stop_begin = local_stop_begin,
     .destroy = local_destroy,
     .usage = local_usage,
+    .archive_put = local_archive_put,
+    .archive_get = local_archive_get,
 };
 
 /* ---- construction ---------------------------------------------------------------------- */

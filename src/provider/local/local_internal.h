@@ -29,6 +29,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <dirent.h>
+#include <linux/capability.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -371,6 +372,49 @@ int local_upload_error(struct lb_upload *u, int errnum, uint64_t bytes, struct l
 int local_upload_reserve(struct lb_upload *u, uint64_t need, uint64_t want, struct lb_error *err);
 int local_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,
                     int *fd_out, uint64_t *size_out, struct lb_error *err);
+
+/* What files.c shares with archive.c: acting for a sandbox on its own root (files.c's head
+ * comment). A thread's identity while it acts for a sandbox (per thread; not shared). */
+struct local_fs_identity {
+    int old_fsuid, old_fsgid;
+    struct __user_cap_header_struct cap_hdr;
+    struct __user_cap_data_struct caps[2];
+    bool active;
+};
+/* Take the sandbox's host uid as fsuid/fsgid and drop every effective capability, on this
+ * thread only; leave restores both (idempotent). 0 or -EREMOTEIO with err set. */
+int local_fs_enter(struct local_fs_identity *id, uint32_t uid, struct lb_error *err);
+void local_fs_leave(struct local_fs_identity *id);
+/* openat2(rootfd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS): an fd or -errno. */
+int local_open_in_root(int rootfd, const char *path, uint64_t flags, uint64_t mode);
+/* An errno of a path operation as this provider's error (ENOSPC is -EFBIG, ...). */
+int local_map_errno(int e, const char *path, struct lb_error *err);
+/* Load d and open /proc/<init>/root of the running sandbox into *rootfd (path is checked
+ * first: absolute, normalised, not "/"). The caller closes *rootfd and releases d. */
+int local_open_root(struct local_provider *lp, const struct lb_sandbox_ref *ref,
+                    struct local_desc *d, const char *path, int *rootfd, struct lb_error *err);
+/* O_PATH fd of directory dir inside the root, missing components made 0755; or -errno. */
+int local_open_parent(int rootfd, const char *dir);
+/* Is dfd/name (not followed) the root of another mount than dfd's? */
+bool local_is_mount_point(int dfd, const char *name);
+
+/* Have the sandbox's memory cgroup allocate bytes of the new file fd (the daemon's, borrowed)
+ * before the daemon writes them, when fd is on a memory-backed mount (tmpfs, an image's
+ * overlay root) and the sandbox has a memory cgroup: the pages are then the sandbox's, as
+ * upload_reserve makes them (one run of the reserve helper). 0 when done or not needed;
+ * -EFBIG (413) when the sandbox's memory limit or the mount cannot hold them (nothing stays
+ * allocated); -EBUSY (409) when the sandbox is paused (cgroup v2); -EREMOTEIO. Blocks briefly. */
+int local_memory_reserve_fd(struct local_provider *lp, const struct local_desc *d, int fd,
+                            uint64_t bytes, const char *path, struct lb_error *err);
+
+/* ---- archive.c: archive_put / archive_get (provider.h) ----------------------------------------
+ */
+int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                      struct lb_error *err);
+int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                      struct lb_error *err);
 
 /* ---- quiesce.c: the exec gate, quiescing ---------------------------------------------------- */
 /* Exec admission per sandbox is lp->gates (gate.h): an exclusive exec runs alone.

@@ -1,0 +1,966 @@
+/*
+ * archive.c - the local provider's archive_put and archive_get (provider.h): a directory of
+ * the sandbox in and out as a tar archive, read and written with libarchive by the daemon.
+ *
+ * The daemon acts as files.c does: the sandbox's root is /proc/<init>/root, the calling thread
+ * takes the sandbox's file-system identity (local_fs_enter: its root's host uid, no effective
+ * capability), and every name is resolved from a directory fd of the sandbox with openat2,
+ * RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV: no ".." and no
+ * symlink is ever followed, whatever the sandbox's processes change meanwhile.
+ *
+ * Put. Every entry name is checked before anything is made: relative, no ".." component;
+ * symlink targets relative and, read from the link's directory, never above DIR; hard links
+ * only to an earlier entry; no device node, FIFO or socket. Entries are extracted into a fresh
+ * hidden directory (".lendbox-archive-<random>": inside DIR when DIR exists, else beside it),
+ * so a refused or oversized archive leaves nothing but that directory, which is removed. When
+ * all are in: a new DIR is that directory renamed; an existing DIR takes the entries by
+ * renames (a staged directory over an existing one merges into it; anything else replaces what
+ * is there; a staged file over an existing directory, or anything over a mount point, is
+ * refused by a check that runs before the first rename).
+ *
+ * Get. A depth-first walk of DIR with O_NOFOLLOW opens; a pax archive written to the caller's
+ * fd through a counting callback that stops past max_bytes.
+ */
+#include "provider/local/local_internal.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#define ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
+#define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
+#define STAGE_PREFIX ".lendbox-archive-"
+
+/* openat2 beneath dfd, never through a symlink or a magic link; with xdev, onto another mount
+ * (DIR itself may be one: a tmpfs workdir), else never. */
+static int open_beneath_x(int dfd, const char *path, uint64_t flags, uint64_t mode, bool xdev)
+{
+    struct open_how how = {
+        .flags = flags | O_CLOEXEC,
+        .mode = mode,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+                   (xdev ? 0 : RESOLVE_NO_XDEV),
+    };
+    int i, fd = -1;
+
+    for (i = 0; i < 16; i++) {
+        fd = (int)syscall(SYS_openat2, dfd, path, &how, sizeof(how));
+        if (fd >= 0 || errno != EAGAIN)
+            break;
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode)
+{
+    return open_beneath_x(dfd, path, flags, mode, false);
+}
+
+/* ---------- names ---------- */
+
+/* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
+ * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." component, an empty
+ * component or one too long. */
+static int name_normalise(const char *in, char *out, size_t size)
+{
+    const char *c;
+    size_t n;
+
+    if (!in || in[0] == '/')
+        return -EINVAL;
+    while (in[0] == '.' && in[1] == '/') {
+        in += 2;
+        while (*in == '/')
+            in++;
+    }
+    n = strlen(in);
+    while (n > 0 && in[n - 1] == '/')
+        n--;
+    if (n == 0 || (n == 1 && in[0] == '.'))
+        return 1;
+    if (n >= size)
+        return -EINVAL;
+    memcpy(out, in, n);
+    out[n] = '\0';
+    for (c = out; *c;) {
+        size_t len = strcspn(c, "/");
+
+        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
+            (len == 1 && c[0] == '.'))
+            return -EINVAL;
+        c += len;
+        if (*c == '/')
+            c++;
+    }
+    return 0;
+}
+
+/* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
+ * The target must be relative and, read component by component from the link's directory,
+ * never climb above DIR. */
+static bool link_target_inside(const char *name, const char *target)
+{
+    long depth = 0;
+    const char *c;
+
+    if (!target[0] || target[0] == '/')
+        return false;
+    for (c = name; *c; c++) /* the link's directory's depth below DIR */
+        if (*c == '/')
+            depth++;
+    for (c = target; *c;) {
+        size_t len = strcspn(c, "/");
+
+        if (len == 2 && c[0] == '.' && c[1] == '.') {
+            if (--depth < 0)
+                return false;
+        } else if (len > 0 && !(len == 1 && c[0] == '.')) {
+            depth++;
+        }
+        c += len;
+        if (*c == '/')
+            c++;
+    }
+    return true;
+}
+
+/* ---------- put ---------- */
+
+struct dir_mode {
+    char *name;
+    mode_t mode;
+};
+
+struct put_state {
+    struct local_provider *lp;
+    const struct local_desc *d;
+    struct local_fs_identity *id; /* the thread's identity, entered (left around the reserve) */
+    struct archive *a;
+    int stage; /* O_PATH of the staging directory */
+    const char *dir;
+    uint64_t max_bytes;
+    uint64_t sized; /* the files' sizes so far (a sparse file in full), bounded by max_bytes */
+    struct lb_archive_result res;
+    struct dir_mode *dirs; /* directory modes, applied once all entries are in */
+    size_t n_dirs, cap_dirs;
+};
+
+static int put_refuse(const char *dir, const char *name, const char *why, struct lb_error *err)
+{
+    return lb_error_set(err, -EINVAL,
+                        "archive entry '%s' is refused: %s (nothing of it was kept in '%s')", name,
+                        why, dir);
+}
+
+/* Open (O_PATH) the parent directory of name beneath the stage, making missing ones 0700
+ * (their modes come later: a directory entry's, else 0755). *base points into name. */
+static int open_entry_parent(struct put_state *s, char *name, const char **base)
+{
+    char *slash = strrchr(name, '/');
+    int cur, next;
+    char *c;
+
+    *base = slash ? slash + 1 : name;
+    cur = open_beneath(s->stage, ".", O_PATH | O_DIRECTORY, 0);
+    if (cur < 0 || !slash)
+        return cur;
+    *slash = '\0';
+    for (c = name; *c;) {
+        size_t len = strcspn(c, "/");
+        char part[256];
+
+        memcpy(part, c, len);
+        part[len] = '\0';
+        next = open_beneath(cur, part, O_PATH | O_DIRECTORY, 0);
+        if (next == -ENOENT) {
+            if (mkdirat(cur, part, 0700) < 0 && errno != EEXIST) {
+                next = -errno;
+            } else {
+                char proc[64];
+
+                next = open_beneath(cur, part, O_PATH | O_DIRECTORY, 0);
+                snprintf(proc, sizeof(proc), "/proc/self/fd/%d", next);
+                if (next >= 0) /* through the fd: never a symlink swapped in meanwhile */
+                    (void)chmod(proc, 0755);
+            }
+        }
+        close(cur);
+        if (next < 0) {
+            *slash = '/';
+            return next;
+        }
+        cur = next;
+        c += len;
+        if (*c == '/')
+            c++;
+    }
+    *slash = '/';
+    return cur;
+}
+
+/* Remove whatever non-directory is at pfd/base (a name repeated in the archive: the last one
+ * wins). A directory there stays (and an entry that is not one then fails EISDIR/EEXIST). */
+static void clear_name(int pfd, const char *base)
+{
+    struct stat st;
+
+    if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode))
+        (void)unlinkat(pfd, base, 0);
+}
+
+static int write_full(int fd, const char *p, size_t n, off_t off)
+{
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+static int space_error(struct put_state *s, int e, const char *name, struct lb_error *err)
+{
+    struct statfs fs;
+    unsigned long long mib = 0;
+
+    if (e == EEXIST || e == EISDIR || e == ENOTDIR)
+        return put_refuse(s->dir, name,
+                          "it clashes with an earlier entry of the archive (a directory and a "
+                          "non-directory of the same name)",
+                          err);
+    if (e != ENOSPC && e != EDQUOT)
+        return local_map_errno(e, name, err);
+    if (fstatfs(s->stage, &fs) == 0)
+        mib = (unsigned long long)fs.f_blocks * (unsigned long long)fs.f_bsize >> 20;
+    return lb_error_set(err, -EFBIG,
+                        "the archive does not fit in '%s': the sandbox's file system there is full "
+                        "at entry '%s' (%llu MiB, sized from the sandbox's resources.disk_mib / "
+                        "memory_mib); nothing of it was kept",
+                        s->dir, name, mib);
+}
+
+static int put_file(struct put_state *s, int pfd, const char *base, const char *name, mode_t mode,
+                    int64_t size, struct lb_error *err)
+{
+    const void *buf;
+    size_t len;
+    la_int64_t off;
+    int fd, r, ar;
+
+    if (size < 0 || (uint64_t)size > s->max_bytes - s->sized)
+        return lb_error_set(err, -EFBIG,
+                            "the archive's files hold more than %llu bytes "
+                            "(limits.max_file_bytes); nothing of it was kept",
+                            (unsigned long long)s->max_bytes);
+    s->sized += (uint64_t)size;
+    clear_name(pfd, base);
+    fd = openat(pfd, base, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return space_error(s, errno, name, err);
+    if (size > 0) {
+        /* on a memory-backed mount the pages are allocated by the sandbox's memory cgroup
+         * first, so that they are charged to it (as the daemon, which starts the helper) */
+        int e;
+
+        local_fs_leave(s->id);
+        r = local_memory_reserve_fd(s->lp, s->d, fd, (uint64_t)size, name, err);
+        e = local_fs_enter(s->id, s->d->uid, r < 0 ? NULL : err);
+        if (r == 0)
+            r = e;
+        if (r < 0)
+            goto out;
+    }
+    for (;;) {
+        ar = archive_read_data_block(s->a, &buf, &len, &off);
+        if (ar == ARCHIVE_EOF)
+            break;
+        if (ar < ARCHIVE_WARN) {
+            r = lb_error_set(err, -EINVAL, "the archive is damaged at entry '%s': %s", name,
+                             archive_error_string(s->a));
+            goto out;
+        }
+        if (len > s->max_bytes - s->res.bytes) {
+            r = lb_error_set(
+                err, -EFBIG,
+                "the archive's files hold more than %llu bytes (limits.max_file_bytes)",
+                (unsigned long long)s->max_bytes);
+            goto out;
+        }
+        r = write_full(fd, buf, len, (off_t)off);
+        if (r < 0) {
+            r = space_error(s, -r, name, err);
+            goto out;
+        }
+        s->res.bytes += len;
+    }
+    /* a sparse entry's size may end in a hole */
+    if (size > 0 && ftruncate(fd, (off_t)size) < 0) {
+        r = space_error(s, errno, name, err);
+        goto out;
+    }
+    r = 0;
+    if (fchmod(fd, mode & 0777) < 0)
+        r = local_map_errno(errno, name, err);
+out:
+    close(fd);
+    return r;
+}
+
+static int remember_dir(struct put_state *s, const char *name, mode_t mode)
+{
+    if (s->n_dirs == s->cap_dirs) {
+        size_t cap = s->cap_dirs ? s->cap_dirs * 2 : 32;
+        struct dir_mode *d = realloc(s->dirs, cap * sizeof(*d));
+
+        if (!d)
+            return -ENOMEM;
+        s->dirs = d;
+        s->cap_dirs = cap;
+    }
+    s->dirs[s->n_dirs].name = strdup(name);
+    if (!s->dirs[s->n_dirs].name)
+        return -ENOMEM;
+    s->dirs[s->n_dirs++].mode = mode & 01777;
+    return 0;
+}
+
+/* One entry of the archive (its header read). */
+static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_error *err)
+{
+    char name[4097], target[4097], proc[64];
+    const char *raw = archive_entry_pathname(e), *hard = archive_entry_hardlink(e), *base;
+    mode_t type = archive_entry_filetype(e), mode = archive_entry_perm(e);
+    int pfd = -1, tfd = -1, r;
+
+    r = name_normalise(raw, name, sizeof(name));
+    if (r < 0)
+        return put_refuse(s->dir, raw ? raw : "", "names must be relative, without '..'", err);
+    if (r == 1) /* the archive's root: DIR itself */
+        return 0;
+    if (hard && name_normalise(hard, target, sizeof(target)) != 0)
+        return put_refuse(s->dir, name, "a hard link must name an earlier entry of the archive",
+                          err);
+    if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
+        return put_refuse(s->dir, name,
+                          "only directories, regular files, symlinks and hard links are taken "
+                          "(no device nodes, FIFOs or sockets)",
+                          err);
+    if (!hard && type == AE_IFLNK) {
+        const char *t = archive_entry_symlink(e);
+
+        if (!t || !link_target_inside(name, t))
+            return put_refuse(s->dir, name,
+                              "a symlink's target must be relative and stay inside the directory",
+                              err);
+    }
+    if (++s->res.entries > ARCHIVE_MAX_ENTRIES)
+        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
+                            ARCHIVE_MAX_ENTRIES);
+    pfd = open_entry_parent(s, name, &base);
+    if (pfd < 0) {
+        r = pfd == -ENOTDIR || pfd == -ELOOP || pfd == -EXDEV
+                ? put_refuse(s->dir, name, "a parent of it is not a directory of the archive", err)
+                : space_error(s, -pfd, name, err);
+        pfd = -1;
+        goto out;
+    }
+    if (hard) {
+        struct stat st;
+
+        tfd = open_beneath(s->stage, target, O_PATH | O_NOFOLLOW, 0);
+        if (tfd < 0 || fstat(tfd, &st) < 0 || !S_ISREG(st.st_mode)) {
+            r = put_refuse(s->dir, name,
+                           "a hard link must name an earlier regular file of the archive", err);
+            goto out;
+        }
+        clear_name(pfd, base);
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", tfd);
+        if (linkat(AT_FDCWD, proc, pfd, base, AT_SYMLINK_FOLLOW) < 0)
+            r = space_error(s, errno, name, err);
+        goto out;
+    }
+    switch (type) {
+    case AE_IFDIR: {
+        struct stat st;
+
+        if (mkdirat(pfd, base, 0700) < 0 &&
+            (errno != EEXIST || fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+             !S_ISDIR(st.st_mode))) {
+            r = space_error(s, errno == 0 ? EEXIST : errno, name, err);
+            goto out;
+        }
+        r = remember_dir(s, name, mode);
+        if (r < 0)
+            r = lb_error_set(err, r, "out of memory");
+        break;
+    }
+    case AE_IFLNK:
+        clear_name(pfd, base);
+        if (symlinkat(archive_entry_symlink(e), pfd, base) < 0)
+            r = space_error(s, errno, name, err);
+        break;
+    default:
+        r = put_file(s, pfd, base, name, mode,
+                     archive_entry_size_is_set(e) ? archive_entry_size(e) : 0, err);
+        break;
+    }
+out:
+    if (tfd >= 0)
+        close(tfd);
+    if (pfd >= 0)
+        close(pfd);
+    return r;
+}
+
+/* Apply the remembered directory modes (of the archive's directory entries, not of the
+ * parents it only implies) below top, deepest (last made) first. */
+static void put_dir_modes(struct put_state *s, int top)
+{
+    size_t i;
+
+    for (i = s->n_dirs; i-- > 0;) {
+        int fd = open_beneath(top, s->dirs[i].name, O_PATH | O_DIRECTORY, 0);
+        char proc[64];
+
+        if (fd < 0)
+            continue;
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        (void)chmod(proc, s->dirs[i].mode);
+        close(fd);
+    }
+}
+
+/* Remove the tree dfd/name (not following symlinks, not crossing mounts). Best effort. */
+static void remove_tree(int dfd, const char *name, int depth)
+{
+    int fd;
+    DIR *d;
+    struct dirent *de;
+
+    if (unlinkat(dfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM))
+        return;
+    if (depth > ARCHIVE_MAX_DEPTH * 2)
+        return;
+    fd = open_beneath(dfd, name, O_RDONLY | O_DIRECTORY, 0);
+    if (fd < 0)
+        return;
+    /* owner write and search, so that its entries can go (modes were applied) */
+    (void)fchmod(fd, 0700);
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            remove_tree(dirfd(d), de->d_name, depth + 1);
+    closedir(d);
+    (void)unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
+/* Before any rename: would moving the staged tree sfd into tfd meet a staged non-directory
+ * over an existing directory, or a mount point? 0 or an error. */
+static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
+{
+    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
+    DIR *d;
+    struct dirent *de;
+
+    if (fd < 0)
+        return local_map_errno(-fd, rel, err);
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    while (r == 0 && (de = readdir(d))) {
+        struct stat ss, ts;
+        char path[4097];
+
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) < 0)
+            continue; /* nothing there: a plain rename */
+        if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
+            r = local_map_errno(errno, path, err);
+            break;
+        }
+        if (local_is_mount_point(tfd, de->d_name)) {
+            r = lb_error_set(err, -EACCES,
+                             "'%s' is a mount point of the sandbox; the archive cannot replace it "
+                             "(nothing was extracted)",
+                             path);
+        } else if (S_ISDIR(ts.st_mode) && !S_ISDIR(ss.st_mode)) {
+            r = lb_error_set(err, -EISDIR,
+                             "'%s' is a directory in the sandbox and not one in the archive "
+                             "(nothing was extracted)",
+                             path);
+        } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
+            int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
+            int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
+
+            if (cs < 0 || ct < 0)
+                r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
+            else
+                r = merge_check(cs, ct, path, depth + 1, err);
+            if (cs >= 0)
+                close(cs);
+            if (ct >= 0)
+                close(ct);
+        }
+    }
+    closedir(d);
+    return r;
+}
+
+/* Move the staged tree sfd into tfd (checked by merge_check). */
+static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
+{
+    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
+    DIR *d;
+    struct dirent *de;
+
+    if (fd < 0)
+        return local_map_errno(-fd, rel, err);
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    while (r == 0 && (de = readdir(d))) {
+        struct stat ss, ts;
+        char path[4097];
+
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
+            r = local_map_errno(errno, path, err);
+            break;
+        }
+        if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
+            if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
+                int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
+                int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
+
+                if (cs < 0 || ct < 0) {
+                    r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
+                } else {
+                    r = merge_move(cs, ct, path, depth + 1, err);
+                }
+                if (cs >= 0)
+                    close(cs);
+                if (ct >= 0)
+                    close(ct);
+                continue;
+            }
+            (void)unlinkat(tfd, de->d_name, 0); /* a directory replaces a non-directory */
+        }
+        if (renameat(dirfd(d), de->d_name, tfd, de->d_name) < 0)
+            r = local_map_errno(errno, path, err);
+    }
+    closedir(d);
+    return r;
+}
+
+static int read_all_entries(struct put_state *s, struct lb_error *err)
+{
+    struct archive_entry *e;
+    bool any = false;
+    int ar, r;
+
+    for (;;) {
+        ar = archive_read_next_header(s->a, &e);
+        if (ar == ARCHIVE_EOF)
+            break;
+        if (ar < ARCHIVE_WARN)
+            return lb_error_set(err, -EINVAL,
+                                any ? "the archive is damaged: %s"
+                                    : "the body is not a tar archive (gzip-compressed or not): %s",
+                                archive_error_string(s->a));
+        any = true;
+        r = put_entry(s, e, err);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                      struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_fs_identity id = {0};
+    struct local_desc d;
+    struct put_state s = {
+        .lp = lp, .d = &d, .id = &id, .stage = -1, .dir = dir, .max_bytes = max_bytes};
+    char parent[4097], stage[64];
+    const char *name;
+    unsigned char rnd[8];
+    struct stat st;
+    bool exists = false, staged = false;
+    int rootfd = -1, pfd = -1, tfd = -1, hostfd = -1, r;
+
+    *out = (struct lb_archive_result){0};
+    memset(&d, 0, sizeof(d));
+    r = local_open_root(lp, ref, &d, dir, &rootfd, err);
+    if (r < 0)
+        goto out;
+    name = strrchr(dir, '/') + 1;
+    snprintf(parent, sizeof(parent), "%.*s", (int)(name - dir > 1 ? name - dir - 1 : 1), dir);
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        r = lb_error_set(err, -EREMOTEIO, "getrandom: %s", strerror(errno));
+        goto out;
+    }
+    snprintf(stage, sizeof(stage), STAGE_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+             rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    s.a = archive_read_new();
+    if (!s.a) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    archive_read_support_filter_gzip(s.a);
+    archive_read_support_format_tar(s.a);
+    archive_read_support_format_gnutar(s.a);
+    r = local_fs_enter(&id, d.uid, err);
+    if (r < 0)
+        goto out;
+    pfd = local_open_parent(rootfd, parent);
+    if (pfd < 0) {
+        r = local_map_errno(-pfd, dir, err);
+        pfd = -1;
+        goto out;
+    }
+    if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (!S_ISDIR(st.st_mode)) {
+            r = lb_error_set(err, -ENOTDIR, "'%s' is not a directory", dir);
+            goto out;
+        }
+        exists = true;
+        tfd = open_beneath_x(pfd, name, O_PATH | O_DIRECTORY, 0, true);
+        if (tfd < 0) {
+            r = local_map_errno(-tfd, dir, err);
+            tfd = -1;
+            goto out;
+        }
+    }
+    hostfd = exists ? tfd : pfd; /* where the stage is made */
+    if (mkdirat(hostfd, stage, 0700) < 0) {
+        r = space_error(&s, errno, dir, err);
+        goto out;
+    }
+    staged = true;
+    s.stage = open_beneath(hostfd, stage, O_PATH | O_DIRECTORY, 0);
+    if (s.stage < 0) {
+        r = local_map_errno(-s.stage, dir, err);
+        goto out;
+    }
+    if (archive_read_open_fd(s.a, fd, 64 * 1024) != ARCHIVE_OK) {
+        r = lb_error_set(err, -EINVAL, "the body is not a tar archive (gzip-compressed or not): %s",
+                         archive_error_string(s.a));
+        goto out;
+    }
+    r = read_all_entries(&s, err);
+    if (r < 0)
+        goto out;
+    if (!exists) {
+        char proc[64];
+
+        if (renameat2(pfd, stage, pfd, name, RENAME_NOREPLACE) < 0) {
+            r = local_map_errno(errno, dir, err);
+            goto out;
+        }
+        staged = false;
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", s.stage);
+        (void)chmod(proc, 0755);
+        put_dir_modes(&s, s.stage);
+    } else {
+        r = merge_check(s.stage, tfd, dir, 0, err);
+        if (r == 0)
+            r = merge_move(s.stage, tfd, dir, 0, err);
+        if (r < 0)
+            goto out;
+        put_dir_modes(&s, tfd);
+    }
+    *out = s.res;
+    r = 0;
+out:
+    if (staged)
+        remove_tree(hostfd, stage, 0);
+    local_fs_leave(&id);
+    if (s.a)
+        archive_read_free(s.a);
+    for (size_t i = 0; i < s.n_dirs; i++)
+        free(s.dirs[i].name);
+    free(s.dirs);
+    if (s.stage >= 0)
+        close(s.stage);
+    if (tfd >= 0)
+        close(tfd);
+    if (pfd >= 0)
+        close(pfd);
+    if (rootfd >= 0)
+        close(rootfd);
+    local_desc_release(&d);
+    return r;
+}
+
+/* ---------- get ---------- */
+
+struct get_state {
+    struct archive *a;
+    struct archive_entry *e;
+    int out;
+    uint64_t max_bytes, written;
+    bool too_big;
+    uint32_t base_uid; /* the sandbox root's host uid */
+    const char *dir;
+    struct lb_archive_result res;
+};
+
+static la_ssize_t get_write(struct archive *a, void *arg, const void *buf, size_t len)
+{
+    struct get_state *g = arg;
+    const char *p = buf;
+    size_t left = len;
+
+    if (len > g->max_bytes - g->written) {
+        g->too_big = true;
+        archive_set_error(a, EFBIG, "archive too large");
+        return -1;
+    }
+    while (left > 0) {
+        ssize_t w = write(g->out, p, left);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            archive_set_error(a, errno, "cannot write the archive: %s", strerror(errno));
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    g->written += len;
+    return (la_ssize_t)len;
+}
+
+static int get_fail(struct get_state *g, const char *path, struct lb_error *err)
+{
+    if (g->too_big)
+        return lb_error_set(err, -EFBIG,
+                            "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)",
+                            g->dir, (unsigned long long)g->max_bytes);
+    return lb_error_set(err, -EREMOTEIO, "cannot archive '%s': %s", path,
+                        archive_error_string(g->a));
+}
+
+static bool pseudo_fs(int fd)
+{
+    struct statfs fs;
+
+    return fstatfs(fd, &fs) == 0 &&
+           (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
+            fs.f_type == DEBUGFS_MAGIC || fs.f_type == CGROUP_SUPER_MAGIC ||
+            fs.f_type == CGROUP2_SUPER_MAGIC || fs.f_type == DEVPTS_SUPER_MAGIC);
+}
+
+/* The header of name (relative to DIR) for st. */
+static int get_header(struct get_state *g, const char *name, const struct stat *st,
+                      const char *link, struct lb_error *err)
+{
+    uint32_t uid = st->st_uid - g->base_uid, gid = st->st_gid - g->base_uid;
+
+    if (++g->res.entries > ARCHIVE_MAX_ENTRIES)
+        return lb_error_set(err, -EFBIG, "'%s' holds more than %d entries", g->dir,
+                            ARCHIVE_MAX_ENTRIES);
+    archive_entry_clear(g->e);
+    archive_entry_set_pathname(g->e, name);
+    archive_entry_set_mode(g->e, st->st_mode);
+    archive_entry_set_uid(g->e, uid <= 65535 ? uid : 0);
+    archive_entry_set_gid(g->e, gid <= 65535 ? gid : 0);
+    archive_entry_set_mtime(g->e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
+    archive_entry_set_size(g->e, S_ISREG(st->st_mode) ? st->st_size : 0);
+    if (link)
+        archive_entry_set_symlink(g->e, link);
+    if (archive_write_header(g->a, g->e) < ARCHIVE_WARN)
+        return get_fail(g, name, err);
+    return 0;
+}
+
+static int get_file(struct get_state *g, int dfd, const char *dname, const char *name,
+                    struct lb_error *err)
+{
+    char buf[64 * 1024];
+    struct stat st;
+    off_t left;
+    int fd = openat(dfd, dname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC), r;
+
+    if (fd < 0)
+        return local_map_errno(errno, name, err);
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd); /* swapped meanwhile: left out */
+        return 0;
+    }
+    r = get_header(g, name, &st, NULL, err);
+    for (left = st.st_size; r == 0 && left > 0;) {
+        ssize_t n = read(fd, buf, (size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = local_map_errno(errno, name, err);
+            break;
+        }
+        if (n == 0) { /* shrank meanwhile: zeros keep the header's size */
+            n = (ssize_t)((size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+            memset(buf, 0, (size_t)n);
+        }
+        if (archive_write_data(g->a, buf, (size_t)n) < 0)
+            r = get_fail(g, name, err);
+        left -= n;
+    }
+    close(fd);
+    return r;
+}
+
+/* Every entry of the directory dfd (prefix: its name relative to DIR, "" for DIR). */
+static int get_walk(struct get_state *g, int dfd, const char *prefix, int depth,
+                    struct lb_error *err)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), r = 0;
+    DIR *d;
+    struct dirent *de;
+
+    if (fd < 0)
+        return local_map_errno(errno, prefix[0] ? prefix : g->dir, err);
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    while (r == 0 && (de = readdir(d))) {
+        char name[4097], link[4097];
+        struct stat st;
+        ssize_t n;
+
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (snprintf(name, sizeof(name), "%s%s", prefix, de->d_name) >= (int)sizeof(name) - 1)
+            continue;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue; /* gone meanwhile */
+        if (S_ISREG(st.st_mode)) {
+            r = get_file(g, dirfd(d), de->d_name, name, err);
+        } else if (S_ISLNK(st.st_mode)) {
+            n = readlinkat(dirfd(d), de->d_name, link, sizeof(link) - 1);
+            if (n < 0)
+                continue;
+            link[n] = '\0';
+            r = get_header(g, name, &st, link, err);
+        } else if (S_ISDIR(st.st_mode) && depth < ARCHIVE_MAX_DEPTH) {
+            int cfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+            if (cfd < 0) {
+                r = local_map_errno(errno, name, err);
+                break;
+            }
+            if (!pseudo_fs(cfd)) {
+                strcat(name, "/");
+                r = get_header(g, name, &st, NULL, err);
+                if (r == 0)
+                    r = get_walk(g, cfd, name, depth + 1, err);
+            }
+            close(cfd);
+        }
+        /* devices, FIFOs, sockets: left out */
+    }
+    closedir(d);
+    return r;
+}
+
+int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                      struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    struct local_fs_identity id = {0};
+    struct local_desc d;
+    struct get_state g = {.out = fd, .max_bytes = max_bytes, .dir = dir};
+    struct stat st;
+    int rootfd = -1, dfd = -1, r;
+
+    *out = (struct lb_archive_result){0};
+    memset(&d, 0, sizeof(d));
+    r = local_open_root(lp, ref, &d, dir, &rootfd, err);
+    if (r < 0)
+        goto out;
+    g.base_uid = d.uid;
+    g.a = archive_write_new();
+    g.e = archive_entry_new();
+    if (!g.a || !g.e) {
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    archive_write_set_format_pax_restricted(g.a);
+    archive_write_set_bytes_in_last_block(g.a, 1);
+    r = local_fs_enter(&id, d.uid, err);
+    if (r < 0)
+        goto out;
+    dfd = local_open_in_root(rootfd, dir, O_RDONLY | O_DIRECTORY, 0);
+    if (dfd < 0) {
+        r = local_map_errno(-dfd, dir, err);
+        dfd = -1;
+        goto out;
+    }
+    if (fstat(dfd, &st) < 0 || pseudo_fs(dfd)) {
+        r = lb_error_set(err, -EINVAL,
+                         "'%s' is a kernel pseudo-file system, not a directory to "
+                         "archive",
+                         dir);
+        goto out;
+    }
+    if (archive_write_open(g.a, &g, NULL, get_write, NULL) != ARCHIVE_OK) {
+        r = get_fail(&g, dir, err);
+        goto out;
+    }
+    r = get_walk(&g, dfd, "", 0, err);
+    if (r == 0 && archive_write_close(g.a) != ARCHIVE_OK)
+        r = get_fail(&g, dir, err);
+    if (r == 0) {
+        g.res.bytes = g.written;
+        *out = g.res;
+    }
+out:
+    local_fs_leave(&id);
+    if (g.a)
+        archive_write_free(g.a);
+    if (g.e)
+        archive_entry_free(g.e);
+    if (dfd >= 0)
+        close(dfd);
+    if (rootfd >= 0)
+        close(rootfd);
+    local_desc_release(&d);
+    return r;
+}

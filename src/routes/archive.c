@@ -1,0 +1,193 @@
+/*
+ * archive.c - PUT and GET /v1/sandboxes/{id}/archive?path=DIR: a directory of a sandbox in and
+ * out as a tar archive (the provider's archive_put / archive_get, lend.h).
+ *
+ * Both spool the archive in an unlinked file of the daemon's host (/tmp): PUT's body streams
+ * into it (bounded by limits.max_file_bytes, the raw-body limit) and is extracted from it once
+ * it is whole; GET's archive is written into it (bounded likewise, 413 past it) and served from
+ * it, so the answer streams from a file and a slow client holds no worker.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lend/lend.h"
+#include "provider/provider.h"
+#include "routes/routes.h"
+
+struct archive_job {
+    char *id;
+    char *dir;
+    int fd;          /* the spool */
+    char *fenced_id; /* an operate-token put: the sandbox whose fence its extraction passes */
+};
+
+static void archive_job_free(void *arg)
+{
+    struct archive_job *j = arg;
+
+    if (!j)
+        return;
+    if (j->fd >= 0)
+        close(j->fd);
+    free(j->id);
+    free(j->dir);
+    free(j->fenced_id);
+    free(j);
+}
+
+/* An unlinked read-write file of the daemon's host: its fd or -errno. */
+static int spool_open(void)
+{
+    char dir[] = "/tmp/lendbox-archive-XXXXXX";
+    int fd = open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+
+    if (fd < 0 && mkdtemp(dir)) {
+        char p[sizeof(dir) + 16];
+
+        snprintf(p, sizeof(p), "%s/spool", dir);
+        fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        (void)unlink(p);
+        (void)rmdir(dir);
+    }
+    return fd < 0 ? -errno : fd;
+}
+
+static int archive_job_new(struct lb_request *req, struct archive_job **out, struct lb_error *err)
+{
+    const char *path = http_query(req, "path");
+    struct archive_job *j;
+
+    *out = NULL;
+    if (!path || !provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL,
+                            "query 'path' must be an absolute, normalised path "
+                            "(no '..') of a directory other than '/'");
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    j->fd = -1;
+    if (!(j->id = strdup(http_param(req, 0))) || !(j->dir = strdup(path))) {
+        archive_job_free(j);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    *out = j;
+    return 0;
+}
+
+/* The body is whole in the spool: extract it. */
+static void archive_put_finish(struct lb_request *req, void *arg)
+{
+    struct archive_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_archive_result res = {0};
+    struct lb_error err = {0};
+    int r = 0;
+
+    if (lseek(j->fd, 0, SEEK_SET) < 0)
+        r = lb_error_set(&err, -EIO, "cannot read the archive back: %s", strerror(errno));
+    /* admitted before an exclusive exec began, its entries may land only before the sweep */
+    if (r == 0 && j->fenced_id && (r = lend_fence_enter(app->lend, j->fenced_id, &err)) == 0) {
+        r = lend_archive_put(app->lend, j->id, j->dir, j->fd, (uint64_t)app->max_file_bytes, &res,
+                             &err);
+        lend_fence_leave(app->lend, j->fenced_id);
+    } else if (r == 0 && !j->fenced_id) {
+        r = lend_archive_put(app->lend, j->id, j->dir, j->fd, (uint64_t)app->max_file_bytes, &res,
+                             &err);
+    }
+    if (r < 0)
+        http_respond_error(req, &err);
+    else
+        http_respond_json(req, 200,
+                          json_pack("{s:s,s:I,s:I}", "path", j->dir, "entries",
+                                    (json_int_t)res.entries, "bytes", (json_int_t)res.bytes));
+    archive_job_free(j);
+}
+
+static void archive_put_abort(void *arg)
+{
+    archive_job_free(arg); /* closes the spool: no blocking */
+}
+
+static void archive_put_open(struct lb_request *req, void *arg)
+{
+    struct archive_job *j = arg;
+    struct lb_error err = {0};
+    struct archive_job *own = calloc(1, sizeof(*own));
+    int fd;
+
+    /* the job's arg is freed by http_defer's free hook: the sink gets its own copy */
+    if (!own) {
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    fd = spool_open();
+    if (fd < 0) {
+        free(own);
+        lb_error_set(&err, -EIO, "cannot make a temporary file for the archive: %s", strerror(-fd));
+        http_respond_error(req, &err);
+        return;
+    }
+    *own = *j;
+    own->fd = fd;
+    j->id = j->dir = j->fenced_id = NULL;
+    if (http_principal(req) == LB_PRINCIPAL_OPERATE && !(own->fenced_id = strdup(own->id))) {
+        archive_job_free(own);
+        lb_error_set(&err, -ENOMEM, "out of memory");
+        http_respond_error(req, &err);
+        return;
+    }
+    http_body_sink(
+        req, &(struct lb_body_sink){
+                 .fd = fd, .finish = archive_put_finish, .abort = archive_put_abort, .arg = own});
+}
+
+int route_archive_put(struct lb_request *req, struct lb_error *err)
+{
+    struct archive_job *j = NULL;
+    int r = archive_job_new(req, &j, err);
+
+    if (r < 0)
+        return r;
+    return http_defer(req, archive_put_open, j, archive_job_free, err);
+}
+
+static void archive_get_run(struct lb_request *req, void *arg)
+{
+    struct archive_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_archive_result res = {0};
+    struct lb_error err = {0};
+    int fd = spool_open(), r;
+
+    if (fd < 0) {
+        lb_error_set(&err, -EIO, "cannot make a temporary file for the archive: %s", strerror(-fd));
+        http_respond_error(req, &err);
+        return;
+    }
+    r = lend_archive_get(app->lend, j->id, j->dir, fd, (uint64_t)app->max_file_bytes, &res, &err);
+    if (r == 0 && lseek(fd, 0, SEEK_SET) < 0)
+        r = lb_error_set(&err, -EIO, "cannot read the archive back: %s", strerror(errno));
+    if (r < 0) {
+        close(fd);
+        http_respond_error(req, &err);
+        return;
+    }
+    http_respond_fd(req, 200, fd, res.bytes);
+    http_response_header(req, "Content-Type", "application/x-tar");
+}
+
+int route_archive_get(struct lb_request *req, struct lb_error *err)
+{
+    struct archive_job *j = NULL;
+    int r = archive_job_new(req, &j, err);
+
+    if (r < 0)
+        return r;
+    return http_defer(req, archive_get_run, j, archive_job_free, err);
+}
