@@ -732,8 +732,8 @@ class _Routes:
             )
         )
 
-    def pty_resize(self, session_id: str, rows: int, cols: int) -> Dict[str, Any]:
-        """``POST /v1/pty/{sid}/resize`` ``{"rows", "cols"}``."""
+    def pty_resize(self, session_id: str, rows: int, cols: int) -> None:
+        """``POST /v1/pty/{sid}/resize`` ``{"rows", "cols"}`` → None (204)."""
         return self._run(
             _Call(
                 "pty_resize",
@@ -743,8 +743,8 @@ class _Routes:
             )
         )
 
-    def pty_signal(self, session_id: str, signal: str) -> Dict[str, Any]:
-        """``POST /v1/pty/{sid}/signal`` ``{"signal": "INT"|"TERM"|"KILL"|...}``."""
+    def pty_signal(self, session_id: str, signal: str) -> None:
+        """``POST /v1/pty/{sid}/signal`` ``{"signal": "INT"|"TERM"|"KILL"|...}`` → None (204)."""
         return self._run(
             _Call(
                 "pty_signal",
@@ -945,7 +945,7 @@ def _decode(call: _Call, resp: _Response) -> Any:
     if resp.status_code not in call.ok:
         _raise_for(resp)
     kind = call.result
-    if kind == "none":
+    if kind == "none" or resp.status_code == 204:  # 204 has no body (pty resize and signal)
         return None
     if kind == "bytes":
         return resp.content
