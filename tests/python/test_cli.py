@@ -21,6 +21,7 @@ import pytest
 
 from conftest import SRCDIR, has_route
 
+import lendbox
 import lendbox.cli
 
 PKG = str(SRCDIR / "clients" / "python")
@@ -268,3 +269,74 @@ def test_shell_ctrl_d_and_user(daemon):
         assert t.wait() == 0
     finally:
         lb(daemon, "release", "cli-sh2")
+
+
+def test_shell_from_a_pipe_and_attach(daemon):
+    sbx = lb(daemon, "seed", "cli-sh3").stdout.decode().strip()
+    try:
+        # stdin not a terminal: its lines go to the shell, its end ends it (the terminal's EOF)
+        r = lb(daemon, "shell", sbx, "--command", "sh", stdin=b"echo $((6*7))\nexit 4\n")
+        assert r.returncode == 4 and b"42\r\n" in r.stdout, r
+        r = lb(daemon, "shell", sbx, "--command", "sh", stdin=b"echo piped\n")
+        assert r.returncode == 0 and b"piped\r\n" in r.stdout, r
+        # --attach takes over a session another client made; its earlier output is replayed
+        c = daemon.client()
+        sid = c.create_pty(sbx, "echo before; exec sh")["session_id"]
+        c.pty_attach(sid)
+        r = lb(daemon, "shell", sbx, "--attach", sid, stdin=b"echo attached\nexit 5\n")
+        assert r.returncode == 5, r
+        assert b"before" in r.stdout and b"attached\r\n" in r.stdout, r.stdout
+        with pytest.raises(lendbox.NotFound):  # the session was deleted at its end
+            c.pty_wait(sid, timeout_ms=0)
+    finally:
+        lb(daemon, "release", "cli-sh3")
+
+
+def test_logs_events_images_snapshot_fork(daemon):
+    sbx = lb(daemon, "seed", "cli-x").stdout.decode().strip()
+    kids = []
+    try:
+        c = daemon.client()
+        c.execute("cli-x", ["sh", "-c", "echo one; sleep 1; echo two"], wait=False)
+        r = lb(daemon, "logs", "cli-x", "--follow")
+        assert (r.returncode, r.stdout, r.stderr) == (0, b"one\ntwo\n", b"")
+        r = lb(daemon, "logs", "cli-x")
+        assert (r.returncode, r.stdout) == (0, b"one\ntwo\n")
+        r = lb(daemon, "logs", "no-such-session")
+        assert r.returncode == 1 and r.stderr.startswith(b"lendbox: error: 404 not_found: ")
+
+        # --follow reads on as events come, until interrupted
+        p = subprocess.Popen([sys.executable, "-m", "lendbox", "events", "--follow", "--rsid",
+                              "cli-x"], env=_env({"LENDBOX_URL": daemon.url,
+                                                  "LENDBOX_TOKEN": daemon.token}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            first = __import__("json").loads(p.stdout.readline())
+            assert first["type"] == "seeded" and first["sandbox_id"] == sbx
+        finally:
+            p.send_signal(2)  # SIGINT: Ctrl-C
+            assert p.wait(30) == 130
+
+        lb(daemon, "exec", sbx, "--", "sh", "-c", "echo kept > /workspace/f")
+        r = lb(daemon, "snapshot", sbx, "cli-snap")
+        assert r.returncode == 0 and r.stdout.decode().startswith("cli-snap sha256:"), r
+        r = lb(daemon, "images")
+        rows = [ln.split() for ln in r.stdout.decode().splitlines()]
+        assert rows[0] == ["NAME", "KIND", "BASE", "SIZE", "CREATED"]
+        assert ["cli-snap", "snapshot", "host"] in [row[:3] for row in rows[1:]]
+        r = lb(daemon, "fork", sbx, "cli-k1", "cli-k2")
+        assert r.returncode == 0, r.stderr
+        kids = [ln.split() for ln in r.stdout.decode().splitlines()]
+        assert [k[0] for k in kids] == ["cli-k1", "cli-k2"]
+        r = lb(daemon, "exec", kids[1][1], "--", "cat", "/workspace/f")
+        assert (r.returncode, r.stdout) == (0, b"kept\n")
+        # a child that cannot be lent (its session is live): said on stderr, status 1
+        r = lb(daemon, "fork", sbx, "cli-k1")
+        assert r.returncode == 1 and b"cli-k1: 409 conflict" in r.stderr, r.stderr
+    finally:
+        for rsid in ("cli-x", "cli-k1", "cli-k2"):
+            lb(daemon, "release", rsid)
+        try:
+            daemon.client().delete_image("cli-snap")
+        except lendbox.LendboxError:
+            pass

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
 from .client import DEFAULT_BASE_URL, Client
-from .errors import Conflict, LendboxError, NotFound, TransportError, error_for
+from .errors import Conflict, LendboxError, TransportError, error_for
 
 DEFAULT_TOKEN_FILE = "/var/lib/lendbox/admin.token"
 
@@ -207,7 +207,10 @@ def cmd_exec(c: Client, args: argparse.Namespace) -> int:
         if v is not None:
             body[k] = v
     if args.stdin:
-        body["stdin"] = sys.stdin.read()
+        try:
+            body["stdin"] = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CliError("--stdin takes text (UTF-8): the exec route's stdin is a string") from e
     path = f"/v1/sandboxes/{_seg(args.sandbox)}/exec"
     for obj in _Raw(c).ndjson("POST", path, body=json.dumps(body).encode(),
                               content_type="application/json", timeout=None):
@@ -320,7 +323,13 @@ def cmd_shell(c: Client, args: argparse.Namespace) -> int:
             if stdin_open and 0 in ready:
                 data = os.read(0, 4096)
                 if not data:
-                    stdin_open = False  # EOF of a pipe: the shell ends by itself (or by its input)
+                    # EOF of a pipe or file: pass it on as the terminal's EOF character, so a
+                    # shell fed a script ends with it
+                    stdin_open = False
+                    try:
+                        io_client.pty_input(sid, b"\x04")
+                    except Conflict:
+                        pass
                     continue
                 try:
                     io_client.pty_input(sid, data)
