@@ -119,3 +119,29 @@ async def test_sync_sandbox_refused_on_a_running_loop(daemon):
         assert (await asyncio.to_thread(sb.exec, "echo ok")).stdout == "ok\n"
     finally:
         await asyncio.to_thread(sb.stop)
+
+
+def test_async_client_dropped_in_another_thread(daemon):
+    # A client whose loop runs in another thread, dropped here: its session is closed on that
+    # loop's own thread (call_soon_threadsafe), never touched from this one.
+    import asyncio
+    import gc
+    import threading
+
+    import lendbox
+
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        c = lendbox.AsyncClient(daemon.url, daemon.token)
+        assert asyncio.run_coroutine_threadsafe(c.healthz(), loop).result(30) == {"status": "ok"}
+        (session,) = [s for _, s in c._open]
+        del c
+        gc.collect()
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+        assert session.closed
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join()
+        loop.close()

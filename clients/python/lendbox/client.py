@@ -1308,7 +1308,8 @@ class AsyncClient(_Base):
         # every session made and not yet closed, held strongly: a loop that is gone (asyncio.run
         # returned) drops its key above, and its session must still be closed, not leaked
         self._open: List[Tuple[Any, Any]] = []  # (loop, session)
-        self._closers: List[Any] = []  # _close_at_loop_end of each session, held strongly
+        # (loop, _close_at_loop_end of its session), held strongly: the loop holds it weakly
+        self._closers: List[Tuple[Any, Any]] = []
         self._origin = f"{self._scheme}://{self._host}:{self._port}"
 
     async def aclose(self) -> None:
@@ -1331,16 +1332,28 @@ class AsyncClient(_Base):
         :func:`_close_session_now`). Safe to repeat."""
         sessions, self._open = self._open, []
         closers, self._closers = self._closers, []
-        idle = asyncio._get_running_loop() is None
+        here = asyncio._get_running_loop()
+        foreign = set()
         for loop, session in sessions:
-            if idle and not session.closed and not loop.is_closed() and not loop.is_running():
+            if session.closed:
+                continue
+            if loop.is_running() and loop is not here:
+                # another thread's running loop: its transports are touched only there
+                foreign.add(loop)
+                try:
+                    loop.call_soon_threadsafe(_close_session_now, session)
+                except RuntimeError:  # closed meanwhile
+                    _close_session_now(session)
+                continue
+            if here is None and not loop.is_closed() and not loop.is_running():
                 try:
                     loop.run_until_complete(session.close())
                 except Exception:
                     pass
             _close_session_now(session)
-        for agen in closers:
-            _step(agen.aclose())
+        for loop, agen in closers:
+            if loop not in foreign:  # (there the loop finalizes it when it goes)
+                _step(agen.aclose())
         _OPEN_ASYNC_CLIENTS.discard(self)
 
     def __del__(self) -> None:
@@ -1369,7 +1382,7 @@ class AsyncClient(_Base):
             self._open = [(lp, o) for lp, o in self._open if not o.closed] + [(loop, s)]
             closer = _close_at_loop_end(s)
             _step(closer.asend(None))  # to its yield: the loop now knows it
-            self._closers.append(closer)
+            self._closers.append((loop, closer))
             _OPEN_ASYNC_CLIENTS.add(self)
         return s
 
