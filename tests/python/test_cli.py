@@ -340,3 +340,19 @@ def test_logs_events_images_snapshot_fork(daemon):
             daemon.client().delete_image("cli-snap")
         except lendbox.LendboxError:
             pass
+
+
+def test_shell_attach_past_the_retained_window(daemon):
+    # 3 MB of output, more than the 1 MiB kept: --attach replays from the oldest byte kept
+    sbx = lb(daemon, "seed", "cli-sh4").stdout.decode().strip()
+    try:
+        c = daemon.client()
+        sid = c.create_pty(sbx, "head -c 3000000 /dev/zero | tr '\\0' a; echo END; exit 6")["session_id"]
+        assert c.pty_wait(sid, timeout_ms=60000)["exit_code"] == 6
+        with pytest.raises(lendbox.Gone):
+            c.pty_output(sid, 0)
+        r = lb(daemon, "shell", sbx, "--attach", sid)
+        assert r.returncode == 6, r.stderr
+        assert r.stdout.endswith(b"aaaaEND\r\n") and 1 << 20 <= len(r.stdout) < 3000000, len(r.stdout)
+    finally:
+        lb(daemon, "release", "cli-sh4")

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
 from .client import DEFAULT_BASE_URL, Client
-from .errors import Conflict, LendboxError, TransportError, error_for
+from .errors import BadRequest, Conflict, Gone, LendboxError, TransportError, error_for
 
 DEFAULT_TOKEN_FILE = "/var/lib/lendbox/admin.token"
 
@@ -267,7 +267,10 @@ def cmd_shell(c: Client, args: argparse.Namespace) -> int:
         a = c.pty_attach(sid, takeover=True)
         io_client = Client(c.base_url, c.token, headers={"X-Attach-Token": a["attach_token"]})
         since = 0
-        io_client.pty_resize(sid, rows, cols)
+        try:
+            io_client.pty_resize(sid, rows, cols)
+        except Conflict:
+            pass  # its process has exited: the output and the status are still there
     else:
         sid = c.create_pty(args.sandbox, args.command, user=args.user, rows=rows, cols=cols,
                            cwd=args.cwd)["session_id"]
@@ -280,7 +283,11 @@ def cmd_shell(c: Client, args: argparse.Namespace) -> int:
         pos = since
         try:
             while True:
-                r = io_client.pty_output(sid, pos, wait_ms=_SHELL_WAIT_MS)
+                try:
+                    r = io_client.pty_output(sid, pos, wait_ms=_SHELL_WAIT_MS)
+                except Gone:  # older than the retained window: replay from its start
+                    pos = _oldest_offset(io_client, sid, pos)
+                    continue
                 if r["data"]:
                     _out(r["data"])
                 pos = r["next_offset"]
@@ -348,6 +355,22 @@ def cmd_shell(c: Client, args: argparse.Namespace) -> int:
     except LendboxError:
         pass
     return int(result["exit"])
+
+
+def _oldest_offset(c: Client, sid: str, gone: int) -> int:
+    """The oldest offset of the PTY session's output still retained, above ``gone`` (410 there):
+    found by bisection between 410 (older) and 400 (past the end) answers, one read each."""
+    lo, hi = gone + 1, 1 << 62
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            c.pty_output(sid, mid, wait_ms=0)
+            hi = mid
+        except Gone:
+            lo = mid + 1
+        except BadRequest:  # past the end
+            hi = mid
+    return lo
 
 
 def _split_remote(spec: str) -> Tuple[Optional[str], str]:
