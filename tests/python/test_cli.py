@@ -356,3 +356,40 @@ def test_shell_attach_past_the_retained_window(daemon):
         assert r.stdout.endswith(b"aaaaEND\r\n") and 1 << 20 <= len(r.stdout) < 3000000, len(r.stdout)
     finally:
         lb(daemon, "release", "cli-sh4")
+
+
+def test_downloaded_archive_stays_in_its_directory(tmp_path):
+    # A sandbox's tree is the agent's: an entry of a downloaded tar that would land outside the
+    # destination (.., an absolute or escaping link, a device) is refused, nothing of it written.
+    import io
+    import tarfile
+
+    def tar(*entries):
+        b = io.BytesIO()
+        with tarfile.open(fileobj=b, mode="w") as t:
+            for name, kind, link in entries:
+                ti = tarfile.TarInfo(name)
+                if kind == "sym":
+                    ti.type, ti.linkname = tarfile.SYMTYPE, link
+                elif kind == "lnk":
+                    ti.type, ti.linkname = tarfile.LNKTYPE, link
+                elif kind == "chr":
+                    ti.type = tarfile.CHRTYPE
+                elif kind == "dir":
+                    ti.type = tarfile.DIRTYPE
+                else:
+                    ti.size = 1
+                t.addfile(ti, io.BytesIO(b"x") if kind == "file" else None)
+        b.seek(0)
+        return tarfile.open(fileobj=b, mode="r")
+
+    ok = tmp_path / "ok"
+    lendbox.cli._extract(tar(("a", "file", None), ("d", "dir", None), ("d/l", "sym", "../a")), str(ok))
+    assert (ok / "a").read_bytes() == b"x" and os.readlink(ok / "d" / "l") == "../a"
+    for i, bad in enumerate([("../x", "file", None), ("l", "sym", "../../etc"), ("l", "sym", "/etc"),
+                             ("h", "lnk", "../../etc/passwd"), ("null", "chr", None)]):
+        d = tmp_path / f"bad{i}"
+        with pytest.raises(lendbox.cli.CliError, match="would leave"):
+            lendbox.cli._extract(tar(bad), str(d))
+        assert not d.exists() or not any(d.iterdir())
+    assert not (tmp_path / "x").exists()

@@ -453,10 +453,18 @@ def cmd_cp(c: Client, args: argparse.Namespace) -> int:
 def _extract(tar: tarfile.TarFile, dst: str) -> None:
     """Extract without leaving ``dst`` (for Pythons without tarfile's extraction filters)."""
     root = os.path.realpath(dst)
+
+    def inside(p: str) -> bool:
+        return p == root or p.startswith(root + os.sep)
+
     for m in tar.getmembers():
         target = os.path.realpath(os.path.join(root, m.name))
-        if not (target == root or target.startswith(root + os.sep)) or m.isdev() or \
-                ((m.issym() or m.islnk()) and os.path.isabs(m.linkname)):
+        link = None
+        if m.issym():
+            link = os.path.realpath(os.path.join(os.path.dirname(target), m.linkname))
+        elif m.islnk():
+            link = os.path.realpath(os.path.join(root, m.linkname))
+        if not inside(target) or m.isdev() or (link is not None and not inside(link)):
             raise CliError(f"the archive's entry {m.name!r} would leave {dst}")
         tar.extract(m, root)
 
