@@ -301,7 +301,7 @@ bench-side: all $(BENCH_BINS)
 
 install: all
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(SYSCONFDIR)/lendbox \
-		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(MANDIR)/man8
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 $(DAEMON) $(DESTDIR)$(SBINDIR)/lendboxd
 	install -m 0711 $(SUPERVISE) $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise
 	@# an existing configuration is the operator's: install the new one beside it
@@ -318,12 +318,17 @@ install: all
 		-e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@LIBEXECDIR@|$(LIBEXECDIR)|g' \
 		-e 's|@VERSION@|$(VERSION)|g' docs/lendboxd.8 > $(DESTDIR)$(MANDIR)/man8/lendboxd.8
 	chmod 0644 $(DESTDIR)$(MANDIR)/man8/lendboxd.8
+	@# lendbox(1), the command of clients/python (installed with that package)
+	sed -e 's|@DOCDIR@|$(DOCDIR)|g' -e 's|@VERSION@|$(VERSION)|g' docs/lendbox.1 \
+		> $(DESTDIR)$(MANDIR)/man1/lendbox.1
+	chmod 0644 $(DESTDIR)$(MANDIR)/man1/lendbox.1
 
 # Exactly what install put, and the directories it made if they are empty now. The operator's
 # lendbox.conf stays (lendbox.conf.dist, ours, goes); so does the state dir.
 uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/lendboxd $(DESTDIR)$(LIBEXECDIR)/lendbox/lendbox-supervise \
 		$(DESTDIR)$(UNITDIR)/lendboxd.service $(DESTDIR)$(MANDIR)/man8/lendboxd.8 \
+		$(DESTDIR)$(MANDIR)/man1/lendbox.1 \
 		$(DESTDIR)$(SYSCONFDIR)/lendbox/lendbox.conf.dist \
 		$(addprefix $(DESTDIR)$(DOCDIR)/,README.md $(notdir $(wildcard docs/*.md)))
 	rmdir $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(DOCDIR) 2>/dev/null || true

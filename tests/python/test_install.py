@@ -27,3 +27,10 @@ def test_pip_install_offline(tmp_path):
                          capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
     assert out[0].startswith(str(venv)), out  # imported from the venv, not the source tree
     assert out[1] == "['lendbox.gym:LendboxProvider']"
+    # the console script: `lendbox` on the venv's PATH
+    r = subprocess.run([str(venv / "bin" / "lendbox"), "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: lendbox "), r.stdout + r.stderr
+    r = subprocess.run([str(venv / "bin" / "lendbox"), "--url", "http://127.0.0.1:1", "ls"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("lendbox: cannot reach http://127.0.0.1:1")

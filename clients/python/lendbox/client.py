@@ -29,6 +29,7 @@ keep-alive connections per event loop, over ``aiohttp``). Close them with ``clos
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import functools
 import http.client
@@ -765,8 +766,8 @@ class _Routes:
             )
         )
 
-    def pty_resize(self, session_id: str, rows: int, cols: int) -> Dict[str, Any]:
-        """``POST /v1/pty/{sid}/resize`` ``{"rows", "cols"}``."""
+    def pty_resize(self, session_id: str, rows: int, cols: int) -> None:
+        """``POST /v1/pty/{sid}/resize`` ``{"rows", "cols"}`` → None (204)."""
         return self._run(
             _Call(
                 "pty_resize",
@@ -776,8 +777,8 @@ class _Routes:
             )
         )
 
-    def pty_signal(self, session_id: str, signal: str) -> Dict[str, Any]:
-        """``POST /v1/pty/{sid}/signal`` ``{"signal": "INT"|"TERM"|"KILL"|...}``."""
+    def pty_signal(self, session_id: str, signal: str) -> None:
+        """``POST /v1/pty/{sid}/signal`` ``{"signal": "INT"|"TERM"|"KILL"|...}`` → None (204)."""
         return self._run(
             _Call(
                 "pty_signal",
@@ -978,7 +979,7 @@ def _decode(call: _Call, resp: _Response) -> Any:
     if resp.status_code not in call.ok:
         _raise_for(resp)
     kind = call.result
-    if kind == "none":
+    if kind == "none" or resp.status_code == 204:  # 204 has no body (pty resize and signal)
         return None
     if kind == "bytes":
         return resp.content
@@ -1273,11 +1274,63 @@ class Client(_Base):
                 attempt += counted
 
 
+def _close_session_now(session: Any) -> None:
+    """Close an aiohttp session without waiting on its event loop, which may be closed, not
+    running, or another thread's: aiohttp's close marks the connector closed and closes its
+    transports at once (on a closed loop it only forgets them). Should a later aiohttp's close
+    wait for something, the wait is abandoned: the connector is closed by then."""
+    if session.closed:
+        return
+    coro = session.close()
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    except Exception:  # closing at exit or in a finalizer: nothing to report to
+        pass
+    coro.close()
+
+
+async def _close_at_loop_end(session: Any) -> AsyncIterator[None]:
+    """Started once (to its ``yield``) on the session's loop, it is one of the loop's async
+    generators: ``asyncio.run`` (``loop.shutdown_asyncgens()``) closes it, and with it the
+    session, while the loop still runs, before it closes the loop."""
+    try:
+        yield
+    finally:
+        if not session.closed:
+            await session.close()
+
+
+def _step(awaitable: Any) -> None:
+    """Run an awaitable that does not suspend to its end, here (see :func:`_close_at_loop_end`)."""
+    try:
+        awaitable.send(None)
+    except StopIteration:
+        return
+    except Exception:  # a finalizer or the interpreter's exit: nothing to report to
+        return
+    awaitable.close()
+
+
+# Every AsyncClient that has opened a session, for the interpreter's exit (weakly: a client that
+# goes closes its own sessions).
+_OPEN_ASYNC_CLIENTS: "weakref.WeakSet[AsyncClient]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_async_clients_at_exit() -> None:
+    for c in list(_OPEN_ASYNC_CLIENTS):
+        c._close_now()
+
+
 class AsyncClient(_Base):
     """asyncio client of lendboxd: the same methods as :class:`Client` (and the same arguments),
     each a coroutine function. Requests go through an ``aiohttp`` session with a pool of
     keep-alive connections (at most 100), one session per event loop the client is used on,
-    made on the first call in that loop. ``aclose()`` closes the pools."""
+    made on the first call in that loop. ``aclose()`` closes the pools; so does the client's
+    end (garbage collection) and the interpreter's exit, so a program that never calls
+    ``aclose()`` gets no aiohttp "Unclosed client session" / "Unclosed connector" warning."""
 
     def __init__(self, base_url: Optional[str] = None, token: Optional[str] = None, **kw: Any):
         if aiohttp is None:
@@ -1285,11 +1338,16 @@ class AsyncClient(_Base):
         super().__init__(base_url, token, **kw)
         # one session (connection pool) per event loop the client is used on
         self._sessions: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        # every session made and not yet closed, held strongly: a loop that is gone (asyncio.run
+        # returned) drops its key above, and its session must still be closed, not leaked
+        self._open: List[Tuple[Any, Any]] = []  # (loop, session)
+        # (loop, _close_at_loop_end of its session), held strongly: the loop holds it weakly
+        self._closers: List[Tuple[Any, Any]] = []
         self._origin = f"{self._scheme}://{self._host}:{self._port}"
 
     async def aclose(self) -> None:
         """Close the connection pools (the current loop's at once; another loop's is closed in
-        that loop if it still runs)."""
+        that loop if it still runs, else here and now)."""
         current = asyncio.get_running_loop()
         for loop, session in list(self._sessions.items()):
             if session.closed:
@@ -1299,6 +1357,43 @@ class AsyncClient(_Base):
             elif loop.is_running():
                 asyncio.run_coroutine_threadsafe(session.close(), loop)
         self._sessions = weakref.WeakKeyDictionary()
+        self._close_now()
+
+    def _close_now(self) -> None:
+        """Close every session of the client at once, whatever its loop's state: on its loop
+        when that is open and nothing runs (so the sockets close too), else without it (see
+        :func:`_close_session_now`). Safe to repeat."""
+        sessions, self._open = self._open, []
+        closers, self._closers = self._closers, []
+        here = asyncio._get_running_loop()
+        foreign = set()
+        for loop, session in sessions:
+            if session.closed:
+                continue
+            if loop.is_running() and loop is not here:
+                # another thread's running loop: its transports are touched only there
+                foreign.add(loop)
+                try:
+                    loop.call_soon_threadsafe(_close_session_now, session)
+                except RuntimeError:  # closed meanwhile
+                    _close_session_now(session)
+                continue
+            if here is None and not loop.is_closed() and not loop.is_running():
+                try:
+                    loop.run_until_complete(session.close())
+                except Exception:
+                    pass
+            _close_session_now(session)
+        for loop, agen in closers:
+            if loop not in foreign:  # (there the loop finalizes it when it goes)
+                _step(agen.aclose())
+        _OPEN_ASYNC_CLIENTS.discard(self)
+
+    def __del__(self) -> None:
+        try:
+            self._close_now()
+        except Exception:  # a finalizer: nothing to report to
+            pass
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -1317,6 +1412,11 @@ class AsyncClient(_Base):
                 skip_auto_headers=("Accept-Encoding",),
             )
             self._sessions[loop] = s
+            self._open = [(lp, o) for lp, o in self._open if not o.closed] + [(loop, s)]
+            closer = _close_at_loop_end(s)
+            _step(closer.asend(None))  # to its yield: the loop now knows it
+            self._closers.append((loop, closer))
+            _OPEN_ASYNC_CLIENTS.add(self)
         return s
 
     async def _exchange(self, req: _Request) -> _Response:

@@ -968,6 +968,15 @@ class SandboxPty:
 # --- Sandbox (sync) -------------------------------------------------------------------------------
 
 
+def _ensure_can_block(operation: str) -> None:
+    """RuntimeError when this thread runs an event loop (NeMo Gym's check, and message)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"Sandbox.{operation}() is blocking; use AsyncSandbox in async code instead.")
+
+
 class _AsyncLoopRunner:
     """Runs async sandbox operations for sync callers on a private event-loop thread."""
 
@@ -990,6 +999,7 @@ class _AsyncLoopRunner:
     def run(self, operation: str, awaitable_factory: Callable[[], Awaitable[T]]) -> T:
         if self._closed:
             raise RuntimeError(f"Sandbox.{operation}: sync loop is closed")
+        _ensure_can_block(operation)
 
         async def call() -> T:
             return await awaitable_factory()
@@ -1013,16 +1023,15 @@ class _AsyncLoopRunner:
 
 class Sandbox:
     """Synchronous wrapper around :class:`AsyncSandbox` (same arguments and methods, blocking;
-    ``pty``, ``serialize``, ``connect`` and ``fork`` are async-only). Not for use inside a
-    running event loop (RuntimeError: use AsyncSandbox in async code)."""
+    ``pty``, ``serialize``, ``connect`` and ``fork`` are async-only). Its operations run on an
+    event loop of its own, in a thread of its own (as NeMo Gym's ``_AsyncLoopRunner``), so any
+    thread without a running event loop may call it, also while other threads run loops. As in
+    NeMo Gym, a call from a thread whose event loop is running (a coroutine, a notebook cell)
+    raises RuntimeError ("Sandbox.exec() is blocking; use AsyncSandbox in async code
+    instead."): it would stall that loop for the whole operation."""
 
     def __init__(self, provider: Any, spec: Optional[SandboxSpec] = None):
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("Sandbox is synchronous: use AsyncSandbox in async code")
+        _ensure_can_block("__init__")
         self._async_sandbox = AsyncSandbox(provider, spec)
         self._runner = _AsyncLoopRunner()
 
@@ -1313,6 +1322,14 @@ class LentSandboxes:
         """Stop every sandbox this object lent (``POST /v1/sessions/release_all`` filtered on
         this object's pool label; at most ``stop_concurrency`` stops in flight), as at server
         shutdown. A failed stop is logged and the rest go on."""
+        try:
+            await self._release_all()
+        finally:
+            # at shutdown nothing of Gym's API closes the client: close it here (a later call
+            # opens a new one)
+            await self._provider.aclose()
+
+    async def _release_all(self) -> None:
         try:
             r = await self.client.release_all(labels={_POOL_LABEL: self._pool_id})
         except (NotFound, MethodNotAllowed):  # a daemon without the route: one by one
