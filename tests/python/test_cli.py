@@ -10,6 +10,7 @@ import os
 import pathlib
 import pty
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -309,7 +310,11 @@ def test_logs_events_images_snapshot_fork(daemon):
         p = subprocess.Popen([sys.executable, "-m", "lendbox", "events", "--follow", "--rsid",
                               "cli-x"], env=_env({"LENDBOX_URL": daemon.url,
                                                   "LENDBOX_TOKEN": daemon.token}),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             # a shell starts a background job with SIGINT ignored, and Python
+                             # keeps an ignored SIGINT ignored: give the command Ctrl-C back, as
+                             # a terminal would, or a `make check &` run could never interrupt it
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             first = __import__("json").loads(p.stdout.readline())
             assert first["type"] == "seeded" and first["sandbox_id"] == sbx
