@@ -56,6 +56,30 @@ static int lend_target_load(struct lb_lend *l, const char *id, struct lend_targe
     return 0;
 }
 
+/* lend_target_load, then the sandbox's activity (resumed if idle-paused, its last activity now):
+ * what a file or archive operation does before its provider call. Close with lend_target_close
+ * whatever this returns. */
+static int lend_target_open(struct lb_lend *l, const char *id, struct lend_target *t,
+                            struct lb_error *err)
+{
+    int r = lend_target_load(l, id, t, err);
+
+    if (r == 0)
+        r = lend_activity_enter(l, &t->rec, t->prov, &t->ref, false, err);
+    return r;
+}
+
+/* The end of an operation on t: a failure r of its provider call goes through lend_lost_check
+ * (410 for a lost sandbox), and t is released. Returns r or what lend_lost_check made of it. */
+static int lend_target_close(struct lb_lend *l, const char *id, struct lend_target *t, int r,
+                             struct lb_error *err)
+{
+    if (r < 0 && t->prov)
+        r = lend_lost_check(l, id, r, err);
+    lend_target_release(t);
+    return r;
+}
+
 /* ---------- status and usage ---------- */
 
 int lend_sandbox_status(struct lb_lend *l, const char *id, json_t **out, struct lb_error *err)
@@ -334,33 +358,23 @@ int lend_file_write(struct lb_lend *l, const char *id, const char *path, const v
                     size_t len, int mode, struct lb_error *err)
 {
     struct lend_target t;
-    int r = lend_target_load(l, id, &t, err);
+    int r = lend_target_open(l, id, &t, err);
 
     if (r == 0)
-        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
-    if (r == 0)
         r = provider_file_write(t.prov, &t.ref, path, data, len, mode, err);
-    if (r < 0 && t.prov)
-        r = lend_lost_check(l, id, r, err);
-    lend_target_release(&t);
-    return r;
+    return lend_target_close(l, id, &t, r, err);
 }
 
 int lend_upload_begin(struct lb_lend *l, const char *id, const char *path, int mode,
                       const char *owner, struct lb_upload **out, struct lb_error *err)
 {
     struct lend_target t;
-    int r = lend_target_load(l, id, &t, err);
+    int r = lend_target_open(l, id, &t, err);
 
     *out = NULL;
     if (r == 0)
-        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
-    if (r == 0)
         r = provider_upload_begin(t.prov, &t.ref, path, mode, owner, out, err);
-    if (r < 0 && t.prov)
-        r = lend_lost_check(l, id, r, err);
-    lend_target_release(&t);
-    return r;
+    return lend_target_close(l, id, &t, r, err);
 }
 
 int lend_upload_commit(struct lb_lend *l, struct lb_upload *u, struct lb_error *err)
@@ -393,50 +407,39 @@ int lend_file_open(struct lb_lend *l, const char *id, const char *path, int *fd_
                    uint64_t *size_out, struct lb_error *err)
 {
     struct lend_target t;
-    int r = lend_target_load(l, id, &t, err);
+    int r = lend_target_open(l, id, &t, err);
 
     if (r == 0)
-        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
-    if (r == 0)
         r = provider_file_open(t.prov, &t.ref, path, fd_out, size_out, err);
-    if (r < 0 && t.prov)
-        r = lend_lost_check(l, id, r, err);
-    lend_target_release(&t);
-    return r;
+    return lend_target_close(l, id, &t, r, err);
+}
+
+/* An archive into (put) or out of dir of sandbox id: lend_archive_put and lend_archive_get. */
+static int lend_archive_move(struct lb_lend *l, const char *id, bool put, const char *dir, int fd,
+                             uint64_t max_bytes, struct lb_archive_result *out,
+                             struct lb_error *err)
+{
+    struct lend_target t;
+    int r = lend_target_open(l, id, &t, err);
+
+    *out = (struct lb_archive_result){0};
+    if (r == 0 && put)
+        r = provider_archive_put(t.prov, &t.ref, dir, fd, max_bytes, out, err);
+    else if (r == 0)
+        r = provider_archive_get(t.prov, &t.ref, dir, fd, max_bytes, out, err);
+    return lend_target_close(l, id, &t, r, err);
 }
 
 int lend_archive_put(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
                      struct lb_archive_result *out, struct lb_error *err)
 {
-    struct lend_target t;
-    int r = lend_target_load(l, id, &t, err);
-
-    *out = (struct lb_archive_result){0};
-    if (r == 0)
-        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
-    if (r == 0)
-        r = provider_archive_put(t.prov, &t.ref, dir, fd, max_bytes, out, err);
-    if (r < 0 && t.prov)
-        r = lend_lost_check(l, id, r, err);
-    lend_target_release(&t);
-    return r;
+    return lend_archive_move(l, id, true, dir, fd, max_bytes, out, err);
 }
 
 int lend_archive_get(struct lb_lend *l, const char *id, const char *dir, int fd, uint64_t max_bytes,
                      struct lb_archive_result *out, struct lb_error *err)
 {
-    struct lend_target t;
-    int r = lend_target_load(l, id, &t, err);
-
-    *out = (struct lb_archive_result){0};
-    if (r == 0)
-        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, false, err);
-    if (r == 0)
-        r = provider_archive_get(t.prov, &t.ref, dir, fd, max_bytes, out, err);
-    if (r < 0 && t.prov)
-        r = lend_lost_check(l, id, r, err);
-    lend_target_release(&t);
-    return r;
+    return lend_archive_move(l, id, false, dir, fd, max_bytes, out, err);
 }
 
 int lend_set_paused(struct lb_lend *l, const char *id, bool pause, json_t **out,
