@@ -842,6 +842,15 @@ START_TEST(test_supervisor_killed_ends_its_processes)
         wait_no_procs(uid, "sleep 600.617");
         ck_assert_int_eq(count_procs(uid, "sleep 600.611"), 1);
     }
+    /* a command that forks on and on after killing its supervisor: a child forked between
+     * the daemon's read of /proc and its kill is still found (the kill repeats until a pass
+     * finds no member of the session) */
+    res = lbt_exec_ok(&D, sbx, "",
+                      "{\"command\": \"kill -9 $PPID; while :; do sleep 600.619 & done\"}");
+    ck_assert_int_eq(num(res, "return_code"), 125);
+    json_decref(res);
+    wait_no_procs(uid, "sleep 600.619");
+    ck_assert_int_eq(count_procs(uid, "sleep 600.611"), 1);
     res = lbt_exec_ok(&D, sbx, "", "{\"command\": \"echo ok\"}");
     ck_assert_str_eq(str(res, "stdout"), "ok\n");
     json_decref(res);

@@ -27,6 +27,7 @@
 /* How long a kill that answers for its processes waits for them to end, and for how many. */
 #define KILL_WAIT_MS 2000
 #define KILL_WAIT_MAX 256
+#define KILL_PASSES 8
 
 /* ---- /proc ---------------------------------------------------------------------------- */
 
@@ -342,11 +343,9 @@ static void wait_pidfds(const int *fds, size_t n, int64_t wait_ms)
     }
 }
 
-/* SIGKILL root (0: none) and the members of session sid (0: none) that live in the pid
- * namespace pidns, and every descendant of them; how many were signalled, or -errno. With
- * wait_ms > 0, returns once the first KILL_WAIT_MAX of them have ended or wait_ms passed. */
-static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg,
-                        int64_t wait_ms)
+/* One pass of kill_closure over one snapshot of /proc. */
+static int kill_closure_pass(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg,
+                             int64_t wait_ms)
 {
     int waitfds[KILL_WAIT_MAX];
     size_t nwait = 0;
@@ -455,4 +454,29 @@ out:
     free(parents);
     free(starts);
     return killed;
+}
+
+/* SIGKILL root (0: none) and the members of session sid (0: none) that live in the pid
+ * namespace pidns, and every descendant of them; how many were signalled, or -errno. With
+ * wait_ms > 0, each pass returns once the first KILL_WAIT_MAX of its processes have ended or
+ * wait_ms passed. A process that forked after the pass read /proc and before its kill leaves a
+ * child the pass did not see: with a session, passes repeat until one finds none of its members
+ * to kill (at most KILL_PASSES); a tree without a session has one pass (the child of a killed
+ * parent is reparented away from the tree, so a later pass would not find it either). */
+static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgroup *cg,
+                        int64_t wait_ms)
+{
+    int total = 0;
+
+    for (int pass = 0; pass < KILL_PASSES; pass++) {
+        /* root's pid may be another process's after the first pass killed it */
+        int n = kill_closure_pass(pass == 0 ? root : 0, sid, pidns, cg, wait_ms);
+
+        if (n < 0)
+            return total > 0 ? total : n;
+        total += n;
+        if (n == 0 || sid <= 0)
+            break;
+    }
+    return total;
 }
