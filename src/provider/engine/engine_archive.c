@@ -302,8 +302,7 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
         return 0;
     if (hard && (name_normalise(hard, target, sizeof(target)) != 0 ||
                  set_kind(&s->names, target, strlen(target)) != KIND_FILE))
-        return refuse(s, name, "a hard link must name an earlier regular file of the archive",
-                      err);
+        return refuse(s, name, "a hard link must name an earlier regular file of the archive", err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
         return refuse(s, name,
                       "only directories, regular files, symlinks and hard links are taken (no "
@@ -314,8 +313,7 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
 
         if (!t || !link_target_inside(name, t))
             return refuse(s, name,
-                          "a symlink's target must be relative and stay inside the directory",
-                          err);
+                          "a symlink's target must be relative and stay inside the directory", err);
     }
     if (++s->res.entries > ENGINE_ARCHIVE_MAX_ENTRIES)
         return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
@@ -615,10 +613,8 @@ int engine_archive_undo(struct lb_engine *e, const struct lb_sandbox_ref *ref, c
     if (n == 3)
         goto out;
     r = e->ops.exec(&e->base, ref,
-                    &(struct lb_exec_request){.argv = argv,
-                                              .cwd = "/",
-                                              .timeout_ms = 60000,
-                                              .max_output_bytes = 4096},
+                    &(struct lb_exec_request){
+                        .argv = argv, .cwd = "/", .timeout_ms = 60000, .max_output_bytes = 4096},
                     &res, &err);
     if (r == 0 && res.return_code != 0)
         r = -EREMOTEIO;

@@ -83,9 +83,9 @@ struct lb_httpc_request {
 };
 
 struct lb_httpc_response {
-    long status;        /* HTTP status; 0 when none came */
-    struct lb_buf body; /* buffered body (when no sink); release with httpc_response_release */
-    char *header_value; /* value of want_header (malloc'd), or NULL */
+    long status;         /* HTTP status; 0 when none came */
+    struct lb_buf body;  /* buffered body (when no sink); release with httpc_response_release */
+    char *header_value;  /* value of want_header (malloc'd), or NULL */
     char *header_value2; /* value of want_header2 (malloc'd), or NULL */
 };
 

@@ -25,8 +25,7 @@
 #define ARCHIVE_MAX_DEPTH 128
 #define LISTING_MAX_BYTES (16 * 1024 * 1024)
 
-static int files_url(const char *id, const char *path, char *buf, size_t size,
-                     struct lb_error *err)
+static int files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err)
 {
     char *enc = curl_easy_escape(NULL, path, 0);
     int n;
@@ -72,8 +71,7 @@ static int get_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
         goto out;
     }
     if (resp.status != 200) {
-        r = lb_error_set(err, -EREMOTEIO, "LXD: reading '%s' failed (HTTP %ld)", path,
-                         resp.status);
+        r = lb_error_set(err, -EREMOTEIO, "LXD: reading '%s' failed (HTTP %ld)", path, resp.status);
         goto out;
     }
     snprintf(type, type_size, "%s", resp.header_value ? resp.header_value : "");
@@ -160,8 +158,7 @@ static int push_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const 
     int perm = (int)archive_entry_perm(e), fd = -1, r;
     uint64_t size;
 
-    if (snprintf(path, sizeof(path), "%s/%s", dir, archive_entry_pathname(e)) >=
-        (int)sizeof(path))
+    if (snprintf(path, sizeof(path), "%s/%s", dir, archive_entry_pathname(e)) >= (int)sizeof(path))
         return lb_error_set(err, -EINVAL, "a name of the archive is too long");
     if (hard) {
         char target[PATH_MAX];
@@ -245,9 +242,9 @@ int lxd_archive_put(struct lb_engine *eng, const struct lb_sandbox_ref *ref, con
             size_t k;
             json_t *v;
 
-            json_array_foreach(names, k, v) if (json_is_string(v) &&
-                                                !strcmp(json_string_value(v), tops->names[i]))
-                existed[i] = true;
+            json_array_foreach(names, k, v)
+                if (json_is_string(v) && !strcmp(json_string_value(v), tops->names[i]))
+                    existed[i] = true;
         }
     }
     (void)len;
@@ -293,8 +290,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
     json_t *v;
     int r = 0;
 
-    json_array_foreach(names, i, v)
-    {
+    json_array_foreach(names, i, v) {
         const char *base = json_string_value(v);
         char child[PATH_MAX], name[PATH_MAX], type[32], buf[65536];
         struct engine_tar_item it = {0};
@@ -313,9 +309,10 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             continue;
         }
         if (r == -EFBIG)
-            r = lb_error_set(err, -EFBIG,
-                             "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)",
-                             w->dir, (unsigned long long)w->max_bytes);
+            r = lb_error_set(
+                err, -EFBIG,
+                "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)", w->dir,
+                (unsigned long long)w->max_bytes);
         if (r < 0)
             break;
         it.name = name;

@@ -117,9 +117,8 @@ int lxd_exec_check(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct engine_exec *x,
                  struct lb_error *err);
 /* The archive hooks of the engine base (lxd_archive.c; see engine.h). */
-int lxd_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
-                    int fd, uint64_t len, const struct engine_archive_tops *tops,
-                    struct lb_error *err);
+int lxd_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir, int fd,
+                    uint64_t len, const struct engine_archive_tops *tops, struct lb_error *err);
 int lxd_archive_get(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
                     struct engine_tar_out *w, struct lb_error *err);
 
