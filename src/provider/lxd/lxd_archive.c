@@ -126,7 +126,7 @@ static int post_special(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
 
     if (r < 0)
         return r;
-    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: %04o", (unsigned)mode & 07777);
+    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: 0%o", (unsigned)mode & 07777);
     req.path = url;
     req.timeout_ms = l->call_timeout_ms;
     r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
