@@ -148,9 +148,28 @@ static int post_special(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
     return r;
 }
 
-/* One entry of the checked archive (header read) at dir/name. */
+/* DELETE path (a file or a symlink it replaces: LXD's overwrite keeps an existing file's
+ * mode). Best effort: a missing path, or a directory that is not empty, stays as it is and
+ * the push that follows says what is wrong. */
+static void delete_path(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path)
+{
+    struct lb_httpc_request req = {.method = "DELETE", .max_body_bytes = 65536};
+    struct lb_httpc_response resp = {0};
+    struct lb_error ignored = {0};
+    char url[PATH_MAX + 128];
+
+    if (files_url(ref->id, path, url, sizeof(url), &ignored) < 0)
+        return;
+    req.path = url;
+    req.timeout_ms = l->call_timeout_ms;
+    (void)lxd_do(l, lxd_member_of(ref), &req, &resp, &ignored);
+    httpc_response_release(&resp);
+}
+
+/* One entry of the checked archive (header read) at dir/name; fresh: dir was made for this
+ * archive (nothing to replace in it). */
 static int push_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *dir,
-                      struct archive *a, struct archive_entry *e, struct lb_error *err)
+                      bool fresh, struct archive *a, struct archive_entry *e, struct lb_error *err)
 {
     char path[PATH_MAX];
     const char *hard = archive_entry_hardlink(e);
@@ -160,6 +179,8 @@ static int push_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const 
 
     if (snprintf(path, sizeof(path), "%s/%s", dir, archive_entry_pathname(e)) >= (int)sizeof(path))
         return lb_error_set(err, -EINVAL, "a name of the archive is too long");
+    if (!fresh && type != AE_IFDIR)
+        delete_path(l, ref, path);
     if (hard) {
         char target[PATH_MAX];
 
@@ -231,9 +252,9 @@ int lxd_archive_put(struct lb_engine *eng, const struct lb_sandbox_ref *ref, con
         if (r < 0)
             goto out;
         made = true;
-    } else if (r < 0) {
+    } else if (r < 0 && r != -EFBIG) {
         goto out;
-    } else if (strcmp(type, "directory") != 0) {
+    } else if (r == -EFBIG || strcmp(type, "directory") != 0) { /* a file past the bound */
         r = lb_error_set(err, -ENOTDIR, "'%s' is not a directory", dir);
         goto out;
     } else {
@@ -260,7 +281,7 @@ int lxd_archive_put(struct lb_engine *eng, const struct lb_sandbox_ref *ref, con
                              archive_error_string(a));
             goto undo;
         }
-        r = push_entry(l, ref, dir, a, e, err);
+        r = push_entry(l, ref, dir, made, a, e, err);
         if (r < 0)
             goto undo;
     }
