@@ -302,6 +302,32 @@ out:
     return r;
 }
 
+/* LXD answers a symlink's target absolute (joined to the link's directory and cleaned): one
+ * inside top becomes relative to the link's directory from again, into out; any other stays as
+ * LXD gave it. */
+static void link_relative(const char *top, const char *from, const char *target, char *out,
+                          size_t size)
+{
+    size_t n = strlen(top), common = 0, i;
+    const char *f, *t;
+
+    snprintf(out, size, "%s", target);
+    if (target[0] != '/' || strncmp(target, top, n) != 0 || target[n] != '/')
+        return;
+    /* the longest common directory prefix of from and target (whole components) */
+    for (i = 0; from[i] && from[i] == target[i]; i++)
+        if (from[i] == '/')
+            common = i;
+    if (!from[i] && target[i] == '/')
+        common = i;
+    out[0] = '\0';
+    for (f = from + common; *f; f++) /* one ".." per component of from past the prefix */
+        if (*f == '/')
+            strncat(out, "../", size - strlen(out) - 1);
+    t = target + common + 1;
+    strncat(out, t, size - strlen(out) - 1);
+}
+
 /* The tree below path (prefix: its name relative to DIR, "" for DIR) into w. */
 static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                 const char *prefix, json_t *names, int depth, struct engine_tar_out *w,
@@ -350,14 +376,15 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             }
             json_decref(sub);
         } else if (!strcmp(type, "symlink")) {
-            char target[PATH_MAX];
+            char target[PATH_MAX], rel[PATH_MAX];
             ssize_t n = len < sizeof(target) ? pread(fd, target, (size_t)len, 0) : -1;
 
             if (n >= 0) {
                 target[n] = '\0';
                 target[strcspn(target, "\n")] = '\0';
+                link_relative(w->dir, path, target, rel, sizeof(rel));
                 it.mode = S_IFLNK | 0777;
-                it.symlink = target;
+                it.symlink = rel;
                 r = engine_tar_out_header(w, &it, err);
             }
         } else if (!strcmp(type, "file")) {
