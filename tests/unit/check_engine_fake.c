@@ -5,6 +5,8 @@
  * Asserted: the errno each operation returns (and err.code, which decides the HTTP status),
  * the class of its lb_error message, and what is left in the engine (rollbacks, adoption,
  * foreign instances untouched). Real podman and LXD stay in the e2e variants. */
+#include <archive.h>
+#include <archive_entry.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -205,6 +207,40 @@ static void frame(unsigned char *buf, size_t *len, char type, const char *payloa
     *len += n;
 }
 
+/* An unlinked file holding a tar of one entry: a regular file name with len bytes of data,
+ * or (data NULL) a symlink name -> len-less target "../../x"; its fd at offset 0. */
+static int tar_fd(const char *name, const char *data, size_t len)
+{
+    struct archive *a = archive_write_new();
+    struct archive_entry *e = archive_entry_new();
+    FILE *f = tmpfile();
+    int fd;
+
+    ck_assert_ptr_nonnull(f);
+    fd = dup(fileno(f));
+    fclose(f);
+    ck_assert_int_ge(fd, 0);
+    archive_write_set_format_pax_restricted(a);
+    ck_assert_int_eq(archive_write_open_fd(a, fd), ARCHIVE_OK);
+    archive_entry_set_pathname(e, name);
+    archive_entry_set_perm(e, 0644);
+    if (data) {
+        archive_entry_set_filetype(e, AE_IFREG);
+        archive_entry_set_size(e, (la_int64_t)len);
+    } else {
+        archive_entry_set_filetype(e, AE_IFLNK);
+        archive_entry_set_symlink(e, "../../x");
+    }
+    ck_assert_int_eq(archive_write_header(a, e), ARCHIVE_OK);
+    if (data && len)
+        ck_assert_int_eq(archive_write_data(a, data, len), (la_ssize_t)len);
+    ck_assert_int_eq(archive_write_close(a), ARCHIVE_OK);
+    archive_write_free(a);
+    archive_entry_free(e);
+    ck_assert_int_eq(lseek(fd, 0, SEEK_SET), 0);
+    return fd;
+}
+
 /* Read the sandbox file path back through file_open into a new string (NULL on error). */
 static char *read_back(const json_t *desc, const char *path, struct lb_error *err, int *ret)
 {
@@ -260,15 +296,20 @@ START_TEST(test_round_trip)
     ck_assert_str_eq(text, "streamed");
     free(text);
     {
-        /* the engine providers have no archive ops: 501 through -ENOSYS, nothing asked */
-        struct lb_archive_result ar = {.entries = 7};
+        /* a directory in by archive: checked by the daemon, then put into the engine */
+        struct lb_archive_result ar = {0};
+        int tfd = tar_fd("f.txt", "hi", 2);
+        size_t len = 0;
 
-        ck_assert_int_eq(provider_archive_put(prov, &ref, "/workspace/d", 0, 1024, &ar, &err),
-                         -ENOSYS);
-        ck_assert_uint_eq(ar.entries, 0);
-        ck_assert_int_eq(provider_archive_get(prov, &ref, "/workspace", 0, 1024, &ar, &err),
-                         -ENOSYS);
-        lb_error_clear(&err);
+        ck_assert_int_eq(provider_archive_put(prov, &ref, "/workspace/d", tfd, 1024, &ar, &err), 0);
+        close(tfd);
+        ck_assert_uint_eq(ar.entries, 1);
+        ck_assert_uint_eq(ar.bytes, 2);
+        text = fake_engine_get(fe, be->name, "/workspace/d/f.txt", &len);
+        ck_assert_ptr_nonnull(text);
+        ck_assert_uint_eq(len, 2);
+        ck_assert_mem_eq(text, "hi", 2);
+        free(text);
     }
     ck_assert_int_eq(provider_pause(prov, &ref, &err), 0);
     ck_assert_str_eq(fake_engine_state(fe, be->name), "paused");
@@ -610,6 +651,91 @@ START_TEST(test_upload_fails)
 }
 END_TEST
 
+/* Archives: what the daemon refuses never reaches the engine; a full disk part way is 413 and
+ * what was made is removed again (an exec of rm in the instance); an engine failure or an
+ * answer cut short on the way out is 502. */
+START_TEST(test_archive_fails)
+{
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_archive_result ar = {0};
+    struct lb_error err = {0};
+    int fd, r, puts, execs;
+    FILE *f;
+
+    open_backend(_i, "30");
+    ref.descriptor = create_ok();
+    puts = fake_engine_hits(fe, be->upload.method, be->upload.path);
+    /* a body that is not a tar, an entry leaving the directory, past max_bytes: the engine
+     * is never asked to write */
+    f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fputs("not a tar at all, only some text that is long enough to be read\n", f);
+    fflush(f);
+    fd = dup(fileno(f));
+    fclose(f);
+    ck_assert_int_eq(lseek(fd, 0, SEEK_SET), 0);
+    r = provider_archive_put(prov, &ref, "/workspace/d", fd, 1024, &ar, &err);
+    close(fd);
+    ck_assert_fails(r, err, -EINVAL, "not a tar archive");
+    lb_error_clear(&err);
+    fd = tar_fd("evil", NULL, 0);
+    r = provider_archive_put(prov, &ref, "/workspace/d", fd, 1024, &ar, &err);
+    close(fd);
+    ck_assert_fails(r, err, -EINVAL, "must be relative and stay inside");
+    lb_error_clear(&err);
+    fd = tar_fd("big", "0123456789", 10);
+    r = provider_archive_put(prov, &ref, "/workspace/d", fd, 9, &ar, &err);
+    close(fd);
+    ck_assert_fails(r, err, -EFBIG, "max_file_bytes");
+    lb_error_clear(&err);
+    ck_assert_int_eq(fake_engine_hits(fe, be->upload.method, be->upload.path), puts);
+
+    /* the engine's disk fills part way (into the existing /workspace): 413, and rm -rf of
+     * what the archive made there */
+    execs = fake_engine_hits(fe, "POST", "/exec");
+    fault(&be->upload, 0, 500, "write /workspace/f.txt: no space left on device", 1);
+    fd = tar_fd("f.txt", "hi", 2);
+    r = provider_archive_put(prov, &ref, "/workspace", fd, 1024, &ar, &err);
+    close(fd);
+    ck_assert_int_eq(r, -EFBIG);
+    ck_assert_int_eq(err.code, -EFBIG);
+    ck_assert_msg(strstr(err.message, "/workspace"), "%s", err.message);
+    ck_assert_uint_eq(ar.entries, 0);
+    ck_assert_int_gt(fake_engine_hits(fe, "POST", "/exec"), execs);
+    lb_error_clear(&err);
+    /* any other engine failure: 502 */
+    fault(&be->upload, 0, 500, "disk on fire", 1);
+    fd = tar_fd("f.txt", "hi", 2);
+    r = provider_archive_put(prov, &ref, "/workspace/e", fd, 1024, &ar, &err);
+    close(fd);
+    ck_assert_int_eq(r, -EREMOTEIO);
+    ck_assert_int_eq(err.code, -EREMOTEIO);
+    lb_error_clear(&err);
+
+    /* out: a 500 and an answer cut short are 502, nothing written to fd counts */
+    ck_assert_int_eq(fake_engine_put(fe, be->name, "/workspace/a.txt", "hello", 5), 0);
+    f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fd = dup(fileno(f));
+    fclose(f);
+    fault(&be->download, 0, 500, "io error", 1);
+    r = provider_archive_get(prov, &ref, "/workspace", fd, 1 << 20, &ar, &err);
+    ck_assert_int_eq(r, -EREMOTEIO);
+    ck_assert_int_eq(err.code, -EREMOTEIO);
+    ck_assert_uint_eq(ar.bytes, 0);
+    lb_error_clear(&err);
+    fault(&be->download, FAKE_CUT, 0, NULL, 1);
+    r = provider_archive_get(prov, &ref, "/workspace", fd, 1 << 20, &ar, &err);
+    ck_assert_int_eq(r, -EREMOTEIO);
+    ck_assert_int_eq(err.code, -EREMOTEIO);
+    ck_assert_uint_eq(ar.bytes, 0);
+    lb_error_clear(&err);
+    close(fd);
+    json_decref((json_t *)ref.descriptor);
+    close_backend();
+}
+END_TEST
+
 /* Downloads: a missing file is 404, an engine failure 502. */
 START_TEST(test_download_fails)
 {
@@ -801,6 +927,7 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_remove_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_instance_lost, 0, (int)n);
     tcase_add_loop_test(tc, test_upload_fails, 0, (int)n);
+    tcase_add_loop_test(tc, test_archive_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_download_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_transport_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_usage, 0, (int)n);

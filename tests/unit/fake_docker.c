@@ -25,7 +25,7 @@ static json_t *fake_docker_labels(const struct fake_inst *in)
 }
 
 /* Unpack a tar body into the instance (entries relative to "/"). */
-static int fake_docker_untar(struct fake_inst *in, const struct fake_req *rq)
+static int fake_docker_untar(struct fake_inst *in, const char *dir, const struct fake_req *rq)
 {
     struct archive *a = archive_read_new();
     struct archive_entry *e;
@@ -43,11 +43,19 @@ static int fake_docker_untar(struct fake_inst *in, const struct fake_req *rq)
         char path[256];
         unsigned char *data = size > 0 ? malloc((size_t)size) : NULL;
 
-        snprintf(path, sizeof(path), "/%s", archive_entry_pathname(e));
+        size_t n;
+
+        /* the entries land below dir (the request's path), directories as directories */
+        snprintf(path, sizeof(path), "%s/%s", dir && strcmp(dir, "/") != 0 ? dir : "",
+                 archive_entry_pathname(e));
+        n = strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            path[--n] = '\0';
         if (size > 0 && (!data || archive_read_data(a, data, (size_t)size) != size))
             r = -EIO;
         else
-            r = fake_file_put(in, path, data, (size_t)(size > 0 ? size : 0), false);
+            r = fake_file_put(in, path, data, (size_t)(size > 0 ? size : 0),
+                              archive_entry_filetype(e) == AE_IFDIR);
         free(data);
     }
 out:
@@ -97,7 +105,7 @@ static void fake_docker_archive(struct fake_engine *f, struct fake_inst *in, con
     int r;
 
     if (strcmp(method, "PUT") == 0) {
-        r = fake_docker_untar(in, rq);
+        r = fake_docker_untar(in, path, rq);
         if (r == 0)
             fake_reply_bytes(rp, 200, NULL, 0, NULL);
         else

@@ -119,6 +119,13 @@ int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int
 int docker_get_archive(struct lb_docker *d, const char *id, const char *path, int fd, uint64_t max,
                        struct lb_httpc_response *resp, struct lb_error *err);
 
+/* The archive hooks of the engine base (docker_archive.c; see engine.h). */
+int docker_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t len, const struct engine_archive_tops *tops,
+                       struct lb_error *err);
+int docker_archive_get(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                       struct engine_tar_out *w, struct lb_error *err);
+
 /* The snapshot hooks of the engine base (docker_snapshot.c; see engine.h). */
 int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,
                            char *workdir, size_t size, struct lb_error *err);

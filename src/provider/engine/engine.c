@@ -43,6 +43,8 @@ void engine_init(struct lb_engine *e, const struct engine_hooks *hooks)
         .usage = hooks->usage ? engine_usage : NULL,
         .snapshot = hooks->commit ? engine_snapshot : NULL,
         .snapshot_sweep = hooks->commit ? engine_snapshot_sweep : NULL,
+        .archive_put = hooks->archive_put ? engine_archive_put : NULL,
+        .archive_get = hooks->archive_get ? engine_archive_get : NULL,
         .destroy = engine_destroy,
     };
     e->base.ops = &e->ops;

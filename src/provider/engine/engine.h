@@ -18,12 +18,15 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/types.h>
 
 #include "provider/engine/engine_config.h"
 #include "provider/engine/framed.h"
 #include "provider/gate.h"
 #include "provider/provider.h"
 
+struct archive;
+struct archive_entry;
 struct lb_engine;
 struct lb_httpc;
 struct lb_httpc_response;
@@ -47,6 +50,44 @@ struct engine_exec {
     bool done;      /* exec_run set the result itself (exec_result_set_runtime): no frames */
     bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
 };
+
+#define ENGINE_ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
+#define ENGINE_ARCHIVE_MAX_TOPS 4096      /* first components kept for a rollback */
+
+/* The distinct first components of an archive's names (engine_archive_put to the archive_put
+ * hook); overflow: there were more than ENGINE_ARCHIVE_MAX_TOPS (the rest are not listed). */
+struct engine_archive_tops {
+    char **names;
+    size_t n;
+    bool overflow;
+};
+void engine_archive_tops_free(struct engine_archive_tops *t);
+
+/* An archive on its way out (engine_archive_get to the archive_get hook): a pax writer onto
+ * fd, at most max_bytes of archive and ENGINE_ARCHIVE_MAX_ENTRIES entries. */
+struct engine_tar_out {
+    struct archive *a;
+    struct archive_entry *e;
+    int fd;
+    uint64_t max_bytes, written, entries;
+    bool too_big;
+    const char *dir;
+};
+/* One entry: name relative to the directory (directories end in '/'), mode with its type,
+ * size of a regular file's data (then exactly that many bytes through engine_tar_out_data),
+ * symlink's target or hard link's earlier name, or NULL. Ids past 65535 are written as 0. */
+struct engine_tar_item {
+    const char *name;
+    mode_t mode;
+    int64_t size, mtime;
+    uint32_t uid, gid;
+    const char *symlink, *hardlink;
+};
+/* 0, or -EFBIG (past the bounds) / -EREMOTEIO with err set. */
+int engine_tar_out_header(struct engine_tar_out *w, const struct engine_tar_item *it,
+                          struct lb_error *err);
+int engine_tar_out_data(struct engine_tar_out *w, const void *buf, size_t len, const char *name,
+                        struct lb_error *err);
 
 struct engine_hooks {
     const char *name; /* "docker", "lxd": messages, config keys, the fault point <name>.created */
@@ -152,6 +193,23 @@ struct engine_hooks {
                        int fd, struct lb_error *err);
     int (*snapshot_images)(struct lb_engine *e, json_t **out, struct lb_error *err);
     int (*image_remove)(struct lb_engine *e, const char *image, struct lb_error *err);
+
+    /* Directory transfer (engine_archive.c); both NULL: the provider has no archive ops.
+     * archive_put extracts a checked archive (engine_archive_put made it: a pax tar of len
+     * bytes read from fd at its offset 0, names normalised and relative to dir, owners 0, only
+     * directories, regular files, symlinks that stay inside dir and hard links to an earlier
+     * regular file) into dir inside the running instance, dir made with its missing parents
+     * when missing. tops names the archive's distinct first components (what a failure part
+     * way removes again). 0, -ENOTDIR (dir is not a directory), -ENOENT (no such sandbox),
+     * -EFBIG (no room in the instance), -EBUSY (paused), else a negative errno; err set.
+     * archive_get hands dir's tree to w (engine_tar_out_header / _data), names relative to
+     * dir ("a", "sub/", "sub/b"); 0, -ENOENT (no such dir), -ENOTDIR, -EFBIG (w's bounds),
+     * else a negative errno; err set. */
+    int (*archive_put)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t len, const struct engine_archive_tops *tops,
+                       struct lb_error *err);
+    int (*archive_get)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                       struct engine_tar_out *w, struct lb_error *err);
 
     /* What the running (or paused) instance uses now, from one request to the engine (its
      * usual timeout): each figure the engine gives into *out, which engine_usage filled with
@@ -356,6 +414,26 @@ int engine_snapshot_source(struct lb_engine *e, const struct lb_sandbox_spec *sp
 int engine_snapshot_restore(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                             const struct lb_sandbox_spec *spec, const struct lb_image_engine *src,
                             struct lb_error *err);
+
+/* The archive_put and archive_get ops (provider.h) when the backend has the hooks: a bad dir
+ * (-EINVAL), a stopped instance (-ENOENT); put reads and checks the whole body into a clean
+ * archive in the spool dir before hooks->archive_put sees any of it (refused entries and a
+ * body that is not a tar: -EINVAL; past max_bytes of file contents or the entry count:
+ * -EFBIG); get writes what hooks->archive_get hands over to fd. */
+int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                       struct lb_error *err);
+int engine_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                       struct lb_error *err);
+
+/* For an archive_put hook whose extraction failed part way: remove what it made, by an exec
+ * of "rm -rf" in the instance (the image needs rm): dir itself when dir_was_new, else
+ * dir/<top> for each of tops whose existed[i] is false. 0, or a negative errno (the exec
+ * failed or rm did not succeed); best effort, nothing else is undone. */
+int engine_archive_undo(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
+                        bool dir_was_new, const struct engine_archive_tops *tops,
+                        const bool *existed);
 
 /* Free what the engine base holds (the strings, http, the gates; no exec runs). */
 void engine_release(struct lb_engine *e);

@@ -198,6 +198,8 @@ void httpc_response_release(struct lb_httpc_response *resp)
     lb_buf_release(&resp->body);
     free(resp->header_value);
     resp->header_value = NULL;
+    free(resp->header_value2);
+    resp->header_value2 = NULL;
 }
 
 struct transfer {
@@ -228,14 +230,13 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
-static size_t on_header(char *line, size_t size, size_t nmemb, void *arg)
+/* The value of header want in line (n bytes) into *out (malloc'd), when line is it. */
+static void header_pick(const char *line, size_t n, const char *want, char **out)
 {
-    struct transfer *t = arg;
-    size_t n = size * nmemb, name_len;
-    const char *want = t->req->want_header;
+    size_t name_len;
 
     if (!want)
-        return n;
+        return;
     name_len = strlen(want);
     if (n > name_len + 1 && strncasecmp(line, want, name_len) == 0 && line[name_len] == ':') {
         const char *v = line + name_len + 1;
@@ -245,9 +246,18 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *arg)
             v++, vlen--;
         while (vlen && (v[vlen - 1] == '\r' || v[vlen - 1] == '\n' || v[vlen - 1] == ' '))
             vlen--;
-        free(t->resp->header_value);
-        t->resp->header_value = strndup(v, vlen);
+        free(*out);
+        *out = strndup(v, vlen);
     }
+}
+
+static size_t on_header(char *line, size_t size, size_t nmemb, void *arg)
+{
+    struct transfer *t = arg;
+    size_t n = size * nmemb;
+
+    header_pick(line, n, t->req->want_header, &t->resp->header_value);
+    header_pick(line, n, t->req->want_header2, &t->resp->header_value2);
     return n;
 }
 

@@ -77,14 +77,16 @@ struct lb_httpc_request {
     lb_httpc_sink sink;    /* non-NULL: the response body goes here, not into the buffer */
     void *sink_arg;
     const char *want_header;    /* name of a response header whose value is wanted, or NULL */
+    const char *want_header2;   /* a second one, or NULL */
     const char *const *headers; /* NULL-terminated extra "Name: value" request headers, or NULL */
     atomic_bool *abort;         /* non-NULL: the transfer ends with -ECANCELED once it is true */
 };
 
 struct lb_httpc_response {
-    long status;        /* HTTP status; 0 when none came */
-    struct lb_buf body; /* buffered body (when no sink); release with httpc_response_release */
-    char *header_value; /* value of want_header (malloc'd), or NULL */
+    long status;         /* HTTP status; 0 when none came */
+    struct lb_buf body;  /* buffered body (when no sink); release with httpc_response_release */
+    char *header_value;  /* value of want_header (malloc'd), or NULL */
+    char *header_value2; /* value of want_header2 (malloc'd), or NULL */
 };
 
 /* Run one request. Returns 0 when a response came (any status: the caller judges it),
