@@ -111,7 +111,8 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
 
     if (r < 0)
         return r;
-    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: %04o",
+    /* a leading 0 always: LXD reads "4755" (setuid, no leading 0) as a decimal number */
+    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: 0%o",
              (unsigned)(mode < 0 ? 0644 : mode) & 07777);
     req.path = url;
     if (fd >= 0) {
