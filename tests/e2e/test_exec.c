@@ -244,6 +244,25 @@ START_TEST(test_timeout_leaves_nothing_inside)
 }
 END_TEST
 
+/* A timed-out command that forks on and on (each child in the background): none of its
+ * children outlives the answer, also one forked while the tree was being killed. */
+START_TEST(test_timeout_forking_loop_leaves_nothing_inside)
+{
+    char list[4096];
+    json_t *res;
+    int n;
+
+    res = lbt_exec_ok(&D, SBX, "",
+                      "{\"command\": \"echo started; while :; do sleep 1008 & sleep 0.005; "
+                      "done\", \"timeout_s\": 1}");
+    assert_result(res, 125, "started\n", NULL, "timeout");
+    json_decref(res);
+    lbt_sleep_ms(500);
+    n = count_sleeps_inside(list, sizeof(list));
+    ck_assert_msg(n == 0, "0.5 s after the timeout %d sleep processes are left:\n%s", n, list);
+}
+END_TEST
+
 /* The command kills its own supervisor (it runs as the same uid): nothing enforces the timeout
  * any more, so what the exec left running (the command, a background child, a setsid child, also
  * with preserve_background_services) is killed, and the answer says so. */
@@ -633,6 +652,7 @@ int main(void)
     tcase_add_test(tc, test_cwd);
     tcase_add_test(tc, test_timeout_kills_tree);
     tcase_add_test(tc, test_timeout_leaves_nothing_inside);
+    tcase_add_test(tc, test_timeout_forking_loop_leaves_nothing_inside);
     tcase_add_test(tc, test_supervisor_killed_leaves_nothing_inside);
     tcase_add_test(tc, test_output_cap_and_memory);
     tcase_add_test(tc, test_invalid_utf8);
