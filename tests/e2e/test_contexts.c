@@ -369,6 +369,31 @@ START_TEST(test_daemon_kill9_keeps_the_interpreter)
 }
 END_TEST
 
+START_TEST(test_no_python_is_422)
+{
+    char sbx[128], op[256], path[256];
+    json_t *lease;
+    struct lbt_resp r;
+
+    LBT_SKIP_ON_ENGINE("the engine providers have no PTY sessions, so no contexts (501)");
+    /* a sandbox whose PATH finds no python3 stands for an image without one */
+    lease = lbt_seed(&D, "ctx-4", "task-ctx", "\"env\": {\"PATH\": \"/nonexistent\"}");
+    snprintf(sbx, sizeof(sbx), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(op, sizeof(op), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/contexts", sbx);
+    lbt_json(&D, "POST", path, op, "{}", &r);
+    lbt_assert_error(&r, 422, "unenforceable");
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(json_object_get(r.json, "error"), "message")),
+               "python3"));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_drivers_of_uid(lbt_sandbox_uid(&D, sbx)), 0);
+    lbt_release_session(&D, "ctx-4");
+}
+END_TEST
+
 START_TEST(test_engines_501)
 {
     char path[256];
@@ -397,6 +422,7 @@ int main(void)
     tcase_add_test(tc, test_timeout_interrupt_and_busy);
     tcase_add_test(tc, test_tokens_ids_and_delete);
     tcase_add_test(tc, test_release_ends_the_driver);
+    tcase_add_test(tc, test_no_python_is_422);
     suite_add_tcase(s, tc);
     tc = tcase_create("restart");
     tcase_set_timeout(tc, 300);
