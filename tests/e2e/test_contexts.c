@@ -349,7 +349,7 @@ END_TEST
 
 START_TEST(test_daemon_kill9_keeps_the_interpreter)
 {
-    struct lbt_daemon d;
+    static struct lbt_daemon d; /* static: the harness cleans it up when the test process ends */
     char sbx[128], cid[64];
     uid_t uid;
 
