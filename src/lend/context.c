@@ -35,6 +35,7 @@ extern const char lb_context_driver[];
 #define INTERRUPT_GRACE_MS 5000
 #define ANSWER_MAX (4u << 20) /* bytes of one answer line; the driver's stay under 1 MiB */
 #define STDERR_NOTE_MAX 400
+#define DRAIN_POLL_MS 500 /* how soon a waiting run notices that the daemon drains */
 
 bool context_id_is_valid(const char *id)
 {
@@ -403,7 +404,17 @@ int context_run(struct lb_ptys *p, const char *cid, const char *code, int64_t ti
             interrupted = true;
             until = clock_mono_ms() + INTERRUPT_GRACE_MS;
         }
-        wait_output(p, cid, rd.pos, until);
+        if (lend_is_draining(p->lend)) {
+            /* a drain waits for its workers: a long run must not hold the daemon's stop up */
+            r = lb_error_set(err, -ESHUTDOWN,
+                             "the daemon is shutting down; the code goes on in context %s and "
+                             "its answer is lost",
+                             cid);
+            break;
+        }
+        wait_output(p, cid, rd.pos,
+                    until - clock_mono_ms() > DRAIN_POLL_MS ? clock_mono_ms() + DRAIN_POLL_MS
+                                                            : until);
     }
     if (r == 0)
         r = answer_body(cid, answer, out, err);

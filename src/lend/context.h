@@ -44,7 +44,9 @@ int context_create(struct lb_ptys *p, const char *sandbox_id, const char *langua
  * answer within 5 s more, -ETIMEDOUT. *out (the caller's) is {"stdout", "stderr", "result",
  * "error", "duration_ms"}. Blocks. Errors: -ENOENT (unknown context, or deleted meanwhile),
  * -LB_E_LOST, -EBUSY (409: another run of the context is under way, or its interpreter has
- * exited), -ETIMEDOUT (502), -EREMOTEIO (an answer that is not the driver's), -ENOMEM. */
+ * exited), -ETIMEDOUT (502), -ESHUTDOWN (503: the daemon began to drain while the run waited;
+ * the code goes on in the interpreter), -EREMOTEIO (an answer that is not the driver's),
+ * -ENOMEM. */
 int context_run(struct lb_ptys *p, const char *cid, const char *code, int64_t timeout_ms,
                 json_t **out, struct lb_error *err);
 

@@ -8,7 +8,9 @@
  * a second run while one is under way is 409; another sandbox's operate token is refused (403)
  * on every context route; a context id on a PTY route and a PTY id on a context route are 404;
  * delete is 204 then 404; bad bodies are 400; a kill -9 of the daemon and a restart keep the
- * interpreter and its state; release ends the driver (no driver process of the sandbox left).
+ * interpreter and its state, and so does a SIGTERM (no shutdown sweep) while a run waits (the
+ * run answers 503 at once, the drain does not wait for it); release ends the driver (no driver
+ * process of the sandbox left); a sandbox without python3 answers 422.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -347,23 +349,54 @@ START_TEST(test_release_ends_the_driver)
 }
 END_TEST
 
-START_TEST(test_daemon_kill9_keeps_the_interpreter)
+START_TEST(test_daemon_restarts_keep_the_interpreter)
 {
+    static const char *const args[] = {"--set", "lending.shutdown_sweep=no", NULL};
     static struct lbt_daemon d; /* static: the harness cleans it up when the test process ends */
-    char sbx[128], cid[64];
+    char sbx[128], cid[64], path[256];
+    struct lbt_async *a;
+    struct lbt_resp r;
     uid_t uid;
+    double until;
+    bool under_way = false;
 
     LBT_SKIP_ON_ENGINE("the engine providers have no PTY sessions, so no contexts (501)");
-    lbt_daemon_start(&d, NULL);
+    lbt_daemon_start(&d, args);
     seed_sandbox(&d, "ctx-r", sbx, sizeof(sbx), NULL, 0);
     uid = lbt_sandbox_uid(&d, sbx);
     ctx_create(&d, sbx, "", cid, sizeof(cid));
     ctx_run_expect(&d, cid, "x = 41", "", "", NULL, NULL);
+    /* kill -9 */
     lbt_daemon_kill(&d);
     ck_assert_int_eq(count_drivers_of_uid(uid), 1); /* it outlives the daemon */
-    lbt_daemon_restart(&d, NULL);
+    lbt_daemon_restart(&d, args);
     ctx_run_expect(&d, cid, "x + 1", "", "", "42", NULL);
     ctx_run_expect(&d, cid, "print(x)", "41\n", "", NULL, NULL);
+
+    /* SIGTERM (no shutdown sweep) while a long run waits: the run answers 503 at once and the
+     * daemon stops; the interpreter goes on */
+    snprintf(path, sizeof(path), "/v1/contexts/%s/run", cid);
+    a = lbt_async_json(&d, "POST", path, "",
+                       "{\"code\": \"import time\\ntime.sleep(600)\", \"timeout_s\": 900}");
+    until = lbt_now() + 20;
+    while (!under_way && lbt_now() < until) {
+        lbt_sleep_ms(200);
+        ctx_run(&d, cid, "", "x", 0, &r);
+        under_way = r.status == 409;
+        lbt_resp_free(&r);
+    }
+    ck_assert(under_way);
+    ck_assert_int_eq(lbt_daemon_stop(&d), 0);
+    lbt_async_join(a, &r);
+    lbt_assert_error(&r, 503, "draining");
+    lbt_resp_free(&r);
+    ck_assert_int_eq(count_drivers_of_uid(uid), 1);
+    lbt_daemon_restart(&d, args);
+    /* the sleep still runs in the interpreter: interrupt it, and the state is there */
+    ctx_call(&d, "POST", cid, "interrupt", "", &r);
+    ck_assert_int_eq(r.status, 200);
+    lbt_resp_free(&r);
+    ctx_run_expect(&d, cid, "x", "", "", "41", NULL);
     lbt_release_session(&d, "ctx-r");
     ck_assert_int_eq(lbt_daemon_stop(&d), 0);
 }
@@ -426,7 +459,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("restart");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_daemon_kill9_keeps_the_interpreter);
+    tcase_add_test(tc, test_daemon_restarts_keep_the_interpreter);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
