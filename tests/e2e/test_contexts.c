@@ -9,8 +9,9 @@
  * on every context route; a context id on a PTY route and a PTY id on a context route are 404;
  * delete is 204 then 404; bad bodies are 400; a kill -9 of the daemon and a restart keep the
  * interpreter and its state, and so does a SIGTERM (no shutdown sweep) while a run waits (the
- * run answers 503 at once, the drain does not wait for it); release ends the driver (no driver
- * process of the sandbox left); a sandbox without python3 answers 422.
+ * run answers 503 at once, the drain does not wait for it); a reset and a release end the
+ * driver (no driver process of the sandbox left, the context 404); a sandbox without python3
+ * answers 422.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -326,23 +327,42 @@ START_TEST(test_tokens_ids_and_delete)
 }
 END_TEST
 
-START_TEST(test_release_ends_the_driver)
+/* Wait (at most 60 s) until uid runs no driver; assert it. */
+static void assert_drivers_end(uid_t uid)
 {
-    char sbx[128], op[256], cid[64];
+    double until = lbt_now() + 60;
+
+    while (count_drivers_of_uid(uid) > 0 && lbt_now() < until)
+        lbt_sleep_ms(100);
+    ck_assert_int_eq(count_drivers_of_uid(uid), 0);
+}
+
+START_TEST(test_reset_and_release_end_the_driver)
+{
+    char sbx[128], op[256], cid[64], path[256];
     struct lbt_resp r;
     uid_t uid;
-    double until;
 
     LBT_SKIP_ON_ENGINE("the engine providers have no PTY sessions, so no contexts (501)");
     seed_sandbox(&D, "ctx-3", sbx, sizeof(sbx), op, sizeof(op));
     uid = lbt_sandbox_uid(&D, sbx);
     ctx_create(&D, sbx, op, cid, sizeof(cid));
     ck_assert_int_eq(count_drivers_of_uid(uid), 1);
+    /* a reset ends it */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    lbt_json(&D, "POST", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    assert_drivers_end(uid);
+    ctx_run(&D, cid, "", "1", 0, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    /* and so does a release (the reset may have given the sandbox another uid) */
+    uid = lbt_sandbox_uid(&D, sbx);
+    ctx_create(&D, sbx, "", cid, sizeof(cid));
+    ck_assert_int_eq(count_drivers_of_uid(uid), 1);
     lbt_release_session(&D, "ctx-3");
-    until = lbt_now() + 60;
-    while (count_drivers_of_uid(uid) > 0 && lbt_now() < until)
-        lbt_sleep_ms(100);
-    ck_assert_int_eq(count_drivers_of_uid(uid), 0);
+    assert_drivers_end(uid);
     ctx_run(&D, cid, "", "1", 0, &r);
     lbt_assert_error(&r, 404, "not_found");
     lbt_resp_free(&r);
@@ -454,7 +474,7 @@ int main(void)
     tcase_add_test(tc, test_state_output_and_exceptions);
     tcase_add_test(tc, test_timeout_interrupt_and_busy);
     tcase_add_test(tc, test_tokens_ids_and_delete);
-    tcase_add_test(tc, test_release_ends_the_driver);
+    tcase_add_test(tc, test_reset_and_release_end_the_driver);
     tcase_add_test(tc, test_no_python_is_422);
     suite_add_tcase(s, tc);
     tc = tcase_create("restart");
