@@ -332,11 +332,10 @@ int context_run(struct lb_ptys *p, const char *cid, const char *code, int64_t ti
                 json_t **out, struct lb_error *err)
 {
     char id[33], sandbox_id[LB_ID_MAX], *line = NULL;
-    struct lb_provider_caps caps;
     struct reader rd = {0};
     json_t *req = NULL, *answer = NULL;
     int64_t until;
-    bool interrupted = false, exited = false;
+    bool interrupted = false, exited = false, entered = false;
     int r;
 
     *out = NULL;
@@ -347,9 +346,11 @@ int context_run(struct lb_ptys *p, const char *cid, const char *code, int64_t ti
         r = not_found(err, cid);
         goto out;
     }
-    r = lend_sandbox_caps(p->lend, sandbox_id, &caps, err); /* a lost sandbox: 410 */
+    /* a lost sandbox: 410; a paused one: 409; the run is activity (no idle stop meanwhile) */
+    r = lend_busy_enter(p->lend, sandbox_id, err);
     if (r < 0)
         goto out;
+    entered = true;
     if (token_random_hex(16, id) < 0) {
         r = lb_error_set(err, -EIO, "no randomness for a request id");
         goto out;
@@ -419,6 +420,8 @@ int context_run(struct lb_ptys *p, const char *cid, const char *code, int64_t ti
     if (r == 0)
         r = answer_body(cid, answer, out, err);
 out:
+    if (entered)
+        lend_busy_leave(p->lend, sandbox_id);
     (void)set_busy(p, cid, false, NULL);
     json_decref(answer);
     json_decref(req);

@@ -11,7 +11,7 @@
  * interpreter and its state, and so does a SIGTERM (no shutdown sweep) while a run waits (the
  * run answers 503 at once, the drain does not wait for it); a reset and a release end the
  * driver (no driver process of the sandbox left, the context 404); a sandbox without python3
- * answers 422.
+ * answers 422; a run in a paused sandbox is 409 at once.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -422,6 +422,33 @@ START_TEST(test_daemon_restarts_keep_the_interpreter)
 }
 END_TEST
 
+START_TEST(test_paused_sandbox_is_409)
+{
+    char cid[64], path[256];
+    struct lbt_resp r;
+
+    LBT_SKIP_ON_ENGINE("the engine providers have no PTY sessions, so no contexts (501)");
+    ctx_create(&D, SBX, OP, cid, sizeof(cid));
+    ctx_run_expect(&D, cid, "p = 'kept'", "", "", NULL, NULL);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", SBX);
+    lbt_json(&D, "POST", path, OP, "{}", &r);
+    ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    /* a frozen interpreter cannot answer: refused at once, not after the timeout */
+    ctx_run(&D, cid, OP, "p", 0, &r);
+    lbt_assert_error(&r, 409, "conflict");
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/resume", SBX);
+    lbt_json(&D, "POST", path, OP, "{}", &r);
+    ck_assert_msg(r.status == 200, "resume: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    ctx_run_expect(&D, cid, "p", "", "", "'kept'", NULL);
+    ctx_call(&D, "DELETE", cid, NULL, OP, &r);
+    ck_assert_int_eq(r.status, 204);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 START_TEST(test_no_python_is_422)
 {
     char sbx[128], op[256], path[256];
@@ -476,6 +503,7 @@ int main(void)
     tcase_add_test(tc, test_tokens_ids_and_delete);
     tcase_add_test(tc, test_reset_and_release_end_the_driver);
     tcase_add_test(tc, test_no_python_is_422);
+    tcase_add_test(tc, test_paused_sandbox_is_409);
     suite_add_tcase(s, tc);
     tc = tcase_create("restart");
     tcase_set_timeout(tc, 300);
