@@ -184,9 +184,9 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # once for all the programs and stopped after; without podman each program prints SKIP and
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
-# (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container removed behind lendbox's
-# back answers 410 sandbox_lost; usage is the engine's stats); snapshot (commit plus the
-# workdir's archive).
+# (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container
+# removed behind lendbox's back answers 410 sandbox_lost; usage is the engine's stats); snapshot
+# (commit plus the workdir's archive).
 E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
