@@ -88,6 +88,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
+# the code-context driver is built into the daemon (.incbin, a path from the top of the tree)
+$(BUILD)/src/lend/context.o: src/lend/context_driver.py
+
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^
@@ -167,8 +170,8 @@ e2e: all $(E2E_BINS)
 # a busy 2-core machine. The shell tests above run on host only (the README walkthrough seeds
 # on an image too). Another variant: a row in harness.c's lbt_variants[] and a target like
 # this one.
-E2E_IMAGE_PROGS ?= activation archive disk durability exec files isolation lending lost network reset \
-	restart snapshot fork probe
+E2E_IMAGE_PROGS ?= activation archive contexts disk durability exec files isolation lending lost \
+	network reset restart snapshot fork probe
 E2E_IMAGE_BINS = $(if $(filter all,$(E2E_IMAGE_PROGS)),$(E2E_BINS), \
 	$(E2E_IMAGE_PROGS:%=$(BUILD)/tests/test_%))
 e2e-image: all $(E2E_IMAGE_BINS)
@@ -181,10 +184,10 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # once for all the programs and stopped after; without podman each program prints SKIP and
 # passes. The programs of the suite shared with the local provider: lending, exec, files,
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
-# (its routes answer 501 there: no PTY capability); lost (a container removed behind lendbox's
-# back answers 410 sandbox_lost; usage is the engine's stats); snapshot (commit plus the
-# workdir's archive).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty lost snapshot archive
+# (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container
+# removed behind lendbox's back answers 410 sandbox_lost; usage is the engine's stats); snapshot
+# (commit plus the workdir's archive).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \

@@ -26,11 +26,11 @@ int http_request_authorize(struct lb_request *req, struct lb_error *err)
     if (!token || !*token)
         return lb_error_set(err, -ENOKEY, "a bearer token is required (Authorization: Bearer ...)");
     req->token_key = http_token_hash(token);
-    return req->http->cfg.authorize(req->http->cfg.app, token, req->route->auth,
-                                    req->route->auth == LB_AUTH_SANDBOX ||
-                                            req->route->auth == LB_AUTH_SESSION ||
-                                            req->route->auth == LB_AUTH_PTY
-                                        ? req->params[0]
-                                        : NULL,
-                                    &req->principal, err);
+    return req->http->cfg.authorize(
+        req->http->cfg.app, token, req->route->auth,
+        req->route->auth == LB_AUTH_SANDBOX || req->route->auth == LB_AUTH_SESSION ||
+                req->route->auth == LB_AUTH_PTY || req->route->auth == LB_AUTH_CONTEXT
+            ? req->params[0]
+            : NULL,
+        &req->principal, err);
 }

@@ -44,6 +44,8 @@ enum lb_auth_need {
                       * session named by param 0 (harness activations) */
     LB_AUTH_PTY,     /* admin, or the operate token of the sandbox whose PTY session is
                       * named by param 0 */
+    LB_AUTH_CONTEXT, /* admin, or the operate token of the sandbox whose code context is
+                      * named by param 0 */
 };
 
 enum lb_principal {
@@ -69,7 +71,7 @@ struct lb_route {
 /* The app decides who a bearer token is. Return 0 and set *who, or -ENOKEY (401: missing or
  * unknown token) or -EACCES (403: valid but not for this sandbox). sandbox_id is param 0 for
  * LB_AUTH_SANDBOX routes (the session id for LB_AUTH_SESSION ones, the PTY session id for
- * LB_AUTH_PTY ones), else NULL. Called on an MHD
+ * LB_AUTH_PTY ones, the context id for LB_AUTH_CONTEXT ones), else NULL. Called on an MHD
  * thread: must not block on a provider. */
 typedef int (*lb_authorize_fn)(void *app, const char *token, enum lb_auth_need need,
                                const char *sandbox_id, enum lb_principal *who,

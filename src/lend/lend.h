@@ -371,6 +371,13 @@ void lend_sweep_snapshots(struct lb_lend *l);
 int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps *caps,
                       struct lb_error *err);
 
+/* Work of the daemon's in a lent sandbox that runs outside lend_exec (a code context's run):
+ * enter counts it as activity under way until lend_busy_leave (no idle stop or pause
+ * meanwhile; an idle-paused sandbox is resumed first). 0, -ENOENT (not running), -LB_E_LOST,
+ * -EBUSY (409: the sandbox is paused), -EREMOTEIO. Every 0 needs one lend_busy_leave. */
+int lend_busy_enter(struct lb_lend *l, const char *id, struct lb_error *err);
+void lend_busy_leave(struct lb_lend *l, const char *id);
+
 /* Can the store record anything (/readyz)? 0, or -ENOSPC/-EROFS/-EIO with a message (see
  * store_check_writable). Cheap; thread-safe. */
 int lend_check_store(struct lb_lend *l, struct lb_error *err);

@@ -354,6 +354,28 @@ int lend_sandbox_caps(struct lb_lend *l, const char *id, struct lb_provider_caps
     return r;
 }
 
+int lend_busy_enter(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    struct lend_target t;
+    enum lb_sandbox_status st;
+    struct lb_error perr = {0};
+    int r = lend_target_load(l, id, &t, err);
+
+    if (r == 0)
+        r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, true, err);
+    if (r == 0 && provider_status(t.prov, &t.ref, &st, &perr) == 0 && st == LB_STATUS_PAUSED) {
+        lend_activity_leave(l, id);
+        r = lb_error_set(err, -EBUSY, "sandbox '%s' is paused", id);
+    }
+    lend_target_release(&t);
+    return r;
+}
+
+void lend_busy_leave(struct lb_lend *l, const char *id)
+{
+    lend_activity_leave(l, id);
+}
+
 int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
                     size_t len, int mode, struct lb_error *err)
 {

@@ -208,8 +208,10 @@ int pty_service_new(const struct lb_pty_config *cfg, struct lb_lend *lend, struc
     while ((e = readdir(d))) {
         if (pty_sid_is_valid(e->d_name)) {
             load_session(p, e->d_name);
-        } else if (strncmp(e->d_name, "pty-", 4) == 0 && strchr(e->d_name, '.')) {
-            /* the daemon's pty-<hex>.meta/.holder(.tmp): kept only with their session */
+        } else if ((strncmp(e->d_name, "pty-", 4) == 0 ||
+                    strncmp(e->d_name, LB_CONTEXT_PREFIX, 4) == 0) &&
+                   strchr(e->d_name, '.')) {
+            /* the daemon's <sid>.meta/.holder(.tmp): kept only with their session */
             char sid[LB_PTY_SID_MAX];
             size_t n = (size_t)(strchr(e->d_name, '.') - e->d_name);
 
@@ -276,7 +278,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
     struct lb_exec_result res = {0};
     json_t *env = NULL;
     struct session *s, *tmp;
-    char sid[LB_PTY_SID_MAX] = "pty-", path[PATH_MAX], rows[16], cols[16], *meta = NULL;
+    char sid[LB_PTY_SID_MAX], path[PATH_MAX], rows[16], cols[16], *meta = NULL;
     char *argv[18], *user = NULL;
     size_t n = 0, k = 0;
     int r, dir_fd = -1;
@@ -287,9 +289,10 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
         return r;
     if (!caps.pty)
         return lb_error_set(err, -ENOSYS,
-                            "the provider of sandbox %s has no PTY sessions (detached execs "
-                            "included)",
+                            "the provider of sandbox %s has no PTY sessions (detached execs and "
+                            "code contexts included)",
                             sandbox_id);
+    memcpy(sid, c->context ? LB_CONTEXT_PREFIX : "pty-", 5);
     if (token_random_hex(16, sid + 4) < 0)
         return lb_error_set(err, -EIO, "no randomness for a session id");
     /* reserve the place first: the cap holds against concurrent creates */

@@ -47,6 +47,8 @@
 #include "util/error.h"
 
 #define LB_PTY_SID_MAX 40
+/* A session id is "pty-" and hex; a code context's (lend/context.h) is this prefix and hex. */
+#define LB_CONTEXT_PREFIX "ctx-"
 #define LB_PTY_TOKEN_MAX 65
 
 struct lb_ptys;
@@ -73,6 +75,7 @@ struct lb_pty_create {
     const char *user;    /* NULL: the exec default; passed to lend_exec unchanged */
     int rows, cols;      /* 1..65535 */
     bool pty;            /* false: pipes, stdout and stderr apart (detached exec) */
+    bool context;        /* a code context's interpreter: the id starts with LB_CONTEXT_PREFIX */
 };
 
 /* Create a session in sandbox_id and start its process. sid_out receives the session id.

@@ -1,9 +1,10 @@
 /*
  * pty_internal.h - what the PTY service's files share, and nothing else includes: pty.c
  * (registry, create, attach, delete), pty_watch.c (the inotify watcher and its waiters),
- * pty_io.c (output replay, input, control) and pty_session.c (the session-directory helpers,
- * the holder probe, the lookups). Calls go one way: pty.c -> pty_watch.c -> pty_io.c, and
- * each of them -> pty_session.c, which calls none of them.
+ * pty_io.c (output replay, input, control), pty_session.c (the session-directory helpers,
+ * the holder probe, the lookups) and context.c (code contexts, built on the public calls; it
+ * uses the session's busy flag and lookups). Calls go one way: context.c -> pty.c ->
+ * pty_watch.c -> pty_io.c, and each of them -> pty_session.c, which calls none of them.
  *
  * Locking: p->lock guards p->sessions and every session's fields; functions named *_locked
  * expect it held. Errors are negative errnos; with an err argument, detail goes there.
@@ -27,6 +28,7 @@ struct session {
     char sandbox_id[LB_ID_MAX];
     bool pty;
     bool gone;                      /* deleted: the directory is being removed */
+    bool busy;                      /* a code context's run is under way (context.c) */
     char holder[LB_SHA256_HEX + 1]; /* "" : not held */
     int wd;                         /* inotify watch, -1: none */
     struct pty_waiter *waiters;

@@ -20,7 +20,8 @@ bool pty_sid_is_valid(const char *sid)
 {
     size_t n = sid ? strlen(sid) : 0;
 
-    if (n < 8 || n >= LB_PTY_SID_MAX || strncmp(sid, "pty-", 4) != 0)
+    if (n < 8 || n >= LB_PTY_SID_MAX ||
+        (strncmp(sid, "pty-", 4) != 0 && strncmp(sid, LB_CONTEXT_PREFIX, 4) != 0))
         return false;
     for (size_t i = 4; i < n; i++)
         if (!((sid[i] >= '0' && sid[i] <= '9') || (sid[i] >= 'a' && sid[i] <= 'f')))
@@ -168,6 +169,8 @@ int pty_sandbox_of(struct lb_ptys *p, const char *sid, char *sandbox_id, size_t 
 
 int pty_not_found(struct lb_error *err, const char *sid)
 {
+    if (sid && strncmp(sid, LB_CONTEXT_PREFIX, 4) == 0)
+        return lb_error_set(err, -ENOENT, "no code context %s", sid);
     return lb_error_set(err, -ENOENT, "no PTY session %s", sid ? sid : "");
 }
 

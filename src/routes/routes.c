@@ -56,6 +56,13 @@ const struct lb_route lb_routes[] = {
     {"POST", "/v1/pty/*/attach", LB_AUTH_PTY, false, route_pty_attach, "pty_attach", false},
     {"GET", "/v1/pty/*/wait", LB_AUTH_PTY, false, route_pty_wait, "pty_wait", false},
     {"DELETE", "/v1/pty/*", LB_AUTH_PTY, false, route_pty_delete, "pty_delete", false},
+    {"POST", "/v1/sandboxes/*/contexts", LB_AUTH_SANDBOX, false, route_context_create,
+     "context_create", false},
+    {"POST", "/v1/contexts/*/run", LB_AUTH_CONTEXT, false, route_context_run, "context_run", false},
+    {"POST", "/v1/contexts/*/interrupt", LB_AUTH_CONTEXT, false, route_context_interrupt,
+     "context_interrupt", false},
+    {"DELETE", "/v1/contexts/*", LB_AUTH_CONTEXT, false, route_context_delete, "context_delete",
+     false},
     {"GET", "/v1/events", LB_AUTH_ADMIN, false, route_events, "events", false},
     {"GET", "/v1/images", LB_AUTH_ADMIN, false, route_images_list, "images_list", false},
     {"POST", "/v1/images", LB_AUTH_ADMIN, true, route_image_import, "image_import", false},
@@ -66,8 +73,10 @@ const struct lb_route lb_routes[] = {
 void routes_print(FILE *f)
 {
     /* by enum lb_auth_need: "session" is admin or the operate token of the sandbox lent to
-     * the session (the activation routes), "pty" the same for a PTY session's sandbox */
-    static const char *const auth_names[] = {"none", "admin", "sandbox", "session", "pty"};
+     * the session (the activation routes), "pty" the same for a PTY session's sandbox,
+     * "context" for a code context's */
+    static const char *const auth_names[] = {"none",    "admin", "sandbox",
+                                             "session", "pty",   "context"};
     const size_t n_names = sizeof(auth_names) / sizeof(auth_names[0]);
 
     for (const struct lb_route *r = lb_routes; r->method; r++)
@@ -84,12 +93,19 @@ int routes_authorize(void *app, const char *token, enum lb_auth_need need, const
     struct lb_record live = {0};
     int r;
 
-    if (need == LB_AUTH_PTY) {
-        /* the session's sandbox decides; an unknown session is nobody's (admin only: 404) */
-        bool known = a->ptys && pty_sandbox_of(a->ptys, sandbox_id, sbx, sizeof(sbx)) == 0;
+    if (need == LB_AUTH_PTY || need == LB_AUTH_CONTEXT) {
+        /* the session's sandbox decides; an unknown session is nobody's (admin only: 404). A
+         * code context is a PTY session too, but each kind is reached only by its own routes */
+        bool context = sandbox_id && strncmp(sandbox_id, LB_CONTEXT_PREFIX, 4) == 0;
+        bool kind = context == (need == LB_AUTH_CONTEXT);
+        bool known = kind && a->ptys && pty_sandbox_of(a->ptys, sandbox_id, sbx, sizeof(sbx)) == 0;
 
         target = known ? sbx : NULL;
         r = auth_authorize(a->auth, token, LB_AUTH_SANDBOX, target, who, err);
+        if (r == 0 && !kind)
+            return lb_error_set(err, -ENOENT, "no %s %s",
+                                need == LB_AUTH_CONTEXT ? "code context" : "PTY session",
+                                sandbox_id);
     } else {
         r = auth_authorize(a->auth, token, need, sandbox_id, who, err);
     }
@@ -105,7 +121,7 @@ int routes_authorize(void *app, const char *token, enum lb_auth_need need, const
     }
     /* PTY and activation requests are activity of their sandbox (its idle clock starts
      * again); exec, file and endpoint requests note theirs where they reach the sandbox */
-    if (target && (need == LB_AUTH_PTY || need == LB_AUTH_SESSION))
+    if (target && (need == LB_AUTH_PTY || need == LB_AUTH_CONTEXT || need == LB_AUTH_SESSION))
         lend_activity_touch(a->lend, target);
     /* Every call made with an operate token passes here: while an exclusive exec runs in the
      * token's sandbox, none of them reaches it (409, naming the exec). */

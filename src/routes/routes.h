@@ -266,6 +266,12 @@ int route_resume(struct lb_request *req, struct lb_error *err);
 /* POST /v1/sandboxes/{id}/renew {"ttl_s"} (admin or operate): 200 {"sandbox_id", "expires_at"} */
 int route_renew(struct lb_request *req, struct lb_error *err);
 int route_endpoint(struct lb_request *req, struct lb_error *err);
+/* contexts.c: code contexts */
+int route_context_create(struct lb_request *req, struct lb_error *err);
+int route_context_run(struct lb_request *req, struct lb_error *err);
+int route_context_interrupt(struct lb_request *req, struct lb_error *err);
+int route_context_delete(struct lb_request *req, struct lb_error *err);
+
 /* pty.c: PTY sessions and detached execs */
 int route_pty_create(struct lb_request *req, struct lb_error *err);
 int route_pty_output(struct lb_request *req, struct lb_error *err);

@@ -264,8 +264,8 @@ START_TEST(test_metrics_follow_seeds)
 }
 END_TEST
 
-/* The PTY routes (test_pty.c): for an unknown sandbox or session each
- * answers a JSON 404 and changes nothing. */
+/* The PTY and code-context routes (test_pty.c, test_contexts.c): for an unknown sandbox,
+ * session or context each answers a JSON 404 and changes nothing. */
 START_TEST(test_pty_routes_unknown)
 {
     static const struct {
@@ -280,6 +280,12 @@ START_TEST(test_pty_routes_unknown)
         {"POST", "/v1/pty/pty-1/attach", "{\"takeover\": false}"},
         {"GET", "/v1/pty/pty-1/wait?timeout_ms=10", NULL},
         {"DELETE", "/v1/pty/pty-1", NULL},
+        /* code contexts are held like PTY sessions: the same */
+        {"POST", "/v1/sandboxes/sbx-00000000000000000000000000/contexts",
+         "{\"language\": \"python\"}"},
+        {"POST", "/v1/contexts/ctx-1/run", "{\"code\": \"1\"}"},
+        {"POST", "/v1/contexts/ctx-0123456789abcdef/interrupt", "{}"},
+        {"DELETE", "/v1/contexts/ctx-1", NULL},
     };
     json_t *before = lbt_list_sandboxes(&D), *after;
 

@@ -210,6 +210,10 @@ ROUTES: Dict[str, Route] = {
     "pty_attach": Route("POST", "/v1/pty/*/attach", False),
     "pty_wait": Route("GET", "/v1/pty/*/wait", True),
     "pty_delete": Route("DELETE", "/v1/pty/*", True),
+    "create_context": Route("POST", "/v1/sandboxes/*/contexts", False),
+    "run_context": Route("POST", "/v1/contexts/*/run", False),
+    "interrupt_context": Route("POST", "/v1/contexts/*/interrupt", True),
+    "delete_context": Route("DELETE", "/v1/contexts/*", True),
     "list_images": Route("GET", "/v1/images", True),
     "import_image": Route("POST", "/v1/images", False),
     "delete_image": Route("DELETE", "/v1/images/*", True),
@@ -816,6 +820,58 @@ class _Routes:
         """``DELETE /v1/pty/{sid}``: end the session."""
         return self._run(
             _Call("pty_delete", f"/v1/pty/{_seg(session_id)}", result="none", ok=(200, 204))
+        )
+
+    # --- code contexts (a provider without PTY sessions, e.g. docker, answers 501) ---------------
+
+    def create_context(self, sandbox_id: str, language: str = "python") -> Dict[str, Any]:
+        """``POST /v1/sandboxes/{id}/contexts`` → 201 ``{"context_id", "language"}``: a Python
+        interpreter in the sandbox that keeps its state between runs (and across a daemon
+        restart). Unenforceable (422) when the image has no ``python3``."""
+        return self._run(
+            _Call(
+                "create_context",
+                f"/v1/sandboxes/{_seg(sandbox_id)}/contexts",
+                json={"language": language},
+                ok=(201,),
+                read_timeout_s=90.0,
+            )
+        )
+
+    def run_context(
+        self, context_id: str, code: str, *, timeout_s: Optional[float] = None
+    ) -> Dict[str, Any]:
+        """``POST /v1/contexts/{cid}/run`` ``{"code", "timeout_s"}`` → ``{"stdout", "stderr",
+        "result", "error", "duration_ms"}``: ``result`` is the repr of a last expression (or
+        None), ``error`` None or ``{"name", "value", "traceback"}``. Past ``timeout_s`` (default
+        60) the run is interrupted (``error["name"] == "KeyboardInterrupt"``) and the context
+        lives on. Conflict while another run of the context is under way."""
+        rt = (timeout_s if timeout_s is not None else 60.0) + 30.0
+        return self._run(
+            _Call(
+                "run_context",
+                f"/v1/contexts/{_seg(context_id)}/run",
+                json=_body(code=code, timeout_s=timeout_s),
+                read_timeout_s=rt,
+            )
+        )
+
+    def interrupt_context(self, context_id: str) -> Dict[str, Any]:
+        """``POST /v1/contexts/{cid}/interrupt``: KeyboardInterrupt in the run under way (nothing
+        between runs) → ``{"context_id"}``."""
+        return self._run(
+            _Call("interrupt_context", f"/v1/contexts/{_seg(context_id)}/interrupt", json={})
+        )
+
+    def delete_context(self, context_id: str) -> None:
+        """``DELETE /v1/contexts/{cid}``: end the context (its interpreter is killed)."""
+        return self._run(
+            _Call(
+                "delete_context",
+                f"/v1/contexts/{_seg(context_id)}",
+                result="none",
+                ok=(204,),
+            )
         )
 
     # --- images (admin) -----------------------------------------------------------------------
