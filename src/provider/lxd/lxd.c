@@ -272,9 +272,9 @@ static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
     r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-    /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
-     * another client: this daemon serializes its own) an id range newuidmap refuses
-     * ("forkstart" fails); a second start allocates again */
+    /* a start that fails in "forkstart" (LXD 5.0.2 handing a range newuidmap refuses, when it
+     * chooses one: an instance of an older version, which has no security.idmap.base) or
+     * meets another operation on the instance is tried again */
     for (int i = 0;
          i < 3 && r < 0 && (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
          i++) {
