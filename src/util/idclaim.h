@@ -28,8 +28,9 @@
  * -EREMOTEIO with err naming why. */
 int idclaim_dir_make(const char *dir, struct lb_error *err);
 
-/* This daemon's identity in its claims: state_dir's device and inode and its path, then tag on
- * a line of its own when tag is not NULL. *out is malloc'd (the caller frees it). 0,
+/* This daemon's identity in its claims: state_dir's device and inode and its path (absolute:
+ * other daemons judge the claim's staleness by it), then tag on a line of its own when tag is
+ * not NULL. *out is malloc'd (the caller frees it). 0,
  * -EREMOTEIO (state_dir cannot be stat'ed) or -ENOMEM, with err set. */
 int idclaim_id_make(const char *state_dir, const char *tag, char **out, struct lb_error *err);
 

@@ -75,6 +75,7 @@ int lxd_idmap_init(struct lb_lxd *l, int64_t base, int64_t count, const char *st
                    struct lb_error *err)
 {
     uint32_t b = 0, c = 0;
+    char *real;
     int r;
 
     if (base > 0) {
@@ -91,7 +92,13 @@ int lxd_idmap_init(struct lb_lxd *l, int64_t base, int64_t count, const char *st
         if (count > 0 && (uint32_t)count < c)
             c = (uint32_t)count;
     }
-    r = idslots_init(&l->idmap, b, c, IDCLAIM_DIR, state_dir, "lxd", err);
+    /* the claims name the state dir absolute: another daemon judges their staleness by it */
+    real = realpath(state_dir, NULL);
+    if (!real)
+        return lb_error_set(err, -EINVAL, "cannot resolve the state dir '%s': %s", state_dir,
+                            strerror(errno));
+    r = idslots_init(&l->idmap, b, c, IDCLAIM_DIR, real, "lxd", err);
+    free(real);
     if (r < 0) {
         idslots_release(&l->idmap);
         return lb_error_keep(err, r, "lxd.idmap_base/idmap_count: %s", err->message);
