@@ -139,6 +139,9 @@ static int lxd_open(const struct lb_provider_env *env, struct lb_provider **out,
         .server_cert = cfg->lxd_server_cert,
         .target = cfg->lxd_target,
         .call_timeout_ms = cfg->lxd_call_timeout_s * 1000,
+        .create_concurrency = cfg->lxd_create_concurrency,
+        .idmap_base = cfg->lxd_idmap_base,
+        .idmap_count = cfg->lxd_idmap_count,
         .create_timeout_ms = cfg->create_timeout_s * 1000,
     };
 

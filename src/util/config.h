@@ -90,14 +90,17 @@ struct lb_config {
     char *docker_default_image; /* image of a seed without one; NULL: none */
     char *docker_instance;      /* container label value; NULL: derived from the state dir */
     /* [lxd] */
-    char *lxd_socket;           /* a member's unix socket; or lxd_url with the three PEMs: */
-    char *lxd_url;              /* "https://host:port" of a member */
-    char *lxd_cert, *lxd_key;   /* the client certificate and key */
-    char *lxd_server_cert;      /* the cluster certificate, whose key is pinned */
-    char *lxd_default_image;    /* LXD image alias of a seed without one; NULL: none */
-    char *lxd_target;           /* member or "@group" for new instances; NULL: the cluster's */
-    char *lxd_instance;         /* user.lendbox.instance value; NULL: derived from state dir */
-    int64_t lxd_call_timeout_s; /* bound on each LXD API call */
+    char *lxd_socket;               /* a member's unix socket; or lxd_url with the three PEMs: */
+    char *lxd_url;                  /* "https://host:port" of a member */
+    char *lxd_cert, *lxd_key;       /* the client certificate and key */
+    char *lxd_server_cert;          /* the cluster certificate, whose key is pinned */
+    char *lxd_default_image;        /* LXD image alias of a seed without one; NULL: none */
+    char *lxd_target;               /* member or "@group" for new instances; NULL: the cluster's */
+    char *lxd_instance;             /* user.lendbox.instance value; NULL: derived from state dir */
+    int64_t lxd_call_timeout_s;     /* bound on each LXD API call */
+    int64_t lxd_create_concurrency; /* instances made and started at once */
+    int64_t lxd_idmap_base;  /* first host id of the instances' id slots; 0: from /etc/subuid */
+    int64_t lxd_idmap_count; /* slots of 65536 ids; 0: as many as the range holds */
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */
@@ -115,8 +118,8 @@ struct lb_config {
     bool events_enabled;      /* false only to measure what the event write costs (bench) */
     int64_t events_max_age_s; /* retention by age; 0: none */
     int64_t events_max_count; /* the newest kept; 0: no limit */
-    bool pool_recycle;               /* a released pooled sandbox goes back to the pool */
-    int64_t pool_max_uses;           /* lends of one recycled line before it is stopped */
+    bool pool_recycle;        /* a released pooled sandbox goes back to the pool */
+    int64_t pool_max_uses;    /* lends of one recycled line before it is stopped */
     /* [faults] */
     char *faults_spec;
 };

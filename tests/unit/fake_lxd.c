@@ -175,10 +175,10 @@ void fake_lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const ch
     struct fake_inst *in;
 
     if (strcmp(path, "/1.0") == 0) {
-        fake_lxd_sync(rp, json_pack("{s:s,s:[s,s,s,s,s],s:{s:b}}", "auth", "trusted",
+        fake_lxd_sync(rp, json_pack("{s:s,s:[s,s,s,s,s,s],s:{s:b}}", "auth", "trusted",
                                     "api_extensions", "instances", "container_exec_recording",
                                     "container_exec_user_group_cwd", "file_append", "api_filtering",
-                                    "environment", "server_clustered", 0));
+                                    "id_map_base", "environment", "server_clustered", 0));
         return;
     }
     if (strcmp(path, "/1.0/profiles/default") == 0) {

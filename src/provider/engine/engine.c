@@ -50,6 +50,29 @@ void engine_init(struct lb_engine *e, const struct engine_hooks *hooks)
     e->base.ops = &e->ops;
     e->hooks = hooks;
     pthread_mutex_init(&e->create_mutex, NULL);
+    pthread_cond_init(&e->create_cond, NULL);
+}
+
+/* Wait for one of create_concurrency places (none without a bound); create_leave gives it
+ * back. */
+static bool create_enter(struct lb_engine *e)
+{
+    if (e->create_concurrency <= 0)
+        return false;
+    pthread_mutex_lock(&e->create_mutex);
+    while (e->create_running >= e->create_concurrency)
+        pthread_cond_wait(&e->create_cond, &e->create_mutex);
+    e->create_running++;
+    pthread_mutex_unlock(&e->create_mutex);
+    return true;
+}
+
+static void create_leave(struct lb_engine *e)
+{
+    pthread_mutex_lock(&e->create_mutex);
+    e->create_running--;
+    pthread_cond_signal(&e->create_cond);
+    pthread_mutex_unlock(&e->create_mutex);
 }
 
 /* A copy of s, NULL for NULL or ""; *oom when the copy failed. */
@@ -187,10 +210,7 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     r = h->prepare ? h->prepare(e, ref, spec, &inst, err) : 0;
     if (r < 0)
         return r;
-    if (e->serial_create) {
-        pthread_mutex_lock(&e->create_mutex);
-        locked = true;
-    }
+    locked = create_enter(e);
     r = h->make(e, ref, spec, image, timeout_ms, &inst, err);
     if (r == -EEXIST) {
         /* a create retried after a crash: the first instance is the sandbox */
@@ -212,7 +232,7 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     r = h->start(e, ref, timeout_ms, &inst, err);
     if (locked) {
-        pthread_mutex_unlock(&e->create_mutex);
+        create_leave(e);
         locked = false;
     }
     if (r == 0 && from_snap)
@@ -221,7 +241,7 @@ int engine_create(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = h->finish(e, ref, spec, &inst, descriptor_out, err);
 out:
     if (locked)
-        pthread_mutex_unlock(&e->create_mutex);
+        create_leave(e);
     if (r < 0)
         h->rollback(e, ref, &inst, made);
     if (r < 0 && r != -ETIMEDOUT && r != -EINVAL && r != -EOPNOTSUPP && r != -LB_E_IMAGE_NOT_FOUND)
@@ -399,6 +419,7 @@ void engine_release(struct lb_engine *e)
     mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     gates_release(&e->gates);
     pthread_mutex_destroy(&e->create_mutex);
+    pthread_cond_destroy(&e->create_cond);
 }
 
 /* The destroy op: the backend's own, then the base, then the struct (calloc'd by the

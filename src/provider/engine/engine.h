@@ -38,6 +38,8 @@ struct engine_instance {
                            cluster member it is on); "" until known */
     bool from_snapshot; /* set before make: the image make gets is a reference commit gave
                            (a snapshot this backend made), not one of the engine's own */
+    uint32_t id_base;   /* lxd: the first host id of the instance's own id range (its slot,
+                           taken by prepare); 0: none */
 };
 
 /* One exec on its way through engine_exec and the backend's exec_run hook. */
@@ -251,14 +253,17 @@ struct lb_engine {
     const char *supervise_inside; /* the supervisor inside an instance (static string) */
     int64_t create_timeout_ms;    /* bound of each step of a create */
     bool ready_timeout;           /* a spec's ready_timeout_ms, when set, bounds a create instead */
-    bool serial_create;           /* make and start one instance at a time (create_mutex) */
+    int create_concurrency;       /* at most this many instances made and started at once
+                                   * (0: no bound): create_mutex, create_cond, create_running */
+    int create_running;
     pthread_mutex_t create_mutex;
+    pthread_cond_t create_cond;
 };
 
 /* Set up the base: hooks (static, borrowed) and the ops table of the engine's drivers under
  * hooks->name, the rest zeroed but the mutex. The backend then calls engine_setup (or sets the
  * strings itself, malloc'd) and sets supervise_inside, create_timeout_ms, ready_timeout and
- * serial_create. Pair with engine_release (the provider's destroy op does). */
+ * create_concurrency. Pair with engine_release (the provider's destroy op does). */
 void engine_init(struct lb_engine *e, const struct engine_hooks *hooks);
 
 /* Copy what c names into e (socket, default_image, supervise_path, net_inherit, instance: the

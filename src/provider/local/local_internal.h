@@ -40,6 +40,7 @@
 #include "provider/local/seccomp.h"
 #include "provider/local/net.h"
 #include "supervisor/signals.h"
+#include "util/idclaim.h"
 
 /* Host ids per sandbox: its user namespace maps ids 0..LOCAL_SLOT_IDS-1 (uids and gids) to
  * host ids slot..slot+LOCAL_SLOT_IDS-1, where slot (local_desc.uid) is the first id of a slot
@@ -47,7 +48,7 @@
 #define LOCAL_SLOT_IDS 65536u
 #define LOCAL_SLOT_IDS_TEXT "65536"
 /* Host-wide claims of slots in use, one file per slot named by its first id (local.c). */
-#define LOCAL_SLOT_CLAIM_DIR "/run/lendbox/slots"
+#define LOCAL_SLOT_CLAIM_DIR IDCLAIM_DIR
 
 /* Where the supervisor appears inside every sandbox. */
 #define LOCAL_SUPERVISE_PATH "/run/lendbox/supervise"

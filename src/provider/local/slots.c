@@ -19,111 +19,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/idclaim.h"
 #include "util/log.h"
 
-/* ---- host-wide slot claims ---------------------------------------------------------------
- * Every slot in use is claimed host-wide, so no two lendboxd (whatever their state dirs and
- * uid_base) ever use overlapping ids at once: a stop kills every process of the slot's ids.
- * A claim is the file LOCAL_SLOT_CLAIM_DIR/<first id of the slot>, made with O_EXCL, holding
- * the claimer's identity ("<dev>:<ino> <state dir>\n" of its state dir). uid_base is a multiple
- * of LOCAL_SLOT_IDS, so two daemons' slots either coincide or are disjoint. A claim whose state
- * dir no longer exists (or is another directory now) is stale and may be removed; a daemon that
- * died keeps its claims (its sandboxes outlive it) until it starts again and drops the ones of
- * no live sandbox. /run is a tmpfs: every claim goes at reboot, and so does every sandbox. */
+/* Every slot in use is claimed host-wide (util/idclaim.h), so no two lendboxd (whatever their
+ * state dirs and uid_base) ever use overlapping ids at once: a stop kills every process of the
+ * slot's ids. uid_base is a multiple of LOCAL_SLOT_IDS, so two daemons' slots either coincide or
+ * are disjoint. */
 
-/* The claim file's path of the slot whose first id is first. */
-static void claim_path(uint32_t first, char *buf, size_t size)
-{
-    snprintf(buf, size, "%s/%" PRIu32, LOCAL_SLOT_CLAIM_DIR, first);
-}
-
-/* The claim's content: 0, or -errno when the file cannot be read. */
-static int claim_read(const char *path, char *buf, size_t size)
-{
-    ssize_t n;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-
-    if (fd < 0)
-        return -errno;
-    n = read(fd, buf, size - 1);
-    close(fd);
-    if (n < 0)
-        return -EIO;
-    buf[n] = '\0';
-    return 0;
-}
-
-/* Is the claim's owner provably gone: its state dir no longer exists or is another directory? */
-static bool claim_is_stale(const char *content)
-{
-    unsigned long long dev, ino;
-    char path[4096];
-    struct stat st;
-
-    if (sscanf(content, "%llu:%llu %4095[^\n]", &dev, &ino, path) != 3)
-        return false; /* being written right now, or not ours to judge */
-    if (stat(path, &st) < 0)
-        return errno == ENOENT || errno == ENOTDIR;
-    return (unsigned long long)st.st_dev != dev || (unsigned long long)st.st_ino != ino;
-}
-
-/* Remove the claim at path if it is still the stale one; under the claim dir's lock, so a
- * claim made after another daemon's check is never removed. */
-static void claim_remove_stale(const char *path)
-{
-    char content[4200];
-    int lk = open(LOCAL_SLOT_CLAIM_DIR "/.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-
-    if (lk < 0)
-        return;
-    if (flock(lk, LOCK_EX) == 0 && claim_read(path, content, sizeof(content)) == 0 &&
-        claim_is_stale(content))
-        (void)unlink(path);
-    close(lk);
-}
-
-/* Claim the slot whose first id is first. 0 when it is ours now (also when it already named us),
- * -EBUSY when another live daemon holds it, another -errno when the claim dir is unusable. */
 static int claim_take(const struct local_provider *lp, uint32_t first)
 {
-    char path[128], content[4200];
-    int tries, fd;
+    int r = idclaim_take(LOCAL_SLOT_CLAIM_DIR, lp->claim_id, first);
 
-    claim_path(first, path, sizeof(path));
-    for (tries = 0; tries < 2; tries++) {
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd >= 0) {
-            size_t len = strlen(lp->claim_id);
-            ssize_t n = write(fd, lp->claim_id, len);
-
-            close(fd);
-            if (n != (ssize_t)len) {
-                (void)unlink(path);
-                return -EIO;
-            }
-            return 0;
-        }
-        if (errno != EEXIST)
-            return -errno;
-        if (claim_read(path, content, sizeof(content)) < 0)
-            continue; /* removed meanwhile: try again */
-        if (strcmp(content, lp->claim_id) == 0)
-            return 0;
-        if (!claim_is_stale(content))
-            return -EBUSY;
-        claim_remove_stale(path);
-    }
-    return -EBUSY;
+    return r > 0 ? 0 : r; /* ours already: a sandbox of ours is marked before any take */
 }
 
-/* Drop our claim of the slot whose first id is first (never another daemon's). */
 static void claim_drop(const struct local_provider *lp, uint32_t first)
 {
-    char path[128], content[4200];
-
-    claim_path(first, path, sizeof(path));
-    if (claim_read(path, content, sizeof(content)) == 0 && strcmp(content, lp->claim_id) == 0)
-        (void)unlink(path);
+    idclaim_drop(LOCAL_SLOT_CLAIM_DIR, lp->claim_id, first);
 }
 
 /* ---- uid slots -------------------------------------------------------------------------- */
@@ -255,65 +168,34 @@ void local_uid_free(struct local_provider *lp, uint32_t uid)
  * claim dir. One readdir, at start only. */
 int local_claims_start(struct local_provider *lp, struct lb_error *err)
 {
-    struct stat st;
+    int r = idclaim_dir_make(LOCAL_SLOT_CLAIM_DIR, err);
 
-    if ((mkdir("/run/lendbox", 0755) < 0 && errno != EEXIST) ||
-        (mkdir(LOCAL_SLOT_CLAIM_DIR, 0755) < 0 && errno != EEXIST))
-        return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", LOCAL_SLOT_CLAIM_DIR,
-                            strerror(errno));
-    if (lstat(LOCAL_SLOT_CLAIM_DIR, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
-        return lb_error_set(err, -EREMOTEIO, "'%s' is not a directory of this user",
-                            LOCAL_SLOT_CLAIM_DIR);
-    if (stat(lp->state_dir, &st) < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot stat '%s': %s", lp->state_dir,
-                            strerror(errno));
-    if (asprintf(&lp->claim_id, "%llu:%llu %s\n", (unsigned long long)st.st_dev,
-                 (unsigned long long)st.st_ino, lp->state_dir) < 0) {
-        lp->claim_id = NULL;
-        return lb_error_set(err, -ENOMEM, "out of memory");
+    return r < 0 ? r : idclaim_id_make(lp->state_dir, NULL, &lp->claim_id, err);
+}
+
+/* Is the slot whose first id is first used by a sandbox of arg (local_list's array)? */
+static bool slot_in_use(void *arg, uint32_t first)
+{
+    json_t *all = arg;
+    size_t i;
+
+    for (i = 0; all && i < json_array_size(all); i++) {
+        json_t *u = json_object_get(json_object_get(json_array_get(all, i), "descriptor"), "uid");
+        uint32_t f[2];
+        int k, n;
+
+        if (!json_is_integer(u) || json_integer_value(u) <= 0 || json_integer_value(u) > UINT32_MAX)
+            continue;
+        n = uid_slots((uint32_t)json_integer_value(u), f);
+        for (k = 0; k < n; k++)
+            if (f[k] == first)
+                return true;
     }
-    return 0;
+    return false;
 }
 
 /* Drop our claims that no live sandbox of ours accounts for (called after local_list). */
 void local_claims_sweep(struct local_provider *lp, json_t *all)
 {
-    char path[300], content[4200];
-    struct dirent *de;
-    DIR *dir = opendir(LOCAL_SLOT_CLAIM_DIR);
-    size_t i;
-
-    if (!dir)
-        return;
-    while ((de = readdir(dir))) {
-        char *end;
-        unsigned long v;
-        bool used = false;
-
-        errno = 0;
-        v = strtoul(de->d_name, &end, 10);
-        if (de->d_name[0] < '0' || de->d_name[0] > '9' || *end || errno || v > UINT32_MAX)
-            continue;
-        snprintf(path, sizeof(path), "%s/%s", LOCAL_SLOT_CLAIM_DIR, de->d_name);
-        if (claim_read(path, content, sizeof(content)) < 0 || strcmp(content, lp->claim_id))
-            continue;
-        for (i = 0; all && i < json_array_size(all) && !used; i++) {
-            json_t *u =
-                json_object_get(json_object_get(json_array_get(all, i), "descriptor"), "uid");
-            uint32_t first[2];
-            int k, n;
-
-            if (!json_is_integer(u) || json_integer_value(u) <= 0 ||
-                json_integer_value(u) > UINT32_MAX)
-                continue;
-            n = uid_slots((uint32_t)json_integer_value(u), first);
-            for (k = 0; k < n; k++)
-                used = used || first[k] == (uint32_t)v;
-        }
-        if (!used) {
-            log_info("dropping the claim of host ids %lu.. (no sandbox uses them)", v);
-            (void)unlink(path);
-        }
-    }
-    closedir(dir);
+    idclaim_sweep(LOCAL_SLOT_CLAIM_DIR, lp->claim_id, slot_in_use, all);
 }

@@ -31,12 +31,20 @@ static const char *const required_extensions[] = {
     "container_exec_user_group_cwd", /* exec user/group */
     "file_append",                   /* X-LXD-write: overwrite */
     "api_filtering",                 /* list by config.user.lendbox.instance */
+    "id_map_base",                   /* security.idmap.base: lendbox picks each id range */
 };
 
-static json_t *new_descriptor(const char *name, const char *location, const char *workdir)
+static json_t *new_descriptor(const char *name, const char *location, const char *workdir,
+                              uint32_t id_base)
 {
-    return json_pack("{s:s,s:s,s:s}", "name", name, "location", location ? location : "", "workdir",
-                     workdir ? workdir : "/workspace");
+    json_t *d = json_pack("{s:s,s:s,s:s}", "name", name, "location", location ? location : "",
+                          "workdir", workdir ? workdir : "/workspace");
+
+    if (d && id_base && json_object_set_new(d, "id_base", json_integer(id_base)) < 0) {
+        json_decref(d);
+        return NULL;
+    }
+    return d;
 }
 
 /* A cluster with no Online member (or a target member that is not Online) cannot take a new
@@ -105,9 +113,10 @@ static void mounts_lxc(const struct lb_sandbox_spec *spec, char *buf, size_t siz
 }
 
 /* The create request: from the image alias image, or (from_snapshot) a copy of the stopped
- * instance image that a snapshot made (lxd_snapshot.c), without its snapshot label. */
+ * instance image that a snapshot made (lxd_snapshot.c), without its snapshot label; its own
+ * id range from id_base (the slot prepare took). */
 static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_sandbox_spec *spec,
-                           const char *image, bool from_snapshot)
+                           const char *image, bool from_snapshot, uint32_t id_base)
 {
     const struct lb_resources *res = &spec->resources;
     json_t *conf = json_pack("{s:s,s:s,s:s}", LXD_LABEL_INSTANCE, l->eng.instance,
@@ -118,6 +127,12 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
 
     if (!conf || !root)
         goto fail;
+    if (id_base) {
+        snprintf(v, sizeof(v), "%lu", (unsigned long)id_base);
+        json_object_set_new(conf, "security.idmap.base", json_string(v));
+        snprintf(v, sizeof(v), "%u", IDCLAIM_SLOT_IDS);
+        json_object_set_new(conf, "security.idmap.size", json_string(v));
+    }
     mounts_lxc(spec, mounts, sizeof(mounts));
     json_object_set_new(conf, "raw.lxc", json_string(mounts));
     /* a copy takes the source's config but for what the request names: "" unsets its
@@ -171,7 +186,14 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 
     snprintf(inst->name, sizeof(inst->name), "%s", ref->id);
     r = check_network(l, spec, err);
-    return r < 0 ? r : check_members(l, err);
+    if (r == 0)
+        r = check_members(l, err);
+    if (r == 0 && idslots_alloc(&l->idmap, &inst->id_base) < 0)
+        r = lb_error_set(err, -EUSERS,
+                         "no free id range for a new LXD instance: all %lu slots of lxd.idmap "
+                         "are in use (here or by another lendboxd on this host)",
+                         (unsigned long)l->idmap.count);
+    return r;
 }
 
 static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -193,7 +215,7 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
             return r;
         target = holder_at[0] ? holder_at : NULL;
     }
-    body = create_body(l, ref->id, spec, image, inst->from_snapshot);
+    body = create_body(l, ref->id, spec, image, inst->from_snapshot, inst->id_base);
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (target) {
@@ -220,10 +242,21 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     return lb_error_keep(err, r, "%s", cerr.message);
 }
 
+/* A create retried after a crash: the instance that exists keeps its own range, so the slot
+ * prepare took goes back and the instance's is marked. */
 static int hook_find_own(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                          struct engine_instance *inst, struct lb_error *err)
 {
-    return lxd_find_own((struct lb_lxd *)e, ref->id, inst->handle, sizeof(inst->handle), err);
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    uint32_t id_base = 0;
+    int r = lxd_find_own(l, ref->id, inst->handle, sizeof(inst->handle), &id_base, err);
+
+    if (r == 0 && id_base != inst->id_base) {
+        lxd_idmap_mark(l, id_base);
+        lxd_idmap_free(l, inst->id_base);
+        inst->id_base = id_base;
+    }
+    return r;
 }
 
 static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
@@ -239,9 +272,9 @@ static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int
         return lb_error_set(err, -ENOMEM, "out of memory");
     snprintf(path, sizeof(path), "/1.0/instances/%s/state", ref->id);
     r = lxd_async(l, NULL, "PUT", path, start, timeout_ms, NULL, &serr);
-    /* LXD 5.0.2 may hand an isolated instance started at the same time as another one (of
-     * another client: this daemon serializes its own) an id range newuidmap refuses
-     * ("forkstart" fails); a second start allocates again */
+    /* a start that fails in "forkstart" (LXD 5.0.2 handing a range newuidmap refuses, when it
+     * chooses one: an instance of an older version, which has no security.idmap.base) or
+     * meets another operation on the instance is tried again */
     for (int i = 0;
          i < 3 && r < 0 && (strstr(serr.message, "forkstart") || strstr(serr.message, "is busy"));
          i++) {
@@ -271,9 +304,10 @@ static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     json_t *desc;
     int r;
 
-    if (!inst->handle[0] && lxd_find_own(l, ref->id, inst->handle, sizeof(inst->handle), err) < 0)
+    if (!inst->handle[0] &&
+        lxd_find_own(l, ref->id, inst->handle, sizeof(inst->handle), NULL, err) < 0)
         return -EREMOTEIO;
-    desc = new_descriptor(ref->id, inst->handle, workdir);
+    desc = new_descriptor(ref->id, inst->handle, workdir, inst->id_base);
     if (!desc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     own.descriptor = desc;
@@ -298,16 +332,26 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     struct lb_error rerr = {0};
 
     if (made &&
-        lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, true, &rerr) < 0)
+        lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, true, &rerr) < 0) {
+        /* its range stays taken while the instance may still run (the stop's retry frees it) */
         log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
                      rerr.message);
+        return;
+    }
+    lxd_idmap_free(l, inst->id_base);
 }
 
 static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, int64_t timeout_ms,
                        struct lb_error *err)
 {
-    return lxd_remove_instance((struct lb_lxd *)e, ref->id, lxd_member_of(ref), timeout_ms, true,
-                               err);
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    int r = lxd_remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms, true, err);
+
+    /* the instance is gone: its range is free (a descriptor of an older version names none;
+     * its slots are swept at the next start) */
+    if (r == 0)
+        lxd_idmap_free(l, lxd_idmap_of_descriptor(ref->descriptor));
+    return r;
 }
 
 static int hook_state(struct lb_engine *e, const struct lb_sandbox_ref *ref,
@@ -373,16 +417,31 @@ static int hook_set_frozen(struct lb_engine *e, const struct lb_sandbox_ref *ref
     return r;
 }
 
+/* Every instance of this daemon, each one's id range marked in use; then the claims of ranges
+ * no instance and no create under way accounts for are dropped (a crash between a removal and
+ * its give-back). */
 static int hook_list_raw(struct lb_engine *e, json_t **items_out, struct lb_error *err)
 {
-    json_t *j = NULL, *items;
+    struct lb_lxd *l = (struct lb_lxd *)e;
+    json_t *j = NULL, *items, *c;
+    size_t i;
     int r = lxd_list_labelled(e, LXD_LABEL_INSTANCE, e->instance, "instance list", &j, err);
 
     items = json_object_get(j, "metadata");
     if (r == 0 && !json_is_array(items))
         r = lb_error_set(err, -EREMOTEIO, "LXD: unreadable instance list");
-    if (r == 0)
+    if (r == 0) {
+        json_array_foreach(items, i, c) {
+            json_t *conf = json_object_get(c, "config");
+
+            if (strcmp(json_string_value(json_object_get(conf, LXD_LABEL_INSTANCE)) ?: "",
+                       l->eng.instance) == 0)
+                lxd_idmap_mark(l, lxd_idmap_of_config(conf));
+        }
+        if (l->idmap_ready)
+            idslots_sweep(&l->idmap);
         *items_out = json_incref(items);
+    }
     json_decref(j);
     return r;
 }
@@ -399,7 +458,8 @@ static json_t *hook_list_entry(struct lb_engine *e, json_t *c, const char **id_o
     if (!id || !inst || !name || strcmp(inst, l->eng.instance) != 0 || strcmp(name, id) != 0)
         return NULL;
     *id_out = id;
-    return new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL);
+    return new_descriptor(id, json_string_value(json_object_get(c, "location")), NULL,
+                          lxd_idmap_of_config(conf));
 }
 
 static void hook_release(struct lb_engine *e)
@@ -409,6 +469,8 @@ static void hook_release(struct lb_engine *e)
     free(l->url);
     free(l->target);
     free(l->supervise_data);
+    if (l->idmap_ready)
+        idslots_release(&l->idmap);
 }
 
 /* Beyond the engine's: activations' receipts through a file in the instance (receipt_file).
@@ -632,7 +694,8 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     l->eng.supervise_inside = LXD_SUPERVISE_PATH;
     l->eng.create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 60000;
     l->eng.ready_timeout = true; /* a spec's ready_timeout_ms bounds the create */
-    l->eng.serial_create = true; /* one instance made and started at a time */
+    /* each instance's id range is lendbox's (lxd_idmap.c): creates run side by side */
+    l->eng.create_concurrency = cfg->create_concurrency > 0 ? (int)cfg->create_concurrency : 8;
     l->call_timeout_ms = cfg->call_timeout_ms > 0 ? cfg->call_timeout_ms : 15000;
     l->url = cfg->url && *cfg->url ? strdup(cfg->url) : NULL;
     l->target = cfg->target && *cfg->target ? strdup(cfg->target) : NULL;
@@ -641,6 +704,8 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         goto fail;
     }
     r = read_supervisor(l, err);
+    if (r == 0)
+        r = lxd_idmap_init(l, cfg->idmap_base, cfg->idmap_count, cfg->engine.state_dir, err);
     if (r < 0)
         goto fail;
     if (l->eng.socket) {

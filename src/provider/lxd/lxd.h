@@ -9,7 +9,8 @@
  * labels), so it is found and stopped from the id alone, a create retried after a crash finds
  * the first instance ("already exists") instead of making a second, and list returns exactly
  * this daemon's instances (GET /1.0/instances?filter=config.user.lendbox.instance eq I). The
- * descriptor is {"name", "location" (the member), "workdir"}.
+ * descriptor is {"name", "location" (the member), "workdir", "id_base" (the first host id of its
+ * id range; absent when not known)}.
  *
  * Spec mapping. The instance is created with no profile and one device, the root disk on the
  * default profile's pool, so it has no NIC (loopback only) whatever the profiles say.
@@ -18,9 +19,18 @@
  * limits.processes, disk_mib -> the root device's size: refused (422) on a pool whose driver
  * has no quotas ("dir"). network: only no network (access absent or "inherit" with
  * network.inherit = none); declared ports are 422. Placement is the cluster's (its scheduler),
- * unless lxd.target names a member or a cluster group ("@group"). Creations and starts are
- * serialized per provider: LXD 5.0.2 gave isolated instances started at once overlapping id
- * ranges.
+ * unless lxd.target names a member or a cluster group ("@group").
+ *
+ * Id ranges. Each instance's isolated range is lendbox's choice, not LXD's (LXD 5.0.2 gave
+ * isolated instances started at once overlapping ranges, and two members on one host allocate
+ * from one range each on their own): security.idmap.base is a slot of 65536 ids from
+ * lxd.idmap_base/idmap_count (default: root's range in this host's /etc/subuid and /etc/subgid,
+ * less its first 65536 ids), security.idmap.size 65536, taken by the create from a table
+ * claimed host-wide like the local provider's slots (util/idslots.h, /run/lendbox/slots) and
+ * given back when the instance is removed. A listing (the start's reconciliation) marks the
+ * slot of every instance of this daemon from its config (security.idmap.base, or
+ * volatile.idmap.base for one LXD placed) and drops claims that no instance accounts for. So
+ * creates run in parallel, at most lxd.create_concurrency making and starting at once.
  *
  * Exec: the static lendbox-supervise is pushed into every instance at create
  * (/run/lendbox/supervise, files API) and each command runs as
@@ -70,6 +80,10 @@ struct lb_lxd_config {
     const char *target;          /* member or "@group" for new instances; NULL: the cluster's */
     int64_t call_timeout_ms;     /* bound on each API call (not an exec's own run) */
     int64_t create_timeout_ms;   /* bound on a whole create */
+    int64_t create_concurrency;  /* instances made and started at once (<= 0: 8) */
+    int64_t idmap_base;          /* first host id of the instances' id slots (a multiple of
+                                  * 65536); 0: from root's /etc/subuid and /etc/subgid here */
+    int64_t idmap_count;         /* slots of 65536 ids; 0: as many as root's range holds */
 };
 
 /* Make the provider: reads the supervisor, checks the server answers GET /1.0 as trusted, has

@@ -12,7 +12,7 @@
 #include "util/clock.h"
 
 int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
-                 struct lb_error *err)
+                 uint32_t *id_base, struct lb_error *err)
 {
     char path[256];
     json_t *j = NULL, *md, *conf;
@@ -32,6 +32,8 @@ int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_si
     else
         snprintf(location, loc_size, "%s",
                  json_string_value(json_object_get(md, "location")) ?: "");
+    if (r == 0 && id_base)
+        *id_base = lxd_idmap_of_config(conf);
     json_decref(j);
     return r;
 }

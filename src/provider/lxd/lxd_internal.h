@@ -11,6 +11,7 @@
 #include "provider/engine/engine.h"
 #include "provider/engine/httpc.h"
 #include "provider/lxd/lxd.h"
+#include "util/idslots.h"
 
 #define LXD_LABEL_INSTANCE "user.lendbox.instance"
 #define LXD_LABEL_SANDBOX "user.lendbox.sandbox"
@@ -29,7 +30,26 @@ struct lb_lxd {
     bool clustered;          /* the server is a cluster member */
     void *supervise_data;    /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
+    struct lb_idslots idmap; /* the instances' id slots (lxd_idmap.c) */
+    bool idmap_ready;        /* idmap was set up (release it) */
 };
+
+/* ---- lxd_idmap.c: the instances' id ranges ---- */
+/* Set up l->idmap for base/count (lxd.idmap_base / idmap_count; 0: root's range in this
+ * host's /etc/subuid and /etc/subgid, less its first 65536 ids, in whole slots) claimed as
+ * state_dir's. 0, -EINVAL (a bad range, or none found) or idslots_init's errors. */
+int lxd_idmap_init(struct lb_lxd *l, int64_t base, int64_t count, const char *state_dir,
+                   struct lb_error *err);
+/* The first host id of an instance's id range from its config (security.idmap.base, else
+ * volatile.idmap.base, which LXD sets at start); 0 when neither says. */
+uint32_t lxd_idmap_of_config(const json_t *config);
+/* Mark (an instance found) / give back (its instance removed) the slot or two slots that the
+ * 65536 ids from id_base cover (id_base need not be slot-aligned: a range LXD chose). 0 is
+ * none. */
+void lxd_idmap_mark(struct lb_lxd *l, uint32_t id_base);
+void lxd_idmap_free(struct lb_lxd *l, uint32_t id_base);
+/* The descriptor's id_base (0 when absent). */
+uint32_t lxd_idmap_of_descriptor(const json_t *desc);
 
 /* The member a sandbox's calls are counted under: the descriptor's location, or "-". */
 const char *lxd_member_of(const struct lb_sandbox_ref *ref);
@@ -86,11 +106,12 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
 
-/* The instance named id: its location (the member) into location and whether it carries
- * this daemon's sandbox labels. 0, -ENOENT, or -EREMOTEIO (an LXD failure, or an instance
- * that is not ours). */
+/* The instance named id: its location (the member) into location, the first host id of its
+ * id range into *id_base (when not NULL; 0 when its config names none), and whether it
+ * carries this daemon's sandbox labels. 0, -ENOENT, or -EREMOTEIO (an LXD failure, or an
+ * instance that is not ours). */
 int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_size,
-                 struct lb_error *err);
+                 uint32_t *id_base, struct lb_error *err);
 /* Stop (force) and delete instance id (on member: counted there), within timeout_ms. 0 also
  * when it is gone (404). While LXD runs another operation on it ("is busy running"): with
  * wait_busy, tried again every 250 ms within timeout_ms (then -EREMOTEIO); without, -EBUSY at

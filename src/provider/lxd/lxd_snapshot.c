@@ -85,18 +85,21 @@ int lxd_commit(struct lb_engine *e, const struct lb_sandbox_ref *ref, char *imag
     snprintf(name, sizeof(name), SNAPSHOT_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
              rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
     /* the source's member: a copy there is a local one (LXD 5.0.2 places no copy itself) */
-    r = lxd_find_own(l, ref->id, location, sizeof(location), err);
+    r = lxd_find_own(l, ref->id, location, sizeof(location), NULL, err);
     if (r == -ENOENT)
         return lb_error_set(err, -ENOENT, "no such sandbox");
     if (r < 0)
         return r;
     /* the copy keeps the source's config but for what is named here ("" unsets): no sandbox
-     * labels (no listing of sandboxes sees it), no isolated id range held while it is stopped
-     * (volatile.last_state.idmap, which LXD copies, still says how its files are owned) */
-    body = json_pack("{s:s,s:s,s:{s:s,s:s,s:b},s:[],s:{s:s,s:s,s:s,s:s}}", "name", name, "type",
-                     "container", "source", "type", "copy", "source", ref->id, "instance_only", 1,
-                     "profiles", "config", LXD_LABEL_INSTANCE, "", LXD_LABEL_SANDBOX, "",
-                     LXD_LABEL_SNAPSHOT, l->eng.instance, "security.idmap.isolated", "false");
+     * labels (no listing of sandboxes sees it), no isolated id range held while it is stopped,
+     * nor the source's slot (volatile.last_state.idmap, which LXD copies, still says how its
+     * files are owned; a seed from it gets a slot of its own) */
+    body =
+        json_pack("{s:s,s:s,s:{s:s,s:s,s:b},s:[],s:{s:s,s:s,s:s,s:s,s:s,s:s}}", "name", name,
+                  "type", "container", "source", "type", "copy", "source", ref->id, "instance_only",
+                  1, "profiles", "config", LXD_LABEL_INSTANCE, "", LXD_LABEL_SANDBOX, "",
+                  LXD_LABEL_SNAPSHOT, l->eng.instance, "security.idmap.isolated", "false",
+                  "security.idmap.base", "", "security.idmap.size", "");
     if (!body)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (l->clustered && location[0]) {
