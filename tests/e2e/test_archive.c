@@ -668,6 +668,57 @@ START_TEST(test_bomb_bounded)
 }
 END_TEST
 
+/* Small gzip bodies whose headers cost the daemon, not the sandbox: the same 4000-byte
+ * directory name repeated (its name kept for every entry until the modes are applied) and
+ * nothing but "./" headers (no entry counted, only inflated) are 413 with nothing kept. */
+START_TEST(test_header_bombs)
+{
+    json_t *lease = lbt_seed(&SMALL_D, "archive-headers", "t", NULL);
+    const char *sbx = json_string_value(json_object_get(lease, "sandbox_id"));
+    char deep[4100] = "", url[512];
+    struct tar t;
+    struct lbt_resp r;
+    char *out;
+
+    for (int i = 0; i < 16; i++) { /* 16 components of 249 bytes */
+        size_t n = strlen(deep);
+
+        if (i)
+            deep[n++] = '/';
+        memset(deep + n, 'a' + i, 249);
+        deep[n + 249] = '\0';
+    }
+    tar_begin(&t, true);
+    for (int i = 0; i < 9000; i++) /* 36 MB of names */
+        tar_add(&t, 'd', deep, 0755, NULL, NULL, 0);
+    tar_end(&t);
+    ck_assert_uint_lt(t.used, 1048576);
+    archive_url(url, sizeof(url), sbx, "/workspace/names");
+    lbt_request(&SMALL_D, "PUT", url, "", t.buf, t.used, "application/gzip", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "directory entries") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+
+    tar_begin(&t, true);
+    for (int i = 0; i < 200001; i++)
+        tar_add(&t, 'd', "./", 0755, NULL, NULL, 0);
+    tar_end(&t);
+    ck_assert_uint_lt(t.used, 1048576);
+    archive_url(url, sizeof(url), sbx, "/workspace/roots");
+    lbt_request(&SMALL_D, "PUT", url, "", t.buf, t.used, "application/gzip", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "more than 200000 entries") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    out = lbt_sh(&SMALL_D, sbx, "ls -A /workspace | wc -l");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    json_decref(lease);
+    lbt_release_session(&SMALL_D, "archive-headers");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("archive");
@@ -690,6 +741,7 @@ int main(void)
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_bomb_bounded);
+    tcase_add_test(tc, test_header_bombs);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

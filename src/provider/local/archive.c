@@ -41,6 +41,8 @@
 
 #define ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
 #define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
+/* bytes of directory names a put keeps in the daemon's memory until it applies their modes */
+#define ARCHIVE_MAX_DIR_NAME_BYTES (32u * 1024 * 1024)
 #define STAGE_PREFIX ".lendbox-archive-"
 
 /* openat2 beneath dfd, never through a symlink or a magic link; with xdev, onto another mount
@@ -155,6 +157,8 @@ struct put_state {
     struct lb_archive_result res;
     struct dir_mode *dirs; /* directory modes, applied once all entries are in */
     size_t n_dirs, cap_dirs;
+    size_t dir_name_bytes; /* the dirs' names, bounded by ARCHIVE_MAX_DIR_NAME_BYTES */
+    uint64_t headers;      /* every header read, the root's too, bounded by ARCHIVE_MAX_ENTRIES */
 };
 
 static int put_refuse(const char *dir, const char *name, const char *why, struct lb_error *err)
@@ -324,8 +328,15 @@ out:
     return r;
 }
 
+/* Keep a directory entry's mode for put_dir_modes. -EFBIG once the names kept would pass
+ * ARCHIVE_MAX_DIR_NAME_BYTES (a small gzip body can repeat a 4 KiB directory name for every
+ * entry), -ENOMEM. */
 static int remember_dir(struct put_state *s, const char *name, mode_t mode)
 {
+    size_t len = strlen(name) + 1;
+
+    if (len > ARCHIVE_MAX_DIR_NAME_BYTES - s->dir_name_bytes)
+        return -EFBIG;
     if (s->n_dirs == s->cap_dirs) {
         size_t cap = s->cap_dirs ? s->cap_dirs * 2 : 32;
         struct dir_mode *d = realloc(s->dirs, cap * sizeof(*d));
@@ -338,6 +349,7 @@ static int remember_dir(struct put_state *s, const char *name, mode_t mode)
     s->dirs[s->n_dirs].name = strdup(name);
     if (!s->dirs[s->n_dirs].name)
         return -ENOMEM;
+    s->dir_name_bytes += len;
     s->dirs[s->n_dirs++].mode = mode & 01777;
     return 0;
 }
@@ -350,6 +362,11 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
     mode_t type = archive_entry_filetype(e), mode = archive_entry_perm(e);
     int pfd = -1, tfd = -1, r;
 
+    /* every header counts, the root's and the repeated ones too: a gzip body of nothing but
+     * "./" headers would otherwise keep a worker inflating for as long as its ratio allows */
+    if (++s->headers > ARCHIVE_MAX_ENTRIES)
+        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
+                            ARCHIVE_MAX_ENTRIES);
     r = name_normalise(raw, name, sizeof(name));
     if (r < 0)
         return put_refuse(s->dir, raw ? raw : "", "names must be relative, without '..'", err);
@@ -371,9 +388,7 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
                               "a symlink's target must be relative and stay inside the directory",
                               err);
     }
-    if (++s->res.entries > ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
-                            ARCHIVE_MAX_ENTRIES);
+    s->res.entries++;
     pfd = open_entry_parent(s, name, &base);
     if (pfd < 0) {
         r = pfd == -ENOTDIR || pfd == -ELOOP || pfd == -EXDEV
@@ -408,7 +423,12 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
             goto out;
         }
         r = remember_dir(s, name, mode);
-        if (r < 0)
+        if (r == -EFBIG)
+            r = lb_error_set(err, r,
+                             "the archive's directory entries have names longer than %u bytes "
+                             "in all; nothing of it was kept",
+                             ARCHIVE_MAX_DIR_NAME_BYTES);
+        else if (r < 0)
             r = lb_error_set(err, r, "out of memory");
         break;
     }
