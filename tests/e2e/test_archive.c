@@ -623,6 +623,51 @@ START_TEST(test_other_sandbox_token)
 }
 END_TEST
 
+/* A tree 100 directories deep (the agent's to make) comes out whole and goes back in over
+ * itself: the walk of a GET and the merge of a PUT into an existing directory recurse once
+ * per level on a worker's small stack. */
+START_TEST(test_deep_tree)
+{
+    char deep[512] = "", cmd[1024], url[512];
+    struct lbt_resp r, p;
+    struct archive *rd;
+    struct archive_entry *e;
+    int dirs = 0, files = 0;
+    char *out;
+
+    for (int i = 0; i < 100; i++)
+        strcat(deep, i ? "/d" : "d");
+    snprintf(cmd, sizeof(cmd), "mkdir -p /workspace/deep/%s && echo x > /workspace/deep/%s/f", deep,
+             deep);
+    free(lbt_sh(&D, SBX, cmd));
+    archive_url(url, sizeof(url), SBX, "/workspace/deep");
+    lbt_request(&D, "GET", url, "", NULL, 0, NULL, &r);
+    ck_assert_msg(r.status == 200, "GET: %ld %s", r.status, r.body);
+    rd = archive_read_new();
+    archive_read_support_format_tar(rd);
+    ck_assert_int_eq(archive_read_open_memory(rd, r.body, r.len), ARCHIVE_OK);
+    while (archive_read_next_header(rd, &e) == ARCHIVE_OK) {
+        if (archive_entry_filetype(e) == AE_IFDIR)
+            dirs++;
+        else if (!strcmp(archive_entry_pathname(e) + strlen(deep) + 1, "f"))
+            files++;
+    }
+    archive_read_free(rd);
+    ck_assert_int_eq(dirs, 100);
+    ck_assert_int_eq(files, 1);
+    put_archive(SBX, "", "/workspace/deep", r.body, r.len, &p);
+    ck_assert_msg(p.status == 200, "PUT: %ld %s", p.status, p.body);
+    ck_assert_int_eq(json_integer_value(json_object_get(p.json, "entries")), 101);
+    lbt_resp_free(&p);
+    lbt_resp_free(&r);
+    snprintf(cmd, sizeof(cmd), "cat /workspace/deep/%s/f; rm -rf /workspace/deep", deep);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "x\n");
+    free(out);
+    assert_no_stage();
+}
+END_TEST
+
 /* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
  * is 413 with nothing kept, and a GET of a tree past it is 413. */
 static struct lbt_daemon SMALL_D;
@@ -736,6 +781,7 @@ int main(void)
     tcase_add_test(tc, test_memory_charged);
     tcase_add_test(tc, test_exclusive_fence);
     tcase_add_test(tc, test_other_sandbox_token);
+    tcase_add_test(tc, test_deep_tree);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);

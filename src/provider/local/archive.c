@@ -44,6 +44,8 @@
 /* bytes of directory names a put keeps in the daemon's memory until it applies their modes */
 #define ARCHIVE_MAX_DIR_NAME_BYTES (32u * 1024 * 1024)
 #define STAGE_PREFIX ".lendbox-archive-"
+#define PATH_BYTES 4097 /* a name relative to DIR and its NUL */
+#define GET_BUF_BYTES (64 * 1024)
 
 /* openat2 beneath dfd, never through a symlink or a magic link; with xdev, onto another mount
  * (DIR itself may be one: a tmpfs workdir), else never. */
@@ -503,21 +505,26 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
     int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
+    char *path;
 
     if (fd < 0)
         return local_map_errno(-fd, rel, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!d || !path) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(path);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
-        char path[4097];
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
         if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* nothing there: a plain rename */
         if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -549,6 +556,7 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
         }
     }
     closedir(d);
+    free(path);
     return r;
 }
 
@@ -558,21 +566,26 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
     int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
+    char *path;
 
     if (fd < 0)
         return local_map_errno(-fd, rel, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!d || !path) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(path);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
-        char path[4097];
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
         if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
             r = local_map_errno(errno, path, err);
             break;
@@ -599,6 +612,7 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
             r = local_map_errno(errno, path, err);
     }
     closedir(d);
+    free(path);
     return r;
 }
 
@@ -756,6 +770,7 @@ struct get_state {
     uint32_t base_uid; /* the sandbox root's host uid */
     const char *dir;
     struct lb_archive_result res;
+    char *buf; /* GET_BUF_BYTES for a file's reads (a worker's stack is small) */
 };
 
 static la_ssize_t get_write(struct archive *a, void *arg, const void *buf, size_t len)
@@ -831,7 +846,8 @@ static int get_header(struct get_state *g, const char *name, const struct stat *
 static int get_file(struct get_state *g, int dfd, const char *dname, const char *name,
                     struct lb_error *err)
 {
-    char buf[64 * 1024];
+    char *buf = g->buf;
+    const size_t cap = GET_BUF_BYTES;
     struct stat st;
     off_t left;
     int fd = openat(dfd, dname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC), r;
@@ -844,7 +860,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
     }
     r = get_header(g, name, &st, NULL, err);
     for (left = st.st_size; r == 0 && left > 0;) {
-        ssize_t n = read(fd, buf, (size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+        ssize_t n = read(fd, buf, (size_t)left < cap ? (size_t)left : cap);
 
         if (n < 0 && errno == EINTR)
             continue;
@@ -853,7 +869,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
             break;
         }
         if (n == 0) { /* shrank meanwhile: zeros keep the header's size */
-            n = (ssize_t)((size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+            n = (ssize_t)((size_t)left < cap ? (size_t)left : cap);
             memset(buf, 0, (size_t)n);
         }
         if (archive_write_data(g->a, buf, (size_t)n) < 0)
@@ -871,29 +887,35 @@ static int get_walk(struct get_state *g, int dfd, const char *prefix, int depth,
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), r = 0;
     DIR *d;
     struct dirent *de;
+    char *name, *link;
 
     if (fd < 0)
         return local_map_errno(errno, prefix[0] ? prefix : g->dir, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    name = malloc(2 * PATH_BYTES); /* not on the stack: one frame per level on a worker's */
+    if (!d || !name) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(name);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
+    link = name + PATH_BYTES;
     while (r == 0 && (de = readdir(d))) {
-        char name[4097], link[4097];
         struct stat st;
         ssize_t n;
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        if (snprintf(name, sizeof(name), "%s%s", prefix, de->d_name) >= (int)sizeof(name) - 1)
+        if (snprintf(name, PATH_BYTES, "%s%s", prefix, de->d_name) >= PATH_BYTES - 1)
             continue;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* gone meanwhile */
         if (S_ISREG(st.st_mode)) {
             r = get_file(g, dirfd(d), de->d_name, name, err);
         } else if (S_ISLNK(st.st_mode)) {
-            n = readlinkat(dirfd(d), de->d_name, link, sizeof(link) - 1);
+            n = readlinkat(dirfd(d), de->d_name, link, PATH_BYTES - 1);
             if (n < 0)
                 continue;
             link[n] = '\0';
@@ -916,6 +938,7 @@ static int get_walk(struct get_state *g, int dfd, const char *prefix, int depth,
         /* devices, FIFOs, sockets: left out */
     }
     closedir(d);
+    free(name);
     return r;
 }
 
@@ -938,7 +961,8 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     g.base_uid = d.uid;
     g.a = archive_write_new();
     g.e = archive_entry_new();
-    if (!g.a || !g.e) {
+    g.buf = malloc(GET_BUF_BYTES);
+    if (!g.a || !g.e || !g.buf) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
@@ -977,6 +1001,7 @@ out:
         archive_write_free(g.a);
     if (g.e)
         archive_entry_free(g.e);
+    free(g.buf);
     if (dfd >= 0)
         close(dfd);
     if (rootfd >= 0)
