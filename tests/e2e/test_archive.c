@@ -381,6 +381,17 @@ static void add_fifo(struct tar *t)
 {
     tar_add(t, 'p', "evil", 0666, NULL, NULL, 0);
 }
+static void add_too_deep(struct tar *t)
+{
+    static char deep[1024];
+
+    /* 257 levels: deeper than the merge into an existing directory checks */
+    deep[0] = '\0';
+    for (int i = 0; i < 256; i++)
+        strcat(deep, "a/");
+    strcat(deep, "evil");
+    tar_add(t, 'f', deep, 0644, NULL, "x", 1);
+}
 
 START_TEST(test_escapes_refused)
 {
@@ -399,6 +410,7 @@ START_TEST(test_escapes_refused)
     escape_case("hard link to no earlier entry", add_hardlink_missing);
     escape_case("device node", add_device);
     escape_case("fifo", add_fifo);
+    escape_case("257 levels deep", add_too_deep);
     assert_no_stage();
 }
 END_TEST

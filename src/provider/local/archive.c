@@ -41,6 +41,9 @@
 
 #define ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
 #define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
+/* components of a PUT entry's name: the merge into an existing DIR and the removal of a refused
+ * stage walk no deeper, so that the all-or-nothing check sees every level */
+#define ARCHIVE_MAX_PUT_DEPTH (ARCHIVE_MAX_DEPTH * 2)
 /* bytes of directory names a put keeps in the daemon's memory until it applies their modes */
 #define ARCHIVE_MAX_DIR_NAME_BYTES (32u * 1024 * 1024)
 #define STAGE_PREFIX ".lendbox-archive-"
@@ -76,11 +79,12 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
 
 /* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
  * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." component, an empty
- * component or one too long. */
+ * component or one too long, or more than ARCHIVE_MAX_PUT_DEPTH components. */
 static int name_normalise(const char *in, char *out, size_t size)
 {
     const char *c;
     size_t n;
+    int parts = 0;
 
     if (!in || in[0] == '/')
         return -EINVAL;
@@ -98,11 +102,11 @@ static int name_normalise(const char *in, char *out, size_t size)
         return -EINVAL;
     memcpy(out, in, n);
     out[n] = '\0';
-    for (c = out; *c;) {
+    for (c = out; *c; parts++) {
         size_t len = strcspn(c, "/");
 
         if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.'))
+            (len == 1 && c[0] == '.') || parts == ARCHIVE_MAX_PUT_DEPTH)
             return -EINVAL;
         c += len;
         if (*c == '/')
@@ -371,7 +375,8 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
                             ARCHIVE_MAX_ENTRIES);
     r = name_normalise(raw, name, sizeof(name));
     if (r < 0)
-        return put_refuse(s->dir, raw ? raw : "", "names must be relative, without '..'", err);
+        return put_refuse(s->dir, raw ? raw : "",
+                          "names must be relative, without '..', at most 256 levels deep", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
     if (hard && name_normalise(hard, target, sizeof(target)) != 0)
