@@ -680,6 +680,39 @@ START_TEST(test_deep_tree)
 }
 END_TEST
 
+/* A daemon killed mid-extraction leaves its stage (".lendbox-archive-<random>", partly filled)
+ * in the sandbox: the next put into the same directory, or one that makes a new directory
+ * beside it, removes every stage no live put holds. */
+START_TEST(test_stale_stage_swept)
+{
+    struct tar t;
+    struct lbt_resp r;
+    char *out = lbt_sh(&D, SBX,
+                       "mkdir -p /workspace/st/.lendbox-archive-00112233aabbccdd/sub && "
+                       "echo half > /workspace/st/.lendbox-archive-00112233aabbccdd/sub/f && "
+                       "mkdir -p /workspace/.lendbox-archive-0123456789abcdef/x && "
+                       "chmod 500 /workspace/.lendbox-archive-0123456789abcdef && echo ok");
+
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    tar_begin(&t, false);
+    tar_add(&t, 'f', "a", 0644, NULL, "a\n", 2);
+    tar_end(&t);
+    put_archive(SBX, TOKEN, "/workspace/st", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    put_archive(SBX, TOKEN, "/workspace/st2", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    assert_no_stage();
+    out =
+        lbt_sh(&D, SBX, "ls -A /workspace/st /workspace/st2; rm -rf /workspace/st /workspace/st2");
+    ck_assert_str_eq(out, "/workspace/st:\na\n\n/workspace/st2:\na\n");
+    free(out);
+}
+END_TEST
+
 /* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
  * is 413 with nothing kept, and a GET of a tree past it is 413. */
 static struct lbt_daemon SMALL_D;
@@ -794,6 +827,7 @@ int main(void)
     tcase_add_test(tc, test_exclusive_fence);
     tcase_add_test(tc, test_other_sandbox_token);
     tcase_add_test(tc, test_deep_tree);
+    tcase_add_test(tc, test_stale_stage_swept);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -621,6 +622,73 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
     return r;
 }
 
+/* A put holds an exclusive flock on its stage from just after making it until the stage is
+ * gone, so a stage nobody holds is one a daemon killed mid-extraction left behind. */
+
+/* Make a fresh stage in hostfd (its name into name) and lock it: the lock fd into *lockfd.
+ * 0, -EREMOTEIO (getrandom failed) or -errno of mkdirat. */
+static int stage_make(int hostfd, char *name, size_t size, int *lockfd)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        unsigned char rnd[8];
+        struct stat a, b;
+        int fd;
+
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+            return -EREMOTEIO;
+        snprintf(name, size, STAGE_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+                 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+        if (mkdirat(hostfd, name, 0700) < 0) {
+            if (errno == EEXIST)
+                continue;
+            return -errno;
+        }
+        fd = open_beneath(hostfd, name, O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+            continue; /* swept or replaced before we could lock it: another name */
+        /* still the directory we made under that name, and ours alone */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &a) == 0 &&
+            fstatat(hostfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino) {
+            *lockfd = fd;
+            return 0;
+        }
+        close(fd);
+    }
+    return -EEXIST;
+}
+
+/* Remove the stages in hostfd that no put holds (best effort). */
+static void stage_sweep(int hostfd)
+{
+    int fd = open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    struct dirent *de;
+    DIR *d;
+
+    if (fd < 0)
+        return;
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    while ((de = readdir(d))) {
+        struct stat st;
+        int sfd;
+
+        if (strncmp(de->d_name, STAGE_PREFIX, strlen(STAGE_PREFIX)) != 0 ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        sfd = open_beneath(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY, 0);
+        if (sfd < 0)
+            continue;
+        if (flock(sfd, LOCK_EX | LOCK_NB) == 0)
+            remove_tree(dirfd(d), de->d_name, 0);
+        close(sfd);
+    }
+    closedir(d);
+}
+
 static int read_all_entries(struct put_state *s, struct lb_error *err)
 {
     struct archive_entry *e;
@@ -655,10 +723,9 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         .lp = lp, .d = &d, .id = &id, .stage = -1, .dir = dir, .max_bytes = max_bytes};
     char parent[4097], stage[64];
     const char *name;
-    unsigned char rnd[8];
     struct stat st;
     bool exists = false, staged = false;
-    int rootfd = -1, pfd = -1, tfd = -1, hostfd = -1, r;
+    int rootfd = -1, pfd = -1, tfd = -1, hostfd = -1, lockfd = -1, r;
 
     *out = (struct lb_archive_result){0};
     memset(&d, 0, sizeof(d));
@@ -667,12 +734,6 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         goto out;
     name = strrchr(dir, '/') + 1;
     snprintf(parent, sizeof(parent), "%.*s", (int)(name - dir > 1 ? name - dir - 1 : 1), dir);
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        r = lb_error_set(err, -EREMOTEIO, "getrandom: %s", strerror(errno));
-        goto out;
-    }
-    snprintf(stage, sizeof(stage), STAGE_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
-             rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
     s.a = archive_read_new();
     if (!s.a) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -704,8 +765,11 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         }
     }
     hostfd = exists ? tfd : pfd; /* where the stage is made */
-    if (mkdirat(hostfd, stage, 0700) < 0) {
-        r = space_error(&s, errno, dir, err);
+    stage_sweep(hostfd);
+    r = stage_make(hostfd, stage, sizeof(stage), &lockfd);
+    if (r < 0) {
+        r = r == -EREMOTEIO ? lb_error_set(err, r, "getrandom: %s", strerror(EIO))
+                            : space_error(&s, -r, dir, err);
         goto out;
     }
     staged = true;
@@ -746,6 +810,8 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 out:
     if (staged)
         remove_tree(hostfd, stage, 0);
+    if (lockfd >= 0)
+        close(lockfd); /* the stage is gone (or is DIR): its lock with it */
     local_fs_leave(&id);
     if (s.a)
         archive_read_free(s.a);
