@@ -381,6 +381,12 @@ static void add_fifo(struct tar *t)
 {
     tar_add(t, 'p', "evil", 0666, NULL, NULL, 0);
 }
+static void add_symlink_chain(struct tar *t)
+{
+    /* each reads as inside; followed, x leads two levels above DIR */
+    tar_add(t, 'l', "s", 0777, ".", NULL, 0);
+    tar_add(t, 'l', "x", 0777, "s/s/../..", NULL, 0);
+}
 static void add_too_deep(struct tar *t)
 {
     static char deep[1024];
@@ -411,6 +417,7 @@ START_TEST(test_escapes_refused)
     escape_case("device node", add_device);
     escape_case("fifo", add_fifo);
     escape_case("257 levels deep", add_too_deep);
+    escape_case("symlink chain climbing out", add_symlink_chain);
     assert_no_stage();
 }
 END_TEST

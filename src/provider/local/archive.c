@@ -117,11 +117,14 @@ static int name_normalise(const char *in, char *out, size_t size)
 }
 
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
- * The target must be relative and, read component by component from the link's directory,
- * never climb above DIR. */
+ * The target must be relative, may climb only with leading ".." components and never above
+ * DIR, then only descend: a ".." after a name would climb from wherever that name leads when
+ * it is itself a symlink (s -> "." and x -> "s/s/../.." read as staying inside, and lead two
+ * levels above DIR). */
 static bool link_target_inside(const char *name, const char *target)
 {
     long depth = 0;
+    bool descended = false;
     const char *c;
 
     if (!target[0] || target[0] == '/')
@@ -133,10 +136,10 @@ static bool link_target_inside(const char *name, const char *target)
         size_t len = strcspn(c, "/");
 
         if (len == 2 && c[0] == '.' && c[1] == '.') {
-            if (--depth < 0)
+            if (descended || --depth < 0)
                 return false;
         } else if (len > 0 && !(len == 1 && c[0] == '.')) {
-            depth++;
+            descended = true;
         }
         c += len;
         if (*c == '/')
