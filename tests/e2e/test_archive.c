@@ -720,6 +720,50 @@ START_TEST(test_stale_stage_swept)
 }
 END_TEST
 
+/* A GET never follows what the agent planted out of its sandbox: links in DIR come as links,
+ * a DIR through a symlink resolves in the sandbox's root (the host's directory of that name is
+ * not read), a DIR through /proc's links to a root is refused. */
+START_TEST(test_get_planted_links)
+{
+    char cmd[512], url[512], p[128], *out;
+    struct lbt_resp r;
+    FILE *f;
+
+    ck_assert_int_eq(mkdir(HOST_DIR, 0755), 0);
+    snprintf(p, sizeof(p), "%s/evil", HOST_DIR);
+    f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("host secret\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p /workspace/g && ln -s %s /workspace/g/h && ln -s /proc/1/root%s "
+             "/workspace/g/p && ln -s /proc/self/root /workspace/g/r && echo ok",
+             HOST_DIR, HOST_DIR);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    archive_url(url, sizeof(url), SBX, "/workspace/g");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    ck_assert(memmem(r.body, r.len, "host secret", 11) == NULL);
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/h");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/p");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 403, "forbidden"); /* the sandbox's root may not look into its init */
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/r/tmp");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 404, "not_found"); /* the daemon has no pid in the sandbox's /proc */
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, SBX, "rm -rf /workspace/g"));
+    remove_host_files();
+}
+END_TEST
+
 /* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
  * is 413 with nothing kept, and a GET of a tree past it is 413. */
 static struct lbt_daemon SMALL_D;
@@ -835,6 +879,7 @@ int main(void)
     tcase_add_test(tc, test_other_sandbox_token);
     tcase_add_test(tc, test_deep_tree);
     tcase_add_test(tc, test_stale_stage_swept);
+    tcase_add_test(tc, test_get_planted_links);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);
