@@ -546,7 +546,10 @@ def _extract(tar: tarfile.TarFile, dst: str) -> None:
                         while chunk:
                             chunk = chunk[os.write(fd, chunk):]
                     os.fchmod(fd, (m.mode & 0o755) | 0o600)
-                    os.utime(fd, (m.mtime, m.mtime))
+                    try:
+                        os.utime(fd, (m.mtime, m.mtime))
+                    except (OverflowError, ValueError):
+                        pass  # an mtime no file here can hold: the file keeps now
                 finally:
                     os.close(fd)
             except OSError as e:
@@ -554,7 +557,11 @@ def _extract(tar: tarfile.TarFile, dst: str) -> None:
             finally:
                 os.close(pfd)
         for parts, mode in reversed(dirs):
-            fd = open_dir(parts)
+            try:
+                fd = open_dir(parts)
+            except OSError as e:  # a name of the archive that is a directory and then not
+                raise CliError(f"the archive's directory {'/'.join(parts)!r} is not one in {dst}: "
+                               f"{e.strerror}") from e
             try:
                 os.fchmod(fd, mode)
             finally:
