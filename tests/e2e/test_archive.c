@@ -11,9 +11,12 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <openssl/sha.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -764,6 +767,76 @@ START_TEST(test_get_planted_links)
 }
 END_TEST
 
+/* A GET of url with TOKEN on a raw connection whose reader stops after the status line: the
+ * answer (larger than the socket buffers) stays unsent, its spool held. The socket. */
+static int stuck_get(const char *url)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    const char *port = strrchr(D.base_url, ':');
+    int fd = socket(AF_INET, SOCK_STREAM, 0), small = 4096;
+    char req[1024], got[16];
+    size_t n = 0;
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_ptr_nonnull(port);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sa.sin_port = htons((uint16_t)atoi(port + 1));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+             url, TOKEN);
+    ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    while (n < 12) {
+        ssize_t k = read(fd, got + n, 12 - n);
+
+        ck_assert_int_gt(k, 0);
+        n += (size_t)k;
+    }
+    ck_assert_int_eq(memcmp(got, "HTTP/1.1 200", 12), 0);
+    return fd;
+}
+
+/* Each archive request holds a temporary file of the daemon's host (up to max_file_bytes) until
+ * its answer is sent: an agent that never reads its answers holds at most two of them; a
+ * third archive request of its sandbox is 429 until one is let go. */
+START_TEST(test_spools_bounded)
+{
+    char url[512], *out;
+    struct lbt_resp r;
+    int a, b, i;
+
+    out = lbt_sh(&D, SBX,
+                 "mkdir -p /workspace/big && head -c 16777216 /dev/urandom > /workspace/big/f "
+                 "&& echo ok");
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    archive_url(url, sizeof(url), SBX, "/workspace/big");
+    a = stuck_get(url);
+    b = stuck_get(url);
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    ck_assert_msg(strstr(r.body, "already in flight") != NULL, "%s", r.body);
+    ck_assert_msg(strcasestr(r.headers, "Retry-After: 1") != NULL, "%s", r.headers);
+    lbt_resp_free(&r);
+    put_archive(SBX, TOKEN, "/workspace/other", "", 0, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+    close(a);
+    close(b);
+    for (i = 0; i < 100; i++) { /* the daemon lets go of the answers once it sees them gone */
+        lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+        if (r.status != 429)
+            break;
+        lbt_resp_free(&r);
+        usleep(100 * 1000);
+    }
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    ck_assert_uint_gt(r.len, 16777216);
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, SBX, "rm -rf /workspace/big"));
+}
+END_TEST
+
 /* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
  * is 413 with nothing kept, and a GET of a tree past it is 413. */
 static struct lbt_daemon SMALL_D;
@@ -880,6 +953,7 @@ int main(void)
     tcase_add_test(tc, test_deep_tree);
     tcase_add_test(tc, test_stale_stage_swept);
     tcase_add_test(tc, test_get_planted_links);
+    tcase_add_test(tc, test_spools_bounded);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);
