@@ -798,7 +798,7 @@ static int stuck_get(const char *url)
 
 /* Each archive request holds a temporary file of the daemon's host (up to max_file_bytes) until
  * its answer is sent: an agent that never reads its answers holds at most two of them; a
- * third archive request of its sandbox is 429 until one is let go. */
+ * third archive request with its token is 429 until one is let go (the admin's are not). */
 START_TEST(test_spools_bounded)
 {
     char url[512], *out;
@@ -820,6 +820,9 @@ START_TEST(test_spools_bounded)
     lbt_resp_free(&r);
     put_archive(SBX, TOKEN, "/workspace/other", "", 0, &r);
     lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+    put_archive(SBX, "", "/workspace/other", "", 0, &r); /* the admin is not held up */
+    lbt_assert_error(&r, 400, "bad_request");            /* an empty body is no tar */
     lbt_resp_free(&r);
     close(a);
     close(b);
