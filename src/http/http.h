@@ -153,6 +153,11 @@ void http_respond_text(struct lb_request *req, unsigned status, const char *cont
                        char *data, size_t len); /* steals data (malloc'd) */
 /* Serve size bytes from fd (which the response then owns and closes). */
 void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size);
+/* http_respond_fd, then done(done_arg) once fd is closed: when the response has been sent or
+ * dropped (its client gone), or at once when no response could be made. done (may be NULL) runs
+ * on whichever thread lets go of the response; it must not block. */
+void http_respond_fd_done(struct lb_request *req, unsigned status, int fd, uint64_t size,
+                          void (*done)(void *), void *done_arg);
 /* Serve len bytes of fd from offset (fd owned and closed by the response). */
 void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
                            uint64_t len);

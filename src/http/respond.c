@@ -232,6 +232,8 @@ void http_respond_empty(struct lb_request *req, unsigned status)
 struct fd_source {
     int fd;
     uint64_t offset;
+    void (*done)(void *); /* after fd is closed (may be NULL) */
+    void *done_arg;
 };
 
 /* Read callback of http_respond_fd: a file that turns out shorter than announced (truncated
@@ -253,28 +255,37 @@ static void http_fd_free(void *cls)
     struct fd_source *src = cls;
 
     close(src->fd);
+    if (src->done)
+        src->done(src->done_arg);
     free(src);
 }
 
-void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
-                           uint64_t len)
+static void respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t offset,
+                       uint64_t len, void (*done)(void *), void *done_arg)
 {
     struct fd_source *src = len ? malloc(sizeof(*src)) : NULL;
     struct MHD_Response *r = NULL;
 
     if (len == 0) {
         close(fd);
+        if (done)
+            done(done_arg);
         r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
     } else if (src) {
         src->fd = fd;
         src->offset = offset;
+        src->done = done;
+        src->done_arg = done_arg;
         r = MHD_create_response_from_callback(len, 256 * 1024, http_fd_reader, src, http_fd_free);
         if (!r)
             free(src);
     }
     if (!r) {
-        if (len != 0)
+        if (len != 0) {
             close(fd);
+            if (done)
+                done(done_arg);
+        }
         struct lb_error e;
         lb_error_set(&e, -ENOMEM, "cannot create response");
         http_respond_error(req, &e);
@@ -284,9 +295,21 @@ void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint
     http_request_set_response(req, status, r);
 }
 
+void http_respond_fd_range(struct lb_request *req, unsigned status, int fd, uint64_t offset,
+                           uint64_t len)
+{
+    respond_fd(req, status, fd, offset, len, NULL, NULL);
+}
+
 void http_respond_fd(struct lb_request *req, unsigned status, int fd, uint64_t size)
 {
-    http_respond_fd_range(req, status, fd, 0, size);
+    respond_fd(req, status, fd, 0, size, NULL, NULL);
+}
+
+void http_respond_fd_done(struct lb_request *req, unsigned status, int fd, uint64_t size,
+                          void (*done)(void *), void *done_arg)
+{
+    respond_fd(req, status, fd, 0, size, done, done_arg);
 }
 
 void http_response_header(struct lb_request *req, const char *name, const char *value)

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,80 @@
 #include "provider/provider.h"
 #include "routes/routes.h"
 
+#include <uthash.h>
+
+/* Spools of one sandbox alive at once for its operate token (PUT and GET together): each may
+ * hold up to
+ * limits.max_file_bytes of the host's /tmp, from the request's start until its body is
+ * extracted or its answer sent (or its client gone), and a sandbox's agent holds a token. */
+#define ARCHIVE_SPOOLS_PER_SANDBOX 2
+
+struct spool_count {
+    UT_hash_handle hh;
+    unsigned n;
+    char id[]; /* the key */
+};
+
+static pthread_mutex_t spools_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct spool_count *spools; /* by sandbox id, under spools_mu */
+
+/* Take one of the sandbox's spool slots: 0, -EAGAIN (429) when all are taken, -ENOMEM. */
+static int spool_slot_take(const char *id, struct lb_error *err)
+{
+    struct spool_count *c;
+    int r = 0;
+
+    pthread_mutex_lock(&spools_mu);
+    HASH_FIND_STR(spools, id, c);
+    if (!c) {
+        size_t len = strlen(id) + 1;
+
+        c = calloc(1, sizeof(*c) + len);
+        if (c) {
+            memcpy(c->id, id, len);
+            HASH_ADD_STR(spools, id, c);
+        }
+    }
+    if (!c)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else if (c->n >= ARCHIVE_SPOOLS_PER_SANDBOX)
+        r = lb_error_set(err, -EAGAIN,
+                         "%d archive requests of sandbox '%s' are already in flight (each holds a "
+                         "temporary file of the daemon's host until its body is extracted or its "
+                         "answer read); retry later",
+                         ARCHIVE_SPOOLS_PER_SANDBOX, id);
+    else
+        c->n++;
+    pthread_mutex_unlock(&spools_mu);
+    return r;
+}
+
+static void spool_slot_give(const char *id)
+{
+    struct spool_count *c;
+
+    pthread_mutex_lock(&spools_mu);
+    HASH_FIND_STR(spools, id, c);
+    if (c && --c->n == 0) {
+        HASH_DEL(spools, c);
+        free(c);
+    }
+    pthread_mutex_unlock(&spools_mu);
+}
+
+/* http_respond_fd_done's callback: arg is the sandbox id (malloc'd). */
+static void spool_slot_done(void *arg)
+{
+    spool_slot_give(arg);
+    free(arg);
+}
+
 struct archive_job {
     char *id;
     char *dir;
     int fd;          /* the spool */
     char *fenced_id; /* an operate-token put: the sandbox whose fence its extraction passes */
+    bool slot;       /* holds one of id's spool slots (spool_slot_take) */
 };
 
 static void archive_job_free(void *arg)
@@ -34,6 +104,8 @@ static void archive_job_free(void *arg)
         return;
     if (j->fd >= 0)
         close(j->fd);
+    if (j->slot)
+        spool_slot_give(j->id);
     free(j->id);
     free(j->dir);
     free(j->fenced_id);
@@ -61,6 +133,7 @@ static int archive_job_new(struct lb_request *req, struct archive_job **out, str
 {
     const char *path = http_query(req, "path");
     struct archive_job *j;
+    int r;
 
     *out = NULL;
     if (!path || !provider_path_is_valid(path) || strcmp(path, "/") == 0)
@@ -74,6 +147,16 @@ static int archive_job_new(struct lb_request *req, struct archive_job **out, str
     if (!(j->id = strdup(http_param(req, 0))) || !(j->dir = strdup(path))) {
         archive_job_free(j);
         return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    /* the admin's requests are not counted: an agent holding its slots must not keep the
+     * admin (a grader) from its sandbox's files */
+    if (http_principal(req) == LB_PRINCIPAL_OPERATE) {
+        r = spool_slot_take(j->id, err);
+        if (r < 0) {
+            archive_job_free(j);
+            return r;
+        }
+        j->slot = true;
     }
     *out = j;
     return 0;
@@ -136,6 +219,7 @@ static void archive_put_open(struct lb_request *req, void *arg)
     *own = *j;
     own->fd = fd;
     j->id = j->dir = j->fenced_id = NULL;
+    j->slot = false; /* the sink's copy gives it back */
     if (http_principal(req) == LB_PRINCIPAL_OPERATE && !(own->fenced_id = strdup(own->id))) {
         archive_job_free(own);
         lb_error_set(&err, -ENOMEM, "out of memory");
@@ -163,6 +247,7 @@ static void archive_get_run(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_archive_result res = {0};
     struct lb_error err = {0};
+    char *slot_id;
     int fd = spool_open(), r;
 
     if (fd < 0) {
@@ -178,7 +263,14 @@ static void archive_get_run(struct lb_request *req, void *arg)
         http_respond_error(req, &err);
         return;
     }
-    http_respond_fd(req, 200, fd, res.bytes);
+    /* the slot goes with the spool: given back once the answer has been sent */
+    slot_id = strdup(j->id);
+    if (slot_id) {
+        j->slot = false;
+        http_respond_fd_done(req, 200, fd, res.bytes, spool_slot_done, slot_id);
+    } else {
+        http_respond_fd(req, 200, fd, res.bytes);
+    }
     http_response_header(req, "Content-Type", "application/x-tar");
 }
 

@@ -11,9 +11,12 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <openssl/sha.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -386,6 +389,23 @@ static void add_fifo(struct tar *t)
 {
     tar_add(t, 'p', "evil", 0666, NULL, NULL, 0);
 }
+static void add_symlink_chain(struct tar *t)
+{
+    /* each reads as inside; followed, x leads two levels above DIR */
+    tar_add(t, 'l', "s", 0777, ".", NULL, 0);
+    tar_add(t, 'l', "x", 0777, "s/s/../..", NULL, 0);
+}
+static void add_too_deep(struct tar *t)
+{
+    static char deep[1024];
+
+    /* 257 levels: deeper than the merge into an existing directory checks */
+    deep[0] = '\0';
+    for (int i = 0; i < 256; i++)
+        strcat(deep, "a/");
+    strcat(deep, "evil");
+    tar_add(t, 'f', deep, 0644, NULL, "x", 1);
+}
 
 START_TEST(test_escapes_refused)
 {
@@ -404,6 +424,8 @@ START_TEST(test_escapes_refused)
     escape_case("hard link to no earlier entry", add_hardlink_missing);
     escape_case("device node", add_device);
     escape_case("fifo", add_fifo);
+    escape_case("257 levels deep", add_too_deep);
+    escape_case("symlink chain climbing out", add_symlink_chain);
     assert_no_stage();
 }
 END_TEST
@@ -654,6 +676,201 @@ START_TEST(test_other_sandbox_token)
 }
 END_TEST
 
+/* A tree 100 directories deep (the agent's to make) comes out whole and goes back in over
+ * itself: the walk of a GET and the merge of a PUT into an existing directory recurse once
+ * per level on a worker's small stack. */
+START_TEST(test_deep_tree)
+{
+    char deep[512] = "", cmd[1024], url[512];
+    struct lbt_resp r, p;
+    struct archive *rd;
+    struct archive_entry *e;
+    int dirs = 0, files = 0;
+    char *out;
+
+    for (int i = 0; i < 100; i++)
+        strcat(deep, i ? "/d" : "d");
+    snprintf(cmd, sizeof(cmd), "mkdir -p /workspace/deep/%s && echo x > /workspace/deep/%s/f", deep,
+             deep);
+    free(lbt_sh(&D, SBX, cmd));
+    archive_url(url, sizeof(url), SBX, "/workspace/deep");
+    lbt_request(&D, "GET", url, "", NULL, 0, NULL, &r);
+    ck_assert_msg(r.status == 200, "GET: %ld %s", r.status, r.body);
+    rd = archive_read_new();
+    archive_read_support_format_tar(rd);
+    ck_assert_int_eq(archive_read_open_memory(rd, r.body, r.len), ARCHIVE_OK);
+    while (archive_read_next_header(rd, &e) == ARCHIVE_OK) {
+        if (archive_entry_filetype(e) == AE_IFDIR)
+            dirs++;
+        else if (!strcmp(archive_entry_pathname(e) + strlen(deep) + 1, "f"))
+            files++;
+    }
+    archive_read_free(rd);
+    ck_assert_int_eq(dirs, 100);
+    ck_assert_int_eq(files, 1);
+    put_archive(SBX, "", "/workspace/deep", r.body, r.len, &p);
+    ck_assert_msg(p.status == 200, "PUT: %ld %s", p.status, p.body);
+    ck_assert_int_eq(json_integer_value(json_object_get(p.json, "entries")), 101);
+    lbt_resp_free(&p);
+    lbt_resp_free(&r);
+    snprintf(cmd, sizeof(cmd), "cat /workspace/deep/%s/f; rm -rf /workspace/deep", deep);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "x\n");
+    free(out);
+    assert_no_stage();
+}
+END_TEST
+
+/* A daemon killed mid-extraction leaves its stage (".lendbox-archive-<random>", partly filled)
+ * in the sandbox: the next put into the same directory, or one that makes a new directory
+ * beside it, removes every stage no live put holds. */
+START_TEST(test_stale_stage_swept)
+{
+    struct tar t;
+    struct lbt_resp r;
+    char *out = lbt_sh(&D, SBX,
+                       "mkdir -p /workspace/st/.lendbox-archive-00112233aabbccdd/sub && "
+                       "echo half > /workspace/st/.lendbox-archive-00112233aabbccdd/sub/f && "
+                       "mkdir -p /workspace/.lendbox-archive-0123456789abcdef/x && "
+                       "chmod 500 /workspace/.lendbox-archive-0123456789abcdef && echo ok");
+
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    tar_begin(&t, false);
+    tar_add(&t, 'f', "a", 0644, NULL, "a\n", 2);
+    tar_end(&t);
+    put_archive(SBX, TOKEN, "/workspace/st", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    put_archive(SBX, TOKEN, "/workspace/st2", t.buf, t.used, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    assert_no_stage();
+    out =
+        lbt_sh(&D, SBX, "ls -A /workspace/st /workspace/st2; rm -rf /workspace/st /workspace/st2");
+    ck_assert_str_eq(out, "/workspace/st:\na\n\n/workspace/st2:\na\n");
+    free(out);
+}
+END_TEST
+
+/* A GET never follows what the agent planted out of its sandbox: links in DIR come as links,
+ * a DIR through a symlink resolves in the sandbox's root (the host's directory of that name is
+ * not read), a DIR through /proc's links to a root is refused. */
+START_TEST(test_get_planted_links)
+{
+    char cmd[512], url[512], p[128], *out;
+    struct lbt_resp r;
+    FILE *f;
+
+    ck_assert_int_eq(mkdir(HOST_DIR, 0755), 0);
+    snprintf(p, sizeof(p), "%s/evil", HOST_DIR);
+    f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("host secret\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p /workspace/g && ln -s %s /workspace/g/h && ln -s /proc/1/root%s "
+             "/workspace/g/p && ln -s /proc/self/root /workspace/g/r && echo ok",
+             HOST_DIR, HOST_DIR);
+    out = lbt_sh(&D, SBX, cmd);
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    archive_url(url, sizeof(url), SBX, "/workspace/g");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    ck_assert(memmem(r.body, r.len, "host secret", 11) == NULL);
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/h");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 404, "not_found");
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/p");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 403, "forbidden"); /* the sandbox's root may not look into its init */
+    lbt_resp_free(&r);
+    archive_url(url, sizeof(url), SBX, "/workspace/g/r/tmp");
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 404, "not_found"); /* the daemon has no pid in the sandbox's /proc */
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, SBX, "rm -rf /workspace/g"));
+    remove_host_files();
+}
+END_TEST
+
+/* A GET of url with TOKEN on a raw connection whose reader stops after the status line: the
+ * answer (larger than the socket buffers) stays unsent, its spool held. The socket. */
+static int stuck_get(const char *url)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    const char *port = strrchr(D.base_url, ':');
+    int fd = socket(AF_INET, SOCK_STREAM, 0), small = 4096;
+    char req[1024], got[16];
+    size_t n = 0;
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_ptr_nonnull(port);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sa.sin_port = htons((uint16_t)atoi(port + 1));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+             url, TOKEN);
+    ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    while (n < 12) {
+        ssize_t k = read(fd, got + n, 12 - n);
+
+        ck_assert_int_gt(k, 0);
+        n += (size_t)k;
+    }
+    ck_assert_int_eq(memcmp(got, "HTTP/1.1 200", 12), 0);
+    return fd;
+}
+
+/* Each archive request holds a temporary file of the daemon's host (up to max_file_bytes) until
+ * its answer is sent: an agent that never reads its answers holds at most two of them; a
+ * third archive request with its token is 429 until one is let go (the admin's are not). */
+START_TEST(test_spools_bounded)
+{
+    char url[512], *out;
+    struct lbt_resp r;
+    int a, b, i;
+
+    out = lbt_sh(&D, SBX,
+                 "mkdir -p /workspace/big && head -c 16777216 /dev/urandom > /workspace/big/f "
+                 "&& echo ok");
+    ck_assert_str_eq(out, "ok\n");
+    free(out);
+    archive_url(url, sizeof(url), SBX, "/workspace/big");
+    a = stuck_get(url);
+    b = stuck_get(url);
+    lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    ck_assert_msg(strstr(r.body, "already in flight") != NULL, "%s", r.body);
+    ck_assert_msg(strcasestr(r.headers, "Retry-After: 1") != NULL, "%s", r.headers);
+    lbt_resp_free(&r);
+    put_archive(SBX, TOKEN, "/workspace/other", "", 0, &r);
+    lbt_assert_error(&r, 429, "overloaded");
+    lbt_resp_free(&r);
+    put_archive(SBX, "", "/workspace/other", "", 0, &r); /* the admin is not held up */
+    lbt_assert_error(&r, 400, "bad_request");            /* an empty body is no tar */
+    lbt_resp_free(&r);
+    close(a);
+    close(b);
+    for (i = 0; i < 100; i++) { /* the daemon lets go of the answers once it sees them gone */
+        lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
+        if (r.status != 429)
+            break;
+        lbt_resp_free(&r);
+        usleep(100 * 1000);
+    }
+    ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+    ck_assert_uint_gt(r.len, 16777216);
+    lbt_resp_free(&r);
+    free(lbt_sh(&D, SBX, "rm -rf /workspace/big"));
+}
+END_TEST
+
 /* A daemon with a small limits.max_file_bytes: a gzip bomb (a small body that inflates past it)
  * is 413 with nothing kept, and a GET of a tree past it is 413. */
 static struct lbt_daemon SMALL_D;
@@ -699,6 +916,57 @@ START_TEST(test_bomb_bounded)
 }
 END_TEST
 
+/* Small gzip bodies whose headers cost the daemon, not the sandbox: the same 4000-byte
+ * directory name repeated (its name kept for every entry until the modes are applied) and
+ * nothing but "./" headers (no entry counted, only inflated) are 413 with nothing kept. */
+START_TEST(test_header_bombs)
+{
+    json_t *lease = lbt_seed(&SMALL_D, "archive-headers", "t", NULL);
+    const char *sbx = json_string_value(json_object_get(lease, "sandbox_id"));
+    char deep[4100] = "", url[512];
+    struct tar t;
+    struct lbt_resp r;
+    char *out;
+
+    for (int i = 0; i < 16; i++) { /* 16 components of 249 bytes */
+        size_t n = strlen(deep);
+
+        if (i)
+            deep[n++] = '/';
+        memset(deep + n, 'a' + i, 249);
+        deep[n + 249] = '\0';
+    }
+    tar_begin(&t, true);
+    for (int i = 0; i < 9000; i++) /* 36 MB of names */
+        tar_add(&t, 'd', deep, 0755, NULL, NULL, 0);
+    tar_end(&t);
+    ck_assert_uint_lt(t.used, 1048576);
+    archive_url(url, sizeof(url), sbx, "/workspace/names");
+    lbt_request(&SMALL_D, "PUT", url, "", t.buf, t.used, "application/gzip", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "directory entries") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+
+    tar_begin(&t, true);
+    for (int i = 0; i < 200001; i++)
+        tar_add(&t, 'd', "./", 0755, NULL, NULL, 0);
+    tar_end(&t);
+    ck_assert_uint_lt(t.used, 1048576);
+    archive_url(url, sizeof(url), sbx, "/workspace/roots");
+    lbt_request(&SMALL_D, "PUT", url, "", t.buf, t.used, "application/gzip", &r);
+    lbt_assert_error(&r, 413, "payload_too_large");
+    ck_assert_msg(strstr(r.body, "more than 200000 entries") != NULL, "%s", r.body);
+    lbt_resp_free(&r);
+    free(t.buf);
+    out = lbt_sh(&SMALL_D, sbx, "ls -A /workspace | wc -l");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    json_decref(lease);
+    lbt_release_session(&SMALL_D, "archive-headers");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("archive");
@@ -716,11 +984,16 @@ int main(void)
     tcase_add_test(tc, test_memory_charged);
     tcase_add_test(tc, test_exclusive_fence);
     tcase_add_test(tc, test_other_sandbox_token);
+    tcase_add_test(tc, test_deep_tree);
+    tcase_add_test(tc, test_stale_stage_swept);
+    tcase_add_test(tc, test_get_planted_links);
+    tcase_add_test(tc, test_spools_bounded);
     suite_add_tcase(s, tc);
     tc = tcase_create("bounded"); /* its own daemon */
     lbt_fixture_add(tc, &(struct lbt_fixture){.d = &SMALL_D, .args = SMALL_ARGS}, true);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_bomb_bounded);
+    tcase_add_test(tc, test_header_bombs);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

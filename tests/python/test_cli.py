@@ -398,3 +398,68 @@ def test_downloaded_archive_stays_in_its_directory(tmp_path):
             lendbox.cli._extract(tar(bad), str(d))
         assert not d.exists() or not any(d.iterdir())
     assert not (tmp_path / "x").exists()
+
+
+def test_downloaded_archive_never_follows_a_link(tmp_path):
+    # A hostile tree (or daemon) may send a symlink chain that realpath misjudges (names near
+    # PATH_MAX: tarfile's "data" filter before Python 3.11.13 let this tar write outside), a
+    # chain that climbs only when followed (s -> ., x -> s/s/../..), or an entry through a
+    # link already in the destination: refused, nothing written outside.
+    import io
+    import tarfile
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    comp, steps, path = "d" * 247, "abcdefghijklmnop", ""
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for step in steps:
+            d = tarfile.TarInfo(os.path.join(path, comp))
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+            s = tarfile.TarInfo(os.path.join(path, step))
+            s.type, s.linkname = tarfile.SYMTYPE, comp
+            t.addfile(s)
+            path = os.path.join(path, comp)
+        deep = os.path.join(*steps, "l" * 254)
+        s = tarfile.TarInfo(deep)
+        s.type, s.linkname = tarfile.SYMTYPE, "../" * len(steps)
+        t.addfile(s)
+        s = tarfile.TarInfo("escape")
+        s.type, s.linkname = tarfile.SYMTYPE, deep + "/../outside"
+        t.addfile(s)
+        f = tarfile.TarInfo("escape/evil")
+        f.size = 6
+        t.addfile(f, io.BytesIO(b"pwned\n"))
+    dst = tmp_path / "dst"
+    with pytest.raises(lendbox.cli.CliError, match="would leave"):
+        lendbox.cli._extract(tarfile.open(fileobj=io.BytesIO(b.getvalue())), str(dst))
+    assert list(outside.iterdir()) == []
+
+    def one(*entries):
+        b = io.BytesIO()
+        with tarfile.open(fileobj=b, mode="w") as t:
+            for name, link in entries:
+                ti = tarfile.TarInfo(name)
+                if link is None:
+                    ti.size = 1
+                    t.addfile(ti, io.BytesIO(b"x"))
+                else:
+                    ti.type, ti.linkname = tarfile.SYMTYPE, link
+                    t.addfile(ti)
+        b.seek(0)
+        return tarfile.open(fileobj=b)
+
+    for i, bad in enumerate([[("s", "."), ("x", "s/s/../..")], [("s", "."), ("t/u", "../s/../..")]]):
+        with pytest.raises(lendbox.cli.CliError, match="would leave"):
+            lendbox.cli._extract(one(*bad), str(tmp_path / f"chain{i}"))
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "x").symlink_to(outside)
+    with pytest.raises(lendbox.cli.CliError, match="would leave"):
+        lendbox.cli._extract(one(("x/evil", None)), str(planted))
+    assert list(outside.iterdir()) == []
+    # what stays inside still comes out: a leading climb within the tree, a repeated name
+    ok = tmp_path / "ok"
+    lendbox.cli._extract(one(("a/b", None), ("a/up", "../a/b"), ("a/b", None)), str(ok))
+    assert (ok / "a" / "b").read_bytes() == b"x" and os.readlink(ok / "a" / "up") == "../a/b"

@@ -21,6 +21,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 import tarfile
 import threading
@@ -438,7 +439,7 @@ def cmd_cp(c: Client, args: argparse.Namespace) -> int:
             raise
         os.makedirs(dst, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
-            tar.extractall(dst, filter="data") if hasattr(tarfile, "data_filter") else _extract(tar, dst)
+            _extract(tar, dst)  # not extractall: its "data" filter is bypassable before 3.11.13
         return 0
     if dst == "-":
         _out(data)
@@ -450,23 +451,123 @@ def cmd_cp(c: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _link_stays_inside(depth: int, target: str) -> bool:
+    """A symlink in a directory ``depth`` levels below the destination, with this target: it
+    may climb with leading ``..`` components only (at most ``depth``), then only descend. With
+    every symlink so made, no chain of them leads out (a ``..`` after a name could climb out
+    of wherever an earlier symlink led)."""
+    if not target or target.startswith("/"):
+        return False
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    up = 0
+    while up < len(parts) and parts[up] == "..":
+        up += 1
+    return up <= depth and ".." not in parts[up:]
+
+
 def _extract(tar: tarfile.TarFile, dst: str) -> None:
-    """Extract without leaving ``dst`` (for Pythons without tarfile's extraction filters)."""
-    root = os.path.realpath(dst)
-
-    def inside(p: str) -> bool:
-        return p == root or p.startswith(root + os.sep)
-
+    """Extract a downloaded archive into ``dst`` without anything landing outside it, whatever
+    the archive holds: only directories, regular files and symlinks are taken; names are
+    relative without ``..``; every entry's parent is opened from ``dst`` one component at a
+    time with ``O_NOFOLLOW``, so no symlink (of the archive or already in ``dst``) is ever
+    followed; a symlink is made as a link and its target must stay inside (_link_stays_inside).
+    Modes keep rwx bits without group/other write; no setuid, setgid or sticky bit; the owner
+    is the caller. Every entry is checked before the first is written."""
+    members = []
+    links = set()
     for m in tar.getmembers():
-        target = os.path.realpath(os.path.join(root, m.name))
-        link = None
-        if m.issym():
-            link = os.path.realpath(os.path.join(os.path.dirname(target), m.linkname))
-        elif m.islnk():
-            link = os.path.realpath(os.path.join(root, m.linkname))
-        if not inside(target) or m.isdev() or (link is not None and not inside(link)):
-            raise CliError(f"the archive's entry {m.name!r} would leave {dst}")
-        tar.extract(m, root)
+        parts = [p for p in m.name.split("/") if p not in ("", ".")]
+        bad = (m.name.startswith("/") or ".." in parts or not (m.isdir() or m.isreg() or m.issym())
+               or (m.issym() and not _link_stays_inside(len(parts) - 1, m.linkname))
+               or any("/".join(parts[:i]) in links for i in range(1, len(parts))))
+        if bad:
+            raise CliError(f"the archive's entry {m.name!r} would leave {dst} (only files, "
+                           "directories and symlinks that stay inside are taken)")
+        if parts:
+            if m.issym():
+                links.add("/".join(parts))
+            else:
+                links.discard("/".join(parts))
+            members.append((parts, m))
+    os.makedirs(dst, exist_ok=True)
+    root = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+    dirs = []
+
+    def open_dir(parts: List[str]) -> int:
+        fd = os.dup(root)
+        try:
+            for p in parts:
+                try:
+                    os.mkdir(p, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def clear(pfd: int, base: str) -> None:
+        """Remove a non-directory at base (the last of a repeated name wins)."""
+        try:
+            if not stat.S_ISDIR(os.stat(base, dir_fd=pfd, follow_symlinks=False).st_mode):
+                os.unlink(base, dir_fd=pfd)
+        except FileNotFoundError:
+            pass
+
+    try:
+        for parts, m in members:
+            try:
+                pfd = open_dir(parts[:-1])
+            except OSError as e:
+                raise CliError(f"the archive's entry {m.name!r} would leave {dst}: {e.strerror}") from e
+            base = parts[-1]
+            try:
+                if m.isdir():
+                    try:
+                        os.mkdir(base, 0o700, dir_fd=pfd)
+                    except FileExistsError:
+                        pass
+                    dirs.append((parts, (m.mode & 0o755) | 0o700))
+                    continue
+                clear(pfd, base)
+                if m.issym():
+                    os.symlink(m.linkname, base, dir_fd=pfd)
+                    continue
+                fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=pfd)
+                try:
+                    src = tar.extractfile(m)
+                    while src is not None:
+                        chunk = memoryview(src.read(1 << 20))
+                        if not chunk:
+                            break
+                        while chunk:
+                            chunk = chunk[os.write(fd, chunk):]
+                    os.fchmod(fd, (m.mode & 0o755) | 0o600)
+                    try:
+                        os.utime(fd, (m.mtime, m.mtime))
+                    except (OverflowError, ValueError):
+                        pass  # an mtime no file here can hold: the file keeps now
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise CliError(f"cannot write the archive's entry {m.name!r} in {dst}: {e.strerror}") from e
+            finally:
+                os.close(pfd)
+        for parts, mode in reversed(dirs):
+            try:
+                fd = open_dir(parts)
+            except OSError as e:  # a name of the archive that is a directory and then not
+                raise CliError(f"the archive's directory {'/'.join(parts)!r} is not one in {dst}: "
+                               f"{e.strerror}") from e
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
 
 
 def cmd_release(c: Client, args: argparse.Namespace) -> int:

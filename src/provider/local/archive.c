@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -41,7 +42,14 @@
 
 #define ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
 #define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
+/* components of a PUT entry's name: the merge into an existing DIR and the removal of a refused
+ * stage walk no deeper, so that the all-or-nothing check sees every level */
+#define ARCHIVE_MAX_PUT_DEPTH (ARCHIVE_MAX_DEPTH * 2)
+/* bytes of directory names a put keeps in the daemon's memory until it applies their modes */
+#define ARCHIVE_MAX_DIR_NAME_BYTES (32u * 1024 * 1024)
 #define STAGE_PREFIX ".lendbox-archive-"
+#define PATH_BYTES 4097 /* a name relative to DIR and its NUL */
+#define GET_BUF_BYTES (64 * 1024)
 
 /* openat2 beneath dfd, never through a symlink or a magic link; with xdev, onto another mount
  * (DIR itself may be one: a tmpfs workdir), else never. */
@@ -72,11 +80,12 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
 
 /* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
  * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." component, an empty
- * component or one too long. */
+ * component or one too long, or more than ARCHIVE_MAX_PUT_DEPTH components. */
 static int name_normalise(const char *in, char *out, size_t size)
 {
     const char *c;
     size_t n;
+    int parts = 0;
 
     if (!in || in[0] == '/')
         return -EINVAL;
@@ -94,11 +103,11 @@ static int name_normalise(const char *in, char *out, size_t size)
         return -EINVAL;
     memcpy(out, in, n);
     out[n] = '\0';
-    for (c = out; *c;) {
+    for (c = out; *c; parts++) {
         size_t len = strcspn(c, "/");
 
         if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.'))
+            (len == 1 && c[0] == '.') || parts == ARCHIVE_MAX_PUT_DEPTH)
             return -EINVAL;
         c += len;
         if (*c == '/')
@@ -108,11 +117,14 @@ static int name_normalise(const char *in, char *out, size_t size)
 }
 
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
- * The target must be relative and, read component by component from the link's directory,
- * never climb above DIR. */
+ * The target must be relative, may climb only with leading ".." components and never above
+ * DIR, then only descend: a ".." after a name would climb from wherever that name leads when
+ * it is itself a symlink (s -> "." and x -> "s/s/../.." read as staying inside, and lead two
+ * levels above DIR). */
 static bool link_target_inside(const char *name, const char *target)
 {
     long depth = 0;
+    bool descended = false;
     const char *c;
 
     if (!target[0] || target[0] == '/')
@@ -124,10 +136,10 @@ static bool link_target_inside(const char *name, const char *target)
         size_t len = strcspn(c, "/");
 
         if (len == 2 && c[0] == '.' && c[1] == '.') {
-            if (--depth < 0)
+            if (descended || --depth < 0)
                 return false;
         } else if (len > 0 && !(len == 1 && c[0] == '.')) {
-            depth++;
+            descended = true;
         }
         c += len;
         if (*c == '/')
@@ -155,6 +167,8 @@ struct put_state {
     struct lb_archive_result res;
     struct dir_mode *dirs; /* directory modes, applied once all entries are in */
     size_t n_dirs, cap_dirs;
+    size_t dir_name_bytes; /* the dirs' names, bounded by ARCHIVE_MAX_DIR_NAME_BYTES */
+    uint64_t headers;      /* every header read, the root's too, bounded by ARCHIVE_MAX_ENTRIES */
 };
 
 static int put_refuse(const char *dir, const char *name, const char *why, struct lb_error *err)
@@ -324,8 +338,15 @@ out:
     return r;
 }
 
+/* Keep a directory entry's mode for put_dir_modes. -EFBIG once the names kept would pass
+ * ARCHIVE_MAX_DIR_NAME_BYTES (a small gzip body can repeat a 4 KiB directory name for every
+ * entry), -ENOMEM. */
 static int remember_dir(struct put_state *s, const char *name, mode_t mode)
 {
+    size_t len = strlen(name) + 1;
+
+    if (len > ARCHIVE_MAX_DIR_NAME_BYTES - s->dir_name_bytes)
+        return -EFBIG;
     if (s->n_dirs == s->cap_dirs) {
         size_t cap = s->cap_dirs ? s->cap_dirs * 2 : 32;
         struct dir_mode *d = realloc(s->dirs, cap * sizeof(*d));
@@ -338,6 +359,7 @@ static int remember_dir(struct put_state *s, const char *name, mode_t mode)
     s->dirs[s->n_dirs].name = strdup(name);
     if (!s->dirs[s->n_dirs].name)
         return -ENOMEM;
+    s->dir_name_bytes += len;
     s->dirs[s->n_dirs++].mode = mode & 01777;
     return 0;
 }
@@ -350,9 +372,15 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
     mode_t type = archive_entry_filetype(e), mode = archive_entry_perm(e);
     int pfd = -1, tfd = -1, r;
 
+    /* every header counts, the root's and the repeated ones too: a gzip body of nothing but
+     * "./" headers would otherwise keep a worker inflating for as long as its ratio allows */
+    if (++s->headers > ARCHIVE_MAX_ENTRIES)
+        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
+                            ARCHIVE_MAX_ENTRIES);
     r = name_normalise(raw, name, sizeof(name));
     if (r < 0)
-        return put_refuse(s->dir, raw ? raw : "", "names must be relative, without '..'", err);
+        return put_refuse(s->dir, raw ? raw : "",
+                          "names must be relative, without '..', at most 256 levels deep", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
     if (hard && name_normalise(hard, target, sizeof(target)) != 0)
@@ -371,9 +399,7 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
                               "a symlink's target must be relative and stay inside the directory",
                               err);
     }
-    if (++s->res.entries > ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
-                            ARCHIVE_MAX_ENTRIES);
+    s->res.entries++;
     pfd = open_entry_parent(s, name, &base);
     if (pfd < 0) {
         r = pfd == -ENOTDIR || pfd == -ELOOP || pfd == -EXDEV
@@ -408,7 +434,12 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
             goto out;
         }
         r = remember_dir(s, name, mode);
-        if (r < 0)
+        if (r == -EFBIG)
+            r = lb_error_set(err, r,
+                             "the archive's directory entries have names longer than %u bytes "
+                             "in all; nothing of it was kept",
+                             ARCHIVE_MAX_DIR_NAME_BYTES);
+        else if (r < 0)
             r = lb_error_set(err, r, "out of memory");
         break;
     }
@@ -483,21 +514,26 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
     int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
+    char *path;
 
     if (fd < 0)
         return local_map_errno(-fd, rel, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!d || !path) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(path);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
-        char path[4097];
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
         if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* nothing there: a plain rename */
         if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -529,6 +565,7 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
         }
     }
     closedir(d);
+    free(path);
     return r;
 }
 
@@ -538,21 +575,26 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
     int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
+    char *path;
 
     if (fd < 0)
         return local_map_errno(-fd, rel, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!d || !path) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(path);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
-        char path[4097];
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof(path), "%s/%s", rel, de->d_name);
+        snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
         if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
             r = local_map_errno(errno, path, err);
             break;
@@ -579,7 +621,75 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
             r = local_map_errno(errno, path, err);
     }
     closedir(d);
+    free(path);
     return r;
+}
+
+/* A put holds an exclusive flock on its stage from just after making it until the stage is
+ * gone, so a stage nobody holds is one a daemon killed mid-extraction left behind. */
+
+/* Make a fresh stage in hostfd (its name into name) and lock it: the lock fd into *lockfd.
+ * 0, -EREMOTEIO (getrandom failed) or -errno of mkdirat. */
+static int stage_make(int hostfd, char *name, size_t size, int *lockfd)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        unsigned char rnd[8];
+        struct stat a, b;
+        int fd;
+
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+            return -EREMOTEIO;
+        snprintf(name, size, STAGE_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+                 rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+        if (mkdirat(hostfd, name, 0700) < 0) {
+            if (errno == EEXIST)
+                continue;
+            return -errno;
+        }
+        fd = open_beneath(hostfd, name, O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0)
+            continue; /* swept or replaced before we could lock it: another name */
+        /* still the directory we made under that name, and ours alone */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &a) == 0 &&
+            fstatat(hostfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino) {
+            *lockfd = fd;
+            return 0;
+        }
+        close(fd);
+    }
+    return -EEXIST;
+}
+
+/* Remove the stages in hostfd that no put holds (best effort). */
+static void stage_sweep(int hostfd)
+{
+    int fd = open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    struct dirent *de;
+    DIR *d;
+
+    if (fd < 0)
+        return;
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    while ((de = readdir(d))) {
+        struct stat st;
+        int sfd;
+
+        if (strncmp(de->d_name, STAGE_PREFIX, strlen(STAGE_PREFIX)) != 0 ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        sfd = open_beneath(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY, 0);
+        if (sfd < 0)
+            continue;
+        if (flock(sfd, LOCK_EX | LOCK_NB) == 0)
+            remove_tree(dirfd(d), de->d_name, 0);
+        close(sfd);
+    }
+    closedir(d);
 }
 
 static int read_all_entries(struct put_state *s, struct lb_error *err)
@@ -616,10 +726,9 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         .lp = lp, .d = &d, .id = &id, .stage = -1, .dir = dir, .max_bytes = max_bytes};
     char parent[4097], stage[64];
     const char *name;
-    unsigned char rnd[8];
     struct stat st;
     bool exists = false, staged = false;
-    int rootfd = -1, pfd = -1, tfd = -1, hostfd = -1, r;
+    int rootfd = -1, pfd = -1, tfd = -1, hostfd = -1, lockfd = -1, r;
 
     *out = (struct lb_archive_result){0};
     memset(&d, 0, sizeof(d));
@@ -628,12 +737,6 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         goto out;
     name = strrchr(dir, '/') + 1;
     snprintf(parent, sizeof(parent), "%.*s", (int)(name - dir > 1 ? name - dir - 1 : 1), dir);
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        r = lb_error_set(err, -EREMOTEIO, "getrandom: %s", strerror(errno));
-        goto out;
-    }
-    snprintf(stage, sizeof(stage), STAGE_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
-             rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
     s.a = archive_read_new();
     if (!s.a) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -665,8 +768,11 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
         }
     }
     hostfd = exists ? tfd : pfd; /* where the stage is made */
-    if (mkdirat(hostfd, stage, 0700) < 0) {
-        r = space_error(&s, errno, dir, err);
+    stage_sweep(hostfd);
+    r = stage_make(hostfd, stage, sizeof(stage), &lockfd);
+    if (r < 0) {
+        r = r == -EREMOTEIO ? lb_error_set(err, r, "getrandom: %s", strerror(EIO))
+                            : space_error(&s, -r, dir, err);
         goto out;
     }
     staged = true;
@@ -707,6 +813,8 @@ int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 out:
     if (staged)
         remove_tree(hostfd, stage, 0);
+    if (lockfd >= 0)
+        close(lockfd); /* the stage is gone (or is DIR): its lock with it */
     local_fs_leave(&id);
     if (s.a)
         archive_read_free(s.a);
@@ -736,6 +844,7 @@ struct get_state {
     uint32_t base_uid; /* the sandbox root's host uid */
     const char *dir;
     struct lb_archive_result res;
+    char *buf; /* GET_BUF_BYTES for a file's reads (a worker's stack is small) */
 };
 
 static la_ssize_t get_write(struct archive *a, void *arg, const void *buf, size_t len)
@@ -811,7 +920,8 @@ static int get_header(struct get_state *g, const char *name, const struct stat *
 static int get_file(struct get_state *g, int dfd, const char *dname, const char *name,
                     struct lb_error *err)
 {
-    char buf[64 * 1024];
+    char *buf = g->buf;
+    const size_t cap = GET_BUF_BYTES;
     struct stat st;
     off_t left;
     int fd = openat(dfd, dname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC), r;
@@ -824,7 +934,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
     }
     r = get_header(g, name, &st, NULL, err);
     for (left = st.st_size; r == 0 && left > 0;) {
-        ssize_t n = read(fd, buf, (size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+        ssize_t n = read(fd, buf, (size_t)left < cap ? (size_t)left : cap);
 
         if (n < 0 && errno == EINTR)
             continue;
@@ -833,7 +943,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
             break;
         }
         if (n == 0) { /* shrank meanwhile: zeros keep the header's size */
-            n = (ssize_t)((size_t)left < sizeof(buf) ? (size_t)left : sizeof(buf));
+            n = (ssize_t)((size_t)left < cap ? (size_t)left : cap);
             memset(buf, 0, (size_t)n);
         }
         if (archive_write_data(g->a, buf, (size_t)n) < 0)
@@ -851,29 +961,35 @@ static int get_walk(struct get_state *g, int dfd, const char *prefix, int depth,
     int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), r = 0;
     DIR *d;
     struct dirent *de;
+    char *name, *link;
 
     if (fd < 0)
         return local_map_errno(errno, prefix[0] ? prefix : g->dir, err);
     d = fdopendir(fd);
-    if (!d) {
-        close(fd);
+    name = malloc(2 * PATH_BYTES); /* not on the stack: one frame per level on a worker's */
+    if (!d || !name) {
+        if (d)
+            closedir(d);
+        else
+            close(fd);
+        free(name);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
+    link = name + PATH_BYTES;
     while (r == 0 && (de = readdir(d))) {
-        char name[4097], link[4097];
         struct stat st;
         ssize_t n;
 
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        if (snprintf(name, sizeof(name), "%s%s", prefix, de->d_name) >= (int)sizeof(name) - 1)
+        if (snprintf(name, PATH_BYTES, "%s%s", prefix, de->d_name) >= PATH_BYTES - 1)
             continue;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
             continue; /* gone meanwhile */
         if (S_ISREG(st.st_mode)) {
             r = get_file(g, dirfd(d), de->d_name, name, err);
         } else if (S_ISLNK(st.st_mode)) {
-            n = readlinkat(dirfd(d), de->d_name, link, sizeof(link) - 1);
+            n = readlinkat(dirfd(d), de->d_name, link, PATH_BYTES - 1);
             if (n < 0)
                 continue;
             link[n] = '\0';
@@ -896,6 +1012,7 @@ static int get_walk(struct get_state *g, int dfd, const char *prefix, int depth,
         /* devices, FIFOs, sockets: left out */
     }
     closedir(d);
+    free(name);
     return r;
 }
 
@@ -918,7 +1035,8 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     g.base_uid = d.uid;
     g.a = archive_write_new();
     g.e = archive_entry_new();
-    if (!g.a || !g.e) {
+    g.buf = malloc(GET_BUF_BYTES);
+    if (!g.a || !g.e || !g.buf) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
@@ -957,6 +1075,7 @@ out:
         archive_write_free(g.a);
     if (g.e)
         archive_entry_free(g.e);
+    free(g.buf);
     if (dfd >= 0)
         close(dfd);
     if (rootfd >= 0)
