@@ -1226,12 +1226,17 @@ static bool lbt_pid_ended(pid_t pid, int *status)
 
 int lbt_daemon_stop(struct lbt_daemon *d)
 {
+    return lbt_daemon_stop_within(d, 60);
+}
+
+int lbt_daemon_stop_within(struct lbt_daemon *d, int wait_s)
+{
     int status = 0;
 
     if (d->pid <= 0)
         return 0;
     kill(d->pid, SIGTERM);
-    for (int i = 0; i < 1200; i++) {
+    for (int i = 0; i < wait_s * 20; i++) {
         errno = 0;
         status = -1;
         if (lbt_pid_ended(d->pid, &status)) {

@@ -63,6 +63,8 @@ void lbt_daemon_restart(struct lbt_daemon *d, const char *const *extra_args);
 void lbt_set_daemon_fd_limit(unsigned long n);
 /* SIGTERM and wait; returns the exit status (or -1 if it had to be killed). */
 int lbt_daemon_stop(struct lbt_daemon *d);
+/* lbt_daemon_stop, waiting at most wait_s seconds (lbt_daemon_stop: 60) before SIGKILL. */
+int lbt_daemon_stop_within(struct lbt_daemon *d, int wait_s);
 /* SIGKILL and reap. */
 void lbt_daemon_kill(struct lbt_daemon *d);
 /* Stop the daemon if running and remove its state dir (and sandboxes). */

@@ -675,8 +675,10 @@ START_TEST(test_sigterm_sweep_bounded)
     char warm_ids[64][LBT_ID_MAX];
     int n_warm = lbt_warm_ids(&x.d, warm_ids, 64);
     t0 = lbt_now();
-    ck_assert_int_eq(lbt_daemon_stop(&x.d), 0); /* SIGTERM; exit status 0 */
-    ck_assert_double_lt(lbt_now() - t0, 120.0); /* within the stop bound */
+    /* SIGTERM; exit status 0, within the stop bound (the harness's usual 60 s wait is shorter
+     * than the bound: 60 engine stops 8 at a time took longer on a loaded machine) */
+    ck_assert_int_eq(lbt_daemon_stop_within(&x.d, 120), 0);
+    ck_assert_double_lt(lbt_now() - t0, 120.0);
     snprintf(cmd, sizeof(cmd),
              "grep -o 'shutdown sweep: [0-9]* sandboxes, [0-9]* failed, at most "
              "[0-9]* stops' '%s' | tail -1",
