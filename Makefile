@@ -265,7 +265,8 @@ lxd-check:
 		if [ $$rc -eq 77 ]; then echo "lxd-check: SKIPPED (LXD cannot run on this machine)"; \
 		exit 0; fi; exit $$rc
 
-# The unit under a real systemd (systemd-nspawn of a cached debootstrap root); needs root.
+# The unit under a real systemd (systemd-nspawn of a cached debootstrap root), then the Debian
+# packages of `make deb` installed, used and purged in a fresh copy of that root; needs root.
 systemd-test: all
 	@echo "== tests/systemd-unit"; tests/systemd-unit
 
