@@ -12,6 +12,8 @@
 #   make tsan       the same tests against a ThreadSanitizer build (in build-tsan/)
 #   make install    FHS install (PREFIX=/usr/local, DESTDIR supported; unit into UNITDIR)
 #   make uninstall  remove what install put (keeps the operator's /etc/lendbox/lendbox.conf)
+#   make deb        lendbox_VERSION_ARCH.deb and python3-lendbox_VERSION_all.deb into DEB_OUT
+#                   (default: the parent directory of this tree, as dpkg-buildpackage does)
 #   make systemd-test  the unit under a real systemd (nspawn; part of `make check`)
 #   make bench      scripts/bench against a fresh daemon
 #   make bench-warm scripts/bench-warm: a warm pool against none, interleaved
@@ -81,7 +83,7 @@ DAEMON := $(BUILD)/lendboxd
 SUPERVISE := $(BUILD)/lendbox-supervise
 LIB := $(BUILD)/liblendbox.a
 
-.PHONY: all run check asan tsan install uninstall systemd-test deps test unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest bench bench-warm bench-side clean format
+.PHONY: all run check asan tsan install uninstall deb systemd-test deps test unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest bench bench-warm bench-side clean format
 all: $(DAEMON) $(SUPERVISE)
 
 $(BUILD)/%.o: %.c
@@ -267,7 +269,8 @@ lxd-check:
 		if [ $$rc -eq 77 ]; then echo "lxd-check: SKIPPED (LXD cannot run on this machine)"; \
 		exit 0; fi; exit $$rc
 
-# The unit under a real systemd (systemd-nspawn of a cached debootstrap root); needs root.
+# The unit under a real systemd (systemd-nspawn of a cached debootstrap root), then the Debian
+# packages of `make deb` installed, used and purged in a fresh copy of that root; needs root.
 systemd-test: all
 	@echo "== tests/systemd-unit"; tests/systemd-unit
 
@@ -337,6 +340,32 @@ uninstall:
 		$(addprefix $(DESTDIR)$(DOCDIR)/,README.md $(notdir $(wildcard docs/*.md)))
 	rmdir $(DESTDIR)$(LIBEXECDIR)/lendbox $(DESTDIR)$(DOCDIR) 2>/dev/null || true
 	rmdir $(DESTDIR)$(SYSCONFDIR)/lendbox 2>/dev/null || true
+
+# Debian packages: dpkg-buildpackage -us -uc -b in a copy of the tracked files (git ls-files, or
+# every file but the build dirs outside a git checkout) at $(DEB_STAGE) with scripts/debian/ as
+# its debian/, then lintian (errors fail; warnings are printed), then the two .debs into DEB_OUT.
+# The build tools are in scripts/install-deps; debian/changelog's version must be VERSION's.
+# Debian's python3 and tools build it, never a python3 first on PATH (as for pytest below).
+DEB_OUT ?= $(abspath $(CURDIR)/..)
+DEB_STAGE := $(abspath $(BUILD))/deb/lendbox-$(VERSION)
+deb:
+	@v=$$(dpkg-parsechangelog -l scripts/debian/changelog -S Version) && [ "$$v" = "$(VERSION)" ] || \
+		{ echo "make deb: scripts/debian/changelog says $$v, the Makefile's VERSION is $(VERSION)"; exit 1; }
+	rm -rf $(dir $(DEB_STAGE))
+	mkdir -p $(DEB_STAGE)
+	if git -C $(CURDIR) rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git -C $(CURDIR) ls-files -z --cached --others --exclude-standard | \
+			tar -C $(CURDIR) --null -T - --ignore-failed-read -cf - | tar -C $(DEB_STAGE) -xf -; \
+	else \
+		tar -C $(CURDIR) --exclude=./build --exclude=./build-asan --exclude=./build-tsan \
+			--exclude=./clients/python/build -cf - . | tar -C $(DEB_STAGE) -xf -; \
+	fi
+	rm -rf $(DEB_STAGE)/debian && cp -a scripts/debian $(DEB_STAGE)/debian
+	cd $(DEB_STAGE) && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
+	lintian --fail-on error --tag-display-limit 0 $(dir $(DEB_STAGE))lendbox_$(VERSION)_*.changes
+	mkdir -p $(DEB_OUT)
+	cp $(dir $(DEB_STAGE))lendbox_$(VERSION)_*.deb $(dir $(DEB_STAGE))python3-lendbox_$(VERSION)_all.deb \
+		$(DEB_OUT)/
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
