@@ -361,7 +361,7 @@ deb:
 			--exclude=./clients/python/build -cf - . | tar -C $(DEB_STAGE) -xf -; \
 	fi
 	rm -rf $(DEB_STAGE)/debian && cp -a scripts/debian $(DEB_STAGE)/debian
-	cd $(DEB_STAGE) && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b
+	cd $(DEB_STAGE) && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b -jauto
 	lintian --fail-on error --tag-display-limit 0 $(dir $(DEB_STAGE))lendbox_$(VERSION)_*.changes
 	mkdir -p $(DEB_OUT)
 	cp $(dir $(DEB_STAGE))lendbox_$(VERSION)_*.deb $(dir $(DEB_STAGE))python3-lendbox_$(VERSION)_all.deb \
