@@ -728,11 +728,15 @@ START_TEST(test_stale_stage_swept)
 {
     struct tar t;
     struct lbt_resp r;
-    char *out = lbt_sh(&D, SBX,
-                       "mkdir -p /workspace/st/.lendbox-archive-00112233aabbccdd/sub && "
-                       "echo half > /workspace/st/.lendbox-archive-00112233aabbccdd/sub/f && "
-                       "mkdir -p /workspace/.lendbox-archive-0123456789abcdef/x && "
-                       "chmod 500 /workspace/.lendbox-archive-0123456789abcdef && echo ok");
+    char *out;
+
+    LBT_SKIP_ON_ENGINE("about the local provider's staging directories; an engine takes the "
+                       "checked archive whole, with no stage in the sandbox");
+    out = lbt_sh(&D, SBX,
+                 "mkdir -p /workspace/st/.lendbox-archive-00112233aabbccdd/sub && "
+                 "echo half > /workspace/st/.lendbox-archive-00112233aabbccdd/sub/f && "
+                 "mkdir -p /workspace/.lendbox-archive-0123456789abcdef/x && "
+                 "chmod 500 /workspace/.lendbox-archive-0123456789abcdef && echo ok");
 
     ck_assert_str_eq(out, "ok\n");
     free(out);
@@ -787,7 +791,10 @@ START_TEST(test_get_planted_links)
     lbt_resp_free(&r);
     archive_url(url, sizeof(url), SBX, "/workspace/g/p");
     lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
-    lbt_assert_error(&r, 403, "forbidden"); /* the sandbox's root may not look into its init */
+    if (lbt_variant_engine()) /* the engine resolves the link inside the container */
+        lbt_assert_error(&r, 404, "not_found");
+    else /* the sandbox's root may not look into its init */
+        lbt_assert_error(&r, 403, "forbidden");
     lbt_resp_free(&r);
     archive_url(url, sizeof(url), SBX, "/workspace/g/r/tmp");
     lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
