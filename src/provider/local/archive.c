@@ -22,6 +22,7 @@
  * fd through a counting callback that stops past max_bytes.
  */
 #include "provider/local/local_internal.h"
+#include "provider/tar_out.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -836,53 +837,11 @@ out:
 /* ---------- get ---------- */
 
 struct get_state {
-    struct archive *a;
-    struct archive_entry *e;
-    int out;
-    uint64_t max_bytes, written;
-    bool too_big;
+    struct lb_tar_out w;
     uint32_t base_uid; /* the sandbox root's host uid */
     const char *dir;
-    struct lb_archive_result res;
     char *buf; /* GET_BUF_BYTES for a file's reads (a worker's stack is small) */
 };
-
-static la_ssize_t get_write(struct archive *a, void *arg, const void *buf, size_t len)
-{
-    struct get_state *g = arg;
-    const char *p = buf;
-    size_t left = len;
-
-    if (len > g->max_bytes - g->written) {
-        g->too_big = true;
-        archive_set_error(a, EFBIG, "archive too large");
-        return -1;
-    }
-    while (left > 0) {
-        ssize_t w = write(g->out, p, left);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            archive_set_error(a, errno, "cannot write the archive: %s", strerror(errno));
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    g->written += len;
-    return (la_ssize_t)len;
-}
-
-static int get_fail(struct get_state *g, const char *path, struct lb_error *err)
-{
-    if (g->too_big)
-        return lb_error_set(err, -EFBIG,
-                            "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)",
-                            g->dir, (unsigned long long)g->max_bytes);
-    return lb_error_set(err, -EREMOTEIO, "cannot archive '%s': %s", path,
-                        archive_error_string(g->a));
-}
 
 static bool pseudo_fs(int fd)
 {
@@ -898,23 +857,18 @@ static bool pseudo_fs(int fd)
 static int get_header(struct get_state *g, const char *name, const struct stat *st,
                       const char *link, struct lb_error *err)
 {
-    uint32_t uid = st->st_uid - g->base_uid, gid = st->st_gid - g->base_uid;
+    const struct lb_tar_item it = {
+        .name = name,
+        .mode = st->st_mode,
+        .size = st->st_size,
+        .mtime = st->st_mtim.tv_sec,
+        .mtime_nsec = st->st_mtim.tv_nsec,
+        .uid = st->st_uid - g->base_uid,
+        .gid = st->st_gid - g->base_uid,
+        .symlink = link,
+    };
 
-    if (++g->res.entries > ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "'%s' holds more than %d entries", g->dir,
-                            ARCHIVE_MAX_ENTRIES);
-    archive_entry_clear(g->e);
-    archive_entry_set_pathname(g->e, name);
-    archive_entry_set_mode(g->e, st->st_mode);
-    archive_entry_set_uid(g->e, uid <= 65535 ? uid : 0);
-    archive_entry_set_gid(g->e, gid <= 65535 ? gid : 0);
-    archive_entry_set_mtime(g->e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
-    archive_entry_set_size(g->e, S_ISREG(st->st_mode) ? st->st_size : 0);
-    if (link)
-        archive_entry_set_symlink(g->e, link);
-    if (archive_write_header(g->a, g->e) < ARCHIVE_WARN)
-        return get_fail(g, name, err);
-    return 0;
+    return tar_out_write_header(&g->w, &it, err);
 }
 
 static int get_file(struct get_state *g, int dfd, const char *dname, const char *name,
@@ -946,8 +900,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
             n = (ssize_t)((size_t)left < cap ? (size_t)left : cap);
             memset(buf, 0, (size_t)n);
         }
-        if (archive_write_data(g->a, buf, (size_t)n) < 0)
-            r = get_fail(g, name, err);
+        r = tar_out_write_data(&g->w, buf, (size_t)n, name, err);
         left -= n;
     }
     close(fd);
@@ -1023,7 +976,7 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     struct local_provider *lp = (struct local_provider *)p;
     struct local_fs_identity id = {0};
     struct local_desc d;
-    struct get_state g = {.out = fd, .max_bytes = max_bytes, .dir = dir};
+    struct get_state g = {.dir = dir};
     struct stat st;
     int rootfd = -1, dfd = -1, r;
 
@@ -1033,15 +986,14 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     if (r < 0)
         goto out;
     g.base_uid = d.uid;
-    g.a = archive_write_new();
-    g.e = archive_entry_new();
+    r = tar_out_init(&g.w, fd, max_bytes, dir, err);
+    if (r < 0)
+        goto out;
     g.buf = malloc(GET_BUF_BYTES);
-    if (!g.a || !g.e || !g.buf) {
+    if (!g.buf) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    archive_write_set_format_pax_restricted(g.a);
-    archive_write_set_bytes_in_last_block(g.a, 1);
     r = local_fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
@@ -1058,23 +1010,17 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
                          dir);
         goto out;
     }
-    if (archive_write_open(g.a, &g, NULL, get_write, NULL) != ARCHIVE_OK) {
-        r = get_fail(&g, dir, err);
+    r = tar_out_open(&g.w, err);
+    if (r < 0)
         goto out;
-    }
     r = get_walk(&g, dfd, "", 0, err);
-    if (r == 0 && archive_write_close(g.a) != ARCHIVE_OK)
-        r = get_fail(&g, dir, err);
-    if (r == 0) {
-        g.res.bytes = g.written;
-        *out = g.res;
-    }
+    if (r == 0)
+        r = tar_out_close(&g.w, err);
+    if (r == 0)
+        *out = (struct lb_archive_result){.entries = g.w.entries, .bytes = g.w.written};
 out:
     local_fs_leave(&id);
-    if (g.a)
-        archive_write_free(g.a);
-    if (g.e)
-        archive_entry_free(g.e);
+    tar_out_free(&g.w);
     free(g.buf);
     if (dfd >= 0)
         close(dfd);

@@ -330,7 +330,7 @@ static void link_relative(const char *top, const char *from, const char *target,
 
 /* The tree below path (prefix: its name relative to DIR, "" for DIR) into w. */
 static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
-                const char *prefix, json_t *names, int depth, struct engine_tar_out *w,
+                const char *prefix, json_t *names, int depth, struct lb_tar_out *w,
                 struct lb_error *err)
 {
     size_t i;
@@ -340,7 +340,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
     json_array_foreach(names, i, v) {
         const char *base = json_string_value(v);
         char child[PATH_MAX], name[PATH_MAX], type[32], buf[65536];
-        struct engine_tar_item it = {0};
+        struct lb_tar_item it = {0};
         int mode, fd = -1;
         uint64_t len = 0, room = w->max_bytes - w->written;
 
@@ -370,7 +370,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             if (depth < ARCHIVE_MAX_DEPTH) {
                 strcat(name, "/");
                 it.mode = S_IFDIR | (mode_t)(mode < 0 ? 0755 : mode & 07777);
-                r = engine_tar_out_header(w, &it, err);
+                r = tar_out_write_header(w, &it, err);
                 if (r == 0 && sub)
                     r = walk(l, ref, child, name, sub, depth + 1, w, err);
             }
@@ -385,12 +385,12 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
                 link_relative(w->dir, path, target, rel, sizeof(rel));
                 it.mode = S_IFLNK | 0777;
                 it.symlink = rel;
-                r = engine_tar_out_header(w, &it, err);
+                r = tar_out_write_header(w, &it, err);
             }
         } else if (!strcmp(type, "file")) {
             it.mode = S_IFREG | (mode_t)(mode < 0 ? 0644 : mode & 07777);
             it.size = (int64_t)len;
-            r = engine_tar_out_header(w, &it, err);
+            r = tar_out_write_header(w, &it, err);
             while (r == 0) {
                 ssize_t n = read(fd, buf, sizeof(buf));
 
@@ -402,7 +402,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
                                          strerror(errno));
                     break;
                 }
-                r = engine_tar_out_data(w, buf, (size_t)n, name, err);
+                r = tar_out_write_data(w, buf, (size_t)n, name, err);
             }
         }
         close(fd);
@@ -413,7 +413,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
 }
 
 int lxd_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *dir,
-                    struct engine_tar_out *w, struct lb_error *err)
+                    struct lb_tar_out *w, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)eng;
     char type[32];

@@ -141,7 +141,7 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
 int lxd_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir, int fd,
                     uint64_t len, const struct engine_archive_tops *tops, struct lb_error *err);
 int lxd_archive_get(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
-                    struct engine_tar_out *w, struct lb_error *err);
+                    struct lb_tar_out *w, struct lb_error *err);
 
 /* The engine's file_open hook (lxd_files.c). */
 int lxd_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
