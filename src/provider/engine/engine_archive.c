@@ -395,17 +395,14 @@ void engine_archive_tops_free(struct engine_archive_tops *t)
     *t = (struct engine_archive_tops){0};
 }
 
-int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                       struct lb_error *err)
+/* dir is a valid path other than "/" in a sandbox that is not stopped: 0, or -EINVAL /
+ * -ENOENT / the state hook's error with err set. */
+static int archive_check_target(struct lb_engine *e, const struct lb_sandbox_ref *ref,
+                                const char *dir, struct lb_error *err)
 {
-    struct lb_engine *e = (struct lb_engine *)p;
-    struct check_state s = {.dir = dir, .max_bytes = max_bytes};
     enum lb_sandbox_status st;
-    int spool = -1, r;
-    off_t len;
+    int r;
 
-    *out = (struct lb_archive_result){0};
     if (!provider_path_is_valid(dir) || strcmp(dir, "/") == 0)
         return lb_error_set(err, -EINVAL, "bad path '%s'", dir);
     r = e->hooks->state(e, ref, &st, err);
@@ -413,6 +410,22 @@ int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
         return r;
     if (st == LB_STATUS_STOPPED)
         return lb_error_set(err, -ENOENT, "no such sandbox");
+    return 0;
+}
+
+int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
+                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
+                       struct lb_error *err)
+{
+    struct lb_engine *e = (struct lb_engine *)p;
+    struct check_state s = {.dir = dir, .max_bytes = max_bytes};
+    int spool = -1, r;
+    off_t len;
+
+    *out = (struct lb_archive_result){0};
+    r = archive_check_target(e, ref, dir, err);
+    if (r < 0)
+        return r;
     spool = engine_spool_file(e);
     if (spool < 0)
         return lb_error_set(err, spool, "cannot make a spool file in '%s': %s", e->spool_dir,
@@ -475,17 +488,12 @@ int engine_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 {
     struct lb_engine *e = (struct lb_engine *)p;
     struct lb_tar_out w = {0};
-    enum lb_sandbox_status st;
     int r;
 
     *out = (struct lb_archive_result){0};
-    if (!provider_path_is_valid(dir) || strcmp(dir, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", dir);
-    r = e->hooks->state(e, ref, &st, err);
+    r = archive_check_target(e, ref, dir, err);
     if (r < 0)
         return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
     r = tar_out_init(&w, fd, max_bytes, dir, err);
     if (r < 0)
         goto out;

@@ -25,18 +25,6 @@
 #define ARCHIVE_MAX_DEPTH 128
 #define LISTING_MAX_BYTES (16 * 1024 * 1024)
 
-static int files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err)
-{
-    char *enc = curl_easy_escape(NULL, path, 0);
-    int n;
-
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    n = snprintf(buf, size, "/1.0/instances/%s/files?path=%s", id, enc);
-    curl_free(enc);
-    return n < (int)size ? 0 : lb_error_set(err, -EINVAL, "path '%.200s' is too long", path);
-}
-
 /* One GET of path into a new spool file (at most max bytes: -EFBIG): *type ("file",
  * "directory", "symlink"; "" for none), *mode (-1 for none), *fd_out and *len. -ENOENT for a
  * 404; else 0 or a negative errno with err set. */
@@ -59,7 +47,7 @@ static int get_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
     *fd_out = -1;
     if (sink.fd < 0)
         return lb_error_set(err, sink.fd, "cannot make a spool file: %s", strerror(-sink.fd));
-    r = files_url(ref->id, path, url, sizeof(url), err);
+    r = lxd_files_url(ref->id, path, url, sizeof(url), err);
     if (r < 0)
         goto out;
     req.path = url;
@@ -122,7 +110,7 @@ static int post_special(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
                                    .headers = headers,
                                    .max_body_bytes = 65536};
     struct lb_httpc_response resp = {0};
-    int r = files_url(ref->id, path, url, sizeof(url), err);
+    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
 
     if (r < 0)
         return r;
@@ -158,7 +146,7 @@ static void delete_path(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
     struct lb_error ignored = {0};
     char url[PATH_MAX + 128];
 
-    if (files_url(ref->id, path, url, sizeof(url), &ignored) < 0)
+    if (lxd_files_url(ref->id, path, url, sizeof(url), &ignored) < 0)
         return;
     req.path = url;
     req.timeout_ms = l->call_timeout_ms;

@@ -102,6 +102,9 @@ int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbo
  * made. */
 int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path, int fd,
                  const void *data, uint64_t len, int mode, struct lb_error *err);
+/* "/1.0/instances/<id>/files?path=<escaped path>" into buf (size bytes). 0, or -ENOMEM /
+ * -EINVAL (too long) with err set. */
+int lxd_files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err);
 /* Make the directory path and its parents in the instance (existing ones are fine). */
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
