@@ -28,43 +28,6 @@
 
 /* ---------- names ---------- */
 
-/* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
- * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." or "." component, an
- * empty component or one too long. */
-static int name_normalise(const char *in, char *out, size_t size)
-{
-    const char *c;
-    size_t n;
-
-    if (!in || in[0] == '/')
-        return -EINVAL;
-    while (in[0] == '.' && in[1] == '/') {
-        in += 2;
-        while (*in == '/')
-            in++;
-    }
-    n = strlen(in);
-    while (n > 0 && in[n - 1] == '/')
-        n--;
-    if (n == 0 || (n == 1 && in[0] == '.'))
-        return 1;
-    if (n >= size)
-        return -EINVAL;
-    memcpy(out, in, n);
-    out[n] = '\0';
-    for (c = out; *c;) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.'))
-            return -EINVAL;
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return 0;
-}
-
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR? */
 static bool link_target_inside(const char *name, const char *target)
 {
@@ -295,12 +258,12 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
     char kind, had;
     int r;
 
-    r = name_normalise(raw, name, sizeof(name));
+    r = provider_archive_name_normalise(raw, name, sizeof(name), 0);
     if (r < 0)
         return refuse(s, raw ? raw : "", "names must be relative, without '..'", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
-    if (hard && (name_normalise(hard, target, sizeof(target)) != 0 ||
+    if (hard && (provider_archive_name_normalise(hard, target, sizeof(target), 0) != 0 ||
                  set_kind(&s->names, target, strlen(target)) != KIND_FILE))
         return refuse(s, name, "a hard link must name an earlier regular file of the archive", err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)

@@ -79,44 +79,6 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
 
 /* ---------- names ---------- */
 
-/* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
- * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." component, an empty
- * component or one too long, or more than ARCHIVE_MAX_PUT_DEPTH components. */
-static int name_normalise(const char *in, char *out, size_t size)
-{
-    const char *c;
-    size_t n;
-    int parts = 0;
-
-    if (!in || in[0] == '/')
-        return -EINVAL;
-    while (in[0] == '.' && in[1] == '/') {
-        in += 2;
-        while (*in == '/')
-            in++;
-    }
-    n = strlen(in);
-    while (n > 0 && in[n - 1] == '/')
-        n--;
-    if (n == 0 || (n == 1 && in[0] == '.'))
-        return 1;
-    if (n >= size)
-        return -EINVAL;
-    memcpy(out, in, n);
-    out[n] = '\0';
-    for (c = out; *c; parts++) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.') || parts == ARCHIVE_MAX_PUT_DEPTH)
-            return -EINVAL;
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return 0;
-}
-
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
  * The target must be relative, may climb only with leading ".." components and never above
  * DIR, then only descend: a ".." after a name would climb from wherever that name leads when
@@ -378,13 +340,14 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
     if (++s->headers > ARCHIVE_MAX_ENTRIES)
         return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
                             ARCHIVE_MAX_ENTRIES);
-    r = name_normalise(raw, name, sizeof(name));
+    r = provider_archive_name_normalise(raw, name, sizeof(name), ARCHIVE_MAX_PUT_DEPTH);
     if (r < 0)
         return put_refuse(s->dir, raw ? raw : "",
                           "names must be relative, without '..', at most 256 levels deep", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
-    if (hard && name_normalise(hard, target, sizeof(target)) != 0)
+    if (hard &&
+        provider_archive_name_normalise(hard, target, sizeof(target), ARCHIVE_MAX_PUT_DEPTH) != 0)
         return put_refuse(s->dir, name, "a hard link must name an earlier entry of the archive",
                           err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
