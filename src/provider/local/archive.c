@@ -23,6 +23,7 @@
  */
 #include "provider/local/local_internal.h"
 #include "provider/tar_out.h"
+#include "util/fd.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -628,17 +629,11 @@ static int stage_make(int hostfd, char *name, size_t size, int *lockfd)
 /* Remove the stages in hostfd that no put holds (best effort). */
 static void stage_sweep(int hostfd)
 {
-    int fd = open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    DIR *d = fd_open_dir(open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0));
     struct dirent *de;
-    DIR *d;
 
-    if (fd < 0)
+    if (!d)
         return;
-    d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
     while ((de = readdir(d))) {
         struct stat st;
         int sfd;
