@@ -472,27 +472,57 @@ static void remove_tree(int dfd, const char *name, int depth)
     (void)unlinkat(dfd, name, AT_REMOVEDIR);
 }
 
+/* The staged directory sfd as a stream (*d) and a PATH_BYTES buffer for names (*path), both
+ * the caller's to release: 0, or an error (nothing to release). */
+static int merge_open(int sfd, const char *rel, DIR **d, char **path, struct lb_error *err)
+{
+    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0);
+
+    if (fd < 0)
+        return local_map_errno(-fd, rel, err);
+    *d = fd_open_dir(fd);
+    *path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!*d || !*path) {
+        if (*d)
+            closedir(*d);
+        free(*path);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+typedef int merge_fn(int sfd, int tfd, const char *rel, int depth, struct lb_error *err);
+
+/* fn on the directories named name in sd (staged) and tfd (path: its name for errors). */
+static int merge_descend(merge_fn *fn, int sd, int tfd, const char *name, const char *path,
+                         int depth, struct lb_error *err)
+{
+    int cs = open_beneath(sd, name, O_PATH | O_DIRECTORY, 0);
+    int ct = open_beneath(tfd, name, O_PATH | O_DIRECTORY, 0);
+    int r;
+
+    if (cs < 0 || ct < 0)
+        r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
+    else
+        r = fn(cs, ct, path, depth + 1, err);
+    if (cs >= 0)
+        close(cs);
+    if (ct >= 0)
+        close(ct);
+    return r;
+}
+
 /* Before any rename: would moving the staged tree sfd into tfd meet a staged non-directory
  * over an existing directory, or a mount point? 0 or an error. */
 static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
 {
-    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
     char *path;
+    int r = merge_open(sfd, rel, &d, &path, err);
 
-    if (fd < 0)
-        return local_map_errno(-fd, rel, err);
-    d = fdopendir(fd);
-    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
-    if (!d || !path) {
-        if (d)
-            closedir(d);
-        else
-            close(fd);
-        free(path);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
+    if (r < 0)
+        return r;
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
 
@@ -516,17 +546,7 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
                              "(nothing was extracted)",
                              path);
         } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
-            int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
-            int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
-
-            if (cs < 0 || ct < 0)
-                r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
-            else
-                r = merge_check(cs, ct, path, depth + 1, err);
-            if (cs >= 0)
-                close(cs);
-            if (ct >= 0)
-                close(ct);
+            r = merge_descend(merge_check, dirfd(d), tfd, de->d_name, path, depth, err);
         }
     }
     closedir(d);
@@ -537,23 +557,13 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
 /* Move the staged tree sfd into tfd (checked by merge_check). */
 static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
 {
-    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
     char *path;
+    int r = merge_open(sfd, rel, &d, &path, err);
 
-    if (fd < 0)
-        return local_map_errno(-fd, rel, err);
-    d = fdopendir(fd);
-    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
-    if (!d || !path) {
-        if (d)
-            closedir(d);
-        else
-            close(fd);
-        free(path);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
+    if (r < 0)
+        return r;
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
 
@@ -566,18 +576,7 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
         }
         if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
             if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
-                int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
-                int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
-
-                if (cs < 0 || ct < 0) {
-                    r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
-                } else {
-                    r = merge_move(cs, ct, path, depth + 1, err);
-                }
-                if (cs >= 0)
-                    close(cs);
-                if (ct >= 0)
-                    close(ct);
+                r = merge_descend(merge_move, dirfd(d), tfd, de->d_name, path, depth, err);
                 continue;
             }
             (void)unlinkat(tfd, de->d_name, 0); /* a directory replaces a non-directory */
