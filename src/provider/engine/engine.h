@@ -306,6 +306,10 @@ int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                         int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
 int engine_upload_commit(struct lb_upload *u, struct lb_error *err);
 void engine_upload_abort(struct lb_upload *u);
+/* path is a valid absolute path other than "/" in a sandbox that is not stopped: 0, or
+ * -EINVAL / -ENOENT / the state hook's error with err set. */
+int engine_check_target(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                        struct lb_error *err);
 /* An unlinked read-write file (O_TMPFILE) in spool_dir: its fd, or a negative errno. */
 int engine_spool_file(struct lb_engine *e);
 /* A download's sink (an lb_httpc_sink; arg a struct engine_spool_sink): append to fd, at most

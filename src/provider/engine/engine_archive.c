@@ -358,24 +358,6 @@ void engine_archive_tops_free(struct engine_archive_tops *t)
     *t = (struct engine_archive_tops){0};
 }
 
-/* dir is a valid path other than "/" in a sandbox that is not stopped: 0, or -EINVAL /
- * -ENOENT / the state hook's error with err set. */
-static int archive_check_target(struct lb_engine *e, const struct lb_sandbox_ref *ref,
-                                const char *dir, struct lb_error *err)
-{
-    enum lb_sandbox_status st;
-    int r;
-
-    if (!provider_path_is_valid(dir) || strcmp(dir, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", dir);
-    r = e->hooks->state(e, ref, &st, err);
-    if (r < 0)
-        return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    return 0;
-}
-
 int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
                        int fd, uint64_t max_bytes, struct lb_archive_result *out,
                        struct lb_error *err)
@@ -386,7 +368,7 @@ int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     off_t len;
 
     *out = (struct lb_archive_result){0};
-    r = archive_check_target(e, ref, dir, err);
+    r = engine_check_target(e, ref, dir, err);
     if (r < 0)
         return r;
     spool = engine_spool_file(e);
@@ -454,7 +436,7 @@ int engine_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     int r;
 
     *out = (struct lb_archive_result){0};
-    r = archive_check_target(e, ref, dir, err);
+    r = engine_check_target(e, ref, dir, err);
     if (r < 0)
         return r;
     r = tar_out_init(&w, fd, max_bytes, dir, err);
