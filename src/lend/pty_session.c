@@ -5,6 +5,7 @@
  * The base of pty.c, pty_watch.c and pty_io.c: it calls none of them. Shares pty_internal.h.
  */
 #include "lend/pty_internal.h"
+#include "util/fd.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -109,20 +110,14 @@ void pty_remove_entry_at(int dir, const char *name, int depth)
 {
     DIR *d;
     struct dirent *e;
-    int fd;
 
     if (unlinkat(dir, name, 0) == 0 || (errno != EISDIR && errno != EPERM))
         return;
     if (unlinkat(dir, name, AT_REMOVEDIR) == 0 || depth >= REMOVE_DEPTH_MAX)
         return;
-    fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
+    d = fd_open_dir(openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!d)
         return;
-    d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
     while ((e = readdir(d))) {
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
             pty_remove_entry_at(dirfd(d), e->d_name, depth + 1);

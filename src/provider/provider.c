@@ -348,3 +348,38 @@ int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spe
                             name);
     return 0;
 }
+
+int provider_archive_name_normalise(const char *in, char *out, size_t size, int max_parts)
+{
+    const char *c;
+    size_t n;
+    int parts = 0;
+
+    if (!in || in[0] == '/')
+        return -EINVAL;
+    while (in[0] == '.' && in[1] == '/') {
+        in += 2;
+        while (*in == '/')
+            in++;
+    }
+    n = strlen(in);
+    while (n > 0 && in[n - 1] == '/')
+        n--;
+    if (n == 0 || (n == 1 && in[0] == '.'))
+        return 1;
+    if (n >= size)
+        return -EINVAL;
+    memcpy(out, in, n);
+    out[n] = '\0';
+    for (c = out; *c; parts++) {
+        size_t len = strcspn(c, "/");
+
+        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
+            (len == 1 && c[0] == '.') || (max_parts > 0 && parts == max_parts))
+            return -EINVAL;
+        c += len;
+        if (*c == '/')
+            c++;
+    }
+    return 0;
+}

@@ -500,4 +500,10 @@ int provider_check_spec(struct lb_provider *p, const struct lb_sandbox_spec *spe
  * trailing '/' (except "/" itself), no NUL, at most 4096 bytes? */
 bool provider_path_is_valid(const char *path);
 
+/* Normalise an archive entry's name into out (size bytes): leading "./" and trailing '/'
+ * dropped. 1 for the archive's root ("." or ""), 0 for a name, -EINVAL for a NULL or
+ * absolute name, a ".." or "." component, an empty component or one past 255 bytes, a name
+ * that does not fit, or more than max_parts components (max_parts 0: any number). */
+int provider_archive_name_normalise(const char *in, char *out, size_t size, int max_parts);
+
 #endif

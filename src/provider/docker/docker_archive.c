@@ -230,7 +230,7 @@ static const char *relative_name(const char *name)
 }
 
 int docker_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *dir,
-                       struct engine_tar_out *w, struct lb_error *err)
+                       struct lb_tar_out *w, struct lb_error *err)
 {
     struct lb_docker *d = (struct lb_docker *)eng;
     struct lb_httpc_response resp = {0};
@@ -281,7 +281,7 @@ int docker_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, 
         const char *rel, *hard;
         char name[4200], hname[4200];
         mode_t type;
-        struct engine_tar_item it = {0};
+        struct lb_tar_item it = {0};
 
         if (ar < ARCHIVE_WARN) {
             r = lb_error_set(err, -EREMOTEIO, "the engine's archive of '%s' is damaged: %s", dir,
@@ -311,7 +311,7 @@ int docker_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, 
             it.hardlink = hname;
             it.mode = (it.mode & 07777) | S_IFREG;
         }
-        r = engine_tar_out_header(w, &it, err);
+        r = tar_out_write_header(w, &it, err);
         if (r < 0 || type != AE_IFREG || hard)
             continue;
         for (;;) {
@@ -324,7 +324,7 @@ int docker_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, 
                                  dir, archive_error_string(a));
                 break;
             }
-            r = engine_tar_out_data(w, buf, (size_t)n, name, err);
+            r = tar_out_write_data(w, buf, (size_t)n, name, err);
             if (r < 0)
                 break;
         }

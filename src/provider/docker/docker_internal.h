@@ -124,7 +124,7 @@ int docker_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, co
                        int fd, uint64_t len, const struct engine_archive_tops *tops,
                        struct lb_error *err);
 int docker_archive_get(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
-                       struct engine_tar_out *w, struct lb_error *err);
+                       struct lb_tar_out *w, struct lb_error *err);
 
 /* The snapshot hooks of the engine base (docker_snapshot.c; see engine.h). */
 int docker_workdir_archive(struct lb_engine *e, const struct lb_sandbox_ref *ref, int fd,

@@ -24,6 +24,7 @@
 #include "provider/engine/framed.h"
 #include "provider/gate.h"
 #include "provider/provider.h"
+#include "provider/tar_out.h"
 
 struct archive;
 struct archive_entry;
@@ -65,31 +66,9 @@ struct engine_archive_tops {
 };
 void engine_archive_tops_free(struct engine_archive_tops *t);
 
-/* An archive on its way out (engine_archive_get to the archive_get hook): a pax writer onto
- * fd, at most max_bytes of archive and ENGINE_ARCHIVE_MAX_ENTRIES entries. */
-struct engine_tar_out {
-    struct archive *a;
-    struct archive_entry *e;
-    int fd;
-    uint64_t max_bytes, written, entries;
-    bool too_big;
-    const char *dir;
-};
-/* One entry: name relative to the directory (directories end in '/'), mode with its type,
- * size of a regular file's data (then exactly that many bytes through engine_tar_out_data),
- * symlink's target or hard link's earlier name, or NULL. Ids past 65535 are written as 0. */
-struct engine_tar_item {
-    const char *name;
-    mode_t mode;
-    int64_t size, mtime;
-    uint32_t uid, gid;
-    const char *symlink, *hardlink;
-};
-/* 0, or -EFBIG (past the bounds) / -EREMOTEIO with err set. */
-int engine_tar_out_header(struct engine_tar_out *w, const struct engine_tar_item *it,
-                          struct lb_error *err);
-int engine_tar_out_data(struct engine_tar_out *w, const void *buf, size_t len, const char *name,
-                        struct lb_error *err);
+/* An archive on its way out (engine_archive_get to the archive_get hook) is a struct
+ * lb_tar_out (provider/tar_out.h): the hook writes its entries with tar_out_write_header /
+ * tar_out_write_data. */
 
 struct engine_hooks {
     const char *name; /* "docker", "lxd": messages, config keys, the fault point <name>.created */
@@ -204,14 +183,14 @@ struct engine_hooks {
      * when missing. tops names the archive's distinct first components (what a failure part
      * way removes again). 0, -ENOTDIR (dir is not a directory), -ENOENT (no such sandbox),
      * -EFBIG (no room in the instance), -EBUSY (paused), else a negative errno; err set.
-     * archive_get hands dir's tree to w (engine_tar_out_header / _data), names relative to
+     * archive_get hands dir's tree to w (tar_out_write_header / _data), names relative to
      * dir ("a", "sub/", "sub/b"); 0, -ENOENT (no such dir), -ENOTDIR, -EFBIG (w's bounds),
      * else a negative errno; err set. */
     int (*archive_put)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
                        int fd, uint64_t len, const struct engine_archive_tops *tops,
                        struct lb_error *err);
     int (*archive_get)(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
-                       struct engine_tar_out *w, struct lb_error *err);
+                       struct lb_tar_out *w, struct lb_error *err);
 
     /* What the running (or paused) instance uses now, from one request to the engine (its
      * usual timeout): each figure the engine gives into *out, which engine_usage filled with
@@ -327,6 +306,10 @@ int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                         int mode, const char *owner, struct lb_upload **out, struct lb_error *err);
 int engine_upload_commit(struct lb_upload *u, struct lb_error *err);
 void engine_upload_abort(struct lb_upload *u);
+/* path is a valid absolute path other than "/" in a sandbox that is not stopped: 0, or
+ * -EINVAL / -ENOENT / the state hook's error with err set. */
+int engine_check_target(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                        struct lb_error *err);
 /* An unlinked read-write file (O_TMPFILE) in spool_dir: its fd, or a negative errno. */
 int engine_spool_file(struct lb_engine *e);
 /* A download's sink (an lb_httpc_sink; arg a struct engine_spool_sink): append to fd, at most

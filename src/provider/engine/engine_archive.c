@@ -11,8 +11,8 @@
  * dropped), bounded by max_bytes of file contents and ENGINE_ARCHIVE_MAX_ENTRIES; only when the
  * whole body passed does the backend's archive_put hook take the clean archive.
  *
- * Get. The backend's archive_get hook hands each entry to an engine_tar_out, which writes a
- * pax archive to the caller's fd, bounded by max_bytes and the entry count.
+ * Get. The backend's archive_get hook hands each entry to a struct lb_tar_out (tar_out.h), which
+ * writes a pax archive to the caller's fd, bounded by max_bytes and the entry count.
  */
 #include "provider/engine/engine.h"
 
@@ -27,43 +27,6 @@
 #include <unistd.h>
 
 /* ---------- names ---------- */
-
-/* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
- * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." or "." component, an
- * empty component or one too long. */
-static int name_normalise(const char *in, char *out, size_t size)
-{
-    const char *c;
-    size_t n;
-
-    if (!in || in[0] == '/')
-        return -EINVAL;
-    while (in[0] == '.' && in[1] == '/') {
-        in += 2;
-        while (*in == '/')
-            in++;
-    }
-    n = strlen(in);
-    while (n > 0 && in[n - 1] == '/')
-        n--;
-    if (n == 0 || (n == 1 && in[0] == '.'))
-        return 1;
-    if (n >= size)
-        return -EINVAL;
-    memcpy(out, in, n);
-    out[n] = '\0';
-    for (c = out; *c;) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.'))
-            return -EINVAL;
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return 0;
-}
 
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR? */
 static bool link_target_inside(const char *name, const char *target)
@@ -295,12 +258,12 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
     char kind, had;
     int r;
 
-    r = name_normalise(raw, name, sizeof(name));
+    r = provider_archive_name_normalise(raw, name, sizeof(name), 0);
     if (r < 0)
         return refuse(s, raw ? raw : "", "names must be relative, without '..'", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
-    if (hard && (name_normalise(hard, target, sizeof(target)) != 0 ||
+    if (hard && (provider_archive_name_normalise(hard, target, sizeof(target), 0) != 0 ||
                  set_kind(&s->names, target, strlen(target)) != KIND_FILE))
         return refuse(s, name, "a hard link must name an earlier regular file of the archive", err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
@@ -401,18 +364,13 @@ int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
 {
     struct lb_engine *e = (struct lb_engine *)p;
     struct check_state s = {.dir = dir, .max_bytes = max_bytes};
-    enum lb_sandbox_status st;
     int spool = -1, r;
     off_t len;
 
     *out = (struct lb_archive_result){0};
-    if (!provider_path_is_valid(dir) || strcmp(dir, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", dir);
-    r = e->hooks->state(e, ref, &st, err);
+    r = engine_check_target(e, ref, dir, err);
     if (r < 0)
         return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
     spool = engine_spool_file(e);
     if (spool < 0)
         return lb_error_set(err, spool, "cannot make a spool file in '%s': %s", e->spool_dir,
@@ -469,112 +427,31 @@ out:
 
 /* ---------- get ---------- */
 
-static la_ssize_t tar_out_write(struct archive *a, void *arg, const void *buf, size_t len)
-{
-    struct engine_tar_out *w = arg;
-    const char *p = buf;
-    size_t left = len;
-
-    if (len > w->max_bytes - w->written) {
-        w->too_big = true;
-        archive_set_error(a, EFBIG, "archive too large");
-        return -1;
-    }
-    while (left > 0) {
-        ssize_t n = write(w->fd, p, left);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            archive_set_error(a, errno, "cannot write the archive: %s", strerror(errno));
-            return -1;
-        }
-        p += n;
-        left -= (size_t)n;
-    }
-    w->written += len;
-    return (la_ssize_t)len;
-}
-
-static int tar_out_fail(struct engine_tar_out *w, const char *name, struct lb_error *err)
-{
-    if (w->too_big)
-        return lb_error_set(err, -EFBIG,
-                            "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)",
-                            w->dir, (unsigned long long)w->max_bytes);
-    return lb_error_set(err, -EREMOTEIO, "cannot archive '%s': %s", name,
-                        archive_error_string(w->a));
-}
-
-int engine_tar_out_header(struct engine_tar_out *w, const struct engine_tar_item *it,
-                          struct lb_error *err)
-{
-    if (++w->entries > ENGINE_ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "'%s' holds more than %d entries", w->dir,
-                            ENGINE_ARCHIVE_MAX_ENTRIES);
-    archive_entry_clear(w->e);
-    archive_entry_set_pathname(w->e, it->name);
-    archive_entry_set_mode(w->e, it->mode);
-    archive_entry_set_uid(w->e, it->uid <= 65535 ? it->uid : 0);
-    archive_entry_set_gid(w->e, it->gid <= 65535 ? it->gid : 0);
-    archive_entry_set_mtime(w->e, it->mtime, 0);
-    archive_entry_set_size(w->e, S_ISREG(it->mode) && !it->hardlink ? it->size : 0);
-    if (it->symlink)
-        archive_entry_set_symlink(w->e, it->symlink);
-    if (it->hardlink)
-        archive_entry_set_hardlink(w->e, it->hardlink);
-    if (archive_write_header(w->a, w->e) < ARCHIVE_WARN)
-        return tar_out_fail(w, it->name, err);
-    return 0;
-}
-
-int engine_tar_out_data(struct engine_tar_out *w, const void *buf, size_t len, const char *name,
-                        struct lb_error *err)
-{
-    if (len > 0 && archive_write_data(w->a, buf, len) < 0)
-        return tar_out_fail(w, name, err);
-    return 0;
-}
-
 int engine_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
                        int fd, uint64_t max_bytes, struct lb_archive_result *out,
                        struct lb_error *err)
 {
     struct lb_engine *e = (struct lb_engine *)p;
-    struct engine_tar_out w = {.fd = fd, .max_bytes = max_bytes, .dir = dir};
-    enum lb_sandbox_status st;
+    struct lb_tar_out w = {0};
     int r;
 
     *out = (struct lb_archive_result){0};
-    if (!provider_path_is_valid(dir) || strcmp(dir, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", dir);
-    r = e->hooks->state(e, ref, &st, err);
+    r = engine_check_target(e, ref, dir, err);
     if (r < 0)
         return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
-    w.a = archive_write_new();
-    w.e = archive_entry_new();
-    if (!w.a || !w.e) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
+    r = tar_out_init(&w, fd, max_bytes, dir, err);
+    if (r < 0)
         goto out;
-    }
-    archive_write_set_format_pax_restricted(w.a);
-    archive_write_set_bytes_in_last_block(w.a, 1);
-    if (archive_write_open(w.a, &w, NULL, tar_out_write, NULL) != ARCHIVE_OK) {
-        r = tar_out_fail(&w, dir, err);
+    r = tar_out_open(&w, err);
+    if (r < 0)
         goto out;
-    }
     r = e->hooks->archive_get(e, ref, dir, &w, err);
-    if (r == 0 && archive_write_close(w.a) != ARCHIVE_OK)
-        r = tar_out_fail(&w, dir, err);
+    if (r == 0)
+        r = tar_out_close(&w, err);
     if (r == 0)
         *out = (struct lb_archive_result){.entries = w.entries, .bytes = w.written};
 out:
-    if (w.a)
-        archive_write_free(w.a);
-    if (w.e)
-        archive_entry_free(w.e);
+    tar_out_free(&w);
     return r;
 }
 

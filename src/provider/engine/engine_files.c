@@ -32,6 +32,22 @@ int engine_file_write(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     return e->hooks->put_file(e, ref, path, -1, data ? data : "", len, mode, err);
 }
 
+int engine_check_target(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
+                        struct lb_error *err)
+{
+    enum lb_sandbox_status st;
+    int r;
+
+    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
+        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
+    r = e->hooks->state(e, ref, &st, err);
+    if (r < 0)
+        return r;
+    if (st == LB_STATUS_STOPPED)
+        return lb_error_set(err, -ENOENT, "no such sandbox");
+    return 0;
+}
+
 int engine_spool_file(struct lb_engine *e)
 {
     int fd = open(e->spool_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -78,7 +94,6 @@ int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 {
     struct lb_engine *e = (struct lb_engine *)p;
     struct engine_upload *u;
-    enum lb_sandbox_status st;
     int r;
 
     if (owner)
@@ -86,13 +101,9 @@ int engine_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                             "the %s provider cannot give an uploaded file an owner (?owner=): "
                             "its files belong to the %s's root",
                             e->hooks->name, e->hooks->noun);
-    if (!provider_path_is_valid(path) || strcmp(path, "/") == 0)
-        return lb_error_set(err, -EINVAL, "bad path '%s'", path);
-    r = e->hooks->state(e, ref, &st, err);
+    r = engine_check_target(e, ref, path, err);
     if (r < 0)
         return r;
-    if (st == LB_STATUS_STOPPED)
-        return lb_error_set(err, -ENOENT, "no such sandbox");
     u = calloc(1, sizeof(*u));
     if (!u)
         return lb_error_set(err, -ENOMEM, "out of memory");

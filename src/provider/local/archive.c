@@ -22,6 +22,8 @@
  * fd through a counting callback that stops past max_bytes.
  */
 #include "provider/local/local_internal.h"
+#include "provider/tar_out.h"
+#include "util/fd.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -77,44 +79,6 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
 }
 
 /* ---------- names ---------- */
-
-/* Normalise an entry name into out: leading "./" and trailing '/' dropped. 1 for the archive's
- * root ("." or ""), 0 for a name, -EINVAL for an absolute name, a ".." component, an empty
- * component or one too long, or more than ARCHIVE_MAX_PUT_DEPTH components. */
-static int name_normalise(const char *in, char *out, size_t size)
-{
-    const char *c;
-    size_t n;
-    int parts = 0;
-
-    if (!in || in[0] == '/')
-        return -EINVAL;
-    while (in[0] == '.' && in[1] == '/') {
-        in += 2;
-        while (*in == '/')
-            in++;
-    }
-    n = strlen(in);
-    while (n > 0 && in[n - 1] == '/')
-        n--;
-    if (n == 0 || (n == 1 && in[0] == '.'))
-        return 1;
-    if (n >= size)
-        return -EINVAL;
-    memcpy(out, in, n);
-    out[n] = '\0';
-    for (c = out; *c; parts++) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 0 || len > 255 || (len == 2 && c[0] == '.' && c[1] == '.') ||
-            (len == 1 && c[0] == '.') || parts == ARCHIVE_MAX_PUT_DEPTH)
-            return -EINVAL;
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return 0;
-}
 
 /* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
  * The target must be relative, may climb only with leading ".." components and never above
@@ -377,13 +341,14 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
     if (++s->headers > ARCHIVE_MAX_ENTRIES)
         return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
                             ARCHIVE_MAX_ENTRIES);
-    r = name_normalise(raw, name, sizeof(name));
+    r = provider_archive_name_normalise(raw, name, sizeof(name), ARCHIVE_MAX_PUT_DEPTH);
     if (r < 0)
         return put_refuse(s->dir, raw ? raw : "",
                           "names must be relative, without '..', at most 256 levels deep", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
-    if (hard && name_normalise(hard, target, sizeof(target)) != 0)
+    if (hard &&
+        provider_archive_name_normalise(hard, target, sizeof(target), ARCHIVE_MAX_PUT_DEPTH) != 0)
         return put_refuse(s->dir, name, "a hard link must name an earlier entry of the archive",
                           err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
@@ -507,27 +472,57 @@ static void remove_tree(int dfd, const char *name, int depth)
     (void)unlinkat(dfd, name, AT_REMOVEDIR);
 }
 
+/* The staged directory sfd as a stream (*d) and a PATH_BYTES buffer for names (*path), both
+ * the caller's to release: 0, or an error (nothing to release). */
+static int merge_open(int sfd, const char *rel, DIR **d, char **path, struct lb_error *err)
+{
+    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0);
+
+    if (fd < 0)
+        return local_map_errno(-fd, rel, err);
+    *d = fd_open_dir(fd);
+    *path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
+    if (!*d || !*path) {
+        if (*d)
+            closedir(*d);
+        free(*path);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+typedef int merge_fn(int sfd, int tfd, const char *rel, int depth, struct lb_error *err);
+
+/* fn on the directories named name in sd (staged) and tfd (path: its name for errors). */
+static int merge_descend(merge_fn *fn, int sd, int tfd, const char *name, const char *path,
+                         int depth, struct lb_error *err)
+{
+    int cs = open_beneath(sd, name, O_PATH | O_DIRECTORY, 0);
+    int ct = open_beneath(tfd, name, O_PATH | O_DIRECTORY, 0);
+    int r;
+
+    if (cs < 0 || ct < 0)
+        r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
+    else
+        r = fn(cs, ct, path, depth + 1, err);
+    if (cs >= 0)
+        close(cs);
+    if (ct >= 0)
+        close(ct);
+    return r;
+}
+
 /* Before any rename: would moving the staged tree sfd into tfd meet a staged non-directory
  * over an existing directory, or a mount point? 0 or an error. */
 static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
 {
-    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
     char *path;
+    int r = merge_open(sfd, rel, &d, &path, err);
 
-    if (fd < 0)
-        return local_map_errno(-fd, rel, err);
-    d = fdopendir(fd);
-    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
-    if (!d || !path) {
-        if (d)
-            closedir(d);
-        else
-            close(fd);
-        free(path);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
+    if (r < 0)
+        return r;
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
 
@@ -551,17 +546,7 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
                              "(nothing was extracted)",
                              path);
         } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
-            int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
-            int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
-
-            if (cs < 0 || ct < 0)
-                r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
-            else
-                r = merge_check(cs, ct, path, depth + 1, err);
-            if (cs >= 0)
-                close(cs);
-            if (ct >= 0)
-                close(ct);
+            r = merge_descend(merge_check, dirfd(d), tfd, de->d_name, path, depth, err);
         }
     }
     closedir(d);
@@ -572,23 +557,13 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
 /* Move the staged tree sfd into tfd (checked by merge_check). */
 static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
 {
-    int fd = open_beneath(sfd, ".", O_RDONLY | O_DIRECTORY, 0), r = 0;
     DIR *d;
     struct dirent *de;
     char *path;
+    int r = merge_open(sfd, rel, &d, &path, err);
 
-    if (fd < 0)
-        return local_map_errno(-fd, rel, err);
-    d = fdopendir(fd);
-    path = malloc(PATH_BYTES); /* not on the stack: one frame per level on a worker's stack */
-    if (!d || !path) {
-        if (d)
-            closedir(d);
-        else
-            close(fd);
-        free(path);
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    }
+    if (r < 0)
+        return r;
     while (r == 0 && (de = readdir(d))) {
         struct stat ss, ts;
 
@@ -601,18 +576,7 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
         }
         if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
             if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
-                int cs = open_beneath(dirfd(d), de->d_name, O_PATH | O_DIRECTORY, 0);
-                int ct = open_beneath(tfd, de->d_name, O_PATH | O_DIRECTORY, 0);
-
-                if (cs < 0 || ct < 0) {
-                    r = local_map_errno(cs < 0 ? -cs : -ct, path, err);
-                } else {
-                    r = merge_move(cs, ct, path, depth + 1, err);
-                }
-                if (cs >= 0)
-                    close(cs);
-                if (ct >= 0)
-                    close(ct);
+                r = merge_descend(merge_move, dirfd(d), tfd, de->d_name, path, depth, err);
                 continue;
             }
             (void)unlinkat(tfd, de->d_name, 0); /* a directory replaces a non-directory */
@@ -664,17 +628,11 @@ static int stage_make(int hostfd, char *name, size_t size, int *lockfd)
 /* Remove the stages in hostfd that no put holds (best effort). */
 static void stage_sweep(int hostfd)
 {
-    int fd = open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    DIR *d = fd_open_dir(open_beneath(hostfd, ".", O_RDONLY | O_DIRECTORY, 0));
     struct dirent *de;
-    DIR *d;
 
-    if (fd < 0)
+    if (!d)
         return;
-    d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return;
-    }
     while ((de = readdir(d))) {
         struct stat st;
         int sfd;
@@ -836,53 +794,11 @@ out:
 /* ---------- get ---------- */
 
 struct get_state {
-    struct archive *a;
-    struct archive_entry *e;
-    int out;
-    uint64_t max_bytes, written;
-    bool too_big;
+    struct lb_tar_out w;
     uint32_t base_uid; /* the sandbox root's host uid */
     const char *dir;
-    struct lb_archive_result res;
     char *buf; /* GET_BUF_BYTES for a file's reads (a worker's stack is small) */
 };
-
-static la_ssize_t get_write(struct archive *a, void *arg, const void *buf, size_t len)
-{
-    struct get_state *g = arg;
-    const char *p = buf;
-    size_t left = len;
-
-    if (len > g->max_bytes - g->written) {
-        g->too_big = true;
-        archive_set_error(a, EFBIG, "archive too large");
-        return -1;
-    }
-    while (left > 0) {
-        ssize_t w = write(g->out, p, left);
-
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            archive_set_error(a, errno, "cannot write the archive: %s", strerror(errno));
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    g->written += len;
-    return (la_ssize_t)len;
-}
-
-static int get_fail(struct get_state *g, const char *path, struct lb_error *err)
-{
-    if (g->too_big)
-        return lb_error_set(err, -EFBIG,
-                            "the archive of '%s' is larger than %llu bytes (limits.max_file_bytes)",
-                            g->dir, (unsigned long long)g->max_bytes);
-    return lb_error_set(err, -EREMOTEIO, "cannot archive '%s': %s", path,
-                        archive_error_string(g->a));
-}
 
 static bool pseudo_fs(int fd)
 {
@@ -898,23 +814,18 @@ static bool pseudo_fs(int fd)
 static int get_header(struct get_state *g, const char *name, const struct stat *st,
                       const char *link, struct lb_error *err)
 {
-    uint32_t uid = st->st_uid - g->base_uid, gid = st->st_gid - g->base_uid;
+    const struct lb_tar_item it = {
+        .name = name,
+        .mode = st->st_mode,
+        .size = st->st_size,
+        .mtime = st->st_mtim.tv_sec,
+        .mtime_nsec = st->st_mtim.tv_nsec,
+        .uid = st->st_uid - g->base_uid,
+        .gid = st->st_gid - g->base_uid,
+        .symlink = link,
+    };
 
-    if (++g->res.entries > ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "'%s' holds more than %d entries", g->dir,
-                            ARCHIVE_MAX_ENTRIES);
-    archive_entry_clear(g->e);
-    archive_entry_set_pathname(g->e, name);
-    archive_entry_set_mode(g->e, st->st_mode);
-    archive_entry_set_uid(g->e, uid <= 65535 ? uid : 0);
-    archive_entry_set_gid(g->e, gid <= 65535 ? gid : 0);
-    archive_entry_set_mtime(g->e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
-    archive_entry_set_size(g->e, S_ISREG(st->st_mode) ? st->st_size : 0);
-    if (link)
-        archive_entry_set_symlink(g->e, link);
-    if (archive_write_header(g->a, g->e) < ARCHIVE_WARN)
-        return get_fail(g, name, err);
-    return 0;
+    return tar_out_write_header(&g->w, &it, err);
 }
 
 static int get_file(struct get_state *g, int dfd, const char *dname, const char *name,
@@ -946,8 +857,7 @@ static int get_file(struct get_state *g, int dfd, const char *dname, const char 
             n = (ssize_t)((size_t)left < cap ? (size_t)left : cap);
             memset(buf, 0, (size_t)n);
         }
-        if (archive_write_data(g->a, buf, (size_t)n) < 0)
-            r = get_fail(g, name, err);
+        r = tar_out_write_data(&g->w, buf, (size_t)n, name, err);
         left -= n;
     }
     close(fd);
@@ -1023,7 +933,7 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     struct local_provider *lp = (struct local_provider *)p;
     struct local_fs_identity id = {0};
     struct local_desc d;
-    struct get_state g = {.out = fd, .max_bytes = max_bytes, .dir = dir};
+    struct get_state g = {.dir = dir};
     struct stat st;
     int rootfd = -1, dfd = -1, r;
 
@@ -1033,15 +943,14 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
     if (r < 0)
         goto out;
     g.base_uid = d.uid;
-    g.a = archive_write_new();
-    g.e = archive_entry_new();
+    r = tar_out_init(&g.w, fd, max_bytes, dir, err);
+    if (r < 0)
+        goto out;
     g.buf = malloc(GET_BUF_BYTES);
-    if (!g.a || !g.e || !g.buf) {
+    if (!g.buf) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
-    archive_write_set_format_pax_restricted(g.a);
-    archive_write_set_bytes_in_last_block(g.a, 1);
     r = local_fs_enter(&id, d.uid, err);
     if (r < 0)
         goto out;
@@ -1058,23 +967,17 @@ int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
                          dir);
         goto out;
     }
-    if (archive_write_open(g.a, &g, NULL, get_write, NULL) != ARCHIVE_OK) {
-        r = get_fail(&g, dir, err);
+    r = tar_out_open(&g.w, err);
+    if (r < 0)
         goto out;
-    }
     r = get_walk(&g, dfd, "", 0, err);
-    if (r == 0 && archive_write_close(g.a) != ARCHIVE_OK)
-        r = get_fail(&g, dir, err);
-    if (r == 0) {
-        g.res.bytes = g.written;
-        *out = g.res;
-    }
+    if (r == 0)
+        r = tar_out_close(&g.w, err);
+    if (r == 0)
+        *out = (struct lb_archive_result){.entries = g.w.entries, .bytes = g.w.written};
 out:
     local_fs_leave(&id);
-    if (g.a)
-        archive_write_free(g.a);
-    if (g.e)
-        archive_entry_free(g.e);
+    tar_out_free(&g.w);
     free(g.buf);
     if (dfd >= 0)
         close(dfd);

@@ -25,18 +25,6 @@
 #define ARCHIVE_MAX_DEPTH 128
 #define LISTING_MAX_BYTES (16 * 1024 * 1024)
 
-static int files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err)
-{
-    char *enc = curl_easy_escape(NULL, path, 0);
-    int n;
-
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    n = snprintf(buf, size, "/1.0/instances/%s/files?path=%s", id, enc);
-    curl_free(enc);
-    return n < (int)size ? 0 : lb_error_set(err, -EINVAL, "path '%.200s' is too long", path);
-}
-
 /* One GET of path into a new spool file (at most max bytes: -EFBIG): *type ("file",
  * "directory", "symlink"; "" for none), *mode (-1 for none), *fd_out and *len. -ENOENT for a
  * 404; else 0 or a negative errno with err set. */
@@ -59,7 +47,7 @@ static int get_entry(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
     *fd_out = -1;
     if (sink.fd < 0)
         return lb_error_set(err, sink.fd, "cannot make a spool file: %s", strerror(-sink.fd));
-    r = files_url(ref->id, path, url, sizeof(url), err);
+    r = lxd_files_url(ref->id, path, url, sizeof(url), err);
     if (r < 0)
         goto out;
     req.path = url;
@@ -122,7 +110,7 @@ static int post_special(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
                                    .headers = headers,
                                    .max_body_bytes = 65536};
     struct lb_httpc_response resp = {0};
-    int r = files_url(ref->id, path, url, sizeof(url), err);
+    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
 
     if (r < 0)
         return r;
@@ -158,7 +146,7 @@ static void delete_path(struct lb_lxd *l, const struct lb_sandbox_ref *ref, cons
     struct lb_error ignored = {0};
     char url[PATH_MAX + 128];
 
-    if (files_url(ref->id, path, url, sizeof(url), &ignored) < 0)
+    if (lxd_files_url(ref->id, path, url, sizeof(url), &ignored) < 0)
         return;
     req.path = url;
     req.timeout_ms = l->call_timeout_ms;
@@ -330,7 +318,7 @@ static void link_relative(const char *top, const char *from, const char *target,
 
 /* The tree below path (prefix: its name relative to DIR, "" for DIR) into w. */
 static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
-                const char *prefix, json_t *names, int depth, struct engine_tar_out *w,
+                const char *prefix, json_t *names, int depth, struct lb_tar_out *w,
                 struct lb_error *err)
 {
     size_t i;
@@ -340,7 +328,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
     json_array_foreach(names, i, v) {
         const char *base = json_string_value(v);
         char child[PATH_MAX], name[PATH_MAX], type[32], buf[65536];
-        struct engine_tar_item it = {0};
+        struct lb_tar_item it = {0};
         int mode, fd = -1;
         uint64_t len = 0, room = w->max_bytes - w->written;
 
@@ -370,7 +358,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             if (depth < ARCHIVE_MAX_DEPTH) {
                 strcat(name, "/");
                 it.mode = S_IFDIR | (mode_t)(mode < 0 ? 0755 : mode & 07777);
-                r = engine_tar_out_header(w, &it, err);
+                r = tar_out_write_header(w, &it, err);
                 if (r == 0 && sub)
                     r = walk(l, ref, child, name, sub, depth + 1, w, err);
             }
@@ -385,12 +373,12 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
                 link_relative(w->dir, path, target, rel, sizeof(rel));
                 it.mode = S_IFLNK | 0777;
                 it.symlink = rel;
-                r = engine_tar_out_header(w, &it, err);
+                r = tar_out_write_header(w, &it, err);
             }
         } else if (!strcmp(type, "file")) {
             it.mode = S_IFREG | (mode_t)(mode < 0 ? 0644 : mode & 07777);
             it.size = (int64_t)len;
-            r = engine_tar_out_header(w, &it, err);
+            r = tar_out_write_header(w, &it, err);
             while (r == 0) {
                 ssize_t n = read(fd, buf, sizeof(buf));
 
@@ -402,7 +390,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
                                          strerror(errno));
                     break;
                 }
-                r = engine_tar_out_data(w, buf, (size_t)n, name, err);
+                r = tar_out_write_data(w, buf, (size_t)n, name, err);
             }
         }
         close(fd);
@@ -413,7 +401,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
 }
 
 int lxd_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *dir,
-                    struct engine_tar_out *w, struct lb_error *err)
+                    struct lb_tar_out *w, struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)eng;
     char type[32];

@@ -22,8 +22,7 @@
 #define MAX_SYMLINKS 8
 
 /* "/1.0/instances/<id>/files?path=<escaped path>" into buf. */
-static int files_path(const char *id, const char *path, char *buf, size_t size,
-                      struct lb_error *err)
+int lxd_files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err)
 {
     char *enc = curl_easy_escape(NULL, path, 0);
     int n;
@@ -51,7 +50,7 @@ static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const ch
                                    .max_body_bytes = 65536};
     struct lb_httpc_response resp = {0};
     char path[PATH_MAX + 128], m[300];
-    int r = files_path(ref->id, dir, path, sizeof(path), err);
+    int r = lxd_files_url(ref->id, dir, path, sizeof(path), err);
 
     if (r < 0)
         return r;
@@ -107,7 +106,7 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
                                    .timeout_ms = FILE_TIMEOUT_MS,
                                    .max_body_bytes = 65536};
     struct lb_httpc_response resp = {0};
-    int r = files_path(ref->id, path, url, sizeof(url), err);
+    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
 
     if (r < 0)
         return r;
@@ -206,7 +205,7 @@ int lxd_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const c
                              strerror(-sink.fd));
             goto out;
         }
-        r = files_path(ref->id, cur, url, sizeof(url), err);
+        r = lxd_files_url(ref->id, cur, url, sizeof(url), err);
         if (r < 0)
             goto out;
         req.path = url;

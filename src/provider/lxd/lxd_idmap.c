@@ -148,7 +148,8 @@ static int slots_of(uint32_t id_base, uint32_t first[2])
     return 2;
 }
 
-void lxd_idmap_mark(struct lb_lxd *l, uint32_t id_base)
+/* Mark (used) or free the slots the SLOT ids from id_base cover; nothing before init. */
+static void idmap_set(struct lb_lxd *l, uint32_t id_base, bool used)
 {
     uint32_t first[2];
     int n;
@@ -156,18 +157,20 @@ void lxd_idmap_mark(struct lb_lxd *l, uint32_t id_base)
     if (!id_base || !l->idmap_ready)
         return;
     n = slots_of(id_base, first);
-    for (int i = 0; i < n; i++)
-        (void)idslots_mark(&l->idmap, first[i]);
+    for (int i = 0; i < n; i++) {
+        if (used)
+            (void)idslots_mark(&l->idmap, first[i]);
+        else
+            idslots_free(&l->idmap, first[i]);
+    }
+}
+
+void lxd_idmap_mark(struct lb_lxd *l, uint32_t id_base)
+{
+    idmap_set(l, id_base, true);
 }
 
 void lxd_idmap_free(struct lb_lxd *l, uint32_t id_base)
 {
-    uint32_t first[2];
-    int n;
-
-    if (!id_base || !l->idmap_ready)
-        return;
-    n = slots_of(id_base, first);
-    for (int i = 0; i < n; i++)
-        idslots_free(&l->idmap, first[i]);
+    idmap_set(l, id_base, false);
 }

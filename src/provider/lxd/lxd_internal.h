@@ -102,6 +102,9 @@ int lxd_state(struct lb_lxd *l, const struct lb_sandbox_ref *ref, enum lb_sandbo
  * made. */
 int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path, int fd,
                  const void *data, uint64_t len, int mode, struct lb_error *err);
+/* "/1.0/instances/<id>/files?path=<escaped path>" into buf (size bytes). 0, or -ENOMEM /
+ * -EINVAL (too long) with err set. */
+int lxd_files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err);
 /* Make the directory path and its parents in the instance (existing ones are fine). */
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
@@ -141,7 +144,7 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
 int lxd_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir, int fd,
                     uint64_t len, const struct engine_archive_tops *tops, struct lb_error *err);
 int lxd_archive_get(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,
-                    struct engine_tar_out *w, struct lb_error *err);
+                    struct lb_tar_out *w, struct lb_error *err);
 
 /* The engine's file_open hook (lxd_files.c). */
 int lxd_file_open(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *path,
