@@ -383,3 +383,30 @@ int provider_archive_name_normalise(const char *in, char *out, size_t size, int 
     }
     return 0;
 }
+
+bool provider_archive_link_inside(const char *name, const char *target)
+{
+    long depth = 0;
+    bool descended = false;
+    const char *c;
+
+    if (!target[0] || target[0] == '/')
+        return false;
+    for (c = name; *c; c++) /* the link's directory's depth below DIR */
+        if (*c == '/')
+            depth++;
+    for (c = target; *c;) {
+        size_t len = strcspn(c, "/");
+
+        if (len == 2 && c[0] == '.' && c[1] == '.') {
+            if (descended || --depth < 0)
+                return false;
+        } else if (len > 0 && !(len == 1 && c[0] == '.')) {
+            descended = true;
+        }
+        c += len;
+        if (*c == '/')
+            c++;
+    }
+    return true;
+}

@@ -506,4 +506,19 @@ bool provider_path_is_valid(const char *path);
  * that does not fit, or more than max_parts components (max_parts 0: any number). */
 int provider_archive_name_normalise(const char *in, char *out, size_t size, int max_parts);
 
+/* Components an uploaded archive's entry name may have (every provider: deeper is 400). */
+#define PROVIDER_ARCHIVE_MAX_DEPTH 256
+/* Headers one archive may hold, either way; every header counts (the root's, repeated ones). */
+#define PROVIDER_ARCHIVE_MAX_ENTRIES 200000
+/* Bytes of entry names an upload may make the daemon keep in memory while it checks it. */
+#define PROVIDER_ARCHIVE_MAX_NAME_BYTES (32u * 1024 * 1024)
+
+/* Does a symlink of an uploaded archive at name (normalised by
+ * provider_archive_name_normalise, relative to DIR) with this target stay inside DIR? The
+ * target must be relative, may climb only with leading ".." components and never above DIR,
+ * then only descend: a ".." after a name would climb from wherever that name leads when it is
+ * itself a symlink (s -> "." and x -> "s/s/../.." read as staying inside, and lead two levels
+ * above DIR). The one rule of every provider (local extraction, the engines' check). */
+bool provider_archive_link_inside(const char *name, const char *target);
+
 #endif

@@ -54,7 +54,6 @@ struct engine_exec {
     bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
 };
 
-#define ENGINE_ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
 #define ENGINE_ARCHIVE_MAX_TOPS 4096      /* first components kept for a rollback */
 
 /* The distinct first components of an archive's names (engine_archive_put to the archive_put

@@ -8,8 +8,8 @@
  * below a symlink or a file of the archive; hard links only to an earlier regular file; no
  * device node, FIFO or socket; a directory and a non-directory of one name refused. The entries
  * are re-written into a clean pax archive in the spool dir (owners 0, setuid and setgid
- * dropped), bounded by max_bytes of file contents and ENGINE_ARCHIVE_MAX_ENTRIES; only when the
- * whole body passed does the backend's archive_put hook take the clean archive.
+ * dropped), bounded by max_bytes of file contents and PROVIDER_ARCHIVE_MAX_ENTRIES headers; only
+ * when the whole body passed does the backend's archive_put hook take the clean archive.
  *
  * Get. The backend's archive_get hook hands each entry to a struct lb_tar_out (tar_out.h), which
  * writes a pax archive to the caller's fd, bounded by max_bytes and the entry count.
@@ -25,113 +25,74 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <uthash.h>
 
-/* ---------- names ---------- */
-
-/* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR? */
-static bool link_target_inside(const char *name, const char *target)
-{
-    long depth = 0;
-    const char *c;
-
-    if (!target[0] || target[0] == '/')
-        return false;
-    for (c = name; *c; c++)
-        if (*c == '/')
-            depth++;
-    for (c = target; *c;) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 2 && c[0] == '.' && c[1] == '.') {
-            if (--depth < 0)
-                return false;
-        } else if (len > 0 && !(len == 1 && c[0] == '.')) {
-            depth++;
-        }
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return true;
-}
-
-/* ---------- the names an archive holds: an open-addressing hash set ---------- */
+/* ---------- the names an archive holds ---------- */
 
 enum kind { KIND_DIR = 'd', KIND_FILE = 'f', KIND_LINK = 'l' };
 
-struct name_slot {
-    char *name;
+struct name_entry {
+    UT_hash_handle hh;
     char kind;
+    char name[]; /* the key */
 };
 
+/* uthash, the names' bytes bounded by PROVIDER_ARCHIVE_MAX_NAME_BYTES */
 struct name_set {
-    struct name_slot *slots;
-    size_t cap, used;
+    struct name_entry *table;
+    size_t bytes;
 };
 
-static uint64_t name_hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ULL;
-
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
-    return h;
-}
-
-/* The slot of the first n bytes of name (its name NULL when absent). */
-static struct name_slot *set_find(struct name_set *s, const char *name, size_t n)
-{
-    size_t i = (size_t)name_hash(name, n) & (s->cap - 1);
-
-    for (;; i = (i + 1) & (s->cap - 1)) {
-        struct name_slot *sl = &s->slots[i];
-
-        if (!sl->name || (strlen(sl->name) == n && memcmp(sl->name, name, n) == 0))
-            return sl;
-    }
-}
-
+/* Record the first n bytes of name as kind: 0, -ENOMEM, or -EFBIG past the names' bound. */
 static int set_put(struct name_set *s, const char *name, size_t n, char kind)
 {
-    struct name_slot *sl;
+    struct name_entry *e = NULL;
 
-    if (s->used * 2 >= s->cap) {
-        struct name_set bigger = {.cap = s->cap ? s->cap * 2 : 1024};
-
-        bigger.slots = calloc(bigger.cap, sizeof(*bigger.slots));
-        if (!bigger.slots)
-            return -ENOMEM;
-        for (size_t i = 0; i < s->cap; i++)
-            if (s->slots[i].name)
-                *set_find(&bigger, s->slots[i].name, strlen(s->slots[i].name)) = s->slots[i];
-        bigger.used = s->used;
-        free(s->slots);
-        *s = bigger;
+    HASH_FIND(hh, s->table, name, n, e);
+    if (e) {
+        e->kind = kind;
+        return 0;
     }
-    sl = set_find(s, name, n);
-    if (!sl->name) {
-        sl->name = strndup(name, n);
-        if (!sl->name)
-            return -ENOMEM;
-        s->used++;
-    }
-    sl->kind = kind;
+    if (n > PROVIDER_ARCHIVE_MAX_NAME_BYTES - s->bytes)
+        return -EFBIG;
+    e = malloc(sizeof(*e) + n + 1);
+    if (!e)
+        return -ENOMEM;
+    memcpy(e->name, name, n);
+    e->name[n] = '\0';
+    e->kind = kind;
+    HASH_ADD(hh, s->table, name[0], n, e);
+    s->bytes += n;
     return 0;
 }
 
 static char set_kind(struct name_set *s, const char *name, size_t n)
 {
-    struct name_slot *sl = s->cap ? set_find(s, name, n) : NULL;
+    struct name_entry *e = NULL;
 
-    return sl && sl->name ? sl->kind : 0;
+    HASH_FIND(hh, s->table, name, n, e);
+    return e ? e->kind : 0;
 }
 
 static void set_free(struct name_set *s)
 {
-    for (size_t i = 0; i < s->cap; i++)
-        free(s->slots[i].name);
-    free(s->slots);
+    struct name_entry *e, *tmp;
+
+    HASH_ITER(hh, s->table, e, tmp) {
+        HASH_DEL(s->table, e);
+        free(e);
+    }
     *s = (struct name_set){0};
+}
+
+/* A failure of set_put as an answer. */
+static int set_failed(int r, struct lb_error *err)
+{
+    if (r == -EFBIG)
+        return lb_error_set(err, -EFBIG,
+                            "the archive's names hold more than %u bytes; nothing of it was kept",
+                            PROVIDER_ARCHIVE_MAX_NAME_BYTES);
+    return lb_error_set(err, -ENOMEM, "out of memory");
 }
 
 /* ---------- put ---------- */
@@ -142,6 +103,7 @@ struct check_state {
     const char *dir;
     uint64_t max_bytes, sized;
     struct name_set names;
+    uint64_t headers; /* every header read, bounded by PROVIDER_ARCHIVE_MAX_ENTRIES */
     struct engine_archive_tops tops;
     struct lb_archive_result res;
 };
@@ -191,14 +153,15 @@ static int check_parents(struct check_state *s, const char *name, struct lb_erro
     for (const char *c = strchr(name, '/'); c; c = strchr(c + 1, '/')) {
         size_t n = (size_t)(c - name);
         char k = set_kind(&s->names, name, n);
+        int r;
 
         if (k == KIND_FILE || k == KIND_LINK)
             return refuse(s, name,
                           "a parent of it is not a directory of the archive (no entry is written "
                           "through a symlink)",
                           err);
-        if (!k && set_put(&s->names, name, n, KIND_DIR) < 0)
-            return lb_error_set(err, -ENOMEM, "out of memory");
+        if (!k && (r = set_put(&s->names, name, n, KIND_DIR)) < 0)
+            return set_failed(r, err);
     }
     return 0;
 }
@@ -258,12 +221,19 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
     char kind, had;
     int r;
 
-    r = provider_archive_name_normalise(raw, name, sizeof(name), 0);
+    /* every header counts, the root's and the repeated ones too: a gzip body of nothing but
+     * "./" headers would otherwise keep a worker inflating for as long as its ratio allows */
+    if (++s->headers > PROVIDER_ARCHIVE_MAX_ENTRIES)
+        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
+                            PROVIDER_ARCHIVE_MAX_ENTRIES);
+    r = provider_archive_name_normalise(raw, name, sizeof(name), PROVIDER_ARCHIVE_MAX_DEPTH);
     if (r < 0)
-        return refuse(s, raw ? raw : "", "names must be relative, without '..'", err);
+        return refuse(s, raw ? raw : "",
+                      "names must be relative, without '..', at most 256 levels deep", err);
     if (r == 1) /* the archive's root: DIR itself */
         return 0;
-    if (hard && (provider_archive_name_normalise(hard, target, sizeof(target), 0) != 0 ||
+    if (hard && (provider_archive_name_normalise(hard, target, sizeof(target),
+                                                 PROVIDER_ARCHIVE_MAX_DEPTH) != 0 ||
                  set_kind(&s->names, target, strlen(target)) != KIND_FILE))
         return refuse(s, name, "a hard link must name an earlier regular file of the archive", err);
     if (!hard && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
@@ -274,13 +244,11 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
     if (!hard && type == AE_IFLNK) {
         const char *t = archive_entry_symlink(e);
 
-        if (!t || !link_target_inside(name, t))
+        if (!t || !provider_archive_link_inside(name, t))
             return refuse(s, name,
                           "a symlink's target must be relative and stay inside the directory", err);
     }
-    if (++s->res.entries > ENGINE_ARCHIVE_MAX_ENTRIES)
-        return lb_error_set(err, -EFBIG, "the archive has more than %d entries",
-                            ENGINE_ARCHIVE_MAX_ENTRIES);
+    s->res.entries++;
     r = check_parents(s, name, err);
     if (r < 0)
         return r;
@@ -291,7 +259,9 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
                       "it clashes with an earlier entry of the archive (a directory and a "
                       "non-directory of the same name)",
                       err);
-    if (set_put(&s->names, name, strlen(name), kind) < 0 || add_top(s, name) < 0)
+    if ((r = set_put(&s->names, name, strlen(name), kind)) < 0)
+        return set_failed(r, err);
+    if (add_top(s, name) < 0)
         return lb_error_set(err, -ENOMEM, "out of memory");
     if (kind == KIND_FILE && !hard) {
         size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;

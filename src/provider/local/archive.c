@@ -42,13 +42,13 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#define ARCHIVE_MAX_ENTRIES 200000 /* entries of one archive, either way */
-#define ARCHIVE_MAX_DEPTH 128      /* directory depth of a GET walk */
+#define ARCHIVE_MAX_ENTRIES PROVIDER_ARCHIVE_MAX_ENTRIES
+#define ARCHIVE_MAX_DEPTH 128 /* directory depth of a GET walk */
 /* components of a PUT entry's name: the merge into an existing DIR and the removal of a refused
  * stage walk no deeper, so that the all-or-nothing check sees every level */
-#define ARCHIVE_MAX_PUT_DEPTH (ARCHIVE_MAX_DEPTH * 2)
+#define ARCHIVE_MAX_PUT_DEPTH PROVIDER_ARCHIVE_MAX_DEPTH
 /* bytes of directory names a put keeps in the daemon's memory until it applies their modes */
-#define ARCHIVE_MAX_DIR_NAME_BYTES (32u * 1024 * 1024)
+#define ARCHIVE_MAX_DIR_NAME_BYTES PROVIDER_ARCHIVE_MAX_NAME_BYTES
 #define STAGE_PREFIX ".lendbox-archive-"
 #define PATH_BYTES 4097 /* a name relative to DIR and its NUL */
 #define GET_BUF_BYTES (64 * 1024)
@@ -79,38 +79,6 @@ static int open_beneath(int dfd, const char *path, uint64_t flags, uint64_t mode
 }
 
 /* ---------- names ---------- */
-
-/* Does a symlink at name (normalised, relative to DIR) with this target stay inside DIR?
- * The target must be relative, may climb only with leading ".." components and never above
- * DIR, then only descend: a ".." after a name would climb from wherever that name leads when
- * it is itself a symlink (s -> "." and x -> "s/s/../.." read as staying inside, and lead two
- * levels above DIR). */
-static bool link_target_inside(const char *name, const char *target)
-{
-    long depth = 0;
-    bool descended = false;
-    const char *c;
-
-    if (!target[0] || target[0] == '/')
-        return false;
-    for (c = name; *c; c++) /* the link's directory's depth below DIR */
-        if (*c == '/')
-            depth++;
-    for (c = target; *c;) {
-        size_t len = strcspn(c, "/");
-
-        if (len == 2 && c[0] == '.' && c[1] == '.') {
-            if (descended || --depth < 0)
-                return false;
-        } else if (len > 0 && !(len == 1 && c[0] == '.')) {
-            descended = true;
-        }
-        c += len;
-        if (*c == '/')
-            c++;
-    }
-    return true;
-}
 
 /* ---------- put ---------- */
 
@@ -359,7 +327,7 @@ static int put_entry(struct put_state *s, struct archive_entry *e, struct lb_err
     if (!hard && type == AE_IFLNK) {
         const char *t = archive_entry_symlink(e);
 
-        if (!t || !link_target_inside(name, t))
+        if (!t || !provider_archive_link_inside(name, t))
             return put_refuse(s->dir, name,
                               "a symlink's target must be relative and stay inside the directory",
                               err);
