@@ -103,7 +103,8 @@ struct check_state {
     const char *dir;
     uint64_t max_bytes, sized;
     struct name_set names;
-    uint64_t headers; /* every header read, bounded by PROVIDER_ARCHIVE_MAX_ENTRIES */
+    uint64_t headers;      /* every header read, bounded by PROVIDER_ARCHIVE_MAX_ENTRIES */
+    size_t dir_name_bytes; /* directory entries' names, bounded by ..._MAX_NAME_BYTES */
     struct engine_archive_tops tops;
     struct lb_archive_result res;
 };
@@ -259,6 +260,16 @@ static int check_entry(struct check_state *s, struct archive_entry *e, struct lb
                       "it clashes with an earlier entry of the archive (a directory and a "
                       "non-directory of the same name)",
                       err);
+    /* a directory entry repeated (a small gzip body can repeat a 4 KiB name for every entry)
+     * costs a header in the clean archive each time: bounded as the local provider bounds the
+     * directory names it keeps */
+    if (kind == KIND_DIR && strlen(name) + 1 > PROVIDER_ARCHIVE_MAX_NAME_BYTES - s->dir_name_bytes)
+        return lb_error_set(err, -EFBIG,
+                            "the archive's directory entries have names longer than %u bytes "
+                            "in all; nothing of it was kept",
+                            PROVIDER_ARCHIVE_MAX_NAME_BYTES);
+    if (kind == KIND_DIR)
+        s->dir_name_bytes += strlen(name) + 1;
     if ((r = set_put(&s->names, name, strlen(name), kind)) < 0)
         return set_failed(r, err);
     if (add_top(s, name) < 0)

@@ -316,26 +316,37 @@ static void link_relative(const char *top, const char *from, const char *target,
     strncat(out, t, size - strlen(out) - 1);
 }
 
+/* What walk needs at each level, on the heap: a worker's stack is 256 KiB and an agent makes
+ * directories as deep as it likes (ARCHIVE_MAX_DEPTH levels are walked). */
+struct walk_frame {
+    char child[PATH_MAX], name[PATH_MAX], target[PATH_MAX], rel[PATH_MAX], buf[65536];
+};
+
 /* The tree below path (prefix: its name relative to DIR, "" for DIR) into w. */
 static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                 const char *prefix, json_t *names, int depth, struct lb_tar_out *w,
                 struct lb_error *err)
 {
+    struct walk_frame *f = malloc(sizeof(*f));
+    char *child, *name, *buf;
     size_t i;
     json_t *v;
     int r = 0;
 
+    if (!f)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    child = f->child, name = f->name, buf = f->buf;
     json_array_foreach(names, i, v) {
         const char *base = json_string_value(v);
-        char child[PATH_MAX], name[PATH_MAX], type[32], buf[65536];
+        char type[32];
         struct lb_tar_item it = {0};
         int mode, fd = -1;
         uint64_t len = 0, room = w->max_bytes - w->written;
 
         if (!base || !base[0] || strchr(base, '/') || !strcmp(base, ".") || !strcmp(base, ".."))
             continue;
-        if (snprintf(child, sizeof(child), "%s/%s", path, base) >= (int)sizeof(child) - 1 ||
-            snprintf(name, sizeof(name), "%s%s", prefix, base) >= (int)sizeof(name) - 1)
+        if (snprintf(child, sizeof(f->child), "%s/%s", path, base) >= (int)sizeof(f->child) - 1 ||
+            snprintf(name, sizeof(f->name), "%s%s", prefix, base) >= (int)sizeof(f->name) - 1)
             continue;
         r = get_entry(l, ref, child, room < LISTING_MAX_BYTES ? LISTING_MAX_BYTES : room, type,
                       sizeof(type), &mode, &fd, &len, err);
@@ -364,13 +375,13 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             }
             json_decref(sub);
         } else if (!strcmp(type, "symlink")) {
-            char target[PATH_MAX], rel[PATH_MAX];
-            ssize_t n = len < sizeof(target) ? pread(fd, target, (size_t)len, 0) : -1;
+            char *target = f->target, *rel = f->rel;
+            ssize_t n = len < sizeof(f->target) ? pread(fd, target, (size_t)len, 0) : -1;
 
             if (n >= 0) {
                 target[n] = '\0';
                 target[strcspn(target, "\n")] = '\0';
-                link_relative(w->dir, path, target, rel, sizeof(rel));
+                link_relative(w->dir, path, target, rel, sizeof(f->rel));
                 it.mode = S_IFLNK | 0777;
                 it.symlink = rel;
                 r = tar_out_write_header(w, &it, err);
@@ -380,7 +391,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
             it.size = (int64_t)len;
             r = tar_out_write_header(w, &it, err);
             while (r == 0) {
-                ssize_t n = read(fd, buf, sizeof(buf));
+                ssize_t n = read(fd, buf, sizeof(f->buf));
 
                 if (n < 0 && errno == EINTR)
                     continue;
@@ -397,6 +408,7 @@ static int walk(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *
         if (r < 0)
             break;
     }
+    free(f);
     return r;
 }
 
