@@ -785,20 +785,31 @@ START_TEST(test_get_planted_links)
     ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
     ck_assert(memmem(r.body, r.len, "host secret", 11) == NULL);
     lbt_resp_free(&r);
+    /* lxd's file API does not follow a DIR that is itself a symlink: 400 "not a directory" */
     archive_url(url, sizeof(url), SBX, "/workspace/g/h");
     lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
-    lbt_assert_error(&r, 404, "not_found");
+    if (lbt_variant_is("lxd"))
+        lbt_assert_error(&r, 400, "bad_request");
+    else
+        lbt_assert_error(&r, 404, "not_found");
     lbt_resp_free(&r);
     archive_url(url, sizeof(url), SBX, "/workspace/g/p");
     lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
-    if (lbt_variant_engine()) /* the engine resolves the link inside the container */
+    if (lbt_variant_is("lxd"))
+        lbt_assert_error(&r, 400, "bad_request");
+    else if (lbt_variant_engine()) /* the engine resolves the link inside the container */
         lbt_assert_error(&r, 404, "not_found");
     else /* the sandbox's root may not look into its init */
         lbt_assert_error(&r, 403, "forbidden");
     lbt_resp_free(&r);
     archive_url(url, sizeof(url), SBX, "/workspace/g/r/tmp");
     lbt_request(&D, "GET", url, TOKEN, NULL, 0, NULL, &r);
-    lbt_assert_error(&r, 404, "not_found"); /* the daemon has no pid in the sandbox's /proc */
+    if (lbt_variant_is("lxd")) { /* resolved inside the container: its own /tmp at most */
+        ck_assert_msg(r.status == 200 || r.status == 404, "%ld %s", r.status, r.body);
+        ck_assert(memmem(r.body, r.len, "host secret", 11) == NULL);
+    } else {
+        lbt_assert_error(&r, 404, "not_found"); /* the daemon has no pid in the sandbox's /proc */
+    }
     lbt_resp_free(&r);
     free(lbt_sh(&D, SBX, "rm -rf /workspace/g"));
     remove_host_files();
