@@ -38,9 +38,18 @@ int lxd_find_own(struct lb_lxd *l, const char *id, char *location, size_t loc_si
     return r;
 }
 
+/* Does LXD's answer say another operation on the instance was in the way? "Instance is busy
+ * running a "stop" operation" (one a daemon killed mid-stop left), or "Failed to create instance
+ * delete operation: A matching non-reusable operation has now succeeded" (the operation lock of
+ * an earlier delete of an instance of the same name, a reset's, not yet let go): either way the
+ * next try finds the instance, or finds it gone. */
+static bool lxd_answer_busy(const struct lb_error *e)
+{
+    return strstr(e->message, "is busy running") || strstr(e->message, "matching non-reusable");
+}
+
 /* One stop (force) and delete of instance id within timeout_ms: 0 (also for 404: gone),
- * -EBUSY when LXD runs another operation on it ("Instance is busy running a "stop"
- * operation": one a daemon killed mid-stop left), -ETIMEDOUT or -EREMOTEIO. */
+ * -EBUSY when LXD runs another operation on it (lxd_answer_busy), -ETIMEDOUT or -EREMOTEIO. */
 static int remove_once(struct lb_lxd *l, const char *id, const char *member, int64_t timeout_ms,
                        struct lb_error *err)
 {
@@ -57,7 +66,7 @@ static int remove_once(struct lb_lxd *l, const char *id, const char *member, int
     json_decref(body);
     if (r == -ENOENT)
         return 0;
-    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+    if (r < 0 && r != -ETIMEDOUT && lxd_answer_busy(&serr))
         return lb_error_set(err, -EBUSY, "%s", serr.message);
     if (r == -ETIMEDOUT || (r < 0 && !strstr(serr.message, "already stopped") &&
                             !strstr(serr.message, "not running"))) {
@@ -72,7 +81,7 @@ static int remove_once(struct lb_lxd *l, const char *id, const char *member, int
     r = lxd_async(l, member, "DELETE", path, NULL, left, NULL, &serr);
     if (r == -ENOENT)
         return 0;
-    if (r < 0 && r != -ETIMEDOUT && strstr(serr.message, "is busy running"))
+    if (r < 0 && r != -ETIMEDOUT && lxd_answer_busy(&serr))
         return lb_error_set(err, -EBUSY, "%s", serr.message);
     if (r < 0)
         return lb_error_set(err, r == -ETIMEDOUT ? r : -EREMOTEIO, "%s", serr.message);
