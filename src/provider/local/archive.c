@@ -421,7 +421,7 @@ static void remove_tree(int dfd, const char *name, int depth)
 
     if (unlinkat(dfd, name, 0) == 0 || (errno != EISDIR && errno != EPERM))
         return;
-    if (depth > ARCHIVE_MAX_DEPTH * 2)
+    if (depth > ARCHIVE_MAX_PUT_DEPTH)
         return;
     fd = open_beneath(dfd, name, O_RDONLY | O_DIRECTORY, 0);
     if (fd < 0)
@@ -513,7 +513,7 @@ static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_e
                              "'%s' is a directory in the sandbox and not one in the archive "
                              "(nothing was extracted)",
                              path);
-        } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
+        } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH) {
             r = merge_descend(merge_check, dirfd(d), tfd, de->d_name, path, depth, err);
         }
     }
@@ -543,7 +543,7 @@ static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_er
             break;
         }
         if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
-            if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_DEPTH * 2) {
+            if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH) {
                 r = merge_descend(merge_move, dirfd(d), tfd, de->d_name, path, depth, err);
                 continue;
             }
