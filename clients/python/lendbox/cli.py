@@ -693,7 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attach", metavar="SESSION", help="take over the PTY session SESSION")
     s.set_defaults(func=cmd_shell)
 
-    s = sub.add_parser("cp", help="copy a file between here and a sandbox (SBX:/path)")
+    s = sub.add_parser("cp", help="copy a file or a directory between here and a sandbox (SBX:/path)")
     s.add_argument("src")
     s.add_argument("dst")
     s.set_defaults(func=cmd_cp)
