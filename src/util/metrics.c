@@ -117,6 +117,41 @@ static struct member_count members[MEMBER_SLOTS];
 static size_t n_members;
 static pthread_mutex_t members_mutex = PTHREAD_MUTEX_INITIALIZER;
 
+#define STORAGE_SLOTS 8
+struct provider_storage {
+    char provider[32], pool[64], driver[64];
+};
+static struct provider_storage storages[STORAGE_SLOTS];
+static size_t n_storages;
+
+/* a label value: no quote, backslash or newline */
+static void copy_label(char *dst, size_t size, const char *src)
+{
+    src = src ? src : "";
+    snprintf(dst, size, "%.*s", (int)strcspn(src, "\"\\\n"), src);
+}
+
+void metrics_provider_storage(const char *provider, const char *pool, const char *driver)
+{
+    struct provider_storage *s = NULL;
+    char name[sizeof(s->provider)];
+
+    copy_label(name, sizeof(name), provider);
+    pthread_mutex_lock(&members_mutex);
+    for (size_t i = 0; i < n_storages && !s; i++)
+        if (strcmp(storages[i].provider, name) == 0)
+            s = &storages[i];
+    if (!s && n_storages < STORAGE_SLOTS) {
+        s = &storages[n_storages++];
+        snprintf(s->provider, sizeof(s->provider), "%s", name);
+    }
+    if (s) {
+        copy_label(s->pool, sizeof(s->pool), pool);
+        copy_label(s->driver, sizeof(s->driver), driver);
+    }
+    pthread_mutex_unlock(&members_mutex);
+}
+
 void metrics_member_call(const char *provider, const char *member, bool failed)
 {
     struct member_count *m = NULL;
@@ -287,6 +322,16 @@ int metrics_render(struct lb_buf *out)
                                members[i].provider, members[i].member,
                                (unsigned long long)(fam ? members[i].failures : members[i].calls));
     }
+    if (r == 0 && n_storages > 0)
+        r = metrics_printf(out,
+                           "# HELP lendbox_provider_storage_info The storage pool and driver a "
+                           "provider makes sandbox roots on (found at start).\n"
+                           "# TYPE lendbox_provider_storage_info gauge\n");
+    for (size_t i = 0; i < n_storages && r == 0; i++)
+        r = metrics_printf(out,
+                           "lendbox_provider_storage_info{provider=\"%s\",pool=\"%s\",driver="
+                           "\"%s\"} 1\n",
+                           storages[i].provider, storages[i].pool, storages[i].driver);
     pthread_mutex_unlock(&members_mutex);
     return r;
 }

@@ -83,6 +83,13 @@ void metrics_observe_request(int route, int64_t duration_ms);
  * (truncated to 63 bytes). Thread-safe. */
 void metrics_member_call(const char *provider, const char *member, bool failed);
 
+/* A provider's storage, as it found it at start (the lxd provider: the pool new instances' roots
+ * are made on and its driver, "btrfs", "dir", ...): rendered as
+ * lendbox_provider_storage_info{provider,pool,driver} 1. A later call for the same provider
+ * replaces its row; at most 8 providers are kept (later ones are dropped). Strings are copied
+ * (truncated to 63 bytes, cut at a quote, backslash or newline). Thread-safe. */
+void metrics_provider_storage(const char *provider, const char *pool, const char *driver);
+
 /* Append the Prometheus text of every counter and histogram to out. Gauges are the caller's.
  * Returns 0 or -ENOMEM. */
 int metrics_render(struct lb_buf *out);

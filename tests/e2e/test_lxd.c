@@ -159,12 +159,61 @@ START_TEST(test_member_b_through_a)
         ck_assert_msg(r.status == 200, "resume: %ld %s", r.status, r.body);
         lbt_resp_free(&r);
     }
-    /* what the provider refuses: disk_mib on a dir pool (422); activations run (their
-     * receipt read back from the instance through a: test_activation on this variant) */
-    lbt_json(&d, "POST", "/v1/sessions/b-2/seed", "",
-             "{\"task_id\": \"t\", \"resources\": {\"disk_mib\": 64}}", &r);
-    lbt_assert_error(&r, 422, "unenforceable");
-    lbt_resp_free(&r);
+    /* disk_mib: on a pool with quotas (the test cluster's btrfs) the instance's root is bounded
+     * by it (LXD's root device size); a dir pool has none: 422. The driver is in /metrics. */
+    {
+        json_t *pool = lbt_lxd_get("/1.0/storage-pools/local"), *inst;
+        const char *driver =
+            json_string_value(json_object_get(json_object_get(pool, "metadata"), "driver"));
+        char want[160], path[128];
+
+        ck_assert_msg(driver, "no driver for the storage pool local");
+        lbt_json(&d, "GET", "/metrics", NULL, NULL, &r);
+        ck_assert_int_eq(r.status, 200);
+        snprintf(want, sizeof(want),
+                 "\nlendbox_provider_storage_info{provider=\"lxd\",pool=\"local\",driver=\"%s\"} "
+                 "1\n",
+                 driver);
+        ck_assert_msg(strstr(r.body, want), "no '%s' in /metrics", want + 1);
+        lbt_resp_free(&r);
+        lbt_json(&d, "POST", "/v1/sessions/b-2/seed", "",
+                 "{\"task_id\": \"t\", \"resources\": {\"disk_mib\": 64}}", &r);
+        if (strcmp(driver, "dir") == 0) {
+            lbt_assert_error(&r, 422, "unenforceable");
+            lbt_resp_free(&r);
+        } else {
+            const char *id2;
+
+            ck_assert_msg(r.status == 200, "seed with disk_mib on %s: %ld %s", driver, r.status,
+                          r.body);
+            id2 = json_string_value(json_object_get(r.json, "sandbox_id"));
+            ck_assert_ptr_nonnull(id2);
+            snprintf(path, sizeof(path), "/1.0/instances/%s", id2);
+            inst = lbt_lxd_get(path);
+            ck_assert_str_eq(
+                json_string_value(json_object_get(
+                    json_object_get(json_object_get(json_object_get(inst, "metadata"), "devices"),
+                                    "root"),
+                    "size")),
+                "64MiB");
+            json_decref(inst);
+            /* 96 MiB into the workdir (the root file system): cut short by the quota; 8 MiB fit */
+            res = lbt_exec_ok(&d, id2, "",
+                              "{\"command\": \"dd if=/dev/zero of=/workspace/big bs=1M count=96 "
+                              "2>/dev/null; echo rc=$?; rm -f /workspace/big; sync; dd "
+                              "if=/dev/zero of=/workspace/small bs=1M count=8 2>/dev/null; echo "
+                              "rc=$?\"}");
+            ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "rc=1\nrc=0\n");
+            json_decref(res);
+            lbt_resp_free(&r);
+            lbt_json(&d, "POST", "/v1/sessions/b-2/release", "", NULL, &r);
+            ck_assert_msg(r.status == 200, "release: %ld %s", r.status, r.body);
+            lbt_resp_free(&r);
+        }
+        json_decref(pool);
+    }
+    /* activations run (their receipt read back from the instance through a: test_activation
+     * on this variant) */
     lbt_json(&d, "POST", "/v1/sessions/b-1/execute", "", "{\"argv\": [\"sh\", \"-c\", \"exit 6\"]}",
              &r);
     ck_assert_msg(r.status == 200, "execute: %ld %s", r.status, r.body);

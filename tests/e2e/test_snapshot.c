@@ -665,8 +665,8 @@ START_TEST(test_sparse_past_disk_size)
     LBT_SKIP_ON_VARIANT("docker", "the docker provider bounds a capture by the image store's room, "
                                   "not by the disk size (the engine writes a sparse file out "
                                   "whole)");
-    LBT_SKIP_ON_VARIANT("lxd", "the test cluster's dir pool has no disk quotas (disk_mib is "
-                               "422); LXD's copy is bounded by its pool, not by lendbox");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider does not bound a capture by the disk size: "
+                               "LXD's copy is bounded by its pool, not by lendbox");
     seed(&D, "rs-sp", "\"resources\": {\"disk_mib\": 64}", a, NULL);
     free(lbt_sh(&D, a, "truncate -s 8G /workspace/sparse; echo x > /workspace/small"));
     assert_refused(&D, a, "snap-sparse", 413, "payload_too_large");

@@ -20,7 +20,9 @@
 #include "provider/engine/httpc.h"
 #include "provider/provider.h"
 #include "provider/registry.h"
+#include "util/buf.h"
 #include "util/config.h"
+#include "util/metrics.h"
 
 #define SBX "sbx-1"
 
@@ -78,6 +80,8 @@ static const struct backend backends[] = {
 };
 
 static char base_dir[64] = "/tmp/check-engine-fake-XXXXXX"; /* the runner's; all tests under it */
+/* lxd: the storage pool driver the fake reports to the next open_backend (NULL: its default) */
+static const char *next_pool_driver;
 static const struct backend *be;
 static struct fake_engine *fe;
 static struct lb_provider *prov;
@@ -120,6 +124,8 @@ static void open_backend(int i, const char *create_timeout_s)
     close(fd);
     r = fake_engine_start(be->api, sock, &fe);
     ck_assert_int_eq(r, 0);
+    if (next_pool_driver)
+        fake_engine_set_pool_driver(fe, next_pool_driver);
     ck_assert_int_eq(config_init(&cfg), 0);
     cfg_live = true;
     set("server", "state_dir", dir);
@@ -909,6 +915,58 @@ START_TEST(test_usage)
 }
 END_TEST
 
+/* lxd: the pool's driver found at start is in the metrics (lendbox_provider_storage_info); a
+ * copy-on-write one (btrfs) takes disk_mib, dir has no quotas: disk_limit off and a create asking
+ * for a disk size refused (-EOPNOTSUPP, 422) before anything is made. */
+START_TEST(test_lxd_pool_driver)
+{
+    static const char *const drivers[] = {"btrfs", "dir"};
+    struct lb_sandbox_spec spec = {.image = "img", .workdir = "/workspace"};
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_provider_caps caps;
+    struct lb_error err = {0};
+    struct lb_buf out = {0};
+    char want[160];
+    json_t *desc = NULL;
+    int r;
+
+    if (backends[_i].api != FAKE_LXD)
+        return;
+    for (size_t k = 0; k < sizeof(drivers) / sizeof(drivers[0]); k++) {
+        bool cow = strcmp(drivers[k], "dir") != 0;
+
+        next_pool_driver = drivers[k];
+        open_backend(_i, "30");
+        next_pool_driver = NULL;
+        lb_buf_init(&out, 0);
+        ck_assert_int_eq(metrics_render(&out), 0);
+        snprintf(want, sizeof(want),
+                 "\nlendbox_provider_storage_info{provider=\"lxd\",pool=\"default\","
+                 "driver=\"%s\"} 1\n",
+                 drivers[k]);
+        ck_assert_msg(out.data && strstr(out.data, want), "no '%s' in the metrics", want + 1);
+        lb_buf_release(&out);
+        memset(&caps, 0, sizeof(caps));
+        provider_caps(prov, &caps);
+        ck_assert(caps.disk_limit == cow);
+        spec.resources.disk_mib = 64;
+        r = provider_create(prov, &ref, &spec, &desc, &err);
+        if (cow) {
+            ck_assert_msg(r == 0, "create with disk_mib on %s: %d %s", drivers[k], r, err.message);
+            ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+            json_decref(desc);
+            desc = NULL;
+        } else {
+            ck_assert_fails(r, err, -EOPNOTSUPP, "no quotas (driver dir)");
+            ck_assert_ptr_null(desc);
+            ck_assert(!fake_engine_has(fe, be->name));
+            lb_error_clear(&err);
+        }
+        close_backend();
+    }
+}
+END_TEST
+
 static Suite *engine_fake_suite(void)
 {
     Suite *s = suite_create("engine_fake");
@@ -931,6 +989,7 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_download_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_transport_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_usage, 0, (int)n);
+    tcase_add_loop_test(tc, test_lxd_pool_driver, 0, (int)n);
     suite_add_tcase(s, tc);
     return s;
 }

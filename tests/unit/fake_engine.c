@@ -526,6 +526,13 @@ void *fake_engine_get(struct fake_engine *f, const char *name, const char *path,
     return copy;
 }
 
+void fake_engine_set_pool_driver(struct fake_engine *f, const char *driver)
+{
+    pthread_mutex_lock(&f->lock);
+    snprintf(f->pool_driver, sizeof(f->pool_driver), "%s", driver ? driver : "");
+    pthread_mutex_unlock(&f->lock);
+}
+
 void fake_engine_set_exec_output(struct fake_engine *f, const void *data, size_t len)
 {
     unsigned char *copy = malloc(len ? len : 1);

@@ -95,6 +95,10 @@ int fake_engine_put(struct fake_engine *f, const char *name, const char *path, c
                     size_t len);
 void *fake_engine_get(struct fake_engine *f, const char *name, const char *path, size_t *len);
 
+/* LXD: the driver every storage pool is said to have from now on (default "btrfs"; at most 15
+ * bytes). */
+void fake_engine_set_pool_driver(struct fake_engine *f, const char *driver);
+
 /* What every later exec writes on the supervisor's stdout (its frames, see framed.h). */
 void fake_engine_set_exec_output(struct fake_engine *f, const void *data, size_t len);
 

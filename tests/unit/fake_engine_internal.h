@@ -82,6 +82,7 @@ struct fake_engine {
     char hits[FAKE_MAX_HITS][200];
     size_t n_hits;
     unsigned seq;
+    char pool_driver[16]; /* LXD: the driver GET /1.0/storage-pools/NAME answers ("" btrfs) */
 };
 
 /* One request: its body as it arrives. */

@@ -187,7 +187,8 @@ void fake_lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const ch
         return;
     }
     if (strncmp(path, "/1.0/storage-pools/", 19) == 0) {
-        fake_lxd_sync(rp, json_pack("{s:s,s:s}", "name", path + 19, "driver", "btrfs"));
+        fake_lxd_sync(rp, json_pack("{s:s,s:s}", "name", path + 19, "driver",
+                                    f->pool_driver[0] ? f->pool_driver : "btrfs"));
         return;
     }
     if (sscanf(path, "/1.0/operations/%159[^/]/%199s", name, rest) == 2 &&

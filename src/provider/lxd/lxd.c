@@ -625,8 +625,14 @@ static int find_pool(struct lb_lxd *l, struct lb_error *err)
         goto out;
     }
     l->pool_has_quota = strcmp(driver, "dir") != 0;
-    log_info("lxd provider: root pool %s (driver %s%s)", l->pool, driver,
-             l->pool_has_quota ? "" : ": no disk quotas, resources.disk_mib is refused");
+    metrics_provider_storage("lxd", l->pool, driver);
+    if (l->pool_has_quota)
+        log_info("lxd provider: root pool %s (driver %s)", l->pool, driver);
+    else
+        log_warn("lxd provider: root pool %s has driver dir: every instance's root is a whole "
+                 "copy of its image (slow creates, snapshots and forks) and resources.disk_mib is "
+                 "refused; a pool on btrfs, zfs or lvm makes roots copy-on-write, with quotas",
+                 l->pool);
 out:
     json_decref(j);
     httpc_response_release(&resp);
