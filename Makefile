@@ -252,9 +252,20 @@ test: unit e2e e2e-image e2e-docker e2e-pool e2e-lxd pytest
 # daemon, a sandbox of one, a podman service or conmon of the run's roots): the run's processes
 # carry LENDBOX_RUN_DIR, and the harness lists the run's uid ranges and podman roots there. What
 # else two runs at once keep apart: docs/architecture.md, "Tests".
+#
+# The suites run in two lanes at once (tests/lanes; LANES=no runs them one after the other):
+# lane-local, the local provider's suites (CPU bound), beside lane-engines, those that mostly
+# wait on LXD, podman and systemd-nspawn. Everything is built first, so the lanes' makes never
+# build the same file at once.
+LANES ?= yes
+TEST_BUILD = all $(UNIT_BINS) $(BENCH_BINS) $(E2E_BINS) $(BUILD)/tests/lbt-probe
+lane-local: unit e2e e2e-image pytest
+lane-engines: e2e-lxd e2e-docker e2e-pool systemd-test
 check: deps
-	@tests/with-run check sh -c '$(MAKE) --no-print-directory test && \
-		$(MAKE) --no-print-directory systemd-test'
+	@tests/with-run check sh -c '$(MAKE) --no-print-directory -j2 $(TEST_BUILD) >/dev/null && \
+		if [ "$(LANES)" = yes ]; then tests/lanes "$(MAKE) --no-print-directory lane-local" \
+			"$(MAKE) --no-print-directory lane-engines"; \
+		else $(MAKE) --no-print-directory test && $(MAKE) --no-print-directory systemd-test; fi'
 
 # A real two-member LXD cluster on this machine (scripts/lxd-cluster; root, Debian's lxd). The
 # check uses a cluster of its own (the first free LXD_CLUSTER_INDEX from 1, claimed like make
