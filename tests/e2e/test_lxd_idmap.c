@@ -150,6 +150,10 @@ START_TEST(test_concurrent_seeds_own_ranges)
     const char *extra[] = {"--set", inst_set,
                            "--set", "lending.max_starting=64",
                            "--set", "lending.max_seed_queue=256",
+                           /* 40 creates at once on a loaded 2-core machine: LXD may take
+                            * longer than the default 30 s for the last of them; what is
+                            * asserted is that every seed succeeds with ids of its own */
+                           "--set", "lending.create_timeout_s=180",
                            NULL,    NULL,
                            NULL};
     static struct inst_range ranges[N_SEEDS];
@@ -160,8 +164,8 @@ START_TEST(test_concurrent_seeds_own_ranges)
 
     if (conc && *conc) {
         snprintf(conc_set, sizeof(conc_set), "lxd.create_concurrency=%s", conc);
-        extra[6] = "--set";
-        extra[7] = conc_set;
+        extra[8] = "--set";
+        extra[9] = conc_set;
     }
     snprintf(inst_set, sizeof(inst_set), "lxd.instance=lbt-idmap-%d", (int)getpid());
     lbt_daemon_start(&d, extra);
