@@ -6,16 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 #include "util/log.h"
 
-enum fault_action { FAULT_FAIL, FAULT_HANG, FAULT_DELAY };
+enum fault_action { FAULT_FAIL, FAULT_HANG, FAULT_DELAY, FAULT_HOLD };
+
+/* How long a hold waits for its file at most, and how often it looks. */
+#define FAULT_HOLD_MAX_MS 300000
+#define FAULT_HOLD_STEP_MS 10
 
 struct fault_rule {
     char op[64];
     enum fault_action action;
-    long arg; /* fail: remaining count (-1 = always); delay: ms */
+    long arg;       /* fail: remaining count (-1 = always); delay: ms */
+    char path[256]; /* hold: the file whose existence lets calls proceed */
 };
 
 #define FAULT_MAX_RULES 32
@@ -44,14 +50,21 @@ static int fault_parse_one(const char *item, struct fault_rule *rule, struct lb_
         }
     } else if (!strcmp(eq + 1, "hang")) {
         rule->action = FAULT_HANG;
+    } else if (!strncmp(eq + 1, "hold:", 5)) {
+        rule->action = FAULT_HOLD;
+        if (colon[1] != '/' || strlen(colon + 1) >= sizeof(rule->path))
+            return lb_error_set(err, -EINVAL,
+                                "fault '%s': hold:PATH needs an absolute PATH under %zu bytes",
+                                item, sizeof(rule->path));
+        memcpy(rule->path, colon + 1, strlen(colon + 1) + 1);
     } else if (!strncmp(eq + 1, "delay:", 6)) {
         rule->action = FAULT_DELAY;
         rule->arg = strtol(colon + 1, &end, 10);
         if (*end || rule->arg < 0)
             return lb_error_set(err, -EINVAL, "fault '%s': delay:MS needs MS >= 0", item);
     } else {
-        return lb_error_set(err, -EINVAL, "fault '%s': action must be fail[:N], hang or delay:MS",
-                            item);
+        return lb_error_set(
+            err, -EINVAL, "fault '%s': action must be fail[:N], hang, delay:MS or hold:PATH", item);
     }
     return 0;
 }
@@ -113,6 +126,7 @@ void fault_reset(void)
 int fault_hit(const char *op, int64_t deadline_ms, struct lb_error *err)
 {
     enum fault_action action = FAULT_DELAY;
+    char path[sizeof(fault_rules[0].path)] = "";
     long arg = 0;
     bool found = false;
 
@@ -130,6 +144,7 @@ int fault_hit(const char *op, int64_t deadline_ms, struct lb_error *err)
         }
         action = rule->action;
         arg = rule->arg;
+        memcpy(path, rule->path, sizeof(path));
         found = true;
         break;
     }
@@ -146,6 +161,12 @@ int fault_hit(const char *op, int64_t deadline_ms, struct lb_error *err)
         return lb_error_set(err, -ETIMEDOUT, "injected fault: %s hung past its deadline", op);
     case FAULT_DELAY:
         clock_sleep_ms(arg);
+        return 0;
+    case FAULT_HOLD:
+        log_warn("fault injected: %s holds until %s exists", op, path);
+        for (int64_t t = 0; t < FAULT_HOLD_MAX_MS && access(path, F_OK) < 0;
+             t += FAULT_HOLD_STEP_MS)
+            clock_sleep_ms(FAULT_HOLD_STEP_MS);
         return 0;
     }
     return 0;

@@ -7,6 +7,9 @@
  *   hang        calls of OP block until the operation's own deadline passes, then fail
  *               with -ETIMEDOUT (as a provider that never answers would)
  *   delay:MS    calls of OP wait MS milliseconds, then proceed normally
+ *   hold:PATH   calls of OP wait until the file PATH exists (at most 300 s), then proceed
+ *               normally: a test holds the daemon at OP while it checks what OP's window
+ *               allows, and releases it by creating PATH (no window to race)
  * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
  * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
  * before its tree is published), image.mounted (a seed on an image: its root's mounts made,

@@ -39,6 +39,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -828,12 +829,17 @@ static void kill_during(const char *point)
  * was, and the token works again afterwards. */
 START_TEST(test_operate_fenced_during_capture)
 {
-    const char *const args[] = {"--set", "faults.spec=snapshot.frozen=delay:3000", NULL};
+    /* the capture is held frozen until the test lets it go: no window to race */
+    char hold_dir[] = "/tmp/lbt-hold-XXXXXX", go[64], spec[128];
+    const char *const args[] = {"--set", spec, NULL};
     char a[LBT_ID_MAX], b[LBT_ID_MAX], tok[256], path[160], *text;
     struct lbt_async *job;
     struct lbt_resp r;
     int i;
 
+    ck_assert_ptr_nonnull(mkdtemp(hold_dir));
+    snprintf(go, sizeof(go), "%s/go", hold_dir);
+    snprintf(spec, sizeof(spec), "faults.spec=snapshot.frozen=hold:%s", go);
     lbt_daemon_start(&K, args);
     seed(&K, "rs-fence", NULL, a, tok);
     free(lbt_sh(&K, a, "echo before > /workspace/f"));
@@ -867,7 +873,10 @@ START_TEST(test_operate_fenced_during_capture)
     lbt_json(&K, "GET", path, "", NULL, &r);
     ck_assert_str_eq(str(r.json, "status"), "paused");
     lbt_resp_free(&r);
+    ck_assert_int_eq(close(open(go, O_CREAT | O_WRONLY | O_CLOEXEC, 0600)), 0);
     lbt_async_join(job, &r);
+    unlink(go);
+    rmdir(hold_dir);
     ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
     lbt_resp_free(&r);
     lbt_file_put(&K, a, tok, "/workspace/f", NULL, "after\n", 6, &r);

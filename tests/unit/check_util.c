@@ -215,6 +215,44 @@ START_TEST(test_config)
 }
 END_TEST
 
+/* A thread calling fault_hit(op): started, then asked whether it returned within some ms. */
+struct fault_hold {
+    pthread_t thread;
+    const char *op;
+    atomic_bool done;
+};
+
+static void *fault_hold_main(void *arg)
+{
+    struct fault_hold *h = arg;
+    struct lb_error err = {0};
+
+    ck_assert_int_eq(fault_hit(h->op, 0, &err), 0);
+    atomic_store(&h->done, true);
+    return NULL;
+}
+
+static struct fault_hold *fault_hold_start(const char *op)
+{
+    static struct fault_hold h;
+
+    h.op = op;
+    atomic_store(&h.done, false);
+    ck_assert_int_eq(pthread_create(&h.thread, NULL, fault_hold_main, &h), 0);
+    return &h;
+}
+
+/* Whether the call returned within ms; joined when it did. */
+static bool fault_hold_done(struct fault_hold *h, int ms)
+{
+    for (int t = 0; t < ms && !atomic_load(&h->done); t += 10)
+        usleep(10000);
+    if (!atomic_load(&h->done))
+        return false;
+    pthread_join(h->thread, NULL);
+    return true;
+}
+
 START_TEST(test_fault_spec)
 {
     struct lb_error err = {0};
@@ -228,6 +266,22 @@ START_TEST(test_fault_spec)
     ck_assert_int_eq(fault_hit("provider.exec", 0, &err), 0);
     ck_assert_int_eq(fault_load("store.write=hang", &err), 0);
     ck_assert_int_eq(fault_hit("store.write", 10, &err), -ETIMEDOUT);
+    {
+        char dir[] = "/tmp/lbt-fault-XXXXXX", spec[96], file[64];
+        struct fault_hold *h;
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(file, sizeof(file), "%s/go", dir);
+        snprintf(spec, sizeof(spec), "snapshot.frozen=hold:%s", file);
+        ck_assert_int_eq(fault_load(spec, &err), 0);
+        h = fault_hold_start("snapshot.frozen");
+        ck_assert(!fault_hold_done(h, 300)); /* held while the file is absent */
+        ck_assert_int_eq(close(open(file, O_CREAT | O_WRONLY, 0600)), 0);
+        ck_assert(fault_hold_done(h, 5000)); /* and goes on once it exists */
+        unlink(file);
+        rmdir(dir);
+    }
+    ck_assert_int_eq(fault_load("provider.stop=hold:relative", &err), -EINVAL);
     ck_assert_int_eq(fault_load("provider.stop=explode", &err), -EINVAL);
     ck_assert_int_eq(fault_load("provider.stop=fail:0", &err), -EINVAL);
     ck_assert_int_eq(fault_load("=fail", &err), -EINVAL);
