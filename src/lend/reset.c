@@ -12,6 +12,7 @@
 #include "lend/lend_private.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,13 +187,21 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
     return r < 0 ? lb_error_set(err, -ENOMEM, "out of memory") : 0;
 }
 
+/* Where a reset's time went, in ms (monotonic), for its log line. */
+struct reset_times {
+    int64_t start_ms;  /* when lend_reset began */
+    int64_t stop_ms;   /* the provider's stop of the old sandbox */
+    int64_t create_ms; /* the provider's create of the new one */
+    int64_t files_ms;  /* its descriptor recorded and the seed's files written again */
+};
+
 /* Make the sandbox of rec again (its namespaces gone): create under its id with rs, record the
  * descriptor, write the seed's files, run the seed's ready probe (spec: the record's spec,
  * parsed). *desc_text_out is the recorded descriptor (owned) once create succeeded, so a failure
  * after it can stop what was made. 0 or a negative errno. */
 static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char *id,
                         const struct reset_spec *rs, json_t *spec, char **desc_text_out,
-                        struct lb_error *err)
+                        struct reset_times *t, struct lb_error *err)
 {
     int64_t create_ms = clock_mono_ms();
     struct lb_sandbox_ref ref = {id, NULL};
@@ -216,6 +225,7 @@ static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char 
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
+    t->create_ms = clock_mono_ms() - create_ms;
     r = store_set_descriptor(l->store, id, *desc_text_out, err);
     if (r < 0)
         goto out;
@@ -233,6 +243,7 @@ static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char 
             goto out;
         }
     }
+    t->files_ms = clock_mono_ms() - create_ms - t->create_ms;
     r = lend_probe_run(l, prov, &ref, spec, create_ms, err);
 out:
     store_seed_files_free(files, n_files);
@@ -254,6 +265,8 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
     int64_t generation;
     bool torn = false, stopped = false, fenced = false;
+    struct reset_times t = {.start_ms = clock_mono_ms()};
+    int64_t stop_start;
     int r;
 
     *lease_out = NULL;
@@ -324,16 +337,18 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         goto out;
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
+    stop_start = clock_mono_ms();
     r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
         goto out;
     }
     stopped = true;
+    t.stop_ms = clock_mono_ms() - stop_start;
     /* its PTY sessions end with the processes they ran */
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, id);
-    r = reset_remake(l, prov, id, &rs, spec, &desc_text, err);
+    r = reset_remake(l, prov, id, &rs, spec, &desc_text, &t, err);
     if (r < 0)
         goto out;
     /* complete: the record loses its "resetting" mark */
@@ -351,8 +366,11 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     if (r == 0) {
         torn = false;
         lend_activity_seeded(l, &rec, spec); /* its idle clock starts again, not paused */
-        log_info_sbx(id, "sandbox %s reset%s%s", id, snapshot ? " to snapshot " : "",
-                     snapshot ? snapshot : "");
+        log_info_sbx(id,
+                     "sandbox %s reset%s%s in %" PRId64 " ms (stop %" PRId64 ", create %" PRId64
+                     ", files %" PRId64 " ms)",
+                     id, snapshot ? " to snapshot " : "", snapshot ? snapshot : "",
+                     clock_mono_ms() - t.start_ms, t.stop_ms, t.create_ms, t.files_ms);
     }
 out:
     if (r < 0 && torn) {
