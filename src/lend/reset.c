@@ -195,40 +195,41 @@ struct reset_times {
     int64_t files_ms;  /* its descriptor recorded and the seed's files written again */
 };
 
-/* Make the sandbox of rec again (its namespaces gone): create under its id with rs, record the
- * descriptor, write the seed's files, run the seed's ready probe (spec: the record's spec,
- * parsed). *desc_text_out is the recorded descriptor (owned) once create succeeded, so a failure
- * after it can stop what was made. 0 or a negative errno. */
+/* Make the sandbox of rec again (its namespaces gone) or finish its in-place reset: with
+ * in_place false, create under its id with rs and record the descriptor; with in_place (kept:
+ * the descriptor of the sandbox the provider reset in place, or NULL) only what follows: write the
+ * seed's files, run the seed's ready probe (spec: the record's spec, parsed). *desc_text_out is the
+ * recorded descriptor (owned) once create succeeded, so a failure after it can stop what was
+ * made. 0 or a negative errno. */
 static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char *id,
-                        const struct reset_spec *rs, json_t *spec, char **desc_text_out,
-                        struct reset_times *t, struct lb_error *err)
+                        const struct reset_spec *rs, json_t *spec, bool in_place, json_t *kept,
+                        char **desc_text_out, struct reset_times *t, struct lb_error *err)
 {
     int64_t create_ms = clock_mono_ms();
     struct lb_sandbox_ref ref = {id, NULL};
     struct lb_store_file *files = NULL;
     struct lb_error perr = {0};
-    json_t *desc = NULL;
+    json_t *desc = in_place ? json_incref(kept) : NULL;
     size_t n_files = 0;
-    int r = fault_hit("lend.reset", 0, &perr);
+    int r = 0;
 
-    if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "%s", perr.message);
-        goto out;
+    if (!in_place) {
+        r = provider_create(prov, &ref, &rs->spec, &desc, &perr);
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "the sandbox could not start again: %s",
+                             perr.message);
+            goto out;
+        }
+        *desc_text_out = json_dumps(desc, JSON_COMPACT);
+        if (!*desc_text_out) {
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+            goto out;
+        }
+        t->create_ms = clock_mono_ms() - create_ms;
+        r = store_set_descriptor(l->store, id, *desc_text_out, err);
+        if (r < 0)
+            goto out;
     }
-    r = provider_create(prov, &ref, &rs->spec, &desc, &perr);
-    if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not start again: %s", perr.message);
-        goto out;
-    }
-    *desc_text_out = json_dumps(desc, JSON_COMPACT);
-    if (!*desc_text_out) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
-    t->create_ms = clock_mono_ms() - create_ms;
-    r = store_set_descriptor(l->store, id, *desc_text_out, err);
-    if (r < 0)
-        goto out;
     r = store_seed_files_get(l->store, id, &files, &n_files, err);
     if (r < 0)
         goto out;
@@ -264,7 +265,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
     int64_t generation;
-    bool torn = false, stopped = false, fenced = false;
+    bool torn = false, stopped = false, fenced = false, in_place = false;
     struct reset_times t = {.start_ms = clock_mono_ms()};
     int64_t stop_start;
     int r;
@@ -338,17 +339,34 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
     stop_start = clock_mono_ms();
-    r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+    /* tests: a reset that fails (or a daemon killed during one) after the intent was recorded */
+    r = fault_hit("lend.reset", 0, &perr);
     if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
+        r = lb_error_set(err, -EREMOTEIO, "%s", perr.message);
         goto out;
     }
-    stopped = true;
+    /* in place where the provider can (no bwrap, no new namespaces), else a stop and a create */
+    r = provider_reset_in_place(prov, &ref, &rs.spec, l->cfg.stop_timeout_s * 1000, &perr);
+    in_place = r == 0;
+    if (r < 0 && r != -EOPNOTSUPP) {
+        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be reset in place: %s",
+                         perr.message);
+        goto out;
+    }
+    if (!in_place) {
+        lb_error_clear(&perr);
+        r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
+            goto out;
+        }
+        stopped = true;
+    }
     t.stop_ms = clock_mono_ms() - stop_start;
     /* its PTY sessions end with the processes they ran */
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, id);
-    r = reset_remake(l, prov, id, &rs, spec, &desc_text, &t, err);
+    r = reset_remake(l, prov, id, &rs, spec, in_place, old_desc, &desc_text, &t, err);
     if (r < 0)
         goto out;
     /* complete: the record loses its "resetting" mark */
@@ -367,10 +385,11 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         torn = false;
         lend_activity_seeded(l, &rec, spec); /* its idle clock starts again, not paused */
         log_info_sbx(id,
-                     "sandbox %s reset%s%s in %" PRId64 " ms (stop %" PRId64 ", create %" PRId64
+                     "sandbox %s reset%s%s%s in %" PRId64 " ms (%s %" PRId64 ", create %" PRId64
                      ", files %" PRId64 " ms)",
-                     id, snapshot ? " to snapshot " : "", snapshot ? snapshot : "",
-                     clock_mono_ms() - t.start_ms, t.stop_ms, t.create_ms, t.files_ms);
+                     id, in_place ? " in place" : "", snapshot ? " to snapshot " : "",
+                     snapshot ? snapshot : "", clock_mono_ms() - t.start_ms,
+                     in_place ? "reset" : "stop", t.stop_ms, t.create_ms, t.files_ms);
     }
 out:
     if (r < 0 && torn) {
