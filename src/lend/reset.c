@@ -211,8 +211,13 @@ static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char 
     struct lb_error perr = {0};
     json_t *desc = in_place ? json_incref(kept) : NULL;
     size_t n_files = 0;
-    int r = 0;
+    /* tests: a reset that fails (or a daemon killed during one) with the old episode gone */
+    int r = fault_hit("lend.reset", 0, &perr);
 
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "%s", perr.message);
+        goto out;
+    }
     if (!in_place) {
         r = provider_create(prov, &ref, &rs->spec, &desc, &perr);
         if (r < 0) {
@@ -339,12 +344,6 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
     stop_start = clock_mono_ms();
-    /* tests: a reset that fails (or a daemon killed during one) after the intent was recorded */
-    r = fault_hit("lend.reset", 0, &perr);
-    if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "%s", perr.message);
-        goto out;
-    }
     /* in place where the provider can (no bwrap, no new namespaces), else a stop and a create */
     r = provider_reset_in_place(prov, &ref, &rs.spec, l->cfg.stop_timeout_s * 1000, &perr);
     in_place = r == 0;
