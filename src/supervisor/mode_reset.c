@@ -114,7 +114,7 @@ static void reset_tmpfs(const char *path, const char *mode, int64_t mib)
     char opts[96];
 
     snprintf(opts, sizeof(opts), "mode=%s,size=%lld", mode, (long long)mib * 1024 * 1024);
-    if (umount2(path, MNT_DETACH) < 0)
+    if (umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
         reset_fail("cannot detach a writable mount");
     if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
         reset_fail("cannot mount a fresh tmpfs");
@@ -238,7 +238,7 @@ int mode_reset_run(int argc, char **argv)
     }
     /* on the host: a read-only clone of the supervisor, for the fresh /run */
     sup_fd = (int)syscall(SYS_open_tree, RESET_SUPERVISE_FD, "", clone | AT_EMPTY_PATH);
-    if (sup_fd < 0 ||
+    if (sup_fd <= RESET_SUPERVISE_FD || /* below: fds 0..9 are all the daemon's */
         syscall(SYS_mount_setattr, sup_fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
         reset_fail("cannot clone the supervisor");
     if (syscall(SYS_setgroups, 0, NULL) < 0)
@@ -249,6 +249,8 @@ int mode_reset_run(int argc, char **argv)
     }
     if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
         reset_fail("cannot become the sandbox's root");
+    /* the namespaces and the host's binary: nothing the child inside needs */
+    (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
     /* into the pid namespace: a child */
     c = fork();
     if (c == 0) {

@@ -17,8 +17,8 @@
  *   released sandbox 404, a body that is not an object 400
  * - reset to a snapshot of the sandbox and back to the seed; a snapshot of another base 409
  *   (image variant)
- * - a failed reset (fault lend.reset) answers 502 and stops the sandbox with stop_reason
- *   reset_failed; its token answers 401 and no process of it is left
+ * - a failed reset (fault lend.reset, or provider.reset_in_place) answers 502 and stops the sandbox
+ * with stop_reason reset_failed; its token answers 401 and no process of it is left
  * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
  *   is stopped (reset_failed), nothing of it runs or stays on disk
  */
@@ -617,16 +617,17 @@ START_TEST(test_reset_to_snapshot)
 }
 END_TEST
 
-START_TEST(test_reset_failed_stops)
+/* A reset failed by the fault spec (a daemon started with it) answers 502 and stops the
+ * sandbox (reset_failed): its process is gone, its token 401, its session without a lease. */
+static void failed_reset_stops(const char *spec, const char *rsid)
 {
-    const char *args[] = {"--set", "faults.spec=lend.reset=fail:1", NULL};
-    char sbx[LBT_ID_MAX], tok[256];
+    const char *args[] = {"--set", spec, NULL};
+    char sbx[LBT_ID_MAX], tok[256], path[160];
     struct lbt_resp r;
     json_t *lease, *rec, *list;
 
-    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     lbt_daemon_start(&F, args);
-    lease = lbt_seed(&F, "rs-reset-fail", "task-reset", NULL);
+    lease = lbt_seed(&F, rsid, "task-reset", NULL);
     snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
     json_decref(lease);
@@ -650,9 +651,25 @@ START_TEST(test_reset_failed_stops)
     lbt_exec(&F, sbx, tok, "{\"command\": \"true\"}", &r);
     ck_assert_int_eq(r.status, 401);
     lbt_resp_free(&r);
-    lbt_json(&F, "GET", "/v1/sessions/rs-reset-fail", "", NULL, &r);
+    snprintf(path, sizeof(path), "/v1/sessions/%s", rsid);
+    lbt_json(&F, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 404);
     lbt_resp_free(&r);
+}
+
+START_TEST(test_reset_failed_stops)
+{
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    failed_reset_stops("faults.spec=lend.reset=fail:1", "rs-reset-fail");
+}
+END_TEST
+
+/* the same when the provider's in-place reset itself fails */
+START_TEST(test_reset_in_place_failed_stops)
+{
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider has no in-place reset");
+    failed_reset_stops("faults.spec=provider.reset_in_place=fail:1", "rs-reset-ipfail");
 }
 END_TEST
 
@@ -735,6 +752,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &F);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_failed_stops);
+    tcase_add_test(tc, test_reset_in_place_failed_stops);
     tcase_add_test(tc, test_reset_killed);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
