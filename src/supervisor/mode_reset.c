@@ -16,8 +16,8 @@
  *   daemon's binary taken on the host. The root (the host's, read-only) and /dev (read-only)
  *   cannot have changed; sandbox processes cannot mount (seccomp, no capabilities);
  * - IPC: every SysV shared memory segment, semaphore set and message queue of its IPC
- *   namespace is removed, and every POSIX message queue (on a private mount of the namespace's
- *   mqueue file system); POSIX shared memory and semaphores live in /dev/shm;
+ *   namespace is removed, and every POSIX message queue (on a detached mount of the namespace's
+ *   mqueue file system, mounted nowhere); POSIX shared memory and semaphores live in /dev/shm;
  * - the hostname is set back.
  */
 #include <dirent.h>
@@ -167,17 +167,22 @@ static int rm_msg(int id)
     return msgctl(id, IPC_RMID, NULL);
 }
 
-/* Every POSIX message queue of the IPC namespace: on a mount of its mqueue file system in a
- * mount namespace of our own (the sandbox's is not touched), over the fresh /tmp. */
+/* Every POSIX message queue of the IPC namespace: on a detached mount of its mqueue file
+ * system (fsopen, fsmount: in no mount namespace, so neither the sandbox's nor a copy of it,
+ * whose teardown would cost more than the rest of the reset), gone when its fd is closed. */
 static void reset_mqueues(void)
 {
     struct dirent *de;
+    int fs, mnt = -1, dfd = -1;
     DIR *d;
 
-    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-        mount("mqueue", "/tmp", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+    fs = (int)syscall(SYS_fsopen, "mqueue", FSOPEN_CLOEXEC);
+    if (fs < 0 || syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+        (mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+                            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)) < 0 ||
+        (dfd = openat(mnt, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
         reset_fail("cannot mount the sandbox's mqueue file system");
-    d = opendir("/tmp");
+    d = fdopendir(dfd);
     if (!d)
         reset_fail("cannot read the sandbox's mqueue file system");
     while ((de = readdir(d))) {
@@ -187,6 +192,8 @@ static void reset_mqueues(void)
             reset_fail("cannot remove a POSIX message queue");
     }
     closedir(d);
+    close(mnt);
+    close(fs);
 }
 
 /* Inside the namespaces, as the sandbox's root with its capabilities. */
