@@ -12,6 +12,7 @@
 #include "lend/lend_private.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,39 +187,54 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
     return r < 0 ? lb_error_set(err, -ENOMEM, "out of memory") : 0;
 }
 
-/* Make the sandbox of rec again (its namespaces gone): create under its id with rs, record the
- * descriptor, write the seed's files, run the seed's ready probe (spec: the record's spec,
- * parsed). *desc_text_out is the recorded descriptor (owned) once create succeeded, so a failure
- * after it can stop what was made. 0 or a negative errno. */
+/* Where a reset's time went, in ms (monotonic), for its log line. */
+struct reset_times {
+    int64_t start_ms;  /* when lend_reset began */
+    int64_t stop_ms;   /* the provider's stop of the old sandbox */
+    int64_t create_ms; /* the provider's create of the new one */
+    int64_t files_ms;  /* its descriptor recorded and the seed's files written again */
+};
+
+/* Make the sandbox of rec again (its namespaces gone) or finish its in-place reset: with
+ * in_place false, create under its id with rs and record the descriptor; with in_place (kept:
+ * the descriptor of the sandbox the provider reset in place, or NULL) only what follows: write the
+ * seed's files, run the seed's ready probe (spec: the record's spec, parsed). *desc_text_out is the
+ * recorded descriptor (owned) once create succeeded, so a failure after it can stop what was
+ * made. 0 or a negative errno. */
 static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char *id,
-                        const struct reset_spec *rs, json_t *spec, char **desc_text_out,
-                        struct lb_error *err)
+                        const struct reset_spec *rs, json_t *spec, bool in_place, json_t *kept,
+                        char **desc_text_out, struct reset_times *t, struct lb_error *err)
 {
     int64_t create_ms = clock_mono_ms();
     struct lb_sandbox_ref ref = {id, NULL};
     struct lb_store_file *files = NULL;
     struct lb_error perr = {0};
-    json_t *desc = NULL;
+    json_t *desc = in_place ? json_incref(kept) : NULL;
     size_t n_files = 0;
+    /* tests: a reset that fails (or a daemon killed during one) with the old episode gone */
     int r = fault_hit("lend.reset", 0, &perr);
 
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "%s", perr.message);
         goto out;
     }
-    r = provider_create(prov, &ref, &rs->spec, &desc, &perr);
-    if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not start again: %s", perr.message);
-        goto out;
+    if (!in_place) {
+        r = provider_create(prov, &ref, &rs->spec, &desc, &perr);
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "the sandbox could not start again: %s",
+                             perr.message);
+            goto out;
+        }
+        *desc_text_out = json_dumps(desc, JSON_COMPACT);
+        if (!*desc_text_out) {
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+            goto out;
+        }
+        t->create_ms = clock_mono_ms() - create_ms;
+        r = store_set_descriptor(l->store, id, *desc_text_out, err);
+        if (r < 0)
+            goto out;
     }
-    *desc_text_out = json_dumps(desc, JSON_COMPACT);
-    if (!*desc_text_out) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
-        goto out;
-    }
-    r = store_set_descriptor(l->store, id, *desc_text_out, err);
-    if (r < 0)
-        goto out;
     r = store_seed_files_get(l->store, id, &files, &n_files, err);
     if (r < 0)
         goto out;
@@ -233,6 +249,7 @@ static int reset_remake(struct lb_lend *l, struct lb_provider *prov, const char 
             goto out;
         }
     }
+    t->files_ms = clock_mono_ms() - create_ms - t->create_ms;
     r = lend_probe_run(l, prov, &ref, spec, create_ms, err);
 out:
     store_seed_files_free(files, n_files);
@@ -253,7 +270,9 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     char *spec_text = NULL, *desc_text = NULL;
     char token[4 + 65], token_hash[LB_SHA256_HEX + 1];
     int64_t generation;
-    bool torn = false, stopped = false, fenced = false;
+    bool torn = false, stopped = false, fenced = false, in_place = false;
+    struct reset_times t = {.start_ms = clock_mono_ms()};
+    int64_t stop_start;
     int r;
 
     *lease_out = NULL;
@@ -324,16 +343,29 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         goto out;
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
-    r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
-    if (r < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
+    stop_start = clock_mono_ms();
+    /* in place where the provider can (no bwrap, no new namespaces), else a stop and a create */
+    r = provider_reset_in_place(prov, &ref, &rs.spec, l->cfg.stop_timeout_s * 1000, &perr);
+    in_place = r == 0;
+    if (r < 0 && r != -EOPNOTSUPP) {
+        r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be reset in place: %s",
+                         perr.message);
         goto out;
     }
-    stopped = true;
+    if (!in_place) {
+        lb_error_clear(&perr);
+        r = provider_stop(prov, &ref, l->cfg.stop_timeout_s * 1000, &perr);
+        if (r < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be stopped: %s", perr.message);
+            goto out;
+        }
+        stopped = true;
+    }
+    t.stop_ms = clock_mono_ms() - stop_start;
     /* its PTY sessions end with the processes they ran */
     if (l->stopped_hook)
         l->stopped_hook(l->stopped_ctx, id);
-    r = reset_remake(l, prov, id, &rs, spec, &desc_text, err);
+    r = reset_remake(l, prov, id, &rs, spec, in_place, old_desc, &desc_text, &t, err);
     if (r < 0)
         goto out;
     /* complete: the record loses its "resetting" mark */
@@ -351,8 +383,12 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     if (r == 0) {
         torn = false;
         lend_activity_seeded(l, &rec, spec); /* its idle clock starts again, not paused */
-        log_info_sbx(id, "sandbox %s reset%s%s", id, snapshot ? " to snapshot " : "",
-                     snapshot ? snapshot : "");
+        log_info_sbx(id,
+                     "sandbox %s reset%s%s%s in %" PRId64 " ms (%s %" PRId64 ", create %" PRId64
+                     ", files %" PRId64 " ms)",
+                     id, in_place ? " in place" : "", snapshot ? " to snapshot " : "",
+                     snapshot ? snapshot : "", clock_mono_ms() - t.start_ms,
+                     in_place ? "reset" : "stop", t.stop_ms, t.create_ms, t.files_ms);
     }
 out:
     if (r < 0 && torn) {

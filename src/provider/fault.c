@@ -196,6 +196,16 @@ static int fault_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *re
     return r < 0 ? fault_as_provider(r, err) : provider_snapshot(INNER(p), ref, dest, flatten, err);
 }
 
+static int fault_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                                const struct lb_sandbox_spec *spec, int64_t timeout_ms,
+                                struct lb_error *err)
+{
+    int r = fault_point(p, "reset_in_place", 0, err);
+
+    return r < 0 ? fault_as_provider(r, err)
+                 : provider_reset_in_place(INNER(p), ref, spec, timeout_ms, err);
+}
+
 static int fault_snapshot_sweep(struct lb_provider *p, struct lb_error *err)
 {
     return provider_snapshot_sweep(INNER(p), err);
@@ -253,6 +263,7 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .stop_begin = fault_stop_begin,
         .snapshot = fault_snapshot,
         .snapshot_sweep = fault_snapshot_sweep,
+        .reset_in_place = fault_reset_in_place,
         .destroy = fault_destroy,
         .usage = fault_usage,
         .archive_put = fault_archive_put,

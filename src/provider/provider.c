@@ -226,6 +226,15 @@ int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, stru
     return p->ops->usage(p, ref, out, err);
 }
 
+int provider_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                            const struct lb_sandbox_spec *spec, int64_t timeout_ms,
+                            struct lb_error *err)
+{
+    if (!p || !p->ops->reset_in_place)
+        return lb_error_set(err, -EOPNOTSUPP, "the provider resets only by a stop and a create");
+    return p->ops->reset_in_place(p, ref, spec, timeout_ms, err);
+}
+
 int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err)
 {
     if (!p || !p->ops->snapshot_sweep)

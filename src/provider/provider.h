@@ -367,6 +367,18 @@ struct lb_provider_ops {
      * happens until the stop). Thread-safe. */
     void (*stop_begin)(struct lb_provider *p, const struct lb_sandbox_ref *ref);
 
+    /* Return the running sandbox in place to how its create made it with spec (the spec it
+     * was made with, or one that differs only where the provider can say so): every process
+     * of it killed, its writable file systems, IPC objects and hostname as new, its identity,
+     * network and limits kept. Blocks until done, at most timeout_ms. -EOPNOTSUPP with nothing
+     * done when this sandbox cannot be reset in place (the caller stops it and creates it
+     * again); -ENOENT when it is not running; -EREMOTEIO when a step failed (the sandbox is
+     * in an unknown state: stop it). May be NULL (-EOPNOTSUPP). Thread-safe across sandboxes;
+     * the caller runs one reset per sandbox at a time, with nothing else under way in it. */
+    int (*reset_in_place)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                          const struct lb_sandbox_spec *spec, int64_t timeout_ms,
+                          struct lb_error *err);
+
     /* Capture the running sandbox's file system into dest, a directory the caller made (the
      * image store's image_snapshot_prepare) holding empty rootfs/ and workspace/: its writable
      * root layer into rootfs (the overlay upper dir as it is: whiteouts as 0:0 character
@@ -479,6 +491,10 @@ int provider_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref
 int provider_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
                          int fd, uint64_t max_bytes, struct lb_archive_result *out,
                          struct lb_error *err);
+/* -EOPNOTSUPP (err set) when the provider has no reset_in_place op. */
+int provider_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                            const struct lb_sandbox_spec *spec, int64_t timeout_ms,
+                            struct lb_error *err);
 /* 0 when the provider has no snapshot_sweep op. */
 int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);

@@ -194,6 +194,21 @@
  *       failed (ENOSPC: the mount is full, ENOMEM: the memory limit), 125 for bad arguments;
  *       killed by SIGKILL when the limit cannot hold the pages.
  *
+ * Reset mode (the local provider's in-place reset of a sandbox of image host; run by the daemon
+ * as host root, outside every namespace of the sandbox, from a vfork-style spawn):
+ *
+ *   lendbox-supervise --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB
+ *       fds 0..2 /dev/null, 3 the status pipe, 4..8 the sandbox init's user, mnt, pid, uts
+ *       and ipc namespaces, 9 an O_PATH fd of this binary on the host. Clones fd 9 read-only,
+ *       enters the namespaces (user first), becomes uid/gid 0 there with the namespace's
+ *       capabilities, and forks into the pid namespace, where the child kills every process but
+ *       the init and waits until the init reaped them, mounts fresh tmpfs of the given sizes
+ *       (MiB) at /tmp and /dev/shm (1777), WORKDIR and /run (0755), binds the clone at
+ *       /run/lendbox/supervise, sets the hostname to HOSTNAME and removes every SysV IPC
+ *       object and POSIX message queue (mode_reset.c). Writes "reset" on fd 3 and exits 0 when
+ *       all of it is done; else "error WHAT: errno N" on fd 3 and a non-zero exit (2: bad
+ *       arguments). Nothing of it is visible to the sandbox but its effects.
+ *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
  * that only the daemon and this fd reach:
@@ -373,6 +388,8 @@ int main(int argc, char **argv)
         return mode_enter_view_run(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--reserve") == 0)
         return mode_reserve_run(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--reset") == 0)
+        return mode_reset_run(argc, argv);
     if (argc == 1 && getpid() == 1) {
         proc_loopback_up();
         return mode_init_run(-1); /* an engine's init: /sbin/init of an imported LXD image */

@@ -167,6 +167,9 @@ int mode_pty_launch(const struct sup_options *o);
 
 /* mode_enter.c: --enter and --enter-view, from the whole argv. */
 int mode_enter_run(int argc, char **argv);
+/* --reset (mode_reset.c): a sandbox of image host returned in place to how bwrap made it. The
+ * exit status of the helper: 0 done, 1 failed, 2 bad arguments (fd 3 says why). */
+int mode_reset_run(int argc, char **argv);
 int mode_enter_view_run(int argc, char **argv);
 
 /* mode_reserve.c: --reserve, from the whole argv. */

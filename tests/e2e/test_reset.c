@@ -9,12 +9,16 @@
  *   file, a SysV shared memory segment and a changed hostname; after the reset (200, the same
  *   sandbox_id, session and expires_at, a new token) every one of them is gone or back, the
  *   seed's files hold their content again, the old token answers 401 and the new one works
+ * - in place (image host): the init and the writable mounts' modes and sizes are the same
+ *   after the reset, and processes that left their session or stopped themselves, SysV
+ *   semaphores and message queues, a POSIX message queue and the modes the episode gave the
+ *   mounts' roots are gone or back (image variant: a new init, the rest the same)
  * - bad input: an operate token 403, an unknown sandbox 404, an unknown snapshot 404, a
  *   released sandbox 404, a body that is not an object 400
  * - reset to a snapshot of the sandbox and back to the seed; a snapshot of another base 409
  *   (image variant)
- * - a failed reset (fault lend.reset) answers 502 and stops the sandbox with stop_reason
- *   reset_failed; its token answers 401 and no process of it is left
+ * - a failed reset (fault lend.reset, or provider.reset_in_place) answers 502 and stops the sandbox
+ * with stop_reason reset_failed; its token answers 401 and no process of it is left
  * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
  *   is stopped (reset_failed), nothing of it runs or stays on disk
  */
@@ -251,6 +255,95 @@ START_TEST(test_reset_integrity)
     ck_assert_str_ne(str(json_object_get(r.json, "access"), "token"), tok);
     lbt_resp_free(&r);
     lbt_release_session(&D, "rs-reset");
+}
+END_TEST
+
+/* What the in-place test compares before and after: the init's start time, and the mode and
+ * size of every writable mount, one line. */
+#define STATE_CHECK                                                                                \
+    "cut -d' ' -f22 /proc/1/stat; stat -c '%n %a' /tmp /dev/shm /run /workspace; "                 \
+    "df -k /tmp /dev/shm /run /workspace | awk 'NR > 1 { print $2 }'; "                            \
+    "[ -f /run/lendbox/supervise ] && echo supervisor"
+/* The episode's IPC objects: a SysV semaphore set and message queue, a POSIX message queue
+ * (mq_open is in libc since glibc 2.34; the image variant has no librt) */
+#define IPC_MAKE                                                                                   \
+    "python3 -c \"import ctypes, os; libc = ctypes.CDLL(None); "                                   \
+    "assert libc.semget(0x4c43, 1, 0o1600) >= 0; assert libc.msgget(0x4c44, 0o1600) >= 0; "        \
+    "assert libc.mq_open(b'/lbq', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0\""
+#define IPC_CHECK                                                                                  \
+    "for f in sem msg; do awk -v f=$f 'NR > 1 { n++ } END { if (n) print \"sysv\", f, n }' "       \
+    "/proc/sysvipc/$f; done; "                                                                     \
+    "python3 -c \"import ctypes, os; libc = ctypes.CDLL(None); "                                   \
+    "print('posix mq') if libc.mq_open(b'/lbq', os.O_RDWR) >= 0 else None\"; true"
+
+/* A sandbox of image host is reset in place (its init, namespaces and mounts' sizes kept; a
+ * sandbox of an image is stopped and made again, a new init): processes that left their
+ * session or stopped themselves, SysV semaphores and message queues, a POSIX message queue,
+ * the modes the episode gave the roots of its writable mounts; all gone or back. */
+START_TEST(test_reset_in_place)
+{
+    char sbx[LBT_ID_MAX], tok[256], *before, *after, *out;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider resets by a new instance; its image has no "
+                               "python3 (the integrity test covers it)");
+    lease = lbt_seed(&D, "rs-reset-ip", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    before = sh_tok(&D, sbx, tok, STATE_CHECK);
+    ck_assert_msg(strstr(before, "/tmp 1777") && strstr(before, "/dev/shm 1777") &&
+                      strstr(before, "/run 755") && strstr(before, "supervisor"),
+                  "fresh sandbox: %s", before);
+    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    ck_assert_msg(strcmp(out, "") == 0, "fresh sandbox: %s", out);
+    free(out);
+
+    /* the episode */
+    free(sh_tok(&D, sbx, tok, "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run"));
+    json_decref(lbt_exec_ok(
+        &D, sbx, tok,
+        "{\"command\": \"setsid sh -c '(sh -c \\\"kill -STOP \\\\$\\\\$; " LEFTOVER "\\\" &); "
+        "(setsid " LEFTOVER " &)' </dev/null >/dev/null 2>&1; sleep 0.5\", "
+        "\"preserve_background_services\": true}"));
+    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    ck_assert_msg(strstr(out, "sysv sem 1") && strstr(out, "sysv msg 1") && strstr(out, "posix mq"),
+                  "episode left: %s", out);
+    free(out);
+    out = sh_tok(&D, sbx, tok, "stat -c '%n %a' /tmp /dev/shm /run; ls /proc | grep -c '^[0-9]'");
+    ck_assert_msg(strstr(out, "/tmp 700") && strstr(out, "/run 777"), "episode left: %s", out);
+    free(out);
+    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+
+    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    ck_assert_msg(strcmp(out, "") == 0, "after the reset: %s", out);
+    free(out);
+    /* nothing runs but the init and the check itself (sh, and what it runs) */
+    out = sh_tok(&D, sbx, tok,
+                 "for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = 1 ] || [ \"${p#/proc/}\" = $$ ] || "
+                 "[ \"${p#/proc/}\" = $PPID ] || [ ! -e $p/cmdline ] || "
+                 "{ c=$(tr '\\0' ' ' < $p/cmdline); [ -n \"$c\" ] && echo \"$c\"; }; done | "
+                 "grep -v -e '^for ' -e 'tr ' -e 'grep ' -e '^sh ' || true");
+    ck_assert_msg(strcmp(out, "") == 0, "processes after the reset: %s", out);
+    free(out);
+    after = sh_tok(&D, sbx, tok, STATE_CHECK);
+    if (lbt_variant_on_host()) { /* in place: the same init, the same mounts' modes and sizes */
+        ck_assert_str_eq(after, before);
+    } else { /* made again: a new init (the first line), the same modes and sizes */
+        ck_assert_str_ne(after, before);
+        ck_assert_str_eq(strchr(after, '\n'), strchr(before, '\n'));
+    }
+    free(before);
+    free(after);
+    lbt_release_session(&D, "rs-reset-ip");
 }
 END_TEST
 
@@ -524,16 +617,17 @@ START_TEST(test_reset_to_snapshot)
 }
 END_TEST
 
-START_TEST(test_reset_failed_stops)
+/* A reset failed by the fault spec (a daemon started with it) answers 502 and stops the
+ * sandbox (reset_failed): its process is gone, its token 401, its session without a lease. */
+static void failed_reset_stops(const char *spec, const char *rsid)
 {
-    const char *args[] = {"--set", "faults.spec=lend.reset=fail:1", NULL};
-    char sbx[LBT_ID_MAX], tok[256];
+    const char *args[] = {"--set", spec, NULL};
+    char sbx[LBT_ID_MAX], tok[256], path[160];
     struct lbt_resp r;
     json_t *lease, *rec, *list;
 
-    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     lbt_daemon_start(&F, args);
-    lease = lbt_seed(&F, "rs-reset-fail", "task-reset", NULL);
+    lease = lbt_seed(&F, rsid, "task-reset", NULL);
     snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
     json_decref(lease);
@@ -557,9 +651,25 @@ START_TEST(test_reset_failed_stops)
     lbt_exec(&F, sbx, tok, "{\"command\": \"true\"}", &r);
     ck_assert_int_eq(r.status, 401);
     lbt_resp_free(&r);
-    lbt_json(&F, "GET", "/v1/sessions/rs-reset-fail", "", NULL, &r);
+    snprintf(path, sizeof(path), "/v1/sessions/%s", rsid);
+    lbt_json(&F, "GET", path, "", NULL, &r);
     ck_assert_int_eq(r.status, 404);
     lbt_resp_free(&r);
+}
+
+START_TEST(test_reset_failed_stops)
+{
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    failed_reset_stops("faults.spec=lend.reset=fail:1", "rs-reset-fail");
+}
+END_TEST
+
+/* the same when the provider's in-place reset itself fails */
+START_TEST(test_reset_in_place_failed_stops)
+{
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider has no in-place reset");
+    failed_reset_stops("faults.spec=provider.reset_in_place=fail:1", "rs-reset-ipfail");
 }
 END_TEST
 
@@ -631,6 +741,7 @@ int main(void)
     lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_integrity);
+    tcase_add_test(tc, test_reset_in_place);
     tcase_add_test(tc, test_reset_bad_input);
     tcase_add_test(tc, test_reset_to_snapshot);
     tcase_add_test(tc, test_reset_refuses_request_admitted_before);
@@ -641,6 +752,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &F);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_failed_stops);
+    tcase_add_test(tc, test_reset_in_place_failed_stops);
     tcase_add_test(tc, test_reset_killed);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);

@@ -189,11 +189,6 @@ static bool path_is_bound(const char *path, char **names, size_t n)
  *   /, /dev   read-only (bwrap's --dev is an unsized tmpfs); the tmpfs hiding the state and
  *             data dirs is read-only too
  */
-struct mount_sizes {
-    int64_t workdir_mib, tmp_mib, run_mib, shm_mib;
-    int64_t root_mib; /* an image's writable root (its overlay upper dir): C */
-};
-
 #define RUN_SIZE_MIB 64
 
 static int64_t min_mib(int64_t a, int64_t b)
@@ -201,8 +196,8 @@ static int64_t min_mib(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-static void mount_sizes(const struct local_provider *lp, const struct lb_resources *res,
-                        struct mount_sizes *m)
+void local_mount_sizes(const struct local_provider *lp, const struct lb_resources *res,
+                       struct mount_sizes *m)
 {
     int64_t cap = lp->storage == LOCAL_STORAGE_TMPFS
                       ? (res->disk_mib > 0 ? res->disk_mib : LOCAL_DEFAULT_DISK_MIB)
@@ -368,7 +363,7 @@ static int build_argv(struct local_provider *lp, const char *id, const char *roo
     struct mount_sizes sizes;
     int r;
 
-    mount_sizes(lp, res, &sizes);
+    local_mount_sizes(lp, res, &sizes);
 
     snprintf(host, sizeof(host), "%.63s", id);
     strv_add(a, lp->bwrap_path);
@@ -871,7 +866,7 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
 
         for (size_t i = 0; i < layers->n; i++)
             paths[i] = layers->paths[i];
-        mount_sizes(lp, res, &sizes);
+        local_mount_sizes(lp, res, &sizes);
         r = local_image_mount(dir, paths, layers->n, d.uid, sizes.root_mib, overlay,
                               sizeof(overlay), err);
         if (r == 0) /* tests: a crash (delay + kill -9) with the root mounted, no init yet */

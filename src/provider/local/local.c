@@ -253,6 +253,7 @@ static const struct lb_provider_ops local_ops = {
     .pause = local_pause,
     .resume = local_resume,
     .snapshot = local_snapshot,
+    .reset_in_place = local_reset,
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,

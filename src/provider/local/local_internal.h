@@ -260,6 +260,27 @@ void local_removed_stop(struct local_provider *lp);
  * monitor and its exec helpers were gone). Thread-safe. */
 unsigned long local_slot_sweeps(void);
 
+/* ---- create.c: sizes of the writable mounts ------------------------------------------------- */
+/* The sizes in MiB of a sandbox's writable mounts, from its limits (create.c, "sizes of the
+ * writable mounts"; docs/operations.md, "Sandbox storage"). */
+struct mount_sizes {
+    int64_t workdir_mib, tmp_mib, run_mib, shm_mib;
+    int64_t root_mib; /* an image's writable root (its overlay upper dir) */
+};
+void local_mount_sizes(const struct local_provider *lp, const struct lb_resources *res,
+                       struct mount_sizes *m);
+
+/* ---- reset.c: in place ---------------------------------------------------------------------- */
+/* The sandbox of ref (image host, storage tmpfs, spec->image "host": what it can be) returned
+ * in place to how its create made it, keeping its namespaces, cgroup, network and uid slot
+ * (lendbox-supervise --reset: its processes but the init killed, fresh /tmp, /run, /dev/shm and
+ * workdir, SysV IPC and POSIX message queues removed, the hostname set back). Blocks until done
+ * (bounded by timeout_ms). -EOPNOTSUPP with nothing done when the sandbox is not one it can
+ * reset (the caller stops and creates it instead); -ENOENT when it is not running; -EREMOTEIO
+ * when a step failed (the sandbox is then in an unknown state: the caller stops it). */
+int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err);
+
 /* ---- child.c: fds, forked children, messages ------------------------------------------------ */
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
 int local_pipe(int *r, int *w);

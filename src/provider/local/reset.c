@@ -1,0 +1,224 @@
+/*
+ * reset.c - the local provider's in-place reset (local_reset, local_internal.h): a sandbox of
+ * image host with tmpfs storage is returned to how create.c made it by lendbox-supervise
+ * --reset (supervisor/mode_reset.c), which keeps its namespaces, cgroup, network and uid slot,
+ * so a reset costs no bwrap, no cgroup and no namespace. Everything an episode can change in
+ * such a sandbox is in its pid namespace (processes), its tmpfs mounts (/tmp, /run, /dev/shm,
+ * the workdir), its IPC namespace and its hostname: its root is the host's, read-only, its
+ * /dev read-only, and its processes can neither mount (seccomp, no capabilities) nor change
+ * its network (no capabilities). A sandbox with an image (an overlay root), a data directory
+ * (storage dir) or a snapshot's workspace is not one: -EOPNOTSUPP, and lend_reset stops and
+ * creates it as before.
+ */
+#include "provider/local/local_internal.h"
+#include "provider/local/spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "supervisor/signals.h"
+#include "util/buf.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+enum { RFD_IN, RFD_OUT, RFD_ERR, RFD_STATUS, RFD_NS, RFD_SUPERVISE = RFD_NS + 5, RFD_COUNT };
+
+static const char *const reset_ns_names[5] = {"user", "mnt", "pid", "uts", "ipc"};
+
+struct reset_child {
+    const int *fds;
+    char **argv;
+};
+
+/* The spawned child (spawn.h): a session keyring of its own, its fds in place, the helper. */
+static int reset_child_exec(void *arg)
+{
+    const struct reset_child *c = arg;
+    char *envp[] = {NULL};
+    int e;
+
+    sup_signals_reset();
+    (void)syscall(SYS_setsid);
+    if (local_child_new_session_keyring() < 0) {
+        e = errno;
+        local_child_report(c->fds[RFD_STATUS], "error cannot make a session keyring", e);
+        return e;
+    }
+    if (local_child_place_fds(c->fds, RFD_COUNT) < 0) {
+        e = errno;
+        local_child_report(c->fds[RFD_STATUS], "error cannot set up fds", e);
+        return e;
+    }
+    (void)syscall(SYS_close_range, RFD_COUNT, ~0U, 0);
+    execve(c->argv[0], c->argv, envp);
+    e = errno;
+    local_child_report(RFD_STATUS, "error cannot execute lendbox-supervise", e);
+    return e;
+}
+
+/* May the sandbox of d (directory dir) be reset in place to spec? */
+static bool reset_fits(const struct local_provider *lp, const struct local_desc *d, const char *dir,
+                       const struct lb_sandbox_spec *spec)
+{
+    char img[4400];
+
+    if (lp->storage != LOCAL_STORAGE_TMPFS || d->data[0] || d->image[0] || !spec || !spec->image ||
+        strcmp(spec->image, "host") != 0 || !d->workdir[0] ||
+        (spec->workdir && strcmp(spec->workdir, d->workdir) != 0))
+        return false;
+    /* an overlay root (a snapshot's workspace over host) has its directory "img" */
+    snprintf(img, sizeof(img), "%s/img", dir);
+    return access(img, F_OK) < 0 && errno == ENOENT;
+}
+
+/* Run the helper with fds (RFD_NS.. and RFD_SUPERVISE set), wait for it (never past
+ * deadline_ms: killed then); 0 when it said "reset" and exited 0. */
+static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
+                     struct lb_error *err)
+{
+    struct lb_buf status = {.max = 4096};
+    struct reset_child rc = {fds, argv};
+    int status_r = -1, ws = 0, r;
+    pid_t helper = 0;
+    char chunk[512];
+
+    fds[RFD_IN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    fds[RFD_OUT] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    fds[RFD_ERR] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (fds[RFD_IN] < 0 || fds[RFD_OUT] < 0 || fds[RFD_ERR] < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot open /dev/null: %s", strerror(errno));
+        goto out;
+    }
+    r = local_pipe(&status_r, &fds[RFD_STATUS]);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
+        goto out;
+    }
+    r = spawn_vfork(reset_child_exec, &rc, &helper);
+    local_close_fd(&fds[RFD_STATUS]);
+    if (r < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot start lendbox-supervise --reset: %s",
+                         strerror(-r));
+        goto out;
+    }
+    for (;;) {
+        struct pollfd p = {.fd = status_r, .events = POLLIN};
+        int64_t left = deadline_ms - clock_mono_ms();
+        ssize_t n;
+
+        if (left <= 0) {
+            (void)kill(helper, SIGKILL);
+            break;
+        }
+        if (poll(&p, 1, (int)(left > 1000 ? 1000 : left)) <= 0)
+            continue;
+        n = read(status_r, chunk, sizeof(chunk));
+        if (n > 0) {
+            (void)lb_buf_append_capped(&status, chunk, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        break;
+    }
+    while (waitpid(helper, &ws, 0) < 0 && errno == EINTR)
+        ;
+    if (lb_buf_append_capped(&status, "", 1) < 0 || !status.data) {
+        r = lb_error_set(err, -EREMOTEIO, "the in-place reset of sandbox '%s' said nothing", id);
+        goto out;
+    }
+    if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0 && strncmp(status.data, "reset", 5) == 0) {
+        r = 0;
+    } else {
+        char text[1024];
+
+        status.data[strcspn(status.data, "\n")] = '\0';
+        local_errno_text(status.data, text, sizeof(text));
+        r = lb_error_set(err, -EREMOTEIO, "the in-place reset of sandbox '%s' failed: %s", id,
+                         text[0] ? text : "(no status)");
+    }
+out:
+    local_close_fd(&status_r);
+    for (int i = 0; i < RFD_COUNT; i++)
+        local_close_fd(&fds[i]);
+    lb_buf_release(&status);
+    return r;
+}
+
+int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    char dir[4352], host[64], tmp[24], run[24], shm[24], wd[24], path[64];
+    struct lb_resources none = {0};
+    struct mount_sizes sizes;
+    struct lb_error terr = {0};
+    struct local_desc d;
+    int fds[RFD_COUNT], r;
+    bool frozen = false;
+
+    for (int i = 0; i < RFD_COUNT; i++)
+        fds[i] = -1;
+    if (!ref || !local_id_is_valid(ref->id))
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    r = local_desc_load_running(lp, ref, &d, err);
+    if (r < 0)
+        return r;
+    local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+    if (!reset_fits(lp, &d, dir, spec)) {
+        r = lb_error_set(err, -EOPNOTSUPP, "sandbox '%s' cannot be reset in place", ref->id);
+        goto out;
+    }
+    /* a paused sandbox's processes must be able to die */
+    if (d.cg.version)
+        cgroup_is_frozen(&d.cg, &frozen);
+    if (frozen && cgroup_set_frozen(&d.cg, false, 2000, &terr) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot thaw sandbox '%s': %s", ref->id, terr.message);
+        goto out;
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)d.pid, reset_ns_names[i]);
+        fds[RFD_NS + i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (fds[RFD_NS + i] < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot open %s: %s", path, strerror(errno));
+            goto out;
+        }
+    }
+    /* the pid may have been reused between the load and the opens */
+    if (!local_desc_alive(&d)) {
+        r = lb_error_set(err, -EREMOTEIO, "sandbox '%s' stopped during its reset", ref->id);
+        goto out;
+    }
+    fds[RFD_SUPERVISE] = open(lp->supervise_path, O_PATH | O_CLOEXEC);
+    if (fds[RFD_SUPERVISE] < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot open %s: %s", lp->supervise_path,
+                         strerror(errno));
+        goto out;
+    }
+    local_mount_sizes(lp, spec ? &spec->resources : &none, &sizes);
+    snprintf(host, sizeof(host), "%.63s", ref->id); /* what create.c gives bwrap */
+    snprintf(tmp, sizeof(tmp), "%" PRId64, sizes.tmp_mib);
+    snprintf(run, sizeof(run), "%" PRId64, sizes.run_mib);
+    snprintf(shm, sizeof(shm), "%" PRId64, sizes.shm_mib);
+    snprintf(wd, sizeof(wd), "%" PRId64, sizes.workdir_mib);
+    {
+        char *argv[] = {lp->supervise_path, "--reset", host, d.workdir, tmp, run, shm, wd, NULL};
+
+        r = reset_run(ref->id, fds, argv, deadline, err);
+    }
+out:
+    for (int i = 0; i < RFD_COUNT; i++)
+        local_close_fd(&fds[i]);
+    local_desc_release(&d);
+    return r;
+}

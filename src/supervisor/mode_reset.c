@@ -1,0 +1,273 @@
+/*
+ * mode_reset.c - reset mode of lendbox-supervise: a running sandbox of image host returned in
+ * place to how bwrap made it, keeping its namespaces, cgroup, network and uid slot. Run by the
+ * daemon as host root outside the sandbox (see supervise.c's head comment, "Reset mode").
+ *
+ * What a sandbox of image host holds that an episode can change, and how each goes back:
+ * - processes: every process of its pid namespace but the init is killed with one kill(-1)
+ *   from inside the namespace (the kernel walks the task list under the lock a fork takes, so
+ *   nothing forked meanwhile is missed; a process that left its session or double-forked is
+ *   still in the namespace), repeated until /proc of the namespace shows nothing but the init
+ *   and us (the init reaps them);
+ * - writable mounts: /tmp, /run, /dev/shm and the workdir are tmpfs mounts made by bwrap;
+ *   each is detached and a fresh tmpfs of the same size, mode and flags mounted in its place
+ *   (the old one is freed by the kernel once nothing holds it: its processes are dead). The
+ *   supervisor bound at /run/lendbox/supervise is bound again, read-only, from a clone of the
+ *   daemon's binary taken on the host. The root (the host's, read-only) and /dev (read-only)
+ *   cannot have changed; sandbox processes cannot mount (seccomp, no capabilities);
+ * - IPC: every SysV shared memory segment, semaphore set and message queue of its IPC
+ *   namespace is removed, and every POSIX message queue (on a detached mount of the namespace's
+ *   mqueue file system, mounted nowhere); POSIX shared memory and semaphores live in /dev/shm;
+ * - the hostname is set back.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ipc.h>
+#include <sys/mount.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "supervisor/supervise_internal.h"
+
+#define RESET_STATUS_FD 3
+#define RESET_NS_FD 4 /* user, mnt, pid, uts, ipc */
+#define RESET_NS 5
+#define RESET_SUPERVISE_FD 9
+#define RESET_KILL_MS 5000 /* bound on the wait for the killed processes to be reaped */
+#define RESET_SUPERVISE_PATH "/run/lendbox/supervise"
+
+static void reset_fail(const char *what)
+{
+    proc_write_status(RESET_STATUS_FD, "error %s: errno %d", what, errno);
+    _exit(1);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* How many processes /proc (the sandbox's, of its pid namespace) lists besides the init and
+ * us; -1 when it cannot be read. */
+static int others_alive(void)
+{
+    pid_t self = getpid();
+    struct dirent *de;
+    DIR *d = opendir("/proc");
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+
+        if (*end || pid <= 1 || pid == self)
+            continue;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Every process of the pid namespace but the init and us, killed and reaped. */
+static void reset_processes(void)
+{
+    int64_t until = now_ms() + RESET_KILL_MS;
+    int n;
+
+    for (;;) {
+        if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+            reset_fail("cannot kill the sandbox's processes");
+        n = others_alive();
+        if (n < 0)
+            reset_fail("cannot read the sandbox's /proc");
+        if (n == 0)
+            return;
+        if (now_ms() > until) {
+            errno = ETIMEDOUT;
+            reset_fail("the sandbox's processes did not die in time");
+        }
+        usleep(1000);
+    }
+}
+
+/* Replace the tmpfs at path by a fresh one of mib MiB and mode (octal text). */
+static void reset_tmpfs(const char *path, const char *mode, int64_t mib)
+{
+    char opts[96];
+
+    snprintf(opts, sizeof(opts), "mode=%s,size=%lld", mode, (long long)mib * 1024 * 1024);
+    if (umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
+        reset_fail("cannot detach a writable mount");
+    if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        reset_fail("cannot mount a fresh tmpfs");
+}
+
+/* The ids of /proc/sysvipc/<what> (second column), removed with rm. */
+static void reset_sysv(const char *what, int (*rm)(int id))
+{
+    char path[64], line[512];
+    bool any = true;
+
+    snprintf(path, sizeof(path), "/proc/sysvipc/%s", what);
+    for (int round = 0; any && round < 100; round++) {
+        FILE *f = fopen(path, "re");
+
+        if (!f)
+            reset_fail("cannot read /proc/sysvipc");
+        any = false;
+        if (!fgets(line, sizeof(line), f)) { /* the header */
+            fclose(f);
+            break;
+        }
+        while (fgets(line, sizeof(line), f)) {
+            long key, id;
+
+            if (sscanf(line, "%ld %ld", &key, &id) != 2)
+                continue;
+            any = true;
+            if (rm((int)id) < 0 && errno != EINVAL && errno != EIDRM) {
+                fclose(f);
+                reset_fail("cannot remove a SysV IPC object");
+            }
+        }
+        fclose(f);
+    }
+}
+
+static int rm_shm(int id)
+{
+    return shmctl(id, IPC_RMID, NULL);
+}
+
+static int rm_sem(int id)
+{
+    return semctl(id, 0, IPC_RMID);
+}
+
+static int rm_msg(int id)
+{
+    return msgctl(id, IPC_RMID, NULL);
+}
+
+/* Every POSIX message queue of the IPC namespace: on a detached mount of its mqueue file
+ * system (fsopen, fsmount: in no mount namespace, so neither the sandbox's nor a copy of it,
+ * whose teardown would cost more than the rest of the reset), gone when its fd is closed. */
+static void reset_mqueues(void)
+{
+    struct dirent *de;
+    int fs, mnt = -1, dfd = -1;
+    DIR *d;
+
+    fs = (int)syscall(SYS_fsopen, "mqueue", FSOPEN_CLOEXEC);
+    if (fs < 0 || syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+        (mnt = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC,
+                            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)) < 0 ||
+        (dfd = openat(mnt, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        reset_fail("cannot mount the sandbox's mqueue file system");
+    d = fdopendir(dfd);
+    if (!d)
+        reset_fail("cannot read the sandbox's mqueue file system");
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        if (unlinkat(dirfd(d), de->d_name, 0) < 0 && errno != ENOENT)
+            reset_fail("cannot remove a POSIX message queue");
+    }
+    closedir(d);
+    close(mnt);
+    close(fs);
+}
+
+/* Inside the namespaces, as the sandbox's root with its capabilities. */
+static void reset_inside(int sup_fd, const char *host, const char *workdir, int64_t tmp_mib,
+                         int64_t run_mib, int64_t shm_mib, int64_t workdir_mib)
+{
+    struct stat st;
+    int fd;
+
+    reset_processes();
+    reset_tmpfs("/tmp", "1777", tmp_mib);
+    reset_tmpfs("/dev/shm", "1777", shm_mib);
+    reset_tmpfs(workdir, "755", workdir_mib);
+    reset_tmpfs("/run", "755", run_mib);
+    if (mkdir("/run/lendbox", 0755) < 0 ||
+        (fd = open(RESET_SUPERVISE_PATH, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444)) < 0 ||
+        close(fd) < 0 ||
+        syscall(SYS_move_mount, sup_fd, "", AT_FDCWD, RESET_SUPERVISE_PATH,
+                0x4 /* MOVE_MOUNT_F_EMPTY_PATH */) < 0 ||
+        stat(RESET_SUPERVISE_PATH, &st) < 0 || !S_ISREG(st.st_mode))
+        reset_fail("cannot bind the supervisor again");
+    if (sethostname(host, strlen(host)) < 0)
+        reset_fail("cannot set the hostname back");
+    reset_sysv("shm", rm_shm);
+    reset_sysv("sem", rm_sem);
+    reset_sysv("msg", rm_msg);
+    reset_mqueues();
+}
+
+int mode_reset_run(int argc, char **argv)
+{
+    static const int ns_types[RESET_NS] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS,
+                                           CLONE_NEWIPC};
+    const unsigned clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    int64_t tmp_mib, run_mib, shm_mib, wd_mib;
+    int sup_fd, ws = 0;
+    pid_t c;
+
+    /* --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB */
+    if (argc != 8 || !argv[2][0] || strlen(argv[2]) > 64 || argv[3][0] != '/' ||
+        strcmp(argv[3], "/") == 0 ||
+        proc_parse_int64(argv[4], 1, INT64_MAX / (1 << 20), &tmp_mib) < 0 ||
+        proc_parse_int64(argv[5], 1, INT64_MAX / (1 << 20), &run_mib) < 0 ||
+        proc_parse_int64(argv[6], 1, INT64_MAX / (1 << 20), &shm_mib) < 0 ||
+        proc_parse_int64(argv[7], 1, INT64_MAX / (1 << 20), &wd_mib) < 0) {
+        proc_write_status(RESET_STATUS_FD, "error bad lendbox-supervise --reset arguments");
+        return 2;
+    }
+    /* on the host: a read-only clone of the supervisor, for the fresh /run */
+    sup_fd = (int)syscall(SYS_open_tree, RESET_SUPERVISE_FD, "", clone | AT_EMPTY_PATH);
+    if (sup_fd <= RESET_SUPERVISE_FD || /* below: fds 0..9 are all the daemon's */
+        syscall(SYS_mount_setattr, sup_fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
+        reset_fail("cannot clone the supervisor");
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        reset_fail("cannot drop supplementary groups");
+    for (int i = 0; i < RESET_NS; i++) {
+        if (syscall(SYS_setns, RESET_NS_FD + i, ns_types[i]) < 0)
+            reset_fail("cannot enter the sandbox namespaces");
+    }
+    if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
+        reset_fail("cannot become the sandbox's root");
+    /* the namespaces and the host's binary: nothing the child inside needs */
+    (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
+    /* into the pid namespace: a child */
+    c = fork();
+    if (c == 0) {
+        reset_inside(sup_fd, argv[2], argv[3], tmp_mib, run_mib, shm_mib, wd_mib);
+        proc_write_status(RESET_STATUS_FD, "reset");
+        _exit(0);
+    }
+    if (c < 0)
+        reset_fail("fork inside the sandbox failed");
+    while (waitpid(c, &ws, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
