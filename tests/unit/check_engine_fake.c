@@ -8,6 +8,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "fake_engine.h"
@@ -946,6 +949,32 @@ START_TEST(test_keepalive_threads)
     ck_assert_int_le(fake_engine_connections(fe), 4);
     ck_assert_int_eq(httpc_connections(c), fake_engine_connections(fe));
     ck_assert_int_eq(fake_engine_hits(fe, "GET", "/_ping"), 100);
+    /* the connections kept open (this process's sockets whose peer is the fake's socket) are
+     * close-on-exec */
+    {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *de;
+        int conns = 0;
+
+        ck_assert_ptr_nonnull(d);
+        while ((de = readdir(d))) {
+            struct sockaddr_un peer;
+            socklen_t len = sizeof(peer);
+            int fd = atoi(de->d_name);
+
+            memset(&peer, 0, sizeof(peer));
+            if (de->d_name[0] == '.' || fd == dirfd(d) ||
+                getpeername(fd, (struct sockaddr *)&peer, &len) < 0 || peer.sun_family != AF_UNIX ||
+                strcmp(peer.sun_path, sock) != 0)
+                continue;
+            conns++;
+            ck_assert_msg(fcntl(fd, F_GETFD) & FD_CLOEXEC, "connection fd %d is not close-on-exec",
+                          fd);
+        }
+        closedir(d);
+        ck_assert_int_ge(conns, 1);
+        ck_assert_int_le(conns, 4);
+    }
     httpc_free(c);
     fake_engine_stop(fe);
     fe = NULL;

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -400,6 +401,16 @@ static int on_seek(void *arg, curl_off_t offset, int origin)
     return CURL_SEEKFUNC_OK;
 }
 
+/* Every connection's socket is close-on-exec: connections now stay open between requests,
+ * and a process the daemon starts meanwhile must not inherit one (a unix socket to LXD or
+ * docker is root on the host). */
+static curl_socket_t on_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    (void)arg;
+    (void)purpose;
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
     struct transfer *t = arg;
@@ -433,6 +444,7 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
         set_tls(c, h, &bad);
     SETOPT(h, CURLOPT_URL, url, &bad);
     SETOPT(h, CURLOPT_NOSIGNAL, 1L, &bad);
+    SETOPT(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket, &bad);
     SETOPT(h, CURLOPT_TIMEOUT_MS, (long)(req->timeout_ms > 0 ? req->timeout_ms : 30000), &bad);
     SETOPT(h, CURLOPT_WRITEFUNCTION, on_body, &bad);
     SETOPT(h, CURLOPT_WRITEDATA, &t, &bad);
