@@ -8,12 +8,16 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "fake_engine.h"
@@ -814,6 +818,169 @@ START_TEST(test_transport_fails)
 }
 END_TEST
 
+/* Connections are kept alive: sequential calls of a provider go over one connection; one the
+ * engine closes (saying so, or silently while it is idle) is replaced without the caller
+ * seeing it, an upload included; a stream the engine cuts fails its own call only, and the
+ * calls after it work on a new connection. Every count is exact: each new connection the
+ * provider makes is one the test caused. */
+START_TEST(test_keepalive)
+{
+    struct lb_sandbox_ref ref = {.id = SBX};
+    enum lb_sandbox_status st;
+    struct lb_exec_result res;
+    struct lb_error err = {0};
+    char *text;
+    int r;
+
+    open_backend(_i, "30");
+    ref.descriptor = create_ok();
+    /* the open (version, pool) and the whole create went over one connection */
+    ck_assert_int_eq(fake_engine_connections(fe), 1);
+    for (int k = 0; k < 20; k++) {
+        ck_assert_int_eq(provider_status(prov, &ref, &st, &err), 0);
+        ck_assert_int_eq(st, LB_STATUS_RUNNING);
+    }
+    ck_assert_int_eq(run(ref.descriptor, &res, &err), 0);
+    ck_assert_int_eq(res.return_code, 0);
+    provider_exec_result_release(&res);
+    ck_assert_int_eq(provider_file_write(prov, &ref, "/workspace/a.txt", "one", 3, -1, &err), 0);
+    ck_assert_int_eq(fake_engine_connections(fe), 1);
+
+    /* the engine answers and closes ("Connection: close"): the next call opens a new one */
+    fake_engine_rule(fe, be->status.method, be->status.path, FAKE_CLOSE, 0, NULL, 1);
+    ck_assert_int_eq(provider_status(prov, &ref, &st, &err), 0);
+    ck_assert_int_eq(provider_status(prov, &ref, &st, &err), 0);
+    ck_assert_int_eq(st, LB_STATUS_RUNNING);
+    ck_assert_int_eq(fake_engine_connections(fe), 2);
+
+    /* the engine drops the idle connection without a word: a call, and an upload from a file,
+     * work on a new one */
+    fake_engine_close_connections(fe);
+    ck_assert_int_eq(provider_status(prov, &ref, &st, &err), 0);
+    ck_assert_int_eq(st, LB_STATUS_RUNNING);
+    ck_assert_int_eq(fake_engine_connections(fe), 3);
+    fake_engine_close_connections(fe);
+    {
+        struct lb_upload *up = NULL;
+
+        ck_assert_int_eq(
+            provider_upload_begin(prov, &ref, "/workspace/b.txt", 0600, NULL, &up, &err), 0);
+        ck_assert_int_eq(write(up->fd, "streamed", 8), 8);
+        r = provider_upload_commit(up, &err);
+        ck_assert_msg(r == 0, "%s: upload after a dropped connection: %d %s", be->kind, r,
+                      err.message);
+    }
+    text = read_back(ref.descriptor, "/workspace/b.txt", &err, &r);
+    ck_assert_int_eq(r, 0);
+    ck_assert_str_eq(text, "streamed");
+    free(text);
+    ck_assert_int_eq(fake_engine_connections(fe), 4);
+
+    /* a stream cut short fails its call; the next exec gets its whole answer */
+    fake_engine_rule(fe, be->stream.method, be->stream.path, FAKE_CUT, 0, NULL, 1);
+    r = run(ref.descriptor, &res, &err);
+    ck_assert_msg(r == -EREMOTEIO, "%s: %d %s", be->kind, r, err.message);
+    provider_exec_result_release(&res);
+    lb_error_clear(&err);
+    for (int k = 0; k < 3; k++) {
+        r = run(ref.descriptor, &res, &err);
+        ck_assert_msg(r == 0, "%s: exec after a cut stream: %d %s", be->kind, r, err.message);
+        ck_assert_int_eq(res.error_type, LB_EXEC_OK);
+        ck_assert_int_eq(res.return_code, 0);
+        ck_assert_uint_eq(res.out.len, 3);
+        ck_assert_mem_eq(res.out.data, "ok\n", 3);
+        provider_exec_result_release(&res);
+    }
+    ck_assert_int_eq(fake_engine_connections(fe), 5);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    ck_assert_int_eq(fake_engine_connections(fe), 5);
+    json_decref((json_t *)ref.descriptor);
+    close_backend();
+}
+END_TEST
+
+struct ping_arg {
+    struct lb_httpc *c;
+    const char *path;
+    int ok; /* answers 200 */
+};
+
+static void *ping_loop(void *arg)
+{
+    struct ping_arg *pa = arg;
+
+    for (int k = 0; k < 25; k++) {
+        struct lb_httpc_request req = {
+            .method = "GET", .path = pa->path, .timeout_ms = 10000, .max_body_bytes = 65536};
+        struct lb_httpc_response resp;
+        struct lb_error err = {0};
+
+        if (httpc_do(pa->c, &req, &resp, &err) == 0 && resp.status == 200)
+            pa->ok++;
+        httpc_response_release(&resp);
+    }
+    return NULL;
+}
+
+/* One client used by 4 threads at once (100 calls): every call answered, never more
+ * connections than calls ran at once, and the client counts what the engine accepted. */
+START_TEST(test_keepalive_threads)
+{
+    struct ping_arg pa[4];
+    pthread_t th[4];
+    struct lb_httpc *c = NULL;
+    struct lb_error err = {0};
+    char dir[128], sock[160];
+
+    snprintf(dir, sizeof(dir), "%s/threads-XXXXXX", base_dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(sock, sizeof(sock), "%s/engine.sock", dir);
+    ck_assert_int_eq(fake_engine_start(FAKE_DOCKER, sock, &fe), 0);
+    ck_assert_int_eq(httpc_new(sock, "/v1.41", &c, &err), 0);
+    for (int i = 0; i < 4; i++) {
+        pa[i] = (struct ping_arg){.c = c, .path = "/_ping"};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, ping_loop, &pa[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(pa[i].ok, 25);
+    }
+    ck_assert_int_ge(fake_engine_connections(fe), 1);
+    ck_assert_int_le(fake_engine_connections(fe), 4);
+    ck_assert_int_eq(httpc_connections(c), fake_engine_connections(fe));
+    ck_assert_int_eq(fake_engine_hits(fe, "GET", "/_ping"), 100);
+    /* the connections kept open (this process's sockets whose peer is the fake's socket) are
+     * close-on-exec */
+    {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *de;
+        int conns = 0;
+
+        ck_assert_ptr_nonnull(d);
+        while ((de = readdir(d))) {
+            struct sockaddr_un peer;
+            socklen_t len = sizeof(peer);
+            int fd = atoi(de->d_name);
+
+            memset(&peer, 0, sizeof(peer));
+            if (de->d_name[0] == '.' || fd == dirfd(d) ||
+                getpeername(fd, (struct sockaddr *)&peer, &len) < 0 || peer.sun_family != AF_UNIX ||
+                strcmp(peer.sun_path, sock) != 0)
+                continue;
+            conns++;
+            ck_assert_msg(fcntl(fd, F_GETFD) & FD_CLOEXEC, "connection fd %d is not close-on-exec",
+                          fd);
+        }
+        closedir(d);
+        ck_assert_int_ge(conns, 1);
+        ck_assert_int_le(conns, 4);
+    }
+    httpc_free(c);
+    fake_engine_stop(fe);
+    fe = NULL;
+}
+END_TEST
+
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
@@ -990,6 +1157,8 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_transport_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_usage, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_pool_driver, 0, (int)n);
+    tcase_add_loop_test(tc, test_keepalive, 0, (int)n);
+    tcase_add_test(tc, test_keepalive_threads);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -208,29 +208,44 @@ static bool rule_take(struct fake_engine *f, const char *method, const char *pat
     return false;
 }
 
-struct cut_body {
-    unsigned char *data;
-    size_t len, cut;
-};
-
-static ssize_t cut_read(void *cls, uint64_t pos, char *buf, size_t max)
+/* An answer cut short: its status line, headers (the whole body's Content-Length) and half
+ * the body written straight to the connection's socket, after which the handler returns MHD_NO
+ * and libmicrohttpd closes the connection. Written here rather than through a response
+ * callback that fails half way: libmicrohttpd may drop what it buffered when a callback fails,
+ * and a client would see a connection closed with nothing on it (which a client reusing
+ * connections rightly retries), not an answer cut short. */
+static enum MHD_Result send_cut(struct MHD_Connection *c, const struct fake_reply *rp)
 {
-    struct cut_body *cb = cls;
-    size_t n;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char head[1024];
+    size_t off = 0, total;
+    int n;
 
-    if (pos >= cb->cut)
-        return MHD_CONTENT_READER_END_WITH_ERROR;
-    n = cb->cut - (size_t)pos < max ? cb->cut - (size_t)pos : max;
-    memcpy(buf, cb->data + pos, n);
-    return (ssize_t)n;
-}
+    if (!ci)
+        return MHD_NO;
+    n = snprintf(head, sizeof(head), "HTTP/1.1 %u %s\r\nContent-Length: %zu\r\n", rp->status,
+                 MHD_get_reason_phrase_for(rp->status), rp->len);
+    if (rp->ctype)
+        n += snprintf(head + n, sizeof(head) - (size_t)n, "Content-Type: %s\r\n", rp->ctype);
+    if (rp->hdr_value)
+        n +=
+            snprintf(head + n, sizeof(head) - (size_t)n, "%s: %s\r\n", rp->hdr_name, rp->hdr_value);
+    n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+    if (n < 0 || (size_t)n >= sizeof(head))
+        return MHD_NO;
+    total = (size_t)n + rp->len / 2;
+    while (off < total) {
+        const void *p = off < (size_t)n ? (const void *)(head + off)
+                                        : (const void *)(rp->body + (off - (size_t)n));
+        size_t want = off < (size_t)n ? (size_t)n - off : total - off;
+        ssize_t w = send(ci->connect_fd, p, want, MSG_NOSIGNAL);
 
-static void cut_free(void *cls)
-{
-    struct cut_body *cb = cls;
-
-    free(cb->data);
-    free(cb);
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    return MHD_NO;
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *c, struct fake_reply *rp)
@@ -238,25 +253,17 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, struct fake_reply *r
     struct MHD_Response *resp;
     enum MHD_Result ret;
 
-    if (rp->cut && rp->len > 0) {
-        struct cut_body *cb = calloc(1, sizeof(*cb));
-
-        if (!cb)
-            return MHD_NO;
-        cb->data = rp->body;
-        cb->len = rp->len;
-        cb->cut = rp->len / 2;
-        rp->body = NULL;
-        resp = MHD_create_response_from_callback(cb->len, 4096, cut_read, cb, cut_free);
-    } else {
-        resp = MHD_create_response_from_buffer(rp->len, rp->body, MHD_RESPMEM_MUST_COPY);
-    }
+    if (rp->cut && rp->len > 0)
+        return send_cut(c, rp);
+    resp = MHD_create_response_from_buffer(rp->len, rp->body, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     if (rp->ctype)
         MHD_add_response_header(resp, "Content-Type", rp->ctype);
     if (rp->hdr_value)
         MHD_add_response_header(resp, rp->hdr_name, rp->hdr_value);
+    if (rp->close)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     ret = MHD_queue_response(c, rp->status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -337,6 +344,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             fake_inst_free(in);
     }
     rp.cut = ruled && (rule.action & FAKE_CUT);
+    rp.close = ruled && (rule.action & FAKE_CLOSE);
     pthread_mutex_unlock(&f->lock);
     ret = send_reply(c, &rp);
     free(rp.body);
@@ -359,6 +367,32 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+/* Count and track each connection (its socket, for fake_engine_close_connections). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct fake_engine *f = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+
+    (void)socket_context;
+    pthread_mutex_lock(&f->lock);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        f->accepted++;
+        for (size_t i = 0; i < FAKE_MAX_CONNS && fd >= 0; i++)
+            if (f->conn_fds[i] < 0) {
+                f->conn_fds[i] = fd;
+                break;
+            }
+    } else {
+        for (size_t i = 0; i < FAKE_MAX_CONNS && fd >= 0; i++)
+            if (f->conn_fds[i] == fd)
+                f->conn_fds[i] = -1;
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
 int fake_engine_start(enum fake_engine_api api, const char *socket_path, struct fake_engine **out)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -371,6 +405,8 @@ int fake_engine_start(enum fake_engine_api api, const char *socket_path, struct 
     if (!f)
         return -ENOMEM;
     f->api = api;
+    for (size_t i = 0; i < FAKE_MAX_CONNS; i++)
+        f->conn_fds[i] = -1;
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->wake, NULL);
     snprintf(f->socket_path, sizeof(f->socket_path), "%s", socket_path);
@@ -386,7 +422,8 @@ int fake_engine_start(enum fake_engine_api api, const char *socket_path, struct 
     }
     f->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0,
                               NULL, NULL, on_request, f, MHD_OPTION_LISTEN_SOCKET, fd,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, f, MHD_OPTION_END);
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, f, MHD_OPTION_END);
     if (!f->mhd) {
         close(fd);
         r = -EIO;
@@ -545,6 +582,26 @@ void fake_engine_set_exec_output(struct fake_engine *f, const void *data, size_t
     free(f->exec_out);
     f->exec_out = copy;
     f->exec_out_len = len;
+    pthread_mutex_unlock(&f->lock);
+}
+
+int fake_engine_connections(struct fake_engine *f)
+{
+    int n;
+
+    pthread_mutex_lock(&f->lock);
+    n = f->accepted;
+    pthread_mutex_unlock(&f->lock);
+    return n;
+}
+
+void fake_engine_close_connections(struct fake_engine *f)
+{
+    /* under the lock: a connection's socket is forgotten (on_connection) before it is closed */
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < FAKE_MAX_CONNS; i++)
+        if (f->conn_fds[i] >= 0)
+            (void)shutdown(f->conn_fds[i], SHUT_RDWR);
     pthread_mutex_unlock(&f->lock);
 }
 

@@ -19,6 +19,10 @@
  * Nothing runs inside a fake instance: an exec answers the supervisor output the test scripted
  * (fake_engine_set_exec_output), by default one stdout frame "ok\n" and the status "exit 0".
  *
+ * Connections: HTTP/1.1 keep-alive as libmicrohttpd does it (one thread per connection); the
+ * fake counts those it accepts and can close them (fake_engine_connections,
+ * fake_engine_close_connections, the FAKE_CLOSE rule).
+ *
  * Thread-safety: every function may be called while the server answers requests (one lock);
  * fake_engine_stop must be the last call.
  */
@@ -45,6 +49,8 @@ enum {
                                  rule's message (the request itself changes nothing) */
     FAKE_OP_RUNNING = 1 << 5, /* LXD: the operation the request starts never ends: every wait
                                  answers "Running", as LXD does when the wait's timeout passes */
+    FAKE_CLOSE = 1 << 6,      /* answer normally with "Connection: close", then close the
+                                 connection (no keep-alive) */
 };
 
 /* What every running instance uses, as the fake's stats (docker) and state (LXD) answer it:
@@ -101,6 +107,15 @@ void fake_engine_set_pool_driver(struct fake_engine *f, const char *driver);
 
 /* What every later exec writes on the supervisor's stdout (its frames, see framed.h). */
 void fake_engine_set_exec_output(struct fake_engine *f, const void *data, size_t len);
+
+/* How many connections the fake accepted so far (a client that keeps its connection alive
+ * makes one for many requests). */
+int fake_engine_connections(struct fake_engine *f);
+
+/* Close every open connection now, without a word (as an engine closes idle keep-alive
+ * connections): the socket of each is shut down both ways. For connections that are idle; one
+ * in the middle of a request fails. */
+void fake_engine_close_connections(struct fake_engine *f);
 
 /* How many requests so far had this method (NULL: any) and a path containing path_part. */
 int fake_engine_hits(struct fake_engine *f, const char *method, const char *path_part);

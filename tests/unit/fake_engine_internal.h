@@ -20,6 +20,7 @@
 #define FAKE_MAX_OPS 64
 #define FAKE_MAX_EXECS 64
 #define FAKE_MAX_HITS 1024
+#define FAKE_MAX_CONNS 64 /* open connections tracked for fake_engine_close_connections */
 #define FAKE_BODY_MAX (16 * 1024 * 1024)
 #define FAKE_HANG_MAX_S 30 /* a hanging answer gives up after this even if nobody stops it */
 
@@ -83,6 +84,8 @@ struct fake_engine {
     size_t n_hits;
     unsigned seq;
     char pool_driver[16]; /* LXD: the driver GET /1.0/storage-pools/NAME answers ("" btrfs) */
+    int accepted;         /* connections accepted so far */
+    int conn_fds[FAKE_MAX_CONNS]; /* sockets of the open connections (-1: free slot) */
 };
 
 /* One request: its body as it arrives. */
@@ -101,6 +104,7 @@ struct fake_reply {
     char hdr_name[64];
     char *hdr_value; /* malloc'd */
     bool cut;
+    bool close; /* "Connection: close": the connection ends after this answer */
 };
 
 /* Everything below runs with f->lock held. */

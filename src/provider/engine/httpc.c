@@ -1,11 +1,23 @@
 /*
  * httpc.c - capped libcurl requests over a unix socket or HTTPS (see httpc.h). Every
  * curl_easy_setopt result is checked: a request whose options curl refused is not sent.
+ *
+ * Connections are kept alive: a client keeps a bounded stack of idle curl easy handles, each
+ * holding its connection (and TLS session) in its own connection cache. A request takes one
+ * (or makes one when none is idle), resets its options (curl_easy_reset keeps the connection)
+ * and gives it back when the transfer completed; a handle whose transfer failed in any way
+ * (timeout, abort, a sink's refusal, a cut answer) is cleaned up with its connection, never
+ * reused. Handles made when the stack is empty resume TLS sessions from a share object
+ * (CURL_LOCK_DATA_SSL_SESSION; connections themselves are not shared: libcurl does not support
+ * sharing them between concurrent threads), so no request pays a full handshake once one has
+ * been made. curl tests an idle connection before reusing it and retries a request once on a
+ * fresh connection when a reused one turns out closed (an fd body is rewound, see on_seek).
  */
 #include "provider/engine/httpc.h"
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -13,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -25,6 +38,12 @@ struct lb_httpc {
     char *cert, *key; /* https: client certificate and key files */
     char *pin;        /* https: "sha256//BASE64" of the server's public key */
     char endpoint[300];
+    pthread_mutex_t idle_lock;      /* guards idle and n_idle */
+    CURL *idle[HTTPC_IDLE_HANDLES]; /* handles whose last transfer completed, options reset */
+    size_t n_idle;
+    CURLSH *share; /* TLS sessions (and DNS) for every handle of this client */
+    pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
+    atomic_long connects; /* connections opened so far */
 };
 
 /* Set one curl option; on failure remember the first option curl refused. */
@@ -39,6 +58,78 @@ int httpc_global_init(void)
     return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -EIO;
 }
 
+static void share_lock(CURL *h, curl_lock_data data, curl_lock_access access, void *arg)
+{
+    struct lb_httpc *c = arg;
+
+    (void)h;
+    (void)access;
+    if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+        pthread_mutex_lock(&c->share_locks[data]);
+}
+
+static void share_unlock(CURL *h, curl_lock_data data, void *arg)
+{
+    struct lb_httpc *c = arg;
+
+    (void)h;
+    if ((int)data >= 0 && data < CURL_LOCK_DATA_LAST)
+        pthread_mutex_unlock(&c->share_locks[data]);
+}
+
+/* A zeroed client's pool: its locks and the TLS session share. 0 or -ENOMEM. */
+static int pool_init(struct lb_httpc *c)
+{
+    pthread_mutex_init(&c->idle_lock, NULL);
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+        pthread_mutex_init(&c->share_locks[i], NULL);
+    c->share = curl_share_init();
+    if (!c->share || curl_share_setopt(c->share, CURLSHOPT_LOCKFUNC, share_lock) != CURLSHE_OK ||
+        curl_share_setopt(c->share, CURLSHOPT_UNLOCKFUNC, share_unlock) != CURLSHE_OK ||
+        curl_share_setopt(c->share, CURLSHOPT_USERDATA, c) != CURLSHE_OK ||
+        curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION) != CURLSHE_OK ||
+        curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK)
+        return -ENOMEM;
+    return 0;
+}
+
+/* An idle handle of c (options reset, its connection kept), or a new one on c's share; NULL
+ * when curl cannot make one. */
+static CURL *handle_take(struct lb_httpc *c)
+{
+    CURL *h = NULL;
+
+    pthread_mutex_lock(&c->idle_lock);
+    if (c->n_idle > 0)
+        h = c->idle[--c->n_idle];
+    pthread_mutex_unlock(&c->idle_lock);
+    if (h)
+        return h;
+    h = curl_easy_init();
+    if (h && curl_easy_setopt(h, CURLOPT_SHARE, c->share) != CURLE_OK) {
+        curl_easy_cleanup(h);
+        h = NULL;
+    }
+    return h;
+}
+
+/* Give h back after a request: kept idle (options reset, so it holds no pointer into the
+ * request) when reusable and there is room, else cleaned up with its connection. */
+static void handle_give(struct lb_httpc *c, CURL *h, bool reusable)
+{
+    if (reusable) {
+        curl_easy_reset(h);
+        pthread_mutex_lock(&c->idle_lock);
+        if (c->n_idle < HTTPC_IDLE_HANDLES) {
+            c->idle[c->n_idle++] = h;
+            h = NULL;
+        }
+        pthread_mutex_unlock(&c->idle_lock);
+    }
+    if (h)
+        curl_easy_cleanup(h);
+}
+
 int httpc_new(const char *socket_path, const char *base_path, struct lb_httpc **out,
               struct lb_error *err)
 {
@@ -48,14 +139,13 @@ int httpc_new(const char *socket_path, const char *base_path, struct lb_httpc **
         return lb_error_set(err, -EINVAL, "socket path '%s' is too long",
                             socket_path ? socket_path : "");
     c = calloc(1, sizeof(*c));
-    if (!c || !(c->base_path = strdup(base_path ? base_path : ""))) {
-        free(c);
+    if (!c)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    }
     snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
     snprintf(c->endpoint, sizeof(c->endpoint), "unix:%s", socket_path);
+    c->base_path = strdup(base_path ? base_path : "");
     c->origin = strdup("http://localhost");
-    if (!c->origin) {
+    if (pool_init(c) < 0 || !c->base_path || !c->origin) {
         httpc_free(c);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
@@ -141,7 +231,7 @@ int httpc_new_https(const char *origin, const struct lb_httpc_tls *tls, const ch
     c->base_path = strdup(base_path ? base_path : "");
     c->cert = strdup(tls->cert);
     c->key = strdup(tls->key);
-    if (!c->origin || !c->base_path || !c->cert || !c->key) {
+    if (pool_init(c) < 0 || !c->origin || !c->base_path || !c->cert || !c->key) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
@@ -181,12 +271,25 @@ int httpc_set_base_path(struct lb_httpc *c, const char *base_path)
     return 0;
 }
 
+long httpc_connections(struct lb_httpc *c)
+{
+    return atomic_load(&c->connects);
+}
+
 void httpc_free(struct lb_httpc *c)
 {
     if (!c)
         return;
     char **const strings[] = {&c->origin, &c->base_path, &c->cert, &c->key, &c->pin};
 
+    /* every handle on the share goes before it */
+    for (size_t i = 0; i < c->n_idle; i++)
+        curl_easy_cleanup(c->idle[i]);
+    if (c->share)
+        curl_share_cleanup(c->share);
+    pthread_mutex_destroy(&c->idle_lock);
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+        pthread_mutex_destroy(&c->share_locks[i]);
     mem_free_strings(strings, sizeof(strings) / sizeof(strings[0]));
     free(c);
 }
@@ -207,6 +310,7 @@ struct transfer {
     struct lb_httpc_response *resp;
     int sink_rc;      /* a sink's errno, or -EFBIG */
     uint64_t fd_left; /* body bytes still to read from body_fd */
+    off_t fd_start;   /* body_fd's offset when the request began; < 0: it cannot seek */
 };
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
@@ -282,6 +386,31 @@ static size_t on_read(char *buf, size_t size, size_t nmemb, void *arg)
     return (size_t)got;
 }
 
+/* curl rewinds the body to resend it (a reused connection found closed): back to where the
+ * request began, offset bytes on. */
+static int on_seek(void *arg, curl_off_t offset, int origin)
+{
+    struct transfer *t = arg;
+
+    if (origin != SEEK_SET || offset < 0 || (uint64_t)offset > t->req->body_fd_len ||
+        t->fd_start < 0)
+        return CURL_SEEKFUNC_CANTSEEK;
+    if (lseek(t->req->body_fd, t->fd_start + (off_t)offset, SEEK_SET) < 0)
+        return CURL_SEEKFUNC_FAIL;
+    t->fd_left = t->req->body_fd_len - (uint64_t)offset;
+    return CURL_SEEKFUNC_OK;
+}
+
+/* Every connection's socket is close-on-exec: connections now stay open between requests,
+ * and a process the daemon starts meanwhile must not inherit one (a unix socket to LXD or
+ * docker is root on the host). */
+static curl_socket_t on_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    (void)arg;
+    (void)purpose;
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
     struct transfer *t = arg;
@@ -296,7 +425,8 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
     struct curl_slist *hdrs = NULL;
     const char *bad = NULL;
     char url[8192], ctype[256];
-    CURLcode cc;
+    CURLcode cc = CURLE_OK;
+    long connects = 0;
     CURL *h;
     int r = 0;
 
@@ -305,7 +435,7 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
     if (snprintf(url, sizeof(url), "%s%s%s", c->origin, c->base_path, req->path) >=
         (int)sizeof(url))
         return lb_error_set(err, -EINVAL, "request path is too long");
-    h = curl_easy_init();
+    h = handle_take(c);
     if (!h)
         return lb_error_set(err, -ENOMEM, "cannot make a curl handle");
     if (c->socket_path[0])
@@ -314,6 +444,7 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
         set_tls(c, h, &bad);
     SETOPT(h, CURLOPT_URL, url, &bad);
     SETOPT(h, CURLOPT_NOSIGNAL, 1L, &bad);
+    SETOPT(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket, &bad);
     SETOPT(h, CURLOPT_TIMEOUT_MS, (long)(req->timeout_ms > 0 ? req->timeout_ms : 30000), &bad);
     SETOPT(h, CURLOPT_WRITEFUNCTION, on_body, &bad);
     SETOPT(h, CURLOPT_WRITEDATA, &t, &bad);
@@ -341,6 +472,9 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
         SETOPT(h, CURLOPT_READFUNCTION, on_read, &bad);
         SETOPT(h, CURLOPT_READDATA, &t, &bad);
         SETOPT(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)req->body_fd_len, &bad);
+        t.fd_start = lseek(req->body_fd, 0, SEEK_CUR);
+        SETOPT(h, CURLOPT_SEEKFUNCTION, on_seek, &bad);
+        SETOPT(h, CURLOPT_SEEKDATA, &t, &bad);
         SETOPT(h, CURLOPT_CUSTOMREQUEST, req->method, &bad);
     } else if (req->body) {
         SETOPT(h, CURLOPT_POSTFIELDS, req->body, &bad);
@@ -360,6 +494,8 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
     }
     cc = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
+    if (curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
+        atomic_fetch_add(&c->connects, connects);
     if (cc == CURLE_OK) {
         r = 0;
     } else if (t.sink_rc < 0) {
@@ -380,8 +516,10 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
                          curl_easy_strerror(cc));
     }
 out:
+    /* only a handle whose transfer completed is reused: after a timeout, an abort, a sink's
+     * refusal or a cut answer its connection is in an unknown state */
+    handle_give(c, h, cc == CURLE_OK);
     curl_slist_free_all(hdrs);
-    curl_easy_cleanup(h);
     return r;
 }
 

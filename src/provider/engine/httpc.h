@@ -8,8 +8,19 @@
  * buffer (capped) or to a sink callback (streams: exec output, tar archives). Request bodies
  * come from memory or from a file descriptor (large uploads, never held in memory).
  *
- * Thread-safety: an lb_httpc may be used by any number of threads at once (each request has
- * its own curl handle); httpc_global_init must have run once before threads start.
+ * Connections are kept alive and reused: a client keeps up to HTTPC_IDLE_HANDLES idle curl
+ * handles, each with its open connection (unix socket, or HTTPS with its TLS session), and a
+ * request takes one of them, so sequential calls share one connection and no call pays a new
+ * connect or TLS handshake while one is idle. A handle is reused only after a transfer that
+ * completed (any HTTP status); one that timed out, was aborted, was refused by its sink or cut
+ * short is dropped with its connection. A connection the server closed while idle is replaced
+ * by curl without the caller seeing it (the request is sent again on a new one; an fd body is
+ * rewound). New handles resume the client's TLS sessions (shared between its handles).
+ *
+ * Thread-safety: an lb_httpc may be used by any number of threads at once (each request runs
+ * on a handle no other thread holds; the idle stack and the TLS session cache are behind the
+ * client's locks); httpc_global_init must have run once before threads start; httpc_free only
+ * once no request runs.
  */
 #ifndef LB_HTTPC_H
 #define LB_HTTPC_H
@@ -25,6 +36,10 @@
 #include "util/error.h"
 
 struct lb_httpc;
+
+/* How many idle handles (so open connections) a client keeps at most; handles beyond it, made
+ * while more requests ran at once, are cleaned up (their connections closed) when given back. */
+#define HTTPC_IDLE_HANDLES 16
 
 /* libcurl's process-wide setup; call once from the main thread before any request. Returns 0
  * or -EIO. */
@@ -58,7 +73,13 @@ const char *httpc_endpoint(const struct lb_httpc *c);
 /* Change the path prefix (API version negotiated after the first request). Not thread-safe:
  * call before the client is shared. Returns 0 or -ENOMEM. */
 int httpc_set_base_path(struct lb_httpc *c, const char *base_path);
+/* Free c: its idle handles (closing their connections), its TLS sessions, its strings.
+ * NULL-safe. No request may run on c any more. */
 void httpc_free(struct lb_httpc *c);
+
+/* How many connections c's requests have opened so far (each connect, TLS or not; a reused
+ * connection adds nothing). Thread-safe. */
+long httpc_connections(struct lb_httpc *c);
 
 /* A response sink: consumes n bytes; returns 0 to go on, or a negative errno to abort the
  * transfer (httpc_do then returns that errno). */
