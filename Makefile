@@ -189,7 +189,8 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container
 # removed behind lendbox's back answers 410 sandbox_lost; usage is the engine's stats); snapshot
 # (commit plus the workdir's archive).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive \
+	warm_engine
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \
@@ -226,7 +227,8 @@ e2e-pool: all $(E2E_POOL_BINS)
 # lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
 # run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
 # and flattening skip, saying why).
-E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive \
+	warm_engine
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 e2e-lxd: all $(E2E_LXD_BINS)
 	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \
