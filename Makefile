@@ -188,7 +188,8 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
 # (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container
 # removed behind lendbox's back answers 410 sandbox_lost; usage is the engine's stats); snapshot
-# (commit plus the workdir's archive).
+# (commit plus the workdir's archive); warm_engine (a warm pool of 2: fill, take, refill,
+# adoption, max age).
 E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive \
 	warm_engine
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
@@ -226,7 +227,8 @@ e2e-pool: all $(E2E_POOL_BINS)
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 # lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
 # run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
-# and flattening skip, saying why).
+# and flattening skip, saying why). warm_engine: a warm pool of 4 fills (refills at once), a
+# seed takes one, it refills, a restart adopts the pool, max age replaces one, nothing is left.
 E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive \
 	warm_engine
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)

@@ -233,6 +233,7 @@ START_TEST(test_pool_fills_takes_refills_adopts)
     /* refills run at once (pool.refill_concurrency, 2): two creations held admission slots
      * together while the pool filled */
     ck_assert_msg(peak == 2, "%ld refill(s) at once, wanted 2", peak);
+    ck_assert_int_eq(lbt_log_count(&D, "(max age 3600 s, 2 made at once,"), 1);
     /* n instances in the engine, running, with the daemon's labels: the warm ones */
     ck_assert_int_eq(engine_count(false), n);
     ck_assert_int_eq(engine_count(true), n);
@@ -317,10 +318,14 @@ START_TEST(test_max_age_and_no_recycle)
     struct ids warm, now;
     json_t *rec = NULL;
 
+    /* on lxd, lxd.create_concurrency = 1 bounds the refills at once below the 2 threads */
     static const char *const extra[] = {"pool.max_age_s=3", "pool.recycle=yes",
-                                        "lending.sweep_interval_s=1", NULL};
+                                        "lending.sweep_interval_s=1", "lxd.create_concurrency=1",
+                                        NULL};
 
     set_args(args, extra);
+    if (!lbt_variant_is("lxd"))
+        args[10] = NULL;
     args[3] = "pool.size=1";
     lbt_daemon_start(&D, args);
     wait_warm(1, 120, &warm);
@@ -329,6 +334,9 @@ START_TEST(test_max_age_and_no_recycle)
                                              "pool does not recycle"
                                            : "provider cannot reset sandboxes: the pool does not "
                                              "recycle"),
+                     1);
+    ck_assert_int_eq(lbt_log_count(&D, lbt_variant_is("lxd") ? "(max age 3 s, 1 made at once,"
+                                                             : "(max age 3 s, 2 made at once,"),
                      1);
     assert_engine_object(warm.id[0]);
     for (int t = 0; t < 300; t++) {
