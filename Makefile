@@ -6,7 +6,8 @@
 #   make check      install missing Debian packages, build, run every test (e2e on two variants)
 #   make e2e-image  the e2e suite with every sandbox on a test image (LENDBOX_E2E_VARIANT=image)
 #   make e2e-docker part of the e2e suite on the docker provider against podman (variant docker)
-#   make e2e-pool   part of the e2e suite with a warm pool in every daemon (variant pool)
+#   make e2e-pool   part of the e2e suite with a warm pool in every daemon (variant pool; on
+#                   lxd: variant lxd-pool, run by make e2e-lxd)
 #   make e2e-lxd    part of the e2e suite on the lxd provider against a two-member LXD cluster
 #   make asan       the same tests against an ASan+UBSan build (in build-asan/)
 #   make tsan       the same tests against a ThreadSanitizer build (in build-tsan/)
@@ -188,8 +189,10 @@ e2e-image: all $(E2E_IMAGE_BINS)
 # durability (kill -9 and adoption, failed stops retried, the bounded sweep), activations; pty
 # (its routes answer 501 there: no PTY capability); contexts (501 likewise); lost (a container
 # removed behind lendbox's back answers 410 sandbox_lost; usage is the engine's stats); snapshot
-# (commit plus the workdir's archive).
-E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive
+# (commit plus the workdir's archive); warm_engine (a warm pool of 2: fill, take, refill,
+# adoption, max age).
+E2E_DOCKER_PROGS ?= lending exec files durability activation pty contexts lost snapshot archive \
+	warm_engine
 E2E_DOCKER_BINS = $(E2E_DOCKER_PROGS:%=$(BUILD)/tests/test_%)
 e2e-docker: all $(E2E_DOCKER_BINS)
 	@dir=$$(mktemp -d /tmp/lbt-podman-make-XXXXXX); \
@@ -225,16 +228,25 @@ e2e-pool: all $(E2E_POOL_BINS)
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 # lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
 # run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
-# and flattening skip, saying why).
-E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive
+# and flattening skip, saying why). warm_engine: a warm pool of 4 fills (refills at once), a
+# seed takes one, it refills, a restart adopts the pool, max age replaces one, nothing is left.
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive \
+	warm_engine
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
-e2e-lxd: all $(E2E_LXD_BINS)
+# Then the pool variant's programs on lxd (variant lxd-pool: every daemon keeps a warm pool of
+# 2 on the cluster), a subset to keep make check short: files (each test's seeds take warm
+# instances; E2E_LXD_POOL_PROGS= others, e.g. lending exec, run them too; empty: none).
+E2E_LXD_POOL_PROGS ?= files
+E2E_LXD_POOL_BINS = $(E2E_LXD_POOL_PROGS:%=$(BUILD)/tests/test_%)
+e2e-lxd: all $(E2E_LXD_BINS) $(E2E_LXD_POOL_BINS)
 	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \
 	if [ $$rc -eq 77 ]; then echo "e2e-lxd: SKIP: LXD cannot run here: $$out"; exit 0; fi; \
 	[ $$rc -eq 0 ] || { echo "e2e-lxd: scripts/lxd-cluster up failed"; exit 1; }; \
 	export LENDBOX_E2E_LXD_SOCKET=$$(echo "$$out" | sed -n 's/^socket=//p' | tail -n 1); \
 	rc=0; for t in $(E2E_LXD_BINS); do echo "== $$t (variant lxd)"; \
-		LENDBOX_E2E_VARIANT=lxd $$t || { rc=1; break; }; done; exit $$rc
+		LENDBOX_E2E_VARIANT=lxd $$t || { rc=1; break; }; done; \
+	[ $$rc -ne 0 ] || for t in $(E2E_LXD_POOL_BINS); do echo "== $$t (variant lxd-pool)"; \
+		LENDBOX_E2E_VARIANT=lxd-pool $$t || { rc=1; break; }; done; exit $$rc
 
 # The Python client (clients/python) against real daemons: Debian's python3 and pytest, never
 # the python3 first on PATH (it may be a pyenv build without Debian's python3-* packages).

@@ -17,7 +17,8 @@ struct lend_admission {
     pthread_mutex_t mutex;
     pthread_cond_t cond; /* broadcast when a slot is given back or the queue's head moves */
     int64_t starting;    /* slots held (seeds and refills) */
-    int64_t refills;     /* of which by refills (0 or 1) */
+    int64_t refills;     /* of which by refills (at most refills_max) */
+    int64_t refills_max; /* lend_admission_set_refills; 1 until set */
     /* the FIFO of waiting seeds as tickets: head is the next to start, tail the next given */
     uint64_t head, tail;
     int64_t create_ms; /* mean of recent create durations (exponential, 1/8); 0: none yet */
@@ -36,6 +37,7 @@ int lend_admission_new(int64_t max_starting, int64_t max_queue, struct lend_admi
         return lb_error_set(err, -ENOMEM, "out of memory");
     a->max_starting = max_starting;
     a->max_queue = max_queue > 0 ? max_queue : 0;
+    a->refills_max = 1;
     pthread_mutex_init(&a->mutex, NULL);
     pthread_cond_init(&a->cond, NULL);
     *out = a;
@@ -128,6 +130,19 @@ int lend_admission_enter_seed(struct lend_admission *a, struct lend_admission_sl
     return 0;
 }
 
+void lend_admission_set_refills(struct lend_admission *a, int64_t n)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mutex);
+    /* one slot stays free of refills (while there are two), so a seed never waits for them */
+    if (n > a->max_starting - 1)
+        n = a->max_starting - 1;
+    a->refills_max = n > 1 ? n : 1;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->mutex);
+}
+
 int lend_admission_enter_refill(struct lend_admission *a, int64_t wait_ms,
                                 struct lend_admission_slot *slot, struct lb_error *err)
 {
@@ -138,7 +153,7 @@ int lend_admission_enter_refill(struct lend_admission *a, int64_t wait_ms,
     if (!a)
         return 0;
     pthread_mutex_lock(&a->mutex);
-    while (a->head != a->tail || a->refills > 0 || a->starting >= a->max_starting) {
+    while (a->head != a->tail || a->refills >= a->refills_max || a->starting >= a->max_starting) {
         if (r == ETIMEDOUT || wait_ms <= 0) {
             pthread_mutex_unlock(&a->mutex);
             return lb_error_set(err, -EAGAIN,

@@ -18,8 +18,10 @@
  * queue longer than them refuses nothing.
  *
  * Refills yield to seeds: a refill takes a slot only while no seed waits, and refills hold at
- * most one slot at once, so a seed never waits behind more than one refill's create. A refill
- * that cannot take a slot within its wait gets -EAGAIN and nothing is recorded.
+ * most one slot at once (lend_admission_set_refills raises that for a provider whose creates
+ * run in its engine: then at most max_starting - 1, so one slot is always left to seeds), so a
+ * seed never waits behind more than one refill's create. A refill that cannot take a slot
+ * within its wait gets -EAGAIN and nothing is recorded.
  *
  * Retry-After (whole seconds, 1 to 60): the mean of recent create durations (1 s before any)
  * times the rounds of max_starting creates ahead of the refused seed (starting + queued + it).
@@ -61,9 +63,15 @@ void lend_admission_free(struct lend_admission *a);
 int lend_admission_enter_seed(struct lend_admission *a, struct lend_admission_slot *slot,
                               struct lb_error *err);
 
-/* A warm refill's create: take a slot when no seed waits, no other refill holds one and one
- * is free, waiting at most wait_ms for that. 0 with *slot held, -EAGAIN when it did not come
- * (err says so). a NULL: 0 at once. */
+/* How many slots refills may hold at once: n, at most max_starting - 1, at least 1 (the
+ * default). The warm pool sets it once at its start (its refill threads, bounded by the
+ * provider's own create concurrency, when the provider's creates run in an engine). a NULL:
+ * nothing. */
+void lend_admission_set_refills(struct lend_admission *a, int64_t n);
+
+/* A warm refill's create: take a slot when no seed waits, refills hold fewer than their
+ * bound (lend_admission_set_refills; 1 unless set) and one is free, waiting at most wait_ms for
+ * that. 0 with *slot held, -EAGAIN when it did not come (err says so). a NULL: 0 at once. */
 int lend_admission_enter_refill(struct lend_admission *a, int64_t wait_ms,
                                 struct lend_admission_slot *slot, struct lb_error *err);
 

@@ -285,6 +285,11 @@ void lend_set_warm(struct lb_lend *l, struct lb_provider *prov)
     lend_warm_changed(l);
 }
 
+void lend_set_refill_slots(struct lb_lend *l, int64_t n)
+{
+    lend_admission_set_refills(l->admission, n);
+}
+
 void lend_set_pool_slots(struct lb_lend *l, const struct lend_pool_slots *slots)
 {
     pthread_mutex_lock(&l->warm_mutex);

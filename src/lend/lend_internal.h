@@ -165,6 +165,10 @@ void lend_warm_class(struct lb_lend *l, struct lb_provider *prov, char *image, c
  * seed at max_sandboxes stops the oldest warm one to make room. Thread-safe. */
 void lend_set_warm(struct lb_lend *l, struct lb_provider *prov);
 
+/* How many warm refills may hold creation slots at once (lend_admission_set_refills: at most
+ * lending.max_starting - 1, at least 1, the default). Thread-safe. */
+void lend_set_refill_slots(struct lb_lend *l, int64_t n);
+
 /* A counter that grows whenever warm sandboxes are taken or stopped to make room, or
  * lend_warm_changed is called; lend_warm_wait returns once it differs from seen, or after
  * timeout_ms. What a pool's refill threads sleep on. Thread-safe. */

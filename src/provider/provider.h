@@ -230,6 +230,12 @@ struct lb_provider_caps {
     bool image_store;          /* runs the daemon's image store trees (images_dir) as they are:
                                   a seed records the image's User (an image whose User is not
                                   mapped in a sandbox is refused before anything is made) */
+    bool engine_creates;       /* a create is the work of an engine service (docker, lxd), not
+of the daemon's own processes on its CPU (local: bwrap,
+mounts, namespaces): the warm pool then refills with all its
+threads at once rather than one create at a time */
+    int create_concurrency;    /* creates the provider runs at once ([lxd] create_concurrency;
+                                  more wait inside create); 0: no bound of its own */
 };
 
 /* What a sandbox uses now (the usage op). A field the provider cannot tell is -1. */

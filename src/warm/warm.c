@@ -256,6 +256,8 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
 {
     struct lb_warm_pool *w;
     char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
+    struct lb_provider_caps caps;
+    int64_t refills;
     int r;
 
     *out = NULL;
@@ -272,19 +274,32 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
     if (r < 0)
         goto fail;
     lend_warm_class(w->lend, w->prov, image, cls);
-    if (w->cfg.recycle) {
-        struct lb_provider_caps caps;
-
-        provider_caps(w->prov, &caps);
-        if (!caps.reset) {
-            log_warn("warm pool: pool.recycle = yes, but the %s provider cannot reset "
-                     "sandboxes: the pool does not recycle (a release stops the sandbox and "
-                     "the pool refills)",
-                     w->prov->ops->name);
-            w->cfg.recycle = false;
-        }
+    provider_caps(w->prov, &caps);
+    /* A recycle is a stop and a create under a new id, paid in the release call. Only the
+     * local provider recycles: an engine's create is no cheaper there than in a refill, and
+     * its reset (lxd) remakes an instance under the same id, which a recycle does not use. */
+    if (w->cfg.recycle && (!caps.reset || caps.engine_creates)) {
+        log_warn("warm pool: pool.recycle = yes, but the %s provider %s: the pool does not "
+                 "recycle (a release stops the sandbox and the pool refills)",
+                 w->prov->ops->name,
+                 !caps.reset ? "cannot reset sandboxes" : "makes its sandboxes in an engine");
+        w->cfg.recycle = false;
     }
     w->n_threads = (size_t)(cfg->refill_concurrency > 0 ? cfg->refill_concurrency : 2);
+    /* Refills at once. The local provider's creates are the daemon's own work on this
+     * machine's CPU (bwrap, mounts, namespaces): one at a time behind the seeds, so a seed
+     * never waits behind more than one. An engine's creates are its service's (LXD's, the
+     * docker daemon's) and mostly waiting: every refill thread at once, bounded by the
+     * provider's own create concurrency. Either way one creation slot stays for seeds. */
+    refills = 1;
+    if (caps.engine_creates) {
+        refills = (int64_t)w->n_threads;
+        if (caps.create_concurrency > 0 && refills > caps.create_concurrency)
+            refills = caps.create_concurrency;
+    }
+    if (refills > lend_config(l)->max_starting - 1 && lend_config(l)->max_starting > 0)
+        refills = lend_config(l)->max_starting > 1 ? lend_config(l)->max_starting - 1 : 1;
+    lend_set_refill_slots(l, refills);
     w->threads = calloc(w->n_threads, sizeof(*w->threads));
     if (!w->threads) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
@@ -300,9 +315,9 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
     }
     lend_set_warm(l, w->prov);
     lend_set_pool_slots(l, &(struct lend_pool_slots){warm_slot_claim, warm_slot_release, w});
-    log_info("warm pool: %lld sandboxes of the default class, now %s (max age %lld s, %zu made "
+    log_info("warm pool: %lld sandboxes of the default class, now %s (max age %lld s, %lld made "
              "at once, nice +%lld, recycle %s, max uses %lld)",
-             (long long)cfg->size, cls, (long long)cfg->max_age_s, w->n_threads,
+             (long long)cfg->size, cls, (long long)cfg->max_age_s, (long long)refills,
              (long long)cfg->refill_nice, w->cfg.recycle ? "yes" : "no", (long long)cfg->max_uses);
     *out = w;
     return 0;
@@ -317,6 +332,7 @@ void warm_stop(struct lb_warm_pool *w)
         return;
     lend_set_pool_slots(w->lend, NULL); /* no recycle calls into w after this */
     lend_set_warm(w->lend, NULL);
+    lend_set_refill_slots(w->lend, 1);
     pthread_mutex_lock(&w->mutex);
     w->stop = true;
     pthread_cond_broadcast(&w->cond);

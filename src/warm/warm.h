@@ -19,17 +19,20 @@
  * so that the sweeper replaces old ones (reason max_age), startup reconciliation adopts them
  * ([pool] adopt) or stops them (not_adopted), and the shutdown sweep stops them.
  *
- * Refills run on the pool's own threads (refill_concurrency of them, so at most that many
- * creations at once), never on a request's path, and only while lending is not draining. They
- * run refill_nice above the daemon's nice value (so does the creation work they start), so that
- * the refill a take wakes does not slow the taken sandbox's execs down; the provider gives the
- * sandbox the daemon's own value once it is up. The
- * pool and the live sandboxes together never exceed lending.max_sandboxes: a refill waits for
- * room (no attempt, no failure), and a seed of another class at the limit makes a warm sandbox
- * give its place. With recycle, a lent sandbox of the class lent fewer than max_uses times
- * counts as one the pool holds (its release gives it back under a new id, lend_recycle), so
- * the pool makes only what releases will not bring back. A failed creation backs the pool off: the
- * next attempt after 500 ms, doubling per failure in a row up to 30 s, reset by one that works.
+ * Refills run on the pool's own threads (refill_concurrency of them), never on a request's
+ * path; on a provider whose creates are the daemon's own CPU work (local) one creates at a
+ * time, on an engine provider (caps.engine_creates: docker, lxd) all at once, bounded by the
+ * provider's create_concurrency and lending.max_starting - 1 (lend_set_refill_slots); and
+ * only while lending is not draining. They run refill_nice above the daemon's nice value (so does
+ * the creation work they start), so that the refill a take wakes does not slow the taken sandbox's
+ * execs down; the provider gives the sandbox the daemon's own value once it is up. The pool and the
+ * live sandboxes together never exceed lending.max_sandboxes: a refill waits for room (no attempt,
+ * no failure), and a seed of another class at the limit makes a warm sandbox give its place. With
+ * recycle, a lent sandbox of the class lent fewer than max_uses times counts as one the pool holds
+ * (its release gives it back under a new id, lend_recycle), so the pool makes only what releases
+ * will not bring back (recycling is the local provider's: on an engine provider the pool logs why
+ * not and does not recycle). A failed creation backs the pool off: the next attempt after 500 ms,
+ * doubling per failure in a row up to 30 s, reset by one that works.
  *
  * Thread-safety: every function may be called from any thread; warm_new/warm_free once.
  */
@@ -43,7 +46,7 @@
 struct lb_warm_config {
     int64_t size;               /* warm sandboxes kept ready; 0: no pool */
     int64_t max_age_s;          /* a warm sandbox older than this is replaced; 0: never */
-    int64_t refill_concurrency; /* warm sandboxes made at once; <= 0: 2 */
+    int64_t refill_concurrency; /* refill threads (see above for how many make at once); <= 0: 2 */
     int64_t refill_nice;        /* the refill threads' nice value above the daemon's (0..19) */
     bool recycle;               /* [pool] recycle: releases give sandboxes back (lend_recycle) */
     int64_t max_uses;           /* with recycle: lends of one line before it is not given back */

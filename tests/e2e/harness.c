@@ -568,6 +568,13 @@ static void lbt_variant_pool_prepare(struct lbt_daemon *d, const char **argv, in
     argv[(*n)++] = "pool.size=" LBT_VARIANT_POOL_SIZE;
 }
 
+/* The lxd-pool variant: the lxd variant's daemons, each with the pool variant's warm pool. */
+static void lbt_variant_lxd_pool_prepare(struct lbt_daemon *d, const char **argv, int *n)
+{
+    lbt_variant_lxd_prepare(d, argv, n);
+    lbt_variant_pool_prepare(d, argv, n);
+}
+
 static const struct lbt_variant_def lbt_variants[] = {
     {"host", "host", NULL, NULL, NULL},
     {"image", LBT_VARIANT_IMAGE, lbt_variant_image_prepare, NULL, NULL},
@@ -575,6 +582,7 @@ static const struct lbt_variant_def lbt_variants[] = {
      lbt_variant_docker_teardown},
     {"lxd", LBT_VARIANT_LXD_IMAGE, lbt_variant_lxd_prepare, lbt_variant_lxd_setup, NULL},
     {"pool", "host", lbt_variant_pool_prepare, NULL, NULL},
+    {"lxd-pool", LBT_VARIANT_LXD_IMAGE, lbt_variant_lxd_pool_prepare, lbt_variant_lxd_setup, NULL},
 };
 
 static const struct lbt_variant_def *lbt_variant_def(void)
@@ -600,7 +608,14 @@ const char *lbt_variant(void)
 
 bool lbt_variant_is(const char *name)
 {
-    return strcmp(lbt_variant(), name) == 0;
+    const char *v = lbt_variant(), *dash = strchr(v, '-');
+    size_t len = strlen(name);
+
+    /* a combined variant ("lxd-pool") is each of its parts */
+    if (strcmp(v, name) == 0)
+        return true;
+    return dash && len > 0 &&
+           ((strncmp(v, name, len) == 0 && v + len == dash) || strcmp(dash + 1, name) == 0);
 }
 
 const char *lbt_variant_image(void)

@@ -271,13 +271,14 @@ void lbt_fill_random(void *buf, size_t len, unsigned seed);
  * prints SKIP and passes) or "pool" (the host's root, and every daemon keeps a warm pool of
  * LBT_VARIANT_POOL_SIZE sandboxes, pool.size, unless the test sets its own: their records are
  * in state "warm", lent to no session, and each runs as a sandbox uid; tests that count
- * sandboxes, processes or uids count only the lent ones, see lbt_warm_ids). An unknown name
- * exits the test program (status 2). */
+ * sandboxes, processes or uids count only the lent ones, see lbt_warm_ids) or "lxd-pool" (the
+ * lxd variant's daemons each with the pool variant's pool: lbt_variant_is("lxd") and
+ * lbt_variant_is("pool") are both true). An unknown name exits the test program (status 2). */
 #define LBT_VARIANT_POOL_SIZE "2"
 
 /* The variant's name ("host", "image"); a static string. Thread-safe. */
 const char *lbt_variant(void);
-/* Is the variant name? */
+/* Is the variant name, or name one part of a combined variant ("lxd-pool": "lxd", "pool")? */
 bool lbt_variant_is(const char *name);
 /* The image a seed that names none runs on in this variant ("host", or the test image's name);
  * what its lease's "image" says. A static string. */

@@ -231,6 +231,47 @@ START_TEST(test_refills_yield)
 }
 END_TEST
 
+/* lend_admission_set_refills: an engine pool's refills hold up to n slots at once, but never
+ * the last one (a seed always finds a slot free of refills); 1 (the default) again after. */
+START_TEST(test_refills_in_parallel)
+{
+    struct lend_admission *a;
+    struct lend_admission_slot r[4], s, q;
+    struct lb_error err = {0};
+
+    ck_assert_int_eq(lend_admission_new(4, 4, &a, &err), 0);
+    lend_admission_set_refills(a, 8); /* bounded by max_starting - 1: 3 */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(lend_admission_enter_refill(a, 0, &r[i], &err), 0);
+        ck_assert(r[i].held && r[i].refill);
+    }
+    ck_assert_int_eq(lend_admission_enter_refill(a, 20, &r[3], &err), -EAGAIN);
+    ck_assert(!r[3].held);
+    ck_assert_uint_eq(metrics_get(LB_M_SEEDS_STARTING), 3);
+    ck_assert_int_eq(lend_admission_enter_seed(a, &s, &err), 0); /* the slot left to seeds */
+    lend_admission_leave(a, &r[0]);
+    lend_admission_leave(a, &r[1]);
+    lend_admission_leave(a, &r[2]);
+    /* back to one refill at a time */
+    lend_admission_set_refills(a, 1);
+    ck_assert_int_eq(lend_admission_enter_refill(a, 0, &r[0], &err), 0);
+    ck_assert_int_eq(lend_admission_enter_refill(a, 20, &r[1], &err), -EAGAIN);
+    lend_admission_leave(a, &r[0]);
+    lend_admission_leave(a, &s);
+    lend_admission_free(a);
+    /* max_starting 1: one refill, however many are asked for */
+    ck_assert_int_eq(lend_admission_new(1, 4, &a, &err), 0);
+    lend_admission_set_refills(a, 8);
+    ck_assert_int_eq(lend_admission_enter_refill(a, 0, &r[0], &err), 0);
+    ck_assert_int_eq(lend_admission_enter_refill(a, 20, &r[1], &err), -EAGAIN);
+    lend_admission_leave(a, &r[0]);
+    ck_assert_int_eq(lend_admission_enter_seed(a, &q, &err), 0);
+    lend_admission_leave(a, &q);
+    ck_assert_uint_eq(metrics_get(LB_M_SEEDS_STARTING), 0);
+    lend_admission_free(a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("admission");
@@ -242,6 +283,7 @@ int main(void)
     tcase_add_test(tc, test_fifo_queue_and_refusal);
     tcase_add_test(tc, test_retry_after_estimate);
     tcase_add_test(tc, test_refills_yield);
+    tcase_add_test(tc, test_refills_in_parallel);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -159,6 +159,8 @@ void engine_caps(const struct lb_engine *e, struct lb_provider_caps *out)
         .pause = true,
         .snapshot = e->hooks->commit && e->images_dir,
         .default_image = e->default_image,
+        .engine_creates = true,
+        .create_concurrency = e->create_concurrency > 0 ? e->create_concurrency : 0,
     };
 }
 
