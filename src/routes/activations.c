@@ -109,15 +109,11 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     return 0;
 }
 
-static void execute_run(struct lb_request *req, void *arg)
+static int execute_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)
 {
     struct execute_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_execute(app->acts, j->rsid, &j->req, &out, &err);
 
-    routes_respond(req, r, j->req.nowait ? 202 : 200, out, &err);
+    return activation_execute(app->acts, j->rsid, &j->req, out, err);
 }
 
 int route_execute(struct lb_request *req, struct lb_error *err)
@@ -139,7 +135,7 @@ int route_execute(struct lb_request *req, struct lb_error *err)
         execute_job_free(j);
         return r;
     }
-    return http_defer(req, execute_run, j, execute_job_free, err);
+    return routes_defer_job(req, execute_call, j->req.nowait ? 202 : 200, j, execute_job_free, err);
 }
 
 /* ---------- close ---------- */

@@ -167,6 +167,22 @@ void routes_respond_lend_id(struct lb_request *req,
                             int (*fn)(struct lb_lend *l, const char *id, json_t **out,
                                       struct lb_error *err),
                             const char *id);
+/* -EINVAL with err set: what (the field, e.g. "'name'") is not an image name
+ * (image_name_is_valid). */
+int routes_bad_image_name(const char *what, struct lb_error *err);
+/* The sandbox id id from a path (NULL: none) fits an id buffer (LB_ID_MAX bytes): 0, or
+ * -ENOENT ("no sandbox") with err set. */
+int routes_check_sandbox_id(const char *id, struct lb_error *err);
+/* A deferred job's work, run on a worker: the answer's body into *out (a new reference, NULL
+ * for none) and 0, or an error with err set. app is the daemon's; job is what
+ * routes_defer_job was given (borrowed). */
+typedef int routes_job_fn(struct lb_app *app, void *job, json_t **out, struct lb_error *err);
+/* http_defer a job whose worker runs fn on job and answers status with fn's body, or with fn's
+ * error (routes_respond). job_free (may be NULL) is called on job once the job is done or when
+ * it could not be queued, also when this call fails. 0, or -ENOMEM / http_defer's error, with
+ * err set. Call after any serial or fair-share key is set. */
+int routes_defer_job(struct lb_request *req, routes_job_fn *fn, unsigned status, void *job,
+                     void (*job_free)(void *), struct lb_error *err);
 /* --- the one parsing dialect of routes/: every route file parses with these --- */
 
 /* One file of a seed's "files" or an execute's "stage": a string (UTF-8 text) or {"base64",

@@ -408,15 +408,11 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
     return 0;
 }
 
-static void seed_run(struct lb_request *req, void *arg)
+static int seed_call(struct lb_app *app, void *arg, json_t **lease, struct lb_error *err)
 {
     struct seed_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *lease = NULL;
-    int r = lend_seed(app->lend, j->rsid, &j->req, &lease, &err);
 
-    routes_respond(req, r, 200, lease, &err);
+    return lend_seed(app->lend, j->rsid, &j->req, lease, err);
 }
 
 int route_seed(struct lb_request *req, struct lb_error *err)
@@ -443,7 +439,7 @@ int route_seed(struct lb_request *req, struct lb_error *err)
         return r;
     }
     routes_serialize_session(req, rsid);
-    return http_defer(req, seed_run, j, seed_job_free, err);
+    return routes_defer_job(req, seed_call, 200, j, seed_job_free, err);
 }
 
 int route_session_get(struct lb_request *req, struct lb_error *err)
@@ -500,14 +496,9 @@ int route_release(struct lb_request *req, struct lb_error *err)
 
 /* ---------- release_all ---------- */
 
-static void release_all_run(struct lb_request *req, void *arg)
+static int release_all_call(struct lb_app *app, void *labels, json_t **out, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_release_all(app->lend, arg, (size_t)app->stop_concurrency, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    return lend_release_all(app->lend, labels, (size_t)app->stop_concurrency, out, err);
 }
 
 static void release_all_free(void *arg)
@@ -536,7 +527,7 @@ int route_release_all(struct lb_request *req, struct lb_error *err)
     }
     json_incref(labels); /* NULL-safe; the job owns it */
     json_decref(body);
-    return http_defer(req, release_all_run, labels, release_all_free, err);
+    return routes_defer_job(req, release_all_call, 200, labels, release_all_free, err);
 }
 
 json_t *routes_seed_items_results(const struct routes_seed_item *items, size_t n)
