@@ -79,6 +79,20 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
     http_respond_json(req, status, body);
 }
 
+int routes_respond_list(struct lb_request *req,
+                        int (*fn)(struct lb_lend *l, const char *state, json_t **out,
+                                  struct lb_error *err),
+                        struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    json_t *out = NULL;
+    int r = fn(app->lend, http_query(req, "state"), &out, err);
+
+    if (r == 0)
+        http_respond_json(req, 200, out);
+    return r;
+}
+
 int routes_bad_image_name(const char *what, struct lb_error *err)
 {
     return lb_error_set(err, -EINVAL,

@@ -173,6 +173,12 @@ int routes_bad_image_name(const char *what, struct lb_error *err);
 /* The sandbox id id from a path (NULL: none) fits an id buffer (LB_ID_MAX bytes): 0, or
  * -ENOENT ("no sandbox") with err set. */
 int routes_check_sandbox_id(const char *id, struct lb_error *err);
+/* A list route's answer: 200 with what fn (lend_list_leases, lend_list_sandboxes) lists of
+ * the query's state (NULL: every state), or fn's error returned. */
+int routes_respond_list(struct lb_request *req,
+                        int (*fn)(struct lb_lend *l, const char *state, json_t **out,
+                                  struct lb_error *err),
+                        struct lb_error *err);
 /* A deferred job's work, run on a worker: the answer's body into *out (a new reference, NULL
  * for none) and 0, or an error with err set. app is the daemon's; job is what
  * routes_defer_job was given (borrowed). */

@@ -43,13 +43,7 @@ int route_sandbox_get(struct lb_request *req, struct lb_error *err)
 
 int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    json_t *out = NULL;
-    int r = lend_list_sandboxes(app->lend, http_query(req, "state"), &out, err);
-
-    if (r == 0)
-        http_respond_json(req, 200, out);
-    return r;
+    return routes_respond_list(req, lend_list_sandboxes, err);
 }
 
 /* POST /v1/sandboxes: a sandbox lent to no session (NeMo Gym's AsyncSandbox.start). */

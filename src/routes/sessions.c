@@ -458,13 +458,7 @@ int route_session_get(struct lb_request *req, struct lb_error *err)
 
 int route_sessions_list(struct lb_request *req, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    json_t *out = NULL;
-    int r = lend_list_leases(app->lend, http_query(req, "state"), &out, err);
-
-    if (r == 0)
-        http_respond_json(req, 200, out);
-    return r;
+    return routes_respond_list(req, lend_list_leases, err);
 }
 
 static void release_run(struct lb_request *req, void *arg)
