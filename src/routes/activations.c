@@ -64,8 +64,6 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                          "stage", "collect", "timeout_s", "close_timeout_s",
                                          "wait",  NULL};
     json_t *body = j->body;
-    json_t *stage = json_object_get(body, "stage"), *v;
-    const char *path;
     bool wait = true;
     int r = routes_check_fields(body, fields, "the execute request", err);
 
@@ -92,21 +90,12 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     if (r < 0)
         return r;
     j->req.nowait = !wait;
-    if (stage && !json_is_null(stage)) {
-        if (!json_is_object(stage))
-            return lb_error_set(err, -EINVAL, "'stage' must be an object of path: file");
-        j->stage = calloc(json_object_size(stage) + 1, sizeof(*j->stage));
-        if (!j->stage)
-            return lb_error_set(err, -ENOMEM, "out of memory");
-        json_object_foreach(stage, path, v) {
-            r = routes_parse_file(path, v, &j->stage[j->req.n_stage], err);
-            j->req.n_stage++; /* counted even on failure: the free needs it */
-            if (r < 0)
-                return r;
-        }
+    r = routes_parse_files(json_object_get(body, "stage"),
+                           "'stage' must be an object of path: file", &j->stage, &j->req.n_stage,
+                           err);
+    if (r == 0)
         j->req.stage = j->stage;
-    }
-    return 0;
+    return r;
 }
 
 static int execute_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)

@@ -417,6 +417,29 @@ int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err)
     return 0;
 }
 
+int routes_parse_files(json_t *v, const char *not_object, struct lb_seed_file **out, size_t *n,
+                       struct lb_error *err)
+{
+    const char *path;
+    json_t *f;
+    int r;
+
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return lb_error_set(err, -EINVAL, "%s", not_object);
+    *out = calloc(json_object_size(v) + 1, sizeof(**out));
+    if (!*out)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_object_foreach(v, path, f) {
+        r = routes_parse_file(path, f, &(*out)[*n], err);
+        (*n)++; /* counted even on failure: the caller's free needs it */
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err)
 {
     static const char *const fields[] = {"base64", "mode", NULL};

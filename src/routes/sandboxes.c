@@ -47,25 +47,16 @@ int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
 }
 
 /* POST /v1/sandboxes: a sandbox lent to no session (NeMo Gym's AsyncSandbox.start). */
-struct create_job {
-    json_t *body; /* keeps the strings req points into alive */
-    struct lb_seed_request req;
-};
-
 static void create_job_free(void *arg)
 {
-    struct create_job *j = arg;
-
-    if (!j)
-        return;
-    routes_spec_release(&j->req);
-    json_decref(j->body);
-    free(j);
+    if (arg)
+        routes_spec_job_release(arg);
+    free(arg);
 }
 
 static int sandbox_create_call(struct lb_app *app, void *arg, json_t **lease, struct lb_error *err)
 {
-    struct create_job *j = arg;
+    struct routes_spec_job *j = arg;
 
     return lend_create_sandbox(app->lend, &j->req, lease, err);
 }
@@ -73,7 +64,7 @@ static int sandbox_create_call(struct lb_app *app, void *arg, json_t **lease, st
 int route_sandbox_create(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
-    struct create_job *j;
+    struct routes_spec_job *j;
     int r;
 
     if (lend_is_draining(app->lend))
@@ -81,9 +72,7 @@ int route_sandbox_create(struct lb_request *req, struct lb_error *err)
     j = calloc(1, sizeof(*j));
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    r = http_body_json(req, false, &j->body, err);
-    if (r == 0)
-        r = routes_parse_spec(j->body, &j->req, false, err);
+    r = routes_spec_job_parse(req, j, false, err);
     if (r < 0) {
         create_job_free(j);
         return r;
