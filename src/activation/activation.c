@@ -59,14 +59,7 @@ int activations_new(const struct lb_activation_config *cfg, struct lb_store *st,
     }
     a->cfg.receipts_dir = a->receipts_dir;
     pthread_mutex_init(&a->mutex, NULL);
-    {
-        pthread_condattr_t ca;
-
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* act_finalize's deadlines */
-        pthread_cond_init(&a->cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    clock_cond_init_mono(&a->cond); /* act_finalize's deadlines */
     *out = a;
     return 0;
 }

@@ -357,21 +357,22 @@ int daemon_start_services(struct daemon *d, struct lb_error *err)
         if (r < 0)
             return r;
     }
+    /* the app is whole (but for its threads) before the threads that read it start */
     d->app.ptys = d->ptys;
-    r = follows_new(&d->app, &d->follows);
-    if (r < 0)
-        return lb_error_set(err, r, "cannot start the log follower thread: %s", strerror(-r));
-    d->app.follows = d->follows;
     d->app.pool = d->pool;
     d->app.store = d->store;
-    r = events_hub_new(&d->app, &d->events);
-    if (r < 0)
-        return lb_error_set(err, r, "cannot start the event feed's thread: %s", strerror(-r));
-    d->app.events = d->events;
     d->app.images_dir = d->images_dir;
     d->app.auth = d->auth;
     d->app.lend = d->lend;
     d->app.acts = d->acts;
+    r = follows_new(&d->app, &d->follows);
+    if (r < 0)
+        return lb_error_set(err, r, "cannot start the log follower thread: %s", strerror(-r));
+    d->app.follows = d->follows;
+    r = events_hub_new(&d->app, &d->events);
+    if (r < 0)
+        return lb_error_set(err, r, "cannot start the event feed's thread: %s", strerror(-r));
+    d->app.events = d->events;
     lend_set_draining(d->lend, true);
     d->listen_fd = -1; /* http_start takes it over */
     r = http_start(&hc, &d->http, err);

@@ -606,17 +606,10 @@ int http_start(const struct lb_http_config *cfg, struct lb_http **out, struct lb
     h->listen_fd = cfg->listen_fd;
     pthread_mutex_init(&h->park_lock, NULL);
     pthread_mutex_init(&h->answer_lock, NULL);
-    {
-        pthread_condattr_t ca;
-
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&h->park_cond, &ca);
-        pthread_cond_init(&h->park_drained, &ca);
-        pthread_cond_init(&h->poll_cond, &ca);
-        pthread_cond_init(&h->conn_cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    clock_cond_init_mono(&h->park_cond);
+    clock_cond_init_mono(&h->park_drained);
+    clock_cond_init_mono(&h->poll_cond);
+    clock_cond_init_mono(&h->conn_cond);
     pthread_mutex_init(&h->conn_lock, NULL);
     h->warn_since = clock_mono_ms();
     h->park_next_at = INT64_MAX;

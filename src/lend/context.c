@@ -77,13 +77,9 @@ static void wait_output(struct lb_ptys *p, const char *cid, uint64_t since, int6
 {
     struct out_wait w = {.woken = false};
     struct timespec ts;
-    pthread_condattr_t ca;
 
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_cond_init_mono(&w.cond);
     pty_watch(p, cid, false, (int64_t)since,
               &(struct lb_pty_waker){.wake = out_wake, .release = out_release, .ctx = &w});
     ts.tv_sec = (time_t)(until_ms / 1000);

@@ -53,8 +53,6 @@ int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
     pthread_mutex_lock(&l->locks_mutex);
     HASH_FIND_STR(l->locks, rsid, s);
     if (!s) {
-        pthread_condattr_t attr;
-
         s = calloc(1, sizeof(*s));
         if (!s || !(s->rsid = strdup(rsid))) {
             free(s);
@@ -62,10 +60,7 @@ int lend_session_lock(struct lb_lend *l, const char *rsid, bool try_only,
             return lb_error_set(err, -ENOMEM, "out of memory");
         }
         /* The bound is on the monotonic clock: a wall-clock step neither ends nor stretches it. */
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&s->cond, &attr);
-        pthread_condattr_destroy(&attr);
+        clock_cond_init_mono(&s->cond);
         HASH_ADD_KEYPTR(hh, l->locks, s->rsid, strlen(s->rsid), s);
     }
     s->refs++;

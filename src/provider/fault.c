@@ -102,26 +102,29 @@ static int fault_file_open(struct lb_provider *p, const struct lb_sandbox_ref *r
                  : provider_file_open(INNER(p), ref, path, fd, size, err);
 }
 
+/* The fault point named point, then call (provider_archive_put or _get) on the inner provider. */
+static int fault_archive(const char *point, lb_provider_archive_fn *call, struct lb_provider *p,
+                         const struct lb_sandbox_ref *ref, const char *dir, int fd,
+                         uint64_t max_bytes, struct lb_archive_result *out, struct lb_error *err)
+{
+    int r = fault_point(p, point, 0, err);
+
+    *out = (struct lb_archive_result){0};
+    return r < 0 ? fault_as_provider(r, err) : call(INNER(p), ref, dir, fd, max_bytes, out, err);
+}
+
 static int fault_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                              const char *dir, int fd, uint64_t max_bytes,
                              struct lb_archive_result *out, struct lb_error *err)
 {
-    int r = fault_point(p, "archive_put", 0, err);
-
-    *out = (struct lb_archive_result){0};
-    return r < 0 ? fault_as_provider(r, err)
-                 : provider_archive_put(INNER(p), ref, dir, fd, max_bytes, out, err);
+    return fault_archive("archive_put", provider_archive_put, p, ref, dir, fd, max_bytes, out, err);
 }
 
 static int fault_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                              const char *dir, int fd, uint64_t max_bytes,
                              struct lb_archive_result *out, struct lb_error *err)
 {
-    int r = fault_point(p, "archive_get", 0, err);
-
-    *out = (struct lb_archive_result){0};
-    return r < 0 ? fault_as_provider(r, err)
-                 : provider_archive_get(INNER(p), ref, dir, fd, max_bytes, out, err);
+    return fault_archive("archive_get", provider_archive_get, p, ref, dir, fd, max_bytes, out, err);
 }
 
 static int fault_list(struct lb_provider *p, json_t **out, struct lb_error *err)

@@ -87,24 +87,29 @@ int provider_file_open(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     return p->ops->file_open(p, ref, path, fd_out, size_out, err);
 }
 
+/* *out zeroed, then op (p's archive_put or archive_get, NULL when p has none). */
+static int archive_call(lb_provider_archive_fn *op, struct lb_provider *p,
+                        const struct lb_sandbox_ref *ref, const char *dir, int fd,
+                        uint64_t max_bytes, struct lb_archive_result *out, struct lb_error *err)
+{
+    *out = (struct lb_archive_result){0};
+    if (!op)
+        return no_op(p, "archive transfers", err);
+    return op(p, ref, dir, fd, max_bytes, out, err);
+}
+
 int provider_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
                          int fd, uint64_t max_bytes, struct lb_archive_result *out,
                          struct lb_error *err)
 {
-    *out = (struct lb_archive_result){0};
-    if (!p || !p->ops->archive_put)
-        return no_op(p, "archive transfers", err);
-    return p->ops->archive_put(p, ref, dir, fd, max_bytes, out, err);
+    return archive_call(p ? p->ops->archive_put : NULL, p, ref, dir, fd, max_bytes, out, err);
 }
 
 int provider_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
                          int fd, uint64_t max_bytes, struct lb_archive_result *out,
                          struct lb_error *err)
 {
-    *out = (struct lb_archive_result){0};
-    if (!p || !p->ops->archive_get)
-        return no_op(p, "archive transfers", err);
-    return p->ops->archive_get(p, ref, dir, fd, max_bytes, out, err);
+    return archive_call(p ? p->ops->archive_get : NULL, p, ref, dir, fd, max_bytes, out, err);
 }
 
 int provider_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *path,

@@ -254,6 +254,12 @@ struct lb_archive_result {
     uint64_t bytes;   /* put: bytes of file contents written; get: bytes of the archive */
 };
 
+/* The type of the archive_put and archive_get ops (struct lb_provider_ops says what they do),
+ * so that every provider declares its pair by name: `lb_provider_archive_fn x_archive_put;`. */
+typedef int lb_provider_archive_fn(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                                   const char *dir, int fd, uint64_t max_bytes,
+                                   struct lb_archive_result *out, struct lb_error *err);
+
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
  * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
 #define LB_PROVIDER_OPS_VERSION 4u
@@ -439,12 +445,8 @@ struct lb_provider_ops {
      * to dir; other kinds are left out, as are kernel pseudo-file systems below dir. More than
      * max_bytes of archive: -EFBIG (413). -ENOTDIR (400) when dir is not a directory, -ENOENT
      * when missing. *out: entries written and bytes of archive. May be NULL (-ENOSYS). */
-    int (*archive_put)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                       struct lb_error *err);
-    int (*archive_get)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                       struct lb_error *err);
+    lb_provider_archive_fn *archive_put;
+    lb_provider_archive_fn *archive_get;
 };
 
 /* Every provider struct starts with this header. */
@@ -491,12 +493,9 @@ int provider_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, c
 /* *out filled with -1 first, then the provider's usage op (-ENOSYS without one). */
 int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct lb_usage *out,
                    struct lb_error *err);
-int provider_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                         int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                         struct lb_error *err);
-int provider_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                         int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                         struct lb_error *err);
+/* *out zeroed first, then the provider's archive_put / archive_get op (-ENOSYS without one). */
+lb_provider_archive_fn provider_archive_put;
+lb_provider_archive_fn provider_archive_get;
 /* -EOPNOTSUPP (err set) when the provider has no reset_in_place op. */
 int provider_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                             const struct lb_sandbox_spec *spec, int64_t timeout_ms,

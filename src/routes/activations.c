@@ -64,8 +64,6 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
                                          "stage", "collect", "timeout_s", "close_timeout_s",
                                          "wait",  NULL};
     json_t *body = j->body;
-    json_t *stage = json_object_get(body, "stage"), *v;
-    const char *path;
     bool wait = true;
     int r = routes_check_fields(body, fields, "the execute request", err);
 
@@ -92,32 +90,19 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     if (r < 0)
         return r;
     j->req.nowait = !wait;
-    if (stage && !json_is_null(stage)) {
-        if (!json_is_object(stage))
-            return lb_error_set(err, -EINVAL, "'stage' must be an object of path: file");
-        j->stage = calloc(json_object_size(stage) + 1, sizeof(*j->stage));
-        if (!j->stage)
-            return lb_error_set(err, -ENOMEM, "out of memory");
-        json_object_foreach(stage, path, v) {
-            r = routes_parse_file(path, v, &j->stage[j->req.n_stage], err);
-            j->req.n_stage++; /* counted even on failure: the free needs it */
-            if (r < 0)
-                return r;
-        }
+    r = routes_parse_files(json_object_get(body, "stage"),
+                           "'stage' must be an object of path: file", &j->stage, &j->req.n_stage,
+                           err);
+    if (r == 0)
         j->req.stage = j->stage;
-    }
-    return 0;
+    return r;
 }
 
-static void execute_run(struct lb_request *req, void *arg)
+static int execute_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)
 {
     struct execute_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = activation_execute(app->acts, j->rsid, &j->req, &out, &err);
 
-    routes_respond(req, r, j->req.nowait ? 202 : 200, out, &err);
+    return activation_execute(app->acts, j->rsid, &j->req, out, err);
 }
 
 int route_execute(struct lb_request *req, struct lb_error *err)
@@ -139,7 +124,7 @@ int route_execute(struct lb_request *req, struct lb_error *err)
         execute_job_free(j);
         return r;
     }
-    return http_defer(req, execute_run, j, execute_job_free, err);
+    return routes_defer_job(req, execute_call, j->req.nowait ? 202 : 200, j, execute_job_free, err);
 }
 
 /* ---------- close ---------- */

@@ -231,14 +231,20 @@ static void archive_put_open(struct lb_request *req, void *arg)
                  .fd = fd, .finish = archive_put_finish, .abort = archive_put_abort, .arg = own});
 }
 
-int route_archive_put(struct lb_request *req, struct lb_error *err)
+/* The request's archive job handed to run on a worker. */
+static int archive_defer(struct lb_request *req, lb_http_job_fn run, struct lb_error *err)
 {
     struct archive_job *j = NULL;
     int r = archive_job_new(req, &j, err);
 
     if (r < 0)
         return r;
-    return http_defer(req, archive_put_open, j, archive_job_free, err);
+    return http_defer(req, run, j, archive_job_free, err);
+}
+
+int route_archive_put(struct lb_request *req, struct lb_error *err)
+{
+    return archive_defer(req, archive_put_open, err);
 }
 
 static void archive_get_run(struct lb_request *req, void *arg)
@@ -276,10 +282,5 @@ static void archive_get_run(struct lb_request *req, void *arg)
 
 int route_archive_get(struct lb_request *req, struct lb_error *err)
 {
-    struct archive_job *j = NULL;
-    int r = archive_job_new(req, &j, err);
-
-    if (r < 0)
-        return r;
-    return http_defer(req, archive_get_run, j, archive_job_free, err);
+    return archive_defer(req, archive_get_run, err);
 }

@@ -100,14 +100,11 @@ int route_context_create(struct lb_request *req, struct lb_error *err)
     return http_defer(req, create_run, j, context_job_free, err);
 }
 
-static void run_run(struct lb_request *req, void *arg)
+static int run_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)
 {
     struct context_job *j = arg;
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = context_run(ptys_of(req), j->id, j->code, j->timeout_ms, &out, &err);
 
-    routes_respond(req, r, 200, out, &err);
+    return context_run(app->ptys, j->id, j->code, j->timeout_ms, out, err);
 }
 
 int route_context_run(struct lb_request *req, struct lb_error *err)
@@ -139,7 +136,7 @@ int route_context_run(struct lb_request *req, struct lb_error *err)
         return r;
     }
     fair_key(req, sandbox);
-    return http_defer(req, run_run, j, context_job_free, err);
+    return routes_defer_job(req, run_call, 200, j, context_job_free, err);
 }
 
 int route_context_interrupt(struct lb_request *req, struct lb_error *err)

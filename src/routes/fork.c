@@ -130,8 +130,8 @@ int route_fork(struct lb_request *req, struct lb_error *err)
     if (r < 0)
         return r;
     r = fork_parse(app, j->body, j, err);
-    if (r == 0 && (!id || strlen(id) >= LB_ID_MAX))
-        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    if (r == 0)
+        r = routes_check_sandbox_id(id, err);
     if (r < 0) {
         routes_seeds_job_free(j);
         return r;

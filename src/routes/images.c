@@ -237,10 +237,7 @@ int route_image_import(struct lb_request *req, struct lb_error *err)
     struct import_job *j;
 
     if (!image_name_is_valid(name))
-        return lb_error_set(err, -EINVAL,
-                            "query 'name' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at "
-                            "most %d bytes, not 'host')",
-                            LB_IMAGE_NAME_MAX);
+        return routes_bad_image_name("query 'name'", err);
     j = calloc(1, sizeof(*j));
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
@@ -266,19 +263,11 @@ static void snapshot_job_free(void *arg)
     free(j);
 }
 
-static void snapshot_run(struct lb_request *req, void *arg)
+static int snapshot_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)
 {
     struct snapshot_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_snapshot(app->lend, j->id, j->name, j->labels, &out, &err);
 
-    if (r < 0) {
-        http_respond_error(req, &err);
-        return;
-    }
-    http_respond_json(req, 201, out);
+    return lend_snapshot(app->lend, j->id, j->name, j->labels, out, err);
 }
 
 int route_snapshot(struct lb_request *req, struct lb_error *err)
@@ -293,14 +282,11 @@ int route_snapshot(struct lb_request *req, struct lb_error *err)
         return r;
     name = json_string_value(json_object_get(body, "name"));
     if (!json_is_object(body) || !name || !image_name_is_valid(name))
-        r = lb_error_set(err, -EINVAL,
-                         "'name' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most %d "
-                         "bytes, not 'host')",
-                         LB_IMAGE_NAME_MAX);
+        r = routes_bad_image_name("'name'", err);
     else if ((r = routes_string_map(body, "labels", &labels, err)) == 0 && labels)
         r = routes_check_labels(labels, err);
-    else if (!id || strlen(id) >= LB_ID_MAX)
-        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    else if (routes_check_sandbox_id(id, err) < 0)
+        r = -ENOENT;
     if (r == 0 && !(j = calloc(1, sizeof(*j))))
         r = lb_error_set(err, -ENOMEM, "out of memory");
     if (r < 0) {
@@ -312,5 +298,5 @@ int route_snapshot(struct lb_request *req, struct lb_error *err)
     j->labels = json_is_object(labels) ? json_incref(labels) : NULL;
     json_decref(body);
     http_set_serial_key(req, "images"); /* with imports and removals: one at a time */
-    return http_defer(req, snapshot_run, j, snapshot_job_free, err);
+    return routes_defer_job(req, snapshot_call, 201, j, snapshot_job_free, err);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "image/image.h"
 #include "util/token.h"
 
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,
@@ -76,6 +77,75 @@ void routes_respond(struct lb_request *req, int r, unsigned status, json_t *body
         return;
     }
     http_respond_json(req, status, body);
+}
+
+int routes_respond_list(struct lb_request *req,
+                        int (*fn)(struct lb_lend *l, const char *state, json_t **out,
+                                  struct lb_error *err),
+                        struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    json_t *out = NULL;
+    int r = fn(app->lend, http_query(req, "state"), &out, err);
+
+    if (r == 0)
+        http_respond_json(req, 200, out);
+    return r;
+}
+
+int routes_bad_image_name(const char *what, struct lb_error *err)
+{
+    return lb_error_set(err, -EINVAL,
+                        "%s must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most %d bytes, "
+                        "not 'host')",
+                        what, LB_IMAGE_NAME_MAX);
+}
+
+int routes_check_sandbox_id(const char *id, struct lb_error *err)
+{
+    if (!id || strlen(id) >= LB_ID_MAX)
+        return lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+    return 0;
+}
+
+struct defer_job {
+    routes_job_fn *fn;
+    unsigned status;
+    void *job;
+    void (*job_free)(void *);
+};
+
+static void defer_job_run(struct lb_request *req, void *arg)
+{
+    struct defer_job *d = arg;
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    int r = d->fn(http_app(req), d->job, &out, &err);
+
+    routes_respond(req, r, d->status, out, &err);
+}
+
+static void defer_job_free(void *arg)
+{
+    struct defer_job *d = arg;
+
+    if (d->job_free)
+        d->job_free(d->job);
+    free(d);
+}
+
+int routes_defer_job(struct lb_request *req, routes_job_fn *fn, unsigned status, void *job,
+                     void (*job_free)(void *), struct lb_error *err)
+{
+    struct defer_job *d = malloc(sizeof(*d));
+
+    if (!d) {
+        if (job_free)
+            job_free(job);
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    }
+    *d = (struct defer_job){.fn = fn, .status = status, .job = job, .job_free = job_free};
+    return http_defer(req, defer_job_run, d, defer_job_free, err);
 }
 
 json_t *routes_item_result(const char *rsid, int r, json_t *lease, const struct lb_error *err)
@@ -344,6 +414,29 @@ int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err)
     }
     if (!a[0][0])
         return lb_error_set(err, -EINVAL, "'argv[0]' must not be empty");
+    return 0;
+}
+
+int routes_parse_files(json_t *v, const char *not_object, struct lb_seed_file **out, size_t *n,
+                       struct lb_error *err)
+{
+    const char *path;
+    json_t *f;
+    int r;
+
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return lb_error_set(err, -EINVAL, "%s", not_object);
+    *out = calloc(json_object_size(v) + 1, sizeof(**out));
+    if (!*out)
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    json_object_foreach(v, path, f) {
+        r = routes_parse_file(path, f, &(*out)[*n], err);
+        (*n)++; /* counted even on failure: the caller's free needs it */
+        if (r < 0)
+            return r;
+    }
     return 0;
 }
 

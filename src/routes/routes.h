@@ -167,12 +167,41 @@ void routes_respond_lend_id(struct lb_request *req,
                             int (*fn)(struct lb_lend *l, const char *id, json_t **out,
                                       struct lb_error *err),
                             const char *id);
+/* -EINVAL with err set: what (the field, e.g. "'name'") is not an image name
+ * (image_name_is_valid). */
+int routes_bad_image_name(const char *what, struct lb_error *err);
+/* The sandbox id id from a path (NULL: none) fits an id buffer (LB_ID_MAX bytes): 0, or
+ * -ENOENT ("no sandbox") with err set. */
+int routes_check_sandbox_id(const char *id, struct lb_error *err);
+/* A list route's answer: 200 with what fn (lend_list_leases, lend_list_sandboxes) lists of
+ * the query's state (NULL: every state), or fn's error returned. */
+int routes_respond_list(struct lb_request *req,
+                        int (*fn)(struct lb_lend *l, const char *state, json_t **out,
+                                  struct lb_error *err),
+                        struct lb_error *err);
+/* A deferred job's work, run on a worker: the answer's body into *out (a new reference, NULL
+ * for none) and 0, or an error with err set. app is the daemon's; job is what
+ * routes_defer_job was given (borrowed). */
+typedef int routes_job_fn(struct lb_app *app, void *job, json_t **out, struct lb_error *err);
+/* http_defer a job whose worker runs fn on job and answers status with fn's body, or with fn's
+ * error (routes_respond). job_free (may be NULL) is called on job once the job is done or when
+ * it could not be queued, also when this call fails. 0, or -ENOMEM / http_defer's error, with
+ * err set. Call after any serial or fair-share key is set. */
+int routes_defer_job(struct lb_request *req, routes_job_fn *fn, unsigned status, void *job,
+                     void (*job_free)(void *), struct lb_error *err);
 /* --- the one parsing dialect of routes/: every route file parses with these --- */
 
 /* One file of a seed's "files" or an execute's "stage": a string (UTF-8 text) or {"base64",
  * "mode"}, at an absolute normalised path. Fills *f (the caller frees f->path and f->data,
  * also after a failure). -EINVAL (400) with a message, -ENOMEM. */
 int routes_parse_file(const char *path, json_t *v, struct lb_seed_file *f, struct lb_error *err);
+/* A seed's "files" or an execute's "stage" (v; NULL or null: none, 0), each member parsed by
+ * routes_parse_file into a new array *out (the caller's, as are its items' path and data),
+ * *n counting every item tried, the failed one too, so that the caller frees what it holds.
+ * -EINVAL (400) with the message not_object when v is not an object, routes_parse_file's
+ * errors, -ENOMEM. */
+int routes_parse_files(json_t *v, const char *not_object, struct lb_seed_file **out, size_t *n,
+                       struct lb_error *err);
 /* Path parameter 0 as a resources session id into *rsid (borrowed from the request; valid
  * while it lives). -EINVAL (400) when it is not a valid rsid. */
 int routes_session_param(struct lb_request *req, const char **rsid, struct lb_error *err);
@@ -203,6 +232,18 @@ int routes_parse_command(json_t *body, char ***argv_out, struct lb_error *err);
 int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_required,
                       struct lb_error *err);
 void routes_spec_release(struct lb_seed_request *req);
+/* The deferred job of a seed or a create: its body and the request parsed from it. */
+struct routes_spec_job {
+    json_t *body; /* keeps the strings req points into alive */
+    struct lb_seed_request req;
+};
+/* Read the request's JSON body into j->body (j zeroed by the caller) and parse it into j->req
+ * (routes_parse_spec, task_required as there): 0, or http_body_json's or routes_parse_spec's
+ * error. Release j with routes_spec_job_release either way. */
+int routes_spec_job_parse(struct lb_request *req, struct routes_spec_job *j, bool task_required,
+                          struct lb_error *err);
+/* j's request and body (j itself, not NULL, is the caller's). */
+void routes_spec_job_release(struct routes_spec_job *j);
 
 /* Serialise the request's deferred job with every other seed, release, close and delete of
  * resources session rsid (http_set_serial_key): a waiting one holds no worker. */

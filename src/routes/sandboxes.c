@@ -43,47 +43,28 @@ int route_sandbox_get(struct lb_request *req, struct lb_error *err)
 
 int route_sandboxes_list(struct lb_request *req, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    json_t *out = NULL;
-    int r = lend_list_sandboxes(app->lend, http_query(req, "state"), &out, err);
-
-    if (r == 0)
-        http_respond_json(req, 200, out);
-    return r;
+    return routes_respond_list(req, lend_list_sandboxes, err);
 }
 
 /* POST /v1/sandboxes: a sandbox lent to no session (NeMo Gym's AsyncSandbox.start). */
-struct create_job {
-    json_t *body; /* keeps the strings req points into alive */
-    struct lb_seed_request req;
-};
-
 static void create_job_free(void *arg)
 {
-    struct create_job *j = arg;
-
-    if (!j)
-        return;
-    routes_spec_release(&j->req);
-    json_decref(j->body);
-    free(j);
+    if (arg)
+        routes_spec_job_release(arg);
+    free(arg);
 }
 
-static void sandbox_create_run(struct lb_request *req, void *arg)
+static int sandbox_create_call(struct lb_app *app, void *arg, json_t **lease, struct lb_error *err)
 {
-    struct create_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *lease = NULL;
-    int r = lend_create_sandbox(app->lend, &j->req, &lease, &err);
+    struct routes_spec_job *j = arg;
 
-    routes_respond(req, r, 201, lease, &err);
+    return lend_create_sandbox(app->lend, &j->req, lease, err);
 }
 
 int route_sandbox_create(struct lb_request *req, struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
-    struct create_job *j;
+    struct routes_spec_job *j;
     int r;
 
     if (lend_is_draining(app->lend))
@@ -91,14 +72,12 @@ int route_sandbox_create(struct lb_request *req, struct lb_error *err)
     j = calloc(1, sizeof(*j));
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    r = http_body_json(req, false, &j->body, err);
-    if (r == 0)
-        r = routes_parse_spec(j->body, &j->req, false, err);
+    r = routes_spec_job_parse(req, j, false, err);
     if (r < 0) {
         create_job_free(j);
         return r;
     }
-    return http_defer(req, sandbox_create_run, j, create_job_free, err);
+    return routes_defer_job(req, sandbox_create_call, 201, j, create_job_free, err);
 }
 
 static void sandbox_delete_run(struct lb_request *req, void *arg)
@@ -124,15 +103,11 @@ struct reset_job {
     char snapshot[LB_IMAGE_NAME_MAX + 1]; /* "": the seed's image */
 };
 
-static void sandbox_reset_run(struct lb_request *req, void *arg)
+static int sandbox_reset_call(struct lb_app *app, void *arg, json_t **lease, struct lb_error *err)
 {
     struct reset_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *lease = NULL;
-    int r = lend_reset(app->lend, j->id, j->snapshot[0] ? j->snapshot : NULL, &lease, &err);
 
-    routes_respond(req, r, 200, lease, &err);
+    return lend_reset(app->lend, j->id, j->snapshot[0] ? j->snapshot : NULL, lease, err);
 }
 
 int route_sandbox_reset(struct lb_request *req, struct lb_error *err)
@@ -152,12 +127,9 @@ int route_sandbox_reset(struct lb_request *req, struct lb_error *err)
         r = lb_error_set(err, -EINVAL, "'snapshot' must be an image name");
     else if (snap && json_is_string(snap) &&
              !image_name_is_valid(snapshot = json_string_value(snap)))
-        r = lb_error_set(err, -EINVAL,
-                         "'snapshot' must be an image name ([A-Za-z0-9][A-Za-z0-9._-]*, at most "
-                         "%d bytes, not 'host')",
-                         LB_IMAGE_NAME_MAX);
-    else if (!id || strlen(id) >= LB_ID_MAX)
-        r = lb_error_set(err, -ENOENT, "no sandbox %s", id ? id : "");
+        r = routes_bad_image_name("'snapshot'", err);
+    else
+        r = routes_check_sandbox_id(id, err);
     if (r == 0 && !(j = calloc(1, sizeof(*j))))
         r = lb_error_set(err, -ENOMEM, "out of memory");
     if (r < 0) {
@@ -170,7 +142,7 @@ int route_sandbox_reset(struct lb_request *req, struct lb_error *err)
     /* one at a time with the seeds, releases and closes of the sandbox's session */
     if (lend_sandbox_rsid(((struct lb_app *)http_app(req))->lend, j->id, rsid, sizeof(rsid)) == 0)
         routes_serialize_session(req, rsid);
-    return http_defer(req, sandbox_reset_run, j, free, err);
+    return routes_defer_job(req, sandbox_reset_call, 200, j, free, err);
 }
 
 /* ---------- pause / resume ---------- */

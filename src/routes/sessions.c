@@ -10,8 +10,7 @@
 
 struct seed_job {
     char *rsid;
-    json_t *body; /* keeps the strings the request points into alive */
-    struct lb_seed_request req;
+    struct routes_spec_job spec;
 };
 
 void routes_spec_release(struct lb_seed_request *req)
@@ -26,15 +25,28 @@ void routes_spec_release(struct lb_seed_request *req)
     memset(req, 0, sizeof(*req));
 }
 
+int routes_spec_job_parse(struct lb_request *req, struct routes_spec_job *j, bool task_required,
+                          struct lb_error *err)
+{
+    int r = http_body_json(req, false, &j->body, err);
+
+    return r < 0 ? r : routes_parse_spec(j->body, &j->req, task_required, err);
+}
+
+void routes_spec_job_release(struct routes_spec_job *j)
+{
+    routes_spec_release(&j->req);
+    json_decref(j->body);
+}
+
 static void seed_job_free(void *arg)
 {
     struct seed_job *j = arg;
 
-    if (!j)
-        return;
-    routes_spec_release(&j->req);
-    json_decref(j->body);
-    free(j->rsid);
+    if (j) {
+        routes_spec_job_release(&j->spec);
+        free(j->rsid);
+    }
     free(j);
 }
 
@@ -334,8 +346,6 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
         "entrypoint", "provider", "idle_timeout_s", "on_idle", "ready_probe", NULL};
     json_t *task = json_object_get(body, "task_id"), *image = json_object_get(body, "image");
     json_t *ttl = json_object_get(body, "ttl_s"), *files = json_object_get(body, "files");
-    const char *path;
-    json_t *v;
     int r = routes_check_fields(body, fields,
                                 task_required ? "the seed request" : "the create request", err);
 
@@ -389,34 +399,15 @@ int routes_parse_spec(json_t *body, struct lb_seed_request *req, bool task_requi
     req->network = json_object_get(body, "network");
     if (json_is_null(req->network))
         req->network = NULL;
-    if (!files || json_is_null(files))
-        return 0;
-    if (!json_is_object(files))
-        return lb_error_set(err, -EINVAL, "'files' must be an object of path -> content");
-    req->files = calloc(json_object_size(files) + 1, sizeof(*req->files));
-    if (!req->files)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    json_object_foreach(files, path, v) {
-        r = routes_parse_file(path, v, &req->files[req->n_files], err);
-        if (r < 0) {
-            free(req->files[req->n_files].data);
-            free(req->files[req->n_files].path);
-            return r;
-        }
-        req->n_files++;
-    }
-    return 0;
+    return routes_parse_files(files, "'files' must be an object of path -> content", &req->files,
+                              &req->n_files, err);
 }
 
-static void seed_run(struct lb_request *req, void *arg)
+static int seed_call(struct lb_app *app, void *arg, json_t **lease, struct lb_error *err)
 {
     struct seed_job *j = arg;
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *lease = NULL;
-    int r = lend_seed(app->lend, j->rsid, &j->req, &lease, &err);
 
-    routes_respond(req, r, 200, lease, &err);
+    return lend_seed(app->lend, j->rsid, &j->spec.req, lease, err);
 }
 
 int route_seed(struct lb_request *req, struct lb_error *err)
@@ -435,15 +426,13 @@ int route_seed(struct lb_request *req, struct lb_error *err)
         free(j);
         return lb_error_set(err, -ENOMEM, "out of memory");
     }
-    r = http_body_json(req, false, &j->body, err);
-    if (r == 0)
-        r = routes_parse_spec(j->body, &j->req, true, err);
+    r = routes_spec_job_parse(req, &j->spec, true, err);
     if (r < 0) {
         seed_job_free(j);
         return r;
     }
     routes_serialize_session(req, rsid);
-    return http_defer(req, seed_run, j, seed_job_free, err);
+    return routes_defer_job(req, seed_call, 200, j, seed_job_free, err);
 }
 
 int route_session_get(struct lb_request *req, struct lb_error *err)
@@ -462,13 +451,7 @@ int route_session_get(struct lb_request *req, struct lb_error *err)
 
 int route_sessions_list(struct lb_request *req, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    json_t *out = NULL;
-    int r = lend_list_leases(app->lend, http_query(req, "state"), &out, err);
-
-    if (r == 0)
-        http_respond_json(req, 200, out);
-    return r;
+    return routes_respond_list(req, lend_list_leases, err);
 }
 
 static void release_run(struct lb_request *req, void *arg)
@@ -500,14 +483,9 @@ int route_release(struct lb_request *req, struct lb_error *err)
 
 /* ---------- release_all ---------- */
 
-static void release_all_run(struct lb_request *req, void *arg)
+static int release_all_call(struct lb_app *app, void *labels, json_t **out, struct lb_error *err)
 {
-    struct lb_app *app = http_app(req);
-    struct lb_error err = {0};
-    json_t *out = NULL;
-    int r = lend_release_all(app->lend, arg, (size_t)app->stop_concurrency, &out, &err);
-
-    routes_respond(req, r, 200, out, &err);
+    return lend_release_all(app->lend, labels, (size_t)app->stop_concurrency, out, err);
 }
 
 static void release_all_free(void *arg)
@@ -536,7 +514,7 @@ int route_release_all(struct lb_request *req, struct lb_error *err)
     }
     json_incref(labels); /* NULL-safe; the job owns it */
     json_decref(body);
-    return http_defer(req, release_all_run, labels, release_all_free, err);
+    return routes_defer_job(req, release_all_call, 200, labels, release_all_free, err);
 }
 
 json_t *routes_seed_items_results(const struct routes_seed_item *items, size_t n)

@@ -36,6 +36,16 @@ struct timespec clock_realtime_after_ms(int64_t ms)
     return ts;
 }
 
+void clock_cond_init_mono(pthread_cond_t *c)
+{
+    pthread_condattr_t ca;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 void clock_format_rfc3339(int64_t unix_s, char *out, size_t out_len)
 {
     time_t t = (time_t)unix_s;

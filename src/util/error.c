@@ -18,41 +18,38 @@ static void error_vset(struct lb_error *err, int code, const char *fmt, va_list 
     utf8_sanitize_inplace(err->message, sizeof(err->message));
 }
 
+/* error_vset(err, code, fmt, the variadic arguments after fmt) in a variadic function. */
+#define ERROR_SET_ARGS(err, code, fmt)                                                             \
+    do {                                                                                           \
+        va_list ap_;                                                                               \
+                                                                                                   \
+        va_start(ap_, fmt);                                                                        \
+        error_vset(err, code, fmt, ap_);                                                           \
+        va_end(ap_);                                                                               \
+    } while (0)
+
 int lb_error_set(struct lb_error *err, int code, const char *fmt, ...)
 {
-    va_list ap;
-
-    if (!err)
-        return code;
-    va_start(ap, fmt);
-    error_vset(err, code, fmt, ap);
-    va_end(ap);
+    if (err)
+        ERROR_SET_ARGS(err, code, fmt);
     return code;
 }
 
 int lb_error_keep(struct lb_error *err, int code, const char *fmt, ...)
 {
-    va_list ap;
-
-    if (!err || err->code != 0)
-        return err ? err->code : code;
-    va_start(ap, fmt);
-    error_vset(err, code, fmt, ap);
-    va_end(ap);
+    if (err && err->code != 0)
+        return err->code;
+    if (err)
+        ERROR_SET_ARGS(err, code, fmt);
     return code;
 }
 
 int lb_error_recode(struct lb_error *err, int code, const char *fmt, ...)
 {
-    va_list ap;
-
     if (!err)
         return code;
-    if (err->code == 0) {
-        va_start(ap, fmt);
-        error_vset(err, code, fmt, ap);
-        va_end(ap);
-    }
+    if (err->code == 0)
+        ERROR_SET_ARGS(err, code, fmt);
     err->code = code;
     return code;
 }

@@ -8,7 +8,6 @@
 
 #include <archive.h>
 #include <archive_entry.h>
-#include <curl/curl.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +18,6 @@
 
 #include "provider/engine/httpc.h"
 #include "util/log.h"
-#include "util/token.h"
 
 #define GO_MODE_DIR (1U << 31)
 #define GO_MODE_SYMLINK (1U << 27)
@@ -33,52 +31,30 @@ enum path_kind { PATH_MISSING, PATH_DIR, PATH_OTHER };
 static int path_kind(struct lb_docker *d, const char *id, const char *path, enum path_kind *out,
                      struct lb_error *err)
 {
-    struct lb_httpc_request req = {.method = "HEAD",
-                                   .timeout_ms = 30000,
-                                   .max_body_bytes = 65536,
-                                   .want_header = "X-Docker-Container-Path-Stat"};
-    struct lb_httpc_response resp = {0};
-    char url[8192], name[256], *enc = curl_easy_escape(NULL, path, 0);
-    unsigned char *raw = NULL;
-    size_t raw_len = 0;
     json_t *j = NULL;
     const char *link;
     uint64_t mode;
-    int r;
+    long status;
+    int r = docker_path_stat(d, id, path, &j, &status, err);
 
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    docker_name(d, id, name, sizeof(name));
-    snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
-    curl_free(enc);
-    req.path = url;
-    r = httpc_do(d->eng.http, &req, &resp, err);
-    if (r < 0) {
-        r = docker_transport_error(r, err);
-        goto out;
-    }
-    if (resp.status == 404) {
+    if (r < 0)
+        return r;
+    if (status == 404) {
+        json_decref(j);
         *out = PATH_MISSING;
-        goto out;
+        return 0;
     }
-    if (resp.status != 200 || !resp.header_value ||
-        token_base64_decode(resp.header_value, strlen(resp.header_value), &raw, &raw_len) < 0 ||
-        !(j = json_loadb((const char *)raw, raw_len, 0, NULL))) {
-        r = lb_error_set(err, -EREMOTEIO, "docker engine: cannot stat '%s' (HTTP %ld)", path,
-                         resp.status);
-        goto out;
-    }
+    if (!j)
+        return lb_error_set(err, -EREMOTEIO, "docker engine: cannot stat '%s' (HTTP %ld)", path,
+                            status);
     mode = (uint64_t)json_integer_value(json_object_get(j, "mode"));
     link = json_string_value(json_object_get(j, "linkTarget"));
     if ((mode & GO_MODE_SYMLINK) || (link && *link && strcmp(link, path) != 0))
         *out = PATH_OTHER;
     else
         *out = (mode & GO_MODE_DIR) ? PATH_DIR : PATH_OTHER;
-out:
     json_decref(j);
-    free(raw);
-    httpc_response_release(&resp);
-    return r;
+    return 0;
 }
 
 /* A tar of one directory entry (dir without its leading '/', 0755) into a spool file: its fd
@@ -266,17 +242,9 @@ int docker_archive_get(struct lb_engine *eng, const struct lb_sandbox_ref *ref, 
         r = lb_error_set(err, -ENOENT, "no directory '%s' in the sandbox", dir);
         goto out;
     }
-    if (resp.status != 200) {
-        r = lb_error_set(err, -EREMOTEIO, "docker engine: archive download failed (HTTP %ld)",
-                         resp.status);
+    r = docker_archive_read(&resp, fd, dir, &a, err);
+    if (r < 0)
         goto out;
-    }
-    if (lseek(fd, 0, SEEK_SET) < 0 || !(a = archive_read_new()) ||
-        archive_read_support_format_tar(a) != ARCHIVE_OK ||
-        archive_read_open_fd(a, fd, 65536) != ARCHIVE_OK) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot read the engine's archive of '%s'", dir);
-        goto out;
-    }
     while (r == 0 && (ar = archive_read_next_header(a, &e)) != ARCHIVE_EOF) {
         const char *rel, *hard;
         char name[4200], hname[4200];

@@ -100,26 +100,37 @@ static int archive_url(const struct lb_docker *d, const char *id, const char *pa
     return 0;
 }
 
-int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int tar_fd,
-                       uint64_t len, struct lb_httpc_response *resp, struct lb_error *err)
+/* req (its method and body or sink; its timeout, ARCHIVE_TIMEOUT_MS when 0) sent to the archive
+ * endpoint of path in sandbox id's container: archive_url's error, or httpc_do's return (a
+ * transport failure made this provider's error by docker_transport_error when transport is true).
+ */
+static int archive_do(struct lb_docker *d, const char *id, const char *path,
+                      struct lb_httpc_request *req, bool transport, struct lb_httpc_response *resp,
+                      struct lb_error *err)
 {
     char url[8192];
-    int r = archive_url(d, id, dir, url, sizeof(url), err);
+    int r = archive_url(d, id, path, url, sizeof(url), err);
 
     if (r < 0)
         return r;
-    {
-        struct lb_httpc_request req = {.method = "PUT",
-                                       .path = url,
-                                       .content_type = "application/x-tar",
-                                       .body_fd = tar_fd,
-                                       .body_fd_len = len,
-                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
-                                       .max_body_bytes = 65536};
+    req->path = url;
+    if (!req->timeout_ms)
+        req->timeout_ms = ARCHIVE_TIMEOUT_MS;
+    req->max_body_bytes = 65536;
+    r = httpc_do(d->eng.http, req, resp, err);
+    return r < 0 && transport ? docker_transport_error(r, err) : r;
+}
 
-        r = httpc_do(d->eng.http, &req, resp, err);
-    }
-    return r < 0 ? docker_transport_error(r, err) : 0;
+int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int tar_fd,
+                       uint64_t len, struct lb_httpc_response *resp, struct lb_error *err)
+{
+    struct lb_httpc_request req = {.method = "PUT",
+                                   .content_type = "application/x-tar",
+                                   .body_fd = tar_fd,
+                                   .body_fd_len = len};
+    int r = archive_do(d, id, dir, &req, true, resp, err);
+
+    return r < 0 ? r : 0;
 }
 
 int docker_put_file(struct lb_docker *d, const char *id, const char *path, int fd, const void *data,
@@ -183,40 +194,44 @@ static int archive_answer_failed(int r, const struct lb_httpc_response *resp, co
     return 0;
 }
 
-/* The path's stat from HEAD .../archive: the engine resolves symlinks inside the container
- * (linkTarget). */
-static int stat_path(struct lb_docker *d, const char *name, const char *path, char *target,
-                     size_t target_size, uint64_t *size, struct lb_error *err)
+int docker_path_stat(struct lb_docker *d, const char *id, const char *path, json_t **stat,
+                     long *status, struct lb_error *err)
 {
-    struct lb_httpc_request req = {.method = "HEAD",
-                                   .timeout_ms = 30000,
-                                   .max_body_bytes = 65536,
-                                   .want_header = "X-Docker-Container-Path-Stat"};
+    struct lb_httpc_request req = {
+        .method = "HEAD", .timeout_ms = 30000, .want_header = "X-Docker-Container-Path-Stat"};
     struct lb_httpc_response resp = {0};
-    char url[8192], *enc = escape(path);
     unsigned char *raw = NULL;
     size_t raw_len = 0;
+    int r = archive_do(d, id, path, &req, true, &resp, err);
+
+    *stat = NULL;
+    *status = resp.status;
+    if (r == 0 && resp.status == 200 && resp.header_value &&
+        token_base64_decode(resp.header_value, strlen(resp.header_value), &raw, &raw_len) == 0)
+        *stat = json_loadb((const char *)raw, raw_len, 0, NULL);
+    free(raw);
+    httpc_response_release(&resp);
+    return r;
+}
+
+/* The path's stat from HEAD .../archive: the engine resolves symlinks inside the container
+ * (linkTarget). */
+static int stat_path(struct lb_docker *d, const char *id, const char *path, char *target,
+                     size_t target_size, uint64_t *size, struct lb_error *err)
+{
     json_t *j = NULL;
     const char *link;
     json_int_t mode;
-    int r;
+    long status;
+    int r = docker_path_stat(d, id, path, &j, &status, err);
 
-    if (!enc)
-        return lb_error_set(err, -ENOMEM, "out of memory");
-    snprintf(url, sizeof(url), "/containers/%s/archive?path=%s", name, enc);
-    curl_free(enc);
-    req.path = url;
-    r = httpc_do(d->eng.http, &req, &resp, err);
-    r = archive_answer_failed(r, &resp, path, err);
+    if (r == 0 && status == 404)
+        r = lb_error_set(err, -ENOENT, "no file '%s' in the sandbox", path);
     if (r < 0)
-        goto out;
-    if (resp.status != 200 || !resp.header_value ||
-        token_base64_decode(resp.header_value, strlen(resp.header_value), &raw, &raw_len) < 0 ||
-        !(j = json_loadb((const char *)raw, raw_len, 0, NULL))) {
-        r = lb_error_set(err, resp.status == 400 ? -EINVAL : -EREMOTEIO,
-                         "docker engine: cannot stat '%s' (HTTP %ld)", path, resp.status);
-        goto out;
-    }
+        return r;
+    if (!j)
+        return lb_error_set(err, status == 400 ? -EINVAL : -EREMOTEIO,
+                            "docker engine: cannot stat '%s' (HTTP %ld)", path, status);
     mode = json_integer_value(json_object_get(j, "mode"));
     if (json_is_true(json_object_get(j, "isDir")) || ((uint64_t)mode & GO_MODE_DIR)) {
         r = lb_error_set(err, -EISDIR, "'%s' is a directory", path);
@@ -232,8 +247,6 @@ static int stat_path(struct lb_docker *d, const char *name, const char *path, ch
                 : 0;
 out:
     json_decref(j);
-    free(raw);
-    httpc_response_release(&resp);
     return r;
 }
 
@@ -255,26 +268,27 @@ static int too_large(const struct lb_docker *d, const char *path, uint64_t size,
                         path, (unsigned long long)d->max_file_bytes);
 }
 
+int docker_archive_read(const struct lb_httpc_response *resp, int fd, const char *dir,
+                        struct archive **a, struct lb_error *err)
+{
+    if (resp->status != 200)
+        return lb_error_set(err, -EREMOTEIO, "docker engine: archive download failed (HTTP %ld)",
+                            resp->status);
+    if (lseek(fd, 0, SEEK_SET) < 0 || !(*a = archive_read_new()) ||
+        archive_read_support_format_tar(*a) != ARCHIVE_OK ||
+        archive_read_open_fd(*a, fd, 65536) != ARCHIVE_OK)
+        return dir ? lb_error_set(err, -EREMOTEIO, "cannot read the engine's archive of '%s'", dir)
+                   : lb_error_set(err, -EREMOTEIO, "cannot read the engine's tar stream");
+    return 0;
+}
+
 int docker_get_archive(struct lb_docker *d, const char *id, const char *path, int fd, uint64_t max,
                        struct lb_httpc_response *resp, struct lb_error *err)
 {
     struct engine_spool_sink sink = {.fd = fd, .max = max};
-    char url[8192];
-    int r = archive_url(d, id, path, url, sizeof(url), err);
+    struct lb_httpc_request req = {.method = "GET", .sink = engine_spool_write, .sink_arg = &sink};
 
-    if (r < 0)
-        return r;
-    {
-        struct lb_httpc_request req = {.method = "GET",
-                                       .path = url,
-                                       .timeout_ms = ARCHIVE_TIMEOUT_MS,
-                                       .max_body_bytes = 65536,
-                                       .sink = engine_spool_write,
-                                       .sink_arg = &sink};
-
-        r = httpc_do(d->eng.http, &req, resp, err);
-    }
-    return r;
+    return archive_do(d, id, path, &req, false, resp, err);
 }
 
 int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, const char *path,
@@ -282,15 +296,14 @@ int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, co
 {
     struct lb_docker *d = (struct lb_docker *)eng;
     struct lb_httpc_response resp = {0};
-    char name[256], target[4200];
+    char target[4200];
     struct archive *a = NULL;
     struct archive_entry *e;
     int tar_fd = -1, out_fd = -1, r;
     struct stat st;
     uint64_t size = 0;
 
-    docker_name(d, ref->id, name, sizeof(name));
-    r = stat_path(d, name, path, target, sizeof(target), &size, err);
+    r = stat_path(d, ref->id, path, target, sizeof(target), &size, err);
     if (r < 0)
         return r;
     if (size > d->max_file_bytes) /* refused before the engine sends a byte */
@@ -308,19 +321,10 @@ int docker_file_open(struct lb_engine *eng, const struct lb_sandbox_ref *ref, co
         goto out;
     }
     r = archive_answer_failed(r, &resp, path, err);
+    if (r == 0)
+        r = docker_archive_read(&resp, tar_fd, NULL, &a, err);
     if (r < 0)
         goto out;
-    if (resp.status != 200) {
-        r = lb_error_set(err, -EREMOTEIO, "docker engine: archive download failed (HTTP %ld)",
-                         resp.status);
-        goto out;
-    }
-    if (lseek(tar_fd, 0, SEEK_SET) < 0 || !(a = archive_read_new()) ||
-        archive_read_support_format_tar(a) != ARCHIVE_OK ||
-        archive_read_open_fd(a, tar_fd, 65536) != ARCHIVE_OK) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot read the engine's tar stream");
-        goto out;
-    }
     if (archive_read_next_header(a, &e) != ARCHIVE_OK) {
         r = lb_error_set(err, -EREMOTEIO, "the engine's tar stream is empty or damaged: %s",
                          archive_error_string(a));

@@ -118,6 +118,19 @@ int docker_put_archive(struct lb_docker *d, const char *id, const char *dir, int
  * return (a transport failure is not yet this provider's error: docker_transport_error). */
 int docker_get_archive(struct lb_docker *d, const char *id, const char *path, int fd, uint64_t max,
                        struct lb_httpc_response *resp, struct lb_error *err);
+/* HEAD the archive endpoint of path in sandbox id's container: the answer's status into
+ * *status and, when it is 200 with a readable X-Docker-Container-Path-Stat, that stat (a new
+ * reference) into *stat (else NULL: the caller words the failure, a 404 included). 0, or the
+ * URL's or the transport's error (docker_transport_error) with err set. */
+int docker_path_stat(struct lb_docker *d, const char *id, const char *path, json_t **stat,
+                     long *status, struct lb_error *err);
+/* The tar a docker_get_archive answered (resp) into fd, opened for reading from fd's start
+ * once the answer is 200: *a (set to a reader as soon as one is made; the caller's to
+ * archive_read_free also on error). 0, or -EREMOTEIO with err set (dir: the tree named in the
+ * message; NULL: a single file's tar stream). */
+struct archive;
+int docker_archive_read(const struct lb_httpc_response *resp, int fd, const char *dir,
+                        struct archive **a, struct lb_error *err);
 
 /* The archive hooks of the engine base (docker_archive.c; see engine.h). */
 int docker_archive_put(struct lb_engine *e, const struct lb_sandbox_ref *ref, const char *dir,

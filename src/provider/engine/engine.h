@@ -54,7 +54,7 @@ struct engine_exec {
     bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
 };
 
-#define ENGINE_ARCHIVE_MAX_TOPS 4096      /* first components kept for a rollback */
+#define ENGINE_ARCHIVE_MAX_TOPS 4096 /* first components kept for a rollback */
 
 /* The distinct first components of an archive's names (engine_archive_put to the archive_put
  * hook); overflow: there were more than ENGINE_ARCHIVE_MAX_TOPS (the rest are not listed). */
@@ -407,12 +407,8 @@ int engine_snapshot_restore(struct lb_engine *e, const struct lb_sandbox_ref *re
  * archive in the spool dir before hooks->archive_put sees any of it (refused entries and a
  * body that is not a tar: -EINVAL; past max_bytes of file contents or the entry count:
  * -EFBIG); get writes what hooks->archive_get hands over to fd. */
-int engine_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                       struct lb_error *err);
-int engine_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                       int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                       struct lb_error *err);
+lb_provider_archive_fn engine_archive_put;
+lb_provider_archive_fn engine_archive_get;
 
 /* For an archive_put hook whose extraction failed part way: remove what it made, by an exec
  * of "rm -rf" in the instance (the image needs rm): dir itself when dir_was_new, else

@@ -480,81 +480,90 @@ static int merge_descend(merge_fn *fn, int sd, int tfd, const char *name, const 
     return r;
 }
 
-/* Before any rename: would moving the staged tree sfd into tfd meet a staged non-directory
- * over an existing directory, or a mount point? 0 or an error. */
-static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
+typedef int merge_entry_fn(int sd, int tfd, const char *name, const char *path, int depth,
+                           struct lb_error *err);
+
+/* entry on each entry of the staged directory sfd (named rel for errors) and the target tfd,
+ * until one fails: 0 or the first error. */
+static int merge_walk(merge_entry_fn *entry, int sfd, int tfd, const char *rel, int depth,
+                      struct lb_error *err)
 {
-    DIR *d;
+    DIR *d = NULL;
     struct dirent *de;
-    char *path;
+    char *path = NULL;
     int r = merge_open(sfd, rel, &d, &path, err);
 
     if (r < 0)
         return r;
     while (r == 0 && (de = readdir(d))) {
-        struct stat ss, ts;
-
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
         snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
-        if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) < 0)
-            continue; /* nothing there: a plain rename */
-        if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
-            r = local_map_errno(errno, path, err);
-            break;
-        }
-        if (local_is_mount_point(tfd, de->d_name)) {
-            r = lb_error_set(err, -EACCES,
-                             "'%s' is a mount point of the sandbox; the archive cannot replace it "
-                             "(nothing was extracted)",
-                             path);
-        } else if (S_ISDIR(ts.st_mode) && !S_ISDIR(ss.st_mode)) {
-            r = lb_error_set(err, -EISDIR,
-                             "'%s' is a directory in the sandbox and not one in the archive "
-                             "(nothing was extracted)",
-                             path);
-        } else if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH) {
-            r = merge_descend(merge_check, dirfd(d), tfd, de->d_name, path, depth, err);
-        }
+        r = entry(dirfd(d), tfd, de->d_name, path, depth, err);
     }
     closedir(d);
     free(path);
     return r;
 }
 
+static merge_fn merge_check;
+
+/* merge_check for the entry name of sd (staged) over tfd (path: its name for errors). */
+static int merge_check_entry(int sd, int tfd, const char *name, const char *path, int depth,
+                             struct lb_error *err)
+{
+    struct stat ss, ts;
+
+    if (fstatat(tfd, name, &ts, AT_SYMLINK_NOFOLLOW) < 0)
+        return 0; /* nothing there: a plain rename */
+    if (fstatat(sd, name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
+        return local_map_errno(errno, path, err);
+    if (local_is_mount_point(tfd, name))
+        return lb_error_set(err, -EACCES,
+                            "'%s' is a mount point of the sandbox; the archive cannot replace it "
+                            "(nothing was extracted)",
+                            path);
+    if (S_ISDIR(ts.st_mode) && !S_ISDIR(ss.st_mode))
+        return lb_error_set(err, -EISDIR,
+                            "'%s' is a directory in the sandbox and not one in the archive "
+                            "(nothing was extracted)",
+                            path);
+    if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH)
+        return merge_descend(merge_check, sd, tfd, name, path, depth, err);
+    return 0;
+}
+
+/* Before any rename: would moving the staged tree sfd into tfd meet a staged non-directory
+ * over an existing directory, or a mount point? 0 or an error. */
+static int merge_check(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
+{
+    return merge_walk(merge_check_entry, sfd, tfd, rel, depth, err);
+}
+
+static merge_fn merge_move;
+
+/* merge_move for the entry name of sd (staged) into tfd (path: its name for errors). */
+static int merge_move_entry(int sd, int tfd, const char *name, const char *path, int depth,
+                            struct lb_error *err)
+{
+    struct stat ss, ts;
+
+    if (fstatat(sd, name, &ss, AT_SYMLINK_NOFOLLOW) < 0)
+        return local_map_errno(errno, path, err);
+    if (fstatat(tfd, name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
+        if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH)
+            return merge_descend(merge_move, sd, tfd, name, path, depth, err);
+        (void)unlinkat(tfd, name, 0); /* a directory replaces a non-directory */
+    }
+    if (renameat(sd, name, tfd, name) < 0)
+        return local_map_errno(errno, path, err);
+    return 0;
+}
+
 /* Move the staged tree sfd into tfd (checked by merge_check). */
 static int merge_move(int sfd, int tfd, const char *rel, int depth, struct lb_error *err)
 {
-    DIR *d;
-    struct dirent *de;
-    char *path;
-    int r = merge_open(sfd, rel, &d, &path, err);
-
-    if (r < 0)
-        return r;
-    while (r == 0 && (de = readdir(d))) {
-        struct stat ss, ts;
-
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-            continue;
-        snprintf(path, PATH_BYTES, "%s/%s", rel, de->d_name);
-        if (fstatat(dirfd(d), de->d_name, &ss, AT_SYMLINK_NOFOLLOW) < 0) {
-            r = local_map_errno(errno, path, err);
-            break;
-        }
-        if (fstatat(tfd, de->d_name, &ts, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ss.st_mode)) {
-            if (S_ISDIR(ts.st_mode) && depth < ARCHIVE_MAX_PUT_DEPTH) {
-                r = merge_descend(merge_move, dirfd(d), tfd, de->d_name, path, depth, err);
-                continue;
-            }
-            (void)unlinkat(tfd, de->d_name, 0); /* a directory replaces a non-directory */
-        }
-        if (renameat(dirfd(d), de->d_name, tfd, de->d_name) < 0)
-            r = local_map_errno(errno, path, err);
-    }
-    closedir(d);
-    free(path);
-    return r;
+    return merge_walk(merge_move_entry, sfd, tfd, rel, depth, err);
 }
 
 /* A put holds an exclusive flock on its stage from just after making it until the stage is

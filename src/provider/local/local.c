@@ -478,15 +478,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     pthread_mutex_init(&lp->lock, NULL);
     pthread_mutex_init(&lp->stop_lock, NULL);
     pthread_mutex_init(&lp->uid_lock, NULL);
-    {
-        pthread_condattr_t ca;
-
-        /* local_stopping_enter's deadlines are monotonic */
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&lp->stopped, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    clock_cond_init_mono(&lp->stopped); /* local_stopping_enter's deadlines are monotonic */
     lp->uid_used = calloc((cfg->uid_count + 7) / 8, sizeof(*lp->uid_used));
     if (!lp->uid_used) {
         r = lb_error_set(err, -ENOMEM, "out of memory");

@@ -431,12 +431,8 @@ int local_memory_reserve_fd(struct local_provider *lp, const struct local_desc *
 
 /* ---- archive.c: archive_put / archive_get (provider.h) ----------------------------------------
  */
-int local_archive_put(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                      struct lb_error *err);
-int local_archive_get(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *dir,
-                      int fd, uint64_t max_bytes, struct lb_archive_result *out,
-                      struct lb_error *err);
+lb_provider_archive_fn local_archive_put;
+lb_provider_archive_fn local_archive_get;
 
 /* ---- quiesce.c: the exec gate, quiescing ---------------------------------------------------- */
 /* Exec admission per sandbox is lp->gates (gate.h): an exclusive exec runs alone.

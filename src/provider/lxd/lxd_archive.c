@@ -96,28 +96,14 @@ static json_t *listing_names(int fd)
 static int post_special(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                         const char *target, int mode, struct lb_error *err)
 {
-    char url[PATH_MAX + 128], mode_hdr[32], m[300];
-    const char *headers[] = {target ? "X-LXD-type: symlink" : "X-LXD-type: directory",
-                             mode_hdr,
-                             "X-LXD-uid: 0",
-                             "X-LXD-gid: 0",
-                             "X-LXD-write: overwrite",
-                             NULL};
-    struct lb_httpc_request req = {.method = "POST",
-                                   .content_type = "application/octet-stream",
-                                   .body = target ? target : "",
+    struct lb_httpc_request req = {.body = target ? target : "",
                                    .body_len = target ? strlen(target) : 0,
-                                   .headers = headers,
-                                   .max_body_bytes = 65536};
+                                   .timeout_ms = l->call_timeout_ms};
     struct lb_httpc_response resp = {0};
-    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
+    char m[300];
+    int r = lxd_files_post(l, ref, path, target ? "symlink" : "directory", (unsigned)mode, true,
+                           &req, &resp, err);
 
-    if (r < 0)
-        return r;
-    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: 0%o", (unsigned)mode & 07777);
-    req.path = url;
-    req.timeout_ms = l->call_timeout_ms;
-    r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     if (r == 0 && resp.status != 200) {
         httpc_json_message(&resp, "error", m, sizeof(m));
         if (strstr(m, "no space") || strstr(m, "quota"))

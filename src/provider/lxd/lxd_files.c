@@ -36,27 +36,40 @@ int lxd_files_url(const char *id, const char *path, char *buf, size_t size, stru
 
 /* ---------- files ---------- */
 
+int lxd_files_post(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                   const char *type, unsigned mode, bool overwrite, struct lb_httpc_request *req,
+                   struct lb_httpc_response *resp, struct lb_error *err)
+{
+    char url[PATH_MAX + 128], type_hdr[32], mode_hdr[32];
+    const char *headers[] = {
+        type_hdr, mode_hdr, "X-LXD-uid: 0", "X-LXD-gid: 0", "X-LXD-write: overwrite", NULL};
+    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
+
+    if (r < 0)
+        return r;
+    snprintf(type_hdr, sizeof(type_hdr), "X-LXD-type: %s", type);
+    /* a leading 0 always: LXD reads "4755" (setuid, no leading 0) as a decimal number */
+    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: 0%o", mode & 07777);
+    if (!overwrite)
+        headers[4] = NULL;
+    req->method = "POST";
+    /* octet-stream always: with a form type LXD 5.0.2 answers 200 and writes nothing */
+    req->content_type = "application/octet-stream";
+    req->headers = headers;
+    req->path = url;
+    req->max_body_bytes = 65536;
+    return lxd_do(l, lxd_member_of(ref), req, resp, err);
+}
+
 /* POST one directory (mode 0755, root's); an existing directory is fine. */
 static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *dir,
                     struct lb_error *err)
 {
-    static const char *const headers[] = {"X-LXD-type: directory", "X-LXD-mode: 0755",
-                                          "X-LXD-uid: 0", "X-LXD-gid: 0", NULL};
-    struct lb_httpc_request req = {.method = "POST",
-                                   .content_type = "application/octet-stream",
-                                   .body = "",
-                                   .body_len = 0,
-                                   .headers = headers,
-                                   .max_body_bytes = 65536};
+    struct lb_httpc_request req = {.body = "", .body_len = 0, .timeout_ms = l->call_timeout_ms};
     struct lb_httpc_response resp = {0};
-    char path[PATH_MAX + 128], m[300];
-    int r = lxd_files_url(ref->id, dir, path, sizeof(path), err);
+    char m[300];
+    int r = lxd_files_post(l, ref, dir, "directory", 0755, false, &req, &resp, err);
 
-    if (r < 0)
-        return r;
-    req.path = path;
-    req.timeout_ms = l->call_timeout_ms;
-    r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
     if (r == 0 && resp.status != 200) {
         httpc_json_message(&resp, "error", m, sizeof(m));
         if (resp.status == 404 && strstr(m, "nstance"))
@@ -96,24 +109,10 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
                      const void *data, uint64_t len, int mode, long *status, char *m, size_t m_size,
                      struct lb_error *err)
 {
-    char url[PATH_MAX + 128], mode_hdr[32];
-    const char *headers[] = {"X-LXD-type: file",       mode_hdr, "X-LXD-uid: 0", "X-LXD-gid: 0",
-                             "X-LXD-write: overwrite", NULL};
-    /* octet-stream always: with a form type LXD 5.0.2 answers 200 and writes nothing */
-    struct lb_httpc_request req = {.method = "POST",
-                                   .content_type = "application/octet-stream",
-                                   .headers = headers,
-                                   .timeout_ms = FILE_TIMEOUT_MS,
-                                   .max_body_bytes = 65536};
+    struct lb_httpc_request req = {.timeout_ms = FILE_TIMEOUT_MS};
     struct lb_httpc_response resp = {0};
-    int r = lxd_files_url(ref->id, path, url, sizeof(url), err);
+    int r;
 
-    if (r < 0)
-        return r;
-    /* a leading 0 always: LXD reads "4755" (setuid, no leading 0) as a decimal number */
-    snprintf(mode_hdr, sizeof(mode_hdr), "X-LXD-mode: 0%o",
-             (unsigned)(mode < 0 ? 0644 : mode) & 07777);
-    req.path = url;
     if (fd >= 0) {
         if (lseek(fd, 0, SEEK_SET) < 0)
             return lb_error_set(err, -EIO, "cannot rewind the spooled upload: %s", strerror(errno));
@@ -127,7 +126,8 @@ static int post_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const c
         req.body = data ? data : "";
         req.body_len = (size_t)len;
     }
-    r = lxd_do(l, lxd_member_of(ref), &req, &resp, err);
+    r = lxd_files_post(l, ref, path, "file", (unsigned)(mode < 0 ? 0644 : mode), true, &req, &resp,
+                       err);
     *status = resp.status;
     httpc_json_message(&resp, "error", m, m_size);
     httpc_response_release(&resp);

@@ -105,6 +105,13 @@ int lxd_put_file(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char 
 /* "/1.0/instances/<id>/files?path=<escaped path>" into buf (size bytes). 0, or -ENOMEM /
  * -EINVAL (too long) with err set. */
 int lxd_files_url(const char *id, const char *path, char *buf, size_t size, struct lb_error *err);
+/* POST req (its body and timeout_ms set by the caller; the rest set here) to the files endpoint
+ * of path in ref's instance: a type ("file", "directory", "symlink") owned by root with mode's
+ * permission bits (mode & 07777), replacing what is there when overwrite is true. Returns
+ * lxd_files_url's error or lxd_do's return; the answer into *resp (the caller releases it). */
+int lxd_files_post(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                   const char *type, unsigned mode, bool overwrite, struct lb_httpc_request *req,
+                   struct lb_httpc_response *resp, struct lb_error *err);
 /* Make the directory path and its parents in the instance (existing ones are fine). */
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
