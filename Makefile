@@ -219,14 +219,14 @@ e2e-pool: all $(E2E_POOL_BINS)
 # socket of the two-member LXD cluster of scripts/lxd-cluster (brought up here once, left up:
 # `scripts/lxd-cluster down` removes it; LXD_CLUSTER_INDEX says which, make check claims its
 # own), plus test_lxd (cluster placement, adoption, a dead member, the octet-stream file
-# pitfall) and test_lxd_idmap (40 seeds at once, each instance in an id range of its own, kept
-# across a restart). Where LXD cannot run the script exits 77 and every
+# pitfall), test_lxd_idmap (40 seeds at once, each instance in an id range of its own, kept
+# across a restart) and test_lxd_burst (member b killed while 20 seeds are in flight). Where LXD cannot run the script exits 77 and every
 # program is skipped (said here). activation runs on lxd with the receipt read back from the
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 # lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
 # run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
 # and flattening skip, saying why).
-E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lxd_burst lost snapshot fork reset archive
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 e2e-lxd: all $(E2E_LXD_BINS)
 	@out=$$(scripts/lxd-cluster up); rc=$$?; echo "$$out" | tail -n 8; \
