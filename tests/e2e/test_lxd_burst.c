@@ -18,7 +18,7 @@
 #include "harness.h"
 
 #define N_BURST 20
-#define N_OUTAGE 4
+#define N_OUTAGE 2
 
 /* scripts/lxd-cluster ARGS (LENDBOX_E2E_LXD_CLUSTER names another copy); its exit status. */
 static int cluster(const char *args)

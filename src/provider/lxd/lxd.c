@@ -419,12 +419,20 @@ static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, in
                        struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)e;
-    int r = lxd_remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms, true, err);
+    uint32_t id_base = lxd_idmap_of_descriptor(ref->descriptor);
+    struct lb_error ferr = {0};
+    char where[128];
+    int r;
 
+    /* no descriptor (a failed create whose instance may exist): its range from LXD, to give
+     * back once the instance is gone */
+    if (!id_base && !ref->descriptor)
+        (void)lxd_find_own(l, ref->id, where, sizeof(where), &id_base, &ferr);
+    r = lxd_remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms, true, err);
     /* the instance is gone: its range is free (a descriptor of an older version names none;
      * its slots are swept at the next start) */
     if (r == 0)
-        lxd_idmap_free(l, lxd_idmap_of_descriptor(ref->descriptor));
+        lxd_idmap_free(l, id_base);
     return r;
 }
 
