@@ -48,7 +48,9 @@ static json_t *new_descriptor(const char *name, const char *location, const char
 }
 
 /* A cluster with no Online member (or a target member that is not Online) cannot take a new
- * instance: -EREMOTEIO at once rather than after LXD's own waits. */
+ * instance: -EREMOTEIO at once rather than after LXD's own waits. The member this daemon talks
+ * to answered this very call: it counts as Online whatever the list says (under load, while
+ * another member is dead, its own heartbeat can lag and the list show it Offline). */
 static int check_members(struct lb_lxd *l, struct lb_error *err)
 {
     json_t *j = NULL, *m;
@@ -66,7 +68,7 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
         const char *st = json_string_value(json_object_get(m, "status")) ?: "";
         const char *name = json_string_value(json_object_get(m, "server_name")) ?: "";
 
-        if (strcmp(st, "Online") != 0)
+        if (strcmp(st, "Online") != 0 && (!l->member[0] || strcmp(name, l->member) != 0))
             continue;
         online++;
         if (target_member && strcmp(name, l->target) == 0)
@@ -197,22 +199,26 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
 }
 
 /* Did a create's POST itself fail because LXD could not reach the member it placed the
- * instance on ("Unable to connect to: ADDR", "connection refused", ...)? Then nothing was
- * made. A failure of the operation's wait (the member died while it created) is not this:
- * that instance may exist. */
+ * instance on ("Unable to connect to: ADDR", "connection refused", ...), or because it found
+ * no member to place it on (while a member is dead, the cluster's own heartbeats can lag and
+ * leave none Online: "No suitable cluster member could be found")? Then nothing was made. A
+ * failure of the operation's wait (the member died while it created) is not this: that
+ * instance may exist. */
 static bool create_unreachable(const struct lb_error *e)
 {
     return strncmp(e->message, "LXD: POST /1.0/instances", 24) == 0 &&
            (strstr(e->message, "Unable to connect") || strstr(e->message, "connection refused") ||
             strstr(e->message, "no route to host") || strstr(e->message, "i/o timeout") ||
-            strstr(e->message, "Missing event connection"));
+            strstr(e->message, "Missing event connection") ||
+            strstr(e->message, "No suitable cluster member"));
 }
 
 /* Another member for a create that LXD placed on a member it cannot reach (one that died: the
  * cluster marks it offline only after its heartbeats are missed, cluster.offline_threshold,
  * 20 s by default, and places new instances on it until then): an Online member whose address
- * failure does not name, taken in turn, into out. 0, -ENOENT when there is none (or failure
- * names no member: the cause is not a member), or engine_get_json's errors. */
+ * failure does not name, taken in turn, into out; when failure names no member (LXD found none
+ * to place it on), the member this daemon talks to, which just answered. 0, -ENOENT when there
+ * is none, or engine_get_json's errors. */
 static int create_other_member(struct lb_lxd *l, const char *failure, char *out, size_t size,
                                struct lb_error *err)
 {
@@ -240,7 +246,9 @@ static int create_other_member(struct lb_lxd *l, const char *failure, char *out,
             strcmp(json_string_value(json_object_get(m, "status")) ?: "", "Online") == 0)
             cand[n++] = name;
     }
-    if (!named || n == 0)
+    if (!named && l->member[0])
+        snprintf(out, size, "%s", l->member);
+    else if (!named || n == 0)
         r = -ENOENT;
     else
         snprintf(out, size, "%s", cand[atomic_fetch_add(&turn, 1) % n]);
@@ -297,9 +305,9 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     json_decref(body);
     if (r == 0)
         return 0;
-    /* the request was taken (its POST answered) but its operation did not end well: the
-     * instance may exist */
-    if (strncmp(cerr.message, "LXD: POST ", 10) != 0 && r != -ENOENT)
+    /* unless LXD refused the request (4xx) or could not reach a member for it, the instance
+     * may exist: its operation failed, or the member died while it took the POST ("EOF") */
+    if (r != -ENOENT && !create_unreachable(&cerr) && !strstr(cerr.message, "(HTTP 4"))
         inst->maybe_made = true;
     if (strstr(cerr.message, "already exists"))
         return -EEXIST;
@@ -651,6 +659,9 @@ static int check_server(struct lb_lxd *l, struct lb_error *err)
     }
     l->clustered =
         json_is_true(json_object_get(json_object_get(md, "environment"), "server_clustered"));
+    snprintf(l->member, sizeof(l->member), "%s",
+             json_string_value(json_object_get(json_object_get(md, "environment"), "server_name"))
+                 ?: "");
     if (l->target) {
         bool found = false;
         size_t i;
