@@ -222,16 +222,17 @@ e2e-pool: all $(E2E_POOL_BINS)
 # socket of the two-member LXD cluster of scripts/lxd-cluster (brought up here once, left up:
 # `scripts/lxd-cluster down` removes it; LXD_CLUSTER_INDEX says which, make check claims its
 # own), plus test_lxd (cluster placement, adoption, a dead member, the octet-stream file
-# pitfall) and test_lxd_idmap (40 seeds at once, each instance in an id range of its own, kept
-# across a restart). Where LXD cannot run the script exits 77 and every
+# pitfall), test_lxd_idmap (40 seeds at once, each instance in an id range of its own, kept
+# across a restart) and test_lxd_burst (member b killed while 20 seeds are in flight). Where LXD cannot run the script exits 77 and every
 # program is skipped (said here). activation runs on lxd with the receipt read back from the
 # instance (capability receipt_file); its forged-receipt step is skipped there (said, and why).
 # lost runs there for its usage case (the instance's state from LXD). snapshot, fork and reset
 # run with LXD's own copies (the cases about the local provider's host-side copy, disk bounds
 # and flattening skip, saying why). warm_engine: a warm pool of 4 fills (refills at once), a
 # seed takes one, it refills, a restart adopts the pool, max age replaces one, nothing is left.
-E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lost snapshot fork reset archive \
-	warm_engine
+# lxd_burst: member b killed while 20 seeds are in flight; every seed answers, nothing is left.
+E2E_LXD_PROGS ?= lending exec files durability activation lxd lxd_idmap lxd_burst lost snapshot fork \
+	reset archive warm_engine
 E2E_LXD_BINS = $(E2E_LXD_PROGS:%=$(BUILD)/tests/test_%)
 # Then the pool variant's programs on lxd (variant lxd-pool: every daemon keeps a warm pool of
 # 2 on the cluster), a subset to keep make check short: files (each test's seeds take warm

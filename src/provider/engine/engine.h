@@ -41,6 +41,9 @@ struct engine_instance {
                            (a snapshot this backend made), not one of the engine's own */
     uint32_t id_base;   /* lxd: the first host id of the instance's own id range (its slot,
                            taken by prepare); 0: none */
+    bool maybe_made;    /* set by a make that failed after the engine took the request (its
+                           operation's wait failed): the instance may exist all the same, and
+                           rollback must remove it before it gives anything it holds back */
 };
 
 /* One exec on its way through engine_exec and the backend's exec_run hook. */

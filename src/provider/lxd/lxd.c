@@ -48,7 +48,9 @@ static json_t *new_descriptor(const char *name, const char *location, const char
 }
 
 /* A cluster with no Online member (or a target member that is not Online) cannot take a new
- * instance: -EREMOTEIO at once rather than after LXD's own waits. */
+ * instance: -EREMOTEIO at once rather than after LXD's own waits. The member this daemon talks
+ * to answered this very call: it counts as Online whatever the list says (under load, while
+ * another member is dead, its own heartbeat can lag and the list show it Offline). */
 static int check_members(struct lb_lxd *l, struct lb_error *err)
 {
     json_t *j = NULL, *m;
@@ -66,7 +68,7 @@ static int check_members(struct lb_lxd *l, struct lb_error *err)
         const char *st = json_string_value(json_object_get(m, "status")) ?: "";
         const char *name = json_string_value(json_object_get(m, "server_name")) ?: "";
 
-        if (strcmp(st, "Online") != 0)
+        if (strcmp(st, "Online") != 0 && (!l->member[0] || strcmp(name, l->member) != 0))
             continue;
         online++;
         if (target_member && strcmp(name, l->target) == 0)
@@ -196,6 +198,64 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     return r;
 }
 
+/* Did a create's POST itself fail because LXD could not reach the member it placed the
+ * instance on ("Unable to connect to: ADDR", "connection refused", ...), or because it found
+ * no member to place it on (while a member is dead, the cluster's own heartbeats can lag and
+ * leave none Online: "No suitable cluster member could be found")? Then nothing was made. A
+ * failure of the operation's wait (the member died while it created) is not this: that
+ * instance may exist. */
+static bool create_unreachable(const struct lb_error *e)
+{
+    return strncmp(e->message, "LXD: POST /1.0/instances", 24) == 0 &&
+           (strstr(e->message, "Unable to connect") || strstr(e->message, "connection refused") ||
+            strstr(e->message, "no route to host") || strstr(e->message, "i/o timeout") ||
+            strstr(e->message, "Missing event connection") ||
+            strstr(e->message, "No suitable cluster member"));
+}
+
+/* Another member for a create that LXD placed on a member it cannot reach (one that died: the
+ * cluster marks it offline only after its heartbeats are missed, cluster.offline_threshold,
+ * 20 s by default, and places new instances on it until then): an Online member whose address
+ * failure does not name, taken in turn, into out; when failure names no member (LXD found none
+ * to place it on), the member this daemon talks to, which just answered. 0, -ENOENT when there
+ * is none, or engine_get_json's errors. */
+static int create_other_member(struct lb_lxd *l, const char *failure, char *out, size_t size,
+                               struct lb_error *err)
+{
+    static atomic_uint turn;
+    json_t *j = NULL, *m;
+    const char *cand[64];
+    size_t i, n = 0;
+    bool named = false;
+    int r;
+
+    r = engine_get_json(&l->eng, "/1.0/cluster/members?recursion=1", "cluster member list", 0, &j,
+                        err);
+    if (r < 0)
+        return r;
+    json_array_foreach(json_object_get(j, "metadata"), i, m) {
+        const char *name = json_string_value(json_object_get(m, "server_name"));
+        const char *url = json_string_value(json_object_get(m, "url")) ?: "";
+        const char *addr = strstr(url, "://") ? strstr(url, "://") + 3 : url;
+
+        if (*addr && strstr(failure, addr)) {
+            named = true;
+            continue;
+        }
+        if (name && *name && n < sizeof(cand) / sizeof(cand[0]) &&
+            strcmp(json_string_value(json_object_get(m, "status")) ?: "", "Online") == 0)
+            cand[n++] = name;
+    }
+    if (!named && l->member[0])
+        snprintf(out, size, "%s", l->member);
+    else if (!named || n == 0)
+        r = -ENOENT;
+    else
+        snprintf(out, size, "%s", cand[atomic_fetch_add(&turn, 1) % n]);
+    json_decref(j);
+    return r;
+}
+
 static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                      const struct lb_sandbox_spec *spec, const char *image, int64_t timeout_ms,
                      struct engine_instance *inst, struct lb_error *err)
@@ -226,9 +286,29 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     }
     snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
     r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
+    if (r < 0 && !target && l->clustered && create_unreachable(&cerr)) {
+        /* placed by the cluster on a member it cannot reach: nothing was made; once more on
+         * another member (a pinned lxd.target is never moved) */
+        char other[128], *enc;
+        struct lb_error merr = {0};
+
+        if (create_other_member(l, cerr.message, other, sizeof(other), &merr) == 0 &&
+            (enc = curl_easy_escape(NULL, other, 0))) {
+            log_warn_sbx(ref->id, "lxd: create placed on an unreachable member (%s); on member %s",
+                         cerr.message, other);
+            snprintf(path, sizeof(path), "/1.0/instances?target=%s", enc);
+            curl_free(enc);
+            lb_error_clear(&cerr);
+            r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
+        }
+    }
     json_decref(body);
     if (r == 0)
         return 0;
+    /* unless LXD refused the request (4xx) or could not reach a member for it, the instance
+     * may exist: its operation failed, or the member died while it took the POST ("EOF") */
+    if (r != -ENOENT && !create_unreachable(&cerr) && !strstr(cerr.message, "(HTTP 4"))
+        inst->maybe_made = true;
     if (strstr(cerr.message, "already exists"))
         return -EEXIST;
     if (inst->from_snapshot && r == -ENOENT)
@@ -331,7 +411,9 @@ static void hook_rollback(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     struct lb_lxd *l = (struct lb_lxd *)e;
     struct lb_error rerr = {0};
 
-    if (made &&
+    /* a create whose outcome is unknown: removed like a made one (404 is fine), else its
+     * range could go to another instance while this one runs with it */
+    if ((made || inst->maybe_made) &&
         lxd_remove_instance(l, ref->id, inst->handle, l->call_timeout_ms * 2, true, &rerr) < 0) {
         /* its range stays taken while the instance may still run (the stop's retry frees it) */
         log_warn_sbx(ref->id, "lxd: cannot remove instance %s of a failed create: %s", ref->id,
@@ -345,12 +427,20 @@ static int hook_remove(struct lb_engine *e, const struct lb_sandbox_ref *ref, in
                        struct lb_error *err)
 {
     struct lb_lxd *l = (struct lb_lxd *)e;
-    int r = lxd_remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms, true, err);
+    uint32_t id_base = lxd_idmap_of_descriptor(ref->descriptor);
+    struct lb_error ferr = {0};
+    char where[128];
+    int r;
 
+    /* no descriptor (a failed create whose instance may exist): its range from LXD, to give
+     * back once the instance is gone */
+    if (!id_base && !ref->descriptor)
+        (void)lxd_find_own(l, ref->id, where, sizeof(where), &id_base, &ferr);
+    r = lxd_remove_instance(l, ref->id, lxd_member_of(ref), timeout_ms, true, err);
     /* the instance is gone: its range is free (a descriptor of an older version names none;
      * its slots are swept at the next start) */
     if (r == 0)
-        lxd_idmap_free(l, lxd_idmap_of_descriptor(ref->descriptor));
+        lxd_idmap_free(l, id_base);
     return r;
 }
 
@@ -569,6 +659,9 @@ static int check_server(struct lb_lxd *l, struct lb_error *err)
     }
     l->clustered =
         json_is_true(json_object_get(json_object_get(md, "environment"), "server_clustered"));
+    snprintf(l->member, sizeof(l->member), "%s",
+             json_string_value(json_object_get(json_object_get(md, "environment"), "server_name"))
+                 ?: "");
     if (l->target) {
         bool found = false;
         size_t i;

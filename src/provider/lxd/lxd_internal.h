@@ -28,6 +28,7 @@ struct lb_lxd {
     char pool[128];          /* the root pool of new instances (the default profile's) */
     bool pool_has_quota;     /* its driver bounds a root device's size (not "dir") */
     bool clustered;          /* the server is a cluster member */
+    char member[128];        /* its name in the cluster (GET /1.0 server_name); "" if none */
     void *supervise_data;    /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
     struct lb_idslots idmap; /* the instances' id slots (lxd_idmap.c) */
