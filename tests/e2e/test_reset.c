@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -733,6 +734,51 @@ START_TEST(test_reset_killed)
 }
 END_TEST
 
+/* An exec admitted with the old token before an in-place reset, whose provider call comes
+ * after it (held at the fault point), must not run in the next episode. */
+START_TEST(test_reset_in_place_late_exec)
+{
+    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], path[160], *out;
+    const char *args[] = {"--set", spec, NULL};
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease;
+    long status;
+    int fd;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider has no in-place reset");
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-exec-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=provider.exec=hold:%s", hold);
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-lateexec", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    job = lbt_async_json(&F, "POST", path, tok, "{\"command\": \"touch /tmp/late-exec\"}");
+    lbt_sleep_ms(500);
+    ck_assert(!lbt_async_done(job));
+    reset(&F, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    lbt_async_join(job, &r);
+    status = r.status;
+    lbt_resp_free(&r);
+    out = sh_tok(&F, sbx, tok, "ls /tmp/late-exec 2>/dev/null; echo done");
+    (void)unlink(hold);
+    ck_assert_msg(strcmp(out, "done\n") == 0,
+                  "the old episode's exec (answered %ld) ran in the next one: %s", status, out);
+    free(out);
+    lbt_release_session(&F, "rs-reset-lateexec");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reset");
@@ -754,6 +800,11 @@ int main(void)
     tcase_add_test(tc, test_reset_failed_stops);
     tcase_add_test(tc, test_reset_in_place_failed_stops);
     tcase_add_test(tc, test_reset_killed);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("late-exec");
+    lbt_test_daemon_cleanup(tc, &F);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_reset_in_place_late_exec);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
