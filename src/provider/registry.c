@@ -67,6 +67,7 @@ static int local_open(const struct lb_provider_env *env, struct lb_provider **ou
         .seccomp_off = !cfg->seccomp,
         .seccomp_deny = cfg->seccomp_deny,
         .sandbox_nofile = cfg->sandbox_nofile,
+        .reset_in_place = cfg->reset_in_place,
         .net = {.range = cfg->net_range,
                 .inherit = cfg->net_inherit,
                 .nft_table = cfg->net_nft_table,

@@ -85,6 +85,7 @@ struct lb_config {
     char *storage;          /* "tmpfs" or "dir" */
     char *data_dir;         /* storage dir: NULL means <state_dir>/data */
     int64_t sandbox_nofile; /* RLIMIT_NOFILE (soft and hard) of sandbox processes */
+    bool reset_in_place;    /* local: a reset may keep the namespaces (local/reset.c) */
     /* [docker] */
     char *docker_socket;        /* the engine's unix socket */
     char *docker_default_image; /* image of a seed without one; NULL: none */

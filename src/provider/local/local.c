@@ -475,6 +475,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->create_timeout_ms = cfg->create_timeout_ms > 0 ? cfg->create_timeout_ms : 10000;
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
+    lp->reset_in_place = cfg->reset_in_place;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_mutex_init(&lp->stop_lock, NULL);
     pthread_mutex_init(&lp->uid_lock, NULL);

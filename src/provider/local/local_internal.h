@@ -79,6 +79,7 @@ struct local_provider {
     char *data_dir;             /* storage dir: realpath of the data dir; else NULL */
     struct lb_seccomp seccomp;  /* installed in every sandbox process; len 0 when off */
     int64_t sandbox_nofile;     /* RLIMIT_NOFILE (soft = hard) of the init and every exec */
+    bool reset_in_place;        /* local.reset_in_place: a reset may keep the namespaces */
     struct local_net_host *net; /* links and egress rules (net.h) */
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
 

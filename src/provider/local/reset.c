@@ -171,6 +171,8 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         fds[i] = -1;
     if (!ref || !local_id_is_valid(ref->id))
         return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    if (!lp->reset_in_place)
+        return lb_error_set(err, -EOPNOTSUPP, "in-place resets are off (local.reset_in_place)");
     r = local_desc_load_running(lp, ref, &d, err);
     if (r < 0)
         return r;
