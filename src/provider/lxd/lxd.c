@@ -198,19 +198,28 @@ static int hook_prepare(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     return r;
 }
 
-/* Did a create's POST itself fail because LXD could not reach the member it placed the
- * instance on ("Unable to connect to: ADDR", "connection refused", ...), or because it found
- * no member to place it on (while a member is dead, the cluster's own heartbeats can lag and
- * leave none Online: "No suitable cluster member could be found")? Then nothing was made. A
- * failure of the operation's wait (the member died while it created) is not this: that
- * instance may exist. */
-static bool create_unreachable(const struct lb_error *e)
+/* Did a create's POST itself fail because LXD could not dial the member it placed the
+ * instance on ("Unable to connect to: ADDR", "connection refused", "no route to host"), or
+ * because it found no member to place it on (while a member is dead, the cluster's own
+ * heartbeats can lag and leave none Online: "No suitable cluster member could be found")?
+ * Then nothing was made. */
+static bool create_not_made(const struct lb_error *e)
 {
     return strncmp(e->message, "LXD: POST /1.0/instances", 24) == 0 &&
            (strstr(e->message, "Unable to connect") || strstr(e->message, "connection refused") ||
-            strstr(e->message, "no route to host") || strstr(e->message, "i/o timeout") ||
-            strstr(e->message, "Missing event connection") ||
+            strstr(e->message, "no route to host") ||
             strstr(e->message, "No suitable cluster member"));
+}
+
+/* A create's POST that failed on the way to the member LXD placed it on: not dialled (above),
+ * or cut off after it was sent ("i/o timeout", "Missing event connection": the member may have
+ * taken it, so that instance may exist). Worth once more on another member. A failure of the
+ * operation's wait (the member died while it created) is not this. */
+static bool create_unreachable(const struct lb_error *e)
+{
+    return create_not_made(e) ||
+           (strncmp(e->message, "LXD: POST /1.0/instances", 24) == 0 &&
+            (strstr(e->message, "i/o timeout") || strstr(e->message, "Missing event connection")));
 }
 
 /* Another member for a create that LXD placed on a member it cannot reach (one that died: the
@@ -287,11 +296,15 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
     r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
     if (r < 0 && !target && l->clustered && create_unreachable(&cerr)) {
-        /* placed by the cluster on a member it cannot reach: nothing was made; once more on
-         * another member (a pinned lxd.target is never moved) */
+        /* placed by the cluster on a member it cannot reach: once more on another member (a
+         * pinned lxd.target is never moved) */
         char other[128], *enc;
         struct lb_error merr = {0};
 
+        /* a POST cut off after it was sent may have made the instance on that member: its
+         * removal comes before its id range is given back, whatever the retry does */
+        if (!create_not_made(&cerr))
+            inst->maybe_made = true;
         if (create_other_member(l, cerr.message, other, sizeof(other), &merr) == 0 &&
             (enc = curl_easy_escape(NULL, other, 0))) {
             log_warn_sbx(ref->id, "lxd: create placed on an unreachable member (%s); on member %s",
@@ -307,7 +320,7 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
         return 0;
     /* unless LXD refused the request (4xx) or could not reach a member for it, the instance
      * may exist: its operation failed, or the member died while it took the POST ("EOF") */
-    if (r != -ENOENT && !create_unreachable(&cerr) && !strstr(cerr.message, "(HTTP 4"))
+    if (r != -ENOENT && !create_not_made(&cerr) && !strstr(cerr.message, "(HTTP 4"))
         inst->maybe_made = true;
     if (strstr(cerr.message, "already exists"))
         return -EEXIST;
