@@ -290,12 +290,14 @@ int warm_start(const struct lb_warm_config *cfg, struct lb_lend *l, struct lb_wa
      * machine's CPU (bwrap, mounts, namespaces): one at a time behind the seeds, so a seed
      * never waits behind more than one. An engine's creates are its service's (LXD's, the
      * docker daemon's) and mostly waiting: every refill thread at once, bounded by the
-     * provider's own create concurrency. Either way one creation slot stays for seeds. */
+     * provider's own create concurrency less one. Either way one creation slot, and one of
+     * the provider's create places, stay for seeds (a seed admitted would otherwise wait in
+     * the provider behind refills, outside its create timeout). */
     refills = 1;
     if (caps.engine_creates) {
         refills = (int64_t)w->n_threads;
-        if (caps.create_concurrency > 0 && refills > caps.create_concurrency)
-            refills = caps.create_concurrency;
+        if (caps.create_concurrency > 0 && refills > caps.create_concurrency - 1)
+            refills = caps.create_concurrency > 1 ? caps.create_concurrency - 1 : 1;
     }
     if (refills > lend_config(l)->max_starting - 1 && lend_config(l)->max_starting > 0)
         refills = lend_config(l)->max_starting > 1 ? lend_config(l)->max_starting - 1 : 1;
