@@ -147,15 +147,12 @@ START_TEST(test_concurrent_seeds_own_ranges)
 {
     char inst_set[96], conc_set[64] = "", path[64];
     const char *conc = getenv("LENDBOX_E2E_LXD_CREATE_CONCURRENCY");
-    const char *extra[] = {"--set", inst_set,
-                           "--set", "lending.max_starting=64",
-                           "--set", "lending.max_seed_queue=256",
+    const char *extra[] = {"--set", inst_set, "--set", "lending.max_starting=64", "--set",
+                           "lending.max_seed_queue=256",
                            /* 40 creates at once on a loaded 2-core machine: LXD may take
                             * longer than the default 30 s for the last of them; what is
                             * asserted is that every seed succeeds with ids of its own */
-                           "--set", "lending.create_timeout_s=180",
-                           NULL,    NULL,
-                           NULL};
+                           "--set", "lending.create_timeout_s=180", NULL, NULL, NULL};
     static struct inst_range ranges[N_SEEDS];
     struct lbt_async *a[N_SEEDS];
     struct lbt_daemon d;
