@@ -2049,6 +2049,69 @@ json_t *lbt_find_record(json_t *sandboxes, const char *id)
     return NULL;
 }
 
+json_t *lbt_record(struct lbt_daemon *d, const char *id)
+{
+    json_t *all = lbt_list_sandboxes(d), *r = lbt_find_record(all, id);
+
+    json_incref(r);
+    json_decref(all);
+    return r;
+}
+
+bool lbt_ids_has(const struct lbt_ids *s, const char *id)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->id[i], id) == 0)
+            return true;
+    return false;
+}
+
+void lbt_records_in_state(struct lbt_daemon *d, const char *state, struct lbt_ids *out)
+{
+    char path[128];
+    struct lbt_resp r;
+    size_t i;
+    json_t *v;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes?state=%s", state);
+    lbt_json(d, "GET", path, "", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    out->n = 0;
+    json_array_foreach(json_object_get(r.json, "sandboxes"), i, v) {
+        ck_assert_str_eq(json_string_value(json_object_get(v, "state")), state);
+        if (out->n < LBT_IDS_MAX)
+            snprintf(out->id[out->n++], sizeof(out->id[0]), "%s",
+                     json_string_value(json_object_get(v, "sandbox_id")));
+    }
+    lbt_resp_free(&r);
+}
+
+time_t lbt_parse_time(const char *rfc3339)
+{
+    struct tm tm = {0};
+
+    ck_assert_ptr_nonnull(rfc3339);
+    ck_assert_ptr_nonnull(strptime(rfc3339, "%Y-%m-%dT%H:%M:%S", &tm));
+    return timegm(&tm);
+}
+
+long lbt_metric(struct lbt_daemon *d, const char *name)
+{
+    struct lbt_resp r;
+    long v = -1;
+    const char *p;
+
+    lbt_json(d, "GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    p = strstr(r.body, name);
+    while (p && p != r.body && p[-1] != '\n')
+        p = strstr(p + 1, name);
+    if (p)
+        v = strtol(p + strlen(name), NULL, 10);
+    lbt_resp_free(&r);
+    return v;
+}
+
 int lbt_count_records_of_session(json_t *sandboxes, const char *rsid)
 {
     size_t i;

@@ -203,6 +203,18 @@ void lbt_assert_request_id(const struct lbt_resp *resp, const char *want);
 json_t *lbt_list_sandboxes(struct lbt_daemon *d);
 /* The record with sandbox_id id in a list (borrowed), or NULL. */
 json_t *lbt_find_record(json_t *sandboxes, const char *id);
+/* The daemon's record of sandbox id from GET /v1/sandboxes (a new reference; NULL if absent). */
+json_t *lbt_record(struct lbt_daemon *d, const char *id);
+struct lbt_ids;
+bool lbt_ids_has(const struct lbt_ids *s, const char *id);
+/* The daemon's records in state (GET /v1/sandboxes?state=STATE), oldest first, into out;
+ * asserts a 200 and that each row is in that state. */
+void lbt_records_in_state(struct lbt_daemon *d, const char *state, struct lbt_ids *out);
+/* Seconds since the epoch of an RFC 3339 UTC time ("2026-12-02T13:54:06Z"); asserts it parses. */
+time_t lbt_parse_time(const char *rfc3339);
+/* A counter's value in the daemon's /metrics (the line "NAME value", NAME with its labels and
+ * a trailing space), or -1 when no line starts with NAME. */
+long lbt_metric(struct lbt_daemon *d, const char *name);
 /* How many records of the list belong to resources session rsid. */
 int lbt_count_records_of_session(json_t *sandboxes, const char *rsid);
 /* GET /healthz is 200 {"status":"ok"}. */
@@ -234,6 +246,12 @@ int lbt_uids_in_range(uid_t lo, uid_t hi, uid_t *out, int max);
  * refill starts a new one (perhaps in a uid a stopped sandbox just freed) whenever a seed takes
  * one. Tests that count sandboxes, processes, uids or sandbox dirs count the lent ones only. */
 #define LBT_ID_MAX 64
+/* Sandbox ids, as lbt_records_in_state lists them (at most LBT_IDS_MAX kept). */
+#define LBT_IDS_MAX 64
+struct lbt_ids {
+    int n;
+    char id[LBT_IDS_MAX][LBT_ID_MAX];
+};
 /* Variant pool: wait (at most 60 s) until d's pool is full with no refill under way, or its
  * warm and refilling counts did not change for 2 s (no room, failing or stalled creations).
  * Other variants, or d not running: returns at once. */

@@ -21,48 +21,13 @@
 
 static struct lbt_daemon D;
 
-#define MAX_IDS 64
-struct ids {
-    int n;
-    char id[MAX_IDS][64];
-};
-
-static bool ids_has(const struct ids *s, const char *id)
-{
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->id[i], id) == 0)
-            return true;
-    return false;
-}
-
-/* The daemon's records in state (GET /v1/sandboxes?state=...). */
-static void records_in_state(const char *state, struct ids *out)
-{
-    char path[128];
-    struct lbt_resp r;
-    size_t i;
-    json_t *v;
-
-    snprintf(path, sizeof(path), "/v1/sandboxes?state=%s", state);
-    lbt_json(&D, "GET", path, "", NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    out->n = 0;
-    json_array_foreach(json_object_get(r.json, "sandboxes"), i, v) {
-        ck_assert_str_eq(json_string_value(json_object_get(v, "state")), state);
-        if (out->n < MAX_IDS)
-            snprintf(out->id[out->n++], sizeof(out->id[0]), "%s",
-                     json_string_value(json_object_get(v, "sandbox_id")));
-    }
-    lbt_resp_free(&r);
-}
-
 /* Wait (up to timeout_s) until exactly n records are warm; returns them. */
-static void wait_warm(int n, int timeout_s, struct ids *out)
+static void wait_warm(int n, int timeout_s, struct lbt_ids *out)
 {
     double until = lbt_now() + timeout_s;
 
     for (;;) {
-        records_in_state("warm", out);
+        lbt_records_in_state(&D, "warm", out);
         if (out->n == n || lbt_now() > until)
             break;
         lbt_sleep_ms(100);
@@ -102,42 +67,6 @@ static bool wait_pid_gone(pid_t pid, int timeout_ms)
     for (int t = 0; t < timeout_ms / 20 && pid_alive(pid); t++)
         lbt_sleep_ms(20);
     return !pid_alive(pid);
-}
-
-static json_t *record(const char *id)
-{
-    json_t *all = lbt_list_sandboxes(&D), *r = lbt_find_record(all, id);
-
-    json_incref(r);
-    json_decref(all);
-    return r;
-}
-
-static time_t parse_time(const char *rfc3339)
-{
-    struct tm tm = {0};
-
-    ck_assert_ptr_nonnull(rfc3339);
-    ck_assert_ptr_nonnull(strptime(rfc3339, "%Y-%m-%dT%H:%M:%S", &tm));
-    return timegm(&tm);
-}
-
-/* A counter's value in /metrics (the line "name value"). */
-static long metric(const char *name)
-{
-    struct lbt_resp r;
-    long v = -1;
-    const char *p;
-
-    lbt_json(&D, "GET", "/metrics", NULL, NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    p = strstr(r.body, name);
-    while (p && p != r.body && p[-1] != '\n')
-        p = strstr(p + 1, name);
-    if (p)
-        v = strtol(p + strlen(name), NULL, 10);
-    lbt_resp_free(&r);
-    return v;
 }
 
 /* A sample's value as a double (durations are rendered in seconds); -1 if absent. */
@@ -190,14 +119,14 @@ static void start_with(const char *const *extra)
 START_TEST(test_seed_takes_a_warm_sandbox)
 {
     static const char *const args[] = {"--set", "pool.size=2", NULL};
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     json_t *lease, *rec;
     char *out;
 
     start_with(args);
     wait_warm(2, 60, &warm);
     /* warm ones are listed with their state, lent to no session */
-    rec = record(warm.id[0]);
+    rec = lbt_record(&D, warm.id[0]);
     ck_assert_ptr_nonnull(rec);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "warm");
     ck_assert(json_is_null(json_object_get(rec, "resources_session_id")));
@@ -211,10 +140,11 @@ START_TEST(test_seed_takes_a_warm_sandbox)
                      "\"env\": {\"WARM_ENV\": \"yes\"}, \"ttl_s\": 600");
     const char *id = json_string_value(json_object_get(lease, "sandbox_id"));
     /* the oldest warm one, started before the request */
-    ck_assert_msg(ids_has(&warm, id), "lent %s, not a warm one", id);
+    ck_assert_msg(lbt_ids_has(&warm, id), "lent %s, not a warm one", id);
     ck_assert_str_eq(id, warm.id[0]);
-    ck_assert_int_lt(parse_time(json_string_value(json_object_get(lease, "created_at"))), asked);
-    ck_assert_int_ge(parse_time(json_string_value(json_object_get(lease, "expires_at"))),
+    ck_assert_int_lt(lbt_parse_time(json_string_value(json_object_get(lease, "created_at"))),
+                     asked);
+    ck_assert_int_ge(lbt_parse_time(json_string_value(json_object_get(lease, "expires_at"))),
                      asked + 599);
     ck_assert_str_eq(json_string_value(json_object_get(lease, "state")), "lent");
     ck_assert(json_is_false(json_object_get(lease, "reused")));
@@ -227,23 +157,23 @@ START_TEST(test_seed_takes_a_warm_sandbox)
     json_t *res = lbt_exec_ok(&D, id, token, "{\"argv\": [\"true\"]}");
     ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 0);
     json_decref(res);
-    ck_assert_int_eq(metric(HITS), 1);
-    ck_assert_int_eq(metric(MISSES), 0);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 1);
+    ck_assert_int_eq(lbt_metric(&D, MISSES), 0);
     /* the warm pool's metrics by their exact names: hits, misses, refills and their time */
     ck_assert(metrics_have_line("# TYPE lendbox_warm_seeds_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_warm_refills_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_warm_refill_seconds_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_warm_refill_last_duration_seconds gauge"));
-    ck_assert_int_eq(metric(OTHER), 0);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
-    ck_assert_int_ge(metric(REFILLS_OK), 2);
+    ck_assert_int_eq(lbt_metric(&D, OTHER), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
+    ck_assert_int_ge(lbt_metric(&D, REFILLS_OK), 2);
     ck_assert(metric_f(REFILL_SECONDS) > 0);
     ck_assert(metric_f(REFILL_LAST) > 0);
     ck_assert(metric_f(REFILL_LAST) <= metric_f(REFILL_SECONDS));
     /* refilled: two warm again, neither the lent one */
     wait_warm(2, 60, &after);
-    ck_assert(!ids_has(&after, id));
-    ck_assert_int_ge(metric("lendbox_warm_refills_total{result=\"ok\"} "), 3);
+    ck_assert(!lbt_ids_has(&after, id));
+    ck_assert_int_ge(lbt_metric(&D, "lendbox_warm_refills_total{result=\"ok\"} "), 3);
     /* a repeated seed is the same lease, release stops it */
     json_t *again = lbt_seed(&D, "warm-1", "task-w", NULL);
     ck_assert_str_eq(json_string_value(json_object_get(again, "sandbox_id")), id);
@@ -326,7 +256,7 @@ START_TEST(test_refills_run_nicer_than_the_daemon)
 {
     static const char *const args[] = {"--set", "pool.size=1", NULL};
     int mine = getpriority(PRIO_PROCESS, 0), refill = -100;
-    struct ids warm;
+    struct lbt_ids warm;
     char path[64];
 
     /* room above the daemon: a test run under `nice -n 19` starts this one daemon at 0 */
@@ -374,42 +304,42 @@ END_TEST
 START_TEST(test_other_class_does_not_take_it)
 {
     static const char *const args[] = {"--set", "pool.size=2", NULL};
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     json_t *lease;
 
     start_with(args);
     wait_warm(2, 60, &warm);
     /* resource limits, a network request or declared ports: another class */
     lease = lbt_seed(&D, "other-1", "t", "\"resources\": {\"pids\": 200}");
-    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(!lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
     lease = lbt_seed(&D, "other-2", "t", "\"ports\": [8080]");
-    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(!lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
     /* another workdir: warm sandboxes were made with lending.workdir */
     lease = lbt_seed(&D, "other-3", "t", "\"workdir\": \"/elsewhere\"");
-    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(!lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     char *pwd = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "pwd");
     ck_assert_str_eq(pwd, "/elsewhere\n");
     free(pwd);
     json_decref(lease);
-    records_in_state("warm", &after);
+    lbt_records_in_state(&D, "warm", &after);
     ck_assert_int_eq(after.n, 2);
-    ck_assert(ids_has(&after, warm.id[0]) && ids_has(&after, warm.id[1]));
-    ck_assert_int_eq(metric(OTHER), 3);
-    ck_assert_int_eq(metric(HITS), 0);
+    ck_assert(lbt_ids_has(&after, warm.id[0]) && lbt_ids_has(&after, warm.id[1]));
+    ck_assert_int_eq(lbt_metric(&D, OTHER), 3);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 0);
     /* naming the class's image (host, the default) or its workdir is the class */
     lease = lbt_seed(&D, "same-1", "t", "\"image\": \"host\"");
-    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
     lease = lbt_seed(&D, "same-2", "t", "\"workdir\": \"/workspace\"");
-    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     pwd = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "pwd");
     ck_assert_str_eq(pwd, "/workspace\n");
     free(pwd);
     json_decref(lease);
-    ck_assert_int_eq(metric(HITS), 2);
-    ck_assert_int_eq(metric(OTHER), 3);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 2);
+    ck_assert_int_eq(lbt_metric(&D, OTHER), 3);
 }
 END_TEST
 
@@ -420,7 +350,7 @@ START_TEST(test_burst_of_50_against_10)
 {
     static const char *const args[] = {"--set", "pool.size=10", NULL};
     struct lbt_async *a[BURST];
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     char ids[BURST][64], path[64], body[64];
     time_t created[BURST];
     int from_pool = 0;
@@ -441,15 +371,15 @@ START_TEST(test_burst_of_50_against_10)
         ck_assert_msg(r.status == 200, "seed %d: %ld %s", i, r.status, r.body);
         snprintf(ids[i], sizeof(ids[i]), "%s",
                  json_string_value(json_object_get(r.json, "sandbox_id")));
-        created[i] = parse_time(json_string_value(json_object_get(r.json, "created_at")));
+        created[i] = lbt_parse_time(json_string_value(json_object_get(r.json, "created_at")));
         lbt_resp_free(&r);
     }
     for (int i = 0; i < BURST; i++) {
         for (int j = 0; j < i; j++)
             ck_assert_msg(strcmp(ids[i], ids[j]) != 0, "%s lent twice", ids[i]);
-        from_pool += ids_has(&warm, ids[i]);
+        from_pool += lbt_ids_has(&warm, ids[i]);
         /* pre-started ones before the burst, the 40 others after it began */
-        if (ids_has(&warm, ids[i]))
+        if (lbt_ids_has(&warm, ids[i]))
             ck_assert_int_lt(created[i], asked);
         else
             ck_assert_msg(created[i] >= asked, "%s: not a warm one, created before the burst",
@@ -458,23 +388,23 @@ START_TEST(test_burst_of_50_against_10)
     /* every pre-started one went to exactly one seed; the other 40 were started after the
      * burst began (fresh, or refills made during it: the hit counter tells) */
     ck_assert_int_eq(from_pool, POOL);
-    ck_assert_int_ge(metric(HITS), POOL);
-    ck_assert_int_eq(metric(HITS) + metric(MISSES), BURST);
+    ck_assert_int_ge(lbt_metric(&D, HITS), POOL);
+    ck_assert_int_eq(lbt_metric(&D, HITS) + lbt_metric(&D, MISSES), BURST);
     /* 50 lent, and the pool refilled to 10 with none of them */
     wait_warm(POOL, 180, &after);
     for (int i = 0; i < BURST; i++)
-        ck_assert(!ids_has(&after, ids[i]));
-    struct ids lent;
-    records_in_state("lent", &lent);
+        ck_assert(!lbt_ids_has(&after, ids[i]));
+    struct lbt_ids lent;
+    lbt_records_in_state(&D, "lent", &lent);
     ck_assert_int_eq(lent.n, BURST);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
 }
 END_TEST
 
 START_TEST(test_kill9_adopts_warm_sandboxes)
 {
     static const char *const args[] = {"--set", "pool.size=3", NULL};
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     pid_t pids[3];
 
     start_with(args);
@@ -486,18 +416,18 @@ START_TEST(test_kill9_adopts_warm_sandboxes)
     for (int i = 0; i < 3; i++)
         ck_assert(pid_alive(pids[i]));
     lbt_daemon_restart(&D, args); /* pool.adopt = yes is the default */
-    records_in_state("warm", &after);
+    lbt_records_in_state(&D, "warm", &after);
     ck_assert_int_eq(after.n, 3);
     for (int i = 0; i < 3; i++) {
-        ck_assert(ids_has(&after, warm.id[i]));
+        ck_assert(lbt_ids_has(&after, warm.id[i]));
         ck_assert(pid_alive(pids[i]));
     }
     lbt_sleep_ms(1500); /* no extra ones are made: the pool is full */
-    records_in_state("warm", &after);
+    lbt_records_in_state(&D, "warm", &after);
     ck_assert_int_eq(after.n, 3);
     /* an adopted one serves a seed */
     json_t *lease = lbt_seed(&D, "adopted-1", "t", NULL);
-    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     char *out = lbt_sh(&D, json_string_value(json_object_get(lease, "sandbox_id")), "echo ok");
     ck_assert_str_eq(out, "ok\n");
     free(out);
@@ -508,7 +438,7 @@ END_TEST
 START_TEST(test_kill9_without_adopt_stops_them)
 {
     static const char *const args[] = {"--set", "pool.size=3", "--set", "pool.adopt=no", NULL};
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     pid_t pids[3];
 
     start_with(args);
@@ -519,7 +449,7 @@ START_TEST(test_kill9_without_adopt_stops_them)
     lbt_daemon_restart(&D, args);
     /* reconciled before ready: stopped, recorded with their reason, processes gone */
     for (int i = 0; i < 3; i++) {
-        json_t *rec = record(warm.id[i]);
+        json_t *rec = lbt_record(&D, warm.id[i]);
 
         ck_assert_ptr_nonnull(rec);
         ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
@@ -533,14 +463,14 @@ START_TEST(test_kill9_without_adopt_stops_them)
     /* and the pool is made again */
     wait_warm(3, 60, &after);
     for (int i = 0; i < 3; i++)
-        ck_assert(!ids_has(&warm, after.id[i]));
+        ck_assert(!lbt_ids_has(&warm, after.id[i]));
 }
 END_TEST
 
 START_TEST(test_shutdown_sweep_stops_warm)
 {
     static const char *const args[] = {"--set", "pool.size=2", NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     pid_t pids[2];
 
     start_with(args);
@@ -559,7 +489,7 @@ START_TEST(test_shutdown_sweep_no_keeps_warm)
     static const char *const args[] = {"--set", "pool.size=2", "--set", "lending.shutdown_sweep=no",
                                        NULL};
     static const char *const off[] = {"--set", "pool.size=0", NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     pid_t pids[2];
 
     start_with(args);
@@ -573,7 +503,7 @@ START_TEST(test_shutdown_sweep_no_keeps_warm)
     /* a start without a pool does not adopt them: stopped, never leaked */
     lbt_daemon_restart(&D, off);
     for (int i = 0; i < 2; i++) {
-        json_t *rec = record(warm.id[i]);
+        json_t *rec = lbt_record(&D, warm.id[i]);
 
         ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
         ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "not_adopted");
@@ -586,7 +516,7 @@ END_TEST
 START_TEST(test_max_age_replaces)
 {
     static const char *const args[] = {"--set", "pool.size=1", "--set", "pool.max_age_s=2", NULL};
-    struct ids warm, now;
+    struct lbt_ids warm, now;
     json_t *rec = NULL;
     pid_t pid;
 
@@ -595,7 +525,7 @@ START_TEST(test_max_age_replaces)
     pid = init_pid(warm.id[0]);
     for (int t = 0; t < 200; t++) {
         json_decref(rec);
-        rec = record(warm.id[0]);
+        rec = lbt_record(&D, warm.id[0]);
         if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped"))
             break;
         lbt_sleep_ms(100);
@@ -606,7 +536,7 @@ START_TEST(test_max_age_replaces)
     ck_assert(wait_pid_gone(pid, 5000));
     /* replaced by a new one */
     for (int t = 0; t < 100; t++) {
-        records_in_state("warm", &now);
+        lbt_records_in_state(&D, "warm", &now);
         if (now.n == 1 && strcmp(now.id[0], warm.id[0]) != 0)
             break;
         lbt_sleep_ms(100);
@@ -618,20 +548,20 @@ END_TEST
 
 START_TEST(test_size_0_disables)
 {
-    struct ids warm;
+    struct lbt_ids warm;
     json_t *lease;
 
     start_with(NULL); /* pool.size = 0 is the default */
     lease = lbt_seed(&D, "nopool-1", "t", NULL);
     json_decref(lease);
     lbt_sleep_ms(1500);
-    records_in_state("warm", &warm);
+    lbt_records_in_state(&D, "warm", &warm);
     ck_assert_int_eq(warm.n, 0);
-    records_in_state("starting", &warm);
+    lbt_records_in_state(&D, "starting", &warm);
     ck_assert_int_eq(warm.n, 0);
-    ck_assert_int_eq(metric(HITS), 0);
-    ck_assert_int_eq(metric(MISSES), 0);
-    ck_assert_int_eq(metric("lendbox_warm_refills_total{result=\"ok\"} "), 0);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 0);
+    ck_assert_int_eq(lbt_metric(&D, MISSES), 0);
+    ck_assert_int_eq(lbt_metric(&D, "lendbox_warm_refills_total{result=\"ok\"} "), 0);
 }
 END_TEST
 
@@ -639,7 +569,7 @@ START_TEST(test_pool_never_exceeds_max_sandboxes)
 {
     static const char *const args[] = {"--set", "pool.size=3", "--set", "lending.max_sandboxes=3",
                                        NULL};
-    struct ids warm, after;
+    struct lbt_ids warm, after;
     json_t *lease;
     struct lbt_resp r;
 
@@ -647,13 +577,13 @@ START_TEST(test_pool_never_exceeds_max_sandboxes)
     wait_warm(3, 60, &warm);
     /* another class at the limit: the oldest warm one gives its place */
     lease = lbt_seed(&D, "cap-1", "t", "\"resources\": {\"pids\": 100}");
-    ck_assert(!ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(!lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     json_decref(lease);
-    json_t *rec = record(warm.id[0]);
+    json_t *rec = lbt_record(&D, warm.id[0]);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "stop_reason")), "evicted");
     json_decref(rec);
     lbt_sleep_ms(1500);
-    records_in_state("warm", &after);
+    lbt_records_in_state(&D, "warm", &after);
     ck_assert_int_eq(after.n, 2);             /* 1 lent + 2 warm = max_sandboxes */
     lease = lbt_seed(&D, "cap-2", "t", NULL); /* takes a warm one */
     json_decref(lease);
@@ -661,13 +591,13 @@ START_TEST(test_pool_never_exceeds_max_sandboxes)
     json_decref(lease);
     /* 3 lent: full, nothing warm, and a 4th seed is refused as before */
     lbt_sleep_ms(1500);
-    records_in_state("warm", &after);
+    lbt_records_in_state(&D, "warm", &after);
     ck_assert_int_eq(after.n, 0);
     lbt_json(&D, "POST", "/v1/sessions/cap-4/seed", "", "{\"task_id\": \"t\"}", &r);
     lbt_assert_error(&r, 429, "overloaded");
     lbt_resp_free(&r);
     /* waiting for room is not a failure: no attempt was made */
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
 }
 END_TEST
 
@@ -678,19 +608,19 @@ START_TEST(test_fills_with_a_default_image_list)
 {
     static const char *const args[] = {"--set", "pool.size=2", "--set",
                                        "local.default_image=default host", NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     json_t *lease;
 
     start_with(args);
     wait_warm(2, 60, &warm);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
     lease = lbt_seed(&D, "list-1", "t", NULL);
-    ck_assert(ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
+    ck_assert(lbt_ids_has(&warm, json_string_value(json_object_get(lease, "sandbox_id"))));
     ck_assert_str_eq(json_string_value(json_object_get(lease, "image")), "host");
     json_decref(lease);
-    ck_assert_int_eq(metric(HITS), 1);
-    ck_assert_int_eq(metric(MISSES), 0);
-    ck_assert_int_eq(metric(OTHER), 0);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 1);
+    ck_assert_int_eq(lbt_metric(&D, MISSES), 0);
+    ck_assert_int_eq(lbt_metric(&D, OTHER), 0);
 }
 END_TEST
 
@@ -700,22 +630,22 @@ START_TEST(test_failed_refills_back_off)
 {
     static const char *const args[] = {"--set", "pool.size=2", "--set",
                                        "faults.spec=provider.create=fail", NULL};
-    struct ids warm;
+    struct lbt_ids warm;
 
     start_with(args);
     /* wait for the first failures, then watch 6 s: 500 ms doubling allows ~4 per thread */
-    for (int t = 0; t < 600 && metric(REFILLS_FAILED) < 1; t++)
+    for (int t = 0; t < 600 && lbt_metric(&D, REFILLS_FAILED) < 1; t++)
         lbt_sleep_ms(100);
-    ck_assert_int_ge(metric(REFILLS_FAILED), 1);
-    long first = metric(REFILLS_FAILED);
+    ck_assert_int_ge(lbt_metric(&D, REFILLS_FAILED), 1);
+    long first = lbt_metric(&D, REFILLS_FAILED);
     lbt_sleep_ms(6000);
-    long later = metric(REFILLS_FAILED);
+    long later = lbt_metric(&D, REFILLS_FAILED);
     ck_assert_msg(later - first <= 10, "%ld failed refills in 6 s: a hot loop", later - first);
-    records_in_state("warm", &warm);
+    lbt_records_in_state(&D, "warm", &warm);
     ck_assert_int_eq(warm.n, 0);
-    records_in_state("failed_seed", &warm);
+    lbt_records_in_state(&D, "failed_seed", &warm);
     ck_assert_int_eq(warm.n, 0); /* each failed one was stopped */
-    ck_assert_int_eq(metric(REFILLS_OK), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), 0);
 }
 END_TEST
 
@@ -727,7 +657,7 @@ START_TEST(test_class_follows_an_import)
     static const char *const args[] = {"--set", "pool.size=1", "--set",
                                        "local.default_image=lbtwarm host", NULL};
     char dir[64], cmd[512], *out;
-    struct ids warm, now;
+    struct lbt_ids warm, now;
     json_t *lease, *rec;
 
     snprintf(dir, sizeof(dir), "/tmp/lbt-warmimg-%d", (int)getpid());
@@ -743,8 +673,8 @@ START_TEST(test_class_follows_an_import)
     rec = NULL;
     for (int t = 0; t < 600; t++) {
         json_decref(rec);
-        rec = record(warm.id[0]);
-        records_in_state("warm", &now);
+        rec = lbt_record(&D, warm.id[0]);
+        lbt_records_in_state(&D, "warm", &now);
         if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped") && now.n == 1)
             break;
         lbt_sleep_ms(100);
@@ -762,8 +692,8 @@ START_TEST(test_class_follows_an_import)
     ck_assert_msg(strstr(out, cmd), "not on the image: %s", out);
     free(out);
     json_decref(lease);
-    ck_assert_int_eq(metric(HITS), 1);
-    ck_assert_int_eq(metric(OTHER), 0);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 1);
+    ck_assert_int_eq(lbt_metric(&D, OTHER), 0);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     (void)!system(cmd);
 }
@@ -775,12 +705,12 @@ START_TEST(test_refills_recover_after_failures)
                                        "--set", "pool.refill_concurrency=1",
                                        "--set", "faults.spec=provider.create=fail:3",
                                        NULL};
-    struct ids warm;
+    struct lbt_ids warm;
 
     start_with(args);
     wait_warm(2, 90, &warm);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 3);
-    ck_assert_int_eq(metric(REFILLS_OK), 2);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 3);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), 2);
 }
 END_TEST
 
@@ -905,7 +835,7 @@ START_TEST(test_recycle_200_episodes)
 {
     static const char *const args[] = {"--set", "pool.size=2", "--set", "pool.recycle=yes", NULL};
     static char *seen[EPISODES];
-    struct ids warm;
+    struct lbt_ids warm;
     long recycled, refills, misses, hits;
 
     start_with(args);
@@ -923,17 +853,17 @@ START_TEST(test_recycle_200_episodes)
      * is under way now; a creation is counted just after its sandbox is warm: wait for that */
     wait_warm(2, 60, &warm);
     for (double until = lbt_now() + 10;; lbt_sleep_ms(50)) {
-        recycled = metric(RECYCLED);
-        refills = metric(REFILLS_OK);
-        misses = metric(MISSES);
+        recycled = lbt_metric(&D, RECYCLED);
+        refills = lbt_metric(&D, REFILLS_OK);
+        misses = lbt_metric(&D, MISSES);
         if (recycled + refills + misses >= EPISODES + 2 || lbt_now() > until)
             break;
     }
-    hits = metric(HITS);
+    hits = lbt_metric(&D, HITS);
     ck_assert_msg(recycled > 0, "no sandbox was recycled");
     ck_assert_int_eq(hits + misses, EPISODES);
-    ck_assert_int_eq(metric(RESET_FAILURES), 0);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
     ck_assert_int_eq(count_records("reset_failed"), 0);
     ck_assert_int_eq(count_records("released"), EPISODES);
     /* every record is an episode's or a warm one (nothing else stopped: evicted, pool_shrunk);
@@ -943,7 +873,7 @@ START_TEST(test_recycle_200_episodes)
     ck_assert(metrics_have_line("# TYPE lendbox_pool_recycled_total counter"));
     ck_assert(metrics_have_line("# TYPE lendbox_pool_reset_failures_total counter"));
     for (int n = 0; n < EPISODES; n++) {
-        ck_assert(!ids_has(&warm, seen[n]));
+        ck_assert(!lbt_ids_has(&warm, seen[n]));
         free(seen[n]);
     }
 }
@@ -958,7 +888,7 @@ START_TEST(test_recycle_max_uses)
         "--set", "pool.size=1",     "--set", "pool.recycle=yes",
         "--set", "pool.max_uses=3", "--set", "lending.max_sandboxes=1",
         NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     char *id, *token;
 
     start_with(args);
@@ -969,11 +899,11 @@ START_TEST(test_recycle_max_uses)
         free(id);
         free(token);
         /* after the 1st and 2nd lend it came back; the 3rd was its last; the 4th is a new line */
-        ck_assert_int_eq(metric(RECYCLED), n < 2 ? n + 1 : n);
+        ck_assert_int_eq(lbt_metric(&D, RECYCLED), n < 2 ? n + 1 : n);
         wait_warm(1, 60, &warm);
     }
-    ck_assert_int_eq(metric(REFILLS_OK), 2);
-    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), 2);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 0);
 }
 END_TEST
 
@@ -981,7 +911,7 @@ END_TEST
 START_TEST(test_recycle_off_keeps_refilling)
 {
     static const char *const args[] = {"--set", "pool.size=1", NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     char *id, *token;
 
     start_with(args);
@@ -993,8 +923,8 @@ START_TEST(test_recycle_off_keeps_refilling)
         free(token);
         wait_warm(1, 60, &warm);
     }
-    ck_assert_int_eq(metric(RECYCLED), 0);
-    ck_assert_int_eq(metric(REFILLS_OK), 3);
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), 3);
 }
 END_TEST
 
@@ -1029,7 +959,7 @@ START_TEST(test_recycle_reset_failure)
                                        "--set", "faults.spec=lend.recycle=fail:1",
                                        NULL};
     char failed[64];
-    struct ids warm;
+    struct lbt_ids warm;
     char *id, *id2, *token;
 
     start_with(args);
@@ -1037,22 +967,22 @@ START_TEST(test_recycle_reset_failure)
     id = episode(0, &token);
     assert_gone(id, token);
     free(token);
-    ck_assert_int_eq(metric(RESET_FAILURES), 1);
-    ck_assert_int_eq(metric(RECYCLED), 0);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 1);
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 0);
     the_record_stopped_for("reset_failed", failed, sizeof(failed));
     ck_assert_str_ne(failed, id);
     ck_assert_ptr_null(lbt_read_descriptor(&D, failed));
     ck_assert_int_eq(lbt_count_cgroup_dirs(failed), 0);
     wait_warm(1, 60, &warm); /* the refill's */
-    ck_assert(!ids_has(&warm, failed) && !ids_has(&warm, id));
+    ck_assert(!lbt_ids_has(&warm, failed) && !lbt_ids_has(&warm, id));
     id2 = episode(1, &token);
     ck_assert_str_eq(id2, warm.id[0]);
     assert_gone(id2, token);
     free(token);
-    ck_assert_int_eq(metric(RECYCLED), 1);
-    ck_assert_int_eq(metric(RESET_FAILURES), 1);
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 1);
     wait_warm(1, 60, &warm); /* the recycled one */
-    ck_assert(!ids_has(&warm, failed) && !ids_has(&warm, id) && !ids_has(&warm, id2));
+    ck_assert(!lbt_ids_has(&warm, failed) && !lbt_ids_has(&warm, id) && !lbt_ids_has(&warm, id2));
     free(id);
     free(id2);
 }
@@ -1067,7 +997,7 @@ START_TEST(test_recycle_needs_reset)
                                        "--set", "pool.recycle=yes",
                                        "--set", "faults.spec=provider.caps.reset=fail",
                                        NULL};
-    struct ids warm;
+    struct lbt_ids warm;
     char *id, *token;
 
     start_with(args);
@@ -1076,10 +1006,10 @@ START_TEST(test_recycle_needs_reset)
     id = episode(0, &token);
     assert_gone(id, token);
     free(token);
-    ck_assert_int_eq(metric(RECYCLED), 0);
-    ck_assert_int_eq(metric(RESET_FAILURES), 0);
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 0);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 0);
     wait_warm(1, 60, &warm); /* a refill's */
-    ck_assert(!ids_has(&warm, id));
+    ck_assert(!lbt_ids_has(&warm, id));
     free(id);
 }
 END_TEST

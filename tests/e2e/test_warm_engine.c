@@ -21,20 +21,6 @@
 
 static struct lbt_daemon D;
 
-#define MAX_IDS 16
-struct ids {
-    int n;
-    char id[MAX_IDS][LBT_ID_MAX];
-};
-
-static bool ids_has(const struct ids *s, const char *id)
-{
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->id[i], id) == 0)
-            return true;
-    return false;
-}
-
 /* The pool's size on this variant. */
 static int pool_size(void)
 {
@@ -63,60 +49,21 @@ static void set_args(const char **argv, const char *const *extra)
     argv[n] = NULL;
 }
 
-/* The daemon's records in state (GET /v1/sandboxes?state=...), oldest first. */
-static void records_in_state(const char *state, struct ids *out)
-{
-    char path[128];
-    struct lbt_resp r;
-    size_t i;
-    json_t *v;
-
-    snprintf(path, sizeof(path), "/v1/sandboxes?state=%s", state);
-    lbt_json(&D, "GET", path, "", NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    out->n = 0;
-    json_array_foreach(json_object_get(r.json, "sandboxes"), i, v) {
-        ck_assert_str_eq(json_string_value(json_object_get(v, "state")), state);
-        if (out->n < MAX_IDS)
-            snprintf(out->id[out->n++], sizeof(out->id[0]), "%s",
-                     json_string_value(json_object_get(v, "sandbox_id")));
-    }
-    lbt_resp_free(&r);
-}
-
 /* Wait (up to timeout_s) until exactly n records are warm and none is starting; returns them. */
-static void wait_warm(int n, int timeout_s, struct ids *out)
+static void wait_warm(int n, int timeout_s, struct lbt_ids *out)
 {
     double until = lbt_now() + timeout_s;
-    struct ids starting;
+    struct lbt_ids starting;
 
     for (;;) {
-        records_in_state("warm", out);
-        records_in_state("starting", &starting);
+        lbt_records_in_state(&D, "warm", out);
+        lbt_records_in_state(&D, "starting", &starting);
         if ((out->n == n && starting.n == 0) || lbt_now() > until)
             break;
         lbt_sleep_ms(100);
     }
     ck_assert_msg(out->n == n && starting.n == 0, "%d warm sandboxes (%d starting), wanted %d",
                   out->n, starting.n, n);
-}
-
-static json_t *record(const char *id)
-{
-    json_t *all = lbt_list_sandboxes(&D), *r = lbt_find_record(all, id);
-
-    json_incref(r);
-    json_decref(all);
-    return r;
-}
-
-static time_t parse_time(const char *rfc3339)
-{
-    struct tm tm = {0};
-
-    ck_assert_ptr_nonnull(rfc3339);
-    ck_assert_ptr_nonnull(strptime(rfc3339, "%Y-%m-%dT%H:%M:%S", &tm));
-    return timegm(&tm);
 }
 
 /* The engine's object of sandbox id (an LXD instance named id, or the docker container
@@ -172,24 +119,6 @@ static bool wait_engine_count(int want, int seconds)
     return false;
 }
 
-/* A counter's value in /metrics (the line "name value"); -1 if absent. */
-static long metric(const char *name)
-{
-    struct lbt_resp r;
-    long v = -1;
-    const char *p;
-
-    lbt_json(&D, "GET", "/metrics", NULL, NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    p = strstr(r.body, name);
-    while (p && p != r.body && p[-1] != '\n')
-        p = strstr(p + 1, name);
-    if (p)
-        v = strtol(p + strlen(name), NULL, 10);
-    lbt_resp_free(&r);
-    return v;
-}
-
 #define HITS "lendbox_warm_seeds_total{result=\"hit\"} "
 #define REFILLS_OK "lendbox_warm_refills_total{result=\"ok\"} "
 #define REFILLS_FAILED "lendbox_warm_refills_total{result=\"failed\"} "
@@ -197,17 +126,17 @@ static long metric(const char *name)
 /* Wait (up to timeout_s) until exactly n records are warm and none is starting, sampling the
  * gauge of creations holding an admission slot (seeds and refills) meanwhile; returns the warm
  * ids and the most creations seen at once. */
-static long wait_warm_peak(int n, int timeout_s, struct ids *out)
+static long wait_warm_peak(int n, int timeout_s, struct lbt_ids *out)
 {
     double until = lbt_now() + timeout_s;
-    struct ids starting;
+    struct lbt_ids starting;
     long peak = 0, v;
 
     for (;;) {
-        v = metric("lendbox_seeds_starting ");
+        v = lbt_metric(&D, "lendbox_seeds_starting ");
         peak = v > peak ? v : peak;
-        records_in_state("warm", out);
-        records_in_state("starting", &starting);
+        lbt_records_in_state(&D, "warm", out);
+        lbt_records_in_state(&D, "starting", &starting);
         if ((out->n == n && starting.n == 0) || lbt_now() > until)
             break;
         lbt_sleep_ms(20);
@@ -221,7 +150,7 @@ START_TEST(test_pool_fills_takes_refills_adopts)
 {
     const char *args[12];
     const int n = pool_size();
-    struct ids warm, after, adopted;
+    struct lbt_ids warm, after, adopted;
     struct lbt_resp r;
     json_t *lease, *rec;
     char *out;
@@ -239,58 +168,59 @@ START_TEST(test_pool_fills_takes_refills_adopts)
     ck_assert_int_eq(engine_count(true), n);
     for (int i = 0; i < n; i++) {
         assert_engine_object(warm.id[i]);
-        rec = record(warm.id[i]);
+        rec = lbt_record(&D, warm.id[i]);
         ck_assert_ptr_nonnull(rec);
         ck_assert_str_eq(json_string_value(json_object_get(rec, "provider")),
                          lbt_variant_provider());
         ck_assert(json_is_null(json_object_get(rec, "resources_session_id")));
         json_decref(rec);
     }
-    ck_assert_int_eq(metric(REFILLS_OK), n);
-    ck_assert_int_eq(metric(REFILLS_FAILED), 0);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), n);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_FAILED), 0);
 
     /* a seed of the class takes the oldest warm one, made before the seed */
     lbt_sleep_ms(1100); /* created_at has whole seconds */
     time_t asked = time(NULL);
     lease = lbt_seed(&D, "ew-1", "t", "\"files\": {\"/workspace/in.txt\": \"from the seed\"}");
     const char *id = json_string_value(json_object_get(lease, "sandbox_id"));
-    ck_assert_msg(ids_has(&warm, id), "lent %s, not a warm one", id);
+    ck_assert_msg(lbt_ids_has(&warm, id), "lent %s, not a warm one", id);
     ck_assert_str_eq(id, warm.id[0]);
     ck_assert_str_eq(json_string_value(json_object_get(lease, "provider")), lbt_variant_provider());
-    ck_assert_int_lt(parse_time(json_string_value(json_object_get(lease, "created_at"))), asked);
-    ck_assert_int_eq(metric(HITS), 1);
+    ck_assert_int_lt(lbt_parse_time(json_string_value(json_object_get(lease, "created_at"))),
+                     asked);
+    ck_assert_int_eq(lbt_metric(&D, HITS), 1);
     out = lbt_sh(&D, id, "cat /workspace/in.txt");
     ck_assert_str_eq(out, "from the seed");
     free(out);
 
     /* the pool refills to n with a new one; n + 1 instances of the label */
     wait_warm(n, 120, &after);
-    ck_assert(!ids_has(&after, id));
+    ck_assert(!lbt_ids_has(&after, id));
     for (int i = 0; i < n; i++)
-        if (!ids_has(&warm, after.id[i]))
+        if (!lbt_ids_has(&warm, after.id[i]))
             assert_engine_object(after.id[i]);
     ck_assert_int_eq(engine_count(true), n + 1);
-    ck_assert_int_eq(metric(REFILLS_OK), n + 1);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), n + 1);
 
     /* kill -9 and restart: every warm instance adopted back into the pool, none made */
     lbt_daemon_kill(&D);
     lbt_daemon_restart(&D, args); /* pool.adopt = yes is the default */
-    records_in_state("warm", &adopted);
+    lbt_records_in_state(&D, "warm", &adopted);
     ck_assert_int_eq(adopted.n, n);
     for (int i = 0; i < n; i++)
-        ck_assert(ids_has(&after, adopted.id[i]));
-    rec = record(id);
+        ck_assert(lbt_ids_has(&after, adopted.id[i]));
+    rec = lbt_record(&D, id);
     ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "lent");
     json_decref(rec);
     lbt_sleep_ms(1500); /* nothing more is made: the pool is full */
-    records_in_state("warm", &adopted);
+    lbt_records_in_state(&D, "warm", &adopted);
     ck_assert_int_eq(adopted.n, n);
     ck_assert_int_eq(engine_count(false), n + 1);
-    ck_assert_int_eq(metric(REFILLS_OK), 0);
-    ck_assert_int_eq(metric("lendbox_reconciled_total{result=\"adopted\"} "), n + 1);
+    ck_assert_int_eq(lbt_metric(&D, REFILLS_OK), 0);
+    ck_assert_int_eq(lbt_metric(&D, "lendbox_reconciled_total{result=\"adopted\"} "), n + 1);
     /* an adopted one serves a seed */
     json_t *lease2 = lbt_seed(&D, "ew-2", "t", NULL);
-    ck_assert(ids_has(&after, json_string_value(json_object_get(lease2, "sandbox_id"))));
+    ck_assert(lbt_ids_has(&after, json_string_value(json_object_get(lease2, "sandbox_id"))));
     out = lbt_sh(&D, json_string_value(json_object_get(lease2, "sandbox_id")), "echo ok");
     ck_assert_str_eq(out, "ok\n");
     free(out);
@@ -315,7 +245,7 @@ END_TEST
 START_TEST(test_max_age_and_no_recycle)
 {
     const char *args[16];
-    struct ids warm, now;
+    struct lbt_ids warm, now;
     json_t *rec = NULL;
 
     /* on lxd, lxd.create_concurrency = 1 bounds the refills at once below the 2 threads */
@@ -341,7 +271,7 @@ START_TEST(test_max_age_and_no_recycle)
     assert_engine_object(warm.id[0]);
     for (int t = 0; t < 300; t++) {
         json_decref(rec);
-        rec = record(warm.id[0]);
+        rec = lbt_record(&D, warm.id[0]);
         if (!strcmp(json_string_value(json_object_get(rec, "state")), "stopped"))
             break;
         lbt_sleep_ms(100);
@@ -352,7 +282,7 @@ START_TEST(test_max_age_and_no_recycle)
     ck_assert_int_eq(lbt_variant_count_containers(warm.id[0], false), 0);
     /* replaced by a new one (which may itself age out and be replaced meanwhile) */
     for (int t = 0; t < 300; t++) {
-        records_in_state("warm", &now);
+        lbt_records_in_state(&D, "warm", &now);
         if (now.n == 1 && strcmp(now.id[0], warm.id[0]) != 0)
             break;
         lbt_sleep_ms(100);
