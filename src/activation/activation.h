@@ -62,6 +62,10 @@ struct lb_execute_request {
     int64_t close_timeout_ms; /* > 0: three cleanup phases */
     bool nowait; /* "wait": false: return {"activation_id", "state": "running"} once the harness
                   * is launched ("failed" when the launch failed); GET collects later */
+    bool *fence_held; /* NULL, or the operate-token fence the caller holds (an operate-token
+                         execute: routes_operate_enter), handed to the launch's lend_exec
+                         (lb_exec_params.fence_held); what is still held when
+                         activation_execute returns is the caller's to leave */
 };
 
 /* Run the harness once in the session's lent sandbox and wait for it. *out is the result of

@@ -127,6 +127,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
                           : LAUNCH_TIMEOUT_MS,
         .preserve_background = true,
         .pass_fd = receipt_file ? 0 : receipt_fd,
+        .fence_held = req->fence_held,
     };
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
     if (r < 0) {

@@ -34,3 +34,8 @@ int http_request_authorize(struct lb_request *req, struct lb_error *err)
             : NULL,
         &req->principal, err);
 }
+
+int http_reauthorize(struct lb_request *req, struct lb_error *err)
+{
+    return http_request_authorize(req, err);
+}

@@ -134,6 +134,12 @@ const char *http_query(struct lb_request *req, const char *key);
 const char *http_header(struct lb_request *req, const char *name);
 /* Who the request was authorized as (set before the handler runs). */
 enum lb_principal http_principal(struct lb_request *req);
+/* Check req's bearer token again, now, through the app's authorize hook, as when its headers
+ * came and when its job started: 0, or the hook's error (an operate token a reset revoked
+ * since: 401; a fence raised since: 409). For a job whose act must not outlive its token:
+ * call it after taking what keeps the token from changing (routes_operate_enter). On the
+ * request's own job thread only. */
+int http_reauthorize(struct lb_request *req, struct lb_error *err);
 /* The whole request body (empty for raw_body routes: theirs streams, see http_body_sink). */
 const struct lb_buf *http_body(struct lb_request *req);
 /* Parse the body as one JSON object (depth-limited). -EINVAL with a message if not. The

@@ -219,7 +219,7 @@ static void stderr_note(struct lb_ptys *p, const char *cid, char *buf, size_t si
 /* ---------- the routes' work ---------- */
 
 int context_create(struct lb_ptys *p, const char *sandbox_id, const char *language,
-                   char cid_out[LB_PTY_SID_MAX], struct lb_error *err)
+                   bool *fence_held, char cid_out[LB_PTY_SID_MAX], struct lb_error *err)
 {
     static const char prefix[] = "exec python3 -u -c '", suffix[] = "'";
     struct reader rd = {0};
@@ -241,8 +241,12 @@ int context_create(struct lb_ptys *p, const char *sandbox_id, const char *langua
     for (const char *s = lb_context_driver; *s; s++)
         q = *s == '\'' ? stpcpy(q, "'\\''") : (*q = *s, q + 1);
     stpcpy(q, suffix);
-    struct lb_pty_create c = {
-        .command = command, .rows = 24, .cols = 80, .pty = false, .context = true};
+    struct lb_pty_create c = {.command = command,
+                              .rows = 24,
+                              .cols = 80,
+                              .pty = false,
+                              .context = true,
+                              .fence_held = fence_held};
     r = pty_create(p, sandbox_id, &c, cid_out, err);
     free(command);
     if (r < 0)

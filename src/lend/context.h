@@ -35,9 +35,10 @@
  * interpreter answers (at most 30 s). cid_out receives the context id. Blocks. Errors: -ENOENT
  * (no such running sandbox), -LB_E_LOST, -ENOSYS (the provider has no PTY sessions: 501),
  * -EINVAL (another language), -EAGAIN (limits.max_pty_sessions), -EOPNOTSUPP (422: python3
- * did not start in the sandbox; its stderr in the message), -EREMOTEIO, -ENOMEM. */
+ * did not start in the sandbox; its stderr in the message), -EREMOTEIO, -ENOMEM. fence_held:
+ * as lb_pty_create.fence_held (NULL for the admin's requests). */
 int context_create(struct lb_ptys *p, const char *sandbox_id, const char *language,
-                   char cid_out[LB_PTY_SID_MAX], struct lb_error *err);
+                   bool *fence_held, char cid_out[LB_PTY_SID_MAX], struct lb_error *err);
 
 /* Run code (UTF-8, no NUL) in context cid. At timeout_ms the run is interrupted (SIGINT: the
  * answer's error is a KeyboardInterrupt) and the context lives on; if the interpreter does not

@@ -197,6 +197,13 @@ struct lb_exec_params {
     /* output as it is produced (provider.h lb_exec_request.on_output); NULL: none */
     void (*on_output)(void *ctx, int stream, const char *data, size_t len);
     void *output_ctx;
+    /* NULL, or the caller's flag, true while it holds the sandbox's operate-token fence as a
+     * writer for an operate-token request (routes_operate_enter): lend_exec leaves the fence
+     * once the command runs inside the sandbox (the provider's on_started) or when it
+     * returns, whichever comes first, and sets the flag false; so a reset waits for the start
+     * and its kill then ends the command. Whatever is still held after a caller's early
+     * return is the caller's to leave. */
+    bool *fence_held;
 };
 
 /* Who a command of the lent sandbox id runs as: user, else the image's User (image_user of the
@@ -217,14 +224,16 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
 /* The operate-token fence. check: 0, or -EBUSY (409 conflict, the message naming the
  * exclusive exec and when it began) while an exclusive exec of sandbox id runs; a record-free
  * lookup, fine on an HTTP thread. Every call made with a sandbox's operate token is checked
- * when it is authorized (routes_authorize). enter/leave bracket a write the daemon makes into
- * the sandbox for an operate-token request admitted earlier (an upload's commit, a pause): enter
- * is -EBUSY as check (nothing held) or holds the fence down until leave, so a write either
- * completes before an exclusive exec's sweep starts or is refused. -ENOMEM. Thread-safe. */
+ * when it is authorized (routes_authorize). enter/leave bracket what the daemon does in the
+ * sandbox for an operate-token request admitted earlier (an upload's commit, a pause, an exec
+ * or a PTY session until its process is inside: routes_operate_enter): enter is -EBUSY as check
+ * (nothing held) or holds the fence down until leave, so the act either starts before an
+ * exclusive exec's sweep or a reset's kill, or is refused. -ENOMEM. Thread-safe. */
 int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err);
-/* Raise id's fence (counted: every raise needs its lower) for an exclusive exec, or for what
- * must span more than one (an activation close's sweep and capture): from then on check and
- * enter refuse; returns once no write enter admitted before is still in progress. -ENOMEM. */
+/* Raise id's fence (counted: every raise needs its lower) for an exclusive exec, a snapshot, a
+ * reset, or for what must span more than one (an activation close's sweep and capture): from then
+ * on check and enter refuse; returns once no write enter admitted before is still in progress.
+ * -ENOMEM. */
 int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err);
 void lend_fence_lower(struct lb_lend *l, const char *id);
 int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);

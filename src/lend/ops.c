@@ -164,10 +164,11 @@ static void fence_put(struct lb_lend *l, struct lend_fence *f)
 
 static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
 {
-    return lb_error_set(err, -EBUSY,
-                        "sandbox '%s' is fenced since %s by an exclusive exec or a snapshot "
-                        "running in it: calls with its operate token answer 409 until it ends",
-                        f->id, f->since);
+    return lb_error_set(
+        err, -EBUSY,
+        "sandbox '%s' is fenced since %s by an exclusive exec, a snapshot or a "
+        "reset running in it: calls with its operate token answer 409 until it ends",
+        f->id, f->since);
 }
 
 int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
@@ -271,9 +272,29 @@ int lend_exec_user(struct lb_lend *l, const char *id, const char *user, char **o
     return r;
 }
 
+/* An operate-token exec's writer hold on its sandbox's fence (lb_exec_params.fence_held). */
+struct exec_fence_hold {
+    struct lb_lend *l;
+    const char *id;
+    bool *held; /* the caller's flag, or NULL */
+};
+
+/* Leave the hold once: the provider's on_started, or lend_exec's end. Both on the exec's
+ * thread. */
+static void exec_fence_release(void *ctx)
+{
+    struct exec_fence_hold *h = ctx;
+
+    if (h->held && *h->held) {
+        *h->held = false;
+        lend_fence_leave(h->l, h->id);
+    }
+}
+
 int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
               struct lb_exec_result *res, struct lb_error *err)
 {
+    struct exec_fence_hold hold = {l, id, p->fence_held};
     struct lend_target t;
     json_t *spec = NULL;
     char **env = NULL;
@@ -321,10 +342,17 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     /* activity until the command ends (a paused on_idle "pause" sandbox is resumed first) */
     if ((r = lend_activity_enter(l, &t.rec, t.prov, &t.ref, true, err)) < 0)
         goto out;
-    /* the fence is up before the provider's sweep starts and down once the result is in */
+    /* the fence is up before the provider's sweep starts and down once the result is in (a
+     * raise waits for every writer: this exec's own hold goes first) */
+    if (p->exclusive)
+        exec_fence_release(&hold);
     if (p->exclusive && (r = lend_fence_raise(l, id, err)) < 0) {
         lend_activity_leave(l, id);
         goto out;
+    }
+    if (hold.held && *hold.held) {
+        req.on_started = exec_fence_release;
+        req.started_ctx = &hold;
     }
     metrics_add(LB_M_EXECS, 1);
     r = provider_exec(t.prov, &t.ref, &req, res, err);
@@ -336,6 +364,7 @@ int lend_exec(struct lb_lend *l, const char *id, const struct lb_exec_params *p,
     if (r == 0 && res->error_type == LB_EXEC_TIMEOUT)
         metrics_add(LB_M_EXEC_TIMEOUTS, 1);
 out:
+    exec_fence_release(&hold);
     lend_exec_env_free(env);
     json_decref(spec);
     lend_target_release(&t);

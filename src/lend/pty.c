@@ -377,6 +377,7 @@ int pty_create(struct lb_ptys *p, const char *sandbox_id, const struct lb_pty_cr
         .timeout_ms = LAUNCH_TIMEOUT_MS,
         .preserve_background = true, /* the holder outlives the launch exec */
         .pass_fd = dir_fd,
+        .fence_held = c->fence_held,
     };
     r = lend_exec(p->lend, sandbox_id, &ep, &res, err);
     if (r < 0)

@@ -76,6 +76,9 @@ struct lb_pty_create {
     int rows, cols;      /* 1..65535 */
     bool pty;            /* false: pipes, stdout and stderr apart (detached exec) */
     bool context;        /* a code context's interpreter: the id starts with LB_CONTEXT_PREFIX */
+    bool *fence_held;    /* NULL, or the operate-token fence the caller holds, handed to the
+                            launch's lend_exec (lb_exec_params.fence_held); what is still held
+                            when pty_create returns is the caller's to leave */
 };
 
 /* Create a session in sandbox_id and start its process. sid_out receives the session id.

@@ -323,8 +323,11 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
         goto out;
     }
     token_sha256_hex(token, strlen(token), token_hash);
-    /* operate-token calls answer 409 from here, and writes admitted before (an upload's
-     * commit) end first, so none lands in the sandbox made again */
+    /* operate-token calls answer 409 from here, and acts admitted before end or start first
+     * (an upload's commit; an exec, PTY session or harness until its process is inside: the
+     * kill below then ends it), so none lands in the sandbox made again or reset in place;
+     * one that comes to the fence after the reset finds its token revoked
+     * (routes_operate_enter) */
     r = lend_fence_raise(l, id, err);
     if (r < 0)
         goto out;

@@ -98,11 +98,30 @@ static int execute_parse(struct lb_app *app, struct execute_job *j, struct lb_er
     return r;
 }
 
-static int execute_call(struct lb_app *app, void *arg, json_t **out, struct lb_error *err)
+static void execute_run(struct lb_request *req, void *arg)
 {
     struct execute_job *j = arg;
+    struct lb_app *app = http_app(req);
+    struct lb_record live = {0};
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    bool held = false;
+    int r = 0;
 
-    return activation_execute(app->acts, j->rsid, &j->req, out, err);
+    /* an operate token's harness is staged and launched in the episode that admitted it, or
+     * not at all (routes_operate_enter; the launch's lend_exec leaves the fence once the
+     * harness's supervisor is inside) */
+    if (http_principal(req) == LB_PRINCIPAL_OPERATE &&
+        store_get_live_by_rsid(app->store, j->rsid, &live, NULL) == 0)
+        r = routes_operate_enter(req, live.id, &held, &err);
+    if (r == 0) {
+        j->req.fence_held = &held;
+        r = activation_execute(app->acts, j->rsid, &j->req, &out, &err);
+        if (held)
+            routes_operate_leave(req, live.id, &held);
+    }
+    store_record_release(&live);
+    routes_respond(req, r, j->req.nowait ? 202 : 200, out, &err);
 }
 
 int route_execute(struct lb_request *req, struct lb_error *err)
@@ -124,7 +143,7 @@ int route_execute(struct lb_request *req, struct lb_error *err)
         execute_job_free(j);
         return r;
     }
-    return routes_defer_job(req, execute_call, j->req.nowait ? 202 : 200, j, execute_job_free, err);
+    return http_defer(req, execute_run, j, execute_job_free, err);
 }
 
 /* ---------- close ---------- */

@@ -169,15 +169,17 @@ static void archive_put_finish(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_archive_result res = {0};
     struct lb_error err = {0};
+    bool held = false;
     int r = 0;
 
     if (lseek(j->fd, 0, SEEK_SET) < 0)
         r = lb_error_set(&err, -EIO, "cannot read the archive back: %s", strerror(errno));
-    /* admitted before an exclusive exec began, its entries may land only before the sweep */
-    if (r == 0 && j->fenced_id && (r = lend_fence_enter(app->lend, j->fenced_id, &err)) == 0) {
+    /* admitted before an exclusive exec or a reset began, its entries may land only before the
+     * sweep, or in the episode whose token sent them */
+    if (r == 0 && j->fenced_id && (r = routes_operate_enter(req, j->fenced_id, &held, &err)) == 0) {
         r = lend_archive_put(app->lend, j->id, j->dir, j->fd, (uint64_t)app->max_file_bytes, &res,
                              &err);
-        lend_fence_leave(app->lend, j->fenced_id);
+        routes_operate_leave(req, j->fenced_id, &held);
     } else if (r == 0 && !j->fenced_id) {
         r = lend_archive_put(app->lend, j->id, j->dir, j->fd, (uint64_t)app->max_file_bytes, &res,
                              &err);

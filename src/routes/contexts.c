@@ -75,7 +75,14 @@ static void create_run(struct lb_request *req, void *arg)
     const char *language = json_string_value(json_object_get(j->body, "language"));
     char cid[LB_PTY_SID_MAX];
     struct lb_error err = {0};
-    int r = context_create(ptys_of(req), j->id, language ? language : "python", cid, &err);
+    bool held;
+    /* an operate token's context starts in the episode that admitted it */
+    int r = routes_operate_enter(req, j->id, &held, &err);
+
+    if (r == 0) {
+        r = context_create(ptys_of(req), j->id, language ? language : "python", &held, cid, &err);
+        routes_operate_leave(req, j->id, &held);
+    }
 
     routes_respond(req, r, 201,
                    r == 0 ? json_pack("{s:s,s:s}", "context_id", cid, "language", "python") : NULL,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "image/image.h"
+#include "util/fault.h"
 #include "util/token.h"
 
 int routes_check_fields(json_t *obj, const char *const *allowed, const char *what,
@@ -211,6 +212,38 @@ void routes_respond_lend_id_num(struct lb_request *req,
     int r = fn(app->lend, j->id, j->n, &out, &err);
 
     routes_respond(req, r, 200, out, &err);
+}
+
+int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    int r;
+
+    *held = false;
+    if (http_principal(req) != LB_PRINCIPAL_OPERATE)
+        return 0;
+    /* tests: an act held here, its job started, while a whole reset runs */
+    r = fault_hit("operate.enter", 0, err);
+    if (r < 0)
+        return r;
+    r = lend_fence_enter(app->lend, id, err);
+    if (r < 0)
+        return r;
+    /* the fence held, no reset can begin: a token still good now stays good until the leave */
+    r = http_reauthorize(req, err);
+    if (r < 0) {
+        lend_fence_leave(app->lend, id);
+        return r;
+    }
+    *held = true;
+    return 0;
+}
+
+void routes_operate_leave(struct lb_request *req, const char *id, bool *held)
+{
+    if (*held)
+        lend_fence_leave(((struct lb_app *)http_app(req))->lend, id);
+    *held = false;
 }
 
 void routes_serialize_session(struct lb_request *req, const char *rsid)

@@ -75,7 +75,15 @@ static void create_run(struct lb_request *req, void *arg)
     struct create_job *j = arg;
     char sid[LB_PTY_SID_MAX];
     struct lb_error err = {0};
-    int r = pty_create(ptys_of(req), j->id, &j->c, sid, &err);
+    bool held;
+    /* an operate token's session starts in the episode that admitted it (routes_operate_enter) */
+    int r = routes_operate_enter(req, j->id, &held, &err);
+
+    if (r == 0) {
+        j->c.fence_held = &held;
+        r = pty_create(ptys_of(req), j->id, &j->c, sid, &err);
+        routes_operate_leave(req, j->id, &held);
+    }
 
     routes_respond(req, r, 201, r == 0 ? json_pack("{s:s}", "session_id", sid) : NULL, &err);
 }

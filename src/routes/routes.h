@@ -245,6 +245,18 @@ int routes_spec_job_parse(struct lb_request *req, struct routes_spec_job *j, boo
 /* j's request and body (j itself, not NULL, is the caller's). */
 void routes_spec_job_release(struct routes_spec_job *j);
 
+/* For an operate-token request about to act in sandbox id (start a process, write a file,
+ * pause it): hold id's operate-token fence as a writer (lend_fence_enter), then check the
+ * token again (http_reauthorize), so a reset either waits for the act to start (its kill then
+ * ends it) or has revoked the token first (401); an exclusive exec or a reset under way is
+ * -EBUSY (409). *held says whether the fence is held (never for the admin's requests: 0 and
+ * false): the caller leaves it with lend_fence_leave once the act has started or ended, or
+ * hands it to lend_exec (lb_exec_params.fence_held). 0, or a negative errno with nothing
+ * held. On the request's job thread. */
+int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err);
+/* Leave what routes_operate_enter holds, if anything (clears *held). */
+void routes_operate_leave(struct lb_request *req, const char *id, bool *held);
+
 /* Serialise the request's deferred job with every other seed, release, close and delete of
  * resources session rsid (http_set_serial_key): a waiting one holds no worker. */
 void routes_serialize_session(struct lb_request *req, const char *rsid);

@@ -153,14 +153,14 @@ static void pause_run(struct lb_request *req, void *arg)
     struct lb_error err = {0};
     json_t *out = NULL;
     const char *which_id = arg;
-    bool operate = http_principal(req) == LB_PRINCIPAL_OPERATE;
-    int r = operate ? lend_fence_enter(app->lend, which_id + 1, &err) : 0;
+    bool held;
+    /* an operate token's pause admitted before an exclusive exec or a reset began must not
+     * freeze the one or the next episode */
+    int r = routes_operate_enter(req, which_id + 1, &held, &err);
 
-    /* an operate token's pause admitted before an exclusive exec began must not freeze it */
     if (r == 0) {
         r = lend_set_paused(app->lend, which_id + 1, which_id[0] == 'p', &out, &err);
-        if (operate)
-            lend_fence_leave(app->lend, which_id + 1);
+        routes_operate_leave(req, which_id + 1, &held);
     }
     routes_respond(req, r, 200, out, &err);
 }
@@ -465,11 +465,22 @@ static void exec_run(struct lb_request *req, void *arg)
     json_t *out = NULL;
     int r;
 
+    bool held = false;
+
     if (j->ndjson) {
         j->p.on_output = exec_on_output;
         j->p.output_ctx = &x;
     }
+    /* an operate token's exec starts in the episode that admitted it, or not at all: a reset
+     * waits for its start (and then ends it) or revoked its token first */
+    r = routes_operate_enter(req, j->id, &held, &err);
+    if (r < 0) {
+        routes_respond(req, r, 200, NULL, &err);
+        return;
+    }
+    j->p.fence_held = &held;
     r = lend_exec(app->lend, j->id, &j->p, &res, &err);
+    routes_operate_leave(req, j->id, &held);
     if (j->ndjson && !x.plain && (x.stream || r == 0)) {
         /* streamed (or a silent command's whole answer): req is not ours once begun */
         if (!x.stream)
@@ -612,15 +623,17 @@ static void upload_finish(struct lb_request *req, void *arg)
 {
     struct upload_job *u = arg;
     struct lb_error err = {0};
+    bool held = false;
     int r = 0;
 
-    /* admitted before an exclusive exec began, its bytes may land only before the sweep */
-    if (u->fenced_id && (r = lend_fence_enter(u->lend, u->fenced_id, &err)) < 0) {
+    /* admitted before an exclusive exec or a reset began, its bytes may land only before the
+     * sweep, or in the episode whose token sent them */
+    if (u->fenced_id && (r = routes_operate_enter(req, u->fenced_id, &held, &err)) < 0) {
         lend_upload_abort(u->lend, u->upload);
     } else {
         r = lend_upload_commit(u->lend, u->upload, &err);
         if (u->fenced_id)
-            lend_fence_leave(u->lend, u->fenced_id);
+            routes_operate_leave(req, u->fenced_id, &held);
     }
     free(u->fenced_id);
     free(u);
@@ -659,8 +672,15 @@ static void file_put_open(struct lb_request *req, void *arg)
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     struct upload_job *u = calloc(1, sizeof(*u));
-    int r = u ? lend_upload_begin(app->lend, j->id, j->path, j->mode, j->owner, &u->upload, &err)
+    bool held = false;
+    /* its temporary file is made in the episode whose token sent it, or not at all */
+    int r = u ? routes_operate_enter(req, j->id, &held, &err)
               : lb_error_set(&err, -ENOMEM, "out of memory");
+
+    if (r == 0) {
+        r = lend_upload_begin(app->lend, j->id, j->path, j->mode, j->owner, &u->upload, &err);
+        routes_operate_leave(req, j->id, &held);
+    }
 
     if (r < 0) {
         free(u);

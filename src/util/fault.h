@@ -21,7 +21,9 @@
  * host.keyrings (checked once at start: "fail" makes the daemon refuse itself the kernel
  * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it),
  * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
- * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm).
+ * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
+ * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
+ * sandbox's fence and checks its token again: routes_operate_enter).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

@@ -21,6 +21,10 @@
  * with stop_reason reset_failed; its token answers 401 and no process of it is left
  * - kill -9 of the daemon between the teardown and the new sandbox: after a restart the sandbox
  *   is stopped (reset_failed), nothing of it runs or stays on disk
+ * - acts of the old token admitted before the reset: an exec whose provider call is under way
+ *   holds the reset off until it is inside and is ended by it; an exec, upload, PTY session,
+ *   pause and harness execute whose turn comes after the reset answer 401; none of them
+ *   reaches the next episode
  */
 #include <arpa/inet.h>
 #include <libgen.h>
@@ -734,16 +738,47 @@ START_TEST(test_reset_killed)
 }
 END_TEST
 
-/* An exec admitted with the old token before a reset, whose provider call comes after it (held
- * at the fault point), must not run in the next episode. With the default configuration
- * (local.reset_in_place = no) a reset makes the sandbox anew, so the late exec meets a
- * sandbox that is gone. An in-place reset keeps the namespaces and fails this today, which is
- * why it is off by default (docs/operations.md). */
+/* Wait (at most 60 s) until sandbox sbx's old token tok is refused with 409: a reset has
+ * raised the sandbox's fence and waits there for what it admitted before. */
+static void wait_fenced(struct lbt_daemon *d, const char *sbx, const char *tok)
+{
+    char path[160];
+    struct lbt_resp r;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    for (int i = 0; i < 1200; i++) {
+        lbt_json(d, "GET", path, tok, NULL, &r);
+        long status = r.status;
+
+        lbt_resp_free(&r);
+        if (status == 409)
+            return;
+        lbt_sleep_ms(50);
+    }
+    ck_abort_msg("the reset of %s never raised its fence", sbx);
+}
+
+/* Wait (at most 60 s) until d's log shows n calls held at fault op. */
+static void wait_held(struct lbt_daemon *d, const char *op, int n)
+{
+    char needle[128];
+
+    snprintf(needle, sizeof(needle), "fault injected: %s holds", op);
+    for (int i = 0; i < 1200 && lbt_log_count(d, needle) < n; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_ge(lbt_log_count(d, needle), n);
+}
+
+/* An exec admitted with the old token whose provider call is under way when the reset comes
+ * (fault provider.exec=hold:) runs in the old episode only: the reset waits for its start
+ * (the exec holds the sandbox's fence until its supervisor is inside), then ends it with the
+ * rest of the episode; nothing of it is in the next one. With the in-place reset, whose kept
+ * namespaces an exec started late would enter. */
 START_TEST(test_reset_late_exec)
 {
-    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], path[160], *out;
-    const char *args[] = {"--set", spec, NULL};
-    struct lbt_async *job;
+    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[160], *out;
+    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct lbt_async *job, *rjob;
     struct lbt_resp r;
     json_t *lease;
     long status;
@@ -758,12 +793,83 @@ START_TEST(test_reset_late_exec)
     lbt_daemon_start(&F, args);
     lease = lbt_seed(&F, "rs-reset-lateexec", "task-reset", NULL);
     snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
-    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
     json_decref(lease);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
-    job = lbt_async_json(&F, "POST", path, tok, "{\"command\": \"touch /tmp/late-exec\"}");
-    lbt_sleep_ms(500);
-    ck_assert(!lbt_async_done(job));
+    job = lbt_async_json(&F, "POST", path, old_tok,
+                         "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", "
+                         "\"timeout_s\": 100}");
+    wait_held(&F, "provider.exec", 1);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    rjob = lbt_async_json(&F, "POST", path, F.admin_token, NULL);
+    wait_fenced(&F, sbx, old_tok);
+    ck_assert(!lbt_async_done(rjob)); /* it waits for the exec's start */
+    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    lbt_async_join(rjob, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    status = r.status;
+    /* it ran in the old episode and was ended with it: never a clean exit */
+    ck_assert_msg(status != 200 || json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the held exec was not ended by the reset: %ld %s", status, r.body);
+    lbt_resp_free(&r);
+    out = sh_tok(&F, sbx, tok,
+                 "ls /tmp/late-exec 2>/dev/null; for p in /proc/[0-9]*; do "
+                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
+                 "done; echo done");
+    (void)unlink(hold);
+    ck_assert_msg(strcmp(out, "done\n") == 0,
+                  "the old episode's exec (answered %ld) reached the next one: %s", status, out);
+    free(out);
+    ck_assert_int_ge(lbt_log_count(&F, "reset in place"), 1);
+    lbt_release_session(&F, "rs-reset-lateexec");
+}
+END_TEST
+
+/* Acts of the old token admitted, their jobs started, but held right before they take the
+ * sandbox's fence (fault operate.enter=hold:) while a whole reset runs: once let go, each
+ * checks its token again under the fence and is refused (401), so none starts a process or
+ * writes a file in the next episode: an exec, an upload, a PTY session, a pause, a harness's
+ * execute. */
+START_TEST(test_reset_refuses_late_act)
+{
+    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[200], *out;
+    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct lbt_async *jobs[5];
+    struct lbt_resp r;
+    json_t *lease;
+    int fd;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "its busybox image has no PTY sessions; the fence is the "
+                               "daemon's, the same on every provider");
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-act-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=operate.enter=hold:%s", hold);
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-lateact", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    jobs[0] = lbt_async_json(&F, "POST", path, old_tok,
+                             "{\"command\": \"touch /tmp/late-act; sleep 3133.4242\", "
+                             "\"timeout_s\": 5}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/tmp/late-put", sbx);
+    jobs[1] = lbt_async_json(&F, "PUT", path, old_tok, "late bytes");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
+    jobs[2] = lbt_async_json(&F, "POST", path, old_tok,
+                             "{\"command\": \"touch /tmp/late-pty; sleep 3133.4242\"}");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
+    jobs[3] = lbt_async_json(&F, "POST", path, old_tok, NULL);
+    jobs[4] = lbt_async_json(&F, "POST", "/v1/sessions/rs-reset-lateact/execute", old_tok,
+                             "{\"argv\": [\"sh\", \"-c\", \"touch /tmp/late-harness; "
+                             "sleep 3133.4242\"], \"wait\": false}");
+    wait_held(&F, "operate.enter", 5);
     reset(&F, sbx, "", NULL, &r);
     ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
@@ -771,15 +877,29 @@ START_TEST(test_reset_late_exec)
     fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     ck_assert_int_ge(fd, 0);
     close(fd);
-    lbt_async_join(job, &r);
-    status = r.status;
-    lbt_resp_free(&r);
-    out = sh_tok(&F, sbx, tok, "ls /tmp/late-exec 2>/dev/null; echo done");
+    for (int i = 0; i < 5; i++) {
+        lbt_async_join(jobs[i], &r);
+        ck_assert_msg(r.status == 401, "act %d of the old token: %ld %s", i, r.status, r.body);
+        lbt_resp_free(&r);
+    }
+    out = sh_tok(&F, sbx, tok,
+                 "ls /tmp/late-act /tmp/late-put /tmp/late-pty /tmp/late-harness 2>/dev/null; "
+                 "for p in /proc/[0-9]*; do "
+                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
+                 "done; echo done");
     (void)unlink(hold);
-    ck_assert_msg(strcmp(out, "done\n") == 0,
-                  "the old episode's exec (answered %ld) ran in the next one: %s", status, out);
+    ck_assert_str_eq(out, "done\n");
     free(out);
-    lbt_release_session(&F, "rs-reset-lateexec");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(&F, "GET", path, tok, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "status"), "running"); /* the old token's pause did not land */
+    lbt_resp_free(&r);
+    lbt_json(&F, "GET", "/v1/sessions/rs-reset-lateact/activation", "", NULL, &r);
+    ck_assert_msg(r.status == 404, "the old token's execute left an activation: %ld %s", r.status,
+                  r.body);
+    lbt_resp_free(&r);
+    lbt_release_session(&F, "rs-reset-lateact");
 }
 END_TEST
 
@@ -813,6 +933,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &F);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_late_exec);
+    tcase_add_test(tc, test_reset_refuses_late_act);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

@@ -469,8 +469,13 @@ static void exec_pump(struct exec_fds *f, struct exec_io *io, struct lb_exec_res
             pump_read(&f->err_r, &res->err, chunk, (struct exec_tell){io->req, LB_EXEC_STDERR});
         if (p[idx_st].revents) {
             pump_read(&f->status_r, &io->status, chunk, (struct exec_tell){0});
-            if (!io->supervisor)
+            if (!io->supervisor) {
                 io->supervisor = take_supervisor_pid(&io->status);
+                /* the supervisor is in the sandbox's pid namespace: a reset or stop from now
+                 * on ends it and all it starts */
+                if (io->supervisor && io->req && io->req->on_started)
+                    io->req->on_started(io->req->started_ctx);
+            }
             /* one line is the whole status: do not wait for EOF (nor for whoever might
              * hold the pipe) once it is in */
             if (io->status.data && memchr(io->status.data, '\n', io->status.len))
