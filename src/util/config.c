@@ -97,7 +97,7 @@ static const struct config_key config_keys[] = {
     STR("local", "storage", storage, "tmpfs"),
     STR("local", "data_dir", data_dir, NULL),
     INT("local", "sandbox_nofile", sandbox_nofile, "1024", 64, 1048576),
-    BOOL("local", "reset_in_place", reset_in_place, "no"),
+    BOOL("local", "reset_in_place", reset_in_place, "yes"),
     STR("docker", "socket", docker_socket, "/run/docker.sock"),
     STR("docker", "default_image", docker_default_image, NULL),
     STR("docker", "instance", docker_instance, NULL),

@@ -43,8 +43,8 @@ struct lb_local_config {
     bool seccomp_off;          /* true: no seccomp filter (the default filter is on) */
     const char *seccomp_deny;  /* extra syscalls to refuse, see provider/seccomp.h */
     int64_t sandbox_nofile; /* RLIMIT_NOFILE of sandbox processes (not the daemon's); <= 0: 1024 */
-    bool reset_in_place;    /* a reset may keep the sandbox's namespaces (off by default: an
-                               exec admitted before the reset can still start after it) */
+    bool reset_in_place;    /* a reset may keep the sandbox's namespaces (local.reset_in_place,
+                               default yes) */
     struct lb_local_net_config net;
 };
 
