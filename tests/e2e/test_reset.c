@@ -825,7 +825,8 @@ START_TEST(test_reset_late_exec)
     ck_assert_msg(strcmp(out, "done\n") == 0,
                   "the old episode's exec (answered %ld) reached the next one: %s", status, out);
     free(out);
-    ck_assert_int_ge(lbt_log_count(&F, "reset in place"), 1);
+    if (lbt_variant_on_host()) /* an image sandbox is made anew: the fence holds the same */
+        ck_assert_int_ge(lbt_log_count(&F, "reset in place"), 1);
     lbt_release_session(&F, "rs-reset-lateexec");
 }
 END_TEST
