@@ -196,7 +196,8 @@ static void reset_mqueues(void)
     close(fs);
 }
 
-/* Inside the namespaces, as the sandbox's root with its capabilities. */
+/* Inside the namespaces, with the sandbox's root's file ids and capabilities (its real and
+ * saved ids the host's root: mode_reset_run). */
 static void reset_inside(int sup_fd, const char *host, const char *workdir, int64_t tmp_mib,
                          int64_t run_mib, int64_t shm_mib, int64_t workdir_mib)
 {
@@ -254,8 +255,17 @@ int mode_reset_run(int argc, char **argv)
         if (syscall(SYS_setns, RESET_NS_FD + i, ns_types[i]) < 0)
             reset_fail("cannot enter the sandbox namespaces");
     }
-    if (syscall(SYS_setresgid, 0, 0, 0) < 0 || syscall(SYS_setresuid, 0, 0, 0) < 0)
-        reset_fail("cannot become the sandbox's root");
+    /* The sandbox's root for the files and mounts made (fs ids), but the host's root for
+     * signals: a process of the sandbox (its root, no capabilities) can then neither stop,
+     * kill nor prlimit the child below in the moment before it kills them (its real and saved
+     * ids are not theirs), while the capabilities setns gave in the sandbox's user namespace
+     * do the rest. */
+    (void)syscall(SYS_setfsgid, 0);
+    (void)syscall(SYS_setfsuid, 0);
+    if (syscall(SYS_setfsgid, -1) != 0 || syscall(SYS_setfsuid, -1) != 0) {
+        errno = EPERM;
+        reset_fail("cannot act as the sandbox's root");
+    }
     /* the namespaces and the host's binary: nothing the child inside needs */
     (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
     /* into the pid namespace: a child */

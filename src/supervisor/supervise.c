@@ -200,14 +200,17 @@
  *   lendbox-supervise --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB
  *       fds 0..2 /dev/null, 3 the status pipe, 4..8 the sandbox init's user, mnt, pid, uts
  *       and ipc namespaces, 9 an O_PATH fd of this binary on the host. Clones fd 9 read-only,
- *       enters the namespaces (user first), becomes uid/gid 0 there with the namespace's
- *       capabilities, and forks into the pid namespace, where the child kills every process but
+ *       enters the namespaces (user first), takes uid/gid 0 there as its file ids only (its
+ *       real and saved ids stay the host's root, so no sandbox process may signal or prlimit
+ *       it) with the namespace's capabilities, and forks into the pid namespace, where the
+ *       child kills every process but
  *       the init and waits until the init reaped them, mounts fresh tmpfs of the given sizes
  *       (MiB) at /tmp and /dev/shm (1777), WORKDIR and /run (0755), binds the clone at
  *       /run/lendbox/supervise, sets the hostname to HOSTNAME and removes every SysV IPC
  *       object and POSIX message queue (mode_reset.c). Writes "reset" on fd 3 and exits 0 when
  *       all of it is done; else "error WHAT: errno N" on fd 3 and a non-zero exit (2: bad
- *       arguments). Nothing of it is visible to the sandbox but its effects.
+ *       arguments). The sandbox's processes may see the child in their /proc in the moment
+ *       before it kills them, but cannot act on it.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
