@@ -235,6 +235,12 @@ int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err);
  * on check and enter refuse; returns once no write enter admitted before is still in progress.
  * -ENOMEM. */
 int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err);
+/* lend_fence_raise, calling stalled(ctx) (when not NULL; without the fence's lock) every 200 ms
+ * that a writer admitted before is still in: what the raiser can do to let it end (a reset
+ * thaws the sandbox, whose pause could otherwise hold an exec's start, and so the reset, for
+ * the exec's whole timeout). */
+int lend_fence_raise_stalled(struct lb_lend *l, const char *id, void (*stalled)(void *ctx),
+                             void *ctx, struct lb_error *err);
 void lend_fence_lower(struct lb_lend *l, const char *id);
 int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);
 void lend_fence_leave(struct lb_lend *l, const char *id);

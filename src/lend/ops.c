@@ -171,7 +171,11 @@ static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
         f->id, f->since);
 }
 
-int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
+/* How often a raise that waits for writers calls its stall hook (lend_fence_raise_stalled). */
+#define FENCE_STALL_MS 200
+
+int lend_fence_raise_stalled(struct lb_lend *l, const char *id, void (*stalled)(void *ctx),
+                             void *ctx, struct lb_error *err)
 {
     struct lend_fence *f;
     int r = 0;
@@ -184,11 +188,25 @@ int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
     }
     if (f->exclusive++ == 0)
         clock_format_rfc3339(clock_now_s(), f->since, sizeof(f->since));
-    while (f->writers > 0)
-        pthread_cond_wait(&l->fence_cond, &l->fence_mutex);
+    while (f->writers > 0) {
+        struct timespec until = clock_realtime_after_ms(FENCE_STALL_MS);
+
+        if (pthread_cond_timedwait(&l->fence_cond, &l->fence_mutex, &until) == ETIMEDOUT &&
+            stalled && f->writers > 0) {
+            /* f stays: the raise's own count holds it */
+            pthread_mutex_unlock(&l->fence_mutex);
+            stalled(ctx);
+            pthread_mutex_lock(&l->fence_mutex);
+        }
+    }
 out:
     pthread_mutex_unlock(&l->fence_mutex);
     return r;
+}
+
+int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    return lend_fence_raise_stalled(l, id, NULL, NULL, err);
 }
 
 /* One exclusive exec (exclusive) or one writer leaves id's fence; the last writer out wakes an

@@ -187,6 +187,27 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
     return r < 0 ? lb_error_set(err, -ENOMEM, "out of memory") : 0;
 }
 
+/* The sandbox a reset waits to fence (lend_fence_raise_stalled). */
+struct reset_stall {
+    struct lb_provider *prov;
+    struct lb_sandbox_ref ref;
+};
+
+/* An act admitted before the reset is still starting: the sandbox may be paused (an agent's
+ * pause right after its own exec holds that exec's start, and so the reset, until the exec's
+ * timeout). Thaw it; its token is fenced, so it cannot pause it again. A reset thaws it anyway
+ * (in place) or stops it. */
+static void reset_thaw(void *ctx)
+{
+    struct reset_stall *s = ctx;
+    enum lb_sandbox_status st;
+
+    if (provider_status(s->prov, &s->ref, &st, NULL) == 0 && st == LB_STATUS_PAUSED &&
+        provider_resume(s->prov, &s->ref, NULL) == 0)
+        log_info_sbx(s->ref.id, "sandbox %s thawed: an act admitted before its reset was held",
+                     s->ref.id);
+}
+
 /* Where a reset's time went, in ms (monotonic), for its log line. */
 struct reset_times {
     int64_t start_ms;  /* when lend_reset began */
@@ -328,7 +349,10 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
      * kill below then ends it), so none lands in the sandbox made again or reset in place;
      * one that comes to the fence after the reset finds its token revoked
      * (routes_operate_enter) */
-    r = lend_fence_raise(l, id, err);
+    old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
+    struct reset_stall stall = {prov, {id, old_desc}};
+
+    r = lend_fence_raise_stalled(l, id, reset_thaw, &stall, err);
     if (r < 0)
         goto out;
     fenced = true;
@@ -344,7 +368,6 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     r = store_delete_activation_of_sandbox(l->store, id, err);
     if (r < 0)
         goto out;
-    old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {id, old_desc};
     stop_start = clock_mono_ms();
     /* in place where the provider can (no bwrap, no new namespaces), else a stop and a create */

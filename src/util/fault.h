@@ -23,7 +23,8 @@
  * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
  * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
  * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
- * sandbox's fence and checks its token again: routes_operate_enter).
+ * sandbox's fence and checks its token again: routes_operate_enter), exec.spawn (a local
+ * exec, its sandbox found not paused, right before its helper starts).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

@@ -24,7 +24,8 @@
  * - acts of the old token admitted before the reset: an exec whose provider call is under way
  *   holds the reset off until it is inside and is ended by it; an exec, upload, PTY session,
  *   pause and harness execute whose turn comes after the reset answer 401; none of them
- *   reaches the next episode
+ *   reaches the next episode; a pause by the agent right after its exec was admitted does not
+ *   hold the reset for the exec's timeout (the reset thaws the sandbox)
  */
 #include <arpa/inet.h>
 #include <libgen.h>
@@ -831,6 +832,71 @@ START_TEST(test_reset_late_exec)
 }
 END_TEST
 
+/* An agent pauses its sandbox right after its own exec was admitted (held at fault exec.spawn,
+ * found not paused): the exec's helper would freeze as it joins the sandbox's cgroup, and the
+ * reset wait for its start until the exec's timeout. The reset thaws the sandbox instead (the
+ * old token can pause it no more), the exec starts and is ended with the episode. */
+START_TEST(test_reset_thaws_for_late_exec)
+{
+    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[160], *out;
+    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct lbt_async *job, *rjob;
+    struct lbt_resp r;
+    json_t *lease;
+    long status;
+    int fd;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the fault point is the local provider's exec");
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-thaw-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=exec.spawn=hold:%s", hold);
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-reset-thaw", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    job = lbt_async_json(&F, "POST", path, old_tok,
+                         "{\"command\": \"touch /tmp/late-thaw; exec sleep 3133.4242\", "
+                         "\"timeout_s\": 1000}");
+    wait_held(&F, "exec.spawn", 1);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
+    lbt_json(&F, "POST", path, old_tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+    rjob = lbt_async_json(&F, "POST", path, F.admin_token, NULL);
+    wait_fenced(&F, sbx, old_tok);
+    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    lbt_async_join(rjob, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    status = r.status;
+    ck_assert_msg(status != 200 || json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the held exec was not ended by the reset: %ld %s", status, r.body);
+    lbt_resp_free(&r);
+    ck_assert_int_ge(lbt_log_count(&F, "thawed: an act admitted before its reset was held"), 1);
+    out = sh_tok(&F, sbx, tok,
+                 "ls /tmp/late-thaw 2>/dev/null; for p in /proc/[0-9]*; do "
+                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
+                 "done; echo done");
+    (void)unlink(hold);
+    ck_assert_str_eq(out, "done\n");
+    free(out);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(&F, "GET", path, tok, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "status"), "running");
+    lbt_resp_free(&r);
+    lbt_release_session(&F, "rs-reset-thaw");
+}
+END_TEST
+
 /* Acts of the old token admitted, their jobs started, but held right before they take the
  * sandbox's fence (fault operate.enter=hold:) while a whole reset runs: once let go, each
  * checks its token again under the fence and is refused (401), so none starts a process or
@@ -935,6 +1001,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_late_exec);
     tcase_add_test(tc, test_reset_refuses_late_act);
+    tcase_add_test(tc, test_reset_thaws_for_late_exec);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

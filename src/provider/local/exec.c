@@ -59,6 +59,7 @@
 
 #include "supervisor/user.h"
 #include "util/clock.h"
+#include "util/fault.h"
 #include "util/log.h"
 
 #define BACKSTOP_MS 10000
@@ -813,6 +814,11 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     hc = (struct helper_child){&f, seccomp_fd, lp->supervise_path, hargv};
+    /* tests: an exec found not paused, held right before its helper starts (a pause then
+     * freezes the helper as it joins the sandbox's cgroup) */
+    r = fault_hit("exec.spawn", 0, err);
+    if (r < 0)
+        goto out;
     start = clock_mono_ms();
     r = spawn_vfork(child_exec_helper, &hc, &mid);
     local_close_fd(&seccomp_fd);
