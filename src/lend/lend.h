@@ -233,13 +233,16 @@ int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err);
 /* Raise id's fence (counted: every raise needs its lower) for an exclusive exec, a snapshot, a
  * reset, or for what must span more than one (an activation close's sweep and capture): from then
  * on check and enter refuse; returns once no write enter admitted before is still in progress.
- * -ENOMEM. */
+ * -ENOMEM, or -EBUSY (409, nothing raised) when the sandbox is paused while such an act is
+ * still starting (a pause holds it at its start for as long as its timeout). */
 int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err);
-/* lend_fence_raise, calling stalled(ctx) (when not NULL; without the fence's lock) every 200 ms
- * that a writer admitted before is still in: what the raiser can do to let it end (a reset
- * thaws the sandbox, whose pause could otherwise hold an exec's start, and so the reset, for
- * the exec's whole timeout). */
-int lend_fence_raise_stalled(struct lb_lend *l, const char *id, void (*stalled)(void *ctx),
+/* A raise's hook, called while a writer admitted before is still in: 0 to wait on, or a
+ * negative errno with err set to give up (the raise then returns it, nothing raised). */
+typedef int lend_fence_stall_fn(void *ctx, struct lb_error *err);
+/* lend_fence_raise with its own stall hook, called (when not NULL; without the fence's lock)
+ * every 200 ms that a writer is still in: a reset thaws the sandbox (whose pause could hold an
+ * exec's start, and so the reset, for the exec's whole timeout) and waits on. */
+int lend_fence_raise_stalled(struct lb_lend *l, const char *id, lend_fence_stall_fn *stalled,
                              void *ctx, struct lb_error *err);
 void lend_fence_lower(struct lb_lend *l, const char *id);
 int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);

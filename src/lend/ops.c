@@ -174,7 +174,7 @@ static int fence_refuse(const struct lend_fence *f, struct lb_error *err)
 /* How often a raise that waits for writers calls its stall hook (lend_fence_raise_stalled). */
 #define FENCE_STALL_MS 200
 
-int lend_fence_raise_stalled(struct lb_lend *l, const char *id, void (*stalled)(void *ctx),
+int lend_fence_raise_stalled(struct lb_lend *l, const char *id, lend_fence_stall_fn *stalled,
                              void *ctx, struct lb_error *err)
 {
     struct lend_fence *f;
@@ -191,12 +191,17 @@ int lend_fence_raise_stalled(struct lb_lend *l, const char *id, void (*stalled)(
     while (f->writers > 0) {
         struct timespec until = clock_realtime_after_ms(FENCE_STALL_MS);
 
-        if (pthread_cond_timedwait(&l->fence_cond, &l->fence_mutex, &until) == ETIMEDOUT &&
-            stalled && f->writers > 0) {
-            /* f stays: the raise's own count holds it */
-            pthread_mutex_unlock(&l->fence_mutex);
-            stalled(ctx);
-            pthread_mutex_lock(&l->fence_mutex);
+        if (pthread_cond_timedwait(&l->fence_cond, &l->fence_mutex, &until) != ETIMEDOUT ||
+            !stalled || f->writers == 0)
+            continue;
+        /* f stays while the lock is down: this raise's own count holds it */
+        pthread_mutex_unlock(&l->fence_mutex);
+        r = stalled(ctx, err);
+        pthread_mutex_lock(&l->fence_mutex);
+        if (r < 0) {
+            f->exclusive--;
+            fence_put(l, f);
+            break;
         }
     }
 out:
@@ -204,9 +209,36 @@ out:
     return r;
 }
 
+/* lend_fence_raise's stall hook: a paused sandbox holds an act admitted before at its start
+ * (its helper frozen as it joins the sandbox's cgroup), for as long as the act's timeout; give
+ * up then. ctx: struct fence_stall_ctx. */
+struct fence_stall_ctx {
+    struct lb_lend *l;
+    const char *id;
+};
+
+static int fence_stall_paused(void *ctx, struct lb_error *err)
+{
+    struct fence_stall_ctx *c = ctx;
+    struct lend_target t;
+    enum lb_sandbox_status st;
+    int r = 0;
+
+    if (lend_target_load(c->l, c->id, &t, NULL) == 0 &&
+        provider_status(t.prov, &t.ref, &st, NULL) == 0 && st == LB_STATUS_PAUSED)
+        r = lb_error_set(err, -EBUSY,
+                         "sandbox '%s' is paused while a request made with its operate token "
+                         "before this one is starting in it: resume it first",
+                         c->id);
+    lend_target_release(&t);
+    return r;
+}
+
 int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
 {
-    return lend_fence_raise_stalled(l, id, NULL, NULL, err);
+    struct fence_stall_ctx c = {l, id};
+
+    return lend_fence_raise_stalled(l, id, fence_stall_paused, &c, err);
 }
 
 /* One exclusive exec (exclusive) or one writer leaves id's fence; the last writer out wakes an

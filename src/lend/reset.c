@@ -197,15 +197,17 @@ struct reset_stall {
  * pause right after its own exec holds that exec's start, and so the reset, until the exec's
  * timeout). Thaw it; its token is fenced, so it cannot pause it again. A reset thaws it anyway
  * (in place) or stops it. */
-static void reset_thaw(void *ctx)
+static int reset_thaw(void *ctx, struct lb_error *err)
 {
     struct reset_stall *s = ctx;
     enum lb_sandbox_status st;
 
+    (void)err; /* a reset waits on: its kill ends whatever the act started */
     if (provider_status(s->prov, &s->ref, &st, NULL) == 0 && st == LB_STATUS_PAUSED &&
         provider_resume(s->prov, &s->ref, NULL) == 0)
         log_info_sbx(s->ref.id, "sandbox %s thawed: an act admitted before its reset was held",
                      s->ref.id);
+    return 0;
 }
 
 /* Where a reset's time went, in ms (monotonic), for its log line. */

@@ -835,7 +835,8 @@ END_TEST
 /* An agent pauses its sandbox right after its own exec was admitted (held at fault exec.spawn,
  * found not paused): the exec's helper would freeze as it joins the sandbox's cgroup, and the
  * reset wait for its start until the exec's timeout. The reset thaws the sandbox instead (the
- * old token can pause it no more), the exec starts and is ended with the episode. */
+ * old token can pause it no more), the exec starts and is ended with the episode; a grader's
+ * exclusive exec meanwhile answers 409 (paused) rather than wait. */
 START_TEST(test_reset_thaws_for_late_exec)
 {
     char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[160], *out;
@@ -864,6 +865,13 @@ START_TEST(test_reset_thaws_for_late_exec)
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
     lbt_json(&F, "POST", path, old_tok, NULL, &r);
     ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    /* a grader's exclusive exec meanwhile does not wait out the held exec: 409, paused */
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    lbt_json(&F, "POST", path, F.admin_token,
+             "{\"command\": \"true\", \"exclusive\": true, \"agent_root\": true}", &r);
+    ck_assert_msg(r.status == 409 && strstr(r.body, "is paused"), "exclusive exec: %ld %s",
+                  r.status, r.body);
     lbt_resp_free(&r);
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
     rjob = lbt_async_json(&F, "POST", path, F.admin_token, NULL);
