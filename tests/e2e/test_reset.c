@@ -770,6 +770,100 @@ static void wait_held(struct lbt_daemon *d, const char *op, int n)
     ck_assert_int_ge(lbt_log_count(d, needle), n);
 }
 
+/* A late-act case: F with fault op held until the file late->hold exists and the in-place
+ * reset on, a sandbox seeded for rsid (late->sbx, its operate token late->old_tok). */
+struct late {
+    char hold[128], spec[200], sbx[LBT_ID_MAX], old_tok[256], tok[256], path[200];
+    const char *rsid;
+};
+
+static void late_start(struct late *t, const char *op, const char *rsid)
+{
+    const char *args[] = {"--set", t->spec, "--set", "local.reset_in_place=yes", NULL};
+    json_t *lease;
+
+    t->rsid = rsid;
+    snprintf(t->hold, sizeof(t->hold), "/tmp/lbt-hold-%s-%d", rsid, (int)getpid());
+    (void)unlink(t->hold);
+    snprintf(t->spec, sizeof(t->spec), "faults.spec=%s=hold:%s", op, t->hold);
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, rsid, "task-reset", NULL);
+    snprintf(t->sbx, sizeof(t->sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(t->old_tok, sizeof(t->old_tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+}
+
+/* The old token's request METHOD /v1/sandboxes/<sbx>/WHAT with body, begun (not waited for). */
+static struct lbt_async *late_begin(struct late *t, const char *method, const char *what,
+                                    const char *body)
+{
+    snprintf(t->path, sizeof(t->path), "/v1/sandboxes/%s/%s", t->sbx, what);
+    return lbt_async_json(&F, method, t->path, t->old_tok, body);
+}
+
+/* The admin's reset of the sandbox, begun (not waited for). */
+static struct lbt_async *late_reset_begin(struct late *t)
+{
+    snprintf(t->path, sizeof(t->path), "/v1/sandboxes/%s/reset", t->sbx);
+    return lbt_async_json(&F, "POST", t->path, F.admin_token, NULL);
+}
+
+/* Let the held calls go. */
+static void late_release(const struct late *t)
+{
+    int fd = open(t->hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+
+/* The reset (answered rr) is 200: its new token into t->tok. */
+static void late_reset_done(struct late *t, struct lbt_resp *rr)
+{
+    ck_assert_msg(rr->status == 200, "reset: %ld %s", rr->status, rr->body);
+    snprintf(t->tok, sizeof(t->tok), "%s", str(json_object_get(rr->json, "access"), "token"));
+    lbt_resp_free(rr);
+}
+
+/* The old token's exec job was ended with its episode: never a clean exit. */
+static void late_exec_ended(struct lbt_async *job)
+{
+    struct lbt_resp r;
+
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status != 200 ||
+                      json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the held exec was not ended by the reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+}
+
+/* Nothing of the old episode's acts in the new one (seen with the new token): none of paths
+ * (space-separated) exists, no marker process runs, and the sandbox is running. */
+static void late_check_clean(struct late *t, const char *paths)
+{
+    char cmd[512], *out;
+    struct lbt_resp r;
+
+    snprintf(cmd, sizeof(cmd),
+             "ls %s 2>/dev/null; for p in /proc/[0-9]*; do "
+             "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
+             "done; echo done",
+             paths);
+    out = sh_tok(&F, t->sbx, t->tok, cmd);
+    (void)unlink(t->hold);
+    ck_assert_msg(strcmp(out, "done\n") == 0, "the old token's acts reached the next episode: %s",
+                  out);
+    free(out);
+    snprintf(t->path, sizeof(t->path), "/v1/sandboxes/%s", t->sbx);
+    lbt_json(&F, "GET", t->path, t->tok, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(str(r.json, "status"), "running");
+    lbt_resp_free(&r);
+}
+
+#define LATE_EXEC                                                                                  \
+    "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", \"timeout_s\": 1000}"
+
 /* An exec admitted with the old token whose provider call is under way when the reset comes
  * (fault provider.exec=hold:) runs in the old episode only: the reset waits for its start
  * (the exec holds the sandbox's fence until its supervisor is inside), then ends it with the
@@ -777,58 +871,27 @@ static void wait_held(struct lbt_daemon *d, const char *op, int n)
  * namespaces an exec started late would enter. */
 START_TEST(test_reset_late_exec)
 {
-    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[160], *out;
-    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct late t;
     struct lbt_async *job, *rjob;
     struct lbt_resp r;
-    json_t *lease;
-    long status;
-    int fd;
 
     LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     LBT_SKIP_ON_VARIANT("lxd",
                         "about the local provider; an lxd reset always makes a new instance");
-    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-exec-%d", (int)getpid());
-    (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=provider.exec=hold:%s", hold);
-    lbt_daemon_start(&F, args);
-    lease = lbt_seed(&F, "rs-reset-lateexec", "task-reset", NULL);
-    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
-    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
-    json_decref(lease);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
-    job = lbt_async_json(&F, "POST", path, old_tok,
-                         "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", "
-                         "\"timeout_s\": 100}");
+    late_start(&t, "provider.exec", "rs-reset-lateexec");
+    job = late_begin(&t, "POST", "exec", LATE_EXEC);
     wait_held(&F, "provider.exec", 1);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
-    rjob = lbt_async_json(&F, "POST", path, F.admin_token, NULL);
-    wait_fenced(&F, sbx, old_tok);
+    rjob = late_reset_begin(&t);
+    wait_fenced(&F, t.sbx, t.old_tok);
     ck_assert(!lbt_async_done(rjob)); /* it waits for the exec's start */
-    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
+    late_release(&t);
     lbt_async_join(rjob, &r);
-    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
-    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
-    lbt_resp_free(&r);
-    lbt_async_join(job, &r);
-    status = r.status;
-    /* it ran in the old episode and was ended with it: never a clean exit */
-    ck_assert_msg(status != 200 || json_integer_value(json_object_get(r.json, "return_code")) != 0,
-                  "the held exec was not ended by the reset: %ld %s", status, r.body);
-    lbt_resp_free(&r);
-    out = sh_tok(&F, sbx, tok,
-                 "ls /tmp/late-exec 2>/dev/null; for p in /proc/[0-9]*; do "
-                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
-                 "done; echo done");
-    (void)unlink(hold);
-    ck_assert_msg(strcmp(out, "done\n") == 0,
-                  "the old episode's exec (answered %ld) reached the next one: %s", status, out);
-    free(out);
+    late_reset_done(&t, &r);
+    late_exec_ended(job);
+    late_check_clean(&t, "/tmp/late-exec");
     if (lbt_variant_on_host()) /* an image sandbox is made anew: the fence holds the same */
         ck_assert_int_ge(lbt_log_count(&F, "reset in place"), 1);
-    lbt_release_session(&F, "rs-reset-lateexec");
+    lbt_release_session(&F, t.rsid);
 }
 END_TEST
 
@@ -839,69 +902,34 @@ END_TEST
  * exclusive exec meanwhile answers 409 (paused) rather than wait. */
 START_TEST(test_reset_thaws_for_late_exec)
 {
-    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[160], *out;
-    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct late t;
     struct lbt_async *job, *rjob;
     struct lbt_resp r;
-    json_t *lease;
-    long status;
-    int fd;
 
     LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     LBT_SKIP_ON_VARIANT("lxd", "the fault point is the local provider's exec");
-    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-thaw-%d", (int)getpid());
-    (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=exec.spawn=hold:%s", hold);
-    lbt_daemon_start(&F, args);
-    lease = lbt_seed(&F, "rs-reset-thaw", "task-reset", NULL);
-    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
-    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
-    json_decref(lease);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
-    job = lbt_async_json(&F, "POST", path, old_tok,
-                         "{\"command\": \"touch /tmp/late-thaw; exec sleep 3133.4242\", "
-                         "\"timeout_s\": 1000}");
+    late_start(&t, "exec.spawn", "rs-reset-thaw");
+    job = late_begin(&t, "POST", "exec", LATE_EXEC);
     wait_held(&F, "exec.spawn", 1);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
-    lbt_json(&F, "POST", path, old_tok, NULL, &r);
+    lbt_async_join(late_begin(&t, "POST", "pause", NULL), &r);
     ck_assert_msg(r.status == 200, "pause: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
     /* a grader's exclusive exec meanwhile does not wait out the held exec: 409, paused */
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
-    lbt_json(&F, "POST", path, F.admin_token,
+    snprintf(t.path, sizeof(t.path), "/v1/sandboxes/%s/exec", t.sbx);
+    lbt_json(&F, "POST", t.path, F.admin_token,
              "{\"command\": \"true\", \"exclusive\": true, \"agent_root\": true}", &r);
     ck_assert_msg(r.status == 409 && strstr(r.body, "is paused"), "exclusive exec: %ld %s",
                   r.status, r.body);
     lbt_resp_free(&r);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
-    rjob = lbt_async_json(&F, "POST", path, F.admin_token, NULL);
-    wait_fenced(&F, sbx, old_tok);
-    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
+    rjob = late_reset_begin(&t);
+    wait_fenced(&F, t.sbx, t.old_tok);
+    late_release(&t);
     lbt_async_join(rjob, &r);
-    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
-    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
-    lbt_resp_free(&r);
-    lbt_async_join(job, &r);
-    status = r.status;
-    ck_assert_msg(status != 200 || json_integer_value(json_object_get(r.json, "return_code")) != 0,
-                  "the held exec was not ended by the reset: %ld %s", status, r.body);
-    lbt_resp_free(&r);
+    late_reset_done(&t, &r);
+    late_exec_ended(job);
     ck_assert_int_ge(lbt_log_count(&F, "thawed: an act admitted before its reset was held"), 1);
-    out = sh_tok(&F, sbx, tok,
-                 "ls /tmp/late-thaw 2>/dev/null; for p in /proc/[0-9]*; do "
-                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
-                 "done; echo done");
-    (void)unlink(hold);
-    ck_assert_str_eq(out, "done\n");
-    free(out);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
-    lbt_json(&F, "GET", path, tok, NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    ck_assert_str_eq(str(r.json, "status"), "running");
-    lbt_resp_free(&r);
-    lbt_release_session(&F, "rs-reset-thaw");
+    late_check_clean(&t, "/tmp/late-exec");
+    lbt_release_session(&F, t.rsid);
 }
 END_TEST
 
@@ -912,69 +940,38 @@ END_TEST
  * execute. */
 START_TEST(test_reset_refuses_late_act)
 {
-    char hold[128], spec[200], sbx[LBT_ID_MAX], tok[256], old_tok[256], path[200], *out;
-    const char *args[] = {"--set", spec, "--set", "local.reset_in_place=yes", NULL};
+    struct late t;
     struct lbt_async *jobs[5];
     struct lbt_resp r;
-    json_t *lease;
-    int fd;
 
     LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     LBT_SKIP_ON_VARIANT("lxd", "its busybox image has no PTY sessions; the fence is the "
                                "daemon's, the same on every provider");
-    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-late-act-%d", (int)getpid());
-    (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=operate.enter=hold:%s", hold);
-    lbt_daemon_start(&F, args);
-    lease = lbt_seed(&F, "rs-reset-lateact", "task-reset", NULL);
-    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
-    snprintf(old_tok, sizeof(old_tok), "%s", str(json_object_get(lease, "access"), "token"));
-    json_decref(lease);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
-    jobs[0] = lbt_async_json(&F, "POST", path, old_tok,
-                             "{\"command\": \"touch /tmp/late-act; sleep 3133.4242\", "
-                             "\"timeout_s\": 5}");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=/tmp/late-put", sbx);
-    jobs[1] = lbt_async_json(&F, "PUT", path, old_tok, "late bytes");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pty", sbx);
-    jobs[2] = lbt_async_json(&F, "POST", path, old_tok,
-                             "{\"command\": \"touch /tmp/late-pty; sleep 3133.4242\"}");
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", sbx);
-    jobs[3] = lbt_async_json(&F, "POST", path, old_tok, NULL);
-    jobs[4] = lbt_async_json(&F, "POST", "/v1/sessions/rs-reset-lateact/execute", old_tok,
+    late_start(&t, "operate.enter", "rs-reset-lateact");
+    jobs[0] = late_begin(&t, "POST", "exec", LATE_EXEC);
+    jobs[1] = late_begin(&t, "PUT", "files?path=/tmp/late-put", "late bytes");
+    jobs[2] =
+        late_begin(&t, "POST", "pty", "{\"command\": \"touch /tmp/late-pty; sleep 3133.4242\"}");
+    jobs[3] = late_begin(&t, "POST", "pause", NULL);
+    jobs[4] = lbt_async_json(&F, "POST", "/v1/sessions/rs-reset-lateact/execute", t.old_tok,
                              "{\"argv\": [\"sh\", \"-c\", \"touch /tmp/late-harness; "
                              "sleep 3133.4242\"], \"wait\": false}");
     wait_held(&F, "operate.enter", 5);
-    reset(&F, sbx, "", NULL, &r);
-    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
-    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
-    lbt_resp_free(&r);
-    fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
+    reset(&F, t.sbx, "", NULL, &r);
+    late_reset_done(&t, &r);
+    late_release(&t);
     for (int i = 0; i < 5; i++) {
         lbt_async_join(jobs[i], &r);
         ck_assert_msg(r.status == 401, "act %d of the old token: %ld %s", i, r.status, r.body);
         lbt_resp_free(&r);
     }
-    out = sh_tok(&F, sbx, tok,
-                 "ls /tmp/late-act /tmp/late-put /tmp/late-pty /tmp/late-harness 2>/dev/null; "
-                 "for p in /proc/[0-9]*; do "
-                 "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
-                 "done; echo done");
-    (void)unlink(hold);
-    ck_assert_str_eq(out, "done\n");
-    free(out);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
-    lbt_json(&F, "GET", path, tok, NULL, &r);
-    ck_assert_int_eq(r.status, 200);
-    ck_assert_str_eq(str(r.json, "status"), "running"); /* the old token's pause did not land */
-    lbt_resp_free(&r);
+    /* the pause did not land either: late_check_clean finds it running */
+    late_check_clean(&t, "/tmp/late-exec /tmp/late-put /tmp/late-pty /tmp/late-harness");
     lbt_json(&F, "GET", "/v1/sessions/rs-reset-lateact/activation", "", NULL, &r);
     ck_assert_msg(r.status == 404, "the old token's execute left an activation: %ld %s", r.status,
                   r.body);
     lbt_resp_free(&r);
-    lbt_release_session(&F, "rs-reset-lateact");
+    lbt_release_session(&F, t.rsid);
 }
 END_TEST
 
