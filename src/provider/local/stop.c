@@ -533,9 +533,14 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         if (local_uid_in_range(lp, d->uid))
             local_reap_uid_children(d->uid);
     }
-    /* If the monitor died before the init, the init is our child now: reap it too. */
-    if (pidfd >= 0 && local_proc_ppid(d->pid) == getpid())
-        (void)waitpid(d->pid, NULL, WNOHANG);
+    /* If the monitor died before the init, the init is our child now: reap it too (exactly
+     * that process, through its pidfd: ECHILD when it is not ours; no /proc read, and no
+     * other child of ours that took its pid number since) */
+    if (pidfd >= 0) {
+        siginfo_t si;
+
+        (void)waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG);
+    }
     /* The monitor and the exec helpers exit right after the init: wait for them (a slow one
      * is no failure), whoever their parent is (after a restart the monitor is not ours). */
     if (pidfd >= 0) {
