@@ -164,9 +164,12 @@ static void wait_monitor(int monfd, pid_t monitor, int64_t until)
     if (monitor <= 1)
         return;
     if (monfd >= 0) {
+        siginfo_t si;
+
         (void)wait_pidfd(monfd, until);
-        if (local_proc_ppid(monitor) == getpid())
-            (void)waitpid(monitor, NULL, WNOHANG);
+        /* exactly the pinned monitor, when it is our child (else ECHILD): no /proc read of
+         * its parent, and never another child of ours that took a dead monitor's pid */
+        (void)waitid(P_PIDFD, (id_t)monfd, &si, WEXITED | WNOHANG);
         return;
     }
     if (until > clock_mono_ms() + KNOWN_EXIT_MS)
