@@ -580,11 +580,17 @@ static const char *freezer(const struct lb_cgroup *cg, const char **file)
 
 void cgroup_is_frozen(const struct lb_cgroup *cg, bool *out)
 {
-    const char *file, *dir = freezer(cg, &file);
+    const char *file = cg->version == 2 ? "cgroup.freeze" : "freezer.state";
     char buf[64];
+    int r = -ENOENT;
 
     *out = false;
-    if (!dir || read_small(dir, file, buf, sizeof(buf)) < 0)
+    /* the first dir that has the file, as freezer() finds it, but opened at once instead of
+     * looked for first: every stop asks this (twice), and path walks on cgroupfs are not free
+     * while a shutdown sweep removes thousands of cgroups */
+    for (int i = 0; i < cg->ndirs && r == -ENOENT; i++)
+        r = read_small(cg->dirs[i], file, buf, sizeof(buf));
+    if (r < 0)
         return;
     if (cg->version == 2)
         *out = buf[0] == '1';
@@ -784,23 +790,50 @@ void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out)
         out->oom_kills = (int64_t)kills;
 }
 
+/* Remove one cgroup dir as cgroup_remove does. */
+static int remove_dir(const char *dir, int64_t deadline_ms, struct lb_error *err)
+{
+    while (rmdir(dir) < 0 && errno != ENOENT) {
+        if (errno == EROFS) {
+            remove_read_only(dir);
+            break;
+        }
+        if (errno != EBUSY)
+            return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s", dir,
+                                strerror(errno));
+        if (clock_mono_ms() >= deadline_ms)
+            return lb_error_set(err, -ETIMEDOUT, "cgroup '%s' is still busy", dir);
+        clock_sleep_ms(POLL_STEP_MS);
+    }
+    return 0;
+}
+
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err)
 {
-    int i;
+    return cgroup_remove_except(cg, NULL, deadline_ms, err);
+}
 
-    for (i = 0; i < cg->ndirs; i++) {
-        while (rmdir(cg->dirs[i]) < 0 && errno != ENOENT) {
-            if (errno == EROFS) {
-                remove_read_only(cg->dirs[i]);
-                break;
-            }
-            if (errno != EBUSY)
-                return lb_error_set(err, -EREMOTEIO, "cannot remove cgroup '%s': %s", cg->dirs[i],
-                                    strerror(errno));
-            if (clock_mono_ms() >= deadline_ms)
-                return lb_error_set(err, -ETIMEDOUT, "cgroup '%s' is still busy", cg->dirs[i]);
-            clock_sleep_ms(POLL_STEP_MS);
-        }
+/* Does cg name dir? */
+static bool names_dir(const struct lb_cgroup *cg, const char *dir)
+{
+    for (int i = 0; cg && i < cg->ndirs; i++) {
+        if (strcmp(cg->dirs[i], dir) == 0)
+            return true;
+    }
+    return false;
+}
+
+int cgroup_remove_except(const struct lb_cgroup *cg, const struct lb_cgroup *removed,
+                         int64_t deadline_ms, struct lb_error *err)
+{
+    for (int i = 0; i < cg->ndirs; i++) {
+        int r;
+
+        if (names_dir(removed, cg->dirs[i]))
+            continue;
+        r = remove_dir(cg->dirs[i], deadline_ms, err);
+        if (r < 0)
+            return r;
     }
     return 0;
 }

@@ -122,6 +122,13 @@ void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out);
  * does not exist was never made, one that does is left (warn) since no retry can remove it.
  * -ETIMEDOUT if still busy, -EREMOTEIO on other failures. */
 int cgroup_remove(const struct lb_cgroup *cg, int64_t deadline_ms, struct lb_error *err);
+/* cgroup_remove of the dirs of cg that removed (may be NULL) does not name: removed is a
+ * cgroup that cgroup_remove has just removed (a stop removes the descriptor's dirs, then
+ * the ones this host would have made for the id, and needs no second rmdir of each path
+ * both name: on cgroupfs a path walk is not free, and a shutdown sweep makes thousands).
+ * Same errors. Thread-safe (the caller owns both). */
+int cgroup_remove_except(const struct lb_cgroup *cg, const struct lb_cgroup *removed,
+                         int64_t deadline_ms, struct lb_error *err);
 
 void cgroup_release(struct lb_cgroup *cg);
 

@@ -101,6 +101,7 @@ struct local_provider {
     /* Dead sandboxes' directories moved aside (stop.c): <state_dir>/removed/<id> */
     atomic_bool defer_removal; /* local_defer_cleanup ran: stops move directories aside */
     atomic_bool reaper_quit;   /* local_removed_stop: the reaper ends after its entry */
+    atomic_bool removed_made;  /* move_aside made <state_dir>/removed (or found it) */
     pthread_t reaper;          /* removes what an earlier run moved aside */
     bool reaper_started;
 };
@@ -181,6 +182,9 @@ void local_claims_sweep(struct local_provider *lp, json_t *all);
 /* Start time (field 22 of /proc/<pid>/stat) of pid; -ENOENT when gone (a zombie counts as
  * gone). */
 int local_proc_start_time(pid_t pid, uint64_t *start_time);
+/* Parent pid and start time of pid from one read of /proc/<pid>/stat (a consistent pair);
+ * 0, -ENOENT when gone (a zombie counts as gone), -EIO when it does not parse. Thread-safe. */
+int local_proc_parent(pid_t pid, pid_t *ppid, uint64_t *start_time);
 /* Is the sandbox's init the very process the descriptor names (pid + start time)? */
 /* The next process id that readdir lists in d (an opendir("/proc")), or 0 at the end. */
 pid_t local_proc_next_pid(DIR *d);

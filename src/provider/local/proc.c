@@ -117,6 +117,16 @@ int local_proc_start_time(pid_t pid, uint64_t *start_time)
     return r;
 }
 
+int local_proc_parent(pid_t pid, pid_t *ppid, uint64_t *start_time)
+{
+    char state;
+    int r = proc_stat(pid, &state, ppid, start_time);
+
+    if (r == 0 && (state == 'Z' || state == 'X'))
+        return -ENOENT;
+    return r;
+}
+
 bool local_desc_alive(const struct local_desc *d)
 {
     uint64_t st;

@@ -164,9 +164,12 @@ static void wait_monitor(int monfd, pid_t monitor, int64_t until)
     if (monitor <= 1)
         return;
     if (monfd >= 0) {
+        siginfo_t si;
+
         (void)wait_pidfd(monfd, until);
-        if (local_proc_ppid(monitor) == getpid())
-            (void)waitpid(monitor, NULL, WNOHANG);
+        /* exactly the pinned monitor, when it is our child (else ECHILD): no /proc read of
+         * its parent, and never another child of ours that took a dead monitor's pid */
+        (void)waitid(P_PIDFD, (id_t)monfd, &si, WEXITED | WNOHANG);
         return;
     }
     if (until > clock_mono_ms() + KNOWN_EXIT_MS)
@@ -181,8 +184,9 @@ static void wait_monitor(int monfd, pid_t monitor, int64_t until)
  * as the init and their supervisor (inside the namespace) are gone. Their exits are events
  * that come, so they are awaited up to deadline_ms (a loaded machine may take more than a
  * moment); then, while the sandbox has a cgroup, at most KNOWN_EXIT_MS more until that is
- * empty (what the daemon does not know of: an exec worker's helper already unlinked). */
-static void wait_known_pids(struct local_provider *lp, const struct local_desc *d, int monfd,
+ * empty (what the daemon does not know of: an exec worker's helper already unlinked). True
+ * when the cgroup was seen empty (cgroup_is_empty), so the caller need not read it again. */
+static bool wait_known_pids(struct local_provider *lp, const struct local_desc *d, int monfd,
                             pid_t monitor, int64_t deadline_ms)
 {
     int fds[KNOWN_PIDS_MAX], n;
@@ -199,8 +203,13 @@ static void wait_known_pids(struct local_provider *lp, const struct local_desc *
         until = deadline_ms;
     /* an exec worker unlinks its helper before it reaps it, and a file transfer's helper is
      * not linked at all: those leave the cgroup on their own, as soon as they have exited */
-    while (d->cg.version != 0 && !cgroup_is_empty(&d->cg) && clock_mono_ms() < until)
+    for (;;) {
+        if (cgroup_is_empty(&d->cg))
+            return true;
+        if (d->cg.version == 0 || clock_mono_ms() >= until)
+            return false;
         clock_sleep_ms(SWEEP_STEP_MS);
+    }
 }
 
 /* Remove a storage-dir sandbox's data: the descriptor's directory, and <data_dir>/<id> of the
@@ -259,8 +268,12 @@ static int move_aside(struct local_provider *lp, const char *id, const char *dir
 
     if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR, lp->state_dir) >= (int)sizeof(to))
         return -ENAMETOOLONG;
-    if (mkdir(to, 0700) < 0 && errno != EEXIST)
-        return -errno;
+    /* made once per sweep (nothing removes it before the next start) */
+    if (!atomic_load(&lp->removed_made)) {
+        if (mkdir(to, 0700) < 0 && errno != EEXIST)
+            return -errno;
+        atomic_store(&lp->removed_made, true);
+    }
     if (snprintf(to, sizeof(to), "%s/" REMOVED_DIR "/%s", lp->state_dir, id) >= (int)sizeof(to))
         return -ENAMETOOLONG;
     return rename(dir, to) < 0 ? -errno : 0;
@@ -318,6 +331,17 @@ void local_removed_stop(struct local_provider *lp)
     lp->reaper_started = false;
 }
 
+/* Is the descriptor's init alive and the very process it names (pid and start time, one read
+ * of its /proc stat)? 0 and its parent into *ppid, or -ENOENT. */
+static int init_parent(const struct local_desc *d, pid_t *ppid)
+{
+    uint64_t st;
+
+    if (local_proc_parent(d->pid, ppid, &st) < 0 || st != d->start_time)
+        return -ENOENT;
+    return 0;
+}
+
 /* SIGKILL the sandbox's init, if it is alive: SIGKILL to a pid namespace's init kills every
  * process in it, and the init's exit (what its pidfd reports) waits until they are all gone.
  * *pidfd_out: the init's pidfd (-1: no live init); *monfd_out, *monitor_out: bwrap's monitor,
@@ -326,32 +350,41 @@ static int kill_init(const char *id, const struct local_desc *d, int *pidfd_out,
                      pid_t *monitor_out, struct lb_error *err)
 {
     int pidfd = -1, monfd = -1, r;
-    pid_t monitor = -1;
+    pid_t monitor = -1, ppid = -1;
 
-    if (d->pid > 0 && local_desc_alive(d)) {
-        monitor = local_proc_ppid(d->pid); /* bwrap's monitor, outside the namespace */
+    /* Each look at the init reads its /proc stat once, for its start time (is it still the
+     * descriptor's process?) and its parent together: a shutdown sweep does this for every
+     * sandbox at once, while their processes die and /proc reads are slow. */
+    if (d->pid > 0 && init_parent(d, &monitor) == 0) {
+        /* monitor: bwrap's, outside the namespace */
         pidfd = (int)syscall(SYS_pidfd_open, d->pid, 0);
-        if (pidfd >= 0 && !local_desc_alive(d)) {
-            close(pidfd);
-            pidfd = -1;
-            monitor = -1;
-        }
         /* the monitor (bwrap, running as the sandbox's root), pinned while it is still the
          * live init's parent; not an init that is ours or pid 1's since its monitor died */
-        if (pidfd >= 0 && monitor > 1 && monitor != getpid()) {
+        if (pidfd >= 0 && monitor > 1 && monitor != getpid())
+            monfd = (int)syscall(SYS_pidfd_open, monitor, 0);
+        else
+            monitor = -1;
+        /* still the descriptor's init after its pidfd was opened: then the pidfd is its (a
+         * pid is not reused while its process lives), and, read at the same moment, still
+         * the child of the pinned monitor */
+        if (pidfd >= 0 && init_parent(d, &ppid) < 0) {
+            if (monfd >= 0)
+                close(monfd);
+            close(pidfd);
+            pidfd = monfd = -1;
+            monitor = -1;
+        }
+        if (monitor > 1) {
             uint32_t mu = 0;
             bool mz = false;
 
-            monfd = (int)syscall(SYS_pidfd_open, monitor, 0);
-            if (local_proc_ppid(d->pid) != monitor || !local_desc_alive(d) ||
-                local_proc_uid(monitor, &mu, &mz) < 0 || mu - d->uid >= LOCAL_SLOT_IDS) {
+            if (ppid != monitor || local_proc_uid(monitor, &mu, &mz) < 0 ||
+                mu - d->uid >= LOCAL_SLOT_IDS) {
                 if (monfd >= 0)
                     close(monfd);
                 monfd = -1;
                 monitor = -1; /* not the sandbox's monitor: nothing to wait for */
             }
-        } else {
-            monitor = -1;
         }
         if (pidfd >= 0 && syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) < 0 &&
             errno != ESRCH) {
@@ -463,7 +496,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
     char dir[4352];
     int pidfd = -1, monfd = -1, r = 0, left;
     pid_t monitor = -1;
-    bool has_dir;
+    bool has_dir, empty = false;
 
     local_sandbox_dir(lp, id, dir, sizeof(dir));
     has_dir = access(dir, F_OK) == 0;
@@ -503,18 +536,25 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         if (local_uid_in_range(lp, d->uid))
             local_reap_uid_children(d->uid);
     }
-    /* If the monitor died before the init, the init is our child now: reap it too. */
-    if (pidfd >= 0 && local_proc_ppid(d->pid) == getpid())
-        (void)waitpid(d->pid, NULL, WNOHANG);
+    /* If the monitor died before the init, the init is our child now: reap it too (exactly
+     * that process, through its pidfd: ECHILD when it is not ours; no /proc read, and no
+     * other child of ours that took its pid number since) */
+    if (pidfd >= 0) {
+        siginfo_t si;
+
+        (void)waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG);
+    }
     /* The monitor and the exec helpers exit right after the init: wait for them (a slow one
      * is no failure), whoever their parent is (after a restart the monitor is not ours). */
     if (pidfd >= 0) {
         siginfo_t si;
 
-        wait_known_pids(lp, d, monfd, monitor, deadline_ms);
+        empty = wait_known_pids(lp, d, monfd, monitor, deadline_ms);
         /* a monitor that died before it reaped the init left it to us: reap exactly that
          * process (its pidfd), whatever pid it had */
         (void)waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOHANG);
+        if (!empty) /* that zombie, now reaped, may have been what was left */
+            empty = cgroup_is_empty(&d->cg);
     }
     /* 2. A clean init death (seen through its pidfd) took every process of its pid namespace
      * with it; what could still run as the sandbox's ids outside it (bwrap's monitor, exec
@@ -524,7 +564,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
      * quadratic. Otherwise (no live init to kill: a sandbox half made when a daemon crashed,
      * or one whose init died; no cgroup; or something left in it) sweep everything running as
      * one of the sandbox's ids. */
-    if (pidfd >= 0 && cgroup_is_empty(&d->cg)) {
+    if (pidfd >= 0 && empty) {
         /* nothing left */
     } else if (has_dir && local_uid_in_range(lp, d->uid)) {
         atomic_fetch_add(&slot_sweeps, 1);
@@ -548,7 +588,7 @@ int local_destroy_sandbox(struct local_provider *lp, const char *id, struct loca
         goto out;
     r = cgroup_guess(&lp->cg, id, &guess);
     if (r == 0)
-        r = cgroup_remove(&guess, deadline_ms, err);
+        r = cgroup_remove_except(&guess, &d->cg, deadline_ms, err);
     else
         lb_error_set(err, r, "out of memory");
     if (r < 0)
