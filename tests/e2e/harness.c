@@ -509,6 +509,34 @@ static json_t *lbt_lxd_once(const char *method, const char *path, const char *bo
     return j;
 }
 
+int lbt_lxd_cluster(const char *args)
+{
+    const char *script = getenv("LENDBOX_E2E_LXD_CLUSTER");
+    const char *src = getenv("LENDBOX_SRCDIR") ? getenv("LENDBOX_SRCDIR") : ".";
+    char cmd[1024];
+    int st;
+
+    if (script && *script)
+        snprintf(cmd, sizeof(cmd), "'%s' %s >&2", script, args);
+    else
+        snprintf(cmd, sizeof(cmd), "'%s/scripts/lxd-cluster' %s >&2", src, args);
+    st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void lbt_lxd_location(const char *id, char *buf, size_t size)
+{
+    char path[256];
+    json_t *j;
+
+    snprintf(path, sizeof(path), "/1.0/instances/%s", id);
+    j = lbt_lxd_get(path);
+    ck_assert_ptr_nonnull(j);
+    snprintf(buf, size, "%s",
+             json_string_value(json_object_get(json_object_get(j, "metadata"), "location")) ?: "");
+    json_decref(j);
+}
+
 json_t *lbt_lxd_get(const char *path)
 {
     return lbt_lxd_once("GET", path, NULL);

@@ -332,6 +332,12 @@ json_t *lbt_lxd_get(const char *path);
 /* Any request through member a's socket (body JSON text or NULL); an async answer's operation
  * is awaited (up to 60 s) and the operation's answer returned. NULL when LXD does not answer. */
 json_t *lbt_lxd_request(const char *method, const char *path, const char *body);
+/* scripts/lxd-cluster ARGS (LENDBOX_E2E_LXD_CLUSTER names another copy; its output to stderr):
+ * its exit status, or -1 when it did not exit. */
+int lbt_lxd_cluster(const char *args);
+/* The member that instance id is on, into buf ("" when LXD does not know it); fails the test
+ * when LXD does not answer. */
+void lbt_lxd_location(const char *id, char *buf, size_t size);
 /* Variant docker: GET path (e.g. "/images/json") from the podman service as JSON (NULL on
  * other variants or when it does not answer; the caller decrefs). */
 json_t *lbt_podman_get(const char *path);

@@ -25,36 +25,6 @@ static const char *sid_of(json_t *lease)
     return json_string_value(json_object_get(lease, "sandbox_id"));
 }
 
-/* scripts/lxd-cluster ARGS (LENDBOX_E2E_LXD_CLUSTER names another copy); its exit status. */
-static int cluster(const char *args)
-{
-    const char *script = getenv("LENDBOX_E2E_LXD_CLUSTER");
-    const char *src = getenv("LENDBOX_SRCDIR") ? getenv("LENDBOX_SRCDIR") : ".";
-    char cmd[1024];
-    int st;
-
-    if (script && *script)
-        snprintf(cmd, sizeof(cmd), "'%s' %s >&2", script, args);
-    else
-        snprintf(cmd, sizeof(cmd), "'%s/scripts/lxd-cluster' %s >&2", src, args);
-    st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* The instance's member, or "" when LXD does not know it (404). */
-static void location_of(const char *id, char *buf, size_t size)
-{
-    char path[256];
-    json_t *j;
-
-    snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    j = lbt_lxd_get(path);
-    ck_assert_ptr_nonnull(j);
-    snprintf(buf, size, "%s",
-             json_string_value(json_object_get(json_object_get(j, "metadata"), "location")) ?: "");
-    json_decref(j);
-}
-
 /* LXD's HTTP-ish code for GET /1.0/instances/id: 200 or 404 (error_code). */
 static long instance_code(const char *id)
 {
@@ -118,7 +88,7 @@ START_TEST(test_member_b_through_a)
     lease = lbt_seed(&d, "b-1", "t", "\"files\": {\"/workspace/task.txt\": \"on b\\n\"}");
     id = sid_of(lease);
     ck_assert_str_eq(json_string_value(json_object_get(lease, "provider")), "lxd");
-    location_of(id, where, sizeof(where));
+    lbt_lxd_location(id, where, sizeof(where));
     ck_assert_str_eq(where, "b");
     /* exec: result fields, stdin, cwd, timeout killing a tree inside the instance */
     res = lbt_exec_ok(&d, id, "",
@@ -353,7 +323,7 @@ START_TEST(test_kill9_adopt_and_orphan)
         for (int i = 0; i < 10; i++) {
             char where[64];
 
-            location_of(ids[i], where, sizeof(where));
+            lbt_lxd_location(ids[i], where, sizeof(where));
             on_a += strcmp(where, "a") == 0;
             on_b += strcmp(where, "b") == 0;
         }
@@ -399,9 +369,9 @@ START_TEST(test_member_b_down)
     lease = lbt_seed(&d, "down-2", "t", NULL);
     snprintf(s2, sizeof(s2), "%s", sid_of(lease));
     json_decref(lease);
-    location_of(s1, where, sizeof(where));
+    lbt_lxd_location(s1, where, sizeof(where));
     ck_assert_str_eq(where, "b");
-    ck_assert_int_eq(cluster("stop-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("stop-member b"), 0);
 
     /* release: 502, the record kept */
     lbt_json(&d, "POST", "/v1/sessions/down-1/release", "", NULL, &r);
@@ -417,7 +387,7 @@ START_TEST(test_member_b_down)
     ck_assert_msg(lbt_now() - t0 < 25, "a seed on a dead member took %.1f s", lbt_now() - t0);
 
     /* b back: the retry loop completes the stop */
-    ck_assert_int_eq(cluster("start-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("start-member b"), 0);
     ck_assert(wait_record_state(&d, s1, "stopped", 120));
     ck_assert(wait_instance_gone(s1, 30));
 
@@ -425,7 +395,7 @@ START_TEST(test_member_b_down)
     lease = lbt_seed(&d, "down-3", "t", NULL);
     snprintf(s3, sizeof(s3), "%s", sid_of(lease));
     json_decref(lease);
-    ck_assert_int_eq(cluster("stop-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("stop-member b"), 0);
     t0 = lbt_now();
     ck_assert_int_eq(lbt_daemon_stop(&d), 0);
     took = lbt_now() - t0;
@@ -437,7 +407,7 @@ START_TEST(test_member_b_down)
     ck_assert_msg(strcmp(st, "stop_failed") == 0 || strcmp(st, "stopping") == 0, "s2: %s", st);
     record_state(&d, s3, st, sizeof(st));
     ck_assert_msg(strcmp(st, "stop_failed") == 0 || strcmp(st, "stopping") == 0, "s3: %s", st);
-    ck_assert_int_eq(cluster("start-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("start-member b"), 0);
     ck_assert(wait_record_state(&d, s2, "stopped", 120));
     ck_assert(wait_record_state(&d, s3, "stopped", 120));
     ck_assert(wait_instance_gone(s2, 30));

@@ -22,22 +22,6 @@
 #define N_BURST 20
 #define N_OUTAGE 4
 
-/* scripts/lxd-cluster ARGS (LENDBOX_E2E_LXD_CLUSTER names another copy); its exit status. */
-static int cluster(const char *args)
-{
-    const char *script = getenv("LENDBOX_E2E_LXD_CLUSTER");
-    const char *src = getenv("LENDBOX_SRCDIR") ? getenv("LENDBOX_SRCDIR") : ".";
-    char cmd[1024];
-    int st;
-
-    if (script && *script)
-        snprintf(cmd, sizeof(cmd), "'%s' %s >&2", script, args);
-    else
-        snprintf(cmd, sizeof(cmd), "'%s/scripts/lxd-cluster' %s >&2", src, args);
-    st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The instances LXD lists with user.lendbox.instance = label, on member (NULL: the whole
  * cluster, as its database knows them); -1 when LXD does not answer. */
 static int count_instances(const char *label, const char *member)
@@ -62,20 +46,6 @@ static int count_instances(const char *label, const char *member)
     }
     json_decref(j);
     return n;
-}
-
-/* The instance's member ("" when LXD does not know it). */
-static void location_of(const char *id, char *buf, size_t size)
-{
-    char path[256];
-    json_t *j;
-
-    snprintf(path, sizeof(path), "/1.0/instances/%s", id);
-    j = lbt_lxd_get(path);
-    ck_assert_ptr_nonnull(j);
-    snprintf(buf, size, "%s",
-             json_string_value(json_object_get(json_object_get(j, "metadata"), "location")) ?: "");
-    json_decref(j);
 }
 
 /* The record of session rsid (a new reference; NULL when none): the last one listed. */
@@ -141,7 +111,7 @@ START_TEST(test_member_dies_mid_burst)
     int ok = 0, failed = 0, in_flight = 0, on_b = 0;
 
     /* both members up (a run that failed half-way may have left b down) */
-    ck_assert_int_eq(cluster("up"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("up"), 0);
     snprintf(label, sizeof(label), "lbt-burst-%d", (int)getpid());
     snprintf(inst_set, sizeof(inst_set), "lxd.instance=%s", label);
     lbt_daemon_start(&d, extra);
@@ -154,7 +124,7 @@ START_TEST(test_member_dies_mid_burst)
     lbt_sleep_ms(400);
     for (int i = 0; i < N_BURST; i++)
         in_flight += !lbt_async_done(a[i]);
-    ck_assert_int_eq(cluster("stop-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("stop-member b"), 0);
     fprintf(stderr, "test_lxd_burst: member b killed with %d of %d seeds in flight\n", in_flight,
             N_BURST);
     /* seeds sent during the outage, at once: LXD still has b Online for a while (until its
@@ -198,7 +168,7 @@ START_TEST(test_member_dies_mid_burst)
         snprintf(s[i].id, sizeof(s[i].id), "%s",
                  json_string_value(json_object_get(r.json, "sandbox_id")));
         lbt_resp_free(&r);
-        location_of(s[i].id, s[i].where, sizeof(s[i].where));
+        lbt_lxd_location(s[i].id, s[i].where, sizeof(s[i].where));
         ck_assert_msg(strcmp(s[i].where, "a") == 0, "outage seed %s placed on '%s'", s[i].rsid,
                       s[i].where);
     }
@@ -207,7 +177,7 @@ START_TEST(test_member_dies_mid_burst)
     for (int i = 0; i < N_BURST + N_OUTAGE; i++) {
         if (!s[i].id[0])
             continue;
-        location_of(s[i].id, s[i].where, sizeof(s[i].where));
+        lbt_lxd_location(s[i].id, s[i].where, sizeof(s[i].where));
         ck_assert_msg(strcmp(s[i].where, "a") == 0 || strcmp(s[i].where, "b") == 0,
                       "lease %s: instance %s on '%s'", s[i].rsid, s[i].id, s[i].where);
         if (strcmp(s[i].where, "a") == 0)
@@ -216,7 +186,7 @@ START_TEST(test_member_dies_mid_burst)
             on_b++;
     }
     /* b back: the leases on b run too */
-    ck_assert_int_eq(cluster("start-member b"), 0);
+    ck_assert_int_eq(lbt_lxd_cluster("start-member b"), 0);
     for (int i = 0; i < N_BURST; i++)
         if (s[i].id[0] && strcmp(s[i].where, "b") == 0)
             exec_true(&d, s[i].id);
