@@ -681,7 +681,7 @@ END_TEST
  * per level on a worker's small stack. */
 START_TEST(test_deep_tree)
 {
-    char deep[512] = "", cmd[1024], url[512];
+    char deep[512] = "", cmd[1200], url[512];
     struct lbt_resp r, p;
     struct archive *rd;
     struct archive_entry *e;
