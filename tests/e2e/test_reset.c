@@ -1096,6 +1096,86 @@ START_TEST(test_reset_old_execute_takes_next_activation)
 }
 END_TEST
 
+/* Fetch "GET /secret" from the endpoint URL "http://127.0.0.1:PORT" (a relay on the host);
+ * what came back ("" when nothing answers). */
+static void endpoint_fetch(const char *url, char *out, size_t out_len)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    const char *colon = strrchr(url, ':');
+    const char req[] = "GET /secret HTTP/1.0\r\n\r\n";
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    size_t got = 0;
+
+    out[0] = '\0';
+    ck_assert_int_ge(fd, 0);
+    ck_assert_msg(colon && strncmp(url, "http://127.0.0.1:", 17) == 0, "endpoint %s", url);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) == 0 &&
+        send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req)) {
+        for (double end = lbt_now() + 10; got + 1 < out_len && lbt_now() < end;) {
+            struct pollfd p = {fd, POLLIN, 0};
+            ssize_t n;
+
+            if (poll(&p, 1, 200) <= 0)
+                continue;
+            n = recv(fd, out + got, out_len - 1 - got, 0);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+    }
+    out[got] = '\0';
+    close(fd);
+}
+
+/* Review: the endpoint URL an agent got with the old token (a loopback sandbox's relay, which
+ * ends only when the sandbox stops) must not reach the next episode's server on that port:
+ * the URL carries no token, and an in-place reset keeps the sandbox running. */
+START_TEST(test_reset_old_endpoint_url)
+{
+    char sbx[LBT_ID_MAX], tok[256], path[160], old_url[128], got[4096];
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's relay");
+    lease = lbt_seed(&D, "rs-reset-endpoint", "task-reset", "\"ports\": [8080]");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8080", sbx);
+    lbt_json(&D, "GET", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "endpoint: %ld %s", r.status, r.body);
+    snprintf(old_url, sizeof(old_url), "%s", str(r.json, "endpoint"));
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    /* the next episode serves its own secret on the port */
+    json_decref(lbt_exec_ok(
+        &D, sbx, tok,
+        "{\"command\": \"mkdir -p /tmp/www && echo next-episode-secret > /tmp/www/secret && "
+        "(python3 -m http.server 8080 --bind 127.0.0.1 --directory /tmp/www "
+        "</dev/null >/dev/null 2>&1 &) && for i in $(seq 50); do "
+        "python3 -c 'import socket; socket.create_connection((\\\"127.0.0.1\\\", 8080))' "
+        "2>/dev/null && break; sleep 0.1; done\", \"preserve_background_services\": true}"));
+    /* the episode's own endpoint reaches it (the check works) */
+    lbt_json(&D, "GET", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "endpoint: %ld %s", r.status, r.body);
+    endpoint_fetch(str(r.json, "endpoint"), got, sizeof(got));
+    ck_assert_msg(strstr(got, "next-episode-secret") != NULL, "the next episode's endpoint: %s",
+                  got);
+    lbt_resp_free(&r);
+    endpoint_fetch(old_url, got, sizeof(got));
+    ck_assert_msg(strstr(got, "next-episode-secret") == NULL,
+                  "the old episode's endpoint URL %s reaches the next episode's server: %s",
+                  old_url, got);
+    lbt_release_session(&D, "rs-reset-endpoint");
+}
+END_TEST
+
 static const char *in_place_args[] = {"--set", "local.reset_in_place=yes", NULL};
 
 int main(void)
@@ -1134,6 +1214,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_review_init_attrs);
     tcase_add_test(tc, test_reset_old_execute_takes_next_activation);
+    tcase_add_test(tc, test_reset_old_endpoint_url);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }
