@@ -29,7 +29,8 @@
  * - review (a daemon at the defaults): the init an in-place reset keeps comes back as a fresh
  *   sandbox's (resource limits, nice, CPU affinity the agent set on it); a harness execute of
  *   the old token still waiting when the reset comes never answers with (nor finalizes) the
- *   next episode's activation
+ *   next episode's activation; the endpoint URL got with the old token reaches nothing of the
+ *   next episode
  */
 #include <arpa/inet.h>
 #include <libgen.h>
