@@ -139,7 +139,7 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
         spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
         if (timeout_ms <= 0)
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
-        r = act_finalize(a, act.sandbox_id, FIN_CLOSE, timeout_ms, err);
+        r = act_finalize(a, act.sandbox_id, NULL, FIN_CLOSE, timeout_ms, err);
         if (r == 0)
             r = act_reload(a, act.sandbox_id, &act, err);
     }
@@ -257,8 +257,8 @@ static int act_get(struct lb_activations *a, const char *rsid, bool with_log, js
         struct lb_error ferr = {0};
 
         if (act_receipt_confirmed(held) &&
-            act_finalize(a, act.sandbox_id, FIN_EXECUTE, spec_ms(spec, "close_timeout_ms", 60000),
-                         &ferr) < 0)
+            act_finalize(a, act.sandbox_id, NULL, FIN_EXECUTE,
+                         spec_ms(spec, "close_timeout_ms", 60000), &ferr) < 0)
             log_warn("activation %s: collecting after the harness ended failed: %s", act.id,
                      ferr.message);
         json_decref(held);
@@ -412,7 +412,7 @@ int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t 
         if (timeout_ms <= 0)
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
         log_info("activation %s: stop_harness", act.id);
-        r = act_finalize(a, act.sandbox_id, FIN_STOP, timeout_ms, err);
+        r = act_finalize(a, act.sandbox_id, NULL, FIN_STOP, timeout_ms, err);
     }
     json_decref(spec);
     store_activation_release(&act);
@@ -435,7 +435,8 @@ void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id
         goto out;
     spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
     log_info("session %s: closing activation %s before the release", rsid, act.id);
-    r = act_finalize(a, sandbox_id, FIN_CLOSE, spec_ms(spec, "close_timeout_ms", 60000), &err);
+    r = act_finalize(a, sandbox_id, NULL, FIN_CLOSE, spec_ms(spec, "close_timeout_ms", 60000),
+                     &err);
     if (r < 0) {
         /* The sandbox's stop ends every process of it: the teardown is the authority. */
         log_warn("activation %s: close before the release failed: %s; the stop goes ahead", act.id,

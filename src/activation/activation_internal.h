@@ -113,10 +113,13 @@ int act_record_receipt(struct lb_activations *a, const struct lb_activation *act
 void act_capture_unavailable(struct lb_activations *a, const struct lb_activation *act,
                              json_t *spec, const char *why);
 /* Run a finalization of the sandbox's activation in mode (budget_ms: its close timeout), or
- * join the one running. 0, -EREMOTEIO (cleanup unconfirmed), -EBUSY (the running one is past
- * its budget), -ENOENT (FIN_EXECUTE: the sandbox was stopped), errors of the store, -ENOMEM. */
-int act_finalize(struct lb_activations *a, const char *sandbox_id, enum fin_mode mode,
-                 int64_t budget_ms, struct lb_error *err);
+ * join the one running. act_id: NULL, or the activation the caller means (its execute): when
+ * the sandbox's activation is another by then (a reset removed it), nothing is done and the
+ * answer is -ENOENT. 0, -EREMOTEIO (cleanup unconfirmed), -EBUSY (the running one is past its
+ * budget), -ENOENT (FIN_EXECUTE: the sandbox was stopped; or act_id's is gone), errors of the
+ * store, -ENOMEM. */
+int act_finalize(struct lb_activations *a, const char *sandbox_id, const char *act_id,
+                 enum fin_mode mode, int64_t budget_ms, struct lb_error *err);
 
 /* ---------- render.c: answers ---------- */
 

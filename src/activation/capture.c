@@ -380,8 +380,8 @@ void act_capture_unavailable(struct lb_activations *a, const struct lb_activatio
 }
 
 /* One finalization. The caller holds the activation's finalizing flag. */
-static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, enum fin_mode mode,
-                             int64_t budget_ms, struct lb_error *err)
+static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, const char *act_id,
+                             enum fin_mode mode, int64_t budget_ms, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL;
@@ -390,6 +390,13 @@ static int act_finalize_once(struct lb_activations *a, const char *sandbox_id, e
 
     if (r < 0)
         goto out;
+    /* the sandbox's activation now may be another's (a reset removed act_id's, and the next
+     * episode ran its own): never finalize that one for act_id's request */
+    if (act_id && strcmp(act.id, act_id) != 0) {
+        r = lb_error_set(err, -ENOENT, "activation %s is gone (sandbox %s was reset)", act_id,
+                         sandbox_id);
+        goto out;
+    }
     if (act.state == LB_ACT_CLOSED)
         goto out;
     if (mode == FIN_CLOSE && act.state != LB_ACT_CLOSING) {
@@ -470,8 +477,8 @@ out:
 
 /* Run a finalization, or join the one running: a close that joins a failed one shares its
  * failure; otherwise the joiner runs its own (which finds the work done and returns). */
-int act_finalize(struct lb_activations *a, const char *sandbox_id, enum fin_mode mode,
-                 int64_t budget_ms, struct lb_error *err)
+int act_finalize(struct lb_activations *a, const char *sandbox_id, const char *act_id,
+                 enum fin_mode mode, int64_t budget_ms, struct lb_error *err)
 {
     struct act_entry *e = entry_get(a, sandbox_id);
     /* the running finalization is bounded (its stop exec, its receipt wait, the capture): wait
@@ -511,7 +518,7 @@ int act_finalize(struct lb_activations *a, const char *sandbox_id, enum fin_mode
     e->finalizing = true;
     pthread_mutex_unlock(&a->mutex);
 
-    r = act_finalize_once(a, sandbox_id, mode, budget_ms, err);
+    r = act_finalize_once(a, sandbox_id, act_id, mode, budget_ms, err);
 
     pthread_mutex_lock(&a->mutex);
     e->finalizing = false;

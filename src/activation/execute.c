@@ -180,15 +180,18 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
         if (r != -ENOENT)
             return 0; /* there (readable or not: finalization judges it) */
         {
-            /* a close (or a GET) may have recorded it first; a closed one's file is gone */
+            /* a close (or a GET) may have recorded it first; a closed one's file is gone; a
+             * reset removes it (the sandbox's activation is then none, or the next episode's) */
             struct lb_activation cur = {0};
-            bool held =
-                store_get_activation_by_sandbox(a->store, act->sandbox_id, &cur, NULL) == 0 &&
-                (cur.receipt_json || cur.state == LB_ACT_CLOSED);
+            int gr = store_get_activation_by_sandbox(a->store, act->sandbox_id, &cur, NULL);
+            bool ours = gr == 0 && strcmp(cur.id, act->id) == 0;
+            bool held = ours && (cur.receipt_json || cur.state == LB_ACT_CLOSED);
 
             store_activation_release(&cur);
             if (held)
                 return 0;
+            if (gr == -ENOENT || (gr == 0 && !ours))
+                return -ENOENT;
         }
         if (!store_sandbox_is_lent(a->store, act->sandbox_id))
             return -ENOENT;
@@ -206,6 +209,24 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
         usleep((useconds_t)wait * 1000);
         wait = wait * 2 > POLL_MAX_MS ? POLL_MAX_MS : wait * 2;
     }
+}
+
+/* Re-read *act (its sandbox's activation) by its id: -ENOENT (nothing read) when the sandbox's
+ * activation is another now or none (a reset removed act's). */
+static int execute_reload_own(struct lb_activations *a, struct lb_activation *act,
+                              struct lb_error *err)
+{
+    char id[sizeof(act->id)];
+    int r;
+
+    snprintf(id, sizeof(id), "%s", act->id);
+    r = act_reload(a, act->sandbox_id, act, err);
+    if (r == 0 && strcmp(act->id, id) != 0) {
+        r = lb_error_set(err, -ENOENT, "activation %s is gone (sandbox %s was reset)", id,
+                         act->sandbox_id);
+        store_activation_release(act);
+    }
+    return r;
 }
 
 /* Stage the files; stops early (-EALREADY) when a close got in. */
@@ -377,7 +398,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         }
         if (r == -ENOENT) {
             /* Stopped under us; a release closed the activation first, if it ran. */
-            r = act_reload(a, act.sandbox_id, &act, err);
+            r = execute_reload_own(a, &act, err);
             if (r == 0)
                 *out = act_render_result(&act, act.receipt_json ? NULL
                                                                 : "the sandbox was stopped before "
@@ -389,7 +410,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
             snprintf(why, sizeof(why), "the harness supervisor exceeded its execution deadline");
         }
     }
-    r = act_finalize(a, act.sandbox_id, FIN_EXECUTE, req->close_timeout_ms, &ferr);
+    r = act_finalize(a, act.sandbox_id, act.id, FIN_EXECUTE, req->close_timeout_ms, &ferr);
     if (r < 0 && why[0]) {
         r = lb_error_set(err, -EREMOTEIO, "%s; and then %s", why, ferr.message);
         goto out;
@@ -398,7 +419,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         r = lb_error_set(err, r, "%s", ferr.message);
         goto out;
     }
-    r = act_reload(a, act.sandbox_id, &act, err);
+    r = execute_reload_own(a, &act, err);
     if (r == 0 && req->nowait) {
         /* the launch failed: known already, and GET says why */
         *out = json_pack("{s:s,s:s}", "activation_id", act.id, "state", "failed");

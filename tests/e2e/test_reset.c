@@ -26,6 +26,11 @@
  *   pause and harness execute whose turn comes after the reset answer 401; none of them
  *   reaches the next episode; a pause by the agent right after its exec was admitted does not
  *   hold the reset for the exec's timeout (the reset thaws the sandbox)
+ * - review (a daemon at the defaults): the init an in-place reset keeps comes back as a fresh
+ *   sandbox's (resource limits, nice, CPU affinity the agent set on it); a harness execute of
+ *   the old token still waiting when the reset comes never answers with (nor finalizes) the
+ *   next episode's activation; the endpoint URL got with the old token reaches nothing of the
+ *   next episode
  */
 #include <arpa/inet.h>
 #include <libgen.h>
@@ -975,6 +980,200 @@ START_TEST(test_reset_refuses_late_act)
 }
 END_TEST
 
+/* Review: what the episode's agent (the sandbox's root, no capabilities) can change in the
+ * sandbox's init, which an in-place reset keeps: its resource limits (prlimit needs only the
+ * same uids), its nice value and its CPU affinity. After the reset the init must be as a fresh
+ * sandbox's: the next episode must not inherit them (an RLIMIT_CPU set low kills the init, so
+ * the next episode's sandbox, once it has used that much CPU). */
+#define INIT_ATTRS                                                                                 \
+    "grep -e '^Max cpu time' -e '^Max open files' -e '^Max processes' /proc/1/limits; "            \
+    "awk '{print \"nice\", $19}' /proc/1/stat; grep Cpus_allowed_list /proc/1/status"
+
+START_TEST(test_reset_review_init_attrs)
+{
+    char sbx[LBT_ID_MAX], tok[256], *fresh, *out, *after;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's in-place reset");
+    lease = lbt_seed(&D, "rs-reset-initattrs", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    fresh = sh_tok(&D, sbx, tok, INIT_ATTRS);
+    /* the episode: the agent changes what it may of the init */
+    out = sh_tok(&D, sbx, tok,
+                 "python3 -c \"import os, resource as R\n"
+                 "for what, f in (('cpu', lambda: R.prlimit(1, R.RLIMIT_CPU, (3000, 3000))),\n"
+                 "    ('nofile', lambda: R.prlimit(1, R.RLIMIT_NOFILE, (9, 9))),\n"
+                 "    ('nproc', lambda: R.prlimit(1, R.RLIMIT_NPROC, (5, 5))),\n"
+                 "    ('nice', lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),\n"
+                 "    ('affinity', lambda: os.sched_setaffinity(1, {0}))):\n"
+                 "    try:\n"
+                 "        f(); print(what, 'changed')\n"
+                 "    except OSError as e:\n"
+                 "        print(what, e)\n\"");
+    ck_assert_msg(strstr(out, "nofile changed") != NULL, "the agent's changes: %s", out);
+    free(out);
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    after = sh_tok(&D, sbx, tok, INIT_ATTRS);
+    ck_assert_msg(strcmp(after, fresh) == 0,
+                  "the old episode's changes to the init reached the next one:\nfresh:\n%s\n"
+                  "after the reset:\n%s",
+                  fresh, after);
+    free(fresh);
+    free(after);
+    lbt_release_session(&D, "rs-reset-initattrs");
+}
+END_TEST
+
+/* Review: a harness execute the agent made with the old token (wait: true) is still waiting
+ * for its receipt when the reset closes and removes its activation (the harness ends at once:
+ * exec sleep, close_timeout_s 1); the next episode's harness (here the admin's execute, run to
+ * its end) then is the sandbox's activation. The old request must not answer with the next
+ * episode's activation (its id, artifacts, return code), nor finalize (stop, collect) it. */
+START_TEST(test_reset_old_execute_takes_next_activation)
+{
+    char sbx[LBT_ID_MAX], tok[256], next_act[64];
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease;
+    int leaked = 0;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    lease = lbt_seed(&D, "rs-reset-oldexe", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    /* the reset's close of the old harness races the old request's receipt poll: try a few
+     * episodes */
+    for (int round = 0; round < 3; round++) {
+        bool running = false;
+
+        job = lbt_async_json(&D, "POST", "/v1/sessions/rs-reset-oldexe/execute", tok,
+                             "{\"argv\": [\"sh\", \"-c\", \"exec sleep 100\"], \"timeout_s\": 60, "
+                             "\"close_timeout_s\": 1}");
+        for (int i = 0; i < 400 && !running; i++) {
+            lbt_json(&D, "GET", "/v1/sessions/rs-reset-oldexe/activation", "", NULL, &r);
+            running = r.status == 200 && r.body && strstr(r.body, "\"running\"");
+            lbt_resp_free(&r);
+            if (!running)
+                lbt_sleep_ms(50);
+        }
+        ck_assert_msg(running, "the old episode's harness never ran");
+        reset(&D, sbx, "", NULL, &r);
+        ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+        snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+        lbt_resp_free(&r);
+        /* the next episode's harness, run to its end */
+        lbt_json(&D, "POST", "/v1/sessions/rs-reset-oldexe/execute", "",
+                 "{\"argv\": [\"sh\", \"-c\", \"echo next-episode-output; echo next > "
+                 "/workspace/n\"], \"collect\": [\"/workspace/n\"]}",
+                 &r);
+        ck_assert_msg(r.status == 200, "next episode's execute: %ld %s", r.status, r.body);
+        snprintf(next_act, sizeof(next_act), "%s",
+                 str(r.json, "activation_id") ? str(r.json, "activation_id") : "?");
+        lbt_resp_free(&r);
+        lbt_async_join(job, &r);
+        if (r.body && strstr(r.body, next_act))
+            leaked++;
+        lbt_resp_free(&r);
+        /* the next round's episode: a new activation needs a new lent sandbox episode */
+        reset(&D, sbx, "", NULL, &r);
+        ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+        snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+        lbt_resp_free(&r);
+    }
+    ck_assert_msg(leaked == 0,
+                  "%d of 3 old-token executes answered with the next episode's activation", leaked);
+    lbt_release_session(&D, "rs-reset-oldexe");
+}
+END_TEST
+
+/* Fetch "GET /secret" from the endpoint URL "http://127.0.0.1:PORT" (a relay on the host);
+ * what came back ("" when nothing answers). */
+static void endpoint_fetch(const char *url, char *out, size_t out_len)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET};
+    const char *colon = strrchr(url, ':');
+    const char req[] = "GET /secret HTTP/1.0\r\n\r\n";
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    size_t got = 0;
+
+    out[0] = '\0';
+    ck_assert_int_ge(fd, 0);
+    ck_assert_msg(colon && strncmp(url, "http://127.0.0.1:", 17) == 0, "endpoint %s", url);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    dst.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (connect(fd, (struct sockaddr *)&dst, sizeof(dst)) == 0 &&
+        send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req)) {
+        for (double end = lbt_now() + 10; got + 1 < out_len && lbt_now() < end;) {
+            struct pollfd p = {fd, POLLIN, 0};
+            ssize_t n;
+
+            if (poll(&p, 1, 200) <= 0)
+                continue;
+            n = recv(fd, out + got, out_len - 1 - got, 0);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+    }
+    out[got] = '\0';
+    close(fd);
+}
+
+/* Review: the endpoint URL an agent got with the old token (a loopback sandbox's relay, which
+ * ends only when the sandbox stops) must not reach the next episode's server on that port:
+ * the URL carries no token, and an in-place reset keeps the sandbox running. */
+START_TEST(test_reset_old_endpoint_url)
+{
+    char sbx[LBT_ID_MAX], tok[256], path[160], old_url[128], got[4096];
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's relay");
+    lease = lbt_seed(&D, "rs-reset-endpoint", "task-reset", "\"ports\": [8080]");
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/endpoints/8080", sbx);
+    lbt_json(&D, "GET", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "endpoint: %ld %s", r.status, r.body);
+    snprintf(old_url, sizeof(old_url), "%s", str(r.json, "endpoint"));
+    lbt_resp_free(&r);
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    /* the next episode serves its own secret on the port */
+    json_decref(lbt_exec_ok(
+        &D, sbx, tok,
+        "{\"command\": \"mkdir -p /tmp/www && echo next-episode-secret > /tmp/www/secret && "
+        "(python3 -m http.server 8080 --bind 127.0.0.1 --directory /tmp/www "
+        "</dev/null >/dev/null 2>&1 &) && for i in $(seq 50); do "
+        "python3 -c 'import socket; socket.create_connection((\\\"127.0.0.1\\\", 8080))' "
+        "2>/dev/null && break; sleep 0.1; done\", \"preserve_background_services\": true}"));
+    /* the episode's own endpoint reaches it (the check works) */
+    lbt_json(&D, "GET", path, tok, NULL, &r);
+    ck_assert_msg(r.status == 200, "endpoint: %ld %s", r.status, r.body);
+    endpoint_fetch(str(r.json, "endpoint"), got, sizeof(got));
+    ck_assert_msg(strstr(got, "next-episode-secret") != NULL, "the next episode's endpoint: %s",
+                  got);
+    lbt_resp_free(&r);
+    endpoint_fetch(old_url, got, sizeof(got));
+    ck_assert_msg(strstr(got, "next-episode-secret") == NULL,
+                  "the old episode's endpoint URL %s reaches the next episode's server: %s",
+                  old_url, got);
+    lbt_release_session(&D, "rs-reset-endpoint");
+}
+END_TEST
+
 static const char *in_place_args[] = {"--set", "local.reset_in_place=yes", NULL};
 
 int main(void)
@@ -1007,6 +1206,13 @@ int main(void)
     tcase_add_test(tc, test_reset_late_exec);
     tcase_add_test(tc, test_reset_refuses_late_act);
     tcase_add_test(tc, test_reset_thaws_for_late_exec);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("review");
+    lbt_shared_daemon(tc, &D, NULL);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_reset_review_init_attrs);
+    tcase_add_test(tc, test_reset_old_execute_takes_next_activation);
+    tcase_add_test(tc, test_reset_old_endpoint_url);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

@@ -213,6 +213,9 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     snprintf(run, sizeof(run), "%" PRId64, sizes.run_mib);
     snprintf(shm, sizeof(shm), "%" PRId64, sizes.shm_mib);
     snprintf(wd, sizeof(wd), "%" PRId64, sizes.workdir_mib);
+    /* the episode's endpoint URLs (relays, which carry no token) end with it: the next
+     * episode's first endpoint request makes its relay on a new port */
+    local_relay_close(lp, ref->id);
     {
         char *argv[] = {lp->supervise_path, "--reset", host, d.workdir, tmp, run, shm, wd, NULL};
 
