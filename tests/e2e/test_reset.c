@@ -989,7 +989,7 @@ END_TEST
     "grep -e '^Max cpu time' -e '^Max open files' -e '^Max processes' /proc/1/limits; "            \
     "awk '{print \"nice\", $19}' /proc/1/stat; grep Cpus_allowed_list /proc/1/status"
 
-START_TEST(test_reset_review_init_attrs)
+START_TEST(test_reset_init_changed)
 {
     char sbx[LBT_ID_MAX], tok[256], *fresh, *out, *after;
     struct lbt_resp r;
@@ -1210,7 +1210,7 @@ int main(void)
     tc = tcase_create("review");
     lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_reset_review_init_attrs);
+    tcase_add_test(tc, test_reset_init_changed);
     tcase_add_test(tc, test_reset_old_execute_takes_next_activation);
     tcase_add_test(tc, test_reset_old_endpoint_url);
     suite_add_tcase(s, tc);

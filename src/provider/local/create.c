@@ -903,6 +903,9 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
                          (int)pid);
         goto fail;
     }
+    /* what the init's limits, priority and CPUs are now: an in-place reset keeps the init
+     * only while they are so (an agent may change them: same uid) */
+    local_reset_save_init(dir, pid);
     r = local_desc_save(&d, dir, err);
     if (r < 0)
         goto fail;

@@ -285,6 +285,11 @@ void local_mount_sizes(const struct local_provider *lp, const struct lb_resource
  * when a step failed (the sandbox is then in an unknown state: the caller stops it). */
 int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err);
+/* Record in the sandbox directory dir what the new sandbox's init (pid) has of what its
+ * processes may change of it (its resource limits, nice value and CPUs: they run as its uid):
+ * an in-place reset keeps the init only while they are the same (else -EOPNOTSUPP: a stop and a
+ * create). Best effort: without the record no reset keeps the init. */
+void local_reset_save_init(const char *dir, pid_t pid);
 
 /* ---- child.c: fds, forked children, messages ------------------------------------------------ */
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */
