@@ -925,19 +925,19 @@ END_TEST
 
 /* ---------- sandbox memory ---------- */
 
-/* The memory cgroup usage (bytes) of sandbox sbx: v1 memory.usage_in_bytes, v2 memory.current of
- * the cgroup dir named after it. */
+/* The bytes of memory-backed files (tmpfs: shmem) charged to sandbox sbx's memory cgroup: v1
+ * memory.stat total_shmem (its subtree), v2 memory.stat shmem, of the cgroup dir named after it.
+ * Only files count there: what its processes and the execs that look come and go with them
+ * (a sum like memory.current moved by a megabyte between two reads at load). */
 static long long sandbox_memory_usage(const char *sbx)
 {
-    static const char *const files[] = {"memory.usage_in_bytes", "memory.current"};
-    char cmd[400], dir[600] = "", path[700];
-    long long v = -1;
+    char cmd[400], dir[600] = "", path[700], key[64];
+    long long v = -1, n;
     FILE *f;
 
     snprintf(cmd, sizeof(cmd),
              "find /sys/fs/cgroup -maxdepth 5 -type d -name '%s' 2>/dev/null | "
-             "while read d; do test -e \"$d/memory.usage_in_bytes\" -o -e \"$d/memory.current\" "
-             "&& echo \"$d\"; done | head -1",
+             "while read d; do test -e \"$d/memory.stat\" && echo \"$d\"; done | head -1",
              sbx);
     f = popen(cmd, "r");
     ck_assert_ptr_nonnull(f);
@@ -946,16 +946,15 @@ static long long sandbox_memory_usage(const char *sbx)
     pclose(f);
     dir[strcspn(dir, "\n")] = '\0';
     ck_assert_msg(dir[0], "no memory cgroup for %s", sbx);
-    for (size_t i = 0; i < 2 && v < 0; i++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
-        f = fopen(path, "r");
-        if (f) {
-            if (fscanf(f, "%lld", &v) != 1)
-                v = -1;
-            fclose(f);
-        }
+    snprintf(path, sizeof(path), "%s/memory.stat", dir);
+    f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    while (fscanf(f, "%63s %lld", key, &n) == 2) {
+        if (strcmp(key, "total_shmem") == 0 || (strcmp(key, "shmem") == 0 && v < 0))
+            v = n;
     }
-    ck_assert_msg(v >= 0, "cannot read the memory usage of %s", dir);
+    fclose(f);
+    ck_assert_msg(v >= 0, "no shmem in %s", path);
     return v;
 }
 
@@ -963,7 +962,7 @@ static long long sandbox_memory_usage(const char *sbx)
  * than the limit here) count against its own memory limit, not the daemon's: with memory_mib 64,
  * four 96 MiB uploads (one of them chunked, of unknown length) are each 413 naming the limit,
  * leave nothing behind, and the daemon lives on; an accepted 32 MiB upload shows in the
- * sandbox's memory cgroup usage. */
+ * sandbox's memory cgroup (its shmem), and goes with the file. */
 START_TEST(test_memory_mount_uploads_charged_to_sandbox)
 {
     static const char *const paths[] = {"/tmp/m0", "/workspace/m1", "/tmp/m2", "/workspace/m3"};
