@@ -905,7 +905,7 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
     }
     /* what the init's limits, priority and CPUs are now: an in-place reset keeps the init
      * only while they are so (an agent may change them: same uid) */
-    local_reset_save_init(dir, pid);
+    local_init_attrs_save(dir, pid);
     r = local_desc_save(&d, dir, err);
     if (r < 0)
         goto fail;

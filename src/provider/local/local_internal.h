@@ -19,7 +19,8 @@
  *              rules (net.h)
  * slots.c      uid slots and their host-wide claims
  * child.c      fd helpers, async-signal-safe helpers for forked children, errno/E2BIG texts
- * proc.c       /proc reading, killing process trees and slots, reaping the daemon's children
+ * proc.c       /proc reading, killing process trees and slots, reaping the daemon's children,
+ *              what an in-place reset may keep of the init
  * Used only by the local provider: cgroup.c (cgroups), seccomp.c (the filter), spawn.c
  * (starting programs without a fork).
  */
@@ -179,6 +180,13 @@ int local_claims_start(struct local_provider *lp, struct lb_error *err);
 void local_claims_sweep(struct local_provider *lp, json_t *all);
 
 /* ---- proc.c: /proc, killing, reaping -------------------------------------------------------- */
+/* Record in the sandbox directory dir what the new sandbox's init (pid) has of what its
+ * processes may change of it (its resource limits, nice value and CPUs: they run as its uid),
+ * in dir/init.attrs. Best effort: without the record no reset keeps the init. */
+void local_init_attrs_save(const char *dir, pid_t pid);
+/* Are the init's (pid) limits, nice value and CPUs still what local_init_attrs_save recorded in
+ * dir? false also when either cannot be read. An in-place reset keeps the init only then. */
+bool local_init_attrs_kept(const char *dir, pid_t pid);
 /* Start time (field 22 of /proc/<pid>/stat) of pid; -ENOENT when gone (a zombie counts as
  * gone). */
 int local_proc_start_time(pid_t pid, uint64_t *start_time);
@@ -285,11 +293,6 @@ void local_mount_sizes(const struct local_provider *lp, const struct lb_resource
  * when a step failed (the sandbox is then in an unknown state: the caller stops it). */
 int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err);
-/* Record in the sandbox directory dir what the new sandbox's init (pid) has of what its
- * processes may change of it (its resource limits, nice value and CPUs: they run as its uid):
- * an in-place reset keeps the init only while they are the same (else -EOPNOTSUPP: a stop and a
- * create). Best effort: without the record no reset keeps the init. */
-void local_reset_save_init(const char *dir, pid_t pid);
 
 /* ---- child.c: fds, forked children, messages ------------------------------------------------ */
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */

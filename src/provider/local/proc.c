@@ -2,7 +2,8 @@
  * proc.c - what the local provider reads from /proc and does with it: a process's stat fields
  * (start time, parent, session), whether a sandbox's init is the very process its descriptor
  * names, killing a process tree, an exec's session or every process of a uid slot, and reaping
- * the daemon's children.
+ * the daemon's children; what an in-place reset may keep of a sandbox's init (its limits,
+ * nice value and CPUs, recorded at create).
  */
 #include "provider/local/local_internal.h"
 
@@ -11,11 +12,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -489,4 +492,69 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
             break;
     }
     return total;
+}
+
+/* ---------- what an in-place reset may keep of the init ---------- */
+
+#define INIT_ATTRS_FILE "init.attrs"
+#define INIT_ATTRS_MAX 8192
+
+/* What a sandbox process may change of the init (its uid is theirs): its resource limits
+ * (/proc/PID/limits), nice value and CPUs, as text into buf. 0, or -1 when pid cannot be read. */
+static int init_attrs_text(pid_t pid, char *buf, size_t size)
+{
+    char path[64];
+    cpu_set_t cpus;
+    size_t n = 0;
+    ssize_t got;
+    int fd, nice_value;
+
+    snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    while (n + 1 < size && (got = read(fd, buf + n, size - 1 - n)) > 0)
+        n += (size_t)got;
+    close(fd);
+    errno = 0;
+    nice_value = getpriority(PRIO_PROCESS, (id_t)pid);
+    if ((nice_value == -1 && errno) || sched_getaffinity(pid, sizeof(cpus), &cpus) < 0)
+        return -1;
+    n += (size_t)snprintf(buf + n, size - n, "nice %d\ncpus", nice_value);
+    for (int c = 0; c < CPU_SETSIZE && n + 8 < size; c++)
+        if (CPU_ISSET(c, &cpus))
+            n += (size_t)snprintf(buf + n, size - n, " %d", c);
+    return 0;
+}
+
+void local_init_attrs_save(const char *dir, pid_t pid)
+{
+    char path[4400], text[INIT_ATTRS_MAX];
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/" INIT_ATTRS_FILE, dir);
+    if (init_attrs_text(pid, text, sizeof(text)) < 0 ||
+        (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
+        return;
+    if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+        (void)unlink(path);
+    close(fd);
+}
+
+bool local_init_attrs_kept(const char *dir, pid_t pid)
+{
+    char path[4400], was[INIT_ATTRS_MAX], now[INIT_ATTRS_MAX];
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/" INIT_ATTRS_FILE, dir);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    n = read(fd, was, sizeof(was) - 1);
+    close(fd);
+    if (n <= 0 || init_attrs_text(pid, now, sizeof(now)) < 0)
+        return false;
+    was[n] = '\0';
+    return strcmp(was, now) == 0;
 }

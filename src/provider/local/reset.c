@@ -10,7 +10,7 @@
  * (storage dir) or a snapshot's workspace is not one: -EOPNOTSUPP, and lend_reset stops and
  * creates it as before; nor is one whose init's limits, nice value or CPUs the episode changed
  * (its processes run as the init's uid: prlimit, setpriority and sched_setaffinity on pid 1
- * succeed), compared with what its create recorded (init.attrs).
+ * succeed), compared with what its create recorded (local_init_attrs_save).
  */
 #include "provider/local/local_internal.h"
 #include "provider/local/spawn.h"
@@ -19,12 +19,10 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,70 +65,6 @@ static int reset_child_exec(void *arg)
     e = errno;
     local_child_report(RFD_STATUS, "error cannot execute lendbox-supervise", e);
     return e;
-}
-
-#define INIT_ATTRS_FILE "init.attrs"
-#define INIT_ATTRS_MAX 8192
-
-/* What a sandbox process may change of the init (its uid is theirs): its resource limits
- * (/proc/PID/limits), nice value and CPUs, as text into buf. 0, or -1 when pid cannot be read. */
-static int init_attrs_text(pid_t pid, char *buf, size_t size)
-{
-    char path[64];
-    cpu_set_t cpus;
-    size_t n = 0;
-    ssize_t got;
-    int fd, nice_value;
-
-    snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    while (n + 1 < size && (got = read(fd, buf + n, size - 1 - n)) > 0)
-        n += (size_t)got;
-    close(fd);
-    errno = 0;
-    nice_value = getpriority(PRIO_PROCESS, (id_t)pid);
-    if ((nice_value == -1 && errno) || sched_getaffinity(pid, sizeof(cpus), &cpus) < 0)
-        return -1;
-    n += (size_t)snprintf(buf + n, size - n, "nice %d\ncpus", nice_value);
-    for (int c = 0; c < CPU_SETSIZE && n + 8 < size; c++)
-        if (CPU_ISSET(c, &cpus))
-            n += (size_t)snprintf(buf + n, size - n, " %d", c);
-    return 0;
-}
-
-void local_reset_save_init(const char *dir, pid_t pid)
-{
-    char path[4400], text[INIT_ATTRS_MAX];
-    int fd;
-
-    snprintf(path, sizeof(path), "%s/" INIT_ATTRS_FILE, dir);
-    if (init_attrs_text(pid, text, sizeof(text)) < 0 ||
-        (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
-        return;
-    if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
-        (void)unlink(path);
-    close(fd);
-}
-
-/* Are the init's limits, nice value and CPUs what its create recorded (dir's init.attrs)? */
-static bool init_attrs_kept(const char *dir, pid_t pid)
-{
-    char path[4400], was[INIT_ATTRS_MAX], now[INIT_ATTRS_MAX];
-    ssize_t n;
-    int fd;
-
-    snprintf(path, sizeof(path), "%s/" INIT_ATTRS_FILE, dir);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    n = read(fd, was, sizeof(was) - 1);
-    close(fd);
-    if (n <= 0 || init_attrs_text(pid, now, sizeof(now)) < 0)
-        return false;
-    was[n] = '\0';
-    return strcmp(was, now) == 0;
 }
 
 /* May the sandbox of d (directory dir) be reset in place to spec? */
@@ -251,7 +185,7 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     }
     /* the init is kept: only as its create made it (an agent may have limited or reniced it,
      * which would outlive the episode); else a new sandbox */
-    if (!init_attrs_kept(dir, d.pid)) {
+    if (!local_init_attrs_kept(dir, d.pid)) {
         log_info_sbx(ref->id,
                      "sandbox %s: its init's limits, priority or CPUs were changed: reset by a "
                      "stop and a create",
