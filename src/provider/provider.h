@@ -156,9 +156,11 @@ struct lb_exec_request {
     void (*on_output)(void *ctx, int stream, const char *data, size_t len);
     void *output_ctx;
     /* Optional (NULL: none): called at most once on the exec's thread, before the exec ends,
-     * once the command's supervisor runs inside the sandbox: from then on every process of the
-     * exec is one that the sandbox's stop, reset or exclusive sweep ends. A provider that
-     * cannot tell does not call it (the caller then takes the exec's end as that moment). The
+     * once the command's supervisor runs inside the sandbox (local: the supervisor is in its
+     * pid namespace; docker and lxd: the exec is bound to the running instance): from then on
+     * every process of the exec is one that the sandbox's stop, reset or exclusive sweep ends.
+     * A provider that cannot tell does not call it (the caller then takes the exec's end as
+     * that moment). The
      * daemon holds an operate-token exec's fence until then (lend_exec), so a reset never runs
      * between an exec's admission and its start. Must not block. */
     void (*on_started)(void *ctx);

@@ -938,6 +938,47 @@ START_TEST(test_reset_thaws_for_late_exec)
 }
 END_TEST
 
+/* An exec of the old token that is running (not starting) when the reset comes does not hold
+ * the reset: it is ended with the episode (every provider that resets says when an exec is
+ * bound to the sandbox: local, its supervisor in the pid namespace; lxd, its operation). */
+START_TEST(test_reset_ends_running_exec)
+{
+    char sbx[LBT_ID_MAX], tok[256], path[200], *out;
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    lease = lbt_seed(&D, "rs-reset-running", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sbx);
+    job = lbt_async_json(&D, "POST", path, tok,
+                         "{\"command\": \"touch /tmp/running; exec sleep 3133.4242\", "
+                         "\"timeout_s\": 1000}");
+    for (int i = 0; i < 600; i++) { /* until it runs (at most 60 s) */
+        out = lbt_sh(&D, sbx, "ls /tmp/running 2>/dev/null || true");
+        bool running = strcmp(out, "/tmp/running\n") == 0;
+
+        free(out);
+        if (running)
+            break;
+        lbt_sleep_ms(100);
+    }
+    reset(&D, sbx, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status != 200 ||
+                      json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the running exec was not ended by the reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_release_session(&D, "rs-reset-running");
+}
+END_TEST
+
 /* Acts of the old token admitted, their jobs started, but held right before they take the
  * sandbox's fence (fault operate.enter=hold:) while a whole reset runs: once let go, each
  * checks its token again under the fence and is refused (401), so none starts a process or
@@ -1192,6 +1233,7 @@ int main(void)
     tcase_add_test(tc, test_reset_refuses_request_admitted_before);
     tcase_add_test(tc, test_reset_ends_activation);
     tcase_add_test(tc, test_reset_without_session);
+    tcase_add_test(tc, test_reset_ends_running_exec);
     suite_add_tcase(s, tc);
     tc = tcase_create("fault");
     lbt_test_daemon_cleanup(tc, &F);

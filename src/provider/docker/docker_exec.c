@@ -154,6 +154,9 @@ int docker_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struc
         goto out;
     }
     httpc_response_release(&resp);
+    /* the exec is the container's (by its id, which a container made again under the same
+     * name does not have): a reset or stop from here ends it, or its start fails */
+    engine_exec_started(x);
     if (req->pass_fd > 0) {
         r = docker_pass_start(&pass, exec_id, EXEC_SLACK_MS, err);
         if (r < 0)

@@ -55,7 +55,14 @@ struct engine_exec {
     json_t *cmd;                /* the supervisor and its options; engine_exec_command ends it */
     bool done;      /* exec_run set the result itself (exec_result_set_runtime): no frames */
     bool transport; /* exec_run's error came after the start: look whether the sandbox is gone */
+    bool started;   /* engine_exec_started was called */
 };
+
+/* exec_run's hook tells the base that the exec is bound to the instance as it runs now (docker:
+ * the exec made in the container, whose id a container made again under the same name does
+ * not have; lxd: the exec operation running in the instance), so a reset or stop from now on
+ * ends it: the request's on_started, once. On the exec's thread. */
+void engine_exec_started(struct engine_exec *x);
 
 #define ENGINE_ARCHIVE_MAX_TOPS 4096 /* first components kept for a rollback */
 

@@ -64,6 +64,15 @@ static json_t *base_command(struct lb_engine *e, const struct lb_exec_request *r
     return cmd;
 }
 
+void engine_exec_started(struct engine_exec *x)
+{
+    if (x->started)
+        return;
+    x->started = true;
+    if (x->req->on_started)
+        x->req->on_started(x->req->started_ctx);
+}
+
 json_t *engine_exec_command(struct engine_exec *x)
 {
     if (json_array_append_new(x->cmd, json_string("--")) < 0)

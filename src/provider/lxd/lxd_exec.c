@@ -186,6 +186,8 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
         r = lb_error_set(err, -EREMOTEIO, "LXD: exec answered no operation");
         goto out;
     }
+    /* the operation runs in the instance: a reset or stop from here ends it */
+    engine_exec_started(x);
     lxd_wait_path(op, (req->timeout_ms + EXEC_SLACK_MS) / 1000, path, sizeof(path));
     json_decref(j);
     j = NULL;
