@@ -503,19 +503,14 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
  * (/proc/PID/limits), nice value and CPUs, as text into buf. 0, or -1 when pid cannot be read. */
 static int init_attrs_text(pid_t pid, char *buf, size_t size)
 {
-    char path[64];
     cpu_set_t cpus;
-    size_t n = 0;
-    ssize_t got;
-    int fd, nice_value;
+    ssize_t got = proc_read(pid, "limits", buf, size);
+    size_t n;
+    int nice_value;
 
-    snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (got < 0)
         return -1;
-    while (n + 1 < size && (got = read(fd, buf + n, size - 1 - n)) > 0)
-        n += (size_t)got;
-    close(fd);
+    n = (size_t)got;
     errno = 0;
     nice_value = getpriority(PRIO_PROCESS, (id_t)pid);
     if ((nice_value == -1 && errno) || sched_getaffinity(pid, sizeof(cpus), &cpus) < 0)
@@ -544,17 +539,8 @@ void local_init_attrs_save(const char *dir, pid_t pid)
 bool local_init_attrs_kept(const char *dir, pid_t pid)
 {
     char path[4400], was[INIT_ATTRS_MAX], now[INIT_ATTRS_MAX];
-    ssize_t n;
-    int fd;
 
     snprintf(path, sizeof(path), "%s/" INIT_ATTRS_FILE, dir);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    n = read(fd, was, sizeof(was) - 1);
-    close(fd);
-    if (n <= 0 || init_attrs_text(pid, now, sizeof(now)) < 0)
-        return false;
-    was[n] = '\0';
-    return strcmp(was, now) == 0;
+    return local_read_small(path, was, sizeof(was)) > 0 &&
+           init_attrs_text(pid, now, sizeof(now)) == 0 && strcmp(was, now) == 0;
 }
