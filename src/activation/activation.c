@@ -91,9 +91,24 @@ int act_reload(struct lb_activations *a, const char *sandbox_id, struct lb_activ
     return store_get_activation_by_sandbox(a->store, id, act, err);
 }
 
+int act_reload_own(struct lb_activations *a, struct lb_activation *act, struct lb_error *err)
+{
+    char id[sizeof(act->id)];
+    int r;
+
+    snprintf(id, sizeof(id), "%s", act->id);
+    r = act_reload(a, act->sandbox_id, act, err);
+    if (r == 0 && strcmp(act->id, id) != 0) {
+        r = lb_error_set(err, -ENOENT, "activation %s is gone (sandbox %s was reset)", id,
+                         act->sandbox_id);
+        store_activation_release(act);
+    }
+    return r;
+}
+
 /* The session's activation: of its lent sandbox if it has one, else its newest. */
-static int act_find(struct lb_activations *a, const char *rsid, struct lb_activation *act,
-                    struct lb_error *err)
+static int act_find_current(struct lb_activations *a, const char *rsid, struct lb_activation *act,
+                            struct lb_error *err)
 {
     struct lb_record live = {0};
     int r;
@@ -109,6 +124,41 @@ static int act_find(struct lb_activations *a, const char *rsid, struct lb_activa
     return r < 0 ? lb_error_set(err, r, "cannot read the activation of session %s", rsid) : 0;
 }
 
+/* act_find_current's activation; own (NULL: whichever that is) names the one the caller was
+ * let act on (activation_id_of; "": none): when the session's is another now, -ENOKEY (401),
+ * as the operate token a reset revoked. */
+static int act_find(struct lb_activations *a, const char *rsid, const char *own,
+                    struct lb_activation *act, struct lb_error *err)
+{
+    int r = act_find_current(a, rsid, act, err);
+
+    if (!own || (r == -ENOENT && !own[0]) || (r == 0 && strcmp(act->id, own) == 0) ||
+        (r < 0 && r != -ENOENT))
+        return r;
+    if (r == 0)
+        store_activation_release(act);
+    return lb_error_set(err, -ENOKEY,
+                        "the harness activation of session %s this operate token was for is gone "
+                        "(its sandbox was reset)",
+                        rsid);
+}
+
+int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
+                     struct lb_error *err)
+{
+    struct lb_activation act = {0};
+    int r = act_find_current(a, rsid, &act, err);
+
+    if (size)
+        id[0] = '\0';
+    if (r == -ENOENT)
+        return 0;
+    if (r == 0)
+        snprintf(id, size, "%s", act.id);
+    store_activation_release(&act);
+    return r;
+}
+
 static int64_t spec_ms(const json_t *spec, const char *key, int64_t def)
 {
     json_t *v = json_object_get(spec, key);
@@ -118,13 +168,13 @@ static int64_t spec_ms(const json_t *spec, const char *key, int64_t def)
 
 /* ---------- close, get, release ---------- */
 
-int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
-                     size_t *len, struct lb_error *err)
+int activation_close(struct lb_activations *a, const char *rsid, const char *own,
+                     int64_t timeout_ms, char **text, size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *out = NULL;
     char *raw = NULL;
-    int r = act_find(a, rsid, &act, err);
+    int r = act_find(a, rsid, own, &act, err);
 
     *text = NULL;
     *len = 0;
@@ -139,9 +189,9 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
         spec = act.spec_json ? json_loads(act.spec_json, 0, NULL) : NULL;
         if (timeout_ms <= 0)
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
-        r = act_finalize(a, act.sandbox_id, NULL, FIN_CLOSE, timeout_ms, err);
+        r = act_finalize(a, act.sandbox_id, act.id, FIN_CLOSE, timeout_ms, err);
         if (r == 0)
-            r = act_reload(a, act.sandbox_id, &act, err);
+            r = act_reload_own(a, &act, err);
     }
     if (r == 0) {
         raw = act.artifacts_json; /* spliced in, not parsed */
@@ -186,7 +236,7 @@ int activation_watch_begin(struct lb_activations *a, const char *rsid,
 {
     struct lb_activation act = {0};
     struct lb_activation_watch *w = NULL;
-    int r = act_find(a, rsid, &act, err);
+    int r = act_find(a, rsid, NULL, &act, err);
 
     *out = NULL;
     if (r < 0)
@@ -230,14 +280,14 @@ void activation_watch_free(struct lb_activation_watch *w)
 /* The session's activation as JSON in *out; the stored artifacts are not parsed but handed
  * over as their JSON text in *raw (NULL when not collected: then "artifacts" stays in *out),
  * and *out lacks "artifacts". */
-static int act_get(struct lb_activations *a, const char *rsid, bool with_log, json_t **out,
-                   char **raw, struct lb_error *err)
+static int act_get(struct lb_activations *a, const char *rsid, const char *own, bool with_log,
+                   json_t **out, char **raw, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL, *receipt = NULL, *res = NULL;
     char *art_text = NULL;
     bool live, collected;
-    int r = act_find(a, rsid, &act, err);
+    int r = act_find(a, rsid, own, &act, err);
 
     if (r < 0)
         return r;
@@ -257,12 +307,12 @@ static int act_get(struct lb_activations *a, const char *rsid, bool with_log, js
         struct lb_error ferr = {0};
 
         if (act_receipt_confirmed(held) &&
-            act_finalize(a, act.sandbox_id, NULL, FIN_EXECUTE,
+            act_finalize(a, act.sandbox_id, act.id, FIN_EXECUTE,
                          spec_ms(spec, "close_timeout_ms", 60000), &ferr) < 0)
             log_warn("activation %s: collecting after the harness ended failed: %s", act.id,
                      ferr.message);
         json_decref(held);
-        r = act_reload(a, act.sandbox_id, &act, err);
+        r = act_reload_own(a, &act, err);
         if (r < 0)
             goto out;
     }
@@ -342,12 +392,12 @@ out:
     return r;
 }
 
-int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
-                        size_t *len, struct lb_error *err)
+int activation_get_text(struct lb_activations *a, const char *rsid, const char *own, bool with_log,
+                        char **text, size_t *len, struct lb_error *err)
 {
     json_t *res = NULL;
     char *raw = NULL;
-    int r = act_get(a, rsid, with_log, &res, &raw, err);
+    int r = act_get(a, rsid, own, with_log, &res, &raw, err);
 
     *text = NULL;
     *len = 0;
@@ -371,12 +421,13 @@ int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool wit
     return 0;
 }
 
-int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err)
+int activation_open_log(struct lb_activations *a, const char *rsid, const char *own, int *fd,
+                        struct lb_error *err)
 {
     struct lb_activation act = {0};
     char path[256];
     uint64_t size = 0;
-    int r = act_find(a, rsid, &act, err);
+    int r = act_find(a, rsid, own, &act, err);
 
     *fd = -1;
     if (r < 0)
@@ -394,12 +445,12 @@ int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, str
     return r;
 }
 
-int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                            char **text, size_t *len, struct lb_error *err)
+int activation_stop_harness(struct lb_activations *a, const char *rsid, const char *own,
+                            int64_t timeout_ms, char **text, size_t *len, struct lb_error *err)
 {
     struct lb_activation act = {0};
     json_t *spec = NULL;
-    int r = act_find(a, rsid, &act, err);
+    int r = act_find(a, rsid, own, &act, err);
 
     *text = NULL;
     *len = 0;
@@ -412,13 +463,15 @@ int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t 
         if (timeout_ms <= 0)
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
         log_info("activation %s: stop_harness", act.id);
-        r = act_finalize(a, act.sandbox_id, NULL, FIN_STOP, timeout_ms, err);
+        r = act_finalize(a, act.sandbox_id, act.id, FIN_STOP, timeout_ms, err);
     }
     json_decref(spec);
+    if (r == 0 && own) /* rendered: the one stopped, or -ENOKEY */
+        own = act.id;
+    if (r == 0)
+        r = activation_get_text(a, rsid, own, false, text, len, err);
     store_activation_release(&act);
-    if (r < 0)
-        return r;
-    return activation_get_text(a, rsid, false, text, len, err);
+    return r;
 }
 
 void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id)

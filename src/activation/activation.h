@@ -83,10 +83,13 @@ int activation_execute(struct lb_activations *a, const char *rsid,
  * (malloc'd, the caller's; *len bytes of compact JSON, the stored artifacts spliced in as
  * activation_get_text does) is {"closed": true, "activation_id", "capture_error", "cleanup",
  * "output_log_bytes", "artifacts"}, the same for every close; {"closed": false} when the
- * session has no activation. -EREMOTEIO (502) when cleanup cannot be confirmed (the activation
- * stays "closing"), -EBUSY (409) when the sandbox is paused, -ENOMEM. */
-int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
-                     size_t *len, struct lb_error *err);
+ * session has no activation. own: NULL for the session's activation, whichever it is now; an
+ * operate token's request passes the one it was let act on (activation_id_of; "" for none),
+ * and is -ENOKEY (401, as the revoked token) when the session's is another by then (a reset
+ * came between). -EREMOTEIO (502) when cleanup cannot be confirmed (the activation stays
+ * "closing"), -EBUSY (409) when the sandbox is paused, -ENOMEM. */
+int activation_close(struct lb_activations *a, const char *rsid, const char *own,
+                     int64_t timeout_ms, char **text, size_t *len, struct lb_error *err);
 
 /* The session's activation (of its lent sandbox, else its newest one) as compact JSON text
  * (*text malloc'd, the caller's; *len bytes): state, receipt, artifacts, stop_request_path,
@@ -94,9 +97,10 @@ int activation_close(struct lb_activations *a, const char *rsid, int64_t timeout
  * for the harness (a long-poll parks with activation_watch_*). An activation started with
  * nowait whose confirmed receipt is found here has its artifacts collected here (once). The
  * stored artifacts are not parsed: their stored text is copied in as the last member, so the
- * peak is about twice their size instead of four times. -ENOENT when there is none, -ENOMEM. */
-int activation_get_text(struct lb_activations *a, const char *rsid, bool with_log, char **text,
-                        size_t *len, struct lb_error *err);
+ * peak is about twice their size instead of four times. own as activation_close's (-ENOKEY).
+ * -ENOENT when there is none, -ENOMEM. */
+int activation_get_text(struct lb_activations *a, const char *rsid, const char *own, bool with_log,
+                        char **text, size_t *len, struct lb_error *err);
 
 /* What rendering the session's activation costs at most, in bytes (upper bound: its stored
  * texts loaded and copied, the log's tail escaped, the rest), without loading it: to reserve
@@ -107,8 +111,17 @@ int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool wit
 /* Open the output log of the session's activation (of its lent sandbox) for following: *fd
  * (the caller's, read-only, the file as it grows) is the harness's combined stdout and
  * stderr. Blocks on the provider briefly (a worker's job). -ENOENT (404): no activation, or
- * it is closed or its sandbox stopped (the record keeps the log's tail), or no log yet. */
-int activation_open_log(struct lb_activations *a, const char *rsid, int *fd, struct lb_error *err);
+ * it is closed or its sandbox stopped (the record keeps the log's tail), or no log yet; own as
+ * activation_close's (-ENOKEY). */
+
+/* The id of the session's activation (of its lent sandbox, else its newest) into id (size
+ * bytes; LB_ID_MAX fits any), "" when it has none: what an operate token's request holds as
+ * its own while the sandbox's fence keeps a reset off (routes), to act on that one only. 0,
+ * or -EIO (store). Thread-safe. */
+int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
+                     struct lb_error *err);
+int activation_open_log(struct lb_activations *a, const char *rsid, const char *own, int *fd,
+                        struct lb_error *err);
 
 /* A long-poll's watch on the session's activation, for waiting without a worker (the route
  * parks the request and polls activation_watch_changed). */
@@ -133,9 +146,9 @@ void activation_watch_free(struct lb_activation_watch *w);
  * activation's close_timeout_s) + 5 s. No capture, no close. *text (*len bytes, the
  * caller's) is activation_get_text's (without log). -ENOENT (404) no activation, -EREMOTEIO
  * (502) cleanup unconfirmed, -EBUSY (409) another finalization still running past its budget,
- * -ENOMEM. */
-int activation_stop_harness(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                            char **text, size_t *len, struct lb_error *err);
+ * -ENOMEM; own as activation_close's (-ENOKEY). */
+int activation_stop_harness(struct lb_activations *a, const char *rsid, const char *own,
+                            int64_t timeout_ms, char **text, size_t *len, struct lb_error *err);
 
 /* lend's release hook (ctx is the struct lb_activations): close the sandbox's activation
  * before the sandbox is stopped; when that fails the activation is recorded closed anyway

@@ -69,6 +69,9 @@ struct lb_activations {
  * *act). Errors of store_get_activation_by_sandbox. */
 int act_reload(struct lb_activations *a, const char *sandbox_id, struct lb_activation *act,
                struct lb_error *err);
+/* Re-read *act (its sandbox's activation) by its id: -ENOENT (nothing read) when the
+ * sandbox's activation is another now or none (a reset removed act's). */
+int act_reload_own(struct lb_activations *a, struct lb_activation *act, struct lb_error *err);
 
 /* ---------- receipt.c: receipts and in-sandbox paths ---------- */
 

@@ -211,24 +211,6 @@ static int execute_wait(struct lb_activations *a, const struct lb_activation *ac
     }
 }
 
-/* Re-read *act (its sandbox's activation) by its id: -ENOENT (nothing read) when the sandbox's
- * activation is another now or none (a reset removed act's). */
-static int execute_reload_own(struct lb_activations *a, struct lb_activation *act,
-                              struct lb_error *err)
-{
-    char id[sizeof(act->id)];
-    int r;
-
-    snprintf(id, sizeof(id), "%s", act->id);
-    r = act_reload(a, act->sandbox_id, act, err);
-    if (r == 0 && strcmp(act->id, id) != 0) {
-        r = lb_error_set(err, -ENOENT, "activation %s is gone (sandbox %s was reset)", id,
-                         act->sandbox_id);
-        store_activation_release(act);
-    }
-    return r;
-}
-
 /* Stage the files; stops early (-EALREADY) when a close got in. */
 static int execute_stage(struct lb_activations *a, const struct lb_activation *act,
                          const struct lb_execute_request *req, struct lb_error *err)
@@ -398,7 +380,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         }
         if (r == -ENOENT) {
             /* Stopped under us; a release closed the activation first, if it ran. */
-            r = execute_reload_own(a, &act, err);
+            r = act_reload_own(a, &act, err);
             if (r == 0)
                 *out = act_render_result(&act, act.receipt_json ? NULL
                                                                 : "the sandbox was stopped before "
@@ -419,7 +401,7 @@ int activation_execute(struct lb_activations *a, const char *rsid,
         r = lb_error_set(err, r, "%s", ferr.message);
         goto out;
     }
-    r = execute_reload_own(a, &act, err);
+    r = act_reload_own(a, &act, err);
     if (r == 0 && req->nowait) {
         /* the launch failed: known already, and GET says why */
         *out = json_pack("{s:s,s:s}", "activation_id", act.id, "state", "failed");

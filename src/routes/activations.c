@@ -14,6 +14,7 @@
 #include "provider/provider.h"
 #include "routes/routes.h"
 #include "util/clock.h"
+#include "util/fault.h"
 
 #define DEFAULT_TIMEOUT_S 600.0
 #define DEFAULT_CLOSE_TIMEOUT_S 60.0
@@ -148,12 +149,45 @@ int route_execute(struct lb_request *req, struct lb_error *err)
 
 /* ---------- close ---------- */
 
+/* An operate token's request on the session's activation acts on the one it was let act on
+ * (*own = id, "": none), read under the sandbox's fence with the token checked again
+ * (routes_operate_enter; 401 when a reset revoked it), so that after a reset it finds that one
+ * gone (-ENOKEY) instead of acting on the next episode's; the admin's: *own NULL (the
+ * session's, whichever it is). id: LB_ID_MAX bytes. */
+static int session_bind_own(struct lb_request *req, const char *rsid, char *id, const char **own,
+                            struct lb_error *err)
+{
+    struct lb_app *app = http_app(req);
+    struct lb_record live = {0};
+    bool held = false;
+    int r = 0;
+
+    *own = NULL;
+    if (http_principal(req) != LB_PRINCIPAL_OPERATE)
+        return 0;
+    if (store_get_live_by_rsid(app->store, rsid, &live, NULL) == 0)
+        r = routes_operate_enter(req, live.id, &held, err);
+    if (r == 0)
+        r = activation_id_of(app->acts, rsid, id, LB_ID_MAX, err);
+    if (held)
+        routes_operate_leave(req, live.id, &held);
+    store_record_release(&live);
+    if (r == 0)
+        *own = id;
+    /* tests: a request bound to its activation, held while a reset replaces it */
+    if (r == 0)
+        r = fault_hit("activation.bound", 0, err);
+    return r;
+}
+
 /* A close-shaped request (close, stop_harness): op on the session's activation. */
 struct close_job {
     char *rsid;
     int64_t timeout_ms; /* 0: the activation's close_timeout_s */
-    int (*op)(struct lb_activations *a, const char *rsid, int64_t timeout_ms, char **text,
-              size_t *len, struct lb_error *err);
+    int (*op)(struct lb_activations *a, const char *rsid, const char *own, int64_t timeout_ms,
+              char **text, size_t *len, struct lb_error *err);
+    const char *own; /* session_bind_own's */
+    char own_id[LB_ID_MAX];
 };
 
 static void close_job_free(void *arg)
@@ -196,21 +230,27 @@ static int close_job_render(struct lb_request *req, void *arg, char **text, size
     struct close_job *j = arg;
     struct lb_app *app = http_app(req);
 
-    return j->op(app->acts, j->rsid, j->timeout_ms, text, len, err);
+    return j->op(app->acts, j->rsid, j->own, j->timeout_ms, text, len, err);
 }
 
 static void close_job_run(struct lb_request *req, void *arg)
 {
     struct close_job *j = arg;
+    struct lb_error err = {0};
 
+    if (session_bind_own(req, j->rsid, j->own_id, &j->own, &err) < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
     respond_activation(req, j->rsid, false, close_job_render, j);
 }
 
 /* Parse a close-shaped request ({"timeout_s"?} on a session) and defer a job that runs op
  * with it; what names the request in error messages. */
 static int defer_close_job(struct lb_request *req, const char *what,
-                           int (*op)(struct lb_activations *a, const char *rsid, int64_t timeout_ms,
-                                     char **text, size_t *len, struct lb_error *err),
+                           int (*op)(struct lb_activations *a, const char *rsid, const char *own,
+                                     int64_t timeout_ms, char **text, size_t *len,
+                                     struct lb_error *err),
                            struct lb_error *err)
 {
     static const char *const fields[] = {"timeout_s", NULL};
@@ -252,6 +292,8 @@ struct get_job {
     bool with_log;
     int64_t wait_ms; /* long-poll: 0 answers at once */
     bool follow;     /* Accept: application/x-ndjson: stream the output log (follow.c) */
+    const char *own; /* session_bind_own's */
+    char own_id[LB_ID_MAX];
 };
 
 static void get_job_free(void *arg)
@@ -319,8 +361,10 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     struct lb_activation_watch *w = NULL;
     struct lb_error err = {0};
     struct lb_stream *s;
-    int fd = -1, r = activation_open_log(app->acts, j->rsid, &fd, &err);
+    int fd = -1, r = session_bind_own(req, j->rsid, j->own_id, &j->own, &err);
 
+    if (r == 0)
+        r = activation_open_log(app->acts, j->rsid, j->own, &fd, &err);
     if (r == 0)
         r = activation_watch_begin(app->acts, j->rsid, &w, &err);
     if (r == 0 && !(s = http_stream_begin(req, 200, "application/x-ndjson")))
@@ -334,7 +378,7 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     }
     /* req is the stream's from here on */
     http_stream_keep(s);
-    (void)follows_add(app->follows, s, fd, j->rsid, w);
+    (void)follows_add(app->follows, s, fd, j->rsid, j->own, w);
 }
 
 static int get_render(struct lb_request *req, void *arg, char **text, size_t *len,
@@ -343,7 +387,7 @@ static int get_render(struct lb_request *req, void *arg, char **text, size_t *le
     struct get_job *j = arg;
     struct lb_app *app = http_app(req);
 
-    return activation_get_text(app->acts, j->rsid, j->with_log, text, len, err);
+    return activation_get_text(app->acts, j->rsid, j->own, j->with_log, text, len, err);
 }
 
 static void activation_get_run(struct lb_request *req, void *arg)
@@ -389,6 +433,11 @@ static void activation_get_run(struct lb_request *req, void *arg)
         }
     }
     /* rendered within the answer budget: its peak is reserved before the store is read */
+    r = session_bind_own(req, j->rsid, j->own_id, &j->own, &err);
+    if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
     respond_activation(req, j->rsid, j->with_log, get_render, j);
 }
 

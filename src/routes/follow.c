@@ -51,6 +51,7 @@ struct follow {
     char carry[4];
     size_t carry_len;
     char *rsid;
+    char *own;                         /* the activation rendered last (NULL: the session's) */
     struct lb_activation_watch *watch; /* NULL: nothing to wait for */
     bool ended;                        /* the harness ended: read the rest, then finish */
     struct follow *next;
@@ -74,6 +75,7 @@ static void follow_free(struct follow *f)
         close(f->fd);
     activation_watch_free(f->watch);
     free(f->rsid);
+    free(f->own);
     free(f);
 }
 
@@ -177,6 +179,7 @@ struct final_job {
     struct lb_app *app;
     struct lb_stream *stream;
     char *rsid;
+    char *own; /* activation_get_text's own */
 };
 
 static void final_run(void *arg)
@@ -194,7 +197,7 @@ static void final_run(void *arg)
                          "too many answer bytes in flight for the activation object: read it "
                          "with GET .../activation");
     if (r == 0)
-        r = activation_get_text(j->app->acts, j->rsid, false, &text, &len, &err);
+        r = activation_get_text(j->app->acts, j->rsid, j->own, false, &text, &len, &err);
     if (r < 0) {
         const char *code = "internal";
 
@@ -210,6 +213,7 @@ static void final_run(void *arg)
     http_stream_end(j->stream);
     http_stream_release(j->stream);
     free(j->rsid);
+    free(j->own);
     free(j);
 }
 
@@ -224,7 +228,9 @@ static void follow_finish(struct lb_follows *fs, struct follow *f)
         return;
     }
     j = calloc(1, sizeof(*j));
-    if (!j || !(j->rsid = strdup(f->rsid))) {
+    if (!j || !(j->rsid = strdup(f->rsid)) || (f->own && !(j->own = strdup(f->own)))) {
+        if (j)
+            free(j->rsid);
         free(j);
         follow_fail(f, "internal", "out of memory");
         return;
@@ -234,6 +240,7 @@ static void follow_finish(struct lb_follows *fs, struct follow *f)
     j->stream = f->stream;
     if (pool_submit(fs->app->pool, final_run, j) < 0) {
         free(j->rsid);
+        free(j->own);
         free(j);
         follow_fail(f, "overloaded", "the worker queue is full: read the activation with GET");
         return;
@@ -331,12 +338,14 @@ int follows_new(struct lb_app *app, struct lb_follows **out)
 }
 
 int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *rsid,
-                struct lb_activation_watch *w)
+                const char *own, struct lb_activation_watch *w)
 {
     struct follow *f = calloc(1, sizeof(*f));
     char path[64];
 
-    if (!f || !(f->rsid = strdup(rsid))) {
+    if (!f || !(f->rsid = strdup(rsid)) || (own && !(f->own = strdup(own)))) {
+        if (f)
+            free(f->rsid);
         free(f);
         close(fd);
         activation_watch_free(w);

@@ -209,8 +209,16 @@ void routes_respond_lend_id_num(struct lb_request *req,
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    int r = fn(app->lend, j->id, j->n, &out, &err);
+    bool held;
+    /* an operate token's renew or endpoint admitted before a reset acts in its own episode or
+     * not at all (an endpoint's relay made after the reset closed the old ones would reach the
+     * next episode's server) */
+    int r = routes_operate_enter(req, j->id, &held, &err);
 
+    if (r == 0) {
+        r = fn(app->lend, j->id, j->n, &out, &err);
+        routes_operate_leave(req, j->id, &held);
+    }
     routes_respond(req, r, 200, out, &err);
 }
 

@@ -61,10 +61,12 @@ struct lb_follows;
 int follows_new(struct lb_app *app, struct lb_follows **out);
 /* Follow fd (the log, owned from now on) into s (a kept stream, http_stream_keep: the
  * reference is the follower's), until watch (owned; NULL: the harness has ended) says the
- * harness ended; then the final line is written on app->pool and the stream ended. On failure
+ * harness ended; then the final line (activation_get_text of rsid and own, copied: an operate
+ * token's request renders its own activation or none) is written on app->pool and the stream
+ * ended. On failure
  * the stream is ended with an error line. Thread-safe. 0, -ENOMEM, -ESHUTDOWN. */
 int follows_add(struct lb_follows *fs, struct lb_stream *s, int fd, const char *rsid,
-                struct lb_activation_watch *watch);
+                const char *own, struct lb_activation_watch *watch);
 /* End every follow (an error line "draining") and the thread; later adds are ended at once.
  * Call before http_stop (and before pool_stop: no new final jobs). Idempotent, NULL-safe. */
 void follows_stop(struct lb_follows *fs);
@@ -156,7 +158,8 @@ struct routes_id_num_job *routes_id_num_job_new(const char *id, int64_t n);
 /* The job and its id (NULL: nothing); http_defer's free. */
 void routes_id_num_job_free(void *arg);
 /* A deferred job's run that asks lend one thing of the job's id and number (j: the job's
- * argument, borrowed): answers 200 with what fn made, or fn's error. */
+ * argument, borrowed): answers 200 with what fn made, or fn's error. An operate token's call
+ * runs inside the sandbox's fence (routes_operate_enter: 401 when a reset revoked it). */
 void routes_respond_lend_id_num(struct lb_request *req,
                                 int (*fn)(struct lb_lend *l, const char *id, int64_t n,
                                           json_t **out, struct lb_error *err),
@@ -245,14 +248,14 @@ int routes_spec_job_parse(struct lb_request *req, struct routes_spec_job *j, boo
 /* j's request and body (j itself, not NULL, is the caller's). */
 void routes_spec_job_release(struct routes_spec_job *j);
 
-/* For an operate-token request about to act in sandbox id (start a process, write a file,
- * pause it): hold id's operate-token fence as a writer (lend_fence_enter), then check the
- * token again (http_reauthorize), so a reset either waits for the act to start (its kill then
- * ends it) or has revoked the token first (401); an exclusive exec or a reset under way is
- * -EBUSY (409). *held says whether the fence is held (never for the admin's requests: 0 and
- * false): the caller leaves it with lend_fence_leave once the act has started or ended, or
- * hands it to lend_exec (lb_exec_params.fence_held). 0, or a negative errno with nothing
- * held. On the request's job thread. */
+/* For an operate-token request about to act in sandbox id (start a process, write or read a
+ * file, pause it, renew it, make an endpoint, read its activation): hold id's operate-token fence
+ * as a writer (lend_fence_enter), then check the token again (http_reauthorize), so a reset either
+ * waits for the act to start (its kill then ends it) or has revoked the token first (401); an
+ * exclusive exec or a reset under way is -EBUSY (409). *held says whether the fence is held (never
+ * for the admin's requests: 0 and false): the caller leaves it with lend_fence_leave once the act
+ * has started or ended, or hands it to lend_exec (lb_exec_params.fence_held). 0, or a negative
+ * errno with nothing held. On the request's job thread. */
 int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err);
 /* Leave what routes_operate_enter holds, if anything (clears *held). */
 void routes_operate_leave(struct lb_request *req, const char *id, bool *held);

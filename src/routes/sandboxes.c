@@ -781,8 +781,15 @@ static void file_get_run(struct lb_request *req, void *arg)
     uint64_t size = 0, first = 0, len;
     char header[96];
     int fd = -1;
-    int r = lend_file_open(app->lend, j->id, j->path, &fd, &size, &err);
+    bool held;
+    /* an operate token's read admitted before a reset opens a file of its own episode or
+     * none (401): the open is fenced, what it opened is read after */
+    int r = routes_operate_enter(req, j->id, &held, &err);
 
+    if (r == 0) {
+        r = lend_file_open(app->lend, j->id, j->path, &fd, &size, &err);
+        routes_operate_leave(req, j->id, &held);
+    }
     if (r < 0) {
         http_respond_error(req, &err);
         return;

@@ -24,7 +24,9 @@
  * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
  * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
  * sandbox's fence and checks its token again: routes_operate_enter), exec.spawn (a local
- * exec, its sandbox found not paused, right before its helper starts).
+ * exec, its sandbox found not paused, right before its helper starts), activation.bound (an
+ * operate token's request on its session's activation, the activation it may act on read
+ * under the fence, the fence left, before it acts).
  * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.

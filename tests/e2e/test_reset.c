@@ -982,12 +982,14 @@ END_TEST
 /* Acts of the old token admitted, their jobs started, but held right before they take the
  * sandbox's fence (fault operate.enter=hold:) while a whole reset runs: once let go, each
  * checks its token again under the fence and is refused (401), so none starts a process or
- * writes a file in the next episode: an exec, an upload, a PTY session, a pause, a harness's
- * execute. */
+ * writes a file in the next episode (an exec, an upload, a PTY session, a pause, a harness's
+ * execute), nor reads one of it (a file, an archive, the session's activation), renews its TTL
+ * or makes an endpoint relay to it (which the reset's close of the relays would miss). */
+#define LATE_ACTS 10
 START_TEST(test_reset_refuses_late_act)
 {
     struct late t;
-    struct lbt_async *jobs[5];
+    struct lbt_async *jobs[LATE_ACTS];
     struct lbt_resp r;
 
     LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
@@ -1002,11 +1004,17 @@ START_TEST(test_reset_refuses_late_act)
     jobs[4] = lbt_async_json(&F, "POST", "/v1/sessions/rs-reset-lateact/execute", t.old_tok,
                              "{\"argv\": [\"sh\", \"-c\", \"touch /tmp/late-harness; "
                              "sleep 3133.4242\"], \"wait\": false}");
-    wait_held(&F, "operate.enter", 5);
+    jobs[5] = late_begin(&t, "GET", "files?path=/etc/hostname", NULL);
+    jobs[6] = late_begin(&t, "GET", "archive?path=/tmp", NULL);
+    jobs[7] = late_begin(&t, "POST", "renew", "{\"ttl_s\": 86400}");
+    jobs[8] = late_begin(&t, "GET", "endpoints/8080", NULL);
+    jobs[9] =
+        lbt_async_json(&F, "GET", "/v1/sessions/rs-reset-lateact/activation", t.old_tok, NULL);
+    wait_held(&F, "operate.enter", LATE_ACTS);
     reset(&F, t.sbx, "", NULL, &r);
     late_reset_done(&t, &r);
     late_release(&t);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < LATE_ACTS; i++) {
         lbt_async_join(jobs[i], &r);
         ck_assert_msg(r.status == 401, "act %d of the old token: %ld %s", i, r.status, r.body);
         lbt_resp_free(&r);
@@ -1017,6 +1025,45 @@ START_TEST(test_reset_refuses_late_act)
     ck_assert_msg(r.status == 404, "the old token's execute left an activation: %ld %s", r.status,
                   r.body);
     lbt_resp_free(&r);
+    lbt_release_session(&F, t.rsid);
+}
+END_TEST
+
+/* A request of the old token on its session's activation acts on the activation its episode
+ * had, bound while its token was good (the GET here held at activation.bound, after the
+ * binding), never on the next episode's: after a reset and the next episode's harness it
+ * answers 401, not with that harness's activation (nor collects it). */
+START_TEST(test_reset_old_token_bound_activation)
+{
+    char next_act[64];
+    struct lbt_async *job;
+    struct lbt_resp r;
+    struct late t;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    late_start(&t, "activation.bound", "rs-reset-actbound");
+    lbt_json(&F, "POST", "/v1/sessions/rs-reset-actbound/execute", t.old_tok,
+             "{\"argv\": [\"sh\", \"-c\", \"exec sleep 3133.4242\"], \"wait\": false}", &r);
+    ck_assert_msg(r.status == 202, "the old episode's execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    job = lbt_async_json(&F, "GET", "/v1/sessions/rs-reset-actbound/activation", t.old_tok, NULL);
+    wait_held(&F, "activation.bound", 1);
+    reset(&F, t.sbx, "", NULL, &r);
+    late_reset_done(&t, &r);
+    lbt_json(&F, "POST", "/v1/sessions/rs-reset-actbound/execute", "",
+             "{\"argv\": [\"sh\", \"-c\", \"echo next > /workspace/n\"], \"collect\": "
+             "[\"/workspace/n\"], \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 202, "the next episode's execute: %ld %s", r.status, r.body);
+    snprintf(next_act, sizeof(next_act), "%s",
+             str(r.json, "activation_id") ? str(r.json, "activation_id") : "?");
+    lbt_resp_free(&r);
+    late_release(&t);
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status == 401 && !strstr(r.body, next_act),
+                  "the old token's GET of its activation: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    (void)unlink(t.hold);
     lbt_release_session(&F, t.rsid);
 }
 END_TEST
@@ -1247,6 +1294,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_late_exec);
     tcase_add_test(tc, test_reset_refuses_late_act);
+    tcase_add_test(tc, test_reset_old_token_bound_activation);
     tcase_add_test(tc, test_reset_thaws_for_late_exec);
     suite_add_tcase(s, tc);
     tc = tcase_create("review");
