@@ -390,7 +390,7 @@ int daemon_become_ready(struct daemon *d, struct lb_error *err)
 {
     struct lb_reconcile_stats rs;
     int64_t t0 = clock_mono_ms();
-    int r = sweeper_reconcile(d->lend, &rs, err);
+    int r = sweeper_reconcile(d->lend, (size_t)d->cfg.stop_concurrency, &rs, err);
 
     if (r < 0)
         return r;

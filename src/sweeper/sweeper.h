@@ -41,7 +41,15 @@ struct lb_reconcile_stats {
 };
 
 /* Startup reconciliation (before /readyz turns 200): adopt lent sandboxes that run, record the
- * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. */
-int sweeper_reconcile(struct lb_lend *l, struct lb_reconcile_stats *stats, struct lb_error *err);
+ * vanished ones, stop what should not run, stop this instance's unrecorded sandboxes. The
+ * provider is asked about (and stops) at most concurrency (>= 1) sandboxes at once, on threads
+ * started and joined here, when an engine provider (caps.engine_creates) has any of them: its
+ * call is a round trip (~1 s on an LXD cluster), so a restart with many instances does not ask
+ * about them one at a time; the local provider's are asked one after another (its answer is
+ * the daemon's own CPU, which threads only contend for). 0, or -EIO (store),
+ * -ENOMEM; per-sandbox failures are counted in *stats, their records kept for the retry loop.
+ * Blocks. */
+int sweeper_reconcile(struct lb_lend *l, size_t concurrency, struct lb_reconcile_stats *stats,
+                      struct lb_error *err);
 
 #endif
