@@ -23,6 +23,24 @@
 #define LBT_SANITIZED 1
 #endif
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define LBT_SANITIZED_THREAD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LBT_SANITIZED_THREAD 1
+#endif
+#endif
+/* How many times its own use the daemon's resident memory shows under the sanitizer it was
+ * built with (the tests are built the same way): ASan's shadow and quarantine about double it,
+ * TSan's shadow (as large as the memory it shadows) and its metadata about five times; a bound
+ * on its growth is this many times the release build's. */
+#if defined(LBT_SANITIZED_THREAD)
+#define LBT_RSS_FACTOR 5
+#elif defined(LBT_SANITIZED)
+#define LBT_RSS_FACTOR 2
+#else
+#define LBT_RSS_FACTOR 1
+#endif
 
 struct lbt_daemon {
     pid_t pid;

@@ -12,6 +12,7 @@
  */
 #include <curl/curl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,8 +261,8 @@ struct ndjson {
     pthread_mutex_t lock;
     char partial[65536];
     size_t plen;
-    json_t *lines; /* array */
-    volatile int stop;
+    json_t *lines;   /* array */
+    atomic_int stop; /* set by the test's thread, read by curl's callback */
     long status;
     char content_type[128];
     char url[512];
@@ -293,7 +294,7 @@ static size_t nd_write(char *p, size_t sz, size_t nmemb, void *ud)
 
 static int nd_progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
 {
-    return ((struct ndjson *)ud)->stop; /* non-zero: the client leaves */
+    return atomic_load(&((struct ndjson *)ud)->stop); /* non-zero: the client leaves */
 }
 
 static void *nd_main(void *arg)
@@ -356,7 +357,7 @@ START_TEST(test_events_stream)
     ck_assert_int_gt(json_integer_value(json_object_get(json_array_get(x->lines, 1), "seq")),
                      json_integer_value(json_object_get(json_array_get(x->lines, 0), "seq")));
     pthread_mutex_unlock(&x->lock);
-    x->stop = 1; /* the client leaves; the daemon drops the stream */
+    atomic_store(&x->stop, 1); /* the client leaves; the daemon drops the stream */
     pthread_join(x->thread, NULL);
     ck_assert_int_eq(x->status, 200);
     ck_assert_str_eq(x->content_type, "application/x-ndjson");

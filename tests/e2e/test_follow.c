@@ -388,12 +388,8 @@ START_TEST(test_unread_answers_bounded)
 {
     char big_tok[300], sbx[128], small_sbx[128], head[4096];
     int fds[N_UNREAD], ok = 0, busy = 0;
-    /* the answer budget (256 MiB) and room for the allocator; sanitizers' shadow doubles it */
-#ifdef LBT_SANITIZED
-    long base_kb, max_kb = 0, kb, bound_kb = 2 * (256 + 48) * 1024;
-#else
-    long base_kb, max_kb = 0, kb, bound_kb = (256 + 48) * 1024;
-#endif
+    /* the answer budget (256 MiB) and room for the allocator, times a sanitizer's shadow */
+    long base_kb, max_kb = 0, kb, bound_kb = LBT_RSS_FACTOR * (256 + 48) * 1024;
     struct lbt_resp r;
     json_t *lease, *res;
     double until;

@@ -141,9 +141,7 @@ START_TEST(test_concurrent_uploads_bounded_rss)
 
     ck_assert_ptr_nonnull(buf);
     ck_assert_int_gt(idle_kb, 0);
-#ifdef LBT_SANITIZED
-    bound_kb *= 2; /* shadow memory of what the daemon does touch */
-#endif
+    bound_kb *= LBT_RSS_FACTOR; /* a sanitizer's shadow memory of what the daemon does touch */
     lbt_fill_random(buf, len, 8);
     for (int i = 0; i < 8; i++) {
         puts[i].data = buf;
