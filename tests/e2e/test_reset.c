@@ -1029,6 +1029,21 @@ START_TEST(test_reset_refuses_late_act)
 }
 END_TEST
 
+/* The next episode's harness: the admin's execute of body in session rsid, answered want; its
+ * activation id into act (size bytes; "?" when it has none). */
+static void execute_next(struct lbt_daemon *d, const char *rsid, const char *body, long want,
+                         char *act, size_t size)
+{
+    char path[160];
+    struct lbt_resp r;
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/execute", rsid);
+    lbt_json(d, "POST", path, "", body, &r);
+    ck_assert_msg(r.status == want, "the next episode's execute: %ld %s", r.status, r.body);
+    snprintf(act, size, "%s", str(r.json, "activation_id") ? str(r.json, "activation_id") : "?");
+    lbt_resp_free(&r);
+}
+
 /* A request of the old token on its session's activation acts on the activation its episode
  * had, bound while its token was good (the GET here held at activation.bound, after the
  * binding), never on the next episode's: after a reset and the next episode's harness it
@@ -1050,14 +1065,10 @@ START_TEST(test_reset_old_token_bound_activation)
     wait_held(&F, "activation.bound", 1);
     reset(&F, t.sbx, "", NULL, &r);
     late_reset_done(&t, &r);
-    lbt_json(&F, "POST", "/v1/sessions/rs-reset-actbound/execute", "",
-             "{\"argv\": [\"sh\", \"-c\", \"echo next > /workspace/n\"], \"collect\": "
-             "[\"/workspace/n\"], \"wait\": false}",
-             &r);
-    ck_assert_msg(r.status == 202, "the next episode's execute: %ld %s", r.status, r.body);
-    snprintf(next_act, sizeof(next_act), "%s",
-             str(r.json, "activation_id") ? str(r.json, "activation_id") : "?");
-    lbt_resp_free(&r);
+    execute_next(&F, "rs-reset-actbound",
+                 "{\"argv\": [\"sh\", \"-c\", \"echo next > /workspace/n\"], \"collect\": "
+                 "[\"/workspace/n\"], \"wait\": false}",
+                 202, next_act, sizeof(next_act));
     late_release(&t);
     lbt_async_join(job, &r);
     ck_assert_msg(r.status == 401 && !strstr(r.body, next_act),
@@ -1158,14 +1169,10 @@ START_TEST(test_reset_old_execute_takes_next_activation)
         snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
         lbt_resp_free(&r);
         /* the next episode's harness, run to its end */
-        lbt_json(&D, "POST", "/v1/sessions/rs-reset-oldexe/execute", "",
-                 "{\"argv\": [\"sh\", \"-c\", \"echo next-episode-output; echo next > "
-                 "/workspace/n\"], \"collect\": [\"/workspace/n\"]}",
-                 &r);
-        ck_assert_msg(r.status == 200, "next episode's execute: %ld %s", r.status, r.body);
-        snprintf(next_act, sizeof(next_act), "%s",
-                 str(r.json, "activation_id") ? str(r.json, "activation_id") : "?");
-        lbt_resp_free(&r);
+        execute_next(&D, "rs-reset-oldexe",
+                     "{\"argv\": [\"sh\", \"-c\", \"echo next-episode-output; echo next > "
+                     "/workspace/n\"], \"collect\": [\"/workspace/n\"]}",
+                     200, next_act, sizeof(next_act));
         lbt_async_join(job, &r);
         if (r.body && strstr(r.body, next_act))
             leaked++;
