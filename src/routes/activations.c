@@ -149,31 +149,48 @@ int route_execute(struct lb_request *req, struct lb_error *err)
 
 /* ---------- close ---------- */
 
-/* An operate token's request on the session's activation acts on the one it was let act on
- * (*own = id, "": none), read under the sandbox's fence with the token checked again
- * (routes_operate_enter; 401 when a reset revoked it), so that after a reset it finds that one
- * gone (-ENOKEY) instead of acting on the next episode's; the admin's: *own NULL (the
- * session's, whichever it is). id: LB_ID_MAX bytes. */
-static int session_bind_own(struct lb_request *req, const char *rsid, char *id, const char **own,
-                            struct lb_error *err)
+/* What every job on a session's activation (close, stop_harness, GET) starts with. */
+struct act_job {
+    char *rsid;
+    const char *own; /* session_bind_own's: NULL, or own_id */
+    char own_id[LB_ID_MAX];
+};
+
+/* http_defer's free of a job that starts with a struct act_job. */
+static void act_job_free(void *arg)
 {
+    struct act_job *j = arg;
+
+    if (j)
+        free(j->rsid);
+    free(j);
+}
+
+/* An operate token's request on the session's activation acts on the one it was let act on
+ * (j->own = j->own_id, "": none), read under the sandbox's fence with the token checked again
+ * (routes_operate_enter; 401 when a reset revoked it), so that after a reset it finds that one
+ * gone (-ENOKEY) instead of acting on the next episode's; the admin's: j->own NULL (the
+ * session's, whichever it is). */
+static int session_bind_own(struct lb_request *req, struct act_job *j, struct lb_error *err)
+{
+    const char *rsid = j->rsid;
     struct lb_app *app = http_app(req);
     struct lb_record live = {0};
     bool held = false;
     int r = 0;
 
-    *own = NULL;
+    j->own = NULL;
     if (http_principal(req) != LB_PRINCIPAL_OPERATE)
         return 0;
     if (store_get_live_by_rsid(app->store, rsid, &live, NULL) == 0)
         r = routes_operate_enter(req, live.id, &held, err);
     if (r == 0)
-        r = activation_id_of(app->acts, rsid, id, LB_ID_MAX, err);
+        r = activation_id_of(app->acts, rsid, j->own_id, sizeof(j->own_id), err);
     if (held)
         routes_operate_leave(req, live.id, &held);
     store_record_release(&live);
     if (r == 0)
-        *own = id;
+        j->own = j->own_id;
     /* tests: a request bound to its activation, held while a reset replaces it */
     if (r == 0)
         r = fault_hit("activation.bound", 0, err);
@@ -182,22 +199,11 @@ static int session_bind_own(struct lb_request *req, const char *rsid, char *id, 
 
 /* A close-shaped request (close, stop_harness): op on the session's activation. */
 struct close_job {
-    char *rsid;
+    struct act_job a;   /* first: act_job_free */
     int64_t timeout_ms; /* 0: the activation's close_timeout_s */
     int (*op)(struct lb_activations *a, const char *rsid, const char *own, int64_t timeout_ms,
               char **text, size_t *len, struct lb_error *err);
-    const char *own; /* session_bind_own's */
-    char own_id[LB_ID_MAX];
 };
-
-static void close_job_free(void *arg)
-{
-    struct close_job *j = arg;
-
-    if (j)
-        free(j->rsid);
-    free(j);
-}
 
 /* Reserve what rendering the session's activation may hold (http_answer_reserve), then
  * answer with the text render makes. An activation collected by the call itself is larger
@@ -230,7 +236,7 @@ static int close_job_render(struct lb_request *req, void *arg, char **text, size
     struct close_job *j = arg;
     struct lb_app *app = http_app(req);
 
-    return j->op(app->acts, j->rsid, j->own, j->timeout_ms, text, len, err);
+    return j->op(app->acts, j->a.rsid, j->a.own, j->timeout_ms, text, len, err);
 }
 
 static void close_job_run(struct lb_request *req, void *arg)
@@ -238,11 +244,11 @@ static void close_job_run(struct lb_request *req, void *arg)
     struct close_job *j = arg;
     struct lb_error err = {0};
 
-    if (session_bind_own(req, j->rsid, j->own_id, &j->own, &err) < 0) {
+    if (session_bind_own(req, &j->a, &err) < 0) {
         http_respond_error(req, &err);
         return;
     }
-    respond_activation(req, j->rsid, false, close_job_render, j);
+    respond_activation(req, j->a.rsid, false, close_job_render, j);
 }
 
 /* Parse a close-shaped request ({"timeout_s"?} on a session) and defer a job that runs op
@@ -262,7 +268,7 @@ static int defer_close_job(struct lb_request *req, const char *what,
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
     j->op = op;
-    r = session_rsid(req, &j->rsid, err);
+    r = session_rsid(req, &j->a.rsid, err);
     if (r == 0)
         r = http_body_json(req, true, &body, err);
     if (r == 0)
@@ -273,11 +279,11 @@ static int defer_close_job(struct lb_request *req, const char *what,
                                  err);
     json_decref(body);
     if (r < 0) {
-        close_job_free(j);
+        act_job_free(j);
         return r;
     }
-    routes_serialize_session(req, j->rsid);
-    return http_defer(req, close_job_run, j, close_job_free, err);
+    routes_serialize_session(req, j->a.rsid);
+    return http_defer(req, close_job_run, j, act_job_free, err);
 }
 
 int route_close(struct lb_request *req, struct lb_error *err)
@@ -288,28 +294,17 @@ int route_close(struct lb_request *req, struct lb_error *err)
 /* ---------- activation ---------- */
 
 struct get_job {
-    char *rsid;
+    struct act_job a; /* first: act_job_free */
     bool with_log;
     int64_t wait_ms; /* long-poll: 0 answers at once */
     bool follow;     /* Accept: application/x-ndjson: stream the output log (follow.c) */
-    const char *own; /* session_bind_own's */
-    char own_id[LB_ID_MAX];
 };
-
-static void get_job_free(void *arg)
-{
-    struct get_job *j = arg;
-
-    if (j)
-        free(j->rsid);
-    free(j);
-}
 
 static struct get_job *get_job_copy(const struct get_job *j)
 {
     struct get_job *c = calloc(1, sizeof(*c));
 
-    if (c && !(c->rsid = strdup(j->rsid))) {
+    if (c && !(c->a.rsid = strdup(j->a.rsid))) {
         free(c);
         c = NULL;
     }
@@ -347,7 +342,7 @@ static void activation_get_parked(struct lb_request *req, void *arg, enum lb_par
         http_respond_error(req, &err);
         return;
     }
-    r = http_defer(req, activation_get_run, c, get_job_free, &err);
+    r = http_defer(req, activation_get_run, c, act_job_free, &err);
     if (r < 0)
         http_respond_error(req, &err);
 }
@@ -361,12 +356,12 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     struct lb_activation_watch *w = NULL;
     struct lb_error err = {0};
     struct lb_stream *s;
-    int fd = -1, r = session_bind_own(req, j->rsid, j->own_id, &j->own, &err);
+    int fd = -1, r = session_bind_own(req, &j->a, &err);
 
     if (r == 0)
-        r = activation_open_log(app->acts, j->rsid, j->own, &fd, &err);
+        r = activation_open_log(app->acts, j->a.rsid, j->a.own, &fd, &err);
     if (r == 0)
-        r = activation_watch_begin(app->acts, j->rsid, &w, &err);
+        r = activation_watch_begin(app->acts, j->a.rsid, &w, &err);
     if (r == 0 && !(s = http_stream_begin(req, 200, "application/x-ndjson")))
         r = lb_error_set(&err, -ENOMEM, "cannot begin the stream");
     if (r < 0) {
@@ -378,7 +373,7 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     }
     /* req is the stream's from here on */
     http_stream_keep(s);
-    (void)follows_add(app->follows, s, fd, j->rsid, j->own, w);
+    (void)follows_add(app->follows, s, fd, j->a.rsid, j->a.own, w);
 }
 
 static int get_render(struct lb_request *req, void *arg, char **text, size_t *len,
@@ -387,7 +382,7 @@ static int get_render(struct lb_request *req, void *arg, char **text, size_t *le
     struct get_job *j = arg;
     struct lb_app *app = http_app(req);
 
-    return activation_get_text(app->acts, j->rsid, j->own, j->with_log, text, len, err);
+    return activation_get_text(app->acts, j->a.rsid, j->a.own, j->with_log, text, len, err);
 }
 
 static void activation_get_run(struct lb_request *req, void *arg)
@@ -406,7 +401,7 @@ static void activation_get_run(struct lb_request *req, void *arg)
         /* a long-poll holds no worker while it waits: park it, and poll the record */
         struct lb_activation_watch *w = NULL;
 
-        r = activation_watch_begin(app->acts, j->rsid, &w, &err);
+        r = activation_watch_begin(app->acts, j->a.rsid, &w, &err);
         if (r == 0 && w) {
             struct get_job *c = get_job_copy(j);
             struct lb_park_poll poll = {
@@ -422,7 +417,7 @@ static void activation_get_run(struct lb_request *req, void *arg)
                 r = lb_error_set(&err, -ENOMEM, "out of memory");
             } else {
                 r = http_park_poll(req, clock_mono_ms() + j->wait_ms, &poll, activation_get_parked,
-                                   c, get_job_free, &err);
+                                   c, act_job_free, &err);
                 if (r == 0)
                     return; /* req is the park's now */
             }
@@ -433,12 +428,12 @@ static void activation_get_run(struct lb_request *req, void *arg)
         }
     }
     /* rendered within the answer budget: its peak is reserved before the store is read */
-    r = session_bind_own(req, j->rsid, j->own_id, &j->own, &err);
+    r = session_bind_own(req, &j->a, &err);
     if (r < 0) {
         http_respond_error(req, &err);
         return;
     }
-    respond_activation(req, j->rsid, j->with_log, get_render, j);
+    respond_activation(req, j->a.rsid, j->with_log, get_render, j);
 }
 
 int route_activation_get(struct lb_request *req, struct lb_error *err)
@@ -449,7 +444,7 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
 
     if (!j)
         return lb_error_set(err, -ENOMEM, "out of memory");
-    r = session_rsid(req, &j->rsid, err);
+    r = session_rsid(req, &j->a.rsid, err);
     {
         const char *accept = http_header(req, "Accept");
 
@@ -478,10 +473,10 @@ int route_activation_get(struct lb_request *req, struct lb_error *err)
         j->wait_ms = ms > app->max_wait_ms ? app->max_wait_ms : ms;
     }
     if (r < 0) {
-        get_job_free(j);
+        act_job_free(j);
         return r;
     }
-    return http_defer(req, activation_get_run, j, get_job_free, err);
+    return http_defer(req, activation_get_run, j, act_job_free, err);
 }
 
 /* ---------- stop_harness ---------- */
