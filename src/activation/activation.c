@@ -143,6 +143,22 @@ static int act_find(struct lb_activations *a, const char *rsid, const char *own,
                         rsid);
 }
 
+/* Re-read *act after a finalization: for a caller bound to it (own), by its id (one a reset
+ * removed is -ENOKEY, as own's revoked token); else the sandbox's activation, whichever it is. */
+static int act_reload_for(struct lb_activations *a, struct lb_activation *act, const char *own,
+                          struct lb_error *err)
+{
+    int r;
+
+    if (!own)
+        return act_reload(a, act->sandbox_id, act, err);
+    r = act_reload_own(a, act, err);
+    return r == -ENOENT ? lb_error_set(err, -ENOKEY,
+                                       "the harness activation this operate token was for is "
+                                       "gone (its sandbox was reset)")
+                        : r;
+}
+
 int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
                      struct lb_error *err)
 {
@@ -191,7 +207,7 @@ int activation_close(struct lb_activations *a, const char *rsid, const char *own
             timeout_ms = spec_ms(spec, "close_timeout_ms", 60000);
         r = act_finalize(a, act.sandbox_id, act.id, FIN_CLOSE, timeout_ms, err);
         if (r == 0)
-            r = act_reload_own(a, &act, err);
+            r = act_reload_for(a, &act, own, err);
     }
     if (r == 0) {
         raw = act.artifacts_json; /* spliced in, not parsed */
@@ -231,12 +247,12 @@ struct lb_activation_watch {
     enum lb_act_state state;
 };
 
-int activation_watch_begin(struct lb_activations *a, const char *rsid,
+int activation_watch_begin(struct lb_activations *a, const char *rsid, const char *own,
                            struct lb_activation_watch **out, struct lb_error *err)
 {
     struct lb_activation act = {0};
     struct lb_activation_watch *w = NULL;
-    int r = act_find(a, rsid, NULL, &act, err);
+    int r = act_find(a, rsid, own, &act, err);
 
     *out = NULL;
     if (r < 0)
@@ -312,7 +328,7 @@ static int act_get(struct lb_activations *a, const char *rsid, const char *own, 
             log_warn("activation %s: collecting after the harness ended failed: %s", act.id,
                      ferr.message);
         json_decref(held);
-        r = act_reload_own(a, &act, err);
+        r = act_reload_for(a, &act, own, err);
         if (r < 0)
             goto out;
     }

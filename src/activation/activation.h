@@ -113,6 +113,8 @@ int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool wit
  * stderr. Blocks on the provider briefly (a worker's job). -ENOENT (404): no activation, or
  * it is closed or its sandbox stopped (the record keeps the log's tail), or no log yet; own as
  * activation_close's (-ENOKEY). */
+int activation_open_log(struct lb_activations *a, const char *rsid, const char *own, int *fd,
+                        struct lb_error *err);
 
 /* The id of the session's activation (of its lent sandbox, else its newest) into id (size
  * bytes; LB_ID_MAX fits any), "" when it has none: what an operate token's request holds as
@@ -120,8 +122,6 @@ int activation_answer_bytes(struct lb_activations *a, const char *rsid, bool wit
  * or -EIO (store). Thread-safe. */
 int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
                      struct lb_error *err);
-int activation_open_log(struct lb_activations *a, const char *rsid, const char *own, int *fd,
-                        struct lb_error *err);
 
 /* A long-poll's watch on the session's activation, for waiting without a worker (the route
  * parks the request and polls activation_watch_changed). */
@@ -130,8 +130,9 @@ struct lb_activation_watch;
 /* Snapshot the session's activation (as activation_get_text finds it). *out (the caller's, freed
  * with activation_watch_free) is NULL when there is nothing to wait for: the harness has ended,
  * or the daemon drains; then answer at once. Reads the store and the receipt file; never waits
- * on a provider. Errors as activation_get_text (-ENOENT: no activation). Thread-safe. */
-int activation_watch_begin(struct lb_activations *a, const char *rsid,
+ * on a provider. Errors as activation_get_text (-ENOENT: no activation; own as
+ * activation_close's, -ENOKEY). Thread-safe. */
+int activation_watch_begin(struct lb_activations *a, const char *rsid, const char *own,
                            struct lb_activation_watch **out, struct lb_error *err);
 /* True once the harness ended (receipt), the record's state changed, another activation took
  * its place, the sandbox stopped or the daemon drains. Quick (a store read and a receipt

@@ -20,7 +20,9 @@
 
 /* ---------- renewal ---------- */
 
-int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s, json_t **out, struct lb_error *err)
+int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s,
+               int (*recheck)(void *ctx, struct lb_error *err), void *ctx, json_t **out,
+               struct lb_error *err)
 {
     struct lend_session_lock *lock = NULL;
     struct lb_record rec = {0};
@@ -36,6 +38,8 @@ int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s, json_t **out, s
     /* under the session's lock: the sweeper's TTL stop re-reads the record under it, so a
      * renewal either comes before its check or finds the sandbox stopped */
     r = lend_record_get_locked(l, id, &rec, &lock, err);
+    if (r == 0 && recheck)
+        r = recheck(ctx, err);
     if (r < 0)
         goto out;
     expires = clock_now_s() + ttl_s;

@@ -154,11 +154,16 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
 
 /* POST /v1/sandboxes/{id}/renew: lent sandbox id now expires ttl_s seconds from now (capped at
  * max_ttl_s as a seed's ttl_s is), recorded in the store. *out is {"sandbox_id", "expires_at"}
- * (RFC 3339 as the lease's). -EINVAL (400) for ttl_s <= 0, -ENOENT (404) for a sandbox that is
- * unknown, not lent (starting, stopping, stopped) or past its TTL already, -EBUSY (409) when its
- * session stays busy (session_lock_wait_s), -ENOSPC/-EIO from the store. Takes the session's
- * lock (the TTL sweep's order); no provider call. Thread-safe. */
-int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s, json_t **out,
+ * (RFC 3339 as the lease's). recheck (NULL: none) is called with ctx under the session's lock,
+ * before anything is recorded, and its error returned: an operate token's renew checks its
+ * token again there, so one a reset (which holds that lock) revoked while the renew waited
+ * answers 401 and does not lengthen the next episode's TTL. -EINVAL (400) for ttl_s <= 0,
+ * -ENOENT (404) for a sandbox that is unknown, not lent (starting, stopping, stopped) or past
+ * its TTL already, -EBUSY (409) when its session stays busy (session_lock_wait_s), -ENOSPC/-EIO
+ * from the store. Takes the session's lock (the TTL sweep's order); no provider call.
+ * Thread-safe. */
+int lend_renew(struct lb_lend *l, const char *id, int64_t ttl_s,
+               int (*recheck)(void *ctx, struct lb_error *err), void *ctx, json_t **out,
                struct lb_error *err);
 
 /* Note activity on sandbox id (a PTY or activation request that does not go through lend_exec
@@ -247,6 +252,12 @@ int lend_fence_raise_stalled(struct lb_lend *l, const char *id, lend_fence_stall
 void lend_fence_lower(struct lb_lend *l, const char *id);
 int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err);
 void lend_fence_leave(struct lb_lend *l, const char *id);
+/* enter/leave for an operate-token read the daemon does itself (a file opened, an archive made,
+ * an activation looked up, an endpoint's relay made): a raise waits for it as for a write, but
+ * never calls its stall hook for it (a paused sandbox cannot hold a read up), so a read in
+ * flight cannot make a snapshot or a close give up with 409. Errors as enter. */
+int lend_fence_enter_read(struct lb_lend *l, const char *id, struct lb_error *err);
+void lend_fence_leave_read(struct lb_lend *l, const char *id);
 
 int lend_file_write(struct lb_lend *l, const char *id, const char *path, const void *data,
                     size_t len, int mode, struct lb_error *err);

@@ -45,6 +45,7 @@ struct lend_fence {
     char *id;
     int exclusive;  /* exclusive execs of the sandbox under way */
     int writers;    /* operate-token writes in progress (lend_fence_enter) */
+    int readers;    /* operate-token reads in progress (lend_fence_enter_read) */
     char since[32]; /* when the fence went up, ISO 8601 UTC */
     UT_hash_handle hh;
 };

@@ -155,7 +155,7 @@ static struct lend_fence *fence_get(struct lb_lend *l, const char *id, bool make
 /* Forget f when nothing holds it. fence_mutex held. */
 static void fence_put(struct lb_lend *l, struct lend_fence *f)
 {
-    if (f->exclusive > 0 || f->writers > 0)
+    if (f->exclusive > 0 || f->writers > 0 || f->readers > 0)
         return;
     HASH_DEL(l->fences, f);
     free(f->id);
@@ -188,7 +188,8 @@ int lend_fence_raise_stalled(struct lb_lend *l, const char *id, lend_fence_stall
     }
     if (f->exclusive++ == 0)
         clock_format_rfc3339(clock_now_s(), f->since, sizeof(f->since));
-    while (f->writers > 0) {
+    /* a read is the daemon's own bounded work: waited for, never a stall */
+    while (f->writers > 0 || f->readers > 0) {
         struct timespec until = clock_realtime_after_ms(FENCE_STALL_MS);
 
         if (pthread_cond_timedwait(&l->fence_cond, &l->fence_mutex, &until) != ETIMEDOUT ||
@@ -241,18 +242,24 @@ int lend_fence_raise(struct lb_lend *l, const char *id, struct lb_error *err)
     return lend_fence_raise_stalled(l, id, fence_stall_paused, &c, err);
 }
 
-/* One exclusive exec (exclusive) or one writer leaves id's fence; the last writer out wakes an
- * exclusive exec waiting in lend_fence_raise. */
-static void fence_drop(struct lb_lend *l, const char *id, bool exclusive)
+enum fence_role { FENCE_EXCLUSIVE, FENCE_WRITER, FENCE_READER };
+
+/* One exclusive exec, writer or reader leaves id's fence; the last writer or reader out wakes
+ * an exclusive exec waiting in lend_fence_raise. */
+static void fence_drop(struct lb_lend *l, const char *id, enum fence_role role)
 {
     struct lend_fence *f;
 
     pthread_mutex_lock(&l->fence_mutex);
     f = fence_get(l, id, false);
     if (f) {
-        if (exclusive)
+        if (role == FENCE_EXCLUSIVE)
             f->exclusive--;
-        else if (--f->writers == 0)
+        else if (role == FENCE_WRITER)
+            f->writers--;
+        else
+            f->readers--;
+        if (role != FENCE_EXCLUSIVE && f->writers == 0 && f->readers == 0)
             pthread_cond_broadcast(&l->fence_cond);
         fence_put(l, f);
     }
@@ -261,7 +268,7 @@ static void fence_drop(struct lb_lend *l, const char *id, bool exclusive)
 
 void lend_fence_lower(struct lb_lend *l, const char *id)
 {
-    fence_drop(l, id, true);
+    fence_drop(l, id, FENCE_EXCLUSIVE);
 }
 
 int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err)
@@ -277,7 +284,8 @@ int lend_fence_check(struct lb_lend *l, const char *id, struct lb_error *err)
     return r;
 }
 
-int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
+static int fence_enter(struct lb_lend *l, const char *id, enum fence_role role,
+                       struct lb_error *err)
 {
     struct lend_fence *f;
     int r = 0;
@@ -288,15 +296,32 @@ int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
         r = lb_error_set(err, -ENOMEM, "out of memory");
     else if (f->exclusive > 0)
         r = fence_refuse(f, err);
-    else
+    else if (role == FENCE_WRITER)
         f->writers++;
+    else
+        f->readers++;
     pthread_mutex_unlock(&l->fence_mutex);
     return r;
 }
 
+int lend_fence_enter(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    return fence_enter(l, id, FENCE_WRITER, err);
+}
+
 void lend_fence_leave(struct lb_lend *l, const char *id)
 {
-    fence_drop(l, id, false);
+    fence_drop(l, id, FENCE_WRITER);
+}
+
+int lend_fence_enter_read(struct lb_lend *l, const char *id, struct lb_error *err)
+{
+    return fence_enter(l, id, FENCE_READER, err);
+}
+
+void lend_fence_leave_read(struct lb_lend *l, const char *id)
+{
+    fence_drop(l, id, FENCE_READER);
 }
 
 /* ---------- per-sandbox operations ---------- */

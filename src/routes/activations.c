@@ -183,11 +183,11 @@ static int session_bind_own(struct lb_request *req, struct act_job *j, struct lb
     if (http_principal(req) != LB_PRINCIPAL_OPERATE)
         return 0;
     if (store_get_live_by_rsid(app->store, rsid, &live, NULL) == 0)
-        r = routes_operate_enter(req, live.id, &held, err);
+        r = routes_operate_enter_read(req, live.id, &held, err);
     if (r == 0)
         r = activation_id_of(app->acts, rsid, j->own_id, sizeof(j->own_id), err);
     if (held)
-        routes_operate_leave(req, live.id, &held);
+        routes_operate_leave_read(req, live.id, &held);
     store_record_release(&live);
     if (r == 0)
         j->own = j->own_id;
@@ -361,7 +361,7 @@ static void activation_follow_start(struct lb_request *req, struct get_job *j)
     if (r == 0)
         r = activation_open_log(app->acts, j->a.rsid, j->a.own, &fd, &err);
     if (r == 0)
-        r = activation_watch_begin(app->acts, j->a.rsid, &w, &err);
+        r = activation_watch_begin(app->acts, j->a.rsid, j->a.own, &w, &err);
     if (r == 0 && !(s = http_stream_begin(req, 200, "application/x-ndjson")))
         r = lb_error_set(&err, -ENOMEM, "cannot begin the stream");
     if (r < 0) {
@@ -396,12 +396,17 @@ static void activation_get_run(struct lb_request *req, void *arg)
         activation_follow_start(req, j);
         return;
     }
-
+    /* an operate token's GET (and its long-poll) is of its episode's activation only */
+    r = session_bind_own(req, &j->a, &err);
+    if (r < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
     if (j->wait_ms > 0) {
         /* a long-poll holds no worker while it waits: park it, and poll the record */
         struct lb_activation_watch *w = NULL;
 
-        r = activation_watch_begin(app->acts, j->a.rsid, &w, &err);
+        r = activation_watch_begin(app->acts, j->a.rsid, j->a.own, &w, &err);
         if (r == 0 && w) {
             struct get_job *c = get_job_copy(j);
             struct lb_park_poll poll = {
@@ -428,11 +433,6 @@ static void activation_get_run(struct lb_request *req, void *arg)
         }
     }
     /* rendered within the answer budget: its peak is reserved before the store is read */
-    r = session_bind_own(req, &j->a, &err);
-    if (r < 0) {
-        http_respond_error(req, &err);
-        return;
-    }
     respond_activation(req, j->a.rsid, j->with_log, get_render, j);
 }
 

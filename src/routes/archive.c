@@ -266,11 +266,11 @@ static void archive_get_run(struct lb_request *req, void *arg)
     }
     /* an operate token's archive admitted before a reset holds its own episode's files or
      * none (401): the fence is held while the archive is made (bounded by max_file_bytes) */
-    r = routes_operate_enter(req, j->id, &held, &err);
+    r = routes_operate_enter_read(req, j->id, &held, &err);
     if (r == 0) {
         r = lend_archive_get(app->lend, j->id, j->dir, fd, (uint64_t)app->max_file_bytes, &res,
                              &err);
-        routes_operate_leave(req, j->id, &held);
+        routes_operate_leave_read(req, j->id, &held);
     }
     if (r == 0 && lseek(fd, 0, SEEK_SET) < 0)
         r = lb_error_set(&err, -EIO, "cannot read the archive back: %s", strerror(errno));

@@ -15,7 +15,18 @@ static int endpoint_of(struct lb_lend *l, const char *id, int64_t port, json_t *
 
 static void endpoint_run(struct lb_request *req, void *arg)
 {
-    routes_respond_lend_id_num(req, endpoint_of, arg);
+    const struct routes_id_num_job *j = arg;
+    struct lb_error err = {0};
+    bool held;
+
+    /* an operate token's endpoint admitted before a reset makes its relay in its own episode or
+     * none (401): one made after the reset closed the old ones would reach the next episode */
+    if (routes_operate_enter_read(req, j->id, &held, &err) < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
+    routes_respond_lend_id_num(req, endpoint_of, j);
+    routes_operate_leave_read(req, j->id, &held);
 }
 
 int route_endpoint(struct lb_request *req, struct lb_error *err)

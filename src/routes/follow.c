@@ -51,7 +51,7 @@ struct follow {
     char carry[4];
     size_t carry_len;
     char *rsid;
-    char *own;                         /* the activation rendered last (NULL: the session's) */
+    char *own;                         /* the activation bound to (NULL: the session's) */
     struct lb_activation_watch *watch; /* NULL: nothing to wait for */
     bool ended;                        /* the harness ended: read the rest, then finish */
     struct follow *next;

@@ -209,20 +209,13 @@ void routes_respond_lend_id_num(struct lb_request *req,
     struct lb_app *app = http_app(req);
     struct lb_error err = {0};
     json_t *out = NULL;
-    bool held;
-    /* an operate token's renew or endpoint admitted before a reset acts in its own episode or
-     * not at all (an endpoint's relay made after the reset closed the old ones would reach the
-     * next episode's server) */
-    int r = routes_operate_enter(req, j->id, &held, &err);
+    int r = fn(app->lend, j->id, j->n, &out, &err);
 
-    if (r == 0) {
-        r = fn(app->lend, j->id, j->n, &out, &err);
-        routes_operate_leave(req, j->id, &held);
-    }
     routes_respond(req, r, 200, out, &err);
 }
 
-int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err)
+static int operate_enter(struct lb_request *req, const char *id, bool read, bool *held,
+                         struct lb_error *err)
 {
     struct lb_app *app = http_app(req);
     int r;
@@ -234,23 +227,44 @@ int routes_operate_enter(struct lb_request *req, const char *id, bool *held, str
     r = fault_hit("operate.enter", 0, err);
     if (r < 0)
         return r;
-    r = lend_fence_enter(app->lend, id, err);
+    r = read ? lend_fence_enter_read(app->lend, id, err) : lend_fence_enter(app->lend, id, err);
     if (r < 0)
         return r;
     /* the fence held, no reset can begin: a token still good now stays good until the leave */
     r = http_reauthorize(req, err);
     if (r < 0) {
-        lend_fence_leave(app->lend, id);
+        if (read)
+            lend_fence_leave_read(app->lend, id);
+        else
+            lend_fence_leave(app->lend, id);
         return r;
     }
     *held = true;
     return 0;
 }
 
+int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err)
+{
+    return operate_enter(req, id, false, held, err);
+}
+
 void routes_operate_leave(struct lb_request *req, const char *id, bool *held)
 {
     if (*held)
         lend_fence_leave(((struct lb_app *)http_app(req))->lend, id);
+    *held = false;
+}
+
+int routes_operate_enter_read(struct lb_request *req, const char *id, bool *held,
+                              struct lb_error *err)
+{
+    return operate_enter(req, id, true, held, err);
+}
+
+void routes_operate_leave_read(struct lb_request *req, const char *id, bool *held)
+{
+    if (*held)
+        lend_fence_leave_read(((struct lb_app *)http_app(req))->lend, id);
     *held = false;
 }
 

@@ -158,8 +158,7 @@ struct routes_id_num_job *routes_id_num_job_new(const char *id, int64_t n);
 /* The job and its id (NULL: nothing); http_defer's free. */
 void routes_id_num_job_free(void *arg);
 /* A deferred job's run that asks lend one thing of the job's id and number (j: the job's
- * argument, borrowed): answers 200 with what fn made, or fn's error. An operate token's call
- * runs inside the sandbox's fence (routes_operate_enter: 401 when a reset revoked it). */
+ * argument, borrowed): answers 200 with what fn made, or fn's error. */
 void routes_respond_lend_id_num(struct lb_request *req,
                                 int (*fn)(struct lb_lend *l, const char *id, int64_t n,
                                           json_t **out, struct lb_error *err),
@@ -248,8 +247,8 @@ int routes_spec_job_parse(struct lb_request *req, struct routes_spec_job *j, boo
 /* j's request and body (j itself, not NULL, is the caller's). */
 void routes_spec_job_release(struct routes_spec_job *j);
 
-/* For an operate-token request about to act in sandbox id (start a process, write or read a
- * file, pause it, renew it, make an endpoint, read its activation): hold id's operate-token fence
+/* For an operate-token request about to act in sandbox id (start a process, write a file,
+ * pause it): hold id's operate-token fence
  * as a writer (lend_fence_enter), then check the token again (http_reauthorize), so a reset either
  * waits for the act to start (its kill then ends it) or has revoked the token first (401); an
  * exclusive exec or a reset under way is -EBUSY (409). *held says whether the fence is held (never
@@ -259,6 +258,14 @@ void routes_spec_job_release(struct routes_spec_job *j);
 int routes_operate_enter(struct lb_request *req, const char *id, bool *held, struct lb_error *err);
 /* Leave what routes_operate_enter holds, if anything (clears *held). */
 void routes_operate_leave(struct lb_request *req, const char *id, bool *held);
+/* routes_operate_enter/leave for an operate-token read the daemon does itself (open a file,
+ * make an archive, look up the session's activation, make an endpoint's relay): held as a
+ * reader (lend_fence_enter_read: a raise waits for it but a paused sandbox is no reason to give
+ * up), so a reset either waits for the read or has revoked the token (401); what the read
+ * opened is its own episode's. */
+int routes_operate_enter_read(struct lb_request *req, const char *id, bool *held,
+                              struct lb_error *err);
+void routes_operate_leave_read(struct lb_request *req, const char *id, bool *held);
 
 /* Serialise the request's deferred job with every other seed, release, close and delete of
  * resources session rsid (http_set_serial_key): a waiting one holds no worker. */

@@ -10,6 +10,7 @@
 #include "image/image.h"
 #include "provider/provider.h"
 #include "routes/routes.h"
+#include "util/fault.h"
 #include "util/token.h"
 #include "util/utf8.h"
 
@@ -190,9 +191,28 @@ int route_resume(struct lb_request *req, struct lb_error *err)
 
 /* ---------- renew ---------- */
 
+/* lend_renew's recheck: an operate token's renew checks its token again under the session's
+ * lock, which a reset holds (a fence here would wait for a release's close while the release
+ * holds that lock). */
+static int renew_recheck(void *ctx, struct lb_error *err)
+{
+    struct lb_request *req = ctx;
+
+    return http_principal(req) == LB_PRINCIPAL_OPERATE ? http_reauthorize(req, err) : 0;
+}
+
 static void renew_run(struct lb_request *req, void *arg)
 {
-    routes_respond_lend_id_num(req, lend_renew, arg);
+    const struct routes_id_num_job *j = arg;
+    struct lb_error err = {0};
+    json_t *out = NULL;
+    /* tests: an operate token's renew held before its re-check, as the fenced acts are */
+    int r = http_principal(req) == LB_PRINCIPAL_OPERATE ? fault_hit("operate.enter", 0, &err) : 0;
+
+    if (r == 0)
+        r = lend_renew(((struct lb_app *)http_app(req))->lend, j->id, j->n, renew_recheck, req,
+                       &out, &err);
+    routes_respond(req, r, 200, out, &err);
 }
 
 int route_renew(struct lb_request *req, struct lb_error *err)
@@ -784,11 +804,11 @@ static void file_get_run(struct lb_request *req, void *arg)
     bool held;
     /* an operate token's read admitted before a reset opens a file of its own episode or
      * none (401): the open is fenced, what it opened is read after */
-    int r = routes_operate_enter(req, j->id, &held, &err);
+    int r = routes_operate_enter_read(req, j->id, &held, &err);
 
     if (r == 0) {
         r = lend_file_open(app->lend, j->id, j->path, &fd, &size, &err);
-        routes_operate_leave(req, j->id, &held);
+        routes_operate_leave_read(req, j->id, &held);
     }
     if (r < 0) {
         http_respond_error(req, &err);

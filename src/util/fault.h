@@ -23,7 +23,8 @@
  * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
  * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
  * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
- * sandbox's fence and checks its token again: routes_operate_enter), exec.spawn (a local
+ * sandbox's fence and checks its token again: routes_operate_enter; a renew, before it takes
+ * the session's lock and checks its token again there), exec.spawn (a local
  * exec, its sandbox found not paused, right before its helper starts), activation.bound (an
  * operate token's request on its session's activation, the activation it may act on read
  * under the fence, the fence left, before it acts).

@@ -1029,6 +1029,52 @@ START_TEST(test_reset_refuses_late_act)
 }
 END_TEST
 
+/* Review: an old-token renew must not hold up a release whose close is stopping the harness.
+ * A renew that took the sandbox's fence as a writer and then waited for the session's lock,
+ * which the release holds while its close waits for the fence's writers, made both wait out
+ * lending.session_lock_wait_s and answered 409 "busy". The renew waits for the release and then
+ * finds the sandbox released (404, or 401 for its token), never 409. */
+START_TEST(test_reset_renew_during_release)
+{
+    const char *args[] = {"--set", "lending.session_lock_wait_s=8", NULL};
+    char path[200], tok[256], sbx[LBT_ID_MAX];
+    struct lbt_async *rel;
+    struct lbt_resp r;
+    json_t *lease;
+    bool closing = false;
+
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-renew-release", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    /* a harness that ignores SIGTERM: the release's close takes seconds to stop it */
+    lbt_json(&F, "POST", "/v1/sessions/rs-renew-release/execute", tok,
+             "{\"argv\": [\"sh\", \"-c\", \"trap '' TERM; exec sleep 3133.4242\"], "
+             "\"close_timeout_s\": 6, \"wait\": false}",
+             &r);
+    ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    rel = lbt_async_json(&F, "POST", "/v1/sessions/rs-renew-release/release", F.admin_token, NULL);
+    for (int i = 0; i < 1200 && !closing; i++) { /* the release's close is stopping it */
+        lbt_json(&F, "GET", "/v1/sessions/rs-renew-release/activation", "", NULL, &r);
+        closing = r.status == 200 && r.body && strstr(r.body, "\"state\":\"closing\"");
+        lbt_resp_free(&r);
+        if (!closing)
+            lbt_sleep_ms(10);
+    }
+    ck_assert_msg(closing, "the release never began to close the harness");
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/renew", sbx);
+    lbt_json(&F, "POST", path, tok, "{\"ttl_s\": 600}", &r);
+    ck_assert_msg(r.status == 404 || r.status == 401 || r.status == 410,
+                  "the renew during the release's close: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_async_join(rel, &r);
+    ck_assert_msg(r.status == 200, "release: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+}
+END_TEST
+
 /* The next episode's harness: the admin's execute of body in session rsid, answered want; its
  * activation id into act (size bytes; "?" when it has none). */
 static void execute_next(struct lbt_daemon *d, const char *rsid, const char *body, long want,
@@ -1302,6 +1348,7 @@ int main(void)
     tcase_add_test(tc, test_reset_late_exec);
     tcase_add_test(tc, test_reset_refuses_late_act);
     tcase_add_test(tc, test_reset_old_token_bound_activation);
+    tcase_add_test(tc, test_reset_renew_during_release);
     tcase_add_test(tc, test_reset_thaws_for_late_exec);
     suite_add_tcase(s, tc);
     tc = tcase_create("review");
