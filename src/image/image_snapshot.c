@@ -76,7 +76,8 @@ int image_snapshot_publish(const char *images_dir, const char *work, const char 
                            const char *base, const char *source_id, bool flattened, bool hidden,
                            json_t *labels, struct lb_image_info *out, struct lb_error *err)
 {
-    char hex[65], base_hex[65], p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
+    /* base_hex stays "" when no base is loaded (an engine's own image) */
+    char hex[65], base_hex[65] = "", p[IMAGE_PATH_MAX + 128], stored[IMAGE_PATH_MAX + 128];
     unsigned char rnd[32];
     json_t *bj = NULL, *info = NULL, *engine = NULL;
     const char *root = NULL;
