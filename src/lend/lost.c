@@ -46,6 +46,15 @@ static bool provider_says_gone(struct lb_lend *l, const struct lb_record *r)
     return gone;
 }
 
+/* Do records a and b of one sandbox name different sandboxes of the provider (a reset made it
+ * again between the two reads)? */
+static bool descriptor_changed(const struct lb_record *a, const struct lb_record *b)
+{
+    if (!a->descriptor_json || !b->descriptor_json)
+        return !a->descriptor_json != !b->descriptor_json;
+    return strcmp(a->descriptor_json, b->descriptor_json) != 0;
+}
+
 /* The provider says sandbox id is gone: re-read its record under its session's lock (taken
  * only if free: its holder, a release or a seed, may be what ended it) and, while it still
  * says lent, stop it with reason lost. Returns true when the record says lost afterwards (or
@@ -62,6 +71,12 @@ static bool lost_confirm(struct lb_lend *l, const struct lb_record *seen, const 
     if (cur.state == LB_STATE_LENT && lend_record_resetting(&cur))
         goto out; /* a reset tears it down and makes it again: not lost (a crashed reset is
                      the start-up's) */
+    /* seen may be older than a reset that made it again since (a sandbox of no session is
+     * reset under no lock of ours): its dead init was the old one; ask about the one the record
+     * names now */
+    if (cur.state == LB_STATE_LENT && descriptor_changed(seen, &cur) &&
+        !provider_says_gone(l, &cur))
+        goto out;
     if (cur.state == LB_STATE_LENT && locked) {
         log_warn_sbx(cur.id,
                      "sandbox %s was lost (%s): its init died outside lendbox's control; "

@@ -18,7 +18,17 @@
 
 static void sandbox_get_run(struct lb_request *req, void *arg)
 {
+    struct lb_error err = {0};
+    bool held;
+
+    /* an operate token's status admitted before a reset is its episode's or none (401): the
+     * next episode's usage, expiry and activity are not the old token's to see */
+    if (routes_operate_enter_read(req, arg, &held, &err) < 0) {
+        http_respond_error(req, &err);
+        return;
+    }
     routes_respond_lend_id(req, lend_sandbox_status, arg);
+    routes_operate_leave_read(req, arg, &held);
 }
 
 static int sandbox_defer_with_id(struct lb_request *req, lb_http_job_fn fn, struct lb_error *err)

@@ -855,12 +855,12 @@ static void late_check_clean(struct late *t, const char *paths)
              "done; echo done",
              paths);
     out = sh_tok(&F, t->sbx, t->tok, cmd);
-    (void)unlink(t->hold);
+    snprintf(t->path, sizeof(t->path), "/v1/sandboxes/%s", t->sbx);
+    lbt_json(&F, "GET", t->path, t->tok, NULL, &r);
+    (void)unlink(t->hold); /* the new token's calls above pass the fault point too */
     ck_assert_msg(strcmp(out, "done\n") == 0, "the old token's acts reached the next episode: %s",
                   out);
     free(out);
-    snprintf(t->path, sizeof(t->path), "/v1/sandboxes/%s", t->sbx);
-    lbt_json(&F, "GET", t->path, t->tok, NULL, &r);
     ck_assert_int_eq(r.status, 200);
     ck_assert_str_eq(str(r.json, "status"), "running");
     lbt_resp_free(&r);
@@ -984,8 +984,9 @@ END_TEST
  * checks its token again under the fence and is refused (401), so none starts a process or
  * writes a file in the next episode (an exec, an upload, a PTY session, a pause, a harness's
  * execute), nor reads one of it (a file, an archive, the session's activation), renews its TTL
- * or makes an endpoint relay to it (which the reset's close of the relays would miss). */
-#define LATE_ACTS 10
+ * or makes an endpoint relay to it (which the reset's close of the relays would miss), nor
+ * reads its status (usage, expiry). */
+#define LATE_ACTS 11
 START_TEST(test_reset_refuses_late_act)
 {
     struct late t;
@@ -1010,6 +1011,8 @@ START_TEST(test_reset_refuses_late_act)
     jobs[8] = late_begin(&t, "GET", "endpoints/8080", NULL);
     jobs[9] =
         lbt_async_json(&F, "GET", "/v1/sessions/rs-reset-lateact/activation", t.old_tok, NULL);
+    snprintf(t.path, sizeof(t.path), "/v1/sandboxes/%s", t.sbx);
+    jobs[10] = lbt_async_json(&F, "GET", t.path, t.old_tok, NULL);
     wait_held(&F, "operate.enter", LATE_ACTS);
     reset(&F, t.sbx, "", NULL, &r);
     late_reset_done(&t, &r);
