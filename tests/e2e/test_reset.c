@@ -1032,6 +1032,25 @@ START_TEST(test_reset_refuses_late_act)
 }
 END_TEST
 
+/* Wait (at most about 60 s) until session rsid's activation, as the admin GETs it, holds
+ * needle; whether it did. */
+static bool wait_activation(struct lbt_daemon *d, const char *rsid, const char *needle)
+{
+    char path[160];
+    struct lbt_resp r;
+    bool seen = false;
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s/activation", rsid);
+    for (double end = lbt_now() + 60; !seen && lbt_now() < end;) {
+        lbt_json(d, "GET", path, "", NULL, &r);
+        seen = r.status == 200 && r.body && strstr(r.body, needle);
+        lbt_resp_free(&r);
+        if (!seen)
+            lbt_sleep_ms(10);
+    }
+    return seen;
+}
+
 /* Review: an old-token renew must not hold up a release whose close is stopping the harness.
  * A renew that took the sandbox's fence as a writer and then waited for the session's lock,
  * which the release holds while its close waits for the fence's writers, made both wait out
@@ -1044,7 +1063,6 @@ START_TEST(test_reset_renew_during_release)
     struct lbt_async *rel;
     struct lbt_resp r;
     json_t *lease;
-    bool closing = false;
 
     lbt_daemon_start(&F, args);
     lease = lbt_seed(&F, "rs-renew-release", "task-reset", NULL);
@@ -1059,14 +1077,9 @@ START_TEST(test_reset_renew_during_release)
     ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
     rel = lbt_async_json(&F, "POST", "/v1/sessions/rs-renew-release/release", F.admin_token, NULL);
-    for (int i = 0; i < 1200 && !closing; i++) { /* the release's close is stopping it */
-        lbt_json(&F, "GET", "/v1/sessions/rs-renew-release/activation", "", NULL, &r);
-        closing = r.status == 200 && r.body && strstr(r.body, "\"state\":\"closing\"");
-        lbt_resp_free(&r);
-        if (!closing)
-            lbt_sleep_ms(10);
-    }
-    ck_assert_msg(closing, "the release never began to close the harness");
+    /* the release's close is stopping it */
+    ck_assert_msg(wait_activation(&F, "rs-renew-release", "\"state\":\"closing\""),
+                  "the release never began to close the harness");
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/renew", sbx);
     lbt_json(&F, "POST", path, tok, "{\"ttl_s\": 600}", &r);
     ck_assert_msg(r.status == 404 || r.status == 401 || r.status == 410,
@@ -1200,19 +1213,11 @@ START_TEST(test_reset_old_execute_takes_next_activation)
     /* the reset's close of the old harness races the old request's receipt poll: try a few
      * episodes */
     for (int round = 0; round < 3; round++) {
-        bool running = false;
-
         job = lbt_async_json(&D, "POST", "/v1/sessions/rs-reset-oldexe/execute", tok,
                              "{\"argv\": [\"sh\", \"-c\", \"exec sleep 100\"], \"timeout_s\": 60, "
                              "\"close_timeout_s\": 1}");
-        for (int i = 0; i < 400 && !running; i++) {
-            lbt_json(&D, "GET", "/v1/sessions/rs-reset-oldexe/activation", "", NULL, &r);
-            running = r.status == 200 && r.body && strstr(r.body, "\"running\"");
-            lbt_resp_free(&r);
-            if (!running)
-                lbt_sleep_ms(50);
-        }
-        ck_assert_msg(running, "the old episode's harness never ran");
+        ck_assert_msg(wait_activation(&D, "rs-reset-oldexe", "\"running\""),
+                      "the old episode's harness never ran");
         reset(&D, sbx, "", NULL, &r);
         ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
         snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
