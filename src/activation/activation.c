@@ -162,17 +162,22 @@ static int act_reload_for(struct lb_activations *a, struct lb_activation *act, c
 int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
                      struct lb_error *err)
 {
-    struct lb_activation act = {0};
-    int r = act_find_current(a, rsid, &act, err);
+    struct lb_record live = {0};
+    int r;
 
-    if (size)
-        id[0] = '\0';
-    if (r == -ENOENT)
+    /* as act_find_current chooses, reading the id alone (an activation's artifacts may be
+     * large, and this runs for every operate-token request on it, outside the answer budget) */
+    if (store_get_live_by_rsid(a->store, rsid, &live, NULL) == 0) {
+        r = store_get_activation_id(a->store, true, live.id, id, size, err);
+        store_record_release(&live);
+    } else {
+        r = store_get_activation_id(a->store, false, rsid, id, size, err);
+    }
+    if (r == -ENOENT) {
+        lb_error_clear(err);
         return 0;
-    if (r == 0)
-        snprintf(id, size, "%s", act.id);
-    store_activation_release(&act);
-    return r;
+    }
+    return r < 0 ? lb_error_set(err, r, "cannot read the activation of session %s", rsid) : 0;
 }
 
 static int64_t spec_ms(const json_t *spec, const char *key, int64_t def)

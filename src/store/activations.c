@@ -196,6 +196,36 @@ int store_get_latest_activation(struct lb_store *st, const char *rsid, struct lb
     return act_get_one(st, STMT_ACT_GET_LATEST, rsid, out, err);
 }
 
+int store_get_activation_id(struct lb_store *st, bool by_sandbox, const char *key, char *id,
+                            size_t size, struct lb_error *err)
+{
+    sqlite3_stmt *s;
+    int ret = 0, rc;
+
+    if (size)
+        id[0] = '\0';
+    if (!key)
+        return lb_error_set(err, -EINVAL, "store: no key");
+    pthread_mutex_lock(&st->lock);
+    s = st->stmts[by_sandbox ? STMT_ACT_ID_SANDBOX : STMT_ACT_ID_LATEST];
+    if (store_bind_text(s, 1, key)) {
+        ret = store_db_fail(st, err, "binding an activation id lookup");
+        goto cleanup;
+    }
+    rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        snprintf(id, size, "%s", (const char *)sqlite3_column_text(s, 0));
+    else if (rc == SQLITE_DONE)
+        ret = lb_error_set(err, -ENOENT, "no activation for %s", key);
+    else
+        ret = store_db_fail(st, err, "reading an activation id");
+
+cleanup:
+    store_stmt_done(s);
+    pthread_mutex_unlock(&st->lock);
+    return ret;
+}
+
 /* The size of one stored value in bytes, from the row's header: its content is not read
  * (sqlite3_blob_bytes). 0 for NULL. Lock held. */
 static uint64_t act_value_bytes(struct lb_store *st, const char *column, sqlite3_int64 rowid)

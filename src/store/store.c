@@ -231,6 +231,10 @@ static const char *const stmt_sql[STMT__COUNT] = {
     [STMT_ACT_GET_SANDBOX] = "SELECT " ACT_COLUMNS " FROM activations WHERE sandbox_id = ?1",
     [STMT_ACT_GET_LATEST] = "SELECT " ACT_COLUMNS " FROM activations WHERE rsid = ?1 "
                             "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+    /* the id alone: what an operate token's request binds to, without loading the texts */
+    [STMT_ACT_ID_SANDBOX] = "SELECT id FROM activations WHERE sandbox_id = ?1",
+    [STMT_ACT_ID_LATEST] = "SELECT id FROM activations WHERE rsid = ?1 "
+                           "ORDER BY created_at DESC, rowid DESC LIMIT 1",
     [STMT_ACT_STATE_OF] = "SELECT state FROM activations WHERE id = ?1",
     /* ?4 is a bit mask of the states the move is allowed from (enum lb_act_state order). */
     [STMT_ACT_SET_STATE] = "UPDATE activations SET state = ?2, updated_at = ?3 WHERE id = ?1 AND "

@@ -305,6 +305,11 @@ void store_activation_release(struct lb_activation *a);
  * has one or the id exists; -ENOENT if there is no sandbox record sandbox_id. */
 int store_insert_activation(struct lb_store *st, const struct lb_activation *a,
                             struct lb_error *err);
+/* The id alone (into id, size bytes; LB_ID_MAX fits any) of the activation of sandbox key
+ * (by_sandbox) or of the newest activation of session key, without loading its texts. -ENOENT
+ * if none, -EIO. Thread-safe. */
+int store_get_activation_id(struct lb_store *st, bool by_sandbox, const char *key, char *id,
+                            size_t size, struct lb_error *err);
 /* The activation of a sandbox / the newest activation of a session. -ENOENT if none. */
 int store_get_activation_by_sandbox(struct lb_store *st, const char *sandbox_id,
                                     struct lb_activation *out, struct lb_error *err);
