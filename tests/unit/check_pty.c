@@ -60,13 +60,20 @@ static struct lb_lend *lend;
 static struct lb_ptys *ptys;
 static int in_reader = -1; /* the "holder" keeps its input FIFO open */
 
+/* Make path with text whole, in one step (written beside the watched directory, then renamed
+ * in): the watcher sees one event for it (IN_MOVED_TO), not a create, a modify and a close
+ * that a loaded machine may hand it in separate reads, each a wake of its own. */
 static void put_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
+    char tmp[PATH_MAX + 128];
+    FILE *f;
 
-    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    snprintf(tmp, sizeof(tmp), "%s/put.tmp", dir);
+    f = fopen(tmp, "w");
+    ck_assert_msg(f != NULL, "%s: %s", tmp, strerror(errno));
     fputs(text, f);
     ck_assert_int_eq(fclose(f), 0);
+    ck_assert_msg(rename(tmp, path) == 0, "%s: %s", path, strerror(errno));
 }
 
 static void setup(void)
