@@ -147,9 +147,11 @@ START_TEST(test_member_dies_mid_burst)
 
             lbt_assert_error(&r, 502, "provider_error");
             /* only a create b took before it died fails (its operation, its POST cut: "EOF",
-             * or the start of the instance it made: "PUT .../state" then finds b gone): none
-             * LXD placed on b after ("Unable to connect" to a create) or could place nowhere */
-            ck_assert_msg((!strstr(r.body, "Unable to connect") || strstr(r.body, "/state")) &&
+             * the wait for its operation, "GET .../operations/ID/wait", or the start of the
+             * instance it made, "PUT .../state", then finding b gone): none LXD placed on b
+             * after ("Unable to connect" to a create) or could place nowhere */
+            ck_assert_msg((!strstr(r.body, "Unable to connect") || strstr(r.body, "/state") ||
+                           strstr(r.body, "/operations/")) &&
                               !strstr(r.body, "No suitable cluster member") &&
                               !strstr(r.body, "no Online member"),
                           "seed %s: %s", s[i].rsid, r.body);
