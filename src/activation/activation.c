@@ -106,19 +106,29 @@ int act_reload_own(struct lb_activations *a, struct lb_activation *act, struct l
     return r;
 }
 
-/* The session's activation: of its lent sandbox if it has one, else its newest. */
+/* Which activation is the session's: that of its lent sandbox if it has one (*by_sandbox,
+ * key its id), else its newest (key rsid, at most 128 bytes: routes_rsid_is_valid). */
+static void act_key(struct lb_activations *a, const char *rsid, bool *by_sandbox, char *key,
+                    size_t size)
+{
+    struct lb_record live = {0};
+
+    *by_sandbox = store_get_live_by_rsid(a->store, rsid, &live, NULL) == 0;
+    snprintf(key, size, "%s", *by_sandbox ? live.id : rsid);
+    store_record_release(&live);
+}
+
+/* The session's activation (act_key's). */
 static int act_find_current(struct lb_activations *a, const char *rsid, struct lb_activation *act,
                             struct lb_error *err)
 {
-    struct lb_record live = {0};
+    char key[LB_ID_MAX + 160];
+    bool by_sandbox;
     int r;
 
-    if (store_get_live_by_rsid(a->store, rsid, &live, NULL) == 0) {
-        r = store_get_activation_by_sandbox(a->store, live.id, act, NULL);
-        store_record_release(&live);
-    } else {
-        r = store_get_latest_activation(a->store, rsid, act, NULL);
-    }
+    act_key(a, rsid, &by_sandbox, key, sizeof(key));
+    r = by_sandbox ? store_get_activation_by_sandbox(a->store, key, act, NULL)
+                   : store_get_latest_activation(a->store, key, act, NULL);
     if (r == -ENOENT)
         return lb_error_set(err, -ENOENT, "session %s has no harness activation", rsid);
     return r < 0 ? lb_error_set(err, r, "cannot read the activation of session %s", rsid) : 0;
@@ -162,17 +172,14 @@ static int act_reload_for(struct lb_activations *a, struct lb_activation *act, c
 int activation_id_of(struct lb_activations *a, const char *rsid, char *id, size_t size,
                      struct lb_error *err)
 {
-    struct lb_record live = {0};
+    char key[LB_ID_MAX + 160];
+    bool by_sandbox;
     int r;
 
-    /* as act_find_current chooses, reading the id alone (an activation's artifacts may be
+    /* the one act_find_current finds, reading the id alone (an activation's artifacts may be
      * large, and this runs for every operate-token request on it, outside the answer budget) */
-    if (store_get_live_by_rsid(a->store, rsid, &live, NULL) == 0) {
-        r = store_get_activation_id(a->store, true, live.id, id, size, err);
-        store_record_release(&live);
-    } else {
-        r = store_get_activation_id(a->store, false, rsid, id, size, err);
-    }
+    act_key(a, rsid, &by_sandbox, key, sizeof(key));
+    r = store_get_activation_id(a->store, by_sandbox, key, id, size, err);
     if (r == -ENOENT) {
         lb_error_clear(err);
         return 0;
