@@ -130,20 +130,46 @@ static void assert_cleanup_confirmed(json_t *res)
 }
 
 /* Processes inside the sandbox whose command line matches the grep -E pattern (write it so
- * that it does not match itself, e.g. "slee[p] 1000"). */
-static int sbx_count(struct lbt_daemon *d, const char *sbx, const char *pattern)
+ * that it does not match itself, e.g. "slee[p] 1000"), supervisors left out: a harness's
+ * supervisor (lendbox-supervise --harness-launch ...) carries the harness's argv in its own
+ * command line, and it exits just after it wrote its receipt, so a count right after an
+ * execute or a stop could find it still there; sbx_wait_supervisors_gone waits for those. */
+static int sbx_count_lines(struct lbt_daemon *d, const char *sbx, const char *pattern,
+                           bool but_supervisors)
 {
-    char cmd[512], *out;
+    char cmd[640], *out;
     int n;
 
+    /* -e: a pattern starting with "-" is a pattern, not an option */
     snprintf(cmd, sizeof(cmd),
              "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | "
-             "grep -cE '%s' || true",
-             pattern);
+             "%sgrep -cE -e '%s' || true",
+             but_supervisors ? "grep -v -e '--harness-launc[h]' | " : "", pattern);
     out = lbt_sh(d, sbx, cmd);
     n = atoi(out);
     free(out);
     return n;
+}
+
+static int sbx_count(struct lbt_daemon *d, const char *sbx, const char *pattern)
+{
+    return sbx_count_lines(d, sbx, pattern, true);
+}
+
+/* Supervisors of harnesses (lendbox-supervise --harness-launch) inside the sandbox. */
+static int sbx_count_supervisors(struct lbt_daemon *d, const char *sbx)
+{
+    return sbx_count_lines(d, sbx, "--harness-launc[h]", false);
+}
+
+/* Wait (at most 10 s) until no harness supervisor is left in the sandbox; asserts it. */
+static void sbx_wait_supervisors_gone(struct lbt_daemon *d, const char *sbx)
+{
+    int n;
+
+    for (int i = 0; (n = sbx_count_supervisors(d, sbx)) > 0 && i < 100; i++)
+        lbt_sleep_ms(100);
+    ck_assert_msg(n == 0, "%d harness supervisor(s) still in the sandbox after 10 s", n);
 }
 
 /* Contents of a file inside the sandbox, or NULL when it does not exist. */
@@ -300,7 +326,7 @@ START_TEST(test_timeout)
     assert_artifact(res, "/workspace/partial.txt", "partial\n");
     ck_assert_ptr_nonnull(strstr(str(res, "output_log_tail"), "timed out"));
     ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 1000|while :; d[o]"), 0);
-    ck_assert_int_eq(sbx_count(&D, sbx, "--harness-launc[h]"), 0);
+    sbx_wait_supervisors_gone(&D, sbx);
     lbt_resp_free(&r);
 }
 END_TEST
@@ -899,7 +925,8 @@ START_TEST(test_daemon_restart)
     ck_assert_str_eq(str(act, "state"), "running");
     ck_assert(json_is_null(json_object_get(act, "outcome")));
     json_decref(act);
-    ck_assert_int_gt(sbx_count(&d, sbx, "slee[p] 0.1|--harness-launc[h]"), 0);
+    ck_assert_int_gt(sbx_count(&d, sbx, "slee[p] 0.1"), 0);
+    ck_assert_int_gt(sbx_count_supervisors(&d, sbx), 0);
     state = sbx_file(&d, sbx, "/workspace/state.txt");
     ck_assert_str_eq(state, "running\n");
     free(state);
@@ -908,7 +935,8 @@ START_TEST(test_daemon_restart)
     ck_assert_msg(c.status == 200, "close: %ld %s", c.status, c.body);
     assert_artifact(c.json, "/workspace/state.txt", "graceful\n");
     assert_cleanup_confirmed(c.json);
-    ck_assert_int_eq(sbx_count(&d, sbx, "slee[p] 0.1|--harness-launc[h]"), 0);
+    ck_assert_int_eq(sbx_count(&d, sbx, "slee[p] 0.1"), 0);
+    sbx_wait_supervisors_gone(&d, sbx);
     act = get_activation(&d, "act-restart", false);
     ck_assert_str_eq(str(act, "state"), "closed");
     json_decref(act);
@@ -1286,6 +1314,10 @@ START_TEST(test_stop_harness)
         202);
     lbt_resp_free(&r);
     wait_file(&D, sbx, "/workspace/w.txt", "watching", 30);
+    /* the counts below see the running harness (its shell's command line names the sleep)
+     * and its supervisor, so their zeros after the stop mean something */
+    ck_assert_int_gt(sbx_count(&D, sbx, "slee[p] 0.05"), 0);
+    ck_assert_int_gt(sbx_count_supervisors(&D, sbx), 0);
     ck_assert_int_eq(session_req(&D, "POST", "act-stop", "stop_harness", tok, "{\"x\": 1}", &r),
                      400);
     lbt_resp_free(&r);
@@ -1300,6 +1332,7 @@ START_TEST(test_stop_harness)
     ck_assert_str_eq(got, "saw-stop\n");
     free(got);
     ck_assert_int_eq(sbx_count(&D, sbx, "slee[p] 0.05"), 0);
+    sbx_wait_supervisors_gone(&D, sbx);
     /* repeated: nothing to do, same answer */
     ck_assert_int_eq(session_req(&D, "POST", "act-stop", "stop_harness", "", NULL, &r), 200);
     ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 7);
