@@ -103,6 +103,16 @@ static void wait_procs(uid_t uid, const char *needle)
         ck_assert_msg(lbt_now() < until, "'%s' did not start", needle);
 }
 
+/* Wait (at most 30 s) until no harness supervisor (lendbox-supervise --harness-launch) of uid
+ * is left; asserts it. A supervisor exits just after it wrote the receipt an execute or close
+ * answers with, so right after the answer it may still be on its way out. */
+static void wait_supervisors_gone(uid_t uid)
+{
+    for (double until = lbt_now() + 30; count_procs(uid, "--harness-launch") > 0;
+         lbt_sleep_ms(50))
+        ck_assert_msg(lbt_now() < until, "a harness supervisor did not exit after its receipt");
+}
+
 /* Seed rsid (extra JSON members or NULL); the sandbox id into sbx. */
 static void seed(struct lbt_daemon *d, const char *rsid, const char *extra, char *sbx, size_t len)
 {
@@ -359,7 +369,7 @@ START_TEST(test_close_paused_activation)
     st = sandbox_status(&D, sbx);
     ck_assert_str_eq(st, "running");
     free(st);
-    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
+    wait_supervisors_gone(uid);
     lbt_json(&D, "POST", "/v1/sessions/bounds-close/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     lbt_resp_free(&r);
@@ -453,10 +463,8 @@ START_TEST(test_execute_paused_past_its_timeout)
      * answer carries; the supervisor (its command line names the harness too) exits right
      * after writing it, so it may still be on its way out */
     ck_assert_int_eq(count_procs_but(uid, "harness782", "--harness-launch"), 0);
-    for (double until = lbt_now() + 30; count_procs(uid, "harness782") > 0; lbt_sleep_ms(50))
-        ck_assert_msg(lbt_now() < until, "the harness supervisor did not exit after its receipt");
+    wait_supervisors_gone(uid);
     ck_assert_int_eq(count_procs(uid, "harness782"), 0);
-    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
     lbt_json(&D, "POST", "/v1/sessions/bounds-exepause/close", "", "{}", &r);
     ck_assert_msg(r.status == 200, "close: %ld %s", r.status, r.body);
     ck_assert_str_eq(str(r.json, "state"), "closed");
@@ -502,8 +510,10 @@ START_TEST(test_close_of_stopped_supervisor)
         json_is_true(json_object_get(json_object_get(r.json, "cleanup"), "cleanup_confirmed")));
     ck_assert_msg(lbt_now() - t0 < 3 + 20, "the close answered after %.1f s", lbt_now() - t0);
     lbt_resp_free(&r);
+    /* the harness (its supervisor's command line names it too, and exits just after) */
+    ck_assert_int_eq(count_procs_but(uid, "sleep 300.783", "--harness-launch"), 0);
+    wait_supervisors_gone(uid);
     ck_assert_int_eq(count_procs(uid, "sleep 300.783"), 0);
-    ck_assert_int_eq(count_procs(uid, "--harness-launch"), 0);
     lbt_json(&D, "POST", "/v1/sessions/bounds-sigstop/release", "", NULL, &r);
     ck_assert_int_eq(r.status, 200);
     lbt_resp_free(&r);
