@@ -14,6 +14,7 @@
 
 #define WORKERS 2
 #define ROUNDS 2
+#define MAX_ROUNDS 12
 
 static struct lbt_daemon D;
 
@@ -38,7 +39,9 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
     struct lbt_async *a[WORKERS];
     char path[128], bad_id[64], good_id[64];
     struct lbt_resp r;
-    int stopped = 0;
+    int stopped = 0, rounds = 0;
+    char mark[128];
+    json_t *desc;
 
     lbt_daemon_start(&D, args);
     bad = lbt_seed(&D, "stopper", "t", NULL);
@@ -50,17 +53,30 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
      * its backstop has its whole session killed, the loop with it) */
     snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", bad_id);
     lbt_json(&D, "POST", path, "",
-             "{\"command\": \"(sleep 1; while :; do kill -STOP -1; done) >/dev/null 2>&1 &\", "
+             "{\"command\": \"(sleep 1; : > /tmp/loop-on; while :; do kill -STOP -1; done) "
+             ">/dev/null 2>&1 &\", "
              "\"preserve_background_services\": true, \"timeout_s\": 30}",
              &r);
     ck_assert_msg(r.status == 200, "starting the loop: %ld %s", r.status, r.body);
     ck_assert_int_eq(json_integer_value(json_object_get(r.json, "return_code")), 0);
     lbt_resp_free(&r);
-    lbt_sleep_ms(2000);
+    /* wait until the loop runs (its mark, read through the init's root, at most 60 s) */
+    desc = lbt_read_descriptor(&D, bad_id);
+    ck_assert_ptr_nonnull(desc);
+    snprintf(mark, sizeof(mark), "/proc/%lld/root/tmp/loop-on",
+             (long long)json_integer_value(json_object_get(desc, "pid")));
+    json_decref(desc);
+    for (int i = 0; !lbt_path_exists(mark); i++) {
+        ck_assert_msg(i < 600, "the stop loop did not start in 60 s");
+        lbt_sleep_ms(100);
+    }
 
     /* rounds of as many execs as there are workers, all into the stopping sandbox: each
-     * must come back (a stopped supervisor ends at the backstop, timeout + 10 s) */
-    for (int round = 0; round < ROUNDS; round++) {
+     * must come back (a stopped supervisor ends at the backstop, timeout + 10 s). At least
+     * ROUNDS, and more until the loop caught one (it stops what it sees between two of its
+     * own turns; a quick exec can run between them) */
+    for (int round = 0; round < MAX_ROUNDS && (round < ROUNDS || stopped == 0); round++) {
+        rounds++;
         for (int i = 0; i < WORKERS; i++)
             a[i] =
                 lbt_async_json(&D, "POST", path, "", "{\"command\": \"true\", \"timeout_s\": 1}");
@@ -79,7 +95,8 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
     }
 
     /* the loop did stop supervisors (else this test proves nothing) */
-    ck_assert_msg(stopped > 0, "no exec was stopped: the loop is not running");
+    ck_assert_msg(stopped > 0, "no exec of %d rounds was stopped: the loop is not running",
+                  rounds);
 
     /* the workers are free: another sandbox's exec completes */
     res = lbt_exec_ok(&D, good_id, "", "{\"command\": \"echo still here\"}");
@@ -106,7 +123,7 @@ int main(void)
     TCase *tc = tcase_create("sigstop");
 
     lbt_test_daemon_cleanup(tc, &D);
-    tcase_set_timeout(tc, 300);
+    tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_stop_loop_does_not_wedge_workers);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
