@@ -739,14 +739,19 @@ static char *op_sh(const char *id, const char *token, const char *command)
 }
 
 /* What an episode leaves behind and what the next must not see: its marker files (workdir,
- * /tmp) and a background sleep that left the exec's session. */
+ * /tmp) and a background sleep that left the exec's session. The leave waits (at most ~10 s)
+ * until that sleep runs as "sleep 4242" (until then it is setsid's, or the forked shell's),
+ * so a look right after it sees it. */
 #define EPISODE_LOOK                                                                               \
     "ls /workspace/marker /tmp/marker 2>/dev/null; "                                               \
     "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c 2>/dev/null; echo; done | "               \
     "grep '^sleep 4242' | sed 's/ *$//'; cat /workspace/seed.txt; echo"
 #define EPISODE_LEAVE                                                                              \
     "echo x > /workspace/marker; echo x > /tmp/marker; "                                           \
-    "setsid sleep 4242 </dev/null >/dev/null 2>&1 &"
+    "setsid sleep 4242 </dev/null >/dev/null 2>&1 & "                                           \
+    "i=0; while [ $i -lt 100 ] && ! (for c in /proc/[0-9]*/cmdline; do "                          \
+    "tr '\\0' ' ' < $c 2>/dev/null; echo; done | grep -q '^sleep 4242'); do "                       \
+    "sleep 0.1; i=$((i+1)); done"
 
 /* Seed rsid (one episode), check it sees nothing of an earlier one, leave things behind, see
  * them, release; return the lease's sandbox id (malloc'd) and its token in token_out. */
