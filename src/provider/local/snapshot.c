@@ -153,11 +153,15 @@ int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_err
  * the sandbox's disk size or the entries pass one per KiB of it (-EFBIG: a tmpfs does not count
  * inodes against its size, the image store's disk does; and each costs the copy a file), when
  * the image store has not that much room (-ENOSPC), or
- * when a tree holds a device node other than overlayfs's 0:0 whiteout (-EOPNOTSUPP: the sandbox
- * cannot make one; a node there came from elsewhere and is not carried into an image). */
+ * when a tree holds a device node (-EOPNOTSUPP: a node there came from elsewhere and is not
+ * carried into an image). The one node allowed is overlayfs's 0:0 whiteout, and only in the
+ * root layer (the overlay's upper dir), where overlayfs itself makes them for deleted files:
+ * in the workdir, a plain tmpfs or directory, a 0:0 node is no whiteout, and stacked under a
+ * later sandbox's overlay it would hide that path of the layers below. */
 #define TALLY_BYTES_PER_ENTRY 1024
 static _Thread_local int64_t tally_bytes, tally_cap, tally_entries;
 static _Thread_local int tally_stop; /* 0, or the negative errno that stopped the walk */
+static _Thread_local bool tally_whiteouts; /* 0:0 character devices allowed (the root layer) */
 static _Thread_local char tally_path[512];
 
 static int tally_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -167,7 +171,8 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
     (void)ftw;
     if (flag == FTW_NS || flag == FTW_DNR) {
         tally_stop = -EREMOTEIO;
-    } else if ((S_ISCHR(st->st_mode) && st->st_rdev != 0) || S_ISBLK(st->st_mode)) {
+    } else if ((S_ISCHR(st->st_mode) && (st->st_rdev != 0 || !tally_whiteouts)) ||
+               S_ISBLK(st->st_mode)) {
         tally_stop = -EOPNOTSUPP;
     } else {
         tally_bytes += S_ISREG(st->st_mode) && st->st_size > alloc ? st->st_size : alloc;
@@ -179,9 +184,10 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
     return tally_stop ? 1 : 0;
 }
 
-static int tally_tree(const char *path, struct lb_error *err)
+static int tally_tree(const char *path, bool whiteouts, struct lb_error *err)
 {
     tally_stop = 0;
+    tally_whiteouts = whiteouts;
     if (nftw(path, tally_entry, 32, FTW_PHYS | FTW_MOUNT) == 0)
         return 0;
     switch (tally_stop) {
@@ -201,12 +207,19 @@ static int tally_tree(const char *path, struct lb_error *err)
     }
 }
 
-/* The sandbox's disk size: the tmpfs its workdir lives on (storage tmpfs: disk_mib; an image
- * sandbox's root layer shares it), else local.tmp_size_mib (storage dir: the root layer's). */
-static int64_t capture_cap(const struct local_provider *lp, int wfd)
+/* The sandbox's disk size. An image sandbox's: the tmpfs at <dir>/img that its root layer (and
+ * with storage tmpfs its workdir) lives on, the daemon's own mount, sized at create (disk_mib).
+ * A host sandbox's with storage tmpfs: the tmpfs its workdir lives on. Else
+ * local.tmp_size_mib (storage dir). The daemon's mount is asked first: the workdir is reached
+ * through the sandbox's root, where what is mounted at it is the sandbox's to change. */
+static int64_t capture_cap(const struct local_provider *lp, const char *dir, int wfd)
 {
+    char img[4400];
     struct statfs sf;
 
+    snprintf(img, sizeof(img), "%s/img", dir);
+    if (statfs(img, &sf) == 0 && sf.f_type == TMPFS_MAGIC)
+        return (int64_t)sf.f_blocks * (int64_t)sf.f_bsize;
     if (lp->storage == LOCAL_STORAGE_TMPFS && fstatfs(wfd, &sf) == 0 && sf.f_type == TMPFS_MAGIC)
         return (int64_t)sf.f_blocks * (int64_t)sf.f_bsize;
     return lp->tmp_size_mib * 1024 * 1024;
@@ -214,8 +227,8 @@ static int64_t capture_cap(const struct local_provider *lp, int wfd)
 
 /* The bound, checked over the trees the capture copies (layer: NULL without one; the workdir
  * through its fd), and the room in dest's file system. */
-static int capture_check(const struct local_provider *lp, const char *layer, int wfd,
-                         const char *dest, struct lb_error *err)
+static int capture_check(const struct local_provider *lp, const char *dir, const char *layer,
+                         int wfd, const char *dest, struct lb_error *err)
 {
     char wpath[64];
     struct statvfs vf;
@@ -223,12 +236,12 @@ static int capture_check(const struct local_provider *lp, const char *layer, int
 
     tally_bytes = 0;
     tally_entries = 0;
-    tally_cap = capture_cap(lp, wfd);
+    tally_cap = capture_cap(lp, dir, wfd);
     if (layer)
-        r = tally_tree(layer, err);
+        r = tally_tree(layer, true, err);
     snprintf(wpath, sizeof(wpath), "/proc/self/fd/%d/.", wfd);
     if (r == 0)
-        r = tally_tree(wpath, err);
+        r = tally_tree(wpath, false, err);
     if (r == 0 && statvfs(dest, &vf) == 0 &&
         (uint64_t)tally_bytes > (uint64_t)vf.f_bavail * vf.f_frsize)
         r = lb_error_set(err, -ENOSPC,
@@ -295,7 +308,7 @@ int local_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, cons
     }
     /* counted on the layer the sandbox writes (a flattened copy adds the stored trees below) */
     snprintf(out, sizeof(out), "%s/img/upper", dir);
-    r = capture_check(lp, d.image[0] ? out : NULL, wfd, dest, err);
+    r = capture_check(lp, dir, d.image[0] ? out : NULL, wfd, dest, err);
     /* tests: a crash (delay + kill -9) with the sandbox frozen, the copy under way */
     if (r == 0)
         r = fault_hit("snapshot.frozen", 0, err);
