@@ -737,7 +737,8 @@ int image_remove(const char *images_dir, const char *name, struct lb_error *err)
     return r;
 }
 
-/* Does a mount of this process's mount table show the digest's tree? */
+/* Does a mount of this process's mount table show one of the digest's trees (its rootfs, or
+ * its workspace under a seeded sandbox's workdir)? */
 static bool tree_is_mounted(const char *hex)
 {
     char line[8192], needle[128];
@@ -746,7 +747,7 @@ static bool tree_is_mounted(const char *hex)
 
     if (!f)
         return true; /* cannot tell: keep it */
-    snprintf(needle, sizeof(needle), "/" STORE "/sha256/%.64s/rootfs", hex);
+    snprintf(needle, sizeof(needle), "/" STORE "/sha256/%.64s/", hex);
     while (!found && fgets(line, sizeof(line), f))
         found = strstr(line, needle) != NULL;
     fclose(f);

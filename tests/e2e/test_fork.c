@@ -21,9 +21,11 @@
  *   and the parent still runs
  */
 #include <dirent.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -251,6 +253,77 @@ START_TEST(test_fork_16)
 }
 END_TEST
 
+/* Bytes used on the tmpfs at <state_dir>/sandboxes/<id>/img (the sandbox's disk: its root
+ * layer and workdir writes), -1 when it is not a tmpfs of its own. */
+static long long img_used_bytes(struct lbt_daemon *d, const char *id)
+{
+    char path[512];
+    struct statfs sf;
+
+    snprintf(path, sizeof(path), "%s/sandboxes/%s/img", d->state_dir, id);
+    if (statfs(path, &sf) < 0 || sf.f_type != TMPFS_MAGIC)
+        return -1;
+    return (long long)(sf.f_blocks - sf.f_bfree) * (long long)sf.f_bsize;
+}
+
+/* A child of a parent with 48 MiB in its workdir copies none of it (the stored workspace is
+ * the lower layer of the child's workdir): its disk holds a few KiB until it writes, it sees
+ * the parent's file byte for byte, with the workdir's owner and mode, and its own write of that
+ * file is its own (copied up), seen by neither the parent nor the other child. Local provider
+ * (host and image variants): the others keep their children's disks in their engines. */
+START_TEST(test_children_copy_nothing)
+{
+    char parent[LBT_ID_MAX], kid[2][LBT_ID_MAX], *text, *want;
+    struct lbt_resp r;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    LBT_SKIP_ON_VARIANT("lxd", "an LXD child's disk is LXD's copy of the snapshot");
+    seed(&D, "rs-nocopy-parent", parent, NULL);
+    free(lbt_sh(&D, parent,
+                "head -c 50331648 /dev/zero > /workspace/big && echo tail >> /workspace/big"));
+    fork_req(&D, parent, "", "{\"sessions\": [\"rs-nocopy-0\", \"rs-nocopy-1\"]}", &r);
+    ck_assert_msg(r.status == 200, "fork: %ld %s", r.status, r.body);
+    for (int i = 0; i < 2; i++) {
+        json_t *c = json_array_get(json_object_get(r.json, "children"), i);
+
+        ck_assert_msg(json_integer_value(json_object_get(c, "status")) == 200, "child %d: %s", i,
+                      r.body);
+        snprintf(kid[i], LBT_ID_MAX, "%s", str(json_object_get(c, "lease"), "sandbox_id"));
+    }
+    lbt_resp_free(&r);
+    want = lbt_sh(&D, parent,
+                  "stat -c '%a %u %g' /workspace; wc -c < /workspace/big; "
+                  "tail -c 5 /workspace/big; md5sum < /workspace/big");
+    for (int i = 0; i < 2; i++) {
+        long long used = img_used_bytes(&D, kid[i]);
+
+        ck_assert_msg(used >= 0 && used < (8LL << 20), "child %d uses %lld bytes after the fork", i,
+                      used);
+        text = lbt_sh(&D, kid[i],
+                      "stat -c '%a %u %g' /workspace; wc -c < /workspace/big; "
+                      "tail -c 5 /workspace/big; md5sum < /workspace/big");
+        ck_assert_str_eq(text, want);
+        free(text);
+    }
+    free(want);
+    /* the child's write is its own, on its own disk */
+    free(lbt_sh(&D, kid[0], "echo kid0 >> /workspace/big"));
+    ck_assert_int_ge(img_used_bytes(&D, kid[0]), 48LL << 20);
+    text = lbt_sh(&D, kid[0], "tail -c 10 /workspace/big");
+    ck_assert_str_eq(text, "tail\nkid0\n");
+    free(text);
+    for (int i = 0; i < 2; i++) {
+        text = lbt_sh(&D, i == 0 ? parent : kid[1], "tail -c 5 /workspace/big");
+        ck_assert_str_eq(text, "tail\n");
+        free(text);
+    }
+    lbt_release_session(&D, "rs-nocopy-0");
+    lbt_release_session(&D, "rs-nocopy-1");
+    lbt_release_session(&D, "rs-nocopy-parent");
+    ck_assert_int_eq(count_fork_names(&D), 0);
+}
+END_TEST
+
 START_TEST(test_all_children_fail)
 {
     char parent[LBT_ID_MAX], live[LBT_ID_MAX];
@@ -392,6 +465,7 @@ int main(void)
     /* lxd: each child is an LXD copy, made one at a time */
     tcase_set_timeout(tc, lbt_variant_is("lxd") ? 300 : 120);
     tcase_add_test(tc, test_fork_16);
+    tcase_add_test(tc, test_children_copy_nothing);
     tcase_add_test(tc, test_all_children_fail);
     tcase_add_test(tc, test_bad_input);
     suite_add_tcase(s, tc);

@@ -875,13 +875,16 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
             goto fail;
         local_image_workspace(dir, image_ws, sizeof(image_ws));
     }
-    /* a snapshot's workdir, as it was captured, owned by this sandbox's ids, where the
-     * sandbox's workdir comes from (storage dir: its data directory) */
-    if (layers->workspace[0] &&
-        (r = local_tree_restore(layers->workspace,
-                                lp->storage == LOCAL_STORAGE_DIR ? d.data : image_ws, d.uid, err)) <
-            0)
-        goto fail;
+    /* a snapshot's workdir, as it was captured, owned by this sandbox's ids: with storage
+     * tmpfs an overlay over the stored tree (nothing copied), with storage dir a copy into
+     * its data directory (a plain directory on the host's disk) */
+    if (layers->workspace[0]) {
+        r = lp->storage == LOCAL_STORAGE_DIR
+                ? local_tree_restore(layers->workspace, d.data, d.uid, err)
+                : local_image_mount_workspace(dir, layers->workspace, d.uid, err);
+        if (r < 0)
+            goto fail;
+    }
     r = build_argv(lp, ref->id, root, overlay[0] ? overlay : NULL, image_ws[0] ? image_ws : NULL,
                    workdir, res, hosts, &argv, err);
     if (r < 0)

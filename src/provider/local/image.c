@@ -17,6 +17,11 @@
  *     layers/N/          a snapshot's trees (its layer, the layers below, the base image's
  *                        tree), each cloned and idmapped as lower/ is; lower/ is then a
  *                        read-only overlay of them instead of the one idmapped tree
+ *     ws-lower/          a snapshot's stored workspace, cloned and idmapped as lower/ is, and
+ *     ws-upper/ ws-work/ an overlay's upper and work dirs: workspace/ is then overlayfs of the
+ *                        three (storage tmpfs), so a seed from a snapshot (every fork child)
+ *                        copies none of the snapshot's workspace; its writes land in ws-upper
+ *                        on this tmpfs, against the sandbox's disk size as before
  * A seed from a snapshot of a host sandbox mounts the tmpfs for its workspace only.
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
  * copies are detached when the sandbox is destroyed, all three with one umount2(MNT_DETACH) of
@@ -149,6 +154,43 @@ int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_
     if (mount("overlay", p[4], "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
         return lb_error_set(err, -EREMOTEIO, "cannot mount the overlay root: %s", strerror(errno));
     snprintf(root_out, size, "%s", p[4]);
+    return 0;
+}
+
+int local_image_mount_workspace(const char *dir, const char *stored, uid_t uid,
+                                struct lb_error *err)
+{
+    static const char *const names[] = {"ws-lower", "ws-upper", "ws-work", LOCAL_IMAGE_WORKSPACE};
+    char p[4][4416], opts[4416 * 3 + 64];
+    struct stat st;
+    uid_t owner;
+    gid_t group;
+    int r;
+
+    if (stat(stored, &st) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot read the snapshot's workspace '%s': %s",
+                            stored, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return lb_error_set(err, -EREMOTEIO, "the snapshot's workspace '%s' is not a directory",
+                            stored);
+    /* the workdir's own owner and mode are the upper dir's (overlayfs shows the upper's) */
+    owner = uid + (st.st_uid < LOCAL_SLOT_IDS ? st.st_uid : 65534);
+    group = uid + (st.st_gid < LOCAL_SLOT_IDS ? st.st_gid : 65534);
+    for (int i = 0; i < 4; i++) {
+        snprintf(p[i], sizeof(p[i]), "%s/" IMG_DIR "/%s", dir, names[i]);
+        if (i == 3)
+            break; /* local_image_mount made it */
+        if (mkdir(p[i], 0700) < 0 ||
+            (i == 1 && (chown(p[i], owner, group) < 0 || chmod(p[i], st.st_mode & 07777) < 0)))
+            return lb_error_set(err, -EREMOTEIO, "cannot make '%s': %s", p[i], strerror(errno));
+    }
+    r = mount_idmapped(stored, p[0], uid, err);
+    if (r < 0)
+        return r;
+    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", p[0], p[1], p[2]);
+    if (mount("overlay", p[3], "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot mount the snapshot's workspace: %s",
+                            strerror(errno));
     return 0;
 }
 

@@ -360,6 +360,15 @@ int local_userns_open(uid_t owner, uid_t first, uint32_t count, int *fd_out);
  * the tmpfs and its workspace (a host root seeded from a snapshot; root_out gets ""). */
 int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_t uid,
                       int64_t upper_mib, char *root_out, size_t size, struct lb_error *err);
+/* A snapshot's workspace for the sandbox in dir (after local_image_mount): the stored tree
+ * stored (owners 0..65535) read-only, nosuid, nodev and idmapped to the slot at uid at
+ * <dir>/img/ws-lower, and overlayfs of it with an upper and work dir on the sandbox's tmpfs
+ * mounted at its workspace (local_image_workspace), so nothing of the tree is copied and the
+ * sandbox's writes count against its disk size. On error err is set and what was mounted
+ * stays for local_image_unmount. Same thread-safety as local_image_mount. 0 or a negative
+ * errno (-EREMOTEIO: the tree is unreadable or a mount failed). */
+int local_image_mount_workspace(const char *dir, const char *stored, uid_t uid,
+                                struct lb_error *err);
 /* Detach (one lazy unmount) and remove whatever local_image_mount left under dir (none of it:
  * 0). Returns 0 or a negative errno. */
 int local_image_unmount(const char *dir, struct lb_error *err);
