@@ -178,9 +178,12 @@ static long delete_image(struct lbt_daemon *d, const char *name, const char *wan
 }
 
 /* Everything under the workdir as text: names, modes, owners, sizes, types, link targets, then
- * the contents' digests. */
+ * the contents' digests. Directories' sizes are left out: they are the file system's (a
+ * sandbox seeded from a snapshot has its workdir as an overlay over the stored tree, on another
+ * file system than the tmpfs it was captured from). */
 #define MANIFEST                                                                                   \
-    "cd /workspace && find . -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "                 \
+    "cd /workspace && find . ! -type d -exec stat -c '%n|%a|%u|%g|%s|%F|%N' {} + | sort && "       \
+    "find . -type d -exec stat -c '%n|%a|%u|%g' {} + | sort && "                                   \
     "find . -type f -exec sha256sum {} + | sort && find . -type f -exec stat -c '%n|%h' {} + | "   \
     "sort"
 
@@ -687,6 +690,34 @@ START_TEST(test_sparse_past_disk_size)
 }
 END_TEST
 
+/* A sandbox seeded from a snapshot has the snapshot's workdir as the lower layer of its own
+ * (nothing copied, nothing of it on its disk): its snapshot still counts every file its workdir
+ * shows against its disk size. Here a 100 MiB file, captured from a sandbox of 256 MiB, seen by
+ * one of 64 MiB: 413; without it, 201. (The walk must not leave out files whose device is the
+ * overlay's layer's: the lower layer's files all are.) */
+START_TEST(test_seeded_workdir_counts_in_full)
+{
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], *text;
+
+    LBT_SKIP_ON_VARIANT("docker", "the docker provider bounds a capture by the image store's room");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider does not bound a capture by the disk size");
+    seed(&D, "rs-full-a", "\"resources\": {\"disk_mib\": 256}", a, NULL);
+    free(lbt_sh(&D, a, "head -c 104857600 /dev/zero > /workspace/big"));
+    snapshot_ok(&D, a, "snap-full-a");
+    lbt_release_session(&D, "rs-full-a");
+    seed(&D, "rs-full-b", "\"image\": \"snap-full-a\", \"resources\": {\"disk_mib\": 64}", b, NULL);
+    text = lbt_sh(&D, b, "wc -c < /workspace/big");
+    ck_assert_str_eq(text, "104857600\n");
+    free(text);
+    assert_refused(&D, b, "snap-full-b", 413, "payload_too_large");
+    free(lbt_sh(&D, b, "rm /workspace/big"));
+    snapshot_ok(&D, b, "snap-full-b");
+    lbt_release_session(&D, "rs-full-b");
+    ck_assert_int_eq(delete_image(&D, "snap-full-b", NULL), 204);
+    ck_assert_int_eq(delete_image(&D, "snap-full-a", NULL), 204);
+}
+END_TEST
+
 /* mknod path (char dev) as host root with the file-system ids of uid (the sandbox's root: the
  * sandbox's own mounts hold no file of an id its namespace does not map). 0 or an errno. */
 static int plant_device(const char *path, uid_t uid, dev_t dev)
@@ -734,8 +765,8 @@ START_TEST(test_device_node_refused)
     snprintf(node, sizeof(node), "/proc/%lld/root/workspace/null",
              (long long)json_integer_value(json_object_get(desc, "pid")));
     json_decref(desc);
-    ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a), makedev(1, 3)) == 0,
-                  "mknod %s failed", node);
+    ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a), makedev(1, 3)) == 0, "mknod %s failed",
+                  node);
     assert_refused(&D, a, "snap-dev", 422, "unenforceable");
     ck_assert_int_eq(unlink(node), 0);
     ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a), makedev(0, 0)) == 0,
@@ -926,6 +957,7 @@ int main(void)
     tcase_add_test(tc, test_hostile_links);
     tcase_add_test(tc, test_sparse_past_disk_size);
     tcase_add_test(tc, test_device_node_refused);
+    tcase_add_test(tc, test_seeded_workdir_counts_in_full);
     suite_add_tcase(s, tc);
     tc = tcase_create("crash");
     lbt_test_daemon_cleanup(tc, &K);

@@ -1,7 +1,8 @@
 /*
  * snapshot.c - the local provider's snapshot op (provider.h) and the restore of a snapshot's
- * workspace into a new sandbox (create.c). Layout on disk: docs/architecture.md, "Snapshots on
- * disk".
+ * workspace into a new sandbox of storage dir (create.c; with storage tmpfs the stored
+ * workspace is an overlay's lower layer instead: image.c). Layout on disk:
+ * docs/architecture.md, "Snapshots on disk".
  *
  * The copy is cp -a (coreutils: modes, owners, symlinks, xattrs including trusted.overlay.*,
  * timestamps, device nodes such as overlayfs's 0:0 whiteouts), run as the daemon's root on the
@@ -160,8 +161,9 @@ int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_err
  * later sandbox's overlay it would hide that path of the layers below. */
 #define TALLY_BYTES_PER_ENTRY 1024
 static _Thread_local int64_t tally_bytes, tally_cap, tally_entries;
-static _Thread_local int tally_stop; /* 0, or the negative errno that stopped the walk */
+static _Thread_local int tally_stop;       /* 0, or the negative errno that stopped the walk */
 static _Thread_local bool tally_whiteouts; /* 0:0 character devices allowed (the root layer) */
+static _Thread_local dev_t tally_dev;      /* the walked tree's file system */
 static _Thread_local char tally_path[512];
 
 static int tally_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -179,16 +181,28 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
         if (tally_bytes > tally_cap || ++tally_entries > tally_cap / TALLY_BYTES_PER_ENTRY)
             tally_stop = -EFBIG;
     }
-    if (tally_stop)
+    if (tally_stop) {
         snprintf(tally_path, sizeof(tally_path), "%s", path);
-    return tally_stop ? 1 : 0;
+        return FTW_STOP;
+    }
+    /* what cp -x does: a directory of another file system (a mount point) is copied empty and
+     * not entered; files are copied whatever device they report (an overlay's non-directories
+     * report their layer's, not the overlay's) */
+    return flag == FTW_D && st->st_dev != tally_dev ? FTW_SKIP_SUBTREE : FTW_CONTINUE;
 }
 
 static int tally_tree(const char *path, bool whiteouts, struct lb_error *err)
 {
+    struct stat st;
+
     tally_stop = 0;
     tally_whiteouts = whiteouts;
-    if (nftw(path, tally_entry, 32, FTW_PHYS | FTW_MOUNT) == 0)
+    if (stat(path, &st) < 0)
+        return lb_error_set(err, -EREMOTEIO, "cannot read '%s' for the snapshot", path);
+    tally_dev = st.st_dev;
+    /* not FTW_MOUNT: that would leave out every file whose device is not the tree's, and the
+     * files of an overlay's lower layers (a workdir seeded from a snapshot) all are */
+    if (nftw(path, tally_entry, 32, FTW_PHYS | FTW_ACTIONRETVAL) == 0)
         return 0;
     switch (tally_stop) {
     case -EFBIG:
