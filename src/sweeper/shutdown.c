@@ -7,8 +7,8 @@
  * any stop's. Every marked sandbox's stop is begun (provider_stop_begin: the local provider
  * kills its init) before the first stop is waited for, so the sandboxes die all at once and
  * not concurrency at a time. A record whose batch could not be written is stopped the way any
- * other stop is (lend_stop_record). A daemon that dies in the middle leaves "stopping" records, which the
- * next start's reconciliation stops again (a stop of a sandbox that is gone succeeds). */
+ * other stop is (lend_stop_record). A daemon that dies in the middle leaves "stopping" records,
+ * which the next start's reconciliation stops again (a stop of a sandbox that is gone succeeds). */
 #include "sweeper/sweeper.h"
 
 #include <errno.h>

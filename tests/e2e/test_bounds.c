@@ -108,8 +108,7 @@ static void wait_procs(uid_t uid, const char *needle)
  * answers with, so right after the answer it may still be on its way out. */
 static void wait_supervisors_gone(uid_t uid)
 {
-    for (double until = lbt_now() + 30; count_procs(uid, "--harness-launch") > 0;
-         lbt_sleep_ms(50))
+    for (double until = lbt_now() + 30; count_procs(uid, "--harness-launch") > 0; lbt_sleep_ms(50))
         ck_assert_msg(lbt_now() < until, "a harness supervisor did not exit after its receipt");
 }
 

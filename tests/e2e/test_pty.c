@@ -668,8 +668,8 @@ static long parked_gauge(struct lbt_daemon *d)
 START_TEST(test_parked_polls_hold_no_worker)
 {
     static const char *const args[] = {
-        "--set", "server.workers=2",          "--set", "limits.max_pty_sessions=16",
-        "--set", "limits.max_wait_ms=600000", "--set", "limits.max_execs_per_sandbox=2",
+        "--set", "server.workers=2", "--set", "limits.max_pty_sessions=16", "--set",
+        "limits.max_wait_ms=600000", "--set", "limits.max_execs_per_sandbox=2",
         /* 100 polls opened at once from one address: a busy daemon accepts more of them than
          * the default 64 before it has read their headers, and the per-address cap on
          * connections still sending headers then closes the oldest (a poll answered -1, not

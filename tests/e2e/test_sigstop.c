@@ -95,8 +95,7 @@ START_TEST(test_stop_loop_does_not_wedge_workers)
     }
 
     /* the loop did stop supervisors (else this test proves nothing) */
-    ck_assert_msg(stopped > 0, "no exec of %d rounds was stopped: the loop is not running",
-                  rounds);
+    ck_assert_msg(stopped > 0, "no exec of %d rounds was stopped: the loop is not running", rounds);
 
     /* the workers are free: another sandbox's exec completes */
     res = lbt_exec_ok(&D, good_id, "", "{\"command\": \"echo still here\"}");

@@ -748,9 +748,9 @@ static char *op_sh(const char *id, const char *token, const char *command)
     "grep '^sleep 4242' | sed 's/ *$//'; cat /workspace/seed.txt; echo"
 #define EPISODE_LEAVE                                                                              \
     "echo x > /workspace/marker; echo x > /tmp/marker; "                                           \
-    "setsid sleep 4242 </dev/null >/dev/null 2>&1 & "                                           \
-    "i=0; while [ $i -lt 100 ] && ! (for c in /proc/[0-9]*/cmdline; do "                          \
-    "tr '\\0' ' ' < $c 2>/dev/null; echo; done | grep -q '^sleep 4242'); do "                       \
+    "setsid sleep 4242 </dev/null >/dev/null 2>&1 & "                                              \
+    "i=0; while [ $i -lt 100 ] && ! (for c in /proc/[0-9]*/cmdline; do "                           \
+    "tr '\\0' ' ' < $c 2>/dev/null; echo; done | grep -q '^sleep 4242'); do "                      \
     "sleep 0.1; i=$((i+1)); done"
 
 /* Seed rsid (one episode), check it sees nothing of an earlier one, leave things behind, see
