@@ -280,7 +280,9 @@ START_TEST(test_children_copy_nothing)
     LBT_SKIP_ON_VARIANT("lxd", "an LXD child's disk is LXD's copy of the snapshot");
     seed(&D, "rs-nocopy-parent", parent, NULL);
     free(lbt_sh(&D, parent,
-                "head -c 50331648 /dev/zero > /workspace/big && echo tail >> /workspace/big"));
+                "head -c 50331648 /dev/zero > /workspace/big && echo tail >> /workspace/big && "
+                "mkdir /workspace/d && echo in-d > /workspace/d/f && echo hl > /workspace/h1 && "
+                "ln /workspace/h1 /workspace/h2"));
     fork_req(&D, parent, "", "{\"sessions\": [\"rs-nocopy-0\", \"rs-nocopy-1\"]}", &r);
     ck_assert_msg(r.status == 200, "fork: %ld %s", r.status, r.body);
     for (int i = 0; i < 2; i++) {
@@ -306,6 +308,16 @@ START_TEST(test_children_copy_nothing)
         free(text);
     }
     free(want);
+    /* POSIX as on a plain directory: a directory of the snapshot renames in place (rename(2),
+     * not mv's copy fallback: no EXDEV), and a hard link of the snapshot stays one file when
+     * one of its names is written */
+    text = lbt_sh(&D, kid[1],
+                  "if command -v python3 >/dev/null; then "
+                  "python3 -c \"import os; os.rename('/workspace/d', '/workspace/d2')\"; "
+                  "else mv -T /workspace/d /workspace/d2; fi; cat /workspace/d2/f; "
+                  "echo changed > /workspace/h1; cat /workspace/h2; stat -c %h /workspace/h2");
+    ck_assert_str_eq(text, "in-d\nchanged\n2\n");
+    free(text);
     /* the child's write is its own, on its own disk */
     free(lbt_sh(&D, kid[0], "echo kid0 >> /workspace/big"));
     ck_assert_int_ge(img_used_bytes(&D, kid[0]), 48LL << 20);

@@ -879,9 +879,12 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
      * tmpfs an overlay over the stored tree (nothing copied), with storage dir a copy into
      * its data directory (a plain directory on the host's disk) */
     if (layers->workspace[0]) {
-        r = lp->storage == LOCAL_STORAGE_DIR
-                ? local_tree_restore(layers->workspace, d.data, d.uid, err)
-                : local_image_mount_workspace(dir, layers->workspace, d.uid, err);
+        if (lp->storage == LOCAL_STORAGE_DIR)
+            r = local_tree_restore(layers->workspace, d.data, d.uid, err);
+        else if (local_image_workspace_has_devices(layers->workspace))
+            r = local_tree_restore(layers->workspace, image_ws, d.uid, err);
+        else
+            r = local_image_mount_workspace(dir, layers->workspace, d.uid, err);
         if (r < 0)
             goto fail;
     }

@@ -24,17 +24,18 @@
  *                        on this tmpfs, against the sandbox's disk size as before
  * A seed from a snapshot of a host sandbox mounts the tmpfs for its workspace only.
  * bwrap copies these mounts into the sandbox's mount namespace when it starts; the daemon's
- * copies are detached when the sandbox is destroyed, all three with one umount2(MNT_DETACH) of
- * <dir>/img (a lazy unmount takes the mounts below it along: one grace period of the kernel's
- * mount lock instead of three), and the kernel frees the tmpfs when the last namespace holding
- * it dies. The image tree itself is never written: its mount is read-only and overlayfs writes
- * only to the upper dir. (Sandboxes made before this layout have img-root, img-lower and
+ * copies are detached when the sandbox is destroyed, all of them with one umount2(MNT_DETACH)
+ * of <dir>/img (a lazy unmount takes the mounts below it along: one grace period of the kernel's
+ * mount lock instead of one per mount), and the kernel frees the tmpfs when the last namespace
+ * holding it dies. The image tree itself is never written: its mount is read-only and overlayfs
+ * writes only to the upper dir. (Sandboxes made before this layout have img-root, img-lower and
  * img-upper mounts of their own; local_image_unmount detaches those too.)
  */
 #include "provider/local/local_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <linux/mount.h>
 #include <sched.h>
 #include <signal.h>
@@ -157,6 +158,21 @@ int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_
     return 0;
 }
 
+static const char *const ws_overlay_extra[] = {",redirect_dir=on,index=on", ",redirect_dir=on", ""};
+
+/* nftw has no context, and needs none here */
+static int ws_device_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)path;
+    (void)ftw;
+    return flag == FTW_NS || flag == FTW_DNR || S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode);
+}
+
+bool local_image_workspace_has_devices(const char *stored)
+{
+    return nftw(stored, ws_device_entry, 32, FTW_PHYS) != 0;
+}
+
 int local_image_mount_workspace(const char *dir, const char *stored, uid_t uid,
                                 struct lb_error *err)
 {
@@ -187,11 +203,22 @@ int local_image_mount_workspace(const char *dir, const char *stored, uid_t uid,
     r = mount_idmapped(stored, p[0], uid, err);
     if (r < 0)
         return r;
-    snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s", p[0], p[1], p[2]);
-    if (mount("overlay", p[3], "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot mount the snapshot's workspace: %s",
-                            strerror(errno));
-    return 0;
+    /* redirect_dir: a directory of the snapshot can be renamed (without it rename(2) answers
+     * EXDEV, which mv works around and git, Python's os.rename, Go and Rust do not); index: a
+     * hard link of the snapshot stays one link when one of its names is written (copied up
+     * once). Both are private to this mount: the capture reads the merged view, never the
+     * upper dir, so no overlay xattr reaches the store. A kernel that refuses an option
+     * (EINVAL) gets the mount without it. */
+    for (size_t i = 0; i < sizeof(ws_overlay_extra) / sizeof(ws_overlay_extra[0]); i++) {
+        snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s%s", p[0], p[1], p[2],
+                 ws_overlay_extra[i]);
+        if (mount("overlay", p[3], "overlay", MS_NOSUID | MS_NODEV, opts) == 0)
+            return 0;
+        if (errno != EINVAL)
+            break;
+    }
+    return lb_error_set(err, -EREMOTEIO, "cannot mount the snapshot's workspace: %s",
+                        strerror(errno));
 }
 
 /* Detach every mount at path (a retried create may have stacked more than one) and remove

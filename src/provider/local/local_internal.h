@@ -369,6 +369,11 @@ int local_image_mount(const char *dir, const char *const *layers, size_t n, uid_
  * errno (-EREMOTEIO: the tree is unreadable or a mount failed). */
 int local_image_mount_workspace(const char *dir, const char *stored, uid_t uid,
                                 struct lb_error *err);
+/* Does the stored workspace tree hold a character or block device (or an entry it cannot
+ * read)? Snapshots captured before the capture refused them in the workdir may hold 0:0 nodes,
+ * which as an overlay's lower layer would act as whiteouts: such a tree is copied
+ * (local_tree_restore), not mounted. Thread-safe. */
+bool local_image_workspace_has_devices(const char *stored);
 /* Detach (one lazy unmount) and remove whatever local_image_mount left under dir (none of it:
  * 0). Returns 0 or a negative errno. */
 int local_image_unmount(const char *dir, struct lb_error *err);
