@@ -768,6 +768,14 @@ START_TEST(test_device_node_refused)
     ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a), makedev(1, 3)) == 0, "mknod %s failed",
                   node);
     assert_refused(&D, a, "snap-dev", 422, "unenforceable");
+    { /* the message names the node as the sandbox sees it */
+        struct lbt_resp r;
+
+        snapshot(&D, a, "", "{\"name\": \"snap-dev\"}", &r);
+        ck_assert_int_eq(r.status, 422);
+        ck_assert_msg(strstr(r.body, "'/workspace/null'") != NULL, "message: %s", r.body);
+        lbt_resp_free(&r);
+    }
     ck_assert_int_eq(unlink(node), 0);
     ck_assert_msg(plant_device(node, lbt_sandbox_uid(&D, a), makedev(0, 0)) == 0,
                   "mknod %s (0:0) failed", node);
@@ -776,6 +784,33 @@ START_TEST(test_device_node_refused)
     snapshot_ok(&D, a, "snap-dev");
     lbt_release_session(&D, "rs-dev");
     ck_assert_int_eq(delete_image(&D, "snap-dev", NULL), 204);
+}
+END_TEST
+
+/* A snapshot stored before the capture refused device nodes in the workdir may hold a 0:0 node
+ * in its workspace (planted here into the stored tree, as such a capture left it). A seed from
+ * it copies that workspace instead of stacking it as an overlay's lower layer, where the node
+ * would act as a whiteout: the node is a plain character device in the new sandbox, and the
+ * file beside it is there. */
+START_TEST(test_old_snapshot_with_device_node_is_copied)
+{
+    char a[LBT_ID_MAX], b[LBT_ID_MAX], tree[512], node[600], *text;
+
+    LBT_SKIP_ON_VARIANT("docker", "it plants into the local image store");
+    LBT_SKIP_ON_VARIANT("lxd", "it plants into the local image store");
+    seed(&D, "rs-olddev-a", NULL, a, NULL);
+    free(lbt_sh(&D, a, "mkdir /workspace/sub && echo x > /workspace/sub/x"));
+    snapshot_ok(&D, a, "snap-olddev");
+    lbt_release_session(&D, "rs-olddev-a");
+    stored_tree(&D, "snap-olddev", tree, sizeof(tree));
+    snprintf(node, sizeof(node), "%s/workspace/sub/wo", tree);
+    ck_assert_int_eq(mknod(node, S_IFCHR | 0600, makedev(0, 0)), 0);
+    seed(&D, "rs-olddev-b", "\"image\": \"snap-olddev\"", b, NULL);
+    text = lbt_sh(&D, b, "ls /workspace/sub; cat /workspace/sub/x; stat -c %F /workspace/sub/wo");
+    ck_assert_str_eq(text, "wo\nx\nx\ncharacter special file\n");
+    free(text);
+    lbt_release_session(&D, "rs-olddev-b");
+    ck_assert_int_eq(delete_image(&D, "snap-olddev", NULL), 204);
 }
 END_TEST
 
@@ -958,6 +993,7 @@ int main(void)
     tcase_add_test(tc, test_sparse_past_disk_size);
     tcase_add_test(tc, test_device_node_refused);
     tcase_add_test(tc, test_seeded_workdir_counts_in_full);
+    tcase_add_test(tc, test_old_snapshot_with_device_node_is_copied);
     suite_add_tcase(s, tc);
     tc = tcase_create("crash");
     lbt_test_daemon_cleanup(tc, &K);

@@ -161,10 +161,12 @@ int local_tree_restore(const char *src, const char *dst, uid_t to, struct lb_err
  * later sandbox's overlay it would hide that path of the layers below. */
 #define TALLY_BYTES_PER_ENTRY 1024
 static _Thread_local int64_t tally_bytes, tally_cap, tally_entries;
-static _Thread_local int tally_stop;       /* 0, or the negative errno that stopped the walk */
-static _Thread_local bool tally_whiteouts; /* 0:0 character devices allowed (the root layer) */
-static _Thread_local dev_t tally_dev;      /* the walked tree's file system */
-static _Thread_local char tally_path[512];
+static _Thread_local int tally_stop;          /* 0, or the negative errno that stopped the walk */
+static _Thread_local bool tally_whiteouts;    /* 0:0 character devices allowed (the root layer) */
+static _Thread_local dev_t tally_dev;         /* the walked tree's file system */
+static _Thread_local char tally_path[512];    /* where the walk stopped, as the sandbox sees it */
+static _Thread_local const char *tally_shown; /* the walked tree's path in the sandbox */
+static _Thread_local size_t tally_skip;       /* length of the walked tree's host path */
 
 static int tally_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -182,7 +184,10 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
             tally_stop = -EFBIG;
     }
     if (tally_stop) {
-        snprintf(tally_path, sizeof(tally_path), "%s", path);
+        const char *rest = strlen(path) >= tally_skip ? path + tally_skip : "";
+
+        snprintf(tally_path, sizeof(tally_path), "%s%s", tally_shown,
+                 rest[0] ? rest : (tally_shown[0] ? "" : "/"));
         return FTW_STOP;
     }
     /* what cp -x does: a directory of another file system (a mount point) is copied empty and
@@ -191,14 +196,19 @@ static int tally_entry(const char *path, const struct stat *st, int flag, struct
     return flag == FTW_D && st->st_dev != tally_dev ? FTW_SKIP_SUBTREE : FTW_CONTINUE;
 }
 
-static int tally_tree(const char *path, bool whiteouts, struct lb_error *err)
+/* Walk the tree at path (a host path); shown: its path inside the sandbox ("" for its root),
+ * for the messages. */
+static int tally_tree(const char *path, const char *shown, bool whiteouts, struct lb_error *err)
 {
     struct stat st;
 
     tally_stop = 0;
     tally_whiteouts = whiteouts;
+    tally_shown = shown;
+    tally_skip = strlen(path);
     if (stat(path, &st) < 0)
-        return lb_error_set(err, -EREMOTEIO, "cannot read '%s' for the snapshot", path);
+        return lb_error_set(err, -EREMOTEIO, "cannot read '%s' for the snapshot",
+                            shown[0] ? shown : "/");
     tally_dev = st.st_dev;
     /* not FTW_MOUNT: that would leave out every file whose device is not the tree's, and the
      * files of an overlay's lower layers (a workdir seeded from a snapshot) all are */
@@ -217,7 +227,7 @@ static int tally_tree(const char *path, bool whiteouts, struct lb_error *err)
                             tally_path);
     default:
         return lb_error_set(err, -EREMOTEIO, "cannot read '%s' for the snapshot",
-                            tally_stop ? tally_path : path);
+                            tally_stop ? tally_path : (shown[0] ? shown : "/"));
     }
 }
 
@@ -242,7 +252,7 @@ static int64_t capture_cap(const struct local_provider *lp, const char *dir, int
 /* The bound, checked over the trees the capture copies (layer: NULL without one; the workdir
  * through its fd), and the room in dest's file system. */
 static int capture_check(const struct local_provider *lp, const char *dir, const char *layer,
-                         int wfd, const char *dest, struct lb_error *err)
+                         int wfd, const char *workdir, const char *dest, struct lb_error *err)
 {
     char wpath[64];
     struct statvfs vf;
@@ -252,10 +262,10 @@ static int capture_check(const struct local_provider *lp, const char *dir, const
     tally_entries = 0;
     tally_cap = capture_cap(lp, dir, wfd);
     if (layer)
-        r = tally_tree(layer, true, err);
+        r = tally_tree(layer, "", true, err);
     snprintf(wpath, sizeof(wpath), "/proc/self/fd/%d/.", wfd);
     if (r == 0)
-        r = tally_tree(wpath, false, err);
+        r = tally_tree(wpath, workdir, false, err);
     if (r == 0 && statvfs(dest, &vf) == 0 &&
         (uint64_t)tally_bytes > (uint64_t)vf.f_bavail * vf.f_frsize)
         r = lb_error_set(err, -ENOSPC,
@@ -322,7 +332,7 @@ int local_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *ref, cons
     }
     /* counted on the layer the sandbox writes (a flattened copy adds the stored trees below) */
     snprintf(out, sizeof(out), "%s/img/upper", dir);
-    r = capture_check(lp, dir, d.image[0] ? out : NULL, wfd, dest, err);
+    r = capture_check(lp, dir, d.image[0] ? out : NULL, wfd, d.workdir, dest, err);
     /* tests: a crash (delay + kill -9) with the sandbox frozen, the copy under way */
     if (r == 0)
         r = fault_hit("snapshot.frozen", 0, err);
