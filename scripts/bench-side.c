@@ -7,7 +7,10 @@
  *   docker    a container per episode through a Docker-compatible engine API (--docker-socket):
  *             bench_docker_episode, the docker provider's own requests without lendbox;
  *   lendbox   a lendboxd without a warm pool (--lendbox URL --lendbox-token T);
- *   pool      a lendboxd with [pool] size = N (--pool URL --pool-token T --pool-size N).
+ *   pool      a lendboxd with [pool] size = N (--pool URL --pool-token T --pool-size N); with
+ *             --pool-recycle its daemon has [pool] recycle = yes: a release of a pooled sandbox
+ *             remakes it for the pool (paid inside the release, so timed) and the pool's
+ *             seeds take the recycled ones.
  * For each concurrency (--concurrency 1,16) each contender runs --episodes episodes, split in
  * batches of max(concurrency, episodes / --rounds); the batches alternate between the
  * contenders (the first contender of a round rotates), so load from other work on the machine
@@ -46,6 +49,7 @@ struct contender {
     struct bench_lendbox lb;
     struct bench_docker d;
     int pool_size; /* > 0: lb is a daemon with a warm pool of this size */
+    bool recycle;  /* the pool daemon recycles released sandboxes ([pool] recycle = yes) */
     CURL *curl[MAX_THREADS];
     struct bench_sink *sink[MAX_THREADS];
     struct result res[MAX_CONC_LEVELS];
@@ -171,7 +175,9 @@ static void print_warm_metrics(struct contender *c)
         return;
     for (line = strtok_r(c->sink[0]->buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
         if (strncmp(line, "lendbox_warm_seeds_total", 24) == 0 ||
-            strncmp(line, "lendbox_warm_refill", 19) == 0)
+            strncmp(line, "lendbox_warm_refill", 19) == 0 ||
+            strncmp(line, "lendbox_pool_recycled_total", 27) == 0 ||
+            strncmp(line, "lendbox_pool_reset_failures_total", 33) == 0)
             printf("  %s\n", line);
 }
 
@@ -206,6 +212,17 @@ static void print_ratio(const char *what, double num, double den)
         printf("  %-34s %6.2fx   (%.2f / %.2f ms)\n", what, num / den, num, den);
 }
 
+/* A contender's episodes/s at one concurrency (its episodes over its batches' wall time). */
+static double rate_of(struct contender *c, int level, int n)
+{
+    struct result *r;
+
+    if (!c)
+        return 0;
+    r = &c->res[level];
+    return r->elapsed_ms > 0 ? (n - r->failed) * 1000.0 / r->elapsed_ms : 0;
+}
+
 static void print_load(const char *when)
 {
     char buf[128] = "";
@@ -226,7 +243,7 @@ static void usage(void)
                     "  [--floor-uid UID [--bwrap PATH] [--supervise PATH] [--workdir /workspace]]\n"
                     "  [--docker-socket PATH [--docker-image IMAGE] --supervise PATH]\n"
                     "  [--lendbox URL --lendbox-token TOKEN]\n"
-                    "  [--pool URL --pool-token TOKEN --pool-size N]\n");
+                    "  [--pool URL --pool-token TOKEN --pool-size N [--pool-recycle]]\n");
 }
 
 int main(int argc, char **argv)
@@ -245,6 +262,7 @@ int main(int argc, char **argv)
                                          {"pool", required_argument, NULL, 'P'},
                                          {"pool-token", required_argument, NULL, 'K'},
                                          {"pool-size", required_argument, NULL, 'S'},
+                                         {"pool-recycle", no_argument, NULL, 'R'},
                                          {NULL, 0, NULL, 0}};
     const char *bwrap = "/usr/bin/bwrap", *supervise = NULL, *workdir = "/workspace";
     const char *seed_body = "{\"task_id\":\"bench\"}";
@@ -303,6 +321,9 @@ int main(int argc, char **argv)
             break;
         case 'S':
             pool_c.pool_size = atoi(optarg);
+            break;
+        case 'R':
+            pool_c.recycle = true;
             break;
         default:
             usage();
@@ -387,7 +408,8 @@ int main(int argc, char **argv)
             char label[64], col[4][40];
 
             if (c == pool_p)
-                snprintf(label, sizeof(label), "lendbox pool=%d", c->pool_size);
+                snprintf(label, sizeof(label), "lendbox pool=%d%s", c->pool_size,
+                         c->recycle ? " rc" : "");
             else
                 snprintf(label, sizeof(label), "%s",
                          c == floor_p    ? "bwrap floor"
@@ -413,9 +435,18 @@ int main(int argc, char **argv)
                     p50_of(lend_p, l, 3, episodes));
         print_ratio("episode docker / lendbox pool", p50_of(docker_p, l, 3, episodes),
                     p50_of(pool_p, l, 3, episodes));
+        print_ratio("exec lendbox pool / lendbox", p50_of(pool_p, l, 1, episodes),
+                    p50_of(lend_p, l, 1, episodes));
+        print_ratio("release lendbox pool / lendbox", p50_of(pool_p, l, 2, episodes),
+                    p50_of(lend_p, l, 2, episodes));
+        if (rate_of(pool_p, l, episodes) > 0 && rate_of(floor_p, l, episodes) > 0)
+            printf("  %-34s %6.2fx   (%.1f / %.1f episodes/s)\n", "episodes/s lendbox pool / floor",
+                   rate_of(pool_p, l, episodes) / rate_of(floor_p, l, episodes),
+                   rate_of(pool_p, l, episodes), rate_of(floor_p, l, episodes));
     }
     if (pool_p) {
-        printf("\nwarm pool counters (refills happened between batches, untimed):\n");
+        printf("\nwarm pool counters (refills happened between batches, untimed%s):\n",
+               pool_p->recycle ? "; recycles inside the releases, timed" : "");
         print_warm_metrics(pool_p);
     }
     for (int k = 0; k < ncs; k++) {
