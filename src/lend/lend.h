@@ -116,6 +116,8 @@ struct lb_seed_request {
     double idle_timeout_s;    /* > 0: stop (or pause) it after this long without activity */
     bool on_idle_pause;       /* with idle_timeout_s: pause it rather than stop it */
     struct lb_ready_probe ready_probe; /* command NULL: none */
+    bool sync_later; /* the lease's commit is left unsynced: the caller calls lend_sync_leases
+                        before it hands the lease out (a batch's seeds share one sync) */
 };
 
 /* Lend the session a sandbox, or return the one it has. *lease_out is the lease of API.md.
@@ -126,6 +128,12 @@ struct lb_seed_request {
  * resource limit, ports) the chosen provider cannot enforce. */
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err);
+
+/* Make the leases of seeds made with sync_later durable (every commit so far synced to disk:
+ * store_sync), before they are handed out. 0, or a negative errno with err set (the leases'
+ * records are written and lent either way; a later seed of such a session returns its sandbox).
+ * Thread-safe. */
+int lend_sync_leases(struct lb_lend *l, struct lb_error *err);
 
 /* Start a sandbox lent to no session (POST /v1/sandboxes, NeMo Gym's AsyncSandbox.start):
  * the same record, TTL, durability and rollback as a seed's new sandbox, with rsid NULL;

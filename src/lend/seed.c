@@ -523,7 +523,8 @@ static int lend_seed_new(struct lb_lend *l, const char *rsid, const struct lb_se
         goto rollback;
     }
     token_sha256_hex(token, strlen(token), token_hash);
-    r = store_mark_lent(l->store, s.rec.id, early_desc ? NULL : s.desc_text, token_hash, err);
+    r = store_mark_lent(l->store, s.rec.id, early_desc ? NULL : s.desc_text, token_hash,
+                        !req->sync_later, err);
     if (r < 0)
         goto rollback;
     /* the lease of the row just written: the record as inserted, lent now */
@@ -551,6 +552,11 @@ failed:
 out:
     lend_start_release(&s);
     return r;
+}
+
+int lend_sync_leases(struct lb_lend *l, struct lb_error *err)
+{
+    return store_sync(l->store, err);
 }
 
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,

@@ -131,6 +131,8 @@ struct routes_seeds_job {
     /* what seeds one item (lend_seed, lend_fork_child): thread-safe */
     int (*seed)(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
                 json_t **lease_out, struct lb_error *err);
+    int sync_r; /* lend_sync_leases after the seeds: 0, or its error (in sync_err) */
+    struct lb_error sync_err;
 };
 /* A new job for req whose items seed is to seed, with the request's body read: -ESHUTDOWN
  * while the daemon drains (no new seeds), -ENOMEM, or http_body_json's errors. On success *out
@@ -141,9 +143,12 @@ int routes_seeds_job_new(struct lb_request *req,
                                      struct lb_error *err),
                          struct routes_seeds_job **out, struct lb_error *err);
 /* Seed every item whose r is still 0 with j->seed, at most threads at once; blocks until all
- * are done. From the request's deferred job. */
+ * are done, then makes their leases durable with one sync (lend_sync_leases: each seed's
+ * commit is left unsynced, sync_later) into j->sync_r. From the request's deferred job. */
 void routes_seeds_job_seed(struct lb_request *req, struct routes_seeds_job *j, size_t threads);
-/* Answer 200 {key: the items' results} (routes_seed_items_results), or 500 without memory. */
+/* Answer 200 {key: the items' results} (routes_seed_items_results), or 500 without memory or
+ * when the leases could not be synced (j->sync_r: the sandboxes are lent and recorded; a seed
+ * of one of the sessions returns its sandbox). */
 void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_job *j,
                               const char *key);
 /* The job's items and body, then the job (NULL: nothing); http_defer's free. */

@@ -580,17 +580,30 @@ static void seeds_job_item_run(void *arg, size_t i)
 void routes_seeds_job_seed(struct lb_request *req, struct routes_seeds_job *j, size_t threads)
 {
     j->lend = ((struct lb_app *)http_app(req))->lend;
+    for (size_t i = 0; i < j->n; i++)
+        j->items[i].req.sync_later = true;
     parallel_run(j->n, threads, seeds_job_item_run, j);
+    j->sync_r = lend_sync_leases(j->lend, &j->sync_err);
 }
 
 void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_job *j,
                               const char *key)
 {
-    json_t *results = routes_seed_items_results(j->items, j->n);
-    json_t *out = results ? json_pack("{s:o}", key, results) : NULL;
+    json_t *results, *out;
     struct lb_error err = {0};
-    int r = out ? 0 : lb_error_set(&err, -ENOMEM, "out of memory");
+    int r;
 
+    if (j->sync_r < 0) {
+        lb_error_set(&err, j->sync_r,
+                     "the leases could not be made durable (%s); the sandboxes "
+                     "are lent: seed a session again to get its lease",
+                     j->sync_err.message);
+        routes_respond(req, j->sync_r, 200, NULL, &err);
+        return;
+    }
+    results = routes_seed_items_results(j->items, j->n);
+    out = results ? json_pack("{s:o}", key, results) : NULL;
+    r = out ? 0 : lb_error_set(&err, -ENOMEM, "out of memory");
     routes_respond(req, r, 200, out, &err);
 }
 

@@ -524,7 +524,7 @@ static int mark_lent_fn(struct lb_store *st, void *ctx, struct lb_error *err)
 }
 
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
-                    const char *token_hash, struct lb_error *err)
+                    const char *token_hash, bool durable, struct lb_error *err)
 {
     struct mark_lent_args a = {id, descriptor_json, token_hash};
     int ret;
@@ -534,8 +534,9 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
     if (token_hash && !store_fits(token_hash, LB_TOKEN_HASH_HEX + 1))
         return lb_error_set(err, -EINVAL, "store: token hash longer than %d characters",
                             LB_TOKEN_HASH_HEX);
-    /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full) */
-    ret = store_txn_write(st, mark_lent_fn, &a, false, true, err);
+    /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full),
+     * or the caller syncs a batch of them at once (store_sync) */
+    ret = store_txn_write(st, mark_lent_fn, &a, false, durable, err);
     return ret < 0 ? ret : 0;
 }
 

@@ -41,6 +41,7 @@
 #include <sqlite3.h>
 
 #include "util/clock.h"
+#include "util/fault.h"
 #include "util/log.h"
 
 #define BUSY_TIMEOUT_MS 5000
@@ -375,6 +376,30 @@ void store_sync_full(struct lb_store *st, bool on)
 {
     (void)sqlite3_exec(st->db, on ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
                        NULL, NULL, NULL);
+}
+
+/* see store.h. The WAL's frames are written with write(2) at every commit; an fsync of any
+ * descriptor of the file flushes them (the one SQLite itself syncs at FULL). Without a WAL file
+ * (none yet) the database file is synced instead. */
+int store_sync(struct lb_store *st, struct lb_error *err)
+{
+    char path[4096];
+    int fd, r = fault_hit("store.sync", 0, err);
+
+    if (r < 0)
+        return r;
+    if (snprintf(path, sizeof(path), "%s-wal", st->path) >= (int)sizeof(path))
+        return lb_error_set(err, -ENAMETOOLONG, "store: database path too long");
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        fd = open(st->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return lb_error_set(err, -errno, "store: cannot open %s to sync it: %s", path,
+                            strerror(errno));
+    if (fsync(fd) < 0)
+        r = lb_error_set(err, -errno, "store: fsync of %s: %s", path, strerror(errno));
+    close(fd);
+    return r;
 }
 
 /* ---- stepping a write, and spending the space reserve for a stop's (reserve.c makes it) ---- */

@@ -143,9 +143,20 @@ int store_list_sandboxes(struct lb_store *st, const struct lb_record_filter *f,
                          struct lb_record **out, size_t *n_out, struct lb_error *err);
 void store_records_free(struct lb_record *recs, size_t n);
 
-/* starting -> lent: store the provider descriptor and the operate token hash. -ENOENT. */
+/* starting -> lent: store the provider descriptor and the operate token hash. -ENOENT.
+ * durable: the commit is made at synchronous = FULL (the WAL synced: the lease and every
+ * record before it survive a power loss, docs/operations.md "Durability"); false: at NORMAL
+ * (in the WAL, safe from a daemon crash), and the caller calls store_sync before it hands the
+ * lease out (a batch of seeds or a fork's children share one sync instead of one each). */
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
-                    const char *token_hash, struct lb_error *err);
+                    const char *token_hash, bool durable, struct lb_error *err);
+
+/* Make every transaction committed so far durable: fsync(2) of the database's WAL (a
+ * checkpoint that emptied it synced the database file itself). For callers of
+ * store_mark_lent(durable = false) before they answer. 0, or -EIO and friends (err set;
+ * fault point "store.sync"). Thread-safe; takes no store lock (the commits it makes durable
+ * are already written). */
+int store_sync(struct lb_store *st, struct lb_error *err);
 
 /* Record the descriptor without changing state (a create that returned before a failure). */
 int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,

@@ -11,7 +11,8 @@
  *               normally: a test holds the daemon at OP while it checks what OP's window
  *               allows, and releases it by creating PATH (no window to race)
  * OP names: provider.create, provider.stop, provider.exec, provider.status, provider.file_write,
- * provider.file_open, provider.list, store.write, image.publish (an import, unpacked, right
+ * provider.file_open, provider.list, store.write, store.sync (the one sync of a fork's or a
+ * seed_batch's leases, store_sync), image.publish (an import, unpacked, right
  * before its tree is published), image.mounted (a seed on an image: its root's mounts made,
  * right before the sandbox's init starts), userns.helper (a sandbox's user namespace: its helper
  * process is up, the id maps not yet written), userns.idmap_helper (the same for the

@@ -19,6 +19,10 @@
  * - kill -9 of the daemon with the implicit snapshot named and no child started (fault
  *   fork.children=delay), then a restart: the snapshot is collected, no stored tree is left,
  *   and the parent still runs
+ * - the children's leases are made durable by one sync after the last child (each child's
+ *   commit is left unsynced): when that sync fails (fault store.sync=fail), the fork and a
+ *   seed_batch answer 500 naming it, the sandboxes stay lent and recorded, a seed of each
+ *   session returns its sandbox, and the next fork (the fault spent) answers 200
  */
 #include <dirent.h>
 #include <linux/magic.h>
@@ -468,6 +472,67 @@ START_TEST(test_kill_during_fork)
 }
 END_TEST
 
+/* GET /v1/sessions/rsid's sandbox_id into id (the session must have a lease). */
+static void session_sandbox(struct lbt_daemon *d, const char *rsid, char *id)
+{
+    char path[160];
+    struct lbt_resp r;
+
+    snprintf(path, sizeof(path), "/v1/sessions/%s", rsid);
+    lbt_json(d, "GET", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+    ck_assert_str_eq(str(r.json, "state"), "lent");
+    snprintf(id, LBT_ID_MAX, "%s", str(r.json, "sandbox_id"));
+    lbt_resp_free(&r);
+}
+
+START_TEST(test_lease_sync_failure)
+{
+    const char *const args[] = {"--set", "faults.spec=store.sync=fail:2", NULL};
+    static const char *const rsids[] = {"rs-sync-1", "rs-sync-2", "rs-sync-b"};
+    char a[LBT_ID_MAX], id[LBT_ID_MAX];
+    struct lbt_resp r;
+    json_t *lease;
+
+    SKIP_UNLESS_SNAPSHOTS();
+    lbt_daemon_start(&K, args);
+    seed(&K, "rs-sync-parent", a, NULL);
+    fork_req(&K, a, "", "{\"sessions\": [\"rs-sync-1\", \"rs-sync-2\"]}", &r);
+    lbt_assert_error(&r, 500, "internal");
+    ck_assert_msg(strstr(r.body, "could not be made durable"), "%s", r.body);
+    lbt_resp_free(&r);
+    lbt_json(&K, "POST", "/v1/sessions/seed_batch", "",
+             "{\"items\": [{\"rsid\": \"rs-sync-b\", \"task_id\": \"task-fork\"}]}", &r);
+    lbt_assert_error(&r, 500, "internal");
+    ck_assert_msg(strstr(r.body, "could not be made durable"), "%s", r.body);
+    lbt_resp_free(&r);
+    /* lent and recorded: a seed of the session (a child has its parent's task_id) returns it */
+    for (size_t i = 0; i < sizeof(rsids) / sizeof(rsids[0]); i++) {
+        char *out;
+
+        session_sandbox(&K, rsids[i], id);
+        lease = lbt_seed(&K, rsids[i], "task-fork", NULL);
+        ck_assert_str_eq(str(lease, "sandbox_id"), id);
+        ck_assert(json_is_true(json_object_get(lease, "reused")));
+        json_decref(lease);
+        out = lbt_sh(&K, id, "echo up");
+        ck_assert_str_eq(out, "up\n");
+        free(out);
+    }
+    /* the fault spent: the next fork's leases sync */
+    fork_req(&K, a, "", "{\"sessions\": [\"rs-sync-3\"]}", &r);
+    ck_assert_msg(r.status == 200, "fork: %ld %s", r.status, r.body);
+    ck_assert_int_eq(json_integer_value(json_object_get(
+                         json_array_get(json_object_get(r.json, "children"), 0), "status")),
+                     200);
+    lbt_resp_free(&r);
+    lbt_release_session(&K, "rs-sync-3");
+    for (size_t i = 0; i < sizeof(rsids) / sizeof(rsids[0]); i++)
+        lbt_release_session(&K, rsids[i]);
+    lbt_release_session(&K, "rs-sync-parent"); /* the fixture stops K */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fork");
@@ -485,6 +550,7 @@ int main(void)
     lbt_test_daemon_cleanup(tc, &K);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_kill_during_fork);
+    tcase_add_test(tc, test_lease_sync_failure);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

@@ -94,7 +94,7 @@ static void setup(void)
     r.provider = "local";
     r.state = LB_STATE_STARTING;
     ck_assert_int_eq(store_insert_sandbox(st, &r, 0, &err), 0);
-    ck_assert_int_eq(store_mark_lent(st, SBX, "{}", "h", &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, SBX, "{}", "h", true, &err), 0);
     ck_assert_int_eq(registry_new(&reg), 0);
     ret = lend_new(&lc, st, reg, &lend, &err);
     ck_assert_msg(ret == 0, "lend_new: %d %s", ret, err.message);

@@ -13,6 +13,7 @@
 #include "store/store.h"
 #include "store/store_internal.h"
 #include "util/clock.h"
+#include "util/fault.h"
 
 static char tmpdir[64];
 static char dbpath[128];
@@ -356,7 +357,7 @@ START_TEST(test_records_carry_provider)
         r = mkrec(ids[i], rsid);
         r.provider = (char *)provs[i];
         insert_ok(st, &r);
-        ck_assert_int_eq(store_mark_lent(st, ids[i], "{}", "h", &err), 0);
+        ck_assert_int_eq(store_mark_lent(st, ids[i], "{}", "h", true, &err), 0);
     }
     ck_assert_int_eq(store_mark_stopping(st, "sbx-p2", "released", &err), 0);
     ck_assert_int_eq(store_mark_stop_failed(st, "sbx-p2", LB_STATE_STOP_FAILED, "down", 1, &err),
@@ -407,7 +408,7 @@ START_TEST(test_one_live_per_rsid)
                   err.message);
 
     /* Lent is live too. */
-    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", NULL, &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", NULL, true, &err), 0);
     ck_assert_int_eq(store_insert_sandbox(st, &b, 0, &err), -EEXIST);
     /* stopping is not live (the record left the live set once a stop was intended). */
     ck_assert_int_eq(store_mark_stopping(st, "sbx-a", "released", &err), 0);
@@ -447,7 +448,7 @@ START_TEST(test_transitions)
     ck_assert_int_eq(store_set_descriptor(st, "sbx-t", "{\"pid\":1}", &err), 0);
     ck_assert_int_eq(state_of(st, "sbx-t"), LB_STATE_STARTING);
 
-    ck_assert_int_eq(store_mark_lent(st, "sbx-t", "{\"pid\":2}", hash, &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-t", "{\"pid\":2}", hash, true, &err), 0);
     ck_assert_int_eq(store_get_sandbox(st, "sbx-t", &got, &err), 0);
     ck_assert_int_eq(got.state, LB_STATE_LENT);
     ck_assert_str_eq(got.descriptor_json, "{\"pid\":2}");
@@ -459,7 +460,7 @@ START_TEST(test_transitions)
     ck_assert_int_eq(store_mark_stopping(st, "sbx-t", "released", &err), 0);
     ck_assert_int_eq(store_get_live_by_rsid(st, "rs-t", &got, &err), -ENOENT);
     /* No longer starting: cannot be lent again. */
-    ck_assert_int_eq(store_mark_lent(st, "sbx-t", NULL, NULL, &err), -EBUSY);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-t", NULL, NULL, true, &err), -EBUSY);
     ck_assert_int_eq(state_of(st, "sbx-t"), LB_STATE_STOPPING);
 
     ck_assert_int_eq(store_mark_stopped(st, "sbx-t", NULL, &err), 0);
@@ -474,7 +475,7 @@ START_TEST(test_transitions)
     store_record_release(&got);
 
     /* Every transition on a missing id is -ENOENT. */
-    ck_assert_int_eq(store_mark_lent(st, "sbx-x", NULL, NULL, &err), -ENOENT);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-x", NULL, NULL, true, &err), -ENOENT);
     ck_assert_int_eq(err.code, -ENOENT);
     ck_assert_int_eq(store_set_descriptor(st, "sbx-x", "{}", &err), -ENOENT);
     ck_assert_int_eq(store_mark_stopping(st, "sbx-x", NULL, &err), -ENOENT);
@@ -482,6 +483,33 @@ START_TEST(test_transitions)
     ck_assert_int_eq(store_mark_stop_failed(st, "sbx-x", LB_STATE_STOP_FAILED, "e", 0, &err),
                      -ENOENT);
     ck_assert_int_eq(raw_int("SELECT COUNT(*) FROM sandboxes"), 1);
+    store_close(st);
+}
+END_TEST
+
+/* A lease committed without its own sync (a fork's or a seed_batch's) is lent at once, and
+ * store_sync then syncs it; the fault point store.sync makes the sync fail, and the record stays
+ * as written. */
+START_TEST(test_mark_lent_unsynced_then_sync)
+{
+    struct lb_error err = {0};
+    struct lb_store *st = open_store();
+    struct lb_record a = mkrec("sbx-s", "rs-s"), got;
+
+    insert_ok(st, &a);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-s", "{}", "hash", false, &err), 0);
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-s", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_LENT);
+    store_record_release(&got);
+    ck_assert_int_eq(store_sync(st, &err), 0);
+    ck_assert_int_eq(fault_load("store.sync=fail:1", &err), 0);
+    ck_assert_int_eq(store_sync(st, &err), -EIO);
+    ck_assert_msg(strstr(err.message, "store.sync"), "%s", err.message);
+    ck_assert_int_eq(store_sync(st, &err), 0); /* the one failure spent */
+    fault_reset();
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-s", &got, &err), 0);
+    ck_assert_int_eq(got.state, LB_STATE_LENT);
+    store_record_release(&got);
     store_close(st);
 }
 END_TEST
@@ -494,7 +522,7 @@ START_TEST(test_updated_at_on_write)
 
     insert_ok(st, &r);
     raw_exec("UPDATE sandboxes SET updated_at = 1");
-    ck_assert_int_eq(store_mark_lent(st, "sbx-u", NULL, NULL, &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-u", NULL, NULL, true, &err), 0);
     ck_assert_int_eq(store_get_sandbox(st, "sbx-u", &got, &err), 0);
     ck_assert_int_gt(got.updated_at, 1000);
     store_record_release(&got);
@@ -654,8 +682,8 @@ START_TEST(test_token_hash_lookup)
 
     insert_ok(st, &a);
     insert_ok(st, &b);
-    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", "aaaa", &err), 0);
-    ck_assert_int_eq(store_mark_lent(st, "sbx-b", "{}", "bbbb", &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-a", "{}", "aaaa", true, &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-b", "{}", "bbbb", true, &err), 0);
     ck_assert_int_eq(store_get_by_token_hash(st, "bbbb", &got, &err), 0);
     ck_assert_str_eq(got.id, "sbx-b");
     ck_assert_int_eq(got.state, LB_STATE_LENT);
@@ -1413,13 +1441,13 @@ START_TEST(test_events_feed)
     insert_ok(st, &b);
     w.pool_class = "default";
     insert_ok(st, &w);
-    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), 0);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, true, &err), 0);
     ck_assert_int_eq(hook_calls, 1);
     /* the hook is told whose event the commit wrote (the event feed wakes only its readers) */
     ck_assert_str_eq(hook_last, "sbx-e1/rs-e1;");
     /* a transition that fails writes no event (and wakes nobody) */
-    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, &err), -EBUSY);
-    ck_assert_int_eq(store_mark_lent(st, "sbx-none", "{}", NULL, &err), -ENOENT);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-e1", "{}", NULL, true, &err), -EBUSY);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-none", "{}", NULL, true, &err), -ENOENT);
     ck_assert_int_eq(hook_calls, 1);
     ck_assert_int_eq(store_set_expires(st, "sbx-e1", clock_now_s() + 60, &err), 0);
     ck_assert_int_eq(store_mark_stopping(st, "sbx-e1", "lost", &err), 0);
@@ -1529,7 +1557,7 @@ START_TEST(test_events_read_to)
     int64_t next = -1, read_to = -1;
 
     insert_ok(st, &a);
-    ck_assert_int_eq(store_mark_lent(st, "sbx-r1", "{}", NULL, &err), 0);         /* seq 1 */
+    ck_assert_int_eq(store_mark_lent(st, "sbx-r1", "{}", NULL, true, &err), 0);   /* seq 1 */
     ck_assert_int_eq(store_record_event(st, "paused", "sbx-r1", NULL, &err), 0);  /* 2 */
     ck_assert_int_eq(store_record_event(st, "resumed", "sbx-r1", NULL, &err), 0); /* 3 */
     /* nothing matches: next stays since, read_to is the newest seq */
@@ -1569,6 +1597,7 @@ static Suite *store_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_state_names);
+    tcase_add_test(tc, test_mark_lent_unsynced_then_sync);
     tcase_add_test(tc, test_open_close_reopen);
     tcase_add_test(tc, test_migration_sets_user_version);
     tcase_add_test(tc, test_snapshot_records);
