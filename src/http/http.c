@@ -149,6 +149,47 @@ static enum MHD_Result request_fail(struct lb_request *req, const struct lb_erro
     return http_request_queue(req);
 }
 
+/* Is a body on its way that the client sends whatever the answer, and short enough to read
+ * and drop: a Content-Length of 1 to DRAIN_MAX_BYTES (libmicrohttpd ends the body there) without
+ * "Expect: 100-continue" (such a client waits for the go-ahead and sends nothing when it gets an
+ * answer instead)? A chunked body, of no known end, is answered at once as before. */
+static bool request_body_coming(struct lb_request *req)
+{
+    const char *clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Transfer-Encoding");
+    const char *expect = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Expect");
+    unsigned long long n;
+    char *end;
+
+    if (expect && strcasecmp(expect, "100-continue") == 0)
+        return false;
+    if (!clen || (te && strcasecmp(te, "chunked") == 0))
+        return false;
+    n = strtoull(clen, &end, 10);
+    return *end == '\0' && n > 0 && n <= DRAIN_MAX_BYTES;
+}
+
+/* Refuse a request before its handler ran (no route, a bad token, the in-flight budget, bad
+ * UTF-8): as request_fail, but when a body is coming (request_body_coming) the answer waits
+ * until the body has been read and dropped (PHASE_DRAIN). Answered at once, libmicrohttpd
+ * closes the connection on the unread rest; the kernel then resets it, and the client, still
+ * sending, saw "Send failure: Broken pipe" or "Connection reset" instead of the answer (4 of
+ * 100 2 MiB exec bodies over the budget, here, at load). The connection's timeout bounds a
+ * client that stalls. */
+static enum MHD_Result request_refuse(struct lb_request *req, const struct lb_error *err)
+{
+    if (!request_body_coming(req))
+        return request_fail(req, err);
+    if (err->code == -EPROTONOSUPPORT) {
+        http_respond_json(req, 405, http_error_json("method_not_allowed", err->message));
+        http_response_header(req, "Allow", req->allow);
+    } else {
+        http_respond_error(req, err);
+    }
+    req->phase = PHASE_DRAIN;
+    return MHD_YES;
+}
+
 /* An error of the front end's own whose status has no errno in util/error.h (414, 431). */
 static enum MHD_Result request_fail_status(struct lb_request *req, unsigned status,
                                            const char *code, const char *message)
@@ -258,9 +299,9 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
     if (request_head_too_large(req, &ret))
         return ret;
     if (request_check_utf8(req, url, err) < 0 || request_route(req, url, err) < 0)
-        return request_fail(req, err);
+        return request_refuse(req, err);
     if (http_request_authorize(req, err) < 0)
-        return request_fail(req, err);
+        return request_refuse(req, err);
     limit = req->route->raw_body ? http_raw_limit(req) : h->cfg.max_body_bytes;
     lb_buf_init(&req->body, limit);
     clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
@@ -285,7 +326,7 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         }
         if (*end == '\0' && !req->route->raw_body && !http_inflight_take(req, (size_t)n)) {
             http_inflight_error(req, err);
-            return request_fail(req, err);
+            return request_refuse(req, err);
         }
     }
     if (!req->route->raw_body) {
@@ -299,7 +340,7 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
         if (err->code == 0)
             lb_error_set(err, -EIO, "handler failed");
         req->phase = PHASE_BODY;
-        return request_fail(req, err);
+        return request_refuse(req, err);
     }
     if (req->phase == PHASE_DEFERRED)
         req->phase = PHASE_OPENING; /* suspended until the job has opened the sink */

@@ -128,8 +128,9 @@ enum request_phase {
     PHASE_BODY,     /* a JSON body is arriving (buffered) */
     PHASE_OPENING,  /* streamed body: the handler's job is opening its sink; suspended */
     PHASE_STREAM,   /* streamed body: chunks go to the sink as they arrive */
-    PHASE_DRAIN,    /* streamed body refused before a byte was read: read and dropped, then
-                       the response set by the job goes out */
+    PHASE_DRAIN,    /* refused before a byte of the body was read (a streamed body's job, or
+                       the front end: route, token, budget): the body is read and dropped,
+                       then the response already set goes out */
     PHASE_DEFERRED, /* the whole body is here; a job is making the response; suspended */
     PHASE_PARKED,   /* the whole body is here; waiting for a wake or deadline; suspended */
     PHASE_DONE,
