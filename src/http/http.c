@@ -187,6 +187,14 @@ static enum MHD_Result request_refuse(struct lb_request *req, const struct lb_er
         http_respond_error(req, err);
     }
     req->phase = PHASE_DRAIN;
+    if (req->principal == LB_PRINCIPAL_ANONYMOUS) {
+        /* no token (yet): such a client gets header_timeout_s for the whole of its body, idle or
+         * trickling, as for its headers; it holds a connection no longer than before */
+        unsigned t = req->http->cfg.header_timeout_s;
+
+        MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT, t);
+        req->drain_deadline_ms = clock_mono_ms() + (int64_t)t * 1000;
+    }
     return MHD_YES;
 }
 
@@ -410,7 +418,9 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         if (*upload_data_size == 0)
             return http_request_queue(req); /* the body has ended */
         *upload_data_size = 0;
-        return MHD_YES;
+        /* an anonymous client's time is up: close (libmicrohttpd cannot answer mid-body) */
+        return req->drain_deadline_ms > 0 && clock_mono_ms() > req->drain_deadline_ms ? MHD_NO
+                                                                                      : MHD_YES;
     case PHASE_DEFERRED:
         if (*upload_data_size == 0)
             return http_request_queue(req); /* resumed: the job has set the response */

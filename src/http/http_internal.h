@@ -158,8 +158,9 @@ struct lb_request {
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
-    uint64_t announced_len;   /* the body's Content-Length; UINT64_MAX: none (chunked) */
-    struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
+    uint64_t announced_len;    /* the body's Content-Length; UINT64_MAX: none (chunked) */
+    int64_t drain_deadline_ms; /* PHASE_DRAIN of an anonymous refusal: close past it (0: none) */
+    struct lb_error sink_err;  /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
     struct MHD_Response *response;
     unsigned status;

@@ -412,6 +412,42 @@ START_TEST(test_refusal_waits_for_the_body)
 }
 END_TEST
 
+/* A refused client with no valid token gets no longer for its body than for its headers
+ * (server.header_timeout_s, 10 s here): one that trickles a byte every 250 ms of an announced
+ * 1 MiB body after a bad token is closed within that bound plus a margin, not kept reading for
+ * days; an answer it may have got is a 401. */
+START_TEST(test_anonymous_refusal_body_bounded)
+{
+    char head[512], path[256], c = 'x', buf[512];
+    int fd = connect_from("127.0.0.1", &D, false);
+    double t0 = lbt_now();
+    bool closed = false;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", SBX);
+    snprintf(head, sizeof(head),
+             "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer lbo_not_a_token\r\n"
+             "Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n",
+             path);
+    send_all(fd, head, strlen(head));
+    while (!closed && lbt_now() - t0 < 25) {
+        ssize_t n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+
+        if (n > 0) {
+            buf[n] = '\0';
+            ck_assert_msg(strncmp(buf, "HTTP/1.1 401", 12) == 0, "%s", buf);
+        }
+        closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                 send(fd, &c, 1, MSG_NOSIGNAL) != 1;
+        if (!closed)
+            lbt_sleep_ms(250);
+    }
+    fprintf(stderr, "test_limits: anonymous trickle closed after %.1f s\n", lbt_now() - t0);
+    ck_assert_msg(closed, "a bad token's trickled body still read after %.1f s", lbt_now() - t0);
+    close(fd);
+    lbt_assert_healthy(&D);
+}
+END_TEST
+
 /* ---------- connections ---------- */
 
 static void raise_own_fd_limit(rlim_t want)
@@ -1130,6 +1166,7 @@ int main(void)
     tcase_add_test(mem, test_over_limit_upload_leaves_no_temp_file);
     tcase_add_test(mem, test_inflight_budget_429);
     tcase_add_test(mem, test_refusal_waits_for_the_body);
+    tcase_add_test(mem, test_anonymous_refusal_body_bounded);
     suite_add_tcase(s, mem);
     lbt_fixture_add(sbxmem, &(struct lbt_fixture){.d = &D, .args = MEMORY_ARGS, .seed = seed},
                     true);
