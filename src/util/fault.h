@@ -21,6 +21,8 @@
  * the copy not started), snapshot.publish (a snapshot's tree stored, its name not yet linked),
  * host.keyrings (checked once at start: "fail" makes the daemon refuse itself the kernel
  * keyring calls with EPERM, as a container's syscall filter does to a daemon inside it),
+ * bwrap.mount_race (a local create, right before it starts bwrap: "fail" stands for bwrap
+ * losing the race of its recursive binds with a host mount going away, without starting it),
  * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
  * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
  * operate.enter (an operate-token act in a sandbox, its job started, before it takes the

@@ -612,6 +612,21 @@ out:
     return r;
 }
 
+/* How often a create starts bwrap when it lost the race below. */
+#define SPAWN_MOUNT_RACE_TRIES 4
+
+/* Did bwrap fail because a mount under a directory it binds recursively went away while it
+ * bound it (its recursive bind lists the submounts, then remounts each with its flags, and one
+ * unmounted in between: "Unable to apply mount flags: remount ...": bubblewrap issue #650)? On
+ * a host sandbox, whose root binds the host's directories, every mount another sandbox, image
+ * or engine makes or drops under them (here: other sandboxes' tmpfs under the state dir in
+ * /var) can do it; nothing of the sandbox has run, so it is started again. */
+static bool spawn_lost_mount_race(const struct lb_error *err)
+{
+    return err && (strstr(err->message, "Unable to apply mount flags") ||
+                   strstr(err->message, "Unable to remount recursively"));
+}
+
 /* Bring bwrap and the init (pid) to the daemon's nice value (its main thread's) when the
  * calling thread runs at another one: a warm pool's refill threads run nicer (pool.refill_nice)
  * so that creations yield the CPU to requests, and the sandbox they made must not keep that.
@@ -892,10 +907,28 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
                    workdir, res, hosts, &argv, err);
     if (r < 0)
         goto fail;
-    r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL,
-                      spec && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
-                                                         : lp->create_timeout_ms,
-                      &pid, err);
+    for (int attempt = 1;; attempt++) {
+        /* tests: "fail" stands for bwrap losing that race (below), without starting it */
+        r = fault_hit("bwrap.mount_race", 0, err);
+        if (r < 0)
+            r = lb_error_set(err, -EREMOTEIO,
+                             "sandbox failed to start: bwrap: Can't bind mount /oldroot/var on "
+                             "/newroot/var: Unable to apply mount flags: remount (injected: "
+                             "bwrap.mount_race)");
+        else
+            r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL,
+                              spec && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
+                                                                 : lp->create_timeout_ms,
+                              &pid, err);
+        if (r == 0 || attempt == SPAWN_MOUNT_RACE_TRIES || !spawn_lost_mount_race(err))
+            break;
+        /* nothing of the sandbox ran: bwrap's child died setting up its mounts */
+        log_info_sbx(ref->id,
+                     "sandbox %s: bwrap lost a race with a host mount that went away "
+                     "(attempt %d of %d); starting it again: %s",
+                     ref->id, attempt, SPAWN_MOUNT_RACE_TRIES, err->message);
+        pid = 0;
+    }
     if (r < 0)
         goto fail;
     /* the link and its rules, before the seed returns */
