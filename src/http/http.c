@@ -150,9 +150,10 @@ static enum MHD_Result request_fail(struct lb_request *req, const struct lb_erro
 }
 
 /* Is a body on its way that the client sends whatever the answer, and short enough to read
- * and drop: a Content-Length of 1 to DRAIN_MAX_BYTES (libmicrohttpd ends the body there) without
- * "Expect: 100-continue" (such a client waits for the go-ahead and sends nothing when it gets an
- * answer instead)? A chunked body, of no known end, is answered at once as before. */
+ * and drop: a Content-Length of 1 to DRAIN_MAX_BYTES without "Expect: 100-continue" (such a
+ * client waits for the go-ahead and sends nothing when it gets an answer instead), and without
+ * any Transfer-Encoding (libmicrohttpd then ignores Content-Length and reads until the client
+ * closes: there is no end to wait for)? */
 static bool request_body_coming(struct lb_request *req)
 {
     const char *clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
@@ -161,41 +162,37 @@ static bool request_body_coming(struct lb_request *req)
     unsigned long long n;
     char *end;
 
-    if (expect && strcasecmp(expect, "100-continue") == 0)
-        return false;
-    if (!clen || (te && strcasecmp(te, "chunked") == 0))
+    if ((expect && strcasecmp(expect, "100-continue") == 0) || !clen || te)
         return false;
     n = strtoull(clen, &end, 10);
     return *end == '\0' && n > 0 && n <= DRAIN_MAX_BYTES;
 }
 
-/* Refuse a request before its handler ran (no route, a bad token, the in-flight budget, bad
- * UTF-8): as request_fail, but when a body is coming (request_body_coming) the answer waits
- * until the body has been read and dropped (PHASE_DRAIN). Answered at once, libmicrohttpd
- * closes the connection on the unread rest; the kernel then resets it, and the client, still
- * sending, saw "Send failure: Broken pipe" or "Connection reset" instead of the answer (4 of
- * 100 2 MiB exec bodies over the budget, here, at load). The connection's timeout bounds a
- * client that stalls. */
+/* Refuse a request of an authenticated client before its handler ran (the in-flight budget, a
+ * streamed route's handler failing): as request_fail, but when a body is coming
+ * (request_body_coming) the answer waits until the body has been read and dropped
+ * (PHASE_DRAIN). Answered at once, libmicrohttpd closes the connection on the unread rest; the
+ * kernel then resets it, and the client, still sending, saw "Send failure: Broken pipe" or
+ * "Connection reset" instead of the answer (4 of 100 2 MiB exec bodies over the budget, here,
+ * at load). The connection's timeout bounds a client that stalls. A client not known by a token
+ * (no route yet, no valid token) is answered at once, as before: reading its body first would
+ * let it hold a connection longer than its headers may. */
 static enum MHD_Result request_refuse(struct lb_request *req, const struct lb_error *err)
 {
-    if (!request_body_coming(req))
+    if (req->principal == LB_PRINCIPAL_ANONYMOUS || !request_body_coming(req))
         return request_fail(req, err);
-    if (err->code == -EPROTONOSUPPORT) {
-        http_respond_json(req, 405, http_error_json("method_not_allowed", err->message));
-        http_response_header(req, "Allow", req->allow);
-    } else {
-        http_respond_error(req, err);
-    }
+    http_respond_error(req, err);
     req->phase = PHASE_DRAIN;
-    if (req->principal == LB_PRINCIPAL_ANONYMOUS) {
-        /* no token (yet): such a client gets header_timeout_s for the whole of its body, idle or
-         * trickling, as for its headers; it holds a connection no longer than before */
-        unsigned t = req->http->cfg.header_timeout_s;
-
-        MHD_set_connection_option(req->conn, MHD_CONNECTION_OPTION_TIMEOUT, t);
-        req->drain_deadline_ms = clock_mono_ms() + (int64_t)t * 1000;
-    }
     return MHD_YES;
+}
+
+/* Does the request bring a body (a Content-Length other than 0, or any Transfer-Encoding)? */
+static bool request_has_body(struct lb_request *req)
+{
+    const char *clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
+
+    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Transfer-Encoding") ||
+           (clen && strcmp(clen, "0") != 0);
 }
 
 /* An error of the front end's own whose status has no errno in util/error.h (414, 431). */
@@ -307,9 +304,15 @@ static enum MHD_Result request_begin(struct lb_http *h, struct lb_request *req, 
     if (request_head_too_large(req, &ret))
         return ret;
     if (request_check_utf8(req, url, err) < 0 || request_route(req, url, err) < 0)
-        return request_refuse(req, err);
+        return request_fail(req, err);
     if (http_request_authorize(req, err) < 0)
-        return request_refuse(req, err);
+        return request_fail(req, err);
+    /* the routes without a token (health, readiness, metrics) take no body: one would hold a
+     * connection and a share of the in-flight budget for a client nobody knows */
+    if (req->route->auth == LB_AUTH_NONE && request_has_body(req)) {
+        lb_error_set(err, -EFBIG, "%s %s takes no request body", req->method, url);
+        return request_fail(req, err);
+    }
     limit = req->route->raw_body ? http_raw_limit(req) : h->cfg.max_body_bytes;
     lb_buf_init(&req->body, limit);
     clen = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Content-Length");
@@ -418,9 +421,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *conn, const
         if (*upload_data_size == 0)
             return http_request_queue(req); /* the body has ended */
         *upload_data_size = 0;
-        /* an anonymous client's time is up: close (libmicrohttpd cannot answer mid-body) */
-        return req->drain_deadline_ms > 0 && clock_mono_ms() > req->drain_deadline_ms ? MHD_NO
-                                                                                      : MHD_YES;
+        return MHD_YES;
     case PHASE_DEFERRED:
         if (*upload_data_size == 0)
             return http_request_queue(req); /* resumed: the job has set the response */

@@ -129,7 +129,7 @@ enum request_phase {
     PHASE_OPENING,  /* streamed body: the handler's job is opening its sink; suspended */
     PHASE_STREAM,   /* streamed body: chunks go to the sink as they arrive */
     PHASE_DRAIN,    /* refused before a byte of the body was read (a streamed body's job, or
-                       the front end: route, token, budget): the body is read and dropped,
+                       the front end: the in-flight budget): the body is read and dropped,
                        then the response already set goes out */
     PHASE_DEFERRED, /* the whole body is here; a job is making the response; suspended */
     PHASE_PARKED,   /* the whole body is here; waiting for a wake or deadline; suspended */
@@ -158,9 +158,8 @@ struct lb_request {
     struct lb_body_sink sink; /* streamed body (while sink_open) */
     bool sink_open;
     uint64_t streamed_bytes;
-    uint64_t announced_len;    /* the body's Content-Length; UINT64_MAX: none (chunked) */
-    int64_t drain_deadline_ms; /* PHASE_DRAIN of an anonymous refusal: close past it (0: none) */
-    struct lb_error sink_err;  /* why a streamed body failed (code 0: it did not) */
+    uint64_t announced_len;   /* the body's Content-Length; UINT64_MAX: none (chunked) */
+    struct lb_error sink_err; /* why a streamed body failed (code 0: it did not) */
     int64_t start_ms;
     struct MHD_Response *response;
     unsigned status;

@@ -369,6 +369,12 @@ int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, stru
         store_record_release(&rec);
         return lb_error_set(err, -ENOENT, "session %s has no lent sandbox", rsid);
     }
+    /* a lease a running fork or batch lent is durable before it is handed out */
+    r = lend_sync_leases(l, err);
+    if (r < 0) {
+        store_record_release(&rec);
+        return r;
+    }
     *lease_out = lend_render_lease(l, &rec, false);
     store_record_release(&rec);
     return *lease_out ? 0 : lb_error_set(err, -ENOMEM, "out of memory");
@@ -434,6 +440,11 @@ static json_t *lend_render_listed_sandbox(struct lb_lend *l, const struct lb_rec
 
 int lend_list_leases(struct lb_lend *l, const char *state, json_t **out, struct lb_error *err)
 {
+    /* leases a running fork or batch lent are durable before they are handed out */
+    int r = lend_sync_leases(l, err);
+
+    if (r < 0)
+        return r;
     /* without a filter: the sessions that have a lease */
     return lend_list(l, state, LB_STATE_LENT, "sessions", lend_render_listed_lease, out, err);
 }

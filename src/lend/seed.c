@@ -584,8 +584,14 @@ int lend_seed_session(struct lb_lend *l, const char *rsid, const struct lb_seed_
             r = lb_error_set(err, -EEXIST, "session %s already has sandbox %s", rsid, live.id);
         } else if (live.task_id && strcmp(live.task_id, req->task_id) == 0 &&
                    live.state == LB_STATE_LENT) {
-            *lease_out = lend_render_lease(l, &live, true);
-            metrics_add(LB_M_SEEDS_REUSED, 1);
+            /* a lease a running fork or batch lent is durable before it is handed out */
+            r = req->sync_later ? 0 : lend_sync_leases(l, err);
+            if (r == 0)
+                *lease_out = lend_render_lease(l, &live, true);
+            if (r == 0 && !*lease_out)
+                r = lb_error_set(err, -ENOMEM, "out of memory");
+            if (r == 0)
+                metrics_add(LB_M_SEEDS_REUSED, 1);
         } else {
             r = lb_error_set(err, -EEXIST,
                              "session %s already has sandbox %s for task '%s', not '%s'", rsid,

@@ -537,6 +537,8 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
     /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full),
      * or the caller syncs a batch of them at once (store_sync) */
     ret = store_txn_write(st, mark_lent_fn, &a, false, durable, err);
+    if (ret >= 0 && !durable)
+        atomic_fetch_add(&st->unsynced_leases, 1);
     return ret < 0 ? ret : 0;
 }
 

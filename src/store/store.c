@@ -379,27 +379,55 @@ void store_sync_full(struct lb_store *st, bool on)
 }
 
 /* see store.h. The WAL's frames are written with write(2) at every commit; an fsync of any
- * descriptor of the file flushes them (the one SQLite itself syncs at FULL). Without a WAL file
- * (none yet) the database file is synced instead. */
+ * descriptor of the file flushes them (the one SQLite itself syncs at FULL). The connection is in
+ * WAL mode from its open, so a lease committed at NORMAL is in the WAL (or, after a checkpoint,
+ * in the database file, which the checkpoint synced): a missing WAL is an error, not a reason
+ * to sync something else. */
 int store_sync(struct lb_store *st, struct lb_error *err)
 {
+    unsigned long long want = atomic_load(&st->unsynced_leases), done;
     char path[4096];
-    int fd, r = fault_hit("store.sync", 0, err);
+    int fd, r;
 
+    if (want == atomic_load(&st->synced_leases))
+        return 0; /* nothing committed unsynced since the last sync */
+    if (atomic_load(&st->sync_broken))
+        return lb_error_set(err, -EIO,
+                            "store: an earlier fsync of the database failed; leases can no longer "
+                            "be made durable (restart lendboxd)");
+    r = fault_hit("store.sync", 0, err);
     if (r < 0)
-        return r;
+        goto broken;
     if (snprintf(path, sizeof(path), "%s-wal", st->path) >= (int)sizeof(path))
         return lb_error_set(err, -ENAMETOOLONG, "store: database path too long");
     fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT)
-        fd = open(st->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return lb_error_set(err, -errno, "store: cannot open %s to sync it: %s", path,
-                            strerror(errno));
+    if (fd < 0) {
+        r = lb_error_set(err, -errno, "store: cannot open %s to sync it: %s", path,
+                         strerror(errno));
+        goto broken;
+    }
     if (fsync(fd) < 0)
         r = lb_error_set(err, -errno, "store: fsync of %s: %s", path, strerror(errno));
     close(fd);
+    if (r < 0)
+        goto broken;
+    /* every lease counted before the fsync is on disk: raise the mark (never lower it) */
+    done = atomic_load(&st->synced_leases);
+    while (done < want && !atomic_compare_exchange_weak(&st->synced_leases, &done, want))
+        ;
+    return 0;
+broken:
+    /* after a failed fsync the kernel may have dropped the dirty pages and a later fsync would
+     * report success for frames that never reached the disk: no lease is said durable again */
+    atomic_store(&st->sync_broken, true);
+    log_error("store: %s; no more leases can be made durable until lendboxd is restarted",
+              err ? err->message : "fsync failed");
     return r;
+}
+
+bool store_sync_pending(struct lb_store *st)
+{
+    return atomic_load(&st->unsynced_leases) != atomic_load(&st->synced_leases);
 }
 
 /* ---- stepping a write, and spending the space reserve for a stop's (reserve.c makes it) ---- */

@@ -151,12 +151,17 @@ void store_records_free(struct lb_record *recs, size_t n);
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
                     const char *token_hash, bool durable, struct lb_error *err);
 
-/* Make every transaction committed so far durable: fsync(2) of the database's WAL (a
- * checkpoint that emptied it synced the database file itself). For callers of
- * store_mark_lent(durable = false) before they answer. 0, or -EIO and friends (err set;
- * fault point "store.sync"). Thread-safe; takes no store lock (the commits it makes durable
- * are already written). */
+/* Make every lease committed with store_mark_lent(durable = false) so far durable: one
+ * fsync(2) of the database's WAL (a checkpoint that moved frames to the database file synced
+ * that file itself); nothing when there is none since the last sync. For those callers before
+ * they answer, and before any lease is handed out (a seed's repeat, GET of a session). 0, or
+ * -EIO and friends (err set; fault point "store.sync"). A failure is sticky: every later call
+ * fails too (the kernel may drop the pages a failed fsync left, and a later fsync would say
+ * "synced" of frames that are not), until the daemon is restarted. Thread-safe; takes no store
+ * lock (the commits it makes durable are already written). */
 int store_sync(struct lb_store *st, struct lb_error *err);
+/* Are there leases committed without their own sync that store_sync has not synced yet? */
+bool store_sync_pending(struct lb_store *st);
 
 /* Record the descriptor without changing state (a create that returned before a failure). */
 int store_set_descriptor(struct lb_store *st, const char *id, const char *descriptor_json,

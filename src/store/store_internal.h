@@ -96,6 +96,10 @@ struct lb_store {
     int64_t reserve_tried_ms; /* last attempt to make it */
     int64_t probed_ms;        /* last write check after a failed write */
     atomic_bool write_failed; /* the last write failed for lack of space or an I/O error */
+    /* leases committed without their own sync (store_mark_lent durable = false), and how many
+     * of them store_sync has synced; sync_broken: an fsync failed (sticky: store.h) */
+    atomic_ullong unsynced_leases, synced_leases;
+    atomic_bool sync_broken;
     /* the event feed (events.c); under lock but events_on */
     atomic_bool events_on; /* write events (always, but for a bench's comparison) */
     bool events_appended;  /* the transaction under way wrote an event */

@@ -20,9 +20,10 @@
  *   fork.children=delay), then a restart: the snapshot is collected, no stored tree is left,
  *   and the parent still runs
  * - the children's leases are made durable by one sync after the last child (each child's
- *   commit is left unsynced): when that sync fails (fault store.sync=fail), the fork and a
- *   seed_batch answer 500 naming it, the sandboxes stay lent and recorded, a seed of each
- *   session returns its sandbox, and the next fork (the fault spent) answers 200
+ *   commit is left unsynced): when that sync fails (fault store.sync=fail:1), the fork answers
+ *   500 naming it, and from then on a seed_batch, a GET of a child's session and a repeated seed
+ *   answer 500 too (a failed fsync is not retried); after a restart the sandboxes are there,
+ *   lent, a seed of each session returns its own, and a fork answers 200
  */
 #include <dirent.h>
 #include <linux/magic.h>
@@ -488,7 +489,7 @@ static void session_sandbox(struct lbt_daemon *d, const char *rsid, char *id)
 
 START_TEST(test_lease_sync_failure)
 {
-    const char *const args[] = {"--set", "faults.spec=store.sync=fail:2", NULL};
+    const char *const args[] = {"--set", "faults.spec=store.sync=fail:1", NULL};
     static const char *const rsids[] = {"rs-sync-1", "rs-sync-2", "rs-sync-b"};
     char a[LBT_ID_MAX], id[LBT_ID_MAX];
     struct lbt_resp r;
@@ -501,12 +502,22 @@ START_TEST(test_lease_sync_failure)
     lbt_assert_error(&r, 500, "internal");
     ck_assert_msg(strstr(r.body, "could not be made durable"), "%s", r.body);
     lbt_resp_free(&r);
+    /* a failed fsync is not retried: no lease is handed out until the daemon is restarted */
     lbt_json(&K, "POST", "/v1/sessions/seed_batch", "",
              "{\"items\": [{\"rsid\": \"rs-sync-b\", \"task_id\": \"task-fork\"}]}", &r);
     lbt_assert_error(&r, 500, "internal");
-    ck_assert_msg(strstr(r.body, "could not be made durable"), "%s", r.body);
+    ck_assert_msg(strstr(r.body, "restart lendboxd"), "%s", r.body);
     lbt_resp_free(&r);
-    /* lent and recorded: a seed of the session (a child has its parent's task_id) returns it */
+    lbt_json(&K, "GET", "/v1/sessions/rs-sync-1", "", NULL, &r);
+    lbt_assert_error(&r, 500, "internal");
+    lbt_resp_free(&r);
+    lbt_json(&K, "POST", "/v1/sessions/rs-sync-1/seed", "", "{\"task_id\": \"task-fork\"}", &r);
+    lbt_assert_error(&r, 500, "internal");
+    lbt_resp_free(&r);
+    /* restarted: the sandboxes were lent and recorded, and a seed of each session (a child has
+     * its parent's task_id) returns its own */
+    lbt_daemon_kill(&K); /* no shutdown sweep: the sandboxes stay */
+    lbt_daemon_restart(&K, NULL);
     for (size_t i = 0; i < sizeof(rsids) / sizeof(rsids[0]); i++) {
         char *out;
 
@@ -519,7 +530,6 @@ START_TEST(test_lease_sync_failure)
         ck_assert_str_eq(out, "up\n");
         free(out);
     }
-    /* the fault spent: the next fork's leases sync */
     fork_req(&K, a, "", "{\"sessions\": [\"rs-sync-3\"]}", &r);
     ck_assert_msg(r.status == 200, "fork: %ld %s", r.status, r.body);
     ck_assert_int_eq(json_integer_value(json_object_get(

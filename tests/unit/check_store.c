@@ -487,27 +487,47 @@ START_TEST(test_transitions)
 }
 END_TEST
 
-/* A lease committed without its own sync (a fork's or a seed_batch's) is lent at once, and
- * store_sync then syncs it; the fault point store.sync makes the sync fail, and the record stays
- * as written. */
+/* A lease committed without its own sync (a fork's or a seed_batch's) is lent at once and
+ * pending; store_sync syncs it (and then has nothing to do); a durable one leaves nothing
+ * pending. The fault point store.sync makes a sync fail, and the failure is sticky: a later
+ * sync with something pending fails too (a failed fsync may have dropped the pages), while the
+ * records stay as written. */
 START_TEST(test_mark_lent_unsynced_then_sync)
 {
     struct lb_error err = {0};
     struct lb_store *st = open_store();
-    struct lb_record a = mkrec("sbx-s", "rs-s"), got;
+    struct lb_record a = mkrec("sbx-s", "rs-s"), b = mkrec("sbx-t", "rs-t"),
+                     c = mkrec("sbx-u", "rs-u"), got;
+    char wal[600];
+    struct stat sb;
 
     insert_ok(st, &a);
+    ck_assert(!store_sync_pending(st));
     ck_assert_int_eq(store_mark_lent(st, "sbx-s", "{}", "hash", false, &err), 0);
+    ck_assert(store_sync_pending(st));
     ck_assert_int_eq(store_get_sandbox(st, "sbx-s", &got, &err), 0);
     ck_assert_int_eq(got.state, LB_STATE_LENT);
     store_record_release(&got);
+    /* the WAL is the file that holds it (and the one store_sync opens) */
+    snprintf(wal, sizeof(wal), "%s-wal", dbpath);
+    ck_assert_int_eq(stat(wal, &sb), 0);
+    ck_assert_int_gt(sb.st_size, 0);
     ck_assert_int_eq(store_sync(st, &err), 0);
-    ck_assert_int_eq(fault_load("store.sync=fail:1", &err), 0);
+    ck_assert(!store_sync_pending(st));
+    ck_assert_int_eq(fault_load("store.sync=fail", &err), 0);
+    ck_assert_int_eq(store_sync(st, &err), 0); /* nothing pending: no fsync, no fault */
+    insert_ok(st, &b);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-t", "{}", "hash", true, &err), 0);
+    ck_assert(!store_sync_pending(st)); /* durable by its own commit */
+    insert_ok(st, &c);
+    ck_assert_int_eq(store_mark_lent(st, "sbx-u", "{}", "hash", false, &err), 0);
     ck_assert_int_eq(store_sync(st, &err), -EIO);
     ck_assert_msg(strstr(err.message, "store.sync"), "%s", err.message);
-    ck_assert_int_eq(store_sync(st, &err), 0); /* the one failure spent */
     fault_reset();
-    ck_assert_int_eq(store_get_sandbox(st, "sbx-s", &got, &err), 0);
+    ck_assert_int_eq(store_sync(st, &err), -EIO); /* sticky */
+    ck_assert_msg(strstr(err.message, "restart lendboxd"), "%s", err.message);
+    ck_assert(store_sync_pending(st));
+    ck_assert_int_eq(store_get_sandbox(st, "sbx-u", &got, &err), 0);
     ck_assert_int_eq(got.state, LB_STATE_LENT);
     store_record_release(&got);
     store_close(st);
