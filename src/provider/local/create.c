@@ -623,8 +623,14 @@ out:
  * /var) can do it; nothing of the sandbox has run, so it is started again. */
 static bool spawn_lost_mount_race(const struct lb_error *err)
 {
-    return err && (strstr(err->message, "Unable to apply mount flags") ||
-                   strstr(err->message, "Unable to remount recursively"));
+    /* bwrap's own words, at the start of its report (a caller's path can say anything later on:
+     * the workdir is made by a mkdir, never by such a bind) */
+    static const char head[] = "sandbox failed to start: bwrap: Can't bind mount /oldroot/";
+
+    if (!err || err->code != -EREMOTEIO || strncmp(err->message, head, sizeof(head) - 1) != 0)
+        return false;
+    return strstr(err->message, ": Unable to apply mount flags: remount ") ||
+           strstr(err->message, ": Unable to remount recursively with correct flags");
 }
 
 /* Bring bwrap and the init (pid) to the daemon's nice value (its main thread's) when the
@@ -922,11 +928,15 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
                               &pid, err);
         if (r == 0 || attempt == SPAWN_MOUNT_RACE_TRIES || !spawn_lost_mount_race(err))
             break;
-        /* nothing of the sandbox ran: bwrap's child died setting up its mounts */
+        /* nothing of the sandbox ran: bwrap's child died setting up its mounts; what is left
+         * of the attempt (its pid namespace's init, if bwrap named one) goes first */
         log_info_sbx(ref->id,
-                     "sandbox %s: bwrap lost a race with a host mount that went away "
-                     "(attempt %d of %d); starting it again: %s",
+                     "sandbox %s: bwrap lost a race with a host mount that went away (attempt %d "
+                     "of %d); starting it again: %s",
                      ref->id, attempt, SPAWN_MOUNT_RACE_TRIES, err->message);
+        if (pid > 0)
+            (void)kill(pid, SIGKILL);
+        local_reap_uid_children(d.uid);
         pid = 0;
     }
     if (r < 0)
