@@ -536,9 +536,16 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
                             LB_TOKEN_HASH_HEX);
     /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full),
      * or the caller syncs a batch of them at once (store_sync) */
-    ret = store_txn_write(st, mark_lent_fn, &a, false, durable, err);
+    ret = fault_hit("store.write", 0, err);
+    if (ret < 0)
+        return ret;
+    pthread_mutex_lock(&st->lock);
+    ret = store_txn(st, mark_lent_fn, &a, false, durable, err);
+    /* counted under the lock that the commit held: whoever reads the row lent afterwards and
+     * then asks store_sync (which reads the count under the lock too) finds it counted */
     if (ret >= 0 && !durable)
         atomic_fetch_add(&st->unsynced_leases, 1);
+    pthread_mutex_unlock(&st->lock);
     return ret < 0 ? ret : 0;
 }
 

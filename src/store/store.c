@@ -385,10 +385,14 @@ void store_sync_full(struct lb_store *st, bool on)
  * to sync something else. */
 int store_sync(struct lb_store *st, struct lb_error *err)
 {
-    unsigned long long want = atomic_load(&st->unsynced_leases), done;
+    unsigned long long want, done;
     char path[4096];
     int fd, r;
 
+    /* the count as of the last commit (store_mark_lent counts under this lock) */
+    pthread_mutex_lock(&st->lock);
+    want = atomic_load(&st->unsynced_leases);
+    pthread_mutex_unlock(&st->lock);
     if (want == atomic_load(&st->synced_leases))
         return 0; /* nothing committed unsynced since the last sync */
     if (atomic_load(&st->sync_broken))
