@@ -359,6 +359,11 @@ int lend_record_get_locked(struct lb_lend *l, const char *id, struct lb_record *
     return store_get_sandbox(l->store, id, rec, err);
 }
 
+int lend_sync_leases(struct lb_lend *l, struct lb_error *err)
+{
+    return store_sync(l->store, err);
+}
+
 int lend_get_lease(struct lb_lend *l, const char *rsid, json_t **lease_out, struct lb_error *err)
 {
     struct lb_record rec = {0};

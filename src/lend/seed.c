@@ -554,11 +554,6 @@ out:
     return r;
 }
 
-int lend_sync_leases(struct lb_lend *l, struct lb_error *err)
-{
-    return store_sync(l->store, err);
-}
-
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err)
 {
