@@ -595,8 +595,8 @@ void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_
 
     if (j->sync_r < 0) {
         lb_error_set(&err, j->sync_r,
-                     "the leases could not be made durable (%s); the sandboxes "
-                     "are lent: seed a session again to get its lease",
+                     "the leases could not be made durable (%s); the sandboxes are lent "
+                     "and recorded: restart lendboxd, then seed a session again to get its lease",
                      j->sync_err.message);
         routes_respond(req, j->sync_r, 200, NULL, &err);
         return;
