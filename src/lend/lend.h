@@ -129,9 +129,10 @@ struct lb_seed_request {
 int lend_seed(struct lb_lend *l, const char *rsid, const struct lb_seed_request *req,
               json_t **lease_out, struct lb_error *err);
 
-/* Make the leases of seeds made with sync_later durable (every commit so far synced to disk:
- * store_sync), before they are handed out. 0, or a negative errno with err set (the leases'
- * records are written and lent either way; a later seed of such a session returns its sandbox).
+/* Make the leases of seeds made with sync_later durable (store_sync: one fsync, none when no
+ * such lease is unsynced), before any lease is handed out. 0, or a negative errno with err set:
+ * the leases' records are written and lent either way, and a failure is sticky (no lease is
+ * handed out until the daemon restarts; then a seed of such a session returns its sandbox).
  * Thread-safe. */
 int lend_sync_leases(struct lb_lend *l, struct lb_error *err);
 

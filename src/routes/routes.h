@@ -147,8 +147,8 @@ int routes_seeds_job_new(struct lb_request *req,
  * commit is left unsynced, sync_later) into j->sync_r. From the request's deferred job. */
 void routes_seeds_job_seed(struct lb_request *req, struct routes_seeds_job *j, size_t threads);
 /* Answer 200 {key: the items' results} (routes_seed_items_results), or 500 without memory or
- * when the leases could not be synced (j->sync_r: the sandboxes are lent and recorded; a seed
- * of one of the sessions returns its sandbox). */
+ * when the leases could not be synced (j->sync_r: the sandboxes are lent and recorded; after a
+ * restart of the daemon a seed of one of the sessions returns its sandbox). */
 void routes_seeds_job_respond(struct lb_request *req, const struct routes_seeds_job *j,
                               const char *key);
 /* The job's items and body, then the job (NULL: nothing); http_defer's free. */

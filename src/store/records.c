@@ -493,9 +493,13 @@ static int state_of_locked(struct lb_store *st, const char *id, enum lb_record_s
 
 struct mark_lent_args {
     const char *id, *descriptor_json, *token_hash;
+    bool durable;
 };
 
-/* starting -> lent and the "seeded" event, in one transaction. */
+/* starting -> lent and the "seeded" event, in one transaction. A lease lent without its own
+ * sync is counted here, under the lock its commit holds: whoever reads the row lent afterwards
+ * and then asks store_sync (which reads the count under that lock) finds it counted; a commit
+ * that fails after the count only costs a later sync one more fsync. */
 static int mark_lent_fn(struct lb_store *st, void *ctx, struct lb_error *err)
 {
     const struct mark_lent_args *a = ctx;
@@ -511,8 +515,12 @@ static int mark_lent_fn(struct lb_store *st, void *ctx, struct lb_error *err)
         return ret;
     }
     ret = store_step_write(st, s, "marking a sandbox lent", err);
-    if (ret > 0)
-        return store_append_event(st, "seeded", a->id, NULL, false, err);
+    if (ret > 0) {
+        ret = store_append_event(st, "seeded", a->id, NULL, false, err);
+        if (ret >= 0 && !a->durable)
+            atomic_fetch_add(&st->unsynced_leases, 1);
+        return ret;
+    }
     if (ret < 0)
         return ret;
     /* Nothing changed: tell a missing record from one that is no longer starting. */
@@ -526,7 +534,7 @@ static int mark_lent_fn(struct lb_store *st, void *ctx, struct lb_error *err)
 int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_json,
                     const char *token_hash, bool durable, struct lb_error *err)
 {
-    struct mark_lent_args a = {id, descriptor_json, token_hash};
+    struct mark_lent_args a = {id, descriptor_json, token_hash, durable};
     int ret;
 
     if (!id)
@@ -536,16 +544,7 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
                             LB_TOKEN_HASH_HEX);
     /* the commit that hands out the lease is made at synchronous = FULL (store_sync_full),
      * or the caller syncs a batch of them at once (store_sync) */
-    ret = fault_hit("store.write", 0, err);
-    if (ret < 0)
-        return ret;
-    pthread_mutex_lock(&st->lock);
-    ret = store_txn(st, mark_lent_fn, &a, false, durable, err);
-    /* counted under the lock that the commit held: whoever reads the row lent afterwards and
-     * then asks store_sync (which reads the count under the lock too) finds it counted */
-    if (ret >= 0 && !durable)
-        atomic_fetch_add(&st->unsynced_leases, 1);
-    pthread_mutex_unlock(&st->lock);
+    ret = store_txn_write(st, mark_lent_fn, &a, false, durable, err);
     return ret < 0 ? ret : 0;
 }
 

@@ -157,8 +157,8 @@ int store_mark_lent(struct lb_store *st, const char *id, const char *descriptor_
  * they answer, and before any lease is handed out (a seed's repeat, GET of a session). 0, or
  * -EIO and friends (err set; fault point "store.sync"). A failure is sticky: every later call
  * fails too (the kernel may drop the pages a failed fsync left, and a later fsync would say
- * "synced" of frames that are not), until the daemon is restarted. Thread-safe; takes no store
- * lock (the commits it makes durable are already written). */
+ * "synced" of frames that are not), until the daemon is restarted. Thread-safe; holds the store
+ * lock only to read how many leases were lent unsynced, never across the fsync. */
 int store_sync(struct lb_store *st, struct lb_error *err);
 /* Are there leases committed without their own sync that store_sync has not synced yet? */
 bool store_sync_pending(struct lb_store *st);
