@@ -200,13 +200,23 @@ static int fault_snapshot(struct lb_provider *p, const struct lb_sandbox_ref *re
 }
 
 static int fault_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                                const struct lb_sandbox_spec *spec, int64_t timeout_ms,
-                                struct lb_error *err)
+                                const struct lb_sandbox_spec *spec, const char *hostname,
+                                int64_t timeout_ms, struct lb_error *err)
 {
     int r = fault_point(p, "reset_in_place", 0, err);
 
     return r < 0 ? fault_as_provider(r, err)
-                 : provider_reset_in_place(INNER(p), ref, spec, timeout_ms, err);
+                 : provider_reset_in_place(INNER(p), ref, spec, hostname, timeout_ms, err);
+}
+
+static int fault_hand_over(struct lb_provider *p, const struct lb_sandbox_ref *ref,
+                           const char *new_id, json_t **desc_out, struct lb_error *err)
+{
+    int r = fault_point(p, "hand_over", 0, err);
+
+    *desc_out = NULL;
+    return r < 0 ? fault_as_provider(r, err)
+                 : provider_hand_over(INNER(p), ref, new_id, desc_out, err);
 }
 
 static int fault_snapshot_sweep(struct lb_provider *p, struct lb_error *err)
@@ -267,6 +277,7 @@ int provider_fault_wrap_as(struct lb_provider *inner, int64_t create_timeout_ms,
         .snapshot = fault_snapshot,
         .snapshot_sweep = fault_snapshot_sweep,
         .reset_in_place = fault_reset_in_place,
+        .hand_over = fault_hand_over,
         .destroy = fault_destroy,
         .usage = fault_usage,
         .archive_put = fault_archive_put,

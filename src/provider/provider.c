@@ -232,12 +232,21 @@ int provider_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, stru
 }
 
 int provider_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                            const struct lb_sandbox_spec *spec, int64_t timeout_ms,
-                            struct lb_error *err)
+                            const struct lb_sandbox_spec *spec, const char *hostname,
+                            int64_t timeout_ms, struct lb_error *err)
 {
     if (!p || !p->ops->reset_in_place)
         return lb_error_set(err, -EOPNOTSUPP, "the provider resets only by a stop and a create");
-    return p->ops->reset_in_place(p, ref, spec, timeout_ms, err);
+    return p->ops->reset_in_place(p, ref, spec, hostname, timeout_ms, err);
+}
+
+int provider_hand_over(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *new_id,
+                       json_t **desc_out, struct lb_error *err)
+{
+    *desc_out = NULL;
+    if (!p || !p->ops->hand_over)
+        return lb_error_set(err, -EOPNOTSUPP, "the provider cannot give a sandbox another id");
+    return p->ops->hand_over(p, ref, new_id, desc_out, err);
 }
 
 int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err)

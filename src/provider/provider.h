@@ -272,7 +272,7 @@ typedef int lb_provider_archive_fn(struct lb_provider *p, const struct lb_sandbo
 
 /* The version of struct lb_provider_ops this build expects; a provider sets ops->version to
  * it. Later versions add ops at the end; the daemon refuses a provider of another version. */
-#define LB_PROVIDER_OPS_VERSION 4u
+#define LB_PROVIDER_OPS_VERSION 5u
 
 struct lb_provider_ops {
     const char *name; /* "local", "docker", ... (what records store) */
@@ -392,14 +392,15 @@ struct lb_provider_ops {
     /* Return the running sandbox in place to how its create made it with spec (the spec it
      * was made with, or one that differs only where the provider can say so): every process
      * of it killed, its writable file systems, IPC objects and hostname as new, its identity,
-     * network and limits kept. Blocks until done, at most timeout_ms. -EOPNOTSUPP with nothing
-     * done when this sandbox cannot be reset in place (the caller stops it and creates it
-     * again); -ENOENT when it is not running; -EREMOTEIO when a step failed (the sandbox is
-     * in an unknown state: stop it). May be NULL (-EOPNOTSUPP). Thread-safe across sandboxes;
-     * the caller runs one reset per sandbox at a time, with nothing else under way in it. */
+     * network and limits kept; its hostname hostname (NULL: ref->id, as its create set it).
+     * Blocks until done, at most timeout_ms. -EOPNOTSUPP with nothing done when this sandbox
+     * cannot be reset in place (the caller stops it and creates it again); -ENOENT when it is
+     * not running; -EREMOTEIO when a step failed (the sandbox is in an unknown state: stop
+     * it). May be NULL (-EOPNOTSUPP). Thread-safe across sandboxes; the caller runs one reset
+     * per sandbox at a time, with nothing else under way in it. */
     int (*reset_in_place)(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                          const struct lb_sandbox_spec *spec, int64_t timeout_ms,
-                          struct lb_error *err);
+                          const struct lb_sandbox_spec *spec, const char *hostname,
+                          int64_t timeout_ms, struct lb_error *err);
 
     /* Capture the running sandbox's file system into dest, a directory the caller made (the
      * image store's image_snapshot_prepare) holding empty rootfs/ and workspace/: its writable
@@ -457,6 +458,19 @@ struct lb_provider_ops {
      * when missing. *out: entries written and bytes of archive. May be NULL (-ENOSYS). */
     lb_provider_archive_fn *archive_put;
     lb_provider_archive_fn *archive_get;
+
+    /* Hand the running sandbox of ref (just reset in place with new_id as its hostname, nothing
+     * of it running but what its create started) over to new_id, an id no sandbox had: every
+     * op finds it under new_id (with *desc_out, the caller's) from then on, and no longer
+     * under ref->id. A recycling pool's release (lend/recycle.c): the next episode gets the
+     * sandbox under a new id without a stop and a create. The caller records new_id before the
+     * call: a crash after it leaves the sandbox under one of the two ids, and a stop of each
+     * finds it. -EEXIST when new_id names a sandbox, -ENOENT when ref's is not running,
+     * -EREMOTEIO when it could not be handed over (nothing moved; stop it under ref->id).
+     * May be NULL (-EOPNOTSUPP: the pool stops the sandbox and makes another). Thread-safe
+     * across sandboxes. */
+    int (*hand_over)(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *new_id,
+                     json_t **desc_out, struct lb_error *err);
 };
 
 /* Every provider struct starts with this header. */
@@ -508,8 +522,11 @@ lb_provider_archive_fn provider_archive_put;
 lb_provider_archive_fn provider_archive_get;
 /* -EOPNOTSUPP (err set) when the provider has no reset_in_place op. */
 int provider_reset_in_place(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                            const struct lb_sandbox_spec *spec, int64_t timeout_ms,
-                            struct lb_error *err);
+                            const struct lb_sandbox_spec *spec, const char *hostname,
+                            int64_t timeout_ms, struct lb_error *err);
+/* -EOPNOTSUPP (err set) when the provider has no hand_over op; *desc_out NULL first. */
+int provider_hand_over(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *new_id,
+                       json_t **desc_out, struct lb_error *err);
 /* 0 when the provider has no snapshot_sweep op. */
 int provider_snapshot_sweep(struct lb_provider *p, struct lb_error *err);
 void provider_destroy(struct lb_provider *p);

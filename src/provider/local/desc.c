@@ -55,16 +55,23 @@ void local_desc_release(struct local_desc *d)
 static int local_desc_from_json(const json_t *j, const char *id, struct local_desc *d)
 {
     json_int_t pid = 0, st = 0, uid = 0;
-    const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base, *image = NULL;
+    const char *workdir = LOCAL_DEFAULT_WORKDIR, *data = NULL, *base, *image = NULL, *name = NULL;
     json_t *cg = NULL, *net = NULL;
     int r;
 
     memset(d, 0, sizeof(*d));
     if (!json_is_object(j) ||
-        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s,s?o,s?s}", "pid", &pid, "start_time",
+        json_unpack((json_t *)j, "{s?I,s?I,s:I,s?s,s?o,s?s,s?o,s?s,s?s}", "pid", &pid, "start_time",
                     &st, "uid", &uid, "workdir", &workdir, "cgroup", &cg, "data", &data, "net",
-                    &net, "image", &image) < 0)
+                    &net, "image", &image, "name", &name) < 0)
         return -EINVAL;
+    /* a handed-over sandbox's cgroup and data directory carry the id it was made under */
+    if (name) {
+        if (!local_id_is_valid(name) || strlen(name) >= sizeof(d->name))
+            return -EINVAL;
+        snprintf(d->name, sizeof(d->name), "%s", name);
+        id = d->name;
+    }
     if (image && (!provider_path_is_valid(image) || strlen(image) >= sizeof(d->image)))
         return -EINVAL;
     if (local_net_from_json(net, &d->net) < 0)
@@ -107,6 +114,10 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
         json_decref(o);
         return NULL;
     }
+    if (o && d->name[0] && json_object_set_new(o, "name", json_string(d->name)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     if (o && d->net.mode != LOCAL_NET_NONE) {
         json_t *net = local_net_to_json(&d->net);
 
@@ -125,6 +136,12 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir)
 
 int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err)
 {
+    return local_desc_save_in(d, dir, dir, err);
+}
+
+int local_desc_save_in(const struct local_desc *d, const char *in, const char *dir,
+                       struct lb_error *err)
+{
     char path[4352], tmp[4352];
     json_t *j = local_desc_to_json(d, dir);
     char *text = NULL;
@@ -138,8 +155,8 @@ int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error
     if (!text)
         return lb_error_set(err, -ENOMEM, "out of memory");
     len = strlen(text);
-    snprintf(path, sizeof(path), "%s/" LOCAL_DESCRIPTOR_FILE, dir);
-    snprintf(tmp, sizeof(tmp), "%s/." LOCAL_DESCRIPTOR_FILE ".tmp", dir);
+    snprintf(path, sizeof(path), "%s/" LOCAL_DESCRIPTOR_FILE, in);
+    snprintf(tmp, sizeof(tmp), "%s/." LOCAL_DESCRIPTOR_FILE ".tmp", in);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot write '%s': %s", tmp, strerror(errno));

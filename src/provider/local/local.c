@@ -254,6 +254,7 @@ static const struct lb_provider_ops local_ops = {
     .resume = local_resume,
     .snapshot = local_snapshot,
     .reset_in_place = local_reset,
+    .hand_over = local_hand_over,
     .endpoint = local_endpoint,
     .oom_kills = local_oom_kills,
     .end_execs = local_end_execs,

@@ -127,6 +127,9 @@ struct local_desc {
     char image[4352];     /* an image sandbox's image tree on the host (resolved, in the image
                              store), what its root's overlay is over; "" for image host or a
                              sandbox made before it was recorded */
+    char name[129];       /* the id the sandbox was made under, which its cgroup and data directory
+                             carry, when a hand-over (local_hand_over) gave it another; "" when it is
+                             the sandbox's id */
 };
 
 /* ---- desc.c: ids, directories, descriptors -------------------------------------------------- */
@@ -154,6 +157,10 @@ json_t *local_desc_to_json(const struct local_desc *d, const char *dir);
 void local_desc_release(struct local_desc *d);
 /* Write the descriptor atomically (temp file + rename) to <dir>/descriptor.json. */
 int local_desc_save(const struct local_desc *d, const char *dir, struct lb_error *err);
+/* local_desc_save into <in>/descriptor.json of a descriptor whose "dir" is dir (a hand-over
+ * writes it before its directory is renamed to dir). */
+int local_desc_save_in(const struct local_desc *d, const char *in, const char *dir,
+                       struct lb_error *err);
 /* Parse <dir>/descriptor.json into d (and, when raw is not NULL, its JSON into *raw, the
  * caller's). -ENOENT when it does not exist, -EINVAL when malformed. */
 int local_desc_read_file(const char *dir, const char *id, struct local_desc *d, json_t **raw);
@@ -287,12 +294,21 @@ void local_mount_sizes(const struct local_provider *lp, const struct lb_resource
 /* The sandbox of ref (image host, storage tmpfs, spec->image "host": what it can be) returned
  * in place to how its create made it, keeping its namespaces, cgroup, network and uid slot
  * (lendbox-supervise --reset: its processes but the init killed, fresh /tmp, /run, /dev/shm and
- * workdir, SysV IPC and POSIX message queues removed, the hostname set back). Blocks until done
- * (bounded by timeout_ms). -EOPNOTSUPP with nothing done when the sandbox is not one it can
- * reset (the caller stops and creates it instead); -ENOENT when it is not running; -EREMOTEIO
- * when a step failed (the sandbox is then in an unknown state: the caller stops it). */
+ * workdir, SysV IPC and POSIX message queues removed, the hostname set to hostname, NULL: back
+ * to ref->id). Blocks until done (bounded by timeout_ms). -EOPNOTSUPP with nothing done when the
+ * sandbox is not one it can reset (the caller stops and creates it instead); -ENOENT when it is
+ * not running; -EINVAL for an invalid id or hostname; -EREMOTEIO when a step failed (the sandbox
+ * is then in an unknown state: the caller stops it). */
 int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err);
+                const struct lb_sandbox_spec *spec, const char *hostname, int64_t timeout_ms,
+                struct lb_error *err);
+/* The running sandbox of ref answers to new_id from now on (the provider op hand_over): its
+ * directory renamed to <sandboxes_dir>/<new_id>, its descriptor naming the id it was made under
+ * (its cgroup's name; local_desc.name). *desc_out its descriptor under new_id (the caller's).
+ * -EEXIST when new_id's directory exists, -ENOENT when it is not running, -EINVAL for bad ids,
+ * -EREMOTEIO when the rename failed (nothing moved), -ENOMEM. */
+int local_hand_over(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *new_id,
+                    json_t **desc_out, struct lb_error *err);
 
 /* ---- child.c: fds, forked children, messages ------------------------------------------------ */
 /* pipe2(O_CLOEXEC) into *r / *w; 0 or -errno. */

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -157,7 +158,8 @@ out:
 }
 
 int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
-                const struct lb_sandbox_spec *spec, int64_t timeout_ms, struct lb_error *err)
+                const struct lb_sandbox_spec *spec, const char *hostname, int64_t timeout_ms,
+                struct lb_error *err)
 {
     struct local_provider *lp = (struct local_provider *)p;
     int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
@@ -171,7 +173,7 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 
     for (int i = 0; i < RFD_COUNT; i++)
         fds[i] = -1;
-    if (!ref || !local_id_is_valid(ref->id))
+    if (!ref || !local_id_is_valid(ref->id) || (hostname && !local_id_is_valid(hostname)))
         return lb_error_set(err, -EINVAL, "invalid sandbox id");
     if (!lp->reset_in_place)
         return lb_error_set(err, -EOPNOTSUPP, "in-place resets are off (local.reset_in_place)");
@@ -220,7 +222,8 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         goto out;
     }
     local_mount_sizes(lp, spec ? &spec->resources : &none, &sizes);
-    snprintf(host, sizeof(host), "%.63s", ref->id); /* what create.c gives bwrap */
+    /* what create.c gives bwrap: the id (a recycle's: the id it is handed over to next) */
+    snprintf(host, sizeof(host), "%.63s", hostname ? hostname : ref->id);
     snprintf(tmp, sizeof(tmp), "%" PRId64, sizes.tmp_mib);
     snprintf(run, sizeof(run), "%" PRId64, sizes.run_mib);
     snprintf(shm, sizeof(shm), "%" PRId64, sizes.shm_mib);
@@ -236,6 +239,51 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 out:
     for (int i = 0; i < RFD_COUNT; i++)
         local_close_fd(&fds[i]);
+    local_desc_release(&d);
+    return r;
+}
+
+int local_hand_over(struct lb_provider *p, const struct lb_sandbox_ref *ref, const char *new_id,
+                    json_t **desc_out, struct lb_error *err)
+{
+    struct local_provider *lp = (struct local_provider *)p;
+    char dir[4352], to[4352];
+    struct local_desc d;
+    struct stat st;
+    int r;
+
+    *desc_out = NULL;
+    if (!ref || !local_id_is_valid(ref->id) || !local_id_is_valid(new_id) ||
+        strcmp(ref->id, new_id) == 0)
+        return lb_error_set(err, -EINVAL, "invalid sandbox id");
+    r = local_desc_load_running(lp, ref, &d, err);
+    if (r < 0)
+        return r;
+    local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+    local_sandbox_dir(lp, new_id, to, sizeof(to));
+    if (lstat(to, &st) == 0 || errno != ENOENT) {
+        r = lb_error_set(err, -EEXIST, "sandbox '%s' exists already", new_id);
+        goto out;
+    }
+    /* its cgroup (a cgroup v2 directory cannot be renamed) and data directory keep the id it was
+     * made under: the descriptor names it, and is written, naming its directory to be, before
+     * the rename (a crash in between leaves a descriptor that reads under either id) */
+    if (!d.name[0])
+        snprintf(d.name, sizeof(d.name), "%s", ref->id);
+    r = local_desc_save_in(&d, dir, to, err);
+    if (r < 0)
+        goto out;
+    if (rename(dir, to) < 0) {
+        r = lb_error_set(err, -EREMOTEIO, "cannot rename '%s' to '%s': %s", dir, to,
+                         strerror(errno));
+        goto out;
+    }
+    *desc_out = local_desc_to_json(&d, to);
+    if (!*desc_out)
+        r = lb_error_set(err, -ENOMEM, "out of memory");
+    else
+        log_info_sbx(new_id, "sandbox %s handed over to %s (made as %s)", ref->id, new_id, d.name);
+out:
     local_desc_release(&d);
     return r;
 }
