@@ -91,6 +91,9 @@ void lend_stop_begin(struct lb_lend *l, const struct lb_record *r);
 int lend_stop_failed(struct lb_lend *l, const struct lb_record *r, enum lb_record_state fail_state,
                      const char *message, struct lb_error *err);
 void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *reason);
+/* The "usage" figures of a lent sandbox about to be torn down (its stopped event's data.usage;
+ * the caller's), or NULL (null) for one that is not lent or whose provider cannot tell. */
+json_t *lend_stop_usage(struct lb_lend *l, const struct lb_record *r);
 
 /* ---- starting a sandbox: for seeds (seed.c) and the warm pool (src/warm/) ---- */
 
@@ -196,7 +199,8 @@ void lend_set_pool_slots(struct lb_lend *l, const struct lend_pool_slots *slots)
  * reset (caps.reset), old is of no or another class, old was lent pool_max_uses times or more
  * (spec "uses", which each warm take increments), the daemon is draining or the pool has no
  * place (lend_pool_slots.claim). true: a place is held for old's replacement; then
- * lend_recycle_finish must follow, with stopped telling whether old was stopped. It makes the
+ * lend_recycle_finish must follow, with stopped telling whether old was stopped and in_place
+ * whether lend_recycle_in_place (below) recycled it already (then it only counts it). It makes the
  * replacement as a warm sandbox of the pool's class under a new id (new token, new record,
  * spec "uses" carried over and "recycled_from" old's id), unless old was not stopped or the
  * daemon is at max_sandboxes; a failure is counted (reset failures), logged, and the record it
@@ -204,7 +208,16 @@ void lend_set_pool_slots(struct lb_lend *l, const struct lend_pool_slots *slots)
  * true when the replacement is warm. Blocks on the provider; call it without the session's
  * lock. */
 bool lend_recycle_claim(struct lb_lend *l, const struct lb_record *old);
-bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool stopped);
+bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool stopped,
+                         bool in_place);
+/* Between the two, in place of the release's stop where the provider can (reset_in_place and
+ * hand_over): old's sandbox is reset in place and handed over to a new warm record of the
+ * pool's class, and old recorded stopped (reason released), with its operate-token fence up
+ * throughout. 1: done (old stopped; lend_recycle_finish then makes nothing); 0: not done, old's
+ * sandbox as it was or reset but still under old's id (the caller stops it as any release);
+ * a negative errno (err set) when a failure after the hand-over left old unrecorded as
+ * stopped. Blocks on the provider (a reset: milliseconds). Under the session's lock. */
+int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct lb_error *err);
 
 /* Stop the oldest warm sandbox (reason) so that its place goes elsewhere, or (not_class
  * non-NULL) the oldest one whose class is not not_class. Claims it first (a seed may be taking

@@ -242,4 +242,14 @@ json_t *lend_render_lease_spec(struct lb_lend *l, const struct lb_record *r, jso
  * details adds task, stop, error and image fields. A new reference, NULL without memory. */
 json_t *lend_render_sandbox(const struct lb_record *r, const char *status, bool details);
 
+/* ---- reset.c, for recycle.c ---- */
+/* The sandbox a reset (or a recycle's reset) waits to fence. */
+struct lend_reset_stall {
+    struct lb_provider *prov;
+    struct lb_sandbox_ref ref;
+};
+/* lend_fence_stall_fn of a reset (ctx: struct lend_reset_stall): thaws the sandbox when it is
+ * paused, so that an act admitted before the fence can start (and be killed); always 0. */
+int lend_reset_thaw(void *ctx, struct lb_error *err);
+
 #endif

@@ -1,21 +1,26 @@
 /*
  * recycle.c - recycling pools ([pool] recycle): the release of a sandbox taken from the warm
  * pool gives the pool a sandbox back at once, under a new id that carries the line's use
- * count. See lend_internal.h (lend_recycle_claim, lend_recycle_finish).
+ * count. See lend_internal.h (lend_recycle_claim, lend_recycle_in_place, lend_recycle_finish).
  *
- * What a recycle is, and what it is not. The provider's sandbox is not kept across the id
- * change: the local provider (the only one that can reset today) names the sandbox's
- * directories, cgroup and network by its id, and its reset (reset.c) is itself a teardown and
- * a create under the same id (nothing of an episode can be missed by a list of things to
- * clean). So a recycle is "stop + make under a new id": the old record is stopped as any
- * release stops it (reason released; its id answers 404 on operate routes, GET shows it
- * stopped), and a new record (new id, new token at its take) is inserted "starting" with the
- * pool's class before the provider makes it, then recorded warm, so restarts and the sweeper
- * treat it as any warm sandbox. It costs what a refill costs, paid in the release call instead
- * of a refill thread: recycling saves no time until a provider can reset a sandbox in place
- * and hand it over to another id. What it does give: the pool's place is held across the
- * release (a refill does not race it), and the line's lends are counted (pool.max_uses).
- * Seed files are not written: the next seed brings its own.
+ * In place where the provider can (the local provider, a sandbox of image host on tmpfs
+ * storage): the release's stop is replaced by a reset in place (every process killed, the
+ * writable mounts, IPC objects new, the hostname set to the new id) and a hand-over of the
+ * sandbox to a new id (its directory renamed; its cgroup keeps its first name). Order, so
+ * that a daemon killed at any instant leaves nothing lent half-reset and nothing leaked:
+ * old's fence up (no act of old's token lands in the next episode), old recorded "stopping"
+ * (released), the reset, the new record inserted "starting" (intent before the hand-over),
+ * the hand-over, the new record warm, old recorded stopped. A restart finds old stopping and
+ * new starting and stops both (each stop finds the sandbox under the id it has then, or
+ * nothing); the pool refills.
+ *
+ * Elsewhere (another provider, an image sandbox, a failed reset) a recycle is a stop and a
+ * make under a new id: the old record is stopped as any release stops it, and a new record
+ * (new id, new token at its take) is inserted "starting" with the pool's class before the
+ * provider makes it, then recorded warm. It costs what a refill costs, paid in the release call
+ * instead of a refill thread; what it gives: the pool's place is held across the release (a
+ * refill does not race it), and the line's lends are counted (pool.max_uses). Seed files are
+ * not written either way: the next seed brings its own.
  */
 #include "lend/lend_private.h"
 
@@ -24,9 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/clock.h"
 #include "util/fault.h"
 #include "util/log.h"
 #include "util/metrics.h"
+#include "util/token.h"
 
 /* Lends the record's sandbox line has had: spec "uses" (the warm take counts each). */
 static int64_t recycle_uses_of(const struct lb_record *r)
@@ -96,6 +103,18 @@ bool lend_recycle_claim(struct lb_lend *l, const struct lb_record *old)
     return recycle_slot_claim(l);
 }
 
+/* s (prepared) as old's replacement: spec "uses" carried over, "recycled_from" old's id. */
+static int recycle_spec(struct lend_start *s, const struct lb_record *old, struct lb_error *err)
+{
+    free(s->spec_text);
+    s->spec_text = NULL;
+    if (json_object_set_new(s->spec_json, "uses", json_integer(recycle_uses_of(old))) < 0 ||
+        json_object_set_new(s->spec_json, "recycled_from", json_string(old->id)) < 0 ||
+        !(s->spec_text = json_dumps(s->spec_json, JSON_COMPACT)))
+        return lb_error_set(err, -ENOMEM, "out of memory");
+    return 0;
+}
+
 /* Make old's replacement (a place is held): a warm sandbox of the pool's class under a new
  * id. 0; 1 when max_sandboxes left no room (nothing made, nothing failed); or a negative errno
  * with err set, after which a record it left was stopped (reset_failed). */
@@ -116,14 +135,9 @@ static int recycle_make(struct lb_lend *l, const struct lb_record *old, struct l
     if (r < 0)
         goto out;
     s.fail_reason = "reset_failed";
-    free(s.spec_text);
-    s.spec_text = NULL;
-    if (json_object_set_new(s.spec_json, "uses", json_integer(recycle_uses_of(old))) < 0 ||
-        json_object_set_new(s.spec_json, "recycled_from", json_string(old->id)) < 0 ||
-        !(s.spec_text = json_dumps(s.spec_json, JSON_COMPACT))) {
-        r = lb_error_set(err, -ENOMEM, "out of memory");
+    r = recycle_spec(&s, old, err);
+    if (r < 0)
         goto out;
-    }
     r = lend_start_recorded(l, &s, NULL, cls, 0, err);
     if (r == -EUSERS && !s.recorded) {
         r = 1; /* a seed took the place old left under max_sandboxes: nothing failed */
@@ -148,13 +162,148 @@ out:
     return r;
 }
 
+/* The provider's half of an in-place recycle: old's sandbox reset in place with a new id as
+ * its hostname, the new id recorded (s->rec: starting, of the pool's class), the sandbox
+ * handed over to it and recorded warm (unless a shutdown sweep claimed the record meanwhile:
+ * the sweep stops it under the new id). 0 once handed over; -EOPNOTSUPP when the provider
+ * cannot (nothing done); another negative errno (perr set) when the reset or the hand-over
+ * failed: old's sandbox is then still under old's id (the caller stops it), and what the new
+ * record had is stopped (reset_failed). */
+static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
+                             const struct lb_record *old, struct lend_start *s,
+                             struct lb_error *perr)
+{
+    json_t *old_desc = old->descriptor_json ? json_loads(old->descriptor_json, 0, NULL) : NULL;
+    struct lb_sandbox_ref ref = {old->id, old_desc};
+    struct lb_record *rec = &s->rec;
+    char *desc_text = NULL;
+    json_t *desc = NULL;
+    int64_t t0 = clock_mono_ms();
+    int r;
+
+    r = token_new_sandbox_id(rec->id);
+    if (r < 0) {
+        r = lb_error_set(perr, r, "cannot make a sandbox id");
+        goto out;
+    }
+    r = provider_reset_in_place(prov, &ref, &s->spec, rec->id, l->cfg.stop_timeout_s * 1000, perr);
+    if (r < 0)
+        goto out;
+    rec->provider = (char *)prov->ops->name;
+    rec->state = LB_STATE_STARTING;
+    rec->spec_json = s->spec_text;
+    rec->pool_class = (char *)old->pool_class;
+    rec->created_at = clock_now_s();
+    /* old is stopping (not live): its place under max_sandboxes is the one this takes */
+    r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, perr);
+    if (r < 0)
+        goto out;
+    s->recorded = true;
+    /* the fault point "lend.hand_over" fails a recycle after its record, before the hand-over */
+    r = fault_hit("lend.hand_over", 0, perr);
+    if (r == 0)
+        r = provider_hand_over(prov, &ref, rec->id, &desc, perr);
+    if (r == 0 && !(desc_text = json_dumps(desc, JSON_COMPACT)))
+        r = lb_error_set(perr, -ENOMEM, "out of memory");
+    if (r < 0) {
+        struct lb_record got = {0};
+        struct lb_error serr = {0};
+
+        /* whatever the hand-over left under the new id goes (a stop finds it, or nothing) */
+        if (store_get_sandbox(l->store, rec->id, &got, NULL) == 0 &&
+            lend_stop_record(l, &got, "reset_failed", LB_STATE_STOP_FAILED, &serr) < 0)
+            log_error_sbx(rec->id, "sandbox %s: a failed hand-over's stop failed: %s", rec->id,
+                          serr.message);
+        store_record_release(&got);
+        goto out;
+    }
+    /* a shutdown sweep may have claimed it meanwhile (-EBUSY): it stops it under the new id */
+    if (store_mark_warm(l->store, rec->id, desc_text,
+                        l->cfg.pool_max_age_s > 0 ? rec->created_at + l->cfg.pool_max_age_s : 0,
+                        NULL) < 0)
+        store_set_descriptor(l->store, rec->id, desc_text, NULL);
+    log_info_sbx(rec->id, "sandbox %s reset in place and handed over to warm sandbox %s in %lld ms",
+                 old->id, rec->id, (long long)(clock_mono_ms() - t0));
+out:
+    free(desc_text);
+    json_decref(desc);
+    json_decref(old_desc);
+    return r;
+}
+
 /* see lend_internal.h */
-bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool stopped)
+int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct lb_error *err)
+{
+    struct lb_provider *prov = lend_provider_of(l, old, NULL);
+    char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
+    json_t *old_desc = NULL, *usage = NULL;
+    struct lb_error perr = {0};
+    struct lend_start s;
+    bool fenced = false, handed = false;
+    int r;
+
+    if (!prov || prov != atomic_load(&l->warm_prov))
+        return 0;
+    lend_warm_class(l, prov, image, cls);
+
+    struct lb_seed_request req = {.ttl_s = -1, .provider = prov->ops->name, .image = image};
+
+    r = lend_start_prepare(l, &req, &s, &perr);
+    if (r == 0)
+        r = recycle_spec(&s, old, &perr);
+    if (r < 0)
+        goto out;
+    /* no act of old's token may land in the sandbox the next episode gets: acts admitted
+     * before start (and are killed by the reset) or are refused from here (409, then 404) */
+    old_desc = old->descriptor_json ? json_loads(old->descriptor_json, 0, NULL) : NULL;
+    struct lend_reset_stall stall = {prov, {old->id, old_desc}};
+
+    r = lend_fence_raise_stalled(l, old->id, lend_reset_thaw, &stall, &perr);
+    if (r < 0)
+        goto out;
+    fenced = true;
+    r = store_mark_stopping(l->store, old->id, "released", &perr);
+    if (r < 0)
+        goto out;
+    usage = lend_stop_usage(l, old);
+    r = recycle_hand_over(l, prov, old, &s, &perr);
+    if (r < 0)
+        goto out;
+    handed = true;
+    /* old's sandbox lives on under the new id: old is stopped without a provider stop */
+    r = store_mark_stopped_usage(l->store, old->id, NULL, usage, err);
+    lend_stop_done(l, old, "released");
+    if (r == 0)
+        r = 1;
+out:
+    if (r < 0 && !handed) {
+        /* old's sandbox is still under old's id: the release stops it as any other */
+        if (r != -EOPNOTSUPP && r != -EUSERS) {
+            metrics_add(LB_M_POOL_RESET_FAILURES, 1);
+            log_warn_sbx(old->id, "sandbox %s could not be recycled in place (it is stopped): %s",
+                         old->id, perr.message);
+        }
+        r = 0;
+    }
+    if (fenced)
+        lend_fence_lower(l, old->id);
+    json_decref(usage);
+    json_decref(old_desc);
+    lend_start_release(&s);
+    return r;
+}
+
+/* see lend_internal.h */
+bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool stopped,
+                         bool in_place)
 {
     struct lb_error err = {0};
     bool done = false;
 
-    if (stopped && !lend_is_draining(l) && recycle_has_capacity(l)) {
+    if (in_place) {
+        metrics_add(LB_M_POOL_RECYCLED, 1);
+        done = true;
+    } else if (stopped && !lend_is_draining(l) && recycle_has_capacity(l)) {
         int r = recycle_make(l, old, &err);
 
         if (r < 0) {

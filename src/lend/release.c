@@ -21,7 +21,7 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
     struct lend_session_lock *lock = NULL;
     struct lb_record live = {0};
     char stopped_id[LB_ID_MAX] = "";
-    bool recycle = false, stopped = false;
+    bool recycle = false, stopped = false, in_place = false;
     int r = lend_session_lock(l, rsid, false, &lock, err), n_stopped = 0;
 
     if (r < 0)
@@ -31,7 +31,11 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
          * pool's refills do not take it meanwhile (recycle.c) */
         recycle = lend_recycle_claim(l, &live);
         lend_before_stop(l, &live);
-        r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
+        /* a recycled sandbox is reset in place and handed to a new id where it can be */
+        r = recycle ? lend_recycle_in_place(l, &live, err) : 0;
+        in_place = r == 1;
+        if (r == 0)
+            r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
         if (r < 0) {
             metrics_add(LB_M_RELEASES_FAILED, 1);
             goto out;
@@ -55,7 +59,7 @@ out:
     lend_session_unlock(l, lock);
     /* a pooled sandbox's replacement is made now, under a new id (recycle.c) */
     if (recycle)
-        lend_recycle_finish(l, &live, stopped);
+        lend_recycle_finish(l, &live, stopped, in_place);
     store_record_release(&live);
     return r;
 }

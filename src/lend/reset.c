@@ -187,21 +187,16 @@ static int reset_choose_image(struct lb_lend *l, json_t *spec, const char *id, c
     return r < 0 ? lb_error_set(err, -ENOMEM, "out of memory") : 0;
 }
 
-/* The sandbox a reset waits to fence (lend_fence_raise_stalled). */
-struct reset_stall {
-    struct lb_provider *prov;
-    struct lb_sandbox_ref ref;
-};
-
-/* An act admitted before the reset is still starting: the sandbox may be paused (an agent's
- * pause right after its own exec holds that exec's start, and so the reset, until the exec's
- * timeout). Thaw it; its token is fenced, so it cannot pause it again. A reset thaws it anyway
- * (in place) or stops it. */
-static int reset_thaw(void *ctx, struct lb_error *err)
+/* see lend_private.h */
+int lend_reset_thaw(void *ctx, struct lb_error *err)
 {
-    struct reset_stall *s = ctx;
+    struct lend_reset_stall *s = ctx;
     enum lb_sandbox_status st;
 
+    /* An act admitted before the reset is still starting: the sandbox may be paused (an
+     * agent's pause right after its own exec holds that exec's start, and so the reset, until
+     * the exec's timeout). Thaw it; its token is fenced, so it cannot pause it again. A reset
+     * thaws it anyway (in place) or stops it. */
     (void)err; /* a reset waits on: its kill ends whatever the act started */
     if (provider_status(s->prov, &s->ref, &st, NULL) == 0 && st == LB_STATUS_PAUSED &&
         provider_resume(s->prov, &s->ref, NULL) == 0)
@@ -352,9 +347,9 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
      * one that comes to the fence after the reset finds its token revoked
      * (routes_operate_enter) */
     old_desc = rec.descriptor_json ? json_loads(rec.descriptor_json, 0, NULL) : NULL;
-    struct reset_stall stall = {prov, {id, old_desc}};
+    struct lend_reset_stall stall = {prov, {id, old_desc}};
 
-    r = lend_fence_raise_stalled(l, id, reset_thaw, &stall, err);
+    r = lend_fence_raise_stalled(l, id, lend_reset_thaw, &stall, err);
     if (r < 0)
         goto out;
     fenced = true;
@@ -373,7 +368,7 @@ int lend_reset(struct lb_lend *l, const char *id, const char *snapshot, json_t *
     struct lb_sandbox_ref ref = {id, old_desc};
     stop_start = clock_mono_ms();
     /* in place where the provider can (no bwrap, no new namespaces), else a stop and a create */
-    r = provider_reset_in_place(prov, &ref, &rs.spec, l->cfg.stop_timeout_s * 1000, &perr);
+    r = provider_reset_in_place(prov, &ref, &rs.spec, NULL, l->cfg.stop_timeout_s * 1000, &perr);
     in_place = r == 0;
     if (r < 0 && r != -EOPNOTSUPP) {
         r = lb_error_set(err, -EREMOTEIO, "the sandbox could not be reset in place: %s",

@@ -84,9 +84,8 @@ void lend_stop_done(struct lb_lend *l, const struct lb_record *r, const char *re
     log_info_sbx(r->id, "sandbox %s stopped (%s)", r->id, reason ? reason : r->stop_reason);
 }
 
-/* The "usage" figures of a lent sandbox about to be torn down (its stopped event's
- * data.usage), or NULL (null) for one that is not lent or whose provider cannot tell. */
-static json_t *stop_usage(struct lb_lend *l, const struct lb_record *r)
+/* see lend_internal.h */
+json_t *lend_stop_usage(struct lb_lend *l, const struct lb_record *r)
 {
     struct lb_usage u = {-1, -1, -1, -1, -1, -1};
     json_t *desc, *out = NULL;
@@ -116,7 +115,7 @@ int lend_stop_record(struct lb_lend *l, const struct lb_record *r, const char *r
     rc = store_mark_stopping(l->store, r->id, reason, err);
     if (rc < 0)
         return rc;
-    usage = stop_usage(l, r);
+    usage = lend_stop_usage(l, r);
     if (lend_stop_provider(l, r, &perr) < 0) {
         json_decref(usage);
         return lend_stop_failed(l, r, fail_state, perr.message, err);

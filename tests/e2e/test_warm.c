@@ -10,12 +10,14 @@
  * records, the init pids in its descriptors).
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -956,15 +958,17 @@ static void the_record_stopped_for(const char *reason, char *id, size_t len)
     ck_assert_int_eq(n, 1);
 }
 
-/* A recycle whose sandbox was made but could not be recorded warm (fault lend.recycle, once):
- * the release answers as always and the old sandbox is stopped (released, 404); the
- * replacement's record is stopped with reason reset_failed (its cgroup gone), counted as a
- * reset failure and not as recycled; the pool refills, and the next release recycles. */
+/* A recycle by a stop and a make (the in-place reset off) whose sandbox was made but could not
+ * be recorded warm (fault lend.recycle, once): the release answers as always and the old
+ * sandbox is stopped (released, 404); the replacement's record is stopped with reason
+ * reset_failed (its cgroup gone), counted as a reset failure and not as recycled; the pool
+ * refills, and the next release recycles. */
 START_TEST(test_recycle_reset_failure)
 {
     static const char *const args[] = {"--set", "pool.size=1",
                                        "--set", "pool.recycle=yes",
                                        "--set", "faults.spec=lend.recycle=fail:1",
+                                       "--set", "local.reset_in_place=no",
                                        NULL};
     char failed[64];
     struct lbt_ids warm;
@@ -1022,6 +1026,273 @@ START_TEST(test_recycle_needs_reset)
 }
 END_TEST
 
+/* ---------- recycling in place (local provider, image host, tmpfs storage) ---------- */
+
+/* Skip unless a recycle here is in place: the local provider, seeds on the host's root. */
+#define SKIP_UNLESS_IN_PLACE()                                                                     \
+    do {                                                                                           \
+        if (lbt_variant_engine() || !lbt_variant_on_host()) {                                      \
+            lbt_skip_note(__func__, "in-place recycling is the local provider's, image host");     \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* A descriptor's string field (asserts the descriptor exists); malloc'd. */
+static char *desc_str(const char *id, const char *field)
+{
+    json_t *desc = lbt_read_descriptor(&D, id);
+    char *v;
+
+    ck_assert_msg(desc != NULL, "sandbox %s has no descriptor", id);
+    v = json_string_value(json_object_get(desc, field))
+            ? strdup(json_string_value(json_object_get(desc, field)))
+            : NULL;
+    json_decref(desc);
+    return v;
+}
+
+/* Recycled in place: the pool's next sandbox is the released one's, not a new one (the same
+ * init process), under a new id: its directory renamed to that id, its hostname the new id,
+ * its descriptor naming the id it was made under (its cgroup's, which stays); nothing of the
+ * episode before is seen (episode()), the old id answers 404. Its final stop (a delete) ends
+ * the init and removes the directory and the cgroup of the first name. */
+START_TEST(test_recycle_in_place)
+{
+    static const char *const args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", NULL};
+    struct lbt_ids warm;
+    char first[LBT_ID_MAX], *id, *token, *name, *host;
+    pid_t pid;
+    int cgroups;
+
+    SKIP_UNLESS_IN_PLACE();
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    snprintf(first, sizeof(first), "%s", warm.id[0]);
+    pid = init_pid(first);
+    ck_assert_int_gt(pid, 0);
+    cgroups = lbt_count_cgroup_dirs(first);
+    ck_assert_int_gt(cgroups, 0);
+    for (int n = 0; n < 3; n++) {
+        char was[LBT_ID_MAX];
+
+        snprintf(was, sizeof(was), "%s", warm.id[0]);
+        id = episode(n, &token);
+        ck_assert_str_eq(id, was);
+        assert_gone(id, token);
+        ck_assert_int_eq(lbt_metric(&D, RECYCLED), n + 1);
+        wait_warm(1, 60, &warm);
+        ck_assert_str_ne(warm.id[0], id);
+        /* the same sandbox: its init, its cgroup under the first id; its directory renamed */
+        ck_assert_int_eq(init_pid(warm.id[0]), pid);
+        ck_assert_ptr_null(lbt_read_descriptor(&D, id));
+        name = desc_str(warm.id[0], "name");
+        ck_assert_str_eq(name, first);
+        free(name);
+        ck_assert_int_eq(lbt_count_cgroup_dirs(first), cgroups);
+        ck_assert_int_eq(lbt_count_cgroup_dirs(warm.id[0]), 0);
+        free(id);
+        free(token);
+    }
+    ck_assert_int_eq(lbt_log_count(&D, "reset in place and handed over to warm sandbox"), 3);
+    /* the next episode's hostname is its own id */
+    {
+        json_t *lease = lbt_seed(&D, "recycle-host", "task-r", NULL);
+        const char *sid = json_string_value(json_object_get(lease, "sandbox_id"));
+        const char *tok =
+            json_string_value(json_object_get(json_object_get(lease, "access"), "token"));
+        char want[LBT_ID_MAX + 2];
+
+        ck_assert_str_eq(sid, warm.id[0]);
+        host = op_sh(sid, tok, "hostname");
+        snprintf(want, sizeof(want), "%.63s\n", sid);
+        ck_assert_str_eq(host, want);
+        free(host);
+        json_decref(lease);
+    }
+    /* max_uses reached nowhere, the pool full: a delete stops it for good */
+    {
+        char path[128];
+        struct lbt_resp r;
+
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s", warm.id[0]);
+        lbt_json(&D, "DELETE", path, "", NULL, &r);
+        ck_assert_msg(r.status == 200, "DELETE: %ld %s", r.status, r.body);
+        lbt_resp_free(&r);
+    }
+    ck_assert(wait_pid_gone(pid, 5000));
+    ck_assert_ptr_null(lbt_read_descriptor(&D, warm.id[0]));
+    ck_assert_int_eq(lbt_count_cgroup_dirs(first), 0);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 0);
+}
+END_TEST
+
+/* The hand-over fails (fault lend.hand_over, once; the sandbox already reset): the release
+ * answers as always, the old sandbox is stopped under its own id (released, 404, its init
+ * gone), the new id's record is stopped with reason reset_failed and left nothing (no
+ * directory, no cgroup); it counts as a reset failure; the pool's place is filled by a stop and
+ * a make, and the next release recycles in place again. */
+START_TEST(test_recycle_hand_over_failure)
+{
+    static const char *const args[] = {"--set", "pool.size=1",
+                                       "--set", "pool.recycle=yes",
+                                       "--set", "faults.spec=lend.hand_over=fail:1",
+                                       NULL};
+    struct lbt_ids warm;
+    char failed[64], *id, *token;
+    pid_t pid;
+
+    SKIP_UNLESS_IN_PLACE();
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    pid = init_pid(warm.id[0]);
+    id = episode(0, &token);
+    assert_gone(id, token);
+    free(token);
+    ck_assert(wait_pid_gone(pid, 5000));
+    ck_assert_ptr_null(lbt_read_descriptor(&D, id));
+    ck_assert_int_eq(lbt_count_cgroup_dirs(id), 0);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 1);
+    the_record_stopped_for("reset_failed", failed, sizeof(failed));
+    ck_assert_str_ne(failed, id);
+    ck_assert_ptr_null(lbt_read_descriptor(&D, failed));
+    ck_assert_int_eq(lbt_count_cgroup_dirs(failed), 0);
+    wait_warm(1, 60, &warm);
+    ck_assert(!lbt_ids_has(&warm, failed) && !lbt_ids_has(&warm, id));
+    free(id);
+    id = episode(1, &token);
+    assert_gone(id, token);
+    free(token);
+    free(id);
+    ck_assert_int_eq(lbt_log_count(&D, "reset in place and handed over to warm sandbox"), 1);
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 1);
+}
+END_TEST
+
+/* kill -9 of the daemon while a recycle is held right before its hand-over (fault
+ * lend.hand_over=hold:): the old record is stopping, the new one starting, the sandbox reset
+ * under the old id. After a restart both are stopped, the sandbox's init is gone, and no
+ * directory or cgroup of either id is left; the pool is made again. */
+START_TEST(test_recycle_kill9_at_hand_over)
+{
+    char hold[128], spec[200], rsid[] = "recycle-kill9";
+    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
+    struct lbt_ids warm, starting;
+    struct lbt_async *job;
+    char first[LBT_ID_MAX], path[128];
+    json_t *lease;
+    pid_t pid;
+
+    SKIP_UNLESS_IN_PLACE();
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=lend.hand_over=hold:%s", hold);
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    snprintf(first, sizeof(first), "%s", warm.id[0]);
+    pid = init_pid(first);
+    lease = lbt_seed(&D, rsid, "task-r", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), first);
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
+    job = lbt_async_json(&D, "POST", path, D.admin_token, NULL);
+    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: lend.hand_over holds") < 1; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(lbt_log_count(&D, "fault injected: lend.hand_over holds"), 1);
+    lbt_records_in_state(&D, "starting", &starting);
+    ck_assert_int_eq(starting.n, 1);
+    lbt_daemon_kill(&D);
+    {
+        struct lbt_resp r;
+
+        lbt_async_join(job, &r);
+        lbt_resp_free(&r);
+    }
+    snprintf(spec, sizeof(spec), "faults.spec=");
+    lbt_daemon_restart(&D, args);
+    ck_assert(wait_pid_gone(pid, 5000));
+    const char *ids[2] = {first, starting.id[0]};
+    for (int i = 0; i < 2; i++) {
+        json_t *rec = lbt_record(&D, ids[i]);
+        char dir[512];
+
+        ck_assert_ptr_nonnull(rec);
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "state")), "stopped");
+        json_decref(rec);
+        snprintf(dir, sizeof(dir), "%s/sandboxes/%s", D.state_dir, ids[i]);
+        ck_assert_msg(!lbt_path_exists(dir), "%s left behind", dir);
+    }
+    ck_assert_int_eq(lbt_count_cgroup_dirs(first), 0);
+    wait_warm(1, 60, &warm);
+    ck_assert(!lbt_ids_has(&warm, first) && !lbt_ids_has(&warm, starting.id[0]));
+    (void)unlink(hold);
+}
+END_TEST
+
+/* An exec admitted with the episode's token whose provider call is under way when the release
+ * comes (fault provider.exec=hold:): the recycle waits for its start, and the reset ends it; the
+ * next episode (the same sandbox under a new id) sees neither its file nor its process. */
+START_TEST(test_recycle_late_exec)
+{
+    char hold[128], spec[200], path[128];
+    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
+    struct lbt_ids warm;
+    struct lbt_async *job, *rel;
+    struct lbt_resp r;
+    json_t *lease;
+    char sid[LBT_ID_MAX], tok[256], *out;
+
+    SKIP_UNLESS_IN_PLACE();
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-exec-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=provider.exec=hold:%s", hold);
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-late", "task-r", NULL);
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(tok, sizeof(tok), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sid);
+    job = lbt_async_json(&D, "POST", path, tok,
+                         "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", "
+                         "\"timeout_s\": 1000}");
+    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: provider.exec holds") < 1; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(lbt_log_count(&D, "fault injected: provider.exec holds"), 1);
+    rel = lbt_async_json(&D, "POST", "/v1/sessions/recycle-late/release", D.admin_token, NULL);
+    lbt_sleep_ms(300);
+    ck_assert(!lbt_async_done(rel)); /* it waits for the exec's start */
+    {
+        int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+    }
+    lbt_async_join(rel, &r);
+    ck_assert_msg(r.status == 200, "release: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status != 200 ||
+                      json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the held exec was not ended by the recycle: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-late-2", "task-r", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
+    out = op_sh(warm.id[0],
+                json_string_value(json_object_get(json_object_get(lease, "access"), "token")),
+                "ls /tmp/late-exec 2>/dev/null; for p in /proc/[0-9]*; do "
+                "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
+                "done; echo done");
+    ck_assert_msg(strcmp(out, "done\n") == 0, "the old token's exec reached the next episode: %s",
+                  out);
+    free(out);
+    json_decref(lease);
+    (void)unlink(hold);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("warm");
@@ -1051,6 +1322,10 @@ int main(void)
     tcase_add_test(tr, test_recycle_off_keeps_refilling);
     tcase_add_test(tr, test_recycle_reset_failure);
     tcase_add_test(tr, test_recycle_needs_reset);
+    tcase_add_test(tr, test_recycle_in_place);
+    tcase_add_test(tr, test_recycle_hand_over_failure);
+    tcase_add_test(tr, test_recycle_kill9_at_hand_over);
+    tcase_add_test(tr, test_recycle_late_exec);
     suite_add_tcase(s, tr);
     TCase *t200 = tcase_create("recycle_200");
     lbt_test_daemon_cleanup(t200, &D);
