@@ -11,7 +11,8 @@ BENCH_CGROUPS=""
 # 6000 slots of 65536 ids (5,000 idle sandboxes fit)
 # (kept in $WORK/NAME.base for a restart) and a cgroup parent of its own; waits until it is
 # ready. Its pid: $WORK/NAME.pid. BENCH_PREFIX: a command to run it under (e.g. perf record);
-# BENCH_LOG_LEVEL: its log level (warn); BENCH_LENDBOXD: the daemon to run (build/lendboxd; it
+# BENCH_LOG_LEVEL: its log level (warn); BENCH_KEEP_LOGS: a directory the daemons' logs are
+# copied to at the end; BENCH_LENDBOXD: the daemon to run (build/lendboxd; it
 # runs the lendbox-supervise next to it).
 bench_start() {
     _name=$1
@@ -170,5 +171,8 @@ bench_cleanup() {
             [ -d "$_d" ] && rmdir "$_d" 2>/dev/null || true
         done
     done
+    if [ -n "${BENCH_KEEP_LOGS:-}" ]; then
+        mkdir -p "$BENCH_KEEP_LOGS" && cp "$WORK"/*.log "$BENCH_KEEP_LOGS"/ 2>/dev/null || true
+    fi
     rm -rf "$WORK"
 }

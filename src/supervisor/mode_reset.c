@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <stdbool.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,15 +64,42 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* How many processes /proc (the sandbox's, of its pid namespace) lists besides the init and
- * us; -1 when it cannot be read. */
-static int others_alive(void)
+/* Is pid (of the sandbox's pid namespace) a zombie whose parent is outside it (its parent pid
+ * 0 as seen here)? Such a process is dead: only its parent can reap it, and that parent is
+ * lendboxd or its exec helper (lendboxd, a child subreaper, inherits an exec's supervisor when
+ * it kills a helper that did not exit in time), which reaps it after the reset. */
+static bool dead_outside(long pid)
+{
+    char path[64], stat[512];
+    ssize_t n = -1;
+    char *p;
+    int fd;
+
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        n = read(fd, stat, sizeof(stat) - 1);
+        close(fd);
+    }
+    if (n <= 0)
+        return true; /* gone meanwhile */
+    stat[n] = '\0';
+    p = strrchr(stat, ')'); /* "<pid> (<comm>) <state> <ppid> ..." */
+    return p && p[1] == ' ' && p[2] == 'Z' && p[3] == ' ' && p[4] == '0' && p[5] == ' ';
+}
+
+/* How many processes /proc (the sandbox's, of its pid namespace) lists besides the init, us
+ * and zombies whose parent is outside (counted in *outside); -1 when it cannot be read.
+ * *one: one of them (0: none). */
+static int others_alive(long *one, int *outside)
 {
     pid_t self = getpid();
     struct dirent *de;
     DIR *d = opendir("/proc");
     int n = 0;
 
+    *one = 0;
+    *outside = 0;
     if (!d)
         return -1;
     while ((de = readdir(d))) {
@@ -80,33 +108,70 @@ static int others_alive(void)
 
         if (*end || pid <= 1 || pid == self)
             continue;
+        if (dead_outside(pid)) {
+            (*outside)++;
+            continue;
+        }
+        *one = pid;
         n++;
     }
     closedir(d);
     return n;
 }
 
+/* A process's /proc/<pid>/stat up to its state letter ("<pid> (<comm>) <state>") into buf. */
+static void process_state(long pid, char *buf, size_t size)
+{
+    char path[64], stat[512];
+    ssize_t n = -1;
+    char *close_paren;
+    int fd;
+
+    snprintf(buf, size, "%ld (gone)", pid);
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        n = read(fd, stat, sizeof(stat) - 1);
+        close(fd);
+    }
+    if (n <= 0)
+        return;
+    stat[n] = '\0';
+    close_paren = strrchr(stat, ')');
+    if (close_paren && close_paren[1] == ' ' && close_paren[2])
+        close_paren[3] = '\0';
+    snprintf(buf, size, "%s", stat);
+}
+
 /* Every process of the pid namespace but the init and us, killed and reaped. The init reaps
  * them; the first look comes 50 µs after the kill and the pause doubles up to 1 ms, since a
  * sandbox that ran little is empty within a few hundred microseconds and a fixed 1 ms pause
- * was most of a reset's time. */
-static void reset_processes(void)
+ * was most of a reset's time. Returns how many zombies are left for parents outside the
+ * namespace to reap (dead_outside). */
+static int reset_processes(void)
 {
     int64_t until = now_ms() + RESET_KILL_MS;
     useconds_t pause_us = 50;
-    int n;
+    int n, outside;
+    long one;
 
     for (;;) {
         if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
             reset_fail("cannot kill the sandbox's processes");
-        n = others_alive();
+        n = others_alive(&one, &outside);
         if (n < 0)
             reset_fail("cannot read the sandbox's /proc");
         if (n == 0)
-            return;
+            return outside;
         if (now_ms() > until) {
-            errno = ETIMEDOUT;
-            reset_fail("the sandbox's processes did not die in time");
+            char state[512];
+
+            process_state(one, state, sizeof(state));
+            proc_write_status(RESET_STATUS_FD,
+                              "error the sandbox's processes did not die in time (%d left, one "
+                              "of them: %s): errno %d",
+                              n, state, ETIMEDOUT);
+            _exit(1);
         }
         usleep(pause_us);
         if (pause_us < 1000)
@@ -204,13 +269,13 @@ static void reset_mqueues(void)
 
 /* Inside the namespaces, with the sandbox's root's file ids and capabilities (its real and
  * saved ids the host's root: mode_reset_run). */
-static void reset_inside(int sup_fd, const char *host, const char *workdir, int64_t tmp_mib,
-                         int64_t run_mib, int64_t shm_mib, int64_t workdir_mib)
+static int reset_inside(int sup_fd, const char *host, const char *workdir, int64_t tmp_mib,
+                        int64_t run_mib, int64_t shm_mib, int64_t workdir_mib)
 {
     struct stat st;
-    int fd;
+    int fd, zombies;
 
-    reset_processes();
+    zombies = reset_processes();
     reset_tmpfs("/tmp", "1777", tmp_mib);
     reset_tmpfs("/dev/shm", "1777", shm_mib);
     reset_tmpfs(workdir, "755", workdir_mib);
@@ -228,6 +293,7 @@ static void reset_inside(int sup_fd, const char *host, const char *workdir, int6
     reset_sysv("sem", rm_sem);
     reset_sysv("msg", rm_msg);
     reset_mqueues();
+    return zombies;
 }
 
 int mode_reset_run(int argc, char **argv)
@@ -277,8 +343,10 @@ int mode_reset_run(int argc, char **argv)
     /* into the pid namespace: a child */
     c = fork();
     if (c == 0) {
-        reset_inside(sup_fd, argv[2], argv[3], tmp_mib, run_mib, shm_mib, wd_mib);
-        proc_write_status(RESET_STATUS_FD, "reset");
+        int zombies = reset_inside(sup_fd, argv[2], argv[3], tmp_mib, run_mib, shm_mib, wd_mib);
+
+        /* "reset", and how many zombies lendboxd (or an exec's helper) has to reap */
+        proc_write_status(RESET_STATUS_FD, "reset %d", zombies);
         _exit(0);
     }
     if (c < 0)

@@ -41,6 +41,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1323,6 +1325,114 @@ START_TEST(test_reset_old_endpoint_url)
 }
 END_TEST
 
+/* The sandbox's usage as GET /v1/sandboxes/{id} shows it (admin). */
+static json_t *usage_of(struct lbt_daemon *d, const char *sbx)
+{
+    char path[160];
+    struct lbt_resp r;
+    json_t *u;
+
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s", sbx);
+    lbt_json(d, "GET", path, "", NULL, &r);
+    ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+    u = json_incref(json_object_get(r.json, "usage"));
+    lbt_resp_free(&r);
+    return u;
+}
+
+/* The usage a sandbox reports after a reset counts from the reset: the CPU time an episode
+ * burnt is not the next one's (nor visible to it); in place on cgroup v2, whose memory.peak
+ * cannot be restarted, the peak is null rather than the episode before's. */
+START_TEST(test_reset_usage_counts_from_the_reset)
+{
+    char sbx[LBT_ID_MAX], tok[256];
+    struct lbt_resp r;
+    json_t *lease, *u, *desc;
+    double before, after;
+    bool v2;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's cgroups");
+    lease = lbt_seed(&D, "rs-reset-usage", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    free(sh_tok(&D, sbx, tok, "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done"));
+    u = usage_of(&D, sbx);
+    before = json_number_value(json_object_get(u, "cpu_s"));
+    json_decref(u);
+    ck_assert_msg(before > 0.2, "the episode burnt %.3f s of CPU", before);
+    desc = lbt_read_descriptor(&D, sbx);
+    v2 = json_integer_value(json_object_get(json_object_get(desc, "cgroup"), "version")) == 2;
+    json_decref(desc);
+
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    u = usage_of(&D, sbx);
+    after = json_number_value(json_object_get(u, "cpu_s"));
+    ck_assert_msg(json_is_number(json_object_get(u, "cpu_s")) && after < 0.1 && after < before / 2,
+                  "after the reset: cpu_s %.3f (before %.3f)", after, before);
+    if (lbt_variant_on_host() && v2)
+        ck_assert_msg(json_is_null(json_object_get(u, "memory_peak_bytes")),
+                      "a peak after an in-place reset on cgroup v2");
+    json_decref(u);
+    lbt_release_session(&D, "rs-reset-usage");
+}
+END_TEST
+
+/* A process of the sandbox's pid namespace whose parent is outside it and does not reap it at
+ * once (an exec's helper killed past its bound leaves its supervisor to lendboxd; here
+ * nsenter, stopped) stays a zombie after the reset's kill: the in-place reset does not wait
+ * for it (it had failed the reset after 5 s), and its parent reaps it later. */
+START_TEST(test_reset_zombie_of_outside_parent)
+{
+    char sbx[LBT_ID_MAX], tok[256], target[32];
+    struct lbt_resp r;
+    json_t *lease, *desc;
+    pid_t enter;
+    int ws;
+
+    if (lbt_variant_engine() || !lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "the in-place reset: local provider, image host");
+        return;
+    }
+    lease = lbt_seed(&D, "rs-reset-zombie", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    desc = lbt_read_descriptor(&D, sbx);
+    snprintf(target, sizeof(target), "%lld",
+             (long long)json_integer_value(json_object_get(desc, "pid")));
+    json_decref(desc);
+    enter = fork();
+    ck_assert_int_ge(enter, 0);
+    if (enter == 0) {
+        execlp("nsenter", "nsenter", "-t", target, "-p", "--", "sleep", "4343.5", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200 && lbt_count_procs_exact("sleep 4343.5") == 0; i++)
+        lbt_sleep_ms(25);
+    ck_assert_int_eq(lbt_count_procs_exact("sleep 4343.5"), 1);
+    ck_assert_int_eq(kill(enter, SIGSTOP), 0);
+
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    ck_assert_int_eq(lbt_count_procs_exact("sleep 4343.5"), 0);
+    ck_assert_int_eq(kill(enter, SIGCONT), 0);
+    ck_assert_int_eq(waitpid(enter, &ws, 0), enter);
+    /* the sleep was killed (nsenter passes its signal on, or its status) */
+    ck_assert_msg((WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL) ||
+                      (WIFEXITED(ws) && WEXITSTATUS(ws) == 128 + SIGKILL),
+                  "nsenter ended with status %#x", ws);
+    /* the sandbox is lent and works */
+    free(sh_tok(&D, sbx, tok, "true"));
+    lbt_release_session(&D, "rs-reset-zombie");
+}
+END_TEST
+
 static const char *in_place_args[] = {"--set", "local.reset_in_place=yes", NULL};
 
 int main(void)
@@ -1342,6 +1452,8 @@ int main(void)
     tcase_add_test(tc, test_reset_ends_activation);
     tcase_add_test(tc, test_reset_without_session);
     tcase_add_test(tc, test_reset_ends_running_exec);
+    tcase_add_test(tc, test_reset_usage_counts_from_the_reset);
+    tcase_add_test(tc, test_reset_zombie_of_outside_parent);
     suite_add_tcase(s, tc);
     tc = tcase_create("fault");
     lbt_test_daemon_cleanup(tc, &F);

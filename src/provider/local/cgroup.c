@@ -790,6 +790,16 @@ void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out)
         out->oom_kills = (int64_t)kills;
 }
 
+bool cgroup_restart_peak(const struct lb_cgroup *cg)
+{
+    const char *dir;
+
+    if (cg->version != 1)
+        return false; /* v2 memory.peak restarts per open file only */
+    dir = dir_with(cg, "memory.max_usage_in_bytes");
+    return !dir || write_small(dir, "memory.max_usage_in_bytes", "0") == 0;
+}
+
 /* Remove one cgroup dir as cgroup_remove does. */
 static int remove_dir(const char *dir, int64_t deadline_ms, struct lb_error *err)
 {

@@ -116,6 +116,11 @@ int cgroup_read_oom_kills(const struct lb_cgroup *cg, uint64_t *count, int64_t *
  * v1 only a sandbox with a memory limit has a memory cgroup); pids: pids.current, else the
  * number of processes its cgroup.procs lists; oom_kills as cgroup_read_oom_kills. Reads only. */
 void cgroup_read_usage(const struct lb_cgroup *cg, struct lb_usage *out);
+/* Restart the memory peak cgroup_read_usage reads at what is charged now: v1
+ * memory.max_usage_in_bytes (true, also when there is no memory cgroup); false on v2, whose
+ * memory.peak restarts only for reads through the same open file (an in-place reset then
+ * reports no peak). */
+bool cgroup_restart_peak(const struct lb_cgroup *cg);
 
 /* Remove the cgroup dirs (already-gone counts as done), retrying while they are busy until
  * deadline_ms (monotonic). A dir on a read-only cgroup file system is not a failure: one that

@@ -302,6 +302,14 @@ void local_mount_sizes(const struct local_provider *lp, const struct lb_resource
 int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
                 const struct lb_sandbox_spec *spec, const char *hostname, int64_t timeout_ms,
                 struct lb_error *err);
+/* What an in-place reset leaves for the usage op (usage.c): <dir>/usage-base.json, the CPU
+ * time and OOM kills its cgroup had counted at the reset, and whether the memory peak could be
+ * restarted; the usage op reports what came after. Best effort (a failure is logged: the
+ * figures then include the episodes before). */
+void local_usage_base_save(const char *id, const char *dir, const struct lb_cgroup *cg);
+/* Subtract the base <dir>/usage-base.json holds (if any) from u: cpu_s and oom_kills (never
+ * below 0); memory_peak_bytes -1 (unknown) when the reset could not restart the peak. */
+void local_usage_base_apply(const char *dir, struct lb_usage *u);
 /* The running sandbox of ref answers to new_id from now on (the provider op hand_over): its
  * directory renamed to <sandboxes_dir>/<new_id>, its descriptor naming the id it was made under
  * (its cgroup's name; local_desc.name). *desc_out its descriptor under new_id (the caller's).

@@ -84,7 +84,8 @@ static bool reset_fits(const struct local_provider *lp, const struct local_desc 
 }
 
 /* Run the helper with fds (RFD_NS.. and RFD_SUPERVISE set), wait for it (never past
- * deadline_ms: killed then); 0 when it said "reset" and exited 0. */
+ * deadline_ms: killed then). When it said "reset N" and exited 0: N >= 0, the zombies it left
+ * for their parents outside the sandbox to reap; else a negative errno. */
 static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
                      struct lb_error *err)
 {
@@ -140,7 +141,9 @@ static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
         goto out;
     }
     if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0 && strncmp(status.data, "reset", 5) == 0) {
-        r = 0;
+        /* "reset N": N zombies of the sandbox wait for a parent outside it (lendboxd, a
+         * subreaper, when it killed an exec's helper that did not exit in time) */
+        r = atoi(status.data + 5);
     } else {
         char text[1024];
 
@@ -236,6 +239,13 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 
         r = reset_run(ref->id, fds, argv, deadline, err);
     }
+    if (r > 0) {
+        local_reap_uid_children(d.uid);
+        r = 0;
+    }
+    /* the next episode's usage counts from here */
+    if (r == 0)
+        local_usage_base_save(ref->id, dir, &d.cg);
 out:
     for (int i = 0; i < RFD_COUNT; i++)
         local_close_fd(&fds[i]);

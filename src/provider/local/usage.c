@@ -20,6 +20,60 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include "util/log.h"
+
+#define USAGE_BASE_FILE "usage-base.json"
+
+/* see local_internal.h */
+void local_usage_base_save(const char *id, const char *dir, const struct lb_cgroup *cg)
+{
+    struct lb_usage u = {-1, -1, -1, -1, -1, -1};
+    char path[4400], tmp[4400];
+    bool peak;
+    json_t *j;
+    int r = -1;
+
+    cgroup_read_usage(cg, &u);
+    peak = cgroup_restart_peak(cg);
+    j = json_pack("{s:f,s:I,s:b}", "cpu_s", u.cpu_s > 0 ? u.cpu_s : 0.0, "oom_kills",
+                  (json_int_t)(u.oom_kills > 0 ? u.oom_kills : 0), "peak_restarted", peak);
+    snprintf(path, sizeof(path), "%s/" USAGE_BASE_FILE, dir);
+    snprintf(tmp, sizeof(tmp), "%s/." USAGE_BASE_FILE ".tmp", dir);
+    if (j && json_dump_file(j, tmp, JSON_COMPACT) == 0)
+        r = rename(tmp, path);
+    if (r < 0) {
+        log_warn_sbx(id,
+                     "sandbox %s: cannot save its usage at the reset (%s): its usage will "
+                     "count the episodes before",
+                     id, strerror(errno));
+        (void)unlink(tmp);
+    }
+    json_decref(j);
+}
+
+/* see local_internal.h */
+void local_usage_base_apply(const char *dir, struct lb_usage *u)
+{
+    char path[4400];
+    json_t *j;
+    double cpu;
+    json_int_t kills;
+
+    snprintf(path, sizeof(path), "%s/" USAGE_BASE_FILE, dir);
+    j = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
+    if (!j)
+        return;
+    cpu = json_number_value(json_object_get(j, "cpu_s"));
+    kills = json_integer_value(json_object_get(j, "oom_kills"));
+    if (u->cpu_s >= 0)
+        u->cpu_s = u->cpu_s > cpu ? u->cpu_s - cpu : 0;
+    if (u->oom_kills >= 0)
+        u->oom_kills = u->oom_kills > kills ? u->oom_kills - kills : 0;
+    if (!json_is_true(json_object_get(j, "peak_restarted")))
+        u->memory_peak_bytes = -1;
+    json_decref(j);
+}
+
 /* Bytes in use on a file system (statfs of it), or -1 when it is not a tmpfs. */
 static int64_t tmpfs_used(const struct statfs *st)
 {
@@ -150,6 +204,7 @@ int local_usage(struct lb_provider *p, const struct lb_sandbox_ref *ref, struct 
         return r;
     cgroup_read_usage(&d.cg, out);
     local_sandbox_dir(lp, ref->id, dir, sizeof(dir));
+    local_usage_base_apply(dir, out);
     snprintf(img, sizeof(img), "%s/img", dir);
     /* an image root's tmpfs (upper layer and, with storage tmpfs, the workspace) */
     if (statfs(img, &st) == 0 && (part = tmpfs_used(&st)) >= 0)
