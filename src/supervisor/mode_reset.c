@@ -64,6 +64,18 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int64_t now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* When each step of the reset ended (µs, monotonic), for its status line. */
+enum { STEP_START, STEP_NS, STEP_KILL, STEP_MOUNTS, STEP_IPC, STEP_COUNT };
+static int64_t steps[STEP_COUNT];
+
 /* Is pid (of the sandbox's pid namespace) a zombie whose parent is outside it (its parent pid
  * 0 as seen here)? Such a process is dead: only its parent can reap it, and that parent is
  * lendboxd or its exec helper (lendboxd, a child subreaper, inherits an exec's supervisor when
@@ -276,6 +288,7 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
     int fd, zombies;
 
     zombies = reset_processes();
+    steps[STEP_KILL] = now_us();
     reset_tmpfs("/tmp", "1777", tmp_mib);
     reset_tmpfs("/dev/shm", "1777", shm_mib);
     reset_tmpfs(workdir, "755", workdir_mib);
@@ -287,12 +300,14 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
                 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */) < 0 ||
         stat(RESET_SUPERVISE_PATH, &st) < 0 || !S_ISREG(st.st_mode))
         reset_fail("cannot bind the supervisor again");
+    steps[STEP_MOUNTS] = now_us();
     if (sethostname(host, strlen(host)) < 0)
         reset_fail("cannot set the hostname back");
     reset_sysv("shm", rm_shm);
     reset_sysv("sem", rm_sem);
     reset_sysv("msg", rm_msg);
     reset_mqueues();
+    steps[STEP_IPC] = now_us();
     return zombies;
 }
 
@@ -306,6 +321,7 @@ int mode_reset_run(int argc, char **argv)
     int sup_fd, ws = 0;
     pid_t c;
 
+    steps[STEP_START] = now_us();
     /* --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB */
     if (argc != 8 || !argv[2][0] || strlen(argv[2]) > 64 || argv[3][0] != '/' ||
         strcmp(argv[3], "/") == 0 ||
@@ -340,13 +356,20 @@ int mode_reset_run(int argc, char **argv)
     }
     /* the namespaces and the host's binary: nothing the child inside needs */
     (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
+    steps[STEP_NS] = now_us();
     /* into the pid namespace: a child */
     c = fork();
     if (c == 0) {
         int zombies = reset_inside(sup_fd, argv[2], argv[3], tmp_mib, run_mib, shm_mib, wd_mib);
 
-        /* "reset", and how many zombies lendboxd (or an exec's helper) has to reap */
-        proc_write_status(RESET_STATUS_FD, "reset %d", zombies);
+        /* "reset", how many zombies lendboxd (or an exec's helper) has to reap, and the
+         * steps' times in µs (lendboxd logs them at debug) */
+        proc_write_status(RESET_STATUS_FD,
+                          "reset %d (µs: enter %lld, fork and kill %lld, mounts %lld, ipc %lld)",
+                          zombies, (long long)(steps[STEP_NS] - steps[STEP_START]),
+                          (long long)(steps[STEP_KILL] - steps[STEP_NS]),
+                          (long long)(steps[STEP_MOUNTS] - steps[STEP_KILL]),
+                          (long long)(steps[STEP_IPC] - steps[STEP_MOUNTS]));
         _exit(0);
     }
     if (c < 0)

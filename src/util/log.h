@@ -40,6 +40,11 @@ void lb_log_ids(enum lb_log_level level, const char *request_id, const char *san
 #define log_error_sbx(sbx, ...) lb_log_ids(LB_LOG_ERROR, NULL, (sbx), __VA_ARGS__)
 #define log_warn_sbx(sbx, ...) lb_log_ids(LB_LOG_WARN, NULL, (sbx), __VA_ARGS__)
 #define log_info_sbx(sbx, ...) lb_log_ids(LB_LOG_INFO, NULL, (sbx), __VA_ARGS__)
+#define log_debug_sbx(sbx, ...)                                                                    \
+    do {                                                                                           \
+        if (log_get_level() >= LB_LOG_DEBUG)                                                       \
+            lb_log_ids(LB_LOG_DEBUG, NULL, (sbx), __VA_ARGS__);                                    \
+    } while (0)
 #define log_error_req(rid, ...) lb_log_ids(LB_LOG_ERROR, (rid), NULL, __VA_ARGS__)
 #define log_debug_req(rid, ...)                                                                    \
     do {                                                                                           \

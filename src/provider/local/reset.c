@@ -92,6 +92,7 @@ static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
     struct lb_buf status = {.max = 4096};
     struct reset_child rc = {fds, argv};
     int status_r = -1, ws = 0, r;
+    int64_t started_ms = clock_mono_ms();
     pid_t helper = 0;
     char chunk[512];
 
@@ -144,6 +145,9 @@ static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
         /* "reset N": N zombies of the sandbox wait for a parent outside it (lendboxd, a
          * subreaper, when it killed an exec's helper that did not exit in time) */
         r = atoi(status.data + 5);
+        status.data[strcspn(status.data, "\n")] = '\0';
+        log_debug_sbx(id, "sandbox %s: helper ran %lld ms, said: %s", id,
+                      (long long)(clock_mono_ms() - started_ms), status.data);
     } else {
         char text[1024];
 
