@@ -95,6 +95,11 @@ bool lend_recycle_claim(struct lb_lend *l, const struct lb_record *old)
     if (strcmp(old->pool_class, cls) != 0)
         return false; /* another class (the default image changed): the pool refills */
     uses = recycle_uses_of(old);
+    /* an in-place recycle keeps the sandbox, and its age: one past pool.max_age stops */
+    if (l->cfg.pool_max_age_s > 0 && clock_now_s() >= old->created_at + l->cfg.pool_max_age_s) {
+        log_info_sbx(old->id, "sandbox %s reached pool.max_age: not recycled", old->id);
+        return false;
+    }
     if (uses >= l->cfg.pool_max_uses) {
         log_info_sbx(old->id, "sandbox %s reached pool.max_uses (%lld lends): not recycled",
                      old->id, (long long)uses);
@@ -193,7 +198,8 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
     rec->state = LB_STATE_STARTING;
     rec->spec_json = s->spec_text;
     rec->pool_class = (char *)old->pool_class;
-    rec->created_at = clock_now_s();
+    /* the same sandbox: its age (pool.max_age) and its lease's created_at go on */
+    rec->created_at = old->created_at;
     /* old is stopping (not live): its place under max_sandboxes is the one this takes */
     r = store_insert_sandbox(l->store, rec, l->cfg.max_sandboxes, perr);
     if (r < 0)

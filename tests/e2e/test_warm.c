@@ -1026,6 +1026,35 @@ START_TEST(test_recycle_needs_reset)
 }
 END_TEST
 
+/* A lent sandbox past pool.max_age_s is not recycled (an in-place recycle would keep an old
+ * sandbox going): its release stops it and the pool refills. */
+START_TEST(test_recycle_not_past_max_age)
+{
+    static const char *const args[] = {"--set", "pool.size=1",      "--set", "pool.recycle=yes",
+                                       "--set", "pool.max_age_s=3", NULL};
+    struct lbt_ids warm;
+    json_t *lease;
+    char id[LBT_ID_MAX];
+    pid_t pid;
+
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-age", "task-r", NULL);
+    snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    ck_assert_str_eq(id, warm.id[0]);
+    pid = init_pid(id);
+    lbt_sleep_ms(3500);
+    lbt_release_session(&D, "recycle-age");
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 0);
+    ck_assert_int_eq(lbt_log_count(&D, "reached pool.max_age: not recycled"), 1);
+    if (pid > 0)
+        ck_assert(wait_pid_gone(pid, 5000));
+    wait_warm(1, 60, &warm);
+    ck_assert_str_ne(warm.id[0], id);
+}
+END_TEST
+
 /* ---------- recycling in place (local provider, image host, tmpfs storage) ---------- */
 
 /* Skip unless a recycle here is in place: the local provider, seeds on the host's root. */
@@ -1060,7 +1089,8 @@ START_TEST(test_recycle_in_place)
 {
     static const char *const args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", NULL};
     struct lbt_ids warm;
-    char first[LBT_ID_MAX], *id, *token, *name, *host;
+    char first[LBT_ID_MAX], made_at[64], *id, *token, *name, *host;
+    json_t *rec;
     pid_t pid;
     int cgroups;
 
@@ -1070,6 +1100,9 @@ START_TEST(test_recycle_in_place)
     snprintf(first, sizeof(first), "%s", warm.id[0]);
     pid = init_pid(first);
     ck_assert_int_gt(pid, 0);
+    rec = record_get(first);
+    snprintf(made_at, sizeof(made_at), "%s", json_string_value(json_object_get(rec, "created_at")));
+    json_decref(rec);
     cgroups = lbt_count_cgroup_dirs(first);
     ck_assert_int_gt(cgroups, 0);
     for (int n = 0; n < 3; n++) {
@@ -1090,6 +1123,10 @@ START_TEST(test_recycle_in_place)
         free(name);
         ck_assert_int_eq(lbt_count_cgroup_dirs(first), cgroups);
         ck_assert_int_eq(lbt_count_cgroup_dirs(warm.id[0]), 0);
+        /* its age goes on (pool.max_age counts from when it was made) */
+        rec = record_get(warm.id[0]);
+        ck_assert_str_eq(json_string_value(json_object_get(rec, "created_at")), made_at);
+        json_decref(rec);
         free(id);
         free(token);
     }
@@ -1326,6 +1363,7 @@ int main(void)
     tcase_add_test(tr, test_recycle_hand_over_failure);
     tcase_add_test(tr, test_recycle_kill9_at_hand_over);
     tcase_add_test(tr, test_recycle_late_exec);
+    tcase_add_test(tr, test_recycle_not_past_max_age);
     suite_add_tcase(s, tr);
     TCase *t200 = tcase_create("recycle_200");
     lbt_test_daemon_cleanup(t200, &D);
