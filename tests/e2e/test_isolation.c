@@ -209,6 +209,38 @@ START_TEST(test_no_capabilities)
 }
 END_TEST
 
+/* The sandbox's root owns its IPC, network, UTS and pid namespaces, and the kernel lets a
+ * namespace's root write their sysctls without capabilities; an in-place reset or a recycle
+ * keeps those namespaces, so such a write would reach the next episode (a limit of 0 SysV
+ * segments, a pid_max of 400). /proc/sys is read-only inside: each write fails, the values
+ * stay, and reads show the sandbox's own namespaces (its hostname). */
+START_TEST(test_sysctls_read_only)
+{
+    static const char *const files[] = {
+        "/proc/sys/kernel/shmmni",  "/proc/sys/kernel/msgmni",
+        "/proc/sys/kernel/sem",     "/proc/sys/fs/mqueue/queues_max",
+        "/proc/sys/kernel/pid_max", "/proc/sys/net/ipv4/ip_local_port_range"};
+    char cmd[512], *before, *out;
+
+    LBT_SKIP_ON_ENGINE("about the local provider's /proc (an engine's containers have their own)");
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "cat %s", files[i]);
+        before = lbt_sh(&D, SBX, cmd);
+        snprintf(cmd, sizeof(cmd), "(echo 0 > %s) 2>&1; echo \"rc=$?\"; cat %s", files[i],
+                 files[i]);
+        out = lbt_sh(&D, SBX, cmd);
+        ck_assert_msg(strstr(out, "Read-only file system") && strstr(out, "rc=0") == NULL &&
+                          strstr(out, before),
+                      "%s: %s (was %s)", files[i], out, before);
+        free(out);
+        free(before);
+    }
+    out = lbt_sh(&D, SBX, "cat /proc/sys/kernel/hostname; hostname");
+    ck_assert_msg(strncmp(out, SBX, 20) == 0, "the sandbox reads another hostname: %s", out);
+    free(out);
+}
+END_TEST
+
 /* The files API cannot replace what is mounted in the sandbox (the supervisor, /dev/null),
  * nor read kernel pseudo-files, nor be cut short by an encoded NUL. */
 START_TEST(test_files_api_mount_points_and_pseudo_files)
@@ -269,6 +301,7 @@ int main(void)
     tcase_add_test(tc, test_unprivileged_uid);
     tcase_add_test(tc, test_loopback_only);
     tcase_add_test(tc, test_no_capabilities);
+    tcase_add_test(tc, test_sysctls_read_only);
     tcase_add_test(tc, test_files_api_mount_points_and_pseudo_files);
     tcase_add_test(tc, test_resource_bounds);
     suite_add_tcase(s, tc);

@@ -253,6 +253,12 @@ static void add_hider(struct strv *a, const char *root, const char *dir, char **
 static void add_system_mounts(struct strv *a, const struct mount_sizes *sizes)
 {
     strv_add2(a, "--proc", "/proc");
+    /* /proc/sys read-only: the sandbox's root owns its IPC, network, UTS and pid namespaces,
+     * and the kernel lets a namespace's root write their sysctls without capabilities
+     * (kernel.shmmni, fs.mqueue.*, net.*, kernel.pid_max, ...): an in-place reset keeps those
+     * namespaces, so what one episode wrote would hold for the next. The host's /proc/sys
+     * shows the reader's own namespaces' values, so the view inside is unchanged. */
+    strv_add3(a, "--ro-bind", "/proc/sys", "/proc/sys");
     strv_add2(a, "--dev", "/dev");
     strv_add2(a, "--remount-ro", "/dev");
     add_shared_tmpfs(a, "/dev/shm", sizes->shm_mib);
