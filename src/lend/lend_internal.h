@@ -213,10 +213,13 @@ bool lend_recycle_finish(struct lb_lend *l, const struct lb_record *old, bool st
 /* Between the two, in place of the release's stop where the provider can (reset_in_place and
  * hand_over): old's sandbox is reset in place and handed over to a new warm record of the
  * pool's class, and old recorded stopped (reason released), with its operate-token fence up
- * throughout. 1: done (old stopped; lend_recycle_finish then makes nothing); 0: not done, old's
- * sandbox as it was or reset but still under old's id (the caller stops it as any release);
- * a negative errno (err set) when a failure after the hand-over left old unrecorded as
- * stopped. Blocks on the provider (a reset: milliseconds). Under the session's lock. */
+ * throughout; the new record's warm and old's stopped are one transaction (store_hand_over).
+ * 1: done (old stopped; lend_recycle_finish then makes nothing); 2: old stopped, its sandbox
+ * gone with a hand-over that could not be recorded (counted as a reset failure; the pool makes
+ * a replacement as for a stop); 0: not done, old's sandbox as it was or reset but still under
+ * old's id (the caller stops it as any release); a negative errno (err set) when old's record
+ * could not be marked stopped after its sandbox went. Blocks on the provider (a reset:
+ * milliseconds). Under the session's lock. */
 int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct lb_error *err);
 
 /* Stop the oldest warm sandbox (reason) so that its place goes elsewhere, or (not_class

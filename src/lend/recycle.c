@@ -167,16 +167,23 @@ out:
     return r;
 }
 
+/* What became of old's sandbox in a recycle_hand_over that did not complete. */
+enum recycle_left {
+    RECYCLE_OLD,  /* still under old's id, as it was or reset: the release stops it */
+    RECYCLE_GONE, /* stopped under the new id (or left to its stop's retries) */
+};
+
 /* The provider's half of an in-place recycle: old's sandbox reset in place with a new id as
- * its hostname, the new id recorded (s->rec: starting, of the pool's class), the sandbox
- * handed over to it and recorded warm (unless a shutdown sweep claimed the record meanwhile:
- * the sweep stops it under the new id). 0 once handed over; -EOPNOTSUPP when the provider
- * cannot (nothing done); another negative errno (perr set) when the reset or the hand-over
- * failed: old's sandbox is then still under old's id (the caller stops it), and what the new
- * record had is stopped (reset_failed). */
+ * its hostname, the new id recorded (s->rec: starting, of the pool's class), the sandbox handed
+ * over to it, and then in one transaction the new record warm and old's stopped (usage: its
+ * stopped event's figures), so the sandbox is never lendable under the new id while old's
+ * record, whose descriptor names the same init, could still be stopped. 0 when done. Else a
+ * negative errno (perr set) and *left: RECYCLE_OLD (nothing recorded of old beyond
+ * "stopping"; -EOPNOTSUPP when the provider cannot) or RECYCLE_GONE (the sandbox was stopped
+ * under the new id, with reason reset_failed: the hand-over's record could not be written). */
 static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
-                             const struct lb_record *old, struct lend_start *s,
-                             struct lb_error *perr)
+                             const struct lb_record *old, struct lend_start *s, const json_t *usage,
+                             enum recycle_left *left, struct lb_error *perr)
 {
     json_t *old_desc = old->descriptor_json ? json_loads(old->descriptor_json, 0, NULL) : NULL;
     struct lb_sandbox_ref ref = {old->id, old_desc};
@@ -186,6 +193,7 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
     int64_t t0 = clock_mono_ms();
     int r;
 
+    *left = RECYCLE_OLD;
     r = token_new_sandbox_id(rec->id);
     if (r < 0) {
         r = lb_error_set(perr, r, "cannot make a sandbox id");
@@ -211,23 +219,31 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
         r = provider_hand_over(prov, &ref, rec->id, &desc, perr);
     if (r == 0 && !(desc_text = json_dumps(desc, JSON_COMPACT)))
         r = lb_error_set(perr, -ENOMEM, "out of memory");
+    if (r == 0) {
+        /* the fault point "lend.handed_over": the sandbox under the new id, nothing recorded */
+        r = fault_hit("lend.handed_over", 0, perr);
+        if (r == 0)
+            r = store_hand_over(
+                l->store, old->id, usage, rec->id, desc_text,
+                l->cfg.pool_max_age_s > 0 ? rec->created_at + l->cfg.pool_max_age_s : 0, perr);
+        if (r < 0) {
+            *left = RECYCLE_GONE;
+            store_set_descriptor(l->store, rec->id, desc_text, NULL);
+        }
+    }
     if (r < 0) {
         struct lb_record got = {0};
         struct lb_error serr = {0};
 
         /* whatever the hand-over left under the new id goes (a stop finds it, or nothing) */
         if (store_get_sandbox(l->store, rec->id, &got, NULL) == 0 &&
+            got.state != LB_STATE_STOPPED &&
             lend_stop_record(l, &got, "reset_failed", LB_STATE_STOP_FAILED, &serr) < 0)
             log_error_sbx(rec->id, "sandbox %s: a failed hand-over's stop failed: %s", rec->id,
                           serr.message);
         store_record_release(&got);
         goto out;
     }
-    /* a shutdown sweep may have claimed it meanwhile (-EBUSY): it stops it under the new id */
-    if (store_mark_warm(l->store, rec->id, desc_text,
-                        l->cfg.pool_max_age_s > 0 ? rec->created_at + l->cfg.pool_max_age_s : 0,
-                        NULL) < 0)
-        store_set_descriptor(l->store, rec->id, desc_text, NULL);
     log_info_sbx(rec->id, "sandbox %s reset in place and handed over to warm sandbox %s in %lld ms",
                  old->id, rec->id, (long long)(clock_mono_ms() - t0));
 out:
@@ -242,10 +258,11 @@ int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct
 {
     struct lb_provider *prov = lend_provider_of(l, old, NULL);
     char image[LB_IMAGE_NAME_MAX + 1], cls[LEND_WARM_CLASS_MAX];
+    enum recycle_left left = RECYCLE_OLD;
     json_t *old_desc = NULL, *usage = NULL;
     struct lb_error perr = {0};
     struct lend_start s;
-    bool fenced = false, handed = false;
+    bool fenced = false;
     int r;
 
     if (!prov || prov != atomic_load(&l->warm_prov))
@@ -272,17 +289,23 @@ int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct
     if (r < 0)
         goto out;
     usage = lend_stop_usage(l, old);
-    r = recycle_hand_over(l, prov, old, &s, &perr);
+    r = recycle_hand_over(l, prov, old, &s, usage, &left, &perr);
+    if (r < 0 && left == RECYCLE_GONE) {
+        /* the sandbox was stopped under the new id: old's record only needs its end */
+        metrics_add(LB_M_POOL_RESET_FAILURES, 1);
+        log_warn_sbx(old->id,
+                     "sandbox %s was reset but its hand-over could not be recorded (it "
+                     "is stopped): %s",
+                     old->id, perr.message);
+        r = store_mark_stopped_usage(l->store, old->id, NULL, usage, err);
+    }
     if (r < 0)
         goto out;
-    handed = true;
-    /* old's sandbox lives on under the new id: old is stopped without a provider stop */
-    r = store_mark_stopped_usage(l->store, old->id, NULL, usage, err);
+    /* old's record is stopped: its sandbox lives on under the new id, or is gone */
     lend_stop_done(l, old, "released");
-    if (r == 0)
-        r = 1;
+    r = left == RECYCLE_OLD ? 1 : 2;
 out:
-    if (r < 0 && !handed) {
+    if (r < 0 && left == RECYCLE_OLD) {
         /* old's sandbox is still under old's id: the release stops it as any other */
         if (r != -EOPNOTSUPP && r != -EUSERS) {
             metrics_add(LB_M_POOL_RESET_FAILURES, 1);

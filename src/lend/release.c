@@ -36,6 +36,8 @@ int lend_release(struct lb_lend *l, const char *rsid, json_t **out, struct lb_er
         in_place = r == 1;
         if (r == 0)
             r = lend_stop_record(l, &live, "released", LB_STATE_STOP_FAILED, err);
+        else if (r > 0)
+            r = 0; /* stopped by the recycle (recycled, or gone with its failed hand-over) */
         if (r < 0) {
             metrics_add(LB_M_RELEASES_FAILED, 1);
             goto out;

@@ -684,6 +684,15 @@ static int mark_stopped_fn(struct lb_store *st, void *ctx, struct lb_error *err)
     return mark_stopped_locked(st, ctx, "marking a sandbox stopped", err);
 }
 
+/* see store_internal.h */
+int store_mark_stopped_in_txn(struct lb_store *st, const char *id, const char *reason,
+                              const json_t *usage, struct lb_error *err)
+{
+    struct stop_args a = {id, reason, usage};
+
+    return mark_stopped_locked(st, &a, "marking a sandbox stopped", err);
+}
+
 /* One stop transition (fn) of record id in its own transaction: a stop's record (the space
  * reserve may be spent). */
 static int stop_transition(struct lb_store *st, store_txn_fn fn, const struct stop_args *a,

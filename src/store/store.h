@@ -244,6 +244,16 @@ int store_take_warm(struct lb_store *st, const struct lb_warm_take *t, struct lb
 int store_count_recyclable(struct lb_store *st, const char *pool_class, int64_t max_uses,
                            int64_t *out, struct lb_error *err);
 
+/* A recycling pool's in-place recycle, in one transaction: new_id (starting) -> warm with the
+ * provider descriptor and expires_at (0: none), and old_id -> stopped (its reason kept, its
+ * "stopped" event's data.usage usage, borrowed; NULL: null). So the sandbox is never warm (and
+ * so lendable) under the new id while the old id's record, whose descriptor still names its
+ * init, could be stopped. -EBUSY (nothing changed) when new_id is no longer starting (a
+ * shutdown sweep claimed it), -ENOENT, -ENOSPC/-EIO. Thread-safe. */
+int store_hand_over(struct lb_store *st, const char *old_id, const json_t *usage,
+                    const char *new_id, const char *descriptor_json, int64_t expires_at,
+                    struct lb_error *err);
+
 /* Claim warm sandbox id for a stop: warm -> stopping with reason. 0, or -EBUSY when it is not
  * warm any more (a seed took it), -ENOSPC/-EIO. */
 int store_claim_warm(struct lb_store *st, const char *id, const char *reason, struct lb_error *err);

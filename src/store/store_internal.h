@@ -173,6 +173,9 @@ int store_append_event(struct lb_store *st, const char *type, const char *sandbo
                        const json_t *data, bool with_reason, struct lb_error *err);
 /* The work of one transaction: >= 0 to commit (returned by store_txn), < 0 to roll back. */
 typedef int (*store_txn_fn)(struct lb_store *st, void *ctx, struct lb_error *err);
+/* store_mark_stopped_usage's work inside a transaction the caller runs (lock held). */
+int store_mark_stopped_in_txn(struct lb_store *st, const char *id, const char *reason,
+                              const json_t *usage, struct lb_error *err);
 /* Run fn inside BEGIN IMMEDIATE ... COMMIT (sync_full: the commit at synchronous = FULL), the
  * lock held by the caller. On failure the transaction is rolled back; stop (a stop's record):
  * a disk found full spends the space reserve and the whole transaction runs once more. After a

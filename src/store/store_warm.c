@@ -82,6 +82,37 @@ int store_mark_warm(struct lb_store *st, const char *id, const char *descriptor_
                            "is no longer starting", err);
 }
 
+struct hand_over_args {
+    const char *old_id, *new_id;
+    const json_t *usage;
+    struct mark_warm_args warm;
+};
+
+static int hand_over_fn(struct lb_store *st, void *ctx, struct lb_error *err)
+{
+    const struct hand_over_args *a = ctx;
+    int ret =
+        warm_update(st,
+                    "UPDATE sandboxes SET state = 'warm', descriptor_json = ?2, "
+                    "expires_at = ?3, updated_at = ?4 WHERE id = ?1 AND state = 'starting'",
+                    a->new_id, bind_mark_warm, &a->warm, false, "marking a sandbox warm", err);
+
+    if (ret == 0)
+        return lb_error_set(err, -EBUSY, "sandbox %s is no longer starting", a->new_id);
+    if (ret < 0)
+        return ret;
+    return store_mark_stopped_in_txn(st, a->old_id, NULL, a->usage, err);
+}
+
+int store_hand_over(struct lb_store *st, const char *old_id, const json_t *usage,
+                    const char *new_id, const char *descriptor_json, int64_t expires_at,
+                    struct lb_error *err)
+{
+    struct hand_over_args a = {old_id, new_id, usage, {descriptor_json, expires_at}};
+
+    return store_txn_write(st, hand_over_fn, &a, true, false, err);
+}
+
 static int bind_claim(sqlite3_stmt *s, const void *ctx)
 {
     int rc = sqlite3_bind_text(s, 2, ctx, -1, SQLITE_TRANSIENT);

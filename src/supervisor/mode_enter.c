@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -289,12 +290,19 @@ static int enter_run(int argc, char **argv, struct enter_view *view)
     int i, ws = 0, self_fd;
     pid_t g;
     bool keyrings_refused = false;
+    const char *host = NULL;
 
     if (argc > 2 && strcmp(argv[2], "--keyrings-refused") == 0) {
         keyrings_refused = true;
         argv[2] = argv[1];
         argv++;
         argc--;
+    }
+    if (argc > 3 && strcmp(argv[2], "--host") == 0) {
+        host = argv[3];
+        argv[3] = argv[1];
+        argv += 2;
+        argc -= 2;
     }
     if (argc < 8 || proc_parse_int64(argv[2], 4, 5, &nchild) < 0 ||
         proc_parse_int64(argv[3], 0, 16, &ncg) < 0 ||
@@ -347,6 +355,19 @@ static int enter_run(int argc, char **argv, struct enter_view *view)
     umask(022); /* the daemon's 077 is not the sandbox's business */
     g = fork();
     if (g == 0) {
+        struct utsname u;
+
+        /* Inside the pid namespace now, so a reset's kill loop ends this process, unless it
+         * came after that loop: the sandbox is then the next episode's, recycled under another
+         * id whose hostname the reset set before its kill (mode_reset.c). An exec of the old
+         * id must not run there. */
+        if (host && (uname(&u) < 0 || strcmp(u.nodename, host) != 0)) {
+            proc_write_status(ENTER_STATUS_FD,
+                              "error the sandbox is no longer %s (it was reset under another "
+                              "id): errno %d",
+                              host, ENOENT);
+            _exit(127);
+        }
         /* close-on-exec rather than closed: self_fd must live until the exec */
         (void)syscall(SYS_close_range, (unsigned)nchild, ~0U, ENTER_CLOSE_RANGE_CLOEXEC);
         lim.rlim_cur = lim.rlim_max = (rlim_t)nofile;

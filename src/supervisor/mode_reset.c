@@ -287,6 +287,10 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
     struct stat st;
     int fd, zombies;
 
+    /* the hostname first: an exec that enters after the kill loop below finds it changed when
+     * the sandbox is recycled under another id, and refuses to run (mode_enter.c --host) */
+    if (sethostname(host, strlen(host)) < 0)
+        reset_fail("cannot set the hostname back");
     zombies = reset_processes();
     steps[STEP_KILL] = now_us();
     reset_tmpfs("/tmp", "1777", tmp_mib);
@@ -301,8 +305,6 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
         stat(RESET_SUPERVISE_PATH, &st) < 0 || !S_ISREG(st.st_mode))
         reset_fail("cannot bind the supervisor again");
     steps[STEP_MOUNTS] = now_us();
-    if (sethostname(host, strlen(host)) < 0)
-        reset_fail("cannot set the hostname back");
     reset_sysv("shm", rm_shm);
     reset_sysv("sem", rm_sem);
     reset_sysv("msg", rm_msg);

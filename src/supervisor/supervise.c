@@ -146,14 +146,19 @@
  * Enter mode (the local provider's exec helper; run by the daemon as host root, outside the
  * sandbox, from a vfork-style spawn that shares the daemon's memory until this exec):
  *
- *   lendbox-supervise --enter [--keyrings-refused] NCHILD NCG SECCOMP_FD NOFILE NENV ENV... --
- *                     ARGV...
+ *   lendbox-supervise --enter [--keyrings-refused] [--host NAME] NCHILD NCG SECCOMP_FD NOFILE
+ *                     NENV ENV... -- ARGV...
  *       fds 0..NCHILD-1 are the command-mode supervisor's (0 stdin, 1 stdout, 2 stderr,
  *       3 status, 4 the pass fd), NCHILD..NCHILD+5 the sandbox init's user, mnt, pid, net, uts
  *       and ipc namespaces, the next NCG its cgroup.procs files, SECCOMP_FD (-1: none) a memfd
  *       with the classic BPF filter. --keyrings-refused: the daemon found that the host
  *       refuses it the keyring calls with a seccomp filter (so every sandbox process is
- *       refused them too), and EPERM for the session keyring below is not an error.
+ *       refused them too), and EPERM for the session keyring below is not an error. --host
+ *       NAME: the sandbox's hostname must be NAME (the id the daemon knows it by), checked by
+ *       the forked child inside the pid namespace before it runs ARGV: a recycled sandbox has
+ *       its next id as hostname, set before its reset's kill, so an exec of the old id that
+ *       came late fails ("error the sandbox is no longer NAME ...") instead of running in the
+ *       next episode's sandbox.
  *       Joins the cgroups and a fresh session keyring, enters the
  *       namespaces (user first), becomes uid/gid 0 there (the sandbox's host uid), drops every
  *       capability, sets no_new_privs, installs the filter and umask 022, then forks ARGV (the

@@ -26,7 +26,8 @@
  * provider.caps.reset (asked with each provider caps call: "fail" makes the provider one that
  * cannot reset), lend.recycle (a recycle's sandbox made, before it is recorded warm),
  * lend.hand_over (an in-place recycle: the sandbox reset and its new id recorded, before the
- * provider hands it over), provider.hand_over (the provider's hand-over),
+ * provider hands it over), provider.hand_over (the provider's hand-over), lend.handed_over (an
+ * in-place recycle's sandbox under its new id, before the transaction that records it),
  * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
  * sandbox's fence and checks its token again: routes_operate_enter; a renew, before it takes
  * the session's lock and checks its token again there), exec.spawn (a local

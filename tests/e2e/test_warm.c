@@ -1205,13 +1205,14 @@ START_TEST(test_recycle_hand_over_failure)
 }
 END_TEST
 
-/* kill -9 of the daemon while a recycle is held right before its hand-over (fault
- * lend.hand_over=hold:): the old record is stopping, the new one starting, the sandbox reset
- * under the old id. After a restart both are stopped, the sandbox's init is gone, and no
- * directory or cgroup of either id is left; the pool is made again. */
-START_TEST(test_recycle_kill9_at_hand_over)
+/* kill -9 of the daemon while a recycle is held at fault point op: lend.hand_over (the sandbox
+ * reset under the old id, the new id recorded starting) or lend.handed_over (the sandbox renamed
+ * to the new id, nothing recorded of it yet). After a restart both records are stopped, the
+ * sandbox's init is gone, and no directory or cgroup of either id is left; the pool is made
+ * again. */
+static void recycle_kill9_at(const char *op)
 {
-    char hold[128], spec[200], rsid[] = "recycle-kill9";
+    char hold[128], spec[200], rsid[] = "recycle-kill9", needle[96];
     const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
     struct lbt_ids warm, starting;
     struct lbt_async *job;
@@ -1219,10 +1220,10 @@ START_TEST(test_recycle_kill9_at_hand_over)
     json_t *lease;
     pid_t pid;
 
-    SKIP_UNLESS_IN_PLACE();
     snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-%d", (int)getpid());
     (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=lend.hand_over=hold:%s", hold);
+    snprintf(spec, sizeof(spec), "faults.spec=%s=hold:%s", op, hold);
+    snprintf(needle, sizeof(needle), "fault injected: %s holds", op);
     start_with(args);
     wait_warm(1, 60, &warm);
     snprintf(first, sizeof(first), "%s", warm.id[0]);
@@ -1232,9 +1233,9 @@ START_TEST(test_recycle_kill9_at_hand_over)
     json_decref(lease);
     snprintf(path, sizeof(path), "/v1/sessions/%s/release", rsid);
     job = lbt_async_json(&D, "POST", path, D.admin_token, NULL);
-    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: lend.hand_over holds") < 1; i++)
+    for (int i = 0; i < 1200 && lbt_log_count(&D, needle) < 1; i++)
         lbt_sleep_ms(50);
-    ck_assert_int_eq(lbt_log_count(&D, "fault injected: lend.hand_over holds"), 1);
+    ck_assert_int_eq(lbt_log_count(&D, needle), 1);
     lbt_records_in_state(&D, "starting", &starting);
     ck_assert_int_eq(starting.n, 1);
     lbt_daemon_kill(&D);
@@ -1261,6 +1262,110 @@ START_TEST(test_recycle_kill9_at_hand_over)
     ck_assert_int_eq(lbt_count_cgroup_dirs(first), 0);
     wait_warm(1, 60, &warm);
     ck_assert(!lbt_ids_has(&warm, first) && !lbt_ids_has(&warm, starting.id[0]));
+    (void)unlink(hold);
+}
+
+START_TEST(test_recycle_kill9_at_hand_over)
+{
+    SKIP_UNLESS_IN_PLACE();
+    recycle_kill9_at("lend.hand_over");
+}
+END_TEST
+
+START_TEST(test_recycle_kill9_after_hand_over)
+{
+    SKIP_UNLESS_IN_PLACE();
+    recycle_kill9_at("lend.handed_over");
+}
+END_TEST
+
+/* The hand-over done but its record not written (fault lend.handed_over, once): the sandbox is
+ * stopped under the new id (reset_failed: no directory, no cgroup, its init gone), the old
+ * record is stopped (released) and the release answers as always; a reset failure, and the
+ * pool's place is filled by a stop and a make. */
+START_TEST(test_recycle_handed_over_unrecorded)
+{
+    static const char *const args[] = {"--set", "pool.size=1",
+                                       "--set", "pool.recycle=yes",
+                                       "--set", "faults.spec=lend.handed_over=fail:1",
+                                       NULL};
+    struct lbt_ids warm;
+    char failed[64], first[LBT_ID_MAX], *id, *token;
+    pid_t pid;
+
+    SKIP_UNLESS_IN_PLACE();
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    snprintf(first, sizeof(first), "%s", warm.id[0]);
+    pid = init_pid(first);
+    id = episode(0, &token);
+    assert_gone(id, token);
+    free(token);
+    ck_assert(wait_pid_gone(pid, 5000));
+    ck_assert_int_eq(lbt_metric(&D, RESET_FAILURES), 1);
+    the_record_stopped_for("reset_failed", failed, sizeof(failed));
+    ck_assert_str_ne(failed, id);
+    ck_assert_ptr_null(lbt_read_descriptor(&D, failed));
+    ck_assert_ptr_null(lbt_read_descriptor(&D, id));
+    ck_assert_int_eq(lbt_count_cgroup_dirs(first), 0);
+    wait_warm(1, 60, &warm);
+    ck_assert(!lbt_ids_has(&warm, failed) && !lbt_ids_has(&warm, id));
+    free(id);
+}
+END_TEST
+
+/* An admin's exec of the episode's sandbox held right before its helper starts (fault
+ * exec.spawn=hold:) while the release recycles the sandbox and the next episode takes it: let
+ * go, the exec fails (the sandbox is no longer its id's) and its file is not in the next
+ * episode's workdir. */
+START_TEST(test_recycle_late_admin_exec)
+{
+    char hold[128], spec[200], path[128], sid[LBT_ID_MAX];
+    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
+    struct lbt_ids warm;
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease;
+    char *out;
+
+    SKIP_UNLESS_IN_PLACE();
+    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-admin-%d", (int)getpid());
+    (void)unlink(hold);
+    snprintf(spec, sizeof(spec), "faults.spec=exec.spawn=hold:%s", hold);
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-admin", "task-r", NULL);
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sid);
+    job = lbt_async_json(&D, "POST", path, D.admin_token,
+                         "{\"command\": \"echo planted > /workspace/planted\"}");
+    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: exec.spawn holds") < 1; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(lbt_log_count(&D, "fault injected: exec.spawn holds"), 1);
+    lbt_release_session(&D, "recycle-admin");
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-admin-2", "task-r", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
+    {
+        int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+    }
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status != 200 ||
+                      json_integer_value(json_object_get(r.json, "return_code")) != 0,
+                  "the old id's exec ran: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    out = op_sh(warm.id[0],
+                json_string_value(json_object_get(json_object_get(lease, "access"), "token")),
+                "ls /workspace; echo done");
+    ck_assert_msg(strcmp(out, "done\n") == 0, "the old id's exec reached the next episode: %s",
+                  out);
+    free(out);
+    json_decref(lease);
     (void)unlink(hold);
 }
 END_TEST
@@ -1362,6 +1467,9 @@ int main(void)
     tcase_add_test(tr, test_recycle_in_place);
     tcase_add_test(tr, test_recycle_hand_over_failure);
     tcase_add_test(tr, test_recycle_kill9_at_hand_over);
+    tcase_add_test(tr, test_recycle_kill9_after_hand_over);
+    tcase_add_test(tr, test_recycle_handed_over_unrecorded);
+    tcase_add_test(tr, test_recycle_late_admin_exec);
     tcase_add_test(tr, test_recycle_late_exec);
     tcase_add_test(tr, test_recycle_not_past_max_age);
     suite_add_tcase(s, tr);

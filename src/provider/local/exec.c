@@ -231,9 +231,9 @@ static int exec_view_find(const struct local_provider *lp, const char *id,
 /* argv of lendbox-supervise --enter, or --enter-view with view->on (see
  * src/supervisor/supervise.c): numbers in nums (5 strings of 24 bytes), env, the view and the
  * supervisor's argv borrowed. NULL when out of memory. */
-static char **helper_argv(const char *path, const struct exec_fds *f, int seccomp_fd,
-                          const char *const *env, const struct exec_view *view, const char **sup,
-                          char nums[5][24])
+static char **helper_argv(const char *path, const char *id, const struct exec_fds *f,
+                          int seccomp_fd, const char *const *env, const struct exec_view *view,
+                          const char **sup, char nums[5][24], char host[64])
 {
     size_t nenv = 0, nsup = 0, i = 0;
     char **v;
@@ -242,7 +242,7 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
         nenv++;
     while (sup[nsup])
         nsup++;
-    v = calloc(13 + nenv + 1 + nsup + 1, sizeof(*v));
+    v = calloc(15 + nenv + 1 + nsup + 1, sizeof(*v));
     if (!v)
         return NULL;
     snprintf(nums[0], 24, "%d", f->nchild);
@@ -264,6 +264,10 @@ static char **helper_argv(const char *path, const struct exec_fds *f, int seccom
     /* after the mode's own arguments: run_enter looks for it right before NCHILD */
     if (local_keyrings_refused())
         v[i++] = "--keyrings-refused";
+    /* the hostname create.c gave it: the sandbox must still be this id's (a recycle renames) */
+    snprintf(host, 64, "%.63s", id);
+    v[i++] = "--host";
+    v[i++] = host;
     for (int k = 0; k < 5; k++)
         v[i++] = nums[k];
     for (size_t k = 0; k < nenv; k++)
@@ -690,7 +694,7 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     char why[sizeof(res->message)];
     struct helper_child hc;
     struct exec_view view = {.on = false};
-    char **hargv = NULL, nums[5][24];
+    char **hargv = NULL, nums[5][24], host[64];
     pid_t mid = 0;
     int r, st = 0, w, n_killed, seccomp_fd = -1;
 
@@ -807,8 +811,9 @@ int local_exec(struct lb_provider *p, const struct lb_sandbox_ref *ref,
             goto out;
         }
     }
-    hargv = helper_argv(lp->supervise_path, &f, seccomp_fd,
-                        req->env ? req->env : (const char *const *)default_env, &view, argv, nums);
+    hargv = helper_argv(lp->supervise_path, ref->id, &f, seccomp_fd,
+                        req->env ? req->env : (const char *const *)default_env, &view, argv, nums,
+                        host);
     if (!hargv) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
