@@ -1435,6 +1435,58 @@ START_TEST(test_recycle_late_exec)
 }
 END_TEST
 
+/* An upload with the episode's token still sending its body (curl --limit-rate) when the
+ * release recycles the sandbox: it is not committed (404: its sandbox is no longer that id's)
+ * and the next episode's workdir does not have the file. */
+START_TEST(test_recycle_upload_in_flight)
+{
+    static const char *const args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", NULL};
+    char sid[LBT_ID_MAX], tok[256], cmd[1024], file[96], code[16] = "";
+    struct lbt_ids warm;
+    json_t *lease;
+    FILE *curl, *f;
+    char *out;
+
+    SKIP_UNLESS_IN_PLACE();
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-upload", "task-r", NULL);
+    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(tok, sizeof(tok), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(file, sizeof(file), "/tmp/lbt-recycle-upload-%d", (int)getpid());
+    f = fopen(file, "we");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 96 * 1024; i++)
+        fputc('u', f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -o /dev/null -w '%%{http_code}' --limit-rate 24k -T %s "
+             "-H 'Authorization: Bearer %s' '%s/v1/sandboxes/%s/files?path=/workspace/uploaded'",
+             file, tok, D.base_url, sid);
+    curl = popen(cmd, "r");
+    ck_assert_ptr_nonnull(curl);
+    lbt_sleep_ms(1000); /* the upload is under way: about a quarter of it sent */
+    lbt_release_session(&D, "recycle-upload");
+    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
+    ck_assert_ptr_nonnull(fgets(code, sizeof(code), curl));
+    pclose(curl);
+    unlink(file);
+    ck_assert_msg(strcmp(code, "204") != 0, "the old token's upload was committed: %s", code);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, "recycle-upload-2", "task-r", NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
+    out = op_sh(warm.id[0],
+                json_string_value(json_object_get(json_object_get(lease, "access"), "token")),
+                "ls -A /workspace; echo done");
+    ck_assert_msg(strcmp(out, "done\n") == 0, "the old token's upload reached the next episode: %s",
+                  out);
+    free(out);
+    json_decref(lease);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("warm");
@@ -1470,6 +1522,7 @@ int main(void)
     tcase_add_test(tr, test_recycle_kill9_after_hand_over);
     tcase_add_test(tr, test_recycle_handed_over_unrecorded);
     tcase_add_test(tr, test_recycle_late_admin_exec);
+    tcase_add_test(tr, test_recycle_upload_in_flight);
     tcase_add_test(tr, test_recycle_late_exec);
     tcase_add_test(tr, test_recycle_not_past_max_age);
     suite_add_tcase(s, tr);

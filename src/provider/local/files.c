@@ -295,7 +295,19 @@ struct local_upload {
     const char *helper;    /* lendbox-supervise (the provider's) */
     bool unnamed;          /* made O_TMPFILE: linked as tmp only at commit */
     char usage_path[4400]; /* the memory cgroup's usage counter, "" unknown */
+    char sandbox_dir[4352]; /* <sandboxes_dir>/<id> at the begin: gone once the sandbox is
+                               stopped or handed over to another id (a recycle) */
 };
+
+/* Is the upload's sandbox still the id it began on? A recycled sandbox lives on (its cgroup,
+ * whose memory the reservations charge, too) under another id and another episode: an upload
+ * of the old id must neither charge it nor commit. 0 or -ENOENT. */
+static int upload_sandbox_kept(const struct local_upload *u, struct lb_error *err)
+{
+    if (access(u->sandbox_dir, F_OK) == 0)
+        return 0;
+    return lb_error_set(err, -ENOENT, "the sandbox of '%s' is no longer running", u->path);
+}
 
 static void upload_free(struct local_upload *u)
 {
@@ -370,6 +382,7 @@ int local_upload_begin(struct lb_provider *p, const struct lb_sandbox_ref *ref, 
     u->base.provider = p;
     u->base.fd = u->dfd = u->memcg_fd = -1;
     u->uid = d.uid;
+    local_sandbox_dir(lp, ref->id, u->sandbox_dir, sizeof(u->sandbox_dir));
     u->mode = mode < 0 ? 0644 : mode & 0777;
     if (owner) {
         /* the sandbox's own passwd and group, as exec's user (before a byte is read) */
@@ -589,6 +602,9 @@ int local_upload_reserve(struct lb_upload *base, uint64_t need, uint64_t want, s
 
     if (!u->memory || need <= u->reserved)
         return 0;
+    r = upload_sandbox_kept(u, err);
+    if (r < 0)
+        return r;
     /* room past need only as far as the memory cgroup has it: more may not fit where need
      * still does, and a reservation that does not fit costs an out-of-memory kill */
     if (total > need && u->mem_limit > 0 && (usage = memory_usage(u)) >= 0) {
@@ -653,8 +669,10 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
 {
     struct local_upload *u = (struct local_upload *)base;
     struct local_fs_identity id = {0};
-    int r;
+    int r = upload_sandbox_kept(u, err);
 
+    if (r < 0)
+        return r;
     if (u->memory && u->reserved) {
         /* give back what was reserved past the bytes written */
         off_t end = lseek(u->base.fd, 0, SEEK_CUR);
