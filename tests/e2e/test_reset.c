@@ -1150,7 +1150,8 @@ END_TEST
  * the next episode's sandbox, once it has used that much CPU). */
 #define INIT_ATTRS                                                                                 \
     "grep -e '^Max cpu time' -e '^Max open files' -e '^Max processes' /proc/1/limits; "            \
-    "awk '{print \"nice\", $19}' /proc/1/stat; grep Cpus_allowed_list /proc/1/status"
+    "awk '{print \"nice\", $19, \"policy\", $41}' /proc/1/stat; "                                  \
+    "grep Cpus_allowed_list /proc/1/status; ionice -p 1"
 
 START_TEST(test_reset_init_changed)
 {
@@ -1166,17 +1167,20 @@ START_TEST(test_reset_init_changed)
     json_decref(lease);
     fresh = sh_tok(&D, sbx, tok, INIT_ATTRS);
     /* the episode: the agent changes what it may of the init */
-    out = sh_tok(&D, sbx, tok,
-                 "python3 -c \"import os, resource as R\n"
-                 "for what, f in (('cpu', lambda: R.prlimit(1, R.RLIMIT_CPU, (3000, 3000))),\n"
-                 "    ('nofile', lambda: R.prlimit(1, R.RLIMIT_NOFILE, (9, 9))),\n"
-                 "    ('nproc', lambda: R.prlimit(1, R.RLIMIT_NPROC, (5, 5))),\n"
-                 "    ('nice', lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),\n"
-                 "    ('affinity', lambda: os.sched_setaffinity(1, {0}))):\n"
-                 "    try:\n"
-                 "        f(); print(what, 'changed')\n"
-                 "    except OSError as e:\n"
-                 "        print(what, e)\n\"");
+    out = sh_tok(
+        &D, sbx, tok,
+        "python3 -c \"import os, resource as R\n"
+        "for what, f in (('cpu', lambda: R.prlimit(1, R.RLIMIT_CPU, (3000, 3000))),\n"
+        "    ('nofile', lambda: R.prlimit(1, R.RLIMIT_NOFILE, (9, 9))),\n"
+        "    ('nproc', lambda: R.prlimit(1, R.RLIMIT_NPROC, (5, 5))),\n"
+        "    ('nice', lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),\n"
+        "    ('affinity', lambda: os.sched_setaffinity(1, {0})),\n"
+        "    ('sched', lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))),\n"
+        "    ('ioprio', lambda: os.system('ionice -c3 -p 1') == 0 or 1 / 0)):\n"
+        "    try:\n"
+        "        f(); print(what, 'changed')\n"
+        "    except OSError as e:\n"
+        "        print(what, e)\n\"");
     ck_assert_msg(strstr(out, "nofile changed") != NULL, "the agent's changes: %s", out);
     free(out);
     reset(&D, sbx, "", "{}", &r);
@@ -1191,6 +1195,41 @@ START_TEST(test_reset_init_changed)
     free(fresh);
     free(after);
     lbt_release_session(&D, "rs-reset-initattrs");
+}
+END_TEST
+
+/* The same for the init's scheduling policy and I/O priority alone (SCHED_IDLE, ionice idle:
+ * nothing else changed): the in-place reset had kept them (hostile review). */
+START_TEST(test_reset_init_sched_changed)
+{
+    char sbx[LBT_ID_MAX], tok[256], *fresh, *out, *after;
+    struct lbt_resp r;
+    json_t *lease;
+
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "about the local provider's in-place reset");
+    lease = lbt_seed(&D, "rs-reset-initsched", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    fresh = sh_tok(&D, sbx, tok, INIT_ATTRS);
+    out = sh_tok(&D, sbx, tok,
+                 "python3 -c \"import os; os.sched_setscheduler(1, os.SCHED_IDLE, "
+                 "os.sched_param(0))\" && ionice -c3 -p 1 && echo changed");
+    ck_assert_msg(strcmp(out, "changed\n") == 0, "the agent's changes: %s", out);
+    free(out);
+    reset(&D, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    after = sh_tok(&D, sbx, tok, INIT_ATTRS);
+    ck_assert_msg(strcmp(after, fresh) == 0,
+                  "the old episode's changes to the init reached the next one:\nfresh:\n%s\n"
+                  "after the reset:\n%s",
+                  fresh, after);
+    free(fresh);
+    free(after);
+    lbt_release_session(&D, "rs-reset-initsched");
 }
 END_TEST
 
@@ -1475,6 +1514,7 @@ int main(void)
     lbt_shared_daemon(tc, &D, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_init_changed);
+    tcase_add_test(tc, test_reset_init_sched_changed);
     tcase_add_test(tc, test_reset_old_execute_takes_next_activation);
     tcase_add_test(tc, test_reset_old_endpoint_url);
     suite_add_tcase(s, tc);

@@ -500,13 +500,16 @@ static int kill_closure(pid_t root, pid_t sid, ino_t pidns, const struct lb_cgro
 #define INIT_ATTRS_MAX 8192
 
 /* What a sandbox process may change of the init (its uid is theirs): its resource limits
- * (/proc/PID/limits), nice value and CPUs, as text into buf. 0, or -1 when pid cannot be read. */
+ * (/proc/PID/limits), nice value, scheduling policy and priority, I/O priority and CPUs, as
+ * text into buf. 0, or -1 when pid cannot be read. */
 static int init_attrs_text(pid_t pid, char *buf, size_t size)
 {
     cpu_set_t cpus;
     ssize_t got = proc_read(pid, "limits", buf, size);
+    struct sched_param param = {0};
     size_t n;
-    int nice_value;
+    int nice_value, policy;
+    long io;
 
     if (got < 0)
         return -1;
@@ -515,7 +518,12 @@ static int init_attrs_text(pid_t pid, char *buf, size_t size)
     nice_value = getpriority(PRIO_PROCESS, (id_t)pid);
     if ((nice_value == -1 && errno) || sched_getaffinity(pid, sizeof(cpus), &cpus) < 0)
         return -1;
-    n += (size_t)snprintf(buf + n, size - n, "nice %d\ncpus", nice_value);
+    policy = sched_getscheduler(pid);
+    io = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, (int)pid);
+    if (policy < 0 || sched_getparam(pid, &param) < 0 || io < 0)
+        return -1;
+    n += (size_t)snprintf(buf + n, size - n, "nice %d\nsched %d %d\nioprio %ld\ncpus", nice_value,
+                          policy, param.sched_priority, io);
     for (int c = 0; c < CPU_SETSIZE && n + 8 < size; c++)
         if (CPU_ISSET(c, &cpus))
             n += (size_t)snprintf(buf + n, size - n, " %d", c);
