@@ -73,8 +73,9 @@ static int64_t now_us(void)
 }
 
 /* When each step of the reset ended (µs, monotonic), for its status line. */
-enum { STEP_START, STEP_NS, STEP_KILL, STEP_MOUNTS, STEP_IPC, STEP_COUNT };
+enum { STEP_START, STEP_NS, STEP_CHILD, STEP_KILL, STEP_MOUNTS, STEP_IPC, STEP_COUNT };
 static int64_t steps[STEP_COUNT];
+static int kill_rounds; /* kill(-1) and a look at /proc, until none was left */
 
 /* Is pid (of the sandbox's pid namespace) a zombie whose parent is outside it (its parent pid
  * 0 as seen here)? Such a process is dead: only its parent can reap it, and that parent is
@@ -168,6 +169,7 @@ static int reset_processes(void)
     long one;
 
     for (;;) {
+        kill_rounds++;
         if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
             reset_fail("cannot kill the sandbox's processes");
         n = others_alive(&one, &outside);
@@ -287,6 +289,7 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
     struct stat st;
     int fd, zombies;
 
+    steps[STEP_CHILD] = now_us();
     /* the hostname first: an exec that enters after the kill loop below finds it changed when
      * the sandbox is recycled under another id, and refuses to run (mode_enter.c --host) */
     if (sethostname(host, strlen(host)) < 0)
@@ -313,11 +316,39 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
     return zombies;
 }
 
+/* The child inside the pid namespace (clone, CLONE_VM: on a stack of its own) */
+struct reset_child {
+    int sup_fd;
+    char **argv;
+    int64_t tmp_mib, run_mib, shm_mib, wd_mib;
+};
+
+static char reset_stack[256 * 1024] __attribute__((aligned(16)));
+
+static int reset_child_run(void *arg)
+{
+    const struct reset_child *c = arg;
+    int zombies = reset_inside(c->sup_fd, c->argv[2], c->argv[3], c->tmp_mib, c->run_mib,
+                               c->shm_mib, c->wd_mib);
+
+    /* "reset", how many zombies lendboxd (or an exec's helper) has to reap, and the steps'
+     * times in µs (lendboxd logs them at debug) */
+    proc_write_status(RESET_STATUS_FD,
+                      "reset %d (µs: enter %lld, clone %lld, kill %lld in %d rounds, mounts %lld, "
+                      "ipc %lld)",
+                      zombies, (long long)(steps[STEP_NS] - steps[STEP_START]),
+                      (long long)(steps[STEP_CHILD] - steps[STEP_NS]),
+                      (long long)(steps[STEP_KILL] - steps[STEP_CHILD]), kill_rounds,
+                      (long long)(steps[STEP_MOUNTS] - steps[STEP_KILL]),
+                      (long long)(steps[STEP_IPC] - steps[STEP_MOUNTS]));
+    _exit(0);
+}
+
 int mode_reset_run(int argc, char **argv)
 {
     static const int ns_types[RESET_NS] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS,
                                            CLONE_NEWIPC};
-    const unsigned clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
+    const unsigned tree_clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
     int64_t tmp_mib, run_mib, shm_mib, wd_mib;
     int sup_fd, ws = 0;
@@ -335,7 +366,7 @@ int mode_reset_run(int argc, char **argv)
         return 2;
     }
     /* on the host: a read-only clone of the supervisor, for the fresh /run */
-    sup_fd = (int)syscall(SYS_open_tree, RESET_SUPERVISE_FD, "", clone | AT_EMPTY_PATH);
+    sup_fd = (int)syscall(SYS_open_tree, RESET_SUPERVISE_FD, "", tree_clone | AT_EMPTY_PATH);
     if (sup_fd <= RESET_SUPERVISE_FD || /* below: fds 0..9 are all the daemon's */
         syscall(SYS_mount_setattr, sup_fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
         reset_fail("cannot clone the supervisor");
@@ -359,20 +390,14 @@ int mode_reset_run(int argc, char **argv)
     /* the namespaces and the host's binary: nothing the child inside needs */
     (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
     steps[STEP_NS] = now_us();
-    /* into the pid namespace: a child */
-    c = fork();
-    if (c == 0) {
-        int zombies = reset_inside(sup_fd, argv[2], argv[3], tmp_mib, run_mib, shm_mib, wd_mib);
+    /* into the pid namespace: a child. Sharing our memory (and run while we wait): a fork's
+     * copy of the page tables costs ~0.5 ms on a VM, most of a reset; it uses its own stack,
+     * and we only wait for it and exit. */
+    {
+        struct reset_child rc = {sup_fd, argv, tmp_mib, run_mib, shm_mib, wd_mib};
 
-        /* "reset", how many zombies lendboxd (or an exec's helper) has to reap, and the
-         * steps' times in µs (lendboxd logs them at debug) */
-        proc_write_status(RESET_STATUS_FD,
-                          "reset %d (µs: enter %lld, fork and kill %lld, mounts %lld, ipc %lld)",
-                          zombies, (long long)(steps[STEP_NS] - steps[STEP_START]),
-                          (long long)(steps[STEP_KILL] - steps[STEP_NS]),
-                          (long long)(steps[STEP_MOUNTS] - steps[STEP_KILL]),
-                          (long long)(steps[STEP_IPC] - steps[STEP_MOUNTS]));
-        _exit(0);
+        c = clone(reset_child_run, reset_stack + sizeof(reset_stack),
+                  CLONE_VM | CLONE_VFORK | SIGCHLD, &rc);
     }
     if (c < 0)
         reset_fail("fork inside the sandbox failed");

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,20 @@ static int reset_child_exec(void *arg)
 
     sup_signals_reset();
     (void)syscall(SYS_setsid);
+    /* the helper, and the child it forks into the sandbox, on the CPU the daemon's thread is
+     * on, which waits for them: a reset is a chain of short waits on each other, and a wakeup
+     * on another, idle CPU costs more than the work (a VM's vCPUs sleep). It kills and mounts;
+     * nothing it starts outlives it. */
+    {
+        cpu_set_t one;
+        int cpu = sched_getcpu();
+
+        if (cpu >= 0) {
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            (void)sched_setaffinity(0, sizeof(one), &one);
+        }
+    }
     if (local_child_new_session_keyring() < 0) {
         e = errno;
         local_child_report(c->fds[RFD_STATUS], "error cannot make a session keyring", e);
