@@ -77,13 +77,11 @@ enum { STEP_START, STEP_NS, STEP_CHILD, STEP_KILL, STEP_MOUNTS, STEP_IPC, STEP_C
 static int64_t steps[STEP_COUNT];
 static int kill_rounds; /* kill(-1) and a look at /proc, until none was left */
 
-/* Is pid (of the sandbox's pid namespace) a zombie whose parent is outside it (its parent pid
- * 0 as seen here)? Such a process is dead: only its parent can reap it, and that parent is
- * lendboxd or its exec helper (lendboxd, a child subreaper, inherits an exec's supervisor when
- * it kills a helper that did not exit in time), which reaps it after the reset. */
-static bool dead_outside(long pid)
+/* /proc/<pid>/stat into buf (NUL-terminated), a pointer to its ") " after the command name
+ * ("<pid> (<comm>) <state> <ppid> ..."), or NULL when the process is gone. */
+static char *read_stat(long pid, char *buf, size_t size)
 {
-    char path[64], stat[512];
+    char path[64];
     ssize_t n = -1;
     char *p;
     int fd;
@@ -91,14 +89,27 @@ static bool dead_outside(long pid)
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        n = read(fd, stat, sizeof(stat) - 1);
+        n = read(fd, buf, size - 1);
         close(fd);
     }
     if (n <= 0)
-        return true; /* gone meanwhile */
-    stat[n] = '\0';
-    p = strrchr(stat, ')'); /* "<pid> (<comm>) <state> <ppid> ..." */
-    return p && p[1] == ' ' && p[2] == 'Z' && p[3] == ' ' && p[4] == '0' && p[5] == ' ';
+        return NULL;
+    buf[n] = '\0';
+    p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] ? p : NULL;
+}
+
+/* Is pid (of the sandbox's pid namespace) a zombie whose parent is outside it (its parent pid
+ * 0 as seen here)? Such a process is dead: only its parent can reap it, and that parent is
+ * lendboxd or its exec helper (lendboxd, a child subreaper, inherits an exec's supervisor when
+ * it kills a helper that did not exit in time), which reaps it after the reset. A process gone
+ * meanwhile counts too. */
+static bool dead_outside(long pid)
+{
+    char stat[512];
+    const char *p = read_stat(pid, stat, sizeof(stat));
+
+    return !p || (p[2] == 'Z' && p[3] == ' ' && p[4] == '0' && p[5] == ' ');
 }
 
 /* How many processes /proc (the sandbox's, of its pid namespace) lists besides the init, us
@@ -135,24 +146,14 @@ static int others_alive(long *one, int *outside)
 /* A process's /proc/<pid>/stat up to its state letter ("<pid> (<comm>) <state>") into buf. */
 static void process_state(long pid, char *buf, size_t size)
 {
-    char path[64], stat[512];
-    ssize_t n = -1;
-    char *close_paren;
-    int fd;
+    char stat[512];
+    char *p = read_stat(pid, stat, sizeof(stat));
 
-    snprintf(buf, size, "%ld (gone)", pid);
-    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        n = read(fd, stat, sizeof(stat) - 1);
-        close(fd);
-    }
-    if (n <= 0)
+    if (!p) {
+        snprintf(buf, size, "%ld (gone)", pid);
         return;
-    stat[n] = '\0';
-    close_paren = strrchr(stat, ')');
-    if (close_paren && close_paren[1] == ' ' && close_paren[2])
-        close_paren[3] = '\0';
+    }
+    p[3] = '\0';
     snprintf(buf, size, "%s", stat);
 }
 

@@ -1314,124 +1314,124 @@ START_TEST(test_recycle_handed_over_unrecorded)
 }
 END_TEST
 
-/* An admin's exec of the episode's sandbox held right before its helper starts (fault
- * exec.spawn=hold:) while the release recycles the sandbox and the next episode takes it: let
- * go, the exec fails (the sandbox is no longer its id's) and its file is not in the next
- * episode's workdir. */
-START_TEST(test_recycle_late_admin_exec)
-{
-    char hold[128], spec[200], path[128], sid[LBT_ID_MAX];
-    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
-    struct lbt_ids warm;
+/* A late exec of a recycle: a daemon with a pool of 1 recycling and fault op held until the
+ * file hold exists; the sandbox seeded for rsid (id, operate token); an exec of body with the
+ * admin's token (admin) or the episode's, begun and held at op. */
+struct late_exec {
+    char hold[128], spec[200], sid[LBT_ID_MAX], tok[256];
     struct lbt_async *job;
+};
+
+static void late_exec_begin(struct late_exec *t, const char *op, const char *rsid, bool admin,
+                            const char *body)
+{
+    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes",
+                          "--set", t->spec,       NULL};
+    char path[128], needle[96];
+    struct lbt_ids warm;
+    json_t *lease;
+
+    snprintf(t->hold, sizeof(t->hold), "/tmp/lbt-hold-%s-%d", rsid, (int)getpid());
+    (void)unlink(t->hold);
+    snprintf(t->spec, sizeof(t->spec), "faults.spec=%s=hold:%s", op, t->hold);
+    start_with(args);
+    wait_warm(1, 60, &warm);
+    lease = lbt_seed(&D, rsid, "task-r", NULL);
+    snprintf(t->sid, sizeof(t->sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
+    snprintf(t->tok, sizeof(t->tok), "%s",
+             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
+    json_decref(lease);
+    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", t->sid);
+    t->job = lbt_async_json(&D, "POST", path, admin ? D.admin_token : t->tok, body);
+    snprintf(needle, sizeof(needle), "fault injected: %s holds", op);
+    for (int i = 0; i < 1200 && lbt_log_count(&D, needle) < 1; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(lbt_log_count(&D, needle), 1);
+}
+
+/* Let the held calls go. */
+static void late_exec_release(const struct late_exec *t)
+{
+    int fd = open(t->hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+
+/* The held exec ends without a clean exit (or is refused), and the next episode, seeded for
+ * rsid on the recycled sandbox, sees nothing of it: look prints only "done". go_after_seed: the
+ * held exec is let go only once the next episode has the sandbox (else it was let go). */
+static void late_exec_check(struct late_exec *t, const char *rsid, const char *look,
+                            bool go_after_seed)
+{
+    struct lbt_ids warm;
     struct lbt_resp r;
     json_t *lease;
     char *out;
 
-    SKIP_UNLESS_IN_PLACE();
-    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-admin-%d", (int)getpid());
-    (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=exec.spawn=hold:%s", hold);
-    start_with(args);
-    wait_warm(1, 60, &warm);
-    lease = lbt_seed(&D, "recycle-admin", "task-r", NULL);
-    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
-    json_decref(lease);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sid);
-    job = lbt_async_json(&D, "POST", path, D.admin_token,
-                         "{\"command\": \"echo planted > /workspace/planted\"}");
-    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: exec.spawn holds") < 1; i++)
-        lbt_sleep_ms(50);
-    ck_assert_int_eq(lbt_log_count(&D, "fault injected: exec.spawn holds"), 1);
-    lbt_release_session(&D, "recycle-admin");
     ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
     wait_warm(1, 60, &warm);
-    lease = lbt_seed(&D, "recycle-admin-2", "task-r", NULL);
+    lease = lbt_seed(&D, rsid, "task-r", NULL);
     ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
-    {
-        int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-    }
-    lbt_async_join(job, &r);
+    if (go_after_seed)
+        late_exec_release(t);
+    lbt_async_join(t->job, &r);
     ck_assert_msg(r.status != 200 ||
                       json_integer_value(json_object_get(r.json, "return_code")) != 0,
-                  "the old id's exec ran: %ld %s", r.status, r.body);
+                  "the held exec ran: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
-    out = op_sh(warm.id[0],
-                json_string_value(json_object_get(json_object_get(lease, "access"), "token")),
-                "ls /workspace; echo done");
+    out =
+        op_sh(warm.id[0],
+              json_string_value(json_object_get(json_object_get(lease, "access"), "token")), look);
     ck_assert_msg(strcmp(out, "done\n") == 0, "the old id's exec reached the next episode: %s",
                   out);
     free(out);
     json_decref(lease);
-    (void)unlink(hold);
+    (void)unlink(t->hold);
 }
-END_TEST
 
 /* An exec admitted with the episode's token whose provider call is under way when the release
  * comes (fault provider.exec=hold:): the recycle waits for its start, and the reset ends it; the
  * next episode (the same sandbox under a new id) sees neither its file nor its process. */
 START_TEST(test_recycle_late_exec)
 {
-    char hold[128], spec[200], path[128];
-    const char *args[] = {"--set", "pool.size=1", "--set", "pool.recycle=yes", "--set", spec, NULL};
-    struct lbt_ids warm;
-    struct lbt_async *job, *rel;
+    struct late_exec t;
+    struct lbt_async *rel;
     struct lbt_resp r;
-    json_t *lease;
-    char sid[LBT_ID_MAX], tok[256], *out;
 
     SKIP_UNLESS_IN_PLACE();
-    snprintf(hold, sizeof(hold), "/tmp/lbt-hold-recycle-exec-%d", (int)getpid());
-    (void)unlink(hold);
-    snprintf(spec, sizeof(spec), "faults.spec=provider.exec=hold:%s", hold);
-    start_with(args);
-    wait_warm(1, 60, &warm);
-    lease = lbt_seed(&D, "recycle-late", "task-r", NULL);
-    snprintf(sid, sizeof(sid), "%s", json_string_value(json_object_get(lease, "sandbox_id")));
-    snprintf(tok, sizeof(tok), "%s",
-             json_string_value(json_object_get(json_object_get(lease, "access"), "token")));
-    json_decref(lease);
-    snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec", sid);
-    job = lbt_async_json(&D, "POST", path, tok,
-                         "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", "
-                         "\"timeout_s\": 1000}");
-    for (int i = 0; i < 1200 && lbt_log_count(&D, "fault injected: provider.exec holds") < 1; i++)
-        lbt_sleep_ms(50);
-    ck_assert_int_eq(lbt_log_count(&D, "fault injected: provider.exec holds"), 1);
+    late_exec_begin(&t, "provider.exec", "recycle-late", false,
+                    "{\"command\": \"touch /tmp/late-exec; exec sleep 3133.4242\", "
+                    "\"timeout_s\": 1000}");
     rel = lbt_async_json(&D, "POST", "/v1/sessions/recycle-late/release", D.admin_token, NULL);
     lbt_sleep_ms(300);
     ck_assert(!lbt_async_done(rel)); /* it waits for the exec's start */
-    {
-        int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-    }
+    late_exec_release(&t);
     lbt_async_join(rel, &r);
     ck_assert_msg(r.status == 200, "release: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
-    lbt_async_join(job, &r);
-    ck_assert_msg(r.status != 200 ||
-                      json_integer_value(json_object_get(r.json, "return_code")) != 0,
-                  "the held exec was not ended by the recycle: %ld %s", r.status, r.body);
-    lbt_resp_free(&r);
-    ck_assert_int_eq(lbt_metric(&D, RECYCLED), 1);
-    wait_warm(1, 60, &warm);
-    lease = lbt_seed(&D, "recycle-late-2", "task-r", NULL);
-    ck_assert_str_eq(json_string_value(json_object_get(lease, "sandbox_id")), warm.id[0]);
-    out = op_sh(warm.id[0],
-                json_string_value(json_object_get(json_object_get(lease, "access"), "token")),
-                "ls /tmp/late-exec 2>/dev/null; for p in /proc/[0-9]*; do "
-                "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process ${p#/proc/}\"; "
-                "done; echo done");
-    ck_assert_msg(strcmp(out, "done\n") == 0, "the old token's exec reached the next episode: %s",
-                  out);
-    free(out);
-    json_decref(lease);
-    (void)unlink(hold);
+    late_exec_check(&t, "recycle-late-2",
+                    "ls /tmp/late-exec 2>/dev/null; for p in /proc/[0-9]*; do "
+                    "grep -q '[3]133[.]4242' $p/cmdline 2>/dev/null && echo \"process "
+                    "${p#/proc/}\"; done; echo done",
+                    false);
+}
+END_TEST
+
+/* An admin's exec of the episode's sandbox held right before its helper starts (fault
+ * exec.spawn=hold:) while the release recycles the sandbox and the next episode takes it: let
+ * go, the exec fails (the sandbox is no longer its id's) and its file is not in the next
+ * episode's workdir. */
+START_TEST(test_recycle_late_admin_exec)
+{
+    struct late_exec t;
+
+    SKIP_UNLESS_IN_PLACE();
+    late_exec_begin(&t, "exec.spawn", "recycle-admin", true,
+                    "{\"command\": \"echo planted > /workspace/planted\"}");
+    lbt_release_session(&D, "recycle-admin");
+    /* the next episode takes the sandbox before the held exec goes on */
+    late_exec_check(&t, "recycle-admin-2", "ls /workspace; echo done", true);
 }
 END_TEST
 
