@@ -304,7 +304,8 @@ struct local_upload {
  * of the old id must neither charge it nor commit. 0 or -ENOENT. */
 static int upload_sandbox_kept(const struct local_upload *u, struct lb_error *err)
 {
-    if (access(u->sandbox_dir, F_OK) == 0)
+    /* "": a reservation made inside one call on a sandbox it found (an archive's files) */
+    if (!u->sandbox_dir[0] || access(u->sandbox_dir, F_OK) == 0)
         return 0;
     return lb_error_set(err, -ENOENT, "the sandbox of '%s' is no longer running", u->path);
 }
