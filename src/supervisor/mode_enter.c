@@ -280,54 +280,12 @@ static void view_open(struct enter_view *v, int userns_fd)
         enter_fail("cannot clone the sandbox's hosts file");
 }
 
-/* What the supervisor's process needs (enter_child_run). */
-struct enter_child {
-    const char *host;
-    int64_t nchild, nofile;
-    int self_fd;
-    char **cmd, **env;
-};
-
-static char enter_stack[64 * 1024] __attribute__((aligned(16)));
-
-/* The supervisor's process (clone, CLONE_VM | CLONE_VFORK): check the sandbox is still the
- * id's, set its fds and limit, exec the command-mode supervisor. Touches none of the parent's
- * memory but its own stack and the status line it writes on failure. */
-static int enter_child_run(void *arg)
-{
-    const struct enter_child *c = arg;
-    struct rlimit lim;
-    struct utsname u;
-
-    /* Inside the pid namespace now, so a reset's kill loop ends this process, unless it came
-     * after that loop: the sandbox is then the next episode's, recycled under another id whose
-     * hostname the reset set before its kill (mode_reset.c). An exec of the old id must not
-     * run there. */
-    if (c->host && (uname(&u) < 0 || strcmp(u.nodename, c->host) != 0)) {
-        proc_write_status(ENTER_STATUS_FD,
-                          "error the sandbox is no longer %s (it was reset under another id): "
-                          "errno %d",
-                          c->host, ENOENT);
-        _exit(127);
-    }
-    /* close-on-exec rather than closed: self_fd must live until the exec */
-    (void)syscall(SYS_close_range, (unsigned)c->nchild, ~0U, ENTER_CLOSE_RANGE_CLOEXEC);
-    lim.rlim_cur = lim.rlim_max = (rlim_t)c->nofile;
-    if (setrlimit(RLIMIT_NOFILE, &lim) < 0) {
-        proc_write_status(ENTER_STATUS_FD,
-                          "error cannot set the sandbox's open-file limit: errno %d", errno);
-        _exit(127);
-    }
-    syscall(SYS_execveat, c->self_fd, "", c->cmd, c->env, AT_EMPTY_PATH);
-    proc_write_status(ENTER_STATUS_FD, "error cannot execute %s: errno %d", c->cmd[0], errno);
-    _exit(127);
-}
-
 static int enter_run(int argc, char **argv, struct enter_view *view)
 {
     static const int ns_types[ENTER_NS] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
                                            CLONE_NEWNET,  CLONE_NEWUTS, CLONE_NEWIPC};
     int64_t nchild, ncg, seccomp_fd, nofile, nenv;
+    struct rlimit lim;
     char **env, **cmd;
     int i, ws = 0, self_fd;
     pid_t g;
@@ -395,14 +353,36 @@ static int enter_run(int argc, char **argv, struct enter_view *view)
     if (seccomp_fd >= 0 && enter_install_seccomp((int)seccomp_fd) < 0)
         enter_fail("cannot install the seccomp filter");
     umask(022); /* the daemon's 077 is not the sandbox's business */
-    /* The supervisor's process, inside the pid namespace: it shares our memory until its exec
-     * (a fork's copy of the page tables costs ~0.5 ms on a VM, on every exec) and runs on a
-     * stack of its own; we are held until it has exec'd or failed. */
-    {
-        struct enter_child ec = {host, nchild, nofile, self_fd, cmd, env};
+    /* A fork, not a clone sharing our memory until its exec: that child, in the sandbox's pid
+     * namespace as the sandbox's root, can be stopped by any sandbox process before its exec,
+     * and the "supervisor" line below (which lets a reset's or a release's fence go up) must
+     * not wait for it. */
+    g = fork();
+    if (g == 0) {
+        struct utsname u;
 
-        g = clone(enter_child_run, enter_stack + sizeof(enter_stack),
-                  CLONE_VM | CLONE_VFORK | SIGCHLD, &ec);
+        /* Inside the pid namespace now, so a reset's kill loop ends this process, unless it
+         * came after that loop: the sandbox is then the next episode's, recycled under another
+         * id whose hostname the reset set before its kill (mode_reset.c). An exec of the old
+         * id must not run there. */
+        if (host && (uname(&u) < 0 || strcmp(u.nodename, host) != 0)) {
+            proc_write_status(ENTER_STATUS_FD,
+                              "error the sandbox is no longer %s (it was reset under another "
+                              "id): errno %d",
+                              host, ENOENT);
+            _exit(127);
+        }
+        /* close-on-exec rather than closed: self_fd must live until the exec */
+        (void)syscall(SYS_close_range, (unsigned)nchild, ~0U, ENTER_CLOSE_RANGE_CLOEXEC);
+        lim.rlim_cur = lim.rlim_max = (rlim_t)nofile;
+        if (setrlimit(RLIMIT_NOFILE, &lim) < 0) {
+            proc_write_status(ENTER_STATUS_FD,
+                              "error cannot set the sandbox's open-file limit: errno %d", errno);
+            _exit(127);
+        }
+        syscall(SYS_execveat, self_fd, "", cmd, env, AT_EMPTY_PATH);
+        proc_write_status(ENTER_STATUS_FD, "error cannot execute %s: errno %d", cmd[0], errno);
+        _exit(127);
     }
     if (g < 0)
         enter_fail("fork inside the sandbox failed");
