@@ -289,12 +289,12 @@ struct local_upload {
     /* the file is on a memory-backed mount of a sandbox with a memory cgroup: its pages are
      * allocated by a process of that cgroup (upload_reserve) */
     bool memory;
-    int memcg_fd;          /* that cgroup's cgroup.procs (write), or -1 */
-    uint64_t reserved;     /* bytes from offset 0 allocated so */
-    int64_t mem_limit;     /* the sandbox's memory limit in bytes, 0 unknown */
-    const char *helper;    /* lendbox-supervise (the provider's) */
-    bool unnamed;          /* made O_TMPFILE: linked as tmp only at commit */
-    char usage_path[4400]; /* the memory cgroup's usage counter, "" unknown */
+    int memcg_fd;           /* that cgroup's cgroup.procs (write), or -1 */
+    uint64_t reserved;      /* bytes from offset 0 allocated so */
+    int64_t mem_limit;      /* the sandbox's memory limit in bytes, 0 unknown */
+    const char *helper;     /* lendbox-supervise (the provider's) */
+    bool unnamed;           /* made O_TMPFILE: linked as tmp only at commit */
+    char usage_path[4400];  /* the memory cgroup's usage counter, "" unknown */
     char sandbox_dir[4352]; /* <sandboxes_dir>/<id> at the begin: gone once the sandbox is
                                stopped or handed over to another id (a recycle) */
 };
