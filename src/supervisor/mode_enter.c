@@ -349,9 +349,6 @@ static int enter_run(int argc, char **argv, struct enter_view *view)
      * over the supervisor */
     if (enter_drop_capabilities() < 0)
         enter_fail("cannot drop capabilities");
-    /* last: the filter refuses keyctl, which the keyring above needed */
-    if (seccomp_fd >= 0 && enter_install_seccomp((int)seccomp_fd) < 0)
-        enter_fail("cannot install the seccomp filter");
     umask(022); /* the daemon's 077 is not the sandbox's business */
     /* A fork, not a clone sharing our memory until its exec: that child, in the sandbox's pid
      * namespace as the sandbox's root, can be stopped by any sandbox process before its exec,
@@ -370,6 +367,14 @@ static int enter_run(int argc, char **argv, struct enter_view *view)
                               "error the sandbox is no longer %s (it was reset under another "
                               "id): errno %d",
                               host, ENOENT);
+            _exit(127);
+        }
+        /* then the filter (which may refuse uname: security.seccomp_deny), in this process
+         * only: it refuses keyctl, which the keyring above needed; the helper above runs no
+         * sandbox code and no sandbox process can reach it */
+        if (seccomp_fd >= 0 && enter_install_seccomp((int)seccomp_fd) < 0) {
+            proc_write_status(ENTER_STATUS_FD, "error cannot install the seccomp filter: errno %d",
+                              errno);
             _exit(127);
         }
         /* close-on-exec rather than closed: self_fd must live until the exec */

@@ -161,8 +161,10 @@
  *       next episode's sandbox.
  *       Joins the cgroups and a fresh session keyring, enters the
  *       namespaces (user first), becomes uid/gid 0 there (the sandbox's host uid), drops every
- *       capability, sets no_new_privs, installs the filter and umask 022, then forks ARGV (the
- *       command-mode supervisor, inside the sandbox's pid namespace) with fds 0..NCHILD-1, the
+ *       capability, sets no_new_privs and umask 022, then forks ARGV (the command-mode
+ *       supervisor, inside the sandbox's pid namespace; its process checks the hostname and
+ *       installs the filter before it execs, so a filter that refuses uname does not refuse the
+ *       check) with fds 0..NCHILD-1, the
  *       open-file limit NOFILE and the environment ENV..., writes "supervisor PID" on fd 3,
  *       closes every fd and waits for it: exit 0, or 128 + N when signal N killed it. It stays
  *       the supervisor's parent (an orphan would go to the host's init, whose late reaping
