@@ -672,8 +672,10 @@ int local_upload_commit(struct lb_upload *base, struct lb_error *err)
     struct local_fs_identity id = {0};
     int r = upload_sandbox_kept(u, err);
 
-    if (r < 0)
+    if (r < 0) {
+        local_upload_abort(base); /* a commit frees the upload whatever it answers */
         return r;
+    }
     if (u->memory && u->reserved) {
         /* give back what was reserved past the bytes written */
         off_t end = lseek(u->base.fd, 0, SEEK_CUR);
