@@ -10,9 +10,11 @@
  * that a daemon killed at any instant leaves nothing lent half-reset and nothing leaked:
  * old's fence up (no act of old's token lands in the next episode), old recorded "stopping"
  * (released), the reset, the new record inserted "starting" (intent before the hand-over),
- * the hand-over, the new record warm, old recorded stopped. A restart finds old stopping and
- * new starting and stops both (each stop finds the sandbox under the id it has then, or
- * nothing); the pool refills.
+ * the hand-over, then in one transaction the new record warm and old recorded stopped (never
+ * lendable under the new id while old's record, whose descriptor names the same init, could
+ * still be stopped). A restart finds old stopping and new starting and stops both (each stop
+ * finds the sandbox under the id it has then, or nothing); the pool refills. An exec of the old
+ * id that comes late finds the hostname changed (set before the reset's kill) and refuses.
  *
  * Elsewhere (another provider, an image sandbox, a failed reset) a recycle is a stop and a
  * make under a new id: the old record is stopped as any release stops it, and a new record
