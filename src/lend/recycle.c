@@ -175,7 +175,8 @@ enum recycle_left {
     RECYCLE_GONE, /* stopped under the new id (or left to its stop's retries) */
 };
 
-/* The provider's half of an in-place recycle: old's sandbox reset in place with a new id as
+/* The provider's half of an in-place recycle (old_ref: old's sandbox, with its parsed
+ * descriptor): old's sandbox reset in place with a new id as
  * its hostname, the new id recorded (s->rec: starting, of the pool's class), the sandbox handed
  * over to it, and then in one transaction the new record warm and old's stopped (usage: its
  * stopped event's figures), so the sandbox is never lendable under the new id while old's
@@ -184,11 +185,10 @@ enum recycle_left {
  * "stopping"; -EOPNOTSUPP when the provider cannot) or RECYCLE_GONE (the sandbox was stopped
  * under the new id, with reason reset_failed: the hand-over's record could not be written). */
 static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
-                             const struct lb_record *old, struct lend_start *s, const json_t *usage,
-                             enum recycle_left *left, struct lb_error *perr)
+                             const struct lb_record *old, const struct lb_sandbox_ref *old_ref,
+                             struct lend_start *s, const json_t *usage, enum recycle_left *left,
+                             struct lb_error *perr)
 {
-    json_t *old_desc = old->descriptor_json ? json_loads(old->descriptor_json, 0, NULL) : NULL;
-    struct lb_sandbox_ref ref = {old->id, old_desc};
     struct lb_record *rec = &s->rec;
     char *desc_text = NULL;
     json_t *desc = NULL;
@@ -201,7 +201,8 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
         r = lb_error_set(perr, r, "cannot make a sandbox id");
         goto out;
     }
-    r = provider_reset_in_place(prov, &ref, &s->spec, rec->id, l->cfg.stop_timeout_s * 1000, perr);
+    r = provider_reset_in_place(prov, old_ref, &s->spec, rec->id, l->cfg.stop_timeout_s * 1000,
+                                perr);
     if (r < 0)
         goto out;
     rec->provider = (char *)prov->ops->name;
@@ -218,7 +219,7 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
     /* the fault point "lend.hand_over" fails a recycle after its record, before the hand-over */
     r = fault_hit("lend.hand_over", 0, perr);
     if (r == 0)
-        r = provider_hand_over(prov, &ref, rec->id, &desc, perr);
+        r = provider_hand_over(prov, old_ref, rec->id, &desc, perr);
     if (r == 0 && !(desc_text = json_dumps(desc, JSON_COMPACT)))
         r = lb_error_set(perr, -ENOMEM, "out of memory");
     if (r == 0) {
@@ -251,7 +252,6 @@ static int recycle_hand_over(struct lb_lend *l, struct lb_provider *prov,
 out:
     free(desc_text);
     json_decref(desc);
-    json_decref(old_desc);
     return r;
 }
 
@@ -291,7 +291,7 @@ int lend_recycle_in_place(struct lb_lend *l, const struct lb_record *old, struct
     if (r < 0)
         goto out;
     usage = lend_stop_usage(l, old);
-    r = recycle_hand_over(l, prov, old, &s, usage, &left, &perr);
+    r = recycle_hand_over(l, prov, old, &stall.ref, &s, usage, &left, &perr);
     if (r < 0 && left == RECYCLE_GONE) {
         /* the sandbox was stopped under the new id: old's record only needs its end */
         metrics_add(LB_M_POOL_RESET_FAILURES, 1);
