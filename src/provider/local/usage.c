@@ -23,32 +23,42 @@
 #include "util/log.h"
 
 #define USAGE_BASE_FILE "usage-base.json"
+#define USAGE_BASE_BYTES 128 /* its fixed size */
 
 /* see local_internal.h */
 void local_usage_base_save(const char *id, const char *dir, const struct lb_cgroup *cg)
 {
     struct lb_usage u = {-1, -1, -1, -1, -1, -1};
-    char path[4400], tmp[4400];
+    char path[4400], text[USAGE_BASE_BYTES + 1];
+    int fd = -1, n;
     bool peak;
-    json_t *j;
-    int r = -1;
+    struct stat st;
+    ssize_t w = -1;
 
     cgroup_read_usage(cg, &u);
     peak = cgroup_restart_peak(cg);
-    j = json_pack("{s:f,s:I,s:b}", "cpu_s", u.cpu_s > 0 ? u.cpu_s : 0.0, "oom_kills",
-                  (json_int_t)(u.oom_kills > 0 ? u.oom_kills : 0), "peak_restarted", peak);
-    snprintf(path, sizeof(path), "%s/" USAGE_BASE_FILE, dir);
-    snprintf(tmp, sizeof(tmp), "%s/." USAGE_BASE_FILE ".tmp", dir);
-    if (j && json_dump_file(j, tmp, JSON_COMPACT) == 0)
-        r = rename(tmp, path);
-    if (r < 0) {
+    /* written over itself, at its fixed size (JSON, padded with spaces): a file replaced by a
+     * rename costs ~0.3 ms here (ext4 writes the new file's blocks out before the rename), a
+     * third of an in-place reset. A kill of the daemon loses nothing the page cache holds; a
+     * power cut loses the sandbox (tmpfs) anyway. */
+    n = snprintf(text, sizeof(text), "{\"cpu_s\":%.6f,\"oom_kills\":%lld,\"peak_restarted\":%s}",
+                 u.cpu_s > 0 ? u.cpu_s : 0.0, (long long)(u.oom_kills > 0 ? u.oom_kills : 0),
+                 peak ? "true" : "false");
+    if (n > 0 && n < USAGE_BASE_BYTES) {
+        memset(text + n, ' ', (size_t)(USAGE_BASE_BYTES - n));
+        snprintf(path, sizeof(path), "%s/" USAGE_BASE_FILE, dir);
+        fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+            (st.st_size <= USAGE_BASE_BYTES || ftruncate(fd, USAGE_BASE_BYTES) == 0))
+            w = pwrite(fd, text, USAGE_BASE_BYTES, 0);
+    }
+    if (w != USAGE_BASE_BYTES)
         log_warn_sbx(id,
                      "sandbox %s: cannot save its usage at the reset (%s): its usage will "
                      "count the episodes before",
-                     id, strerror(errno));
-        (void)unlink(tmp);
-    }
-    json_decref(j);
+                     id, w < 0 ? strerror(errno) : "short write");
+    if (fd >= 0)
+        close(fd);
 }
 
 /* see local_internal.h */
