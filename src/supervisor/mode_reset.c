@@ -34,6 +34,7 @@
 #include <sys/msg.h>
 #include <sys/sem.h>
 #include <sys/shm.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -47,7 +48,10 @@
 #define RESET_NS_FD 4 /* user, mnt, pid, uts, ipc */
 #define RESET_NS 5
 #define RESET_SUPERVISE_FD 9
-#define RESET_KILL_MS 5000 /* bound on the wait for the killed processes to be reaped */
+#define RESET_SPARE_SOCK_FD 3 /* --reset-spare: the request socket, until the request came */
+#define RESET_SPARE_FDS 7     /* a request's fds: what --reset has as 3..9 */
+#define RESET_SPARE_ARGS 7    /* a request's strings: --reset's six arguments and the CPU */
+#define RESET_KILL_MS 5000    /* bound on the wait for the killed processes to be reaped */
 #define RESET_SUPERVISE_PATH "/run/lendbox/supervise"
 
 static void reset_fail(const char *what)
@@ -405,4 +409,80 @@ int mode_reset_run(int argc, char **argv)
     while (waitpid(c, &ws, 0) < 0 && errno == EINTR)
         ;
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+/* --reset-spare: wait for the request, put its fds where --reset has them, and run it. */
+int mode_reset_spare_run(int argc, char **argv)
+{
+    static char payload[8192];
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int) * RESET_SPARE_FDS)];
+    } ctl;
+    struct iovec iov = {payload, sizeof(payload) - 1};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    int got[RESET_SPARE_FDS], ngot = 0, high[RESET_SPARE_FDS];
+    char *args[RESET_SPARE_ARGS], *p;
+    ssize_t n;
+    long cpu;
+
+    if (argc != 2)
+        return 2;
+    do
+        n = recvmsg(RESET_SPARE_SOCK_FD, &m, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return 0; /* the daemon closed the socket (or is gone): no reset to do */
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (ngot < RESET_SPARE_FDS)
+                got[ngot] = fd;
+            ngot++;
+        }
+    }
+    if (ngot != RESET_SPARE_FDS || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+        return 2; /* no status fd to say it on: the daemon reads EOF, "said nothing" */
+    payload[n] = '\0';
+    p = payload;
+    for (int i = 0; i < RESET_SPARE_ARGS; i++) {
+        if (p >= payload + n)
+            return 2;
+        args[i] = p;
+        p += strlen(p) + 1;
+    }
+    /* fds 3..9 as --reset has them: first out of the way (above 9), then in place, then
+     * nothing else (the socket, the received copies) */
+    for (int i = 0; i < RESET_SPARE_FDS; i++) {
+        high[i] = fcntl(got[i], F_DUPFD_CLOEXEC, RESET_SUPERVISE_FD + 1);
+        if (high[i] < 0)
+            return 2;
+    }
+    for (int i = 0; i < RESET_SPARE_FDS; i++) {
+        if (dup2(high[i], RESET_STATUS_FD + i) < 0)
+            return 2;
+    }
+    (void)syscall(SYS_close_range, RESET_SUPERVISE_FD + 1, ~0U, 0);
+    /* on the CPU of the daemon's thread that waits for us (see reset.c) */
+    cpu = strtol(args[6], &p, 10);
+    if (*p == '\0' && cpu >= 0 && cpu < CPU_SETSIZE) {
+        cpu_set_t one;
+
+        CPU_ZERO(&one);
+        CPU_SET((int)cpu, &one);
+        (void)sched_setaffinity(0, sizeof(one), &one);
+    }
+    {
+        char *av[] = {argv[0], "--reset", args[0], args[1], args[2],
+                      args[3], args[4],   args[5], NULL};
+
+        return mode_reset_run(8, av);
+    }
 }

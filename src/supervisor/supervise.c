@@ -219,6 +219,14 @@
  *       arguments). The sandbox's processes may see the child in their /proc in the moment
  *       before it kills them, but cannot act on it.
  *
+ *   lendbox-supervise --reset-spare
+ *       The same, started before its reset is asked for (an exec costs ~1 ms on a VM, a third
+ *       of a reset): fds 0..2 /dev/null, 3 a SOCK_SEQPACKET socket on which it waits for one
+ *       message, the six arguments of --reset and the CPU to run on (NUL-terminated strings),
+ *       with the seven fds of --reset's fds 3..9 attached (SCM_RIGHTS, in that order). It puts
+ *       them in place and runs --reset. Exits 0 doing nothing when the socket ends first (the
+ *       daemon closed it or died); 2 when the message is not one.
+ *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host
  * that only the daemon and this fd reach:
@@ -400,6 +408,8 @@ int main(int argc, char **argv)
         return mode_reserve_run(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--reset") == 0)
         return mode_reset_run(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--reset-spare") == 0)
+        return mode_reset_spare_run(argc, argv);
     if (argc == 1 && getpid() == 1) {
         proc_loopback_up();
         return mode_init_run(-1); /* an engine's init: /sbin/init of an imported LXD image */

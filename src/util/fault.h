@@ -28,7 +28,8 @@
  * lend.hand_over (an in-place recycle: the sandbox reset and its new id recorded, before the
  * provider hands it over), provider.hand_over (the provider's hand-over), lend.handed_over (an
  * in-place recycle's sandbox under its new id, before the transaction that records it),
- * operate.enter (an operate-token act in a sandbox, its job started, before it takes the
+ * reset.spare (a local in-place reset, before it takes the spare reset helper: "fail" makes
+ * it exec a helper of its own, as when the spare is busy), operate.enter (an operate-token act in a sandbox, its job started, before it takes the
  * sandbox's fence and checks its token again: routes_operate_enter; a renew, before it takes
  * the session's lock and checks its token again there), exec.spawn (a local
  * exec, its sandbox found not paused, right before its helper starts), activation.bound (an

@@ -33,6 +33,8 @@
  *   next episode
  */
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
 #include <libgen.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -293,61 +295,112 @@ END_TEST
  * sandbox of an image is stopped and made again, a new init): processes that left their
  * session or stopped themselves, SysV semaphores and message queues, a POSIX message queue,
  * the modes the episode gave the roots of its writable mounts; all gone or back. */
-START_TEST(test_reset_in_place)
+/* The pid of daemon d's spare reset helper (lendbox-supervise --reset-spare, its child), once
+ * one waits (at most 10 s), or 0. */
+static pid_t spare_of(const struct lbt_daemon *d)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        DIR *dir = opendir("/proc");
+        struct dirent *e;
+        pid_t found = 0;
+
+        ck_assert_ptr_nonnull(dir);
+        while (!found && (e = readdir(dir))) {
+            char path[300], buf[512], *p;
+            FILE *f;
+            size_t n;
+            int ppid = 0;
+
+            if (e->d_name[0] < '1' || e->d_name[0] > '9')
+                continue;
+            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+            f = fopen(path, "r");
+            if (!f)
+                continue;
+            n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            p = strrchr(buf, ')');
+            if (!p || sscanf(p, ") %*c %d", &ppid) != 1 || ppid != d->pid)
+                continue;
+            snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+            f = fopen(path, "r");
+            if (!f)
+                continue;
+            n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            /* argv[0] NUL argv[1] */
+            if (strlen(buf) + 1 < n && strcmp(buf + strlen(buf) + 1, "--reset-spare") == 0)
+                found = atoi(e->d_name);
+        }
+        closedir(dir);
+        if (found)
+            return found;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* An episode's leftovers in a sandbox of d reset in place are gone (the reset done by the spare
+ * helper, or with fault reset.spare by a helper it execs) */
+static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare)
 {
     char sbx[LBT_ID_MAX], tok[256], *before, *after, *out;
     struct lbt_resp r;
     json_t *lease;
+    pid_t spare_before, spare_after;
 
-    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
-    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider resets by a new instance; its image has no "
-                               "python3 (the integrity test covers it)");
-    lease = lbt_seed(&D, "rs-reset-ip", "task-reset", NULL);
+    lease = lbt_seed(d, rsid, "task-reset", NULL);
     snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
     json_decref(lease);
-    before = sh_tok(&D, sbx, tok, STATE_CHECK);
+    before = sh_tok(d, sbx, tok, STATE_CHECK);
     ck_assert_msg(strstr(before, "/tmp 1777") && strstr(before, "/dev/shm 1777") &&
                       strstr(before, "/run 755") && strstr(before, "supervisor"),
                   "fresh sandbox: %s", before);
-    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    out = sh_tok(d, sbx, tok, IPC_CHECK);
     ck_assert_msg(strcmp(out, "") == 0, "fresh sandbox: %s", out);
     free(out);
 
     /* the episode */
-    free(sh_tok(&D, sbx, tok, "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run"));
+    free(sh_tok(d, sbx, tok, "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run"));
     json_decref(lbt_exec_ok(
-        &D, sbx, tok,
+        d, sbx, tok,
         "{\"command\": \"setsid sh -c '(sh -c \\\"kill -STOP \\\\$\\\\$; " LEFTOVER "\\\" &); "
         "(setsid " LEFTOVER " &)' </dev/null >/dev/null 2>&1; sleep 0.5\", "
         "\"preserve_background_services\": true}"));
-    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    out = sh_tok(d, sbx, tok, IPC_CHECK);
     ck_assert_msg(strstr(out, "sysv sem 1") && strstr(out, "sysv msg 1") && strstr(out, "posix mq"),
                   "episode left: %s", out);
     free(out);
-    out = sh_tok(&D, sbx, tok, "stat -c '%n %a' /tmp /dev/shm /run; ls /proc | grep -c '^[0-9]'");
+    out = sh_tok(d, sbx, tok, "stat -c '%n %a' /tmp /dev/shm /run; ls /proc | grep -c '^[0-9]'");
     ck_assert_msg(strstr(out, "/tmp 700") && strstr(out, "/run 777"), "episode left: %s", out);
     free(out);
     ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
 
-    reset(&D, sbx, "", "{}", &r);
+    /* the spare waits before the reset; a reset takes it (a new one waits after), unless fault
+     * reset.spare keeps it waiting and the reset execs its own helper */
+    spare_before = spare_of(d);
+    ck_assert_int_gt(spare_before, 0);
+    reset(d, sbx, "", "{}", &r);
     ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
     lbt_resp_free(&r);
 
     ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
-    out = sh_tok(&D, sbx, tok, IPC_CHECK);
+    out = sh_tok(d, sbx, tok, IPC_CHECK);
     ck_assert_msg(strcmp(out, "") == 0, "after the reset: %s", out);
     free(out);
     /* nothing runs but the init and the check itself (sh, and what it runs) */
-    out = sh_tok(&D, sbx, tok,
+    out = sh_tok(d, sbx, tok,
                  "for p in /proc/[0-9]*; do [ \"${p#/proc/}\" = 1 ] || [ \"${p#/proc/}\" = $$ ] || "
                  "[ \"${p#/proc/}\" = $PPID ] || [ ! -e $p/cmdline ] || "
                  "{ c=$(tr '\\0' ' ' < $p/cmdline); [ -n \"$c\" ] && echo \"$c\"; }; done | "
                  "grep -v -e '^for ' -e 'tr ' -e 'grep ' -e '^sh ' || true");
     ck_assert_msg(strcmp(out, "") == 0, "processes after the reset: %s", out);
     free(out);
-    after = sh_tok(&D, sbx, tok, STATE_CHECK);
+    after = sh_tok(d, sbx, tok, STATE_CHECK);
     if (lbt_variant_on_host()) { /* in place: the same init, the same mounts' modes and sizes */
         ck_assert_str_eq(after, before);
     } else { /* made again: a new init (the first line), the same modes and sizes */
@@ -356,7 +409,46 @@ START_TEST(test_reset_in_place)
     }
     free(before);
     free(after);
-    lbt_release_session(&D, "rs-reset-ip");
+    spare_after = spare_of(d);
+    ck_assert_int_gt(spare_after, 0);
+    if (spare)
+        ck_assert_int_ne(spare_after, spare_before);
+    else
+        ck_assert_int_eq(spare_after, spare_before);
+    lbt_release_session(d, rsid);
+}
+
+START_TEST(test_reset_in_place)
+{
+    LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
+    LBT_SKIP_ON_VARIANT("lxd", "the lxd provider resets by a new instance; its image has no "
+                               "python3 (the integrity test covers it)");
+    reset_in_place_on(&D, "rs-reset-ip", lbt_variant_on_host());
+}
+END_TEST
+
+/* the same reset by a helper the reset execs itself (what it does when the spare is taken by
+ * another reset at the same moment, or failed to start) */
+START_TEST(test_reset_in_place_exec_helper)
+{
+    const char *args[] = {"--set", "faults.spec=reset.spare=fail", "--set",
+                          "local.reset_in_place=yes", NULL};
+
+    pid_t spare;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "an in-place reset is of a sandbox of image host");
+        return;
+    }
+    lbt_daemon_start(&F, args);
+    reset_in_place_on(&F, "rs-reset-ipx", false);
+    spare = spare_of(&F);
+    ck_assert_int_gt(spare, 0);
+    lbt_daemon_stop(&F);
+    /* its spare ended with it (its socket's end) */
+    for (int i = 0; i < 500 && kill(spare, 0) == 0; i++)
+        usleep(10000);
+    ck_assert_int_eq(kill(spare, 0), -1);
 }
 END_TEST
 
@@ -1469,6 +1561,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_in_place);
+    tcase_add_test(tc, test_reset_in_place_exec_helper);
     tcase_add_test(tc, test_reset_bad_input);
     tcase_add_test(tc, test_reset_to_snapshot);
     tcase_add_test(tc, test_reset_refuses_request_admitted_before);

@@ -189,6 +189,7 @@ static void local_destroy(struct lb_provider *p)
     if (!lp)
         return;
     local_removed_stop(lp);
+    local_reset_spare_stop(lp);
     local_relay_destroy(lp);
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
@@ -563,6 +564,11 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     local_claims_sweep(lp, all);
     json_decref(all);
+    if (lp->reset_in_place) {
+        r = local_reset_spare_start(lp);
+        if (r < 0) /* no harm: each in-place reset execs its own helper */
+            log_warn("cannot start the spare reset helper's thread: %s", strerror(-r));
+    }
     r = local_removed_start(lp);
     if (r < 0) /* no harm: the directories stay until a later start removes them */
         log_warn("cannot start removing the stopped sandboxes' directories of an earlier run: %s",

@@ -83,6 +83,8 @@ struct local_provider {
     bool reset_in_place;        /* local.reset_in_place: a reset may keep the namespaces */
     struct local_net_host *net; /* links and egress rules (net.h) */
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
+    /* reset_spare.c: the spare reset helper's keeper; NULL without in-place resets */
+    struct local_reset_spare *reset_spare;
 
     /* Three small locks instead of one, so that the many stops of a shutdown sweep do not
      * queue behind each other: a stop takes stop_lock twice and lock once, uid_lock never. */
@@ -215,6 +217,20 @@ ssize_t local_read_small(const char *path, char *buf, size_t size);
  * NULL) gets its wait status. 0, -ETIMEDOUT when it is still running (not reaped), -ECHILD
  * when it is not our child. */
 int local_wait_child(pid_t pid, int64_t deadline_ms, int *status);
+
+/* reset_spare.c: one lendbox-supervise --reset-spare kept waiting for the next in-place reset
+ * (an exec costs ~1 ms here). local_reset_spare_start starts the thread that keeps it (0 or a
+ * negative errno; call once, while in-place resets are on); local_reset_spare_stop ends the
+ * thread and the spare and frees them (idempotent). local_reset_spare_take hands the waiting
+ * spare to the caller: its pid (our child: the caller reaps it) and in *sock our end of its
+ * socket (the caller closes it), or 0 when none waits (or fault reset.spare): the caller
+ * execs a helper of its own. Once its reset is done the caller calls local_reset_spare_done:
+ * with the spare's pid when the spare said "reset" and is left to exit (the provider's thread
+ * reaps it), 0 when the caller reaped it; the next spare is started then. Thread-safe. */
+int local_reset_spare_start(struct local_provider *lp);
+void local_reset_spare_stop(struct local_provider *lp);
+pid_t local_reset_spare_take(struct local_provider *lp, int *sock);
+void local_reset_spare_done(struct local_provider *lp, pid_t spent);
 /* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
  * within a bound and must not be waited for inline). */
 void local_reap_later(pid_t pid);

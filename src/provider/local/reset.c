@@ -24,9 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "supervisor/signals.h"
@@ -98,32 +100,101 @@ static bool reset_fits(const struct local_provider *lp, const struct local_desc 
     return access(img, F_OK) < 0 && errno == ENOENT;
 }
 
+static int64_t reset_now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Hand the reset to the spare helper (reset_spare.c), if one waits: its pid, or 0 (none, or it
+ * did not take the request: the caller execs a helper). fds as reset_run's, argv the
+ * helper's; the spare gets fds[RFD_STATUS..RFD_SUPERVISE] and argv[2..7] and the CPU. */
+static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **argv)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int) * (RFD_COUNT - RFD_STATUS))];
+    } ctl;
+    char payload[8192];
+    size_t len = 0;
+    int sock = -1, cpu = sched_getcpu();
+    pid_t pid = local_reset_spare_take(lp, &sock);
+    struct iovec iov;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct cmsghdr *c;
+    ssize_t n;
+
+    if (pid <= 0)
+        return 0;
+    for (int i = 2; i < 8; i++) {
+        size_t k = strlen(argv[i]) + 1;
+
+        if (len + k > sizeof(payload) - 16)
+            goto refused;
+        memcpy(payload + len, argv[i], k);
+        len += k;
+    }
+    len += (size_t)snprintf(payload + len, 16, "%d", cpu >= 0 ? cpu : -1) + 1;
+    iov.iov_base = payload;
+    iov.iov_len = len;
+    memset(&ctl, 0, sizeof(ctl));
+    m.msg_control = ctl.b;
+    m.msg_controllen = sizeof(ctl.b);
+    c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (RFD_COUNT - RFD_STATUS));
+    memcpy(CMSG_DATA(c), fds + RFD_STATUS, sizeof(int) * (RFD_COUNT - RFD_STATUS));
+    do
+        n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)len)
+        goto refused;
+    /* it serves this one request: what it read stays readable after our end closes */
+    close(sock);
+    return pid;
+refused: /* (it died, say): ended, and the caller execs a helper */
+    close(sock);
+    (void)kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    local_reset_spare_done(lp, 0);
+    return 0;
+}
+
 /* Run the helper with fds (RFD_NS.. and RFD_SUPERVISE set), wait for it (never past
  * deadline_ms: killed then). When it said "reset N" and exited 0: N >= 0, the zombies it left
  * for their parents outside the sandbox to reap; else a negative errno. */
-static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
-                     struct lb_error *err)
+static int reset_run(struct local_provider *lp, const char *id, int *fds, char **argv,
+                     int64_t deadline_ms, struct lb_error *err)
 {
     struct lb_buf status = {.max = 4096};
     struct reset_child rc = {fds, argv};
     int status_r = -1, ws = 0, r;
-    int64_t started_ms = clock_mono_ms();
+    int64_t started_us = reset_now_us();
     pid_t helper = 0;
+    bool spare;
     char chunk[512];
 
-    fds[RFD_IN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    fds[RFD_OUT] = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    fds[RFD_ERR] = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (fds[RFD_IN] < 0 || fds[RFD_OUT] < 0 || fds[RFD_ERR] < 0) {
-        r = lb_error_set(err, -EREMOTEIO, "cannot open /dev/null: %s", strerror(errno));
-        goto out;
-    }
     r = local_pipe(&status_r, &fds[RFD_STATUS]);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
         goto out;
     }
-    r = spawn_vfork(reset_child_exec, &rc, &helper);
+    helper = reset_give_spare(lp, fds, argv);
+    spare = helper > 0;
+    if (helper == 0) {
+        fds[RFD_IN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        fds[RFD_OUT] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        fds[RFD_ERR] = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (fds[RFD_IN] < 0 || fds[RFD_OUT] < 0 || fds[RFD_ERR] < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot open /dev/null: %s", strerror(errno));
+            goto out;
+        }
+        r = spawn_vfork(reset_child_exec, &rc, &helper);
+    }
     local_close_fd(&fds[RFD_STATUS]);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot start lendbox-supervise --reset: %s",
@@ -144,14 +215,26 @@ static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
         n = read(status_r, chunk, sizeof(chunk));
         if (n > 0) {
             (void)lb_buf_append_capped(&status, chunk, (size_t)n);
+            /* its one line is all it says: its exit (below) need not close every copy of the
+             * pipe (a vfork-style child of another thread holds one until its exec) */
+            if (memchr(chunk, '\n', (size_t)n))
+                break;
             continue;
         }
         if (n < 0 && errno == EINTR)
             continue;
         break;
     }
-    while (waitpid(helper, &ws, 0) < 0 && errno == EINTR)
-        ;
+    if (spare && status.len > 5 && strncmp(status.data, "reset", 5) == 0 &&
+        status.data[status.len - 1] == '\n') {
+        /* its child wrote this last, then both exit 0: the provider's thread reaps it */
+        local_reset_spare_done(lp, helper);
+    } else {
+        while (waitpid(helper, &ws, 0) < 0 && errno == EINTR)
+            ;
+        if (spare)
+            local_reset_spare_done(lp, 0);
+    }
     if (lb_buf_append_capped(&status, "", 1) < 0 || !status.data) {
         r = lb_error_set(err, -EREMOTEIO, "the in-place reset of sandbox '%s' said nothing", id);
         goto out;
@@ -161,8 +244,9 @@ static int reset_run(const char *id, int *fds, char **argv, int64_t deadline_ms,
          * subreaper, when it killed an exec's helper that did not exit in time) */
         r = atoi(status.data + 5);
         status.data[strcspn(status.data, "\n")] = '\0';
-        log_debug_sbx(id, "sandbox %s: helper ran %lld ms, said: %s", id,
-                      (long long)(clock_mono_ms() - started_ms), status.data);
+        log_debug_sbx(id, "sandbox %s: helper %s ran %lld µs, said: %s", id,
+                      spare ? "(the spare)" : "(exec'd)", (long long)(reset_now_us() - started_us),
+                      status.data);
     } else {
         char text[1024];
 
@@ -256,7 +340,7 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     {
         char *argv[] = {lp->supervise_path, "--reset", host, d.workdir, tmp, run, shm, wd, NULL};
 
-        r = reset_run(ref->id, fds, argv, deadline, err);
+        r = reset_run(lp, ref->id, fds, argv, deadline, err);
     }
     if (r > 0) {
         local_reap_uid_children(d.uid);
