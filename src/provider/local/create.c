@@ -37,6 +37,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/mount.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -426,6 +427,10 @@ struct spawn {
     int ncg;
     uid_t uid;
     struct rlimit nofile; /* the sandbox's RLIMIT_NOFILE, not the daemon's */
+    /* mountns.c: the clean namespace bwrap starts in a copy of (-1: the daemon's), and a
+     * clone of the sandbox's img tree (-1: none) that goes to img_path in that copy */
+    int clean_ns, img_tree;
+    char img_path[4400];
 };
 
 struct bwrap_child {
@@ -445,6 +450,17 @@ static int child_exec_bwrap(void *arg)
 
     sup_signals_reset();
     (void)syscall(SYS_setsid);
+    /* a namespace of our own, holding none of the other sandboxes' mounts (mountns.c): while
+     * host root, before the cgroup (nothing of the sandbox's can reach us yet) */
+    if (s->clean_ns >= 0 &&
+        (syscall(SYS_setns, s->clean_ns, CLONE_NEWNS) < 0 ||
+         syscall(SYS_unshare, CLONE_NEWNS) < 0 ||
+         (s->img_tree >= 0 && syscall(SYS_move_mount, s->img_tree, "", AT_FDCWD, s->img_path,
+                                      MOVE_MOUNT_F_EMPTY_PATH) < 0))) {
+        e = errno;
+        local_child_report(s->fds[FD_STDERR], "lendbox: cannot set up bwrap's mount namespace", e);
+        return e;
+    }
     for (i = 0; i < s->ncg; i++) {
         if (write(s->cg_fds[i], "0", 1) != 1) {
             e = errno;
@@ -496,6 +512,7 @@ static void spawn_close(struct spawn *s)
     for (i = 0; i < s->ncg; i++)
         local_close_fd(&s->cg_fds[i]);
     s->ncg = 0;
+    local_close_fd(&s->img_tree);
 }
 
 /* Trimmed text of what bwrap said, for an error message. */
@@ -665,20 +682,22 @@ static void sandbox_renice(pid_t bwrap, pid_t pid)
 /* Start bwrap; on success *pid is the sandbox's init. On failure *pid may still name a
  * process to kill (or 0). workspace: the data directory to bind at the workdir, NULL with
  * storage tmpfs. */
-static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, char **argv,
-                         const char *workspace, int64_t timeout_ms, pid_t *pid,
+static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, const char *dir,
+                         char **argv, const char *workspace, int64_t timeout_ms, pid_t *pid,
                          struct lb_error *err)
 {
     char *envp[] = {CHILD_ENV_PATH, NULL};
     struct bwrap_child bc;
     struct spawn s;
     pid_t bwrap = 0;
-    int i, r;
+    int i, r, dfd = -1;
 
     memset(&s, 0, sizeof(s));
     for (i = 0; i < FD_COUNT; i++)
         s.fds[i] = -1;
     s.info_r = s.ready_r = s.err_r = -1;
+    s.clean_ns = lp->clean_ns;
+    s.img_tree = -1;
     s.uid = d->uid;
     s.nofile.rlim_cur = s.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;
     *pid = 0;
@@ -713,6 +732,20 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
         r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
         goto out;
     }
+    /* its own mounts (an image's root, a snapshot's workdir), for the namespace bwrap starts
+     * in: a clone of the whole tree, taken here in ours */
+    snprintf(s.img_path, sizeof(s.img_path), "%s/img", dir);
+    if (s.clean_ns >= 0 && (dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0 &&
+        local_is_mount_point(dfd, "img")) {
+        s.img_tree = (int)syscall(SYS_open_tree, AT_FDCWD, s.img_path,
+                                  OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+        if (s.img_tree < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot clone the sandbox's mounts: %s",
+                             strerror(errno));
+            goto out;
+        }
+    }
+    local_close_fd(&dfd);
     r = cgroup_open_procs(&d->cg, s.cg_fds, &s.ncg);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));
@@ -736,6 +769,7 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     if (r == 0)
         sandbox_renice(bwrap, *pid);
 out:
+    local_close_fd(&dfd);
     spawn_close(&s);
     return r;
 }
@@ -928,7 +962,7 @@ static int create_sandbox(struct lb_provider *p, const struct lb_sandbox_ref *re
                              "/newroot/var: Unable to apply mount flags: remount (injected: "
                              "bwrap.mount_race)");
         else
-            r = spawn_sandbox(lp, &d, argv.v, d.data[0] ? d.data : NULL,
+            r = spawn_sandbox(lp, &d, dir, argv.v, d.data[0] ? d.data : NULL,
                               spec && spec->ready_timeout_ms > 0 ? spec->ready_timeout_ms
                                                                  : lp->create_timeout_ms,
                               &pid, err);

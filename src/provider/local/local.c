@@ -190,6 +190,7 @@ static void local_destroy(struct lb_provider *p)
         return;
     local_removed_stop(lp);
     local_reset_spare_stop(lp);
+    local_clean_ns_close(lp);
     local_relay_destroy(lp);
     local_net_destroy(lp);
     cgroup_host_release(&lp->cg);
@@ -478,6 +479,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
     lp->reset_in_place = cfg->reset_in_place;
+    lp->clean_ns = -1;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_mutex_init(&lp->stop_lock, NULL);
     pthread_mutex_init(&lp->uid_lock, NULL);
@@ -564,6 +566,7 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     local_claims_sweep(lp, all);
     json_decref(all);
+    (void)local_clean_ns_open(lp); /* no harm without it: bwrap starts in ours, as before */
     if (lp->reset_in_place) {
         r = local_reset_spare_start(lp);
         if (r < 0) /* no harm: each in-place reset execs its own helper */

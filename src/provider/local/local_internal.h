@@ -85,6 +85,7 @@ struct local_provider {
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
     /* reset_spare.c: the spare reset helper's keeper; NULL without in-place resets */
     struct local_reset_spare *reset_spare;
+    int clean_ns; /* mountns.c: the mount namespace bwrap starts in a copy of; -1: ours */
 
     /* Three small locks instead of one, so that the many stops of a shutdown sweep do not
      * queue behind each other: a stop takes stop_lock twice and lock once, uid_lock never. */
@@ -217,6 +218,14 @@ ssize_t local_read_small(const char *path, char *buf, size_t size);
  * NULL) gets its wait status. 0, -ETIMEDOUT when it is still running (not reaped), -ECHILD
  * when it is not our child. */
 int local_wait_child(pid_t pid, int64_t deadline_ms, int *status);
+
+/* mountns.c: make the clean mount namespace bwrap starts in a copy of (create.c moves the
+ * sandbox's own img tree into that copy), so that no create copies or reads the mounts of
+ * every other sandbox. Call once at the start, before any create: 0 with lp->clean_ns, or a
+ * negative errno (logged; lp->clean_ns -1: bwrap starts in the daemon's namespace as before).
+ * local_clean_ns_close closes it (idempotent). */
+int local_clean_ns_open(struct local_provider *lp);
+void local_clean_ns_close(struct local_provider *lp);
 
 /* reset_spare.c: one lendbox-supervise --reset-spare kept waiting for the next in-place reset
  * (an exec costs ~1 ms here). local_reset_spare_start starts the thread that keeps it (0 or a
