@@ -46,6 +46,7 @@
 #include <string.h>
 #include <linux/capability.h>
 #include <sys/fsuid.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -977,6 +978,134 @@ START_TEST(test_kill_before_naming)
 }
 END_TEST
 
+/* The mountinfo of the bwrap that started sandbox sbx of d (its init's parent: bwrap's own
+ * process, in the mount namespace bwrap started in), malloc'd; NULL when unreadable. */
+static char *bwrap_mountinfo(struct lbt_daemon *d, const char *sbx)
+{
+    json_t *desc = lbt_read_descriptor(d, sbx);
+    char path[64], buf[512], *text = NULL, *p;
+    long long init;
+    FILE *f;
+    int ppid = 0;
+    size_t n;
+
+    ck_assert_ptr_nonnull(desc);
+    init = json_integer_value(json_object_get(desc, "pid"));
+    json_decref(desc);
+    ck_assert_int_gt(init, 0);
+    snprintf(path, sizeof(path), "/proc/%lld/stat", init);
+    f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    p = strrchr(buf, ')');
+    ck_assert(p && sscanf(p, ") %*c %d", &ppid) == 1 && ppid > 1);
+    snprintf(path, sizeof(path), "/proc/%d/mountinfo", ppid);
+    f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    {
+        size_t len = 0, cap = 0;
+        char chunk[4096];
+
+        while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+            if (len + n + 1 > cap) {
+                cap = (len + n + 1) * 2;
+                text = realloc(text, cap);
+                ck_assert_ptr_nonnull(text);
+            }
+            memcpy(text + len, chunk, n);
+            len += n;
+            text[len] = '\0';
+        }
+    }
+    fclose(f);
+    return text;
+}
+
+/* bwrap starts in a mount namespace that holds its own sandbox's mounts but no other
+ * sandbox's (each create used to copy, and bwrap to read twenty times over, every other
+ * image or snapshot sandbox's mounts), also after a kill -9 and a restart (the earlier run's
+ * sandboxes' mounts detached), while the host's mounts made after the daemon's start reach new
+ * sandboxes (a slave of the daemon's namespace) */
+START_TEST(test_bwrap_sees_only_its_own_mounts)
+{
+    char p[LBT_ID_MAX], a[LBT_ID_MAX], b[LBT_ID_MAX], c[LBT_ID_MAX], pa[400], pb[400], pc[400];
+    char host_dir[64], cmd[160], *mi, *text;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "the namespace is the local provider's; one variant is enough");
+        return;
+    }
+    lbt_daemon_start(&K, NULL);
+    seed(&K, "rs-ns-p", NULL, p, NULL);
+    free(lbt_sh(&K, p, "echo prepared > /workspace/setup"));
+    snapshot_ok(&K, p, "snap-ns");
+    seed(&K, "rs-ns-a", "\"image\": \"snap-ns\"", a, NULL);
+    seed(&K, "rs-ns-b", "\"image\": \"snap-ns\"", b, NULL);
+    snprintf(pa, sizeof(pa), "%s/sandboxes/%s/img ", K.state_dir, a);
+    snprintf(pb, sizeof(pb), "%s/sandboxes/%s/img ", K.state_dir, b);
+    mi = bwrap_mountinfo(&K, b);
+    ck_assert_ptr_nonnull(mi);
+    ck_assert_msg(strstr(mi, pb), "b's own mounts (%s) are not in its bwrap's namespace", pb);
+    ck_assert_msg(!strstr(mi, pa), "a's mounts (%s) are in b's bwrap's namespace", pa);
+    free(mi);
+    /* the sandboxes work from the cloned mounts */
+    text = lbt_sh(&K, b, "cat /workspace/setup");
+    ck_assert_str_eq(text, "prepared\n");
+    free(text);
+
+    /* a host mount made now reaches a new sandbox */
+    snprintf(host_dir, sizeof(host_dir), "/mnt/lbt-ns-%d", (int)getpid());
+    ck_assert_int_eq(mkdir(host_dir, 0755), 0);
+    ck_assert_int_eq(mount("tmpfs", host_dir, "tmpfs", 0, "size=1m,mode=0755"), 0);
+    snprintf(cmd, sizeof(cmd), "%s/marker", host_dir);
+    {
+        FILE *f = fopen(cmd, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fputs("from the host\n", f);
+        fclose(f);
+    }
+    /* (a new sandbox sees it within about a second: on a host whose / is private, as here,
+     * the daemon notices the change at a create and makes the clean namespace again) */
+    snprintf(cmd, sizeof(cmd), "cat %s/marker 2>/dev/null || echo missing", host_dir);
+    for (int tries = 0;; tries++) {
+        seed(&K, "rs-ns-h", NULL, c, NULL);
+        text = lbt_sh(&K, c, cmd);
+        lbt_release_session(&K, "rs-ns-h");
+        if (strcmp(text, "from the host\n") == 0 || tries == 40)
+            break;
+        free(text);
+        lbt_sleep_ms(250);
+    }
+    ck_assert_str_eq(text, "from the host\n");
+    free(text);
+    ck_assert_int_eq(umount2(host_dir, MNT_DETACH), 0);
+    ck_assert_int_eq(rmdir(host_dir), 0);
+
+    /* an earlier run's sandboxes: kill -9, restart (a and b adopted), a new one */
+    lbt_daemon_kill(&K);
+    lbt_daemon_restart(&K, NULL);
+    seed(&K, "rs-ns-c", "\"image\": \"snap-ns\"", c, NULL);
+    snprintf(pc, sizeof(pc), "%s/sandboxes/%s/img ", K.state_dir, c);
+    mi = bwrap_mountinfo(&K, c);
+    ck_assert_ptr_nonnull(mi);
+    ck_assert_msg(strstr(mi, pc), "c's own mounts (%s) are not in its bwrap's namespace", pc);
+    ck_assert_msg(!strstr(mi, pa) && !strstr(mi, pb),
+                  "an earlier run's sandbox's mounts are in c's bwrap's namespace");
+    free(mi);
+    text = lbt_sh(&K, c, "cat /workspace/setup");
+    ck_assert_str_eq(text, "prepared\n");
+    free(text);
+    lbt_release_session(&K, "rs-ns-c");
+    lbt_release_session(&K, "rs-ns-a");
+    lbt_release_session(&K, "rs-ns-b");
+    lbt_release_session(&K, "rs-ns-p");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("snapshot");
@@ -1001,6 +1130,7 @@ int main(void)
     tcase_add_test(tc, test_operate_fenced_during_capture);
     tcase_add_test(tc, test_kill_while_frozen);
     tcase_add_test(tc, test_kill_before_naming);
+    tcase_add_test(tc, test_bwrap_sees_only_its_own_mounts);
     suite_add_tcase(s, tc);
     return lbt_run_suite(s);
 }

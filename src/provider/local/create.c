@@ -513,6 +513,7 @@ static void spawn_close(struct spawn *s)
         local_close_fd(&s->cg_fds[i]);
     s->ncg = 0;
     local_close_fd(&s->img_tree);
+    local_close_fd(&s->clean_ns);
 }
 
 /* Trimmed text of what bwrap said, for an error message. */
@@ -696,7 +697,7 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     for (i = 0; i < FD_COUNT; i++)
         s.fds[i] = -1;
     s.info_r = s.ready_r = s.err_r = -1;
-    s.clean_ns = lp->clean_ns;
+    s.clean_ns = local_clean_ns_get(lp);
     s.img_tree = -1;
     s.uid = d->uid;
     s.nofile.rlim_cur = s.nofile.rlim_max = (rlim_t)lp->sandbox_nofile;

@@ -479,7 +479,6 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
     lp->tmp_size_mib = cfg->tmp_size_mib > 0 ? cfg->tmp_size_mib : 1024;
     lp->sandbox_nofile = cfg->sandbox_nofile > 0 ? cfg->sandbox_nofile : 1024;
     lp->reset_in_place = cfg->reset_in_place;
-    lp->clean_ns = -1;
     pthread_mutex_init(&lp->lock, NULL);
     pthread_mutex_init(&lp->stop_lock, NULL);
     pthread_mutex_init(&lp->uid_lock, NULL);

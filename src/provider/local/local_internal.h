@@ -85,7 +85,7 @@ struct local_provider {
     struct relay_host *relays;  /* endpoint relays of sandboxes without a link (relay.c) */
     /* reset_spare.c: the spare reset helper's keeper; NULL without in-place resets */
     struct local_reset_spare *reset_spare;
-    int clean_ns; /* mountns.c: the mount namespace bwrap starts in a copy of; -1: ours */
+    struct local_clean_ns *clean_ns; /* mountns.c; NULL: bwrap starts in our namespace */
 
     /* Three small locks instead of one, so that the many stops of a shutdown sweep do not
      * queue behind each other: a stop takes stop_lock twice and lock once, uid_lock never. */
@@ -219,12 +219,15 @@ ssize_t local_read_small(const char *path, char *buf, size_t size);
  * when it is not our child. */
 int local_wait_child(pid_t pid, int64_t deadline_ms, int *status);
 
-/* mountns.c: make the clean mount namespace bwrap starts in a copy of (create.c moves the
+/* mountns.c: the clean mount namespace bwrap starts in a copy of (create.c moves the
  * sandbox's own img tree into that copy), so that no create copies or reads the mounts of
- * every other sandbox. Call once at the start, before any create: 0 with lp->clean_ns, or a
- * negative errno (logged; lp->clean_ns -1: bwrap starts in the daemon's namespace as before).
- * local_clean_ns_close closes it (idempotent). */
+ * every other sandbox. local_clean_ns_open makes it: call once at the start, before any
+ * create; 0, or a negative errno (logged; bwrap then starts in the daemon's namespace as
+ * before). local_clean_ns_get returns a new fd of it (the caller closes it), made again first
+ * when the host's mounts changed since (checked at most once a second), or -1 (none: start
+ * in ours). local_clean_ns_close frees it (idempotent). Thread-safe but for open/close. */
 int local_clean_ns_open(struct local_provider *lp);
+int local_clean_ns_get(struct local_provider *lp);
 void local_clean_ns_close(struct local_provider *lp);
 
 /* reset_spare.c: one lendbox-supervise --reset-spare kept waiting for the next in-place reset
