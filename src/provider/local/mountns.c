@@ -13,11 +13,12 @@
  * a slave of it, with every mount below <sandboxes> detached (the sandboxes' img trees: the
  * only mounts the daemon makes). The host's mounts change under it: where they
  * propagate (a shared /, or lendboxd under systemd's PrivateMounts) they reach it at once;
- * where they do not (a private /, as in many containers) a create that finds the daemon's
- * mount table changed outside <sandboxes> since the clean namespace was made (polled, at
- * most once a second) makes a new one first. Where the daemon's own mounts propagate into
- * the clean namespace (a shared / without PrivateMounts) nothing is lost: bwrap sees them as
- * it did before, and their unmounts follow them.
+ * where they do not (a private /, as in many containers) a thread watching the daemon's
+ * mount table (poll on /proc/self/mountinfo) drops the clean namespace when the table changed
+ * outside <sandboxes>, and the next create makes a new one: new sandboxes see the host's
+ * mounts as they are, and no copy of one the host unmounted is kept. Where the daemon's own mounts
+ * propagate into the clean namespace (a shared / without PrivateMounts) nothing is lost: bwrap sees
+ * them as it did before, and their unmounts follow them.
  */
 #include "provider/local/local_internal.h"
 
@@ -37,15 +38,18 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-#define CHECK_EVERY_MS 1000
+#define WATCH_PAUSE_MS                                                                             \
+    100 /* after each change seen: the watcher reads the table at most 10 times a second */
 
 struct local_clean_ns {
     pthread_mutex_t lock;
-    int fd;           /* the clean namespace; -1: none (bwrap starts in ours) */
-    int mountinfo;    /* our /proc/self/mountinfo, polled for changes */
-    uint64_t sig;     /* of our mount table outside the state dir when fd was made */
-    int64_t check_ms; /* the next poll, not before (monotonic) */
-    bool failed;      /* making one failed: no more attempts (logged once) */
+    int fd;        /* the clean namespace; -1: none yet (made at the next create) */
+    int mountinfo; /* our /proc/self/mountinfo, watched for changes */
+    uint64_t sig;  /* of our mount table outside <sandboxes> when fd was made */
+    bool failed;   /* making one failed: no more attempts (logged once) */
+    int quit[2];   /* a pipe: its write end closed ends the watcher */
+    pthread_t watcher;
+    bool watching;
 };
 
 struct build_job {
@@ -222,6 +226,40 @@ out:
     return 0;
 }
 
+/* The watcher: when our mount table changes outside <sandboxes> (the host's mounts), the
+ * clean namespace is dropped at once (it would hold copies of what the host unmounted: a
+ * loop device could not be detached) and the next create makes a new one. */
+static void *watch_main(void *arg)
+{
+    struct local_provider *lp = arg;
+    struct local_clean_ns *c = lp->clean_ns;
+
+    for (;;) {
+        struct pollfd p[2] = {{.fd = c->mountinfo, .events = POLLPRI},
+                              {.fd = c->quit[0], .events = POLLIN}};
+        uint64_t sig;
+
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
+            break;
+        if (!(p[0].revents & (POLLPRI | POLLERR)))
+            continue;
+        pthread_mutex_lock(&c->lock);
+        if (c->fd >= 0 && table_read(c->mountinfo, lp->sandboxes_dir, &sig, NULL, NULL) == 0 &&
+            sig != c->sig) {
+            local_close_fd(&c->fd);
+            log_info("the host's mounts changed: new sandboxes start from them as they are now");
+        }
+        pthread_mutex_unlock(&c->lock);
+        clock_sleep_ms(WATCH_PAUSE_MS);
+    }
+    return NULL;
+}
+
 int local_clean_ns_open(struct local_provider *lp)
 {
     struct local_clean_ns *c = calloc(1, sizeof(*c));
@@ -231,19 +269,33 @@ int local_clean_ns_open(struct local_provider *lp)
         return -ENOMEM;
     pthread_mutex_init(&c->lock, NULL);
     c->fd = -1;
+    c->quit[0] = c->quit[1] = -1;
     c->mountinfo = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-    if (c->mountinfo < 0) {
+    if (c->mountinfo < 0 || pipe2(c->quit, O_CLOEXEC) < 0) {
         r = -errno;
-        log_warn("cannot read /proc/self/mountinfo (%s): sandboxes start in the daemon's mount "
+        log_warn("cannot watch /proc/self/mountinfo (%s): sandboxes start in the daemon's mount "
                  "namespace",
                  strerror(-r));
+        local_close_fd(&c->mountinfo);
         pthread_mutex_destroy(&c->lock);
         free(c);
         return r;
     }
     lp->clean_ns = c;
+    pthread_mutex_lock(&c->lock);
     r = clean_ns_build(lp, c);
-    c->check_ms = clock_mono_ms() + CHECK_EVERY_MS;
+    pthread_mutex_unlock(&c->lock);
+    if (r == 0) {
+        r = -pthread_create(&c->watcher, NULL, watch_main, lp);
+        c->watching = r == 0;
+        if (r < 0) { /* unwatched, it could hold what the host unmounts: none */
+            log_warn("cannot watch the host's mounts (%s): sandboxes start in the daemon's "
+                     "mount namespace",
+                     strerror(-r));
+            local_close_fd(&c->fd);
+            c->failed = true;
+        }
+    }
     return r;
 }
 
@@ -255,17 +307,8 @@ int local_clean_ns_get(struct local_provider *lp)
     if (!c)
         return -1;
     pthread_mutex_lock(&c->lock);
-    if (c->fd >= 0 && clock_mono_ms() >= c->check_ms) {
-        struct pollfd p = {.fd = c->mountinfo, .events = POLLPRI};
-        uint64_t sig;
-
-        c->check_ms = clock_mono_ms() + CHECK_EVERY_MS;
-        /* POLLPRI: our mount table changed since the last poll (the poll resets it) */
-        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLPRI | POLLERR)) &&
-            table_read(c->mountinfo, lp->sandboxes_dir, &sig, NULL, NULL) == 0 && sig != c->sig &&
-            clean_ns_build(lp, c) == 0)
-            log_info("the host's mounts changed: new sandboxes start from them as they are now");
-    }
+    if (c->fd < 0 && !c->failed)
+        (void)clean_ns_build(lp, c);
     if (c->fd >= 0)
         fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
     pthread_mutex_unlock(&c->lock);
@@ -278,6 +321,10 @@ void local_clean_ns_close(struct local_provider *lp)
 
     if (!c)
         return;
+    local_close_fd(&c->quit[1]);
+    if (c->watching)
+        pthread_join(c->watcher, NULL);
+    local_close_fd(&c->quit[0]);
     local_close_fd(&c->fd);
     local_close_fd(&c->mountinfo);
     pthread_mutex_destroy(&c->lock);
