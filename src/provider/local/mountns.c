@@ -38,8 +38,8 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-#define WATCH_PAUSE_MS                                                                             \
-    100 /* after each change seen: the watcher reads the table at most 10 times a second */
+/* after each change seen: the watcher reads the table at most 4 times a second */
+#define WATCH_PAUSE_MS 250
 
 struct local_clean_ns {
     pthread_mutex_t lock;
