@@ -29,13 +29,13 @@
  * provider hands it over), provider.hand_over (the provider's hand-over), lend.handed_over (an
  * in-place recycle's sandbox under its new id, before the transaction that records it),
  * reset.spare (a local in-place reset, before it takes the spare reset helper: "fail" makes
- * it exec a helper of its own, as when the spare is busy), operate.enter (an operate-token act in a sandbox, its job started, before it takes the
- * sandbox's fence and checks its token again: routes_operate_enter; a renew, before it takes
- * the session's lock and checks its token again there), exec.spawn (a local
- * exec, its sandbox found not paused, right before its helper starts), activation.bound (an
- * operate token's request on its session's activation, the activation it may act on read
- * under the fence, the fence left, before it acts).
- * Example: LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
+ * it exec a helper of its own, as when the spare is busy), operate.enter (an operate-token act in a
+ * sandbox, its job started, before it takes the sandbox's fence and checks its token again:
+ * routes_operate_enter; a renew, before it takes the session's lock and checks its token again
+ * there), exec.spawn (a local exec, its sandbox found not paused, right before its helper starts),
+ * activation.bound (an operate token's request on its session's activation, the activation it may
+ * act on read under the fence, the fence left, before it acts). Example:
+ * LENDBOX_FAULTS=provider.stop=fail:2,provider.create=delay:3000
  *
  * Off unless a spec is loaded. Thread-safe.
  */

@@ -1742,9 +1742,8 @@ int lbt_count_procs_of_uid(uid_t uid)
     return lbt_count_procs_where(lbt_match_uid, &uid);
 }
 
-/* The parent of pid from /proc/PID/stat (after the last ')', the state, then the ppid); 0 when
- * unreadable. */
-static pid_t lbt_proc_ppid(pid_t pid)
+/* see harness.h */
+pid_t lbt_proc_ppid(pid_t pid)
 {
     char path[64], buf[512];
     const char *p;
@@ -1798,6 +1797,40 @@ bool lbt_proc_cgroup_has(pid_t pid, const char *needle)
         return false;
     buf[len] = '\0';
     return strstr(buf, needle) != NULL;
+}
+
+char *lbt_proc_read(const char *path, size_t *len_out)
+{
+    size_t len = 0, cap = 0;
+    char *text = NULL, chunk[4096];
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return NULL;
+    while ((n = read(fd, chunk, sizeof(chunk))) > 0) {
+        if (len + (size_t)n + 1 > cap) {
+            char *grown = realloc(text, (len + (size_t)n + 1) * 2);
+
+            if (!grown) {
+                n = -1;
+                break;
+            }
+            text = grown;
+            cap = (len + (size_t)n + 1) * 2;
+        }
+        memcpy(text + len, chunk, (size_t)n);
+        len += (size_t)n;
+    }
+    close(fd);
+    if (n < 0 || !text) {
+        free(text);
+        return NULL;
+    }
+    text[len] = '\0';
+    if (len_out)
+        *len_out = len;
+    return text;
 }
 
 /* The test program's own pid (Check runs each test in a child of it, and fixtures start daemons

@@ -170,6 +170,11 @@ bool lbt_proc_of_run(const char *pid);
 /* Does a line of /proc/PID/cgroup contain needle (e.g. a sandbox id: a local sandbox's cgroup is
  * <cgroup parent>/<sandbox id>)? false when unreadable. */
 bool lbt_proc_cgroup_has(pid_t pid, const char *needle);
+/* The parent pid of pid (field 4 of /proc/PID/stat), or 0 when it cannot be read. */
+pid_t lbt_proc_ppid(pid_t pid);
+/* A file read to its end (a /proc file: no size known ahead), NUL-terminated, malloc'd (the
+ * caller frees it); *len_out (may be NULL) its length without the NUL; NULL when unreadable. */
+char *lbt_proc_read(const char *path, size_t *len_out);
 int lbt_count_procs_of_uid(uid_t uid);
 /* Processes of this run whose cmdline contains needle. */
 int lbt_count_procs_cmdline(const char *needle);

@@ -306,33 +306,19 @@ static pid_t spare_of(const struct lbt_daemon *d)
 
         ck_assert_ptr_nonnull(dir);
         while (!found && (e = readdir(dir))) {
-            char path[300], buf[512], *p;
-            FILE *f;
-            size_t n;
-            int ppid = 0;
+            char path[300], *cmdline;
+            size_t n = 0;
 
-            if (e->d_name[0] < '1' || e->d_name[0] > '9')
-                continue;
-            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-            f = fopen(path, "r");
-            if (!f)
-                continue;
-            n = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            p = strrchr(buf, ')');
-            if (!p || sscanf(p, ") %*c %d", &ppid) != 1 || ppid != d->pid)
+            if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
+                lbt_proc_ppid(atoi(e->d_name)) != d->pid)
                 continue;
             snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
-            f = fopen(path, "r");
-            if (!f)
-                continue;
-            n = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            /* argv[0] NUL argv[1] */
-            if (strlen(buf) + 1 < n && strcmp(buf + strlen(buf) + 1, "--reset-spare") == 0)
+            cmdline = lbt_proc_read(path, &n);
+            /* argv[0] NUL argv[1] NUL */
+            if (cmdline && strlen(cmdline) + 1 < n &&
+                strcmp(cmdline + strlen(cmdline) + 1, "--reset-spare") == 0)
                 found = atoi(e->d_name);
+            free(cmdline);
         }
         closedir(dir);
         if (found)

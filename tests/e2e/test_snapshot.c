@@ -983,45 +983,17 @@ END_TEST
 static char *bwrap_mountinfo(struct lbt_daemon *d, const char *sbx)
 {
     json_t *desc = lbt_read_descriptor(d, sbx);
-    char path[64], buf[512], *text = NULL, *p;
-    long long init;
-    FILE *f;
-    int ppid = 0;
-    size_t n;
+    char path[64];
+    pid_t init, bwrap;
 
     ck_assert_ptr_nonnull(desc);
-    init = json_integer_value(json_object_get(desc, "pid"));
+    init = (pid_t)json_integer_value(json_object_get(desc, "pid"));
     json_decref(desc);
     ck_assert_int_gt(init, 0);
-    snprintf(path, sizeof(path), "/proc/%lld/stat", init);
-    f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    p = strrchr(buf, ')');
-    ck_assert(p && sscanf(p, ") %*c %d", &ppid) == 1 && ppid > 1);
-    snprintf(path, sizeof(path), "/proc/%d/mountinfo", ppid);
-    f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    {
-        size_t len = 0, cap = 0;
-        char chunk[4096];
-
-        while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                text = realloc(text, cap);
-                ck_assert_ptr_nonnull(text);
-            }
-            memcpy(text + len, chunk, n);
-            len += n;
-            text[len] = '\0';
-        }
-    }
-    fclose(f);
-    return text;
+    bwrap = lbt_proc_ppid(init);
+    ck_assert_int_gt(bwrap, 1);
+    snprintf(path, sizeof(path), "/proc/%d/mountinfo", (int)bwrap);
+    return lbt_proc_read(path, NULL);
 }
 
 /* bwrap starts in a mount namespace that holds its own sandbox's mounts but no other
