@@ -45,13 +45,14 @@
 #include "supervisor/supervise_internal.h"
 
 #define RESET_STATUS_FD 3
-#define RESET_NS_FD 4 /* user, mnt, pid, uts, ipc */
-#define RESET_NS 5
+#define RESET_NS_FD 4 /* user (not entered), mnt, pid, uts, ipc */
 #define RESET_SUPERVISE_FD 9
-#define RESET_SPARE_SOCK_FD 3 /* --reset-spare: the request socket, until the request came */
-#define RESET_SPARE_FDS 7     /* a request's fds: what --reset has as 3..9 */
-#define RESET_SPARE_ARGS 7    /* a request's strings: --reset's six arguments and the CPU */
-#define RESET_KILL_MS 5000    /* bound on the wait for the killed processes to be reaped */
+#define RESET_SPARE_SOCK_FD 3       /* --reset-spare: the request socket, until the request came */
+#define RESET_SPARE_FDS 7           /* a request's fds: what --reset has as 3..9 */
+#define RESET_SPARE_ARGS 8          /* a request's strings: --reset's seven arguments and the CPU */
+#define RESET_SPARE_SOCK_HIGH_FD 20 /* the request socket while a reset runs */
+#define RESET_SPARE_HIGH_FD 21      /* 21..24: the spare's own namespaces */
+#define RESET_KILL_MS 5000          /* bound on the wait for the killed processes to be reaped */
 #define RESET_SUPERVISE_PATH "/run/lendbox/supervise"
 
 static void reset_fail(const char *what)
@@ -198,12 +199,14 @@ static int reset_processes(void)
     }
 }
 
-/* Replace the tmpfs at path by a fresh one of mib MiB and mode (octal text). */
-static void reset_tmpfs(const char *path, const char *mode, int64_t mib)
+/* Replace the tmpfs at path by a fresh one of mib MiB and mode (octal text), owned by the
+ * sandbox's root (host id uid). */
+static void reset_tmpfs(const char *path, const char *mode, int64_t mib, long uid)
 {
-    char opts[96];
+    char opts[128];
 
-    snprintf(opts, sizeof(opts), "mode=%s,size=%lld", mode, (long long)mib * 1024 * 1024);
+    snprintf(opts, sizeof(opts), "mode=%s,size=%lld,uid=%ld,gid=%ld", mode,
+             (long long)mib * 1024 * 1024, uid, uid);
     if (umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
         reset_fail("cannot detach a writable mount");
     if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
@@ -286,10 +289,11 @@ static void reset_mqueues(void)
     close(fs);
 }
 
-/* Inside the namespaces, with the sandbox's root's file ids and capabilities (its real and
- * saved ids the host's root: mode_reset_run). */
+/* Inside the namespaces but the user namespace: the host's root, with every capability over
+ * the sandbox's namespaces (reset_enter). What it makes belongs to the sandbox's root (host id
+ * uid). */
 static int reset_inside(int sup_fd, const char *host, const char *workdir, int64_t tmp_mib,
-                        int64_t run_mib, int64_t shm_mib, int64_t workdir_mib)
+                        int64_t run_mib, int64_t shm_mib, int64_t workdir_mib, long uid)
 {
     struct stat st;
     int fd, zombies;
@@ -301,13 +305,13 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
         reset_fail("cannot set the hostname back");
     zombies = reset_processes();
     steps[STEP_KILL] = now_us();
-    reset_tmpfs("/tmp", "1777", tmp_mib);
-    reset_tmpfs("/dev/shm", "1777", shm_mib);
-    reset_tmpfs(workdir, "755", workdir_mib);
-    reset_tmpfs("/run", "755", run_mib);
-    if (mkdir("/run/lendbox", 0755) < 0 ||
+    reset_tmpfs("/tmp", "1777", tmp_mib, uid);
+    reset_tmpfs("/dev/shm", "1777", shm_mib, uid);
+    reset_tmpfs(workdir, "755", workdir_mib, uid);
+    reset_tmpfs("/run", "755", run_mib, uid);
+    if (mkdir("/run/lendbox", 0755) < 0 || chown("/run/lendbox", (uid_t)uid, (gid_t)uid) < 0 ||
         (fd = open(RESET_SUPERVISE_PATH, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444)) < 0 ||
-        close(fd) < 0 ||
+        fchown(fd, (uid_t)uid, (gid_t)uid) < 0 || close(fd) < 0 ||
         syscall(SYS_move_mount, sup_fd, "", AT_FDCWD, RESET_SUPERVISE_PATH,
                 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */) < 0 ||
         stat(RESET_SUPERVISE_PATH, &st) < 0 || !S_ISREG(st.st_mode))
@@ -326,6 +330,7 @@ struct reset_child {
     int sup_fd;
     char **argv;
     int64_t tmp_mib, run_mib, shm_mib, wd_mib;
+    long uid;
 };
 
 static char reset_stack[256 * 1024] __attribute__((aligned(16)));
@@ -334,7 +339,7 @@ static int reset_child_run(void *arg)
 {
     const struct reset_child *c = arg;
     int zombies = reset_inside(c->sup_fd, c->argv[2], c->argv[3], c->tmp_mib, c->run_mib,
-                               c->shm_mib, c->wd_mib);
+                               c->shm_mib, c->wd_mib, c->uid);
 
     /* "reset", how many zombies lendboxd (or an exec's helper) has to reap, and the steps'
      * times in µs (lendboxd logs them at debug) */
@@ -349,24 +354,32 @@ static int reset_child_run(void *arg)
     _exit(0);
 }
 
-int mode_reset_run(int argc, char **argv)
+/* One reset, with fds 3..9 in place (see supervise.c): enter the sandbox's mount, pid, UTS and
+ * IPC namespaces (not its user namespace: the host's root keeps every capability over them,
+ * and a process that never entered a user namespace may enter another sandbox's namespaces
+ * later, so a spare serves one reset after another), do the work in a child inside the pid
+ * namespace, and come back to own (our own mount, pid, UTS and IPC namespaces; -1: none, the
+ * process ends after this one). The child's exit status: 0 done, 1 failed, 2 bad arguments
+ * (fd 3 says why). */
+static int reset_enter(int argc, char **argv, const int *own)
 {
-    static const int ns_types[RESET_NS] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS,
-                                           CLONE_NEWIPC};
+    static const int ns_types[4] = {CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS, CLONE_NEWIPC};
     const unsigned tree_clone = 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC;
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-    int64_t tmp_mib, run_mib, shm_mib, wd_mib;
+    int64_t tmp_mib, run_mib, shm_mib, wd_mib, uid;
     int sup_fd, ws = 0;
     pid_t c;
 
+    kill_rounds = 0;
     steps[STEP_START] = now_us();
-    /* --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB */
-    if (argc != 8 || !argv[2][0] || strlen(argv[2]) > 64 || argv[3][0] != '/' ||
+    /* --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB UID */
+    if (argc != 9 || !argv[2][0] || strlen(argv[2]) > 64 || argv[3][0] != '/' ||
         strcmp(argv[3], "/") == 0 ||
         proc_parse_int64(argv[4], 1, INT64_MAX / (1 << 20), &tmp_mib) < 0 ||
         proc_parse_int64(argv[5], 1, INT64_MAX / (1 << 20), &run_mib) < 0 ||
         proc_parse_int64(argv[6], 1, INT64_MAX / (1 << 20), &shm_mib) < 0 ||
-        proc_parse_int64(argv[7], 1, INT64_MAX / (1 << 20), &wd_mib) < 0) {
+        proc_parse_int64(argv[7], 1, INT64_MAX / (1 << 20), &wd_mib) < 0 ||
+        proc_parse_int64(argv[8], 1, INT32_MAX, &uid) < 0) {
         proc_write_status(RESET_STATUS_FD, "error bad lendbox-supervise --reset arguments");
         return 2;
     }
@@ -375,31 +388,17 @@ int mode_reset_run(int argc, char **argv)
     if (sup_fd <= RESET_SUPERVISE_FD || /* below: fds 0..9 are all the daemon's */
         syscall(SYS_mount_setattr, sup_fd, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
         reset_fail("cannot clone the supervisor");
-    if (syscall(SYS_setgroups, 0, NULL) < 0)
-        reset_fail("cannot drop supplementary groups");
-    for (int i = 0; i < RESET_NS; i++) {
-        if (syscall(SYS_setns, RESET_NS_FD + i, ns_types[i]) < 0)
+    for (int i = 0; i < 4; i++) {
+        if (syscall(SYS_setns, RESET_NS_FD + 1 + i, ns_types[i]) < 0)
             reset_fail("cannot enter the sandbox namespaces");
     }
-    /* The sandbox's root for the files and mounts made (fs ids), but the host's root for
-     * signals: a process of the sandbox (its root, no capabilities) can then neither stop,
-     * kill nor prlimit the child below in the moment before it kills them (its real and saved
-     * ids are not theirs), while the capabilities setns gave in the sandbox's user namespace
-     * do the rest. */
-    (void)syscall(SYS_setfsgid, 0);
-    (void)syscall(SYS_setfsuid, 0);
-    if (syscall(SYS_setfsgid, -1) != 0 || syscall(SYS_setfsuid, -1) != 0) {
-        errno = EPERM;
-        reset_fail("cannot act as the sandbox's root");
-    }
-    /* the namespaces and the host's binary: nothing the child inside needs */
-    (void)syscall(SYS_close_range, RESET_NS_FD, RESET_SUPERVISE_FD, 0);
     steps[STEP_NS] = now_us();
     /* into the pid namespace: a child. Sharing our memory (and run while we wait): a fork's
      * copy of the page tables costs ~0.5 ms on a VM, most of a reset; it uses its own stack,
-     * and we only wait for it and exit. */
+     * and we only wait for it. Its real and saved ids are the host's root: no process of the
+     * sandbox may stop, kill or prlimit it in the moment before it kills them. */
     {
-        struct reset_child rc = {sup_fd, argv, tmp_mib, run_mib, shm_mib, wd_mib};
+        struct reset_child rc = {sup_fd, argv, tmp_mib, run_mib, shm_mib, wd_mib, (long)uid};
 
         c = clone(reset_child_run, reset_stack + sizeof(reset_stack),
                   CLONE_VM | CLONE_VFORK | SIGCHLD, &rc);
@@ -408,81 +407,128 @@ int mode_reset_run(int argc, char **argv)
         reset_fail("fork inside the sandbox failed");
     while (waitpid(c, &ws, 0) < 0 && errno == EINTR)
         ;
+    close(sup_fd);
+    /* out again: holding none of the sandbox's namespaces (its memory would stay pinned) */
+    for (int i = 0; own && i < 4; i++) {
+        if (syscall(SYS_setns, own[i], ns_types[i]) < 0)
+            _exit(1); /* the daemon ends a spare that did not say "reset" */
+    }
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
 }
 
-/* --reset-spare: wait for the request, put its fds where --reset has them, and run it. */
+int mode_reset_run(int argc, char **argv)
+{
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        reset_fail("cannot drop supplementary groups");
+    return reset_enter(argc, argv, NULL);
+}
+
+/* --reset-spare: wait for a request, put its fds where --reset has them, run it, and wait for
+ * the next, until the socket ends. */
 int mode_reset_spare_run(int argc, char **argv)
 {
+    static const char *const own_ns[4] = {"mnt", "pid", "uts", "ipc"};
     static char payload[8192];
-    union {
-        struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int) * RESET_SPARE_FDS)];
-    } ctl;
-    struct iovec iov = {payload, sizeof(payload) - 1};
-    struct msghdr m = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
-    int got[RESET_SPARE_FDS], ngot = 0, high[RESET_SPARE_FDS];
-    char *args[RESET_SPARE_ARGS], *p;
-    ssize_t n;
-    long cpu;
+    int own[4];
 
     if (argc != 2)
         return 2;
-    do
-        n = recvmsg(RESET_SPARE_SOCK_FD, &m, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n <= 0)
-        return 0; /* the daemon closed the socket (or is gone): no reset to do */
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    if (syscall(SYS_setgroups, 0, NULL) < 0)
+        return 1;
+    /* our own namespaces, to come back to after each reset (above the request's fds) */
+    for (int i = 0; i < 4; i++) {
+        char path[32];
+        int fd;
 
-        for (size_t i = 0; i < k; i++) {
-            int fd;
+        snprintf(path, sizeof(path), "/proc/self/ns/%s", own_ns[i]);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        own[i] = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, RESET_SPARE_HIGH_FD + i);
+        if (fd >= 0)
+            close(fd);
+        if (own[i] < 0)
+            return 1;
+    }
+    for (;;) {
+        union {
+            struct cmsghdr h;
+            char b[CMSG_SPACE(sizeof(int) * RESET_SPARE_FDS)];
+        } ctl;
+        struct iovec iov = {payload, sizeof(payload) - 1};
+        struct msghdr m = {.msg_iov = &iov,
+                           .msg_iovlen = 1,
+                           .msg_control = ctl.b,
+                           .msg_controllen = sizeof(ctl.b)};
+        int got[RESET_SPARE_FDS], ngot = 0, high[RESET_SPARE_FDS], r;
+        char *args[RESET_SPARE_ARGS], *p;
+        ssize_t n;
+        long cpu;
 
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (ngot < RESET_SPARE_FDS)
-                got[ngot] = fd;
-            ngot++;
+        do
+            n = recvmsg(RESET_SPARE_SOCK_FD, &m, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0)
+            return 0; /* the daemon closed the socket (or is gone): no reset to do */
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+            for (size_t i = 0; i < k; i++) {
+                int fd;
+
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                if (ngot < RESET_SPARE_FDS)
+                    got[ngot] = fd;
+                ngot++;
+            }
         }
-    }
-    if (ngot != RESET_SPARE_FDS || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
-        return 2; /* no status fd to say it on: the daemon reads EOF, "said nothing" */
-    payload[n] = '\0';
-    p = payload;
-    for (int i = 0; i < RESET_SPARE_ARGS; i++) {
-        if (p >= payload + n)
+        if (ngot != RESET_SPARE_FDS || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+            return 2; /* no status fd to say it on: the daemon reads EOF, "said nothing" */
+        payload[n] = '\0';
+        p = payload;
+        for (int i = 0; i < RESET_SPARE_ARGS; i++) {
+            if (p >= payload + n)
+                return 2;
+            args[i] = p;
+            p += strlen(p) + 1;
+        }
+        /* fds 3..9 as --reset has them: the socket (3) out of the way first, then the
+         * request's above 9, then in place */
+        if (dup3(RESET_SPARE_SOCK_FD, RESET_SPARE_SOCK_HIGH_FD, O_CLOEXEC) < 0)
             return 2;
-        args[i] = p;
-        p += strlen(p) + 1;
-    }
-    /* fds 3..9 as --reset has them: first out of the way (above 9), then in place, then
-     * nothing else (the socket, the received copies) */
-    for (int i = 0; i < RESET_SPARE_FDS; i++) {
-        high[i] = fcntl(got[i], F_DUPFD_CLOEXEC, RESET_SUPERVISE_FD + 1);
-        if (high[i] < 0)
-            return 2;
-    }
-    for (int i = 0; i < RESET_SPARE_FDS; i++) {
-        if (dup2(high[i], RESET_STATUS_FD + i) < 0)
-            return 2;
-    }
-    (void)syscall(SYS_close_range, RESET_SUPERVISE_FD + 1, ~0U, 0);
-    /* on the CPU of the daemon's thread that waits for us (see reset.c) */
-    cpu = strtol(args[6], &p, 10);
-    if (*p == '\0' && cpu >= 0 && cpu < CPU_SETSIZE) {
-        cpu_set_t one;
+        for (int i = 0; i < RESET_SPARE_FDS; i++) {
+            high[i] = fcntl(got[i], F_DUPFD_CLOEXEC, RESET_SUPERVISE_FD + 1);
+            if (high[i] < 0)
+                return 2;
+            close(got[i]);
+        }
+        for (int i = 0; i < RESET_SPARE_FDS; i++) {
+            if (dup2(high[i], RESET_STATUS_FD + i) < 0)
+                return 2;
+            close(high[i]);
+        }
+        /* on the CPU of the daemon's thread that waits for us (see reset.c) */
+        cpu = strtol(args[RESET_SPARE_ARGS - 1], &p, 10);
+        if (*p == '\0' && cpu >= 0 && cpu < CPU_SETSIZE) {
+            cpu_set_t one;
 
-        CPU_ZERO(&one);
-        CPU_SET((int)cpu, &one);
-        (void)sched_setaffinity(0, sizeof(one), &one);
-    }
-    {
-        char *av[] = {argv[0], "--reset", args[0], args[1], args[2],
-                      args[3], args[4],   args[5], NULL};
+            CPU_ZERO(&one);
+            CPU_SET((int)cpu, &one);
+            (void)sched_setaffinity(0, sizeof(one), &one);
+        }
+        {
+            char *av[] = {argv[0], "--reset", args[0], args[1], args[2],
+                          args[3], args[4],   args[5], args[6], NULL};
 
-        return mode_reset_run(8, av);
+            r = reset_enter(9, av, own);
+        }
+        /* the request's fds go; the socket comes back to 3 */
+        for (int i = 0; i < RESET_SPARE_FDS; i++)
+            close(RESET_STATUS_FD + i);
+        if (dup2(RESET_SPARE_SOCK_HIGH_FD, RESET_SPARE_SOCK_FD) < 0)
+            return 1;
+        close(RESET_SPARE_SOCK_HIGH_FD);
+        if (r != 0)
+            return r; /* the daemon ends a spare whose reset failed */
     }
 }

@@ -204,28 +204,28 @@
  * Reset mode (the local provider's in-place reset of a sandbox of image host; run by the daemon
  * as host root, outside every namespace of the sandbox, from a vfork-style spawn):
  *
- *   lendbox-supervise --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB
- *       fds 0..2 /dev/null, 3 the status pipe, 4..8 the sandbox init's user, mnt, pid, uts
- *       and ipc namespaces, 9 an O_PATH fd of this binary on the host. Clones fd 9 read-only,
- *       enters the namespaces (user first), takes uid/gid 0 there as its file ids only (its
- *       real and saved ids stay the host's root, so no sandbox process may signal or prlimit
- *       it) with the namespace's capabilities, and forks into the pid namespace, where the
- *       child kills every process but
+ *   lendbox-supervise --reset HOSTNAME WORKDIR TMP_MIB RUN_MIB SHM_MIB WORKDIR_MIB UID
+ *       fds 0..2 /dev/null, 3 the status pipe, 4..8 the sandbox init's user (unused), mnt,
+ *       pid, uts and ipc namespaces, 9 an O_PATH fd of this binary on the host. Clones fd 9
+ *       read-only, enters the namespaces but the user namespace (the host's root has every
+ *       capability over them) and forks into the pid namespace, where the child (its real ids
+ *       the host's root: no sandbox process may signal or prlimit it) kills every process but
  *       the init and waits until the init reaped them, mounts fresh tmpfs of the given sizes
- *       (MiB) at /tmp and /dev/shm (1777), WORKDIR and /run (0755), binds the clone at
- *       /run/lendbox/supervise, sets the hostname to HOSTNAME and removes every SysV IPC
- *       object and POSIX message queue (mode_reset.c). Writes "reset" on fd 3 and exits 0 when
- *       all of it is done; else "error WHAT: errno N" on fd 3 and a non-zero exit (2: bad
- *       arguments). The sandbox's processes may see the child in their /proc in the moment
- *       before it kills them, but cannot act on it.
+ *       (MiB) owned by host id UID (the sandbox's root) at /tmp and /dev/shm (1777), WORKDIR
+ *       and /run (0755), binds the clone at /run/lendbox/supervise, sets the hostname to
+ *       HOSTNAME and removes every SysV IPC object and POSIX message queue (mode_reset.c).
+ *       Writes "reset N (...)" on fd 3 and exits 0 when all of it is done; else "error WHAT:
+ *       errno N" on fd 3 and a non-zero exit (2: bad arguments). The sandbox's processes may
+ *       see the child in their /proc in the moment before it kills them, but cannot act on it.
  *
  *   lendbox-supervise --reset-spare
- *       The same, started before its reset is asked for (an exec costs ~1 ms on a VM, a third
- *       of a reset): fds 0..2 /dev/null, 3 a SOCK_SEQPACKET socket on which it waits for one
- *       message, the six arguments of --reset and the CPU to run on (NUL-terminated strings),
- *       with the seven fds of --reset's fds 3..9 attached (SCM_RIGHTS, in that order). It puts
- *       them in place and runs --reset. Exits 0 doing nothing when the socket ends first (the
- *       daemon closed it or died); 2 when the message is not one.
+ *       The same, started before its resets are asked for (an exec costs ~1 ms on a VM, a
+ *       third of a reset): fds 0..2 /dev/null, 3 a SOCK_SEQPACKET socket on which it waits for
+ *       a message: the seven arguments of --reset and the CPU to run on (NUL-terminated
+ *       strings), with the seven fds of --reset's fds 3..9 attached (SCM_RIGHTS, in that
+ *       order). It puts them in place, runs the reset, goes back to its own namespaces, closes
+ *       them and waits for the next. Exits 0 when the socket ends (the daemon closed it or
+ *       died); 2 when a message is not one; the reset's status when one did not succeed.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host

@@ -170,9 +170,9 @@ int mode_enter_run(int argc, char **argv);
 /* --reset (mode_reset.c): a sandbox of image host returned in place to how bwrap made it. The
  * exit status of the helper: 0 done, 1 failed, 2 bad arguments (fd 3 says why). */
 int mode_reset_run(int argc, char **argv);
-/* --reset-spare (mode_reset.c): a reset helper started ahead of its reset, waiting on fd 3 (a
- * SOCK_SEQPACKET socket) for one request, then --reset with what it carries. Exit status as
- * mode_reset_run's; 0 without a reset when the daemon closed the socket first. */
+/* --reset-spare (mode_reset.c): a reset helper started ahead of its resets, serving one request
+ * after another on fd 3 (a SOCK_SEQPACKET socket), each a --reset with what it carries. Exits
+ * 0 when the socket ends, else with the status of the reset that failed. */
 int mode_reset_spare_run(int argc, char **argv);
 int mode_enter_view_run(int argc, char **argv);
 

@@ -234,15 +234,15 @@ void local_clean_ns_close(struct local_provider *lp);
  * (an exec costs ~1 ms here). local_reset_spare_start starts the thread that keeps it (0 or a
  * negative errno; call once, while in-place resets are on); local_reset_spare_stop ends the
  * thread and the spare and frees them (idempotent). local_reset_spare_take hands the waiting
- * spare to the caller: its pid (our child: the caller reaps it) and in *sock our end of its
- * socket (the caller closes it), or 0 when none waits (or fault reset.spare): the caller
- * execs a helper of its own. Once its reset is done the caller calls local_reset_spare_done:
- * with the spare's pid when the spare said "reset" and is left to exit (the provider's thread
- * reaps it), 0 when the caller reaped it; the next spare is started then. Thread-safe. */
+ * spare to the caller: its pid (our child) and in *sock our end of its socket, or 0 when none
+ * waits (or fault reset.spare): the caller execs a helper of its own. After the reset the
+ * caller calls local_reset_spare_done: with the spare's pid and socket when it said "reset"
+ * (it waits for the next reset), with 0 and -1 when the caller ended and reaped it (the next
+ * spare is started then). Thread-safe. */
 int local_reset_spare_start(struct local_provider *lp);
 void local_reset_spare_stop(struct local_provider *lp);
 pid_t local_reset_spare_take(struct local_provider *lp, int *sock);
-void local_reset_spare_done(struct local_provider *lp, pid_t spent);
+void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock);
 /* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
  * within a bound and must not be waited for inline). */
 void local_reap_later(pid_t pid);

@@ -108,10 +108,11 @@ static int64_t reset_now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* Hand the reset to the spare helper (reset_spare.c), if one waits: its pid, or 0 (none, or it
- * did not take the request: the caller execs a helper). fds as reset_run's, argv the
- * helper's; the spare gets fds[RFD_STATUS..RFD_SUPERVISE] and argv[2..7] and the CPU. */
-static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **argv)
+/* Hand the reset to the spare helper (reset_spare.c), if one waits: its pid and in *sock its
+ * socket (the caller gives both back, local_reset_spare_done), or 0 (none, or it did not take
+ * the request: the caller execs a helper). fds as reset_run's, argv the helper's; the spare
+ * gets fds[RFD_STATUS..RFD_SUPERVISE] and argv[2..8] and the CPU. */
+static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **argv, int *sock_out)
 {
     union {
         struct cmsghdr h;
@@ -126,9 +127,10 @@ static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **
     struct cmsghdr *c;
     ssize_t n;
 
+    *sock_out = -1;
     if (pid <= 0)
         return 0;
-    for (int i = 2; i < 8; i++) {
+    for (int i = 2; i < 9; i++) {
         size_t k = strlen(argv[i]) + 1;
 
         if (len + k > sizeof(payload) - 16)
@@ -152,15 +154,14 @@ static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **
     while (n < 0 && errno == EINTR);
     if (n != (ssize_t)len)
         goto refused;
-    /* it serves this one request: what it read stays readable after our end closes */
-    close(sock);
+    *sock_out = sock;
     return pid;
 refused: /* (it died, say): ended, and the caller execs a helper */
     close(sock);
     (void)kill(pid, SIGKILL);
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
         ;
-    local_reset_spare_done(lp, 0);
+    local_reset_spare_done(lp, 0, -1);
     return 0;
 }
 
@@ -175,6 +176,7 @@ static int reset_run(struct local_provider *lp, const char *id, int *fds, char *
     int status_r = -1, ws = 0, r;
     int64_t started_us = reset_now_us();
     pid_t helper = 0;
+    int spare_sock = -1;
     bool spare;
     char chunk[512];
 
@@ -183,7 +185,7 @@ static int reset_run(struct local_provider *lp, const char *id, int *fds, char *
         r = lb_error_set(err, -EREMOTEIO, "pipe: %s", strerror(-r));
         goto out;
     }
-    helper = reset_give_spare(lp, fds, argv);
+    helper = reset_give_spare(lp, fds, argv, &spare_sock);
     spare = helper > 0;
     if (helper == 0) {
         fds[RFD_IN] = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -227,13 +229,18 @@ static int reset_run(struct local_provider *lp, const char *id, int *fds, char *
     }
     if (spare && status.len > 5 && strncmp(status.data, "reset", 5) == 0 &&
         status.data[status.len - 1] == '\n') {
-        /* its child wrote this last, then both exit 0: the provider's thread reaps it */
-        local_reset_spare_done(lp, helper);
+        /* its child wrote this last: the spare goes back to its namespaces and waits for the
+         * next reset */
+        local_reset_spare_done(lp, helper, spare_sock);
     } else {
+        if (spare) { /* it ends after a reset that failed: ended here in any case */
+            close(spare_sock);
+            (void)kill(helper, SIGKILL);
+        }
         while (waitpid(helper, &ws, 0) < 0 && errno == EINTR)
             ;
         if (spare)
-            local_reset_spare_done(lp, 0);
+            local_reset_spare_done(lp, 0, -1);
     }
     if (lb_buf_append_capped(&status, "", 1) < 0 || !status.data) {
         r = lb_error_set(err, -EREMOTEIO, "the in-place reset of sandbox '%s' said nothing", id);
@@ -269,7 +276,7 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
 {
     struct local_provider *lp = (struct local_provider *)p;
     int64_t deadline = clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
-    char dir[4352], host[64], tmp[24], run[24], shm[24], wd[24], path[64];
+    char dir[4352], host[64], tmp[24], run[24], shm[24], wd[24], uid[24], path[64];
     struct lb_resources none = {0};
     struct mount_sizes sizes;
     struct lb_error terr = {0};
@@ -334,11 +341,13 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
     snprintf(run, sizeof(run), "%" PRId64, sizes.run_mib);
     snprintf(shm, sizeof(shm), "%" PRId64, sizes.shm_mib);
     snprintf(wd, sizeof(wd), "%" PRId64, sizes.workdir_mib);
+    snprintf(uid, sizeof(uid), "%" PRIu32, d.uid);
     /* the episode's endpoint URLs (relays, which carry no token) end with it: the next
      * episode's first endpoint request makes its relay on a new port */
     local_relay_close(lp, ref->id);
     {
-        char *argv[] = {lp->supervise_path, "--reset", host, d.workdir, tmp, run, shm, wd, NULL};
+        char *argv[] = {
+            lp->supervise_path, "--reset", host, d.workdir, tmp, run, shm, wd, uid, NULL};
 
         r = reset_run(lp, ref->id, fds, argv, deadline, err);
     }

@@ -1,18 +1,17 @@
 /*
  * reset_spare.c - the spare reset helper (local_internal.h): one lendbox-supervise
- * --reset-spare started ahead, so that an in-place reset (reset.c) pays a message to a waiting
- * process instead of an exec. On this machine's VM an exec of the static helper costs ~1 ms
- * (a new address space faulted in page by page), the reset's own work ~0.6 ms.
+ * --reset-spare started ahead and kept, so that an in-place reset (reset.c) pays a message to
+ * a waiting process instead of an exec. On this machine's VM an exec of the static helper
+ * costs ~1 ms (a new address space faulted in page by page), the reset's own work ~0.6 ms.
  *
  * A thread of the provider keeps one spare while in-place resets are on: it starts one when
- * none waits (and after a failed start, again a second later). A reset takes it and, once
- * it said the reset is done, hands it back to the thread, which reaps it (its exit costs
- * ~0.25 ms more) and starts the next (not meanwhile: the next one's start would compete with
- * the reset for the CPU, and until its exec the vfork-style child holds copies of the daemon's
- * fds, the reset's status pipe among them), or, when none waits (two resets at once, or the one
- * before just took it), execs a helper of its own as before. A spare holds nothing of any sandbox
- * until its request: host root, outside every namespace, its fds /dev/null and the socket.
- * It ends when its socket does: at the provider's end, or when the daemon dies.
+ * none waits (and after a failed start, again a second later). A reset takes it and, once the
+ * spare said the reset is done, gives it back: the spare never enters a sandbox's user
+ * namespace and leaves the others after each reset (mode_reset.c), so it serves one reset
+ * after another. A reset that failed ends it (the thread starts another). A reset that finds
+ * none waiting (another reset has it) execs a helper of its own, as before. A spare holds
+ * nothing of any sandbox between resets: host root, its own namespaces, its fds /dev/null and
+ * the socket. It ends when its socket does: at the provider's end, or when the daemon dies.
  */
 #include "provider/local/local_internal.h"
 #include "provider/local/spawn.h"
@@ -112,7 +111,7 @@ static void spare_end(pid_t pid, int sock)
     }
 }
 
-/* Reap a spare that said its reset is done: it exits right after (bounded: killed at 5 s). */
+/* Reap a spare whose socket we closed: it exits at once (bounded: killed at 5 s). */
 static void spare_reap(pid_t pid)
 {
     if (local_wait_child(pid, clock_mono_ms() + 5000, NULL) < 0) {
@@ -234,21 +233,26 @@ pid_t local_reset_spare_take(struct local_provider *lp, int *sock)
     return pid;
 }
 
-void local_reset_spare_done(struct local_provider *lp, pid_t spent)
+void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock)
 {
     struct local_reset_spare *s = lp->reset_spare;
 
-    if (!s)
+    if (!s) {
+        spare_end(pid, sock);
         return;
+    }
     pthread_mutex_lock(&s->lock);
-    if (spent > 0) {
-        /* one reset at a time hands a spent spare over (each took the one spare) */
-        if (s->spent > 0) {
-            pthread_mutex_unlock(&s->lock);
-            spare_reap(spent);
-            pthread_mutex_lock(&s->lock);
+    if (pid > 0 && s->pid == 0 && !s->quit) { /* it waits for the next reset */
+        s->pid = pid;
+        s->sock = sock;
+    } else if (pid > 0) { /* one waits already (another reset's fallback, say): this one ends */
+        close(sock);      /* it exits on the socket's end */
+        if (s->spent == 0) {
+            s->spent = pid;
         } else {
-            s->spent = spent;
+            pthread_mutex_unlock(&s->lock);
+            spare_reap(pid);
+            pthread_mutex_lock(&s->lock);
         }
     }
     pthread_cond_signal(&s->wake);
