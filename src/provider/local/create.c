@@ -736,17 +736,35 @@ static int spawn_sandbox(struct local_provider *lp, const struct local_desc *d, 
     /* its own mounts (an image's root, a snapshot's workdir), for the namespace bwrap starts
      * in: a clone of the whole tree, taken here in ours */
     snprintf(s.img_path, sizeof(s.img_path), "%s/img", dir);
-    if (s.clean_ns >= 0 && (dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0 &&
-        local_is_mount_point(dfd, "img")) {
-        s.img_tree = (int)syscall(SYS_open_tree, AT_FDCWD, s.img_path,
-                                  OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-        if (s.img_tree < 0) {
-            r = lb_error_set(err, -EREMOTEIO, "cannot clone the sandbox's mounts: %s",
+    if (s.clean_ns >= 0) {
+        struct stat st;
+
+        dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot open '%s': %s", dir, strerror(errno));
+            goto out;
+        }
+        /* an img directory is always a mount (image.c): one that is not must not start as an
+         * empty root */
+        if (fstatat(dfd, "img", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            if (!local_is_mount_point(dfd, "img")) {
+                r = lb_error_set(err, -EREMOTEIO, "'%s' is not mounted", s.img_path);
+                goto out;
+            }
+            s.img_tree = (int)syscall(SYS_open_tree, AT_FDCWD, s.img_path,
+                                      OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+            if (s.img_tree < 0) {
+                r = lb_error_set(err, -EREMOTEIO, "cannot clone the sandbox's mounts: %s",
+                                 strerror(errno));
+                goto out;
+            }
+        } else if (errno != ENOENT) {
+            r = lb_error_set(err, -EREMOTEIO, "cannot look at '%s': %s", s.img_path,
                              strerror(errno));
             goto out;
         }
+        local_close_fd(&dfd);
     }
-    local_close_fd(&dfd);
     r = cgroup_open_procs(&d->cg, s.cg_fds, &s.ncg);
     if (r < 0) {
         r = lb_error_set(err, -EREMOTEIO, "cannot open the sandbox's cgroup: %s", strerror(-r));

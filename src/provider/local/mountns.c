@@ -10,15 +10,21 @@
  *
  * So bwrap starts in a copy of a clean namespace that holds only its own sandbox's mounts
  * (create.c moves a clone of its img tree in). The clean namespace is a copy of the daemon's,
- * a slave of it, with every mount below <sandboxes> detached (the sandboxes' img trees: the
- * only mounts the daemon makes). The host's mounts change under it: where they
- * propagate (a shared /, or lendboxd under systemd's PrivateMounts) they reach it at once;
- * where they do not (a private /, as in many containers) a thread watching the daemon's
- * mount table (poll on /proc/self/mountinfo) drops the clean namespace when the table changed
- * outside <sandboxes>, and the next create makes a new one: new sandboxes see the host's
- * mounts as they are, and no copy of one the host unmounted is kept. Where the daemon's own mounts
- * propagate into the clean namespace (a shared / without PrivateMounts) nothing is lost: bwrap sees
- * them as it did before, and their unmounts follow them.
+ * a slave of it, without (detached in it, read from its own table) the mounts below
+ * <sandboxes> and those below /tmp and /run (network namespaces, other services' and tests'
+ * mounts come and go there; a sandbox gets private /tmp and /run and never sees them), unless
+ * the state dir lives in one. bwrap's own process stays in its copy for the sandbox's life, so
+ * what the copy holds stays referenced that long: the mounts under the host directories a
+ * sandbox binds (which the sandbox's own namespace holds anyway), /dev's and /proc's.
+ *
+ * The host's mounts change: where they propagate (a shared /, or lendboxd under systemd's
+ * PrivateMounts) they reach the clean namespace at once; where they do not (a private /, as in
+ * many containers) each create first asks whether lendboxd's mount table changed outside what
+ * the clean namespace leaves out (a poll on /proc/self/mountinfo, then a read of it) and makes
+ * a new one if so, and a watcher thread drops it as soon as it changes, so that it holds no
+ * copy of a mount the host unmounted while no create comes. Where the daemon's own mounts
+ * propagate into it (a shared / without PrivateMounts) nothing is lost: bwrap sees them as it
+ * did before, and their unmounts follow them.
  */
 #include "provider/local/local_internal.h"
 
@@ -40,24 +46,28 @@
 
 /* after each change seen: the watcher reads the table at most 4 times a second */
 #define WATCH_PAUSE_MS 250
+/* after a failure to make one: the next create tries again this much later */
+#define RETRY_MS 10000
 
 struct local_clean_ns {
     pthread_mutex_t lock;
-    int fd;        /* the clean namespace; -1: none yet (made at the next create) */
-    int mountinfo; /* our /proc/self/mountinfo, watched for changes */
-    uint64_t sig;  /* of our mount table outside <sandboxes> when fd was made */
-    bool failed;   /* making one failed: no more attempts (logged once) */
-    int quit[2];   /* a pipe: its write end closed ends the watcher */
+    int fd;           /* the clean namespace; -1: none now (made at the next create) */
+    int mountinfo;    /* our /proc/self/mountinfo, the watcher's */
+    int check;        /* the same file again, the creates' (each open file polls apart) */
+    uint64_t sig;     /* of our mount table but what the clean namespace leaves out */
+    int64_t retry_ms; /* after a failure: no attempt before (monotonic) */
+    bool warned;      /* a failure was logged */
+    int quit[2];      /* a pipe: its write end closed ends the watcher */
     pthread_t watcher;
     bool watching;
 };
 
-struct build_job {
-    char **detach; /* mount points to detach in the new namespace (unescaped) */
+/* What a table read needs: what to leave out, and where to put it. */
+struct table_job {
+    const char *sandboxes_dir, *state_dir;
+    char **detach; /* out (may stay NULL): the mount points left out, unescaped */
     size_t n;
-    int fd; /* out */
-    int err;
-    const char *step;
+    uint64_t sig; /* out */
 };
 
 /* Copy mountinfo's escaped field (\ooo) at s, up to a space, into out. */
@@ -77,23 +87,38 @@ static void unescape_field(const char *s, char *out, size_t size)
     out[o] = '\0';
 }
 
-/* Read our mount table: its signature but for the mounts below under (a directory, no
- * trailing slash) into *sig and, when detach is not NULL, the mount points below under
- * (malloc'd, *n of them).
- * 0 or a negative errno. */
-static int table_read(int fd, const char *under, uint64_t *sig, char ***detach, size_t *n)
+/* Is path strictly below dir? */
+static bool below(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+
+    return strncmp(path, dir, n) == 0 && path[n] == '/';
+}
+
+/* Does the clean namespace leave the mount at point out? */
+static bool left_out(const struct table_job *t, const char *point)
+{
+    if (below(point, t->sandboxes_dir))
+        return true;
+    if (!below(point, "/tmp") && !below(point, "/run"))
+        return false;
+    /* not one the state dir lives in (the img mount points must be reachable) */
+    return !(strcmp(t->state_dir, point) == 0 || below(t->state_dir, point));
+}
+
+/* Read the mount table open at fd: into t its signature but for what the clean namespace
+ * leaves out and, when want_detach, the mount points left out. 0 or a negative errno. */
+static int table_read(int fd, struct table_job *t, bool want_detach)
 {
     struct lb_buf b = {.max = 64 << 20};
     char chunk[8192], point[4352];
-    size_t ulen = strlen(under), cap = 0;
     uint64_t h = 1469598103934665603ULL;
+    size_t cap = 0;
     ssize_t k;
     int r = 0;
 
-    if (detach) {
-        *detach = NULL;
-        *n = 0;
-    }
+    t->detach = NULL;
+    t->n = 0;
     if (lseek(fd, 0, SEEK_SET) < 0)
         return -errno;
     while ((k = read(fd, chunk, sizeof(chunk))) > 0)
@@ -119,49 +144,58 @@ static int table_read(int fd, const char *under, uint64_t *sig, char ***detach, 
         if (!f)
             continue;
         unescape_field(f, point, sizeof(point));
-        if (strncmp(point, under, ulen) == 0 && point[ulen] == '/') {
-            if (detach) {
-                if (*n == cap) {
-                    char **grown = realloc(*detach, (cap ? cap * 2 : 16) * sizeof(char *));
+        if (left_out(t, point)) {
+            if (!want_detach)
+                continue;
+            if (t->n == cap) {
+                char **grown = realloc(t->detach, (cap ? cap * 2 : 16) * sizeof(char *));
 
-                    if (!grown) {
-                        r = -ENOMEM;
-                        goto out;
-                    }
-                    *detach = grown;
-                    cap = cap ? cap * 2 : 16;
-                }
-                if (!((*detach)[*n] = strdup(point))) {
+                if (!grown) {
                     r = -ENOMEM;
                     goto out;
                 }
-                (*n)++;
+                t->detach = grown;
+                cap = cap ? cap * 2 : 16;
             }
+            if (!(t->detach[t->n] = strdup(point))) {
+                r = -ENOMEM;
+                goto out;
+            }
+            t->n++;
             continue;
         }
         for (const char *c = line; *c; c++) /* FNV-1a */
             h = (h ^ (unsigned char)*c) * 1099511628211ULL;
         h = (h ^ '\n') * 1099511628211ULL;
     }
-    *sig = h;
+    t->sig = h;
 out:
-    if (r < 0 && detach) {
-        for (size_t i = 0; i < *n; i++)
-            free((*detach)[i]);
-        free(*detach);
-        *detach = NULL;
-        *n = 0;
+    if (r < 0) {
+        for (size_t i = 0; i < t->n; i++)
+            free(t->detach[i]);
+        free(t->detach);
+        t->detach = NULL;
+        t->n = 0;
     }
     lb_buf_release(&b);
     return r;
 }
 
+struct build_job {
+    struct table_job t;
+    int fd; /* out */
+    int err;
+    const char *step;
+};
+
 /* A thread of its own: unsharing the mount namespace (and the fs attributes with it) is
- * allowed to one thread of a process and changes nothing for the others. The thread ends
- * here; the namespace lives on through the fd. */
+ * allowed to one thread of a process and changes nothing for the others. It reads the new
+ * namespace's own table (a sandbox's mounts made meanwhile are in it too) and detaches what
+ * is left out. The thread ends here; the namespace lives on through the fd. */
 static void *build_main(void *arg)
 {
     struct build_job *j = arg;
+    int own;
 
     j->fd = -1;
     if (unshare(CLONE_NEWNS | CLONE_FS) < 0) {
@@ -172,9 +206,17 @@ static void *build_main(void *arg)
         j->step = "make / a slave";
         goto fail;
     }
+    own = open("/proc/thread-self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (own < 0 || (errno = -table_read(own, &j->t, true)) != 0) {
+        if (own >= 0)
+            close(own);
+        j->step = "read the new namespace's mount table";
+        goto fail;
+    }
+    close(own);
     /* deepest last in the table: detach from the end (a parent takes its children along) */
-    for (size_t i = j->n; i > 0; i--)
-        (void)umount2(j->detach[i - 1], MNT_DETACH); /* gone with its parent already: fine */
+    for (size_t i = j->t.n; i > 0; i--)
+        (void)umount2(j->t.detach[i - 1], MNT_DETACH); /* gone with its parent already: fine */
     j->fd = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (j->fd < 0) {
         j->step = "open /proc/thread-self/ns/mnt";
@@ -189,46 +231,51 @@ fail:
 /* Make a new clean namespace into c->fd (the old one closed); c->lock held. */
 static int clean_ns_build(const struct local_provider *lp, struct local_clean_ns *c)
 {
-    struct build_job j = {NULL, 0, -1, 0, NULL};
-    uint64_t sig = 0;
+    struct build_job j = {{lp->sandboxes_dir, lp->state_dir, NULL, 0, 0}, -1, 0, NULL};
     pthread_t t;
     int r;
 
-    r = table_read(c->mountinfo, lp->sandboxes_dir, &sig, &j.detach, &j.n);
-    if (r < 0) {
-        j.err = -r;
-        j.step = "read /proc/self/mountinfo";
-        goto out;
-    }
+    local_close_fd(&c->fd);
     r = pthread_create(&t, NULL, build_main, &j);
     if (r != 0) {
         j.err = r;
         j.step = "pthread_create";
-        goto out;
+    } else {
+        pthread_join(t, NULL);
     }
-    pthread_join(t, NULL);
-out:
-    for (size_t i = 0; i < j.n; i++)
-        free(j.detach[i]);
-    free(j.detach);
+    for (size_t i = 0; i < j.t.n; i++)
+        free(j.t.detach[i]);
+    free(j.t.detach);
     if (j.fd < 0) {
-        if (!c->failed)
+        if (!c->warned)
             log_warn("cannot make the mount namespace bwrap starts in (%s: %s): sandboxes start "
-                     "in the daemon's",
-                     j.step ? j.step : "?", strerror(j.err));
-        c->failed = true;
-        local_close_fd(&c->fd);
+                     "in the daemon's until it can (tried again every %d s)",
+                     j.step ? j.step : "?", strerror(j.err), RETRY_MS / 1000);
+        c->warned = true;
+        c->retry_ms = clock_mono_ms() + RETRY_MS;
         return -(j.err ? j.err : EIO);
     }
-    local_close_fd(&c->fd);
     c->fd = j.fd;
-    c->sig = sig;
+    c->sig = j.t.sig;
     return 0;
 }
 
-/* The watcher: when our mount table changes outside <sandboxes> (the host's mounts), the
- * clean namespace is dropped at once (it would hold copies of what the host unmounted: a
- * loop device could not be detached) and the next create makes a new one. */
+/* Has our mount table changed, outside what the clean namespace leaves out, since it was
+ * made? fd: a mountinfo fd whose poll state is the caller's; c->lock held. A table that
+ * cannot be read counts as changed. */
+static bool table_changed(const struct local_provider *lp, struct local_clean_ns *c, int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLPRI};
+    struct table_job t = {lp->sandboxes_dir, lp->state_dir, NULL, 0, 0};
+
+    /* POLLPRI: the table changed since this fd's last poll (the poll resets it) */
+    if (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLPRI | POLLERR)))
+        return false;
+    return table_read(fd, &t, false) < 0 || t.sig != c->sig;
+}
+
+/* The watcher: drops the clean namespace as soon as the host's mounts change (so that it
+ * holds no copy of one the host unmounted), whether or not a create comes. */
 static void *watch_main(void *arg)
 {
     struct local_provider *lp = arg;
@@ -237,7 +284,6 @@ static void *watch_main(void *arg)
     for (;;) {
         struct pollfd p[2] = {{.fd = c->mountinfo, .events = POLLPRI},
                               {.fd = c->quit[0], .events = POLLIN}};
-        uint64_t sig;
 
         if (poll(p, 2, -1) < 0) {
             if (errno == EINTR)
@@ -249,10 +295,14 @@ static void *watch_main(void *arg)
         if (!(p[0].revents & (POLLPRI | POLLERR)))
             continue;
         pthread_mutex_lock(&c->lock);
-        if (c->fd >= 0 && table_read(c->mountinfo, lp->sandboxes_dir, &sig, NULL, NULL) == 0 &&
-            sig != c->sig) {
-            local_close_fd(&c->fd);
-            log_info("the host's mounts changed: new sandboxes start from them as they are now");
+        if (c->fd >= 0) {
+            struct table_job t = {lp->sandboxes_dir, lp->state_dir, NULL, 0, 0};
+
+            if (table_read(c->mountinfo, &t, false) < 0 || t.sig != c->sig) {
+                local_close_fd(&c->fd);
+                log_info("the host's mounts changed: new sandboxes start from them as they are "
+                         "now");
+            }
         }
         pthread_mutex_unlock(&c->lock);
         clock_sleep_ms(WATCH_PAUSE_MS);
@@ -271,31 +321,39 @@ int local_clean_ns_open(struct local_provider *lp)
     c->fd = -1;
     c->quit[0] = c->quit[1] = -1;
     c->mountinfo = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-    if (c->mountinfo < 0 || pipe2(c->quit, O_CLOEXEC) < 0) {
+    c->check = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (c->mountinfo < 0 || c->check < 0 || pipe2(c->quit, O_CLOEXEC) < 0) {
         r = -errno;
         log_warn("cannot watch /proc/self/mountinfo (%s): sandboxes start in the daemon's mount "
                  "namespace",
                  strerror(-r));
         local_close_fd(&c->mountinfo);
+        local_close_fd(&c->check);
+        local_close_fd(&c->quit[0]);
+        local_close_fd(&c->quit[1]);
         pthread_mutex_destroy(&c->lock);
         free(c);
         return r;
     }
     lp->clean_ns = c;
+    r = -pthread_create(&c->watcher, NULL, watch_main, lp);
+    if (r < 0) { /* unwatched, it could hold what the host unmounts: none */
+        lp->clean_ns = NULL;
+        log_warn("cannot watch the host's mounts (%s): sandboxes start in the daemon's mount "
+                 "namespace",
+                 strerror(-r));
+        local_close_fd(&c->mountinfo);
+        local_close_fd(&c->check);
+        local_close_fd(&c->quit[0]);
+        local_close_fd(&c->quit[1]);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        return r;
+    }
+    c->watching = true;
     pthread_mutex_lock(&c->lock);
     r = clean_ns_build(lp, c);
     pthread_mutex_unlock(&c->lock);
-    if (r == 0) {
-        r = -pthread_create(&c->watcher, NULL, watch_main, lp);
-        c->watching = r == 0;
-        if (r < 0) { /* unwatched, it could hold what the host unmounts: none */
-            log_warn("cannot watch the host's mounts (%s): sandboxes start in the daemon's "
-                     "mount namespace",
-                     strerror(-r));
-            local_close_fd(&c->fd);
-            c->failed = true;
-        }
-    }
     return r;
 }
 
@@ -307,7 +365,11 @@ int local_clean_ns_get(struct local_provider *lp)
     if (!c)
         return -1;
     pthread_mutex_lock(&c->lock);
-    if (c->fd < 0 && !c->failed)
+    /* a host mount made a moment ago must be there: a change since the last create's look
+     * (the watcher may be pausing) makes it again */
+    if (c->fd >= 0 && table_changed(lp, c, c->check))
+        local_close_fd(&c->fd);
+    if (c->fd < 0 && clock_mono_ms() >= c->retry_ms)
         (void)clean_ns_build(lp, c);
     if (c->fd >= 0)
         fd = fcntl(c->fd, F_DUPFD_CLOEXEC, 0);
@@ -327,6 +389,7 @@ void local_clean_ns_close(struct local_provider *lp)
     local_close_fd(&c->quit[0]);
     local_close_fd(&c->fd);
     local_close_fd(&c->mountinfo);
+    local_close_fd(&c->check);
     pthread_mutex_destroy(&c->lock);
     free(c);
     lp->clean_ns = NULL;
