@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -766,6 +767,62 @@ static void failed_reset_stops(const char *spec, const char *rsid)
     ck_assert_int_eq(r.status, 404);
     lbt_resp_free(&r);
 }
+
+/* A daemon without CAP_SYS_CHROOT (a unit's CapabilityBoundingSet without it) cannot enter a
+ * mount namespace from outside its user namespace: it says so at the start, resets by a stop
+ * and a create (the init changes) instead of failing every in-place reset, and starts bwrap in
+ * its own namespace (a seed works). */
+START_TEST(test_reset_without_sys_chroot)
+{
+    const char *args[] = {"--set", "local.reset_in_place=yes", NULL};
+    char *real = strdup(getenv("LENDBOXD") ? getenv("LENDBOXD") : "build/lendboxd");
+    char wrapper[128], sbx[LBT_ID_MAX], tok[256], *before, *after, *abs_real;
+    struct lbt_resp r;
+    json_t *lease;
+    FILE *f;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "an in-place reset is of a sandbox of image host");
+        return;
+    }
+    ck_assert_ptr_nonnull(real);
+    abs_real = realpath(real, NULL);
+    ck_assert_ptr_nonnull(abs_real);
+    snprintf(wrapper, sizeof(wrapper), "/tmp/lbt-nochroot-%d.sh", (int)getpid());
+    f = fopen(wrapper, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "#!/bin/sh\nexec setpriv --bounding-set -sys_chroot --inh-caps -sys_chroot %s \"$@\"\n",
+            abs_real);
+    fclose(f);
+    free(abs_real);
+    ck_assert_int_eq(chmod(wrapper, 0755), 0);
+    setenv("LENDBOXD", wrapper, 1);
+    lbt_daemon_start(&F, args);
+    setenv("LENDBOXD", real, 1);
+    free(real);
+    unlink(wrapper);
+    ck_assert_int_eq(lbt_log_count(&F, "lacks CAP_SYS_CHROOT"), 1);
+    lease = lbt_seed(&F, "rs-nochroot", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    before = sh_tok(&F, sbx, tok, "cat /proc/1/stat | cut -d' ' -f22");
+    free(sh_tok(&F, sbx, tok, "touch /tmp/left"));
+    reset(&F, sbx, "", "{}", &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    after = sh_tok(&F, sbx, tok, "cat /proc/1/stat | cut -d' ' -f22; ls /tmp");
+    /* a new init (its start time differs), nothing left in /tmp */
+    ck_assert_msg(strncmp(after, before, strlen(before)) != 0, "same init: %s", after);
+    ck_assert_str_eq(strchr(after, '\n') + 1, "");
+    free(before);
+    free(after);
+    lbt_release_session(&F, "rs-nochroot");
+    lbt_daemon_stop(&F);
+}
+END_TEST
 
 START_TEST(test_reset_failed_stops)
 {
@@ -1567,6 +1624,7 @@ int main(void)
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_in_place);
     tcase_add_test(tc, test_reset_in_place_exec_helper);
+    tcase_add_test(tc, test_reset_without_sys_chroot);
     tcase_add_test(tc, test_reset_bad_input);
     tcase_add_test(tc, test_reset_to_snapshot);
     tcase_add_test(tc, test_reset_refuses_request_admitted_before);

@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <linux/capability.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "util/clock.h"
@@ -446,6 +448,18 @@ out:
     return r;
 }
 
+/* Has this process CAP_SYS_CHROOT in its effective set? */
+static bool has_cap_sys_chroot(void)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return false;
+    return (data[CAP_SYS_CHROOT / 32].effective & (1U << (CAP_SYS_CHROOT % 32))) != 0;
+}
+
 int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **out,
                        struct lb_error *err)
 {
@@ -565,7 +579,16 @@ int provider_local_new(const struct lb_local_config *cfg, struct lb_provider **o
         goto fail;
     local_claims_sweep(lp, all);
     json_decref(all);
-    (void)local_clean_ns_open(lp); /* no harm without it: bwrap starts in ours, as before */
+    /* entering a mount namespace from outside its user namespace (the clean one bwrap starts
+     * in, a sandbox's at an in-place reset) takes CAP_SYS_CHROOT besides CAP_SYS_ADMIN: a
+     * daemon without it (a unit's CapabilityBoundingSet) does neither */
+    if (!has_cap_sys_chroot()) {
+        log_warn("lendboxd lacks CAP_SYS_CHROOT: sandboxes start in its own mount namespace%s",
+                 lp->reset_in_place ? ", and every reset is a stop and a create" : "");
+        lp->reset_in_place = false;
+    } else {
+        (void)local_clean_ns_open(lp); /* no harm without it: bwrap starts in ours */
+    }
     if (lp->reset_in_place) {
         r = local_reset_spare_start(lp);
         if (r < 0) /* no harm: each in-place reset execs its own helper */
