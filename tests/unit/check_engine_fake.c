@@ -1134,6 +1134,81 @@ START_TEST(test_lxd_pool_driver)
 }
 END_TEST
 
+/* lxd: what a create asks of LXD beyond the create and the start. The instance's member comes
+ * from the create's operation (no lookup of the instance), and each directory finish makes is
+ * one files request while its parent exists (/run is the instance's own mount): the
+ * supervisor's directory, the supervisor, the workdir; a workdir whose parents are missing
+ * still gets them, one request each. */
+START_TEST(test_lxd_create_requests)
+{
+    struct lb_sandbox_spec spec = {.image = "img", .workdir = "/srv/deep/work"};
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_error err = {0};
+    json_t *desc;
+    int r;
+
+    if (backends[_i].api != FAKE_LXD)
+        return;
+    open_backend(_i, "30");
+    desc = create_ok();
+    ck_assert_str_eq(json_string_value(json_object_get(desc, "location")), "none");
+    ck_assert_int_eq(fake_engine_hits(fe, "GET", "/1.0/instances/"), 0);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path="), 3);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/run;"), 0);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/run/lendbox;"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/run/lendbox/supervise;"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/workspace;"), 1);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref(desc);
+    desc = NULL;
+
+    r = provider_create(prov, &ref, &spec, &desc, &err);
+    ck_assert_msg(r == 0, "create: %d %s", r, err.message);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/srv/deep/work;"), 2);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/srv;"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/srv/deep;"), 1);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref(desc);
+    close_backend();
+}
+END_TEST
+
+/* lxd: an exec reads its recorded stdout (the frames) and deletes both logs; its stderr is read
+ * only when the frames hold no complete result (the supervisor's diagnostics), else only
+ * deleted. */
+START_TEST(test_lxd_exec_logs)
+{
+    unsigned char out[64];
+    size_t len = 0;
+    struct lb_exec_result res;
+    struct lb_error err = {0};
+    json_t *desc;
+
+    if (backends[_i].api != FAKE_LXD)
+        return;
+    open_backend(_i, "30");
+    desc = create_ok();
+    ck_assert_int_eq(run(desc, &res, &err), 0);
+    ck_assert_int_eq(res.error_type, LB_EXEC_OK);
+    provider_exec_result_release(&res);
+    ck_assert_int_eq(fake_engine_hits(fe, "GET", ".stdout"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", ".stdout"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "GET", ".stderr"), 0);
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", ".stderr"), 1);
+
+    frame(out, &len, 'o', "partial");
+    fake_engine_set_exec_output(fe, out, len);
+    ck_assert_int_eq(run(desc, &res, &err), 0);
+    ck_assert_int_eq(res.error_type, LB_EXEC_SANDBOX);
+    provider_exec_result_release(&res);
+    ck_assert_int_eq(fake_engine_hits(fe, "GET", ".stderr"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", ".stderr"), 2);
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", ".stdout"), 2);
+    json_decref(desc);
+    close_backend();
+}
+END_TEST
+
 static Suite *engine_fake_suite(void)
 {
     Suite *s = suite_create("engine_fake");
@@ -1157,6 +1232,8 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_transport_fails, 0, (int)n);
     tcase_add_loop_test(tc, test_usage, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_pool_driver, 0, (int)n);
+    tcase_add_loop_test(tc, test_lxd_create_requests, 0, (int)n);
+    tcase_add_loop_test(tc, test_lxd_exec_logs, 0, (int)n);
     tcase_add_loop_test(tc, test_keepalive, 0, (int)n);
     tcase_add_test(tc, test_keepalive_threads);
     suite_add_tcase(s, tc);

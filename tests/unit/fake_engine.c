@@ -309,8 +309,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         path[2] <= '9' && strchr(path + 1, '/'))
         path = strchr(path + 1, '/');
     pthread_mutex_lock(&f->lock);
-    if (f->n_hits < FAKE_MAX_HITS)
-        snprintf(f->hits[f->n_hits++], sizeof(f->hits[0]), "%s %s", method, path);
+    if (f->n_hits < FAKE_MAX_HITS) {
+        /* LXD's files API names the file in the query: kept, as "?path=P;" (';' ends it) */
+        const char *fp = f->api == FAKE_LXD
+                             ? MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "path")
+                             : NULL;
+
+        snprintf(f->hits[f->n_hits++], sizeof(f->hits[0]), "%s %s%s%s%s", method, path,
+                 fp ? "?path=" : "", fp ? fp : "", fp ? ";" : "");
+    }
     ruled = rule_take(f, method, path, &rule);
     if (ruled && (rule.action & FAKE_HANG)) {
         struct timespec until;

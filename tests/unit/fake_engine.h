@@ -117,7 +117,8 @@ int fake_engine_connections(struct fake_engine *f);
  * in the middle of a request fails. */
 void fake_engine_close_connections(struct fake_engine *f);
 
-/* How many requests so far had this method (NULL: any) and a path containing path_part. */
+/* How many requests so far had this method (NULL: any) and a path containing path_part (an LXD
+ * files request's path is followed by "?path=P;", the file it names). */
 int fake_engine_hits(struct fake_engine *f, const char *method, const char *path_part);
 
 #endif

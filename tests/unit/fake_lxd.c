@@ -69,7 +69,9 @@ static void fake_lxd_wait(struct fake_engine *f, const char *id, struct fake_rep
         return;
     }
     snprintf(inst, inst_size, "%s", op->inst);
-    md = json_pack("{s:s,s:s,s:s,s:i,s:s}", "id", op->id, "description", "Fake operation", "status",
+    /* "location": the member the operation ran on, as LXD names it ("none" unclustered) */
+    md = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "id", op->id, "location", "none", "description",
+                   "Fake operation", "status",
                    op->running  ? "Running"
                    : op->failed ? "Failure"
                                 : "Success",
@@ -198,6 +200,7 @@ void fake_lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const ch
     }
     if (strcmp(path, "/1.0/instances") == 0) {
         json_t *j, *conf;
+        struct fake_inst *made;
         const char *want;
 
         if (strcmp(method, "GET") == 0) {
@@ -222,11 +225,13 @@ void fake_lxd_dispatch(struct fake_engine *f, struct MHD_Connection *c, const ch
             fake_reply_error(f, rp, 404, "Image alias not found");
         } else if (fail) {
             fake_lxd_async(f, rp, want, false, fail);
-        } else if (!fake_inst_new(
-                       f, want, json_string_value(json_object_get(conf, "user.lendbox.instance")),
-                       json_string_value(json_object_get(conf, "user.lendbox.sandbox")))) {
+        } else if (!(made = fake_inst_new(
+                         f, want, json_string_value(json_object_get(conf, "user.lendbox.instance")),
+                         json_string_value(json_object_get(conf, "user.lendbox.sandbox"))))) {
             fake_reply_error(f, rp, 500, "too many instances");
         } else {
+            /* /run is there, as the provider's raw.lxc tmpfs mount makes it in a real one */
+            (void)fake_file_put(made, "/run", NULL, 0, true);
             snprintf(inst, inst_size, "%s", want);
             fake_lxd_async(f, rp, want, false, NULL);
         }

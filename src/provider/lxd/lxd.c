@@ -273,7 +273,7 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     char path[512], enc_target[200] = "", holder_at[128] = "";
     const char *target = l->target;
     struct lb_error cerr = {0};
-    json_t *body;
+    json_t *body, *op = NULL;
     int r;
 
     if (inst->from_snapshot && !target && l->clustered) {
@@ -294,7 +294,7 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
         curl_free(enc);
     }
     snprintf(path, sizeof(path), "/1.0/instances%s", enc_target);
-    r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
+    r = lxd_async(l, NULL, "POST", path, body, timeout_ms, &op, &cerr);
     if (r < 0 && !target && l->clustered && create_unreachable(&cerr)) {
         /* placed by the cluster on a member it cannot reach: once more on another member (a
          * pinned lxd.target is never moved) */
@@ -312,12 +312,20 @@ static int hook_make(struct lb_engine *e, const struct lb_sandbox_ref *ref,
             snprintf(path, sizeof(path), "/1.0/instances?target=%s", enc);
             curl_free(enc);
             lb_error_clear(&cerr);
-            r = lxd_async(l, NULL, "POST", path, body, timeout_ms, NULL, &cerr);
+            r = lxd_async(l, NULL, "POST", path, body, timeout_ms, &op, &cerr);
         }
     }
     json_decref(body);
-    if (r == 0)
+    if (r == 0) {
+        /* the create's operation ran on the member that holds the instance: its location
+         * spares finish a lookup of the instance ("" when LXD named none: finish looks) */
+        const char *at = json_string_value(json_object_get(op, "location"));
+
+        if (at && *at && strlen(at) < sizeof(inst->handle))
+            snprintf(inst->handle, sizeof(inst->handle), "%s", at);
+        json_decref(op);
         return 0;
+    }
     /* unless LXD refused the request (4xx) or could not reach a member for it, the instance
      * may exist: its operation failed, or the member died while it took the POST ("EOF") */
     if (r != -ENOENT && !create_not_made(&cerr) && !strstr(cerr.message, "(HTTP 4"))
@@ -404,12 +412,14 @@ static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     if (!desc)
         return lb_error_set(err, -ENOMEM, "out of memory");
     own.descriptor = desc;
-    r = lxd_make_dirs(l, &own, LXD_SUPERVISE_DIR, err);
+    /* /run is the instance's own tmpfs (mounts_lxc) and the workdir's parent is most often
+     * there too: one request per directory, not one per path component */
+    r = lxd_make_dir_likely(l, &own, LXD_SUPERVISE_DIR, err);
     if (r == 0)
         r = lxd_put_file(l, &own, LXD_SUPERVISE_PATH, -1, l->supervise_data, l->supervise_len, 0755,
                          err);
     if (r == 0)
-        r = lxd_make_dirs(l, &own, workdir, err);
+        r = lxd_make_dir_likely(l, &own, workdir, err);
     if (r < 0) {
         json_decref(desc);
         return r;

@@ -95,7 +95,21 @@ static int frame_write(const void *data, size_t n, void *arg)
     return 0;
 }
 
-/* GET a recorded output log into sink, then DELETE it (LXD keeps it on the member's disk). */
+/* DELETE a recorded output log (LXD keeps it on the member's disk); best effort: a log left
+ * behind goes with the instance. */
+static void delete_log(struct lb_lxd *l, const char *member, const char *log_path)
+{
+    struct lb_httpc_request req = {.method = "DELETE",
+                                   .path = log_path,
+                                   .timeout_ms = l->call_timeout_ms,
+                                   .max_body_bytes = 65536};
+    struct lb_httpc_response resp = {0};
+
+    (void)lxd_do(l, member, &req, &resp, NULL);
+    httpc_response_release(&resp);
+}
+
+/* GET a recorded output log into sink, then DELETE it. */
 static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path, lb_httpc_sink sink,
                      void *arg, struct lb_error *err)
 {
@@ -112,13 +126,7 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
         r = lb_error_set(err, -EREMOTEIO, "LXD: cannot read the exec's output (HTTP %ld)",
                          resp.status);
     httpc_response_release(&resp);
-    req = (struct lb_httpc_request){.method = "DELETE",
-                                    .path = log_path,
-                                    .timeout_ms = l->call_timeout_ms,
-                                    .max_body_bytes = 65536};
-    /* best effort: a log left behind goes with the instance */
-    (void)lxd_do(l, member, &req, &resp, NULL);
-    httpc_response_release(&resp);
+    delete_log(l, member, log_path);
     return r;
 }
 
@@ -224,7 +232,11 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
         if (r < 0)
             goto out;
     }
-    if (err_log)
+    /* the exec's own stderr is only read when the supervisor left no complete result (its
+     * diagnostics say why: engine_exec); otherwise it is only deleted */
+    if (err_log && framed_reader_complete(&x->fr))
+        delete_log(l, member, err_log);
+    else if (err_log)
         (void)fetch_log(l, member, err_log, diag_write, &x->diag, NULL);
 out:
     json_decref(body);

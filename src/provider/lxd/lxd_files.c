@@ -61,23 +61,29 @@ int lxd_files_post(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const cha
     return lxd_do(l, lxd_member_of(ref), req, resp, err);
 }
 
-/* POST one directory (mode 0755, root's); an existing directory is fine. */
+/* POST one directory (mode 0755, root's); an existing directory is fine. *no_parent (when
+ * given) says whether LXD answered 404 about a missing parent rather than the instance. */
 static int make_dir(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *dir,
-                    struct lb_error *err)
+                    bool *no_parent, struct lb_error *err)
 {
     struct lb_httpc_request req = {.body = "", .body_len = 0, .timeout_ms = l->call_timeout_ms};
     struct lb_httpc_response resp = {0};
     char m[300];
     int r = lxd_files_post(l, ref, dir, "directory", 0755, false, &req, &resp, err);
 
+    if (no_parent)
+        *no_parent = false;
     if (r == 0 && resp.status != 200) {
         httpc_json_message(&resp, "error", m, sizeof(m));
-        if (resp.status == 404 && strstr(m, "nstance"))
+        if (resp.status == 404 && strstr(m, "nstance")) {
             r = lb_error_set(err, -ENOENT, "no such sandbox");
-        else if (resp.status >= 500 && !strstr(m, "exists") && !strstr(m, "not a directory"))
+        } else if (resp.status >= 500 && !strstr(m, "exists") && !strstr(m, "not a directory")) {
             r = lb_error_set(err, -EREMOTEIO, "LXD: cannot make directory '%s': %s", dir, m);
-        else
+        } else {
+            if (no_parent && resp.status == 404)
+                *no_parent = true;
             r = lb_error_set(err, -ENOTDIR, "'%s' is not a directory", dir);
+        }
     }
     httpc_response_release(&resp);
     return r;
@@ -96,12 +102,27 @@ int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char
         if (*p != '/')
             continue;
         *p = '\0';
-        r = make_dir(l, ref, buf, err);
+        r = make_dir(l, ref, buf, NULL, err);
         *p = '/';
     }
     if (r == 0 && strcmp(buf, "/") != 0)
-        r = make_dir(l, ref, buf, err);
+        r = make_dir(l, ref, buf, NULL, err);
     return r;
+}
+
+int lxd_make_dir_likely(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                        struct lb_error *err)
+{
+    bool no_parent = false;
+    int r;
+
+    if (path[0] != '/' || strcmp(path, "/") == 0 || strlen(path) >= PATH_MAX)
+        return lxd_make_dirs(l, ref, path, err);
+    r = make_dir(l, ref, path, &no_parent, err);
+    if (r == 0 || !no_parent)
+        return r;
+    lb_error_clear(err);
+    return lxd_make_dirs(l, ref, path, err);
 }
 
 /* One file POST; *status gets the HTTP status, m LXD's message. */

@@ -116,6 +116,11 @@ int lxd_files_post(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const cha
 /* Make the directory path and its parents in the instance (existing ones are fine). */
 int lxd_make_dirs(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
                   struct lb_error *err);
+/* The same for a directory whose parents most likely exist (a create's, under the instance's
+ * own mounts): one request for the directory itself, the walk of lxd_make_dirs only when LXD
+ * answers that a parent is missing. */
+int lxd_make_dir_likely(struct lb_lxd *l, const struct lb_sandbox_ref *ref, const char *path,
+                        struct lb_error *err);
 
 /* The instance named id: its location (the member) into location, the first host id of its
  * id range into *id_base (when not NULL; 0 when its config names none), and whether it
