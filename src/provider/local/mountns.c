@@ -324,36 +324,29 @@ int local_clean_ns_open(struct local_provider *lp)
     c->check = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
     if (c->mountinfo < 0 || c->check < 0 || pipe2(c->quit, O_CLOEXEC) < 0) {
         r = -errno;
-        log_warn("cannot watch /proc/self/mountinfo (%s): sandboxes start in the daemon's mount "
-                 "namespace",
-                 strerror(-r));
-        local_close_fd(&c->mountinfo);
-        local_close_fd(&c->check);
-        local_close_fd(&c->quit[0]);
-        local_close_fd(&c->quit[1]);
-        pthread_mutex_destroy(&c->lock);
-        free(c);
-        return r;
+        goto fail;
     }
     lp->clean_ns = c;
     r = -pthread_create(&c->watcher, NULL, watch_main, lp);
     if (r < 0) { /* unwatched, it could hold what the host unmounts: none */
         lp->clean_ns = NULL;
-        log_warn("cannot watch the host's mounts (%s): sandboxes start in the daemon's mount "
-                 "namespace",
-                 strerror(-r));
-        local_close_fd(&c->mountinfo);
-        local_close_fd(&c->check);
-        local_close_fd(&c->quit[0]);
-        local_close_fd(&c->quit[1]);
-        pthread_mutex_destroy(&c->lock);
-        free(c);
-        return r;
+        goto fail;
     }
     c->watching = true;
     pthread_mutex_lock(&c->lock);
     r = clean_ns_build(lp, c);
     pthread_mutex_unlock(&c->lock);
+    return r;
+fail:
+    log_warn("cannot watch the host's mounts (%s): sandboxes start in the daemon's mount "
+             "namespace",
+             strerror(-r));
+    local_close_fd(&c->mountinfo);
+    local_close_fd(&c->check);
+    local_close_fd(&c->quit[0]);
+    local_close_fd(&c->quit[1]);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
     return r;
 }
 
