@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/ipc.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/msg.h>
 #include <sys/sem.h>
 #include <sys/shm.h>
@@ -338,8 +339,13 @@ static char reset_stack[256 * 1024] __attribute__((aligned(16)));
 static int reset_child_run(void *arg)
 {
     const struct reset_child *c = arg;
-    int zombies = reset_inside(c->sup_fd, c->argv[2], c->argv[3], c->tmp_mib, c->run_mib,
-                               c->shm_mib, c->wd_mib, c->uid);
+    int zombies;
+
+    /* the helper killed (the daemon's deadline): this child, a process of its own inside the
+     * sandbox with the host root's capabilities, goes with it */
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    zombies = reset_inside(c->sup_fd, c->argv[2], c->argv[3], c->tmp_mib, c->run_mib, c->shm_mib,
+                           c->wd_mib, c->uid);
 
     /* "reset", how many zombies lendboxd (or an exec's helper) has to reap, and the steps'
      * times in µs (lendboxd logs them at debug) */

@@ -37,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "util/buf.h"
@@ -214,9 +216,20 @@ static void *build_main(void *arg)
         goto fail;
     }
     close(own);
-    /* deepest last in the table: detach from the end (a parent takes its children along) */
-    for (size_t i = j->t.n; i > 0; i--)
-        (void)umount2(j->t.detach[i - 1], MNT_DETACH); /* gone with its parent already: fine */
+    /* deepest last in the table: detach from the end (a parent takes its children along).
+     * Each reached without following a symlink (a host user may swap a directory of /tmp
+     * for one to / between the read and the detach), then detached through its fd. */
+    for (size_t i = j->t.n; i > 0; i--) {
+        struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS};
+        int fd = (int)syscall(SYS_openat2, AT_FDCWD, j->t.detach[i - 1], &how, sizeof(how));
+        char via[64];
+
+        if (fd < 0)
+            continue; /* gone with its parent already, or a symlink on its way: not ours */
+        snprintf(via, sizeof(via), "/proc/thread-self/fd/%d", fd);
+        (void)umount2(via, MNT_DETACH); /* EINVAL: not a mount's root (any more) */
+        close(fd);
+    }
     j->fd = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC);
     if (j->fd < 0) {
         j->step = "open /proc/thread-self/ns/mnt";
@@ -232,12 +245,18 @@ fail:
 static int clean_ns_build(const struct local_provider *lp, struct local_clean_ns *c)
 {
     struct build_job j = {{lp->sandboxes_dir, lp->state_dir, NULL, 0, 0}, -1, 0, NULL};
+    struct table_job ours = {lp->sandboxes_dir, lp->state_dir, NULL, 0, 0};
     pthread_t t;
     int r;
 
     local_close_fd(&c->fd);
-    r = pthread_create(&t, NULL, build_main, &j);
-    if (r != 0) {
+    /* the signature is of our own table (a copy's mounts have other ids), read before the copy
+     * is made: a change in between shows at the next look as one more change */
+    r = table_read(c->check, &ours, false);
+    if (r < 0) {
+        j.err = -r;
+        j.step = "read /proc/self/mountinfo";
+    } else if ((r = pthread_create(&t, NULL, build_main, &j)) != 0) {
         j.err = r;
         j.step = "pthread_create";
     } else {
@@ -256,7 +275,7 @@ static int clean_ns_build(const struct local_provider *lp, struct local_clean_ns
         return -(j.err ? j.err : EIO);
     }
     c->fd = j.fd;
-    c->sig = j.t.sig;
+    c->sig = ours.sig;
     return 0;
 }
 

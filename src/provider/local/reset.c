@@ -355,6 +355,15 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         local_reap_uid_children(d.uid);
         r = 0;
     }
+    /* again, now that nothing of the episode runs: a process of it could have changed the
+     * init between the look above and the kill (a loop of prlimit on pid 1) */
+    if (r == 0 && !local_init_attrs_kept(dir, d.pid)) {
+        log_info_sbx(ref->id,
+                     "sandbox %s: its init's limits, priority or CPUs were changed during its "
+                     "reset: reset by a stop and a create",
+                     ref->id);
+        r = lb_error_set(err, -EOPNOTSUPP, "sandbox '%s': its init was changed", ref->id);
+    }
     /* the next episode's usage counts from here */
     if (r == 0)
         local_usage_base_save(ref->id, dir, &d.cg);
