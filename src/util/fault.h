@@ -28,6 +28,7 @@
  * lend.hand_over (an in-place recycle: the sandbox reset and its new id recorded, before the
  * provider hands it over), provider.hand_over (the provider's hand-over), lend.handed_over (an
  * in-place recycle's sandbox under its new id, before the transaction that records it),
+ * reset.checked (a local in-place reset, its init checked unchanged, nothing killed yet),
  * reset.spare (a local in-place reset, before it takes the spare reset helper: "fail" makes
  * it exec a helper of its own, as when the spare is busy), operate.enter (an operate-token act in a
  * sandbox, its job started, before it takes the sandbox's fence and checks its token again:

@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <fcntl.h>
@@ -51,7 +52,8 @@
 #include "harness.h"
 
 static struct lbt_daemon D;
-static struct lbt_daemon F; /* the fault test's own daemon */
+static struct lbt_daemon F;                       /* the fault test's own daemon */
+static char spec_checked[300], hold_checked[128]; /* test_reset_init_changed_during_reset's */
 
 /* a marker no other process of the machine runs: the leftover process's command line */
 #define LEFTOVER "sleep 3133.4242"
@@ -1358,6 +1360,93 @@ START_TEST(test_reset_init_changed)
 }
 END_TEST
 
+/* An episode's process that changes the init between the reset's look at it and its kill (a
+ * loop of prlimit on pid 1; here the test itself, with the reset held at that point: fault
+ * reset.checked) does not carry the change into the next episode: the reset looks again after
+ * the kill and is a stop and a create (hostile review: 3 of 12 such resets kept it). */
+START_TEST(test_reset_init_changed_during_reset)
+{
+    const char *args[] = {"--set", spec_checked, "--set", "local.reset_in_place=yes", NULL};
+    char sbx[LBT_ID_MAX], tok[256], cmd[128], *fresh, *after;
+    struct lbt_async *job;
+    struct lbt_resp r;
+    json_t *lease, *desc;
+    long long init;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "an in-place reset is of a sandbox of image host");
+        return;
+    }
+    snprintf(hold_checked, sizeof(hold_checked), "/tmp/lbt-hold-checked-%d", (int)getpid());
+    (void)unlink(hold_checked);
+    snprintf(spec_checked, sizeof(spec_checked), "faults.spec=reset.checked=hold:%s", hold_checked);
+    lbt_daemon_start(&F, args);
+    lease = lbt_seed(&F, "rs-initrace", "task-reset", NULL);
+    snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(lease, "access"), "token"));
+    json_decref(lease);
+    fresh = sh_tok(&F, sbx, tok, INIT_ATTRS);
+    /* the episode's process: waits for /tmp/go, then changes the init */
+    json_decref(lbt_exec_ok(
+        &F, sbx, tok,
+        "{\"command\": \"setsid sh -c 'while [ ! -e /tmp/go ]; do sleep 0.02; done; "
+        "prlimit --pid 1 --nofile=9:9 && touch /tmp/done' </dev/null >/dev/null 2>&1 &\", "
+        "\"preserve_background_services\": true}"));
+    desc = lbt_read_descriptor(&F, sbx);
+    ck_assert_ptr_nonnull(desc);
+    init = json_integer_value(json_object_get(desc, "pid"));
+    json_decref(desc);
+    {
+        char path[160];
+
+        snprintf(path, sizeof(path), "/v1/sandboxes/%s/reset", sbx);
+        job = lbt_async_json(&F, "POST", path, F.admin_token, "{}");
+    }
+    for (int i = 0; i < 1200 && lbt_log_count(&F, "fault injected: reset.checked holds") < 1; i++)
+        lbt_sleep_ms(50);
+    ck_assert_int_eq(lbt_log_count(&F, "fault injected: reset.checked holds"), 1);
+    /* the episode's process changes the init now */
+    snprintf(cmd, sizeof(cmd), "/proc/%lld/root/tmp/go", init);
+    {
+        /* as the sandbox's root (its tmpfs maps no other host id) */
+        uid_t root = lbt_sandbox_uid(&F, sbx);
+        FILE *f;
+
+        (void)setfsgid(root);
+        (void)setfsuid(root);
+        f = fopen(cmd, "w");
+        (void)setfsuid(0);
+        (void)setfsgid(0);
+        ck_assert_msg(f != NULL, "%s: %s", cmd, strerror(errno));
+        fclose(f);
+    }
+    snprintf(cmd, sizeof(cmd), "/proc/%lld/root/tmp/done", init);
+    for (int i = 0; i < 500 && !lbt_path_exists(cmd); i++)
+        lbt_sleep_ms(20);
+    ck_assert_msg(lbt_path_exists(cmd), "the episode's process did not change the init");
+    {
+        FILE *f = fopen(hold_checked, "w");
+
+        ck_assert_ptr_nonnull(f);
+        fclose(f);
+    }
+    lbt_async_join(job, &r);
+    ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
+    snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
+    lbt_resp_free(&r);
+    ck_assert_int_ge(lbt_log_count(&F, "were changed during its reset"), 1);
+    after = sh_tok(&F, sbx, tok, INIT_ATTRS);
+    ck_assert_msg(strcmp(after, fresh) == 0,
+                  "the change to the init reached the next episode:\nfresh:\n%s\nafter:\n%s", fresh,
+                  after);
+    free(fresh);
+    free(after);
+    (void)unlink(hold_checked);
+    lbt_release_session(&F, "rs-initrace");
+    lbt_daemon_stop(&F);
+}
+END_TEST
+
 /* The same for the init's scheduling policy and I/O priority alone (SCHED_IDLE, ionice idle:
  * nothing else changed): the in-place reset had kept them (hostile review). */
 START_TEST(test_reset_init_sched_changed)
@@ -1655,6 +1744,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_init_changed);
     tcase_add_test(tc, test_reset_init_sched_changed);
+    tcase_add_test(tc, test_reset_init_changed_during_reset);
     tcase_add_test(tc, test_reset_old_execute_takes_next_activation);
     tcase_add_test(tc, test_reset_old_endpoint_url);
     suite_add_tcase(s, tc);

@@ -34,6 +34,7 @@
 #include "supervisor/signals.h"
 #include "util/buf.h"
 #include "util/clock.h"
+#include "util/fault.h"
 #include "util/log.h"
 
 enum { RFD_IN, RFD_OUT, RFD_ERR, RFD_STATUS, RFD_NS, RFD_SUPERVISE = RFD_NS + 5, RFD_COUNT };
@@ -308,6 +309,11 @@ int local_reset(struct lb_provider *p, const struct lb_sandbox_ref *ref,
         r = lb_error_set(err, -EOPNOTSUPP, "sandbox '%s': its init was changed", ref->id);
         goto out;
     }
+    /* tests: held here, the init checked, nothing killed yet (what an episode's process may
+     * still change) */
+    r = fault_hit("reset.checked", 0, err);
+    if (r < 0)
+        goto out;
     /* a paused sandbox's processes must be able to die */
     if (d.cg.version)
         cgroup_is_frozen(&d.cg, &frozen);
