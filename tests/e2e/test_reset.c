@@ -299,10 +299,10 @@ END_TEST
  * session or stopped themselves, SysV semaphores and message queues, a POSIX message queue,
  * the modes the episode gave the roots of its writable mounts; all gone or back. */
 /* The pid of daemon d's spare reset helper (lendbox-supervise --reset-spare, its child), once
- * one waits (at most 10 s), or 0. */
+ * one waits (at most 30 s: a loaded machine may take long to start one), or 0. */
 static pid_t spare_of(const struct lbt_daemon *d)
 {
-    for (int tries = 0; tries < 1000; tries++) {
+    for (int tries = 0; tries < 3000; tries++) {
         DIR *dir = opendir("/proc");
         struct dirent *e;
         pid_t found = 0;
@@ -1709,6 +1709,7 @@ int main(void)
     /* the shared daemon resets host sandboxes in place: the integrity bar holds for that path
      * too (image sandboxes are always made anew) */
     lbt_shared_daemon(tc, &D, in_place_args);
+    lbt_test_daemon_cleanup(tc, &F); /* the tests of the spare and of a daemon without chroot */
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_in_place);
@@ -1741,6 +1742,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("review");
     lbt_shared_daemon(tc, &D, NULL);
+    lbt_test_daemon_cleanup(tc, &F); /* test_reset_init_changed_during_reset's */
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_reset_init_changed);
     tcase_add_test(tc, test_reset_init_sched_changed);
