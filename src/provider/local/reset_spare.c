@@ -99,26 +99,23 @@ out:
     return r;
 }
 
-/* End a spare that never got a request: its socket's end makes it exit 0. */
-static void spare_end(pid_t pid, int sock)
+/* Reap spare pid, which is exiting or about to (its socket closed): bounded by bound_ms,
+ * killed past it. */
+static void spare_reap(pid_t pid, int64_t bound_ms)
 {
-    if (sock >= 0)
-        close(sock);
-    if (pid > 0 && local_wait_child(pid, clock_mono_ms() + 2000, NULL) < 0) {
+    if (pid > 0 && local_wait_child(pid, clock_mono_ms() + bound_ms, NULL) < 0) {
         (void)kill(pid, SIGKILL);
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
     }
 }
 
-/* Reap a spare whose socket we closed: it exits at once (bounded: killed at 5 s). */
-static void spare_reap(pid_t pid)
+/* End a waiting spare: its socket's end makes it exit 0. */
+static void spare_end(pid_t pid, int sock)
 {
-    if (local_wait_child(pid, clock_mono_ms() + 5000, NULL) < 0) {
-        (void)kill(pid, SIGKILL);
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-    }
+    if (sock >= 0)
+        close(sock);
+    spare_reap(pid, 2000);
 }
 
 static void *spare_main(void *arg)
@@ -132,7 +129,7 @@ static void *spare_main(void *arg)
             pid_t spent = s->spent;
 
             pthread_mutex_unlock(&s->lock);
-            spare_reap(spent);
+            spare_reap(spent, 5000);
             pthread_mutex_lock(&s->lock);
             s->spent = 0;
             continue;
@@ -206,7 +203,7 @@ void local_reset_spare_stop(struct local_provider *lp)
     pthread_mutex_unlock(&s->lock);
     pthread_join(s->thread, NULL);
     if (s->spent > 0)
-        spare_reap(s->spent);
+        spare_reap(s->spent, 5000);
     spare_end(s->pid, s->sock);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
@@ -251,7 +248,7 @@ void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock)
             s->spent = pid;
         } else {
             pthread_mutex_unlock(&s->lock);
-            spare_reap(pid);
+            spare_reap(pid, 5000);
             pthread_mutex_lock(&s->lock);
         }
     }
