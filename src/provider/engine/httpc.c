@@ -14,6 +14,7 @@
  * fresh connection when a reused one turns out closed (an fd body is rewound, see on_seek).
  */
 #include "provider/engine/httpc.h"
+#include "util/log.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -494,6 +495,14 @@ int httpc_do(struct lb_httpc *c, const struct lb_httpc_request *req, struct lb_h
     }
     cc = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
+    {
+        curl_off_t us = 0;
+
+        /* each call and its time, for profiling a provider (--log-level debug) */
+        curl_easy_getinfo(h, CURLINFO_TOTAL_TIME_T, &us);
+        log_debug("engine: %s %s: HTTP %ld in %.1f ms", req->method, req->path, resp->status,
+                  (double)us / 1000.0);
+    }
     if (curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
         atomic_fetch_add(&c->connects, connects);
     if (cc == CURLE_OK) {
