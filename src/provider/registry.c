@@ -143,6 +143,7 @@ static int lxd_open(const struct lb_provider_env *env, struct lb_provider **out,
         .create_concurrency = cfg->lxd_create_concurrency,
         .idmap_base = cfg->lxd_idmap_base,
         .idmap_count = cfg->lxd_idmap_count,
+        .supervise_host_path = cfg->lxd_supervise_host_path,
         .create_timeout_ms = cfg->create_timeout_s * 1000,
     };
 

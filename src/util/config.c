@@ -113,6 +113,7 @@ static const struct config_key config_keys[] = {
     INT("lxd", "create_concurrency", lxd_create_concurrency, "8", 1, 1024),
     INT("lxd", "idmap_base", lxd_idmap_base, "0", 0, 2147483647),
     INT("lxd", "idmap_count", lxd_idmap_count, "0", 0, 32767),
+    STR("lxd", "supervise_host_path", lxd_supervise_host_path, NULL),
     BOOL("security", "seccomp", seccomp, "yes"),
     STR("security", "seccomp_deny", seccomp_deny, NULL),
     STR("network", "range", net_range, "10.213.0.0/16"),

@@ -102,6 +102,7 @@ struct lb_config {
     int64_t lxd_create_concurrency; /* instances made and started at once */
     int64_t lxd_idmap_base;  /* first host id of the instances' id slots; 0: from /etc/subuid */
     int64_t lxd_idmap_count; /* slots of 65536 ids; 0: as many as the range holds */
+    char *lxd_supervise_host_path; /* lendbox-supervise on every member's host; NULL: pushed */
     /* [security] */
     bool seccomp;       /* the default seccomp filter for every sandbox process */
     char *seccomp_deny; /* extra syscall names to refuse (EPERM), space/comma separated */

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,7 +121,7 @@ struct lbt_variant_def {
     bool (*setup)(const char *prog);
     void (*teardown)(void); /* after the suite; NULL: nothing */
 };
-#define LBT_VARIANT_MAX_ARGS 8
+#define LBT_VARIANT_MAX_ARGS 12
 
 #define LBT_VARIANT_IMAGE "lbt-variant"
 
@@ -596,11 +597,21 @@ static void lbt_variant_pool_prepare(struct lbt_daemon *d, const char **argv, in
     argv[(*n)++] = "pool.size=" LBT_VARIANT_POOL_SIZE;
 }
 
-/* The lxd-pool variant: the lxd variant's daemons, each with the pool variant's warm pool. */
+/* The lxd-pool variant: the lxd variant's daemons, each with the pool variant's warm pool, and
+ * the supervisor bound from the host (lxd.supervise_host_path: the cluster's members run on
+ * this host) rather than pushed, as a deployment that wants fast seeds runs it. */
 static void lbt_variant_lxd_pool_prepare(struct lbt_daemon *d, const char **argv, int *n)
 {
+    static char setting[PATH_MAX + 64];
+    const char *sup = getenv("LENDBOX_SUPERVISE");
+    char path[PATH_MAX];
+
     lbt_variant_lxd_prepare(d, argv, n);
     lbt_variant_pool_prepare(d, argv, n);
+    ck_assert_msg(sup && realpath(sup, path), "lxd-pool variant: no $LENDBOX_SUPERVISE");
+    snprintf(setting, sizeof(setting), "lxd.supervise_host_path=%s", path);
+    argv[(*n)++] = "--set";
+    argv[(*n)++] = setting;
 }
 
 static const struct lbt_variant_def lbt_variants[] = {

@@ -10,6 +10,7 @@
  * its bound and leaves the records stop_failed for the next start; `lendboxd image import
  * --provider lxd` of a test image, then a seed on it.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,6 +196,64 @@ START_TEST(test_member_b_through_a)
     ck_assert_msg(r.status == 200, "release: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
     ck_assert_int_eq(instance_code(id), 404);
+    json_decref(lease);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
+/* --- lxd.supervise_host_path: the supervisor bound read-only from the member's host, the
+ * workdir made by LXC at the start; execs, a seed's files, a custom workdir all work --- */
+START_TEST(test_supervisor_bound)
+{
+    char setting[PATH_MAX + 64];
+    const char *extra[] = {"--set", setting, "--set", "lxd.target=b", NULL};
+    const char *sup = getenv("LENDBOX_SUPERVISE");
+    struct lbt_daemon d;
+    json_t *lease, *lease2, *res, *inst;
+    const char *id, *raw;
+    char path[PATH_MAX];
+
+    ck_assert_ptr_nonnull(sup);
+    ck_assert_ptr_nonnull(realpath(sup, path));
+    snprintf(setting, sizeof(setting), "lxd.supervise_host_path=%s", path);
+    lbt_daemon_start(&d, extra);
+    lease = lbt_seed(&d, "bound-1", "t", "\"files\": {\"/workspace/task.txt\": \"bound\\n\"}");
+    id = sid_of(lease);
+    /* the instance's config holds the bind and the workdir's entry */
+    snprintf(setting, sizeof(setting), "/1.0/instances/%s", id);
+    inst = lbt_lxd_get(setting);
+    raw = json_string_value(
+        json_object_get(json_object_get(json_object_get(inst, "metadata"), "config"), "raw.lxc"));
+    ck_assert_ptr_nonnull(raw);
+    snprintf(setting, sizeof(setting), "lxc.mount.entry = %s run/lendbox/supervise none bind,ro",
+             path);
+    ck_assert_msg(strstr(raw, setting), "raw.lxc: %s", raw);
+    ck_assert_msg(strstr(raw, "lxc.mount.entry = none workspace none bind,optional,create=dir"),
+                  "raw.lxc: %s", raw);
+    json_decref(inst);
+    res = lbt_exec_ok(&d, id, "", "{\"command\": \"cat task.txt; pwd; exit 4\"}");
+    ck_assert_int_eq(json_integer_value(json_object_get(res, "return_code")), 4);
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "bound\n/workspace\n");
+    json_decref(res);
+    /* the instance's root cannot write the supervisor (a read-only bind) */
+    res = lbt_exec_ok(&d, id, "",
+                      "{\"command\": \"echo x > /run/lendbox/supervise; echo rc=$?; "
+                      "grep -c ' /run/lendbox/supervise ' /proc/self/mountinfo\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "rc=1\n1\n");
+    ck_assert_msg(strstr(json_string_value(json_object_get(res, "stderr")), "Read-only"), "%s",
+                  json_string_value(json_object_get(res, "stderr")));
+    json_decref(res);
+    /* a workdir of its own, nested; and one raw.lxc cannot carry (made through the files API) */
+    lease2 = lbt_seed(&d, "bound-2", "t", "\"workdir\": \"/srv/deep/work\"");
+    res = lbt_exec_ok(&d, sid_of(lease2), "", "{\"command\": \"pwd; stat -c %u:%a .\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "/srv/deep/work\n0:755\n");
+    json_decref(res);
+    json_decref(lease2);
+    lease2 = lbt_seed(&d, "bound-3", "t", "\"workdir\": \"/srv/a b\"");
+    res = lbt_exec_ok(&d, sid_of(lease2), "", "{\"command\": \"pwd\"}");
+    ck_assert_str_eq(json_string_value(json_object_get(res, "stdout")), "/srv/a b\n");
+    json_decref(res);
+    json_decref(lease2);
     json_decref(lease);
     lbt_daemon_cleanup(&d);
 }
@@ -668,6 +727,7 @@ int main(void)
     tcase_add_test(tc, test_octet_stream_round_trip);
     tcase_add_test(tc, test_kill9_adopt_and_orphan);
     tcase_add_test(tc, test_https_pinned);
+    tcase_add_test(tc, test_supervisor_bound);
     suite_add_tcase(s, tc);
     tc = tcase_create("image");
     tcase_set_timeout(tc, 600);

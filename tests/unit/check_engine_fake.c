@@ -12,11 +12,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -86,6 +88,11 @@ static const struct backend backends[] = {
 static char base_dir[64] = "/tmp/check-engine-fake-XXXXXX"; /* the runner's; all tests under it */
 /* lxd: the storage pool driver the fake reports to the next open_backend (NULL: its default) */
 static const char *next_pool_driver;
+/* the next open_backend's lxd.supervise_host_path ("SUP": its own supervisor file) and
+ * lxd.call_timeout_s (NULL: the defaults) */
+static const char *next_supervise_host;
+static const char *next_call_timeout_s;
+static char open_error[512]; /* open_backend_may_fail's error message */
 static const struct backend *be;
 static struct fake_engine *fe;
 static struct lb_provider *prov;
@@ -109,7 +116,18 @@ static void set(const char *section, const char *key, const char *value)
 /* The fake engine and a provider of backends[i] on it, whose create is bounded by
  * create_timeout_s (docker: each engine call of a create; lxd: the whole create). Every other
  * call keeps its default bound. */
+static int open_backend_may_fail(int i, const char *create_timeout_s);
+
 static void open_backend(int i, const char *create_timeout_s)
+{
+    int r = open_backend_may_fail(i, create_timeout_s);
+
+    ck_assert_msg(r == 0, "open %s: %d %s", be->kind, r, open_error);
+}
+
+/* open_backend, but the open's failure is returned (its message in open_error); the fake
+ * engine runs either way (close_backend stops it). */
+static int open_backend_may_fail(int i, const char *create_timeout_s)
 {
     const struct lb_provider_kind *kind;
     struct lb_provider_env env = {0};
@@ -141,19 +159,27 @@ static void open_backend(int i, const char *create_timeout_s)
     } else {
         set("lxd", "socket", sock);
         set("lxd", "instance", "fake");
+        if (next_supervise_host)
+            set("lxd", "supervise_host_path",
+                strcmp(next_supervise_host, "SUP") == 0 ? sup : next_supervise_host);
+        if (next_call_timeout_s)
+            set("lxd", "call_timeout_s", next_call_timeout_s);
     }
     env.cfg = &cfg;
     env.supervise_path = sup;
     env.images_dir = dir;
     kind = registry_find_kind(be->kind);
     ck_assert_ptr_nonnull(kind);
+    prov = NULL;
     r = kind->open(&env, &prov, &err);
-    ck_assert_msg(r == 0, "open %s: %d %s", be->kind, r, err.message);
+    snprintf(open_error, sizeof(open_error), "%s", err.message);
+    return r;
 }
 
 static void close_backend(void)
 {
-    provider_destroy(prov);
+    if (prov)
+        provider_destroy(prov);
     prov = NULL;
     fake_engine_stop(fe);
     fe = NULL;
@@ -1173,6 +1199,77 @@ START_TEST(test_lxd_create_requests)
 }
 END_TEST
 
+/* lxd.supervise_host_path: the supervisor is bound from the member's host and the workdir
+ * made by LXC at the start, so a create asks no files request but for a workdir raw.lxc cannot
+ * carry; a path that is not plain, not the daemon's build, or not executable by others is
+ * refused at the open, one this host lacks only warned about. */
+START_TEST(test_lxd_supervise_host_path)
+{
+    struct lb_sandbox_spec spec = {.image = "img", .workdir = "/srv/my work"};
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_exec_result res;
+    struct lb_error err = {0};
+    char other[PATH_MAX];
+    json_t *desc;
+    int fd, r;
+
+    if (backends[_i].api != FAKE_LXD)
+        return;
+    next_supervise_host = "SUP";
+    open_backend(_i, "30");
+    next_supervise_host = NULL;
+    desc = create_ok();
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path="), 0);
+    ck_assert_int_eq(run(desc, &res, &err), 0);
+    ck_assert_int_eq(res.error_type, LB_EXEC_OK);
+    provider_exec_result_release(&res);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref(desc);
+    desc = NULL;
+    /* a workdir with a space cannot go into raw.lxc: made through the files API, the
+     * supervisor still bound */
+    r = provider_create(prov, &ref, &spec, &desc, &err);
+    ck_assert_msg(r == 0, "create: %d %s", r, err.message);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/srv/my work;"), 2);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/srv;"), 1);
+    ck_assert_int_eq(fake_engine_hits(fe, "POST", "/files?path=/run/lendbox/supervise;"), 0);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref(desc);
+    close_backend();
+
+    next_supervise_host = "/usr/lib/lendbox/lendbox supervise";
+    ck_assert_int_eq(open_backend_may_fail(_i, "30"), -EINVAL);
+    ck_assert_msg(strstr(open_error, "must be an absolute path"), "%s", open_error);
+    close_backend();
+    next_supervise_host = "/run/lendbox-test-none/lendbox-supervise";
+    ck_assert_int_eq(open_backend_may_fail(_i, "30"), 0);
+    close_backend();
+    snprintf(other, sizeof(other), "%s/other-supervise", base_dir);
+    fd = open(other, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "#!another-build\n", 16), 16);
+    close(fd);
+    ck_assert_int_eq(chmod(other, 0755), 0);
+    next_supervise_host = other;
+    ck_assert_int_eq(open_backend_may_fail(_i, "30"), -EINVAL);
+    ck_assert_msg(strstr(open_error, "not the same build"), "%s", open_error);
+    close_backend();
+    fd = open(other, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "#!not-a-supervisor\n", 19), 19);
+    close(fd);
+    ck_assert_int_eq(chmod(other, 0700), 0);
+    ck_assert_int_eq(open_backend_may_fail(_i, "30"), -EINVAL);
+    ck_assert_msg(strstr(open_error, "others may execute"), "%s", open_error);
+    close_backend();
+    ck_assert_int_eq(chmod(other, 0711), 0);
+    ck_assert_int_eq(open_backend_may_fail(_i, "30"), 0);
+    close_backend();
+    next_supervise_host = NULL;
+    unlink(other);
+}
+END_TEST
+
 /* lxd: an exec reads its recorded stdout (the frames) and deletes both logs; its stderr is read
  * only when the frames hold no complete result (the supervisor's diagnostics), else only
  * deleted. */
@@ -1234,6 +1331,7 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_lxd_pool_driver, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_create_requests, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_exec_logs, 0, (int)n);
+    tcase_add_loop_test(tc, test_lxd_supervise_host_path, 0, (int)n);
     tcase_add_loop_test(tc, test_keepalive, 0, (int)n);
     tcase_add_test(tc, test_keepalive_threads);
     suite_add_tcase(s, tc);

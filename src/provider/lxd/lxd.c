@@ -97,21 +97,52 @@ static int check_network(struct lb_lxd *l, const struct lb_sandbox_spec *spec, s
     return 0;
 }
 
+/* A path lendbox may write into raw.lxc (an lxc.mount.entry field): absolute, of
+ * [A-Za-z0-9._+@-] components, none of them "." or "..", no "//", not "/" itself, short. Any
+ * other (spaces, newlines, '#', '=') could end the entry and start another LXC key. */
+static bool lxc_path_is_plain(const char *path)
+{
+    size_t n = strlen(path);
+
+    if (n < 2 || n > 200 || path[0] != '/' || path[n - 1] == '/' ||
+        strspn(path, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+@-/") != n ||
+        strstr(path, "//") || strstr(path, "/./") || strstr(path, "/../"))
+        return false;
+    return strcmp(path + n - 2, "/.") != 0 && strcmp(path + n - 3, "/..") != 0;
+}
+
 /* raw.lxc: /tmp, /run and /dev/shm as tmpfs mounts of their own, so that they are not in the
  * root file system (a snapshot's copy of the root leaves them out) and start empty; each
  * bounded by disk_mib when the spec gives one (else by the instance's memory limit, which
- * their pages are charged to). */
-static void mounts_lxc(const struct lb_sandbox_spec *spec, char *buf, size_t size)
+ * their pages are charged to). With lxd.supervise_host_path, the supervisor bound read-only
+ * from the member's host at LXD_SUPERVISE_PATH (no files API at a seed: it would start LXD's
+ * file server in the instance, ~0.15 s) and the workdir made by LXC at the start ("create=dir"
+ * of an entry that mounts nothing: "optional" lets its bind of "none" fail) when its path is
+ * plain (hook_finish makes any other). Entries are mounted in order: the bind lands on /run's
+ * tmpfs. 0, or -ENAMETOOLONG when size is too small. */
+static int mounts_lxc(const struct lb_lxd *l, const struct lb_sandbox_spec *spec,
+                      const char *workdir, char *buf, size_t size)
 {
     char opt[64] = "";
+    int n;
 
     if (spec->resources.disk_mib > 0)
         snprintf(opt, sizeof(opt), ",size=%lldm", (long long)spec->resources.disk_mib);
-    snprintf(buf, size,
-             "lxc.mount.entry = tmpfs tmp tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 0\n"
-             "lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755%s,create=dir 0 0\n"
-             "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 0\n",
-             opt, opt, opt);
+    n = snprintf(buf, size,
+                 "lxc.mount.entry = tmpfs tmp tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 0\n"
+                 "lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755%s,create=dir 0 0\n"
+                 "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777%s,create=dir 0 "
+                 "0\n",
+                 opt, opt, opt);
+    if (l->supervise_host && n > 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - (size_t)n,
+                      "lxc.mount.entry = %s %s none bind,ro,nosuid,nodev,create=file 0 0\n",
+                      l->supervise_host, LXD_SUPERVISE_PATH + 1);
+    if (l->supervise_host && lxc_path_is_plain(workdir) && n > 0 && (size_t)n < size) {
+        n += snprintf(buf + n, size - (size_t)n,
+                      "lxc.mount.entry = none %s none bind,optional,create=dir 0 0\n", workdir + 1);
+    }
+    return n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
 }
 
 /* The create request: from the image alias image, or (from_snapshot) a copy of the stopped
@@ -125,7 +156,7 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
                              LXD_LABEL_SANDBOX, id, "security.idmap.isolated", "true");
     json_t *root = json_pack("{s:s,s:s,s:s}", "type", "disk", "path", "/", "pool", l->pool);
     json_t *source;
-    char v[64], mounts[512];
+    char v[64], mounts[2048];
 
     if (!conf || !root)
         goto fail;
@@ -135,7 +166,9 @@ static json_t *create_body(struct lb_lxd *l, const char *id, const struct lb_san
         snprintf(v, sizeof(v), "%u", IDCLAIM_SLOT_IDS);
         json_object_set_new(conf, "security.idmap.size", json_string(v));
     }
-    mounts_lxc(spec, mounts, sizeof(mounts));
+    if (mounts_lxc(l, spec, spec->workdir ? spec->workdir : "/workspace", mounts, sizeof(mounts)) <
+        0)
+        goto fail;
     json_object_set_new(conf, "raw.lxc", json_string(mounts));
     /* a copy takes the source's config but for what the request names: "" unsets its
      * snapshot label and the limits of the sandbox it was taken from (this spec's, if any,
@@ -394,7 +427,8 @@ static int hook_start(struct lb_engine *e, const struct lb_sandbox_ref *ref, int
 }
 
 /* Once it runs: where it runs (when not known yet), then the supervisor pushed into it and
- * the workdir made. */
+ * the workdir made; with lxd.supervise_host_path both came with the start (mounts_lxc), but a
+ * workdir whose path raw.lxc cannot carry. */
 static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
                        const struct lb_sandbox_spec *spec, struct engine_instance *inst,
                        json_t **out, struct lb_error *err)
@@ -403,7 +437,7 @@ static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     const char *workdir = spec->workdir ? spec->workdir : "/workspace";
     struct lb_sandbox_ref own = {.id = ref->id};
     json_t *desc;
-    int r;
+    int r = 0;
 
     if (!inst->handle[0] &&
         lxd_find_own(l, ref->id, inst->handle, sizeof(inst->handle), NULL, err) < 0)
@@ -414,11 +448,13 @@ static int hook_finish(struct lb_engine *e, const struct lb_sandbox_ref *ref,
     own.descriptor = desc;
     /* /run is the instance's own tmpfs (mounts_lxc) and the workdir's parent is most often
      * there too: one request per directory, not one per path component */
-    r = lxd_make_dir_likely(l, &own, LXD_SUPERVISE_DIR, err);
-    if (r == 0)
-        r = lxd_put_file(l, &own, LXD_SUPERVISE_PATH, -1, l->supervise_data, l->supervise_len, 0755,
-                         err);
-    if (r == 0)
+    if (!l->supervise_host) {
+        r = lxd_make_dir_likely(l, &own, LXD_SUPERVISE_DIR, err);
+        if (r == 0)
+            r = lxd_put_file(l, &own, LXD_SUPERVISE_PATH, -1, l->supervise_data, l->supervise_len,
+                             0755, err);
+    }
+    if (r == 0 && (!l->supervise_host || !lxc_path_is_plain(workdir)))
         r = lxd_make_dir_likely(l, &own, workdir, err);
     if (r < 0) {
         json_decref(desc);
@@ -582,6 +618,7 @@ static void hook_release(struct lb_engine *e)
     free(l->url);
     free(l->target);
     free(l->supervise_data);
+    free(l->supervise_host);
     if (l->idmap_ready)
         idslots_release(&l->idmap);
 }
@@ -792,6 +829,64 @@ out:
     return r;
 }
 
+/* lxd.supervise_host_path: a plain path (it goes into raw.lxc), of a file others may execute
+ * (inside, the instance's root is not its owner), the same bytes as the daemon's supervisor
+ * where this host has it; a host without it (lendboxd off the cluster) cannot check. */
+static int check_supervise_host(struct lb_lxd *l, const char *path, struct lb_error *err)
+{
+    struct stat st;
+    size_t got = 0;
+    bool same = true;
+    char buf[65536];
+    int fd, r = 0;
+
+    if (!lxc_path_is_plain(path))
+        return lb_error_set(err, -EINVAL,
+                            "lxd.supervise_host_path '%s' must be an absolute path of letters, "
+                            "digits and ._+@- (it goes into each instance's raw.lxc)",
+                            path);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        log_warn("lxd provider: lxd.supervise_host_path %s is not on this host: every member's "
+                 "host must have it, the same build as %s",
+                 path, l->eng.supervise_path);
+        return 0;
+    }
+    if (fd < 0)
+        return lb_error_set(err, -EINVAL, "cannot open lxd.supervise_host_path '%s': %s", path,
+                            strerror(errno));
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !(st.st_mode & S_IXOTH)) {
+        r = lb_error_set(err, -EINVAL,
+                         "lxd.supervise_host_path '%s' must be a file others may execute "
+                         "(mode 0711 or 0755): an instance's root is not its owner",
+                         path);
+        goto out;
+    }
+    while (same) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = lb_error_set(err, -EIO, "cannot read '%s': %s", path, strerror(errno));
+            goto out;
+        }
+        if (n == 0)
+            break;
+        same = got + (size_t)n <= l->supervise_len &&
+               memcmp((char *)l->supervise_data + got, buf, (size_t)n) == 0;
+        got += (size_t)n;
+    }
+    if (!same || got != l->supervise_len)
+        r = lb_error_set(err, -EINVAL,
+                         "lxd.supervise_host_path '%s' is not the same build as the daemon's "
+                         "supervisor '%s'",
+                         path, l->eng.supervise_path);
+out:
+    close(fd);
+    return r;
+}
+
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err)
 {
@@ -826,6 +921,11 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         goto fail;
     }
     r = read_supervisor(l, err);
+    if (r == 0 && cfg->supervise_host_path && *cfg->supervise_host_path) {
+        r = check_supervise_host(l, cfg->supervise_host_path, err);
+        if (r == 0 && !(l->supervise_host = strdup(cfg->supervise_host_path)))
+            r = lb_error_set(err, -ENOMEM, "out of memory");
+    }
     if (r == 0)
         r = lxd_idmap_init(l, cfg->idmap_base, cfg->idmap_count, cfg->engine.state_dir, err);
     if (r < 0)
@@ -845,10 +945,12 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
         r = find_pool(l, err);
     if (r < 0)
         goto fail;
-    log_info("lxd provider: %s%s, instance %s, default image %s, target %s",
+    log_info("lxd provider: %s%s, instance %s, default image %s, target %s, supervisor %s%s",
              httpc_endpoint(l->eng.http), l->clustered ? " (clustered)" : "", l->eng.instance,
              l->eng.default_image ? l->eng.default_image : "(none)",
-             l->target ? l->target : "(cluster's)");
+             l->target ? l->target : "(cluster's)",
+             l->supervise_host ? "bound from the member's " : "pushed",
+             l->supervise_host ? l->supervise_host : "");
     *out = &l->eng.base;
     return 0;
 fail:

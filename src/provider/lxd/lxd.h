@@ -71,24 +71,28 @@
 #include "provider/provider.h"
 
 struct lb_lxd_config {
-    struct engine_config engine; /* socket (a member's; or none and url:), default image (an
-                                  * LXD image alias), instance label, state dir, supervisor,
-                                  * net_inherit */
-    const char *url;             /* "https://host:port" of a member */
-    const char *cert, *key;      /* url: the client certificate and key (PEM files) */
-    const char *server_cert;     /* url: the cluster's certificate (PEM): its key is pinned */
-    const char *target;          /* member or "@group" for new instances; NULL: the cluster's */
-    int64_t call_timeout_ms;     /* bound on each API call (not an exec's own run) */
-    int64_t create_timeout_ms;   /* bound on a whole create */
-    int64_t create_concurrency;  /* instances made and started at once (<= 0: 8) */
-    int64_t idmap_base;          /* first host id of the instances' id slots (a multiple of
-                                  * 65536); 0: from root's /etc/subuid and /etc/subgid here */
-    int64_t idmap_count;         /* slots of 65536 ids; 0: as many as root's range holds */
+    struct engine_config engine;     /* socket (a member's; or none and url:), default image (an
+                                      * LXD image alias), instance label, state dir, supervisor,
+                                      * net_inherit */
+    const char *url;                 /* "https://host:port" of a member */
+    const char *cert, *key;          /* url: the client certificate and key (PEM files) */
+    const char *server_cert;         /* url: the cluster's certificate (PEM): its key is pinned */
+    const char *target;              /* member or "@group" for new instances; NULL: the cluster's */
+    int64_t call_timeout_ms;         /* bound on each API call (not an exec's own run) */
+    int64_t create_timeout_ms;       /* bound on a whole create */
+    int64_t create_concurrency;      /* instances made and started at once (<= 0: 8) */
+    int64_t idmap_base;              /* first host id of the instances' id slots (a multiple of
+                                      * 65536); 0: from root's /etc/subuid and /etc/subgid here */
+    int64_t idmap_count;             /* slots of 65536 ids; 0: as many as root's range holds */
+    const char *supervise_host_path; /* the supervisor's path on every member's host (the same
+                                      * build as engine.supervise_path), bound read-only into
+                                      * each instance; NULL: pushed through the files API */
 };
 
-/* Make the provider: reads the supervisor, checks the server answers GET /1.0 as trusted, has
- * every API extension this provider uses (the missing one is named), and finds the default
- * profile's root pool and its driver. *out is the caller's (provider_destroy). Returns 0,
+/* Make the provider: reads the supervisor (and checks supervise_host_path: a plain path, the
+ * same bytes where this host has it, else a warning), checks the server answers GET /1.0 as
+ * trusted, has every API extension this provider uses (the missing one is named), and finds the
+ * default profile's root pool and its driver. *out is the caller's (provider_destroy). Returns 0,
  * -EINVAL (bad config, unusable certificate or pin), -EREMOTEIO (server unreachable, not
  * trusted, too old), -ENOMEM. */
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,

@@ -31,6 +31,7 @@ struct lb_lxd {
     char member[128];        /* its name in the cluster (GET /1.0 server_name); "" if none */
     void *supervise_data;    /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
+    char *supervise_host;    /* lxd.supervise_host_path: bound into each instance instead */
     struct lb_idslots idmap; /* the instances' id slots (lxd_idmap.c) */
     bool idmap_ready;        /* idmap was set up (release it) */
 };
