@@ -24,6 +24,7 @@
 
 #include "fake_engine.h"
 #include "provider/engine/httpc.h"
+#include "provider/lxd/lxd.h"
 #include "provider/provider.h"
 #include "provider/registry.h"
 #include "util/buf.h"
@@ -214,8 +215,13 @@ static int run(const json_t *desc, struct lb_exec_result *res, struct lb_error *
     static const char *const argv[] = {"true", NULL};
     struct lb_exec_request req = {.argv = argv, .timeout_ms = 5000, .max_output_bytes = 4096};
     struct lb_sandbox_ref ref = {.id = SBX, .descriptor = desc};
+    int r = provider_exec(prov, &ref, &req, res, err);
 
-    return provider_exec(prov, &ref, &req, res, err);
+    /* lxd deletes the exec's logs after answering: settled here, so that every count of the
+     * engine's requests and connections after an exec is exact */
+    if (be->api == FAKE_LXD)
+        ck_assert_int_eq(provider_lxd_settle(prov, 10000), 0);
+    return r;
 }
 
 /* ret and e.code are want, and the message holds part. */
@@ -1270,6 +1276,37 @@ START_TEST(test_lxd_supervise_host_path)
 }
 END_TEST
 
+/* lxd: an exec answers once its stdout is read; the logs' DELETEs come after (a DELETE the
+ * engine never answers leaves the exec's answer as it was, and is still outstanding after). */
+START_TEST(test_lxd_exec_logs_after_answer)
+{
+    static const char *const argv[] = {"true", NULL};
+    struct lb_exec_request req = {.argv = argv, .timeout_ms = 5000, .max_output_bytes = 4096};
+    struct lb_sandbox_ref ref = {.id = SBX};
+    struct lb_exec_result res;
+    struct lb_error err = {0};
+
+    if (backends[_i].api != FAKE_LXD)
+        return;
+    next_call_timeout_s = "2";
+    open_backend(_i, "30");
+    next_call_timeout_s = NULL;
+    ref.descriptor = create_ok();
+    fake_engine_rule(fe, "DELETE", ".stdout", FAKE_HANG, 0, NULL, 1);
+    ck_assert_int_eq(provider_exec(prov, &ref, &req, &res, &err), 0);
+    ck_assert_int_eq(res.error_type, LB_EXEC_OK);
+    ck_assert_int_eq(res.return_code, 0);
+    provider_exec_result_release(&res);
+    ck_assert_int_eq(provider_lxd_settle(prov, 200), -ETIMEDOUT);
+    /* the hung DELETE times out (its call's 2 s); the stderr log's comes after it */
+    ck_assert_int_eq(provider_lxd_settle(prov, 10000), 0);
+    ck_assert_int_eq(fake_engine_hits(fe, "DELETE", ".stderr"), 1);
+    ck_assert_int_eq(provider_stop(prov, &ref, 10000, &err), 0);
+    json_decref((json_t *)ref.descriptor);
+    close_backend();
+}
+END_TEST
+
 /* lxd: an exec reads its recorded stdout (the frames) and deletes both logs; its stderr is read
  * only when the frames hold no complete result (the supervisor's diagnostics), else only
  * deleted. */
@@ -1331,6 +1368,7 @@ static Suite *engine_fake_suite(void)
     tcase_add_loop_test(tc, test_lxd_pool_driver, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_create_requests, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_exec_logs, 0, (int)n);
+    tcase_add_loop_test(tc, test_lxd_exec_logs_after_answer, 0, (int)n);
     tcase_add_loop_test(tc, test_lxd_supervise_host_path, 0, (int)n);
     tcase_add_loop_test(tc, test_keepalive, 0, (int)n);
     tcase_add_test(tc, test_keepalive_threads);

@@ -615,6 +615,7 @@ static void hook_release(struct lb_engine *e)
 {
     struct lb_lxd *l = (struct lb_lxd *)e;
 
+    lxd_cleanup_stop(l);
     free(l->url);
     free(l->target);
     free(l->supervise_data);
@@ -943,6 +944,8 @@ int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
     r = check_server(l, err);
     if (r == 0)
         r = find_pool(l, err);
+    if (r == 0)
+        r = lxd_cleanup_start(l, err);
     if (r < 0)
         goto fail;
     log_info("lxd provider: %s%s, instance %s, default image %s, target %s, supervisor %s%s",

@@ -98,6 +98,11 @@ struct lb_lxd_config {
 int provider_lxd_new(const struct lb_lxd_config *cfg, struct lb_provider **out,
                      struct lb_error *err);
 
+/* Wait up to timeout_ms until the exec logs p deletes after its execs answered (LXD keeps each
+ * exec's recorded output until then) are deleted: for tests that count an engine's requests
+ * or connections. 0, -ETIMEDOUT, or -EINVAL when p is not an lxd provider. Thread-safe. */
+int provider_lxd_settle(struct lb_provider *p, int64_t timeout_ms);
+
 /* `lendboxd image import --provider lxd`: upload the unified tarball of len bytes at fd (from
  * its offset 0; image_write_lxd_tarball) to the LXD server as a private image (POST
  * /1.0/images, octet-stream), await it up to timeout_ms, and point the alias at it (made, or

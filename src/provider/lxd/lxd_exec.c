@@ -95,21 +95,7 @@ static int frame_write(const void *data, size_t n, void *arg)
     return 0;
 }
 
-/* DELETE a recorded output log (LXD keeps it on the member's disk); best effort: a log left
- * behind goes with the instance. */
-static void delete_log(struct lb_lxd *l, const char *member, const char *log_path)
-{
-    struct lb_httpc_request req = {.method = "DELETE",
-                                   .path = log_path,
-                                   .timeout_ms = l->call_timeout_ms,
-                                   .max_body_bytes = 65536};
-    struct lb_httpc_response resp = {0};
-
-    (void)lxd_do(l, member, &req, &resp, NULL);
-    httpc_response_release(&resp);
-}
-
-/* GET a recorded output log into sink, then DELETE it. */
+/* GET a recorded output log into sink (its DELETE is the caller's). */
 static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path, lb_httpc_sink sink,
                      void *arg, struct lb_error *err)
 {
@@ -126,7 +112,6 @@ static int fetch_log(struct lb_lxd *l, const char *member, const char *log_path,
         r = lb_error_set(err, -EREMOTEIO, "LXD: cannot read the exec's output (HTTP %ld)",
                          resp.status);
     httpc_response_release(&resp);
-    delete_log(l, member, log_path);
     return r;
 }
 
@@ -227,17 +212,22 @@ int lxd_exec_run(struct lb_engine *e, const struct lb_sandbox_ref *ref, struct e
         json_object_get(json_object_get(json_object_get(md, "metadata"), "output"), "1"));
     err_log = json_string_value(
         json_object_get(json_object_get(json_object_get(md, "metadata"), "output"), "2"));
-    if (out_log) {
+    if (out_log)
         r = fetch_log(l, member, out_log, frame_write, &fs, err);
-        if (r < 0)
-            goto out;
-    }
     /* the exec's own stderr is only read when the supervisor left no complete result (its
-     * diagnostics say why: engine_exec); otherwise it is only deleted */
-    if (err_log && framed_reader_complete(&x->fr))
-        delete_log(l, member, err_log);
-    else if (err_log)
+     * diagnostics say why: engine_exec) */
+    if (r == 0 && err_log && !framed_reader_complete(&x->fr))
         (void)fetch_log(l, member, err_log, diag_write, &x->diag, NULL);
+    /* both logs are deleted after the exec answered (lxd_cleanup.c), read or not; a failed
+     * read deletes them here (engine_exec asks for the instance's state next) */
+    for (int k = 0; k < 2; k++) {
+        const char *log = k == 0 ? out_log : err_log;
+
+        if (log && r == 0)
+            lxd_cleanup_log(l, member, log);
+        else if (log)
+            lxd_delete_log(l, member, log);
+    }
 out:
     json_decref(body);
     json_decref(j);

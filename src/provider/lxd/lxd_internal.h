@@ -21,6 +21,22 @@
 #define LXD_SUPERVISE_PATH "/run/lendbox/supervise"
 #define LXD_MAX_DOWNLOAD_BYTES (UINT64_C(1) << 30) /* file_open spools at most this */
 
+/* lxd_cleanup.c: exec logs deleted after the exec answered */
+#define LXD_CLEANUP_JOBS 256
+struct lxd_cleanup_job {
+    char member[128]; /* "": none named */
+    char path[256];   /* the log's API path */
+};
+struct lxd_cleanup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;   /* a job came, or stopping */
+    pthread_cond_t idle; /* the queue ran empty (CLOCK_MONOTONIC) */
+    pthread_t thread;
+    bool inited, running, stopping, busy;
+    size_t head, len;
+    struct lxd_cleanup_job jobs[LXD_CLEANUP_JOBS];
+};
+
 struct lb_lxd {
     struct lb_engine eng;    /* first: the provider, the engine base and its settings */
     int64_t call_timeout_ms; /* lxd.call_timeout_s: bound on each API call */
@@ -31,10 +47,27 @@ struct lb_lxd {
     char member[128];        /* its name in the cluster (GET /1.0 server_name); "" if none */
     void *supervise_data;    /* the supervisor binary, pushed into each instance */
     size_t supervise_len;
-    char *supervise_host;    /* lxd.supervise_host_path: bound into each instance instead */
-    struct lb_idslots idmap; /* the instances' id slots (lxd_idmap.c) */
-    bool idmap_ready;        /* idmap was set up (release it) */
+    char *supervise_host;       /* lxd.supervise_host_path: bound into each instance instead */
+    struct lb_idslots idmap;    /* the instances' id slots (lxd_idmap.c) */
+    bool idmap_ready;           /* idmap was set up (release it) */
+    struct lxd_cleanup cleanup; /* lxd_cleanup.c */
 };
+
+/* ---- lxd_cleanup.c: exec logs deleted after the exec answered ---- */
+/* Start the cleanup thread. 0, or pthread_create's error (negative). Call once, before any
+ * exec. */
+int lxd_cleanup_start(struct lb_lxd *l, struct lb_error *err);
+/* Queue the DELETE of an exec's recorded log (its API path, on member; NULL: "-"); deleted at
+ * once in the caller when the queue is full, the path too long or the thread not running.
+ * Best effort either way: a log left behind goes with its instance. Thread-safe. */
+void lxd_cleanup_log(struct lb_lxd *l, const char *member, const char *log_path);
+/* DELETE one log now (best effort). Thread-safe. */
+void lxd_delete_log(struct lb_lxd *l, const char *member, const char *log_path);
+/* Wait up to timeout_ms until every queued log is deleted: 0, or -ETIMEDOUT. Thread-safe. */
+int lxd_cleanup_settle(struct lb_lxd *l, int64_t timeout_ms);
+/* Settle (one call timeout at most), then end the thread; queued logs left are dropped. Safe
+ * on a provider whose thread never started. Not concurrent with lxd_cleanup_log. */
+void lxd_cleanup_stop(struct lb_lxd *l);
 
 /* ---- lxd_idmap.c: the instances' id ranges ---- */
 /* Set up l->idmap for base/count (lxd.idmap_base / idmap_count; 0: root's range in this
