@@ -793,41 +793,55 @@ out:
     return r;
 }
 
-static int read_supervisor(struct lb_lxd *l, struct lb_error *err)
+/* The whole supervisor binary at path (at most SUPERVISE_MAX_BYTES) into *data (malloc'd, the
+ * caller's) and *len. 0, -ENOENT (cannot open), -EINVAL (empty, too big, not a file), -EIO,
+ * -ENOMEM. */
+static int read_binary(const char *path, void **data, size_t *len, struct lb_error *err)
 {
-    int fd = open(l->eng.supervise_path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     size_t got = 0;
+    char *buf = NULL;
     int r = 0;
 
+    *data = NULL;
+    *len = 0;
     if (fd < 0)
-        return lb_error_set(err, -ENOENT, "cannot open the supervisor '%s': %s",
-                            l->eng.supervise_path, strerror(errno));
-    if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size > SUPERVISE_MAX_BYTES) {
-        r = lb_error_set(err, -EINVAL, "'%s' is not a usable supervisor binary",
-                         l->eng.supervise_path);
+        return lb_error_set(err, -ENOENT, "cannot open the supervisor '%s': %s", path,
+                            strerror(errno));
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        st.st_size > SUPERVISE_MAX_BYTES) {
+        r = lb_error_set(err, -EINVAL, "'%s' is not a usable supervisor binary", path);
         goto out;
     }
-    l->supervise_data = malloc((size_t)st.st_size);
-    if (!l->supervise_data) {
+    buf = malloc((size_t)st.st_size);
+    if (!buf) {
         r = lb_error_set(err, -ENOMEM, "out of memory");
         goto out;
     }
     while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, (char *)l->supervise_data + got, (size_t)st.st_size - got);
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
 
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            r = lb_error_set(err, -EIO, "cannot read '%s'", l->eng.supervise_path);
+            r = lb_error_set(err, -EIO, "cannot read '%s'", path);
             goto out;
         }
         got += (size_t)n;
     }
-    l->supervise_len = got;
+    *data = buf;
+    *len = got;
+    buf = NULL;
 out:
+    free(buf);
     close(fd);
     return r;
+}
+
+static int read_supervisor(struct lb_lxd *l, struct lb_error *err)
+{
+    return read_binary(l->eng.supervise_path, &l->supervise_data, &l->supervise_len, err);
 }
 
 /* lxd.supervise_host_path: a plain path (it goes into raw.lxc), of a file others may execute
@@ -836,55 +850,35 @@ out:
 static int check_supervise_host(struct lb_lxd *l, const char *path, struct lb_error *err)
 {
     struct stat st;
-    size_t got = 0;
-    bool same = true;
-    char buf[65536];
-    int fd, r = 0;
+    void *data = NULL;
+    size_t len = 0;
+    int r;
 
     if (!lxc_path_is_plain(path))
         return lb_error_set(err, -EINVAL,
                             "lxd.supervise_host_path '%s' must be an absolute path of letters, "
                             "digits and ._+@- (it goes into each instance's raw.lxc)",
                             path);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) {
+    if (stat(path, &st) < 0 && errno == ENOENT) {
         log_warn("lxd provider: lxd.supervise_host_path %s is not on this host: every member's "
                  "host must have it, the same build as %s",
                  path, l->eng.supervise_path);
         return 0;
     }
-    if (fd < 0)
-        return lb_error_set(err, -EINVAL, "cannot open lxd.supervise_host_path '%s': %s", path,
-                            strerror(errno));
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !(st.st_mode & S_IXOTH)) {
+    r = read_binary(path, &data, &len, err);
+    if (r < 0)
+        return lb_error_recode(err, -EINVAL, "lxd.supervise_host_path '%s' cannot be read", path);
+    if (!(st.st_mode & S_IXOTH))
         r = lb_error_set(err, -EINVAL,
                          "lxd.supervise_host_path '%s' must be a file others may execute "
                          "(mode 0711 or 0755): an instance's root is not its owner",
                          path);
-        goto out;
-    }
-    while (same) {
-        ssize_t n = read(fd, buf, sizeof(buf));
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            r = lb_error_set(err, -EIO, "cannot read '%s': %s", path, strerror(errno));
-            goto out;
-        }
-        if (n == 0)
-            break;
-        same = got + (size_t)n <= l->supervise_len &&
-               memcmp((char *)l->supervise_data + got, buf, (size_t)n) == 0;
-        got += (size_t)n;
-    }
-    if (!same || got != l->supervise_len)
+    else if (len != l->supervise_len || memcmp(data, l->supervise_data, len) != 0)
         r = lb_error_set(err, -EINVAL,
                          "lxd.supervise_host_path '%s' is not the same build as the daemon's "
                          "supervisor '%s'",
                          path, l->eng.supervise_path);
-out:
-    close(fd);
+    free(data);
     return r;
 }
 
