@@ -531,6 +531,7 @@ void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id
             char path[PATH_MAX];
 
             act_receipt_path(a, act.id, path, sizeof(path));
+            (void)act_launch_mark(a, act.id, false);
             (void)unlink(path); /* the sandbox's stop ends its supervisor */
         }
     }

@@ -88,6 +88,13 @@ void act_receipt_path(const struct lb_activations *a, const char *act_id, char *
 /* Create the (empty) receipt file of a new activation: the fd (O_RDWR, the caller's) or
  * -errno (-ENOSYS: no receipts_dir). */
 int act_receipt_create(const struct lb_activations *a, const char *act_id);
+/* The host-side launch mark, <receipts_dir>/<id>.launch: made (on, fsync'd) by execute_launch
+ * before it sends the launch exec, removed when that exec was refused before it ran and when
+ * the activation's receipt file goes. 0 or -errno. A stop whose claim says "fenced" is taken
+ * only while there is none (a sandbox process can rewrite the claim after a real launch). */
+int act_launch_mark(const struct lb_activations *a, const char *act_id, bool on);
+/* Is there a launch mark (or one that cannot be looked at)? */
+bool act_launch_began(const struct lb_activations *a, const char *act_id);
 /* Write the daemon's own receipt for a harness never launched (error: its reason, or NULL),
  * only while the file is empty or missing. Failures are logged. */
 void act_receipt_write_unlaunched(const struct lb_activations *a, const char *act_id,

@@ -172,7 +172,13 @@ static int act_stop(struct lb_activations *a, const struct lb_activation *act, i
         if (r == 0 && (res.error_type != LB_EXEC_OK || res.return_code != 0))
             r = lb_error_set(err, -EREMOTEIO, "the stop request failed (exit %d): %.200s",
                              res.return_code, res.err.data ? res.err.data : "");
-        if (r == 0 && res.out.data && strncmp(res.out.data, "fenced", 6) == 0)
+        /* "fenced" (the stop won the launch claim) is the sandbox's word: its claim is a file
+         * in the sandbox that its root can rewrite after a real launch. Taken only while the
+         * daemon never sent a launch (no host-side launch mark); once it did, the launch's own
+         * outcome (the harness supervisor's receipt, or execute_launch's when the launch lost
+         * the claim) is what is waited for. */
+        if (r == 0 && res.out.data && strncmp(res.out.data, "fenced", 6) == 0 &&
+            !act_launch_began(a, act->id))
             act_receipt_write_unlaunched(a, act->id, NULL); /* nothing was or will be launched */
         provider_exec_result_release(&res);
         if (r < 0)
@@ -462,6 +468,7 @@ close:
             char path[PATH_MAX];
 
             act_receipt_path(a, act.id, path, sizeof(path));
+            (void)act_launch_mark(a, act.id, false);
             (void)unlink(path); /* its content is in the record */
             log_info("activation %s: closed", act.id);
         }

@@ -129,7 +129,19 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         .pass_fd = receipt_file ? 0 : receipt_fd,
         .fence_held = req->fence_held,
     };
+    /* from here a stop's "fenced" is not the sandbox's to say (act_stop) */
+    r = act_launch_mark(a, act->id, true);
+    if (r < 0) {
+        json_decref(env);
+        free(user);
+        free(argv);
+        close(receipt_fd);
+        snprintf(why, why_len, "cannot make the launch mark: %s", strerror(-r));
+        return r;
+    }
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
+    if (r == -EBUSY)
+        (void)act_launch_mark(a, act->id, false); /* refused before anything ran */
     if (r < 0) {
         snprintf(why, why_len, "the launch failed: %s", err.message);
     } else if (res.error_type == LB_EXEC_OK && res.return_code == 4) {
@@ -150,6 +162,10 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     } else {
         const char *msg = res.err.data && res.err.len ? res.err.data : res.out.data;
 
+        /* the launcher failed before it took the claim (5): nothing of it runs, so a stop's
+         * "fenced" is true again */
+        if (res.error_type == LB_EXEC_OK && res.return_code == 5)
+            (void)act_launch_mark(a, act->id, false);
         r = -EREMOTEIO;
         snprintf(why, why_len, "the launch failed (exit %d): %.400s", res.return_code,
                  msg ? msg : "");

@@ -83,6 +83,38 @@ void act_receipt_path(const struct lb_activations *a, const char *act_id, char *
     snprintf(buf, size, "%s/%s.receipt", a->receipts_dir ? a->receipts_dir : ".", act_id);
 }
 
+static void launch_mark_path(const struct lb_activations *a, const char *act_id, char *buf,
+                             size_t size)
+{
+    snprintf(buf, size, "%s/%s.launch", a->receipts_dir ? a->receipts_dir : ".", act_id);
+}
+
+int act_launch_mark(const struct lb_activations *a, const char *act_id, bool on)
+{
+    char path[PATH_MAX];
+    int fd;
+
+    launch_mark_path(a, act_id, path, sizeof(path));
+    if (!on)
+        return unlink(path) < 0 && errno != ENOENT ? -errno : 0;
+    fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return -errno;
+    (void)fsync(fd);
+    close(fd);
+    return 0;
+}
+
+bool act_launch_began(const struct lb_activations *a, const char *act_id)
+{
+    char path[PATH_MAX];
+    struct stat st;
+
+    launch_mark_path(a, act_id, path, sizeof(path));
+    /* a mark that cannot be looked at counts as made: "fenced" is then not taken */
+    return lstat(path, &st) == 0 || errno != ENOENT;
+}
+
 /* Create the (empty) receipt file of a new activation; the fd (O_RDWR) or -errno. */
 int act_receipt_create(const struct lb_activations *a, const char *act_id)
 {

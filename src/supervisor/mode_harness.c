@@ -352,6 +352,10 @@ static int run_harness(const struct sup_options *o, int ready_fd, const struct s
     return write_receipt(o->receipt_fd, &r) < 0;
 }
 
+/* The launcher's exit status when it failed before it took the launch claim (nothing was or
+ * will be launched by it): the daemon may then trust a stop's "fenced". */
+#define LAUNCH_UNCLAIMED 5
+
 int mode_harness_launch(struct sup_options *o)
 {
     char claim[PATH_MAX], target[16], why[300];
@@ -362,26 +366,26 @@ int mode_harness_launch(struct sup_options *o)
 
     if (launch_user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
         fprintf(stderr, "lendbox-supervise: %s\n", why);
-        return 1;
+        return LAUNCH_UNCLAIMED;
     }
 
     e = mkdir_p(o->harness_launch);
     if (e < 0) {
         fprintf(stderr, "lendbox-supervise: cannot create '%s': %s\n", o->harness_launch,
                 strerror(-e));
-        return 1;
+        return LAUNCH_UNCLAIMED;
     }
     /* the receipt channel is the harness supervisor's alone, never the harness's */
     if (!o->receipt_file && fcntl(o->receipt_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "lendbox-supervise: no receipt fd %d: %s\n", o->receipt_fd,
                 strerror(errno));
-        return 1;
+        return LAUNCH_UNCLAIMED;
     }
     harness_path(claim, o->harness_launch, "launch.claim");
     if (symlink("launch", claim) < 0) {
         if (errno != EEXIST) {
             fprintf(stderr, "lendbox-supervise: cannot claim the launch: %s\n", strerror(errno));
-            return 1;
+            return LAUNCH_UNCLAIMED;
         }
         n = readlink(claim, target, sizeof(target) - 1);
         if (n == 4 && memcmp(target, "stop", 4) == 0) {

@@ -1092,6 +1092,58 @@ START_TEST(test_harness_forgery_times_out)
 }
 END_TEST
 
+/* A sandbox process rewrites the launch claim after the real launch (to "stop", as a stop that
+ * won it would): the stop's "fenced" is then not taken. stop_harness waits for the real harness
+ * supervisor's receipt (its harness killed past the cleanup: 137), and the harness is gone. On a
+ * daemon that took "fenced" as said, the answer is "closed before the harness was launched" with
+ * cleanup confirmed while the harness still runs. */
+START_TEST(test_forged_launch_claim)
+{
+    static const char body[] =
+        "{\"argv\": [\"sh\", \"-c\", \"trap '' TERM; while :; do sleep 0.2; echo tick >> "
+        "/workspace/ticks; done\"], \"wait\": false, \"timeout_s\": 120, "
+        "\"close_timeout_s\": 3}";
+    struct lbt_daemon d;
+    struct lbt_resp r;
+    char sbx[128], *out;
+    json_t *c;
+
+    lbt_daemon_start(&d, NULL);
+    seed(&d, "forge-claim", sbx, sizeof(sbx), NULL, 0);
+    lbt_json(&d, "POST", "/v1/sessions/forge-claim/execute", "", body, &r);
+    ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
+    lbt_resp_free(&r);
+    /* the harness runs; then the claim is rewritten from inside */
+    for (int i = 0; i < 100; i++) {
+        out = lbt_sh(&d, sbx, "[ -s /workspace/ticks ] && echo yes || echo no");
+        bool ticking = strcmp(out, "yes\n") == 0;
+
+        free(out);
+        if (ticking)
+            break;
+        lbt_sleep_ms(100);
+    }
+    out = lbt_sh(&d, sbx,
+                 "for d in /run/lendbox/act-*; do ln -sfn stop $d/launch.claim; done; "
+                 "readlink /run/lendbox/act-*/launch.claim");
+    ck_assert_str_eq(out, "stop\n");
+    free(out);
+    lbt_json(&d, "POST", "/v1/sessions/forge-claim/stop_harness", "", "{\"timeout_s\": 30}", &r);
+    ck_assert_msg(r.status == 200, "stop_harness: %ld %s", r.status, r.body);
+    ck_assert_msg(!strstr(r.body, "before the harness was launched"), "forged: %s", r.body);
+    c = json_object_get(r.json, "cleanup");
+    /* the real supervisor's receipt: the harness ignored TERM and was killed */
+    ck_assert_msg(json_integer_value(json_object_get(c, "return_code")) == 137, "%s", r.body);
+    ck_assert_msg(json_is_true(json_object_get(c, "cleanup_confirmed")), "%s", r.body);
+    lbt_resp_free(&r);
+    /* the harness is gone: no loop left, the ticks stop */
+    out = lbt_sh(&d, sbx, "ps -eo args | grep -c '[e]cho tick' || true");
+    ck_assert_str_eq(out, "0\n");
+    free(out);
+    lbt_daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("forgery");
@@ -1112,6 +1164,7 @@ int main(void)
     tcase_add_test(forge, test_close_stops_agent_processes);
     tcase_add_test(forge, test_harness_cannot_forge_its_receipt);
     tcase_add_test(forge, test_harness_forgery_times_out);
+    tcase_add_test(forge, test_forged_launch_claim);
     suite_add_tcase(s, forge);
     tcase_set_timeout(sec, 180);
     tcase_add_test(sec, test_session_keyring_per_sandbox_and_exec);
