@@ -14,7 +14,9 @@
  *   (the old one is freed by the kernel once nothing holds it: its processes are dead). The
  *   supervisor bound at /run/lendbox/supervise is bound again, read-only, from a clone of the
  *   daemon's binary taken on the host. The root (the host's, read-only) and /dev (read-only)
- *   cannot have changed; sandbox processes cannot mount (seccomp, no capabilities);
+ *   cannot have changed, but for the devpts instance at /dev/pts, whose root and ptmx the
+ *   sandbox's root owns: their modes are set back; sandbox processes cannot mount
+ *   (seccomp, no capabilities);
  * - IPC: every SysV shared memory segment, semaphore set and message queue of its IPC
  *   namespace is removed, and every POSIX message queue (on a detached mount of the namespace's
  *   mqueue file system, mounted nowhere); POSIX shared memory and semaphores live in /dev/shm;
@@ -306,6 +308,12 @@ static int reset_inside(int sup_fd, const char *host, const char *workdir, int64
         reset_fail("cannot set the hostname back");
     zombies = reset_processes();
     steps[STEP_KILL] = now_us();
+    /* /dev/pts is the devpts instance bwrap mounted (read-write: ptys are made there): its root
+     * and ptmx belong to the sandbox's root, which may have changed their mode (0 leaves the
+     * next episode no pty; their owner it cannot change, without CAP_CHOWN). Back to bwrap's;
+     * its ptys went with their processes. */
+    if (chmod("/dev/pts", 0755) < 0 || chmod("/dev/pts/ptmx", 0666) < 0)
+        reset_fail("cannot set /dev/pts back");
     reset_tmpfs("/tmp", "1777", tmp_mib, uid);
     reset_tmpfs("/dev/shm", "1777", shm_mib, uid);
     reset_tmpfs(workdir, "755", workdir_mib, uid);

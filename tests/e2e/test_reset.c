@@ -281,6 +281,7 @@ END_TEST
 #define STATE_CHECK                                                                                \
     "cut -d' ' -f22 /proc/1/stat; stat -c '%n %a' /tmp /dev/shm /run /workspace; "                 \
     "df -k /tmp /dev/shm /run /workspace | awk 'NR > 1 { print $2 }'; "                            \
+    "stat -c '%n %a %u' /dev/pts /dev/pts/ptmx; (exec 3<>/dev/ptmx) && echo pty; "                 \
     "[ -f /run/lendbox/supervise ] && echo supervisor"
 /* The episode's IPC objects: a SysV semaphore set and message queue, a POSIX message queue
  * (mq_open is in libc since glibc 2.34; the image variant has no librt) */
@@ -297,7 +298,8 @@ END_TEST
 /* A sandbox of image host is reset in place (its init, namespaces and mounts' sizes kept; a
  * sandbox of an image is stopped and made again, a new init): processes that left their
  * session or stopped themselves, SysV semaphores and message queues, a POSIX message queue,
- * the modes the episode gave the roots of its writable mounts; all gone or back. */
+ * the modes the episode gave the roots of its writable mounts and /dev/pts and its ptmx (no pty
+ * for the next episode); all gone or back. */
 /* The pid of daemon d's spare reset helper (lendbox-supervise --reset-spare, its child), once
  * one waits (at most 30 s: a loaded machine may take long to start one), or 0. */
 static pid_t spare_of(const struct lbt_daemon *d)
@@ -370,7 +372,9 @@ static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare
     free(out);
 
     /* the episode */
-    free(sh_tok(d, sbx, tok, "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run"));
+    free(sh_tok(d, sbx, tok,
+                "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run; "
+                "chmod 0 /dev/pts/ptmx /dev/pts"));
     json_decref(lbt_exec_ok(
         d, sbx, tok,
         "{\"command\": \"setsid sh -c '(sh -c \\\"kill -STOP \\\\$\\\\$; " LEFTOVER "\\\" &); "
@@ -380,8 +384,10 @@ static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare
     ck_assert_msg(strstr(out, "sysv sem 1") && strstr(out, "sysv msg 1") && strstr(out, "posix mq"),
                   "episode left: %s", out);
     free(out);
-    out = sh_tok(d, sbx, tok, "stat -c '%n %a' /tmp /dev/shm /run; ls /proc | grep -c '^[0-9]'");
-    ck_assert_msg(strstr(out, "/tmp 700") && strstr(out, "/run 777"), "episode left: %s", out);
+    out = sh_tok(d, sbx, tok,
+                 "stat -c '%n %a' /tmp /dev/shm /run /dev/pts; ls /proc | grep -c '^[0-9]'");
+    ck_assert_msg(strstr(out, "/tmp 700") && strstr(out, "/run 777") && strstr(out, "/dev/pts 0"),
+                  "episode left: %s", out);
     free(out);
     ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
 
