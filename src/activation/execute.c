@@ -140,8 +140,15 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         return r;
     }
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
-    if (r == -EBUSY)
-        (void)act_launch_mark(a, act->id, false); /* refused before anything ran */
+    /* the launcher certainly took no claim: the exec was refused before it ran (paused), the
+     * sandbox could not start it (a bad cwd: LB_EXEC_SANDBOX; not found or not executable:
+     * 127, 126), or it failed before claiming (5). A stop's "fenced" is then true again. Any
+     * other outcome (launched, failed after the claim, timed out, unknown) keeps the mark. */
+    if (r == -EBUSY ||
+        (r == 0 && (res.error_type == LB_EXEC_SANDBOX ||
+                    (res.error_type == LB_EXEC_OK &&
+                     (res.return_code == 5 || res.return_code == 126 || res.return_code == 127)))))
+        (void)act_launch_mark(a, act->id, false);
     if (r < 0) {
         snprintf(why, why_len, "the launch failed: %s", err.message);
     } else if (res.error_type == LB_EXEC_OK && res.return_code == 4) {
@@ -162,10 +169,6 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     } else {
         const char *msg = res.err.data && res.err.len ? res.err.data : res.out.data;
 
-        /* the launcher failed before it took the claim (5): nothing of it runs, so a stop's
-         * "fenced" is true again */
-        if (res.error_type == LB_EXEC_OK && res.return_code == 5)
-            (void)act_launch_mark(a, act->id, false);
         r = -EREMOTEIO;
         snprintf(why, why_len, "the launch failed (exit %d): %.400s", res.return_code,
                  msg ? msg : "");
