@@ -90,10 +90,10 @@ void act_receipt_path(const struct lb_activations *a, const char *act_id, char *
 int act_receipt_create(const struct lb_activations *a, const char *act_id);
 /* The host-side launch mark, <receipts_dir>/<id>.launch: made (on, fsync'd) by execute_launch
  * before it sends the launch exec, removed when the launcher certainly took no claim (the exec
- * refused before it ran, the sandbox could not start it, or it exited 5: failed before
- * claiming) and when the activation's receipt file goes. 0 or -errno. A stop whose claim says
- * "fenced" is taken only while there is none (a sandbox process can rewrite the claim after a
- * real launch). */
+ * refused before it ran, the launcher not found or not executable, or it exited 5: failed
+ * before claiming, a bad cwd included) and when the activation's receipt file goes. 0 or -errno. A
+ * stop whose claim says "fenced" is taken only while there is none (a sandbox process can rewrite
+ * the claim after a real launch). */
 int act_launch_mark(const struct lb_activations *a, const char *act_id, bool on);
 /* Is there a launch mark (or one that cannot be looked at)? */
 bool act_launch_began(const struct lb_activations *a, const char *act_id);

@@ -80,6 +80,13 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     argv[k++] = t_ms;
     argv[k++] = "--cleanup-timeout-ms";
     argv[k++] = c_ms;
+    if (req->cwd) {
+        /* the launcher enters it before its claim: a bad cwd is its exit 5, not a sandbox error
+         * (which the daemon also gives for a launch exec whose supervisor was stopped or killed
+         * after the claim, and so cannot take as "nothing claimed") */
+        argv[k++] = "--cwd";
+        argv[k++] = (char *)req->cwd;
+    }
     if (receipt_file) {
         argv[k++] = "--receipt-file"; /* the host-side file stays the daemon's own */
         argv[k++] = (char *)receipt_file;
@@ -116,7 +123,7 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
     }
     struct lb_exec_params p = {
         .argv = argv,
-        .cwd = req->cwd,
+        .cwd = req->cwd ? "/" : NULL,
         .env = env,
         .user = "0", /* the launcher (root; the supervisor leaves it its capabilities): the
                         harness's user is its --user */
@@ -140,14 +147,14 @@ static int execute_launch(struct lb_activations *a, const struct lb_activation *
         return r;
     }
     r = lend_exec(a->lend, act->sandbox_id, &p, &res, &err);
-    /* the launcher certainly took no claim: the exec was refused before it ran (paused), the
-     * sandbox could not start it (a bad cwd: LB_EXEC_SANDBOX; not found or not executable:
-     * 127, 126), or it failed before claiming (5). A stop's "fenced" is then true again. Any
-     * other outcome (launched, failed after the claim, timed out, unknown) keeps the mark. */
-    if (r == -EBUSY ||
-        (r == 0 && (res.error_type == LB_EXEC_SANDBOX ||
-                    (res.error_type == LB_EXEC_OK &&
-                     (res.return_code == 5 || res.return_code == 126 || res.return_code == 127)))))
+    /* the launcher certainly took no claim: the exec was refused before it ran (paused), it was
+     * not found or not executable (127, 126), or it failed before claiming (5, a bad cwd
+     * included): each the launcher's own status. A stop's "fenced" is then true again. Any
+     * other outcome keeps the mark: launched, failed after the claim, timed out, or a sandbox
+     * error, which the daemon also notes for a launch exec whose supervisor a sandbox process
+     * stopped or killed after the claim (outcome unknown). */
+    if (r == -EBUSY || (r == 0 && res.error_type == LB_EXEC_OK &&
+                        (res.return_code == 5 || res.return_code == 126 || res.return_code == 127)))
         (void)act_launch_mark(a, act->id, false);
     if (r < 0) {
         snprintf(why, why_len, "the launch failed: %s", err.message);

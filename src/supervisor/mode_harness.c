@@ -364,6 +364,13 @@ int mode_harness_launch(struct sup_options *o)
     ssize_t n;
     int e;
 
+    /* the harness's cwd (--cwd): changed to here, before the claim, so that a bad one is this
+     * launcher's own failure (LAUNCH_UNCLAIMED), which the daemon reads from its status */
+    if (o->cwd && chdir(o->cwd) < 0) {
+        fprintf(stderr, "lendbox-supervise: cwd '%s' does not exist or cannot be entered: %s\n",
+                o->cwd, strerror(errno));
+        return LAUNCH_UNCLAIMED;
+    }
     if (launch_user_prepare(o->user, &user, &have_user, why, sizeof(why)) < 0) {
         fprintf(stderr, "lendbox-supervise: %s\n", why);
         return LAUNCH_UNCLAIMED;
