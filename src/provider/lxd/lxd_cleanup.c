@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 void lxd_delete_log(struct lb_lxd *l, const char *member, const char *log_path)
@@ -59,15 +60,11 @@ static void *cleanup_main(void *arg)
 int lxd_cleanup_start(struct lb_lxd *l, struct lb_error *err)
 {
     struct lxd_cleanup *c = &l->cleanup;
-    pthread_condattr_t ca;
     int r;
 
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->idle, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_cond_init_mono(&c->idle);
     c->inited = true;
     r = pthread_create(&c->thread, NULL, cleanup_main, l);
     if (r != 0)
