@@ -55,6 +55,7 @@
 #define RESET_SPARE_ARGS 8          /* a request's strings: --reset's seven arguments and the CPU */
 #define RESET_SPARE_SOCK_HIGH_FD 20 /* the request socket while a reset runs */
 #define RESET_SPARE_HIGH_FD 21      /* 21..24: the spare's own namespaces */
+#define RESET_SPARE_BACK "b"        /* the spare to the daemon: back, waiting for the next */
 #define RESET_KILL_MS 5000          /* bound on the wait for the killed processes to be reaped */
 #define RESET_SUPERVISE_PATH "/run/lendbox/supervise"
 
@@ -542,7 +543,17 @@ int mode_reset_spare_run(int argc, char **argv)
         if (dup2(RESET_SPARE_SOCK_HIGH_FD, RESET_SPARE_SOCK_FD) < 0)
             return 1;
         close(RESET_SPARE_SOCK_HIGH_FD);
-        if (r != 0)
-            return r; /* the daemon ends a spare whose reset failed */
+        /* back in our own namespaces and listening: say so, whatever r. The daemon read the
+         * reset's outcome on the status pipe, and waits for this before it counts us as
+         * waiting (it ends a spare whose reset failed). A child killed after its "reset"
+         * line (the sandbox's init killed by a release that came at once: every process of
+         * its pid namespace dies) is not a failed reset, and must not end a spare the daemon
+         * counts on. */
+        (void)r;
+        do
+            n = send(RESET_SPARE_SOCK_FD, RESET_SPARE_BACK, 1, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n != 1)
+            return 0; /* the daemon is gone */
     }
 }

@@ -224,8 +224,11 @@
  *       a message: the seven arguments of --reset and the CPU to run on (NUL-terminated
  *       strings), with the seven fds of --reset's fds 3..9 attached (SCM_RIGHTS, in that
  *       order). It puts them in place, runs the reset, goes back to its own namespaces, closes
- *       them and waits for the next. Exits 0 when the socket ends (the daemon closed it or
- *       died); 2 when a message is not one; the reset's status when one did not succeed.
+ *       them, sends one byte "b" on the socket (back: the daemon counts it as waiting only
+ *       then) and waits for the next, whatever the reset's status (which the daemon read on
+ *       the status fd; it ends a spare whose reset failed). Exits 0 when the socket ends (the
+ *       daemon closed it or died); 2 when a message is not one; 1 when it cannot go back to its
+ *       own namespaces.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host

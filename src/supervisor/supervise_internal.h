@@ -171,8 +171,9 @@ int mode_enter_run(int argc, char **argv);
  * exit status of the helper: 0 done, 1 failed, 2 bad arguments (fd 3 says why). */
 int mode_reset_run(int argc, char **argv);
 /* --reset-spare (mode_reset.c): a reset helper started ahead of its resets, serving one request
- * after another on fd 3 (a SOCK_SEQPACKET socket), each a --reset with what it carries. Exits
- * 0 when the socket ends, else with the status of the reset that failed. */
+ * after another on fd 3 (a SOCK_SEQPACKET socket), each a --reset with what it carries, and
+ * saying "b" on it when back in its own namespaces after each. Exits 0 when the socket ends,
+ * 2 on a message that is not one, 1 when it cannot go back to its namespaces. */
 int mode_reset_spare_run(int argc, char **argv);
 int mode_enter_view_run(int argc, char **argv);
 

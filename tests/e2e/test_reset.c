@@ -300,11 +300,11 @@ END_TEST
  * session or stopped themselves, SysV semaphores and message queues, a POSIX message queue,
  * the modes the episode gave the roots of its writable mounts and /dev/pts and its ptmx (no pty
  * for the next episode); all gone or back. */
-/* The pid of daemon d's spare reset helper (lendbox-supervise --reset-spare, its child), once
- * one waits (at most 30 s: a loaded machine may take long to start one), or 0. */
-static pid_t spare_of(const struct lbt_daemon *d)
+/* The pid of daemon d's spare reset helper (lendbox-supervise --reset-spare, its child) other
+ * than not (0: any), once one runs (at most wait_ms), or 0. */
+static pid_t spare_find(const struct lbt_daemon *d, pid_t not, int wait_ms)
 {
-    for (int tries = 0; tries < 3000; tries++) {
+    for (int waited = 0;; waited += 10) {
         DIR *dir = opendir("/proc");
         struct dirent *e;
         pid_t found = 0;
@@ -314,7 +314,7 @@ static pid_t spare_of(const struct lbt_daemon *d)
             char path[300], *cmdline;
             size_t n = 0;
 
-            if (e->d_name[0] < '1' || e->d_name[0] > '9' ||
+            if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoi(e->d_name) == not ||
                 lbt_proc_ppid(atoi(e->d_name)) != d->pid)
                 continue;
             snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
@@ -326,11 +326,17 @@ static pid_t spare_of(const struct lbt_daemon *d)
             free(cmdline);
         }
         closedir(dir);
-        if (found)
+        if (found || waited >= wait_ms)
             return found;
         usleep(10000);
     }
-    return 0;
+}
+
+/* Daemon d's spare, once one runs (at most 30 s: a loaded machine may take long to start one),
+ * or 0. */
+static pid_t spare_of(const struct lbt_daemon *d)
+{
+    return spare_find(d, 0, 30000);
 }
 
 /* How many times process pid gave up the CPU waiting (voluntary_ctxt_switches): the spare
@@ -349,11 +355,38 @@ static long waits_of(pid_t pid)
     return n;
 }
 
+/* What daemon d's log says of its spare reset helper: its last lines naming it, at most ~2 KiB
+ * (for a failure's message; the caller frees it). */
+static char *spare_said(const struct lbt_daemon *d)
+{
+    char *log = lbt_proc_read(d->log_path, NULL), *out = calloc(1, 2048), *line, *save = NULL;
+    size_t len = 0;
+
+    ck_assert_ptr_nonnull(out);
+    for (line = log ? strtok_r(log, "\n", &save) : NULL; line; line = strtok_r(NULL, "\n", &save)) {
+        size_t k = strlen(line);
+
+        if (!strstr(line, "spare"))
+            continue;
+        if (len + k + 2 > 2047) /* keep the last ones */
+            len = 0;
+        memcpy(out + len, line, k);
+        len += k;
+        out[len++] = '\n';
+        out[len] = '\0';
+    }
+    free(log);
+    if (len == 0)
+        snprintf(out, 2048, "(nothing of a spare)");
+    return out;
+}
+
 /* An episode's leftovers in a sandbox of d reset in place are gone (the reset done by the spare
  * helper, or with fault reset.spare by a helper it execs) */
-static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare)
+static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare,
+                              const char *leftover)
 {
-    char sbx[LBT_ID_MAX], tok[256], *before, *after, *out;
+    char sbx[LBT_ID_MAX], tok[256], cmd[512], *before, *after, *out;
     struct lbt_resp r;
     json_t *lease;
     pid_t spare_before, spare_after;
@@ -375,11 +408,12 @@ static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare
     free(sh_tok(d, sbx, tok,
                 "set -e; " IPC_MAKE "; chmod 700 /tmp /dev/shm; chmod 777 /run; "
                 "chmod 0 /dev/pts/ptmx /dev/pts"));
-    json_decref(lbt_exec_ok(
-        d, sbx, tok,
-        "{\"command\": \"setsid sh -c '(sh -c \\\"kill -STOP \\\\$\\\\$; " LEFTOVER "\\\" &); "
-        "(setsid " LEFTOVER " &)' </dev/null >/dev/null 2>&1; sleep 0.5\", "
-        "\"preserve_background_services\": true}"));
+    snprintf(cmd, sizeof(cmd),
+             "{\"command\": \"setsid sh -c '(sh -c \\\"kill -STOP \\\\$\\\\$; %s\\\" &); "
+             "(setsid %s &)' </dev/null >/dev/null 2>&1; sleep 0.5\", "
+             "\"preserve_background_services\": true}",
+             leftover, leftover);
+    json_decref(lbt_exec_ok(d, sbx, tok, cmd));
     out = sh_tok(d, sbx, tok, IPC_CHECK);
     ck_assert_msg(strstr(out, "sysv sem 1") && strstr(out, "sysv msg 1") && strstr(out, "posix mq"),
                   "episode left: %s", out);
@@ -389,12 +423,16 @@ static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare
     ck_assert_msg(strstr(out, "/tmp 700") && strstr(out, "/run 777") && strstr(out, "/dev/pts 0"),
                   "episode left: %s", out);
     free(out);
-    ck_assert_int_gt(lbt_count_procs_cmdline(LEFTOVER), 0);
+    ck_assert_int_gt(lbt_count_procs_cmdline(leftover), 0);
 
     /* the spare waits before the reset; the reset is its work (it waits for the next one
      * after), unless fault reset.spare keeps it out and the reset execs its own helper */
     spare_before = spare_of(d);
-    ck_assert_int_gt(spare_before, 0);
+    if (spare_before <= 0) {
+        char *said = spare_said(d);
+
+        ck_abort_msg("no spare reset helper waits; the daemon said: %s", said);
+    }
     waits_before = waits_of(spare_before);
     ck_assert_int_ge(waits_before, 0);
     reset(d, sbx, "", "{}", &r);
@@ -402,7 +440,7 @@ static void reset_in_place_on(struct lbt_daemon *d, const char *rsid, bool spare
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
     lbt_resp_free(&r);
 
-    ck_assert_int_eq(lbt_count_procs_cmdline(LEFTOVER), 0);
+    ck_assert_int_eq(lbt_count_procs_cmdline(leftover), 0);
     out = sh_tok(d, sbx, tok, IPC_CHECK);
     ck_assert_msg(strcmp(out, "") == 0, "after the reset: %s", out);
     free(out);
@@ -437,7 +475,7 @@ START_TEST(test_reset_in_place)
     LBT_SKIP_ON_VARIANT("docker", "reset is 501 on docker (checked above)");
     LBT_SKIP_ON_VARIANT("lxd", "the lxd provider resets by a new instance; its image has no "
                                "python3 (the integrity test covers it)");
-    reset_in_place_on(&D, "rs-reset-ip", lbt_variant_on_host());
+    reset_in_place_on(&D, "rs-reset-ip", lbt_variant_on_host(), "sleep 3133.4243");
 }
 END_TEST
 
@@ -455,7 +493,7 @@ START_TEST(test_reset_in_place_exec_helper)
         return;
     }
     lbt_daemon_start(&F, args);
-    reset_in_place_on(&F, "rs-reset-ipx", false);
+    reset_in_place_on(&F, "rs-reset-ipx", false, "sleep 3133.4244");
     spare = spare_of(&F);
     ck_assert_int_gt(spare, 0);
     lbt_daemon_stop(&F);
@@ -463,6 +501,68 @@ START_TEST(test_reset_in_place_exec_helper)
     for (int i = 0; i < 500 && kill(spare, 0) == 0; i++)
         usleep(10000);
     ck_assert_int_eq(kill(spare, 0), -1);
+}
+END_TEST
+
+/* A reset answered and its sandbox released at once (its init killed, with it whatever of the
+ * reset still ran in the sandbox's pid namespace): the spare that served the reset serves the
+ * next one, every time. (A spare whose child in the sandbox was killed after it said "reset"
+ * used to exit while the daemon counted it as waiting: no spare until the next reset found it
+ * dead, as one CI run saw.) */
+START_TEST(test_reset_spare_survives_release)
+{
+    pid_t spare;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "an in-place reset is of a sandbox of image host");
+        return;
+    }
+    spare = spare_of(&D);
+    ck_assert_int_gt(spare, 0);
+    for (int i = 0; i < 12; i++) {
+        char rsid[64], sbx[LBT_ID_MAX];
+        struct lbt_resp r;
+        json_t *lease;
+        pid_t now;
+
+        snprintf(rsid, sizeof(rsid), "rs-reset-rel-%d", i);
+        lease = lbt_seed(&D, rsid, "task-reset", NULL);
+        snprintf(sbx, sizeof(sbx), "%s", str(lease, "sandbox_id"));
+        json_decref(lease);
+        reset(&D, sbx, "", "{}", &r);
+        ck_assert_msg(r.status == 200, "reset %d: %ld %s", i, r.status, r.body);
+        lbt_resp_free(&r);
+        lbt_release_session(&D, rsid);
+        now = spare_of(&D);
+        ck_assert_msg(now == spare, "after reset and release %d: the spare is %d, was %d", i,
+                      (int)now, (int)spare);
+    }
+}
+END_TEST
+
+/* A waiting spare killed (by an operator, the OOM killer): the daemon sees it end, says so,
+ * and starts another, which serves the next reset. */
+START_TEST(test_reset_spare_killed)
+{
+    pid_t spare, next;
+    char *log;
+
+    if (!lbt_variant_on_host()) {
+        lbt_skip_note(__func__, "an in-place reset is of a sandbox of image host");
+        return;
+    }
+    spare = spare_of(&D);
+    ck_assert_int_gt(spare, 0);
+    ck_assert_int_eq(kill(spare, SIGKILL), 0);
+    next = spare_find(&D, spare, 30000);
+    ck_assert_msg(next > 0, "no spare after %d was killed", (int)spare);
+    log = lbt_proc_read(D.log_path, NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "spare reset helper") && strstr(log, "ended while it waited") &&
+                      strstr(log, "killed by signal 9"),
+                  "the log does not say the spare ended");
+    free(log);
+    reset_in_place_on(&D, "rs-reset-spare-killed", true, "sleep 3133.4245");
 }
 END_TEST
 
@@ -1724,6 +1824,8 @@ int main(void)
     tcase_add_test(tc, test_reset_integrity);
     tcase_add_test(tc, test_reset_in_place);
     tcase_add_test(tc, test_reset_in_place_exec_helper);
+    tcase_add_test(tc, test_reset_spare_survives_release);
+    tcase_add_test(tc, test_reset_spare_killed);
     tcase_add_test(tc, test_reset_without_sys_chroot);
     tcase_add_test(tc, test_reset_bad_input);
     tcase_add_test(tc, test_reset_to_snapshot);

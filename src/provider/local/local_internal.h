@@ -236,13 +236,17 @@ void local_clean_ns_close(struct local_provider *lp);
  * thread and the spare and frees them (idempotent). local_reset_spare_take hands the waiting
  * spare to the caller: its pid (our child) and in *sock our end of its socket, or 0 when none
  * waits (or fault reset.spare): the caller execs a helper of its own. After the reset the
- * caller calls local_reset_spare_done: with the spare's pid and socket when it said "reset"
- * (it waits for the next reset), with 0 and -1 when the caller ended and reaped it (the next
- * spare is started then). Thread-safe. */
+ * caller gives it back: when its reset said "reset", by local_reset_spare_back, which waits
+ * (until deadline_ms, at least 100 ms from now) for the spare to say it is back in its own
+ * namespaces and counts it as waiting then, or else ends and reaps it; when the caller ended
+ * and reaped it (a reset that failed), by local_reset_spare_lost. Either way the
+ * next spare is started when none waits. A waiting spare that ends (killed by an operator or
+ * the OOM killer) is reaped, logged and replaced by the keeper. Thread-safe. */
 int local_reset_spare_start(struct local_provider *lp);
 void local_reset_spare_stop(struct local_provider *lp);
 pid_t local_reset_spare_take(struct local_provider *lp, int *sock);
-void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock);
+void local_reset_spare_back(struct local_provider *lp, pid_t pid, int sock, int64_t deadline_ms);
+void local_reset_spare_lost(struct local_provider *lp);
 /* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
  * within a bound and must not be waited for inline). */
 void local_reap_later(pid_t pid);

@@ -110,8 +110,8 @@ static int64_t reset_now_us(void)
 }
 
 /* Hand the reset to the spare helper (reset_spare.c), if one waits: its pid and in *sock its
- * socket (the caller gives both back, local_reset_spare_done), or 0 (none, or it did not take
- * the request: the caller execs a helper). fds as reset_run's, argv the helper's; the spare
+ * socket (the caller gives both back: local_reset_spare_back or _lost), or 0 (none, or it did not
+ * take the request: the caller execs a helper). fds as reset_run's, argv the helper's; the spare
  * gets fds[RFD_STATUS..RFD_SUPERVISE] and argv[2..8] and the CPU. */
 static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **argv, int *sock_out)
 {
@@ -162,7 +162,7 @@ refused: /* (it died, say): ended, and the caller execs a helper */
     (void)kill(pid, SIGKILL);
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
         ;
-    local_reset_spare_done(lp, 0, -1);
+    local_reset_spare_lost(lp);
     return 0;
 }
 
@@ -230,9 +230,10 @@ static int reset_run(struct local_provider *lp, const char *id, int *fds, char *
     }
     if (spare && status.len > 5 && strncmp(status.data, "reset", 5) == 0 &&
         status.data[status.len - 1] == '\n') {
-        /* its child wrote this last: the spare goes back to its namespaces and waits for the
-         * next reset */
-        local_reset_spare_done(lp, helper, spare_sock);
+        /* its child wrote this last: the spare goes back to its namespaces, says so, and
+         * waits for the next reset (or, when it does not come back, is ended: the reset is
+         * done all the same) */
+        local_reset_spare_back(lp, helper, spare_sock, deadline_ms);
     } else {
         if (spare) { /* it ends after a reset that failed: ended here in any case */
             close(spare_sock);
@@ -241,7 +242,7 @@ static int reset_run(struct local_provider *lp, const char *id, int *fds, char *
         while (waitpid(helper, &ws, 0) < 0 && errno == EINTR)
             ;
         if (spare)
-            local_reset_spare_done(lp, 0, -1);
+            local_reset_spare_lost(lp);
     }
     if (lb_buf_append_capped(&status, "", 1) < 0 || !status.data) {
         r = lb_error_set(err, -EREMOTEIO, "the in-place reset of sandbox '%s' said nothing", id);

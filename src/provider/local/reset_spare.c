@@ -4,24 +4,31 @@
  * a waiting process instead of an exec. On this machine's VM an exec of the static helper
  * costs ~1 ms (a new address space faulted in page by page), the reset's own work ~0.6 ms.
  *
- * A thread of the provider keeps one spare while in-place resets are on: it starts one when
- * none waits (and after a failed start, again a second later). A reset takes it and, once the
- * spare said the reset is done, gives it back: the spare never enters a sandbox's user
- * namespace and leaves the others after each reset (mode_reset.c), so it serves one reset
- * after another. A reset that failed ends it (the thread starts another). A reset that finds
- * none waiting (another reset has it) execs a helper of its own, as before. A spare holds
- * nothing of any sandbox between resets: host root, its own namespaces, its fds /dev/null and
- * the socket. It ends when its socket does: at the provider's end, or when the daemon dies.
+ * A thread of the provider, the keeper, keeps one spare while in-place resets are on: it
+ * starts one when none waits (and after a failed start, again a second later). A reset takes
+ * it and, once the spare said the reset is done and then that it is back in its own
+ * namespaces, gives it back: the spare never enters a sandbox's user namespace and leaves the
+ * others after each reset (mode_reset.c), so it serves one reset after another. A reset that
+ * failed ends it; one that does not come back is ended (the keeper starts another). A reset
+ * that finds none waiting (another reset has it) execs a helper of its own, as before. The
+ * keeper watches the waiting spare through a pidfd: one that ends while it waits (an
+ * operator's kill, the OOM killer) is reaped, logged and replaced, never left counted as
+ * waiting. A spare holds nothing of any sandbox between resets: host root, its own
+ * namespaces, its fds /dev/null and the socket. It ends when its socket does: at the
+ * provider's end, or when the daemon dies.
  */
 #include "provider/local/local_internal.h"
 #include "provider/local/spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -35,11 +42,13 @@
 
 struct local_reset_spare {
     pthread_mutex_t lock;
-    pthread_cond_t wake; /* the spare was taken, or quit */
+    int wake_fd; /* eventfd: a spare given back or lost, or quit (the keeper polls it) */
     pthread_t thread;
     pid_t pid;   /* the waiting spare, 0: none */
-    pid_t spent; /* a spare whose reset is done, for the thread to reap; 0: none */
-    int sock;    /* our end of its socket */
+    pid_t spent; /* a spare that came back when another waited, for the keeper to reap; 0 */
+    int sock;    /* our end of the waiting spare's socket */
+    int pidfd;   /* the keeper's pidfd of spare pidfd_of (-1: none); the keeper's only */
+    pid_t pidfd_of;
     bool quit;
     bool failed_logged;
 };
@@ -118,6 +127,61 @@ static void spare_end(pid_t pid, int sock)
     spare_reap(pid, 2000);
 }
 
+/* Wake the keeper (its poll). */
+static void spare_wake(struct local_reset_spare *s)
+{
+    uint64_t one = 1;
+
+    if (write(s->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        log_warn("cannot wake the spare reset helper's keeper: %s", strerror(errno));
+}
+
+/* Wait for the wake eventfd (and pidfd when >= 0) for up to timeout_ms (-1: no bound), with
+ * s->lock dropped; drains the eventfd. Whether pidfd said its process ended. */
+static bool spare_poll(struct local_reset_spare *s, int pidfd, int timeout_ms)
+{
+    struct pollfd p[2] = {{.fd = s->wake_fd, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    uint64_t n;
+    int r;
+
+    pthread_mutex_unlock(&s->lock);
+    do
+        r = poll(p, 2, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    if (p[0].revents & POLLIN)
+        (void)!read(s->wake_fd, &n, sizeof(n));
+    pthread_mutex_lock(&s->lock);
+    return r > 0 && pidfd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+/* The waiting spare ended (s->lock held; dropped and taken again): reaped and said. */
+static void spare_lost_waiting(struct local_reset_spare *s)
+{
+    pid_t pid = s->pid;
+    int sock = s->sock, ws = 0;
+    pid_t w;
+
+    s->pid = 0;
+    s->sock = -1;
+    pthread_mutex_unlock(&s->lock);
+    local_close_fd(&sock);
+    while ((w = waitpid(pid, &ws, 0)) < 0 && errno == EINTR)
+        ;
+    if (w == pid && WIFSIGNALED(ws))
+        log_warn("the spare reset helper (pid %d) ended while it waited (killed by signal %d); "
+                 "another is started",
+                 (int)pid, WTERMSIG(ws));
+    else if (w == pid)
+        log_warn("the spare reset helper (pid %d) ended while it waited (exit status %d); "
+                 "another is started",
+                 (int)pid, WEXITSTATUS(ws));
+    else
+        log_warn("the spare reset helper (pid %d) ended while it waited (%s); another is "
+                 "started",
+                 (int)pid, strerror(errno));
+    pthread_mutex_lock(&s->lock);
+}
+
 static void *spare_main(void *arg)
 {
     struct local_provider *lp = arg;
@@ -134,8 +198,16 @@ static void *spare_main(void *arg)
             s->spent = 0;
             continue;
         }
-        if (s->pid > 0) {
-            pthread_cond_wait(&s->wake, &s->lock);
+        if (s->pid > 0) { /* one waits: watch it until it is taken, or ends */
+            pid_t pid = s->pid;
+
+            if (s->pidfd_of != pid) {
+                local_close_fd(&s->pidfd);
+                s->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+                s->pidfd_of = pid;
+            }
+            if (spare_poll(s, s->pidfd, -1) && s->pid == pid && !s->quit)
+                spare_lost_waiting(s);
             continue;
         }
         pid_t pid = 0;
@@ -145,15 +217,12 @@ static void *spare_main(void *arg)
         r = spare_start(lp, &pid, &sock);
         pthread_mutex_lock(&s->lock);
         if (r < 0) {
-            int64_t at = clock_mono_ms() + 1000;
-            struct timespec until = {.tv_sec = at / 1000, .tv_nsec = (long)(at % 1000) * 1000000L};
-
             if (!s->failed_logged)
                 log_warn("cannot start a spare reset helper (%s): in-place resets exec their "
                          "own",
                          strerror(-r));
             s->failed_logged = true;
-            (void)pthread_cond_timedwait(&s->wake, &s->lock, &until);
+            (void)spare_poll(s, -1, 1000);
             continue;
         }
         if (s->quit) {
@@ -164,6 +233,7 @@ static void *spare_main(void *arg)
         }
         s->pid = pid;
         s->sock = sock;
+        s->pidfd_of = 0; /* a new process, whatever its pid: a pidfd of its own */
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -176,14 +246,20 @@ int local_reset_spare_start(struct local_provider *lp)
 
     if (!s)
         return -ENOMEM;
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0) {
+        r = -errno;
+        free(s);
+        return r;
+    }
     pthread_mutex_init(&s->lock, NULL);
-    clock_cond_init_mono(&s->wake);
     s->sock = -1;
+    s->pidfd = -1;
     lp->reset_spare = s;
     r = pthread_create(&s->thread, NULL, spare_main, lp);
     if (r != 0) {
         lp->reset_spare = NULL;
-        pthread_cond_destroy(&s->wake);
+        close(s->wake_fd);
         pthread_mutex_destroy(&s->lock);
         free(s);
         return -r;
@@ -199,13 +275,14 @@ void local_reset_spare_stop(struct local_provider *lp)
         return;
     pthread_mutex_lock(&s->lock);
     s->quit = true;
-    pthread_cond_signal(&s->wake);
+    spare_wake(s);
     pthread_mutex_unlock(&s->lock);
     pthread_join(s->thread, NULL);
     if (s->spent > 0)
         spare_reap(s->spent, 5000);
     spare_end(s->pid, s->sock);
-    pthread_cond_destroy(&s->wake);
+    local_close_fd(&s->pidfd);
+    close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);
     free(s);
     lp->reset_spare = NULL;
@@ -230,20 +307,16 @@ pid_t local_reset_spare_take(struct local_provider *lp, int *sock)
     return pid;
 }
 
-void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock)
+/* Count spare pid (its socket sock) as waiting again, or end it when one waits already
+ * (another reset's spare, started while this one was taken). */
+static void spare_give_back(struct local_reset_spare *s, pid_t pid, int sock)
 {
-    struct local_reset_spare *s = lp->reset_spare;
-
-    if (!s) {
-        spare_end(pid, sock);
-        return;
-    }
     pthread_mutex_lock(&s->lock);
-    if (pid > 0 && s->pid == 0 && !s->quit) { /* it waits for the next reset */
+    if (s->pid == 0 && !s->quit) { /* it waits for the next reset */
         s->pid = pid;
         s->sock = sock;
-    } else if (pid > 0) { /* one waits already (another reset's fallback, say): this one ends */
-        close(sock);      /* it exits on the socket's end */
+    } else {         /* one waits already: this one ends */
+        close(sock); /* it exits on the socket's end */
         if (s->spent == 0) {
             s->spent = pid;
         } else {
@@ -252,6 +325,50 @@ void local_reset_spare_done(struct local_provider *lp, pid_t pid, int sock)
             pthread_mutex_lock(&s->lock);
         }
     }
-    pthread_cond_signal(&s->wake);
+    spare_wake(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void local_reset_spare_back(struct local_provider *lp, pid_t pid, int sock, int64_t deadline_ms)
+{
+    struct local_reset_spare *s = lp->reset_spare;
+    int64_t left = deadline_ms - clock_mono_ms();
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    char said = 0;
+    ssize_t n = -1;
+    int r;
+
+    if (left < 100)
+        left = 100;
+    do
+        r = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left);
+    while (r < 0 && errno == EINTR);
+    if (r > 0) {
+        do
+            n = recv(sock, &said, 1, MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+    }
+    if (n == 1 && said == 'b' && s) {
+        spare_give_back(s, pid, sock);
+        return;
+    }
+    if (s) /* (without a keeper the spare ends in any case) */
+        log_warn("the spare reset helper (pid %d) did not come back after its reset; ended, "
+                 "another is started",
+                 (int)pid);
+    (void)kill(pid, SIGKILL);
+    spare_end(pid, sock);
+    if (s)
+        local_reset_spare_lost(lp);
+}
+
+void local_reset_spare_lost(struct local_provider *lp)
+{
+    struct local_reset_spare *s = lp->reset_spare;
+
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    spare_wake(s);
     pthread_mutex_unlock(&s->lock);
 }
