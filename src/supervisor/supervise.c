@@ -227,8 +227,9 @@
  *       them, sends one byte "b" on the socket (back: the daemon counts it as waiting only
  *       then) and waits for the next, whatever the reset's status (which the daemon read on
  *       the status fd; it ends a spare whose reset failed). Exits 0 when the socket ends (the
- *       daemon closed it or died); 2 when a message is not one; 1 when it cannot go back to its
- *       own namespaces.
+ *       daemon closed it or died); 2 when a message is not one; 1 when a reset fails before
+ *       its child starts (the status fd says "error ...") or it cannot go back to its own
+ *       namespaces.
  *
  * PTY mode (NeMo Gym's PTY sessions and detached exec; the daemon's lend/pty.c). Run as the
  * command of an ordinary exec (with --keep-background) whose pass fd is a directory on the host

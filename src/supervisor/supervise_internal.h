@@ -173,7 +173,8 @@ int mode_reset_run(int argc, char **argv);
 /* --reset-spare (mode_reset.c): a reset helper started ahead of its resets, serving one request
  * after another on fd 3 (a SOCK_SEQPACKET socket), each a --reset with what it carries, and
  * saying "b" on it when back in its own namespaces after each. Exits 0 when the socket ends,
- * 2 on a message that is not one, 1 when it cannot go back to its namespaces. */
+ * 2 on a message that is not one, 1 when a reset fails before its child starts or it cannot
+ * go back to its namespaces. */
 int mode_reset_spare_run(int argc, char **argv);
 int mode_enter_view_run(int argc, char **argv);
 

@@ -9,9 +9,10 @@
  * it and, once the spare said the reset is done and then that it is back in its own
  * namespaces, gives it back: the spare never enters a sandbox's user namespace and leaves the
  * others after each reset (mode_reset.c), so it serves one reset after another. A reset that
- * failed ends it; one that does not come back is ended (the keeper starts another). A reset
- * that finds none waiting (another reset has it) execs a helper of its own, as before. The
- * keeper watches the waiting spare through a pidfd: one that ends while it waits (an
+ * failed ends it; one that does not come back is ended (the keeper starts another once the
+ * reset said so: never a second spare while one is out). A reset that finds none waiting
+ * (another reset has it) execs a helper of its own, as before. The keeper watches the waiting
+ * spare through a pidfd (without one, a look once a second): one that ends while it waits (an
  * operator's kill, the OOM killer) is reaped, logged and replaced, never left counted as
  * waiting. A spare holds nothing of any sandbox between resets: host root, its own
  * namespaces, its fds /dev/null and the socket. It ends when its socket does: at the
@@ -45,12 +46,14 @@ struct local_reset_spare {
     int wake_fd; /* eventfd: a spare given back or lost, or quit (the keeper polls it) */
     pthread_t thread;
     pid_t pid;   /* the waiting spare, 0: none */
-    pid_t spent; /* a spare that came back when another waited, for the keeper to reap; 0 */
+    int out;     /* spares taken by resets and not yet given back or lost (0 or 1) */
+    pid_t spent; /* a spare given back when another waited, or after quit: the keeper reaps */
     int sock;    /* our end of the waiting spare's socket */
     int pidfd;   /* the keeper's pidfd of spare pidfd_of (-1: none); the keeper's only */
     pid_t pidfd_of;
     bool quit;
     bool failed_logged;
+    bool pidfd_failed_logged;
 };
 
 struct spare_child {
@@ -154,18 +157,18 @@ static bool spare_poll(struct local_reset_spare *s, int pidfd, int timeout_ms)
     return r > 0 && pidfd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR));
 }
 
-/* The waiting spare ended (s->lock held; dropped and taken again): reaped and said. */
-static void spare_lost_waiting(struct local_reset_spare *s)
+/* The waiting spare ended (s->lock held; dropped and taken again): reaped (unless reaped
+ * already, its status ws) and said. */
+static void spare_lost_waiting(struct local_reset_spare *s, bool reaped, int ws)
 {
-    pid_t pid = s->pid;
-    int sock = s->sock, ws = 0;
-    pid_t w;
+    pid_t pid = s->pid, w = pid;
+    int sock = s->sock;
 
     s->pid = 0;
     s->sock = -1;
     pthread_mutex_unlock(&s->lock);
     local_close_fd(&sock);
-    while ((w = waitpid(pid, &ws, 0)) < 0 && errno == EINTR)
+    while (!reaped && (w = waitpid(pid, &ws, 0)) < 0 && errno == EINTR)
         ;
     if (w == pid && WIFSIGNALED(ws))
         log_warn("the spare reset helper (pid %d) ended while it waited (killed by signal %d); "
@@ -204,10 +207,28 @@ static void *spare_main(void *arg)
             if (s->pidfd_of != pid) {
                 local_close_fd(&s->pidfd);
                 s->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-                s->pidfd_of = pid;
+                if (s->pidfd >= 0)
+                    s->pidfd_of = pid;
+                else if (!s->pidfd_failed_logged)
+                    log_warn("cannot watch the spare reset helper (pidfd_open: %s): looked at "
+                             "once a second",
+                             strerror(errno));
+                s->pidfd_failed_logged |= s->pidfd < 0;
             }
-            if (spare_poll(s, s->pidfd, -1) && s->pid == pid && !s->quit)
-                spare_lost_waiting(s);
+            if (s->pidfd >= 0) {
+                if (spare_poll(s, s->pidfd, -1) && s->pid == pid && !s->quit)
+                    spare_lost_waiting(s, false, 0);
+            } else { /* no pidfd: a look once a second (our child, not taken: ours to reap) */
+                int ws = 0;
+
+                (void)spare_poll(s, -1, 1000);
+                if (s->pid == pid && !s->quit && waitpid(pid, &ws, WNOHANG) == pid)
+                    spare_lost_waiting(s, true, ws);
+            }
+            continue;
+        }
+        if (s->out > 0) { /* taken by a reset: it comes back, or the reset says it is lost */
+            (void)spare_poll(s, -1, -1);
             continue;
         }
         pid_t pid = 0;
@@ -225,11 +246,11 @@ static void *spare_main(void *arg)
             (void)spare_poll(s, -1, 1000);
             continue;
         }
-        if (s->quit) {
+        if (s->quit || s->pid > 0 || s->out > 0) { /* (not needed any more) */
             pthread_mutex_unlock(&s->lock);
             spare_end(pid, sock);
             pthread_mutex_lock(&s->lock);
-            break;
+            continue;
         }
         s->pid = pid;
         s->sock = sock;
@@ -302,6 +323,7 @@ pid_t local_reset_spare_take(struct local_provider *lp, int *sock)
         *sock = s->sock;
         s->pid = 0;
         s->sock = -1;
+        s->out++;
     }
     pthread_mutex_unlock(&s->lock);
     return pid;
@@ -312,6 +334,7 @@ pid_t local_reset_spare_take(struct local_provider *lp, int *sock)
 static void spare_give_back(struct local_reset_spare *s, pid_t pid, int sock)
 {
     pthread_mutex_lock(&s->lock);
+    s->out--;
     if (s->pid == 0 && !s->quit) { /* it waits for the next reset */
         s->pid = pid;
         s->sock = sock;
@@ -369,6 +392,7 @@ void local_reset_spare_lost(struct local_provider *lp)
     if (!s)
         return;
     pthread_mutex_lock(&s->lock);
+    s->out--;
     spare_wake(s);
     pthread_mutex_unlock(&s->lock);
 }
