@@ -11,6 +11,7 @@
  * of the daemon's label. A second case: pool.max_age_s replaces a warm instance (stop reason
  * max_age, its instance gone). recycle = yes logs that the engine cannot reset and refills.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,29 +124,6 @@ static bool wait_engine_count(int want, int seconds)
 #define REFILLS_OK "lendbox_warm_refills_total{result=\"ok\"} "
 #define REFILLS_FAILED "lendbox_warm_refills_total{result=\"failed\"} "
 
-/* Wait (up to timeout_s) until exactly n records are warm and none is starting, sampling the
- * gauge of creations holding an admission slot (seeds and refills) meanwhile; returns the warm
- * ids and the most creations seen at once. */
-static long wait_warm_peak(int n, int timeout_s, struct lbt_ids *out)
-{
-    double until = lbt_now() + timeout_s;
-    struct lbt_ids starting;
-    long peak = 0, v;
-
-    for (;;) {
-        v = lbt_metric(&D, "lendbox_seeds_starting ");
-        peak = v > peak ? v : peak;
-        lbt_records_in_state(&D, "warm", out);
-        lbt_records_in_state(&D, "starting", &starting);
-        if ((out->n == n && starting.n == 0) || lbt_now() > until)
-            break;
-        lbt_sleep_ms(20);
-    }
-    ck_assert_msg(out->n == n && starting.n == 0, "%d warm sandboxes (%d starting), wanted %d",
-                  out->n, starting.n, n);
-    return peak;
-}
-
 START_TEST(test_pool_fills_takes_refills_adopts)
 {
     const char *args[12];
@@ -153,16 +131,33 @@ START_TEST(test_pool_fills_takes_refills_adopts)
     struct lbt_ids warm, after, adopted;
     struct lbt_resp r;
     json_t *lease, *rec;
-    char *out;
-    long peak;
+    char *out, hold[96], held[160];
+    long starting = 0;
 
-    set_args(args, NULL);
+    /* every creation waits in its admission slot at provider.create until the test makes
+     * file hold (fault provider.create=hold): the refills' overlap is seen, not sampled */
+    snprintf(hold, sizeof(hold), "/tmp/lbt-warm-hold-%d", (int)getpid());
+    unlink(hold);
+    snprintf(held, sizeof(held), "faults.spec=provider.create=hold:%s", hold);
+    {
+        const char *const extra[] = {held, NULL};
+
+        set_args(args, extra);
+    }
     lbt_daemon_start(&D, args);
-    peak = wait_warm_peak(n, 120, &warm);
-    /* refills run at once (pool.refill_concurrency, 2): two creations held admission slots
-     * together while the pool filled */
-    ck_assert_msg(peak == 2, "%ld refill(s) at once, wanted 2", peak);
+    /* refills run at once (pool.refill_concurrency, 2): two creations hold admission slots
+     * together while the pool fills, never more */
+    for (int i = 0; i < 1200 && starting < 2; i++) {
+        starting = lbt_metric(&D, "lendbox_seeds_starting ");
+        if (starting < 2)
+            lbt_sleep_ms(50);
+    }
+    lbt_sleep_ms(300); /* a third would have started by now */
+    starting = lbt_metric(&D, "lendbox_seeds_starting ");
+    ck_assert_int_eq(close(open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)), 0);
+    ck_assert_msg(starting == 2, "%ld refill(s) at once, wanted 2", starting);
     ck_assert_int_eq(lbt_log_count(&D, "(max age 3600 s, 2 made at once,"), 1);
+    wait_warm(n, 120, &warm);
     /* n instances in the engine, running, with the daemon's labels: the warm ones */
     ck_assert_int_eq(engine_count(false), n);
     ck_assert_int_eq(engine_count(true), n);
@@ -237,6 +232,7 @@ START_TEST(test_pool_fills_takes_refills_adopts)
     ck_assert_msg(wait_engine_count(0, 60), "%d instance(s) of %s left", engine_count(false),
                   label);
     json_decref(lease);
+    (void)unlink(hold);
 }
 END_TEST
 
