@@ -527,13 +527,7 @@ void activation_release_hook(void *ctx, const char *rsid, const char *sandbox_id
                                          LB_ACT_MASK(LB_ACT_STAGING) | LB_ACT_MASK(LB_ACT_RUNNING) |
                                              LB_ACT_MASK(LB_ACT_CLOSING),
                                          NULL);
-        {
-            char path[PATH_MAX];
-
-            act_receipt_path(a, act.id, path, sizeof(path));
-            (void)act_launch_mark(a, act.id, false);
-            (void)unlink(path); /* the sandbox's stop ends its supervisor */
-        }
+        act_receipt_remove(a, act.id); /* the sandbox's stop ends its supervisor */
     }
 out:
     json_decref(spec);

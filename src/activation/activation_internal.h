@@ -97,6 +97,9 @@ int act_receipt_create(const struct lb_activations *a, const char *act_id);
 int act_launch_mark(const struct lb_activations *a, const char *act_id, bool on);
 /* Is there a launch mark (or one that cannot be looked at)? */
 bool act_launch_began(const struct lb_activations *a, const char *act_id);
+/* Remove the activation's receipt file and launch mark (missing ones are fine): once its
+ * outcome is in the record, or the sandbox's stop ends its supervisor. */
+void act_receipt_remove(const struct lb_activations *a, const char *act_id);
 /* Write the daemon's own receipt for a harness never launched (error: its reason, or NULL),
  * only while the file is empty or missing. Failures are logged. */
 void act_receipt_write_unlaunched(const struct lb_activations *a, const char *act_id,

@@ -465,11 +465,7 @@ close:
                                        LB_ACT_MASK(LB_ACT_CLOSING) | LB_ACT_MASK(LB_ACT_CLOSED),
                                        err);
         if (r == 0) {
-            char path[PATH_MAX];
-
-            act_receipt_path(a, act.id, path, sizeof(path));
-            (void)act_launch_mark(a, act.id, false);
-            (void)unlink(path); /* its content is in the record */
+            act_receipt_remove(a, act.id); /* its content is in the record */
             log_info("activation %s: closed", act.id);
         }
     }

@@ -115,6 +115,15 @@ bool act_launch_began(const struct lb_activations *a, const char *act_id)
     return lstat(path, &st) == 0 || errno != ENOENT;
 }
 
+void act_receipt_remove(const struct lb_activations *a, const char *act_id)
+{
+    char path[PATH_MAX];
+
+    (void)act_launch_mark(a, act_id, false);
+    act_receipt_path(a, act_id, path, sizeof(path));
+    (void)unlink(path);
+}
+
 /* Create the (empty) receipt file of a new activation; the fd (O_RDWR) or -errno. */
 int act_receipt_create(const struct lb_activations *a, const char *act_id)
 {
