@@ -859,7 +859,10 @@ static int check_supervise_host(struct lb_lxd *l, const char *path, struct lb_er
                             "lxd.supervise_host_path '%s' must be an absolute path of letters, "
                             "digits and ._+@- (it goes into each instance's raw.lxc)",
                             path);
-    if (stat(path, &st) < 0 && errno == ENOENT) {
+    if (stat(path, &st) < 0) { /* (its mode is read below) */
+        if (errno != ENOENT)
+            return lb_error_set(err, -EINVAL, "cannot look at lxd.supervise_host_path '%s': %s",
+                                path, strerror(errno));
         log_warn("lxd provider: lxd.supervise_host_path %s is not on this host: every member's "
                  "host must have it, the same build as %s",
                  path, l->eng.supervise_path);
