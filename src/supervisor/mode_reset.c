@@ -473,7 +473,7 @@ int mode_reset_spare_run(int argc, char **argv)
                            .msg_iovlen = 1,
                            .msg_control = ctl.b,
                            .msg_controllen = sizeof(ctl.b)};
-        int got[RESET_SPARE_FDS], ngot = 0, high[RESET_SPARE_FDS], r;
+        int got[RESET_SPARE_FDS], ngot = 0, high[RESET_SPARE_FDS];
         char *args[RESET_SPARE_ARGS], *p;
         ssize_t n;
         long cpu;
@@ -535,7 +535,7 @@ int mode_reset_spare_run(int argc, char **argv)
             char *av[] = {argv[0], "--reset", args[0], args[1], args[2],
                           args[3], args[4],   args[5], args[6], NULL};
 
-            r = reset_enter(9, av, own);
+            (void)reset_enter(9, av, own); /* its outcome went out on the status fd */
         }
         /* the request's fds go; the socket comes back to 3 */
         for (int i = 0; i < RESET_SPARE_FDS; i++)
@@ -543,13 +543,12 @@ int mode_reset_spare_run(int argc, char **argv)
         if (dup2(RESET_SPARE_SOCK_HIGH_FD, RESET_SPARE_SOCK_FD) < 0)
             return 1;
         close(RESET_SPARE_SOCK_HIGH_FD);
-        /* back in our own namespaces and listening: say so, whatever r. The daemon read the
-         * reset's outcome on the status pipe, and waits for this before it counts us as
-         * waiting (it ends a spare whose reset failed). A child killed after its "reset"
-         * line (the sandbox's init killed by a release that came at once: every process of
+        /* back in our own namespaces and listening: say so, whatever the reset's status. The
+         * daemon read the reset's outcome on the status pipe, and waits for this before it
+         * counts us as waiting (it ends a spare whose reset failed). A child killed after its
+         * "reset" line (the sandbox's init killed by a release that came at once: every process of
          * its pid namespace dies) is not a failed reset, and must not end a spare the daemon
          * counts on. */
-        (void)r;
         do
             n = send(RESET_SPARE_SOCK_FD, RESET_SPARE_BACK, 1, MSG_NOSIGNAL);
         while (n < 0 && errno == EINTR);

@@ -239,7 +239,8 @@ void local_clean_ns_close(struct local_provider *lp);
  * caller gives it back: when its reset said "reset", by local_reset_spare_back, which waits
  * (until deadline_ms, at least 100 ms from now) for the spare to say it is back in its own
  * namespaces and counts it as waiting then, or else ends and reaps it; when the caller ended
- * and reaped it (a reset that failed), by local_reset_spare_lost. Either way the
+ * and reaped it (a reset that failed), by local_reset_spare_lost; local_reset_spare_kill
+ * kills, reaps and loses one the caller took and did not use. Either way the
  * next spare is started when none waits. A waiting spare that ends (killed by an operator or
  * the OOM killer) is reaped, logged and replaced by the keeper. Thread-safe. */
 int local_reset_spare_start(struct local_provider *lp);
@@ -247,6 +248,7 @@ void local_reset_spare_stop(struct local_provider *lp);
 pid_t local_reset_spare_take(struct local_provider *lp, int *sock);
 void local_reset_spare_back(struct local_provider *lp, pid_t pid, int sock, int64_t deadline_ms);
 void local_reset_spare_lost(struct local_provider *lp);
+void local_reset_spare_kill(struct local_provider *lp, pid_t pid, int sock);
 /* Reap our child pid whenever it exits, on a detached thread (for a child that did not exit
  * within a bound and must not be waited for inline). */
 void local_reap_later(pid_t pid);

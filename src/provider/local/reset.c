@@ -158,11 +158,7 @@ static pid_t reset_give_spare(struct local_provider *lp, const int *fds, char **
     *sock_out = sock;
     return pid;
 refused: /* (it died, say): ended, and the caller execs a helper */
-    close(sock);
-    (void)kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-    local_reset_spare_lost(lp);
+    local_reset_spare_kill(lp, pid, sock);
     return 0;
 }
 

@@ -379,10 +379,14 @@ void local_reset_spare_back(struct local_provider *lp, pid_t pid, int sock, int6
         log_warn("the spare reset helper (pid %d) did not come back after its reset; ended, "
                  "another is started",
                  (int)pid);
+    local_reset_spare_kill(lp, pid, sock);
+}
+
+void local_reset_spare_kill(struct local_provider *lp, pid_t pid, int sock)
+{
     (void)kill(pid, SIGKILL);
     spare_end(pid, sock);
-    if (s)
-        local_reset_spare_lost(lp);
+    local_reset_spare_lost(lp);
 }
 
 void local_reset_spare_lost(struct local_provider *lp)
