@@ -2036,6 +2036,21 @@ char *lbt_sh(struct lbt_daemon *d, const char *sandbox_id, const char *command)
     return copy;
 }
 
+bool lbt_sh_until(struct lbt_daemon *d, const char *sandbox_id, const char *command,
+                  const char *want, int tries)
+{
+    for (int i = 0; i < tries; i++) {
+        char *out = lbt_sh(d, sandbox_id, command);
+        bool got = strcmp(out, want) == 0;
+
+        free(out);
+        if (got)
+            return true;
+        lbt_sleep_ms(100);
+    }
+    return false;
+}
+
 static void lbt_files_path(const char *sandbox_id, const char *path, const char *mode, char *buf,
                            size_t size)
 {

@@ -209,6 +209,9 @@ json_t *lbt_exec_ok(struct lbt_daemon *d, const char *sandbox_id, const char *to
                     const char *body_json);
 /* Run a shell command as admin, assert 200 and return code 0, return a malloc'd stdout. */
 char *lbt_sh(struct lbt_daemon *d, const char *sandbox_id, const char *command);
+/* lbt_sh every 100 ms until command's stdout is want, at most tries times; whether it was. */
+bool lbt_sh_until(struct lbt_daemon *d, const char *sandbox_id, const char *command,
+                  const char *want, int tries);
 
 /* PUT / GET /v1/sandboxes/{id}/files?path=...[&mode=...] (path URL-encoded here). */
 void lbt_file_put(struct lbt_daemon *d, const char *sandbox_id, const char *token, const char *path,

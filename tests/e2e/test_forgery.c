@@ -1114,15 +1114,7 @@ START_TEST(test_forged_launch_claim)
     ck_assert_msg(r.status == 202, "execute: %ld %s", r.status, r.body);
     lbt_resp_free(&r);
     /* the harness runs; then the claim is rewritten from inside */
-    for (int i = 0; i < 100; i++) {
-        out = lbt_sh(&d, sbx, "[ -s /workspace/ticks ] && echo yes || echo no");
-        bool ticking = strcmp(out, "yes\n") == 0;
-
-        free(out);
-        if (ticking)
-            break;
-        lbt_sleep_ms(100);
-    }
+    (void)lbt_sh_until(&d, sbx, "[ -s /workspace/ticks ] && echo yes || echo no", "yes\n", 100);
     out = lbt_sh(&d, sbx,
                  "for d in /run/lendbox/act-*; do ln -sfn stop $d/launch.claim; done; "
                  "readlink /run/lendbox/act-*/launch.claim");

@@ -1207,7 +1207,7 @@ END_TEST
  * bound to the sandbox: local, its supervisor in the pid namespace; lxd, its operation). */
 START_TEST(test_reset_ends_running_exec)
 {
-    char sbx[LBT_ID_MAX], tok[256], path[200], *out;
+    char sbx[LBT_ID_MAX], tok[256], path[200];
     struct lbt_async *job;
     struct lbt_resp r;
     json_t *lease;
@@ -1221,15 +1221,8 @@ START_TEST(test_reset_ends_running_exec)
     job = lbt_async_json(&D, "POST", path, tok,
                          "{\"command\": \"touch /tmp/running; exec sleep 3133.4242\", "
                          "\"timeout_s\": 1000}");
-    for (int i = 0; i < 600; i++) { /* until it runs (at most 60 s) */
-        out = lbt_sh(&D, sbx, "ls /tmp/running 2>/dev/null || true");
-        bool running = strcmp(out, "/tmp/running\n") == 0;
-
-        free(out);
-        if (running)
-            break;
-        lbt_sleep_ms(100);
-    }
+    /* until it runs (at most 60 s) */
+    (void)lbt_sh_until(&D, sbx, "ls /tmp/running 2>/dev/null || true", "/tmp/running\n", 600);
     reset(&D, sbx, "", NULL, &r);
     ck_assert_msg(r.status == 200, "reset: %ld %s", r.status, r.body);
     snprintf(tok, sizeof(tok), "%s", str(json_object_get(r.json, "access"), "token"));
